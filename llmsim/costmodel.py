@@ -1,0 +1,176 @@
+"""The roofline cost of one engine iteration, and how memory is split between weights and KV.
+
+An iteration runs every operator of every layer once over the whole batch
+(prefill chunks and decode tokens together, as in vLLM or SGLang). Each operator
+takes ``max(FLOPs / effective peak, bytes / effective bandwidth)``: weights are
+read once per iteration, each sequence's KV cache once per layer. Tensor
+parallelism splits weights, heads and FLOPs over ``tp`` devices and adds two
+all-reduces of the hidden state per layer; pipeline parallelism runs the layers
+as ``pp`` stages in sequence with an activation hop between stages. Fixed
+per-step and per-layer overheads stand for scheduling, sampling and launches.
+
+The model knows nothing of SimPy: :meth:`CostModel.iteration` takes batch
+feature vectors (see :data:`llmsim.models.FEATURES`) and works on one vector or a
+whole array of them at once.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .hardware import HardwareProfile
+from .models import ATTENTION_OPS, F, FEATURES, LAYER_OPS, MODEL_OPS, ModelSpec, batch_features
+
+
+class CostModel:
+    """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareProfile,
+                 tensor_parallel: int = 1, pipeline_parallel: int = 1):
+        self.model, self.hardware = model, hardware
+        self.tp, self.pp = tensor_parallel, pipeline_parallel
+        self.num_devices = tensor_parallel * pipeline_parallel
+        coeffs = model.work_coefficients(tensor_parallel)
+        layers = model.num_layers
+        # Stack layer operators (run num_layers times) and model operators (once).
+        self.op_names = tuple(f"layer.{op}" for op in LAYER_OPS) + MODEL_OPS
+        repeat = np.array([layers] * len(LAYER_OPS) + [1] * len(MODEL_OPS), dtype=float)[:, None]
+        self.flops_matrix = np.vstack([coeffs.layer_flops, coeffs.model_flops]) * repeat
+        self.bytes_matrix = np.vstack([coeffs.layer_bytes, coeffs.model_bytes]) * repeat
+        gemm_peak = hardware.peak_for(model.weight_dtype) * hardware.compute_efficiency
+        attention_peak = hardware.peak_for("bf16") * hardware.attention_efficiency
+        self.seconds_per_flop = np.array(
+            [1.0 / (attention_peak if op in ATTENTION_OPS else gemm_peak) for op in LAYER_OPS]
+            + [1.0 / gemm_peak] * len(MODEL_OPS))
+        self.seconds_per_byte = 1.0 / (hardware.memory_bandwidth_bytes_per_s * hardware.memory_efficiency)
+        self.fixed_vector = self._fixed_and_communication_vector()
+        # One matrix turns a feature vector into everything an iteration needs: per-operator
+        # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
+        self._n_ops = len(self.op_names)
+        self._stacked = np.vstack([self.flops_matrix * self.seconds_per_flop[:, None],
+                                   self.bytes_matrix * self.seconds_per_byte,
+                                   self.fixed_vector,
+                                   self.flops_matrix.sum(axis=0) * self.tp,
+                                   self.bytes_matrix.sum(axis=0) * self.tp])
+
+    def _fixed_and_communication_vector(self) -> np.ndarray:
+        """Time that adds to the roofline: overheads, all-reduces and pipeline hops, per feature."""
+        hw, model = self.hardware, self.model
+        vector = np.zeros(len(FEATURES))
+        vector[F["one"]] = hw.per_step_overhead_s + model.num_layers * hw.per_layer_overhead_s
+        hidden_bytes = model.hidden_size * model.activation_bytes_per_element
+        link = hw.interconnect_bandwidth_bytes_per_s * hw.interconnect_efficiency
+        if self.tp > 1:
+            # Ring all-reduce moves 2 (tp-1)/tp of the message over each link; two per layer.
+            per_token = 2 * (self.tp - 1) / self.tp * hidden_bytes / link
+            vector[F["one"]] += 2 * model.num_layers * hw.interconnect_latency_s
+            vector[F["tokens"]] += 2 * model.num_layers * per_token
+        if self.pp > 1:
+            vector[F["one"]] += (self.pp - 1) * hw.interconnect_latency_s
+            vector[F["tokens"]] += (self.pp - 1) * hidden_bytes / link
+        return vector
+
+    # -- the cost of a batch ------------------------------------------------------------------
+    def features(self, prefill_new=(), prefill_context=(), decode_context=(), prefill_logits=None):
+        """Feature vector of a batch; ``prefill_logits`` defaults to every chunk ending its prompt."""
+        if prefill_logits is None:
+            prefill_logits = len(prefill_new)
+        return batch_features(prefill_new, prefill_context, decode_context, prefill_logits, self.model)
+
+    def iteration(self, x):
+        """(time_s, FLOPs, bytes) of iterations with feature vectors ``x`` (shape (9,) or (n, 9)).
+
+        FLOPs and bytes are totals over all devices of the replica.
+        """
+        n = self._n_ops
+        x = np.asarray(x, dtype=float)
+        if x.ndim == 1:
+            # The simulator's hot path: plain floats beat numpy reductions on 8 numbers.
+            y = (self._stacked @ x).tolist()
+            return sum(map(max, y[:n], y[n:2 * n])) + y[2 * n], y[2 * n + 1], y[2 * n + 2]
+        y = x @ self._stacked.T
+        time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
+        return time_s, y[..., 2 * n + 1], y[..., 2 * n + 2]
+
+    def step_time(self, x) -> float:
+        return float(self.iteration(x)[0])
+
+    def breakdown(self, x) -> pd.DataFrame:
+        """Per-operator FLOPs, bytes, time and bound for one batch (all layers, one shard)."""
+        x = np.asarray(x, dtype=float)
+        flops, moved = self.flops_matrix @ x, self.bytes_matrix @ x
+        compute_s, memory_s = flops * self.seconds_per_flop, moved * self.seconds_per_byte
+        rows = pd.DataFrame({"operator": self.op_names, "flops": flops, "bytes": moved,
+                             "compute_s": compute_s, "memory_s": memory_s,
+                             "time_s": np.maximum(compute_s, memory_s),
+                             "bound": np.where(compute_s >= memory_s, "compute", "memory")})
+        fixed = pd.DataFrame({"operator": ["overhead+communication"], "flops": [0.0], "bytes": [0.0],
+                              "compute_s": [0.0], "memory_s": [0.0],
+                              "time_s": [float(self.fixed_vector @ x)], "bound": ["fixed"]})
+        return pd.concat([rows, fixed], ignore_index=True)
+
+    # -- conveniences ---------------------------------------------------------------------------
+    def prefill_time(self, tokens: int, context: int = 0) -> float:
+        return self.step_time(self.features([tokens], [context], []))
+
+    def decode_time(self, batch: int, context: int) -> float:
+        return self.step_time(self.features([], [], [context] * batch))
+
+    @property
+    def peak_flops_per_s(self) -> float:
+        """Replica peak for the model's GEMM dtype, for MFU."""
+        return self.hardware.peak_for(self.model.weight_dtype) * self.num_devices
+
+    @property
+    def peak_bandwidth_bytes_per_s(self) -> float:
+        return self.hardware.memory_bandwidth_bytes_per_s * self.num_devices
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """How one device's memory is divided, and the KV cache that results (per replica)."""
+    capacity_per_device_bytes: float
+    usable_per_device_bytes: float
+    weights_per_device_bytes: float
+    activation_reserve_per_device_bytes: float
+    kv_per_device_bytes: float
+    kv_bytes_per_token_per_device: float
+    block_size: int
+    num_blocks: int
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def fits(self) -> bool:
+        return self.num_blocks > 0
+
+
+def plan_memory(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pipeline_parallel: int,
+                memory_utilization: float, block_size: int, max_batch_tokens: int,
+                runtime_reserve_bytes: float) -> MemoryPlan:
+    """Weights split over ``tp x pp`` devices; what is left of ``memory_utilization`` goes to KV blocks.
+
+    The activation reserve is the peak working set of one iteration of
+    ``max_batch_tokens`` tokens (hidden states, QKV, MLP intermediates and logits),
+    plus a fixed runtime reserve (CUDA context, communication buffers), the way
+    vLLM profiles memory before sizing its KV cache.
+    """
+    devices = tensor_parallel * pipeline_parallel
+    usable = hardware.memory_capacity_bytes * memory_utilization
+    weights = model.weight_bytes / devices
+    ab = model.activation_bytes_per_element
+    per_token_activations = (4 * model.hidden_size + (model.q_dim + 2 * model.kv_dim) / tensor_parallel
+                             + 3 * model.intermediate_size / tensor_parallel) * ab
+    activations = max_batch_tokens * per_token_activations + runtime_reserve_bytes
+    kv_bytes = max(usable - weights - activations, 0.0)
+    kv_heads_per_shard = max(model.num_kv_heads / tensor_parallel, 1.0)
+    layers_per_stage = math.ceil(model.num_layers / pipeline_parallel)
+    kv_per_token = layers_per_stage * 2 * kv_heads_per_shard * model.head_dim * model.kv_bytes_per_element
+    num_blocks = int(kv_bytes // (kv_per_token * block_size))
+    return MemoryPlan(hardware.memory_capacity_bytes, usable, weights, activations, kv_bytes,
+                      kv_per_token, block_size, num_blocks)

@@ -1,0 +1,161 @@
+"""Accelerators as the roofline sees them: peak FLOP/s, memory, bandwidth, links, overheads.
+
+Profiles live in ``hardware_profiles/*.yaml``, one chip per file. Every figure
+is written as ``{value: ..., source: ..., confidence: ...}`` so the origin of a
+number travels with it: ``datasheet`` (vendor specification), ``measured``
+(a benchmark or a calibration, named), ``unverified`` (reported, not confirmed
+from a primary source) or ``assumption`` (a default a user should replace).
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .configio import Node, load_yaml
+from .errors import ConfigError
+
+CONFIDENCE = ("datasheet", "measured", "unverified", "assumption")
+PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """Where a number came from."""
+    source: str
+    confidence: str
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One accelerator chip (per device; a deployment multiplies it)."""
+
+    name: str
+    description: str
+    peak_flops_per_s: dict[str, float]
+    memory_capacity_bytes: float
+    memory_bandwidth_bytes_per_s: float
+    interconnect_bandwidth_bytes_per_s: float   # per device, one direction
+    interconnect_latency_s: float
+    tdp_w: float
+    price_per_hour_usd: float
+    compute_efficiency: float                   # achieved / peak for large GEMMs
+    attention_efficiency: float                 # achieved / peak for attention kernels
+    memory_efficiency: float                    # achieved / peak streaming bandwidth
+    interconnect_efficiency: float              # achieved / peak all-reduce bus bandwidth
+    per_step_overhead_s: float                  # scheduler, sampling, launch: once per iteration
+    per_layer_overhead_s: float                 # kernel launches: once per layer per iteration
+    figures: dict[str, Figure] = field(default_factory=dict, compare=False)
+    path: str | None = field(default=None, compare=False)
+
+    def peak_for(self, dtype: str) -> float:
+        """Dense peak for GEMMs in ``dtype``; weight-only formats compute in bf16."""
+        if dtype in self.peak_flops_per_s:
+            return self.peak_flops_per_s[dtype]
+        for fallback in ("bf16", "fp16"):
+            if fallback in self.peak_flops_per_s:
+                return self.peak_flops_per_s[fallback]
+        return max(self.peak_flops_per_s.values())
+
+
+def _figure(node: Node, key: str, kind: str | None, figures: dict, **limits) -> float:
+    """Read ``key: {value, source, confidence}``; ``kind`` is a unit kind or None for a plain number."""
+    entry = node.child(key)
+    if kind is None:
+        value = entry.number("value", **limits)
+    else:
+        value = entry.quantity("value", kind, **limits)
+    source = entry.string("source")
+    confidence = entry.choice("confidence", CONFIDENCE)
+    entry.done(extra_allowed=("note",))
+    figures[node.key_path(key)] = Figure(source, confidence)
+    return value
+
+
+def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
+    figures: dict[str, Figure] = {}
+    fraction = dict(minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    peaks_node = node.child("peak_flops")
+    peaks = {dtype: _figure(peaks_node, dtype, "flops", figures) for dtype in list(peaks_node.data)}
+    if not peaks:
+        raise node.key_error("peak_flops", "needs at least one dtype", {}, "bf16, fp16, fp8, int8, fp4, fp32")
+    peaks_node.done()
+    eff = node.child("efficiency")
+    overhead = node.child("overhead")
+    profile = HardwareProfile(
+        name=node.string("name"),
+        description=node.string("description", ""),
+        peak_flops_per_s=peaks,
+        memory_capacity_bytes=_figure(node, "memory_capacity", "bytes", figures),
+        memory_bandwidth_bytes_per_s=_figure(node, "memory_bandwidth", "bandwidth", figures),
+        interconnect_bandwidth_bytes_per_s=_figure(node, "interconnect_bandwidth", "bandwidth", figures),
+        interconnect_latency_s=_figure(node, "interconnect_latency", "duration", figures, minimum=0.0,
+                                       exclusive_minimum=False),
+        tdp_w=_figure(node, "tdp", "power", figures),
+        price_per_hour_usd=_figure(node, "price_per_hour_usd", None, figures, minimum=0.0),
+        compute_efficiency=_figure(eff, "compute", None, figures, **fraction),
+        attention_efficiency=_figure(eff, "attention", None, figures, **fraction),
+        memory_efficiency=_figure(eff, "memory_bandwidth", None, figures, **fraction),
+        interconnect_efficiency=_figure(eff, "interconnect", None, figures, **fraction),
+        per_step_overhead_s=_figure(overhead, "per_step", "duration", figures, minimum=0.0,
+                                    exclusive_minimum=False),
+        per_layer_overhead_s=_figure(overhead, "per_layer", "duration", figures, minimum=0.0,
+                                     exclusive_minimum=False),
+        figures=figures,
+        path=path,
+    )
+    eff.done()
+    overhead.done()
+    node.done()
+    return profile
+
+
+def load_profile(path: str | Path) -> HardwareProfile:
+    return profile_from_node(Node(load_yaml(path), file=str(path)), path=str(path))
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked up: $LLMSIM_PROFILE_PATH (colon-separated), then the shipped ones."""
+    extra = [Path(p) for p in os.environ.get("LLMSIM_PROFILE_PATH", "").split(os.pathsep) if p]
+    return extra + [PROFILE_DIR]
+
+
+def hardware_catalog() -> dict[str, HardwareProfile]:
+    """Every profile on the search path, by name (the first found wins)."""
+    catalog: dict[str, HardwareProfile] = {}
+    for directory in profile_dirs():
+        for path in sorted(directory.glob("*.yaml")):
+            profile = load_profile(path)
+            catalog.setdefault(profile.name, profile)
+    return catalog
+
+
+def lookup_hardware(name: str, node: Node | None = None, key: str = "hardware") -> HardwareProfile:
+    """A profile by name or file stem (case-insensitive), or by a path to a YAML file."""
+    candidate = Path(name)
+    if node is not None and not candidate.is_absolute():
+        candidate = node.base_dir / candidate
+    if name.endswith((".yaml", ".yml")):
+        if not candidate.exists():
+            raise _unknown(name, node, key, "file not found")
+        return load_profile(candidate)
+    for directory in profile_dirs():
+        for path in sorted(directory.glob("*.yaml")):
+            if path.stem.lower() == name.lower():
+                return load_profile(path)
+    catalog = hardware_catalog()
+    for profile_name, profile in catalog.items():
+        if profile_name.lower() == name.lower():
+            return profile
+    raise _unknown(name, node, key, "unknown hardware profile", list(catalog))
+
+
+def _unknown(name, node, key, message, names=()):
+    hint = difflib.get_close_matches(name, list(names), n=1, cutoff=0.4)
+    if hint:
+        message += f"; did you mean '{hint[0]}'?"
+    allowed = ", ".join(names) + " (or a path to a profile YAML)" if names else "a path to a profile YAML"
+    if node is not None:
+        return node.key_error(key, message, name, allowed)
+    return ConfigError(message, key=key, value=name, allowed=allowed)

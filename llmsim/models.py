@@ -1,0 +1,418 @@
+"""Transformer architectures: what a model costs to store and to run, per layer.
+
+A :class:`ModelSpec` is built from the fields of a Hugging Face ``config.json``
+(layers, hidden size, heads, KV heads, head dim, FFN width, vocabulary, tied
+embeddings, MoE experts and top-k). From them it derives parameter counts,
+weight and KV-cache bytes, and the FLOPs and bytes each operator of a layer
+moves for a batch (:meth:`ModelSpec.layer_work`), which the cost model turns
+into time. Formulas assume a pre-norm decoder with grouped-query attention and a
+gated (SwiGLU) MLP, the shape of every model in the catalog.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from importlib import resources
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import yaml
+
+from .configio import Node, load_yaml
+from .errors import ConfigError
+
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
+
+
+# The batch of one engine iteration, reduced to the sums the cost of every operator is
+# affine in. ``one`` carries the fixed cost (weights read once per iteration).
+FEATURES = ("one", "tokens", "prefill_tokens", "prefill_pairs", "prefill_kv_read",
+            "decode_seqs", "decode_kv_read", "experts_touched", "logit_tokens")
+F = {name: i for i, name in enumerate(FEATURES)}
+LAYER_OPS = ("qkv", "attention_prefill", "attention_decode", "out_proj", "mlp", "elementwise")
+ATTENTION_OPS = ("attention_prefill", "attention_decode")
+MODEL_OPS = ("embedding", "lm_head")
+
+
+class WorkCoefficients(NamedTuple):
+    """FLOPs and bytes of each operator as linear maps of the batch features.
+
+    ``flops[op] @ x`` and ``bytes[op] @ x`` give the work of operator ``op`` on one
+    tensor-parallel shard for a batch with feature vector ``x`` (see FEATURES);
+    the ``layer`` maps are for one decoder layer, the ``model`` maps for the
+    embedding and the LM head, which run once per iteration.
+    """
+    layer_flops: np.ndarray   # (len(LAYER_OPS), len(FEATURES))
+    layer_bytes: np.ndarray
+    model_flops: np.ndarray   # (len(MODEL_OPS), len(FEATURES))
+    model_bytes: np.ndarray
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer, in config.json terms."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    vocab_size: int
+    head_dim: int = 0                 # 0 means hidden_size // num_heads
+    tie_word_embeddings: bool = False
+    num_experts: int = 1              # 1 = dense MLP
+    experts_per_token: int = 1
+    qkv_bias: bool = False
+    sliding_window: int | None = None
+    max_context: int = 8192
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    activation_dtype: str = "bf16"
+    source: str = ""
+    params_published: float | None = None   # the published size, for checking the derivation
+
+    def __post_init__(self):
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+
+    # -- parameters -----------------------------------------------------------------------
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def qkv_params(self) -> int:
+        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        return self.hidden_size * (self.q_dim + 2 * self.kv_dim) + bias
+
+    @property
+    def out_proj_params(self) -> int:
+        return self.q_dim * self.hidden_size
+
+    @property
+    def expert_params(self) -> int:
+        """One gated MLP: gate, up and down projections."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden_size * self.num_experts if self.num_experts > 1 else 0
+
+    @property
+    def layer_params(self) -> int:
+        norms = 2 * self.hidden_size
+        return (self.qkv_params + self.out_proj_params + self.num_experts * self.expert_params
+                + self.router_params + norms)
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """Parameters of the output projection that are not shared with the embedding."""
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def param_count(self) -> int:
+        final_norm = self.hidden_size
+        return self.num_layers * self.layer_params + self.embedding_params + self.lm_head_params + final_norm
+
+    @property
+    def active_param_count(self) -> int:
+        """Parameters one token passes through (top-k experts only)."""
+        inactive = (self.num_experts - self.experts_per_token) * self.expert_params
+        return self.param_count - self.num_layers * inactive
+
+    # -- bytes ----------------------------------------------------------------------------
+    @property
+    def weight_bytes_per_param(self) -> float:
+        return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def kv_bytes_per_element(self) -> float:
+        return DTYPE_BYTES[self.kv_dtype]
+
+    @property
+    def activation_bytes_per_element(self) -> float:
+        return DTYPE_BYTES[self.activation_dtype]
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.param_count * self.weight_bytes_per_param
+
+    @property
+    def kv_bytes_per_token_per_layer(self) -> float:
+        return 2 * self.kv_dim * self.kv_bytes_per_element
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of every layer for one token of context."""
+        return self.num_layers * self.kv_bytes_per_token_per_layer
+
+    def expected_experts_touched(self, tokens):
+        """Distinct experts that receive at least one of ``tokens`` tokens, under uniform routing.
+
+        Decode with a small batch reads only the experts it routes to, which is why
+        MoE decode is cheaper in bytes than the total parameter count suggests.
+        """
+        if self.num_experts == 1:
+            return np.ones_like(np.asarray(tokens, dtype=float)) if np.ndim(tokens) else 1.0
+        miss = (1.0 - self.experts_per_token / self.num_experts) ** np.asarray(tokens, dtype=float)
+        touched = self.num_experts * (1.0 - miss)
+        return touched if np.ndim(tokens) else float(touched)
+
+    # -- work per layer -------------------------------------------------------------------
+    def work_coefficients(self, tensor_parallel: int = 1) -> WorkCoefficients:
+        """The FLOPs and bytes of every operator, per unit of each batch feature.
+
+        Attention computes 4 FLOPs per (query, key) pair per head dimension (QK^T and
+        PV, a multiply-add each) and reads each sequence's KV once (FlashAttention);
+        linear layers do 2 FLOPs per parameter per token and read their weights once
+        per iteration; MoE layers read only the experts the batch routes to.
+        """
+        tp = tensor_parallel
+        wb, ab = self.weight_bytes_per_param, self.activation_bytes_per_element
+        kv_heads_per_shard = max(self.num_kv_heads / tp, 1.0)  # replicated when tp > kv heads
+        kv_token_bytes = 2 * kv_heads_per_shard * self.head_dim * self.kv_bytes_per_element
+        q_dim, qkv_out = self.q_dim / tp, (self.q_dim + 2 * self.kv_dim) / tp
+        hidden, inter, k = self.hidden_size, self.intermediate_size / tp, self.experts_per_token
+
+        lf = np.zeros((len(LAYER_OPS), len(FEATURES)))
+        lb = np.zeros_like(lf)
+        qkv, ap, ad, out, mlp, elem = range(len(LAYER_OPS))
+        lf[qkv, F["tokens"]] = 2 * self.qkv_params / tp
+        lb[qkv, F["one"]] = self.qkv_params / tp * wb
+        lb[qkv, F["tokens"]] = (hidden + qkv_out) * ab
+        lf[ap, F["prefill_pairs"]] = 4 * q_dim
+        lb[ap, F["prefill_kv_read"]] = kv_token_bytes
+        lb[ap, F["prefill_tokens"]] = 2 * q_dim * ab + kv_token_bytes  # Q in, O out, new KV written
+        lf[ad, F["decode_kv_read"]] = 4 * q_dim
+        lb[ad, F["decode_kv_read"]] = kv_token_bytes
+        lb[ad, F["decode_seqs"]] = 2 * q_dim * ab + kv_token_bytes
+        lf[out, F["tokens"]] = 2 * self.out_proj_params / tp
+        lb[out, F["one"]] = self.out_proj_params / tp * wb
+        lb[out, F["tokens"]] = (q_dim + hidden) * ab
+        lf[mlp, F["tokens"]] = 2 * (k * self.expert_params / tp + self.router_params)
+        lb[mlp, F["one"]] = self.router_params * wb
+        lb[mlp, F["experts_touched"]] = self.expert_params / tp * wb
+        lb[mlp, F["tokens"]] = k * (2 * hidden + 3 * inter) * ab
+        # Two RMSNorms and two residual adds, each reading and writing the hidden state.
+        lf[elem, F["tokens"]] = 10 * hidden
+        lb[elem, F["tokens"]] = 8 * hidden * ab
+
+        mf = np.zeros((len(MODEL_OPS), len(FEATURES)))
+        mb = np.zeros_like(mf)
+        embedding, lm_head = range(len(MODEL_OPS))
+        mb[embedding, F["tokens"]] = 2 * hidden * ab
+        mf[lm_head, F["logit_tokens"]] = 2 * hidden * self.vocab_size / tp
+        mb[lm_head, F["one"]] = hidden * self.vocab_size / tp * wb
+        mb[lm_head, F["logit_tokens"]] = (hidden * ab + 4 * self.vocab_size / tp)  # fp32 logits out
+        return WorkCoefficients(lf, lb, mf, mb)
+
+    def layer_work(self, features, tensor_parallel: int = 1) -> dict[str, tuple[float, float]]:
+        """(FLOPs, bytes) of each operator of one layer on one shard, for a feature vector."""
+        coeffs = self.work_coefficients(tensor_parallel)
+        x = np.asarray(features, dtype=float)
+        return {op: (float(coeffs.layer_flops[i] @ x), float(coeffs.layer_bytes[i] @ x))
+                for i, op in enumerate(LAYER_OPS)}
+
+    def prefill_layer_work(self, tokens: int, context: int = 0, tensor_parallel: int = 1):
+        """One sequence prefilling ``tokens`` tokens after ``context`` cached ones: (FLOPs, bytes) per operator."""
+        x = batch_features(prefill_new=[tokens], prefill_context=[context], decode_context=[],
+                           prefill_logits=1, model=self)
+        return self.layer_work(x, tensor_parallel)
+
+    def decode_layer_work(self, batch: int, context: int, tensor_parallel: int = 1):
+        """``batch`` sequences each decoding one token over ``context`` cached tokens."""
+        x = batch_features(prefill_new=[], prefill_context=[], decode_context=[context] * batch,
+                           prefill_logits=0, model=self)
+        return self.layer_work(x, tensor_parallel)
+
+    def with_dtypes(self, weight_dtype: str | None = None, kv_dtype: str | None = None) -> "ModelSpec":
+        return replace(self, weight_dtype=weight_dtype or self.weight_dtype, kv_dtype=kv_dtype or self.kv_dtype)
+
+
+# -- reading models ---------------------------------------------------------------------
+
+_FIELDS = {
+    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model"),
+    "num_heads": ("num_attention_heads", "n_head"),
+    "num_kv_heads": ("num_key_value_heads",),
+    "intermediate_size": ("intermediate_size", "ffn_dim", "n_inner"),
+    "vocab_size": ("vocab_size",),
+    "head_dim": ("head_dim",),
+    "tie_word_embeddings": ("tie_word_embeddings",),
+    "num_experts": ("num_local_experts", "num_experts"),
+    "experts_per_token": ("num_experts_per_tok", "moe_top_k"),
+    "sliding_window": ("sliding_window",),
+    "max_context": ("max_position_embeddings",),
+}
+
+
+def model_from_config_json(path: str | Path, name: str | None = None) -> ModelSpec:
+    """A ModelSpec from a Hugging Face config.json (dense or Mixtral-style MoE)."""
+    path = Path(path)
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("config.json not found", file=str(path), has_value=False) from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"not valid JSON: {exc}", file=str(path), has_value=False) from None
+    if not isinstance(config, dict):
+        raise ConfigError("expected a JSON object", file=str(path), has_value=False)
+    fields: dict[str, object] = {}
+    for ours, theirs in _FIELDS.items():
+        for key in theirs:
+            if config.get(key) is not None:
+                fields[ours] = config[key]
+                break
+    fields.setdefault("num_kv_heads", fields.get("num_heads"))
+    fields["qkv_bias"] = bool(config.get("attention_bias", config.get("model_type") == "qwen2"))
+    torch_dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(str(config.get("torch_dtype")))
+    if torch_dtype:
+        fields["weight_dtype"] = fields["kv_dtype"] = torch_dtype
+    if fields.get("sliding_window") and not config.get("use_sliding_window", True):
+        fields["sliding_window"] = None
+    fields["name"] = name or config.get("_name_or_path") or path.parent.name
+    fields["source"] = f"config.json at {path}"
+    node = Node(fields, file=str(path))
+    return _model_from_node(node)
+
+
+def model_from_node(node: Node, catalog: "dict[str, ModelSpec] | None" = None) -> ModelSpec:
+    """A model named in a scenario: a catalog name, a config.json path, or inline fields.
+
+    ``base`` (a catalog name) or ``config_json`` may be combined with overrides
+    such as ``weight_dtype: fp8``.
+    """
+    catalog = model_catalog() if catalog is None else catalog
+    if node.has("config_json"):
+        base = model_from_config_json(node.path_value("config_json"), name=node.string("name", None))
+    elif node.has("base"):
+        base = lookup_model(node.string("base"), catalog, node, "base")
+    else:
+        return _model_from_node(node)
+    overrides = {}
+    for key in ("weight_dtype", "kv_dtype"):
+        if node.has(key):
+            overrides[key] = node.choice(key, list(DTYPE_BYTES))
+    if node.has("max_context"):
+        overrides["max_context"] = node.number("max_context", integer=True, minimum=1, exclusive_minimum=False)
+    if node.has("name"):
+        overrides["name"] = node.string("name")
+    node.done()
+    return replace(base, **overrides)
+
+
+def _model_from_node(node: Node) -> ModelSpec:
+    def count(key, default=None, minimum=1):
+        kwargs = {} if default is None else {"default": default}
+        return node.number(key, integer=True, minimum=minimum, exclusive_minimum=False, **kwargs)
+
+    spec = ModelSpec(
+        name=node.string("name"),
+        num_layers=count("num_layers"),
+        hidden_size=count("hidden_size"),
+        num_heads=count("num_heads"),
+        num_kv_heads=count("num_kv_heads", node.data.get("num_heads")),
+        intermediate_size=count("intermediate_size"),
+        vocab_size=count("vocab_size"),
+        head_dim=count("head_dim", 0, minimum=0),
+        tie_word_embeddings=node.boolean("tie_word_embeddings", False),
+        num_experts=count("num_experts", 1),
+        experts_per_token=count("experts_per_token", 1),
+        qkv_bias=node.boolean("qkv_bias", False),
+        sliding_window=node.number("sliding_window", None, integer=True, minimum=1, exclusive_minimum=False),
+        max_context=count("max_context", 8192),
+        weight_dtype=node.choice("weight_dtype", list(DTYPE_BYTES), "bf16"),
+        kv_dtype=node.choice("kv_dtype", list(DTYPE_BYTES), "bf16"),
+        activation_dtype=node.choice("activation_dtype", list(DTYPE_BYTES), "bf16"),
+        source=node.string("source", ""),
+        params_published=node.number("params_published", None, minimum=0),
+    )
+    if spec.num_heads % spec.num_kv_heads:
+        raise node.key_error("num_kv_heads", "must divide num_heads", spec.num_kv_heads,
+                             f"a divisor of {spec.num_heads}")
+    if spec.experts_per_token > spec.num_experts:
+        raise node.key_error("experts_per_token", "cannot exceed num_experts", spec.experts_per_token,
+                             f"1..{spec.num_experts}")
+    node.done()
+    return spec
+
+
+def _load_catalog_file(path: Path | None = None) -> dict[str, ModelSpec]:
+    if path is None:
+        text = resources.files("llmsim").joinpath("data/models.yaml").read_text()
+        data, file = yaml.safe_load(text), "llmsim/data/models.yaml"
+    else:
+        data, file = load_yaml(path), str(path)
+    root = Node(data, file=file)
+    models = {}
+    for name in list(root.data):
+        node = root.child(name)
+        node.data.setdefault("name", name)
+        models[name] = _model_from_node(node)
+    root.done()
+    return models
+
+
+_CATALOG: dict[str, ModelSpec] | None = None
+
+
+def model_catalog() -> dict[str, ModelSpec]:
+    """The shipped models (``llmsim/data/models.yaml``), by name."""
+    global _CATALOG
+    if _CATALOG is None:
+        _CATALOG = _load_catalog_file()
+    return dict(_CATALOG)
+
+
+def lookup_model(name: str, catalog: dict[str, ModelSpec], node: Node | None = None,
+                 key: str = "model") -> ModelSpec:
+    """Find a model by name, case-insensitively; a ConfigError lists the known ones."""
+    by_lower = {k.lower(): v for k, v in catalog.items()}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    import difflib
+    hint = difflib.get_close_matches(name, list(catalog), n=1, cutoff=0.4)
+    message = "unknown model" + (f"; did you mean '{hint[0]}'?" if hint else "")
+    allowed = ", ".join(catalog) + " (or a mapping with config_json: PATH, or inline config fields)"
+    if node is not None:
+        raise node.key_error(key, message, name, allowed)
+    raise ConfigError(message, key=key, value=name, allowed=allowed)
+
+
+def batch_features(prefill_new, prefill_context, decode_context, prefill_logits: int,
+                   model: ModelSpec) -> np.ndarray:
+    """The feature vector (see FEATURES) of one iteration's batch.
+
+    ``prefill_new[i]`` tokens of a prompt are computed after ``prefill_context[i]``
+    cached ones (chunked prefill); each decode sequence adds one token after
+    ``decode_context[j]`` cached ones; ``prefill_logits`` chunks end their prompt
+    and so sample a token. A sliding window caps the context each query sees.
+    """
+    new = np.asarray(prefill_new, dtype=float)
+    ctx = np.asarray(prefill_context, dtype=float)
+    dec = np.asarray(decode_context, dtype=float) + 1.0   # the new token attends to itself
+    window = model.sliding_window
+    if window:
+        ctx_seen = np.minimum(ctx, window)
+        dec = np.minimum(dec, window)
+    else:
+        ctx_seen = ctx
+    pairs = float(np.sum(new * ctx_seen + new * (new + 1) / 2))
+    tokens = float(new.sum()) + len(dec)
+    x = np.zeros(len(FEATURES))
+    x[[F["one"], F["tokens"], F["prefill_tokens"], F["prefill_pairs"], F["prefill_kv_read"],
+       F["decode_seqs"], F["decode_kv_read"], F["experts_touched"], F["logit_tokens"]]] = [
+        1.0, tokens, new.sum(), pairs, float(np.sum(ctx_seen + new)), len(dec), float(dec.sum()),
+        model.expected_experts_touched(tokens), len(dec) + prefill_logits]
+    return x

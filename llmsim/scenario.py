@@ -1,0 +1,196 @@
+"""A scenario: one deployment under one workload, read from YAML and validated once.
+
+Everything downstream (engine, metrics, reports) receives these dataclasses and
+never sees YAML. See ``scenarios/`` for annotated examples and the README for
+every key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .configio import Node, load_yaml
+from .costmodel import MemoryPlan, plan_memory
+from .hardware import HardwareProfile, lookup_hardware
+from .models import ModelSpec, lookup_model, model_catalog, model_from_node
+from .units import parse_quantity
+from .workload import Workload, workload_from_node
+
+BATCHING = ("continuous", "static")
+ROUTERS = ("round_robin", "least_outstanding", "shared_queue")
+ON_TIMEOUT = ("dispatch", "reject")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    replicas: int = 1
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    router: str = "least_outstanding"
+
+    @property
+    def devices_per_replica(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The serving engine's scheduler settings (vLLM names where they exist)."""
+    batching: str = "continuous"
+    max_num_seqs: int = 256
+    max_batch_tokens: int = 8192         # vLLM max_num_batched_tokens
+    chunked_prefill: bool = True
+    block_size: int = 128                # tokens per KV-cache block
+    memory_utilization: float = 0.9      # vLLM gpu_memory_utilization
+    runtime_reserve_bytes: float = 1 * 2 ** 30
+    max_model_len: int | None = None     # longest prompt + output accepted; default: the model's context
+    queue_timeout_s: float | None = None
+    on_timeout: str = "dispatch"
+
+
+@dataclass(frozen=True)
+class SLO:
+    """Per-request latency limits; a request meets the SLO when every set limit holds."""
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+
+    @property
+    def defined(self) -> bool:
+        return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s))
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    warmup_s: float | None = None        # default: 10% of the arrival window
+    horizon_s: float | None = None       # default: twice the arrival window, at least 60 s past it
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    seed: int
+    model: ModelSpec
+    hardware: HardwareProfile
+    deployment: Deployment
+    engine: EngineConfig
+    workload: Workload
+    slo: SLO
+    simulation: SimulationConfig
+    path: str | None = None
+
+    @property
+    def memory(self) -> MemoryPlan:
+        return plan_memory(self.model, self.hardware, self.deployment.tensor_parallel,
+                           self.deployment.pipeline_parallel, self.engine.memory_utilization,
+                           self.engine.block_size, self.engine.max_batch_tokens,
+                           self.engine.runtime_reserve_bytes)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len or self.model.max_context
+
+    def with_seed(self, seed: int) -> "Scenario":
+        return replace(self, seed=seed)
+
+
+def load_scenario(path: str | Path, seed: int | None = None) -> Scenario:
+    """Read and validate a scenario YAML file; errors are ConfigErrors naming file, key and value."""
+    root = Node(load_yaml(path), file=str(path))
+    scenario = scenario_from_node(root)
+    scenario = replace(scenario, path=str(path))
+    return scenario if seed is None else scenario.with_seed(seed)
+
+
+def scenario_from_node(root: Node) -> Scenario:
+    name = root.string("name", Path(root.file).stem if root.file else "scenario")
+    seed = root.number("seed", 0, integer=True, minimum=0, exclusive_minimum=False)
+    model = _model(root)
+    hardware = lookup_hardware(root.string("hardware"), root, "hardware")
+
+    count = dict(integer=True, minimum=1, exclusive_minimum=False)
+    dep = root.child("deployment")
+    deployment = Deployment(
+        replicas=dep.number("replicas", 1, **count),
+        tensor_parallel=dep.number("tensor_parallel", 1, **count),
+        pipeline_parallel=dep.number("pipeline_parallel", 1, **count),
+        router=dep.choice("router", ROUTERS, "least_outstanding"))
+    if model.num_heads % deployment.tensor_parallel:
+        raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
+                            deployment.tensor_parallel, _divisors(model.num_heads))
+    if deployment.pipeline_parallel > model.num_layers:
+        raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
+                            deployment.pipeline_parallel, f"1..{model.num_layers}")
+    dep.done()
+
+    eng = root.child("engine")
+    engine = EngineConfig(
+        batching=eng.choice("batching", BATCHING, "continuous"),
+        max_num_seqs=eng.number("max_num_seqs", 256, **count),
+        max_batch_tokens=eng.number("max_batch_tokens", 8192, **count),
+        chunked_prefill=eng.boolean("chunked_prefill", True),
+        block_size=eng.number("block_size", 128, **count),
+        memory_utilization=eng.number("memory_utilization", 0.9, minimum=0.0, maximum=1.0),
+        runtime_reserve_bytes=eng.quantity("runtime_reserve", "bytes", 2.0 ** 30, minimum=0.0,
+                                           exclusive_minimum=False),
+        max_model_len=eng.number("max_model_len", None, **count),
+        queue_timeout_s=eng.quantity("queue_timeout", "duration", None),
+        on_timeout=eng.choice("on_timeout", ON_TIMEOUT, "dispatch"))
+    if engine.max_batch_tokens < engine.max_num_seqs:
+        raise eng.key_error("max_batch_tokens", f"must be at least max_num_seqs ({engine.max_num_seqs}), "
+                            "or some running sequences could never decode", engine.max_batch_tokens,
+                            f"an integer >= {engine.max_num_seqs}")
+    eng.done()
+
+    workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
+    slo_node = root.child("slo")
+    slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", None) for key in ("ttft", "tpot", "e2e")})
+    slo_node.done()
+    sim = root.child("simulation")
+    simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", None, minimum=0.0,
+                                                        exclusive_minimum=False),
+                                  horizon_s=sim.quantity("horizon", "duration", None))
+    sim.done()
+    root.done()
+    scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation)
+    _check_fits(scenario, root)
+    return scenario
+
+
+def _model(root: Node) -> ModelSpec:
+    raw = root.raw("model")
+    if isinstance(raw, str):
+        return lookup_model(raw, model_catalog(), root, "model")
+    return model_from_node(root.child("model"))
+
+
+def _check_fits(scenario: Scenario, root: Node) -> None:
+    plan = scenario.memory
+    if plan.fits:
+        return
+    gb = 1e9
+    dep = scenario.deployment
+    message = (f"{scenario.model.name} does not fit on {dep.devices_per_replica} x {scenario.hardware.name}: "
+               f"{plan.weights_per_device_bytes / gb:.1f} GB of weights and "
+               f"{plan.activation_reserve_per_device_bytes / gb:.1f} GB of activations per device, "
+               f"but only {plan.usable_per_device_bytes / gb:.1f} GB usable "
+               f"({scenario.engine.memory_utilization:g} of {plan.capacity_per_device_bytes / gb:.0f} GB), "
+               f"leaving no room for one KV block")
+    devices_needed = _devices_needed(scenario)
+    raise root.error(message, key="deployment.tensor_parallel", value=dep.tensor_parallel,
+                     allowed=f"more devices per replica (tensor_parallel x pipeline_parallel >= {devices_needed}), "
+                             "a smaller weight_dtype, or a larger device")
+
+
+def _devices_needed(scenario: Scenario) -> int:
+    for devices in range(1, 1025):
+        plan = plan_memory(scenario.model, scenario.hardware, devices, 1, scenario.engine.memory_utilization,
+                           scenario.engine.block_size, scenario.engine.max_batch_tokens,
+                           scenario.engine.runtime_reserve_bytes)
+        if plan.fits:
+            return devices
+    return 1024
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)

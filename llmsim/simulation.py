@@ -1,0 +1,222 @@
+"""Putting a scenario in motion: arrivals, a router, replicas, and what they record.
+
+``simulate(scenario)`` builds a SimPy environment with one arrival process (the
+scenario's trace, replayed in time), a router that hands each request to a
+replica, and one :class:`~llmsim.engine.Replica` process per replica. It runs
+until every request is done or the horizon is reached, and returns a
+:class:`SimulationResult` whose per-request records feed every metric.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from .costmodel import CostModel
+from .engine import Replica
+from .kvcache import KVCache
+from .request import Request, TimeAverage, WaitingQueue
+from .scenario import Scenario
+from .workload import Trace, generate_trace
+
+
+class Router:
+    """Sends each arriving request to a replica.
+
+    ``round_robin`` cycles; ``least_outstanding`` picks the replica with the fewest
+    queued plus running requests (ties to the lowest index); ``shared_queue`` keeps
+    one queue that every replica pulls from when it has room (an M/M/c system
+    when each replica serves one request at a time).
+    """
+
+    def __init__(self, policy: str, replicas: list[Replica], max_tokens: int, kv_blocks: int,
+                 block_size: int, expected: int, all_done: simpy.Event):
+        self.policy, self.replicas = policy, replicas
+        self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
+        self.outstanding = [0] * len(replicas)
+        self._cycle = itertools.cycle(range(len(replicas)))
+        self.in_system = TimeAverage()
+        self._left_to_finish = expected
+        self._all_done = all_done
+
+    def _leave(self, now: float) -> None:
+        self.in_system.change(now, -1)
+        self._left_to_finish -= 1
+        if self._left_to_finish == 0 and not self._all_done.triggered:
+            self._all_done.succeed()
+
+    def dispatch(self, request: Request, now: float) -> None:
+        self.in_system.change(now, +1)
+        total = request.prompt_tokens + request.output_tokens
+        if total > self.max_tokens or total > self.kv_tokens:
+            request.status, request.reason, request.finish_s = "rejected", "too_long", now
+            self._leave(now)
+            return
+        if self.policy == "round_robin":
+            index = next(self._cycle)
+        elif self.policy == "least_outstanding":
+            index = min(range(len(self.replicas)), key=self.outstanding.__getitem__)
+        else:
+            index = -1
+        if index >= 0:
+            request.replica = index
+            self.outstanding[index] += 1
+            replica = self.replicas[index]
+            replica.queue.push(request, now)
+            replica.notify()
+        else:
+            self.replicas[0].queue.push(request, now)
+            for replica in self.replicas:
+                if replica.idle:
+                    replica.notify()
+
+    def done(self, request: Request, now: float, replica: int) -> None:
+        if request.replica < 0:          # shared queue: credit the replica that served it
+            request.replica = replica
+        else:
+            self.outstanding[request.replica] -= 1
+        self._leave(now)
+
+
+def arrivals(env: simpy.Environment, requests: list[Request], router: Router):
+    """Replay the trace: each request enters the router at its arrival time."""
+    for request in requests:
+        delay = request.arrival_s - env.now
+        if delay > 0:
+            yield env.timeout(delay)
+        router.dispatch(request, env.now)
+
+
+@dataclass
+class SimulationResult:
+    """What one run produced; ``requests`` is the per-request record everything else derives from."""
+    scenario: Scenario
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+    queue_length: pd.DataFrame
+    end_s: float
+    arrival_window_s: float
+    warmup_s: float
+    kv_blocks_per_replica: int
+    kv_allocated_blocks: int
+    kv_freed_blocks: int
+    kv_held_blocks: int
+    preemptions: int
+    mean_in_system: float
+    mean_queue_length: float
+    resume_gaps_s: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+
+    def summary(self):
+        from .metrics import summarize
+        return summarize(self)
+
+
+def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
+    """(arrival window, horizon): the horizon defaults to twice the window and at least 60 s past it."""
+    window = float(trace.arrival_s[-1]) if len(trace) else 0.0
+    if scenario.workload.duration_s is not None:
+        window = max(window, scenario.workload.duration_s)
+    horizon = scenario.simulation.horizon_s
+    if horizon is None:
+        horizon = max(2 * window, window + 60.0)
+    return window, horizon
+
+
+def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult:
+    """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs)."""
+    trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
+    window, horizon = horizon_for(scenario, trace)
+    plan = scenario.memory
+    dep = scenario.deployment
+    env = simpy.Environment()
+    cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel)
+    shared = WaitingQueue() if dep.router == "shared_queue" else None
+    requests = [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in
+                enumerate(zip(trace.arrival_s.tolist(), trace.prompt_tokens.tolist(),
+                              trace.output_tokens.tolist()))]
+
+    def on_done(replica):
+        # Bound late: the router is built after its replicas.
+        return lambda request, now: router.done(request, now, replica)
+
+    replicas = [Replica(env, index, cost, KVCache(plan.num_blocks, plan.block_size),
+                        shared if shared is not None else WaitingQueue(), scenario.engine, on_done(index))
+                for index in range(dep.replicas)]
+    stop = env.event()
+    router = Router(dep.router, replicas, scenario.max_model_len, plan.num_blocks, plan.block_size,
+                    len(requests), stop)
+    env.process(arrivals(env, requests, router))
+    env.process(_horizon(env, horizon, stop))
+    if requests:
+        env.run(until=stop)
+    end_s = env.now
+    warmup = scenario.simulation.warmup_s
+    if warmup is None:
+        warmup = 0.1 * window
+    queues = list({id(r.queue): r.queue for r in replicas}.values())
+    return SimulationResult(
+        scenario=scenario,
+        requests=_records(requests),
+        iterations=_iterations(replicas),
+        queue_length=_queue_series(queues),
+        end_s=end_s,
+        arrival_window_s=window,
+        warmup_s=min(warmup, window),
+        kv_blocks_per_replica=plan.num_blocks,
+        kv_allocated_blocks=sum(r.kv.allocated_total for r in replicas),
+        kv_freed_blocks=sum(r.kv.freed_total for r in replicas),
+        kv_held_blocks=sum(r.kv.used_blocks for r in replicas),
+        preemptions=sum(r.preemptions for r in replicas),
+        mean_in_system=router.in_system.mean(end_s),
+        mean_queue_length=sum(q.length.mean(end_s) for q in queues),
+        resume_gaps_s=np.array([g for r in replicas for g in r.resume_gaps_s]),
+    )
+
+
+def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
+    yield env.timeout(horizon_s)
+    if not stop.triggered:
+        stop.succeed()
+
+
+RECORD_COLUMNS = ("id", "replica", "status", "reason", "arrival_s", "prompt_tokens", "output_tokens",
+                  "generated_tokens", "first_scheduled_s", "first_token_s", "finish_s", "preemptions",
+                  "max_itl_s")
+
+
+def _records(requests: list[Request]) -> pd.DataFrame:
+    """The per-request table: raw times plus the latencies derived from them."""
+    columns = {name: [getattr(r, "generated" if name == "generated_tokens" else name) for r in requests]
+               for name in RECORD_COLUMNS}
+    frame = pd.DataFrame(columns)
+    # Whatever has not left by the end (queued, running, not yet arrived) is unfinished.
+    frame["status"] = frame["status"].where(frame["status"].isin(("finished", "rejected")), "unfinished")
+    frame["queue_wait_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
+    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
+    frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]
+    finished = frame["status"] == "finished"
+    frame.loc[~finished, "e2e_s"] = np.nan
+    decode_tokens = frame["output_tokens"] - 1
+    frame["tpot_s"] = np.where(finished & (decode_tokens > 0),
+                               (frame["finish_s"] - frame["first_token_s"]) / decode_tokens.clip(lower=1), np.nan)
+    return frame
+
+
+def _iterations(replicas: list[Replica]) -> pd.DataFrame:
+    frames = []
+    for replica in replicas:
+        frame = pd.DataFrame(replica.log.columns)
+        frame.insert(0, "replica", replica.index)
+        frames.append(frame)
+    frame = pd.concat(frames, ignore_index=True)
+    frame["end_s"] = frame["start_s"] + frame["duration_s"]
+    return frame
+
+
+def _queue_series(queues: list[WaitingQueue]) -> pd.DataFrame:
+    frames = [pd.DataFrame({"queue": i, "time_s": q.length.log_s, "length": q.length.log_value})
+              for i, q in enumerate(queues)]
+    return pd.concat(frames, ignore_index=True)
