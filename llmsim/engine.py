@@ -34,7 +34,7 @@ import simpy
 from .costmodel import CostModel
 from .kvcache import KVCache
 from .models import F, FEATURES
-from .request import Request, WaitingQueue
+from .request import GapHistogram, Request, WaitingQueue
 from .scenario import EngineConfig
 
 
@@ -61,11 +61,12 @@ class Replica:
     """A serving engine instance on ``tp x pp`` devices, pulling work from its waiting queue."""
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
-                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None]):
+                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
+                 gaps: GapHistogram):
         self.env, self.index, self.cost, self.kv, self.queue, self.config = env, index, cost, kv, queue, config
         self.on_done = on_done
         self.log = IterationLog()
-        self.resume_gaps_s: list[float] = []   # inter-token gaps across a preemption
+        self.gaps = gaps                       # inter-token gaps of every token (steady-state window)
         self.preemptions = 0
         self._wakeup: simpy.Event | None = None
         self._admitted = 0
@@ -79,6 +80,7 @@ class Replica:
         self.blocks = np.zeros(cap, dtype=np.int64)       # KV blocks held
         self.order = np.zeros(cap, dtype=np.int64)        # admission order (preemption victim choice)
         self.max_gap = np.zeros(cap)                      # longest inter-token gap so far
+        self.last_token_s = np.zeros(cap)                 # when the sequence last emitted a token
         self.prefilling: list[Request] = []               # admitted, prompt not yet fully computed
         self._x = np.zeros(len(FEATURES))
         self._x[F["one"]] = 1.0
@@ -247,7 +249,7 @@ class Replica:
             slot = self.slot_request.index(request, 0, self.n_decode)
             request.generated = request.output_tokens - int(self.remaining[slot])
             request.max_itl_s = max(request.max_itl_s, float(self.max_gap[slot]))
-            request.last_token_s = now
+            request.last_token_s = float(self.last_token_s[slot])
             self.kv.free(int(self.blocks[slot]))
             self._remove_slot(slot)
         request.prefill_target = request.prompt_tokens + request.generated
@@ -263,7 +265,10 @@ class Replica:
         if n:
             self.context[:n] += 1
             self.remaining[:n] -= 1
-            np.maximum(self.max_gap[:n], duration, out=self.max_gap[:n])
+            gaps = now - self.last_token_s[:n]
+            np.maximum(self.max_gap[:n], gaps, out=self.max_gap[:n])
+            self.last_token_s[:n] = now
+            self.gaps.add(now, gaps)
             done = np.flatnonzero(self.remaining[:n] == 0)
             for slot in done[::-1]:      # from the back, so swapped-in slots are not skipped
                 request = self.slot_request[slot]
@@ -279,7 +284,7 @@ class Replica:
                 request.first_token_s = now
             else:
                 gap = now - request.last_token_s
-                self.resume_gaps_s.append(gap)
+                self.gaps.add(now, np.array([gap]))
                 request.max_itl_s = max(request.max_itl_s, gap)
             request.generated += 1
             if request.generated >= request.output_tokens:
@@ -303,13 +308,14 @@ class Replica:
         self.blocks[slot] = request.blocks
         self.order[slot] = request.admit_order
         self.max_gap[slot] = 0.0
+        self.last_token_s[slot] = self.env.now
         self.n_decode += 1
 
     def _remove_slot(self, slot: int) -> None:
         last = self.n_decode - 1
         if slot != last:
             self.slot_request[slot] = self.slot_request[last]
-            for array in (self.context, self.remaining, self.blocks, self.order, self.max_gap):
+            for array in (self.context, self.remaining, self.blocks, self.order, self.max_gap, self.last_token_s):
                 array[slot] = array[last]
         self.slot_request[last] = None
         self.n_decode = last
@@ -341,6 +347,9 @@ class Replica:
         durations, flops, moved = self.cost.iteration(steps)
         offsets = np.cumsum(durations)
         gap_max = np.maximum.accumulate(durations)
+        # Decode step j gives a token to every request still generating (output > j + 1).
+        for j in range(1, count):
+            self.gaps.add(now + float(offsets[j]), np.full(int(np.count_nonzero(lengths > j)), durations[j]))
         count = len(durations)
         lengths = np.array([r.output_tokens for r in batch])
         self.log.extend(start_s=(now + offsets - durations).tolist(), duration_s=durations.tolist(),

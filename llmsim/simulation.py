@@ -18,7 +18,8 @@ import simpy
 from .costmodel import CostModel
 from .engine import Replica
 from .kvcache import KVCache
-from .request import Request, TimeAverage, WaitingQueue
+from .metrics import meets_slo, summarize
+from .request import GapHistogram, Request, TimeAverage, WaitingQueue
 from .scenario import Scenario
 from .workload import Trace, generate_trace
 
@@ -107,11 +108,13 @@ class SimulationResult:
     preemptions: int
     mean_in_system: float
     mean_queue_length: float
-    resume_gaps_s: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    inter_token_gaps: GapHistogram = field(repr=False, default_factory=GapHistogram)
+    interrupted: bool = False
 
-    def summary(self):
-        from .metrics import summarize
-        return summarize(self)
+    def summary(self) -> dict:
+        summary = summarize(self)
+        summary["interrupted"] = self.interrupted
+        return summary
 
 
 def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
@@ -142,29 +145,34 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
         # Bound late: the router is built after its replicas.
         return lambda request, now: router.done(request, now, replica)
 
+    warmup = min(scenario.simulation.warmup_s if scenario.simulation.warmup_s is not None else 0.1 * window,
+                 window)
+    gaps = GapHistogram(warmup, window)
     replicas = [Replica(env, index, cost, KVCache(plan.num_blocks, plan.block_size),
-                        shared if shared is not None else WaitingQueue(), scenario.engine, on_done(index))
+                        shared if shared is not None else WaitingQueue(), scenario.engine, on_done(index), gaps)
                 for index in range(dep.replicas)]
     stop = env.event()
     router = Router(dep.router, replicas, scenario.max_model_len, plan.num_blocks, plan.block_size,
                     len(requests), stop)
     env.process(arrivals(env, requests, router))
     env.process(_horizon(env, horizon, stop))
-    if requests:
-        env.run(until=stop)
+    interrupted = False
+    try:
+        if requests:
+            env.run(until=stop)
+    except KeyboardInterrupt:
+        # Keep what was simulated: everything still in flight is reported unfinished.
+        interrupted = True
     end_s = env.now
-    warmup = scenario.simulation.warmup_s
-    if warmup is None:
-        warmup = 0.1 * window
     queues = list({id(r.queue): r.queue for r in replicas}.values())
     return SimulationResult(
         scenario=scenario,
-        requests=_records(requests),
-        iterations=_iterations(replicas),
+        requests=_records(requests, scenario),
+        iterations=_iterations(replicas, cost),
         queue_length=_queue_series(queues),
         end_s=end_s,
         arrival_window_s=window,
-        warmup_s=min(warmup, window),
+        warmup_s=warmup,
         kv_blocks_per_replica=plan.num_blocks,
         kv_allocated_blocks=sum(r.kv.allocated_total for r in replicas),
         kv_freed_blocks=sum(r.kv.freed_total for r in replicas),
@@ -172,7 +180,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
         preemptions=sum(r.preemptions for r in replicas),
         mean_in_system=router.in_system.mean(end_s),
         mean_queue_length=sum(q.length.mean(end_s) for q in queues),
-        resume_gaps_s=np.array([g for r in replicas for g in r.resume_gaps_s]),
+        inter_token_gaps=gaps,
+        interrupted=interrupted,
     )
 
 
@@ -187,7 +196,7 @@ RECORD_COLUMNS = ("id", "replica", "status", "reason", "arrival_s", "prompt_toke
                   "max_itl_s")
 
 
-def _records(requests: list[Request]) -> pd.DataFrame:
+def _records(requests: list[Request], scenario: Scenario) -> pd.DataFrame:
     """The per-request table: raw times plus the latencies derived from them."""
     columns = {name: [getattr(r, "generated" if name == "generated_tokens" else name) for r in requests]
                for name in RECORD_COLUMNS}
@@ -202,10 +211,11 @@ def _records(requests: list[Request]) -> pd.DataFrame:
     decode_tokens = frame["output_tokens"] - 1
     frame["tpot_s"] = np.where(finished & (decode_tokens > 0),
                                (frame["finish_s"] - frame["first_token_s"]) / decode_tokens.clip(lower=1), np.nan)
+    frame["meets_slo"] = meets_slo(frame, scenario.slo)
     return frame
 
 
-def _iterations(replicas: list[Replica]) -> pd.DataFrame:
+def _iterations(replicas: list[Replica], cost: CostModel) -> pd.DataFrame:
     frames = []
     for replica in replicas:
         frame = pd.DataFrame(replica.log.columns)
@@ -213,6 +223,8 @@ def _iterations(replicas: list[Replica]) -> pd.DataFrame:
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True)
     frame["end_s"] = frame["start_s"] + frame["duration_s"]
+    frame["mfu"] = frame["flops"] / (frame["duration_s"] * cost.peak_flops_per_s)
+    frame["bandwidth_utilisation"] = frame["bytes"] / (frame["duration_s"] * cost.peak_bandwidth_bytes_per_s)
     return frame
 
 

@@ -1,0 +1,91 @@
+"""The ``llmsim`` command: thin wrappers over the Python API."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from .errors import ConfigError
+
+
+def _cmd_run(args) -> int:
+    from .report import format_summary
+    from .scenario import load_scenario
+    from .simulation import simulate
+
+    scenario = load_scenario(args.scenario, seed=args.seed)
+    result = simulate(scenario)
+    summary = result.summary()
+    print(format_summary(summary))
+    out = Path(args.out) if args.out else Path("runs") / scenario.name
+    out.mkdir(parents=True, exist_ok=True)
+    result.requests.to_csv(out / "requests.csv", index=False)
+    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+    if args.iterations:
+        result.iterations.to_csv(out / "iterations.csv", index=False)
+    print(f"\nwrote {out / 'requests.csv'} and {out / 'summary.json'}"
+          + (f" and {out / 'iterations.csv'}" if args.iterations else ""))
+    return 130 if result.interrupted else 0
+
+
+def _cmd_models(args) -> int:
+    from .models import model_catalog
+    rows = [{"model": m.name, "params_B": round(m.param_count / 1e9, 3),
+             "active_B": round(m.active_param_count / 1e9, 3), "layers": m.num_layers,
+             "hidden": m.hidden_size, "heads/kv": f"{m.num_heads}/{m.num_kv_heads}",
+             "kv_KiB_per_token": round(m.kv_bytes_per_token / 1024, 1), "max_context": m.max_context}
+            for m in model_catalog().values()]
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def _cmd_hardware(args) -> int:
+    from .hardware import hardware_catalog
+    rows = [{"hardware": h.name, "bf16_TFLOPs": h.peak_for("bf16") / 1e12,
+             "memory_GB": h.memory_capacity_bytes / 1e9, "bandwidth_TB/s": h.memory_bandwidth_bytes_per_s / 1e12,
+             "link_GB/s": h.interconnect_bandwidth_bytes_per_s / 1e9, "TDP_W": h.tdp_w,
+             "usd_per_hour": h.price_per_hour_usd, "file": Path(h.path).name if h.path else ""}
+            for h in hardware_catalog().values()]
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def _json_safe(value):
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llmsim", description="Simulate and plan LLM inference serving.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="simulate one scenario and print its summary")
+    run.add_argument("scenario", help="scenario YAML file")
+    run.add_argument("--out", help="output directory (default: runs/<scenario name>)")
+    run.add_argument("--seed", type=int, help="override the scenario's seed")
+    run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
+    run.set_defaults(func=_cmd_run)
+    sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
+    sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as error:
+        print(f"llmsim: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

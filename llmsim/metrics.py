@@ -1,0 +1,158 @@
+"""From per-request records to the figures a serving team reads.
+
+Steady-state figures use the measurement window ``[warmup, end of arrivals]``:
+latencies over the requests that arrived in it, throughput over the iterations
+that ended in it. Counts (arrived, finished, rejected, unfinished) cover the
+whole run, so conservation can be checked on them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from .scenario import SLO
+
+PERCENTILES = (50, 95, 99)
+LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
+
+
+def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
+    """True for finished requests within every limit the SLO sets (a 1-token output has no TPOT)."""
+    ok = records["status"] == "finished"
+    if slo.ttft_s is not None:
+        ok &= records["ttft_s"] <= slo.ttft_s
+    if slo.tpot_s is not None:
+        ok &= records["tpot_s"].isna() | (records["tpot_s"] <= slo.tpot_s)
+    if slo.e2e_s is not None:
+        ok &= records["e2e_s"] <= slo.e2e_s
+    return ok
+
+
+def distribution(values) -> dict[str, float]:
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if len(values) == 0:
+        return {"mean": math.nan, **{f"p{p}": math.nan for p in PERCENTILES}}
+    quantiles = np.percentile(values, PERCENTILES)
+    return {"mean": float(values.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles)}}
+
+
+def summarize(result) -> dict:
+    """The summary of one run as a nested dict (what ``llmsim run`` prints and writes as JSON)."""
+    scenario = result.scenario
+    records, iterations = result.requests, result.iterations
+    start, stop = result.warmup_s, result.arrival_window_s
+    if stop - start <= 0:                      # a degenerate window: measure the whole run
+        start, stop = 0.0, max(result.end_s, 1e-12)
+    window = stop - start
+    steady = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
+    finished = steady[steady["status"] == "finished"]
+    in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
+    replicas = scenario.deployment.replicas
+    devices = replicas * scenario.deployment.devices_per_replica
+    hw = scenario.hardware
+    peak_flops = hw.peak_for(scenario.model.weight_dtype) * devices
+    peak_bw = hw.memory_bandwidth_bytes_per_s * devices
+
+    status = records["status"]
+    reason = records["reason"]
+    counts = {
+        "arrived": int(len(records)),
+        "finished": int((status == "finished").sum()),
+        "rejected_timeout": int(((status == "rejected") & (reason == "timeout")).sum()),
+        "rejected_too_long": int(((status == "rejected") & (reason == "too_long")).sum()),
+        "unfinished_queued": int(((status == "unfinished") & records["first_scheduled_s"].isna()).sum()),
+        "unfinished_running": int(((status == "unfinished") & records["first_scheduled_s"].notna()).sum()),
+        "preemptions": int(result.preemptions),
+    }
+    latency = {name: distribution(finished[name]) for name in LATENCY_COLUMNS}
+    gaps = result.inter_token_gaps
+    latency["itl_s"] = {"mean": gaps.mean, **{f"p{p}": gaps.quantile(p / 100) for p in PERCENTILES}}
+
+    good = steady[meets_slo(steady, scenario.slo)] if scenario.slo.defined else finished
+    finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
+                                 & (status == "finished")]
+    output_tokens = float(in_window["tokens_out"].sum())
+    throughput = {
+        "requests_per_s": len(finished_in_window) / window,
+        "output_tokens_per_s": output_tokens / window,
+        "total_tokens_per_s": (output_tokens + float(in_window["prefill_tokens"].sum())) / window,
+        "output_tokens_per_s_per_device": output_tokens / window / devices,
+        "offered_requests_per_s": len(steady) / window,
+    }
+    slo = {
+        "ttft_s": scenario.slo.ttft_s, "tpot_s": scenario.slo.tpot_s, "e2e_s": scenario.slo.e2e_s,
+        "attainment": len(good) / len(steady) if len(steady) else math.nan,
+        "goodput_requests_per_s": len(good) / window,
+        "goodput_output_tokens_per_s": float(good["output_tokens"].sum()) / window,
+    }
+    busy_s = float(in_window["duration_s"].sum())
+    weights = in_window["duration_s"].to_numpy()
+    kv_total = result.kv_blocks_per_replica
+    kv_used = in_window["kv_used_blocks"].to_numpy()
+    utilisation = {
+        "busy_fraction": busy_s / (window * replicas),
+        "mfu": float(in_window["flops"].sum()) / (window * peak_flops),
+        "mfu_while_busy": float(in_window["flops"].sum()) / (busy_s * peak_flops / replicas) if busy_s else 0.0,
+        "bandwidth_utilisation": float(in_window["bytes"].sum()) / (window * peak_bw),
+        "kv_occupancy_mean": float(np.average(kv_used, weights=weights) / kv_total) if busy_s else 0.0,
+        "kv_occupancy_max": float(kv_used.max() / kv_total) if len(kv_used) else 0.0,
+        "mean_batch_size": float(np.average(in_window["decode_seqs"] + in_window["prefill_seqs"],
+                                            weights=weights)) if busy_s else 0.0,
+    }
+    plan = scenario.memory
+    return {
+        "scenario": scenario.name,
+        "seed": scenario.seed,
+        "model": scenario.model.name,
+        "hardware": hw.name,
+        "devices": devices,
+        "window_s": [start, stop],
+        "simulated_s": result.end_s,
+        "requests": counts,
+        "latency": latency,
+        "throughput": throughput,
+        "slo": slo,
+        "utilisation": utilisation,
+        "memory": {
+            "weights_per_device_gb": plan.weights_per_device_bytes / 1e9,
+            "kv_cache_per_device_gb": plan.kv_per_device_bytes / 1e9,
+            "kv_capacity_tokens_per_replica": plan.kv_capacity_tokens,
+        },
+        "queue": {
+            "mean_length": result.mean_queue_length,
+            "max_length": int(result.queue_length["length"].max()),
+            "mean_in_system": result.mean_in_system,
+        },
+    }
+
+
+def batch_means(values, batches: int = 20) -> tuple[float, float]:
+    """Mean and its standard error by the method of batch means (for autocorrelated output).
+
+    Consecutive observations are split into ``batches`` groups; the spread of the
+    group means estimates the standard error without assuming independence.
+    """
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    usable = len(values) // batches * batches
+    if usable < batches * 2:
+        raise ValueError(f"need at least {batches * 2} observations for {batches} batch means")
+    means = values[:usable].reshape(batches, -1).mean(axis=1)
+    return float(means.mean()), float(means.std(ddof=1) / math.sqrt(batches))
+
+
+def flatten(summary: dict, prefix: str = "") -> dict:
+    """``{'latency': {'ttft_s': {'p95': x}}}`` -> ``{'latency.ttft_s.p95': x}`` (for DataFrames)."""
+    flat = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, list):
+            flat[name] = tuple(value)
+        else:
+            flat[name] = value
+    return flat

@@ -1,0 +1,60 @@
+"""Plain-text rendering of a run summary, for the terminal."""
+from __future__ import annotations
+
+import math
+
+
+def _ms(value: float) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value * 1e3:,.1f}"
+
+
+def _num(value: float, digits: int = 1) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:,.{digits}f}"
+
+
+def format_summary(summary: dict) -> str:
+    lines = []
+    req, lat, thr, slo, util, mem = (summary[k] for k in ("requests", "latency", "throughput", "slo",
+                                                          "utilisation", "memory"))
+    start, stop = summary["window_s"]
+    lines.append(f"{summary['scenario']}: {summary['model']} on {summary['devices']} x {summary['hardware']}"
+                 f"  (seed {summary['seed']}, simulated {summary['simulated_s']:,.1f} s,"
+                 f" steady state {start:,.1f}-{stop:,.1f} s)")
+    if summary.get("interrupted"):
+        lines.append("INTERRUPTED: the figures below cover the part that was simulated.")
+    lines.append("")
+    lines.append(f"requests   arrived {req['arrived']:,}  finished {req['finished']:,}  "
+                 f"rejected {req['rejected_timeout'] + req['rejected_too_long']:,} "
+                 f"(timeout {req['rejected_timeout']:,}, too long {req['rejected_too_long']:,})  "
+                 f"unfinished {req['unfinished_queued'] + req['unfinished_running']:,} "
+                 f"(queued {req['unfinished_queued']:,}, running {req['unfinished_running']:,})  "
+                 f"preemptions {req['preemptions']:,}")
+    lines.append("")
+    header = f"{'latency (ms)':<16}{'mean':>10}{'p50':>10}{'p95':>10}{'p99':>10}"
+    lines.append(header)
+    lines.append("-" * len(header))
+    names = {"queue_wait_s": "queue wait", "ttft_s": "TTFT", "tpot_s": "TPOT", "itl_s": "ITL (tokens)",
+             "max_itl_s": "max ITL/req", "e2e_s": "end-to-end"}
+    for key, label in names.items():
+        d = lat[key]
+        lines.append(f"{label:<16}{_ms(d['mean']):>10}{_ms(d['p50']):>10}{_ms(d['p95']):>10}{_ms(d['p99']):>10}")
+    lines.append("")
+    lines.append(f"throughput {_num(thr['requests_per_s'], 2)} req/s (offered {_num(thr['offered_requests_per_s'], 2)})"
+                 f"   {_num(thr['output_tokens_per_s'], 0)} output tok/s"
+                 f"   {_num(thr['total_tokens_per_s'], 0)} total tok/s"
+                 f"   {_num(thr['output_tokens_per_s_per_device'], 0)} output tok/s/device")
+    if slo["ttft_s"] is not None or slo["tpot_s"] is not None or slo["e2e_s"] is not None:
+        limits = ", ".join(f"{name} <= {_ms(slo[key])} ms" for name, key in
+                           (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")) if slo[key] is not None)
+        lines.append(f"SLO        {limits}: attainment {_num(100 * slo['attainment'], 1)}%"
+                     f"   goodput {_num(slo['goodput_requests_per_s'], 2)} req/s"
+                     f" ({_num(slo['goodput_output_tokens_per_s'], 0)} output tok/s)")
+    lines.append(f"utilisation busy {_num(100 * util['busy_fraction'])}%   MFU {_num(100 * util['mfu'])}%"
+                 f"   HBM bandwidth {_num(100 * util['bandwidth_utilisation'])}%"
+                 f"   mean batch {_num(util['mean_batch_size'])}   KV cache mean {_num(100 * util['kv_occupancy_mean'])}%"
+                 f" max {_num(100 * util['kv_occupancy_max'])}%")
+    lines.append(f"memory     weights {_num(mem['weights_per_device_gb'])} GB/device,"
+                 f" KV cache {_num(mem['kv_cache_per_device_gb'])} GB/device"
+                 f" = {mem['kv_capacity_tokens_per_replica']:,} tokens/replica;"
+                 f" queue mean {_num(summary['queue']['mean_length'], 2)} max {summary['queue']['max_length']}")
+    return "\n".join(lines)
