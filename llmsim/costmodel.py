@@ -86,7 +86,8 @@ class CostModel:
         FLOPs and bytes are totals over all devices of the replica.
         """
         n = self._n_ops
-        x = np.asarray(x, dtype=float)
+        if type(x) is not np.ndarray:
+            x = np.asarray(x, dtype=float)
         if x.ndim == 1:
             # The simulator's hot path: plain floats beat numpy reductions on 8 numbers.
             y = (self._stacked @ x).tolist()

@@ -20,12 +20,16 @@ batch is formed when the engine is free, reserves KV for every request's full
 length, prefills together padded to the longest prompt and decodes padded to
 the longest output; nobody joins until the whole batch is done.
 
-Decoding sequences live in numpy arrays (one slot each) so that one iteration
-costs a handful of vector operations, whatever the batch size.
+Bookkeeping is per event, not per token: the replica counts its decode
+iterations ("steps"), and a sequence that starts decoding at step ``s0`` with
+``r`` tokens to go finishes at step ``s0 + r`` (a heap finds it), needs its next
+KV block at a step known in advance (a dict of due steps), and has a context
+length that is a closed-form function of the step. An iteration of any batch
+size thus costs a few scalar operations.
 """
 from __future__ import annotations
 
-import math
+import heapq
 from typing import Callable
 
 import numpy as np
@@ -34,63 +38,48 @@ import simpy
 from .costmodel import CostModel
 from .kvcache import KVCache
 from .models import F, FEATURES
-from .request import GapHistogram, Request, WaitingQueue
+from .request import InterTokenGaps, Request, WaitingQueue
 from .scenario import EngineConfig
 
-
-class IterationLog:
-    """One row per iteration, kept as plain lists (appending is the cheapest record)."""
-
-    COLUMNS = ("start_s", "duration_s", "decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out",
+LOG_COLUMNS = ("start_s", "duration_s", "decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out",
                "flops", "bytes", "kv_used_blocks", "running", "queued")
-
-    def __init__(self):
-        self.columns = {name: [] for name in self.COLUMNS}
-        self._append = [self.columns[name].append for name in self.COLUMNS]
-
-    def add(self, *values) -> None:
-        for append, value in zip(self._append, values):
-            append(value)
-
-    def extend(self, **columns) -> None:
-        for name, values in columns.items():
-            self.columns[name].extend(values)
 
 
 class Replica:
     """A serving engine instance on ``tp x pp`` devices, pulling work from its waiting queue."""
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
-                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
-                 gaps: GapHistogram):
+                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None]):
         self.env, self.index, self.cost, self.kv, self.queue, self.config = env, index, cost, kv, queue, config
         self.on_done = on_done
-        self.log = IterationLog()
-        self.gaps = gaps                       # inter-token gaps of every token (steady-state window)
+        self.log: list[tuple] = []                  # one row per iteration, LOG_COLUMNS
+        self.gaps = InterTokenGaps()
         self.preemptions = 0
         self._wakeup: simpy.Event | None = None
         self._admitted = 0
         self._window = cost.model.sliding_window
-        cap = config.max_num_seqs
-        # Decoding sequences, one slot each, compact in [0, n_decode).
-        self.n_decode = 0
-        self.slot_request: list[Request | None] = [None] * cap
-        self.context = np.zeros(cap, dtype=np.int64)      # tokens in this sequence's KV cache
-        self.remaining = np.zeros(cap, dtype=np.int64)    # tokens still to generate
-        self.blocks = np.zeros(cap, dtype=np.int64)       # KV blocks held
-        self.order = np.zeros(cap, dtype=np.int64)        # admission order (preemption victim choice)
-        self.max_gap = np.zeros(cap)                      # longest inter-token gap so far
-        self.last_token_s = np.zeros(cap)                 # when the sequence last emitted a token
-        self.prefilling: list[Request] = []               # admitted, prompt not yet fully computed
+        self._block_size = kv.block_size
         self._x = np.zeros(len(FEATURES))
         self._x[F["one"]] = 1.0
+        self.running: dict[int, Request] = {}       # everything admitted, in admission order
+        self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
+        # Decoding sequences, by event: see the module docstring.
+        self.step = 0                               # decode iterations done so far
+        self.n_decode = 0
+        self._finishing: list[tuple[int, int, int, Request]] = []   # (finish step, order, epoch, request)
+        self._block_due: dict[int, list[tuple[Request, int]]] = {}
+        self._window_due: dict[int, list[tuple[Request, int]]] = {}
+        self._growing = 0                           # decoding sequences whose context is below the window
+        self._offset_sum = 0                        # sum of (context_start - decode_start) over those
+        self._joined = 0                            # sequences whose first decode step is the next one
+        self._step_end_s = np.zeros(1024)           # end time of every decode step
+        self._step_gap_s = np.zeros(1024)           # and the time since the decode step before it
+        self._continuing: list[int] = []            # per decode step: sequences that also decoded the step before
+        self._first_gap_end_s: list[float] = []     # first decode token of each decode run: when, and its gap
+        self._first_gap_s: list[float] = []
         env.process(self.run())
 
     # -- outside world ------------------------------------------------------------------------
-    @property
-    def running(self) -> int:
-        return self.n_decode + len(self.prefilling)
-
     @property
     def idle(self) -> bool:
         return self._wakeup is not None
@@ -114,71 +103,86 @@ class Replica:
                 yield self._wakeup
                 self._wakeup = None
 
+    def close(self) -> None:
+        """Hand the decode-step gaps gathered so far to ``self.gaps`` (call once, at the end)."""
+        steps = len(self._continuing)
+        if steps > 1:
+            self.gaps.add(self._step_end_s[1:steps], self._step_gap_s[1:steps], self._continuing[1:])
+        self.gaps.add(self._first_gap_end_s, self._first_gap_s, np.ones(len(self._first_gap_s)))
+
     # -- continuous batching ------------------------------------------------------------------
     def _continuous_step(self):
         """One iteration: schedule, advance time by its cost, apply. False when there is nothing to do."""
         cfg, kv, now = self.config, self.kv, self.env.now
-        decoding = True
         chunks: list[tuple[Request, int]] = []
+        # (The membership tests skip calls that would find nothing to do: this is the hot loop.)
         if cfg.chunked_prefill:
-            budget = cfg.max_batch_tokens - self._reserve_decode_blocks(now)
-            budget = self._schedule_prefills(budget, chunks)
-            self._admit(now, budget, chunks)
+            if self.step in self._block_due:
+                self._reserve_decode_blocks(now)
+            budget = cfg.max_batch_tokens - self.n_decode
+            if self.prefilling:
+                budget = self._schedule_prefills(budget, chunks)
+            if self.queue:
+                self._admit(now, budget, chunks)
+            decoding = True
         else:
             # Prefill-first: any admissible prompt runs in a prefill-only iteration.
-            self._admit(now, cfg.max_batch_tokens, chunks)
+            if self.queue:
+                self._admit(now, cfg.max_batch_tokens, chunks)
             decoding = not chunks
-            if decoding:
+            if decoding and self.step in self._block_due:
                 self._reserve_decode_blocks(now)
         n = self.n_decode if decoding else 0
         if n == 0 and not chunks:
             return False
 
-        x = self._x
         pre_tokens = pairs = pre_kv = 0.0
         logits = 0
+        window = self._window
         for request, chunk in chunks:
-            seen = request.prefilled if not self._window else min(request.prefilled, self._window)
+            seen = request.prefilled if not window else min(request.prefilled, window)
             pre_tokens += chunk
             pairs += chunk * seen + chunk * (chunk + 1) / 2
             pre_kv += seen + chunk
             logits += request.prefilled + chunk == request.prefill_target
-        if n:
-            context = self.context[:n]
-            decode_kv = float(context.sum()) + n if not self._window else \
-                float(np.minimum(context + 1, self._window).sum())
-        else:
-            decode_kv = 0.0
+        # Each decoding sequence reads its whole context plus the new token (capped by the window).
+        decode_kv = (self._offset_sum + self._growing * (self.step + 1)
+                     + (n - self._growing) * (window or 0)) if n else 0
         tokens = pre_tokens + n
+        x = self._x
         x[1:] = (tokens, pre_tokens, pairs, pre_kv, n, decode_kv,
                  self.cost.model.expected_experts_touched(tokens), n + logits)
         duration, flops, moved = self.cost.iteration(x)
-        self.log.add(now, duration, n, len(chunks), pre_tokens, n + logits, flops, moved,
-                     kv.used_blocks, self.running, len(self.queue))
+        self.log.append((now, duration, n, len(chunks), pre_tokens, n + logits, flops, moved,
+                         kv.used_blocks, len(self.running), len(self.queue)))
         yield self.env.timeout(duration)
-        self._apply(chunks, n, duration)
+        self._apply(chunks, n)
         return True
 
-    def _reserve_decode_blocks(self, now: float) -> int:
-        """Give every decoding sequence room for one more token, preempting if blocks run out."""
-        while self.n_decode:
-            n = self.n_decode
-            needs = self.context[:n] >= self.blocks[:n] * self.kv.block_size
-            wanted = int(np.count_nonzero(needs))
-            if wanted <= self.kv.free_blocks:
-                if wanted:
-                    self.kv.allocate(wanted)
-                    self.blocks[:n] += needs
-                return n
-            self._preempt_latest(now)
-        return 0
+    def _reserve_decode_blocks(self, now: float) -> None:
+        """Give every decoding sequence due a new block this step its block, preempting if they run out."""
+        due = self._block_due.pop(self.step)
+        while True:
+            valid = [(r, e) for r, e in due if r.epoch == e and r.status == "running"]
+            if len(valid) <= self.kv.free_blocks:
+                break
+            self._preempt(next(reversed(self.running.values())), now)
+        self.kv.allocate(len(valid))
+        size = self._block_size
+        for request, epoch in valid:
+            request.blocks += 1
+            self._due(self._block_due, self.step + size, request, epoch)
+
+    def _due(self, table: dict, step: int, request: Request, epoch: int) -> None:
+        if step < request.finish_step:
+            table.setdefault(step, []).append((request, epoch))
 
     def _schedule_prefills(self, budget: int, chunks: list) -> int:
         """Continue prompts already admitted (in admission order) with what the budget allows."""
         for request in list(self.prefilling):
             if budget <= 0:
                 break
-            if request not in self.prefilling:      # preempted while making room for an earlier one
+            if request.status != "running":          # preempted while making room for an earlier one
                 continue
             chunk = min(request.prefill_target - request.prefilled, budget)
             if not self._grow(request, chunk):
@@ -196,16 +200,16 @@ class Replica:
                 kv.allocate(wanted)
                 request.blocks += wanted
                 return True
-            if self._latest_admitted() is request:
-                self._preempt(request, self.env.now)
+            latest = next(reversed(self.running.values()))
+            self._preempt(latest, self.env.now)
+            if latest is request:
                 return False
-            self._preempt_latest(self.env.now)
 
     def _admit(self, now: float, budget: int, chunks: list) -> None:
         """Move requests from the queue head into the batch while budget, slots and blocks allow."""
         cfg, kv, queue = self.config, self.kv, self.queue
         timeout = cfg.queue_timeout_s if cfg.on_timeout == "dispatch" else None
-        while queue and self.running < cfg.max_num_seqs:
+        while queue and len(self.running) < cfg.max_num_seqs:
             request = queue.head()
             todo = request.prefill_target - request.prefilled
             forced = timeout is not None and now - request.arrival_s >= timeout
@@ -222,59 +226,40 @@ class Replica:
             request.status = "running"
             request.admit_order = self._admitted
             self._admitted += 1
-            if request.first_scheduled_s != request.first_scheduled_s:
+            if request.first_scheduled_s != request.first_scheduled_s:   # NaN: first time
                 request.first_scheduled_s = now
+            self.running[request.id] = request
             self.prefilling.append(request)
             chunks.append((request, chunk))
             budget -= chunk
 
-    # -- preemption -----------------------------------------------------------------------------
-    def _latest_admitted(self) -> Request | None:
-        best = self.prefilling[-1] if self.prefilling else None
-        if self.n_decode:
-            slot = int(np.argmax(self.order[:self.n_decode]))
-            if best is None or self.order[slot] > best.admit_order:
-                best = self.slot_request[slot]
-        return best
-
-    def _preempt_latest(self, now: float) -> None:
-        self._preempt(self._latest_admitted(), now)
-
-    def _preempt(self, request: Request, now: float) -> None:
-        """Free the request's KV and send it back to the queue front to be recomputed."""
-        if request in self.prefilling:
-            self.prefilling.remove(request)
-            self.kv.free(request.blocks)
-        else:
-            slot = self.slot_request.index(request, 0, self.n_decode)
-            request.generated = request.output_tokens - int(self.remaining[slot])
-            request.max_itl_s = max(request.max_itl_s, float(self.max_gap[slot]))
-            request.last_token_s = float(self.last_token_s[slot])
-            self.kv.free(int(self.blocks[slot]))
-            self._remove_slot(slot)
-        request.prefill_target = request.prompt_tokens + request.generated
-        request.prefilled = 0
-        request.blocks = 0
-        request.preemptions += 1
-        self.preemptions += 1
-        self.queue.push_front(request, now)
-
     # -- applying an iteration's results ---------------------------------------------------------
-    def _apply(self, chunks, n: int, duration: float) -> None:
+    def _apply(self, chunks, n: int) -> None:
         now = self.env.now
         if n:
-            self.context[:n] += 1
-            self.remaining[:n] -= 1
-            gaps = now - self.last_token_s[:n]
-            np.maximum(self.max_gap[:n], gaps, out=self.max_gap[:n])
-            self.last_token_s[:n] = now
-            self.gaps.add(now, gaps)
-            done = np.flatnonzero(self.remaining[:n] == 0)
-            for slot in done[::-1]:      # from the back, so swapped-in slots are not skipped
-                request = self.slot_request[slot]
-                request.max_itl_s = max(request.max_itl_s, float(self.max_gap[slot]))
-                self._finish(request, now, int(self.blocks[slot]))
-                self._remove_slot(int(slot))
+            step = self.step
+            if step >= len(self._step_end_s):
+                self._step_end_s = np.concatenate([self._step_end_s, np.zeros(len(self._step_end_s))])
+                self._step_gap_s = np.concatenate([self._step_gap_s, np.zeros(len(self._step_gap_s))])
+            self._step_end_s[step] = now
+            if step:
+                self._step_gap_s[step] = now - self._step_end_s[step - 1]
+            self._continuing.append(n - self._joined)
+            self._joined = 0
+            self.step = step = step + 1
+            finishing = self._finishing
+            while finishing and finishing[0][0] <= step:
+                _, _, epoch, request = heapq.heappop(finishing)
+                if request.epoch == epoch and request.status == "running":
+                    self._end_decode(request, step)
+                    self._finish(request, now)
+            saturating = self._window_due.pop(step, None)
+            if saturating:
+                for request, epoch in saturating:
+                    if request.epoch == epoch and request.status == "running":
+                        request.growing = False
+                        self._growing -= 1
+                        self._offset_sum -= request.context_start - request.decode_start
         for request, chunk in chunks:
             request.prefilled += chunk
             if request.prefilled < request.prefill_target:
@@ -283,42 +268,80 @@ class Replica:
             if request.generated == 0:
                 request.first_token_s = now
             else:
-                gap = now - request.last_token_s
-                self.gaps.add(now, np.array([gap]))
-                request.max_itl_s = max(request.max_itl_s, gap)
+                request.max_itl_s = max(request.max_itl_s, now - request.last_token_s)
+                self._first_gap_end_s.append(now)
+                self._first_gap_s.append(now - request.last_token_s)
             request.generated += 1
+            request.last_token_s = now
             if request.generated >= request.output_tokens:
-                self._finish(request, now, request.blocks)
+                self._finish(request, now)
             else:
-                self._add_slot(request)
+                self._start_decode(request)
 
-    def _finish(self, request: Request, now: float, blocks: int) -> None:
-        self.kv.free(blocks)
+    def _start_decode(self, request: Request) -> None:
+        step = self.step
+        request.epoch += 1
+        request.decode_start = step
+        request.context_start = context = request.prefill_target
+        request.finish_step = step + request.output_tokens - request.generated
+        heapq.heappush(self._finishing, (request.finish_step, request.admit_order, request.epoch, request))
+        # The step at which the context reaches the end of the last allocated block.
+        self._due(self._block_due, step + request.blocks * self._block_size - context, request, request.epoch)
+        window = self._window
+        request.growing = not window or context + 1 < window   # else it already reads a full window
+        if request.growing:
+            self._growing += 1
+            self._offset_sum += context - step
+            if window:
+                self._due(self._window_due, step + window - 1 - context, request, request.epoch)
+        self.n_decode += 1
+        self._joined += 1
+
+    def _end_decode(self, request: Request, step: int) -> None:
+        """Close a decode run at ``step``: tokens generated, KV length, its inter-token gaps."""
+        start = request.decode_start
+        done = step - start
+        request.generated += done
+        if request.growing:
+            request.growing = False
+            self._growing -= 1
+            self._offset_sum -= request.context_start - start
+        self.n_decode -= 1
+        if start == self.step:
+            self._joined -= 1                        # left before its first decode step
+        if done:
+            ends = self._step_end_s
+            first = ends[start] - request.last_token_s
+            self._first_gap_end_s.append(float(ends[start]))
+            self._first_gap_s.append(float(first))
+            longest = float(self._step_gap_s[start + 1:step].max()) if done > 1 else 0.0
+            request.max_itl_s = max(request.max_itl_s, first, longest)
+            request.last_token_s = float(ends[step - 1])
+
+    def _finish(self, request: Request, now: float) -> None:
+        self.kv.free(request.blocks)
         request.blocks = 0
         request.generated = request.output_tokens
         request.finish_s = now
         request.status = "finished"
+        del self.running[request.id]
         self.on_done(request, now)
 
-    def _add_slot(self, request: Request) -> None:
-        slot = self.n_decode
-        self.slot_request[slot] = request
-        self.context[slot] = request.prefill_target
-        self.remaining[slot] = request.output_tokens - request.generated
-        self.blocks[slot] = request.blocks
-        self.order[slot] = request.admit_order
-        self.max_gap[slot] = 0.0
-        self.last_token_s[slot] = self.env.now
-        self.n_decode += 1
-
-    def _remove_slot(self, slot: int) -> None:
-        last = self.n_decode - 1
-        if slot != last:
-            self.slot_request[slot] = self.slot_request[last]
-            for array in (self.context, self.remaining, self.blocks, self.order, self.max_gap, self.last_token_s):
-                array[slot] = array[last]
-        self.slot_request[last] = None
-        self.n_decode = last
+    # -- preemption -----------------------------------------------------------------------------
+    def _preempt(self, request: Request, now: float) -> None:
+        """Free the request's KV and send it back to the queue front to be recomputed."""
+        if request in self.prefilling:
+            self.prefilling.remove(request)
+        else:
+            self._end_decode(request, self.step)
+        self.kv.free(request.blocks)
+        del self.running[request.id]
+        request.prefill_target = request.prompt_tokens + request.generated
+        request.prefilled = 0
+        request.blocks = 0
+        request.preemptions += 1
+        self.preemptions += 1
+        self.queue.push_front(request, now)
 
     # -- static batching ------------------------------------------------------------------------
     def _static_step(self):
@@ -345,26 +368,28 @@ class Replica:
                          + [self.cost.features([], [], [longest_prompt + j] * size)
                             for j in range(longest_output - 1)])
         durations, flops, moved = self.cost.iteration(steps)
-        offsets = np.cumsum(durations)
-        gap_max = np.maximum.accumulate(durations)
-        # Decode step j gives a token to every request still generating (output > j + 1).
-        for j in range(1, count):
-            self.gaps.add(now + float(offsets[j]), np.full(int(np.count_nonzero(lengths > j)), durations[j]))
+        ends = now + np.cumsum(durations)
         count = len(durations)
         lengths = np.array([r.output_tokens for r in batch])
-        self.log.extend(start_s=(now + offsets - durations).tolist(), duration_s=durations.tolist(),
-                        decode_seqs=[0] + [size] * (count - 1), prefill_seqs=[size] + [0] * (count - 1),
-                        prefill_tokens=[size * longest_prompt] + [0] * (count - 1),
-                        tokens_out=(lengths[None, :] > np.arange(count)[:, None]).sum(axis=1).tolist(),
-                        flops=flops.tolist(), bytes=moved.tolist(), kv_used_blocks=[kv.used_blocks] * count,
-                        running=[size] * count, queued=[len(queue)] * count)
+        useful = (lengths[None, :] > np.arange(count)[:, None]).sum(axis=1)   # padding emits nothing
+        self.log.extend(zip((ends - durations).tolist(), durations.tolist(), [0] + [size] * (count - 1),
+                            [size] + [0] * (count - 1), [size * longest_prompt] + [0] * (count - 1),
+                            useful.tolist(), flops.tolist(), moved.tolist(), [kv.used_blocks] * count,
+                            [size] * count, [len(queue)] * count))
+        # Decode step j gives a token, after a gap of its duration, to every request still generating.
+        self.gaps.add(ends[1:], durations[1:], useful[1:])
+        gap_max = np.maximum.accumulate(np.concatenate([[0.0], durations[1:]]))
         # Requests leave in the order their own last token appears; the batch holds its KV until the end.
         for request in sorted(batch, key=lambda r: r.output_tokens):
             last = request.output_tokens - 1
-            yield self.env.timeout(max(now + float(offsets[last]) - self.env.now, 0.0))
-            request.first_token_s = now + float(offsets[0])
-            request.max_itl_s = float(gap_max[last]) if last > 0 else 0.0
-            self._finish(request, self.env.now, 0)
-        yield self.env.timeout(max(now + float(offsets[-1]) - self.env.now, 0.0))
+            yield self.env.timeout(max(float(ends[last]) - self.env.now, 0.0))
+            request.first_token_s = float(ends[0])
+            request.max_itl_s = float(gap_max[last])
+            request.blocks = 0
+            request.generated = request.output_tokens
+            request.finish_s = self.env.now
+            request.status = "finished"
+            self.on_done(request, self.env.now)
+        yield self.env.timeout(max(float(ends[-1]) - self.env.now, 0.0))
         self.kv.free(held_blocks)
         return True

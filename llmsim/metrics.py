@@ -68,8 +68,7 @@ def summarize(result) -> dict:
         "preemptions": int(result.preemptions),
     }
     latency = {name: distribution(finished[name]) for name in LATENCY_COLUMNS}
-    gaps = result.inter_token_gaps
-    latency["itl_s"] = {"mean": gaps.mean, **{f"p{p}": gaps.quantile(p / 100) for p in PERCENTILES}}
+    latency["itl_s"] = result.inter_token_gaps.summary(start, stop, PERCENTILES)
 
     good = steady[meets_slo(steady, scenario.slo)] if scenario.slo.defined else finished
     finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)

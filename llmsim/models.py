@@ -162,11 +162,11 @@ class ModelSpec:
         Decode with a small batch reads only the experts it routes to, which is why
         MoE decode is cheaper in bytes than the total parameter count suggests.
         """
+        scalar = isinstance(tokens, (int, float))
         if self.num_experts == 1:
-            return np.ones_like(np.asarray(tokens, dtype=float)) if np.ndim(tokens) else 1.0
-        miss = (1.0 - self.experts_per_token / self.num_experts) ** np.asarray(tokens, dtype=float)
-        touched = self.num_experts * (1.0 - miss)
-        return touched if np.ndim(tokens) else float(touched)
+            return 1.0 if scalar else np.ones_like(np.asarray(tokens, dtype=float))
+        miss = (1.0 - self.experts_per_token / self.num_experts) ** (tokens if scalar else np.asarray(tokens, float))
+        return self.num_experts * (1.0 - miss)
 
     # -- work per layer -------------------------------------------------------------------
     def work_coefficients(self, tensor_parallel: int = 1) -> WorkCoefficients:

@@ -18,7 +18,8 @@ class Request:
 
     __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "replica", "status", "reason",
                  "first_scheduled_s", "first_token_s", "finish_s", "last_token_s", "generated",
-                 "prefill_target", "prefilled", "blocks", "admit_order", "preemptions", "max_itl_s")
+                 "prefill_target", "prefilled", "blocks", "admit_order", "preemptions", "max_itl_s",
+                 "epoch", "decode_start", "finish_step", "context_start", "growing")
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
         self.id = id
@@ -39,6 +40,13 @@ class Request:
         self.admit_order = -1
         self.preemptions = 0
         self.max_itl_s = 0.0
+        # While decoding (see engine.Replica): which decode run this is, the replica's decode step
+        # it started at, the step at which it finishes, and its KV length when it started.
+        self.epoch = 0
+        self.decode_start = -1
+        self.finish_step = -1
+        self.context_start = 0
+        self.growing = False
 
 
 class TimeAverage:
@@ -117,46 +125,38 @@ class WaitingQueue:
         return expired
 
 
-class GapHistogram:
-    """Inter-token gaps of every token emitted in a time window, in log-spaced bins.
+class InterTokenGaps:
+    """Every inter-token gap of a run, kept as weighted samples (gap, how many tokens had it).
 
-    Bins are 1/200 of a decade wide (1.2% apart) from 1 us to 10,000 s, so
-    quantiles are exact to about 1% while adding one iteration's gaps costs a few
-    vector operations, not a Python loop.
+    Engines add whole arrays at once (one entry per decode iteration, weighted by the
+    sequences that continued through it), so recording costs nothing per token.
     """
-    BINS_PER_DECADE = 200
-    LOW_EXP, HIGH_EXP = -6, 4
 
-    def __init__(self, start_s: float = 0.0, end_s: float = float("inf")):
-        self.start_s, self.end_s = start_s, end_s
-        self.nbins = (self.HIGH_EXP - self.LOW_EXP) * self.BINS_PER_DECADE
-        self.counts = np.zeros(self.nbins, dtype=np.int64)
-        self.total_s = 0.0
+    def __init__(self):
+        self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def add(self, now: float, gaps: np.ndarray) -> None:
-        if not (self.start_s <= now <= self.end_s) or len(gaps) == 0:
-            return
-        index = ((np.log10(np.maximum(gaps, 1e-12)) - self.LOW_EXP) * self.BINS_PER_DECADE).astype(np.int64)
-        np.clip(index, 0, self.nbins - 1, out=index)
-        self.counts += np.bincount(index, minlength=self.nbins)
-        self.total_s += float(gaps.sum())
+    def add(self, end_s, gap_s, weight) -> None:
+        self._chunks.append((np.asarray(end_s, float), np.asarray(gap_s, float), np.asarray(weight, float)))
 
-    def merge(self, other: "GapHistogram") -> None:
-        self.counts += other.counts
-        self.total_s += other.total_s
+    def merge(self, other: "InterTokenGaps") -> None:
+        self._chunks.extend(other._chunks)
 
-    @property
-    def count(self) -> int:
-        return int(self.counts.sum())
+    def in_window(self, start_s: float, stop_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """(gaps, weights) of the tokens emitted in [start_s, stop_s], sorted by gap."""
+        if not self._chunks:
+            return np.zeros(0), np.zeros(0)
+        end, gap, weight = (np.concatenate(parts) for parts in zip(*self._chunks))
+        keep = (end >= start_s) & (end <= stop_s) & (weight > 0)
+        order = np.argsort(gap[keep], kind="stable")
+        return gap[keep][order], weight[keep][order]
 
-    @property
-    def mean(self) -> float:
-        return self.total_s / self.count if self.count else float("nan")
-
-    def quantile(self, q: float) -> float:
-        """The q-quantile (0..1), at the geometric centre of its bin."""
-        total = self.count
-        if total == 0:
-            return float("nan")
-        index = int(np.searchsorted(np.cumsum(self.counts), q * total, side="left"))
-        return 10 ** (self.LOW_EXP + (index + 0.5) / self.BINS_PER_DECADE)
+    def summary(self, start_s: float, stop_s: float, percentiles=(50, 95, 99)) -> dict[str, float]:
+        gaps, weights = self.in_window(start_s, stop_s)
+        if weights.sum() == 0:
+            return {"mean": float("nan"), **{f"p{p}": float("nan") for p in percentiles}}
+        cumulative = np.cumsum(weights)
+        result = {"mean": float(np.average(gaps, weights=weights))}
+        for p in percentiles:
+            index = min(int(np.searchsorted(cumulative, p / 100 * cumulative[-1], side="left")), len(gaps) - 1)
+            result[f"p{p}"] = float(gaps[index])
+        return result

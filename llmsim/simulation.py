@@ -16,10 +16,10 @@ import pandas as pd
 import simpy
 
 from .costmodel import CostModel
-from .engine import Replica
+from .engine import LOG_COLUMNS, Replica
 from .kvcache import KVCache
 from .metrics import meets_slo, summarize
-from .request import GapHistogram, Request, TimeAverage, WaitingQueue
+from .request import InterTokenGaps, Request, TimeAverage, WaitingQueue
 from .scenario import Scenario
 from .workload import Trace, generate_trace
 
@@ -108,7 +108,7 @@ class SimulationResult:
     preemptions: int
     mean_in_system: float
     mean_queue_length: float
-    inter_token_gaps: GapHistogram = field(repr=False, default_factory=GapHistogram)
+    inter_token_gaps: InterTokenGaps = field(repr=False, default_factory=InterTokenGaps)
     interrupted: bool = False
 
     def summary(self) -> dict:
@@ -147,9 +147,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
 
     warmup = min(scenario.simulation.warmup_s if scenario.simulation.warmup_s is not None else 0.1 * window,
                  window)
-    gaps = GapHistogram(warmup, window)
     replicas = [Replica(env, index, cost, KVCache(plan.num_blocks, plan.block_size),
-                        shared if shared is not None else WaitingQueue(), scenario.engine, on_done(index), gaps)
+                        shared if shared is not None else WaitingQueue(), scenario.engine, on_done(index))
                 for index in range(dep.replicas)]
     stop = env.event()
     router = Router(dep.router, replicas, scenario.max_model_len, plan.num_blocks, plan.block_size,
@@ -164,6 +163,10 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
         # Keep what was simulated: everything still in flight is reported unfinished.
         interrupted = True
     end_s = env.now
+    gaps = InterTokenGaps()
+    for replica in replicas:
+        replica.close()
+        gaps.merge(replica.gaps)
     queues = list({id(r.queue): r.queue for r in replicas}.values())
     return SimulationResult(
         scenario=scenario,
@@ -218,10 +221,13 @@ def _records(requests: list[Request], scenario: Scenario) -> pd.DataFrame:
 def _iterations(replicas: list[Replica], cost: CostModel) -> pd.DataFrame:
     frames = []
     for replica in replicas:
-        frame = pd.DataFrame(replica.log.columns)
+        values = np.array(replica.log, dtype=float).reshape(-1, len(LOG_COLUMNS))
+        frame = pd.DataFrame(values, columns=LOG_COLUMNS)
         frame.insert(0, "replica", replica.index)
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True)
+    counts = ["decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out", "kv_used_blocks", "running", "queued"]
+    frame[counts] = frame[counts].astype(np.int64)
     frame["end_s"] = frame["start_s"] + frame["duration_s"]
     frame["mfu"] = frame["flops"] / (frame["duration_s"] * cost.peak_flops_per_s)
     frame["bandwidth_utilisation"] = frame["bytes"] / (frame["duration_s"] * cost.peak_bandwidth_bytes_per_s)
