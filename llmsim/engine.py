@@ -52,12 +52,15 @@ class Replica:
                  queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None]):
         self.env, self.index, self.cost, self.kv, self.queue, self.config = env, index, cost, kv, queue, config
         self.on_done = on_done
+        self.now = env.now                          # the replica's clock: may run ahead of env.now, see run()
         self.log: list[tuple] = []                  # one row per iteration, LOG_COLUMNS
         self.gaps = InterTokenGaps()
         self.preemptions = 0
         self._wakeup: simpy.Event | None = None
         self._admitted = 0
         self._window = cost.model.sliding_window
+        self._moe = cost.model.num_experts > 1
+        self._experts_touched = cost.model.expected_experts_touched
         self._block_size = kv.block_size
         self._x = np.zeros(len(FEATURES))
         self._x[F["one"]] = 1.0
@@ -90,30 +93,50 @@ class Replica:
             self._wakeup.succeed()
 
     def run(self):
-        step = self._continuous_step if self.config.batching == "continuous" else self._static_step
+        env, cfg = self.env, self.config
+        expire = cfg.queue_timeout_s is not None and cfg.on_timeout == "reject"
         while True:
-            if self.config.queue_timeout_s is not None and self.config.on_timeout == "reject":
-                for request in self.queue.expire(self.env.now, self.config.queue_timeout_s):
+            self.now = now = env.now if self.now < env.now else self.now
+            if expire:
+                for request in self.queue.expire(now, cfg.queue_timeout_s):
                     request.status, request.reason = "rejected", "timeout"
-                    request.finish_s = request.arrival_s + self.config.queue_timeout_s
-                    self.on_done(request, self.env.now)
-            worked = yield from step()
+                    request.finish_s = request.arrival_s + cfg.queue_timeout_s
+                    self.on_done(request, now)
+            if cfg.batching == "static":
+                worked = yield from self._static_step()
+            else:
+                plan = self._schedule()
+                worked = plan is not None
+                if worked:
+                    chunks, n, duration = plan
+                    end = now + duration
+                    # The iteration ends before any other event in the simulation (an arrival,
+                    # another replica's step, the horizon): nothing can observe it, so run it
+                    # without a trip through the event queue. Otherwise let SimPy order it.
+                    if end >= env.peek():
+                        yield env.timeout(end - env.now)
+                    self.now = end
+                    self._apply(chunks, n)
             if not worked:
-                self._wakeup = self.env.event()
+                self._wakeup = env.event()
                 yield self._wakeup
                 self._wakeup = None
 
     def close(self) -> None:
-        """Hand the decode-step gaps gathered so far to ``self.gaps`` (call once, at the end)."""
+        """End of the run: bring unfinished requests' token counts up to date and hand the
+        decode-step gaps to ``self.gaps`` (call once)."""
+        for request in self.running.values():
+            if request.status == "running" and request not in self.prefilling and request.decode_start >= 0:
+                request.generated += self.step - request.decode_start
         steps = len(self._continuing)
         if steps > 1:
             self.gaps.add(self._step_end_s[1:steps], self._step_gap_s[1:steps], self._continuing[1:])
         self.gaps.add(self._first_gap_end_s, self._first_gap_s, np.ones(len(self._first_gap_s)))
 
     # -- continuous batching ------------------------------------------------------------------
-    def _continuous_step(self):
-        """One iteration: schedule, advance time by its cost, apply. False when there is nothing to do."""
-        cfg, kv, now = self.config, self.kv, self.env.now
+    def _schedule(self):
+        """Pick and price the next iteration: (chunks, decode sequences, duration), or None if idle."""
+        cfg, kv, now = self.config, self.kv, self.now
         chunks: list[tuple[Request, int]] = []
         # (The membership tests skip calls that would find nothing to do: this is the hot loop.)
         if cfg.chunked_prefill:
@@ -134,7 +157,7 @@ class Replica:
                 self._reserve_decode_blocks(now)
         n = self.n_decode if decoding else 0
         if n == 0 and not chunks:
-            return False
+            return None
 
         pre_tokens = pairs = pre_kv = 0.0
         logits = 0
@@ -151,27 +174,29 @@ class Replica:
         tokens = pre_tokens + n
         x = self._x
         x[1:] = (tokens, pre_tokens, pairs, pre_kv, n, decode_kv,
-                 self.cost.model.expected_experts_touched(tokens), n + logits)
+                 self._experts_touched(tokens) if self._moe else 1.0, n + logits)
         duration, flops, moved = self.cost.iteration(x)
         self.log.append((now, duration, n, len(chunks), pre_tokens, n + logits, flops, moved,
                          kv.used_blocks, len(self.running), len(self.queue)))
-        yield self.env.timeout(duration)
-        self._apply(chunks, n)
-        return True
+        return chunks, n, duration
 
     def _reserve_decode_blocks(self, now: float) -> None:
         """Give every decoding sequence due a new block this step its block, preempting if they run out."""
         due = self._block_due.pop(self.step)
         while True:
+            # Entries of preempted sequences are stale (their epoch moved on).
             valid = [(r, e) for r, e in due if r.epoch == e and r.status == "running"]
             if len(valid) <= self.kv.free_blocks:
                 break
             self._preempt(next(reversed(self.running.values())), now)
         self.kv.allocate(len(valid))
-        size = self._block_size
-        for request, epoch in valid:
+        next_due = self.step + self._block_size
+        later = self._block_due.setdefault(next_due, [])
+        for entry in valid:
+            request = entry[0]
             request.blocks += 1
-            self._due(self._block_due, self.step + size, request, epoch)
+            if next_due < request.finish_step:
+                later.append(entry)
 
     def _due(self, table: dict, step: int, request: Request, epoch: int) -> None:
         if step < request.finish_step:
@@ -201,7 +226,7 @@ class Replica:
                 request.blocks += wanted
                 return True
             latest = next(reversed(self.running.values()))
-            self._preempt(latest, self.env.now)
+            self._preempt(latest, self.now)
             if latest is request:
                 return False
 
@@ -235,7 +260,7 @@ class Replica:
 
     # -- applying an iteration's results ---------------------------------------------------------
     def _apply(self, chunks, n: int) -> None:
-        now = self.env.now
+        now = self.now
         if n:
             step = self.step
             if step >= len(self._step_end_s):

@@ -9,6 +9,7 @@ until every request is done or the horizon is reached, and returns a
 from __future__ import annotations
 
 import itertools
+from operator import attrgetter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -162,7 +163,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
     except KeyboardInterrupt:
         # Keep what was simulated: everything still in flight is reported unfinished.
         interrupted = True
-    end_s = env.now
+    # Replicas may have run ahead of the event queue's clock (see Replica.run): the run ends
+    # at the last departure when that is later.
+    end_s = max(env.now, router.in_system.last_s)
     gaps = InterTokenGaps()
     for replica in replicas:
         replica.close()
@@ -194,16 +197,23 @@ def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
         stop.succeed()
 
 
-RECORD_COLUMNS = ("id", "replica", "status", "reason", "arrival_s", "prompt_tokens", "output_tokens",
-                  "generated_tokens", "first_scheduled_s", "first_token_s", "finish_s", "preemptions",
-                  "max_itl_s")
+# Record column: (Request attribute, dtype); object columns hold strings.
+RECORD_COLUMNS = {
+    "id": ("id", np.int64), "replica": ("replica", np.int64), "status": ("status", object),
+    "reason": ("reason", object), "arrival_s": ("arrival_s", float), "prompt_tokens": ("prompt_tokens", np.int64),
+    "output_tokens": ("output_tokens", np.int64), "generated_tokens": ("generated", np.int64),
+    "first_scheduled_s": ("first_scheduled_s", float), "first_token_s": ("first_token_s", float),
+    "finish_s": ("finish_s", float), "preemptions": ("preemptions", np.int64), "max_itl_s": ("max_itl_s", float),
+}
 
 
 def _records(requests: list[Request], scenario: Scenario) -> pd.DataFrame:
     """The per-request table: raw times plus the latencies derived from them."""
-    columns = {name: [getattr(r, "generated" if name == "generated_tokens" else name) for r in requests]
-               for name in RECORD_COLUMNS}
-    frame = pd.DataFrame(columns)
+    n = len(requests)
+    frame = pd.DataFrame({
+        name: (list(map(attrgetter(field), requests)) if dtype is object
+               else np.fromiter(map(attrgetter(field), requests), dtype=dtype, count=n))
+        for name, (field, dtype) in RECORD_COLUMNS.items()})
     # Whatever has not left by the end (queued, running, not yet arrived) is unfinished.
     frame["status"] = frame["status"].where(frame["status"].isin(("finished", "rejected")), "unfinished")
     frame["queue_wait_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
