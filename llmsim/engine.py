@@ -65,6 +65,7 @@ class Replica:
         self._x = np.zeros(len(FEATURES))
         self._x[F["one"]] = 1.0
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
+        self._static_batch: tuple[list[Request], np.ndarray] | None = None   # batch in flight, step ends
         self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
         # Decoding sequences, by event: see the module docstring.
         self.step = 0                               # decode iterations done so far
@@ -128,6 +129,14 @@ class Replica:
         for request in self.running.values():
             if request.status == "running" and request not in self.prefilling and request.decode_start >= 0:
                 request.generated += self.step - request.decode_start
+        if self._static_batch is not None:
+            batch, ends = self._static_batch
+            done = int(np.searchsorted(ends, self.env.now, side="right"))   # steps completed
+            for request in batch:
+                if request.status == "running":
+                    request.generated = min(done, request.output_tokens)
+                    if done:
+                        request.first_token_s = float(ends[0])
         steps = len(self._continuing)
         if steps > 1:
             self.gaps.add(self._step_end_s[1:steps], self._step_gap_s[1:steps], self._continuing[1:])
@@ -327,6 +336,7 @@ class Replica:
         start = request.decode_start
         done = step - start
         request.generated += done
+        request.epoch += 1                           # its heap and due-step entries are now stale
         if request.growing:
             request.growing = False
             self._growing -= 1
@@ -404,8 +414,11 @@ class Replica:
         # Decode step j gives a token, after a gap of its duration, to every request still generating.
         self.gaps.add(ends[1:], durations[1:], useful[1:])
         gap_max = np.maximum.accumulate(np.concatenate([[0.0], durations[1:]]))
-        # Requests leave in the order their own last token appears; the batch holds its KV until the end.
-        for request in sorted(batch, key=lambda r: r.output_tokens):
+        self._static_batch = (batch, ends)
+        # Requests leave in the order their own last token appears. The batch holds its KV until
+        # the longest one is done, which is when the batch ends.
+        leaving = sorted(batch, key=lambda r: r.output_tokens)
+        for request in leaving:
             last = request.output_tokens - 1
             yield self.env.timeout(max(float(ends[last]) - self.env.now, 0.0))
             request.first_token_s = float(ends[0])
@@ -414,7 +427,8 @@ class Replica:
             request.generated = request.output_tokens
             request.finish_s = self.env.now
             request.status = "finished"
+            if request is leaving[-1]:
+                self.kv.free(held_blocks)
+                self._static_batch = None
             self.on_done(request, self.env.now)
-        yield self.env.timeout(max(float(ends[-1]) - self.env.now, 0.0))
-        self.kv.free(held_blocks)
         return True

@@ -174,7 +174,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
     return SimulationResult(
         scenario=scenario,
         requests=_records(requests, scenario),
-        iterations=_iterations(replicas, cost),
+        iterations=_iterations(replicas, cost, end_s),
         queue_length=_queue_series(queues),
         end_s=end_s,
         arrival_window_s=window,
@@ -228,7 +228,8 @@ def _records(requests: list[Request], scenario: Scenario) -> pd.DataFrame:
     return frame
 
 
-def _iterations(replicas: list[Replica], cost: CostModel) -> pd.DataFrame:
+def _iterations(replicas: list[Replica], cost: CostModel, end_s: float) -> pd.DataFrame:
+    """One row per iteration that completed by ``end_s`` (a static batch logs its steps ahead)."""
     frames = []
     for replica in replicas:
         values = np.array(replica.log, dtype=float).reshape(-1, len(LOG_COLUMNS))
@@ -239,6 +240,7 @@ def _iterations(replicas: list[Replica], cost: CostModel) -> pd.DataFrame:
     counts = ["decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out", "kv_used_blocks", "running", "queued"]
     frame[counts] = frame[counts].astype(np.int64)
     frame["end_s"] = frame["start_s"] + frame["duration_s"]
+    frame = frame[frame["end_s"] <= end_s].reset_index(drop=True)
     frame["mfu"] = frame["flops"] / (frame["duration_s"] * cost.peak_flops_per_s)
     frame["bandwidth_utilisation"] = frame["bytes"] / (frame["duration_s"] * cost.peak_bandwidth_bytes_per_s)
     return frame

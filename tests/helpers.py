@@ -1,0 +1,44 @@
+"""Shared helpers: scenarios built from plain dicts through the same validation as YAML files."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from llmsim.configio import Node
+from llmsim.scenario import scenario_from_node
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
+
+BASE = {
+    "name": "test",
+    "seed": 11,
+    "model": "Llama-3.1-8B",
+    "hardware": "H100-SXM",
+    "engine": {"max_model_len": 16384},
+    "workload": {
+        "arrival": {"process": "poisson", "rate": 10.0},
+        "num_requests": 1000,
+        "prompt_tokens": {"distribution": "lognormal", "mean": 512, "sigma": 0.8, "max": 4096},
+        "output_tokens": {"distribution": "lognormal", "mean": 128, "sigma": 0.8, "max": 1024},
+    },
+}
+
+
+REPLACED_WHOLE = ("prompt_tokens", "output_tokens")   # a new length distribution replaces the old one
+
+
+def merge(base: dict, overrides: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in REPLACED_WHOLE:
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def make_scenario(overrides: dict | None = None, base: dict = BASE):
+    data = merge(base, overrides or {})
+    return scenario_from_node(Node(data, file="<test>", base_dir=REPO / "scenarios"))
+
+
