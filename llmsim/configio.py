@@ -75,7 +75,10 @@ class Node:
         self._used.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _MISSING:
-                raise self.error("required key is missing", key=self.key_path(key), has_value=False)
+                typo = _closest(key, [str(k) for k in self.data if k != key])
+                message = "required key is missing" + (f"; did you mean '{key}' instead of '{typo}'?"
+                                                       if typo else "")
+                raise self.error(message, key=self.key_path(key), has_value=False)
             return default
         return self.data[key]
 

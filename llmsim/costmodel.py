@@ -107,7 +107,8 @@ class CostModel:
         rows = pd.DataFrame({"operator": self.op_names, "flops": flops, "bytes": moved,
                              "compute_s": compute_s, "memory_s": memory_s,
                              "time_s": np.maximum(compute_s, memory_s),
-                             "bound": np.where(compute_s >= memory_s, "compute", "memory")})
+                             "bound": np.where(np.maximum(compute_s, memory_s) == 0, "none",
+                                               np.where(compute_s >= memory_s, "compute", "memory"))})
         fixed = pd.DataFrame({"operator": ["overhead+communication"], "flops": [0.0], "bytes": [0.0],
                               "compute_s": [0.0], "memory_s": [0.0],
                               "time_s": [float(self.fixed_vector @ x)], "bound": ["fixed"]})
