@@ -382,8 +382,8 @@ def lookup_model(name: str, catalog: dict[str, ModelSpec], node: Node | None = N
     if name.lower() in by_lower:
         return by_lower[name.lower()]
     import difflib
-    hint = difflib.get_close_matches(name, list(catalog), n=1, cutoff=0.4)
-    message = "unknown model" + (f"; did you mean '{hint[0]}'?" if hint else "")
+    hints = difflib.get_close_matches(name, list(catalog), n=3, cutoff=0.4)
+    message = "unknown model" + (f"; did you mean {' or '.join(repr(h) for h in hints)}?" if hints else "")
     allowed = ", ".join(catalog) + " (or a mapping with config_json: PATH, or inline config fields)"
     if node is not None:
         raise node.key_error(key, message, name, allowed)

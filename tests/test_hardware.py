@@ -1,0 +1,53 @@
+"""Hardware profiles: every figure says where it came from, and bad profiles are rejected."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from llmsim import hardware_catalog, load_profile
+from llmsim.errors import ConfigError
+from llmsim.hardware import PROFILE_DIR
+
+PROFILES = sorted(PROFILE_DIR.glob("*.yaml"))
+REFERENCE = {  # shared/reference/hardware.md: dense BF16 TFLOP/s, memory GB, bandwidth TB/s, TDP W
+    "A100-80GB": (312, 80, 2.039, 400), "H100-SXM": (989.4, 80, 3.35, 700), "H200": (989, 141, 4.8, 700),
+    "B200": (2250, 180, 8.0, 1000), "MI300X": (1307.4, 192, 5.3, 750),
+}
+
+
+@pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
+def test_every_figure_names_its_source(path):
+    profile = load_profile(path)
+    raw = yaml.safe_load(path.read_text())
+    numbers = [k for k, v in raw.items() if isinstance(v, dict) and "value" in v]
+    nested = [f"{k}.{kk}" for k, v in raw.items() if isinstance(v, dict) and "value" not in v
+              for kk in v]
+    assert set(profile.figures) == set(numbers + nested)
+    for figure in profile.figures.values():
+        assert figure.source.strip()
+        if figure.confidence in ("assumption", "unverified"):
+            assert figure.confidence in figure.source or figure.source.startswith(("assumption", "unverified"))
+
+
+def test_gpu_profiles_match_the_reference_table():
+    catalog = hardware_catalog()
+    for name, (tflops, memory_gb, bandwidth_tbs, tdp) in REFERENCE.items():
+        hw = catalog[name]
+        assert hw.peak_for("bf16") == pytest.approx(tflops * 1e12)
+        assert hw.memory_capacity_bytes == pytest.approx(memory_gb * 1e9)
+        assert hw.memory_bandwidth_bytes_per_s == pytest.approx(bandwidth_tbs * 1e12)
+        assert hw.tdp_w == pytest.approx(tdp)
+
+
+def test_a_figure_without_a_source_is_rejected(tmp_path):
+    raw = yaml.safe_load(PROFILES[0].read_text())
+    del raw["memory_bandwidth"]["source"]
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="memory_bandwidth.source"):
+        load_profile(path)
+    raw = yaml.safe_load(PROFILES[0].read_text())
+    raw["memory_bandwidth"]["value"] = "3.35 TFLOP/s"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="bandwidth"):
+        load_profile(path)
