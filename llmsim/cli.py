@@ -25,10 +25,14 @@ def _cmd_run(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     result.requests.to_csv(out / "requests.csv", index=False)
     (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
+    written = [out / "requests.csv", out / "summary.json"]
     if args.iterations:
         result.iterations.to_csv(out / "iterations.csv", index=False)
-    print(f"\nwrote {out / 'requests.csv'} and {out / 'summary.json'}"
-          + (f" and {out / 'iterations.csv'}" if args.iterations else ""))
+        written.append(out / "iterations.csv")
+    if args.plot:
+        from .plots import timeline
+        written.append(timeline(result, out / "timeline.png"))
+    print("\nwrote " + ", ".join(map(str, written)))
     return 130 if result.interrupted else 0
 
 
@@ -72,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="output directory (default: runs/<scenario name>)")
     run.add_argument("--seed", type=int, help="override the scenario's seed")
     run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
+    run.add_argument("--plot", action="store_true", help="also draw timeline.png (queue, batch, KV, latency)")
     run.set_defaults(func=_cmd_run)
     sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
     sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
@@ -85,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"llmsim: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:          # output piped into head or less, which closed early
+        return 0
 
 
 if __name__ == "__main__":

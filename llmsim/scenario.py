@@ -12,8 +12,7 @@ from pathlib import Path
 from .configio import Node, load_yaml
 from .costmodel import MemoryPlan, plan_memory
 from .hardware import HardwareProfile, lookup_hardware
-from .models import ModelSpec, lookup_model, model_catalog, model_from_node
-from .units import parse_quantity
+from .models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from .workload import Workload, workload_from_node
 
 BATCHING = ("continuous", "static")
@@ -158,7 +157,13 @@ def scenario_from_node(root: Node) -> Scenario:
 
 
 def _model(root: Node) -> ModelSpec:
+    """``model:`` is a catalog name, a path to a config.json or a model YAML, or inline fields."""
     raw = root.raw("model")
+    if isinstance(raw, str) and raw.endswith(".json"):
+        return model_from_config_json(root.path_value("model"))
+    if isinstance(raw, str) and raw.endswith((".yaml", ".yml")):
+        path = root.path_value("model")
+        return model_from_node(Node(load_yaml(path), file=str(path)))
     if isinstance(raw, str):
         return lookup_model(raw, model_catalog(), root, "model")
     return model_from_node(root.child("model"))

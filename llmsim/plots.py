@@ -1,0 +1,61 @@
+"""Pictures of a run, for when a timeline says more than a table."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")          # files, not windows: works on servers and in CI
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def timeline(result, path: str | Path) -> Path:
+    """Queue, batch, KV cache and latencies over simulated time, one panel each, as a PNG."""
+    it, records, queue = result.iterations, result.requests, result.queue_length
+    scenario = result.scenario
+    fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True, constrained_layout=True)
+    start, stop = result.warmup_s, result.arrival_window_s
+    for ax in axes:
+        ax.axvspan(0, start, color="0.92", lw=0)
+        ax.grid(alpha=0.3)
+    changes = queue.sort_values("time_s", kind="stable")
+    axes[0].step(changes["time_s"], _summed_steps(changes), where="post", lw=0.8)
+    axes[0].set_ylabel("waiting requests")
+    for replica, rows in it.groupby("replica"):
+        axes[1].plot(rows["end_s"], rows["decode_seqs"] + rows["prefill_seqs"], lw=0.6, label=f"replica {replica}")
+        axes[2].plot(rows["end_s"], 100 * rows["kv_used_blocks"] / result.kv_blocks_per_replica, lw=0.6)
+    axes[1].set_ylabel("sequences in batch")
+    if it["replica"].nunique() > 1:
+        axes[1].legend(loc="upper right", fontsize=7)
+    axes[2].set_ylabel("KV cache used (%)")
+    axes[2].set_ylim(0, 100)
+    done = records[records["status"] == "finished"]
+    axes[3].scatter(done["arrival_s"], 1e3 * done["ttft_s"], s=2, alpha=0.5, label="TTFT")
+    axes[3].scatter(done["arrival_s"], 1e3 * done["tpot_s"], s=2, alpha=0.5, label="TPOT")
+    for value, label in ((scenario.slo.ttft_s, "TTFT SLO"), (scenario.slo.tpot_s, "TPOT SLO")):
+        if value is not None:
+            axes[3].axhline(1e3 * value, ls="--", lw=0.8, color="k")
+            axes[3].annotate(label, (0, 1e3 * value), fontsize=7, va="bottom")
+    axes[3].set_yscale("log")
+    axes[3].set_ylabel("latency (ms), by arrival")
+    axes[3].set_xlabel("simulated time (s); grey: warm-up, excluded from the summary")
+    axes[3].legend(loc="upper right", fontsize=7, markerscale=4)
+    axes[0].set_title(f"{scenario.name}: {scenario.model.name} on "
+                      f"{scenario.deployment.replicas * scenario.deployment.devices_per_replica} x "
+                      f"{scenario.hardware.name} ({scenario.engine.batching} batching)")
+    axes[0].set_xlim(0, max(result.end_s, stop))
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _summed_steps(queue):
+    """Total waiting over several queues, at every change of any of them."""
+    current: dict[int, int] = {}
+    totals = []
+    for q, length in zip(queue["queue"], queue["length"]):
+        current[q] = length
+        totals.append(sum(current.values()))
+    return np.array(totals)
