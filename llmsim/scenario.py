@@ -181,20 +181,21 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
                f"but only {plan.usable_per_device_bytes / gb:.1f} GB usable "
                f"({scenario.engine.memory_utilization:g} of {plan.capacity_per_device_bytes / gb:.0f} GB), "
                f"leaving no room for one KV block")
-    devices_needed = _devices_needed(scenario)
-    raise root.error(message, key="deployment.tensor_parallel", value=dep.tensor_parallel,
-                     allowed=f"more devices per replica (tensor_parallel x pipeline_parallel >= {devices_needed}), "
-                             "a smaller weight_dtype, or a larger device")
+    allowed = "a smaller weight_dtype, or a larger device"
+    tp = _smallest_fitting_tp(scenario)
+    if tp:
+        allowed = f"tensor_parallel: {tp} (the fewest devices that fit, dividing the heads), " + allowed
+    raise root.error(message, key="deployment.tensor_parallel", value=dep.tensor_parallel, allowed=allowed)
 
 
-def _devices_needed(scenario: Scenario) -> int:
-    for devices in range(1, 1025):
-        plan = plan_memory(scenario.model, scenario.hardware, devices, 1, scenario.engine.memory_utilization,
-                           scenario.engine.block_size, scenario.engine.max_batch_tokens,
-                           scenario.engine.runtime_reserve_bytes)
-        if plan.fits:
-            return devices
-    return 1024
+def _smallest_fitting_tp(scenario: Scenario) -> int | None:
+    for tp in range(1, scenario.model.num_heads + 1):
+        if scenario.model.num_heads % tp == 0 and plan_memory(
+                scenario.model, scenario.hardware, tp, scenario.deployment.pipeline_parallel,
+                scenario.engine.memory_utilization, scenario.engine.block_size,
+                scenario.engine.max_batch_tokens, scenario.engine.runtime_reserve_bytes).fits:
+            return tp
+    return None
 
 
 def _divisors(n: int) -> str:
