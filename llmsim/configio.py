@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import yaml
 
@@ -180,11 +180,3 @@ def _closest(word: str, options: Iterable[str]) -> str | None:
     matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
     return matches[0] if matches else None
 
-
-def check(condition: bool, node: Node, key: str, message: str, value: object, allowed: str | None = None) -> None:
-    """Raise a ConfigError about ``node.key`` unless ``condition`` holds."""
-    if not condition:
-        raise node.key_error(key, message, value, allowed)
-
-
-ParseFn = Callable[[Node], Any]

@@ -111,7 +111,6 @@ def test_littles_law_holds(overrides):
     assert result.mean_in_system == pytest.approx(arrival_rate * mean_time_in_system, rel=1e-9)
     # The same for the queue alone, counting every wait (including after a preemption)
     # from the queue's own length log.
-    waiting = result.queue_length
     if result.preemptions == 0:
         mean_wait = records["queue_wait_s"].mean()
         assert result.mean_queue_length == pytest.approx(arrival_rate * mean_wait, rel=1e-9, abs=1e-12)
