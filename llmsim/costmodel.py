@@ -38,8 +38,12 @@ class CostModel:
         # Stack layer operators (run num_layers times) and model operators (once).
         self.op_names = tuple(f"layer.{op}" for op in LAYER_OPS) + MODEL_OPS
         repeat = np.array([layers] * len(LAYER_OPS) + [1] * len(MODEL_OPS), dtype=float)[:, None]
+        layer_bytes = coeffs.layer_bytes.copy()
+        # Attention kernels move more than the KV bytes they need when they gather paged blocks.
+        layer_bytes[LAYER_OPS.index("attention_prefill"), F["prefill_kv_read"]] *= hardware.kv_read_penalty
+        layer_bytes[LAYER_OPS.index("attention_decode"), F["decode_kv_read"]] *= hardware.kv_read_penalty
         self.flops_matrix = np.vstack([coeffs.layer_flops, coeffs.model_flops]) * repeat
-        self.bytes_matrix = np.vstack([coeffs.layer_bytes, coeffs.model_bytes]) * repeat
+        self.bytes_matrix = np.vstack([layer_bytes, coeffs.model_bytes]) * repeat
         gemm_peak = hardware.peak_for(model.weight_dtype) * hardware.compute_efficiency
         attention_peak = hardware.peak_for("bf16") * hardware.attention_efficiency
         self.seconds_per_flop = np.array(

@@ -46,6 +46,8 @@ class HardwareProfile:
     interconnect_efficiency: float              # achieved / peak all-reduce bus bandwidth
     per_step_overhead_s: float                  # scheduler, sampling, launch: once per iteration
     per_layer_overhead_s: float                 # kernel launches: once per layer per iteration
+    kv_read_penalty: float = 1.0                # KV bytes actually moved per KV byte read (paged gathers)
+    calibration: dict = field(default_factory=dict, compare=False)   # how the efficiencies were measured
     figures: dict[str, Figure] = field(default_factory=dict, compare=False)
     path: str | None = field(default=None, compare=False)
 
@@ -98,6 +100,9 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
         attention_efficiency=_figure(eff, "attention", None, figures, **fraction),
         memory_efficiency=_figure(eff, "memory_bandwidth", None, figures, **fraction),
         interconnect_efficiency=_figure(eff, "interconnect", None, figures, **fraction),
+        kv_read_penalty=(_figure(eff, "kv_read_penalty", None, figures, minimum=1.0, exclusive_minimum=False)
+                         if eff.has("kv_read_penalty") else 1.0),
+        calibration=_calibration(node),
         per_step_overhead_s=_figure(overhead, "per_step", "duration", figures, minimum=0.0,
                                     exclusive_minimum=False),
         per_layer_overhead_s=_figure(overhead, "per_layer", "duration", figures, minimum=0.0,
@@ -109,6 +114,14 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
     overhead.done()
     node.done()
     return profile
+
+
+def _calibration(node: Node) -> dict:
+    """Optional free-form record of a calibration (device, date, torch version, fit, errors)."""
+    value = node.raw("calibration", {})
+    if not isinstance(value, dict):
+        raise node.key_error("calibration", "expected a mapping", value, "a YAML mapping written by llmsim calibrate")
+    return value
 
 
 def load_profile(path: str | Path) -> HardwareProfile:
