@@ -8,7 +8,8 @@ The Python API in four calls::
     result.requests          # one row per request (pandas DataFrame)
     result.summary()         # latency percentiles, throughput, goodput, utilisation
 """
-from .costmodel import CostModel, MemoryPlan, plan_memory
+from .costmodel import CostModel
+from .placement import Placement, place, smallest_fitting
 from .errors import ConfigError
 from .hardware import HardwareProfile, hardware_catalog, load_profile, lookup_hardware
 from .kvcache import KVCache
@@ -21,7 +22,7 @@ from .workload import Trace, generate_trace
 
 __version__ = "0.1.0"
 
-__all__ = ["CostModel", "MemoryPlan", "plan_memory", "ConfigError", "HardwareProfile", "hardware_catalog",
+__all__ = ["CostModel", "Placement", "place", "smallest_fitting", "ConfigError", "HardwareProfile", "hardware_catalog",
            "load_profile", "lookup_hardware", "KVCache", "batch_means", "flatten", "summarize", "ModelSpec",
            "model_catalog", "model_from_config_json", "Request", "Scenario", "load_scenario",
            "SimulationResult", "simulate", "Trace", "generate_trace"]

@@ -15,21 +15,19 @@ whole array of them at once.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
 from .hardware import HardwareProfile
-from .models import ATTENTION_OPS, F, FEATURES, LAYER_OPS, MODEL_OPS, ModelSpec, batch_features
+from .models import ATTENTION_OPS, BYTE_KINDS, F, FEATURES, LAYER_OPS, MODEL_OPS, ModelSpec, batch_features
+from .placement import Placement
 
 
 class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile,
-                 tensor_parallel: int = 1, pipeline_parallel: int = 1):
+                 tensor_parallel: int = 1, pipeline_parallel: int = 1, placement: Placement | None = None):
         self.model, self.hardware = model, hardware
         self.tp, self.pp = tensor_parallel, pipeline_parallel
         self.num_devices = tensor_parallel * pipeline_parallel
@@ -38,24 +36,33 @@ class CostModel:
         # Stack layer operators (run num_layers times) and model operators (once).
         self.op_names = tuple(f"layer.{op}" for op in LAYER_OPS) + MODEL_OPS
         repeat = np.array([layers] * len(LAYER_OPS) + [1] * len(MODEL_OPS), dtype=float)[:, None]
-        layer_bytes = coeffs.layer_bytes.copy()
-        # Attention kernels move more than the KV bytes they need when they gather paged blocks.
-        layer_bytes[LAYER_OPS.index("attention_prefill"), F["prefill_kv_read"]] *= hardware.kv_read_penalty
-        layer_bytes[LAYER_OPS.index("attention_decode"), F["decode_kv_read"]] *= hardware.kv_read_penalty
+        self.placement = placement
+        tiers = hardware.tiers
+        weight_tier = placement.weight_tier if placement else tiers[0]
+        kv_tier = placement.kv_tier if placement else tiers[0]
+        # Seconds per byte of each kind, from the tier it lives in; attention kernels move more
+        # than the KV bytes they need when they gather paged blocks.
+        efficiency = hardware.memory_efficiency
+        seconds_per_byte = {"weights": 1.0 / (weight_tier.bandwidth_bytes_per_s * efficiency),
+                            "kv": hardware.kv_read_penalty / (kv_tier.bandwidth_bytes_per_s * efficiency),
+                            "activations": 1.0 / (tiers[0].bandwidth_bytes_per_s * efficiency)}
         self.flops_matrix = np.vstack([coeffs.layer_flops, coeffs.model_flops]) * repeat
-        self.bytes_matrix = np.vstack([layer_bytes, coeffs.model_bytes]) * repeat
+        self.bytes_matrix = sum(np.vstack([coeffs.layer_bytes[kind], coeffs.model_bytes[kind]])
+                                for kind in BYTE_KINDS) * repeat
+        memory_time = sum(np.vstack([coeffs.layer_bytes[kind], coeffs.model_bytes[kind]]) * seconds_per_byte[kind]
+                          for kind in BYTE_KINDS) * repeat
         gemm_peak = hardware.peak_for(model.weight_dtype) * hardware.compute_efficiency
         attention_peak = hardware.peak_for("bf16") * hardware.attention_efficiency
         self.seconds_per_flop = np.array(
             [1.0 / (attention_peak if op in ATTENTION_OPS else gemm_peak) for op in LAYER_OPS]
             + [1.0 / gemm_peak] * len(MODEL_OPS))
-        self.seconds_per_byte = 1.0 / (hardware.memory_bandwidth_bytes_per_s * hardware.memory_efficiency)
         self.fixed_vector = self._fixed_and_communication_vector()
         # One matrix turns a feature vector into everything an iteration needs: per-operator
         # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
         self._n_ops = len(self.op_names)
+        self._memory_time = memory_time
         self._stacked = np.vstack([self.flops_matrix * self.seconds_per_flop[:, None],
-                                   self.bytes_matrix * self.seconds_per_byte,
+                                   memory_time,
                                    self.fixed_vector,
                                    self.flops_matrix.sum(axis=0) * self.tp,
                                    self.bytes_matrix.sum(axis=0) * self.tp])
@@ -107,7 +114,7 @@ class CostModel:
         """Per-operator FLOPs, bytes, time and bound for one batch (all layers, one shard)."""
         x = np.asarray(x, dtype=float)
         flops, moved = self.flops_matrix @ x, self.bytes_matrix @ x
-        compute_s, memory_s = flops * self.seconds_per_flop, moved * self.seconds_per_byte
+        compute_s, memory_s = flops * self.seconds_per_flop, self._memory_time @ x
         rows = pd.DataFrame({"operator": self.op_names, "flops": flops, "bytes": moved,
                              "compute_s": compute_s, "memory_s": memory_s,
                              "time_s": np.maximum(compute_s, memory_s),
@@ -133,50 +140,3 @@ class CostModel:
     @property
     def peak_bandwidth_bytes_per_s(self) -> float:
         return self.hardware.memory_bandwidth_bytes_per_s * self.num_devices
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """How one device's memory is divided, and the KV cache that results (per replica)."""
-    capacity_per_device_bytes: float
-    usable_per_device_bytes: float
-    weights_per_device_bytes: float
-    activation_reserve_per_device_bytes: float
-    kv_per_device_bytes: float
-    kv_bytes_per_token_per_device: float
-    block_size: int
-    num_blocks: int
-
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.num_blocks * self.block_size
-
-    @property
-    def fits(self) -> bool:
-        return self.num_blocks > 0
-
-
-def plan_memory(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pipeline_parallel: int,
-                memory_utilization: float, block_size: int, max_batch_tokens: int,
-                runtime_reserve_bytes: float) -> MemoryPlan:
-    """Weights split over ``tp x pp`` devices; what is left of ``memory_utilization`` goes to KV blocks.
-
-    The activation reserve is the peak working set of one iteration of
-    ``max_batch_tokens`` tokens (hidden states, QKV, MLP intermediates and logits),
-    plus a fixed runtime reserve (CUDA context, communication buffers), the way
-    vLLM profiles memory before sizing its KV cache.
-    """
-    devices = tensor_parallel * pipeline_parallel
-    usable = hardware.memory_capacity_bytes * memory_utilization
-    weights = model.weight_bytes / devices
-    ab = model.activation_bytes_per_element
-    per_token_activations = (4 * model.hidden_size + (model.q_dim + 2 * model.kv_dim) / tensor_parallel
-                             + 3 * model.intermediate_size / tensor_parallel) * ab
-    activations = max_batch_tokens * per_token_activations + runtime_reserve_bytes
-    kv_bytes = max(usable - weights - activations, 0.0)
-    kv_heads_per_shard = max(model.num_kv_heads / tensor_parallel, 1.0)
-    layers_per_stage = math.ceil(model.num_layers / pipeline_parallel)
-    kv_per_token = layers_per_stage * 2 * kv_heads_per_shard * model.head_dim * model.kv_bytes_per_element
-    num_blocks = int(kv_bytes // (kv_per_token * block_size))
-    return MemoryPlan(hardware.memory_capacity_bytes, usable, weights, activations, kv_bytes,
-                      kv_per_token, block_size, num_blocks)

@@ -46,11 +46,17 @@ LOG_COLUMNS = ("start_s", "duration_s", "decode_seqs", "prefill_seqs", "prefill_
 
 
 class Replica:
-    """A serving engine instance on ``tp x pp`` devices, pulling work from its waiting queue."""
+    """A serving engine instance on ``tp x pp`` devices, pulling work from its waiting queue.
+
+    With pipeline parallelism a replica runs one of these per micro-batch in flight; they
+    share the replica's queue and KV cache (see ``simulation.simulate``).
+    """
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
-                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None]):
+                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
+                 micro_batch: int = 0):
         self.env, self.index, self.cost, self.kv, self.queue, self.config = env, index, cost, kv, queue, config
+        self.micro_batch = micro_batch              # which of the pipeline's micro-batches this engine runs
         self.on_done = on_done
         self.now = env.now                          # the replica's clock: may run ahead of env.now, see run()
         self.log: list[tuple] = []                  # one row per iteration, LOG_COLUMNS

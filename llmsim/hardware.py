@@ -28,6 +28,14 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class MemoryTier:
+    """One level of a device's memory: on-chip SRAM, HBM, or an outer store (host DDR, MemoryX)."""
+    name: str
+    capacity_bytes: float
+    bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """One accelerator chip (per device; a deployment multiplies it)."""
 
@@ -47,9 +55,17 @@ class HardwareProfile:
     per_step_overhead_s: float                  # scheduler, sampling, launch: once per iteration
     per_layer_overhead_s: float                 # kernel launches: once per layer per iteration
     kv_read_penalty: float = 1.0                # KV bytes actually moved per KV byte read (paged gathers)
+    memory_name: str = "HBM"                    # what the primary memory is (SRAM on wafer-scale chips)
+    outer_tiers: tuple[MemoryTier, ...] = ()    # slower, larger memories beyond the primary one
     calibration: dict = field(default_factory=dict, compare=False)   # how the efficiencies were measured
     figures: dict[str, Figure] = field(default_factory=dict, compare=False)
     path: str | None = field(default=None, compare=False)
+
+    @property
+    def tiers(self) -> tuple[MemoryTier, ...]:
+        """Memory tiers, innermost (fastest) first; the first is the primary memory."""
+        primary = MemoryTier(self.memory_name, self.memory_capacity_bytes, self.memory_bandwidth_bytes_per_s)
+        return (primary,) + self.outer_tiers
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak for GEMMs in ``dtype``; weight-only formats compute in bf16."""
@@ -103,6 +119,8 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
         kv_read_penalty=(_figure(eff, "kv_read_penalty", None, figures, minimum=1.0, exclusive_minimum=False)
                          if eff.has("kv_read_penalty") else 1.0),
         calibration=_calibration(node),
+        memory_name=node.string("memory_name", "HBM"),
+        outer_tiers=_outer_tiers(node, figures),
         per_step_overhead_s=_figure(overhead, "per_step", "duration", figures, minimum=0.0,
                                     exclusive_minimum=False),
         per_layer_overhead_s=_figure(overhead, "per_layer", "duration", figures, minimum=0.0,
@@ -114,6 +132,21 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
     overhead.done()
     node.done()
     return profile
+
+
+def _outer_tiers(node: Node, figures: dict) -> tuple[MemoryTier, ...]:
+    """``outer_memory: [{name, capacity: {value, source, confidence}, bandwidth: {...}}, ...]``."""
+    raw = node.raw("outer_memory", [])
+    if not isinstance(raw, list):
+        raise node.key_error("outer_memory", "expected a list of memory tiers", raw,
+                             "a list of {name, capacity, bandwidth}, innermost first")
+    tiers = []
+    for index, entry in enumerate(raw):
+        tier = Node(entry, file=node.file, path=node.key_path(f"outer_memory[{index}]"))
+        tiers.append(MemoryTier(tier.string("name"), _figure(tier, "capacity", "bytes", figures),
+                                _figure(tier, "bandwidth", "bandwidth", figures)))
+        tier.done()
+    return tuple(tiers)
 
 
 def _calibration(node: Node) -> dict:

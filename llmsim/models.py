@@ -35,18 +35,22 @@ ATTENTION_OPS = ("attention_prefill", "attention_decode")
 MODEL_OPS = ("embedding", "lm_head")
 
 
+BYTE_KINDS = ("weights", "kv", "activations")   # what is read, and so from which memory tier
+
+
 class WorkCoefficients(NamedTuple):
     """FLOPs and bytes of each operator as linear maps of the batch features.
 
-    ``flops[op] @ x`` and ``bytes[op] @ x`` give the work of operator ``op`` on one
-    tensor-parallel shard for a batch with feature vector ``x`` (see FEATURES);
-    the ``layer`` maps are for one decoder layer, the ``model`` maps for the
+    ``flops[op] @ x`` and ``bytes[kind][op] @ x`` give the work of operator ``op`` on one
+    tensor-parallel shard for a batch with feature vector ``x`` (see FEATURES); bytes are
+    split by kind (weights, KV cache, activations) because they may live in different
+    memory tiers. The ``layer`` maps are for one decoder layer, the ``model`` maps for the
     embedding and the LM head, which run once per iteration.
     """
-    layer_flops: np.ndarray   # (len(LAYER_OPS), len(FEATURES))
-    layer_bytes: np.ndarray
-    model_flops: np.ndarray   # (len(MODEL_OPS), len(FEATURES))
-    model_bytes: np.ndarray
+    layer_flops: np.ndarray             # (len(LAYER_OPS), len(FEATURES))
+    layer_bytes: dict[str, np.ndarray]  # kind -> (len(LAYER_OPS), len(FEATURES))
+    model_flops: np.ndarray             # (len(MODEL_OPS), len(FEATURES))
+    model_bytes: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -185,42 +189,45 @@ class ModelSpec:
         hidden, inter, k = self.hidden_size, self.intermediate_size / tp, self.experts_per_token
 
         lf = np.zeros((len(LAYER_OPS), len(FEATURES)))
-        lb = np.zeros_like(lf)
+        lw, lk, la = (np.zeros_like(lf) for _ in BYTE_KINDS)
         qkv, ap, ad, out, mlp, elem = range(len(LAYER_OPS))
         lf[qkv, F["tokens"]] = 2 * self.qkv_params / tp
-        lb[qkv, F["one"]] = self.qkv_params / tp * wb
-        lb[qkv, F["tokens"]] = (hidden + qkv_out) * ab
+        lw[qkv, F["one"]] = self.qkv_params / tp * wb
+        la[qkv, F["tokens"]] = (hidden + qkv_out) * ab
         lf[ap, F["prefill_pairs"]] = 4 * q_dim
-        lb[ap, F["prefill_kv_read"]] = kv_token_bytes
-        lb[ap, F["prefill_tokens"]] = 2 * q_dim * ab + kv_token_bytes  # Q in, O out, new KV written
+        lk[ap, F["prefill_kv_read"]] = kv_token_bytes
+        lk[ap, F["prefill_tokens"]] = kv_token_bytes          # new KV written
+        la[ap, F["prefill_tokens"]] = 2 * q_dim * ab          # Q in, O out
         lf[ad, F["decode_kv_read"]] = 4 * q_dim
-        lb[ad, F["decode_kv_read"]] = kv_token_bytes
-        lb[ad, F["decode_seqs"]] = 2 * q_dim * ab + kv_token_bytes
+        lk[ad, F["decode_kv_read"]] = kv_token_bytes
+        lk[ad, F["decode_seqs"]] = kv_token_bytes
+        la[ad, F["decode_seqs"]] = 2 * q_dim * ab
         lf[out, F["tokens"]] = 2 * self.out_proj_params / tp
-        lb[out, F["one"]] = self.out_proj_params / tp * wb
-        lb[out, F["tokens"]] = (q_dim + hidden) * ab
+        lw[out, F["one"]] = self.out_proj_params / tp * wb
+        la[out, F["tokens"]] = (q_dim + hidden) * ab
         lf[mlp, F["tokens"]] = 2 * (k * self.expert_params / tp + self.router_params)
-        lb[mlp, F["one"]] = self.router_params * wb
-        lb[mlp, F["experts_touched"]] = self.expert_params / tp * wb
-        lb[mlp, F["tokens"]] = k * (2 * hidden + 3 * inter) * ab
+        lw[mlp, F["one"]] = self.router_params * wb
+        lw[mlp, F["experts_touched"]] = self.expert_params / tp * wb
+        la[mlp, F["tokens"]] = k * (2 * hidden + 3 * inter) * ab
         # Two RMSNorms and two residual adds, each reading and writing the hidden state.
         lf[elem, F["tokens"]] = 10 * hidden
-        lb[elem, F["tokens"]] = 8 * hidden * ab
+        la[elem, F["tokens"]] = 8 * hidden * ab
 
         mf = np.zeros((len(MODEL_OPS), len(FEATURES)))
-        mb = np.zeros_like(mf)
+        mw, mk, ma = (np.zeros_like(mf) for _ in BYTE_KINDS)
         embedding, lm_head = range(len(MODEL_OPS))
-        mb[embedding, F["tokens"]] = 2 * hidden * ab
+        ma[embedding, F["tokens"]] = 2 * hidden * ab
         mf[lm_head, F["logit_tokens"]] = 2 * hidden * self.vocab_size / tp
-        mb[lm_head, F["one"]] = hidden * self.vocab_size / tp * wb
-        mb[lm_head, F["logit_tokens"]] = (hidden * ab + 4 * self.vocab_size / tp)  # fp32 logits out
-        return WorkCoefficients(lf, lb, mf, mb)
+        mw[lm_head, F["one"]] = hidden * self.vocab_size / tp * wb
+        ma[lm_head, F["logit_tokens"]] = (hidden * ab + 4 * self.vocab_size / tp)  # fp32 logits out
+        return WorkCoefficients(lf, dict(zip(BYTE_KINDS, (lw, lk, la))), mf, dict(zip(BYTE_KINDS, (mw, mk, ma))))
 
     def layer_work(self, features, tensor_parallel: int = 1) -> dict[str, tuple[float, float]]:
         """(FLOPs, bytes) of each operator of one layer on one shard, for a feature vector."""
         coeffs = self.work_coefficients(tensor_parallel)
         x = np.asarray(features, dtype=float)
-        return {op: (float(coeffs.layer_flops[i] @ x), float(coeffs.layer_bytes[i] @ x))
+        total_bytes = sum(coeffs.layer_bytes.values())
+        return {op: (float(coeffs.layer_flops[i] @ x), float(total_bytes[i] @ x))
                 for i, op in enumerate(LAYER_OPS)}
 
     def prefill_layer_work(self, tokens: int, context: int = 0, tensor_parallel: int = 1):

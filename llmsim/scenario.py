@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .configio import Node, load_yaml
-from .costmodel import MemoryPlan, plan_memory
+from .placement import Placement, place, smallest_fitting
 from .hardware import HardwareProfile, lookup_hardware
 from .models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from .workload import Workload, workload_from_node
@@ -45,6 +45,7 @@ class EngineConfig:
     max_model_len: int | None = None     # longest prompt + output accepted; default: the model's context
     queue_timeout_s: float | None = None
     on_timeout: str = "dispatch"
+    kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,12 @@ class Scenario:
     path: str | None = None
 
     @property
-    def memory(self) -> MemoryPlan:
-        return plan_memory(self.model, self.hardware, self.deployment.tensor_parallel,
-                           self.deployment.pipeline_parallel, self.engine.memory_utilization,
-                           self.engine.block_size, self.engine.max_batch_tokens,
-                           self.engine.runtime_reserve_bytes)
+    def memory(self) -> Placement:
+        """Where weights and KV cache live on each replica's devices."""
+        return place(self.model, self.hardware, self.deployment.tensor_parallel,
+                     self.deployment.pipeline_parallel, self.engine.memory_utilization,
+                     self.engine.block_size, self.engine.max_batch_tokens,
+                     self.engine.runtime_reserve_bytes, self.engine.kv_spill)
 
     @property
     def max_model_len(self) -> int:
@@ -109,17 +111,16 @@ def scenario_from_node(root: Node) -> Scenario:
 
     count = dict(integer=True, minimum=1, exclusive_minimum=False)
     dep = root.child("deployment")
-    deployment = Deployment(
-        replicas=dep.number("replicas", 1, **count),
-        tensor_parallel=dep.number("tensor_parallel", 1, **count),
-        pipeline_parallel=dep.number("pipeline_parallel", 1, **count),
-        router=dep.choice("router", ROUTERS, "least_outstanding"))
-    if model.num_heads % deployment.tensor_parallel:
+    replicas = dep.number("replicas", 1, **count)
+    tp = _parallel(dep, "tensor_parallel")
+    pp = _parallel(dep, "pipeline_parallel")
+    router = dep.choice("router", ROUTERS, "least_outstanding")
+    if tp is not None and model.num_heads % tp:
         raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
-                            deployment.tensor_parallel, _divisors(model.num_heads))
-    if deployment.pipeline_parallel > model.num_layers:
+                            tp, _divisors(model.num_heads) + " or auto")
+    if pp is not None and pp > model.num_layers:
         raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
-                            deployment.pipeline_parallel, f"1..{model.num_layers}")
+                            pp, f"1..{model.num_layers} or auto")
     dep.done()
 
     eng = root.child("engine")
@@ -134,7 +135,11 @@ def scenario_from_node(root: Node) -> Scenario:
                                            exclusive_minimum=False),
         max_model_len=eng.number("max_model_len", None, **count),
         queue_timeout_s=eng.quantity("queue_timeout", "duration", None),
-        on_timeout=eng.choice("on_timeout", ON_TIMEOUT, "dispatch"))
+        on_timeout=eng.choice("on_timeout", ON_TIMEOUT, "dispatch"),
+        kv_spill=eng.boolean("kv_spill", False))
+    if engine.kv_spill and not hardware.outer_tiers:
+        raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
+                            "false, or a profile with outer_memory")
     if engine.max_batch_tokens < engine.max_num_seqs:
         raise eng.key_error("max_batch_tokens", f"must be at least max_num_seqs ({engine.max_num_seqs}), "
                             "or some running sequences could never decode", engine.max_batch_tokens,
@@ -151,9 +156,30 @@ def scenario_from_node(root: Node) -> Scenario:
                                   horizon_s=sim.quantity("horizon", "duration", None))
     sim.done()
     root.done()
+    deployment = _resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation)
     _check_fits(scenario, root)
     return scenario
+
+
+def _parallel(node: Node, key: str) -> int | None:
+    """An explicit degree of parallelism, or None for ``auto`` (placement decides)."""
+    if node.raw(key, 1) == "auto":
+        return None
+    return node.number(key, 1, integer=True, minimum=1, exclusive_minimum=False)
+
+
+def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, router) -> Deployment:
+    if tp is not None and pp is not None:
+        return Deployment(replicas, tp, pp, router)
+    fitting = smallest_fitting(model, hardware, engine.memory_utilization, engine.block_size,
+                               engine.max_batch_tokens, engine.runtime_reserve_bytes, tp, pp, engine.kv_spill)
+    if fitting is None:
+        raise root.error(f"{model.name} does not fit in the {hardware.memory_name} of any number of "
+                         f"{hardware.name} devices with this parallelism",
+                         key="deployment", value={"tensor_parallel": tp or "auto", "pipeline_parallel": pp or "auto"},
+                         allowed="auto for both, a smaller weight_dtype, or a larger device")
+    return Deployment(replicas, fitting.tensor_parallel, fitting.pipeline_parallel, router)
 
 
 def _model(root: Node) -> ModelSpec:
@@ -182,20 +208,14 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
                f"({scenario.engine.memory_utilization:g} of {plan.capacity_per_device_bytes / gb:.0f} GB), "
                f"leaving no room for one KV block")
     allowed = "a smaller weight_dtype, or a larger device"
-    tp = _smallest_fitting_tp(scenario)
-    if tp:
-        allowed = f"tensor_parallel: {tp} (the fewest devices that fit, dividing the heads), " + allowed
+    engine = scenario.engine
+    fitting = smallest_fitting(scenario.model, scenario.hardware, engine.memory_utilization, engine.block_size,
+                               engine.max_batch_tokens, engine.runtime_reserve_bytes,
+                               pipeline_parallel=dep.pipeline_parallel, kv_spill=engine.kv_spill)
+    if fitting:
+        allowed = (f"tensor_parallel: {fitting.tensor_parallel} (the fewest devices that fit, dividing the heads), "
+                   + allowed)
     raise root.error(message, key="deployment.tensor_parallel", value=dep.tensor_parallel, allowed=allowed)
-
-
-def _smallest_fitting_tp(scenario: Scenario) -> int | None:
-    for tp in range(1, scenario.model.num_heads + 1):
-        if scenario.model.num_heads % tp == 0 and plan_memory(
-                scenario.model, scenario.hardware, tp, scenario.deployment.pipeline_parallel,
-                scenario.engine.memory_utilization, scenario.engine.block_size,
-                scenario.engine.max_batch_tokens, scenario.engine.runtime_reserve_bytes).fits:
-            return tp
-    return None
 
 
 def _divisors(n: int) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from operator import attrgetter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,7 @@ from .workload import Trace, generate_trace
 
 
 class Router:
-    """Sends each arriving request to a replica.
+    """Sends each arriving request to a replica (a group of engines, one per pipeline micro-batch).
 
     ``round_robin`` cycles; ``least_outstanding`` picks the replica with the fewest
     queued plus running requests (ties to the lowest index); ``shared_queue`` keeps
@@ -34,7 +34,7 @@ class Router:
     when each replica serves one request at a time).
     """
 
-    def __init__(self, policy: str, replicas: list[Replica], max_tokens: int, kv_blocks: int,
+    def __init__(self, policy: str, replicas: list[list[Replica]], max_tokens: int, kv_blocks: int,
                  block_size: int, expected: int, all_done: simpy.Event):
         self.policy, self.replicas = policy, replicas
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
@@ -66,14 +66,15 @@ class Router:
         if index >= 0:
             request.replica = index
             self.outstanding[index] += 1
-            replica = self.replicas[index]
-            replica.queue.push(request, now)
-            replica.notify()
+            engines = self.replicas[index]
+            engines[0].queue.push(request, now)
+            for engine in engines:
+                engine.notify()
         else:
-            self.replicas[0].queue.push(request, now)
-            for replica in self.replicas:
-                if replica.idle:
-                    replica.notify()
+            self.replicas[0][0].queue.push(request, now)
+            for engines in self.replicas:
+                for engine in engines:
+                    engine.notify()
 
     def done(self, request: Request, now: float, replica: int) -> None:
         if request.replica < 0:          # shared queue: credit the replica that served it
@@ -136,7 +137,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
     plan = scenario.memory
     dep = scenario.deployment
     env = simpy.Environment()
-    cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel)
+    cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, plan)
     shared = WaitingQueue() if dep.router == "shared_queue" else None
     requests = [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in
                 enumerate(zip(trace.arrival_s.tolist(), trace.prompt_tokens.tolist(),
@@ -148,11 +149,19 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
 
     warmup = min(scenario.simulation.warmup_s if scenario.simulation.warmup_s is not None else 0.1 * window,
                  window)
-    replicas = [Replica(env, index, cost, KVCache(plan.num_blocks, plan.block_size),
-                        shared if shared is not None else WaitingQueue(), scenario.engine, on_done(index))
-                for index in range(dep.replicas)]
+    # A pipeline of pp stages keeps pp micro-batches in flight: pp engines per replica, sharing
+    # its queue and KV cache, each iteration taking the full trip through all stages.
+    micro_batches = dep.pipeline_parallel
+    engine_config = replace(scenario.engine, max_num_seqs=-(-scenario.engine.max_num_seqs // micro_batches))
+    groups = []
+    for index in range(dep.replicas):
+        kv, queue = KVCache(plan.num_blocks, plan.block_size), shared if shared is not None else WaitingQueue()
+        groups.append([Replica(env, index, cost, kv, queue, engine_config, on_done(index), micro_batch)
+                       for micro_batch in range(micro_batches)])
+    replicas = [engine for group in groups for engine in group]
+    kv_caches = [group[0].kv for group in groups]
     stop = env.event()
-    router = Router(dep.router, replicas, scenario.max_model_len, plan.num_blocks, plan.block_size,
+    router = Router(dep.router, groups, scenario.max_model_len, plan.num_blocks, plan.block_size,
                     len(requests), stop)
     env.process(arrivals(env, requests, router))
     env.process(_horizon(env, horizon, stop))
@@ -180,9 +189,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
         arrival_window_s=window,
         warmup_s=warmup,
         kv_blocks_per_replica=plan.num_blocks,
-        kv_allocated_blocks=sum(r.kv.allocated_total for r in replicas),
-        kv_freed_blocks=sum(r.kv.freed_total for r in replicas),
-        kv_held_blocks=sum(r.kv.used_blocks for r in replicas),
+        kv_allocated_blocks=sum(kv.allocated_total for kv in kv_caches),
+        kv_freed_blocks=sum(kv.freed_total for kv in kv_caches),
+        kv_held_blocks=sum(kv.used_blocks for kv in kv_caches),
         preemptions=sum(r.preemptions for r in replicas),
         mean_in_system=router.in_system.mean(end_s),
         mean_queue_length=sum(q.length.mean(end_s) for q in queues),
@@ -234,6 +243,7 @@ def _iterations(replicas: list[Replica], cost: CostModel, end_s: float) -> pd.Da
     for replica in replicas:
         values = np.array(replica.log, dtype=float).reshape(-1, len(LOG_COLUMNS))
         frame = pd.DataFrame(values, columns=LOG_COLUMNS)
+        frame.insert(0, "micro_batch", replica.micro_batch)
         frame.insert(0, "replica", replica.index)
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmsim import CostModel, lookup_hardware, model_catalog, plan_memory
+from llmsim import CostModel, lookup_hardware, model_catalog, place
 from llmsim.models import FEATURES
 
 
@@ -143,8 +143,8 @@ def test_moe_decode_reads_only_touched_experts(h100):
 
 def test_memory_plan_leaves_the_rest_for_kv(h100):
     llama70 = model_catalog()["Llama-2-70B"]
-    assert not plan_memory(llama70, h100, 1, 1, 0.9, 128, 8192, 2 ** 30).fits
-    plan = plan_memory(llama70, h100, 8, 1, 0.9, 128, 8192, 2 ** 30)
+    assert not place(llama70, h100, 1, 1, 0.9, 128, 8192, 2 ** 30).fits
+    plan = place(llama70, h100, 8, 1, 0.9, 128, 8192, 2 ** 30)
     assert plan.fits
     assert plan.weights_per_device_bytes == pytest.approx(llama70.weight_bytes / 8)
     # 8 KV heads over 8 devices: one head per device, 80 layers, K and V, bf16.
