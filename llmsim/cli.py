@@ -36,6 +36,49 @@ def _cmd_run(args) -> int:
     return 130 if result.interrupted else 0
 
 
+def _cmd_compare(args) -> int:
+    from .compare import compare
+
+    table = compare(args.comparison)
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.3g}".format):
+        print(table.to_string(index=False))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out, index=False)
+        print(f"\nwrote {args.out}")
+    return 0
+
+
+def _cmd_place(args) -> int:
+    from .hardware import lookup_hardware
+    from .models import lookup_model, model_catalog
+    from .placement import place, smallest_fitting
+
+    model = lookup_model(args.model, model_catalog()).with_dtypes(args.weight_dtype, args.kv_dtype)
+    hardware = lookup_hardware(args.hardware)
+    reserve = args.runtime_reserve_gb * 1e9
+    if args.tp and args.pp:
+        placement = place(model, hardware, args.tp, args.pp, args.memory_utilization, 128,
+                          args.max_batch_tokens, reserve)
+    else:
+        placement = smallest_fitting(model, hardware, args.memory_utilization, 128, args.max_batch_tokens,
+                                     reserve, args.tp, args.pp)
+    if placement is None or not placement.fits:
+        print(f"{model.name} ({model.weight_dtype}) does not fit on {hardware.name} with this parallelism")
+        return 1
+    p = placement
+    print(f"{model.name} ({model.weight_dtype} weights, {model.kv_dtype} KV) on {hardware.name}:")
+    print(f"  devices            {p.devices} (tensor parallel {p.tensor_parallel} x pipeline stages "
+          f"{p.pipeline_parallel})")
+    print(f"  weights            {p.weights_per_device_bytes / 1e9:,.2f} GB per device in {p.weight_tier.name}"
+          + (" (streamed every iteration)" if p.weight_streaming else ""))
+    print(f"  KV cache           {p.kv_per_device_bytes / 1e9:,.2f} GB per device in {p.kv_tier.name}"
+          f" = {p.kv_capacity_tokens:,} tokens per replica")
+    for context in args.context:
+        print(f"  concurrency        {p.concurrent_sequences(context):,} sequences of {context:,} tokens")
+    return 0
+
+
 def _cmd_models(args) -> int:
     from .models import model_catalog
     rows = [{"model": m.name, "params_B": round(m.param_count / 1e9, 3),
@@ -78,6 +121,22 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
     run.add_argument("--plot", action="store_true", help="also draw timeline.png (queue, batch, KV, latency)")
     run.set_defaults(func=_cmd_run)
+    comp = sub.add_parser("compare", help="simulate the variants of a comparison file side by side")
+    comp.add_argument("comparison", help="comparison YAML (base, variants, loads)")
+    comp.add_argument("--out", help="also write the table as CSV here")
+    comp.set_defaults(func=_cmd_compare)
+    placed = sub.add_parser("place", help="how many devices a model needs and how much KV cache is left")
+    placed.add_argument("model")
+    placed.add_argument("hardware")
+    placed.add_argument("--weight-dtype", default=None)
+    placed.add_argument("--kv-dtype", default=None)
+    placed.add_argument("--tp", type=int, help="fix tensor parallelism (default: search)")
+    placed.add_argument("--pp", type=int, help="fix pipeline stages (default: search)")
+    placed.add_argument("--memory-utilization", type=float, default=0.9)
+    placed.add_argument("--max-batch-tokens", type=int, default=8192)
+    placed.add_argument("--runtime-reserve-gb", type=float, default=2 ** 30 / 1e9)
+    placed.add_argument("--context", type=int, nargs="+", default=[2048, 8192, 32768])
+    placed.set_defaults(func=_cmd_place)
     sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
     sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
     return parser

@@ -180,3 +180,15 @@ def _closest(word: str, options: Iterable[str]) -> str | None:
     matches = difflib.get_close_matches(word, list(options), n=1, cutoff=0.5)
     return matches[0] if matches else None
 
+
+
+def deep_merge(base: dict, overrides: dict, replace_keys: Iterable[str] = ()) -> dict:
+    """``base`` with ``overrides`` laid over it, mapping into mapping; keys in ``replace_keys`` are
+    replaced whole (a new length distribution replaces the old one rather than mixing with it)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in replace_keys:
+            out[key] = deep_merge(out[key], value, replace_keys)
+        else:
+            out[key] = value
+    return out

@@ -116,10 +116,15 @@ def summarize(result) -> dict:
         "slo": slo,
         "utilisation": utilisation,
         "memory": {
+            "tensor_parallel": plan.tensor_parallel,
+            "pipeline_parallel": plan.pipeline_parallel,
+            "weights_in": plan.weight_tier.name + (" (streamed)" if plan.weight_streaming else ""),
+            "kv_cache_in": plan.kv_tier.name,
             "weights_per_device_gb": plan.weights_per_device_bytes / 1e9,
             "kv_cache_per_device_gb": plan.kv_per_device_bytes / 1e9,
             "kv_capacity_tokens_per_replica": plan.kv_capacity_tokens,
         },
+        "economics": economics(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
         "queue": {
             "mean_length": result.mean_queue_length,
             "max_length": int(result.queue_length["length"].max()),
@@ -155,3 +160,14 @@ def flatten(summary: dict, prefix: str = "") -> dict:
         else:
             flat[name] = value
     return flat
+
+
+def economics(usd_per_hour: float, power_w: float, output_tokens_per_s: float) -> dict:
+    """Cost and energy per output token, with every device drawing its TDP (an upper bound)."""
+    per_million = 1e6 / output_tokens_per_s if output_tokens_per_s > 0 else math.nan
+    return {
+        "usd_per_hour": usd_per_hour,
+        "usd_per_million_output_tokens": usd_per_hour / 3600 * per_million,
+        "joules_per_output_token_at_tdp": power_w / output_tokens_per_s if output_tokens_per_s > 0 else math.nan,
+        "kwh_per_million_output_tokens_at_tdp": power_w * per_million / 3.6e6,
+    }

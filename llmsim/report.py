@@ -53,6 +53,12 @@ def format_summary(summary: dict) -> str:
                  f"   HBM bandwidth {_num(100 * util['bandwidth_utilisation'])}%"
                  f"   mean batch {_num(util['mean_batch_size'])}   KV cache mean {_num(100 * util['kv_occupancy_mean'])}%"
                  f" max {_num(100 * util['kv_occupancy_max'])}%")
+    eco = summary["economics"]
+    lines.append(f"cost       {_num(eco['usd_per_hour'], 2)} USD/h   {_num(eco['usd_per_million_output_tokens'], 2)}"
+                 f" USD per million output tokens   {_num(eco['kwh_per_million_output_tokens_at_tdp'], 2)}"
+                 f" kWh per million output tokens (at TDP)")
+    lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}, weights in"
+                 f" {mem['weights_in']}, KV cache in {mem['kv_cache_in']}")
     lines.append(f"memory     weights {_num(mem['weights_per_device_gb'])} GB/device,"
                  f" KV cache {_num(mem['kv_cache_per_device_gb'])} GB/device"
                  f" = {mem['kv_capacity_tokens_per_replica']:,} tokens/replica;"

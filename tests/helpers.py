@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from llmsim.configio import Node
+from llmsim.compare import REPLACED_WHOLE
+from llmsim.configio import Node, deep_merge
 from llmsim.scenario import scenario_from_node
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,17 +25,8 @@ BASE = {
 }
 
 
-REPLACED_WHOLE = ("prompt_tokens", "output_tokens")   # a new length distribution replaces the old one
-
-
 def merge(base: dict, overrides: dict) -> dict:
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in REPLACED_WHOLE:
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+    return deep_merge(copy.deepcopy(base), overrides, REPLACED_WHOLE)
 
 
 def make_scenario(overrides: dict | None = None, base: dict = BASE):

@@ -15,14 +15,22 @@ REFERENCE = {  # shared/reference/hardware.md: dense BF16 TFLOP/s, memory GB, ba
 }
 
 
+def figures_in(node, path=""):
+    """Key paths of every {value: ...} mapping in a raw profile (the figures), walking lists too."""
+    if isinstance(node, dict) and "value" in node:
+        yield path
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from figures_in(value, f"{path}.{key}" if path else key)
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from figures_in(value, f"{path}[{index}]")
+
+
 @pytest.mark.parametrize("path", PROFILES, ids=[p.stem for p in PROFILES])
 def test_every_figure_names_its_source(path):
     profile = load_profile(path)
-    raw = yaml.safe_load(path.read_text())
-    numbers = [k for k, v in raw.items() if isinstance(v, dict) and "value" in v]
-    nested = [f"{k}.{kk}" for k, v in raw.items() if isinstance(v, dict) and "value" not in v
-              for kk in v]
-    assert set(profile.figures) == set(numbers + nested)
+    assert set(profile.figures) == set(figures_in(yaml.safe_load(path.read_text())))
     for figure in profile.figures.values():
         assert figure.source.strip()
         if figure.confidence in ("assumption", "unverified"):
