@@ -50,7 +50,7 @@ def format_summary(summary: dict) -> str:
                      f"   goodput {_num(slo['goodput_requests_per_s'], 2)} req/s"
                      f" ({_num(slo['goodput_output_tokens_per_s'], 0)} output tok/s)")
     lines.append(f"utilisation busy {_num(100 * util['busy_fraction'])}%   MFU {_num(100 * util['mfu'])}%"
-                 f"   HBM bandwidth {_num(100 * util['bandwidth_utilisation'])}%"
+                 f"   memory bandwidth {_num(100 * util['bandwidth_utilisation'])}%"
                  f"   mean batch {_num(util['mean_batch_size'])}   KV cache mean {_num(100 * util['kv_occupancy_mean'])}%"
                  f" max {_num(100 * util['kv_occupancy_max'])}%")
     eco = summary["economics"]

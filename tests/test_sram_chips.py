@@ -165,3 +165,13 @@ def test_place_command_reports_chips_and_kv_room():
     assert done.returncode == 0, done.stderr
     assert "4 (tensor parallel 1 x pipeline stages 4)" in done.stdout
     assert "in SRAM" in done.stdout and "sequences of 8,192 tokens" in done.stdout
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "scenarios" / "comparisons").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_shipped_comparisons_validate(path):
+    runs = load_comparison(path)
+    for load in {label for _, label, _ in runs}:
+        # Every variant at one load sees the same traffic (common random numbers).
+        assert len({(s.workload, s.seed) for _, label, s in runs if label == load}) == 1
+    assert all(scenario.memory.fits for _, _, scenario in runs)
