@@ -62,7 +62,7 @@ def _cmd_place(args) -> int:
                           args.max_batch_tokens, reserve)
     else:
         placement = smallest_fitting(model, hardware, args.memory_utilization, 128, args.max_batch_tokens,
-                                     reserve, args.tp, args.pp)
+                                     reserve, args.tp, args.pp, min_kv_tokens=args.room_for)
     if placement is None or not placement.fits:
         print(f"{model.name} ({model.weight_dtype}) does not fit on {hardware.name} with this parallelism")
         return 1
@@ -135,7 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
     placed.add_argument("--memory-utilization", type=float, default=0.9)
     placed.add_argument("--max-batch-tokens", type=int, default=8192)
     placed.add_argument("--runtime-reserve-gb", type=float, default=2 ** 30 / 1e9)
-    placed.add_argument("--context", type=int, nargs="+", default=[2048, 8192, 32768])
+    placed.add_argument("--context", type=int, nargs="+", default=[2048, 8192, 32768],
+                        help="context lengths to report concurrency for")
+    placed.add_argument("--room-for", type=int, default=1,
+                        help="when searching, require KV room for at least this many tokens")
     placed.set_defaults(func=_cmd_place)
     sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
     sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)

@@ -92,8 +92,10 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
 
 def smallest_fitting(model: ModelSpec, hardware: HardwareProfile, memory_utilization: float, block_size: int,
                      max_batch_tokens: int, runtime_reserve_bytes: float, tensor_parallel: int | None = None,
-                     pipeline_parallel: int | None = None, kv_spill: bool = False) -> Placement | None:
-    """The fewest devices (fixing tp or pp where given) whose primary tier holds the weights.
+                     pipeline_parallel: int | None = None, kv_spill: bool = False,
+                     min_kv_tokens: int = 1) -> Placement | None:
+    """The fewest devices (fixing tp or pp where given) whose primary tier holds the weights
+    and a KV cache of at least ``min_kv_tokens`` tokens (one longest request, say).
 
     Tensor parallelism must divide the attention heads and pipeline stages cannot
     outnumber the layers; among equal device counts the smaller tp is preferred
@@ -106,6 +108,6 @@ def smallest_fitting(model: ModelSpec, hardware: HardwareProfile, memory_utiliza
     for _, tp, pp in options:
         candidate = place(model, hardware, tp, pp, memory_utilization, block_size, max_batch_tokens,
                           runtime_reserve_bytes, kv_spill)
-        if candidate.fits and not candidate.weight_streaming:
+        if candidate.fits and not candidate.weight_streaming and candidate.kv_capacity_tokens >= min_kv_tokens:
             return candidate
     return None

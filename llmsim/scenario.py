@@ -172,10 +172,13 @@ def _parallel(node: Node, key: str) -> int | None:
 def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, router) -> Deployment:
     if tp is not None and pp is not None:
         return Deployment(replicas, tp, pp, router)
+    longest = engine.max_model_len or model.max_context
     fitting = smallest_fitting(model, hardware, engine.memory_utilization, engine.block_size,
-                               engine.max_batch_tokens, engine.runtime_reserve_bytes, tp, pp, engine.kv_spill)
+                               engine.max_batch_tokens, engine.runtime_reserve_bytes, tp, pp, engine.kv_spill,
+                               min_kv_tokens=longest)
     if fitting is None:
-        raise root.error(f"{model.name} does not fit in the {hardware.memory_name} of any number of "
+        raise root.error(f"{model.name} does not fit, with KV room for one {longest:,}-token request "
+                         f"(engine.max_model_len), in the {hardware.memory_name} of any number of "
                          f"{hardware.name} devices with this parallelism",
                          key="deployment", value={"tensor_parallel": tp or "auto", "pipeline_parallel": pp or "auto"},
                          allowed="auto for both, a smaller weight_dtype, or a larger device")

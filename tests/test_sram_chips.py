@@ -175,3 +175,13 @@ def test_shipped_comparisons_validate(path):
         # Every variant at one load sees the same traffic (common random numbers).
         assert len({(s.workload, s.seed) for _, label, s in runs if label == load}) == 1
     assert all(scenario.memory.fits for _, _, scenario in runs)
+
+
+def test_auto_placement_leaves_room_for_the_longest_request():
+    def chips(max_model_len):
+        scenario = make_scenario({**CS3_70B, "engine": {"runtime_reserve": "0 GB", "max_model_len": max_model_len}})
+        assert scenario.memory.kv_capacity_tokens >= max_model_len
+        return scenario.deployment.devices_per_replica
+
+    # 4 wafers hold the weights with 26,880 tokens of KV; a 32k-token request needs a fifth.
+    assert chips(8192) == 4 and chips(32768) == 5
