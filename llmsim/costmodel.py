@@ -32,10 +32,13 @@ class CostModel:
         self.tp, self.pp = tensor_parallel, pipeline_parallel
         self.num_devices = tensor_parallel * pipeline_parallel
         coeffs = model.work_coefficients(tensor_parallel)
-        layers = model.num_layers
-        # Stack layer operators (run num_layers times) and model operators (once).
+        # Stack layer operators (run once per layer) and model operators (once). The work is that
+        # of every layer; the time is paced by the slowest of pp stages, ceil(layers / pp) layers,
+        # since a micro-batch comes round again only after it has served all pp of them.
         self.op_names = tuple(f"layer.{op}" for op in LAYER_OPS) + MODEL_OPS
-        repeat = np.array([layers] * len(LAYER_OPS) + [1] * len(MODEL_OPS), dtype=float)[:, None]
+        paced_layers = pipeline_parallel * -(-model.num_layers // pipeline_parallel)
+        repeat = np.array([model.num_layers] * len(LAYER_OPS) + [1] * len(MODEL_OPS), dtype=float)[:, None]
+        pace = np.array([paced_layers / model.num_layers] * len(LAYER_OPS) + [1] * len(MODEL_OPS))[:, None]
         self.placement = placement
         tiers = hardware.tiers
         weight_tier = placement.weight_tier if placement else tiers[0]
@@ -50,7 +53,7 @@ class CostModel:
         self.bytes_matrix = sum(np.vstack([coeffs.layer_bytes[kind], coeffs.model_bytes[kind]])
                                 for kind in BYTE_KINDS) * repeat
         memory_time = sum(np.vstack([coeffs.layer_bytes[kind], coeffs.model_bytes[kind]]) * seconds_per_byte[kind]
-                          for kind in BYTE_KINDS) * repeat
+                          for kind in BYTE_KINDS) * repeat * pace
         gemm_peak = hardware.peak_for(model.weight_dtype) * hardware.compute_efficiency
         attention_peak = hardware.peak_for("bf16") * hardware.attention_efficiency
         self.seconds_per_flop = np.array(
@@ -61,7 +64,8 @@ class CostModel:
         # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
         self._n_ops = len(self.op_names)
         self._memory_time = memory_time
-        self._stacked = np.vstack([self.flops_matrix * self.seconds_per_flop[:, None],
+        self._compute_time = self.flops_matrix * self.seconds_per_flop[:, None] * pace
+        self._stacked = np.vstack([self._compute_time,
                                    memory_time,
                                    self.fixed_vector,
                                    self.flops_matrix.sum(axis=0) * self.tp,
@@ -114,7 +118,7 @@ class CostModel:
         """Per-operator FLOPs, bytes, time and bound for one batch (all layers, one shard)."""
         x = np.asarray(x, dtype=float)
         flops, moved = self.flops_matrix @ x, self.bytes_matrix @ x
-        compute_s, memory_s = flops * self.seconds_per_flop, self._memory_time @ x
+        compute_s, memory_s = self._compute_time @ x, self._memory_time @ x
         rows = pd.DataFrame({"operator": self.op_names, "flops": flops, "bytes": moved,
                              "compute_s": compute_s, "memory_s": memory_s,
                              "time_s": np.maximum(compute_s, memory_s),

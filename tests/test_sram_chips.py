@@ -185,3 +185,18 @@ def test_auto_placement_leaves_room_for_the_longest_request():
 
     # 4 wafers hold the weights with 26,880 tokens of KV; a 32k-token request needs a fifth.
     assert chips(8192) == 4 and chips(32768) == 5
+
+
+def test_uneven_stages_are_paced_by_the_slowest():
+    model = MODELS["Llama-3.1-70B"]             # 80 layers over 3 stages: 27 + 27 + 26
+    h100 = lookup_hardware("H100-SXM")
+    flat, three = CostModel(model, h100, 1, 1), CostModel(model, h100, 1, 3)
+    x = flat.features([], [], [1000] * 16)
+    # The same work (FLOPs and bytes of 80 layers) ...
+    assert three.iteration(x)[1:] == pytest.approx(flat.iteration(x)[1:])
+    # ... but a micro-batch comes round every 3 x 27 layer-times, plus two hops.
+    ops = flat.breakdown(x).set_index("operator")["time_s"]
+    layer_time = ops[ops.index.str.startswith("layer.")].sum()
+    once = ops[["embedding", "lm_head"]].sum()
+    assert three.step_time(x) == pytest.approx(layer_time * 81 / 80 + once + float(three.fixed_vector @ x),
+                                               rel=1e-12)
