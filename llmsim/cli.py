@@ -140,6 +140,8 @@ def build_parser() -> argparse.ArgumentParser:
     placed.add_argument("--room-for", type=int, default=1,
                         help="when searching, require KV room for at least this many tokens")
     placed.set_defaults(func=_cmd_place)
+    from .calibrate import add_subcommands   # torch itself is imported only when a calibration runs
+    add_subcommands(sub)
     sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
     sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
     return parser

@@ -1,0 +1,159 @@
+"""llmsim calibrate / validate: a quick calibration on this machine's CPU, end to end.
+
+The measuring tests need torch (``pip install -e ".[calibrate]"``) and are skipped
+without it; the rest check the shipped calibrated profile, the held-out grids and
+that the simulator itself never imports torch.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from llmsim import CostModel, load_profile
+from llmsim.calibrate import add_subcommands, calibrate, validate
+from llmsim.calibration.fit import uncalibrated
+from llmsim.calibration.plan import PLANS, model_spec, shared_values
+from llmsim.calibration.plot import scatter
+from llmsim.calibration.profile_yaml import transfer_document, write_document
+from llmsim.errors import ConfigError
+from llmsim.hardware import PROFILE_DIR
+
+SHIPPED = PROFILE_DIR / "cpu-calibrated.yaml"
+TARGET = PROFILE_DIR / "h100-sxm.yaml"
+# A median of n samples of a normal spread has standard error sqrt(pi/2) sigma / sqrt(n), and an
+# interquartile range is 1.349 sigma: so SE(median) / median = MEDIAN_SE_PER_IQR * (IQR / median) / sqrt(n).
+MEDIAN_SE_PER_IQR = math.sqrt(math.pi / 2) / 1.349
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """A quick bf16 calibration of this CPU, written and loaded back: (document, profile)."""
+    pytest.importorskip("torch")
+    path = tmp_path_factory.mktemp("calibration") / "cpu-quick.yaml"
+    document = calibrate("cpu", "cpu-quick", quick=True, dtypes=("bf16",))
+    write_document(document, path)
+    return document, load_profile(path)
+
+
+def _predicted_s(rows, profile) -> np.ndarray:
+    """Decode-step time of each recorded shape, from a CostModel of the loaded profile."""
+    return np.array([CostModel(model_spec(r["hidden"], r["layers"], r["dtype"]), profile)
+                     .decode_time(batch=r["batch"], context=r["context"]) for r in rows])
+
+
+def _mape(rows, profile) -> float:
+    measured = np.array([r["median_s"] for r in rows])
+    return float(np.mean(np.abs(_predicted_s(rows, profile) / measured - 1)))
+
+
+def test_the_simulator_never_imports_torch():
+    code = "import llmsim, sys; llmsim.simulate; import llmsim.calibrate; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_held_out_grids_share_no_value_with_any_fit_grid():
+    for (kind, _), plan in PLANS.items():
+        assert not shared_values(plan.holdout, [p.fit for (k, _), p in PLANS.items() if k == kind])
+        assert plan.holdout.shapes(("bf16",)), f"{kind} {plan.name}: empty held-out grid"
+
+
+def test_quick_profile_loads_with_measured_efficiencies(quick):
+    document, profile = quick
+    for value in (profile.compute_efficiency, profile.attention_efficiency, profile.memory_efficiency):
+        assert 0.0 < value <= 1.0
+    assert profile.kv_read_penalty >= 1.0
+    assert profile.per_step_overhead_s >= 0.0 and profile.per_layer_overhead_s >= 0.0
+    for key in ("efficiency.compute", "efficiency.attention", "efficiency.memory_bandwidth",
+                "efficiency.kv_read_penalty", "overhead.per_step", "overhead.per_layer", "peak_flops.bf16",
+                "memory_bandwidth"):
+        assert profile.figures[key].confidence == "measured"
+        assert "llmsim calibrate" in profile.figures[key].source
+    assert profile.calibration["torch_version"] in profile.figures["efficiency.compute"].source
+
+
+def test_quick_profile_predicts_the_held_out_steps_within_the_noise(quick):
+    """The held-out steps lie inside the fitted ranges of every axis, so the fitted model should
+    miss them by about what it misses the fitted steps by, plus the noise of both medians: three
+    standard errors of the difference of two medians. They were measured in the calibration's own
+    session, so the machine's drift between sessions plays no part."""
+    _, profile = quick
+    record = profile.calibration
+    held_out = record["held_out_same_session"]["measurements"]
+    noise = MEDIAN_SE_PER_IQR * record["noise"]["median_relative_iqr"] / math.sqrt(record["rounds"])
+    tolerance = _mape(record["measurements"], profile) + 3 * math.sqrt(2) * noise
+    assert _mape(held_out, profile) <= tolerance
+    assert _mape(held_out, profile) < _mape(held_out, uncalibrated(profile))
+
+
+def test_validate_measures_fresh_held_out_steps_and_plots(quick, tmp_path):
+    _, profile = quick
+    report = validate(profile, quick=True)
+    fitted = {(m["hidden"], m["batch"], m["context"]) for m in profile.calibration["measurements"]}
+    assert not fitted & {(s.hidden, s.batch, s.context) for s in report["shapes"]}
+    calibrated = np.mean(np.abs(report["calibrated_s"] / report["measured_s"] - 1))
+    roofline = np.mean(np.abs(report["roofline_s"] / report["measured_s"] - 1))
+    assert calibrated < roofline
+    assert scatter(report, tmp_path / "validate.png").stat().st_size > 0
+
+
+def test_transfer_keeps_the_target_peaks_and_takes_the_calibrated_efficiencies(quick, tmp_path):
+    document, profile = quick
+    target = load_profile(TARGET)
+    path = tmp_path / "h100-transfer.yaml"
+    write_document(transfer_document(document, yaml.safe_load(TARGET.read_text()), "cpu-quick"), path)
+    moved = load_profile(path)
+    assert moved.peak_flops_per_s == target.peak_flops_per_s
+    assert moved.memory_bandwidth_bytes_per_s == target.memory_bandwidth_bytes_per_s
+    assert moved.per_step_overhead_s == target.per_step_overhead_s
+    for attribute, key in (("compute_efficiency", "compute"), ("attention_efficiency", "attention"),
+                           ("memory_efficiency", "memory_bandwidth"), ("kv_read_penalty", "kv_read_penalty")):
+        assert getattr(moved, attribute) == pytest.approx(getattr(profile, attribute), rel=1e-3)
+        figure = moved.figures[f"efficiency.{key}"]
+        assert figure.confidence == "assumption" and figure.source.startswith("assumption: transferred")
+
+
+def test_the_shipped_cpu_profile_is_a_full_calibration_that_explains_its_record():
+    profile = load_profile(SHIPPED)
+    record = profile.calibration
+    assert record["tool"] == "llmsim calibrate" and record["plan"] == "full"
+    for value in (profile.compute_efficiency, profile.attention_efficiency, profile.memory_efficiency):
+        assert 0.0 < value <= 1.0
+    assert profile.kv_read_penalty >= 1.0
+    for figure in profile.figures.values():
+        assert figure.source.strip()
+        if figure.confidence == "assumption":
+            assert figure.source.startswith("assumption")
+    # The recorded errors are those of this profile's own CostModel on the recorded medians.
+    assert _mape(record["measurements"], profile) == pytest.approx(record["fit"]["mape"], abs=0.005)
+    held_out = record["held_out_same_session"]
+    assert _mape(held_out["measurements"], profile) == pytest.approx(held_out["mape"], abs=0.005)
+
+
+def test_the_shipped_cpu_profile_transfers_to_a_datasheet_profile(tmp_path):
+    calibrated = yaml.safe_load(SHIPPED.read_text())
+    path = tmp_path / "h100-cpu-transfer.yaml"
+    moved = write_document(transfer_document(calibrated, yaml.safe_load(TARGET.read_text()), "cpu-calibrated"), path)
+    assert moved.peak_flops_per_s == load_profile(TARGET).peak_flops_per_s
+    assert moved.compute_efficiency == calibrated["efficiency"]["compute"]["value"]
+
+
+def _run(*argv) -> int:
+    parser = argparse.ArgumentParser(prog="llmsim")
+    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    return args.func(args)
+
+
+def test_bad_calibrate_and_validate_arguments_are_configuration_errors():
+    with pytest.raises(ConfigError, match="--from only goes with --transfer-to"):
+        _run("calibrate", "--from", str(SHIPPED))
+    with pytest.raises(ConfigError, match="no calibration record"):
+        _run("validate", str(TARGET))
+    with pytest.raises(ConfigError, match="was calibrated on cpu"):
+        _run("validate", str(SHIPPED), "--device", "cuda")
