@@ -101,7 +101,7 @@ def calibrate(device_kind: str, name: str, quick: bool = False, threads: int = D
               dtypes: tuple[str, ...] | None = None, seed: int = 0, plan=None) -> dict:
     """Measure, fit and return the profile document (see profile_yaml.profile_document).
 
-    ``plan`` overrides the device's quick or full plan (tests use a tiny one).
+    ``plan`` overrides the device's quick or full plan (a custom grid).
     """
     _require_torch()
     from .calibration import bench, fit, measure
@@ -124,7 +124,9 @@ def calibrate(device_kind: str, name: str, quick: bool = False, threads: int = D
 
 
 def _roofline_profile(name: str, device, roofline: dict) -> HardwareProfile:
-    """The bare roofline of the measured peaks (efficiencies 1, no overheads): the fit's base."""
+    """The bare roofline of the measured peaks (efficiencies 1, no overheads): the fit's base.
+
+    TDP and price do not enter a step's time; the written profile takes them from profile_yaml."""
     return HardwareProfile(
         name=name, description=device.name, peak_flops_per_s=dict(roofline["gemm_flops_per_s"]),
         memory_capacity_bytes=device.memory_capacity_bytes,
