@@ -90,10 +90,6 @@ class Replica:
         env.process(self.run())
 
     # -- outside world ------------------------------------------------------------------------
-    @property
-    def idle(self) -> bool:
-        return self._wakeup is not None
-
     def notify(self) -> None:
         """New work may be waiting: wake the engine if it is idle."""
         if self._wakeup is not None and not self._wakeup.triggered:

@@ -51,13 +51,6 @@ class LengthDistribution:
         values = np.rint(values).astype(np.int64)
         return np.clip(values, self.minimum, self.maximum if self.maximum is not None else None)
 
-    @property
-    def expected(self) -> float:
-        """Mean before clipping (used to size things, not for results)."""
-        return {"fixed": self.value, "uniform": (self.low + self.high) / 2, "lognormal": self.mean,
-                "exponential": self.mean}.get(self.distribution,
-                                              float(np.mean(self.samples)) if self.samples else 0.0)
-
 
 @dataclass(frozen=True)
 class ArrivalProcess:
@@ -100,7 +93,7 @@ def generate_trace(workload: Workload, seed: int) -> Trace:
     arrival = workload.arrival
     if workload.num_requests is not None:
         n = workload.num_requests
-        times = _unit_rate_arrivals(arrival, arrivals_rng, n) / arrival.rate_per_s
+        times = np.cumsum(_unit_rate_gaps(arrival, arrivals_rng, n)) / arrival.rate_per_s
     else:
         # Draw in blocks until the duration is covered; the prefix does not depend on the block size.
         expected = workload.duration_s * arrival.rate_per_s
@@ -123,10 +116,6 @@ def _unit_rate_gaps(arrival: ArrivalProcess, rng: np.random.Generator, n: int) -
         shape = 1.0 / arrival.cv ** 2
         return rng.standard_gamma(shape, n) / shape
     return np.ones(n)
-
-
-def _unit_rate_arrivals(arrival, rng, n):
-    return np.cumsum(_unit_rate_gaps(arrival, rng, n))
 
 
 def _cut(trace: Trace, num_requests, duration_s) -> Trace:
