@@ -20,6 +20,9 @@ def _cmd_run(args) -> int:
     scenario = load_scenario(args.scenario, seed=args.seed)
     result = simulate(scenario)
     summary = result.summary()
+    if scenario.speculating and not args.no_baseline and not result.interrupted:
+        from .simulation import speedup_over_plain
+        summary["speculation"]["speedup_over_plain"] = speedup_over_plain(result)
     print(format_summary(summary))
     out = Path(args.out) if args.out else Path("runs") / scenario.name
     out.mkdir(parents=True, exist_ok=True)
@@ -120,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, help="override the scenario's seed")
     run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
     run.add_argument("--plot", action="store_true", help="also draw timeline.png (queue, batch, KV, latency)")
+    run.add_argument("--no-baseline", action="store_true",
+                     help="with speculation: skip the plain-decoding run on the same trace (no speedup figures)")
     run.set_defaults(func=_cmd_run)
     comp = sub.add_parser("compare", help="simulate the variants of a comparison file side by side")
     comp.add_argument("comparison", help="comparison YAML (base, variants, loads)")

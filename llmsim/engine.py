@@ -42,7 +42,10 @@ from .request import InterTokenGaps, Request, WaitingQueue
 from .scenario import EngineConfig
 
 LOG_COLUMNS = ("start_s", "duration_s", "decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out",
-               "flops", "bytes", "kv_used_blocks", "running", "queued")
+               "flops", "bytes", "kv_used_blocks", "running", "queued",
+               # speculative decoding (zero without it): sequences that speculated, draft tokens
+               # proposed, draft tokens accepted, and the part of duration_s spent drafting
+               "spec_seqs", "draft_tokens", "accepted_tokens", "draft_s")
 
 
 class Replica:
@@ -111,7 +114,7 @@ class Replica:
                 plan = self._schedule()
                 worked = plan is not None
                 if worked:
-                    chunks, n, duration = plan
+                    chunks, decoding, duration = plan
                     end = now + duration
                     # The iteration ends before any other event in the simulation (an arrival,
                     # another replica's step, the horizon): nothing can observe it, so run it
@@ -119,7 +122,7 @@ class Replica:
                     if end >= env.peek():
                         yield env.timeout(end - env.now)
                     self.now = end
-                    self._apply(chunks, n)
+                    self._apply(chunks, decoding)
             if not worked:
                 self._wakeup = env.event()
                 yield self._wakeup
@@ -146,14 +149,12 @@ class Replica:
 
     # -- continuous batching ------------------------------------------------------------------
     def _schedule(self):
-        """Pick and price the next iteration: (chunks, decode sequences, duration), or None if idle."""
-        cfg, kv, now = self.config, self.kv, self.now
+        """Pick and price the next iteration: (chunks, decoding?, duration), or None if idle."""
+        cfg, now = self.config, self.now
         chunks: list[tuple[Request, int]] = []
         # (The membership tests skip calls that would find nothing to do: this is the hot loop.)
         if cfg.chunked_prefill:
-            if self.step in self._block_due:
-                self._reserve_decode_blocks(now)
-            budget = cfg.max_batch_tokens - self.n_decode
+            budget = cfg.max_batch_tokens - self._prepare_decode(now)
             if self.prefilling:
                 budget = self._schedule_prefills(budget, chunks)
             if self.queue:
@@ -164,12 +165,21 @@ class Replica:
             if self.queue:
                 self._admit(now, cfg.max_batch_tokens, chunks)
             decoding = not chunks
-            if decoding and self.step in self._block_due:
-                self._reserve_decode_blocks(now)
-        n = self.n_decode if decoding else 0
-        if n == 0 and not chunks:
+            if decoding:
+                self._prepare_decode(now)
+        decoding = decoding and self.n_decode > 0      # admission may have preempted decoders
+        if not decoding and not chunks:
             return None
+        return chunks, decoding, self._price(chunks, decoding)
 
+    def _prepare_decode(self, now: float) -> int:
+        """Make room for this step's decode tokens; returns how many tokens they are."""
+        if self.step in self._block_due:
+            self._reserve_decode_blocks(now)
+        return self.n_decode
+
+    def _prefill_sums(self, chunks) -> tuple[float, float, float, int]:
+        """Prefill chunks as cost features: (tokens, attention pairs, KV read, prompts completed)."""
         pre_tokens = pairs = pre_kv = 0.0
         logits = 0
         window = self._window
@@ -179,7 +189,14 @@ class Replica:
             pairs += chunk * seen + chunk * (chunk + 1) / 2
             pre_kv += seen + chunk
             logits += request.prefilled + chunk == request.prefill_target
+        return pre_tokens, pairs, pre_kv, logits
+
+    def _price(self, chunks, decoding: bool) -> float:
+        """Cost one iteration (prefill chunks plus, if ``decoding``, a token per decoder) and log it."""
+        n = self.n_decode if decoding else 0
+        pre_tokens, pairs, pre_kv, logits = self._prefill_sums(chunks)
         # Each decoding sequence reads its whole context plus the new token (capped by the window).
+        window = self._window
         decode_kv = (self._offset_sum + self._growing * (self.step + 1)
                      + (n - self._growing) * (window or 0)) if n else 0
         tokens = pre_tokens + n
@@ -187,9 +204,9 @@ class Replica:
         x[1:] = (tokens, pre_tokens, pairs, pre_kv, n, decode_kv,
                  self._experts_touched(tokens) if self._moe else 1.0, n + logits)
         duration, flops, moved = self.cost.iteration(x)
-        self.log.append((now, duration, n, len(chunks), pre_tokens, n + logits, flops, moved,
-                         kv.used_blocks, len(self.running), len(self.queue)))
-        return chunks, n, duration
+        self.log.append((self.now, duration, n, len(chunks), pre_tokens, n + logits, flops, moved,
+                         self.kv.used_blocks, len(self.running), len(self.queue), 0, 0, 0, 0.0))
+        return duration
 
     def _reserve_decode_blocks(self, now: float) -> None:
         """Give every decoding sequence due a new block this step its block, preempting if they run out."""
@@ -270,8 +287,15 @@ class Replica:
             budget -= chunk
 
     # -- applying an iteration's results ---------------------------------------------------------
-    def _apply(self, chunks, n: int) -> None:
+    def _apply(self, chunks, decoding: bool) -> None:
         now = self.now
+        if decoding:
+            self._advance_decodes(now)
+        self._complete_chunks(chunks, now)
+
+    def _advance_decodes(self, now: float) -> None:
+        """One token for every decoding sequence: finish those due, saturate sliding windows."""
+        n = self.n_decode
         if n:
             step = self.step
             if step >= len(self._step_end_s):
@@ -296,6 +320,9 @@ class Replica:
                         request.growing = False
                         self._growing -= 1
                         self._offset_sum -= request.context_start - request.decode_start
+
+    def _complete_chunks(self, chunks, now: float) -> None:
+        """Prefill chunks done: a prompt that is complete gives its first token and starts decoding."""
         for request, chunk in chunks:
             request.prefilled += chunk
             if request.prefilled < request.prefill_target:
@@ -412,7 +439,7 @@ class Replica:
         self.log.extend(zip((ends - durations).tolist(), durations.tolist(), [0] + [size] * (count - 1),
                             [size] + [0] * (count - 1), [size * longest_prompt] + [0] * (count - 1),
                             useful.tolist(), flops.tolist(), moved.tolist(), [kv.used_blocks] * count,
-                            [size] * count, [len(queue)] * count))
+                            [size] * count, [len(queue)] * count, *([[0] * count] * 3), [0.0] * count))
         # Decode step j gives a token, after a gap of its duration, to every request still generating.
         self.gaps.add(ends[1:], durations[1:], useful[1:])
         gap_max = np.maximum.accumulate(np.concatenate([[0.0], durations[1:]]))

@@ -51,7 +51,7 @@ def summarize(result) -> dict:
     finished = steady[steady["status"] == "finished"]
     in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
     replicas = scenario.deployment.replicas
-    devices = replicas * scenario.deployment.devices_per_replica
+    devices = replicas * scenario.devices_per_replica
     hw = scenario.hardware
     peak_flops = hw.peak_for(scenario.model.weight_dtype) * devices
     peak_bw = hw.memory_bandwidth_bytes_per_s * devices
@@ -102,6 +102,7 @@ def summarize(result) -> dict:
                                             weights=weights)) if busy_s else 0.0,
     }
     plan = scenario.memory
+    extra = {"speculation": speculation_summary(scenario, in_window)} if scenario.speculating else {}
     return {
         "scenario": scenario.name,
         "seed": scenario.seed,
@@ -130,6 +131,36 @@ def summarize(result) -> dict:
             "max_length": int(result.queue_length["length"].max()),
             "mean_in_system": result.mean_in_system,
         },
+        **extra,
+    }
+
+
+def speculation_summary(scenario, iterations: pd.DataFrame) -> dict:
+    """Acceptance, draft length and where the time went, over the iterations in the window.
+
+    A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
+    draft's share is of iteration time (on separate devices the draft overlaps the
+    target, so its share is how busy the draft devices were).
+    """
+    spec = scenario.speculation
+    steps = float(iterations["spec_seqs"].sum())
+    proposed = float(iterations["draft_tokens"].sum())
+    accepted = float(iterations["accepted_tokens"].sum())
+    decode_steps = float(iterations["decode_seqs"].sum())
+    busy = float(iterations["duration_s"].sum())
+    draft_share = float(iterations["draft_s"].sum()) / busy if busy else math.nan
+    ratio = (lambda a, b: a / b if b else math.nan)
+    return {
+        "draft": spec.draft.name if spec.draft is not None else "ngram",
+        "placement": spec.placement,
+        "policy": spec.policy.policy,
+        "acceptance_rate": ratio(accepted, proposed),
+        "mean_accepted_tokens": ratio(accepted, steps),
+        "tokens_per_verify_step": ratio(accepted + steps, steps),
+        "mean_k": ratio(proposed, steps),
+        "speculating_fraction": ratio(steps, decode_steps),
+        "draft_time_share": draft_share,
+        "verify_time_share": 1.0 - draft_share if spec.placement == "colocated" else math.nan,
     }
 
 

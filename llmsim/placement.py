@@ -58,13 +58,19 @@ class Placement:
 
 def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pipeline_parallel: int,
           memory_utilization: float, block_size: int, max_batch_tokens: int,
-          runtime_reserve_bytes: float, kv_spill: bool = False) -> Placement:
+          runtime_reserve_bytes: float, kv_spill: bool = False, draft: ModelSpec | None = None,
+          draft_tensor_parallel: int = 1) -> Placement:
     """Place weights, activations and KV cache on ``tp x pp`` devices of ``hardware``.
 
     The activation reserve is the peak working set of one iteration of
     ``max_batch_tokens`` tokens (hidden states, QKV, MLP intermediates) plus a fixed
     runtime reserve (CUDA context, communication buffers), the way vLLM profiles
     memory before sizing its KV cache.
+
+    A speculative ``draft`` model colocated on the same devices (sharded over
+    ``draft_tensor_parallel`` of them) adds its weights, and its own KV cache for every
+    token the target holds: a KV block then stands for the same tokens in both models.
+    The device holding the first draft shard is the fullest, so its room sizes the cache.
     """
     devices = tensor_parallel * pipeline_parallel
     tiers = hardware.tiers
@@ -83,6 +89,10 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
     kv_heads_per_shard = max(model.num_kv_heads / tensor_parallel, 1.0)
     layers_per_stage = math.ceil(model.num_layers / pipeline_parallel)
     kv_per_token = layers_per_stage * 2 * kv_heads_per_shard * model.head_dim * model.kv_bytes_per_element
+    if draft is not None:
+        weights += draft.weight_bytes / draft_tensor_parallel
+        draft_heads = max(draft.num_kv_heads / draft_tensor_parallel, 1.0)
+        kv_per_token += draft.num_layers * 2 * draft_heads * draft.head_dim * draft.kv_bytes_per_element
     fits = weights <= usable[weight_index] - (activations if weight_index == 0 else 0.0)
     num_blocks = int(kv_bytes // (kv_per_token * block_size)) if fits else 0
     return Placement(tensor_parallel, pipeline_parallel, tiers[weight_index], weight_index, tiers[kv_index],
@@ -93,21 +103,28 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
 def smallest_fitting(model: ModelSpec, hardware: HardwareProfile, memory_utilization: float, block_size: int,
                      max_batch_tokens: int, runtime_reserve_bytes: float, tensor_parallel: int | None = None,
                      pipeline_parallel: int | None = None, kv_spill: bool = False,
-                     min_kv_tokens: int = 1) -> Placement | None:
+                     min_kv_tokens: int = 1, draft: ModelSpec | None = None,
+                     draft_tensor_parallel: int | None = None) -> Placement | None:
     """The fewest devices (fixing tp or pp where given) whose primary tier holds the weights
     and a KV cache of at least ``min_kv_tokens`` tokens (one longest request, say).
 
     Tensor parallelism must divide the attention heads and pipeline stages cannot
     outnumber the layers; among equal device counts the smaller tp is preferred
-    (fewer all-reduces). None when nothing fits.
+    (fewer all-reduces). A colocated ``draft`` counts too (sharded like the target, or over
+    ``draft_tensor_parallel`` devices where given and not more than tp). None when nothing fits.
     """
     tps = [tensor_parallel] if tensor_parallel else [t for t in range(1, model.num_heads + 1)
                                                       if model.num_heads % t == 0]
     pps = [pipeline_parallel] if pipeline_parallel else range(1, model.num_layers + 1)
     options = sorted((tp * pp, tp, pp) for tp in tps for pp in pps)
     for _, tp, pp in options:
+        draft_tp = 1
+        if draft is not None:
+            draft_tp = min(draft_tensor_parallel or tp, tp)
+            if draft.num_heads % draft_tp:
+                continue
         candidate = place(model, hardware, tp, pp, memory_utilization, block_size, max_batch_tokens,
-                          runtime_reserve_bytes, kv_spill)
+                          runtime_reserve_bytes, kv_spill, draft, draft_tp)
         if candidate.fits and not candidate.weight_streaming and candidate.kv_capacity_tokens >= min_kv_tokens:
             return candidate
     return None

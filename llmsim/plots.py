@@ -42,7 +42,7 @@ def timeline(result, path: str | Path) -> Path:
     axes[3].set_xlabel("simulated time (s); grey: warm-up, excluded from the summary")
     axes[3].legend(loc="upper right", fontsize=7, markerscale=4)
     axes[0].set_title(f"{scenario.name}: {scenario.model.name} on "
-                      f"{scenario.deployment.replicas * scenario.deployment.devices_per_replica} x "
+                      f"{scenario.deployment.replicas * scenario.devices_per_replica} x "
                       f"{scenario.hardware.name} ({scenario.engine.batching} batching)")
     axes[0].set_xlim(0, max(result.end_s, stop))
     path = Path(path)

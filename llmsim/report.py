@@ -57,6 +57,8 @@ def format_summary(summary: dict) -> str:
     lines.append(f"cost       {_num(eco['usd_per_hour'], 2)} USD/h   {_num(eco['usd_per_million_output_tokens'], 2)}"
                  f" USD per million output tokens   {_num(eco['kwh_per_million_output_tokens_at_tdp'], 2)}"
                  f" kWh per million output tokens (at TDP)")
+    if "speculation" in summary:
+        lines.append(_speculation_line(summary["speculation"]))
     lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}, weights in"
                  f" {mem['weights_in']}, KV cache in {mem['kv_cache_in']}")
     lines.append(f"memory     weights {_num(mem['weights_per_device_gb'])} GB/device,"
@@ -64,3 +66,16 @@ def format_summary(summary: dict) -> str:
                  f" = {mem['kv_capacity_tokens_per_replica']:,} tokens/replica;"
                  f" queue mean {_num(summary['queue']['mean_length'], 2)} max {summary['queue']['max_length']}")
     return "\n".join(lines)
+
+
+def _speculation_line(spec: dict) -> str:
+    line = (f"speculate  {spec['draft']} ({spec['placement']}), {spec['policy']} k: mean k {_num(spec['mean_k'], 2)},"
+            f" acceptance {_num(100 * spec['acceptance_rate'])}%, {_num(spec['tokens_per_verify_step'], 2)} tokens"
+            f" per verify step, {_num(100 * spec['speculating_fraction'])}% of decode steps speculative,"
+            f" draft {_num(100 * spec['draft_time_share'])}% of time")
+    speedup = spec.get("speedup_over_plain")
+    if speedup:
+        line += (f"\n           vs plain decoding on the same trace: TPOT {_num(speedup['tpot_mean'], 2)}x faster,"
+                 f" p50 end-to-end {_num(speedup['e2e_p50'], 2)}x, output tok/s"
+                 f" {_num(speedup['output_tokens_per_s'], 2)}x")
+    return line

@@ -19,7 +19,8 @@ class Request:
     __slots__ = ("id", "arrival_s", "prompt_tokens", "output_tokens", "replica", "status", "reason",
                  "first_scheduled_s", "first_token_s", "finish_s", "last_token_s", "generated",
                  "prefill_target", "prefilled", "blocks", "admit_order", "preemptions", "max_itl_s",
-                 "epoch", "decode_start", "finish_step", "context_start", "growing")
+                 "epoch", "decode_start", "finish_step", "context_start", "growing",
+                 "alpha", "draft_tokens", "accepted_tokens", "slot")
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
         self.id = id
@@ -47,6 +48,12 @@ class Request:
         self.finish_step = -1
         self.context_start = 0
         self.growing = False
+        # Speculative decoding: the request's acceptance rate, draft tokens proposed and accepted,
+        # and its row in the replica's decode arrays (see speculative_engine.DecodeSlots).
+        self.alpha = NAN
+        self.draft_tokens = 0
+        self.accepted_tokens = 0
+        self.slot = -1
 
 
 class TimeAverage:

@@ -13,6 +13,7 @@ from .configio import Node, load_yaml
 from .placement import Placement, place, smallest_fitting
 from .hardware import HardwareProfile, lookup_hardware
 from .models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from .speculative import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from .workload import Workload, workload_from_node
 
 BATCHING = ("continuous", "static")
@@ -78,14 +79,44 @@ class Scenario:
     slo: SLO
     simulation: SimulationConfig
     path: str | None = None
+    speculation: SpeculationConfig | None = None     # None, or a static k of 0: plain decoding
+
+    @property
+    def speculating(self) -> bool:
+        return self.speculation is not None and self.speculation.enabled
 
     @property
     def memory(self) -> Placement:
-        """Where weights and KV cache live on each replica's devices."""
-        return place(self.model, self.hardware, self.deployment.tensor_parallel,
-                     self.deployment.pipeline_parallel, self.engine.memory_utilization,
-                     self.engine.block_size, self.engine.max_batch_tokens,
-                     self.engine.runtime_reserve_bytes, self.engine.kv_spill)
+        """Where weights and KV cache live on each replica's devices.
+
+        A colocated draft shares the devices (weights and its KV per token); a draft on
+        devices of its own caps the replica's KV cache at what those devices hold.
+        """
+        spec = self.speculation if self.speculating else None
+        draft = spec.colocated_draft if spec else None
+        engine = self.engine
+        plan = place(self.model, self.hardware, self.deployment.tensor_parallel,
+                     self.deployment.pipeline_parallel, engine.memory_utilization,
+                     engine.block_size, engine.max_batch_tokens, engine.runtime_reserve_bytes, engine.kv_spill,
+                     draft, spec.draft_tensor_parallel if draft else 1)
+        if spec and spec.extra_devices:
+            draft_plan = self.draft_memory
+            plan = replace(plan, num_blocks=min(plan.num_blocks, draft_plan.num_blocks))
+        return plan
+
+    @property
+    def draft_memory(self) -> Placement:
+        """The draft's own devices (``placement: separate``), holding its weights and KV cache."""
+        spec, engine = self.speculation, self.engine
+        # A draft iteration handles at most one token per running sequence.
+        return place(spec.draft, self.hardware, spec.draft_devices, 1, engine.memory_utilization,
+                     engine.block_size, engine.max_num_seqs, engine.runtime_reserve_bytes)
+
+    @property
+    def devices_per_replica(self) -> int:
+        """Devices one replica occupies, a separately placed draft's included."""
+        extra = self.speculation.extra_devices if self.speculating else 0
+        return self.deployment.devices_per_replica + extra
 
     @property
     def max_model_len(self) -> int:
@@ -146,6 +177,9 @@ def scenario_from_node(root: Node) -> Scenario:
                             f"an integer >= {engine.max_num_seqs}")
     eng.done()
 
+    speculation = None
+    if root.has("speculation"):
+        speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
     slo_node = root.child("slo")
     slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", None) for key in ("ttft", "tpot", "e2e")})
@@ -156,8 +190,11 @@ def scenario_from_node(root: Node) -> Scenario:
                                   horizon_s=sim.quantity("horizon", "duration", None))
     sim.done()
     root.done()
-    deployment = _resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router)
-    scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation)
+    deployment = _resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation)
+    if speculation is not None:
+        speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
+    scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
+                        speculation=speculation)
     _check_fits(scenario, root)
     return scenario
 
@@ -169,13 +206,16 @@ def _parallel(node: Node, key: str) -> int | None:
     return node.number(key, 1, integer=True, minimum=1, exclusive_minimum=False)
 
 
-def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, router) -> Deployment:
+def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, router,
+                         speculation: SpeculationConfig | None) -> Deployment:
     if tp is not None and pp is not None:
         return Deployment(replicas, tp, pp, router)
     longest = engine.max_model_len or model.max_context
+    draft = speculation.colocated_draft if speculation is not None and speculation.enabled else None
     fitting = smallest_fitting(model, hardware, engine.memory_utilization, engine.block_size,
                                engine.max_batch_tokens, engine.runtime_reserve_bytes, tp, pp, engine.kv_spill,
-                               min_kv_tokens=longest)
+                               min_kv_tokens=longest, draft=draft,
+                               draft_tensor_parallel=speculation.draft_tensor_parallel if draft else None)
     if fitting is None:
         raise root.error(f"{model.name} does not fit, with KV room for one {longest:,}-token request "
                          f"(engine.max_model_len), in the {hardware.memory_name} of any number of "
@@ -185,20 +225,29 @@ def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, 
     return Deployment(replicas, fitting.tensor_parallel, fitting.pipeline_parallel, router)
 
 
-def _model(root: Node) -> ModelSpec:
-    """``model:`` is a catalog name, a path to a config.json or a model YAML, or inline fields."""
-    raw = root.raw("model")
+def _model(root: Node, key: str = "model") -> ModelSpec:
+    """A model (``model:``, ``speculation.draft:``) is a catalog name, a path to a config.json or
+    a model YAML, or inline fields."""
+    raw = root.raw(key)
     if isinstance(raw, str) and raw.endswith(".json"):
-        return model_from_config_json(root.path_value("model"))
+        return model_from_config_json(root.path_value(key))
     if isinstance(raw, str) and raw.endswith((".yaml", ".yml")):
-        path = root.path_value("model")
+        path = root.path_value(key)
         return model_from_node(Node(load_yaml(path), file=str(path)))
     if isinstance(raw, str):
-        return lookup_model(raw, model_catalog(), root, "model")
-    return model_from_node(root.child("model"))
+        return lookup_model(raw, model_catalog(), root, key)
+    return model_from_node(root.child(key))
 
 
 def _check_fits(scenario: Scenario, root: Node) -> None:
+    spec = scenario.speculation if scenario.speculating else None
+    if spec and spec.extra_devices and not scenario.draft_memory.fits:
+        draft_plan = scenario.draft_memory
+        raise root.error(f"the draft {spec.draft.name} does not fit on {spec.draft_devices} x "
+                         f"{scenario.hardware.name}: {draft_plan.weights_per_device_bytes / 1e9:.1f} GB of weights "
+                         f"per device, {draft_plan.usable_per_device_bytes / 1e9:.1f} GB usable",
+                         key="speculation.draft_devices", value=spec.draft_devices,
+                         allowed="more draft devices, or a smaller draft weight_dtype")
     plan = scenario.memory
     if plan.fits:
         return
@@ -212,9 +261,12 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
                f"leaving no room for one KV block")
     allowed = "a smaller weight_dtype, or a larger device"
     engine = scenario.engine
+    draft = spec.colocated_draft if spec else None
+    if draft is not None:
+        message += f" (with the colocated draft {draft.name})"
     fitting = smallest_fitting(scenario.model, scenario.hardware, engine.memory_utilization, engine.block_size,
                                engine.max_batch_tokens, engine.runtime_reserve_bytes,
-                               pipeline_parallel=dep.pipeline_parallel, kv_spill=engine.kv_spill)
+                               pipeline_parallel=dep.pipeline_parallel, kv_spill=engine.kv_spill, draft=draft)
     if fitting:
         allowed = (f"tensor_parallel: {fitting.tensor_parallel} (the fewest devices that fit, dividing the heads), "
                    + allowed)

@@ -18,6 +18,8 @@ import simpy
 
 from .costmodel import CostModel
 from .engine import LOG_COLUMNS, Replica
+from .speculative import stream_key
+from .speculative_engine import SpeculativeReplica
 from .kvcache import KVCache
 from .metrics import meets_slo, summarize
 from .request import InterTokenGaps, Request, TimeAverage, WaitingQueue
@@ -153,10 +155,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
     # its queue and KV cache, each iteration taking the full trip through all stages.
     micro_batches = dep.pipeline_parallel
     engine_config = replace(scenario.engine, max_num_seqs=-(-scenario.engine.max_num_seqs // micro_batches))
+    make_engine = _engine_factory(scenario, requests, plan)
     groups = []
     for index in range(dep.replicas):
         kv, queue = KVCache(plan.num_blocks, plan.block_size), shared if shared is not None else WaitingQueue()
-        groups.append([Replica(env, index, cost, kv, queue, engine_config, on_done(index), micro_batch)
+        groups.append([make_engine(env, index, cost, kv, queue, engine_config, on_done(index), micro_batch)
                        for micro_batch in range(micro_batches)])
     replicas = [engine for group in groups for engine in group]
     kv_caches = [group[0].kv for group in groups]
@@ -200,6 +203,51 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
     )
 
 
+def speedup_over_plain(result: SimulationResult) -> dict:
+    """Speculative decoding's gain: the same scenario without it, on the same arrival trace.
+
+    Ratios are plain / speculative for latencies (above 1 = faster) and speculative /
+    plain for throughputs.
+    """
+    scenario = result.scenario
+    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed)).summary()
+    spec = result.summary()
+    ratio = (lambda a, b: a / b if b else float("nan"))
+    return {
+        "tpot_mean": ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),
+        "e2e_p50": ratio(plain["latency"]["e2e_s"]["p50"], spec["latency"]["e2e_s"]["p50"]),
+        "e2e_p95": ratio(plain["latency"]["e2e_s"]["p95"], spec["latency"]["e2e_s"]["p95"]),
+        "ttft_p50": ratio(plain["latency"]["ttft_s"]["p50"], spec["latency"]["ttft_s"]["p50"]),
+        "output_tokens_per_s": ratio(spec["throughput"]["output_tokens_per_s"],
+                                     plain["throughput"]["output_tokens_per_s"]),
+        "goodput_requests_per_s": ratio(spec["slo"]["goodput_requests_per_s"], plain["slo"]["goodput_requests_per_s"]),
+    }
+
+
+def _engine_factory(scenario: Scenario, requests: list[Request], plan):
+    """Plain replicas, or speculative ones with their draft's cost model and acceptance stream.
+
+    Acceptance is keyed by the seed and the request, not by the replica or the run's
+    settings: every configuration sees the same draft successes (common random numbers).
+    """
+    if not scenario.speculating:
+        return Replica
+    spec = scenario.speculation
+    ids = np.fromiter((r.id for r in requests), dtype=np.int64, count=len(requests))
+    for request, alpha in zip(requests, spec.acceptance.request_alphas(stream_key(scenario.seed, 1), ids).tolist()):
+        request.alpha = alpha
+    draft_cost = None
+    if spec.draft is not None:
+        separate = spec.extra_devices > 0
+        draft_cost = CostModel(spec.draft, scenario.hardware, spec.draft_devices if separate
+                               else spec.draft_tensor_parallel, 1, scenario.draft_memory if separate else plan)
+    key = stream_key(scenario.seed, 2)
+
+    def make(env, index, cost, kv, queue, config, on_done, micro_batch):
+        return SpeculativeReplica(env, index, cost, kv, queue, config, on_done, spec, draft_cost, key, micro_batch)
+    return make
+
+
 def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
     yield env.timeout(horizon_s)
     if not stop.triggered:
@@ -213,6 +261,8 @@ RECORD_COLUMNS = {
     "output_tokens": ("output_tokens", np.int64), "generated_tokens": ("generated", np.int64),
     "first_scheduled_s": ("first_scheduled_s", float), "first_token_s": ("first_token_s", float),
     "finish_s": ("finish_s", float), "preemptions": ("preemptions", np.int64), "max_itl_s": ("max_itl_s", float),
+    "alpha": ("alpha", float), "draft_tokens": ("draft_tokens", np.int64),
+    "accepted_tokens": ("accepted_tokens", np.int64),
 }
 
 
@@ -247,7 +297,8 @@ def _iterations(replicas: list[Replica], cost: CostModel, end_s: float) -> pd.Da
         frame.insert(0, "replica", replica.index)
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True)
-    counts = ["decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out", "kv_used_blocks", "running", "queued"]
+    counts = ["decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out", "kv_used_blocks", "running", "queued",
+              "spec_seqs", "draft_tokens", "accepted_tokens"]
     frame[counts] = frame[counts].astype(np.int64)
     frame["end_s"] = frame["start_s"] + frame["duration_s"]
     frame = frame[frame["end_s"] <= end_s].reset_index(drop=True)

@@ -31,7 +31,8 @@ def test_closed_form_context_and_blocks_match_a_recount(monkeypatch, overrides):
         plan = original(self)
         if plan is None:
             return plan
-        chunks, n, _ = plan
+        chunks, decoding, _ = plan
+        n = self.n_decode if decoding else 0
         decoding = [r for r in self.running.values() if r not in self.prefilling and r.decode_start >= 0
                     and r.finish_step > self.step]
         assert len(decoding) == n

@@ -1,0 +1,306 @@
+"""Speculative decoding: the draft, how often its tokens are accepted, and how k is chosen.
+
+A draft (a small model, or an n-gram / prompt-lookup speculator that costs nothing)
+proposes ``k`` tokens per sequence; the target verifies them in one pass over
+``k + 1`` positions, keeps the longest accepted prefix and always adds one token of
+its own (the correction, or a bonus when all ``k`` were accepted). A step thus emits
+between 1 and ``k + 1`` tokens per sequence.
+
+Acceptance is decided token by token with *common random numbers*: whether the draft
+gets output position ``m`` of request ``r`` right is one uniform number
+``U(r, m)`` derived by hashing (seed, r, m). Two configurations that differ in k, in
+the policy or in the hardware therefore see the same draft successes on the same
+tokens, so their difference is the configuration, not the dice. Processes:
+
+- ``bernoulli``: every draft token is accepted with probability ``alpha`` (Leviathan's
+  i.i.d. model, so E[tokens per step] = (1 - alpha^(k+1)) / (1 - alpha));
+- ``beta``: each request draws its own alpha from Beta(a, b) (code is easier to
+  guess than chat), then accepts i.i.d. at that rate;
+- ``positional``: the j-th draft token (j = 0, 1, ...) is accepted with
+  ``alpha * decay^j``, since the draft drifts further from the target the longer it runs;
+- ``replay``: accepted lengths measured at some k (a CSV column) are replayed,
+  truncated to the k in use (the accepted prefix at a smaller k is a prefix of it).
+
+k policies (see :class:`KPolicy`): ``static``; ``adaptive``, the 80/50 rule from
+practice; ``goodput``, which picks each step the k that maximises expected tokens per
+second of the whole batch from the cost model and the estimated acceptance
+(SmartSpec, arXiv 2406.14066).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from .configio import Node
+from .models import ModelSpec
+
+PROCESSES = ("bernoulli", "beta", "positional", "replay")
+POLICIES = ("static", "adaptive", "goodput")
+SCOPES = ("per_request", "per_batch")
+PLACEMENTS = ("colocated", "separate")
+NGRAM = "ngram"
+
+
+# -- theory (Leviathan et al., ICML 2023) -------------------------------------------------------
+def expected_tokens_per_step(alpha, k):
+    """E[tokens emitted by one verify step] under i.i.d. acceptance: (1 - alpha^(k+1)) / (1 - alpha)."""
+    alpha, k = np.asarray(alpha, dtype=float), np.asarray(k, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    return np.where(alpha >= 1.0, k + 1, value)
+
+
+# -- common random numbers -----------------------------------------------------------------------
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser: a bijection of uint64 that scatters nearby inputs."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def hashed_uniforms(key: int, request_ids, positions) -> np.ndarray:
+    """U(key, request, position) in [0, 1): the same arguments give the same number, every time."""
+    ids = np.asarray(request_ids).astype(np.uint64)
+    pos = np.asarray(positions).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = _mix(np.uint64(key) ^ (ids * _GOLDEN))
+        z = _mix(z + pos * _GOLDEN + np.uint64(1))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
+def stream_key(seed: int, purpose: int) -> int:
+    """A 64-bit hashing key for one purpose, derived from the scenario seed."""
+    return int(np.random.SeedSequence([seed, purpose]).generate_state(1, np.uint64)[0])
+
+
+# -- configuration -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Acceptance:
+    """How many of the draft's tokens the target accepts (see the module docstring)."""
+    process: str = "bernoulli"
+    alpha: float = 0.7                  # bernoulli, positional
+    beta_a: float = 0.0                 # beta
+    beta_b: float = 0.0
+    decay: float = 1.0                  # positional
+    samples: tuple[int, ...] = ()       # replay: measured accepted lengths
+    measured_k: int = 0                 # replay: the k they were measured at
+
+    @property
+    def mean_alpha(self) -> float:
+        """The acceptance rate a typical token sees (for estimators' priors and reports)."""
+        if self.process == "beta":
+            return self.beta_a / (self.beta_a + self.beta_b)
+        if self.process == "replay":
+            samples = np.asarray(self.samples, dtype=float)
+            # MLE of a per-token rate from truncated-geometric lengths: accepted / (accepted + rejections).
+            rejections = (samples < self.measured_k).sum()
+            return float(samples.sum() / max(samples.sum() + rejections, 1))
+        return self.alpha
+
+    def request_alphas(self, key: int, request_ids) -> np.ndarray:
+        """Each request's own acceptance rate (the same for all but the ``beta`` process)."""
+        ids = np.asarray(request_ids)
+        if self.process == "beta":
+            return stats.beta.ppf(hashed_uniforms(key, ids, np.zeros_like(ids)), self.beta_a, self.beta_b)
+        return np.full(len(ids), self.mean_alpha)
+
+    def accepted(self, key: int, request_ids: np.ndarray, positions: np.ndarray, alphas: np.ndarray,
+                 k: np.ndarray) -> np.ndarray:
+        """Draft tokens accepted by one verify step of each sequence.
+
+        ``positions`` is each sequence's next output index (its draft token j proposes
+        output ``positions + j``); ``k`` its draft length this step.
+        """
+        if self.process == "replay":
+            u = hashed_uniforms(key, request_ids, positions)
+            samples = np.asarray(self.samples)
+            return np.minimum(samples[(u * len(samples)).astype(np.int64)], k)
+        width = int(k.max()) if len(k) else 0
+        if width == 0:
+            return np.zeros(len(k), dtype=np.int64)
+        j = np.arange(width)
+        u = hashed_uniforms(key, request_ids[:, None], positions[:, None] + j)
+        p = alphas[:, None] * (self.decay ** j if self.process == "positional" else 1.0)
+        ok = (u < p) & (j < k[:, None])
+        return np.cumprod(ok, axis=1).sum(axis=1)
+
+
+@dataclass(frozen=True)
+class KPolicy:
+    """How many tokens to draft.
+
+    ``static``: always ``k``. ``adaptive``: start at ``k``; every ``window`` rounds
+    look at the acceptance (accepted / proposed draft tokens) over them, k += 1 above
+    ``raise_above``, k -= 1 below ``lower_below``, within [1, ``k_max``]; with
+    ``fallback`` a k of 1 that still falls below ``lower_below`` turns speculation off
+    (k = 0) and retries k = 1 after another ``window`` rounds. ``goodput``: each step
+    the k in [0, ``k_max``] with the most expected tokens per second for the batch.
+    ``scope`` says whether adaptive k is kept per request or one for the whole batch
+    (goodput always chooses one k for the batch, as SmartSpec does).
+    """
+    policy: str = "static"
+    k: int = 4
+    k_max: int = 8
+    scope: str = "per_request"
+    window: int = 10
+    raise_above: float = 0.8
+    lower_below: float = 0.5
+    fallback: bool = True
+    prior_alpha: float = 0.7            # goodput: the acceptance assumed before any is observed
+
+
+@dataclass(frozen=True)
+class Eligibility:
+    """When a sequence may speculate; the others decode one token in the same batch."""
+    min_sequence_tokens: int = 32       # speculate only once prompt + output exceeds this
+    min_concurrent_requests: int = 2    # and while at least this many requests are running
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    draft: ModelSpec | None             # None: an n-gram / prompt-lookup speculator (no cost, no memory)
+    placement: str = "colocated"        # draft on the target's devices, or on devices of its own
+    draft_tensor_parallel: int | None = None   # colocated: over how many of the target's devices
+    draft_devices: int = 0              # separate: devices per replica for the draft (its tp)
+    policy: KPolicy = field(default_factory=KPolicy)
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    eligibility: Eligibility = field(default_factory=Eligibility)
+
+    @property
+    def enabled(self) -> bool:
+        """A static k of 0 is plain decoding: no draft is loaded at all."""
+        return self.policy.policy != "static" or self.policy.k > 0
+
+    @property
+    def colocated_draft(self) -> ModelSpec | None:
+        return self.draft if self.draft is not None and self.placement == "colocated" else None
+
+    @property
+    def extra_devices(self) -> int:
+        return self.draft_devices if self.draft is not None and self.placement == "separate" else 0
+
+
+def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_parallel: int | None,
+                          pipeline_parallel: int | None, batching: str) -> SpeculationConfig:
+    """Read ``speculation:``; ``read_model(node, key)`` reads a model the way ``model:`` is read.
+
+    ``tensor_parallel`` and ``pipeline_parallel`` are None when the scenario leaves them to
+    placement (auto); an unset draft tensor parallelism is then resolved with them
+    (:func:`resolve_draft_parallelism`).
+    """
+    draft = None if node.raw("draft") == NGRAM else read_model(node, "draft")
+    if draft is not None and draft.vocab_size != target.vocab_size:
+        raise node.key_error("draft", f"the draft's vocabulary ({draft.vocab_size:,}) differs from the target's "
+                             f"({target.vocab_size:,}); the target cannot verify its tokens", node.raw("draft"),
+                             f"a model with a {target.vocab_size:,}-token vocabulary, or {NGRAM}")
+    count = dict(integer=True, minimum=1, exclusive_minimum=False)
+    placement = node.choice("placement", PLACEMENTS, "colocated")
+    draft_tp = node.number("draft_tensor_parallel", None, **count)   # None: as the target, if it can
+    if draft is not None and draft_tp is not None and draft.num_heads % draft_tp:
+        raise node.key_error("draft_tensor_parallel", f"must divide the draft's {draft.num_heads} heads", draft_tp,
+                             ", ".join(str(d) for d in range(1, draft.num_heads + 1) if draft.num_heads % d == 0))
+    if placement == "colocated" and tensor_parallel and draft_tp and draft_tp > tensor_parallel:
+        raise node.key_error("draft_tensor_parallel", f"a colocated draft runs on the target's {tensor_parallel} "
+                             "device(s)", draft_tp, f"1..{tensor_parallel}")
+    draft_devices = node.number("draft_devices", 1, **count) if placement == "separate" else 0
+    if placement == "separate" and draft is not None and draft.num_heads % draft_devices:
+        raise node.key_error("draft_devices", f"the draft runs tensor-parallel over them: must divide its "
+                             f"{draft.num_heads} heads", draft_devices, "a divisor of the draft's heads")
+    if placement == "separate" and draft is None:
+        node.number("draft_devices", 1, **count)    # read (and ignored): an n-gram speculator has no devices
+
+    policy_name = node.choice("policy", POLICIES, "static")
+    k = node.number("k", 4, integer=True, minimum=0, exclusive_minimum=False)
+    k_max = node.number("k_max", max(8, k), **count)
+    if k > k_max:
+        raise node.key_error("k", f"exceeds k_max ({k_max})", k, f"0..{k_max}")
+    if policy_name == "adaptive" and k == 0:
+        raise node.key_error("k", "the adaptive rule starts from k0 >= 1", k, f"1..{k_max}")
+    scope = node.choice("scope", SCOPES, "per_batch" if policy_name == "goodput" else "per_request")
+    if policy_name == "goodput" and scope != "per_batch":
+        raise node.key_error("scope", "the goodput policy chooses one k for the whole batch", scope, "per_batch")
+    fraction = dict(minimum=0.0, maximum=1.0, exclusive_minimum=False)
+    raise_above = node.number("raise_above", 0.8, **fraction)
+    lower_below = node.number("lower_below", 0.5, **fraction)
+    if lower_below > raise_above:
+        raise node.key_error("lower_below", f"must not exceed raise_above ({raise_above:g})", lower_below,
+                             f"0..{raise_above:g}")
+    policy = KPolicy(policy_name, k, k_max, scope, node.number("window", 10, **count), raise_above,
+                     lower_below, node.boolean("fallback", True),
+                     node.number("prior_alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True))
+
+    acceptance = _acceptance(node.child("acceptance", {}), k_max)
+    elig = node.child("eligibility", {})
+    eligibility = Eligibility(elig.number("min_sequence_tokens", 32, integer=True, minimum=0,
+                                          exclusive_minimum=False),
+                              elig.number("min_concurrent_requests", 2, **count))
+    elig.done()
+    node.done()
+    config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility)
+    if config.enabled and (pipeline_parallel or 1) > 1:
+        raise node.error("speculative decoding with pipeline parallelism is not modelled", key=node.path,
+                         value={"pipeline_parallel": pipeline_parallel}, allowed="deployment.pipeline_parallel: 1")
+    if config.enabled and batching == "static":
+        raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
+                         allowed="engine.batching: continuous")
+    return config
+
+
+def resolve_draft_parallelism(config: SpeculationConfig, tensor_parallel: int) -> SpeculationConfig:
+    """A colocated draft shards like the target when its heads allow, else runs on one device."""
+    if config.draft_tensor_parallel is not None:
+        return config
+    draft = config.draft
+    tp = tensor_parallel if draft is not None and draft.num_heads % tensor_parallel == 0 else 1
+    return replace(config, draft_tensor_parallel=tp)
+
+
+def _acceptance(node: Node, k_max: int) -> Acceptance:
+    process = node.choice("process", PROCESSES, "bernoulli")
+    prob = dict(minimum=0.0, maximum=1.0, exclusive_minimum=False)
+    if process in ("bernoulli", "positional"):
+        alpha = node.number("alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=False)
+        decay = node.number("decay", 0.9, **prob) if process == "positional" else 1.0
+        node.done()
+        return Acceptance(process, alpha=alpha, decay=decay)
+    if process == "beta":
+        # Either the shape parameters, or a mean and a concentration (a + b).
+        if node.has("mean") or node.has("concentration"):
+            mean = node.number("mean", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+            if mean >= 1.0:
+                raise node.key_error("mean", "must be below 1", mean, "0 < mean < 1")
+            concentration = node.number("concentration", 10.0)
+            node.done()
+            return Acceptance(process, beta_a=mean * concentration, beta_b=(1 - mean) * concentration)
+        a, b = node.number("a"), node.number("b")
+        node.done()
+        return Acceptance(process, beta_a=a, beta_b=b)
+    path = node.path_value("path")
+    column = node.string("column", "accepted")
+    measured_k = node.number("measured_k", integer=True, minimum=1, exclusive_minimum=False)
+    node.done()
+    if measured_k < k_max:
+        raise node.key_error("measured_k", f"lengths measured at k = {measured_k} cannot say what a longer "
+                             f"draft (k_max = {k_max}) would get accepted", measured_k,
+                             f"an integer >= k_max ({k_max}), or a smaller k_max")
+    try:
+        frame = pd.read_csv(path)
+    except (OSError, ValueError) as error:
+        raise node.key_error("path", f"cannot read this CSV ({error})", str(path), "a CSV file") from None
+    if column not in frame.columns:
+        raise node.key_error("column", f"no such column in {path.name}", column, ", ".join(map(str, frame.columns)))
+    values = pd.to_numeric(frame[column], errors="coerce")
+    bad = values.isna() | (values < 0) | (values > measured_k) | (values % 1 != 0)
+    if bad.any() or len(values) == 0:
+        first = frame[column][bad].iloc[0] if bad.any() else "(empty)"
+        raise node.key_error("column", f"accepted lengths must be integers in 0..{measured_k} "
+                             f"(row {int(np.argmax(bad.to_numpy())) + 2} of {path.name} is not)" if bad.any()
+                             else f"{path.name} has no rows", first, f"integers 0..{measured_k}")
+    return Acceptance(process, samples=tuple(int(v) for v in values), measured_k=measured_k)
