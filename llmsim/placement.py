@@ -76,6 +76,8 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
     tiers = hardware.tiers
     usable = [tier.capacity_bytes * memory_utilization for tier in tiers]
     weights = model.weight_bytes / devices
+    if draft is not None:
+        weights += draft.weight_bytes / draft_tensor_parallel
     ab = model.activation_bytes_per_element
     per_token_activations = (4 * model.hidden_size + (model.q_dim + 2 * model.kv_dim) / tensor_parallel
                              + 3 * model.intermediate_size / tensor_parallel) * ab
@@ -90,7 +92,6 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
     layers_per_stage = math.ceil(model.num_layers / pipeline_parallel)
     kv_per_token = layers_per_stage * 2 * kv_heads_per_shard * model.head_dim * model.kv_bytes_per_element
     if draft is not None:
-        weights += draft.weight_bytes / draft_tensor_parallel
         draft_heads = max(draft.num_kv_heads / draft_tensor_parallel, 1.0)
         kv_per_token += draft.num_layers * 2 * draft_heads * draft.head_dim * draft.kv_bytes_per_element
     fits = weights <= usable[weight_index] - (activations if weight_index == 0 else 0.0)

@@ -140,7 +140,9 @@ class KPolicy:
     look at the acceptance (accepted / proposed draft tokens) over them, k += 1 above
     ``raise_above``, k -= 1 below ``lower_below``, within [1, ``k_max``]; with
     ``fallback`` a k of 1 that still falls below ``lower_below`` turns speculation off
-    (k = 0) and retries k = 1 after another ``window`` rounds. ``goodput``: each step
+    (k = 0) and retries k = 1 after ``window`` rounds, doubling the time off after each
+    retry that fails in a row (exponential back-off, up to 32 windows), so a useless draft
+    costs a few probe rounds, not half the steps. ``goodput``: each step
     the k in [0, ``k_max``] with the most expected tokens per second for the batch.
     ``scope`` says whether adaptive k is kept per request or one for the whole batch
     (goodput always chooses one k for the batch, as SmartSpec does).

@@ -30,8 +30,9 @@ from .request import Request
 from .speculative import SpeculationConfig, expected_tokens_per_step
 
 _INT_FIELDS = ("context", "generated", "remaining", "blocks", "request_id", "k_policy", "k", "emitted",
-               "accepted", "lag", "window_proposed", "window_accepted", "window_rounds", "proposed_total",
-               "accepted_total")
+               "accepted", "lag", "window_proposed", "window_accepted", "window_rounds", "backoff",
+               "proposed_total", "accepted_total")
+MAX_BACKOFF = 5                                   # the adaptive rule's longest time off: 2^5 windows
 _FLOAT_FIELDS = ("alpha", "last_token_s", "max_gap_s", "seen_accepted", "seen_rejected")
 
 
@@ -41,7 +42,8 @@ class DecodeSlots:
     ``context`` is the KV length (tokens whose keys and values are stored), ``lag``
     the tokens the draft has not processed yet, ``k_policy`` a per-request adaptive k,
     ``k`` / ``emitted`` / ``accepted`` this step's draft length and outcome, the
-    ``window_*`` fields the adaptive rule's current window and ``seen_*`` the goodput
+    ``window_*`` fields the adaptive rule's current window, ``backoff`` its failed probes in a
+    row since it turned speculation off, and ``seen_*`` the goodput
     policy's decayed acceptance counts. Removing a row moves the last one into it.
     """
 
@@ -94,6 +96,7 @@ class SpeculativeReplica(Replica):
         self._force_plain = False                    # this step's reservation could not hold k tokens
         self._batch_k = self.policy.k                # adaptive per batch
         self._batch_window = [0, 0, 0]               # proposed, accepted, rounds
+        self._batch_backoff = 0
         self._pooled = [0.0, 0.0]                    # goodput: decayed accepted, rejected over the batch
         self._decay = 0.5 ** (1.0 / self.policy.window)
         self._plain_rounds = 0                       # goodput: steps in a row it chose k = 0
@@ -302,19 +305,22 @@ class SpeculativeReplica(Replica):
             s.window_proposed[:n] += k
             s.window_accepted[:n] += a
             s.window_rounds[:n] += spec | (s.k_policy[:n] == 0)
-            due = np.flatnonzero(s.window_rounds[:n] >= policy.window)
+            due = np.flatnonzero(s.window_rounds[:n] >= self._window_rounds(s.k_policy[:n], s.backoff[:n]))
             if len(due):
                 rate = s.window_accepted[due] / np.maximum(s.window_proposed[due], 1)
-                s.k_policy[due] = self._adapt(s.k_policy[due], rate, s.window_proposed[due] > 0)
+                s.k_policy[due], s.backoff[due] = self._adapt(s.k_policy[due], s.backoff[due], rate,
+                                                              s.window_proposed[due] > 0)
                 s.window_proposed[due] = s.window_accepted[due] = s.window_rounds[due] = 0
         elif policy.policy == "adaptive":
             window = self._batch_window
             window[0] += int(k.sum())
             window[1] += int(a.sum())
             window[2] += bool(spec.any()) or self._batch_k == 0
-            if window[2] >= policy.window:
+            if window[2] >= self._window_rounds(self._batch_k, self._batch_backoff):
                 rate = np.array([window[1] / max(window[0], 1)])
-                self._batch_k = int(self._adapt(np.array([self._batch_k]), rate, np.array([window[0] > 0]))[0])
+                k_new, backoff = self._adapt(np.array([self._batch_k]), np.array([self._batch_backoff]), rate,
+                                             np.array([window[0] > 0]))
+                self._batch_k, self._batch_backoff = int(k_new[0]), int(backoff[0])
                 self._batch_window = [0, 0, 0]
         elif policy.policy == "goodput" and spec.any():
             decay, rejected = self._decay, a < k
@@ -323,15 +329,26 @@ class SpeculativeReplica(Replica):
             self._pooled = [decay * self._pooled[0] + float(a[spec].sum()),
                             decay * self._pooled[1] + float(rejected[spec].sum())]
 
-    def _adapt(self, k: np.ndarray, rate: np.ndarray, observed: np.ndarray) -> np.ndarray:
-        """The 80/50 rule on one window: up above ``raise_above``, down below ``lower_below``."""
+    def _window_rounds(self, k, backoff):
+        """Rounds in the adaptive rule's window: ``window`` while speculating; while off, twice
+        as many after each probe at k = 1 that failed in a row (at most 2^MAX_BACKOFF windows)."""
+        return np.where(k == 0, self.policy.window << np.minimum(backoff, MAX_BACKOFF), self.policy.window)
+
+    def _adapt(self, k: np.ndarray, backoff: np.ndarray, rate: np.ndarray,
+               observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The 80/50 rule on one window: up above ``raise_above``, down below ``lower_below``.
+
+        Returns the new k and back-off: a window spent off probes again with k = 1; a probe
+        that turns speculation off again counts one more failure, a window that keeps
+        speculating clears them.
+        """
         policy = self.policy
         up = observed & (rate > policy.raise_above) & (k > 0)
         down = observed & (rate < policy.lower_below) & (k > 0)
         new = np.where(up, np.minimum(k + 1, policy.k_max), np.where(down, k - 1, k))
-        floor = 0 if policy.fallback else 1
-        new = np.maximum(new, floor)
-        return np.where(k == 0, 1, new)               # a window spent off: probe with k = 1
+        new = np.maximum(new, 0 if policy.fallback else 1)
+        backoff = np.where(k == 0, backoff, np.where(new == 0, backoff + 1, 0))
+        return np.where(k == 0, 1, new), backoff
 
     def _goodput_k(self, n: int, eligible: np.ndarray) -> int:
         """The k in [0, k_max] with the most expected tokens per second of decode for this batch.
