@@ -79,11 +79,22 @@ def compare(path: str | Path) -> pd.DataFrame:
             "placement": f"tp{summary['memory']['tensor_parallel']} x pp{summary['memory']['pipeline_parallel']}",
             "tokens_per_s_per_user": 1.0 / gap if gap == gap and gap > 0 else float("nan"),
             "ttft_p50_s": summary["latency"]["ttft_s"]["p50"],
+            "tpot_p50_s": summary["latency"]["tpot_s"]["p50"],
+            "tpot_p95_s": summary["latency"]["tpot_s"]["p95"],
             "output_tokens_per_s": summary["throughput"]["output_tokens_per_s"],
             "output_tokens_per_s_per_device": summary["throughput"]["output_tokens_per_s_per_device"],
             "usd_per_million_tokens": summary["economics"]["usd_per_million_output_tokens"],
             "kwh_per_million_tokens": summary["economics"]["kwh_per_million_output_tokens_at_tdp"],
             "slo_attainment": summary["slo"]["attainment"],
             "unfinished": summary["requests"]["unfinished_queued"] + summary["requests"]["unfinished_running"],
+            **_speculation_columns(summary.get("speculation")),
         })
     return pd.DataFrame(rows)
+
+
+def _speculation_columns(spec: dict | None) -> dict:
+    """Mean draft length and acceptance; k 0 and no acceptance for plain decoding."""
+    if spec is None:
+        return {"mean_k": 0.0, "acceptance_rate": float("nan")}
+    return {"mean_k": spec["mean_k"] * spec["speculating_fraction"],   # over all decode steps, plain ones at 0
+            "acceptance_rate": spec["acceptance_rate"]}

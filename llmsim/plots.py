@@ -14,7 +14,9 @@ def timeline(result, path: str | Path) -> Path:
     """Queue, batch, KV cache and latencies over simulated time, one panel each, as a PNG."""
     it, records, queue = result.iterations, result.requests, result.queue_length
     scenario = result.scenario
-    fig, axes = plt.subplots(4, 1, figsize=(10, 10), sharex=True, constrained_layout=True)
+    speculating = bool(it["spec_seqs"].any())
+    fig, axes = plt.subplots(4 + speculating, 1, figsize=(10, 10 + 2 * speculating), sharex=True,
+                             constrained_layout=True)
     start, stop = result.warmup_s, result.arrival_window_s
     for ax in axes:
         ax.axvspan(0, start, color="0.92", lw=0)
@@ -39,8 +41,10 @@ def timeline(result, path: str | Path) -> Path:
             axes[3].annotate(label, (0, 1e3 * value), fontsize=7, va="bottom")
     axes[3].set_yscale("log")
     axes[3].set_ylabel("latency (ms), by arrival")
-    axes[3].set_xlabel("simulated time (s); grey: warm-up, excluded from the summary")
     axes[3].legend(loc="upper right", fontsize=7, markerscale=4)
+    if speculating:
+        _draft_length(axes[4], it)
+    axes[-1].set_xlabel("simulated time (s); grey: warm-up, excluded from the summary")
     axes[0].set_title(f"{scenario.name}: {scenario.model.name} on "
                       f"{scenario.deployment.replicas * scenario.devices_per_replica} x "
                       f"{scenario.hardware.name} ({scenario.engine.batching} batching)")
@@ -59,3 +63,20 @@ def _summed_steps(queue):
         current[q] = length
         totals.append(sum(current.values()))
     return np.array(totals)
+
+
+def _draft_length(ax, it, steps: int = 50) -> None:
+    """Mean k and acceptance over time, each point pooling ``steps`` consecutive iterations."""
+    spec = it[it["spec_seqs"] > 0].sort_values("end_s", kind="stable")
+    group = np.arange(len(spec)) // steps
+    pooled = spec.groupby(group).agg(end_s=("end_s", "last"), proposed=("draft_tokens", "sum"),
+                                     accepted=("accepted_tokens", "sum"), seqs=("spec_seqs", "sum"))
+    ax.plot(pooled["end_s"], pooled["proposed"] / pooled["seqs"], lw=0.8, label="mean k")
+    ax.set_ylabel("draft length k")
+    ax.set_ylim(bottom=0)
+    rate = ax.twinx()
+    rate.plot(pooled["end_s"], 100 * pooled["accepted"] / pooled["proposed"], lw=0.8, color="C1",
+              label="acceptance (%)")
+    rate.set_ylabel("acceptance (%)")
+    rate.set_ylim(0, 100)
+    ax.legend(handles=ax.get_lines() + rate.get_lines(), loc="upper right", fontsize=7)

@@ -19,7 +19,7 @@ from llmsim.cli import main
 from llmsim.speculative import hashed_uniforms
 from llmsim.speculative_engine import SpeculativeReplica
 
-from .helpers import make_scenario
+from .helpers import REPO, make_scenario
 
 STEP_S = 0.1            # one target step on the fixed-cost device: 100 layers x 1 ms
 
@@ -420,3 +420,39 @@ def test_bad_speculation_settings_name_the_key(tmp_path, capsys, speculation, wo
     assert main(["run", str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and "speculation" in err and words in err
+
+
+# -- draft variants --------------------------------------------------------------------------------
+def test_ngram_speculator_costs_nothing_and_takes_no_memory():
+    plain = make_scenario({"model": "Llama-3.1-8B"})
+    ngram = h100_8b(10.0, 3, draft="ngram")
+    assert ngram.speculation.draft is None
+    assert ngram.memory.kv_capacity_tokens == plain.memory.kv_capacity_tokens
+    it = simulate(ngram).iterations
+    assert it["spec_seqs"].sum() > 0 and (it["draft_s"] == 0).all()
+
+
+def test_draft_weight_and_kv_dtypes_are_configurable():
+    """An FP8 draft stores half the bytes of a bf16 one, so the cache keeps more room, and its
+    bandwidth-bound decode steps take less of each iteration."""
+    bf16 = h100_8b(10.0, 4)
+    fp8 = h100_8b(10.0, 4, draft={"base": "Llama-3.2-1B", "weight_dtype": "fp8", "kv_dtype": "fp8"})
+    assert fp8.speculation.draft.weight_bytes == pytest.approx(bf16.speculation.draft.weight_bytes / 2, rel=0.01)
+    assert fp8.speculation.draft.kv_bytes_per_token * 2 == bf16.speculation.draft.kv_bytes_per_token
+    assert fp8.memory.kv_capacity_tokens > bf16.memory.kv_capacity_tokens
+    share = {name: simulate(s).summary()["speculation"]["draft_time_share"] for name, s in
+             (("bf16", bf16), ("fp8", fp8))}
+    assert share["fp8"] < share["bf16"]
+
+
+def test_shipped_comparison_of_plain_static_and_adaptive_k():
+    """The README's table: every variant validates, and at the medium load (memory-bound decode)
+    speculation cuts the median TPOT against plain batching on the same requests."""
+    from llmsim.compare import load_comparison
+    runs = load_comparison(REPO / "scenarios" / "comparisons" / "speculative-70b-h100.yaml")
+    assert {variant for variant, _, _ in runs} == {"plain", "static k=4", "adaptive k (80/50)", "goodput k"}
+    medium = {variant: simulate(s).summary() for variant, load, s in runs if load == "medium"}
+    plain_tpot = medium["plain"]["latency"]["tpot_s"]["p50"]
+    for variant in ("static k=4", "goodput k"):
+        assert medium[variant]["latency"]["tpot_s"]["p50"] < plain_tpot
+        assert medium[variant]["requests"]["finished"] == medium["plain"]["requests"]["finished"]
