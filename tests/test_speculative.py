@@ -456,3 +456,19 @@ def test_shipped_comparison_of_plain_static_and_adaptive_k():
     for variant in ("static k=4", "goodput k"):
         assert medium[variant]["latency"]["tpot_s"]["p50"] < plain_tpot
         assert medium[variant]["requests"]["finished"] == medium["plain"]["requests"]["finished"]
+
+
+def test_speedup_is_measured_against_plain_decoding_of_the_same_requests(tmp_path, capsys):
+    """The baseline is the scenario with k = 0 (no draft loaded) on the very same arrivals and
+    lengths; `llmsim run` prints it."""
+    from llmsim.simulation import speedup_over_plain
+    spec = h100_8b(10.0, 4)
+    result = simulate(spec)
+    plain = simulate(h100_8b(10.0, 0))
+    assert plain.requests[["arrival_s", "prompt_tokens", "output_tokens"]].equals(
+        result.requests[["arrival_s", "prompt_tokens", "output_tokens"]])
+    speedup = speedup_over_plain(result)
+    expected = plain.summary()["latency"]["tpot_s"]["mean"] / result.summary()["latency"]["tpot_s"]["mean"]
+    assert speedup["tpot_mean"] == pytest.approx(expected, rel=1e-12)
+    assert main(["run", str(REPO / "scenarios" / "llama3-70b-h100-speculative.yaml"), "--out", str(tmp_path)]) == 0
+    assert "vs plain decoding on the same trace: TPOT" in capsys.readouterr().out
