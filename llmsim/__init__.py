@@ -18,6 +18,7 @@ from .models import ModelSpec, model_catalog, model_from_config_json
 from .request import Request
 from .scenario import Scenario, load_scenario
 from .simulation import SimulationResult, simulate
+from .sweeps import run_points, sweep
 from .workload import Trace, generate_trace
 
 __version__ = "0.1.0"
@@ -25,4 +26,4 @@ __version__ = "0.1.0"
 __all__ = ["CostModel", "Placement", "place", "smallest_fitting", "ConfigError", "HardwareProfile", "hardware_catalog",
            "load_profile", "lookup_hardware", "KVCache", "batch_means", "flatten", "summarize", "ModelSpec",
            "model_catalog", "model_from_config_json", "Request", "Scenario", "load_scenario",
-           "SimulationResult", "simulate", "Trace", "generate_trace"]
+           "SimulationResult", "simulate", "run_points", "sweep", "Trace", "generate_trace"]

@@ -6,7 +6,8 @@ every key.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import copy
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .configio import Node, load_yaml
@@ -80,6 +81,10 @@ class Scenario:
     simulation: SimulationConfig
     path: str | None = None
     speculation: SpeculationConfig | None = None     # None, or a static k of 0: plain decoding
+    # The validated YAML mapping and the folder its relative paths start from: sweeps lay
+    # their overrides over it and validate the result again, the same way as a file.
+    source: dict | None = field(default=None, repr=False, compare=False)
+    source_dir: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def speculating(self) -> bool:
@@ -194,7 +199,7 @@ def scenario_from_node(root: Node) -> Scenario:
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
-                        speculation=speculation)
+                        speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir))
     _check_fits(scenario, root)
     return scenario
 

@@ -1,0 +1,366 @@
+"""Sweeps: one scenario, many settings, every point simulated on the same requests.
+
+A *point* is a mapping from dotted key paths of the scenario YAML (``workload.arrival.rate``,
+``speculation.k``, ``engine.max_batch_tokens``, ``hardware``...) to values. Each point's
+overrides are laid over the scenario's own YAML mapping and validated again exactly as a
+file would be, so a bad value is a :class:`~llmsim.errors.ConfigError` before anything runs.
+
+Common random numbers: a trace depends only on the workload and the seed
+(:func:`~llmsim.workload.generate_trace`; arrival gaps are drawn at unit rate and scaled
+by the rate), so every point that shares them runs on the same requests, and two rates
+see the same requests in the same order. ``seeds`` replicates every point over several
+seeds, for confidence intervals across independent traces.
+
+Points run in parallel: local processes by default, or a Dask cluster. With ``out`` each
+finished point is appended to ``out/results.csv`` as it completes, keyed by a stable hash
+of the scenario, the point and the seed; running the same sweep again with the same
+``out`` skips the points already there (failed points are retried). A point that raises
+is recorded with its error and the others carry on.
+"""
+from __future__ import annotations
+
+import copy
+import csv
+import hashlib
+import io
+import itertools
+import json
+import math
+import os
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+
+from .compare import REPLACED_WHOLE
+from .configio import Node, deep_merge, load_yaml
+from .errors import ConfigError
+from .metrics import flatten
+from .scenario import Scenario, scenario_from_node
+from .simulation import simulate
+
+ENGINES = ("processes", "dask", "serial")
+RESULTS_FILE = "results.csv"
+ID_COLUMNS = ("point_id", "seed", "error")
+
+
+def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[str, Sequence], *,
+          out: str | Path | None = None, workers: int | None = None, engine: str = "processes",
+          seeds: Sequence[int] | None = None, progress: bool = True, client=None,
+          on_invalid: str = "raise") -> pd.DataFrame:
+    """Simulate the product of ``grid``'s values over ``scenario``; one row per point and seed.
+
+    ``scenario``: a YAML path, a loaded :class:`Scenario` or a raw scenario mapping.
+    ``grid``: a YAML path or a mapping from dotted key paths to lists of values, e.g.
+    ``{"workload.arrival.rate": [4, 8, 16], "speculation.k": [0, 2, 4]}``; every
+    combination is run. The other arguments are those of :func:`run_points`.
+
+    Each row holds the point's values (one column per grid key), ``seed``, ``point_id``,
+    ``error`` (empty unless the point failed) and the run's flattened summary
+    (:func:`llmsim.flatten`: ``latency.tpot_s.p95``, ``throughput.output_tokens_per_s``...)
+    plus ``throughput.output_tokens_per_usd`` (output tokens per dollar of device time).
+    """
+    grid_file = str(grid) if isinstance(grid, (str, Path)) else None
+    points = grid_points(load_yaml(grid) if grid_file else grid, grid_file)
+    return run_points(scenario, points, out=out, workers=workers, engine=engine, seeds=seeds,
+                      progress=progress, client=client, on_invalid=on_invalid, source=grid_file)
+
+
+def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mapping[str, Any]], *,
+               seeds: Sequence[int] | None = None, workers: int | None = None, engine: str = "processes",
+               out: str | Path | None = None, progress: bool = True, client=None,
+               on_invalid: str = "raise", source: str | None = None) -> pd.DataFrame:
+    """Simulate a list of points in parallel; the engine under :func:`sweep`, for searches.
+
+    scenario:   a YAML path, a loaded :class:`Scenario` (it keeps its YAML mapping) or a
+                raw scenario mapping (relative paths in it start from the current folder).
+    points:     dicts of overrides, dotted key path -> value, e.g.
+                ``[{"speculation.k": 4, "engine.max_batch_tokens": 4096}, {"speculation": None}]``
+                (``speculation: None`` turns speculation off). ``{}`` is the scenario as is.
+    seeds:      seeds to run each point with (default: the scenario's seed). A point's trace
+                depends only on its workload and seed: points that share them share requests.
+    workers:    parallel processes (default ``os.cpu_count()``); 1 runs in this process.
+    engine:     ``"processes"`` (a local process pool), ``"dask"`` (``client``, a
+                ``distributed.Client``, or a LocalCluster of ``workers`` processes made for
+                the call; needs the ``distributed`` extra) or ``"serial"``.
+    out:        a folder; each finished point is appended to ``out/results.csv`` at once,
+                and points already there (same scenario, overrides and seed) are not rerun.
+    on_invalid: ``"raise"``: a point that fails validation raises a ConfigError naming
+                ``source`` (the grid file, else the scenario's), the key path and the value,
+                before anything runs; ``"record"``: it becomes a row with its ``error``.
+    source:     the file the points came from, for error messages.
+
+    Returns one row per (point, seed) in the order given (points outer, seeds inner):
+    the point's keys, ``seed``, ``point_id``, ``error`` and the flattened summary. A
+    point whose simulation raises gets its error text and no metrics; the rest go on.
+    """
+    if engine not in ENGINES:
+        raise ConfigError("unknown sweep engine", key="engine", value=engine, allowed=", ".join(ENGINES))
+    if on_invalid not in ("raise", "record"):
+        raise ValueError(f"on_invalid must be 'raise' or 'record', not {on_invalid!r}")
+    base, base_dir, base_file, base_seed = _base(scenario)
+    points = [dict(point) for point in points]
+    if seeds is not None and any("seed" in point for point in points):
+        raise ConfigError("give seeds either as a grid key or as seeds, not both", file=source, key="seed",
+                          has_value=False)
+    seeds = [base_seed] if seeds is None else [_seed(seed, source) for seed in seeds]
+    jobs, rows = [], {}
+    for point in points:
+        for seed in [point["seed"]] if "seed" in point else seeds:
+            point_id = point_hash(base, point, seed)
+            if point_id in rows:
+                continue
+            row = {**point, "seed": seed, "point_id": point_id, "error": ""}
+            try:
+                data = apply_overrides(base, {**point, "seed": seed}, source)
+                built = scenario_from_node(Node(data, file=base_file, base_dir=base_dir))
+            except ConfigError as error:
+                if on_invalid == "raise":
+                    raise _point_error(error, point, source or base_file) from None
+                rows[point_id] = {**row, "error": str(error)}
+                continue
+            rows[point_id] = row
+            jobs.append((point_id, built))
+    order = list(rows)
+    journal = _Journal(Path(out) / RESULTS_FILE) if out is not None else None
+    if journal is not None:
+        for point_id, row in rows.items():
+            if row["error"]:
+                journal.append(row)
+        finished = journal.finished()
+        jobs = [(point_id, built) for point_id, built in jobs if point_id not in finished]
+    for point_id, metrics in _execute(jobs, engine, workers, client, progress):
+        row = rows[point_id]      # the point's own values win over the summary's (hardware, seed)
+        rows[point_id] = {**row, **{k: v for k, v in metrics.items() if k not in row},
+                          "error": metrics.get("error", "")}
+        if journal is not None:
+            journal.append(rows[point_id])
+    if journal is not None:
+        return journal.read(order)
+    return pd.DataFrame([rows[point_id] for point_id in order])
+
+
+def grid_points(grid: Any, source: str | None = None) -> list[dict]:
+    """Every combination of a grid's values, in the grid's key order (the last key varies fastest)."""
+    node = Node(grid, file=source)
+    if not node.data:
+        raise node.error("the grid is empty", has_value=False,
+                         allowed="a mapping from dotted scenario keys to lists of values")
+    values = []
+    for key, options in node.data.items():
+        if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
+            raise node.error("expected a dotted scenario key path", key=str(key), value=key,
+                             allowed="e.g. workload.arrival.rate, speculation.k, engine.max_batch_tokens")
+        if not isinstance(options, list) or not options:
+            raise node.key_error(key, "expected a non-empty list of values to sweep", options, "a YAML list")
+        values.append(options)
+    keys = list(node.data)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+def apply_overrides(base: dict, point: Mapping[str, Any], source: str | None = None) -> dict:
+    """A copy of a scenario mapping with each dotted key path set to its value.
+
+    A mapping value is merged into the mapping it replaces, as ``llmsim compare`` merges
+    variants (length distributions are replaced whole); anything else replaces the value.
+    """
+    data = copy.deepcopy(base)
+    for path, value in point.items():
+        parent, parts = data, path.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = parent.get(part)
+            if child is None:
+                child = parent[part] = {}
+            if not isinstance(child, dict):
+                raise ConfigError(f"'{'.'.join(parts[:depth + 1])}' is a value, not a mapping of keys, so it has "
+                                  f"no key '{parts[depth + 1]}'", file=source, key=path, value=value)
+            parent = child
+        leaf = parts[-1]
+        old = parent.get(leaf)
+        if isinstance(value, dict) and isinstance(old, dict) and leaf not in REPLACED_WHOLE:
+            parent[leaf] = deep_merge(old, value, REPLACED_WHOLE)
+        else:
+            parent[leaf] = copy.deepcopy(value)
+    return data
+
+
+def point_hash(base: Mapping, point: Mapping[str, Any], seed: int) -> str:
+    """A stable 16-hex-digit key for (scenario mapping, overrides, seed): the same across runs."""
+    text = json.dumps({"scenario": base, "point": dict(point), "seed": seed}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def simulate_point(scenario: Scenario) -> dict:
+    """One point's row of metrics: the flattened summary and output tokens per dollar."""
+    flat = flatten(simulate(scenario).summary())
+    usd_per_hour = flat["economics.usd_per_hour"]
+    tokens_per_s = flat["throughput.output_tokens_per_s"]
+    flat["throughput.output_tokens_per_usd"] = tokens_per_s * 3600 / usd_per_hour if usd_per_hour else math.nan
+    return flat
+
+
+def _evaluate(scenario: Scenario) -> dict:
+    """Run in a worker: metrics, or the error that stopped this point (one line of text)."""
+    try:
+        return simulate_point(scenario)
+    except Exception as error:          # one failing point must not lose the others
+        return {"error": f"{type(error).__name__}: {error}".replace("\n", " ")}
+
+
+def _execute(jobs: list[tuple[str, Scenario]], engine: str, workers: int | None, client, progress: bool):
+    """Yield (point_id, metrics) as points finish, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    if not jobs:
+        return
+    workers = max(1, workers or os.cpu_count() or 1)
+    bar = tqdm(total=len(jobs), disable=not progress, unit="point", desc="sweep")
+    try:
+        if engine == "serial" or (engine == "processes" and (workers == 1 or len(jobs) == 1)):
+            for point_id, scenario in jobs:
+                yield point_id, _evaluate(scenario)
+                bar.update()
+        elif engine == "processes":
+            with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+                pending = {pool.submit(_evaluate, scenario): point_id for point_id, scenario in jobs}
+                try:
+                    while pending:
+                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                        for future in done:
+                            yield pending.pop(future), future.result()
+                            bar.update()
+                finally:
+                    for future in pending:
+                        future.cancel()
+        else:
+            yield from _execute_dask(jobs, workers, client, bar)
+    finally:
+        bar.close()
+
+
+def _execute_dask(jobs, workers: int, client, bar):
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise ConfigError("the dask engine needs the distributed extra", key="engine", value="dask",
+                          allowed='processes, serial, or pip install "llmsim[distributed]"') from None
+    own = client is None
+    if own:
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+    try:
+        ids = [point_id for point_id, _ in jobs]
+        futures = client.map(_evaluate, [scenario for _, scenario in jobs], key=[f"llmsim-{i}" for i in ids],
+                             pure=False)
+        by_key = dict(zip((f.key for f in futures), ids))
+        for future in as_completed(futures):
+            yield by_key[future.key], future.result()
+            bar.update()
+    finally:
+        if own:
+            client.close()
+            cluster.close()
+
+
+def _base(scenario) -> tuple[dict, Path, str | None, int]:
+    """(YAML mapping, folder for relative paths, file name for errors, seed) of a sweep's scenario."""
+    if isinstance(scenario, (str, Path)):
+        data = load_yaml(scenario)
+        node = Node(data, file=str(scenario))      # rejects a file that is not a mapping
+        return node.data, Path(scenario).parent, str(scenario), scenario_from_node(node).seed
+    if isinstance(scenario, Scenario):
+        if scenario.source is None:
+            raise ValueError("this Scenario was not read from YAML (no source mapping): pass its file or mapping")
+        return ({**scenario.source, "seed": scenario.seed}, Path(scenario.source_dir or "."), scenario.path,
+                scenario.seed)
+    if isinstance(scenario, Mapping):
+        data = dict(scenario)
+        return data, Path.cwd(), None, scenario_from_node(Node(copy.deepcopy(data))).seed
+    raise TypeError(f"expected a scenario path, Scenario or mapping, not {type(scenario).__name__}")
+
+
+def _seed(seed, source: str | None) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError("expected a non-negative integer seed", file=source, key="seeds", value=seed,
+                          allowed="integers >= 0")
+    return seed
+
+
+def _point_error(error: ConfigError, point: Mapping, file: str | None) -> ConfigError:
+    """A scenario validation error, told as the grid point that caused it."""
+    settings = ", ".join(f"{key}={value!r}" for key, value in point.items())
+    return ConfigError(f"sweep point ({settings}): {error.message}", file=file, key=error.key, value=error.value,
+                       allowed=error.allowed, has_value=error.has_value)
+
+
+class _Journal:
+    """``results.csv``, appended one complete line per finished point.
+
+    Every record is one line written with a single call and flushed, so an interrupted
+    run leaves at most a torn last line, which has no newline and is dropped on reading.
+    A point with columns the header lacks rewrites the file with the wider header.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.columns: list[str] = []
+        self.records: list[dict] = []
+        if path.exists():
+            text = path.read_text()
+            if not text.endswith("\n"):
+                text = text[:text.rfind("\n") + 1]
+            reader = csv.DictReader(io.StringIO(text))
+            self.columns = list(reader.fieldnames or [])
+            self.records = list(reader)
+            self._rewrite()
+
+    def finished(self) -> set[str]:
+        return {r["point_id"] for r in self.records if not r.get("error")}
+
+    def append(self, row: dict) -> None:
+        record = {key: _cell(value) for key, value in row.items()}
+        self.records.append(record)
+        if any(key not in self.columns for key in record):
+            self.columns += [key for key in record if key not in self.columns]
+            self._rewrite()
+            return
+        with self.path.open("a", newline="") as handle:
+            handle.write(self._line(record))
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def read(self, order: list[str]) -> pd.DataFrame:
+        """The rows of these points, the last record of each, in this order."""
+        frame = pd.read_csv(self.path, keep_default_na=True)
+        frame["error"] = frame["error"].fillna("")
+        frame = frame.drop_duplicates("point_id", keep="last").set_index("point_id", drop=False)
+        return frame.loc[[p for p in order if p in frame.index]].reset_index(drop=True)
+
+    def _line(self, record: dict) -> str:
+        buffer = io.StringIO()
+        csv.DictWriter(buffer, self.columns, lineterminator="\n").writerow(record)
+        return buffer.getvalue()
+
+    def _rewrite(self) -> None:
+        if not self.columns:
+            return
+        temporary = self.path.with_suffix(".csv.tmp")
+        with temporary.open("w", newline="") as handle:
+            csv.DictWriter(handle, self.columns, lineterminator="\n").writeheader()
+            handle.writelines(self._line(record) for record in self.records)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, self.path)
+
+
+def _cell(value) -> Any:
+    """A CSV cell: mappings, lists and None as JSON (``null``), text on one line."""
+    if isinstance(value, (dict, list, tuple)) or value is None:
+        return json.dumps(value, default=str)
+    if isinstance(value, str):
+        return value.replace("\n", " ")
+    return value
+
