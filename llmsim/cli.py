@@ -52,6 +52,39 @@ def _cmd_compare(args) -> int:
     return 0
 
 
+SWEEP_COLUMNS = {"latency.ttft_s.p95": "ttft_p95_s", "latency.tpot_s.p95": "tpot_p95_s",
+                 "latency.e2e_s.p95": "e2e_p95_s", "throughput.output_tokens_per_s_per_device": "tok_per_s_per_device",
+                 "throughput.output_tokens_per_usd": "tok_per_usd", "slo.attainment": "slo_attainment"}
+
+
+def _cmd_sweep(args) -> int:
+    from .frontier import pareto_frontier, plot_frontier
+    from .sweeps import mean_over_seeds, parameter_columns, sweep
+
+    out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.scenario).stem}"
+    rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine, seeds=args.seeds,
+                 client=args.scheduler)
+    keys = parameter_columns(rows)
+    points = mean_over_seeds(rows, [args.latency, args.throughput])
+    frontier = pareto_frontier(points, args.latency, args.throughput)
+    table = points[keys + ["seeds"] + [c for c in SWEEP_COLUMNS if c in points]].rename(columns=SWEEP_COLUMNS)
+    table["frontier"] = ""
+    table.loc[frontier.index, "frontier"] = frontier["knee"].map({True: "knee", False: "*"})
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
+        print(table.to_string(index=False))
+    failed = rows[rows["error"] != ""]
+    for _, row in failed.iterrows():
+        print(f"failed: {', '.join(f'{k}={row[k]}' for k in keys)} seed {row['seed']}: {row['error']}")
+    frontier.to_csv(out / "frontier.csv", index=False)
+    written = [out / "results.csv", out / "frontier.csv"]
+    if args.plot:
+        written.append(plot_frontier(points, out / "frontier.png", args.latency, args.throughput,
+                                     color_by=keys[0] if keys else None))
+    print(f"\n{len(frontier)} of {len(points)} points on the frontier ({args.latency} vs {args.throughput})")
+    print("wrote " + ", ".join(map(str, written)))
+    return 1 if len(failed) else 0
+
+
 def _cmd_place(args) -> int:
     from .hardware import lookup_hardware
     from .models import lookup_model, model_catalog
@@ -130,6 +163,21 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument("comparison", help="comparison YAML (base, variants, loads)")
     comp.add_argument("--out", help="also write the table as CSV here")
     comp.set_defaults(func=_cmd_compare)
+    swept = sub.add_parser("sweep", help="simulate every combination of a grid of settings; frontier and plot")
+    swept.add_argument("scenario", help="scenario YAML file")
+    swept.add_argument("--grid", required=True, help="grid YAML: dotted scenario keys -> lists of values")
+    swept.add_argument("--out", help="output folder (default: runs/sweep-<scenario file name>); "
+                       "a rerun with the same folder skips finished points")
+    swept.add_argument("--workers", type=int, help="parallel processes (default: every CPU)")
+    swept.add_argument("--seeds", type=int, nargs="+", help="replicate every point over these seeds")
+    swept.add_argument("--engine", choices=("processes", "dask", "serial"), default="processes")
+    swept.add_argument("--scheduler", help="with --engine dask: a running scheduler's address "
+                       "(default: a local cluster)")
+    swept.add_argument("--latency", default="latency.tpot_s.p95", help="frontier latency column (minimised)")
+    swept.add_argument("--throughput", default="throughput.output_tokens_per_s_per_device",
+                       help="frontier throughput column (maximised), e.g. throughput.output_tokens_per_usd")
+    swept.add_argument("--plot", action="store_true", help="also draw frontier.png")
+    swept.set_defaults(func=_cmd_sweep)
     placed = sub.add_parser("place", help="how many devices a model needs and how much KV cache is left")
     placed.add_argument("model")
     placed.add_argument("hardware")

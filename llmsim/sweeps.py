@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from .compare import REPLACED_WHOLE
@@ -82,9 +83,10 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
     seeds:      seeds to run each point with (default: the scenario's seed). A point's trace
                 depends only on its workload and seed: points that share them share requests.
     workers:    parallel processes (default ``os.cpu_count()``); 1 runs in this process.
-    engine:     ``"processes"`` (a local process pool), ``"dask"`` (``client``, a
-                ``distributed.Client``, or a LocalCluster of ``workers`` processes made for
-                the call; needs the ``distributed`` extra) or ``"serial"``.
+    engine:     ``"processes"`` (a local process pool), ``"dask"`` or ``"serial"``.
+    client:     with ``engine="dask"``: a ``distributed.Client`` or a scheduler address
+                (``"tcp://host:8786"``); default: a LocalCluster of ``workers`` processes
+                made for the call. Needs the ``distributed`` extra.
     out:        a folder; each finished point is appended to ``out/results.csv`` at once,
                 and points already there (same scenario, overrides and seed) are not rerun.
     on_invalid: ``"raise"``: a point that fails validation raises a ConfigError naming
@@ -140,6 +142,34 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
     if journal is not None:
         return journal.read(order)
     return pd.DataFrame([rows[point_id] for point_id in order])
+
+
+def parameter_columns(df: pd.DataFrame) -> list[str]:
+    """The columns of a sweep's rows that hold the point's own values (they come before ``seed``)."""
+    return list(df.columns[:list(df.columns).index("seed")])
+
+
+def mean_over_seeds(df: pd.DataFrame, metrics: Sequence[str] = ()) -> pd.DataFrame:
+    """One row per point: every numeric column averaged over the point's seeds (failed runs left out).
+
+    ``seeds`` counts the runs averaged; each column in ``metrics`` also gets ``<column>.ci95``,
+    the half-width of a 95% Student-t confidence interval of the mean across seeds (NaN for
+    one seed).
+    """
+    from scipy import stats
+
+    keys = parameter_columns(df)
+    ok = df[df["error"].fillna("") == ""]
+    labels = ok[keys].apply(lambda column: column.map(lambda v: json.dumps(_cell(v), default=str)))
+    groups = ok.groupby([labels[key] for key in keys], sort=False, dropna=False)
+    numeric = [c for c in ok.select_dtypes("number").columns if c not in keys and c != "seed"]
+    frame = groups[numeric].mean()
+    frame.insert(0, "seeds", groups.size())
+    for metric in metrics:
+        n, sd = groups[metric].count(), groups[metric].std(ddof=1)
+        frame[f"{metric}.ci95"] = stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
+    firsts = groups[keys].first()
+    return pd.concat([firsts.reset_index(drop=True), frame.reset_index(drop=True)], axis=1)
 
 
 def grid_points(grid: Any, source: str | None = None) -> list[dict]:
@@ -246,10 +276,13 @@ def _execute_dask(jobs, workers: int, client, bar):
     except ImportError:
         raise ConfigError("the dask engine needs the distributed extra", key="engine", value="dask",
                           allowed='processes, serial, or pip install "llmsim[distributed]"') from None
-    own = client is None
-    if own:
+    own = client is None or isinstance(client, str)
+    cluster = None
+    if client is None:
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
+    elif isinstance(client, str):          # a running scheduler's address
+        client = Client(client)
     try:
         ids = [point_id for point_id, _ in jobs]
         futures = client.map(_evaluate, [scenario for _, scenario in jobs], key=[f"llmsim-{i}" for i in ids],
@@ -261,6 +294,7 @@ def _execute_dask(jobs, workers: int, client, bar):
     finally:
         if own:
             client.close()
+        if cluster is not None:
             cluster.close()
 
 

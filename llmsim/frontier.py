@@ -1,0 +1,152 @@
+"""Latency/throughput frontiers across a sweep, their knee, and the highest rate an SLO allows.
+
+A point is *dominated* when another point has latency no higher and throughput no lower,
+one of them strictly. The Pareto frontier is every point that is not dominated: sorted by
+latency, its throughput rises strictly, so it is the best throughput on offer at each
+latency (or the best latency at each throughput). Of several identical points the frontier
+keeps the first.
+
+The *knee* is the frontier point furthest above the chord joining the frontier's two ends,
+with both axes scaled to [0, 1] over the frontier (so the units do not matter). Scaled that
+way the ends are (0, 0) and (1, 1) and the knee maximises ``throughput - latency``: past it,
+each further gain in throughput costs more in latency than it gained before. On a frontier
+of one or two points the knee is the lowest-latency point.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .errors import ConfigError
+from .scenario import Scenario
+from .sweeps import run_points
+
+LATENCY = "latency.tpot_s.p95"
+THROUGHPUT = "throughput.output_tokens_per_s_per_device"
+RATE_KEY = "workload.arrival.rate"
+
+
+def pareto_frontier(df: pd.DataFrame, latency: str = LATENCY, throughput: str = THROUGHPUT) -> pd.DataFrame:
+    """The rows of ``df`` that no other row dominates (minimise ``latency``, maximise ``throughput``).
+
+    Rows with a missing value in either column (failed points, runs where nothing finished)
+    take no part. The result is sorted by latency, with throughput strictly rising, and has
+    a boolean ``knee`` column marking the knee (see the module docstring).
+    """
+    for column in (latency, throughput):
+        if column not in df.columns:
+            raise KeyError(f"no column {column!r} to draw a frontier from")
+    usable = df[df[latency].notna() & df[throughput].notna()]
+    # Latency ascending, then throughput descending: the first of a run of equal latencies is
+    # its best, and a point joins the frontier when it beats the best throughput seen so far.
+    ordered = usable.sort_values([latency, throughput], ascending=[True, False], kind="stable")
+    values = ordered[throughput].to_numpy(dtype=float)
+    best_before = np.concatenate(([-np.inf], np.maximum.accumulate(values)[:-1]))
+    frontier = ordered[values > best_before].copy()
+    frontier["knee"] = False
+    if len(frontier):
+        frontier.iloc[knee_position(frontier[latency], frontier[throughput]),
+                      frontier.columns.get_loc("knee")] = True
+    return frontier
+
+
+def knee_position(latency: Sequence[float], throughput: Sequence[float]) -> int:
+    """Index of the knee of a frontier given sorted by latency (the module docstring's rule)."""
+    x, y = np.asarray(latency, dtype=float), np.asarray(throughput, dtype=float)
+    if len(x) < 3:
+        return 0
+    scaled_x = (x - x[0]) / (x[-1] - x[0])
+    scaled_y = (y - y[0]) / (y[-1] - y[0])
+    return int(np.argmax(scaled_y - scaled_x))
+
+
+def plot_frontier(df: pd.DataFrame, path: str | Path, latency: str = LATENCY, throughput: str = THROUGHPUT,
+                  color_by: str | None = None) -> Path:
+    """Every point, the frontier through them and its knee, as a PNG; ``color_by`` colours points by a column."""
+    from .plots import plt
+
+    frontier = pareto_frontier(df, latency, throughput)
+    usable = df[df[latency].notna() & df[throughput].notna()]
+    fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
+    if color_by is not None and color_by in usable and pd.api.types.is_numeric_dtype(usable[color_by]):
+        dots = ax.scatter(usable[latency], usable[throughput], c=usable[color_by], cmap="viridis", s=22, zorder=2)
+        fig.colorbar(dots, ax=ax, label=color_by)
+    else:
+        ax.scatter(usable[latency], usable[throughput], color="0.6", s=22, zorder=2, label="all points")
+    ax.step(frontier[latency], frontier[throughput], where="post", color="C3", lw=1.2, zorder=3,
+            label="Pareto frontier")
+    ax.scatter(frontier[latency], frontier[throughput], color="C3", s=30, zorder=4)
+    knee = frontier[frontier["knee"]]
+    ax.scatter(knee[latency], knee[throughput], marker="*", s=260, color="C1", edgecolor="k", zorder=5, label="knee")
+    ax.set_xlabel(f"{latency} (lower is better)")
+    ax.set_ylabel(f"{throughput} (higher is better)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+@dataclass(frozen=True)
+class SustainableRate:
+    """The outcome of :func:`max_sustainable_rate`.
+
+    ``rate_per_s`` is the highest rate seen to meet the SLO (NaN when even ``lo`` does not);
+    ``failing_rate_per_s`` the lowest seen to miss it (NaN when even ``hi`` meets it): the
+    answer lies between them, which are at most ``tol`` apart when both exist.
+    """
+    rate_per_s: float
+    failing_rate_per_s: float
+    target: float
+    evaluations: pd.DataFrame        # one row per rate and seed tried, in the order tried
+
+
+def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float, hi: float, tol: float,
+                         target: float = 0.95, slo: Mapping | None = None, seeds: Sequence[int] | None = None,
+                         workers: int | None = None, engine: str = "processes") -> SustainableRate:
+    """The highest arrival rate (requests/s) whose SLO attainment is at least ``target``, by bisection.
+
+    Criterion: ``slo.attainment`` (the share of the requests arriving in the measurement
+    window that finish within every limit of the scenario's SLO; unfinished and rejected
+    requests count against it), averaged over ``seeds``, is at least ``target``. ``slo``
+    (e.g. ``{"ttft": "500 ms", "tpot": "50 ms"}``) is laid over the scenario's own.
+    Every rate runs on the same requests per seed (common random numbers: arrival gaps
+    are drawn at unit rate and scaled), so attainment falls with the rate up to noise in
+    the simulated engine only, and bisection on ``[lo, hi]`` stops when the bracket is at
+    most ``tol`` wide.
+    """
+    if not 0 < lo < hi or tol <= 0:
+        raise ValueError(f"need 0 < lo < hi and tol > 0 (got lo={lo}, hi={hi}, tol={tol})")
+    extra = {"slo": dict(slo)} if slo else {}
+    tried = []
+
+    def meets(rate: float) -> bool:
+        rows = run_points(scenario, [{RATE_KEY: rate, **extra}], seeds=seeds, workers=workers, engine=engine,
+                          progress=False)
+        failed = rows[rows["error"] != ""]
+        if len(failed):
+            raise RuntimeError(f"simulating rate {rate:g}/s failed: {failed['error'].iloc[0]}")
+        if rows["slo.ttft_s"].isna().all() and rows["slo.tpot_s"].isna().all() and rows["slo.e2e_s"].isna().all():
+            raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
+                              allowed="ttft, tpot and/or e2e limits, in the scenario or as slo=")
+        tried.append(rows)
+        return float(rows["slo.attainment"].mean()) >= target
+
+    if not meets(lo):
+        return SustainableRate(math.nan, lo, target, pd.concat(tried, ignore_index=True))
+    if meets(hi):
+        return SustainableRate(hi, math.nan, target, pd.concat(tried, ignore_index=True))
+    while hi - lo > tol:
+        middle = (lo + hi) / 2
+        if meets(middle):
+            lo = middle
+        else:
+            hi = middle
+    return SustainableRate(lo, hi, target, pd.concat(tried, ignore_index=True))
