@@ -368,7 +368,7 @@ class _Journal:
 
     def read(self, order: list[str]) -> pd.DataFrame:
         """The rows of these points, the last record of each, in this order."""
-        frame = pd.read_csv(self.path, keep_default_na=True)
+        frame = pd.read_csv(self.path, dtype={"error": object})
         frame["error"] = frame["error"].fillna("")
         frame = frame.drop_duplicates("point_id", keep="last").set_index("point_id", drop=False)
         return frame.loc[[p for p in order if p in frame.index]].reset_index(drop=True)
