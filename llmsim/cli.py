@@ -67,7 +67,8 @@ def _cmd_sweep(args) -> int:
     keys = parameter_columns(rows)
     points = mean_over_seeds(rows, [args.latency, args.throughput])
     frontier = pareto_frontier(points, args.latency, args.throughput)
-    table = points[keys + ["seeds"] + [c for c in SWEEP_COLUMNS if c in points]].rename(columns=SWEEP_COLUMNS)
+    varied = [key for key in keys if points[key].astype(str).nunique() > 1]    # fixed settings add nothing
+    table = points[varied + ["seeds"] + [c for c in SWEEP_COLUMNS if c in points]].rename(columns=SWEEP_COLUMNS)
     table["frontier"] = ""
     table.loc[frontier.index, "frontier"] = frontier["knee"].map({True: "knee", False: "*"})
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
@@ -79,7 +80,7 @@ def _cmd_sweep(args) -> int:
     written = [out / "results.csv", out / "frontier.csv"]
     if args.plot:
         written.append(plot_frontier(points, out / "frontier.png", args.latency, args.throughput,
-                                     color_by=keys[0] if keys else None))
+                                     color_by=varied[0] if varied else None))
     print(f"\n{len(frontier)} of {len(points)} points on the frontier ({args.latency} vs {args.throughput})")
     print("wrote " + ", ".join(map(str, written)))
     return 1 if len(failed) else 0

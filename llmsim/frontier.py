@@ -67,15 +67,19 @@ def knee_position(latency: Sequence[float], throughput: Sequence[float]) -> int:
 
 def plot_frontier(df: pd.DataFrame, path: str | Path, latency: str = LATENCY, throughput: str = THROUGHPUT,
                   color_by: str | None = None) -> Path:
-    """Every point, the frontier through them and its knee, as a PNG; ``color_by`` colours points by a column."""
+    """Every point, the frontier through them and its knee, as a PNG; ``color_by`` colours points by a column
+    (a colour scale for numbers, one colour per value otherwise)."""
     from .plots import plt
 
     frontier = pareto_frontier(df, latency, throughput)
     usable = df[df[latency].notna() & df[throughput].notna()]
     fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
-    if color_by is not None and color_by in usable and pd.api.types.is_numeric_dtype(usable[color_by]):
+    if color_by is not None and pd.api.types.is_numeric_dtype(usable[color_by]):
         dots = ax.scatter(usable[latency], usable[throughput], c=usable[color_by], cmap="viridis", s=22, zorder=2)
         fig.colorbar(dots, ax=ax, label=color_by)
+    elif color_by is not None:
+        for value, rows in usable.groupby(usable[color_by].astype(str), sort=False):
+            ax.scatter(rows[latency], rows[throughput], s=22, zorder=2, label=f"{color_by} = {value}")
     else:
         ax.scatter(usable[latency], usable[throughput], color="0.6", s=22, zorder=2, label="all points")
     ax.step(frontier[latency], frontier[throughput], where="post", color="C3", lw=1.2, zorder=3,
