@@ -1,0 +1,412 @@
+"""The analytic fast path: a fluid approximation of continuous batching, in microseconds.
+
+Used to prune searches (``llmsim plan``, ``llmsim recommend``) before simulating, and
+checked against the simulator in ``tests/test_analytic.py``.
+
+The model, for one engine (a replica runs ``pp`` of them, one per pipeline micro-batch)
+fed a Poisson stream of ``lambda`` requests per second:
+
+1. **Fluid steps.** In steady state every iteration lasts ``tau`` and carries the same
+   work: by Little's law the engine holds ``B = lambda * tau * D`` decoding sequences
+   (``D`` = decode steps per request: ``E[O - 1]``, or ``E[O - 1] / E[tokens per step]``
+   when speculating) and each step also computes ``lambda * tau`` requests' worth of
+   prefill. An iteration's feature vector is therefore ``one + lambda * tau * w``, with
+   ``w`` the whole work of one average request (prompt tokens, attention pairs, KV read
+   by every decode step, ...), and ``tau`` solves ``tau = t(one + lambda tau w)`` where
+   ``t`` is the :class:`~llmsim.costmodel.CostModel`. ``t`` is convex and piecewise
+   linear in ``tau`` (a sum of maxima of linear terms), so Newton's method started at
+   ``tau = 0`` climbs monotonically to the least fixed point, exactly in a few steps;
+   no fixed point means the load is beyond what the compute or bandwidth can carry.
+2. **Capacity.** The load also has to fit the engine's limits: the requests in the
+   batch (``a = lambda * time holding a slot``) below ``max_num_seqs`` and below what
+   the KV cache holds (KV tokens / the mean KV of a running request, blocks rounded
+   up), and the tokens of a step below ``max_batch_tokens``. The capacity is the
+   largest rate that satisfies all of it (found by bisection on the rate).
+3. **Latency.** TPOT is ``tau / E[tokens per step]``. TTFT is the rest of the
+   iteration in progress when the request arrives (``tau / 2`` when the engine is busy,
+   busy with probability ``1 - exp(-N)``: below capacity the requests in the system
+   are close to an M/G/infinity population, Poisson with mean ``N``), plus the
+   iteration(s) that compute its prompt (priced per prompt length over the
+   workload's length quantiles), plus two queueing waits: M/G/1 (Pollaczek-Khinchine)
+   for prompts sharing the prefill token budget, and M/G/c (Erlang C with the
+   Allen-Cunneen correction) for a batch slot, ``c`` being the slot or KV limit.
+
+What it leaves out, and so where it errs: step-to-step variation (prefill arrives in
+lumps; the cost is convex, so by Jensen the fluid step is a little short), the
+speculative eligibility rules (sequences shorter than ``min_sequence_tokens``, batches
+of one, the last tokens of a request drafting less), preemption, queue timeouts, the
+router's imbalance between replicas, and non-Poisson arrivals (the queueing terms
+assume Poisson). Static batching is not modelled. ``tests/test_analytic.py`` measures
+the error against the simulator; the README quotes it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import special
+
+from .costmodel import CostModel
+from .errors import ConfigError
+from .models import F, FEATURES
+from .scenario import Scenario
+from .analytic_k import KMix, adaptive_mix, static_mix, steps_to_emit
+from .workload import generate_trace
+
+PROMPT_QUANTILES = 64          # prompt lengths at which the prefill step is priced for TTFT
+STEP_QUANTILES = 16            # prompt lengths in the step-time solve
+MAX_PROMPTS_PER_STEP = 24      # Poisson counts of prompts arriving during one step: 0..this
+SOLVER_STEPS = 60
+
+
+@dataclass(frozen=True)
+class _Work:
+    """One average request's decode work at draft length k (see the module docstring)."""
+    k: float                     # mean draft length per step
+    tpot_factor: float           # mean over requests of 1 / (tokens per step): TPOT = tau * this
+    decode: np.ndarray           # target feature totals of the decode (or verify) steps
+    draft: np.ndarray | None     # draft feature totals of its decode steps
+    decode_steps: float          # D
+    kv_token_steps: float        # KV tokens held, summed over the request's decode steps
+    k_cdf: np.ndarray            # P(a step's k <= j), j = 0..k_max
+
+
+class FluidModel:
+    """The fluid approximation of one scenario (see the module docstring).
+
+    Built once per scenario (it reads the scenario's trace for the length statistics);
+    :meth:`evaluate` then takes arrival rates, one or an array of them, and returns one
+    row per rate.
+    """
+
+    def __init__(self, scenario: Scenario, k: int | None = None):
+        if scenario.engine.batching != "continuous":
+            raise ConfigError("the analytic path models continuous batching only", key="engine.batching",
+                              value=scenario.engine.batching, allowed="continuous (or simulate)",
+                              file=scenario.path)
+        self.scenario = scenario
+        dep, eng = scenario.deployment, scenario.engine
+        plan = scenario.memory
+        self.cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, plan)
+        self.engines = dep.replicas * dep.pipeline_parallel
+        spec = scenario.speculation if scenario.speculating else None
+        self.draft_cost = None
+        self.separate = False
+        if spec is not None and spec.draft is not None:
+            self.separate = spec.extra_devices > 0
+            self.draft_cost = CostModel(spec.draft, scenario.hardware,
+                                        spec.draft_devices if self.separate else spec.draft_tensor_parallel, 1,
+                                        scenario.draft_memory if self.separate else plan)
+        self.handoff_s = scenario.hardware.interconnect_latency_s if self.separate else 0.0
+        self.max_seqs = -(-eng.max_num_seqs // dep.pipeline_parallel)
+        self.max_tokens = eng.max_batch_tokens
+        self.kv_tokens = plan.kv_capacity_tokens / dep.pipeline_parallel
+
+        trace = generate_trace(scenario.workload, scenario.seed)
+        keep = (trace.prompt_tokens + trace.output_tokens) <= min(scenario.max_model_len, plan.kv_capacity_tokens)
+        prompt = trace.prompt_tokens[keep].astype(float)
+        output = trace.output_tokens[keep].astype(float)
+        if len(prompt) == 0:
+            raise ConfigError("no request of the workload fits the engine (all are too long)",
+                              key="workload", has_value=False, file=scenario.path)
+        self.mean_prompt, self.mean_output = float(prompt.mean()), float(output.mean())
+        self.prompt_second_moment = float((prompt ** 2).mean())
+        self.mean_decode = self.mean_output - 1.0
+        pairs = prompt * (prompt + 1) / 2
+        self.pairs_per_token = float(pairs.mean() / prompt.mean())
+        # Prompt lengths (and their attention pairs) at midpoint quantiles: a coarse grid for the
+        # step-time solve, a fine one for TTFT.
+        self.grid_prompt, self.grid_pairs = self._quantiles(prompt, pairs, STEP_QUANTILES)
+        self.ttft_prompt, self.ttft_pairs = self._quantiles(prompt, pairs, PROMPT_QUANTILES)
+        decode = output - 1.0
+        self._decode_tokens = decode
+        window = scenario.model.sliding_window
+        # Sum over a request's decode steps of the context each reads: sum_{c=P+1}^{P+O-1} min(c, W).
+        self._decode_kv = self._context_sum(prompt + 1, prompt + decode, window)
+        # KV held while decoding: the context rounded up to blocks (half a block on average).
+        self._kv_held = decode * (prompt + (decode + 1) / 2 + eng.block_size / 2)
+        self.spec = spec
+        self.works = [self._work(mix) for mix in self._mixes(spec)]
+        self._counts = np.arange(MAX_PROMPTS_PER_STEP + 1, dtype=float)
+
+    @staticmethod
+    def _quantiles(prompt, pairs, n):
+        order = np.argsort(prompt)
+        index = ((np.arange(n) + 0.5) / n * len(prompt)).astype(int)
+        return prompt[order][index], pairs[order][index]
+
+    @staticmethod
+    def _context_sum(first, last, window):
+        """sum_{c=first}^{last} min(c, window), elementwise (0 when last < first)."""
+        n = np.maximum(last - first + 1, 0)
+        full = n * (first + last) / 2
+        if not window:
+            return full
+        below = np.clip(window - first, 0, n)                # terms below the window
+        return below * (2 * first + below - 1) / 2 + (n - below) * window
+
+    def _mixes(self, spec) -> list[KMix | None]:
+        """The k occupancy of the scenario's policy; the goodput policy's candidates (one per k)."""
+        if spec is None:
+            return [None]
+        policy = spec.policy
+        if policy.policy == "static":
+            return [static_mix(spec.acceptance, policy.k, policy.k_max)]
+        if policy.policy == "adaptive":
+            return [adaptive_mix(spec, self.mean_decode)]
+        return [static_mix(spec.acceptance, k, policy.k_max) for k in range(policy.k_max + 1)]
+
+    def _work(self, mix: KMix | None) -> _Work:
+        """Per-request decode feature totals when steps run at the k occupancy ``mix`` (None: plain)."""
+        target = np.zeros(len(FEATURES))
+        decode = self._decode_tokens
+        if mix is None:
+            steps, tpot_factor = self.mean_decode, 1.0
+        else:
+            # Steps per request by class (its k occupancy over the per-k step counts); TPOT is a
+            # per-request mean of steps / tokens over requests with decode tokens.
+            per_k = steps_to_emit(self.spec.acceptance, mix.tokens.shape[1] - 1, decode.astype(int))
+            by_class = np.einsum("ck,ckn->cn", mix.occupancy, per_k)
+            steps = float(by_class.mean())
+            tpot_factor = float((by_class[:, decode > 0] / decode[decode > 0]).mean())
+        steps_per_token = steps / self.mean_decode
+        context_sum = float(self._decode_kv.mean()) * steps_per_token   # over the steps, context + 1
+        weights = np.array([1.0]) if mix is None else mix.step_weights()
+        k = np.arange(len(weights))
+        plain, spec_w = weights[0], weights * (k > 0)
+        target[F["decode_seqs"]] = plain * steps
+        target[F["decode_kv_read"]] = plain * context_sum
+        # A verify step at k is a k + 1 position chunk over the context.
+        t = (k + 1) * (k > 0)
+        target[F["prefill_tokens"]] = spec_w @ t * steps
+        target[F["prefill_pairs"]] = spec_w @ (t * context_sum + t * (t + 1) / 2 * steps)
+        target[F["prefill_kv_read"]] = spec_w @ (context_sum + t * steps)
+        target[F["tokens"]] = target[F["logit_tokens"]] = target[F["decode_seqs"]] + target[F["prefill_tokens"]]
+        mean_k = float(weights @ k)
+        draft = None
+        if self.draft_cost is not None and mean_k > 0:
+            # Draft step j runs the sequences with k > j, over context + j + 1.
+            draft = np.zeros(len(FEATURES))
+            draft[F["decode_seqs"]] = draft[F["tokens"]] = draft[F["logit_tokens"]] = mean_k * steps
+            draft[F["decode_kv_read"]] = weights @ (k * context_sum + k * (k + 1) / 2 * steps)
+        kv = (float(self._kv_held.mean()) + mean_k * self.mean_decode) * steps_per_token
+        return _Work(mean_k, tpot_factor, target, draft, steps, kv, np.cumsum(weights))
+
+    # -- the step-time fixed point ------------------------------------------------------------------
+    @staticmethod
+    def _rows(per_step: np.ndarray, cost: CostModel, iterations: float = 1.0) -> np.ndarray:
+        """Feature rows ``iterations * one + per_step`` (MoE expert counts per iteration)."""
+        x = per_step.copy()
+        x[..., F["one"]] = iterations
+        x[..., F["experts_touched"]] = iterations * cost.model.expected_experts_touched(
+            x[..., F["tokens"]] / iterations)
+        return x
+
+    def _prefill_rows(self, tokens: np.ndarray, pairs: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        x = np.zeros(tokens.shape + (len(FEATURES),))
+        x[..., F["tokens"]] = x[..., F["prefill_tokens"]] = x[..., F["prefill_kv_read"]] = tokens
+        x[..., F["prefill_pairs"]] = pairs
+        x[..., F["logit_tokens"]] = logits
+        return x
+
+    def _steps(self, lam: np.ndarray, tau: np.ndarray, work: _Work):
+        """Iteration times over the distribution of prefill a step carries, with their weights.
+
+        The prompts arriving during a step are Poisson(lambda tau); n of them at prompt
+        quantile q carry n E[P] + sqrt(n) (P_q - E[P]) tokens (exact for n = 1, the
+        central-limit scaling beyond), capped by the token budget left by the decoders.
+        Prefill held back by the cap is spread over every step (so that all of it is
+        computed: lambda tau E[P] tokens per step on average). Returns (times, weights), both
+        of shape (rates, counts, quantiles).
+        """
+        load = (lam * tau)[:, None, None]
+        most = float(load.max(initial=0.0))
+        n = self._counts[:int(min(most + 6 * math.sqrt(most) + 4, MAX_PROMPTS_PER_STEP)) + 1][None, :, None]
+        weights = np.exp(special.xlogy(n, load) - load - special.gammaln(n + 1))
+        weights = weights / np.maximum(weights.sum(axis=1, keepdims=True), 1e-300) / len(self.grid_prompt)
+        root = np.sqrt(n)
+        p, pp = self.grid_prompt[None, None, :], self.grid_pairs[None, None, :]
+        tokens = np.maximum(n * self.mean_prompt + root * (p - self.mean_prompt), 0.0)
+        pairs = np.maximum(n * self.pairs_per_token * self.mean_prompt + root * (pp - self.pairs_per_token
+                                                                                  * self.mean_prompt), 0.0)
+        room = np.maximum(self.max_tokens - load * work.decode[F["tokens"]], 1.0)
+        taken = np.minimum(tokens, room)
+        held_back = np.maximum(load * self.mean_prompt - (weights * taken).sum(axis=(1, 2), keepdims=True), 0.0)
+        chunk = np.minimum(taken + held_back, room)
+        chunk_pairs = np.where(tokens > 0, pairs * chunk / np.maximum(tokens, 1e-12), chunk * self.pairs_per_token)
+        prefill = self._prefill_rows(chunk, chunk_pairs, np.minimum(n, chunk))
+        times = self._iteration_time(load + 0 * tokens, prefill, work)
+        return times, weights
+
+    def _iteration_time(self, load: np.ndarray, prefill: np.ndarray, work: _Work) -> np.ndarray:
+        """One iteration carrying ``load`` requests' decode work and the ``prefill`` rows, draft included.
+
+        The draft runs as many sequential steps as the largest k in the batch: with B
+        sequences drawing k independently, E[max k] = sum_j (1 - P(k <= j)^B).
+        """
+        load = load[..., None]
+        verify = self.cost.iteration(self._rows(load * work.decode + prefill, self.cost))[0]
+        if work.draft is None:
+            return verify
+        batch = np.maximum(load[..., 0] * work.decode_steps, 1.0)
+        steps = (1.0 - work.k_cdf[:-1] ** batch[..., None]).sum(axis=-1)
+        steps = np.maximum(steps, 1.0)
+        per = load * work.draft / steps[..., None]
+        first = self.draft_cost.iteration(self._rows(per + prefill, self.draft_cost))[0]
+        rest = self.draft_cost.iteration(self._rows(per, self.draft_cost))[0] * (steps - 1)
+        draft = first + rest
+        return np.maximum(verify, draft) + self.handoff_s if self.separate else verify + draft
+
+    def _mean_step(self, lam: np.ndarray, tau: np.ndarray, work: _Work) -> np.ndarray:
+        times, weights = self._steps(lam, tau, work)
+        return (times * weights).sum(axis=(1, 2))
+
+    def _solve(self, lam: np.ndarray, work: _Work) -> np.ndarray:
+        """The least tau = E[step time | lambda, tau], or inf where none is below saturation.
+
+        g(tau) = E[step time] increases with tau; from tau = 0 (g > tau) Newton steps
+        climb towards the least fixed point, a fixed-point step (tau <- g(tau), which never
+        passes it) replaces Newton where g' >= 1, and bisection takes over once a step
+        overshoots. Past the tau at which the batch would hold twice max_num_seqs the
+        engine is saturated whatever the cost model says: inf.
+        """
+        limit = 2 * self.max_seqs / np.maximum(lam * work.decode_steps, 1e-300)
+        tau = np.zeros_like(lam)
+        low, high = np.zeros_like(lam), np.full_like(lam, np.inf)
+        done = np.zeros(lam.shape, dtype=bool)
+        for _ in range(SOLVER_STEPS):
+            g = self._mean_step(lam, tau, work)
+            h = g - tau
+            done |= np.abs(h) <= 1e-9 * np.maximum(tau, 1e-9)
+            done |= tau > limit
+            if done.all():
+                break
+            above = h > 0
+            low = np.where(above, tau, low)
+            high = np.where(above, high, tau)
+            eps = 1e-6 * np.maximum(tau, 1e-6)
+            slope = (self._mean_step(lam, tau + eps, work) - g) / eps
+            newton = np.where(slope < 1, tau + h / (1 - np.minimum(slope, 1 - 1e-12)), g)
+            step = np.where(above, newton, (low + high) / 2)
+            step = np.where(np.isfinite(high) & (step >= high), (low + high) / 2, step)
+            tau = np.where(done, tau, step)
+        return np.where(tau > limit, np.inf, tau)
+
+    # -- public -------------------------------------------------------------------------------------
+    def evaluate(self, rate_per_s) -> pd.DataFrame:
+        """Predicted steady state at each total arrival rate (requests/s over all replicas)."""
+        rates = np.atleast_1d(np.asarray(rate_per_s, dtype=float))
+        if np.any(rates <= 0) or not np.all(np.isfinite(rates)):
+            raise ValueError("arrival rates must be positive and finite")
+        frames = [self._evaluate(rates, work) for work in self.works]
+        if len(frames) == 1:
+            return frames[0]
+        # The goodput policy: at each load, the k with the shortest TPOT among the stable ones.
+        tpot = np.vstack([f["tpot_mean_s"].to_numpy() for f in frames])
+        best = np.argmin(np.where(np.isfinite(tpot), tpot, np.inf), axis=0)
+        return pd.concat([frames[b].iloc[[i]] for i, b in enumerate(best)], ignore_index=True)
+
+    def _evaluate(self, rates: np.ndarray, work: _Work) -> pd.DataFrame:
+        lam = rates / self.engines
+        tau = self._solve(lam, work)
+        finite = np.isfinite(tau)
+        t = np.where(finite, tau, 0.0)
+        load = lam * t
+        batch = load * work.decode_steps                        # B, decoding sequences
+        times, weights = self._steps(lam, t, work)
+        residual = (weights * times ** 2).sum(axis=(1, 2)) / (2 * np.maximum(t, 1e-300))
+        # The iteration(s) computing a prompt of each quantile length: its chunks plus the mean
+        # prefill of the others, within the token budget left by the decoders.
+        room = np.maximum(self.max_tokens - load[:, None] * work.decode[F["tokens"]], 1.0)   # (rates, 1)
+        others = load[:, None] * self.mean_prompt
+        p, pp = self.ttft_prompt[None, :], self.ttft_pairs[None, :]
+        chunks = np.ceil((p + others) / room)
+        own = p / chunks
+        prefill = self._prefill_rows(own + others / chunks, (pp + others * self.pairs_per_token) / chunks,
+                                     np.ones_like(own))
+        busy_step = self._iteration_time(load[:, None] + 0 * own, prefill, work)
+        idle_step = self._iteration_time(0 * own, self._prefill_rows(own, pp / chunks, np.ones_like(own)), work)
+        prefill_busy = (chunks * busy_step).mean(axis=1)
+        prefill_idle = (chunks * idle_step).mean(axis=1)
+        decode_s = work.decode_steps * t
+        # Requests in the system (Little) and the chance an arrival finds the engine busy.
+        in_system = lam * (prefill_busy + decode_s)
+        busy = 1.0 - np.exp(-in_system)
+        # Prefill budget: an M/G/1 queue whose server computes the budget the decoders leave per step.
+        budget = room[:, 0]
+        rho_budget = load * self.mean_prompt / budget
+        wait_budget = np.where(rho_budget < 1, lam * self.prompt_second_moment * (t / budget) ** 2
+                               / (2 * np.maximum(1 - rho_budget, 1e-12)), np.inf)
+        # Batch slots: M/G/c (Erlang C, Allen-Cunneen), c from max_num_seqs or the KV cache.
+        held_s = prefill_busy + decode_s
+        offered = lam * held_s
+        kv_per_request = work.kv_token_steps / max(work.decode_steps, 1e-12)
+        slots = np.minimum(self.max_seqs, self.kv_tokens / kv_per_request)
+        wait_slot = self._erlang_wait(offered, slots, held_s)
+        stable = finite & (offered < slots) & (rho_budget < 1)
+        ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + wait_budget + wait_slot
+        tpot = t * work.tpot_factor
+        ttft = np.where(stable, ttft, np.inf)
+        tpot = np.where(stable, tpot, np.inf)
+        e2e = ttft + tpot * self.mean_decode
+        utilisation = np.where(finite, np.maximum(offered / slots, rho_budget), np.inf)
+        return pd.DataFrame({
+            "rate_per_s": rates, "mean_k": work.k, "tokens_per_step": 1.0 / work.tpot_factor,
+            "step_time_s": np.where(finite, tau, np.inf),
+            # Sequences per iteration, decoding (B) and prefilling (the prompts a step carries).
+            "batch_size": np.where(finite, batch + load, np.inf),
+            "in_system": np.where(finite, in_system * self.engines, np.inf),
+            "utilisation": utilisation, "stable": stable,
+            "ttft_mean_s": ttft, "tpot_mean_s": tpot, "e2e_mean_s": e2e,
+            "output_tokens_per_s": np.where(stable, rates * self.mean_output, np.nan),
+        })
+
+    def _added(self, base: np.ndarray, extra: np.ndarray, cost: CostModel) -> np.ndarray:
+        """How much ``extra`` work lengthens iterations with feature rows ``base`` (no ``one``)."""
+        return (cost.iteration(self._features(base + extra, cost))[0]
+                - cost.iteration(self._features(base, cost))[0])
+
+    @staticmethod
+    def _erlang_wait(offered: np.ndarray, servers: np.ndarray, held_s: np.ndarray, cv2: float = 1.0):
+        """Mean wait in M/G/c: Erlang C times (1 + cs^2)/2 (Allen-Cunneen); inf at or past saturation."""
+        c = np.maximum(np.floor(servers), 1.0)
+        a = offered
+        with np.errstate(divide="ignore", invalid="ignore"):
+            erlang_b = np.exp(special.xlogy(c, a) - a - special.gammaln(c + 1)) / special.pdtr(c, a)
+            rho = a / c
+            erlang_c = erlang_b / (1 - rho * (1 - erlang_b))
+            wait = erlang_c * held_s / (c * (1 - rho)) * (1 + cv2) / 2
+        return np.where((rho < 1) & (a > 0), np.nan_to_num(wait, nan=0.0), np.where(a > 0, np.inf, 0.0))
+
+    def capacity(self, tolerance: float = 1e-4) -> float:
+        """The largest total arrival rate (requests/s) the model predicts to be stable."""
+        def stable(rate: float) -> bool:
+            return bool(self.evaluate(rate)["stable"].iloc[0])
+        high = 1.0
+        while stable(high):
+            high *= 2
+            if high > 1e9:
+                return math.inf
+        low = high / 2
+        while not stable(low):
+            high, low = low, low / 2
+            if low < 1e-9:
+                return 0.0
+        while high - low > tolerance * low:
+            mid = (low + high) / 2
+            low, high = (mid, high) if stable(mid) else (low, mid)
+        return low
+
+
+def predict(scenario: Scenario, rate_per_s=None) -> pd.DataFrame:
+    """The analytic prediction for a scenario at its own arrival rate, or at ``rate_per_s`` (array)."""
+    model = FluidModel(scenario)
+    if rate_per_s is None:
+        if scenario.workload.arrival.process == "trace":
+            trace = generate_trace(scenario.workload, scenario.seed)
+            rate_per_s = len(trace) / max(float(trace.arrival_s[-1]), 1e-9)
+        else:
+            rate_per_s = scenario.workload.arrival.rate_per_s
+    return model.evaluate(rate_per_s)
