@@ -30,6 +30,22 @@ def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
     return ok
 
 
+def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict:
+    """Per-metric attainment (share of requests within that limit) and whether every percentile
+    target holds (``met``; True when no limit is set). Unfinished or rejected requests miss."""
+    finished = steady["status"] == "finished"
+    out, met = {}, True
+    for metric, (limit, percentile) in slo.targets().items():
+        values = steady[f"{metric}_s"]
+        within = finished & ((values <= limit) | (values.isna() if metric == "tpot" else False))
+        share = float(within.mean()) if len(steady) else math.nan
+        out[f"{metric}_attainment"] = share
+        out[f"{metric}_percentile"] = percentile
+        met = met and share >= percentile / 100
+    out["met"] = bool(met)
+    return out
+
+
 def distribution(values) -> dict[str, float]:
     values = np.asarray(values, dtype=float)
     values = values[~np.isnan(values)]
@@ -86,6 +102,7 @@ def summarize(result) -> dict:
         "attainment": len(good) / len(steady) if len(steady) else math.nan,
         "goodput_requests_per_s": len(good) / window,
         "goodput_output_tokens_per_s": float(good["output_tokens"].sum()) / window,
+        **slo_targets(steady, scenario.slo),
     }
     busy_s = float(in_window["duration_s"].sum())
     weights = in_window["duration_s"].to_numpy()

@@ -50,16 +50,32 @@ class EngineConfig:
     kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
 
 
+SLO_METRICS = ("ttft", "tpot", "e2e")
+
+
 @dataclass(frozen=True)
 class SLO:
-    """Per-request latency limits; a request meets the SLO when every set limit holds."""
+    """Per-request latency limits; a request meets the SLO when every set limit holds.
+
+    A deployment meets its SLO targets when, for each limit set, at least ``percentile``
+    percent of the requests are within it (P95 TTFT <= ttft, ...; unfinished and rejected
+    requests count as over every limit). ``slo.percentile`` is one number or one per metric.
+    """
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
+    ttft_percentile: float = 95.0
+    tpot_percentile: float = 95.0
+    e2e_percentile: float = 95.0
 
     @property
     def defined(self) -> bool:
         return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s))
+
+    def targets(self) -> dict[str, tuple[float, float]]:
+        """metric -> (limit in seconds, percentile) for every limit set."""
+        return {m: (getattr(self, f"{m}_s"), getattr(self, f"{m}_percentile")) for m in SLO_METRICS
+                if getattr(self, f"{m}_s") is not None}
 
 
 @dataclass(frozen=True)
@@ -187,7 +203,8 @@ def scenario_from_node(root: Node) -> Scenario:
         speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
     slo_node = root.child("slo")
-    slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", None) for key in ("ttft", "tpot", "e2e")})
+    slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", None) for key in SLO_METRICS},
+              **_slo_percentiles(slo_node))
     slo_node.done()
     sim = root.child("simulation")
     simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", None, minimum=0.0,
@@ -202,6 +219,23 @@ def scenario_from_node(root: Node) -> Scenario:
                         speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir))
     _check_fits(scenario, root)
     return scenario
+
+
+def _slo_percentiles(node: Node) -> dict:
+    """``slo.percentile``: one percentile for every limit (default 95), or ``{ttft: 99, tpot: 95}``."""
+    bounds = dict(minimum=0.0, maximum=100.0, exclusive_minimum=True)
+    if not isinstance(node.raw("percentile", None), dict):
+        value = node.number("percentile", 95.0, **bounds)
+        return {f"{m}_percentile": float(value) for m in SLO_METRICS}
+    each = node.child("percentile")
+    values = {}
+    for metric in SLO_METRICS:
+        if each.has(metric) and not node.has(metric):
+            raise each.key_error(metric, f"a percentile for {metric} needs a limit (slo.{metric})",
+                                 each.raw(metric), f"set slo.{metric}, or drop this key")
+        values[f"{metric}_percentile"] = float(each.number(metric, 95.0, **bounds))
+    each.done()
+    return values
 
 
 def _parallel(node: Node, key: str) -> int | None:
