@@ -62,9 +62,24 @@ def _cmd_sweep(args) -> int:
     from .sweeps import mean_over_seeds, parameter_columns, sweep
 
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.scenario).stem}"
-    rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine, seeds=args.seeds,
-                 client=args.scheduler)
+    try:
+        rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine,
+                     seeds=args.seeds, client=args.scheduler)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished points are kept in {out / 'results.csv'}; "
+              "the same command resumes the sweep", file=sys.stderr)
+        return 130
     keys = parameter_columns(rows)
+    failed = rows[rows["error"] != ""]
+    for _, row in failed.iterrows():
+        print(f"failed: {', '.join(f'{k}={row[k]}' for k in keys)} seed {row['seed']}: {row['error']}")
+    if len(failed) == len(rows):
+        return 1
+    for option, column in (("--latency", args.latency), ("--throughput", args.throughput)):
+        if column not in rows.columns or not pd.api.types.is_numeric_dtype(rows[column]):
+            numeric = [c for c in rows.select_dtypes("number").columns if c.startswith(("latency.", "throughput."))]
+            raise ConfigError("not a numeric column of the sweep's results", key=option, value=column,
+                              allowed=", ".join(numeric[:12]) + ", ...")
     points = mean_over_seeds(rows, [args.latency, args.throughput])
     frontier = pareto_frontier(points, args.latency, args.throughput)
     varied = [key for key in keys if points[key].astype(str).nunique() > 1]    # fixed settings add nothing
@@ -73,9 +88,6 @@ def _cmd_sweep(args) -> int:
     table.loc[frontier.index, "frontier"] = frontier["knee"].map({True: "knee", False: "*"})
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
         print(table.to_string(index=False))
-    failed = rows[rows["error"] != ""]
-    for _, row in failed.iterrows():
-        print(f"failed: {', '.join(f'{k}={row[k]}' for k in keys)} seed {row['seed']}: {row['error']}")
     frontier.to_csv(out / "frontier.csv", index=False)
     written = [out / "results.csv", out / "frontier.csv"]
     if args.plot:

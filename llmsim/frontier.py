@@ -46,7 +46,7 @@ def pareto_frontier(df: pd.DataFrame, latency: str = LATENCY, throughput: str = 
     # its best, and a point joins the frontier when it beats the best throughput seen so far.
     ordered = usable.sort_values([latency, throughput], ascending=[True, False], kind="stable")
     values = ordered[throughput].to_numpy(dtype=float)
-    best_before = np.concatenate(([-np.inf], np.maximum.accumulate(values)[:-1]))
+    best_before = np.concatenate(([-np.inf], np.maximum.accumulate(values)[:-1]))[:len(values)]
     frontier = ordered[values > best_before].copy()
     frontier["knee"] = False
     if len(frontier):

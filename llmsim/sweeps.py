@@ -27,6 +27,7 @@ import itertools
 import json
 import math
 import os
+import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
@@ -224,7 +225,10 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int) -> str:
 
 def simulate_point(scenario: Scenario) -> dict:
     """One point's row of metrics: the flattened summary and output tokens per dollar."""
-    flat = flatten(simulate(scenario).summary())
+    result = simulate(scenario)
+    if result.interrupted:            # Ctrl-C during a serial sweep: stop, and record nothing half-run
+        raise KeyboardInterrupt
+    flat = flatten(result.summary())
     usd_per_hour = flat["economics.usd_per_hour"]
     tokens_per_s = flat["throughput.output_tokens_per_s"]
     flat["throughput.output_tokens_per_usd"] = tokens_per_s * 3600 / usd_per_hour if usd_per_hour else math.nan
@@ -236,6 +240,14 @@ def _evaluate(scenario: Scenario) -> dict:
     try:
         return simulate_point(scenario)
     except Exception as error:          # one failing point must not lose the others
+        return {"error": f"{type(error).__name__}: {error}".replace("\n", " ")}
+
+
+def _outcome(future) -> dict:
+    """A finished future's metrics; a worker that died (killed, out of memory) fails only its points."""
+    try:
+        return future.result()
+    except Exception as error:
         return {"error": f"{type(error).__name__}: {error}".replace("\n", " ")}
 
 
@@ -253,21 +265,36 @@ def _execute(jobs: list[tuple[str, Scenario]], engine: str, workers: int | None,
                 yield point_id, _evaluate(scenario)
                 bar.update()
         elif engine == "processes":
-            with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-                pending = {pool.submit(_evaluate, scenario): point_id for point_id, scenario in jobs}
-                try:
-                    while pending:
-                        done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                        for future in done:
-                            yield pending.pop(future), future.result()
-                            bar.update()
-                finally:
-                    for future in pending:
-                        future.cancel()
+            pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_ignore_interrupts)
+            pending = {pool.submit(_evaluate, scenario): point_id for point_id, scenario in jobs}
+            try:
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        yield pending.pop(future), _outcome(future)
+                        bar.update()
+            except BaseException:
+                # Ctrl-C, or the caller stopped: drop the queued points and stop the running ones
+                # at once (what finished has already been handed over).
+                _terminate(pool)
+                raise
+            pool.shutdown()
         else:
             yield from _execute_dask(jobs, workers, client, bar)
     finally:
         bar.close()
+
+
+def _ignore_interrupts() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them; a simulation cut short is not a result."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    processes = list((pool._processes or {}).values())    # no public handle before Python 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
 
 
 def _execute_dask(jobs, workers: int, client, bar):
@@ -288,9 +315,13 @@ def _execute_dask(jobs, workers: int, client, bar):
         futures = client.map(_evaluate, [scenario for _, scenario in jobs], key=[f"llmsim-{i}" for i in ids],
                              pure=False)
         by_key = dict(zip((f.key for f in futures), ids))
-        for future in as_completed(futures):
-            yield by_key[future.key], future.result()
-            bar.update()
+        try:
+            for future in as_completed(futures):
+                yield by_key[future.key], _outcome(future)
+                bar.update()
+        except BaseException:
+            client.cancel(futures)
+            raise
     finally:
         if own:
             client.close()
@@ -300,19 +331,24 @@ def _execute_dask(jobs, workers: int, client, bar):
 
 def _base(scenario) -> tuple[dict, Path, str | None, int]:
     """(YAML mapping, folder for relative paths, file name for errors, seed) of a sweep's scenario."""
+    # Each point is validated in full; the base alone need not be complete (a grid may supply
+    # its hardware, say), so only its seed is read here.
     if isinstance(scenario, (str, Path)):
-        data = load_yaml(scenario)
-        node = Node(data, file=str(scenario))      # rejects a file that is not a mapping
-        return node.data, Path(scenario).parent, str(scenario), scenario_from_node(node).seed
+        node = Node(load_yaml(scenario), file=str(scenario))      # rejects a file that is not a mapping
+        return node.data, Path(scenario).parent, str(scenario), _base_seed(node)
     if isinstance(scenario, Scenario):
         if scenario.source is None:
             raise ValueError("this Scenario was not read from YAML (no source mapping): pass its file or mapping")
         return ({**scenario.source, "seed": scenario.seed}, Path(scenario.source_dir or "."), scenario.path,
                 scenario.seed)
     if isinstance(scenario, Mapping):
-        data = dict(scenario)
-        return data, Path.cwd(), None, scenario_from_node(Node(copy.deepcopy(data))).seed
+        node = Node(dict(scenario))
+        return node.data, Path.cwd(), None, _base_seed(node)
     raise TypeError(f"expected a scenario path, Scenario or mapping, not {type(scenario).__name__}")
+
+
+def _base_seed(node: Node) -> int:
+    return node.number("seed", 0, integer=True, minimum=0, exclusive_minimum=False)
 
 
 def _seed(seed, source: str | None) -> int:

@@ -71,8 +71,10 @@ def test_rows_without_both_metrics_are_left_out(tmp_path):
     frame = pd.DataFrame({LAT: [1.0, np.nan, 0.5, 2.0], THR: [10.0, 1e9, np.nan, 20.0], "rate": [1, 2, 3, 4]})
     frontier = pareto_frontier(frame, LAT, THR)
     assert list(frontier["rate"]) == [1, 4]
-    path = plot_frontier(frame, tmp_path / "f.png", LAT, THR, color_by="rate")
-    assert path.stat().st_size > 1000
+    assert pareto_frontier(frame.iloc[1:3], LAT, THR).empty
+    labelled = frame.assign(rate=frame["rate"].astype(str) + "/s")
+    for name, data, color_by in (("scale", frame, "rate"), ("legend", labelled, "rate"), ("plain", frame, None)):
+        assert plot_frontier(data, tmp_path / f"{name}.png", LAT, THR, color_by=color_by).stat().st_size > 1000
     with pytest.raises(KeyError, match="no column"):
         pareto_frontier(frame, "latency.nope", THR)
 
