@@ -168,7 +168,7 @@ def _record(plan, device, dtypes, session, shapes, held_out, result) -> dict:
                 "starts": result.starts, "kv_read_penalty_held_fixed": _sig(session.kv_read_penalty),
                 "parameters": {k: _sig(v) for k, v in result.values.items()},
                 "mape": _sig(result.mape), "worst_error": _sig(result.worst_error),
-                "mape_by_dtype": _mape_by_dtype(shapes, fit_errors)},
+                "mape_by_dtype": _mape_by_dtype(shapes, fit_errors), "at_ceiling": list(result.at_ceiling)},
         "held_out_same_session": {
             "shapes": len(held_out), "mape": _sig(float(np.mean(np.abs(held_out_errors)))),
             "worst_error": _sig(float(np.max(np.abs(held_out_errors)))),
@@ -220,6 +220,9 @@ def calibration_summary(document: dict) -> str:
               f"{record['noise']['median_relative_iqr']:.1%}",
               f"held out   MAPE {held['mape']:.1%} (" + ", ".join(f"{d} {v:.1%}" for d, v in held["mape_by_dtype"].items())
               + f"), worst {held['worst_error']:.1%}: {held['shapes']} steps measured in the same session, not fitted"]
+    if fit.get("at_ceiling"):
+        lines.append(f"WARNING    {', '.join(fit['at_ceiling'])} fitted at the ceiling 1: the steps ran faster than the "
+                     "measured peaks allow, so the roofline benchmark did not reach the kernels' speed")
     return "\n".join(lines)
 
 

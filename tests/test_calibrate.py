@@ -29,6 +29,8 @@ TARGET = PROFILE_DIR / "h100-sxm.yaml"
 # A median of n samples of a normal spread has standard error sqrt(pi/2) sigma / sqrt(n), and an
 # interquartile range is 1.349 sigma: so SE(median) / median = MEDIAN_SE_PER_IQR * (IQR / median) / sqrt(n).
 MEDIAN_SE_PER_IQR = math.sqrt(math.pi / 2) / 1.349
+# Issue 5's acceptance: held-out MAPE of the calibrated model under 15%.
+TARGET_MAPE = 0.15
 
 
 @pytest.fixture(scope="module")
@@ -77,17 +79,19 @@ def test_quick_profile_loads_with_measured_efficiencies(quick):
     assert profile.calibration["torch_version"] in profile.figures["efficiency.compute"].source
 
 
-def test_quick_profile_predicts_the_held_out_steps_within_the_noise(quick):
-    """The held-out steps lie inside the fitted ranges of every axis, so the fitted model should
-    miss them by about what it misses the fitted steps by, plus the noise of both medians: three
-    standard errors of the difference of two medians. They were measured in the calibration's own
-    session, so the machine's drift between sessions plays no part."""
+def test_quick_profile_predicts_the_held_out_steps_within_the_target_and_the_noise(quick):
+    """The held-out steps (a width, depth, batches and contexts the fit never saw) should be
+    predicted within issue 5's acceptance target, TARGET_MAPE, plus what the noise of the
+    medians can add: three standard errors of the difference of two medians (the held-out
+    one and the fit's). They were measured in the calibration's own session, so the
+    machine's drift between sessions plays no part; on a loaded machine the measured noise,
+    and with it the tolerance, grows. A fit pinned at its bounds (peaks that do not bound
+    the step) misses by several hundred percent and fails here and against the roofline."""
     _, profile = quick
     record = profile.calibration
     held_out = record["held_out_same_session"]["measurements"]
     noise = MEDIAN_SE_PER_IQR * record["noise"]["median_relative_iqr"] / math.sqrt(record["rounds"])
-    tolerance = _mape(record["measurements"], profile) + 3 * math.sqrt(2) * noise
-    assert _mape(held_out, profile) <= tolerance
+    assert _mape(held_out, profile) <= TARGET_MAPE + 3 * math.sqrt(2) * noise
     assert _mape(held_out, profile) < _mape(held_out, uncalibrated(profile))
 
 

@@ -23,6 +23,7 @@ FITTED = ("compute_efficiency", "attention_efficiency", "memory_efficiency",
 EFFICIENCY_FLOOR = 1e-3          # a kernel reaching under 0.1% of the measured peak is a broken benchmark
 OVERHEAD_SCALE_S = 1e-6          # overheads are fitted in microseconds, for conditioning
 STARTING_EFFICIENCIES = (0.1, 0.4, 1.0)
+CEILING_TOLERANCE = 1e-6         # an efficiency this close to 1 is at its bound
 
 
 def predict_s(shapes: list[Shape], hardware: HardwareProfile) -> np.ndarray:
@@ -58,6 +59,7 @@ class FitResult:
     mape: float                        # in-sample mean absolute percentage error, as a fraction
     worst_error: float                 # largest |predicted / measured - 1|
     starts: int                        # starting points tried
+    at_ceiling: tuple[str, ...] = ()   # efficiencies the fit pushed to 1: the measured peak does not bound the step
 
 
 def fit_parameters(shapes: list[Shape], measured_s, roofline: HardwareProfile, kv_read_penalty: float,
@@ -90,8 +92,10 @@ def fit_parameters(shapes: list[Shape], measured_s, roofline: HardwareProfile, k
             best = result
     hardware = with_parameters(base, best.x * scale)
     errors = relative_errors(predict_s(shapes, hardware), measured_s)
-    return FitResult(hardware, dict(zip(FITTED, (float(v) for v in best.x * scale))),
-                     float(np.mean(np.abs(errors))), float(np.max(np.abs(errors))), len(starts))
+    values = dict(zip(FITTED, (float(v) for v in best.x * scale)))
+    at_ceiling = tuple(name for name in FITTED[:3] if values[name] >= 1.0 - CEILING_TOLERANCE)
+    return FitResult(hardware, values, float(np.mean(np.abs(errors))), float(np.max(np.abs(errors))), len(starts),
+                     at_ceiling)
 
 
 def relative_errors(predicted_s, measured_s) -> np.ndarray:

@@ -45,7 +45,7 @@ def profile_document(name: str, record: dict, fitted: dict, roofline: dict, gemm
                      stream_bytes: int, threads: int) -> dict:
     """The profile of the calibrated device; ``record`` is the calibration mapping (device, date, ...)."""
     tag = f"llmsim calibrate on {record['device_name']} ({record['device']}), {record['date']}, torch {record['torch_version']}"
-    gemm = f"median of {record['rounds']} interleaved {gemm_size}^3 matmuls"
+    gemm = f"median of {record['rounds']} interleaved {gemm_size}^3 linear layers (x W^T, as in the decode step)"
     peaks = {dtype: figure(flops_text(rate), f"measured: {tag}: {gemm} in {dtype}", "measured")
              for dtype, rate in roofline["gemm_flops_per_s"].items()}
     bandwidth = roofline["stream_read_bytes_per_s"]
