@@ -208,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     placed.set_defaults(func=_cmd_place)
     from .calibrate import add_subcommands   # torch itself is imported only when a calibration runs
     add_subcommands(sub)
+    from .planning import add_subcommand as add_plan
+    add_plan(sub)
     sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
     sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
     return parser

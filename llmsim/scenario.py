@@ -211,7 +211,7 @@ def scenario_from_node(root: Node) -> Scenario:
                                                         exclusive_minimum=False),
                                   horizon_s=sim.quantity("horizon", "duration", None))
     sim.done()
-    root.done()
+    root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
     deployment = _resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation)
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)

@@ -1,0 +1,267 @@
+"""Capacity plans: how many replicas of which chip serve a target rate within the SLO.
+
+For each candidate hardware profile the scenario is placed afresh (tensor and pipeline
+parallelism ``auto``: the fewest devices that hold the model and one longest request,
+see :func:`~llmsim.placement.smallest_fitting`; the scenario's own hardware keeps its
+own placement), and the smallest replica count whose simulation meets every SLO
+percentile target (``slo.met``: P95 TTFT <= ttft and so on, see :class:`~llmsim.scenario.SLO`)
+at the target rate is found:
+
+1. the analytic fast path (:mod:`llmsim.analytic`) brackets it: below ``lower`` replicas
+   the fluid model says the load is beyond capacity or the mean TTFT / TPOT / E2E
+   already exceed the limits (a percentile is at least the mean for these right-skewed
+   latencies), so those counts are taken to fail; ``upper`` is the first count at which
+   it predicts ample room (utilisation <= 0.6 and means within half the limits);
+2. simulation confirms: ``upper`` is simulated (doubled until it passes), then bisection
+   over the replica count (several counts at once when workers allow, through
+   :func:`llmsim.sweeps.run_points`, all on the same requests), and the count just below
+   the answer is simulated too, so the answer is never taken on the analytic path's word.
+
+Replicas share the load through the scenario's router. Cost and energy come from the
+simulated run at the answer (:func:`llmsim.metrics.economics`: price per device-hour and
+TDP of every device, draft devices included).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from .analytic import FluidModel
+from .configio import Node
+from .errors import ConfigError
+from .hardware import lookup_hardware
+from .scenario import Scenario, load_scenario, scenario_from_node
+from .sweeps import apply_overrides, run_points
+
+RATE_KEY = "workload.arrival.rate"
+ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
+ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
+
+
+def as_scenario(scenario: str | Path | Scenario) -> Scenario:
+    return scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+
+
+def variant(scenario: Scenario, point: Mapping) -> Scenario:
+    """The scenario with dotted-key overrides, validated again like a file (as sweeps do)."""
+    if scenario.source is None:
+        raise ValueError("this Scenario was not read from YAML: pass its file")
+    data = apply_overrides({**scenario.source, "seed": scenario.seed}, point, scenario.path)
+    return scenario_from_node(Node(data, file=scenario.path, base_dir=Path(scenario.source_dir or ".")))
+
+
+def check_rate(rate_per_s: float, key: str = "--target-rate") -> float:
+    if not isinstance(rate_per_s, (int, float)) or not math.isfinite(rate_per_s) or rate_per_s <= 0:
+        raise ConfigError("the target rate must be a positive number of requests per second", key=key,
+                          value=rate_per_s, allowed="a rate such as 20 or '20/s'")
+    return float(rate_per_s)
+
+
+def candidates(scenario: Scenario, hardware: Sequence[str] | None) -> list[str]:
+    """Hardware to plan for: given, else the scenario's ``plan.hardware`` list, else its own."""
+    if hardware:
+        names = list(hardware)
+    else:
+        section = Node((scenario.source or {}).get("plan"), file=scenario.path, path="plan")
+        listed = section.raw("hardware", None)
+        section.done()
+        if listed is not None and (not isinstance(listed, list) or not listed
+                                   or not all(isinstance(name, str) for name in listed)):
+            raise section.key_error("hardware", "expected a list of hardware profile names", listed,
+                                    "e.g. [H100-SXM, CS-3]")
+        names = listed or [scenario.hardware.name]
+    for name in names:
+        # An unknown name is a ConfigError listing the profiles.
+        lookup_hardware(name, None, "--hardware") if hardware else lookup_hardware(name, section, "hardware")
+    return names
+
+
+def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
+         seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = 256,
+         progress: bool = False) -> pd.DataFrame:
+    """One row per candidate hardware: the fewest replicas meeting the SLO targets at the rate.
+
+    Columns: hardware, replicas, devices_per_replica, devices, placement, the analytic
+    bracket (``analytic_lower``, ``analytic_upper``), ``simulations``, the simulated
+    P95 TTFT and TPOT, SLO attainment and output tokens/s at the answer, and its cost
+    per hour, cost per million output tokens and energy per output token (at TDP).
+    ``replicas`` is NaN with a ``note`` when no count up to ``max_replicas`` meets the
+    targets, or when the model does not fit the hardware. ``seeds``: every seed must meet
+    the targets (default: the scenario's seed).
+    """
+    scenario = as_scenario(scenario)
+    rate = check_rate(target_rate_per_s)
+    if not scenario.slo.defined:
+        raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
+                          allowed="ttft, tpot and/or e2e limits")
+    rows = []
+    names = candidates(scenario, hardware)
+    from tqdm.auto import tqdm
+    for name in tqdm(names, disable=not progress, desc="plan", unit="hardware"):
+        rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas))
+    return pd.DataFrame(rows)
+
+
+def _placement_overrides(scenario: Scenario, name: str) -> dict:
+    same = name.lower() == scenario.hardware.name.lower()
+    return {"hardware": name} if same else {"hardware": name, "deployment.tensor_parallel": "auto",
+                                            "deployment.pipeline_parallel": "auto"}
+
+
+def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int) -> dict:
+    base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
+    row = {"hardware": name}
+    try:
+        one = variant(scenario, {**base, "deployment.replicas": 1})
+    except ConfigError as error:
+        return {**row, "replicas": math.nan, "note": f"does not fit: {error.message}"}
+    dep = one.deployment
+    row.update(devices_per_replica=one.devices_per_replica,
+               placement=f"tp{dep.tensor_parallel} x pp{dep.pipeline_parallel}")
+    lower, upper = analytic_bracket(one, rate, max_replicas)
+    row.update(analytic_lower=lower, analytic_upper=upper)
+    outcomes: dict[int, pd.DataFrame] = {}
+
+    def simulate_counts(counts) -> None:
+        todo = sorted({n for n in counts if n not in outcomes})
+        if not todo:
+            return
+        frame = run_points(scenario, [{**base, "deployment.replicas": n} for n in todo], seeds=seeds,
+                           workers=workers, progress=False)
+        for n in todo:
+            outcomes[n] = frame[frame["deployment.replicas"] == n]
+
+    def passes(n: int) -> bool:
+        simulate_counts([n])
+        return _met(outcomes[n])
+
+    hi = min(upper, max_replicas)
+    lo = lower - 1
+    while not passes(hi):
+        lo = hi
+        if hi >= max_replicas:
+            return {**row, "replicas": math.nan, "simulations": len(outcomes),
+                    "note": f"SLO targets not met with {max_replicas} replicas (--max-replicas)"}
+        hi = min(2 * hi, max_replicas)
+    while True:
+        while hi - lo > 1:
+            probes = _probes(lo, hi, workers)
+            simulate_counts(probes)
+            failing = [n for n in probes if not _met(outcomes[n])]
+            passing = [n for n in probes if _met(outcomes[n])]
+            hi = min(passing, default=hi)
+            lo = max([n for n in failing if n < hi], default=lo)
+        # Confirm the count below the answer by simulation, not the analytic path's word.
+        if lo >= 1 and lo not in outcomes and passes(lo):
+            hi, lo = lo, 0
+            continue
+        break
+    result = outcomes[hi]
+    mean = result.select_dtypes("number").mean()
+    row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=len(outcomes),
+               ttft_p95_s=mean["latency.ttft_s.p95"], tpot_p95_s=mean["latency.tpot_s.p95"],
+               slo_attainment=mean["slo.attainment"], output_tokens_per_s=mean["throughput.output_tokens_per_s"],
+               usd_per_hour=mean["economics.usd_per_hour"],
+               usd_per_million_output_tokens=mean["economics.usd_per_million_output_tokens"],
+               joules_per_output_token=mean["economics.joules_per_output_token_at_tdp"],
+               kwh_per_million_output_tokens=mean["economics.kwh_per_million_output_tokens_at_tdp"], note="")
+    return row
+
+
+def _met(rows: pd.DataFrame) -> bool:
+    failed = rows[rows["error"].fillna("") != ""]
+    if len(failed):
+        raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
+    return bool(rows["slo.met"].astype(str).str.lower().eq("true").all())
+
+
+def _probes(lo: int, hi: int, workers: int | None) -> list[int]:
+    """Counts strictly between lo and hi to simulate at once: the midpoint, or evenly spread ones."""
+    import os
+    width = max(1, min(workers or os.cpu_count() or 1, hi - lo - 1))
+    return sorted({int(round(lo + (hi - lo) * (i + 1) / (width + 1))) for i in range(width)} - {lo, hi})
+
+
+def analytic_bracket(one_replica: Scenario, rate: float, max_replicas: int) -> tuple[int, int]:
+    """(lower, upper) replica counts from the fluid model of one replica at rate / n."""
+    slo = one_replica.slo
+    counts = np.arange(1, max_replicas + 1)
+    try:
+        frame = FluidModel(one_replica).evaluate(rate / counts)
+    except ConfigError:                   # not modelled (static batching): simulate from one replica up
+        return 1, 1
+    plausible = frame["stable"].to_numpy().copy()
+    roomy = plausible & (frame["utilisation"].to_numpy() <= ROOMY_UTILISATION)
+    for metric in ("ttft", "tpot", "e2e"):
+        limit = getattr(slo, f"{metric}_s")
+        if limit is not None:
+            mean = frame[f"{metric}_mean_s"].to_numpy()
+            plausible &= mean <= limit
+            roomy &= mean <= ROOMY_LATENCY * limit
+    lower = int(counts[plausible][0]) if plausible.any() else max_replicas
+    upper = int(counts[roomy][0]) if roomy.any() else max_replicas
+    return lower, max(upper, lower)
+
+
+# -- command line -------------------------------------------------------------------------------
+def parse_rate(text: str, option: str = "--target-rate") -> float:
+    """A rate from the command line ('20', '20/s', '1200 req/min'); bad or non-positive: ConfigError."""
+    from .units import UnitError, parse_quantity
+    try:
+        value = parse_quantity(text if not _is_number(text) else float(text), "rate")
+    except UnitError as error:
+        raise ConfigError("cannot read this as a rate", key=option, value=text, allowed=error.allowed) from None
+    return check_rate(value, option)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _cmd_plan(args) -> int:
+    rate = parse_rate(args.target_rate)
+    if args.max_replicas < 1:
+        raise ConfigError("must be at least 1", key="--max-replicas", value=args.max_replicas, allowed="an integer >= 1")
+    seeds = None
+    if args.seeds is not None:
+        if args.seeds < 1:
+            raise ConfigError("must be at least 1", key="--seeds", value=args.seeds, allowed="an integer >= 1")
+        seed = as_scenario(args.scenario).seed
+        seeds = list(range(seed, seed + args.seeds))
+    table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
+                 max_replicas=args.max_replicas, progress=True)
+    shown = table.drop(columns=[c for c in ("kwh_per_million_output_tokens",) if c in table])
+    with pd.option_context("display.width", 220, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
+        print(f"target {rate:g} requests/s:")
+        print(shown.to_string(index=False))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.out, index=False)
+        print(f"\nwrote {args.out}")
+    if table["replicas"].isna().all():
+        reasons = "; ".join(f"{row.hardware}: {row.note}" for row in table.itertuples())
+        raise ConfigError(f"no candidate meets the SLO targets at {rate:g} requests/s ({reasons})",
+                          key="--target-rate", value=args.target_rate,
+                          allowed="a lower rate, more --max-replicas, other --hardware, or looser SLOs")
+    return 0
+
+
+def add_subcommand(sub) -> None:
+    parser = sub.add_parser("plan", help="fewest replicas of each candidate chip that meet the SLO at a rate")
+    parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
+    parser.add_argument("--target-rate", required=True, help="requests per second to serve (e.g. 40 or '40/s')")
+    parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
+                        "plan.hardware list, else its own hardware)")
+    parser.add_argument("--seeds", type=int, help="simulate each count with this many seeds; all must meet")
+    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
+    parser.add_argument("--max-replicas", type=int, default=256, help="give up above this many (default 256)")
+    parser.add_argument("--out", help="also write the table as CSV here")
+    parser.set_defaults(func=_cmd_plan)

@@ -1,0 +1,102 @@
+"""Capacity plans: the fewest replicas that meet the SLO targets, checked by direct simulation."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+import llmsim
+from llmsim import planning
+from llmsim.cli import main
+from llmsim.errors import ConfigError
+from llmsim.hardware import lookup_hardware
+
+from .helpers import BASE, merge
+
+SMALL = merge(BASE, {"workload": {"num_requests": 1200, "arrival": {"rate": 30}},
+                     "slo": {"ttft": "300 ms", "tpot": "30 ms", "percentile": 95}})
+RATE = 130.0
+
+
+@pytest.fixture(scope="module")
+def scenario_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "small.yaml"
+    path.write_text(yaml.safe_dump({**SMALL, "plan": {"hardware": ["H100-SXM", "H200"]}}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def table(scenario_file):
+    return llmsim.plan(scenario_file, RATE, workers=1)
+
+
+def met(scenario_file, hardware, replicas) -> bool:
+    scenario = planning.variant(llmsim.load_scenario(scenario_file),
+                                {"hardware": hardware, "deployment.replicas": replicas,
+                                 "workload.arrival.rate": RATE})
+    return llmsim.simulate(scenario).summary()["slo"]["met"]
+
+
+def test_candidates_come_from_the_plan_section(table):
+    assert list(table["hardware"]) == ["H100-SXM", "H200"]
+
+
+def test_answer_is_the_fewest_replicas_that_meet_the_targets(table, scenario_file):
+    for row in table.itertuples():
+        assert row.replicas >= 1
+        assert met(scenario_file, row.hardware, int(row.replicas))
+        if row.replicas > 1:
+            assert not met(scenario_file, row.hardware, int(row.replicas) - 1)
+
+
+def test_cost_and_energy_follow_the_profiles(table):
+    for row in table.itertuples():
+        hw = lookup_hardware(row.hardware)
+        devices = row.replicas * row.devices_per_replica
+        assert row.devices == devices
+        assert row.usd_per_hour == pytest.approx(devices * hw.price_per_hour_usd)
+        assert row.usd_per_million_output_tokens == pytest.approx(
+            row.usd_per_hour / 3600 / row.output_tokens_per_s * 1e6)
+        assert row.joules_per_output_token == pytest.approx(devices * hw.tdp_w / row.output_tokens_per_s)
+
+
+def test_a_wrong_analytic_bracket_only_costs_simulations(table, scenario_file, monkeypatch):
+    """Simulation decides: a bracket far too high, or far too low, gives the same answer."""
+    expected = int(table.set_index("hardware").loc["H100-SXM", "replicas"])
+    for bracket in ((7, 7), (1, 1)):
+        monkeypatch.setattr(planning, "analytic_bracket", lambda *args, b=bracket: b)
+        again = llmsim.plan(scenario_file, RATE, ["H100-SXM"], workers=1)
+        assert int(again["replicas"].iloc[0]) == expected
+
+
+def test_unreachable_within_the_replica_cap_is_reported(scenario_file):
+    row = llmsim.plan(scenario_file, 400.0, ["H100-SXM"], workers=1, max_replicas=2).iloc[0]
+    assert math.isnan(row["replicas"]) and "not met with 2 replicas" in row["note"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target-rate", "-3"], "positive number of requests per second"),
+    (["--target-rate", "fast"], "cannot read this as a rate"),
+    (["--target-rate", "10", "--hardware", "H100-PCIe-X"], "unknown hardware profile"),
+    (["--target-rate", "400", "--hardware", "H100-SXM", "--max-replicas", "2"], "no candidate meets"),
+])
+def test_cli_errors_exit_2_with_a_message(scenario_file, capsys, argv, message):
+    assert main(["plan", str(scenario_file), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_plan_section_is_a_config_error(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**SMALL, "plan": {"hardware": "H100-SXM"}}))
+    with pytest.raises(ConfigError, match="plan.hardware"):
+        llmsim.plan(path, RATE)
+
+
+def test_cli_prints_the_table_and_writes_csv(scenario_file, tmp_path, capsys):
+    out = tmp_path / "plan.csv"
+    assert main(["plan", str(scenario_file), "--target-rate", "130/s", "--hardware", "H200", "--workers", "1",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "H200" in printed and "usd_per_million_output_tokens" in printed
+    assert out.exists()
