@@ -195,7 +195,8 @@ def apply_overrides(base: dict, point: Mapping[str, Any], source: str | None = N
     """A copy of a scenario mapping with each dotted key path set to its value.
 
     A mapping value is merged into the mapping it replaces, as ``llmsim compare`` merges
-    variants (length distributions are replaced whole); anything else replaces the value.
+    variants (length distributions are replaced whole); ``None`` removes the key, so its
+    default applies (``speculation: None`` is plain decoding); anything else replaces the value.
     """
     data = copy.deepcopy(base)
     for path, value in point.items():
@@ -210,7 +211,9 @@ def apply_overrides(base: dict, point: Mapping[str, Any], source: str | None = N
             parent = child
         leaf = parts[-1]
         old = parent.get(leaf)
-        if isinstance(value, dict) and isinstance(old, dict) and leaf not in REPLACED_WHOLE:
+        if value is None:
+            parent.pop(leaf, None)
+        elif isinstance(value, dict) and isinstance(old, dict) and leaf not in REPLACED_WHOLE:
             parent[leaf] = deep_merge(old, value, REPLACED_WHOLE)
         else:
             parent[leaf] = copy.deepcopy(value)

@@ -69,11 +69,12 @@ def test_overrides_follow_dotted_paths():
     base = merge(BASE, SMALL)
     data = apply_overrides(base, {"workload.prompt_tokens.mean": 64, "engine.chunked_prefill": False,
                                   "workload.output_tokens": {"distribution": "fixed", "value": 7},
-                                  "speculation": None, "deployment.replicas": 2})
+                                  "slo": None, "deployment.replicas": 2})
     assert data["workload"]["prompt_tokens"] == {**base["workload"]["prompt_tokens"], "mean": 64}
     assert data["workload"]["output_tokens"] == {"distribution": "fixed", "value": 7}     # replaced whole
     assert data["engine"] == {**base["engine"], "chunked_prefill": False}
     assert data["deployment"] == {"replicas": 2} and base.get("deployment") is None      # base untouched
+    assert "slo" not in data and "slo" in base                                            # None: unset
     with pytest.raises(ConfigError, match="'hardware' is a value"):
         apply_overrides(base, {"hardware.name": "x"}, "grid.yaml")
     points = grid_points({"a.b": [1, 2, 3], "c": ["x", "y"]})
