@@ -129,8 +129,9 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
     order = list(rows)
     journal = _Journal(Path(out) / RESULTS_FILE) if out is not None else None
     if journal is not None:
+        recorded = {record["point_id"]: record.get("error") for record in journal.records}
         for point_id, row in rows.items():
-            if row["error"]:
+            if row["error"] and recorded.get(point_id) != row["error"]:
                 journal.append(row)
         finished = journal.finished()
         jobs = [(point_id, built) for point_id, built in jobs if point_id not in finished]
@@ -162,14 +163,14 @@ def mean_over_seeds(df: pd.DataFrame, metrics: Sequence[str] = ()) -> pd.DataFra
     keys = parameter_columns(df)
     ok = df[df["error"].fillna("") == ""]
     labels = ok[keys].apply(lambda column: column.map(lambda v: json.dumps(_cell(v), default=str)))
-    groups = ok.groupby([labels[key] for key in keys], sort=False, dropna=False)
+    groups = ok.groupby([labels[key] for key in keys] or [pd.Series(0, index=ok.index)], sort=False, dropna=False)
     numeric = [c for c in ok.select_dtypes("number").columns if c not in keys and c != "seed"]
     frame = groups[numeric].mean()
     frame.insert(0, "seeds", groups.size())
     for metric in metrics:
         n, sd = groups[metric].count(), groups[metric].std(ddof=1)
         frame[f"{metric}.ci95"] = stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
-    firsts = groups[keys].first()
+    firsts = ok.loc[groups.head(1).index, keys]          # groups keep the order they first appear in
     return pd.concat([firsts.reset_index(drop=True), frame.reset_index(drop=True)], axis=1)
 
 

@@ -143,9 +143,14 @@ def test_bad_grids_name_the_grid_file_key_and_value(tmp_path, capsys, grid, key,
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_invalid_points_can_be_recorded_instead():
-    rows = run_points(small(), [{"engine.max_batch_tokens": 64}, {}], workers=1, progress=False, on_invalid="record")
+def test_invalid_points_can_be_recorded_instead(tmp_path):
+    for _ in range(2):
+        rows = run_points(small(), [{"engine.max_batch_tokens": 64}, {}], workers=1, progress=False,
+                          on_invalid="record", out=tmp_path)
     assert "at least max_num_seqs" in rows.loc[0, "error"] and rows.loc[1, "error"] == ""
+    assert len(pd.read_csv(tmp_path / "results.csv")) == 2                  # recorded once
+    means = mean_over_seeds(rows.drop(columns="engine.max_batch_tokens"))    # no point keys: one group
+    assert len(means) == 1 and means.loc[0, "seeds"] == 1
 
 
 def test_dask_local_cluster_gives_the_same_rows():
@@ -165,10 +170,11 @@ def test_cli_sweep_prints_a_table_and_writes_results_and_plot(tmp_path, capsys):
     grid_file = write(tmp_path / "grid.yaml", {"workload.arrival.rate": [5.0, 10.0, 20.0]})
     out = tmp_path / "out"
     assert main(["sweep", str(scenario), "--grid", str(grid_file), "--out", str(out), "--workers", "2",
-                 "--plot"]) == 0
+                 "--seeds", "1", "2", "--plot"]) == 0
     printed = capsys.readouterr().out
     assert "knee" in printed and "tpot_p95_s" in printed
-    assert len(pd.read_csv(out / "results.csv")) == 3
-    frontier = pd.read_csv(out / "frontier.csv")
-    assert 1 <= len(frontier) <= 3 and frontier["knee"].sum() == 1
+    assert len(pd.read_csv(out / "results.csv")) == 6
+    frontier = pd.read_csv(out / "frontier.csv")                # means over the two seeds
+    assert 1 <= len(frontier) <= 3 and frontier["knee"].sum() == 1 and (frontier["seeds"] == 2).all()
+    assert frontier["latency.tpot_s.p95.ci95"].notna().all()
     assert (out / "frontier.png").stat().st_size > 1000
