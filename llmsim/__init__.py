@@ -16,6 +16,7 @@ from .kvcache import KVCache
 from .metrics import batch_means, flatten, summarize
 from .models import ModelSpec, model_catalog, model_from_config_json
 from .planning import plan
+from .recommendation import recommend
 from .request import Request
 from .scenario import Scenario, load_scenario
 from .simulation import SimulationResult, simulate
@@ -27,4 +28,4 @@ __version__ = "0.1.0"
 __all__ = ["CostModel", "Placement", "place", "smallest_fitting", "ConfigError", "HardwareProfile", "hardware_catalog",
            "load_profile", "lookup_hardware", "KVCache", "batch_means", "flatten", "summarize", "ModelSpec",
            "model_catalog", "model_from_config_json", "Request", "Scenario", "load_scenario",
-           "SimulationResult", "simulate", "run_points", "sweep", "Trace", "generate_trace", "plan"]
+           "SimulationResult", "simulate", "run_points", "sweep", "Trace", "generate_trace", "plan", "recommend"]

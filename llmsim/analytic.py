@@ -53,7 +53,7 @@ from .errors import ConfigError
 from .models import F, FEATURES
 from .scenario import Scenario
 from .analytic_k import KMix, adaptive_mix, static_mix, steps_to_emit
-from .workload import generate_trace
+from .workload import Trace, generate_trace
 
 PROMPT_QUANTILES = 64          # prompt lengths at which the prefill step is priced for TTFT
 STEP_QUANTILES = 16            # prompt lengths in the step-time solve
@@ -81,7 +81,7 @@ class FluidModel:
     row per rate.
     """
 
-    def __init__(self, scenario: Scenario, k: int | None = None):
+    def __init__(self, scenario: Scenario, trace: Trace | None = None):
         if scenario.engine.batching != "continuous":
             raise ConfigError("the analytic path models continuous batching only", key="engine.batching",
                               value=scenario.engine.batching, allowed="continuous (or simulate)",
@@ -104,7 +104,8 @@ class FluidModel:
         self.max_tokens = eng.max_batch_tokens
         self.kv_tokens = plan.kv_capacity_tokens / dep.pipeline_parallel
 
-        trace = generate_trace(scenario.workload, scenario.seed)
+        if trace is None:
+            trace = generate_trace(scenario.workload, scenario.seed)
         keep = (trace.prompt_tokens + trace.output_tokens) <= min(scenario.max_model_len, plan.kv_capacity_tokens)
         prompt = trace.prompt_tokens[keep].astype(float)
         output = trace.output_tokens[keep].astype(float)
@@ -266,32 +267,39 @@ class FluidModel:
     def _solve(self, lam: np.ndarray, work: _Work) -> np.ndarray:
         """The least tau = E[step time | lambda, tau], or inf where none is below saturation.
 
-        g(tau) = E[step time] increases with tau; from tau = 0 (g > tau) Newton steps
-        climb towards the least fixed point, a fixed-point step (tau <- g(tau), which never
-        passes it) replaces Newton where g' >= 1, and bisection takes over once a step
-        overshoots. Past the tau at which the batch would hold twice max_num_seqs the
-        engine is saturated whatever the cost model says: inf.
+        g(tau) = E[step time] increases with tau and is close to convex (a sum of maxima
+        of linear terms, smoothed by the Poisson mixture). From tau = 0, where g > tau,
+        Newton steps climb to the least fixed point, and bisection takes over should a
+        step overshoot. Where g' >= 1 while g > tau there is no fixed point ahead (the
+        load outruns the hardware), and past the tau at which the batch would hold twice
+        max_num_seqs the engine is saturated whatever the cost model says: inf. Only the
+        rates not yet settled are computed each step.
         """
         limit = 2 * self.max_seqs / np.maximum(lam * work.decode_steps, 1e-300)
         tau = np.zeros_like(lam)
         low, high = np.zeros_like(lam), np.full_like(lam, np.inf)
-        done = np.zeros(lam.shape, dtype=bool)
+        active = np.arange(len(lam))
         for _ in range(SOLVER_STEPS):
-            g = self._mean_step(lam, tau, work)
-            h = g - tau
-            done |= np.abs(h) <= 1e-9 * np.maximum(tau, 1e-9)
-            done |= tau > limit
-            if done.all():
+            if not len(active):
                 break
+            l, t = lam[active], tau[active]
+            g = self._mean_step(l, t, work)
+            h = g - t
+            settled = np.abs(h) <= 1e-9 * np.maximum(t, 1e-9)
+            eps = 1e-6 * np.maximum(t, 1e-6)
+            slope = (self._mean_step(l, t + eps, work) - g) / eps
             above = h > 0
-            low = np.where(above, tau, low)
-            high = np.where(above, high, tau)
-            eps = 1e-6 * np.maximum(tau, 1e-6)
-            slope = (self._mean_step(lam, tau + eps, work) - g) / eps
-            newton = np.where(slope < 1, tau + h / (1 - np.minimum(slope, 1 - 1e-12)), g)
-            step = np.where(above, newton, (low + high) / 2)
-            step = np.where(np.isfinite(high) & (step >= high), (low + high) / 2, step)
-            tau = np.where(done, tau, step)
+            hopeless = above & (slope >= 1) | (t > limit[active])
+            tau[active[hopeless]] = np.inf
+            low[active] = np.where(above, t, low[active])
+            high[active] = np.where(above, high[active], t)
+            lo, hi = low[active], high[active]
+            newton = t + h / (1 - np.minimum(slope, 1 - 1e-12))
+            step = np.where(above, newton, (lo + hi) / 2)
+            step = np.where(np.isfinite(hi) & (step >= hi), (lo + hi) / 2, step)
+            moving = ~settled & ~hopeless
+            tau[active[moving]] = step[moving]
+            active = active[moving]
         return np.where(tau > limit, np.inf, tau)
 
     # -- public -------------------------------------------------------------------------------------
@@ -380,24 +388,26 @@ class FluidModel:
             wait = erlang_c * held_s / (c * (1 - rho)) * (1 + cv2) / 2
         return np.where((rho < 1) & (a > 0), np.nan_to_num(wait, nan=0.0), np.where(a > 0, np.inf, 0.0))
 
-    def capacity(self, tolerance: float = 1e-4) -> float:
-        """The largest total arrival rate (requests/s) the model predicts to be stable."""
-        def stable(rate: float) -> bool:
-            return bool(self.evaluate(rate)["stable"].iloc[0])
-        high = 1.0
-        while stable(high):
-            high *= 2
-            if high > 1e9:
-                return math.inf
-        low = high / 2
-        while not stable(low):
-            high, low = low, low / 2
-            if low < 1e-9:
-                return 0.0
-        while high - low > tolerance * low:
-            mid = (low + high) / 2
-            low, high = (mid, high) if stable(mid) else (low, mid)
-        return low
+    def capacity(self, rounds: int = 3) -> float:
+        """The largest total arrival rate (requests/s) the model predicts to be stable.
+
+        Stability falls once with the rate: powers of two bracket it, then each round
+        evaluates 32 rates across the bracket at once (relative precision 32^-rounds).
+        """
+        rates = 2.0 ** np.arange(-12, 25)
+        stable = self.evaluate(rates)["stable"].to_numpy()
+        if not stable.any():
+            return 0.0
+        last = int(np.flatnonzero(stable)[-1])
+        if last == len(rates) - 1:
+            return math.inf
+        low, high = rates[last], rates[last + 1]
+        for _ in range(rounds):
+            grid = np.linspace(low, high, 33)
+            ok = self.evaluate(grid[1:-1])["stable"].to_numpy()
+            index = int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
+            low, high = grid[index], grid[index + 1]
+        return float(low)
 
 
 def predict(scenario: Scenario, rate_per_s=None) -> pd.DataFrame:

@@ -21,6 +21,7 @@ request's window noise (pooling over the batch makes the real chain steadier).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 from scipy import stats
@@ -151,16 +152,21 @@ def steps_to_emit(acceptance: Acceptance, k_max: int, tokens: np.ndarray, exact_
     Exact by recursion on r up to ``exact_up_to``, then linear at 1 / E[tokens per step]
     per token (the cap only touches a request's last steps). Shape (classes, k_max + 1, n).
     """
-    alphas = class_alphas(acceptance)
-    limit = min(int(np.max(tokens, initial=0)), exact_up_to)
-    table = np.zeros((len(alphas), k_max + 1, limit + 1))
-    pmfs = [[accepted_pmf(acceptance, alpha, k) for k in range(k_max + 1)] for alpha in alphas]
-    for c in range(len(alphas)):
-        for k in range(k_max + 1):
-            for r in range(1, limit + 1):
-                pmf = pmfs[c][min(k, r - 1)]
-                table[c, k, r] = 1.0 + pmf @ table[c, k, r - 1 - np.arange(len(pmf))]
-    per_token = 1.0 / tokens_table(acceptance, k_max)
     tokens = np.asarray(tokens)
-    exact = table[:, :, np.minimum(tokens, limit)]
-    return exact + per_token[:, :, None] * np.maximum(tokens - limit, 0)
+    limit = min(int(np.max(tokens, initial=0)), exact_up_to)
+    table = _steps_table(acceptance, k_max, limit)
+    per_token = 1.0 / tokens_table(acceptance, k_max)
+    return table[:, :, np.minimum(tokens, limit)] + per_token[:, :, None] * np.maximum(tokens - limit, 0)
+
+
+@lru_cache(maxsize=64)
+def _steps_table(acceptance: Acceptance, k_max: int, limit: int) -> np.ndarray:
+    """E[steps to emit r tokens], r = 0..limit, by recursion on r (vectorised over classes)."""
+    alphas = class_alphas(acceptance)
+    table = np.zeros((len(alphas), k_max + 1, limit + 1))
+    pmfs = [np.array([accepted_pmf(acceptance, alpha, k) for alpha in alphas]) for k in range(k_max + 1)]
+    for k in range(k_max + 1):
+        for r in range(1, limit + 1):
+            pmf = pmfs[min(k, r - 1)]                                  # (classes, k' + 1)
+            table[:, k, r] = 1.0 + (pmf * table[:, k, r - 1 - np.arange(pmf.shape[1])]).sum(axis=1)
+    return table

@@ -209,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .calibrate import add_subcommands   # torch itself is imported only when a calibration runs
     add_subcommands(sub)
     from .planning import add_subcommand as add_plan
+    from .recommendation import add_subcommand as add_recommend
     add_plan(sub)
+    add_recommend(sub)
     sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
     sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
     return parser

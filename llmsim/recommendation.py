@@ -1,0 +1,421 @@
+"""Recommended engine settings: draft length k, max batch tokens and queue timeout under the SLO.
+
+The objective is goodput in the DistServe sense: the highest arrival rate at which the
+deployment still meets every SLO percentile target (``slo.met``: P95 TTFT <= ttft and so
+on, see :class:`~llmsim.scenario.SLO`), with its output tokens per second; or, with
+``objective="cost"``, the dollars per million output tokens when serving at that rate
+(it differs from goodput's ranking when a draft on devices of its own adds devices).
+A recommendation must also meet the targets at the scenario's own rate.
+
+The search (:func:`recommend`):
+
+1. **Coarse grid, analytic.** Every combination of k (off; static 1..k_max; the
+   adaptive 80/50 rule from k0 = 4) and max batch tokens (powers of two, the scenario's
+   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analytic`): its
+   highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
+   invisible to it (they act on the tail), so they are left to the simulator.
+2. **Simulated, repeated seeds.** The best ``top`` of them, and the rule-of-thumb
+   defaults, get their highest passing rate by bisection on the rate, separately for
+   each seed (common random numbers: every configuration sees a seed's requests), run
+   in parallel through :func:`llmsim.sweeps.run_points`.
+3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
+   and each queue timeout (50, 200, 1000 ms), simulated the same way.
+
+The answer is the configuration with the best mean over seeds, with a 95% Student-t
+confidence interval across seeds, re-simulated at the scenario's rate for its
+predicted latencies. Rule-of-thumb defaults: k from the 80/50 rule starting at 4 with
+k_max 8; max batch tokens = the tokens whose KV fits the memory left after the weights
+at 2 bytes per parameter, (memory - 2 x params) / KV bytes per token, capped at the
+longest request; queue timeouts 50, 200 and 1000 ms (the best of the three is the one
+beaten).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from .analytic import FluidModel
+from .errors import ConfigError
+from .planning import RATE_KEY, as_scenario, variant
+from .scenario import Scenario
+from .sweeps import run_points
+from .workload import generate_trace
+
+OBJECTIVES = ("goodput", "cost")
+TIMEOUTS_S = (0.05, 0.2, 1.0)
+RULE_K0, RULE_K_MAX = 4, 8
+
+
+@dataclass(frozen=True)
+class Config:
+    """One setting of the searched knobs."""
+    k: str                          # "off", "static:<k>" or "adaptive:<k0>"
+    max_batch_tokens: int
+    queue_timeout_s: float | None
+
+    def overrides(self, scenario: Scenario) -> dict:
+        point = {"engine.max_batch_tokens": self.max_batch_tokens,
+                 "engine.queue_timeout": None if self.queue_timeout_s is None else f"{self.queue_timeout_s * 1000:g} ms"}
+        if self.k == "off":
+            if scenario.speculation is not None:
+                point["speculation"] = None
+        else:
+            policy, k = self.k.split(":")
+            k_max = max(scenario.speculation.policy.k_max, int(k), RULE_K_MAX if policy == "adaptive" else 0)
+            point.update({"speculation.policy": policy, "speculation.k": int(k), "speculation.k_max": k_max})
+        return point
+
+    @property
+    def label(self) -> str:
+        timeout = "none" if self.queue_timeout_s is None else f"{self.queue_timeout_s * 1000:g} ms"
+        return f"k {self.k}, max_batch_tokens {self.max_batch_tokens}, queue timeout {timeout}"
+
+
+@dataclass
+class Recommendation:
+    best: Config
+    table: pd.DataFrame            # every simulated configuration, best first
+    defaults: pd.DataFrame         # the rule-of-thumb rows of the table
+    at_scenario_rate: pd.DataFrame  # the best and the best default, re-simulated at the scenario's rate
+    objective: str
+    improvement: float             # best over the best default (goodput ratio - 1, or cost saving)
+    improvement_ci95: float        # half-width across seeds, paired (both ran every seed's requests)
+    analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
+    runtime_s: float
+
+
+def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
+    """(memory - 2 bytes x params) / KV bytes per token over the replica, capped at the longest request."""
+    dep, model, eng = scenario.deployment, scenario.model, scenario.engine
+    memory = scenario.hardware.memory_capacity_bytes * eng.memory_utilization * dep.devices_per_replica
+    tokens = (memory - 2 * model.param_count) / model.kv_bytes_per_token
+    return int(min(max(tokens, eng.max_num_seqs), scenario.max_model_len))
+
+
+def k_options(scenario: Scenario) -> list[str]:
+    if scenario.speculation is None:
+        return ["off"]
+    k_max = scenario.speculation.policy.k_max
+    return ["off"] + [f"static:{k}" for k in range(1, k_max + 1)] + [f"adaptive:{RULE_K0}"]
+
+
+def batch_token_options(scenario: Scenario) -> list[int]:
+    eng = scenario.engine
+    powers = [2 ** p for p in range(9, 15)]
+    options = set(powers) | {eng.max_batch_tokens, rule_of_thumb_max_batch_tokens(scenario)}
+    return sorted(m for m in options if m >= eng.max_num_seqs)
+
+
+def analytic_rate(scenario: Scenario, trace=None) -> float:
+    """The fluid model's highest rate with mean latencies within the SLO limits (0 if none).
+
+    Scanned on a geometric grid from 1/20 to 20 times the scenario's rate, then on a fine
+    grid across the step where the limits give out (a few ms, all rates at once).
+    """
+    model = FluidModel(scenario, trace)
+    limits = scenario.slo.targets()
+
+    def passing(rates):
+        frame = model.evaluate(rates)
+        ok = frame["stable"].to_numpy().copy()
+        for metric, (limit, _) in limits.items():
+            ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit
+        return ok
+
+    own = scenario.workload.arrival.rate_per_s
+    rates = own * np.geomspace(0.05, 20, 40)
+    ok = passing(rates)
+    if not ok.any():
+        return 0.0
+    last = int(np.flatnonzero(ok)[-1])
+    if last == len(rates) - 1:
+        return float(rates[-1])
+    fine = np.linspace(rates[last], rates[last + 1], 17)
+    return float(fine[np.flatnonzero(passing(fine))[-1]]) if passing(fine).any() else float(rates[last])
+
+
+def recommend(scenario: str | Path | Scenario, *, objective: str = "goodput", seeds: int = 3, top: int = 3,
+              workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
+              progress: bool = False) -> Recommendation:
+    """Search k, max batch tokens and queue timeout (see the module docstring)."""
+    started = time.perf_counter()
+    scenario = as_scenario(scenario)
+    if objective not in OBJECTIVES:
+        raise ConfigError("unknown objective", key="--objective", value=objective, allowed=", ".join(OBJECTIVES))
+    if not scenario.slo.defined:
+        raise ConfigError("the scenario sets no SLO to recommend settings for", file=scenario.path, key="slo",
+                          has_value=False, allowed="ttft, tpot and/or e2e limits")
+    if seeds < 2:
+        raise ConfigError("confidence intervals need at least 2 seeds", key="--seeds", value=seeds,
+                          allowed="an integer >= 2")
+    if requests is not None:
+        scenario = variant(scenario, {"workload.num_requests": requests})
+    seed_list = list(range(scenario.seed, scenario.seed + seeds))
+    search = _Search(scenario, seed_list, objective, workers, tolerance, progress)
+
+    # 1. the coarse grid, scored by the fluid model
+    grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
+    analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
+                              "analytic_rate_per_s": search.analytic(c)} for c in grid])
+    analytic = analytic.sort_values("analytic_rate_per_s", ascending=False, kind="stable").reset_index(drop=True)
+    chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
+    # 2. simulate them, and the rule-of-thumb defaults
+    search.evaluate(chosen + search.defaults)
+    # 3. refine around the best
+    best = search.best()
+    search.evaluate(_neighbours(best, scenario))
+    best = search.best()
+    table = search.table()
+    if not table["meets_scenario_rate"].iloc[0]:
+        raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
+                          f"({scenario.workload.arrival.rate_per_s:g}/s); the best, {best.label}, sustains "
+                          f"{table['max_rate_per_s'].iloc[0]:.3g}/s", file=scenario.path, key="workload.arrival.rate",
+                          value=scenario.workload.arrival.rate_per_s,
+                          allowed="a lower rate, more replicas (llmsim plan), or looser SLOs")
+    default_rows = table[table["default"]]
+    best_default = default_rows.iloc[0]
+    best_row = table.iloc[0]
+    if objective == "goodput":
+        gains = np.array(best_row["per_seed_rates"]) / np.array(best_default["per_seed_rates"]) - 1.0
+        improvement = best_row["max_rate_per_s"] / best_default["max_rate_per_s"] - 1.0
+    else:
+        improvement = 1.0 - best_row["usd_per_million_output_tokens"] / best_default["usd_per_million_output_tokens"]
+        gains = np.array([improvement])
+    at_rate = search.at_scenario_rate([best, best_default["config"]])
+    return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
+                          analytic, time.perf_counter() - started)
+
+
+def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
+    out = [Config(best.k, best.max_batch_tokens, t) for t in TIMEOUTS_S]
+    for factor in (0.5, 2.0):
+        m = int(best.max_batch_tokens * factor)
+        if scenario.engine.max_num_seqs <= m <= max(2 ** 15, scenario.max_model_len):
+            out.append(Config(best.k, m, best.queue_timeout_s))
+    if best.k.startswith("static:"):
+        k = int(best.k.split(":")[1])
+        k_max = scenario.speculation.policy.k_max
+        out += [Config(f"static:{j}", best.max_batch_tokens, best.queue_timeout_s) for j in (k - 1, k + 1)
+                if 1 <= j <= k_max]
+    return out
+
+
+class _Search:
+    """Simulated highest passing rate per (configuration, seed), bisected for all at once."""
+
+    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float,
+                 progress: bool):
+        self.scenario, self.seeds, self.objective = scenario, seeds, objective
+        self.workers, self.tolerance, self.progress = workers, tolerance, progress
+        self.results: dict[Config, dict] = {}
+        self._analytic: dict[tuple, float] = {}
+        self.rate = scenario.workload.arrival.rate_per_s
+        rule_k = f"adaptive:{RULE_K0}" if scenario.speculation is not None else "off"
+        self.defaults = [Config(rule_k, rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S]
+        self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
+
+    def analytic(self, config: Config) -> float:
+        key = (config.k, config.max_batch_tokens)
+        if key not in self._analytic:
+            try:
+                self._analytic[key] = analytic_rate(variant(self.scenario, config.overrides(self.scenario)),
+                                                    self.trace)
+            except ConfigError:           # not a valid setting here (e.g. too little memory left)
+                self._analytic[key] = math.nan
+        return self._analytic[key]
+
+    def evaluate(self, configs: Sequence[Config]) -> None:
+        """Simulate each new configuration's highest passing rate, per seed, all at once.
+
+        Per (configuration, seed) a bracket [passing rate, failing rate] starts at the
+        analytic rate scaled by how the simulated rates so far compare with the analytic
+        ones, steps by 20% until it brackets, then bisects to ``tolerance``. Whether the
+        scenario's own rate passes follows from the bracket, or is simulated when it lies
+        inside it.
+        """
+        from tqdm.auto import tqdm
+
+        todo = []
+        for config in configs:
+            if config in self.results or config in todo:
+                continue
+            try:
+                variant(self.scenario, config.overrides(self.scenario))
+            except ConfigError:
+                continue
+            todo.append(config)
+        if not todo:
+            return
+        ratios = [r["max_rate_per_s"] / r["analytic_rate_per_s"] for r in self.results.values()
+                  if r["analytic_rate_per_s"] > 0 and r["max_rate_per_s"] > 0]
+        scale = float(np.median(ratios)) if ratios else 0.85
+        guess = {c: self.analytic(c) for c in todo}
+        brackets = {(c, s): _Bracket() for c in todo for s in self.seeds}
+        bar = tqdm(disable=not self.progress, desc="recommend", unit="sim")
+        for _ in range(20):
+            jobs = [(key, bracket.next_rate(guess[key[0]] * scale if guess[key[0]] > 0 else self.rate,
+                                            self.rate, self.tolerance))
+                    for key, bracket in brackets.items()]
+            jobs = [(key, rate) for key, rate in jobs if rate is not None]
+            if not jobs:
+                break
+            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
+            rows = run_points(self.scenario, points, workers=self.workers, progress=False)
+            bar.update(len(points))
+            for ((c, s), rate), (_, row) in zip(jobs, rows.iterrows()):
+                if row["error"]:
+                    raise RuntimeError(f"simulating {c.label} at {rate:g}/s failed: {row['error']}")
+                brackets[(c, s)].record(rate, str(row["slo.met"]).lower() == "true", row)
+        bar.close()
+        for c in todo:
+            runs = [brackets[(c, s)] for s in self.seeds]
+            rates = np.array([b.passing for b in runs])
+            cost = np.array([b.usd_per_million for b in runs])
+            self.results[c] = {"config": c, "k": c.k, "max_batch_tokens": c.max_batch_tokens,
+                               "queue_timeout_s": c.queue_timeout_s, "analytic_rate_per_s": guess[c],
+                               "max_rate_per_s": rates.mean(), "max_rate_per_s.ci95": _ci(rates),
+                               "usd_per_million_output_tokens": float(np.nanmean(cost)) if np.isfinite(cost).any()
+                               else math.nan,
+                               "meets_scenario_rate": all(b.meets(self.rate) for b in runs),
+                               "per_seed_rates": tuple(rates)}
+
+    def best(self) -> Config:
+        return self.table()["config"].iloc[0]
+
+    def table(self) -> pd.DataFrame:
+        frame = pd.DataFrame(list(self.results.values()))
+        frame["default"] = [c in self.defaults for c in frame["config"]]
+        if self.objective == "goodput":
+            order = frame.sort_values(["meets_scenario_rate", "max_rate_per_s"], ascending=[False, False], kind="stable")
+        else:
+            order = frame.sort_values(["meets_scenario_rate", "usd_per_million_output_tokens"],
+                                      ascending=[False, True], kind="stable")
+        return order.reset_index(drop=True)
+
+    def at_scenario_rate(self, configs: Sequence[Config]) -> pd.DataFrame:
+        configs = list(dict.fromkeys(configs))            # the best may be a default itself
+        points = [{**c.overrides(self.scenario), "seed": s} for c in configs for s in self.seeds]
+        rows = run_points(self.scenario, points, workers=self.workers, progress=False)
+        rows["setting"] = [c.label for c in configs for _ in self.seeds]
+        metrics = ["latency.ttft_s.p95", "latency.tpot_s.p95", "latency.ttft_s.p99", "latency.tpot_s.p99",
+                   "slo.attainment", "throughput.output_tokens_per_s"]
+        out = []
+        for label, group in rows.groupby("setting", sort=False):
+            entry = {"setting": label}
+            for metric in metrics:
+                values = group[metric].to_numpy(dtype=float)
+                entry[metric], entry[f"{metric}.ci95"] = float(values.mean()), _ci(values)
+            entry["slo.met"] = bool(group["slo.met"].astype(str).str.lower().eq("true").all())
+            out.append(entry)
+        return pd.DataFrame(out)
+
+
+class _Bracket:
+    """One (configuration, seed): the highest rate seen to pass and the lowest seen to fail."""
+
+    def __init__(self):
+        self.passing, self.failing = 0.0, math.inf
+        self.usd_per_million = math.nan         # at the highest passing rate
+
+    def next_rate(self, start: float, own: float, tolerance: float) -> float | None:
+        """The next rate to simulate, or None when done. A setting that fails at the scenario's
+        own rate cannot be recommended: its search stops there (goodput reported as 0)."""
+        if self.passing == 0.0 and self.failing == math.inf:
+            return max(start, own)
+        if self.failing == math.inf:
+            return self.passing * 1.2
+        if self.passing == 0.0:
+            return self.failing / 1.2 if self.failing > own else self._own(own)
+        if self.failing > (1 + tolerance) * self.passing:
+            return (self.passing + self.failing) / 2
+        return self._own(own)
+
+    def _own(self, own: float) -> float | None:
+        """The scenario's own rate, when the bracket leaves open whether it passes."""
+        if self.passing < own < self.failing:
+            return own
+        return None
+
+    def record(self, rate: float, met: bool, row) -> None:
+        if met and rate > self.passing:
+            self.passing = rate
+            tokens = row["throughput.output_tokens_per_s"]
+            self.usd_per_million = row["economics.usd_per_hour"] / 3600 / tokens * 1e6 if tokens > 0 else math.nan
+        if not met and rate < self.failing:
+            self.failing = rate
+
+    def meets(self, own: float) -> bool:
+        return own <= self.passing
+
+
+def _ci(values: np.ndarray) -> float:
+    """Half-width of the 95% Student-t confidence interval of the mean across seeds."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return math.nan
+    return float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+
+
+# -- command line -------------------------------------------------------------------------------
+def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
+    """The recommendation as a person reads it: settings, predicted metrics with CIs, the gain."""
+    best, row = rec.best, rec.table.iloc[0]
+    at_rate = rec.at_scenario_rate.set_index("setting")
+    mine, default = at_rate.loc[best.label], at_rate.iloc[-1]
+    default_row = rec.defaults.iloc[0]
+    seeds = len(row["per_seed_rates"])
+    ms = (lambda v, ci: f"{v * 1000:.1f} ms +- {ci * 1000:.1f}")
+    targets = ", ".join(f"P{p:g} {m.upper()} <= {limit * 1000:g} ms" for m, (limit, p) in scenario.slo.targets().items())
+    lines = [f"recommended settings for {scenario.name} ({targets}; {rec.objective}; {seeds} seeds, 95% CIs across them):",
+             f"  speculation        {best.k}",
+             f"  max_batch_tokens   {best.max_batch_tokens}",
+             f"  queue_timeout      {'none' if best.queue_timeout_s is None else f'{best.queue_timeout_s * 1000:g} ms'}",
+             f"  goodput            {row['max_rate_per_s']:.3g} +- {row['max_rate_per_s.ci95']:.2g} req/s at the SLO "
+             f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
+             f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",
+             f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(mine['latency.ttft_s.p95'], mine['latency.ttft_s.p95.ci95'])}, "
+             f"P95 TPOT {ms(mine['latency.tpot_s.p95'], mine['latency.tpot_s.p95.ci95'])}, "
+             f"P99 TTFT {ms(mine['latency.ttft_s.p99'], mine['latency.ttft_s.p99.ci95'])}, "
+             f"attainment {100 * mine['slo.attainment']:.1f}%",
+             f"rule-of-thumb defaults (best of timeouts 50/200/1000 ms): {default_row['config'].label}",
+             f"  goodput            {default_row['max_rate_per_s']:.3g} +- {default_row['max_rate_per_s.ci95']:.2g} req/s; "
+             f"${default_row['usd_per_million_output_tokens']:.3g} per million output tokens",
+             f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(default['latency.ttft_s.p95'], default['latency.ttft_s.p95.ci95'])}, "
+             f"P95 TPOT {ms(default['latency.tpot_s.p95'], default['latency.tpot_s.p95.ci95'])}",
+             f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
+             f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired"
+                                                 + ("; within the noise" if abs(rec.improvement) <= rec.improvement_ci95
+                                                    else "") + ")" if rec.objective == "goodput" else ""),
+             f"searched {len(rec.analytic)} settings analytically, simulated {len(rec.table)}, in {rec.runtime_s:.0f} s"]
+    return "\n".join(lines)
+
+
+def _cmd_recommend(args) -> int:
+    scenario = as_scenario(args.scenario)
+    rec = recommend(scenario, objective=args.objective, seeds=args.seeds, top=args.top, workers=args.workers,
+                    progress=True)
+    print(format_recommendation(rec, scenario))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        rec.table.drop(columns=["config"]).to_csv(args.out, index=False)
+        print(f"wrote {args.out}")
+    return 0
+
+
+def add_subcommand(sub) -> None:
+    parser = sub.add_parser("recommend", help="search k, max batch tokens and queue timeout for goodput under the SLO")
+    parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
+    parser.add_argument("--objective", default="goodput", help="goodput (default) or cost")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per setting, for confidence intervals (>= 2)")
+    parser.add_argument("--top", type=int, default=3, help="analytic best settings to simulate (default 3)")
+    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
+    parser.add_argument("--out", help="also write every simulated setting as CSV here")
+    parser.set_defaults(func=_cmd_recommend)
