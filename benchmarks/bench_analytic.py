@@ -1,8 +1,8 @@
 """The analytic fast path against the simulator: its error, and how fast it evaluates.
 
 For each case (a scenario and loads given as fractions of the capacity the simulator
-measures), prints the analytic and simulated mean TTFT, mean TPOT and mean batch size
-with the relative error, the predicted capacity against the simulated one (throughput
+measures), prints the analytic and simulated mean TTFT and mean TPOT with the relative
+error, and the error in the time-averaged requests in the system, the predicted capacity against the simulated one (throughput
 of a saturated run, in requests/s), and then evaluations per second (one rate at a
 time, and a vector of 1,000 rates at once). Run ``python benchmarks/bench_analytic.py``.
 """
@@ -69,7 +69,7 @@ def compare(scenario, fractions=FRACTIONS) -> pd.DataFrame:
         for name, predicted, simulated in (
                 ("ttft_s", pred.ttft_mean_s, sim["latency"]["ttft_s"]["mean"]),
                 ("tpot_s", pred.tpot_mean_s, sim["latency"]["tpot_s"]["mean"]),
-                ("batch", pred.batch_size, sim["utilisation"]["mean_batch_size"])):
+                ("in_system", pred.in_system, sim["queue"]["mean_in_system"])):
             row[f"{name}_analytic"], row[f"{name}_sim"] = predicted, simulated
             row[f"{name}_error"] = predicted / simulated - 1.0
         rows.append(row)
@@ -101,7 +101,7 @@ def main() -> None:
               f"simulated {frame.attrs['capacity_sim']:.2f} req/s "
               f"({frame.attrs['capacity_analytic'] / frame.attrs['capacity_sim'] - 1:+.1%})")
         shown = frame[["load", "rate_per_s", "ttft_s_analytic", "ttft_s_sim", "ttft_s_error", "tpot_s_analytic",
-                       "tpot_s_sim", "tpot_s_error", "batch_error"]]
+                       "tpot_s_sim", "tpot_s_error", "in_system_error"]]
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     single, vector = speed(scenario_for(*CASES["8B H100 chat (plain)"]))
     print(f"\nevaluations per second (8B chat): {single:,.0f} one rate at a time, {vector:,.0f} in a vector of 1,000 "
