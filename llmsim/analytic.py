@@ -1,4 +1,4 @@
-"""The analytic fast path: a fluid approximation of continuous batching, in microseconds.
+"""The analytic fast path: a fluid approximation of continuous batching, in about a millisecond.
 
 Used to prune searches (``llmsim plan``, ``llmsim recommend``) before simulating, and
 checked against the simulator in ``tests/test_analytic.py``.
@@ -6,38 +6,42 @@ checked against the simulator in ``tests/test_analytic.py``.
 The model, for one engine (a replica runs ``pp`` of them, one per pipeline micro-batch)
 fed a Poisson stream of ``lambda`` requests per second:
 
-1. **Fluid steps.** In steady state every iteration lasts ``tau`` and carries the same
-   work: by Little's law the engine holds ``B = lambda * tau * D`` decoding sequences
-   (``D`` = decode steps per request: ``E[O - 1]``, or ``E[O - 1] / E[tokens per step]``
-   when speculating) and each step also computes ``lambda * tau`` requests' worth of
-   prefill. An iteration's feature vector is therefore ``one + lambda * tau * w``, with
-   ``w`` the whole work of one average request (prompt tokens, attention pairs, KV read
-   by every decode step, ...), and ``tau`` solves ``tau = t(one + lambda tau w)`` where
-   ``t`` is the :class:`~llmsim.costmodel.CostModel`. ``t`` is convex and piecewise
-   linear in ``tau`` (a sum of maxima of linear terms), so Newton's method started at
-   ``tau = 0`` climbs monotonically to the least fixed point, exactly in a few steps;
-   no fixed point means the load is beyond what the compute or bandwidth can carry.
+1. **Fluid steps.** In steady state the mean iteration lasts ``tau``. By Little's law
+   the engine holds ``B = lambda * tau * D`` decoding sequences (``D`` = decode steps
+   per request: ``E[O - 1]``, fewer when speculating, see :mod:`llmsim.analytic_k`),
+   so every iteration carries ``lambda * tau`` requests' worth of decode work ``w``
+   (tokens, KV read by every decode or verify step, ...). The prompts it carries are
+   those that arrived during the previous one: a Poisson number of them, their lengths
+   at the workload's quantiles, capped by the token budget the decoders leave (what
+   the cap holds back is spread over all steps). ``tau`` solves
+   ``tau = E[t(one + lambda tau w + prompts)]``, ``t`` the
+   :class:`~llmsim.costmodel.CostModel` (and the draft's sequential steps); the right
+   side increases with ``tau``, and Newton's method from ``tau = 0`` (with bisection
+   as a safeguard) finds the least fixed point. None, or one beyond twice
+   ``max_num_seqs``, means the load is beyond what the hardware can carry.
 2. **Capacity.** The load also has to fit the engine's limits: the requests in the
    batch (``a = lambda * time holding a slot``) below ``max_num_seqs`` and below what
    the KV cache holds (KV tokens / the mean KV of a running request, blocks rounded
-   up), and the tokens of a step below ``max_batch_tokens``. The capacity is the
-   largest rate that satisfies all of it (found by bisection on the rate).
-3. **Latency.** TPOT is ``tau / E[tokens per step]``. TTFT is the rest of the
-   iteration in progress when the request arrives (``tau / 2`` when the engine is busy,
-   busy with probability ``1 - exp(-N)``: below capacity the requests in the system
-   are close to an M/G/infinity population, Poisson with mean ``N``), plus the
-   iteration(s) that compute its prompt (priced per prompt length over the
-   workload's length quantiles), plus two queueing waits: M/G/1 (Pollaczek-Khinchine)
-   for prompts sharing the prefill token budget, and M/G/c (Erlang C with the
-   Allen-Cunneen correction) for a batch slot, ``c`` being the slot or KV limit.
+   up), and the prompt tokens below the token budget the decoders leave. The capacity
+   is the largest rate that satisfies all of it.
+3. **Latency.** TPOT is ``tau`` times the mean over requests of steps per output
+   token. TTFT is the rest of the iteration in progress when the request arrives
+   (``E[t^2] / 2 E[t]`` over the step-time distribution, when the engine is busy, busy
+   with probability ``1 - exp(-N)``: below capacity the requests in the system are
+   close to an M/G/infinity population, Poisson with mean ``N``), plus the
+   iteration(s) that compute its prompt (priced per prompt length over the workload's
+   length quantiles), plus two queueing waits: M/G/1 (Pollaczek-Khinchine) for prompts
+   sharing the prefill token budget, and M/G/c (Erlang C with the Allen-Cunneen
+   correction) for a batch slot, ``c`` being the slot or KV limit.
 
-What it leaves out, and so where it errs: step-to-step variation (prefill arrives in
-lumps; the cost is convex, so by Jensen the fluid step is a little short), the
-speculative eligibility rules (sequences shorter than ``min_sequence_tokens``, batches
-of one, the last tokens of a request drafting less), preemption, queue timeouts, the
-router's imbalance between replicas, and non-Poisson arrivals (the queueing terms
-assume Poisson). Static batching is not modelled. ``tests/test_analytic.py`` measures
-the error against the simulator; the README quotes it.
+What it leaves out, and so where it errs: the spread of contexts and draft lengths
+within a batch and the burstiness of admission behind a small token budget (the cost
+is convex in them, so by Jensen the model's steps are a little short), the speculative
+eligibility rules (batches of one, sequences shorter than ``min_sequence_tokens``),
+preemption, queue timeouts, the router's imbalance between replicas, and non-Poisson
+arrivals (the queueing terms assume Poisson). Static batching is not modelled.
+``tests/test_analytic.py`` bounds the error against the simulator and
+``benchmarks/bench_analytic.py`` measures it; the README quotes it.
 """
 from __future__ import annotations
 
@@ -123,6 +127,7 @@ class FluidModel:
         self.ttft_prompt, self.ttft_pairs = self._quantiles(prompt, pairs, PROMPT_QUANTILES)
         decode = output - 1.0
         self._decode_tokens = decode
+        self.decode_cv2 = float(decode.var() / max(decode.mean(), 1e-12) ** 2)   # slot time is ~ decode length
         window = scenario.model.sliding_window
         # Sum over a request's decode steps of the context each reads: sum_{c=P+1}^{P+O-1} min(c, W).
         self._decode_kv = self._context_sum(prompt + 1, prompt + decode, window)
@@ -352,7 +357,7 @@ class FluidModel:
         offered = lam * held_s
         kv_per_request = work.kv_token_steps / max(work.decode_steps, 1e-12)
         slots = np.minimum(self.max_seqs, self.kv_tokens / kv_per_request)
-        wait_slot = self._erlang_wait(offered, slots, held_s)
+        wait_slot = self._erlang_wait(offered, slots, held_s, self.decode_cv2)
         stable = finite & (offered < slots) & (rho_budget < 1)
         ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + wait_budget + wait_slot
         tpot = t * work.tpot_factor
@@ -371,14 +376,10 @@ class FluidModel:
             "output_tokens_per_s": np.where(stable, rates * self.mean_output, np.nan),
         })
 
-    def _added(self, base: np.ndarray, extra: np.ndarray, cost: CostModel) -> np.ndarray:
-        """How much ``extra`` work lengthens iterations with feature rows ``base`` (no ``one``)."""
-        return (cost.iteration(self._features(base + extra, cost))[0]
-                - cost.iteration(self._features(base, cost))[0])
-
     @staticmethod
-    def _erlang_wait(offered: np.ndarray, servers: np.ndarray, held_s: np.ndarray, cv2: float = 1.0):
-        """Mean wait in M/G/c: Erlang C times (1 + cs^2)/2 (Allen-Cunneen); inf at or past saturation."""
+    def _erlang_wait(offered: np.ndarray, servers: np.ndarray, held_s: np.ndarray, cv2: float):
+        """Mean wait in M/G/c: Erlang C times (1 + cs^2)/2 (Allen-Cunneen, Poisson arrivals), with cs^2
+        the squared coefficient of variation of the time a request holds its slot; inf at or past saturation."""
         c = np.maximum(np.floor(servers), 1.0)
         a = offered
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -408,15 +409,3 @@ class FluidModel:
             index = int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
             low, high = grid[index], grid[index + 1]
         return float(low)
-
-
-def predict(scenario: Scenario, rate_per_s=None) -> pd.DataFrame:
-    """The analytic prediction for a scenario at its own arrival rate, or at ``rate_per_s`` (array)."""
-    model = FluidModel(scenario)
-    if rate_per_s is None:
-        if scenario.workload.arrival.process == "trace":
-            trace = generate_trace(scenario.workload, scenario.seed)
-            rate_per_s = len(trace) / max(float(trace.arrival_s[-1]), 1e-9)
-        else:
-            rate_per_s = scenario.workload.arrival.rate_per_s
-    return model.evaluate(rate_per_s)

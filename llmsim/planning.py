@@ -24,6 +24,7 @@ TDP of every device, draft devices included).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -52,6 +53,14 @@ def variant(scenario: Scenario, point: Mapping) -> Scenario:
         raise ValueError("this Scenario was not read from YAML: pass its file")
     data = apply_overrides({**scenario.source, "seed": scenario.seed}, point, scenario.path)
     return scenario_from_node(Node(data, file=scenario.path, base_dir=Path(scenario.source_dir or ".")))
+
+
+def check_rate_driven(scenario: Scenario) -> None:
+    """Plans and recommendations vary the arrival rate: a replayed trace has none to vary."""
+    if scenario.workload.arrival.process == "trace":
+        raise ConfigError("a replayed trace has no arrival rate to vary", file=scenario.path,
+                          key="workload.arrival.process", value="trace",
+                          allowed="poisson, gamma or deterministic arrivals (fit one to the trace)")
 
 
 def check_rate(rate_per_s: float, key: str = "--target-rate") -> float:
@@ -94,6 +103,7 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
     the targets (default: the scenario's seed).
     """
     scenario = as_scenario(scenario)
+    check_rate_driven(scenario)
     rate = check_rate(target_rate_per_s)
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
@@ -181,7 +191,6 @@ def _met(rows: pd.DataFrame) -> bool:
 
 def _probes(lo: int, hi: int, workers: int | None) -> list[int]:
     """Counts strictly between lo and hi to simulate at once: the midpoint, or evenly spread ones."""
-    import os
     width = max(1, min(workers or os.cpu_count() or 1, hi - lo - 1))
     return sorted({int(round(lo + (hi - lo) * (i + 1) / (width + 1))) for i in range(width)} - {lo, hi})
 

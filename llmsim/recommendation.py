@@ -17,7 +17,8 @@ The search (:func:`recommend`):
 2. **Simulated, repeated seeds.** The best ``top`` of them, and the rule-of-thumb
    defaults, get their highest passing rate by bisection on the rate, separately for
    each seed (common random numbers: every configuration sees a seed's requests), run
-   in parallel through :func:`llmsim.sweeps.run_points`.
+   in parallel through :func:`llmsim.sweeps.run_points`. A setting that fails at the
+   scenario's own rate cannot be recommended, and its search stops there.
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
    and each queue timeout (50, 200, 1000 ms), simulated the same way.
 
@@ -32,7 +33,6 @@ beaten).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +44,7 @@ from scipy import stats
 
 from .analytic import FluidModel
 from .errors import ConfigError
-from .planning import RATE_KEY, as_scenario, variant
+from .planning import RATE_KEY, as_scenario, check_rate_driven, variant
 from .scenario import Scenario
 from .sweeps import run_points
 from .workload import generate_trace
@@ -145,9 +145,16 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
 def recommend(scenario: str | Path | Scenario, *, objective: str = "goodput", seeds: int = 3, top: int = 3,
               workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
               progress: bool = False) -> Recommendation:
-    """Search k, max batch tokens and queue timeout (see the module docstring)."""
+    """Search k, max batch tokens and queue timeout (see the module docstring).
+
+    ``seeds``: independent traces per setting (>= 2, for confidence intervals); ``top``:
+    analytic best settings to simulate; ``tolerance``: relative width at which the
+    bisection on the rate stops; ``requests``: simulate this many requests per run
+    instead of the scenario's ``workload.num_requests``.
+    """
     started = time.perf_counter()
     scenario = as_scenario(scenario)
+    check_rate_driven(scenario)
     if objective not in OBJECTIVES:
         raise ConfigError("unknown objective", key="--objective", value=objective, allowed=", ".join(OBJECTIVES))
     if not scenario.slo.defined:
@@ -183,12 +190,14 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = "goodput", se
     default_rows = table[table["default"]]
     best_default = default_rows.iloc[0]
     best_row = table.iloc[0]
-    if objective == "goodput":
-        gains = np.array(best_row["per_seed_rates"]) / np.array(best_default["per_seed_rates"]) - 1.0
-        improvement = best_row["max_rate_per_s"] / best_default["max_rate_per_s"] - 1.0
-    else:
-        improvement = 1.0 - best_row["usd_per_million_output_tokens"] / best_default["usd_per_million_output_tokens"]
-        gains = np.array([improvement])
+    with np.errstate(divide="ignore", invalid="ignore"):     # a default that never passes: an infinite gain
+        if objective == "goodput":
+            gains = np.array(best_row["per_seed_rates"]) / np.array(best_default["per_seed_rates"]) - 1.0
+            improvement = np.float64(best_row["max_rate_per_s"]) / best_default["max_rate_per_s"] - 1.0
+        else:
+            improvement = 1.0 - np.float64(best_row["usd_per_million_output_tokens"]) / best_default[
+                "usd_per_million_output_tokens"]
+            gains = np.array([improvement])
     at_rate = search.at_scenario_rate([best, best_default["config"]])
     return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
                           analytic, time.perf_counter() - started)
