@@ -2,8 +2,8 @@
 
 For each candidate hardware profile the scenario is placed afresh (tensor and pipeline
 parallelism ``auto``: the fewest devices that hold the model and one longest request,
-see :func:`~llmsim.placement.smallest_fitting`; the scenario's own hardware keeps its
-own placement), and the smallest replica count whose simulation meets every SLO
+see :func:`~llmsim.placement.smallest_fitting`; one pipeline stage when speculating; the
+scenario's own hardware keeps its own placement), and the smallest replica count whose simulation meets every SLO
 percentile target (``slo.met``: P95 TTFT <= ttft and so on, see :class:`~llmsim.scenario.SLO`)
 at the target rate is found:
 
@@ -117,9 +117,12 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
 
 
 def _placement_overrides(scenario: Scenario, name: str) -> dict:
-    same = name.lower() == scenario.hardware.name.lower()
-    return {"hardware": name} if same else {"hardware": name, "deployment.tensor_parallel": "auto",
-                                            "deployment.pipeline_parallel": "auto"}
+    """Another chip is placed afresh; speculative decoding keeps one pipeline stage (it is not
+    modelled with pipeline parallelism)."""
+    if name.lower() == scenario.hardware.name.lower():
+        return {"hardware": name}
+    return {"hardware": name, "deployment.tensor_parallel": "auto",
+            "deployment.pipeline_parallel": 1 if scenario.speculating else "auto"}
 
 
 def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int) -> dict:

@@ -12,7 +12,7 @@ from llmsim.cli import main
 from llmsim.errors import ConfigError
 from llmsim.hardware import lookup_hardware
 
-from .helpers import BASE, merge
+from .helpers import BASE, REPO, merge
 
 SMALL = merge(BASE, {"workload": {"num_requests": 1200, "arrival": {"rate": 30}},
                      "slo": {"ttft": "300 ms", "tpot": "30 ms", "percentile": 95}})
@@ -100,3 +100,14 @@ def test_cli_prints_the_table_and_writes_csv(scenario_file, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "H200" in printed and "usd_per_million_output_tokens" in printed
     assert out.exists()
+
+
+def test_other_chips_are_placed_afresh_and_speculation_keeps_one_stage():
+    """Llama-3.1-70B with a 1B draft on H200: auto placement alone would choose 2 pipeline stages
+    (fewest devices, smaller tp first), which speculative decoding does not support."""
+    scenario = llmsim.load_scenario(REPO / "scenarios/llama3-70b-h100-speculative.yaml")
+    plain = planning.variant(scenario, {"speculation": None, "hardware": "H200",
+                                        "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"})
+    assert plain.deployment.pipeline_parallel == 2
+    placed = planning.variant(scenario, planning._placement_overrides(scenario, "H200"))
+    assert (placed.deployment.tensor_parallel, placed.deployment.pipeline_parallel) == (2, 1)
