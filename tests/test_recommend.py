@@ -108,3 +108,10 @@ def test_unreachable_slo_exits_2_with_a_message(tmp_path, capsys):
 def test_bad_percentile_targets_are_config_errors(slo, message):
     with pytest.raises(ConfigError, match=message):
         make_scenario({"slo": slo})
+
+
+def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario):
+    rec = recommend(scenario, objective="cost", seeds=2, top=1, workers=2)
+    passing = rec.table[rec.table["meets_scenario_rate"]]
+    assert rec.table.iloc[0]["usd_per_million_output_tokens"] == passing["usd_per_million_output_tokens"].min()
+    assert "cuts cost by" in format_recommendation(rec, scenario)
