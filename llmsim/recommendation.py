@@ -163,6 +163,9 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = "goodput", se
     if seeds < 2:
         raise ConfigError("confidence intervals need at least 2 seeds", key="--seeds", value=seeds,
                           allowed="an integer >= 2")
+    if top < 1:
+        raise ConfigError("simulate at least the analytic best setting", key="--top", value=top,
+                          allowed="an integer >= 1")
     if requests is not None:
         scenario = variant(scenario, {"workload.num_requests": requests})
     seed_list = list(range(scenario.seed, scenario.seed + seeds))

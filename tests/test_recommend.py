@@ -88,6 +88,7 @@ def test_printout_names_the_settings_and_the_gain(result, scenario):
 @pytest.mark.parametrize("argv, message", [
     (["--objective", "latency"], "unknown objective"),
     (["--seeds", "1"], "at least 2 seeds"),
+    (["--top", "0"], "at least the analytic best"),
 ])
 def test_cli_errors_exit_2(scenario, capsys, argv, message):
     assert main(["recommend", scenario.path, *argv]) == 2
