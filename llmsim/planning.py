@@ -117,12 +117,11 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
 
 
 def _placement_overrides(scenario: Scenario, name: str) -> dict:
-    """Another chip is placed afresh; speculative decoding keeps one pipeline stage (it is not
-    modelled with pipeline parallelism)."""
+    """Another chip is placed afresh (a speculating scenario's auto placement keeps one
+    pipeline stage: speculative decoding is not modelled with pipeline parallelism)."""
     if name.lower() == scenario.hardware.name.lower():
         return {"hardware": name}
-    return {"hardware": name, "deployment.tensor_parallel": "auto",
-            "deployment.pipeline_parallel": 1 if scenario.speculating else "auto"}
+    return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 
 
 def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int) -> dict:

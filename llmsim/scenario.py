@@ -250,7 +250,10 @@ def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, 
     if tp is not None and pp is not None:
         return Deployment(replicas, tp, pp, router)
     longest = engine.max_model_len or model.max_context
-    draft = speculation.colocated_draft if speculation is not None and speculation.enabled else None
+    speculating = speculation is not None and speculation.enabled
+    draft = speculation.colocated_draft if speculating else None
+    if speculating and pp is None:
+        pp = 1                          # speculative decoding is modelled without pipeline stages
     fitting = smallest_fitting(model, hardware, engine.memory_utilization, engine.block_size,
                                engine.max_batch_tokens, engine.runtime_reserve_bytes, tp, pp, engine.kv_spill,
                                min_kv_tokens=longest, draft=draft,

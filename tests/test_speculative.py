@@ -472,3 +472,12 @@ def test_speedup_is_measured_against_plain_decoding_of_the_same_requests(tmp_pat
     assert speedup["tpot_mean"] == pytest.approx(expected, rel=1e-12)
     assert main(["run", str(REPO / "scenarios" / "llama3-70b-h100-speculative.yaml"), "--out", str(tmp_path)]) == 0
     assert "vs plain decoding on the same trace: TPOT" in capsys.readouterr().out
+
+
+def test_auto_placement_of_a_speculating_scenario_keeps_one_pipeline_stage():
+    """Speculation is not modelled with pipeline stages: auto parallelism shards with tp only."""
+    scenario = make_scenario({"model": "Llama-3.1-70B",
+                              "deployment": {"tensor_parallel": "auto", "pipeline_parallel": "auto"},
+                              "speculation": {"draft": "Llama-3.2-1B", "k": 4}})
+    assert scenario.deployment.pipeline_parallel == 1
+    assert scenario.deployment.tensor_parallel >= 2 and scenario.memory.fits
