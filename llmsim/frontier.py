@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import ConfigError
-from .scenario import Scenario
+from .scenario import SLO_METRICS, Scenario
 from .sweeps import run_points
 
 LATENCY = "latency.tpot_s.p95"
@@ -113,13 +113,16 @@ class SustainableRate:
 
 
 def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float, hi: float, tol: float,
-                         target: float = 0.95, slo: Mapping | None = None, seeds: Sequence[int] | None = None,
+                         target: float | None = None, slo: Mapping | None = None, seeds: Sequence[int] | None = None,
                          workers: int | None = None, engine: str = "processes") -> SustainableRate:
-    """The highest arrival rate (requests/s) whose SLO attainment is at least ``target``, by bisection.
+    """The highest arrival rate (requests/s) that meets the SLO, by bisection.
 
-    Criterion: ``slo.attainment`` (the share of the requests arriving in the measurement
-    window that finish within every limit of the scenario's SLO; unfinished and rejected
-    requests count against it), averaged over ``seeds``, is at least ``target``. ``slo``
+    Criterion, by default (``target`` None): the scenario's percentile targets, as
+    ``llmsim plan`` and ``llmsim recommend`` judge them (``slo.percentile``, default 95: for
+    each limit, the share of the requests arriving in the measurement window that finish
+    within it, averaged over ``seeds``, is at least that percentile). With a ``target``
+    (e.g. 0.95): ``slo.attainment``, the share within every limit at once, averaged over
+    ``seeds``, is at least ``target``. Unfinished and rejected requests miss. ``slo``
     (e.g. ``{"ttft": "500 ms", "tpot": "50 ms"}``) is laid over the scenario's own.
     Every rate runs on the same requests per seed (common random numbers: arrival gaps
     are drawn at unit rate and scaled), so attainment falls with the rate up to noise in
@@ -141,7 +144,10 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
             raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                               allowed="ttft, tpot and/or e2e limits, in the scenario or as slo=")
         tried.append(rows)
-        return float(rows["slo.attainment"].mean()) >= target
+        if target is not None:
+            return float(rows["slo.attainment"].mean()) >= target
+        limited = [m for m in SLO_METRICS if rows.get(f"slo.{m}_attainment", pd.Series(dtype=float)).notna().any()]
+        return all(rows[f"slo.{m}_attainment"].mean() >= rows[f"slo.{m}_percentile"].iloc[0] / 100 for m in limited)
 
     if not meets(lo):
         return SustainableRate(math.nan, lo, target, pd.concat(tried, ignore_index=True))
