@@ -211,9 +211,11 @@ def calibration_summary(document: dict) -> str:
         times = "  ".join(f"{name} {t * 1e3:.2f}" for name, t in row["median_s"].items())
         lines.append(f"  {row['dtype']} batch {row['batch']} context {row['context']}: {times}")
     params = fit["parameters"]
-    lines += [f"KV read penalty (paged {layouts['block_size']} / contiguous) {layouts['kv_read_penalty']:.3f}",
-              f"fit        compute {params['compute_efficiency']:.3f}  attention {params['attention_efficiency']:.4f}"
-              f"  memory {params['memory_efficiency']:.3f}  per step {params['per_step_overhead_s'] * 1e6:.0f} us"
+    lines += [f"KV read penalty (paged {layouts['block_size']} / contiguous) {layouts['kv_read_penalty']:.3f}"]
+    lines += [f"fit {dtype:>6} compute {params[f'compute/{dtype}']:.3f}  attention {params[f'attention/{dtype}']:.4f}"
+              f"  memory {params[f'memory_bandwidth/{dtype}']:.3f}" for dtype in record["dtypes"]]
+    lines += [f"fit        attention half-efficiency context {params['attention_half_context']:.0f} tokens"
+              f"  per step {params['per_step_overhead_s'] * 1e6:.0f} us"
               f"  per layer {params['per_layer_overhead_s'] * 1e6:.0f} us",
               f"in-sample  MAPE {fit['mape']:.1%} (" + ", ".join(f"{d} {v:.1%}" for d, v in fit["mape_by_dtype"].items())
               + f"), worst {fit['worst_error']:.1%}; measurement noise (median IQR/median) "

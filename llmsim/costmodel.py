@@ -45,7 +45,7 @@ class CostModel:
         kv_tier = placement.kv_tier if placement else tiers[0]
         # Seconds per byte of each kind, from the tier it lives in; attention kernels move more
         # than the KV bytes they need when they gather paged blocks.
-        efficiency = hardware.memory_efficiency
+        compute_efficiency, attention_efficiency, efficiency = hardware.efficiencies_for(model.weight_dtype)
         seconds_per_byte = {"weights": 1.0 / (weight_tier.bandwidth_bytes_per_s * efficiency),
                             "kv": hardware.kv_read_penalty / (kv_tier.bandwidth_bytes_per_s * efficiency),
                             "activations": 1.0 / (tiers[0].bandwidth_bytes_per_s * efficiency)}
@@ -54,8 +54,8 @@ class CostModel:
                                 for kind in BYTE_KINDS) * repeat
         memory_time = sum(np.vstack([coeffs.layer_bytes[kind], coeffs.model_bytes[kind]]) * seconds_per_byte[kind]
                           for kind in BYTE_KINDS) * repeat * pace
-        gemm_peak = hardware.peak_for(model.weight_dtype) * hardware.compute_efficiency
-        attention_peak = hardware.peak_for("bf16") * hardware.attention_efficiency
+        gemm_peak = hardware.peak_for(model.weight_dtype) * compute_efficiency
+        attention_peak = hardware.peak_for("bf16") * attention_efficiency
         self.seconds_per_flop = np.array(
             [1.0 / (attention_peak if op in ATTENTION_OPS else gemm_peak) for op in LAYER_OPS]
             + [1.0 / gemm_peak] * len(MODEL_OPS))
@@ -65,6 +65,11 @@ class CostModel:
         self._n_ops = len(self.op_names)
         self._memory_time = memory_time
         self._compute_time = self.flops_matrix * self.seconds_per_flop[:, None] * pace
+        # Decode attention over context c runs at attention_efficiency * c / (c + half): as if each
+        # sequence attended to `half` more tokens (time only; the FLOPs stay those of the work).
+        decode = LAYER_OPS.index("attention_decode")
+        self._compute_time[decode, F["decode_seqs"]] += (self._compute_time[decode, F["decode_kv_read"]]
+                                                         * hardware.attention_half_context)
         self._stacked = np.vstack([self._compute_time,
                                    memory_time,
                                    self.fixed_vector,

@@ -55,6 +55,12 @@ class HardwareProfile:
     per_step_overhead_s: float                  # scheduler, sampling, launch: once per iteration
     per_layer_overhead_s: float                 # kernel launches: once per layer per iteration
     kv_read_penalty: float = 1.0                # KV bytes actually moved per KV byte read (paged gathers)
+    # Decode attention of a sequence with context c runs at attention_efficiency * c / (c + this):
+    # a fixed cost per sequence and layer (0: none, efficiency independent of context).
+    attention_half_context: float = 0.0
+    # Kernels differ by dtype (e.g. AMX bf16 tiles vs AVX-512 fp32 on a CPU): {dtype: {"compute": ..,
+    # "attention": .., "memory_bandwidth": ..}} overrides the efficiencies above for models in that dtype.
+    efficiency_by_dtype: dict[str, dict[str, float]] = field(default_factory=dict)
     memory_name: str = "HBM"                    # what the primary memory is (SRAM on wafer-scale chips)
     outer_tiers: tuple[MemoryTier, ...] = ()    # slower, larger memories beyond the primary one
     calibration: dict = field(default_factory=dict, compare=False)   # how the efficiencies were measured
@@ -66,6 +72,12 @@ class HardwareProfile:
         """Memory tiers, innermost (fastest) first; the first is the primary memory."""
         primary = MemoryTier(self.memory_name, self.memory_capacity_bytes, self.memory_bandwidth_bytes_per_s)
         return (primary,) + self.outer_tiers
+
+    def efficiencies_for(self, dtype: str) -> tuple[float, float, float]:
+        """(compute, attention, memory) efficiencies for a model whose weights are in ``dtype``."""
+        own = self.efficiency_by_dtype.get(dtype, {})
+        return (own.get("compute", self.compute_efficiency), own.get("attention", self.attention_efficiency),
+                own.get("memory_bandwidth", self.memory_efficiency))
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak for GEMMs in ``dtype``; weight-only formats compute in bf16."""
@@ -118,6 +130,9 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
         interconnect_efficiency=_figure(eff, "interconnect", None, figures, **fraction),
         kv_read_penalty=(_figure(eff, "kv_read_penalty", None, figures, minimum=1.0, exclusive_minimum=False)
                          if eff.has("kv_read_penalty") else 1.0),
+        attention_half_context=(_figure(eff, "attention_half_context", None, figures, minimum=0.0,
+                                        exclusive_minimum=False) if eff.has("attention_half_context") else 0.0),
+        efficiency_by_dtype=_efficiency_by_dtype(eff, peaks, figures, fraction),
         calibration=_calibration(node),
         memory_name=node.string("memory_name", "HBM"),
         outer_tiers=_outer_tiers(node, figures),
@@ -132,6 +147,25 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
     overhead.done()
     node.done()
     return profile
+
+
+def _efficiency_by_dtype(eff: Node, peaks: dict, figures: dict, fraction: dict) -> dict[str, dict[str, float]]:
+    """``efficiency.by_dtype: {dtype: {compute, attention, memory_bandwidth}}``, each entry optional;
+    a dtype needs a peak_flops entry."""
+    if not eff.has("by_dtype"):
+        return {}
+    by_dtype = eff.child("by_dtype")
+    result = {}
+    for dtype in list(by_dtype.data):
+        if dtype not in peaks:
+            raise by_dtype.key_error(str(dtype), "no peak_flops entry for this dtype", by_dtype.data[dtype],
+                                     "a dtype of peak_flops: " + ", ".join(peaks))
+        entry = by_dtype.child(dtype)
+        result[dtype] = {key: _figure(entry, key, None, figures, **fraction)
+                         for key in ("compute", "attention", "memory_bandwidth") if entry.has(key)}
+        entry.done()
+    by_dtype.done()
+    return result
 
 
 def _outer_tiers(node: Node, figures: dict) -> tuple[MemoryTier, ...]:

@@ -21,8 +21,9 @@ from llmsim.calibration.fit import uncalibrated
 from llmsim.calibration.plan import PLANS, model_spec, shared_values
 from llmsim.calibration.plot import scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
+from llmsim.configio import Node
 from llmsim.errors import ConfigError
-from llmsim.hardware import PROFILE_DIR
+from llmsim.hardware import PROFILE_DIR, profile_from_node
 
 SHIPPED = PROFILE_DIR / "cpu-calibrated.yaml"
 TARGET = PROFILE_DIR / "h100-sxm.yaml"
@@ -65,15 +66,59 @@ def test_held_out_grids_share_no_value_with_any_fit_grid():
         assert plan.holdout.shapes(("bf16",)), f"{kind} {plan.name}: empty held-out grid"
 
 
+def _profile_with(**changes):
+    document = yaml.safe_load(TARGET.read_text())
+    for key, value in changes.items():
+        document["efficiency"][key] = value
+    return profile_from_node(Node(document, file="test.yaml"))
+
+
+def test_decode_attention_efficiency_follows_its_context_law():
+    """attention_half_context h: decode attention over c tokens (the new one included) runs at
+    attention_efficiency * c / (c + h) of the bf16 peak, so its compute time is
+    4 q_dim c layers / (peak * efficiency * c / (c + h)); other operators do not change."""
+    half = 300.0
+    figure = {"value": half, "source": "test", "confidence": "assumption"}
+    plain, with_half = load_profile(TARGET), _profile_with(attention_half_context=figure)
+    spec = model_spec(1024, 2, "bf16")
+    for batch, context in ((1, 127), (8, 2047), (32, 8191)):
+        x = CostModel(spec, with_half).features(decode_context=[context] * batch)
+        rows = CostModel(spec, with_half).breakdown(x).set_index("operator")
+        plain_rows = CostModel(spec, plain).breakdown(x).set_index("operator")
+        c = context + 1
+        efficiency = plain.attention_efficiency * c / (c + half)
+        expected = 4 * spec.q_dim * c * batch * spec.num_layers / (plain.peak_for("bf16") * efficiency)
+        assert rows.loc["layer.attention_decode", "compute_s"] == pytest.approx(expected, rel=1e-9)
+        assert rows.loc["layer.attention_decode", "flops"] == plain_rows.loc["layer.attention_decode", "flops"]
+        others = rows.index != "layer.attention_decode"
+        assert (rows.loc[others, "time_s"] == plain_rows.loc[others, "time_s"]).all()
+
+
+def test_efficiencies_by_dtype_apply_to_models_in_that_dtype_only():
+    figure = {"value": 0.2, "source": "test", "confidence": "assumption"}
+    profile = _profile_with(by_dtype={"fp8": {"compute": figure}})
+    plain = load_profile(TARGET)
+    assert profile.efficiencies_for("fp8") == (0.2, plain.attention_efficiency, plain.memory_efficiency)
+    assert profile.efficiencies_for("bf16") == plain.efficiencies_for("bf16")
+    x = CostModel(model_spec(1024, 2, "bf16"), plain).features(decode_context=[100] * 256)
+    assert CostModel(model_spec(1024, 2, "bf16"), profile).step_time(x) == CostModel(
+        model_spec(1024, 2, "bf16"), plain).step_time(x)
+    with pytest.raises(ConfigError, match=r"efficiency\.by_dtype\.fp64.*no peak_flops entry"):
+        _profile_with(by_dtype={"fp64": {"compute": figure}})
+
+
 def test_quick_profile_loads_with_measured_efficiencies(quick):
     document, profile = quick
     for value in (profile.compute_efficiency, profile.attention_efficiency, profile.memory_efficiency):
         assert 0.0 < value <= 1.0
     assert profile.kv_read_penalty >= 1.0
     assert profile.per_step_overhead_s >= 0.0 and profile.per_layer_overhead_s >= 0.0
+    assert profile.attention_half_context >= 0.0
+    assert profile.efficiencies_for("bf16") == (profile.compute_efficiency, profile.attention_efficiency,
+                                                profile.memory_efficiency)
     for key in ("efficiency.compute", "efficiency.attention", "efficiency.memory_bandwidth",
-                "efficiency.kv_read_penalty", "overhead.per_step", "overhead.per_layer", "peak_flops.bf16",
-                "memory_bandwidth"):
+                "efficiency.kv_read_penalty", "efficiency.attention_half_context", "efficiency.by_dtype.bf16.compute",
+                "overhead.per_step", "overhead.per_layer", "peak_flops.bf16", "memory_bandwidth"):
         assert profile.figures[key].confidence == "measured"
         assert "llmsim calibrate" in profile.figures[key].source
     assert profile.calibration["torch_version"] in profile.figures["efficiency.compute"].source

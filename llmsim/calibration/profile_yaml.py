@@ -68,14 +68,17 @@ def profile_document(name: str, record: dict, fitted: dict, roofline: dict, gemm
         "tdp": _tdp(cpu, threads, record["power_limit_w"]),
         "price_per_hour_usd": _price(cpu, threads),
         "efficiency": {
-            "compute": figure(round(fitted["compute_efficiency"], 4), f"measured: {tag}: {fit_note}", "measured"),
-            "attention": figure(round(fitted["attention_efficiency"], 4), f"measured: {tag}: {fit_note}", "measured"),
-            "memory_bandwidth": figure(round(fitted["memory_efficiency"], 4), f"measured: {tag}: {fit_note}",
-                                       "measured"),
+            **_efficiencies(fitted, record, tag, fit_note),
             "interconnect": figure(1.0, _no_link_source(cpu), "assumption"),
             "kv_read_penalty": figure(round(record["kv_layouts"]["kv_read_penalty"], 4),
                                       f"measured: {tag}: paged (block {record['kv_layouts']['block_size']}) over "
                                       f"contiguous decode attention time, median of the layout study", "measured"),
+            "attention_half_context": figure(round(fitted["attention_half_context"], 1),
+                                             f"measured: {tag}: {fit_note}; tokens of context at which decode "
+                                             "attention reaches half its efficiency", "measured"),
+            "by_dtype": {dtype: {key: figure(round(fitted[f"{key}/{dtype}"], 4), f"measured: {tag}: {fit_note}",
+                                             "measured") for key in ("compute", "attention", "memory_bandwidth")}
+                         for dtype in record["dtypes"]},
         },
         "overhead": {
             "per_step": figure(duration_text(fitted["per_step_overhead_s"]), f"measured: {tag}: {fit_note}",
@@ -85,6 +88,15 @@ def profile_document(name: str, record: dict, fitted: dict, roofline: dict, gemm
         },
         "calibration": record,
     }
+
+
+def _efficiencies(fitted: dict, record: dict, tag: str, fit_note: str) -> dict:
+    """The profile's default efficiencies: those fitted for its primary dtype (bf16 where calibrated)."""
+    from .fit import primary_dtype
+    dtype = primary_dtype(record["dtypes"])
+    note = f"{fit_note}; the {dtype} figure (by_dtype has every calibrated dtype's)"
+    return {key: figure(round(fitted[f"{key}/{dtype}"], 4), f"measured: {tag}: {note}", "measured")
+            for key in ("compute", "attention", "memory_bandwidth")}
 
 
 def _no_link_source(cpu: bool) -> str:
@@ -162,8 +174,9 @@ def transfer_document(calibrated: dict, target: dict, calibrated_name: str) -> d
     """``target`` with the efficiency factors of ``calibrated``; peaks, links, overheads stay the target's.
 
     The transferred figures become ``assumption``s: they were measured on another
-    device and hold here only as far as the two run kernels alike. Overheads are
-    not transferred: they are the launch and dispatch costs of the calibrated
+    device and hold here only as far as the two run kernels alike; they are the
+    calibrated device's defaults (its primary dtype's, see fit.primary_dtype). Overheads
+    and the attention half-context are not transferred: they are the launch and dispatch costs of the calibrated
     device's runtime, not properties of its kernels.
     """
     record = calibrated["calibration"]
