@@ -206,3 +206,20 @@ def test_bad_calibrate_and_validate_arguments_are_configuration_errors():
         _run("validate", str(TARGET))
     with pytest.raises(ConfigError, match="was calibrated on cpu"):
         _run("validate", str(SHIPPED), "--device", "cuda")
+
+
+@pytest.mark.parametrize("path", sorted(PROFILE_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_efficiency_says_whether_a_calibration_measured_it(path):
+    """Issue 5: an efficiency or overhead either comes from a calibration, whose source names the
+    device and the date recorded by it, or says it is an assumption or names another measurement."""
+    profile = load_profile(path)
+    for key, figure in profile.figures.items():
+        if not key.startswith(("efficiency.", "overhead.")):
+            continue
+        if figure.confidence == "measured" and "llmsim calibrate" in figure.source:
+            record = profile.calibration
+            assert record.get("tool") == "llmsim calibrate", key
+            assert record["device_name"] in figure.source and record["date"] in figure.source, key
+        else:
+            assert figure.confidence == "assumption" or figure.source.startswith("measured:"), key
+            assert "llmsim calibrate" not in figure.source or figure.source.startswith("assumption"), key
