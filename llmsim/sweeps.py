@@ -141,9 +141,18 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                           "error": metrics.get("error", "")}
         if journal is not None:
             journal.append(rows[point_id])
-    if journal is not None:
-        return journal.read(order)
-    return pd.DataFrame([rows[point_id] for point_id in order])
+    keys = list(dict.fromkeys(key for point in points for key in point if key not in ID_COLUMNS))
+    frame = journal.read(order) if journal is not None else pd.DataFrame([rows[point_id] for point_id in order])
+    return _keys_first(frame, keys)
+
+
+def _keys_first(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """These points' keys, then ``seed``, ``point_id``, ``error``, then the rest, so that
+    :func:`parameter_columns` finds every key of these points and no other: points with
+    different keys, or an ``out`` folder that also holds another grid's points, would otherwise
+    leave a key after ``seed`` (among the metrics) or another grid's key before it."""
+    first = keys + ["seed", "point_id", "error"]
+    return frame.reindex(columns=first + [c for c in frame.columns if c not in first])
 
 
 def parameter_columns(df: pd.DataFrame) -> list[str]:

@@ -102,6 +102,21 @@ def test_resume_skips_finished_points_and_drops_a_torn_line(tmp_path, monkeypatc
     assert len(calls) == 5 and len(pd.read_csv(results)) == 4
 
 
+def test_a_second_grid_in_the_same_folder_keeps_its_points_apart(tmp_path):
+    """The journal also holds the first grid's rows and columns: the second grid's key must still
+    be a point key (before ``seed``), or mean_over_seeds would average distinct points together."""
+    sweep(small(), {"workload.arrival.rate": [4.0, 8.0]}, out=tmp_path, workers=1, progress=False)
+    rows = sweep(small(), {"engine.max_batch_tokens": [1024, 8192]}, out=tmp_path, workers=1, progress=False)
+    assert list(rows.columns[:4]) == ["engine.max_batch_tokens", "seed", "point_id", "error"]
+    means = mean_over_seeds(rows)
+    assert list(means["engine.max_batch_tokens"]) == [1024, 8192] and list(means["seeds"]) == [1, 1]
+    # Points with different keys (run_points): every key is a point key, wherever it first appears.
+    mixed = run_points(small(), [{"engine.max_batch_tokens": 1024}, {"engine.queue_timeout": "50 ms"},
+                                 {"engine.queue_timeout": "200 ms"}], workers=1, progress=False)
+    assert list(mixed.columns[:3]) == ["engine.max_batch_tokens", "engine.queue_timeout", "seed"]
+    assert list(mean_over_seeds(mixed)["seeds"]) == [1, 1, 1]
+
+
 def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
     real = sweeps.simulate_point
 
