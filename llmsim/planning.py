@@ -73,20 +73,31 @@ def check_rate(rate_per_s: float, key: str = "--target-rate") -> float:
 def candidates(scenario: Scenario, hardware: Sequence[str] | None) -> list[str]:
     """Hardware to plan for: given, else the scenario's ``plan.hardware`` list, else its own."""
     if hardware:
-        names = list(hardware)
-    else:
-        section = Node((scenario.source or {}).get("plan"), file=scenario.path, path="plan")
-        listed = section.raw("hardware", None)
-        section.done()
-        if listed is not None and (not isinstance(listed, list) or not listed
-                                   or not all(isinstance(name, str) for name in listed)):
-            raise section.key_error("hardware", "expected a list of hardware profile names", listed,
-                                    "e.g. [H100-SXM, CS-3]")
-        names = listed or [scenario.hardware.name]
-    for name in names:
-        # An unknown name is a ConfigError listing the profiles.
-        lookup_hardware(name, None, "--hardware") if hardware else lookup_hardware(name, section, "hardware")
-    return names
+        # A profile file named on the command line is found from the current folder (the
+        # scenario's overrides would look for it next to the scenario).
+        names = [str(Path(name).resolve()) if name.endswith((".yaml", ".yml")) and Path(name).exists() else name
+                 for name in hardware]
+        for name in names:
+            lookup_hardware(name, None, "--hardware")      # an unknown name is a ConfigError listing the profiles
+        return names
+    section = Node((scenario.source or {}).get("plan"), file=scenario.path, path="plan",
+                   base_dir=Path(scenario.source_dir or "."))
+    listed = section.raw("hardware", None)
+    section.done()
+    if listed is not None and (not isinstance(listed, list) or not listed
+                               or not all(isinstance(name, str) for name in listed)):
+        raise section.key_error("hardware", "expected a list of hardware profile names", listed,
+                                "e.g. [H100-SXM, CS-3]")
+    for name in listed or ():
+        lookup_hardware(name, section, "hardware")
+    return listed or [_own_hardware(scenario)]
+
+
+def _own_hardware(scenario: Scenario) -> str:
+    """The scenario's hardware as its YAML names it: a profile name, or a profile file's path
+    (relative to the scenario), which the profile's own name would not find."""
+    written = (scenario.source or {}).get("hardware")
+    return written if isinstance(written, str) else scenario.hardware.name
 
 
 def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
@@ -119,7 +130,7 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
 def _placement_overrides(scenario: Scenario, name: str) -> dict:
     """Another chip is placed afresh (a speculating scenario's auto placement keeps one
     pipeline stage: speculative decoding is not modelled with pipeline parallelism)."""
-    if name.lower() == scenario.hardware.name.lower():
+    if name.lower() in (scenario.hardware.name.lower(), _own_hardware(scenario).lower()):
         return {"hardware": name}
     return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 

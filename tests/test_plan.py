@@ -102,6 +102,29 @@ def test_cli_prints_the_table_and_writes_csv(scenario_file, tmp_path, capsys):
     assert out.exists()
 
 
+def test_a_profile_file_as_the_scenario_hardware_plans_like_the_profile(tmp_path, monkeypatch, capsys):
+    """hardware: a profile YAML next to the scenario (what llmsim calibrate writes): plan finds it
+    there (its own name is no catalog profile) and keeps the scenario's placement; --hardware with
+    a file path finds it from the current folder."""
+    folder = tmp_path / "scenarios"
+    folder.mkdir()
+    profile = yaml.safe_load((REPO / "hardware_profiles" / "h100-sxm.yaml").read_text())
+    (folder / "my-gpu.yaml").write_text(yaml.safe_dump({**profile, "name": "my-gpu"}))
+    small = merge(SMALL, {"workload": {"num_requests": 300}})
+    path = folder / "custom.yaml"
+    path.write_text(yaml.safe_dump({**small, "hardware": "my-gpu.yaml"}))
+    reference = tmp_path / "reference.yaml"
+    reference.write_text(yaml.safe_dump(small))
+    monkeypatch.chdir(tmp_path)
+    expected = llmsim.plan(reference, 60.0, workers=1)
+    for hardware in (None, ["scenarios/my-gpu.yaml"]):
+        row = llmsim.plan(path, 60.0, hardware, workers=1).iloc[0]
+        assert row["replicas"] == expected["replicas"].iloc[0] >= 1 and row["placement"] == "tp1 x pp1"
+        assert row["usd_per_hour"] == expected["usd_per_hour"].iloc[0]
+    assert main(["plan", str(path), "--target-rate", "60", "--workers", "1"]) == 0
+    assert "my-gpu.yaml" in capsys.readouterr().out
+
+
 def test_other_chips_are_placed_afresh_and_speculation_keeps_one_stage():
     """Llama-3.1-70B with a 1B draft on H200: auto placement alone would choose 2 pipeline stages
     (fewest devices, smaller tp first), which speculative decoding does not support."""
