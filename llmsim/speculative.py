@@ -273,15 +273,16 @@ def _acceptance(node: Node, k_max: int) -> Acceptance:
         node.done()
         return Acceptance(process, alpha=alpha, decay=decay)
     if process == "beta":
-        # Either the shape parameters, or a mean and a concentration (a + b).
+        # Either the shape parameters, or a mean and a concentration (a + b); Beta(a, b) needs a, b > 0.
+        positive = dict(minimum=0.0, exclusive_minimum=True)
         if node.has("mean") or node.has("concentration"):
             mean = node.number("mean", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True)
             if mean >= 1.0:
                 raise node.key_error("mean", "must be below 1", mean, "0 < mean < 1")
-            concentration = node.number("concentration", 10.0)
+            concentration = node.number("concentration", 10.0, **positive)
             node.done()
             return Acceptance(process, beta_a=mean * concentration, beta_b=(1 - mean) * concentration)
-        a, b = node.number("a"), node.number("b")
+        a, b = node.number("a", **positive), node.number("b", **positive)
         node.done()
         return Acceptance(process, beta_a=a, beta_b=b)
     path = node.path_value("path")

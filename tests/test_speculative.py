@@ -411,6 +411,11 @@ def test_same_seed_same_run_and_common_acceptance_across_k():
     ({"draft": "Llama-3.2-1B", "policy": "smart"}, "unknown value"),
     ({"draft": "Llama-3.2-1B", "acceptance": {"process": "bernoulli", "alpha": 1.5}}, "out of range"),
     ({"draft": "Llama-3.2-1B", "kk": 3}, "unknown key"),
+    # Beta(a, b) needs a, b > 0: a zero or negative shape gives NaN acceptance rates (never accepted).
+    ({"draft": "Llama-3.2-1B", "acceptance": {"process": "beta", "a": 0, "b": 1}}, "speculation.acceptance.a"),
+    ({"draft": "Llama-3.2-1B", "acceptance": {"process": "beta", "a": 2, "b": -1}}, "speculation.acceptance.b"),
+    ({"draft": "Llama-3.2-1B", "acceptance": {"process": "beta", "mean": 0.7, "concentration": 0}},
+     "speculation.acceptance.concentration"),
 ])
 def test_bad_speculation_settings_name_the_key(tmp_path, capsys, speculation, words):
     import yaml
