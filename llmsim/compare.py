@@ -96,5 +96,7 @@ def _speculation_columns(spec: dict | None) -> dict:
     """Mean draft length and acceptance; k 0 and no acceptance for plain decoding."""
     if spec is None:
         return {"mean_k": 0.0, "acceptance_rate": float("nan")}
-    return {"mean_k": spec["mean_k"] * spec["speculating_fraction"],   # over all decode steps, plain ones at 0
+    fraction = spec["speculating_fraction"]
+    # Over all decode steps, plain ones at 0 (no step speculated: 0, not the NaN of 0 / 0 times 0).
+    return {"mean_k": spec["mean_k"] * fraction if fraction else fraction,
             "acceptance_rate": spec["acceptance_rate"]}

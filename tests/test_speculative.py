@@ -299,6 +299,17 @@ def test_eligibility_keeps_short_sequences_and_lone_requests_plain(fixed_cost):
     assert short.iterations.loc[:first_spec - 1, "tokens_out"].sum() >= 4 * 99
 
 
+def test_compare_counts_plain_decode_steps_as_k_zero():
+    """llmsim compare's mean k is draft tokens over all decode steps: 0 when none speculated."""
+    from llmsim.compare import _speculation_columns
+    never = simulate(make_scenario({"workload": {"num_requests": 30, "arrival": {"rate": 0.5}},
+                                    "speculation": {"draft": "ngram", "k": 4,
+                                                    "eligibility": {"min_concurrent_requests": 50}}}))
+    summary = never.summary()["speculation"]
+    assert summary["speculating_fraction"] == 0.0
+    assert _speculation_columns(summary)["mean_k"] == 0.0
+
+
 def test_colocated_draft_takes_its_weights_and_kv_from_the_cache():
     """KV capacity with the draft = (memory left after both models' weights) / (target + draft KV
     bytes per token), from the models' own sizes."""
