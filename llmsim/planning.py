@@ -36,7 +36,7 @@ from .configio import Node
 from .errors import ConfigError
 from .hardware import lookup_hardware
 from .scenario import Scenario, load_scenario, scenario_from_node
-from .sweeps import apply_overrides, run_points
+from .sweeps import apply_overrides, check_matches_source, run_points
 
 RATE_KEY = "workload.arrival.rate"
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
@@ -44,7 +44,10 @@ ROOMY_LATENCY = 0.5          # and mean latencies within this share of their lim
 
 
 def as_scenario(scenario: str | Path | Scenario) -> Scenario:
-    return scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    if isinstance(scenario, Scenario):
+        check_matches_source(scenario)           # variants are rebuilt from its YAML mapping
+        return scenario
+    return load_scenario(scenario)
 
 
 def variant(scenario: Scenario, point: Mapping) -> Scenario:

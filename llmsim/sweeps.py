@@ -350,14 +350,34 @@ def _base(scenario) -> tuple[dict, Path, str | None, int]:
         node = Node(load_yaml(scenario), file=str(scenario))      # rejects a file that is not a mapping
         return node.data, Path(scenario).parent, str(scenario), _base_seed(node)
     if isinstance(scenario, Scenario):
-        if scenario.source is None:
-            raise ValueError("this Scenario was not read from YAML (no source mapping): pass its file or mapping")
+        check_matches_source(scenario)
         return ({**scenario.source, "seed": scenario.seed}, Path(scenario.source_dir or "."), scenario.path,
                 scenario.seed)
     if isinstance(scenario, Mapping):
         node = Node(dict(scenario))
         return node.data, Path.cwd(), None, _base_seed(node)
     raise TypeError(f"expected a scenario path, Scenario or mapping, not {type(scenario).__name__}")
+
+
+def check_matches_source(scenario: Scenario) -> None:
+    """Sweeps, plans and recommendations rebuild a Scenario from the YAML mapping it was read from
+    (``source``), so one changed afterwards (``dataclasses.replace`` on its fields; ``with_seed``
+    is fine) would silently run the mapping instead: refuse it (ValueError)."""
+    if scenario.source is None:
+        raise ValueError("this Scenario was not read from YAML (no source mapping): pass its file or mapping")
+    rebuilt = scenario_from_node(Node({**scenario.source, "seed": scenario.seed}, file=scenario.path,
+                                      base_dir=Path(scenario.source_dir or ".")))
+    trace, own_trace = rebuilt.workload.trace, scenario.workload.trace
+    same_trace = (trace is None) == (own_trace is None) and (trace is None or all(
+        np.array_equal(getattr(trace, name), getattr(own_trace, name))
+        for name in ("arrival_s", "prompt_tokens", "output_tokens")))
+    unchanged = same_trace and replace(rebuilt, path=scenario.path, workload=replace(rebuilt.workload, trace=None)) \
+        == replace(scenario, workload=replace(scenario.workload, trace=None))
+    if not unchanged:
+        raise ValueError("this Scenario differs from the YAML mapping it was read from (changed with "
+                         "dataclasses.replace?), and sweeps, plans and recommendations rebuild it from that "
+                         "mapping: pass the change as an override instead, e.g. "
+                         "{'engine.max_batch_tokens': 4096}, or a mapping of the whole scenario")
 
 
 def _base_seed(node: Node) -> int:

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import yaml
 
+import llmsim
 import llmsim.sweeps as sweeps
 from llmsim import ConfigError, flatten, simulate, sweep
 from llmsim.cli import main
@@ -115,6 +116,20 @@ def test_a_second_grid_in_the_same_folder_keeps_its_points_apart(tmp_path):
                                  {"engine.queue_timeout": "200 ms"}], workers=1, progress=False)
     assert list(mixed.columns[:3]) == ["engine.max_batch_tokens", "engine.queue_timeout", "seed"]
     assert list(mean_over_seeds(mixed)["seeds"]) == [1, 1, 1]
+
+
+def test_a_scenario_changed_after_loading_is_refused_not_silently_reverted():
+    """Sweeps and plans rebuild a Scenario from its YAML mapping: a field changed with
+    dataclasses.replace would be lost, so it is an error; a new seed is kept."""
+    from dataclasses import replace
+
+    changed = replace(small(), engine=replace(small().engine, max_batch_tokens=1024))
+    with pytest.raises(ValueError, match="differs from the YAML mapping"):
+        sweep(changed, {"workload.arrival.rate": [5.0]}, workers=1, progress=False)
+    with pytest.raises(ValueError, match="differs from the YAML mapping"):
+        llmsim.plan(changed, 5.0)
+    rows = sweep(small().with_seed(3), {"workload.arrival.rate": [5.0]}, workers=1, progress=False)
+    assert list(rows["seed"]) == [3]
 
 
 def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
