@@ -303,6 +303,7 @@ def _acceptance(node: Node, k_max: int) -> Acceptance:
     bad = values.isna() | (values < 0) | (values > measured_k) | (values % 1 != 0)
     if bad.any() or len(values) == 0:
         first = frame[column][bad].iloc[0] if bad.any() else "(empty)"
+        first = first.item() if hasattr(first, "item") else first      # 9, not np.int64(9), in the message
         raise node.key_error("column", f"accepted lengths must be integers in 0..{measured_k} "
                              f"(row {int(np.argmax(bad.to_numpy())) + 2} of {path.name} is not)" if bad.any()
                              else f"{path.name} has no rows", first, f"integers 0..{measured_k}")

@@ -438,6 +438,19 @@ def test_bad_speculation_settings_name_the_key(tmp_path, capsys, speculation, wo
     assert str(path) in err and "speculation" in err and words in err
 
 
+def test_a_bad_replayed_length_is_named_with_its_row_and_value(tmp_path, capsys):
+    import yaml
+    (tmp_path / "lengths.csv").write_text("accepted\n1\n9\n")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"model": "Llama-3.1-8B", "hardware": "H100-SXM",
+                                    "speculation": {"draft": "ngram", "acceptance": {
+                                        "process": "replay", "path": "lengths.csv", "measured_k": 8}},
+                                    "workload": {"arrival": {"rate": 1}, "num_requests": 10}}))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "speculation.acceptance.column" in err and "row 3 of lengths.csv" in err and "(got 9)" in err
+
+
 # -- draft variants --------------------------------------------------------------------------------
 def test_ngram_speculator_costs_nothing_and_takes_no_memory():
     plain = make_scenario({"model": "Llama-3.1-8B"})
