@@ -109,22 +109,24 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
         raise ConfigError("give seeds either as a grid key or as seeds, not both", file=source, key="seed",
                           has_value=False)
     seeds = [base_seed] if seeds is None else [_seed(seed, source) for seed in seeds]
-    jobs, rows = [], {}
+    jobs, rows, seen = [], {}, set()
     for point in points:
         for seed in [point["seed"]] if "seed" in point else seeds:
-            point_id = point_hash(base, point, seed)
-            if point_id in rows:
+            key = point_hash(base, point, seed)
+            if key in seen:
                 continue
-            row = {**point, "seed": seed, "point_id": point_id, "error": ""}
+            seen.add(key)
+            row = {**point, "seed": seed, "point_id": key, "error": ""}
             try:
                 data = apply_overrides(base, {**point, "seed": seed}, source)
                 built = scenario_from_node(Node(data, file=base_file, base_dir=base_dir))
             except ConfigError as error:
                 if on_invalid == "raise":
                     raise _point_error(error, point, source or base_file) from None
-                rows[point_id] = {**row, "error": str(error)}
+                rows[key] = {**row, "error": str(error)}
                 continue
-            rows[point_id] = row
+            point_id = point_hash(base, point, seed, built)
+            rows[point_id] = {**row, "point_id": point_id}
             jobs.append((point_id, built))
     order = list(rows)
     journal = _Journal(Path(out) / RESULTS_FILE) if out is not None else None
@@ -230,10 +232,22 @@ def apply_overrides(base: dict, point: Mapping[str, Any], source: str | None = N
     return data
 
 
-def point_hash(base: Mapping, point: Mapping[str, Any], seed: int) -> str:
-    """A stable 16-hex-digit key for (scenario mapping, overrides, seed): the same across runs."""
+def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Scenario | None = None) -> str:
+    """A stable 16-hex-digit key for (scenario mapping, overrides, seed): the same across runs.
+
+    With ``resolved`` (the point's validated Scenario) it also covers what the files the mapping
+    names resolved to (hardware profile, model, trace, replayed acceptance lengths), so a
+    recalibrated profile or an edited trace is simulated again, not read back stale from ``out``.
+    """
     text = json.dumps({"scenario": base, "point": dict(point), "seed": seed}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(text.encode())
+    if resolved is not None:
+        trace = resolved.workload.trace
+        digest.update(repr(replace(resolved, path=None, workload=replace(resolved.workload, trace=None))).encode())
+        if trace is not None:
+            for values in (trace.arrival_s, trace.prompt_tokens, trace.output_tokens):
+                digest.update(np.ascontiguousarray(values).tobytes())
+    return digest.hexdigest()[:16]
 
 
 def simulate_point(scenario: Scenario) -> dict:

@@ -2,6 +2,7 @@
 disk, a failing point keeps the others, bad grids are clear errors, Dask gives the same rows."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pandas as pd
@@ -14,7 +15,7 @@ from llmsim import ConfigError, flatten, simulate, sweep
 from llmsim.cli import main
 from llmsim.sweeps import apply_overrides, grid_points, mean_over_seeds, run_points
 
-from .helpers import BASE, make_scenario, merge
+from .helpers import BASE, REPO, make_scenario, merge
 
 SMALL = {"workload": {"num_requests": 60}, "slo": {"ttft": "300 ms", "tpot": "40 ms"}}
 GRID = {"workload.arrival.rate": [5.0, 20.0], "engine.max_batch_tokens": [2048, 8192]}
@@ -101,6 +102,28 @@ def test_resume_skips_finished_points_and_drops_a_torn_line(tmp_path, monkeypatc
     # Another point in the same folder runs alone; the old ones stay in the file.
     sweep(small(), {"workload.arrival.rate": [4.0, 32.0]}, out=tmp_path, workers=1, progress=False)
     assert len(calls) == 5 and len(pd.read_csv(results)) == 4
+
+
+def test_resume_simulates_again_when_a_named_file_changed(tmp_path, monkeypatch):
+    """The journal key covers what the scenario's files resolved to: after the hardware profile
+    it names is recalibrated (same file, new efficiency), the point is simulated again, not read
+    back stale; with the file unchanged it is not."""
+    calls = []
+    real = sweeps.simulate_point
+    monkeypatch.setattr(sweeps, "simulate_point", lambda scenario: calls.append(1) or real(scenario))
+    profile = yaml.safe_load((REPO / "hardware_profiles" / "h100-sxm.yaml").read_text())
+    write(tmp_path / "gpu.yaml", {**profile, "name": "gpu"})
+    scenario = write(tmp_path / "scenario.yaml", merge(merge(BASE, SMALL), {"hardware": "gpu.yaml"}))
+    grid = {"workload.arrival.rate": [20.0]}
+    first = sweep(scenario, grid, out=tmp_path / "out", workers=1, progress=False)
+    sweep(scenario, grid, out=tmp_path / "out", workers=1, progress=False)
+    assert len(calls) == 1
+    slower = copy.deepcopy(profile)
+    slower["efficiency"]["memory_bandwidth"]["value"] = profile["efficiency"]["memory_bandwidth"]["value"] / 2
+    write(tmp_path / "gpu.yaml", {**slower, "name": "gpu"})
+    again = sweep(scenario, grid, out=tmp_path / "out", workers=1, progress=False)
+    assert len(calls) == 2
+    assert again.loc[0, "latency.tpot_s.mean"] > 1.5 * first.loc[0, "latency.tpot_s.mean"]
 
 
 def test_a_second_grid_in_the_same_folder_keeps_its_points_apart(tmp_path):
