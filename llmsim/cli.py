@@ -82,7 +82,8 @@ def _cmd_sweep(args) -> int:
                               allowed=", ".join(numeric[:12]) + ", ...")
     points = mean_over_seeds(rows, [args.latency, args.throughput])
     frontier = pareto_frontier(points, args.latency, args.throughput)
-    varied = [key for key in keys if points[key].astype(str).nunique() > 1]    # fixed settings add nothing
+    # Fixed settings add nothing; a null option (speculation: null) reads back as NaN, a value too.
+    varied = [key for key in keys if points[key].astype(str).nunique(dropna=False) > 1]
     table = points[varied + ["seeds"] + [c for c in SWEEP_COLUMNS if c in points]].rename(columns=SWEEP_COLUMNS)
     table["frontier"] = ""
     table.loc[frontier.index, "frontier"] = frontier["knee"].map({True: "knee", False: "*"})

@@ -231,3 +231,14 @@ def test_cli_sweep_prints_a_table_and_writes_results_and_plot(tmp_path, capsys):
     assert 1 <= len(frontier) <= 3 and frontier["knee"].sum() == 1 and (frontier["seeds"] == 2).all()
     assert frontier["latency.tpot_s.p95.ci95"].notna().all()
     assert (out / "frontier.png").stat().st_size > 1000
+
+
+def test_cli_sweep_table_shows_a_null_option(tmp_path, capsys):
+    """speculation: [null, {...}] (plain decoding against a draft): the null option reads back from
+    results.csv as NaN, and the table must still show the column that tells the rows apart."""
+    scenario = write(tmp_path / "scenario.yaml", merge(BASE, SMALL))
+    grid_file = write(tmp_path / "grid.yaml", {"speculation": [None, {"draft": "ngram", "k": 2}]})
+    assert main(["sweep", str(scenario), "--grid", str(grid_file), "--out", str(tmp_path / "out"),
+                 "--workers", "1"]) == 0
+    header, *lines = capsys.readouterr().out.splitlines()
+    assert header.split()[0] == "speculation" and "ngram" in lines[1]
