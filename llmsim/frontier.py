@@ -78,7 +78,7 @@ def plot_frontier(df: pd.DataFrame, path: str | Path, latency: str = LATENCY, th
         dots = ax.scatter(usable[latency], usable[throughput], c=usable[color_by], cmap="viridis", s=22, zorder=2)
         fig.colorbar(dots, ax=ax, label=color_by)
     elif color_by is not None:
-        for value, rows in usable.groupby(usable[color_by].astype(str), sort=False):
+        for value, rows in usable.groupby(usable[color_by].astype(str), sort=False, dropna=False):   # null too
             ax.scatter(rows[latency], rows[throughput], s=22, zorder=2, label=f"{color_by} = {value}")
     else:
         ax.scatter(usable[latency], usable[throughput], color="0.6", s=22, zorder=2, label="all points")

@@ -79,6 +79,18 @@ def test_rows_without_both_metrics_are_left_out(tmp_path):
         pareto_frontier(frame, "latency.nope", THR)
 
 
+def test_plot_colours_every_point_including_a_null_option(tmp_path, monkeypatch):
+    """speculation: [null, {...}] reads back from results.csv as NaN: its points are drawn too."""
+    import llmsim.plots
+    figures = []
+    monkeypatch.setattr(llmsim.plots.plt, "close", figures.append)
+    frame = pd.DataFrame({LAT: [1.0, 2.0, 3.0], THR: [10.0, 20.0, 30.0],
+                          "speculation": pd.Series([None, '{"k": 2}', None], dtype=object)})
+    plot_frontier(frame, tmp_path / "null.png", LAT, THR, color_by="speculation")
+    groups = [c for c in figures[0].axes[0].collections if c.get_label().startswith("speculation = ")]
+    assert len(groups) == 2 and sum(len(c.get_offsets()) for c in groups) == 3
+
+
 SERIAL_FIXED = {"engine": {"max_num_seqs": 1, "max_batch_tokens": 8192},
                 "workload": {"num_requests": 2000, "prompt_tokens": 32, "output_tokens": 4,
                              "arrival": {"process": "deterministic"}}}
