@@ -141,6 +141,7 @@ def summarize(result) -> dict:
             "weights_per_device_gb": plan.weights_per_device_bytes / 1e9,
             "kv_cache_per_device_gb": plan.kv_per_device_bytes / 1e9,
             "kv_capacity_tokens_per_replica": plan.kv_capacity_tokens,
+            "draft_devices_per_replica": scenario.speculation.extra_devices if scenario.speculating else 0,
         },
         "economics": economics(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
         "queue": {

@@ -59,7 +59,9 @@ def format_summary(summary: dict) -> str:
                  f" kWh per million output tokens (at TDP)")
     if "speculation" in summary:
         lines.append(_speculation_line(summary["speculation"]))
-    lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}, weights in"
+    draft = (f" + {mem['draft_devices_per_replica']} draft device(s)" if mem.get("draft_devices_per_replica")
+             else "")
+    lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}{draft}, weights in"
                  f" {mem['weights_in']}, KV cache in {mem['kv_cache_in']}")
     lines.append(f"memory     weights {_num(mem['weights_per_device_gb'])} GB/device,"
                  f" KV cache {_num(mem['kv_cache_per_device_gb'])} GB/device"

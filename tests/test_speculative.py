@@ -339,6 +339,9 @@ def test_separate_draft_adds_devices_and_overlaps_with_verification():
     sep = simulate(separate).summary()
     assert sep["latency"]["tpot_s"]["mean"] < co["latency"]["tpot_s"]["mean"]
     assert sep["devices"] == 5
+    from llmsim.report import format_summary
+    assert "tp 4 x pp 1 + 1 draft device(s)" in format_summary(sep)
+    assert "draft device" not in format_summary(co)
 
 
 def test_first_token_waits_for_the_draft_prefill():
