@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -35,8 +35,8 @@ from .analytic import FluidModel
 from .configio import Node
 from .errors import ConfigError
 from .hardware import lookup_hardware
-from .scenario import Scenario, load_scenario, scenario_from_node
-from .sweeps import apply_overrides, check_matches_source, run_points
+from .scenario import Scenario, load_scenario
+from .sweeps import check_matches_source, run_points, variant
 
 RATE_KEY = "workload.arrival.rate"
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
@@ -48,14 +48,6 @@ def as_scenario(scenario: str | Path | Scenario) -> Scenario:
         check_matches_source(scenario)           # variants are rebuilt from its YAML mapping
         return scenario
     return load_scenario(scenario)
-
-
-def variant(scenario: Scenario, point: Mapping) -> Scenario:
-    """The scenario with dotted-key overrides, validated again like a file (as sweeps do)."""
-    if scenario.source is None:
-        raise ValueError("this Scenario was not read from YAML: pass its file")
-    data = apply_overrides({**scenario.source, "seed": scenario.seed}, point, scenario.path)
-    return scenario_from_node(Node(data, file=scenario.path, base_dir=Path(scenario.source_dir or ".")))
 
 
 def check_rate_driven(scenario: Scenario) -> None:

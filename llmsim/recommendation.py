@@ -44,9 +44,9 @@ from scipy import stats
 
 from .analytic import FluidModel
 from .errors import ConfigError
-from .planning import RATE_KEY, as_scenario, check_rate_driven, variant
+from .planning import RATE_KEY, as_scenario, check_rate_driven
 from .scenario import Scenario
-from .sweeps import run_points
+from .sweeps import run_points, variant
 from .workload import generate_trace
 
 OBJECTIVES = ("goodput", "cost")

@@ -118,8 +118,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
             seen.add(key)
             row = {**point, "seed": seed, "point_id": key, "error": ""}
             try:
-                data = apply_overrides(base, {**point, "seed": seed}, source)
-                built = scenario_from_node(Node(data, file=base_file, base_dir=base_dir))
+                built = build_point(base, {**point, "seed": seed}, base_dir, base_file, source)
             except ConfigError as error:
                 if on_invalid == "raise":
                     raise _point_error(error, point, source or base_file) from None
@@ -230,6 +229,21 @@ def apply_overrides(base: dict, point: Mapping[str, Any], source: str | None = N
         else:
             parent[leaf] = copy.deepcopy(value)
     return data
+
+
+def build_point(base: dict, point: Mapping[str, Any], base_dir: Path, file: str | None,
+                source: str | None = None) -> Scenario:
+    """A scenario mapping with a point's overrides (:func:`apply_overrides`), validated again like
+    a file: errors name ``file``, or ``source`` for a key path the overrides cannot set."""
+    return scenario_from_node(Node(apply_overrides(base, point, source), file=file, base_dir=base_dir))
+
+
+def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
+    """A Scenario read from YAML, with dotted-key overrides, rebuilt from its YAML mapping."""
+    if scenario.source is None:
+        raise ValueError("this Scenario was not read from YAML (no source mapping): pass its file or mapping")
+    return build_point({**scenario.source, "seed": scenario.seed}, point, Path(scenario.source_dir or "."),
+                       scenario.path, scenario.path)
 
 
 def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Scenario | None = None) -> str:
@@ -377,10 +391,7 @@ def check_matches_source(scenario: Scenario) -> None:
     """Sweeps, plans and recommendations rebuild a Scenario from the YAML mapping it was read from
     (``source``), so one changed afterwards (``dataclasses.replace`` on its fields; ``with_seed``
     is fine) would silently run the mapping instead: refuse it (ValueError)."""
-    if scenario.source is None:
-        raise ValueError("this Scenario was not read from YAML (no source mapping): pass its file or mapping")
-    rebuilt = scenario_from_node(Node({**scenario.source, "seed": scenario.seed}, file=scenario.path,
-                                      base_dir=Path(scenario.source_dir or ".")))
+    rebuilt = variant(scenario, {})
     trace, own_trace = rebuilt.workload.trace, scenario.workload.trace
     same_trace = (trace is None) == (own_trace is None) and (trace is None or all(
         np.array_equal(getattr(trace, name), getattr(own_trace, name))
@@ -427,12 +438,14 @@ class _Journal:
         self.records: list[dict] = []
         if path.exists():
             text = path.read_text()
-            if not text.endswith("\n"):
+            torn = not text.endswith("\n")
+            if torn:
                 text = text[:text.rfind("\n") + 1]
             reader = csv.DictReader(io.StringIO(text))
             self.columns = list(reader.fieldnames or [])
             self.records = list(reader)
-            self._rewrite()
+            if torn:                    # drop the torn line, so appends start on a fresh one
+                self._rewrite()
 
     def finished(self) -> set[str]:
         return {r["point_id"] for r in self.records if not r.get("error")}
