@@ -40,13 +40,12 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from .analytic import FluidModel
 from .errors import ConfigError
 from .planning import RATE_KEY, as_scenario, check_rate_driven
 from .scenario import Scenario
-from .sweeps import run_points, variant
+from .sweeps import ci95_half_width, run_points, variant
 from .workload import generate_trace
 
 OBJECTIVES = ("goodput", "cost")
@@ -359,8 +358,7 @@ class _Bracket:
     def record(self, rate: float, met: bool, row) -> None:
         if met and rate > self.passing:
             self.passing = rate
-            tokens = row["throughput.output_tokens_per_s"]
-            self.usd_per_million = row["economics.usd_per_hour"] / 3600 / tokens * 1e6 if tokens > 0 else math.nan
+            self.usd_per_million = float(row["economics.usd_per_million_output_tokens"])
         if not met and rate < self.failing:
             self.failing = rate
 
@@ -373,7 +371,7 @@ def _ci(values: np.ndarray) -> float:
     values = np.asarray(values, dtype=float)
     if len(values) < 2:
         return math.nan
-    return float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / math.sqrt(len(values)))
+    return float(ci95_half_width(values.std(ddof=1), len(values)))
 
 
 # -- command line -------------------------------------------------------------------------------

@@ -168,8 +168,6 @@ def mean_over_seeds(df: pd.DataFrame, metrics: Sequence[str] = ()) -> pd.DataFra
     the half-width of a 95% Student-t confidence interval of the mean across seeds (NaN for
     one seed).
     """
-    from scipy import stats
-
     keys = parameter_columns(df)
     ok = df[df["error"].fillna("") == ""]
     labels = ok[keys].apply(lambda column: column.map(lambda v: json.dumps(_cell(v), default=str)))
@@ -178,10 +176,17 @@ def mean_over_seeds(df: pd.DataFrame, metrics: Sequence[str] = ()) -> pd.DataFra
     frame = groups[numeric].mean()
     frame.insert(0, "seeds", groups.size())
     for metric in metrics:
-        n, sd = groups[metric].count(), groups[metric].std(ddof=1)
-        frame[f"{metric}.ci95"] = stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
+        frame[f"{metric}.ci95"] = ci95_half_width(groups[metric].std(ddof=1), groups[metric].count())
     firsts = ok.loc[groups.head(1).index, keys]          # groups keep the order they first appear in
     return pd.concat([firsts.reset_index(drop=True), frame.reset_index(drop=True)], axis=1)
+
+
+def ci95_half_width(sd, n):
+    """Half-width of a 95% Student-t confidence interval of a mean of ``n`` runs with sample
+    standard deviation ``sd`` (NaN for one run); numbers or arrays."""
+    from scipy import stats
+
+    return stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
 
 
 def grid_points(grid: Any, source: str | None = None) -> list[dict]:
