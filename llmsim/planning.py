@@ -36,7 +36,7 @@ from .configio import Node
 from .errors import ConfigError
 from .hardware import lookup_hardware
 from .scenario import Scenario, load_scenario
-from .sweeps import check_matches_source, run_points, variant
+from .sweeps import check_matches_source, run_points, slo_met, variant
 
 RATE_KEY = "workload.arrival.rate"
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
@@ -194,7 +194,7 @@ def _met(rows: pd.DataFrame) -> bool:
     failed = rows[rows["error"].fillna("") != ""]
     if len(failed):
         raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
-    return bool(rows["slo.met"].astype(str).str.lower().eq("true").all())
+    return bool(slo_met(rows).all())
 
 
 def _probes(lo: int, hi: int, workers: int | None) -> list[int]:
@@ -213,12 +213,10 @@ def analytic_bracket(one_replica: Scenario, rate: float, max_replicas: int) -> t
         return 1, 1
     plausible = frame["stable"].to_numpy().copy()
     roomy = plausible & (frame["utilisation"].to_numpy() <= ROOMY_UTILISATION)
-    for metric in ("ttft", "tpot", "e2e"):
-        limit = getattr(slo, f"{metric}_s")
-        if limit is not None:
-            mean = frame[f"{metric}_mean_s"].to_numpy()
-            plausible &= mean <= limit
-            roomy &= mean <= ROOMY_LATENCY * limit
+    for metric, (limit, _) in slo.targets().items():
+        mean = frame[f"{metric}_mean_s"].to_numpy()
+        plausible &= mean <= limit
+        roomy &= mean <= ROOMY_LATENCY * limit
     lower = int(counts[plausible][0]) if plausible.any() else max_replicas
     upper = int(counts[roomy][0]) if roomy.any() else max_replicas
     return lower, max(upper, lower)

@@ -45,7 +45,7 @@ from .analytic import FluidModel
 from .errors import ConfigError
 from .planning import RATE_KEY, as_scenario, check_rate_driven
 from .scenario import Scenario
-from .sweeps import ci95_half_width, run_points, variant
+from .sweeps import ci95_half_width, run_points, slo_met, variant
 from .workload import generate_trace
 
 OBJECTIVES = ("goodput", "cost")
@@ -281,10 +281,11 @@ class _Search:
             points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
             rows = run_points(self.scenario, points, workers=self.workers, progress=False)
             bar.update(len(points))
-            for ((c, s), rate), (_, row) in zip(jobs, rows.iterrows()):
+            met = slo_met(rows)
+            for ((c, s), rate), (index, row) in zip(jobs, rows.iterrows()):
                 if row["error"]:
                     raise RuntimeError(f"simulating {c.label} at {rate:g}/s failed: {row['error']}")
-                brackets[(c, s)].record(rate, str(row["slo.met"]).lower() == "true", row)
+                brackets[(c, s)].record(rate, bool(met[index]), row)
         bar.close()
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
@@ -324,7 +325,7 @@ class _Search:
             for metric in metrics:
                 values = group[metric].to_numpy(dtype=float)
                 entry[metric], entry[f"{metric}.ci95"] = float(values.mean()), _ci(values)
-            entry["slo.met"] = bool(group["slo.met"].astype(str).str.lower().eq("true").all())
+            entry["slo.met"] = bool(slo_met(group).all())
             out.append(entry)
         return pd.DataFrame(out)
 

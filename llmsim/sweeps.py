@@ -181,6 +181,11 @@ def mean_over_seeds(df: pd.DataFrame, metrics: Sequence[str] = ()) -> pd.DataFra
     return pd.concat([firsts.reset_index(drop=True), frame.reset_index(drop=True)], axis=1)
 
 
+def slo_met(rows: pd.DataFrame) -> pd.Series:
+    """Each row's ``slo.met`` as a bool (a column read back from ``results.csv`` may hold text)."""
+    return rows["slo.met"].astype(str).str.lower().eq("true")
+
+
 def ci95_half_width(sd, n):
     """Half-width of a 95% Student-t confidence interval of a mean of ``n`` runs with sample
     standard deviation ``sd`` (NaN for one run); numbers or arrays."""
