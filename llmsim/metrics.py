@@ -18,15 +18,17 @@ PERCENTILES = (50, 95, 99)
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
 
 
+def _within(records: pd.DataFrame, metric: str, limit_s: float) -> pd.Series:
+    """Requests whose ``metric`` is within its limit (a 1-token output has no TPOT, and meets it)."""
+    values = records[f"{metric}_s"]
+    return (values <= limit_s) | values.isna() if metric == "tpot" else values <= limit_s
+
+
 def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
-    """True for finished requests within every limit the SLO sets (a 1-token output has no TPOT)."""
+    """True for finished requests within every limit the SLO sets."""
     ok = records["status"] == "finished"
-    if slo.ttft_s is not None:
-        ok &= records["ttft_s"] <= slo.ttft_s
-    if slo.tpot_s is not None:
-        ok &= records["tpot_s"].isna() | (records["tpot_s"] <= slo.tpot_s)
-    if slo.e2e_s is not None:
-        ok &= records["e2e_s"] <= slo.e2e_s
+    for metric, (limit, _) in slo.targets().items():
+        ok &= _within(records, metric, limit)
     return ok
 
 
@@ -36,9 +38,7 @@ def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict:
     finished = steady["status"] == "finished"
     out, met = {}, True
     for metric, (limit, percentile) in slo.targets().items():
-        values = steady[f"{metric}_s"]
-        within = finished & ((values <= limit) | (values.isna() if metric == "tpot" else False))
-        share = float(within.mean()) if len(steady) else math.nan
+        share = float((finished & _within(steady, metric, limit)).mean()) if len(steady) else math.nan
         out[f"{metric}_attainment"] = share
         out[f"{metric}_percentile"] = percentile
         met = met and share >= percentile / 100
