@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 import llmsim
-from llmsim.analytic import FluidModel
+from llmsim.analysis.fluid import FluidModel
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = {"draft": "Llama-3.2-1B", "policy": "static", "k": 3, "acceptance": {"process": "bernoulli", "alpha": 0.8}}
@@ -34,9 +34,9 @@ FRACTIONS = (0.1, 0.3, 0.5, 0.7, 0.85)
 
 
 def scenario_for(path: str, overrides: dict, rate: float | None = None, requests: int | None = None):
-    from llmsim.compare import REPLACED_WHOLE
-    from llmsim.configio import Node, deep_merge, load_yaml
-    from llmsim.scenario import scenario_from_node
+    from llmsim.search.compare import REPLACED_WHOLE
+    from llmsim.config.reader import Node, deep_merge, load_yaml
+    from llmsim.scenario.scenario import scenario_from_node
     data = deep_merge(load_yaml(REPO / path), overrides, REPLACED_WHOLE)
     if rate is not None:
         data = deep_merge(data, {"workload": {"arrival": {"process": "poisson", "rate": rate}}})

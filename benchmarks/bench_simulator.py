@@ -18,9 +18,9 @@ import pstats
 import time
 
 import llmsim
-from llmsim.scenario import Deployment, EngineConfig, SLO, Scenario, SimulationConfig
-from llmsim.speculative import Acceptance, KPolicy, SpeculationConfig
-from llmsim.workload import ArrivalProcess, LengthDistribution, Workload
+from llmsim.scenario.scenario import Deployment, EngineConfig, SLO, Scenario, SimulationConfig
+from llmsim.speculation.config import Acceptance, KPolicy, SpeculationConfig
+from llmsim.workload.generate import ArrivalProcess, LengthDistribution, Workload
 
 
 def scenario(rate_per_s: float, requests: int, speculative: bool = False) -> Scenario:

@@ -8,20 +8,20 @@ The Python API in four calls::
     result.requests          # one row per request (pandas DataFrame)
     result.summary()         # latency percentiles, throughput, goodput, utilisation
 """
-from .costmodel import CostModel
-from .placement import Placement, place, smallest_fitting
-from .errors import ConfigError
-from .hardware import HardwareProfile, hardware_catalog, load_profile, lookup_hardware
-from .kvcache import KVCache
-from .metrics import batch_means, flatten, summarize
-from .models import ModelSpec, model_catalog, model_from_config_json
-from .planning import plan
-from .recommendation import recommend
-from .request import Request
-from .scenario import Scenario, load_scenario
-from .simulation import SimulationResult, simulate
-from .sweeps import run_points, sweep
-from .workload import Trace, generate_trace
+from llmsim.cost.roofline import CostModel
+from llmsim.catalog.placement import Placement, place, smallest_fitting
+from llmsim.errors import ConfigError
+from llmsim.catalog.hardware import HardwareProfile, hardware_catalog, load_profile, lookup_hardware
+from llmsim.sim.kvcache import KVCache
+from llmsim.analysis.metrics import batch_means, flatten, summarize
+from llmsim.catalog.models import ModelSpec, model_catalog, model_from_config_json
+from llmsim.search.plan import plan
+from llmsim.search.recommend import recommend
+from llmsim.sim.request import Request
+from llmsim.scenario.scenario import Scenario, load_scenario
+from llmsim.sim.simulate import SimulationResult, simulate
+from llmsim.search.sweeps import run_points, sweep
+from llmsim.workload.generate import Trace, generate_trace
 
 __version__ = "0.1.0"
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from llmsim.compare import REPLACED_WHOLE
-from llmsim.configio import Node, deep_merge
-from llmsim.scenario import scenario_from_node
+from llmsim.search.compare import REPLACED_WHOLE
+from llmsim.config.reader import Node, deep_merge
+from llmsim.scenario.scenario import scenario_from_node
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 import llmsim
-from llmsim.analytic import FluidModel
-from llmsim.analytic_k import accepted_pmf, adaptive_mix, static_mix
+from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid_k import accepted_pmf, adaptive_mix, static_mix
 from llmsim.errors import ConfigError
-from llmsim.speculative import Acceptance, expected_tokens_per_step
+from llmsim.speculation.config import Acceptance, expected_tokens_per_step
 
 from .helpers import make_scenario
 

@@ -16,15 +16,16 @@ import pytest
 import yaml
 
 from llmsim import CostModel, load_profile
-from llmsim.calibrate import add_subcommands, calibrate, validate
+from llmsim.calibration.calibrate import add_subcommands, calibrate, validate
 from llmsim.calibration.fit import uncalibrated
 from llmsim.calibration.plan import PLANS, model_spec, shared_values
 from llmsim.calibration.plot import scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
-from llmsim.configio import Node
+from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.hardware import PROFILE_DIR, profile_from_node
+from llmsim.catalog.hardware import profile_from_node, shipped_profile_dir
 
+PROFILE_DIR = shipped_profile_dir()
 SHIPPED = PROFILE_DIR / "cpu-calibrated.yaml"
 TARGET = PROFILE_DIR / "h100-sxm.yaml"
 # A median of n samples of a normal spread has standard error sqrt(pi/2) sigma / sqrt(n), and an
@@ -56,7 +57,7 @@ def _mape(rows, profile) -> float:
 
 
 def test_the_simulator_never_imports_torch():
-    code = "import llmsim, sys; llmsim.simulate; import llmsim.calibrate; assert 'torch' not in sys.modules"
+    code = "import llmsim, sys; llmsim.simulate; import llmsim.calibration.calibrate; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from llmsim.cli import main
+from llmsim.cli.main import main
 
 from .helpers import BASE, REPO, merge
 
-CLI = [sys.executable, "-m", "llmsim.cli"]
+CLI = [sys.executable, "-m", "llmsim.cli.main"]
 
 
 def write(tmp_path: Path, data, name="scenario.yaml") -> Path:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog, place
-from llmsim.models import FEATURES
+from llmsim.catalog.models import FEATURES
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-import llmsim.engine as engine_module
+import llmsim.sim.engine as engine_module
 from llmsim import simulate
-from llmsim.models import F
+from llmsim.catalog.models import F
 
 from .helpers import make_scenario
 

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsim import simulate
-from llmsim.frontier import knee_position, max_sustainable_rate, pareto_frontier, plot_frontier
+from llmsim.analysis.frontier import knee_position, pareto_frontier, plot_frontier
+from llmsim.search.sustainable_rate import max_sustainable_rate
 
 from .helpers import make_scenario
 
@@ -81,9 +82,9 @@ def test_rows_without_both_metrics_are_left_out(tmp_path):
 
 def test_plot_colours_every_point_including_a_null_option(tmp_path, monkeypatch):
     """speculation: [null, {...}] reads back from results.csv as NaN: its points are drawn too."""
-    import llmsim.plots
+    import llmsim.analysis.plots
     figures = []
-    monkeypatch.setattr(llmsim.plots.plt, "close", figures.append)
+    monkeypatch.setattr(llmsim.analysis.plots.plt, "close", figures.append)
     frame = pd.DataFrame({LAT: [1.0, 2.0, 3.0], THR: [10.0, 20.0, 30.0],
                           "speculation": pd.Series([None, '{"k": 2}', None], dtype=object)})
     plot_frontier(frame, tmp_path / "null.png", LAT, THR, color_by="speculation")

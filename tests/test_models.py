@@ -7,9 +7,9 @@ import math
 import pytest
 
 from llmsim import model_catalog, model_from_config_json
-from llmsim.configio import Node
+from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.models import model_from_node
+from llmsim.catalog.models import model_from_node
 
 CATALOG = model_catalog()
 # KV bytes per token (bf16) from shared/reference/models.md, in KiB.

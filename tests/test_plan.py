@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 import llmsim
-from llmsim import planning
-from llmsim.cli import main
+from llmsim.search import plan as planning
+from llmsim.cli.main import main
 from llmsim.errors import ConfigError
-from llmsim.hardware import lookup_hardware
+from llmsim.catalog.hardware import lookup_hardware
 
 from .helpers import BASE, REPO, merge
 

@@ -5,10 +5,10 @@ import pytest
 import yaml
 
 import llmsim
-from llmsim import planning
-from llmsim.cli import main
+from llmsim.search import plan as planning
+from llmsim.cli.main import main
 from llmsim.errors import ConfigError
-from llmsim.recommendation import (Config, format_recommendation, k_options, recommend,
+from llmsim.search.recommend import (Config, format_recommendation, k_options, recommend,
                                    rule_of_thumb_max_batch_tokens)
 
 from .helpers import BASE, make_scenario, merge

@@ -1,7 +1,7 @@
 """Speculative decoding against Leviathan et al. (ICML 2023) and against its own bookkeeping.
 
 The closed forms come from ``shared/reference/speculative.md`` and are written out
-here, independently of ``llmsim.speculative``. Theorem 3.8 assumes a step of fixed cost
+here, independently of ``llmsim.speculation.config``. Theorem 3.8 assumes a step of fixed cost
 whatever it computes; a device whose peaks are practically infinite, with all its time
 in a per-layer overhead, is exactly that: a target of 100 layers and a draft of d
 layers have the cost ratio c = d / 100 at any batch size and context.
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from llmsim import simulate
-from llmsim.costmodel import CostModel
-from llmsim.cli import main
-from llmsim.speculative import hashed_uniforms
-from llmsim.speculative_engine import SpeculativeReplica
+from llmsim.cost.roofline import CostModel
+from llmsim.cli.main import main
+from llmsim.speculation.config import hashed_uniforms
+from llmsim.sim.speculative_engine import SpeculativeReplica
 
 from .helpers import REPO, make_scenario
 
@@ -301,7 +301,7 @@ def test_eligibility_keeps_short_sequences_and_lone_requests_plain(fixed_cost):
 
 def test_compare_counts_plain_decode_steps_as_k_zero():
     """llmsim compare's mean k is draft tokens over all decode steps: 0 when none speculated."""
-    from llmsim.compare import _speculation_columns
+    from llmsim.search.compare import _speculation_columns
     never = simulate(make_scenario({"workload": {"num_requests": 30, "arrival": {"rate": 0.5}},
                                     "speculation": {"draft": "ngram", "k": 4,
                                                     "eligibility": {"min_concurrent_requests": 50}}}))
@@ -339,7 +339,7 @@ def test_separate_draft_adds_devices_and_overlaps_with_verification():
     sep = simulate(separate).summary()
     assert sep["latency"]["tpot_s"]["mean"] < co["latency"]["tpot_s"]["mean"]
     assert sep["devices"] == 5
-    from llmsim.report import format_summary
+    from llmsim.cli.render import format_summary
     assert "tp 4 x pp 1 + 1 draft device(s)" in format_summary(sep)
     assert "draft device" not in format_summary(co)
 
@@ -480,7 +480,7 @@ def test_draft_weight_and_kv_dtypes_are_configurable():
 def test_shipped_comparison_of_plain_static_and_adaptive_k():
     """The README's table: every variant validates, and at the medium load (memory-bound decode)
     speculation cuts the median TPOT against plain batching on the same requests."""
-    from llmsim.compare import load_comparison
+    from llmsim.search.compare import load_comparison
     runs = load_comparison(REPO / "scenarios" / "comparisons" / "speculative-70b-h100.yaml")
     assert {variant for variant, _, _ in runs} == {"plain", "static k=4", "adaptive k (80/50)", "goodput k"}
     medium = {variant: simulate(s).summary() for variant, load, s in runs if load == "medium"}
@@ -493,7 +493,7 @@ def test_shipped_comparison_of_plain_static_and_adaptive_k():
 def test_speedup_is_measured_against_plain_decoding_of_the_same_requests(tmp_path, capsys):
     """The baseline is the scenario with k = 0 (no draft loaded) on the very same arrivals and
     lengths; `llmsim run` prints it."""
-    from llmsim.simulation import speedup_over_plain
+    from llmsim.sim.simulate import speedup_over_plain
     spec = h100_8b(10.0, 4)
     result = simulate(spec)
     plain = simulate(h100_8b(10.0, 0))

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog, place, simulate, smallest_fitting
-from llmsim.compare import compare, load_comparison
+from llmsim.search.compare import compare, load_comparison
 from llmsim.errors import ConfigError
 
 from .helpers import REPO, make_scenario
@@ -160,7 +160,7 @@ loads: {low: 0.5/s, high: {rate: 50/s, num_requests: 200}}
 
 
 def test_place_command_reports_chips_and_kv_room():
-    done = subprocess.run([sys.executable, "-m", "llmsim.cli", "place", "Llama-3.1-70B", "CS-3",
+    done = subprocess.run([sys.executable, "-m", "llmsim.cli.main", "place", "Llama-3.1-70B", "CS-3",
                            "--runtime-reserve-gb", "0", "--context", "8192"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "4 (tensor parallel 1 x pipeline stages 4)" in done.stdout

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 import llmsim
-import llmsim.sweeps as sweeps
+import llmsim.search.sweeps as sweeps
 from llmsim import ConfigError, flatten, simulate, sweep
-from llmsim.cli import main
-from llmsim.sweeps import apply_overrides, grid_points, mean_over_seeds, run_points
+from llmsim.cli.main import main
+from llmsim.search.sweeps import apply_overrides, grid_points, mean_over_seeds, run_points
 
 from .helpers import BASE, REPO, make_scenario, merge
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from llmsim import generate_trace
-from llmsim.configio import Node
+from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.workload import workload_from_node
+from llmsim.workload.generate import workload_from_node
 
 N = 40000
 

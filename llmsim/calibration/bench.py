@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..scenario import EngineConfig
-from .plan import Plan, Shape, model_spec
+from llmsim.scenario.scenario import EngineConfig
+from llmsim.calibration.plan import Plan, Shape, model_spec
 
 STEP_BLOCK_SIZE = EngineConfig().block_size   # the engine's default KV block, in tokens
 LAYOUT_BLOCK_SIZES = (16, 128, 256)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..costmodel import CostModel
-from ..hardware import HardwareProfile
-from .plan import Shape, model_spec
+from llmsim.cost.roofline import CostModel
+from llmsim.catalog.hardware import HardwareProfile
+from llmsim.calibration.plan import Shape, model_spec
 
 EFFICIENCIES = ("compute", "attention", "memory_bandwidth")   # fitted per dtype: each dtype has its own kernels
 SHARED = ("attention_half_context", "per_step_overhead_s", "per_layer_overhead_s")

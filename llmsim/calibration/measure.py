@@ -9,8 +9,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from . import bench
-from .plan import Plan, Shape
+from llmsim.calibration import bench
+from llmsim.calibration.plan import Plan, Shape
 
 
 @dataclass

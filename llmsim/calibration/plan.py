@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from ..models import ModelSpec
+from llmsim.catalog.models import ModelSpec
 
 HEAD_DIM = 64
 QUERY_HEADS_PER_KV_HEAD = 4

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from ..configio import Node
-from ..hardware import HardwareProfile, profile_from_node
+from llmsim.config.reader import Node
+from llmsim.catalog.hardware import HardwareProfile, profile_from_node
 
 # USD per core-hour of an on-demand general-purpose cloud VM (AWS m7a.large: 2 vCPUs, about 0.116 USD/h).
 CLOUD_USD_PER_CORE_HOUR = 0.058
@@ -92,7 +92,7 @@ def profile_document(name: str, record: dict, fitted: dict, roofline: dict, gemm
 
 def _efficiencies(fitted: dict, record: dict, tag: str, fit_note: str) -> dict:
     """The profile's default efficiencies: those fitted for its primary dtype (bf16 where calibrated)."""
-    from .fit import primary_dtype
+    from llmsim.calibration.fit import primary_dtype
     dtype = primary_dtype(record["dtypes"])
     note = f"{fit_note}; the {dtype} figure (by_dtype has every calibrated dtype's)"
     return {key: figure(round(fitted[f"{key}/{dtype}"], 4), f"measured: {tag}: {note}", "measured")

@@ -41,12 +41,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .analytic import FluidModel
-from .errors import ConfigError
-from .planning import RATE_KEY, as_scenario, check_rate_driven
-from .scenario import Scenario
-from .sweeps import ci95_half_width, run_points, slo_met, variant
-from .workload import generate_trace
+from llmsim.analysis.fluid import FluidModel
+from llmsim.errors import ConfigError
+from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
+from llmsim.scenario.scenario import Scenario
+from llmsim.search.sweeps import ci95_half_width, run_points, slo_met, variant
+from llmsim.workload.generate import generate_trace
 
 OBJECTIVES = ("goodput", "cost")
 TIMEOUTS_S = (0.05, 0.2, 1.0)

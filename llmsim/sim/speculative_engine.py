@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine import Replica
-from .models import F, FEATURES
-from .request import Request
-from .speculative import SpeculationConfig, expected_tokens_per_step
+from llmsim.sim.engine import Replica
+from llmsim.catalog.models import F, FEATURES
+from llmsim.sim.request import Request
+from llmsim.speculation.config import SpeculationConfig, expected_tokens_per_step
 
 _INT_FIELDS = ("context", "generated", "remaining", "blocks", "request_id", "k_policy", "k", "emitted",
                "accepted", "lag", "window_proposed", "window_accepted", "window_rounds", "backoff",

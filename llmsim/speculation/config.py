@@ -34,8 +34,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .configio import Node
-from .models import ModelSpec
+from llmsim.config.reader import Node
+from llmsim.catalog.models import ModelSpec
 
 PROCESSES = ("bernoulli", "beta", "positional", "replay")
 POLICIES = ("static", "adaptive", "goodput")

@@ -19,8 +19,8 @@ from typing import NamedTuple
 import numpy as np
 import yaml
 
-from .configio import Node, load_yaml
-from .errors import ConfigError
+from llmsim.config.reader import Node, load_yaml
+from llmsim.errors import ConfigError
 
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
 
@@ -357,8 +357,8 @@ def _model_from_node(node: Node) -> ModelSpec:
 
 def _load_catalog_file(path: Path | None = None) -> dict[str, ModelSpec]:
     if path is None:
-        text = resources.files("llmsim").joinpath("data/models.yaml").read_text()
-        data, file = yaml.safe_load(text), "llmsim/data/models.yaml"
+        text = resources.files("llmsim.catalog").joinpath("data/models.yaml").read_text()
+        data, file = yaml.safe_load(text), "llmsim/catalog/data/models.yaml"
     else:
         data, file = load_yaml(path), str(path)
     root = Node(data, file=file)
@@ -375,7 +375,7 @@ _CATALOG: dict[str, ModelSpec] | None = None
 
 
 def model_catalog() -> dict[str, ModelSpec]:
-    """The shipped models (``llmsim/data/models.yaml``), by name."""
+    """The shipped models (``llmsim/catalog/data/models.yaml``), by name."""
     global _CATALOG
     if _CATALOG is None:
         _CATALOG = _load_catalog_file()

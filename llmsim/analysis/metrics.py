@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from .scenario import SLO
+from llmsim.scenario.scenario import SLO
 
 PERCENTILES = (50, 95, 99)
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")

@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .hardware import HardwareProfile
-from .models import ATTENTION_OPS, BYTE_KINDS, F, FEATURES, LAYER_OPS, MODEL_OPS, ModelSpec, batch_features
-from .placement import Placement
+from llmsim.catalog.hardware import HardwareProfile
+from llmsim.catalog.models import ATTENTION_OPS, BYTE_KINDS, F, FEATURES, LAYER_OPS, MODEL_OPS, ModelSpec, batch_features
+from llmsim.catalog.placement import Placement
 
 
 class CostModel:

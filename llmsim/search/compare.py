@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .configio import Node, deep_merge, load_yaml
-from .errors import ConfigError
-from .scenario import Scenario, scenario_from_node
-from .simulation import simulate
+from llmsim.config.reader import Node, deep_merge, load_yaml
+from llmsim.errors import ConfigError
+from llmsim.scenario.scenario import Scenario, scenario_from_node
+from llmsim.sim.simulate import simulate
 
 REPLACED_WHOLE = ("prompt_tokens", "output_tokens")   # a new length distribution replaces the old one
 

@@ -36,12 +36,12 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from .compare import REPLACED_WHOLE
-from .configio import Node, deep_merge, load_yaml
-from .errors import ConfigError
-from .metrics import flatten
-from .scenario import Scenario, scenario_from_node
-from .simulation import simulate
+from llmsim.search.compare import REPLACED_WHOLE
+from llmsim.config.reader import Node, deep_merge, load_yaml
+from llmsim.errors import ConfigError
+from llmsim.analysis.metrics import flatten
+from llmsim.scenario.scenario import Scenario, scenario_from_node
+from llmsim.sim.simulate import simulate
 
 ENGINES = ("processes", "dask", "serial")
 RESULTS_FILE = "results.csv"

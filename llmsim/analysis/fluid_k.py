@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
-from .speculative import Acceptance, SpeculationConfig
+from llmsim.speculation.config import Acceptance, SpeculationConfig
 
 ALPHA_CLASSES = 16            # Beta acceptance: request classes at midpoint quantiles
 

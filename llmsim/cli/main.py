@@ -9,19 +9,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import ConfigError
+from llmsim.errors import ConfigError
 
 
 def _cmd_run(args) -> int:
-    from .report import format_summary
-    from .scenario import load_scenario
-    from .simulation import simulate
+    from llmsim.cli.render import format_summary
+    from llmsim.scenario.scenario import load_scenario
+    from llmsim.sim.simulate import simulate
 
     scenario = load_scenario(args.scenario, seed=args.seed)
     result = simulate(scenario)
     summary = result.summary()
     if scenario.speculating and not args.no_baseline and not result.interrupted:
-        from .simulation import speedup_over_plain
+        from llmsim.sim.simulate import speedup_over_plain
         summary["speculation"]["speedup_over_plain"] = speedup_over_plain(result)
     print(format_summary(summary))
     out = Path(args.out) if args.out else Path("runs") / scenario.name
@@ -33,14 +33,14 @@ def _cmd_run(args) -> int:
         result.iterations.to_csv(out / "iterations.csv", index=False)
         written.append(out / "iterations.csv")
     if args.plot:
-        from .plots import timeline
+        from llmsim.analysis.plots import timeline
         written.append(timeline(result, out / "timeline.png"))
     print("\nwrote " + ", ".join(map(str, written)))
     return 130 if result.interrupted else 0
 
 
 def _cmd_compare(args) -> int:
-    from .compare import compare
+    from llmsim.search.compare import compare
 
     table = compare(args.comparison)
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.3g}".format):
@@ -58,8 +58,8 @@ SWEEP_COLUMNS = {"latency.ttft_s.p95": "ttft_p95_s", "latency.tpot_s.p95": "tpot
 
 
 def _cmd_sweep(args) -> int:
-    from .frontier import pareto_frontier, plot_frontier
-    from .sweeps import mean_over_seeds, parameter_columns, sweep
+    from llmsim.analysis.frontier import pareto_frontier, plot_frontier
+    from llmsim.search.sweeps import mean_over_seeds, parameter_columns, sweep
 
     out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.scenario).stem}"
     try:
@@ -100,9 +100,9 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_place(args) -> int:
-    from .hardware import lookup_hardware
-    from .models import lookup_model, model_catalog
-    from .placement import place, smallest_fitting
+    from llmsim.catalog.hardware import lookup_hardware
+    from llmsim.catalog.models import lookup_model, model_catalog
+    from llmsim.catalog.placement import place, smallest_fitting
 
     model = lookup_model(args.model, model_catalog()).with_dtypes(args.weight_dtype, args.kv_dtype)
     hardware = lookup_hardware(args.hardware)
@@ -130,7 +130,7 @@ def _cmd_place(args) -> int:
 
 
 def _cmd_models(args) -> int:
-    from .models import model_catalog
+    from llmsim.catalog.models import model_catalog
     rows = [{"model": m.name, "params_B": round(m.param_count / 1e9, 3),
              "active_B": round(m.active_param_count / 1e9, 3), "layers": m.num_layers,
              "hidden": m.hidden_size, "heads/kv": f"{m.num_heads}/{m.num_kv_heads}",
@@ -141,7 +141,7 @@ def _cmd_models(args) -> int:
 
 
 def _cmd_hardware(args) -> int:
-    from .hardware import hardware_catalog
+    from llmsim.catalog.hardware import hardware_catalog
     rows = [{"hardware": h.name, "bf16_TFLOPs": h.peak_for("bf16") / 1e12,
              "memory_GB": h.memory_capacity_bytes / 1e9, "bandwidth_TB/s": h.memory_bandwidth_bytes_per_s / 1e12,
              "link_GB/s": h.interconnect_bandwidth_bytes_per_s / 1e9, "TDP_W": h.tdp_w,
@@ -207,10 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     placed.add_argument("--room-for", type=int, default=1,
                         help="when searching, require KV room for at least this many tokens")
     placed.set_defaults(func=_cmd_place)
-    from .calibrate import add_subcommands   # torch itself is imported only when a calibration runs
+    from llmsim.calibration.calibrate import add_subcommands   # torch itself is imported only when a calibration runs
     add_subcommands(sub)
-    from .planning import add_subcommand as add_plan
-    from .recommendation import add_subcommand as add_recommend
+    from llmsim.search.plan import add_subcommand as add_plan
+    from llmsim.search.recommend import add_subcommand as add_recommend
     add_plan(sub)
     add_recommend(sub)
     sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)

@@ -31,12 +31,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from .analytic import FluidModel
-from .configio import Node
-from .errors import ConfigError
-from .hardware import lookup_hardware
-from .scenario import Scenario, load_scenario
-from .sweeps import check_matches_source, run_points, slo_met, variant
+from llmsim.analysis.fluid import FluidModel
+from llmsim.config.reader import Node
+from llmsim.errors import ConfigError
+from llmsim.catalog.hardware import lookup_hardware
+from llmsim.scenario.scenario import Scenario, load_scenario
+from llmsim.search.sweeps import check_matches_source, run_points, slo_met, variant
 
 RATE_KEY = "workload.arrival.rate"
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
@@ -225,7 +225,7 @@ def analytic_bracket(one_replica: Scenario, rate: float, max_replicas: int) -> t
 # -- command line -------------------------------------------------------------------------------
 def parse_rate(text: str, option: str = "--target-rate") -> float:
     """A rate from the command line ('20', '20/s', '1200 req/min'); bad or non-positive: ConfigError."""
-    from .units import UnitError, parse_quantity
+    from llmsim.config.units import UnitError, parse_quantity
     try:
         value = parse_quantity(text if not _is_number(text) else float(text), "rate")
     except UnitError as error:

@@ -15,8 +15,8 @@ from typing import Any, Iterable, Sequence
 
 import yaml
 
-from .errors import ConfigError
-from .units import UnitError, parse_quantity
+from llmsim.errors import ConfigError
+from llmsim.config.units import UnitError, parse_quantity
 
 _MISSING = object()
 

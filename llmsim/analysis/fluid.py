@@ -52,12 +52,12 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from .costmodel import CostModel
-from .errors import ConfigError
-from .models import F, FEATURES
-from .scenario import Scenario
-from .analytic_k import KMix, adaptive_mix, static_mix, steps_to_emit
-from .workload import Trace, generate_trace
+from llmsim.cost.roofline import CostModel
+from llmsim.errors import ConfigError
+from llmsim.catalog.models import F, FEATURES
+from llmsim.scenario.scenario import Scenario
+from llmsim.analysis.fluid_k import KMix, adaptive_mix, static_mix, steps_to_emit
+from llmsim.workload.generate import Trace, generate_trace
 
 PROMPT_QUANTILES = 64          # prompt lengths at which the prefill step is priced for TTFT
 STEP_QUANTILES = 16            # prompt lengths in the step-time solve

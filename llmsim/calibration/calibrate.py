@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .configio import load_yaml
-from .errors import ConfigError
-from .hardware import HardwareProfile, load_profile
+from llmsim.config.reader import load_yaml
+from llmsim.errors import ConfigError
+from llmsim.catalog.hardware import HardwareProfile, load_profile
 
 # One torch thread by default on CPU: on a shared machine, an OpenMP team that spans
 # cores stalls at every barrier while another process holds one of them (measured here:
@@ -76,7 +76,7 @@ def _cmd_calibrate(args) -> int:
 
 
 def _cmd_transfer(args) -> int:
-    from .calibration.profile_yaml import transfer_document, write_document
+    from llmsim.calibration.profile_yaml import transfer_document, write_document
     if not args.out:
         raise ConfigError("--transfer-to needs --out", key="--out", value=None, allowed="a path for the new profile")
     target = _profile_yaml(args.transfer_to)
@@ -104,9 +104,9 @@ def calibrate(device_kind: str, name: str, quick: bool = False, threads: int = D
     ``plan`` overrides the device's quick or full plan (a custom grid).
     """
     _require_torch()
-    from .calibration import bench, fit, measure
-    from .calibration.plan import DEVICE_DTYPES, plan_for
-    from .calibration.profile_yaml import profile_document
+    from llmsim.calibration import bench, fit, measure
+    from llmsim.calibration.plan import DEVICE_DTYPES, plan_for
+    from llmsim.calibration.profile_yaml import profile_document
 
     plan = plan or plan_for(device_kind, quick)
     dtypes = dtypes or DEVICE_DTYPES[device_kind]
@@ -142,7 +142,7 @@ def _record(plan, device, dtypes, session, shapes, held_out, result) -> dict:
     ``held_out`` shapes were measured in the same session but not fitted: their error
     is the model's out-of-sample error free of any drift of the machine between sessions.
     """
-    from .calibration import bench
+    from llmsim.calibration import bench
 
     fit_errors = _errors(shapes, session, result.hardware)
     held_out_errors = _errors(held_out, session, result.hardware)
@@ -180,7 +180,7 @@ def _record(plan, device, dtypes, session, shapes, held_out, result) -> dict:
 
 
 def _errors(shapes, session, hardware) -> np.ndarray:
-    from .calibration import fit
+    from llmsim.calibration import fit
     measured_s = np.array([session.steps[shape][0] for shape in shapes])
     return fit.relative_errors(fit.predict_s(shapes, hardware), measured_s)
 
@@ -243,7 +243,7 @@ def _cmd_validate(args) -> int:
     report = validate(profile, quick=args.quick, threads=args.threads or record["threads"], seed=args.seed)
     print(validation_summary(report))
     if args.plot:
-        from .calibration.plot import scatter
+        from llmsim.calibration.plot import scatter
         scatter(report, args.plot)
         print(f"\nwrote {args.plot}")
     return 0
@@ -253,8 +253,8 @@ def validate(profile: HardwareProfile, quick: bool = False, threads: int | None 
              plan=None) -> dict:
     """Measure the held-out grid and compare it with ``profile`` and with the bare roofline of its peaks."""
     _require_torch()
-    from .calibration import bench, fit, measure
-    from .calibration.plan import Shape, plan_for
+    from llmsim.calibration import bench, fit, measure
+    from llmsim.calibration.plan import Shape, plan_for
 
     record = profile.calibration
     plan = plan or plan_for(record["device"], quick)
@@ -360,7 +360,7 @@ def _threads(threads: int | None, device: str) -> int:
 
 
 def _dtypes(text: str | None, device: str) -> tuple[str, ...]:
-    from .calibration.plan import DEVICE_DTYPES
+    from llmsim.calibration.plan import DEVICE_DTYPES
     if text is None:
         return DEVICE_DTYPES[device]
     dtypes = tuple(part.strip() for part in text.split(",") if part.strip())
@@ -378,7 +378,7 @@ def _profile_yaml(path: str) -> dict:
 
 
 def _write(document: dict, out: Path) -> None:
-    from .calibration.profile_yaml import write_document
+    from llmsim.calibration.profile_yaml import write_document
     write_document(document, out)
 
 

@@ -1,4 +1,4 @@
-"""Latency/throughput frontiers across a sweep, their knee, and the highest rate an SLO allows.
+"""Latency/throughput frontiers across a sweep and their knee.
 
 A point is *dominated* when another point has latency no higher and throughput no lower,
 one of them strictly. The Pareto frontier is every point that is not dominated: sorted by
@@ -14,21 +14,15 @@ of one or two points the knee is the lowest-latency point.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from .errors import ConfigError
-from .scenario import SLO_METRICS, Scenario
-from .sweeps import run_points
 
 LATENCY = "latency.tpot_s.p95"
 THROUGHPUT = "throughput.output_tokens_per_s_per_device"
-RATE_KEY = "workload.arrival.rate"
 
 
 def pareto_frontier(df: pd.DataFrame, latency: str = LATENCY, throughput: str = THROUGHPUT) -> pd.DataFrame:
@@ -69,7 +63,7 @@ def plot_frontier(df: pd.DataFrame, path: str | Path, latency: str = LATENCY, th
                   color_by: str | None = None) -> Path:
     """Every point, the frontier through them and its knee, as a PNG; ``color_by`` colours points by a column
     (a colour scale for numbers, one colour per value otherwise)."""
-    from .plots import plt
+    from llmsim.analysis.plots import plt
 
     frontier = pareto_frontier(df, latency, throughput)
     usable = df[df[latency].notna() & df[throughput].notna()]
@@ -96,67 +90,3 @@ def plot_frontier(df: pd.DataFrame, path: str | Path, latency: str = LATENCY, th
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
-
-
-@dataclass(frozen=True)
-class SustainableRate:
-    """The outcome of :func:`max_sustainable_rate`.
-
-    ``rate_per_s`` is the highest rate seen to meet the SLO (NaN when even ``lo`` does not);
-    ``failing_rate_per_s`` the lowest seen to miss it (NaN when even ``hi`` meets it): the
-    answer lies between them, which are at most ``tol`` apart when both exist.
-    """
-    rate_per_s: float
-    failing_rate_per_s: float
-    target: float
-    evaluations: pd.DataFrame        # one row per rate and seed tried, in the order tried
-
-
-def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float, hi: float, tol: float,
-                         target: float | None = None, slo: Mapping | None = None, seeds: Sequence[int] | None = None,
-                         workers: int | None = None, engine: str = "processes") -> SustainableRate:
-    """The highest arrival rate (requests/s) that meets the SLO, by bisection.
-
-    Criterion, by default (``target`` None): the scenario's percentile targets, as
-    ``llmsim plan`` and ``llmsim recommend`` judge them (``slo.percentile``, default 95: for
-    each limit, the share of the requests arriving in the measurement window that finish
-    within it, averaged over ``seeds``, is at least that percentile). With a ``target``
-    (e.g. 0.95): ``slo.attainment``, the share within every limit at once, averaged over
-    ``seeds``, is at least ``target``. Unfinished and rejected requests miss. ``slo``
-    (e.g. ``{"ttft": "500 ms", "tpot": "50 ms"}``) is laid over the scenario's own.
-    Every rate runs on the same requests per seed (common random numbers: arrival gaps
-    are drawn at unit rate and scaled), so attainment falls with the rate up to noise in
-    the simulated engine only, and bisection on ``[lo, hi]`` stops when the bracket is at
-    most ``tol`` wide.
-    """
-    if not 0 < lo < hi or tol <= 0:
-        raise ValueError(f"need 0 < lo < hi and tol > 0 (got lo={lo}, hi={hi}, tol={tol})")
-    extra = {"slo": dict(slo)} if slo else {}
-    tried = []
-
-    def meets(rate: float) -> bool:
-        rows = run_points(scenario, [{RATE_KEY: rate, **extra}], seeds=seeds, workers=workers, engine=engine,
-                          progress=False)
-        failed = rows[rows["error"] != ""]
-        if len(failed):
-            raise RuntimeError(f"simulating rate {rate:g}/s failed: {failed['error'].iloc[0]}")
-        if rows["slo.ttft_s"].isna().all() and rows["slo.tpot_s"].isna().all() and rows["slo.e2e_s"].isna().all():
-            raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
-                              allowed="ttft, tpot and/or e2e limits, in the scenario or as slo=")
-        tried.append(rows)
-        if target is not None:
-            return float(rows["slo.attainment"].mean()) >= target
-        limited = [m for m in SLO_METRICS if rows.get(f"slo.{m}_attainment", pd.Series(dtype=float)).notna().any()]
-        return all(rows[f"slo.{m}_attainment"].mean() >= rows[f"slo.{m}_percentile"].iloc[0] / 100 for m in limited)
-
-    if not meets(lo):
-        return SustainableRate(math.nan, lo, target, pd.concat(tried, ignore_index=True))
-    if meets(hi):
-        return SustainableRate(hi, math.nan, target, pd.concat(tried, ignore_index=True))
-    while hi - lo > tol:
-        middle = (lo + hi) / 2
-        if meets(middle):
-            lo = middle
-        else:
-            hi = middle
-    return SustainableRate(lo, hi, target, pd.concat(tried, ignore_index=True))

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .hardware import HardwareProfile, MemoryTier
-from .models import ModelSpec
+from llmsim.catalog.hardware import HardwareProfile, MemoryTier
+from llmsim.catalog.models import ModelSpec
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,15 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from .costmodel import CostModel
-from .engine import LOG_COLUMNS, Replica
-from .speculative import stream_key
-from .speculative_engine import SpeculativeReplica
-from .kvcache import KVCache
-from .metrics import meets_slo, summarize
-from .request import InterTokenGaps, Request, TimeAverage, WaitingQueue
-from .scenario import Scenario
-from .workload import Trace, generate_trace
+from llmsim.cost.roofline import CostModel
+from llmsim.sim.engine import LOG_COLUMNS, Replica
+from llmsim.speculation.config import stream_key
+from llmsim.sim.speculative_engine import SpeculativeReplica
+from llmsim.sim.kvcache import KVCache
+from llmsim.analysis.metrics import meets_slo, summarize
+from llmsim.sim.request import InterTokenGaps, Request, TimeAverage, WaitingQueue
+from llmsim.scenario.scenario import Scenario
+from llmsim.workload.generate import Trace, generate_trace
 
 
 class Router:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .configio import Node
+from llmsim.config.reader import Node
 
 ARRIVAL_PROCESSES = ("poisson", "gamma", "deterministic", "trace")
 LENGTH_DISTRIBUTIONS = ("fixed", "uniform", "lognormal", "exponential", "empirical")

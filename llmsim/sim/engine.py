@@ -35,11 +35,11 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from .costmodel import CostModel
-from .kvcache import KVCache
-from .models import F, FEATURES
-from .request import InterTokenGaps, Request, WaitingQueue
-from .scenario import EngineConfig
+from llmsim.cost.roofline import CostModel
+from llmsim.sim.kvcache import KVCache
+from llmsim.catalog.models import F, FEATURES
+from llmsim.sim.request import InterTokenGaps, Request, WaitingQueue
+from llmsim.scenario.scenario import EngineConfig
 
 LOG_COLUMNS = ("start_s", "duration_s", "decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out",
                "flops", "bytes", "kv_used_blocks", "running", "queued",

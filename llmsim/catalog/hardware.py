@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import difflib
 import os
+from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .configio import Node, load_yaml
-from .errors import ConfigError
+from llmsim.config.reader import Node, load_yaml
+from llmsim.errors import ConfigError
 
 CONFIDENCE = ("datasheet", "measured", "unverified", "assumption")
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "hardware_profiles"
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,12 @@ def load_profile(path: str | Path) -> HardwareProfile:
 def profile_dirs() -> list[Path]:
     """Where profiles are looked up: $LLMSIM_PROFILE_PATH (colon-separated), then the shipped ones."""
     extra = [Path(p) for p in os.environ.get("LLMSIM_PROFILE_PATH", "").split(os.pathsep) if p]
-    return extra + [PROFILE_DIR]
+    return extra + [shipped_profile_dir()]
+
+
+def shipped_profile_dir() -> Path:
+    """The profiles installed with the package (the repository's hardware_profiles/, see pyproject.toml)."""
+    return Path(str(resources.files("llmsim.hardware_profiles")))
 
 
 def hardware_catalog() -> dict[str, HardwareProfile]:

@@ -1,0 +1,1 @@
+"""The shipped hardware profiles (one YAML per chip), installed as package data: see pyproject.toml."""

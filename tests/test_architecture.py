@@ -1,0 +1,67 @@
+"""The package layout spells the pipeline: every import runs from a later stage to an earlier one.
+
+The order is the flow of a run: configuration primitives, the catalog of models and chips,
+the cost model, workloads, speculation, the scenario, analysis of records, the simulator,
+the searches built on it, calibration, and the command line on top. ``errors`` is below
+everything. A module may import its own subpackage or any earlier one, never a later one:
+the cost model knows nothing of SimPy, the scheduler nothing of YAML, and the CLI stays thin.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import llmsim
+
+LAYERS = ["errors", "config", "catalog", "cost", "workload", "speculation", "scenario", "analysis", "sim",
+          "search", "calibration", "cli"]
+PACKAGE = Path(llmsim.__file__).parent
+
+
+def _layer(module: str) -> str | None:
+    """The layer of an absolute module name inside llmsim, or None for the package root."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "llmsim" else None
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """Every llmsim module a file imports (at any depth of the file), with its line."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: relative import (use absolute llmsim.* imports)"
+            if node.module and node.module.split(".")[0] == "llmsim":
+                if node.module == "llmsim":
+                    found += [(node.lineno, f"llmsim.{alias.name}") for alias in node.names]
+                else:
+                    found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.startswith("llmsim.")]
+    return found
+
+
+def test_every_subpackage_has_a_layer():
+    subpackages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()} | {"errors"}
+    assert subpackages - {"hardware_profiles"} == set(LAYERS), "add the new subpackage to LAYERS, in pipeline order"
+
+
+def test_imports_run_one_way():
+    back_edges = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        own = _layer("llmsim." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts))
+        if own is None or own == "__init__":
+            continue                      # llmsim/__init__.py is the public API: it may import anything
+        for line, module in _imports(path):
+            target = _layer(module)
+            if target is None or target == "hardware_profiles":
+                continue
+            if LAYERS.index(target) > LAYERS.index(own):
+                back_edges.append(f"{path.relative_to(PACKAGE.parent)}:{line} ({own}) imports {module} ({target})")
+    assert not back_edges, "imports against the pipeline:\n" + "\n".join(back_edges)
+
+
+def test_the_checker_sees_a_back_edge(tmp_path):
+    """The walk finds imports at any depth, including inside functions."""
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from llmsim.cli.main import main\n")
+    assert _imports(source) == [(2, "llmsim.cli.main")]
