@@ -13,7 +13,8 @@ import llmsim
 import llmsim.search.sweeps as sweeps
 from llmsim import ConfigError, flatten, simulate, sweep
 from llmsim.cli.main import main
-from llmsim.search.sweeps import apply_overrides, grid_points, mean_over_seeds, run_points
+from llmsim.scenario.overrides import apply_overrides, grid_points
+from llmsim.search.sweeps import mean_over_seeds, run_points
 
 from .helpers import BASE, REPO, make_scenario, merge
 

@@ -15,10 +15,9 @@ import pandas as pd
 
 from llmsim.config.reader import Node, deep_merge, load_yaml
 from llmsim.errors import ConfigError
+from llmsim.scenario.overrides import REPLACED_WHOLE
 from llmsim.scenario.scenario import Scenario, scenario_from_node
 from llmsim.sim.simulate import simulate
-
-REPLACED_WHOLE = ("prompt_tokens", "output_tokens")   # a new length distribution replaces the old one
 
 
 def load_comparison(path: str | Path) -> list[tuple[str, str, Scenario]]:

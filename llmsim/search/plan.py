@@ -36,7 +36,8 @@ from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.scenario.scenario import Scenario, load_scenario
-from llmsim.search.sweeps import check_matches_source, run_points, slo_met, variant
+from llmsim.scenario.overrides import check_matches_source, variant
+from llmsim.search.sweeps import run_points, slo_met
 
 RATE_KEY = "workload.arrival.rate"
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this

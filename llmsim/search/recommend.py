@@ -45,7 +45,8 @@ from llmsim.analysis.fluid import FluidModel
 from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.sweeps import ci95_half_width, run_points, slo_met, variant
+from llmsim.scenario.overrides import variant
+from llmsim.search.sweeps import ci95_half_width, run_points, slo_met
 from llmsim.workload.generate import generate_trace
 
 OBJECTIVES = ("goodput", "cost")

@@ -3,7 +3,8 @@
 A *point* is a mapping from dotted key paths of the scenario YAML (``workload.arrival.rate``,
 ``speculation.k``, ``engine.max_batch_tokens``, ``hardware``...) to values. Each point's
 overrides are laid over the scenario's own YAML mapping and validated again exactly as a
-file would be, so a bad value is a :class:`~llmsim.errors.ConfigError` before anything runs.
+file would be (:mod:`llmsim.scenario.overrides`), so a bad value is a
+:class:`~llmsim.errors.ConfigError` before anything runs.
 
 Common random numbers: a trace depends only on the workload and the seed
 (:func:`~llmsim.workload.generate_trace`; arrival gaps are drawn at unit rate and scaled
@@ -11,24 +12,18 @@ by the rate), so every point that shares them runs on the same requests, and two
 see the same requests in the same order. ``seeds`` replicates every point over several
 seeds, for confidence intervals across independent traces.
 
-Points run in parallel: local processes by default, or a Dask cluster. With ``out`` each
-finished point is appended to ``out/results.csv`` as it completes, keyed by a stable hash
+Points run in parallel: local processes by default, or a Dask cluster
+(:mod:`llmsim.search.executors`). With ``out`` each finished point is appended to
+``out/results.csv`` as it completes (:mod:`llmsim.search.journal`), keyed by a stable hash
 of the scenario, the point and the seed; running the same sweep again with the same
 ``out`` skips the points already there (failed points are retried). A point that raises
 is recorded with its error and the others carry on.
 """
 from __future__ import annotations
 
-import copy
-import csv
 import hashlib
-import io
-import itertools
 import json
 import math
-import os
-import signal
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -36,14 +31,16 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from llmsim.search.compare import REPLACED_WHOLE
-from llmsim.config.reader import Node, deep_merge, load_yaml
-from llmsim.errors import ConfigError
 from llmsim.analysis.metrics import flatten
-from llmsim.scenario.scenario import Scenario, scenario_from_node
+from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
+from llmsim.config.reader import Node, load_yaml
+from llmsim.errors import ConfigError
+from llmsim.scenario.overrides import build_point, check_matches_source, grid_points
+from llmsim.scenario.scenario import Scenario
+from llmsim.search.executors import ENGINES, error_text, execute
+from llmsim.search.journal import Journal, cell
 from llmsim.sim.simulate import simulate
 
-ENGINES = ("processes", "dask", "serial")
 RESULTS_FILE = "results.csv"
 ID_COLUMNS = ("point_id", "seed", "error")
 
@@ -128,7 +125,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
             rows[point_id] = {**row, "point_id": point_id}
             jobs.append((point_id, built))
     order = list(rows)
-    journal = _Journal(Path(out) / RESULTS_FILE) if out is not None else None
+    journal = Journal(Path(out) / RESULTS_FILE) if out is not None else None
     if journal is not None:
         recorded = {record["point_id"]: record.get("error") for record in journal.records}
         for point_id, row in rows.items():
@@ -136,7 +133,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                 journal.append(row)
         finished = journal.finished()
         jobs = [(point_id, built) for point_id, built in jobs if point_id not in finished]
-    for point_id, metrics in _execute(jobs, engine, workers, client, progress):
+    for point_id, metrics in execute(jobs, _evaluate, engine, workers, client, progress):
         row = rows[point_id]      # the point's own values win over the summary's (hardware, seed)
         rows[point_id] = {**row, **{k: v for k, v in metrics.items() if k not in row},
                           "error": metrics.get("error", "")}
@@ -170,7 +167,7 @@ def mean_over_seeds(df: pd.DataFrame, metrics: Sequence[str] = ()) -> pd.DataFra
     """
     keys = parameter_columns(df)
     ok = df[df["error"].fillna("") == ""]
-    labels = ok[keys].apply(lambda column: column.map(lambda v: json.dumps(_cell(v), default=str)))
+    labels = ok[keys].apply(lambda column: column.map(lambda v: json.dumps(cell(v), default=str)))
     groups = ok.groupby([labels[key] for key in keys] or [pd.Series(0, index=ok.index)], sort=False, dropna=False)
     numeric = [c for c in ok.select_dtypes("number").columns if c not in keys and c != "seed"]
     frame = groups[numeric].mean()
@@ -183,7 +180,7 @@ def mean_over_seeds(df: pd.DataFrame, metrics: Sequence[str] = ()) -> pd.DataFra
 
 def slo_met(rows: pd.DataFrame) -> pd.Series:
     """Each row's ``slo.met`` as a bool (a column read back from ``results.csv`` may hold text)."""
-    return rows["slo.met"].astype(str).str.lower().eq("true")
+    return rows[SLO_MET].astype(str).str.lower().eq("true")
 
 
 def ci95_half_width(sd, n):
@@ -192,68 +189,6 @@ def ci95_half_width(sd, n):
     from scipy import stats
 
     return stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
-
-
-def grid_points(grid: Any, source: str | None = None) -> list[dict]:
-    """Every combination of a grid's values, in the grid's key order (the last key varies fastest)."""
-    node = Node(grid, file=source)
-    if not node.data:
-        raise node.error("the grid is empty", has_value=False,
-                         allowed="a mapping from dotted scenario keys to lists of values")
-    values = []
-    for key, options in node.data.items():
-        if not isinstance(key, str) or not key or any(not part for part in key.split(".")):
-            raise node.error("expected a dotted scenario key path", key=str(key), value=key,
-                             allowed="e.g. workload.arrival.rate, speculation.k, engine.max_batch_tokens")
-        if not isinstance(options, list) or not options:
-            raise node.key_error(key, "expected a non-empty list of values to sweep", options, "a YAML list")
-        values.append(options)
-    keys = list(node.data)
-    return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
-
-
-def apply_overrides(base: dict, point: Mapping[str, Any], source: str | None = None) -> dict:
-    """A copy of a scenario mapping with each dotted key path set to its value.
-
-    A mapping value is merged into the mapping it replaces, as ``llmsim compare`` merges
-    variants (length distributions are replaced whole); ``None`` removes the key, so its
-    default applies (``speculation: None`` is plain decoding); anything else replaces the value.
-    """
-    data = copy.deepcopy(base)
-    for path, value in point.items():
-        parent, parts = data, path.split(".")
-        for depth, part in enumerate(parts[:-1]):
-            child = parent.get(part)
-            if child is None:
-                child = parent[part] = {}
-            if not isinstance(child, dict):
-                raise ConfigError(f"'{'.'.join(parts[:depth + 1])}' is a value, not a mapping of keys, so it has "
-                                  f"no key '{parts[depth + 1]}'", file=source, key=path, value=value)
-            parent = child
-        leaf = parts[-1]
-        old = parent.get(leaf)
-        if value is None:
-            parent.pop(leaf, None)
-        elif isinstance(value, dict) and isinstance(old, dict) and leaf not in REPLACED_WHOLE:
-            parent[leaf] = deep_merge(old, value, REPLACED_WHOLE)
-        else:
-            parent[leaf] = copy.deepcopy(value)
-    return data
-
-
-def build_point(base: dict, point: Mapping[str, Any], base_dir: Path, file: str | None,
-                source: str | None = None) -> Scenario:
-    """A scenario mapping with a point's overrides (:func:`apply_overrides`), validated again like
-    a file: errors name ``file``, or ``source`` for a key path the overrides cannot set."""
-    return scenario_from_node(Node(apply_overrides(base, point, source), file=file, base_dir=base_dir))
-
-
-def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
-    """A Scenario read from YAML, with dotted-key overrides, rebuilt from its YAML mapping."""
-    if scenario.source is None:
-        raise ValueError("this Scenario was not read from YAML (no source mapping): pass its file or mapping")
-    return build_point({**scenario.source, "seed": scenario.seed}, point, Path(scenario.source_dir or "."),
-                       scenario.path, scenario.path)
 
 
 def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Scenario | None = None) -> str:
@@ -280,9 +215,8 @@ def simulate_point(scenario: Scenario) -> dict:
     if result.interrupted:            # Ctrl-C during a serial sweep: stop, and record nothing half-run
         raise KeyboardInterrupt
     flat = flatten(result.summary())
-    usd_per_hour = flat["economics.usd_per_hour"]
-    tokens_per_s = flat["throughput.output_tokens_per_s"]
-    flat["throughput.output_tokens_per_usd"] = tokens_per_s * 3600 / usd_per_hour if usd_per_hour else math.nan
+    usd_per_hour = flat[USD_PER_HOUR]
+    flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
     return flat
 
 
@@ -291,93 +225,7 @@ def _evaluate(scenario: Scenario) -> dict:
     try:
         return simulate_point(scenario)
     except Exception as error:          # one failing point must not lose the others
-        return {"error": f"{type(error).__name__}: {error}".replace("\n", " ")}
-
-
-def _outcome(future) -> dict:
-    """A finished future's metrics; a worker that died (killed, out of memory) fails only its points."""
-    try:
-        return future.result()
-    except Exception as error:
-        return {"error": f"{type(error).__name__}: {error}".replace("\n", " ")}
-
-
-def _execute(jobs: list[tuple[str, Scenario]], engine: str, workers: int | None, client, progress: bool):
-    """Yield (point_id, metrics) as points finish, with a progress bar."""
-    from tqdm.auto import tqdm
-
-    if not jobs:
-        return
-    workers = max(1, workers or os.cpu_count() or 1)
-    bar = tqdm(total=len(jobs), disable=not progress, unit="point", desc="sweep")
-    try:
-        if engine == "serial" or (engine == "processes" and (workers == 1 or len(jobs) == 1)):
-            for point_id, scenario in jobs:
-                yield point_id, _evaluate(scenario)
-                bar.update()
-        elif engine == "processes":
-            pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_ignore_interrupts)
-            pending = {pool.submit(_evaluate, scenario): point_id for point_id, scenario in jobs}
-            try:
-                while pending:
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        yield pending.pop(future), _outcome(future)
-                        bar.update()
-            except BaseException:
-                # Ctrl-C, or the caller stopped: drop the queued points and stop the running ones
-                # at once (what finished has already been handed over).
-                _terminate(pool)
-                raise
-            pool.shutdown()
-        else:
-            yield from _execute_dask(jobs, workers, client, bar)
-    finally:
-        bar.close()
-
-
-def _ignore_interrupts() -> None:
-    """Workers leave Ctrl-C to the parent, which stops them; a simulation cut short is not a result."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _terminate(pool: ProcessPoolExecutor) -> None:
-    processes = list((pool._processes or {}).values())    # no public handle before Python 3.14
-    pool.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
-        process.terminate()
-
-
-def _execute_dask(jobs, workers: int, client, bar):
-    try:
-        from distributed import Client, LocalCluster, as_completed
-    except ImportError:
-        raise ConfigError("the dask engine needs the distributed extra", key="engine", value="dask",
-                          allowed='processes, serial, or pip install "llmsim[distributed]"') from None
-    own = client is None or isinstance(client, str)
-    cluster = None
-    if client is None:
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
-        client = Client(cluster)
-    elif isinstance(client, str):          # a running scheduler's address
-        client = Client(client)
-    try:
-        ids = [point_id for point_id, _ in jobs]
-        futures = client.map(_evaluate, [scenario for _, scenario in jobs], key=[f"llmsim-{i}" for i in ids],
-                             pure=False)
-        by_key = dict(zip((f.key for f in futures), ids))
-        try:
-            for future in as_completed(futures):
-                yield by_key[future.key], _outcome(future)
-                bar.update()
-        except BaseException:
-            client.cancel(futures)
-            raise
-    finally:
-        if own:
-            client.close()
-        if cluster is not None:
-            cluster.close()
+        return {"error": error_text(error)}
 
 
 def _base(scenario) -> tuple[dict, Path, str | None, int]:
@@ -397,24 +245,6 @@ def _base(scenario) -> tuple[dict, Path, str | None, int]:
     raise TypeError(f"expected a scenario path, Scenario or mapping, not {type(scenario).__name__}")
 
 
-def check_matches_source(scenario: Scenario) -> None:
-    """Sweeps, plans and recommendations rebuild a Scenario from the YAML mapping it was read from
-    (``source``), so one changed afterwards (``dataclasses.replace`` on its fields; ``with_seed``
-    is fine) would silently run the mapping instead: refuse it (ValueError)."""
-    rebuilt = variant(scenario, {})
-    trace, own_trace = rebuilt.workload.trace, scenario.workload.trace
-    same_trace = (trace is None) == (own_trace is None) and (trace is None or all(
-        np.array_equal(getattr(trace, name), getattr(own_trace, name))
-        for name in ("arrival_s", "prompt_tokens", "output_tokens")))
-    unchanged = same_trace and replace(rebuilt, path=scenario.path, workload=replace(rebuilt.workload, trace=None)) \
-        == replace(scenario, workload=replace(scenario.workload, trace=None))
-    if not unchanged:
-        raise ValueError("this Scenario differs from the YAML mapping it was read from (changed with "
-                         "dataclasses.replace?), and sweeps, plans and recommendations rebuild it from that "
-                         "mapping: pass the change as an override instead, e.g. "
-                         "{'engine.max_batch_tokens': 4096}, or a mapping of the whole scenario")
-
-
 def _base_seed(node: Node) -> int:
     return node.number("seed", 0, integer=True, minimum=0, exclusive_minimum=False)
 
@@ -431,76 +261,3 @@ def _point_error(error: ConfigError, point: Mapping, file: str | None) -> Config
     settings = ", ".join(f"{key}={value!r}" for key, value in point.items())
     return ConfigError(f"sweep point ({settings}): {error.message}", file=file, key=error.key, value=error.value,
                        allowed=error.allowed, has_value=error.has_value)
-
-
-class _Journal:
-    """``results.csv``, appended one complete line per finished point.
-
-    Every record is one line written with a single call and flushed, so an interrupted
-    run leaves at most a torn last line, which has no newline and is dropped on reading.
-    A point with columns the header lacks rewrites the file with the wider header.
-    """
-
-    def __init__(self, path: Path):
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.columns: list[str] = []
-        self.records: list[dict] = []
-        if path.exists():
-            text = path.read_text()
-            torn = not text.endswith("\n")
-            if torn:
-                text = text[:text.rfind("\n") + 1]
-            reader = csv.DictReader(io.StringIO(text))
-            self.columns = list(reader.fieldnames or [])
-            self.records = list(reader)
-            if torn:                    # drop the torn line, so appends start on a fresh one
-                self._rewrite()
-
-    def finished(self) -> set[str]:
-        return {r["point_id"] for r in self.records if not r.get("error")}
-
-    def append(self, row: dict) -> None:
-        record = {key: _cell(value) for key, value in row.items()}
-        self.records.append(record)
-        if any(key not in self.columns for key in record):
-            self.columns += [key for key in record if key not in self.columns]
-            self._rewrite()
-            return
-        with self.path.open("a", newline="") as handle:
-            handle.write(self._line(record))
-            handle.flush()
-            os.fsync(handle.fileno())
-
-    def read(self, order: list[str]) -> pd.DataFrame:
-        """The rows of these points, the last record of each, in this order."""
-        frame = pd.read_csv(self.path, dtype={"error": object})
-        frame["error"] = frame["error"].fillna("")
-        frame = frame.drop_duplicates("point_id", keep="last").set_index("point_id", drop=False)
-        return frame.loc[[p for p in order if p in frame.index]].reset_index(drop=True)
-
-    def _line(self, record: dict) -> str:
-        buffer = io.StringIO()
-        csv.DictWriter(buffer, self.columns, lineterminator="\n").writerow(record)
-        return buffer.getvalue()
-
-    def _rewrite(self) -> None:
-        if not self.columns:
-            return
-        temporary = self.path.with_suffix(".csv.tmp")
-        with temporary.open("w", newline="") as handle:
-            csv.DictWriter(handle, self.columns, lineterminator="\n").writeheader()
-            handle.writelines(self._line(record) for record in self.records)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
-
-
-def _cell(value) -> Any:
-    """A CSV cell: mappings, lists and None as JSON (``null``), text on one line."""
-    if isinstance(value, (dict, list, tuple)) or value is None:
-        return json.dumps(value, default=str)
-    if isinstance(value, str):
-        return value.replace("\n", " ")
-    return value
-

@@ -1,0 +1,110 @@
+"""Where a sweep's points run: in this process, a local process pool, or a Dask cluster.
+
+Each executor takes (point id, scenario) jobs and a top-level function (picklable, so a
+worker process can call it) and yields (point id, outcome) as points finish, with a
+progress bar. A worker that dies (killed, out of memory) fails only its own points;
+Ctrl-C stops the running ones at once and drops the queued ones.
+"""
+from __future__ import annotations
+
+import os
+import signal
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Callable
+
+from llmsim.errors import ConfigError
+from llmsim.scenario.scenario import Scenario
+
+ENGINES = ("processes", "dask", "serial")
+
+
+def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dict], engine: str,
+            workers: int | None, client, progress: bool):
+    """Yield (point_id, ``evaluate(scenario)``) as points finish, with a progress bar."""
+    from tqdm.auto import tqdm
+
+    if not jobs:
+        return
+    workers = max(1, workers or os.cpu_count() or 1)
+    bar = tqdm(total=len(jobs), disable=not progress, unit="point", desc="sweep")
+    try:
+        if engine == "serial" or (engine == "processes" and (workers == 1 or len(jobs) == 1)):
+            for point_id, scenario in jobs:
+                yield point_id, evaluate(scenario)
+                bar.update()
+        elif engine == "processes":
+            pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_ignore_interrupts)
+            pending = {pool.submit(evaluate, scenario): point_id for point_id, scenario in jobs}
+            try:
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        yield pending.pop(future), _outcome(future)
+                        bar.update()
+            except BaseException:
+                # Ctrl-C, or the caller stopped: drop the queued points and stop the running ones
+                # at once (what finished has already been handed over).
+                _terminate(pool)
+                raise
+            pool.shutdown()
+        else:
+            yield from _execute_dask(jobs, evaluate, workers, client, bar)
+    finally:
+        bar.close()
+
+
+def error_text(error: BaseException) -> str:
+    """An error as one line of text, for a row's ``error``."""
+    return f"{type(error).__name__}: {error}".replace("\n", " ")
+
+
+def _outcome(future) -> dict:
+    """A finished future's metrics; a worker that died (killed, out of memory) fails only its points."""
+    try:
+        return future.result()
+    except Exception as error:
+        return {"error": error_text(error)}
+
+
+def _ignore_interrupts() -> None:
+    """Workers leave Ctrl-C to the parent, which stops them; a simulation cut short is not a result."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _terminate(pool: ProcessPoolExecutor) -> None:
+    processes = list((pool._processes or {}).values())    # no public handle before Python 3.14
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        process.terminate()
+
+
+def _execute_dask(jobs, evaluate, workers: int, client, bar):
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise ConfigError("the dask engine needs the distributed extra", key="engine", value="dask",
+                          allowed='processes, serial, or pip install "llmsim[distributed]"') from None
+    own = client is None or isinstance(client, str)
+    cluster = None
+    if client is None:
+        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+        client = Client(cluster)
+    elif isinstance(client, str):          # a running scheduler's address
+        client = Client(client)
+    try:
+        ids = [point_id for point_id, _ in jobs]
+        futures = client.map(evaluate, [scenario for _, scenario in jobs], key=[f"llmsim-{i}" for i in ids],
+                             pure=False)
+        by_key = dict(zip((f.key for f in futures), ids))
+        try:
+            for future in as_completed(futures):
+                yield by_key[future.key], _outcome(future)
+                bar.update()
+        except BaseException:
+            client.cancel(futures)
+            raise
+    finally:
+        if own:
+            client.close()
+        if cluster is not None:
+            cluster.close()
