@@ -36,6 +36,7 @@ from scipy import stats
 
 from llmsim.config.reader import Node
 from llmsim.catalog.models import ModelSpec
+from llmsim.speculation.kernels import accepted_prefixes, replayed_prefixes
 
 PROCESSES = ("bernoulli", "beta", "positional", "replay")
 POLICIES = ("static", "adaptive", "goodput")
@@ -118,18 +119,13 @@ class Acceptance:
         ``positions`` is each sequence's next output index (its draft token j proposes
         output ``positions + j``); ``k`` its draft length this step.
         """
+        out = np.empty(len(k), dtype=np.int64)
         if self.process == "replay":
-            u = hashed_uniforms(key, request_ids, positions)
-            samples = np.asarray(self.samples)
-            return np.minimum(samples[(u * len(samples)).astype(np.int64)], k)
-        width = int(k.max()) if len(k) else 0
-        if width == 0:
-            return np.zeros(len(k), dtype=np.int64)
-        j = np.arange(width)
-        u = hashed_uniforms(key, request_ids[:, None], positions[:, None] + j)
-        p = alphas[:, None] * (self.decay ** j if self.process == "positional" else 1.0)
-        ok = (u < p) & (j < k[:, None])
-        return np.cumprod(ok, axis=1).sum(axis=1)
+            replayed_prefixes(np.uint64(key), request_ids, positions, np.asarray(self.samples, dtype=np.int64), k, out)
+        else:
+            decay = self.decay if self.process == "positional" else 1.0
+            accepted_prefixes(np.uint64(key), request_ids, positions, alphas, k, decay, out)
+        return out
 
 
 @dataclass(frozen=True)
