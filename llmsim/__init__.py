@@ -13,7 +13,9 @@ from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import HardwareProfile, hardware_catalog, load_profile, lookup_hardware
 from llmsim.sim.kvcache import KVCache
-from llmsim.analysis.metrics import batch_means, flatten, summarize
+from llmsim.analysis.metrics import summarize
+from llmsim.analysis.statistics import batch_means
+from llmsim.analysis.summary import RunSummary, flatten
 from llmsim.catalog.models import ModelSpec, model_catalog, model_from_config_json
 from llmsim.search.plan import plan
 from llmsim.search.recommend import recommend
@@ -26,6 +28,6 @@ from llmsim.workload.generate import Trace, generate_trace
 __version__ = "0.1.0"
 
 __all__ = ["CostModel", "Placement", "place", "smallest_fitting", "ConfigError", "HardwareProfile", "hardware_catalog",
-           "load_profile", "lookup_hardware", "KVCache", "batch_means", "flatten", "summarize", "ModelSpec",
-           "model_catalog", "model_from_config_json", "Request", "Scenario", "load_scenario",
+           "load_profile", "lookup_hardware", "KVCache", "batch_means", "flatten", "summarize", "RunSummary",
+           "ModelSpec", "model_catalog", "model_from_config_json", "Request", "Scenario", "load_scenario",
            "SimulationResult", "simulate", "run_points", "sweep", "Trace", "generate_trace", "plan", "recommend"]

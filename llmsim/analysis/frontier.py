@@ -20,9 +20,10 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis.names import OUTPUT_TOKENS_PER_S_PER_DEVICE, TPOT_P95
 
-LATENCY = "latency.tpot_s.p95"
-THROUGHPUT = "throughput.output_tokens_per_s_per_device"
+LATENCY = TPOT_P95
+THROUGHPUT = OUTPUT_TOKENS_PER_S_PER_DEVICE
 
 
 def pareto_frontier(df: pd.DataFrame, latency: str = LATENCY, throughput: str = THROUGHPUT) -> pd.DataFrame:

@@ -12,9 +12,11 @@ import math
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis.summary import (PERCENTILES, Distribution, Economics, Latency, Memory, QueueSummary,
+                                     RequestCounts, RunSummary, SLOSummary, SLOTarget, SpeculationSummary,
+                                     Throughput, Utilisation)
 from llmsim.scenario.scenario import SLO
 
-PERCENTILES = (50, 95, 99)
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
 
 
@@ -32,31 +34,17 @@ def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
     return ok
 
 
-def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict:
-    """Per-metric attainment (share of requests within that limit) and whether every percentile
-    target holds (``met``; True when no limit is set). Unfinished or rejected requests miss."""
+def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
+    """Per-metric attainment (share of requests within that limit) and percentile target, for
+    every limit set. Unfinished or rejected requests miss."""
     finished = steady["status"] == "finished"
-    out, met = {}, True
-    for metric, (limit, percentile) in slo.targets().items():
-        share = float((finished & _within(steady, metric, limit)).mean()) if len(steady) else math.nan
-        out[f"{metric}_attainment"] = share
-        out[f"{metric}_percentile"] = percentile
-        met = met and share >= percentile / 100
-    out["met"] = bool(met)
-    return out
+    return {metric: SLOTarget(float((finished & _within(steady, metric, limit)).mean()) if len(steady) else math.nan,
+                              percentile)
+            for metric, (limit, percentile) in slo.targets().items()}
 
 
-def distribution(values) -> dict[str, float]:
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    if len(values) == 0:
-        return {"mean": math.nan, **{f"p{p}": math.nan for p in PERCENTILES}}
-    quantiles = np.percentile(values, PERCENTILES)
-    return {"mean": float(values.mean()), **{f"p{p}": float(q) for p, q in zip(PERCENTILES, quantiles)}}
-
-
-def summarize(result) -> dict:
-    """The summary of one run as a nested dict (what ``llmsim run`` prints and writes as JSON)."""
+def summarize(result) -> RunSummary:
+    """The summary of one run, typed (``to_dict()``: what ``llmsim run`` prints and writes as JSON)."""
     scenario = result.scenario
     records, iterations = result.requests, result.iterations
     start, stop = result.warmup_s, result.arrival_window_s
@@ -74,86 +62,79 @@ def summarize(result) -> dict:
 
     status = records["status"]
     reason = records["reason"]
-    counts = {
-        "arrived": int(len(records)),
-        "finished": int((status == "finished").sum()),
-        "rejected_timeout": int(((status == "rejected") & (reason == "timeout")).sum()),
-        "rejected_too_long": int(((status == "rejected") & (reason == "too_long")).sum()),
-        "unfinished_queued": int(((status == "unfinished") & records["first_scheduled_s"].isna()).sum()),
-        "unfinished_running": int(((status == "unfinished") & records["first_scheduled_s"].notna()).sum()),
-        "preemptions": int(result.preemptions),
-    }
-    latency = {name: distribution(finished[name]) for name in LATENCY_COLUMNS}
-    latency["itl_s"] = result.inter_token_gaps.summary(start, stop, PERCENTILES)
+    counts = RequestCounts(
+        arrived=int(len(records)),
+        finished=int((status == "finished").sum()),
+        rejected_timeout=int(((status == "rejected") & (reason == "timeout")).sum()),
+        rejected_too_long=int(((status == "rejected") & (reason == "too_long")).sum()),
+        unfinished_queued=int(((status == "unfinished") & records["first_scheduled_s"].isna()).sum()),
+        unfinished_running=int(((status == "unfinished") & records["first_scheduled_s"].notna()).sum()),
+        preemptions=int(result.preemptions),
+    )
+    latency = Latency(**{name: Distribution.of(finished[name]) for name in LATENCY_COLUMNS},
+                      itl_s=Distribution(**result.inter_token_gaps.summary(start, stop, PERCENTILES)))
 
     good = steady[meets_slo(steady, scenario.slo)] if scenario.slo.defined else finished
     finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
                                  & (status == "finished")]
     output_tokens = float(in_window["tokens_out"].sum())
-    throughput = {
-        "requests_per_s": len(finished_in_window) / window,
-        "output_tokens_per_s": output_tokens / window,
-        "total_tokens_per_s": (output_tokens + float(in_window["prefill_tokens"].sum())) / window,
-        "output_tokens_per_s_per_device": output_tokens / window / devices,
-        "offered_requests_per_s": len(steady) / window,
-    }
-    slo = {
-        "ttft_s": scenario.slo.ttft_s, "tpot_s": scenario.slo.tpot_s, "e2e_s": scenario.slo.e2e_s,
-        "attainment": len(good) / len(steady) if len(steady) else math.nan,
-        "goodput_requests_per_s": len(good) / window,
-        "goodput_output_tokens_per_s": float(good["output_tokens"].sum()) / window,
-        **slo_targets(steady, scenario.slo),
-    }
+    throughput = Throughput(
+        requests_per_s=len(finished_in_window) / window,
+        output_tokens_per_s=output_tokens / window,
+        total_tokens_per_s=(output_tokens + float(in_window["prefill_tokens"].sum())) / window,
+        output_tokens_per_s_per_device=output_tokens / window / devices,
+        offered_requests_per_s=len(steady) / window,
+    )
+    targets = slo_targets(steady, scenario.slo)
+    slo = SLOSummary(
+        ttft_s=scenario.slo.ttft_s, tpot_s=scenario.slo.tpot_s, e2e_s=scenario.slo.e2e_s,
+        attainment=len(good) / len(steady) if len(steady) else math.nan,
+        goodput_requests_per_s=len(good) / window,
+        goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window,
+        targets=targets,
+        met=all(t.attainment >= t.percentile / 100 for t in targets.values()),
+    )
     busy_s = float(in_window["duration_s"].sum())
     weights = in_window["duration_s"].to_numpy()
     kv_total = result.kv_blocks_per_replica
     kv_used = in_window["kv_used_blocks"].to_numpy()
-    utilisation = {
-        "busy_fraction": busy_s / (window * replicas),
-        "mfu": float(in_window["flops"].sum()) / (window * peak_flops),
-        "mfu_while_busy": float(in_window["flops"].sum()) / (busy_s * peak_flops / replicas) if busy_s else 0.0,
-        "bandwidth_utilisation": float(in_window["bytes"].sum()) / (window * peak_bw),
-        "kv_occupancy_mean": float(np.average(kv_used, weights=weights) / kv_total) if busy_s else 0.0,
-        "kv_occupancy_max": float(kv_used.max() / kv_total) if len(kv_used) else 0.0,
-        "mean_batch_size": float(np.average(in_window["decode_seqs"] + in_window["prefill_seqs"],
-                                            weights=weights)) if busy_s else 0.0,
-    }
+    utilisation = Utilisation(
+        busy_fraction=busy_s / (window * replicas),
+        mfu=float(in_window["flops"].sum()) / (window * peak_flops),
+        mfu_while_busy=float(in_window["flops"].sum()) / (busy_s * peak_flops / replicas) if busy_s else 0.0,
+        bandwidth_utilisation=float(in_window["bytes"].sum()) / (window * peak_bw),
+        kv_occupancy_mean=float(np.average(kv_used, weights=weights) / kv_total) if busy_s else 0.0,
+        kv_occupancy_max=float(kv_used.max() / kv_total) if len(kv_used) else 0.0,
+        mean_batch_size=float(np.average(in_window["decode_seqs"] + in_window["prefill_seqs"],
+                                         weights=weights)) if busy_s else 0.0,
+    )
     plan = scenario.memory
-    extra = {"speculation": speculation_summary(scenario, in_window)} if scenario.speculating else {}
-    return {
-        "scenario": scenario.name,
-        "seed": scenario.seed,
-        "model": scenario.model.name,
-        "hardware": hw.name,
-        "devices": devices,
-        "window_s": [start, stop],
-        "simulated_s": result.end_s,
-        "requests": counts,
-        "latency": latency,
-        "throughput": throughput,
-        "slo": slo,
-        "utilisation": utilisation,
-        "memory": {
-            "tensor_parallel": plan.tensor_parallel,
-            "pipeline_parallel": plan.pipeline_parallel,
-            "weights_in": plan.weight_tier.name + (" (streamed)" if plan.weight_streaming else ""),
-            "kv_cache_in": plan.kv_tier.name,
-            "weights_per_device_gb": plan.weights_per_device_bytes / 1e9,
-            "kv_cache_per_device_gb": plan.kv_per_device_bytes / 1e9,
-            "kv_capacity_tokens_per_replica": plan.kv_capacity_tokens,
-            "draft_devices_per_replica": scenario.speculation.extra_devices if scenario.speculating else 0,
-        },
-        "economics": economics(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
-        "queue": {
-            "mean_length": result.mean_queue_length,
-            "max_length": int(result.queue_length["length"].max()),
-            "mean_in_system": result.mean_in_system,
-        },
-        **extra,
-    }
+    memory = Memory(
+        tensor_parallel=plan.tensor_parallel,
+        pipeline_parallel=plan.pipeline_parallel,
+        weights_in=plan.weight_tier.name + (" (streamed)" if plan.weight_streaming else ""),
+        kv_cache_in=plan.kv_tier.name,
+        weights_per_device_gb=plan.weights_per_device_bytes / 1e9,
+        kv_cache_per_device_gb=plan.kv_per_device_bytes / 1e9,
+        kv_capacity_tokens_per_replica=plan.kv_capacity_tokens,
+        draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
+    )
+    queue = QueueSummary(mean_length=result.mean_queue_length,
+                         max_length=int(result.queue_length["length"].max()),
+                         mean_in_system=result.mean_in_system)
+    return RunSummary(
+        scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
+        devices=devices, window_s=(start, stop), simulated_s=result.end_s,
+        requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
+        memory=memory,
+        economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
+        queue=queue,
+        speculation=speculation_summary(scenario, in_window) if scenario.speculating else None,
+        interrupted=result.interrupted,
+    )
 
 
-def speculation_summary(scenario, iterations: pd.DataFrame) -> dict:
+def speculation_summary(scenario, iterations: pd.DataFrame) -> SpeculationSummary:
     """Acceptance, draft length and where the time went, over the iterations in the window.
 
     A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
@@ -168,55 +149,15 @@ def speculation_summary(scenario, iterations: pd.DataFrame) -> dict:
     busy = float(iterations["duration_s"].sum())
     draft_share = float(iterations["draft_s"].sum()) / busy if busy else math.nan
     ratio = (lambda a, b: a / b if b else math.nan)
-    return {
-        "draft": spec.draft.name if spec.draft is not None else "ngram",
-        "placement": spec.placement,
-        "policy": spec.policy.policy,
-        "acceptance_rate": ratio(accepted, proposed),
-        "mean_accepted_tokens": ratio(accepted, steps),
-        "tokens_per_verify_step": ratio(accepted + steps, steps),
-        "mean_k": ratio(proposed, steps),
-        "speculating_fraction": ratio(steps, decode_steps),
-        "draft_time_share": draft_share,
-        "verify_time_share": 1.0 - draft_share if spec.placement == "colocated" else math.nan,
-    }
-
-
-def batch_means(values, batches: int = 20) -> tuple[float, float]:
-    """Mean and its standard error by the method of batch means (for autocorrelated output).
-
-    Consecutive observations are split into ``batches`` groups; the spread of the
-    group means estimates the standard error without assuming independence.
-    """
-    values = np.asarray(values, dtype=float)
-    values = values[~np.isnan(values)]
-    usable = len(values) // batches * batches
-    if usable < batches * 2:
-        raise ValueError(f"need at least {batches * 2} observations for {batches} batch means")
-    means = values[:usable].reshape(batches, -1).mean(axis=1)
-    return float(means.mean()), float(means.std(ddof=1) / math.sqrt(batches))
-
-
-def flatten(summary: dict, prefix: str = "") -> dict:
-    """``{'latency': {'ttft_s': {'p95': x}}}`` -> ``{'latency.ttft_s.p95': x}`` (for DataFrames)."""
-    flat = {}
-    for key, value in summary.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "."))
-        elif isinstance(value, list):
-            flat[name] = tuple(value)
-        else:
-            flat[name] = value
-    return flat
-
-
-def economics(usd_per_hour: float, power_w: float, output_tokens_per_s: float) -> dict:
-    """Cost and energy per output token, with every device drawing its TDP (an upper bound)."""
-    per_million = 1e6 / output_tokens_per_s if output_tokens_per_s > 0 else math.nan
-    return {
-        "usd_per_hour": usd_per_hour,
-        "usd_per_million_output_tokens": usd_per_hour / 3600 * per_million,
-        "joules_per_output_token_at_tdp": power_w / output_tokens_per_s if output_tokens_per_s > 0 else math.nan,
-        "kwh_per_million_output_tokens_at_tdp": power_w * per_million / 3.6e6,
-    }
+    return SpeculationSummary(
+        draft=spec.draft.name if spec.draft is not None else "ngram",
+        placement=spec.placement,
+        policy=spec.policy.policy,
+        acceptance_rate=ratio(accepted, proposed),
+        mean_accepted_tokens=ratio(accepted, steps),
+        tokens_per_verify_step=ratio(accepted + steps, steps),
+        mean_k=ratio(proposed, steps),
+        speculating_fraction=ratio(steps, decode_steps),
+        draft_time_share=draft_share,
+        verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
+    )

@@ -31,6 +31,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
@@ -182,12 +183,12 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     result = outcomes[hi]
     mean = result.select_dtypes("number").mean()
     row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=len(outcomes),
-               ttft_p95_s=mean["latency.ttft_s.p95"], tpot_p95_s=mean["latency.tpot_s.p95"],
-               slo_attainment=mean["slo.attainment"], output_tokens_per_s=mean["throughput.output_tokens_per_s"],
-               usd_per_hour=mean["economics.usd_per_hour"],
-               usd_per_million_output_tokens=mean["economics.usd_per_million_output_tokens"],
-               joules_per_output_token=mean["economics.joules_per_output_token_at_tdp"],
-               kwh_per_million_output_tokens=mean["economics.kwh_per_million_output_tokens_at_tdp"], note="")
+               ttft_p95_s=mean[names.TTFT_P95], tpot_p95_s=mean[names.TPOT_P95],
+               slo_attainment=mean[names.SLO_ATTAINMENT], output_tokens_per_s=mean[names.OUTPUT_TOKENS_PER_S],
+               usd_per_hour=mean[names.USD_PER_HOUR],
+               usd_per_million_output_tokens=mean[names.USD_PER_MILLION_OUTPUT_TOKENS],
+               joules_per_output_token=mean[names.JOULES_PER_OUTPUT_TOKEN],
+               kwh_per_million_output_tokens=mean[names.KWH_PER_MILLION_OUTPUT_TOKENS], note="")
     return row
 
 

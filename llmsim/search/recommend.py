@@ -41,12 +41,14 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
-from llmsim.search.sweeps import ci95_half_width, run_points, slo_met
+from llmsim.search.sweeps import run_points, slo_met
 from llmsim.workload.generate import generate_trace
 
 OBJECTIVES = ("goodput", "cost")
@@ -318,15 +320,15 @@ class _Search:
         points = [{**c.overrides(self.scenario), "seed": s} for c in configs for s in self.seeds]
         rows = run_points(self.scenario, points, workers=self.workers, progress=False)
         rows["setting"] = [c.label for c in configs for _ in self.seeds]
-        metrics = ["latency.ttft_s.p95", "latency.tpot_s.p95", "latency.ttft_s.p99", "latency.tpot_s.p99",
-                   "slo.attainment", "throughput.output_tokens_per_s"]
+        metrics = [names.TTFT_P95, names.TPOT_P95, names.TTFT_P99, names.TPOT_P99, names.SLO_ATTAINMENT,
+                   names.OUTPUT_TOKENS_PER_S]
         out = []
         for label, group in rows.groupby("setting", sort=False):
             entry = {"setting": label}
             for metric in metrics:
                 values = group[metric].to_numpy(dtype=float)
                 entry[metric], entry[f"{metric}.ci95"] = float(values.mean()), _ci(values)
-            entry["slo.met"] = bool(slo_met(group).all())
+            entry[names.SLO_MET] = bool(slo_met(group).all())
             out.append(entry)
         return pd.DataFrame(out)
 
@@ -360,7 +362,7 @@ class _Bracket:
     def record(self, rate: float, met: bool, row) -> None:
         if met and rate > self.passing:
             self.passing = rate
-            self.usd_per_million = float(row["economics.usd_per_million_output_tokens"])
+            self.usd_per_million = float(row[names.USD_PER_MILLION_OUTPUT_TOKENS])
         if not met and rate < self.failing:
             self.failing = rate
 

@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
+from llmsim.analysis import names
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.search.plan import RATE_KEY
@@ -56,14 +57,16 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
         failed = rows[rows["error"] != ""]
         if len(failed):
             raise RuntimeError(f"simulating rate {rate:g}/s failed: {failed['error'].iloc[0]}")
-        if rows["slo.ttft_s"].isna().all() and rows["slo.tpot_s"].isna().all() and rows["slo.e2e_s"].isna().all():
+        if all(rows[limit].isna().all() for limit in names.SLO_LIMITS):
             raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                               allowed="ttft, tpot and/or e2e limits, in the scenario or as slo=")
         tried.append(rows)
         if target is not None:
-            return float(rows["slo.attainment"].mean()) >= target
-        limited = [m for m in SLO_METRICS if rows.get(f"slo.{m}_attainment", pd.Series(dtype=float)).notna().any()]
-        return all(rows[f"slo.{m}_attainment"].mean() >= rows[f"slo.{m}_percentile"].iloc[0] / 100 for m in limited)
+            return float(rows[names.SLO_ATTAINMENT].mean()) >= target
+        limited = [m for m in SLO_METRICS
+                   if rows.get(names.slo_attainment(m), pd.Series(dtype=float)).notna().any()]
+        return all(rows[names.slo_attainment(m)].mean() >= rows[names.slo_percentile(m)].iloc[0] / 100
+                   for m in limited)
 
     if not meets(lo):
         return SustainableRate(math.nan, lo, target, pd.concat(tried, ignore_index=True))

@@ -31,7 +31,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.metrics import flatten
+from llmsim.analysis.statistics import ci95_half_width
+from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
 from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
@@ -181,14 +182,6 @@ def mean_over_seeds(df: pd.DataFrame, metrics: Sequence[str] = ()) -> pd.DataFra
 def slo_met(rows: pd.DataFrame) -> pd.Series:
     """Each row's ``slo.met`` as a bool (a column read back from ``results.csv`` may hold text)."""
     return rows[SLO_MET].astype(str).str.lower().eq("true")
-
-
-def ci95_half_width(sd, n):
-    """Half-width of a 95% Student-t confidence interval of a mean of ``n`` runs with sample
-    standard deviation ``sd`` (NaN for one run); numbers or arrays."""
-    from scipy import stats
-
-    return stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
 
 
 def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Scenario | None = None) -> str:

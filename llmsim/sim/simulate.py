@@ -116,9 +116,14 @@ class SimulationResult:
     interrupted: bool = False
 
     def summary(self) -> dict:
-        summary = summarize(self)
-        summary["interrupted"] = self.interrupted
-        return summary
+        """The run's summary as a nested dict, as written to ``summary.json``.
+
+        A plain dict (``summarize(self).to_dict()``) rather than the typed record, because
+        callers index and extend it (``summary()["latency"]["tpot_s"]["p95"]``, the CLI adds the
+        speedup over plain decoding) and :func:`llmsim.flatten` turns it into a sweep's row;
+        ``llmsim.summarize(result)`` gives the typed :class:`~llmsim.analysis.summary.RunSummary`.
+        """
+        return summarize(self).to_dict()
 
 
 def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:

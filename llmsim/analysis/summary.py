@@ -1,0 +1,216 @@
+"""The summary of one run, typed: what ``llmsim run`` prints and a sweep's row holds.
+
+:func:`~llmsim.analysis.metrics.summarize` fills these records from a run's per-request
+records and iteration log. ``to_dict()`` gives the nested mapping written as
+``summary.json`` (and returned by ``SimulationResult.summary()``); :func:`flatten` turns
+that into one row of dotted names (``latency.tpot_s.p95``), the columns of a sweep's
+``results.csv`` (:mod:`llmsim.analysis.names` names the ones code reads). The order of the
+fields is the order of the keys and columns.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+PERCENTILES = (50, 95, 99)
+
+
+class Section:
+    """A record whose mapping is its fields in order, nested records as mappings."""
+
+    def to_dict(self) -> dict:
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+
+
+def _plain(value):
+    return value.to_dict() if isinstance(value, Section) else value
+
+
+@dataclass(frozen=True)
+class Distribution(Section):
+    """Mean and percentiles of one latency (NaN when nothing was measured)."""
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+
+    @classmethod
+    def of(cls, values) -> "Distribution":
+        values = np.asarray(values, dtype=float)
+        values = values[~np.isnan(values)]
+        if len(values) == 0:
+            return cls(math.nan, *(math.nan for _ in PERCENTILES))
+        return cls(float(values.mean()), *(float(q) for q in np.percentile(values, PERCENTILES)))
+
+
+@dataclass(frozen=True)
+class RequestCounts(Section):
+    """Counts over the whole run (not only the window), so conservation can be checked on them."""
+    arrived: int
+    finished: int
+    rejected_timeout: int
+    rejected_too_long: int
+    unfinished_queued: int
+    unfinished_running: int
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class Latency(Section):
+    """Per-request latencies of the window's finished requests; ``itl_s`` is per token instead
+    (every gap between consecutive tokens in the window, finished requests or not)."""
+    queue_wait_s: Distribution
+    ttft_s: Distribution
+    tpot_s: Distribution
+    e2e_s: Distribution
+    max_itl_s: Distribution
+    itl_s: Distribution
+
+
+@dataclass(frozen=True)
+class Throughput(Section):
+    requests_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    output_tokens_per_s_per_device: float
+    offered_requests_per_s: float
+
+
+@dataclass(frozen=True)
+class SLOTarget:
+    """One limit's attainment (share of the window's requests within it) and its percentile target."""
+    attainment: float
+    percentile: float
+
+
+@dataclass(frozen=True)
+class SLOSummary(Section):
+    """The limits (None when not set), attainment of all of them, goodput, and per-limit targets."""
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float | None
+    attainment: float
+    goodput_requests_per_s: float
+    goodput_output_tokens_per_s: float
+    targets: dict[str, SLOTarget]     # metric ("ttft", ...) -> its target, for every limit set
+    met: bool                         # every percentile target holds (True when no limit is set)
+
+    def to_dict(self) -> dict:
+        out = {name: getattr(self, name) for name in ("ttft_s", "tpot_s", "e2e_s", "attainment",
+                                                      "goodput_requests_per_s", "goodput_output_tokens_per_s")}
+        for metric, target in self.targets.items():
+            out[f"{metric}_attainment"] = target.attainment
+            out[f"{metric}_percentile"] = target.percentile
+        out["met"] = self.met
+        return out
+
+
+@dataclass(frozen=True)
+class Utilisation(Section):
+    busy_fraction: float
+    mfu: float
+    mfu_while_busy: float
+    bandwidth_utilisation: float
+    kv_occupancy_mean: float
+    kv_occupancy_max: float
+    mean_batch_size: float
+
+
+@dataclass(frozen=True)
+class Memory(Section):
+    """Where weights and KV cache live on each replica's devices."""
+    tensor_parallel: int
+    pipeline_parallel: int
+    weights_in: str
+    kv_cache_in: str
+    weights_per_device_gb: float
+    kv_cache_per_device_gb: float
+    kv_capacity_tokens_per_replica: int
+    draft_devices_per_replica: int
+
+
+@dataclass(frozen=True)
+class Economics(Section):
+    """Cost and energy per output token, with every device drawing its TDP (an upper bound)."""
+    usd_per_hour: float
+    usd_per_million_output_tokens: float
+    joules_per_output_token_at_tdp: float
+    kwh_per_million_output_tokens_at_tdp: float
+
+    @classmethod
+    def at_tdp(cls, usd_per_hour: float, power_w: float, output_tokens_per_s: float) -> "Economics":
+        per_million = 1e6 / output_tokens_per_s if output_tokens_per_s > 0 else math.nan
+        return cls(usd_per_hour, usd_per_hour / 3600 * per_million,
+                   power_w / output_tokens_per_s if output_tokens_per_s > 0 else math.nan,
+                   power_w * per_million / 3.6e6)
+
+
+@dataclass(frozen=True)
+class QueueSummary(Section):
+    mean_length: float
+    max_length: int
+    mean_in_system: float
+
+
+@dataclass(frozen=True)
+class SpeculationSummary(Section):
+    """Acceptance, draft length and where the time went (see ``metrics.speculation_summary``)."""
+    draft: str
+    placement: str
+    policy: str
+    acceptance_rate: float
+    mean_accepted_tokens: float
+    tokens_per_verify_step: float
+    mean_k: float
+    speculating_fraction: float
+    draft_time_share: float
+    verify_time_share: float
+
+
+@dataclass(frozen=True)
+class RunSummary(Section):
+    """One run: what, where, the measurement window, and each section of figures."""
+    scenario: str
+    seed: int
+    model: str
+    hardware: str
+    devices: int
+    window_s: tuple[float, float]         # [warmup, end of arrivals]: the steady-state window
+    simulated_s: float
+    requests: RequestCounts
+    latency: Latency
+    throughput: Throughput
+    slo: SLOSummary
+    utilisation: Utilisation
+    memory: Memory
+    economics: Economics
+    queue: QueueSummary
+    speculation: SpeculationSummary | None     # None (and no key in the mapping) for plain decoding
+    interrupted: bool                          # stopped early (Ctrl-C): the figures cover what ran
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["window_s"] = list(self.window_s)
+        if self.speculation is None:
+            del out["speculation"]
+        return out
+
+    def flat(self) -> dict:
+        """One row of dotted names: :func:`flatten` of :meth:`to_dict`."""
+        return flatten(self.to_dict())
+
+
+def flatten(summary: dict, prefix: str = "") -> dict:
+    """``{'latency': {'ttft_s': {'p95': x}}}`` -> ``{'latency.ttft_s.p95': x}`` (for DataFrames)."""
+    flat = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "."))
+        elif isinstance(value, list):
+            flat[name] = tuple(value)
+        else:
+            flat[name] = value
+    return flat
