@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog, place
-from llmsim.catalog.models import FEATURES
+from llmsim.cost.features import FEATURES
+from llmsim.cost.work import decode_layer_work, prefill_layer_work
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +151,14 @@ def test_memory_plan_leaves_the_rest_for_kv(h100):
     # 8 KV heads over 8 devices: one head per device, 80 layers, K and V, bf16.
     assert plan.kv_bytes_per_token_per_device == 80 * 2 * 1 * 128 * 2
     assert plan.num_blocks == int(plan.kv_per_device_bytes // (plan.kv_bytes_per_token_per_device * 128))
+
+
+def test_layer_work_prefill_and_decode():
+    model = model_catalog()["Llama-3.1-8B"]
+    decode = decode_layer_work(model, batch=1, context=1000)
+    prefill = prefill_layer_work(model, tokens=1000)
+    # Decode reads every weight for one token; prefill does the same reads for 1000x the FLOPs.
+    assert decode["mlp"][1] == pytest.approx(model.expert_params * 2, rel=1e-3)
+    assert prefill["mlp"][0] == pytest.approx(1000 * decode["mlp"][0])
+    # Decode attention reads the 1001-token KV of one layer.
+    assert decode["attention_decode"][1] >= 1001 * model.kv_bytes_per_token_per_layer

@@ -10,7 +10,7 @@ import pytest
 
 import llmsim.sim.engine as engine_module
 from llmsim import simulate
-from llmsim.catalog.models import F
+from llmsim.cost.features import F
 
 from .helpers import make_scenario
 

@@ -54,7 +54,7 @@ from scipy import special
 
 from llmsim.cost.roofline import CostModel
 from llmsim.errors import ConfigError
-from llmsim.catalog.models import F, FEATURES
+from llmsim.cost.features import attention_pairs, batch_rows, set_iterations, tokens_of, windowed_context_sum
 from llmsim.scenario.scenario import Scenario
 from llmsim.analysis.fluid_k import KMix, adaptive_mix, static_mix, steps_to_emit
 from llmsim.workload.generate import Trace, generate_trace
@@ -119,7 +119,7 @@ class FluidModel:
         self.mean_prompt, self.mean_output = float(prompt.mean()), float(output.mean())
         self.prompt_second_moment = float((prompt ** 2).mean())
         self.mean_decode = self.mean_output - 1.0
-        pairs = prompt * (prompt + 1) / 2
+        pairs = attention_pairs(prompt, 0.0)
         self.pairs_per_token = float(pairs.mean() / prompt.mean())
         # Prompt lengths (and their attention pairs) at midpoint quantiles: a coarse grid for the
         # step-time solve, a fine one for TTFT.
@@ -130,7 +130,7 @@ class FluidModel:
         self.decode_cv2 = float(decode.var() / max(decode.mean(), 1e-12) ** 2)   # slot time is ~ decode length
         window = scenario.model.sliding_window
         # Sum over a request's decode steps of the context each reads: sum_{c=P+1}^{P+O-1} min(c, W).
-        self._decode_kv = self._context_sum(prompt + 1, prompt + decode, window)
+        self._decode_kv = windowed_context_sum(prompt + 1, prompt + decode, window)
         # KV held while decoding: the context rounded up to blocks (half a block on average).
         self._kv_held = decode * (prompt + (decode + 1) / 2 + eng.block_size / 2)
         self.spec = spec
@@ -142,16 +142,6 @@ class FluidModel:
         order = np.argsort(prompt)
         index = ((np.arange(n) + 0.5) / n * len(prompt)).astype(int)
         return prompt[order][index], pairs[order][index]
-
-    @staticmethod
-    def _context_sum(first, last, window):
-        """sum_{c=first}^{last} min(c, window), elementwise (0 when last < first)."""
-        n = np.maximum(last - first + 1, 0)
-        full = n * (first + last) / 2
-        if not window:
-            return full
-        below = np.clip(window - first, 0, n)                # terms below the window
-        return below * (2 * first + below - 1) / 2 + (n - below) * window
 
     def _mixes(self, spec) -> list[KMix | None]:
         """The k occupancy of the scenario's policy; the goodput policy's candidates (one per k)."""
@@ -166,7 +156,6 @@ class FluidModel:
 
     def _work(self, mix: KMix | None) -> _Work:
         """Per-request decode feature totals when steps run at the k occupancy ``mix`` (None: plain)."""
-        target = np.zeros(len(FEATURES))
         decode = self._decode_tokens
         if mix is None:
             steps, tpot_factor = self.mean_decode, 1.0
@@ -182,21 +171,19 @@ class FluidModel:
         weights = np.array([1.0]) if mix is None else mix.step_weights()
         k = np.arange(len(weights))
         plain, spec_w = weights[0], weights * (k > 0)
-        target[F["decode_seqs"]] = plain * steps
-        target[F["decode_kv_read"]] = plain * context_sum
-        # A verify step at k is a k + 1 position chunk over the context.
+        # Totals over the request's steps (spread over iterations later, see _rows). A verify
+        # step at k is a k + 1 position chunk over the context, every position giving logits.
         t = (k + 1) * (k > 0)
-        target[F["prefill_tokens"]] = spec_w @ t * steps
-        target[F["prefill_pairs"]] = spec_w @ (t * context_sum + t * (t + 1) / 2 * steps)
-        target[F["prefill_kv_read"]] = spec_w @ (context_sum + t * steps)
-        target[F["tokens"]] = target[F["logit_tokens"]] = target[F["decode_seqs"]] + target[F["prefill_tokens"]]
+        verify_tokens = spec_w @ t * steps
+        target = batch_rows(verify_tokens, spec_w @ attention_pairs(t, context_sum, steps),
+                            spec_w @ (context_sum + t * steps), verify_tokens,
+                            plain * steps, plain * context_sum, iterations=0.0)
         mean_k = float(weights @ k)
         draft = None
         if self.draft_cost is not None and mean_k > 0:
             # Draft step j runs the sequences with k > j, over context + j + 1.
-            draft = np.zeros(len(FEATURES))
-            draft[F["decode_seqs"]] = draft[F["tokens"]] = draft[F["logit_tokens"]] = mean_k * steps
-            draft[F["decode_kv_read"]] = weights @ (k * context_sum + k * (k + 1) / 2 * steps)
+            draft = batch_rows(decode_seqs=mean_k * steps,
+                               decode_kv_read=weights @ attention_pairs(k, context_sum, steps), iterations=0.0)
         kv = (float(self._kv_held.mean()) + mean_k * self.mean_decode) * steps_per_token
         return _Work(mean_k, tpot_factor, target, draft, steps, kv, np.cumsum(weights))
 
@@ -204,18 +191,12 @@ class FluidModel:
     @staticmethod
     def _rows(per_step: np.ndarray, cost: CostModel, iterations: float = 1.0) -> np.ndarray:
         """Feature rows ``iterations * one + per_step`` (MoE expert counts per iteration)."""
-        x = per_step.copy()
-        x[..., F["one"]] = iterations
-        x[..., F["experts_touched"]] = iterations * cost.model.expected_experts_touched(
-            x[..., F["tokens"]] / iterations)
-        return x
+        return set_iterations(per_step.copy(), iterations, cost.model)
 
-    def _prefill_rows(self, tokens: np.ndarray, pairs: np.ndarray, logits: np.ndarray) -> np.ndarray:
-        x = np.zeros(tokens.shape + (len(FEATURES),))
-        x[..., F["tokens"]] = x[..., F["prefill_tokens"]] = x[..., F["prefill_kv_read"]] = tokens
-        x[..., F["prefill_pairs"]] = pairs
-        x[..., F["logit_tokens"]] = logits
-        return x
+    @staticmethod
+    def _prefill_rows(tokens: np.ndarray, pairs: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        """Prefill of ``tokens`` fresh prompt positions, to be added to a step's rows (see _rows)."""
+        return batch_rows(tokens, pairs, tokens, logits, iterations=0.0)
 
     def _steps(self, lam: np.ndarray, tau: np.ndarray, work: _Work):
         """Iteration times over the distribution of prefill a step carries, with their weights.
@@ -237,7 +218,7 @@ class FluidModel:
         tokens = np.maximum(n * self.mean_prompt + root * (p - self.mean_prompt), 0.0)
         pairs = np.maximum(n * self.pairs_per_token * self.mean_prompt + root * (pp - self.pairs_per_token
                                                                                   * self.mean_prompt), 0.0)
-        room = np.maximum(self.max_tokens - load * work.decode[F["tokens"]], 1.0)
+        room = np.maximum(self.max_tokens - load * tokens_of(work.decode), 1.0)
         taken = np.minimum(tokens, room)
         held_back = np.maximum(load * self.mean_prompt - (weights * taken).sum(axis=(1, 2), keepdims=True), 0.0)
         chunk = np.minimum(taken + held_back, room)
@@ -332,7 +313,7 @@ class FluidModel:
         residual = (weights * times ** 2).sum(axis=(1, 2)) / (2 * np.maximum(t, 1e-300))
         # The iteration(s) computing a prompt of each quantile length: its chunks plus the mean
         # prefill of the others, within the token budget left by the decoders.
-        room = np.maximum(self.max_tokens - load[:, None] * work.decode[F["tokens"]], 1.0)   # (rates, 1)
+        room = np.maximum(self.max_tokens - load[:, None] * tokens_of(work.decode), 1.0)   # (rates, 1)
         others = load[:, None] * self.mean_prompt
         p, pp = self.ttft_prompt[None, :], self.ttft_pairs[None, :]
         chunks = np.ceil((p + others) / room)

@@ -3,10 +3,10 @@
 A :class:`ModelSpec` is built from the fields of a Hugging Face ``config.json``
 (layers, hidden size, heads, KV heads, head dim, FFN width, vocabulary, tied
 embeddings, MoE experts and top-k). From them it derives parameter counts,
-weight and KV-cache bytes, and the FLOPs and bytes each operator of a layer
-moves for a batch (:meth:`ModelSpec.layer_work`), which the cost model turns
-into time. Formulas assume a pre-norm decoder with grouped-query attention and a
-gated (SwiGLU) MLP, the shape of every model in the catalog.
+weight and KV-cache bytes. What each operator computes and moves for a batch is
+the cost layer's (:mod:`llmsim.cost.work`). Formulas assume a pre-norm decoder
+with grouped-query attention and a gated (SwiGLU) MLP, the shape of every model
+in the catalog.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import json
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import yaml
@@ -23,34 +22,6 @@ from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
 
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
-
-
-# The batch of one engine iteration, reduced to the sums the cost of every operator is
-# affine in. ``one`` carries the fixed cost (weights read once per iteration).
-FEATURES = ("one", "tokens", "prefill_tokens", "prefill_pairs", "prefill_kv_read",
-            "decode_seqs", "decode_kv_read", "experts_touched", "logit_tokens")
-F = {name: i for i, name in enumerate(FEATURES)}
-LAYER_OPS = ("qkv", "attention_prefill", "attention_decode", "out_proj", "mlp", "elementwise")
-ATTENTION_OPS = ("attention_prefill", "attention_decode")
-MODEL_OPS = ("embedding", "lm_head")
-
-
-BYTE_KINDS = ("weights", "kv", "activations")   # what is read, and so from which memory tier
-
-
-class WorkCoefficients(NamedTuple):
-    """FLOPs and bytes of each operator as linear maps of the batch features.
-
-    ``flops[op] @ x`` and ``bytes[kind][op] @ x`` give the work of operator ``op`` on one
-    tensor-parallel shard for a batch with feature vector ``x`` (see FEATURES); bytes are
-    split by kind (weights, KV cache, activations) because they may live in different
-    memory tiers. The ``layer`` maps are for one decoder layer, the ``model`` maps for the
-    embedding and the LM head, which run once per iteration.
-    """
-    layer_flops: np.ndarray             # (len(LAYER_OPS), len(FEATURES))
-    layer_bytes: dict[str, np.ndarray]  # kind -> (len(LAYER_OPS), len(FEATURES))
-    model_flops: np.ndarray             # (len(MODEL_OPS), len(FEATURES))
-    model_bytes: dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -171,76 +142,6 @@ class ModelSpec:
             return 1.0 if scalar else np.ones_like(np.asarray(tokens, dtype=float))
         miss = (1.0 - self.experts_per_token / self.num_experts) ** (tokens if scalar else np.asarray(tokens, float))
         return self.num_experts * (1.0 - miss)
-
-    # -- work per layer -------------------------------------------------------------------
-    def work_coefficients(self, tensor_parallel: int = 1) -> WorkCoefficients:
-        """The FLOPs and bytes of every operator, per unit of each batch feature.
-
-        Attention computes 4 FLOPs per (query, key) pair per head dimension (QK^T and
-        PV, a multiply-add each) and reads each sequence's KV once (FlashAttention);
-        linear layers do 2 FLOPs per parameter per token and read their weights once
-        per iteration; MoE layers read only the experts the batch routes to.
-        """
-        tp = tensor_parallel
-        wb, ab = self.weight_bytes_per_param, self.activation_bytes_per_element
-        kv_heads_per_shard = max(self.num_kv_heads / tp, 1.0)  # replicated when tp > kv heads
-        kv_token_bytes = 2 * kv_heads_per_shard * self.head_dim * self.kv_bytes_per_element
-        q_dim, qkv_out = self.q_dim / tp, (self.q_dim + 2 * self.kv_dim) / tp
-        hidden, inter, k = self.hidden_size, self.intermediate_size / tp, self.experts_per_token
-
-        lf = np.zeros((len(LAYER_OPS), len(FEATURES)))
-        lw, lk, la = (np.zeros_like(lf) for _ in BYTE_KINDS)
-        qkv, ap, ad, out, mlp, elem = range(len(LAYER_OPS))
-        lf[qkv, F["tokens"]] = 2 * self.qkv_params / tp
-        lw[qkv, F["one"]] = self.qkv_params / tp * wb
-        la[qkv, F["tokens"]] = (hidden + qkv_out) * ab
-        lf[ap, F["prefill_pairs"]] = 4 * q_dim
-        lk[ap, F["prefill_kv_read"]] = kv_token_bytes
-        lk[ap, F["prefill_tokens"]] = kv_token_bytes          # new KV written
-        la[ap, F["prefill_tokens"]] = 2 * q_dim * ab          # Q in, O out
-        lf[ad, F["decode_kv_read"]] = 4 * q_dim
-        lk[ad, F["decode_kv_read"]] = kv_token_bytes
-        lk[ad, F["decode_seqs"]] = kv_token_bytes
-        la[ad, F["decode_seqs"]] = 2 * q_dim * ab
-        lf[out, F["tokens"]] = 2 * self.out_proj_params / tp
-        lw[out, F["one"]] = self.out_proj_params / tp * wb
-        la[out, F["tokens"]] = (q_dim + hidden) * ab
-        lf[mlp, F["tokens"]] = 2 * (k * self.expert_params / tp + self.router_params)
-        lw[mlp, F["one"]] = self.router_params * wb
-        lw[mlp, F["experts_touched"]] = self.expert_params / tp * wb
-        la[mlp, F["tokens"]] = k * (2 * hidden + 3 * inter) * ab
-        # Two RMSNorms and two residual adds, each reading and writing the hidden state.
-        lf[elem, F["tokens"]] = 10 * hidden
-        la[elem, F["tokens"]] = 8 * hidden * ab
-
-        mf = np.zeros((len(MODEL_OPS), len(FEATURES)))
-        mw, mk, ma = (np.zeros_like(mf) for _ in BYTE_KINDS)
-        embedding, lm_head = range(len(MODEL_OPS))
-        ma[embedding, F["tokens"]] = 2 * hidden * ab
-        mf[lm_head, F["logit_tokens"]] = 2 * hidden * self.vocab_size / tp
-        mw[lm_head, F["one"]] = hidden * self.vocab_size / tp * wb
-        ma[lm_head, F["logit_tokens"]] = (hidden * ab + 4 * self.vocab_size / tp)  # fp32 logits out
-        return WorkCoefficients(lf, dict(zip(BYTE_KINDS, (lw, lk, la))), mf, dict(zip(BYTE_KINDS, (mw, mk, ma))))
-
-    def layer_work(self, features, tensor_parallel: int = 1) -> dict[str, tuple[float, float]]:
-        """(FLOPs, bytes) of each operator of one layer on one shard, for a feature vector."""
-        coeffs = self.work_coefficients(tensor_parallel)
-        x = np.asarray(features, dtype=float)
-        total_bytes = sum(coeffs.layer_bytes.values())
-        return {op: (float(coeffs.layer_flops[i] @ x), float(total_bytes[i] @ x))
-                for i, op in enumerate(LAYER_OPS)}
-
-    def prefill_layer_work(self, tokens: int, context: int = 0, tensor_parallel: int = 1):
-        """One sequence prefilling ``tokens`` tokens after ``context`` cached ones: (FLOPs, bytes) per operator."""
-        x = batch_features(prefill_new=[tokens], prefill_context=[context], decode_context=[],
-                           prefill_logits=1, model=self)
-        return self.layer_work(x, tensor_parallel)
-
-    def decode_layer_work(self, batch: int, context: int, tensor_parallel: int = 1):
-        """``batch`` sequences each decoding one token over ``context`` cached tokens."""
-        x = batch_features(prefill_new=[], prefill_context=[], decode_context=[context] * batch,
-                           prefill_logits=0, model=self)
-        return self.layer_work(x, tensor_parallel)
 
     def with_dtypes(self, weight_dtype: str | None = None, kv_dtype: str | None = None) -> "ModelSpec":
         return replace(self, weight_dtype=weight_dtype or self.weight_dtype, kv_dtype=kv_dtype or self.kv_dtype)
@@ -396,30 +297,3 @@ def lookup_model(name: str, catalog: dict[str, ModelSpec], node: Node | None = N
         raise node.key_error(key, message, name, allowed)
     raise ConfigError(message, key=key, value=name, allowed=allowed)
 
-
-def batch_features(prefill_new, prefill_context, decode_context, prefill_logits: int,
-                   model: ModelSpec) -> np.ndarray:
-    """The feature vector (see FEATURES) of one iteration's batch.
-
-    ``prefill_new[i]`` tokens of a prompt are computed after ``prefill_context[i]``
-    cached ones (chunked prefill); each decode sequence adds one token after
-    ``decode_context[j]`` cached ones; ``prefill_logits`` chunks end their prompt
-    and so sample a token. A sliding window caps the context each query sees.
-    """
-    new = np.asarray(prefill_new, dtype=float)
-    ctx = np.asarray(prefill_context, dtype=float)
-    dec = np.asarray(decode_context, dtype=float) + 1.0   # the new token attends to itself
-    window = model.sliding_window
-    if window:
-        ctx_seen = np.minimum(ctx, window)
-        dec = np.minimum(dec, window)
-    else:
-        ctx_seen = ctx
-    pairs = float(np.sum(new * ctx_seen + new * (new + 1) / 2))
-    tokens = float(new.sum()) + len(dec)
-    x = np.zeros(len(FEATURES))
-    x[[F["one"], F["tokens"], F["prefill_tokens"], F["prefill_pairs"], F["prefill_kv_read"],
-       F["decode_seqs"], F["decode_kv_read"], F["experts_touched"], F["logit_tokens"]]] = [
-        1.0, tokens, new.sum(), pairs, float(np.sum(ctx_seen + new)), len(dec), float(dec.sum()),
-        model.expected_experts_touched(tokens), len(dec) + prefill_logits]
-    return x

@@ -10,7 +10,7 @@ as ``pp`` stages in sequence with an activation hop between stages. Fixed
 per-step and per-layer overheads stand for scheduling, sampling and launches.
 
 The model knows nothing of SimPy: :meth:`CostModel.iteration` takes batch
-feature vectors (see :data:`llmsim.models.FEATURES`) and works on one vector or a
+feature vectors (see :mod:`llmsim.cost.features`) and works on one vector or a
 whole array of them at once.
 """
 from __future__ import annotations
@@ -19,7 +19,9 @@ import numpy as np
 import pandas as pd
 
 from llmsim.catalog.hardware import HardwareProfile
-from llmsim.catalog.models import ATTENTION_OPS, BYTE_KINDS, F, FEATURES, LAYER_OPS, MODEL_OPS, ModelSpec, batch_features
+from llmsim.catalog.models import ModelSpec
+from llmsim.cost.features import F, FEATURES, batch_features
+from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
 
@@ -31,7 +33,7 @@ class CostModel:
         self.model, self.hardware = model, hardware
         self.tp, self.pp = tensor_parallel, pipeline_parallel
         self.num_devices = tensor_parallel * pipeline_parallel
-        coeffs = model.work_coefficients(tensor_parallel)
+        coeffs = work_coefficients(model, tensor_parallel)
         # Stack layer operators (run once per layer) and model operators (once). The work is that
         # of every layer; the time is paced by the slowest of pp stages, ceil(layers / pp) layers,
         # since a micro-batch comes round again only after it has served all pp of them.

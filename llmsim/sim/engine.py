@@ -37,7 +37,7 @@ import simpy
 
 from llmsim.cost.roofline import CostModel
 from llmsim.sim.kvcache import KVCache
-from llmsim.catalog.models import F, FEATURES
+from llmsim.cost.features import F, FEATURES
 from llmsim.sim.request import InterTokenGaps, Request, WaitingQueue
 from llmsim.scenario.scenario import EngineConfig
 

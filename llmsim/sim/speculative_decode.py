@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmsim.sim.engine import Replica
-from llmsim.catalog.models import F, FEATURES
+from llmsim.cost.features import F, FEATURES
 from llmsim.sim.request import Request
 from llmsim.speculation.config import SpeculationConfig, expected_tokens_per_step
 

@@ -1,0 +1,195 @@
+"""The batch of one engine iteration, reduced to the sums the cost of every operator is affine in.
+
+An iteration's cost depends on its batch only through a few sums (:data:`FEATURES`):
+how many tokens it computes, how many of them are prompt (prefill) positions, how
+many query-key pairs prefill attention scores, how much KV prefill and decode
+attention read, how many sequences decode, how many distinct MoE experts the tokens
+route to, and how many positions produce logits. ``one`` carries the fixed cost
+(weights read once per iteration). The roofline (:mod:`llmsim.cost.roofline`) is a
+set of linear maps of this vector.
+
+This module is the only code that builds feature vectors or indexes them by name;
+the simulator and the fluid model describe their batches in its terms (prefill
+chunks, decode sequences, speculative verify chunks, the draft's sequential steps).
+Scalar functions stay scalar, for the simulator's per-iteration path; the ``*_rows``
+functions work on arrays and give one row per batch.
+
+Attention: a chunk of ``new`` positions after ``seen`` visible cached tokens scores
+``new * seen + new (new + 1) / 2`` query-key pairs (every query sees the cache and,
+causally, the chunk up to itself) and reads ``seen + new`` tokens of KV. A sliding
+window of ``W`` tokens caps what a query sees at ``W``.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from llmsim.catalog.models import ModelSpec
+
+FEATURES = ("one", "tokens", "prefill_tokens", "prefill_pairs", "prefill_kv_read",
+            "decode_seqs", "decode_kv_read", "experts_touched", "logit_tokens")
+F = {name: i for i, name in enumerate(FEATURES)}
+
+
+# -- attention arithmetic ---------------------------------------------------------------------
+
+def visible(context, window: int | None):
+    """The cached tokens a query attends to: its context, capped by the sliding window (scalar or array)."""
+    if not window:
+        return context
+    return min(context, window) if isinstance(context, (int, float)) else np.minimum(context, window)
+
+
+def attention_pairs(new, seen, chunks=1):
+    """Query-key pairs of ``chunks`` chunks of ``new`` positions whose visible contexts sum to ``seen``.
+
+    One chunk (``chunks = 1``) after ``seen`` cached tokens: ``new * seen + new (new + 1) / 2``.
+    The same sum counts the KV a sequence reads decoding ``new`` tokens one after another
+    after ``seen`` cached ones. Works on scalars and arrays alike.
+    """
+    return new * seen + new * (new + 1) / 2 * chunks
+
+
+def prefill_sums(chunks: Iterable[tuple[int, int, int]], window: int | None) -> tuple[float, float, float, int]:
+    """Prefill chunks ``(cached, new, prompt_length)``: (tokens, attention pairs, KV read, prompts completed).
+
+    ``new`` positions of a prompt of ``prompt_length`` are computed after ``cached`` ones
+    (chunked prefill); a chunk that reaches the prompt's end samples a token (a logit row).
+    """
+    tokens = pairs = kv_read = 0.0
+    completed = 0
+    for cached, new, prompt_length in chunks:
+        seen = cached if not window or cached < window else window
+        tokens += new
+        pairs += new * seen + new * (new + 1) / 2
+        kv_read += seen + new
+        completed += cached + new == prompt_length
+    return tokens, pairs, kv_read, completed
+
+
+def chunk_sums(new: np.ndarray, seen: np.ndarray) -> tuple[float, float, float]:
+    """Chunks of ``new`` positions after ``seen`` visible tokens (arrays): (tokens, pairs, KV read).
+
+    A speculative verify step is such a chunk of ``k + 1`` positions per sequence, every
+    one of which gives logits (so its logit rows equal its tokens).
+    """
+    return float(new.sum()), float(attention_pairs(new, seen).sum()), float((seen + new).sum())
+
+
+def windowed_context_sum(first, last, window: int | None):
+    """``sum_{c=first}^{last} min(c, window)`` elementwise (0 when last < first): the KV one
+    sequence's decode steps read, from context ``first`` to ``last``."""
+    n = np.maximum(last - first + 1, 0)
+    full = n * (first + last) / 2
+    if not window:
+        return full
+    below = np.clip(window - first, 0, n)                # terms below the window
+    return below * (2 * first + below - 1) / 2 + (n - below) * window
+
+
+# -- one row, scalar: the simulator's per-iteration path -------------------------------------------
+
+class BatchRow:
+    """Builds the feature vector of one iteration in place (one buffer, reused: copy to keep it)."""
+
+    def __init__(self, model: ModelSpec):
+        self._x = np.zeros(len(FEATURES))
+        self._x[F["one"]] = 1.0
+        self._experts_touched = model.expected_experts_touched if model.num_experts > 1 else None
+
+    def fill(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
+             decode_seqs, decode_kv_read) -> np.ndarray:
+        """The row of a batch of prefill positions (of which ``prefill_logits`` sample) and
+        ``decode_seqs`` sequences decoding one token each, reading ``decode_kv_read`` KV tokens."""
+        tokens = prefill_tokens + decode_seqs
+        touched = self._experts_touched
+        x = self._x
+        x[1:] = (tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
+                 touched(tokens) if touched is not None else 1.0, decode_seqs + prefill_logits)
+        return x
+
+
+# -- many rows, vectorised -----------------------------------------------------------------------
+
+def batch_rows(prefill_tokens=0.0, prefill_pairs=0.0, prefill_kv_read=0.0, prefill_logits=0.0,
+               decode_seqs=0.0, decode_kv_read=0.0, model: ModelSpec | None = None,
+               iterations=1.0) -> np.ndarray:
+    """Feature rows (shape ``broadcast shape + (len(FEATURES),)``) of batches given by arrays of sums.
+
+    ``iterations`` is how many iterations the sums are spread over (the fluid model's
+    per-request totals; 1 for one iteration each, 0 for a bare addend to be summed with
+    another row). MoE expert counts come from ``model`` at the tokens per iteration;
+    without a model every row touches one "expert" per iteration (the dense case).
+    """
+    arrays = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (
+        prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs, decode_kv_read,
+        iterations)))
+    pre, pairs, pre_kv, logits, decode, decode_kv, its = arrays
+    x = np.zeros(pre.shape + (len(FEATURES),))
+    x[..., F["one"]] = its
+    x[..., F["tokens"]] = pre + decode
+    x[..., F["prefill_tokens"]] = pre
+    x[..., F["prefill_pairs"]] = pairs
+    x[..., F["prefill_kv_read"]] = pre_kv
+    x[..., F["decode_seqs"]] = decode
+    x[..., F["decode_kv_read"]] = decode_kv
+    x[..., F["logit_tokens"]] = decode + logits
+    return set_iterations(x, its, model)
+
+
+def set_iterations(x: np.ndarray, iterations, model: ModelSpec | None = None) -> np.ndarray:
+    """Rows ``x`` spread over ``iterations`` iterations: the fixed term, and the MoE experts per
+    iteration at the tokens per iteration (in place; returns ``x``)."""
+    x[..., F["one"]] = iterations
+    if model is None or model.num_experts == 1:
+        x[..., F["experts_touched"]] = iterations
+    else:
+        x[..., F["experts_touched"]] = iterations * model.expected_experts_touched(x[..., F["tokens"]] / iterations)
+    return x
+
+
+def add_prefill(row: np.ndarray, tokens, pairs, kv_read, logits=0) -> np.ndarray:
+    """Add prefill work to a row (in place): ``tokens`` positions, ``pairs`` attention pairs, ``kv_read``."""
+    row[F["tokens"]] += tokens
+    row[F["prefill_tokens"]] += tokens
+    row[F["prefill_pairs"]] += pairs
+    row[F["prefill_kv_read"]] += kv_read
+    row[F["logit_tokens"]] += logits
+    return row
+
+
+def sequential_decode_rows(drafts: np.ndarray, context: np.ndarray, steps: int) -> np.ndarray:
+    """Rows of ``steps`` sequential decode steps where step ``j`` runs the sequences with ``drafts > j``.
+
+    A draft model proposing ``k`` tokens runs ``k`` steps; the sequence's step ``j`` reads
+    ``context + j + 1`` KV tokens. ``context`` broadcasts against ``drafts`` (one
+    sequence per row). Experts touched are counted as one per step (dense drafts).
+    """
+    j = np.arange(steps)
+    running = drafts[:, None] > j
+    count = running.sum(axis=0)
+    return batch_rows(decode_seqs=count, decode_kv_read=((context.reshape(-1, 1) + j + 1) * running).sum(axis=0))
+
+
+def tokens_of(x: np.ndarray):
+    """Tokens an iteration (or rows of them) computes."""
+    return x[..., F["tokens"]]
+
+
+# -- from sequence lengths ---------------------------------------------------------------------------
+
+def batch_features(prefill_new, prefill_context, decode_context, prefill_logits: int,
+                   model: ModelSpec) -> np.ndarray:
+    """The feature vector of one iteration's batch, from its sequences' lengths.
+
+    ``prefill_new[i]`` tokens of a prompt are computed after ``prefill_context[i]``
+    cached ones (chunked prefill); each decode sequence adds one token after
+    ``decode_context[j]`` cached ones; ``prefill_logits`` chunks end their prompt
+    and so sample a token. A sliding window caps the context each query sees.
+    """
+    new = np.asarray(prefill_new, dtype=float)
+    seen = visible(np.asarray(prefill_context, dtype=float), model.sliding_window)
+    dec = visible(np.asarray(decode_context, dtype=float) + 1.0, model.sliding_window)  # the new token attends to itself
+    return batch_rows(new.sum(), float(np.sum(attention_pairs(new, seen))), float(np.sum(seen + new)),
+                      prefill_logits, len(dec), float(dec.sum()), model)

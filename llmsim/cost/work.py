@@ -1,0 +1,107 @@
+"""The work of every operator of a model, as linear maps of the batch features.
+
+For a batch with feature vector ``x`` (see :mod:`llmsim.cost.features`), operator ``op``
+of one decoder layer on one tensor-parallel shard computes ``layer_flops[op] @ x``
+FLOPs and moves ``layer_bytes[kind][op] @ x`` bytes of each kind (weights, KV cache,
+activations: kinds because they may live in different memory tiers). The embedding
+and the LM head run once per iteration (``model_*`` maps). The roofline
+(:class:`~llmsim.cost.roofline.CostModel`) turns these into time.
+
+Formulas assume a pre-norm decoder with grouped-query attention and a gated (SwiGLU)
+MLP, the shape of every model in the catalog (:class:`~llmsim.catalog.models.ModelSpec`
+gives its parameter and byte counts).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from llmsim.catalog.models import ModelSpec
+from llmsim.cost.features import FEATURES, F, batch_features
+
+LAYER_OPS = ("qkv", "attention_prefill", "attention_decode", "out_proj", "mlp", "elementwise")
+ATTENTION_OPS = ("attention_prefill", "attention_decode")
+MODEL_OPS = ("embedding", "lm_head")
+BYTE_KINDS = ("weights", "kv", "activations")   # what is read, and so from which memory tier
+
+
+class WorkCoefficients(NamedTuple):
+    """FLOPs and bytes of each operator per unit of each batch feature (see the module docstring)."""
+    layer_flops: np.ndarray             # (len(LAYER_OPS), len(FEATURES))
+    layer_bytes: dict[str, np.ndarray]  # kind -> (len(LAYER_OPS), len(FEATURES))
+    model_flops: np.ndarray             # (len(MODEL_OPS), len(FEATURES))
+    model_bytes: dict[str, np.ndarray]
+
+
+def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoefficients:
+    """The FLOPs and bytes of every operator of ``model``, per unit of each batch feature.
+
+    Attention computes 4 FLOPs per (query, key) pair per head dimension (QK^T and
+    PV, a multiply-add each) and reads each sequence's KV once (FlashAttention);
+    linear layers do 2 FLOPs per parameter per token and read their weights once
+    per iteration; MoE layers read only the experts the batch routes to.
+    """
+    m, tp = model, tensor_parallel
+    wb, ab = m.weight_bytes_per_param, m.activation_bytes_per_element
+    kv_heads_per_shard = max(m.num_kv_heads / tp, 1.0)  # replicated when tp > kv heads
+    kv_token_bytes = 2 * kv_heads_per_shard * m.head_dim * m.kv_bytes_per_element
+    q_dim, qkv_out = m.q_dim / tp, (m.q_dim + 2 * m.kv_dim) / tp
+    hidden, inter, k = m.hidden_size, m.intermediate_size / tp, m.experts_per_token
+
+    lf = np.zeros((len(LAYER_OPS), len(FEATURES)))
+    lw, lk, la = (np.zeros_like(lf) for _ in BYTE_KINDS)
+    qkv, ap, ad, out, mlp, elem = range(len(LAYER_OPS))
+    lf[qkv, F["tokens"]] = 2 * m.qkv_params / tp
+    lw[qkv, F["one"]] = m.qkv_params / tp * wb
+    la[qkv, F["tokens"]] = (hidden + qkv_out) * ab
+    lf[ap, F["prefill_pairs"]] = 4 * q_dim
+    lk[ap, F["prefill_kv_read"]] = kv_token_bytes
+    lk[ap, F["prefill_tokens"]] = kv_token_bytes          # new KV written
+    la[ap, F["prefill_tokens"]] = 2 * q_dim * ab          # Q in, O out
+    lf[ad, F["decode_kv_read"]] = 4 * q_dim
+    lk[ad, F["decode_kv_read"]] = kv_token_bytes
+    lk[ad, F["decode_seqs"]] = kv_token_bytes
+    la[ad, F["decode_seqs"]] = 2 * q_dim * ab
+    lf[out, F["tokens"]] = 2 * m.out_proj_params / tp
+    lw[out, F["one"]] = m.out_proj_params / tp * wb
+    la[out, F["tokens"]] = (q_dim + hidden) * ab
+    lf[mlp, F["tokens"]] = 2 * (k * m.expert_params / tp + m.router_params)
+    lw[mlp, F["one"]] = m.router_params * wb
+    lw[mlp, F["experts_touched"]] = m.expert_params / tp * wb
+    la[mlp, F["tokens"]] = k * (2 * hidden + 3 * inter) * ab
+    # Two RMSNorms and two residual adds, each reading and writing the hidden state.
+    lf[elem, F["tokens"]] = 10 * hidden
+    la[elem, F["tokens"]] = 8 * hidden * ab
+
+    mf = np.zeros((len(MODEL_OPS), len(FEATURES)))
+    mw, mk, ma = (np.zeros_like(mf) for _ in BYTE_KINDS)
+    embedding, lm_head = range(len(MODEL_OPS))
+    ma[embedding, F["tokens"]] = 2 * hidden * ab
+    mf[lm_head, F["logit_tokens"]] = 2 * hidden * m.vocab_size / tp
+    mw[lm_head, F["one"]] = hidden * m.vocab_size / tp * wb
+    ma[lm_head, F["logit_tokens"]] = (hidden * ab + 4 * m.vocab_size / tp)  # fp32 logits out
+    return WorkCoefficients(lf, dict(zip(BYTE_KINDS, (lw, lk, la))), mf, dict(zip(BYTE_KINDS, (mw, mk, ma))))
+
+
+def layer_work(model: ModelSpec, features, tensor_parallel: int = 1) -> dict[str, tuple[float, float]]:
+    """(FLOPs, bytes) of each operator of one layer on one shard, for a feature vector."""
+    coeffs = work_coefficients(model, tensor_parallel)
+    x = np.asarray(features, dtype=float)
+    total_bytes = sum(coeffs.layer_bytes.values())
+    return {op: (float(coeffs.layer_flops[i] @ x), float(total_bytes[i] @ x))
+            for i, op in enumerate(LAYER_OPS)}
+
+
+def prefill_layer_work(model: ModelSpec, tokens: int, context: int = 0, tensor_parallel: int = 1):
+    """One sequence prefilling ``tokens`` tokens after ``context`` cached ones: (FLOPs, bytes) per operator."""
+    x = batch_features(prefill_new=[tokens], prefill_context=[context], decode_context=[], prefill_logits=1,
+                       model=model)
+    return layer_work(model, x, tensor_parallel)
+
+
+def decode_layer_work(model: ModelSpec, batch: int, context: int, tensor_parallel: int = 1):
+    """``batch`` sequences each decoding one token over ``context`` cached tokens."""
+    x = batch_features(prefill_new=[], prefill_context=[], decode_context=[context] * batch, prefill_logits=0,
+                       model=model)
+    return layer_work(model, x, tensor_parallel)
