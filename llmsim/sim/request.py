@@ -2,10 +2,27 @@
 from __future__ import annotations
 
 from collections import deque
+from enum import Enum
 
 import numpy as np
 
 NAN = float("nan")
+
+
+class RequestStatus(str, Enum):
+    """Where a request is; the values are the strings the per-request records hold."""
+    PENDING = "pending"            # not arrived yet
+    QUEUED = "queued"              # waiting for a replica (again, after a preemption)
+    RUNNING = "running"            # admitted: prefilling or decoding, holding KV
+    FINISHED = "finished"
+    REJECTED = "rejected"          # too long for the engine, or timed out in the queue
+    UNFINISHED = "unfinished"      # in records only: not done when the run ended
+
+    def __str__(self) -> str:
+        return self.value
+
+
+PENDING, QUEUED, RUNNING, FINISHED, REJECTED, UNFINISHED = RequestStatus
 
 
 class Request:
@@ -28,7 +45,7 @@ class Request:
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
         self.replica = -1
-        self.status = "pending"        # pending, queued, running, finished, rejected
+        self.status = PENDING
         self.reason = ""               # why rejected: timeout, too_long
         self.first_scheduled_s = NAN
         self.first_token_s = NAN
@@ -41,15 +58,16 @@ class Request:
         self.admit_order = -1
         self.preemptions = 0
         self.max_itl_s = 0.0
-        # While decoding (see engine.Replica): which decode run this is, the replica's decode step
-        # it started at, the step at which it finishes, and its KV length when it started.
+        # While decoding one token per step (see decode.EventDecodeSet): which decode run this is,
+        # the engine's decode step it started at, the step at which it finishes, and its KV length
+        # when it started.
         self.epoch = 0
         self.decode_start = -1
         self.finish_step = -1
         self.context_start = 0
         self.growing = False
         # Speculative decoding: the request's acceptance rate, draft tokens proposed and accepted,
-        # and its row in the replica's decode arrays (see speculative_engine.DecodeSlots).
+        # and its row in the engine's decode arrays (see speculative_decode.DecodeSlots).
         self.alpha = NAN
         self.draft_tokens = 0
         self.accepted_tokens = 0
@@ -97,12 +115,12 @@ class WaitingQueue:
         return self._items[0]
 
     def push(self, request: Request, now: float) -> None:
-        request.status = "queued"
+        request.status = QUEUED
         self._items.append(request)
         self.length.change(now, +1)
 
     def push_front(self, request: Request, now: float) -> None:
-        request.status = "queued"
+        request.status = QUEUED
         self._items.appendleft(request)
         self.length.change(now, +1)
 

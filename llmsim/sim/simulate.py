@@ -2,13 +2,17 @@
 
 ``simulate(scenario)`` builds a SimPy environment with one arrival process (the
 scenario's trace, replayed in time), a router that hands each request to a
-replica, and one :class:`~llmsim.engine.Replica` process per replica. It runs
-until every request is done or the horizon is reached, and returns a
-:class:`SimulationResult` whose per-request records feed every metric.
+replica, and per replica one engine process per pipeline micro-batch
+(:class:`~llmsim.sim.engine.Engine`, or
+:class:`~llmsim.sim.static_batching.StaticBatchEngine`), as the scenario's
+:class:`~llmsim.scenario.deployment.ResolvedDeployment` says. It runs until every
+request is done or the horizon is reached, and returns a :class:`SimulationResult`
+whose per-request records feed every metric.
 """
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from operator import attrgetter
 from dataclasses import dataclass, field, replace
 
@@ -16,14 +20,16 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from llmsim.cost.roofline import CostModel
-from llmsim.sim.engine import LOG_COLUMNS, Replica
-from llmsim.speculation.config import stream_key
-from llmsim.sim.speculative_engine import SpeculativeReplica
-from llmsim.sim.kvcache import KVCache
 from llmsim.analysis.metrics import meets_slo, summarize
-from llmsim.sim.request import InterTokenGaps, Request, TimeAverage, WaitingQueue
+from llmsim.cost.roofline import CostModel
+from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
+from llmsim.sim.engine import Engine
+from llmsim.sim.kvcache import KVCache
+from llmsim.sim.request import FINISHED, REJECTED, UNFINISHED, InterTokenGaps, Request, TimeAverage, WaitingQueue
+from llmsim.sim.speculative_decode import SpeculativeDecodeSet
+from llmsim.sim.static_batching import StaticBatchEngine
+from llmsim.speculation.config import stream_key
 from llmsim.workload.generate import Trace, generate_trace
 
 
@@ -36,7 +42,7 @@ class Router:
     when each replica serves one request at a time).
     """
 
-    def __init__(self, policy: str, replicas: list[list[Replica]], max_tokens: int, kv_blocks: int,
+    def __init__(self, policy: str, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
                  block_size: int, expected: int, all_done: simpy.Event):
         self.policy, self.replicas = policy, replicas
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
@@ -56,7 +62,7 @@ class Router:
         self.in_system.change(now, +1)
         total = request.prompt_tokens + request.output_tokens
         if total > self.max_tokens or total > self.kv_tokens:
-            request.status, request.reason, request.finish_s = "rejected", "too_long", now
+            request.status, request.reason, request.finish_s = REJECTED, "too_long", now
             self._leave(now)
             return
         if self.policy == "round_robin":
@@ -141,10 +147,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
     """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs)."""
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
     window, horizon = horizon_for(scenario, trace)
-    plan = scenario.memory
     dep = scenario.deployment
+    resolved = ResolvedDeployment.of(scenario)
     env = simpy.Environment()
-    cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, plan)
     shared = WaitingQueue() if dep.router == "shared_queue" else None
     requests = [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in
                 enumerate(zip(trace.arrival_s.tolist(), trace.prompt_tokens.tolist(),
@@ -156,20 +161,17 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
 
     warmup = min(scenario.simulation.warmup_s if scenario.simulation.warmup_s is not None else 0.1 * window,
                  window)
-    # A pipeline of pp stages keeps pp micro-batches in flight: pp engines per replica, sharing
-    # its queue and KV cache, each iteration taking the full trip through all stages.
-    micro_batches = dep.pipeline_parallel
-    engine_config = replace(scenario.engine, max_num_seqs=-(-scenario.engine.max_num_seqs // micro_batches))
-    make_engine = _engine_factory(scenario, requests, plan)
+    make_engine = _engine_factory(scenario, resolved, requests)
     groups = []
-    for index in range(dep.replicas):
-        kv, queue = KVCache(plan.num_blocks, plan.block_size), shared if shared is not None else WaitingQueue()
-        groups.append([make_engine(env, index, cost, kv, queue, engine_config, on_done(index), micro_batch)
-                       for micro_batch in range(micro_batches)])
-    replicas = [engine for group in groups for engine in group]
+    for index in range(resolved.replicas):
+        kv = KVCache(resolved.kv_blocks, resolved.block_size)
+        queue = shared if shared is not None else WaitingQueue()
+        groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
+                       for micro_batch in range(resolved.engines_per_replica)])
+    engines = [engine for group in groups for engine in group]
     kv_caches = [group[0].kv for group in groups]
     stop = env.event()
-    router = Router(dep.router, groups, scenario.max_model_len, plan.num_blocks, plan.block_size,
+    router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
                     len(requests), stop)
     env.process(arrivals(env, requests, router))
     env.process(_horizon(env, horizon, stop))
@@ -180,27 +182,27 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
     except KeyboardInterrupt:
         # Keep what was simulated: everything still in flight is reported unfinished.
         interrupted = True
-    # Replicas may have run ahead of the event queue's clock (see Replica.run): the run ends
+    # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
     end_s = max(env.now, router.in_system.last_s)
     gaps = InterTokenGaps()
-    for replica in replicas:
-        replica.close()
-        gaps.merge(replica.gaps)
-    queues = list({id(r.queue): r.queue for r in replicas}.values())
+    for engine in engines:
+        engine.close()
+        gaps.merge(engine.gaps)
+    queues = list({id(e.queue): e.queue for e in engines}.values())
     return SimulationResult(
         scenario=scenario,
         requests=_records(requests, scenario),
-        iterations=_iterations(replicas, cost, end_s),
+        iterations=_iterations(engines, resolved.cost, end_s),
         queue_length=_queue_series(queues),
         end_s=end_s,
         arrival_window_s=window,
         warmup_s=warmup,
-        kv_blocks_per_replica=plan.num_blocks,
+        kv_blocks_per_replica=resolved.kv_blocks,
         kv_allocated_blocks=sum(kv.allocated_total for kv in kv_caches),
         kv_freed_blocks=sum(kv.freed_total for kv in kv_caches),
         kv_held_blocks=sum(kv.used_blocks for kv in kv_caches),
-        preemptions=sum(r.preemptions for r in replicas),
+        preemptions=sum(e.preemptions for e in engines),
         mean_in_system=router.in_system.mean(end_s),
         mean_queue_length=sum(q.length.mean(end_s) for q in queues),
         inter_token_gaps=gaps,
@@ -229,28 +231,25 @@ def speedup_over_plain(result: SimulationResult) -> dict:
     }
 
 
-def _engine_factory(scenario: Scenario, requests: list[Request], plan):
-    """Plain replicas, or speculative ones with their draft's cost model and acceptance stream.
+def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment, requests: list[Request]):
+    """Static batching engines, plain ones, or ones whose decode set speculates with the draft's
+    cost model and the acceptance stream.
 
     Acceptance is keyed by the seed and the request, not by the replica or the run's
     settings: every configuration sees the same draft successes (common random numbers).
     """
+    if scenario.engine.batching == "static":
+        return StaticBatchEngine
     if not scenario.speculating:
-        return Replica
+        return Engine
     spec = scenario.speculation
     ids = np.fromiter((r.id for r in requests), dtype=np.int64, count=len(requests))
     for request, alpha in zip(requests, spec.acceptance.request_alphas(stream_key(scenario.seed, 1), ids).tolist()):
         request.alpha = alpha
-    draft_cost = None
-    if spec.draft is not None:
-        separate = spec.extra_devices > 0
-        draft_cost = CostModel(spec.draft, scenario.hardware, spec.draft_devices if separate
-                               else spec.draft_tensor_parallel, 1, scenario.draft_memory if separate else plan)
-    key = stream_key(scenario.seed, 2)
-
-    def make(env, index, cost, kv, queue, config, on_done, micro_batch):
-        return SpeculativeReplica(env, index, cost, kv, queue, config, on_done, spec, draft_cost, key, micro_batch)
-    return make
+    decode = partial(SpeculativeDecodeSet, speculation=spec, draft_cost=resolved.draft_cost,
+                     acceptance_key=stream_key(scenario.seed, 2),
+                     handoff_s=resolved.handoff_s if resolved.draft_separate else None)
+    return partial(Engine, decode=decode)
 
 
 def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
@@ -278,8 +277,10 @@ def _records(requests: list[Request], scenario: Scenario) -> pd.DataFrame:
         name: (list(map(attrgetter(field), requests)) if dtype is object
                else np.fromiter(map(attrgetter(field), requests), dtype=dtype, count=n))
         for name, (field, dtype) in RECORD_COLUMNS.items()})
-    # Whatever has not left by the end (queued, running, not yet arrived) is unfinished.
-    frame["status"] = frame["status"].where(frame["status"].isin(("finished", "rejected")), "unfinished")
+    # Statuses as their strings; whatever has not left by the end (queued, running, not yet
+    # arrived) is unfinished.
+    done = {FINISHED: FINISHED.value, REJECTED: REJECTED.value}
+    frame["status"] = [done.get(status, UNFINISHED.value) for status in frame["status"]]
     frame["queue_wait_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
     frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
     frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]
@@ -292,19 +293,15 @@ def _records(requests: list[Request], scenario: Scenario) -> pd.DataFrame:
     return frame
 
 
-def _iterations(replicas: list[Replica], cost: CostModel, end_s: float) -> pd.DataFrame:
+def _iterations(engines: list[Engine], cost: CostModel, end_s: float) -> pd.DataFrame:
     """One row per iteration that completed by ``end_s`` (a static batch logs its steps ahead)."""
     frames = []
-    for replica in replicas:
-        values = np.array(replica.log, dtype=float).reshape(-1, len(LOG_COLUMNS))
-        frame = pd.DataFrame(values, columns=LOG_COLUMNS)
-        frame.insert(0, "micro_batch", replica.micro_batch)
-        frame.insert(0, "replica", replica.index)
+    for engine in engines:
+        frame = engine.log.frame()
+        frame.insert(0, "micro_batch", engine.micro_batch)
+        frame.insert(0, "replica", engine.index)
         frames.append(frame)
     frame = pd.concat(frames, ignore_index=True)
-    counts = ["decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out", "kv_used_blocks", "running", "queued",
-              "spec_seqs", "draft_tokens", "accepted_tokens"]
-    frame[counts] = frame[counts].astype(np.int64)
     frame["end_s"] = frame["start_s"] + frame["duration_s"]
     frame = frame[frame["end_s"] <= end_s].reset_index(drop=True)
     frame["mfu"] = frame["flops"] / (frame["duration_s"] * cost.peak_flops_per_s)

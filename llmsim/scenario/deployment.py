@@ -1,0 +1,59 @@
+"""A scenario's deployment, resolved once: cost models, memory, engines and their limits.
+
+The simulator and the fluid model both run a scenario on the same thing: replicas of
+``tp x pp`` devices, each running one engine per pipeline micro-batch in flight (a
+pipeline of ``pp`` stages keeps ``pp`` micro-batches going, each iteration taking the
+full trip through all stages), the engines of a replica sharing its queue and KV cache
+and splitting its ``max_num_seqs``. With speculative decoding the draft has its own cost
+model, on the target's devices (colocated, over ``draft_tensor_parallel`` of them) or on
+devices of its own (separate), where draft and target hand tokens over the interconnect.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from llmsim.catalog.placement import Placement
+from llmsim.cost.roofline import CostModel
+from llmsim.scenario.scenario import EngineConfig, Scenario
+
+
+@dataclass(frozen=True)
+class ResolvedDeployment:
+    """What a scenario's deployment amounts to (see the module docstring)."""
+    cost: CostModel                  # the target model on one replica's devices
+    memory: Placement                # weights and KV cache per replica (``scenario.memory``)
+    replicas: int
+    engines_per_replica: int         # pipeline micro-batches in flight
+    engine: EngineConfig             # per engine: ``max_num_seqs`` is the replica's split over its engines
+    draft_cost: CostModel | None     # None: no speculation, or a speculator without a model (n-gram)
+    draft_separate: bool             # the draft runs on devices of its own
+    handoff_s: float                 # draft to target hand-off per step when separate, else 0
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV blocks per replica (shared by its engines)."""
+        return self.memory.num_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.memory.block_size
+
+    @property
+    def kv_tokens_per_engine(self) -> float:
+        return self.memory.kv_capacity_tokens / self.engines_per_replica
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> "ResolvedDeployment":
+        dep, memory = scenario.deployment, scenario.memory
+        cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, memory)
+        micro_batches = dep.pipeline_parallel
+        engine = replace(scenario.engine, max_num_seqs=-(-scenario.engine.max_num_seqs // micro_batches))
+        spec = scenario.speculation if scenario.speculating else None
+        draft_cost, separate = None, False
+        if spec is not None and spec.draft is not None:
+            separate = spec.extra_devices > 0
+            draft_cost = CostModel(spec.draft, scenario.hardware,
+                                   spec.draft_devices if separate else spec.draft_tensor_parallel, 1,
+                                   scenario.draft_memory if separate else memory)
+        return cls(cost, memory, dep.replicas, micro_batches, engine, draft_cost, separate,
+                   scenario.hardware.interconnect_latency_s if separate else 0.0)

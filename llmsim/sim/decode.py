@@ -1,0 +1,230 @@
+"""The decoding sequences of one engine: what the engine asks of them, and the one-token set.
+
+An :class:`~llmsim.sim.engine.Engine` owns admission, prefill, preemption and KV for
+prompts; once a prompt is complete and its first token sampled, the request joins the
+engine's decode set until it finishes or is preempted. Per iteration the engine calls,
+in this order:
+
+1. :meth:`DecodeSet.prepare` (only when the decoding sequences may step this iteration):
+   reserve the KV blocks this step writes, preempting the most recently admitted request
+   (``engine.preempt_latest``) when the cache runs out; returns the step's decode tokens,
+   which the engine takes out of the token budget before prompts get theirs;
+2. :meth:`DecodeSet.price`: the cost of the whole iteration, prompt chunks included
+   (their feature sums computed by the engine), as the row fields of its log;
+3. after the iteration's time has passed, :meth:`DecodeSet.advance` (when it decoded):
+   the step's tokens appear, finished sequences go to ``engine.finish``;
+4. :meth:`DecodeSet.start` for every prompt the iteration completed that has tokens left.
+
+:meth:`DecodeSet.stop` takes a sequence out early (preemption) with its progress written
+back to the request, and :meth:`DecodeSet.close` brings unfinished requests up to date at
+the end of the run and hands over the inter-token gaps.
+
+:class:`EventDecodeSet` is the one-token-per-step set, kept per event rather than per
+token: the engine counts its decode iterations ("steps"), and a sequence that starts
+decoding at step ``s0`` with ``r`` tokens to go finishes at step ``s0 + r`` (a heap finds
+it), needs its next KV block at a step known in advance (a dict of due steps), and has a
+context length that is a closed-form function of the step. A step of any batch size thus
+costs a few scalar operations. Speculative decoding emits a variable number of tokens per
+step and has its own set (``llmsim.sim.speculative_decode``).
+"""
+from __future__ import annotations
+
+import heapq
+from abc import ABC, abstractmethod
+
+import numpy as np
+
+from llmsim.cost.features import F, FEATURES
+from llmsim.sim.request import RUNNING, InterTokenGaps, Request
+
+
+class DecodeSet(ABC):
+    """The interface between an engine and its decoding sequences (see the module docstring).
+
+    ``n`` is the number of decoding sequences; ``engine`` the engine they belong to.
+    """
+
+    n: int
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.n = 0
+        cost = engine.cost
+        self._window = cost.model.sliding_window
+        self._moe = cost.model.num_experts > 1
+        self._experts_touched = cost.model.expected_experts_touched
+        self._x = np.zeros(len(FEATURES))
+        self._x[F["one"]] = 1.0
+
+    @abstractmethod
+    def prepare(self, now: float) -> int:
+        """Reserve KV for this step's decode tokens (may preempt); returns how many tokens they are."""
+
+    @abstractmethod
+    def price(self, chunks, decoding: bool, prefill_tokens: float, pairs: float, prefill_kv: float,
+              logits: int) -> tuple:
+        """Price one iteration: the prompt ``chunks`` (their tokens, attention pairs, KV read
+        and prompts completed, summed by the engine) plus, if ``decoding``, a step of every
+        decoding sequence. Returns ``(duration_s, decode_seqs, tokens_out, flops, bytes,
+        spec_seqs, draft_tokens, accepted_tokens, draft_s)``."""
+
+    @abstractmethod
+    def advance(self, now: float) -> None:
+        """The priced decode step is over at ``now``: its tokens appear; finish who is done."""
+
+    @abstractmethod
+    def start(self, request: Request) -> None:
+        """``request``'s prompt is complete and a first token sampled; it decodes from the next step."""
+
+    @abstractmethod
+    def stop(self, request: Request) -> None:
+        """``request`` leaves before finishing (preemption): write its progress back to it."""
+
+    @abstractmethod
+    def close(self, gaps: InterTokenGaps) -> None:
+        """End of the run: bring unfinished requests' token counts up to date, add the decode gaps."""
+
+
+class EventDecodeSet(DecodeSet):
+    """One token per sequence per step, kept by events (see the module docstring)."""
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        self._block_size = engine.kv.block_size
+        self.step = 0                               # decode iterations done so far
+        self._finishing: list[tuple[int, int, int, Request]] = []   # (finish step, order, epoch, request)
+        self._block_due: dict[int, list[tuple[Request, int]]] = {}
+        self._window_due: dict[int, list[tuple[Request, int]]] = {}
+        self._growing = 0                           # decoding sequences whose context is below the window
+        self._offset_sum = 0                        # sum of (context_start - decode_start) over those
+        self._joined = 0                            # sequences whose first decode step is the next one
+        self._step_end_s = np.zeros(1024)           # end time of every decode step
+        self._step_gap_s = np.zeros(1024)           # and the time since the decode step before it
+        self._continuing: list[int] = []            # per decode step: sequences that also decoded the step before
+
+    def context(self, request: Request) -> int:
+        """A decoding sequence's KV length now (closed form)."""
+        return request.context_start + self.step - request.decode_start
+
+    def kv_read(self) -> int:
+        """Context the next decode step reads, summed over the sequences: each reads its whole
+        context plus the new token, capped by the sliding window."""
+        return self._offset_sum + self._growing * (self.step + 1) + (self.n - self._growing) * (self._window or 0)
+
+    def prepare(self, now: float) -> int:
+        if self.step in self._block_due:
+            self._reserve_blocks(now)
+        return self.n
+
+    def _reserve_blocks(self, now: float) -> None:
+        """Give every sequence due a new block this step its block, preempting if they run out."""
+        engine, kv = self.engine, self.engine.kv
+        due = self._block_due.pop(self.step)
+        while True:
+            # Entries of preempted sequences are stale (their epoch moved on).
+            valid = [(r, e) for r, e in due if r.epoch == e and r.status is RUNNING]
+            if len(valid) <= kv.free_blocks:
+                break
+            engine.preempt_latest(now)
+        kv.allocate(len(valid))
+        next_due = self.step + self._block_size
+        later = self._block_due.setdefault(next_due, [])
+        for entry in valid:
+            request = entry[0]
+            request.blocks += 1
+            if next_due < request.finish_step:
+                later.append(entry)
+
+    def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits):
+        n = self.n if decoding else 0
+        decode_kv = self.kv_read() if n else 0
+        tokens = prefill_tokens + n
+        x = self._x
+        x[1:] = (tokens, prefill_tokens, pairs, prefill_kv, n, decode_kv,
+                 self._experts_touched(tokens) if self._moe else 1.0, n + logits)
+        duration, flops, moved = self.engine.cost.iteration(x)
+        return duration, n, n + logits, flops, moved, 0, 0, 0, 0.0
+
+    def advance(self, now: float) -> None:
+        """One token for every decoding sequence: finish those due, saturate sliding windows."""
+        n = self.n
+        step = self.step
+        if step >= len(self._step_end_s):
+            self._step_end_s = np.concatenate([self._step_end_s, np.zeros(len(self._step_end_s))])
+            self._step_gap_s = np.concatenate([self._step_gap_s, np.zeros(len(self._step_gap_s))])
+        self._step_end_s[step] = now
+        if step:
+            self._step_gap_s[step] = now - self._step_end_s[step - 1]
+        self._continuing.append(n - self._joined)
+        self._joined = 0
+        self.step = step = step + 1
+        finishing = self._finishing
+        while finishing and finishing[0][0] <= step:
+            _, _, epoch, request = heapq.heappop(finishing)
+            if request.epoch == epoch and request.status is RUNNING:
+                self._end(request, step)
+                self.engine.finish(request, now)
+        saturating = self._window_due.pop(step, None)
+        if saturating:
+            for request, epoch in saturating:
+                if request.epoch == epoch and request.status is RUNNING:
+                    request.growing = False
+                    self._growing -= 1
+                    self._offset_sum -= request.context_start - request.decode_start
+
+    def start(self, request: Request) -> None:
+        step = self.step
+        request.epoch += 1
+        request.decode_start = step
+        request.context_start = context = request.prefill_target
+        request.finish_step = step + request.output_tokens - request.generated
+        heapq.heappush(self._finishing, (request.finish_step, request.admit_order, request.epoch, request))
+        # The step at which the context reaches the end of the last allocated block.
+        self._due(self._block_due, step + request.blocks * self._block_size - context, request)
+        window = self._window
+        request.growing = not window or context + 1 < window   # else it already reads a full window
+        if request.growing:
+            self._growing += 1
+            self._offset_sum += context - step
+            if window:
+                self._due(self._window_due, step + window - 1 - context, request)
+        self.n += 1
+        self._joined += 1
+
+    def _due(self, table: dict, step: int, request: Request) -> None:
+        if step < request.finish_step:
+            table.setdefault(step, []).append((request, request.epoch))
+
+    def stop(self, request: Request) -> None:
+        self._end(request, self.step)
+
+    def _end(self, request: Request, step: int) -> None:
+        """Close a decode run at ``step``: tokens generated, KV length, its inter-token gaps."""
+        start = request.decode_start
+        done = step - start
+        request.generated += done
+        request.epoch += 1                           # its heap and due-step entries are now stale
+        if request.growing:
+            request.growing = False
+            self._growing -= 1
+            self._offset_sum -= request.context_start - start
+        self.n -= 1
+        if start == self.step:
+            self._joined -= 1                        # left before its first decode step
+        if done:
+            ends, engine = self._step_end_s, self.engine
+            first = ends[start] - request.last_token_s
+            engine.first_gap_end_s.append(float(ends[start]))
+            engine.first_gap_s.append(float(first))
+            longest = float(self._step_gap_s[start + 1:step].max()) if done > 1 else 0.0
+            request.max_itl_s = max(request.max_itl_s, first, longest)
+            request.last_token_s = float(ends[step - 1])
+
+    def close(self, gaps: InterTokenGaps) -> None:
+        engine = self.engine
+        for request in engine.running.values():
+            if request.status is RUNNING and request not in engine.prefilling and request.decode_start >= 0:
+                request.generated += self.step - request.decode_start
+        steps = len(self._continuing)
+        if steps > 1:
+            gaps.add(self._step_end_s[1:steps], self._step_gap_s[1:steps], self._continuing[1:])

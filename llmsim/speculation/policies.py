@@ -1,0 +1,176 @@
+"""How many tokens each decoding sequence drafts per step: the k policies.
+
+A policy is asked once per decode step for every decoding sequence's draft length
+(:meth:`KPolicyRule.choose`) and is then told what the target accepted
+(:meth:`KPolicyRule.observe`). The decoding sequences are packed numpy columns, rows
+``[0, n)`` (``llmsim.sim.speculative_decode.DecodeSlots``); a policy that keeps state per
+request keeps it in those columns (``k_policy``, ``window_*``, ``backoff``, ``seen_*``), so it
+moves with the request's row, and state for the whole batch on the policy object.
+
+- :class:`StaticK`: every eligible sequence drafts ``k``.
+- :class:`AdaptiveK`: the 80/50 rule over windows of ``window`` rounds, per request or one
+  k for the batch (``scope``), with exponential back-off while speculation is off.
+- :class:`GoodputK`: each step the k in [0, ``k_max``] with the most expected tokens per
+  second for the batch (SmartSpec's criterion), pricing every candidate at once.
+
+:func:`k_policy` builds the one a :class:`~llmsim.speculation.config.KPolicy` names.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from llmsim.speculation.config import KPolicy, expected_tokens_per_step
+
+MAX_BACKOFF = 5                                   # the adaptive rule's longest time off: 2^5 windows
+
+
+class KPolicyRule:
+    """One decode engine's k policy (see the module docstring); ``config`` holds its settings."""
+
+    name = ""
+    per_batch = False                             # one k for the whole batch (else per request)
+
+    def __init__(self, config: KPolicy):
+        self.config = config
+
+    @property
+    def initial_k(self) -> int:
+        """The k a request starts decoding with (the per-request state's first value)."""
+        return self.config.k
+
+    def choose(self, slots, n: int, eligible: np.ndarray, price: Callable) -> np.ndarray:
+        """Each of the ``n`` decoding sequences' draft length before the engine's caps.
+
+        ``eligible`` marks the sequences allowed to speculate; ``price(eligible, drafted,
+        limit)`` returns the decode step's seconds for every candidate column of ``drafted``
+        (only the goodput policy asks).
+        """
+        raise NotImplementedError
+
+    def observe(self, slots, n: int, k: np.ndarray, accepted: np.ndarray, speculated: np.ndarray) -> None:
+        """This step's outcome: draft lengths, accepted prefixes, which sequences speculated."""
+
+
+class StaticK(KPolicyRule):
+    name = "static"
+
+    def choose(self, slots, n, eligible, price):
+        return np.full(n, self.config.k)
+
+
+class AdaptiveK(KPolicyRule):
+    """The 80/50 rule: after ``window`` rounds, k + 1 when the window's acceptance is above
+    ``raise_above``, k - 1 below ``lower_below``, within [1, ``k_max``] (or down to 0 with
+    ``fallback``, then a probe at k = 1 after a window, twice as long after each failed probe)."""
+
+    name = "adaptive"
+
+    def __init__(self, config: KPolicy):
+        super().__init__(config)
+        self.per_batch = config.scope == "per_batch"
+        self._batch_k = config.k
+        self._batch_window = [0, 0, 0]            # proposed, accepted, rounds
+        self._batch_backoff = 0
+
+    def choose(self, slots, n, eligible, price):
+        return slots.k_policy[:n].copy() if not self.per_batch else np.full(n, self._batch_k)
+
+    def observe(self, slots, n, k, accepted, speculated):
+        if not self.per_batch:
+            s = slots
+            s.window_proposed[:n] += k
+            s.window_accepted[:n] += accepted
+            s.window_rounds[:n] += speculated | (s.k_policy[:n] == 0)
+            due = np.flatnonzero(s.window_rounds[:n] >= self._window_rounds(s.k_policy[:n], s.backoff[:n]))
+            if len(due):
+                rate = s.window_accepted[due] / np.maximum(s.window_proposed[due], 1)
+                s.k_policy[due], s.backoff[due] = self._adapt(s.k_policy[due], s.backoff[due], rate,
+                                                              s.window_proposed[due] > 0)
+                s.window_proposed[due] = s.window_accepted[due] = s.window_rounds[due] = 0
+            return
+        window = self._batch_window
+        window[0] += int(k.sum())
+        window[1] += int(accepted.sum())
+        window[2] += bool(speculated.any()) or self._batch_k == 0
+        if window[2] >= self._window_rounds(self._batch_k, self._batch_backoff):
+            rate = np.array([window[1] / max(window[0], 1)])
+            k_new, backoff = self._adapt(np.array([self._batch_k]), np.array([self._batch_backoff]), rate,
+                                         np.array([window[0] > 0]))
+            self._batch_k, self._batch_backoff = int(k_new[0]), int(backoff[0])
+            self._batch_window = [0, 0, 0]
+
+    def _window_rounds(self, k, backoff):
+        """Rounds in the window: ``window`` while speculating; while off, twice as many after
+        each probe at k = 1 that failed in a row (at most 2^MAX_BACKOFF windows)."""
+        return np.where(k == 0, self.config.window << np.minimum(backoff, MAX_BACKOFF), self.config.window)
+
+    def _adapt(self, k: np.ndarray, backoff: np.ndarray, rate: np.ndarray,
+               observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rule on one window. Returns the new k and back-off: a window spent off probes
+        again with k = 1; a probe that turns speculation off again counts one more failure, a
+        window that keeps speculating clears them."""
+        config = self.config
+        up = observed & (rate > config.raise_above) & (k > 0)
+        down = observed & (rate < config.lower_below) & (k > 0)
+        new = np.where(up, np.minimum(k + 1, config.k_max), np.where(down, k - 1, k))
+        new = np.maximum(new, 0 if config.fallback else 1)
+        backoff = np.where(k == 0, backoff, np.where(new == 0, backoff + 1, 0))
+        return np.where(k == 0, 1, new), backoff
+
+
+class GoodputK(KPolicyRule):
+    """One k for the batch: the candidate in [0, ``k_max``] with the most expected tokens per second.
+
+    Acceptance per request is estimated from its recent verify steps (accepted /
+    (accepted + rejections), the per-token rate's maximum-likelihood estimate, decayed
+    with a half-life of ``window`` rounds) shrunk towards the batch's pooled estimate,
+    which itself starts at ``prior_alpha``. The prompt chunks that may join the
+    iteration are not known when k is chosen and are left out of the price.
+    """
+
+    name = "goodput"
+    per_batch = True
+
+    def __init__(self, config: KPolicy):
+        super().__init__(config)
+        self._pooled = [0.0, 0.0]                # decayed accepted, rejected over the batch
+        self._decay = 0.5 ** (1.0 / config.window)
+        self._plain_rounds = 0                   # steps in a row it chose k = 0
+
+    def choose(self, slots, n, eligible, price):
+        s, config = slots, self.config
+        pooled = (self._pooled[0] + 4 * config.prior_alpha) / (self._pooled[0] + self._pooled[1] + 4)
+        acc, rej = s.seen_accepted[:n][eligible], s.seen_rejected[:n][eligible]
+        alpha = np.minimum((acc + 2 * pooled) / (acc + rej + 2), 1.0 - 1e-9)
+        ks = np.arange(config.k_max + 1)
+        limit = s.remaining[:n][eligible] - 1
+        drafted = np.minimum(ks[None, :], limit[:, None])                 # (eligible sequences, candidates)
+        tokens = expected_tokens_per_step(alpha[:, None], drafted).sum(axis=0) + (n - len(limit))
+        best = int(np.argmax(tokens / price(eligible, drafted, limit)))
+        if best == 0:
+            # Without speculating nothing is learnt: try k = 1 after a window of plain steps.
+            self._plain_rounds += 1
+            if self._plain_rounds >= config.window:
+                self._plain_rounds, best = 0, 1
+        else:
+            self._plain_rounds = 0
+        return np.full(n, best)
+
+    def observe(self, slots, n, k, accepted, speculated):
+        if not speculated.any():
+            return
+        s, decay, rejected = slots, self._decay, accepted < k
+        s.seen_accepted[:n] = np.where(speculated, decay * s.seen_accepted[:n] + accepted, s.seen_accepted[:n])
+        s.seen_rejected[:n] = np.where(speculated, decay * s.seen_rejected[:n] + rejected, s.seen_rejected[:n])
+        self._pooled = [decay * self._pooled[0] + float(accepted[speculated].sum()),
+                        decay * self._pooled[1] + float(rejected[speculated].sum())]
+
+
+POLICIES: dict[str, type[KPolicyRule]] = {rule.name: rule for rule in (StaticK, AdaptiveK, GoodputK)}
+
+
+def k_policy(config: KPolicy) -> KPolicyRule:
+    """The policy ``config.policy`` names, with fresh state."""
+    return POLICIES[config.policy](config)
