@@ -21,7 +21,7 @@ window of ``W`` tokens caps what a query sees at ``W``.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Protocol
 
 import numpy as np
 
@@ -51,20 +51,29 @@ def attention_pairs(new, seen, chunks=1):
     return new * seen + new * (new + 1) / 2 * chunks
 
 
-def prefill_sums(chunks: Iterable[tuple[int, int, int]], window: int | None) -> tuple[float, float, float, int]:
-    """Prefill chunks ``(cached, new, prompt_length)``: (tokens, attention pairs, KV read, prompts completed).
+class Prefilling(Protocol):
+    """A sequence computing its prompt: ``prefilled`` positions are cached, ``prefill_target`` is the
+    prompt's length (the simulator's :class:`~llmsim.sim.request.Request` is one)."""
+    prefilled: int
+    prefill_target: int
 
-    ``new`` positions of a prompt of ``prompt_length`` are computed after ``cached`` ones
-    (chunked prefill); a chunk that reaches the prompt's end samples a token (a logit row).
+
+def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None) -> tuple[float, float, float, int]:
+    """Prefill chunks ``(sequence, new)``: (tokens, attention pairs, KV read, prompts completed).
+
+    ``new`` positions of the sequence's prompt are computed after its ``prefilled`` cached
+    ones (chunked prefill); a chunk that reaches the prompt's end samples a token (a logit
+    row). The chunks are read as they are, without building tuples: this runs every iteration.
     """
     tokens = pairs = kv_read = 0.0
     completed = 0
-    for cached, new, prompt_length in chunks:
+    for sequence, new in chunks:
+        cached = sequence.prefilled
         seen = cached if not window or cached < window else window
         tokens += new
         pairs += new * seen + new * (new + 1) / 2
         kv_read += seen + new
-        completed += cached + new == prompt_length
+        completed += cached + new == sequence.prefill_target
     return tokens, pairs, kv_read, completed
 
 
