@@ -87,6 +87,7 @@ def test_adaptive_rule_climbs_with_high_acceptance_and_falls_back_with_low():
 
 
 @pytest.mark.parametrize("name", CASES)
+@pytest.mark.slow
 def test_means_agree_with_the_simulator_at_half_load(name):
     scenario = make_scenario({"workload": {"num_requests": 1500}, **CASES[name]})
     model = FluidModel(scenario)

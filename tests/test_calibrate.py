@@ -16,11 +16,12 @@ import pytest
 import yaml
 
 from llmsim import CostModel, load_profile
-from llmsim.calibration.calibrate import add_subcommands, calibrate, validate
+from llmsim.calibration.calibrate import calibrate, validate
 from llmsim.calibration.fit import uncalibrated
 from llmsim.calibration.plan import PLANS, model_spec, shared_values
 from llmsim.calibration.plot import scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
+from llmsim.cli.calibrate import add_parsers
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import profile_from_node, shipped_profile_dir
@@ -108,6 +109,7 @@ def test_efficiencies_by_dtype_apply_to_models_in_that_dtype_only():
         _profile_with(by_dtype={"fp64": {"compute": figure}})
 
 
+@pytest.mark.slow
 def test_quick_profile_loads_with_measured_efficiencies(quick):
     document, profile = quick
     for value in (profile.compute_efficiency, profile.attention_efficiency, profile.memory_efficiency):
@@ -125,6 +127,7 @@ def test_quick_profile_loads_with_measured_efficiencies(quick):
     assert profile.calibration["torch_version"] in profile.figures["efficiency.compute"].source
 
 
+@pytest.mark.slow
 def test_quick_profile_predicts_the_held_out_steps_within_the_target_and_the_noise(quick):
     """The held-out steps (a width, depth, batches and contexts the fit never saw) should be
     predicted within issue 5's acceptance target, TARGET_MAPE, plus what the noise of the
@@ -141,6 +144,7 @@ def test_quick_profile_predicts_the_held_out_steps_within_the_target_and_the_noi
     assert _mape(held_out, profile) < _mape(held_out, uncalibrated(profile))
 
 
+@pytest.mark.slow
 def test_validate_measures_fresh_held_out_steps_and_plots(quick, tmp_path):
     _, profile = quick
     report = validate(profile, quick=True)
@@ -152,6 +156,7 @@ def test_validate_measures_fresh_held_out_steps_and_plots(quick, tmp_path):
     assert scatter(report, tmp_path / "validate.png").stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_transfer_keeps_the_target_peaks_and_takes_the_calibrated_efficiencies(quick, tmp_path):
     document, profile = quick
     target = load_profile(TARGET)
@@ -195,7 +200,7 @@ def test_the_shipped_cpu_profile_transfers_to_a_datasheet_profile(tmp_path):
 
 def _run(*argv) -> int:
     parser = argparse.ArgumentParser(prog="llmsim")
-    add_subcommands(parser.add_subparsers(dest="command", required=True))
+    add_parsers(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     return args.func(args)
 

@@ -37,6 +37,7 @@ def test_run_prints_a_summary_and_writes_records(tmp_path):
     assert len(records) == summary["requests"]["arrived"] + 1
 
 
+@pytest.mark.slow
 def test_catalog_listings():
     models = run_cli("models")
     assert models.returncode == 0 and "Llama-3.1-70B" in models.stdout and "70.554" in models.stdout
@@ -88,6 +89,7 @@ def test_bad_input_is_one_clear_paragraph(tmp_path, case, capsys):
     assert "Traceback" not in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_bad_input_from_a_real_process_has_no_traceback(tmp_path):
     path = write(tmp_path, "model: [unclosed\n")
     done = run_cli("run", path)

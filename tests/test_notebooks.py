@@ -12,6 +12,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.slow
 def test_notebook_code_runs(path, monkeypatch):
     matplotlib.use("Agg")
     monkeypatch.chdir(path.parent)

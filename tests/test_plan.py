@@ -9,6 +9,7 @@ import yaml
 import llmsim
 from llmsim.search import plan as planning
 from llmsim.cli.main import main
+from llmsim.scenario.overrides import variant
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
 
@@ -32,7 +33,7 @@ def table(scenario_file):
 
 
 def met(scenario_file, hardware, replicas) -> bool:
-    scenario = planning.variant(llmsim.load_scenario(scenario_file),
+    scenario = variant(llmsim.load_scenario(scenario_file),
                                 {"hardware": hardware, "deployment.replicas": replicas,
                                  "workload.arrival.rate": RATE})
     return llmsim.simulate(scenario).summary()["slo"]["met"]
@@ -61,6 +62,7 @@ def test_cost_and_energy_follow_the_profiles(table):
         assert row.joules_per_output_token == pytest.approx(devices * hw.tdp_w / row.output_tokens_per_s)
 
 
+@pytest.mark.slow
 def test_a_wrong_analytic_bracket_only_costs_simulations(table, scenario_file, monkeypatch):
     """Simulation decides: a bracket far too high, or far too low, gives the same answer."""
     expected = int(table.set_index("hardware").loc["H100-SXM", "replicas"])
@@ -129,8 +131,8 @@ def test_other_chips_are_placed_afresh_and_speculation_keeps_one_stage():
     """Llama-3.1-70B with a 1B draft on H200: auto placement alone would choose 2 pipeline stages
     (fewest devices, smaller tp first), which speculative decoding does not support."""
     scenario = llmsim.load_scenario(REPO / "scenarios/llama3-70b-h100-speculative.yaml")
-    plain = planning.variant(scenario, {"speculation": None, "hardware": "H200",
+    plain = variant(scenario, {"speculation": None, "hardware": "H200",
                                         "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"})
     assert plain.deployment.pipeline_parallel == 2
-    placed = planning.variant(scenario, planning._placement_overrides(scenario, "H200"))
+    placed = variant(scenario, planning._placement_overrides(scenario, "H200"))
     assert (placed.deployment.tensor_parallel, placed.deployment.pipeline_parallel) == (2, 1)

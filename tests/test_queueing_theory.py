@@ -41,6 +41,7 @@ def test_md1_mean_wait_matches_pollaczek_khinchine():
     assert abs(mean - expected) < 4 * se, (mean, expected, se)
 
 
+@pytest.mark.slow
 def test_mg1_mean_wait_matches_pollaczek_khinchine_with_exponential_lengths():
     # Geometric output lengths (the discrete exponential) make service nearly exponential: M/M/1-like.
     workload = {"num_requests": 12000, "prompt_tokens": 8,
@@ -69,6 +70,7 @@ def erlang_c(servers: int, offered_load: float) -> float:
     return top / (terms + top)
 
 
+@pytest.mark.slow
 def test_shared_queue_replicas_match_erlang_c():
     servers = 3
     workload = {"num_requests": 15000, "prompt_tokens": 4,

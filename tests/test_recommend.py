@@ -5,11 +5,11 @@ import pytest
 import yaml
 
 import llmsim
-from llmsim.search import plan as planning
 from llmsim.cli.main import main
+from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
-from llmsim.search.recommend import (Config, format_recommendation, k_options, recommend,
-                                   rule_of_thumb_max_batch_tokens)
+from llmsim.scenario.overrides import variant
+from llmsim.search.recommend import Config, k_options, recommend, rule_of_thumb_max_batch_tokens
 
 from .helpers import BASE, make_scenario, merge
 
@@ -32,14 +32,16 @@ def result(scenario):
     return recommend(scenario, seeds=2, top=2, workers=2)
 
 
+@pytest.mark.slow
 def test_recommended_settings_meet_the_slo_on_fresh_seeds(result, scenario):
     """Re-simulated at the scenario's rate on requests the search never saw."""
     overrides = result.best.overrides(scenario)
     for seed in (scenario.seed + 100, scenario.seed + 101):
-        run = llmsim.simulate(planning.variant(scenario, {**overrides, "seed": seed}))
+        run = llmsim.simulate(variant(scenario, {**overrides, "seed": seed}))
         assert run.summary()["slo"]["met"]
 
 
+@pytest.mark.slow
 def test_goodput_is_a_bracketed_rate(result, scenario):
     """Just below the reported highest passing rate the settings pass; far above it they fail
     (checked for the first seed the search used)."""
@@ -48,12 +50,13 @@ def test_goodput_is_a_bracketed_rate(result, scenario):
     overrides = result.best.overrides(scenario)
 
     def met(r):
-        run = llmsim.simulate(planning.variant(scenario, {**overrides, "workload.arrival.rate": r}))
+        run = llmsim.simulate(variant(scenario, {**overrides, "workload.arrival.rate": r}))
         return run.summary()["slo"]["met"]
     assert met(rate)
     assert not met(2 * rate)
 
 
+@pytest.mark.slow
 def test_search_covers_k_off_static_and_the_adaptive_rule(scenario, result):
     assert k_options(scenario) == ["off", "static:1", "static:2", "static:3", "static:4", "adaptive:4"]
     assert set(result.analytic["k"]) == set(k_options(scenario))
@@ -74,12 +77,13 @@ def test_rule_of_thumb_max_batch_tokens_by_hand():
 
 def test_config_overrides_are_valid_scenario_keys(scenario):
     for config in (Config("off", 1024, None), Config("static:3", 2048, 0.05), Config("adaptive:4", 4096, 1.0)):
-        built = planning.variant(scenario, config.overrides(scenario))
+        built = variant(scenario, config.overrides(scenario))
         assert built.engine.max_batch_tokens == config.max_batch_tokens
         assert built.engine.queue_timeout_s == config.queue_timeout_s
         assert built.speculating == (config.k != "off")
 
 
+@pytest.mark.slow
 def test_printout_names_the_settings_and_the_gain(result, scenario):
     text = format_recommendation(result, scenario)
     assert result.best.k in text and "rule-of-thumb defaults" in text and "goodput by" in text
@@ -95,6 +99,7 @@ def test_cli_errors_exit_2(scenario, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_unreachable_slo_exits_2_with_a_message(tmp_path, capsys):
     path = tmp_path / "tight.yaml"
     path.write_text(yaml.safe_dump(merge(SMALL, {"slo": {"tpot": "1 ms"}})))
@@ -111,6 +116,7 @@ def test_bad_percentile_targets_are_config_errors(slo, message):
         make_scenario({"slo": slo})
 
 
+@pytest.mark.slow
 def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario):
     rec = recommend(scenario, objective="cost", seeds=2, top=1, workers=2)
     passing = rec.table[rec.table["meets_scenario_rate"]]

@@ -170,6 +170,7 @@ TABLE = {(0.02, 0.6): (6, 2.17), (0.02, 0.7): (8, 2.76), (0.02, 0.8): (11, 3.82)
 
 
 @pytest.mark.parametrize("cell", sorted(TABLE))
+@pytest.mark.slow
 def test_best_static_k_from_a_sweep_matches_the_table(fixed_cost, cell):
     """Sweep k around the table's best on the fixed-cost device (64 sequences side by side: the
     cost does not depend on the batch, so batch-1 theory applies, with 64 times the samples).
@@ -208,6 +209,7 @@ def h100_8b(rate: float, k: int, alpha: float = 0.8, **speculation):
                      "output_tokens": {"distribution": "lognormal", "mean": 256, "sigma": 0.5, "max": 2048}}})
 
 
+@pytest.mark.slow
 def test_speedup_falls_with_load_and_turns_into_a_slowdown():
     """On an H100, 8B target with a 1B draft: decode is bandwidth-bound at low load, so
     verifying k + 1 tokens costs about one step and speculation wins, though never more than
@@ -230,6 +232,7 @@ def test_speedup_falls_with_load_and_turns_into_a_slowdown():
     assert speedups[2] < 1.0
 
 
+@pytest.mark.slow
 def test_zero_acceptance_never_beats_plain_decoding():
     """With alpha = 0 every step emits one token and pays for a draft and a longer verify."""
     for rate in (2.0, 40.0):
@@ -406,6 +409,7 @@ def test_kv_blocks_stay_exact_through_reservations_and_rollbacks(monkeypatch, ov
     assert (records["generated_tokens"] == records["output_tokens"]).all()
 
 
+@pytest.mark.slow
 def test_same_seed_same_run_and_common_acceptance_across_k():
     first, second = simulate(h100_8b(10.0, 4)), simulate(h100_8b(10.0, 4))
     assert first.requests.equals(second.requests)
@@ -464,6 +468,7 @@ def test_ngram_speculator_costs_nothing_and_takes_no_memory():
     assert it["spec_seqs"].sum() > 0 and (it["draft_s"] == 0).all()
 
 
+@pytest.mark.slow
 def test_draft_weight_and_kv_dtypes_are_configurable():
     """An FP8 draft stores half the bytes of a bf16 one, so the cache keeps more room, and its
     bandwidth-bound decode steps take less of each iteration."""
@@ -477,6 +482,7 @@ def test_draft_weight_and_kv_dtypes_are_configurable():
     assert share["fp8"] < share["bf16"]
 
 
+@pytest.mark.slow
 def test_shipped_comparison_of_plain_static_and_adaptive_k():
     """The README's table: every variant validates, and at the medium load (memory-bound decode)
     speculation cuts the median TPOT against plain batching on the same requests."""
@@ -490,6 +496,7 @@ def test_shipped_comparison_of_plain_static_and_adaptive_k():
         assert medium[variant]["requests"]["finished"] == medium["plain"]["requests"]["finished"]
 
 
+@pytest.mark.slow
 def test_speedup_is_measured_against_plain_decoding_of_the_same_requests(tmp_path, capsys):
     """The baseline is the scenario with k = 0 (no draft loaded) on the very same arrivals and
     lengths; `llmsim run` prints it."""

@@ -207,6 +207,7 @@ def test_invalid_points_can_be_recorded_instead(tmp_path):
     assert len(means) == 1 and means.loc[0, "seeds"] == 1
 
 
+@pytest.mark.slow
 def test_dask_local_cluster_gives_the_same_rows():
     distributed = pytest.importorskip("distributed")     # installed by CI: pip install ".[distributed]"
     grid = {"workload.arrival.rate": [5.0, 20.0]}
