@@ -1,77 +1,226 @@
-"""How fast the simulator runs: simulated requests and engine iterations per wall second.
+"""How fast the simulator runs, and how much memory it holds, against bare SimPy on the same machine.
 
-A fixed scenario: Llama-3.1-8B on one H100, chat-like lengths (lognormal prompts of
-mean 1024 and outputs of mean 256 tokens), Poisson arrivals at 80% of the replica's
-capacity, 100,000 requests. Capacity is measured first, by the same simulator, as the
-throughput of a saturated run. Run it with ``python benchmarks/bench_simulator.py``
-(``--requests N`` for a shorter run, ``--profile`` to print the top of a cProfile,
-``--speculative`` to decode with a colocated Llama-3.2-1B draft, static k = 4, alpha 0.7).
+The scenario: Llama-3.1-8B on one H100, chat-like lengths (lognormal prompts of mean 1024 and outputs
+of mean 256 tokens), Poisson arrivals at 80% of what the replica can serve, 100,000 requests. Each
+engine is measured at 80% of its own capacity, found first by the same simulator as the steady
+throughput of a saturated run: the plain engine, and a colocated Llama-3.2-1B draft with static
+k = 4 and with adaptive k (the 80/50 rule), Bernoulli acceptance alpha 0.7. Bare SimPy is the floor
+of any SimPy model: one process per request, each waiting on one timeout.
+
+Every measurement runs in its own Python process (this script, re-invoked with ``--child``), so each
+peak RSS is that engine's alone. ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
+request run of the plain engine (peak RSS, wall time) and the wall time per request of 64 replicas
+against one at the same load per replica; ``--profile ENGINE`` prints the top of a cProfile of one
+run instead. Scenarios are written as YAML and read by ``llmsim.load_scenario``, the public API.
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
+import json
 import os
 import platform
 import pstats
+import resource
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import llmsim
-from llmsim.scenario.scenario import Deployment, EngineConfig, SLO, Scenario, SimulationConfig
-from llmsim.speculation.config import Acceptance, KPolicy, SpeculationConfig
-from llmsim.workload.generate import ArrivalProcess, LengthDistribution, Workload
+import yaml
 
-
-def scenario(rate_per_s: float, requests: int, speculative: bool = False) -> Scenario:
-    workload = Workload(ArrivalProcess("poisson", rate_per_s),
-                        LengthDistribution("lognormal", mean=1024, sigma=1.0, maximum=8192),
-                        LengthDistribution("lognormal", mean=256, sigma=0.8, maximum=2048),
-                        num_requests=requests, duration_s=None)
-    catalog = llmsim.model_catalog()
-    speculation = SpeculationConfig(catalog["Llama-3.2-1B"], draft_tensor_parallel=1, policy=KPolicy("static", 4),
-                                    acceptance=Acceptance("bernoulli", alpha=0.7)) if speculative else None
-    return Scenario("bench", 2026, catalog["Llama-3.1-8B"], llmsim.lookup_hardware("H100-SXM"),
-                    Deployment(), EngineConfig(max_model_len=16384), workload, SLO(), SimulationConfig(),
-                    speculation=speculation)
+ENGINES = {
+    "plain": None,
+    "static-k4": {"draft": "Llama-3.2-1B", "policy": "static", "k": 4,
+                  "acceptance": {"process": "bernoulli", "alpha": 0.7}},
+    "adaptive": {"draft": "Llama-3.2-1B", "policy": "adaptive", "k": 4, "k_max": 8,
+                 "acceptance": {"process": "bernoulli", "alpha": 0.7}},
+}
+SATURATED_RATE_PER_S = 100.0        # about 6x what one replica serves: the queue never empties
+SATURATED_REQUESTS = 6000
+WARM_UP_REQUESTS = 300
 
 
-def capacity_requests_per_s(speculative: bool) -> float:
-    """Throughput of a saturated replica: arrivals at 4x what it can serve, steady-state window."""
-    saturated = dataclasses.replace(scenario(100.0, 6000, speculative), simulation=SimulationConfig(warmup_s=10.0))
-    return llmsim.simulate(saturated).summary()["throughput"]["requests_per_s"]
+def scenario_yaml(engine: str, rate_per_s: float, requests: int, replicas: int = 1, warmup_s: float = 0.0) -> dict:
+    scenario = {
+        "name": f"bench-{engine}", "seed": 2026, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+        "deployment": {"replicas": replicas},
+        "engine": {"max_model_len": 16384},
+        "workload": {
+            "arrival": {"process": "poisson", "rate": rate_per_s},
+            "num_requests": requests,
+            "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 1.0, "max": 8192},
+            "output_tokens": {"distribution": "lognormal", "mean": 256, "sigma": 0.8, "max": 2048},
+        },
+        "simulation": {"warmup": f"{warmup_s} s"},
+    }
+    if ENGINES[engine]:
+        scenario["speculation"] = ENGINES[engine]
+    return scenario
+
+
+def load(data: dict):
+    import llmsim
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "scenario.yaml"
+        path.write_text(yaml.safe_dump(data))
+        return llmsim.load_scenario(path)
+
+
+def capacity_requests_per_s(engine: str) -> float:
+    """Steady throughput of a saturated replica: requests finished between the warm-up and the time
+    90% of them had finished (until then the queue holds more than a full batch), per second."""
+    import llmsim
+    warmup_s = 10.0
+    result = llmsim.simulate(load(scenario_yaml(engine, SATURATED_RATE_PER_S, SATURATED_REQUESTS)))
+    finish_s = result.requests.loc[result.requests["status"] == "finished", "finish_s"].sort_values()
+    until_s = float(finish_s.quantile(0.9))
+    return float(((finish_s >= warmup_s) & (finish_s <= until_s)).sum()) / (until_s - warmup_s)
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024     # Linux reports kilobytes
+
+
+def measure_engine(engine: str, rate_per_s: float, requests: int, replicas: int) -> dict:
+    """One simulation; wall time of ``simulate`` and the process's peak RSS before and after it. A short
+    run first pays for what happens once per process (lazy imports, compiled kernels)."""
+    import llmsim
+    llmsim.simulate(load(scenario_yaml(engine, rate_per_s, WARM_UP_REQUESTS, replicas)))
+    scenario = load(scenario_yaml(engine, rate_per_s, requests, replicas))
+    before = peak_rss_bytes()
+    start = time.perf_counter()
+    result = llmsim.simulate(scenario)
+    wall_s = time.perf_counter() - start
+    finished = int((result.requests["status"] == "finished").sum())
+    return {"wall_s": wall_s, "requests": requests, "finished": finished, "iterations": len(result.iterations),
+            "simulated_s": float(result.requests["finish_s"].max()), "rss_before": before,
+            "rss_peak": peak_rss_bytes()}
+
+
+def measure_bare_simpy(requests: int) -> dict:
+    """The floor: one SimPy process per request, each yielding one timeout."""
+    import numpy as np
+    import simpy
+    delays = np.random.default_rng(2026).exponential(1.0, requests).cumsum().tolist()
+
+    def request(env, delay):
+        yield env.timeout(delay)
+
+    env = simpy.Environment()
+    before = peak_rss_bytes()
+    start = time.perf_counter()
+    for delay in delays:
+        env.process(request(env, delay))
+    env.run()
+    return {"wall_s": time.perf_counter() - start, "requests": requests, "rss_before": before,
+            "rss_peak": peak_rss_bytes()}
+
+
+def child(args) -> None:
+    if args.child == "bare-simpy":
+        outcome = measure_bare_simpy(args.requests)
+    elif args.child.startswith("capacity:"):
+        outcome = {"capacity": capacity_requests_per_s(args.child.split(":", 1)[1])}
+    else:
+        outcome = measure_engine(args.child, args.rate, args.requests, args.replicas)
+    print(json.dumps(outcome))
+
+
+def run_child(kind: str, requests: int = 0, rate: float = 0.0, replicas: int = 1) -> dict:
+    """This script in a fresh interpreter, so that its peak RSS is one measurement's alone."""
+    command = [sys.executable, __file__, "--child", kind, "--requests", str(requests), "--rate", repr(rate),
+               "--replicas", str(replicas)]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def gigabytes(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def report_engines(args, capacities: dict[str, float]) -> None:
+    bare = run_child("bare-simpy", args.requests)
+    bare_rate = bare["requests"] / bare["wall_s"]
+    rows = {engine: run_child(engine, args.requests, args.load * capacities[engine]) for engine in ENGINES}
+    print(f"{'':<22}{'capacity':>10}{'offered':>9}{'iterations':>12}{'wall s':>9}{'req/wall s':>12}"
+          f"{'peak RSS':>10}{'above start':>13}{'per request':>13}")
+    for engine, row in rows.items():
+        grown = row["rss_peak"] - row["rss_before"]
+        print(f"{engine:<22}{capacities[engine]:>10.2f}{args.load * capacities[engine]:>9.2f}{row['iterations']:>12,}"
+              f"{row['wall_s']:>9.2f}{row['requests'] / row['wall_s']:>12,.0f}{gigabytes(row['rss_peak']):>10}"
+              f"{gigabytes(grown):>13}{grown / row['requests']:>11,.0f} B")
+    grown = bare["rss_peak"] - bare["rss_before"]
+    print(f"{'bare SimPy (1 timeout)':<22}{'':>10}{'':>9}{'':>12}{bare['wall_s']:>9.2f}{bare_rate:>12,.0f}"
+          f"{gigabytes(bare['rss_peak']):>10}{gigabytes(grown):>13}{grown / bare['requests']:>11,.0f} B")
+    plain = rows["plain"]
+    plain_rate = plain["requests"] / plain["wall_s"]
+    print(f"\nplain / bare SimPy: {plain_rate / bare_rate:.4f} (requests per wall second)")
+    for engine in ("static-k4", "adaptive"):
+        row = rows[engine]
+        print(f"{engine} / plain: {row['requests'] / row['wall_s'] / plain_rate:.2f} (requests per wall second), "
+              f"{row['rss_peak'] / plain['rss_peak']:.2f} (peak RSS)")
+
+
+def report_scale(args, capacity: float) -> None:
+    big = run_child("plain", 1_000_000, args.load * capacity)
+    print(f"\n1,000,000 requests, plain engine: {big['wall_s']:.1f} wall s "
+          f"({big['requests'] / big['wall_s']:,.0f} per wall s), peak RSS {gigabytes(big['rss_peak'])} "
+          f"({(big['rss_peak'] - big['rss_before']) / big['requests']:,.0f} B per request above the start)")
+    costs = {}
+    for replicas in (1, 64):
+        row = run_child("plain", args.requests, replicas * args.load * capacity, replicas)
+        costs[replicas] = row["wall_s"] / row["requests"]
+        print(f"{replicas:>2} replica(s) at {args.load:.0%} each, {args.requests:,} requests: "
+              f"{costs[replicas] * 1e6:.1f} wall us per request")
+    print(f"64 replicas / 1 replica, wall time per request: {costs[64] / costs[1]:.2f}")
+
+
+def profile(args, capacity: float) -> None:
+    import llmsim
+    scenario = load(scenario_yaml(args.profile, args.load * capacity, args.requests))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    llmsim.simulate(scenario)
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=100_000)
-    parser.add_argument("--load", type=float, default=0.8, help="fraction of capacity (default 0.8)")
-    parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--speculative", action="store_true", help="with a draft model (static k = 4)")
+    parser.add_argument("--load", type=float, default=0.8, help="fraction of each engine's capacity (default 0.8)")
+    parser.add_argument("--scale", action="store_true", help="also 1,000,000 requests, and 64 replicas against 1")
+    parser.add_argument("--profile", choices=list(ENGINES), help="print a cProfile of one engine's run instead")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    capacity = capacity_requests_per_s(args.speculative)
-    bench = scenario(args.load * capacity, args.requests, args.speculative)
-    profiler = cProfile.Profile() if args.profile else None
-    start = time.perf_counter()
-    if profiler:
-        profiler.enable()
-    result = llmsim.simulate(bench)
-    if profiler:
-        profiler.disable()
-    wall = time.perf_counter() - start
-    summary = result.summary()
-    iterations = len(result.iterations)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}")
-    print(f"capacity {capacity:.2f} req/s; offered {bench.workload.arrival.rate_per_s:.2f} req/s "
-          f"({args.load:.0%}); mean batch {summary['utilisation']['mean_batch_size']:.0f}")
-    print(f"{args.requests:,} requests, {iterations:,} iterations, {result.end_s:,.0f} simulated s "
-          f"in {wall:.2f} wall s")
-    print(f"simulated requests per wall second: {args.requests / wall:,.0f}")
-    print(f"iterations per wall second:         {iterations / wall:,.0f}")
-    if profiler:
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
+    if args.child:
+        child(args)
+        return
+    if args.profile:
+        profile(args, run_child(f"capacity:{args.profile}")["capacity"])
+        return
+    import llmsim
+    source = Path(llmsim.__file__).parent       # the commit of the llmsim measured, which may be another tree's
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=source).stdout.strip() or f"unknown ({source})"
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, "
+          f"Python {platform.python_version()}; commit {commit}; {args.requests:,} requests at {args.load:.0%} "
+          f"of each engine's capacity (req/s)\n")
+    capacities = {engine: run_child(f"capacity:{engine}")["capacity"] for engine in ENGINES}
+    report_engines(args, capacities)
+    if args.scale:
+        report_scale(args, capacities["plain"])
 
 
 if __name__ == "__main__":
