@@ -41,6 +41,7 @@ from llmsim.scenario.overrides import check_matches_source, variant
 from llmsim.search.sweeps import run_points, slo_met
 
 RATE_KEY = "workload.arrival.rate"
+MAX_REPLICAS = 256           # the largest count a plan tries by default
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
 
@@ -98,7 +99,7 @@ def _own_hardware(scenario: Scenario) -> str:
 
 
 def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
-         seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = 256,
+         seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = MAX_REPLICAS,
          progress: bool = False) -> pd.DataFrame:
     """One row per candidate hardware: the fewest replicas meeting the SLO targets at the rate.
 
@@ -222,63 +223,3 @@ def analytic_bracket(one_replica: Scenario, rate: float, max_replicas: int) -> t
     lower = int(counts[plausible][0]) if plausible.any() else max_replicas
     upper = int(counts[roomy][0]) if roomy.any() else max_replicas
     return lower, max(upper, lower)
-
-
-# -- command line -------------------------------------------------------------------------------
-def parse_rate(text: str, option: str = "--target-rate") -> float:
-    """A rate from the command line ('20', '20/s', '1200 req/min'); bad or non-positive: ConfigError."""
-    from llmsim.config.units import UnitError, parse_quantity
-    try:
-        value = parse_quantity(text if not _is_number(text) else float(text), "rate")
-    except UnitError as error:
-        raise ConfigError("cannot read this as a rate", key=option, value=text, allowed=error.allowed) from None
-    return check_rate(value, option)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _cmd_plan(args) -> int:
-    rate = parse_rate(args.target_rate)
-    if args.max_replicas < 1:
-        raise ConfigError("must be at least 1", key="--max-replicas", value=args.max_replicas, allowed="an integer >= 1")
-    seeds = None
-    if args.seeds is not None:
-        if args.seeds < 1:
-            raise ConfigError("must be at least 1", key="--seeds", value=args.seeds, allowed="an integer >= 1")
-        seed = as_scenario(args.scenario).seed
-        seeds = list(range(seed, seed + args.seeds))
-    table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
-                 max_replicas=args.max_replicas, progress=True)
-    shown = table.drop(columns=[c for c in ("kwh_per_million_output_tokens",) if c in table])
-    with pd.option_context("display.width", 220, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
-        print(f"target {rate:g} requests/s:")
-        print(shown.to_string(index=False))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.out, index=False)
-        print(f"\nwrote {args.out}")
-    if table["replicas"].isna().all():
-        reasons = "; ".join(f"{row.hardware}: {row.note}" for row in table.itertuples())
-        raise ConfigError(f"no candidate meets the SLO targets at {rate:g} requests/s ({reasons})",
-                          key="--target-rate", value=args.target_rate,
-                          allowed="a lower rate, more --max-replicas, other --hardware, or looser SLOs")
-    return 0
-
-
-def add_subcommand(sub) -> None:
-    parser = sub.add_parser("plan", help="fewest replicas of each candidate chip that meet the SLO at a rate")
-    parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
-    parser.add_argument("--target-rate", required=True, help="requests per second to serve (e.g. 40 or '40/s')")
-    parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
-                        "plan.hardware list, else its own hardware)")
-    parser.add_argument("--seeds", type=int, help="simulate each count with this many seeds; all must meet")
-    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
-    parser.add_argument("--max-replicas", type=int, default=256, help="give up above this many (default 256)")
-    parser.add_argument("--out", help="also write the table as CSV here")
-    parser.set_defaults(func=_cmd_plan)

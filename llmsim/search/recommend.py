@@ -49,9 +49,11 @@ from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
 from llmsim.search.sweeps import run_points, slo_met
+from llmsim.speculation.policies import AdaptiveK
 from llmsim.workload.generate import generate_trace
 
-OBJECTIVES = ("goodput", "cost")
+OBJECTIVES = ("goodput", "cost")     # the first is the default
+SEEDS, TOP = 3, 3                     # seeds per setting; analytic best settings to simulate
 TIMEOUTS_S = (0.05, 0.2, 1.0)
 RULE_K0, RULE_K_MAX = 4, 8
 
@@ -71,7 +73,7 @@ class Config:
                 point["speculation"] = None
         else:
             policy, k = self.k.split(":")
-            k_max = max(scenario.speculation.policy.k_max, int(k), RULE_K_MAX if policy == "adaptive" else 0)
+            k_max = max(scenario.speculation.policy.k_max, int(k), RULE_K_MAX if policy == AdaptiveK.name else 0)
             point.update({"speculation.policy": policy, "speculation.k": int(k), "speculation.k_max": k_max})
         return point
 
@@ -144,8 +146,8 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     return float(fine[np.flatnonzero(passing(fine))[-1]]) if passing(fine).any() else float(rates[last])
 
 
-def recommend(scenario: str | Path | Scenario, *, objective: str = "goodput", seeds: int = 3, top: int = 3,
-              workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
+def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int = SEEDS,
+              top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
               progress: bool = False) -> Recommendation:
     """Search k, max batch tokens and queue timeout (see the module docstring).
 
@@ -376,60 +378,3 @@ def _ci(values: np.ndarray) -> float:
     if len(values) < 2:
         return math.nan
     return float(ci95_half_width(values.std(ddof=1), len(values)))
-
-
-# -- command line -------------------------------------------------------------------------------
-def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
-    """The recommendation as a person reads it: settings, predicted metrics with CIs, the gain."""
-    best, row = rec.best, rec.table.iloc[0]
-    at_rate = rec.at_scenario_rate.set_index("setting")
-    mine, default = at_rate.loc[best.label], at_rate.iloc[-1]
-    default_row = rec.defaults.iloc[0]
-    seeds = len(row["per_seed_rates"])
-    ms = (lambda v, ci: f"{v * 1000:.1f} ms +- {ci * 1000:.1f}")
-    targets = ", ".join(f"P{p:g} {m.upper()} <= {limit * 1000:g} ms" for m, (limit, p) in scenario.slo.targets().items())
-    lines = [f"recommended settings for {scenario.name} ({targets}; {rec.objective}; {seeds} seeds, 95% CIs across them):",
-             f"  speculation        {best.k}",
-             f"  max_batch_tokens   {best.max_batch_tokens}",
-             f"  queue_timeout      {'none' if best.queue_timeout_s is None else f'{best.queue_timeout_s * 1000:g} ms'}",
-             f"  goodput            {row['max_rate_per_s']:.3g} +- {row['max_rate_per_s.ci95']:.2g} req/s at the SLO "
-             f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
-             f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",
-             f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(mine['latency.ttft_s.p95'], mine['latency.ttft_s.p95.ci95'])}, "
-             f"P95 TPOT {ms(mine['latency.tpot_s.p95'], mine['latency.tpot_s.p95.ci95'])}, "
-             f"P99 TTFT {ms(mine['latency.ttft_s.p99'], mine['latency.ttft_s.p99.ci95'])}, "
-             f"attainment {100 * mine['slo.attainment']:.1f}%",
-             f"rule-of-thumb defaults (best of timeouts 50/200/1000 ms): {default_row['config'].label}",
-             f"  goodput            {default_row['max_rate_per_s']:.3g} +- {default_row['max_rate_per_s.ci95']:.2g} req/s; "
-             f"${default_row['usd_per_million_output_tokens']:.3g} per million output tokens",
-             f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(default['latency.ttft_s.p95'], default['latency.ttft_s.p95.ci95'])}, "
-             f"P95 TPOT {ms(default['latency.tpot_s.p95'], default['latency.tpot_s.p95.ci95'])}",
-             f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
-             f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired"
-                                                 + ("; within the noise" if abs(rec.improvement) <= rec.improvement_ci95
-                                                    else "") + ")" if rec.objective == "goodput" else ""),
-             f"searched {len(rec.analytic)} settings analytically, simulated {len(rec.table)}, in {rec.runtime_s:.0f} s"]
-    return "\n".join(lines)
-
-
-def _cmd_recommend(args) -> int:
-    scenario = as_scenario(args.scenario)
-    rec = recommend(scenario, objective=args.objective, seeds=args.seeds, top=args.top, workers=args.workers,
-                    progress=True)
-    print(format_recommendation(rec, scenario))
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        rec.table.drop(columns=["config"]).to_csv(args.out, index=False)
-        print(f"wrote {args.out}")
-    return 0
-
-
-def add_subcommand(sub) -> None:
-    parser = sub.add_parser("recommend", help="search k, max batch tokens and queue timeout for goodput under the SLO")
-    parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
-    parser.add_argument("--objective", default="goodput", help="goodput (default) or cost")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per setting, for confidence intervals (>= 2)")
-    parser.add_argument("--top", type=int, default=3, help="analytic best settings to simulate (default 3)")
-    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
-    parser.add_argument("--out", help="also write every simulated setting as CSV here")
-    parser.set_defaults(func=_cmd_recommend)

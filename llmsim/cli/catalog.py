@@ -1,0 +1,82 @@
+"""``llmsim place``, ``llmsim models`` and ``llmsim hardware``: the catalog, and what fits where."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from llmsim.catalog.hardware import hardware_catalog, lookup_hardware
+from llmsim.catalog.models import lookup_model, model_catalog
+from llmsim.catalog.placement import place, smallest_fitting
+from llmsim.scenario.scenario import EngineConfig
+
+ENGINE = EngineConfig()          # the engine defaults a scenario gets
+
+
+def add_parser_place(sub) -> None:
+    placed = sub.add_parser("place", help="how many devices a model needs and how much KV cache is left")
+    placed.add_argument("model")
+    placed.add_argument("hardware")
+    placed.add_argument("--weight-dtype", default=None)
+    placed.add_argument("--kv-dtype", default=None)
+    placed.add_argument("--tp", type=int, help="fix tensor parallelism (default: search)")
+    placed.add_argument("--pp", type=int, help="fix pipeline stages (default: search)")
+    placed.add_argument("--memory-utilization", type=float, default=ENGINE.memory_utilization)
+    placed.add_argument("--max-batch-tokens", type=int, default=ENGINE.max_batch_tokens)
+    placed.add_argument("--runtime-reserve-gb", type=float, default=ENGINE.runtime_reserve_bytes / 1e9)
+    placed.add_argument("--context", type=int, nargs="+", default=[2048, 8192, 32768],
+                        help="context lengths to report concurrency for")
+    placed.add_argument("--room-for", type=int, default=1,
+                        help="when searching, require KV room for at least this many tokens")
+    placed.set_defaults(func=_cmd_place)
+
+
+def add_parsers_listing(sub) -> None:
+    sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
+    sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
+
+
+def _cmd_place(args) -> int:
+    model = lookup_model(args.model, model_catalog()).with_dtypes(args.weight_dtype, args.kv_dtype)
+    hardware = lookup_hardware(args.hardware)
+    reserve = args.runtime_reserve_gb * 1e9
+    if args.tp and args.pp:
+        placement = place(model, hardware, args.tp, args.pp, args.memory_utilization, ENGINE.block_size,
+                          args.max_batch_tokens, reserve)
+    else:
+        placement = smallest_fitting(model, hardware, args.memory_utilization, ENGINE.block_size,
+                                     args.max_batch_tokens, reserve, args.tp, args.pp, min_kv_tokens=args.room_for)
+    if placement is None or not placement.fits:
+        print(f"{model.name} ({model.weight_dtype}) does not fit on {hardware.name} with this parallelism")
+        return 1
+    p = placement
+    print(f"{model.name} ({model.weight_dtype} weights, {model.kv_dtype} KV) on {hardware.name}:")
+    print(f"  devices            {p.devices} (tensor parallel {p.tensor_parallel} x pipeline stages "
+          f"{p.pipeline_parallel})")
+    print(f"  weights            {p.weights_per_device_bytes / 1e9:,.2f} GB per device in {p.weight_tier.name}"
+          + (" (streamed every iteration)" if p.weight_streaming else ""))
+    print(f"  KV cache           {p.kv_per_device_bytes / 1e9:,.2f} GB per device in {p.kv_tier.name}"
+          f" = {p.kv_capacity_tokens:,} tokens per replica")
+    for context in args.context:
+        print(f"  concurrency        {p.concurrent_sequences(context):,} sequences of {context:,} tokens")
+    return 0
+
+
+def _cmd_models(args) -> int:
+    rows = [{"model": m.name, "params_B": round(m.param_count / 1e9, 3),
+             "active_B": round(m.active_param_count / 1e9, 3), "layers": m.num_layers,
+             "hidden": m.hidden_size, "heads/kv": f"{m.num_heads}/{m.num_kv_heads}",
+             "kv_KiB_per_token": round(m.kv_bytes_per_token / 1024, 1), "max_context": m.max_context}
+            for m in model_catalog().values()]
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+def _cmd_hardware(args) -> int:
+    rows = [{"hardware": h.name, "bf16_TFLOPs": h.peak_for("bf16") / 1e12,
+             "memory_GB": h.memory_capacity_bytes / 1e9, "bandwidth_TB/s": h.memory_bandwidth_bytes_per_s / 1e12,
+             "link_GB/s": h.interconnect_bandwidth_bytes_per_s / 1e9, "TDP_W": h.tdp_w,
+             "usd_per_hour": h.price_per_hour_usd, "file": Path(h.path).name if h.path else ""}
+            for h in hardware_catalog().values()]
+    print(pd.DataFrame(rows).to_string(index=False))
+    return 0

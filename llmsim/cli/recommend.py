@@ -1,0 +1,67 @@
+"""``llmsim recommend``: draft length k, max batch tokens and queue timeout for goodput under the SLO."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
+from llmsim.scenario.scenario import Scenario
+from llmsim.search.plan import as_scenario
+from llmsim.search.recommend import OBJECTIVES, SEEDS, TOP, Recommendation, recommend
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("recommend", help="search k, max batch tokens and queue timeout for goodput under the SLO")
+    parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
+    parser.add_argument("--objective", default=OBJECTIVES[0],
+                        help=f"{' or '.join(OBJECTIVES)} (default {OBJECTIVES[0]})")
+    parser.add_argument("--seeds", type=int, default=SEEDS,
+                        help=f"seeds per setting, for confidence intervals (>= 2, default {SEEDS})")
+    parser.add_argument("--top", type=int, default=TOP, help=f"analytic best settings to simulate (default {TOP})")
+    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
+    parser.add_argument("--out", help="also write every simulated setting as CSV here")
+    parser.set_defaults(func=_cmd_recommend)
+
+
+def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
+    """The recommendation as a person reads it: settings, predicted metrics with CIs, the gain."""
+    best, row = rec.best, rec.table.iloc[0]
+    at_rate = rec.at_scenario_rate.set_index("setting")
+    mine, default = at_rate.loc[best.label], at_rate.iloc[-1]
+    default_row = rec.defaults.iloc[0]
+    seeds = len(row["per_seed_rates"])
+    ms = (lambda v, ci: f"{v * 1000:.1f} ms +- {ci * 1000:.1f}")
+    targets = ", ".join(f"P{p:g} {m.upper()} <= {limit * 1000:g} ms" for m, (limit, p) in scenario.slo.targets().items())
+    lines = [f"recommended settings for {scenario.name} ({targets}; {rec.objective}; {seeds} seeds, 95% CIs across them):",
+             f"  speculation        {best.k}",
+             f"  max_batch_tokens   {best.max_batch_tokens}",
+             f"  queue_timeout      {'none' if best.queue_timeout_s is None else f'{best.queue_timeout_s * 1000:g} ms'}",
+             f"  goodput            {row['max_rate_per_s']:.3g} +- {row['max_rate_per_s.ci95']:.2g} req/s at the SLO "
+             f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
+             f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",
+             f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(mine[TTFT_P95], mine[f'{TTFT_P95}.ci95'])}, "
+             f"P95 TPOT {ms(mine[TPOT_P95], mine[f'{TPOT_P95}.ci95'])}, "
+             f"P99 TTFT {ms(mine[TTFT_P99], mine[f'{TTFT_P99}.ci95'])}, "
+             f"attainment {100 * mine[SLO_ATTAINMENT]:.1f}%",
+             f"rule-of-thumb defaults (best of timeouts 50/200/1000 ms): {default_row['config'].label}",
+             f"  goodput            {default_row['max_rate_per_s']:.3g} +- {default_row['max_rate_per_s.ci95']:.2g} req/s; "
+             f"${default_row['usd_per_million_output_tokens']:.3g} per million output tokens",
+             f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
+             f"P95 TPOT {ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
+             f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
+             f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired"
+                                                 + ("; within the noise" if abs(rec.improvement) <= rec.improvement_ci95
+                                                    else "") + ")" if rec.objective == "goodput" else ""),
+             f"searched {len(rec.analytic)} settings analytically, simulated {len(rec.table)}, in {rec.runtime_s:.0f} s"]
+    return "\n".join(lines)
+
+
+def _cmd_recommend(args) -> int:
+    scenario = as_scenario(args.scenario)
+    rec = recommend(scenario, objective=args.objective, seeds=args.seeds, top=args.top, workers=args.workers,
+                    progress=True)
+    print(format_recommendation(rec, scenario))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        rec.table.drop(columns=["config"]).to_csv(args.out, index=False)
+        print(f"wrote {args.out}")
+    return 0

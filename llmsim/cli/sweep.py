@@ -1,0 +1,76 @@
+"""``llmsim sweep``: every combination of a grid of settings, the frontier and its table."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from llmsim.analysis import names
+from llmsim.analysis.frontier import LATENCY, THROUGHPUT, pareto_frontier, plot_frontier
+from llmsim.errors import ConfigError
+from llmsim.search.executors import ENGINES
+from llmsim.search.sweeps import mean_over_seeds, parameter_columns, sweep
+
+
+def add_parser(sub) -> None:
+    swept = sub.add_parser("sweep", help="simulate every combination of a grid of settings; frontier and plot")
+    swept.add_argument("scenario", help="scenario YAML file")
+    swept.add_argument("--grid", required=True, help="grid YAML: dotted scenario keys -> lists of values")
+    swept.add_argument("--out", help="output folder (default: runs/sweep-<scenario file name>); "
+                       "a rerun with the same folder skips finished points")
+    swept.add_argument("--workers", type=int, help="parallel processes (default: every CPU)")
+    swept.add_argument("--seeds", type=int, nargs="+", help="replicate every point over these seeds")
+    swept.add_argument("--engine", choices=ENGINES, default=ENGINES[0])
+    swept.add_argument("--scheduler", help="with --engine dask: a running scheduler's address "
+                       "(default: a local cluster)")
+    swept.add_argument("--latency", default=LATENCY, help="frontier latency column (minimised)")
+    swept.add_argument("--throughput", default=THROUGHPUT,
+                       help=f"frontier throughput column (maximised), e.g. {names.OUTPUT_TOKENS_PER_USD}")
+    swept.add_argument("--plot", action="store_true", help="also draw frontier.png")
+    swept.set_defaults(func=_cmd_sweep)
+
+
+# The table's columns: a metric's dotted name -> a short heading.
+SWEEP_COLUMNS = {names.TTFT_P95: "ttft_p95_s", names.TPOT_P95: "tpot_p95_s", names.E2E_P95: "e2e_p95_s",
+                 names.OUTPUT_TOKENS_PER_S_PER_DEVICE: "tok_per_s_per_device",
+                 names.OUTPUT_TOKENS_PER_USD: "tok_per_usd", names.SLO_ATTAINMENT: "slo_attainment"}
+
+
+def _cmd_sweep(args) -> int:
+    out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.scenario).stem}"
+    try:
+        rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine,
+                     seeds=args.seeds, client=args.scheduler)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: finished points are kept in {out / 'results.csv'}; "
+              "the same command resumes the sweep", file=sys.stderr)
+        return 130
+    keys = parameter_columns(rows)
+    failed = rows[rows["error"] != ""]
+    for _, row in failed.iterrows():
+        print(f"failed: {', '.join(f'{k}={row[k]}' for k in keys)} seed {row['seed']}: {row['error']}")
+    if len(failed) == len(rows):
+        return 1
+    for option, column in (("--latency", args.latency), ("--throughput", args.throughput)):
+        if column not in rows.columns or not pd.api.types.is_numeric_dtype(rows[column]):
+            numeric = [c for c in rows.select_dtypes("number").columns if c.startswith((f"{names.LATENCY}.", f"{names.THROUGHPUT}."))]
+            raise ConfigError("not a numeric column of the sweep's results", key=option, value=column,
+                              allowed=", ".join(numeric[:12]) + ", ...")
+    points = mean_over_seeds(rows, [args.latency, args.throughput])
+    frontier = pareto_frontier(points, args.latency, args.throughput)
+    # Fixed settings add nothing; a null option (speculation: null) reads back as NaN, a value too.
+    varied = [key for key in keys if points[key].astype(str).nunique(dropna=False) > 1]
+    table = points[varied + ["seeds"] + [c for c in SWEEP_COLUMNS if c in points]].rename(columns=SWEEP_COLUMNS)
+    table["frontier"] = ""
+    table.loc[frontier.index, "frontier"] = frontier["knee"].map({True: "knee", False: "*"})
+    with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
+        print(table.to_string(index=False))
+    frontier.to_csv(out / "frontier.csv", index=False)
+    written = [out / "results.csv", out / "frontier.csv"]
+    if args.plot:
+        written.append(plot_frontier(points, out / "frontier.png", args.latency, args.throughput,
+                                     color_by=varied[0] if varied else None))
+    print(f"\n{len(frontier)} of {len(points)} points on the frontier ({args.latency} vs {args.throughput})")
+    print("wrote " + ", ".join(map(str, written)))
+    return 1 if len(failed) else 0
