@@ -55,7 +55,9 @@ from scipy import special
 from llmsim.cost.roofline import CostModel
 from llmsim.errors import ConfigError
 from llmsim.cost.features import attention_pairs, batch_rows, set_iterations, tokens_of, windowed_context_sum
+from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
+from llmsim.speculation.policies import POLICIES, AdaptiveK, StaticK
 from llmsim.analysis.fluid_k import KMix, adaptive_mix, static_mix, steps_to_emit
 from llmsim.workload.generate import Trace, generate_trace
 
@@ -91,22 +93,16 @@ class FluidModel:
                               value=scenario.engine.batching, allowed="continuous (or simulate)",
                               file=scenario.path)
         self.scenario = scenario
-        dep, eng = scenario.deployment, scenario.engine
-        plan = scenario.memory
-        self.cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, plan)
-        self.engines = dep.replicas * dep.pipeline_parallel
+        eng = scenario.engine
+        resolved = ResolvedDeployment.of(scenario)
+        plan = resolved.memory
+        self.cost = resolved.cost
+        self.engines = resolved.replicas * resolved.engines_per_replica
         spec = scenario.speculation if scenario.speculating else None
-        self.draft_cost = None
-        self.separate = False
-        if spec is not None and spec.draft is not None:
-            self.separate = spec.extra_devices > 0
-            self.draft_cost = CostModel(spec.draft, scenario.hardware,
-                                        spec.draft_devices if self.separate else spec.draft_tensor_parallel, 1,
-                                        scenario.draft_memory if self.separate else plan)
-        self.handoff_s = scenario.hardware.interconnect_latency_s if self.separate else 0.0
-        self.max_seqs = -(-eng.max_num_seqs // dep.pipeline_parallel)
+        self.draft_cost, self.separate, self.handoff_s = resolved.draft_cost, resolved.draft_separate, resolved.handoff_s
+        self.max_seqs = resolved.engine.max_num_seqs
         self.max_tokens = eng.max_batch_tokens
-        self.kv_tokens = plan.kv_capacity_tokens / dep.pipeline_parallel
+        self.kv_tokens = resolved.kv_tokens_per_engine
 
         if trace is None:
             trace = generate_trace(scenario.workload, scenario.seed)
@@ -147,10 +143,10 @@ class FluidModel:
         """The k occupancy of the scenario's policy; the goodput policy's candidates (one per k)."""
         if spec is None:
             return [None]
-        policy = spec.policy
-        if policy.policy == "static":
+        policy, rule = spec.policy, POLICIES[spec.policy.policy]
+        if rule is StaticK:
             return [static_mix(spec.acceptance, policy.k, policy.k_max)]
-        if policy.policy == "adaptive":
+        if rule is AdaptiveK:
             return [adaptive_mix(spec, self.mean_decode)]
         return [static_mix(spec.acceptance, k, policy.k_max) for k in range(policy.k_max + 1)]
 

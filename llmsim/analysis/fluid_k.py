@@ -27,6 +27,7 @@ import numpy as np
 from scipy import stats
 
 from llmsim.speculation.config import Acceptance, SpeculationConfig
+from llmsim.speculation.policies import k_policy
 
 ALPHA_CLASSES = 16            # Beta acceptance: request classes at midpoint quantiles
 
@@ -93,7 +94,7 @@ def adaptive_mix(spec: SpeculationConfig, mean_decode_tokens: float) -> KMix:
     occupancy = np.zeros_like(tokens)
     for c, alpha in enumerate(class_alphas(acceptance)):
         chain = _transitions(acceptance, alpha, policy)
-        if policy.scope == "per_batch":
+        if k_policy(policy).per_batch:
             occupancy[c] = _stationary(chain)
             continue
         # Windows a request lives: its decode tokens over (window x tokens per step), refined once.

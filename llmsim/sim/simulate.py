@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
+from typing import Sequence
 from operator import attrgetter
 from dataclasses import dataclass, field, replace
 
@@ -24,7 +25,7 @@ from llmsim.analysis.metrics import meets_slo, summarize
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
-from llmsim.sim.engine import Engine
+from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import FINISHED, REJECTED, UNFINISHED, InterTokenGaps, Request, TimeAverage, WaitingQueue
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
@@ -143,8 +144,12 @@ def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
     return window, horizon
 
 
-def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult:
-    """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs)."""
+def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = ()) -> SimulationResult:
+    """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs).
+
+    ``observers`` are attached to every continuous-batching engine: each is called as
+    ``observer(engine, iteration)`` after every iteration (invariant checks, traces).
+    """
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
     window, horizon = horizon_for(scenario, trace)
     dep = scenario.deployment
@@ -169,6 +174,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None) -> SimulationResult
         groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
                        for micro_batch in range(resolved.engines_per_replica)])
     engines = [engine for group in groups for engine in group]
+    for engine in engines:
+        if isinstance(engine, Engine):
+            engine.observers.extend(observers)
     kv_caches = [group[0].kv for group in groups]
     stop = env.event()
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
