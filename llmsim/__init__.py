@@ -23,7 +23,7 @@ from llmsim.sim.request import Request
 from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.sim.simulate import SimulationResult, simulate
 from llmsim.search.sweeps import run_points, sweep
-from llmsim.workload.generate import Trace, generate_trace
+from llmsim.workload.trace import Trace, generate_trace
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,7 @@ import pytest
 from llmsim import generate_trace
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.workload.generate import workload_from_node
+from llmsim.workload.workload import workload_from_node
 
 N = 40000
 

@@ -59,7 +59,7 @@ from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.speculation.policies import POLICIES, AdaptiveK, StaticK
 from llmsim.analysis.fluid_k import KMix, adaptive_mix, static_mix, steps_to_emit
-from llmsim.workload.generate import Trace, generate_trace
+from llmsim.workload.trace import Trace, generate_trace
 
 PROMPT_QUANTILES = 64          # prompt lengths at which the prefill step is priced for TTFT
 STEP_QUANTILES = 16            # prompt lengths in the step-time solve

@@ -15,7 +15,7 @@ from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
-from llmsim.workload.generate import Workload, workload_from_node
+from llmsim.workload.workload import Workload, workload_from_node
 
 BATCHING = ("continuous", "static")
 ROUTERS = ("round_robin", "least_outstanding", "shared_queue")

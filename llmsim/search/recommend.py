@@ -50,7 +50,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
 from llmsim.search.sweeps import run_points, slo_met
 from llmsim.speculation.policies import AdaptiveK
-from llmsim.workload.generate import generate_trace
+from llmsim.workload.trace import generate_trace
 
 OBJECTIVES = ("goodput", "cost")     # the first is the default
 SEEDS, TOP = 3, 3                     # seeds per setting; analytic best settings to simulate

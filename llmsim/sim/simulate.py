@@ -31,7 +31,7 @@ from llmsim.sim.request import FINISHED, REJECTED, UNFINISHED, InterTokenGaps, R
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
 from llmsim.speculation.config import stream_key
-from llmsim.workload.generate import Trace, generate_trace
+from llmsim.workload.trace import Trace, generate_trace
 
 
 class Router:

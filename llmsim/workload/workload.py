@@ -1,0 +1,55 @@
+"""A scenario's workload: how requests arrive and how long they are, read from its YAML."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsim.config.reader import Node
+from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
+from llmsim.workload.lengths import LengthDistribution, length_from_node
+from llmsim.workload.trace import Trace, read_trace_csv
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Arrivals and lengths, and how much traffic: ``num_requests`` and/or ``duration_s``.
+
+    A replayed ``trace`` (arrivals :class:`Replay`) brings its own lengths (``prompt_tokens``
+    and ``output_tokens`` are None).
+    """
+    arrival: RenewalProcess | Replay
+    prompt_tokens: LengthDistribution | None
+    output_tokens: LengthDistribution | None
+    num_requests: int | None
+    duration_s: float | None
+    trace: Trace | None = None
+
+
+def workload_from_node(node: Node, max_tokens: int) -> Workload:
+    arrival_node = node.child("arrival")
+    process = arrival_node.choice("process", ARRIVAL_PROCESSES, "poisson")
+    trace = None
+    if process == Replay.process:
+        trace = read_trace_csv(arrival_node.path_value("path"), arrival_node, "path")
+        arrival = Replay()
+    else:
+        rate = arrival_node.quantity("rate", "rate")
+        kind = RENEWAL_PROCESSES[process]
+        arrival = kind(rate, arrival_node.number("cv", 1.0, minimum=0.0)) if kind is Gamma else kind(rate)
+    arrival_node.done()
+
+    num_requests = node.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
+    duration_s = node.quantity("duration", "duration", None)
+    if trace is None and num_requests is None and duration_s is None:
+        raise node.error("say how much traffic to simulate", key=node.key_path("num_requests"),
+                         has_value=False, allowed="workload.num_requests (a count) or workload.duration (e.g. '600 s')")
+    if trace is not None:
+        for key in ("prompt_tokens", "output_tokens"):
+            if node.has(key):
+                raise node.key_error(key, "lengths come from the replayed trace", node.raw(key),
+                                     "no prompt_tokens/output_tokens with arrival.process: trace")
+        node.done()
+        return Workload(arrival, None, None, num_requests, duration_s, trace)
+    prompt = length_from_node(node, "prompt_tokens", max_tokens)
+    output = length_from_node(node, "output_tokens", max_tokens)
+    node.done()
+    return Workload(arrival, prompt, output, num_requests, duration_s)
