@@ -9,6 +9,7 @@ import pytest
 from llmsim import generate_trace
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
+from llmsim.workload.lengths import Empirical, Exponential, Fixed, Lognormal, Uniform, length_from_node
 from llmsim.workload.workload import workload_from_node
 
 N = 40000
@@ -93,3 +94,65 @@ def test_same_seed_same_trace_and_rates_share_requests():
     # Common random numbers: twice the rate is the same arrivals at half the times.
     assert np.allclose(c.arrival_s, a.arrival_s / 2)
     assert not np.array_equal(trace(base(process="poisson", rate=5.0), 10).arrival_s, a.arrival_s)
+
+
+# -- each length distribution's own law against its samples and the closed forms -------------------
+
+DISTRIBUTIONS = {
+    "fixed": Fixed(value=7, maximum=4096),
+    "uniform": Uniform(low=5, high=15, maximum=4096),
+    "lognormal": Lognormal(unclipped_mean=800, sigma=0.7, maximum=10 ** 6),
+    "lognormal clipped": Lognormal(unclipped_mean=800, sigma=2.0, minimum=16, maximum=2048),
+    "exponential": Exponential(unclipped_mean=50, maximum=10 ** 6),
+    "exponential clipped": Exponential(unclipped_mean=50, minimum=4, maximum=60),
+    "exponential of mean 1": Exponential(unclipped_mean=1, maximum=10),
+    "empirical": Empirical(samples=(10, 20, 30, 30, 3000), maximum=1000),
+}
+
+
+@pytest.mark.parametrize("name", DISTRIBUTIONS)
+def test_sample_moments_match_the_distributions_own(name):
+    dist = DISTRIBUTIONS[name]
+    lengths, p = dist.probabilities()
+    assert p.min() >= 0 and p.sum() == pytest.approx(1.0)
+    assert lengths.min() >= dist.minimum and lengths.max() <= dist.maximum
+    values = dist.sample(np.random.default_rng(11), N).astype(float)
+    mean, var = dist.mean(), dist.variance()
+    assert dist.second_moment() == pytest.approx(var + mean ** 2)
+    # Standard errors: sigma / sqrt(n) for the mean, sqrt((mu4 - sigma^4) / n) for the variance.
+    mu4 = float(p @ (lengths - mean) ** 4)
+    assert abs(values.mean() - mean) <= 4 * math.sqrt(var / N) + 1e-12
+    assert abs(values.var() - var) <= 4 * math.sqrt(max(mu4 - var ** 2, 0.0) / N) + 1e-9
+
+
+def test_moments_against_closed_forms():
+    assert (DISTRIBUTIONS["fixed"].mean(), DISTRIBUTIONS["fixed"].variance()) == (7.0, 0.0)
+    uniform = DISTRIBUTIONS["uniform"]
+    assert uniform.mean() == pytest.approx(10.0) and uniform.variance() == pytest.approx((11 ** 2 - 1) / 12)
+    # Lognormal: E = m, Var = m^2 (e^{sigma^2} - 1); rounding to whole tokens adds 1/12 (Sheppard).
+    lognormal = DISTRIBUTIONS["lognormal"]
+    assert lognormal.mean() == pytest.approx(800.0, abs=1e-3)
+    assert lognormal.variance() == pytest.approx(800 ** 2 * (math.exp(0.7 ** 2) - 1) + 1 / 12, rel=1e-6)
+    # Geometric on 1, 2, ...: mean 1/p, variance (1 - p) / p^2.
+    exponential = DISTRIBUTIONS["exponential"]
+    assert exponential.mean() == pytest.approx(50.0) and exponential.variance() == pytest.approx(0.98 / 0.02 ** 2)
+    assert (DISTRIBUTIONS["exponential of mean 1"].mean(), DISTRIBUTIONS["exponential of mean 1"].variance()) \
+        == (1.0, 0.0)
+    # Empirical: the samples' own moments, 3000 clipped to the maximum.
+    clipped = np.array([10, 20, 30, 30, 1000])
+    empirical = DISTRIBUTIONS["empirical"]
+    assert empirical.mean() == pytest.approx(clipped.mean()) and empirical.variance() == pytest.approx(clipped.var())
+    # Clipping moves the mass beyond the bounds onto them.
+    lengths, p = DISTRIBUTIONS["exponential clipped"].probabilities()
+    assert p[0] == pytest.approx(1 - 0.98 ** 4) and p[-1] == pytest.approx(0.98 ** 59)
+
+
+def test_yaml_builds_each_distribution():
+    read = {name: length_from_node(Node({"x": spec}), "x", max_tokens=4096) for name, spec in {
+        "fixed": 12, "uniform": {"distribution": "uniform", "low": 2, "high": 9},
+        "lognormal": {"distribution": "lognormal", "mean": 300, "sigma": 0.5, "max": 1000},
+        "exponential": {"distribution": "exponential", "mean": 40, "min": 2}}.items()}
+    assert read["fixed"] == Fixed(value=12, maximum=4096)
+    assert read["uniform"] == Uniform(low=2, high=9, maximum=4096)
+    assert read["lognormal"] == Lognormal(unclipped_mean=300, sigma=0.5, maximum=1000)
+    assert read["exponential"] == Exponential(unclipped_mean=40, minimum=2, maximum=4096)
