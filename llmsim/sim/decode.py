@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from llmsim.cost.features import F, FEATURES
+from llmsim.cost.features import BatchRow
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
 
@@ -49,12 +49,8 @@ class DecodeSet(ABC):
     def __init__(self, engine):
         self.engine = engine
         self.n = 0
-        cost = engine.cost
-        self._window = cost.model.sliding_window
-        self._moe = cost.model.num_experts > 1
-        self._experts_touched = cost.model.expected_experts_touched
-        self._x = np.zeros(len(FEATURES))
-        self._x[F["one"]] = 1.0
+        self._window = engine.cost.model.sliding_window
+        self._row = BatchRow(engine.cost.model)      # the iteration's cost features, one buffer
 
     @abstractmethod
     def prepare(self, now: float) -> int:
@@ -137,11 +133,7 @@ class EventDecodeSet(DecodeSet):
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits):
         n = self.n if decoding else 0
-        decode_kv = self.kv_read() if n else 0
-        tokens = prefill_tokens + n
-        x = self._x
-        x[1:] = (tokens, prefill_tokens, pairs, prefill_kv, n, decode_kv,
-                 self._experts_touched(tokens) if self._moe else 1.0, n + logits)
+        x = self._row.fill(prefill_tokens, pairs, prefill_kv, logits, n, self.kv_read() if n else 0)
         duration, flops, moved = self.engine.cost.iteration(x)
         return duration, n, n + logits, flops, moved, 0, 0, 0, 0.0
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmsim.cost.features import F, FEATURES
+from llmsim.cost.features import (add_prefill, attention_pairs, batch_rows, chunk_sums,
+                                  sequential_decode_rows)
 from llmsim.sim.decode import DecodeSet
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.speculation.config import SpeculationConfig
@@ -102,7 +103,6 @@ class SpeculativeDecodeSet(DecodeSet):
         self._separate = handoff_s is not None and draft_cost is not None
         self._handoff_s = handoff_s if self._separate else 0.0
         self._force_plain = False                    # this step's reservation could not hold k tokens
-        self._xd = np.zeros(len(FEATURES))
         self._step_gaps_s: list[np.ndarray] = []     # per decode step: each sequence's gap
         self._step_ends_s: list[float] = []
         self._burst_tokens: list[int] = []           # per decode step: tokens beyond one per sequence
@@ -190,7 +190,7 @@ class SpeculativeDecodeSet(DecodeSet):
     def price(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits):
         n = self.n if decoding else 0
         s, window = self.slots, self._window
-        verify = np.zeros(4)                          # tokens, pairs, KV read, logits of verifying sequences
+        verify = (0.0, 0.0, 0.0)                      # tokens (each gives logits), pairs, KV read of verify chunks
         plain, decode_kv, n_spec, proposed, accepted, emitted = n, 0.0, 0, 0, 0, 0
         draft_x = None
         if n:
@@ -201,7 +201,7 @@ class SpeculativeDecodeSet(DecodeSet):
             s.accepted[:n] = 0
             if n_spec:
                 ks, cs = k[spec], seen[spec]
-                verify = self._verify_sums(ks, cs)
+                verify = chunk_sums(ks + 1, cs)       # k + 1 positions over each context
                 a = self.spec.acceptance.accepted(self.key, s.request_id[:n][spec], s.generated[:n][spec],
                                                   s.alpha[:n][spec], ks)
                 s.accepted[:n][spec] = a
@@ -213,32 +213,19 @@ class SpeculativeDecodeSet(DecodeSet):
             plain = n - n_spec
             rest = seen[~spec] + 1
             decode_kv = float((np.minimum(rest, window) if window else rest).sum())
-        tokens = pre_tokens + plain + verify[0]
-        x = self._x
-        x[1:] = (tokens, pre_tokens + verify[0], pairs + verify[1], pre_kv + verify[2], plain, decode_kv,
-                 self._experts_touched(tokens) if self._moe else 1.0, plain + logits + verify[3])
+        x = self._row.fill(pre_tokens + verify[0], pairs + verify[1], pre_kv + verify[2], logits + verify[0],
+                           plain, decode_kv)
         duration, flops, moved = self.engine.cost.iteration(x)
         draft_s = 0.0
         if self.draft_cost is not None and (draft_x is not None or chunks):
             if draft_x is None:                       # the draft prefills what the target prefills
-                draft_x = self._xd.copy()[None, :]
-                draft_x[0, F["one"]] = draft_x[0, F["experts_touched"]] = 1.0
-            row = draft_x[0]
-            row[F["tokens"]] += pre_tokens
-            row[F["prefill_tokens"]] += pre_tokens
-            row[F["prefill_pairs"]] += pairs
-            row[F["prefill_kv_read"]] += pre_kv
+                draft_x = batch_rows()[None, :]
+            add_prefill(draft_x[0], pre_tokens, pairs, pre_kv)
             times, draft_flops, draft_bytes = self.draft_cost.iteration(draft_x)
             draft_s = float(times.sum())
             flops, moved = flops + float(draft_flops.sum()), moved + float(draft_bytes.sum())
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
         return duration, n, emitted + logits, flops, moved, n_spec, proposed, accepted, draft_s
-
-    @staticmethod
-    def _verify_sums(k: np.ndarray, context: np.ndarray) -> np.ndarray:
-        """Verification as prefill work: k + 1 positions over each context (tokens, pairs, KV, logits)."""
-        t = k + 1
-        return np.array([t.sum(), (t * context + t * (t + 1) / 2).sum(), (context + t).sum(), t.sum()], dtype=float)
 
     def _draft_rows(self, k: np.ndarray, context: np.ndarray, lag: np.ndarray) -> np.ndarray:
         """Feature rows of the draft's ``max k`` sequential steps; step j runs the sequences with k > j.
@@ -246,19 +233,10 @@ class SpeculativeDecodeSet(DecodeSet):
         Step 0 also feeds the draft the tokens it has not seen (``lag - 1`` beyond the one
         every step feeds), as a short prefill.
         """
-        j = np.arange(int(k.max()))
-        drafting = k[:, None] > j
-        count = drafting.sum(axis=0)
-        rows = np.zeros((len(j), len(FEATURES)))
-        rows[:, F["one"]] = rows[:, F["experts_touched"]] = 1.0
-        rows[:, F["tokens"]] = rows[:, F["decode_seqs"]] = rows[:, F["logit_tokens"]] = count
-        rows[:, F["decode_kv_read"]] = ((context[:, None] + j + 1) * drafting).sum(axis=0)
+        rows = sequential_decode_rows(k, context, int(k.max()))
         behind = lag - 1
         if behind.any():
-            rows[0, F["tokens"]] += behind.sum()
-            rows[0, F["prefill_tokens"]] += behind.sum()
-            rows[0, F["prefill_pairs"]] += (behind * context).sum()
-            rows[0, F["prefill_kv_read"]] += ((context + behind) * (behind > 0)).sum()
+            add_prefill(rows[0], behind.sum(), (behind * context).sum(), ((context + behind) * (behind > 0)).sum())
         return rows
 
     # -- a step: apply its outcome ----------------------------------------------------------------
@@ -301,27 +279,13 @@ class SpeculativeDecodeSet(DecodeSet):
         verify_tokens = t.sum(axis=0)
         plain = n - spec.sum(axis=0)
         kv_plain = float((seen + 1).sum()) - ((cs + 1) * spec).sum(axis=0)
-        rows = np.zeros((drafted.shape[1], len(FEATURES)))
-        rows[:, F["one"]] = rows[:, F["experts_touched"]] = 1.0
-        rows[:, F["tokens"]] = plain + verify_tokens
-        rows[:, F["prefill_tokens"]] = verify_tokens
-        rows[:, F["prefill_pairs"]] = (t * cs + t * (t + 1) / 2).sum(axis=0)
-        rows[:, F["prefill_kv_read"]] = ((cs + t) * spec).sum(axis=0)
-        rows[:, F["decode_seqs"]] = plain
-        rows[:, F["decode_kv_read"]] = kv_plain
-        rows[:, F["logit_tokens"]] = plain + verify_tokens
-        if self._moe:
-            rows[:, F["experts_touched"]] = self._experts_touched(rows[:, F["tokens"]])
+        rows = batch_rows(verify_tokens, attention_pairs(t, cs).sum(axis=0), ((cs + t) * spec).sum(axis=0),
+                          verify_tokens, plain, kv_plain, self.engine.cost.model)
         verify_s = self.engine.cost.iteration(rows)[0]
         if self.draft_cost is None:
             return verify_s
         # Draft step j runs the sequences that can still draft j + 1 tokens, whatever k is chosen.
-        j = np.arange(drafted.shape[1] - 1)
-        drafting = limit[:, None] > j
-        steps = np.zeros((len(j), len(FEATURES)))
-        steps[:, F["one"]] = steps[:, F["experts_touched"]] = 1.0
-        steps[:, F["tokens"]] = steps[:, F["decode_seqs"]] = steps[:, F["logit_tokens"]] = drafting.sum(axis=0)
-        steps[:, F["decode_kv_read"]] = ((cs + j + 1) * drafting).sum(axis=0)
+        steps = sequential_decode_rows(limit, cs, drafted.shape[1] - 1)
         draft_s = np.concatenate([[0.0], np.cumsum(self.draft_cost.iteration(steps)[0])])
         return np.maximum(verify_s, draft_s) + self._handoff_s if self._separate else verify_s + draft_s
 
