@@ -8,9 +8,7 @@ import pandas as pd
 from llmsim.catalog.hardware import hardware_catalog, lookup_hardware
 from llmsim.catalog.models import lookup_model, model_catalog
 from llmsim.catalog.placement import place, smallest_fitting
-from llmsim.scenario.scenario import EngineConfig
-
-ENGINE = EngineConfig()          # the engine defaults a scenario gets
+from llmsim.scenario.scenario import ENGINE
 
 
 def add_parser_place(sub) -> None:

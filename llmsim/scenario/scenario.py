@@ -17,6 +17,7 @@ from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
 
+# The allowed values of the settings that name a policy; the YAML reader checks against these.
 BATCHING = ("continuous", "static")
 ROUTERS = ("round_robin", "least_outstanding", "shared_queue")
 ON_TIMEOUT = ("dispatch", "reject")
@@ -43,7 +44,7 @@ class EngineConfig:
     chunked_prefill: bool = True
     block_size: int = 128                # tokens per KV-cache block
     memory_utilization: float = 0.9      # vLLM gpu_memory_utilization
-    runtime_reserve_bytes: float = 1 * 2 ** 30
+    runtime_reserve_bytes: float = 2.0 ** 30
     max_model_len: int | None = None     # longest prompt + output accepted; default: the model's context
     queue_timeout_s: float | None = None
     on_timeout: str = "dispatch"
@@ -82,6 +83,10 @@ class SLO:
 class SimulationConfig:
     warmup_s: float | None = None        # default: 10% of the arrival window
     horizon_s: float | None = None       # default: twice the arrival window, at least 60 s past it
+
+
+# The defaults a YAML file gets for what it leaves out: the dataclasses' own.
+DEPLOYMENT, ENGINE, SLO_DEFAULTS, SIMULATION = Deployment(), EngineConfig(), SLO(), SimulationConfig()
 
 
 @dataclass(frozen=True)
@@ -163,10 +168,10 @@ def scenario_from_node(root: Node) -> Scenario:
 
     count = dict(integer=True, minimum=1, exclusive_minimum=False)
     dep = root.child("deployment")
-    replicas = dep.number("replicas", 1, **count)
+    replicas = dep.number("replicas", DEPLOYMENT.replicas, **count)
     tp = _parallel(dep, "tensor_parallel")
     pp = _parallel(dep, "pipeline_parallel")
-    router = dep.choice("router", ROUTERS, "least_outstanding")
+    router = dep.choice("router", ROUTERS, DEPLOYMENT.router)
     if tp is not None and model.num_heads % tp:
         raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
                             tp, _divisors(model.num_heads) + " or auto")
@@ -177,18 +182,18 @@ def scenario_from_node(root: Node) -> Scenario:
 
     eng = root.child("engine")
     engine = EngineConfig(
-        batching=eng.choice("batching", BATCHING, "continuous"),
-        max_num_seqs=eng.number("max_num_seqs", 256, **count),
-        max_batch_tokens=eng.number("max_batch_tokens", 8192, **count),
-        chunked_prefill=eng.boolean("chunked_prefill", True),
-        block_size=eng.number("block_size", 128, **count),
-        memory_utilization=eng.number("memory_utilization", 0.9, minimum=0.0, maximum=1.0),
-        runtime_reserve_bytes=eng.quantity("runtime_reserve", "bytes", 2.0 ** 30, minimum=0.0,
+        batching=eng.choice("batching", BATCHING, ENGINE.batching),
+        max_num_seqs=eng.number("max_num_seqs", ENGINE.max_num_seqs, **count),
+        max_batch_tokens=eng.number("max_batch_tokens", ENGINE.max_batch_tokens, **count),
+        chunked_prefill=eng.boolean("chunked_prefill", ENGINE.chunked_prefill),
+        block_size=eng.number("block_size", ENGINE.block_size, **count),
+        memory_utilization=eng.number("memory_utilization", ENGINE.memory_utilization, minimum=0.0, maximum=1.0),
+        runtime_reserve_bytes=eng.quantity("runtime_reserve", "bytes", ENGINE.runtime_reserve_bytes, minimum=0.0,
                                            exclusive_minimum=False),
-        max_model_len=eng.number("max_model_len", None, **count),
-        queue_timeout_s=eng.quantity("queue_timeout", "duration", None),
-        on_timeout=eng.choice("on_timeout", ON_TIMEOUT, "dispatch"),
-        kv_spill=eng.boolean("kv_spill", False))
+        max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **count),
+        queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
+        on_timeout=eng.choice("on_timeout", ON_TIMEOUT, ENGINE.on_timeout),
+        kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill))
     if engine.kv_spill and not hardware.outer_tiers:
         raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
                             "false, or a profile with outer_memory")
@@ -203,13 +208,14 @@ def scenario_from_node(root: Node) -> Scenario:
         speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
     slo_node = root.child("slo")
-    slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", None) for key in SLO_METRICS},
+    slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", getattr(SLO_DEFAULTS, f"{key}_s"))
+                 for key in SLO_METRICS},
               **_slo_percentiles(slo_node))
     slo_node.done()
     sim = root.child("simulation")
-    simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", None, minimum=0.0,
+    simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", SIMULATION.warmup_s, minimum=0.0,
                                                         exclusive_minimum=False),
-                                  horizon_s=sim.quantity("horizon", "duration", None))
+                                  horizon_s=sim.quantity("horizon", "duration", SIMULATION.horizon_s))
     sim.done()
     root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
     deployment = _resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation)
@@ -224,8 +230,9 @@ def scenario_from_node(root: Node) -> Scenario:
 def _slo_percentiles(node: Node) -> dict:
     """``slo.percentile``: one percentile for every limit (default 95), or ``{ttft: 99, tpot: 95}``."""
     bounds = dict(minimum=0.0, maximum=100.0, exclusive_minimum=True)
+    default = SLO_DEFAULTS.ttft_percentile
     if not isinstance(node.raw("percentile", None), dict):
-        value = node.number("percentile", 95.0, **bounds)
+        value = node.number("percentile", default, **bounds)
         return {f"{m}_percentile": float(value) for m in SLO_METRICS}
     each = node.child("percentile")
     values = {}
@@ -233,16 +240,18 @@ def _slo_percentiles(node: Node) -> dict:
         if each.has(metric) and not node.has(metric):
             raise each.key_error(metric, f"a percentile for {metric} needs a limit (slo.{metric})",
                                  each.raw(metric), f"set slo.{metric}, or drop this key")
-        values[f"{metric}_percentile"] = float(each.number(metric, 95.0, **bounds))
+        values[f"{metric}_percentile"] = float(each.number(metric, getattr(SLO_DEFAULTS, f"{metric}_percentile"),
+                                                           **bounds))
     each.done()
     return values
 
 
 def _parallel(node: Node, key: str) -> int | None:
     """An explicit degree of parallelism, or None for ``auto`` (placement decides)."""
-    if node.raw(key, 1) == "auto":
+    default = getattr(DEPLOYMENT, key)
+    if node.raw(key, default) == "auto":
         return None
-    return node.number(key, 1, integer=True, minimum=1, exclusive_minimum=False)
+    return node.number(key, default, integer=True, minimum=1, exclusive_minimum=False)
 
 
 def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, router,
