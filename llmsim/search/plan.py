@@ -2,23 +2,23 @@
 
 For each candidate hardware profile the scenario is placed afresh (tensor and pipeline
 parallelism ``auto``: the fewest devices that hold the model and one longest request,
-see :func:`~llmsim.placement.smallest_fitting`; one pipeline stage when speculating; the
+see :func:`~llmsim.catalog.placement.smallest_fitting`; one pipeline stage when speculating; the
 scenario's own hardware keeps its own placement), and the smallest replica count whose simulation meets every SLO
-percentile target (``slo.met``: P95 TTFT <= ttft and so on, see :class:`~llmsim.scenario.SLO`)
+percentile target (``slo.met``: P95 TTFT <= ttft and so on, see :class:`~llmsim.scenario.scenario.SLO`)
 at the target rate is found:
 
-1. the analytic fast path (:mod:`llmsim.analytic`) brackets it: below ``lower`` replicas
+1. the analytic fast path (:mod:`llmsim.analysis.fluid`) brackets it: below ``lower`` replicas
    the fluid model says the load is beyond capacity or the mean TTFT / TPOT / E2E
    already exceed the limits (a percentile is at least the mean for these right-skewed
    latencies), so those counts are taken to fail; ``upper`` is the first count at which
    it predicts ample room (utilisation <= 0.6 and means within half the limits);
 2. simulation confirms: ``upper`` is simulated (doubled until it passes), then bisection
    over the replica count (several counts at once when workers allow, through
-   :func:`llmsim.sweeps.run_points`, all on the same requests), and the count just below
+   :func:`llmsim.search.sweeps.run_points`, all on the same requests), and the count just below
    the answer is simulated too, so the answer is never taken on the analytic path's word.
 
 Replicas share the load through the scenario's router. Cost and energy come from the
-simulated run at the answer (:func:`llmsim.metrics.economics`: price per device-hour and
+simulated run at the answer (:meth:`llmsim.analysis.summary.Economics.at_tdp`: price per device-hour and
 TDP of every device, draft devices included).
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The objective is goodput in the DistServe sense: the highest arrival rate at which the
 deployment still meets every SLO percentile target (``slo.met``: P95 TTFT <= ttft and so
-on, see :class:`~llmsim.scenario.SLO`), with its output tokens per second; or, with
+on, see :class:`~llmsim.scenario.scenario.SLO`), with its output tokens per second; or, with
 ``objective="cost"``, the dollars per million output tokens when serving at that rate
 (it differs from goodput's ranking when a draft on devices of its own adds devices).
 A recommendation must also meet the targets at the scenario's own rate.
@@ -11,13 +11,13 @@ The search (:func:`recommend`):
 
 1. **Coarse grid, analytic.** Every combination of k (off; static 1..k_max; the
    adaptive 80/50 rule from k0 = 4) and max batch tokens (powers of two, the scenario's
-   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analytic`): its
+   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`): its
    highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
    invisible to it (they act on the tail), so they are left to the simulator.
 2. **Simulated, repeated seeds.** The best ``top`` of them, and the rule-of-thumb
    defaults, get their highest passing rate by bisection on the rate, separately for
    each seed (common random numbers: every configuration sees a seed's requests), run
-   in parallel through :func:`llmsim.sweeps.run_points`. A setting that fails at the
+   in parallel through :func:`llmsim.search.sweeps.run_points`. A setting that fails at the
    scenario's own rate cannot be recommended, and its search stops there.
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
    and each queue timeout (50, 200, 1000 ms), simulated the same way.
