@@ -216,11 +216,12 @@ def main() -> None:
                             cwd=source).stdout.strip() or f"unknown ({source})"
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}; commit {commit}; {args.requests:,} requests at {args.load:.0%} "
-          f"of each engine's capacity (req/s)\n")
+          f"of each engine's capacity (req/s); load average {os.getloadavg()[0]:.2f}\n")
     capacities = {engine: run_child(f"capacity:{engine}")["capacity"] for engine in ENGINES}
     report_engines(args, capacities)
     if args.scale:
         report_scale(args, capacities["plain"])
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f} (other processes share the cores: compare ratios)")
 
 
 if __name__ == "__main__":
