@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import importlib.util
 import json
 import os
 import platform
@@ -210,8 +211,9 @@ def main() -> None:
     if args.profile:
         profile(args, run_child(f"capacity:{args.profile}")["capacity"])
         return
-    import llmsim
-    source = Path(llmsim.__file__).parent       # the commit of the llmsim measured, which may be another tree's
+    # The commit of the llmsim measured (maybe another tree's, on PYTHONPATH), found without importing it:
+    # a child's peak RSS starts from its parent's on Linux (fork, then exec), so this process stays small.
+    source = Path(importlib.util.find_spec("llmsim").origin).parent
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=source).stdout.strip() or f"unknown ({source})"
     print(f"machine: {cpu_name()}, {os.cpu_count()} cores, "
