@@ -1,6 +1,7 @@
 """The command line: runs that work, and bad input that gets one clear paragraph and exit status 2."""
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import llmsim
 from llmsim.cli.main import main
 
 from .helpers import BASE, REPO, merge
@@ -114,3 +116,20 @@ def test_overload_runs_to_the_horizon_and_reports_the_queue(tmp_path):
     assert "unfinished" in done.stdout
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["requests"]["unfinished_queued"] > 0
+
+
+def test_only_the_command_line_prints_or_parses_arguments():
+    """Searches, calibration and the simulator return values; every print and argparse parser is in cli/."""
+    package = Path(llmsim.__file__).parent
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path.parent.name == "cli":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            printing = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+            parsing = (isinstance(node, ast.Import) and any(alias.name == "argparse" for alias in node.names)
+                       or isinstance(node, ast.ImportFrom) and node.module == "argparse")
+            if printing or parsing:
+                offenders.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert not offenders
+
