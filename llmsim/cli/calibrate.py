@@ -20,11 +20,12 @@ from llmsim.errors import ConfigError
 def add_parsers(subparsers) -> None:
     """Register ``calibrate`` and ``validate`` on the CLI's subparsers."""
     cal = subparsers.add_parser("calibrate", help="fit the cost model to a torch decode step on this device")
-    cal.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available, else cpu")
+    cal.add_argument("--device", choices=tuple(DEVICE_DTYPES), help="default: cuda if available, else cpu")
     cal.add_argument("--out", help="profile to write (default: <device>-calibrated.yaml)")
     cal.add_argument("--quick", action="store_true", help="few small shapes and repeats (under 2 minutes on a CPU)")
     cal.add_argument("--threads", type=int, help=f"torch threads (default {DEFAULT_CPU_THREADS} on CPU)")
-    cal.add_argument("--dtypes", help="comma-separated subset of the device's dtypes (cpu: fp32,bf16; cuda: bf16,fp16)")
+    per_device = "; ".join(f"{device}: {','.join(dtypes)}" for device, dtypes in DEVICE_DTYPES.items())
+    cal.add_argument("--dtypes", help=f"comma-separated subset of the device's dtypes ({per_device})")
     cal.add_argument("--transfer-to", metavar="PROFILE",
                      help="write PROFILE with this calibration's efficiencies to --out instead")
     cal.add_argument("--from", dest="from_profile", metavar="CALIBRATED",
@@ -33,7 +34,8 @@ def add_parsers(subparsers) -> None:
     cal.set_defaults(func=_cmd_calibrate)
     val = subparsers.add_parser("validate", help="compare a calibrated profile with held-out torch decode steps")
     val.add_argument("profile", help="a profile written by llmsim calibrate")
-    val.add_argument("--device", choices=("cpu", "cuda"), help="default: the device the profile was calibrated on")
+    val.add_argument("--device", choices=tuple(DEVICE_DTYPES),
+                     help="default: the device the profile was calibrated on")
     val.add_argument("--quick", action="store_true", help="the small held-out grid")
     val.add_argument("--threads", type=int, help="torch threads (default: as in the calibration)")
     val.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG) here")
