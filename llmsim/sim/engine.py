@@ -31,7 +31,7 @@ import simpy
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
-from llmsim.sim.iterations import Iteration, IterationLog
+from llmsim.sim.iterations import Iteration, IterationLog, new_iteration
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, WaitingQueue
 
@@ -147,9 +147,9 @@ class Engine:
         sums = self._prefill_sums(chunks)
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
-        iteration = Iteration(now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
-                              self.kv.used_blocks, len(self.running), len(self.queue), n_spec, proposed, accepted,
-                              draft_s, chunks, decoding)
+        iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
+                                   self.kv.used_blocks, len(self.running), len(self.queue), n_spec, proposed,
+                                   accepted, draft_s, chunks, decoding))
         self.log.append(iteration)
         return iteration
 

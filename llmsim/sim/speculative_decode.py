@@ -42,12 +42,13 @@ _FLOAT_FIELDS = ("alpha", "last_token_s", "max_gap_s", "seen_accepted", "seen_re
 class DecodeSlots:
     """The engine's decoding sequences as parallel arrays, packed in rows ``[0, n)``.
 
-    ``context`` is the KV length (tokens whose keys and values are stored), ``lag``
-    the tokens the draft has not processed yet, ``k_policy`` a per-request adaptive k,
-    ``k`` / ``emitted`` / ``accepted`` this step's draft length and outcome, the
-    ``window_*`` fields the adaptive rule's current window, ``backoff`` its failed probes in a
-    row since it turned speculation off, and ``seen_*`` the goodput
-    policy's decayed acceptance counts. Removing a row moves the last one into it.
+    ``context`` is the KV length (tokens whose keys and values are stored), ``blocks``
+    the KV blocks held, ``lag`` the tokens the draft has not processed yet, ``k`` /
+    ``emitted`` / ``accepted`` this step's draft length and outcome. The k policies keep
+    their per-request state here (:mod:`llmsim.speculation.policies`): ``k_policy`` the
+    adaptive k, ``window_*`` the adaptive rule's current window, ``backoff`` its failed
+    probes in a row since it turned speculation off, ``seen_*`` the goodput policy's
+    decayed acceptance counts. Removing a row moves the last one into it.
     """
 
     def __init__(self, capacity: int = 64):
