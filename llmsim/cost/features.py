@@ -114,6 +114,7 @@ class BatchRow:
         tokens = prefill_tokens + decode_seqs
         touched = self._experts_touched
         x = self._x
+        # Every feature after "one", in FEATURES order: one slice assignment (this runs every iteration).
         x[1:] = (tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
                  touched(tokens) if touched is not None else 1.0, decode_seqs + prefill_logits)
         return x
