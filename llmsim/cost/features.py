@@ -132,20 +132,19 @@ def batch_rows(prefill_tokens=0.0, prefill_pairs=0.0, prefill_kv_read=0.0, prefi
     another row). MoE expert counts come from ``model`` at the tokens per iteration;
     without a model every row touches one "expert" per iteration (the dense case).
     """
-    arrays = np.broadcast_arrays(*(np.asarray(v, dtype=float) for v in (
-        prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs, decode_kv_read,
-        iterations)))
-    pre, pairs, pre_kv, logits, decode, decode_kv, its = arrays
-    x = np.zeros(pre.shape + (len(FEATURES),))
-    x[..., F["one"]] = its
-    x[..., F["tokens"]] = pre + decode
-    x[..., F["prefill_tokens"]] = pre
-    x[..., F["prefill_pairs"]] = pairs
-    x[..., F["prefill_kv_read"]] = pre_kv
-    x[..., F["decode_seqs"]] = decode
-    x[..., F["decode_kv_read"]] = decode_kv
-    x[..., F["logit_tokens"]] = decode + logits
-    return set_iterations(x, its, model)
+    # Assignment broadcasts each sum into its column (cheaper than broadcasting them all first:
+    # the simulator's speculative steps call this every iteration on tiny arrays).
+    shape = np.broadcast_shapes(*(np.shape(v) for v in (
+        prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs, decode_kv_read, iterations)))
+    x = np.zeros(shape + (len(FEATURES),))
+    x[..., F["tokens"]] = np.add(prefill_tokens, decode_seqs, dtype=float)
+    x[..., F["prefill_tokens"]] = prefill_tokens
+    x[..., F["prefill_pairs"]] = prefill_pairs
+    x[..., F["prefill_kv_read"]] = prefill_kv_read
+    x[..., F["decode_seqs"]] = decode_seqs
+    x[..., F["decode_kv_read"]] = decode_kv_read
+    x[..., F["logit_tokens"]] = np.add(decode_seqs, prefill_logits, dtype=float)
+    return set_iterations(x, iterations, model)
 
 
 def set_iterations(x: np.ndarray, iterations, model: ModelSpec | None = None) -> np.ndarray:

@@ -28,6 +28,7 @@ from typing import Callable
 
 import simpy
 
+from llmsim.cost.features import prefill_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
@@ -144,7 +145,7 @@ class Engine:
         decoding = decoding and decode.n > 0          # admission may have preempted decoders
         if not decoding and not chunks:
             return None
-        sums = self._prefill_sums(chunks)
+        sums = prefill_sums(chunks, self._window)
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
         iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
@@ -176,19 +177,6 @@ class Engine:
                 self.finish(request, now)
             else:
                 self.decode.start(request)
-
-    def _prefill_sums(self, chunks) -> tuple[float, float, float, int]:
-        """Prefill chunks as cost features: (tokens, attention pairs, KV read, prompts completed)."""
-        pre_tokens = pairs = pre_kv = 0.0
-        logits = 0
-        window = self._window
-        for request, chunk in chunks:
-            seen = request.prefilled if not window else min(request.prefilled, window)
-            pre_tokens += chunk
-            pairs += chunk * seen + chunk * (chunk + 1) / 2
-            pre_kv += seen + chunk
-            logits += request.prefilled + chunk == request.prefill_target
-        return pre_tokens, pairs, pre_kv, logits
 
     # -- prompts --------------------------------------------------------------------------------
     def _schedule_prefills(self, budget: int, chunks: list) -> int:
