@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import numpy as np
 import simpy
 
 from llmsim.cost.roofline import CostModel
@@ -17,8 +18,9 @@ from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.engine import Engine, reject_expired
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import Request, WaitingQueue
-from llmsim.sim.speculative_decode import SpeculativeDecodeSet
+from llmsim.sim.speculative_decode import DecodeSlots, SpeculativeDecodeSet
 from llmsim.speculation.config import Acceptance, KPolicy, SpeculationConfig
+from llmsim.speculation.policies import AdaptiveK, GoodputK, k_policy
 
 from .helpers import make_scenario
 
@@ -149,3 +151,25 @@ def test_a_speculative_step_reserves_k_plus_one_positions_and_rolls_back_to_the_
     assert list(s.blocks[:4]) == [-(-(111 + a + 1) // BLOCK) for a in accepted]
     assert engine.kv.used_blocks == int(s.blocks[:4].sum())
     assert (accepted == 0).any()                           # at alpha 0.3 some rejected every draft: 7 blocks
+
+
+def test_the_adaptive_policy_moves_k_by_one_per_window_on_the_80_50_rule():
+    policy = k_policy(KPolicy("adaptive", 4, k_max=8, window=2))
+    assert isinstance(policy, AdaptiveK) and not policy.per_batch
+    assert isinstance(k_policy(KPolicy("goodput", 4, scope="per_batch")), GoodputK)
+    slots = DecodeSlots()
+    slots.add(Request(0, 0.0, 100, 100))
+    slots.k_policy[0] = policy.initial_k
+    everyone = np.ones(1, dtype=bool)
+
+    def round_(accepted: int) -> int:
+        k = policy.choose(slots, 1, everyone, None)
+        policy.observe(slots, 1, k, np.array([accepted]), k > 0)
+        return int(slots.k_policy[0])
+
+    # Window of 2 rounds at k = 4: 8 of 8 accepted (100% > 80%): k = 5 after the second round.
+    assert [round_(4), round_(4)] == [4, 5]
+    # 2 of 10 accepted at k = 5 (20% < 50%): back to 4; 3 of 8 (37.5%): 3; 4 of 6 (67%): stays.
+    assert [round_(1), round_(1)] == [5, 4]
+    assert [round_(2), round_(1)] == [4, 3]
+    assert [round_(2), round_(2)] == [3, 3]
