@@ -91,13 +91,11 @@ def measure_engine(engine: str, rate_per_s: float, requests: int, replicas: int)
     llmsim.simulate(load(scenario_yaml(engine, rate_per_s, WARM_UP_REQUESTS, replicas)))
     scenario = load(scenario_yaml(engine, rate_per_s, requests, replicas))
     before = peak_rss_bytes()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     result = llmsim.simulate(scenario)
-    wall_s = time.perf_counter() - start
-    finished = int((result.requests["status"] == "finished").sum())
-    return {"wall_s": wall_s, "requests": requests, "finished": finished, "iterations": len(result.iterations),
-            "simulated_s": float(result.requests["finish_s"].max()), "rss_before": before,
-            "rss_peak": peak_rss_bytes()}
+    wall_s, cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
+    return {"wall_s": wall_s, "cpu_s": cpu_s, "requests": requests, "iterations": len(result.iterations),
+            "rss_before": before, "rss_peak": peak_rss_bytes()}
 
 
 def measure_bare_simpy(requests: int) -> dict:
@@ -111,12 +109,12 @@ def measure_bare_simpy(requests: int) -> dict:
 
     env = simpy.Environment()
     before = peak_rss_bytes()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     for delay in delays:
         env.process(request(env, delay))
     env.run()
-    return {"wall_s": time.perf_counter() - start, "requests": requests, "rss_before": before,
-            "rss_peak": peak_rss_bytes()}
+    return {"wall_s": time.perf_counter() - start, "cpu_s": time.process_time() - start_cpu, "requests": requests,
+            "rss_before": before, "rss_peak": peak_rss_bytes()}
 
 
 def child(args) -> None:
@@ -148,45 +146,50 @@ def gigabytes(n: float) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
+def per_s(row: dict, clock: str) -> float:
+    """Requests per second of ``clock``: wall_s, or cpu_s (this process's own CPU time, which other
+    processes on a shared machine disturb much less)."""
+    return row["requests"] / row[clock]
+
+
 def report_engines(args, capacities: dict[str, float]) -> None:
-    bare = run_child("bare-simpy", args.requests)
-    bare_rate = bare["requests"] / bare["wall_s"]
     rows = {engine: run_child(engine, args.requests, args.load * capacities[engine]) for engine in ENGINES}
-    print(f"{'':<22}{'capacity':>10}{'offered':>9}{'iterations':>12}{'wall s':>9}{'req/wall s':>12}"
-          f"{'peak RSS':>10}{'above start':>13}{'per request':>13}")
+    rows["bare SimPy (1 timeout)"] = run_child("bare-simpy", args.requests)
+    print(f"{'':<22}{'capacity':>9}{'offered':>8}{'iterations':>11}{'wall s':>8}{'req/wall s':>11}{'req/CPU s':>10}"
+          f"{'peak RSS':>9}{'growth':>8}{'per req':>9}")
     for engine, row in rows.items():
         grown = row["rss_peak"] - row["rss_before"]
-        print(f"{engine:<22}{capacities[engine]:>10.2f}{args.load * capacities[engine]:>9.2f}{row['iterations']:>12,}"
-              f"{row['wall_s']:>9.2f}{row['requests'] / row['wall_s']:>12,.0f}{gigabytes(row['rss_peak']):>10}"
-              f"{gigabytes(grown):>13}{grown / row['requests']:>11,.0f} B")
-    grown = bare["rss_peak"] - bare["rss_before"]
-    print(f"{'bare SimPy (1 timeout)':<22}{'':>10}{'':>9}{'':>12}{bare['wall_s']:>9.2f}{bare_rate:>12,.0f}"
-          f"{gigabytes(bare['rss_peak']):>10}{gigabytes(grown):>13}{grown / bare['requests']:>11,.0f} B")
-    plain = rows["plain"]
-    plain_rate = plain["requests"] / plain["wall_s"]
-    print(f"\nplain / bare SimPy: {plain_rate / bare_rate:.4f} (requests per wall second)")
+        load = (f"{capacities[engine]:>9.2f}{args.load * capacities[engine]:>8.2f}{row['iterations']:>11,}"
+                if engine in capacities else " " * 28)
+        print(f"{engine:<22}{load}{row['wall_s']:>8.2f}{per_s(row, 'wall_s'):>11,.0f}{per_s(row, 'cpu_s'):>10,.0f}"
+              f"{gigabytes(row['rss_peak']):>9}{gigabytes(grown):>8}{grown / row['requests']:>7,.0f} B")
+    plain, bare = rows["plain"], rows["bare SimPy (1 timeout)"]
+    ratio = {clock: per_s(plain, clock) / per_s(bare, clock) for clock in ("wall_s", "cpu_s")}
+    print(f"\nplain / bare SimPy: {ratio['wall_s']:.4f} per wall s, {ratio['cpu_s']:.4f} per CPU s (requests)")
     for engine in ("static-k4", "adaptive"):
         row = rows[engine]
-        print(f"{engine} / plain: {row['requests'] / row['wall_s'] / plain_rate:.2f} (requests per wall second), "
+        print(f"{engine} / plain: {per_s(row, 'wall_s') / per_s(plain, 'wall_s'):.2f} per wall s, "
+              f"{per_s(row, 'cpu_s') / per_s(plain, 'cpu_s'):.2f} per CPU s (requests); "
               f"{row['rss_peak'] / plain['rss_peak']:.2f} (peak RSS)")
 
 
 def report_scale(args, capacity: float) -> None:
     big = run_child("plain", 1_000_000, args.load * capacity)
-    print(f"\n1,000,000 requests, plain engine: {big['wall_s']:.1f} wall s "
-          f"({big['requests'] / big['wall_s']:,.0f} per wall s), peak RSS {gigabytes(big['rss_peak'])} "
+    print(f"\n1,000,000 requests, plain engine: {big['wall_s']:.1f} wall s, {big['cpu_s']:.1f} CPU s, "
+          f"peak RSS {gigabytes(big['rss_peak'])} "
           f"({(big['rss_peak'] - big['rss_before']) / big['requests']:,.0f} B per request above the start)")
-    costs = {}
+    rows = {}
     for replicas in (1, 64):
-        row = run_child("plain", args.requests, replicas * args.load * capacity, replicas)
-        costs[replicas] = row["wall_s"] / row["requests"]
+        rows[replicas] = row = run_child("plain", args.requests, replicas * args.load * capacity, replicas)
         print(f"{replicas:>2} replica(s) at {args.load:.0%} each, {args.requests:,} requests: "
-              f"{costs[replicas] * 1e6:.1f} wall us per request")
-    print(f"64 replicas / 1 replica, wall time per request: {costs[64] / costs[1]:.2f}")
+              f"{1e6 / per_s(row, 'wall_s'):.1f} wall us, {1e6 / per_s(row, 'cpu_s'):.1f} CPU us per request")
+    print(f"64 replicas / 1 replica, time per request: {per_s(rows[1], 'wall_s') / per_s(rows[64], 'wall_s'):.2f} "
+          f"wall, {per_s(rows[1], 'cpu_s') / per_s(rows[64], 'cpu_s'):.2f} CPU")
 
 
 def profile(args, capacity: float) -> None:
     import llmsim
+    llmsim.simulate(load(scenario_yaml(args.profile, args.load * capacity, WARM_UP_REQUESTS)))
     scenario = load(scenario_yaml(args.profile, args.load * capacity, args.requests))
     profiler = cProfile.Profile()
     profiler.enable()
