@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol
 
+import numba
 import numpy as np
 
 from llmsim.catalog.models import ModelSpec
@@ -30,6 +31,9 @@ from llmsim.catalog.models import ModelSpec
 FEATURES = ("one", "tokens", "prefill_tokens", "prefill_pairs", "prefill_kv_read",
             "decode_seqs", "decode_kv_read", "experts_touched", "logit_tokens")
 F = {name: i for i, name in enumerate(FEATURES)}
+# The same columns as constants, for compiled code (numba reads module globals when it compiles).
+_ONE, _TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _PREFILL_KV_READ, _DECODE_SEQS, _DECODE_KV_READ, _EXPERTS, _LOGITS = (
+    F[name] for name in FEATURES)
 
 
 # -- attention arithmetic ---------------------------------------------------------------------
@@ -179,6 +183,68 @@ def sequential_decode_rows(drafts: np.ndarray, context: np.ndarray, steps: int) 
     running = drafts[:, None] > j
     count = running.sum(axis=0)
     return batch_rows(decode_seqs=count, decode_kv_read=((context.reshape(-1, 1) + j + 1) * running).sum(axis=0))
+
+
+@numba.njit(cache=True)
+def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read,
+                          prompt_chunks):
+    """The sums of one speculative decode step of sequences ``[0, n)``, compiled (it runs every step).
+
+    Sequence ``i`` sees ``seen = min(context[i], window)`` cached tokens (``window`` 0: no
+    window). With ``k[i] > 0`` the target verifies a chunk of ``k[i] + 1`` positions after
+    them, every one giving logits; with ``k[i] = 0`` it decodes one token. The draft's rows
+    go into ``draft_rows`` (none when it has no rows: an n-gram speculator): ``max k``
+    sequential decode steps as in :func:`sequential_decode_rows`, the first of which also
+    prefills, for each speculating sequence, the ``draft_fed[i] - 1`` tokens it has not
+    processed beyond the one every step feeds, and, when ``prompt_chunks``, the iteration's
+    prompt chunks (``prompt_*`` sums: the draft prefills what the target prefills).
+
+    Returns ``(verify_tokens, verify_pairs, verify_kv_read, spec_seqs, draft_tokens,
+    decode_kv_read, draft_steps)``: ``decode_kv_read`` is the plain sequences' KV read,
+    ``draft_steps`` the rows of ``draft_rows`` filled. Every sum is a sum of integers,
+    exact in float64 whatever the order, so they equal the vectorised builders' values.
+    """
+    tokens = pairs = kv_read = decode_kv = 0
+    spec_seqs = drafted = steps = 0
+    for i in range(n):
+        seen = context[i] if window == 0 or context[i] < window else window
+        new = k[i] + 1
+        if k[i] > 0:
+            tokens += new
+            pairs += new * seen + new * (new + 1) // 2
+            kv_read += seen + new
+            spec_seqs += 1
+            drafted += k[i]
+            steps = max(steps, k[i])
+        else:
+            decode_kv += new + seen if window == 0 or new + seen < window else window
+    if len(draft_rows) == 0 or (steps == 0 and not prompt_chunks):
+        return float(tokens), float(pairs), float(kv_read), spec_seqs, drafted, float(decode_kv), 0
+    steps = max(steps, 1)
+    draft_rows[:steps] = 0.0
+    behind_tokens = behind_pairs = behind_kv = 0
+    for i in range(n):
+        if k[i] == 0:
+            continue
+        seen = context[i] if window == 0 or context[i] < window else window
+        for j in range(k[i]):
+            draft_rows[j, _DECODE_SEQS] += 1.0
+            draft_rows[j, _DECODE_KV_READ] += seen + j + 1
+        behind = draft_fed[i] - 1
+        if behind > 0:
+            behind_tokens += behind
+            behind_pairs += behind * seen
+            behind_kv += seen + behind
+    for j in range(steps):
+        row = draft_rows[j]
+        row[_ONE] = row[_EXPERTS] = 1.0                  # dense draft: one "expert" per step
+        row[_TOKENS] = row[_LOGITS] = row[_DECODE_SEQS]
+    first = draft_rows[0]
+    first[_TOKENS] += behind_tokens + prompt_tokens
+    first[_PREFILL_TOKENS] += behind_tokens + prompt_tokens
+    first[_PREFILL_PAIRS] += behind_pairs + prompt_pairs
+    first[_PREFILL_KV_READ] += behind_kv + prompt_kv_read
+    return float(tokens), float(pairs), float(kv_read), spec_seqs, drafted, float(decode_kv), steps
 
 
 def tokens_of(x: np.ndarray):

@@ -19,24 +19,32 @@ With the draft on the target's devices the iteration lasts draft + verify; with 
 draft on devices of its own the two overlap as a producer-consumer pipeline (the
 draft proposes the next step while the target verifies this one), so it lasts the
 longer of the two plus a hand-off. Variable tokens per step rule out the one-token
-set's closed-form bookkeeping, so the decoding sequences live in packed numpy arrays
-(:class:`DecodeSlots`) and every step is a handful of vector operations.
+set's closed-form bookkeeping, so the decoding sequences live in packed numpy columns
+(:class:`DecodeSlots`). A batch is a few dozen rows, too few for numpy's per-call
+overhead to pay off, so each phase of a step is one compiled loop over the columns
+(numba): the caps and the KV reservation (:mod:`llmsim.sim.speculative_kernels`), the
+step's feature sums and the draft's rows (:func:`llmsim.cost.features.speculative_step_sums`),
+the acceptance draws, the outcome and its rollback, the adaptive rule's windows. What
+stays in Python per step is the policy's choice, the two roofline prices (target and
+draft, :meth:`~llmsim.cost.roofline.CostModel.iteration`) and finishing requests.
 """
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
-from llmsim.cost.features import (add_prefill, attention_pairs, batch_rows, chunk_sums,
-                                  sequential_decode_rows)
+from llmsim.cost.features import FEATURES, attention_pairs, batch_rows, sequential_decode_rows, speculative_step_sums
 from llmsim.sim.decode import DecodeSet
 from llmsim.sim.request import InterTokenGaps, Request
+from llmsim.sim.speculative_kernels import advance_rows, eligible_rows, reserve_blocks
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 
-_INT_FIELDS = ("context", "generated", "remaining", "blocks", "request_id", "k_policy", "k", "emitted",
-               "accepted", "lag", "window_proposed", "window_accepted", "window_rounds", "backoff",
-               "proposed_total", "accepted_total")
+_INT_FIELDS = ("context", "generated", "remaining", "blocks", "request_id", "k_policy", "k", "accepted", "lag",
+               "window_proposed", "window_accepted", "window_rounds", "backoff", "proposed_total", "accepted_total")
 _FLOAT_FIELDS = ("alpha", "last_token_s", "max_gap_s", "seen_accepted", "seen_rejected")
+_STEP_MASKS = ("eligible", "speculated")          # this step's only: not moved with a row
 
 
 class DecodeSlots:
@@ -44,29 +52,43 @@ class DecodeSlots:
 
     ``context`` is the KV length (tokens whose keys and values are stored), ``blocks``
     the KV blocks held, ``lag`` the tokens the draft has not processed yet, ``k`` /
-    ``emitted`` / ``accepted`` this step's draft length and outcome. The k policies keep
-    their per-request state here (:mod:`llmsim.speculation.policies`): ``k_policy`` the
-    adaptive k, ``window_*`` the adaptive rule's current window, ``backoff`` its failed
-    probes in a row since it turned speculation off, ``seen_*`` the goodput policy's
-    decayed acceptance counts. Removing a row moves the last one into it.
+    ``accepted`` this step's draft length and outcome, ``eligible`` / ``speculated`` this
+    step's masks. The k policies keep their per-request state here
+    (:mod:`llmsim.speculation.policies`): ``k_policy`` the adaptive k, ``window_*`` the
+    adaptive rule's current window, ``backoff`` its failed probes in a row since it turned
+    speculation off, ``seen_*`` the goodput policy's decayed acceptance counts.
+
+    The integer columns are the rows of one 2-D array and the float columns of another
+    (each column contiguous, as the compiled kernels want them), so removing a row, which
+    moves the last one into it, is two array copies.
     """
 
     def __init__(self, capacity: int = 64):
         self.n = 0
         self.requests: list[Request] = []
-        for name in _INT_FIELDS:
-            setattr(self, name, np.zeros(capacity, dtype=np.int64))
-        for name in _FLOAT_FIELDS:
-            setattr(self, name, np.zeros(capacity))
+        self._ints = np.zeros((len(_INT_FIELDS), 0), dtype=np.int64)
+        self._floats = np.zeros((len(_FLOAT_FIELDS), 0))
+        self._grow(capacity)
+
+    def _grow(self, capacity: int) -> None:
+        ints = np.zeros((len(_INT_FIELDS), capacity), dtype=np.int64)
+        floats = np.zeros((len(_FLOAT_FIELDS), capacity))
+        ints[:, :self._ints.shape[1]] = self._ints
+        floats[:, :self._floats.shape[1]] = self._floats
+        self._ints, self._floats = ints, floats
+        for name, column in zip(_INT_FIELDS, ints):
+            setattr(self, name, column)
+        for name, column in zip(_FLOAT_FIELDS, floats):
+            setattr(self, name, column)
+        for name in _STEP_MASKS:
+            setattr(self, name, np.zeros(capacity, dtype=bool))
 
     def add(self, request: Request) -> int:
         i = self.n
-        if i == len(self.context):
-            for name in _INT_FIELDS + _FLOAT_FIELDS:
-                old = getattr(self, name)
-                setattr(self, name, np.concatenate([old, np.zeros_like(old)]))
-        for name in _INT_FIELDS + _FLOAT_FIELDS:
-            getattr(self, name)[i] = 0
+        if i == self._ints.shape[1]:
+            self._grow(2 * i)
+        self._ints[:, i] = 0
+        self._floats[:, i] = 0.0
         self.requests.append(request)
         request.slot = i
         self.n += 1
@@ -75,9 +97,8 @@ class DecodeSlots:
     def remove(self, i: int) -> None:
         last = self.n - 1
         if i != last:
-            for name in _INT_FIELDS + _FLOAT_FIELDS:
-                array = getattr(self, name)
-                array[i] = array[last]
+            self._ints[:, i] = self._ints[:, last]
+            self._floats[:, i] = self._floats[:, last]
             moved = self.requests[last]
             self.requests[i] = moved
             moved.slot = i
@@ -104,9 +125,16 @@ class SpeculativeDecodeSet(DecodeSet):
         self._separate = handoff_s is not None and draft_cost is not None
         self._handoff_s = handoff_s if self._separate else 0.0
         self._force_plain = False                    # this step's reservation could not hold k tokens
-        self._step_gaps_s: list[np.ndarray] = []     # per decode step: each sequence's gap
-        self._step_ends_s: list[float] = []
-        self._burst_tokens: list[int] = []           # per decode step: tokens beyond one per sequence
+        # The draft's feature rows, one per sequential step (a step never drafts more than the policy's k).
+        longest = max(speculation.policy.k, speculation.policy.k_max, 1)
+        self._draft_rows = np.zeros((longest if draft_cost is not None else 0, len(FEATURES)))
+        # Inter-token gaps: every decoding sequence's per step, in step order, and the steps' end times,
+        # decoding sequences and tokens beyond one per sequence (they come with the first: gap 0).
+        self._gaps_s = np.zeros(4096)
+        self._gaps_used = 0
+        self._step_ends_s = array("d")
+        self._step_seqs = array("q")
+        self._burst_tokens = array("q")
 
     # -- joining and leaving ------------------------------------------------------------------------
     def start(self, request: Request) -> None:
@@ -148,125 +176,79 @@ class SpeculativeDecodeSet(DecodeSet):
         When the free blocks cannot hold the speculative positions the step decodes
         plainly; when they cannot hold even that, the latest admitted request is preempted.
         """
-        s, kv, size = self.slots, self.engine.kv, self.engine.kv.block_size
+        s, kv = self.slots, self.engine.kv
         while True:
             n = self.n
             if n == 0:
                 self._force_plain = False
                 return 0
-            k = self._choose_k(n)
-            need = np.maximum(-(-(s.context[:n] + k + 1) // size) - s.blocks[:n], 0)
-            total = int(need.sum())
-            if total <= kv.free_blocks:
+            # Never draft past the last token asked for, nor past the iteration's token budget.
+            needed, drafted, reserved = reserve_blocks(n, self._choose_k(n), s.eligible, s.remaining, s.context,
+                                                       s.blocks, s.k, self.engine.config.max_batch_tokens - n,
+                                                       kv.block_size, kv.free_blocks)
+            if reserved:
                 break
-            if k.any():
+            if drafted:
                 self._force_plain = True
             else:
                 self.engine.preempt_latest(now)
         self._force_plain = False
-        kv.allocate(total)
-        s.blocks[:n] += need
-        s.k[:n] = k
-        return n + int(k.sum())
+        kv.allocate(needed)
+        return n + drafted
 
-    def _choose_k(self, n: int) -> np.ndarray:
+    def _choose_k(self, n: int) -> np.ndarray | None:
+        """The policy's k for each of the ``n`` sequences, or None when none may speculate this step."""
         s, rule = self.slots, self.spec.eligibility
         if self._force_plain or len(self.engine.running) < rule.min_concurrent_requests:
-            return np.zeros(n, dtype=np.int64)
-        eligible = s.context[:n] + 1 > rule.min_sequence_tokens
-        if not eligible.any():
-            return np.zeros(n, dtype=np.int64)
-        k = self.policy.choose(s, n, eligible, self._candidate_times)
-        # Never draft past the last token asked for, nor past the iteration's token budget.
-        k = np.where(eligible, np.minimum(k, s.remaining[:n] - 1), 0)
-        budget = self.engine.config.max_batch_tokens - n
-        if k.sum() > budget:
-            cap = int(k.max())
-            while cap > 0 and np.minimum(k, cap).sum() > budget:
-                cap -= 1
-            k = np.minimum(k, cap)
-        return k
+            return None
+        if not eligible_rows(n, s.context, rule.min_sequence_tokens, s.eligible):
+            return None
+        return self.policy.choose(s, n, s.eligible[:n], self._candidate_times)
 
     # -- a step: price it -----------------------------------------------------------------------
     def price(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits):
         n = self.n if decoding else 0
-        s, window = self.slots, self._window
-        verify = (0.0, 0.0, 0.0)                      # tokens (each gives logits), pairs, KV read of verify chunks
-        plain, decode_kv, n_spec, proposed, accepted, emitted = n, 0.0, 0, 0, 0, 0
-        draft_x = None
-        if n:
-            k, context = s.k[:n], s.context[:n]
-            seen = np.minimum(context, window) if window else context
-            spec = k > 0
-            n_spec = int(np.count_nonzero(spec))
+        s = self.slots
+        # The verify chunks' tokens (each gives logits), pairs and KV read; the draft's rows.
+        tokens, verify_pairs, verify_kv, n_spec, proposed, decode_kv, draft_steps = speculative_step_sums(
+            n, s.k, s.context, self._window or 0, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv, bool(chunks))
+        accepted = 0
+        if proposed:
+            accepted = self.spec.acceptance.accept(self.key, s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
+        elif n:
             s.accepted[:n] = 0
-            if n_spec:
-                ks, cs = k[spec], seen[spec]
-                verify = chunk_sums(ks + 1, cs)       # k + 1 positions over each context
-                a = self.spec.acceptance.accepted(self.key, s.request_id[:n][spec], s.generated[:n][spec],
-                                                  s.alpha[:n][spec], ks)
-                s.accepted[:n][spec] = a
-                proposed, accepted = int(ks.sum()), int(a.sum())
-                if self.draft_cost is not None:
-                    draft_x = self._draft_rows(ks, cs, s.lag[:n][spec])
-            s.emitted[:n] = s.accepted[:n] + 1        # k <= remaining - 1, so a + 1 never overshoots
-            emitted = n + accepted
-            plain = n - n_spec
-            rest = seen[~spec] + 1
-            decode_kv = float((np.minimum(rest, window) if window else rest).sum())
-        x = self._row.fill(pre_tokens + verify[0], pairs + verify[1], pre_kv + verify[2], logits + verify[0],
-                           plain, decode_kv)
+        x = self._row.fill(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv, logits + tokens,
+                           n - n_spec, decode_kv)
         duration, flops, moved = self.engine.cost.iteration(x)
         draft_s = 0.0
-        if self.draft_cost is not None and (draft_x is not None or chunks):
-            if draft_x is None:                       # the draft prefills what the target prefills
-                draft_x = batch_rows()[None, :]
-            add_prefill(draft_x[0], pre_tokens, pairs, pre_kv)
-            times, draft_flops, draft_bytes = self.draft_cost.iteration(draft_x)
+        if draft_steps:
+            times, draft_flops, draft_bytes = self.draft_cost.iteration(self._draft_rows[:draft_steps])
             draft_s = float(times.sum())
             flops, moved = flops + float(draft_flops.sum()), moved + float(draft_bytes.sum())
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
-        return duration, n, emitted + logits, flops, moved, n_spec, proposed, accepted, draft_s
-
-    def _draft_rows(self, k: np.ndarray, context: np.ndarray, lag: np.ndarray) -> np.ndarray:
-        """Feature rows of the draft's ``max k`` sequential steps; step j runs the sequences with k > j.
-
-        Step 0 also feeds the draft the tokens it has not seen (``lag - 1`` beyond the one
-        every step feeds), as a short prefill.
-        """
-        rows = sequential_decode_rows(k, context, int(k.max()))
-        behind = lag - 1
-        if behind.any():
-            add_prefill(rows[0], behind.sum(), (behind * context).sum(), ((context + behind) * (behind > 0)).sum())
-        return rows
+        return duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s
 
     # -- a step: apply its outcome ----------------------------------------------------------------
     def advance(self, now: float) -> None:
         n = self.n
         s, kv = self.slots, self.engine.kv
-        size = kv.block_size
-        k, a, e = s.k[:n], s.accepted[:n], s.emitted[:n]
-        gaps = now - s.last_token_s[:n]
-        self._step_gaps_s.append(gaps)
+        at = self._gaps_used
+        if at + n > len(self._gaps_s):
+            # Grow in place (realloc): no second copy of the gaps held while growing.
+            self._gaps_s.resize(max(at + n, len(self._gaps_s) * 5 // 4), refcheck=False)
+        freed, emitted, finished = advance_rows(n, now, s.k, s.accepted, s.last_token_s, s.max_gap_s, s.generated,
+                                                s.remaining, s.context, s.blocks, s.proposed_total,
+                                                s.accepted_total, s.lag, s.speculated, kv.block_size,
+                                                self._gaps_s, at)
+        self._gaps_used = at + n
         self._step_ends_s.append(now)
-        self._burst_tokens.append(int(e.sum()) - n)   # emitted together with a sequence's first: gap 0
-        np.maximum(s.max_gap_s[:n], gaps, out=s.max_gap_s[:n])
-        s.last_token_s[:n] = now
-        s.generated[:n] += e
-        s.remaining[:n] -= e
-        s.context[:n] += e
-        # Roll back the rejected positions' KV: keep the blocks the accepted context needs.
-        keep = -(-s.context[:n] // size)
-        kv.free(int((s.blocks[:n] - keep).sum()))
-        s.blocks[:n] = keep
-        s.proposed_total[:n] += k
-        s.accepted_total[:n] += a
-        spec = k > 0
-        # The draft has seen its own accepted tokens except the last, when all k were accepted.
-        s.lag[:n] = np.where(spec, 1 + (a == k), s.lag[:n] + 1)
-        self.policy.observe(s, n, k, a, spec)
-        for i in np.flatnonzero(s.remaining[:n] == 0)[::-1]:
-            self.engine.finish(self._release(int(i)), now)
+        self._step_seqs.append(n)
+        self._burst_tokens.append(emitted - n)
+        kv.free(freed)
+        self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
+        if finished:
+            for i in np.flatnonzero(s.remaining[:n] == 0)[::-1]:
+                self.engine.finish(self._release(int(i)), now)
 
     def _candidate_times(self, eligible: np.ndarray, drafted: np.ndarray, limit: np.ndarray) -> np.ndarray:
         """Decode-step time for every candidate k (columns of ``drafted``, draft lengths of the
@@ -298,9 +280,10 @@ class SpeculativeDecodeSet(DecodeSet):
             request.generated = int(s.generated[i])
             request.draft_tokens += int(s.proposed_total[i])
             request.accepted_tokens += int(s.accepted_total[i])
-        if self._step_gaps_s:
-            lengths = [len(g) for g in self._step_gaps_s]
-            each = np.concatenate(self._step_gaps_s)
-            gaps.add(np.repeat(self._step_ends_s, lengths), each, np.ones(len(each)))
-            gaps.add(self._step_ends_s, np.zeros(len(self._step_ends_s)), self._burst_tokens)
-
+        if self._step_ends_s:
+            each = self._gaps_s
+            each.resize(self._gaps_used, refcheck=False)       # in place: the buffer becomes the record
+            ends = np.asarray(self._step_ends_s)
+            # Every gap weighs one token: a read-only broadcast, not an array of ones.
+            gaps.add(np.repeat(ends, self._step_seqs), each, np.broadcast_to(1.0, len(each)))
+            gaps.add(ends, np.zeros(len(ends)), self._burst_tokens)

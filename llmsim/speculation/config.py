@@ -29,6 +29,7 @@ second of the whole batch from the cost model and the estimated acceptance
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
@@ -114,18 +115,28 @@ class Acceptance:
 
     def accepted(self, key: int, request_ids: np.ndarray, positions: np.ndarray, alphas: np.ndarray,
                  k: np.ndarray) -> np.ndarray:
-        """Draft tokens accepted by one verify step of each sequence.
+        """Draft tokens accepted by one verify step of each sequence (0 where ``k`` is 0).
 
         ``positions`` is each sequence's next output index (its draft token j proposes
         output ``positions + j``); ``k`` its draft length this step.
         """
         out = np.empty(len(k), dtype=np.int64)
-        if self.process == "replay":
-            replayed_prefixes(np.uint64(key), request_ids, positions, np.asarray(self.samples, dtype=np.int64), k, out)
-        else:
-            decay = self.decay if self.process == "positional" else 1.0
-            accepted_prefixes(np.uint64(key), request_ids, positions, alphas, k, decay, out)
+        self.accept(key, request_ids, positions, alphas, k, out)
         return out
+
+    def accept(self, key: int, request_ids: np.ndarray, positions: np.ndarray, alphas: np.ndarray,
+               k: np.ndarray, out: np.ndarray) -> int:
+        """:meth:`accepted` into ``out`` for the first ``len(out)`` rows of the other arrays (the
+        simulator passes whole columns and a view of its rows); returns the accepted total."""
+        if self.process == "replay":
+            return replayed_prefixes(np.uint64(key), request_ids, positions, self._sample_array, k, out)
+        decay = self.decay if self.process == "positional" else 1.0
+        return accepted_prefixes(np.uint64(key), request_ids, positions, alphas, k, decay, out)
+
+    @cached_property
+    def _sample_array(self) -> np.ndarray:
+        """The replayed lengths as the kernel reads them (converted once, not every step)."""
+        return np.asarray(self.samples, dtype=np.int64)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
-"""Compiled inner loops of speculative decoding (numba).
+"""Compiled inner loops of speculative decoding (numba): acceptance draws and the adaptive k rule.
 
 A decode step decides, for every speculating sequence of the batch, how many of its ``k``
-draft tokens the target accepts. With numpy that is a dozen array calls on arrays of a
-few dozen numbers, and their call overhead dominated the speculative engine's time;
-compiled, a whole batch costs about a microsecond. The hash is the one of
+draft tokens the target accepts, and the adaptive k policy then updates each sequence's
+window. With numpy each is a dozen array calls on arrays of a few dozen numbers, and
+their call overhead dominated the speculative engine's time; compiled, a whole batch
+costs a microsecond or two. The hash is the one of
 :func:`llmsim.speculation.config.hashed_uniforms` (splitmix64 of seed, request and output
 position), so every number drawn here equals the numpy function's, and runs stay
 identical whichever path draws them (tests/test_speculative.py checks both).
@@ -30,14 +31,14 @@ def _mix(z):
 
 @numba.njit(cache=True)
 def accepted_prefixes(key, request_ids, positions, alphas, k, decay, out):
-    """Accepted draft tokens of each sequence this step; returns their total.
+    """Accepted draft tokens of sequences ``[0, len(out))`` this step; returns their total.
 
     Draft token ``j`` of sequence ``i`` proposes output ``positions[i] + j`` and is accepted
     when ``U(key, request_ids[i], positions[i] + j) < alphas[i] * decay**j``; the accepted
     prefix stops at the first rejection. Rows with ``k == 0`` accept nothing.
     """
     total = 0
-    for i in range(len(k)):
+    for i in range(len(out)):
         accepted = 0
         if k[i] > 0:
             base = _mix(np.uint64(key) ^ (np.uint64(request_ids[i]) * _GOLDEN))
@@ -55,10 +56,11 @@ def accepted_prefixes(key, request_ids, positions, alphas, k, decay, out):
 
 @numba.njit(cache=True)
 def replayed_prefixes(key, request_ids, positions, samples, k, out):
-    """Accepted lengths drawn from measured ``samples`` by ``U(key, request, position)``, capped at k."""
+    """Accepted lengths of sequences ``[0, len(out))`` drawn from measured ``samples`` by
+    ``U(key, request, position)``, capped at k; returns their total."""
     total = 0
     count = len(samples)
-    for i in range(len(k)):
+    for i in range(len(out)):
         accepted = 0
         if k[i] > 0:
             base = _mix(np.uint64(key) ^ (np.uint64(request_ids[i]) * _GOLDEN))
@@ -68,3 +70,46 @@ def replayed_prefixes(key, request_ids, positions, samples, k, out):
         out[i] = accepted
         total += accepted
     return total
+
+
+@numba.njit(cache=True)
+def window_length(k, backoff, window, max_backoff):
+    """Rounds in an adaptive window: ``window`` while speculating; while off (k = 0), twice as
+    many after each probe at k = 1 that failed in a row, at most ``2**max_backoff`` windows."""
+    return window << min(backoff, max_backoff) if k == 0 else window
+
+
+@numba.njit(cache=True)
+def adapt_window(k, backoff, rate, observed, raise_above, lower_below, k_max, fallback):
+    """The adaptive k rule on one finished window; returns ``(k, backoff)`` for the next one.
+
+    k + 1 (up to ``k_max``) when the window's acceptance ``rate`` is above ``raise_above``,
+    k - 1 below ``lower_below`` (not below 1 without ``fallback``), unchanged when nothing
+    was ``observed``. A window spent off (k = 0) probes again at k = 1; a probe that turns
+    speculation off again counts one more failure, a window that keeps speculating clears them.
+    """
+    if k == 0:
+        return 1, backoff
+    new = k
+    if observed and rate > raise_above:
+        new = min(k + 1, k_max)
+    elif observed and rate < lower_below:
+        new = k - 1
+    new = max(new, 0 if fallback else 1)
+    return new, (backoff + 1 if new == 0 else 0)
+
+
+@numba.njit(cache=True)
+def observe_windows(n, k, accepted, speculated, k_policy, window_proposed, window_accepted, window_rounds, backoff,
+                    window, max_backoff, raise_above, lower_below, k_max, fallback):
+    """Per-request adaptive k: add this step to each sequence's window (a round when it
+    speculated or is off); when it has lasted :func:`window_length`, :func:`adapt_window`."""
+    for i in range(n):
+        window_proposed[i] += k[i]
+        window_accepted[i] += accepted[i]
+        window_rounds[i] += 1 if speculated[i] or k_policy[i] == 0 else 0
+        if window_rounds[i] >= window_length(k_policy[i], backoff[i], window, max_backoff):
+            rate = window_accepted[i] / max(window_proposed[i], 1)
+            k_policy[i], backoff[i] = adapt_window(k_policy[i], backoff[i], rate, window_proposed[i] > 0,
+                                                   raise_above, lower_below, k_max, fallback)
+            window_proposed[i] = window_accepted[i] = window_rounds[i] = 0

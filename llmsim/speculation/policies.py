@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 
 from llmsim.speculation.config import KPolicy, expected_tokens_per_step
+from llmsim.speculation.kernels import adapt_window, observe_windows, window_length
 
 MAX_BACKOFF = 5                                   # the adaptive rule's longest time off: 2^5 windows
 
@@ -63,7 +64,10 @@ class StaticK(KPolicyRule):
 class AdaptiveK(KPolicyRule):
     """The 80/50 rule: after ``window`` rounds, k + 1 when the window's acceptance is above
     ``raise_above``, k - 1 below ``lower_below``, within [1, ``k_max``] (or down to 0 with
-    ``fallback``, then a probe at k = 1 after a window, twice as long after each failed probe)."""
+    ``fallback``, then a probe at k = 1 after a window, twice as long after each failed probe).
+
+    The rule itself is compiled (:func:`~llmsim.speculation.kernels.adapt_window`), and so is
+    the per-request bookkeeping of every sequence's window, which runs every decode step."""
 
     name = "adaptive"
 
@@ -78,46 +82,21 @@ class AdaptiveK(KPolicyRule):
         return slots.k_policy[:n].copy() if not self.per_batch else np.full(n, self._batch_k)
 
     def observe(self, slots, n, k, accepted, speculated):
+        config, s = self.config, slots
         if not self.per_batch:
-            s = slots
-            s.window_proposed[:n] += k
-            s.window_accepted[:n] += accepted
-            s.window_rounds[:n] += speculated | (s.k_policy[:n] == 0)
-            due = np.flatnonzero(s.window_rounds[:n] >= self._window_rounds(s.k_policy[:n], s.backoff[:n]))
-            if len(due):
-                rate = s.window_accepted[due] / np.maximum(s.window_proposed[due], 1)
-                s.k_policy[due], s.backoff[due] = self._adapt(s.k_policy[due], s.backoff[due], rate,
-                                                              s.window_proposed[due] > 0)
-                s.window_proposed[due] = s.window_accepted[due] = s.window_rounds[due] = 0
+            observe_windows(n, k, accepted, speculated, s.k_policy, s.window_proposed, s.window_accepted,
+                            s.window_rounds, s.backoff, config.window, MAX_BACKOFF, config.raise_above,
+                            config.lower_below, config.k_max, config.fallback)
             return
         window = self._batch_window
         window[0] += int(k.sum())
         window[1] += int(accepted.sum())
         window[2] += bool(speculated.any()) or self._batch_k == 0
-        if window[2] >= self._window_rounds(self._batch_k, self._batch_backoff):
-            rate = np.array([window[1] / max(window[0], 1)])
-            k_new, backoff = self._adapt(np.array([self._batch_k]), np.array([self._batch_backoff]), rate,
-                                         np.array([window[0] > 0]))
-            self._batch_k, self._batch_backoff = int(k_new[0]), int(backoff[0])
+        if window[2] >= window_length(self._batch_k, self._batch_backoff, config.window, MAX_BACKOFF):
+            self._batch_k, self._batch_backoff = adapt_window(
+                self._batch_k, self._batch_backoff, window[1] / max(window[0], 1), window[0] > 0,
+                config.raise_above, config.lower_below, config.k_max, config.fallback)
             self._batch_window = [0, 0, 0]
-
-    def _window_rounds(self, k, backoff):
-        """Rounds in the window: ``window`` while speculating; while off, twice as many after
-        each probe at k = 1 that failed in a row (at most 2^MAX_BACKOFF windows)."""
-        return np.where(k == 0, self.config.window << np.minimum(backoff, MAX_BACKOFF), self.config.window)
-
-    def _adapt(self, k: np.ndarray, backoff: np.ndarray, rate: np.ndarray,
-               observed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The rule on one window. Returns the new k and back-off: a window spent off probes
-        again with k = 1; a probe that turns speculation off again counts one more failure, a
-        window that keeps speculating clears them."""
-        config = self.config
-        up = observed & (rate > config.raise_above) & (k > 0)
-        down = observed & (rate < config.lower_below) & (k > 0)
-        new = np.where(up, np.minimum(k + 1, config.k_max), np.where(down, k - 1, k))
-        new = np.maximum(new, 0 if config.fallback else 1)
-        backoff = np.where(k == 0, backoff, np.where(new == 0, backoff + 1, 0))
-        return np.where(k == 0, 1, new), backoff
 
 
 class GoodputK(KPolicyRule):

@@ -1,0 +1,104 @@
+"""Compiled phases of a speculative decode step over the packed decode columns (numba).
+
+A step touches every decoding sequence a few times: choose and cap its draft length and
+reserve KV for it (:func:`reserve_blocks`), then apply the outcome (:func:`advance_rows`).
+The batch is a few dozen rows, so as numpy each of these was a dozen or more array calls
+of a microsecond or two of overhead apiece, and together they dominated the speculative
+engine's time; compiled, each phase is one call. The feature sums a step is priced from
+are built by :func:`llmsim.cost.features.speculative_step_sums`, the acceptance draws by
+:mod:`llmsim.speculation.kernels`, the adaptive k rule by the policy's own kernel.
+
+Every kernel works on rows ``[0, n)`` of whole columns (``llmsim.sim.speculative_decode.
+DecodeSlots``) and does the same integer and IEEE float operations as the numpy it
+replaced, so runs are identical. Compiled code is cached next to this file.
+"""
+from __future__ import annotations
+
+import numba
+
+
+@numba.njit(cache=True)
+def eligible_rows(n, context, min_sequence_tokens, eligible):
+    """Mark the sequences long enough to speculate (prompt + output beyond ``min_sequence_tokens``
+    once this step's token is counted); returns how many there are."""
+    count = 0
+    for i in range(n):
+        eligible[i] = context[i] + 1 > min_sequence_tokens
+        count += eligible[i]
+    return count
+
+
+@numba.njit(cache=True)
+def reserve_blocks(n, chosen, eligible, remaining, context, blocks, k, budget, block_size, free_blocks):
+    """This step's draft lengths ``k`` and, if the free blocks hold them, their KV.
+
+    ``chosen`` is the policy's k for every row, or None when nobody speculates. An eligible
+    sequence drafts ``min(chosen, remaining - 1)`` (never past the last token asked for);
+    when their sum exceeds the iteration's token ``budget`` a common cap is lowered until
+    it fits. Each sequence then needs the blocks that hold ``context + k + 1`` tokens.
+    Returns ``(blocks needed, tokens drafted, reserved)``: ``blocks`` grows only when all
+    the needed blocks are free.
+    """
+    drafted = longest = 0
+    for i in range(n):
+        draft = 0
+        if chosen is not None and eligible[i]:
+            draft = min(chosen[i], remaining[i] - 1)
+        k[i] = draft
+        drafted += draft
+        longest = max(longest, draft)
+    if drafted > budget:
+        cap = longest
+        while cap > 0:
+            total = 0
+            for i in range(n):
+                total += min(k[i], cap)
+            if total <= budget:
+                break
+            cap -= 1
+        drafted = 0
+        for i in range(n):
+            k[i] = min(k[i], cap)
+            drafted += k[i]
+    needed = 0
+    for i in range(n):
+        needed += max(-(-(context[i] + k[i] + 1) // block_size) - blocks[i], 0)
+    if needed > free_blocks:
+        return needed, drafted, False
+    for i in range(n):
+        blocks[i] += max(-(-(context[i] + k[i] + 1) // block_size) - blocks[i], 0)
+    return needed, drafted, True
+
+
+@numba.njit(cache=True)
+def advance_rows(n, now, k, accepted, last_token_s, max_gap_s, generated, remaining, context, blocks,
+                 proposed_total, accepted_total, lag, speculated, block_size, gaps_s, gaps_at):
+    """The verified step is over at ``now``: each sequence emits its accepted prefix plus one token.
+
+    Writes each sequence's gap since its last token into ``gaps_s[gaps_at:gaps_at + n]``,
+    rolls its KV back to the blocks its new context needs (the rejected positions' are
+    given back), and records what the draft has not seen: its accepted tokens but the
+    last, when it proposed and all were accepted, else one more. ``speculated`` marks the
+    rows that drafted. Returns ``(blocks freed, tokens emitted, sequences finished)``.
+    """
+    freed = emitted = finished = 0
+    for i in range(n):
+        gap = now - last_token_s[i]
+        gaps_s[gaps_at + i] = gap
+        if gap > max_gap_s[i]:
+            max_gap_s[i] = gap
+        last_token_s[i] = now
+        tokens = accepted[i] + 1                     # k <= remaining - 1, so this never overshoots
+        emitted += tokens
+        generated[i] += tokens
+        remaining[i] -= tokens
+        context[i] += tokens
+        keep = -(-context[i] // block_size)
+        freed += blocks[i] - keep
+        blocks[i] = keep
+        proposed_total[i] += k[i]
+        accepted_total[i] += accepted[i]
+        speculated[i] = k[i] > 0
+        lag[i] = (2 if accepted[i] == k[i] else 1) if k[i] > 0 else lag[i] + 1
+        finished += remaining[i] == 0
+    return freed, emitted, finished
