@@ -44,7 +44,7 @@ from llmsim.speculation.policies import k_policy
 _INT_FIELDS = ("context", "generated", "remaining", "blocks", "request_id", "k_policy", "k", "accepted", "lag",
                "window_proposed", "window_accepted", "window_rounds", "backoff", "proposed_total", "accepted_total")
 _FLOAT_FIELDS = ("alpha", "last_token_s", "max_gap_s", "seen_accepted", "seen_rejected")
-_STEP_MASKS = ("eligible", "speculated")          # this step's only: not moved with a row
+_STEP_COLUMNS = (("eligible", bool), ("speculated", bool), ("finished_rows", np.int64))   # this step's: not moved
 
 
 class DecodeSlots:
@@ -52,8 +52,8 @@ class DecodeSlots:
 
     ``context`` is the KV length (tokens whose keys and values are stored), ``blocks``
     the KV blocks held, ``lag`` the tokens the draft has not processed yet, ``k`` /
-    ``accepted`` this step's draft length and outcome, ``eligible`` / ``speculated`` this
-    step's masks. The k policies keep their per-request state here
+    ``accepted`` this step's draft length and outcome, ``eligible`` / ``speculated`` /
+    ``finished_rows`` this step's scratch (not moved with a row). The k policies keep their per-request state here
     (:mod:`llmsim.speculation.policies`): ``k_policy`` the adaptive k, ``window_*`` the
     adaptive rule's current window, ``backoff`` its failed probes in a row since it turned
     speculation off, ``seen_*`` the goodput policy's decayed acceptance counts.
@@ -80,8 +80,8 @@ class DecodeSlots:
             setattr(self, name, column)
         for name, column in zip(_FLOAT_FIELDS, floats):
             setattr(self, name, column)
-        for name in _STEP_MASKS:
-            setattr(self, name, np.zeros(capacity, dtype=bool))
+        for name, dtype in _STEP_COLUMNS:
+            setattr(self, name, np.zeros(capacity, dtype=dtype))
 
     def add(self, request: Request) -> int:
         i = self.n
@@ -223,8 +223,9 @@ class SpeculativeDecodeSet(DecodeSet):
         draft_s = 0.0
         if draft_steps:
             times, draft_flops, draft_bytes = self.draft_cost.iteration(self._draft_rows[:draft_steps])
-            draft_s = float(times.sum())
-            flops, moved = flops + float(draft_flops.sum()), moved + float(draft_bytes.sum())
+            total = np.add.reduce                    # ndarray.sum without its Python wrapper
+            draft_s = float(total(times))
+            flops, moved = flops + float(total(draft_flops)), moved + float(total(draft_bytes))
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
         return duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s
 
@@ -238,8 +239,8 @@ class SpeculativeDecodeSet(DecodeSet):
             self._gaps_s.resize(max(at + n, len(self._gaps_s) * 5 // 4), refcheck=False)
         freed, emitted, finished = advance_rows(n, now, s.k, s.accepted, s.last_token_s, s.max_gap_s, s.generated,
                                                 s.remaining, s.context, s.blocks, s.proposed_total,
-                                                s.accepted_total, s.lag, s.speculated, kv.block_size,
-                                                self._gaps_s, at)
+                                                s.accepted_total, s.lag, s.speculated, s.finished_rows,
+                                                kv.block_size, self._gaps_s, at)
         self._gaps_used = at + n
         self._step_ends_s.append(now)
         self._step_seqs.append(n)
@@ -247,8 +248,8 @@ class SpeculativeDecodeSet(DecodeSet):
         kv.free(freed)
         self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
         if finished:
-            for i in np.flatnonzero(s.remaining[:n] == 0)[::-1]:
-                self.engine.finish(self._release(int(i)), now)
+            for i in s.finished_rows[:finished].tolist():
+                self.engine.finish(self._release(i), now)
 
     def _candidate_times(self, eligible: np.ndarray, drafted: np.ndarray, limit: np.ndarray) -> np.ndarray:
         """Decode-step time for every candidate k (columns of ``drafted``, draft lengths of the

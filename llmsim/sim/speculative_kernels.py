@@ -72,14 +72,16 @@ def reserve_blocks(n, chosen, eligible, remaining, context, blocks, k, budget, b
 
 @numba.njit(cache=True)
 def advance_rows(n, now, k, accepted, last_token_s, max_gap_s, generated, remaining, context, blocks,
-                 proposed_total, accepted_total, lag, speculated, block_size, gaps_s, gaps_at):
+                 proposed_total, accepted_total, lag, speculated, finished_rows, block_size, gaps_s, gaps_at):
     """The verified step is over at ``now``: each sequence emits its accepted prefix plus one token.
 
     Writes each sequence's gap since its last token into ``gaps_s[gaps_at:gaps_at + n]``,
     rolls its KV back to the blocks its new context needs (the rejected positions' are
     given back), and records what the draft has not seen: its accepted tokens but the
     last, when it proposed and all were accepted, else one more. ``speculated`` marks the
-    rows that drafted. Returns ``(blocks freed, tokens emitted, sequences finished)``.
+    rows that drafted; ``finished_rows`` gets the rows that have all their tokens, last
+    row first (the order to remove them in, as a removal moves the last row).
+    Returns ``(blocks freed, tokens emitted, sequences finished)``.
     """
     freed = emitted = finished = 0
     for i in range(n):
@@ -100,5 +102,8 @@ def advance_rows(n, now, k, accepted, last_token_s, max_gap_s, generated, remain
         accepted_total[i] += accepted[i]
         speculated[i] = k[i] > 0
         lag[i] = (2 if accepted[i] == k[i] else 1) if k[i] > 0 else lag[i] + 1
-        finished += remaining[i] == 0
+    for i in range(n - 1, -1, -1):
+        if remaining[i] == 0:
+            finished_rows[finished] = i
+            finished += 1
     return freed, emitted, finished

@@ -42,7 +42,8 @@ class KPolicyRule:
         return self.config.k
 
     def choose(self, slots, n: int, eligible: np.ndarray, price: Callable) -> np.ndarray:
-        """Each of the ``n`` decoding sequences' draft length before the engine's caps.
+        """Each of the ``n`` decoding sequences' draft length before the engine's caps (an
+        int64 array the caller only reads: it may be the policy's own state).
 
         ``eligible`` marks the sequences allowed to speculate; ``price(eligible, drafted,
         limit)`` returns the decode step's seconds for every candidate column of ``drafted``
@@ -57,8 +58,14 @@ class KPolicyRule:
 class StaticK(KPolicyRule):
     name = "static"
 
+    def __init__(self, config: KPolicy):
+        super().__init__(config)
+        self._k = np.full(64, config.k)
+
     def choose(self, slots, n, eligible, price):
-        return np.full(n, self.config.k)
+        if n > len(self._k):
+            self._k = np.full(2 * n, self.config.k)
+        return self._k[:n]
 
 
 class AdaptiveK(KPolicyRule):
@@ -79,7 +86,7 @@ class AdaptiveK(KPolicyRule):
         self._batch_backoff = 0
 
     def choose(self, slots, n, eligible, price):
-        return slots.k_policy[:n].copy() if not self.per_batch else np.full(n, self._batch_k)
+        return slots.k_policy[:n] if not self.per_batch else np.full(n, self._batch_k)
 
     def observe(self, slots, n, k, accepted, speculated):
         config, s = self.config, slots
