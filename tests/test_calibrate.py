@@ -18,7 +18,7 @@ import yaml
 from llmsim import CostModel, load_profile
 from llmsim.calibration.calibrate import calibrate, validate
 from llmsim.calibration.fit import uncalibrated
-from llmsim.calibration.plan import PLANS, model_spec, shared_values
+from llmsim.calibration.design import DESIGNS, model_spec, shared_values
 from llmsim.calibration.plot import scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
 from llmsim.cli.calibrate import add_parsers
@@ -63,9 +63,9 @@ def test_the_simulator_never_imports_torch():
 
 
 def test_held_out_grids_share_no_value_with_any_fit_grid():
-    for (kind, _), plan in PLANS.items():
-        assert not shared_values(plan.holdout, [p.fit for (k, _), p in PLANS.items() if k == kind])
-        assert plan.holdout.shapes(("bf16",)), f"{kind} {plan.name}: empty held-out grid"
+    for (kind, _), design in DESIGNS.items():
+        assert not shared_values(design.holdout, [p.fit for (k, _), p in DESIGNS.items() if k == kind])
+        assert design.holdout.shapes(("bf16",)), f"{kind} {design.name}: empty held-out grid"
 
 
 def _profile_with(**changes):
@@ -176,7 +176,7 @@ def test_transfer_keeps_the_target_peaks_and_takes_the_calibrated_efficiencies(q
 def test_the_shipped_cpu_profile_is_a_full_calibration_that_explains_its_record():
     profile = load_profile(SHIPPED)
     record = profile.calibration
-    assert record["tool"] == "llmsim calibrate" and record["plan"] == "full"
+    assert record["tool"] == "llmsim calibrate" and record["design"] == "full"
     for value in (profile.compute_efficiency, profile.attention_efficiency, profile.memory_efficiency):
         assert 0.0 < value <= 1.0
     assert profile.kv_read_penalty >= 1.0

@@ -95,7 +95,7 @@ class FluidModel:
         self.scenario = scenario
         eng = scenario.engine
         resolved = ResolvedDeployment.of(scenario)
-        plan = resolved.memory
+        placement = resolved.memory
         self.cost = resolved.cost
         self.engines = resolved.replicas * resolved.engines_per_replica
         spec = scenario.speculation if scenario.speculating else None
@@ -106,7 +106,7 @@ class FluidModel:
 
         if trace is None:
             trace = generate_trace(scenario.workload, scenario.seed)
-        keep = (trace.prompt_tokens + trace.output_tokens) <= min(scenario.max_model_len, plan.kv_capacity_tokens)
+        keep = (trace.prompt_tokens + trace.output_tokens) <= min(scenario.max_model_len, placement.kv_capacity_tokens)
         prompt = trace.prompt_tokens[keep].astype(float)
         output = trace.output_tokens[keep].astype(float)
         if len(prompt) == 0:

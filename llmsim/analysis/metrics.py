@@ -108,15 +108,15 @@ def summarize(result) -> RunSummary:
         mean_batch_size=float(np.average(in_window["decode_seqs"] + in_window["prefill_seqs"],
                                          weights=weights)) if busy_s else 0.0,
     )
-    plan = scenario.memory
+    placement = scenario.memory
     memory = Memory(
-        tensor_parallel=plan.tensor_parallel,
-        pipeline_parallel=plan.pipeline_parallel,
-        weights_in=plan.weight_tier.name + (" (streamed)" if plan.weight_streaming else ""),
-        kv_cache_in=plan.kv_tier.name,
-        weights_per_device_gb=plan.weights_per_device_bytes / 1e9,
-        kv_cache_per_device_gb=plan.kv_per_device_bytes / 1e9,
-        kv_capacity_tokens_per_replica=plan.kv_capacity_tokens,
+        tensor_parallel=placement.tensor_parallel,
+        pipeline_parallel=placement.pipeline_parallel,
+        weights_in=placement.weight_tier.name + (" (streamed)" if placement.weight_streaming else ""),
+        kv_cache_in=placement.kv_tier.name,
+        weights_per_device_gb=placement.weights_per_device_bytes / 1e9,
+        kv_cache_per_device_gb=placement.kv_per_device_bytes / 1e9,
+        kv_capacity_tokens_per_replica=placement.kv_capacity_tokens,
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
     )
     queue = QueueSummary(mean_length=result.mean_queue_length,

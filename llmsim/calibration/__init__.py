@@ -1,6 +1,6 @@
 """Calibrating the cost model against a real torch decode step (``llmsim calibrate``).
 
-``plan`` says which shapes are measured (a fit grid and a disjoint held-out grid),
+``design`` says which shapes are measured (a fit grid and a disjoint held-out grid),
 ``bench`` times them in torch (imported only there), ``fit`` prices the same
 shapes with llmsim's own :class:`~llmsim.costmodel.CostModel` and fits its
 efficiencies and overheads, ``profile_yaml`` writes the result as a hardware

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from llmsim.scenario.scenario import EngineConfig
-from llmsim.calibration.plan import Plan, Shape, model_spec
+from llmsim.calibration.design import Design, Shape, model_spec
 
 STEP_BLOCK_SIZE = EngineConfig().block_size   # the engine's default KV block, in tokens
 LAYOUT_BLOCK_SIZES = (16, 128, 256)
@@ -156,7 +156,7 @@ def median_and_spread(values: list[float]) -> tuple[float, float]:
 TINY_OPS_PER_SAMPLE = 200
 
 
-def roofline_jobs(plan: Plan, device: Device, dtypes) -> tuple[dict, dict]:
+def roofline_jobs(design: Design, device: Device, dtypes) -> tuple[dict, dict]:
     """Jobs for the achieved peaks, and the work each does: {key: (kind, work per call)}.
 
     ``gemm/<dtype>``: an n x n x n ``F.linear`` (x W^T with W stored [out, in], the
@@ -173,18 +173,18 @@ def roofline_jobs(plan: Plan, device: Device, dtypes) -> tuple[dict, dict]:
     """
     import torch
     import torch.nn.functional as F
-    n, dev = plan.gemm_size, device.kind
+    n, dev = design.gemm_size, device.kind
     jobs, work = {}, {}
     for dtype in dtypes:
         x = torch.randn(n, n, dtype=torch_dtype(dtype), device=dev)
         weight = torch.randn(n, n, dtype=torch_dtype(dtype), device=dev)
         jobs[f"gemm/{dtype}"] = lambda x=x, weight=weight: F.linear(x, weight)
         work[f"gemm/{dtype}"] = ("flops", 2.0 * n ** 3)
-    source = torch.ones(plan.stream_bytes // 4, dtype=torch.float32, device=dev)
+    source = torch.ones(design.stream_bytes // 4, dtype=torch.float32, device=dev)
     target = torch.empty_like(source).fill_(0.0)
-    jobs["stream_read"], work["stream_read"] = source.sum, ("bytes", float(plan.stream_bytes))
+    jobs["stream_read"], work["stream_read"] = source.sum, ("bytes", float(design.stream_bytes))
     jobs["copy"] = lambda: target.copy_(source)
-    work["copy"] = ("bytes", 2.0 * plan.stream_bytes)
+    work["copy"] = ("bytes", 2.0 * design.stream_bytes)
     tiny = torch.zeros(1, device=dev)
 
     def dispatch():

@@ -34,29 +34,29 @@ ANCHOR_STRIDE = 4
 # -- calibrate --------------------------------------------------------------------------------
 
 def calibrate(device_kind: str, name: str, quick: bool = False, threads: int = DEFAULT_CPU_THREADS,
-              dtypes: tuple[str, ...] | None = None, seed: int = 0, plan=None) -> dict:
+              dtypes: tuple[str, ...] | None = None, seed: int = 0, design=None) -> dict:
     """Measure, fit and return the profile document (see profile_yaml.profile_document).
 
-    ``plan`` overrides the device's quick or full plan (a custom grid).
+    ``design`` overrides the device's quick or full design (a custom grid).
     """
     require_torch()
     from llmsim.calibration import bench, fit, measure
-    from llmsim.calibration.plan import DEVICE_DTYPES, plan_for
+    from llmsim.calibration.design import DEVICE_DTYPES, design_for
     from llmsim.calibration.profile_yaml import profile_document
 
-    plan = plan or plan_for(device_kind, quick)
+    design = design or design_for(device_kind, quick)
     dtypes = dtypes or DEVICE_DTYPES[device_kind]
     device = bench.open_device(device_kind, threads)
-    shapes, held_out = plan.fit.shapes(dtypes), plan.holdout.shapes(dtypes)
-    session = measure.measure(plan, device, dtypes, shapes + held_out, layouts=True, seed=seed)
+    shapes, held_out = design.fit.shapes(dtypes), design.holdout.shapes(dtypes)
+    session = measure.measure(design, device, dtypes, shapes + held_out, layouts=True, seed=seed)
     roofline = _roofline_profile(name, device, session.roofline)
     measured_s = np.array([session.steps[shape][0] for shape in shapes])
     dispatch_s = session.roofline["dispatch_s"]
     result = fit.fit_parameters(shapes, measured_s, roofline, session.kv_read_penalty,
                                 initial_overheads_s=(dispatch_s, dispatch_s))
-    record = _record(plan, device, dtypes, session, shapes, held_out, result)
-    return profile_document(name, record, result.values, session.roofline, plan.gemm_size,
-                            plan.stream_bytes, threads)
+    record = _record(design, device, dtypes, session, shapes, held_out, result)
+    return profile_document(name, record, result.values, session.roofline, design.gemm_size,
+                            design.stream_bytes, threads)
 
 
 def _roofline_profile(name: str, device, roofline: dict) -> HardwareProfile:
@@ -72,7 +72,7 @@ def _roofline_profile(name: str, device, roofline: dict) -> HardwareProfile:
         memory_efficiency=1.0, interconnect_efficiency=1.0, per_step_overhead_s=0.0, per_layer_overhead_s=0.0)
 
 
-def _record(plan, device, dtypes, session, shapes, held_out, result) -> dict:
+def _record(design, device, dtypes, session, shapes, held_out, result) -> dict:
     """The ``calibration`` mapping: how, where and when, what was measured, what was fitted.
 
     ``held_out`` shapes were measured in the same session but not fitted: their error
@@ -88,12 +88,12 @@ def _record(plan, device, dtypes, session, shapes, held_out, result) -> dict:
         "device": device.kind, "device_name": device.name, "platform": device.platform,
         "torch_version": device.torch_version, "threads": device.threads,
         "memory_capacity_bytes": device.memory_capacity_bytes, "power_limit_w": device.power_limit_w,
-        "plan": plan.name, "dtypes": list(dtypes), "rounds": plan.rounds, "warmup": plan.warmup,
+        "design": design.name, "dtypes": list(dtypes), "rounds": design.rounds, "warmup": design.warmup,
         "protocol": "every job warmed up, then timed once per round in a fresh random order, cold last-level "
                     "cache, device synchronised; figures are medians over rounds",
         "kv_layout": f"paged, block {bench.STEP_BLOCK_SIZE} tokens, pool [kv_heads, blocks, block, head_dim], "
                      "gathered into a preallocated contiguous workspace",
-        "roofline": {"gemm_size": plan.gemm_size, "stream_bytes": plan.stream_bytes,
+        "roofline": {"gemm_size": design.gemm_size, "stream_bytes": design.stream_bytes,
                      "gemm_flops_per_s": {k: _sig(v) for k, v in session.roofline["gemm_flops_per_s"].items()},
                      "stream_read_bytes_per_s": _sig(session.roofline["stream_read_bytes_per_s"]),
                      "copy_bytes_per_s": _sig(session.roofline["copy_bytes_per_s"]),
@@ -135,21 +135,21 @@ def _measurement_rows(shapes, session, errors) -> list[dict]:
 # -- validate ---------------------------------------------------------------------------------
 
 def validate(profile: HardwareProfile, quick: bool = False, threads: int | None = None, seed: int = 1,
-             plan=None) -> dict:
+             design=None) -> dict:
     """Measure the held-out grid and compare it with ``profile`` and with the bare roofline of its peaks."""
     require_torch()
     from llmsim.calibration import bench, fit, measure
-    from llmsim.calibration.plan import Shape, plan_for
+    from llmsim.calibration.design import Shape, design_for
 
     record = profile.calibration
-    plan = plan or plan_for(record["device"], quick)
-    shapes = plan.holdout.shapes(record["dtypes"])
+    design = design or design_for(record["device"], quick)
+    shapes = design.holdout.shapes(record["dtypes"])
     fitted = {Shape(**{k: m[k] for k in ("hidden", "layers", "dtype", "batch", "context")}): m["median_s"]
               for m in record["measurements"]}
     _check_held_out(shapes, list(fitted))
     anchors = list(fitted)[::ANCHOR_STRIDE]
     device = bench.open_device(record["device"], threads or record["threads"])
-    session = measure.measure(plan, device, record["dtypes"], shapes + anchors, layouts=False, seed=seed)
+    session = measure.measure(design, device, record["dtypes"], shapes + anchors, layouts=False, seed=seed)
     measured_s = np.array([session.steps[shape][0] for shape in shapes])
     calibrated_s = fit.predict_s(shapes, profile)
     step_drift = float(np.median([session.steps[shape][0] / fitted[shape] for shape in anchors]))

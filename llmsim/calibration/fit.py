@@ -1,7 +1,7 @@
 """Pricing measured shapes with llmsim's CostModel, and fitting its parameters to them.
 
 Every prediction comes from :class:`~llmsim.costmodel.CostModel`: a ModelSpec of the
-benchmark model of each width (:func:`~llmsim.calibration.plan.model_spec`) and a
+benchmark model of each width (:func:`~llmsim.calibration.design.model_spec`) and a
 HardwareProfile holding the measured peaks and candidate efficiencies. The fit
 (``scipy.optimize.least_squares``) minimises the squared log ratios
 ``log(predicted / measured)``, so a 10% miss counts the same on a 50 us step as on
@@ -21,7 +21,7 @@ import numpy as np
 
 from llmsim.cost.roofline import CostModel
 from llmsim.catalog.hardware import HardwareProfile
-from llmsim.calibration.plan import Shape, model_spec
+from llmsim.calibration.design import Shape, model_spec
 
 EFFICIENCIES = ("compute", "attention", "memory_bandwidth")   # fitted per dtype: each dtype has its own kernels
 SHARED = ("attention_half_context", "per_step_overhead_s", "per_layer_overhead_s")

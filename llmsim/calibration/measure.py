@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from llmsim.calibration import bench
-from llmsim.calibration.plan import Plan, Shape
+from llmsim.calibration.design import Design, Shape
 
 
 @dataclass
@@ -32,23 +32,23 @@ class Session:
         return statistics.median(spread for _, spread in self.steps.values())
 
 
-def measure(plan: Plan, device: bench.Device, dtypes, shapes: list[Shape], layouts: bool, seed: int = 0) -> Session:
+def measure(design: Design, device: bench.Device, dtypes, shapes: list[Shape], layouts: bool, seed: int = 0) -> Session:
     """Time ``shapes`` (and, when ``layouts``, the KV layout study) together with the roofline."""
-    jobs, roofline_work = bench.roofline_jobs(plan, device, dtypes)
+    jobs, roofline_work = bench.roofline_jobs(design, device, dtypes)
     jobs.update(_step_jobs(shapes, device, seed))
     layout_keys = []
     if layouts:
         for dtype in dtypes:
-            for batch, context in plan.layout_shapes:
-                for name, job in bench.layout_jobs(plan.layout_hidden, dtype, batch, context, device, seed).items():
+            for batch, context in design.layout_shapes:
+                for name, job in bench.layout_jobs(design.layout_hidden, dtype, batch, context, device, seed).items():
                     jobs[("layout", dtype, batch, context, name)] = job
                 layout_keys.append((dtype, batch, context))
-    samples = bench.time_interleaved(jobs, device, plan.rounds, plan.warmup, seed)
+    samples = bench.time_interleaved(jobs, device, design.rounds, design.warmup, seed)
     stats = {key: bench.median_and_spread(values) for key, values in samples.items()}
     medians = {key: value[0] for key, value in stats.items()}
     return Session(roofline=bench.roofline_figures({k: medians[k] for k in roofline_work}, roofline_work),
                    steps={shape: stats[("step", shape)] for shape in shapes},
-                   layouts=[_layout_row(plan.layout_hidden, key, medians) for key in layout_keys])
+                   layouts=[_layout_row(design.layout_hidden, key, medians) for key in layout_keys])
 
 
 def _step_jobs(shapes: list[Shape], device: bench.Device, seed: int) -> dict:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from llmsim.calibration.calibrate import DEFAULT_CPU_THREADS, calibrate, require_torch, validate
-from llmsim.calibration.plan import DEVICE_DTYPES
+from llmsim.calibration.design import DEVICE_DTYPES
 from llmsim.calibration.plot import scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
 from llmsim.catalog.hardware import load_profile
@@ -86,7 +86,7 @@ def calibration_summary(document: dict) -> str:
     roof, fit, layouts = record["roofline"], record["fit"], record["kv_layouts"]
     held = record["held_out_same_session"]
     lines = [f"{document['name']}: {record['device_name']} ({record['device']}, {record['threads']} thread(s)), "
-             f"torch {record['torch_version']}, {record['plan']} plan, {fit['shapes']} decode steps",
+             f"torch {record['torch_version']}, {record['design']} design, {fit['shapes']} decode steps",
              "roofline   GEMM " + ", ".join(f"{d} {v / 1e9:.1f} GFLOP/s" for d, v in roof["gemm_flops_per_s"].items())
              + f"; streaming read {roof['stream_read_bytes_per_s'] / 1e9:.1f} GB/s, copy "
              f"{roof['copy_bytes_per_s'] / 1e9:.1f} GB/s; tiny-op dispatch {roof['dispatch_s'] * 1e6:.1f} us",

@@ -121,14 +121,14 @@ class Scenario:
         spec = self.speculation if self.speculating else None
         draft = spec.colocated_draft if spec else None
         engine = self.engine
-        plan = place(self.model, self.hardware, self.deployment.tensor_parallel,
-                     self.deployment.pipeline_parallel, engine.memory_utilization,
-                     engine.block_size, engine.max_batch_tokens, engine.runtime_reserve_bytes, engine.kv_spill,
-                     draft, spec.draft_tensor_parallel if draft else 1)
+        placement = place(self.model, self.hardware, self.deployment.tensor_parallel,
+                          self.deployment.pipeline_parallel, engine.memory_utilization,
+                          engine.block_size, engine.max_batch_tokens, engine.runtime_reserve_bytes, engine.kv_spill,
+                          draft, spec.draft_tensor_parallel if draft else 1)
         if spec and spec.extra_devices:
-            draft_plan = self.draft_memory
-            plan = replace(plan, num_blocks=min(plan.num_blocks, draft_plan.num_blocks))
-        return plan
+            draft_placement = self.draft_memory
+            placement = replace(placement, num_blocks=min(placement.num_blocks, draft_placement.num_blocks))
+        return placement
 
     @property
     def draft_memory(self) -> Placement:
@@ -293,22 +293,22 @@ def _model(root: Node, key: str = "model") -> ModelSpec:
 def _check_fits(scenario: Scenario, root: Node) -> None:
     spec = scenario.speculation if scenario.speculating else None
     if spec and spec.extra_devices and not scenario.draft_memory.fits:
-        draft_plan = scenario.draft_memory
+        draft_placement = scenario.draft_memory
         raise root.error(f"the draft {spec.draft.name} does not fit on {spec.draft_devices} x "
-                         f"{scenario.hardware.name}: {draft_plan.weights_per_device_bytes / 1e9:.1f} GB of weights "
-                         f"per device, {draft_plan.usable_per_device_bytes / 1e9:.1f} GB usable",
+                         f"{scenario.hardware.name}: {draft_placement.weights_per_device_bytes / 1e9:.1f} GB of weights "
+                         f"per device, {draft_placement.usable_per_device_bytes / 1e9:.1f} GB usable",
                          key="speculation.draft_devices", value=spec.draft_devices,
                          allowed="more draft devices, or a smaller draft weight_dtype")
-    plan = scenario.memory
-    if plan.fits:
+    placement = scenario.memory
+    if placement.fits:
         return
     gb = 1e9
     dep = scenario.deployment
     message = (f"{scenario.model.name} does not fit on {dep.devices_per_replica} x {scenario.hardware.name}: "
-               f"{plan.weights_per_device_bytes / gb:.1f} GB of weights and "
-               f"{plan.activation_reserve_per_device_bytes / gb:.1f} GB of activations per device, "
-               f"but only {plan.usable_per_device_bytes / gb:.1f} GB usable "
-               f"({scenario.engine.memory_utilization:g} of {plan.capacity_per_device_bytes / gb:.0f} GB), "
+               f"{placement.weights_per_device_bytes / gb:.1f} GB of weights and "
+               f"{placement.activation_reserve_per_device_bytes / gb:.1f} GB of activations per device, "
+               f"but only {placement.usable_per_device_bytes / gb:.1f} GB usable "
+               f"({scenario.engine.memory_utilization:g} of {placement.capacity_per_device_bytes / gb:.0f} GB), "
                f"leaving no room for one KV block")
     allowed = "a smaller weight_dtype, or a larger device"
     engine = scenario.engine

@@ -62,7 +62,7 @@ class Grid:
 
 
 @dataclass(frozen=True)
-class Plan:
+class Design:
     """Everything one calibration measures, and how often."""
     name: str
     fit: Grid
@@ -80,26 +80,26 @@ _HOLDOUT_BATCHES = (2, 8, 32, 128)
 _HOLDOUT_CONTEXTS = (256, 1024, 4096)
 _HOLDOUT_LAYERS = (2,)
 
-PLANS = {
-    ("cpu", "quick"): Plan(
+DESIGNS = {
+    ("cpu", "quick"): Design(
         "quick",
         fit=Grid((512, 1024), (1, 4), (1, 16, 64), (128, 512, 2048), 2 ** 15, 4e9),
         holdout=Grid((768,), _HOLDOUT_LAYERS, (2, 8, 32), (256, 1024), 2 ** 15, 4e9),
         rounds=7, warmup=1, gemm_size=1024, stream_bytes=2 ** 27,
         layout_hidden=1024, layout_shapes=((16, 2048), (64, 512))),
-    ("cpu", "full"): Plan(
+    ("cpu", "full"): Design(
         "full",
         fit=Grid((512, 1024, 2048), (1, 4), (1, 4, 16, 64, 256), (128, 512, 2048, 8192), 2 ** 16, 3e10),
         holdout=Grid((768, 1536), _HOLDOUT_LAYERS, _HOLDOUT_BATCHES, _HOLDOUT_CONTEXTS, 2 ** 16, 3e10),
         rounds=15, warmup=2, gemm_size=2048, stream_bytes=2 ** 29,
         layout_hidden=2048, layout_shapes=((1, 8192), (16, 2048), (128, 256))),
-    ("cuda", "quick"): Plan(
+    ("cuda", "quick"): Design(
         "quick",
         fit=Grid((1024, 2048), (1, 4), (1, 16, 64, 256), (128, 512, 2048, 8192), 2 ** 18, 1e13),
         holdout=Grid((1536,), _HOLDOUT_LAYERS, (8, 32, 128), (256, 1024, 4096), 2 ** 18, 1e13),
         rounds=7, warmup=3, gemm_size=8192, stream_bytes=2 ** 31,
         layout_hidden=2048, layout_shapes=((16, 8192), (256, 2048))),
-    ("cuda", "full"): Plan(
+    ("cuda", "full"): Design(
         "full",
         fit=Grid((1024, 2048, 4096), (1, 4), (1, 4, 16, 64, 256), (128, 512, 2048, 8192), 2 ** 20, 1e14),
         holdout=Grid((1536, 3072), _HOLDOUT_LAYERS, _HOLDOUT_BATCHES, _HOLDOUT_CONTEXTS, 2 ** 20, 1e14),
@@ -108,8 +108,8 @@ PLANS = {
 }
 
 
-def plan_for(device_kind: str, quick: bool) -> Plan:
-    return PLANS[(device_kind, "quick" if quick else "full")]
+def design_for(device_kind: str, quick: bool) -> Design:
+    return DESIGNS[(device_kind, "quick" if quick else "full")]
 
 
 def shared_values(holdout: Grid, fits: list[Grid]) -> dict[str, set]:
