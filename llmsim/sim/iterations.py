@@ -55,15 +55,25 @@ COUNT_COLUMNS = ["decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out", 
 
 
 class IterationLog:
-    """Every iteration of one engine, row after row of doubles in one ``bytearray``."""
+    """Every iteration of one engine, row after row of doubles in ``bytearray`` chunks.
 
-    __slots__ = ("_rows",)
+    Chunks of at most :data:`CHUNK_ROWS` rows let :func:`iterations_frame` copy the
+    log into the result's columns chunk by chunk, freeing each as it goes, so the log
+    and the table it becomes are never both held whole.
+    """
+
+    __slots__ = ("_rows", "_full")
 
     def __init__(self):
-        self._rows = bytearray()
+        self._rows = bytearray()                   # the chunk being written
+        self._full: list[bytearray] = []           # chunks already full, in order
 
     def append(self, iteration: Iteration) -> None:
-        self._rows += _ROW.pack(*iteration[:_WIDTH])
+        rows = self._rows
+        rows += _ROW.pack(*iteration[:_WIDTH])
+        if len(rows) >= _CHUNK_BYTES:
+            self._full.append(rows)
+            self._rows = bytearray()
 
     def extend(self, columns: dict[str, np.ndarray]) -> None:
         """Append several rows at once, given by column (a static batch logs all its steps)."""
@@ -73,10 +83,48 @@ class IterationLog:
         self._rows += block.tobytes()
 
     def __len__(self) -> int:
-        return len(self._rows) // _ROW.size
+        return (sum(map(len, self._full)) + len(self._rows)) // _ROW.size
 
-    def frame(self) -> pd.DataFrame:
-        values = np.frombuffer(bytes(self._rows), dtype=float).reshape(-1, _WIDTH)
-        frame = pd.DataFrame(values, columns=list(LOG_COLUMNS))
-        frame[COUNT_COLUMNS] = frame[COUNT_COLUMNS].astype(np.int64)
-        return frame
+    def views(self) -> list[np.ndarray]:
+        """The log's chunks as (rows, columns) arrays sharing its memory (drop them before appending)."""
+        return [np.frombuffer(chunk, dtype=float).reshape(-1, _WIDTH) for chunk in (*self._full, self._rows)]
+
+    def take_chunks(self):
+        """Yield the log's rows as (rows, columns) arrays, chunk by chunk, emptying the log."""
+        self._full.append(self._rows)
+        self._rows = bytearray()
+        while self._full:
+            chunk = self._full.pop(0)
+            yield np.frombuffer(chunk, dtype=float).reshape(-1, _WIDTH)
+
+
+CHUNK_ROWS = 1 << 15
+_CHUNK_BYTES = CHUNK_ROWS * _ROW.size
+_START, _DURATION = LOG_COLUMNS.index("start_s"), LOG_COLUMNS.index("duration_s")
+
+
+def iterations_frame(logs: list[tuple[int, int, IterationLog]], until_s: float) -> pd.DataFrame:
+    """The logs of several engines (``(replica, micro_batch, log)``, in this order) as one table,
+    with the iterations that ended by ``until_s`` (a static batch logs its steps ahead) and
+    their ``end_s``. Empties the logs: each chunk is freed once it is copied.
+    """
+    ends_by_log = [[chunk[:, _START] + chunk[:, _DURATION] for chunk in log.views()] for _, _, log in logs]
+    n = sum(int((end <= until_s).sum()) for ends in ends_by_log for end in ends)
+    columns = {"replica": np.empty(n, np.int64), "micro_batch": np.empty(n, np.int64)}
+    columns.update((name, np.empty(n, np.int64 if name in COUNT_COLUMNS else float)) for name in LOG_COLUMNS)
+    columns["end_s"] = np.empty(n)
+    at = 0
+    for (replica, micro_batch, log), ends in zip(logs, ends_by_log):
+        for chunk, end in zip(log.take_chunks(), ends):
+            keep = end <= until_s
+            if not keep.all():
+                chunk, end = chunk[keep], end[keep]
+            rows = slice(at, at + len(chunk))
+            columns["replica"][rows] = replica
+            columns["micro_batch"][rows] = micro_batch
+            for j, name in enumerate(LOG_COLUMNS):
+                columns[name][rows] = chunk[:, j]
+            columns["end_s"][rows] = end
+            at += len(chunk)
+    return pd.DataFrame(columns, copy=False)
+

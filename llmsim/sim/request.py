@@ -1,6 +1,7 @@
 """A request as it moves through the system, and the queue it waits in."""
 from __future__ import annotations
 
+from array import array
 from collections import deque
 from enum import Enum
 
@@ -75,23 +76,28 @@ class Request:
 
 
 class TimeAverage:
-    """The time integral of a piecewise-constant count, and its change log."""
+    """The time integral of a piecewise-constant count, and (if ``logged``) its change log.
+
+    The log is two packed arrays (time, value after the change), 16 bytes a change,
+    rather than lists of boxed numbers: a queue changes twice per request.
+    """
 
     __slots__ = ("value", "area", "last_s", "log_s", "log_value")
 
-    def __init__(self, start_s: float = 0.0):
+    def __init__(self, start_s: float = 0.0, logged: bool = True):
         self.value = 0
         self.area = 0.0
         self.last_s = start_s
-        self.log_s: list[float] = [start_s]
-        self.log_value: list[int] = [0]
+        self.log_s = array("d", [start_s]) if logged else None
+        self.log_value = array("q", [0]) if logged else None
 
     def change(self, now: float, delta: int) -> None:
         self.area += self.value * (now - self.last_s)
         self.last_s = now
         self.value += delta
-        self.log_s.append(now)
-        self.log_value.append(self.value)
+        if self.log_s is not None:
+            self.log_s.append(now)
+            self.log_value.append(self.value)
 
     def mean(self, until_s: float) -> float:
         area = self.area + self.value * (until_s - self.last_s)
@@ -148,6 +154,79 @@ class WaitingQueue:
                 break
         self._items.extendleft(reversed(kept_front))
         return expired
+
+
+class RequestRecords:
+    """The per-request records of a run, one row per request of the trace, in packed columns.
+
+    A :class:`Request` object exists only while its request is in the system: the arrival
+    process builds it (:meth:`request`) and the router writes its outcome here when it
+    leaves (:meth:`write`); requests still in the system at the end are written as they
+    stand, and those that never arrived keep their defaults (not scheduled, nothing
+    generated). Statuses and reasons are kept as small codes; :meth:`columns` turns
+    everything into the record's columns (statuses other than finished and rejected
+    become ``unfinished``).
+    """
+
+    STATUSES = (UNFINISHED.value, FINISHED.value, REJECTED.value)     # code -> record string
+
+    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 alpha: np.ndarray | None = None):
+        n = len(arrival_s)
+        self.arrival_s = np.asarray(arrival_s, float)
+        self.prompt_tokens = np.asarray(prompt_tokens, np.int64)
+        self.output_tokens = np.asarray(output_tokens, np.int64)
+        self.alpha = np.full(n, NAN) if alpha is None else np.asarray(alpha, float)
+        # Written when a request leaves: array.array item assignment is cheaper than numpy's.
+        zeros, nans = bytes(8 * n), array("d", [NAN]) * n
+        self.replica = array("q", [-1]) * n
+        self.status = array("b", bytes(n))
+        self.reason = array("b", bytes(n))
+        self.generated, self.preemptions = array("q", zeros), array("q", zeros)
+        self.draft_tokens, self.accepted_tokens = array("q", zeros), array("q", zeros)
+        self.first_scheduled_s, self.first_token_s = array("d", nans), array("d", nans)
+        self.finish_s, self.max_itl_s = array("d", nans), array("d", zeros)
+        self._reasons = {"": 0}                    # reason -> code, in order of first use
+        self._status_codes = {FINISHED: 1, REJECTED: 2}
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    def request(self, i: int, arrival_s: float, prompt_tokens: int, output_tokens: int) -> Request:
+        """The request of row ``i`` as it arrives."""
+        request = Request(i, arrival_s, prompt_tokens, output_tokens)
+        request.alpha = self.alpha.item(i)
+        return request
+
+    def write(self, request: Request) -> None:
+        """``request``'s outcome, as it stands, into its row."""
+        i = request.id
+        self.replica[i] = request.replica
+        self.status[i] = self._status_codes.get(request.status, 0)
+        self.reason[i] = self._reasons.setdefault(request.reason, len(self._reasons))
+        self.generated[i] = request.generated
+        self.preemptions[i] = request.preemptions
+        self.draft_tokens[i] = request.draft_tokens
+        self.accepted_tokens[i] = request.accepted_tokens
+        self.first_scheduled_s[i] = request.first_scheduled_s
+        self.first_token_s[i] = request.first_token_s
+        self.finish_s[i] = request.finish_s
+        self.max_itl_s[i] = request.max_itl_s
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The raw record columns, in record order (the arrays share the packed columns' memory)."""
+        as_array = lambda values: np.frombuffer(values, np.int64 if values.typecode == "q" else float)
+        reasons = np.array(list(self._reasons), dtype=object)
+        return {
+            "id": np.arange(len(self), dtype=np.int64), "replica": as_array(self.replica),
+            "status": np.array(self.STATUSES, dtype=object)[np.frombuffer(self.status, np.int8)],
+            "reason": reasons[np.frombuffer(self.reason, np.int8)],
+            "arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
+            "generated_tokens": as_array(self.generated), "first_scheduled_s": as_array(self.first_scheduled_s),
+            "first_token_s": as_array(self.first_token_s), "finish_s": as_array(self.finish_s),
+            "preemptions": as_array(self.preemptions), "max_itl_s": as_array(self.max_itl_s), "alpha": self.alpha,
+            "draft_tokens": as_array(self.draft_tokens), "accepted_tokens": as_array(self.accepted_tokens),
+        }
 
 
 class InterTokenGaps:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 from functools import partial
 from typing import Sequence
-from operator import attrgetter
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -26,8 +25,9 @@ from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.engine import Engine, Observer
+from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
-from llmsim.sim.request import FINISHED, REJECTED, UNFINISHED, InterTokenGaps, Request, TimeAverage, WaitingQueue
+from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
 from llmsim.speculation.config import stream_key
@@ -41,30 +41,38 @@ class Router:
     queued plus running requests (ties to the lowest index); ``shared_queue`` keeps
     one queue that every replica pulls from when it has room (an M/M/c system
     when each replica serves one request at a time).
+
+    The router also keeps the requests in the system (``in_system_requests``, by id): a
+    request's record is written to ``records`` when it leaves, and the object dropped.
     """
 
     def __init__(self, policy: str, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
-                 block_size: int, expected: int, all_done: simpy.Event):
+                 block_size: int, records: RequestRecords, all_done: simpy.Event):
         self.policy, self.replicas = policy, replicas
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
         self.outstanding = [0] * len(replicas)
         self._cycle = itertools.cycle(range(len(replicas)))
-        self.in_system = TimeAverage()
-        self._left_to_finish = expected
+        self.in_system = TimeAverage(logged=False)
+        self.in_system_requests: dict[int, Request] = {}
+        self.records = records
+        self._left_to_finish = len(records)
         self._all_done = all_done
 
-    def _leave(self, now: float) -> None:
+    def _leave(self, request: Request, now: float) -> None:
         self.in_system.change(now, -1)
+        del self.in_system_requests[request.id]
+        self.records.write(request)
         self._left_to_finish -= 1
         if self._left_to_finish == 0 and not self._all_done.triggered:
             self._all_done.succeed()
 
     def dispatch(self, request: Request, now: float) -> None:
         self.in_system.change(now, +1)
+        self.in_system_requests[request.id] = request
         total = request.prompt_tokens + request.output_tokens
         if total > self.max_tokens or total > self.kv_tokens:
             request.status, request.reason, request.finish_s = REJECTED, "too_long", now
-            self._leave(now)
+            self._leave(request, now)
             return
         if self.policy == "round_robin":
             index = next(self._cycle)
@@ -90,16 +98,29 @@ class Router:
             request.replica = replica
         else:
             self.outstanding[request.replica] -= 1
-        self._leave(now)
+        self._leave(request, now)
+
+    def write_in_system(self) -> None:
+        """End of the run: write the records of the requests still in the system, as they stand."""
+        for request in self.in_system_requests.values():
+            self.records.write(request)
 
 
-def arrivals(env: simpy.Environment, requests: list[Request], router: Router):
-    """Replay the trace: each request enters the router at its arrival time."""
-    for request in requests:
-        delay = request.arrival_s - env.now
-        if delay > 0:
-            yield env.timeout(delay)
-        router.dispatch(request, env.now)
+ARRIVAL_BATCH = 4096                 # trace rows turned into Python numbers at a time
+
+
+def arrivals(env: simpy.Environment, records: RequestRecords, router: Router):
+    """Replay the trace: each request is built when it arrives and enters the router."""
+    for first in range(0, len(records), ARRIVAL_BATCH):
+        rows = slice(first, first + ARRIVAL_BATCH)
+        for i, arrival_s, prompt, output in zip(range(first, first + ARRIVAL_BATCH),
+                                                records.arrival_s[rows].tolist(),
+                                                records.prompt_tokens[rows].tolist(),
+                                                records.output_tokens[rows].tolist()):
+            delay = arrival_s - env.now
+            if delay > 0:
+                yield env.timeout(delay)
+            router.dispatch(records.request(i, arrival_s, prompt, output), env.now)
 
 
 @dataclass
@@ -156,9 +177,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     resolved = ResolvedDeployment.of(scenario)
     env = simpy.Environment()
     shared = WaitingQueue() if dep.router == "shared_queue" else None
-    requests = [Request(i, float(t), int(p), int(o)) for i, (t, p, o) in
-                enumerate(zip(trace.arrival_s.tolist(), trace.prompt_tokens.tolist(),
-                              trace.output_tokens.tolist()))]
+    records = RequestRecords(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
+                             _alphas(scenario, len(trace)))
 
     def on_done(replica):
         # Bound late: the router is built after its replicas.
@@ -166,7 +186,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
     warmup = min(scenario.simulation.warmup_s if scenario.simulation.warmup_s is not None else 0.1 * window,
                  window)
-    make_engine = _engine_factory(scenario, resolved, requests)
+    make_engine = _engine_factory(scenario, resolved)
     groups = []
     for index in range(resolved.replicas):
         kv = KVCache(resolved.kv_blocks, resolved.block_size)
@@ -180,12 +200,12 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     kv_caches = [group[0].kv for group in groups]
     stop = env.event()
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
-                    len(requests), stop)
-    env.process(arrivals(env, requests, router))
+                    records, stop)
+    env.process(arrivals(env, records, router))
     env.process(_horizon(env, horizon, stop))
     interrupted = False
     try:
-        if requests:
+        if len(records):
             env.run(until=stop)
     except KeyboardInterrupt:
         # Keep what was simulated: everything still in flight is reported unfinished.
@@ -197,10 +217,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     for engine in engines:
         engine.close()
         gaps.merge(engine.gaps)
+    router.write_in_system()
     queues = list({id(e.queue): e.queue for e in engines}.values())
     return SimulationResult(
         scenario=scenario,
-        requests=_records(requests, scenario),
+        requests=_records(records, scenario),
         iterations=_iterations(engines, resolved.cost, end_s),
         queue_length=_queue_series(queues),
         end_s=end_s,
@@ -239,21 +260,25 @@ def speedup_over_plain(result: SimulationResult) -> dict:
     }
 
 
-def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment, requests: list[Request]):
-    """Static batching engines, plain ones, or ones whose decode set speculates with the draft's
-    cost model and the acceptance stream.
+def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
+    """Each request's acceptance rate when the scenario speculates (None otherwise).
 
     Acceptance is keyed by the seed and the request, not by the replica or the run's
     settings: every configuration sees the same draft successes (common random numbers).
     """
+    if scenario.engine.batching == "static" or not scenario.speculating:
+        return None
+    return scenario.speculation.acceptance.request_alphas(stream_key(scenario.seed, 1), np.arange(n, dtype=np.int64))
+
+
+def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):
+    """Static batching engines, plain ones, or ones whose decode set speculates with the draft's
+    cost model and the acceptance stream (keyed by the seed, like the acceptance rates)."""
     if scenario.engine.batching == "static":
         return StaticBatchEngine
     if not scenario.speculating:
         return Engine
     spec = scenario.speculation
-    ids = np.fromiter((r.id for r in requests), dtype=np.int64, count=len(requests))
-    for request, alpha in zip(requests, spec.acceptance.request_alphas(stream_key(scenario.seed, 1), ids).tolist()):
-        request.alpha = alpha
     decode = partial(SpeculativeDecodeSet, speculation=spec, draft_cost=resolved.draft_cost,
                      acceptance_key=stream_key(scenario.seed, 2),
                      handoff_s=resolved.handoff_s if resolved.draft_separate else None)
@@ -266,29 +291,9 @@ def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
         stop.succeed()
 
 
-# Record column: (Request attribute, dtype); object columns hold strings.
-RECORD_COLUMNS = {
-    "id": ("id", np.int64), "replica": ("replica", np.int64), "status": ("status", object),
-    "reason": ("reason", object), "arrival_s": ("arrival_s", float), "prompt_tokens": ("prompt_tokens", np.int64),
-    "output_tokens": ("output_tokens", np.int64), "generated_tokens": ("generated", np.int64),
-    "first_scheduled_s": ("first_scheduled_s", float), "first_token_s": ("first_token_s", float),
-    "finish_s": ("finish_s", float), "preemptions": ("preemptions", np.int64), "max_itl_s": ("max_itl_s", float),
-    "alpha": ("alpha", float), "draft_tokens": ("draft_tokens", np.int64),
-    "accepted_tokens": ("accepted_tokens", np.int64),
-}
-
-
-def _records(requests: list[Request], scenario: Scenario) -> pd.DataFrame:
+def _records(records: RequestRecords, scenario: Scenario) -> pd.DataFrame:
     """The per-request table: raw times plus the latencies derived from them."""
-    n = len(requests)
-    frame = pd.DataFrame({
-        name: (list(map(attrgetter(field), requests)) if dtype is object
-               else np.fromiter(map(attrgetter(field), requests), dtype=dtype, count=n))
-        for name, (field, dtype) in RECORD_COLUMNS.items()})
-    # Statuses as their strings; whatever has not left by the end (queued, running, not yet
-    # arrived) is unfinished.
-    done = {FINISHED: FINISHED.value, REJECTED: REJECTED.value}
-    frame["status"] = [done.get(status, UNFINISHED.value) for status in frame["status"]]
+    frame = pd.DataFrame(records.columns(), copy=False)
     frame["queue_wait_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
     frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
     frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]
@@ -302,22 +307,15 @@ def _records(requests: list[Request], scenario: Scenario) -> pd.DataFrame:
 
 
 def _iterations(engines: list[Engine], cost: CostModel, end_s: float) -> pd.DataFrame:
-    """One row per iteration that completed by ``end_s`` (a static batch logs its steps ahead)."""
-    frames = []
-    for engine in engines:
-        frame = engine.log.frame()
-        frame.insert(0, "micro_batch", engine.micro_batch)
-        frame.insert(0, "replica", engine.index)
-        frames.append(frame)
-    frame = pd.concat(frames, ignore_index=True)
-    frame["end_s"] = frame["start_s"] + frame["duration_s"]
-    frame = frame[frame["end_s"] <= end_s].reset_index(drop=True)
+    """One row per iteration that completed by ``end_s``, with its utilisations (empties the engines' logs)."""
+    frame = iterations_frame([(engine.index, engine.micro_batch, engine.log) for engine in engines], end_s)
     frame["mfu"] = frame["flops"] / (frame["duration_s"] * cost.peak_flops_per_s)
     frame["bandwidth_utilisation"] = frame["bytes"] / (frame["duration_s"] * cost.peak_bandwidth_bytes_per_s)
     return frame
 
 
 def _queue_series(queues: list[WaitingQueue]) -> pd.DataFrame:
-    frames = [pd.DataFrame({"queue": i, "time_s": q.length.log_s, "length": q.length.log_value})
+    frames = [pd.DataFrame({"queue": i, "time_s": np.frombuffer(q.length.log_s, float),
+                            "length": np.frombuffer(q.length.log_value, np.int64)})
               for i, q in enumerate(queues)]
     return pd.concat(frames, ignore_index=True)
