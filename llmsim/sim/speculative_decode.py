@@ -37,13 +37,10 @@ import numpy as np
 from llmsim.cost.features import FEATURES, attention_pairs, batch_rows, sequential_decode_rows, speculative_step_sums
 from llmsim.sim.decode import DecodeSet
 from llmsim.sim.request import InterTokenGaps, Request
-from llmsim.sim.speculative_kernels import advance_rows, eligible_rows, reserve_blocks
+from llmsim.sim.speculative_kernels import FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 
-_INT_FIELDS = ("context", "generated", "remaining", "blocks", "request_id", "k_policy", "k", "accepted", "lag",
-               "window_proposed", "window_accepted", "window_rounds", "backoff", "proposed_total", "accepted_total")
-_FLOAT_FIELDS = ("alpha", "last_token_s", "max_gap_s", "seen_accepted", "seen_rejected")
 _STEP_COLUMNS = (("eligible", bool), ("speculated", bool), ("finished_rows", np.int64))   # this step's: not moved
 
 
@@ -53,42 +50,44 @@ class DecodeSlots:
     ``context`` is the KV length (tokens whose keys and values are stored), ``blocks``
     the KV blocks held, ``lag`` the tokens the draft has not processed yet, ``k`` /
     ``accepted`` this step's draft length and outcome, ``eligible`` / ``speculated`` /
-    ``finished_rows`` this step's scratch (not moved with a row). The k policies keep their per-request state here
-    (:mod:`llmsim.speculation.policies`): ``k_policy`` the adaptive k, ``window_*`` the
-    adaptive rule's current window, ``backoff`` its failed probes in a row since it turned
-    speculation off, ``seen_*`` the goodput policy's decayed acceptance counts.
+    ``finished_rows`` this step's scratch (not moved with a row). The k policies keep their
+    per-request state here (:mod:`llmsim.speculation.policies`): ``k_policy`` the adaptive
+    k, ``window_*`` the adaptive rule's current window, ``backoff`` its failed probes in a
+    row since it turned speculation off, ``seen_*`` the goodput policy's decayed acceptance
+    counts.
 
-    The integer columns are the rows of one 2-D array and the float columns of another
-    (each column contiguous, as the compiled kernels want them), so removing a row, which
-    moves the last one into it, is two array copies.
+    The integer columns are the rows of one 2-D array ``ints`` and the float columns of
+    another, ``floats`` (in the order :mod:`llmsim.sim.speculative_kernels` lays out; each
+    column contiguous), so a kernel takes the two arrays, and removing a row, which moves
+    the last one into it, is two array copies.
     """
 
     def __init__(self, capacity: int = 64):
         self.n = 0
         self.requests: list[Request] = []
-        self._ints = np.zeros((len(_INT_FIELDS), 0), dtype=np.int64)
-        self._floats = np.zeros((len(_FLOAT_FIELDS), 0))
+        self.ints = np.zeros((len(INT_COLUMNS), 0), dtype=np.int64)
+        self.floats = np.zeros((len(FLOAT_COLUMNS), 0))
         self._grow(capacity)
 
     def _grow(self, capacity: int) -> None:
-        ints = np.zeros((len(_INT_FIELDS), capacity), dtype=np.int64)
-        floats = np.zeros((len(_FLOAT_FIELDS), capacity))
-        ints[:, :self._ints.shape[1]] = self._ints
-        floats[:, :self._floats.shape[1]] = self._floats
-        self._ints, self._floats = ints, floats
-        for name, column in zip(_INT_FIELDS, ints):
+        ints = np.zeros((len(INT_COLUMNS), capacity), dtype=np.int64)
+        floats = np.zeros((len(FLOAT_COLUMNS), capacity))
+        ints[:, :self.ints.shape[1]] = self.ints
+        floats[:, :self.floats.shape[1]] = self.floats
+        self.ints, self.floats = ints, floats
+        for name, column in zip(INT_COLUMNS, ints):
             setattr(self, name, column)
-        for name, column in zip(_FLOAT_FIELDS, floats):
+        for name, column in zip(FLOAT_COLUMNS, floats):
             setattr(self, name, column)
         for name, dtype in _STEP_COLUMNS:
             setattr(self, name, np.zeros(capacity, dtype=dtype))
 
     def add(self, request: Request) -> int:
         i = self.n
-        if i == self._ints.shape[1]:
+        if i == self.ints.shape[1]:
             self._grow(2 * i)
-        self._ints[:, i] = 0
-        self._floats[:, i] = 0.0
+        self.ints[:, i] = 0
+        self.floats[:, i] = 0.0
         self.requests.append(request)
         request.slot = i
         self.n += 1
@@ -97,8 +96,8 @@ class DecodeSlots:
     def remove(self, i: int) -> None:
         last = self.n - 1
         if i != last:
-            self._ints[:, i] = self._ints[:, last]
-            self._floats[:, i] = self._floats[:, last]
+            self.ints[:, i] = self.ints[:, last]
+            self.floats[:, i] = self.floats[:, last]
             moved = self.requests[last]
             self.requests[i] = moved
             moved.slot = i
@@ -183,9 +182,9 @@ class SpeculativeDecodeSet(DecodeSet):
                 self._force_plain = False
                 return 0
             # Never draft past the last token asked for, nor past the iteration's token budget.
-            needed, drafted, reserved = reserve_blocks(n, self._choose_k(n), s.eligible, s.remaining, s.context,
-                                                       s.blocks, s.k, self.engine.config.max_batch_tokens - n,
-                                                       kv.block_size, kv.free_blocks)
+            needed, drafted, reserved = reserve_blocks(n, self._choose_k(n), s.eligible, s.ints,
+                                                       self.engine.config.max_batch_tokens - n, kv.block_size,
+                                                       kv.free_blocks)
             if reserved:
                 break
             if drafted:
@@ -201,7 +200,7 @@ class SpeculativeDecodeSet(DecodeSet):
         s, rule = self.slots, self.spec.eligibility
         if self._force_plain or len(self.engine.running) < rule.min_concurrent_requests:
             return None
-        if not eligible_rows(n, s.context, rule.min_sequence_tokens, s.eligible):
+        if not eligible_rows(n, s.ints, rule.min_sequence_tokens, s.eligible):
             return None
         return self.policy.choose(s, n, s.eligible[:n], self._candidate_times)
 
@@ -237,9 +236,7 @@ class SpeculativeDecodeSet(DecodeSet):
         if at + n > len(self._gaps_s):
             # Grow in place (realloc): no second copy of the gaps held while growing.
             self._gaps_s.resize(max(at + n, len(self._gaps_s) * 5 // 4), refcheck=False)
-        freed, emitted, finished = advance_rows(n, now, s.k, s.accepted, s.last_token_s, s.max_gap_s, s.generated,
-                                                s.remaining, s.context, s.blocks, s.proposed_total,
-                                                s.accepted_total, s.lag, s.speculated, s.finished_rows,
+        freed, emitted, finished = advance_rows(n, now, s.ints, s.floats, s.speculated, s.finished_rows,
                                                 kv.block_size, self._gaps_s, at)
         self._gaps_used = at + n
         self._step_ends_s.append(now)

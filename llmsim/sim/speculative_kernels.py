@@ -8,19 +8,30 @@ engine's time; compiled, each phase is one call. The feature sums a step is pric
 are built by :func:`llmsim.cost.features.speculative_step_sums`, the acceptance draws by
 :mod:`llmsim.speculation.kernels`, the adaptive k rule by the policy's own kernel.
 
-Every kernel works on rows ``[0, n)`` of whole columns (``llmsim.sim.speculative_decode.
-DecodeSlots``) and does the same integer and IEEE float operations as the numpy it
+Every kernel works on rows ``[0, n)`` of the packed columns (``llmsim.sim.speculative_decode.
+DecodeSlots``, laid out here) and does the same integer and IEEE float operations as the numpy it
 replaced, so runs are identical. Compiled code is cached next to this file.
 """
 from __future__ import annotations
 
 import numba
 
+# The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
+# kernel takes two arrays, not fifteen (each argument costs a type check per call).
+INT_COLUMNS = ("context", "generated", "remaining", "blocks", "request_id", "k_policy", "k", "accepted", "lag",
+               "window_proposed", "window_accepted", "window_rounds", "backoff", "proposed_total", "accepted_total")
+FLOAT_COLUMNS = ("alpha", "last_token_s", "max_gap_s", "seen_accepted", "seen_rejected")
+_CONTEXT, _GENERATED, _REMAINING, _BLOCKS, _K, _ACCEPTED, _LAG, _PROPOSED_TOTAL, _ACCEPTED_TOTAL = (
+    INT_COLUMNS.index(name) for name in ("context", "generated", "remaining", "blocks", "k", "accepted", "lag",
+                                         "proposed_total", "accepted_total"))
+_LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
+
 
 @numba.njit(cache=True)
-def eligible_rows(n, context, min_sequence_tokens, eligible):
+def eligible_rows(n, ints, min_sequence_tokens, eligible):
     """Mark the sequences long enough to speculate (prompt + output beyond ``min_sequence_tokens``
     once this step's token is counted); returns how many there are."""
+    context = ints[_CONTEXT]
     count = 0
     for i in range(n):
         eligible[i] = context[i] + 1 > min_sequence_tokens
@@ -29,8 +40,8 @@ def eligible_rows(n, context, min_sequence_tokens, eligible):
 
 
 @numba.njit(cache=True)
-def reserve_blocks(n, chosen, eligible, remaining, context, blocks, k, budget, block_size, free_blocks):
-    """This step's draft lengths ``k`` and, if the free blocks hold them, their KV.
+def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks):
+    """This step's draft lengths (column ``k``) and, if the free blocks hold them, their KV.
 
     ``chosen`` is the policy's k for every row, or None when nobody speculates. An eligible
     sequence drafts ``min(chosen, remaining - 1)`` (never past the last token asked for);
@@ -39,6 +50,7 @@ def reserve_blocks(n, chosen, eligible, remaining, context, blocks, k, budget, b
     Returns ``(blocks needed, tokens drafted, reserved)``: ``blocks`` grows only when all
     the needed blocks are free.
     """
+    k, remaining, context, blocks = ints[_K], ints[_REMAINING], ints[_CONTEXT], ints[_BLOCKS]
     drafted = longest = 0
     for i in range(n):
         draft = 0
@@ -71,8 +83,7 @@ def reserve_blocks(n, chosen, eligible, remaining, context, blocks, k, budget, b
 
 
 @numba.njit(cache=True)
-def advance_rows(n, now, k, accepted, last_token_s, max_gap_s, generated, remaining, context, blocks,
-                 proposed_total, accepted_total, lag, speculated, finished_rows, block_size, gaps_s, gaps_at):
+def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, gaps_s, gaps_at):
     """The verified step is over at ``now``: each sequence emits its accepted prefix plus one token.
 
     Writes each sequence's gap since its last token into ``gaps_s[gaps_at:gaps_at + n]``,
@@ -83,6 +94,10 @@ def advance_rows(n, now, k, accepted, last_token_s, max_gap_s, generated, remain
     row first (the order to remove them in, as a removal moves the last row).
     Returns ``(blocks freed, tokens emitted, sequences finished)``.
     """
+    k, accepted, generated, remaining = ints[_K], ints[_ACCEPTED], ints[_GENERATED], ints[_REMAINING]
+    context, blocks, lag = ints[_CONTEXT], ints[_BLOCKS], ints[_LAG]
+    proposed_total, accepted_total = ints[_PROPOSED_TOTAL], ints[_ACCEPTED_TOTAL]
+    last_token_s, max_gap_s = floats[_LAST_TOKEN_S], floats[_MAX_GAP_S]
     freed = emitted = finished = 0
     for i in range(n):
         gap = now - last_token_s[i]
