@@ -30,6 +30,7 @@ step and has its own set (``llmsim.sim.speculative_decode``).
 from __future__ import annotations
 
 import heapq
+from array import array
 from abc import ABC, abstractmethod
 
 import numpy as np
@@ -96,7 +97,7 @@ class EventDecodeSet(DecodeSet):
         self._joined = 0                            # sequences whose first decode step is the next one
         self._step_end_s = np.zeros(1024)           # end time of every decode step
         self._step_gap_s = np.zeros(1024)           # and the time since the decode step before it
-        self._continuing: list[int] = []            # per decode step: sequences that also decoded the step before
+        self._continuing = array("q")              # per decode step: sequences that also decoded the step before
 
     def context(self, request: Request) -> int:
         """A decoding sequence's KV length now (closed form)."""
@@ -219,4 +220,5 @@ class EventDecodeSet(DecodeSet):
                 request.generated += self.step - request.decode_start
         steps = len(self._continuing)
         if steps > 1:
-            gaps.add(self._step_end_s[1:steps], self._step_gap_s[1:steps], self._continuing[1:])
+            gaps.add(self._step_end_s[1:steps], self._step_gap_s[1:steps],
+                     np.frombuffer(self._continuing, np.int64)[1:])

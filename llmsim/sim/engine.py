@@ -24,8 +24,10 @@ engine altogether (:mod:`llmsim.sim.static_batching`).
 """
 from __future__ import annotations
 
+from array import array
 from typing import Callable
 
+import numpy as np
 import simpy
 
 from llmsim.cost.features import prefill_sums
@@ -75,8 +77,8 @@ class Engine:
         self._window = cost.model.sliding_window
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
         self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
-        self.first_gap_end_s: list[float] = []
-        self.first_gap_s: list[float] = []
+        self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
+        self.first_gap_s = array("d")
         self.decode = decode(self)
         env.process(self.run())
 
@@ -116,7 +118,8 @@ class Engine:
         """End of the run: bring unfinished requests' token counts up to date and hand the
         inter-token gaps to ``self.gaps`` (call once)."""
         self.decode.close(self.gaps)
-        self.gaps.add(self.first_gap_end_s, self.first_gap_s, [1.0] * len(self.first_gap_s))
+        self.gaps.add(np.frombuffer(self.first_gap_end_s), np.frombuffer(self.first_gap_s),
+                      np.broadcast_to(1.0, len(self.first_gap_s)))
 
     # -- one iteration ----------------------------------------------------------------------------
     def schedule(self) -> Iteration | None:

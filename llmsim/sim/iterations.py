@@ -3,11 +3,12 @@
 :class:`Iteration` is the value an engine's scheduling step returns: the row of the
 iteration log (named fields, :data:`LOG_COLUMNS`) plus what was scheduled, for whom
 (``chunks``: the prefill chunks, ``decoding``: whether the decoding sequences took a
-step). :class:`IterationLog` keeps the rows packed as doubles in one ``bytearray``,
-8 bytes a value, and turns them into ``SimulationResult.iterations``.
+step). :class:`IterationLog` keeps the rows packed as doubles, 8 bytes a value, and
+:func:`iterations_frame` turns the logs into ``SimulationResult.iterations``.
 """
 from __future__ import annotations
 
+import mmap
 import struct
 from functools import partial
 from typing import NamedTuple
@@ -53,53 +54,70 @@ _ROW = struct.Struct(f"{_WIDTH}d")
 COUNT_COLUMNS = ["decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out", "kv_used_blocks", "running",
                  "queued", "spec_seqs", "draft_tokens", "accepted_tokens"]
 
+CHUNK_ROWS = 1 << 16                # 7.5 MiB a chunk
+_CHUNK_BYTES = CHUNK_ROWS * _ROW.size
+
 
 class IterationLog:
-    """Every iteration of one engine, row after row of doubles in ``bytearray`` chunks.
+    """Every iteration of one engine, row after row of doubles in chunks of :data:`CHUNK_ROWS` rows.
 
-    Chunks of at most :data:`CHUNK_ROWS` rows let :func:`iterations_frame` copy the
-    log into the result's columns chunk by chunk, freeing each as it goes, so the log
-    and the table it becomes are never both held whole.
+    Each chunk is its own anonymous memory map: pages not yet written cost nothing, and
+    :func:`iterations_frame` copies the log into the result's columns chunk by chunk,
+    each chunk going back to the operating system as soon as it is copied (memory from
+    the allocator's heap may not), so the log and the table it becomes are never both
+    held whole.
     """
 
-    __slots__ = ("_rows", "_full")
+    __slots__ = ("_full", "_chunk", "_at")
 
     def __init__(self):
-        self._rows = bytearray()                   # the chunk being written
-        self._full: list[bytearray] = []           # chunks already full, in order
+        self._full: list[mmap.mmap] = []           # chunks already full, in order
+        self._chunk = mmap.mmap(-1, _CHUNK_BYTES)  # the chunk being written, up to byte _at
+        self._at = 0
 
     def append(self, iteration: Iteration) -> None:
-        rows = self._rows
-        rows += _ROW.pack(*iteration[:_WIDTH])
-        if len(rows) >= _CHUNK_BYTES:
-            self._full.append(rows)
-            self._rows = bytearray()
+        _ROW.pack_into(self._chunk, self._at, *iteration[:_WIDTH])
+        self._at += _ROW.size
+        if self._at == _CHUNK_BYTES:
+            self._next_chunk()
 
     def extend(self, columns: dict[str, np.ndarray]) -> None:
         """Append several rows at once, given by column (a static batch logs all its steps)."""
         block = np.zeros((len(columns["start_s"]), _WIDTH))
         for name, values in columns.items():
             block[:, LOG_COLUMNS.index(name)] = values
-        self._rows += block.tobytes()
+        data = memoryview(block.tobytes())
+        while data:
+            size = min(len(data), _CHUNK_BYTES - self._at)
+            self._chunk[self._at:self._at + size] = data[:size]
+            self._at += size
+            data = data[size:]
+            if self._at == _CHUNK_BYTES:
+                self._next_chunk()
+
+    def _next_chunk(self) -> None:
+        self._full.append(self._chunk)
+        self._chunk, self._at = mmap.mmap(-1, _CHUNK_BYTES), 0
 
     def __len__(self) -> int:
-        return (sum(map(len, self._full)) + len(self._rows)) // _ROW.size
+        return len(self._full) * CHUNK_ROWS + self._at // _ROW.size
 
     def views(self) -> list[np.ndarray]:
         """The log's chunks as (rows, columns) arrays sharing its memory (drop them before appending)."""
-        return [np.frombuffer(chunk, dtype=float).reshape(-1, _WIDTH) for chunk in (*self._full, self._rows)]
+        return [np.frombuffer(chunk, dtype=float, count=size // 8).reshape(-1, _WIDTH) for chunk, size in
+                [*((chunk, _CHUNK_BYTES) for chunk in self._full), (self._chunk, self._at)]]
 
     def take_chunks(self):
         """Yield the log's rows as (rows, columns) arrays, chunk by chunk, emptying the log."""
-        self._full.append(self._rows)
-        self._rows = bytearray()
+        self._full.append(self._chunk)
+        last_rows = self._at // _ROW.size
+        self._chunk, self._at = mmap.mmap(-1, _CHUNK_BYTES), 0
         while self._full:
             chunk = self._full.pop(0)
-            yield np.frombuffer(chunk, dtype=float).reshape(-1, _WIDTH)
+            rows = CHUNK_ROWS if self._full else last_rows
+            yield np.frombuffer(chunk, dtype=float, count=rows * _WIDTH).reshape(-1, _WIDTH)
 
 
-CHUNK_ROWS = 1 << 15
-_CHUNK_BYTES = CHUNK_ROWS * _ROW.size
 _START, _DURATION = LOG_COLUMNS.index("start_s"), LOG_COLUMNS.index("duration_s")
 
 
