@@ -127,12 +127,12 @@ class SpeculativeDecodeSet(DecodeSet):
         # The draft's feature rows, one per sequential step (a step never drafts more than the policy's k).
         longest = max(speculation.policy.k, speculation.policy.k_max, 1)
         self._draft_rows = np.zeros((longest if draft_cost is not None else 0, len(FEATURES)))
-        # Inter-token gaps: every decoding sequence's per step, in step order, and the steps' end times,
-        # decoding sequences and tokens beyond one per sequence (they come with the first: gap 0).
-        self._gaps_s = np.zeros(4096)
-        self._gaps_used = 0
+        # Inter-token gaps as weighted samples: per step, runs of sequences with equal gaps (end,
+        # gap, tokens: one run a step under chunked prefill), and the tokens beyond one per
+        # sequence at the step's end (they come with the first: gap 0).
+        self._gap_runs = np.zeros((1024, 3))
+        self._runs_used = 0
         self._step_ends_s = array("d")
-        self._step_seqs = array("q")
         self._burst_tokens = array("q")
 
     # -- joining and leaving ------------------------------------------------------------------------
@@ -232,15 +232,13 @@ class SpeculativeDecodeSet(DecodeSet):
     def advance(self, now: float) -> None:
         n = self.n
         s, kv = self.slots, self.engine.kv
-        at = self._gaps_used
-        if at + n > len(self._gaps_s):
-            # Grow in place (realloc): no second copy of the gaps held while growing.
-            self._gaps_s.resize(max(at + n, len(self._gaps_s) * 5 // 4), refcheck=False)
-        freed, emitted, finished = advance_rows(n, now, s.ints, s.floats, s.speculated, s.finished_rows,
-                                                kv.block_size, self._gaps_s, at)
-        self._gaps_used = at + n
+        at = self._runs_used
+        if at + n > len(self._gap_runs):
+            self._gap_runs.resize((2 * (at + n), 3), refcheck=False)     # in place: appends rows
+        freed, emitted, finished, runs = advance_rows(n, now, s.ints, s.floats, s.speculated, s.finished_rows,
+                                                      kv.block_size, self._gap_runs, at)
+        self._runs_used = at + runs
         self._step_ends_s.append(now)
-        self._step_seqs.append(n)
         self._burst_tokens.append(emitted - n)
         kv.free(freed)
         self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
@@ -279,9 +277,6 @@ class SpeculativeDecodeSet(DecodeSet):
             request.draft_tokens += int(s.proposed_total[i])
             request.accepted_tokens += int(s.accepted_total[i])
         if self._step_ends_s:
-            each = self._gaps_s
-            each.resize(self._gaps_used, refcheck=False)       # in place: the buffer becomes the record
-            ends = np.asarray(self._step_ends_s)
-            # Every gap weighs one token: a read-only broadcast, not an array of ones.
-            gaps.add(np.repeat(ends, self._step_seqs), each, np.broadcast_to(1.0, len(each)))
-            gaps.add(ends, np.zeros(len(ends)), self._burst_tokens)
+            runs = self._gap_runs[:self._runs_used]
+            gaps.add(runs[:, 0], runs[:, 1], runs[:, 2])
+            gaps.add(self._step_ends_s, np.zeros(len(self._step_ends_s)), self._burst_tokens)

@@ -83,25 +83,32 @@ def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks):
 
 
 @numba.njit(cache=True)
-def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, gaps_s, gaps_at):
+def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, gap_runs, runs_at):
     """The verified step is over at ``now``: each sequence emits its accepted prefix plus one token.
 
-    Writes each sequence's gap since its last token into ``gaps_s[gaps_at:gaps_at + n]``,
-    rolls its KV back to the blocks its new context needs (the rejected positions' are
-    given back), and records what the draft has not seen: its accepted tokens but the
-    last, when it proposed and all were accepted, else one more. ``speculated`` marks the
-    rows that drafted; ``finished_rows`` gets the rows that have all their tokens, last
-    row first (the order to remove them in, as a removal moves the last row).
-    Returns ``(blocks freed, tokens emitted, sequences finished)``.
+    Records each sequence's gap since its last token as runs of equal gaps, in row order,
+    from ``gap_runs[runs_at]`` on (columns: end, gap, tokens; after a step that decoded
+    every sequence, as chunked prefill does, one run); rolls its KV back to the blocks its
+    new context needs (the rejected positions' are given back), and records what the draft
+    has not seen: its accepted tokens but the last, when it proposed and all were accepted,
+    else one more. ``speculated`` marks the rows that drafted; ``finished_rows`` gets the
+    rows that have all their tokens, last row first (the order to remove them in, as a
+    removal moves the last row). Returns ``(blocks freed, tokens emitted, sequences
+    finished, gap runs)``.
     """
     k, accepted, generated, remaining = ints[_K], ints[_ACCEPTED], ints[_GENERATED], ints[_REMAINING]
     context, blocks, lag = ints[_CONTEXT], ints[_BLOCKS], ints[_LAG]
     proposed_total, accepted_total = ints[_PROPOSED_TOTAL], ints[_ACCEPTED_TOTAL]
     last_token_s, max_gap_s = floats[_LAST_TOKEN_S], floats[_MAX_GAP_S]
     freed = emitted = finished = 0
+    run = runs_at - 1
     for i in range(n):
         gap = now - last_token_s[i]
-        gaps_s[gaps_at + i] = gap
+        if i > 0 and gap == gap_runs[run, 1]:
+            gap_runs[run, 2] += 1.0
+        else:
+            run += 1
+            gap_runs[run, 0], gap_runs[run, 1], gap_runs[run, 2] = now, gap, 1.0
         if gap > max_gap_s[i]:
             max_gap_s[i] = gap
         last_token_s[i] = now
@@ -121,4 +128,4 @@ def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, ga
         if remaining[i] == 0:
             finished_rows[finished] = i
             finished += 1
-    return freed, emitted, finished
+    return freed, emitted, finished, run + 1 - runs_at
