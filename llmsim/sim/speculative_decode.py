@@ -119,7 +119,8 @@ class SpeculativeDecodeSet(DecodeSet):
         self.spec = speculation
         self.policy = k_policy(speculation.policy)
         self.draft_cost = draft_cost
-        self.key = acceptance_key
+        self._draw = speculation.acceptance.draws(acceptance_key)
+        self._window_tokens = self._window or 0      # 0: no sliding window, as the kernels take it
         self.slots = DecodeSlots()
         self._separate = handoff_s is not None and draft_cost is not None
         self._handoff_s = handoff_s if self._separate else 0.0
@@ -210,10 +211,10 @@ class SpeculativeDecodeSet(DecodeSet):
         s = self.slots
         # The verify chunks' tokens (each gives logits), pairs and KV read; the draft's rows.
         tokens, verify_pairs, verify_kv, n_spec, proposed, decode_kv, draft_steps = speculative_step_sums(
-            n, s.k, s.context, self._window or 0, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv, bool(chunks))
+            n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv, bool(chunks))
         accepted = 0
         if proposed:
-            accepted = self.spec.acceptance.accept(self.key, s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
+            accepted = self._draw(s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
         elif n:
             s.accepted[:n] = 0
         x = self._row.fill(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv, logits + tokens,

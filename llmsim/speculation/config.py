@@ -29,7 +29,7 @@ second of the whole batch from the cost model and the estimated acceptance
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -121,22 +121,22 @@ class Acceptance:
         output ``positions + j``); ``k`` its draft length this step.
         """
         out = np.empty(len(k), dtype=np.int64)
-        self.accept(key, request_ids, positions, alphas, k, out)
+        self.draws(key)(request_ids, positions, alphas, k, out)
         return out
 
-    def accept(self, key: int, request_ids: np.ndarray, positions: np.ndarray, alphas: np.ndarray,
-               k: np.ndarray, out: np.ndarray) -> int:
-        """:meth:`accepted` into ``out`` for the first ``len(out)`` rows of the other arrays (the
-        simulator passes whole columns and a view of its rows); returns the accepted total."""
+    def draws(self, key: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]:
+        """:meth:`accepted` as one compiled call with ``key`` and the process's parameters bound
+        (the simulator builds it once per engine and calls it every step):
+        ``draw(request_ids, positions, alphas, k, out)`` writes the first ``len(out)`` rows'
+        accepted prefixes into ``out`` and returns their total."""
+        key = np.uint64(key)
         if self.process == "replay":
-            return replayed_prefixes(np.uint64(key), request_ids, positions, self._sample_array, k, out)
+            samples = np.asarray(self.samples, dtype=np.int64)
+            return lambda request_ids, positions, alphas, k, out: replayed_prefixes(key, request_ids, positions,
+                                                                                  samples, k, out)
         decay = self.decay if self.process == "positional" else 1.0
-        return accepted_prefixes(np.uint64(key), request_ids, positions, alphas, k, decay, out)
-
-    @cached_property
-    def _sample_array(self) -> np.ndarray:
-        """The replayed lengths as the kernel reads them (converted once, not every step)."""
-        return np.asarray(self.samples, dtype=np.int64)
+        return lambda request_ids, positions, alphas, k, out: accepted_prefixes(key, request_ids, positions, alphas,
+                                                                              k, decay, out)
 
 
 @dataclass(frozen=True)
