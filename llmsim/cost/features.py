@@ -239,6 +239,8 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
         row = draft_rows[j]
         row[_ONE] = row[_EXPERTS] = 1.0                  # dense draft: one "expert" per step
         row[_TOKENS] = row[_LOGITS] = row[_DECODE_SEQS]
+    if not prompt_chunks:
+        prompt_tokens = prompt_pairs = prompt_kv_read = 0.0
     first = draft_rows[0]
     first[_TOKENS] += behind_tokens + prompt_tokens
     first[_PREFILL_TOKENS] += behind_tokens + prompt_tokens
