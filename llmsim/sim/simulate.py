@@ -77,7 +77,8 @@ class Router:
         if self.policy == "round_robin":
             index = next(self._cycle)
         elif self.policy == "least_outstanding":
-            index = min(range(len(self.replicas)), key=self.outstanding.__getitem__)
+            outstanding = self.outstanding
+            index = outstanding.index(min(outstanding))        # two C loops: no key function per replica
         else:
             index = -1
         if index >= 0:
