@@ -125,7 +125,7 @@ class SpeculativeDecodeSet(DecodeSet):
         self._separate = handoff_s is not None and draft_cost is not None
         self._handoff_s = handoff_s if self._separate else 0.0
         self._force_plain = False                    # this step's reservation could not hold k tokens
-        # The draft's feature rows, one per sequential step (a step never drafts more than the policy's k).
+        # The draft's feature rows, one per sequential step (no sequence drafts more than the policy's k or k_max).
         longest = max(speculation.policy.k, speculation.policy.k_max, 1)
         self._draft_rows = np.zeros((longest if draft_cost is not None else 0, len(FEATURES)))
         # Inter-token gaps as weighted samples: per step, runs of sequences with equal gaps (end,
