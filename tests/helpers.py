@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+
+import numpy as np
 from llmsim.search.compare import REPLACED_WHOLE
 from llmsim.config.reader import Node, deep_merge
+from llmsim.cost.features import F, attention_pairs
 from llmsim.scenario.scenario import scenario_from_node
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,3 +37,23 @@ def make_scenario(overrides: dict | None = None, base: dict = BASE):
     return scenario_from_node(Node(data, file="<test>", base_dir=REPO / "scenarios"))
 
 
+
+
+# Reference definitions of batch-feature sums, written with numpy, for checking the compiled step.
+def chunk_sums(new: np.ndarray, seen: np.ndarray) -> tuple[float, float, float]:
+    """Chunks of ``new`` positions after ``seen`` visible tokens (arrays): (tokens, pairs, KV read).
+
+    A speculative verify step is such a chunk of ``k + 1`` positions per sequence, every
+    one of which gives logits (so its logit rows equal its tokens).
+    """
+    return float(new.sum()), float(attention_pairs(new, seen).sum()), float((seen + new).sum())
+
+
+def add_prefill(row: np.ndarray, tokens, pairs, kv_read, logits=0) -> np.ndarray:
+    """Add prefill work to a row (in place): ``tokens`` positions, ``pairs`` attention pairs, ``kv_read``."""
+    row[F["tokens"]] += tokens
+    row[F["prefill_tokens"]] += tokens
+    row[F["prefill_pairs"]] += pairs
+    row[F["prefill_kv_read"]] += kv_read
+    row[F["logit_tokens"]] += logits
+    return row

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from llmsim import model_catalog
-from llmsim.cost.features import (F, FEATURES, BatchRow, add_prefill, attention_pairs, batch_features, batch_rows,
-                                  chunk_sums, prefill_sums, sequential_decode_rows, set_iterations, visible,
+from .helpers import add_prefill, chunk_sums
+from llmsim.cost.features import (F, FEATURES, BatchRow, attention_pairs, batch_features, batch_rows,
+                                  prefill_sums, sequential_decode_rows, set_iterations, visible,
                                   windowed_context_sum)
 
 DENSE = model_catalog()["Llama-3.1-8B"]

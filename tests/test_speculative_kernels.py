@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmsim.cost.features import (FEATURES, add_prefill, batch_rows, chunk_sums, sequential_decode_rows,
+from .helpers import add_prefill, chunk_sums
+from llmsim.cost.features import (FEATURES, batch_rows, sequential_decode_rows,
                                   speculative_step_sums)
 from llmsim.sim.speculative_kernels import FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks
 

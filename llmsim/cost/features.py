@@ -81,15 +81,6 @@ def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None) -
     return tokens, pairs, kv_read, completed
 
 
-def chunk_sums(new: np.ndarray, seen: np.ndarray) -> tuple[float, float, float]:
-    """Chunks of ``new`` positions after ``seen`` visible tokens (arrays): (tokens, pairs, KV read).
-
-    A speculative verify step is such a chunk of ``k + 1`` positions per sequence, every
-    one of which gives logits (so its logit rows equal its tokens).
-    """
-    return float(new.sum()), float(attention_pairs(new, seen).sum()), float((seen + new).sum())
-
-
 def windowed_context_sum(first, last, window: int | None):
     """``sum_{c=first}^{last} min(c, window)`` elementwise (0 when last < first): the KV one
     sequence's decode steps read, from context ``first`` to ``last``."""
@@ -160,16 +151,6 @@ def set_iterations(x: np.ndarray, iterations, model: ModelSpec | None = None) ->
     else:
         x[..., F["experts_touched"]] = iterations * model.expected_experts_touched(x[..., F["tokens"]] / iterations)
     return x
-
-
-def add_prefill(row: np.ndarray, tokens, pairs, kv_read, logits=0) -> np.ndarray:
-    """Add prefill work to a row (in place): ``tokens`` positions, ``pairs`` attention pairs, ``kv_read``."""
-    row[F["tokens"]] += tokens
-    row[F["prefill_tokens"]] += tokens
-    row[F["prefill_pairs"]] += pairs
-    row[F["prefill_kv_read"]] += kv_read
-    row[F["logit_tokens"]] += logits
-    return row
 
 
 def sequential_decode_rows(drafts: np.ndarray, context: np.ndarray, steps: int) -> np.ndarray:
