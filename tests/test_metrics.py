@@ -64,7 +64,12 @@ def test_throughput_and_utilisation_from_the_iteration_log(result):
     window = it[(it["end_s"] > start) & (it["end_s"] <= stop)]
     assert summary["throughput"]["output_tokens_per_s"] == pytest.approx(window["tokens_out"].sum() / (stop - start))
     hw = result.scenario.hardware
-    assert summary["utilisation"]["mfu"] == pytest.approx(window["flops"].sum() / (stop - start) / hw.peak_for("bf16"))
+    # Utilisation counts the part of each iteration inside the window, and that share of its FLOPs.
+    overlap = (np.minimum(it["end_s"], stop) - np.maximum(it["start_s"], start)).clip(lower=0)
+    share = overlap / it["duration_s"]
+    assert summary["utilisation"]["busy_fraction"] == pytest.approx(overlap.sum() / (stop - start))
+    assert summary["utilisation"]["mfu"] == pytest.approx((share * it["flops"]).sum() / (stop - start)
+                                                          / hw.peak_for("bf16"))
     assert 0 < summary["utilisation"]["mfu"] < hw.compute_efficiency
     assert 0 < summary["utilisation"]["bandwidth_utilisation"] < hw.memory_efficiency
     assert (it["mfu"] <= hw.compute_efficiency + 1e-9).all()

@@ -2,8 +2,10 @@
 
 Steady-state figures use the measurement window ``[warmup, end of arrivals]``:
 latencies over the requests that arrived in it, throughput over the iterations
-that ended in it. Counts (arrived, finished, rejected, unfinished) cover the
-whole run, so conservation can be checked on them.
+that ended in it. Utilisations count the part of each iteration inside the window
+(an iteration straddling an edge counts only its share, with the same share of its
+FLOPs and bytes), so none can exceed 1. Counts (arrived, finished, rejected,
+unfinished) cover the whole run, so conservation can be checked on them.
 """
 from __future__ import annotations
 
@@ -54,11 +56,8 @@ def summarize(result) -> RunSummary:
     steady = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
     finished = steady[steady["status"] == "finished"]
     in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
-    replicas = scenario.deployment.replicas
-    devices = replicas * scenario.devices_per_replica
+    devices = scenario.deployment.replicas * scenario.devices_per_replica
     hw = scenario.hardware
-    peak_flops = hw.peak_for(scenario.model.weight_dtype) * devices
-    peak_bw = hw.memory_bandwidth_bytes_per_s * devices
 
     status = records["status"]
     reason = records["reason"]
@@ -94,20 +93,7 @@ def summarize(result) -> RunSummary:
         targets=targets,
         met=all(t.attainment >= t.percentile / 100 for t in targets.values()),
     )
-    busy_s = float(in_window["duration_s"].sum())
-    weights = in_window["duration_s"].to_numpy()
-    kv_total = result.kv_blocks_per_replica
-    kv_used = in_window["kv_used_blocks"].to_numpy()
-    utilisation = Utilisation(
-        busy_fraction=busy_s / (window * replicas),
-        mfu=float(in_window["flops"].sum()) / (window * peak_flops),
-        mfu_while_busy=float(in_window["flops"].sum()) / (busy_s * peak_flops / replicas) if busy_s else 0.0,
-        bandwidth_utilisation=float(in_window["bytes"].sum()) / (window * peak_bw),
-        kv_occupancy_mean=float(np.average(kv_used, weights=weights) / kv_total) if busy_s else 0.0,
-        kv_occupancy_max=float(kv_used.max() / kv_total) if len(kv_used) else 0.0,
-        mean_batch_size=float(np.average(in_window["decode_seqs"] + in_window["prefill_seqs"],
-                                         weights=weights)) if busy_s else 0.0,
-    )
+    utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica)
     placement = scenario.memory
     memory = Memory(
         tensor_parallel=placement.tensor_parallel,
@@ -131,6 +117,45 @@ def summarize(result) -> RunSummary:
         queue=queue,
         speculation=speculation_summary(scenario, in_window) if scenario.speculating else None,
         interrupted=result.interrupted,
+    )
+
+
+def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario, kv_blocks: int) -> Utilisation:
+    """How busy the devices were in ``[start, stop]``, from the time each iteration spent inside it.
+
+    A replica runs one engine per pipeline micro-batch, each one iteration after another, and
+    an iteration occupies each of the ``pp`` stages for ``1/pp`` of its duration: the busy
+    fraction is the engines' iteration time in the window over ``pp x window`` per replica,
+    and MFU and bandwidth utilisation take the window's share of each iteration's FLOPs and
+    bytes, so all are within [0, 1] whatever straddles the window's edges.
+    """
+    window = stop - start
+    overlap = (np.minimum(iterations["end_s"].to_numpy(), stop)
+               - np.maximum(iterations["start_s"].to_numpy(), start))
+    inside = overlap > 0
+    weights = overlap[inside]
+    duration = iterations["duration_s"].to_numpy()[inside]
+    share = np.divide(weights, duration, out=np.ones_like(weights), where=duration > 0)
+    rows = iterations[inside]
+    busy_s = float(weights.sum())
+    dep = scenario.deployment
+    hw = scenario.hardware
+    devices = dep.replicas * scenario.devices_per_replica
+    # Each engine's iterations follow one another, so the sum is at most the window; rounding in
+    # the sum of clipped durations can add an ulp or two.
+    busy_fraction = min(busy_s / (window * dep.replicas * dep.pipeline_parallel), 1.0)
+    mfu = float(share @ rows["flops"].to_numpy()) / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
+    kv_used = rows["kv_used_blocks"].to_numpy()
+    return Utilisation(
+        busy_fraction=busy_fraction,
+        mfu=mfu,
+        mfu_while_busy=mfu / busy_fraction if busy_s else 0.0,
+        bandwidth_utilisation=float(share @ rows["bytes"].to_numpy())
+        / (window * hw.memory_bandwidth_bytes_per_s * devices),
+        kv_occupancy_mean=float(np.average(kv_used, weights=weights) / kv_blocks) if busy_s else 0.0,
+        kv_occupancy_max=float(kv_used.max() / kv_blocks) if len(kv_used) else 0.0,
+        mean_batch_size=float(np.average(rows["decode_seqs"] + rows["prefill_seqs"],
+                                         weights=weights)) if busy_s else 0.0,
     )
 
 
