@@ -3,12 +3,18 @@
 Each executor takes (point id, scenario) jobs and a top-level function (picklable, so a
 worker process can call it) and yields (point id, outcome) as points finish, with a
 progress bar. A worker that dies (killed, out of memory) fails only its own points;
-Ctrl-C stops the running ones at once and drops the queued ones.
+Ctrl-C stops the running ones at once and drops the queued ones. Pool workers die with the
+process that started them however it dies, SIGKILL included (:func:`_init_worker`), so a
+killed sweep leaves no simulation running on.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import sys
+import threading
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Callable
 
@@ -16,6 +22,7 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario
 
 ENGINES = ("processes", "dask", "serial")
+PR_SET_PDEATHSIG = 1            # from <linux/prctl.h>
 
 
 def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dict], engine: str,
@@ -33,7 +40,8 @@ def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dic
                 yield point_id, evaluate(scenario)
                 bar.update()
         elif engine == "processes":
-            pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_ignore_interrupts)
+            pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_init_worker,
+                                       initargs=(os.getpid(),))
             pending = {pool.submit(evaluate, scenario): point_id for point_id, scenario in jobs}
             try:
                 while pending:
@@ -66,9 +74,48 @@ def _outcome(future) -> dict:
         return {"error": error_text(error)}
 
 
-def _ignore_interrupts() -> None:
-    """Workers leave Ctrl-C to the parent, which stops them; a simulation cut short is not a result."""
+def _init_worker(parent_pid: int) -> None:
+    """A pool worker leaves Ctrl-C to its parent, which stops it (a simulation cut short is not a
+    result), and dies with the parent.
+
+    On Linux the kernel sends the worker SIGKILL when its parent exits (``PR_SET_PDEATHSIG``),
+    at once and whatever the worker is doing; elsewhere a daemon thread checks every 0.2 s whether
+    the worker has been orphaned. A parent gone before either was set up is caught by the
+    ``getppid`` check that follows.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()       # the sweep, or a fork server started by it
+    if not _kill_with_parent():
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True, name="llmsim-parent-watch").start()
+    if os.getppid() != parent or not _alive(parent_pid):
+        os._exit(1)
+
+
+def _kill_with_parent() -> bool:
+    """Ask Linux to SIGKILL this process when its parent exits; False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _terminate(pool: ProcessPoolExecutor) -> None:

@@ -16,8 +16,11 @@ Points run in parallel: local processes by default, or a Dask cluster
 (:mod:`llmsim.search.executors`). With ``out`` each finished point is appended to
 ``out/results.csv`` as it completes (:mod:`llmsim.search.journal`), keyed by a stable hash
 of the scenario, the point and the seed; running the same sweep again with the same
-``out`` skips the points already there (failed points are retried). A point that raises
-is recorded with its error and the others carry on.
+``out`` skips the points already there (failed points are retried). Each line carries a
+checksum: a line that fails it (torn, corrupt, edited) is dropped and its point simulated
+again. A lock on the folder keeps a second sweep from writing to it at the same time: that one
+stops with a ConfigError naming the first one's pid. A point that raises is recorded with its
+error and the others carry on.
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import build_point, check_matches_source, grid_points
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.executors import ENGINES, error_text, execute
-from llmsim.search.journal import Journal, cell
+from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.simulate import simulate
 
 RESULTS_FILE = "results.csv"
@@ -87,7 +90,10 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                 (``"tcp://host:8786"``); default: a LocalCluster of ``workers`` processes
                 made for the call. Needs the ``distributed`` extra.
     out:        a folder; each finished point is appended to ``out/results.csv`` at once,
-                and points already there (same scenario, overrides and seed) are not rerun.
+                and points already there (same scenario, overrides and seed, line checksum
+                intact) are not rerun. The folder is locked for the call
+                (``out/results.csv.lock``): while another process holds it, a ConfigError
+                naming that process's pid, before anything runs.
     on_invalid: ``"raise"``: a point that fails validation raises a ConfigError naming
                 ``source`` (the grid file, else the scenario's), the key path and the value,
                 before anything runs; ``"record"``: it becomes a row with its ``error``.
@@ -125,24 +131,28 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
             point_id = point_hash(base, point, seed, built)
             rows[point_id] = {**row, "point_id": point_id}
             jobs.append((point_id, built))
-    order = list(rows)
-    journal = Journal(Path(out) / RESULTS_FILE) if out is not None else None
-    if journal is not None:
-        recorded = {record["point_id"]: record.get("error") for record in journal.records}
+    keys = list(dict.fromkeys(key for point in points for key in point if key not in ID_COLUMNS))
+    if out is None:
+        _run_jobs(jobs, rows, None, engine, workers, client, progress)
+        return _keys_first(pd.DataFrame(list(rows.values())), keys)
+    with Journal.open(Path(out) / RESULTS_FILE) as journal:
+        recorded = {record.get("point_id"): record.get("error") for record in journal.records}
         for point_id, row in rows.items():
-            if row["error"] and recorded.get(point_id) != row["error"]:
+            if row["error"] and recorded.get(point_id) != cell_text(row["error"]):
                 journal.append(row)
         finished = journal.finished()
-        jobs = [(point_id, built) for point_id, built in jobs if point_id not in finished]
+        _run_jobs([job for job in jobs if job[0] not in finished], rows, journal, engine, workers, client, progress)
+        return _keys_first(journal.read(list(rows)), keys)
+
+
+def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, workers, client, progress) -> None:
+    """Simulate the jobs; each finished point's row goes into ``rows`` and, at once, the journal."""
     for point_id, metrics in execute(jobs, _evaluate, engine, workers, client, progress):
         row = rows[point_id]      # the point's own values win over the summary's (hardware, seed)
         rows[point_id] = {**row, **{k: v for k, v in metrics.items() if k not in row},
                           "error": metrics.get("error", "")}
         if journal is not None:
             journal.append(rows[point_id])
-    keys = list(dict.fromkeys(key for point in points for key in point if key not in ID_COLUMNS))
-    frame = journal.read(order) if journal is not None else pd.DataFrame([rows[point_id] for point_id in order])
-    return _keys_first(frame, keys)
 
 
 def _keys_first(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
