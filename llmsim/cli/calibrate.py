@@ -13,6 +13,7 @@ from llmsim.calibration.design import DEVICE_DTYPES
 from llmsim.calibration.plot import scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
 from llmsim.catalog.hardware import load_profile
+from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace
 from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
 
@@ -31,6 +32,7 @@ def add_parsers(subparsers) -> None:
     cal.add_argument("--from", dest="from_profile", metavar="CALIBRATED",
                      help="with --transfer-to: take the efficiencies of this calibrated profile, measure nothing")
     cal.add_argument("--seed", type=int, default=0, help="order of the interleaved rounds, random block tables")
+    cal.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     cal.set_defaults(func=_cmd_calibrate)
     val = subparsers.add_parser("validate", help="compare a calibrated profile with held-out torch decode steps")
     val.add_argument("profile", help="a profile written by llmsim calibrate")
@@ -40,6 +42,7 @@ def add_parsers(subparsers) -> None:
     val.add_argument("--threads", type=int, help="torch threads (default: as in the calibration)")
     val.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG) here")
     val.add_argument("--seed", type=int, default=1)
+    val.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     val.set_defaults(func=_cmd_validate)
 
 
@@ -51,6 +54,7 @@ def _cmd_calibrate(args) -> int:
         return _cmd_transfer(args)
     device = _device_kind(args.device)
     out = Path(args.out or f"{device}-calibrated.yaml")
+    refuse_to_replace([out], args.overwrite)
     document = calibrate(device, out.stem, quick=args.quick, threads=_threads(args.threads, device),
                          dtypes=_dtypes(args.dtypes, device), seed=args.seed)
     write_document(document, out)
@@ -62,6 +66,7 @@ def _cmd_calibrate(args) -> int:
 def _cmd_transfer(args) -> int:
     if not args.out:
         raise ConfigError("--transfer-to needs --out", key="--out", value=None, allowed="a path for the new profile")
+    refuse_to_replace([Path(args.out)], args.overwrite)
     target = _profile_yaml(args.transfer_to)
     if args.from_profile:
         calibrated, name = _profile_yaml(args.from_profile), Path(args.from_profile).stem
@@ -118,6 +123,8 @@ def _cmd_validate(args) -> int:
     if "measurements" not in record:
         raise ConfigError("has no calibration record; validate a profile written by llmsim calibrate",
                           file=args.profile, has_value=False)
+    if args.plot:
+        refuse_to_replace([Path(args.plot)], args.overwrite)
     device = args.device or record["device"]
     if device != record["device"]:
         raise ConfigError(f"was calibrated on {record['device']}, not {device}", file=args.profile,

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.search.plan import MAX_REPLICAS, as_scenario, check_rate, plan
@@ -21,6 +22,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--max-replicas", type=int, default=MAX_REPLICAS,
                         help=f"give up above this many (default {MAX_REPLICAS})")
     parser.add_argument("--out", help="also write the table as CSV here")
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_plan)
 
 
@@ -51,15 +53,17 @@ def _cmd_plan(args) -> int:
             raise ConfigError("must be at least 1", key="--seeds", value=args.seeds, allowed="an integer >= 1")
         seed = as_scenario(args.scenario).seed
         seeds = list(range(seed, seed + args.seeds))
+    if args.out:
+        refuse_to_replace([Path(args.out)], args.overwrite)
     table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
                  max_replicas=args.max_replicas, progress=True)
+    if args.out:            # the table first: printing can fail (a closed pipe)
+        write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     shown = table.drop(columns=[c for c in ("kwh_per_million_output_tokens",) if c in table])
     with pd.option_context("display.width", 220, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
         print(f"target {rate:g} requests/s:")
         print(shown.to_string(index=False))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.out, index=False)
         print(f"\nwrote {args.out}")
     if table["replicas"].isna().all():
         reasons = "; ".join(f"{row.hardware}: {row.note}" for row in table.itertuples())

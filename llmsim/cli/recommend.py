@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
+from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario
 from llmsim.search.recommend import OBJECTIVES, SEEDS, TOP, Recommendation, recommend
@@ -19,6 +20,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--top", type=int, default=TOP, help=f"analytic best settings to simulate (default {TOP})")
     parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
     parser.add_argument("--out", help="also write every simulated setting as CSV here")
+    parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_recommend)
 
 
@@ -57,11 +59,13 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
 
 def _cmd_recommend(args) -> int:
     scenario = as_scenario(args.scenario)
+    if args.out:
+        refuse_to_replace([Path(args.out)], args.overwrite)
     rec = recommend(scenario, objective=args.objective, seeds=args.seeds, top=args.top, workers=args.workers,
                     progress=True)
+    if args.out:            # the table first: printing can fail (a closed pipe)
+        write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     print(format_recommendation(rec, scenario))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        rec.table.drop(columns=["config"]).to_csv(args.out, index=False)
         print(f"wrote {args.out}")
     return 0

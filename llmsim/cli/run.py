@@ -1,4 +1,13 @@
-"""``llmsim run`` and ``llmsim compare``: one scenario's summary, or variants side by side."""
+"""``llmsim run`` and ``llmsim compare``: one scenario's summary, or variants side by side.
+
+``llmsim run`` writes into ``--out``, or without it into ``runs/<name>`` under the current
+folder, where ``<name>`` is the scenario's ``name`` made one safe folder name
+(:func:`llmsim.cli.outputs.folder_name`: ``/abs/path`` becomes ``abs-path``, ``../../x``
+becomes ``x``; an empty name, or one of only separators and dots, is exit 2 naming the key).
+A folder that already holds a run's results is exit 2 before simulating, unless
+``--overwrite``. The records and summary are written as soon as the simulation ends, before
+the plain-decoding baseline (which adds its speedup to summary.json) and the plot.
+"""
 from __future__ import annotations
 
 import json
@@ -7,16 +16,21 @@ from pathlib import Path
 
 import pandas as pd
 
+from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.simulate import simulate, speedup_over_plain
 
+RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png")   # what a run may write
+
 
 def add_parsers(sub) -> None:
     run = sub.add_parser("run", help="simulate one scenario and print its summary")
     run.add_argument("scenario", help="scenario YAML file")
-    run.add_argument("--out", help="output directory (default: runs/<scenario name>)")
+    run.add_argument("--out", help="output folder (default: runs/<scenario name>, the name made one safe folder "
+                     "name: path separators, spaces and leading dots replaced)")
+    run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     run.add_argument("--seed", type=int, help="override the scenario's seed")
     run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
     run.add_argument("--plot", action="store_true", help="also draw timeline.png (queue, batch, KV, latency)")
@@ -26,38 +40,47 @@ def add_parsers(sub) -> None:
     comp = sub.add_parser("compare", help="simulate the variants of a comparison file side by side")
     comp.add_argument("comparison", help="comparison YAML (base, variants, loads)")
     comp.add_argument("--out", help="also write the table as CSV here")
+    comp.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     comp.set_defaults(func=_cmd_compare)
 
 
 def _cmd_run(args) -> int:
     scenario = load_scenario(args.scenario, seed=args.seed)
+    out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
+    refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
     result = simulate(scenario)
     summary = result.summary()
+    written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
+    if args.iterations:
+        written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
+    written.append(_write_summary(out / "summary.json", summary))
+    # --overwrite: no earlier run's iterations or plot is left beside this run's records.
+    for stale in ([] if args.iterations else ["iterations.csv"]) + ["timeline.png"]:
+        (out / stale).unlink(missing_ok=True)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
         summary["speculation"]["speedup_over_plain"] = speedup_over_plain(result)
+        _write_summary(out / "summary.json", summary)
     print(format_summary(summary))
-    out = Path(args.out) if args.out else Path("runs") / scenario.name
-    out.mkdir(parents=True, exist_ok=True)
-    result.requests.to_csv(out / "requests.csv", index=False)
-    (out / "summary.json").write_text(json.dumps(_json_safe(summary), indent=2) + "\n")
-    written = [out / "requests.csv", out / "summary.json"]
-    if args.iterations:
-        result.iterations.to_csv(out / "iterations.csv", index=False)
-        written.append(out / "iterations.csv")
     if args.plot:
         from llmsim.analysis.plots import timeline
-        written.append(timeline(result, out / "timeline.png"))
+        written.append(write_file(out / "timeline.png", lambda path: timeline(result, path)))
     print("\nwrote " + ", ".join(map(str, written)))
     return 130 if result.interrupted else 0
 
 
+def _write_summary(path: Path, summary: dict) -> Path:
+    return write_file(path, lambda partial: partial.write_text(json.dumps(_json_safe(summary), indent=2) + "\n"))
+
+
 def _cmd_compare(args) -> int:
+    if args.out:
+        refuse_to_replace([Path(args.out)], args.overwrite)
     table = compare(args.comparison)
+    if args.out:
+        write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.3g}".format):
         print(table.to_string(index=False))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.out, index=False)
         print(f"\nwrote {args.out}")
     return 0
 

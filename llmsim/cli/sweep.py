@@ -8,6 +8,7 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.frontier import LATENCY, THROUGHPUT, pareto_frontier, plot_frontier
+from llmsim.cli.outputs import RUNS, folder_name, write_file
 from llmsim.errors import ConfigError
 from llmsim.search.executors import ENGINES
 from llmsim.search.sweeps import mean_over_seeds, parameter_columns, sweep
@@ -17,8 +18,10 @@ def add_parser(sub) -> None:
     swept = sub.add_parser("sweep", help="simulate every combination of a grid of settings; frontier and plot")
     swept.add_argument("scenario", help="scenario YAML file")
     swept.add_argument("--grid", required=True, help="grid YAML: dotted scenario keys -> lists of values")
-    swept.add_argument("--out", help="output folder (default: runs/sweep-<scenario file name>); "
-                       "a rerun with the same folder skips finished points")
+    swept.add_argument("--out", help="output folder (default: runs/sweep-<scenario file name>); a rerun with the "
+                       "same folder skips the points in its results.csv (lines that fail their checksum are "
+                       "simulated again) and replaces frontier.csv/png; a second sweep on a folder in use "
+                       "stops with exit 2, naming the running one's pid")
     swept.add_argument("--workers", type=int, help="parallel processes (default: every CPU)")
     swept.add_argument("--seeds", type=int, nargs="+", help="replicate every point over these seeds")
     swept.add_argument("--engine", choices=ENGINES, default=ENGINES[0])
@@ -38,7 +41,7 @@ SWEEP_COLUMNS = {names.TTFT_P95: "ttft_p95_s", names.TPOT_P95: "tpot_p95_s", nam
 
 
 def _cmd_sweep(args) -> int:
-    out = Path(args.out) if args.out else Path("runs") / f"sweep-{Path(args.scenario).stem}"
+    out = Path(args.out) if args.out else RUNS / f"sweep-{folder_name(Path(args.scenario).stem, 'scenario')}"
     try:
         rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine,
                      seeds=args.seeds, client=args.scheduler)
@@ -64,13 +67,17 @@ def _cmd_sweep(args) -> int:
     table = points[varied + ["seeds"] + [c for c in SWEEP_COLUMNS if c in points]].rename(columns=SWEEP_COLUMNS)
     table["frontier"] = ""
     table.loc[frontier.index, "frontier"] = frontier["knee"].map({True: "knee", False: "*"})
+    # The frontier is a view of results.csv, the whole of it: a rerun replaces it, and says so.
+    # Written before printing, which can fail (a closed pipe).
+    replaced = [path.name for path in (out / "frontier.csv", out / "frontier.png")
+                if path.exists() and (args.plot or path.suffix == ".csv")]
+    written = [out / "results.csv", write_file(out / "frontier.csv", lambda path: frontier.to_csv(path, index=False))]
+    if args.plot:
+        written.append(write_file(out / "frontier.png", lambda path: plot_frontier(
+            points, path, args.latency, args.throughput, color_by=varied[0] if varied else None)))
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
         print(table.to_string(index=False))
-    frontier.to_csv(out / "frontier.csv", index=False)
-    written = [out / "results.csv", out / "frontier.csv"]
-    if args.plot:
-        written.append(plot_frontier(points, out / "frontier.png", args.latency, args.throughput,
-                                     color_by=varied[0] if varied else None))
     print(f"\n{len(frontier)} of {len(points)} points on the frontier ({args.latency} vs {args.throughput})")
-    print("wrote " + ", ".join(map(str, written)))
+    print("wrote " + ", ".join(map(str, written))
+          + (f" (replacing the earlier {', '.join(replaced)})" if replaced else ""))
     return 1 if len(failed) else 0
