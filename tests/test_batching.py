@@ -103,7 +103,7 @@ def test_chunked_prefill_smooths_inter_token_gaps():
 def test_requests_longer_than_max_model_len_are_rejected_not_run():
     result = simulate(make_scenario({"engine": {"max_model_len": 1024},
                                      "workload": {"prompt_tokens": {"distribution": "uniform",
-                                                                    "low": 500, "high": 1500}}}))
+                                                                    "low": 500, "high": 1200}}}))
     records = result.requests
     too_long = records["prompt_tokens"] + records["output_tokens"] > 1024
     assert (records.loc[too_long, "reason"] == "too_long").all()

@@ -73,6 +73,13 @@ BAD = {
                                 ["workload.prompt_tokens.distribution", "lognormal"]),
     "min above max": ({"workload": {"output_tokens": {"distribution": "fixed", "value": 5, "min": 10, "max": 8}}},
                       ["workload.output_tokens.min"]),
+    "clipping moves the mean": ({"workload": {"prompt_tokens": {"distribution": "lognormal", "mean": 1024,
+                                                                "sigma": 50}}},
+                                ["workload.prompt_tokens", "becomes 1 ", "10% allowed"]),
+    "rate too low to resolve latencies": ({"workload": {"arrival": {"rate": "1e-300/s"}}},
+                                          ["workload.arrival.rate", "1e-300/s", "at least 1e-06/s"]),
+    "KV cache below one longest request": ({"engine": {"memory_utilization": 0.25}},
+                                           ["engine.max_model_len", "13,568 tokens", "16,384", "memory_utilization"]),
 }
 
 

@@ -1,6 +1,8 @@
 """Recommendations: the settings found meet the SLO on fresh requests, and the search is sound."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import yaml
 
@@ -66,13 +68,17 @@ def test_search_covers_k_off_static_and_the_adaptive_rule(scenario, result):
 
 def test_rule_of_thumb_max_batch_tokens_by_hand():
     """Llama-3.1-70B on 2 x H100: 2 x 80 GB x 0.9 less 2 bytes x 70.6e9 parameters, over the KV
-    bytes per token (80 layers x 2 x 8 KV heads x 128 x 2 bytes = 327,680)."""
+    bytes per token (80 layers x 2 x 8 KV heads x 128 x 2 bytes = 327,680), capped at max_model_len.
+    The rule ignores the activation and runtime reserves, so it exceeds the KV cache (1,152 tokens
+    here), which in turn must hold max_model_len: the uncapped value is checked on a longer one."""
     scenario = make_scenario({"model": "Llama-3.1-70B", "deployment": {"tensor_parallel": 2},
-                              "engine": {"max_batch_tokens": 1024}})
+                              "engine": {"max_batch_tokens": 1024, "max_model_len": 1024}})
+    assert rule_of_thumb_max_batch_tokens(scenario) == 1024
+    longer = replace(scenario, engine=replace(scenario.engine, max_model_len=16_384))
     params = scenario.model.param_count
     expected = (2 * 80e9 * 0.9 - 2 * params) / 327_680
-    assert 1_000 < expected < 16_384                     # not capped at the model length
-    assert rule_of_thumb_max_batch_tokens(scenario) == int(expected)
+    assert 1_024 < expected < 16_384                     # not capped at the longer model length
+    assert rule_of_thumb_max_batch_tokens(longer) == int(expected)
 
 
 def test_config_overrides_are_valid_scenario_keys(scenario):

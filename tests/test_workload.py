@@ -59,7 +59,8 @@ def test_length_distributions():
     w["output_tokens"] = {"distribution": "exponential", "mean": 50, "max": 10 ** 6}
     out = trace(w).output_tokens
     assert abs(out.mean() - 50) < 4 * 50 / math.sqrt(N)
-    w["prompt_tokens"] = {"distribution": "lognormal", "mean": 800, "sigma": 2.0, "min": 16, "max": 2048}
+    # Clipped (its mean moves -7%: within the 10% a length may move).
+    w["prompt_tokens"] = {"distribution": "lognormal", "mean": 800, "sigma": 0.8, "min": 16, "max": 2048}
     clipped = trace(w).prompt_tokens
     assert clipped.min() >= 16 and clipped.max() == 2048
 
@@ -156,3 +157,33 @@ def test_yaml_builds_each_distribution():
     assert read["uniform"] == Uniform(low=2, high=9, maximum=4096)
     assert read["lognormal"] == Lognormal(unclipped_mean=300, sigma=0.5, maximum=1000)
     assert read["exponential"] == Exponential(unclipped_mean=40, minimum=2, maximum=4096)
+
+
+
+def _read_length(spec, max_tokens=4096):
+    return length_from_node(Node({"workload": {"x": spec}}, file="w.yaml").child("workload"), "x", max_tokens)
+
+
+def test_a_length_whose_clipping_moves_its_mean_is_refused():
+    """sigma: 50 with mean 1024 puts nearly every draw below 1/2 token: every prompt would be 1 token."""
+    with pytest.raises(ConfigError) as caught:
+        _read_length({"distribution": "lognormal", "mean": 1024, "sigma": 50})
+    text = str(caught.value)
+    for fragment in ("w.yaml", "workload.x", "'sigma': 50", "1,024 tokens becomes 1 ", "10% allowed", "smaller sigma"):
+        assert fragment in text, (fragment, text)
+    with pytest.raises(ConfigError, match="5,000 tokens becomes 4,096"):      # a fixed length above max
+        _read_length(5000)
+
+
+@pytest.mark.parametrize("sigma, kept", [(1.0, True), (1.3, True), (1.6, False), (2.0, False)])
+def test_the_tolerance_is_on_the_exact_clipped_mean(sigma, kept):
+    """Accepted exactly when the law after rounding and clipping keeps the mean within 10%
+    (max 8192 moves a mean of 1024 by -1.8%, -7.3%, -17% and -32% at these sigmas)."""
+    spec = {"distribution": "lognormal", "mean": 1024, "sigma": sigma, "max": 8192}
+    law = Lognormal(unclipped_mean=1024, sigma=sigma, maximum=8192)
+    assert (abs(law.mean() / 1024 - 1) <= 0.10) == kept
+    if kept:
+        assert _read_length(spec) == law
+    else:
+        with pytest.raises(ConfigError, match="more than the 10% allowed"):
+            _read_length(spec)

@@ -21,6 +21,7 @@ from llmsim.workload.workload import Workload, workload_from_node
 BATCHING = ("continuous", "static")
 ROUTERS = ("round_robin", "least_outstanding", "shared_queue")
 ON_TIMEOUT = ("dispatch", "reject")
+DEFAULT_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def load_scenario(path: str | Path, seed: int | None = None) -> Scenario:
 
 def scenario_from_node(root: Node) -> Scenario:
     name = root.string("name", Path(root.file).stem if root.file else "scenario")
-    seed = root.number("seed", 0, integer=True, minimum=0, exclusive_minimum=False)
+    seed = root.number("seed", DEFAULT_SEED, integer=True, minimum=0, exclusive_minimum=False)
     model = _model(root)
     hardware = lookup_hardware(root.string("hardware"), root, "hardware")
 
@@ -301,6 +302,7 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
                          allowed="more draft devices, or a smaller draft weight_dtype")
     placement = scenario.memory
     if placement.fits:
+        _check_holds_longest(scenario, placement, root)
         return
     gb = 1e9
     dep = scenario.deployment
@@ -322,6 +324,21 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
         allowed = (f"tensor_parallel: {fitting.tensor_parallel} (the fewest devices that fit, dividing the heads), "
                    + allowed)
     raise root.error(message, key="deployment.tensor_parallel", value=dep.tensor_parallel, allowed=allowed)
+
+
+def _check_holds_longest(scenario: Scenario, placement: Placement, root: Node) -> None:
+    """The KV cache must hold one request of ``max_model_len`` tokens, or the engine rejects every
+    request longer than the cache at run time."""
+    capacity, longest = placement.kv_capacity_tokens, scenario.max_model_len
+    if capacity >= longest:
+        return
+    where = "engine.max_model_len" if scenario.engine.max_model_len else f"the model's context, {longest:,} tokens"
+    raise root.error(f"the KV cache holds {capacity:,} tokens per replica ({placement.num_blocks:,} blocks of "
+                     f"{placement.block_size}), less than one request of max_model_len {longest:,} tokens "
+                     f"({where}): requests longer than the cache would all be rejected",
+                     key="engine.max_model_len", value=longest,
+                     allowed=f"max_model_len <= {capacity:,}, or more KV room: a higher engine.memory_utilization, "
+                             "more tensor_parallel, a smaller weight_dtype or a larger device")
 
 
 def _divisors(n: int) -> str:

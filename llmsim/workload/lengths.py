@@ -10,6 +10,9 @@ the rest.
 
 In YAML a length is a number (``prompt_tokens: 512``, fixed) or a mapping with
 ``distribution`` and that distribution's parameters, read by :func:`length_from_node`.
+A length whose rounding and clipping move its mean more than :data:`MEAN_TOLERANCE` from
+the mean its parameters state (a lognormal with ``sigma: 50`` puts nearly every draw on the
+minimum) is refused: the workload would not be the one written.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from llmsim.config.reader import Node
 from llmsim.workload.trace import read_csv
 
 _COUNT = dict(integer=True, minimum=1, exclusive_minimum=False)
+MEAN_TOLERANCE = 0.10    # largest relative change of the mean that rounding and clipping may make
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +46,11 @@ class LengthDistribution(ABC):
     @abstractmethod
     def _draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """Lengths before rounding and clipping."""
+
+    @property
+    @abstractmethod
+    def stated_mean(self) -> float:
+        """The mean the parameters state, before rounding and clipping."""
 
     @abstractmethod
     def _cdf(self, lengths: np.ndarray) -> np.ndarray:
@@ -83,6 +92,10 @@ class Fixed(LengthDistribution):
     name: ClassVar[str] = "fixed"
     value: float
 
+    @property
+    def stated_mean(self):
+        return float(self.value)
+
     def _draw(self, rng, n):
         return np.full(n, self.value)
 
@@ -100,6 +113,10 @@ class Uniform(LengthDistribution):
     name: ClassVar[str] = "uniform"
     low: int
     high: int
+
+    @property
+    def stated_mean(self):
+        return (self.low + self.high) / 2
 
     def _draw(self, rng, n):
         return rng.integers(self.low, self.high + 1, size=n)
@@ -122,6 +139,10 @@ class Lognormal(LengthDistribution):
     name: ClassVar[str] = "lognormal"
     unclipped_mean: float
     sigma: float
+
+    @property
+    def stated_mean(self):
+        return self.unclipped_mean
 
     @property
     def mu(self) -> float:
@@ -149,6 +170,10 @@ class Exponential(LengthDistribution):
     name: ClassVar[str] = "exponential"
     unclipped_mean: float
 
+    @property
+    def stated_mean(self):
+        return self.unclipped_mean
+
     def _draw(self, rng, n):
         p = 1.0 / self.unclipped_mean
         return rng.geometric(p, size=n) if p < 1 else np.ones(n)
@@ -167,6 +192,10 @@ class Empirical(LengthDistribution):
     """Lengths drawn uniformly, with replacement, from observed ``samples`` (a CSV column)."""
     name: ClassVar[str] = "empirical"
     samples: tuple[int, ...]
+
+    @property
+    def stated_mean(self):
+        return float(np.mean(self.samples))
 
     def _draw(self, rng, n):
         return np.asarray(self.samples)[rng.integers(0, len(self.samples), size=n)]
@@ -195,13 +224,34 @@ def length_from_node(node: Node, key: str, max_tokens: int) -> LengthDistributio
     """``key: 512`` (fixed) or ``key: {distribution: lognormal, mean: 600, sigma: 0.8, max: 4096}``."""
     raw = node.raw(key)
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return Fixed(value=node.number(key, **_COUNT), minimum=1, maximum=max_tokens)
-    sub = node.child(key)
-    kind = LENGTH_DISTRIBUTIONS[sub.choice("distribution", list(LENGTH_DISTRIBUTIONS))]
-    minimum = sub.number("min", 1, **_COUNT)
-    maximum = sub.number("max", max_tokens, **_COUNT)
-    if minimum > maximum:
-        raise sub.key_error("min", f"must not exceed max ({maximum})", minimum, f"1..{maximum}")
-    params = kind._params(sub)
-    sub.done()
-    return kind(minimum=minimum, maximum=maximum, **params)
+        length = Fixed(value=node.number(key, **_COUNT), minimum=1, maximum=max_tokens)
+    else:
+        sub = node.child(key)
+        kind = LENGTH_DISTRIBUTIONS[sub.choice("distribution", list(LENGTH_DISTRIBUTIONS))]
+        minimum = sub.number("min", 1, **_COUNT)
+        maximum = sub.number("max", max_tokens, **_COUNT)
+        if minimum > maximum:
+            raise sub.key_error("min", f"must not exceed max ({maximum})", minimum, f"1..{maximum}")
+        params = kind._params(sub)
+        sub.done()
+        length = kind(minimum=minimum, maximum=maximum, **params)
+    _check_mean_kept(length, node, key, raw)
+    return length
+
+
+def _check_mean_kept(length: LengthDistribution, node: Node, key: str, raw) -> None:
+    """Refuse a length whose rounding and clipping to [min, max] move its mean beyond the tolerance."""
+    stated, sampled = length.stated_mean, length.mean()
+    change = sampled / stated - 1.0
+    if abs(change) <= MEAN_TOLERANCE:
+        return
+    raise node.key_error(
+        key, f"rounded to whole tokens and clipped to [{length.minimum}, {length.maximum}], its mean of "
+             f"{_tokens(stated)} tokens becomes {_tokens(sampled)} ({100 * change:+.0f}%, more than the "
+             f"{100 * MEAN_TOLERANCE:g}% allowed)", raw,
+        f"a length whose mean after clipping is within {100 * MEAN_TOLERANCE:g}% of its stated mean: "
+        "a smaller sigma, a mean further inside [min, max], or a wider max (engine.max_model_len bounds it)")
+
+
+def _tokens(count: float) -> str:
+    return f"{count:,.0f}" if count >= 100 else f"{count:.3g}"
