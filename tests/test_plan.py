@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -98,10 +99,12 @@ def test_bad_plan_section_is_a_config_error(tmp_path):
 def test_cli_prints_the_table_and_writes_csv(scenario_file, tmp_path, capsys):
     out = tmp_path / "plan.csv"
     assert main(["plan", str(scenario_file), "--target-rate", "130/s", "--hardware", "H200", "--workers", "1",
-                 "--out", str(out)]) == 0
-    printed = capsys.readouterr().out
-    assert "H200" in printed and "usd_per_million_output_tokens" in printed
-    assert out.exists()
+                 "--seeds", "2", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "H200" in captured.out and "usd_per_million_output_tokens" in captured.out
+    # The progress bar counts simulations: every replica count tried, once per seed.
+    simulations = 2 * int(pd.read_csv(out)["simulations"].iloc[0])
+    assert f"{simulations}/{simulations} " in captured.err.split("\r")[-1], captured.err
 
 
 def test_a_profile_file_as_the_scenario_hardware_plans_like_the_profile(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """Recommendations: the settings found meet the SLO on fresh requests, and the search is sound."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -110,7 +111,12 @@ def test_unreachable_slo_exits_2_with_a_message(tmp_path, capsys):
     path = tmp_path / "tight.yaml"
     path.write_text(yaml.safe_dump(merge(SMALL, {"slo": {"tpot": "1 ms"}})))
     assert main(["recommend", str(path), "--seeds", "2", "--top", "1", "--workers", "2"]) == 2
-    assert "no searched setting meets the SLO targets" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no searched setting meets the SLO targets" in err
+    # One progress bar over the simulations, its total grown to what the search ran.
+    bar = err.split("\r")[-1]
+    done = re.search(r"recommend: .*\| (\d+)/(\d+) \[", bar)
+    assert done and done.group(1) == done.group(2) and int(done.group(1)) >= 2 * 4, bar
 
 
 @pytest.mark.parametrize("slo, message", [

@@ -3,11 +3,17 @@ lengths whose clipping keeps their mean, a KV cache that holds the longest reque
 arrival rate that brings requests within the window."""
 from __future__ import annotations
 
+import math
+
 import pytest
+import yaml
 
 from llmsim import simulate
+from llmsim.cli.main import build_parser, main
+from llmsim.cli.options import SEEDS_HELP, parse_seeds
+from llmsim.errors import ConfigError
 
-from .helpers import make_scenario
+from .helpers import BASE, make_scenario, merge
 
 UTILISATIONS = ("busy_fraction", "mfu", "mfu_while_busy", "bandwidth_utilisation",
                 "kv_occupancy_mean", "kv_occupancy_max")
@@ -32,3 +38,70 @@ def test_every_utilisation_is_a_fraction(name):
         assert 0.0 <= util[key] <= 1.0, (key, util[key])
     assert util["busy_fraction"] > 0.95                  # saturated: the bound is what is tested
     assert util["mfu_while_busy"] == pytest.approx(util["mfu"] / util["busy_fraction"])
+
+
+def test_a_rate_too_low_for_simulated_time_is_refused():
+    """At 1e-300/s arrivals land near 1e301 s, where a float64 second cannot hold a millisecond:
+    every latency read 0 and every SLO was met."""
+    with pytest.raises(ConfigError, match="workload.arrival.rate.*take about 1e\\+303 s"):
+        make_scenario({"workload": {"arrival": {"rate": "1e-300/s"}}})
+
+
+def test_a_window_without_arrivals_meets_no_slo():
+    result = simulate(make_scenario({"workload": {"arrival": {"rate": "1e-300/s"}, "num_requests": None,
+                                                  "duration": "60 s"}, "slo": {"ttft": "500 ms"}}))
+    summary = result.summary()
+    assert summary["requests"]["arrived"] == 0
+    assert math.isnan(summary["slo"]["attainment"]) and not summary["slo"]["met"]
+
+
+def test_the_kv_cache_must_hold_one_longest_request():
+    """A cache of 13,568 tokens (0.25 of an H100 after Llama-3.1-8B's weights) holds a request of
+    max_model_len 13,568 tokens, not one of 13,569: those would all be rejected at run time."""
+    engine = {"memory_utilization": 0.25}
+    capacity = make_scenario({"engine": {**engine, "max_model_len": 4096}}).memory.kv_capacity_tokens
+    assert capacity == 13568
+    make_scenario({"engine": {**engine, "max_model_len": capacity}})
+    with pytest.raises(ConfigError) as caught:
+        make_scenario({"engine": {**engine, "max_model_len": capacity + 1}})
+    text = str(caught.value)
+    for fragment in ("engine.max_model_len", "13,568 tokens", "13,569", "max_model_len <= 13,568", "memory_utilization"):
+        assert fragment in text, (fragment, text)
+
+
+# --seeds: one meaning in sweep, plan and recommend ----------------------------------------------
+
+def test_seeds_are_a_count_from_the_scenarios_seed_or_a_list(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("seed: 40\n")
+    assert parse_seeds(None, path) is None
+    assert parse_seeds("3", path) == [40, 41, 42]
+    assert parse_seeds("3,7,11", path) == [3, 7, 11]
+    assert parse_seeds("7,", path) == [7]
+    assert parse_seeds("2", make_scenario()) == [11, 12]          # helpers' BASE has seed 11
+    (tmp_path / "noseed.yaml").write_text("name: x\n")
+    assert parse_seeds("2", tmp_path / "noseed.yaml") == [0, 1]
+    for bad in ("0", "-1", "two", "1 2", "3,3", "1,-2", ","):
+        with pytest.raises(ConfigError, match="--seeds"):
+            parse_seeds(bad, path)
+
+
+def test_every_command_reads_seeds_the_same_way():
+    """The same option with the same help in sweep, plan and recommend; bad values exit 2."""
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    helps = {}
+    for name in ("sweep", "plan", "recommend"):
+        option = next(a for a in commands[name]._actions if "--seeds" in a.option_strings)
+        assert option.nargs is None and option.type is None
+        helps[name] = option.help.split(" (default")[0]
+    assert len(set(helps.values())) == 1 and SEEDS_HELP in helps["plan"]
+
+
+@pytest.mark.parametrize("command", [["sweep", "--grid", "g.yaml"], ["plan", "--target-rate", "5"], ["recommend"]])
+def test_bad_seeds_exit_2_in_every_command(tmp_path, capsys, command):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(merge(BASE, {"slo": {"ttft": "1 s"}})))
+    assert main([command[0], str(path), *command[1:], "--seeds", "1,1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "--seeds" in err and "'1,1'" in err and "Traceback" not in err

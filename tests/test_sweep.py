@@ -225,7 +225,7 @@ def test_cli_sweep_prints_a_table_and_writes_results_and_plot(tmp_path, capsys):
     grid_file = write(tmp_path / "grid.yaml", {"workload.arrival.rate": [5.0, 10.0, 20.0]})
     out = tmp_path / "out"
     assert main(["sweep", str(scenario), "--grid", str(grid_file), "--out", str(out), "--workers", "2",
-                 "--seeds", "1", "2", "--plot"]) == 0
+                 "--seeds", "1,2", "--plot"]) == 0
     printed = capsys.readouterr().out
     assert "knee" in printed and "tpot_p95_s" in printed
     assert len(pd.read_csv(out / "results.csv")) == 6

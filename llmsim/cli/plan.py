@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from llmsim.cli.options import add_seeds_argument, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
-from llmsim.search.plan import MAX_REPLICAS, as_scenario, check_rate, plan
+from llmsim.search.plan import MAX_REPLICAS, check_rate, plan
 
 
 def add_parser(sub) -> None:
@@ -17,7 +18,7 @@ def add_parser(sub) -> None:
     parser.add_argument("--target-rate", required=True, help="requests per second to serve (e.g. 40 or '40/s')")
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
-    parser.add_argument("--seeds", type=int, help="simulate each count with this many seeds; all must meet")
+    add_seeds_argument(parser)          # every seed must meet the targets
     parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
     parser.add_argument("--max-replicas", type=int, default=MAX_REPLICAS,
                         help=f"give up above this many (default {MAX_REPLICAS})")
@@ -47,12 +48,7 @@ def _cmd_plan(args) -> int:
     rate = parse_rate(args.target_rate)
     if args.max_replicas < 1:
         raise ConfigError("must be at least 1", key="--max-replicas", value=args.max_replicas, allowed="an integer >= 1")
-    seeds = None
-    if args.seeds is not None:
-        if args.seeds < 1:
-            raise ConfigError("must be at least 1", key="--seeds", value=args.seeds, allowed="an integer >= 1")
-        seed = as_scenario(args.scenario).seed
-        seeds = list(range(seed, seed + args.seeds))
+    seeds = parse_seeds(args.seeds, args.scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
     table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,

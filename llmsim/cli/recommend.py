@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
+from llmsim.cli.options import add_seeds_argument, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario
@@ -15,8 +16,7 @@ def add_parser(sub) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     parser.add_argument("--objective", default=OBJECTIVES[0],
                         help=f"{' or '.join(OBJECTIVES)} (default {OBJECTIVES[0]})")
-    parser.add_argument("--seeds", type=int, default=SEEDS,
-                        help=f"seeds per setting, for confidence intervals (>= 2, default {SEEDS})")
+    add_seeds_argument(parser, default=str(SEEDS), default_text=str(SEEDS))   # >= 2: CIs across seeds
     parser.add_argument("--top", type=int, default=TOP, help=f"analytic best settings to simulate (default {TOP})")
     parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
     parser.add_argument("--out", help="also write every simulated setting as CSV here")
@@ -61,8 +61,8 @@ def _cmd_recommend(args) -> int:
     scenario = as_scenario(args.scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
-    rec = recommend(scenario, objective=args.objective, seeds=args.seeds, top=args.top, workers=args.workers,
-                    progress=True)
+    rec = recommend(scenario, objective=args.objective, seeds=parse_seeds(args.seeds, scenario), top=args.top,
+                    workers=args.workers, progress=True)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     print(format_recommendation(rec, scenario))

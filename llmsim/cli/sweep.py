@@ -9,6 +9,7 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.analysis.frontier import LATENCY, THROUGHPUT, pareto_frontier, plot_frontier
 from llmsim.cli.outputs import RUNS, folder_name, write_file
+from llmsim.cli.options import add_seeds_argument, parse_seeds
 from llmsim.errors import ConfigError
 from llmsim.search.executors import ENGINES
 from llmsim.search.sweeps import mean_over_seeds, parameter_columns, sweep
@@ -23,7 +24,7 @@ def add_parser(sub) -> None:
                        "simulated again) and replaces frontier.csv/png; a second sweep on a folder in use "
                        "stops with exit 2, naming the running one's pid")
     swept.add_argument("--workers", type=int, help="parallel processes (default: every CPU)")
-    swept.add_argument("--seeds", type=int, nargs="+", help="replicate every point over these seeds")
+    add_seeds_argument(swept)
     swept.add_argument("--engine", choices=ENGINES, default=ENGINES[0])
     swept.add_argument("--scheduler", help="with --engine dask: a running scheduler's address "
                        "(default: a local cluster)")
@@ -44,7 +45,7 @@ def _cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else RUNS / f"sweep-{folder_name(Path(args.scenario).stem, 'scenario')}"
     try:
         rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine,
-                     seeds=args.seeds, client=args.scheduler)
+                     seeds=parse_seeds(args.seeds, args.scenario), client=args.scheduler)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished points are kept in {out / 'results.csv'}; "
               "the same command resumes the sweep", file=sys.stderr)

@@ -26,14 +26,17 @@ PR_SET_PDEATHSIG = 1            # from <linux/prctl.h>
 
 
 def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dict], engine: str,
-            workers: int | None, client, progress: bool):
-    """Yield (point_id, ``evaluate(scenario)``) as points finish, with a progress bar."""
+            workers: int | None, client, progress):
+    """Yield (point_id, ``evaluate(scenario)``) as points finish, with a progress bar: a new one
+    (``progress`` True), none (False), or a caller's tqdm bar, advanced one step per point (a
+    search counting its simulations across calls; the caller sets its total and closes it)."""
     from tqdm.auto import tqdm
 
     if not jobs:
         return
     workers = max(1, workers or os.cpu_count() or 1)
-    bar = tqdm(total=len(jobs), disable=not progress, unit="point", desc="sweep")
+    own_bar = isinstance(progress, bool)
+    bar = tqdm(total=len(jobs), disable=not progress, unit="point", desc="sweep") if own_bar else progress
     try:
         if engine == "serial" or (engine == "processes" and (workers == 1 or len(jobs) == 1)):
             for point_id, scenario in jobs:
@@ -58,7 +61,8 @@ def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dic
         else:
             yield from _execute_dask(jobs, evaluate, workers, client, bar)
     finally:
-        bar.close()
+        if own_bar:
+            bar.close()
 
 
 def error_text(error: BaseException) -> str:

@@ -120,8 +120,11 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
     rows = []
     names = candidates(scenario, hardware)
     from tqdm.auto import tqdm
-    for name in tqdm(names, disable=not progress, desc="plan", unit="hardware"):
-        rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas))
+    # One bar over the simulations (the work), its total growing as each search asks for more.
+    with tqdm(total=0, disable=not progress, desc="plan", unit="simulation") as bar:
+        for name in names:
+            bar.set_postfix_str(name)
+            rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, bar))
     return pd.DataFrame(rows)
 
 
@@ -133,7 +136,7 @@ def _placement_overrides(scenario: Scenario, name: str) -> dict:
     return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 
 
-def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int) -> dict:
+def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int, bar) -> dict:
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
     row = {"hardware": name}
     try:
@@ -151,8 +154,10 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
         todo = sorted({n for n in counts if n not in outcomes})
         if not todo:
             return
+        bar.total += len(todo) * (len(seeds) if seeds else 1)
+        bar.refresh()
         frame = run_points(scenario, [{**base, "deployment.replicas": n} for n in todo], seeds=seeds,
-                           workers=workers, progress=False)
+                           workers=workers, progress=bar)
         for n in todo:
             outcomes[n] = frame[frame["deployment.replicas"] == n]
 

@@ -146,12 +146,13 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     return float(fine[np.flatnonzero(passing(fine))[-1]]) if passing(fine).any() else float(rates[last])
 
 
-def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int = SEEDS,
+def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
               top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
               progress: bool = False) -> Recommendation:
     """Search k, max batch tokens and queue timeout (see the module docstring).
 
-    ``seeds``: independent traces per setting (>= 2, for confidence intervals); ``top``:
+    ``seeds``: independent traces per setting (>= 2, for confidence intervals), a count from
+    the scenario's seed or the seeds themselves; ``top``:
     analytic best settings to simulate; ``tolerance``: relative width at which the
     bisection on the rate stops; ``requests``: simulate this many requests per run
     instead of the scenario's ``workload.num_requests``.
@@ -164,50 +165,54 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to recommend settings for", file=scenario.path, key="slo",
                           has_value=False, allowed="ttft, tpot and/or e2e limits")
-    if seeds < 2:
+    seed_list = list(range(scenario.seed, scenario.seed + seeds)) if isinstance(seeds, int) else list(seeds)
+    if len(seed_list) < 2:
         raise ConfigError("confidence intervals need at least 2 seeds", key="--seeds", value=seeds,
-                          allowed="an integer >= 2")
+                          allowed="a count >= 2, or 2 or more seeds")
     if top < 1:
         raise ConfigError("simulate at least the analytic best setting", key="--top", value=top,
                           allowed="an integer >= 1")
     if requests is not None:
         scenario = variant(scenario, {"workload.num_requests": requests})
-    seed_list = list(range(scenario.seed, scenario.seed + seeds))
-    search = _Search(scenario, seed_list, objective, workers, tolerance, progress)
+    from tqdm.auto import tqdm
 
-    # 1. the coarse grid, scored by the fluid model
-    grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
-    analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
-                              "analytic_rate_per_s": search.analytic(c)} for c in grid])
-    analytic = analytic.sort_values("analytic_rate_per_s", ascending=False, kind="stable").reset_index(drop=True)
-    chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
-    # 2. simulate them, and the rule-of-thumb defaults
-    search.evaluate(chosen + search.defaults)
-    # 3. refine around the best
-    best = search.best()
-    search.evaluate(_neighbours(best, scenario))
-    best = search.best()
-    table = search.table()
-    if not table["meets_scenario_rate"].iloc[0]:
-        raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
-                          f"({scenario.workload.arrival.rate_per_s:g}/s); the best, {best.label}, sustains "
-                          f"{table['max_rate_per_s'].iloc[0]:.3g}/s", file=scenario.path, key="workload.arrival.rate",
-                          value=scenario.workload.arrival.rate_per_s,
-                          allowed="a lower rate, more replicas (llmsim plan), or looser SLOs")
-    default_rows = table[table["default"]]
-    best_default = default_rows.iloc[0]
-    best_row = table.iloc[0]
-    with np.errstate(divide="ignore", invalid="ignore"):     # a default that never passes: an infinite gain
-        if objective == "goodput":
-            gains = np.array(best_row["per_seed_rates"]) / np.array(best_default["per_seed_rates"]) - 1.0
-            improvement = np.float64(best_row["max_rate_per_s"]) / best_default["max_rate_per_s"] - 1.0
-        else:
-            improvement = 1.0 - np.float64(best_row["usd_per_million_output_tokens"]) / best_default[
-                "usd_per_million_output_tokens"]
-            gains = np.array([improvement])
-    at_rate = search.at_scenario_rate([best, best_default["config"]])
-    return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
-                          analytic, time.perf_counter() - started)
+    # One bar over every simulation of the search, its total growing as the bisections ask for more.
+    with tqdm(total=0, disable=not progress, desc="recommend", unit="simulation") as bar:
+        search = _Search(scenario, seed_list, objective, workers, tolerance, bar)
+
+        # 1. the coarse grid, scored by the fluid model
+        grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
+        analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
+                                  "analytic_rate_per_s": search.analytic(c)} for c in grid])
+        analytic = analytic.sort_values("analytic_rate_per_s", ascending=False, kind="stable").reset_index(drop=True)
+        chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
+        # 2. simulate them, and the rule-of-thumb defaults
+        search.evaluate(chosen + search.defaults)
+        # 3. refine around the best
+        best = search.best()
+        search.evaluate(_neighbours(best, scenario))
+        best = search.best()
+        table = search.table()
+        if not table["meets_scenario_rate"].iloc[0]:
+            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
+                              f"({scenario.workload.arrival.rate_per_s:g}/s); the best, {best.label}, sustains "
+                              f"{table['max_rate_per_s'].iloc[0]:.3g}/s", file=scenario.path,
+                              key="workload.arrival.rate", value=scenario.workload.arrival.rate_per_s,
+                              allowed="a lower rate, more replicas (llmsim plan), or looser SLOs")
+        default_rows = table[table["default"]]
+        best_default = default_rows.iloc[0]
+        best_row = table.iloc[0]
+        with np.errstate(divide="ignore", invalid="ignore"):     # a default that never passes: an infinite gain
+            if objective == "goodput":
+                gains = np.array(best_row["per_seed_rates"]) / np.array(best_default["per_seed_rates"]) - 1.0
+                improvement = np.float64(best_row["max_rate_per_s"]) / best_default["max_rate_per_s"] - 1.0
+            else:
+                improvement = 1.0 - np.float64(best_row["usd_per_million_output_tokens"]) / best_default[
+                    "usd_per_million_output_tokens"]
+                gains = np.array([improvement])
+        at_rate = search.at_scenario_rate([best, best_default["config"]])
+        return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
+                              analytic, time.perf_counter() - started)
 
 
 def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
@@ -227,10 +232,9 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
 class _Search:
     """Simulated highest passing rate per (configuration, seed), bisected for all at once."""
 
-    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float,
-                 progress: bool):
+    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float, bar):
         self.scenario, self.seeds, self.objective = scenario, seeds, objective
-        self.workers, self.tolerance, self.progress = workers, tolerance, progress
+        self.workers, self.tolerance, self.bar = workers, tolerance, bar
         self.results: dict[Config, dict] = {}
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.arrival.rate_per_s
@@ -257,8 +261,6 @@ class _Search:
         scenario's own rate passes follows from the bracket, or is simulated when it lies
         inside it.
         """
-        from tqdm.auto import tqdm
-
         todo = []
         for config in configs:
             if config in self.results or config in todo:
@@ -275,7 +277,6 @@ class _Search:
         scale = float(np.median(ratios)) if ratios else 0.85
         guess = {c: self.analytic(c) for c in todo}
         brackets = {(c, s): _Bracket() for c in todo for s in self.seeds}
-        bar = tqdm(disable=not self.progress, desc="recommend", unit="sim")
         for _ in range(20):
             jobs = [(key, bracket.next_rate(guess[key[0]] * scale if guess[key[0]] > 0 else self.rate,
                                             self.rate, self.tolerance))
@@ -284,14 +285,12 @@ class _Search:
             if not jobs:
                 break
             points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
-            rows = run_points(self.scenario, points, workers=self.workers, progress=False)
-            bar.update(len(points))
+            rows = self.simulate(points)
             met = slo_met(rows)
             for ((c, s), rate), (index, row) in zip(jobs, rows.iterrows()):
                 if row["error"]:
                     raise RuntimeError(f"simulating {c.label} at {rate:g}/s failed: {row['error']}")
                 brackets[(c, s)].record(rate, bool(met[index]), row)
-        bar.close()
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
             rates = np.array([b.passing for b in runs])
@@ -303,6 +302,12 @@ class _Search:
                                else math.nan,
                                "meets_scenario_rate": all(b.meets(self.rate) for b in runs),
                                "per_seed_rates": tuple(rates)}
+
+    def simulate(self, points: list[dict]) -> pd.DataFrame:
+        """The points simulated, each counted on the search's progress bar as it finishes."""
+        self.bar.total += len(points)
+        self.bar.refresh()
+        return run_points(self.scenario, points, workers=self.workers, progress=self.bar)
 
     def best(self) -> Config:
         return self.table()["config"].iloc[0]
@@ -320,7 +325,7 @@ class _Search:
     def at_scenario_rate(self, configs: Sequence[Config]) -> pd.DataFrame:
         configs = list(dict.fromkeys(configs))            # the best may be a default itself
         points = [{**c.overrides(self.scenario), "seed": s} for c in configs for s in self.seeds]
-        rows = run_points(self.scenario, points, workers=self.workers, progress=False)
+        rows = self.simulate(points)
         rows["setting"] = [c.label for c in configs for _ in self.seeds]
         metrics = [names.TTFT_P95, names.TPOT_P95, names.TTFT_P99, names.TPOT_P99, names.SLO_ATTAINMENT,
                    names.OUTPUT_TOKENS_PER_S]
