@@ -139,3 +139,10 @@ def test_other_chips_are_placed_afresh_and_speculation_keeps_one_stage():
     assert plain.deployment.pipeline_parallel == 2
     placed = variant(scenario, planning._placement_overrides(scenario, "H200"))
     assert (placed.deployment.tensor_parallel, placed.deployment.pipeline_parallel) == (2, 1)
+
+
+def test_a_target_rate_the_workload_cannot_take_is_a_config_error(scenario_file, capsys):
+    """Not a per-chip 'does not fit': at 1e-300/s the requests would arrive near 1e303 s."""
+    assert main(["plan", str(scenario_file), "--target-rate", "1e-300"]) == 2
+    err = capsys.readouterr().err
+    assert "workload.arrival.rate" in err and "does not fit" not in err and "at least" in err

@@ -114,6 +114,7 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
     rate = check_rate(target_rate_per_s)
+    variant(scenario, {RATE_KEY: rate})     # the workload at this rate is valid (not each chip's "does not fit")
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
