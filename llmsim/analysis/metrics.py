@@ -2,10 +2,13 @@
 
 Steady-state figures use the measurement window ``[warmup, end of arrivals]``:
 latencies over the requests that arrived in it, throughput over the iterations
-that ended in it. Utilisations count the part of each iteration inside the window
-(an iteration straddling an edge counts only its share, with the same share of its
-FLOPs and bytes), so none can exceed 1. Counts (arrived, finished, rejected,
-unfinished) cover the whole run, so conservation can be checked on them.
+that ended in it. A run stopped before its end (horizon, Ctrl-C, fault) is measured
+up to where it stopped, ``[warmup, min(end of arrivals, simulated end)]``, so its
+rates are over the simulated time, not the planned arrival window. Utilisations
+count the part of each iteration inside the window (an iteration straddling an edge
+counts only its share, with the same share of its FLOPs and bytes), so none can
+exceed 1. Counts (arrived, finished, rejected, unfinished) cover the whole run, so
+conservation can be checked on them; requests the run never reached are not arrived.
 """
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.summary import (PERCENTILES, Distribution, Economics, Latency, Memory, QueueSummary,
-                                     RequestCounts, RunSummary, SLOSummary, SLOTarget, SpeculationSummary,
-                                     Throughput, Utilisation)
+from llmsim.analysis.summary import (COMPLETED, PERCENTILES, Distribution, Economics, Latency, Memory,
+                                     QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
+                                     SpeculationSummary, Throughput, Utilisation)
 from llmsim.scenario.scenario import SLO
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
@@ -50,6 +53,8 @@ def summarize(result) -> RunSummary:
     scenario = result.scenario
     records, iterations = result.requests, result.iterations
     start, stop = result.warmup_s, result.arrival_window_s
+    if result.stopped_by != COMPLETED:         # nothing after the stop was simulated: measure up to it
+        stop = min(stop, result.end_s)
     if stop - start <= 0:                      # a degenerate window: measure the whole run
         start, stop = 0.0, max(result.end_s, 1e-12)
     window = stop - start
@@ -63,6 +68,7 @@ def summarize(result) -> RunSummary:
     reason = records["reason"]
     counts = RequestCounts(
         arrived=int(len(records)),
+        not_arrived=int(result.planned_requests - len(records)),
         finished=int((status == "finished").sum()),
         rejected_timeout=int(((status == "rejected") & (reason == "timeout")).sum()),
         rejected_too_long=int(((status == "rejected") & (reason == "too_long")).sum()),
@@ -117,6 +123,8 @@ def summarize(result) -> RunSummary:
         queue=queue,
         speculation=speculation_summary(scenario, in_window) if scenario.speculating else None,
         interrupted=result.interrupted,
+        stopped_by=result.stopped_by,
+        error=result.error,
     )
 
 

@@ -16,6 +16,10 @@ import numpy as np
 
 PERCENTILES = (50, 95, 99)
 
+# What ended a run (``RunSummary.stopped_by``): every request left the system, the scenario's
+# horizon came first, Ctrl-C, or an exception inside the simulation.
+COMPLETED, HORIZON, INTERRUPT, FAULT = "completed", "horizon", "interrupt", "fault"
+
 
 class Section:
     """A record whose mapping is its fields in order, nested records as mappings."""
@@ -47,8 +51,12 @@ class Distribution(Section):
 
 @dataclass(frozen=True)
 class RequestCounts(Section):
-    """Counts over the whole run (not only the window), so conservation can be checked on them."""
+    """Counts over the whole run (not only the window), so conservation can be checked on them:
+    ``arrived`` = finished + rejected + unfinished. A run stopped before the end of its trace
+    (horizon, Ctrl-C, fault) counts as arrived only the requests the simulation reached;
+    ``not_arrived`` are the trace's later ones, which have no record."""
     arrived: int
+    not_arrived: int
     finished: int
     rejected_timeout: int
     rejected_too_long: int
@@ -180,7 +188,7 @@ class RunSummary(Section):
     model: str
     hardware: str
     devices: int
-    window_s: tuple[float, float]         # [warmup, end of arrivals]: the steady-state window
+    window_s: tuple[float, float]         # [warmup, end of arrivals or of the simulation if earlier]
     simulated_s: float
     requests: RequestCounts
     latency: Latency
@@ -191,7 +199,9 @@ class RunSummary(Section):
     economics: Economics
     queue: QueueSummary
     speculation: SpeculationSummary | None     # None (and no key in the mapping) for plain decoding
-    interrupted: bool                          # stopped early (Ctrl-C): the figures cover what ran
+    interrupted: bool                          # stopped early (Ctrl-C or a fault): the figures cover what ran
+    stopped_by: str                            # COMPLETED, HORIZON, INTERRUPT or FAULT; simulated_s is when
+    error: str | None                          # the fault's exception (type: message), else None
 
     def to_dict(self) -> dict:
         out = super().to_dict()

@@ -20,10 +20,15 @@ def format_summary(summary: dict) -> str:
     lines.append(f"{summary['scenario']}: {summary['model']} on {summary['devices']} x {summary['hardware']}"
                  f"  (seed {summary['seed']}, simulated {summary['simulated_s']:,.1f} s,"
                  f" steady state {start:,.1f}-{stop:,.1f} s)")
-    if summary.get("interrupted"):
-        lines.append("INTERRUPTED: the figures below cover the part that was simulated.")
+    stopped_by = summary.get("stopped_by", "completed")
+    if stopped_by != "completed":
+        why = {"horizon": "the horizon", "interrupt": "Ctrl-C"}.get(stopped_by, f"a fault ({summary['error']})")
+        lines.append(f"{'INTERRUPTED' if summary['interrupted'] else 'STOPPED'} by {why} at "
+                     f"{summary['simulated_s']:,.1f} s simulated: the figures below cover what was simulated.")
     lines.append("")
-    lines.append(f"requests   arrived {req['arrived']:,}  finished {req['finished']:,}  "
+    lines.append(f"requests   arrived {req['arrived']:,}"
+                 + (f" (not arrived {req['not_arrived']:,})" if req.get("not_arrived") else "")
+                 + f"  finished {req['finished']:,}  "
                  f"rejected {req['rejected_timeout'] + req['rejected_too_long']:,} "
                  f"(timeout {req['rejected_timeout']:,}, too long {req['rejected_too_long']:,})  "
                  f"unfinished {req['unfinished_queued'] + req['unfinished_running']:,} "

@@ -7,11 +7,17 @@ becomes ``x``; an empty name, or one of only separators and dots, is exit 2 nami
 A folder that already holds a run's results is exit 2 before simulating, unless
 ``--overwrite``. The records and summary are written as soon as the simulation ends, before
 the plain-decoding baseline (which adds its speedup to summary.json) and the plot.
+
+Ctrl-C stops the simulation where it is; the requests that arrived by then are written and
+summarised (exit 130). Ctrl-C during the baseline keeps the run's results without the
+speedup (exit 130). A second Ctrl-C aborts at once (exit 130, files not yet renamed into place
+are not written). A fault inside the simulation writes what was simulated, then is raised.
 """
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -48,7 +54,26 @@ def _cmd_run(args) -> int:
     scenario = load_scenario(args.scenario, seed=args.seed)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
-    result = simulate(scenario)
+    print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
+    try:
+        try:
+            result = simulate(scenario)
+        except Exception as fault:
+            if getattr(fault, "partial_result", None) is not None:
+                _write_and_print(fault.partial_result, out, args)
+            raise
+        if result.interrupted:
+            print(f"interrupted at {result.end_s:,.1f} s simulated: writing what was simulated "
+                  "(Ctrl-C again aborts)", file=sys.stderr, flush=True)
+        return _write_and_print(result, out, args)
+    except KeyboardInterrupt:     # before the simulation loop, a second Ctrl-C, or one during the plot
+        print("llmsim: interrupted", file=sys.stderr)
+        return 130
+
+
+def _write_and_print(result, out: Path, args) -> int:
+    """Write the run's files (records and summary first), print its summary; the exit status."""
+    scenario = result.scenario
     summary = result.summary()
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
     if args.iterations:
@@ -58,7 +83,13 @@ def _cmd_run(args) -> int:
     for stale in ([] if args.iterations else ["iterations.csv"]) + ["timeline.png"]:
         (out / stale).unlink(missing_ok=True)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
-        summary["speculation"]["speedup_over_plain"] = speedup_over_plain(result)
+        try:
+            summary["speculation"]["speedup_over_plain"] = speedup_over_plain(result)
+        except KeyboardInterrupt:             # the run's own results are written: show them, without the speedup
+            print(format_summary(summary))
+            print("\ninterrupted during the plain-decoding baseline: no speedup figures; wrote "
+                  + ", ".join(map(str, written)))
+            return 130
         _write_summary(out / "summary.json", summary)
     print(format_summary(summary))
     if args.plot:

@@ -8,6 +8,16 @@ replica, and per replica one engine process per pipeline micro-batch
 :class:`~llmsim.scenario.deployment.ResolvedDeployment` says. It runs until every
 request is done or the horizon is reached, and returns a :class:`SimulationResult`
 whose per-request records feed every metric.
+
+A run stopped early keeps what was simulated: the horizon, Ctrl-C (``KeyboardInterrupt``,
+caught while the simulation runs) or a fault (any other exception inside it) ends the
+run at that simulated time, and the result holds only the requests that arrived by then
+(requests still in the system recorded as they stood, ``unfinished``); later requests of
+the trace have no row and are counted as ``not_arrived`` in the summary, whose rates are
+over the simulated time (:func:`llmsim.analysis.metrics.summarize`). ``stopped_by`` says
+what ended it. A fault is never hidden: the exception is raised again, carrying the
+partial result as its ``partial_result`` attribute (and a note saying so), for a caller
+to write before reporting the error.
 """
 from __future__ import annotations
 
@@ -21,6 +31,7 @@ import pandas as pd
 import simpy
 
 from llmsim.analysis.metrics import meets_slo, summarize
+from llmsim.analysis.summary import COMPLETED, FAULT, HORIZON, INTERRUPT
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
@@ -44,6 +55,8 @@ class Router:
 
     The router also keeps the requests in the system (``in_system_requests``, by id): a
     request's record is written to ``records`` when it leaves, and the object dropped.
+    Requests arrive in trace order, so the first ``arrived`` rows of ``records`` are the
+    requests that reached the system.
     """
 
     def __init__(self, policy: str, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
@@ -54,6 +67,7 @@ class Router:
         self._cycle = itertools.cycle(range(len(replicas)))
         self.in_system = TimeAverage(logged=False)
         self.in_system_requests: dict[int, Request] = {}
+        self.arrived = 0
         self.records = records
         self._left_to_finish = len(records)
         self._all_done = all_done
@@ -64,9 +78,10 @@ class Router:
         self.records.write(request)
         self._left_to_finish -= 1
         if self._left_to_finish == 0 and not self._all_done.triggered:
-            self._all_done.succeed()
+            self._all_done.succeed(COMPLETED)
 
     def dispatch(self, request: Request, now: float) -> None:
+        self.arrived += 1
         self.in_system.change(now, +1)
         self.in_system_requests[request.id] = request
         total = request.prompt_tokens + request.output_tokens
@@ -126,7 +141,13 @@ def arrivals(env: simpy.Environment, records: RequestRecords, router: Router):
 
 @dataclass
 class SimulationResult:
-    """What one run produced; ``requests`` is the per-request record everything else derives from."""
+    """What one run produced; ``requests`` is the per-request record everything else derives from.
+
+    ``requests`` has one row per request that arrived (every request of the trace, unless the
+    run stopped before the end of its arrivals: then the first ``len(requests)`` of
+    ``planned_requests``). ``stopped_by`` is ``completed``, ``horizon``, ``interrupt`` (Ctrl-C)
+    or ``fault`` (``error`` names the exception), and ``end_s`` the simulated time it stopped at.
+    """
     scenario: Scenario
     requests: pd.DataFrame
     iterations: pd.DataFrame
@@ -141,8 +162,15 @@ class SimulationResult:
     preemptions: int
     mean_in_system: float
     mean_queue_length: float
+    planned_requests: int
     inter_token_gaps: InterTokenGaps = field(repr=False, default_factory=InterTokenGaps)
-    interrupted: bool = False
+    stopped_by: str = COMPLETED
+    error: str | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped before the scenario's own end (Ctrl-C or a fault): the figures cover what ran."""
+        return self.stopped_by in (INTERRUPT, FAULT)
 
     def summary(self) -> dict:
         """The run's summary as a nested dict, as written to ``summary.json``.
@@ -171,6 +199,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
     ``observers`` are attached to every continuous-batching engine: each is called as
     ``observer(engine, iteration)`` after every iteration (invariant checks, traces).
+    Ctrl-C returns the partial result (``stopped_by == "interrupt"``); a second one while it
+    is assembled is not caught. Any other exception during the run is raised again with the
+    partial result attached as ``partial_result`` (see the module docstring).
     """
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
     window, horizon = horizon_for(scenario, trace)
@@ -198,31 +229,51 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     for engine in engines:
         if isinstance(engine, Engine):
             engine.observers.extend(observers)
-    kv_caches = [group[0].kv for group in groups]
     stop = env.event()
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
                     records, stop)
     env.process(arrivals(env, records, router))
     env.process(_horizon(env, horizon, stop))
-    interrupted = False
+    stopped_by, fault = COMPLETED, None
     try:
         if len(records):
-            env.run(until=stop)
+            stopped_by = env.run(until=stop)
     except KeyboardInterrupt:
         # Keep what was simulated: everything still in flight is reported unfinished.
-        interrupted = True
+        stopped_by = INTERRUPT
+    except Exception as error:               # raised again below, with what was simulated attached
+        stopped_by, fault = FAULT, error
+    if fault is None:
+        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by)
+    try:
+        fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup, FAULT,
+                                       f"{type(fault).__name__}: {fault}")
+        fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
+                       "what was simulated is in this exception's partial_result")
+    except Exception as secondary:           # the fault, not this, is what is reported
+        fault.add_note(f"llmsim: no partial result ({type(secondary).__name__}: {secondary})")
+    raise fault
+
+
+def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
+            records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
+            stopped_by: str, error: str | None = None) -> SimulationResult:
+    """The result of a run that ended (by ``stopped_by``): records of the requests that arrived."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
     end_s = max(env.now, router.in_system.last_s)
+    if stopped_by in (INTERRUPT, FAULT):     # stopped inside an engine's run-ahead: up to its clock
+        end_s = max([end_s] + [engine.now for engine in engines if isinstance(engine, Engine)])
     gaps = InterTokenGaps()
     for engine in engines:
         engine.close()
         gaps.merge(engine.gaps)
     router.write_in_system()
     queues = list({id(e.queue): e.queue for e in engines}.values())
+    kv_caches = list({id(e.kv): e.kv for e in engines}.values())
     return SimulationResult(
         scenario=scenario,
-        requests=_records(records, scenario),
+        requests=_records(records, router.arrived, scenario),
         iterations=_iterations(engines, resolved.cost, end_s),
         queue_length=_queue_series(queues),
         end_s=end_s,
@@ -235,8 +286,10 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         preemptions=sum(e.preemptions for e in engines),
         mean_in_system=router.in_system.mean(end_s),
         mean_queue_length=sum(q.length.mean(end_s) for q in queues),
+        planned_requests=len(records),
         inter_token_gaps=gaps,
-        interrupted=interrupted,
+        stopped_by=stopped_by,
+        error=error,
     )
 
 
@@ -247,7 +300,10 @@ def speedup_over_plain(result: SimulationResult) -> dict:
     plain for throughputs.
     """
     scenario = result.scenario
-    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed)).summary()
+    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed))
+    if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
+        raise KeyboardInterrupt
+    plain = plain.summary()
     spec = result.summary()
     ratio = (lambda a, b: a / b if b else float("nan"))
     return {
@@ -289,12 +345,12 @@ def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):
 def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
     yield env.timeout(horizon_s)
     if not stop.triggered:
-        stop.succeed()
+        stop.succeed(HORIZON)
 
 
-def _records(records: RequestRecords, scenario: Scenario) -> pd.DataFrame:
-    """The per-request table: raw times plus the latencies derived from them."""
-    frame = pd.DataFrame(records.columns(), copy=False)
+def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.DataFrame:
+    """The per-request table of the first ``arrived`` requests: raw times plus the latencies derived from them."""
+    frame = pd.DataFrame({name: column[:arrived] for name, column in records.columns().items()}, copy=False)
     frame["queue_wait_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
     frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
     frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]

@@ -1,0 +1,193 @@
+"""Runs stopped before their end (horizon, Ctrl-C, a fault) report what was simulated.
+
+Only requests that arrived have records and count as arrived; rates are over the simulated
+window (warm-up to where the run stopped), not the planned arrival window; the summary says
+what stopped the run and when. Ctrl-C is tested in-process (an observer raises
+KeyboardInterrupt, as the signal would inside an engine) and once through ``llmsim run``.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from llmsim import simulate
+from llmsim.cli.main import main
+from llmsim.workload.trace import generate_trace
+
+from .helpers import REPO, make_scenario
+
+LONG = {"workload": {"arrival": {"rate": 10.0}, "num_requests": 100_000}, "simulation": {"warmup": "20 s"}}
+
+
+def stop_after(iterations: int, error: BaseException):
+    """An observer that raises ``error`` at the given iteration (as Ctrl-C would, inside an engine)."""
+    seen = {"n": 0}
+
+    def observer(engine, iteration):
+        seen["n"] += 1
+        if seen["n"] == iterations:
+            seen["raised_at"] = time.perf_counter()
+            raise error
+    return observer, seen
+
+
+def check_partial(result, stopped_by: str):
+    """Counts, window and rates of a stopped run against its records."""
+    summary = result.summary()
+    records, end = result.requests, result.end_s
+    assert summary["stopped_by"] == stopped_by and summary["simulated_s"] == end
+    # Only requests that arrived: a prefix of the trace, every one by the end.
+    assert len(records) < result.planned_requests
+    assert (records["arrival_s"] <= end).all()
+    assert (records["id"].to_numpy() == np.arange(len(records))).all()
+    trace = generate_trace(result.scenario.workload, result.scenario.seed)
+    assert len(records) == (trace.arrival_s <= end).sum()
+    counts = summary["requests"]
+    assert counts["arrived"] == len(records)
+    assert counts["not_arrived"] == result.planned_requests - len(records)
+    assert counts["arrived"] == (counts["finished"] + counts["rejected_timeout"] + counts["rejected_too_long"]
+                                 + counts["unfinished_queued"] + counts["unfinished_running"])
+    # The window ends where the simulation did; throughput is finished requests over it.
+    start, stop = summary["window_s"]
+    assert stop == end
+    done = records[(records["status"] == "finished") & (records["finish_s"] > start) & (records["finish_s"] <= stop)]
+    assert summary["throughput"]["requests_per_s"] == pytest.approx(len(done) / (stop - start))
+    steady = records[records["arrival_s"] >= start]
+    assert summary["throughput"]["offered_requests_per_s"] == pytest.approx(len(steady) / (stop - start))
+    assert 0 <= summary["utilisation"]["busy_fraction"] <= 1
+    return summary
+
+
+def test_ctrl_c_keeps_what_was_simulated_and_returns_at_once():
+    scenario = make_scenario(LONG)
+    observer, seen = stop_after(4000, KeyboardInterrupt())
+    result = simulate(scenario, observers=[observer])
+    # Assembling the partial result is proportional to what was simulated, not to the trace
+    # (100,000 planned requests): about 0.05 s here; 1 s leaves room for a busy machine.
+    assert time.perf_counter() - seen["raised_at"] < 1.0
+    assert result.interrupted and result.stopped_by == "interrupt" and result.error is None
+    summary = check_partial(result, "interrupt")
+    assert summary["interrupted"]
+    # About the offered 10 req/s, not 10 x (simulated time / planned window).
+    assert summary["throughput"]["requests_per_s"] == pytest.approx(10, rel=0.3)
+    assert summary["requests"]["finished"] > 0
+
+
+def test_horizon_cut_run_counts_only_requests_that_arrived():
+    result = simulate(make_scenario({**LONG, "workload": {"arrival": {"rate": 10.0}, "num_requests": 2000},
+                                     "simulation": {"warmup": "20 s", "horizon": "100 s"}}))
+    assert result.stopped_by == "horizon" and not result.interrupted
+    summary = check_partial(result, "horizon")
+    assert summary["simulated_s"] == pytest.approx(100.0)
+    assert not summary["interrupted"] and summary["error"] is None
+
+
+def test_a_run_that_completes_says_so():
+    result = simulate(make_scenario({"workload": {"num_requests": 200}}))
+    summary = result.summary()
+    assert summary["stopped_by"] == "completed" and not summary["interrupted"]
+    assert summary["requests"]["not_arrived"] == 0 and len(result.requests) == 200
+
+
+def test_a_fault_is_raised_with_what_was_simulated():
+    observer, _ = stop_after(3000, RuntimeError("engine broke"))
+    with pytest.raises(RuntimeError, match="engine broke") as caught:
+        simulate(make_scenario(LONG), observers=[observer])
+    partial = caught.value.partial_result
+    assert partial.stopped_by == "fault" and partial.interrupted
+    assert partial.error == "RuntimeError: engine broke"
+    summary = check_partial(partial, "fault")
+    assert summary["error"] == "RuntimeError: engine broke"
+    assert any("partial_result" in note for note in caught.value.__notes__)
+
+
+def test_ctrl_c_during_the_baseline_is_not_swallowed(monkeypatch):
+    from llmsim.sim import simulate as module
+
+    spec = make_scenario({"workload": {"num_requests": 60},
+                          "speculation": {"draft": "Llama-3.2-1B", "k": 3,
+                                          "acceptance": {"process": "bernoulli", "alpha": 0.7}}})
+    result = simulate(spec)
+    monkeypatch.setattr(module, "simulate", lambda *args, **kwargs: replace(result, stopped_by="interrupt"))
+    with pytest.raises(KeyboardInterrupt):
+        module.speedup_over_plain(result)
+
+
+def _scenario_file(tmp_path, num_requests: int) -> str:
+    data = yaml.safe_load((REPO / "scenarios" / "llama3-8b-h100-chat.yaml").read_text())
+    data["workload"]["num_requests"] = num_requests
+    path = tmp_path / "long.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def test_run_writes_a_fault_partial_result_then_raises(tmp_path, monkeypatch):
+    import llmsim.cli.run as run
+
+    observer, _ = stop_after(3000, RuntimeError("engine broke"))
+    monkeypatch.setattr(run, "simulate", lambda scenario: simulate(scenario, observers=[observer]))
+    out = tmp_path / "out"
+    with pytest.raises(RuntimeError, match="engine broke"):
+        main(["run", _scenario_file(tmp_path, 20_000), "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "fault" and summary["error"] == "RuntimeError: engine broke"
+    assert len(pd.read_csv(out / "requests.csv")) == summary["requests"]["arrived"]
+
+
+def _start(tmp_path, num_requests: int):
+    """``llmsim run`` of a long chat scenario, started: returns once its simulation is under way."""
+    simulate(make_scenario({"workload": {"num_requests": 50}}))   # compiled kernels cached before the child starts
+    out = tmp_path / "out"
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from llmsim.cli.main import main; sys.exit(main())",
+                              "run", _scenario_file(tmp_path, num_requests), "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stderr.readline().startswith("simulating")
+    return child, out
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_llmsim_run_within_a_second(tmp_path):
+    child, out = _start(tmp_path, 1_000_000)
+    time.sleep(2.0)                    # well into the run loop: a few thousand simulated seconds
+    child.send_signal(signal.SIGINT)
+    sent = time.perf_counter()
+    stdout, stderr = child.communicate(timeout=60)
+    elapsed = time.perf_counter() - sent
+    assert child.returncode == 130, stderr
+    # Idle, the child exits about 0.5 s after the signal: the loop stops at once, then ~20,000
+    # records and their summary are written (mostly requests.csv) and the interpreter exits.
+    # 2 s allows for the other core of this 2-core machine being busy with other work.
+    assert elapsed < 2.0, elapsed
+    assert "INTERRUPTED by Ctrl-C" in stdout
+    summary = json.loads((out / "summary.json").read_text())
+    records = pd.read_csv(out / "requests.csv")
+    assert summary["stopped_by"] == "interrupt" and summary["requests"]["arrived"] == len(records)
+    assert summary["requests"]["not_arrived"] == 1_000_000 - len(records)
+    start, stop = summary["window_s"]
+    assert stop == summary["simulated_s"]
+    done = records[(records["status"] == "finished") & (records["finish_s"] > start) & (records["finish_s"] <= stop)]
+    assert summary["throughput"]["requests_per_s"] == pytest.approx(len(done) / (stop - start))
+    assert summary["throughput"]["requests_per_s"] == pytest.approx(16, rel=0.2)      # the offered rate
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_aborts_at_once(tmp_path):
+    child, out = _start(tmp_path, 1_000_000)
+    time.sleep(4.0)
+    child.send_signal(signal.SIGINT)
+    assert child.stderr.readline().startswith("interrupted at")     # the first one: now writing
+    child.send_signal(signal.SIGINT)
+    sent = time.perf_counter()
+    child.communicate(timeout=60)
+    assert time.perf_counter() - sent < 1.0
+    assert child.returncode == 130
+    assert not list(out.glob(".*partial*"))                        # no half-written file left
