@@ -82,6 +82,14 @@ def test_ctrl_c_keeps_what_was_simulated_and_returns_at_once():
     assert summary["requests"]["finished"] > 0
 
 
+def test_ctrl_c_before_the_warm_up_ends_measures_the_whole_simulated_time():
+    observer, _ = stop_after(300, KeyboardInterrupt())
+    result = simulate(make_scenario(LONG), observers=[observer])
+    assert result.end_s < 20                                  # inside the 20 s warm-up
+    summary = check_partial(result, "interrupt")
+    assert summary["window_s"] == [0.0, result.end_s]
+
+
 def test_horizon_cut_run_counts_only_requests_that_arrived():
     result = simulate(make_scenario({**LONG, "workload": {"arrival": {"rate": 10.0}, "num_requests": 2000},
                                      "simulation": {"warmup": "20 s", "horizon": "100 s"}}))
