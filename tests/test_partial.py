@@ -74,7 +74,7 @@ def test_ctrl_c_keeps_what_was_simulated_and_returns_at_once():
     # Assembling the partial result is proportional to what was simulated, not to the trace
     # (100,000 planned requests): about 0.05 s here; 1 s leaves room for a busy machine.
     assert time.perf_counter() - seen["raised_at"] < 1.0
-    assert result.interrupted and result.stopped_by == "interrupt" and result.error is None
+    assert result.interrupted and result.stopped_by == "interrupt" and result.fault is None
     summary = check_partial(result, "interrupt")
     assert summary["interrupted"]
     # About the offered 10 req/s, not 10 x (simulated time / planned window).
@@ -96,7 +96,7 @@ def test_horizon_cut_run_counts_only_requests_that_arrived():
     assert result.stopped_by == "horizon" and not result.interrupted
     summary = check_partial(result, "horizon")
     assert summary["simulated_s"] == pytest.approx(100.0)
-    assert not summary["interrupted"] and summary["error"] is None
+    assert not summary["interrupted"] and summary["fault"] is None
 
 
 def test_a_run_that_completes_says_so():
@@ -112,9 +112,9 @@ def test_a_fault_is_raised_with_what_was_simulated():
         simulate(make_scenario(LONG), observers=[observer])
     partial = caught.value.partial_result
     assert partial.stopped_by == "fault" and partial.interrupted
-    assert partial.error == "RuntimeError: engine broke"
+    assert partial.fault == "RuntimeError: engine broke"
     summary = check_partial(partial, "fault")
-    assert summary["error"] == "RuntimeError: engine broke"
+    assert summary["fault"] == "RuntimeError: engine broke"
     assert any("partial_result" in note for note in caught.value.__notes__)
 
 
@@ -147,7 +147,7 @@ def test_run_writes_a_fault_partial_result_then_raises(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="engine broke"):
         main(["run", _scenario_file(tmp_path, 20_000), "--out", str(out)])
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["stopped_by"] == "fault" and summary["error"] == "RuntimeError: engine broke"
+    assert summary["stopped_by"] == "fault" and summary["fault"] == "RuntimeError: engine broke"
     assert len(pd.read_csv(out / "requests.csv")) == summary["requests"]["arrived"]
 
 

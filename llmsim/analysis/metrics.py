@@ -124,7 +124,7 @@ def summarize(result) -> RunSummary:
         speculation=speculation_summary(scenario, in_window) if scenario.speculating else None,
         interrupted=result.interrupted,
         stopped_by=result.stopped_by,
-        error=result.error,
+        fault=result.fault,
     )
 
 

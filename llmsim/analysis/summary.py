@@ -201,7 +201,7 @@ class RunSummary(Section):
     speculation: SpeculationSummary | None     # None (and no key in the mapping) for plain decoding
     interrupted: bool                          # stopped early (Ctrl-C or a fault): the figures cover what ran
     stopped_by: str                            # COMPLETED, HORIZON, INTERRUPT or FAULT; simulated_s is when
-    error: str | None                          # the fault's exception (type: message), else None
+    fault: str | None                          # the fault's exception (type: message), else None
 
     def to_dict(self) -> dict:
         out = super().to_dict()

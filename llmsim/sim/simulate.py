@@ -146,7 +146,7 @@ class SimulationResult:
     ``requests`` has one row per request that arrived (every request of the trace, unless the
     run stopped before the end of its arrivals: then the first ``len(requests)`` of
     ``planned_requests``). ``stopped_by`` is ``completed``, ``horizon``, ``interrupt`` (Ctrl-C)
-    or ``fault`` (``error`` names the exception), and ``end_s`` the simulated time it stopped at.
+    or ``fault`` (``fault`` names the exception), and ``end_s`` the simulated time it stopped at.
     """
     scenario: Scenario
     requests: pd.DataFrame
@@ -165,7 +165,7 @@ class SimulationResult:
     planned_requests: int
     inter_token_gaps: InterTokenGaps = field(repr=False, default_factory=InterTokenGaps)
     stopped_by: str = COMPLETED
-    error: str | None = None
+    fault: str | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -257,7 +257,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
 def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
-            stopped_by: str, error: str | None = None) -> SimulationResult:
+            stopped_by: str, fault: str | None = None) -> SimulationResult:
     """The result of a run that ended (by ``stopped_by``): records of the requests that arrived."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
@@ -289,7 +289,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         planned_requests=len(records),
         inter_token_gaps=gaps,
         stopped_by=stopped_by,
-        error=error,
+        fault=fault,
     )
 
 
