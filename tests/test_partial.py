@@ -158,8 +158,17 @@ def _start(tmp_path, num_requests: int):
     child = subprocess.Popen([sys.executable, "-c", "import sys; from llmsim.cli.main import main; sys.exit(main())",
                               "run", _scenario_file(tmp_path, num_requests), "--out", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert child.stderr.readline().startswith("simulating")
+    wait_for_line(child, "simulating")
     return child, out
+
+
+def wait_for_line(child, prefix: str) -> None:
+    """Read the child's stderr up to a line starting with ``prefix`` (fails if it exits first)."""
+    lines = []
+    while not (lines and lines[-1].startswith(prefix)):
+        line = child.stderr.readline()
+        assert line, f"no line starting {prefix!r} on stderr: {lines}"
+        lines.append(line)
 
 
 @pytest.mark.slow
@@ -192,7 +201,7 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     child, out = _start(tmp_path, 1_000_000)
     time.sleep(4.0)
     child.send_signal(signal.SIGINT)
-    assert child.stderr.readline().startswith("interrupted at")     # the first one: now writing
+    wait_for_line(child, "interrupted at")                         # the first one: now writing
     child.send_signal(signal.SIGINT)
     sent = time.perf_counter()
     child.communicate(timeout=60)
