@@ -50,7 +50,38 @@ def reject_expired(queue: WaitingQueue, config: EngineConfig, now: float,
         on_done(request, now)
 
 
-class Engine:
+class EngineProcess:
+    """What the rest of the simulation sees of an engine: a SimPy process serving one micro-batch
+    of replica ``index`` from ``queue`` with ``kv``, woken by :meth:`notify` when work may be
+    waiting, logging its iterations to ``log`` and reporting every request that leaves through
+    ``on_done(request, now)``. :class:`Engine` and the static-batching engine are the two kinds;
+    each starts its own ``run`` process once it is built.
+    """
+
+    def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
+                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
+                 micro_batch: int = 0):
+        self.env, self.index, self.cost, self.kv, self.queue, self.config = env, index, cost, kv, queue, config
+        self.micro_batch = micro_batch              # which of the pipeline's micro-batches this engine runs
+        self.on_done = on_done
+        self.log = IterationLog()
+        self.gaps = InterTokenGaps()
+        self.preemptions = 0
+        self._wakeup: simpy.Event | None = None
+
+    def notify(self) -> None:
+        """New work may be waiting: wake the engine if it is idle."""
+        if self._wakeup is not None and not self._wakeup.triggered:
+            self._wakeup.succeed()
+
+    def idle(self):
+        """Wait (``yield from`` in ``run``) until :meth:`notify` says work may be waiting."""
+        self._wakeup = self.env.event()
+        yield self._wakeup
+        self._wakeup = None
+
+
+class Engine(EngineProcess):
     """A continuous-batching engine for one micro-batch of a replica (see the module docstring).
 
     ``decode`` builds the decode set from the engine (``EventDecodeSet`` by default).
@@ -64,15 +95,9 @@ class Engine:
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
                  micro_batch: int = 0, decode: Callable[["Engine"], DecodeSet] = EventDecodeSet):
-        self.env, self.index, self.cost, self.kv, self.queue, self.config = env, index, cost, kv, queue, config
-        self.micro_batch = micro_batch              # which of the pipeline's micro-batches this engine runs
-        self.on_done = on_done
+        super().__init__(env, index, cost, kv, queue, config, on_done, micro_batch)
         self.now = env.now                          # the engine's clock: may run ahead of env.now, see run()
-        self.log = IterationLog()
         self.observers: list[Observer] = []
-        self.gaps = InterTokenGaps()
-        self.preemptions = 0
-        self._wakeup: simpy.Event | None = None
         self._admitted = 0
         self._window = cost.model.sliding_window
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
@@ -81,12 +106,6 @@ class Engine:
         self.first_gap_s = array("d")
         self.decode = decode(self)
         env.process(self.run())
-
-    # -- outside world ------------------------------------------------------------------------
-    def notify(self) -> None:
-        """New work may be waiting: wake the engine if it is idle."""
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
 
     def run(self):
         env, cfg = self.env, self.config
@@ -98,9 +117,7 @@ class Engine:
                 reject_expired(self.queue, cfg, now, self.on_done)
             iteration = self.schedule()
             if iteration is None:
-                self._wakeup = env.event()
-                yield self._wakeup
-                self._wakeup = None
+                yield from self.idle()
                 continue
             end = now + iteration.duration_s
             # The iteration ends before any other event in the simulation (an arrival,

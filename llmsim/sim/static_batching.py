@@ -15,33 +15,21 @@ import simpy
 
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
-from llmsim.sim.engine import reject_expired
-from llmsim.sim.iterations import IterationLog
+from llmsim.sim.engine import EngineProcess, reject_expired
 from llmsim.sim.kvcache import KVCache
-from llmsim.sim.request import FINISHED, RUNNING, InterTokenGaps, Request, WaitingQueue
+from llmsim.sim.request import FINISHED, RUNNING, Request, WaitingQueue
 
 
-class StaticBatchEngine:
-    """An engine that serves one static batch at a time (see the module docstring); the same
-    outside interface as :class:`~llmsim.sim.engine.Engine` (``notify``, ``close``, ``log``...)."""
+class StaticBatchEngine(EngineProcess):
+    """An engine that serves one static batch at a time (see the module docstring). A batch
+    reserves all the KV it needs, so it is never preempted (``preemptions`` stays 0)."""
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
                  micro_batch: int = 0):
-        self.env, self.index, self.cost, self.kv, self.queue, self.config = env, index, cost, kv, queue, config
-        self.micro_batch = micro_batch
-        self.on_done = on_done
-        self.log = IterationLog()
-        self.gaps = InterTokenGaps()
-        self.preemptions = 0                        # a batch reserves all it needs: never preempted
+        super().__init__(env, index, cost, kv, queue, config, on_done, micro_batch)
         self._batch: tuple[list[Request], np.ndarray] | None = None   # in flight, and its steps' ends
-        self._wakeup: simpy.Event | None = None
         env.process(self.run())
-
-    def notify(self) -> None:
-        """New work may be waiting: wake the engine if it is idle."""
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
 
     def run(self):
         env, cfg = self.env, self.config
@@ -53,9 +41,7 @@ class StaticBatchEngine:
             if batch:
                 yield from self._serve(batch)
             else:
-                self._wakeup = env.event()
-                yield self._wakeup
-                self._wakeup = None
+                yield from self.idle()
 
     def _form(self, now: float) -> list[Request]:
         """Take requests from the queue head while slots and KV for their full length allow."""
