@@ -8,14 +8,14 @@ fed a Poisson stream of ``lambda`` requests per second:
 
 1. **Fluid steps.** In steady state the mean iteration lasts ``tau``. By Little's law
    the engine holds ``B = lambda * tau * D`` decoding sequences (``D`` = decode steps
-   per request: ``E[O - 1]``, fewer when speculating, see :mod:`llmsim.analytic_k`),
+   per request: ``E[O - 1]``, fewer when speculating, see :mod:`llmsim.analysis.fluid_k`),
    so every iteration carries ``lambda * tau`` requests' worth of decode work ``w``
    (tokens, KV read by every decode or verify step, ...). The prompts it carries are
    those that arrived during the previous one: a Poisson number of them, their lengths
    at the workload's quantiles, capped by the token budget the decoders leave (what
    the cap holds back is spread over all steps). ``tau`` solves
    ``tau = E[t(one + lambda tau w + prompts)]``, ``t`` the
-   :class:`~llmsim.costmodel.CostModel` (and the draft's sequential steps); the right
+   :class:`~llmsim.cost.roofline.CostModel` (and the draft's sequential steps); the right
    side increases with ``tau``, and Newton's method from ``tau = 0`` (with bisection
    as a safeguard) finds the least fixed point. None, or one beyond twice
    ``max_num_seqs``, means the load is beyond what the hardware can carry.

@@ -2,7 +2,7 @@
 
 ``design`` says which shapes are measured (a fit grid and a disjoint held-out grid),
 ``bench`` times them in torch (imported only there), ``fit`` prices the same
-shapes with llmsim's own :class:`~llmsim.costmodel.CostModel` and fits its
+shapes with llmsim's own :class:`~llmsim.cost.roofline.CostModel` and fits its
 efficiencies and overheads, ``profile_yaml`` writes the result as a hardware
 profile and transfers efficiencies to another profile's peaks.
 """

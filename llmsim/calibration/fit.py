@@ -1,6 +1,6 @@
 """Pricing measured shapes with llmsim's CostModel, and fitting its parameters to them.
 
-Every prediction comes from :class:`~llmsim.costmodel.CostModel`: a ModelSpec of the
+Every prediction comes from :class:`~llmsim.cost.roofline.CostModel`: a ModelSpec of the
 benchmark model of each width (:func:`~llmsim.calibration.design.model_spec`) and a
 HardwareProfile holding the measured peaks and candidate efficiencies. The fit
 (``scipy.optimize.least_squares``) minimises the squared log ratios
