@@ -10,7 +10,7 @@ from pathlib import Path
 
 from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
-from llmsim.scenario.scenario import DEFAULT_SEED, Scenario
+from llmsim.scenario.scenario import Scenario, read_seed
 
 SEEDS_HELP = ("N: N seeds starting at the scenario's seed (seed, seed + 1, ...); or a comma-separated list "
               "of seeds, e.g. 3,7,11 (one seed: 7,)")
@@ -51,5 +51,4 @@ def _integer(part: str, text: str) -> int:
 def _yaml_seed(path: str | Path) -> int:
     """A scenario file's ``seed``, without validating the rest: a sweep's base file may leave
     keys to its grid."""
-    node = Node(load_yaml(path), file=str(path))
-    return node.number("seed", DEFAULT_SEED, integer=True, minimum=0, exclusive_minimum=False)
+    return read_seed(Node(load_yaml(path), file=str(path)))

@@ -161,9 +161,15 @@ def load_scenario(path: str | Path, seed: int | None = None) -> Scenario:
     return scenario if seed is None else scenario.with_seed(seed)
 
 
+def read_seed(root: Node) -> int:
+    """A scenario's ``seed`` (DEFAULT_SEED when absent); sweeps and ``--seeds`` read it alone from
+    files whose other keys are not validated yet."""
+    return root.number("seed", DEFAULT_SEED, integer=True, minimum=0, exclusive_minimum=False)
+
+
 def scenario_from_node(root: Node) -> Scenario:
     name = root.string("name", Path(root.file).stem if root.file else "scenario")
-    seed = root.number("seed", DEFAULT_SEED, integer=True, minimum=0, exclusive_minimum=False)
+    seed = read_seed(root)
     model = _model(root)
     hardware = lookup_hardware(root.string("hardware"), root, "hardware")
 

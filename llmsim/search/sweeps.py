@@ -40,7 +40,7 @@ from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SL
 from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import build_point, check_matches_source, grid_points
-from llmsim.scenario.scenario import Scenario
+from llmsim.scenario.scenario import Scenario, read_seed
 from llmsim.search.executors import ENGINES, error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.simulate import simulate
@@ -237,19 +237,15 @@ def _base(scenario) -> tuple[dict, Path, str | None, int]:
     # its hardware, say), so only its seed is read here.
     if isinstance(scenario, (str, Path)):
         node = Node(load_yaml(scenario), file=str(scenario))      # rejects a file that is not a mapping
-        return node.data, Path(scenario).parent, str(scenario), _base_seed(node)
+        return node.data, Path(scenario).parent, str(scenario), read_seed(node)
     if isinstance(scenario, Scenario):
         check_matches_source(scenario)
         return ({**scenario.source, "seed": scenario.seed}, Path(scenario.source_dir or "."), scenario.path,
                 scenario.seed)
     if isinstance(scenario, Mapping):
         node = Node(dict(scenario))
-        return node.data, Path.cwd(), None, _base_seed(node)
+        return node.data, Path.cwd(), None, read_seed(node)
     raise TypeError(f"expected a scenario path, Scenario or mapping, not {type(scenario).__name__}")
-
-
-def _base_seed(node: Node) -> int:
-    return node.number("seed", 0, integer=True, minimum=0, exclusive_minimum=False)
 
 
 def _seed(seed, source: str | None) -> int:
