@@ -84,7 +84,7 @@ def _write_and_print(result, out: Path, args) -> int:
         (out / stale).unlink(missing_ok=True)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
         try:
-            summary["speculation"]["speedup_over_plain"] = speedup_over_plain(result)
+            summary["speculation"]["speedup_over_plain"] = speedup_over_plain(result, summary)
         except KeyboardInterrupt:             # the run's own results are written: show them, without the speedup
             print(format_summary(summary))
             print("\ninterrupted during the plain-decoding baseline: no speedup figures; wrote "

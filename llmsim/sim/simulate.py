@@ -293,18 +293,19 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     )
 
 
-def speedup_over_plain(result: SimulationResult) -> dict:
+def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:
     """Speculative decoding's gain: the same scenario without it, on the same arrival trace.
 
     Ratios are plain / speculative for latencies (above 1 = faster) and speculative /
-    plain for throughputs.
+    plain for throughputs. ``summary`` is ``result.summary()`` when the caller has it already
+    (summarising a large run takes seconds).
     """
     scenario = result.scenario
     plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed))
     if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
         raise KeyboardInterrupt
     plain = plain.summary()
-    spec = result.summary()
+    spec = result.summary() if summary is None else summary
     ratio = (lambda a, b: a / b if b else float("nan"))
     return {
         "tpot_mean": ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),
