@@ -115,8 +115,7 @@ class Journal:
             self._rewrite()
 
     def _line(self, record: dict[str, str]) -> str:
-        cells = [record.get(column, "") for column in self.columns if column != CHECKSUM]
-        named = dict(zip([c for c in self.columns if c != CHECKSUM], cells))
+        named = {column: record.get(column, "") for column in self.columns if column != CHECKSUM}
         row = [named[c] if c != CHECKSUM else checksum(self.columns, named) for c in self.columns]
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerow(row)
