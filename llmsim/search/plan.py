@@ -178,8 +178,9 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
         while hi - lo > 1:
             probes = _probes(lo, hi, workers)
             simulate_counts(probes)
-            failing = [n for n in probes if not _met(outcomes[n])]
-            passing = [n for n in probes if _met(outcomes[n])]
+            met = {n: _met(outcomes[n]) for n in probes}
+            failing = [n for n in probes if not met[n]]
+            passing = [n for n in probes if met[n]]
             hi = min(passing, default=hi)
             lo = max([n for n in failing if n < hi], default=lo)
         # Confirm the count below the answer by simulation, not the analytic path's word.
