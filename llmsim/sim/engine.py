@@ -74,6 +74,14 @@ class EngineProcess:
         if self._wakeup is not None and not self._wakeup.triggered:
             self._wakeup.succeed()
 
+    def report_finished(self, request: Request, now: float) -> None:
+        """``request`` has all its tokens at ``now`` (its KV already given back): record it and report it."""
+        request.blocks = 0
+        request.generated = request.output_tokens
+        request.finish_s = now
+        request.status = FINISHED
+        self.on_done(request, now)
+
     def idle(self):
         """Wait (``yield from`` in ``run``) until :meth:`notify` says work may be waiting."""
         self._wakeup = self.env.event()
@@ -257,12 +265,8 @@ class Engine(EngineProcess):
     def finish(self, request: Request, now: float) -> None:
         """``request`` has all its tokens: free its KV and report it."""
         self.kv.free(request.blocks)
-        request.blocks = 0
-        request.generated = request.output_tokens
-        request.finish_s = now
-        request.status = FINISHED
         del self.running[request.id]
-        self.on_done(request, now)
+        self.report_finished(request, now)
 
     def preempt_latest(self, now: float) -> Request:
         """Preempt the most recently admitted request: free its KV and send it back to the

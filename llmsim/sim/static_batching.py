@@ -17,7 +17,7 @@ from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.engine import EngineProcess, reject_expired
 from llmsim.sim.kvcache import KVCache
-from llmsim.sim.request import FINISHED, RUNNING, Request, WaitingQueue
+from llmsim.sim.request import RUNNING, Request, WaitingQueue
 
 
 class StaticBatchEngine(EngineProcess):
@@ -91,14 +91,10 @@ class StaticBatchEngine(EngineProcess):
             yield self.env.timeout(max(float(ends[last]) - self.env.now, 0.0))
             request.first_token_s = float(ends[0])
             request.max_itl_s = float(gap_max[last])
-            request.blocks = 0
-            request.generated = request.output_tokens
-            request.finish_s = self.env.now
-            request.status = FINISHED
             if request is leaving[-1]:
                 kv.free(held_blocks)
                 self._batch = None
-            self.on_done(request, self.env.now)
+            self.report_finished(request, self.env.now)
 
     def close(self) -> None:
         """End of the run: the batch in flight has the tokens of the steps completed by now."""
