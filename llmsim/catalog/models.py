@@ -16,9 +16,8 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from llmsim.config.reader import Node, load_yaml
+from llmsim.config.reader import Node, load_yaml, parse_yaml, read_text
 from llmsim.errors import ConfigError
 
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
@@ -169,10 +168,8 @@ def model_from_config_json(path: str | Path, name: str | None = None) -> ModelSp
     """A ModelSpec from a Hugging Face config.json (dense or Mixtral-style MoE)."""
     path = Path(path)
     try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError("config.json not found", file=str(path), has_value=False) from None
-    except json.JSONDecodeError as exc:
+        config = json.loads(read_text(path))
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"not valid JSON: {exc}", file=str(path), has_value=False) from None
     if not isinstance(config, dict):
         raise ConfigError("expected a JSON object", file=str(path), has_value=False)
@@ -259,7 +256,8 @@ def _model_from_node(node: Node) -> ModelSpec:
 def _load_catalog_file(path: Path | None = None) -> dict[str, ModelSpec]:
     if path is None:
         text = resources.files("llmsim.catalog").joinpath("data/models.yaml").read_text()
-        data, file = yaml.safe_load(text), "llmsim/catalog/data/models.yaml"
+        file = "llmsim/catalog/data/models.yaml"
+        data = parse_yaml(text, file)
     else:
         data, file = load_yaml(path), str(path)
     root = Node(data, file=file)
