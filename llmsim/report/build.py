@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -152,6 +153,7 @@ class ReportBuilder:
         self.command = command or "llmsim report " + " ".join(sys.argv[1:])
         self.sections: list[Section] = []
         self.summary: list[Fact] = []
+        self.stage_seconds: dict[str, float] = {}     # wall time of each stage, for benchmarks
 
     def _trace_lengths(self, scenario: Scenario) -> dict:
         """With a trace: prompt and output lengths as lognormals fitted to it (mean and log-sd), so
@@ -173,7 +175,9 @@ class ReportBuilder:
         with tqdm(total=len(STAGES), disable=not self.progress, desc="report", unit="stage") as bar:
             for stage in STAGES:
                 bar.set_postfix_str(stage)
+                started = time.perf_counter()
                 getattr(self, f"_{stage}")()
+                self.stage_seconds[stage] = time.perf_counter() - started
                 bar.update()
         s = self.original
         return Report(title=f"Capacity plan: {s.model.name} for {s.name}",
@@ -453,8 +457,7 @@ class ReportBuilder:
             for sign, s in (("-", -1), ("+", 1)):
                 shifted = _shifted_acceptance(self.final.source.get("speculation", {}).get("acceptance", {}),
                                               s * ACCEPTANCE_STEP)
-                variants.append((f"acceptance {sign}{ACCEPTANCE_STEP:g}",
-                                 {"speculation.acceptance": shifted} if shifted is not None else None))
+                variants.append((f"acceptance {sign}{ACCEPTANCE_STEP:g}", shifted))
         rows, labels, needed = [], [], []
         for label, overrides in variants:
             if overrides is None:
@@ -634,16 +637,17 @@ def _scaled_length(raw, factor: float):
     return None
 
 
-def _shifted_acceptance(raw: dict, step: float):
-    """The acceptance's YAML with its per-token rate moved by ``step`` (None for replayed lengths)."""
+def _shifted_acceptance(raw: dict, step: float) -> dict | None:
+    """Overrides moving the acceptance's per-token rate by ``step`` (None for replayed lengths)."""
     process = raw.get("process", "bernoulli")
     clip = (lambda v: float(min(max(v, 0.01), 0.99)))
+    key = "speculation.acceptance"
     if process in ("bernoulli", "positional"):
-        return {**raw, "alpha": clip(raw.get("alpha", 0.7) + step)}
+        return {f"{key}.alpha": clip(raw.get("alpha", 0.7) + step)}
     if process == "beta":
-        if "a" in raw:
+        if "a" in raw:                     # the same concentration a + b around the moved mean
             total = raw["a"] + raw["b"]
-            return {"process": "beta", "mean": clip(raw["a"] / total + step), "concentration": total}
-        return {**raw, "mean": clip(raw.get("mean", 0.7) + step)}
+            mean = clip(raw["a"] / total + step)
+            return {f"{key}.a": mean * total, f"{key}.b": (1 - mean) * total}
+        return {f"{key}.mean": clip(raw.get("mean", 0.7) + step)}
     return None
-
