@@ -23,17 +23,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Trace:
-    """What arrives: sorted arrival times and the token counts of each request."""
+    """What arrives: sorted arrival times and the token counts of each request, and with
+    traffic classes each request's class (an index into the workload's classes)."""
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    class_index: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
-                             "output_tokens": self.output_tokens})
+        frame = pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
+                              "output_tokens": self.output_tokens})
+        if self.class_index is not None:
+            frame["class_index"] = self.class_index
+        return frame
 
     def cut(self, num_requests: int | None, duration_s: float | None) -> "Trace":
         """The first ``num_requests`` requests arriving within ``duration_s`` (None: no limit)."""
@@ -41,18 +46,50 @@ class Trace:
         if duration_s is not None:
             keep &= self.arrival_s <= duration_s
         idx = np.flatnonzero(keep)[:num_requests]
-        return Trace(self.arrival_s[idx], self.prompt_tokens[idx], self.output_tokens[idx])
+        return Trace(self.arrival_s[idx], self.prompt_tokens[idx], self.output_tokens[idx],
+                     None if self.class_index is None else self.class_index[idx])
 
 
 def generate_trace(workload: Workload, seed: int) -> Trace:
     """Sample the scenario's requests from ``seed`` (the same seed gives the same trace)."""
     if workload.trace is not None:
         return workload.trace.cut(workload.num_requests, workload.duration_s)
+    if workload.classes:
+        return _class_trace(workload, seed)
     arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
                                             for s in np.random.SeedSequence(seed).spawn(3))
     times = workload.arrival.times(arrivals_rng, workload.num_requests, workload.duration_s)
     n = len(times)
     return Trace(times, workload.prompt_tokens.sample(prompt_rng, n), workload.output_tokens.sample(output_rng, n))
+
+
+def _class_trace(workload: Workload, seed: int) -> Trace:
+    """Requests of several traffic classes: shares of one arrival stream, or a stream per class.
+
+    The streams beyond the three of a one-class trace (class draws, each class's arrivals and
+    lengths) are further children of the same seed, so adding classes leaves the first three as
+    they are.
+    """
+    classes = workload.classes
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4 + 3 * len(classes))]
+    if workload.arrival is not None:
+        times = workload.arrival.times(streams[0], workload.num_requests, workload.duration_s)
+        # Each arrival's class: an independent draw with the classes' shares.
+        index = np.searchsorted(np.cumsum([c.share for c in classes]), streams[3].random(len(times)), side="right")
+        index = index.clip(0, len(classes) - 1)
+    else:
+        parts = [c.arrival.times(streams[4 + 3 * i], workload.num_requests, workload.duration_s)
+                 for i, c in enumerate(classes)]
+        times = np.concatenate(parts)
+        index = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)])
+        order = np.argsort(times, kind="stable")[:workload.num_requests]
+        times, index = times[order], index[order]
+    prompt, output = np.zeros(len(times), np.int64), np.zeros(len(times), np.int64)
+    for i, c in enumerate(classes):
+        mine = index == i
+        prompt[mine] = (c.prompt_tokens or workload.prompt_tokens).sample(streams[5 + 3 * i], int(mine.sum()))
+        output[mine] = (c.output_tokens or workload.output_tokens).sample(streams[6 + 3 * i], int(mine.sum()))
+    return Trace(times, prompt, output, index.astype(np.int64))
 
 
 # -- reading ------------------------------------------------------------------------------
