@@ -38,6 +38,9 @@ def add_parsers(sub) -> None:
                      "name: path separators, spaces and leading dots replaced)")
     run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     run.add_argument("--seed", type=int, help="override the scenario's seed")
+    run.add_argument("--vllm-args", metavar="FLAGS",
+                     help='vLLM serve flags, e.g. "--max-num-seqs 256 --max-num-batched-tokens 8192 -tp 2": mapped '
+                          "to llmsim's settings; flags llmsim does not model are listed")
     run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
     run.add_argument("--plot", action="store_true", help="also draw timeline.png (queue, batch, KV, latency)")
     run.add_argument("--no-baseline", action="store_true",
@@ -51,7 +54,9 @@ def add_parsers(sub) -> None:
 
 
 def _cmd_run(args) -> int:
-    scenario = load_scenario(args.scenario, seed=args.seed)
+    scenario = load_scenario(args.scenario, seed=args.seed, vllm_args=args.vllm_args)
+    for note in scenario.vllm_notes:
+        print(f"vLLM flag {note}", file=sys.stderr)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
@@ -75,6 +80,8 @@ def _write_and_print(result, out: Path, args) -> int:
     """Write the run's files (records and summary first), print its summary; the exit status."""
     scenario = result.scenario
     summary = result.summary()
+    if scenario.vllm_notes:
+        summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
     if args.iterations:
         written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
