@@ -22,13 +22,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from llmsim.analysis.bench_format import vllm_bench_result
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary
+from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.simulate import simulate, speedup_over_plain
 
-RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png")   # what a run may write
+# What a run may write; the last two with --bench-json and --parquet.
+RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet")
 
 
 def add_parsers(sub) -> None:
@@ -43,6 +46,12 @@ def add_parsers(sub) -> None:
                           "to llmsim's settings; flags llmsim does not model are listed")
     run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
     run.add_argument("--plot", action="store_true", help="also draw timeline.png (queue, batch, KV, latency)")
+    run.add_argument("--bench-json", action="store_true",
+                     help="also write vllm_bench.json: the run in the JSON of `vllm bench serve` (its field names), "
+                          "to compare with a measured run by `llmsim diff`")
+    run.add_argument("--parquet", action="store_true",
+                     help="also write the per-request records as requests.parquet (needs pyarrow: "
+                          "pip install 'llmsim[parquet]')")
     run.add_argument("--no-baseline", action="store_true",
                      help="with speculation: skip the plain-decoding run on the same trace (no speedup figures)")
     run.set_defaults(func=_cmd_run)
@@ -54,6 +63,8 @@ def add_parsers(sub) -> None:
 
 
 def _cmd_run(args) -> int:
+    if args.parquet:
+        require_parquet()
     scenario = load_scenario(args.scenario, seed=args.seed, vllm_args=args.vllm_args)
     for note in scenario.vllm_notes:
         print(f"vLLM flag {note}", file=sys.stderr)
@@ -86,8 +97,14 @@ def _write_and_print(result, out: Path, args) -> int:
     if args.iterations:
         written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
-    # --overwrite: no earlier run's iterations or plot is left beside this run's records.
-    for stale in ([] if args.iterations else ["iterations.csv"]) + ["timeline.png"]:
+    if args.bench_json:
+        written.append(_write_summary(out / "vllm_bench.json", vllm_bench_result(result)))
+    if args.parquet:
+        written.append(write_file(out / "requests.parquet", lambda path: result.requests.to_parquet(path, index=False)))
+    # --overwrite: no earlier run's optional files are left beside this run's records.
+    optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json,
+                "requests.parquet": args.parquet, "timeline.png": False}
+    for stale in (name for name, wanted in optional.items() if not wanted):
         (out / stale).unlink(missing_ok=True)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
         try:
@@ -108,6 +125,15 @@ def _write_and_print(result, out: Path, args) -> int:
 
 def _write_summary(path: Path, summary: dict) -> Path:
     return write_file(path, lambda partial: partial.write_text(json.dumps(_json_safe(summary), indent=2) + "\n"))
+
+
+def require_parquet() -> None:
+    """--parquet needs pyarrow (the optional extra ``parquet``): say so before simulating."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ConfigError("writing Parquet needs the pyarrow package", key="--parquet", has_value=False,
+                          allowed="pip install 'llmsim[parquet]', or the CSV records alone") from None
 
 
 def _cmd_compare(args) -> int:
