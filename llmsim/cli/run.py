@@ -29,6 +29,7 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.simulate import simulate, speedup_over_plain
+from llmsim.workload.trace import generate_trace
 
 # What a run may write; the last two with --bench-json and --parquet.
 RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet")
@@ -68,6 +69,8 @@ def _cmd_run(args) -> int:
     scenario = load_scenario(args.scenario, seed=args.seed, vllm_args=args.vllm_args)
     for note in scenario.vllm_notes:
         print(f"vLLM flag {note}", file=sys.stderr)
+    if scenario.workload.trace is not None:
+        print(f"replaying {trace_description(scenario)}", file=sys.stderr)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
@@ -93,6 +96,8 @@ def _write_and_print(result, out: Path, args) -> int:
     summary = result.summary()
     if scenario.vllm_notes:
         summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
+    if scenario.workload.trace is not None:
+        summary["trace"] = trace_description(scenario)
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
     if args.iterations:
         written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
@@ -125,6 +130,12 @@ def _write_and_print(result, out: Path, args) -> int:
 
 def _write_summary(path: Path, summary: dict) -> Path:
     return write_file(path, lambda partial: partial.write_text(json.dumps(_json_safe(summary), indent=2) + "\n"))
+
+
+def trace_description(scenario) -> str:
+    """Which requests of which trace a replay covers (file, window, filters, sampling, time scale)."""
+    trace = generate_trace(scenario.workload, scenario.seed)
+    return f"{trace.description}: {len(trace):,} requests"
 
 
 def require_parquet() -> None:
