@@ -202,6 +202,22 @@ def test_fit_recovers_rate_burstiness_profile_and_lengths():
     assert mean_rate_per_s(t.arrival_s) == pytest.approx(10.0, rel=4 * 2 / np.sqrt(5000))
 
 
+def test_fitted_time_of_day_profile_replays_each_bins_rate():
+    from llmsim.workload.trace import Trace
+    from llmsim.workload.trace_fit import fit_workload
+    rng = np.random.default_rng(8)
+    quiet, busy = np.sort(rng.uniform(0, 600, 600)), np.sort(rng.uniform(600, 1200, 3000))   # 1/s, then 5/s
+    times = np.concatenate((quiet, busy))
+    fit = fit_workload(Trace(times, np.full(len(times), 50), np.full(len(times), 5)), profile_bin_s=600.0)
+    assert fit.profile_rates_per_s[0] == pytest.approx(1.0, abs=4 * np.sqrt(600) / 600)
+    assert fit.profile_rates_per_s[1] == pytest.approx(5.0, abs=4 * np.sqrt(3000) / 600)
+    # Twice the traffic, with its time-of-day shape: a Poisson count per bin (SE sqrt(count)).
+    t = generate_trace(workload_from_node(Node(fit.to_workload(scale=2.0, profile=True)), max_tokens=10 ** 6), 2)
+    counts = np.histogram(t.arrival_s, bins=[0, 600, 1200])[0]
+    expected = 2 * 600 * np.asarray(fit.profile_rates_per_s)
+    assert np.all(np.abs(counts - expected) < 4 * np.sqrt(expected))
+
+
 def test_trace_command_prints_and_writes_a_workload(tmp_path, capsys):
     path = tmp_path / "BurstGPT.csv"
     path.write_text(BURSTGPT)
