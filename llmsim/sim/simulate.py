@@ -166,6 +166,8 @@ class SimulationResult:
     inter_token_gaps: InterTokenGaps = field(repr=False, default_factory=InterTokenGaps)
     stopped_by: str = COMPLETED
     fault: str | None = None
+    speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
+
 
     @property
     def interrupted(self) -> bool:
@@ -290,7 +292,15 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         inter_token_gaps=gaps,
         stopped_by=stopped_by,
         fault=fault,
+        speculation_blocked=_blocked_counts(engines),
     )
+
+
+def _blocked_counts(engines) -> dict | None:
+    """The speculative decode sets' counts of sequence-steps and why they did not speculate, summed."""
+    counts = [engine.decode.blocked for engine in engines if isinstance(getattr(engine, "decode", None),
+                                                                         SpeculativeDecodeSet)]
+    return {name: sum(c[name] for c in counts) for name in counts[0]} if counts else None
 
 
 def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:
