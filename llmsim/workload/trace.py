@@ -3,12 +3,13 @@
 A :class:`Trace` is the whole arrival sequence, sampled up front with numpy from
 independent streams (arrivals, prompt lengths, output lengths) spawned from the
 scenario seed, so two configurations that differ in anything but the workload see
-the same requests in the same order: common random numbers. A recorded trace (CSV)
-is replayed instead.
+the same requests in the same order: common random numbers. A recorded trace is
+replayed instead (:mod:`llmsim.workload.trace_formats` reads the production formats,
+:mod:`llmsim.workload.trace_transforms` windows, filters, samples and rescales it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,10 +24,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Trace:
-    """What arrives: sorted arrival times and the token counts of each request."""
+    """What arrives: sorted arrival times and the token counts of each request.
+
+    A production trace may say more per request: ``hash_ids``, the hashes of the prompt's
+    KV blocks (Mooncake traces; equal hashes are shared prefixes, for prefix caching),
+    and the ``model`` and ``log_type`` labels a trace can be filtered on (BurstGPT).
+    ``description`` says where the requests come from and what was done to them.
+    """
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
+    model: np.ndarray | None = None
+    log_type: np.ndarray | None = None
+    description: str = ""
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -35,24 +46,43 @@ class Trace:
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 
+    def take(self, index: np.ndarray, description: str | None = None) -> "Trace":
+        """The requests at ``index`` (an integer array, in order), every per-request field kept."""
+        index = np.asarray(index, dtype=np.int64)
+        pick = lambda values: None if values is None else values[index]   # noqa: E731
+        hash_ids = None if self.hash_ids is None else tuple(self.hash_ids[i] for i in index)
+        return replace(self, arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
+                       output_tokens=self.output_tokens[index], hash_ids=hash_ids, model=pick(self.model),
+                       log_type=pick(self.log_type),
+                       description=self.description if description is None else description)
+
     def cut(self, num_requests: int | None, duration_s: float | None) -> "Trace":
         """The first ``num_requests`` requests arriving within ``duration_s`` (None: no limit)."""
         keep = np.ones(len(self), dtype=bool)
         if duration_s is not None:
             keep &= self.arrival_s <= duration_s
-        idx = np.flatnonzero(keep)[:num_requests]
-        return Trace(self.arrival_s[idx], self.prompt_tokens[idx], self.output_tokens[idx])
+        return self.take(np.flatnonzero(keep)[:num_requests])
 
 
 def generate_trace(workload: Workload, seed: int) -> Trace:
     """Sample the scenario's requests from ``seed`` (the same seed gives the same trace)."""
     if workload.trace is not None:
-        return workload.trace.cut(workload.num_requests, workload.duration_s)
+        trace = workload.trace if workload.transforms is None else workload.transforms.apply(workload.trace, seed)
+        return trace.cut(workload.num_requests, workload.duration_s)
     arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
                                             for s in np.random.SeedSequence(seed).spawn(3))
     times = workload.arrival.times(arrivals_rng, workload.num_requests, workload.duration_s)
     n = len(times)
+    if workload.dataset is not None:
+        return replace(workload.dataset.take(dataset_order(len(workload.dataset), n, prompt_rng)), arrival_s=times)
     return Trace(times, workload.prompt_tokens.sample(prompt_rng, n), workload.output_tokens.sample(output_rng, n))
+
+
+def dataset_order(size: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Which of a dataset's ``size`` requests the ``n`` arrivals carry: the dataset shuffled (as
+    ``vllm bench serve`` shuffles it), taken in that order and reshuffled each time it runs out."""
+    rounds = -(-n // size)
+    return np.concatenate([rng.permutation(size) for _ in range(rounds)])[:n]
 
 
 # -- reading ------------------------------------------------------------------------------
