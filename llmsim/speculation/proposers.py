@@ -54,9 +54,21 @@ class HeadSpec(ModelSpec):
 
     extra_params: int = 0
 
+    def _as_model(self) -> ModelSpec:
+        return ModelSpec(**{name: getattr(self, name) for name in ModelSpec.__dataclass_fields__})
+
     @property
     def param_count(self) -> int:
-        return self.num_layers * self.layer_params + self.extra_params
+        model = self._as_model()
+        shared = model.embedding_params + model.lm_head_params + model.hidden_size   # and the final norm
+        return model.param_count - shared + self.extra_params
+
+    @property
+    def weight_bytes(self) -> float:
+        model = self._as_model()
+        shared = (model.embedding_params + model.lm_head_params) * model.embedding_bytes_per_param
+        return (model.weight_bytes - shared - model.hidden_size * model.weight_bytes_per_param
+                + self.extra_params * model.weight_bytes_per_param)
 
 
 def head_spec(kind: str, target: ModelSpec, heads: int = 0) -> HeadSpec:
@@ -66,13 +78,14 @@ def head_spec(kind: str, target: ModelSpec, heads: int = 0) -> HeadSpec:
     fields.update(name=f"{target.name}:{kind}", source=f"{kind} head of {target.name}", params_published=None)
     if kind == EAGLE:
         # A dense layer (EAGLE heads on MoE targets are dense, as in the released checkpoints).
-        fields.update(num_layers=1, num_experts=1, experts_per_token=1)
+        fields.update(num_layers=1, num_experts=1, experts_per_token=1, dense_layers=0,
+                      moe_intermediate_size=0, shared_expert_intermediate_size=0)
         return HeadSpec(**fields, extra_params=2 * hidden * hidden)
     if kind == MTP:
-        fields.update(num_layers=1)
+        fields.update(num_layers=1, dense_layers=0)          # DeepSeek-V3's MTP block is an MoE layer
         return HeadSpec(**fields, extra_params=2 * hidden * hidden)
     # Medusa: no attention layer, no KV; its cost is priced by MedusaCost, not a layer.
-    fields.update(num_layers=0)
+    fields.update(num_layers=0, dense_layers=0)
     return HeadSpec(**fields, extra_params=heads * (hidden * hidden + hidden * target.vocab_size))
 
 
