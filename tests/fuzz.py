@@ -213,14 +213,27 @@ cells = st.one_of(
 )
 
 
+TRACE_COLUMNS = [["arrival_s", "prompt_tokens", "output_tokens"], ["TIMESTAMP", "ContextTokens", "GeneratedTokens"],
+                 ["Timestamp", "Request tokens", "Response tokens", "Model", "Log Type"]]
+
+
+@st.composite
+def mooncake_lines(draw) -> str:
+    """Mooncake JSON lines with hostile numbers (Python's json writes NaN and Infinity, and reads them)."""
+    records = draw(st.lists(st.fixed_dictionaries(
+        {"timestamp": st.one_of(numbers, texts), "input_length": numbers, "output_length": numbers},
+        optional={"hash_ids": st.one_of(st.lists(st.integers(), max_size=3), values)}), max_size=6))
+    return "\n".join(json.dumps(record) for record in records) + draw(st.sampled_from(["", "\n", "\n{", "\n[1]"]))
+
+
 @st.composite
 def trace_cases(draw) -> Case:
-    columns = draw(st.one_of(st.just(["arrival_s", "prompt_tokens", "output_tokens"]),
+    columns = draw(st.one_of(st.sampled_from(TRACE_COLUMNS),
                              st.lists(st.sampled_from(["arrival_s", "prompt_tokens", "output_tokens", "x", ""]),
                                       max_size=4)))
     rows = draw(st.lists(st.lists(cells, min_size=len(columns), max_size=len(columns) + 1), max_size=12))
     text = "\n".join([",".join(columns)] + [",".join(row) for row in rows]) + "\n"
-    content = draw(st.one_of(st.just(text), st.just(text), raw_files))
+    content = draw(st.one_of(st.just(text), st.just(text), mooncake_lines(), raw_files))
     scenario = json.loads(json.dumps(SMALL))
     scenario["workload"] = {"arrival": {"process": "trace", "path": "trace.csv"}}
     if draw(st.booleans()):

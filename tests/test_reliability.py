@@ -157,6 +157,7 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_running(tmp_path
     (tmp_path / "file").write_text("x")
     refused(capsys, ["run", path, "--out", tmp_path / "file" / "inside"], "is a file, not a folder")
     refused(capsys, ["run", path, "--out", "/proc/llmsim-out"], "cannot write into /proc")
+    refused(capsys, ["run", path, "--out", tmp_path / "new" / ("x" * 300)], "--out", "longer than the")
     refused(capsys, ["sweep", path, "--grid", write(tmp_path, {"engine.max_num_seqs": [8]}, "grid.yaml"),
                      "--out", tmp_path / "file"], "is a file, not a folder")
 
@@ -194,16 +195,41 @@ def test_place_reports_by_default_only_the_contexts_the_model_holds(capsys):
 # -- traces ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("rows, fragment", [
-    ("inf,10,10", "column arrival_s (seconds), data row 1: not a valid value (got 'inf')"),
-    ("0,1e30,10", "column prompt_tokens, data row 1: not a valid value (got '1e30')"),
-    ("0,10,2.5", "column output_tokens, data row 1"),
+    ("inf,10,10", "'line 2, column arrival_s': not a valid value (got 'inf')"),
+    ("0,1e30,10", "'line 2, column prompt_tokens': not a valid value (got '1e30')"),
+    ("0,10,2.5", "'line 2, column output_tokens'"),
     ("2e9,10,10", "<= 1e+09"),
 ])
 def test_trace_values_are_finite_and_within_range(tmp_path, capsys, rows, fragment):
     trace = write(tmp_path, f"arrival_s,prompt_tokens,output_tokens\n{rows}\n1,5,5\n", "trace.csv")
     data = merge(BASE, {})
     data["workload"] = {"arrival": {"process": "trace", "path": str(trace)}}
-    refused(capsys, run(tmp_path, write(tmp_path, data)), "workload.arrival.path", fragment)
+    refused(capsys, run(tmp_path, write(tmp_path, data)), str(trace), fragment)
+
+
+def test_the_report_trace_reader_checks_the_same(tmp_path):
+    from llmsim.config.reader import Node
+    from llmsim.workload.trace import read_trace_csv
+
+    path = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0,1e30,5\n", "trace.csv")
+    with pytest.raises(ConfigError, match="column prompt_tokens, data row 1"):
+        read_trace_csv(path, Node({"path": str(path)}), "path")
+
+
+@pytest.mark.parametrize("name, content, fragment", [
+    ("trace.jsonl", '{"timestamp": 1e30, "input_length": 5, "output_length": 5}\n', "line 1, column timestamp"),
+    ("trace.jsonl", '{"timestamp": 0, "input_length": 1' + "0" * 400 + ', "output_length": 5}\n',
+     "line 1, column input_length"),
+    ("trace.csv", "Timestamp,Request tokens,Response tokens\n0,5,1e30\n", "column Response tokens"),
+    ("/dev/zero", None, "cannot tell the format"),          # 4 kB of it read, then refused
+])
+def test_every_trace_format_goes_through_the_front_door(tmp_path, capsys, name, content, fragment):
+    path = write(tmp_path, content, name) if content is not None else name
+    data = merge(BASE, {})
+    data["workload"] = {"arrival": {"process": "trace", "path": str(path)}}
+    start = time.perf_counter()
+    refused(capsys, run(tmp_path, write(tmp_path, data)), fragment)
+    assert time.perf_counter() - start < 5.0
 
 
 # -- comparisons ------------------------------------------------------------------------------------

@@ -13,39 +13,116 @@ conservation can be checked on them; requests the run never reached are not arri
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.summary import (COMPLETED, PERCENTILES, Distribution, Economics, Latency, Memory,
-                                     QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
+from llmsim.analysis.summary import (COMPLETED, PERCENTILES, ClassSummary, Distribution, Economics, Latency,
+                                     Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
-from llmsim.scenario.scenario import SLO
+from llmsim.analysis.statistics import batch_means, rising_trend
+from llmsim.scenario.scenario import SLO, SLO_METRICS
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
 
 
-def _within(records: pd.DataFrame, metric: str, limit_s: float) -> pd.Series:
-    """Requests whose ``metric`` is within its limit (a 1-token output has no TPOT, and meets it)."""
+def _within(records: pd.DataFrame, metric: str, limit_s) -> pd.Series:
+    """Requests whose ``metric`` is within its limit (a 1-token output has no TPOT, and meets it);
+    ``limit_s`` is one limit or one per row (inf: none)."""
     values = records[f"{metric}_s"]
     return (values <= limit_s) | values.isna() if metric == "tpot" else values <= limit_s
 
 
+def _limits(records: pd.DataFrame, slo: SLO) -> dict:
+    """metric -> its limit for every metric some request is held to: one number, or with traffic
+    classes each row's class limit (inf where its class sets none)."""
+    if not slo.classes or "class" not in records:
+        return {metric: limit for metric, (limit, _) in slo.targets().items()}
+    out = {}
+    for metric in SLO_METRICS:
+        per_class = {name: getattr(own, f"{metric}_s") for name, own in slo.classes}
+        if any(v is not None for v in per_class.values()):
+            table = {name: math.inf if v is None else v for name, v in per_class.items()}
+            out[metric] = records["class"].map(table).to_numpy(float)
+    return out
+
+
 def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
-    """True for finished requests within every limit the SLO sets."""
+    """True for finished requests within every limit the SLO (their class's, with classes) sets."""
     ok = records["status"] == "finished"
-    for metric, (limit, _) in slo.targets().items():
+    for metric, limit in _limits(records, slo).items():
         ok &= _within(records, metric, limit)
     return ok
 
 
+def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
+    """The share of True in ``hits`` (requests in arrival order) and its standard error by batch
+    means: consecutive requests share queue states, so they are not independent draws (NaN when
+    there are too few requests to batch)."""
+    if not len(hits):
+        return math.nan, math.nan
+    values = hits.to_numpy(dtype=float)
+    try:
+        return float(values.mean()), batch_means(values)[1]
+    except ValueError:
+        return float(values.mean()), math.nan
+
+
 def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
-    """Per-metric attainment (share of requests within that limit) and percentile target, for
-    every limit set. Unfinished or rejected requests miss."""
+    """Per-metric attainment (share of requests within that limit, with its standard error) and
+    percentile target, for every limit set. Unfinished or rejected requests miss."""
     finished = steady["status"] == "finished"
-    return {metric: SLOTarget(float((finished & _within(steady, metric, limit)).mean()) if len(steady) else math.nan,
-                              percentile)
-            for metric, (limit, percentile) in slo.targets().items()}
+    limits = _limits(steady, slo)
+    return {metric: SLOTarget(*share_with_stderr(finished & _within(steady, metric, limits[metric])), percentile)
+            for metric, (_, percentile) in _percentiles(slo).items() if metric in limits}
+
+
+def _percentiles(slo: SLO) -> dict:
+    """metric -> (limit, percentile) of the top-level SLO, and of metrics only classes limit."""
+    out = dict(slo.targets())
+    for _, own in slo.classes:
+        for metric, target in own.targets().items():
+            out.setdefault(metric, target)
+    return out
+
+
+def slo_summary(steady: pd.DataFrame, slo: SLO, window_s: float) -> SLOSummary:
+    """Attainment, goodput (from the records' ``meets_slo``) and per-limit targets over ``steady``."""
+    good = steady[steady["meets_slo"]] if slo.defined else steady[steady["status"] == "finished"]
+    targets = slo_targets(steady, slo)
+    attainment, attainment_stderr = share_with_stderr(steady["meets_slo"] if slo.defined
+                                                      else steady["status"] == "finished")
+    return SLOSummary(
+        ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
+        attainment=attainment, attainment_stderr=attainment_stderr,
+        goodput_requests_per_s=len(good) / window_s,
+        goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window_s,
+        targets=targets,
+        met=all(t.attainment >= t.percentile / 100 for t in targets.values()),
+    )
+
+
+def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], start: float, stop: float
+                    ) -> dict[str, ClassSummary]:
+    """Every traffic class's figures (see :class:`~llmsim.analysis.summary.ClassSummary`)."""
+    window = stop - start
+    out = {}
+    for name in names:
+        mine = records[records["class"] == name]
+        status = mine["status"]
+        steady = mine[(mine["arrival_s"] >= start) & (mine["arrival_s"] <= stop)]
+        finished = steady[steady["status"] == "finished"]
+        done_in_window = mine[(mine["finish_s"] > start) & (mine["finish_s"] <= stop) & (status == "finished")]
+        out[name] = ClassSummary(
+            arrived=len(mine), finished=int((status == "finished").sum()),
+            rejected=int((status == "rejected").sum()), unfinished=int((status == "unfinished").sum()),
+            **{column: Distribution.of(finished[column]) for column in ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")},
+            requests_per_s=len(done_in_window) / window,
+            output_tokens_per_s=float(done_in_window["output_tokens"].sum()) / window,
+            offered_requests_per_s=len(steady) / window,
+            slo=slo_summary(steady, slo.for_class(name), window))
+    return out
 
 
 def summarize(result) -> RunSummary:
@@ -79,7 +156,6 @@ def summarize(result) -> RunSummary:
     latency = Latency(**{name: Distribution.of(finished[name]) for name in LATENCY_COLUMNS},
                       itl_s=Distribution(**result.inter_token_gaps.summary(start, stop, PERCENTILES)))
 
-    good = steady[steady["meets_slo"]] if scenario.slo.defined else finished   # the records' own column
     finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
                                  & (status == "finished")]
     output_tokens = float(in_window["tokens_out"].sum())
@@ -90,15 +166,12 @@ def summarize(result) -> RunSummary:
         output_tokens_per_s_per_device=output_tokens / window / devices,
         offered_requests_per_s=len(steady) / window,
     )
-    targets = slo_targets(steady, scenario.slo)
-    slo = SLOSummary(
-        ttft_s=scenario.slo.ttft_s, tpot_s=scenario.slo.tpot_s, e2e_s=scenario.slo.e2e_s,
-        attainment=len(good) / len(steady) if len(steady) else math.nan,
-        goodput_requests_per_s=len(good) / window,
-        goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window,
-        targets=targets,
-        met=all(t.attainment >= t.percentile / 100 for t in targets.values()),
-    )
+    slo = slo_summary(steady, scenario.slo, window)
+    classes = None
+    if scenario.workload.classes:
+        classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
+        # Overall, the SLO is met when every class meets its own targets.
+        slo = replace(slo, met=all(c.slo.met for c in classes.values()))
     utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica)
     placement = scenario.memory
     memory = Memory(
@@ -111,9 +184,10 @@ def summarize(result) -> RunSummary:
         kv_capacity_tokens_per_replica=placement.kv_capacity_tokens,
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
     )
+    ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     queue = QueueSummary(mean_length=result.mean_queue_length,
                          max_length=int(result.queue_length["length"].max()),
-                         mean_in_system=result.mean_in_system)
+                         mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
         devices=devices, window_s=(start, stop), simulated_s=result.end_s,
@@ -121,10 +195,12 @@ def summarize(result) -> RunSummary:
         memory=memory,
         economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
         queue=queue,
-        speculation=speculation_summary(scenario, in_window) if scenario.speculating else None,
+        speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
+                     if scenario.speculating else None),
         interrupted=result.interrupted,
         stopped_by=result.stopped_by,
         fault=result.fault,
+        classes=classes,
     )
 
 
@@ -167,12 +243,17 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     )
 
 
-def speculation_summary(scenario, iterations: pd.DataFrame) -> SpeculationSummary:
+RARELY_SPECULATING = 0.2     # below this share of sequence-steps speculating, the summary warns
+
+
+def speculation_summary(scenario, iterations: pd.DataFrame, blocked: dict | None = None) -> SpeculationSummary:
     """Acceptance, draft length and where the time went, over the iterations in the window.
 
     A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
     draft's share is of iteration time (on separate devices the draft overlaps the
-    target, so its share is how busy the draft devices were).
+    target, so its share is how busy the draft devices were). ``blocked`` counts the run's
+    decoding sequence-steps and why they did not speculate
+    (:attr:`llmsim.sim.speculative_decode.SpeculativeDecodeSet.blocked`, summed over engines).
     """
     spec = scenario.speculation
     steps = float(iterations["spec_seqs"].sum())
@@ -193,4 +274,30 @@ def speculation_summary(scenario, iterations: pd.DataFrame) -> SpeculationSummar
         speculating_fraction=ratio(steps, decode_steps),
         draft_time_share=draft_share,
         verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
+        blocked_share=_blocked_share(blocked),
+        warning=_rarely_speculating(spec, blocked),
     )
+
+
+def _blocked_share(blocked: dict | None) -> dict:
+    if not blocked or not blocked["sequence_steps"]:
+        return {}
+    total = blocked["sequence_steps"]
+    return {name: count / total for name, count in blocked.items() if name != "sequence_steps"}
+
+
+def _rarely_speculating(spec, blocked: dict | None) -> str | None:
+    """A warning when speculation is configured but ran in under RARELY_SPECULATING of the
+    sequence-steps, naming the rule that blocked most and the setting that loosens it."""
+    share = _blocked_share(blocked)
+    if not share or share["speculated"] >= RARELY_SPECULATING:
+        return None
+    rule = max((name for name in share if name != "speculated"), key=share.get)
+    fix = {"min_concurrent_requests": f"speculation.eligibility.min_concurrent_requests "
+                                      f"({spec.eligibility.min_concurrent_requests}; 1 speculates for a single stream)",
+           "min_sequence_tokens": f"speculation.eligibility.min_sequence_tokens "
+                                  f"({spec.eligibility.min_sequence_tokens})",
+           "kv_cache": "more KV room (the cache could not hold the draft positions)",
+           "policy": "the k policy (it chose k = 0), or a better draft"}[rule]
+    return (f"speculation configured but used in only {100 * share['speculated']:.0f}% of decoding sequence-steps; "
+            f"{rule} blocked {100 * share[rule]:.0f}%: see {fix}")

@@ -52,9 +52,18 @@ def check_writable_folder(folder: Path, key: str = "--out") -> None:
     """Stop (ConfigError, exit 2), before any work, if ``folder`` or the nearest of its parents that
     exists is a file, or cannot be written to: the results would be lost at the end of the run."""
     folder = Path(folder)
-    existing = next((path for path in (folder, *folder.parents) if path.exists()), None)
+    try:
+        existing = next((path for path in (folder, *folder.parents) if path.exists()), None)
+    except OSError as error:            # a name longer than the file system allows, a loop of links
+        raise ConfigError(f"cannot be a folder here ({error.strerror or error})", key=key, value=str(folder),
+                          allowed="a shorter path of a folder you can write to") from None
     if existing is None:                # a relative path whose parents do not exist yet: the cwd
         existing = Path.cwd()
+    longest = os.pathconf(existing, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    too_long = [part for part in folder.parts if len(os.fsencode(part)) > longest]
+    if too_long:
+        raise ConfigError(f"a folder name is longer than the {longest} bytes the file system allows", key=key,
+                          value=str(folder), allowed="a shorter path of a folder you can write to")
     if not existing.is_dir():
         raise ConfigError("is a file, not a folder" if existing == folder else f"{existing} is a file, not a folder",
                           key=key, value=str(folder), allowed="a folder, or a path under one")

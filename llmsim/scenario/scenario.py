@@ -14,6 +14,7 @@ from llmsim.config.reader import Node, load_yaml
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
 
@@ -21,6 +22,8 @@ from llmsim.workload.workload import Workload, workload_from_node
 BATCHING = ("continuous", "static")
 ROUTERS = ("round_robin", "least_outstanding", "shared_queue")
 ON_TIMEOUT = ("dispatch", "reject")
+# How the waiting requests of several traffic classes are ordered (llmsim.sim.scheduling explains each).
+SCHEDULING_POLICIES = ("fcfs", "priority", "preemptive_priority", "weighted_fair", "edf", "vllm_priority")
 DEFAULT_SEED = 0
 
 
@@ -50,6 +53,7 @@ class EngineConfig:
     queue_timeout_s: float | None = None
     on_timeout: str = "dispatch"
     kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
+    scheduling_policy: str = "fcfs"      # with traffic classes: see llmsim.sim.scheduling
 
 
 SLO_METRICS = ("ttft", "tpot", "e2e")
@@ -69,10 +73,18 @@ class SLO:
     ttft_percentile: float = 95.0
     tpot_percentile: float = 95.0
     e2e_percentile: float = 95.0
+    # With traffic classes: (class name, its SLO) for every class, each the top-level limits and
+    # percentiles overridden by ``slo.classes.<name>``.
+    classes: tuple[tuple[str, "SLO"], ...] = ()
 
     @property
     def defined(self) -> bool:
-        return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s))
+        return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s)) or \
+            any(slo.defined for _, slo in self.classes)
+
+    def for_class(self, name: str) -> "SLO":
+        """The SLO of traffic class ``name`` (the top-level one when it has none of its own)."""
+        return dict(self.classes).get(name, self)
 
     def targets(self) -> dict[str, tuple[float, float]]:
         """metric -> (limit in seconds, percentile) for every limit set."""
@@ -107,6 +119,8 @@ class Scenario:
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
     source_dir: str | None = field(default=None, repr=False, compare=False)
+    # vLLM flags of engine.vllm_args (or --vllm-args) that llmsim does not model, each with why.
+    vllm_notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def speculating(self) -> bool:
@@ -153,9 +167,15 @@ class Scenario:
         return replace(self, seed=seed)
 
 
-def load_scenario(path: str | Path, seed: int | None = None) -> Scenario:
-    """Read and validate a scenario YAML file; errors are ConfigErrors naming file, key and value."""
+def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | None = None) -> Scenario:
+    """Read and validate a scenario YAML file; errors are ConfigErrors naming file, key and value.
+
+    ``vllm_args`` (``--vllm-args``) adds vLLM serve flags to the file's ``engine.vllm_args``."""
     root = Node(load_yaml(path), file=str(path))
+    if vllm_args is not None:
+        engine = root.data.get("engine") or {}
+        if isinstance(engine, dict):
+            root.data["engine"] = {**engine, "vllm_args": f"{engine.get('vllm_args') or ''} {vllm_args}".strip()}
     scenario = scenario_from_node(root)
     scenario = replace(scenario, path=str(path))
     return scenario if seed is None else scenario.with_seed(seed)
@@ -168,6 +188,7 @@ def read_seed(root: Node) -> int:
 
 
 def scenario_from_node(root: Node) -> Scenario:
+    vllm_notes = apply_vllm_vocabulary(root)
     name = root.string("name", Path(root.file).stem if root.file else "scenario")
     seed = read_seed(root)
     model = _model(root)
@@ -200,7 +221,8 @@ def scenario_from_node(root: Node) -> Scenario:
         max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **count),
         queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
         on_timeout=eng.choice("on_timeout", ON_TIMEOUT, ENGINE.on_timeout),
-        kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill))
+        kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
+        scheduling_policy=eng.choice("scheduling_policy", SCHEDULING_POLICIES, ENGINE.scheduling_policy))
     if engine.kv_spill and not hardware.outer_tiers:
         raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
                             "false, or a profile with outer_memory")
@@ -208,16 +230,18 @@ def scenario_from_node(root: Node) -> Scenario:
         raise eng.key_error("max_batch_tokens", f"must be at least max_num_seqs ({engine.max_num_seqs}), "
                             "or some running sequences could never decode", engine.max_batch_tokens,
                             f"an integer >= {engine.max_num_seqs}")
+    refuse_unmodelled(eng)
     eng.done()
 
     speculation = None
     if root.has("speculation"):
         speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
+    _check_classes(root, engine, workload)
     slo_node = root.child("slo")
-    slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", getattr(SLO_DEFAULTS, f"{key}_s"))
-                 for key in SLO_METRICS},
-              **_slo_percentiles(slo_node))
+    slo = _slo(slo_node, SLO_DEFAULTS)
+    if slo_node.has("classes"):
+        slo = replace(slo, classes=_class_slos(slo_node, slo, workload.class_names))
     slo_node.done()
     sim = root.child("simulation")
     simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", SIMULATION.warmup_s, minimum=0.0,
@@ -229,28 +253,72 @@ def scenario_from_node(root: Node) -> Scenario:
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
-                        speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir))
+                        speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir),
+                        vllm_notes=vllm_notes)
     _check_fits(scenario, root)
     return scenario
 
 
-def _slo_percentiles(node: Node) -> dict:
+def _slo(node: Node, defaults: SLO) -> SLO:
+    """An SLO's limits and percentiles (``slo``, or ``slo.classes.<name>`` over the top-level ``defaults``)."""
+    limits = {f"{key}_s": node.quantity(key, "duration", getattr(defaults, f"{key}_s")) for key in SLO_METRICS}
+    return SLO(**limits, **_slo_percentiles(node, defaults, limits))
+
+
+def _slo_percentiles(node: Node, defaults: SLO, limits: dict) -> dict:
     """``slo.percentile``: one percentile for every limit (default 95), or ``{ttft: 99, tpot: 95}``."""
     bounds = dict(minimum=0.0, maximum=100.0, exclusive_minimum=True)
-    default = SLO_DEFAULTS.ttft_percentile
     if not isinstance(node.raw("percentile", None), dict):
-        value = node.number("percentile", default, **bounds)
+        if not node.has("percentile"):
+            return {f"{m}_percentile": getattr(defaults, f"{m}_percentile") for m in SLO_METRICS}
+        value = node.number("percentile", **bounds)
         return {f"{m}_percentile": float(value) for m in SLO_METRICS}
     each = node.child("percentile")
     values = {}
     for metric in SLO_METRICS:
-        if each.has(metric) and not node.has(metric):
-            raise each.key_error(metric, f"a percentile for {metric} needs a limit (slo.{metric})",
-                                 each.raw(metric), f"set slo.{metric}, or drop this key")
-        values[f"{metric}_percentile"] = float(each.number(metric, getattr(SLO_DEFAULTS, f"{metric}_percentile"),
+        if each.has(metric) and limits[f"{metric}_s"] is None:
+            raise each.key_error(metric, f"a percentile for {metric} needs a limit ({node.key_path(metric)})",
+                                 each.raw(metric), f"set {node.key_path(metric)}, or drop this key")
+        values[f"{metric}_percentile"] = float(each.number(metric, getattr(defaults, f"{metric}_percentile"),
                                                            **bounds))
     each.done()
     return values
+
+
+def _class_slos(node: Node, top: SLO, names: tuple[str, ...]) -> tuple[tuple[str, SLO], ...]:
+    """``slo.classes``: each traffic class's own limits and percentiles over the top-level ones."""
+    raw = node.raw("classes")
+    if not isinstance(raw, dict):
+        raise node.key_error("classes", "expected a mapping of class names to SLOs", raw,
+                             "e.g. {interactive: {ttft: 200 ms}}")
+    holder = node.child("classes")
+    for name in raw:
+        if str(name) not in names:
+            raise holder.key_error(str(name), "no traffic class of this name (workload.classes)", raw[name],
+                                   ", ".join(names) if names else "no classes: set workload.classes first")
+    out = []
+    for name in names:
+        each = holder.child(name, {})
+        out.append((name, _slo(each, top)))
+        each.done()
+    return tuple(out)
+
+
+def _check_classes(root: Node, engine: EngineConfig, workload: Workload) -> None:
+    """Traffic classes need continuous batching, and a policy other than FCFS needs classes."""
+    eng = root.child("engine")
+    if engine.scheduling_policy != "fcfs" and not workload.classes:
+        raise eng.key_error("scheduling_policy", "orders traffic classes, and the workload has none",
+                            engine.scheduling_policy, "fcfs, or set workload.classes")
+    if workload.classes and engine.batching != "continuous":
+        raise root.child("workload").key_error("classes", "traffic classes need continuous batching",
+                                               workload.class_names, "engine.batching: continuous")
+    reserved = sum(c.reserved_seqs for c in workload.classes)
+    if reserved > engine.max_num_seqs:
+        raise root.child("workload").key_error(
+            "classes", f"the classes reserve {reserved} sequence slots, more than engine.max_num_seqs "
+                       f"({engine.max_num_seqs})", {c.name: c.reserved_seqs for c in workload.classes},
+            f"reserved_seqs summing to at most {engine.max_num_seqs}")
 
 
 def _parallel(node: Node, key: str) -> int | None:

@@ -45,9 +45,15 @@ def reject_expired(queue: WaitingQueue, config: EngineConfig, now: float,
                    on_done: Callable[[Request, float], None]) -> None:
     """``on_timeout: reject``: requests that waited ``queue_timeout_s`` without starting leave."""
     for request in queue.expire(now, config.queue_timeout_s):
-        request.status, request.reason = REJECTED, "timeout"
-        request.finish_s = request.arrival_s + config.queue_timeout_s
-        on_done(request, now)
+        reject_timed_out(request, config.queue_timeout_s, now, on_done)
+
+
+def reject_timed_out(request: Request, timeout_s: float, now: float,
+                     on_done: Callable[[Request, float], None]) -> None:
+    """``request`` waited ``timeout_s`` without starting: it leaves, rejected, when the timeout passed."""
+    request.status, request.reason = REJECTED, "timeout"
+    request.finish_s = request.arrival_s + timeout_s
+    on_done(request, now)
 
 
 class EngineProcess:
@@ -81,6 +87,14 @@ class EngineProcess:
         request.finish_s = now
         request.status = FINISHED
         self.on_done(request, now)
+
+    def rejects_on_timeout(self) -> bool:
+        """Whether waiting requests may time out and be rejected (``on_timeout: reject``)."""
+        return self.config.queue_timeout_s is not None and self.config.on_timeout == "reject"
+
+    def expire_waiting(self, now: float) -> None:
+        """Reject the waiting requests whose queue timeout has passed."""
+        reject_expired(self.queue, self.config, now, self.on_done)
 
     def idle(self):
         """Wait (``yield from`` in ``run``) until :meth:`notify` says work may be waiting."""
@@ -117,12 +131,12 @@ class Engine(EngineProcess):
 
     def run(self):
         env, cfg = self.env, self.config
-        expire = cfg.queue_timeout_s is not None and cfg.on_timeout == "reject"
+        expire = self.rejects_on_timeout()
         observers = self.observers
         while True:
             self.now = now = env.now if self.now < env.now else self.now
             if expire:
-                reject_expired(self.queue, cfg, now, self.on_done)
+                self.expire_waiting(now)
             iteration = self.schedule()
             if iteration is None:
                 yield from self.idle()
@@ -188,6 +202,8 @@ class Engine(EngineProcess):
         if iteration.decoding:
             self.decode.advance(now)
         for request, chunk in iteration.chunks:
+            if request.status is not RUNNING:     # preempted after its chunk was scheduled (by priority)
+                continue
             request.prefilled += chunk
             if request.prefilled < request.prefill_target:
                 continue
@@ -249,17 +265,21 @@ class Engine(EngineProcess):
             if wanted > kv.free_blocks:
                 break
             queue.pop(now)
-            kv.allocate(wanted)
-            request.blocks = wanted
-            request.status = RUNNING
-            request.admit_order = self._admitted
-            self._admitted += 1
-            if request.first_scheduled_s != request.first_scheduled_s:   # NaN: first time
-                request.first_scheduled_s = now
-            self.running[request.id] = request
-            self.prefilling.append(request)
-            chunks.append((request, chunk))
+            self._start(request, now, wanted, chunk, chunks)
             budget -= chunk
+
+    def _start(self, request: Request, now: float, wanted: int, chunk: int, chunks: list) -> None:
+        """Admit ``request``, just taken from the queue: ``wanted`` blocks for its first ``chunk``."""
+        self.kv.allocate(wanted)
+        request.blocks = wanted
+        request.status = RUNNING
+        request.admit_order = self._admitted
+        self._admitted += 1
+        if request.first_scheduled_s != request.first_scheduled_s:   # NaN: first time
+            request.first_scheduled_s = now
+        self.running[request.id] = request
+        self.prefilling.append(request)
+        chunks.append((request, chunk))
 
     # -- leaving --------------------------------------------------------------------------------
     def finish(self, request: Request, now: float) -> None:
@@ -269,9 +289,12 @@ class Engine(EngineProcess):
         self.report_finished(request, now)
 
     def preempt_latest(self, now: float) -> Request:
-        """Preempt the most recently admitted request: free its KV and send it back to the
-        queue front, to be recomputed (prompt plus what it generated). Returns it."""
-        request = next(reversed(self.running.values()))
+        """Make room in the KV cache: preempt the most recently admitted request. Returns it."""
+        return self.preempt(next(reversed(self.running.values())), now)
+
+    def preempt(self, request: Request, now: float) -> Request:
+        """Preempt ``request``: free its KV and send it back to the queue front, to be recomputed
+        (prompt plus what it generated). Returns it."""
         if request in self.prefilling:
             self.prefilling.remove(request)
         else:

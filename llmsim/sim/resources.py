@@ -77,7 +77,8 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
         output = float(trace.output_tokens.mean()) if len(trace) else 0.0
         longest = int(trace.output_tokens.max()) if len(trace) else 0
     else:
-        rate = workload.arrival.rate_per_s
+        arrivals = [workload.arrival] if workload.arrival is not None else [c.arrival for c in workload.classes]
+        rate = sum(arrival.rate_per_s for arrival in arrivals)
         if workload.duration_s is not None:
             expected = rate * workload.duration_s
             requests = math.ceil(expected + 6 * math.sqrt(expected))
@@ -86,8 +87,7 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
         else:
             requests = workload.num_requests
         window_s = workload.duration_s if workload.duration_s is not None else requests / rate
-        prompt, output = (_high_mean(length, requests) for length in (workload.prompt_tokens, workload.output_tokens))
-        longest = workload.output_tokens.maximum
+        prompt, output, longest = _lengths(workload, requests)
     horizon_s = scenario.simulation.horizon_s
     if horizon_s is None:
         horizon_s = max(2 * window_s, window_s + 60.0)
@@ -101,6 +101,20 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
     iterations = int(min(iterations, 1e18))
     memory = requests * BYTES_PER_REQUEST + iterations * BYTES_PER_ITERATION + engines * BYTES_PER_ENGINE
     return RunEstimate(int(requests), engines, iterations, float(memory))
+
+
+def _lengths(workload, requests: int) -> tuple[float, float, int]:
+    """(mean prompt, mean output, longest output) of ``requests`` synthetic requests: a dataset's
+    own lengths, or the distributions' (every class's: the largest), six standard errors high."""
+    if workload.dataset is not None:
+        lengths = workload.dataset
+        return (float(lengths.prompt_tokens.mean()), float(lengths.output_tokens.mean()),
+                int(lengths.output_tokens.max()))
+    prompts = [c.prompt_tokens for c in workload.classes if c.prompt_tokens is not None] + [workload.prompt_tokens]
+    outputs = [c.output_tokens for c in workload.classes if c.output_tokens is not None] + [workload.output_tokens]
+    prompts, outputs = [p for p in prompts if p is not None], [o for o in outputs if o is not None]
+    return (max(_high_mean(p, requests) for p in prompts), max(_high_mean(o, requests) for o in outputs),
+            max(o.maximum for o in outputs))
 
 
 def _high_mean(length, requests: int) -> float:

@@ -3,12 +3,13 @@
 A :class:`Trace` is the whole arrival sequence, sampled up front with numpy from
 independent streams (arrivals, prompt lengths, output lengths) spawned from the
 scenario seed, so two configurations that differ in anything but the workload see
-the same requests in the same order: common random numbers. A recorded trace (CSV)
-is replayed instead.
+the same requests in the same order: common random numbers. A recorded trace is
+replayed instead (:mod:`llmsim.workload.trace_formats` reads the production formats,
+:mod:`llmsim.workload.trace_transforms` windows, filters, samples and rescales it).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,36 +26,100 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Trace:
-    """What arrives: sorted arrival times and the token counts of each request."""
+    """What arrives: sorted arrival times and the token counts of each request.
+
+    A production trace may say more per request: ``hash_ids``, the hashes of the prompt's
+    KV blocks (Mooncake traces; equal hashes are shared prefixes, for prefix caching),
+    and the ``model`` and ``log_type`` labels a trace can be filtered on (BurstGPT).
+    ``description`` says where the requests come from and what was done to them.
+    """
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
+    model: np.ndarray | None = None
+    log_type: np.ndarray | None = None
+    description: str = ""
+    class_index: np.ndarray | None = None     # with traffic classes: each request's class (its index)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
-                             "output_tokens": self.output_tokens})
+        frame = pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
+                              "output_tokens": self.output_tokens})
+        if self.class_index is not None:
+            frame["class_index"] = self.class_index
+        return frame
+
+    def take(self, index: np.ndarray, description: str | None = None) -> "Trace":
+        """The requests at ``index`` (an integer array, in order), every per-request field kept."""
+        index = np.asarray(index, dtype=np.int64)
+        pick = lambda values: None if values is None else values[index]   # noqa: E731
+        hash_ids = None if self.hash_ids is None else tuple(self.hash_ids[i] for i in index)
+        return replace(self, arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
+                       output_tokens=self.output_tokens[index], hash_ids=hash_ids, model=pick(self.model),
+                       log_type=pick(self.log_type), class_index=pick(self.class_index),
+                       description=self.description if description is None else description)
 
     def cut(self, num_requests: int | None, duration_s: float | None) -> "Trace":
         """The first ``num_requests`` requests arriving within ``duration_s`` (None: no limit)."""
         keep = np.ones(len(self), dtype=bool)
         if duration_s is not None:
             keep &= self.arrival_s <= duration_s
-        idx = np.flatnonzero(keep)[:num_requests]
-        return Trace(self.arrival_s[idx], self.prompt_tokens[idx], self.output_tokens[idx])
+        return self.take(np.flatnonzero(keep)[:num_requests])
 
 
 def generate_trace(workload: Workload, seed: int) -> Trace:
     """Sample the scenario's requests from ``seed`` (the same seed gives the same trace)."""
     if workload.trace is not None:
-        return workload.trace.cut(workload.num_requests, workload.duration_s)
+        trace = workload.trace if workload.transforms is None else workload.transforms.apply(workload.trace, seed)
+        return trace.cut(workload.num_requests, workload.duration_s)
+    if workload.classes:
+        return _class_trace(workload, seed)
     arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
                                             for s in np.random.SeedSequence(seed).spawn(3))
     times = workload.arrival.times(arrivals_rng, workload.num_requests, workload.duration_s)
     n = len(times)
+    if workload.dataset is not None:
+        return replace(workload.dataset.take(dataset_order(len(workload.dataset), n, prompt_rng)), arrival_s=times)
     return Trace(times, workload.prompt_tokens.sample(prompt_rng, n), workload.output_tokens.sample(output_rng, n))
+
+
+def _class_trace(workload: Workload, seed: int) -> Trace:
+    """Requests of several traffic classes: shares of one arrival stream, or a stream per class.
+
+    The streams beyond the three of a one-class trace (class draws, each class's arrivals and
+    lengths) are further children of the same seed, so adding classes leaves the first three as
+    they are.
+    """
+    classes = workload.classes
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4 + 3 * len(classes))]
+    if workload.arrival is not None:
+        times = workload.arrival.times(streams[0], workload.num_requests, workload.duration_s)
+        # Each arrival's class: an independent draw with the classes' shares.
+        index = np.searchsorted(np.cumsum([c.share for c in classes]), streams[3].random(len(times)), side="right")
+        index = index.clip(0, len(classes) - 1)
+    else:
+        parts = [c.arrival.times(streams[4 + 3 * i], workload.num_requests, workload.duration_s)
+                 for i, c in enumerate(classes)]
+        times = np.concatenate(parts)
+        index = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)])
+        order = np.argsort(times, kind="stable")[:workload.num_requests]
+        times, index = times[order], index[order]
+    prompt, output = np.zeros(len(times), np.int64), np.zeros(len(times), np.int64)
+    for i, c in enumerate(classes):
+        mine = index == i
+        prompt[mine] = (c.prompt_tokens or workload.prompt_tokens).sample(streams[5 + 3 * i], int(mine.sum()))
+        output[mine] = (c.output_tokens or workload.output_tokens).sample(streams[6 + 3 * i], int(mine.sum()))
+    return Trace(times, prompt, output, class_index=index.astype(np.int64))
+
+
+def dataset_order(size: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Which of a dataset's ``size`` requests the ``n`` arrivals carry: the dataset shuffled (as
+    ``vllm bench serve`` shuffles it), taken in that order and reshuffled each time it runs out."""
+    rounds = -(-n // size)
+    return np.concatenate([rng.permutation(size) for _ in range(rounds)])[:n]
 
 
 # -- reading ------------------------------------------------------------------------------

@@ -1,4 +1,14 @@
-"""A scenario's workload: how requests arrive and how long they are, read from its YAML."""
+"""A scenario's workload: how requests arrive and how long they are, read from its YAML.
+
+Requests come from one of three sources:
+
+- synthetic: an arrival process at a rate, and a length distribution per column;
+- a replayed trace (``arrival: {process: trace, path: ..., format: ...}``, optionally windowed,
+  filtered, sampled and rescaled: :mod:`llmsim.workload.trace_transforms`), which brings its
+  arrival times and lengths;
+- a dataset (``dataset: {path: sharegpt.json, chars_per_token: 4}``) whose requests' lengths are
+  replayed, shuffled from the seed as ``vllm bench serve`` does, at the times of an arrival process.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,8 +18,12 @@ import numpy as np
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
+from llmsim.workload.classes import TrafficClass, classes_from_node
 from llmsim.workload.lengths import LengthDistribution, length_from_node
-from llmsim.workload.trace import Trace, read_trace_csv
+from llmsim.workload.profiles import PROFILES, RateProfile, profile_from_node
+from llmsim.workload.trace import Trace
+from llmsim.workload.trace_formats import FORMATS, TIMED_FORMATS, detect_format, read_trace
+from llmsim.workload.trace_transforms import TraceTransforms, check_selection, transforms_from_node
 
 # The longest arrival window simulated: the longest duration any key takes (simulated time is
 # float64 seconds, which resolve about 0.1 microsecond at 1e9 s but a whole second at 1e16 s).
@@ -21,24 +35,32 @@ MAX_GAMMA_CV = 100.0                # gamma gaps' coefficient of variation (shap
 class Workload:
     """Arrivals and lengths, and how much traffic: ``num_requests`` and/or ``duration_s``.
 
-    A replayed ``trace`` (arrivals :class:`Replay`) brings its own lengths (``prompt_tokens``
-    and ``output_tokens`` are None).
+    A replayed ``trace`` (arrivals :class:`Replay`, already windowed and filtered) brings its own
+    lengths (``prompt_tokens`` and ``output_tokens`` are None); ``transforms`` sample and rescale
+    it from the seed. A ``dataset`` gives the lengths of requests arriving by ``arrival``.
+    ``classes`` (empty: one class of traffic) are the traffic classes of
+    :mod:`llmsim.workload.classes`; when each has its own arrivals, ``arrival`` is None.
     """
-    arrival: RenewalProcess | Replay
+    arrival: RenewalProcess | RateProfile | Replay | None
     prompt_tokens: LengthDistribution | None
     output_tokens: LengthDistribution | None
     num_requests: int | None
     duration_s: float | None
     trace: Trace | None = None
+    transforms: TraceTransforms | None = None
+    dataset: Trace | None = None
+    classes: tuple[TrafficClass, ...] = ()
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.classes)
 
 
-def workload_from_node(node: Node, max_tokens: int) -> Workload:
-    arrival_node = node.child("arrival")
-    process = arrival_node.choice("process", ARRIVAL_PROCESSES, "poisson")
-    trace = None
-    if process == Replay.process:
-        trace = read_trace_csv(arrival_node.path_value("path"), arrival_node, "path")
-        arrival = Replay()
+def arrival_from_node(arrival_node: Node) -> RenewalProcess | RateProfile:
+    """A synthetic arrival process: a renewal process at a rate, or a time-varying profile."""
+    process = arrival_node.choice("process", (*RENEWAL_PROCESSES, *PROFILES), "poisson")
+    if process in PROFILES:
+        arrival = profile_from_node(arrival_node, process)
     else:
         rate = arrival_node.quantity("rate", "rate")
         kind = RENEWAL_PROCESSES[process]
@@ -48,25 +70,76 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         else:
             arrival = kind(rate)
     arrival_node.done()
+    return arrival
+
+
+def workload_from_node(node: Node, max_tokens: int) -> Workload:
+    own_arrivals = isinstance(node.raw("classes", None), dict) and all(
+        isinstance(c, dict) and "arrival" in c for c in node.raw("classes").values())
+    if own_arrivals and node.has("arrival"):
+        raise node.key_error("arrival", "every class has an arrival of its own", node.raw("arrival"),
+                             "no workload.arrival when each class has one")
+    arrival_node = node.child("arrival")
+    trace = transforms = arrival = None
+    process = None if own_arrivals else arrival_node.choice("process", (*ARRIVAL_PROCESSES, *PROFILES), "poisson")
+    if process is not None and process != Replay.process:
+        arrival = arrival_from_node(arrival_node)
+    elif process == Replay.process:
+        path = arrival_node.path_value("path")
+        fmt = arrival_node.choice("format", ("auto", *TIMED_FORMATS), "auto")
+        if fmt == "auto" and detect_format(path, arrival_node, "path") not in TIMED_FORMATS:
+            raise arrival_node.key_error("path", "a ShareGPT dataset has no arrival times", str(path),
+                                         "a timed trace (formats " + ", ".join(TIMED_FORMATS) + "), or the "
+                                         "dataset as workload.dataset with an arrival process and rate")
+        trace = read_trace(path, arrival_node, "path", fmt)
+        transforms = transforms_from_node(arrival_node)
+        trace = check_selection(trace, transforms, arrival_node, "path")
+        arrival = Replay()
+        arrival_node.done()
 
     num_requests = node.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
     duration_s = node.quantity("duration", "duration", None)
     if trace is None and num_requests is None and duration_s is None:
         raise node.error("say how much traffic to simulate", key=node.key_path("num_requests"),
                          has_value=False, allowed="workload.num_requests (a count) or workload.duration (e.g. '600 s')")
-    if trace is None:
+    if trace is None and arrival is not None:
         _check_window(node, arrival, num_requests, duration_s)
-    if trace is not None:
-        for key in ("prompt_tokens", "output_tokens"):
+    if node.has("classes") and (trace is not None or node.has("dataset")):
+        raise node.key_error("classes", "traffic classes draw their own lengths: a replayed trace or a dataset "
+                             "brings its own requests", node.raw("classes"),
+                             "no workload.classes with arrival.process: trace or workload.dataset")
+    if trace is not None or node.has("dataset"):
+        source = "the replayed trace" if trace is not None else "the dataset"
+        for key in ("prompt_tokens", "output_tokens") + (("dataset",) if trace is not None else ()):
             if node.has(key):
-                raise node.key_error(key, "lengths come from the replayed trace", node.raw(key),
-                                     "no prompt_tokens/output_tokens with arrival.process: trace")
+                raise node.key_error(key, f"lengths come from {source}", node.raw(key),
+                                     "either arrival.process: trace, workload.dataset, or prompt_tokens and "
+                                     "output_tokens")
+        dataset = None if trace is not None else dataset_from_node(node.child("dataset"))
         node.done()
-        return Workload(arrival, None, None, num_requests, duration_s, trace)
+        return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset)
+    classes = ()
+    if node.has("classes"):
+        has_lengths = node.has("prompt_tokens") and node.has("output_tokens")
+        classes = classes_from_node(node, lambda sub: arrival_from_node(sub), max_tokens, has_lengths)
+        if not has_lengths:           # every class has its own lengths (classes_from_node checks)
+            node.done()
+            return Workload(arrival, None, None, num_requests, duration_s, classes=classes)
     prompt = length_from_node(node, "prompt_tokens", max_tokens)
     output = length_from_node(node, "output_tokens", max_tokens)
     node.done()
-    return Workload(arrival, prompt, output, num_requests, duration_s)
+    return Workload(arrival, prompt, output, num_requests, duration_s, classes=classes)
+
+
+def dataset_from_node(node: Node) -> Trace:
+    """``workload.dataset``: the requests of a dataset or trace file, for their lengths."""
+    tokenizer = node.path_value("tokenizer", None)
+    chars_per_token = node.number("chars_per_token", None, minimum=0.0, exclusive_minimum=True)
+    fmt = node.choice("format", ("auto", *FORMATS), "auto")
+    dataset = read_trace(node.path_value("path"), node, "path", fmt, tokenizer=tokenizer,
+                         chars_per_token=chars_per_token)
+    node.done()
+    return dataset
 
 
 def _check_window(node: Node, arrival: RenewalProcess, num_requests: int | None, duration_s: float | None) -> None:
