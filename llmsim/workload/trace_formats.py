@@ -30,6 +30,7 @@ characters per token; nothing is downloaded.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -61,13 +62,35 @@ def row_error(path: Path, line: int, column: str, value: object, allowed: str, m
 
 def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer: Path | None = None,
                chars_per_token: float | None = None) -> Trace:
-    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected)."""
-    fmt = detect_format(path, node, key) if fmt == "auto" else fmt
-    if fmt == "mooncake":
-        return read_mooncake(path)
-    if fmt == "sharegpt":
-        return read_sharegpt(path, node, tokenizer, chars_per_token)
-    return read_csv_trace(path, node, key, fmt)
+    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected).
+
+    A file read before with the same content (hashed: cheap next to parsing) and read the same way
+    is not parsed again: plans and sweeps rebuild the scenario at every probe."""
+    cache_key = (str(Path(path).resolve()), _content_hash(path), fmt, str(tokenizer), chars_per_token)
+    if cache_key not in _READ:
+        fmt = detect_format(path, node, key) if fmt == "auto" else fmt
+        if fmt == "mooncake":
+            trace = read_mooncake(path)
+        elif fmt == "sharegpt":
+            trace = read_sharegpt(path, node, tokenizer, chars_per_token)
+        else:
+            trace = read_csv_trace(path, node, key, fmt)
+        if len(_READ) >= _READ_CACHE_SIZE:
+            _READ.pop(next(iter(_READ)))
+        _READ[cache_key] = trace
+    return _READ[cache_key]
+
+
+def _content_hash(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_READ: dict[tuple, Trace] = {}        # parsed traces by file identity and reading options, oldest first
+_READ_CACHE_SIZE = 8
 
 
 def detect_format(path: Path, node: Node, key: str) -> str:
@@ -270,5 +293,5 @@ def _token_counter(node: Node, tokenizer: Path | None, chars_per_token: float | 
     except Exception as exc:        # the Rust library raises its own exception type
         raise node.key_error("tokenizer", f"cannot read tokenizer ({exc})", str(tokenizer),
                              "a Hugging Face tokenizer.json") from None
-    return lambda texts: np.asarray([len(e.ids) for e in loaded.encode_batch(texts, add_special_tokens=False)],
+    return lambda texts: np.asarray([len(e.ids) for e in loaded.encode_batch(texts, add_special_tokens=True)],
                                     dtype=np.int64)
