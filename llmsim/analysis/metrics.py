@@ -17,6 +17,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis.kv_cache import kv_cache_summary
 from llmsim.analysis.summary import (COMPLETED, PERCENTILES, Distribution, Economics, Latency, Memory,
                                      QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
@@ -125,6 +126,8 @@ def summarize(result) -> RunSummary:
         interrupted=result.interrupted,
         stopped_by=result.stopped_by,
         fault=result.fault,
+        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
+                  if getattr(result, "kv_tiers", None) else None),
     )
 
 

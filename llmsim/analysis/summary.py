@@ -202,12 +202,15 @@ class RunSummary(Section):
     interrupted: bool                          # stopped early (Ctrl-C or a fault): the figures cover what ran
     stopped_by: str                            # COMPLETED, HORIZON, INTERRUPT or FAULT; simulated_s is when
     fault: str | None                          # the fault's exception (type: message), else None
+    # Prefix caching, host tier, swap (llmsim.analysis.kv_cache.KVCacheSummary): None (and no key) without them.
+    kv_cache: Section | None = None
 
     def to_dict(self) -> dict:
         out = super().to_dict()
         out["window_s"] = list(self.window_s)
-        if self.speculation is None:
-            del out["speculation"]
+        for optional in ("speculation", "kv_cache"):
+            if out[optional] is None:
+                del out[optional]
         return out
 
     def flat(self) -> dict:

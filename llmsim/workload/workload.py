@@ -8,6 +8,7 @@ import numpy as np
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
 from llmsim.workload.lengths import LengthDistribution, length_from_node
+from llmsim.workload.sessions import Sessions, sessions_from_node
 from llmsim.workload.trace import Trace, read_trace_csv
 
 # The longest arrival window simulated: simulated time is float64 seconds, which resolve about
@@ -20,7 +21,8 @@ class Workload:
     """Arrivals and lengths, and how much traffic: ``num_requests`` and/or ``duration_s``.
 
     A replayed ``trace`` (arrivals :class:`Replay`) brings its own lengths (``prompt_tokens``
-    and ``output_tokens`` are None).
+    and ``output_tokens`` are None). With ``sessions`` the arrivals start conversations and
+    ``prompt_tokens`` is each turn's new input (see :mod:`llmsim.workload.sessions`).
     """
     arrival: RenewalProcess | Replay
     prompt_tokens: LengthDistribution | None
@@ -28,6 +30,7 @@ class Workload:
     num_requests: int | None
     duration_s: float | None
     trace: Trace | None = None
+    sessions: Sessions | None = None
 
 
 def workload_from_node(node: Node, max_tokens: int) -> Workload:
@@ -51,16 +54,17 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
     if trace is None:
         _check_window(node, arrival, num_requests, duration_s)
     if trace is not None:
-        for key in ("prompt_tokens", "output_tokens"):
+        for key in ("prompt_tokens", "output_tokens", "sessions"):
             if node.has(key):
-                raise node.key_error(key, "lengths come from the replayed trace", node.raw(key),
-                                     "no prompt_tokens/output_tokens with arrival.process: trace")
+                raise node.key_error(key, "lengths and sessions come from the replayed trace", node.raw(key),
+                                     "no prompt_tokens/output_tokens/sessions with arrival.process: trace")
         node.done()
         return Workload(arrival, None, None, num_requests, duration_s, trace)
     prompt = length_from_node(node, "prompt_tokens", max_tokens)
     output = length_from_node(node, "output_tokens", max_tokens)
+    sessions = sessions_from_node(node.child("sessions"), max_tokens) if node.has("sessions") else None
     node.done()
-    return Workload(arrival, prompt, output, num_requests, duration_s)
+    return Workload(arrival, prompt, output, num_requests, duration_s, sessions=sessions)
 
 
 def _check_window(node: Node, arrival: RenewalProcess, num_requests: int | None, duration_s: float | None) -> None:
