@@ -7,18 +7,21 @@ and the host link's bytes / bandwidth.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
 import numpy as np
 import pytest
+import yaml
 
 from llmsim import simulate
+from llmsim.cli.main import main
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.request import Request
 from llmsim.workload.trace import Trace, generate_trace
 
-from .helpers import make_scenario
+from .helpers import BASE, make_scenario, merge
 
 SESSIONS = {"workload": {
     "arrival": {"process": "poisson", "rate": 1.0}, "num_requests": 300,
@@ -274,3 +277,69 @@ def test_prefix_aware_routing_finds_more_hits_within_its_load_bound():
         rates[router] = summary["hit_rate_tokens"], summary["replica_load_max_over_mean"]
     assert rates["prefix_aware"][0] > rates["least_outstanding"][0] + 0.1
     assert rates["prefix_aware"][1] < 1.6
+
+
+# -- traces that carry prefix identity, and bad input ------------------------------------------------
+
+def mooncake(tmp_path, rows) -> str:
+    path = tmp_path / "mooncake.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def replay(path: str, engine: dict) -> dict:
+    """The test scenario replaying the trace at ``path``, with prefix caching and ``engine``."""
+    data = {key: value for key, value in BASE.items() if key != "workload"}
+    return merge(data, {"engine": {"prefix_caching": True, **engine},
+                        "workload": {"arrival": {"process": "trace", "path": path}}})
+
+
+def test_mooncake_hash_ids_are_the_prefix_caches_block_identities(tmp_path):
+    """Two requests sharing their first two 512-token hash blocks: at block size 128 the second finds
+    those 8 blocks cached (hash ids name a block and everything before it)."""
+    path = mooncake(tmp_path, [{"timestamp": 0, "input_length": 1500, "output_length": 10, "hash_ids": [1, 2, 3]},
+                               {"timestamp": 50000, "input_length": 1400, "output_length": 10, "hash_ids": [1, 2, 9]}])
+    records = simulate(make_scenario(base=replay(path, {"block_size": 128}))).requests
+    assert records["cached_tokens"].tolist() == [0, 2 * 512]
+
+
+def test_csv_session_ids_share_each_sessions_history(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,session_id\n0,600,100,7\n1,300,100,8\n60,1000,50,7\n")
+    records = simulate(make_scenario(base=replay(str(path), {"block_size": 64}))).requests
+    assert records["session_id"].tolist() == [0, 1, 0]
+    assert records["cached_tokens"].tolist() == [0, 0, (600 + 100 - 1) // 64 * 64]
+
+
+BAD_KV = {
+    "block size not dividing the hash block": ("hash", {"block_size": 384}, ["engine.block_size", "384", "512"]),
+    "hash_ids not one per block": ("short", {}, ["workload.arrival.path", "request 1", "one hash id per 512"]),
+    "malformed hash_ids": ("malformed", {}, ["hash_ids", "'x'", "a list of integers"]),
+    "host tier smaller than one block": ("none", {"cpu_offload": {"capacity": "1 MB"}},
+                                         ["engine.cpu_offload.capacity", "1 MB", "less than one KV block"]),
+    "offload without prefix caching": ("none", {"prefix_caching": False, "cpu_offload": True},
+                                       ["engine.cpu_offload", "prefix_caching: true"]),
+    "host tier on a profile without host memory": ("none", {"preemption_mode": "swap"},
+                                                   ["engine.preemption_mode", "no host_memory"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_KV))
+def test_bad_kv_settings_exit_2_naming_file_key_value_and_what_is_allowed(tmp_path, case, capsys):
+    trace, engine, expected = BAD_KV[case]
+    hashes = {"hash": [1, 2], "short": [1], "malformed": [1, "x"]}.get(trace)
+    if hashes is None:
+        data = merge(BASE, {"engine": {"prefix_caching": True, **engine}})
+        if case.endswith("without host memory"):
+            data["hardware"] = "cpu-calibrated"
+            data["model"] = "Llama-3.2-1B"
+    else:
+        path = mooncake(tmp_path, [{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": hashes}])
+        data = replay(path, engine)
+    scenario = tmp_path / "scenario.yaml"
+    scenario.write_text(yaml.safe_dump(data))
+    assert main(["run", str(scenario), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    for fragment in expected:
+        assert fragment in err, (fragment, err)

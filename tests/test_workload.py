@@ -75,16 +75,20 @@ def test_empirical_lengths_come_from_the_csv(tmp_path):
     assert np.all(np.abs(counts - 1000) < 4 * math.sqrt(3000 * (1 / 3) * (2 / 3)))
 
 
-def test_trace_replay_sorts_and_validates(tmp_path):
+def test_trace_replay_refuses_unsorted_and_validates(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text("arrival_s,prompt_tokens,output_tokens,user\n2.0,10,5,a\n0.5,20,6,b\n")
+    path.write_text("arrival_s,prompt_tokens,output_tokens,user\n0.5,20,6,b\n2.0,10,5,a\n")
     t = trace({"arrival": {"process": "trace", "path": str(path)}})
     assert list(t.arrival_s) == [0.5, 2.0] and list(t.prompt_tokens) == [20, 10]
+    # An unsorted trace is refused rather than silently reordered (issue 14): it names the line.
+    path.write_text("arrival_s,prompt_tokens,output_tokens,user\n2.0,10,5,a\n0.5,20,6,b\n")
+    with pytest.raises(ConfigError, match="line 3, column arrival_s"):
+        trace({"arrival": {"process": "trace", "path": str(path)}})
     path.write_text("arrival_s,prompt_tokens\n1,2\n")
     with pytest.raises(ConfigError, match="output_tokens"):
         trace({"arrival": {"process": "trace", "path": str(path)}})
     path.write_text("arrival_s,prompt_tokens,output_tokens\n1,2,3\n2,-4,3\n")
-    with pytest.raises(ConfigError, match="data row 2"):
+    with pytest.raises(ConfigError, match="line 3, column prompt_tokens"):
         trace({"arrival": {"process": "trace", "path": str(path)}})
 
 

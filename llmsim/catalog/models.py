@@ -5,12 +5,26 @@ A :class:`ModelSpec` is built from the fields of a Hugging Face ``config.json``
 embeddings, MoE experts and top-k). From them it derives parameter counts,
 weight and KV-cache bytes. What each operator computes and moves for a batch is
 the cost layer's (:mod:`llmsim.cost.work`). Formulas assume a pre-norm decoder
-with grouped-query attention and a gated (SwiGLU) MLP, the shape of every model
-in the catalog.
+with a gated (SwiGLU) MLP and one of two attentions:
+
+- grouped-query attention: K and V of ``num_kv_heads`` heads of ``head_dim`` cached per token;
+- multi-head latent attention (MLA, DeepSeek-V2/V3, ``kv_lora_rank > 0``): one compressed
+  latent of ``kv_lora_rank`` plus a shared RoPE key of ``qk_rope_head_dim`` cached per token
+  (DeepSeek-V2 paper, arXiv:2405.04434, section 2.1: ``(d_c + d_h^R) l`` elements per token),
+  the same on every tensor-parallel rank.
+
+A mixture-of-experts MLP has ``num_experts`` routed experts of width
+``moe_intermediate_size`` (top ``experts_per_token``), optional always-active shared
+experts (``shared_expert_intermediate_size`` in all), and ``dense_layers`` of its layers
+may have a dense MLP (width ``intermediate_size``) instead; the cost model averages the
+layers, so which layers they are does not matter. Weights may be stored
+in three dtypes: the decoder's linear layers (``weight_dtype``), the routed experts
+(``expert_dtype``, e.g. MXFP4 experts of gpt-oss) and the embedding and LM head
+(``embedding_dtype``; quantized checkpoints keep them at 16 bits); each defaults to
+``weight_dtype``.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
@@ -19,6 +33,7 @@ import numpy as np
 import yaml
 
 from llmsim.config.reader import Node, load_yaml
+from llmsim.catalog.hf_config import config_fields
 from llmsim.errors import ConfigError
 
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5, "fp4": 0.5}
@@ -40,19 +55,32 @@ class ModelSpec:
     num_experts: int = 1              # 1 = dense MLP
     experts_per_token: int = 1
     qkv_bias: bool = False
-    sliding_window: int | None = None
+    sliding_window: int | None = None  # a window every layer's attention uses
     max_context: int = 8192
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
     activation_dtype: str = "bf16"
     source: str = ""
     params_published: float | None = None   # the published size, for checking the derivation
+    moe_intermediate_size: int = 0    # a routed expert's width; 0 means intermediate_size
+    shared_expert_intermediate_size: int = 0   # the always-active shared experts' total width
+    dense_layers: int = 0             # MoE models: layers with a dense MLP (DeepSeek first_k_dense_replace)
+    q_lora_rank: int = 0              # MLA: the query's low-rank width (0: a full query projection)
+    kv_lora_rank: int = 0             # MLA: the cached latent's width; 0 means grouped-query attention
+    qk_rope_head_dim: int = 0         # MLA: the RoPE part of a query/key head (cached, shared by heads)
+    v_head_dim: int = 0               # MLA: a value head
+    expert_dtype: str | None = None   # routed experts' weights; None means weight_dtype
+    embedding_dtype: str | None = None  # embedding and LM head; None means weight_dtype
 
     def __post_init__(self):
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
 
     # -- parameters -----------------------------------------------------------------------
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
     @property
     def q_dim(self) -> int:
         return self.num_heads * self.head_dim
@@ -62,17 +90,43 @@ class ModelSpec:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def qk_nope_head_dim(self) -> int:
+        """MLA: the part of a query/key head without RoPE (``head_dim`` is the whole query head)."""
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
     def qkv_params(self) -> int:
+        if self.is_mla:
+            h, heads = self.hidden_size, self.num_heads
+            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.q_dim) if self.q_lora_rank \
+                else h * self.q_dim
+            kv_down = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank   # and its norm
+            kv_up = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
+            return q + kv_down + kv_up
         bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
         return self.hidden_size * (self.q_dim + 2 * self.kv_dim) + bias
 
     @property
     def out_proj_params(self) -> int:
-        return self.q_dim * self.hidden_size
+        value_dim = self.num_heads * self.v_head_dim if self.is_mla else self.q_dim
+        return value_dim * self.hidden_size
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
 
     @property
     def expert_params(self) -> int:
-        """One gated MLP: gate, up and down projections."""
+        """One gated MLP of a routed expert (the whole MLP of a dense model): gate, up and down."""
+        return 3 * self.hidden_size * self.expert_intermediate_size
+
+    @property
+    def shared_expert_params(self) -> int:
+        return 3 * self.hidden_size * self.shared_expert_intermediate_size
+
+    @property
+    def dense_mlp_params(self) -> int:
+        """The MLP of one of the ``dense_layers``."""
         return 3 * self.hidden_size * self.intermediate_size
 
     @property
@@ -80,10 +134,14 @@ class ModelSpec:
         return self.hidden_size * self.num_experts if self.num_experts > 1 else 0
 
     @property
-    def layer_params(self) -> int:
-        norms = 2 * self.hidden_size
-        return (self.qkv_params + self.out_proj_params + self.num_experts * self.expert_params
-                + self.router_params + norms)
+    def sparse_layers(self) -> int:
+        """Layers whose MLP is the (routed) expert MLP: all but the first dense ones."""
+        return self.num_layers - self.dense_layers
+
+    @property
+    def routed_expert_params(self) -> int:
+        """All routed experts' parameters, every layer."""
+        return self.sparse_layers * self.num_experts * self.expert_params
 
     @property
     def embedding_params(self) -> int:
@@ -96,19 +154,30 @@ class ModelSpec:
 
     @property
     def param_count(self) -> int:
-        final_norm = self.hidden_size
-        return self.num_layers * self.layer_params + self.embedding_params + self.lm_head_params + final_norm
+        norms, final_norm = 2 * self.hidden_size, self.hidden_size
+        attention = self.num_layers * (self.qkv_params + self.out_proj_params + norms)
+        mlp = (self.routed_expert_params + self.sparse_layers * (self.router_params + self.shared_expert_params)
+               + self.dense_layers * self.dense_mlp_params)
+        return attention + mlp + self.embedding_params + self.lm_head_params + final_norm
 
     @property
     def active_param_count(self) -> int:
         """Parameters one token passes through (top-k experts only)."""
         inactive = (self.num_experts - self.experts_per_token) * self.expert_params
-        return self.param_count - self.num_layers * inactive
+        return self.param_count - self.sparse_layers * inactive
 
     # -- bytes ----------------------------------------------------------------------------
     @property
     def weight_bytes_per_param(self) -> float:
         return DTYPE_BYTES[self.weight_dtype]
+
+    @property
+    def expert_bytes_per_param(self) -> float:
+        return DTYPE_BYTES[self.expert_dtype or self.weight_dtype]
+
+    @property
+    def embedding_bytes_per_param(self) -> float:
+        return DTYPE_BYTES[self.embedding_dtype or self.weight_dtype]
 
     @property
     def kv_bytes_per_element(self) -> float:
@@ -120,16 +189,42 @@ class ModelSpec:
 
     @property
     def weight_bytes(self) -> float:
-        return self.param_count * self.weight_bytes_per_param
+        embeddings = self.embedding_params + self.lm_head_params
+        others = self.param_count - embeddings - self.routed_expert_params
+        return (others * self.weight_bytes_per_param + self.routed_expert_params * self.expert_bytes_per_param
+                + embeddings * self.embedding_bytes_per_param)
+
+    def kv_elements_per_token_per_layer(self, tensor_parallel: int = 1) -> float:
+        """Cached elements per token per layer on one tensor-parallel rank: K and V of its share of
+        the KV heads (all of them replicated when there are fewer heads than ranks), or MLA's latent
+        and RoPE key, which every rank holds whole."""
+        if self.is_mla:
+            return float(self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2 * max(self.num_kv_heads / tensor_parallel, 1.0) * self.head_dim
 
     @property
     def kv_bytes_per_token_per_layer(self) -> float:
+        if self.is_mla:
+            return self.kv_elements_per_token_per_layer() * self.kv_bytes_per_element
         return 2 * self.kv_dim * self.kv_bytes_per_element
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """K and V of every layer for one token of context."""
+        """K and V (or MLA's latent) of every layer for one token of context."""
         return self.num_layers * self.kv_bytes_per_token_per_layer
+
+    def mla_attention_flops_per_pair(self, decode: bool) -> float:
+        """MLA FLOPs per (query, key) pair per layer, all heads, the way vLLM computes it.
+
+        Prefill materialises keys (``head_dim`` wide) and values (``v_head_dim``) per head:
+        ``2 H (head_dim + v_head_dim)``. Decode absorbs the up-projections into the query and the
+        output and attends in latent space: scores over ``kv_lora_rank + qk_rope_head_dim`` and
+        the weighted sum over ``kv_lora_rank``, ``2 H (2 kv_lora_rank + qk_rope_head_dim)``; the
+        absorbed projections cost per token what the up-projection does (counted in qkv).
+        """
+        if decode:
+            return 2 * self.num_heads * (2 * self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2 * self.num_heads * (self.head_dim + self.v_head_dim)
 
     def expected_experts_touched(self, tokens):
         """Distinct experts that receive at least one of ``tokens`` tokens, under uniform routing.
@@ -144,55 +239,19 @@ class ModelSpec:
         return self.num_experts * (1.0 - miss)
 
     def with_dtypes(self, weight_dtype: str | None = None, kv_dtype: str | None = None) -> "ModelSpec":
-        return replace(self, weight_dtype=weight_dtype or self.weight_dtype, kv_dtype=kv_dtype or self.kv_dtype)
+        """The model with other dtypes; a new ``weight_dtype`` applies to every weight (experts and
+        embeddings too)."""
+        weights = {} if weight_dtype is None else {"weight_dtype": weight_dtype, "expert_dtype": None,
+                                                    "embedding_dtype": None}
+        return replace(self, kv_dtype=kv_dtype or self.kv_dtype, **weights)
 
 
 # -- reading models ---------------------------------------------------------------------
 
-_FIELDS = {
-    "num_layers": ("num_hidden_layers", "n_layer", "num_layers"),
-    "hidden_size": ("hidden_size", "n_embd", "d_model"),
-    "num_heads": ("num_attention_heads", "n_head"),
-    "num_kv_heads": ("num_key_value_heads",),
-    "intermediate_size": ("intermediate_size", "ffn_dim", "n_inner"),
-    "vocab_size": ("vocab_size",),
-    "head_dim": ("head_dim",),
-    "tie_word_embeddings": ("tie_word_embeddings",),
-    "num_experts": ("num_local_experts", "num_experts"),
-    "experts_per_token": ("num_experts_per_tok", "moe_top_k"),
-    "sliding_window": ("sliding_window",),
-    "max_context": ("max_position_embeddings",),
-}
-
-
 def model_from_config_json(path: str | Path, name: str | None = None) -> ModelSpec:
-    """A ModelSpec from a Hugging Face config.json (dense or Mixtral-style MoE)."""
+    """A ModelSpec from a Hugging Face config.json (:mod:`llmsim.catalog.hf_config` reads its fields)."""
     path = Path(path)
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError("config.json not found", file=str(path), has_value=False) from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"not valid JSON: {exc}", file=str(path), has_value=False) from None
-    if not isinstance(config, dict):
-        raise ConfigError("expected a JSON object", file=str(path), has_value=False)
-    fields: dict[str, object] = {}
-    for ours, theirs in _FIELDS.items():
-        for key in theirs:
-            if config.get(key) is not None:
-                fields[ours] = config[key]
-                break
-    fields.setdefault("num_kv_heads", fields.get("num_heads"))
-    fields["qkv_bias"] = bool(config.get("attention_bias", config.get("model_type") == "qwen2"))
-    torch_dtype = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(str(config.get("torch_dtype")))
-    if torch_dtype:
-        fields["weight_dtype"] = fields["kv_dtype"] = torch_dtype
-    if fields.get("sliding_window") and not config.get("use_sliding_window", True):
-        fields["sliding_window"] = None
-    fields["name"] = name or config.get("_name_or_path") or path.parent.name
-    fields["source"] = f"config.json at {path}"
-    node = Node(fields, file=str(path))
-    return _model_from_node(node)
+    return _model_from_node(Node(config_fields(path, name), file=str(path)))
 
 
 def model_from_node(node: Node, catalog: "dict[str, ModelSpec] | None" = None) -> ModelSpec:
@@ -209,7 +268,10 @@ def model_from_node(node: Node, catalog: "dict[str, ModelSpec] | None" = None) -
     else:
         return _model_from_node(node)
     overrides = {}
-    for key in ("weight_dtype", "kv_dtype"):
+    if node.has("weight_dtype"):         # every weight, unless expert_dtype / embedding_dtype say otherwise
+        overrides.update(weight_dtype=node.choice("weight_dtype", list(DTYPE_BYTES)), expert_dtype=None,
+                         embedding_dtype=None)
+    for key in ("kv_dtype", "expert_dtype", "embedding_dtype"):
         if node.has(key):
             overrides[key] = node.choice(key, list(DTYPE_BYTES))
     if node.has("max_context"):
@@ -245,7 +307,23 @@ def _model_from_node(node: Node) -> ModelSpec:
         activation_dtype=node.choice("activation_dtype", list(DTYPE_BYTES), "bf16"),
         source=node.string("source", ""),
         params_published=node.number("params_published", None, minimum=0),
+        moe_intermediate_size=count("moe_intermediate_size", 0, minimum=0),
+        shared_expert_intermediate_size=count("shared_expert_intermediate_size", 0, minimum=0),
+        dense_layers=count("dense_layers", 0, minimum=0),
+        q_lora_rank=count("q_lora_rank", 0, minimum=0),
+        kv_lora_rank=count("kv_lora_rank", 0, minimum=0),
+        qk_rope_head_dim=count("qk_rope_head_dim", 0, minimum=0),
+        v_head_dim=count("v_head_dim", 0, minimum=0),
+        expert_dtype=node.choice("expert_dtype", list(DTYPE_BYTES), None),
+        embedding_dtype=node.choice("embedding_dtype", list(DTYPE_BYTES), None),
     )
+    if spec.dense_layers > spec.num_layers or (spec.dense_layers and spec.num_experts == 1):
+        raise node.key_error("dense_layers", "counts the layers of an MoE model that have a dense MLP",
+                             spec.dense_layers, f"0..{spec.num_layers}, with num_experts > 1")
+    if spec.is_mla and not (spec.v_head_dim and spec.qk_rope_head_dim and spec.head_dim > spec.qk_rope_head_dim):
+        raise node.key_error("kv_lora_rank", "multi-head latent attention needs qk_rope_head_dim, v_head_dim and "
+                             "a head_dim (qk_nope_head_dim + qk_rope_head_dim) above qk_rope_head_dim",
+                             spec.kv_lora_rank, "all three set, or kv_lora_rank: 0")
     if spec.num_heads % spec.num_kv_heads:
         raise node.key_error("num_kv_heads", "must divide num_heads", spec.num_kv_heads,
                              f"a divisor of {spec.num_heads}")

@@ -88,12 +88,11 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
     free[weight_index] -= weights
     kv_index = 1 if kv_spill and len(tiers) > 1 else 0
     kv_bytes = max(free[kv_index], 0.0)
-    kv_heads_per_shard = max(model.num_kv_heads / tensor_parallel, 1.0)
     layers_per_stage = math.ceil(model.num_layers / pipeline_parallel)
-    kv_per_token = layers_per_stage * 2 * kv_heads_per_shard * model.head_dim * model.kv_bytes_per_element
+    kv_per_token = layers_per_stage * model.kv_elements_per_token_per_layer(tensor_parallel) * model.kv_bytes_per_element
     if draft is not None:
-        draft_heads = max(draft.num_kv_heads / draft_tensor_parallel, 1.0)
-        kv_per_token += draft.num_layers * 2 * draft_heads * draft.head_dim * draft.kv_bytes_per_element
+        kv_per_token += (draft.num_layers * draft.kv_elements_per_token_per_layer(draft_tensor_parallel)
+                         * draft.kv_bytes_per_element)
     fits = weights <= usable[weight_index] - (activations if weight_index == 0 else 0.0)
     num_blocks = int(kv_bytes // (kv_per_token * block_size)) if fits else 0
     return Placement(tensor_parallel, pipeline_parallel, tiers[weight_index], weight_index, tiers[kv_index],

@@ -7,9 +7,9 @@ activations: kinds because they may live in different memory tiers). The embeddi
 and the LM head run once per iteration (``model_*`` maps). The roofline
 (:class:`~llmsim.cost.roofline.CostModel`) turns these into time.
 
-Formulas assume a pre-norm decoder with grouped-query attention and a gated (SwiGLU)
-MLP, the shape of every model in the catalog (:class:`~llmsim.catalog.models.ModelSpec`
-gives its parameter and byte counts).
+Formulas assume a pre-norm decoder with grouped-query or multi-head latent attention and
+a gated (SwiGLU) MLP, dense or mixture-of-experts, the shapes of the catalog's models
+(:class:`~llmsim.catalog.models.ModelSpec` gives their parameter and byte counts).
 """
 from __future__ import annotations
 
@@ -44,10 +44,15 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
     """
     m, tp = model, tensor_parallel
     wb, ab = m.weight_bytes_per_param, m.activation_bytes_per_element
-    kv_heads_per_shard = max(m.num_kv_heads / tp, 1.0)  # replicated when tp > kv heads
-    kv_token_bytes = 2 * kv_heads_per_shard * m.head_dim * m.kv_bytes_per_element
+    kv_token_bytes = m.kv_elements_per_token_per_layer(tp) * m.kv_bytes_per_element
     q_dim, qkv_out = m.q_dim / tp, (m.q_dim + 2 * m.kv_dim) / tp
-    hidden, inter, k = m.hidden_size, m.intermediate_size / tp, m.experts_per_token
+    hidden, inter, k = m.hidden_size, m.expert_intermediate_size / tp, m.experts_per_token
+    # FLOPs per (query, key) pair: QK^T and PV, 2 each per head dimension; MLA's own (see ModelSpec).
+    prefill_pair_flops, decode_pair_flops = ((m.mla_attention_flops_per_pair(False) / tp,
+                                              m.mla_attention_flops_per_pair(True) / tp) if m.is_mla
+                                             else (4 * q_dim, 4 * q_dim))
+    # MoE layers route to experts; dense_layers of them have a plain MLP (averaged over the layers).
+    sparse, dense = m.sparse_layers / m.num_layers, m.dense_layers / m.num_layers
 
     lf = np.zeros((len(LAYER_OPS), len(FEATURES)))
     lw, lk, la = (np.zeros_like(lf) for _ in BYTE_KINDS)
@@ -55,20 +60,22 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
     lf[qkv, F["tokens"]] = 2 * m.qkv_params / tp
     lw[qkv, F["one"]] = m.qkv_params / tp * wb
     la[qkv, F["tokens"]] = (hidden + qkv_out) * ab
-    lf[ap, F["prefill_pairs"]] = 4 * q_dim
+    lf[ap, F["prefill_pairs"]] = prefill_pair_flops
     lk[ap, F["prefill_kv_read"]] = kv_token_bytes
     lk[ap, F["prefill_tokens"]] = kv_token_bytes          # new KV written
     la[ap, F["prefill_tokens"]] = 2 * q_dim * ab          # Q in, O out
-    lf[ad, F["decode_kv_read"]] = 4 * q_dim
+    lf[ad, F["decode_kv_read"]] = decode_pair_flops
     lk[ad, F["decode_kv_read"]] = kv_token_bytes
     lk[ad, F["decode_seqs"]] = kv_token_bytes
     la[ad, F["decode_seqs"]] = 2 * q_dim * ab
     lf[out, F["tokens"]] = 2 * m.out_proj_params / tp
     lw[out, F["one"]] = m.out_proj_params / tp * wb
     la[out, F["tokens"]] = (q_dim + hidden) * ab
-    lf[mlp, F["tokens"]] = 2 * (k * m.expert_params / tp + m.router_params)
-    lw[mlp, F["one"]] = m.router_params * wb
-    lw[mlp, F["experts_touched"]] = m.expert_params / tp * wb
+    always_on = m.shared_expert_params / tp       # shared experts see every token
+    lf[mlp, F["tokens"]] = (2 * (k * m.expert_params / tp + m.router_params) + 2 * always_on) * sparse \
+        + 2 * m.dense_mlp_params / tp * dense
+    lw[mlp, F["one"]] = (m.router_params + always_on) * wb * sparse + m.dense_mlp_params / tp * wb * dense
+    lw[mlp, F["experts_touched"]] = m.expert_params / tp * m.expert_bytes_per_param * sparse
     la[mlp, F["tokens"]] = k * (2 * hidden + 3 * inter) * ab
     # Two RMSNorms and two residual adds, each reading and writing the hidden state.
     lf[elem, F["tokens"]] = 10 * hidden
@@ -79,7 +86,7 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
     embedding, lm_head = range(len(MODEL_OPS))
     ma[embedding, F["tokens"]] = 2 * hidden * ab
     mf[lm_head, F["logit_tokens"]] = 2 * hidden * m.vocab_size / tp
-    mw[lm_head, F["one"]] = hidden * m.vocab_size / tp * wb
+    mw[lm_head, F["one"]] = hidden * m.vocab_size / tp * m.embedding_bytes_per_param
     ma[lm_head, F["logit_tokens"]] = (hidden * ab + 4 * m.vocab_size / tp)  # fp32 logits out
     return WorkCoefficients(lf, dict(zip(BYTE_KINDS, (lw, lk, la))), mf, dict(zip(BYTE_KINDS, (mw, mk, ma))))
 

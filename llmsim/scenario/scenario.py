@@ -245,6 +245,8 @@ def scenario_from_node(root: Node) -> Scenario:
     if root.has("speculation"):
         speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
+    if engine.prefix_caching:
+        _check_hash_ids(root, engine, workload)
     slo_node = root.child("slo")
     slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", getattr(SLO_DEFAULTS, f"{key}_s"))
                  for key in SLO_METRICS},
@@ -296,6 +298,26 @@ def _check_kv_tiers(eng: Node, engine: EngineConfig, hardware: HardwareProfile) 
         key = "cpu_offload" if engine.cpu_offload is not None else "preemption_mode"
         raise eng.key_error(key, f"{hardware.name} has no host_memory (capacity and link) in its profile",
                             eng.raw(key), "a profile with host_memory, or leave this out")
+
+
+def _check_hash_ids(root: Node, engine: EngineConfig, workload: Workload) -> None:
+    """A replayed trace's ``hash_ids`` (one per ``hash_block_tokens`` prompt tokens) are the prefix
+    cache's block identities: the engine's blocks must tile them, and each request needs one per block."""
+    trace = workload.trace
+    if trace is None or trace.hash_ids is None:
+        return
+    hash_block = workload.hash_block_tokens
+    if hash_block % engine.block_size:
+        raise root.child("engine").key_error(
+            "block_size", f"does not divide the trace's hash block of {hash_block} tokens "
+                          "(workload.arrival.hash_block_tokens), so its hash_ids cannot name the engine's blocks",
+            engine.block_size, "a divisor of " + str(hash_block) + ": " + _divisors(hash_block))
+    for i, (hashes, prompt) in enumerate(zip(trace.hash_ids, trace.prompt_tokens.tolist())):
+        if len(hashes) != -(-prompt // hash_block):
+            raise root.child("workload").child("arrival").key_error(
+                "path", f"request {i + 1} of the trace has {len(hashes)} hash_ids for {prompt} prompt tokens",
+                list(hashes)[:8], f"one hash id per {hash_block} prompt tokens ({-(-prompt // hash_block)} here), "
+                                  "or set workload.arrival.hash_block_tokens")
 
 
 def _slo_percentiles(node: Node) -> dict:

@@ -376,7 +376,8 @@ def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
     if not engine.tiered_kv:
         return lambda: KVCache(blocks, size)
     keys = (PrefixKeys(size, trace.prompt_tokens, trace.output_tokens, trace.session_id, trace.system_prompt_id,
-                       trace.system_prompt_tokens) if engine.prefix_caching else None)
+                       trace.system_prompt_tokens, trace.hash_ids, scenario.workload.hash_block_tokens)
+            if engine.prefix_caching else None)
     placement, offload = resolved.memory, engine.cpu_offload
     block_bytes_per_device = placement.kv_bytes_per_token_per_device * size
     if not engine.host_tier:

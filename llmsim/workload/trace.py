@@ -3,8 +3,9 @@
 A :class:`Trace` is the whole arrival sequence, sampled up front with numpy from
 independent streams (arrivals, prompt lengths, output lengths) spawned from the
 scenario seed, so two configurations that differ in anything but the workload see
-the same requests in the same order: common random numbers. A recorded trace (CSV)
-is replayed instead.
+the same requests in the same order: common random numbers. A recorded trace is
+replayed instead (:mod:`llmsim.workload.trace_formats` reads the production formats,
+:mod:`llmsim.workload.trace_transforms` windows, filters, samples and rescales it).
 """
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
 class Trace:
     """What arrives: sorted arrival times and the token counts of each request.
 
+    A production trace may say more per request: ``hash_ids``, the hashes of the prompt's
+    KV blocks (Mooncake traces; equal hashes are shared prefixes, for prefix caching),
+    and the ``model`` and ``log_type`` labels a trace can be filtered on (BurstGPT).
+    ``description`` says where the requests come from and what was done to them.
     Requests of multi-turn sessions say which session they belong to (``session_id``, -1 for
     none: each turn's prompt is its session's history plus new input) and which shared system
     prompt they start with (``system_prompt_id``, -1 for none, of ``system_prompt_tokens``
@@ -33,6 +38,10 @@ class Trace:
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
+    model: np.ndarray | None = None
+    log_type: np.ndarray | None = None
+    description: str = ""
     session_id: np.ndarray | None = None
     system_prompt_id: np.ndarray | None = None
     system_prompt_tokens: np.ndarray | None = None
@@ -44,38 +53,53 @@ class Trace:
         return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 
+    def take(self, index: np.ndarray, description: str | None = None) -> "Trace":
+        """The requests at ``index`` (an integer array, in order), every per-request field kept."""
+        index = np.asarray(index, dtype=np.int64)
+        pick = lambda values: None if values is None else values[index]   # noqa: E731
+        hash_ids = None if self.hash_ids is None else tuple(self.hash_ids[i] for i in index)
+        return replace(self, arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
+                       output_tokens=self.output_tokens[index], hash_ids=hash_ids, model=pick(self.model),
+                       log_type=pick(self.log_type),
+                       description=self.description if description is None else description,
+                       session_id=pick(self.session_id), system_prompt_id=pick(self.system_prompt_id),
+                       system_prompt_tokens=pick(self.system_prompt_tokens))
+
     def cut(self, num_requests: int | None, duration_s: float | None) -> "Trace":
         """The first ``num_requests`` requests arriving within ``duration_s`` (None: no limit)."""
         keep = np.ones(len(self), dtype=bool)
         if duration_s is not None:
             keep &= self.arrival_s <= duration_s
-        idx = np.flatnonzero(keep)[:num_requests]
-        pick = lambda values: None if values is None else values[idx]   # noqa: E731
-        return replace(self, arrival_s=self.arrival_s[idx], prompt_tokens=self.prompt_tokens[idx],
-                       output_tokens=self.output_tokens[idx], session_id=pick(self.session_id),
-                       system_prompt_id=pick(self.system_prompt_id),
-                       system_prompt_tokens=pick(self.system_prompt_tokens))
+        return self.take(np.flatnonzero(keep)[:num_requests])
 
 
 def generate_trace(workload: Workload, seed: int) -> Trace:
     """Sample the scenario's requests from ``seed`` (the same seed gives the same trace)."""
     if workload.trace is not None:
-        return workload.trace.cut(workload.num_requests, workload.duration_s)
+        trace = workload.trace if workload.transforms is None else workload.transforms.apply(workload.trace, seed)
+        return trace.cut(workload.num_requests, workload.duration_s)
     if workload.sessions is not None:
         return workload.sessions.trace(workload, seed)
     arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
                                             for s in np.random.SeedSequence(seed).spawn(3))
     times = workload.arrival.times(arrivals_rng, workload.num_requests, workload.duration_s)
     n = len(times)
+    if workload.dataset is not None:
+        return replace(workload.dataset.take(dataset_order(len(workload.dataset), n, prompt_rng)), arrival_s=times)
     return Trace(times, workload.prompt_tokens.sample(prompt_rng, n), workload.output_tokens.sample(output_rng, n))
+
+
+def dataset_order(size: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Which of a dataset's ``size`` requests the ``n`` arrivals carry: the dataset shuffled (as
+    ``vllm bench serve`` shuffles it), taken in that order and reshuffled each time it runs out."""
+    rounds = -(-n // size)
+    return np.concatenate([rng.permutation(size) for _ in range(rounds)])[:n]
 
 
 # -- reading ------------------------------------------------------------------------------
 
 def read_trace_csv(path: Path, node: Node, key: str) -> Trace:
-    """A trace CSV with columns arrival_s, prompt_tokens, output_tokens (extra columns ignored), and
-    optionally session_id: requests with the same (integer) session id are the turns of one
-    conversation, each prompt extending the one before (the history plus new input)."""
+    """A trace CSV with columns arrival_s, prompt_tokens, output_tokens (extra columns ignored)."""
     required = ("arrival_s", "prompt_tokens", "output_tokens")
     frame = read_csv(path, node, key)
     missing = [c for c in required if c not in frame.columns]
@@ -93,20 +117,7 @@ def read_trace_csv(path: Path, node: Node, key: str) -> Trace:
         frame[column] = values
     frame = frame.sort_values("arrival_s", kind="stable")
     return Trace(frame["arrival_s"].to_numpy(float), frame["prompt_tokens"].to_numpy(np.int64),
-                 frame["output_tokens"].to_numpy(np.int64), session_id=_session_ids(frame, path, node, key))
-
-
-def _session_ids(frame: pd.DataFrame, path: Path, node: Node, key: str) -> np.ndarray | None:
-    """The optional session_id column as session numbers 0, 1, ... (None without the column)."""
-    if "session_id" not in frame.columns:
-        return None
-    values = pd.to_numeric(frame["session_id"], errors="coerce")
-    bad = values.isna() | (values != values.round())
-    if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise node.key_error(key, f"trace {path}, column session_id, data row {row + 1}: not a valid value",
-                             frame["session_id"].iloc[row], "an integer session id per request")
-    return pd.factorize(values.astype(np.int64))[0].astype(np.int64)
+                 frame["output_tokens"].to_numpy(np.int64))
 
 
 def read_csv(path: Path, node: Node, key: str) -> pd.DataFrame:

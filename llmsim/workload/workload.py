@@ -1,4 +1,14 @@
-"""A scenario's workload: how requests arrive and how long they are, read from its YAML."""
+"""A scenario's workload: how requests arrive and how long they are, read from its YAML.
+
+Requests come from one of three sources:
+
+- synthetic: an arrival process at a rate, and a length distribution per column;
+- a replayed trace (``arrival: {process: trace, path: ..., format: ...}``, optionally windowed,
+  filtered, sampled and rescaled: :mod:`llmsim.workload.trace_transforms`), which brings its
+  arrival times and lengths;
+- a dataset (``dataset: {path: sharegpt.json, chars_per_token: 4}``) whose requests' lengths are
+  replayed, shuffled from the seed as ``vllm bench serve`` does, at the times of an arrival process.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +19,9 @@ from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
 from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.sessions import Sessions, sessions_from_node
-from llmsim.workload.trace import Trace, read_trace_csv
+from llmsim.workload.trace import Trace
+from llmsim.workload.trace_formats import FORMATS, TIMED_FORMATS, detect_format, read_trace
+from llmsim.workload.trace_transforms import TraceTransforms, check_selection, transforms_from_node
 
 # The longest arrival window simulated: simulated time is float64 seconds, which resolve about
 # 0.1 microsecond at 1e9 s (32 years) but a whole second at 1e16 s, where every latency rounds to 0.
@@ -20,9 +32,11 @@ MAX_ARRIVAL_WINDOW_S = 1e9
 class Workload:
     """Arrivals and lengths, and how much traffic: ``num_requests`` and/or ``duration_s``.
 
-    A replayed ``trace`` (arrivals :class:`Replay`) brings its own lengths (``prompt_tokens``
-    and ``output_tokens`` are None). With ``sessions`` the arrivals start conversations and
-    ``prompt_tokens`` is each turn's new input (see :mod:`llmsim.workload.sessions`).
+    A replayed ``trace`` (arrivals :class:`Replay`, already windowed and filtered) brings its own
+    lengths (``prompt_tokens`` and ``output_tokens`` are None); ``transforms`` sample and rescale
+    it from the seed. A ``dataset`` gives the lengths of requests arriving by ``arrival``. With
+    ``sessions`` the arrivals start conversations and ``prompt_tokens`` is each turn's new input
+    (see :mod:`llmsim.workload.sessions`).
     """
     arrival: RenewalProcess | Replay
     prompt_tokens: LengthDistribution | None
@@ -30,15 +44,27 @@ class Workload:
     num_requests: int | None
     duration_s: float | None
     trace: Trace | None = None
+    transforms: TraceTransforms | None = None
+    dataset: Trace | None = None
     sessions: Sessions | None = None
+    hash_block_tokens: int = 512         # tokens per hash_ids entry of a replayed trace (Mooncake's blocks)
 
 
 def workload_from_node(node: Node, max_tokens: int) -> Workload:
     arrival_node = node.child("arrival")
     process = arrival_node.choice("process", ARRIVAL_PROCESSES, "poisson")
-    trace = None
+    trace = transforms = None
     if process == Replay.process:
-        trace = read_trace_csv(arrival_node.path_value("path"), arrival_node, "path")
+        path = arrival_node.path_value("path")
+        fmt = arrival_node.choice("format", ("auto", *TIMED_FORMATS), "auto")
+        if fmt == "auto" and detect_format(path, arrival_node, "path") not in TIMED_FORMATS:
+            raise arrival_node.key_error("path", "a ShareGPT dataset has no arrival times", str(path),
+                                         "a timed trace (formats " + ", ".join(TIMED_FORMATS) + "), or the "
+                                         "dataset as workload.dataset with an arrival process and rate")
+        trace = read_trace(path, arrival_node, "path", fmt)
+        transforms = transforms_from_node(arrival_node)
+        trace = check_selection(trace, transforms, arrival_node, "path")
+        hash_block_tokens = arrival_node.number("hash_block_tokens", 512, integer=True, minimum=1)
         arrival = Replay()
     else:
         rate = arrival_node.quantity("rate", "rate")
@@ -53,18 +79,33 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
                          has_value=False, allowed="workload.num_requests (a count) or workload.duration (e.g. '600 s')")
     if trace is None:
         _check_window(node, arrival, num_requests, duration_s)
-    if trace is not None:
-        for key in ("prompt_tokens", "output_tokens", "sessions"):
+    if trace is not None or node.has("dataset"):
+        source = "the replayed trace" if trace is not None else "the dataset"
+        for key in ("prompt_tokens", "output_tokens", "sessions") + (("dataset",) if trace is not None else ()):
             if node.has(key):
-                raise node.key_error(key, "lengths and sessions come from the replayed trace", node.raw(key),
-                                     "no prompt_tokens/output_tokens/sessions with arrival.process: trace")
+                raise node.key_error(key, f"lengths and sessions come from {source}", node.raw(key),
+                                     "either arrival.process: trace, workload.dataset, or prompt_tokens and "
+                                     "output_tokens")
+        dataset = None if trace is not None else dataset_from_node(node.child("dataset"))
         node.done()
-        return Workload(arrival, None, None, num_requests, duration_s, trace)
+        return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset,
+                        hash_block_tokens=hash_block_tokens if trace is not None else 512)
     prompt = length_from_node(node, "prompt_tokens", max_tokens)
     output = length_from_node(node, "output_tokens", max_tokens)
     sessions = sessions_from_node(node.child("sessions"), max_tokens) if node.has("sessions") else None
     node.done()
     return Workload(arrival, prompt, output, num_requests, duration_s, sessions=sessions)
+
+
+def dataset_from_node(node: Node) -> Trace:
+    """``workload.dataset``: the requests of a dataset or trace file, for their lengths."""
+    tokenizer = node.path_value("tokenizer", None)
+    chars_per_token = node.number("chars_per_token", None, minimum=0.0, exclusive_minimum=True)
+    fmt = node.choice("format", ("auto", *FORMATS), "auto")
+    dataset = read_trace(node.path_value("path"), node, "path", fmt, tokenizer=tokenizer,
+                         chars_per_token=chars_per_token)
+    node.done()
+    return dataset
 
 
 def _check_window(node: Node, arrival: RenewalProcess, num_requests: int | None, duration_s: float | None) -> None:

@@ -1,0 +1,280 @@
+"""Production request traces, read into a :class:`~llmsim.workload.trace.Trace`.
+
+Each format is one reader, chosen by ``format:`` or detected from the file (its columns,
+or its first JSON line):
+
+===========  ==============================================  ===========================================
+format       file                                            columns / fields used
+===========  ==============================================  ===========================================
+``llmsim``   CSV                                             arrival_s, prompt_tokens, output_tokens
+                                                             (session_id: optional)
+``azure``    Azure LLM inference trace 2023 / 2024, CSV      TIMESTAMP (date-time), ContextTokens,
+                                                             GeneratedTokens
+``burstgpt`` BurstGPT, CSV                                   Timestamp (s), Request tokens, Response
+                                                             tokens, Model, Log Type
+``mooncake`` Mooncake trace, JSON lines                      timestamp (ms), input_length,
+                                                             output_length, hash_ids
+``sharegpt`` ShareGPT / vLLM benchmark dataset, JSON         conversations: first human and gpt turns
+                                                             (lengths only: no arrival times)
+===========  ==============================================  ===========================================
+
+Arrival times are seconds from the trace's zero: the first request's date-time for
+Azure, the recorded offsets for the others. A malformed row is a ConfigError naming the
+file, its line, the column, the value and what is allowed (exit 2); timestamps must be
+finite, non-negative and sorted. Requests that generated no token (BurstGPT logs failed
+requests with 0 response tokens; the Azure traces have a few) cannot be simulated as
+decoding and are dropped, and the trace's description counts them.
+
+ShareGPT text becomes token counts through a tokenizer the user supplies (a Hugging Face
+``tokenizer.json``, read by the optional ``tokenizers`` package) or a stated number of
+characters per token; nothing is downloaded.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from llmsim.config.reader import Node
+from llmsim.errors import ConfigError
+from llmsim.workload.trace import Trace, read_csv
+
+TIMED_FORMATS = ("llmsim", "azure", "burstgpt", "mooncake")
+FORMATS = (*TIMED_FORMATS, "sharegpt")
+
+# The columns each CSV format must have: (arrival, prompt, output).
+CSV_COLUMNS = {
+    "llmsim": ("arrival_s", "prompt_tokens", "output_tokens"),
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
+}
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+MOONCAKE_MS_PER_S = 1000.0          # Mooncake timestamps are milliseconds
+
+
+def row_error(path: Path, line: int, column: str, value: object, allowed: str, message: str) -> ConfigError:
+    """A malformed row: the file, its line (1 = the first line of the file), the column."""
+    return ConfigError(message, file=str(path), key=f"line {line}, column {column}", value=value, allowed=allowed)
+
+
+def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer: Path | None = None,
+               chars_per_token: float | None = None) -> Trace:
+    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected)."""
+    fmt = detect_format(path, node, key) if fmt == "auto" else fmt
+    if fmt == "mooncake":
+        return read_mooncake(path)
+    if fmt == "sharegpt":
+        return read_sharegpt(path, node, tokenizer, chars_per_token)
+    return read_csv_trace(path, node, key, fmt)
+
+
+def detect_format(path: Path, node: Node, key: str) -> str:
+    """The format of ``path``: JSON by its first character, CSV by its header."""
+    with open(path, encoding="utf-8", errors="replace") as file:
+        head = file.read(4096).lstrip()
+    if head.startswith("["):
+        return "sharegpt"
+    if head.startswith("{"):
+        return "mooncake"
+    header = {name.strip() for name in head.splitlines()[0].split(",")} if head else set()
+    # The format sharing the most columns with the header (its reader names any it lacks).
+    matched, fmt = max((len(set(columns) & header), fmt) for fmt, columns in CSV_COLUMNS.items())
+    if matched:
+        return fmt
+    described = "; ".join(f"{fmt}: {', '.join(columns)}" for fmt, columns in CSV_COLUMNS.items())
+    raise node.key_error(key, f"cannot tell the format of trace {path} from its columns", str(path),
+                         f"format: {', '.join(FORMATS)}; or a CSV with the columns of one ({described}), "
+                         f"Mooncake JSON lines ({', '.join(MOONCAKE_FIELDS)}) or a ShareGPT JSON list")
+
+
+# -- CSV formats ------------------------------------------------------------------------------
+
+def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
+    frame = read_csv(path, node, key)
+    frame.columns = [str(c).strip() for c in frame.columns]
+    arrival_col, prompt_col, output_col = CSV_COLUMNS[fmt]
+    missing = [c for c in CSV_COLUMNS[fmt] if c not in frame.columns]
+    if missing:
+        raise ConfigError(f"lacks column(s) {', '.join(missing)} of the {fmt} trace format", file=str(path),
+                          key="line 1",
+                          value=list(frame.columns), allowed=f"a CSV with columns {', '.join(CSV_COLUMNS[fmt])}")
+    lines = np.arange(len(frame)) + 2          # line 1 is the header
+    if fmt == "azure":
+        arrival = _azure_seconds(frame[arrival_col], path, arrival_col)
+    else:
+        arrival = _numbers(frame[arrival_col], path, arrival_col, minimum=0.0)
+    prompt = _numbers(frame[prompt_col], path, prompt_col, minimum=1.0, integer=True)
+    production = fmt != "llmsim"
+    output = _numbers(frame[output_col], path, output_col, minimum=0.0 if production else 1.0, integer=True)
+    _check_sorted(arrival, lines, path, arrival_col)
+    labels = {name: frame[column].astype(str).str.strip().to_numpy()
+              for name, column in (("model", "Model"), ("log_type", "Log Type")) if column in frame.columns}
+    sessions = None
+    if fmt == "llmsim" and "session_id" in frame.columns:
+        # Turns of one conversation: each prompt extends the one before (history plus new input).
+        ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, integer=True)
+        sessions = pd.factorize(ids.astype(np.int64))[0].astype(np.int64)
+    trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
+                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions)
+    return _drop_empty_outputs(trace) if production else trace
+
+
+def _numbers(column: pd.Series, path: Path, name: str, *, minimum: float, integer: bool = False) -> np.ndarray:
+    """A numeric column, every value finite, >= ``minimum`` (and whole if ``integer``)."""
+    values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+    bad = ~np.isfinite(values) | (values < minimum)
+    if integer:
+        bad |= np.isfinite(values) & (values != np.round(values))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        kind = "a whole number of tokens" if integer else "a number of seconds"
+        raise row_error(path, row + 2, name, column.iloc[row], f"{kind} >= {minimum:g}", "not a valid value")
+    return values
+
+
+def _azure_seconds(column: pd.Series, path: Path, name: str) -> np.ndarray:
+    """Azure TIMESTAMPs (ISO 8601 date-times, with or without a UTC offset) as seconds from the first."""
+    times = pd.to_datetime(column.astype(str), format="ISO8601", utc=True, errors="coerce")
+    bad = times.isna().to_numpy()
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise row_error(path, row + 2, name, column.iloc[row], "a date-time such as 2023-11-16 18:15:46.6805900",
+                        "not a date-time")
+    return (times - times.iloc[0]).dt.total_seconds().to_numpy(dtype=float)
+
+
+def _check_sorted(arrival: np.ndarray, lines: np.ndarray, path: Path, name: str) -> None:
+    earlier = np.flatnonzero(np.diff(arrival) < 0)
+    if len(earlier):
+        row = int(earlier[0]) + 1
+        raise row_error(path, int(lines[row]), name, float(arrival[row]),
+                        f"timestamps in arrival order: at least the previous line's {arrival[row - 1]:g}",
+                        "earlier than the line before (the trace must be sorted by arrival)")
+
+
+def _drop_empty_outputs(trace: Trace) -> Trace:
+    empty = trace.output_tokens == 0
+    if not empty.any():
+        return trace
+    return trace.take(np.flatnonzero(~empty), f"{trace.description} ({int(empty.sum()):,} requests with 0 "
+                                               "output tokens dropped)")
+
+
+# -- Mooncake JSON lines -----------------------------------------------------------------------
+
+def read_mooncake(path: Path) -> Trace:
+    """One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
+    arrival, prompt, output, hashes, lines = [], [], [], [], []
+    with open(path, encoding="utf-8") as file:
+        for line_number, text in enumerate(file, start=1):
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise row_error(path, line_number, str(exc.colno), text.strip()[:80], "one JSON object per line",
+                                f"not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise row_error(path, line_number, "1", text.strip()[:80], "one JSON object per line",
+                                "not a JSON object")
+            for field in MOONCAKE_FIELDS:
+                if field not in record:
+                    raise row_error(path, line_number, field, None, ", ".join(MOONCAKE_FIELDS) + " (and hash_ids)",
+                                    "missing field")
+            arrival.append(_json_number(record, "timestamp", path, line_number, 0.0, False) / MOONCAKE_MS_PER_S)
+            prompt.append(_json_number(record, "input_length", path, line_number, 1.0, True))
+            output.append(_json_number(record, "output_length", path, line_number, 0.0, True))
+            hashes.append(_hash_ids(record.get("hash_ids", []), path, line_number))
+            lines.append(line_number)
+    if not arrival:
+        raise ConfigError("trace has no requests", file=str(path), has_value=False)
+    arrival_s = np.asarray(arrival)
+    _check_sorted(arrival_s, np.asarray(lines), path, "timestamp")
+    trace = Trace(arrival_s, np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64),
+                  hash_ids=tuple(hashes), description=f"mooncake trace {path.name}")
+    return _drop_empty_outputs(trace)
+
+
+def _json_number(record: dict, field: str, path: Path, line: int, minimum: float, integer: bool) -> float:
+    value = record[field]
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and value >= minimum and (not integer or float(value).is_integer())
+    if not ok:
+        kind = "a whole number of tokens" if integer else "a number of milliseconds"
+        raise row_error(path, line, field, value, f"{kind} >= {minimum:g}", "not a valid value")
+    return float(value)
+
+
+def _hash_ids(value: object, path: Path, line: int) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
+        raise row_error(path, line, "hash_ids", value, "a list of integers (one per prompt block)", "not valid")
+    return tuple(value)
+
+
+# -- ShareGPT / vLLM benchmark datasets -----------------------------------------------------------
+
+def read_sharegpt(path: Path, node: Node, tokenizer: Path | None, chars_per_token: float | None) -> Trace:
+    """Prompt and output lengths of a ShareGPT-style dataset, as ``vllm bench serve`` takes them: the
+    first two turns of every conversation with at least two (the prompt, then the reply).
+
+    The arrival times are all 0: a dataset has none, the workload's arrival process sets them.
+    """
+    count = _token_counter(node, tokenizer, chars_per_token)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        line, column = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
+        raise row_error(path, line, str(column), None, "a JSON list of {conversations: [{from, value}, ...]}",
+                        f"not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise ConfigError("expected a JSON list of conversations", file=str(path), has_value=False)
+    prompts, replies = [], []
+    for index, entry in enumerate(data):
+        turns = entry.get("conversations") if isinstance(entry, dict) else None
+        if not isinstance(turns, list):
+            raise ConfigError("an entry without a list of conversations", file=str(path),
+                              key=f"entry {index}", value=entry if not isinstance(entry, dict) else list(entry),
+                              allowed="{conversations: [{from: human, value: ...}, {from: gpt, value: ...}]}")
+        if len(turns) < 2:
+            continue                      # vLLM's benchmark skips these too
+        texts = [turn.get("value") if isinstance(turn, dict) else None for turn in turns[:2]]
+        for turn, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ConfigError("a turn without a text value", file=str(path),
+                                  key=f"entry {index}, conversations[{turn}].value", value=text,
+                                  allowed="a string")
+        prompts.append(texts[0])
+        replies.append(texts[1])
+    if not prompts:
+        raise ConfigError("no conversation with at least two turns", file=str(path), has_value=False)
+    prompt_tokens = np.maximum(count(prompts), 1)
+    output_tokens = np.maximum(count(replies), 1)
+    how = f"tokenizer {tokenizer.name}" if tokenizer is not None else f"{chars_per_token:g} characters per token"
+    return Trace(np.zeros(len(prompts)), prompt_tokens, output_tokens,
+                 description=f"sharegpt dataset {path.name} (lengths by {how})")
+
+
+def _token_counter(node: Node, tokenizer: Path | None, chars_per_token: float | None):
+    """Texts -> token counts: a user's tokenizer.json, or characters / chars_per_token rounded up."""
+    if (tokenizer is None) == (chars_per_token is None):
+        raise node.error("say how to count a dataset's tokens", key=node.key_path("tokenizer"), has_value=False,
+                         allowed="tokenizer: PATH to a Hugging Face tokenizer.json, or chars_per_token: N "
+                                 "(about 4 for English text with Llama-style tokenizers; an approximation)")
+    if chars_per_token is not None:
+        return lambda texts: np.ceil(np.fromiter(map(len, texts), float, len(texts)) / chars_per_token) \
+            .astype(np.int64)
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise node.key_error("tokenizer", "counting tokens with a tokenizer needs the tokenizers package",
+                             str(tokenizer), "pip install 'llmsim[datasets]', or chars_per_token: N") from None
+    try:
+        loaded = Tokenizer.from_file(str(tokenizer))
+    except Exception as exc:        # the Rust library raises its own exception type
+        raise node.key_error("tokenizer", f"cannot read tokenizer ({exc})", str(tokenizer),
+                             "a Hugging Face tokenizer.json") from None
+    return lambda texts: np.asarray([len(e.ids) for e in loaded.encode_batch(texts, add_special_tokens=False)],
+                                    dtype=np.int64)
