@@ -13,29 +13,45 @@ conservation can be checked on them; requests the run never reached are not arri
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 
 from llmsim.analysis.kv_cache import kv_cache_summary
-from llmsim.analysis.summary import (COMPLETED, PERCENTILES, Distribution, Economics, Latency, Memory,
-                                     QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
+from llmsim.analysis.summary import (COMPLETED, PERCENTILES, ClassSummary, Distribution, Economics, Latency,
+                                     Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
-from llmsim.scenario.scenario import SLO
+from llmsim.scenario.scenario import SLO, SLO_METRICS
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
 
 
-def _within(records: pd.DataFrame, metric: str, limit_s: float) -> pd.Series:
-    """Requests whose ``metric`` is within its limit (a 1-token output has no TPOT, and meets it)."""
+def _within(records: pd.DataFrame, metric: str, limit_s) -> pd.Series:
+    """Requests whose ``metric`` is within its limit (a 1-token output has no TPOT, and meets it);
+    ``limit_s`` is one limit or one per row (inf: none)."""
     values = records[f"{metric}_s"]
     return (values <= limit_s) | values.isna() if metric == "tpot" else values <= limit_s
 
 
+def _limits(records: pd.DataFrame, slo: SLO) -> dict:
+    """metric -> its limit for every metric some request is held to: one number, or with traffic
+    classes each row's class limit (inf where its class sets none)."""
+    if not slo.classes or "class" not in records:
+        return {metric: limit for metric, (limit, _) in slo.targets().items()}
+    out = {}
+    for metric in SLO_METRICS:
+        per_class = {name: getattr(own, f"{metric}_s") for name, own in slo.classes}
+        if any(v is not None for v in per_class.values()):
+            table = {name: math.inf if v is None else v for name, v in per_class.items()}
+            out[metric] = records["class"].map(table).to_numpy(float)
+    return out
+
+
 def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
-    """True for finished requests within every limit the SLO sets."""
+    """True for finished requests within every limit the SLO (their class's, with classes) sets."""
     ok = records["status"] == "finished"
-    for metric, (limit, _) in slo.targets().items():
+    for metric, limit in _limits(records, slo).items():
         ok &= _within(records, metric, limit)
     return ok
 
@@ -44,9 +60,55 @@ def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
     """Per-metric attainment (share of requests within that limit) and percentile target, for
     every limit set. Unfinished or rejected requests miss."""
     finished = steady["status"] == "finished"
-    return {metric: SLOTarget(float((finished & _within(steady, metric, limit)).mean()) if len(steady) else math.nan,
-                              percentile)
-            for metric, (limit, percentile) in slo.targets().items()}
+    limits = _limits(steady, slo)
+    return {metric: SLOTarget(float((finished & _within(steady, metric, limits[metric])).mean())
+                              if len(steady) else math.nan, percentile)
+            for metric, (_, percentile) in _percentiles(slo).items() if metric in limits}
+
+
+def _percentiles(slo: SLO) -> dict:
+    """metric -> (limit, percentile) of the top-level SLO, and of metrics only classes limit."""
+    out = dict(slo.targets())
+    for _, own in slo.classes:
+        for metric, target in own.targets().items():
+            out.setdefault(metric, target)
+    return out
+
+
+def slo_summary(steady: pd.DataFrame, slo: SLO, window_s: float) -> SLOSummary:
+    """Attainment, goodput (from the records' ``meets_slo``) and per-limit targets over ``steady``."""
+    good = steady[steady["meets_slo"]] if slo.defined else steady[steady["status"] == "finished"]
+    targets = slo_targets(steady, slo)
+    return SLOSummary(
+        ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
+        attainment=len(good) / len(steady) if len(steady) else math.nan,
+        goodput_requests_per_s=len(good) / window_s,
+        goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window_s,
+        targets=targets,
+        met=all(t.attainment >= t.percentile / 100 for t in targets.values()),
+    )
+
+
+def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], start: float, stop: float
+                    ) -> dict[str, ClassSummary]:
+    """Every traffic class's figures (see :class:`~llmsim.analysis.summary.ClassSummary`)."""
+    window = stop - start
+    out = {}
+    for name in names:
+        mine = records[records["class"] == name]
+        status = mine["status"]
+        steady = mine[(mine["arrival_s"] >= start) & (mine["arrival_s"] <= stop)]
+        finished = steady[steady["status"] == "finished"]
+        done_in_window = mine[(mine["finish_s"] > start) & (mine["finish_s"] <= stop) & (status == "finished")]
+        out[name] = ClassSummary(
+            arrived=len(mine), finished=int((status == "finished").sum()),
+            rejected=int((status == "rejected").sum()), unfinished=int((status == "unfinished").sum()),
+            **{column: Distribution.of(finished[column]) for column in ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")},
+            requests_per_s=len(done_in_window) / window,
+            output_tokens_per_s=float(done_in_window["output_tokens"].sum()) / window,
+            offered_requests_per_s=len(steady) / window,
+            slo=slo_summary(steady, slo.for_class(name), window))
+    return out
 
 
 def summarize(result) -> RunSummary:
@@ -80,7 +142,6 @@ def summarize(result) -> RunSummary:
     latency = Latency(**{name: Distribution.of(finished[name]) for name in LATENCY_COLUMNS},
                       itl_s=Distribution(**result.inter_token_gaps.summary(start, stop, PERCENTILES)))
 
-    good = steady[steady["meets_slo"]] if scenario.slo.defined else finished   # the records' own column
     finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
                                  & (status == "finished")]
     output_tokens = float(in_window["tokens_out"].sum())
@@ -91,15 +152,12 @@ def summarize(result) -> RunSummary:
         output_tokens_per_s_per_device=output_tokens / window / devices,
         offered_requests_per_s=len(steady) / window,
     )
-    targets = slo_targets(steady, scenario.slo)
-    slo = SLOSummary(
-        ttft_s=scenario.slo.ttft_s, tpot_s=scenario.slo.tpot_s, e2e_s=scenario.slo.e2e_s,
-        attainment=len(good) / len(steady) if len(steady) else math.nan,
-        goodput_requests_per_s=len(good) / window,
-        goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window,
-        targets=targets,
-        met=all(t.attainment >= t.percentile / 100 for t in targets.values()),
-    )
+    slo = slo_summary(steady, scenario.slo, window)
+    classes = None
+    if scenario.workload.classes:
+        classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
+        # Overall, the SLO is met when every class meets its own targets.
+        slo = replace(slo, met=all(c.slo.met for c in classes.values()))
     utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica)
     placement = scenario.memory
     memory = Memory(
@@ -126,6 +184,7 @@ def summarize(result) -> RunSummary:
         interrupted=result.interrupted,
         stopped_by=result.stopped_by,
         fault=result.fault,
+        classes=classes,
         kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
                   if getattr(result, "kv_tiers", None) else None),
     )

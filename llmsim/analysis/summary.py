@@ -181,6 +181,26 @@ class SpeculationSummary(Section):
 
 
 @dataclass(frozen=True)
+class ClassSummary(Section):
+    """One traffic class: counts over the whole run; latencies, rates and its own SLO over the window.
+
+    ``output_tokens_per_s`` counts the output of the class's requests that finished in the window
+    (the iteration log, which the overall figure uses, does not know classes)."""
+    arrived: int
+    finished: int
+    rejected: int
+    unfinished: int
+    queue_wait_s: Distribution
+    ttft_s: Distribution
+    tpot_s: Distribution
+    e2e_s: Distribution
+    requests_per_s: float
+    output_tokens_per_s: float
+    offered_requests_per_s: float
+    slo: SLOSummary
+
+
+@dataclass(frozen=True)
 class RunSummary(Section):
     """One run: what, where, the measurement window, and each section of figures."""
     scenario: str
@@ -202,6 +222,7 @@ class RunSummary(Section):
     interrupted: bool                          # stopped early (Ctrl-C or a fault): the figures cover what ran
     stopped_by: str                            # COMPLETED, HORIZON, INTERRUPT or FAULT; simulated_s is when
     fault: str | None                          # the fault's exception (type: message), else None
+    classes: dict[str, ClassSummary] | None = None     # per traffic class; None (no key) without classes
     # Prefix caching, host tier, swap (llmsim.analysis.kv_cache.KVCacheSummary): None (and no key) without them.
     kv_cache: Section | None = None
 
@@ -211,6 +232,10 @@ class RunSummary(Section):
         for optional in ("speculation", "kv_cache"):
             if out[optional] is None:
                 del out[optional]
+        if self.classes is None:
+            del out["classes"]
+        else:
+            out["classes"] = {name: c.to_dict() for name, c in self.classes.items()}
         return out
 
     def flat(self) -> dict:

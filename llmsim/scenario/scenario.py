@@ -22,6 +22,8 @@ BATCHING = ("continuous", "static")
 ROUTERS = ("round_robin", "least_outstanding", "shared_queue", "prefix_aware")
 ON_TIMEOUT = ("dispatch", "reject")
 PREEMPTION_MODES = ("recompute", "swap")
+# How the waiting requests of several traffic classes are ordered (llmsim.sim.scheduling explains each).
+SCHEDULING_POLICIES = ("fcfs", "priority", "preemptive_priority", "weighted_fair", "edf", "vllm_priority")
 DEFAULT_SEED = 0
 
 
@@ -60,6 +62,7 @@ class EngineConfig:
     queue_timeout_s: float | None = None
     on_timeout: str = "dispatch"
     kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
+    scheduling_policy: str = "fcfs"      # with traffic classes: see llmsim.sim.scheduling
     prefix_caching: bool = False         # vLLM enable_prefix_caching: reuse cached blocks of shared prefixes
     preemption_mode: str = "recompute"   # vLLM preemption_mode: recompute, or swap to host memory
     cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
@@ -92,10 +95,18 @@ class SLO:
     ttft_percentile: float = 95.0
     tpot_percentile: float = 95.0
     e2e_percentile: float = 95.0
+    # With traffic classes: (class name, its SLO) for every class, each the top-level limits and
+    # percentiles overridden by ``slo.classes.<name>``.
+    classes: tuple[tuple[str, "SLO"], ...] = ()
 
     @property
     def defined(self) -> bool:
-        return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s))
+        return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s)) or \
+            any(slo.defined for _, slo in self.classes)
+
+    def for_class(self, name: str) -> "SLO":
+        """The SLO of traffic class ``name`` (the top-level one when it has none of its own)."""
+        return dict(self.classes).get(name, self)
 
     def targets(self) -> dict[str, tuple[float, float]]:
         """metric -> (limit in seconds, percentile) for every limit set."""
@@ -225,6 +236,7 @@ def scenario_from_node(root: Node) -> Scenario:
         queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
         on_timeout=eng.choice("on_timeout", ON_TIMEOUT, ENGINE.on_timeout),
         kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
+        scheduling_policy=eng.choice("scheduling_policy", SCHEDULING_POLICIES, ENGINE.scheduling_policy),
         prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
         preemption_mode=eng.choice("preemption_mode", PREEMPTION_MODES, ENGINE.preemption_mode),
         cpu_offload=_cpu_offload(eng))
@@ -247,10 +259,11 @@ def scenario_from_node(root: Node) -> Scenario:
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
     if engine.prefix_caching:
         _check_hash_ids(root, engine, workload)
+    _check_classes(root, engine, workload)
     slo_node = root.child("slo")
-    slo = SLO(**{f"{key}_s": slo_node.quantity(key, "duration", getattr(SLO_DEFAULTS, f"{key}_s"))
-                 for key in SLO_METRICS},
-              **_slo_percentiles(slo_node))
+    slo = _slo(slo_node, SLO_DEFAULTS)
+    if slo_node.has("classes"):
+        slo = replace(slo, classes=_class_slos(slo_node, slo, workload.class_names))
     slo_node.done()
     sim = root.child("simulation")
     simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", SIMULATION.warmup_s, minimum=0.0,
@@ -320,23 +333,66 @@ def _check_hash_ids(root: Node, engine: EngineConfig, workload: Workload) -> Non
                                   "or set workload.arrival.hash_block_tokens")
 
 
-def _slo_percentiles(node: Node) -> dict:
+def _slo(node: Node, defaults: SLO) -> SLO:
+    """An SLO's limits and percentiles (``slo``, or ``slo.classes.<name>`` over the top-level ``defaults``)."""
+    limits = {f"{key}_s": node.quantity(key, "duration", getattr(defaults, f"{key}_s")) for key in SLO_METRICS}
+    return SLO(**limits, **_slo_percentiles(node, defaults, limits))
+
+
+def _slo_percentiles(node: Node, defaults: SLO, limits: dict) -> dict:
     """``slo.percentile``: one percentile for every limit (default 95), or ``{ttft: 99, tpot: 95}``."""
     bounds = dict(minimum=0.0, maximum=100.0, exclusive_minimum=True)
-    default = SLO_DEFAULTS.ttft_percentile
     if not isinstance(node.raw("percentile", None), dict):
-        value = node.number("percentile", default, **bounds)
+        if not node.has("percentile"):
+            return {f"{m}_percentile": getattr(defaults, f"{m}_percentile") for m in SLO_METRICS}
+        value = node.number("percentile", **bounds)
         return {f"{m}_percentile": float(value) for m in SLO_METRICS}
     each = node.child("percentile")
     values = {}
     for metric in SLO_METRICS:
-        if each.has(metric) and not node.has(metric):
-            raise each.key_error(metric, f"a percentile for {metric} needs a limit (slo.{metric})",
-                                 each.raw(metric), f"set slo.{metric}, or drop this key")
-        values[f"{metric}_percentile"] = float(each.number(metric, getattr(SLO_DEFAULTS, f"{metric}_percentile"),
+        if each.has(metric) and limits[f"{metric}_s"] is None:
+            raise each.key_error(metric, f"a percentile for {metric} needs a limit ({node.key_path(metric)})",
+                                 each.raw(metric), f"set {node.key_path(metric)}, or drop this key")
+        values[f"{metric}_percentile"] = float(each.number(metric, getattr(defaults, f"{metric}_percentile"),
                                                            **bounds))
     each.done()
     return values
+
+
+def _class_slos(node: Node, top: SLO, names: tuple[str, ...]) -> tuple[tuple[str, SLO], ...]:
+    """``slo.classes``: each traffic class's own limits and percentiles over the top-level ones."""
+    raw = node.raw("classes")
+    if not isinstance(raw, dict):
+        raise node.key_error("classes", "expected a mapping of class names to SLOs", raw,
+                             "e.g. {interactive: {ttft: 200 ms}}")
+    holder = node.child("classes")
+    for name in raw:
+        if str(name) not in names:
+            raise holder.key_error(str(name), "no traffic class of this name (workload.classes)", raw[name],
+                                   ", ".join(names) if names else "no classes: set workload.classes first")
+    out = []
+    for name in names:
+        each = holder.child(name, {})
+        out.append((name, _slo(each, top)))
+        each.done()
+    return tuple(out)
+
+
+def _check_classes(root: Node, engine: EngineConfig, workload: Workload) -> None:
+    """Traffic classes need continuous batching, and a policy other than FCFS needs classes."""
+    eng = root.child("engine")
+    if engine.scheduling_policy != "fcfs" and not workload.classes:
+        raise eng.key_error("scheduling_policy", "orders traffic classes, and the workload has none",
+                            engine.scheduling_policy, "fcfs, or set workload.classes")
+    if workload.classes and engine.batching != "continuous":
+        raise root.child("workload").key_error("classes", "traffic classes need continuous batching",
+                                               workload.class_names, "engine.batching: continuous")
+    reserved = sum(c.reserved_seqs for c in workload.classes)
+    if reserved > engine.max_num_seqs:
+        raise root.child("workload").key_error(
+            "classes", f"the classes reserve {reserved} sequence slots, more than engine.max_num_seqs "
+                       f"({engine.max_num_seqs})", {c.name: c.reserved_seqs for c in workload.classes},
+            f"reserved_seqs summing to at most {engine.max_num_seqs}")
 
 
 def _parallel(node: Node, key: str) -> int | None:

@@ -51,9 +51,15 @@ def reject_expired(queue: WaitingQueue, config: EngineConfig, now: float,
                    on_done: Callable[[Request, float], None]) -> None:
     """``on_timeout: reject``: requests that waited ``queue_timeout_s`` without starting leave."""
     for request in queue.expire(now, config.queue_timeout_s):
-        request.status, request.reason = REJECTED, "timeout"
-        request.finish_s = request.arrival_s + config.queue_timeout_s
-        on_done(request, now)
+        reject_timed_out(request, config.queue_timeout_s, now, on_done)
+
+
+def reject_timed_out(request: Request, timeout_s: float, now: float,
+                     on_done: Callable[[Request, float], None]) -> None:
+    """``request`` waited ``timeout_s`` without starting: it leaves, rejected, when the timeout passed."""
+    request.status, request.reason = REJECTED, "timeout"
+    request.finish_s = request.arrival_s + timeout_s
+    on_done(request, now)
 
 
 class EngineProcess:
@@ -87,6 +93,14 @@ class EngineProcess:
         request.finish_s = now
         request.status = FINISHED
         self.on_done(request, now)
+
+    def rejects_on_timeout(self) -> bool:
+        """Whether waiting requests may time out and be rejected (``on_timeout: reject``)."""
+        return self.config.queue_timeout_s is not None and self.config.on_timeout == "reject"
+
+    def expire_waiting(self, now: float) -> None:
+        """Reject the waiting requests whose queue timeout has passed."""
+        reject_expired(self.queue, self.config, now, self.on_done)
 
     def idle(self):
         """Wait (``yield from`` in ``run``) until :meth:`notify` says work may be waiting."""
@@ -124,12 +138,12 @@ class Engine(EngineProcess):
 
     def run(self):
         env, cfg = self.env, self.config
-        expire = cfg.queue_timeout_s is not None and cfg.on_timeout == "reject"
+        expire = self.rejects_on_timeout()
         observers = self.observers
         while True:
             self.now = now = env.now if self.now < env.now else self.now
             if expire:
-                reject_expired(self.queue, cfg, now, self.on_done)
+                self.expire_waiting(now)
             iteration = self.schedule()
             if iteration is None:
                 yield from self.idle()
@@ -199,6 +213,8 @@ class Engine(EngineProcess):
         if iteration.decoding:
             self.decode.advance(now)
         for request, chunk in iteration.chunks:
+            if request.status is not RUNNING:     # preempted after its chunk was scheduled (by priority)
+                continue
             request.prefilled += chunk
             if self._tiered:
                 self.kv.filled(request)
@@ -260,25 +276,35 @@ class Engine(EngineProcess):
             chunk = min(todo, limit) if cfg.chunked_prefill else todo
             if chunk <= 0 or chunk > limit:
                 break
-            if tiered:
-                if not kv.admit(request, chunk, now):
-                    break
-            else:
-                wanted = kv.blocks_for(chunk)
-                if wanted > kv.free_blocks:
-                    break
-                kv.allocate(wanted)
-                request.blocks = wanted
+            if not self._take_blocks(request, chunk, now):
+                break
             queue.pop(now)
-            request.status = RUNNING
-            request.admit_order = self._admitted
-            self._admitted += 1
-            if request.first_scheduled_s != request.first_scheduled_s:   # NaN: first time
-                request.first_scheduled_s = now
-            self.running[request.id] = request
-            self.prefilling.append(request)
-            chunks.append((request, chunk))
+            self._start(request, now, chunk, chunks)
             budget -= chunk
+
+    def _take_blocks(self, request: Request, chunk: int, now: float) -> bool:
+        """KV blocks for ``request``'s first ``chunk`` (and, with a tiered cache, the cached prefix the
+        last ``kv.match`` found); False, taking nothing, when they do not fit."""
+        kv = self.kv
+        if self._tiered:
+            return kv.admit(request, chunk, now)
+        wanted = kv.blocks_for(chunk)
+        if wanted > kv.free_blocks:
+            return False
+        kv.allocate(wanted)
+        request.blocks = wanted
+        return True
+
+    def _start(self, request: Request, now: float, chunk: int, chunks: list) -> None:
+        """Admit ``request``, just taken from the queue with its blocks, for its first ``chunk``."""
+        request.status = RUNNING
+        request.admit_order = self._admitted
+        self._admitted += 1
+        if request.first_scheduled_s != request.first_scheduled_s:   # NaN: first time
+            request.first_scheduled_s = now
+        self.running[request.id] = request
+        self.prefilling.append(request)
+        chunks.append((request, chunk))
 
     # -- leaving --------------------------------------------------------------------------------
     def finish(self, request: Request, now: float) -> None:
@@ -288,10 +314,13 @@ class Engine(EngineProcess):
         self.report_finished(request, now)
 
     def preempt_latest(self, now: float) -> Request:
-        """Preempt the most recently admitted request: free its KV and send it back to the
-        queue front, to be recomputed (prompt plus what it generated) from what the KV cache
-        keeps of it (nothing, unless it swaps). Returns it."""
-        request = next(reversed(self.running.values()))
+        """Make room in the KV cache: preempt the most recently admitted request. Returns it."""
+        return self.preempt(next(reversed(self.running.values())), now)
+
+    def preempt(self, request: Request, now: float) -> Request:
+        """Preempt ``request``: free its KV and send it back to the queue front, to be recomputed
+        (prompt plus what it generated) from what the KV cache keeps of it (nothing, unless it
+        swaps). Returns it."""
         if request in self.prefilling:
             self.prefilling.remove(request)
             kv_tokens = request.prefilled

@@ -38,7 +38,7 @@ class Request:
                  "first_scheduled_s", "first_token_s", "finish_s", "last_token_s", "generated",
                  "prefill_target", "prefilled", "blocks", "admit_order", "preemptions", "max_itl_s",
                  "epoch", "decode_start", "finish_step", "context_start", "growing",
-                 "alpha", "draft_tokens", "accepted_tokens", "slot",
+                 "alpha", "draft_tokens", "accepted_tokens", "slot", "class_index",
                  "prefix_keys", "cached_blocks", "cached_tokens", "reloaded_tokens", "swapped_tokens")
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
@@ -74,6 +74,7 @@ class Request:
         self.draft_tokens = 0
         self.accepted_tokens = 0
         self.slot = -1
+        self.class_index = 0           # its traffic class (an index into the workload's classes)
         # Tiered KV cache (llmsim.sim.prefix_cache), untouched without it: the content keys of the
         # request's full blocks (computed when first looked up), how many leading blocks it shares
         # through the prefix cache, the prompt tokens found cached at its first admission and the
@@ -181,8 +182,10 @@ class RequestRecords:
     STATUSES = (UNFINISHED.value, FINISHED.value, REJECTED.value)     # code -> record string
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 alpha: np.ndarray | None = None, session_id: np.ndarray | None = None, prefix_cache: bool = False):
+                 alpha: np.ndarray | None = None, class_index: np.ndarray | None = None,
+                 session_id: np.ndarray | None = None, prefix_cache: bool = False):
         n = len(arrival_s)
+        self.class_index = class_index
         self.arrival_s = np.asarray(arrival_s, float)
         self.prompt_tokens = np.asarray(prompt_tokens, np.int64)
         self.output_tokens = np.asarray(output_tokens, np.int64)
@@ -210,6 +213,8 @@ class RequestRecords:
         """The request of row ``i`` as it arrives."""
         request = Request(i, arrival_s, prompt_tokens, output_tokens)
         request.alpha = self.alpha.item(i)
+        if self.class_index is not None:
+            request.class_index = self.class_index.item(i)
         return request
 
     def write(self, request: Request) -> None:

@@ -40,6 +40,7 @@ from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
+from llmsim.sim.scheduling import ClassEngine, class_mean_queue_lengths, class_queue_factory, class_rules
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
 from llmsim.speculation.config import stream_key
@@ -190,6 +191,7 @@ class SimulationResult:
     inter_token_gaps: InterTokenGaps = field(repr=False, default_factory=InterTokenGaps)
     stopped_by: str = COMPLETED
     fault: str | None = None
+    mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
     kv_tiers: dict | None = None         # the tiered KV cache's totals (prefix caching, host tier, swap), if any
 
     @property
@@ -233,9 +235,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     dep = scenario.deployment
     resolved = ResolvedDeployment.of(scenario)
     env = simpy.Environment()
-    shared = WaitingQueue() if dep.router == "shared_queue" else None
+    make_queue = class_queue_factory(scenario) or WaitingQueue
+    shared = make_queue() if dep.router == "shared_queue" else None
     records = RequestRecords(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                             _alphas(scenario, len(trace)), trace.session_id, scenario.engine.tiered_kv)
+                             _alphas(scenario, len(trace)), trace.class_index, trace.session_id,
+                             scenario.engine.tiered_kv)
 
     def on_done(replica):
         # Bound late: the router is built after its replicas.
@@ -248,7 +252,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     groups = []
     for index in range(resolved.replicas):
         kv = make_kv()
-        queue = shared if shared is not None else WaitingQueue()
+        queue = shared if shared is not None else make_queue()
         groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
                        for micro_batch in range(resolved.engines_per_replica)])
     engines = [engine for group in groups for engine in group]
@@ -316,6 +320,8 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         inter_token_gaps=gaps,
         stopped_by=stopped_by,
         fault=fault,
+        mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(queues, end_s)))
+        if scenario.workload.classes else None,
         kv_tiers=_kv_tiers(kv_caches, end_s),
     )
 
@@ -361,13 +367,16 @@ def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):
     cost model and the acceptance stream (keyed by the seed, like the acceptance rates)."""
     if scenario.engine.batching == "static":
         return StaticBatchEngine
+    engine = Engine
+    if scenario.workload.classes:
+        engine = partial(ClassEngine, rules=class_rules(scenario), policy=scenario.engine.scheduling_policy)
     if not scenario.speculating:
-        return Engine
+        return engine
     spec = scenario.speculation
     decode = partial(SpeculativeDecodeSet, speculation=spec, draft_cost=resolved.draft_cost,
                      acceptance_key=stream_key(scenario.seed, 2),
                      handoff_s=resolved.handoff_s if resolved.draft_separate else None)
-    return partial(Engine, decode=decode)
+    return partial(engine, decode=decode)
 
 
 def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
@@ -426,6 +435,8 @@ def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
 def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.DataFrame:
     """The per-request table of the first ``arrived`` requests: raw times plus the latencies derived from them."""
     frame = pd.DataFrame({name: column[:arrived] for name, column in records.columns().items()}, copy=False)
+    if scenario.workload.classes:
+        frame.insert(1, "class", np.array(scenario.workload.class_names, dtype=object)[records.class_index[:arrived]])
     frame["queue_wait_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
     frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
     frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]

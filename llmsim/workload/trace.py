@@ -42,6 +42,7 @@ class Trace:
     model: np.ndarray | None = None
     log_type: np.ndarray | None = None
     description: str = ""
+    class_index: np.ndarray | None = None     # with traffic classes: each request's class (its index)
     session_id: np.ndarray | None = None
     system_prompt_id: np.ndarray | None = None
     system_prompt_tokens: np.ndarray | None = None
@@ -50,8 +51,11 @@ class Trace:
         return len(self.arrival_s)
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
-                             "output_tokens": self.output_tokens})
+        frame = pd.DataFrame({"arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens,
+                              "output_tokens": self.output_tokens})
+        if self.class_index is not None:
+            frame["class_index"] = self.class_index
+        return frame
 
     def take(self, index: np.ndarray, description: str | None = None) -> "Trace":
         """The requests at ``index`` (an integer array, in order), every per-request field kept."""
@@ -60,7 +64,7 @@ class Trace:
         hash_ids = None if self.hash_ids is None else tuple(self.hash_ids[i] for i in index)
         return replace(self, arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
                        output_tokens=self.output_tokens[index], hash_ids=hash_ids, model=pick(self.model),
-                       log_type=pick(self.log_type),
+                       log_type=pick(self.log_type), class_index=pick(self.class_index),
                        description=self.description if description is None else description,
                        session_id=pick(self.session_id), system_prompt_id=pick(self.system_prompt_id),
                        system_prompt_tokens=pick(self.system_prompt_tokens))
@@ -78,6 +82,8 @@ def generate_trace(workload: Workload, seed: int) -> Trace:
     if workload.trace is not None:
         trace = workload.trace if workload.transforms is None else workload.transforms.apply(workload.trace, seed)
         return trace.cut(workload.num_requests, workload.duration_s)
+    if workload.classes:
+        return _class_trace(workload, seed)
     if workload.sessions is not None:
         return workload.sessions.trace(workload, seed)
     arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
@@ -87,6 +93,35 @@ def generate_trace(workload: Workload, seed: int) -> Trace:
     if workload.dataset is not None:
         return replace(workload.dataset.take(dataset_order(len(workload.dataset), n, prompt_rng)), arrival_s=times)
     return Trace(times, workload.prompt_tokens.sample(prompt_rng, n), workload.output_tokens.sample(output_rng, n))
+
+
+def _class_trace(workload: Workload, seed: int) -> Trace:
+    """Requests of several traffic classes: shares of one arrival stream, or a stream per class.
+
+    The streams beyond the three of a one-class trace (class draws, each class's arrivals and
+    lengths) are further children of the same seed, so adding classes leaves the first three as
+    they are.
+    """
+    classes = workload.classes
+    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4 + 3 * len(classes))]
+    if workload.arrival is not None:
+        times = workload.arrival.times(streams[0], workload.num_requests, workload.duration_s)
+        # Each arrival's class: an independent draw with the classes' shares.
+        index = np.searchsorted(np.cumsum([c.share for c in classes]), streams[3].random(len(times)), side="right")
+        index = index.clip(0, len(classes) - 1)
+    else:
+        parts = [c.arrival.times(streams[4 + 3 * i], workload.num_requests, workload.duration_s)
+                 for i, c in enumerate(classes)]
+        times = np.concatenate(parts)
+        index = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)])
+        order = np.argsort(times, kind="stable")[:workload.num_requests]
+        times, index = times[order], index[order]
+    prompt, output = np.zeros(len(times), np.int64), np.zeros(len(times), np.int64)
+    for i, c in enumerate(classes):
+        mine = index == i
+        prompt[mine] = (c.prompt_tokens or workload.prompt_tokens).sample(streams[5 + 3 * i], int(mine.sum()))
+        output[mine] = (c.output_tokens or workload.output_tokens).sample(streams[6 + 3 * i], int(mine.sum()))
+    return Trace(times, prompt, output, class_index=index.astype(np.int64))
 
 
 def dataset_order(size: int, n: int, rng: np.random.Generator) -> np.ndarray:

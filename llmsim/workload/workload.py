@@ -17,7 +17,9 @@ import numpy as np
 
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
+from llmsim.workload.classes import TrafficClass, classes_from_node
 from llmsim.workload.lengths import LengthDistribution, length_from_node
+from llmsim.workload.profiles import PROFILES, RateProfile, profile_from_node
 from llmsim.workload.sessions import Sessions, sessions_from_node
 from llmsim.workload.trace import Trace
 from llmsim.workload.trace_formats import FORMATS, TIMED_FORMATS, detect_format, read_trace
@@ -34,11 +36,13 @@ class Workload:
 
     A replayed ``trace`` (arrivals :class:`Replay`, already windowed and filtered) brings its own
     lengths (``prompt_tokens`` and ``output_tokens`` are None); ``transforms`` sample and rescale
-    it from the seed. A ``dataset`` gives the lengths of requests arriving by ``arrival``. With
+    it from the seed. A ``dataset`` gives the lengths of requests arriving by ``arrival``.
+    ``classes`` (empty: one class of traffic) are the traffic classes of
+    :mod:`llmsim.workload.classes`; when each has its own arrivals, ``arrival`` is None. With
     ``sessions`` the arrivals start conversations and ``prompt_tokens`` is each turn's new input
     (see :mod:`llmsim.workload.sessions`).
     """
-    arrival: RenewalProcess | Replay
+    arrival: RenewalProcess | RateProfile | Replay | None
     prompt_tokens: LengthDistribution | None
     output_tokens: LengthDistribution | None
     num_requests: int | None
@@ -48,13 +52,38 @@ class Workload:
     dataset: Trace | None = None
     sessions: Sessions | None = None
     hash_block_tokens: int = 512         # tokens per hash_ids entry of a replayed trace (Mooncake's blocks)
+    classes: tuple[TrafficClass, ...] = ()
+
+    @property
+    def class_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.classes)
+
+
+def arrival_from_node(arrival_node: Node) -> RenewalProcess | RateProfile:
+    """A synthetic arrival process: a renewal process at a rate, or a time-varying profile."""
+    process = arrival_node.choice("process", (*RENEWAL_PROCESSES, *PROFILES), "poisson")
+    if process in PROFILES:
+        arrival = profile_from_node(arrival_node, process)
+    else:
+        rate = arrival_node.quantity("rate", "rate")
+        kind = RENEWAL_PROCESSES[process]
+        arrival = kind(rate, arrival_node.number("cv", 1.0, minimum=0.0)) if kind is Gamma else kind(rate)
+    arrival_node.done()
+    return arrival
 
 
 def workload_from_node(node: Node, max_tokens: int) -> Workload:
+    own_arrivals = isinstance(node.raw("classes", None), dict) and all(
+        isinstance(c, dict) and "arrival" in c for c in node.raw("classes").values())
+    if own_arrivals and node.has("arrival"):
+        raise node.key_error("arrival", "every class has an arrival of its own", node.raw("arrival"),
+                             "no workload.arrival when each class has one")
     arrival_node = node.child("arrival")
-    process = arrival_node.choice("process", ARRIVAL_PROCESSES, "poisson")
-    trace = transforms = None
-    if process == Replay.process:
+    trace = transforms = arrival = None
+    process = None if own_arrivals else arrival_node.choice("process", (*ARRIVAL_PROCESSES, *PROFILES), "poisson")
+    if process is not None and process != Replay.process:
+        arrival = arrival_from_node(arrival_node)
+    elif process == Replay.process:
         path = arrival_node.path_value("path")
         fmt = arrival_node.choice("format", ("auto", *TIMED_FORMATS), "auto")
         if fmt == "auto" and detect_format(path, arrival_node, "path") not in TIMED_FORMATS:
@@ -66,19 +95,22 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         trace = check_selection(trace, transforms, arrival_node, "path")
         hash_block_tokens = arrival_node.number("hash_block_tokens", 512, integer=True, minimum=1)
         arrival = Replay()
-    else:
-        rate = arrival_node.quantity("rate", "rate")
-        kind = RENEWAL_PROCESSES[process]
-        arrival = kind(rate, arrival_node.number("cv", 1.0, minimum=0.0)) if kind is Gamma else kind(rate)
-    arrival_node.done()
+        arrival_node.done()
 
     num_requests = node.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
     duration_s = node.quantity("duration", "duration", None)
     if trace is None and num_requests is None and duration_s is None:
         raise node.error("say how much traffic to simulate", key=node.key_path("num_requests"),
                          has_value=False, allowed="workload.num_requests (a count) or workload.duration (e.g. '600 s')")
-    if trace is None:
+    if trace is None and arrival is not None:
         _check_window(node, arrival, num_requests, duration_s)
+    if node.has("classes") and (trace is not None or node.has("dataset")):
+        raise node.key_error("classes", "traffic classes draw their own lengths: a replayed trace or a dataset "
+                             "brings its own requests", node.raw("classes"),
+                             "no workload.classes with arrival.process: trace or workload.dataset")
+    if node.has("classes") and node.has("sessions"):
+        raise node.key_error("sessions", "sessions are not combined with traffic classes", node.raw("sessions"),
+                             "workload.sessions or workload.classes, not both")
     if trace is not None or node.has("dataset"):
         source = "the replayed trace" if trace is not None else "the dataset"
         for key in ("prompt_tokens", "output_tokens", "sessions") + (("dataset",) if trace is not None else ()):
@@ -90,11 +122,18 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         node.done()
         return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset,
                         hash_block_tokens=hash_block_tokens if trace is not None else 512)
+    classes = ()
+    if node.has("classes"):
+        has_lengths = node.has("prompt_tokens") and node.has("output_tokens")
+        classes = classes_from_node(node, lambda sub: arrival_from_node(sub), max_tokens, has_lengths)
+        if not has_lengths:           # every class has its own lengths (classes_from_node checks)
+            node.done()
+            return Workload(arrival, None, None, num_requests, duration_s, classes=classes)
     prompt = length_from_node(node, "prompt_tokens", max_tokens)
     output = length_from_node(node, "output_tokens", max_tokens)
     sessions = sessions_from_node(node.child("sessions"), max_tokens) if node.has("sessions") else None
     node.done()
-    return Workload(arrival, prompt, output, num_requests, duration_s, sessions=sessions)
+    return Workload(arrival, prompt, output, num_requests, duration_s, classes=classes, sessions=sessions)
 
 
 def dataset_from_node(node: Node) -> Trace:

@@ -1,0 +1,327 @@
+"""Scheduling several traffic classes on one engine: who joins the batch next, and who makes room.
+
+With ``workload.classes`` every replica keeps one FIFO per class (:class:`ClassQueue`) and
+its engines are :class:`ClassEngine`\\ s. ``engine.scheduling_policy`` chooses, whenever a
+sequence slot and token budget are free, which class's oldest waiting request joins:
+
+``fcfs``
+    the oldest arrival of any class (the single FIFO of a run without classes); requests
+    back from a preemption first, as the plain engine does.
+``priority``
+    strict priority: the most urgent class (lowest ``priority`` number) with a waiting
+    request, FIFO within a class; nothing running is interrupted (non-preemptive).
+``preemptive_priority``
+    the same, and at each iteration boundary a waiting request preempts running requests of
+    less urgent classes (the least urgent, most recently admitted first) when it lacks a
+    sequence slot or KV blocks. The preempted request is recomputed later (prompt plus what
+    it generated, as the engine's own preemption does): one prefill iteration of its context,
+    about one decode step when the engine is memory-bound.
+``weighted_fair``
+    deficit round robin (Shreedhar and Varghese, 1996) over the classes' token work: each
+    backlogged class earns ``weight / max weight x`` :data:`DRR_QUANTUM_TOKENS` of credit per round
+    and admits its oldest request while its credit covers the request's tokens (the prompt
+    still to compute plus the output still to generate). Backlogged classes get token shares
+    in proportion to their weights: over any stretch where both are backlogged, each class's
+    tokens are within twice (the largest request + the quantum) of its weight's share.
+``edf``
+    earliest deadline first: each request's deadline is its arrival plus its class's TTFT
+    limit (else its end-to-end limit; none: never urgent, FIFO after those with deadlines).
+``vllm_priority``
+    vLLM's ``--scheduling-policy priority`` (V1 scheduler, as its source reads in 2025,
+    ``confidence: assumption``): waiting requests ordered by (priority, arrival time), lower
+    first; no preemption to admit a waiting request; when the KV cache runs out, the running
+    request with the largest (priority, arrival time) is preempted instead of the most
+    recently admitted one.
+
+Under every policy a class's ``reserved_seqs`` are slots no other class may take (hard
+isolation: they stay free when the class has nothing waiting), and a class's queue timeout
+forces its waiting request in (``dispatch``: past the token budget; ``dedicated``: past the
+budget and into at most ``dedicated_seqs`` slots beyond ``max_num_seqs``) or rejects it.
+Under the priority policies the plain engine's KV preemption (make room for a running
+request) takes the least urgent running request instead of the most recent one.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from llmsim.scenario.scenario import Scenario
+from llmsim.sim.engine import Engine, reject_timed_out
+from llmsim.sim.request import QUEUED, Request, TimeAverage
+
+# Credit per round of the heaviest class: small against a request, so a class's turn admits a
+# request or two, not a long burst (a larger quantum loosens the fairness bound).
+DRR_QUANTUM_TOKENS = 1024
+INF = float("inf")
+
+
+@dataclass(frozen=True)
+class ClassRule:
+    """How the scheduler treats one class: the class's settings resolved against the engine's."""
+    name: str
+    priority: int
+    weight: float
+    reserved_seqs: int
+    timeout_s: float | None
+    on_timeout: str
+    dedicated_seqs: int
+    deadline_s: float            # from arrival (EDF); inf when the class has no TTFT or e2e limit
+
+
+def class_rules(scenario: Scenario) -> tuple[ClassRule, ...]:
+    """Every traffic class's scheduling rule; a class without a timeout takes the engine's."""
+    engine = scenario.engine
+    rules = []
+    for c in scenario.workload.classes:
+        slo = scenario.slo.for_class(c.name)
+        deadline = slo.ttft_s if slo.ttft_s is not None else slo.e2e_s
+        timeout = c.queue_timeout_s if c.queue_timeout_s is not None else engine.queue_timeout_s
+        action = c.on_timeout if c.queue_timeout_s is not None else engine.on_timeout
+        rules.append(ClassRule(c.name, c.priority, c.weight, c.reserved_seqs, timeout, action or "dispatch",
+                               c.dedicated_seqs, INF if deadline is None else deadline))
+    return tuple(rules)
+
+
+class ClassQueue:
+    """One FIFO per traffic class, and the policy's choice between their heads (module docstring).
+
+    It offers the plain queue's interface (``head``/``pop``, ``push``, ``push_front``, ``length``)
+    plus per-class access: :meth:`choose` among some classes, :meth:`front`, :meth:`pop_class`.
+    ``class_length[c]`` integrates class ``c``'s queue length over time.
+    """
+
+    def __init__(self, rules: tuple[ClassRule, ...], policy: str, quantum_tokens: int):
+        self.rules, self.policy = rules, policy
+        self._queues: list[deque[Request]] = [deque() for _ in rules]
+        self._count = 0
+        self.length = TimeAverage()
+        self.class_length = [TimeAverage(logged=False) for _ in rules]
+        self._chosen = -1
+        top = max(r.weight for r in rules)
+        self._quantum = [r.weight / top * quantum_tokens for r in rules]
+        self._deficit = [0.0] * len(rules)
+        self._turn = 0
+        self._key = _ORDER.get(policy)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+    def waiting_classes(self) -> list[int]:
+        return [c for c, q in enumerate(self._queues) if q]
+
+    def front(self, c: int) -> Request:
+        return self._queues[c][0]
+
+    def _change(self, c: int, now: float, delta: int) -> None:
+        self._count += delta
+        self.length.change(now, delta)
+        self.class_length[c].change(now, delta)
+
+    def push(self, request: Request, now: float) -> None:
+        request.status = QUEUED
+        self._queues[request.class_index].append(request)
+        self._change(request.class_index, now, +1)
+
+    def push_front(self, request: Request, now: float) -> None:
+        request.status = QUEUED
+        self._queues[request.class_index].appendleft(request)
+        self._change(request.class_index, now, +1)
+
+    def choose(self, classes: list[int]) -> int:
+        """The class, among ``classes`` (each with a request waiting), whose head goes next."""
+        if self._key is not None:
+            key, rules, queues = self._key, self.rules, self._queues
+            return min(classes, key=lambda c: key(queues[c][0], rules[c]))
+        return self._round_robin(classes)
+
+    def _round_robin(self, classes: list[int]) -> int:
+        """Deficit round robin: the class whose turn it is, once its credit covers its head's tokens."""
+        n = len(self.rules)
+        while True:
+            c = self._turn
+            if c in classes and self._deficit[c] >= _work(self._queues[c][0]):
+                return c
+            self._turn = (c + 1) % n
+            if self._turn in classes:
+                self._deficit[self._turn] += self._quantum[self._turn]
+
+    def pop_class(self, c: int, now: float) -> Request:
+        request = self._queues[c].popleft()
+        self._change(c, now, -1)
+        if self._key is None:
+            self._deficit[c] -= _work(request)
+            if not self._queues[c]:
+                self._deficit[c] = 0.0           # an idle class keeps no credit (DRR)
+        return request
+
+    def head(self) -> Request:
+        self._chosen = self.choose(self.waiting_classes())
+        return self.front(self._chosen)
+
+    def pop(self, now: float) -> Request:
+        return self.pop_class(self._chosen, now)
+
+    def expire(self, now: float) -> list[tuple[Request, float]]:
+        """Remove and return (request, its timeout) for never-started requests of ``reject`` classes
+        that have waited their class's timeout (started ones, back from a preemption, stay)."""
+        expired = []
+        for c, rule in enumerate(self.rules):
+            if rule.on_timeout != "reject" or rule.timeout_s is None or not self._queues[c]:
+                continue
+            queue, kept = self._queues[c], []
+            while queue:
+                request = queue[0]
+                if request.first_scheduled_s == request.first_scheduled_s:      # started: not NaN
+                    kept.append(queue.popleft())
+                elif now - request.arrival_s >= rule.timeout_s:
+                    expired.append((queue.popleft(), rule.timeout_s))
+                    self._change(c, now, -1)
+                else:
+                    break
+            queue.extendleft(reversed(kept))
+        return expired
+
+
+def _work(request: Request) -> int:
+    """Tokens a request still needs: the prompt (or recompute) left to compute plus the output left."""
+    return request.prefill_target - request.prefilled + request.output_tokens - request.generated
+
+
+def _started(request: Request) -> bool:
+    return request.first_scheduled_s == request.first_scheduled_s
+
+
+# Sort keys of a class's head under each ordered policy (smallest goes first).
+_ORDER: dict[str, Callable[[Request, ClassRule], tuple]] = {
+    "fcfs": lambda r, rule: (not _started(r), r.arrival_s),
+    "priority": lambda r, rule: (rule.priority, not _started(r), r.arrival_s),
+    "preemptive_priority": lambda r, rule: (rule.priority, not _started(r), r.arrival_s),
+    "vllm_priority": lambda r, rule: (rule.priority, r.arrival_s),
+    "edf": lambda r, rule: (r.arrival_s + rule.deadline_s, r.arrival_s),
+}
+
+
+class ClassEngine(Engine):
+    """The continuous-batching engine with a :class:`ClassQueue`: admission follows the policy,
+    class reservations and class timeouts; ``seats[c]`` counts class ``c``'s running requests."""
+
+    def __init__(self, *args, rules: tuple[ClassRule, ...], policy: str, **kwargs):
+        self.rules, self.policy = rules, policy
+        self.seats = [0] * len(rules)
+        self._reserving = any(r.reserved_seqs for r in rules)
+        self._victim_key = _VICTIM.get(policy)
+        super().__init__(*args, **kwargs)
+
+    # -- timeouts ---------------------------------------------------------------------------------
+    def rejects_on_timeout(self) -> bool:
+        return any(r.on_timeout == "reject" and r.timeout_s is not None for r in self.rules)
+
+    def expire_waiting(self, now: float) -> None:
+        for request, timeout_s in self.queue.expire(now):
+            reject_timed_out(request, timeout_s, now, self.on_done)
+
+    # -- admission -----------------------------------------------------------------------------
+    def schedule(self):
+        if self.policy == "preemptive_priority" and self.queue and self.running:
+            self._preempt_for_waiting(self.now)
+        return super().schedule()
+
+    def _forced(self, rule: ClassRule, request: Request, now: float) -> bool:
+        return rule.timeout_s is not None and rule.on_timeout != "reject" and now - request.arrival_s >= rule.timeout_s
+
+    def _may_seat(self, c: int, now: float) -> bool:
+        """Whether class ``c``'s head may take a sequence slot now."""
+        rule = self.rules[c]
+        seats = self.config.max_num_seqs
+        if rule.on_timeout == "dedicated" and self._forced(rule, self.queue.front(c), now):
+            seats += rule.dedicated_seqs
+        if self._reserving and self.seats[c] >= rule.reserved_seqs:
+            # Slots other classes reserved and do not use are not this class's to take.
+            seats -= sum(max(0, r.reserved_seqs - self.seats[d]) for d, r in enumerate(self.rules) if d != c)
+        return len(self.running) < seats
+
+    def _admit(self, now: float, budget: int, chunks: list) -> None:
+        cfg, kv, queue = self.config, self.kv, self.queue
+        while queue:
+            classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
+            if not classes:
+                break
+            c = queue.choose(classes)
+            request = queue.front(c)
+            if self._tiered:
+                kv.match(request, now)           # its cached prefix (or swapped-out KV) is not computed
+            todo = request.prefill_target - request.prefilled
+            limit = max(budget, cfg.max_batch_tokens) if self._forced(self.rules[c], request, now) else budget
+            chunk = min(todo, limit) if cfg.chunked_prefill else todo
+            if chunk <= 0 or chunk > limit:
+                break
+            if not self._take_blocks(request, chunk, now):
+                break
+            queue.pop_class(c, now)
+            self._start(request, now, chunk, chunks)
+            budget -= chunk
+
+    def _start(self, request, now, chunk, chunks):
+        super()._start(request, now, chunk, chunks)
+        self.seats[request.class_index] += 1
+
+    # -- leaving and preemption ----------------------------------------------------------------
+    def finish(self, request: Request, now: float) -> None:
+        self.seats[request.class_index] -= 1
+        super().finish(request, now)
+
+    def preempt(self, request: Request, now: float) -> Request:
+        self.seats[request.class_index] -= 1
+        return super().preempt(request, now)
+
+    def preempt_latest(self, now: float) -> Request:
+        """Make room in the KV cache: under a priority policy, the least urgent running request."""
+        if self._victim_key is None:
+            return super().preempt_latest(now)
+        rules = self.rules
+        victim_key = self._victim_key
+        return self.preempt(max(reversed(self.running.values()), key=lambda r: victim_key(r, rules)), now)
+
+    def _preempt_for_waiting(self, now: float) -> None:
+        """Preemptive priority: while the most urgent waiting request lacks a slot or KV blocks for its
+        first chunk, preempt the least urgent running request of a less urgent class."""
+        cfg, kv, queue, rules = self.config, self.kv, self.queue, self.rules
+        while queue:
+            c = queue.choose(queue.waiting_classes())
+            request = queue.front(c)
+            chunk = request.prefill_target - request.prefilled
+            if cfg.chunked_prefill:
+                chunk = min(chunk, cfg.max_batch_tokens)
+            if self._may_seat(c, now) and kv.blocks_for(chunk) <= kv.free_blocks:
+                return
+            lower = [r for r in reversed(self.running.values()) if rules[r.class_index].priority > rules[c].priority]
+            if not lower:
+                return
+            self.preempt(max(lower, key=lambda r: rules[r.class_index].priority), now)
+
+
+# Which running request a priority policy preempts for KV: the largest key.
+_VICTIM: dict[str, Callable[[Request, tuple[ClassRule, ...]], tuple]] = {
+    "priority": lambda r, rules: (rules[r.class_index].priority, r.admit_order),
+    "preemptive_priority": lambda r, rules: (rules[r.class_index].priority, r.admit_order),
+    "vllm_priority": lambda r, rules: (rules[r.class_index].priority, r.arrival_s),
+}
+
+
+def class_queue_factory(scenario: Scenario) -> Callable[[], ClassQueue] | None:
+    """A maker of the scenario's class queues (None without traffic classes)."""
+    if not scenario.workload.classes:
+        return None
+    rules = class_rules(scenario)
+    return lambda: ClassQueue(rules, scenario.engine.scheduling_policy, DRR_QUANTUM_TOKENS)
+
+
+def class_mean_queue_lengths(queues, end_s: float) -> np.ndarray:
+    """Time-average waiting requests per class over ``[0, end_s]``, summed over ``queues``."""
+    return np.sum([[length.mean(end_s) for length in q.class_length] for q in queues], axis=0)

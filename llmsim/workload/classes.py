@@ -1,0 +1,94 @@
+"""Traffic classes: kinds of requests sharing one fleet, each with its own lengths and promises.
+
+``workload.classes`` maps a class name to its settings. A class either takes a ``share`` of
+the workload's arrivals (every class a share, summing to 1: each arrival is assigned a class
+by an independent categorical draw) or has an ``arrival`` process of its own (every class
+one: the streams are merged). Each class may set its own ``prompt_tokens`` and
+``output_tokens`` (default: the workload's), and how the scheduler treats it: ``priority``
+(0 is the most urgent), ``weight`` (its share of the token budget under weighted fair
+sharing), ``reserved_seqs`` (sequence slots no other class may take: isolation),
+``queue_timeout`` and ``on_timeout``: ``dispatch`` (forced into the next iteration past the
+token budget), ``dedicated`` (forced in, past the budget and past ``max_num_seqs`` too, into at
+most ``dedicated_seqs`` extra slots: a small batch of its own) or ``reject``.
+
+Defaults follow common serving practice (multi-level priority queues with differentiated
+queue timeouts; ``confidence: assumption``, not a measured figure): a class named
+``interactive`` has priority 0 and a 50 ms timeout, ``standard`` priority 1 and 200 ms,
+``batch`` priority 2 and 1000 ms, all with ``on_timeout: dispatch``. Any other name has
+priority 0 and the engine's ``queue_timeout`` / ``on_timeout``. A class's SLO is set under
+``slo.classes.<name>`` (read with the scenario).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsim.config.reader import Node
+from llmsim.workload.lengths import LengthDistribution, length_from_node
+
+TIMEOUT_ACTIONS = ("dispatch", "dedicated", "reject")
+# name -> (priority, queue timeout in seconds): the tiers of common practice.
+PRACTICE_TIERS = {"interactive": (0, 0.050), "standard": (1, 0.200), "batch": (2, 1.000)}
+DEDICATED_SEQS = 4
+SHARE_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class TrafficClass:
+    """One class of traffic (see the module docstring). ``queue_timeout_s`` None: the engine's."""
+    name: str
+    share: float | None
+    arrival: object | None              # its own arrival process (renewal or rate profile), or None
+    prompt_tokens: LengthDistribution | None
+    output_tokens: LengthDistribution | None
+    priority: int = 0
+    weight: float = 1.0
+    reserved_seqs: int = 0
+    queue_timeout_s: float | None = None
+    on_timeout: str | None = None
+    dedicated_seqs: int = DEDICATED_SEQS
+
+
+def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bool) -> tuple[TrafficClass, ...]:
+    """``workload.classes`` (``node`` is the workload); ``read_arrival(node)`` reads an arrival mapping."""
+    raw = node.raw("classes")
+    if not isinstance(raw, dict) or not raw:
+        raise node.key_error("classes", "expected a mapping of class names to their settings", raw,
+                             "e.g. {interactive: {share: 0.3}, batch: {share: 0.7}}")
+    holder = node.child("classes")
+    classes = []
+    for name in raw:
+        each = holder.child(str(name))
+        priority, timeout = PRACTICE_TIERS.get(str(name), (0, None))
+        share = each.number("share", None, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+        arrival = read_arrival(each.child("arrival")) if each.has("arrival") else None
+        if (share is None) == (arrival is None):
+            raise each.error("a class needs exactly one of share (of the workload's arrivals) or arrival "
+                             "(its own process)", key=each.path, value=raw[name],
+                             allowed="share: 0.3, or arrival: {process: poisson, rate: 5/s}")
+        lengths = {}
+        for key in ("prompt_tokens", "output_tokens"):
+            if each.has(key):
+                lengths[key] = length_from_node(each, key, max_tokens)
+            elif not has_lengths:
+                raise each.error(f"this class needs {key} (the workload sets none)", key=each.key_path(key),
+                                 has_value=False, allowed="a length, as workload.prompt_tokens")
+            else:
+                lengths[key] = None
+        classes.append(TrafficClass(
+            name=str(name), share=share, arrival=arrival, **lengths,
+            priority=each.number("priority", priority, integer=True, minimum=0),
+            weight=each.number("weight", 1.0, minimum=0.0, exclusive_minimum=True),
+            reserved_seqs=each.number("reserved_seqs", 0, integer=True, minimum=0),
+            queue_timeout_s=each.quantity("queue_timeout", "duration", timeout),
+            on_timeout=each.choice("on_timeout", TIMEOUT_ACTIONS, "dispatch" if timeout is not None else None),
+            dedicated_seqs=each.number("dedicated_seqs", DEDICATED_SEQS, integer=True, minimum=1)))
+        each.done()
+    shares = [c.share for c in classes]
+    if any(s is None for s in shares) and any(s is not None for s in shares):
+        raise node.key_error("classes", "either every class has a share of the workload's arrivals or every "
+                             "class has an arrival of its own", {c.name: c.share for c in classes},
+                             "share on every class, or arrival on every class")
+    if shares[0] is not None and abs(sum(shares) - 1.0) > SHARE_TOLERANCE:
+        raise node.key_error("classes", f"the shares sum to {sum(shares):g}, not 1",
+                             {c.name: c.share for c in classes}, "shares (0, 1] summing to 1")
+    return tuple(classes)
