@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmsim.cli import calibrate, catalog, plan, recommend, run, sweep
+from llmsim.cli import calibrate, catalog, plan, recommend, report, run, sweep
 from llmsim.errors import ConfigError
 
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_parsers(sub)           # calibrate, validate
     plan.add_parser(sub)
     recommend.add_parser(sub)
+    report.add_parser(sub)
     catalog.add_parsers_listing(sub)     # models, hardware
     return parser
 
