@@ -64,6 +64,7 @@ class EngineConfig:
     on_timeout: str = "dispatch"
     kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
     scheduling_policy: str = "fcfs"      # with traffic classes: see llmsim.sim.scheduling
+    admission: str = "preempt"           # see ADMISSION_MODES
     prefix_caching: bool = False         # vLLM enable_prefix_caching: reuse cached blocks of shared prefixes
     preemption_mode: str = "recompute"   # vLLM preemption_mode: recompute, or swap to host memory
     cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
@@ -77,6 +78,13 @@ class EngineConfig:
     def tiered_kv(self) -> bool:
         """The KV cache does more than count blocks (llmsim.sim.prefix_cache.TieredKV)."""
         return self.prefix_caching or self.host_tier
+
+
+# How a continuous-batching engine admits requests against its KV cache (the engines it mimics):
+# preempt: vLLM, blocks for the first chunk, preempt the latest and recompute when the cache runs out;
+# max_utilization: TensorRT-LLM MAX_UTILIZATION, blocks for the whole prompt, then as vLLM (pause = recompute);
+# guaranteed_no_evict: TensorRT-LLM GUARANTEED_NO_EVICT, blocks for prompt + output reserved up front, never evicts.
+ADMISSION_MODES = ("preempt", "max_utilization", "guaranteed_no_evict")
 
 
 SLO_METRICS = ("ttft", "tpot", "e2e")
@@ -247,6 +255,7 @@ def scenario_from_node(root: Node) -> Scenario:
         on_timeout=eng.choice("on_timeout", ON_TIMEOUT, ENGINE.on_timeout),
         kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
         scheduling_policy=eng.choice("scheduling_policy", SCHEDULING_POLICIES, ENGINE.scheduling_policy),
+        admission=eng.choice("admission", ADMISSION_MODES, ENGINE.admission),
         prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
         preemption_mode=eng.choice("preemption_mode", PREEMPTION_MODES, ENGINE.preemption_mode),
         cpu_offload=_cpu_offload(eng))

@@ -94,7 +94,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         transforms = transforms_from_node(arrival_node)
         trace = check_selection(trace, transforms, arrival_node, "path")
         hash_block_tokens = arrival_node.number("hash_block_tokens", 512, integer=True, minimum=1)
-        arrival = Replay()
+        arrival = Replay(transforms.replayed_rate_per_s(trace))
         arrival_node.done()
 
     num_requests = node.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
