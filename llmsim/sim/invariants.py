@@ -9,7 +9,9 @@ rather than from the engine's own bookkeeping formulas:
 - time: every iteration has a finite, positive duration, and an engine's iterations neither
   go back in time nor overlap (each starts at or after the previous one's end);
 - KV blocks: the cache never holds more blocks than it has or fewer than none, and blocks
-  allocated = blocks freed + blocks held, at every iteration and at the end;
+  allocated = blocks freed + blocks held, at every iteration and at the end (with prefix caching,
+  :class:`~llmsim.sim.prefix_cache.TieredKV`, the held blocks include the idle cached ones, which
+  an allocation may take back);
 - queues and batches: no count is negative, an engine never runs more sequences than its
   ``max_num_seqs``;
 - tokens: the tokens the observed iterations emitted are the tokens the requests received
@@ -48,8 +50,9 @@ class InvariantChecker:
         last_end = self._last_end.get(id(engine), 0.0)
         kv = engine.kv
         used = kv.num_blocks - kv.free_blocks
+        held = kv.num_blocks - getattr(kv, "empty_blocks", kv.free_blocks)     # cached idle blocks too
         if not (0.0 < duration < math.inf and start >= last_end - SLACK_S * (1.0 + last_end)
-                and 0 <= used <= kv.num_blocks and kv.allocated_total - kv.freed_total == used
+                and 0 <= used <= held <= kv.num_blocks and kv.allocated_total - kv.freed_total == held
                 and 0 <= iteration.kv_used_blocks <= kv.num_blocks
                 and min(iteration.decode_seqs, iteration.prefill_seqs, iteration.prefill_tokens, iteration.tokens_out,
                         iteration.running, iteration.queued) >= 0
@@ -68,9 +71,11 @@ class InvariantChecker:
         _require(iteration.start_s >= last_end - SLACK_S * (1.0 + last_end),
                  f"{where}: starts before the engine's previous iteration ended ({last_end!r} s)")
         kv = engine.kv
-        _require(0 <= kv.used_blocks <= kv.num_blocks, f"{where}: {kv.used_blocks} KV blocks held of {kv.num_blocks}")
-        _require(kv.allocated_total - kv.freed_total == kv.used_blocks,
-                 f"{where}: {kv.allocated_total} blocks allocated, {kv.freed_total} freed, {kv.used_blocks} held")
+        held = kv.num_blocks - getattr(kv, "empty_blocks", kv.free_blocks)
+        _require(0 <= kv.used_blocks <= held <= kv.num_blocks,
+                 f"{where}: {kv.used_blocks} KV blocks in use, {held} held of {kv.num_blocks}")
+        _require(kv.allocated_total - kv.freed_total == held,
+                 f"{where}: {kv.allocated_total} blocks allocated, {kv.freed_total} freed, {held} held")
         _require(0 <= iteration.kv_used_blocks <= kv.num_blocks, f"{where}: logged {iteration.kv_used_blocks} blocks")
         counts = {name: getattr(iteration, name) for name in ("decode_seqs", "prefill_seqs", "prefill_tokens",
                                                               "tokens_out", "running", "queued")}
