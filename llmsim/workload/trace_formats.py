@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmsim.config.limits import MAX_QUANTITY, MAX_TABLE_FILE_BYTES, MAX_TRACE_TOKENS
+from llmsim.config.limits import MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES, MAX_TRACE_TOKENS
 from llmsim.config.reader import Node, read_text
 from llmsim.errors import ConfigError
 from llmsim.workload.trace import Trace, read_csv
@@ -146,7 +146,7 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
     sessions = None
     if fmt == "llmsim" and "session_id" in frame.columns:
         # Turns of one conversation: each prompt extends the one before (history plus new input).
-        ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, integer=True)
+        ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, maximum=MAX_NUMBER, integer=True)
         sessions = pd.factorize(ids.astype(np.int64))[0].astype(np.int64)
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
                   log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions)
