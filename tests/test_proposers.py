@@ -250,3 +250,26 @@ def test_a_larger_draft_or_another_vocabulary_can_be_allowed_explicitly():
     assert larger.speculation.draft.name == "Llama-3.1-8B"
     other = h100_8b({"draft": "Llama-2-7B", "allow_different_vocabulary": True, "allow_larger_draft": False})
     assert other.speculation.draft.vocab_size != other.model.vocab_size
+
+
+# -- chunked prefill of long prompts ---------------------------------------------------------------------
+def test_the_draft_prefills_each_chunk_of_a_long_prompt_with_the_target():
+    """A 6,000-token prompt under a 2,048-token budget is prefilled in chunks over three
+    iterations; the draft model prefills each chunk in the same iteration (its first step), so an
+    iteration that only prefills costs the target's chunk plus the draft's chunk at the same
+    context: the first chunk (context 0, no logits) is priced by the draft's own cost model."""
+    scenario = make_scenario({"model": "Llama-3.1-8B", "engine": {"max_batch_tokens": 2048, "max_num_seqs": 4},
+                              "workload": {"num_requests": 1, "arrival": {"process": "deterministic", "rate": 1.0},
+                                           "prompt_tokens": {"distribution": "fixed", "value": 6000},
+                                           "output_tokens": {"distribution": "fixed", "value": 50}},
+                              "speculation": {"draft": "Llama-3.2-1B", "k": 3,
+                                              "eligibility": {"min_concurrent_requests": 1}}})
+    result = simulate(scenario)
+    chunks = result.iterations[result.iterations["prefill_seqs"] == 1]
+    assert list(chunks["prefill_tokens"]) == [2048, 2048, 6000 - 4096]
+    draft = CostModel(scenario.speculation.draft, scenario.hardware)
+    first = draft.step_time(draft.features([2048], [0], [], prefill_logits=0))
+    assert chunks["draft_s"].iloc[0] == pytest.approx(first)
+    assert chunks["draft_s"].iloc[1] > first                     # the same chunk size over 2,048 cached tokens
+    assert result.requests["status"].eq("finished").all()
+    assert result.summary()["speculation"]["blocked_share"]["speculated"] > 0.8
