@@ -31,7 +31,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-LOADS = (0.5, 2.0, 4.0, 8.0, 12.0)
+LOADS = (0.5, 4.0, 8.0, 12.0, 16.0)
 KS = (1, 2, 3, 4, 6)
 NGRAM_CPU_S = 50e-6
 

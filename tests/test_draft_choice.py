@@ -93,3 +93,23 @@ def test_eligibility_tuning_lets_a_single_stream_speculate():
     default = table[(table.min_concurrent_requests == 2) & (table.min_sequence_tokens == 32)].iloc[0]
     assert default["speculating_share"] == 0.0
     assert table["tpot_s"].min() < default["tpot_s"]
+
+
+def test_the_choice_reads_as_text(fixed_cost):
+    from llmsim.search.draft_choice import format_draft_choice
+    choice = choose_draft(one_at_a_time(fixed_cost), drafts({2: 0.7, 25: 0.72}), simulate_top=2)
+    text = format_draft_choice(choice)
+    assert text.startswith("draft: draft-2 at k") and "Theorem 3.8" in text and "20-30% rule" in text
+
+
+def test_candidates_are_the_verifiable_smaller_models_their_fp8_variants_a_head_and_ngram():
+    from llmsim.search.draft_choice import candidates
+    scenario = make_scenario({"model": "Llama-3.1-70B", "deployment": {"tensor_parallel": 4}})
+    labels = {c.label: c for c in candidates(scenario)}
+    for name in ("Llama-3.2-1B", "Llama-3.2-3B", "Llama-3.1-8B"):
+        assert name in labels and f"{name} (fp8)" in labels
+        assert labels[f"{name} (fp8)"].draft.weight_dtype == "fp8"
+        assert labels[f"{name} (fp8)"].alpha < labels[name].alpha            # the assumed quantisation loss
+    assert {"none", "EAGLE head", "n-gram lookup"} <= set(labels)
+    assert not any(name.startswith(("Llama-2", "Llama-3.3-70B", "Llama-3.1-405B", "Qwen")) for name in labels)
+    assert labels["Llama-3.2-1B"].alpha < labels["Llama-3.1-8B"].alpha

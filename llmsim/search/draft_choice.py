@@ -218,3 +218,27 @@ def tune_eligibility(scenario: Scenario, trace=None) -> tuple[Eligibility, pd.Da
     passing = table[table["slo_met"]] if table["slo_met"].any() else table
     best = passing.loc[passing["tpot_s"].idxmin()]
     return Eligibility(int(best["min_sequence_tokens"]), int(best["min_concurrent_requests"])), table
+
+
+def format_draft_choice(choice: DraftChoice, eligibility: Eligibility | None = None,
+                        eligibility_table: pd.DataFrame | None = None) -> str:
+    """The draft choice (and the tuned eligibility) as a person reads it."""
+    lines = [f"draft: {choice.best.label} at k {choice.best_k}" if choice.best.kind != NONE
+             else "draft: none (plain decoding is fastest here)"]
+    for row in choice.table.itertuples():
+        alpha = "" if row.kind == NONE else f"alpha {row.alpha:.2f}" + (
+            f" ({row.alpha_low:.2f}-{row.alpha_high:.2f})" if row.alpha_low == row.alpha_low else " (measured)")
+        simulated = f", simulated TPOT {1e3 * row.tpot_s:.1f} ms ({row.speedup_simulated:.2f}x)" \
+            if row.tpot_s == row.tpot_s else ""
+        theorem = "" if row.kind == NONE else f", c {row.c:.3f}, Theorem 3.8: k {row.k}, {row.speedup_theorem_3_8:.2f}x"
+        lines.append(f"  {row.candidate:<34} {alpha}{theorem}{simulated}")
+    lines.append(f"  {choice.rule_text}")
+    if eligibility is not None:
+        lines.append(f"eligibility: min_concurrent_requests {eligibility.min_concurrent_requests}, "
+                     f"min_sequence_tokens {eligibility.min_sequence_tokens}")
+        for row in eligibility_table.itertuples():
+            lines.append(f"  min_concurrent_requests {row.min_concurrent_requests}, min_sequence_tokens "
+                         f"{row.min_sequence_tokens}: TPOT {1e3 * row.tpot_s:.1f} ms, "
+                         f"{100 * row.speculating_share:.0f}% of sequence-steps speculating"
+                         + ("" if row.slo_met else ", SLO missed"))
+    return "\n".join(lines)
