@@ -14,6 +14,7 @@ from llmsim.analysis.statistics import rising_trend
 from llmsim.scenario.overrides import variant
 from llmsim.search import plan as planning
 from llmsim.search import window as windows
+from llmsim.search import sweeps
 from llmsim.search.sweeps import run_points
 from llmsim.search.window import MEASURED_LATENCIES, Window, judge, measurement_window
 
@@ -137,3 +138,14 @@ def test_the_planned_count_holds_on_fresh_seeds_and_a_longer_window_and_one_fewe
         return judge(rows).met
     assert met(replicas)
     assert not met(replicas - 1)
+
+
+def test_a_sweep_over_the_rate_keeps_the_arrival_window_in_seconds():
+    """4,000 requests at 16/s arrive over 250 s; at 64/s the sweep simulates 16,000 so the 30 s warm-up
+    is still an eighth of the window, and a point that sets its own count keeps it."""
+    scenario = llmsim.load_scenario(CHAT)
+    base, base_dir, file, _ = sweeps._base(scenario)
+    points = sweeps._windows_follow_rate(base, base_dir, file, [
+        {"workload.arrival.rate": 64}, {"workload.arrival.rate": "4/s"},
+        {"workload.arrival.rate": 64, "workload.num_requests": 10}, {"engine.max_batch_tokens": 4096}])
+    assert [p.get("workload.num_requests") for p in points] == [16_000, 1_000, 10, None]
