@@ -149,3 +149,17 @@ def test_a_sweep_over_the_rate_keeps_the_arrival_window_in_seconds():
         {"workload.arrival.rate": 64}, {"workload.arrival.rate": "4/s"},
         {"workload.arrival.rate": 64, "workload.num_requests": 10}, {"engine.max_batch_tokens": 4096}])
     assert [p.get("workload.num_requests") for p in points] == [16_000, 1_000, 10, None]
+
+
+def test_a_tolerance_finer_than_the_floats_ends(monkeypatch):
+    """Bisection on [lo, hi] stops when the midpoint is no longer between them, whatever tol asks."""
+    from llmsim.search import sustainable_rate as module
+    calls = []
+
+    def fake(scenario, points, windows_, rates, **kwargs):
+        calls.append(rates[0])
+        met = rates[0] <= 5.0
+        return [windows.Judged(windows.Verdict(met, True, True), pd.DataFrame([{"rate": rates[0]}]), windows_[0])]
+    monkeypatch.setattr(module, "simulate_until_decided", fake)
+    found = module.max_sustainable_rate(CHAT, lo=1.0, hi=10.0, tol=1e-300)
+    assert found.rate_per_s <= 5.0 < found.failing_rate_per_s and len(calls) <= 2 + module.MAX_BISECTIONS
