@@ -65,6 +65,9 @@ def test_block_accounting_exact_across_tiers_and_transitions():
     assert result.kv_allocated_blocks == result.kv_freed_blocks + result.kv_held_blocks
     assert result.kv_held_blocks == tiers["cached_blocks"]                # only idle cached blocks remain
     assert tiers["host_allocated_blocks"] == tiers["host_freed_blocks"] + tiers["host_held_blocks"]
+    occupancy = tiers["host_occupancy"]["blocks"]          # over time: ends where the tier ends, never above it
+    assert occupancy.iloc[-1] == tiers["host_held_blocks"] and occupancy.max() == tiers["host_max_blocks"] \
+        <= tiers["host_blocks"]
     records = result.requests
     assert (records["status"] == "finished").all()
     assert (records["generated_tokens"] == records["output_tokens"]).all()
@@ -343,3 +346,23 @@ def test_bad_kv_settings_exit_2_naming_file_key_value_and_what_is_allowed(tmp_pa
     assert "Traceback" not in err
     for fragment in expected:
         assert fragment in err, (fragment, err)
+
+
+# -- recommend searches the block size and the idle timeout ------------------------------------------
+
+@pytest.mark.parametrize("offload", [True, {"idle_timeout": "2 s", "overlap": True}])
+def test_recommend_neighbours_vary_block_size_and_idle_timeout(offload):
+    from llmsim.scenario.overrides import variant
+    from llmsim.search.recommend import IDLE_TIMEOUTS_S, Config, _neighbours
+    scenario = make_scenario({**SESSIONS, "engine": {"prefix_caching": True, "cpu_offload": offload}})
+    scenario = replace(scenario, source=merge(BASE, {**SESSIONS, "engine": {"prefix_caching": True,
+                                                                           "cpu_offload": offload}}))
+    near = _neighbours(Config("off", 8192, None), scenario)
+    assert {c.block_size for c in near} >= {64, 256}
+    assert {c.idle_timeout_s for c in near} >= set(IDLE_TIMEOUTS_S)
+    for config in near:
+        built = variant(scenario, config.overrides(scenario))
+        assert built.engine.block_size == (config.block_size or 128)
+        if config.idle_timeout_s is not None:
+            assert built.engine.cpu_offload.idle_timeout_s == config.idle_timeout_s
+            assert built.engine.cpu_offload.overlap == (offload is not True)
