@@ -94,17 +94,20 @@ def _streams(trace: Trace) -> list[list]:
 
 def repeat_tokens(trace: Trace, block_size: int) -> np.ndarray:
     """Per request, the prompt tokens in leading full blocks whose whole prefix (block content and
-    everything before it) some earlier request held in KV (its prompt and output but the last token),
-    never the prompt's last token, which must be computed."""
+    everything before it, hashed as a chain over the blocks' tokens) some earlier request held in KV
+    (its prompt and output but the last token), never the prompt's last token, which must be computed."""
     seen, repeats = set(), []
     for i, tokens in enumerate(_streams(trace)):
-        prompt = int(trace.prompt_tokens[i])
+        prompt, held = int(trace.prompt_tokens[i]), int(trace.prompt_tokens[i]) + int(trace.output_tokens[i]) - 1
+        chain, prefix = [], None
+        for j in range(held // block_size):
+            prefix = hash((prefix, tuple(tokens[j * block_size:(j + 1) * block_size])))
+            chain.append(prefix)
         hits = 0
-        while hits < (prompt - 1) // block_size and hash(tuple(tokens[:(hits + 1) * block_size])) in seen:
+        while hits < (prompt - 1) // block_size and chain[hits] in seen:
             hits += 1
         repeats.append(hits * block_size)
-        held = prompt + int(trace.output_tokens[i]) - 1
-        seen.update(hash(tuple(tokens[:(j + 1) * block_size])) for j in range(held // block_size))
+        seen.update(chain)
     return np.array(repeats)
 
 
@@ -361,6 +364,8 @@ def test_recommend_neighbours_vary_block_size_and_idle_timeout(offload):
     assert {c.block_size for c in near} >= {64, 256}
     assert {c.idle_timeout_s for c in near} >= set(IDLE_TIMEOUTS_S)
     for config in near:
+        if config.block_size is None and config.idle_timeout_s is None:
+            continue
         built = variant(scenario, config.overrides(scenario))
         assert built.engine.block_size == (config.block_size or 128)
         if config.idle_timeout_s is not None:
