@@ -28,7 +28,7 @@ from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.simulate import simulate, speedup_over_plain
 
-RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png")   # what a run may write
+RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "control.csv")   # what a run may write
 
 
 def add_parsers(sub) -> None:
@@ -78,9 +78,12 @@ def _write_and_print(result, out: Path, args) -> int:
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
     if args.iterations:
         written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
+    if result.control is not None:            # the adaptive controller's decisions
+        written.append(write_file(out / "control.csv", lambda path: result.control.to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
-    # --overwrite: no earlier run's iterations or plot is left beside this run's records.
-    for stale in ([] if args.iterations else ["iterations.csv"]) + ["timeline.png"]:
+    # --overwrite: no earlier run's iterations, control log or plot is left beside this run's records.
+    stale_files = ([] if args.iterations else ["iterations.csv"]) + ([] if result.control is not None else ["control.csv"])
+    for stale in stale_files + ["timeline.png"]:
         (out / stale).unlink(missing_ok=True)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
         try:

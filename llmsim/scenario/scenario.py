@@ -14,6 +14,7 @@ from llmsim.config.reader import Node, load_yaml
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from llmsim.scenario.control import ControllerConfig, controller_from_node
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
 
@@ -114,6 +115,7 @@ class Scenario:
     simulation: SimulationConfig
     path: str | None = None
     speculation: SpeculationConfig | None = None     # None, or a static k of 0: plain decoding
+    controller: ControllerConfig | None = None       # adaptive control of an engine knob (default: none)
     # The validated YAML mapping and the folder its relative paths start from: sweeps lay
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
@@ -227,6 +229,12 @@ def scenario_from_node(root: Node) -> Scenario:
         speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
     _check_classes(root, engine, workload)
+    controller = None
+    if root.has("controller"):
+        if engine.batching != "continuous":
+            raise root.key_error("controller", "the controller adjusts a continuous-batching engine",
+                                 root.raw("controller"), "engine.batching: continuous")
+        controller = controller_from_node(root.child("controller"), engine)
     slo_node = root.child("slo")
     slo = _slo(slo_node, SLO_DEFAULTS)
     if slo_node.has("classes"):
@@ -242,7 +250,7 @@ def scenario_from_node(root: Node) -> Scenario:
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
-                        speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir))
+                        speculation=speculation, controller=controller, source=copy.deepcopy(root.data), source_dir=str(root.base_dir))
     _check_fits(scenario, root)
     return scenario
 

@@ -35,6 +35,7 @@ from llmsim.analysis.summary import COMPLETED, FAULT, HORIZON, INTERRUPT
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
+from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
@@ -168,6 +169,7 @@ class SimulationResult:
     stopped_by: str = COMPLETED
     fault: str | None = None
     mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
+    control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)
 
     @property
     def interrupted(self) -> bool:
@@ -236,6 +238,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
                     records, stop)
     env.process(arrivals(env, records, router))
+    control = ControlLog() if scenario.controller is not None else None
+    if control is not None:
+        env.process(controller(env, scenario, engines, records, control))
     env.process(_horizon(env, horizon, stop))
     stopped_by, fault = COMPLETED, None
     try:
@@ -247,10 +252,10 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     except Exception as error:               # raised again below, with what was simulated attached
         stopped_by, fault = FAULT, error
     if fault is None:
-        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by)
+        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control)
     try:
         fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup, FAULT,
-                                       f"{type(fault).__name__}: {fault}")
+                                       f"{type(fault).__name__}: {fault}", control)
         fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
@@ -260,7 +265,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
 def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
-            stopped_by: str, fault: str | None = None) -> SimulationResult:
+            stopped_by: str, fault: str | None = None, control: ControlLog | None = None) -> SimulationResult:
     """The result of a run that ended (by ``stopped_by``): records of the requests that arrived."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
@@ -295,6 +300,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         fault=fault,
         mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(queues, end_s)))
         if scenario.workload.classes else None,
+        control=control.frame() if control is not None else None,
     )
 
 
