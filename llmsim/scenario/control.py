@@ -1,4 +1,5 @@
-"""Settings that change while a run goes on: the adaptive controller (``controller:`` in a scenario).
+"""Settings that change while a run goes on: the adaptive controller (``controller:`` in a scenario)
+and autoscaling (``autoscaling:``, :class:`AutoscalingConfig`).
 
 The controller (:mod:`llmsim.sim.controller`) wakes every ``interval``, reads the worst ratio of
 a rolling ``window``'s latency percentiles to their SLO limits (:mod:`llmsim.analysis.rolling`)
@@ -78,5 +79,48 @@ def controller_from_node(node: Node, engine) -> ControllerConfig:
         kd=node.number("kd", 0.0, minimum=0.0))
     if config.decrease == 1.0:
         raise node.key_error("decrease", "a factor of 1 never moves the knob", 1.0, "a number in (0, 1)")
+    node.done()
+    return config
+
+
+@dataclass(frozen=True)
+class AutoscalingConfig:
+    """Replicas added while requests pile up and removed while they are few.
+
+    Every ``interval`` the autoscaler counts the requests held by the serving replicas (waiting
+    plus running) and, as Kubernetes' horizontal pod autoscaler does, wants
+    ``ceil(held / target_outstanding)`` replicas, within ``[min_replicas, max_replicas]``. When it
+    has wanted more than are paid for (serving plus starting) for ``sustain`` checks in a row, it
+    starts the difference; each serves after ``cold_start``. When it has wanted fewer than are
+    serving for ``sustain`` checks (and none is starting), it drains the last one: no new
+    requests; off once empty, noticed at the next check. A replica costs from its start to the end
+    of its drain: ``replica_seconds`` is what is paid for.
+    """
+    min_replicas: int
+    max_replicas: int
+    target_outstanding: float = 32.0
+    interval_s: float = 10.0
+    cold_start_s: float = 60.0
+    sustain: int = 3
+
+
+def autoscaling_from_node(node: Node, replicas: int, router: str) -> AutoscalingConfig:
+    """``autoscaling:``; ``replicas`` (deployment.replicas) is how many serve at the start."""
+    count = dict(integer=True, minimum=1)
+    low = node.number("min_replicas", 1, **count)
+    high = node.number("max_replicas", **count)
+    if not low <= replicas <= high:
+        raise node.key_error("max_replicas", f"the run starts with deployment.replicas ({replicas}), which must "
+                             f"lie within [min_replicas, max_replicas] = [{low}, {high}]", high,
+                             f"min_replicas <= {replicas} <= max_replicas")
+    if router == "shared_queue":
+        raise node.error("autoscaling routes each request to a serving replica", key="deployment.router",
+                         value=router, allowed="round_robin or least_outstanding")
+    config = AutoscalingConfig(
+        min_replicas=low, max_replicas=high,
+        target_outstanding=node.number("target_outstanding", 32.0, minimum=0.0, exclusive_minimum=True),
+        interval_s=node.quantity("interval", "duration", 10.0),
+        cold_start_s=node.quantity("cold_start", "duration", 60.0, minimum=0.0, exclusive_minimum=False),
+        sustain=node.number("sustain", 3, **count))
     node.done()
     return config

@@ -35,6 +35,7 @@ from llmsim.analysis.summary import COMPLETED, FAULT, HORIZON, INTERRUPT
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
+from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
 from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.iterations import iterations_frame
@@ -73,6 +74,7 @@ class Router:
         self.records = records
         self._left_to_finish = len(records)
         self._all_done = all_done
+        self.pool: ReplicaPool | None = None
 
     def _leave(self, request: Request, now: float) -> None:
         self.in_system.change(now, -1)
@@ -91,13 +93,7 @@ class Router:
             request.status, request.reason, request.finish_s = REJECTED, "too_long", now
             self._leave(request, now)
             return
-        if self.policy == "round_robin":
-            index = next(self._cycle)
-        elif self.policy == "least_outstanding":
-            outstanding = self.outstanding
-            index = outstanding.index(min(outstanding))        # two C loops: no key function per replica
-        else:
-            index = -1
+        index = self._pick()
         if index >= 0:
             request.replica = index
             self.outstanding[index] += 1
@@ -110,6 +106,17 @@ class Router:
             for engines in self.replicas:
                 for engine in engines:
                     engine.notify()
+
+    def _pick(self) -> int:
+        """The replica for the next request (-1: the shared queue)."""
+        if self.pool is not None:                 # autoscaling: a serving replica
+            return self.pool.pick(self.policy, self.outstanding)
+        if self.policy == "round_robin":
+            return next(self._cycle)
+        if self.policy == "least_outstanding":
+            outstanding = self.outstanding
+            return outstanding.index(min(outstanding))        # two C loops: no key function per replica
+        return -1
 
     def done(self, request: Request, now: float, replica: int) -> None:
         if request.replica < 0:          # shared queue: credit the replica that served it
@@ -170,6 +177,8 @@ class SimulationResult:
     fault: str | None = None
     mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
     control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)
+    scaling: pd.DataFrame | None = None          # with autoscaling: every check (sim.autoscaling.ScalingLog)
+    replica_seconds: float | None = None         # with autoscaling: replica time paid for, start to end
 
     @property
     def interrupted(self) -> bool:
@@ -225,7 +234,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
                  window)
     make_engine = _engine_factory(scenario, resolved)
     groups = []
-    for index in range(resolved.replicas):
+    pool_size = scenario.autoscaling.max_replicas if scenario.autoscaling is not None else resolved.replicas
+    for index in range(pool_size):
         kv = KVCache(resolved.kv_blocks, resolved.block_size)
         queue = shared if shared is not None else make_queue()
         groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
@@ -241,6 +251,10 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     control = ControlLog() if scenario.controller is not None else None
     if control is not None:
         env.process(controller(env, scenario, engines, records, control))
+    scaling = ScalingLog() if scenario.autoscaling is not None else None
+    if scaling is not None:
+        router.pool = ReplicaPool(pool_size, resolved.replicas)
+        env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
     stopped_by, fault = COMPLETED, None
     try:
@@ -252,10 +266,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     except Exception as error:               # raised again below, with what was simulated attached
         stopped_by, fault = FAULT, error
     if fault is None:
-        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control)
+        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
+                       scaling=scaling)
     try:
         fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup, FAULT,
-                                       f"{type(fault).__name__}: {fault}", control)
+                                       f"{type(fault).__name__}: {fault}", control, scaling)
         fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
@@ -265,7 +280,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
 def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
-            stopped_by: str, fault: str | None = None, control: ControlLog | None = None) -> SimulationResult:
+            stopped_by: str, fault: str | None = None, control: ControlLog | None = None,
+            scaling: ScalingLog | None = None) -> SimulationResult:
     """The result of a run that ended (by ``stopped_by``): records of the requests that arrived."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
@@ -301,6 +317,8 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(queues, end_s)))
         if scenario.workload.classes else None,
         control=control.frame() if control is not None else None,
+        scaling=scaling.frame() if scaling is not None else None,
+        replica_seconds=router.pool.replica_seconds(end_s) if router.pool is not None else None,
     )
 
 
