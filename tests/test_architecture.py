@@ -14,7 +14,7 @@ from pathlib import Path
 import llmsim
 
 LAYERS = ["errors", "config", "catalog", "cost", "workload", "speculation", "scenario", "analysis", "sim",
-          "search", "calibration", "cli"]
+          "search", "calibration", "report", "cli"]
 PACKAGE = Path(llmsim.__file__).parent
 
 

@@ -179,7 +179,8 @@ def summarize(result) -> RunSummary:
         memory=memory,
         economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
         queue=queue,
-        speculation=speculation_summary(scenario, in_window) if scenario.speculating else None,
+        speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
+                     if scenario.speculating else None),
         interrupted=result.interrupted,
         stopped_by=result.stopped_by,
         fault=result.fault,
@@ -242,12 +243,17 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     )
 
 
-def speculation_summary(scenario, iterations: pd.DataFrame) -> SpeculationSummary:
+RARELY_SPECULATING = 0.2     # below this share of sequence-steps speculating, the summary warns
+
+
+def speculation_summary(scenario, iterations: pd.DataFrame, blocked: dict | None = None) -> SpeculationSummary:
     """Acceptance, draft length and where the time went, over the iterations in the window.
 
     A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
     draft's share is of iteration time (on separate devices the draft overlaps the
-    target, so its share is how busy the draft devices were).
+    target, so its share is how busy the draft devices were). ``blocked`` counts the run's
+    decoding sequence-steps and why they did not speculate
+    (:attr:`llmsim.sim.speculative_decode.SpeculativeDecodeSet.blocked`, summed over engines).
     """
     spec = scenario.speculation
     steps = float(iterations["spec_seqs"].sum())
@@ -268,4 +274,30 @@ def speculation_summary(scenario, iterations: pd.DataFrame) -> SpeculationSummar
         speculating_fraction=ratio(steps, decode_steps),
         draft_time_share=draft_share,
         verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
+        blocked_share=_blocked_share(blocked),
+        warning=_rarely_speculating(spec, blocked),
     )
+
+
+def _blocked_share(blocked: dict | None) -> dict:
+    if not blocked or not blocked["sequence_steps"]:
+        return {}
+    total = blocked["sequence_steps"]
+    return {name: count / total for name, count in blocked.items() if name != "sequence_steps"}
+
+
+def _rarely_speculating(spec, blocked: dict | None) -> str | None:
+    """A warning when speculation is configured but ran in under RARELY_SPECULATING of the
+    sequence-steps, naming the rule that blocked most and the setting that loosens it."""
+    share = _blocked_share(blocked)
+    if not share or share["speculated"] >= RARELY_SPECULATING:
+        return None
+    rule = max((name for name in share if name != "speculated"), key=share.get)
+    fix = {"min_concurrent_requests": f"speculation.eligibility.min_concurrent_requests "
+                                      f"({spec.eligibility.min_concurrent_requests}; 1 speculates for a single stream)",
+           "min_sequence_tokens": f"speculation.eligibility.min_sequence_tokens "
+                                  f"({spec.eligibility.min_sequence_tokens})",
+           "kv_cache": "more KV room (the cache could not hold the draft positions)",
+           "policy": "the k policy (it chose k = 0), or a better draft"}[rule]
+    return (f"speculation configured but used in only {100 * share['speculated']:.0f}% of decoding sequence-steps; "
+            f"{rule} blocked {100 * share[rule]:.0f}%: see {fix}")

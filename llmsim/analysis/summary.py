@@ -178,6 +178,10 @@ class SpeculationSummary(Section):
     speculating_fraction: float
     draft_time_share: float
     verify_time_share: float
+    # Over the whole run: the share of decoding sequence-steps that speculated and that each
+    # eligibility rule (or the KV cache, or the k policy) kept from it; a warning when it rarely ran.
+    blocked_share: dict
+    warning: str | None
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,7 @@ class SimulationResult:
     control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)
     scaling: pd.DataFrame | None = None          # with autoscaling: every check (sim.autoscaling.ScalingLog)
     replica_seconds: float | None = None         # with autoscaling: replica time paid for, start to end
+    speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
 
     @property
     def interrupted(self) -> bool:
@@ -319,7 +320,15 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         control=control.frame() if control is not None else None,
         scaling=scaling.frame() if scaling is not None else None,
         replica_seconds=router.pool.replica_seconds(end_s) if router.pool is not None else None,
+        speculation_blocked=_blocked_counts(engines),
     )
+
+
+def _blocked_counts(engines) -> dict | None:
+    """The speculative decode sets' counts of sequence-steps and why they did not speculate, summed."""
+    counts = [engine.decode.blocked for engine in engines if isinstance(getattr(engine, "decode", None),
+                                                                         SpeculativeDecodeSet)]
+    return {name: sum(c[name] for c in counts) for name in counts[0]} if counts else None
 
 
 def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:

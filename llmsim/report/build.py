@@ -1,0 +1,653 @@
+"""A capacity-planning report, stage by stage: from one scenario to a :class:`~llmsim.report.document.Report`.
+
+Stages (one progress-bar step each):
+
+1. **workload**: the requests at the target rate (or the given trace, scaled by its growth);
+2. **candidates**: each candidate chip's cheapest layout meeting the SLO targets
+   (:func:`llmsim.search.layout.cheapest_layouts`); the cheapest chip is recommended;
+3. **settings**: engine settings for that deployment (:func:`llmsim.search.recommend.recommend`:
+   k, max batch tokens, queue timeout, with CIs across seeds and the gain over the rules of
+   thumb), then the fewest replicas again with those settings;
+4. **load**: SLO attainment from half to 2.5 times the target rate, the breaking point
+   (bisection, :func:`llmsim.search.sustainable_rate.max_sustainable_rate`), headroom, and
+   one replica down simulated (N+1);
+5. **peak**: a diurnal profile (the trace's, or an assumed sinusoid peaking at the target)
+   and the replicas its mean needs against its peak;
+6. **sensitivity**: replicas needed with load, prompt and output lengths +-20% and the draft's
+   acceptance +-0.1;
+7. **monitoring**: one run at the recommendation, binned over time as a dashboard shows it;
+8. **assumptions**: every hardware figure used with its source and confidence, the cost
+   model's measured error, and what reproduces the report.
+
+Every run of the report simulates ``requests`` requests (default: the scenario's count, at
+most 2,000) with the first 10% of the arrival window as warm-up, so a run measures the same
+share of its window at every rate; every figure is a mean over ``seeds``.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from llmsim.analysis import names
+from llmsim.analysis.frontier import pareto_frontier
+from llmsim.catalog.hardware import lookup_hardware
+from llmsim.config.reader import load_yaml
+from llmsim.errors import ConfigError
+from llmsim.report import figures
+from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
+from llmsim.scenario.overrides import variant
+from llmsim.scenario.scenario import Scenario
+from llmsim.search.layout import REPLICAS_KEY, cheapest_layouts, fewest_replicas, quiet_bar
+from llmsim.search.plan import RATE_KEY, as_scenario, check_rate, check_rate_driven
+from llmsim.search.recommend import recommend
+from llmsim.search.sustainable_rate import max_sustainable_rate
+from llmsim.search.sweeps import run_points, slo_met
+from llmsim.sim.simulate import simulate
+from llmsim.workload.trace import Trace, generate_trace
+
+STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
+LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5)
+SENSITIVITY = 0.2                 # +-20% load and lengths
+ACCEPTANCE_STEP = 0.1
+DEFAULT_REQUESTS = 2000
+DEFAULT_PEAK_TO_MEAN = 1.5        # the assumed diurnal profile's peak over its mean, without a trace
+HOURS_PER_MONTH = 730.0
+MONITOR_BINS = 40
+RECOMMEND_TOLERANCE = 0.1       # bisection on the rate stops at 10% (the CLI's recommend: 4%)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """The traffic to plan for: the rate to size at, and the day it comes from."""
+    target_rate_per_s: float
+    mean_rate_per_s: float
+    hours: np.ndarray               # the diurnal profile: hour of day ...
+    rate_per_s: np.ndarray          # ... and the arrival rate then
+    source: str                     # how the profile was obtained
+    trace: Trace | None = None      # a recorded trace, scaled by the growth
+    growth: float = 1.0
+
+
+def traffic_from_rate(rate_per_s: float, peak_to_mean: float = DEFAULT_PEAK_TO_MEAN) -> Traffic:
+    """An assumed diurnal profile: a sinusoid over 24 h peaking at ``rate_per_s`` at 15:00."""
+    if not math.isfinite(peak_to_mean) or not 1.0 <= peak_to_mean < 2.0:
+        raise ConfigError("a sinusoidal day's peak must be 1 to 2 times its mean", key="--peak-to-mean",
+                          value=peak_to_mean, allowed="a number in [1, 2)")
+    hours = np.arange(24) + 0.5
+    mean = rate_per_s / peak_to_mean
+    profile = mean * (1 + (peak_to_mean - 1) * np.cos(2 * np.pi * (hours - 15) / 24))
+    return Traffic(rate_per_s, mean, hours, profile,
+                   f"assumption: a sinusoidal day with peak {peak_to_mean:g} x its mean, peaking at the target "
+                   "rate (give --trace to use a recorded profile)")
+
+
+def traffic_from_trace(trace: Trace, growth: float, path: str) -> Traffic:
+    """The trace's arrival rate in 24 equal windows of its duration (read as one day), times
+    ``growth``; the target is its busiest window."""
+    if not math.isfinite(growth) or growth <= 0:
+        raise ConfigError("the growth factor must be positive", key="--growth", value=growth,
+                          allowed="a factor such as 2x, 1.5 or 150%")
+    if len(trace) < 48:
+        raise ConfigError(f"a trace of {len(trace)} requests is too short for a profile", key="--trace", value=path,
+                          allowed="a trace of at least 48 requests")
+    duration = float(trace.arrival_s[-1] - trace.arrival_s[0])
+    if duration <= 0:
+        raise ConfigError("every request of the trace arrives at the same time", key="--trace", value=path,
+                          allowed="a trace whose arrivals span some time")
+    counts, edges = np.histogram(trace.arrival_s, bins=24, range=(trace.arrival_s[0], trace.arrival_s[-1]))
+    rate = growth * counts / np.diff(edges)
+    scaled = Trace(trace.arrival_s / growth, trace.prompt_tokens, trace.output_tokens)
+    return Traffic(float(rate.max()), growth * len(trace) / duration, np.arange(24) + 0.5, rate,
+                   f"the trace {Path(path).name} ({len(trace):,} requests over {duration:,.0f} s) in 24 equal "
+                   f"windows read as the hours of a day, times a growth of {growth:g}", scaled, growth)
+
+
+def parse_growth(text: str) -> float:
+    """'2x', '2', '150%' -> 2.0, 2.0, 1.5; anything else or <= 0 is a ConfigError."""
+    raw = str(text).strip().lower()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw.rstrip("x"))
+    except ValueError:
+        raise ConfigError("cannot read this as a growth factor", key="--growth", value=text,
+                          allowed="a factor such as 2x, 1.5 or 150%") from None
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError("the growth factor must be positive", key="--growth", value=text,
+                          allowed="a factor such as 2x, 1.5 or 150%")
+    return value
+
+
+class ReportBuilder:
+    """Runs the stages in order; each adds a section (see the module docstring)."""
+
+    def __init__(self, scenario: str | Path | Scenario, traffic: Traffic, *, hardware: Sequence[str] | None = None,
+                 seeds: Sequence[int] | None = None, requests: int | None = None, workers: int | None = None,
+                 command: str = "", progress: bool = False):
+        scenario = as_scenario(scenario)
+        check_rate_driven(scenario)
+        self.rate = check_rate(traffic.target_rate_per_s)
+        if not scenario.slo.defined:
+            raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo",
+                              has_value=False, allowed="ttft, tpot and/or e2e limits")
+        self.traffic, self.hardware, self.workers, self.progress = traffic, hardware, workers, progress
+        self.seeds = list(seeds) if seeds else [scenario.seed, scenario.seed + 1]
+        if len(self.seeds) < 2:
+            raise ConfigError("confidence intervals need at least 2 seeds", key="--seeds", value=seeds,
+                              allowed="a count >= 2, or 2 or more seeds")
+        count = requests or min(scenario.workload.num_requests or DEFAULT_REQUESTS, DEFAULT_REQUESTS)
+        if count < 50:
+            raise ConfigError("too few requests to measure percentiles", key="--requests", value=count,
+                              allowed="an integer >= 50")
+        self.requests = count
+        self.base = {"workload.num_requests": count, "workload.duration": None, "simulation.warmup": None,
+                     "simulation.horizon": None, **self._trace_lengths(scenario)}
+        self.original = scenario
+        self.scenario = variant(scenario, {**self.base, RATE_KEY: self.rate})    # validates the rate and lengths
+        self.command = command or "llmsim report " + " ".join(sys.argv[1:])
+        self.sections: list[Section] = []
+        self.summary: list[Fact] = []
+        self.stage_seconds: dict[str, float] = {}     # wall time of each stage, for benchmarks
+
+    def _trace_lengths(self, scenario: Scenario) -> dict:
+        """With a trace: prompt and output lengths as lognormals fitted to it (mean and log-sd), so
+        that the simulations draw requests like the trace's at any rate, and lengths can be scaled."""
+        trace = self.traffic.trace
+        if trace is None:
+            return {}
+        fitted = {}
+        for key, values in (("prompt_tokens", trace.prompt_tokens), ("output_tokens", trace.output_tokens)):
+            values = np.asarray(values, dtype=float)
+            fitted[f"workload.{key}"] = {"distribution": "lognormal", "mean": float(values.mean()),
+                                         "sigma": float(max(np.log(values).std(), 1e-3))}
+        return fitted
+
+    # -- the stages ------------------------------------------------------------------------
+
+    def build(self) -> Report:
+        from tqdm.auto import tqdm
+        with tqdm(total=len(STAGES), disable=not self.progress, desc="report", unit="stage") as bar:
+            for stage in STAGES:
+                bar.set_postfix_str(stage)
+                started = time.perf_counter()
+                getattr(self, f"_{stage}")()
+                self.stage_seconds[stage] = time.perf_counter() - started
+                bar.update()
+        s = self.original
+        return Report(title=f"Capacity plan: {s.model.name} for {s.name}",
+                      subtitle=f"target {num(self.rate)} requests/s; SLO targets {self._targets_text()}",
+                      summary=self.summary, sections=self.sections)
+
+    def _workload(self) -> None:
+        traffic = self.traffic
+        trace = traffic.trace if traffic.trace is not None else generate_trace(self.scenario.workload,
+                                                                               self.scenario.seed)
+        window = float(trace.arrival_s[-1] - trace.arrival_s[0]) or 1.0
+        bins = max(10, min(60, len(trace) // 40))
+        counts, edges = np.histogram(trace.arrival_s, bins=bins)
+        rate = counts / np.diff(edges)
+        rows = [["target rate (sizing)", f"{num(self.rate)} req/s"],
+                ["mean rate of the day", f"{num(traffic.mean_rate_per_s)} req/s"],
+                ["arrivals", self._arrival_text()],
+                ["requests per simulated run", f"{self.requests:,}"]]
+        for label, values in (("prompt tokens", trace.prompt_tokens), ("output tokens", trace.output_tokens)):
+            values = np.asarray(values)
+            rows.append([label, f"mean {num(values.mean())}, P50 {num(np.percentile(values, 50))}, "
+                                f"P95 {num(np.percentile(values, 95))}, max {num(values.max())}"])
+        rows.append(["SLO targets", self._targets_text()])
+        classes = getattr(self.original.workload, "classes", None)
+        paragraphs = [f"Requests shown: {'the trace, scaled by its growth' if traffic.trace is not None else 'one sample of the scenario workload at the target rate'} "
+                      f"({len(trace):,} requests over {window:,.0f} s)."]
+        if traffic.trace is not None:
+            paragraphs.append("The simulations draw prompt and output lengths from lognormal distributions fitted "
+                              "to the trace (its mean and the standard deviation of its log lengths), with "
+                              "Poisson arrivals at each rate.")
+        tables = [Table("workload", "Workload", ["quantity", "value"], rows)]
+        if classes:
+            tables.append(Table("classes", "Traffic classes", ["class", "description"],
+                                [[str(getattr(c, "name", i)), str(c)] for i, c in enumerate(classes)]))
+        self.sections.append(Section(
+            "workload", "Workload", paragraphs, tables,
+            [Figure("workload-figure", "Arrival rate and lengths",
+                    figures.workload(edges[:-1], rate, np.asarray(trace.prompt_tokens), np.asarray(trace.output_tokens),
+                                     "workload-figure"))]))
+
+    def _candidates(self) -> None:
+        self.choices = cheapest_layouts(self.scenario, self.rate, self.hardware, seeds=self.seeds,
+                                        workers=self.workers)
+        usable = [c for c in self.choices if c.layout is not None]
+        if not usable:
+            notes = "; ".join(f"{c.hardware}: {c.note}" for c in self.choices)
+            raise ConfigError(f"no candidate meets the SLO targets at {self.rate:g} requests/s ({notes})",
+                              key="--target-rate", value=self.rate,
+                              allowed="a lower rate, other --hardware, or looser SLOs")
+        self.best = usable[0]
+        columns = ["chip", "layout", "replicas", "devices", "USD/hour", "USD per M output tokens",
+                   "kWh per M output tokens", "P95 TTFT", "P95 TPOT", "SLO attainment", "layouts tried", "note"]
+        rows = []
+        for choice in self.choices:
+            m = choice.metrics
+            tried = len(choice.tried)
+            if choice.layout is None:
+                rows.append([choice.hardware, "-", "-", "-", "-", "-", "-", "-", "-", "-", str(tried), choice.note])
+                continue
+            rows.append([choice.hardware, choice.layout.label, str(choice.replicas), str(choice.devices),
+                         usd(choice.usd_per_hour), usd(m.get(names.USD_PER_MILLION_OUTPUT_TOKENS)),
+                         num(m.get(names.KWH_PER_MILLION_OUTPUT_TOKENS)), ms(m.get(names.TTFT_P95)),
+                         ms(m.get(names.TPOT_P95)), percent(m.get(names.SLO_ATTAINMENT)), str(tried),
+                         "recommended" if choice is self.best else ""])
+        layouts = pd.concat([c.tried for c in self.choices if len(c.tried)], ignore_index=True)
+        layout_rows = [[f"{r.hardware} {r.layout}", str(int(r.devices_per_replica)), str(int(r.analytic_lower)),
+                        str(int(r.analytic_upper)), "-" if pd.isna(r.replicas) else str(int(r.replicas)),
+                        r.note or ""] for r in layouts.itertuples()]
+        self.sections.append(Section(
+            "candidates", "Candidates: the cheapest layout of each chip",
+            [f"For each chip every layout (tensor parallel 1-8 in powers of two dividing the heads, times 1-4 "
+             f"pipeline stages, when it holds the model) gets the fewest replicas meeting the SLO targets at "
+             f"{num(self.rate)} requests/s on {len(self.seeds)} seeds; the cheapest per hour is kept. "
+             "Costs are the profiles' prices per device-hour (assumptions), energy every device at its TDP."],
+            [Table("candidates", "Cheapest layout per chip (scenario's engine settings)", columns, rows),
+             Table("layouts", "Every layout considered", ["chip and layout", "devices per replica",
+                                                          "analytic lower", "analytic upper",
+                                                          "fewest replicas", "note"], layout_rows)],
+            [Figure("candidates-figure", "Cost per hour of each chip's cheapest layout",
+                    figures.candidates([c.hardware for c in self.choices], [c.usd_per_hour for c in self.choices],
+                                       [c.layout is not None for c in self.choices], "candidates-figure"))]))
+
+    def _settings(self) -> None:
+        best = self.best
+        deployed = variant(self.scenario, best.overrides)
+        paragraphs = []
+        try:
+            rec = recommend(deployed, seeds=self.seeds, top=1, workers=self.workers, tolerance=RECOMMEND_TOLERANCE)
+        except ConfigError as error:      # nothing searched beats the scenario's own settings at this rate
+            rec = None
+            paragraphs.append(f"The search found no better setting ({error.message}); the scenario's own "
+                              "settings are kept.")
+        settings = rec.best.overrides(deployed) if rec is not None else {}
+        self.layout_overrides = {k: v for k, v in best.overrides.items() if k != REPLICAS_KEY}
+        self.config = {**self.layout_overrides, **settings}
+        # the recommended settings may need fewer replicas than the scenario's own
+        replicas, outcomes = fewest_replicas(self.scenario, self.config, 1, best.replicas, best.replicas,
+                                             seeds=self.seeds, workers=self.workers, bar=quiet_bar())
+        if replicas is None:              # the settings do worse here than the scenario's own: keep those
+            self.config, replicas = dict(self.layout_overrides), best.replicas
+            paragraphs.append("With the recommended settings the deployment missed the targets at the "
+                              "target rate, so the scenario's own settings are kept.")
+            settings = {}
+            outcomes = {replicas: run_points(self.scenario, [{**self.config, REPLICAS_KEY: replicas}],
+                                             seeds=self.seeds, workers=self.workers, progress=False)}
+        self.replicas = replicas
+        self.at_target = outcomes[replicas]
+        self.final = variant(self.scenario, {**self.config, REPLICAS_KEY: replicas})
+        rows = self._settings_rows(rec, deployed)
+        table = Table("settings", "Recommended engine settings", ["setting", "recommended", "rule of thumb"], rows,
+                      note="± : 95% Student-t confidence interval across seeds; goodput is the highest rate "
+                           "meeting the SLO targets (bisection on the rate per seed)")
+        mean = self.at_target.select_dtypes("number").mean()
+        ttft_limit, tpot_limit = self.final.slo.ttft_s, self.final.slo.tpot_s
+        usd_hour = float(mean[names.USD_PER_HOUR])
+        deploy_columns = ["deployment", "chip", "layout", "replicas", "devices", "USD/hour", "USD/month",
+                          "USD per M output tokens", "kWh per M output tokens", "P95 TTFT", "TTFT margin",
+                          "P95 TPOT", "TPOT margin", "SLO attainment"]
+        deploy = Table("deployment", "The recommended deployment at the target rate", deploy_columns, [[
+            "recommended", best.hardware, best.layout.label, str(replicas),
+            str(replicas * best.layout.devices_per_replica), usd(usd_hour), usd(usd_hour * HOURS_PER_MONTH),
+            usd(mean[names.USD_PER_MILLION_OUTPUT_TOKENS]), num(mean[names.KWH_PER_MILLION_OUTPUT_TOKENS]),
+            ms(mean[names.TTFT_P95]), _margin(mean[names.TTFT_P95], ttft_limit),
+            ms(mean[names.TPOT_P95]), _margin(mean[names.TPOT_P95], tpot_limit),
+            percent(mean[names.SLO_ATTAINMENT])]],
+            note=f"means over {len(self.seeds)} seeds at {num(self.rate)} requests/s; margin: how far the P95 "
+                 f"is below its limit; a month is {HOURS_PER_MONTH:g} hours")
+        if rec is not None:
+            paragraphs.insert(0, f"Searched on {best.hardware} {best.layout.label} x {best.replicas} with "
+                              f"`llmsim recommend` ({len(rec.analytic)} settings scored analytically, "
+                              f"{len(rec.table)} simulated on {len(self.seeds)} seeds). With them the deployment "
+                              f"needs {replicas} replicas (the scenario's settings: {best.replicas}).")
+        self.sections.append(Section("settings", "Recommended deployment and engine settings", paragraphs,
+                                     [deploy, table]))
+        self.summary += [Fact("chip", "deployment", "recommended", "chip"),
+                         Fact("layout (tensor x pipeline parallel)", "deployment", "recommended", "layout"),
+                         Fact("replicas", "deployment", "recommended", "replicas"),
+                         Fact("devices", "deployment", "recommended", "devices"),
+                         Fact("speculation (k)", "settings", "speculation k", "recommended"),
+                         Fact("max batch tokens", "settings", "max batch tokens", "recommended"),
+                         Fact("queue timeout", "settings", "queue timeout", "recommended"),
+                         Fact("cost per month", "deployment", "recommended", "USD/month"),
+                         Fact("cost per million output tokens", "deployment", "recommended", "USD per M output tokens"),
+                         Fact("energy per million output tokens (kWh, at TDP)", "deployment", "recommended",
+                              "kWh per M output tokens"),
+                         Fact("P95 TTFT", "deployment", "recommended", "P95 TTFT"),
+                         Fact("TTFT margin", "deployment", "recommended", "TTFT margin"),
+                         Fact("P95 TPOT", "deployment", "recommended", "P95 TPOT"),
+                         Fact("TPOT margin", "deployment", "recommended", "TPOT margin")]
+
+    def _settings_rows(self, rec, deployed: Scenario) -> list[list[str]]:
+        eng = deployed.engine
+        own_k = "off" if not deployed.speculating else f"{deployed.speculation.policy.name}:{deployed.speculation.policy.k}"
+        if rec is None:
+            timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
+            return [["speculation k", own_k, "-"], ["max batch tokens", str(eng.max_batch_tokens), "-"],
+                    ["queue timeout", timeout, "-"], ["goodput (req/s)", "-", "-"], ["gain over the rule of thumb", "-", "-"]]
+        top, default = rec.table.iloc[0], rec.defaults.iloc[0]
+        timeout = (lambda t: "none" if t is None or (isinstance(t, float) and math.isnan(t)) else ms(t))
+        return [["speculation k", rec.best.k, default["config"].k],
+                ["max batch tokens", str(rec.best.max_batch_tokens), str(default["config"].max_batch_tokens)],
+                ["queue timeout", timeout(rec.best.queue_timeout_s), timeout(default["config"].queue_timeout_s)],
+                ["goodput (req/s)", plus_minus(top["max_rate_per_s"], top["max_rate_per_s.ci95"]),
+                 plus_minus(default["max_rate_per_s"], default["max_rate_per_s.ci95"])],
+                ["USD per M output tokens at that rate", usd(top["usd_per_million_output_tokens"]),
+                 usd(default["usd_per_million_output_tokens"])],
+                ["gain over the rule of thumb", plus_minus(rec.improvement, rec.improvement_ci95, percent), "-"]]
+
+    def _load(self) -> None:
+        rates = [self.rate * f for f in LOAD_FACTORS]
+        points = [{**self.config, REPLICAS_KEY: self.replicas, RATE_KEY: r} for r in rates]
+        rows = run_points(self.scenario, points, seeds=self.seeds, workers=self.workers, progress=False)
+        rows["met"] = slo_met(rows)
+        by_rate = rows.groupby(RATE_KEY, sort=True)
+        table_rows, met_by_rate, frame = [], {}, []
+        for rate, group in by_rate:
+            mean = group.select_dtypes("number").mean()
+            met = bool(group["met"].all())
+            met_by_rate[rate] = met
+            frame.append({"rate": rate, names.TPOT_P95: mean[names.TPOT_P95],
+                          names.OUTPUT_TOKENS_PER_S_PER_DEVICE: mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE],
+                          **{m: mean[names.slo_attainment(m)] for m in self.final.slo.targets()}})
+            table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}", ms(mean[names.TTFT_P95]),
+                               ms(mean[names.TPOT_P95]), percent(mean[names.SLO_ATTAINMENT]),
+                               num(mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE]), "yes" if met else "no"])
+        frame = pd.DataFrame(frame)
+        passing = [r for r in rates if met_by_rate[r]]
+        failing = [r for r in rates if not met_by_rate[r]]
+        if not failing:
+            breaking, breaking_text = math.nan, f"above {num(rates[-1])} req/s"
+        else:
+            hi = failing[0]
+            lo = max([r for r in passing if r < hi], default=None)
+            if lo is None:
+                breaking = math.nan
+                breaking_text = f"below {num(hi)} req/s"
+            else:
+                found = max_sustainable_rate(self.final, lo=lo, hi=hi, tol=0.05 * self.rate, seeds=self.seeds,
+                                             workers=self.workers)
+                breaking = found.rate_per_s
+                breaking_text = f"{num(breaking)} req/s"
+        headroom = breaking / self.rate - 1 if math.isfinite(breaking) else math.nan
+        headroom_text = percent(headroom, 0) if math.isfinite(headroom) else (
+            f"more than {percent(rates[-1] / self.rate - 1, 0)}" if not failing else "-")
+        # N+1: the deployment with one replica down, simulated at the target rate
+        if self.replicas > 1:
+            down = run_points(self.scenario, [{**self.config, REPLICAS_KEY: self.replicas - 1}], seeds=self.seeds,
+                              workers=self.workers, progress=False)
+            down_met = bool(slo_met(down).all())
+            down_text = (f"{'meets' if down_met else 'misses'} the targets "
+                         f"(attainment {percent(down[names.SLO_ATTAINMENT].mean())})")
+        else:
+            down_met, down_text = False, "no replica left"
+        n_plus_one = self.replicas if down_met else self.replicas + 1
+        self.n_plus_one = n_plus_one
+        capacity = Table("capacity", "Breaking point, headroom and N+1", ["quantity", "value"], [
+            ["breaking point", breaking_text],
+            ["headroom above the target", headroom_text],
+            [f"one replica down ({self.replicas - 1} of {self.replicas})", down_text],
+            ["replicas for N+1", f"{n_plus_one} ({'the recommendation already survives one down' if down_met else f'{self.replicas} + 1 spare'})"]],
+            note="breaking point: highest rate meeting the SLO targets on every seed, bisected to 5% of the target")
+        frontier = pareto_frontier(frame, latency=names.TPOT_P95, throughput=names.OUTPUT_TOKENS_PER_S_PER_DEVICE)
+        on_frontier = frame.index.isin(frontier.index)
+        targets = {m: p for m, (_, p) in self.final.slo.targets().items()}
+        self.sections.append(Section(
+            "load", "Load: frontier, SLO attainment, breaking point, headroom and N+1",
+            [f"The recommended deployment ({self.replicas} replicas) from {LOAD_FACTORS[0]:g} to "
+             f"{LOAD_FACTORS[-1]:g} times the target rate, on the same requests per seed."],
+            [Table("load-points", "SLO attainment against load", ["rate", "x target", "P95 TTFT", "P95 TPOT",
+                                                                  "SLO attainment", "output tok/s per device",
+                                                                  "targets met"], table_rows), capacity],
+            [Figure("attainment-figure", "SLO attainment against load (dotted: the percentile targets)",
+                    figures.load_curve(frame["rate"], {m: frame[m] for m in targets}, targets, self.rate, breaking,
+                                       "attainment-figure")),
+             Figure("frontier-figure", "Latency/throughput frontier of the load points",
+                    figures.frontier(frame[names.OUTPUT_TOKENS_PER_S_PER_DEVICE], frame[names.TPOT_P95], on_frontier,
+                                     [f"x{r / self.rate:.2g}" for r in frame["rate"]], "frontier-figure"))]))
+        self.summary += [Fact("breaking point", "capacity", "breaking point", "value"),
+                         Fact("headroom above the target", "capacity", "headroom above the target", "value"),
+                         Fact("replicas for N+1", "capacity", "replicas for N+1", "value")]
+
+    def _replicas_at(self, overrides: dict, around: int) -> tuple[int | None, pd.DataFrame | None]:
+        """Fewest replicas with ``overrides`` on the recommended settings, searched near ``around``."""
+        found, outcomes = fewest_replicas(self.scenario, {**self.config, **overrides}, max(1, around // 3), around,
+                                          max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
+                                          bar=quiet_bar())
+        return found, outcomes.get(self.replicas)
+
+    def _peak(self) -> None:
+        traffic = self.traffic
+        mean_rate = traffic.mean_rate_per_s
+        at_mean, _ = self._replicas_at({RATE_KEY: mean_rate}, max(1, round(self.replicas * mean_rate / self.rate)))
+        usd_replica = float(self.at_target[names.USD_PER_HOUR].mean()) / self.replicas
+        rows = [["mean", f"{num(mean_rate)} req/s", str(at_mean) if at_mean else "-",
+                 usd(at_mean * usd_replica * HOURS_PER_MONTH) if at_mean else "-"],
+                ["peak (the target)", f"{num(self.rate)} req/s", str(self.replicas),
+                 usd(self.replicas * usd_replica * HOURS_PER_MONTH)]]
+        ratio = self.rate / mean_rate
+        self.sections.append(Section(
+            "peak", "Peak sizing: the day's peak against its mean",
+            [f"Profile: {traffic.source}. The peak is {ratio:.2f} times the mean; sized for the peak, the "
+             f"deployment runs at {percent(1 / ratio, 0)} of its sizing rate on average over the day."],
+            [Table("peak", "Replicas for the mean and for the peak", ["sized for", "rate", "replicas",
+                                                                      "USD/month"], rows)],
+            [Figure("peak-figure", "Diurnal profile",
+                    figures.diurnal(traffic.hours, traffic.rate_per_s, mean_rate, self.rate, "peak-figure"))]))
+
+    def _sensitivity(self) -> None:
+        variants = [(f"load {sign}{SENSITIVITY:.0%}", {RATE_KEY: self.rate * (1 + s * SENSITIVITY)})
+                    for sign, s in (("-", -1), ("+", 1))]
+        for key in ("prompt_tokens", "output_tokens"):
+            for sign, s in (("-", -1), ("+", 1)):
+                scaled = _scaled_length((self.scenario.source or {}).get("workload", {}).get(key), 1 + s * SENSITIVITY)
+                variants.append((f"{key.replace('_', ' ')} {sign}{SENSITIVITY:.0%}",
+                                 {f"workload.{key}": scaled} if scaled is not None else None))
+        if self.final.speculating:
+            for sign, s in (("-", -1), ("+", 1)):
+                shifted = _shifted_acceptance(self.final.source.get("speculation", {}).get("acceptance", {}),
+                                              s * ACCEPTANCE_STEP)
+                variants.append((f"acceptance {sign}{ACCEPTANCE_STEP:g}", shifted))
+        rows, labels, needed = [], [], []
+        for label, overrides in variants:
+            if overrides is None:
+                rows.append([label, "-", "-", "-", "not applicable to this workload"])
+                continue
+            try:
+                found, at_current = self._replicas_at(overrides, self.replicas)
+            except ConfigError as error:
+                rows.append([label, "-", "-", "-", f"not valid: {error.message}"])
+                continue
+            met = "-" if at_current is None else ("yes" if bool(slo_met(at_current).all()) else "no")
+            attainment = "-" if at_current is None else percent(at_current[names.SLO_ATTAINMENT].mean())
+            rows.append([label, str(found) if found else "-", _change(found, self.replicas), attainment, met])
+            labels.append(label)
+            needed.append(found if found else math.nan)
+        columns = ["change", "replicas needed", "vs recommended",
+                   f"SLO attainment with {self.replicas} replicas", "targets met with them"]
+        self.sections.append(Section(
+            "sensitivity", "Sensitivity: how the answer moves",
+            ["Each change is simulated on the recommended chip, layout and settings; the fewest replicas that "
+             "then meet the SLO targets on every seed are searched again."],
+            [Table("sensitivity", "Replicas needed under changed assumptions", columns, rows)],
+            [Figure("sensitivity-figure", "Replicas needed under each change",
+                    figures.sensitivity(labels, needed, self.replicas, "sensitivity-figure"))] if labels else []))
+
+    def _monitoring(self) -> None:
+        result = simulate(self.final)
+        series = monitoring_series(result, MONITOR_BINS)
+        summary = result.summary()
+        lat, util, queue = summary["latency"], summary["utilisation"], summary["queue"]
+        thr = summary["throughput"]
+        rows = [["QPS (completions)", num(thr["requests_per_s"])],
+                ["output tokens/s", num(thr["output_tokens_per_s"])]]
+        for metric in ("ttft_s", "tpot_s"):
+            rows.append([f"{metric[:4].upper()} P50 / P95 / P99",
+                         " / ".join(ms(lat[metric][p]) for p in ("p50", "p95", "p99"))])
+        rows += [["queue length mean / max", f"{num(queue['mean_length'])} / {queue['max_length']}"],
+                 ["KV cache used mean / max", f"{percent(util['kv_occupancy_mean'])} / {percent(util['kv_occupancy_max'])}"],
+                 ["busy (utilisation)", percent(util["busy_fraction"])], ["MFU", percent(util["mfu"])],
+                 ["memory bandwidth utilisation", percent(util["bandwidth_utilisation"])]]
+        self.sections.append(Section(
+            "monitoring", "Monitoring view of one run at the recommendation",
+            [f"One simulated run (seed {self.final.seed}, {len(result.requests):,} requests at "
+             f"{num(self.rate)} requests/s) in {MONITOR_BINS} time bins, as a serving dashboard shows it; "
+             f"latency percentiles by completion time, utilisation and KV cache averaged over replicas. "
+             f"The table covers the measurement window ({num(summary['window_s'][0])}-{num(summary['window_s'][1])} s)."],
+            [Table("monitoring", "The run's measurement window", ["metric", "value"], rows)],
+            [Figure("monitoring-figure", "Dashboard: QPS, tokens/s, TTFT/TPOT percentiles, queue, KV cache, utilisation",
+                    figures.monitoring(series, {"ttft": self.final.slo.ttft_s, "tpot": self.final.slo.tpot_s},
+                                       "monitoring-figure"))]))
+
+    def _assumptions(self) -> None:
+        rows = []
+        for choice in self.choices:
+            rows += hardware_figures(choice.hardware, self.original)
+        error = load_yaml(resources.files("llmsim.report").joinpath("data/cost_model_error.yaml"))
+        error_rows = [[e["what"], e["error"], e["source"]] for e in error["figures"]]
+        import llmsim
+        reproduce = [["command", self.command], ["llmsim version", llmsim.__version__],
+                     ["seeds", ", ".join(map(str, self.seeds))], ["requests per run", f"{self.requests:,}"],
+                     ["warm-up", "first 10% of each run's arrival window"]]
+        self.sections.append(Section(
+            "assumptions", "Assumptions and reproducibility",
+            ["Every hardware figure the candidates use, with its source and confidence (`datasheet`, `measured`, "
+             "`unverified` or `assumption`). Prices and efficiencies marked `assumption` move every cost and "
+             "latency above: replace them with your own contract and a calibration."],
+            [Table("hardware-figures", "Hardware figures", ["figure", "value", "source", "confidence"], rows),
+             Table("cost-model-error", "The cost model's measured error", ["what", "error", "source"], error_rows),
+             Table("reproduce", "Reproduce this report", ["item", "value"], reproduce)]))
+
+    # -- text helpers --------------------------------------------------------------------
+
+    def _targets_text(self) -> str:
+        return ", ".join(f"P{p:g} {m.upper()} <= {ms(limit)}" for m, (limit, p) in self.original.slo.targets().items())
+
+    def _arrival_text(self) -> str:
+        arrival = self.scenario.workload.arrival
+        cv = getattr(arrival, "cv", None)
+        return f"{arrival.process}" + (f" (CV {num(cv)})" if cv else "")
+
+
+def monitoring_series(result, bins: int) -> dict[str, np.ndarray]:
+    """A run binned over [0, end of arrivals]: rates per bin, latency percentiles of the requests
+    finishing in it, time-averaged queue length, and KV use, busy fraction and MFU averaged over replicas."""
+    stop = max(result.arrival_window_s, 1e-9)
+    edges = np.linspace(0.0, stop, bins + 1)
+    width = edges[1] - edges[0]
+    centre = (edges[:-1] + edges[1:]) / 2
+    records, it = result.requests, result.iterations
+    finished = records[records["status"] == "finished"]
+    which = np.clip(np.digitize(finished["finish_s"], edges) - 1, 0, bins - 1)
+    series = {"time_s": centre,
+              "arrivals_per_s": np.histogram(records["arrival_s"], edges)[0] / width,
+              "completions_per_s": np.histogram(finished["finish_s"], edges)[0] / width,
+              "output_tokens_per_s": np.histogram(it["end_s"], edges, weights=it["tokens_out"])[0] / width,
+              "prefill_tokens_per_s": np.histogram(it["end_s"], edges, weights=it["prefill_tokens"])[0] / width}
+    for metric in ("ttft", "tpot"):
+        values = finished[f"{metric}_s"].to_numpy()
+        for p in (50, 95, 99):
+            series[f"{metric}_p{p}_s"] = np.array([np.nanpercentile(values[which == b], p) if np.any(which == b)
+                                                   and np.isfinite(values[which == b]).any() else np.nan
+                                                   for b in range(bins)])
+    replicas = result.scenario.deployment.replicas
+    pp = result.scenario.deployment.pipeline_parallel
+    busy = np.histogram(it["end_s"], edges, weights=it["duration_s"])[0] / (width * replicas * pp)
+    series["busy"] = np.minimum(busy, 1.0)
+    weights = it["duration_s"] * it["mfu"]
+    series["mfu"] = np.histogram(it["end_s"], edges, weights=weights)[0] / (width * replicas * pp)
+    kv = np.histogram(it["end_s"], edges, weights=it["kv_used_blocks"] * it["duration_s"])[0]
+    kv_time = np.histogram(it["end_s"], edges, weights=it["duration_s"])[0]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        series["kv_used"] = np.where(kv_time > 0, kv / kv_time / result.kv_blocks_per_replica, 0.0)
+    series["queue_length"] = _time_average_queue(result.queue_length, edges)
+    return series
+
+
+def _time_average_queue(queue: pd.DataFrame, edges: np.ndarray) -> np.ndarray:
+    """Total waiting requests (all queues), time-averaged over each bin."""
+    changes = queue.sort_values("time_s", kind="stable")
+    current: dict[int, int] = {}
+    times, totals = [0.0], [0]
+    for q, t, length in zip(changes["queue"], changes["time_s"], changes["length"]):
+        current[q] = length
+        times.append(t)
+        totals.append(sum(current.values()))
+    times, totals = np.asarray(times), np.asarray(totals, dtype=float)
+    out = np.zeros(len(edges) - 1)
+    for b in range(len(edges) - 1):
+        grid = np.unique(np.concatenate([[edges[b], edges[b + 1]], times[(times > edges[b]) & (times < edges[b + 1])]]))
+        level = totals[np.searchsorted(times, grid[:-1], side="right") - 1]
+        out[b] = float((level * np.diff(grid)).sum() / (edges[b + 1] - edges[b]))
+    return out
+
+
+def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
+    """Every ``{value, source, confidence}`` figure of a chip's profile, as table rows."""
+    profile = lookup_hardware(name, None, "--hardware")
+    data = load_yaml(profile.path) if profile.path else {}
+    rows = []
+
+    def walk(node, path):
+        if isinstance(node, dict) and "source" in node and "value" in node:
+            rows.append([f"{profile.name} {path}", str(node["value"]), str(node["source"]),
+                         str(node.get("confidence", ""))])
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                if key != "calibration":
+                    walk(value, f"{path}.{key}" if path else str(key))
+
+    walk(data, "")
+    return rows
+
+
+def _margin(value, limit) -> str:
+    if limit is None or not math.isfinite(value):
+        return "-"
+    return percent(1 - value / limit, 0)
+
+
+def _change(found, base: int) -> str:
+    if not found:
+        return "more than searched"
+    return "same" if found == base else f"{found - base:+d}"
+
+
+def _scaled_length(raw, factor: float):
+    """A length's YAML with its mean scaled by ``factor`` (None when it has no mean to scale)."""
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        return max(1, int(round(raw * factor)))
+    if not isinstance(raw, dict):
+        return None
+    kind = raw.get("distribution")
+    if kind in ("lognormal", "exponential") and "mean" in raw:
+        return {**raw, "mean": raw["mean"] * factor}
+    if kind == "uniform":
+        return {**raw, "low": max(1, int(round(raw["low"] * factor))), "high": max(1, int(round(raw["high"] * factor)))}
+    return None
+
+
+def _shifted_acceptance(raw: dict, step: float) -> dict | None:
+    """Overrides moving the acceptance's per-token rate by ``step`` (None for replayed lengths)."""
+    process = raw.get("process", "bernoulli")
+    clip = (lambda v: float(min(max(v, 0.01), 0.99)))
+    key = "speculation.acceptance"
+    if process in ("bernoulli", "positional"):
+        return {f"{key}.alpha": clip(raw.get("alpha", 0.7) + step)}
+    if process == "beta":
+        if "a" in raw:                     # the same concentration a + b around the moved mean
+            total = raw["a"] + raw["b"]
+            mean = clip(raw["a"] / total + step)
+            return {f"{key}.a": mean * total, f"{key}.b": (1 - mean) * total}
+        return {f"{key}.mean": clip(raw.get("mean", 0.7) + step)}
+    return None

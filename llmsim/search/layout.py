@@ -1,0 +1,233 @@
+"""The cheapest layout of each candidate chip: replicas x tensor parallel x pipeline parallel.
+
+``llmsim plan`` takes the fewest devices that hold the model (tp x pp ``auto``) and then the
+fewest replicas of that shape. That is not the cheapest deployment: a 70B model on H100s fits
+on three devices as tp1 x pp3, but a replica of tp4 decodes several times faster and fewer
+of them may serve the same rate. Here every layout is a candidate:
+
+- tensor parallel degrees that are powers of two dividing the attention heads, up to
+  ``max_tensor_parallel`` (8: one node's NVLink domain), times 1..``max_pipeline_parallel``
+  stages (one stage when speculating: speculative decoding is not modelled with pipelines);
+  a layout whose model does not fit (placement) is dropped;
+- each layout's cost per hour is replicas x devices per replica (a separate draft's devices
+  included) x the chip's price per device-hour, so among a chip's layouts the cheapest is the
+  one with the fewest devices in all.
+
+The search visits the layouts cheapest-looking first, by the analytic fast path's bracket
+(:func:`llmsim.search.plan.analytic_bracket`: below ``lower`` replicas the fluid model's mean
+latencies already exceed the limits, at ``upper`` it predicts ample room). Once a layout is
+known to meet the targets at some cost, another layout is only simulated at the replica
+counts that would be strictly cheaper, and skipped when even its analytic lower bound is not.
+For one layout the fewest replicas are found as ``plan`` finds them: the cheaper end
+simulated upward (doubling) until it passes, then bisection, and the count just below the
+answer simulated too, so the answer never rests on the analytic path's word. Every count
+runs on the same requests (common random numbers) and must meet the targets on every seed.
+``tests/test_layout.py`` checks the answer against simulating every (replicas, tp, pp) of a
+small grid.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from llmsim.analysis import names
+from llmsim.errors import ConfigError
+from llmsim.scenario.overrides import variant
+from llmsim.scenario.scenario import Scenario
+from llmsim.search.plan import RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate, check_rate_driven
+from llmsim.search.sweeps import run_points, slo_met
+
+MAX_TENSOR_PARALLEL = 8
+MAX_PIPELINE_PARALLEL = 4
+MAX_REPLICAS = 256
+REPLICAS_KEY = "deployment.replicas"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One replica's shape on one chip."""
+    hardware: str
+    tensor_parallel: int
+    pipeline_parallel: int
+    devices_per_replica: int          # tp x pp, plus a separately placed draft's devices
+    usd_per_device_hour: float
+
+    @property
+    def label(self) -> str:
+        return f"tp{self.tensor_parallel} x pp{self.pipeline_parallel}"
+
+    def overrides(self) -> dict:
+        return {"hardware": self.hardware, "deployment.tensor_parallel": self.tensor_parallel,
+                "deployment.pipeline_parallel": self.pipeline_parallel}
+
+    def usd_per_hour(self, replicas: int) -> float:
+        return replicas * self.devices_per_replica * self.usd_per_device_hour
+
+
+@dataclass
+class LayoutChoice:
+    """The cheapest layout of one chip (``layout`` None when none meets the targets)."""
+    hardware: str
+    layout: Layout | None
+    replicas: int | None
+    metrics: dict                      # the answer's simulated figures, averaged over seeds
+    tried: pd.DataFrame                # every layout: its bracket, fewest replicas found or why skipped
+    simulations: int
+    note: str = ""
+    overrides: dict = field(default_factory=dict)   # the answer as scenario overrides (rate included)
+
+    @property
+    def devices(self) -> int | None:
+        return None if self.layout is None else self.replicas * self.layout.devices_per_replica
+
+    @property
+    def usd_per_hour(self) -> float:
+        return math.nan if self.layout is None else self.layout.usd_per_hour(self.replicas)
+
+
+def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
+            max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL) -> list[tuple[Layout, Scenario]]:
+    """Every layout of ``hardware`` that holds the scenario's model, with its one-replica scenario."""
+    heads = scenario.model.num_heads
+    tps = [2 ** p for p in range(0, int(math.log2(max_tensor_parallel)) + 1) if heads % 2 ** p == 0]
+    pps = [1] if scenario.speculating else range(1, max_pipeline_parallel + 1)
+    found = []
+    for tp in tps:
+        for pp in pps:
+            point = {"hardware": hardware, "deployment.tensor_parallel": tp, "deployment.pipeline_parallel": pp,
+                     REPLICAS_KEY: 1}
+            try:
+                one = variant(scenario, point)
+            except ConfigError:            # does not fit, or an impossible split (more stages than layers)
+                continue
+            found.append((Layout(hardware, tp, pp, one.devices_per_replica, one.hardware.price_per_hour_usd), one))
+    return found
+
+
+def fewest_replicas(scenario: Scenario, base: dict, lower: int, start: int, cap: int, *,
+                    seeds: Sequence[int] | None, workers: int | None, bar) -> tuple[int | None, dict[int, pd.DataFrame]]:
+    """The fewest replicas in [lower, cap] whose runs (``base`` overrides) meet the targets on every seed.
+
+    Counts below ``lower`` are taken to fail; ``start`` is simulated first and doubled (up to
+    ``cap``) until it passes, then the gap is bisected and the count below the answer
+    simulated too. Returns (count or None when ``cap`` fails, the simulated rows per count).
+    """
+    outcomes: dict[int, pd.DataFrame] = {}
+
+    def passes(n: int) -> bool:
+        if n not in outcomes:
+            bar.total += len(seeds) if seeds else 1
+            bar.refresh()
+            rows = run_points(scenario, [{**base, REPLICAS_KEY: n}], seeds=seeds, workers=workers, progress=bar)
+            failed = rows[rows["error"].fillna("") != ""]
+            if len(failed):
+                raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
+            outcomes[n] = rows
+        return bool(slo_met(outcomes[n]).all())
+
+    if cap < lower:
+        return None, outcomes
+    lo, hi = lower - 1, min(max(start, lower), cap)
+    while not passes(hi):
+        lo = hi
+        if hi >= cap:
+            return None, outcomes
+        hi = min(2 * hi, cap)
+    while True:
+        while hi - lo > 1:
+            middle = (lo + hi) // 2
+            if passes(middle):
+                hi = middle
+            else:
+                lo = middle
+        if lo >= 1 and lo not in outcomes and passes(lo):     # the analytic lower bound was wrong
+            hi, lo = lo, 0
+            continue
+        return hi, outcomes
+
+
+def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_per_s: float, *,
+                    seeds: Sequence[int] | None = None, workers: int | None = None,
+                    max_replicas: int = MAX_REPLICAS, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
+                    max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL, bar=None) -> LayoutChoice:
+    """The cheapest (replicas, tp, pp) of ``hardware`` meeting the SLO targets at the rate (see the module doc)."""
+    scenario = as_scenario(scenario)
+    rate = check_rate(target_rate_per_s)
+    bar = bar if bar is not None else quiet_bar()
+    options = layouts(scenario, hardware, max_tensor_parallel=max_tensor_parallel,
+                      max_pipeline_parallel=max_pipeline_parallel)
+    if not options:
+        return LayoutChoice(hardware, None, None, {}, pd.DataFrame(), 0,
+                            note=f"does not fit: no layout up to tp{max_tensor_parallel} x pp{max_pipeline_parallel} "
+                                 "holds the model")
+    ranked = []
+    for layout, one in options:
+        lower, upper = analytic_bracket(one, rate, max_replicas)
+        ranked.append((layout.usd_per_hour(upper), layout.usd_per_hour(lower), layout, lower, upper))
+    ranked.sort(key=lambda entry: (entry[0], entry[1], entry[2].devices_per_replica, entry[2].pipeline_parallel))
+    best: tuple[Layout, int, pd.DataFrame] | None = None
+    rows, simulations = [], 0
+    for _, lower_cost, layout, lower, upper in ranked:
+        row = {"hardware": hardware, "layout": layout.label, "devices_per_replica": layout.devices_per_replica,
+               "analytic_lower": lower, "analytic_upper": upper}
+        cap = max_replicas
+        if best is not None:
+            best_cost = best[0].usd_per_hour(best[1])
+            if lower_cost >= best_cost:
+                rows.append({**row, "replicas": math.nan, "note": "skipped: its analytic lower bound costs as much"})
+                continue
+            # only counts strictly cheaper than the best so far are worth simulating
+            cap = min(cap, math.ceil(best_cost / (layout.devices_per_replica * layout.usd_per_device_hour)) - 1)
+        base = {**layout.overrides(), RATE_KEY: rate}
+        found, outcomes = fewest_replicas(scenario, base, lower, upper, cap, seeds=seeds, workers=workers, bar=bar)
+        simulations += len(outcomes)
+        if found is None:
+            note = ("no cheaper count meets the targets" if best is not None and cap < max_replicas
+                    else f"targets not met with {cap} replicas")
+            rows.append({**row, "replicas": math.nan, "note": note})
+            continue
+        rows.append({**row, "replicas": found, "usd_per_hour": layout.usd_per_hour(found), "note": ""})
+        best = (layout, found, outcomes[found])
+    tried = pd.DataFrame(rows)
+    if best is None:
+        return LayoutChoice(hardware, None, None, {}, tried, simulations,
+                            note=f"SLO targets not met by any layout with up to {max_replicas} replicas")
+    layout, replicas, result = best
+    return LayoutChoice(hardware, layout, replicas, _mean_metrics(result), tried, simulations,
+                        overrides={**layout.overrides(), RATE_KEY: rate, REPLICAS_KEY: replicas})
+
+
+def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None,
+                     *, progress: bool = False, **options) -> list[LayoutChoice]:
+    """:func:`cheapest_layout` of every candidate chip (``--hardware``, the scenario's
+    ``plan.hardware`` list, else its own), cheapest first; chips without an answer last."""
+    scenario = as_scenario(scenario)
+    check_rate_driven(scenario)
+    rate = check_rate(target_rate_per_s)
+    variant(scenario, {RATE_KEY: rate})
+    if not scenario.slo.defined:
+        raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
+                          allowed="ttft, tpot and/or e2e limits")
+    names_ = candidates(scenario, hardware)
+    from tqdm.auto import tqdm
+    with tqdm(total=0, disable=not progress, desc="layouts", unit="simulation") as bar:
+        choices = []
+        for name in names_:
+            bar.set_postfix_str(name)
+            choices.append(cheapest_layout(scenario, name, rate, bar=bar, **options))
+    return sorted(choices, key=lambda c: (c.layout is None, c.usd_per_hour if c.layout else 0.0))
+
+
+def _mean_metrics(rows: pd.DataFrame) -> dict:
+    mean = rows.select_dtypes("number").mean()
+    return {name: float(mean[name]) for name in names.SUMMARY_NAMES if name in mean and name != names.SLO_MET}
+
+
+def quiet_bar():
+    """A progress bar that shows nothing (for a search run inside a larger one)."""
+    from tqdm.auto import tqdm
+    return tqdm(total=0, disable=True)
