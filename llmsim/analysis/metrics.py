@@ -21,6 +21,7 @@ import pandas as pd
 from llmsim.analysis.summary import (COMPLETED, PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics, Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
+from llmsim.analysis.statistics import batch_means, rising_trend
 from llmsim.scenario.scenario import SLO, SLO_METRICS
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
@@ -55,13 +56,25 @@ def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
     return ok
 
 
+def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
+    """The share of True in ``hits`` (requests in arrival order) and its standard error by batch
+    means: consecutive requests share queue states, so they are not independent draws (NaN when
+    there are too few requests to batch)."""
+    if not len(hits):
+        return math.nan, math.nan
+    values = hits.to_numpy(dtype=float)
+    try:
+        return float(values.mean()), batch_means(values)[1]
+    except ValueError:
+        return float(values.mean()), math.nan
+
+
 def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
-    """Per-metric attainment (share of requests within that limit) and percentile target, for
-    every limit set. Unfinished or rejected requests miss."""
+    """Per-metric attainment (share of requests within that limit, with its standard error) and
+    percentile target, for every limit set. Unfinished or rejected requests miss."""
     finished = steady["status"] == "finished"
     limits = _limits(steady, slo)
-    return {metric: SLOTarget(float((finished & _within(steady, metric, limits[metric])).mean())
-                              if len(steady) else math.nan, percentile)
+    return {metric: SLOTarget(*share_with_stderr(finished & _within(steady, metric, limits[metric])), percentile)
             for metric, (_, percentile) in _percentiles(slo).items() if metric in limits}
 
 
@@ -78,9 +91,11 @@ def slo_summary(steady: pd.DataFrame, slo: SLO, window_s: float) -> SLOSummary:
     """Attainment, goodput (from the records' ``meets_slo``) and per-limit targets over ``steady``."""
     good = steady[steady["meets_slo"]] if slo.defined else steady[steady["status"] == "finished"]
     targets = slo_targets(steady, slo)
+    attainment, attainment_stderr = share_with_stderr(steady["meets_slo"] if slo.defined
+                                                      else steady["status"] == "finished")
     return SLOSummary(
         ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
-        attainment=len(good) / len(steady) if len(steady) else math.nan,
+        attainment=attainment, attainment_stderr=attainment_stderr,
         goodput_requests_per_s=len(good) / window_s,
         goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window_s,
         targets=targets,
@@ -169,9 +184,10 @@ def summarize(result) -> RunSummary:
         kv_capacity_tokens_per_replica=placement.kv_capacity_tokens,
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
     )
+    ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     queue = QueueSummary(mean_length=result.mean_queue_length,
                          max_length=int(result.queue_length["length"].max()),
-                         mean_in_system=result.mean_in_system)
+                         mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
         devices=devices, window_s=(start, stop), simulated_s=result.end_s,
