@@ -26,7 +26,7 @@ POLICIES = ("fcfs", "priority", "preemptive_priority", "weighted_fair", "edf")
 DIURNAL = {
     "name": "controller-diurnal", "seed": 3, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
     "engine": {"max_model_len": 16384, "max_batch_tokens": 8192},
-    "workload": {"arrival": {"process": "diurnal", "rate": "4.5/s", "amplitude": 0.45, "period": "300 s",
+    "workload": {"arrival": {"process": "diurnal", "rate": "3.4/s", "amplitude": 0.5, "period": "300 s",
                              "peak": "150 s"},
                  "duration": "900 s",
                  "prompt_tokens": {"distribution": "lognormal", "mean": 4000, "sigma": 0.5, "max": 12000},
