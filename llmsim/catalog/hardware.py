@@ -56,6 +56,9 @@ class HardwareProfile:
     per_step_overhead_s: float                  # scheduler, sampling, launch: once per iteration
     per_layer_overhead_s: float                 # kernel launches: once per layer per iteration
     kv_read_penalty: float = 1.0                # KV bytes actually moved per KV byte read (paged gathers)
+    # Dataflow chips (wafer-scale SRAM): a layer's time grows with its width, the token's vector crossing
+    # the cores that hold the layer; seconds per hidden element per layer, on top of per_layer_overhead_s.
+    per_layer_per_hidden_element_s: float = 0.0
     # Decode attention of a sequence with context c runs at attention_efficiency * c / (c + this):
     # a fixed cost per sequence and layer (0: none, efficiency independent of context).
     attention_half_context: float = 0.0
@@ -145,6 +148,9 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
                                     exclusive_minimum=False),
         per_layer_overhead_s=_figure(overhead, "per_layer", "duration", figures, minimum=0.0,
                                      exclusive_minimum=False),
+        per_layer_per_hidden_element_s=(_figure(overhead, "per_layer_per_hidden_element", "duration", figures,
+                                                minimum=0.0, exclusive_minimum=False)
+                                        if overhead.has("per_layer_per_hidden_element") else 0.0),
         figures=figures,
         path=path,
     )

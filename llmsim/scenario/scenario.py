@@ -55,6 +55,14 @@ class EngineConfig:
     on_timeout: str = "dispatch"
     kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
     scheduling_policy: str = "fcfs"      # with traffic classes: see llmsim.sim.scheduling
+    admission: str = "preempt"           # see ADMISSION_MODES
+
+
+# How a continuous-batching engine admits requests against its KV cache (the engines it mimics):
+# preempt: vLLM, blocks for the first chunk, preempt the latest and recompute when the cache runs out;
+# max_utilization: TensorRT-LLM MAX_UTILIZATION, blocks for the whole prompt, then as vLLM (pause = recompute);
+# guaranteed_no_evict: TensorRT-LLM GUARANTEED_NO_EVICT, blocks for prompt + output reserved up front, never evicts.
+ADMISSION_MODES = ("preempt", "max_utilization", "guaranteed_no_evict")
 
 
 SLO_METRICS = ("ttft", "tpot", "e2e")
@@ -225,7 +233,8 @@ def scenario_from_node(root: Node) -> Scenario:
         queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
         on_timeout=eng.choice("on_timeout", ON_TIMEOUT, ENGINE.on_timeout),
         kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
-        scheduling_policy=eng.choice("scheduling_policy", SCHEDULING_POLICIES, ENGINE.scheduling_policy))
+        scheduling_policy=eng.choice("scheduling_policy", SCHEDULING_POLICIES, ENGINE.scheduling_policy),
+        admission=eng.choice("admission", ADMISSION_MODES, ENGINE.admission))
     if engine.kv_spill and not hardware.outer_tiers:
         raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
                             "false, or a profile with outer_memory")

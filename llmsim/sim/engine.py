@@ -13,7 +13,12 @@ sequences decode first; chunked prefill fills the rest of the token budget
 sequence slot (``max_num_seqs``) and KV blocks for their first chunk. Without chunked
 prefill the engine alternates, prefill-first, between prefill-only and decode-only
 iterations (vLLM V0). When the KV cache runs out, the most recently admitted sequence
-is preempted and later recomputed (its prefill target becomes prompt + generated). A
+is preempted and later recomputed (its prefill target becomes prompt + generated).
+``engine.admission`` chooses what a request needs free to be admitted: blocks for its first
+chunk (``preempt``, vLLM), for its whole prompt (``max_utilization``, TensorRT-LLM's
+MAX_UTILIZATION, which then pauses and recomputes as vLLM does), or for its whole length,
+prompt plus output, net of what every running request still has reserved
+(``guaranteed_no_evict``, TensorRT-LLM's GUARANTEED_NO_EVICT: nothing is ever preempted). A
 queue timeout either forces an old request into the next iteration past the token
 budget or rejects it.
 
@@ -262,11 +267,21 @@ class Engine(EngineProcess):
             if chunk <= 0 or chunk > limit:
                 break
             wanted = kv.blocks_for(chunk)
-            if wanted > kv.free_blocks:
+            if wanted > kv.free_blocks or (cfg.admission != "preempt" and not self._room_for(request)):
                 break
             queue.pop(now)
             self._start(request, now, wanted, chunk, chunks)
             budget -= chunk
+
+    def _room_for(self, request: Request) -> bool:
+        """TensorRT-LLM's admission tests: the whole prompt's blocks free (max_utilization), or the whole
+        length's (prompt + output) beyond what running requests still have reserved (guaranteed_no_evict).
+        The simulator knows each request's output length; it stands for the max_tokens TensorRT-LLM reserves."""
+        kv = self.kv
+        if self.config.admission == "max_utilization":
+            return kv.blocks_for(request.prefill_target) <= kv.free_blocks
+        reserved = sum(kv.blocks_for(r.prompt_tokens + r.output_tokens) - r.blocks for r in self.running.values())
+        return kv.blocks_for(request.prompt_tokens + request.output_tokens) <= kv.free_blocks - reserved
 
     def _start(self, request: Request, now: float, wanted: int, chunk: int, chunks: list) -> None:
         """Admit ``request``, just taken from the queue: ``wanted`` blocks for its first ``chunk``."""

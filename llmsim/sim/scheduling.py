@@ -265,7 +265,7 @@ class ClassEngine(Engine):
             if chunk <= 0 or chunk > limit:
                 break
             wanted = kv.blocks_for(chunk)
-            if wanted > kv.free_blocks:
+            if wanted > kv.free_blocks or (cfg.admission != "preempt" and not self._room_for(request)):
                 break
             queue.pop_class(c, now)
             self._start(request, now, wanted, chunk, chunks)

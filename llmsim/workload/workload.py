@@ -88,7 +88,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         trace = read_trace(path, arrival_node, "path", fmt)
         transforms = transforms_from_node(arrival_node)
         trace = check_selection(trace, transforms, arrival_node, "path")
-        arrival = Replay()
+        arrival = Replay(transforms.replayed_rate_per_s(trace))
         arrival_node.done()
 
     num_requests = node.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
