@@ -18,7 +18,9 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.summary import (COMPLETED, PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics, Latency,
+from llmsim.analysis.kv_cache import kv_cache_summary
+from llmsim.analysis.summary import (COMPLETED, PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics,
+                                     Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
@@ -202,6 +204,8 @@ def summarize(result) -> RunSummary:
         fault=result.fault,
         classes=classes,
         autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
+        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
+                  if getattr(result, "kv_tiers", None) else None),
     )
 
 

@@ -7,6 +7,7 @@ or its first JSON line):
 format       file                                            columns / fields used
 ===========  ==============================================  ===========================================
 ``llmsim``   CSV                                             arrival_s, prompt_tokens, output_tokens
+                                                             (session_id: optional)
 ``azure``    Azure LLM inference trace 2023 / 2024, CSV      TIMESTAMP (date-time), ContextTokens,
                                                              GeneratedTokens
 ``burstgpt`` BurstGPT, CSV                                   Timestamp (s), Request tokens, Response
@@ -134,8 +135,13 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
     _check_sorted(arrival, lines, path, arrival_col)
     labels = {name: frame[column].astype(str).str.strip().to_numpy()
               for name, column in (("model", "Model"), ("log_type", "Log Type")) if column in frame.columns}
+    sessions = None
+    if fmt == "llmsim" and "session_id" in frame.columns:
+        # Turns of one conversation: each prompt extends the one before (history plus new input).
+        ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, integer=True)
+        sessions = pd.factorize(ids.astype(np.int64))[0].astype(np.int64)
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
-                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}")
+                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions)
     return _drop_empty_outputs(trace) if production else trace
 
 
