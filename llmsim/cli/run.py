@@ -33,8 +33,9 @@ from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate, speedup_over_plain
 from llmsim.workload.trace import generate_trace
 
-# What a run may write; the last two with --bench-json and --parquet.
-RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet")
+# What a run may write; the last three with --bench-json, --parquet and a controller.
+RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet",
+             "control.csv")
 
 
 def add_parsers(sub) -> None:
@@ -106,6 +107,8 @@ def _write_and_print(result, out: Path, args) -> int:
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
     if args.iterations:
         written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
+    if result.control is not None:            # the adaptive controller's decisions
+        written.append(write_file(out / "control.csv", lambda path: result.control.to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
     if args.bench_json:
         written.append(_write_summary(out / "vllm_bench.json", vllm_bench_result(result)))
@@ -113,7 +116,7 @@ def _write_and_print(result, out: Path, args) -> int:
         written.append(write_file(out / "requests.parquet", lambda path: result.requests.to_parquet(path, index=False)))
     # --overwrite: no earlier run's optional files are left beside this run's records.
     optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json,
-                "requests.parquet": args.parquet, "timeline.png": False}
+                "requests.parquet": args.parquet, "timeline.png": False, "control.csv": result.control is not None}
     for stale in (name for name, wanted in optional.items() if not wanted):
         (out / stale).unlink(missing_ok=True)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
