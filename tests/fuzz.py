@@ -179,18 +179,29 @@ def raw_file_cases(draw) -> Case:
     return Case(_run(), {"scenario.yaml": draw(raw_files)})
 
 
+# Valid changes, so that some generated comparisons and grids run (and are checked) end to end.
+VALID_CHANGES = {"engine.max_num_seqs": [16, 32], "workload.arrival.rate": [5, "10/s"],
+                 "engine.chunked_prefill": [True, False], "deployment.replicas": [1, 2],
+                 "engine.max_batch_tokens": [2048, 4096], "workload.num_requests": [20]}
+valid_variants = st.sampled_from(list(VALID_CHANGES)).flatmap(
+    lambda path: st.sampled_from(VALID_CHANGES[path]).map(lambda value: _set({}, path, value)))
+valid_loads = st.sampled_from([5, "10/s", "600 req/min", {"rate": 8, "num_requests": 30}])
+
+
 @st.composite
 def comparison_cases(draw) -> Case:
     loads = draw(st.one_of(
+        st.dictionaries(st.sampled_from(["low", "high"]), valid_loads, max_size=2),
         st.dictionaries(st.sampled_from(["low", "high"]), st.one_of(values, st.fixed_dictionaries(
             {"rate": values}, optional={"num_requests": values, "bogus": values})), max_size=2),
         values))
     variants = draw(st.one_of(
+        st.dictionaries(st.sampled_from(["a", "b"]), valid_variants, min_size=1, max_size=2),
         st.dictionaries(st.sampled_from(["a", "b"]), st.builds(lambda p, v: _set({}, p, v),
                                                                 st.sampled_from(PATHS), values), max_size=2),
         values))
     comparison = {"base": SMALL, "variants": variants, "loads": loads}
-    if draw(st.booleans()):
+    if draw(st.integers(0, 3)) == 0:
         comparison[draw(st.sampled_from(["bogus", "variant", "name"]))] = draw(values)
     return Case(["compare", "{dir}/comparison.yaml"], {"comparison.yaml": _dump(comparison)})
 
@@ -198,6 +209,8 @@ def comparison_cases(draw) -> Case:
 @st.composite
 def grid_cases(draw) -> Case:
     grid = draw(st.one_of(
+        st.lists(st.sampled_from(list(VALID_CHANGES)), min_size=1, max_size=2).map(
+            lambda paths: {path: VALID_CHANGES[path] for path in paths}),
         st.dictionaries(st.sampled_from(PATHS + ["bogus.key", "seed"]), st.one_of(
             st.lists(values, min_size=0, max_size=3), values), max_size=2),
         values))
@@ -227,13 +240,23 @@ def mooncake_lines(draw) -> str:
 
 
 @st.composite
+def valid_trace_text(draw) -> str:
+    """A trace that replays: sorted arrival times, whole token counts within the model's context."""
+    rows = draw(st.lists(st.tuples(st.floats(0, 2), st.integers(1, 3000), st.integers(1, 500)), min_size=1,
+                         max_size=20))
+    times = [sum(gap for gap, _, _ in rows[:i + 1]) for i in range(len(rows))]
+    return "arrival_s,prompt_tokens,output_tokens\n" + "".join(
+        f"{t!r},{p},{o}\n" for t, (_, p, o) in zip(times, rows))
+
+
+@st.composite
 def trace_cases(draw) -> Case:
     columns = draw(st.one_of(st.sampled_from(TRACE_COLUMNS),
                              st.lists(st.sampled_from(["arrival_s", "prompt_tokens", "output_tokens", "x", ""]),
                                       max_size=4)))
     rows = draw(st.lists(st.lists(cells, min_size=len(columns), max_size=len(columns) + 1), max_size=12))
     text = "\n".join([",".join(columns)] + [",".join(row) for row in rows]) + "\n"
-    content = draw(st.one_of(st.just(text), st.just(text), mooncake_lines(), raw_files))
+    content = draw(st.one_of(st.just(text), st.just(text), valid_trace_text(), mooncake_lines(), raw_files))
     scenario = json.loads(json.dumps(SMALL))
     scenario["workload"] = {"arrival": {"process": "trace", "path": "trace.csv"}}
     if draw(st.booleans()):

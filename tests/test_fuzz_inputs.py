@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 
 from .fuzz import KINDS, run_case
 
-EXAMPLES = int(os.environ.get("LLMSIM_FUZZ_EXAMPLES", "12"))       # per kind; the benchmark raises it
+EXAMPLES = int(os.environ.get("LLMSIM_FUZZ_EXAMPLES", "8"))        # per kind (CI: about 20 s in all)
 MAX_GROWTH_BYTES = 1 * 2**30       # peak memory a kind's cases may add to the test process
 
 

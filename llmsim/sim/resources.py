@@ -35,7 +35,7 @@ from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.workload.trace import Trace
 
-MAX_RUN_MEMORY_BYTES = 16 * 2**30       # refused above this estimate, unless forced (it runs 2-5x the peak)
+MAX_RUN_MEMORY_BYTES = 16 * 2**30       # refused above this estimate, unless forced (it runs ~2-3x the peak)
 MAX_RUN_EVENTS = 100_000_000            # about an hour at 25,000 iterations a second
 # Each engine keeps its iteration log in memory maps of its own, and Linux allows a process 65,530
 # maps by default (vm.max_map_count): 100,000 replicas fail to allocate whatever memory is free.
@@ -159,6 +159,6 @@ def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool =
         raise ConfigError(f"this run is too large to start unasked: {estimate.text()}, above the limit of "
                           f"{' and '.join(over)}", file=scenario.path, key="workload", has_value=False,
                           allowed="fewer workload.num_requests, a shorter workload.duration, fewer "
-                                  "deployment.replicas or a shorter simulation.horizon; or --force "
-                                  "(force=True in Python) to run it anyway")
+                                  "deployment.replicas or a shorter simulation.horizon; or --force (llmsim "
+                                  "run, compare, sweep; force=True in Python) to run it anyway")
     return estimate
