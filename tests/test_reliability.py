@@ -165,6 +165,7 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_running(tmp_path
 @pytest.mark.parametrize("flags, fragment", [
     (["--seed", "-3"], "argument --seed: out of range (got '-3')"),
     (["--seed", "1.5"], "expected an integer >= 0"),
+    (["--out", "bad\x00name"], "embedded null byte"),
 ])
 def test_bad_run_flags_are_one_paragraph(tmp_path, capsys, flags, fragment):
     refused(capsys, run(tmp_path, scenario(tmp_path), *flags), fragment)
@@ -246,6 +247,13 @@ def test_comparison_loads_are_checked(tmp_path, capsys, loads, fragment):
 
 # -- searches and sweeps: their flags, an unreachable scheduler, a full disk, a killed worker -------
 
+def test_a_seed_count_that_would_make_a_hundred_million_runs_is_refused(tmp_path, capsys):
+    grid = write(tmp_path, {"engine.max_num_seqs": [16]}, "grid.yaml")
+    start = time.perf_counter()
+    refused(capsys, ["sweep", scenario(tmp_path), "--grid", grid, "--seeds", "100000000"], "more than 1,000 seeds")
+    assert time.perf_counter() - start < 2.0
+
+
 @pytest.mark.parametrize("flags, fragment", [
     (["--target-rate", "1e12"], "--target-rate"),
     (["--target-rate", "5", "--max-replicas", "100000000"], "argument --max-replicas: out of range"),
@@ -255,6 +263,7 @@ def test_plan_flags_are_checked_before_searching(tmp_path, capsys, flags, fragme
     refused(capsys, ["plan", scenario(tmp_path), *flags], fragment)
 
 
+@pytest.mark.slow          # imports distributed and waits for the timeout
 def test_an_unreachable_scheduler_is_a_clear_error_after_a_short_wait(tmp_path, capsys, monkeypatch):
     pytest.importorskip("distributed")
     monkeypatch.setattr(executors, "SCHEDULER_TIMEOUT_S", 1.0)
@@ -265,6 +274,7 @@ def test_an_unreachable_scheduler_is_a_clear_error_after_a_short_wait(tmp_path, 
     assert time.perf_counter() - start < 10
 
 
+@pytest.mark.slow          # two sweeps of three points
 def test_a_full_disk_stops_the_sweep_keeping_finished_points(tmp_path, capsys, monkeypatch):
     grid = write(tmp_path, {"workload.arrival.rate": [10.0, 20.0, 40.0]}, "grid.yaml")
     argv = ["sweep", scenario(tmp_path), "--grid", grid, "--out", tmp_path / "sweep", "--workers", "1"]

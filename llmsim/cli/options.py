@@ -24,10 +24,12 @@ from llmsim.sim.resources import MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY
 
 SEEDS_HELP = ("N: N seeds starting at the scenario's seed (seed, seed + 1, ...); or a comma-separated list "
               "of seeds, e.g. 3,7,11 (one seed: 7,)")
-_SEEDS_ALLOWED = "a count >= 1 (e.g. 3), or distinct seeds >= 0 separated by commas (e.g. 3,7,11 or 7,)"
+_SEEDS_ALLOWED = ("a count from 1 to 1,000 (e.g. 3), or up to 1,000 distinct seeds >= 0 separated by commas "
+                  "(e.g. 3,7,11 or 7,)")
 
 
 MAX_WORKERS = 1024          # parallel processes a command may start
+MAX_SEEDS = 1000            # seeds a command may replicate every point over
 
 
 class Parser(argparse.ArgumentParser):
@@ -88,12 +90,15 @@ def parse_seeds(text: str | None, scenario: str | Path | Scenario) -> list[int] 
     if "," in text:
         parts = [part.strip() for part in text.split(",") if part.strip()]
         seeds = [_integer(part, text) for part in parts]
-        if not seeds or min(seeds) < 0 or len(set(seeds)) < len(seeds):
+        if not seeds or min(seeds) < 0 or max(seeds) > MAX_NUMBER or len(set(seeds)) < len(seeds) \
+                or len(seeds) > MAX_SEEDS:
             raise ConfigError("expected distinct seeds >= 0", key="--seeds", value=text, allowed=_SEEDS_ALLOWED)
         return seeds
     count = _integer(text, text)
     if count < 1:
         raise ConfigError("the count of seeds must be at least 1", key="--seeds", value=text, allowed=_SEEDS_ALLOWED)
+    if count > MAX_SEEDS:
+        raise ConfigError(f"more than {MAX_SEEDS:,} seeds", key="--seeds", value=text, allowed=_SEEDS_ALLOWED)
     first = scenario.seed if isinstance(scenario, Scenario) else _yaml_seed(scenario)
     return list(range(first, first + count))
 

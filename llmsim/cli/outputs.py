@@ -52,11 +52,14 @@ def check_writable_folder(folder: Path, key: str = "--out") -> None:
     """Stop (ConfigError, exit 2), before any work, if ``folder`` or the nearest of its parents that
     exists is a file, or cannot be written to: the results would be lost at the end of the run."""
     folder = Path(folder)
+    if "\0" in str(folder):            # pathlib's exists() says False to it; mkdir raises
+        raise ConfigError("cannot be a folder here (embedded null byte)", key=key, value=str(folder),
+                          allowed="a path of a folder you can write to")
     try:
         existing = next((path for path in (folder, *folder.parents) if path.exists()), None)
-    except OSError as error:            # a name longer than the file system allows, a loop of links
-        raise ConfigError(f"cannot be a folder here ({error.strerror or error})", key=key, value=str(folder),
-                          allowed="a shorter path of a folder you can write to") from None
+    except (OSError, ValueError) as error:      # a name too long, a loop of links, a NUL character
+        raise ConfigError(f"cannot be a folder here ({getattr(error, 'strerror', None) or error})", key=key,
+                          value=str(folder), allowed="a path of a folder you can write to") from None
     if existing is None:                # a relative path whose parents do not exist yet: the cwd
         existing = Path.cwd()
     longest = os.pathconf(existing, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255

@@ -38,8 +38,9 @@ def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
         raise ConfigError("file not found", file=name, has_value=False) from None
     except IsADirectoryError:
         raise ConfigError("is a folder, not a file", file=name, has_value=False, allowed="a file") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read file ({exc.strerror or exc})", file=name, has_value=False) from None
+    except (OSError, ValueError) as exc:          # ValueError: a NUL character in the path
+        raise ConfigError(f"cannot read file ({getattr(exc, 'strerror', None) or exc})", file=name,
+                          has_value=False) from None
     if len(data) > max_bytes:
         raise ConfigError(f"larger than the {max_bytes / 2**20:g} MiB llmsim reads from a file of this kind",
                           file=name, has_value=False, allowed=f"a file of at most {max_bytes / 2**20:g} MiB")
