@@ -7,7 +7,7 @@ from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
 from llmsim.cli.options import add_seeds_argument, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.plan import as_scenario
+from llmsim.search.plan import as_scenario, replay_description
 from llmsim.search.recommend import OBJECTIVES, SEEDS, TOP, Recommendation, recommend
 
 
@@ -68,6 +68,9 @@ def _cmd_recommend(args) -> int:
                     workers=args.workers, progress=True)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
+    if scenario.workload.trace is not None:          # which traffic the rates below rescale
+        print(f"replaying {replay_description(scenario, scenario.workload.arrival.rate_per_s)}; its rate is the "
+              "trace's time scale")
     print(format_recommendation(rec, scenario))
     if args.out:
         print(f"wrote {args.out}")

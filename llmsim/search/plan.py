@@ -40,6 +40,7 @@ from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.scenario.overrides import check_matches_source, variant
 from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
+from llmsim.workload.trace import generate_trace
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
@@ -55,11 +56,21 @@ def as_scenario(scenario: str | Path | Scenario) -> Scenario:
 
 
 def check_rate_driven(scenario: Scenario) -> None:
-    """Plans and recommendations vary the arrival rate: a replayed trace has none to vary."""
-    if scenario.workload.arrival.process == "trace":
-        raise ConfigError("a replayed trace has no arrival rate to vary", file=scenario.path,
-                          key="workload.arrival.process", value="trace",
-                          allowed="poisson, gamma or deterministic arrivals (fit one to the trace)")
+    """Plans and recommendations vary the arrival rate; a replayed trace's is its time scale
+    (``workload.arrival.rate`` rescales it), which needs two requests or more to have a rate."""
+    trace = scenario.workload.trace
+    if trace is not None and len(trace) < 2:
+        raise ConfigError("a replayed trace of one request has no arrival rate to vary", file=scenario.path,
+                          key="workload.arrival.path", value=len(trace), allowed="a trace of two requests or more")
+
+
+def replay_description(scenario: Scenario, rate_per_s: float) -> str:
+    """Which requests of which trace a plan at ``rate_per_s`` replays ('' without a trace)."""
+    if scenario.workload.trace is None:
+        return ""
+    at_rate = variant(scenario, {RATE_KEY: rate_per_s})
+    trace = generate_trace(at_rate.workload, at_rate.seed)
+    return f"{trace.description}: {len(trace):,} requests"
 
 
 def check_rate(rate_per_s: float, key: str = "--target-rate") -> float:
@@ -110,7 +121,8 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
     per hour, cost per million output tokens and energy per output token (at TDP).
     ``replicas`` is NaN with a ``note`` when no count up to ``max_replicas`` meets the
     targets, or when the model does not fit the hardware. ``seeds``: every seed must meet
-    the targets (default: the scenario's seed).
+    the targets (default: the scenario's seed). A replayed trace is rescaled in time to the
+    target rate and replayed whole; the column ``replayed`` says which requests that is.
     """
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
@@ -127,7 +139,11 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
         for name in names:
             bar.set_postfix_str(name)
             rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, bar))
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    replayed = replay_description(scenario, rate)
+    if replayed:                        # which traffic the answer covers: the trace, rescaled to the rate
+        table["replayed"] = replayed
+    return table
 
 
 def _placement_overrides(scenario: Scenario, name: str) -> dict:
@@ -213,7 +229,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
         notes.append(f"undecided at the longest window for {', '.join(map(str, undecided))} replicas "
                      "(judged on the estimate)")
     row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=len(outcomes),
-               requests_per_simulation=answer.window.overrides(rate)["workload.num_requests"],
+               requests_per_simulation=answer.window.simulated_requests(rate),
                window_s=answer.window.length_s, warmup_s=answer.window.warmup_s,
                slo_margin=margin, slo_margin_ci95=spread,
                ttft_p95_s=mean[names.TTFT_P95], tpot_p95_s=mean[names.TPOT_P95],

@@ -52,9 +52,21 @@ Z = 2.0                       # standard errors between an attainment and its ta
 
 @dataclass(frozen=True)
 class Window:
-    """Warm-up and measurement, in simulated seconds, of one point's run."""
+    """Warm-up and measurement, in simulated seconds, of one point's run.
+
+    ``trace_requests`` > 0: the run replays its scenario's whole (rescaled) trace, of that many
+    requests, which sets the measurement; it cannot be made longer."""
     warmup_s: float
     measure_s: float
+    trace_requests: int = 0
+
+    @property
+    def whole_trace(self) -> bool:
+        return self.trace_requests > 0
+
+    def simulated_requests(self, rate_per_s: float) -> int:
+        """The requests a run of this window simulates."""
+        return self.trace_requests or min(self.requests(rate_per_s), MAX_REQUESTS)
 
     @property
     def length_s(self) -> float:
@@ -68,7 +80,9 @@ class Window:
 
     def overrides(self, rate_per_s: float) -> dict:
         """Scenario overrides that make a run at this rate cover the window."""
-        return {"workload.num_requests": min(self.requests(rate_per_s), MAX_REQUESTS), "workload.duration": None,
+        if self.whole_trace:
+            return {"simulation.warmup": f"{self.warmup_s!r} s"}
+        return {"workload.num_requests": self.simulated_requests(rate_per_s), "workload.duration": None,
                 "simulation.warmup": f"{self.warmup_s!r} s"}
 
 
@@ -97,10 +111,27 @@ def mean_output_tokens(scenario: Scenario) -> float:
     return float(workload.output_tokens.mean())
 
 
+def replayed_requests(workload) -> int:
+    """How many requests a replay of the workload's trace simulates (sampled, cut to its count)."""
+    transforms = workload.transforms
+    count = len(workload.trace) * (transforms.sample_fraction or 1.0 if transforms else 1.0)
+    return max(1, int(round(min(count, workload.num_requests or count))))
+
+
 def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) -> Window:
-    """The window for a point at ``rate_per_s`` (total) whose requests take ``latency_s`` on average."""
+    """The window for a point at ``rate_per_s`` (total) whose requests take ``latency_s`` on average.
+
+    A replayed trace is replayed whole at every rate (its window, filters and sampling say which
+    traffic the question is about; its first requests alone could be its quietest hour): the
+    warm-up follows the rule above within the trace's span at this rate."""
     workload = scenario.workload
     own_rate = workload.arrival.rate_per_s
+    if workload.trace is not None:
+        requests = replayed_requests(workload)
+        span_s = requests / rate_per_s
+        own_warmup_s = scenario.simulation.warmup_s
+        warmup_s = max(0.1 * span_s if own_warmup_s is None else own_warmup_s, WARMUP_LATENCIES * latency_s)
+        return Window(warmup_s, max(span_s - warmup_s, 0.0), trace_requests=requests)
     own_requests = workload.num_requests if workload.num_requests is not None else workload.duration_s * own_rate
     own_warmup_s = scenario.simulation.warmup_s
     if own_warmup_s is None:                 # the scenario's default: 10% of its own arrival window
@@ -204,7 +235,8 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
             verdict = judge(rows, target)
             judged[i] = Judged(verdict, rows, current[i])
             longer = current[i].longer()
-            if not verdict.decided and round_index < ESCALATIONS and longer.requests(rates[i]) <= MAX_REQUESTS:
+            if not verdict.decided and round_index < ESCALATIONS and longer.requests(rates[i]) <= MAX_REQUESTS \
+                    and not longer.whole_trace:
                 current[i] = longer
                 again.append(i)
         todo = again
