@@ -33,6 +33,9 @@ from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, wo
 from llmsim.catalog.placement import Placement
 
 
+NONLINEAR_MEMO_SIZE = 200_000     # remembered iteration shapes per cost model (a few tens of MB at most)
+
+
 class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
@@ -132,6 +135,21 @@ class CostModel:
                            for shape, repeats, count, scale, tokens in gemms]
         self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 8))
         self._all_reduce = kernels.all_reduce_for(tp) if tp > 1 else None
+        self._nonlinear_memo: dict[tuple, float] = {}
+
+    def _nonlinear_time(self, x: np.ndarray) -> float:
+        """GEMMs and all-reduces of one iteration (the terms not linear in the features), remembered by the
+        features they depend on: the simulator's batches repeat the same token counts over and over."""
+        values = x.tolist()
+        key = (values[F["one"]], values[F["tokens"]], values[F["experts_touched"]], values[F["logit_tokens"]])
+        time_s = self._nonlinear_memo.get(key)
+        if time_s is None:
+            time_s = self._gemm_times(x)
+            if self._all_reduce is not None:
+                time_s += float(self._all_reduce_time(x))
+            if len(self._nonlinear_memo) < NONLINEAR_MEMO_SIZE:
+                self._nonlinear_memo[key] = time_s
+        return time_s
 
     def _all_reduce_time(self, x):
         """Two measured all-reduces of the hidden state per layer and iteration (kernel terms, TP > 1 only):
@@ -208,9 +226,7 @@ class CostModel:
             y = (self._stacked @ x).tolist()
             time_s = sum(map(max, y[:n], y[n:2 * n])) + y[2 * n]
             if self._gemm_rows:
-                time_s += self._gemm_times(x)
-                if self._all_reduce is not None:
-                    time_s += float(self._all_reduce_time(x))
+                time_s += self._nonlinear_time(x)
             return time_s, y[2 * n + 1], y[2 * n + 2]
         y = x @ self._stacked.T
         time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
