@@ -8,6 +8,7 @@ layers have the cost ratio c = d / 100 at any batch size and context.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -18,7 +19,7 @@ from llmsim.cost.roofline import CostModel
 from llmsim.cli.main import main
 from llmsim.speculation.config import hashed_uniforms
 
-from .helpers import REPO, make_scenario
+from .helpers import REPO, make_scenario, roofline_only
 
 STEP_S = 0.1            # one target step on the fixed-cost device: 100 layers x 1 ms
 
@@ -218,11 +219,14 @@ def test_speedup_falls_with_load_and_turns_into_a_slowdown():
     (common random numbers); every running sequence may speculate."""
     anyone = {"eligibility": {"min_concurrent_requests": 1}}
     speedups = []
+    # On the roofline-priced profile, whose hard memory/compute corner this reasoning is about (the
+    # measured kernel terms bend it smoothly, and the gain then flattens rather than falls at 40-60/s).
+    roofline = (lambda scenario: dataclasses.replace(scenario, hardware=roofline_only(scenario.hardware)))
     for rate in (1.0, 40.0, 60.0):
-        spec = simulate(h100_8b(rate, 4, **anyone))
-        plain = simulate(h100_8b(rate, 0))
+        spec = simulate(roofline(h100_8b(rate, 4, **anyone)))
+        plain = simulate(roofline(h100_8b(rate, 0)))
         speedups.append(plain.summary()["latency"]["tpot_s"]["mean"] / spec.summary()["latency"]["tpot_s"]["mean"])
-    scenario = h100_8b(1.0, 4)
+    scenario = roofline(h100_8b(1.0, 4))
     target = CostModel(scenario.model, scenario.hardware)
     draft = CostModel(scenario.speculation.draft, scenario.hardware)
     c = draft.decode_time(1, 512) / target.decode_time(1, 512)

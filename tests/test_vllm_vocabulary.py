@@ -34,11 +34,11 @@ def test_vllm_args_map_to_settings_and_take_vllm_defaults():
 
 def test_flags_not_modelled_are_reported_never_silently_accepted():
     scenario = make_scenario({"engine": {"vllm_args": "--enforce-eager --swap-space 8 --port 8000 "
-                                                      "--scheduling-policy priority --made-up-flag 3"}})
+                                                      "--scheduling-policy fcfs --made-up-flag 3"}})
     notes = "\n".join(scenario.vllm_notes)
-    assert len(scenario.vllm_notes) == 5
+    assert len(scenario.vllm_notes) == 4
     for flag in ("--enforce-eager not modelled", "--swap-space not modelled", "--port ignored",
-                 "--scheduling-policy priority not modelled", "--made-up-flag not modelled"):
+                 "--made-up-flag not modelled"):
         assert flag in notes
     with pytest.raises(ConfigError, match="enforce_eager is not modelled"):
         make_scenario({"engine": {"enforce-eager": True}})
@@ -46,7 +46,7 @@ def test_flags_not_modelled_are_reported_never_silently_accepted():
 
 @pytest.mark.parametrize("flags, message", [
     ("--max-num-seqs lots", "cannot read --max-num-seqs lots.*an integer"),
-    ("--scheduling-policy lifo", "cannot read --scheduling-policy lifo.*fcfs"),
+    ("--scheduling-policy lifo", "cannot read --scheduling-policy lifo.*fcfs, priority"),
     ("--kv-cache-dtype int3", "cannot read --kv-cache-dtype int3.*fp8_e4m3"),
     ("--max-num-seqs", "cannot read --max-num-seqs"),
 ])
@@ -70,3 +70,10 @@ def test_cli_vllm_args_exit_2_on_a_bad_value(tmp_path, capsys):
     assert main(["run", str(scenario), "--out", str(tmp_path / "o"), "--vllm-args", "--gpu-memory-utilization x"]) == 2
     err = capsys.readouterr().err
     assert "engine.vllm_args" in err and "--gpu-memory-utilization x" in err and "Traceback" not in err
+
+
+def test_vllm_priority_scheduling_maps_to_its_llmsim_policy():
+    classes = {"interactive": {"share": 0.5, "priority": 0}, "batch": {"share": 0.5, "priority": 1}}
+    scenario = make_scenario({"workload": {"classes": classes},
+                              "engine": {"vllm_args": "--scheduling-policy priority"}})
+    assert scenario.engine.scheduling_policy == "vllm_priority" and scenario.vllm_notes == ()

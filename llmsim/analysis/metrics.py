@@ -18,6 +18,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis.kv_cache import kv_cache_summary
 from llmsim.analysis.summary import (COMPLETED, PERCENTILES, ClassSummary, Distribution, Economics, Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
@@ -201,6 +202,8 @@ def summarize(result) -> RunSummary:
         stopped_by=result.stopped_by,
         fault=result.fault,
         classes=classes,
+        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
+                  if getattr(result, "kv_tiers", None) else None),
     )
 
 

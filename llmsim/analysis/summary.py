@@ -238,12 +238,15 @@ class RunSummary(Section):
     stopped_by: str                            # COMPLETED, HORIZON, INTERRUPT or FAULT; simulated_s is when
     fault: str | None                          # the fault's exception (type: message), else None
     classes: dict[str, ClassSummary] | None = None     # per traffic class; None (no key) without classes
+    # Prefix caching, host tier, swap (llmsim.analysis.kv_cache.KVCacheSummary): None (and no key) without them.
+    kv_cache: Section | None = None
 
     def to_dict(self) -> dict:
         out = super().to_dict()
         out["window_s"] = list(self.window_s)
-        if self.speculation is None:
-            del out["speculation"]
+        for optional in ("speculation", "kv_cache"):
+            if out[optional] is None:
+                del out[optional]
         if self.classes is None:
             del out["classes"]
         else:

@@ -48,7 +48,9 @@ def _cmd_place(args) -> int:
         print(f"{model.name} ({model.weight_dtype}) does not fit on {hardware.name} with this parallelism")
         return 1
     p = placement
-    print(f"{model.name} ({model.weight_dtype} weights, {model.kv_dtype} KV) on {hardware.name}:")
+    others = "".join(f", {dtype} {part}" for part, dtype in (("experts", model.expert_dtype),
+                                                             ("embeddings", model.embedding_dtype)) if dtype)
+    print(f"{model.name} ({model.weight_dtype} weights{others}, {model.kv_dtype} KV) on {hardware.name}:")
     print(f"  devices            {p.devices} (tensor parallel {p.tensor_parallel} x pipeline stages "
           f"{p.pipeline_parallel})")
     print(f"  weights            {p.weights_per_device_bytes / 1e9:,.2f} GB per device in {p.weight_tier.name}"

@@ -51,9 +51,8 @@ def _quantization(text: str) -> str:
     return {"fp8": "fp8"}[text]
 
 
-def _fcfs(text: str) -> None:
-    if text != "fcfs":
-        raise KeyError(text)
+def _policy(text: str) -> str:
+    return {"fcfs": "fcfs", "priority": "vllm_priority"}[text]
 
 
 # vLLM argument (snake case) -> (llmsim key path, parse the flag's text, what vLLM accepts).
@@ -70,7 +69,8 @@ VLLM_ARGS: dict[str, tuple[str, Callable[[str], object], str]] = {
     "kv_cache_dtype": ("model.kv_dtype", _kv_dtype, "auto, fp8, fp8_e4m3, fp8_e5m2"),
     "quantization": ("model.weight_dtype", _quantization, "fp8 (other methods need a quantized checkpoint: "
                                                           "give its config.json)"),
-    "scheduling_policy": ("", _fcfs, "fcfs (llmsim schedules first come, first served); priority is not modelled"),
+    "scheduling_policy": ("engine.scheduling_policy", _policy, "fcfs, priority (llmsim's vllm_priority: it "
+                                                                  "orders the workload's traffic classes)"),
 }
 SHORT_FLAGS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size",
                "q": "quantization"}
@@ -93,7 +93,7 @@ NOT_MODELLED = {
     "max_seq_len_to_capture": "CUDA graphs are not modelled",
     "dtype": "llmsim takes the model's own dtypes (model.weight_dtype, kv_dtype change them)",
 }
-NOT_MODELLED_VALUES = {("scheduling_policy", "priority"): "llmsim schedules first come, first served"}
+NOT_MODELLED_VALUES: dict[tuple[str, str], str] = {}    # (flag, value) pairs not modelled, with why
 # Flags with no effect on serving performance: accepted, and listed as such.
 NO_EFFECT = ("host", "port", "served_model_name", "trust_remote_code", "api_key", "disable_log_requests",
              "disable_log_stats", "uvicorn_log_level", "tokenizer", "tokenizer_mode", "download_dir", "seed",
@@ -201,7 +201,7 @@ def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
             except (ValueError, KeyError):
                 raise eng.key_error("vllm_args", f"cannot read {written} {value or ''}".rstrip(), text,
                                     f"{written}: {allowed}") from None
-            if target and parsed is not None:
+            if parsed is not None:
                 _set(data, target, parsed, written, eng)
         elif name in NOT_MODELLED:
             notes.append(f"{written} not modelled: {NOT_MODELLED[name]}")

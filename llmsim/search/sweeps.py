@@ -38,6 +38,7 @@ from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
 from llmsim.config.reader import Node, load_yaml
+from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import build_point, check_matches_source, grid_points
 from llmsim.scenario.scenario import Scenario, read_seed
@@ -46,6 +47,7 @@ from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.simulate import simulate
 
 RESULTS_FILE = "results.csv"
+RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
 ID_COLUMNS = ("point_id", "seed", "error")
 
 
@@ -114,18 +116,19 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                           has_value=False)
     seeds = [base_seed] if seeds is None else [_seed(seed, source) for seed in seeds]
     jobs, rows, seen = [], {}, set()
-    for point in points:
+    # Rows show each point as given; it runs with the request count its rate asks for.
+    for shown, point in zip(points, _windows_follow_rate(base, base_dir, base_file, points)):
         for seed in [point["seed"]] if "seed" in point else seeds:
             key = point_hash(base, point, seed)
             if key in seen:
                 continue
             seen.add(key)
-            row = {**point, "seed": seed, "point_id": key, "error": ""}
+            row = {**shown, "seed": seed, "point_id": key, "error": ""}
             try:
                 built = build_point(base, {**point, "seed": seed}, base_dir, base_file, source)
             except ConfigError as error:
                 if on_invalid == "raise":
-                    raise _point_error(error, point, source or base_file) from None
+                    raise _point_error(error, shown, source or base_file) from None
                 rows[key] = {**row, "error": str(error)}
                 continue
             point_id = point_hash(base, point, seed, built)
@@ -229,6 +232,34 @@ def _evaluate(scenario: Scenario) -> dict:
         return simulate_point(scenario)
     except Exception as error:          # one failing point must not lose the others
         return {"error": error_text(error)}
+
+
+def _windows_follow_rate(base: dict, base_dir: Path, base_file: str | None, points: list[dict]) -> list[dict]:
+    """Points that change the arrival rate of a scenario that counts its requests keep its arrival
+    window in seconds: ``workload.num_requests`` scales with the rate (unless the point sets it, or a
+    duration), so the warm-up and the measurement mean the same time at every rate. A fixed count
+    would be a 4-second burst inside a 30-second warm-up at 1,000 req/s, and an hour at 1 req/s."""
+    if not any(RATE_KEY in point and not {COUNT_KEY, DURATION_KEY} & point.keys() for point in points):
+        return points
+    try:
+        own = build_point(base, {}, base_dir, base_file).workload
+    except ConfigError:                    # the base alone is incomplete (the grid supplies the rest)
+        return points
+    if own.num_requests is None or own.trace is not None:
+        return points
+    own_rate = own.arrival.rate_per_s
+    out = []
+    for point in points:
+        rate = point.get(RATE_KEY)
+        if rate is not None and not {COUNT_KEY, DURATION_KEY} & point.keys():
+            try:
+                rate_per_s = parse_quantity(rate, "rate")
+            except UnitError:
+                rate_per_s = None              # the point's own validation names the bad value
+            if isinstance(rate_per_s, (int, float)) and math.isfinite(rate_per_s) and rate_per_s > 0:
+                point = {**point, COUNT_KEY: max(1, math.ceil(own.num_requests * rate_per_s / own_rate))}
+        out.append(point)
+    return out
 
 
 def scenario_at(scenario: str | Path | Scenario | Mapping, point: Mapping[str, Any]) -> Scenario:

@@ -254,20 +254,21 @@ class ClassEngine(Engine):
                 break
             c = queue.choose(classes)
             request = queue.front(c)
+            if self._tiered:
+                kv.match(request, now)           # its cached prefix (or swapped-out KV) is not computed
             todo = request.prefill_target - request.prefilled
             limit = max(budget, cfg.max_batch_tokens) if self._forced(self.rules[c], request, now) else budget
             chunk = min(todo, limit) if cfg.chunked_prefill else todo
             if chunk <= 0 or chunk > limit:
                 break
-            wanted = kv.blocks_for(chunk)
-            if wanted > kv.free_blocks:
+            if not self._take_blocks(request, chunk, now):
                 break
             queue.pop_class(c, now)
-            self._start(request, now, wanted, chunk, chunks)
+            self._start(request, now, chunk, chunks)
             budget -= chunk
 
-    def _start(self, request, now, wanted, chunk, chunks):
-        super()._start(request, now, wanted, chunk, chunks)
+    def _start(self, request, now, chunk, chunks):
+        super()._start(request, now, chunk, chunks)
         self.seats[request.class_index] += 1
 
     # -- leaving and preemption ----------------------------------------------------------------

@@ -34,10 +34,11 @@ from llmsim.analysis.metrics import meets_slo, summarize
 from llmsim.analysis.summary import COMPLETED, FAULT, HORIZON, INTERRUPT
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
-from llmsim.scenario.scenario import Scenario
+from llmsim.scenario.scenario import Scenario, host_kv_blocks
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
+from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
 from llmsim.sim.scheduling import ClassEngine, class_mean_queue_lengths, class_queue_factory, class_rules
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
@@ -52,7 +53,13 @@ class Router:
     ``round_robin`` cycles; ``least_outstanding`` picks the replica with the fewest
     queued plus running requests (ties to the lowest index); ``shared_queue`` keeps
     one queue that every replica pulls from when it has room (an M/M/c system
-    when each replica serves one request at a time).
+    when each replica serves one request at a time). ``prefix_aware`` (with prefix
+    caching) picks the replica holding the longest cached prefix of the request (GPU or
+    host memory: a session returns to the replica that holds its history), among the
+    replicas under a load bound: a replica may take a request while its outstanding
+    requests stay under ``ceil(load_bound x (all outstanding + 1) / replicas)``
+    (consistent hashing with bounded loads, Mirrokni et al. 2018); ties go to the
+    least outstanding. The least loaded replica is always under the bound.
 
     The router also keeps the requests in the system (``in_system_requests``, by id): a
     request's record is written to ``records`` when it leaves, and the object dropped.
@@ -61,8 +68,9 @@ class Router:
     """
 
     def __init__(self, policy: str, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
-                 block_size: int, records: RequestRecords, all_done: simpy.Event):
+                 block_size: int, records: RequestRecords, all_done: simpy.Event, load_bound: float = 1.25):
         self.policy, self.replicas = policy, replicas
+        self.load_bound = load_bound
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
         self.outstanding = [0] * len(replicas)
         self._cycle = itertools.cycle(range(len(replicas)))
@@ -95,6 +103,8 @@ class Router:
         elif self.policy == "least_outstanding":
             outstanding = self.outstanding
             index = outstanding.index(min(outstanding))        # two C loops: no key function per replica
+        elif self.policy == "prefix_aware":
+            index = self._holding_prefix(request)
         else:
             index = -1
         if index >= 0:
@@ -109,6 +119,20 @@ class Router:
             for engines in self.replicas:
                 for engine in engines:
                     engine.notify()
+
+    def _holding_prefix(self, request: Request) -> int:
+        """The replica under the load bound with the longest cached prefix of ``request``."""
+        outstanding = self.outstanding
+        limit = -(-self.load_bound * (sum(outstanding) + 1) // len(outstanding))
+        best, best_hits = -1, -1
+        for index, engines in enumerate(self.replicas):
+            load = outstanding[index]
+            if load >= limit:
+                continue
+            hits = engines[0].kv.cached_prefix(request, request.prompt_tokens)[0]
+            if hits > best_hits or (hits == best_hits and load < outstanding[best]):
+                best, best_hits = index, hits
+        return best
 
     def done(self, request: Request, now: float, replica: int) -> None:
         if request.replica < 0:          # shared queue: credit the replica that served it
@@ -159,7 +183,7 @@ class SimulationResult:
     kv_blocks_per_replica: int
     kv_allocated_blocks: int
     kv_freed_blocks: int
-    kv_held_blocks: int
+    kv_held_blocks: int                  # blocks allocated and not freed (with prefix caching: cached ones too)
     preemptions: int
     mean_in_system: float
     mean_queue_length: float
@@ -169,6 +193,7 @@ class SimulationResult:
     fault: str | None = None
     mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
     speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
+    kv_tiers: dict | None = None         # the tiered KV cache's totals (prefix caching, host tier, swap), if any
 
     @property
     def interrupted(self) -> bool:
@@ -214,7 +239,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     make_queue = class_queue_factory(scenario) or WaitingQueue
     shared = make_queue() if dep.router == "shared_queue" else None
     records = RequestRecords(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                             _alphas(scenario, len(trace)), trace.class_index)
+                             _alphas(scenario, len(trace)), trace.class_index, trace.session_id,
+                             scenario.engine.tiered_kv)
 
     def on_done(replica):
         # Bound late: the router is built after its replicas.
@@ -223,9 +249,10 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     warmup = min(scenario.simulation.warmup_s if scenario.simulation.warmup_s is not None else 0.1 * window,
                  window)
     make_engine = _engine_factory(scenario, resolved)
+    make_kv = _kv_factory(scenario, resolved, trace)
     groups = []
     for index in range(resolved.replicas):
-        kv = KVCache(resolved.kv_blocks, resolved.block_size)
+        kv = make_kv()
         queue = shared if shared is not None else make_queue()
         groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
                        for micro_batch in range(resolved.engines_per_replica)])
@@ -235,7 +262,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
             engine.observers.extend(observers)
     stop = env.event()
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
-                    records, stop)
+                    records, stop, dep.load_bound)
     env.process(arrivals(env, records, router))
     env.process(_horizon(env, horizon, stop))
     stopped_by, fault = COMPLETED, None
@@ -286,7 +313,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         kv_blocks_per_replica=resolved.kv_blocks,
         kv_allocated_blocks=sum(kv.allocated_total for kv in kv_caches),
         kv_freed_blocks=sum(kv.freed_total for kv in kv_caches),
-        kv_held_blocks=sum(kv.used_blocks for kv in kv_caches),
+        kv_held_blocks=sum(kv.held_blocks for kv in kv_caches),
         preemptions=sum(e.preemptions for e in engines),
         mean_in_system=router.in_system.mean(end_s),
         mean_queue_length=sum(q.length.mean(end_s) for q in queues),
@@ -297,6 +324,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(queues, end_s)))
         if scenario.workload.classes else None,
         speculation_blocked=_blocked_counts(engines),
+        kv_tiers=_kv_tiers(kv_caches, end_s),
     )
 
 
@@ -358,6 +386,53 @@ def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):
                      acceptance_key=stream_key(scenario.seed, 2),
                      handoff_s=resolved.handoff_s if resolved.draft_separate else None)
     return partial(engine, decode=decode)
+
+
+def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
+    """A replica's KV cache: plain counting, or tiered when the engine caches prefixes, offloads or swaps."""
+    engine, blocks, size = scenario.engine, resolved.kv_blocks, resolved.block_size
+    if not engine.tiered_kv:
+        return lambda: KVCache(blocks, size)
+    keys = (PrefixKeys(size, trace.prompt_tokens, trace.output_tokens, trace.session_id, trace.system_prompt_id,
+                       trace.system_prompt_tokens, trace.hash_ids, scenario.workload.hash_block_tokens)
+            if engine.prefix_caching else None)
+    placement, offload = resolved.memory, engine.cpu_offload
+    block_bytes_per_device = placement.kv_bytes_per_token_per_device * size
+    if not engine.host_tier:
+        return lambda: TieredKV(blocks, size, keys)
+    host_blocks = host_kv_blocks(scenario, placement)
+    transfer_s = block_bytes_per_device / scenario.hardware.host_memory.link_bandwidth_bytes_per_s
+    return lambda: TieredKV(blocks, size, keys, HostTier(host_blocks),
+                            offload.idle_timeout_s if offload is not None else None,
+                            swap=engine.preemption_mode == "swap", overlap=offload is not None and offload.overlap,
+                            block_transfer_s=transfer_s, block_bytes=block_bytes_per_device * placement.devices)
+
+
+def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
+    """Totals of the replicas' tiered KV caches (None without them), host occupancy averaged over time."""
+    if not kv_caches or not kv_caches[0].tiered:
+        return None
+    first = kv_caches[0]
+    totals = {name: sum(getattr(kv, name) for kv in kv_caches)
+              for name in ("lookups", "hit_blocks", "reloaded_blocks", "offloaded_blocks", "evicted_blocks",
+                           "swapped_out_blocks", "swapped_in_blocks", "transfer_s")}
+    totals.update(block_size=first.block_size, block_bytes=first.block_bytes, gpu_blocks=first.num_blocks,
+                  cached_blocks=sum(len(kv.cached) for kv in kv_caches))
+    hosts = [kv.host for kv in kv_caches if kv.host is not None]
+    if hosts:
+        means, peaks = [], []
+        for host in hosts:
+            times = np.append(np.frombuffer(host.occupancy_s, float), end_s)
+            held = np.frombuffer(host.occupancy_blocks, np.int64)
+            order = np.argsort(times[:-1], kind="stable")
+            times, held = np.append(times[:-1][order], end_s), held[order]
+            means.append(float((held * np.clip(np.diff(times), 0, None)).sum() / end_s) if end_s > 0 else 0.0)
+            peaks.append(int(held.max()))
+        totals.update(host_blocks=hosts[0].capacity_blocks, host_mean_blocks=float(np.mean(means)),
+                      host_max_blocks=max(peaks), host_dropped_blocks=sum(h.dropped for h in hosts),
+                      host_allocated_blocks=sum(h.allocated_total for h in hosts),
+                      host_freed_blocks=sum(h.freed_total for h in hosts), host_held_blocks=sum(h.held for h in hosts))
+    return totals
 
 
 def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):

@@ -30,6 +30,10 @@ class Trace:
     KV blocks (Mooncake traces; equal hashes are shared prefixes, for prefix caching),
     and the ``model`` and ``log_type`` labels a trace can be filtered on (BurstGPT).
     ``description`` says where the requests come from and what was done to them.
+    Requests of multi-turn sessions say which session they belong to (``session_id``, -1 for
+    none: each turn's prompt is its session's history plus new input) and which shared system
+    prompt they start with (``system_prompt_id``, -1 for none, of ``system_prompt_tokens``
+    tokens): what prefix caching can reuse (see ``llmsim.sim.prefix_cache.PrefixKeys``).
     """
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
@@ -39,6 +43,9 @@ class Trace:
     log_type: np.ndarray | None = None
     description: str = ""
     class_index: np.ndarray | None = None     # with traffic classes: each request's class (its index)
+    session_id: np.ndarray | None = None
+    system_prompt_id: np.ndarray | None = None
+    system_prompt_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -58,7 +65,9 @@ class Trace:
         return replace(self, arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
                        output_tokens=self.output_tokens[index], hash_ids=hash_ids, model=pick(self.model),
                        log_type=pick(self.log_type), class_index=pick(self.class_index),
-                       description=self.description if description is None else description)
+                       description=self.description if description is None else description,
+                       session_id=pick(self.session_id), system_prompt_id=pick(self.system_prompt_id),
+                       system_prompt_tokens=pick(self.system_prompt_tokens))
 
     def cut(self, num_requests: int | None, duration_s: float | None) -> "Trace":
         """The first ``num_requests`` requests arriving within ``duration_s`` (None: no limit)."""
@@ -75,6 +84,8 @@ def generate_trace(workload: Workload, seed: int) -> Trace:
         return trace.cut(workload.num_requests, workload.duration_s)
     if workload.classes:
         return _class_trace(workload, seed)
+    if workload.sessions is not None:
+        return workload.sessions.trace(workload, seed)
     arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
                                             for s in np.random.SeedSequence(seed).spawn(3))
     times = workload.arrival.times(arrivals_rng, workload.num_requests, workload.duration_s)

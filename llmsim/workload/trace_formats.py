@@ -7,6 +7,7 @@ or its first JSON line):
 format       file                                            columns / fields used
 ===========  ==============================================  ===========================================
 ``llmsim``   CSV                                             arrival_s, prompt_tokens, output_tokens
+                                                             (session_id: optional)
 ``azure``    Azure LLM inference trace 2023 / 2024, CSV      TIMESTAMP (date-time), ContextTokens,
                                                              GeneratedTokens
 ``burstgpt`` BurstGPT, CSV                                   Timestamp (s), Request tokens, Response
@@ -30,6 +31,7 @@ characters per token; nothing is downloaded.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -61,13 +63,35 @@ def row_error(path: Path, line: int, column: str, value: object, allowed: str, m
 
 def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer: Path | None = None,
                chars_per_token: float | None = None) -> Trace:
-    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected)."""
-    fmt = detect_format(path, node, key) if fmt == "auto" else fmt
-    if fmt == "mooncake":
-        return read_mooncake(path)
-    if fmt == "sharegpt":
-        return read_sharegpt(path, node, tokenizer, chars_per_token)
-    return read_csv_trace(path, node, key, fmt)
+    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected).
+
+    A file read before with the same content (hashed: cheap next to parsing) and read the same way
+    is not parsed again: plans and sweeps rebuild the scenario at every probe."""
+    cache_key = (str(Path(path).resolve()), _content_hash(path), fmt, str(tokenizer), chars_per_token)
+    if cache_key not in _READ:
+        fmt = detect_format(path, node, key) if fmt == "auto" else fmt
+        if fmt == "mooncake":
+            trace = read_mooncake(path)
+        elif fmt == "sharegpt":
+            trace = read_sharegpt(path, node, tokenizer, chars_per_token)
+        else:
+            trace = read_csv_trace(path, node, key, fmt)
+        if len(_READ) >= _READ_CACHE_SIZE:
+            _READ.pop(next(iter(_READ)))
+        _READ[cache_key] = trace
+    return _READ[cache_key]
+
+
+def _content_hash(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_READ: dict[tuple, Trace] = {}        # parsed traces by file identity and reading options, oldest first
+_READ_CACHE_SIZE = 8
 
 
 def detect_format(path: Path, node: Node, key: str) -> str:
@@ -111,8 +135,13 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
     _check_sorted(arrival, lines, path, arrival_col)
     labels = {name: frame[column].astype(str).str.strip().to_numpy()
               for name, column in (("model", "Model"), ("log_type", "Log Type")) if column in frame.columns}
+    sessions = None
+    if fmt == "llmsim" and "session_id" in frame.columns:
+        # Turns of one conversation: each prompt extends the one before (history plus new input).
+        ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, integer=True)
+        sessions = pd.factorize(ids.astype(np.int64))[0].astype(np.int64)
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
-                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}")
+                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions)
     return _drop_empty_outputs(trace) if production else trace
 
 
@@ -160,52 +189,69 @@ def _drop_empty_outputs(trace: Trace) -> Trace:
 # -- Mooncake JSON lines -----------------------------------------------------------------------
 
 def read_mooncake(path: Path) -> Trace:
-    """One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
-    arrival, prompt, output, hashes, lines = [], [], [], [], []
+    """One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
+
+    Fields are gathered column-wise and checked as arrays; a bad one sends every record through
+    the per-record check, which names the first bad line."""
+    records, lines = [], []
     with open(path, encoding="utf-8") as file:
         for line_number, text in enumerate(file, start=1):
             if not text.strip():
                 continue
             try:
-                record = json.loads(text)
+                records.append(json.loads(text))
             except json.JSONDecodeError as exc:
                 raise row_error(path, line_number, str(exc.colno), text.strip()[:80], "one JSON object per line",
                                 f"not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise row_error(path, line_number, "1", text.strip()[:80], "one JSON object per line",
-                                "not a JSON object")
-            for field in MOONCAKE_FIELDS:
-                if field not in record:
-                    raise row_error(path, line_number, field, None, ", ".join(MOONCAKE_FIELDS) + " (and hash_ids)",
-                                    "missing field")
-            arrival.append(_json_number(record, "timestamp", path, line_number, 0.0, False) / MOONCAKE_MS_PER_S)
-            prompt.append(_json_number(record, "input_length", path, line_number, 1.0, True))
-            output.append(_json_number(record, "output_length", path, line_number, 0.0, True))
-            hashes.append(_hash_ids(record.get("hash_ids", []), path, line_number))
             lines.append(line_number)
-    if not arrival:
+    if not records:
         raise ConfigError("trace has no requests", file=str(path), has_value=False)
-    arrival_s = np.asarray(arrival)
+    try:
+        columns = {field: np.array([record[field] for record in records], dtype=float) for field in MOONCAKE_FIELDS}
+        hashes = tuple(tuple(record.get("hash_ids", ())) for record in records)
+        flat = np.fromiter((h for ids in hashes for h in ids), dtype=object)
+        valid = all(np.isfinite(values).all() for values in columns.values()) \
+            and (columns["timestamp"] >= 0).all() and (columns["input_length"] >= 1).all() \
+            and (columns["output_length"] >= 0).all() \
+            and all((np.round(columns[f]) == columns[f]).all() for f in ("input_length", "output_length")) \
+            and all(type(h) is int for h in flat)
+    except (KeyError, TypeError, ValueError):
+        valid = False
+    if not valid:
+        for record, line in zip(records, lines):
+            _check_mooncake_record(record, path, line)
+    arrival_s = columns["timestamp"] / MOONCAKE_MS_PER_S
     _check_sorted(arrival_s, np.asarray(lines), path, "timestamp")
-    trace = Trace(arrival_s, np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64),
-                  hash_ids=tuple(hashes), description=f"mooncake trace {path.name}")
+    trace = Trace(arrival_s, columns["input_length"].astype(np.int64), columns["output_length"].astype(np.int64),
+                  hash_ids=hashes, description=f"mooncake trace {path.name}")
     return _drop_empty_outputs(trace)
 
 
-def _json_number(record: dict, field: str, path: Path, line: int, minimum: float, integer: bool) -> float:
+def _check_mooncake_record(record: object, path: Path, line: int) -> None:
+    """One Mooncake record, field by field: a ConfigError naming the line and field of the first fault."""
+    if not isinstance(record, dict):
+        raise row_error(path, line, "1", record, "one JSON object per line", "not a JSON object")
+    for field in MOONCAKE_FIELDS:
+        if field not in record:
+            raise row_error(path, line, field, None, ", ".join(MOONCAKE_FIELDS) + " (and hash_ids)", "missing field")
+    _json_number(record, "timestamp", path, line, 0.0, False)
+    _json_number(record, "input_length", path, line, 1.0, True)
+    _json_number(record, "output_length", path, line, 0.0, True)
+    _hash_ids(record.get("hash_ids", []), path, line)
+
+
+def _json_number(record: dict, field: str, path: Path, line: int, minimum: float, integer: bool) -> None:
     value = record[field]
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
         and value >= minimum and (not integer or float(value).is_integer())
     if not ok:
         kind = "a whole number of tokens" if integer else "a number of milliseconds"
         raise row_error(path, line, field, value, f"{kind} >= {minimum:g}", "not a valid value")
-    return float(value)
 
 
-def _hash_ids(value: object, path: Path, line: int) -> tuple[int, ...]:
+def _hash_ids(value: object, path: Path, line: int) -> None:
     if not isinstance(value, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
         raise row_error(path, line, "hash_ids", value, "a list of integers (one per prompt block)", "not valid")
-    return tuple(value)
 
 
 # -- ShareGPT / vLLM benchmark datasets -----------------------------------------------------------
@@ -270,5 +316,5 @@ def _token_counter(node: Node, tokenizer: Path | None, chars_per_token: float | 
     except Exception as exc:        # the Rust library raises its own exception type
         raise node.key_error("tokenizer", f"cannot read tokenizer ({exc})", str(tokenizer),
                              "a Hugging Face tokenizer.json") from None
-    return lambda texts: np.asarray([len(e.ids) for e in loaded.encode_batch(texts, add_special_tokens=False)],
+    return lambda texts: np.asarray([len(e.ids) for e in loaded.encode_batch(texts, add_special_tokens=True)],
                                     dtype=np.int64)

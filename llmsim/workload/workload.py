@@ -20,6 +20,7 @@ from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma
 from llmsim.workload.classes import TrafficClass, classes_from_node
 from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.profiles import PROFILES, RateProfile, profile_from_node
+from llmsim.workload.sessions import Sessions, sessions_from_node
 from llmsim.workload.trace import Trace
 from llmsim.workload.trace_formats import FORMATS, TIMED_FORMATS, detect_format, read_trace
 from llmsim.workload.trace_transforms import TraceTransforms, check_selection, transforms_from_node
@@ -37,7 +38,9 @@ class Workload:
     lengths (``prompt_tokens`` and ``output_tokens`` are None); ``transforms`` sample and rescale
     it from the seed. A ``dataset`` gives the lengths of requests arriving by ``arrival``.
     ``classes`` (empty: one class of traffic) are the traffic classes of
-    :mod:`llmsim.workload.classes`; when each has its own arrivals, ``arrival`` is None.
+    :mod:`llmsim.workload.classes`; when each has its own arrivals, ``arrival`` is None. With
+    ``sessions`` the arrivals start conversations and ``prompt_tokens`` is each turn's new input
+    (see :mod:`llmsim.workload.sessions`).
     """
     arrival: RenewalProcess | RateProfile | Replay | None
     prompt_tokens: LengthDistribution | None
@@ -47,6 +50,8 @@ class Workload:
     trace: Trace | None = None
     transforms: TraceTransforms | None = None
     dataset: Trace | None = None
+    sessions: Sessions | None = None
+    hash_block_tokens: int = 512         # tokens per hash_ids entry of a replayed trace (Mooncake's blocks)
     classes: tuple[TrafficClass, ...] = ()
 
     @property
@@ -88,7 +93,8 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         trace = read_trace(path, arrival_node, "path", fmt)
         transforms = transforms_from_node(arrival_node)
         trace = check_selection(trace, transforms, arrival_node, "path")
-        arrival = Replay()
+        hash_block_tokens = arrival_node.number("hash_block_tokens", 512, integer=True, minimum=1)
+        arrival = Replay(transforms.replayed_rate_per_s(trace))
         arrival_node.done()
 
     num_requests = node.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
@@ -102,16 +108,20 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         raise node.key_error("classes", "traffic classes draw their own lengths: a replayed trace or a dataset "
                              "brings its own requests", node.raw("classes"),
                              "no workload.classes with arrival.process: trace or workload.dataset")
+    if node.has("classes") and node.has("sessions"):
+        raise node.key_error("sessions", "sessions are not combined with traffic classes", node.raw("sessions"),
+                             "workload.sessions or workload.classes, not both")
     if trace is not None or node.has("dataset"):
         source = "the replayed trace" if trace is not None else "the dataset"
-        for key in ("prompt_tokens", "output_tokens") + (("dataset",) if trace is not None else ()):
+        for key in ("prompt_tokens", "output_tokens", "sessions") + (("dataset",) if trace is not None else ()):
             if node.has(key):
-                raise node.key_error(key, f"lengths come from {source}", node.raw(key),
+                raise node.key_error(key, f"lengths and sessions come from {source}", node.raw(key),
                                      "either arrival.process: trace, workload.dataset, or prompt_tokens and "
                                      "output_tokens")
         dataset = None if trace is not None else dataset_from_node(node.child("dataset"))
         node.done()
-        return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset)
+        return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset,
+                        hash_block_tokens=hash_block_tokens if trace is not None else 512)
     classes = ()
     if node.has("classes"):
         has_lengths = node.has("prompt_tokens") and node.has("output_tokens")
@@ -121,8 +131,9 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
             return Workload(arrival, None, None, num_requests, duration_s, classes=classes)
     prompt = length_from_node(node, "prompt_tokens", max_tokens)
     output = length_from_node(node, "output_tokens", max_tokens)
+    sessions = sessions_from_node(node.child("sessions"), max_tokens) if node.has("sessions") else None
     node.done()
-    return Workload(arrival, prompt, output, num_requests, duration_s, classes=classes)
+    return Workload(arrival, prompt, output, num_requests, duration_s, classes=classes, sessions=sessions)
 
 
 def dataset_from_node(node: Node) -> Trace:
