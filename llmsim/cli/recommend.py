@@ -37,6 +37,9 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"  speculation        {best.k}",
              f"  max_batch_tokens   {best.max_batch_tokens}",
              f"  queue_timeout      {'none' if best.queue_timeout_s is None else f'{best.queue_timeout_s * 1000:g} ms'}",
+             *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
+             *([f"  idle_timeout       {row['idle_timeout_s']:g} s (CPU offload)"]
+               if scenario.engine.cpu_offload is not None else []),
              f"  goodput            {row['max_rate_per_s']:.3g} +- {row['max_rate_per_s.ci95']:.2g} req/s at the SLO "
              f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
              f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",

@@ -69,7 +69,7 @@ def _cmd_run(args) -> int:
     scenario = load_scenario(args.scenario, seed=args.seed, vllm_args=args.vllm_args)
     for note in scenario.vllm_notes:
         print(f"vLLM flag {note}", file=sys.stderr)
-    if scenario.workload.trace is not None:
+    if scenario.workload.trace is not None or scenario.workload.dataset is not None:
         print(f"replaying {trace_description(scenario)}", file=sys.stderr)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
@@ -96,7 +96,7 @@ def _write_and_print(result, out: Path, args) -> int:
     summary = result.summary()
     if scenario.vllm_notes:
         summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
-    if scenario.workload.trace is not None:
+    if scenario.workload.trace is not None or scenario.workload.dataset is not None:
         summary["trace"] = trace_description(scenario)
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
     if args.iterations:
@@ -133,7 +133,8 @@ def _write_summary(path: Path, summary: dict) -> Path:
 
 
 def trace_description(scenario) -> str:
-    """Which requests of which trace a replay covers (file, window, filters, sampling, time scale)."""
+    """Which requests of which trace a replay covers (file, window, filters, sampling, time scale), or
+    which dataset gives the lengths."""
     trace = generate_trace(scenario.workload, scenario.seed)
     return f"{trace.description}: {len(trace):,} requests"
 

@@ -420,15 +420,17 @@ def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
                   cached_blocks=sum(len(kv.cached) for kv in kv_caches))
     hosts = [kv.host for kv in kv_caches if kv.host is not None]
     if hosts:
-        means, peaks = [], []
-        for host in hosts:
-            times = np.append(np.frombuffer(host.occupancy_s, float), end_s)
-            held = np.frombuffer(host.occupancy_blocks, np.int64)
-            order = np.argsort(times[:-1], kind="stable")
-            times, held = np.append(times[:-1][order], end_s), held[order]
-            means.append(float((held * np.clip(np.diff(times), 0, None)).sum() / end_s) if end_s > 0 else 0.0)
+        means, peaks, series = [], [], []
+        for replica, host in enumerate(hosts):
+            times = np.frombuffer(host.occupancy_s, float)
+            order = np.argsort(times, kind="stable")
+            times, held = times[order], np.frombuffer(host.occupancy_blocks, np.int64)[order]
+            series.append(pd.DataFrame({"replica": replica, "time_s": times, "blocks": held}))
+            spans = np.clip(np.diff(np.append(times, end_s)), 0, None)
+            means.append(float((held * spans).sum() / end_s) if end_s > 0 else 0.0)
             peaks.append(int(held.max()))
-        totals.update(host_blocks=hosts[0].capacity_blocks, host_mean_blocks=float(np.mean(means)),
+        totals.update(host_occupancy=pd.concat(series, ignore_index=True),     # blocks held after each change
+                      host_blocks=hosts[0].capacity_blocks, host_mean_blocks=float(np.mean(means)),
                       host_max_blocks=max(peaks), host_dropped_blocks=sum(h.dropped for h in hosts),
                       host_allocated_blocks=sum(h.allocated_total for h in hosts),
                       host_freed_blocks=sum(h.freed_total for h in hosts), host_held_blocks=sum(h.held for h in hosts))
