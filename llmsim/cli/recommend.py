@@ -4,11 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
-from llmsim.cli.options import add_seeds_argument, parse_seeds
+from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario
 from llmsim.search.recommend import OBJECTIVES, SEEDS, TOP, Recommendation, recommend
+
+MAX_TOP = 100               # analytic best settings simulated, at most
 
 
 def add_parser(sub) -> None:
@@ -17,8 +19,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--objective", default=OBJECTIVES[0],
                         help=f"{' or '.join(OBJECTIVES)} (default {OBJECTIVES[0]})")
     add_seeds_argument(parser, default=str(SEEDS), default_text=str(SEEDS))   # >= 2: CIs across seeds
-    parser.add_argument("--top", type=int, default=TOP, help=f"analytic best settings to simulate (default {TOP})")
-    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
+    parser.add_argument("--top", type=integer_flag(maximum=MAX_TOP), default=TOP,
+                        help=f"analytic best settings to simulate (default {TOP}, at most {MAX_TOP})")
+    parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
     parser.add_argument("--out", help="also write every simulated setting as CSV here")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_recommend)
