@@ -65,6 +65,9 @@ def test_block_accounting_exact_across_tiers_and_transitions():
     assert result.kv_allocated_blocks == result.kv_freed_blocks + result.kv_held_blocks
     assert result.kv_held_blocks == tiers["cached_blocks"]                # only idle cached blocks remain
     assert tiers["host_allocated_blocks"] == tiers["host_freed_blocks"] + tiers["host_held_blocks"]
+    occupancy = tiers["host_occupancy"]["blocks"]          # over time: ends where the tier ends, never above it
+    assert occupancy.iloc[-1] == tiers["host_held_blocks"] and occupancy.max() == tiers["host_max_blocks"] \
+        <= tiers["host_blocks"]
     records = result.requests
     assert (records["status"] == "finished").all()
     assert (records["generated_tokens"] == records["output_tokens"]).all()
@@ -91,17 +94,20 @@ def _streams(trace: Trace) -> list[list]:
 
 def repeat_tokens(trace: Trace, block_size: int) -> np.ndarray:
     """Per request, the prompt tokens in leading full blocks whose whole prefix (block content and
-    everything before it) some earlier request held in KV (its prompt and output but the last token),
-    never the prompt's last token, which must be computed."""
+    everything before it, hashed as a chain over the blocks' tokens) some earlier request held in KV
+    (its prompt and output but the last token), never the prompt's last token, which must be computed."""
     seen, repeats = set(), []
     for i, tokens in enumerate(_streams(trace)):
-        prompt = int(trace.prompt_tokens[i])
+        prompt, held = int(trace.prompt_tokens[i]), int(trace.prompt_tokens[i]) + int(trace.output_tokens[i]) - 1
+        chain, prefix = [], None
+        for j in range(held // block_size):
+            prefix = hash((prefix, tuple(tokens[j * block_size:(j + 1) * block_size])))
+            chain.append(prefix)
         hits = 0
-        while hits < (prompt - 1) // block_size and hash(tuple(tokens[:(hits + 1) * block_size])) in seen:
+        while hits < (prompt - 1) // block_size and chain[hits] in seen:
             hits += 1
         repeats.append(hits * block_size)
-        held = prompt + int(trace.output_tokens[i]) - 1
-        seen.update(hash(tuple(tokens[:(j + 1) * block_size])) for j in range(held // block_size))
+        seen.update(chain)
     return np.array(repeats)
 
 
@@ -343,3 +349,25 @@ def test_bad_kv_settings_exit_2_naming_file_key_value_and_what_is_allowed(tmp_pa
     assert "Traceback" not in err
     for fragment in expected:
         assert fragment in err, (fragment, err)
+
+
+# -- recommend searches the block size and the idle timeout ------------------------------------------
+
+@pytest.mark.parametrize("offload", [True, {"idle_timeout": "2 s", "overlap": True}])
+def test_recommend_neighbours_vary_block_size_and_idle_timeout(offload):
+    from llmsim.scenario.overrides import variant
+    from llmsim.search.recommend import IDLE_TIMEOUTS_S, Config, _neighbours
+    scenario = make_scenario({**SESSIONS, "engine": {"prefix_caching": True, "cpu_offload": offload}})
+    scenario = replace(scenario, source=merge(BASE, {**SESSIONS, "engine": {"prefix_caching": True,
+                                                                           "cpu_offload": offload}}))
+    near = _neighbours(Config("off", 8192, None), scenario)
+    assert {c.block_size for c in near} >= {64, 256}
+    assert {c.idle_timeout_s for c in near} >= set(IDLE_TIMEOUTS_S)
+    for config in near:
+        if config.block_size is None and config.idle_timeout_s is None:
+            continue
+        built = variant(scenario, config.overrides(scenario))
+        assert built.engine.block_size == (config.block_size or 128)
+        if config.idle_timeout_s is not None:
+            assert built.engine.cpu_offload.idle_timeout_s == config.idle_timeout_s
+            assert built.engine.cpu_offload.overlap == (offload is not True)

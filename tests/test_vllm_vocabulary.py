@@ -10,11 +10,11 @@ from tests.helpers import make_scenario
 
 def test_vllm_names_snake_or_kebab_set_the_same_engine():
     ours = make_scenario({"engine": {"max_batch_tokens": 4096, "chunked_prefill": False, "memory_utilization": 0.8,
-                                     "max_num_seqs": 64}})
+                                     "max_num_seqs": 64, "prefix_caching": True}})
     snake = make_scenario({"engine": {"max_num_batched_tokens": 4096, "enable_chunked_prefill": False,
-                                      "gpu_memory_utilization": 0.8, "max_num_seqs": 64}})
+                                      "gpu_memory_utilization": 0.8, "max_num_seqs": 64, "enable_prefix_caching": True}})
     kebab = make_scenario({"engine": {"max-num-batched-tokens": 4096, "enable-chunked-prefill": False,
-                                      "gpu-memory-utilization": 0.8, "max-num-seqs": 64}})
+                                      "gpu-memory-utilization": 0.8, "max-num-seqs": 64, "enable-prefix-caching": True}})
     assert ours.engine == snake.engine == kebab.engine
     assert ours.engine.block_size == 128              # llmsim's default: these keys alone do not say "vLLM"
 
@@ -27,9 +27,11 @@ def test_vllm_args_map_to_settings_and_take_vllm_defaults():
     assert (engine.max_num_seqs, engine.max_batch_tokens, engine.chunked_prefill, engine.memory_utilization) == \
         (128, 2048, False, 0.85)
     assert scenario.deployment.tensor_parallel == 2 and scenario.model.kv_dtype == "fp8"
-    assert engine.block_size == 16                    # vLLM's default block size
+    assert engine.block_size == 16 and engine.prefix_caching      # vLLM's defaults (V1)
     assert scenario.vllm_notes == ()
     assert make_scenario({"engine": {"defaults": "vllm"}}).engine.block_size == 16
+    assert not make_scenario({"engine": {"vllm_args": "--no-enable-prefix-caching --preemption-mode swap"}}) \
+        .engine.prefix_caching
 
 
 def test_flags_not_modelled_are_reported_never_silently_accepted():

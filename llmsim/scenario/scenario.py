@@ -14,6 +14,7 @@ from llmsim.config.reader import Node, load_yaml
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from llmsim.scenario.control import AutoscalingConfig, ControllerConfig, autoscaling_from_node, controller_from_node
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
@@ -146,6 +147,8 @@ class Scenario:
     simulation: SimulationConfig
     path: str | None = None
     speculation: SpeculationConfig | None = None     # None, or a static k of 0: plain decoding
+    controller: ControllerConfig | None = None       # adaptive control of an engine knob (default: none)
+    autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
     # The validated YAML mapping and the folder its relative paths start from: sweeps lay
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
@@ -280,6 +283,13 @@ def scenario_from_node(root: Node) -> Scenario:
     if engine.prefix_caching:
         _check_hash_ids(root, engine, workload)
     _check_classes(root, engine, workload)
+    controller = None
+    if root.has("controller"):
+        if engine.batching != "continuous":
+            raise root.key_error("controller", "the controller adjusts a continuous-batching engine",
+                                 root.raw("controller"), "engine.batching: continuous")
+        controller = controller_from_node(root.child("controller"), engine)
+    autoscaling = autoscaling_from_node(root.child("autoscaling"), replicas, router) if root.has("autoscaling") else None
     slo_node = root.child("slo")
     slo = _slo(slo_node, SLO_DEFAULTS)
     if slo_node.has("classes"):
@@ -296,8 +306,8 @@ def scenario_from_node(root: Node) -> Scenario:
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
-                        speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir),
-                        vllm_notes=vllm_notes)
+                        speculation=speculation, controller=controller, autoscaling=autoscaling,
+                        source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes)
     _check_fits(scenario, root)
     return scenario
 

@@ -11,7 +11,7 @@ A team that runs vLLM can write its settings the way it launches the server:
   a setting given both as a flag and as a key, is a ConfigError.
 
 Either way the scenario uses vLLM's defaults where llmsim's differ (:data:`VLLM_DEFAULTS`,
-from vLLM's EngineArgs): ``engine.defaults: vllm`` says so alone.
+from vLLM's EngineArgs: 16-token blocks, prefix caching on): ``engine.defaults: vllm`` says so alone.
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from typing import Callable
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 
-# vLLM's EngineArgs defaults where llmsim's differ (vllm/engine/arg_utils.py: block_size 16 on CUDA).
-VLLM_DEFAULTS = {"block_size": 16}
+# vLLM's defaults where llmsim's differ (vllm/engine/arg_utils.py, the V1 engine: block_size 16 on CUDA,
+# automatic prefix caching on). Prefix caching only with continuous batching (vLLM has no other).
+VLLM_DEFAULTS = {"block_size": 16, "prefix_caching": True}
 DEFAULTS = ("llmsim", "vllm")
 
 
@@ -47,6 +48,14 @@ def _kv_dtype(text: str) -> str | None:
             "float16": "fp16"}[text]
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(text)
+        return text
+    return parse
+
+
 def _quantization(text: str) -> str:
     return {"fp8": "fp8"}[text]
 
@@ -60,6 +69,8 @@ VLLM_ARGS: dict[str, tuple[str, Callable[[str], object], str]] = {
     "max_num_seqs": ("engine.max_num_seqs", _integer, "an integer"),
     "max_num_batched_tokens": ("engine.max_batch_tokens", _integer, "an integer"),
     "enable_chunked_prefill": ("engine.chunked_prefill", _boolean, "true, false (or the bare flag)"),
+    "enable_prefix_caching": ("engine.prefix_caching", _boolean, "true, false (or the bare flag)"),
+    "preemption_mode": ("engine.preemption_mode", _choice("recompute", "swap"), "recompute, swap"),
     "block_size": ("engine.block_size", _integer, "an integer"),
     "gpu_memory_utilization": ("engine.memory_utilization", _number, "a fraction, e.g. 0.9"),
     "max_model_len": ("engine.max_model_len", _integer, "an integer"),
@@ -77,10 +88,8 @@ SHORT_FLAGS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp
 # Flags that change performance in ways llmsim does not model (said with the run).
 NOT_MODELLED = {
     "enforce_eager": "CUDA graphs are not modelled (the cost model is calibrated per profile)",
-    "swap_space": "preemption recomputes; swapping to CPU is not modelled",
-    "preemption_mode": "preemption recomputes; swapping to CPU is not modelled",
+    "swap_space": "swapped blocks go to the hardware profile's host memory, whatever its size here",
     "cpu_offload_gb": "weight offload to CPU memory is not modelled",
-    "enable_prefix_caching": "prefix caching is not modelled",
     "num_scheduler_steps": "multi-step scheduling is not modelled",
     "speculative_config": "give speculative decoding in the scenario's speculation section",
     "enable_expert_parallel": "expert parallelism is not modelled (experts are split by tensor parallelism)",
@@ -137,7 +146,8 @@ def apply_vllm_vocabulary(root: Node) -> tuple[str, ...]:
         notes = _apply_flags(flags, data, eng)
     if defaults == "vllm":
         for key, value in VLLM_DEFAULTS.items():
-            engine.setdefault(key, value)
+            if key != "prefix_caching" or engine.get("batching", "continuous") == "continuous":
+                engine.setdefault(key, value)
     return tuple(notes)
 
 

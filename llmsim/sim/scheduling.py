@@ -43,7 +43,7 @@ request) takes the least urgent running request instead of the most recent one.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -226,6 +226,11 @@ class ClassEngine(Engine):
         for request, timeout_s in self.queue.expire(now):
             reject_timed_out(request, timeout_s, now, self.on_done)
 
+    def scale_timeouts(self, rules: tuple[ClassRule, ...], scale: float) -> None:
+        """Use ``rules`` with every queue timeout multiplied by ``scale`` (the adaptive controller)."""
+        self.rules = tuple(r if r.timeout_s is None else replace(r, timeout_s=r.timeout_s * scale) for r in rules)
+        self.queue.rules = self.rules
+
     # -- admission -----------------------------------------------------------------------------
     def schedule(self):
         if self.policy == "preemptive_priority" and self.queue and self.running:
@@ -260,6 +265,8 @@ class ClassEngine(Engine):
             limit = max(budget, cfg.max_batch_tokens) if self._forced(self.rules[c], request, now) else budget
             chunk = min(todo, limit) if cfg.chunked_prefill else todo
             if chunk <= 0 or chunk > limit:
+                break
+            if cfg.admission != "preempt" and not self._room_for(request):
                 break
             if not self._take_blocks(request, chunk, now):
                 break

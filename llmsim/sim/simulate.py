@@ -35,10 +35,13 @@ from llmsim.analysis.summary import COMPLETED, FAULT, HORIZON, INTERRUPT
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario, host_kv_blocks
+from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
+from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
+from llmsim.sim.resources import check_run_size
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
 from llmsim.sim.scheduling import ClassEngine, class_mean_queue_lengths, class_queue_factory, class_rules
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
@@ -80,6 +83,7 @@ class Router:
         self.records = records
         self._left_to_finish = len(records)
         self._all_done = all_done
+        self.pool: ReplicaPool | None = None
 
     def _leave(self, request: Request, now: float) -> None:
         self.in_system.change(now, -1)
@@ -98,15 +102,7 @@ class Router:
             request.status, request.reason, request.finish_s = REJECTED, "too_long", now
             self._leave(request, now)
             return
-        if self.policy == "round_robin":
-            index = next(self._cycle)
-        elif self.policy == "least_outstanding":
-            outstanding = self.outstanding
-            index = outstanding.index(min(outstanding))        # two C loops: no key function per replica
-        elif self.policy == "prefix_aware":
-            index = self._holding_prefix(request)
-        else:
-            index = -1
+        index = self._pick(request)
         if index >= 0:
             request.replica = index
             self.outstanding[index] += 1
@@ -119,6 +115,19 @@ class Router:
             for engines in self.replicas:
                 for engine in engines:
                     engine.notify()
+
+    def _pick(self, request: Request) -> int:
+        """The replica for ``request`` (-1: the shared queue)."""
+        if self.pool is not None:                 # autoscaling: a serving replica
+            return self.pool.pick(self.policy, self.outstanding)
+        if self.policy == "round_robin":
+            return next(self._cycle)
+        if self.policy == "least_outstanding":
+            outstanding = self.outstanding
+            return outstanding.index(min(outstanding))        # two C loops: no key function per replica
+        if self.policy == "prefix_aware":
+            return self._holding_prefix(request)
+        return -1
 
     def _holding_prefix(self, request: Request) -> int:
         """The replica under the load bound with the longest cached prefix of ``request``."""
@@ -192,6 +201,9 @@ class SimulationResult:
     stopped_by: str = COMPLETED
     fault: str | None = None
     mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
+    control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)
+    scaling: pd.DataFrame | None = None          # with autoscaling: every check (sim.autoscaling.ScalingLog)
+    replica_seconds: float | None = None         # with autoscaling: replica time paid for, start to end
     speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
     kv_tiers: dict | None = None         # the tiered KV cache's totals (prefix caching, host tier, swap), if any
 
@@ -222,8 +234,12 @@ def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
     return window, horizon
 
 
-def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = ()) -> SimulationResult:
+def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = (),
+             force: bool = False) -> SimulationResult:
     """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs).
+
+    A run whose estimated memory or event count is above the resource guard's limits is refused
+    before anything is drawn (:func:`llmsim.sim.resources.check_run_size`), unless ``force``.
 
     ``observers`` are attached to every continuous-batching engine: each is called as
     ``observer(engine, iteration)`` after every iteration (invariant checks, traces).
@@ -231,6 +247,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     is assembled is not caught. Any other exception during the run is raised again with the
     partial result attached as ``partial_result`` (see the module docstring).
     """
+    if trace is None and scenario.workload.trace is not None:      # in memory already: estimate on it
+        trace = generate_trace(scenario.workload, scenario.seed)
+    check_run_size(scenario, trace, force)
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
     window, horizon = horizon_for(scenario, trace)
     dep = scenario.deployment
@@ -251,7 +270,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     make_engine = _engine_factory(scenario, resolved)
     make_kv = _kv_factory(scenario, resolved, trace)
     groups = []
-    for index in range(resolved.replicas):
+    pool_size = scenario.autoscaling.max_replicas if scenario.autoscaling is not None else resolved.replicas
+    for index in range(pool_size):
         kv = make_kv()
         queue = shared if shared is not None else make_queue()
         groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
@@ -264,6 +284,13 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
                     records, stop, dep.load_bound)
     env.process(arrivals(env, records, router))
+    control = ControlLog() if scenario.controller is not None else None
+    if control is not None:
+        env.process(controller(env, scenario, engines, records, control))
+    scaling = ScalingLog() if scenario.autoscaling is not None else None
+    if scaling is not None:
+        router.pool = ReplicaPool(pool_size, resolved.replicas)
+        env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
     stopped_by, fault = COMPLETED, None
     try:
@@ -275,10 +302,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     except Exception as error:               # raised again below, with what was simulated attached
         stopped_by, fault = FAULT, error
     if fault is None:
-        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by)
+        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
+                       scaling=scaling)
     try:
         fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup, FAULT,
-                                       f"{type(fault).__name__}: {fault}")
+                                       f"{type(fault).__name__}: {fault}", control, scaling)
         fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
@@ -288,7 +316,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
 def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
-            stopped_by: str, fault: str | None = None) -> SimulationResult:
+            stopped_by: str, fault: str | None = None, control: ControlLog | None = None,
+            scaling: ScalingLog | None = None) -> SimulationResult:
     """The result of a run that ended (by ``stopped_by``): records of the requests that arrived."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
@@ -323,6 +352,9 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         fault=fault,
         mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(queues, end_s)))
         if scenario.workload.classes else None,
+        control=control.frame() if control is not None else None,
+        scaling=scaling.frame() if scaling is not None else None,
+        replica_seconds=router.pool.replica_seconds(end_s) if router.pool is not None else None,
         speculation_blocked=_blocked_counts(engines),
         kv_tiers=_kv_tiers(kv_caches, end_s),
     )
@@ -343,7 +375,8 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
     (summarising a large run takes seconds).
     """
     scenario = result.scenario
-    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed))
+    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed),
+                     force=True)     # the size of the run itself, already checked
     if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
         raise KeyboardInterrupt
     plain = plain.summary()
@@ -420,15 +453,17 @@ def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
                   cached_blocks=sum(len(kv.cached) for kv in kv_caches))
     hosts = [kv.host for kv in kv_caches if kv.host is not None]
     if hosts:
-        means, peaks = [], []
-        for host in hosts:
-            times = np.append(np.frombuffer(host.occupancy_s, float), end_s)
-            held = np.frombuffer(host.occupancy_blocks, np.int64)
-            order = np.argsort(times[:-1], kind="stable")
-            times, held = np.append(times[:-1][order], end_s), held[order]
-            means.append(float((held * np.clip(np.diff(times), 0, None)).sum() / end_s) if end_s > 0 else 0.0)
+        means, peaks, series = [], [], []
+        for replica, host in enumerate(hosts):
+            times = np.frombuffer(host.occupancy_s, float)
+            order = np.argsort(times, kind="stable")
+            times, held = times[order], np.frombuffer(host.occupancy_blocks, np.int64)[order]
+            series.append(pd.DataFrame({"replica": replica, "time_s": times, "blocks": held}))
+            spans = np.clip(np.diff(np.append(times, end_s)), 0, None)
+            means.append(float((held * spans).sum() / end_s) if end_s > 0 else 0.0)
             peaks.append(int(held.max()))
-        totals.update(host_blocks=hosts[0].capacity_blocks, host_mean_blocks=float(np.mean(means)),
+        totals.update(host_occupancy=pd.concat(series, ignore_index=True),     # blocks held after each change
+                      host_blocks=hosts[0].capacity_blocks, host_mean_blocks=float(np.mean(means)),
                       host_max_blocks=max(peaks), host_dropped_blocks=sum(h.dropped for h in hosts),
                       host_allocated_blocks=sum(h.allocated_total for h in hosts),
                       host_freed_blocks=sum(h.freed_total for h in hosts), host_held_blocks=sum(h.held for h in hosts))
