@@ -81,9 +81,9 @@ class Window:
     def overrides(self, rate_per_s: float) -> dict:
         """Scenario overrides that make a run at this rate cover the window."""
         if self.whole_trace:
-            return {"simulation.warmup": f"{self.warmup_s!r} s"}
+            return {"simulation.warmup": f"{float(self.warmup_s)!r} s"}
         return {"workload.num_requests": self.simulated_requests(rate_per_s), "workload.duration": None,
-                "simulation.warmup": f"{self.warmup_s!r} s"}
+                "simulation.warmup": f"{float(self.warmup_s)!r} s"}
 
 
 def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
