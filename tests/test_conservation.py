@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from llmsim import load_scenario, simulate
+from llmsim import load_scenario
 
-from .helpers import SCENARIOS, make_scenario
+from .helpers import SCENARIOS, make_scenario, simulate_checked
 
 RUNS = {
     "chat": {},
@@ -54,7 +54,7 @@ def check_balances(result):
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_requests_tokens_and_blocks_balance(name):
-    result = simulate(make_scenario(RUNS[name]))
+    result = simulate_checked(make_scenario(RUNS[name]))
     check_balances(result)
     summary = result.summary()["requests"]
     assert summary["arrived"] == (summary["finished"] + summary["rejected_timeout"] + summary["rejected_too_long"]
@@ -62,7 +62,7 @@ def test_requests_tokens_and_blocks_balance(name):
 
 
 def test_preemption_happens_and_recomputes():
-    result = simulate(make_scenario(RUNS["preempting"]))
+    result = simulate_checked(make_scenario(RUNS["preempting"]))
     assert result.preemptions > 0
     assert result.requests["preemptions"].sum() == result.preemptions
     assert (result.requests["status"] == "finished").all()
@@ -71,7 +71,7 @@ def test_preemption_happens_and_recomputes():
 
 
 def test_overload_is_not_an_error_and_reports_the_queue():
-    result = simulate(make_scenario(RUNS["overloaded-horizon"]))
+    result = simulate_checked(make_scenario(RUNS["overloaded-horizon"]))
     summary = result.summary()["requests"]
     assert result.end_s == pytest.approx(15.0)
     assert summary["unfinished_queued"] > 0 and summary["unfinished_running"] > 0
@@ -79,4 +79,4 @@ def test_overload_is_not_an_error_and_reports_the_queue():
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_shipped_scenarios_balance(path):
-    check_balances(simulate(load_scenario(path)))
+    check_balances(simulate_checked(load_scenario(path)))

@@ -23,11 +23,13 @@ from pathlib import Path
 import pandas as pd
 
 from llmsim.analysis.bench_format import vllm_bench_result
+from llmsim.cli.options import FORCE_HELP, SEED
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
+from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate, speedup_over_plain
 from llmsim.workload.trace import generate_trace
 
@@ -42,7 +44,8 @@ def add_parsers(sub) -> None:
     run.add_argument("--out", help="output folder (default: runs/<scenario name>, the name made one safe folder "
                      "name: path separators, spaces and leading dots replaced)")
     run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    run.add_argument("--seed", type=int, help="override the scenario's seed")
+    run.add_argument("--seed", type=SEED, help="override the scenario's seed (an integer >= 0)")
+    run.add_argument("--force", action="store_true", help=FORCE_HELP)
     run.add_argument("--vllm-args", metavar="FLAGS",
                      help='vLLM serve flags, e.g. "--max-num-seqs 256 --max-num-batched-tokens 8192 -tp 2": mapped '
                           "to llmsim's settings; flags llmsim does not model are listed")
@@ -61,6 +64,7 @@ def add_parsers(sub) -> None:
     comp.add_argument("comparison", help="comparison YAML (base, variants, loads)")
     comp.add_argument("--out", help="also write the table as CSV here")
     comp.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    comp.add_argument("--force", action="store_true", help=FORCE_HELP)
     comp.set_defaults(func=_cmd_compare)
 
 
@@ -74,10 +78,11 @@ def _cmd_run(args) -> int:
         print(f"replaying {trace_description(scenario)}", file=sys.stderr)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
+    check_run_size(scenario, force=args.force)
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
     try:
         try:
-            result = simulate(scenario)
+            result = simulate(scenario, force=True)      # its size checked above
         except Exception as fault:
             if getattr(fault, "partial_result", None) is not None:
                 _write_and_print(fault.partial_result, out, args)
@@ -154,7 +159,7 @@ def require_parquet() -> None:
 def _cmd_compare(args) -> int:
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
-    table = compare(args.comparison)
+    table = compare(args.comparison, force=args.force)
     if args.out:
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.3g}".format):

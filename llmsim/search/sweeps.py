@@ -44,6 +44,7 @@ from llmsim.scenario.overrides import build_point, check_matches_source, grid_po
 from llmsim.scenario.scenario import Scenario, read_seed
 from llmsim.search.executors import ENGINES, error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
+from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate
 
 RESULTS_FILE = "results.csv"
@@ -54,7 +55,7 @@ ID_COLUMNS = ("point_id", "seed", "error")
 def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[str, Sequence], *,
           out: str | Path | None = None, workers: int | None = None, engine: str = "processes",
           seeds: Sequence[int] | None = None, progress: bool = True, client=None,
-          on_invalid: str = "raise") -> pd.DataFrame:
+          on_invalid: str = "raise", force: bool = False) -> pd.DataFrame:
     """Simulate the product of ``grid``'s values over ``scenario``; one row per point and seed.
 
     ``scenario``: a YAML path, a loaded :class:`Scenario` or a raw scenario mapping.
@@ -70,13 +71,13 @@ def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[
     grid_file = str(grid) if isinstance(grid, (str, Path)) else None
     points = grid_points(load_yaml(grid) if grid_file else grid, grid_file)
     return run_points(scenario, points, out=out, workers=workers, engine=engine, seeds=seeds,
-                      progress=progress, client=client, on_invalid=on_invalid, source=grid_file)
+                      progress=progress, client=client, on_invalid=on_invalid, source=grid_file, force=force)
 
 
 def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mapping[str, Any]], *,
                seeds: Sequence[int] | None = None, workers: int | None = None, engine: str = "processes",
                out: str | Path | None = None, progress: bool = True, client=None,
-               on_invalid: str = "raise", source: str | None = None) -> pd.DataFrame:
+               on_invalid: str = "raise", source: str | None = None, force: bool = False) -> pd.DataFrame:
     """Simulate a list of points in parallel; the engine under :func:`sweep`, for searches.
 
     scenario:   a YAML path, a loaded :class:`Scenario` (it keeps its YAML mapping) or a
@@ -100,6 +101,9 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                 ``source`` (the grid file, else the scenario's), the key path and the value,
                 before anything runs; ``"record"``: it becomes a row with its ``error``.
     source:     the file the points came from, for error messages.
+    force:      run points whose estimated size is above the resource guard's limits
+                (:func:`llmsim.sim.resources.check_run_size`); without it such a point is
+                invalid (``on_invalid`` says what happens), before anything runs.
 
     Returns one row per (point, seed) in the order given (points outer, seeds inner):
     the point's keys, ``seed``, ``point_id``, ``error`` and the flattened summary. A
@@ -126,6 +130,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
             row = {**shown, "seed": seed, "point_id": key, "error": ""}
             try:
                 built = build_point(base, {**point, "seed": seed}, base_dir, base_file, source)
+                check_run_size(built, force=force)
             except ConfigError as error:
                 if on_invalid == "raise":
                     raise _point_error(error, shown, source or base_file) from None
@@ -216,8 +221,9 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Sce
 
 
 def simulate_point(scenario: Scenario) -> dict:
-    """One point's row of metrics: the flattened summary and output tokens per dollar."""
-    result = simulate(scenario)
+    """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
+    size is not checked again: :func:`run_points` checks (or was told to force) every point first."""
+    result = simulate(scenario, force=True)
     if result.interrupted:            # Ctrl-C during a serial sweep: stop, and record nothing half-run
         raise KeyboardInterrupt
     flat = flatten(result.summary())

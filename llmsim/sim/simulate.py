@@ -41,6 +41,7 @@ from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
+from llmsim.sim.resources import check_run_size
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
 from llmsim.sim.scheduling import ClassEngine, class_mean_queue_lengths, class_queue_factory, class_rules
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
@@ -233,8 +234,12 @@ def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
     return window, horizon
 
 
-def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = ()) -> SimulationResult:
+def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = (),
+             force: bool = False) -> SimulationResult:
     """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs).
+
+    A run whose estimated memory or event count is above the resource guard's limits is refused
+    before anything is drawn (:func:`llmsim.sim.resources.check_run_size`), unless ``force``.
 
     ``observers`` are attached to every continuous-batching engine: each is called as
     ``observer(engine, iteration)`` after every iteration (invariant checks, traces).
@@ -242,6 +247,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     is assembled is not caught. Any other exception during the run is raised again with the
     partial result attached as ``partial_result`` (see the module docstring).
     """
+    if trace is None and scenario.workload.trace is not None:      # in memory already: estimate on it
+        trace = generate_trace(scenario.workload, scenario.seed)
+    check_run_size(scenario, trace, force)
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
     window, horizon = horizon_for(scenario, trace)
     dep = scenario.deployment
@@ -367,7 +375,8 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
     (summarising a large run takes seconds).
     """
     scenario = result.scenario
-    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed))
+    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed),
+                     force=True)     # the size of the run itself, already checked
     if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
         raise KeyboardInterrupt
     plain = plain.summary()

@@ -42,6 +42,7 @@ import pandas as pd
 from scipy import stats
 
 from llmsim.config.reader import Node
+from llmsim.workload.trace import read_csv
 from llmsim.catalog.models import ModelSpec
 from llmsim.speculation.acceptance_model import WORKLOADS, Estimate, default_model
 from llmsim.speculation.kernels import accepted_prefixes, replayed_prefixes
@@ -375,17 +376,16 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
         raise node.key_error("measured_k", f"lengths measured at k = {measured_k} cannot say what a longer "
                              f"draft (k_max = {k_max}) would get accepted", measured_k,
                              f"an integer >= k_max ({k_max}), or a smaller k_max")
-    try:
-        frame = pd.read_csv(path)
-    except (OSError, ValueError) as error:
-        raise node.key_error("path", f"cannot read this CSV ({error})", str(path), "a CSV file") from None
+    frame = read_csv(path, node, "path")
     if column not in frame.columns:
         raise node.key_error("column", f"no such column in {path.name}", column, ", ".join(map(str, frame.columns)))
     values = pd.to_numeric(frame[column], errors="coerce")
     bad = values.isna() | (values < 0) | (values > measured_k) | (values % 1 != 0)
     if bad.any() or len(values) == 0:
-        first = frame[column][bad].iloc[0] if bad.any() else "(empty)"
-        first = first.item() if hasattr(first, "item") else first      # 9, not np.int64(9), in the message
+        first = frame[column][bad].iloc[0] if bad.any() else "(empty)"      # the cell's text
+        number = values[bad].iloc[0] if bad.any() else float("nan")
+        if number == number and float(number).is_integer():
+            first = int(number)                                           # 9, not '9', in the message
         raise node.key_error("column", f"accepted lengths must be integers in 0..{measured_k} "
                              f"(row {int(np.argmax(bad.to_numpy())) + 2} of {path.name} is not)" if bad.any()
                              else f"{path.name} has no rows", first, f"integers 0..{measured_k}")

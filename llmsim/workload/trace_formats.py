@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmsim.config.reader import Node
+from llmsim.config.limits import MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES, MAX_TRACE_TOKENS
+from llmsim.config.reader import Node, read_text
 from llmsim.errors import ConfigError
 from llmsim.workload.trace import Trace, read_csv
 
@@ -54,6 +55,7 @@ CSV_COLUMNS = {
 }
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 MOONCAKE_MS_PER_S = 1000.0          # Mooncake timestamps are milliseconds
+MAX_ARRIVAL_S = MAX_QUANTITY["duration"]   # the longest arrival window simulated (llmsim.config.limits)
 
 
 def row_error(path: Path, line: int, column: str, value: object, allowed: str, message: str) -> ConfigError:
@@ -96,8 +98,13 @@ _READ_CACHE_SIZE = 8
 
 def detect_format(path: Path, node: Node, key: str) -> str:
     """The format of ``path``: JSON by its first character, CSV by its header."""
-    with open(path, encoding="utf-8", errors="replace") as file:
-        head = file.read(4096).lstrip()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            head = file.read(4096).lstrip()
+    except OSError as exc:                  # a folder, a file that vanished: the front door says which
+        read_text(path)
+        raise node.key_error(key, f"cannot read trace {path} ({exc.strerror or exc})", str(path),
+                             "a readable file") from None
     if head.startswith("["):
         return "sharegpt"
     if head.startswith("{"):
@@ -128,33 +135,36 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
     if fmt == "azure":
         arrival = _azure_seconds(frame[arrival_col], path, arrival_col)
     else:
-        arrival = _numbers(frame[arrival_col], path, arrival_col, minimum=0.0)
-    prompt = _numbers(frame[prompt_col], path, prompt_col, minimum=1.0, integer=True)
+        arrival = _numbers(frame[arrival_col], path, arrival_col, minimum=0.0, maximum=MAX_ARRIVAL_S)
+    prompt = _numbers(frame[prompt_col], path, prompt_col, minimum=1.0, maximum=MAX_TRACE_TOKENS, integer=True)
     production = fmt != "llmsim"
-    output = _numbers(frame[output_col], path, output_col, minimum=0.0 if production else 1.0, integer=True)
+    output = _numbers(frame[output_col], path, output_col, minimum=0.0 if production else 1.0,
+                      maximum=MAX_TRACE_TOKENS, integer=True)
     _check_sorted(arrival, lines, path, arrival_col)
     labels = {name: frame[column].astype(str).str.strip().to_numpy()
               for name, column in (("model", "Model"), ("log_type", "Log Type")) if column in frame.columns}
     sessions = None
     if fmt == "llmsim" and "session_id" in frame.columns:
         # Turns of one conversation: each prompt extends the one before (history plus new input).
-        ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, integer=True)
+        ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, maximum=MAX_NUMBER, integer=True)
         sessions = pd.factorize(ids.astype(np.int64))[0].astype(np.int64)
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
                   log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions)
     return _drop_empty_outputs(trace) if production else trace
 
 
-def _numbers(column: pd.Series, path: Path, name: str, *, minimum: float, integer: bool = False) -> np.ndarray:
-    """A numeric column, every value finite, >= ``minimum`` (and whole if ``integer``)."""
+def _numbers(column: pd.Series, path: Path, name: str, *, minimum: float, maximum: float,
+             integer: bool = False) -> np.ndarray:
+    """A numeric column, every value finite, ``minimum``..``maximum`` (and whole if ``integer``)."""
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
-    bad = ~np.isfinite(values) | (values < minimum)
+    bad = ~np.isfinite(values) | (values < minimum) | (values > maximum)
     if integer:
         bad |= np.isfinite(values) & (values != np.round(values))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         kind = "a whole number of tokens" if integer else "a number of seconds"
-        raise row_error(path, row + 2, name, column.iloc[row], f"{kind} >= {minimum:g}", "not a valid value")
+        raise row_error(path, row + 2, name, column.iloc[row], f"{kind} >= {minimum:g} and <= {maximum:g}",
+                        "not a valid value")
     return values
 
 
@@ -166,7 +176,13 @@ def _azure_seconds(column: pd.Series, path: Path, name: str) -> np.ndarray:
         row = int(np.flatnonzero(bad)[0])
         raise row_error(path, row + 2, name, column.iloc[row], "a date-time such as 2023-11-16 18:15:46.6805900",
                         "not a date-time")
-    return (times - times.iloc[0]).dt.total_seconds().to_numpy(dtype=float)
+    seconds = (times - times.iloc[0]).dt.total_seconds().to_numpy(dtype=float)
+    late = np.flatnonzero(np.abs(seconds) > MAX_ARRIVAL_S)
+    if len(late):
+        row = int(late[0])
+        raise row_error(path, row + 2, name, column.iloc[row], f"within {MAX_ARRIVAL_S:g} s of the first request",
+                        "too far from the first request's date-time")
+    return seconds
 
 
 def _check_sorted(arrival: np.ndarray, lines: np.ndarray, path: Path, name: str) -> None:
@@ -194,16 +210,15 @@ def read_mooncake(path: Path) -> Trace:
     Fields are gathered column-wise and checked as arrays; a bad one sends every record through
     the per-record check, which names the first bad line."""
     records, lines = [], []
-    with open(path, encoding="utf-8") as file:
-        for line_number, text in enumerate(file, start=1):
-            if not text.strip():
-                continue
-            try:
-                records.append(json.loads(text))
-            except json.JSONDecodeError as exc:
-                raise row_error(path, line_number, str(exc.colno), text.strip()[:80], "one JSON object per line",
-                                f"not valid JSON ({exc.msg})") from None
-            lines.append(line_number)
+    for line_number, text in enumerate(read_text(path, MAX_TABLE_FILE_BYTES).split("\n"), start=1):
+        if not text.strip():
+            continue
+        try:
+            records.append(json.loads(text))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise row_error(path, line_number, str(getattr(exc, "colno", 1)), text.strip()[:80],
+                            "one JSON object per line", f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
+        lines.append(line_number)
     if not records:
         raise ConfigError("trace has no requests", file=str(path), has_value=False)
     try:
@@ -213,9 +228,11 @@ def read_mooncake(path: Path) -> Trace:
         valid = all(np.isfinite(values).all() for values in columns.values()) \
             and (columns["timestamp"] >= 0).all() and (columns["input_length"] >= 1).all() \
             and (columns["output_length"] >= 0).all() \
+            and (columns["timestamp"] <= MAX_ARRIVAL_S * MOONCAKE_MS_PER_S).all() \
+            and all((columns[f] <= MAX_TRACE_TOKENS).all() for f in ("input_length", "output_length")) \
             and all((np.round(columns[f]) == columns[f]).all() for f in ("input_length", "output_length")) \
             and all(type(h) is int for h in flat)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):     # OverflowError: an integer of 400 digits
         valid = False
     if not valid:
         for record, line in zip(records, lines):
@@ -234,19 +251,21 @@ def _check_mooncake_record(record: object, path: Path, line: int) -> None:
     for field in MOONCAKE_FIELDS:
         if field not in record:
             raise row_error(path, line, field, None, ", ".join(MOONCAKE_FIELDS) + " (and hash_ids)", "missing field")
-    _json_number(record, "timestamp", path, line, 0.0, False)
-    _json_number(record, "input_length", path, line, 1.0, True)
-    _json_number(record, "output_length", path, line, 0.0, True)
+    _json_number(record, "timestamp", path, line, 0.0, MAX_ARRIVAL_S * MOONCAKE_MS_PER_S, False)
+    _json_number(record, "input_length", path, line, 1.0, MAX_TRACE_TOKENS, True)
+    _json_number(record, "output_length", path, line, 0.0, MAX_TRACE_TOKENS, True)
     _hash_ids(record.get("hash_ids", []), path, line)
 
 
-def _json_number(record: dict, field: str, path: Path, line: int, minimum: float, integer: bool) -> None:
+def _json_number(record: dict, field: str, path: Path, line: int, minimum: float, maximum: float,
+                 integer: bool) -> None:
     value = record[field]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and value >= minimum and (not integer or float(value).is_integer())
+    # Compared before any float conversion: a JSON integer of 400 digits would overflow it.
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and minimum <= value <= maximum \
+        and math.isfinite(value) and (not integer or float(value).is_integer())
     if not ok:
         kind = "a whole number of tokens" if integer else "a number of milliseconds"
-        raise row_error(path, line, field, value, f"{kind} >= {minimum:g}", "not a valid value")
+        raise row_error(path, line, field, value, f"{kind} >= {minimum:g} and <= {maximum:g}", "not a valid value")
 
 
 def _hash_ids(value: object, path: Path, line: int) -> None:
@@ -264,8 +283,8 @@ def read_sharegpt(path: Path, node: Node, tokenizer: Path | None, chars_per_toke
     """
     count = _token_counter(node, tokenizer, chars_per_token)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(read_text(path, MAX_TABLE_FILE_BYTES))
+    except (json.JSONDecodeError, RecursionError) as exc:
         line, column = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
         raise row_error(path, line, str(column), None, "a JSON list of {conversations: [{from, value}, ...]}",
                         f"not valid JSON ({exc})") from None
