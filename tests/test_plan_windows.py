@@ -34,7 +34,7 @@ def test_the_window_follows_the_rate_not_the_request_count():
         assert window.requests(rate) == math.ceil(rate * (window.warmup_s + window.measure_s))
         assert window.requests(rate) >= scenario.workload.num_requests     # the scenario's count is a floor
     assert measurement_window(scenario, 1000.0, 3.0).requests(1000.0) > 15 * scenario.workload.num_requests
-    run = variant(scenario, {"workload.arrival.rate": 1000.0, **Window(30.0, 60.0).overrides(1000.0)})
+    run = variant(scenario, {"workload.arrival.rate": 1000.0, **Window(np.float64(30.0), 60.0).overrides(1000.0)})
     assert run.workload.num_requests == 90_000 and run.simulation.warmup_s == 30.0
 
 

@@ -70,7 +70,7 @@ class Window:
     def overrides(self, rate_per_s: float) -> dict:
         """Scenario overrides that make a run at this rate cover the window."""
         return {"workload.num_requests": min(self.requests(rate_per_s), MAX_REQUESTS), "workload.duration": None,
-                "simulation.warmup": f"{self.warmup_s!r} s"}
+                "simulation.warmup": f"{float(self.warmup_s)!r} s"}
 
 
 def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
