@@ -55,8 +55,18 @@ def as_scenario(scenario: str | Path | Scenario) -> Scenario:
 
 
 def check_rate_driven(scenario: Scenario) -> None:
-    """Plans and recommendations vary the arrival rate: a replayed trace has none to vary."""
-    if scenario.workload.arrival.process == "trace":
+    """Plans and recommendations vary the arrival rate: a replayed trace, classes with arrivals of
+    their own or a profile without one ``rate`` (steps, ramp, MMPP) have none to vary."""
+    arrival = scenario.workload.arrival
+    if arrival is None:
+        raise ConfigError("each traffic class has arrivals of its own: there is no one rate to vary",
+                          file=scenario.path, key="workload.classes", value=scenario.workload.class_names,
+                          allowed="classes with a share of workload.arrival")
+    if arrival.process in ("steps", "ramp", "mmpp"):
+        raise ConfigError("this arrival profile has no single rate to vary", file=scenario.path,
+                          key="workload.arrival.process", value=arrival.process,
+                          allowed="poisson, gamma, deterministic or diurnal (whose rate is its mean)")
+    if arrival.process == "trace":
         raise ConfigError("a replayed trace has no arrival rate to vary", file=scenario.path,
                           key="workload.arrival.process", value="trace",
                           allowed="poisson, gamma or deterministic arrivals (fit one to the trace)")
