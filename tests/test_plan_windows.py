@@ -163,3 +163,13 @@ def test_a_tolerance_finer_than_the_floats_ends(monkeypatch):
     monkeypatch.setattr(module, "simulate_until_decided", fake)
     found = module.max_sustainable_rate(CHAT, lo=1.0, hi=10.0, tol=1e-300)
     assert found.rate_per_s <= 5.0 < found.failing_rate_per_s and len(calls) <= 2 + module.MAX_BISECTIONS
+
+
+def test_no_cross_check_where_the_fluid_model_cannot_bound(monkeypatch):
+    """Prefix caching saves prefill work the fluid model never sees: its capacity bound could exceed the
+    true need, so plan does not use it (no refusal, no disagreement) and says so."""
+    scenario = variant(llmsim.load_scenario(CHAT), {"engine.prefix_caching": True})
+    assert planning.fluid_blind_spots(scenario) == ["prefix caching"]
+    row = llmsim.plan(scenario, 16.0, workers=1, max_replicas=1).iloc[0]
+    assert math.isnan(row["analytic_capacity_bound"]) and row["replicas"] == 1
+    assert "no analytic cross-check: the fluid model does not model prefix caching" in row["note"]

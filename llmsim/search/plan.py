@@ -56,8 +56,18 @@ def as_scenario(scenario: str | Path | Scenario) -> Scenario:
 
 
 def check_rate_driven(scenario: Scenario) -> None:
-    """Plans and recommendations vary the arrival rate; a replayed trace's is its time scale
-    (``workload.arrival.rate`` rescales it), which needs two requests or more to have a rate."""
+    """Plans and recommendations vary the arrival rate: classes with arrivals of their own or a
+    profile without one ``rate`` (steps, ramp, MMPP) have none to vary. A replayed trace's rate is
+    its time scale (``workload.arrival.rate`` rescales it), which needs two requests or more."""
+    arrival = scenario.workload.arrival
+    if arrival is None:
+        raise ConfigError("each traffic class has arrivals of its own: there is no one rate to vary",
+                          file=scenario.path, key="workload.classes", value=scenario.workload.class_names,
+                          allowed="classes with a share of workload.arrival")
+    if arrival.process in ("steps", "ramp", "mmpp"):
+        raise ConfigError("this arrival profile has no single rate to vary", file=scenario.path,
+                          key="workload.arrival.process", value=arrival.process,
+                          allowed="poisson, gamma, deterministic or diurnal (whose rate is its mean)")
     trace = scenario.workload.trace
     if trace is not None and len(trace) < 2:
         raise ConfigError("a replayed trace of one request has no arrival rate to vary", file=scenario.path,
@@ -181,6 +191,9 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     margin, spread = answer.verdict.worst_margin
     undecided = sorted(n for n, judged in outcomes.items() if not judged.verdict.decided)
     notes = []
+    if math.isnan(bound):
+        notes.append("no analytic cross-check: the fluid model does not model "
+                     + (", ".join(fluid_blind_spots(one)) or "this engine"))
     if hi < bound / (1 + FLUID_CAPACITY_ERROR):
         notes.append(f"disagrees with the analytic capacity bound ({bound:,.0f} replicas, "
                      f"{FLUID_CAPACITY_ERROR:.0%} error): the simulated window may be too short")
@@ -261,11 +274,27 @@ def _probes(lo: int, hi: int, workers: int | None) -> list[int]:
     return sorted({int(round(lo + (hi - lo) * (i + 1) / (width + 1))) for i in range(width)} - {lo, hi})
 
 
+def fluid_blind_spots(scenario: Scenario) -> list[str]:
+    """What the scenario has that could make the fluid model's capacity an *under*statement, so that its
+    bound would no longer bound: work it does not see saved (prefix caching) or priced differently
+    (tree verification), or replicas that change during the run (autoscaling)."""
+    spots = []
+    if scenario.engine.prefix_caching:
+        spots.append("prefix caching")
+    if scenario.speculating and scenario.speculation.proposer.branching > 1:
+        spots.append("tree verification")
+    if scenario.autoscaling is not None:
+        spots.append("autoscaling")
+    return spots
+
+
 def capacity_bound(one_replica: Scenario, rate: float) -> float:
     """Replicas the fluid model's capacity asks for at this rate (rate / one replica's capacity; NaN
-    where it does not model the engine). The fluid model overstates capacity (it averages away
-    variability that only adds time), so this bounds the answer from below up to its measured error
-    against the simulator (``FLUID_CAPACITY_ERROR``, tests/test_analytic.py)."""
+    where it does not model the engine, see :func:`fluid_blind_spots`). The fluid model overstates
+    capacity (it averages away variability that only adds time), so this bounds the answer from below
+    up to its measured error against the simulator (``FLUID_CAPACITY_ERROR``, tests/test_analytic.py)."""
+    if fluid_blind_spots(one_replica):
+        return math.nan
     try:
         capacity = FluidModel(one_replica).capacity()
     except ConfigError:
