@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,17 @@ BASE = {
         "output_tokens": {"distribution": "lognormal", "mean": 128, "sigma": 0.8, "max": 1024},
     },
 }
+
+
+def roofline_only(profile):
+    """``profile`` without its measured kernel terms: priced by the plain roofline (peak x efficiency), whose
+    first-principles laws (linear decode steps, weights / bandwidth, FLOPs / peak) some tests check."""
+    return dataclasses.replace(profile, kernels=None)
+
+
+def roofline_document(document: dict) -> dict:
+    """A profile's YAML mapping without its kernels: section (and the calibration record that goes with it)."""
+    return {key: value for key, value in document.items() if key not in ("kernels", "calibration")}
 
 
 def merge(base: dict, overrides: dict) -> dict:

@@ -28,7 +28,7 @@ from llmsim.analysis.fluid_k import accepted_pmf, adaptive_mix, static_mix
 from llmsim.errors import ConfigError
 from llmsim.speculation.config import Acceptance, expected_tokens_per_step
 
-from .helpers import make_scenario
+from .helpers import make_scenario, roofline_only
 
 SPEC = {"draft": "Llama-3.2-1B", "policy": "static", "k": 3, "acceptance": {"process": "bernoulli", "alpha": 0.8}}
 CASES = {
@@ -52,6 +52,7 @@ def test_fixed_point_matches_the_closed_form_of_a_linear_step():
     """One-token prompts, fixed outputs: memory-bound decode t(B) = a + b B, so Little's law
     B = lambda tau D gives tau = a / (1 - lambda D b) exactly."""
     scenario = make_scenario({"workload": {"prompt_tokens": 1, "output_tokens": 101}})
+    scenario = replace(scenario, hardware=roofline_only(scenario.hardware))   # the roofline's linear decode step
     model = FluidModel(scenario)
     cost = model.cost
     context = 1 + 100 / 2                      # mean context over the decode steps (P + j + 1)

@@ -26,6 +26,8 @@ from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import profile_from_node, shipped_profile_dir
 
+from .helpers import roofline_document, roofline_only
+
 PROFILE_DIR = shipped_profile_dir()
 SHIPPED = PROFILE_DIR / "cpu-calibrated.yaml"
 TARGET = PROFILE_DIR / "h100-sxm.yaml"
@@ -69,7 +71,7 @@ def test_held_out_grids_share_no_value_with_any_fit_grid():
 
 
 def _profile_with(**changes):
-    document = yaml.safe_load(TARGET.read_text())
+    document = roofline_document(yaml.safe_load(TARGET.read_text()))
     for key, value in changes.items():
         document["efficiency"][key] = value
     return profile_from_node(Node(document, file="test.yaml"))
@@ -81,7 +83,7 @@ def test_decode_attention_efficiency_follows_its_context_law():
     4 q_dim c layers / (peak * efficiency * c / (c + h)); other operators do not change."""
     half = 300.0
     figure = {"value": half, "source": "test", "confidence": "assumption"}
-    plain, with_half = load_profile(TARGET), _profile_with(attention_half_context=figure)
+    plain, with_half = roofline_only(load_profile(TARGET)), _profile_with(attention_half_context=figure)
     spec = model_spec(1024, 2, "bf16")
     for batch, context in ((1, 127), (8, 2047), (32, 8191)):
         x = CostModel(spec, with_half).features(decode_context=[context] * batch)
@@ -99,7 +101,7 @@ def test_decode_attention_efficiency_follows_its_context_law():
 def test_efficiencies_by_dtype_apply_to_models_in_that_dtype_only():
     figure = {"value": 0.2, "source": "test", "confidence": "assumption"}
     profile = _profile_with(by_dtype={"fp8": {"compute": figure}})
-    plain = load_profile(TARGET)
+    plain = roofline_only(load_profile(TARGET))
     assert profile.efficiencies_for("fp8") == (0.2, plain.attention_efficiency, plain.memory_efficiency)
     assert profile.efficiencies_for("bf16") == plain.efficiencies_for("bf16")
     x = CostModel(model_spec(1024, 2, "bf16"), plain).features(decode_context=[100] * 256)

@@ -8,10 +8,14 @@ from llmsim import CostModel, lookup_hardware, model_catalog, place
 from llmsim.cost.features import FEATURES
 from llmsim.cost.work import decode_layer_work, prefill_layer_work
 
+from .helpers import roofline_only
+
 
 @pytest.fixture(scope="module")
 def h100():
-    return lookup_hardware("H100-SXM")
+    """The H100 profile priced by the plain roofline: these tests check its first-principles laws (the
+    measured kernel terms the shipped profile adds are checked in tests/test_kernel_terms.py)."""
+    return roofline_only(lookup_hardware("H100-SXM"))
 
 
 @pytest.fixture(scope="module")

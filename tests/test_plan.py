@@ -74,8 +74,15 @@ def test_a_wrong_analytic_bracket_only_costs_simulations(table, scenario_file, m
 
 
 def test_unreachable_within_the_replica_cap_is_reported(scenario_file):
+    """Far beyond the cap (the analytic capacity bound, less its error, exceeds it) nothing is simulated;
+    just beyond what the bound can tell, the cap itself is simulated and fails."""
     row = llmsim.plan(scenario_file, 400.0, ["H100-SXM"], workers=1, max_replicas=2).iloc[0]
-    assert math.isnan(row["replicas"]) and "not met with 2 replicas" in row["note"]
+    assert math.isnan(row["replicas"]) and row["simulations"] == 0
+    assert "unreachable within 2 replicas" in row["note"]
+    assert row["analytic_capacity_bound"] / (1 + planning.FLUID_CAPACITY_ERROR) > 2
+    close = llmsim.plan(scenario_file, 400.0, ["H100-SXM"], workers=1,
+                        max_replicas=math.ceil(row["analytic_capacity_bound"]) - 1).iloc[0]
+    assert math.isnan(close["replicas"]) and close["simulations"] >= 1 and "not met with" in close["note"]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -16,7 +16,7 @@ from llmsim.cli.main import main
 from llmsim.scenario.overrides import apply_overrides, grid_points
 from llmsim.search.sweeps import mean_over_seeds, run_points
 
-from .helpers import BASE, REPO, make_scenario, merge
+from .helpers import BASE, REPO, make_scenario, merge, roofline_document
 
 SMALL = {"workload": {"num_requests": 60}, "slo": {"ttft": "300 ms", "tpot": "40 ms"}}
 GRID = {"workload.arrival.rate": [5.0, 20.0], "engine.max_batch_tokens": [2048, 8192]}
@@ -112,7 +112,8 @@ def test_resume_simulates_again_when_a_named_file_changed(tmp_path, monkeypatch)
     calls = []
     real = sweeps.simulate_point
     monkeypatch.setattr(sweeps, "simulate_point", lambda scenario: calls.append(1) or real(scenario))
-    profile = yaml.safe_load((REPO / "hardware_profiles" / "h100-sxm.yaml").read_text())
+    # The roofline form of the profile, where halving the memory efficiency slows decode 2x.
+    profile = roofline_document(yaml.safe_load((REPO / "hardware_profiles" / "h100-sxm.yaml").read_text()))
     write(tmp_path / "gpu.yaml", {**profile, "name": "gpu"})
     scenario = write(tmp_path / "scenario.yaml", merge(merge(BASE, SMALL), {"hardware": "gpu.yaml"}))
     grid = {"workload.arrival.rate": [20.0]}

@@ -176,3 +176,53 @@ def test_window_and_sample(tmp_path):
     assert not np.array_equal(replay(path, seed=4, sample=0.25).arrival_s, a.arrival_s)
     with pytest.raises(ConfigError, match="must be after start"):
         replay(path, window={"start": "20 s", "end": "10 s"})
+
+
+def test_fit_recovers_rate_burstiness_profile_and_lengths():
+    from llmsim.workload.trace import Trace
+    from llmsim.workload.trace_fit import fit_workload
+    rng = np.random.default_rng(7)
+    shape, n = 0.25, 20000                                  # Gamma gaps with CV 1/sqrt(shape) = 2
+    gaps = rng.gamma(shape, 1 / shape, n) / 5.0             # mean gap 0.2 s: 5 requests/s
+    sigma = 0.9
+    trace = Trace(np.cumsum(gaps), np.maximum(1, np.rint(rng.lognormal(6.0, sigma, n))).astype(np.int64),
+                  np.full(n, 7, dtype=np.int64))
+    fit = fit_workload(trace, profile_bin_s=1000.0)
+    # Standard errors: mean gap (CV / sqrt(n)); sample std of Gamma(k) gaps, Var(s^2) = (2k^2 + 6k) / n.
+    assert fit.rate_per_s == pytest.approx(5.0, rel=4 * 2 / np.sqrt(n))
+    se_cv = np.sqrt((2 * shape ** 2 + 6 * shape) / n) / (2 * np.sqrt(shape)) / shape
+    assert abs(fit.gap_cv - 2.0) < 4 * se_cv
+    assert abs(fit.prompt.sigma - sigma) < 4 * sigma / np.sqrt(2 * n) + 0.01     # + rounding to whole tokens
+    assert fit.output.sigma == pytest.approx(0, abs=1e-12) and fit.output.mean == pytest.approx(7)
+    # Profile: every full 1000 s bin near 5/s (Poisson-like count SE sqrt(count) x CV).
+    full = np.asarray(fit.profile_rates_per_s[:-1])
+    assert np.all(np.abs(full - 5.0) < 4 * 2 * np.sqrt(5000) / 1000)
+    workload = fit.to_workload(scale=2.0, num_requests=5000)
+    t = generate_trace(workload_from_node(Node(workload), max_tokens=10 ** 6), 1)
+    assert mean_rate_per_s(t.arrival_s) == pytest.approx(10.0, rel=4 * 2 / np.sqrt(5000))
+
+
+def test_fitted_time_of_day_profile_replays_each_bins_rate():
+    from llmsim.workload.trace import Trace
+    from llmsim.workload.trace_fit import fit_workload
+    rng = np.random.default_rng(8)
+    quiet, busy = np.sort(rng.uniform(0, 600, 600)), np.sort(rng.uniform(600, 1200, 3000))   # 1/s, then 5/s
+    times = np.concatenate((quiet, busy))
+    fit = fit_workload(Trace(times, np.full(len(times), 50), np.full(len(times), 5)), profile_bin_s=600.0)
+    assert fit.profile_rates_per_s[0] == pytest.approx(1.0, abs=4 * np.sqrt(600) / 600)
+    assert fit.profile_rates_per_s[1] == pytest.approx(5.0, abs=4 * np.sqrt(3000) / 600)
+    # Twice the traffic, with its time-of-day shape: a Poisson count per bin (SE sqrt(count)).
+    t = generate_trace(workload_from_node(Node(fit.to_workload(scale=2.0, profile=True)), max_tokens=10 ** 6), 2)
+    counts = np.histogram(t.arrival_s, bins=[0, 600, 1200])[0]
+    expected = 2 * 600 * np.asarray(fit.profile_rates_per_s)
+    assert np.all(np.abs(counts - expected) < 4 * np.sqrt(expected))
+
+
+def test_trace_command_prints_and_writes_a_workload(tmp_path, capsys):
+    path = tmp_path / "BurstGPT.csv"
+    path.write_text(BURSTGPT)
+    assert main(["trace", str(path), "--out", str(tmp_path / "w.yaml"), "--scale", "2"]) == 0
+    text = capsys.readouterr().out
+    assert "3 requests over 185.0 s" in text and "mean rate 0.01081/s" in text     # 2 gaps over 185 s
+    assert "process: gamma" in (tmp_path / "w.yaml").read_text()
+    assert main(["trace", str(tmp_path / "missing.csv")]) == 2

@@ -100,6 +100,8 @@ class FluidModel:
         self.engines = resolved.replicas * resolved.engines_per_replica
         spec = scenario.speculation if scenario.speculating else None
         self.draft_cost, self.separate, self.handoff_s = resolved.draft_cost, resolved.draft_separate, resolved.handoff_s
+        # Medusa heads and n-gram lookups run once a step, whatever k; the others once per drafted token.
+        self.draft_once = spec is not None and not spec.proposer.sequential
         self.max_seqs = resolved.engine.max_num_seqs
         self.max_tokens = eng.max_batch_tokens
         self.kv_tokens = resolved.kv_tokens_per_engine
@@ -238,7 +240,7 @@ class FluidModel:
         steps = np.maximum(steps, 1.0)
         per = load * work.draft / steps[..., None]
         first = self.draft_cost.iteration(self._rows(per + prefill, self.draft_cost))[0]
-        rest = self.draft_cost.iteration(self._rows(per, self.draft_cost))[0] * (steps - 1)
+        rest = 0.0 if self.draft_once else self.draft_cost.iteration(self._rows(per, self.draft_cost))[0] * (steps - 1)
         draft = first + rest
         return np.maximum(verify, draft) + self.handoff_s if self.separate else verify + draft
 

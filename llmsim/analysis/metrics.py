@@ -21,6 +21,7 @@ import pandas as pd
 from llmsim.analysis.summary import (COMPLETED, PERCENTILES, ClassSummary, Distribution, Economics, Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
+from llmsim.analysis.statistics import batch_means, rising_trend
 from llmsim.scenario.scenario import SLO, SLO_METRICS
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
@@ -55,13 +56,25 @@ def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
     return ok
 
 
+def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
+    """The share of True in ``hits`` (requests in arrival order) and its standard error by batch
+    means: consecutive requests share queue states, so they are not independent draws (NaN when
+    there are too few requests to batch)."""
+    if not len(hits):
+        return math.nan, math.nan
+    values = hits.to_numpy(dtype=float)
+    try:
+        return float(values.mean()), batch_means(values)[1]
+    except ValueError:
+        return float(values.mean()), math.nan
+
+
 def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
-    """Per-metric attainment (share of requests within that limit) and percentile target, for
-    every limit set. Unfinished or rejected requests miss."""
+    """Per-metric attainment (share of requests within that limit, with its standard error) and
+    percentile target, for every limit set. Unfinished or rejected requests miss."""
     finished = steady["status"] == "finished"
     limits = _limits(steady, slo)
-    return {metric: SLOTarget(float((finished & _within(steady, metric, limits[metric])).mean())
-                              if len(steady) else math.nan, percentile)
+    return {metric: SLOTarget(*share_with_stderr(finished & _within(steady, metric, limits[metric])), percentile)
             for metric, (_, percentile) in _percentiles(slo).items() if metric in limits}
 
 
@@ -78,9 +91,11 @@ def slo_summary(steady: pd.DataFrame, slo: SLO, window_s: float) -> SLOSummary:
     """Attainment, goodput (from the records' ``meets_slo``) and per-limit targets over ``steady``."""
     good = steady[steady["meets_slo"]] if slo.defined else steady[steady["status"] == "finished"]
     targets = slo_targets(steady, slo)
+    attainment, attainment_stderr = share_with_stderr(steady["meets_slo"] if slo.defined
+                                                      else steady["status"] == "finished")
     return SLOSummary(
         ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
-        attainment=len(good) / len(steady) if len(steady) else math.nan,
+        attainment=attainment, attainment_stderr=attainment_stderr,
         goodput_requests_per_s=len(good) / window_s,
         goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window_s,
         targets=targets,
@@ -169,9 +184,10 @@ def summarize(result) -> RunSummary:
         kv_capacity_tokens_per_replica=placement.kv_capacity_tokens,
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
     )
+    ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     queue = QueueSummary(mean_length=result.mean_queue_length,
                          max_length=int(result.queue_length["length"].max()),
-                         mean_in_system=result.mean_in_system)
+                         mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
         devices=devices, window_s=(start, stop), simulated_s=result.end_s,
@@ -179,7 +195,8 @@ def summarize(result) -> RunSummary:
         memory=memory,
         economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
         queue=queue,
-        speculation=speculation_summary(scenario, in_window) if scenario.speculating else None,
+        speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
+                     if scenario.speculating else None),
         interrupted=result.interrupted,
         stopped_by=result.stopped_by,
         fault=result.fault,
@@ -226,12 +243,17 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     )
 
 
-def speculation_summary(scenario, iterations: pd.DataFrame) -> SpeculationSummary:
+RARELY_SPECULATING = 0.2     # below this share of sequence-steps speculating, the summary warns
+
+
+def speculation_summary(scenario, iterations: pd.DataFrame, blocked: dict | None = None) -> SpeculationSummary:
     """Acceptance, draft length and where the time went, over the iterations in the window.
 
     A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
     draft's share is of iteration time (on separate devices the draft overlaps the
-    target, so its share is how busy the draft devices were).
+    target, so its share is how busy the draft devices were). ``blocked`` counts the run's
+    decoding sequence-steps and why they did not speculate
+    (:attr:`llmsim.sim.speculative_decode.SpeculativeDecodeSet.blocked`, summed over engines).
     """
     spec = scenario.speculation
     steps = float(iterations["spec_seqs"].sum())
@@ -252,4 +274,30 @@ def speculation_summary(scenario, iterations: pd.DataFrame) -> SpeculationSummar
         speculating_fraction=ratio(steps, decode_steps),
         draft_time_share=draft_share,
         verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
+        blocked_share=_blocked_share(blocked),
+        warning=_rarely_speculating(spec, blocked),
     )
+
+
+def _blocked_share(blocked: dict | None) -> dict:
+    if not blocked or not blocked["sequence_steps"]:
+        return {}
+    total = blocked["sequence_steps"]
+    return {name: count / total for name, count in blocked.items() if name != "sequence_steps"}
+
+
+def _rarely_speculating(spec, blocked: dict | None) -> str | None:
+    """A warning when speculation is configured but ran in under RARELY_SPECULATING of the
+    sequence-steps, naming the rule that blocked most and the setting that loosens it."""
+    share = _blocked_share(blocked)
+    if not share or share["speculated"] >= RARELY_SPECULATING:
+        return None
+    rule = max((name for name in share if name != "speculated"), key=share.get)
+    fix = {"min_concurrent_requests": f"speculation.eligibility.min_concurrent_requests "
+                                      f"({spec.eligibility.min_concurrent_requests}; 1 speculates for a single stream)",
+           "min_sequence_tokens": f"speculation.eligibility.min_sequence_tokens "
+                                  f"({spec.eligibility.min_sequence_tokens})",
+           "kv_cache": "more KV room (the cache could not hold the draft positions)",
+           "policy": "the k policy (it chose k = 0), or a better draft"}[rule]
+    return (f"speculation configured but used in only {100 * share['speculated']:.0f}% of decoding sequence-steps; "
+            f"{rule} blocked {100 * share[rule]:.0f}%: see {fix}")

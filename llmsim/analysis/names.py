@@ -32,6 +32,11 @@ def slo_attainment(metric: str) -> str:
     return f"{SLO}.{metric}_attainment"
 
 
+def slo_attainment_stderr(metric: str) -> str:
+    """The batch-means standard error of one limit's attainment (``slo.ttft_attainment_stderr``)."""
+    return f"{SLO}.{metric}_attainment_stderr"
+
+
 def slo_percentile(metric: str) -> str:
     """The percentile target of one limit (``slo.ttft_percentile``; only for limits set)."""
     return f"{SLO}.{metric}_percentile"
@@ -50,6 +55,7 @@ OUTPUT_TOKENS_PER_S_PER_DEVICE = f"{THROUGHPUT}.output_tokens_per_s_per_device"
 OUTPUT_TOKENS_PER_USD = f"{THROUGHPUT}.output_tokens_per_usd"
 
 SLO_ATTAINMENT = f"{SLO}.attainment"
+SLO_ATTAINMENT_STDERR = f"{SLO}.attainment_stderr"
 SLO_MET = f"{SLO}.met"
 SLO_LIMITS = tuple(slo_limit(metric) for metric in SLO_METRICS)
 
@@ -59,7 +65,8 @@ JOULES_PER_OUTPUT_TOKEN = f"{ECONOMICS}.joules_per_output_token_at_tdp"
 KWH_PER_MILLION_OUTPUT_TOKENS = f"{ECONOMICS}.kwh_per_million_output_tokens_at_tdp"
 
 FINISHED = f"{REQUESTS}.finished"
+STEADY = "queue.steady"
 
 SUMMARY_NAMES = (TTFT_P95, TTFT_P99, TPOT_MEAN, TPOT_P95, TPOT_P99, E2E_P95, OUTPUT_TOKENS_PER_S,
-                 OUTPUT_TOKENS_PER_S_PER_DEVICE, SLO_ATTAINMENT, SLO_MET, *SLO_LIMITS, USD_PER_HOUR,
-                 USD_PER_MILLION_OUTPUT_TOKENS, JOULES_PER_OUTPUT_TOKEN, KWH_PER_MILLION_OUTPUT_TOKENS, FINISHED)
+                 OUTPUT_TOKENS_PER_S_PER_DEVICE, SLO_ATTAINMENT, SLO_ATTAINMENT_STDERR, SLO_MET, *SLO_LIMITS, USD_PER_HOUR,
+                 USD_PER_MILLION_OUTPUT_TOKENS, JOULES_PER_OUTPUT_TOKEN, KWH_PER_MILLION_OUTPUT_TOKENS, FINISHED, STEADY)

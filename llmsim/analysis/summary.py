@@ -88,8 +88,10 @@ class Throughput(Section):
 
 @dataclass(frozen=True)
 class SLOTarget:
-    """One limit's attainment (share of the window's requests within it) and its percentile target."""
+    """One limit's attainment (share of the window's requests within it), the standard error of that
+    share (batch means over the requests in arrival order; NaN for too few) and its percentile target."""
     attainment: float
+    stderr: float
     percentile: float
 
 
@@ -100,16 +102,18 @@ class SLOSummary(Section):
     tpot_s: float | None
     e2e_s: float | None
     attainment: float
+    attainment_stderr: float          # batch-means standard error of ``attainment``
     goodput_requests_per_s: float
     goodput_output_tokens_per_s: float
     targets: dict[str, SLOTarget]     # metric ("ttft", ...) -> its target, for every limit set
     met: bool                         # every percentile target holds (True when no limit is set)
 
     def to_dict(self) -> dict:
-        out = {name: getattr(self, name) for name in ("ttft_s", "tpot_s", "e2e_s", "attainment",
+        out = {name: getattr(self, name) for name in ("ttft_s", "tpot_s", "e2e_s", "attainment", "attainment_stderr",
                                                       "goodput_requests_per_s", "goodput_output_tokens_per_s")}
         for metric, target in self.targets.items():
             out[f"{metric}_attainment"] = target.attainment
+            out[f"{metric}_attainment_stderr"] = target.stderr
             out[f"{metric}_percentile"] = target.percentile
         out["met"] = self.met
         return out
@@ -160,9 +164,16 @@ class Economics(Section):
 
 @dataclass(frozen=True)
 class QueueSummary(Section):
+    """Queue lengths over the run, and whether the window looks like a steady state: ``ttft_rise`` is
+    the trend of the window's TTFT from its first to its last twentieth, as a share of the TTFT limit
+    (of the mean TTFT when no limit is set), and ``steady`` is False when that rise is significant and
+    over 10% (waits still climbing: a load beyond capacity, or a window too short for the queue to
+    settle; see ``statistics.rising_trend``)."""
     mean_length: float
     max_length: int
     mean_in_system: float
+    ttft_rise: float
+    steady: bool
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,10 @@ class SpeculationSummary(Section):
     speculating_fraction: float
     draft_time_share: float
     verify_time_share: float
+    # Over the whole run: the share of decoding sequence-steps that speculated and that each
+    # eligibility rule (or the KV cache, or the k policy) kept from it; a warning when it rarely ran.
+    blocked_share: dict
+    warning: str | None
 
 
 @dataclass(frozen=True)

@@ -34,3 +34,33 @@ def scatter(report: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def measured_scatter(layers, reduce, path: str | Path, title: str) -> Path:
+    """Log-log scatter of predicted against measured operator times (``llmsim validate --measurements``):
+    per-layer rows by regime, and all-reduces, with y = x."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 6))
+    series = []
+    if layers is not None:
+        whole = layers[layers["group"] == "layer"]
+        series += [(f"layer, {regime}", part["measured_s"], part["predicted_s"])
+                   for regime, part in whole.groupby("regime")]
+    if reduce is not None:
+        series.append(("all-reduce", reduce["time_s"], reduce["predicted_s"]))
+    for label, measured, predicted in series:
+        mape = float(np.mean(np.abs(predicted / measured - 1)))
+        ax.scatter(measured * 1e6, predicted * 1e6, s=6, alpha=0.5, label=f"{label} (MAPE {mape:.1%})")
+    values = np.concatenate([np.concatenate([m, p]) for _, m, p in series]) * 1e6
+    span = [values.min() / 1.5, values.max() * 1.5]
+    ax.plot(span, span, color="black", linewidth=1, label="y = x")
+    ax.set(xscale="log", yscale="log", xlim=span, ylim=span, xlabel="measured (us)", ylabel="predicted (us)",
+           title=title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

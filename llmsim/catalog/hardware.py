@@ -14,6 +14,7 @@ from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmsim.catalog.kernel_terms import KernelTerms, kernel_terms_from_node
 from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
 
@@ -64,6 +65,8 @@ class HardwareProfile:
     memory_name: str = "HBM"                    # what the primary memory is (SRAM on wafer-scale chips)
     outer_tiers: tuple[MemoryTier, ...] = ()    # slower, larger memories beyond the primary one
     calibration: dict = field(default_factory=dict, compare=False)   # how the efficiencies were measured
+    # Measured kernel terms (floors, shape-aware GEMMs, collectives): None prices by the plain roofline.
+    kernels: KernelTerms | None = None
     figures: dict[str, Figure] = field(default_factory=dict, compare=False)
     path: str | None = field(default=None, compare=False)
 
@@ -134,6 +137,8 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
                                         exclusive_minimum=False) if eff.has("attention_half_context") else 0.0),
         efficiency_by_dtype=_efficiency_by_dtype(eff, peaks, figures, fraction),
         calibration=_calibration(node),
+        kernels=kernel_terms_from_node(node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures,
+                                                                                       **limits)),
         memory_name=node.string("memory_name", "HBM"),
         outer_tiers=_outer_tiers(node, figures),
         per_step_overhead_s=_figure(overhead, "per_step", "duration", figures, minimum=0.0,

@@ -10,9 +10,12 @@ import numpy as np
 
 from llmsim.calibration.calibrate import DEFAULT_CPU_THREADS, calibrate, require_torch, validate
 from llmsim.calibration.design import DEVICE_DTYPES
-from llmsim.calibration.plot import scatter
+from llmsim.calibration.kernel_profile import calibrate_from_measurements, kernels_section, measured_source
+from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, error_table, layer_errors,
+                                          read_measurements)
+from llmsim.calibration.plot import measured_scatter, scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
-from llmsim.catalog.hardware import load_profile
+from llmsim.catalog.hardware import load_profile, lookup_hardware
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace
 from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
@@ -31,6 +34,14 @@ def add_parsers(subparsers) -> None:
                      help="write PROFILE with this calibration's efficiencies to --out instead")
     cal.add_argument("--from", dest="from_profile", metavar="CALIBRATED",
                      help="with --transfer-to: take the efficiencies of this calibrated profile, measure nothing")
+    cal.add_argument("--from-measurements", metavar="DIR",
+                     help="fit a GPU's kernel terms to operator timing CSVs in the Vidur profiler's format instead "
+                          "of timing torch here (no torch needed)")
+    cal.add_argument("--gpu", choices=tuple(DEVICE_PROFILES),
+                     help="with --from-measurements: the device whose rows to fit (default: the only one found)")
+    cal.add_argument("--base", metavar="PROFILE",
+                     help="with --from-measurements: the profile to add the kernel terms to (default: the shipped "
+                          "profile of --gpu)")
     cal.add_argument("--seed", type=int, default=0, help="order of the interleaved rounds, random block tables")
     cal.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     cal.set_defaults(func=_cmd_calibrate)
@@ -41,12 +52,19 @@ def add_parsers(subparsers) -> None:
     val.add_argument("--quick", action="store_true", help="the small held-out grid")
     val.add_argument("--threads", type=int, help="torch threads (default: as in the calibration)")
     val.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG) here")
+    val.add_argument("--gpu", choices=tuple(DEVICE_PROFILES),
+                     help="with --measurements: whose rows to compare (default: the profile's device)")
+    val.add_argument("--measurements", metavar="DIR",
+                     help="compare the profile's kernel terms with operator timing CSVs (Vidur format) instead of "
+                          "timing torch here: MAPE, median error and bias by operator group, regime and TP")
     val.add_argument("--seed", type=int, default=1)
     val.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     val.set_defaults(func=_cmd_validate)
 
 
 def _cmd_calibrate(args) -> int:
+    if args.from_measurements:
+        return _cmd_from_measurements(args)
     if args.from_profile and not args.transfer_to:
         raise ConfigError("--from only goes with --transfer-to", key="--from", value=args.from_profile,
                           allowed="--transfer-to PROFILE --from CALIBRATED --out OUT")
@@ -117,7 +135,89 @@ def calibration_summary(document: dict) -> str:
     return "\n".join(lines)
 
 
+def _cmd_from_measurements(args) -> int:
+    measurements = read_measurements(args.from_measurements)
+    device = args.gpu or _only_device(measurements, args.from_measurements)
+    out = Path(args.out or f"{device}-kernels.yaml")
+    refuse_to_replace([out], args.overwrite)
+    base_path = args.base or str(lookup_hardware(DEVICE_PROFILES[device]).path)
+    load_profile(base_path)
+    terms, record = calibrate_from_measurements(measurements, device)
+    document = load_yaml(base_path)
+    document["kernels"] = kernels_section(terms, device, measured_source(record))
+    document["calibration"] = record
+    write_document(document, out)
+    print(kernel_calibration_summary(record))
+    print(f"\nwrote {out}")
+    return 0
+
+
+def _only_device(measurements, folder) -> str:
+    devices = measurements.devices()
+    if len(devices) != 1:
+        raise ConfigError(f"holds measurements of {', '.join(devices)}: name one with --gpu", file=str(folder),
+                          has_value=False)
+    return devices[0]
+
+
+def kernel_calibration_summary(record: dict) -> str:
+    rows = record["rows"]
+    lines = [f"{record['device']}: {rows['linear']} layer rows ({', '.join(rows['models'])}; TP "
+             f"{', '.join(map(str, rows['tp']))}), {rows['all_reduce_in_node']} in-node all-reduce rows"]
+    for title, tables in (("in-sample", record["in_sample"]), ("held out", record["held_out"])):
+        lines.append(f"{title} per-layer: " + "; ".join(
+            f"{r['regime']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
+            for r in tables.get("per_layer", [])))
+        lines.append(f"{title} all-reduce: " + "; ".join(
+            f"{r['size_class']} MAPE {r['mape']:.1%}" for r in tables.get("all_reduce", [])))
+    return "\n".join(lines)
+
+
+def _cmd_validate_measurements(args) -> int:
+    profile = load_profile(args.profile)
+    if profile.kernels is None:
+        raise ConfigError("has no kernels: section to validate; add one with llmsim calibrate --from-measurements",
+                          file=args.profile, has_value=False)
+    if args.plot:
+        refuse_to_replace([Path(args.plot)], args.overwrite)
+    measurements = read_measurements(args.measurements)
+    device = args.gpu or _device_of(profile, measurements, args.measurements)
+    rows = measurements.for_device(device)
+    layers = layer_errors(rows.linear, profile.kernels) if len(rows.linear) else None
+    reduce = all_reduce_errors(rows.all_reduce, profile.kernels) if len(rows.all_reduce) else None
+    print(f"validate {profile.name} against {device} measurements in {args.measurements} "
+          f"(errors: predicted / measured - 1; bias: mean error)")
+    if layers is not None:
+        print("\n" + format_table(error_table(layers, ["group", "regime", "tp"])))
+    if reduce is not None:
+        print("\n" + format_table(error_table(reduce, ["gpus", "size_class"])))
+    if args.plot:
+        measured_scatter(layers, reduce, args.plot, f"{profile.name} vs {device} measurements")
+        print(f"\nwrote {args.plot}")
+    return 0
+
+
+def _device_of(profile, measurements, folder) -> str:
+    """The measured device whose shipped profile this one is (or was calibrated from)."""
+    recorded = profile.calibration.get("device") if isinstance(profile.calibration, dict) else None
+    for device in measurements.devices():
+        if device == recorded or DEVICE_PROFILES[device] == profile.name:
+            return device
+    raise ConfigError(f"holds no measurements of the device of profile {profile.name}; name one with --gpu",
+                      file=str(folder), has_value=False, allowed=", ".join(measurements.devices()))
+
+
+def format_table(table) -> str:
+    """An error table as aligned text, fractions as percentages."""
+    shown = table.copy()
+    for column in ("mape", "median_error", "bias"):
+        shown[column] = [f"{value:+.1%}" if column != "mape" else f"{value:.1%}" for value in shown[column]]
+    return shown.to_string(index=False)
+
+
 def _cmd_validate(args) -> int:
+    if args.measurements:
+        return _cmd_validate_measurements(args)
     profile = load_profile(args.profile)
     record = profile.calibration
     if "measurements" not in record:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llmsim.cli import calibrate, catalog, plan, recommend, report, run, sweep
+from llmsim.cli import calibrate, catalog, diff, plan, recommend, report, run, sweep, trace
 from llmsim.errors import ConfigError
 
 
@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     recommend.add_parser(sub)
     report.add_parser(sub)
     catalog.add_parsers_listing(sub)     # models, hardware
+    diff.add_parser(sub)
+    trace.add_parser(sub)
     return parser
 
 

@@ -80,6 +80,8 @@ def _speculation_line(spec: dict) -> str:
             f" acceptance {_num(100 * spec['acceptance_rate'])}%, {_num(spec['tokens_per_verify_step'], 2)} tokens"
             f" per verify step, {_num(100 * spec['speculating_fraction'])}% of decode steps speculative,"
             f" draft {_num(100 * spec['draft_time_share'])}% of time")
+    if spec.get("warning"):
+        line += f"\n           WARNING: {spec['warning']}"
     speedup = spec.get("speedup_over_plain")
     if speedup:
         line += (f"\n           vs plain decoding on the same trace: TPOT {_num(speedup['tpot_mean'], 2)}x faster,"

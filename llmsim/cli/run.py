@@ -22,13 +22,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from llmsim.analysis.bench_format import vllm_bench_result
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary
+from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.simulate import simulate, speedup_over_plain
+from llmsim.workload.trace import generate_trace
 
-RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png")   # what a run may write
+# What a run may write; the last two with --bench-json and --parquet.
+RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet")
 
 
 def add_parsers(sub) -> None:
@@ -38,8 +42,17 @@ def add_parsers(sub) -> None:
                      "name: path separators, spaces and leading dots replaced)")
     run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     run.add_argument("--seed", type=int, help="override the scenario's seed")
+    run.add_argument("--vllm-args", metavar="FLAGS",
+                     help='vLLM serve flags, e.g. "--max-num-seqs 256 --max-num-batched-tokens 8192 -tp 2": mapped '
+                          "to llmsim's settings; flags llmsim does not model are listed")
     run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
     run.add_argument("--plot", action="store_true", help="also draw timeline.png (queue, batch, KV, latency)")
+    run.add_argument("--bench-json", action="store_true",
+                     help="also write vllm_bench.json: the run in the JSON of `vllm bench serve` (its field names), "
+                          "to compare with a measured run by `llmsim diff`")
+    run.add_argument("--parquet", action="store_true",
+                     help="also write the per-request records as requests.parquet (needs pyarrow: "
+                          "pip install 'llmsim[parquet]')")
     run.add_argument("--no-baseline", action="store_true",
                      help="with speculation: skip the plain-decoding run on the same trace (no speedup figures)")
     run.set_defaults(func=_cmd_run)
@@ -51,7 +64,13 @@ def add_parsers(sub) -> None:
 
 
 def _cmd_run(args) -> int:
-    scenario = load_scenario(args.scenario, seed=args.seed)
+    if args.parquet:
+        require_parquet()
+    scenario = load_scenario(args.scenario, seed=args.seed, vllm_args=args.vllm_args)
+    for note in scenario.vllm_notes:
+        print(f"vLLM flag {note}", file=sys.stderr)
+    if scenario.workload.trace is not None:
+        print(f"replaying {trace_description(scenario)}", file=sys.stderr)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
@@ -75,12 +94,22 @@ def _write_and_print(result, out: Path, args) -> int:
     """Write the run's files (records and summary first), print its summary; the exit status."""
     scenario = result.scenario
     summary = result.summary()
+    if scenario.vllm_notes:
+        summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
+    if scenario.workload.trace is not None:
+        summary["trace"] = trace_description(scenario)
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
     if args.iterations:
         written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
-    # --overwrite: no earlier run's iterations or plot is left beside this run's records.
-    for stale in ([] if args.iterations else ["iterations.csv"]) + ["timeline.png"]:
+    if args.bench_json:
+        written.append(_write_summary(out / "vllm_bench.json", vllm_bench_result(result)))
+    if args.parquet:
+        written.append(write_file(out / "requests.parquet", lambda path: result.requests.to_parquet(path, index=False)))
+    # --overwrite: no earlier run's optional files are left beside this run's records.
+    optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json,
+                "requests.parquet": args.parquet, "timeline.png": False}
+    for stale in (name for name, wanted in optional.items() if not wanted):
         (out / stale).unlink(missing_ok=True)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
         try:
@@ -101,6 +130,21 @@ def _write_and_print(result, out: Path, args) -> int:
 
 def _write_summary(path: Path, summary: dict) -> Path:
     return write_file(path, lambda partial: partial.write_text(json.dumps(_json_safe(summary), indent=2) + "\n"))
+
+
+def trace_description(scenario) -> str:
+    """Which requests of which trace a replay covers (file, window, filters, sampling, time scale)."""
+    trace = generate_trace(scenario.workload, scenario.seed)
+    return f"{trace.description}: {len(trace):,} requests"
+
+
+def require_parquet() -> None:
+    """--parquet needs pyarrow (the optional extra ``parquet``): say so before simulating."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ConfigError("writing Parquet needs the pyarrow package", key="--parquet", has_value=False,
+                          allowed="pip install 'llmsim[parquet]', or the CSV records alone") from None
 
 
 def _cmd_compare(args) -> int:

@@ -148,6 +148,10 @@ class Node:
         return path
 
     # -- completion -----------------------------------------------------------------------
+    def unread(self) -> list:
+        """The keys nobody has read yet (what :meth:`done` would refuse)."""
+        return [key for key in self.data if key not in self._used]
+
     def done(self, extra_allowed: Iterable[str] = ()) -> None:
         """Reject keys that were never read: they are typos or settings llmsim does not have."""
         valid = sorted(self._used | set(extra_allowed))

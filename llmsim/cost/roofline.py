@@ -9,6 +9,13 @@ all-reduces of the hidden state per layer; pipeline parallelism runs the layers
 as ``pp`` stages in sequence with an activation hop between stages. Fixed
 per-step and per-layer overheads stand for scheduling, sampling and launches.
 
+A profile with measured kernel terms (``kernels:``, see :mod:`llmsim.catalog.kernel_terms`)
+prices GEMMs by a smooth maximum of their memory and compute times plus a launch floor,
+at the tokens per iteration (the one non-linear part, :meth:`CostModel._gemm_times`);
+streaming kernels by floors plus bytes over their own bandwidths; all-reduces by the
+measured latency and bus bandwidth of the group; decode attention with a fixed cost per
+sequence; prefill attention at its backend's efficiency; and an overhead per sampling sequence.
+
 The model knows nothing of SimPy: :meth:`CostModel.iteration` takes batch
 feature vectors (see :mod:`llmsim.cost.features`) and works on one vector or a
 whole array of them at once.
@@ -21,6 +28,7 @@ import pandas as pd
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import F, FEATURES, batch_features
+from llmsim.cost.kernels import all_reduce_time_s, elementwise_layer_terms, layer_gemm_shapes
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -62,9 +70,6 @@ class CostModel:
             [1.0 / (attention_peak if op in ATTENTION_OPS else gemm_peak) for op in LAYER_OPS]
             + [1.0 / gemm_peak] * len(MODEL_OPS))
         self.fixed_vector = self._fixed_and_communication_vector()
-        # One matrix turns a feature vector into everything an iteration needs: per-operator
-        # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
-        self._n_ops = len(self.op_names)
         self._memory_time = memory_time
         self._compute_time = self.flops_matrix * self.seconds_per_flop[:, None] * pace
         # Decode attention over context c runs at attention_efficiency * c / (c + half): as if each
@@ -72,11 +77,96 @@ class CostModel:
         decode = LAYER_OPS.index("attention_decode")
         self._compute_time[decode, F["decode_seqs"]] += (self._compute_time[decode, F["decode_kv_read"]]
                                                          * hardware.attention_half_context)
+        self._gemm_rows: list[tuple] = []
+        self._all_reduce = None
+        if hardware.kernels is not None:
+            self._use_kernel_terms(paced_layers, weight_tier.bandwidth_bytes_per_s / tiers[0].bandwidth_bytes_per_s)
+        # One matrix turns a feature vector into everything an iteration needs: per-operator
+        # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
+        self._n_ops = len(self.op_names)
         self._stacked = np.vstack([self._compute_time,
                                    memory_time,
                                    self.fixed_vector,
                                    self.flops_matrix.sum(axis=0) * self.tp,
                                    self.bytes_matrix.sum(axis=0) * self.tp])
+
+    def _use_kernel_terms(self, paced_layers: int, weight_bandwidth_share: float) -> None:
+        """Replace the roofline's rows by the measured kernel terms (see the module docstring).
+
+        GEMMs leave the linear rows for :meth:`_gemm_times`; weights streamed from an outer
+        tier are read at the fitted bandwidth scaled by that tier's share of the primary one."""
+        model, kernels, tp = self.model, self.hardware.kernels, self.tp
+        op = {name: i for i, name in enumerate(self.op_names)}
+        for name in ("layer.qkv", "layer.out_proj", "layer.mlp", "lm_head"):
+            self._compute_time[op[name]] = self._memory_time[op[name]] = 0.0
+        fixed_s, per_token_s = elementwise_layer_terms(model, tp, kernels)
+        elementwise = op["layer.elementwise"]
+        self._compute_time[elementwise] = self._memory_time[elementwise] = 0.0
+        self._memory_time[elementwise, F["one"]] = fixed_s * paced_layers
+        self._memory_time[elementwise, F["tokens"]] = per_token_s * paced_layers
+        # Each decoding sequence's fixed work (block-table walk, split and merge of its softmax) overlaps
+        # with streaming the KV cache: it adds to the compute side of decode attention's max.
+        self._compute_time[op["layer.attention_decode"], F["decode_seqs"]] += \
+            kernels.decode_attention_per_sequence_s * paced_layers
+        # Prefill attention at e * L / (L + half) of the 16-bit peak: as if each query saw `half` more keys.
+        backend = kernels.prefill_attention
+        prefill = op["layer.attention_prefill"]
+        per_flop = paced_layers / model.num_layers / (self.hardware.peak_for("bf16") * backend.efficiency)
+        self._compute_time[prefill] = self.flops_matrix[prefill] * per_flop
+        self._compute_time[prefill, F["prefill_tokens"]] += (self.flops_matrix[prefill, F["prefill_pairs"]] * per_flop
+                                                             * backend.half_length_tokens)
+        bandwidth = kernels.gemm_bandwidth_bytes_per_s * weight_bandwidth_share
+        flops = kernels.gemm_rate(model.weight_dtype)
+        weight_bytes, activation_bytes = model.weight_bytes_per_param, model.activation_bytes_per_element
+        experts = model.experts_per_token if model.num_experts > 1 else 1
+        gemms = [(shape, paced_layers, F["experts_touched"] if shape.name.startswith("mlp") else F["one"],
+                  experts if shape.name.startswith("mlp") else 1, F["tokens"])
+                 for shape in layer_gemm_shapes(model, tp)]
+        gemms.append((layer_gemm_shapes(model, tp)[0]._replace(name="lm_head", n=model.vocab_size / tp,
+                                                                  k=model.hidden_size), 1, F["one"], 1, F["logit_tokens"]))
+        # (name, fixed memory s, memory s per token, compute s per token, repeats, count column,
+        #  tokens per count, tokens column) for each GEMM.
+        self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes / bandwidth,
+                            (shape.n + shape.k) * activation_bytes / bandwidth, 2.0 * shape.n * shape.k / flops,
+                            float(repeats), count, float(scale), tokens)
+                           for shape, repeats, count, scale, tokens in gemms]
+        self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 8))
+        self._all_reduce = kernels.all_reduce_for(tp) if tp > 1 else None
+
+    def _all_reduce_time(self, x):
+        """Two measured all-reduces of the hidden state per layer and iteration (kernel terms, TP > 1 only):
+        of ``tokens / iterations`` rows each, the message NCCL's protocol choice prices non-linearly."""
+        if x.ndim == 1:
+            iterations, tokens = x[F["one"]], x[F["tokens"]]
+        else:
+            iterations, tokens = x[..., F["one"]], x[..., F["tokens"]]
+        rows = np.divide(tokens, iterations, out=np.zeros(np.shape(tokens)), where=iterations > 0)
+        message = rows * self.model.hidden_size * self.model.activation_bytes_per_element
+        return 2 * self.model.num_layers * iterations * all_reduce_time_s(message, self.tp, self._all_reduce)
+
+    def _gemm_times(self, x) -> np.ndarray | float:
+        """Time of every GEMM of iterations ``x``, summed (one row) or per GEMM (rows: shape (..., gemms)).
+
+        The GEMMs of a row that stands for ``count`` iterations (or MoE experts) run ``count``
+        times on ``tokens / count`` rows each; as in the roofline, every iteration reads the weights
+        (continuous in the tokens, which the fluid model's fixed point needs)."""
+        kernels = self.hardware.kernels
+        floor_s, p = kernels.gemm_floor_s, kernels.gemm_sharpness
+        if x.ndim == 1:
+            values, total = x.tolist(), 0.0
+            for _, fixed_s, per_token_s, compute_s, repeats, count, scale, tokens in self._gemm_rows:
+                runs = values[count]
+                if runs > 0:
+                    rows = values[tokens] * scale / runs
+                    memory = fixed_s + rows * per_token_s
+                    total += repeats * runs * (floor_s + (memory ** p + (rows * compute_s) ** p) ** (1.0 / p))
+            return total
+        fixed_s, per_token_s, compute_s, repeats, count, scale, tokens = self._gemm_columns
+        runs = x[..., count.astype(int)]
+        rows = np.divide(x[..., tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
+        memory = fixed_s + rows * per_token_s
+        time_s = floor_s + (memory ** p + (rows * compute_s) ** p) ** (1.0 / p)
+        return repeats * runs * time_s
 
     def _fixed_and_communication_vector(self) -> np.ndarray:
         """Time that adds to the roofline: overheads, all-reduces and pipeline hops, per feature."""
@@ -85,7 +175,9 @@ class CostModel:
         vector[F["one"]] = hw.per_step_overhead_s + model.num_layers * hw.per_layer_overhead_s
         hidden_bytes = model.hidden_size * model.activation_bytes_per_element
         link = hw.interconnect_bandwidth_bytes_per_s * hw.interconnect_efficiency
-        if self.tp > 1:
+        if hw.kernels is not None:
+            vector[F["logit_tokens"]] += hw.kernels.step_overhead_per_sequence_s
+        if self.tp > 1 and hw.kernels is None:
             # Ring all-reduce moves 2 (tp-1)/tp of the message over each link; two per layer.
             per_token = 2 * (self.tp - 1) / self.tp * hidden_bytes / link
             vector[F["one"]] += 2 * model.num_layers * hw.interconnect_latency_s
@@ -113,9 +205,18 @@ class CostModel:
         if x.ndim == 1:
             # The simulator's hot path: plain floats beat numpy reductions on 8 numbers.
             y = (self._stacked @ x).tolist()
-            return sum(map(max, y[:n], y[n:2 * n])) + y[2 * n], y[2 * n + 1], y[2 * n + 2]
+            time_s = sum(map(max, y[:n], y[n:2 * n])) + y[2 * n]
+            if self._gemm_rows:
+                time_s += self._gemm_times(x)
+                if self._all_reduce is not None:
+                    time_s += float(self._all_reduce_time(x))
+            return time_s, y[2 * n + 1], y[2 * n + 2]
         y = x @ self._stacked.T
         time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
+        if self._gemm_rows:
+            time_s = time_s + self._gemm_times(x).sum(axis=-1)
+            if self._all_reduce is not None:
+                time_s = time_s + self._all_reduce_time(x)
         return time_s, y[..., 2 * n + 1], y[..., 2 * n + 2]
 
     def step_time(self, x) -> float:
@@ -126,14 +227,31 @@ class CostModel:
         x = np.asarray(x, dtype=float)
         flops, moved = self.flops_matrix @ x, self.bytes_matrix @ x
         compute_s, memory_s = self._compute_time @ x, self._memory_time @ x
+        time_s = np.maximum(compute_s, memory_s)
+        if self._gemm_rows:
+            # Measured-kernel GEMMs: the two bounds each alone, and the fitted time of their smooth maximum.
+            fixed_s, per_token_s, compute_per_token_s, repeats, count, scale, tokens = self._gemm_columns
+            runs = x[count.astype(int)]
+            rows_per_run = np.divide(x[tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
+            ran = repeats * runs
+            times = self._gemm_times(x[None, :])[0]
+            op = {"qkv": "layer.qkv", "out_proj": "layer.out_proj", "mlp_up": "layer.mlp", "mlp_down": "layer.mlp",
+                  "lm_head": "lm_head"}
+            for i, row in enumerate(self._gemm_rows):
+                at = self.op_names.index(op[row[0]])
+                memory_s[at] += ran[i] * (fixed_s[i] + rows_per_run[i] * per_token_s[i])
+                compute_s[at] += ran[i] * rows_per_run[i] * compute_per_token_s[i]
+                time_s[at] += times[i]
         rows = pd.DataFrame({"operator": self.op_names, "flops": flops, "bytes": moved,
                              "compute_s": compute_s, "memory_s": memory_s,
-                             "time_s": np.maximum(compute_s, memory_s),
-                             "bound": np.where(np.maximum(compute_s, memory_s) == 0, "none",
+                             "time_s": time_s,
+                             "bound": np.where(time_s == 0, "none",
                                                np.where(compute_s >= memory_s, "compute", "memory"))})
         fixed = pd.DataFrame({"operator": ["overhead+communication"], "flops": [0.0], "bytes": [0.0],
                               "compute_s": [0.0], "memory_s": [0.0],
-                              "time_s": [float(self.fixed_vector @ x)], "bound": ["fixed"]})
+                              "time_s": [float(self.fixed_vector @ x) + (
+                                  float(self._all_reduce_time(x)) if self._gemm_rows and self._all_reduce else 0.0)],
+                              "bound": ["fixed"]})
         return pd.concat([rows, fixed], ignore_index=True)
 
     # -- conveniences ---------------------------------------------------------------------------

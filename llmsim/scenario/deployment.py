@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 
 from llmsim.catalog.placement import Placement
 from llmsim.cost.roofline import CostModel
+from llmsim.speculation.proposers import draft_cost_model
 from llmsim.scenario.scenario import EngineConfig, Scenario
 
 
@@ -50,10 +51,10 @@ class ResolvedDeployment:
         engine = replace(scenario.engine, max_num_seqs=-(-scenario.engine.max_num_seqs // micro_batches))
         spec = scenario.speculation if scenario.speculating else None
         draft_cost, separate = None, False
-        if spec is not None and spec.draft is not None:
+        if spec is not None:
             separate = spec.extra_devices > 0
-            draft_cost = CostModel(spec.draft, scenario.hardware,
-                                   spec.draft_devices if separate else spec.draft_tensor_parallel, 1,
-                                   scenario.draft_memory if separate else memory)
+            draft_cost = draft_cost_model(spec.proposer, spec.draft, scenario.hardware,
+                                          spec.draft_devices if separate else spec.draft_tensor_parallel,
+                                          scenario.draft_memory if separate else memory)
         return cls(cost, memory, dep.replicas, micro_batches, engine, draft_cost, separate,
                    scenario.hardware.interconnect_latency_s if separate else 0.0)

@@ -14,6 +14,7 @@ from llmsim.config.reader import Node, load_yaml
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
 
@@ -118,6 +119,8 @@ class Scenario:
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
     source_dir: str | None = field(default=None, repr=False, compare=False)
+    # vLLM flags of engine.vllm_args (or --vllm-args) that llmsim does not model, each with why.
+    vllm_notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def speculating(self) -> bool:
@@ -164,9 +167,15 @@ class Scenario:
         return replace(self, seed=seed)
 
 
-def load_scenario(path: str | Path, seed: int | None = None) -> Scenario:
-    """Read and validate a scenario YAML file; errors are ConfigErrors naming file, key and value."""
+def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | None = None) -> Scenario:
+    """Read and validate a scenario YAML file; errors are ConfigErrors naming file, key and value.
+
+    ``vllm_args`` (``--vllm-args``) adds vLLM serve flags to the file's ``engine.vllm_args``."""
     root = Node(load_yaml(path), file=str(path))
+    if vllm_args is not None:
+        engine = root.data.get("engine") or {}
+        if isinstance(engine, dict):
+            root.data["engine"] = {**engine, "vllm_args": f"{engine.get('vllm_args') or ''} {vllm_args}".strip()}
     scenario = scenario_from_node(root)
     scenario = replace(scenario, path=str(path))
     return scenario if seed is None else scenario.with_seed(seed)
@@ -179,6 +188,7 @@ def read_seed(root: Node) -> int:
 
 
 def scenario_from_node(root: Node) -> Scenario:
+    vllm_notes = apply_vllm_vocabulary(root)
     name = root.string("name", Path(root.file).stem if root.file else "scenario")
     seed = read_seed(root)
     model = _model(root)
@@ -220,6 +230,7 @@ def scenario_from_node(root: Node) -> Scenario:
         raise eng.key_error("max_batch_tokens", f"must be at least max_num_seqs ({engine.max_num_seqs}), "
                             "or some running sequences could never decode", engine.max_batch_tokens,
                             f"an integer >= {engine.max_num_seqs}")
+    refuse_unmodelled(eng)
     eng.done()
 
     speculation = None
@@ -242,7 +253,8 @@ def scenario_from_node(root: Node) -> Scenario:
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
-                        speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir))
+                        speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir),
+                        vllm_notes=vllm_notes)
     _check_fits(scenario, root)
     return scenario
 

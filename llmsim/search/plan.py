@@ -38,12 +38,13 @@ from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.scenario.overrides import check_matches_source, variant
-from llmsim.search.sweeps import run_points, slo_met
+from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 
 RATE_KEY = "workload.arrival.rate"
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
+FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simulator (tests/test_analytic.py)
 
 
 def as_scenario(scenario: str | Path | Scenario) -> Scenario:
@@ -148,23 +149,35 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     row.update(devices_per_replica=one.devices_per_replica,
                placement=f"tp{dep.tensor_parallel} x pp{dep.pipeline_parallel}")
     lower, upper = analytic_bracket(one, rate, max_replicas)
-    row.update(analytic_lower=lower, analytic_upper=upper)
-    outcomes: dict[int, pd.DataFrame] = {}
+    bound = capacity_bound(one, rate)
+    row.update(analytic_lower=lower, analytic_upper=upper, analytic_capacity_bound=bound)
+    if bound / (1 + FLUID_CAPACITY_ERROR) > max_replicas:
+        return {**row, "replicas": math.nan, "simulations": 0,
+                "note": f"unreachable within {max_replicas} replicas (--max-replicas): the analytic capacity "
+                        f"bound needs {bound:,.0f} replicas (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
+    # One window for every count (common random numbers), measured in the latency of the busiest
+    # count the search can reach (the fewest replicas the fluid model finds plausible).
+    start = variant(scenario, {**base, "deployment.replicas": min(lower, max_replicas)})
+    first_window = measurement_window(scenario, rate, typical_latency_s(start, rate))
+    outcomes: dict[int, Judged] = {}
 
     def simulate_counts(counts) -> None:
         todo = sorted({n for n in counts if n not in outcomes})
         if not todo:
             return
-        bar.total += len(todo) * (len(seeds) if seeds else 1)
-        bar.refresh()
-        frame = run_points(scenario, [{**base, "deployment.replicas": n} for n in todo], seeds=seeds,
-                           workers=workers, progress=bar)
-        for n in todo:
-            outcomes[n] = frame[frame["deployment.replicas"] == n]
+
+        def count_on_bar(simulations: int) -> None:
+            bar.total += simulations
+            bar.refresh()
+
+        judged = simulate_until_decided(scenario, [{**base, "deployment.replicas": n} for n in todo],
+                                        [first_window] * len(todo), [rate] * len(todo), seeds=seeds,
+                                        workers=workers, progress=bar, on_round=count_on_bar)
+        outcomes.update(zip(todo, judged))
 
     def passes(n: int) -> bool:
         simulate_counts([n])
-        return _met(outcomes[n])
+        return outcomes[n].verdict.met
 
     hi = min(upper, max_replicas)
     lo = lower - 1
@@ -178,7 +191,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
         while hi - lo > 1:
             probes = _probes(lo, hi, workers)
             simulate_counts(probes)
-            met = {n: _met(outcomes[n]) for n in probes}
+            met = {n: outcomes[n].verdict.met for n in probes}
             failing = [n for n in probes if not met[n]]
             passing = [n for n in probes if met[n]]
             hi = min(passing, default=hi)
@@ -188,29 +201,46 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
             hi, lo = lo, 0
             continue
         break
-    result = outcomes[hi]
-    mean = result.select_dtypes("number").mean()
+    answer = outcomes[hi]
+    mean = answer.rows.select_dtypes("number").mean()
+    margin, spread = answer.verdict.worst_margin
+    undecided = sorted(n for n, judged in outcomes.items() if not judged.verdict.decided)
+    notes = []
+    if hi < bound / (1 + FLUID_CAPACITY_ERROR):
+        notes.append(f"disagrees with the analytic capacity bound ({bound:,.0f} replicas, "
+                     f"{FLUID_CAPACITY_ERROR:.0%} error): the simulated window may be too short")
+    if undecided:
+        notes.append(f"undecided at the longest window for {', '.join(map(str, undecided))} replicas "
+                     "(judged on the estimate)")
     row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=len(outcomes),
+               requests_per_simulation=answer.window.overrides(rate)["workload.num_requests"],
+               window_s=answer.window.length_s, warmup_s=answer.window.warmup_s,
+               slo_margin=margin, slo_margin_ci95=spread,
                ttft_p95_s=mean[names.TTFT_P95], tpot_p95_s=mean[names.TPOT_P95],
                slo_attainment=mean[names.SLO_ATTAINMENT], output_tokens_per_s=mean[names.OUTPUT_TOKENS_PER_S],
                usd_per_hour=mean[names.USD_PER_HOUR],
                usd_per_million_output_tokens=mean[names.USD_PER_MILLION_OUTPUT_TOKENS],
                joules_per_output_token=mean[names.JOULES_PER_OUTPUT_TOKEN],
-               kwh_per_million_output_tokens=mean[names.KWH_PER_MILLION_OUTPUT_TOKENS], note="")
+               kwh_per_million_output_tokens=mean[names.KWH_PER_MILLION_OUTPUT_TOKENS], note="; ".join(notes))
     return row
-
-
-def _met(rows: pd.DataFrame) -> bool:
-    failed = rows[rows["error"].fillna("") != ""]
-    if len(failed):
-        raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
-    return bool(slo_met(rows).all())
 
 
 def _probes(lo: int, hi: int, workers: int | None) -> list[int]:
     """Counts strictly between lo and hi to simulate at once: the midpoint, or evenly spread ones."""
     width = max(1, min(workers or os.cpu_count() or 1, hi - lo - 1))
     return sorted({int(round(lo + (hi - lo) * (i + 1) / (width + 1))) for i in range(width)} - {lo, hi})
+
+
+def capacity_bound(one_replica: Scenario, rate: float) -> float:
+    """Replicas the fluid model's capacity asks for at this rate (rate / one replica's capacity; NaN
+    where it does not model the engine). The fluid model overstates capacity (it averages away
+    variability that only adds time), so this bounds the answer from below up to its measured error
+    against the simulator (``FLUID_CAPACITY_ERROR``, tests/test_analytic.py)."""
+    try:
+        capacity = FluidModel(one_replica).capacity()
+    except ConfigError:
+        return math.nan
+    return rate / capacity if capacity > 0 else math.inf
 
 
 def analytic_bracket(one_replica: Scenario, rate: float, max_replicas: int) -> tuple[int, int]:

@@ -49,6 +49,7 @@ from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
 from llmsim.search.sweeps import run_points, slo_met
+from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.speculation.policies import AdaptiveK
 from llmsim.workload.trace import generate_trace
 
@@ -285,12 +286,8 @@ class _Search:
             if not jobs:
                 break
             points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
-            rows = self.simulate(points)
-            met = slo_met(rows)
-            for ((c, s), rate), (index, row) in zip(jobs, rows.iterrows()):
-                if row["error"]:
-                    raise RuntimeError(f"simulating {c.label} at {rate:g}/s failed: {row['error']}")
-                brackets[(c, s)].record(rate, bool(met[index]), row)
+            for ((c, s), rate), judged in zip(jobs, self.judge(points)):
+                brackets[(c, s)].record(rate, judged.verdict.met, judged.rows.iloc[0])
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
             rates = np.array([b.passing for b in runs])
@@ -302,6 +299,22 @@ class _Search:
                                else math.nan,
                                "meets_scenario_rate": all(b.meets(self.rate) for b in runs),
                                "per_seed_rates": tuple(rates)}
+
+    def judge(self, points: list[dict]) -> list[Judged]:
+        """Each point (one rate and seed) simulated over a window that follows its rate, longer while
+        its verdict is undecided (:mod:`llmsim.search.window`)."""
+        rates = [point[RATE_KEY] for point in points]
+        windows = []
+        for point, rate in zip(points, rates):
+            at_rate = variant(self.scenario, point)
+            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
+
+        def count_on_bar(simulations: int) -> None:
+            self.bar.total += simulations
+            self.bar.refresh()
+
+        return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
+                                      progress=self.bar, on_round=count_on_bar)
 
     def simulate(self, points: list[dict]) -> pd.DataFrame:
         """The points simulated, each counted on the search's progress bar as it finishes."""

@@ -8,11 +8,11 @@ from typing import Mapping, Sequence
 
 import pandas as pd
 
-from llmsim.analysis import names
 from llmsim.errors import ConfigError
-from llmsim.scenario.scenario import SLO_METRICS, Scenario
+from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import RATE_KEY
-from llmsim.search.sweeps import run_points
+from llmsim.search.sweeps import scenario_at
+from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,9 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
     each limit, the share of the requests arriving in the measurement window that finish
     within it, averaged over ``seeds``, is at least that percentile). With a ``target``
     (e.g. 0.95): ``slo.attainment``, the share within every limit at once, averaged over
-    ``seeds``, is at least ``target``. Unfinished and rejected requests miss. ``slo``
+    ``seeds``, is at least ``target``. Unfinished and rejected requests miss. Each rate is
+    simulated over a window that follows the rate, and again longer while its confidence
+    interval straddles the target (:mod:`llmsim.search.window`). ``slo``
     (e.g. ``{"ttft": "500 ms", "tpot": "50 ms"}``) is laid over the scenario's own.
     Every rate runs on the same requests per seed (common random numbers: arrival gaps
     are drawn at unit rate and scaled), so attainment falls with the rate up to noise in
@@ -52,21 +54,16 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
     tried = []
 
     def meets(rate: float) -> bool:
-        rows = run_points(scenario, [{RATE_KEY: rate, **extra}], seeds=seeds, workers=workers, engine=engine,
-                          progress=False)
-        failed = rows[rows["error"] != ""]
-        if len(failed):
-            raise RuntimeError(f"simulating rate {rate:g}/s failed: {failed['error'].iloc[0]}")
-        if all(rows[limit].isna().all() for limit in names.SLO_LIMITS):
+        point = {RATE_KEY: rate, **extra}
+        at_rate = scenario_at(scenario, point)
+        if not at_rate.slo.defined:
             raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                               allowed="ttft, tpot and/or e2e limits, in the scenario or as slo=")
-        tried.append(rows)
-        if target is not None:
-            return float(rows[names.SLO_ATTAINMENT].mean()) >= target
-        limited = [m for m in SLO_METRICS
-                   if rows.get(names.slo_attainment(m), pd.Series(dtype=float)).notna().any()]
-        return all(rows[names.slo_attainment(m)].mean() >= rows[names.slo_percentile(m)].iloc[0] / 100
-                   for m in limited)
+        window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate))
+        judged, = simulate_until_decided(scenario, [point], [window], [rate], seeds=seeds, workers=workers,
+                                         engine=engine, target=target, progress=False)
+        tried.append(judged.rows)
+        return judged.verdict.met
 
     if not meets(lo):
         return SustainableRate(math.nan, lo, target, pd.concat(tried, ignore_index=True))

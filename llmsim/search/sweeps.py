@@ -231,6 +231,12 @@ def _evaluate(scenario: Scenario) -> dict:
         return {"error": error_text(error)}
 
 
+def scenario_at(scenario: str | Path | Scenario | Mapping, point: Mapping[str, Any]) -> Scenario:
+    """The scenario (a path, Scenario or mapping, as :func:`run_points` takes it) with a point's overrides."""
+    base, base_dir, file, _ = _base(scenario)
+    return build_point(base, point, base_dir, file)
+
+
 def _base(scenario) -> tuple[dict, Path, str | None, int]:
     """(YAML mapping, folder for relative paths, file name for errors, seed) of a sweep's scenario."""
     # Each point is validated in full; the base alone need not be complete (a grid may supply

@@ -168,6 +168,7 @@ class SimulationResult:
     stopped_by: str = COMPLETED
     fault: str | None = None
     mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
+    speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
 
     @property
     def interrupted(self) -> bool:
@@ -295,7 +296,15 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         fault=fault,
         mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(queues, end_s)))
         if scenario.workload.classes else None,
+        speculation_blocked=_blocked_counts(engines),
     )
+
+
+def _blocked_counts(engines) -> dict | None:
+    """The speculative decode sets' counts of sequence-steps and why they did not speculate, summed."""
+    counts = [engine.decode.blocked for engine in engines if isinstance(getattr(engine, "decode", None),
+                                                                         SpeculativeDecodeSet)]
+    return {name: sum(c[name] for c in counts) for name in counts[0]} if counts else None
 
 
 def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:

@@ -37,9 +37,15 @@ import numpy as np
 from llmsim.cost.features import FEATURES, attention_pairs, batch_rows, sequential_decode_rows, speculative_step_sums
 from llmsim.sim.decode import DecodeSet
 from llmsim.sim.request import InterTokenGaps, Request
-from llmsim.sim.speculative_kernels import FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks
+from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks,
+                                            tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
+from llmsim.speculation.proposers import tree_tokens
+
+# Why a decoding sequence did not speculate in a step (counted per sequence and step, see
+# SpeculativeDecodeSet.blocked): the eligibility rules, the KV cache, or the k policy / last token.
+BLOCKED_BY = ("min_concurrent_requests", "min_sequence_tokens", "kv_cache", "policy")
 
 _STEP_COLUMNS = (("eligible", bool), ("speculated", bool), ("finished_rows", np.int64))   # this step's: not moved
 
@@ -108,9 +114,11 @@ class DecodeSlots:
 class SpeculativeDecodeSet(DecodeSet):
     """Decoding sequences whose steps speculate (see the module docstring).
 
-    ``draft_cost`` is None for an n-gram speculator (free); ``handoff_s`` is the hand-off
+    ``draft_cost`` is None for a free n-gram speculator; ``handoff_s`` is the hand-off
     between a draft on devices of its own and the target (None: the draft is colocated);
     ``acceptance_key`` keys the acceptance stream (common random numbers across configurations).
+    ``blocked`` counts decoding sequence-steps: all of them (``sequence_steps``), those that
+    speculated, and those kept from it by each of :data:`BLOCKED_BY`.
     """
 
     def __init__(self, engine, speculation: SpeculationConfig, draft_cost, acceptance_key: int,
@@ -119,7 +127,11 @@ class SpeculativeDecodeSet(DecodeSet):
         self.spec = speculation
         self.policy = k_policy(speculation.policy)
         self.draft_cost = draft_cost
-        self._draw = speculation.acceptance.draws(acceptance_key)
+        self._branching = speculation.proposer.branching
+        self._sequential = speculation.proposer.sequential      # one draft step per level (else one pass)
+        self._draw = speculation.acceptance.draws(acceptance_key, self._branching)
+        self.blocked = dict.fromkeys(("sequence_steps", "speculated") + BLOCKED_BY, 0)
+        self._blocked_step: tuple[str | None, int] = (None, 0)   # this step: a rule blocking all, or eligible count
         self._window_tokens = self._window or 0      # 0: no sliding window, as the kernels take it
         self.slots = DecodeSlots()
         self._separate = handoff_s is not None and draft_cost is not None
@@ -199,11 +211,28 @@ class SpeculativeDecodeSet(DecodeSet):
     def _choose_k(self, n: int) -> np.ndarray | None:
         """The policy's k for each of the ``n`` sequences, or None when none may speculate this step."""
         s, rule = self.slots, self.spec.eligibility
-        if self._force_plain or len(self.engine.running) < rule.min_concurrent_requests:
+        if self._force_plain:
+            self._blocked_step = ("kv_cache", 0)
             return None
-        if not eligible_rows(n, s.ints, rule.min_sequence_tokens, s.eligible):
+        if len(self.engine.running) < rule.min_concurrent_requests:
+            self._blocked_step = ("min_concurrent_requests", 0)
+            return None
+        eligible = eligible_rows(n, s.ints, rule.min_sequence_tokens, s.eligible)
+        self._blocked_step = (None, eligible)
+        if not eligible:
             return None
         return self.policy.choose(s, n, s.eligible[:n], self._candidate_times)
+
+    def _count_blocked(self, n: int, n_spec: int) -> None:
+        blocked = self.blocked
+        blocked["sequence_steps"] += n
+        blocked["speculated"] += n_spec
+        rule, eligible = self._blocked_step
+        if rule is not None:
+            blocked[rule] += n
+            return
+        blocked["min_sequence_tokens"] += n - eligible
+        blocked["policy"] += eligible - n_spec
 
     # -- a step: price it -----------------------------------------------------------------------
     def price(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits):
@@ -212,6 +241,14 @@ class SpeculativeDecodeSet(DecodeSet):
         # The verify chunks' tokens (each gives logits), pairs and KV read; the draft's rows.
         tokens, verify_pairs, verify_kv, n_spec, proposed, decode_kv, draft_steps = speculative_step_sums(
             n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv, bool(chunks))
+        if self._branching > 1 and n_spec:
+            extra_tokens, extra_pairs = tree_extras(n, s.k, s.context, self._window_tokens, self._branching,
+                                                    self._draft_rows, draft_steps if self._sequential else 0)
+            tokens, verify_pairs, verify_kv = tokens + extra_tokens, verify_pairs + extra_pairs, verify_kv + extra_tokens
+        if not self._sequential:
+            draft_steps = min(draft_steps, 1)        # the heads or the lookup run once, whatever k
+        if n:
+            self._count_blocked(n, n_spec)
         accepted = 0
         if proposed:
             accepted = self._draw(s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
@@ -255,7 +292,7 @@ class SpeculativeDecodeSet(DecodeSet):
         seen = np.minimum(context, window) if window else context
         cs = seen[eligible][:, None]
         spec = drafted > 0
-        t = (drafted + 1) * spec
+        t = (tree_tokens(drafted, self._branching) + 1) * spec
         verify_tokens = t.sum(axis=0)
         plain = n - spec.sum(axis=0)
         kv_plain = float((seen + 1).sum()) - ((cs + 1) * spec).sum(axis=0)
@@ -264,9 +301,13 @@ class SpeculativeDecodeSet(DecodeSet):
         verify_s = self.engine.cost.iteration(rows)[0]
         if self.draft_cost is None:
             return verify_s
-        # Draft step j runs the sequences that can still draft j + 1 tokens, whatever k is chosen.
+        # Draft step j runs the sequences that can still draft j + 1 tokens, whatever k is chosen
+        # (a tree's extra nodes are left out of this price); heads and lookups run once.
         steps = sequential_decode_rows(limit, cs, drafted.shape[1] - 1)
-        draft_s = np.concatenate([[0.0], np.cumsum(self.draft_cost.iteration(steps)[0])])
+        step_s = self.draft_cost.iteration(steps)[0]
+        if not self._sequential:
+            step_s = np.concatenate([step_s[:1], np.zeros(len(step_s) - 1)])
+        draft_s = np.concatenate([[0.0], np.cumsum(step_s)])
         return np.maximum(verify_s, draft_s) + self._handoff_s if self._separate else verify_s + draft_s
 
     # -- end of run -------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numba
 
+from llmsim.cost.features import F
+
 # The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
 # kernel takes two arrays, not fifteen (each argument costs a type check per call).
 INT_COLUMNS = ("context", "generated", "remaining", "blocks", "request_id", "k_policy", "k", "accepted", "lag",
@@ -25,6 +27,9 @@ _CONTEXT, _GENERATED, _REMAINING, _BLOCKS, _K, _ACCEPTED, _LAG, _PROPOSED_TOTAL,
     INT_COLUMNS.index(name) for name in ("context", "generated", "remaining", "blocks", "k", "accepted", "lag",
                                          "proposed_total", "accepted_total"))
 _LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
+# Feature columns of the draft's rows, as constants for compiled code.
+_ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DECODE_KV_READ, _ROW_LOGITS = (
+    F[name] for name in ("tokens", "prefill_tokens", "prefill_pairs", "decode_seqs", "decode_kv_read", "logit_tokens"))
 
 
 @numba.njit(cache=True)
@@ -129,3 +134,38 @@ def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, ga
             finished_rows[finished] = i
             finished += 1
     return freed, emitted, finished, run + 1 - runs_at
+
+
+@numba.njit(cache=True)
+def tree_extras(n, k, context, window, branching, draft_rows, draft_steps):
+    """What a tree of ``branching`` candidates per node adds to a chain of the same depth.
+
+    Verify: sequence ``i`` drafting ``k[i]`` levels sends ``b^j`` nodes at depth ``j`` instead
+    of one; each attends to its ``seen`` cached tokens, the root and its ``j`` ancestors and
+    itself (``seen + j + 1`` keys, a tree attention mask). Returns the extra verify
+    ``(tokens, attention pairs)``; every extra token also reads its KV and gives logits.
+    Draft: step ``j`` expands the ``b^j`` nodes of level ``j`` of every sequence still
+    drafting (one query per node over the same context): the first is the chain's decode
+    row, the other ``b^j - 1`` are added to ``draft_rows[j]`` (in place) as extra tokens
+    with logits, attending to the same keys.
+    """
+    tokens = pairs = 0
+    for i in range(n):
+        if k[i] == 0:
+            continue
+        seen = context[i] if window == 0 or context[i] < window else window
+        width = 1
+        for j in range(1, k[i] + 1):
+            width *= branching
+            tokens += width - 1
+            pairs += (width - 1) * (seen + j + 1)
+    width = 1
+    for j in range(draft_steps):
+        row = draft_rows[j]
+        extra = (width - 1) * row[_ROW_DECODE_SEQS]
+        row[_ROW_TOKENS] += extra
+        row[_ROW_PREFILL_TOKENS] += extra
+        row[_ROW_PREFILL_PAIRS] += (width - 1) * row[_ROW_DECODE_KV_READ]
+        row[_ROW_LOGITS] += extra
+        width *= branching
+    return float(tokens), float(pairs)

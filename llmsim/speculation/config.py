@@ -38,12 +38,12 @@ from scipy import stats
 from llmsim.config.reader import Node
 from llmsim.catalog.models import ModelSpec
 from llmsim.speculation.kernels import accepted_prefixes, replayed_prefixes
+from llmsim.speculation.proposers import HEAD_KINDS, KINDS, MEDUSA, MODEL, NGRAM, Proposer, head_spec
 
 PROCESSES = ("bernoulli", "beta", "positional", "replay")
 POLICIES = ("static", "adaptive", "goodput")
 SCOPES = ("per_request", "per_batch")
 PLACEMENTS = ("colocated", "separate")
-NGRAM = "ngram"
 
 
 # -- theory (Leviathan et al., ICML 2023) -------------------------------------------------------
@@ -124,11 +124,13 @@ class Acceptance:
         self.draws(key)(request_ids, positions, alphas, k, out)
         return out
 
-    def draws(self, key: int) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]:
+    def draws(self, key: int, branching: int = 1) -> Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                                  np.ndarray], int]:
         """:meth:`accepted` as one compiled call with ``key`` and the process's parameters bound
         (the simulator builds it once per engine and calls it every step):
         ``draw(request_ids, positions, alphas, k, out)`` writes the first ``len(out)`` rows'
-        accepted prefixes into ``out`` and returns their total."""
+        accepted prefixes into ``out`` and returns their total. With ``branching`` > 1 the
+        draft is a tree and ``k`` its depth (each level accepted with ``1 - (1 - p)^b``)."""
         key = np.uint64(key)
         if self.process == "replay":
             samples = np.asarray(self.samples, dtype=np.int64)
@@ -136,7 +138,7 @@ class Acceptance:
                                                                                   samples, k, out)
         decay = self.decay if self.process == "positional" else 1.0
         return lambda request_ids, positions, alphas, k, out: accepted_prefixes(key, request_ids, positions, alphas,
-                                                                              k, decay, out)
+                                                                              k, decay, out, branching)
 
 
 @dataclass(frozen=True)
@@ -174,13 +176,18 @@ class Eligibility:
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    draft: ModelSpec | None             # None: an n-gram / prompt-lookup speculator (no cost, no memory)
+    draft: ModelSpec | None             # a draft model or head (HeadSpec); None: an n-gram speculator (no memory)
     placement: str = "colocated"        # draft on the target's devices, or on devices of its own
     draft_tensor_parallel: int | None = None   # colocated: over how many of the target's devices
     draft_devices: int = 0              # separate: devices per replica for the draft (its tp)
     policy: KPolicy = field(default_factory=KPolicy)
     acceptance: Acceptance = field(default_factory=Acceptance)
     eligibility: Eligibility = field(default_factory=Eligibility)
+    proposer: Proposer = field(default_factory=Proposer)   # its kind follows ``draft`` unless a head
+
+    def __post_init__(self):
+        if self.draft is not None and self.proposer.kind == NGRAM:
+            object.__setattr__(self, "proposer", replace(self.proposer, kind=MODEL))
 
     @property
     def enabled(self) -> bool:
@@ -204,13 +211,12 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     placement (auto); an unset draft tensor parallelism is then resolved with them
     (:func:`resolve_draft_parallelism`).
     """
-    draft = None if node.raw("draft") == NGRAM else read_model(node, "draft")
-    if draft is not None and draft.vocab_size != target.vocab_size:
-        raise node.key_error("draft", f"the draft's vocabulary ({draft.vocab_size:,}) differs from the target's "
-                             f"({target.vocab_size:,}); the target cannot verify its tokens", node.raw("draft"),
-                             f"a model with a {target.vocab_size:,}-token vocabulary, or {NGRAM}")
+    proposer, draft = _proposer(node, target, read_model)
     count = dict(integer=True, minimum=1, exclusive_minimum=False)
     placement = node.choice("placement", PLACEMENTS, "colocated")
+    if placement == "separate" and proposer.kind in HEAD_KINDS:
+        raise node.key_error("placement", f"a {proposer.kind} head runs on the target's hidden states, on its devices",
+                             placement, "colocated")
     draft_tp = node.number("draft_tensor_parallel", None, **count)   # None: as the target, if it can
     if draft is not None and draft_tp is not None and draft.num_heads % draft_tp:
         raise node.key_error("draft_tensor_parallel", f"must divide the draft's {draft.num_heads} heads", draft_tp,
@@ -227,9 +233,12 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
 
     policy_name = node.choice("policy", POLICIES, "static")
     k = node.number("k", 4, integer=True, minimum=0, exclusive_minimum=False)
-    k_max = node.number("k_max", max(8, k), **count)
+    k_max = node.number("k_max", max(proposer.heads, k) if proposer.kind == MEDUSA else max(8, k), **count)
     if k > k_max:
         raise node.key_error("k", f"exceeds k_max ({k_max})", k, f"0..{k_max}")
+    if proposer.kind == MEDUSA and k_max > proposer.heads:
+        raise node.key_error("k_max" if node.has("k_max") else "k", f"Medusa drafts one token per head "
+                             f"({proposer.heads} heads)", k_max, f"k and k_max <= heads ({proposer.heads})")
     if policy_name == "adaptive" and k == 0:
         raise node.key_error("k", "the adaptive rule starts from k0 >= 1", k, f"1..{k_max}")
     scope = node.choice("scope", SCOPES, "per_batch" if policy_name == "goodput" else "per_request")
@@ -246,20 +255,53 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
                      node.number("prior_alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True))
 
     acceptance = _acceptance(node.child("acceptance", {}), k_max)
+    if proposer.branching > 1 and acceptance.process == "replay":
+        raise node.key_error("tree_branching", "replayed accepted lengths were measured on a chain",
+                             proposer.branching, "1 with process: replay")
     elig = node.child("eligibility", {})
     eligibility = Eligibility(elig.number("min_sequence_tokens", 32, integer=True, minimum=0,
                                           exclusive_minimum=False),
                               elig.number("min_concurrent_requests", 2, **count))
     elig.done()
     node.done()
-    config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility)
-    if config.enabled and (pipeline_parallel or 1) > 1:
-        raise node.error("speculative decoding with pipeline parallelism is not modelled", key=node.path,
-                         value={"pipeline_parallel": pipeline_parallel}, allowed="deployment.pipeline_parallel: 1")
+    config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility, proposer)
     if config.enabled and batching == "static":
         raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
                          allowed="engine.batching: continuous")
     return config
+
+
+def _proposer(node: Node, target: ModelSpec, read_model) -> tuple[Proposer, ModelSpec | None]:
+    """``draft:`` (a model, ``ngram``, ``eagle``, ``mtp`` or ``medusa``) with its own keys:
+    ``heads`` (Medusa), ``tree_branching`` (all but n-gram), ``ngram_cpu_per_sequence`` (n-gram),
+    and the checks that the target can verify the draft's tokens (``allow_larger_draft``,
+    ``allow_different_vocabulary`` waive them)."""
+    raw = node.raw("draft")
+    kind = raw if isinstance(raw, str) and raw in KINDS and raw != MODEL else MODEL
+    heads = node.number("heads", 4, integer=True, minimum=1) if kind == MEDUSA else 0
+    branching = 1
+    if kind != NGRAM:
+        branching = node.number("tree_branching", 1, integer=True, minimum=1)
+    cpu_s = node.quantity("ngram_cpu_per_sequence", "duration", 0.0, exclusive_minimum=False) if kind == NGRAM else 0.0
+    proposer = Proposer(kind, heads, branching, cpu_s)
+    if kind == NGRAM:
+        return proposer, None
+    if kind in HEAD_KINDS:
+        return proposer, head_spec(kind, target, heads)
+    draft = read_model(node, "draft")
+    allow_vocabulary = node.boolean("allow_different_vocabulary", False)
+    allow_larger = node.boolean("allow_larger_draft", False)
+    if draft.vocab_size != target.vocab_size and not allow_vocabulary:
+        raise node.key_error("draft", f"the draft's vocabulary ({draft.vocab_size:,}) differs from the target's "
+                             f"({target.vocab_size:,}); the target cannot verify its tokens", raw,
+                             f"a model with a {target.vocab_size:,}-token vocabulary, {NGRAM}, a head "
+                             f"({', '.join(HEAD_KINDS)}), or allow_different_vocabulary: true (token translation "
+                             "between vocabularies, whose acceptance you then give)")
+    if draft.param_count >= target.param_count and not allow_larger:
+        raise node.key_error("draft", f"the draft ({draft.param_count / 1e9:.2f}B parameters) is not smaller than "
+                             f"the target {target.name} ({target.param_count / 1e9:.2f}B): it cannot save time", raw,
+                             "a smaller model, or allow_larger_draft: true")
+    return proposer, draft
 
 
 def resolve_draft_parallelism(config: SpeculationConfig, tensor_parallel: int) -> SpeculationConfig:

@@ -30,12 +30,16 @@ def _mix(z):
 
 
 @numba.njit(cache=True)
-def accepted_prefixes(key, request_ids, positions, alphas, k, decay, out):
+def accepted_prefixes(key, request_ids, positions, alphas, k, decay, out, branching=1):
     """Accepted draft tokens of sequences ``[0, len(out))`` this step; returns their total.
 
     Draft token ``j`` of sequence ``i`` proposes output ``positions[i] + j`` and is accepted
-    when ``U(key, request_ids[i], positions[i] + j) < alphas[i] * decay**j``; the accepted
-    prefix stops at the first rejection. Rows with ``k == 0`` accept nothing.
+    when ``U(key, request_ids[i], positions[i] + j) < p_j``, ``p_j = alphas[i] * decay**j``;
+    the accepted prefix stops at the first rejection. Rows with ``k == 0`` accept nothing.
+    A tree with ``branching`` candidates per node accepts level ``j`` with
+    ``1 - (1 - p_j)^branching`` (one of the candidates is the target's token; see
+    :func:`llmsim.speculation.proposers.level_acceptance`): the same uniform decides, so a
+    tree accepts at least what the chain would on the same tokens.
     """
     total = 0
     for i in range(len(out)):
@@ -46,6 +50,8 @@ def accepted_prefixes(key, request_ids, positions, alphas, k, decay, out):
                 z = _mix(base + np.uint64(positions[i] + j) * _GOLDEN + _ONE)
                 u = np.float64(z >> np.uint64(11)) * 2.0 ** -53
                 p = alphas[i] * (decay ** np.float64(j)) if decay != 1.0 else alphas[i]
+                if branching > 1:
+                    p = 1.0 - (1.0 - p) ** branching
                 if u >= p:
                     break
                 accepted += 1

@@ -1,0 +1,108 @@
+"""Fitting a GPU's kernel terms to measured operator timings, and checking them on a held-out split.
+
+Each term is fitted by ``scipy.optimize.least_squares`` on ``log(predicted / measured)`` (a 10%
+miss weighs the same on a 5 us kernel as on a 5 ms one), with positive parameters fitted as logs:
+
+- GEMMs: floor, bandwidth, achieved FLOP/s and sharpness ``p = 1 + exp(q)``, jointly over every
+  GEMM of every model, TP size and token count;
+- streaming kernels: floor and bandwidth per kind;
+- all-reduce: latency and bus bandwidth per group size.
+
+The held-out check (:func:`held_out_layer_errors`) leaves out a model and a TP size together: the
+rows of model m at TP size t are predicted by terms fitted to the other models at the other TP sizes,
+so no held-out row comes from a model or a TP size its fit saw. All-reduces hold out every other
+message size of each group.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from llmsim.catalog.kernel_terms import ELEMENTWISE_KINDS, AllReduce, KernelTerms, StreamKernel
+from llmsim.calibration.operators import (FP16_BYTES, Measurements, all_reduce_errors, elementwise_rows, gemm_rows,
+                                          layer_errors)
+from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s, stream_time_s
+
+def fit_gemm(rows: pd.DataFrame) -> tuple[float, float, float, float]:
+    """(floor_s, bandwidth_bytes_per_s, flops_per_s, sharpness) of GEMM rows (see operators.gemm_rows)."""
+    tokens, n, k, measured = (rows[c].to_numpy() for c in ("tokens", "n", "k", "measured_s"))
+
+    def unpack(q):
+        return np.exp(q[0]), np.exp(q[1]), np.exp(q[2]), 1.0 + np.exp(q[3])
+
+    def residuals(q):
+        floor, bandwidth, flops, sharpness = unpack(q)
+        return np.log(gemm_time_s(tokens, n, k, FP16_BYTES, FP16_BYTES, flops, bandwidth, floor, sharpness) / measured)
+
+    start = np.log([5e-6, 1e12, 2e14, 1.0])
+    return tuple(float(v) for v in unpack(least_squares(residuals, start, loss="soft_l1", f_scale=0.05).x))
+
+
+def fit_stream(rows: pd.DataFrame) -> StreamKernel:
+    """Floor, bandwidth and one block's bandwidth of streaming-kernel rows (see operators.elementwise_rows)."""
+    tokens, per_token, measured = (rows[c].to_numpy() for c in ("tokens", "bytes_per_token", "measured_s"))
+
+    def residuals(q):
+        return np.log(stream_time_s(tokens, per_token, StreamKernel(*np.exp(q))) / measured)
+    return StreamKernel(*(float(v) for v in np.exp(least_squares(residuals, np.log([2e-6, 1e12, 1e10])).x)))
+
+
+def fit_all_reduce(size_bytes: np.ndarray, measured_s: np.ndarray, group: int) -> AllReduce:
+    """Both protocols' latency and bus bandwidth, started apart (small: 20 us, 50 GB/s; large: 60 us, 300 GB/s)."""
+    def residuals(q):
+        return np.log(all_reduce_time_s(size_bytes, group, AllReduce(*np.exp(q))) / measured_s)
+    # Latencies within 1 us - 1 ms, bandwidths within 1 GB/s - 10 TB/s: a protocol the data never picks
+    # stays a plausible line instead of running off to zero bandwidth.
+    low, high = np.log([1e-6, 1e9, 1e-6, 1e9]), np.log([1e-3, 1e13, 1e-3, 1e13])
+    q = least_squares(residuals, np.log([2e-5, 5e10, 6e-5, 3e11]), bounds=(low, high)).x
+    return AllReduce(*(float(v) for v in np.exp(q)))
+
+
+def fit_all_reduces(reduce: pd.DataFrame) -> dict[int, AllReduce]:
+    """Latency and bus bandwidth of each group size of all-reduce rows."""
+    return {int(group): fit_all_reduce(part["size_bytes"].to_numpy(), part["time_s"].to_numpy(), int(group))
+            for group, part in reduce.groupby("gpus")}
+
+
+def fit_kernel_terms(measurements: Measurements, base: KernelTerms) -> KernelTerms:
+    """Kernel terms fitted to ``measurements`` (one device); what they do not cover (attention, the step's
+    per-sequence overhead, other dtypes' GEMM rates scaled by the fitted 16-bit rate) comes from ``base``."""
+    floor, bandwidth, flops, sharpness = fit_gemm(gemm_rows(measurements.linear))
+    rows = elementwise_rows(measurements.linear)
+    elementwise = {kind: fit_stream(rows[rows["kind"] == kind]) for kind in ELEMENTWISE_KINDS}
+    all_reduce = fit_all_reduces(measurements.all_reduce) or base.all_reduce
+    sixteen_bit = base.gemm_rate("fp16")
+    rates = {dtype: flops * rate / sixteen_bit for dtype, rate in base.gemm_flops_per_s.items()}
+    rates.update(fp16=flops, bf16=flops)
+    return KernelTerms(gemm_floor_s=floor, gemm_bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=rates,
+                       gemm_sharpness=sharpness, elementwise=elementwise, all_reduce=all_reduce,
+                       decode_attention_per_sequence_s=base.decode_attention_per_sequence_s,
+                       prefill_backend=base.prefill_backend, prefill_backends=base.prefill_backends,
+                       step_overhead_per_sequence_s=base.step_overhead_per_sequence_s)
+
+
+def held_out_layer_errors(measurements: Measurements, base: KernelTerms) -> pd.DataFrame:
+    """Per-layer errors of every (model, TP size) cell, each predicted by terms fitted without that model
+    at any TP size and without that TP size on any model (one device)."""
+    linear = measurements.linear
+    frames = []
+    for model in sorted(set(linear["model"])):
+        for tp in sorted(set(linear["tp"])):
+            train = (linear["model"] != model) & (linear["tp"] != tp)
+            test = (linear["model"] == model) & (linear["tp"] == tp)
+            if not train.any() or not test.any():
+                continue
+            fitted = fit_kernel_terms(Measurements(linear[train], measurements.all_reduce.iloc[:0], []), base)
+            frames.append(layer_errors(linear[test], fitted))
+    return pd.concat(frames, ignore_index=True)
+
+
+def held_out_all_reduce_errors(measurements: Measurements, base: KernelTerms) -> pd.DataFrame:
+    """All-reduce errors on every other message size of each group, fitted on the rest."""
+    reduce = measurements.all_reduce.sort_values(["gpus", "size_bytes"]).reset_index(drop=True)
+    size_rank = reduce.groupby("gpus")["size_bytes"].rank(method="dense").astype(int)
+    train, test = reduce[size_rank % 2 == 1], reduce[size_rank % 2 == 0]
+    return all_reduce_errors(test, replace(base, all_reduce=fit_all_reduces(train)))

@@ -1,0 +1,246 @@
+"""Measured operator timings (the Vidur profiler's CSVs): reading them, and pricing them with kernel terms.
+
+A measurements folder holds
+
+- linear-operator files (``*linear_ops*.csv``): one row per device, model, TP size ``tp`` and
+  ``num_tokens``, with the model's shapes (``n_embd``, ``n_expanded_embd``, ``n_head``,
+  ``n_kv_head``) and the median time in ms of each operator of one layer on one GPU
+  (:data:`OPERATOR_COLUMNS`);
+- all-reduce files (``*all_reduce*.csv``, Vidur's ``all_reduce.csv`` columns): ``size`` bytes over
+  ``num_workers`` GPUs, ``devices_per_node`` of them per node, median time in ms; the device is
+  the one named in the file name (``vidur_all_reduce_h100_dgx.csv``).
+
+Bad input (a missing column, an unknown device, a non-numeric or non-positive timing) is a
+:class:`~llmsim.errors.ConfigError` naming the file, the row and the column. Every prediction
+here comes from :mod:`llmsim.cost.kernels`, the formulas the cost model prices iterations with.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from llmsim.catalog.kernel_terms import KernelTerms
+from llmsim.catalog.models import ModelSpec
+from llmsim.cost.kernels import (all_reduce_time_s, elementwise_bytes_per_token, gemm_time_s, layer_gemm_shapes,
+                                 stream_time_s)
+from llmsim.errors import ConfigError
+
+# Device tags of the measurements -> the shipped profile whose peaks and shapes they refine.
+DEVICE_PROFILES = {"a100": "A100-80GB", "h100": "H100-SXM"}
+SHAPE_COLUMNS = ("num_tokens", "tp", "n_embd", "n_expanded_embd", "n_head", "n_kv_head")
+# In the order of llmsim.cost.kernels.layer_gemm_shapes.
+GEMM_COLUMNS = {"attn_pre_proj_ms": "qkv", "attn_post_proj_ms": "out_proj", "mlp_up_proj_ms": "mlp_up",
+                "mlp_down_proj_ms": "mlp_down"}
+ELEMENTWISE_COLUMNS = {"input_layernorm_ms": "norm", "post_attention_layernorm_ms": "norm", "mlp_act_ms": "activation",
+                       "attn_rope_ms": "rotary", "add_ms": "residual"}
+OPERATOR_COLUMNS = tuple(GEMM_COLUMNS) + tuple(ELEMENTWISE_COLUMNS)
+# A layer runs each listed operator once, except the residual add (after attention and after the MLP).
+LAYER_COUNT = {column: 2 if column == "add_ms" else 1 for column in OPERATOR_COLUMNS}
+ALL_REDUCE_COLUMNS = ("num_workers", "size", "devices_per_node", "time_stats.all_reduce.median")
+FP16_BYTES = 2.0
+DECODE_TOKENS, PREFILL_TOKENS = (1, 256), (128, 4096)   # the regimes, as the acceptance defines them
+
+
+class Measurements:
+    """The rows of one folder: ``linear`` (one row per layer measurement) and ``all_reduce`` (intra-node)."""
+
+    def __init__(self, linear: pd.DataFrame, all_reduce: pd.DataFrame, files: list[str]):
+        self.linear, self.all_reduce, self.files = linear, all_reduce, files
+
+    def devices(self) -> list[str]:
+        return sorted(set(self.linear["device"]) | set(self.all_reduce["device"]))
+
+    def for_device(self, device: str) -> "Measurements":
+        return Measurements(self.linear[self.linear["device"] == device].reset_index(drop=True),
+                            self.all_reduce[self.all_reduce["device"] == device].reset_index(drop=True), self.files)
+
+
+def read_measurements(folder: str | Path) -> Measurements:
+    """Every linear-operator and all-reduce CSV of ``folder``, checked."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ConfigError("not a folder of measurements", key="--measurements", value=str(folder),
+                          allowed="a folder with *linear_ops*.csv and/or *all_reduce*.csv files")
+    linear_files = sorted(folder.glob("*linear_ops*.csv"))
+    reduce_files = sorted(folder.glob("*all_reduce*.csv"))
+    if not linear_files and not reduce_files:
+        raise ConfigError("holds no *linear_ops*.csv or *all_reduce*.csv file", file=str(folder), has_value=False)
+    linear = [_read_linear(path) for path in linear_files]
+    reduce = [_read_all_reduce(path) for path in reduce_files]
+    empty_linear = pd.DataFrame(columns=["device", "model", *SHAPE_COLUMNS, *OPERATOR_COLUMNS])
+    empty_reduce = pd.DataFrame(columns=["device", "gpus", "size_bytes", "time_s", "file"])
+    return Measurements(pd.concat(linear, ignore_index=True) if linear else empty_linear,
+                        pd.concat(reduce, ignore_index=True) if reduce else empty_reduce,
+                        [str(path) for path in linear_files + reduce_files])
+
+
+def _read_csv(path: Path, columns) -> pd.DataFrame:
+    try:
+        table = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read this CSV ({exc})", file=str(path), has_value=False) from None
+    missing = [column for column in columns if column not in table.columns]
+    if missing:
+        raise ConfigError(f"row 1 (the header) has no column '{missing[0]}'", file=str(path), key=missing[0],
+                          has_value=False, allowed="columns " + ", ".join(columns))
+    return table
+
+
+def _numbers(table: pd.DataFrame, path: Path, columns, positive: bool) -> None:
+    """Every value of ``columns`` a finite number (> 0 where ``positive``), in place; else name row and column.
+
+    Rows are counted as in a spreadsheet: the header is row 1, the first data row row 2."""
+    for column in columns:
+        values = pd.to_numeric(table[column], errors="coerce")
+        bad = values.isna() | ~np.isfinite(values) | ((values <= 0) if positive else (values < 0))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            raise ConfigError(f"row {row + 2}, column '{column}': expected a {'positive ' if positive else ''}number",
+                              file=str(path), key=column, value=table[column].iloc[row])
+        table[column] = values.astype(float)
+
+
+def _device(value, path: Path, row: int, column: str) -> str:
+    device = str(value).strip().lower()
+    if device not in DEVICE_PROFILES:
+        raise ConfigError(f"row {row + 2}, column '{column}': unknown device", file=str(path), key=column, value=value,
+                          allowed=", ".join(DEVICE_PROFILES) + " (the devices with a shipped profile to calibrate)")
+    return device
+
+
+def _read_linear(path: Path) -> pd.DataFrame:
+    table = _read_csv(path, ("device", "model", *SHAPE_COLUMNS, *OPERATOR_COLUMNS))
+    table["device"] = [_device(value, path, row, "device") for row, value in enumerate(table["device"])]
+    _numbers(table, path, SHAPE_COLUMNS, positive=True)
+    _numbers(table, path, OPERATOR_COLUMNS, positive=True)
+    table["file"] = path.name
+    return table[["device", "model", *SHAPE_COLUMNS, *OPERATOR_COLUMNS, "file"]]
+
+
+def _read_all_reduce(path: Path) -> pd.DataFrame:
+    """One all-reduce file; groups that span nodes (InfiniBand) are dropped: tensor parallelism stays in a node."""
+    table = _read_csv(path, ALL_REDUCE_COLUMNS)
+    tags = [tag for tag in DEVICE_PROFILES if tag in path.stem.lower()]
+    if len(tags) != 1:
+        raise ConfigError("the file name names no known device (or several)", file=str(path), key="file name",
+                          value=path.name, allowed="a name containing one of " + ", ".join(DEVICE_PROFILES))
+    _numbers(table, path, ALL_REDUCE_COLUMNS, positive=True)
+    table = table[table["devices_per_node"] == table["num_workers"]]
+    return pd.DataFrame({"device": tags[0], "gpus": table["num_workers"].astype(int).to_numpy(),
+                         "size_bytes": table["size"].to_numpy(),
+                         "time_s": table["time_stats.all_reduce.median"].to_numpy() * 1e-3, "file": path.name})
+
+
+# -- shapes and predictions ---------------------------------------------------------------------
+
+def shape_groups(linear: pd.DataFrame):
+    """(row index, ModelSpec of one fp16 layer, TP size) for each distinct model shape and TP size of ``linear``."""
+    for (hidden, inter, heads, kv_heads, tp), index in linear.groupby(["n_embd", "n_expanded_embd", "n_head", "n_kv_head", "tp"],
+                                                                       sort=False).groups.items():
+        yield index, ModelSpec(name=f"measured-{int(hidden)}", num_layers=1, hidden_size=int(hidden),
+                               num_heads=int(heads), num_kv_heads=int(kv_heads), intermediate_size=int(inter),
+                               vocab_size=1, weight_dtype="fp16", kv_dtype="fp16", activation_dtype="fp16"), int(tp)
+
+
+def predict_operators(linear: pd.DataFrame, kernels: KernelTerms, dtype: str = "fp16") -> pd.DataFrame:
+    """Predicted seconds of every operator column of ``linear`` (same index and columns), from the shapes
+    and bytes the cost model itself uses (:mod:`llmsim.cost.kernels`)."""
+    predicted = pd.DataFrame(index=linear.index, columns=list(OPERATOR_COLUMNS), dtype=float)
+    for index, model, tp in shape_groups(linear):
+        tokens = linear.loc[index, "num_tokens"].to_numpy()
+        for shape, column in zip(layer_gemm_shapes(model, tp), GEMM_COLUMNS):
+            predicted.loc[index, column] = gemm_time_s(
+                tokens, shape.n, shape.k, FP16_BYTES, FP16_BYTES, kernels.gemm_rate(dtype),
+                kernels.gemm_bandwidth_bytes_per_s, kernels.gemm_floor_s, kernels.gemm_sharpness)
+        moved = elementwise_bytes_per_token(model, tp)
+        for column, kind in ELEMENTWISE_COLUMNS.items():
+            predicted.loc[index, column] = stream_time_s(tokens, moved[kind], kernels.elementwise[kind])
+    return predicted
+
+
+def gemm_rows(linear: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured GEMM: tokens, the shard's N and K, measured seconds (for fitting)."""
+    frames = []
+    for index, model, tp in shape_groups(linear):
+        tokens = linear.loc[index, "num_tokens"].to_numpy()
+        for shape, column in zip(layer_gemm_shapes(model, tp), GEMM_COLUMNS):
+            frames.append(pd.DataFrame({"tokens": tokens, "n": shape.n, "k": shape.k,
+                                        "measured_s": linear.loc[index, column].to_numpy() * 1e-3}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def elementwise_rows(linear: pd.DataFrame) -> pd.DataFrame:
+    """One row per measured streaming kernel: its kind, tokens, bytes per token, measured seconds (for fitting)."""
+    frames = []
+    for index, model, tp in shape_groups(linear):
+        tokens = linear.loc[index, "num_tokens"].to_numpy()
+        moved = elementwise_bytes_per_token(model, tp)
+        for column, kind in ELEMENTWISE_COLUMNS.items():
+            frames.append(pd.DataFrame({"kind": kind, "tokens": tokens, "bytes_per_token": moved[kind],
+                                        "measured_s": linear.loc[index, column].to_numpy() * 1e-3}))
+    return pd.concat(frames, ignore_index=True)
+
+
+def measured_operators(linear: pd.DataFrame) -> pd.DataFrame:
+    """Measured seconds of every operator column."""
+    return linear[list(OPERATOR_COLUMNS)] * 1e-3
+
+
+def layer_seconds(operators: pd.DataFrame) -> pd.Series:
+    """One layer's linear and elementwise operators, summed (the residual add twice)."""
+    return sum(operators[column] * count for column, count in LAYER_COUNT.items())
+
+
+def predict_all_reduce(all_reduce: pd.DataFrame, kernels: KernelTerms) -> np.ndarray:
+    groups = all_reduce["gpus"].to_numpy()
+    return np.array([all_reduce_time_s(size, group, kernels.all_reduce_for(group))
+                     for size, group in zip(all_reduce["size_bytes"].to_numpy(), groups)])
+
+
+def regimes(tokens: np.ndarray) -> dict[str, np.ndarray]:
+    """Masks of the decode (1-256 tokens) and prefill (128-4096 tokens) regimes; they overlap at 128-256."""
+    return {"decode": (tokens >= DECODE_TOKENS[0]) & (tokens <= DECODE_TOKENS[1]),
+            "prefill": (tokens >= PREFILL_TOKENS[0]) & (tokens <= PREFILL_TOKENS[1])}
+
+
+SIZE_CLASSES = (("small (< 64 KiB)", 0, 2 ** 16), ("medium (64 KiB - 4 MiB)", 2 ** 16, 2 ** 22),
+                ("large (>= 4 MiB)", 2 ** 22, float("inf")))
+
+
+def error_table(errors: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """MAPE, median and mean signed error of relative ``errors['error']`` per group of ``by``."""
+    grouped = errors.groupby(by, sort=True)["error"]
+    return pd.DataFrame({"rows": grouped.size(), "mape": grouped.apply(lambda e: float(np.mean(np.abs(e)))),
+                         "median_error": grouped.median(), "bias": grouped.mean()}).reset_index()
+
+
+def layer_errors(linear: pd.DataFrame, kernels: KernelTerms) -> pd.DataFrame:
+    """Per-layer and per-operator-group relative errors of ``kernels`` on ``linear``, one row per
+    (measurement, group, regime) with columns model, tp, num_tokens, group, regime, measured_s, predicted_s, error."""
+    predicted, measured = predict_operators(linear, kernels), measured_operators(linear)
+    groups = {"layer": list(OPERATOR_COLUMNS), "gemm": list(GEMM_COLUMNS), "elementwise": list(ELEMENTWISE_COLUMNS)}
+    frames = []
+    for group, columns in groups.items():
+        counts = pd.Series({column: LAYER_COUNT[column] for column in columns})
+        measured_s, predicted_s = measured[columns] @ counts, predicted[columns] @ counts
+        for regime, mask in regimes(linear["num_tokens"].to_numpy()).items():
+            frames.append(pd.DataFrame({"device": linear["device"][mask], "model": linear["model"][mask],
+                                        "tp": linear["tp"][mask].astype(int),
+                                        "num_tokens": linear["num_tokens"][mask].astype(int), "group": group,
+                                        "regime": regime, "measured_s": measured_s[mask],
+                                        "predicted_s": predicted_s[mask]}))
+    table = pd.concat(frames, ignore_index=True)
+    table["error"] = table["predicted_s"] / table["measured_s"] - 1
+    return table
+
+
+def all_reduce_errors(all_reduce: pd.DataFrame, kernels: KernelTerms) -> pd.DataFrame:
+    table = all_reduce[["device", "gpus", "size_bytes", "time_s"]].copy()
+    table["predicted_s"] = predict_all_reduce(all_reduce, kernels)
+    table["error"] = table["predicted_s"] / table["time_s"] - 1
+    table["size_class"] = ""
+    for name, low, high in SIZE_CLASSES:
+        table.loc[(table["size_bytes"] >= low) & (table["size_bytes"] < high), "size_class"] = name
+    return table

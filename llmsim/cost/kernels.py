@@ -1,0 +1,101 @@
+"""Kernel-level time formulas fitted to measured GPU timings (vectorised, numpy only).
+
+Each formula works on scalars and arrays alike, so the calibration fits them to
+thousands of measured rows at once and the cost model prices whole grids of batches.
+
+GEMM ``[M x K] @ [K x N]`` (M tokens; N, K the weight's shape on one tensor-parallel shard)::
+
+    time = floor + (memory^p + compute^p)^(1/p)
+    memory  = (N K w + M (N + K) a) / bandwidth      (weights w, activations a bytes per element)
+    compute = 2 M N K / achieved FLOP/s
+
+The smooth maximum (sharpness ``p``) replaces the roofline's corner: measured GEMMs leave
+the bandwidth bound well before the two bounds meet (tiles and waves run partly empty near
+the ridge). Shape-awareness comes from M, N and K entering both terms; an explicit tile and
+wave quantisation factor was tried on the measurements and predicted held-out shapes worse
+(see ``benchmarks/bench_fidelity.py``), so the fitted form is this one.
+
+Streaming kernels (norm, activation, rotary, residual add) take ``floor + bytes / bandwidth``
+plus one row's bytes over the bandwidth of one thread block (vLLM's kernels run a block per token);
+an all-reduce of ``S`` bytes over ``g`` GPUs ``latency + 2 (g - 1) / g x S / bus bandwidth``, the
+lesser of a small-message (low latency) and a large-message (high bandwidth) line, as NCCL switches
+protocols.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from llmsim.catalog.kernel_terms import AllReduce, KernelTerms, StreamKernel
+from llmsim.catalog.models import ModelSpec
+
+
+def gemm_time_s(tokens, n, k, weight_bytes_per_element, activation_bytes_per_element, flops_per_s,
+                bandwidth_bytes_per_s, floor_s, sharpness):
+    """Time of GEMMs of ``tokens`` rows against ``k x n`` weights (broadcasts over every argument)."""
+    memory_s = (n * k * weight_bytes_per_element + tokens * (n + k) * activation_bytes_per_element) \
+        / bandwidth_bytes_per_s
+    compute_s = 2.0 * tokens * n * k / flops_per_s
+    return floor_s + (memory_s ** sharpness + compute_s ** sharpness) ** (1.0 / sharpness)
+
+
+def stream_time_s(tokens, bytes_per_token, kernel: StreamKernel):
+    """A streaming kernel over ``tokens`` rows of ``bytes_per_token`` bytes each."""
+    return (kernel.floor_s + tokens * bytes_per_token / kernel.bandwidth_bytes_per_s
+            + bytes_per_token / kernel.row_bandwidth_bytes_per_s)
+
+
+def all_reduce_time_s(message_bytes, group: int, reduce: AllReduce):
+    """One all-reduce of ``message_bytes`` over ``group`` GPUs: the faster of the two protocols' alpha-beta
+    lines (each moves ``2 (g - 1) / g`` of the message over the bus, as a ring does)."""
+    traffic = 2.0 * (group - 1) / group * message_bytes
+    return np.minimum(reduce.latency_s + traffic / reduce.bus_bandwidth_bytes_per_s,
+                      reduce.large_latency_s + traffic / reduce.large_bus_bandwidth_bytes_per_s)
+
+
+class GemmShape(NamedTuple):
+    """One linear operator of a layer on one shard: output width ``n``, input width ``k``."""
+    name: str
+    n: float
+    k: float
+
+
+def layer_gemm_shapes(model: ModelSpec, tensor_parallel: int) -> tuple[GemmShape, ...]:
+    """The four GEMMs of a decoder layer after the tensor-parallel split (Megatron: QKV and gate+up split
+    their outputs, the output and down projections their inputs). MoE experts: one expert's shape."""
+    m, tp = model, tensor_parallel
+    kv_heads = max(m.num_kv_heads / tp, 1.0)     # replicated when tp > kv heads
+    inter = m.intermediate_size / tp
+    return (GemmShape("qkv", m.num_heads / tp * m.head_dim + 2 * kv_heads * m.head_dim, m.hidden_size),
+            GemmShape("out_proj", m.hidden_size, m.q_dim / tp),
+            GemmShape("mlp_up", 2 * inter, m.hidden_size),
+            GemmShape("mlp_down", m.hidden_size, inter))
+
+
+def elementwise_bytes_per_token(model: ModelSpec, tensor_parallel: int) -> dict[str, float]:
+    """Bytes each streaming kernel of one layer moves per token (reads and writes), and how many run.
+
+    Two RMSNorms and two residual adds see the whole hidden state (TP replicates it); SiLU-and-multiply
+    and rotary embedding see the shard's intermediate and head columns. Returns {kind: bytes}; the counts
+    are in :data:`ELEMENTWISE_COUNTS`."""
+    m, tp, a = model, tensor_parallel, model.activation_bytes_per_element
+    kv_heads = max(m.num_kv_heads / tp, 1.0)
+    return {"norm": 2 * m.hidden_size * a,                       # read x, write y
+            "residual": 3 * m.hidden_size * a,                   # read two, write one
+            "activation": 3 * m.experts_per_token * m.intermediate_size / tp * a,   # read gate and up, write one
+            "rotary": 2 * (m.num_heads / tp + kv_heads) * m.head_dim * a}   # rotate q and k in place
+
+
+ELEMENTWISE_COUNTS = {"norm": 2, "residual": 2, "activation": 1, "rotary": 1}   # per layer
+
+
+def elementwise_layer_terms(model: ModelSpec, tensor_parallel: int, kernels: KernelTerms) -> tuple[float, float]:
+    """(fixed seconds, seconds per token) of one layer's streaming kernels."""
+    moved = elementwise_bytes_per_token(model, tensor_parallel)
+    fixed = sum(ELEMENTWISE_COUNTS[kind] * (kernels.elementwise[kind].floor_s
+                                            + moved[kind] / kernels.elementwise[kind].row_bandwidth_bytes_per_s)
+                for kind in moved)
+    per_token = sum(ELEMENTWISE_COUNTS[kind] * moved[kind] / kernels.elementwise[kind].bandwidth_bytes_per_s
+                    for kind in moved)
+    return fixed, per_token

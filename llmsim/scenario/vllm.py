@@ -1,0 +1,226 @@
+"""vLLM's vocabulary for a scenario: its engine-argument names, and its command-line flags.
+
+A team that runs vLLM can write its settings the way it launches the server:
+
+- in ``engine:``, vLLM's engine-argument names (snake or kebab case) for what llmsim
+  models: ``max_num_batched_tokens``, ``enable_chunked_prefill``, ``gpu_memory_utilization``...
+- ``engine.vllm_args: "--max-num-seqs 256 --max-num-batched-tokens 8192 -tp 4"`` (or
+  ``llmsim run --vllm-args "..."``): the flags of ``vllm serve``, each mapped to its llmsim
+  setting (:data:`VLLM_ARGS`). Flags llmsim does not model are listed, with why, in the
+  scenario's ``vllm_notes`` (printed with the run); a flag whose value cannot be read, or
+  a setting given both as a flag and as a key, is a ConfigError.
+
+Either way the scenario uses vLLM's defaults where llmsim's differ (:data:`VLLM_DEFAULTS`,
+from vLLM's EngineArgs): ``engine.defaults: vllm`` says so alone.
+"""
+from __future__ import annotations
+
+import copy
+import shlex
+from typing import Callable
+
+from llmsim.config.reader import Node
+from llmsim.errors import ConfigError
+
+# vLLM's EngineArgs defaults where llmsim's differ (vllm/engine/arg_utils.py: block_size 16 on CUDA).
+VLLM_DEFAULTS = {"block_size": 16}
+DEFAULTS = ("llmsim", "vllm")
+
+
+def _integer(text: str) -> int:
+    return int(text)
+
+
+def _number(text: str) -> float:
+    return float(text)
+
+
+def _boolean(text: str) -> bool:
+    lowered = text.lower()
+    if lowered not in ("true", "false", "1", "0"):
+        raise ValueError(text)
+    return lowered in ("true", "1")
+
+
+def _kv_dtype(text: str) -> str | None:
+    return {"auto": None, "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "bfloat16": "bf16",
+            "float16": "fp16"}[text]
+
+
+def _quantization(text: str) -> str:
+    return {"fp8": "fp8"}[text]
+
+
+def _fcfs(text: str) -> None:
+    if text != "fcfs":
+        raise KeyError(text)
+
+
+# vLLM argument (snake case) -> (llmsim key path, parse the flag's text, what vLLM accepts).
+VLLM_ARGS: dict[str, tuple[str, Callable[[str], object], str]] = {
+    "max_num_seqs": ("engine.max_num_seqs", _integer, "an integer"),
+    "max_num_batched_tokens": ("engine.max_batch_tokens", _integer, "an integer"),
+    "enable_chunked_prefill": ("engine.chunked_prefill", _boolean, "true, false (or the bare flag)"),
+    "block_size": ("engine.block_size", _integer, "an integer"),
+    "gpu_memory_utilization": ("engine.memory_utilization", _number, "a fraction, e.g. 0.9"),
+    "max_model_len": ("engine.max_model_len", _integer, "an integer"),
+    "tensor_parallel_size": ("deployment.tensor_parallel", _integer, "an integer"),
+    "pipeline_parallel_size": ("deployment.pipeline_parallel", _integer, "an integer"),
+    "data_parallel_size": ("deployment.replicas", _integer, "an integer"),
+    "kv_cache_dtype": ("model.kv_dtype", _kv_dtype, "auto, fp8, fp8_e4m3, fp8_e5m2"),
+    "quantization": ("model.weight_dtype", _quantization, "fp8 (other methods need a quantized checkpoint: "
+                                                          "give its config.json)"),
+    "scheduling_policy": ("", _fcfs, "fcfs (llmsim schedules first come, first served); priority is not modelled"),
+}
+SHORT_FLAGS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size",
+               "q": "quantization"}
+# Flags that change performance in ways llmsim does not model (said with the run).
+NOT_MODELLED = {
+    "enforce_eager": "CUDA graphs are not modelled (the cost model is calibrated per profile)",
+    "swap_space": "preemption recomputes; swapping to CPU is not modelled",
+    "preemption_mode": "preemption recomputes; swapping to CPU is not modelled",
+    "cpu_offload_gb": "weight offload to CPU memory is not modelled",
+    "enable_prefix_caching": "prefix caching is not modelled",
+    "num_scheduler_steps": "multi-step scheduling is not modelled",
+    "speculative_config": "give speculative decoding in the scenario's speculation section",
+    "enable_expert_parallel": "expert parallelism is not modelled (experts are split by tensor parallelism)",
+    "max_num_partial_prefills": "partial-prefill concurrency limits are not modelled",
+    "long_prefill_token_threshold": "long-prefill thresholds are not modelled",
+    "async_scheduling": "asynchronous scheduling is not modelled",
+    "compilation_config": "compilation settings are not modelled",
+    "disable_custom_all_reduce": "all-reduce kernels are not modelled separately",
+    "kv_transfer_config": "disaggregated prefill/decode is not modelled",
+    "max_seq_len_to_capture": "CUDA graphs are not modelled",
+    "dtype": "llmsim takes the model's own dtypes (model.weight_dtype, kv_dtype change them)",
+}
+NOT_MODELLED_VALUES = {("scheduling_policy", "priority"): "llmsim schedules first come, first served"}
+# Flags with no effect on serving performance: accepted, and listed as such.
+NO_EFFECT = ("host", "port", "served_model_name", "trust_remote_code", "api_key", "disable_log_requests",
+             "disable_log_stats", "uvicorn_log_level", "tokenizer", "tokenizer_mode", "download_dir", "seed",
+             "revision", "chat_template", "max_logprobs", "generation_config", "model", "load_format",
+             "enable_log_requests", "disable_uvicorn_access_log", "ssl_keyfile", "ssl_certfile",
+             "allowed_origins", "tool_call_parser", "enable_auto_tool_choice", "reasoning_parser",
+             "hf_token", "root_path", "middleware", "config_format")
+FLAGS_WITHOUT_VALUE = ("enable_chunked_prefill", "enforce_eager", "enable_prefix_caching", "trust_remote_code",
+                       "disable_log_requests", "disable_log_stats", "enable_expert_parallel", "async_scheduling",
+                       "disable_custom_all_reduce", "enable_log_requests", "disable_uvicorn_access_log",
+                       "enable_auto_tool_choice")
+# engine-section aliases: vLLM's name -> llmsim's engine key (where they differ).
+ENGINE_ALIASES = {name: target.split(".", 1)[1] for name, (target, _, _) in VLLM_ARGS.items()
+                  if target.startswith("engine.") and target.split(".", 1)[1] != name}
+
+
+def apply_vllm_vocabulary(root: Node) -> tuple[str, ...]:
+    """Rewrite ``root``'s engine section into llmsim's keys (vLLM aliases, ``vllm_args``) and
+    fill vLLM's defaults where asked; returns the notes on flags not modelled. ``root.data`` is
+    replaced by a rewritten copy (the caller's mapping is left as it was)."""
+    engine = root.data.get("engine")
+    if not isinstance(engine, dict):
+        return ()
+    root.data = data = copy.deepcopy(root.data)
+    engine = data["engine"]
+    eng = Node(engine, file=root.file, path="engine")
+    notes: list[str] = []
+    for key in list(engine):
+        name = str(key).replace("-", "_")
+        target = ENGINE_ALIASES.get(name, name if name != key else None)
+        if target is None:
+            continue
+        if target in engine and target != key:
+            raise eng.key_error(str(key), f"sets {target} a second time", engine[key], f"one of {key}, {target}")
+        engine[target] = engine.pop(key)
+    flags = engine.pop("vllm_args", None)
+    defaults = engine.pop("defaults", "vllm" if flags is not None else "llmsim")
+    if defaults not in DEFAULTS:
+        raise eng.key_error("defaults", "unknown defaults", defaults, ", ".join(DEFAULTS))
+    if flags is not None:
+        notes = _apply_flags(flags, data, eng)
+    if defaults == "vllm":
+        for key, value in VLLM_DEFAULTS.items():
+            engine.setdefault(key, value)
+    return tuple(notes)
+
+
+def refuse_unmodelled(engine: Node) -> None:
+    """Before ``engine.done()``: a vLLM setting llmsim does not model, left unread in the engine
+    section, is a ConfigError that says so (rather than only "unknown key")."""
+    for key in engine.unread():
+        name = str(key).replace("-", "_")
+        if name in NOT_MODELLED:
+            raise engine.key_error(str(key), f"vLLM's {name} is not modelled by llmsim ({NOT_MODELLED[name]})",
+                                   engine.data[key], "remove it; the README's vLLM vocabulary lists what is modelled")
+
+
+def parse_vllm_args(text: str) -> list[tuple[str, str | None, str]]:
+    """``vllm serve`` flags as (name in snake case, value or None, the flag as written); the
+    leading ``vllm serve MODEL`` and the model argument are skipped."""
+    words = shlex.split(text)
+    if words[:2] == ["vllm", "serve"]:
+        words = words[2:]
+    if words and not words[0].startswith("-"):
+        words = words[1:]                   # the model
+    parsed, i = [], 0
+    while i < len(words):
+        word = words[i]
+        if not word.startswith("-"):
+            raise ValueError(f"{word!r} follows no flag")
+        flag, _, inline = word.lstrip("-").partition("=")
+        name = SHORT_FLAGS.get(flag, flag.replace("-", "_"))
+        negated = name.startswith("no_") and name[3:] in FLAGS_WITHOUT_VALUE
+        if inline:
+            value = inline
+        elif negated or (i + 1 >= len(words) or words[i + 1].startswith("-")):
+            value = "false" if negated else None
+        else:
+            i += 1
+            value = words[i]
+        parsed.append((name[3:] if negated else name, value, word))
+        i += 1
+    return parsed
+
+
+def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
+    if not isinstance(text, str):
+        raise eng.key_error("vllm_args", "expected the flags as one string", text,
+                            "e.g. \"--max-num-seqs 256 --max-num-batched-tokens 8192\"")
+    try:
+        flags = parse_vllm_args(text)
+    except ValueError as exc:
+        raise eng.key_error("vllm_args", f"cannot read these flags ({exc})", text, "vLLM serve flags") from None
+    notes = []
+    for name, value, written in flags:
+        if (name, value) in NOT_MODELLED_VALUES:
+            notes.append(f"{written} {value} not modelled: {NOT_MODELLED_VALUES[name, value]}")
+        elif name in VLLM_ARGS:
+            target, parse, allowed = VLLM_ARGS[name]
+            text_value = "true" if value is None and name in FLAGS_WITHOUT_VALUE else value
+            try:
+                if text_value is None:
+                    raise ValueError("no value")
+                parsed = parse(text_value)
+            except (ValueError, KeyError):
+                raise eng.key_error("vllm_args", f"cannot read {written} {value or ''}".rstrip(), text,
+                                    f"{written}: {allowed}") from None
+            if target and parsed is not None:
+                _set(data, target, parsed, written, eng)
+        elif name in NOT_MODELLED:
+            notes.append(f"{written} not modelled: {NOT_MODELLED[name]}")
+        elif name in NO_EFFECT:
+            notes.append(f"{written} ignored: no effect on serving performance")
+        else:
+            notes.append(f"{written} not modelled: not a flag llmsim knows")
+    return notes
+
+
+def _set(data: dict, path: str, value: object, written: str, eng: Node) -> None:
+    section, key = path.split(".")
+    if section == "model" and not isinstance(data.get("model"), dict):
+        model = data.get("model")
+        data["model"] = {"config_json": model} if str(model).endswith(".json") else {"base": model}
+    mapping = data.setdefault(section, {})
+    if not isinstance(mapping, dict):
+        raise eng.key_error("vllm_args", f"{written} sets {path}, but {section} is not a mapping", mapping)
+    if key in mapping and mapping[key] != value:
+        raise eng.key_error("vllm_args", f"{written} sets {path} to {value!r}, which the scenario sets to "
+                            f"{mapping[key]!r}", value, f"one of them")
+    mapping[key] = value

@@ -1,0 +1,205 @@
+"""How long a search simulates each point, and how sure its verdict on the SLO targets is.
+
+A search (``plan``, ``recommend``, ``max_sustainable_rate``) asks of each point one question:
+do the requests arriving in the steady state meet the percentile targets? Two things make a
+short run answer it wrongly. A run shorter than its warm-up has no steady state at all (4,000
+requests at 1,000 req/s arrive in 4 s, inside a 30 s warm-up), and a load slightly beyond
+capacity builds its queue slowly, so a short window passes what a long one fails. So:
+
+**The window follows the question, not the scenario's request count.** At a total rate
+``lambda`` the warm-up lasts at least the scenario's own (the transient is a property of the
+system, measured in seconds, not requests) and ``WARMUP_LATENCIES`` mean end-to-end
+latencies; the measurement lasts at least ``MEASURED_LATENCIES`` of them (so each of the 20
+batches of the batch means spans about one request lifetime and the batches are nearly
+independent) and ``MEASURED_REQUESTS`` requests (enough for 20 batches; a verdict that needs more
+precision gets it by escalation, below). The scenario's own request count is kept as a floor. The mean latency comes from
+the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
+has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
+request that just meets them). The request count is then ``lambda`` times the window.
+
+**A verdict carries its uncertainty.** Every run's summary has, per SLO limit, the share of
+the window's requests within it and that share's batch-means standard error, and whether its
+TTFT still rises across the window (``queue.steady``). A point *passes* when, for every limit,
+the attainment minus ``Z`` standard errors (pooled over seeds) reaches the target and the
+queue is steady; it *fails* when for some limit the attainment plus ``Z`` standard errors
+stays below the target; otherwise it is undecided, and the point is simulated again with a
+measurement twice as long, up to ``ESCALATIONS`` times (and ``MAX_REQUESTS`` requests). A
+point still undecided then is judged on its estimate, and says so (``Verdict.decided``).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from llmsim.analysis import names
+from llmsim.analysis.fluid import FluidModel
+from llmsim.errors import ConfigError
+from llmsim.scenario.scenario import SLO_METRICS, Scenario
+from llmsim.search.sweeps import run_points
+
+WARMUP_LATENCIES = 5          # warm-up: at least this many mean end-to-end latencies
+MEASURED_LATENCIES = 20       # measurement: at least this many (one per batch of the batch means)
+MEASURED_REQUESTS = 500       # and at least this many requests (more when the verdict is undecided)
+ESCALATIONS = 3               # an undecided point is measured 2x, 4x, 8x longer
+MAX_REQUESTS = 2_000_000      # requests per simulation, whatever the window asks
+Z = 2.0                       # standard errors between an attainment and its target for a verdict
+
+
+@dataclass(frozen=True)
+class Window:
+    """Warm-up and measurement, in simulated seconds, of one point's run."""
+    warmup_s: float
+    measure_s: float
+
+    @property
+    def length_s(self) -> float:
+        return self.warmup_s + self.measure_s
+
+    def requests(self, rate_per_s: float) -> int:
+        return max(1, math.ceil(rate_per_s * self.length_s))
+
+    def longer(self) -> "Window":
+        return replace(self, measure_s=2 * self.measure_s)
+
+    def overrides(self, rate_per_s: float) -> dict:
+        """Scenario overrides that make a run at this rate cover the window."""
+        return {"workload.num_requests": min(self.requests(rate_per_s), MAX_REQUESTS), "workload.duration": None,
+                "simulation.warmup": f"{self.warmup_s!r} s"}
+
+
+def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
+    """The mean end-to-end latency a search's window is measured in: the fluid model's at this
+    total rate, else (not modelled, or beyond its capacity) that of a request just within the
+    SLO limits (TTFT limit + TPOT limit x mean output), else the E2E limit."""
+    try:
+        predicted = FluidModel(scenario).evaluate(rate_per_s)
+        e2e = float(predicted["e2e_mean_s"].iloc[0])
+        if math.isfinite(e2e) and e2e > 0:
+            return e2e
+    except ConfigError:
+        pass
+    slo = scenario.slo
+    if slo.ttft_s is not None and slo.tpot_s is not None:
+        return slo.ttft_s + slo.tpot_s * mean_output_tokens(scenario)
+    limits = [limit for limit in (slo.e2e_s, slo.ttft_s) if limit is not None]
+    return max(limits) if limits else 1.0
+
+
+def mean_output_tokens(scenario: Scenario) -> float:
+    workload = scenario.workload
+    if workload.trace is not None:
+        return float(np.mean(workload.trace.output_tokens))
+    return float(workload.output_tokens.mean())
+
+
+def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) -> Window:
+    """The window for a point at ``rate_per_s`` (total) whose requests take ``latency_s`` on average."""
+    workload = scenario.workload
+    own_rate = workload.arrival.rate_per_s
+    own_requests = workload.num_requests if workload.num_requests is not None else workload.duration_s * own_rate
+    own_warmup_s = scenario.simulation.warmup_s
+    if own_warmup_s is None:                 # the scenario's default: 10% of its own arrival window
+        own_warmup_s = 0.1 * own_requests / own_rate
+    warmup_s = max(own_warmup_s, WARMUP_LATENCIES * latency_s)
+    measure_s = max(MEASURED_REQUESTS / rate_per_s, MEASURED_LATENCIES * latency_s,
+                    own_requests / rate_per_s - warmup_s)
+    return Window(warmup_s, measure_s)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a point meets the SLO targets, and how sure the simulation is of it.
+
+    ``margins``: per limit (or ``"attainment"`` for a joint target), the attainment minus its
+    target and ``Z`` pooled standard errors. ``decided``: the intervals settle it (or a target is
+    missed beyond doubt); False when the longest window still left it open and ``met`` is the
+    point estimate.
+    """
+    met: bool
+    decided: bool
+    steady: bool
+    margins: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def worst_margin(self) -> tuple[float, float]:
+        return min(self.margins.values(), default=(math.nan, math.nan))
+
+
+def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
+    """The verdict from one point's runs (one row per seed, flattened summaries).
+
+    ``target`` None: every limit's percentile target; else the joint attainment (the share of
+    requests within every limit at once) must reach ``target``.
+    """
+    failed = rows[rows["error"].fillna("") != ""]
+    if len(failed):
+        raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
+    if target is not None:
+        checks = {"attainment": (names.SLO_ATTAINMENT, names.SLO_ATTAINMENT_STDERR, target)}
+    else:
+        checks = {metric: (names.slo_attainment(metric), names.slo_attainment_stderr(metric),
+                           float(rows[names.slo_percentile(metric)].iloc[0]) / 100)
+                  for metric in SLO_METRICS if names.slo_attainment(metric) in rows
+                  and rows[names.slo_attainment(metric)].notna().any()}
+    if not checks:
+        raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
+                          allowed="ttft, tpot and/or e2e limits")
+    steady = bool(rows[names.STEADY].astype(bool).all())
+    margins, passes, fails = {}, [], []
+    for name, (column, stderr_column, wanted) in checks.items():
+        attainment = float(rows[column].mean())
+        stderr = float(np.sqrt((rows[stderr_column].to_numpy(dtype=float) ** 2).sum()) / len(rows))
+        margin, spread = attainment - wanted, Z * stderr
+        margins[name] = (margin, spread)
+        passes.append(margin >= 0 and margin - spread >= 0)       # NaN spreads compare False: undecided
+        fails.append(margin < 0 and margin + spread < 0)
+    met = all(margin >= 0 for margin, _ in margins.values()) and steady
+    decided = any(fails) or (all(passes) and steady)
+    return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One point's verdict, the rows (one per seed) it rests on and the window they covered."""
+    verdict: Verdict
+    rows: pd.DataFrame
+    window: Window
+
+
+def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], windows: Sequence[Window],
+                           rates: Sequence[float], *, seeds: Sequence[int] | None = None, workers: int | None = None,
+                           engine: str = "processes", target: float | None = None, progress=None,
+                           on_round: Callable[[int], None] | None = None) -> list[Judged]:
+    """Simulate each point over its window and judge it; simulate the undecided ones again with a
+    measurement twice as long, up to ``ESCALATIONS`` times, all of a round at once.
+
+    ``rates``: each point's total arrival rate (its window's request count follows from it).
+    ``on_round(n)`` is called before each round with the number of simulations it will run
+    (for a progress bar's total).
+    """
+    judged: list[Judged | None] = [None] * len(points)
+    todo = list(range(len(points)))
+    current = list(windows)
+    for round_index in range(ESCALATIONS + 1):
+        jobs = [{**points[i], **current[i].overrides(rates[i])} for i in todo]
+        per_point = len(seeds) if seeds is not None and not any("seed" in p for p in points) else 1
+        if on_round is not None:
+            on_round(len(jobs) * per_point)
+        frame = run_points(scenario, jobs, seeds=seeds, workers=workers, engine=engine, progress=progress)
+        again = []
+        for position, i in enumerate(todo):
+            rows = frame.iloc[position * per_point:(position + 1) * per_point].reset_index(drop=True)
+            verdict = judge(rows, target)
+            judged[i] = Judged(verdict, rows, current[i])
+            longer = current[i].longer()
+            if not verdict.decided and round_index < ESCALATIONS and longer.requests(rates[i]) <= MAX_REQUESTS:
+                current[i] = longer
+                again.append(i)
+        todo = again
+        if not todo:
+            break
+    return judged

@@ -1,0 +1,198 @@
+"""The measured kernel terms (profiles' kernels: sections) against independent truths: the measured
+timings themselves (shipped in llmsim/calibration/data/vidur), first principles, and the stated rules."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmsim import CostModel, lookup_hardware, model_catalog
+from llmsim.calibration.operators import DEVICE_PROFILES, read_measurements
+from llmsim.cli.main import main
+from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s, layer_gemm_shapes
+
+from .helpers import REPO
+
+DATA = REPO / "llmsim" / "calibration" / "data" / "vidur"
+
+
+@pytest.fixture(scope="module")
+def measurements():
+    return read_measurements(DATA)
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return lookup_hardware("H100-SXM")
+
+
+@pytest.mark.parametrize("device", ["a100", "h100"])
+def test_a_gemm_that_fills_the_device_approaches_the_fitted_peak(measurements, device):
+    """The largest measured GEMMs (4096 tokens through a 70B model's MLP on one GPU) run within 15% of
+    the profile's fitted 16-bit rate, and the model prices them at that rate within 5%."""
+    kernels = lookup_hardware(DEVICE_PROFILES[device]).kernels
+    rows = measurements.for_device(device).linear
+    big = rows[(rows["num_tokens"] == 4096) & (rows["tp"] == 1) & (rows["n_embd"] == 8192)].iloc[0]
+    n, k, tokens = 2 * big["n_expanded_embd"], big["n_embd"], 4096
+    measured_rate = 2 * tokens * n * k / (big["mlp_up_proj_ms"] * 1e-3)
+    assert measured_rate == pytest.approx(kernels.gemm_rate("fp16"), rel=0.15)
+    predicted = gemm_time_s(tokens, n, k, 2, 2, kernels.gemm_rate("fp16"), kernels.gemm_bandwidth_bytes_per_s,
+                            kernels.gemm_floor_s, kernels.gemm_sharpness)
+    assert 2 * tokens * n * k / predicted == pytest.approx(kernels.gemm_rate("fp16"), rel=0.05)
+
+
+def test_the_floors_dominate_at_one_token(measurements, h100):
+    """At one token the streaming kernels take microseconds where their bytes over bandwidth take nanoseconds:
+    measured and predicted alike are within 35% of each other and over 50x the roofline's bytes / bandwidth."""
+    rows = measurements.for_device("h100").linear
+    one = rows[(rows["num_tokens"] == 1) & (rows["tp"] == 1) & (rows["n_embd"] == 4096)].iloc[0]
+    kernels = h100.kernels
+    hidden_bytes = 4096 * 2
+    for column, kind, moved in (("add_ms", "residual", 3 * hidden_bytes), ("input_layernorm_ms", "norm", 2 * hidden_bytes)):
+        measured_s = one[column] * 1e-3
+        element = kernels.elementwise[kind]
+        predicted_s = element.floor_s + moved / element.bandwidth_bytes_per_s + moved / element.row_bandwidth_bytes_per_s
+        roofline_s = moved / h100.memory_bandwidth_bytes_per_s
+        assert predicted_s == pytest.approx(measured_s, rel=0.35)
+        assert measured_s > 50 * roofline_s and predicted_s > 50 * roofline_s
+
+
+@pytest.mark.parametrize("device", ["a100", "h100"])
+def test_the_all_reduce_is_affine_in_size_per_group(measurements, device):
+    """A straight line through the measured large all-reduces (>= 32 MiB) of each group has the slope of the
+    profile's large-message bus bandwidth, 2 (g - 1) / g / bus, within 15%, and the profile's time is affine
+    there: the large-message protocol's line."""
+    reduce = measurements.for_device(device).all_reduce
+    kernels = lookup_hardware(DEVICE_PROFILES[device]).kernels
+    for gpus, part in reduce[reduce["size_bytes"] >= 2 ** 25].groupby("gpus"):
+        slope, _ = np.polyfit(part["size_bytes"], part["time_s"], 1)
+        group = kernels.all_reduce[int(gpus)]
+        assert slope == pytest.approx(2 * (gpus - 1) / gpus / group.large_bus_bandwidth_bytes_per_s, rel=0.15)
+        sizes = np.array([2.0 ** 25, 2.0 ** 25.5, 2.0 ** 26])
+        times = all_reduce_time_s(sizes, int(gpus), group)
+        assert (times[2] - times[1]) / (sizes[2] - sizes[1]) == pytest.approx((times[1] - times[0]) / (sizes[1] - sizes[0]), rel=1e-9)
+
+
+def test_decode_at_batch_one_is_still_bandwidth_bound(h100):
+    """One token: every GEMM is memory-bound, and the layer GEMMs take their weights over the fitted
+    bandwidth plus a floor each, whatever the smooth maximum adds (under 1% at one row)."""
+    model = model_catalog()["Llama-3.1-8B"]
+    cost = CostModel(model, h100)
+    x = cost.features([], [], [512])
+    table = cost.breakdown(x).set_index("operator")
+    gemms = table.loc[["layer.qkv", "layer.out_proj", "layer.mlp", "lm_head"]]
+    assert (gemms["bound"] == "memory").all()
+    assert (gemms["compute_s"] < 0.01 * gemms["memory_s"]).all()
+    kernels = h100.kernels
+    weights = (model.qkv_params + model.out_proj_params + model.expert_params) * model.weight_bytes_per_param
+    expected = model.num_layers * (weights / kernels.gemm_bandwidth_bytes_per_s + 4 * kernels.gemm_floor_s)
+    layer_gemms = table.loc[["layer.qkv", "layer.out_proj", "layer.mlp"], "time_s"].sum()
+    assert layer_gemms == pytest.approx(expected, rel=0.01)
+
+
+def test_the_cost_model_prices_gemms_by_the_kernel_formula(h100):
+    """CostModel's GEMM time (scalar and vectorised paths) is the kernels' formula at the shard's shapes."""
+    model = model_catalog()["Llama-3.1-70B"]
+    kernels = h100.kernels
+    cost = CostModel(model, h100, tensor_parallel=4)
+    for tokens in (1, 37, 512, 3000):
+        x = cost.features([tokens], [0], [])
+        expected = sum(gemm_time_s(tokens, s.n, s.k, 2, 2, kernels.gemm_rate("bf16"), kernels.gemm_bandwidth_bytes_per_s,
+                                   kernels.gemm_floor_s, kernels.gemm_sharpness) for s in layer_gemm_shapes(model, 4))
+        table = cost.breakdown(x).set_index("operator")
+        assert table.loc[["layer.qkv", "layer.out_proj", "layer.mlp"], "time_s"].sum() == pytest.approx(
+            expected * model.num_layers, rel=1e-9)
+        assert cost.iteration(x)[0] == pytest.approx(cost.iteration(np.array([x, x]))[0][1], rel=1e-12)
+
+
+def test_fp8_gemms_have_their_own_rate(h100):
+    """An FP8 model's compute-bound GEMMs run at the profile's fp8 rate, not at 2x the 16-bit one."""
+    kernels = h100.kernels
+    assert kernels.gemm_rate("fp8") != 2 * kernels.gemm_rate("bf16")
+    model = model_catalog()["Llama-3.1-8B"]
+    tokens = 8192
+    ratio = (CostModel(model, h100).breakdown(CostModel(model, h100).features([tokens], [0], []))
+             .set_index("operator").loc["layer.mlp", "time_s"]
+             / CostModel(model.with_dtypes("fp8"), h100).breakdown(
+                 CostModel(model.with_dtypes("fp8"), h100).features([tokens], [0], []))
+             .set_index("operator").loc["layer.mlp", "time_s"])
+    assert ratio == pytest.approx(kernels.gemm_rate("fp8") / kernels.gemm_rate("bf16"), rel=0.03)
+
+
+@pytest.mark.parametrize("name", ["H200", "B200", "MI300X"])
+def test_derived_profiles_follow_their_stated_rule(h100, name):
+    """Bandwidths scale by the datasheet memory bandwidths, GEMM rates by the peaks, bus bandwidths by the links;
+    floors stay; every derived figure is an assumption naming the rule."""
+    target = lookup_hardware(name)
+    memory = target.memory_bandwidth_bytes_per_s / h100.memory_bandwidth_bytes_per_s
+    assert target.kernels.gemm_bandwidth_bytes_per_s == pytest.approx(h100.kernels.gemm_bandwidth_bytes_per_s * memory,
+                                                                      rel=1e-3)
+    assert target.kernels.gemm_rate("bf16") == pytest.approx(
+        h100.kernels.gemm_rate("bf16") * target.peak_for("bf16") / h100.peak_for("bf16"), rel=1e-3)
+    link = target.interconnect_bandwidth_bytes_per_s / h100.interconnect_bandwidth_bytes_per_s
+    assert target.kernels.all_reduce[8].bus_bandwidth_bytes_per_s == pytest.approx(
+        h100.kernels.all_reduce[8].bus_bandwidth_bytes_per_s * link, rel=1e-3)
+    assert target.kernels.gemm_floor_s == pytest.approx(h100.kernels.gemm_floor_s, rel=1e-3)
+    kernel_figures = {key: fig for key, fig in target.figures.items() if key.startswith("kernels.")}
+    assert kernel_figures and all(fig.confidence == "assumption" for fig in kernel_figures.values())
+    assert all("derived from the H100-SXM" in fig.source or "assumption" in fig.source
+               for fig in kernel_figures.values())
+
+
+def test_calibrated_profiles_name_their_files_and_are_measured():
+    for name in ("A100-80GB", "H100-SXM"):
+        profile = lookup_hardware(name)
+        record = profile.calibration
+        assert record["tool"] == "llmsim calibrate --from-measurements"
+        assert "vidur_linear_ops_ms_per_layer.csv" in record["files"]
+        assert profile.figures["kernels.gemm.bandwidth"].confidence == "measured"
+        assert "vidur" in profile.figures["kernels.gemm.bandwidth"].source
+
+
+# -- the CLI: calibrating from a folder, and its errors -----------------------------------------------
+
+def _folder(tmp_path, edit=None):
+    """A small copy of the measurements (H100 rows of two models, every fourth token count), edited."""
+    folder = tmp_path / "measurements"
+    folder.mkdir()
+    linear = pd.read_csv(DATA / "vidur_linear_ops_ms_per_layer.csv")
+    linear = linear[linear["device"] == "h100"].iloc[::4].reset_index(drop=True)
+    reduce = pd.read_csv(DATA / "vidur_all_reduce_h100_dgx.csv").iloc[::8]
+    if edit:
+        linear = edit(linear)
+    linear.to_csv(folder / "vidur_linear_ops_ms_per_layer.csv", index=False)
+    reduce.to_csv(folder / "vidur_all_reduce_h100_dgx.csv", index=False)
+    return folder
+
+
+def test_calibrate_from_measurements_writes_a_profile_that_validates(tmp_path, capsys):
+    folder = _folder(tmp_path)
+    out = tmp_path / "h100-kernels.yaml"
+    assert main(["calibrate", "--from-measurements", str(folder), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "held out per-layer" in printed and str(out) in printed
+    assert main(["validate", str(out), "--measurements", str(folder), "--plot", str(tmp_path / "v.png")]) == 0
+    table = capsys.readouterr().out
+    assert "layer  decode   8" in table and "large (>= 4 MiB)" in table
+    assert (tmp_path / "v.png").stat().st_size > 10_000
+
+
+def _set(linear, row, column, value):
+    linear[column] = linear[column].astype(object)
+    linear.loc[row, column] = value
+    return linear
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.drop(columns=["mlp_up_proj_ms"]), r"row 1 \(the header\) has no column 'mlp_up_proj_ms'"),
+    (lambda t: _set(t, 5, "device", "tpu-v5"), r"row 7, column 'device': unknown device"),
+    (lambda t: _set(t, 9, "attn_rope_ms", "fast"), r"row 11, column 'attn_rope_ms': expected a positive number"),
+])
+def test_bad_measurements_exit_2_naming_file_row_and_column(tmp_path, capsys, edit, message):
+    folder = _folder(tmp_path, edit)
+    assert main(["calibrate", "--from-measurements", str(folder), "--out", str(tmp_path / "x.yaml")]) == 2
+    error = capsys.readouterr().err
+    assert "vidur_linear_ops_ms_per_layer.csv" in error
+    assert re.search(message, error), error
