@@ -15,7 +15,7 @@ from llmsim.search.window import measurement_window, simulate_until_decided, typ
 
 from .helpers import REPO
 
-SMALL = REPO / "tests" / "data" / "report-small.yaml"
+SMALL = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
 SEVENTY_B = REPO / "scenarios" / "llama2-70b-8xh100-tp8.yaml"
 RATE, SEEDS = 100.0, [42]
 MAX_TP, MAX_PP, MAX_REPLICAS = 2, 2, 3

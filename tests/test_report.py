@@ -1,6 +1,6 @@
 """``llmsim report``: the page opens in a real browser, its claims hold when simulated again.
 
-One reduced report (``tests/data/report-small.yaml``: short chat turns at 100 requests/s on
+One reduced report (``scenarios/llama3-8b-h100-short-turns.yaml``: short chat turns at 100 requests/s on
 H100s, two seeds) is written through the command line once for the module. Then:
 
 - headless Chromium (Debian's ``chromium``, installed by ``.ci/run``) screenshots it, logs no
@@ -33,7 +33,7 @@ from llmsim.search.window import measurement_window, simulate_until_decided, typ
 
 from .helpers import REPO
 
-SMALL = REPO / "tests" / "data" / "report-small.yaml"
+SMALL = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
 RATE = 100.0
 SECTIONS = ("summary", "workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring",
             "assumptions")
