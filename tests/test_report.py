@@ -283,3 +283,19 @@ def test_unwritable_output_folder_exits_2(tmp_path, capsys):
         assert "--out" in capsys.readouterr().err
         assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_traffic_classes_are_shown(tmp_path):
+    """A scenario with traffic classes gets a table of them in the workload section."""
+    scenario = tmp_path / "classes.yaml"
+    scenario.write_text(SMALL.read_text().replace(
+        "  output_tokens: {distribution: lognormal, mean: 48, sigma: 0.5, max: 256}\n",
+        "  output_tokens: {distribution: lognormal, mean: 48, sigma: 0.5, max: 256}\n"
+        "  classes:\n    interactive: {share: 0.3}\n    batch: {share: 0.7, output_tokens: 96}\n"))
+    from llmsim.report.build import ReportBuilder, traffic_from_rate
+    builder = ReportBuilder(scenario, traffic_from_rate(30.0), hardware=["H100-SXM"], workers=1)
+    builder._workload()
+    classes = next(t for t in builder.sections[0].tables if t.key == "classes")
+    assert [row[0] for row in classes.rows] == ["interactive", "batch"]
+    assert [row[1] for row in classes.rows] == ["30%", "70%"]
+    assert [row[-1] for row in classes.rows] == ["48.0", "96.0"]          # the class's own output length

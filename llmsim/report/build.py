@@ -213,8 +213,10 @@ class ReportBuilder:
                               "Poisson arrivals at each rate.")
         tables = [Table("workload", "Workload", ["quantity", "value"], rows)]
         if classes:
-            tables.append(Table("classes", "Traffic classes", ["class", "description"],
-                                [[str(getattr(c, "name", i)), str(c)] for i, c in enumerate(classes)]))
+            tables.append(Table("classes", "Traffic classes", ["class", "share", "priority", "weight",
+                                                               "reserved sequences", "queue timeout", "on timeout",
+                                                               "mean prompt", "mean output"],
+                                [_class_row(c, self.scenario.workload) for c in classes]))
         self.sections.append(Section(
             "workload", "Workload", paragraphs, tables,
             [Figure("workload-figure", "Arrival rate and lengths",
@@ -625,6 +627,16 @@ def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
 
     walk(data, "")
     return rows
+
+
+def _class_row(traffic_class, workload) -> list[str]:
+    """One traffic class's settings as a row (lengths: its own, else the workload's)."""
+    c = traffic_class
+    prompt = c.prompt_tokens or workload.prompt_tokens
+    output = c.output_tokens or workload.output_tokens
+    return [c.name, "own arrivals" if c.share is None else percent(c.share, 0), str(c.priority), num(c.weight),
+            str(c.reserved_seqs), "engine's" if c.queue_timeout_s is None else ms(c.queue_timeout_s),
+            c.on_timeout or "engine's", num(prompt.mean()) if prompt else "-", num(output.mean()) if output else "-"]
 
 
 def _margin(value, limit) -> str:
