@@ -27,7 +27,19 @@ class ConfigError(Exception):
             text += " " + ", ".join(where)
         text += f": {self.message}"
         if self.key and self.has_value:
-            text += f" (got {self.value!r})"
+            text += f" (got {shown(self.value)})"
         if self.allowed:
             text += f". Allowed: {self.allowed}"
-        return text + "."
+        return " ".join(text.split()) + "."       # one paragraph, whatever a quoted library message held
+
+
+LONGEST_VALUE = 160         # characters of a value quoted in an error; a 400-digit number or a big mapping is cut
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, its middle cut out when it is longer than :data:`LONGEST_VALUE` characters."""
+    text = repr(value)
+    if len(text) <= LONGEST_VALUE:
+        return text
+    half = LONGEST_VALUE // 2
+    return f"{text[:half]}...({len(text) - LONGEST_VALUE:,} characters)...{text[-half:]}"

@@ -10,6 +10,8 @@ from llmsim.search.compare import REPLACED_WHOLE
 from llmsim.config.reader import Node, deep_merge
 from llmsim.cost.features import F, attention_pairs
 from llmsim.scenario.scenario import scenario_from_node
+from llmsim.sim.invariants import InvariantChecker
+from llmsim.sim.simulate import simulate
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((REPO / "scenarios").glob("*.yaml"))
@@ -47,6 +49,15 @@ def merge(base: dict, overrides: dict) -> dict:
 def make_scenario(overrides: dict | None = None, base: dict = BASE):
     data = merge(base, overrides or {})
     return scenario_from_node(Node(data, file="<test>", base_dir=REPO / "scenarios"))
+
+
+def simulate_checked(scenario, trace=None, observers=(), **options):
+    """``simulate`` with the invariants watched on every iteration (:class:`InvariantChecker`:
+    time, KV blocks, queues, tokens, requests) and over the whole run; the engine tests use it."""
+    checker = InvariantChecker()
+    result = simulate(scenario, trace, [*observers, checker], **options)
+    checker.check_result(result)
+    return result
 
 
 

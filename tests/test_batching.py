@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from llmsim import generate_trace, simulate
+from llmsim import generate_trace
 
-from .helpers import make_scenario
+from .helpers import make_scenario, simulate_checked
 
 LOAD = {"workload": {"arrival": {"rate": 12.0}, "num_requests": 1500}}
 
@@ -17,7 +17,7 @@ def test_continuous_batching_beats_static_on_the_same_trace():
     continuous = make_scenario(LOAD)
     static = make_scenario({**LOAD, "engine": {"batching": "static", "max_num_seqs": 64}})
     trace = generate_trace(continuous.workload, continuous.seed)
-    a, b = simulate(continuous, trace), simulate(static, trace)
+    a, b = simulate_checked(continuous, trace), simulate_checked(static, trace)
     assert a.requests[["arrival_s", "prompt_tokens", "output_tokens"]].equals(
         b.requests[["arrival_s", "prompt_tokens", "output_tokens"]])
     fast, slow = a.summary(), b.summary()
@@ -30,7 +30,7 @@ def test_static_batch_waits_for_its_longest_member():
                               "workload": {"arrival": {"process": "deterministic", "rate": 1000.0},
                                            "num_requests": 8,
                                            "output_tokens": {"distribution": "uniform", "low": 10, "high": 200}}})
-    result = simulate(scenario)
+    result = simulate_checked(scenario)
     records = result.requests
     # The engine starts on the first request alone; the other seven arrive meanwhile and form
     # the next batch: admitted together, first tokens together, steps padded to the longest output.
@@ -43,7 +43,7 @@ def test_static_batch_waits_for_its_longest_member():
 
 
 def test_queue_timeout_reject_drops_requests_that_waited_too_long():
-    result = simulate(make_scenario({"engine": {"queue_timeout": "500 ms", "on_timeout": "reject"},
+    result = simulate_checked(make_scenario({"engine": {"queue_timeout": "500 ms", "on_timeout": "reject"},
                                      "workload": {"arrival": {"rate": 80.0}}}))
     records = result.requests
     rejected = records[records["reason"] == "timeout"]
@@ -58,8 +58,8 @@ def test_queue_timeout_dispatch_goes_past_the_token_budget():
     engine = {"max_batch_tokens": 512, "max_num_seqs": 256}
     workload = {"arrival": {"rate": 16.0}, "num_requests": 600,
                 "prompt_tokens": {"distribution": "uniform", "low": 1500, "high": 2500}}
-    plain = simulate(make_scenario({"engine": engine, "workload": workload}))
-    forced = simulate(make_scenario({"engine": {**engine, "queue_timeout": "300 ms"}, "workload": workload}))
+    plain = simulate_checked(make_scenario({"engine": engine, "workload": workload}))
+    forced = simulate_checked(make_scenario({"engine": {**engine, "queue_timeout": "300 ms"}, "workload": workload}))
     it = forced.iterations
     over_budget = (it["prefill_tokens"] + it["decode_seqs"]) > 512
     assert over_budget.any() and not ((plain.iterations["prefill_tokens"] + plain.iterations["decode_seqs"]) > 512).any()
@@ -68,10 +68,10 @@ def test_queue_timeout_dispatch_goes_past_the_token_budget():
 
 
 def test_round_robin_cycles_and_least_outstanding_balances():
-    rr = simulate(make_scenario({"deployment": {"replicas": 4, "router": "round_robin"},
+    rr = simulate_checked(make_scenario({"deployment": {"replicas": 4, "router": "round_robin"},
                                  "workload": {"arrival": {"rate": 40.0}}}))
     assert (rr.requests["replica"] == rr.requests["id"] % 4).all()
-    lor = simulate(make_scenario({"deployment": {"replicas": 4}, "workload": {"arrival": {"rate": 40.0}}}))
+    lor = simulate_checked(make_scenario({"deployment": {"replicas": 4}, "workload": {"arrival": {"rate": 40.0}}}))
     # Rebuild, from the records alone, how many requests each replica had outstanding when each
     # request arrived: the router must have picked a least-loaded one (ties to the lowest index).
     records = lor.requests
@@ -84,7 +84,7 @@ def test_round_robin_cycles_and_least_outstanding_balances():
 
 
 def test_more_replicas_cut_queueing_under_the_same_load():
-    waits = [simulate(make_scenario({"deployment": {"replicas": n}, "workload": {"arrival": {"rate": 45.0}}}))
+    waits = [simulate_checked(make_scenario({"deployment": {"replicas": n}, "workload": {"arrival": {"rate": 45.0}}}))
              .summary()["latency"]["ttft_s"]["p95"] for n in (2, 4)]
     assert waits[1] < waits[0]
 
@@ -93,15 +93,15 @@ def test_chunked_prefill_smooths_inter_token_gaps():
     """Sarathi-Serve's point: without chunking, a long prompt stalls every decoding sequence."""
     workload = {"arrival": {"rate": 10.0}, "num_requests": 800,
                 "prompt_tokens": {"distribution": "uniform", "low": 2000, "high": 6000}}
-    chunked = simulate(make_scenario({"engine": {"max_batch_tokens": 512}, "workload": workload})).summary()
-    whole = simulate(make_scenario({"engine": {"chunked_prefill": False, "max_batch_tokens": 8192},
+    chunked = simulate_checked(make_scenario({"engine": {"max_batch_tokens": 512}, "workload": workload})).summary()
+    whole = simulate_checked(make_scenario({"engine": {"chunked_prefill": False, "max_batch_tokens": 8192},
                                     "workload": workload})).summary()
     assert chunked["latency"]["max_itl_s"]["p50"] < whole["latency"]["max_itl_s"]["p50"]
     assert chunked["latency"]["ttft_s"]["p50"] > whole["latency"]["ttft_s"]["p50"]
 
 
 def test_requests_longer_than_max_model_len_are_rejected_not_run():
-    result = simulate(make_scenario({"engine": {"max_model_len": 1024},
+    result = simulate_checked(make_scenario({"engine": {"max_model_len": 1024},
                                      "workload": {"prompt_tokens": {"distribution": "uniform",
                                                                     "low": 500, "high": 1200}}}))
     records = result.requests
@@ -113,16 +113,16 @@ def test_requests_longer_than_max_model_len_are_rejected_not_run():
 def test_same_scenario_and_seed_give_identical_records():
     scenario = make_scenario({"deployment": {"replicas": 2}, "engine": {"memory_utilization": 0.3},
                               "workload": {"arrival": {"process": "gamma", "rate": 25.0, "cv": 2.0}}})
-    first, second = simulate(scenario), simulate(scenario)
+    first, second = simulate_checked(scenario), simulate_checked(scenario)
     pd.testing.assert_frame_equal(first.requests, second.requests)
     pd.testing.assert_frame_equal(first.iterations, second.iterations)
-    other = simulate(scenario.with_seed(scenario.seed + 1))
+    other = simulate_checked(scenario.with_seed(scenario.seed + 1))
     assert not other.requests["arrival_s"].equals(first.requests["arrival_s"])
 
 
 def test_configurations_see_common_random_numbers():
-    a = simulate(make_scenario({"engine": {"max_batch_tokens": 2048}}))
-    b = simulate(make_scenario({"engine": {"max_batch_tokens": 8192}}))
+    a = simulate_checked(make_scenario({"engine": {"max_batch_tokens": 2048}}))
+    b = simulate_checked(make_scenario({"engine": {"max_batch_tokens": 8192}}))
     columns = ["arrival_s", "prompt_tokens", "output_tokens"]
     pd.testing.assert_frame_equal(a.requests[columns], b.requests[columns])
 
@@ -141,7 +141,7 @@ def test_interrupted_run_keeps_what_it_finished(monkeypatch):
         return original(self)
 
     monkeypatch.setattr(simpy.Environment, "step", step)
-    result = simulate(scenario)
+    result = simulate_checked(scenario)
     assert result.interrupted
     statuses = set(result.requests["status"])
     assert "finished" in statuses and "unfinished" in statuses

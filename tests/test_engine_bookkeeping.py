@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmsim import simulate
 
-from .helpers import make_scenario
+from .helpers import make_scenario, simulate_checked
 
 
 @pytest.mark.parametrize("overrides", [
@@ -43,7 +42,7 @@ def test_closed_form_context_and_blocks_match_a_recount(overrides):
         assert held == engine.kv.used_blocks
         checked["iterations"] += 1
 
-    result = simulate(make_scenario(overrides), observers=[recount])
+    result = simulate_checked(make_scenario(overrides), observers=[recount])
     assert checked["iterations"] == len(result.iterations)
     assert (result.requests["status"] == "finished").all()
     if "model" not in overrides:

@@ -20,6 +20,7 @@ PUBLISHED_KV_KIB = {"Llama-2-7B": 512, "Llama-2-13B": 800, "Llama-2-70B": 320, "
                     # 2 x layers x kv_heads x head_dim x 2 bytes, from the configs in models.yaml:
                     "Llama-3.3-70B": 320, "Qwen3-30B-A3B": 2 * 48 * 4 * 128 * 2 / 1024,
                     "Qwen3-235B-A22B": 2 * 94 * 4 * 128 * 2 / 1024, "gpt-oss-120b": 2 * 36 * 8 * 64 * 2 / 1024,
+                    "Llama-3.2-3B": 2 * 28 * 8 * 128 * 2 / 1024,
                     # MLA: (d_c + d_h^R) x layers elements (DeepSeek-V2 paper, section 2.1), d_c = 512, d_h^R = 64:
                     "DeepSeek-V3": (512 + 64) * 61 * 2 / 1024}
 

@@ -14,6 +14,7 @@ from llmsim.analysis.statistics import rising_trend
 from llmsim.scenario.overrides import variant
 from llmsim.search import plan as planning
 from llmsim.search import window as windows
+from llmsim.search import sweeps
 from llmsim.search.sweeps import run_points
 from llmsim.search.window import MEASURED_LATENCIES, Window, judge, measurement_window
 
@@ -137,3 +138,28 @@ def test_the_planned_count_holds_on_fresh_seeds_and_a_longer_window_and_one_fewe
         return judge(rows).met
     assert met(replicas)
     assert not met(replicas - 1)
+
+
+def test_a_sweep_over_the_rate_keeps_the_arrival_window_in_seconds():
+    """4,000 requests at 16/s arrive over 250 s; at 64/s the sweep simulates 16,000 so the 30 s warm-up
+    is still an eighth of the window, and a point that sets its own count keeps it."""
+    scenario = llmsim.load_scenario(CHAT)
+    base, base_dir, file, _ = sweeps._base(scenario)
+    points = sweeps._windows_follow_rate(base, base_dir, file, [
+        {"workload.arrival.rate": 64}, {"workload.arrival.rate": "4/s"},
+        {"workload.arrival.rate": 64, "workload.num_requests": 10}, {"engine.max_batch_tokens": 4096}])
+    assert [p.get("workload.num_requests") for p in points] == [16_000, 1_000, 10, None]
+
+
+def test_a_tolerance_finer_than_the_floats_ends(monkeypatch):
+    """Bisection on [lo, hi] stops when the midpoint is no longer between them, whatever tol asks."""
+    from llmsim.search import sustainable_rate as module
+    calls = []
+
+    def fake(scenario, points, windows_, rates, **kwargs):
+        calls.append(rates[0])
+        met = rates[0] <= 5.0
+        return [windows.Judged(windows.Verdict(met, True, True), pd.DataFrame([{"rate": rates[0]}]), windows_[0])]
+    monkeypatch.setattr(module, "simulate_until_decided", fake)
+    found = module.max_sustainable_rate(CHAT, lo=1.0, hi=10.0, tol=1e-300)
+    assert found.rate_per_s <= 5.0 < found.failing_rate_per_s and len(calls) <= 2 + module.MAX_BISECTIONS

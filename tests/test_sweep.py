@@ -42,9 +42,13 @@ def test_each_row_is_the_simulation_of_its_point():
     rows = sweep(small(), GRID, workers=2, progress=False)
     assert len(rows) == 4 and (rows["error"] == "").all()
     assert list(rows.columns[:5]) == ["workload.arrival.rate", "engine.max_batch_tokens", "seed", "point_id", "error"]
+    own = small().workload
     for _, row in rows.iterrows():
-        expected = direct({"workload": {"arrival": {"rate": row["workload.arrival.rate"]}},
+        # The arrival window keeps its length in seconds: the request count follows the rate.
+        count = math.ceil(own.num_requests * row["workload.arrival.rate"] / own.arrival.rate_per_s)
+        expected = direct({"workload": {"arrival": {"rate": row["workload.arrival.rate"]}, "num_requests": count},
                            "engine": {"max_batch_tokens": int(row["engine.max_batch_tokens"])}})
+        assert row["requests.arrived"] == count
         assert all(same(row[key], expected[key]) for key in expected if key != "hardware"), row["point_id"]
     assert rows["point_id"].is_unique
 

@@ -199,3 +199,9 @@ def test_bad_class_settings_name_the_key(overrides, key):
         make_scenario(overrides)
     assert error.value.key == key, str(error.value)
     assert error.value.file == "<test>" and error.value.allowed
+
+
+def test_vllm_priority_flag_selects_the_vllm_priority_policy_with_classes():
+    scenario = make_scenario({"engine": {"vllm_args": "--scheduling-policy priority"},
+                              "workload": {"classes": TWO_CLASSES}})
+    assert scenario.engine.scheduling_policy == "vllm_priority" and scenario.vllm_notes == ()

@@ -10,11 +10,11 @@ from tests.helpers import make_scenario
 
 def test_vllm_names_snake_or_kebab_set_the_same_engine():
     ours = make_scenario({"engine": {"max_batch_tokens": 4096, "chunked_prefill": False, "memory_utilization": 0.8,
-                                     "max_num_seqs": 64}})
+                                     "max_num_seqs": 64, "prefix_caching": True}})
     snake = make_scenario({"engine": {"max_num_batched_tokens": 4096, "enable_chunked_prefill": False,
-                                      "gpu_memory_utilization": 0.8, "max_num_seqs": 64}})
+                                      "gpu_memory_utilization": 0.8, "max_num_seqs": 64, "enable_prefix_caching": True}})
     kebab = make_scenario({"engine": {"max-num-batched-tokens": 4096, "enable-chunked-prefill": False,
-                                      "gpu-memory-utilization": 0.8, "max-num-seqs": 64}})
+                                      "gpu-memory-utilization": 0.8, "max-num-seqs": 64, "enable-prefix-caching": True}})
     assert ours.engine == snake.engine == kebab.engine
     assert ours.engine.block_size == 128              # llmsim's default: these keys alone do not say "vLLM"
 
@@ -27,18 +27,20 @@ def test_vllm_args_map_to_settings_and_take_vllm_defaults():
     assert (engine.max_num_seqs, engine.max_batch_tokens, engine.chunked_prefill, engine.memory_utilization) == \
         (128, 2048, False, 0.85)
     assert scenario.deployment.tensor_parallel == 2 and scenario.model.kv_dtype == "fp8"
-    assert engine.block_size == 16                    # vLLM's default block size
+    assert engine.block_size == 16 and engine.prefix_caching      # vLLM's defaults (V1)
     assert scenario.vllm_notes == ()
     assert make_scenario({"engine": {"defaults": "vllm"}}).engine.block_size == 16
+    assert not make_scenario({"engine": {"vllm_args": "--no-enable-prefix-caching --preemption-mode swap"}}) \
+        .engine.prefix_caching
 
 
 def test_flags_not_modelled_are_reported_never_silently_accepted():
     scenario = make_scenario({"engine": {"vllm_args": "--enforce-eager --swap-space 8 --port 8000 "
-                                                      "--scheduling-policy priority --made-up-flag 3"}})
+                                                      "--scheduling-policy fcfs --made-up-flag 3"}})
     notes = "\n".join(scenario.vllm_notes)
-    assert len(scenario.vllm_notes) == 5
+    assert len(scenario.vllm_notes) == 4
     for flag in ("--enforce-eager not modelled", "--swap-space not modelled", "--port ignored",
-                 "--scheduling-policy priority not modelled", "--made-up-flag not modelled"):
+                 "--made-up-flag not modelled"):
         assert flag in notes
     with pytest.raises(ConfigError, match="enforce_eager is not modelled"):
         make_scenario({"engine": {"enforce-eager": True}})
@@ -46,7 +48,7 @@ def test_flags_not_modelled_are_reported_never_silently_accepted():
 
 @pytest.mark.parametrize("flags, message", [
     ("--max-num-seqs lots", "cannot read --max-num-seqs lots.*an integer"),
-    ("--scheduling-policy lifo", "cannot read --scheduling-policy lifo.*fcfs"),
+    ("--scheduling-policy lifo", "cannot read --scheduling-policy lifo.*fcfs, priority"),
     ("--kv-cache-dtype int3", "cannot read --kv-cache-dtype int3.*fp8_e4m3"),
     ("--max-num-seqs", "cannot read --max-num-seqs"),
 ])
@@ -70,3 +72,10 @@ def test_cli_vllm_args_exit_2_on_a_bad_value(tmp_path, capsys):
     assert main(["run", str(scenario), "--out", str(tmp_path / "o"), "--vllm-args", "--gpu-memory-utilization x"]) == 2
     err = capsys.readouterr().err
     assert "engine.vllm_args" in err and "--gpu-memory-utilization x" in err and "Traceback" not in err
+
+
+def test_vllm_priority_scheduling_maps_to_its_llmsim_policy():
+    classes = {"interactive": {"share": 0.5, "priority": 0}, "batch": {"share": 0.5, "priority": 1}}
+    scenario = make_scenario({"workload": {"classes": classes},
+                              "engine": {"vllm_args": "--scheduling-policy priority"}})
+    assert scenario.engine.scheduling_policy == "vllm_priority" and scenario.vllm_notes == ()

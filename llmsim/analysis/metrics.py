@@ -18,7 +18,9 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.summary import (COMPLETED, PERCENTILES, ClassSummary, Distribution, Economics, Latency,
+from llmsim.analysis.kv_cache import kv_cache_summary
+from llmsim.analysis.summary import (COMPLETED, PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics,
+                                     Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
@@ -201,7 +203,25 @@ def summarize(result) -> RunSummary:
         stopped_by=result.stopped_by,
         fault=result.fault,
         classes=classes,
+        autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
+        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
+                  if getattr(result, "kv_tiers", None) else None),
     )
+
+
+def autoscaling_summary(result) -> AutoscalingSummary:
+    """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`)."""
+    scenario, log = result.scenario, result.scaling
+    usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600
+    tokens = float(result.requests["generated_tokens"].sum())
+    return AutoscalingSummary(
+        replica_seconds=result.replica_seconds,
+        mean_replicas=result.replica_seconds / result.end_s if result.end_s > 0 else math.nan,
+        max_replicas_serving=int(max(log["serving"].max(), scenario.deployment.replicas)) if len(log)
+        else scenario.deployment.replicas,
+        scale_ups=int(log["action"].str.count("start").sum()),
+        scale_downs=int(log["action"].str.count("drain").sum()),
+        usd=usd, usd_per_million_output_tokens=usd / tokens * 1e6 if tokens else math.nan)
 
 
 def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario, kv_blocks: int) -> Utilisation:

@@ -9,6 +9,8 @@ matplotlib.use("Agg")          # files, not windows: works on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from llmsim.analysis.rolling import rolling_worst_ratio, time_over_slo  # noqa: E402
+
 
 def timeline(result, path: str | Path) -> Path:
     """Queue, batch, KV cache and latencies over simulated time, one panel each, as a PNG."""
@@ -80,3 +82,43 @@ def _draft_length(ax, it, steps: int = 50) -> None:
     rate.set_ylabel("acceptance (%)")
     rate.set_ylim(0, 100)
     ax.legend(handles=ax.get_lines() + rate.get_lines(), loc="upper right", fontsize=7)
+
+
+def controller_timeline(runs: dict, path: str | Path, window_s: float, step_s: float) -> Path:
+    """Runs of one trace side by side (label -> SimulationResult), as a PNG: arrivals per second,
+    the rolling worst latency-to-SLO ratio (:mod:`llmsim.analysis.rolling`) and the controlled knob."""
+    fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True, constrained_layout=True)
+    first = next(iter(runs.values()))
+    arrivals = first.requests["arrival_s"].to_numpy()
+    stop = float(first.arrival_window_s)
+    edges = np.arange(0.0, stop + step_s, step_s)
+    axes[0].step(edges[:-1], np.histogram(arrivals, bins=edges)[0] / step_s, where="post", lw=0.8, color="0.3")
+    axes[0].set_ylabel("arrivals per second")
+    controlled = [r.control for r in runs.values() if r.control is not None]
+    knob = controlled[0]["knob"].iloc[0] if controlled else "max_batch_tokens"
+    for i, (label, result) in enumerate(runs.items()):
+        scenario, color = result.scenario, f"C{i}"
+        rolling = rolling_worst_ratio(result.requests, scenario.slo, scenario.workload.class_names, window_s, step_s,
+                                      0.0, stop)
+        over = time_over_slo(rolling, step_s)
+        axes[1].plot(rolling["time_s"], rolling["worst_ratio"], lw=1, color=color,
+                     label=f"{label} ({over:.0f} s over the SLO)")
+        start = getattr(scenario.engine, knob)
+        if result.control is None:
+            axes[2].axhline(start, lw=1, ls="--", color=color, label=label)
+        else:
+            axes[2].step(np.concatenate(([0.0], result.control["time_s"])),
+                         np.concatenate(([start], result.control["value"])), where="post", lw=1, color=color,
+                         label=label)
+    axes[1].axhline(1.0, color="k", lw=0.8, ls=":")
+    axes[1].set_ylabel(f"worst P/limit, {window_s:g} s window")
+    axes[1].legend(fontsize=8)
+    axes[2].set_ylabel(knob)
+    axes[2].set_yscale("log", base=2)
+    axes[2].legend(fontsize=8)
+    axes[2].set_xlabel("simulated time (s)")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -216,6 +216,20 @@ class ClassSummary(Section):
 
 
 @dataclass(frozen=True)
+class AutoscalingSummary(Section):
+    """What the replica pool cost over the whole run: replica-seconds paid for (start to end of
+    drain, cold starts included), their mean, the scaling actions and the price of those seconds
+    (per replica: its devices at the profile's hourly price) per million output tokens generated."""
+    replica_seconds: float
+    mean_replicas: float
+    max_replicas_serving: int
+    scale_ups: int
+    scale_downs: int
+    usd: float
+    usd_per_million_output_tokens: float
+
+
+@dataclass(frozen=True)
 class RunSummary(Section):
     """One run: what, where, the measurement window, and each section of figures."""
     scenario: str
@@ -238,12 +252,16 @@ class RunSummary(Section):
     stopped_by: str                            # COMPLETED, HORIZON, INTERRUPT or FAULT; simulated_s is when
     fault: str | None                          # the fault's exception (type: message), else None
     classes: dict[str, ClassSummary] | None = None     # per traffic class; None (no key) without classes
+    autoscaling: AutoscalingSummary | None = None      # None (no key) without autoscaling
+    # Prefix caching, host tier, swap (llmsim.analysis.kv_cache.KVCacheSummary): None (and no key) without them.
+    kv_cache: Section | None = None
 
     def to_dict(self) -> dict:
         out = super().to_dict()
         out["window_s"] = list(self.window_s)
-        if self.speculation is None:
-            del out["speculation"]
+        for optional in ("speculation", "kv_cache", "autoscaling"):
+            if out[optional] is None:
+                del out[optional]
         if self.classes is None:
             del out["classes"]
         else:

@@ -37,6 +37,18 @@ class MemoryTier:
 
 
 @dataclass(frozen=True)
+class HostMemory:
+    """The host memory a device can hold KV blocks in, and the link that reaches it (per device).
+
+    ``capacity_bytes`` is the device's share of its server's memory; ``link_bandwidth_bytes_per_s``
+    one direction of its host link (PCIe, NVLink-C2C), as a copy achieves it.
+    """
+    link: str
+    capacity_bytes: float
+    link_bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     """One accelerator chip (per device; a deployment multiplies it)."""
 
@@ -56,6 +68,9 @@ class HardwareProfile:
     per_step_overhead_s: float                  # scheduler, sampling, launch: once per iteration
     per_layer_overhead_s: float                 # kernel launches: once per layer per iteration
     kv_read_penalty: float = 1.0                # KV bytes actually moved per KV byte read (paged gathers)
+    # Dataflow chips (wafer-scale SRAM): a layer's time grows with its width, the token's vector crossing
+    # the cores that hold the layer; seconds per hidden element per layer, on top of per_layer_overhead_s.
+    per_layer_per_hidden_element_s: float = 0.0
     # Decode attention of a sequence with context c runs at attention_efficiency * c / (c + this):
     # a fixed cost per sequence and layer (0: none, efficiency independent of context).
     attention_half_context: float = 0.0
@@ -64,6 +79,7 @@ class HardwareProfile:
     efficiency_by_dtype: dict[str, dict[str, float]] = field(default_factory=dict)
     memory_name: str = "HBM"                    # what the primary memory is (SRAM on wafer-scale chips)
     outer_tiers: tuple[MemoryTier, ...] = ()    # slower, larger memories beyond the primary one
+    host_memory: HostMemory | None = None       # host memory for KV blocks (offload, swap), if the profile says
     calibration: dict = field(default_factory=dict, compare=False)   # how the efficiencies were measured
     # Measured kernel terms (floors, shape-aware GEMMs, collectives): None prices by the plain roofline.
     kernels: KernelTerms | None = None
@@ -141,10 +157,14 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
                                                                                        **limits)),
         memory_name=node.string("memory_name", "HBM"),
         outer_tiers=_outer_tiers(node, figures),
+        host_memory=_host_memory(node, figures),
         per_step_overhead_s=_figure(overhead, "per_step", "duration", figures, minimum=0.0,
                                     exclusive_minimum=False),
         per_layer_overhead_s=_figure(overhead, "per_layer", "duration", figures, minimum=0.0,
                                      exclusive_minimum=False),
+        per_layer_per_hidden_element_s=(_figure(overhead, "per_layer_per_hidden_element", "duration", figures,
+                                                minimum=0.0, exclusive_minimum=False)
+                                        if overhead.has("per_layer_per_hidden_element") else 0.0),
         figures=figures,
         path=path,
     )
@@ -186,6 +206,20 @@ def _outer_tiers(node: Node, figures: dict) -> tuple[MemoryTier, ...]:
                                 _figure(tier, "bandwidth", "bandwidth", figures)))
         tier.done()
     return tuple(tiers)
+
+
+def _host_memory(node: Node, figures: dict) -> HostMemory | None:
+    """``host_memory: {link, capacity: {value, source, confidence}, link_bandwidth: {...}, link_efficiency: {...}}``:
+    the bandwidth used is the link's times its efficiency."""
+    if not node.has("host_memory"):
+        return None
+    host = node.child("host_memory")
+    memory = HostMemory(host.string("link"), _figure(host, "capacity", "bytes", figures),
+                        _figure(host, "link_bandwidth", "bandwidth", figures)
+                        * _figure(host, "link_efficiency", None, figures, minimum=0.0, maximum=1.0,
+                                  exclusive_minimum=True))
+    host.done()
+    return memory
 
 
 def _calibration(node: Node) -> dict:

@@ -27,6 +27,7 @@ import math
 import re
 from pathlib import Path
 
+from llmsim.config.reader import read_text
 from llmsim.errors import ConfigError
 
 # model_type -> the architecture class names that go with it, for an error listing what is supported.
@@ -70,10 +71,8 @@ _HUB_FOLDER = re.compile(r"models--([^/\\]+?)--([^/\\]+)")
 def read_config(path: Path) -> dict:
     """The JSON object of a config.json (a ConfigError if missing or not JSON)."""
     try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError("config.json not found", file=str(path), has_value=False) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        config = json.loads(read_text(path))          # the front door: size, encoding, folders
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ConfigError(f"not valid JSON: {exc}", file=str(path), has_value=False) from None
     if not isinstance(config, dict):
         raise ConfigError("expected a JSON object", file=str(path), has_value=False)

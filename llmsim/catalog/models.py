@@ -30,9 +30,8 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-import yaml
 
-from llmsim.config.reader import Node, load_yaml
+from llmsim.config.reader import Node, load_yaml, parse_yaml
 from llmsim.catalog.hf_config import config_fields
 from llmsim.errors import ConfigError
 
@@ -337,7 +336,8 @@ def _model_from_node(node: Node) -> ModelSpec:
 def _load_catalog_file(path: Path | None = None) -> dict[str, ModelSpec]:
     if path is None:
         text = resources.files("llmsim.catalog").joinpath("data/models.yaml").read_text()
-        data, file = yaml.safe_load(text), "llmsim/catalog/data/models.yaml"
+        file = "llmsim/catalog/data/models.yaml"
+        data = parse_yaml(text, file)
     else:
         data, file = load_yaml(path), str(path)
     root = Node(data, file=file)

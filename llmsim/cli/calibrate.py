@@ -16,6 +16,7 @@ from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, er
 from llmsim.calibration.plot import measured_scatter, scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
 from llmsim.catalog.hardware import load_profile, lookup_hardware
+from llmsim.cli.options import SEED, WORKERS
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace
 from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
@@ -27,7 +28,7 @@ def add_parsers(subparsers) -> None:
     cal.add_argument("--device", choices=tuple(DEVICE_DTYPES), help="default: cuda if available, else cpu")
     cal.add_argument("--out", help="profile to write (default: <device>-calibrated.yaml)")
     cal.add_argument("--quick", action="store_true", help="few small shapes and repeats (under 2 minutes on a CPU)")
-    cal.add_argument("--threads", type=int, help=f"torch threads (default {DEFAULT_CPU_THREADS} on CPU)")
+    cal.add_argument("--threads", type=WORKERS, help=f"torch threads (default {DEFAULT_CPU_THREADS} on CPU)")
     per_device = "; ".join(f"{device}: {','.join(dtypes)}" for device, dtypes in DEVICE_DTYPES.items())
     cal.add_argument("--dtypes", help=f"comma-separated subset of the device's dtypes ({per_device})")
     cal.add_argument("--transfer-to", metavar="PROFILE",
@@ -42,7 +43,7 @@ def add_parsers(subparsers) -> None:
     cal.add_argument("--base", metavar="PROFILE",
                      help="with --from-measurements: the profile to add the kernel terms to (default: the shipped "
                           "profile of --gpu)")
-    cal.add_argument("--seed", type=int, default=0, help="order of the interleaved rounds, random block tables")
+    cal.add_argument("--seed", type=SEED, default=0, help="order of the interleaved rounds, random block tables")
     cal.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     cal.set_defaults(func=_cmd_calibrate)
     val = subparsers.add_parser("validate", help="compare a calibrated profile with held-out torch decode steps")
@@ -50,14 +51,14 @@ def add_parsers(subparsers) -> None:
     val.add_argument("--device", choices=tuple(DEVICE_DTYPES),
                      help="default: the device the profile was calibrated on")
     val.add_argument("--quick", action="store_true", help="the small held-out grid")
-    val.add_argument("--threads", type=int, help="torch threads (default: as in the calibration)")
+    val.add_argument("--threads", type=WORKERS, help="torch threads (default: as in the calibration)")
     val.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG) here")
     val.add_argument("--gpu", choices=tuple(DEVICE_PROFILES),
                      help="with --measurements: whose rows to compare (default: the profile's device)")
     val.add_argument("--measurements", metavar="DIR",
                      help="compare the profile's kernel terms with operator timing CSVs (Vidur format) instead of "
                           "timing torch here: MAPE, median error and bias by operator group, regime and TP")
-    val.add_argument("--seed", type=int, default=1)
+    val.add_argument("--seed", type=SEED, default=1)
     val.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     val.set_defaults(func=_cmd_validate)
 

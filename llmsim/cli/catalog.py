@@ -6,25 +6,35 @@ from pathlib import Path
 import pandas as pd
 
 from llmsim.catalog.hardware import hardware_catalog, lookup_hardware
-from llmsim.catalog.models import lookup_model, model_catalog
+from llmsim.catalog.models import DTYPE_BYTES, lookup_model, model_catalog
 from llmsim.catalog.placement import place, smallest_fitting
+from llmsim.cli.options import integer_flag, number_flag
+from llmsim.config.limits import MAX_QUANTITY
+from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import ENGINE
+
+CONTEXTS = (2048, 8192, 32768)      # the context lengths place reports by default
 
 
 def add_parser_place(sub) -> None:
     placed = sub.add_parser("place", help="how many devices a model needs and how much KV cache is left")
     placed.add_argument("model")
     placed.add_argument("hardware")
-    placed.add_argument("--weight-dtype", default=None)
-    placed.add_argument("--kv-dtype", default=None)
-    placed.add_argument("--tp", type=int, help="fix tensor parallelism (default: search)")
-    placed.add_argument("--pp", type=int, help="fix pipeline stages (default: search)")
-    placed.add_argument("--memory-utilization", type=float, default=ENGINE.memory_utilization)
-    placed.add_argument("--max-batch-tokens", type=int, default=ENGINE.max_batch_tokens)
-    placed.add_argument("--runtime-reserve-gb", type=float, default=ENGINE.runtime_reserve_bytes / 1e9)
-    placed.add_argument("--context", type=int, nargs="+", default=[2048, 8192, 32768],
-                        help="context lengths to report concurrency for")
-    placed.add_argument("--room-for", type=int, default=1,
+    placed.add_argument("--weight-dtype", choices=list(DTYPE_BYTES), default=None)
+    placed.add_argument("--kv-dtype", choices=list(DTYPE_BYTES), default=None)
+    placed.add_argument("--tp", type=integer_flag(1), help="fix tensor parallelism: it must divide the model's "
+                        "attention heads (default: search)")
+    placed.add_argument("--pp", type=integer_flag(1), help="fix pipeline stages, at most the model's layers "
+                        "(default: search)")
+    placed.add_argument("--memory-utilization", type=number_flag(0.0, 1.0, exclusive_minimum=True),
+                        default=ENGINE.memory_utilization, help="fraction of device memory llmsim may use, in (0, 1]")
+    placed.add_argument("--max-batch-tokens", type=integer_flag(1), default=ENGINE.max_batch_tokens)
+    placed.add_argument("--runtime-reserve-gb", type=number_flag(0.0, MAX_QUANTITY["bytes"] / 1e9),
+                        default=ENGINE.runtime_reserve_bytes / 1e9)
+    placed.add_argument("--context", type=integer_flag(1), nargs="+",
+                        help="context lengths to report concurrency for, 1 up to the model's context (default: "
+                        f"{', '.join(map(str, CONTEXTS))}, those the model holds)")
+    placed.add_argument("--room-for", type=integer_flag(1), default=1,
                         help="when searching, require KV room for at least this many tokens")
     placed.set_defaults(func=_cmd_place)
 
@@ -37,6 +47,7 @@ def add_parsers_listing(sub) -> None:
 def _cmd_place(args) -> int:
     model = lookup_model(args.model, model_catalog()).with_dtypes(args.weight_dtype, args.kv_dtype)
     hardware = lookup_hardware(args.hardware)
+    _check_place_flags(args, model)
     reserve = args.runtime_reserve_gb * 1e9
     if args.tp and args.pp:
         placement = place(model, hardware, args.tp, args.pp, args.memory_utilization, ENGINE.block_size,
@@ -48,7 +59,9 @@ def _cmd_place(args) -> int:
         print(f"{model.name} ({model.weight_dtype}) does not fit on {hardware.name} with this parallelism")
         return 1
     p = placement
-    print(f"{model.name} ({model.weight_dtype} weights, {model.kv_dtype} KV) on {hardware.name}:")
+    others = "".join(f", {dtype} {part}" for part, dtype in (("experts", model.expert_dtype),
+                                                             ("embeddings", model.embedding_dtype)) if dtype)
+    print(f"{model.name} ({model.weight_dtype} weights{others}, {model.kv_dtype} KV) on {hardware.name}:")
     print(f"  devices            {p.devices} (tensor parallel {p.tensor_parallel} x pipeline stages "
           f"{p.pipeline_parallel})")
     print(f"  weights            {p.weights_per_device_bytes / 1e9:,.2f} GB per device in {p.weight_tier.name}"
@@ -58,6 +71,24 @@ def _cmd_place(args) -> int:
     for context in args.context:
         print(f"  concurrency        {p.concurrent_sequences(context):,} sequences of {context:,} tokens")
     return 0
+
+
+def _check_place_flags(args, model) -> None:
+    """The rules a scenario's deployment keys follow (tp divides the heads, pp at most the layers),
+    and contexts the model can hold."""
+    if args.tp is not None and model.num_heads % args.tp:
+        divisors = ", ".join(str(d) for d in range(1, model.num_heads + 1) if model.num_heads % d == 0)
+        raise ConfigError(f"must divide {model.name}'s {model.num_heads} attention heads", key="--tp",
+                          value=args.tp, allowed=divisors)
+    if args.pp is not None and args.pp > model.num_layers:
+        raise ConfigError(f"cannot exceed {model.name}'s {model.num_layers} layers", key="--pp", value=args.pp,
+                          allowed=f"1..{model.num_layers}")
+    if args.context is None:
+        args.context = [c for c in CONTEXTS if c <= model.max_context] or [model.max_context]
+    longer = [context for context in args.context if context > model.max_context]
+    if longer:
+        raise ConfigError(f"longer than {model.name}'s context of {model.max_context:,} tokens", key="--context",
+                          value=longer[0], allowed=f"1..{model.max_context}")
 
 
 def _cmd_models(args) -> int:

@@ -10,11 +10,12 @@ import argparse
 import sys
 
 from llmsim.cli import calibrate, catalog, diff, plan, recommend, report, run, sweep, trace
+from llmsim.cli.options import Parser
 from llmsim.errors import ConfigError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llmsim", description="Simulate and plan LLM inference serving.")
+    parser = Parser(prog="llmsim", description="Simulate and plan LLM inference serving.")
     sub = parser.add_subparsers(dest="command", required=True)
     run.add_parsers(sub)                 # run, compare
     sweep.add_parser(sub)
@@ -30,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as stop:          # --help, or a bad command line (already explained, exit 2)
+        return stop.code
     try:
         return args.func(args)
     except ConfigError as error:
@@ -38,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:          # output piped into head or less, which closed early
         return 0
+    except OSError as error:         # the disk filled, a folder vanished or became read-only mid-run
+        where = f"cannot write or read {error.filename}: " if error.filename else "the operating system refused: "
+        print(f"llmsim: {where}{error.strerror or error}; files already written in full are kept (a file is "
+              "renamed into place only when complete)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,20 +1,77 @@
 """Command-line options that several commands share, read the same way by each.
 
+Every flag with a value is checked as argparse reads it (:func:`integer_flag`,
+:func:`number_flag`: finite, within a documented range), and the parser (:class:`Parser`)
+refuses a bad command line the way a bad file is refused: one paragraph on stderr naming the
+flag, the value and what is allowed, exit status 2 (no usage dump, no traceback).
+
 ``--seeds`` (``sweep``, ``plan``, ``recommend``) is a count or a list: ``--seeds 3`` is three
 seeds starting at the scenario's own (seed, seed + 1, seed + 2), ``--seeds 3,7,11`` those
 three seeds (``--seeds 7,`` the one seed 7). Bad values are ConfigErrors (exit 2).
 """
 from __future__ import annotations
 
+import argparse
+import math
 from pathlib import Path
+from typing import Callable
 
-from llmsim.config.reader import Node, load_yaml
+from llmsim.config.limits import MAX_NUMBER
+from llmsim.config.reader import Node, load_yaml, range_text
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario, read_seed
+from llmsim.sim.resources import MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY_BYTES
 
 SEEDS_HELP = ("N: N seeds starting at the scenario's seed (seed, seed + 1, ...); or a comma-separated list "
               "of seeds, e.g. 3,7,11 (one seed: 7,)")
 _SEEDS_ALLOWED = "a count >= 1 (e.g. 3), or distinct seeds >= 0 separated by commas (e.g. 3,7,11 or 7,)"
+
+
+MAX_WORKERS = 1024          # parallel processes a command may start
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, refusing a bad command line in one paragraph with exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"llmsim: command-line error in '{self.prog}': {message} (see '{self.prog} --help').\n")
+
+
+def integer_flag(minimum: int | None = None, maximum: float = MAX_NUMBER) -> Callable[[str], int]:
+    """An argparse ``type``: an integer within ``minimum``..``maximum``."""
+    allowed = range_text("an integer", minimum, maximum)
+
+    def integer(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {allowed} (got {text!r})") from None
+        if (minimum is not None and value < minimum) or value > maximum:
+            raise argparse.ArgumentTypeError(f"out of range (got {text!r}); allowed: {allowed}")
+        return value
+    return integer
+
+
+def number_flag(minimum: float, maximum: float, exclusive_minimum: bool = False) -> Callable[[str], float]:
+    """An argparse ``type``: a finite number within ``minimum``..``maximum``."""
+    allowed = range_text("a number", minimum, maximum, exclusive_minimum)
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {allowed} (got {text!r})") from None
+        low = value <= minimum if exclusive_minimum else value < minimum
+        if not math.isfinite(value) or low or value > maximum:
+            raise argparse.ArgumentTypeError(f"out of range (got {text!r}); allowed: {allowed}")
+        return value
+    return number
+
+
+FORCE_HELP = ("run even when a run's estimated memory or event count is above the resource guard's limits "
+              f"({MAX_RUN_MEMORY_BYTES / 2**30:g} GiB, {MAX_RUN_EVENTS:,} events, {MAX_RUN_ENGINES:,} engines)")
+SEED = integer_flag(0)                          # seeds, as in a scenario's seed key
+WORKERS = integer_flag(1, MAX_WORKERS)
 
 
 def add_seeds_argument(parser, default: str | None = None, default_text: str = "the scenario's seed") -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -36,16 +37,43 @@ def folder_name(name: str, key: str, file: str | None = None) -> str:
 
 def refuse_to_replace(paths: Iterable[Path], overwrite: bool) -> None:
     """Stop (ConfigError, exit 2) if any of ``paths`` exists, unless ``overwrite``, or if a folder
-    they go into is a file."""
+    they go into cannot be written (:func:`check_writable_folder`)."""
     paths = list(paths)
     for folder in {path.parent for path in paths}:
-        if folder.exists() and not folder.is_dir():
-            raise ConfigError("is a file, not a folder", key="--out", value=str(folder), allowed="a folder")
+        check_writable_folder(folder)
     existing = [str(path) for path in paths if path.exists()]
     if existing and not overwrite:
         raise ConfigError(f"would replace existing results: {', '.join(existing)}", key="--out",
                           value=str(Path(existing[0]).parent if len(existing) > 1 else existing[0]),
                           allowed="--overwrite to replace them, or another --out")
+
+
+def check_writable_folder(folder: Path, key: str = "--out") -> None:
+    """Stop (ConfigError, exit 2), before any work, if ``folder`` or the nearest of its parents that
+    exists is a file, or cannot be written to: the results would be lost at the end of the run."""
+    folder = Path(folder)
+    try:
+        existing = next((path for path in (folder, *folder.parents) if path.exists()), None)
+    except OSError as error:            # a name longer than the file system allows, a loop of links
+        raise ConfigError(f"cannot be a folder here ({error.strerror or error})", key=key, value=str(folder),
+                          allowed="a shorter path of a folder you can write to") from None
+    if existing is None:                # a relative path whose parents do not exist yet: the cwd
+        existing = Path.cwd()
+    longest = os.pathconf(existing, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    too_long = [part for part in folder.parts if len(os.fsencode(part)) > longest]
+    if too_long:
+        raise ConfigError(f"a folder name is longer than the {longest} bytes the file system allows", key=key,
+                          value=str(folder), allowed="a shorter path of a folder you can write to")
+    if not existing.is_dir():
+        raise ConfigError("is a file, not a folder" if existing == folder else f"{existing} is a file, not a folder",
+                          key=key, value=str(folder), allowed="a folder, or a path under one")
+    try:        # a file made and removed: permissions, a read-only disk, /proc, whatever the user is
+        descriptor, probe = tempfile.mkstemp(prefix=".llmsim-probe-", dir=existing)
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as error:
+        raise ConfigError(f"cannot write into {existing} ({error.strerror or error})", key=key, value=str(folder),
+                          allowed="a folder you can write to") from None
 
 
 def write_file(path: Path, write: Callable[[Path], object]) -> Path:

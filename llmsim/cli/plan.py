@@ -5,11 +5,15 @@ from pathlib import Path
 
 import pandas as pd
 
-from llmsim.cli.options import add_seeds_argument, parse_seeds
+from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
+from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.search.plan import MAX_REPLICAS, check_rate, plan
+
+
+MAX_PLAN_REPLICAS = 10_000      # replicas a plan may try: 10,000 engines take ~30 s and 400 MB to build
 
 
 def add_parser(sub) -> None:
@@ -19,9 +23,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
     add_seeds_argument(parser)          # every seed must meet the targets
-    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
-    parser.add_argument("--max-replicas", type=int, default=MAX_REPLICAS,
-                        help=f"give up above this many (default {MAX_REPLICAS})")
+    parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
+    parser.add_argument("--max-replicas", type=integer_flag(1, MAX_PLAN_REPLICAS), default=MAX_REPLICAS,
+                        help=f"give up above this many (default {MAX_REPLICAS}, at most {MAX_PLAN_REPLICAS:,})")
     parser.add_argument("--out", help="also write the table as CSV here")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_plan)
@@ -33,6 +37,9 @@ def parse_rate(text: str, option: str = "--target-rate") -> float:
         value = parse_quantity(text if not _is_number(text) else float(text), "rate")
     except UnitError as error:
         raise ConfigError("cannot read this as a rate", key=option, value=text, allowed=error.allowed) from None
+    if value > MAX_QUANTITY["rate"]:
+        raise ConfigError("value out of range", key=option, value=text,
+                          allowed=f"a rate <= {MAX_QUANTITY['rate']:g} requests/s")
     return check_rate(value, option)
 
 
@@ -46,8 +53,6 @@ def _is_number(text: str) -> bool:
 
 def _cmd_plan(args) -> int:
     rate = parse_rate(args.target_rate)
-    if args.max_replicas < 1:
-        raise ConfigError("must be at least 1", key="--max-replicas", value=args.max_replicas, allowed="an integer >= 1")
     seeds = parse_seeds(args.seeds, args.scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)

@@ -4,11 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
-from llmsim.cli.options import add_seeds_argument, parse_seeds
+from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario
 from llmsim.search.recommend import OBJECTIVES, SEEDS, TOP, Recommendation, recommend
+
+MAX_TOP = 100               # analytic best settings simulated, at most
 
 
 def add_parser(sub) -> None:
@@ -17,8 +19,11 @@ def add_parser(sub) -> None:
     parser.add_argument("--objective", default=OBJECTIVES[0],
                         help=f"{' or '.join(OBJECTIVES)} (default {OBJECTIVES[0]})")
     add_seeds_argument(parser, default=str(SEEDS), default_text=str(SEEDS))   # >= 2: CIs across seeds
-    parser.add_argument("--top", type=int, default=TOP, help=f"analytic best settings to simulate (default {TOP})")
-    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
+    parser.add_argument("--top", type=integer_flag(maximum=MAX_TOP), default=TOP,
+                        help=f"analytic best settings to simulate (default {TOP}, at most {MAX_TOP})")
+    parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
+    parser.add_argument("--no-drafts", action="store_true",
+                        help="speculating scenarios: skip choosing the draft and tuning eligibility")
     parser.add_argument("--out", help="also write every simulated setting as CSV here")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_recommend)
@@ -37,6 +42,9 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"  speculation        {best.k}",
              f"  max_batch_tokens   {best.max_batch_tokens}",
              f"  queue_timeout      {'none' if best.queue_timeout_s is None else f'{best.queue_timeout_s * 1000:g} ms'}",
+             *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
+             *([f"  idle_timeout       {row['idle_timeout_s']:g} s (CPU offload)"]
+               if scenario.engine.cpu_offload is not None else []),
              f"  goodput            {row['max_rate_per_s']:.3g} +- {row['max_rate_per_s.ci95']:.2g} req/s at the SLO "
              f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
              f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",
@@ -62,10 +70,12 @@ def _cmd_recommend(args) -> int:
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
     rec = recommend(scenario, objective=args.objective, seeds=parse_seeds(args.seeds, scenario), top=args.top,
-                    workers=args.workers, progress=True)
+                    workers=args.workers, progress=True, drafts=not args.no_drafts)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     print(format_recommendation(rec, scenario))
+    if rec.drafts is not None:
+        print(rec.drafts.text())
     if args.out:
         print(f"wrote {args.out}")
     return 0

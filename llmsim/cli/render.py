@@ -52,8 +52,13 @@ def format_summary(summary: dict) -> str:
         limits = ", ".join(f"{name} <= {_ms(slo[key])} ms" for name, key in
                            (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")) if slo[key] is not None)
         lines.append(f"SLO        {limits}: attainment {_num(100 * slo['attainment'], 1)}%"
+                     f" (+- {_num(200 * slo['attainment_stderr'], 1)} at 95%)"
                      f"   goodput {_num(slo['goodput_requests_per_s'], 2)} req/s"
                      f" ({_num(slo['goodput_output_tokens_per_s'], 0)} output tok/s)")
+    if not summary["queue"]["steady"]:
+        lines.append(f"           WARNING: TTFT rose by {_num(100 * summary['queue']['ttft_rise'], 0)}% of its"
+                     f" {'limit' if slo['ttft_s'] is not None else 'mean'} across the window: not a steady state"
+                     " (a load beyond capacity, or a window too short for the queue to settle)")
     lines.append(f"utilisation busy {_num(100 * util['busy_fraction'])}%   MFU {_num(100 * util['mfu'])}%"
                  f"   memory bandwidth {_num(100 * util['bandwidth_utilisation'])}%"
                  f"   mean batch {_num(util['mean_batch_size'])}   KV cache mean {_num(100 * util['kv_occupancy_mean'])}%"
@@ -72,6 +77,22 @@ def format_summary(summary: dict) -> str:
                  f" KV cache {_num(mem['kv_cache_per_device_gb'])} GB/device"
                  f" = {mem['kv_capacity_tokens_per_replica']:,} tokens/replica;"
                  f" queue mean {_num(summary['queue']['mean_length'], 2)} max {summary['queue']['max_length']}")
+    if "classes" in summary:
+        lines += ["", class_table(summary["classes"])]
+    return "\n".join(lines)
+
+
+def class_table(classes: dict) -> str:
+    """Per traffic class: counts, p95 latencies (ms), throughput, goodput and its own SLO's attainment."""
+    header = (f"{'class':<14}{'arrived':>8}{'finished':>9}{'rejected':>9}{'TTFT p95':>10}{'TPOT p95':>10}"
+              f"{'E2E p95':>10}{'req/s':>8}{'goodput':>9}{'attain':>8}  SLO")
+    lines = [header, "-" * len(header)]
+    for name, c in classes.items():
+        slo = c["slo"]
+        lines.append(f"{name:<14}{c['arrived']:>8,}{c['finished']:>9,}{c['rejected']:>9,}{_ms(c['ttft_s']['p95']):>10}"
+                     f"{_ms(c['tpot_s']['p95']):>10}{_ms(c['e2e_s']['p95']):>10}{_num(c['requests_per_s'], 2):>8}"
+                     f"{_num(slo['goodput_requests_per_s'], 2):>9}{_num(100 * slo['attainment'], 1):>7}%"
+                     f"  {'met' if slo['met'] else 'MISSED'}")
     return "\n".join(lines)
 
 

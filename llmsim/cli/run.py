@@ -23,16 +23,19 @@ from pathlib import Path
 import pandas as pd
 
 from llmsim.analysis.bench_format import vllm_bench_result
+from llmsim.cli.options import FORCE_HELP, SEED
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
+from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate, speedup_over_plain
 from llmsim.workload.trace import generate_trace
 
-# What a run may write; the last two with --bench-json and --parquet.
-RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet")
+# What a run may write; the last three with --bench-json, --parquet and a controller.
+RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet",
+             "control.csv")
 
 
 def add_parsers(sub) -> None:
@@ -41,7 +44,8 @@ def add_parsers(sub) -> None:
     run.add_argument("--out", help="output folder (default: runs/<scenario name>, the name made one safe folder "
                      "name: path separators, spaces and leading dots replaced)")
     run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
-    run.add_argument("--seed", type=int, help="override the scenario's seed")
+    run.add_argument("--seed", type=SEED, help="override the scenario's seed (an integer >= 0)")
+    run.add_argument("--force", action="store_true", help=FORCE_HELP)
     run.add_argument("--vllm-args", metavar="FLAGS",
                      help='vLLM serve flags, e.g. "--max-num-seqs 256 --max-num-batched-tokens 8192 -tp 2": mapped '
                           "to llmsim's settings; flags llmsim does not model are listed")
@@ -60,6 +64,7 @@ def add_parsers(sub) -> None:
     comp.add_argument("comparison", help="comparison YAML (base, variants, loads)")
     comp.add_argument("--out", help="also write the table as CSV here")
     comp.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
+    comp.add_argument("--force", action="store_true", help=FORCE_HELP)
     comp.set_defaults(func=_cmd_compare)
 
 
@@ -69,14 +74,15 @@ def _cmd_run(args) -> int:
     scenario = load_scenario(args.scenario, seed=args.seed, vllm_args=args.vllm_args)
     for note in scenario.vllm_notes:
         print(f"vLLM flag {note}", file=sys.stderr)
-    if scenario.workload.trace is not None:
+    if scenario.workload.trace is not None or scenario.workload.dataset is not None:
         print(f"replaying {trace_description(scenario)}", file=sys.stderr)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
+    check_run_size(scenario, force=args.force)
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
     try:
         try:
-            result = simulate(scenario)
+            result = simulate(scenario, force=True)      # its size checked above
         except Exception as fault:
             if getattr(fault, "partial_result", None) is not None:
                 _write_and_print(fault.partial_result, out, args)
@@ -96,11 +102,13 @@ def _write_and_print(result, out: Path, args) -> int:
     summary = result.summary()
     if scenario.vllm_notes:
         summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
-    if scenario.workload.trace is not None:
+    if scenario.workload.trace is not None or scenario.workload.dataset is not None:
         summary["trace"] = trace_description(scenario)
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
     if args.iterations:
         written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
+    if result.control is not None:            # the adaptive controller's decisions
+        written.append(write_file(out / "control.csv", lambda path: result.control.to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
     if args.bench_json:
         written.append(_write_summary(out / "vllm_bench.json", vllm_bench_result(result)))
@@ -108,7 +116,7 @@ def _write_and_print(result, out: Path, args) -> int:
         written.append(write_file(out / "requests.parquet", lambda path: result.requests.to_parquet(path, index=False)))
     # --overwrite: no earlier run's optional files are left beside this run's records.
     optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json,
-                "requests.parquet": args.parquet, "timeline.png": False}
+                "requests.parquet": args.parquet, "timeline.png": False, "control.csv": result.control is not None}
     for stale in (name for name, wanted in optional.items() if not wanted):
         (out / stale).unlink(missing_ok=True)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
@@ -133,7 +141,8 @@ def _write_summary(path: Path, summary: dict) -> Path:
 
 
 def trace_description(scenario) -> str:
-    """Which requests of which trace a replay covers (file, window, filters, sampling, time scale)."""
+    """Which requests of which trace a replay covers (file, window, filters, sampling, time scale), or
+    which dataset gives the lengths."""
     trace = generate_trace(scenario.workload, scenario.seed)
     return f"{trace.description}: {len(trace):,} requests"
 
@@ -150,7 +159,7 @@ def require_parquet() -> None:
 def _cmd_compare(args) -> int:
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
-    table = compare(args.comparison)
+    table = compare(args.comparison, force=args.force)
     if args.out:
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.3g}".format):

@@ -8,8 +8,8 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.frontier import LATENCY, THROUGHPUT, pareto_frontier, plot_frontier
-from llmsim.cli.outputs import RUNS, folder_name, write_file
-from llmsim.cli.options import add_seeds_argument, parse_seeds
+from llmsim.cli.outputs import RUNS, check_writable_folder, folder_name, write_file
+from llmsim.cli.options import FORCE_HELP, WORKERS, add_seeds_argument, parse_seeds
 from llmsim.errors import ConfigError
 from llmsim.search.executors import ENGINES
 from llmsim.search.sweeps import mean_over_seeds, parameter_columns, sweep
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
                        "same folder skips the points in its results.csv (lines that fail their checksum are "
                        "simulated again) and replaces frontier.csv/png; a second sweep on a folder in use "
                        "stops with exit 2, naming the running one's pid")
-    swept.add_argument("--workers", type=int, help="parallel processes (default: every CPU)")
+    swept.add_argument("--workers", type=WORKERS, help="parallel processes (default: every CPU)")
     add_seeds_argument(swept)
     swept.add_argument("--engine", choices=ENGINES, default=ENGINES[0])
     swept.add_argument("--scheduler", help="with --engine dask: a running scheduler's address "
@@ -32,6 +32,7 @@ def add_parser(sub) -> None:
     swept.add_argument("--throughput", default=THROUGHPUT,
                        help=f"frontier throughput column (maximised), e.g. {names.OUTPUT_TOKENS_PER_USD}")
     swept.add_argument("--plot", action="store_true", help="also draw frontier.png")
+    swept.add_argument("--force", action="store_true", help=FORCE_HELP)
     swept.set_defaults(func=_cmd_sweep)
 
 
@@ -43,13 +44,19 @@ SWEEP_COLUMNS = {names.TTFT_P95: "ttft_p95_s", names.TPOT_P95: "tpot_p95_s", nam
 
 def _cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else RUNS / f"sweep-{folder_name(Path(args.scenario).stem, 'scenario')}"
+    check_writable_folder(out)
     try:
         rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine,
-                     seeds=parse_seeds(args.seeds, args.scenario), client=args.scheduler)
+                     seeds=parse_seeds(args.seeds, args.scenario), client=args.scheduler, force=args.force)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished points are kept in {out / 'results.csv'}; "
               "the same command resumes the sweep", file=sys.stderr)
         return 130
+    except OSError as error:            # the disk filled, the folder vanished: what was written stays
+        print(f"llmsim: the sweep stopped: cannot write {error.filename or out} ({error.strerror or error}); "
+              f"the points finished before are kept in {out / 'results.csv'}, and the same command resumes "
+              "the sweep once the cause is fixed", file=sys.stderr)
+        return 1
     keys = parameter_columns(rows)
     failed = rows[rows["error"] != ""]
     for _, row in failed.iterrows():

@@ -8,6 +8,7 @@ and what is allowed.
 """
 from __future__ import annotations
 
+import codecs
 import difflib
 import math
 from pathlib import Path
@@ -16,27 +17,142 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from llmsim.errors import ConfigError
+from llmsim.config.limits import (MAX_CONFIG_FILE_BYTES, MAX_NUMBER, MAX_QUANTITY, MAX_YAML_ALIASES,
+                                  MAX_YAML_DEPTH, MAX_YAML_NODES)
 from llmsim.config.units import UnitError, parse_quantity
 
 _MISSING = object()
 
 
-def load_yaml(path: str | Path) -> Any:
-    """Read a YAML file with ``yaml.safe_load``; unreadable or malformed files are ConfigErrors."""
+def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
+    """The UTF-8 text of a file, the one way llmsim reads its inputs: a folder, a file over
+    ``max_bytes`` (``/dev/zero`` too: at most ``max_bytes + 1`` bytes are read), binary data or
+    another encoding (Latin-1, UTF-16) is a ConfigError naming the file. A UTF-8 byte-order mark
+    is allowed and dropped."""
     path = Path(path)
+    name = str(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
     except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path), has_value=False) from None
+        raise ConfigError("file not found", file=name, has_value=False) from None
+    except IsADirectoryError:
+        raise ConfigError("is a folder, not a file", file=name, has_value=False, allowed="a file") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read file ({exc.strerror})", file=str(path), has_value=False) from None
+        raise ConfigError(f"cannot read file ({exc.strerror or exc})", file=name, has_value=False) from None
+    if len(data) > max_bytes:
+        raise ConfigError(f"larger than the {max_bytes / 2**20:g} MiB llmsim reads from a file of this kind",
+                          file=name, has_value=False, allowed=f"a file of at most {max_bytes / 2**20:g} MiB")
+    if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise ConfigError("is UTF-16 or UTF-32 text (it starts with that byte-order mark)", file=name,
+                          has_value=False, allowed="UTF-8 text: save the file as UTF-8")
+    nul = data.find(b"\0")
+    if nul >= 0:
+        raise ConfigError(f"is binary, not text (a NUL byte at offset {nul:,})", file=name,
+                          has_value=False, allowed="a UTF-8 text file")
     try:
-        return yaml.safe_load(text)
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line} cannot be decoded; "
+                          "Latin-1 or another legacy encoding?)", file=name, has_value=False,
+                          allowed="UTF-8 text: save the file as UTF-8") from None
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Read a YAML file through :func:`read_text` and :func:`parse_yaml`; errors are ConfigErrors."""
+    return parse_yaml(read_text(path), str(path))
+
+
+def parse_yaml(text: str, file: str | None = None) -> Any:
+    """YAML text as Python values with the safe loader, nesting and alias expansion bounded
+    (:data:`~llmsim.config.limits.MAX_YAML_DEPTH`, ``MAX_YAML_ALIASES``, ``MAX_YAML_NODES``) before
+    any object is built; malformed or oversized YAML is a ConfigError naming ``file``."""
+    loader = None
+    try:
+        loader = _BoundedLoader(text)       # reading starts here: a control character fails already
+        return loader.get_single_data()
+    except _YamlLimit as exc:
+        raise ConfigError(exc.message, file=file, has_value=False, allowed=exc.allowed) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}",
-                          file=str(path), has_value=False) from None
+        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', None) or exc}",
+                          file=file, has_value=False) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+class _YamlLimit(Exception):
+    def __init__(self, message: str, allowed: str):
+        super().__init__(message)
+        self.message, self.allowed = message, allowed
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that counts while it composes the node graph, before constructing:
+    nesting depth (the composer recurses once per level), uses of aliases, and the number of
+    values the document has once every alias is expanded (a "billion laughs" file is a few
+    lines whose expansion takes gigabytes in any code that walks it, a deep copy or a hash)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_YAML_ALIASES:
+                raise _YamlLimit(f"uses more than {MAX_YAML_ALIASES:,} aliases (*name)",
+                                 f"at most {MAX_YAML_ALIASES:,} aliases")
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            mark = self.peek_event().start_mark
+            raise _YamlLimit(f"nested more than {MAX_YAML_DEPTH} levels deep (at line {mark.line + 1})",
+                             f"at most {MAX_YAML_DEPTH} levels of nested mappings and lists")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None:
+            _expanded_size(node, {}, 1)
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, tuple[int, int]], level: int) -> tuple[int, int]:
+    """(values, height) of ``node`` with every alias expanded, ``node`` being ``level`` deep in the
+    expansion. A node that aliases share is walked once (``sizes``), so this is linear in the file,
+    not in its expansion; a chain of aliases (or one naming itself) is refused as soon as it goes
+    deeper than the limit."""
+    deep = _YamlLimit(f"nested more than {MAX_YAML_DEPTH} levels deep once its aliases (*name) are replaced by "
+                      "what they name", f"at most {MAX_YAML_DEPTH} levels of nested mappings and lists")
+    if level > MAX_YAML_DEPTH:
+        raise deep
+    known = sizes.get(id(node))
+    if known is None:
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = []
+        count, height = 1, 1
+        for child in children:
+            child_count, child_height = _expanded_size(child, sizes, level + 1)
+            count, height = count + child_count, max(height, child_height + 1)
+            if count > MAX_YAML_NODES:
+                raise _YamlLimit(f"expands to more than {MAX_YAML_NODES:,} values once its aliases (*name) are "
+                                 "replaced by what they name",
+                                 f"at most {MAX_YAML_NODES:,} values after alias expansion")
+        known = sizes[id(node)] = (count, height)
+    if level + known[1] - 1 > MAX_YAML_DEPTH:
+        raise deep
+    return known
 
 
 class Node:
@@ -89,18 +205,27 @@ class Node:
     def number(self, key: str, default: Any = _MISSING, *, integer: bool = False,
                minimum: float | None = None, maximum: float | None = None,
                exclusive_minimum: bool = False) -> Any:
+        """A plain number, finite and within ``minimum``..``maximum`` and the magnitude every number
+        must keep (:data:`~llmsim.config.limits.MAX_NUMBER`, checked before any float conversion,
+        which a YAML integer of 400 digits would overflow)."""
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
         kind = "an integer" if integer else "a number"
+        maximum = MAX_NUMBER if maximum is None else min(maximum, MAX_NUMBER)
+        minimum = -MAX_NUMBER if minimum is None else minimum
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                (integer and not float(value).is_integer()) or not math.isfinite(value):
-            raise self.key_error(key, f"expected {kind}", value, self._range_text(kind, minimum, maximum, exclusive_minimum))
+                (isinstance(value, float) and not math.isfinite(value)):
+            raise self.key_error(key, f"expected {kind}", value, range_text(kind, minimum, maximum, exclusive_minimum))
         self._check_range(key, value, kind, minimum, maximum, exclusive_minimum)
+        if integer and not float(value).is_integer():
+            raise self.key_error(key, f"expected {kind}", value, range_text(kind, minimum, maximum, exclusive_minimum))
         return int(value) if integer else float(value)
 
     def quantity(self, key: str, kind: str, default: Any = _MISSING, *, minimum: float | None = 0.0,
                  exclusive_minimum: bool = True, maximum: float | None = None) -> Any:
+        """A quantity with a unit (``'200 ms'``), in its base unit, within ``minimum``..``maximum``
+        and the kind's documented maximum (:data:`~llmsim.config.limits.MAX_QUANTITY`)."""
         value = self.raw(key, default)
         if value is default and default is not _MISSING:
             return value
@@ -108,6 +233,7 @@ class Node:
             result = parse_quantity(value, kind)
         except UnitError as exc:
             raise self.key_error(key, f"cannot read this as a {kind}", value, exc.allowed) from None
+        maximum = MAX_QUANTITY[kind] if maximum is None else min(maximum, MAX_QUANTITY[kind])
         self._check_range(key, result, kind, minimum, maximum, exclusive_minimum, shown=value)
         return result
 
@@ -163,21 +289,27 @@ class Node:
                                      "keys " + ", ".join(valid) if valid else "no keys here")
 
     # -- helpers --------------------------------------------------------------------------
-    @staticmethod
-    def _range_text(kind: str, minimum, maximum, exclusive_minimum) -> str:
-        parts = [kind]
-        if minimum is not None:
-            parts.append(("> " if exclusive_minimum else ">= ") + f"{minimum:g}")
-        if maximum is not None:
-            parts.append(f"<= {maximum:g}")
-        return " ".join(parts)
-
     def _check_range(self, key, value, kind, minimum, maximum, exclusive_minimum, shown=None):
         low_bad = minimum is not None and (value <= minimum if exclusive_minimum else value < minimum)
         high_bad = maximum is not None and value > maximum
         if low_bad or high_bad:
             raise self.key_error(key, "value out of range", value if shown is None else shown,
-                                 self._range_text(kind, minimum, maximum, exclusive_minimum))
+                                 range_text(kind, minimum, maximum, exclusive_minimum))
+
+
+def range_text(kind: str, minimum: float | None, maximum: float | None, exclusive_minimum: bool = False) -> str:
+    """What a range allows, as an error message says it: 'an integer >= 1 and <= 64'."""
+    parts = [kind]
+    if minimum is not None:
+        parts.append(("> " if exclusive_minimum else ">= ") + _figure(minimum))
+    if maximum is not None:
+        parts.append(("and <= " if minimum is not None else "<= ") + _figure(maximum))
+    return " ".join(parts)
+
+
+def _figure(bound: float) -> str:
+    """A bound as people read it: 2**53 as '9.0072e+15', 100 as '100'."""
+    return f"{bound:g}" if abs(bound) < 1e15 else f"{bound:.5g}"
 
 
 def _closest(word: str, options: Iterable[str]) -> str | None:

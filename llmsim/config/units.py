@@ -59,7 +59,10 @@ def parse_quantity(value: object, kind: str) -> float:
     if isinstance(value, bool):
         raise UnitError(allowed)
     if isinstance(value, (int, float)):
-        result = float(value)
+        try:
+            result = float(value)
+        except OverflowError:          # an integer of hundreds of digits
+            raise UnitError(allowed) from None
     elif isinstance(value, str):
         match = _QUANTITY.match(value.replace("_", ""))
         if not match:

@@ -172,7 +172,8 @@ class CostModel:
         """Time that adds to the roofline: overheads, all-reduces and pipeline hops, per feature."""
         hw, model = self.hardware, self.model
         vector = np.zeros(len(FEATURES))
-        vector[F["one"]] = hw.per_step_overhead_s + model.num_layers * hw.per_layer_overhead_s
+        vector[F["one"]] = hw.per_step_overhead_s + model.num_layers * (
+            hw.per_layer_overhead_s + model.hidden_size * hw.per_layer_per_hidden_element_s)
         hidden_bytes = model.hidden_size * model.activation_bytes_per_element
         link = hw.interconnect_bandwidth_bytes_per_s * hw.interconnect_efficiency
         if hw.kernels is not None:

@@ -14,14 +14,16 @@ from llmsim.config.reader import Node, load_yaml
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from llmsim.scenario.control import AutoscalingConfig, ControllerConfig, autoscaling_from_node, controller_from_node
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
 
 # The allowed values of the settings that name a policy; the YAML reader checks against these.
 BATCHING = ("continuous", "static")
-ROUTERS = ("round_robin", "least_outstanding", "shared_queue")
+ROUTERS = ("round_robin", "least_outstanding", "shared_queue", "prefix_aware")
 ON_TIMEOUT = ("dispatch", "reject")
+PREEMPTION_MODES = ("recompute", "swap")
 # How the waiting requests of several traffic classes are ordered (llmsim.sim.scheduling explains each).
 SCHEDULING_POLICIES = ("fcfs", "priority", "preemptive_priority", "weighted_fair", "edf", "vllm_priority")
 DEFAULT_SEED = 0
@@ -33,10 +35,19 @@ class Deployment:
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
     router: str = "least_outstanding"
+    load_bound: float = 1.25             # prefix_aware: a replica's outstanding requests stay under this x the mean
 
     @property
     def devices_per_replica(self) -> int:
         return self.tensor_parallel * self.pipeline_parallel
+
+
+@dataclass(frozen=True)
+class CPUOffload:
+    """Idle cached KV blocks move to host memory (see llmsim.sim.prefix_cache)."""
+    idle_timeout_s: float = 2.0          # idle this long on the GPU: moved to host memory
+    overlap: bool = False                # reloads overlap the admitting iteration's compute (else add to it)
+    capacity_bytes: float | None = None  # host memory for KV per device; default: the profile's host_memory
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,27 @@ class EngineConfig:
     on_timeout: str = "dispatch"
     kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
     scheduling_policy: str = "fcfs"      # with traffic classes: see llmsim.sim.scheduling
+    admission: str = "preempt"           # see ADMISSION_MODES
+    prefix_caching: bool = False         # vLLM enable_prefix_caching: reuse cached blocks of shared prefixes
+    preemption_mode: str = "recompute"   # vLLM preemption_mode: recompute, or swap to host memory
+    cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
+
+    @property
+    def host_tier(self) -> bool:
+        """Host memory holds KV blocks: offloaded idle ones or swapped-out ones."""
+        return self.cpu_offload is not None or self.preemption_mode == "swap"
+
+    @property
+    def tiered_kv(self) -> bool:
+        """The KV cache does more than count blocks (llmsim.sim.prefix_cache.TieredKV)."""
+        return self.prefix_caching or self.host_tier
+
+
+# How a continuous-batching engine admits requests against its KV cache (the engines it mimics):
+# preempt: vLLM, blocks for the first chunk, preempt the latest and recompute when the cache runs out;
+# max_utilization: TensorRT-LLM MAX_UTILIZATION, blocks for the whole prompt, then as vLLM (pause = recompute);
+# guaranteed_no_evict: TensorRT-LLM GUARANTEED_NO_EVICT, blocks for prompt + output reserved up front, never evicts.
+ADMISSION_MODES = ("preempt", "max_utilization", "guaranteed_no_evict")
 
 
 SLO_METRICS = ("ttft", "tpot", "e2e")
@@ -115,6 +147,8 @@ class Scenario:
     simulation: SimulationConfig
     path: str | None = None
     speculation: SpeculationConfig | None = None     # None, or a static k of 0: plain decoding
+    controller: ControllerConfig | None = None       # adaptive control of an engine knob (default: none)
+    autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
     # The validated YAML mapping and the folder its relative paths start from: sweeps lay
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
@@ -200,6 +234,7 @@ def scenario_from_node(root: Node) -> Scenario:
     tp = _parallel(dep, "tensor_parallel")
     pp = _parallel(dep, "pipeline_parallel")
     router = dep.choice("router", ROUTERS, DEPLOYMENT.router)
+    load_bound = dep.number("load_bound", DEPLOYMENT.load_bound, minimum=1.0)
     if tp is not None and model.num_heads % tp:
         raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
                             tp, _divisors(model.num_heads) + " or auto")
@@ -222,7 +257,15 @@ def scenario_from_node(root: Node) -> Scenario:
         queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
         on_timeout=eng.choice("on_timeout", ON_TIMEOUT, ENGINE.on_timeout),
         kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
-        scheduling_policy=eng.choice("scheduling_policy", SCHEDULING_POLICIES, ENGINE.scheduling_policy))
+        scheduling_policy=eng.choice("scheduling_policy", SCHEDULING_POLICIES, ENGINE.scheduling_policy),
+        admission=eng.choice("admission", ADMISSION_MODES, ENGINE.admission),
+        prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
+        preemption_mode=eng.choice("preemption_mode", PREEMPTION_MODES, ENGINE.preemption_mode),
+        cpu_offload=_cpu_offload(eng))
+    _check_kv_tiers(eng, engine, hardware)
+    if router == "prefix_aware" and not engine.prefix_caching:
+        raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,
+                            "engine.prefix_caching: true, or another router: " + ", ".join(ROUTERS[:3]))
     if engine.kv_spill and not hardware.outer_tiers:
         raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
                             "false, or a profile with outer_memory")
@@ -237,7 +280,16 @@ def scenario_from_node(root: Node) -> Scenario:
     if root.has("speculation"):
         speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
+    if engine.prefix_caching:
+        _check_hash_ids(root, engine, workload)
     _check_classes(root, engine, workload)
+    controller = None
+    if root.has("controller"):
+        if engine.batching != "continuous":
+            raise root.key_error("controller", "the controller adjusts a continuous-batching engine",
+                                 root.raw("controller"), "engine.batching: continuous")
+        controller = controller_from_node(root.child("controller"), engine)
+    autoscaling = autoscaling_from_node(root.child("autoscaling"), replicas, router) if root.has("autoscaling") else None
     slo_node = root.child("slo")
     slo = _slo(slo_node, SLO_DEFAULTS)
     if slo_node.has("classes"):
@@ -249,14 +301,67 @@ def scenario_from_node(root: Node) -> Scenario:
                                   horizon_s=sim.quantity("horizon", "duration", SIMULATION.horizon_s))
     sim.done()
     root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
-    deployment = _resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation)
+    deployment = replace(_resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),
+                         load_bound=load_bound)
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
-                        speculation=speculation, source=copy.deepcopy(root.data), source_dir=str(root.base_dir),
-                        vllm_notes=vllm_notes)
+                        speculation=speculation, controller=controller, autoscaling=autoscaling,
+                        source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes)
     _check_fits(scenario, root)
     return scenario
+
+
+def _cpu_offload(eng: Node) -> CPUOffload | None:
+    """``engine.cpu_offload``: false/absent (none), true (defaults) or ``{idle_timeout, overlap, capacity}``."""
+    raw = eng.raw("cpu_offload", False)
+    if isinstance(raw, bool):
+        return CPUOffload() if eng.boolean("cpu_offload", False) else None
+    node = eng.child("cpu_offload")
+    default = CPUOffload()
+    offload = CPUOffload(
+        idle_timeout_s=node.quantity("idle_timeout", "duration", default.idle_timeout_s, minimum=0.0,
+                                     exclusive_minimum=False),
+        overlap=node.boolean("overlap", default.overlap),
+        capacity_bytes=node.quantity("capacity", "bytes", default.capacity_bytes))
+    node.done()
+    return offload
+
+
+def _check_kv_tiers(eng: Node, engine: EngineConfig, hardware: HardwareProfile) -> None:
+    """Prefix caching, offload and swap need continuous batching; a host tier needs host memory."""
+    if engine.batching == "static" and engine.tiered_kv:
+        key = ("prefix_caching" if engine.prefix_caching else
+               "cpu_offload" if engine.cpu_offload is not None else "preemption_mode")
+        raise eng.key_error(key, "static batching holds each batch's KV to the end: no prefix cache, "
+                                 "offload or swap", eng.raw(key), "batching: continuous, or leave this out")
+    if engine.cpu_offload is not None and not engine.prefix_caching:
+        raise eng.key_error("cpu_offload", "offloading moves idle cached blocks, which exist only with prefix "
+                                           "caching", eng.raw("cpu_offload"), "prefix_caching: true, or no cpu_offload")
+    if engine.host_tier and hardware.host_memory is None:
+        key = "cpu_offload" if engine.cpu_offload is not None else "preemption_mode"
+        raise eng.key_error(key, f"{hardware.name} has no host_memory (capacity and link) in its profile",
+                            eng.raw(key), "a profile with host_memory, or leave this out")
+
+
+def _check_hash_ids(root: Node, engine: EngineConfig, workload: Workload) -> None:
+    """A replayed trace's ``hash_ids`` (one per ``hash_block_tokens`` prompt tokens) are the prefix
+    cache's block identities: the engine's blocks must tile them, and each request needs one per block."""
+    trace = workload.trace
+    if trace is None or trace.hash_ids is None:
+        return
+    hash_block = workload.hash_block_tokens
+    if hash_block % engine.block_size:
+        raise root.child("engine").key_error(
+            "block_size", f"does not divide the trace's hash block of {hash_block} tokens "
+                          "(workload.arrival.hash_block_tokens), so its hash_ids cannot name the engine's blocks",
+            engine.block_size, "a divisor of " + str(hash_block) + ": " + _divisors(hash_block))
+    for i, (hashes, prompt) in enumerate(zip(trace.hash_ids, trace.prompt_tokens.tolist())):
+        if len(hashes) != -(-prompt // hash_block):
+            raise root.child("workload").child("arrival").key_error(
+                "path", f"request {i + 1} of the trace has {len(hashes)} hash_ids for {prompt} prompt tokens",
+                list(hashes)[:8], f"one hash id per {hash_block} prompt tokens ({-(-prompt // hash_block)} here), "
+                                  "or set workload.arrival.hash_block_tokens")
 
 
 def _slo(node: Node, defaults: SLO) -> SLO:
@@ -377,6 +482,7 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
     placement = scenario.memory
     if placement.fits:
         _check_holds_longest(scenario, placement, root)
+        _check_host_tier(scenario, placement, root)
         return
     gb = 1e9
     dep = scenario.deployment
@@ -413,6 +519,31 @@ def _check_holds_longest(scenario: Scenario, placement: Placement, root: Node) -
                      key="engine.max_model_len", value=longest,
                      allowed=f"max_model_len <= {capacity:,}, or more KV room: a higher engine.memory_utilization, "
                              "more tensor_parallel, a smaller weight_dtype or a larger device")
+
+
+def host_kv_blocks(scenario: Scenario, placement: Placement) -> int:
+    """KV blocks the host tier holds per replica: host memory per device over a block's bytes per device."""
+    offload = scenario.engine.cpu_offload
+    capacity = offload.capacity_bytes if offload is not None and offload.capacity_bytes is not None else None
+    if capacity is None:
+        capacity = scenario.hardware.host_memory.capacity_bytes
+    return int(capacity // (placement.kv_bytes_per_token_per_device * placement.block_size))
+
+
+def _check_host_tier(scenario: Scenario, placement: Placement, root: Node) -> None:
+    """A host tier must hold at least one KV block."""
+    engine = scenario.engine
+    if not engine.host_tier or host_kv_blocks(scenario, placement) >= 1:
+        return
+    block_bytes = placement.kv_bytes_per_token_per_device * placement.block_size
+    offload = engine.cpu_offload
+    if offload is not None and offload.capacity_bytes is not None:
+        key, value = "engine.cpu_offload.capacity", root.child("engine").child("cpu_offload").raw("capacity")
+    else:
+        key, value = "hardware", f"{scenario.hardware.name} host_memory.capacity"
+    raise root.error(f"the host-memory tier holds less than one KV block ({block_bytes / 1e6:.3g} MB per device: "
+                     f"{placement.block_size} tokens of {scenario.model.name})", key=key, value=value,
+                     allowed=f"at least {block_bytes / 1e6:.3g} MB per device")
 
 
 def _divisors(n: int) -> str:

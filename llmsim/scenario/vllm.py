@@ -11,7 +11,7 @@ A team that runs vLLM can write its settings the way it launches the server:
   a setting given both as a flag and as a key, is a ConfigError.
 
 Either way the scenario uses vLLM's defaults where llmsim's differ (:data:`VLLM_DEFAULTS`,
-from vLLM's EngineArgs): ``engine.defaults: vllm`` says so alone.
+from vLLM's EngineArgs: 16-token blocks, prefix caching on): ``engine.defaults: vllm`` says so alone.
 """
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from typing import Callable
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 
-# vLLM's EngineArgs defaults where llmsim's differ (vllm/engine/arg_utils.py: block_size 16 on CUDA).
-VLLM_DEFAULTS = {"block_size": 16}
+# vLLM's defaults where llmsim's differ (vllm/engine/arg_utils.py, the V1 engine: block_size 16 on CUDA,
+# automatic prefix caching on). Prefix caching only with continuous batching (vLLM has no other).
+VLLM_DEFAULTS = {"block_size": 16, "prefix_caching": True}
 DEFAULTS = ("llmsim", "vllm")
 
 
@@ -47,13 +48,20 @@ def _kv_dtype(text: str) -> str | None:
             "float16": "fp16"}[text]
 
 
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(text)
+        return text
+    return parse
+
+
 def _quantization(text: str) -> str:
     return {"fp8": "fp8"}[text]
 
 
-def _fcfs(text: str) -> None:
-    if text != "fcfs":
-        raise KeyError(text)
+def _policy(text: str) -> str:
+    return {"fcfs": "fcfs", "priority": "vllm_priority"}[text]
 
 
 # vLLM argument (snake case) -> (llmsim key path, parse the flag's text, what vLLM accepts).
@@ -61,6 +69,8 @@ VLLM_ARGS: dict[str, tuple[str, Callable[[str], object], str]] = {
     "max_num_seqs": ("engine.max_num_seqs", _integer, "an integer"),
     "max_num_batched_tokens": ("engine.max_batch_tokens", _integer, "an integer"),
     "enable_chunked_prefill": ("engine.chunked_prefill", _boolean, "true, false (or the bare flag)"),
+    "enable_prefix_caching": ("engine.prefix_caching", _boolean, "true, false (or the bare flag)"),
+    "preemption_mode": ("engine.preemption_mode", _choice("recompute", "swap"), "recompute, swap"),
     "block_size": ("engine.block_size", _integer, "an integer"),
     "gpu_memory_utilization": ("engine.memory_utilization", _number, "a fraction, e.g. 0.9"),
     "max_model_len": ("engine.max_model_len", _integer, "an integer"),
@@ -70,17 +80,16 @@ VLLM_ARGS: dict[str, tuple[str, Callable[[str], object], str]] = {
     "kv_cache_dtype": ("model.kv_dtype", _kv_dtype, "auto, fp8, fp8_e4m3, fp8_e5m2"),
     "quantization": ("model.weight_dtype", _quantization, "fp8 (other methods need a quantized checkpoint: "
                                                           "give its config.json)"),
-    "scheduling_policy": ("", _fcfs, "fcfs (llmsim schedules first come, first served); priority is not modelled"),
+    "scheduling_policy": ("engine.scheduling_policy", _policy, "fcfs, priority (llmsim's vllm_priority: it "
+                                                                  "orders the workload's traffic classes)"),
 }
 SHORT_FLAGS = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size",
                "q": "quantization"}
 # Flags that change performance in ways llmsim does not model (said with the run).
 NOT_MODELLED = {
     "enforce_eager": "CUDA graphs are not modelled (the cost model is calibrated per profile)",
-    "swap_space": "preemption recomputes; swapping to CPU is not modelled",
-    "preemption_mode": "preemption recomputes; swapping to CPU is not modelled",
+    "swap_space": "swapped blocks go to the hardware profile's host memory, whatever its size here",
     "cpu_offload_gb": "weight offload to CPU memory is not modelled",
-    "enable_prefix_caching": "prefix caching is not modelled",
     "num_scheduler_steps": "multi-step scheduling is not modelled",
     "speculative_config": "give speculative decoding in the scenario's speculation section",
     "enable_expert_parallel": "expert parallelism is not modelled (experts are split by tensor parallelism)",
@@ -93,7 +102,7 @@ NOT_MODELLED = {
     "max_seq_len_to_capture": "CUDA graphs are not modelled",
     "dtype": "llmsim takes the model's own dtypes (model.weight_dtype, kv_dtype change them)",
 }
-NOT_MODELLED_VALUES = {("scheduling_policy", "priority"): "llmsim schedules first come, first served"}
+NOT_MODELLED_VALUES: dict[tuple[str, str], str] = {}    # (flag, value) pairs not modelled, with why
 # Flags with no effect on serving performance: accepted, and listed as such.
 NO_EFFECT = ("host", "port", "served_model_name", "trust_remote_code", "api_key", "disable_log_requests",
              "disable_log_stats", "uvicorn_log_level", "tokenizer", "tokenizer_mode", "download_dir", "seed",
@@ -137,7 +146,8 @@ def apply_vllm_vocabulary(root: Node) -> tuple[str, ...]:
         notes = _apply_flags(flags, data, eng)
     if defaults == "vllm":
         for key, value in VLLM_DEFAULTS.items():
-            engine.setdefault(key, value)
+            if key != "prefix_caching" or engine.get("batching", "continuous") == "continuous":
+                engine.setdefault(key, value)
     return tuple(notes)
 
 
@@ -201,7 +211,7 @@ def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
             except (ValueError, KeyError):
                 raise eng.key_error("vllm_args", f"cannot read {written} {value or ''}".rstrip(), text,
                                     f"{written}: {allowed}") from None
-            if target and parsed is not None:
+            if parsed is not None:
                 _set(data, target, parsed, written, eng)
         elif name in NOT_MODELLED:
             notes.append(f"{written} not modelled: {NOT_MODELLED[name]}")

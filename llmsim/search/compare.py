@@ -17,6 +17,7 @@ from llmsim.config.reader import Node, deep_merge, load_yaml
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import REPLACED_WHOLE
 from llmsim.scenario.scenario import Scenario, scenario_from_node
+from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate
 
 
@@ -65,11 +66,19 @@ def _load(loads: Node, label: str) -> dict:
     return {"workload": workload}
 
 
-def compare(path: str | Path) -> pd.DataFrame:
-    """Simulate every variant at every load; one row each, the columns a planner compares."""
+def compare(path: str | Path, force: bool = False) -> pd.DataFrame:
+    """Simulate every variant at every load; one row each, the columns a planner compares.
+    Every run's size is checked before the first starts (``force``: see :func:`simulate`)."""
     rows = []
-    for variant, load, scenario in load_comparison(path):
-        summary = simulate(scenario).summary()
+    runs = load_comparison(path)
+    for variant, load, scenario in runs:
+        try:
+            check_run_size(scenario, force=force)
+        except ConfigError as error:
+            raise ConfigError(f"variant '{variant}'{f' at load {load}' if load else ''}: {error.message}",
+                              file=str(path), key=error.key, allowed=error.allowed, has_value=False) from None
+    for variant, load, scenario in runs:
+        summary = simulate(scenario, force=True).summary()
         gap = summary["latency"]["itl_s"]["mean"]     # over every token in the window, finished or not
         rows.append({
             "variant": variant, "load": load,

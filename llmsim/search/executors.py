@@ -23,6 +23,7 @@ from llmsim.scenario.scenario import Scenario
 
 ENGINES = ("processes", "dask", "serial")
 PR_SET_PDEATHSIG = 1            # from <linux/prctl.h>
+SCHEDULER_TIMEOUT_S = 10.0      # to reach a Dask scheduler by address before giving up (Dask's default: 30 s)
 
 
 def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dict], engine: str,
@@ -129,6 +130,17 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
         process.terminate()
 
 
+def _connect(Client, address: str):
+    """A client of the scheduler at ``address``; unreachable or malformed: ConfigError (exit 2)."""
+    try:
+        return Client(address, timeout=SCHEDULER_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as error:
+        raise ConfigError(f"cannot reach a Dask scheduler there within {SCHEDULER_TIMEOUT_S:g} s ({error})",
+                          key="--scheduler", value=address,
+                          allowed="the address of a running scheduler, e.g. tcp://host:8786, or no --scheduler "
+                                  "for a local cluster") from None
+
+
 def _execute_dask(jobs, evaluate, workers: int, client, bar):
     try:
         from distributed import Client, LocalCluster, as_completed
@@ -141,7 +153,7 @@ def _execute_dask(jobs, evaluate, workers: int, client, bar):
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
     elif isinstance(client, str):          # a running scheduler's address
-        client = Client(client)
+        client = _connect(Client, client)
     try:
         ids = [point_id for point_id, _ in jobs]
         futures = client.map(evaluate, [scenario for _, scenario in jobs], key=[f"llmsim-{i}" for i in ids],

@@ -38,9 +38,9 @@ from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.scenario.overrides import check_matches_source, variant
+from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 
-RATE_KEY = "workload.arrival.rate"
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits

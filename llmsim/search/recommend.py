@@ -20,7 +20,9 @@ The search (:func:`recommend`):
    in parallel through :func:`llmsim.search.sweeps.run_points`. A setting that fails at the
    scenario's own rate cannot be recommended, and its search stops there.
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
-   and each queue timeout (50, 200, 1000 ms), simulated the same way.
+   and each queue timeout (50, 200, 1000 ms), simulated the same way. With prefix caching
+   also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
+   CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither).
 
 The answer is the configuration with the best mean over seeds, with a 95% Student-t
 confidence interval across seeds, re-simulated at the scenario's rate for its
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -48,6 +50,7 @@ from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
+from llmsim.search.draft_choice import DraftAdvice, advise
 from llmsim.search.sweeps import run_points, slo_met
 from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.speculation.policies import AdaptiveK
@@ -56,6 +59,8 @@ from llmsim.workload.trace import generate_trace
 OBJECTIVES = ("goodput", "cost")     # the first is the default
 SEEDS, TOP = 3, 3                     # seeds per setting; analytic best settings to simulate
 TIMEOUTS_S = (0.05, 0.2, 1.0)
+IDLE_TIMEOUTS_S = (0.5, 2.0, 10.0)    # CPU offload: how long a cached block idles before it moves to host memory
+BLOCK_SIZES = (16, 512)               # the smallest and largest KV block size tried
 RULE_K0, RULE_K_MAX = 4, 8
 
 
@@ -65,10 +70,16 @@ class Config:
     k: str                          # "off", "static:<k>" or "adaptive:<k0>"
     max_batch_tokens: int
     queue_timeout_s: float | None
+    block_size: int | None = None        # None: the scenario's own (searched only with prefix caching)
+    idle_timeout_s: float | None = None  # None: the scenario's own (searched only with CPU offload)
 
     def overrides(self, scenario: Scenario) -> dict:
         point = {"engine.max_batch_tokens": self.max_batch_tokens,
                  "engine.queue_timeout": None if self.queue_timeout_s is None else f"{self.queue_timeout_s * 1000:g} ms"}
+        if self.block_size is not None:
+            point["engine.block_size"] = self.block_size
+        if self.idle_timeout_s is not None:      # a mapping: merged into the scenario's, or replacing `true`
+            point["engine.cpu_offload"] = {"idle_timeout": f"{self.idle_timeout_s:g} s"}
         if self.k == "off":
             if scenario.speculation is not None:
                 point["speculation"] = None
@@ -81,7 +92,12 @@ class Config:
     @property
     def label(self) -> str:
         timeout = "none" if self.queue_timeout_s is None else f"{self.queue_timeout_s * 1000:g} ms"
-        return f"k {self.k}, max_batch_tokens {self.max_batch_tokens}, queue timeout {timeout}"
+        label = f"k {self.k}, max_batch_tokens {self.max_batch_tokens}, queue timeout {timeout}"
+        if self.block_size is not None:
+            label += f", block_size {self.block_size}"
+        if self.idle_timeout_s is not None:
+            label += f", idle timeout {self.idle_timeout_s:g} s"
+        return label
 
 
 @dataclass
@@ -95,6 +111,7 @@ class Recommendation:
     improvement_ci95: float        # half-width across seeds, paired (both ran every seed's requests)
     analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
     runtime_s: float
+    drafts: DraftAdvice | None = None   # with drafts=True on a speculating scenario: the draft and eligibility
 
 
 def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
@@ -149,14 +166,16 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
 
 def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
               top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
-              progress: bool = False) -> Recommendation:
+              progress: bool = False, drafts: bool = False) -> Recommendation:
     """Search k, max batch tokens and queue timeout (see the module docstring).
 
     ``seeds``: independent traces per setting (>= 2, for confidence intervals), a count from
     the scenario's seed or the seeds themselves; ``top``:
     analytic best settings to simulate; ``tolerance``: relative width at which the
     bisection on the rate stops; ``requests``: simulate this many requests per run
-    instead of the scenario's ``workload.num_requests``.
+    instead of the scenario's ``workload.num_requests``; ``drafts``: for a speculating scenario,
+    also choose the draft and tune the eligibility thresholds at the scenario's rate
+    (:func:`llmsim.search.draft_choice.advise`).
     """
     started = time.perf_counter()
     scenario = as_scenario(scenario)
@@ -212,21 +231,27 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
                     "usd_per_million_output_tokens"]
                 gains = np.array([improvement])
         at_rate = search.at_scenario_rate([best, best_default["config"]])
+        advice = advise(scenario) if drafts and scenario.speculation is not None else None
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
-                              analytic, time.perf_counter() - started)
+                              analytic, time.perf_counter() - started, advice)
 
 
 def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
-    out = [Config(best.k, best.max_batch_tokens, t) for t in TIMEOUTS_S]
+    out = [replace(best, queue_timeout_s=t) for t in TIMEOUTS_S]
     for factor in (0.5, 2.0):
         m = int(best.max_batch_tokens * factor)
         if scenario.engine.max_num_seqs <= m <= max(2 ** 15, scenario.max_model_len):
-            out.append(Config(best.k, m, best.queue_timeout_s))
+            out.append(replace(best, max_batch_tokens=m))
     if best.k.startswith("static:"):
         k = int(best.k.split(":")[1])
         k_max = scenario.speculation.policy.k_max
-        out += [Config(f"static:{j}", best.max_batch_tokens, best.queue_timeout_s) for j in (k - 1, k + 1)
-                if 1 <= j <= k_max]
+        out += [replace(best, k=f"static:{j}") for j in (k - 1, k + 1) if 1 <= j <= k_max]
+    engine = scenario.engine
+    if engine.prefix_caching:
+        size = best.block_size or engine.block_size
+        out += [replace(best, block_size=b) for b in (size // 2, size * 2) if BLOCK_SIZES[0] <= b <= BLOCK_SIZES[1]]
+    if engine.cpu_offload is not None:
+        out += [replace(best, idle_timeout_s=t) for t in IDLE_TIMEOUTS_S]
     return out
 
 
@@ -293,7 +318,12 @@ class _Search:
             rates = np.array([b.passing for b in runs])
             cost = np.array([b.usd_per_million for b in runs])
             self.results[c] = {"config": c, "k": c.k, "max_batch_tokens": c.max_batch_tokens,
-                               "queue_timeout_s": c.queue_timeout_s, "analytic_rate_per_s": guess[c],
+                               "queue_timeout_s": c.queue_timeout_s,
+                               "block_size": c.block_size or self.scenario.engine.block_size,
+                               "idle_timeout_s": c.idle_timeout_s if c.idle_timeout_s is not None else (
+                                   self.scenario.engine.cpu_offload.idle_timeout_s
+                                   if self.scenario.engine.cpu_offload is not None else math.nan),
+                               "analytic_rate_per_s": guess[c],
                                "max_rate_per_s": rates.mean(), "max_rate_per_s.ci95": _ci(rates),
                                "usd_per_million_output_tokens": float(np.nanmean(cost)) if np.isfinite(cost).any()
                                else math.nan,

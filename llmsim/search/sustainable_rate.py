@@ -14,6 +14,8 @@ from llmsim.search.plan import RATE_KEY
 from llmsim.search.sweeps import scenario_at
 from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
 
+MAX_BISECTIONS = 64          # halvings of [lo, hi] at most, whatever ``tol`` asks
+
 
 @dataclass(frozen=True)
 class SustainableRate:
@@ -69,8 +71,10 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
         return SustainableRate(math.nan, lo, target, pd.concat(tried, ignore_index=True))
     if meets(hi):
         return SustainableRate(hi, math.nan, target, pd.concat(tried, ignore_index=True))
-    while hi - lo > tol:
+    for _ in range(MAX_BISECTIONS):
         middle = (lo + hi) / 2
+        if hi - lo <= tol or not lo < middle < hi:      # done, or a tolerance finer than the floats
+            break
         if meets(middle):
             lo = middle
         else:

@@ -38,21 +38,24 @@ from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
 from llmsim.config.reader import Node, load_yaml
+from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import build_point, check_matches_source, grid_points
 from llmsim.scenario.scenario import Scenario, read_seed
 from llmsim.search.executors import ENGINES, error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
+from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate
 
 RESULTS_FILE = "results.csv"
+RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
 ID_COLUMNS = ("point_id", "seed", "error")
 
 
 def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[str, Sequence], *,
           out: str | Path | None = None, workers: int | None = None, engine: str = "processes",
           seeds: Sequence[int] | None = None, progress: bool = True, client=None,
-          on_invalid: str = "raise") -> pd.DataFrame:
+          on_invalid: str = "raise", force: bool = False) -> pd.DataFrame:
     """Simulate the product of ``grid``'s values over ``scenario``; one row per point and seed.
 
     ``scenario``: a YAML path, a loaded :class:`Scenario` or a raw scenario mapping.
@@ -68,13 +71,13 @@ def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[
     grid_file = str(grid) if isinstance(grid, (str, Path)) else None
     points = grid_points(load_yaml(grid) if grid_file else grid, grid_file)
     return run_points(scenario, points, out=out, workers=workers, engine=engine, seeds=seeds,
-                      progress=progress, client=client, on_invalid=on_invalid, source=grid_file)
+                      progress=progress, client=client, on_invalid=on_invalid, source=grid_file, force=force)
 
 
 def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mapping[str, Any]], *,
                seeds: Sequence[int] | None = None, workers: int | None = None, engine: str = "processes",
                out: str | Path | None = None, progress: bool = True, client=None,
-               on_invalid: str = "raise", source: str | None = None) -> pd.DataFrame:
+               on_invalid: str = "raise", source: str | None = None, force: bool = False) -> pd.DataFrame:
     """Simulate a list of points in parallel; the engine under :func:`sweep`, for searches.
 
     scenario:   a YAML path, a loaded :class:`Scenario` (it keeps its YAML mapping) or a
@@ -98,6 +101,9 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                 ``source`` (the grid file, else the scenario's), the key path and the value,
                 before anything runs; ``"record"``: it becomes a row with its ``error``.
     source:     the file the points came from, for error messages.
+    force:      run points whose estimated size is above the resource guard's limits
+                (:func:`llmsim.sim.resources.check_run_size`); without it such a point is
+                invalid (``on_invalid`` says what happens), before anything runs.
 
     Returns one row per (point, seed) in the order given (points outer, seeds inner):
     the point's keys, ``seed``, ``point_id``, ``error`` and the flattened summary. A
@@ -114,18 +120,20 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                           has_value=False)
     seeds = [base_seed] if seeds is None else [_seed(seed, source) for seed in seeds]
     jobs, rows, seen = [], {}, set()
-    for point in points:
+    # Rows show each point as given; it runs with the request count its rate asks for.
+    for shown, point in zip(points, _windows_follow_rate(base, base_dir, base_file, points)):
         for seed in [point["seed"]] if "seed" in point else seeds:
             key = point_hash(base, point, seed)
             if key in seen:
                 continue
             seen.add(key)
-            row = {**point, "seed": seed, "point_id": key, "error": ""}
+            row = {**shown, "seed": seed, "point_id": key, "error": ""}
             try:
                 built = build_point(base, {**point, "seed": seed}, base_dir, base_file, source)
+                check_run_size(built, force=force)
             except ConfigError as error:
                 if on_invalid == "raise":
-                    raise _point_error(error, point, source or base_file) from None
+                    raise _point_error(error, shown, source or base_file) from None
                 rows[key] = {**row, "error": str(error)}
                 continue
             point_id = point_hash(base, point, seed, built)
@@ -213,8 +221,9 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Sce
 
 
 def simulate_point(scenario: Scenario) -> dict:
-    """One point's row of metrics: the flattened summary and output tokens per dollar."""
-    result = simulate(scenario)
+    """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
+    size is not checked again: :func:`run_points` checks (or was told to force) every point first."""
+    result = simulate(scenario, force=True)
     if result.interrupted:            # Ctrl-C during a serial sweep: stop, and record nothing half-run
         raise KeyboardInterrupt
     flat = flatten(result.summary())
@@ -229,6 +238,34 @@ def _evaluate(scenario: Scenario) -> dict:
         return simulate_point(scenario)
     except Exception as error:          # one failing point must not lose the others
         return {"error": error_text(error)}
+
+
+def _windows_follow_rate(base: dict, base_dir: Path, base_file: str | None, points: list[dict]) -> list[dict]:
+    """Points that change the arrival rate of a scenario that counts its requests keep its arrival
+    window in seconds: ``workload.num_requests`` scales with the rate (unless the point sets it, or a
+    duration), so the warm-up and the measurement mean the same time at every rate. A fixed count
+    would be a 4-second burst inside a 30-second warm-up at 1,000 req/s, and an hour at 1 req/s."""
+    if not any(RATE_KEY in point and not {COUNT_KEY, DURATION_KEY} & point.keys() for point in points):
+        return points
+    try:
+        own = build_point(base, {}, base_dir, base_file).workload
+    except ConfigError:                    # the base alone is incomplete (the grid supplies the rest)
+        return points
+    if own.num_requests is None or own.trace is not None:
+        return points
+    own_rate = own.arrival.rate_per_s
+    out = []
+    for point in points:
+        rate = point.get(RATE_KEY)
+        if rate is not None and not {COUNT_KEY, DURATION_KEY} & point.keys():
+            try:
+                rate_per_s = parse_quantity(rate, "rate")
+            except UnitError:
+                rate_per_s = None              # the point's own validation names the bad value
+            if isinstance(rate_per_s, (int, float)) and math.isfinite(rate_per_s) and rate_per_s > 0:
+                point = {**point, COUNT_KEY: max(1, math.ceil(own.num_requests * rate_per_s / own_rate))}
+        out.append(point)
+    return out
 
 
 def scenario_at(scenario: str | Path | Scenario | Mapping, point: Mapping[str, Any]) -> Scenario:

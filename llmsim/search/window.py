@@ -28,6 +28,7 @@ point still undecided then is judged on its estimate, and says so (``Verdict.dec
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable, Mapping, Sequence
@@ -185,13 +186,20 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
     todo = list(range(len(points)))
     current = list(windows)
     for round_index in range(ESCALATIONS + 1):
-        jobs = [{**points[i], **current[i].overrides(rates[i])} for i in todo]
+        # run_points runs a repeated point once: simulate each distinct job once, then share its rows.
+        jobs = {}
+        for i in todo:
+            jobs.setdefault(json.dumps({**points[i], **current[i].overrides(rates[i])}, sort_keys=True, default=str),
+                            []).append(i)
         per_point = len(seeds) if seeds is not None and not any("seed" in p for p in points) else 1
         if on_round is not None:
             on_round(len(jobs) * per_point)
-        frame = run_points(scenario, jobs, seeds=seeds, workers=workers, engine=engine, progress=progress)
+        frame = run_points(scenario, [json.loads(job) for job in jobs], seeds=seeds, workers=workers, engine=engine,
+                           progress=progress)
+        position_of = {i: position for position, same in enumerate(jobs.values()) for i in same}
         again = []
-        for position, i in enumerate(todo):
+        for i in todo:
+            position = position_of[i]
             rows = frame.iloc[position * per_point:(position + 1) * per_point].reset_index(drop=True)
             verdict = judge(rows, target)
             judged[i] = Judged(verdict, rows, current[i])

@@ -13,9 +13,21 @@ sequences decode first; chunked prefill fills the rest of the token budget
 sequence slot (``max_num_seqs``) and KV blocks for their first chunk. Without chunked
 prefill the engine alternates, prefill-first, between prefill-only and decode-only
 iterations (vLLM V0). When the KV cache runs out, the most recently admitted sequence
-is preempted and later recomputed (its prefill target becomes prompt + generated). A
+is preempted and later recomputed (its prefill target becomes prompt + generated), or,
+with swap preemption, resumes from its KV copied back from host memory.
+``engine.admission`` chooses what a request needs free to be admitted: blocks for its first
+chunk (``preempt``, vLLM), for its whole prompt (``max_utilization``, TensorRT-LLM's
+MAX_UTILIZATION, which then pauses and recomputes as vLLM does), or for its whole length,
+prompt plus output, net of what every running request still has reserved
+(``guaranteed_no_evict``, TensorRT-LLM's GUARANTEED_NO_EVICT: nothing is ever preempted). A
 queue timeout either forces an old request into the next iteration past the token
 budget or rejects it.
+
+With a tiered KV cache (prefix caching, a host tier or swapping,
+:mod:`llmsim.sim.prefix_cache`; ``kv.tiered``) the engine calls its hooks: ``advance`` as
+time passes, ``match`` and ``admit`` to admit a request (its cached prefix is not computed:
+its prefill starts after it), ``filled`` after each prompt chunk, and ``charge`` to add the
+host transfers an iteration started to its duration. Without one none of them runs.
 
 The engine keeps the prompts; decoding sequences live in its decode set
 (:mod:`llmsim.sim.decode` says what the engine calls and when): one token per step
@@ -122,6 +134,7 @@ class Engine(EngineProcess):
         self.observers: list[Observer] = []
         self._admitted = 0
         self._window = cost.model.sliding_window
+        self._tiered = kv.tiered
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
         self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
@@ -169,6 +182,8 @@ class Engine(EngineProcess):
         """
         cfg, now, decode = self.config, self.now, self.decode
         chunks: list[tuple[Request, int]] = []
+        if self._tiered:
+            self.kv.advance(now)
         # (The membership tests skip calls that would find nothing to do: this is the hot loop.)
         if cfg.chunked_prefill:
             budget = cfg.max_batch_tokens - (decode.prepare(now) if decode.n else 0)
@@ -190,6 +205,8 @@ class Engine(EngineProcess):
         sums = prefill_sums(chunks, self._window)
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
+        if self._tiered:
+            duration = self.kv.charge(duration)
         iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
                                    self.kv.used_blocks, len(self.running), len(self.queue), n_spec, proposed,
                                    accepted, draft_s, chunks, decoding))
@@ -205,6 +222,8 @@ class Engine(EngineProcess):
             if request.status is not RUNNING:     # preempted after its chunk was scheduled (by priority)
                 continue
             request.prefilled += chunk
+            if self._tiered:
+                self.kv.filled(request)
             if request.prefilled < request.prefill_target:
                 continue
             # The prompt is complete: its first token (or, after a recompute, the next one).
@@ -251,27 +270,51 @@ class Engine(EngineProcess):
 
     def _admit(self, now: float, budget: int, chunks: list) -> None:
         """Move requests from the queue head into the batch while budget, slots and blocks allow."""
-        cfg, kv, queue = self.config, self.kv, self.queue
+        cfg, kv, queue, tiered = self.config, self.kv, self.queue, self._tiered
         timeout = cfg.queue_timeout_s if cfg.on_timeout == "dispatch" else None
         while queue and len(self.running) < cfg.max_num_seqs:
             request = queue.head()
+            if tiered:
+                kv.match(request, now)           # its cached prefix (or swapped-out KV) is not computed
             todo = request.prefill_target - request.prefilled
             forced = timeout is not None and now - request.arrival_s >= timeout
             limit = max(budget, cfg.max_batch_tokens) if forced else budget
             chunk = min(todo, limit) if cfg.chunked_prefill else todo
             if chunk <= 0 or chunk > limit:
                 break
-            wanted = kv.blocks_for(chunk)
-            if wanted > kv.free_blocks:
+            if cfg.admission != "preempt" and not self._room_for(request):
+                break
+            if not self._take_blocks(request, chunk, now):
                 break
             queue.pop(now)
-            self._start(request, now, wanted, chunk, chunks)
+            self._start(request, now, chunk, chunks)
             budget -= chunk
 
-    def _start(self, request: Request, now: float, wanted: int, chunk: int, chunks: list) -> None:
-        """Admit ``request``, just taken from the queue: ``wanted`` blocks for its first ``chunk``."""
-        self.kv.allocate(wanted)
+    def _room_for(self, request: Request) -> bool:
+        """TensorRT-LLM's admission tests: the whole prompt's blocks free (max_utilization), or the whole
+        length's (prompt + output) beyond what running requests still have reserved (guaranteed_no_evict).
+        The simulator knows each request's output length; it stands for the max_tokens TensorRT-LLM reserves."""
+        kv = self.kv
+        if self.config.admission == "max_utilization":
+            return kv.blocks_for(request.prefill_target) <= kv.free_blocks
+        reserved = sum(kv.blocks_for(r.prompt_tokens + r.output_tokens) - r.blocks for r in self.running.values())
+        return kv.blocks_for(request.prompt_tokens + request.output_tokens) <= kv.free_blocks - reserved
+
+    def _take_blocks(self, request: Request, chunk: int, now: float) -> bool:
+        """KV blocks for ``request``'s first ``chunk`` (and, with a tiered cache, the cached prefix the
+        last ``kv.match`` found); False, taking nothing, when they do not fit."""
+        kv = self.kv
+        if self._tiered:
+            return kv.admit(request, chunk, now)
+        wanted = kv.blocks_for(chunk)
+        if wanted > kv.free_blocks:
+            return False
+        kv.allocate(wanted)
         request.blocks = wanted
+        return True
+
+    def _start(self, request: Request, now: float, chunk: int, chunks: list) -> None:
+        """Admit ``request``, just taken from the queue with its blocks, for its first ``chunk``."""
         request.status = RUNNING
         request.admit_order = self._admitted
         self._admitted += 1
@@ -283,8 +326,8 @@ class Engine(EngineProcess):
 
     # -- leaving --------------------------------------------------------------------------------
     def finish(self, request: Request, now: float) -> None:
-        """``request`` has all its tokens: free its KV and report it."""
-        self.kv.free(request.blocks)
+        """``request`` has all its tokens: free its KV (all but its last token's was computed) and report it."""
+        self.kv.release(request, now, request.prompt_tokens + request.generated - 1)
         del self.running[request.id]
         self.report_finished(request, now)
 
@@ -294,15 +337,18 @@ class Engine(EngineProcess):
 
     def preempt(self, request: Request, now: float) -> Request:
         """Preempt ``request``: free its KV and send it back to the queue front, to be recomputed
-        (prompt plus what it generated). Returns it."""
+        (prompt plus what it generated) from what the KV cache keeps of it (nothing, unless it
+        swaps). Returns it."""
         if request in self.prefilling:
             self.prefilling.remove(request)
+            kv_tokens = request.prefilled
         else:
             self.decode.stop(request)
-        self.kv.free(request.blocks)
+            kv_tokens = request.prompt_tokens + request.generated - 1
+        kept = self.kv.preempt(request, now, kv_tokens)
         del self.running[request.id]
         request.prefill_target = request.prompt_tokens + request.generated
-        request.prefilled = 0
+        request.prefilled = kept
         request.blocks = 0
         request.preemptions += 1
         self.preemptions += 1

@@ -38,7 +38,8 @@ class Request:
                  "first_scheduled_s", "first_token_s", "finish_s", "last_token_s", "generated",
                  "prefill_target", "prefilled", "blocks", "admit_order", "preemptions", "max_itl_s",
                  "epoch", "decode_start", "finish_step", "context_start", "growing",
-                 "alpha", "draft_tokens", "accepted_tokens", "slot", "class_index")
+                 "alpha", "draft_tokens", "accepted_tokens", "slot", "class_index",
+                 "prefix_keys", "cached_blocks", "cached_tokens", "reloaded_tokens", "swapped_tokens")
 
     def __init__(self, id: int, arrival_s: float, prompt_tokens: int, output_tokens: int):
         self.id = id
@@ -74,6 +75,15 @@ class Request:
         self.accepted_tokens = 0
         self.slot = -1
         self.class_index = 0           # its traffic class (an index into the workload's classes)
+        # Tiered KV cache (llmsim.sim.prefix_cache), untouched without it: the content keys of the
+        # request's full blocks (computed when first looked up), how many leading blocks it shares
+        # through the prefix cache, the prompt tokens found cached at its first admission and the
+        # part of them reloaded from host memory, and the KV tokens swapped out to host memory.
+        self.prefix_keys = None
+        self.cached_blocks = 0
+        self.cached_tokens = 0
+        self.reloaded_tokens = 0
+        self.swapped_tokens = 0
 
 
 class TimeAverage:
@@ -172,7 +182,8 @@ class RequestRecords:
     STATUSES = (UNFINISHED.value, FINISHED.value, REJECTED.value)     # code -> record string
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-                 alpha: np.ndarray | None = None, class_index: np.ndarray | None = None):
+                 alpha: np.ndarray | None = None, class_index: np.ndarray | None = None,
+                 session_id: np.ndarray | None = None, prefix_cache: bool = False):
         n = len(arrival_s)
         self.class_index = class_index
         self.arrival_s = np.asarray(arrival_s, float)
@@ -188,6 +199,10 @@ class RequestRecords:
         self.draft_tokens, self.accepted_tokens = array("q", zeros), array("q", zeros)
         self.first_scheduled_s, self.first_token_s = array("d", nans), array("d", nans)
         self.finish_s, self.max_itl_s = array("d", nans), array("d", zeros)
+        # Sessions and the tiered KV cache add columns only when a run has them (records stay as they were).
+        self.session_id = None if session_id is None else np.asarray(session_id, np.int64)
+        self.cached_tokens = array("q", zeros) if prefix_cache else None
+        self.reloaded_tokens = array("q", zeros) if prefix_cache else None
         self._reasons = {"": 0}                    # reason -> code, in order of first use
         self._status_codes = {FINISHED: 1, REJECTED: 2}
 
@@ -216,12 +231,15 @@ class RequestRecords:
         self.first_token_s[i] = request.first_token_s
         self.finish_s[i] = request.finish_s
         self.max_itl_s[i] = request.max_itl_s
+        if self.cached_tokens is not None:
+            self.cached_tokens[i] = request.cached_tokens
+            self.reloaded_tokens[i] = request.reloaded_tokens
 
     def columns(self) -> dict[str, np.ndarray]:
         """The raw record columns, in record order (the arrays share the packed columns' memory)."""
         as_array = lambda values: np.frombuffer(values, np.int64 if values.typecode == "q" else float)
         reasons = np.array(list(self._reasons), dtype=object)
-        return {
+        columns = {
             "id": np.arange(len(self), dtype=np.int64), "replica": as_array(self.replica),
             "status": np.array(self.STATUSES, dtype=object)[np.frombuffer(self.status, np.int8)],
             "reason": reasons[np.frombuffer(self.reason, np.int8)],
@@ -231,6 +249,12 @@ class RequestRecords:
             "preemptions": as_array(self.preemptions), "max_itl_s": as_array(self.max_itl_s), "alpha": self.alpha,
             "draft_tokens": as_array(self.draft_tokens), "accepted_tokens": as_array(self.accepted_tokens),
         }
+        if self.session_id is not None:
+            columns["session_id"] = self.session_id
+        if self.cached_tokens is not None:
+            columns["cached_tokens"] = as_array(self.cached_tokens)
+            columns["reloaded_tokens"] = as_array(self.reloaded_tokens)
+        return columns
 
 
 class InterTokenGaps:

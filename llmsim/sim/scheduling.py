@@ -43,7 +43,7 @@ request) takes the least urgent running request instead of the most recent one.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -226,6 +226,11 @@ class ClassEngine(Engine):
         for request, timeout_s in self.queue.expire(now):
             reject_timed_out(request, timeout_s, now, self.on_done)
 
+    def scale_timeouts(self, rules: tuple[ClassRule, ...], scale: float) -> None:
+        """Use ``rules`` with every queue timeout multiplied by ``scale`` (the adaptive controller)."""
+        self.rules = tuple(r if r.timeout_s is None else replace(r, timeout_s=r.timeout_s * scale) for r in rules)
+        self.queue.rules = self.rules
+
     # -- admission -----------------------------------------------------------------------------
     def schedule(self):
         if self.policy == "preemptive_priority" and self.queue and self.running:
@@ -254,20 +259,23 @@ class ClassEngine(Engine):
                 break
             c = queue.choose(classes)
             request = queue.front(c)
+            if self._tiered:
+                kv.match(request, now)           # its cached prefix (or swapped-out KV) is not computed
             todo = request.prefill_target - request.prefilled
             limit = max(budget, cfg.max_batch_tokens) if self._forced(self.rules[c], request, now) else budget
             chunk = min(todo, limit) if cfg.chunked_prefill else todo
             if chunk <= 0 or chunk > limit:
                 break
-            wanted = kv.blocks_for(chunk)
-            if wanted > kv.free_blocks:
+            if cfg.admission != "preempt" and not self._room_for(request):
+                break
+            if not self._take_blocks(request, chunk, now):
                 break
             queue.pop_class(c, now)
-            self._start(request, now, wanted, chunk, chunks)
+            self._start(request, now, chunk, chunks)
             budget -= chunk
 
-    def _start(self, request, now, wanted, chunk, chunks):
-        super()._start(request, now, wanted, chunk, chunks)
+    def _start(self, request, now, chunk, chunks):
+        super()._start(request, now, chunk, chunks)
         self.seats[request.class_index] += 1
 
     # -- leaving and preemption ----------------------------------------------------------------

@@ -34,10 +34,14 @@ from llmsim.analysis.metrics import meets_slo, summarize
 from llmsim.analysis.summary import COMPLETED, FAULT, HORIZON, INTERRUPT
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
-from llmsim.scenario.scenario import Scenario
+from llmsim.scenario.scenario import Scenario, host_kv_blocks
+from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
+from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
+from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
+from llmsim.sim.resources import check_run_size
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
 from llmsim.sim.scheduling import ClassEngine, class_mean_queue_lengths, class_queue_factory, class_rules
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
@@ -52,7 +56,13 @@ class Router:
     ``round_robin`` cycles; ``least_outstanding`` picks the replica with the fewest
     queued plus running requests (ties to the lowest index); ``shared_queue`` keeps
     one queue that every replica pulls from when it has room (an M/M/c system
-    when each replica serves one request at a time).
+    when each replica serves one request at a time). ``prefix_aware`` (with prefix
+    caching) picks the replica holding the longest cached prefix of the request (GPU or
+    host memory: a session returns to the replica that holds its history), among the
+    replicas under a load bound: a replica may take a request while its outstanding
+    requests stay under ``ceil(load_bound x (all outstanding + 1) / replicas)``
+    (consistent hashing with bounded loads, Mirrokni et al. 2018); ties go to the
+    least outstanding. The least loaded replica is always under the bound.
 
     The router also keeps the requests in the system (``in_system_requests``, by id): a
     request's record is written to ``records`` when it leaves, and the object dropped.
@@ -61,8 +71,9 @@ class Router:
     """
 
     def __init__(self, policy: str, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
-                 block_size: int, records: RequestRecords, all_done: simpy.Event):
+                 block_size: int, records: RequestRecords, all_done: simpy.Event, load_bound: float = 1.25):
         self.policy, self.replicas = policy, replicas
+        self.load_bound = load_bound
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
         self.outstanding = [0] * len(replicas)
         self._cycle = itertools.cycle(range(len(replicas)))
@@ -72,6 +83,7 @@ class Router:
         self.records = records
         self._left_to_finish = len(records)
         self._all_done = all_done
+        self.pool: ReplicaPool | None = None
 
     def _leave(self, request: Request, now: float) -> None:
         self.in_system.change(now, -1)
@@ -90,13 +102,7 @@ class Router:
             request.status, request.reason, request.finish_s = REJECTED, "too_long", now
             self._leave(request, now)
             return
-        if self.policy == "round_robin":
-            index = next(self._cycle)
-        elif self.policy == "least_outstanding":
-            outstanding = self.outstanding
-            index = outstanding.index(min(outstanding))        # two C loops: no key function per replica
-        else:
-            index = -1
+        index = self._pick(request)
         if index >= 0:
             request.replica = index
             self.outstanding[index] += 1
@@ -109,6 +115,33 @@ class Router:
             for engines in self.replicas:
                 for engine in engines:
                     engine.notify()
+
+    def _pick(self, request: Request) -> int:
+        """The replica for ``request`` (-1: the shared queue)."""
+        if self.pool is not None:                 # autoscaling: a serving replica
+            return self.pool.pick(self.policy, self.outstanding)
+        if self.policy == "round_robin":
+            return next(self._cycle)
+        if self.policy == "least_outstanding":
+            outstanding = self.outstanding
+            return outstanding.index(min(outstanding))        # two C loops: no key function per replica
+        if self.policy == "prefix_aware":
+            return self._holding_prefix(request)
+        return -1
+
+    def _holding_prefix(self, request: Request) -> int:
+        """The replica under the load bound with the longest cached prefix of ``request``."""
+        outstanding = self.outstanding
+        limit = -(-self.load_bound * (sum(outstanding) + 1) // len(outstanding))
+        best, best_hits = -1, -1
+        for index, engines in enumerate(self.replicas):
+            load = outstanding[index]
+            if load >= limit:
+                continue
+            hits = engines[0].kv.cached_prefix(request, request.prompt_tokens)[0]
+            if hits > best_hits or (hits == best_hits and load < outstanding[best]):
+                best, best_hits = index, hits
+        return best
 
     def done(self, request: Request, now: float, replica: int) -> None:
         if request.replica < 0:          # shared queue: credit the replica that served it
@@ -159,7 +192,7 @@ class SimulationResult:
     kv_blocks_per_replica: int
     kv_allocated_blocks: int
     kv_freed_blocks: int
-    kv_held_blocks: int
+    kv_held_blocks: int                  # blocks allocated and not freed (with prefix caching: cached ones too)
     preemptions: int
     mean_in_system: float
     mean_queue_length: float
@@ -168,7 +201,11 @@ class SimulationResult:
     stopped_by: str = COMPLETED
     fault: str | None = None
     mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
+    control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)
+    scaling: pd.DataFrame | None = None          # with autoscaling: every check (sim.autoscaling.ScalingLog)
+    replica_seconds: float | None = None         # with autoscaling: replica time paid for, start to end
     speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
+    kv_tiers: dict | None = None         # the tiered KV cache's totals (prefix caching, host tier, swap), if any
 
     @property
     def interrupted(self) -> bool:
@@ -197,8 +234,12 @@ def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
     return window, horizon
 
 
-def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = ()) -> SimulationResult:
+def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = (),
+             force: bool = False) -> SimulationResult:
     """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs).
+
+    A run whose estimated memory or event count is above the resource guard's limits is refused
+    before anything is drawn (:func:`llmsim.sim.resources.check_run_size`), unless ``force``.
 
     ``observers`` are attached to every continuous-batching engine: each is called as
     ``observer(engine, iteration)`` after every iteration (invariant checks, traces).
@@ -206,6 +247,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     is assembled is not caught. Any other exception during the run is raised again with the
     partial result attached as ``partial_result`` (see the module docstring).
     """
+    if trace is None and scenario.workload.trace is not None:      # in memory already: estimate on it
+        trace = generate_trace(scenario.workload, scenario.seed)
+    check_run_size(scenario, trace, force)
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
     window, horizon = horizon_for(scenario, trace)
     dep = scenario.deployment
@@ -214,7 +258,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     make_queue = class_queue_factory(scenario) or WaitingQueue
     shared = make_queue() if dep.router == "shared_queue" else None
     records = RequestRecords(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                             _alphas(scenario, len(trace)), trace.class_index)
+                             _alphas(scenario, len(trace)), trace.class_index, trace.session_id,
+                             scenario.engine.tiered_kv)
 
     def on_done(replica):
         # Bound late: the router is built after its replicas.
@@ -223,9 +268,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     warmup = min(scenario.simulation.warmup_s if scenario.simulation.warmup_s is not None else 0.1 * window,
                  window)
     make_engine = _engine_factory(scenario, resolved)
+    make_kv = _kv_factory(scenario, resolved, trace)
     groups = []
-    for index in range(resolved.replicas):
-        kv = KVCache(resolved.kv_blocks, resolved.block_size)
+    pool_size = scenario.autoscaling.max_replicas if scenario.autoscaling is not None else resolved.replicas
+    for index in range(pool_size):
+        kv = make_kv()
         queue = shared if shared is not None else make_queue()
         groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
                        for micro_batch in range(resolved.engines_per_replica)])
@@ -235,8 +282,15 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
             engine.observers.extend(observers)
     stop = env.event()
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
-                    records, stop)
+                    records, stop, dep.load_bound)
     env.process(arrivals(env, records, router))
+    control = ControlLog() if scenario.controller is not None else None
+    if control is not None:
+        env.process(controller(env, scenario, engines, records, control))
+    scaling = ScalingLog() if scenario.autoscaling is not None else None
+    if scaling is not None:
+        router.pool = ReplicaPool(pool_size, resolved.replicas)
+        env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
     stopped_by, fault = COMPLETED, None
     try:
@@ -248,10 +302,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     except Exception as error:               # raised again below, with what was simulated attached
         stopped_by, fault = FAULT, error
     if fault is None:
-        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by)
+        return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
+                       scaling=scaling)
     try:
         fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup, FAULT,
-                                       f"{type(fault).__name__}: {fault}")
+                                       f"{type(fault).__name__}: {fault}", control, scaling)
         fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
@@ -261,7 +316,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
 def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
-            stopped_by: str, fault: str | None = None) -> SimulationResult:
+            stopped_by: str, fault: str | None = None, control: ControlLog | None = None,
+            scaling: ScalingLog | None = None) -> SimulationResult:
     """The result of a run that ended (by ``stopped_by``): records of the requests that arrived."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
@@ -286,7 +342,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         kv_blocks_per_replica=resolved.kv_blocks,
         kv_allocated_blocks=sum(kv.allocated_total for kv in kv_caches),
         kv_freed_blocks=sum(kv.freed_total for kv in kv_caches),
-        kv_held_blocks=sum(kv.used_blocks for kv in kv_caches),
+        kv_held_blocks=sum(kv.held_blocks for kv in kv_caches),
         preemptions=sum(e.preemptions for e in engines),
         mean_in_system=router.in_system.mean(end_s),
         mean_queue_length=sum(q.length.mean(end_s) for q in queues),
@@ -296,7 +352,11 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         fault=fault,
         mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(queues, end_s)))
         if scenario.workload.classes else None,
+        control=control.frame() if control is not None else None,
+        scaling=scaling.frame() if scaling is not None else None,
+        replica_seconds=router.pool.replica_seconds(end_s) if router.pool is not None else None,
         speculation_blocked=_blocked_counts(engines),
+        kv_tiers=_kv_tiers(kv_caches, end_s),
     )
 
 
@@ -315,7 +375,8 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
     (summarising a large run takes seconds).
     """
     scenario = result.scenario
-    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed))
+    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed),
+                     force=True)     # the size of the run itself, already checked
     if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
         raise KeyboardInterrupt
     plain = plain.summary()
@@ -358,6 +419,55 @@ def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):
                      acceptance_key=stream_key(scenario.seed, 2),
                      handoff_s=resolved.handoff_s if resolved.draft_separate else None)
     return partial(engine, decode=decode)
+
+
+def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
+    """A replica's KV cache: plain counting, or tiered when the engine caches prefixes, offloads or swaps."""
+    engine, blocks, size = scenario.engine, resolved.kv_blocks, resolved.block_size
+    if not engine.tiered_kv:
+        return lambda: KVCache(blocks, size)
+    keys = (PrefixKeys(size, trace.prompt_tokens, trace.output_tokens, trace.session_id, trace.system_prompt_id,
+                       trace.system_prompt_tokens, trace.hash_ids, scenario.workload.hash_block_tokens)
+            if engine.prefix_caching else None)
+    placement, offload = resolved.memory, engine.cpu_offload
+    block_bytes_per_device = placement.kv_bytes_per_token_per_device * size
+    if not engine.host_tier:
+        return lambda: TieredKV(blocks, size, keys)
+    host_blocks = host_kv_blocks(scenario, placement)
+    transfer_s = block_bytes_per_device / scenario.hardware.host_memory.link_bandwidth_bytes_per_s
+    return lambda: TieredKV(blocks, size, keys, HostTier(host_blocks),
+                            offload.idle_timeout_s if offload is not None else None,
+                            swap=engine.preemption_mode == "swap", overlap=offload is not None and offload.overlap,
+                            block_transfer_s=transfer_s, block_bytes=block_bytes_per_device * placement.devices)
+
+
+def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
+    """Totals of the replicas' tiered KV caches (None without them), host occupancy averaged over time."""
+    if not kv_caches or not kv_caches[0].tiered:
+        return None
+    first = kv_caches[0]
+    totals = {name: sum(getattr(kv, name) for kv in kv_caches)
+              for name in ("lookups", "hit_blocks", "reloaded_blocks", "offloaded_blocks", "evicted_blocks",
+                           "swapped_out_blocks", "swapped_in_blocks", "transfer_s")}
+    totals.update(block_size=first.block_size, block_bytes=first.block_bytes, gpu_blocks=first.num_blocks,
+                  cached_blocks=sum(len(kv.cached) for kv in kv_caches))
+    hosts = [kv.host for kv in kv_caches if kv.host is not None]
+    if hosts:
+        means, peaks, series = [], [], []
+        for replica, host in enumerate(hosts):
+            times = np.frombuffer(host.occupancy_s, float)
+            order = np.argsort(times, kind="stable")
+            times, held = times[order], np.frombuffer(host.occupancy_blocks, np.int64)[order]
+            series.append(pd.DataFrame({"replica": replica, "time_s": times, "blocks": held}))
+            spans = np.clip(np.diff(np.append(times, end_s)), 0, None)
+            means.append(float((held * spans).sum() / end_s) if end_s > 0 else 0.0)
+            peaks.append(int(held.max()))
+        totals.update(host_occupancy=pd.concat(series, ignore_index=True),     # blocks held after each change
+                      host_blocks=hosts[0].capacity_blocks, host_mean_blocks=float(np.mean(means)),
+                      host_max_blocks=max(peaks), host_dropped_blocks=sum(h.dropped for h in hosts),
+                      host_allocated_blocks=sum(h.allocated_total for h in hosts),
+                      host_freed_blocks=sum(h.freed_total for h in hosts), host_held_blocks=sum(h.held for h in hosts))
+    return totals
 
 
 def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):

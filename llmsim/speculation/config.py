@@ -20,6 +20,11 @@ tokens, so their difference is the configuration, not the dice. Processes:
   ``alpha * decay^j``, since the draft drifts further from the target the longer it runs;
 - ``replay``: accepted lengths measured at some k (a CSV column) are replayed,
   truncated to the k in use (the accepted prefix at a smaller k is a prefix of it).
+- ``predicted``: bernoulli at the alpha :mod:`llmsim.speculation.acceptance_model` predicts
+  for the draft/target pair (family, size ratio, distillation, the draft's dtype) or the
+  head, and the workload (chat, code, math, summarisation, translation), fitted to the
+  published points shipped in ``data/acceptance.yaml``; a measured alpha (the other
+  processes) overrides it.
 
 k policies (see :class:`KPolicy`): ``static``; ``adaptive``, the 80/50 rule from
 practice; ``goodput``, which picks each step the k that maximises expected tokens per
@@ -28,6 +33,7 @@ second of the whole batch from the cost model and the estimated acceptance
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -36,11 +42,13 @@ import pandas as pd
 from scipy import stats
 
 from llmsim.config.reader import Node
+from llmsim.workload.trace import read_csv
 from llmsim.catalog.models import ModelSpec
+from llmsim.speculation.acceptance_model import WORKLOADS, Estimate, default_model
 from llmsim.speculation.kernels import accepted_prefixes, replayed_prefixes
 from llmsim.speculation.proposers import HEAD_KINDS, KINDS, MEDUSA, MODEL, NGRAM, Proposer, head_spec
 
-PROCESSES = ("bernoulli", "beta", "positional", "replay")
+PROCESSES = ("bernoulli", "beta", "positional", "replay", "predicted")
 POLICIES = ("static", "adaptive", "goodput")
 SCOPES = ("per_request", "per_batch")
 PLACEMENTS = ("colocated", "separate")
@@ -93,6 +101,7 @@ class Acceptance:
     decay: float = 1.0                  # positional
     samples: tuple[int, ...] = ()       # replay: measured accepted lengths
     measured_k: int = 0                 # replay: the k they were measured at
+    predicted_range: tuple[float, float] | None = None   # predicted: alpha's one-sd range (acceptance_model)
 
     @property
     def mean_alpha(self) -> float:
@@ -254,7 +263,7 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
                      lower_below, node.boolean("fallback", True),
                      node.number("prior_alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True))
 
-    acceptance = _acceptance(node.child("acceptance", {}), k_max)
+    acceptance = _acceptance(node.child("acceptance", {}), k_max, proposer, draft, target)
     if proposer.branching > 1 and acceptance.process == "replay":
         raise node.key_error("tree_branching", "replayed accepted lengths were measured on a chain",
                              proposer.branching, "1 with process: replay")
@@ -313,8 +322,33 @@ def resolve_draft_parallelism(config: SpeculationConfig, tensor_parallel: int) -
     return replace(config, draft_tensor_parallel=tp)
 
 
-def _acceptance(node: Node, k_max: int) -> Acceptance:
+def same_family(draft: ModelSpec, target: ModelSpec) -> bool:
+    """Same vocabulary and the same name up to the major version ("Llama-3.2-1B" and "Llama-3.1-70B")."""
+    stem = re.compile(r"[A-Za-z]+[-_ ]?\d*")
+    first, second = stem.match(draft.name), stem.match(target.name)
+    return (draft.vocab_size == target.vocab_size and first is not None and second is not None
+            and first.group(0).lower() == second.group(0).lower())
+
+
+def predicted_acceptance(proposer: Proposer, draft: ModelSpec | None, target: ModelSpec, workload: str = "chat",
+                         distilled: bool = False, family: bool | None = None) -> Estimate:
+    """The acceptance model's estimate for this draft (or head, or lookup) and target."""
+    if proposer.kind != MODEL:
+        return default_model().predict(proposer.kind, workload)
+    return default_model().predict(MODEL, workload, draft.param_count, target.param_count, distilled,
+                                   same_family(draft, target) if family is None else family, draft.weight_dtype)
+
+
+def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | None, target: ModelSpec) -> Acceptance:
     process = node.choice("process", PROCESSES, "bernoulli")
+    if process == "predicted":
+        # From the draft/target pair and the workload (acceptance_model); a measured alpha, beta or
+        # replay in place of ``predicted`` overrides it.
+        family = node.boolean("same_family", same_family(draft, target)) if proposer.kind == MODEL else None
+        estimate = predicted_acceptance(proposer, draft, target, node.choice("workload", WORKLOADS, "chat"),
+                                        node.boolean("distilled", False), family)
+        node.done()
+        return Acceptance(process, alpha=estimate.alpha, predicted_range=(estimate.low, estimate.high))
     prob = dict(minimum=0.0, maximum=1.0, exclusive_minimum=False)
     if process in ("bernoulli", "positional"):
         alpha = node.number("alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=False)
@@ -342,17 +376,16 @@ def _acceptance(node: Node, k_max: int) -> Acceptance:
         raise node.key_error("measured_k", f"lengths measured at k = {measured_k} cannot say what a longer "
                              f"draft (k_max = {k_max}) would get accepted", measured_k,
                              f"an integer >= k_max ({k_max}), or a smaller k_max")
-    try:
-        frame = pd.read_csv(path)
-    except (OSError, ValueError) as error:
-        raise node.key_error("path", f"cannot read this CSV ({error})", str(path), "a CSV file") from None
+    frame = read_csv(path, node, "path")
     if column not in frame.columns:
         raise node.key_error("column", f"no such column in {path.name}", column, ", ".join(map(str, frame.columns)))
     values = pd.to_numeric(frame[column], errors="coerce")
     bad = values.isna() | (values < 0) | (values > measured_k) | (values % 1 != 0)
     if bad.any() or len(values) == 0:
-        first = frame[column][bad].iloc[0] if bad.any() else "(empty)"
-        first = first.item() if hasattr(first, "item") else first      # 9, not np.int64(9), in the message
+        first = frame[column][bad].iloc[0] if bad.any() else "(empty)"      # the cell's text
+        number = values[bad].iloc[0] if bad.any() else float("nan")
+        if number == number and float(number).is_integer():
+            first = int(number)                                           # 9, not '9', in the message
         raise node.key_error("column", f"accepted lengths must be integers in 0..{measured_k} "
                              f"(row {int(np.argmax(bad.to_numpy())) + 2} of {path.name} is not)" if bad.any()
                              else f"{path.name} has no rows", first, f"integers 0..{measured_k}")

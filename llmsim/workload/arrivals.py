@@ -70,9 +70,12 @@ class Deterministic(RenewalProcess):
 
 @dataclass(frozen=True)
 class Replay:
-    """Arrivals (and lengths) replayed from a recorded trace, the workload's ``trace``."""
+    """Arrivals (and lengths) replayed from a recorded trace, the workload's ``trace``.
+
+    ``rate_per_s`` is the mean rate of what is replayed (after sampling and rescaling): the
+    trace sets the times, and plans vary this rate by rescaling the trace's time."""
     process: ClassVar[str] = "trace"
-    rate_per_s: float = 0.0         # no rate of its own: the trace sets the times
+    rate_per_s: float = 0.0
 
 
 RENEWAL_PROCESSES = {cls.process: cls for cls in (Poisson, Gamma, Deterministic)}

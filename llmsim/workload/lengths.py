@@ -26,7 +26,9 @@ import pandas as pd
 from scipy import special
 
 from llmsim.config.reader import Node
-from llmsim.workload.trace import read_csv
+from llmsim.config.limits import MAX_TRACE_TOKENS
+from llmsim.config.tables import checked_numbers
+from llmsim.workload.trace import key_errors, read_csv
 
 _COUNT = dict(integer=True, minimum=1, exclusive_minimum=False)
 MEAN_TOLERANCE = 0.10    # largest relative change of the mean that rounding and clipping may make
@@ -214,7 +216,10 @@ class Empirical(LengthDistribution):
         values = values[values >= 1]
         if values.empty:
             raise node.key_error("column", f"column has no token counts >= 1 in {path}", column)
-        return {"samples": tuple(int(v) for v in np.rint(values.to_numpy()))}
+        values = checked_numbers(values, f"{path}, column {column}",
+                                 key_errors(node, "path"),
+                                 minimum=1, maximum=MAX_TRACE_TOKENS)
+        return {"samples": tuple(int(v) for v in np.rint(values))}
 
 
 LENGTH_DISTRIBUTIONS = {cls.name: cls for cls in (Fixed, Uniform, Lognormal, Exponential, Empirical)}

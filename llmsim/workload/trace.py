@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from llmsim.config.limits import MAX_QUANTITY, MAX_TRACE_TOKENS
 from llmsim.config.reader import Node
+from llmsim.config.tables import checked_numbers, read_csv_text
 
 if TYPE_CHECKING:
     from llmsim.workload.workload import Workload
@@ -30,6 +32,10 @@ class Trace:
     KV blocks (Mooncake traces; equal hashes are shared prefixes, for prefix caching),
     and the ``model`` and ``log_type`` labels a trace can be filtered on (BurstGPT).
     ``description`` says where the requests come from and what was done to them.
+    Requests of multi-turn sessions say which session they belong to (``session_id``, -1 for
+    none: each turn's prompt is its session's history plus new input) and which shared system
+    prompt they start with (``system_prompt_id``, -1 for none, of ``system_prompt_tokens``
+    tokens): what prefix caching can reuse (see ``llmsim.sim.prefix_cache.PrefixKeys``).
     """
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
@@ -39,6 +45,9 @@ class Trace:
     log_type: np.ndarray | None = None
     description: str = ""
     class_index: np.ndarray | None = None     # with traffic classes: each request's class (its index)
+    session_id: np.ndarray | None = None
+    system_prompt_id: np.ndarray | None = None
+    system_prompt_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -58,7 +67,9 @@ class Trace:
         return replace(self, arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
                        output_tokens=self.output_tokens[index], hash_ids=hash_ids, model=pick(self.model),
                        log_type=pick(self.log_type), class_index=pick(self.class_index),
-                       description=self.description if description is None else description)
+                       description=self.description if description is None else description,
+                       session_id=pick(self.session_id), system_prompt_id=pick(self.system_prompt_id),
+                       system_prompt_tokens=pick(self.system_prompt_tokens))
 
     def cut(self, num_requests: int | None, duration_s: float | None) -> "Trace":
         """The first ``num_requests`` requests arriving within ``duration_s`` (None: no limit)."""
@@ -75,6 +86,8 @@ def generate_trace(workload: Workload, seed: int) -> Trace:
         return trace.cut(workload.num_requests, workload.duration_s)
     if workload.classes:
         return _class_trace(workload, seed)
+    if workload.sessions is not None:
+        return workload.sessions.trace(workload, seed)
     arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
                                             for s in np.random.SeedSequence(seed).spawn(3))
     times = workload.arrival.times(arrivals_rng, workload.num_requests, workload.duration_s)
@@ -123,33 +136,31 @@ def dataset_order(size: int, n: int, rng: np.random.Generator) -> np.ndarray:
 # -- reading ------------------------------------------------------------------------------
 
 def read_trace_csv(path: Path, node: Node, key: str) -> Trace:
-    """A trace CSV with columns arrival_s, prompt_tokens, output_tokens (extra columns ignored)."""
+    """A trace CSV with columns arrival_s, prompt_tokens, output_tokens (extra columns ignored):
+    arrival times finite, 0 to :data:`~llmsim.workload.workload.MAX_ARRIVAL_WINDOW_S` seconds, token
+    counts whole, 1 to :data:`~llmsim.config.limits.MAX_TRACE_TOKENS`."""
     required = ("arrival_s", "prompt_tokens", "output_tokens")
     frame = read_csv(path, node, key)
     missing = [c for c in required if c not in frame.columns]
     if missing:
         raise node.key_error(key, f"trace {path} lacks column(s) {', '.join(missing)}", str(path),
                              "a CSV with columns " + ", ".join(required))
-    for column in required:
-        values = pd.to_numeric(frame[column], errors="coerce")
-        bad = values.isna() | (values < (0 if column == "arrival_s" else 1))
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise node.key_error(key, f"trace {path}, column {column}, data row {row + 1}: "
-                                      f"not a valid value", frame[column].iloc[row],
-                                 "arrival_s >= 0 seconds; token counts >= 1")
-        frame[column] = values
-    frame = frame.sort_values("arrival_s", kind="stable")
-    return Trace(frame["arrival_s"].to_numpy(float), frame["prompt_tokens"].to_numpy(np.int64),
-                 frame["output_tokens"].to_numpy(np.int64))
+    fail = key_errors(node, key)
+    arrival_s = checked_numbers(frame["arrival_s"], f"trace {path}, column arrival_s (seconds)", fail, minimum=0.0,
+                                maximum=MAX_QUANTITY["duration"])
+    prompt, output = (checked_numbers(frame[column], f"trace {path}, column {column}", fail, minimum=1,
+                                      maximum=MAX_TRACE_TOKENS, integer=True)
+                      for column in ("prompt_tokens", "output_tokens"))
+    order = np.argsort(arrival_s, kind="stable")
+    return Trace(arrival_s[order], prompt[order], output[order])
 
 
 def read_csv(path: Path, node: Node, key: str) -> pd.DataFrame:
-    """A CSV file named by ``key`` of ``node``, with a header and at least one row (else a ConfigError)."""
-    try:
-        frame = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
-        raise node.key_error(key, f"cannot read CSV {path}: {exc}", str(path), "a CSV file with a header row") from None
-    if frame.empty:
-        raise node.key_error(key, f"CSV {path} has no rows", str(path), "a CSV file with at least one data row")
-    return frame
+    """A CSV file named by ``key`` of ``node``, with a header and at least one row, read through the
+    front door (:func:`llmsim.config.tables.read_csv_text`: size cap, UTF-8); cells are text."""
+    return read_csv_text(path, key_errors(node, key))
+
+
+def key_errors(node: Node, key: str):
+    """Errors about a CSV named by ``key`` of ``node``: they name the scenario file and key too."""
+    return lambda message, value, allowed: node.key_error(key, message, value, allowed)

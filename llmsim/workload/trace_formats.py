@@ -7,6 +7,7 @@ or its first JSON line):
 format       file                                            columns / fields used
 ===========  ==============================================  ===========================================
 ``llmsim``   CSV                                             arrival_s, prompt_tokens, output_tokens
+                                                             (session_id: optional)
 ``azure``    Azure LLM inference trace 2023 / 2024, CSV      TIMESTAMP (date-time), ContextTokens,
                                                              GeneratedTokens
 ``burstgpt`` BurstGPT, CSV                                   Timestamp (s), Request tokens, Response
@@ -30,6 +31,7 @@ characters per token; nothing is downloaded.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -37,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmsim.config.reader import Node
+from llmsim.config.limits import MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES, MAX_TRACE_TOKENS
+from llmsim.config.reader import Node, read_text
 from llmsim.errors import ConfigError
 from llmsim.workload.trace import Trace, read_csv
 
@@ -52,6 +55,7 @@ CSV_COLUMNS = {
 }
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
 MOONCAKE_MS_PER_S = 1000.0          # Mooncake timestamps are milliseconds
+MAX_ARRIVAL_S = MAX_QUANTITY["duration"]   # the longest arrival window simulated (llmsim.config.limits)
 
 
 def row_error(path: Path, line: int, column: str, value: object, allowed: str, message: str) -> ConfigError:
@@ -61,19 +65,46 @@ def row_error(path: Path, line: int, column: str, value: object, allowed: str, m
 
 def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer: Path | None = None,
                chars_per_token: float | None = None) -> Trace:
-    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected)."""
-    fmt = detect_format(path, node, key) if fmt == "auto" else fmt
-    if fmt == "mooncake":
-        return read_mooncake(path)
-    if fmt == "sharegpt":
-        return read_sharegpt(path, node, tokenizer, chars_per_token)
-    return read_csv_trace(path, node, key, fmt)
+    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected).
+
+    A file read before with the same content (hashed: cheap next to parsing) and read the same way
+    is not parsed again: plans and sweeps rebuild the scenario at every probe."""
+    cache_key = (str(Path(path).resolve()), _content_hash(path), fmt, str(tokenizer), chars_per_token)
+    if cache_key not in _READ:
+        fmt = detect_format(path, node, key) if fmt == "auto" else fmt
+        if fmt == "mooncake":
+            trace = read_mooncake(path)
+        elif fmt == "sharegpt":
+            trace = read_sharegpt(path, node, tokenizer, chars_per_token)
+        else:
+            trace = read_csv_trace(path, node, key, fmt)
+        if len(_READ) >= _READ_CACHE_SIZE:
+            _READ.pop(next(iter(_READ)))
+        _READ[cache_key] = trace
+    return _READ[cache_key]
+
+
+def _content_hash(path: Path) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_READ: dict[tuple, Trace] = {}        # parsed traces by file identity and reading options, oldest first
+_READ_CACHE_SIZE = 8
 
 
 def detect_format(path: Path, node: Node, key: str) -> str:
     """The format of ``path``: JSON by its first character, CSV by its header."""
-    with open(path, encoding="utf-8", errors="replace") as file:
-        head = file.read(4096).lstrip()
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            head = file.read(4096).lstrip()
+    except OSError as exc:                  # a folder, a file that vanished: the front door says which
+        read_text(path)
+        raise node.key_error(key, f"cannot read trace {path} ({exc.strerror or exc})", str(path),
+                             "a readable file") from None
     if head.startswith("["):
         return "sharegpt"
     if head.startswith("{"):
@@ -104,28 +135,36 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
     if fmt == "azure":
         arrival = _azure_seconds(frame[arrival_col], path, arrival_col)
     else:
-        arrival = _numbers(frame[arrival_col], path, arrival_col, minimum=0.0)
-    prompt = _numbers(frame[prompt_col], path, prompt_col, minimum=1.0, integer=True)
+        arrival = _numbers(frame[arrival_col], path, arrival_col, minimum=0.0, maximum=MAX_ARRIVAL_S)
+    prompt = _numbers(frame[prompt_col], path, prompt_col, minimum=1.0, maximum=MAX_TRACE_TOKENS, integer=True)
     production = fmt != "llmsim"
-    output = _numbers(frame[output_col], path, output_col, minimum=0.0 if production else 1.0, integer=True)
+    output = _numbers(frame[output_col], path, output_col, minimum=0.0 if production else 1.0,
+                      maximum=MAX_TRACE_TOKENS, integer=True)
     _check_sorted(arrival, lines, path, arrival_col)
     labels = {name: frame[column].astype(str).str.strip().to_numpy()
               for name, column in (("model", "Model"), ("log_type", "Log Type")) if column in frame.columns}
+    sessions = None
+    if fmt == "llmsim" and "session_id" in frame.columns:
+        # Turns of one conversation: each prompt extends the one before (history plus new input).
+        ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, maximum=MAX_NUMBER, integer=True)
+        sessions = pd.factorize(ids.astype(np.int64))[0].astype(np.int64)
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
-                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}")
+                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions)
     return _drop_empty_outputs(trace) if production else trace
 
 
-def _numbers(column: pd.Series, path: Path, name: str, *, minimum: float, integer: bool = False) -> np.ndarray:
-    """A numeric column, every value finite, >= ``minimum`` (and whole if ``integer``)."""
+def _numbers(column: pd.Series, path: Path, name: str, *, minimum: float, maximum: float,
+             integer: bool = False) -> np.ndarray:
+    """A numeric column, every value finite, ``minimum``..``maximum`` (and whole if ``integer``)."""
     values = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
-    bad = ~np.isfinite(values) | (values < minimum)
+    bad = ~np.isfinite(values) | (values < minimum) | (values > maximum)
     if integer:
         bad |= np.isfinite(values) & (values != np.round(values))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         kind = "a whole number of tokens" if integer else "a number of seconds"
-        raise row_error(path, row + 2, name, column.iloc[row], f"{kind} >= {minimum:g}", "not a valid value")
+        raise row_error(path, row + 2, name, column.iloc[row], f"{kind} >= {minimum:g} and <= {maximum:g}",
+                        "not a valid value")
     return values
 
 
@@ -137,7 +176,13 @@ def _azure_seconds(column: pd.Series, path: Path, name: str) -> np.ndarray:
         row = int(np.flatnonzero(bad)[0])
         raise row_error(path, row + 2, name, column.iloc[row], "a date-time such as 2023-11-16 18:15:46.6805900",
                         "not a date-time")
-    return (times - times.iloc[0]).dt.total_seconds().to_numpy(dtype=float)
+    seconds = (times - times.iloc[0]).dt.total_seconds().to_numpy(dtype=float)
+    late = np.flatnonzero(np.abs(seconds) > MAX_ARRIVAL_S)
+    if len(late):
+        row = int(late[0])
+        raise row_error(path, row + 2, name, column.iloc[row], f"within {MAX_ARRIVAL_S:g} s of the first request",
+                        "too far from the first request's date-time")
+    return seconds
 
 
 def _check_sorted(arrival: np.ndarray, lines: np.ndarray, path: Path, name: str) -> None:
@@ -160,52 +205,72 @@ def _drop_empty_outputs(trace: Trace) -> Trace:
 # -- Mooncake JSON lines -----------------------------------------------------------------------
 
 def read_mooncake(path: Path) -> Trace:
-    """One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``."""
-    arrival, prompt, output, hashes, lines = [], [], [], [], []
-    with open(path, encoding="utf-8") as file:
-        for line_number, text in enumerate(file, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise row_error(path, line_number, str(exc.colno), text.strip()[:80], "one JSON object per line",
-                                f"not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise row_error(path, line_number, "1", text.strip()[:80], "one JSON object per line",
-                                "not a JSON object")
-            for field in MOONCAKE_FIELDS:
-                if field not in record:
-                    raise row_error(path, line_number, field, None, ", ".join(MOONCAKE_FIELDS) + " (and hash_ids)",
-                                    "missing field")
-            arrival.append(_json_number(record, "timestamp", path, line_number, 0.0, False) / MOONCAKE_MS_PER_S)
-            prompt.append(_json_number(record, "input_length", path, line_number, 1.0, True))
-            output.append(_json_number(record, "output_length", path, line_number, 0.0, True))
-            hashes.append(_hash_ids(record.get("hash_ids", []), path, line_number))
-            lines.append(line_number)
-    if not arrival:
+    """One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
+
+    Fields are gathered column-wise and checked as arrays; a bad one sends every record through
+    the per-record check, which names the first bad line."""
+    records, lines = [], []
+    for line_number, text in enumerate(read_text(path, MAX_TABLE_FILE_BYTES).split("\n"), start=1):
+        if not text.strip():
+            continue
+        try:
+            records.append(json.loads(text))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise row_error(path, line_number, str(getattr(exc, "colno", 1)), text.strip()[:80],
+                            "one JSON object per line", f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
+        lines.append(line_number)
+    if not records:
         raise ConfigError("trace has no requests", file=str(path), has_value=False)
-    arrival_s = np.asarray(arrival)
+    try:
+        columns = {field: np.array([record[field] for record in records], dtype=float) for field in MOONCAKE_FIELDS}
+        hashes = tuple(tuple(record.get("hash_ids", ())) for record in records)
+        flat = np.fromiter((h for ids in hashes for h in ids), dtype=object)
+        valid = all(np.isfinite(values).all() for values in columns.values()) \
+            and (columns["timestamp"] >= 0).all() and (columns["input_length"] >= 1).all() \
+            and (columns["output_length"] >= 0).all() \
+            and (columns["timestamp"] <= MAX_ARRIVAL_S * MOONCAKE_MS_PER_S).all() \
+            and all((columns[f] <= MAX_TRACE_TOKENS).all() for f in ("input_length", "output_length")) \
+            and all((np.round(columns[f]) == columns[f]).all() for f in ("input_length", "output_length")) \
+            and all(type(h) is int for h in flat)
+    except (KeyError, TypeError, ValueError, OverflowError):     # OverflowError: an integer of 400 digits
+        valid = False
+    if not valid:
+        for record, line in zip(records, lines):
+            _check_mooncake_record(record, path, line)
+    arrival_s = columns["timestamp"] / MOONCAKE_MS_PER_S
     _check_sorted(arrival_s, np.asarray(lines), path, "timestamp")
-    trace = Trace(arrival_s, np.asarray(prompt, dtype=np.int64), np.asarray(output, dtype=np.int64),
-                  hash_ids=tuple(hashes), description=f"mooncake trace {path.name}")
+    trace = Trace(arrival_s, columns["input_length"].astype(np.int64), columns["output_length"].astype(np.int64),
+                  hash_ids=hashes, description=f"mooncake trace {path.name}")
     return _drop_empty_outputs(trace)
 
 
-def _json_number(record: dict, field: str, path: Path, line: int, minimum: float, integer: bool) -> float:
+def _check_mooncake_record(record: object, path: Path, line: int) -> None:
+    """One Mooncake record, field by field: a ConfigError naming the line and field of the first fault."""
+    if not isinstance(record, dict):
+        raise row_error(path, line, "1", record, "one JSON object per line", "not a JSON object")
+    for field in MOONCAKE_FIELDS:
+        if field not in record:
+            raise row_error(path, line, field, None, ", ".join(MOONCAKE_FIELDS) + " (and hash_ids)", "missing field")
+    _json_number(record, "timestamp", path, line, 0.0, MAX_ARRIVAL_S * MOONCAKE_MS_PER_S, False)
+    _json_number(record, "input_length", path, line, 1.0, MAX_TRACE_TOKENS, True)
+    _json_number(record, "output_length", path, line, 0.0, MAX_TRACE_TOKENS, True)
+    _hash_ids(record.get("hash_ids", []), path, line)
+
+
+def _json_number(record: dict, field: str, path: Path, line: int, minimum: float, maximum: float,
+                 integer: bool) -> None:
     value = record[field]
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and value >= minimum and (not integer or float(value).is_integer())
+    # Compared before any float conversion: a JSON integer of 400 digits would overflow it.
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and minimum <= value <= maximum \
+        and math.isfinite(value) and (not integer or float(value).is_integer())
     if not ok:
         kind = "a whole number of tokens" if integer else "a number of milliseconds"
-        raise row_error(path, line, field, value, f"{kind} >= {minimum:g}", "not a valid value")
-    return float(value)
+        raise row_error(path, line, field, value, f"{kind} >= {minimum:g} and <= {maximum:g}", "not a valid value")
 
 
-def _hash_ids(value: object, path: Path, line: int) -> tuple[int, ...]:
+def _hash_ids(value: object, path: Path, line: int) -> None:
     if not isinstance(value, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
         raise row_error(path, line, "hash_ids", value, "a list of integers (one per prompt block)", "not valid")
-    return tuple(value)
 
 
 # -- ShareGPT / vLLM benchmark datasets -----------------------------------------------------------
@@ -218,8 +283,8 @@ def read_sharegpt(path: Path, node: Node, tokenizer: Path | None, chars_per_toke
     """
     count = _token_counter(node, tokenizer, chars_per_token)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(read_text(path, MAX_TABLE_FILE_BYTES))
+    except (json.JSONDecodeError, RecursionError) as exc:
         line, column = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
         raise row_error(path, line, str(column), None, "a JSON list of {conversations: [{from, value}, ...]}",
                         f"not valid JSON ({exc})") from None
@@ -270,5 +335,5 @@ def _token_counter(node: Node, tokenizer: Path | None, chars_per_token: float | 
     except Exception as exc:        # the Rust library raises its own exception type
         raise node.key_error("tokenizer", f"cannot read tokenizer ({exc})", str(tokenizer),
                              "a Hugging Face tokenizer.json") from None
-    return lambda texts: np.asarray([len(e.ids) for e in loaded.encode_batch(texts, add_special_tokens=False)],
+    return lambda texts: np.asarray([len(e.ids) for e in loaded.encode_batch(texts, add_special_tokens=True)],
                                     dtype=np.int64)

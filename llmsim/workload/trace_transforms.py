@@ -88,6 +88,13 @@ class TraceTransforms:
             trace = filter_labels(trace, label, allowed)
         return trace
 
+    def replayed_rate_per_s(self, selected: Trace) -> float:
+        """The mean rate of the replay of ``selected`` (windowed and filtered): the target ``rate``,
+        else the trace's own, thinned by sampling and sped up."""
+        if self.rate_per_s is not None:
+            return self.rate_per_s
+        return mean_rate_per_s(selected.arrival_s) * (self.sample_fraction or 1.0) * (self.speed or 1.0)
+
     def apply(self, trace: Trace, seed: int) -> Trace:
         """Sample from ``seed``, then speed up or rescale (when the trace is generated)."""
         if self.sample_fraction is not None:

@@ -15,18 +15,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
 from llmsim.workload.classes import TrafficClass, classes_from_node
 from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.profiles import PROFILES, RateProfile, profile_from_node
+from llmsim.workload.sessions import Sessions, sessions_from_node
 from llmsim.workload.trace import Trace
 from llmsim.workload.trace_formats import FORMATS, TIMED_FORMATS, detect_format, read_trace
 from llmsim.workload.trace_transforms import TraceTransforms, check_selection, transforms_from_node
 
-# The longest arrival window simulated: simulated time is float64 seconds, which resolve about
-# 0.1 microsecond at 1e9 s (32 years) but a whole second at 1e16 s, where every latency rounds to 0.
-MAX_ARRIVAL_WINDOW_S = 1e9
+# The longest arrival window simulated: the longest duration any key takes (simulated time is
+# float64 seconds, which resolve about 0.1 microsecond at 1e9 s but a whole second at 1e16 s).
+MAX_ARRIVAL_WINDOW_S = MAX_QUANTITY["duration"]
+MAX_GAMMA_CV = 100.0                # gamma gaps' coefficient of variation (shape 1e-4 at the limit)
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,9 @@ class Workload:
     lengths (``prompt_tokens`` and ``output_tokens`` are None); ``transforms`` sample and rescale
     it from the seed. A ``dataset`` gives the lengths of requests arriving by ``arrival``.
     ``classes`` (empty: one class of traffic) are the traffic classes of
-    :mod:`llmsim.workload.classes`; when each has its own arrivals, ``arrival`` is None.
+    :mod:`llmsim.workload.classes`; when each has its own arrivals, ``arrival`` is None. With
+    ``sessions`` the arrivals start conversations and ``prompt_tokens`` is each turn's new input
+    (see :mod:`llmsim.workload.sessions`).
     """
     arrival: RenewalProcess | RateProfile | Replay | None
     prompt_tokens: LengthDistribution | None
@@ -47,6 +52,8 @@ class Workload:
     trace: Trace | None = None
     transforms: TraceTransforms | None = None
     dataset: Trace | None = None
+    sessions: Sessions | None = None
+    hash_block_tokens: int = 512         # tokens per hash_ids entry of a replayed trace (Mooncake's blocks)
     classes: tuple[TrafficClass, ...] = ()
 
     @property
@@ -62,7 +69,11 @@ def arrival_from_node(arrival_node: Node) -> RenewalProcess | RateProfile:
     else:
         rate = arrival_node.quantity("rate", "rate")
         kind = RENEWAL_PROCESSES[process]
-        arrival = kind(rate, arrival_node.number("cv", 1.0, minimum=0.0)) if kind is Gamma else kind(rate)
+        if kind is Gamma:
+            arrival = kind(rate, arrival_node.number("cv", 1.0, minimum=0.0, exclusive_minimum=True,
+                                                     maximum=MAX_GAMMA_CV))
+        else:
+            arrival = kind(rate)
     arrival_node.done()
     return arrival
 
@@ -88,7 +99,8 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         trace = read_trace(path, arrival_node, "path", fmt)
         transforms = transforms_from_node(arrival_node)
         trace = check_selection(trace, transforms, arrival_node, "path")
-        arrival = Replay()
+        hash_block_tokens = arrival_node.number("hash_block_tokens", 512, integer=True, minimum=1)
+        arrival = Replay(transforms.replayed_rate_per_s(trace))
         arrival_node.done()
 
     num_requests = node.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
@@ -102,16 +114,20 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         raise node.key_error("classes", "traffic classes draw their own lengths: a replayed trace or a dataset "
                              "brings its own requests", node.raw("classes"),
                              "no workload.classes with arrival.process: trace or workload.dataset")
+    if node.has("classes") and node.has("sessions"):
+        raise node.key_error("sessions", "sessions are not combined with traffic classes", node.raw("sessions"),
+                             "workload.sessions or workload.classes, not both")
     if trace is not None or node.has("dataset"):
         source = "the replayed trace" if trace is not None else "the dataset"
-        for key in ("prompt_tokens", "output_tokens") + (("dataset",) if trace is not None else ()):
+        for key in ("prompt_tokens", "output_tokens", "sessions") + (("dataset",) if trace is not None else ()):
             if node.has(key):
-                raise node.key_error(key, f"lengths come from {source}", node.raw(key),
+                raise node.key_error(key, f"lengths and sessions come from {source}", node.raw(key),
                                      "either arrival.process: trace, workload.dataset, or prompt_tokens and "
                                      "output_tokens")
         dataset = None if trace is not None else dataset_from_node(node.child("dataset"))
         node.done()
-        return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset)
+        return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset,
+                        hash_block_tokens=hash_block_tokens if trace is not None else 512)
     classes = ()
     if node.has("classes"):
         has_lengths = node.has("prompt_tokens") and node.has("output_tokens")
@@ -121,8 +137,9 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
             return Workload(arrival, None, None, num_requests, duration_s, classes=classes)
     prompt = length_from_node(node, "prompt_tokens", max_tokens)
     output = length_from_node(node, "output_tokens", max_tokens)
+    sessions = sessions_from_node(node.child("sessions"), max_tokens) if node.has("sessions") else None
     node.done()
-    return Workload(arrival, prompt, output, num_requests, duration_s, classes=classes)
+    return Workload(arrival, prompt, output, num_requests, duration_s, classes=classes, sessions=sessions)
 
 
 def dataset_from_node(node: Node) -> Trace:
@@ -138,10 +155,8 @@ def dataset_from_node(node: Node) -> Trace:
 
 def _check_window(node: Node, arrival: RenewalProcess, num_requests: int | None, duration_s: float | None) -> None:
     """Refuse traffic that takes longer than :data:`MAX_ARRIVAL_WINDOW_S` to arrive (a rate of
-    1e-300/s would report every latency as 0 and every SLO met)."""
-    if duration_s is not None and duration_s > MAX_ARRIVAL_WINDOW_S:
-        raise node.key_error("duration", f"longer than the {MAX_ARRIVAL_WINDOW_S:g} s simulated time resolves "
-                             "latencies in", node.raw("duration"), f"at most {MAX_ARRIVAL_WINDOW_S:g} s")
+    1e-300/s would report every latency as 0 and every SLO met); a longer ``duration`` is refused
+    by its key's own maximum."""
     if num_requests is None:
         return
     window_s = num_requests / arrival.rate_per_s

@@ -1,0 +1,40 @@
+"""The documented limits on what llmsim reads, in one place (the README's "Limits on input" table).
+
+Every file the tool reads passes :func:`llmsim.config.reader.read_text` (size and encoding),
+every YAML file :func:`llmsim.config.reader.load_yaml` (nesting and alias expansion), and
+every number a :class:`~llmsim.config.reader.Node` accessor (finite, within these maxima), so
+a new setting gets the same checks without code of its own. The limits are far above any
+real deployment; they exist so that a typo or a hostile file is refused in a clear paragraph
+instead of overflowing a float, exhausting memory or recursing until Python gives up.
+"""
+from __future__ import annotations
+
+# -- files -------------------------------------------------------------------------------
+MAX_CONFIG_FILE_BYTES = 16 * 2**20      # a YAML or JSON file: the shipped ones are under 20 kB
+MAX_TABLE_FILE_BYTES = 512 * 2**20      # a CSV trace: about 20 million rows of three columns
+
+# -- YAML ----------------------------------------------------------------------------------
+MAX_YAML_DEPTH = 64                 # nested mappings/lists; shipped files reach 5
+MAX_YAML_ALIASES = 1_000            # uses of '*anchor'
+MAX_YAML_NODES = 200_000            # values once every alias is expanded ("billion laughs" stop here)
+
+# -- numbers -------------------------------------------------------------------------------
+# A plain number: its magnitude at most 2**53, the largest integer a float64 holds exactly
+# (counts, seeds and sizes beyond it would silently lose their last digits).
+MAX_NUMBER = float(2**53)
+
+# A quantity with a unit, in its base unit. Simulated time is float64 seconds: at 1e9 s
+# (32 years) it still resolves 0.1 microsecond, beyond that latencies lose their digits.
+# Bandwidth and compute go far higher than any device (a CS-3 is 1.25e17 FLOP/s) so that a test
+# device can be "practically infinite" (1e27 FLOP/s) and still keep every product finite.
+MAX_QUANTITY = {
+    "duration": 1e9,                # seconds
+    "bytes": 1e18,                  # 1 EB
+    "bandwidth": 1e30,              # bytes/s
+    "flops": 1e30,                  # FLOP/s
+    "power": 1e9,                   # 1 GW
+    "rate": 1e9,                    # requests per second
+}
+
+# -- a trace's columns ----------------------------------------------------------------------
+MAX_TRACE_TOKENS = 10_000_000       # a request's prompt or output, above any model's context

@@ -1,0 +1,126 @@
+"""Settings that change while a run goes on: the adaptive controller (``controller:`` in a scenario)
+and autoscaling (``autoscaling:``, :class:`AutoscalingConfig`).
+
+The controller (:mod:`llmsim.sim.controller`) wakes every ``interval``, reads the worst ratio of
+a rolling ``window``'s latency percentiles to their SLO limits (:mod:`llmsim.analysis.rolling`)
+and moves one engine ``knob`` (``max_batch_tokens`` or ``max_num_seqs``) within ``bounds``
+(default: an eighth of the scenario's setting up to the setting itself), by a ``rule``:
+
+``practice``
+    the rule of thumb of serving practice ("when P95 latency exceeds the SLA, lower max batch
+    tokens or shorten queue timeouts"): on a violation the knob is multiplied by ``decrease``
+    and every class's queue timeout by ``timeout_factor``; when every ratio is below
+    ``1 - hysteresis`` both step back by the inverse factors towards the scenario's settings.
+``aimd``
+    additive increase, multiplicative decrease: on a violation the knob times ``decrease``;
+    below ``1 - hysteresis`` the knob plus ``increase``.
+``pid``
+    the knob is the scenario's setting times ``1 - (kp e + ki integral(e) + kd de/dt)``, where the
+    error ``e`` is the worst ratio minus ``1 - hysteresis / 2`` (the middle of the band below);
+    the integral stops while the knob sits on a bound (anti-windup).
+
+Under ``practice`` and ``aimd`` nothing moves while the worst ratio is between
+``1 - hysteresis`` and 1 (hysteresis). Under every rule a run whose ratios stay below
+``1 - hysteresis``, with the knob at its upper bound (the default), is left as configured.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmsim.config.reader import Node
+
+CONTROLLER_RULES = ("practice", "aimd", "pid")
+CONTROLLER_KNOBS = ("max_batch_tokens", "max_num_seqs")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    rule: str
+    knob: str
+    interval_s: float
+    window_s: float
+    low: int
+    high: int
+    hysteresis: float = 0.3
+    decrease: float = 0.5
+    increase: int = 1
+    timeout_factor: float = 0.8
+    kp: float = 2.0
+    ki: float = 0.2
+    kd: float = 0.0
+
+
+def controller_from_node(node: Node, engine) -> ControllerConfig:
+    """``controller:``; ``engine`` is the scenario's EngineConfig (the knob's starting value)."""
+    rule = node.choice("rule", CONTROLLER_RULES, "practice")
+    knob = node.choice("knob", CONTROLLER_KNOBS, "max_batch_tokens")
+    start = getattr(engine, knob)
+    interval = node.quantity("interval", "duration", 10.0)
+    window = node.quantity("window", "duration", 3 * interval)
+    bounds = node.raw("bounds", [max(1, start // 8), start])
+    if (not isinstance(bounds, list) or len(bounds) != 2
+            or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)):
+        raise node.key_error("bounds", "expected [low, high], two whole numbers", bounds, f"e.g. [{max(1, start // 8)}, {start}]")
+    low, high = bounds
+    if not 1 <= low <= start <= high:
+        raise node.key_error("bounds", f"the range must hold engine.{knob} ({start}), the setting the run starts "
+                             "from, and start at 1 or more", bounds, f"[low, high] with 1 <= low <= {start} <= high")
+    if knob == "max_batch_tokens" and low < engine.max_num_seqs:
+        raise node.key_error("bounds", f"max_batch_tokens below max_num_seqs ({engine.max_num_seqs}) would starve "
+                             "running sequences", bounds, f"low >= {engine.max_num_seqs}")
+    fraction = dict(minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    config = ControllerConfig(
+        rule=rule, knob=knob, interval_s=interval, window_s=window, low=low, high=high,
+        hysteresis=node.number("hysteresis", 0.3, minimum=0.0, maximum=0.9),
+        decrease=node.number("decrease", 0.5, **fraction),
+        increase=node.number("increase", max(1, (high - low) // 10), integer=True, minimum=1),
+        timeout_factor=node.number("timeout_factor", 0.8, **fraction),
+        kp=node.number("kp", 2.0, minimum=0.0), ki=node.number("ki", 0.2, minimum=0.0),
+        kd=node.number("kd", 0.0, minimum=0.0))
+    if config.decrease == 1.0:
+        raise node.key_error("decrease", "a factor of 1 never moves the knob", 1.0, "a number in (0, 1)")
+    node.done()
+    return config
+
+
+@dataclass(frozen=True)
+class AutoscalingConfig:
+    """Replicas added while requests pile up and removed while they are few.
+
+    Every ``interval`` the autoscaler counts the requests held by the serving replicas (waiting
+    plus running) and, as Kubernetes' horizontal pod autoscaler does, wants
+    ``ceil(held / target_outstanding)`` replicas, within ``[min_replicas, max_replicas]``. When it
+    has wanted more than are paid for (serving plus starting) for ``sustain`` checks in a row, it
+    starts the difference; each serves after ``cold_start``. When it has wanted fewer than are
+    serving for ``sustain`` checks (and none is starting), it drains the last one: no new
+    requests; off once empty, noticed at the next check. A replica costs from its start to the end
+    of its drain: ``replica_seconds`` is what is paid for.
+    """
+    min_replicas: int
+    max_replicas: int
+    target_outstanding: float = 32.0
+    interval_s: float = 10.0
+    cold_start_s: float = 60.0
+    sustain: int = 3
+
+
+def autoscaling_from_node(node: Node, replicas: int, router: str) -> AutoscalingConfig:
+    """``autoscaling:``; ``replicas`` (deployment.replicas) is how many serve at the start."""
+    count = dict(integer=True, minimum=1)
+    low = node.number("min_replicas", 1, **count)
+    high = node.number("max_replicas", **count)
+    if not low <= replicas <= high:
+        raise node.key_error("max_replicas", f"the run starts with deployment.replicas ({replicas}), which must "
+                             f"lie within [min_replicas, max_replicas] = [{low}, {high}]", high,
+                             f"min_replicas <= {replicas} <= max_replicas")
+    if router == "shared_queue":
+        raise node.error("autoscaling routes each request to a serving replica", key="deployment.router",
+                         value=router, allowed="round_robin or least_outstanding")
+    config = AutoscalingConfig(
+        min_replicas=low, max_replicas=high,
+        target_outstanding=node.number("target_outstanding", 32.0, minimum=0.0, exclusive_minimum=True),
+        interval_s=node.quantity("interval", "duration", 10.0),
+        cold_start_s=node.quantity("cold_start", "duration", 60.0, minimum=0.0, exclusive_minimum=False),
+        sustain=node.number("sustain", 3, **count))
+    node.done()
+    return config

@@ -1,0 +1,267 @@
+"""Which draft to speculate with, and when to let sequences speculate.
+
+:func:`choose_draft` compares candidates (:func:`candidates`: no speculation; every catalog
+model the target can verify, same vocabulary and smaller, in its own dtype and quantised to
+fp8; an EAGLE head; n-gram lookup; the scenario's own draft) in two stages:
+
+1. **Theorem 3.8** (Leviathan et al.): each candidate's acceptance alpha (the acceptance
+   model's prediction for the pair and the workload, or the scenario's measured acceptance
+   for its own draft) and its cost ratio c (one draft step over one target step at batch 1,
+   from the cost models at the workload's mean context; a proposer that runs once a step,
+   Medusa or n-gram, costs c whatever k) give the best k and the batch-1 speedup
+   S = (1 - alpha^(k+1)) / ((1 - alpha)(draft_steps(k) c + 1)).
+2. **Simulation**: the best ``simulate_top`` of them, and plain decoding, run at the
+   scenario's rate on the same arrival trace with their best k; the choice is the lowest mean
+   TPOT among those meeting the SLO (all of them if none does).
+
+It reports whether the practice rule "a draft of 20-30% of the target's parameters" holds
+(the choice is within it), and what following it costs: the best candidate inside the band
+against the choice, in simulated mean TPOT.
+
+:func:`tune_eligibility` simulates the chosen setting over a small grid of the eligibility
+thresholds (``min_concurrent_requests`` 1 or the scenario's, ``min_sequence_tokens`` 0 or the
+scenario's) and keeps the fastest that meets the SLO.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from llmsim.catalog.models import ModelSpec, model_catalog
+from llmsim.scenario.deployment import ResolvedDeployment
+from llmsim.scenario.scenario import Scenario
+from llmsim.sim.simulate import simulate
+from llmsim.speculation.config import (Acceptance, Eligibility, KPolicy, SpeculationConfig, predicted_acceptance,
+                                       resolve_draft_parallelism)
+from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, NGRAM, Proposer, draft_cost_model, head_spec
+from llmsim.workload.trace import generate_trace
+
+NONE = "none"
+RULE_BAND = (0.2, 0.3)         # the practice rule: a draft of 20-30% of the target's parameters
+K_MAX = 8
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A way to draft (``kind`` ``none`` is plain decoding) and the acceptance it is expected to get."""
+    label: str
+    kind: str
+    draft: ModelSpec | None = None
+    alpha: float = 0.0
+    alpha_range: tuple[float, float] | None = None     # the acceptance model's one-sd range, if predicted
+    cpu_s_per_sequence: float = 0.0                     # n-gram lookup
+
+    @property
+    def proposer(self) -> Proposer:
+        return Proposer(self.kind, heads=K_MAX if self.kind == MEDUSA else 0, cpu_s_per_sequence=self.cpu_s_per_sequence)
+
+
+@dataclass
+class DraftChoice:
+    best: Candidate
+    best_k: int
+    table: pd.DataFrame          # every candidate: alpha, c, Theorem 3.8's k and speedup, simulated TPOT
+    rule_holds: bool             # the choice is a model of 20-30% of the target's parameters
+    rule_cost: float | None      # mean TPOT of the best in-band candidate over the choice's, minus 1 (None: none)
+    rule_text: str
+
+
+def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, ModelSpec] | None = None
+               ) -> list[Candidate]:
+    """No speculation; catalog models the target can verify (same vocabulary, smaller), in their
+    dtype and at fp8; an EAGLE head; n-gram lookup; and the scenario's own draft, with its
+    measured acceptance when the scenario gives one."""
+    target = scenario.model
+    out = [Candidate(NONE, NONE)]
+    for model in (catalog or model_catalog()).values():
+        if model.vocab_size != target.vocab_size or model.param_count >= target.param_count:
+            continue
+        for variant in {model.weight_dtype: model, "fp8": model.with_dtypes("fp8", "fp8")}.values():
+            label = model.name if variant is model else f"{model.name} (fp8)"
+            out.append(_predicted(label, MODEL, variant, target, workload))
+    out.append(_predicted("EAGLE head", EAGLE, head_spec(EAGLE, target), target, workload))
+    out.append(_predicted("n-gram lookup", NGRAM, None, target, workload))
+    own = scenario.speculation
+    if own is not None and _measured(scenario):
+        label = f"{own.draft.name if own.draft is not None else own.proposer.kind} (measured acceptance)"
+        out.append(Candidate(label, own.proposer.kind, own.draft, own.acceptance.mean_alpha,
+                             cpu_s_per_sequence=own.proposer.cpu_s_per_sequence))
+    return out
+
+
+def _predicted(label: str, kind: str, draft: ModelSpec | None, target: ModelSpec, workload: str) -> Candidate:
+    estimate = predicted_acceptance(Proposer(kind), draft, target, workload)
+    return Candidate(label, kind, draft, estimate.alpha, (estimate.low, estimate.high))
+
+
+def _measured(scenario: Scenario) -> bool:
+    """Whether the scenario states its acceptance (a measurement), rather than the default or a prediction."""
+    given = ((scenario.source or {}).get("speculation") or {}).get("acceptance")
+    return bool(given) and given.get("process") != "predicted"
+
+
+def theorem_3_8(alpha: float, c: float, sequential: bool = True, k_max: int = K_MAX) -> tuple[int, float]:
+    """The best k in 1..k_max and its batch-1 speedup S (a one-pass proposer costs c whatever k)."""
+    ks = np.arange(1, k_max + 1)
+    tokens = (1 - alpha ** (ks + 1)) / (1 - alpha) if alpha < 1 else ks + 1.0
+    speedup = tokens / ((ks if sequential else 1) * c + 1)
+    best = int(np.argmax(speedup))
+    return int(ks[best]), float(speedup[best])
+
+
+def cost_ratio(scenario: Scenario, candidate: Candidate, context: float) -> float:
+    """One draft step over one target step, both for one sequence at ``context`` tokens."""
+    resolved = ResolvedDeployment.of(scenario)
+    row = resolved.cost.features([], [], [context])
+    target_s = resolved.cost.iteration(row)[0]
+    tp = scenario.deployment.tensor_parallel
+    if candidate.draft is not None and candidate.draft.num_heads % tp:
+        tp = 1
+    draft = draft_cost_model(candidate.proposer, candidate.draft, scenario.hardware, tp, resolved.memory)
+    return float(draft.iteration(row)[0]) / target_s if draft is not None else 0.0
+
+
+def with_candidate(scenario: Scenario, candidate: Candidate, k: int) -> Scenario:
+    """The scenario speculating with ``candidate`` at a static ``k`` (plain decoding for ``none``)."""
+    if candidate.kind == NONE:
+        return replace(scenario, speculation=None)
+    own = scenario.speculation
+    eligibility = own.eligibility if own is not None else Eligibility()
+    config = SpeculationConfig(candidate.draft, policy=KPolicy("static", k, max(k, K_MAX)),
+                               acceptance=Acceptance("bernoulli", alpha=candidate.alpha), eligibility=eligibility,
+                               proposer=candidate.proposer)
+    return replace(scenario, speculation=resolve_draft_parallelism(config, scenario.deployment.tensor_parallel))
+
+
+def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, workload: str = "chat",
+                 simulate_top: int = 4, trace=None) -> DraftChoice:
+    """The candidate with the lowest simulated mean TPOT at the scenario's rate (see the module docstring)."""
+    options = candidates(scenario, workload) if options is None else options
+    trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
+    context = float(np.mean(trace.prompt_tokens) + np.mean(trace.output_tokens) / 2)
+    rows = []
+    for candidate in options:
+        if candidate.kind == NONE:
+            rows.append(dict(candidate=candidate, c=0.0, k=0, speedup_theorem=1.0))
+            continue
+        scenario_with = with_candidate(scenario, candidate, 1)
+        if scenario_with.memory.kv_capacity_tokens < scenario.max_model_len:
+            continue                                 # the draft leaves no room for one longest request
+        c = cost_ratio(scenario, candidate, context)
+        k, speedup = theorem_3_8(candidate.alpha, c, candidate.proposer.sequential)
+        rows.append(dict(candidate=candidate, c=c, k=k, speedup_theorem=speedup))
+    rows.sort(key=lambda row: -row["speedup_theorem"])
+    simulated = [row for row in rows if row["candidate"].kind == NONE] + \
+        [row for row in rows if row["candidate"].kind != NONE][:simulate_top]
+    for row in simulated:
+        summary = simulate(with_candidate(scenario, row["candidate"], row["k"]), trace).summary()
+        row.update(tpot_s=summary["latency"]["tpot_s"]["mean"], slo_met=summary["slo"]["met"])
+    table = pd.DataFrame([{
+        "candidate": row["candidate"].label, "kind": row["candidate"].kind,
+        "params_ratio": (row["candidate"].draft.param_count / scenario.model.param_count
+                         if row["candidate"].kind == MODEL else np.nan),
+        "alpha": row["candidate"].alpha,
+        "alpha_low": (row["candidate"].alpha_range or (np.nan, np.nan))[0],
+        "alpha_high": (row["candidate"].alpha_range or (np.nan, np.nan))[1],
+        "c": row["c"], "k": row["k"], "speedup_theorem_3_8": row["speedup_theorem"],
+        "tpot_s": row.get("tpot_s", np.nan), "slo_met": row.get("slo_met", None)} for row in rows])
+    ran = [row for row in rows if "tpot_s" in row]
+    passing = [row for row in ran if row["slo_met"]] or ran
+    best = min(passing, key=lambda row: row["tpot_s"])
+    none_tpot = next(row["tpot_s"] for row in ran if row["candidate"].kind == NONE)
+    table["speedup_simulated"] = none_tpot / table["tpot_s"]
+    holds, cost, text = _rule(scenario, best, ran)
+    return DraftChoice(best["candidate"], best["k"], table, holds, cost, text)
+
+
+def _rule(scenario: Scenario, best: dict, ran: list[dict]) -> tuple[bool, float | None, str]:
+    """Whether the 20-30% rule picks the choice, and the TPOT cost of the best draft inside the band."""
+    def ratio(row):
+        candidate = row["candidate"]
+        return candidate.draft.param_count / scenario.model.param_count if candidate.kind == MODEL else None
+
+    low, high = RULE_BAND
+    chosen = ratio(best)
+    holds = chosen is not None and low <= chosen <= high
+    in_band = [row for row in ran if ratio(row) is not None and low <= ratio(row) <= high]
+    described = (f"{best['candidate'].label}" + (f" ({100 * chosen:.1f}% of the target's parameters)"
+                                                  if chosen is not None else ""))
+    if holds:
+        return True, 0.0, f"the 20-30% rule holds: the best draft is {described}"
+    if not in_band:
+        return False, None, (f"the 20-30% rule does not hold: the best is {described}, and no candidate "
+                             "simulated lies within 20-30% of the target's parameters")
+    rule_row = min(in_band, key=lambda row: row["tpot_s"])
+    cost = rule_row["tpot_s"] / best["tpot_s"] - 1
+    return False, cost, (f"the 20-30% rule does not hold: the best is {described}; following the rule "
+                         f"({rule_row['candidate'].label}) costs {100 * cost:+.0f}% mean TPOT")
+
+
+def tune_eligibility(scenario: Scenario, trace=None) -> tuple[Eligibility, pd.DataFrame]:
+    """The eligibility thresholds (min_concurrent_requests 1 or the scenario's, min_sequence_tokens
+    0 or the scenario's) with the lowest simulated mean TPOT among those meeting the SLO."""
+    trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
+    own = scenario.speculation.eligibility
+    grid = sorted({(concurrent, tokens) for concurrent in (1, own.min_concurrent_requests)
+                   for tokens in (0, own.min_sequence_tokens)})
+    rows = []
+    for concurrent, tokens in grid:
+        rule = Eligibility(tokens, concurrent)
+        summary = simulate(replace(scenario, speculation=replace(scenario.speculation, eligibility=rule)),
+                           trace).summary()
+        rows.append({"min_concurrent_requests": concurrent, "min_sequence_tokens": tokens,
+                     "tpot_s": summary["latency"]["tpot_s"]["mean"], "slo_met": summary["slo"]["met"],
+                     "speculating_share": summary["speculation"]["blocked_share"].get("speculated", 0.0)})
+    table = pd.DataFrame(rows)
+    passing = table[table["slo_met"]] if table["slo_met"].any() else table
+    best = passing.loc[passing["tpot_s"].idxmin()]
+    return Eligibility(int(best["min_sequence_tokens"]), int(best["min_concurrent_requests"])), table
+
+
+def format_draft_choice(choice: DraftChoice, eligibility: Eligibility | None = None,
+                        eligibility_table: pd.DataFrame | None = None) -> str:
+    """The draft choice (and the tuned eligibility) as a person reads it."""
+    lines = [f"draft: {choice.best.label} at k {choice.best_k}" if choice.best.kind != NONE
+             else "draft: none (plain decoding is fastest here)"]
+    for row in choice.table.itertuples():
+        alpha = "" if row.kind == NONE else f"alpha {row.alpha:.2f}" + (
+            f" ({row.alpha_low:.2f}-{row.alpha_high:.2f})" if row.alpha_low == row.alpha_low else " (measured)")
+        simulated = f", simulated TPOT {1e3 * row.tpot_s:.1f} ms ({row.speedup_simulated:.2f}x)" \
+            if row.tpot_s == row.tpot_s else ""
+        theorem = "" if row.kind == NONE else f", c {row.c:.3f}, Theorem 3.8: k {row.k}, {row.speedup_theorem_3_8:.2f}x"
+        lines.append(f"  {row.candidate:<34} {alpha}{theorem}{simulated}")
+    lines.append(f"  {choice.rule_text}")
+    if eligibility is not None:
+        lines.append(f"eligibility: min_concurrent_requests {eligibility.min_concurrent_requests}, "
+                     f"min_sequence_tokens {eligibility.min_sequence_tokens}")
+        for row in eligibility_table.itertuples():
+            lines.append(f"  min_concurrent_requests {row.min_concurrent_requests}, min_sequence_tokens "
+                         f"{row.min_sequence_tokens}: TPOT {1e3 * row.tpot_s:.1f} ms, "
+                         f"{100 * row.speculating_share:.0f}% of sequence-steps speculating"
+                         + ("" if row.slo_met else ", SLO missed"))
+    return "\n".join(lines)
+
+
+@dataclass
+class DraftAdvice:
+    """What ``llmsim recommend`` adds for a speculating scenario: the draft and the eligibility."""
+    choice: DraftChoice
+    eligibility: Eligibility | None           # None when plain decoding is the choice
+    eligibility_table: pd.DataFrame | None
+
+    def text(self) -> str:
+        return format_draft_choice(self.choice, self.eligibility, self.eligibility_table)
+
+
+def advise(scenario: Scenario) -> DraftAdvice:
+    """Choose the draft (for the workload the scenario's predicted acceptance names, else chat),
+    then tune the eligibility thresholds with it."""
+    given = ((scenario.source or {}).get("speculation") or {}).get("acceptance") or {}
+    workload = given.get("workload", "chat") if given.get("process") == "predicted" else "chat"
+    choice = choose_draft(scenario, workload=workload)
+    if choice.best.kind == NONE:
+        return DraftAdvice(choice, None, None)
+    eligibility, table = tune_eligibility(with_candidate(scenario, choice.best, choice.best_k))
+    return DraftAdvice(choice, eligibility, table)

@@ -1,0 +1,98 @@
+"""The adaptive controller as a SimPy process: every interval it reads the rolling latency
+targets and moves an engine knob (and, under the practice rule, the classes' queue timeouts).
+
+:mod:`llmsim.scenario.control` describes the rules; this module runs them. The controller
+reads the per-request records as requests leave (``RequestRecords``), so it sees what a
+monitoring system would: the latencies of requests that finished in the last ``window``. It
+changes the engines' :class:`~llmsim.scenario.scenario.EngineConfig` in place of the old one
+(the engine reads its settings every iteration; the KV cache keeps the size it was placed
+with). Every decision is logged: ``ControlLog.frame()`` has one row per interval.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from llmsim.analysis.rolling import latencies, targets_of, worst_ratio
+from llmsim.scenario.control import ControllerConfig
+from llmsim.scenario.scenario import Scenario
+from llmsim.sim.request import RequestRecords
+from llmsim.sim.scheduling import ClassEngine
+
+FINISHED_CODE = 1           # RequestRecords' status code of a finished request
+
+
+class Rule:
+    """One control rule's state: ``step(value, ratio)`` gives the knob's next value and the
+    queue-timeout scale (1: the scenario's timeouts)."""
+
+    def __init__(self, config: ControllerConfig, start: int):
+        self.config, self.start = config, start
+        self.timeout_scale = 1.0
+        self._integral = 0.0
+        self._last_error = 0.0
+
+    def step(self, value: int, ratio: float) -> int:
+        c = self.config
+        violated, relaxed = ratio > 1.0, ratio < 1.0 - c.hysteresis
+        if c.rule == "pid":
+            error = ratio - (1.0 - c.hysteresis / 2)        # aim at the middle of the band
+            derivative = (error - self._last_error) / c.interval_s
+            self._last_error = error
+            output = c.kp * error + c.ki * (self._integral + error * c.interval_s) + c.kd * derivative
+            wanted = self.start * (1.0 - output)
+            if c.low < wanted < c.high:         # anti-windup: integrate only off the bounds
+                self._integral += error * c.interval_s
+            return int(round(min(max(wanted, c.low), c.high)))
+        if violated:
+            if c.rule == "practice":
+                self.timeout_scale *= c.timeout_factor
+            return max(c.low, int(value * c.decrease))
+        if relaxed:
+            if c.rule == "practice":
+                self.timeout_scale = min(1.0, self.timeout_scale / c.timeout_factor)
+                return min(c.high, max(value + 1, int(round(value / c.decrease))))
+            return min(c.high, value + c.increase)
+        return value
+
+
+class ControlLog:
+    """The controller's decisions, one row per interval."""
+
+    def __init__(self):
+        self.rows: list[tuple] = []
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=["time_s", "worst_ratio", "knob", "value", "timeout_scale", "changed"])
+
+
+def controller(env: simpy.Environment, scenario: Scenario, engines: list, records: RequestRecords, log: ControlLog):
+    """The control loop (a SimPy process; it runs until the simulation stops)."""
+    config = scenario.controller
+    targets = targets_of(scenario.slo, scenario.workload.class_names)
+    start = getattr(scenario.engine, config.knob)
+    rule = Rule(config, start)
+    value, scale = start, 1.0
+    base_rules = {id(e): e.rules for e in engines if isinstance(e, ClassEngine)}
+    while True:
+        yield env.timeout(config.interval_s)
+        now = env.now
+        finish = np.frombuffer(records.finish_s)
+        finished = np.frombuffer(records.status, np.int8) == FINISHED_CODE
+        values = latencies(records.arrival_s, np.frombuffer(records.first_token_s), finish, records.output_tokens)
+        ratio = worst_ratio(finish, finished, records.class_index, values, targets, now - config.window_s, now)
+        if np.isnan(ratio):
+            log.rows.append((now, ratio, config.knob, value, scale, False))
+            continue
+        new = rule.step(value, ratio)
+        changed = new != value or rule.timeout_scale != scale
+        if changed:
+            value, scale = new, rule.timeout_scale
+            for engine in engines:
+                engine.config = replace(engine.config, **{config.knob: value})
+                if id(engine) in base_rules:
+                    engine.scale_timeouts(base_rules[id(engine)], scale)
+        log.rows.append((now, ratio, config.knob, value, scale, changed))

@@ -1,0 +1,164 @@
+"""The resource guard: a run's memory and event count, estimated from the scenario before it runs.
+
+A scenario can ask for more than a machine holds (``num_requests: 1e9``, ``replicas: 100000``)
+with a few characters, and the simulator would find out only when an allocation fails, minutes
+or hours later. :func:`check_run_size` estimates the run first, from the scenario alone (no
+trace is drawn), and refuses one whose estimate is above :data:`MAX_RUN_MEMORY_BYTES`,
+:data:`MAX_RUN_EVENTS` or :data:`MAX_RUN_ENGINES` with a ConfigError that gives the estimate
+and the override (``--force`` on the command line, ``force=True`` in Python).
+
+The estimate:
+
+- requests: ``num_requests``, or the expected arrivals in ``duration`` (rate x duration, plus
+  six standard deviations of a Poisson count), or the trace's rows; their mean prompt and output
+  lengths six standard errors above the distributions' means;
+- engine iterations: at most one per output token and prefill chunk of every request (exact for
+  a lightly loaded engine, which runs batches of one), and at most twice what a fluid view of the
+  engine gives (:func:`_fluid_iterations`: Little's law for the mean batch, plus the longest
+  output decoded alone at the end);
+- memory: per request, per iteration (the iteration log) and per engine, at sizes measured as
+  peak RSS on Llama-3.1-8B / H100 runs (20,000 and 60,000 requests at 12/s: 130 and 388 MB for
+  235,000 and 694,000 iterations, about 0.5 kB per iteration with its request's share; 20,000
+  replicas: 37 kB each), rounded up.
+
+An engine also counts as :data:`EVENTS_PER_ENGINE` events: 20,000 replicas took 56 s to build and
+report on 4,000 requests, about 2.8 ms each, the time of ~100 iterations. The estimate runs two
+to three times the measured peak; the limits are set with that in mind.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from llmsim.errors import ConfigError
+from llmsim.scenario.deployment import ResolvedDeployment
+from llmsim.scenario.scenario import Scenario
+from llmsim.workload.trace import Trace
+
+MAX_RUN_MEMORY_BYTES = 16 * 2**30       # refused above this estimate, unless forced (it runs 2-5x the peak)
+MAX_RUN_EVENTS = 100_000_000            # about an hour at 25,000 iterations a second
+# Each engine keeps its iteration log in memory maps of its own, and Linux allows a process 65,530
+# maps by default (vm.max_map_count): 100,000 replicas fail to allocate whatever memory is free.
+MAX_RUN_ENGINES = 20_000                # built and reported in about a minute
+
+BYTES_PER_REQUEST = 3_000
+BYTES_PER_ITERATION = 600
+BYTES_PER_ENGINE = 40_000
+EVENTS_PER_ENGINE = 100                 # building and reporting an engine takes as long as ~100 iterations
+SAFETY = 2.0                            # the fluid iteration count, doubled (it is an estimate, not a bound)
+FLUID_ROUNDS = 30                       # fixed-point rounds for the mean batch (it settles in under ten)
+
+
+@dataclass(frozen=True)
+class RunEstimate:
+    """What a run will take, at most (see the module docstring)."""
+    requests: int
+    engines: int
+    iterations: int
+    memory_bytes: float
+
+    @property
+    def events(self) -> int:
+        return self.requests + self.iterations + self.engines * EVENTS_PER_ENGINE
+
+    def text(self) -> str:
+        return (f"about {self.requests:,} requests on {self.engines:,} engines, up to {self.iterations:,} "
+                f"iterations ({self.events:,} events) and {self.memory_bytes / 2**30:,.2f} GiB of memory")
+
+
+def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
+    """The run's size from the scenario (and its trace, when already drawn or replayed)."""
+    workload = scenario.workload
+    trace = workload.trace if trace is None else trace
+    if trace is not None:
+        requests = len(trace) if workload.num_requests is None else min(len(trace), workload.num_requests)
+        window_s = float(trace.arrival_s[-1]) if len(trace) else 0.0
+        prompt = float(trace.prompt_tokens.mean()) if len(trace) else 0.0
+        output = float(trace.output_tokens.mean()) if len(trace) else 0.0
+        longest = int(trace.output_tokens.max()) if len(trace) else 0
+    else:
+        arrivals = [workload.arrival] if workload.arrival is not None else [c.arrival for c in workload.classes]
+        rate = sum(arrival.rate_per_s for arrival in arrivals)
+        if workload.duration_s is not None:
+            expected = rate * workload.duration_s
+            requests = math.ceil(expected + 6 * math.sqrt(expected))
+            if workload.num_requests is not None:
+                requests = min(requests, workload.num_requests)
+        else:
+            requests = workload.num_requests
+        window_s = workload.duration_s if workload.duration_s is not None else requests / rate
+        prompt, output, longest = _lengths(workload, requests)
+    horizon_s = scenario.simulation.horizon_s
+    if horizon_s is None:
+        horizon_s = max(2 * window_s, window_s + 60.0)
+    resolved = ResolvedDeployment.of(scenario)
+    engines = resolved.replicas * resolved.engines_per_replica
+    per_request = output + math.ceil(prompt / scenario.engine.max_batch_tokens)
+    # The fluid view misses the ends of a run: after the last arrival an engine may decode the
+    # longest request alone, one iteration per token.
+    fluid = _fluid_iterations(resolved, requests, window_s, horizon_s, prompt, output) + engines * longest
+    iterations = min(requests * per_request, SAFETY * fluid)
+    iterations = int(min(iterations, 1e18))
+    memory = requests * BYTES_PER_REQUEST + iterations * BYTES_PER_ITERATION + engines * BYTES_PER_ENGINE
+    return RunEstimate(int(requests), engines, iterations, float(memory))
+
+
+def _lengths(workload, requests: int) -> tuple[float, float, int]:
+    """(mean prompt, mean output, longest output) of ``requests`` synthetic requests: a dataset's
+    own lengths, or the distributions' (every class's: the largest), six standard errors high."""
+    if workload.dataset is not None:
+        lengths = workload.dataset
+        return (float(lengths.prompt_tokens.mean()), float(lengths.output_tokens.mean()),
+                int(lengths.output_tokens.max()))
+    prompts = [c.prompt_tokens for c in workload.classes if c.prompt_tokens is not None] + [workload.prompt_tokens]
+    outputs = [c.output_tokens for c in workload.classes if c.output_tokens is not None] + [workload.output_tokens]
+    prompts, outputs = [p for p in prompts if p is not None], [o for o in outputs if o is not None]
+    return (max(_high_mean(p, requests) for p in prompts), max(_high_mean(o, requests) for o in outputs),
+            max(o.maximum for o in outputs))
+
+
+def _high_mean(length, requests: int) -> float:
+    """The mean length of ``requests`` draws, six standard errors high: what the sample will not exceed."""
+    return length.mean() + 6 * math.sqrt(length.variance() / max(requests, 1))
+
+
+def _fluid_iterations(resolved: ResolvedDeployment, requests: int, window_s: float, horizon_s: float,
+                      prompt: float, output: float) -> float:
+    """Iterations of every engine in a fluid view of the run: each engine's mean batch ``B`` solves
+    Little's law, ``B = (arrivals per second per engine) x (output tokens) x (iteration time at
+    batch B)`` (each request stays one iteration per output token), the iteration time priced by the
+    cost model at the mean context; the iterations are the engine's output tokens over ``B``. An
+    engine that cannot keep up runs full batches until the horizon. Prefill work is left out: it
+    lengthens iterations, so the count it gives is high, not low."""
+    engines = resolved.replicas * resolved.engines_per_replica
+    most = max(1, resolved.engine.max_num_seqs)
+    context = int(min(prompt + output / 2, resolved.memory.kv_capacity_tokens))
+    per_engine_rate = requests / max(window_s, 1e-9) / engines
+    batch = 1.0
+    for _ in range(FLUID_ROUNDS):
+        demand = per_engine_rate * output * resolved.cost.decode_time(int(round(batch)), context)
+        batch = min(max(demand, 1.0), most)
+    if per_engine_rate * output * resolved.cost.decode_time(most, context) > most:      # overloaded
+        return engines * horizon_s / resolved.cost.decode_time(most, context)
+    return requests * output / batch
+
+
+def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool = False) -> RunEstimate:
+    """The run's estimate; above the limits a ConfigError (exit 2) giving it and the override."""
+    estimate = estimate_run(scenario, trace)
+    if force:
+        return estimate
+    over = []
+    if estimate.memory_bytes > MAX_RUN_MEMORY_BYTES:
+        over.append(f"{MAX_RUN_MEMORY_BYTES / 2**30:g} GiB of memory")
+    if estimate.events > MAX_RUN_EVENTS:
+        over.append(f"{MAX_RUN_EVENTS:,} events")
+    if estimate.engines > MAX_RUN_ENGINES:
+        over.append(f"{MAX_RUN_ENGINES:,} engines (replicas x pipeline stages)")
+    if over:
+        raise ConfigError(f"this run is too large to start unasked: {estimate.text()}, above the limit of "
+                          f"{' and '.join(over)}", file=scenario.path, key="workload", has_value=False,
+                          allowed="fewer workload.num_requests, a shorter workload.duration, fewer "
+                                  "deployment.replicas or a shorter simulation.horizon; or --force "
+                                  "(force=True in Python) to run it anyway")
+    return estimate

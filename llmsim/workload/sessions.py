@@ -1,0 +1,111 @@
+"""Multi-turn conversations and shared system prompts: workloads whose prompts share prefixes.
+
+``workload.sessions`` turns the workload into conversations. Sessions start as the
+arrival process says (``arrival.rate`` is sessions per second); each has a number of turns
+(``turns``, a count distribution like a length), and each turn after the first arrives a
+think time after the turn before it (exponential, mean ``think_time``). Turn ``k``'s prompt
+is the session's whole history (the system prompt, then every earlier turn's new input and
+output) plus its own new input (``prompt_tokens``); its output (``output_tokens``) joins the
+history. A session ends early when its next turn would exceed the longest request accepted
+(``engine.max_model_len``). A share of the sessions (``system_prompt.share``) starts with one
+of ``system_prompt.variants`` shared system prompts (or few-shot templates) of
+``system_prompt.tokens`` tokens, chosen uniformly.
+
+Think times count from the previous turn's arrival, not from its answer: the trace is fixed
+before the run (open loop), so every configuration is compared on the same arrivals. With
+think times much longer than response times (tens of seconds against a few), the two agree;
+a turn that arrives before the previous answer is complete finds less of its history cached.
+
+``workload.num_requests`` counts turns (the trace is the first that many turn arrivals),
+``workload.duration`` bounds their arrival times.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from llmsim.config.reader import Node
+from llmsim.workload.lengths import LengthDistribution, length_from_node
+from llmsim.workload.trace import Trace
+
+if TYPE_CHECKING:
+    from llmsim.workload.workload import Workload
+
+MAX_TURNS = 10_000              # the longest session a turn-count distribution may draw
+
+
+@dataclass(frozen=True)
+class SystemPrompts:
+    tokens: int                 # length of each shared system prompt
+    share: float                # fraction of sessions that start with one
+    variants: int = 1           # distinct system prompts, each session picking one uniformly
+
+
+@dataclass(frozen=True)
+class Sessions:
+    turns: LengthDistribution
+    think_time_s: float
+    system_prompt: SystemPrompts | None
+    max_tokens: int             # a session ends before a turn whose prompt and output exceed this
+
+    def trace(self, workload: "Workload", seed: int) -> Trace:
+        """The turns of sessions sampled from ``seed``, in arrival order (see the module docstring).
+
+        The streams are spawned from the seed like a plain workload's (arrivals, prompt and output
+        lengths first), plus turns, think times and system prompts.
+        """
+        arrival_rng, input_rng, output_rng, turns_rng, think_rng, system_rng = (
+            np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6))
+        # Every session has at least one turn: as many sessions as turns wanted is always enough.
+        starts = workload.arrival.times(arrival_rng, workload.num_requests, workload.duration_s)
+        n_sessions = len(starts)
+        turns = self.turns.sample(turns_rng, n_sessions)
+        session = np.repeat(np.arange(n_sessions), turns)
+        first = np.concatenate([[0], np.cumsum(turns)[:-1]])            # each session's first turn
+        n = len(session)
+        gaps = think_rng.exponential(self.think_time_s, n)
+        gaps[first] = 0.0
+        arrival = starts[session] + _within(np.cumsum(gaps), gaps, first, session) + gaps   # its own gap too
+        new_input = workload.prompt_tokens.sample(input_rng, n)
+        output = workload.output_tokens.sample(output_rng, n)
+        template, system_tokens = self._system_prompts(system_rng, n_sessions)
+        history = new_input + output
+        prompt = system_tokens[session] + _within(np.cumsum(history), history, first, session) + new_input
+        # Lengths grow turn after turn, so the turns that do not fit end their sessions.
+        keep = prompt + output <= self.max_tokens
+        order = np.flatnonzero(keep)[np.argsort(arrival[keep], kind="stable")]
+        trace = Trace(arrival[order], prompt[order], output[order], session_id=session[order],
+                      system_prompt_id=template[session[order]], system_prompt_tokens=system_tokens[session[order]])
+        return trace.cut(workload.num_requests, workload.duration_s)
+
+    def _system_prompts(self, rng: np.random.Generator, n_sessions: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per session: which shared system prompt it starts with (-1: none) and its tokens."""
+        spec = self.system_prompt
+        if spec is None:
+            return np.full(n_sessions, -1, np.int64), np.zeros(n_sessions, np.int64)
+        uses = rng.random(n_sessions) < spec.share
+        template = np.where(uses, rng.integers(0, spec.variants, n_sessions), -1).astype(np.int64)
+        return template, np.where(uses, spec.tokens, 0).astype(np.int64)
+
+
+def _within(cumulative: np.ndarray, values: np.ndarray, first: np.ndarray, session: np.ndarray) -> np.ndarray:
+    """Exclusive running sums of ``values`` within each session, from the global running sum."""
+    exclusive = cumulative - values
+    return exclusive - exclusive[first][session]
+
+
+def sessions_from_node(node: Node, max_tokens: int) -> Sessions:
+    """``workload.sessions: {turns, think_time, system_prompt: {tokens, share, variants}}``."""
+    turns = length_from_node(node, "turns", MAX_TURNS)
+    think_time_s = node.quantity("think_time", "duration", 0.0, minimum=0.0, exclusive_minimum=False)
+    system_prompt = None
+    if node.has("system_prompt"):
+        system = node.child("system_prompt")
+        tokens = system.number("tokens", integer=True, minimum=1, maximum=max_tokens - 2)
+        system_prompt = SystemPrompts(tokens, system.number("share", 1.0, minimum=0.0, maximum=1.0),
+                                      system.number("variants", 1, integer=True, minimum=1))
+        system.done()
+    node.done()
+    return Sessions(turns, think_time_s, system_prompt, max_tokens)
