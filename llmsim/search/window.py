@@ -41,6 +41,7 @@ from llmsim.analysis.fluid import FluidModel
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.search.sweeps import run_points
+from llmsim.workload.trace import generate_trace
 
 WARMUP_LATENCIES = 5          # warm-up: at least this many mean end-to-end latencies
 MEASURED_LATENCIES = 20       # measurement: at least this many (one per batch of the batch means)
@@ -69,7 +70,7 @@ class Window:
     def overrides(self, rate_per_s: float) -> dict:
         """Scenario overrides that make a run at this rate cover the window."""
         return {"workload.num_requests": min(self.requests(rate_per_s), MAX_REQUESTS), "workload.duration": None,
-                "simulation.warmup": f"{self.warmup_s!r} s"}
+                "simulation.warmup": f"{float(self.warmup_s)!r} s"}
 
 
 def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
@@ -94,6 +95,8 @@ def mean_output_tokens(scenario: Scenario) -> float:
     workload = scenario.workload
     if workload.trace is not None:
         return float(np.mean(workload.trace.output_tokens))
+    if workload.output_tokens is None:       # traffic classes with lengths of their own: their mix
+        return float(np.mean(generate_trace(workload, scenario.seed).output_tokens))
     return float(workload.output_tokens.mean())
 
 
@@ -139,13 +142,7 @@ def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
     failed = rows[rows["error"].fillna("") != ""]
     if len(failed):
         raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
-    if target is not None:
-        checks = {"attainment": (names.SLO_ATTAINMENT, names.SLO_ATTAINMENT_STDERR, target)}
-    else:
-        checks = {metric: (names.slo_attainment(metric), names.slo_attainment_stderr(metric),
-                           float(rows[names.slo_percentile(metric)].iloc[0]) / 100)
-                  for metric in SLO_METRICS if names.slo_attainment(metric) in rows
-                  and rows[names.slo_attainment(metric)].notna().any()}
+    checks = _checks(rows, target)
     if not checks:
         raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
@@ -161,6 +158,23 @@ def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
     met = all(margin >= 0 for margin, _ in margins.values()) and steady
     decided = any(fails) or (all(passes) and steady)
     return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
+
+
+def _checks(rows: pd.DataFrame, target: float | None, prefix: str = "") -> dict[str, tuple[str, str, float]]:
+    """name -> (attainment column, its standard error's column, the share wanted) for every target
+    a point must meet. With traffic classes every class's own targets (its section of the summary,
+    ``classes.<name>.slo...``) replace the overall ones: each class must meet its SLO."""
+    classes = [c[len(names.CLASSES) + 1:-len(names.SLO_ATTAINMENT) - 1] for c in rows.columns
+               if not prefix and c.startswith(names.CLASSES + ".") and c.endswith("." + names.SLO_ATTAINMENT)]
+    if classes:
+        return {f"{name}.{check}": spec for name in classes
+                for check, spec in _checks(rows, target, f"{names.CLASSES}.{name}.").items()}
+    if target is not None:
+        return {"attainment": (prefix + names.SLO_ATTAINMENT, prefix + names.SLO_ATTAINMENT_STDERR, target)}
+    return {metric: (prefix + names.slo_attainment(metric), prefix + names.slo_attainment_stderr(metric),
+                     float(rows[prefix + names.slo_percentile(metric)].iloc[0]) / 100)
+            for metric in SLO_METRICS if prefix + names.slo_attainment(metric) in rows
+            and rows[prefix + names.slo_attainment(metric)].notna().any()}
 
 
 @dataclass(frozen=True)
