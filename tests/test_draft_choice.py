@@ -113,3 +113,25 @@ def test_candidates_are_the_verifiable_smaller_models_their_fp8_variants_a_head_
     assert {"none", "EAGLE head", "n-gram lookup"} <= set(labels)
     assert not any(name.startswith(("Llama-2", "Llama-3.3-70B", "Llama-3.1-405B", "Qwen")) for name in labels)
     assert labels["Llama-3.2-1B"].alpha < labels["Llama-3.1-8B"].alpha
+
+
+@pytest.mark.slow
+def test_advice_for_recommend_chooses_a_draft_and_tunes_eligibility():
+    """What ``llmsim recommend`` prints for a speculating scenario (``recommend(drafts=True)``): the
+    draft among the catalog's candidates, at the workload its predicted acceptance names, and the
+    eligibility tuned with it."""
+    from llmsim.search.draft_choice import advise
+    scenario = make_scenario({
+        "model": "Llama-3.1-8B", "seed": 3,
+        "workload": {"num_requests": 80, "arrival": {"process": "poisson", "rate": 2},
+                     "prompt_tokens": {"distribution": "fixed", "value": 256},
+                     "output_tokens": {"distribution": "fixed", "value": 64}},
+        "speculation": {"draft": "Llama-3.2-1B", "k": 3, "acceptance": {"process": "predicted", "workload": "code"}},
+        "slo": {"ttft": "500 ms", "tpot": "50 ms", "percentile": 95}})
+    advice = advise(scenario)
+    table = advice.choice.table.set_index("candidate")
+    assert advice.choice.best.label in table.index and advice.choice.best.kind != NONE
+    assert table.loc["Llama-3.2-1B", "alpha"] == pytest.approx(scenario.speculation.acceptance.mean_alpha)
+    assert advice.eligibility is not None and len(advice.eligibility_table) == 4
+    text = advice.text()
+    assert "draft: " in text and "Theorem 3.8" in text and "20-30% rule" in text and "eligibility:" in text

@@ -34,7 +34,7 @@ def test_the_window_follows_the_rate_not_the_request_count():
         assert window.requests(rate) == math.ceil(rate * (window.warmup_s + window.measure_s))
         assert window.requests(rate) >= scenario.workload.num_requests     # the scenario's count is a floor
     assert measurement_window(scenario, 1000.0, 3.0).requests(1000.0) > 15 * scenario.workload.num_requests
-    run = variant(scenario, {"workload.arrival.rate": 1000.0, **Window(30.0, 60.0).overrides(1000.0)})
+    run = variant(scenario, {"workload.arrival.rate": 1000.0, **Window(np.float64(30.0), 60.0).overrides(1000.0)})
     assert run.workload.num_requests == 90_000 and run.simulation.warmup_s == 30.0
 
 
@@ -163,3 +163,13 @@ def test_a_tolerance_finer_than_the_floats_ends(monkeypatch):
     monkeypatch.setattr(module, "simulate_until_decided", fake)
     found = module.max_sustainable_rate(CHAT, lo=1.0, hi=10.0, tol=1e-300)
     assert found.rate_per_s <= 5.0 < found.failing_rate_per_s and len(calls) <= 2 + module.MAX_BISECTIONS
+
+
+def test_no_cross_check_where_the_fluid_model_cannot_bound(monkeypatch):
+    """Prefix caching saves prefill work the fluid model never sees: its capacity bound could exceed the
+    true need, so plan does not use it (no refusal, no disagreement) and says so."""
+    scenario = variant(llmsim.load_scenario(CHAT), {"engine.prefix_caching": True})
+    assert planning.fluid_blind_spots(scenario) == ["prefix caching"]
+    row = llmsim.plan(scenario, 16.0, workers=1, max_replicas=1).iloc[0]
+    assert math.isnan(row["analytic_capacity_bound"]) and row["replicas"] == 1
+    assert "no analytic cross-check: the fluid model does not model prefix caching" in row["note"]

@@ -1,7 +1,7 @@
 """``llmsim report``: the page opens in a real browser, its claims hold when simulated again.
 
-One reduced report (the chat scenario at 40 requests/s on H100s, 200 requests per run, two
-seeds) is written through the command line once for the module. Then:
+One reduced report (``scenarios/llama3-8b-h100-short-turns.yaml``: short chat turns at 100 requests/s on
+H100s, two seeds) is written through the command line once for the module. Then:
 
 - headless Chromium (Debian's ``chromium``, installed by ``.ci/run``) screenshots it, logs no
   console message, lays out every figure with a non-empty box and shows every section; the
@@ -9,7 +9,8 @@ seeds) is written through the command line once for the module. Then:
 - the Markdown holds the same tables, cell for cell, as the HTML;
 - every summary figure is the text of the section table cell it names;
 - the recommended deployment, read back from the page, meets the SLO targets on seeds the
-  report never used; one replica fewer behaves as the N+1 row says;
+  report never used, judged as the searches judge (:mod:`llmsim.search.window`); one replica
+  fewer behaves as the N+1 row says;
 - bad input exits 2 and writes nothing.
 """
 from __future__ import annotations
@@ -26,17 +27,19 @@ import numpy as np
 import pytest
 
 from llmsim.cli.main import main
-from llmsim.search.sweeps import run_points, slo_met
+from llmsim.scenario.overrides import variant
+from llmsim.scenario.scenario import load_scenario
+from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
 
 from .helpers import REPO
 
-CHAT = REPO / "scenarios" / "llama3-8b-h100-chat.yaml"
+SMALL = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
+RATE = 100.0
 SECTIONS = ("summary", "workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring",
             "assumptions")
 FIGURES = ("workload-figure", "candidates-figure", "attainment-figure", "frontier-figure", "peak-figure",
            "sensitivity-figure", "monitoring-figure")
-REPORT_ARGS = ["--target-rate", "40", "--hardware", "H100-SXM", "--requests", "200", "--seeds", "2",
-               "--workers", "1"]
+REPORT_ARGS = ["--target-rate", str(RATE), "--hardware", "H100-SXM", "--seeds", "2"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 pytestmark = pytest.mark.slow
@@ -45,7 +48,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report") / "out"
-    assert main(["report", str(CHAT), *REPORT_ARGS, "--out", str(out)]) == 0
+    assert main(["report", str(SMALL), *REPORT_ARGS, "--out", str(out)]) == 0
     html = (out / "report.html").read_text()
     return {"out": out, "html": html, "md": (out / "report.md").read_text(), "tables": html_tables(html)}
 
@@ -128,8 +131,17 @@ def recommended_overrides(tables: _Tables) -> dict:
             "deployment.tensor_parallel": int(tp), "deployment.pipeline_parallel": int(pp),
             "deployment.replicas": int(cell(tables, "deployment", "recommended", "replicas")),
             "engine.max_batch_tokens": int(cell(tables, "settings", "max batch tokens", "recommended")),
-            "engine.queue_timeout": None if timeout == "none" else timeout,
-            "workload.arrival.rate": 40.0, "workload.num_requests": 200, "simulation.warmup": None}
+            "engine.queue_timeout": None if timeout == "none" else timeout}
+
+
+def judged_met(point: dict, seeds: list[int]) -> bool:
+    """Whether ``point`` at the target rate meets the SLO targets on ``seeds``, judged as plan does."""
+    scenario = load_scenario(SMALL)
+    at_point = variant(scenario, {**point, "workload.arrival.rate": RATE})
+    window = measurement_window(scenario, RATE, typical_latency_s(at_point, RATE))
+    judged, = simulate_until_decided(scenario, [{**point, "workload.arrival.rate": RATE}], [window], [RATE],
+                                     seeds=seeds, progress=False)
+    return judged.verdict.met
 
 
 # -- the browser -----------------------------------------------------------------------------
@@ -234,9 +246,7 @@ def test_summary_figures_are_the_sections_figures(report):
 
 
 def test_recommended_deployment_meets_the_targets_on_fresh_seeds(report):
-    rows = run_points(CHAT, [recommended_overrides(report["tables"])], seeds=[901, 902], workers=1, progress=False)
-    assert (rows["error"] == "").all()
-    assert slo_met(rows).all(), rows[["seed", "slo.attainment", "latency.ttft_s.p95", "latency.tpot_s.p95"]]
+    assert judged_met(recommended_overrides(report["tables"]), seeds=[901, 902])
 
 
 def test_n_plus_one_matches_one_replica_fewer(report):
@@ -246,9 +256,7 @@ def test_n_plus_one_matches_one_replica_fewer(report):
     assert replicas >= 2, "pick a target rate that needs two replicas or more"
     down_row = f"one replica down ({replicas - 1} of {replicas})"
     claim = cell(tables, "capacity", down_row, "value")
-    seeds = [42, 43]                                                # the report's own seeds (the scenario's 42, +1)
-    rows = run_points(CHAT, [{**point, "deployment.replicas": replicas - 1}], seeds=seeds, workers=1, progress=False)
-    met = bool(slo_met(rows).all())
+    met = judged_met({**point, "deployment.replicas": replicas - 1}, seeds=[42, 43])   # the report's seeds
     assert claim.startswith("meets" if met else "misses")
     spare = cell(tables, "capacity", "replicas for N+1", "value")
     assert spare.startswith(str(replicas if met else replicas + 1))
@@ -262,7 +270,7 @@ def test_n_plus_one_matches_one_replica_fewer(report):
 ])
 def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, args, key):
     out = tmp_path / "out"
-    assert main(["report", str(CHAT), *args, "--out", str(out)]) == 2
+    assert main(["report", str(SMALL), *args, "--out", str(out)]) == 2
     assert key in capsys.readouterr().err
     assert not out.exists()
 
@@ -271,7 +279,23 @@ def test_unwritable_output_folder_exits_2(tmp_path, capsys):
     inside_a_file = tmp_path / "a-file"
     inside_a_file.write_text("x")
     for out in (inside_a_file / "report", Path("/proc/llmsim-report")):
-        assert main(["report", str(CHAT), "--out", str(out)]) == 2
+        assert main(["report", str(SMALL), "--out", str(out)]) == 2
         assert "--out" in capsys.readouterr().err
         assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_traffic_classes_are_shown(tmp_path):
+    """A scenario with traffic classes gets a table of them in the workload section."""
+    scenario = tmp_path / "classes.yaml"
+    scenario.write_text(SMALL.read_text().replace(
+        "  output_tokens: {distribution: lognormal, mean: 48, sigma: 0.5, max: 256}\n",
+        "  output_tokens: {distribution: lognormal, mean: 48, sigma: 0.5, max: 256}\n"
+        "  classes:\n    interactive: {share: 0.3}\n    batch: {share: 0.7, output_tokens: 96}\n"))
+    from llmsim.report.build import ReportBuilder, traffic_from_rate
+    builder = ReportBuilder(scenario, traffic_from_rate(30.0), hardware=["H100-SXM"], workers=1)
+    builder._workload()
+    classes = next(t for t in builder.sections[0].tables if t.key == "classes")
+    assert [row[0] for row in classes.rows] == ["interactive", "batch"]
+    assert [row[1] for row in classes.rows] == ["30%", "70%"]
+    assert [row[-1] for row in classes.rows] == ["48.0", "96.0"]          # the class's own output length

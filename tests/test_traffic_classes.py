@@ -12,16 +12,18 @@ x E[step^2] / (2 E[step]), added. Tolerances are four batch-means standard error
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from llmsim import batch_means, simulate
 from llmsim.errors import ConfigError
 from llmsim.workload.trace import generate_trace
 
-from .helpers import make_scenario, roofline_only
+from .helpers import BASE, make_scenario, roofline_only
 
 SERVICE = {"prompt_tokens": 8, "output_tokens": {"distribution": "exponential", "mean": 10, "max": 10000}}
 TWO_CLASSES = {"urgent": {"share": 0.5, "priority": 0}, "relaxed": {"share": 0.5, "priority": 1}}
@@ -205,3 +207,40 @@ def test_vllm_priority_flag_selects_the_vllm_priority_policy_with_classes():
     scenario = make_scenario({"engine": {"vllm_args": "--scheduling-policy priority"},
                               "workload": {"classes": TWO_CLASSES}})
     assert scenario.engine.scheduling_policy == "vllm_priority" and scenario.vllm_notes == ()
+
+
+def test_search_verdicts_require_every_class_target():
+    """``plan``/``recommend`` judge a point by every traffic class's own targets: a point whose overall
+    attainment passes but whose one class misses its percentile fails."""
+    from llmsim.analysis import names
+    from llmsim.search.window import judge
+
+    def rows(b_attainment):
+        base = {"error": ["", ""], names.STEADY: [True, True]}
+        for prefix, attainment in (("", 0.99), ("classes.a.", 0.99), ("classes.b.", b_attainment)):
+            base.update({prefix + names.SLO_ATTAINMENT: [attainment] * 2,
+                         prefix + names.SLO_ATTAINMENT_STDERR: [0.002] * 2,
+                         prefix + names.slo_attainment("ttft"): [attainment] * 2,
+                         prefix + names.slo_attainment_stderr("ttft"): [0.002] * 2,
+                         prefix + names.slo_percentile("ttft"): [95.0] * 2})
+        return pd.DataFrame(base)
+
+    missed = judge(rows(0.80))
+    assert not missed.met and missed.decided and set(missed.margins) == {"a.ttft", "b.ttft"}
+    assert judge(rows(0.98)).met
+    assert not judge(rows(0.80), target=0.9).met and judge(rows(0.98), target=0.9).met
+
+
+@pytest.mark.parametrize("workload, key", [
+    ({"arrival": None, "classes": {"a": {"arrival": {"rate": 5}}, "b": {"arrival": {"rate": 5}}}}, "workload.classes"),
+    ({"arrival": {"process": "steps", "rates": [{"at": 0, "rate": 5}]}}, "workload.arrival.process"),
+])
+def test_plans_refuse_workloads_without_one_rate(workload, key):
+    from llmsim.search.plan import check_rate_driven
+
+    base = copy.deepcopy(BASE)
+    base["workload"].pop("arrival")
+    base["workload"].update({k: v for k, v in workload.items() if v is not None})
+    with pytest.raises(ConfigError) as error:
+        check_rate_driven(make_scenario(base=base))
+    assert error.value.key == key

@@ -57,6 +57,7 @@ OUTPUT_TOKENS_PER_USD = f"{THROUGHPUT}.output_tokens_per_usd"
 SLO_ATTAINMENT = f"{SLO}.attainment"
 SLO_ATTAINMENT_STDERR = f"{SLO}.attainment_stderr"
 SLO_MET = f"{SLO}.met"
+CLASSES = "classes"              # per traffic class: classes.<name>.<the class summary's keys>
 SLO_LIMITS = tuple(slo_limit(metric) for metric in SLO_METRICS)
 
 USD_PER_HOUR = f"{ECONOMICS}.usd_per_hour"

@@ -10,6 +10,7 @@ from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
+from llmsim.scenario.scenario import load_scenario
 from llmsim.search.plan import MAX_REPLICAS, check_rate, plan
 
 
@@ -19,7 +20,8 @@ MAX_PLAN_REPLICAS = 10_000      # replicas a plan may try: 10,000 engines take ~
 def add_parser(sub) -> None:
     parser = sub.add_parser("plan", help="fewest replicas of each candidate chip that meet the SLO at a rate")
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
-    parser.add_argument("--target-rate", required=True, help="requests per second to serve (e.g. 40 or '40/s')")
+    parser.add_argument("--target-rate", required=True, help="requests per second to serve (e.g. 40 or '40/s'), "
+                        "or a multiple of the scenario's own rate ('2x': this traffic, a replayed trace's too, twice)")
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
     add_seeds_argument(parser)          # every seed must meet the targets
@@ -51,8 +53,16 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def target_rate(text: str, scenario_path: str) -> float:
+    """``--target-rate``: a rate, or ``FACTORx``, that multiple of the scenario's own rate."""
+    if isinstance(text, str) and text.strip().lower().endswith("x") and _is_number(text.strip()[:-1]):
+        factor = check_rate(float(text.strip()[:-1]), "--target-rate")
+        return check_rate(factor * load_scenario(scenario_path).workload.arrival.rate_per_s)
+    return parse_rate(text)
+
+
 def _cmd_plan(args) -> int:
-    rate = parse_rate(args.target_rate)
+    rate = target_rate(args.target_rate, args.scenario)
     seeds = parse_seeds(args.seeds, args.scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
@@ -60,9 +70,10 @@ def _cmd_plan(args) -> int:
                  max_replicas=args.max_replicas, progress=True)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
-    shown = table.drop(columns=[c for c in ("kwh_per_million_output_tokens",) if c in table])
+    shown = table.drop(columns=[c for c in ("kwh_per_million_output_tokens", "replayed") if c in table])
     with pd.option_context("display.width", 220, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
-        print(f"target {rate:g} requests/s:")
+        print(f"target {rate:g} requests/s" + (f", replaying {table['replayed'].iloc[0]}" if "replayed" in table
+                                               else "") + ":")
         print(shown.to_string(index=False))
     if args.out:
         print(f"\nwrote {args.out}")

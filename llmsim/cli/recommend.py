@@ -7,7 +7,7 @@ from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
 from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.plan import as_scenario
+from llmsim.search.plan import as_scenario, replay_description
 from llmsim.search.recommend import OBJECTIVES, SEEDS, TOP, Recommendation, recommend
 
 MAX_TOP = 100               # analytic best settings simulated, at most
@@ -22,6 +22,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--top", type=integer_flag(maximum=MAX_TOP), default=TOP,
                         help=f"analytic best settings to simulate (default {TOP}, at most {MAX_TOP})")
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
+    parser.add_argument("--no-drafts", action="store_true",
+                        help="speculating scenarios: skip choosing the draft and tuning eligibility")
     parser.add_argument("--out", help="also write every simulated setting as CSV here")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_recommend)
@@ -68,10 +70,15 @@ def _cmd_recommend(args) -> int:
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
     rec = recommend(scenario, objective=args.objective, seeds=parse_seeds(args.seeds, scenario), top=args.top,
-                    workers=args.workers, progress=True)
+                    workers=args.workers, progress=True, drafts=not args.no_drafts)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
+    if scenario.workload.trace is not None:          # which traffic the rates below rescale
+        print(f"replaying {replay_description(scenario, scenario.workload.arrival.rate_per_s)}; its rate is the "
+              "trace's time scale")
     print(format_recommendation(rec, scenario))
+    if rec.drafts is not None:
+        print(rec.drafts.text())
     if args.out:
         print(f"wrote {args.out}")
     return 0

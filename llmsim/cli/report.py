@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
     add_seeds_argument(parser, default="2", default_text="2")
-    parser.add_argument("--requests", type=int, help="requests per simulated run (default: the scenario's, at most 2000)")
+    parser.add_argument("--requests", type=int, help="the fewest requests per simulated run; each run covers a window "
+                        "that follows its rate (default: the scenario's count, at most 2000)")
     parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
     parser.add_argument("--out", help="folder for report.html and report.md (default runs/report-<name>)")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

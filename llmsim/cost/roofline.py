@@ -33,6 +33,11 @@ from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, wo
 from llmsim.catalog.placement import Placement
 
 
+_ONE, _TOKENS, _EXPERTS, _LOGITS = F["one"], F["tokens"], F["experts_touched"], F["logit_tokens"]
+NONLINEAR_MEMO_SIZE = 200_000     # remembered token counts per cost model (a few tens of MB at most)
+FEW_ROWS = 32                     # up to this many rows, the non-linear part is looked up row by row
+
+
 class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
@@ -132,6 +137,40 @@ class CostModel:
                            for shape, repeats, count, scale, tokens in gemms]
         self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 8))
         self._all_reduce = kernels.all_reduce_for(tp) if tp > 1 else None
+        self._layer_memo: dict[tuple, float] = {}
+        self._head_memo: dict[tuple, float] = {}
+
+    def _nonlinear_time(self, values: list[float]) -> float:
+        """GEMMs and all-reduces of one iteration (the terms not linear in the features; ``values``: its
+        feature vector as a list), remembered by the features each part depends on: the layers' by the
+        tokens per iteration (and experts), the LM head's by the sampling rows. The simulator's batches
+        repeat those counts over and over, so after a warm-up the terms cost two dict lookups."""
+        layers_key = (values[_ONE], values[_TOKENS], values[_EXPERTS])
+        layers_s = self._layer_memo.get(layers_key)
+        if layers_s is None:
+            layers_s = self._gemm_sum(values, self._gemm_rows[:-1])
+            if self._all_reduce is not None:
+                layers_s += float(self._all_reduce_time(np.array(values)))
+            if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
+                self._layer_memo[layers_key] = layers_s
+        head_key = (values[_ONE], values[_LOGITS])
+        head_s = self._head_memo.get(head_key)
+        if head_s is None:
+            head_s = self._head_memo[head_key] = self._gemm_sum(values, self._gemm_rows[-1:])
+        return layers_s + head_s
+
+    def _gemm_sum(self, values: list[float], gemm_rows) -> float:
+        """The summed time of ``gemm_rows`` (see _gemm_times) for one iteration's feature ``values``."""
+        kernels = self.hardware.kernels
+        floor_s, p = kernels.gemm_floor_s, kernels.gemm_sharpness
+        total = 0.0
+        for _, fixed_s, per_token_s, compute_s, repeats, count, scale, tokens in gemm_rows:
+            runs = values[count]
+            if runs > 0:
+                rows = values[tokens] * scale / runs
+                memory = fixed_s + rows * per_token_s
+                total += repeats * runs * (floor_s + (memory ** p + (rows * compute_s) ** p) ** (1.0 / p))
+        return total
 
     def _all_reduce_time(self, x):
         """Two measured all-reduces of the hidden state per layer and iteration (kernel terms, TP > 1 only):
@@ -153,14 +192,7 @@ class CostModel:
         kernels = self.hardware.kernels
         floor_s, p = kernels.gemm_floor_s, kernels.gemm_sharpness
         if x.ndim == 1:
-            values, total = x.tolist(), 0.0
-            for _, fixed_s, per_token_s, compute_s, repeats, count, scale, tokens in self._gemm_rows:
-                runs = values[count]
-                if runs > 0:
-                    rows = values[tokens] * scale / runs
-                    memory = fixed_s + rows * per_token_s
-                    total += repeats * runs * (floor_s + (memory ** p + (rows * compute_s) ** p) ** (1.0 / p))
-            return total
+            return self._gemm_sum(x.tolist(), self._gemm_rows)
         fixed_s, per_token_s, compute_s, repeats, count, scale, tokens = self._gemm_columns
         runs = x[..., count.astype(int)]
         rows = np.divide(x[..., tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
@@ -208,16 +240,18 @@ class CostModel:
             y = (self._stacked @ x).tolist()
             time_s = sum(map(max, y[:n], y[n:2 * n])) + y[2 * n]
             if self._gemm_rows:
-                time_s += self._gemm_times(x)
-                if self._all_reduce is not None:
-                    time_s += float(self._all_reduce_time(x))
+                time_s += self._nonlinear_time(x.tolist())
             return time_s, y[2 * n + 1], y[2 * n + 2]
         y = x @ self._stacked.T
         time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
         if self._gemm_rows:
-            time_s = time_s + self._gemm_times(x).sum(axis=-1)
-            if self._all_reduce is not None:
-                time_s = time_s + self._all_reduce_time(x)
+            if x.ndim == 2 and len(x) <= FEW_ROWS:
+                # The speculative engine's per-step rows: remembered row by row beats numpy on a few rows.
+                time_s = time_s + np.array([self._nonlinear_time(row) for row in x.tolist()])
+            else:
+                time_s = time_s + self._gemm_times(x).sum(axis=-1)
+                if self._all_reduce is not None:
+                    time_s = time_s + self._all_reduce_time(x)
         return time_s, y[..., 2 * n + 1], y[..., 2 * n + 2]
 
     def step_time(self, x) -> float:

@@ -19,9 +19,11 @@ Stages (one progress-bar step each):
 8. **assumptions**: every hardware figure used with its source and confidence, the cost
    model's measured error, and what reproduces the report.
 
-Every run of the report simulates ``requests`` requests (default: the scenario's count, at
-most 2,000) with the first 10% of the arrival window as warm-up, so a run measures the same
-share of its window at every rate; every figure is a mean over ``seeds``.
+Every point is judged as ``llmsim plan`` judges it (:mod:`llmsim.search.window`): simulated over
+a window that follows its rate, with ``requests`` (default: the scenario's count, at most
+2,000) as the floor of its request count, on every seed, and its verdict must clear the
+targets by two pooled standard errors (measured longer while undecided); every figure is a
+mean over ``seeds``.
 """
 from __future__ import annotations
 
@@ -49,18 +51,19 @@ from llmsim.search.layout import REPLICAS_KEY, cheapest_layouts, fewest_replicas
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate, check_rate_driven
 from llmsim.search.recommend import recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
-from llmsim.search.sweeps import run_points, slo_met
+from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.sim.simulate import simulate
 from llmsim.workload.trace import Trace, generate_trace
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
-LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5)
+LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 SENSITIVITY = 0.2                 # +-20% load and lengths
 ACCEPTANCE_STEP = 0.1
 DEFAULT_REQUESTS = 2000
 DEFAULT_PEAK_TO_MEAN = 1.5        # the assumed diurnal profile's peak over its mean, without a trace
 HOURS_PER_MONTH = 730.0
 MONITOR_BINS = 40
+BREAKING_TOLERANCE = 0.1        # the breaking point's bisection stops at 10% of the target rate
 RECOMMEND_TOLERANCE = 0.1       # bisection on the rate stops at 10% (the CLI's recommend: 4%)
 
 
@@ -146,8 +149,8 @@ class ReportBuilder:
             raise ConfigError("too few requests to measure percentiles", key="--requests", value=count,
                               allowed="an integer >= 50")
         self.requests = count
-        self.base = {"workload.num_requests": count, "workload.duration": None, "simulation.warmup": None,
-                     "simulation.horizon": None, **self._trace_lengths(scenario)}
+        # the runs' request count is a floor: each point's window follows its rate (llmsim.search.window)
+        self.base = {"workload.num_requests": count, "workload.duration": None, **self._trace_lengths(scenario)}
         self.original = scenario
         self.scenario = variant(scenario, {**self.base, RATE_KEY: self.rate})    # validates the rate and lengths
         self.command = command or "llmsim report " + " ".join(sys.argv[1:])
@@ -210,8 +213,10 @@ class ReportBuilder:
                               "Poisson arrivals at each rate.")
         tables = [Table("workload", "Workload", ["quantity", "value"], rows)]
         if classes:
-            tables.append(Table("classes", "Traffic classes", ["class", "description"],
-                                [[str(getattr(c, "name", i)), str(c)] for i, c in enumerate(classes)]))
+            tables.append(Table("classes", "Traffic classes", ["class", "share", "priority", "weight",
+                                                               "reserved sequences", "queue timeout", "on timeout",
+                                                               "mean prompt", "mean output"],
+                                [_class_row(c, self.scenario.workload) for c in classes]))
         self.sections.append(Section(
             "workload", "Workload", paragraphs, tables,
             [Figure("workload-figure", "Arrival rate and lengths",
@@ -274,17 +279,18 @@ class ReportBuilder:
         self.layout_overrides = {k: v for k, v in best.overrides.items() if k != REPLICAS_KEY}
         self.config = {**self.layout_overrides, **settings}
         # the recommended settings may need fewer replicas than the scenario's own
-        replicas, outcomes = fewest_replicas(self.scenario, self.config, 1, best.replicas, best.replicas,
+        replicas, outcomes = fewest_replicas(self.scenario, self.config, self.rate, max(1, best.replicas - 1),
+                                             best.replicas, best.replicas,
                                              seeds=self.seeds, workers=self.workers, bar=quiet_bar())
         if replicas is None:              # the settings do worse here than the scenario's own: keep those
             self.config, replicas = dict(self.layout_overrides), best.replicas
             paragraphs.append("With the recommended settings the deployment missed the targets at the "
                               "target rate, so the scenario's own settings are kept.")
             settings = {}
-            outcomes = {replicas: run_points(self.scenario, [{**self.config, REPLICAS_KEY: replicas}],
-                                             seeds=self.seeds, workers=self.workers, progress=False)}
+            outcomes = {replicas: self._judge([{**self.config, REPLICAS_KEY: replicas}], [self.rate])[0]}
         self.replicas = replicas
-        self.at_target = outcomes[replicas]
+        self.at_target = outcomes[replicas].rows
+        margin, spread = outcomes[replicas].verdict.worst_margin
         self.final = variant(self.scenario, {**self.config, REPLICAS_KEY: replicas})
         rows = self._settings_rows(rec, deployed)
         table = Table("settings", "Recommended engine settings", ["setting", "recommended", "rule of thumb"], rows,
@@ -295,16 +301,17 @@ class ReportBuilder:
         usd_hour = float(mean[names.USD_PER_HOUR])
         deploy_columns = ["deployment", "chip", "layout", "replicas", "devices", "USD/hour", "USD/month",
                           "USD per M output tokens", "kWh per M output tokens", "P95 TTFT", "TTFT margin",
-                          "P95 TPOT", "TPOT margin", "SLO attainment"]
+                          "P95 TPOT", "TPOT margin", "SLO attainment", "attainment over target (worst limit)"]
         deploy = Table("deployment", "The recommended deployment at the target rate", deploy_columns, [[
             "recommended", best.hardware, best.layout.label, str(replicas),
             str(replicas * best.layout.devices_per_replica), usd(usd_hour), usd(usd_hour * HOURS_PER_MONTH),
             usd(mean[names.USD_PER_MILLION_OUTPUT_TOKENS]), num(mean[names.KWH_PER_MILLION_OUTPUT_TOKENS]),
             ms(mean[names.TTFT_P95]), _margin(mean[names.TTFT_P95], ttft_limit),
             ms(mean[names.TPOT_P95]), _margin(mean[names.TPOT_P95], tpot_limit),
-            percent(mean[names.SLO_ATTAINMENT])]],
+            percent(mean[names.SLO_ATTAINMENT]), f"{plus_minus(margin, spread, percent)}"]],
             note=f"means over {len(self.seeds)} seeds at {num(self.rate)} requests/s; margin: how far the P95 "
-                 f"is below its limit; a month is {HOURS_PER_MONTH:g} hours")
+                 f"is below its limit; attainment over target: the share within the limit minus the percentile "
+                 f"target, ± 2 standard errors pooled over seeds; a month is {HOURS_PER_MONTH:g} hours")
         if rec is not None:
             paragraphs.insert(0, f"Searched on {best.hardware} {best.layout.label} x {best.replicas} with "
                               f"`llmsim recommend` ({len(rec.analytic)} settings scored analytically, "
@@ -349,20 +356,18 @@ class ReportBuilder:
     def _load(self) -> None:
         rates = [self.rate * f for f in LOAD_FACTORS]
         points = [{**self.config, REPLICAS_KEY: self.replicas, RATE_KEY: r} for r in rates]
-        rows = run_points(self.scenario, points, seeds=self.seeds, workers=self.workers, progress=False)
-        rows["met"] = slo_met(rows)
-        by_rate = rows.groupby(RATE_KEY, sort=True)
         table_rows, met_by_rate, frame = [], {}, []
-        for rate, group in by_rate:
-            mean = group.select_dtypes("number").mean()
-            met = bool(group["met"].all())
+        for rate, judged in zip(rates, self._judge(points, rates)):
+            mean = judged.rows.select_dtypes("number").mean()
+            met = judged.verdict.met
             met_by_rate[rate] = met
             frame.append({"rate": rate, names.TPOT_P95: mean[names.TPOT_P95],
                           names.OUTPUT_TOKENS_PER_S_PER_DEVICE: mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE],
                           **{m: mean[names.slo_attainment(m)] for m in self.final.slo.targets()}})
             table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}", ms(mean[names.TTFT_P95]),
                                ms(mean[names.TPOT_P95]), percent(mean[names.SLO_ATTAINMENT]),
-                               num(mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE]), "yes" if met else "no"])
+                               num(mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE]),
+                               ("yes" if met else "no") + ("" if judged.verdict.decided else " (undecided)")])
         frame = pd.DataFrame(frame)
         passing = [r for r in rates if met_by_rate[r]]
         failing = [r for r in rates if not met_by_rate[r]]
@@ -375,7 +380,7 @@ class ReportBuilder:
                 breaking = math.nan
                 breaking_text = f"below {num(hi)} req/s"
             else:
-                found = max_sustainable_rate(self.final, lo=lo, hi=hi, tol=0.05 * self.rate, seeds=self.seeds,
+                found = max_sustainable_rate(self.final, lo=lo, hi=hi, tol=BREAKING_TOLERANCE * self.rate, seeds=self.seeds,
                                              workers=self.workers)
                 breaking = found.rate_per_s
                 breaking_text = f"{num(breaking)} req/s"
@@ -384,11 +389,10 @@ class ReportBuilder:
             f"more than {percent(rates[-1] / self.rate - 1, 0)}" if not failing else "-")
         # N+1: the deployment with one replica down, simulated at the target rate
         if self.replicas > 1:
-            down = run_points(self.scenario, [{**self.config, REPLICAS_KEY: self.replicas - 1}], seeds=self.seeds,
-                              workers=self.workers, progress=False)
-            down_met = bool(slo_met(down).all())
+            down = self._judge([{**self.config, REPLICAS_KEY: self.replicas - 1}], [self.rate])[0]
+            down_met = down.verdict.met
             down_text = (f"{'meets' if down_met else 'misses'} the targets "
-                         f"(attainment {percent(down[names.SLO_ATTAINMENT].mean())})")
+                         f"(attainment {percent(down.rows[names.SLO_ATTAINMENT].mean())})")
         else:
             down_met, down_text = False, "no replica left"
         n_plus_one = self.replicas if down_met else self.replicas + 1
@@ -398,7 +402,7 @@ class ReportBuilder:
             ["headroom above the target", headroom_text],
             [f"one replica down ({self.replicas - 1} of {self.replicas})", down_text],
             ["replicas for N+1", f"{n_plus_one} ({'the recommendation already survives one down' if down_met else f'{self.replicas} + 1 spare'})"]],
-            note="breaking point: highest rate meeting the SLO targets on every seed, bisected to 5% of the target")
+            note=f"breaking point: highest rate meeting the SLO targets, bisected to {BREAKING_TOLERANCE:.0%} of the target")
         frontier = pareto_frontier(frame, latency=names.TPOT_P95, throughput=names.OUTPUT_TOKENS_PER_S_PER_DEVICE)
         on_frontier = frame.index.isin(frontier.index)
         targets = {m: p for m, (_, p) in self.final.slo.targets().items()}
@@ -419,12 +423,23 @@ class ReportBuilder:
                          Fact("headroom above the target", "capacity", "headroom above the target", "value"),
                          Fact("replicas for N+1", "capacity", "replicas for N+1", "value")]
 
-    def _replicas_at(self, overrides: dict, around: int) -> tuple[int | None, pd.DataFrame | None]:
+    def _replicas_at(self, overrides: dict, around: int) -> tuple[int | None, Judged | None]:
         """Fewest replicas with ``overrides`` on the recommended settings, searched near ``around``."""
-        found, outcomes = fewest_replicas(self.scenario, {**self.config, **overrides}, max(1, around // 3), around,
-                                          max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
+        rate = overrides.get(RATE_KEY, self.rate)
+        # from ``around`` and the count below it (the usual answer), bisecting further only if both pass
+        found, outcomes = fewest_replicas(self.scenario, {**self.config, **overrides}, rate, max(1, around - 1),
+                                          around, max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
                                           bar=quiet_bar())
         return found, outcomes.get(self.replicas)
+
+    def _judge(self, points: list[dict], rates: list[float]) -> list[Judged]:
+        """Points judged as the searches judge them: windows that follow each point's rate."""
+        windows = []
+        for point, rate in zip(points, rates):
+            at_point = variant(self.scenario, {**point, RATE_KEY: rate})
+            windows.append(measurement_window(self.scenario, rate, typical_latency_s(at_point, rate)))
+        return simulate_until_decided(self.scenario, [{**p, RATE_KEY: r} for p, r in zip(points, rates)], windows,
+                                      rates, seeds=self.seeds, workers=self.workers, progress=False)
 
     def _peak(self) -> None:
         traffic = self.traffic
@@ -468,8 +483,8 @@ class ReportBuilder:
             except ConfigError as error:
                 rows.append([label, "-", "-", "-", f"not valid: {error.message}"])
                 continue
-            met = "-" if at_current is None else ("yes" if bool(slo_met(at_current).all()) else "no")
-            attainment = "-" if at_current is None else percent(at_current[names.SLO_ATTAINMENT].mean())
+            met = "-" if at_current is None else ("yes" if at_current.verdict.met else "no")
+            attainment = "-" if at_current is None else percent(at_current.rows[names.SLO_ATTAINMENT].mean())
             rows.append([label, str(found) if found else "-", _change(found, self.replicas), attainment, met])
             labels.append(label)
             needed.append(found if found else math.nan)
@@ -484,7 +499,8 @@ class ReportBuilder:
                     figures.sensitivity(labels, needed, self.replicas, "sensitivity-figure"))] if labels else []))
 
     def _monitoring(self) -> None:
-        result = simulate(self.final)
+        window = measurement_window(self.scenario, self.rate, typical_latency_s(self.final, self.rate))
+        result = simulate(variant(self.final, window.overrides(self.rate)))
         series = monitoring_series(result, MONITOR_BINS)
         summary = result.summary()
         lat, util, queue = summary["latency"], summary["utilisation"], summary["queue"]
@@ -518,7 +534,9 @@ class ReportBuilder:
         import llmsim
         reproduce = [["command", self.command], ["llmsim version", llmsim.__version__],
                      ["seeds", ", ".join(map(str, self.seeds))], ["requests per run", f"{self.requests:,}"],
-                     ["warm-up", "first 10% of each run's arrival window"]]
+                     ["measurement", "each point over a window that follows its rate (warm-up at least the "
+                                     "scenario's and 5 mean latencies, measurement at least 20 mean latencies and "
+                                     "500 requests), judged with 2 standard errors, up to 8x longer while undecided"]]
         self.sections.append(Section(
             "assumptions", "Assumptions and reproducibility",
             ["Every hardware figure the candidates use, with its source and confidence (`datasheet`, `measured`, "
@@ -609,6 +627,16 @@ def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
 
     walk(data, "")
     return rows
+
+
+def _class_row(traffic_class, workload) -> list[str]:
+    """One traffic class's settings as a row (lengths: its own, else the workload's)."""
+    c = traffic_class
+    prompt = c.prompt_tokens or workload.prompt_tokens
+    output = c.output_tokens or workload.output_tokens
+    return [c.name, "own arrivals" if c.share is None else percent(c.share, 0), str(c.priority), num(c.weight),
+            str(c.reserved_seqs), "engine's" if c.queue_timeout_s is None else ms(c.queue_timeout_s),
+            c.on_timeout or "engine's", num(prompt.mean()) if prompt else "-", num(output.mean()) if output else "-"]
 
 
 def _margin(value, limit) -> str:

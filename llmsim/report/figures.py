@@ -1,6 +1,7 @@
 """The report's figures, drawn with matplotlib and kept as inline SVG text.
 
-Static SVG, not an interactive library: the page must open without a network and without
+Figures are built on ``matplotlib.figure.Figure`` without pyplot, so making a report never changes
+the caller's backend (a notebook keeps drawing inline). Static SVG, not an interactive library: the page must open without a network and without
 scripts (nothing to fail in a browser console), SVG stays sharp at any zoom and prints,
 its text is real text, and matplotlib is already a dependency. Each figure gets its own
 id salt so the ids of several SVGs in one page never collide.
@@ -10,10 +11,8 @@ from __future__ import annotations
 import io
 
 import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
 
 _STYLE = {"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
           "axes.spines.top": False, "axes.spines.right": False}
@@ -24,19 +23,19 @@ def to_svg(fig, key: str) -> str:
     buffer = io.StringIO()
     with matplotlib.rc_context({"svg.hashsalt": key}):
         fig.savefig(buffer, format="svg", bbox_inches="tight")
-    plt.close(fig)
     text = buffer.getvalue()
     return text[text.index("<svg"):]
 
 
 def _figure(rows: int = 1, cols: int = 1, size=(7.5, 3.2), **kwargs):
-    with plt.rc_context(_STYLE):
-        fig, axes = plt.subplots(rows, cols, figsize=size, constrained_layout=True, **kwargs)
+    with matplotlib.rc_context(_STYLE):
+        fig = Figure(figsize=size, layout="constrained")
+        axes = fig.subplots(rows, cols, **kwargs)
     return fig, axes
 
 
 def workload(times_s, rate_per_s, prompt_tokens, output_tokens, key: str) -> str:
-    with plt.rc_context(_STYLE):
+    with matplotlib.rc_context(_STYLE):
         fig, (ax_rate, ax_len) = _figure(1, 2, (9, 3))
         ax_rate.plot(times_s, rate_per_s, lw=1)
         ax_rate.set_xlabel("time (s)")
@@ -54,7 +53,7 @@ def workload(times_s, rate_per_s, prompt_tokens, output_tokens, key: str) -> str
 
 
 def candidates(labels, usd_per_hour, feasible, key: str) -> str:
-    with plt.rc_context(_STYLE):
+    with matplotlib.rc_context(_STYLE):
         fig, ax = _figure(size=(7.5, 0.5 + 0.45 * len(labels)))
         colours = ["C2" if ok else "0.7" for ok in feasible]
         values = [v if np.isfinite(v) else 0 for v in usd_per_hour]
@@ -67,7 +66,7 @@ def candidates(labels, usd_per_hour, feasible, key: str) -> str:
 
 
 def load_curve(rates, attainment_by_metric: dict, targets: dict, target_rate, breaking_rate, key: str) -> str:
-    with plt.rc_context(_STYLE):
+    with matplotlib.rc_context(_STYLE):
         fig, ax = _figure()
         for i, (metric, shares) in enumerate(attainment_by_metric.items()):
             ax.plot(rates, 100 * np.asarray(shares), "o-", ms=3, color=f"C{i}", label=f"{metric.upper()} within limit")
@@ -83,7 +82,7 @@ def load_curve(rates, attainment_by_metric: dict, targets: dict, target_rate, br
 
 
 def frontier(throughput, latency_s, on_frontier, labels, key: str) -> str:
-    with plt.rc_context(_STYLE):
+    with matplotlib.rc_context(_STYLE):
         fig, ax = _figure()
         throughput, latency_s, on_frontier = map(np.asarray, (throughput, latency_s, on_frontier))
         ax.scatter(throughput, 1000 * latency_s, s=14, color="0.6", label="load points")
@@ -99,7 +98,7 @@ def frontier(throughput, latency_s, on_frontier, labels, key: str) -> str:
 
 
 def diurnal(hours, rate_per_s, mean_rate, peak_rate, key: str) -> str:
-    with plt.rc_context(_STYLE):
+    with matplotlib.rc_context(_STYLE):
         fig, ax = _figure()
         ax.plot(hours, rate_per_s, lw=1.2, label="arrival rate")
         ax.axhline(mean_rate, color="C1", ls=":", label=f"mean {mean_rate:.3g}/s")
@@ -112,7 +111,7 @@ def diurnal(hours, rate_per_s, mean_rate, peak_rate, key: str) -> str:
 
 
 def sensitivity(labels, replicas, base_replicas, key: str) -> str:
-    with plt.rc_context(_STYLE):
+    with matplotlib.rc_context(_STYLE):
         fig, ax = _figure(size=(7.5, 0.6 + 0.35 * len(labels)))
         values = np.asarray(replicas, dtype=float)
         colours = ["C3" if v > base_replicas else "C2" if v < base_replicas else "0.6" for v in values]
@@ -125,7 +124,7 @@ def sensitivity(labels, replicas, base_replicas, key: str) -> str:
 
 def monitoring(series, slo_limits: dict, key: str) -> str:
     """Six dashboard panels over simulated time from :func:`llmsim.report.build.monitoring_series`."""
-    with plt.rc_context(_STYLE):
+    with matplotlib.rc_context(_STYLE):
         fig, axes = _figure(3, 2, (10, 7.5), sharex=True)
         t = series["time_s"]
         ax = axes[0, 0]

@@ -242,3 +242,26 @@ def format_draft_choice(choice: DraftChoice, eligibility: Eligibility | None = N
                          f"{100 * row.speculating_share:.0f}% of sequence-steps speculating"
                          + ("" if row.slo_met else ", SLO missed"))
     return "\n".join(lines)
+
+
+@dataclass
+class DraftAdvice:
+    """What ``llmsim recommend`` adds for a speculating scenario: the draft and the eligibility."""
+    choice: DraftChoice
+    eligibility: Eligibility | None           # None when plain decoding is the choice
+    eligibility_table: pd.DataFrame | None
+
+    def text(self) -> str:
+        return format_draft_choice(self.choice, self.eligibility, self.eligibility_table)
+
+
+def advise(scenario: Scenario) -> DraftAdvice:
+    """Choose the draft (for the workload the scenario's predicted acceptance names, else chat),
+    then tune the eligibility thresholds with it."""
+    given = ((scenario.source or {}).get("speculation") or {}).get("acceptance") or {}
+    workload = given.get("workload", "chat") if given.get("process") == "predicted" else "chat"
+    choice = choose_draft(scenario, workload=workload)
+    if choice.best.kind == NONE:
+        return DraftAdvice(choice, None, None)
+    eligibility, table = tune_eligibility(with_candidate(scenario, choice.best, choice.best_k))
+    return DraftAdvice(choice, eligibility, table)

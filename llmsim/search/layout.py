@@ -20,8 +20,10 @@ known to meet the targets at some cost, another layout is only simulated at the 
 counts that would be strictly cheaper, and skipped when even its analytic lower bound is not.
 For one layout the fewest replicas are found as ``plan`` finds them: the cheaper end
 simulated upward (doubling) until it passes, then bisection, and the count just below the
-answer simulated too, so the answer never rests on the analytic path's word. Every count
-runs on the same requests (common random numbers) and must meet the targets on every seed.
+answer simulated too, so the answer never rests on the analytic path's word. Every count is
+judged as ``plan`` judges it (:mod:`llmsim.search.window`): a measurement window that follows
+its load, a verdict that must clear the targets by two standard errors pooled over the seeds,
+measured longer while undecided; the seeds' requests are shared by every count.
 ``tests/test_layout.py`` checks the answer against simulating every (replicas, tp, pp) of a
 small grid.
 """
@@ -39,7 +41,7 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate, check_rate_driven
-from llmsim.search.sweeps import run_points, slo_met
+from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 
 MAX_TENSOR_PARALLEL = 8
 MAX_PIPELINE_PARALLEL = 4
@@ -108,26 +110,30 @@ def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX
     return found
 
 
-def fewest_replicas(scenario: Scenario, base: dict, lower: int, start: int, cap: int, *,
-                    seeds: Sequence[int] | None, workers: int | None, bar) -> tuple[int | None, dict[int, pd.DataFrame]]:
-    """The fewest replicas in [lower, cap] whose runs (``base`` overrides) meet the targets on every seed.
+def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, start: int, cap: int, *,
+                    seeds: Sequence[int] | None, workers: int | None, bar) -> tuple[int | None, dict[int, Judged]]:
+    """The fewest replicas in [lower, cap] whose runs (``base`` overrides, total ``rate``) meet the targets.
 
-    Counts below ``lower`` are taken to fail; ``start`` is simulated first and doubled (up to
-    ``cap``) until it passes, then the gap is bisected and the count below the answer
-    simulated too. Returns (count or None when ``cap`` fails, the simulated rows per count).
+    Each count is simulated over the window its own rate per replica asks for and judged with its
+    uncertainty, longer while undecided (:func:`llmsim.search.window.simulate_until_decided`), on
+    every seed. Counts below ``lower`` are taken to fail; ``start`` is simulated first and doubled
+    (up to ``cap``) until it passes, then the gap is bisected and the count below the answer
+    simulated too. Returns (count or None when ``cap`` fails, the judged runs per count).
     """
-    outcomes: dict[int, pd.DataFrame] = {}
+    outcomes: dict[int, Judged] = {}
+
+    def count_on_bar(simulations: int) -> None:
+        bar.total += simulations
+        bar.refresh()
 
     def passes(n: int) -> bool:
         if n not in outcomes:
-            bar.total += len(seeds) if seeds else 1
-            bar.refresh()
-            rows = run_points(scenario, [{**base, REPLICAS_KEY: n}], seeds=seeds, workers=workers, progress=bar)
-            failed = rows[rows["error"].fillna("") != ""]
-            if len(failed):
-                raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
-            outcomes[n] = rows
-        return bool(slo_met(outcomes[n]).all())
+            point = {**base, REPLICAS_KEY: n}
+            at_count = variant(scenario, point)
+            window = measurement_window(scenario, rate, typical_latency_s(at_count, rate))
+            outcomes[n], = simulate_until_decided(scenario, [point], [window], [rate], seeds=seeds, workers=workers,
+                                                  progress=bar, on_round=count_on_bar)
+        return outcomes[n].verdict.met
 
     if cap < lower:
         return None, outcomes
@@ -183,7 +189,8 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
             # only counts strictly cheaper than the best so far are worth simulating
             cap = min(cap, math.ceil(best_cost / (layout.devices_per_replica * layout.usd_per_device_hour)) - 1)
         base = {**layout.overrides(), RATE_KEY: rate}
-        found, outcomes = fewest_replicas(scenario, base, lower, upper, cap, seeds=seeds, workers=workers, bar=bar)
+        found, outcomes = fewest_replicas(scenario, base, rate, lower, upper, cap, seeds=seeds, workers=workers,
+                                          bar=bar)
         simulations += len(outcomes)
         if found is None:
             note = ("no cheaper count meets the targets" if best is not None and cap < max_replicas
@@ -191,7 +198,7 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
             rows.append({**row, "replicas": math.nan, "note": note})
             continue
         rows.append({**row, "replicas": found, "usd_per_hour": layout.usd_per_hour(found), "note": ""})
-        best = (layout, found, outcomes[found])
+        best = (layout, found, outcomes[found].rows)
     tried = pd.DataFrame(rows)
     if best is None:
         return LayoutChoice(hardware, None, None, {}, tried, simulations,

@@ -40,6 +40,7 @@ from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.scenario.overrides import check_matches_source, variant
 from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
+from llmsim.workload.trace import generate_trace
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
@@ -55,11 +56,31 @@ def as_scenario(scenario: str | Path | Scenario) -> Scenario:
 
 
 def check_rate_driven(scenario: Scenario) -> None:
-    """Plans and recommendations vary the arrival rate: a replayed trace has none to vary."""
-    if scenario.workload.arrival.process == "trace":
-        raise ConfigError("a replayed trace has no arrival rate to vary", file=scenario.path,
-                          key="workload.arrival.process", value="trace",
-                          allowed="poisson, gamma or deterministic arrivals (fit one to the trace)")
+    """Plans and recommendations vary the arrival rate: classes with arrivals of their own or a
+    profile without one ``rate`` (steps, ramp, MMPP) have none to vary. A replayed trace's rate is
+    its time scale (``workload.arrival.rate`` rescales it), which needs two requests or more."""
+    arrival = scenario.workload.arrival
+    if arrival is None:
+        raise ConfigError("each traffic class has arrivals of its own: there is no one rate to vary",
+                          file=scenario.path, key="workload.classes", value=scenario.workload.class_names,
+                          allowed="classes with a share of workload.arrival")
+    if arrival.process in ("steps", "ramp", "mmpp"):
+        raise ConfigError("this arrival profile has no single rate to vary", file=scenario.path,
+                          key="workload.arrival.process", value=arrival.process,
+                          allowed="poisson, gamma, deterministic or diurnal (whose rate is its mean)")
+    trace = scenario.workload.trace
+    if trace is not None and len(trace) < 2:
+        raise ConfigError("a replayed trace of one request has no arrival rate to vary", file=scenario.path,
+                          key="workload.arrival.path", value=len(trace), allowed="a trace of two requests or more")
+
+
+def replay_description(scenario: Scenario, rate_per_s: float) -> str:
+    """Which requests of which trace a plan at ``rate_per_s`` replays ('' without a trace)."""
+    if scenario.workload.trace is None:
+        return ""
+    at_rate = variant(scenario, {RATE_KEY: rate_per_s})
+    trace = generate_trace(at_rate.workload, at_rate.seed)
+    return f"{trace.description}: {len(trace):,} requests"
 
 
 def check_rate(rate_per_s: float, key: str = "--target-rate") -> float:
@@ -110,7 +131,8 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
     per hour, cost per million output tokens and energy per output token (at TDP).
     ``replicas`` is NaN with a ``note`` when no count up to ``max_replicas`` meets the
     targets, or when the model does not fit the hardware. ``seeds``: every seed must meet
-    the targets (default: the scenario's seed).
+    the targets (default: the scenario's seed). A replayed trace is rescaled in time to the
+    target rate and replayed whole; the column ``replayed`` says which requests that is.
     """
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
@@ -127,7 +149,11 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
         for name in names:
             bar.set_postfix_str(name)
             rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, bar))
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    replayed = replay_description(scenario, rate)
+    if replayed:                        # which traffic the answer covers: the trace, rescaled to the rate
+        table["replayed"] = replayed
+    return table
 
 
 def _placement_overrides(scenario: Scenario, name: str) -> dict:
@@ -155,57 +181,19 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
         return {**row, "replicas": math.nan, "simulations": 0,
                 "note": f"unreachable within {max_replicas} replicas (--max-replicas): the analytic capacity "
                         f"bound needs {bound:,.0f} replicas (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
-    # One window for every count (common random numbers), measured in the latency of the busiest
-    # count the search can reach (the fewest replicas the fluid model finds plausible).
-    start = variant(scenario, {**base, "deployment.replicas": min(lower, max_replicas)})
-    first_window = measurement_window(scenario, rate, typical_latency_s(start, rate))
-    outcomes: dict[int, Judged] = {}
-
-    def simulate_counts(counts) -> None:
-        todo = sorted({n for n in counts if n not in outcomes})
-        if not todo:
-            return
-
-        def count_on_bar(simulations: int) -> None:
-            bar.total += simulations
-            bar.refresh()
-
-        judged = simulate_until_decided(scenario, [{**base, "deployment.replicas": n} for n in todo],
-                                        [first_window] * len(todo), [rate] * len(todo), seeds=seeds,
-                                        workers=workers, progress=bar, on_round=count_on_bar)
-        outcomes.update(zip(todo, judged))
-
-    def passes(n: int) -> bool:
-        simulate_counts([n])
-        return outcomes[n].verdict.met
-
-    hi = min(upper, max_replicas)
-    lo = lower - 1
-    while not passes(hi):
-        lo = hi
-        if hi >= max_replicas:
-            return {**row, "replicas": math.nan, "simulations": len(outcomes),
-                    "note": f"SLO targets not met with {max_replicas} replicas (--max-replicas)"}
-        hi = min(2 * hi, max_replicas)
-    while True:
-        while hi - lo > 1:
-            probes = _probes(lo, hi, workers)
-            simulate_counts(probes)
-            met = {n: outcomes[n].verdict.met for n in probes}
-            failing = [n for n in probes if not met[n]]
-            passing = [n for n in probes if met[n]]
-            hi = min(passing, default=hi)
-            lo = max([n for n in failing if n < hi], default=lo)
-        # Confirm the count below the answer by simulation, not the analytic path's word.
-        if lo >= 1 and lo not in outcomes and passes(lo):
-            hi, lo = lo, 0
-            continue
-        break
+    hi, outcomes = fewest_replicas(scenario, base, rate, lower, upper, max_replicas, seeds=seeds, workers=workers,
+                                   bar=bar)
+    if hi is None:
+        return {**row, "replicas": math.nan, "simulations": len(outcomes),
+                "note": f"SLO targets not met with {max_replicas} replicas (--max-replicas)"}
     answer = outcomes[hi]
     mean = answer.rows.select_dtypes("number").mean()
     margin, spread = answer.verdict.worst_margin
     undecided = sorted(n for n, judged in outcomes.items() if not judged.verdict.decided)
     notes = []
+    if math.isnan(bound):
+        notes.append("no analytic cross-check: the fluid model does not model "
+                     + (", ".join(fluid_blind_spots(one)) or "this engine"))
     if hi < bound / (1 + FLUID_CAPACITY_ERROR):
         notes.append(f"disagrees with the analytic capacity bound ({bound:,.0f} replicas, "
                      f"{FLUID_CAPACITY_ERROR:.0%} error): the simulated window may be too short")
@@ -213,7 +201,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
         notes.append(f"undecided at the longest window for {', '.join(map(str, undecided))} replicas "
                      "(judged on the estimate)")
     row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=len(outcomes),
-               requests_per_simulation=answer.window.overrides(rate)["workload.num_requests"],
+               requests_per_simulation=answer.window.simulated_requests(rate),
                window_s=answer.window.length_s, warmup_s=answer.window.warmup_s,
                slo_margin=margin, slo_margin_ci95=spread,
                ttft_p95_s=mean[names.TTFT_P95], tpot_p95_s=mean[names.TPOT_P95],
@@ -225,17 +213,88 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     return row
 
 
+def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, start: int, cap: int, *,
+                    seeds: Sequence[int] | None, workers: int | None, bar) -> tuple[int | None, dict[int, Judged]]:
+    """The fewest replicas in [1, cap] whose runs (``base`` overrides, total rate ``rate``) meet the
+    targets, judged with their uncertainty (:func:`~llmsim.search.window.simulate_until_decided`).
+
+    Counts below ``lower`` are taken to fail until the search confirms it: ``start`` is simulated
+    first and doubled (up to ``cap``) until it passes, then the gap is bisected (several counts at
+    once when workers allow) and the count just below the answer simulated too, going lower if it
+    passes. Every count runs over one window (common random numbers), measured in the latency of
+    the busiest count the search can reach (``lower``). Returns (the count, or None when ``cap``
+    fails; the judged runs per count simulated). ``bar`` counts the simulations.
+    """
+    outcomes: dict[int, Judged] = {}
+    busiest = variant(scenario, {**base, "deployment.replicas": max(1, min(lower, cap))})
+    window = measurement_window(scenario, rate, typical_latency_s(busiest, rate))
+
+    def count_on_bar(simulations: int) -> None:
+        bar.total += simulations
+        bar.refresh()
+
+    def simulate_counts(counts) -> None:
+        todo = sorted({n for n in counts if n not in outcomes})
+        if todo:
+            judged = simulate_until_decided(scenario, [{**base, "deployment.replicas": n} for n in todo],
+                                            [window] * len(todo), [rate] * len(todo), seeds=seeds,
+                                            workers=workers, progress=bar, on_round=count_on_bar)
+            outcomes.update(zip(todo, judged))
+
+    def passes(n: int) -> bool:
+        simulate_counts([n])
+        return outcomes[n].verdict.met
+
+    if cap < 1:
+        return None, outcomes
+    hi = max(1, min(start, cap))
+    lo = min(lower, hi) - 1
+    while not passes(hi):
+        lo = hi
+        if hi >= cap:
+            return None, outcomes
+        hi = min(2 * hi, cap)
+    while True:
+        while hi - lo > 1:
+            probes = _probes(lo, hi, workers)
+            simulate_counts(probes)
+            met = {n: outcomes[n].verdict.met for n in probes}
+            hi = min([n for n in probes if met[n]], default=hi)
+            lo = max([n for n in probes if not met[n] and n < hi], default=lo)
+        # Confirm the count below the answer by simulation, not the analytic path's word.
+        if lo >= 1 and lo not in outcomes and passes(lo):
+            hi, lo = lo, 0
+            continue
+        return hi, outcomes
+
+
 def _probes(lo: int, hi: int, workers: int | None) -> list[int]:
     """Counts strictly between lo and hi to simulate at once: the midpoint, or evenly spread ones."""
     width = max(1, min(workers or os.cpu_count() or 1, hi - lo - 1))
     return sorted({int(round(lo + (hi - lo) * (i + 1) / (width + 1))) for i in range(width)} - {lo, hi})
 
 
+def fluid_blind_spots(scenario: Scenario) -> list[str]:
+    """What the scenario has that could make the fluid model's capacity an *under*statement, so that its
+    bound would no longer bound: work it does not see saved (prefix caching) or priced differently
+    (tree verification), or replicas that change during the run (autoscaling)."""
+    spots = []
+    if scenario.engine.prefix_caching:
+        spots.append("prefix caching")
+    if scenario.speculating and scenario.speculation.proposer.branching > 1:
+        spots.append("tree verification")
+    if scenario.autoscaling is not None:
+        spots.append("autoscaling")
+    return spots
+
+
 def capacity_bound(one_replica: Scenario, rate: float) -> float:
     """Replicas the fluid model's capacity asks for at this rate (rate / one replica's capacity; NaN
-    where it does not model the engine). The fluid model overstates capacity (it averages away
-    variability that only adds time), so this bounds the answer from below up to its measured error
-    against the simulator (``FLUID_CAPACITY_ERROR``, tests/test_analytic.py)."""
+    where it does not model the engine, see :func:`fluid_blind_spots`). The fluid model overstates
+    capacity (it averages away variability that only adds time), so this bounds the answer from below
+    up to its measured error against the simulator (``FLUID_CAPACITY_ERROR``, tests/test_analytic.py)."""
+    if fluid_blind_spots(one_replica):
+        return math.nan
     try:
         capacity = FluidModel(one_replica).capacity()
     except ConfigError:

@@ -50,6 +50,7 @@ from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
+from llmsim.search.draft_choice import DraftAdvice, advise
 from llmsim.search.sweeps import run_points, slo_met
 from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.speculation.policies import AdaptiveK
@@ -110,6 +111,7 @@ class Recommendation:
     improvement_ci95: float        # half-width across seeds, paired (both ran every seed's requests)
     analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
     runtime_s: float
+    drafts: DraftAdvice | None = None   # with drafts=True on a speculating scenario: the draft and eligibility
 
 
 def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
@@ -164,14 +166,16 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
 
 def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
               top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
-              progress: bool = False) -> Recommendation:
+              progress: bool = False, drafts: bool = False) -> Recommendation:
     """Search k, max batch tokens and queue timeout (see the module docstring).
 
     ``seeds``: independent traces per setting (>= 2, for confidence intervals), a count from
     the scenario's seed or the seeds themselves; ``top``:
     analytic best settings to simulate; ``tolerance``: relative width at which the
     bisection on the rate stops; ``requests``: simulate this many requests per run
-    instead of the scenario's ``workload.num_requests``.
+    instead of the scenario's ``workload.num_requests``; ``drafts``: for a speculating scenario,
+    also choose the draft and tune the eligibility thresholds at the scenario's rate
+    (:func:`llmsim.search.draft_choice.advise`).
     """
     started = time.perf_counter()
     scenario = as_scenario(scenario)
@@ -227,8 +231,9 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
                     "usd_per_million_output_tokens"]
                 gains = np.array([improvement])
         at_rate = search.at_scenario_rate([best, best_default["config"]])
+        advice = advise(scenario) if drafts and scenario.speculation is not None else None
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
-                              analytic, time.perf_counter() - started)
+                              analytic, time.perf_counter() - started, advice)
 
 
 def _neighbours(best: Config, scenario: Scenario) -> list[Config]:

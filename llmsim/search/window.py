@@ -41,6 +41,7 @@ from llmsim.analysis.fluid import FluidModel
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.search.sweeps import run_points
+from llmsim.workload.trace import generate_trace
 
 WARMUP_LATENCIES = 5          # warm-up: at least this many mean end-to-end latencies
 MEASURED_LATENCIES = 20       # measurement: at least this many (one per batch of the batch means)
@@ -52,9 +53,21 @@ Z = 2.0                       # standard errors between an attainment and its ta
 
 @dataclass(frozen=True)
 class Window:
-    """Warm-up and measurement, in simulated seconds, of one point's run."""
+    """Warm-up and measurement, in simulated seconds, of one point's run.
+
+    ``trace_requests`` > 0: the run replays its scenario's whole (rescaled) trace, of that many
+    requests, which sets the measurement; it cannot be made longer."""
     warmup_s: float
     measure_s: float
+    trace_requests: int = 0
+
+    @property
+    def whole_trace(self) -> bool:
+        return self.trace_requests > 0
+
+    def simulated_requests(self, rate_per_s: float) -> int:
+        """The requests a run of this window simulates."""
+        return self.trace_requests or min(self.requests(rate_per_s), MAX_REQUESTS)
 
     @property
     def length_s(self) -> float:
@@ -68,8 +81,10 @@ class Window:
 
     def overrides(self, rate_per_s: float) -> dict:
         """Scenario overrides that make a run at this rate cover the window."""
-        return {"workload.num_requests": min(self.requests(rate_per_s), MAX_REQUESTS), "workload.duration": None,
-                "simulation.warmup": f"{self.warmup_s!r} s"}
+        if self.whole_trace:
+            return {"simulation.warmup": f"{float(self.warmup_s)!r} s"}
+        return {"workload.num_requests": self.simulated_requests(rate_per_s), "workload.duration": None,
+                "simulation.warmup": f"{float(self.warmup_s)!r} s"}
 
 
 def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
@@ -94,13 +109,32 @@ def mean_output_tokens(scenario: Scenario) -> float:
     workload = scenario.workload
     if workload.trace is not None:
         return float(np.mean(workload.trace.output_tokens))
+    if workload.output_tokens is None:       # traffic classes with lengths of their own: their mix
+        return float(np.mean(generate_trace(workload, scenario.seed).output_tokens))
     return float(workload.output_tokens.mean())
 
 
+def replayed_requests(workload) -> int:
+    """How many requests a replay of the workload's trace simulates (sampled, cut to its count)."""
+    transforms = workload.transforms
+    count = len(workload.trace) * (transforms.sample_fraction or 1.0 if transforms else 1.0)
+    return max(1, int(round(min(count, workload.num_requests or count))))
+
+
 def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) -> Window:
-    """The window for a point at ``rate_per_s`` (total) whose requests take ``latency_s`` on average."""
+    """The window for a point at ``rate_per_s`` (total) whose requests take ``latency_s`` on average.
+
+    A replayed trace is replayed whole at every rate (its window, filters and sampling say which
+    traffic the question is about; its first requests alone could be its quietest hour): the
+    warm-up follows the rule above within the trace's span at this rate."""
     workload = scenario.workload
     own_rate = workload.arrival.rate_per_s
+    if workload.trace is not None:
+        requests = replayed_requests(workload)
+        span_s = requests / rate_per_s
+        own_warmup_s = scenario.simulation.warmup_s
+        warmup_s = max(0.1 * span_s if own_warmup_s is None else own_warmup_s, WARMUP_LATENCIES * latency_s)
+        return Window(warmup_s, max(span_s - warmup_s, 0.0), trace_requests=requests)
     own_requests = workload.num_requests if workload.num_requests is not None else workload.duration_s * own_rate
     own_warmup_s = scenario.simulation.warmup_s
     if own_warmup_s is None:                 # the scenario's default: 10% of its own arrival window
@@ -139,13 +173,7 @@ def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
     failed = rows[rows["error"].fillna("") != ""]
     if len(failed):
         raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
-    if target is not None:
-        checks = {"attainment": (names.SLO_ATTAINMENT, names.SLO_ATTAINMENT_STDERR, target)}
-    else:
-        checks = {metric: (names.slo_attainment(metric), names.slo_attainment_stderr(metric),
-                           float(rows[names.slo_percentile(metric)].iloc[0]) / 100)
-                  for metric in SLO_METRICS if names.slo_attainment(metric) in rows
-                  and rows[names.slo_attainment(metric)].notna().any()}
+    checks = _checks(rows, target)
     if not checks:
         raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
@@ -161,6 +189,23 @@ def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
     met = all(margin >= 0 for margin, _ in margins.values()) and steady
     decided = any(fails) or (all(passes) and steady)
     return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
+
+
+def _checks(rows: pd.DataFrame, target: float | None, prefix: str = "") -> dict[str, tuple[str, str, float]]:
+    """name -> (attainment column, its standard error's column, the share wanted) for every target
+    a point must meet. With traffic classes every class's own targets (its section of the summary,
+    ``classes.<name>.slo...``) replace the overall ones: each class must meet its SLO."""
+    classes = [c[len(names.CLASSES) + 1:-len(names.SLO_ATTAINMENT) - 1] for c in rows.columns
+               if not prefix and c.startswith(names.CLASSES + ".") and c.endswith("." + names.SLO_ATTAINMENT)]
+    if classes:
+        return {f"{name}.{check}": spec for name in classes
+                for check, spec in _checks(rows, target, f"{names.CLASSES}.{name}.").items()}
+    if target is not None:
+        return {"attainment": (prefix + names.SLO_ATTAINMENT, prefix + names.SLO_ATTAINMENT_STDERR, target)}
+    return {metric: (prefix + names.slo_attainment(metric), prefix + names.slo_attainment_stderr(metric),
+                     float(rows[prefix + names.slo_percentile(metric)].iloc[0]) / 100)
+            for metric in SLO_METRICS if prefix + names.slo_attainment(metric) in rows
+            and rows[prefix + names.slo_attainment(metric)].notna().any()}
 
 
 @dataclass(frozen=True)
@@ -204,7 +249,8 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
             verdict = judge(rows, target)
             judged[i] = Judged(verdict, rows, current[i])
             longer = current[i].longer()
-            if not verdict.decided and round_index < ESCALATIONS and longer.requests(rates[i]) <= MAX_REQUESTS:
+            if not verdict.decided and round_index < ESCALATIONS and longer.requests(rates[i]) <= MAX_REQUESTS \
+                    and not longer.whole_trace:
                 current[i] = longer
                 again.append(i)
         todo = again

@@ -270,25 +270,31 @@ class Engine(EngineProcess):
 
     def _admit(self, now: float, budget: int, chunks: list) -> None:
         """Move requests from the queue head into the batch while budget, slots and blocks allow."""
-        cfg, kv, queue, tiered = self.config, self.kv, self.queue, self._tiered
+        cfg, queue = self.config, self.queue
         timeout = cfg.queue_timeout_s if cfg.on_timeout == "dispatch" else None
         while queue and len(self.running) < cfg.max_num_seqs:
             request = queue.head()
-            if tiered:
-                kv.match(request, now)           # its cached prefix (or swapped-out KV) is not computed
-            todo = request.prefill_target - request.prefilled
-            forced = timeout is not None and now - request.arrival_s >= timeout
-            limit = max(budget, cfg.max_batch_tokens) if forced else budget
-            chunk = min(todo, limit) if cfg.chunked_prefill else todo
-            if chunk <= 0 or chunk > limit:
-                break
-            if cfg.admission != "preempt" and not self._room_for(request):
-                break
-            if not self._take_blocks(request, chunk, now):
+            chunk = self._fit(request, now, budget, timeout is not None and now - request.arrival_s >= timeout)
+            if not chunk:
                 break
             queue.pop(now)
             self._start(request, now, chunk, chunks)
             budget -= chunk
+
+    def _fit(self, request: Request, now: float, budget: int, forced: bool) -> int:
+        """The first chunk ``request`` starts with if it joins now, its KV blocks taken; 0 (nothing
+        taken) when it does not fit the budget (past it when ``forced``), the admission test or the cache."""
+        cfg = self.config
+        if self._tiered:
+            self.kv.match(request, now)          # its cached prefix (or swapped-out KV) is not computed
+        todo = request.prefill_target - request.prefilled
+        limit = max(budget, cfg.max_batch_tokens) if forced else budget
+        chunk = min(todo, limit) if cfg.chunked_prefill else todo
+        if chunk <= 0 or chunk > limit:
+            return 0
+        if cfg.admission != "preempt" and not self._room_for(request):
+            return 0
+        return chunk if self._take_blocks(request, chunk, now) else 0
 
     def _room_for(self, request: Request) -> bool:
         """TensorRT-LLM's admission tests: the whole prompt's blocks free (max_utilization), or the whole

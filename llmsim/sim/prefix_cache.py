@@ -118,7 +118,7 @@ class HostTier:
         self.occupancy_s.append(now)
         self.occupancy_blocks.append(len(self.lru) + self.swapped)
 
-    def make_room(self, blocks: int, now: float) -> bool:
+    def make_room(self, blocks: int) -> bool:
         """Drop least recently used cached blocks until ``blocks`` fit; False if they cannot."""
         if blocks > self.capacity_blocks - self.swapped:
             return False
@@ -134,7 +134,7 @@ class HostTier:
         if key in self.lru:
             self.lru.move_to_end(key)
             return False
-        if not self.make_room(1, now):
+        if not self.make_room(1):
             return False
         self.lru[key] = None
         self.allocated_total += 1
@@ -142,7 +142,7 @@ class HostTier:
         return True
 
     def swap_out(self, blocks: int, now: float) -> bool:
-        if not self.make_room(blocks, now):
+        if not self.make_room(blocks):
             return False
         self.swapped += blocks
         self.allocated_total += blocks

@@ -252,23 +252,15 @@ class ClassEngine(Engine):
         return len(self.running) < seats
 
     def _admit(self, now: float, budget: int, chunks: list) -> None:
-        cfg, kv, queue = self.config, self.kv, self.queue
+        queue = self.queue
         while queue:
             classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
             if not classes:
                 break
             c = queue.choose(classes)
             request = queue.front(c)
-            if self._tiered:
-                kv.match(request, now)           # its cached prefix (or swapped-out KV) is not computed
-            todo = request.prefill_target - request.prefilled
-            limit = max(budget, cfg.max_batch_tokens) if self._forced(self.rules[c], request, now) else budget
-            chunk = min(todo, limit) if cfg.chunked_prefill else todo
-            if chunk <= 0 or chunk > limit:
-                break
-            if cfg.admission != "preempt" and not self._room_for(request):
-                break
-            if not self._take_blocks(request, chunk, now):
+            chunk = self._fit(request, now, budget, self._forced(self.rules[c], request, now))
+            if not chunk:
                 break
             queue.pop_class(c, now)
             self._start(request, now, chunk, chunks)
