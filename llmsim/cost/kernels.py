@@ -63,10 +63,11 @@ class GemmShape(NamedTuple):
 
 def layer_gemm_shapes(model: ModelSpec, tensor_parallel: int) -> tuple[GemmShape, ...]:
     """The four GEMMs of a decoder layer after the tensor-parallel split (Megatron: QKV and gate+up split
-    their outputs, the output and down projections their inputs). MoE experts: one expert's shape."""
+    their outputs, the output and down projections their inputs). MoE experts: one routed expert's shape
+    (``moe_intermediate_size`` wide, which is not the dense ``intermediate_size`` in Qwen3-MoE or DeepSeek)."""
     m, tp = model, tensor_parallel
     kv_heads = max(m.num_kv_heads / tp, 1.0)     # replicated when tp > kv heads
-    inter = m.intermediate_size / tp
+    inter = m.expert_intermediate_size / tp
     return (GemmShape("qkv", m.num_heads / tp * m.head_dim + 2 * kv_heads * m.head_dim, m.hidden_size),
             GemmShape("out_proj", m.hidden_size, m.q_dim / tp),
             GemmShape("mlp_up", 2 * inter, m.hidden_size),
@@ -83,7 +84,7 @@ def elementwise_bytes_per_token(model: ModelSpec, tensor_parallel: int) -> dict[
     kv_heads = max(m.num_kv_heads / tp, 1.0)
     return {"norm": 2 * m.hidden_size * a,                       # read x, write y
             "residual": 3 * m.hidden_size * a,                   # read two, write one
-            "activation": 3 * m.experts_per_token * m.intermediate_size / tp * a,   # read gate and up, write one
+            "activation": 3 * m.experts_per_token * m.expert_intermediate_size / tp * a,   # read gate and up, write one
             "rotary": 2 * (m.num_heads / tp + kv_heads) * m.head_dim * a}   # rotate q and k in place
 
 

@@ -163,13 +163,14 @@ class CostModel:
         """The summed time of ``gemm_rows`` (see _gemm_times) for one iteration's feature ``values``."""
         kernels = self.hardware.kernels
         floor_s, p = kernels.gemm_floor_s, kernels.gemm_sharpness
+        iterations = values[_ONE]
         total = 0.0
         for _, fixed_s, per_token_s, compute_s, repeats, count, scale, tokens in gemm_rows:
             runs = values[count]
             if runs > 0:
                 rows = values[tokens] * scale / runs
                 memory = fixed_s + rows * per_token_s
-                total += repeats * runs * (floor_s + (memory ** p + (rows * compute_s) ** p) ** (1.0 / p))
+                total += repeats * (iterations * floor_s + runs * (memory ** p + (rows * compute_s) ** p) ** (1.0 / p))
         return total
 
     def _all_reduce_time(self, x):
@@ -188,7 +189,9 @@ class CostModel:
 
         The GEMMs of a row that stands for ``count`` iterations (or MoE experts) run ``count``
         times on ``tokens / count`` rows each; as in the roofline, every iteration reads the weights
-        (continuous in the tokens, which the fluid model's fixed point needs)."""
+        (continuous in the tokens, which the fluid model's fixed point needs). The launch floor is paid
+        once per GEMM and iteration: the experts of an MoE layer run as one grouped GEMM (vLLM's fused
+        MoE kernel launches once per projection), not one kernel per expert."""
         kernels = self.hardware.kernels
         floor_s, p = kernels.gemm_floor_s, kernels.gemm_sharpness
         if x.ndim == 1:
@@ -197,8 +200,8 @@ class CostModel:
         runs = x[..., count.astype(int)]
         rows = np.divide(x[..., tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
         memory = fixed_s + rows * per_token_s
-        time_s = floor_s + (memory ** p + (rows * compute_s) ** p) ** (1.0 / p)
-        return repeats * runs * time_s
+        body_s = (memory ** p + (rows * compute_s) ** p) ** (1.0 / p)
+        return repeats * (x[..., F["one"], None] * floor_s * (runs > 0) + runs * body_s)
 
     def _fixed_and_communication_vector(self) -> np.ndarray:
         """Time that adds to the roofline: overheads, all-reduces and pipeline hops, per feature."""
