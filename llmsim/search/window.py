@@ -218,7 +218,7 @@ class Judged:
 
 def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], windows: Sequence[Window],
                            rates: Sequence[float], *, seeds: Sequence[int] | None = None, workers: int | None = None,
-                           engine: str = "processes", target: float | None = None, progress=None,
+                           engine: str = "processes", target: float | None = None, progress=False,
                            on_round: Callable[[int], None] | None = None) -> list[Judged]:
     """Simulate each point over its window and judge it; simulate the undecided ones again with a
     measurement twice as long, up to ``ESCALATIONS`` times, all of a round at once.
