@@ -19,11 +19,12 @@ from llmsim.catalog.hardware import lookup_hardware
 from llmsim.cli.render import format_summary
 from llmsim.scenario.control import AutoscalingConfig
 from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
+from llmsim.sim.invariants import InvariantError
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.request import Request
 from llmsim.workload.trace import Trace
 
-from .helpers import BASE, make_scenario
+from .helpers import BASE, make_scenario, simulate_checked
 from .test_prefix_cache import block_transfer_s
 
 # One direction of each profile's host link as a copy achieves it: the datasheet's link x its efficiency.
@@ -177,12 +178,13 @@ def test_offloads_refused_by_a_host_tier_full_of_swapped_kv_are_counted_and_repo
     assert kv.host.allocated_total - kv.host.freed_total == kv.host.swapped == 4
 
 
+FULL_HOST_TIER = {"engine": {"prefix_caching": True, "preemption_mode": "swap", "memory_utilization": 0.25,
+                              "max_model_len": 8192, "cpu_offload": {"idle_timeout": "50 ms", "capacity": "0.1 GB"}},
+                   "workload": {"arrival": {"rate": 30.0}, "num_requests": 300}}
+
+
 def test_the_summary_says_when_host_memory_refused_kv():
-    scenario = make_scenario({"engine": {"prefix_caching": True, "preemption_mode": "swap",
-                                         "memory_utilization": 0.25, "max_model_len": 8192,
-                                         "cpu_offload": {"idle_timeout": "50 ms", "capacity": "0.1 GB"}},
-                              "workload": {"arrival": {"rate": 30.0}, "num_requests": 300}})
-    result = simulate(scenario)
+    result = simulate_checked(make_scenario(FULL_HOST_TIER))      # both tiers' accounting, every iteration
     kv = result.summary()["kv_cache"]
     # Five blocks of host memory: long sequences' swaps cannot fit, and offloads meet pinned swapped KV.
     assert kv["offload_failed_blocks"] > 0 and kv["swap_failed_preemptions"] > 0
@@ -191,6 +193,19 @@ def test_the_summary_says_when_host_memory_refused_kv():
     assert "WARNING: host memory full of swapped KV" in text
     assert (f"{kv['offload_failed_blocks']:,} offloaded blocks dropped, {kv['swap_failed_preemptions']:,} swap "
             "preemptions recomputed instead") in text
+
+
+def test_the_invariant_checker_watches_the_host_tier():
+    broken = []
+
+    def leak_one_host_block(engine, iteration):       # a bug: a host block counted in and never held
+        if not broken and engine.kv.host.lru:
+            engine.kv.host.allocated_total += 1
+            broken.append(iteration.start_s)
+
+    with pytest.raises(InvariantError, match="host tier"):
+        simulate_checked(make_scenario(FULL_HOST_TIER), observers=[leak_one_host_block])
+    assert broken
 
 
 # -- prefix-aware routing with a changing replica set ----------------------------------------------
