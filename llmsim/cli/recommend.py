@@ -45,6 +45,10 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
              *([f"  idle_timeout       {row['idle_timeout_s']:g} s (CPU offload)"]
                if scenario.engine.cpu_offload is not None else []),
+             *([f"  scheduling_policy  {row['scheduling_policy']}",
+                "  class timeouts     " + ", ".join(f"{name} {'none' if t is None else f'{t * 1000:g} ms'}"
+                                                    for name, t in row["class_timeouts"].items())]
+               if scenario.workload.classes else []),
              f"  goodput            {row['max_rate_per_s']:.3g} +- {row['max_rate_per_s.ci95']:.2g} req/s at the SLO "
              f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
              f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",

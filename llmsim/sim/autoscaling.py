@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import simpy
 
@@ -27,7 +28,7 @@ class ReplicaPool:
     def __init__(self, replicas: int, serving: int):
         self.state = [SERVING] * serving + [OFF] * (replicas - serving)
         self.routable = list(range(serving))
-        self.provisioned = TimeAverage(logged=False)
+        self.provisioned = TimeAverage()
         self.provisioned.change(0.0, serving)
         self._turn = -1
 
@@ -40,6 +41,11 @@ class ReplicaPool:
 
     def replica_seconds(self, until_s: float) -> float:
         return self.provisioned.mean(until_s) * until_s
+
+    def provisioned_series(self) -> pd.DataFrame:
+        """The replicas paid for after each change (starting and draining ones included), from time 0."""
+        return pd.DataFrame({"time_s": np.frombuffer(self.provisioned.log_s, float),
+                             "replicas": np.frombuffer(self.provisioned.log_value, np.int64)})
 
 
 class ScalingLog:
