@@ -163,3 +163,25 @@ def test_rollout_with_autoscaling_is_refused():
         make_scenario({"rollout": {"groups": {"a": {"role": "canary", "fraction": 0.1}}},
                        "autoscaling": {"max_replicas": 2}})
     assert error.value.key == "rollout"
+
+
+def test_llmsim_run_prints_and_writes_the_rollout(tmp_path, capsys):
+    import yaml
+
+    from llmsim.cli.main import main
+    from .helpers import BASE, merge
+
+    document = merge(BASE, {"workload": {"num_requests": 300, "arrival": {"rate": 12}},
+                            "rollout": {"groups": {"canary": {"role": "canary", "fraction": 0.3, "hardware": "H200"},
+                                                   "shadow": {"role": "shadow", "fraction": 0.3}}}})
+    path = tmp_path / "rollout.yaml"
+    path.write_text(yaml.safe_dump(document))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--detect", "0.1"]) == 0
+    printed = capsys.readouterr().out
+    assert "canary - control (independent samples" in printed and "shadow - control (paired" in printed
+    assert "detect a 10% change in mean e2e_s" in printed
+    users, shadow = pd.read_csv(out / "requests.csv"), pd.read_csv(out / "shadow.csv")
+    assert len(users) == 300 and set(users["group"]) == {"control", "canary"} and set(shadow["group"]) == {"shadow"}
+    table = pd.read_csv(out / "rollout.csv")
+    assert set(table["group"]) == {"canary", "shadow"}
