@@ -85,7 +85,7 @@ def test_bad_controller_settings_name_the_key(controller, key):
 
 def _speculating(tpot: str, controller: dict | None = None):
     base = copy.deepcopy(BASE)
-    base["workload"].update(num_requests=400, arrival={"rate": 4.0})
+    base["workload"].update(num_requests=200, arrival={"rate": 4.0})
     base["speculation"] = {"draft": "Llama-3.2-1B", "k": 4, "acceptance": {"process": "bernoulli", "alpha": 0.7}}
     base["slo"] = {"tpot": tpot}
     if controller is not None:
@@ -95,7 +95,6 @@ def _speculating(tpot: str, controller: dict | None = None):
 
 
 def test_controller_moves_the_speculation_k_and_the_engine_drafts_that_many():
-    plain = simulate(_speculating("1 ms"))
     controlled = simulate(_speculating("1 ms", {"rule": "practice"}))     # a limit no step can meet: k goes down
     log = controlled.control
     changes = log[log["changed"]]
@@ -106,7 +105,6 @@ def test_controller_moves_the_speculation_k_and_the_engine_drafts_that_many():
         assert (inside["draft_tokens"] <= value * inside["spec_seqs"]).all()
     after = its[its["start_s"] >= changes["time_s"].iloc[2]]
     assert after["draft_tokens"].sum() == 0 and its["draft_tokens"].sum() > 0
-    assert (plain.requests["arrival_s"] == controlled.requests["arrival_s"]).all()
     # With no violation nothing moves, and the run is the static one's.
     calm = simulate(_speculating("10 s", {"rule": "practice"}))
     assert not calm.control["changed"].any() and calm.requests.equals(simulate(_speculating("10 s")).requests)
