@@ -122,8 +122,31 @@ def test_bench_detailed_on_the_command_line(tmp_path, capsys):
     assert main(["run", str(scenario), "--out", str(tmp_path / "out"), "--bench-detailed"]) == 0
     bench = json.loads((tmp_path / "out" / "vllm_bench.json").read_text())
     assert [len(g) for g in bench["itls"]] == [29] * bench["completed"] and len(bench["ttfts"]) == bench["completed"]
-    # Speculation emits several tokens a step, which the recorder cannot follow: refused, exit 2.
-    data["speculation"] = {"draft": "ngram", "k": 3}
+    # Static batching has no per-iteration engine for the recorder to follow: refused, exit 2.
+    data["engine"] = {"batching": "static"}
     scenario.write_text(json.dumps(data))
-    assert main(["run", str(scenario), "--out", str(tmp_path / "spec"), "--bench-detailed"]) == 2
-    assert "--bench-detailed" in capsys.readouterr().err and not (tmp_path / "spec").exists()
+    assert main(["run", str(scenario), "--out", str(tmp_path / "static"), "--bench-detailed"]) == 2
+    assert "--bench-detailed" in capsys.readouterr().err and not (tmp_path / "static").exists()
+
+
+def test_speculative_itls_are_one_gap_per_step_that_emitted():
+    """With speculation a step emits its accepted tokens and one more together, one gap per step (as vLLM's
+    client records one per streamed chunk): per request, fewer gaps than tokens less one when drafts were
+    accepted, still summing to e2e - ttft and peaking at max_itl_s."""
+    from llmsim.sim.simulate import simulate
+    from llmsim.sim.token_times import TokenTimes
+    from .helpers import make_scenario
+
+    scenario = make_scenario({"workload": {"num_requests": 150},
+                              "speculation": {"draft": "ngram", "k": 3,
+                                              "acceptance": {"process": "bernoulli", "alpha": 0.7}}})
+    times = TokenTimes()
+    result = simulate(scenario, observers=[times])
+    records = result.requests
+    assert (records["status"] == "finished").all()
+    itls = times.itls(records["id"])
+    for gaps, row in zip(itls, records.itertuples()):
+        assert len(gaps) + row.accepted_tokens == row.generated_tokens - 1
+        assert sum(gaps) == pytest.approx(row.e2e_s - row.ttft_s, abs=1e-9)
+        assert max(gaps, default=0.0) == pytest.approx(row.max_itl_s, abs=1e-12)
+    assert records["accepted_tokens"].sum() > 0

@@ -58,7 +58,7 @@ def add_parsers(sub) -> None:
                           "to compare with a measured run by `llmsim diff`")
     run.add_argument("--bench-detailed", action="store_true",
                      help="write vllm_bench.json with vLLM's --save-detailed lists too: every finished request's "
-                          "inter-token gaps (itls) and errors (large; not with speculation or static batching)")
+                          "inter-token gaps (itls) and errors (large; not with static batching)")
     run.add_argument("--parquet", action="store_true",
                      help="also write the per-request records as requests.parquet (needs pyarrow: "
                           "pip install 'llmsim[parquet]')")
@@ -87,18 +87,18 @@ def _cmd_run(args) -> int:
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
     check_run_size(scenario, force=args.force)
-    if args.bench_detailed and (scenario.speculating or scenario.engine.batching == "static"):
-        raise ConfigError("per-request inter-token gaps are recorded for one-token decoding only",
+    if args.bench_detailed and scenario.engine.batching == "static":
+        raise ConfigError("per-request inter-token gaps are recorded for continuous batching only",
                           key="--bench-detailed", value=True,
-                          allowed="a scenario without speculation and with continuous batching, or --bench-json")
+                          allowed="a scenario with continuous batching, or --bench-json")
     token_times = TokenTimes() if args.bench_detailed else None
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
     if scenario.rollout is not None:
         return _run_rollout(scenario, out, args)
     try:
         try:
-            result = simulate(scenario, observers=[token_times] if token_times else (),
-                              force=True)      # its size checked above
+            watching = {"observers": [token_times]} if token_times is not None else {}
+            result = simulate(scenario, force=True, **watching)      # its size checked above
         except Exception as fault:
             if getattr(fault, "partial_result", None) is not None:
                 _write_and_print(fault.partial_result, out, args, token_times)

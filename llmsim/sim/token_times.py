@@ -7,13 +7,15 @@ them when asked, as an observer of the one-token engines (``simulate(observers=[
 
 - a prompt chunk that completes its prompt samples a token at the iteration's end (the
   first token, or the next one after a recomputed preemption);
-- a decoding iteration gives every sequence of the decode set one token at its end; the
-  sequences are those that completed their prompt before, less those that finished, or
-  were preempted and not yet recomputed.
+- a decoding iteration gives every sequence of the one-token decode set one token at its end;
+  the sequences are those that completed their prompt before, less those that finished, or
+  were preempted and not yet recomputed;
+- a speculative decode step gives a sequence its accepted tokens and one more at once: one
+  time for the step, as ``vllm bench serve`` records one gap per streamed chunk (the slots'
+  ``last_token_s`` says which sequences emitted; a finished one has left them, its request's says).
 
 It costs a few operations per decoding sequence and iteration, and a float per token, so it
-is off unless asked for. Speculative decode sets emit several tokens per step, which an
-observer cannot see; they are refused (:func:`records_token_times`).
+is off unless asked for. Static batching has no such engine and is refused.
 """
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ import numpy as np
 
 from llmsim.sim.decode import EventDecodeSet
 from llmsim.sim.request import FINISHED, RUNNING
+from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 
 
 def records_token_times(engine) -> bool:
-    """Whether :class:`TokenTimes` can follow ``engine``: a continuous-batching engine decoding one
-    token per sequence and step."""
-    return isinstance(getattr(engine, "decode", None), EventDecodeSet)
+    """Whether :class:`TokenTimes` can follow ``engine``: a continuous-batching engine (one-token or
+    speculative decoding)."""
+    return isinstance(getattr(engine, "decode", None), (EventDecodeSet, SpeculativeDecodeSet))
 
 
 class TokenTimes:
@@ -38,7 +41,7 @@ class TokenTimes:
 
     def __call__(self, engine, iteration) -> None:
         if not records_token_times(engine):
-            raise ValueError("per-request token times need one-token decoding (no speculation, no static batching)")
+            raise ValueError("per-request token times need a continuous-batching engine (not static batching)")
         now, times, running = engine.now, self.times, engine.running
         decoding = self._decoding.setdefault(id(engine), {})
         from_prompt = set()
@@ -52,6 +55,9 @@ class TokenTimes:
                     decoding.pop(request.id, None)     # that was its last token (after a recompute, say)
         if not iteration.decoding:
             return
+        if isinstance(engine.decode, SpeculativeDecodeSet):
+            self._speculative_step(engine.decode.slots, decoding, from_prompt, now)
+            return
         prefilling = {request.id for request in engine.prefilling}
         for rid, request in list(decoding.items()):
             if rid in from_prompt:
@@ -61,6 +67,24 @@ class TokenTimes:
                 times[rid].append(now)
             if not still:
                 del decoding[rid]                      # finished, or preempted (back when recomputed)
+
+    def _speculative_step(self, slots, decoding: dict, from_prompt: set, now: float) -> None:
+        """The sequences that emitted at this step: their slot's last token is now (or, finished and
+        so released, their request's)."""
+        times = self.times
+        in_slots = set()
+        for i in range(slots.n):
+            request = slots.requests[i]
+            in_slots.add(request.id)
+            if request.id not in from_prompt and slots.last_token_s[i] == now:
+                times[request.id].append(now)
+            decoding[request.id] = request
+        for rid, request in list(decoding.items()):
+            if rid in in_slots:
+                continue
+            if request.status is FINISHED and request.last_token_s == now and rid not in from_prompt:
+                times[rid].append(now)
+            del decoding[rid]
 
     def itls(self, ids) -> list[list[float]]:
         """Each request's gaps between consecutive tokens, in seconds (empty for one token or none)."""
