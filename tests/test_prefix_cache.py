@@ -17,7 +17,7 @@ import yaml
 
 from llmsim import simulate
 from llmsim.cli.main import main
-from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
+from llmsim.sim.prefix_cache import PrefixKeys, TieredKV
 from llmsim.sim.request import Request
 from llmsim.workload.trace import Trace, generate_trace
 

@@ -143,7 +143,7 @@ class Engine(EngineProcess):
         env.process(self.run())
 
     def run(self):
-        env, cfg = self.env, self.config
+        env = self.env
         expire = self.rejects_on_timeout()
         observers = self.observers
         while True:
