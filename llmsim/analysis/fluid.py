@@ -55,7 +55,7 @@ from scipy import special
 
 from llmsim.cost.roofline import CostModel
 from llmsim.errors import ConfigError
-from llmsim.cost.features import attention_pairs, batch_rows, set_iterations, tokens_of, windowed_context_sum
+from llmsim.cost.features import F, attention_pairs, batch_rows, set_iterations, tokens_of, windowed_context_sum
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.speculation.policies import POLICIES, AdaptiveK, StaticK
@@ -255,10 +255,24 @@ class FluidModel:
         steps = (1.0 - work.k_cdf[:-1] ** batch[..., None]).sum(axis=-1)
         steps = np.maximum(steps, 1.0)
         per = load * work.draft / steps[..., None]
-        first = self.draft_cost.iteration(self._rows(per + prefill, self.draft_cost))[0]
-        rest = 0.0 if self.draft_once else self.draft_cost.iteration(self._rows(per, self.draft_cost))[0] * (steps - 1)
-        draft = first + rest
+        if self.draft_once:
+            draft = self._draft_once(self._rows(per, self.draft_cost))
+        else:
+            first = self.draft_cost.iteration(self._rows(per + prefill, self.draft_cost))[0]
+            draft = first + self.draft_cost.iteration(self._rows(per, self.draft_cost))[0] * (steps - 1)
         return np.maximum(verify, draft) + self.handoff_s if self.separate else verify + draft
+
+    def _draft_once(self, rows: np.ndarray) -> np.ndarray:
+        """Medusa's heads or a lookup, once a step over the speculating sequences of the rows.
+
+        A step that decodes carries at least one sequence, so the pass is priced over at least one
+        (as the target's weights are read every step, however light the load). Priced at the
+        fluid's fractional batch instead, Medusa's weight read would jump from nothing at zero
+        load to all of it just above, and the step-time solve, seeing an infinite slope at
+        tau = 0, would call every load unstable.
+        """
+        rows[..., F["decode_seqs"]] = np.maximum(rows[..., F["decode_seqs"]], 1.0)
+        return self.draft_cost.iteration(rows)[0]
 
     def _mean_step(self, lam: np.ndarray, tau: np.ndarray, work: _Work) -> np.ndarray:
         times, weights = self._steps(lam, tau, work)

@@ -70,6 +70,8 @@ class ModelSpec:
     v_head_dim: int = 0               # MLA: a value head
     expert_dtype: str | None = None   # routed experts' weights; None means weight_dtype
     embedding_dtype: str | None = None  # embedding and LM head; None means weight_dtype
+    mtp_modules: int = 0              # multi-token-prediction modules shipped with the weights (DeepSeek-V3's
+                                      # num_nextn_predict_layers); not in the parameter count, as published
 
     def __post_init__(self):
         if self.head_dim == 0:
@@ -315,6 +317,7 @@ def _model_from_node(node: Node) -> ModelSpec:
         v_head_dim=count("v_head_dim", 0, minimum=0),
         expert_dtype=node.choice("expert_dtype", list(DTYPE_BYTES), None),
         embedding_dtype=node.choice("embedding_dtype", list(DTYPE_BYTES), None),
+        mtp_modules=count("mtp_modules", 0, minimum=0),
     )
     if spec.dense_layers > spec.num_layers or (spec.dense_layers and spec.num_experts == 1):
         raise node.key_error("dense_layers", "counts the layers of an MoE model that have a dense MLP",

@@ -98,6 +98,12 @@ class Proposer:
     cpu_s_per_sequence: float = 0.0      # ngram: CPU search time per speculating sequence per step
 
     @property
+    def max_k(self) -> int | None:
+        """The longest draft it can propose: Medusa one token per head; None where there is no such
+        bound (a model, a lookup, and EAGLE and MTP heads, which are reused for every drafted token)."""
+        return self.heads if self.kind == MEDUSA else None
+
+    @property
     def sequential(self) -> bool:
         """Whether the draft takes one step per drafted level (all but Medusa and n-gram)."""
         return self.kind in (MODEL, EAGLE, MTP)
