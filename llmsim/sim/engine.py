@@ -206,7 +206,7 @@ class Engine(EngineProcess):
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
         if self._tiered:
-            duration = self.kv.charge(duration)
+            duration = self.kv.charge(now, duration)
         iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
                                    self.kv.used_blocks, len(self.running), len(self.queue), n_spec, proposed,
                                    accepted, draft_s, chunks, decoding))
