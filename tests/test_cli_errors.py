@@ -45,7 +45,7 @@ def test_catalog_listings():
     assert models.returncode == 0 and "Llama-3.1-70B" in models.stdout and "70.554" in models.stdout
     hardware = run_cli("hardware")
     assert hardware.returncode == 0
-    for name in ("A100-80GB", "H100-SXM", "H200", "B200", "MI300X"):
+    for name in ("A100-80GB", "H100-SXM", "H200", "B200", "MI300X", "GH200", "GB200"):
         assert name in hardware.stdout
 
 

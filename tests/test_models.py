@@ -181,13 +181,18 @@ def test_sliding_window_patterns(tmp_path):
               "num_hidden_layers": 42, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
               "sliding_window": 4096, "torch_dtype": "float32"}
     model = model_from_config_json(_write(tmp_path, gemma2, "g.json"))
-    # Half of Gemma-2's layers are global: the window is not applied to every layer.
-    assert model.sliding_window is None and "21 of 42 layers" in model.source
+    # Half of Gemma-2's layers are global: the window applies to the other half only.
+    assert (model.sliding_window, model.sliding_window_layers) == (4096, 21) and "21 of 42 layers" in model.source
+    assert model.local_attention_share == 0.5
     assert model.tie_word_embeddings and model.weight_dtype == "fp32"
     assert model.param_count == pytest.approx(9.24e9, rel=0.01)          # Gemma-2-9B's published size
     gemma3 = {"model_type": "gemma3", "text_config": {**gemma2, "model_type": "gemma3_text", "num_hidden_layers": 12,
                                                       "sliding_window": 1024, "sliding_window_pattern": 6}}
-    assert "10 of 12 layers" in model_from_config_json(_write(tmp_path, gemma3, "g3.json")).source
+    model = model_from_config_json(_write(tmp_path, gemma3, "g3.json"))
+    assert "10 of 12 layers" in model.source and (model.sliding_window, model.sliding_window_layers) == (1024, 10)
+    # Mistral: every layer slides (sliding_window_layers unset means all of them).
+    mistral_model = model_from_config_json(_write(tmp_path, mistral, "m.json"))
+    assert mistral_model.sliding_window_layers is None and mistral_model.local_attention_share == 1.0
 
 
 def test_gpt_oss_and_int4_quantization(tmp_path):
@@ -200,6 +205,8 @@ def test_gpt_oss_and_int4_quantization(tmp_path):
     model = model_from_config_json(_write(tmp_path, gpt_oss))
     assert model.param_count == CATALOG["gpt-oss-120b"].param_count
     assert (model.weight_dtype, model.expert_dtype) == ("bf16", "fp4") and "18 of 36 layers" in model.source
+    assert (model.sliding_window, model.sliding_window_layers) == (128, 18)
+    assert (CATALOG["gpt-oss-120b"].sliding_window, CATALOG["gpt-oss-120b"].sliding_window_layers) == (128, 18)
     awq = {**QWEN3_MOE, "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128},
            "torch_dtype": "float16"}
     model = model_from_config_json(_write(tmp_path, awq, "awq.json"))

@@ -11,7 +11,7 @@ import pytest
 
 from .helpers import add_prefill, chunk_sums
 from llmsim.cost.features import (FEATURES, batch_rows, sequential_decode_rows,
-                                  speculative_step_sums)
+                                  speculative_step_sums, visible)
 from llmsim.sim.speculative_kernels import FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks
 
 
@@ -22,9 +22,10 @@ def _batch(rng, n, k_max=8):
     return k.astype(np.int64), context.astype(np.int64), lag.astype(np.int64)
 
 
-@pytest.mark.parametrize("window", [0, 300])
+@pytest.mark.parametrize("window, local_share", [(0, 1.0), (300, 1.0), (300, 0.5)],
+                         ids=["no-window", "every-layer", "half-the-layers"])
 @pytest.mark.parametrize("draft", [True, False])
-def test_step_sums_equal_the_vectorised_builders(window, draft):
+def test_step_sums_equal_the_vectorised_builders(window, local_share, draft):
     rng = np.random.default_rng(7)
     for trial in range(200):
         n = int(rng.integers(1, 70))
@@ -32,13 +33,13 @@ def test_step_sums_equal_the_vectorised_builders(window, draft):
         prompt = (float(rng.integers(0, 3000)), float(rng.integers(0, 10 ** 6)), float(rng.integers(0, 5000)))
         chunks = bool(trial % 3)
         rows = np.full((8 if draft else 0, len(FEATURES)), np.nan)          # stale values must not leak
-        got = speculative_step_sums(n, k, context, window, lag, rows, *prompt, chunks)
-        # The definition: verify chunks of k + 1 over the visible context, plain rows read context + 1.
-        seen = np.minimum(context, window) if window else context
+        got = speculative_step_sums(n, k, context, window, lag, rows, *prompt, chunks, local_share)
+        # The definition: verify chunks of k + 1 over the visible context, plain rows read context + 1
+        # (on half the layers the mean (c + W) / 2 of a global and a local layer: halves, still exact).
+        seen = visible(context, window, local_share)
         spec = k > 0
         tokens, pairs, kv_read = chunk_sums(k[spec] + 1, seen[spec]) if spec.any() else (0.0, 0.0, 0.0)
-        rest = seen[~spec] + 1
-        decode_kv = float((np.minimum(rest, window) if window else rest).sum())
+        decode_kv = float(visible(context[~spec] + 1, window, local_share).sum())
         assert got[:6] == (tokens, pairs, kv_read, int(spec.sum()), int(k.sum()), decode_kv)
         if not draft or not (spec.any() or chunks):
             assert got[6] == 0

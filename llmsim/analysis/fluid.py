@@ -126,9 +126,11 @@ class FluidModel:
         decode = output - 1.0
         self._decode_tokens = decode
         self.decode_cv2 = float(decode.var() / max(decode.mean(), 1e-12) ** 2)   # slot time is ~ decode length
-        window = scenario.model.sliding_window
-        # Sum over a request's decode steps of the context each reads: sum_{c=P+1}^{P+O-1} min(c, W).
-        self._decode_kv = windowed_context_sum(prompt + 1, prompt + decode, window)
+        model = scenario.model
+        # Sum over a request's decode steps of the context each reads: sum_{c=P+1}^{P+O-1} min(c, W)
+        # on the layers that slide, c on the others.
+        self._decode_kv = windowed_context_sum(prompt + 1, prompt + decode, model.sliding_window,
+                                               model.local_attention_share)
         # KV held while decoding: the context rounded up to blocks (half a block on average).
         self._kv_held = decode * (prompt + (decode + 1) / 2 + eng.block_size / 2)
         self.spec = spec

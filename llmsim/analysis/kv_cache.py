@@ -23,10 +23,17 @@ class KVCacheSummary(Section):
     ``hit_rate_requests``: the share of them with a hit; ``prefill_tokens_saved``: cached tokens, of
     which ``reloaded_tokens`` came back from host memory. ``internal_fragmentation``: the share of
     the KV slots finished requests held at their end that held no token (the unfilled tail of the
-    last block). Offload, reload and swap traffic is in GB over the whole run (all devices),
-    ``transfer_s`` the iteration time reloads and swaps took; host occupancy is per replica, a
-    share of its host tier, averaged over time and at its peak. ``replica_load_max_over_mean``:
-    the busiest replica's requests over the mean (1 = perfectly balanced).
+    last block). Offload, reload and swap traffic is in GB over the whole run (all devices);
+    ``transfer_s`` the host link's busy time over both directions (``offload_s`` of it offloads),
+    ``transfer_stall_s`` the iteration time the copies added (0 where they overlapped compute or
+    ran while the engine was idle). ``swap_resident_gb``: swapped-out KV still on the GPU at
+    swap-in, shared rather than copied back. Host occupancy is per replica, a share of its host
+    tier, averaged over time and at its peak; ``host_evicted_blocks``: cached host blocks dropped
+    (least recently used first) to make room; ``offload_failed_blocks``: offloads that found no
+    room even so (host memory full of swapped KV: the block was dropped);
+    ``swap_failed_preemptions``: swap preemptions host memory could not hold (recomputed).
+    ``replica_load_max_over_mean``: the busiest replica's requests over the mean (1 = perfectly
+    balanced).
     """
     block_size: int
     hit_rate_tokens: float
@@ -41,10 +48,16 @@ class KVCacheSummary(Section):
     reloaded_gb: float
     swapped_out_gb: float
     swapped_in_gb: float
+    swap_resident_gb: float
     transfer_s: float
+    offload_s: float
+    transfer_stall_s: float
     host_occupancy_mean: float
     host_occupancy_max: float
-    host_dropped_blocks: int
+    host_evicted_blocks: int
+    host_evicted_gb: float
+    offload_failed_blocks: int
+    swap_failed_preemptions: int
     replica_load_max_over_mean: float
 
 
@@ -75,9 +88,15 @@ def kv_cache_summary(tiers: dict, steady: pd.DataFrame, finished: pd.DataFrame, 
         reloaded_gb=tiers["reloaded_blocks"] * gb,
         swapped_out_gb=tiers["swapped_out_blocks"] * gb,
         swapped_in_gb=tiers["swapped_in_blocks"] * gb,
+        swap_resident_gb=tiers["swap_resident_blocks"] * gb,
         transfer_s=float(tiers["transfer_s"]),
+        offload_s=float(tiers["offload_s"]),
+        transfer_stall_s=float(tiers["stall_s"]),
         host_occupancy_mean=tiers["host_mean_blocks"] / host_blocks if host_blocks else math.nan,
         host_occupancy_max=tiers["host_max_blocks"] / host_blocks if host_blocks else math.nan,
-        host_dropped_blocks=int(tiers.get("host_dropped_blocks", 0)),
+        host_evicted_blocks=int(tiers.get("host_evicted_blocks", 0)),
+        host_evicted_gb=tiers.get("host_evicted_blocks", 0) * gb,
+        offload_failed_blocks=int(tiers.get("offload_failed_blocks", 0)),
+        swap_failed_preemptions=int(tiers["swap_failed_preemptions"]),
         replica_load_max_over_mean=float(served.max() / served.mean()) if served.sum() else math.nan,
     )

@@ -14,9 +14,9 @@ validates like a model YAML. What it reads beyond the dense shape:
   (FP8, AWQ/GPTQ, bitsandbytes, compressed-tensors, MXFP4) for the linear layers, the
   embedding and LM head staying at ``torch_dtype`` as quantized checkpoints keep them.
 - sliding windows per layer: ``layer_types``, Gemma-2's every other layer, Gemma-3's
-  ``sliding_window_pattern``, ``use_sliding_window``. A window on every layer (Mistral) is
-  modelled; a mix of windowed and global layers is costed as global attention on every
-  layer, an upper bound, and the model's ``source`` says so.
+  ``sliding_window_pattern``, ``use_sliding_window``: ``sliding_window`` and how many layers
+  use it (``sliding_window_layers``, left unset when every layer does, as in Mistral); the
+  model's ``source`` names the split.
 - the name from ``_name_or_path`` or the Hub cache folder (``models--ORG--NAME``), never a
   snapshot hash; else ``model_type``.
 """
@@ -141,7 +141,8 @@ def _moe(config: dict, fields: dict) -> dict:
 
 
 def _sliding_window(config: dict, fields: dict) -> str:
-    """Sets ``sliding_window`` when every layer slides; returns a note for the source otherwise."""
+    """Sets ``sliding_window`` (and ``sliding_window_layers`` unless every layer slides); returns a
+    note for the source when only some layers do."""
     window = config.get("sliding_window")
     layers = int(fields["num_layers"])
     if not window or config.get("use_sliding_window") is False:
@@ -163,8 +164,8 @@ def _sliding_window(config: dict, fields: dict) -> str:
         return ""
     if sliding == 0:
         return ""
-    return (f"; {sliding} of {layers} layers use a {int(window):,}-token sliding window: costed as global "
-            "attention on every layer (an upper bound)")
+    fields["sliding_window"], fields["sliding_window_layers"] = int(window), sliding
+    return f"; {sliding} of {layers} layers use a {int(window):,}-token sliding window, the others global attention"
 
 
 def _dtypes(config: dict, path: Path) -> dict:

@@ -54,7 +54,7 @@ class ModelSpec:
     num_experts: int = 1              # 1 = dense MLP
     experts_per_token: int = 1
     qkv_bias: bool = False
-    sliding_window: int | None = None  # a window every layer's attention uses
+    sliding_window: int | None = None  # a local attention window (tokens)
     max_context: int = 8192
     weight_dtype: str = "bf16"
     kv_dtype: str = "bf16"
@@ -70,10 +70,25 @@ class ModelSpec:
     v_head_dim: int = 0               # MLA: a value head
     expert_dtype: str | None = None   # routed experts' weights; None means weight_dtype
     embedding_dtype: str | None = None  # embedding and LM head; None means weight_dtype
+    sliding_window_layers: int | None = None   # layers that use the window (Gemma-2: half); None: every layer
 
     def __post_init__(self):
         if self.head_dim == 0:
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+
+    # -- attention span -----------------------------------------------------------------------
+    @property
+    def local_layers(self) -> int:
+        """Layers whose attention the sliding window bounds (0 without a window)."""
+        if not self.sliding_window:
+            return 0
+        return self.num_layers if self.sliding_window_layers is None else self.sliding_window_layers
+
+    @property
+    def local_attention_share(self) -> float:
+        """The share of layers that attend over the window only (1.0 for Mistral, 0.5 for Gemma-2,
+        5/6 for Gemma-3); the cost model averages attention over the layers with it."""
+        return self.local_layers / self.num_layers
 
     # -- parameters -----------------------------------------------------------------------
     @property
@@ -257,7 +272,7 @@ def model_from_node(node: Node, catalog: "dict[str, ModelSpec] | None" = None) -
     """A model named in a scenario: a catalog name, a config.json path, or inline fields.
 
     ``base`` (a catalog name) or ``config_json`` may be combined with overrides
-    such as ``weight_dtype: fp8``.
+    such as ``weight_dtype: fp8`` or ``sliding_window_layers: 16``.
     """
     catalog = model_catalog() if catalog is None else catalog
     if node.has("config_json"):
@@ -277,8 +292,22 @@ def model_from_node(node: Node, catalog: "dict[str, ModelSpec] | None" = None) -
         overrides["max_context"] = node.number("max_context", integer=True, minimum=1, exclusive_minimum=False)
     if node.has("name"):
         overrides["name"] = node.string("name")
+    if node.has("sliding_window"):
+        overrides["sliding_window"] = node.number("sliding_window", integer=True, minimum=1, exclusive_minimum=False)
+    if node.has("sliding_window_layers"):
+        overrides["sliding_window_layers"] = node.number("sliding_window_layers", integer=True, minimum=0,
+                                                         exclusive_minimum=False)
     node.done()
-    return replace(base, **overrides)
+    model = replace(base, **overrides)
+    _check_sliding_window(model, node)
+    return model
+
+
+def _check_sliding_window(spec: ModelSpec, node: Node) -> None:
+    if spec.sliding_window_layers is not None and (spec.sliding_window is None
+                                                   or spec.sliding_window_layers > spec.num_layers):
+        raise node.key_error("sliding_window_layers", "counts the layers that use sliding_window",
+                             spec.sliding_window_layers, f"0..{spec.num_layers}, with sliding_window set")
 
 
 def _model_from_node(node: Node) -> ModelSpec:
@@ -315,7 +344,10 @@ def _model_from_node(node: Node) -> ModelSpec:
         v_head_dim=count("v_head_dim", 0, minimum=0),
         expert_dtype=node.choice("expert_dtype", list(DTYPE_BYTES), None),
         embedding_dtype=node.choice("embedding_dtype", list(DTYPE_BYTES), None),
+        sliding_window_layers=node.number("sliding_window_layers", None, integer=True, minimum=0,
+                                          exclusive_minimum=False),
     )
+    _check_sliding_window(spec, node)
     if spec.dense_layers > spec.num_layers or (spec.dense_layers and spec.num_experts == 1):
         raise node.key_error("dense_layers", "counts the layers of an MoE model that have a dense MLP",
                              spec.dense_layers, f"0..{spec.num_layers}, with num_experts > 1")

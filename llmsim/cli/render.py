@@ -69,6 +69,8 @@ def format_summary(summary: dict) -> str:
                  f" kWh per million output tokens (at TDP)")
     if "speculation" in summary:
         lines.append(_speculation_line(summary["speculation"]))
+    if "kv_cache" in summary:
+        lines.append(_kv_cache_line(summary["kv_cache"]))
     draft = (f" + {mem['draft_devices_per_replica']} draft device(s)" if mem.get("draft_devices_per_replica")
              else "")
     lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}{draft}, weights in"
@@ -94,6 +96,25 @@ def class_table(classes: dict) -> str:
                      f"{_num(slo['goodput_requests_per_s'], 2):>9}{_num(100 * slo['attainment'], 1):>7}%"
                      f"  {'met' if slo['met'] else 'MISSED'}")
     return "\n".join(lines)
+
+
+def _kv_cache_line(kv: dict) -> str:
+    """Prefix hits and host-tier traffic; a warning where the host tier refused KV."""
+    line = (f"kv cache   blocks of {kv['block_size']}: hit rate {_num(100 * kv['hit_rate_tokens'])}% of prompt tokens"
+            f" ({_num(100 * kv['hit_rate_requests'])}% of requests), fragmentation"
+            f" {_num(100 * kv['internal_fragmentation'])}%, {kv['evicted_blocks']:,} GPU evictions")
+    moved = kv["offloaded_gb"] + kv["reloaded_gb"] + kv["swapped_out_gb"] + kv["swapped_in_gb"]
+    if moved:
+        line += (f"\n           host link: offloaded {_num(kv['offloaded_gb'])} GB, reloaded {_num(kv['reloaded_gb'])} GB,"
+                 f" swapped out {_num(kv['swapped_out_gb'])} GB / in {_num(kv['swapped_in_gb'])} GB"
+                 f" ({_num(kv['swap_resident_gb'])} GB still on the GPU); link busy {_num(kv['transfer_s'], 2)} s,"
+                 f" iterations {_num(kv['transfer_stall_s'], 2)} s longer; host tier mean"
+                 f" {_num(100 * kv['host_occupancy_mean'])}% max {_num(100 * kv['host_occupancy_max'])}%,"
+                 f" {kv['host_evicted_blocks']:,} blocks evicted ({_num(kv['host_evicted_gb'])} GB)")
+    if kv["offload_failed_blocks"] or kv["swap_failed_preemptions"]:
+        line += (f"\n           WARNING: host memory full of swapped KV: {kv['offload_failed_blocks']:,} offloaded"
+                 f" blocks dropped, {kv['swap_failed_preemptions']:,} swap preemptions recomputed instead")
+    return line
 
 
 def _speculation_line(spec: dict) -> str:

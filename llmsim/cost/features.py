@@ -17,7 +17,12 @@ functions work on arrays and give one row per batch.
 Attention: a chunk of ``new`` positions after ``seen`` visible cached tokens scores
 ``new * seen + new (new + 1) / 2`` query-key pairs (every query sees the cache and,
 causally, the chunk up to itself) and reads ``seen + new`` tokens of KV. A sliding
-window of ``W`` tokens caps what a query sees at ``W``.
+window of ``W`` tokens caps what a query sees at ``W``; when only a share ``f`` of the
+layers slide (Gemma-2: every other layer, Gemma-3: five in six), ``seen`` is the mean
+over the layers, ``c - f max(c - W, 0)``: the features are per average layer, so a
+context ``c > W`` costs ``(1 - f) c + f W`` per layer, ``n_global c + n_local W`` over
+the model. Every attention sum is linear in ``seen``, so the mean over the layers of
+each layer's sum is the sum at the mean ``seen``.
 """
 from __future__ import annotations
 
@@ -38,11 +43,16 @@ _ONE, _TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _PREFILL_KV_READ, _DECODE_SEQS, 
 
 # -- attention arithmetic ---------------------------------------------------------------------
 
-def visible(context, window: int | None):
-    """The cached tokens a query attends to: its context, capped by the sliding window (scalar or array)."""
+def visible(context, window: int | None, local_share: float = 1.0):
+    """The cached tokens a query attends to, averaged over the layers: its context, capped by the
+    sliding window on the ``local_share`` of the layers that use it (scalar or array)."""
     if not window:
         return context
-    return min(context, window) if isinstance(context, (int, float)) else np.minimum(context, window)
+    scalar = isinstance(context, (int, float))
+    capped = min(context, window) if scalar else np.minimum(context, window)
+    if local_share == 1.0:
+        return capped
+    return context - local_share * (context - capped)
 
 
 def attention_pairs(new, seen, chunks=1):
@@ -62,18 +72,21 @@ class Prefilling(Protocol):
     prefill_target: int
 
 
-def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None) -> tuple[float, float, float, int]:
+def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None,
+                 local_share: float = 1.0) -> tuple[float, float, float, int]:
     """Prefill chunks ``(sequence, new)``: (tokens, attention pairs, KV read, prompts completed).
 
     ``new`` positions of the sequence's prompt are computed after its ``prefilled`` cached
     ones (chunked prefill); a chunk that reaches the prompt's end samples a token (a logit
-    row). The chunks are read as they are, without building tuples: this runs every iteration.
+    row). The window caps the cache a chunk sees on the ``local_share`` of the layers
+    (:func:`visible`). The chunks are read as they are, without building tuples: this runs
+    every iteration.
     """
     tokens = pairs = kv_read = 0.0
     completed = 0
     for sequence, new in chunks:
         cached = sequence.prefilled
-        seen = cached if not window or cached < window else window
+        seen = cached if not window or cached < window else cached - local_share * (cached - window)
         tokens += new
         pairs += new * seen + new * (new + 1) / 2
         kv_read += seen + new
@@ -81,15 +94,16 @@ def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None) -
     return tokens, pairs, kv_read, completed
 
 
-def windowed_context_sum(first, last, window: int | None):
-    """``sum_{c=first}^{last} min(c, window)`` elementwise (0 when last < first): the KV one
-    sequence's decode steps read, from context ``first`` to ``last``."""
+def windowed_context_sum(first, last, window: int | None, local_share: float = 1.0):
+    """``sum_{c=first}^{last} visible(c)`` elementwise (0 when last < first): the KV one sequence's
+    decode steps read, from context ``first`` to ``last`` (``min(c, window)`` when every layer slides)."""
     n = np.maximum(last - first + 1, 0)
     full = n * (first + last) / 2
     if not window:
         return full
     below = np.clip(window - first, 0, n)                # terms below the window
-    return below * (2 * first + below - 1) / 2 + (n - below) * window
+    capped = below * (2 * first + below - 1) / 2 + (n - below) * window
+    return capped if local_share == 1.0 else full - local_share * (full - capped)
 
 
 # -- one row, scalar: the simulator's per-iteration path -------------------------------------------
@@ -167,12 +181,20 @@ def sequential_decode_rows(drafts: np.ndarray, context: np.ndarray, steps: int) 
 
 
 @numba.njit(cache=True)
+def seen_by_layers(context, window, local_share):
+    """:func:`visible` for one integer context, compiled (``window`` 0: no window)."""
+    if window == 0 or context < window:
+        return context
+    return context - local_share * (context - window)
+
+
+@numba.njit(cache=True)
 def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read,
-                          prompt_chunks):
+                          prompt_chunks, local_share=1.0):
     """The sums of one speculative decode step of sequences ``[0, n)``, compiled (it runs every step).
 
-    Sequence ``i`` sees ``seen = min(context[i], window)`` cached tokens (``window`` 0: no
-    window). With ``k[i] > 0`` the target verifies a chunk of ``k[i] + 1`` positions after
+    Sequence ``i`` sees ``seen = visible(context[i])`` cached tokens (``window`` 0: no
+    window; ``local_share`` of the layers slide). With ``k[i] > 0`` the target verifies a chunk of ``k[i] + 1`` positions after
     them, every one giving logits; with ``k[i] = 0`` it decodes one token. The draft's rows
     go into ``draft_rows`` (none when it has no rows: an n-gram speculator): ``max k``
     sequential decode steps as in :func:`sequential_decode_rows`, the first of which also
@@ -182,13 +204,15 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
 
     Returns ``(verify_tokens, verify_pairs, verify_kv_read, spec_seqs, draft_tokens,
     decode_kv_read, draft_steps)``: ``decode_kv_read`` is the plain sequences' KV read,
-    ``draft_steps`` the rows of ``draft_rows`` filled. Every sum is a sum of integers,
-    exact in float64 whatever the order, so they equal the vectorised builders' values.
+    ``draft_steps`` the rows of ``draft_rows`` filled. Unless only some layers slide, every
+    sum is a sum of integers, exact in float64 whatever the order, so they equal the
+    vectorised builders' values (to rounding when they do). The draft's rows take the
+    target's visible context (a draft's own window is not modelled).
     """
-    tokens = pairs = kv_read = decode_kv = 0
+    tokens = pairs = kv_read = decode_kv = 0.0
     spec_seqs = drafted = steps = 0
     for i in range(n):
-        seen = context[i] if window == 0 or context[i] < window else window
+        seen = seen_by_layers(context[i], window, local_share)
         new = k[i] + 1
         if k[i] > 0:
             tokens += new
@@ -198,7 +222,7 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
             drafted += k[i]
             steps = max(steps, k[i])
         else:
-            decode_kv += new + seen if window == 0 or new + seen < window else window
+            decode_kv += seen_by_layers(context[i] + 1, window, local_share)
     if len(draft_rows) == 0 or (steps == 0 and not prompt_chunks):
         return float(tokens), float(pairs), float(kv_read), spec_seqs, drafted, float(decode_kv), 0
     steps = max(steps, 1)
@@ -207,7 +231,7 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
     for i in range(n):
         if k[i] == 0:
             continue
-        seen = context[i] if window == 0 or context[i] < window else window
+        seen = seen_by_layers(context[i], window, local_share)
         for j in range(k[i]):
             draft_rows[j, _DECODE_SEQS] += 1.0
             draft_rows[j, _DECODE_KV_READ] += seen + j + 1
@@ -247,7 +271,8 @@ def batch_features(prefill_new, prefill_context, decode_context, prefill_logits:
     and so sample a token. A sliding window caps the context each query sees.
     """
     new = np.asarray(prefill_new, dtype=float)
-    seen = visible(np.asarray(prefill_context, dtype=float), model.sliding_window)
-    dec = visible(np.asarray(decode_context, dtype=float) + 1.0, model.sliding_window)  # the new token attends to itself
+    window, share = model.sliding_window, model.local_attention_share
+    seen = visible(np.asarray(prefill_context, dtype=float), window, share)
+    dec = visible(np.asarray(decode_context, dtype=float) + 1.0, window, share)  # the new token attends to itself
     return batch_rows(new.sum(), float(np.sum(attention_pairs(new, seen))), float(np.sum(seen + new)),
                       prefill_logits, len(dec), float(dec.sum()), model)

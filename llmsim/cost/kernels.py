@@ -81,23 +81,66 @@ def all_reduce_time_s(message_bytes, group: int, reduce: AllReduce):
 
 
 class GemmShape(NamedTuple):
-    """One linear operator of a layer on one shard: output width ``n``, input width ``k``."""
+    """One linear operator of a layer on one shard: output width ``n``, input width ``k``; it runs in
+    ``layer_share`` of the layers, and ``routed`` ones once per expert the tokens route to (the main MLP:
+    one "expert" in a dense model)."""
     name: str
     n: float
     k: float
+    layer_share: float = 1.0
+    routed: bool = False
+
+
+GEMM_OPERATORS = {"qkv": "layer.qkv", "q_a": "layer.qkv", "q_b": "layer.qkv", "kv_a": "layer.qkv",
+                  "kv_b": "layer.qkv", "out_proj": "layer.out_proj", "mlp_up": "layer.mlp", "mlp_down": "layer.mlp",
+                  "router": "layer.mlp", "shared_up": "layer.mlp", "shared_down": "layer.mlp",
+                  "dense_up": "layer.mlp", "dense_down": "layer.mlp", "lm_head": "lm_head"}   # the operator of each
 
 
 def layer_gemm_shapes(model: ModelSpec, tensor_parallel: int) -> tuple[GemmShape, ...]:
-    """The four GEMMs of a decoder layer after the tensor-parallel split (Megatron: QKV and gate+up split
-    their outputs, the output and down projections their inputs). MoE experts: one routed expert's shape
-    (``moe_intermediate_size`` wide, which is not the dense ``intermediate_size`` in Qwen3-MoE or DeepSeek)."""
+    """The GEMMs of a decoder layer after the tensor-parallel split (Megatron: QKV and gate+up split
+    their outputs, the output and down projections their inputs). A dense GQA model has four: qkv,
+    out_proj, mlp_up, mlp_down (the calibration's measured columns, in that order).
+
+    MoE: the routed experts are one expert's shape (``moe_intermediate_size`` wide, which is not the
+    dense ``intermediate_size`` in Qwen3-MoE or DeepSeek) in the sparse layers, with the router
+    (replicated: vLLM's gate is a ReplicatedLinear), the shared experts as one dense MLP of their total
+    width, and the first-k dense layers' MLP (``intermediate_size``) in their share of the layers.
+
+    MLA (DeepSeek-V2/V3, as vLLM runs it): the query's down-projection fused with the KV latent's
+    (``q_a`` + ``kv_a``: ``hidden -> q_lora_rank + kv_lora_rank + qk_rope_head_dim``, replicated on
+    every rank), the query's up-projection (``q_b``, or a full ``q`` projection without ``q_lora_rank``)
+    and the latent's up-projection to keys and values (``kv_b``), both split by heads; decode absorbs
+    ``kv_b`` into the query and output, which multiplies the same weights per token."""
     m, tp = model, tensor_parallel
-    kv_heads = max(m.num_kv_heads / tp, 1.0)     # replicated when tp > kv heads
     inter = m.expert_intermediate_size / tp
-    return (GemmShape("qkv", m.num_heads / tp * m.head_dim + 2 * kv_heads * m.head_dim, m.hidden_size),
-            GemmShape("out_proj", m.hidden_size, m.q_dim / tp),
-            GemmShape("mlp_up", 2 * inter, m.hidden_size),
-            GemmShape("mlp_down", m.hidden_size, inter))
+    moe = m.num_experts > 1
+    sparse = m.sparse_layers / m.num_layers if moe else 1.0
+    if m.is_mla:
+        heads = m.num_heads / tp
+        latent = m.kv_lora_rank + m.qk_rope_head_dim
+        attention = ((GemmShape("q_a", m.q_lora_rank + latent, m.hidden_size),
+                      GemmShape("q_b", heads * m.head_dim, m.q_lora_rank)) if m.q_lora_rank else
+                     (GemmShape("q_a", heads * m.head_dim, m.hidden_size), GemmShape("kv_a", latent, m.hidden_size)))
+        attention += (GemmShape("kv_b", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
+                      GemmShape("out_proj", m.hidden_size, heads * m.v_head_dim))
+    else:
+        kv_heads = max(m.num_kv_heads / tp, 1.0)     # replicated when tp > kv heads
+        attention = (GemmShape("qkv", m.num_heads / tp * m.head_dim + 2 * kv_heads * m.head_dim, m.hidden_size),
+                     GemmShape("out_proj", m.hidden_size, m.q_dim / tp))
+    mlp = (GemmShape("mlp_up", 2 * inter, m.hidden_size, sparse, True),
+           GemmShape("mlp_down", m.hidden_size, inter, sparse, True))
+    if moe:
+        mlp += (GemmShape("router", m.num_experts, m.hidden_size, sparse),)
+    if m.shared_expert_intermediate_size:
+        shared = m.shared_expert_intermediate_size / tp
+        mlp += (GemmShape("shared_up", 2 * shared, m.hidden_size, sparse),
+                GemmShape("shared_down", m.hidden_size, shared, sparse))
+    if m.dense_layers:
+        dense, share = m.intermediate_size / tp, m.dense_layers / m.num_layers
+        mlp += (GemmShape("dense_up", 2 * dense, m.hidden_size, share),
+                GemmShape("dense_down", m.hidden_size, dense, share))
+    return attention + mlp
 
 
 def elementwise_bytes_per_token(model: ModelSpec, tensor_parallel: int) -> dict[str, float]:
@@ -108,10 +151,16 @@ def elementwise_bytes_per_token(model: ModelSpec, tensor_parallel: int) -> dict[
     are in :data:`ELEMENTWISE_COUNTS`."""
     m, tp, a = model, tensor_parallel, model.activation_bytes_per_element
     kv_heads = max(m.num_kv_heads / tp, 1.0)
+    width = m.experts_per_token * m.expert_intermediate_size          # the MLP's gated width per token
+    if m.shared_expert_intermediate_size or m.dense_layers:           # averaged over the layers, as the GEMMs
+        width = (m.sparse_layers * (width + m.shared_expert_intermediate_size)
+                 + m.dense_layers * m.intermediate_size) / m.num_layers
+    # MLA rotates only the RoPE part: every head's query and the one shared key.
+    rotated = (m.num_heads / tp + 1) * m.qk_rope_head_dim if m.is_mla else (m.num_heads / tp + kv_heads) * m.head_dim
     return {"norm": 2 * m.hidden_size * a,                       # read x, write y
             "residual": 3 * m.hidden_size * a,                   # read two, write one
-            "activation": 3 * m.experts_per_token * m.expert_intermediate_size / tp * a,   # read gate and up, write one
-            "rotary": 2 * (m.num_heads / tp + kv_heads) * m.head_dim * a}   # rotate q and k in place
+            "activation": 3 * width / tp * a,                    # read gate and up, write one
+            "rotary": 2 * rotated * a}                           # rotate q and k in place
 
 
 ELEMENTWISE_COUNTS = {"norm": 2, "residual": 2, "activation": 1, "rotary": 1}   # per layer

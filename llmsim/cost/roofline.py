@@ -28,8 +28,8 @@ import pandas as pd
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import F, FEATURES, batch_features
-from llmsim.cost.kernels import (all_reduce_time_s, elementwise_layer_terms, gemm_body_s, gemm_output_tiles,
-                                 layer_gemm_shapes)
+from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, elementwise_layer_terms, gemm_body_s,
+                                 gemm_output_tiles, layer_gemm_shapes)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -123,16 +123,21 @@ class CostModel:
                                                              * backend.half_length_tokens)
         bandwidth = kernels.gemm_bandwidth_bytes_per_s * weight_bandwidth_share
         flops = kernels.gemm_rate(model.weight_dtype)
-        weight_bytes, activation_bytes = model.weight_bytes_per_param, model.activation_bytes_per_element
+        activation_bytes = model.activation_bytes_per_element
         experts = model.experts_per_token if model.num_experts > 1 else 1
-        gemms = [(shape, paced_layers, F["experts_touched"] if shape.name.startswith("mlp") else F["one"],
-                  experts if shape.name.startswith("mlp") else 1, F["tokens"])
+        # Each shape runs in its share of the (paced) layers; routed ones once per expert touched.
+        gemms = [(shape, paced_layers * shape.layer_share, F["experts_touched"] if shape.routed else F["one"],
+                  experts if shape.routed else 1, F["tokens"])
                  for shape in layer_gemm_shapes(model, tp)]
-        gemms.append((layer_gemm_shapes(model, tp)[0]._replace(name="lm_head", n=model.vocab_size / tp,
-                                                                  k=model.hidden_size), 1, F["one"], 1, F["logit_tokens"]))
+        gemms.append((GemmShape("lm_head", model.vocab_size / tp, model.hidden_size), 1, F["one"], 1,
+                      F["logit_tokens"]))     # last: _nonlinear_time keys it apart
         # (name, fixed memory s, memory s per token, compute s per token, repeats, count column,
         #  tokens per count, tokens column, output columns n) for each GEMM.
-        self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes / bandwidth,
+        # Weights in their own dtype: routed experts (gpt-oss's fp4), the LM head (16-bit in quantized checkpoints).
+        weight_bytes = {name: model.weight_bytes_per_param for name in GEMM_OPERATORS}
+        weight_bytes.update(mlp_up=model.expert_bytes_per_param, mlp_down=model.expert_bytes_per_param,
+                            lm_head=model.embedding_bytes_per_param)
+        self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes[shape.name] / bandwidth,
                             (shape.n + shape.k) * activation_bytes / bandwidth, 2.0 * shape.n * shape.k / flops,
                             float(repeats), count, float(scale), tokens, float(shape.n))
                            for shape, repeats, count, scale, tokens in gemms]
@@ -274,10 +279,8 @@ class CostModel:
             rows_per_run = np.divide(x[tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
             ran = repeats * runs
             times = self._gemm_times(x[None, :])[0]
-            op = {"qkv": "layer.qkv", "out_proj": "layer.out_proj", "mlp_up": "layer.mlp", "mlp_down": "layer.mlp",
-                  "lm_head": "lm_head"}
             for i, row in enumerate(self._gemm_rows):
-                at = self.op_names.index(op[row[0]])
+                at = self.op_names.index(GEMM_OPERATORS[row[0]])
                 memory_s[at] += ran[i] * (fixed_s[i] + rows_per_run[i] * per_token_s[i])
                 compute_s[at] += ran[i] * rows_per_run[i] * compute_per_token_s[i]
                 time_s[at] += times[i]

@@ -57,8 +57,13 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
     lf = np.zeros((len(LAYER_OPS), len(FEATURES)))
     lw, lk, la = (np.zeros_like(lf) for _ in BYTE_KINDS)
     qkv, ap, ad, out, mlp, elem = range(len(LAYER_OPS))
-    lf[qkv, F["tokens"]] = 2 * m.qkv_params / tp
-    lw[qkv, F["one"]] = m.qkv_params / tp * wb
+    qkv_params = m.qkv_params / tp
+    if m.is_mla and tp > 1:
+        # MLA's down-projections (the latent's, and the query's with q_lora_rank) are replicated on every rank.
+        down = m.hidden_size * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)
+        qkv_params += down * (1 - 1 / tp)
+    lf[qkv, F["tokens"]] = 2 * qkv_params
+    lw[qkv, F["one"]] = qkv_params * wb
     la[qkv, F["tokens"]] = (hidden + qkv_out) * ab
     lf[ap, F["prefill_pairs"]] = prefill_pair_flops
     lk[ap, F["prefill_kv_read"]] = kv_token_bytes

@@ -20,7 +20,6 @@ import shlex
 from typing import Callable
 
 from llmsim.config.reader import Node
-from llmsim.errors import ConfigError
 
 # vLLM's defaults where llmsim's differ (vllm/engine/arg_utils.py, the V1 engine: block_size 16 on CUDA,
 # automatic prefix caching on). Prefix caching only with continuous batching (vLLM has no other).
@@ -232,5 +231,5 @@ def _set(data: dict, path: str, value: object, written: str, eng: Node) -> None:
         raise eng.key_error("vllm_args", f"{written} sets {path}, but {section} is not a mapping", mapping)
     if key in mapping and mapping[key] != value:
         raise eng.key_error("vllm_args", f"{written} sets {path} to {value!r}, which the scenario sets to "
-                            f"{mapping[key]!r}", value, f"one of them")
+                            f"{mapping[key]!r}", value, "one of them")
     mapping[key] = value

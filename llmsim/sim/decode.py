@@ -51,6 +51,7 @@ class DecodeSet(ABC):
         self.engine = engine
         self.n = 0
         self._window = engine.cost.model.sliding_window
+        self._local_share = engine.cost.model.local_attention_share   # the layers the window bounds
         self._row = BatchRow(engine.cost.model)      # the iteration's cost features, one buffer
 
     @abstractmethod
@@ -94,6 +95,7 @@ class EventDecodeSet(DecodeSet):
         self._window_due: dict[int, list[tuple[Request, int]]] = {}
         self._growing = 0                           # decoding sequences whose context is below the window
         self._offset_sum = 0                        # sum of (context_start - decode_start) over those
+        self._all_offset_sum = 0                    # and over every decoding sequence (global layers)
         self._joined = 0                            # sequences whose first decode step is the next one
         self._step_end_s = np.zeros(1024)           # end time of every decode step
         self._step_gap_s = np.zeros(1024)           # and the time since the decode step before it
@@ -105,8 +107,13 @@ class EventDecodeSet(DecodeSet):
 
     def kv_read(self) -> int:
         """Context the next decode step reads, summed over the sequences: each reads its whole
-        context plus the new token, capped by the sliding window."""
-        return self._offset_sum + self._growing * (self.step + 1) + (self.n - self._growing) * (self._window or 0)
+        context plus the new token, capped by the sliding window on the layers that have one
+        (the mean over the layers, :func:`~llmsim.cost.features.visible`)."""
+        capped = self._offset_sum + self._growing * (self.step + 1) + (self.n - self._growing) * (self._window or 0)
+        if self._local_share == 1.0 or not self._window:
+            return capped
+        full = self._all_offset_sum + self.n * (self.step + 1)
+        return full - self._local_share * (full - capped)
 
     def prepare(self, now: float) -> int:
         if self.step in self._block_due:
@@ -174,6 +181,7 @@ class EventDecodeSet(DecodeSet):
         heapq.heappush(self._finishing, (request.finish_step, request.admit_order, request.epoch, request))
         # The step at which the context reaches the end of the last allocated block.
         self._due(self._block_due, step + request.blocks * self._block_size - context, request)
+        self._all_offset_sum += context - step
         window = self._window
         request.growing = not window or context + 1 < window   # else it already reads a full window
         if request.growing:
@@ -197,6 +205,7 @@ class EventDecodeSet(DecodeSet):
         done = step - start
         request.generated += done
         request.epoch += 1                           # its heap and due-step entries are now stale
+        self._all_offset_sum -= request.context_start - start
         if request.growing:
             request.growing = False
             self._growing -= 1

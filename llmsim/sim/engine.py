@@ -133,7 +133,7 @@ class Engine(EngineProcess):
         self.now = env.now                          # the engine's clock: may run ahead of env.now, see run()
         self.observers: list[Observer] = []
         self._admitted = 0
-        self._window = cost.model.sliding_window
+        self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
         self._tiered = kv.tiered
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
         self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
@@ -143,7 +143,7 @@ class Engine(EngineProcess):
         env.process(self.run())
 
     def run(self):
-        env, cfg = self.env, self.config
+        env = self.env
         expire = self.rejects_on_timeout()
         observers = self.observers
         while True:
@@ -202,11 +202,11 @@ class Engine(EngineProcess):
         decoding = decoding and decode.n > 0          # admission may have preempted decoders
         if not decoding and not chunks:
             return None
-        sums = prefill_sums(chunks, self._window)
+        sums = prefill_sums(chunks, self._window, self._local_share)
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
         if self._tiered:
-            duration = self.kv.charge(duration)
+            duration = self.kv.charge(now, duration)
         iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
                                    self.kv.used_blocks, len(self.running), len(self.queue), n_spec, proposed,
                                    accepted, draft_s, chunks, decoding))

@@ -14,16 +14,27 @@ blocks from it the same way) with three optional mechanisms, each off by default
   A request's cached tokens are not computed again: its prefill starts after them, and the
   cost model prices the rest with attention over the whole context.
 * **A host-memory tier**: an idle block that stays idle ``idle_timeout_s`` moves to host
-  memory (the GPU block is freed); host memory is an LRU of its own, dropping its oldest
-  block when full. A request whose leading blocks are in host memory reloads them over the
-  host link instead of computing them again: ``blocks x block bytes / link bandwidth``, added
-  to the iteration that admits it, or overlapped with its compute (``overlap``: the
-  iteration takes the longer of the two). Offloads are asynchronous copies and cost no
-  iteration time (they are counted).
+  memory (the GPU block is freed); host memory is an LRU of its own: to make room it evicts its
+  least recently used cached blocks (counted), and when even that cannot make room (the tier
+  is full of pinned swapped KV) the offload fails and the block is dropped (counted too). A
+  request whose leading blocks are in host memory reloads them over the host link instead of
+  computing them again.
 * **Swap preemption** (vLLM's ``preemption_mode: swap``): a preempted request's KV is copied
-  to host memory and copied back when it is admitted again, instead of being recomputed;
-  both copies are charged like reloads. Swapped KV is pinned in host memory (the LRU never
-  drops it); when host memory cannot hold it, the request is recomputed.
+  to host memory and copied back when it is admitted again, instead of being recomputed.
+  Swapped KV is pinned in host memory (the LRU never drops it); when host memory cannot hold
+  it, the request is recomputed (counted). Its full blocks also stay in the GPU prefix cache
+  (idle, evictable) like any released request's: at swap-in the leading ones still there are
+  shared, and only the rest is copied back.
+
+**Copies and time.** Each block copy takes ``block_transfer_s`` on its direction of the host
+link (full duplex: device-to-host and host-to-device run independently). Host-to-device copies
+(reloads, swap-ins) are started by the iteration that admits the request, which needs them.
+Device-to-host copies (offloads, swap-outs) queue on their direction: a swap-out starts when
+it is decided, an offload when its block becomes due, but not while an iteration runs unless
+copies overlap compute (synchronous copies run between iterations). With ``overlap`` false an
+iteration first waits for the device-to-host queue and its host-to-device copies, then
+computes (their sum); with ``overlap`` true it takes the longest of the three. An offload that
+becomes due and finishes while the engine is idle costs no iteration time.
 
 Accounting is exact per tier: ``allocated_total - freed_total`` is what the tier holds.
 On the GPU that is the blocks requests hold privately plus the cached blocks (referenced
@@ -107,7 +118,8 @@ class HostTier:
         self.swapped = 0
         self.allocated_total = 0
         self.freed_total = 0
-        self.dropped = 0
+        self.evicted = 0               # cached blocks dropped, least recently used first, to make room
+        self.failed = 0                # blocks that could not enter at all (the tier is full of swapped KV)
         self.occupancy_s, self.occupancy_blocks = array("d", [0.0]), array("q", [0])
 
     @property
@@ -126,15 +138,17 @@ class HostTier:
         while len(lru) + self.swapped + blocks > self.capacity_blocks:
             lru.popitem(last=False)
             self.freed_total += 1
-            self.dropped += 1
+            self.evicted += 1
         return True
 
     def add(self, key: int, now: float) -> bool:
-        """Cache ``key`` (already there: it becomes the most recent). False if there is no room."""
+        """Cache ``key``; True if it had to be copied in. Already there: it becomes the most recent (no
+        copy); no room even after evicting every cached block: counted in ``failed`` (dropped)."""
         if key in self.lru:
             self.lru.move_to_end(key)
             return False
         if not self.make_room(1):
+            self.failed += 1
             return False
         self.lru[key] = None
         self.allocated_total += 1
@@ -161,8 +175,8 @@ class TieredKV(KVCache):
     ``free_blocks`` counts what an allocation can take: empty blocks plus idle cached ones
     (``empty_blocks`` alone are empty). ``keys`` is None without prefix caching; ``host`` None
     without a host tier. ``block_transfer_s`` is the time to move one block over the host
-    link (each device moves its shard over its own link), ``block_bytes`` a block's bytes
-    over all the replica's devices.
+    link in one direction (each device moves its shard over its own link), ``block_bytes`` a
+    block's bytes over all the replica's devices.
     """
 
     tiered = True
@@ -179,12 +193,17 @@ class TieredKV(KVCache):
         self.cached: dict[int, int] = {}                      # key -> references, GPU-resident blocks
         self.idle: OrderedDict[int, float] = OrderedDict()   # unreferenced cached blocks -> released at
         self._hits, self._reload = 0, []                      # the last match: leading hits, keys to reload
-        self._pending_s = 0.0                                 # transfers the next iteration pays for
-        # Totals over the run (blocks, and seconds of transfer charged to iterations).
+        self._h2d_s = 0.0                                     # host-to-device copies the next iteration waits for
+        self._d2h_free_s = 0.0                                # when device-to-host copies queued so far end
+        self._busy_until_s = 0.0                              # when the last priced iteration ends
+        # Totals over the run: blocks; seconds of link time (both directions) and of iteration time
+        # the copies added (``stall_s``).
         self.lookups = self.hit_blocks = self.reloaded_blocks = 0
         self.offloaded_blocks = self.evicted_blocks = 0
         self.swapped_out_blocks = self.swapped_in_blocks = 0
-        self.transfer_s = 0.0
+        self.swap_resident_blocks = 0                         # swapped-out blocks still on the GPU at swap-in
+        self.swap_failed_preemptions = 0                      # swaps host memory could not hold: recomputed
+        self.transfer_s = self.offload_s = self.stall_s = 0.0
 
     # -- the block pool ---------------------------------------------------------------------------
     def allocate(self, blocks: int) -> None:
@@ -220,7 +239,8 @@ class TieredKV(KVCache):
         timeout, idle = self.idle_timeout_s, self.idle
         if timeout is None:
             return
-        host, cached = self.host, self.cached
+        host, cached, copy_s = self.host, self.cached, self.block_transfer_s
+        between_s = 0.0 if self.overlap else self._busy_until_s   # synchronous copies wait for the iteration
         while idle:
             key, released_s = next(iter(idle.items()))
             due_s = released_s + timeout
@@ -232,6 +252,10 @@ class TieredKV(KVCache):
             self.freed_total += 1
             if host.add(key, due_s):
                 self.offloaded_blocks += 1
+                start_s = max(due_s, self._d2h_free_s, between_s)
+                self._d2h_free_s = start_s + copy_s
+                self.offload_s += copy_s
+                self.transfer_s += copy_s
 
     # -- admission ----------------------------------------------------------------------------------
     def match(self, request, now: float) -> None:
@@ -239,7 +263,7 @@ class TieredKV(KVCache):
         tokens of its leading blocks cached on the GPU or in host memory, or of its swapped-out KV."""
         if request.swapped_tokens:
             request.prefilled = request.swapped_tokens
-            self._hits, self._reload = 0, []
+            self._hits, self._reload = self.resident_prefix(request, request.swapped_tokens), ()
             return
         self._hits, self._reload = self.cached_prefix(request, request.prefill_target)
         request.prefilled = self._hits * self.block_size
@@ -269,21 +293,20 @@ class TieredKV(KVCache):
             hits += 1
         return hits, reload
 
+    def resident_prefix(self, request, tokens: int) -> int:
+        """How many leading full blocks of the first ``tokens`` tokens of ``request`` are on the GPU."""
+        keys = self.keys_of(request)
+        usable = min(tokens // self.block_size, len(keys))
+        cached = self.cached
+        hits = 0
+        while hits < usable and keys[hits] in cached:
+            hits += 1
+        return hits
+
     def admit(self, request, chunk: int, now: float) -> bool:
         """Take the blocks the last :meth:`match` found plus room for ``chunk`` more tokens, or
         return False (nothing taken) if they do not fit."""
         size = self.block_size
-        if request.swapped_tokens:
-            wanted = -(-(request.prefilled + chunk) // size)
-            if wanted > self.free_blocks:
-                return False
-            self.allocate(wanted)
-            back = -(-request.swapped_tokens // size)
-            self.host.swap_in(back, now)
-            self.swapped_in_blocks += back
-            self._pending_s += back * self.block_transfer_s
-            request.blocks, request.cached_blocks, request.swapped_tokens = wanted, 0, 0
-            return True
         hits, reload = self._hits, self._reload
         shared = request.prefix_keys[:hits]
         cached = self.cached
@@ -307,7 +330,14 @@ class TieredKV(KVCache):
                 cached[key] = 1
                 lru.move_to_end(key)
             self.reloaded_blocks += len(reload)
-            self._pending_s += len(reload) * self.block_transfer_s
+            self._copy_in(len(reload))
+        if request.swapped_tokens:                            # its swapped KV, less what is still resident
+            back = -(-request.swapped_tokens // size)
+            self.host.swap_in(back, now)
+            self.swapped_in_blocks += back - hits
+            self.swap_resident_blocks += hits
+            self._copy_in(back - hits)
+            request.swapped_tokens = 0
         request.blocks = hits + wanted - len(reload)
         request.cached_blocks = hits
         if request.first_scheduled_s != request.first_scheduled_s:     # first admission: its hit counts
@@ -317,14 +347,25 @@ class TieredKV(KVCache):
             request.reloaded_tokens = len(reload) * size
         return True
 
-    def charge(self, duration_s: float) -> float:
-        """The iteration's duration with the transfers its scheduling started (reloads, swaps)."""
-        transfer_s = self._pending_s
-        if not transfer_s:
-            return duration_s
-        self._pending_s = 0.0
-        self.transfer_s += transfer_s
-        return max(duration_s, transfer_s) if self.overlap else duration_s + transfer_s
+    def _copy_in(self, blocks: int) -> None:
+        """``blocks`` host-to-device copies for the next iteration."""
+        copy_s = blocks * self.block_transfer_s
+        self._h2d_s += copy_s
+        self.transfer_s += copy_s
+
+    def charge(self, now: float, duration_s: float) -> float:
+        """The duration of the iteration starting ``now`` that computes for ``duration_s``, with the
+        copies it waits for: its host-to-device copies and the device-to-host queue (see the module
+        docstring)."""
+        in_s, out_s = self._h2d_s, self._d2h_free_s - now
+        if in_s or out_s > 0:
+            self._h2d_s = 0.0
+            out_s = max(out_s, 0.0)
+            charged_s = max(duration_s, in_s, out_s) if self.overlap else duration_s + in_s + out_s
+            self.stall_s += charged_s - duration_s
+            duration_s = charged_s
+        self._busy_until_s = now + duration_s
+        return duration_s
 
     # -- filling and leaving ------------------------------------------------------------------------
     def filled(self, request) -> None:
@@ -377,9 +418,12 @@ class TieredKV(KVCache):
             blocks = -(-kv_tokens // self.block_size)
             if self.host.swap_out(blocks, now):
                 self.swapped_out_blocks += blocks
-                self._pending_s += blocks * self.block_transfer_s
+                copy_s = blocks * self.block_transfer_s
+                self._d2h_free_s = max(now, self._d2h_free_s) + copy_s
+                self.transfer_s += copy_s
                 self.release(request, now, kv_tokens)
                 request.swapped_tokens = kv_tokens
                 return kv_tokens
+            self.swap_failed_preemptions += 1
         self.release(request, now, kv_tokens)
         return 0

@@ -448,7 +448,8 @@ def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
     first = kv_caches[0]
     totals = {name: sum(getattr(kv, name) for kv in kv_caches)
               for name in ("lookups", "hit_blocks", "reloaded_blocks", "offloaded_blocks", "evicted_blocks",
-                           "swapped_out_blocks", "swapped_in_blocks", "transfer_s")}
+                           "swapped_out_blocks", "swapped_in_blocks", "swap_resident_blocks",
+                           "swap_failed_preemptions", "transfer_s", "offload_s", "stall_s")}
     totals.update(block_size=first.block_size, block_bytes=first.block_bytes, gpu_blocks=first.num_blocks,
                   cached_blocks=sum(len(kv.cached) for kv in kv_caches))
     hosts = [kv.host for kv in kv_caches if kv.host is not None]
@@ -464,7 +465,8 @@ def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
             peaks.append(int(held.max()))
         totals.update(host_occupancy=pd.concat(series, ignore_index=True),     # blocks held after each change
                       host_blocks=hosts[0].capacity_blocks, host_mean_blocks=float(np.mean(means)),
-                      host_max_blocks=max(peaks), host_dropped_blocks=sum(h.dropped for h in hosts),
+                      host_max_blocks=max(peaks), host_evicted_blocks=sum(h.evicted for h in hosts),
+                      offload_failed_blocks=sum(h.failed for h in hosts),
                       host_allocated_blocks=sum(h.allocated_total for h in hosts),
                       host_freed_blocks=sum(h.freed_total for h in hosts), host_held_blocks=sum(h.held for h in hosts))
     return totals

@@ -34,7 +34,8 @@ from array import array
 
 import numpy as np
 
-from llmsim.cost.features import FEATURES, attention_pairs, batch_rows, sequential_decode_rows, speculative_step_sums
+from llmsim.cost.features import (FEATURES, attention_pairs, batch_rows, sequential_decode_rows, speculative_step_sums,
+                                  visible)
 from llmsim.sim.decode import DecodeSet
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks,
@@ -240,10 +241,12 @@ class SpeculativeDecodeSet(DecodeSet):
         s = self.slots
         # The verify chunks' tokens (each gives logits), pairs and KV read; the draft's rows.
         tokens, verify_pairs, verify_kv, n_spec, proposed, decode_kv, draft_steps = speculative_step_sums(
-            n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv, bool(chunks))
+            n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv, bool(chunks),
+            self._local_share)
         if self._branching > 1 and n_spec:
             extra_tokens, extra_pairs = tree_extras(n, s.k, s.context, self._window_tokens, self._branching,
-                                                    self._draft_rows, draft_steps if self._sequential else 0)
+                                                    self._draft_rows, draft_steps if self._sequential else 0,
+                                                    self._local_share)
             tokens, verify_pairs, verify_kv = tokens + extra_tokens, verify_pairs + extra_pairs, verify_kv + extra_tokens
         if not self._sequential:
             draft_steps = min(draft_steps, 1)        # the heads or the lookup run once, whatever k
@@ -289,7 +292,7 @@ class SpeculativeDecodeSet(DecodeSet):
         ``eligible`` sequences, each at most its ``limit``)."""
         s, window, n = self.slots, self._window, len(eligible)
         context = s.context[:n]
-        seen = np.minimum(context, window) if window else context
+        seen = visible(context, window, self._local_share)
         cs = seen[eligible][:, None]
         spec = drafted > 0
         t = (tree_tokens(drafted, self._branching) + 1) * spec

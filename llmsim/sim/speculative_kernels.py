@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numba
 
-from llmsim.cost.features import F
+from llmsim.cost.features import F, seen_by_layers
 
 # The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
 # kernel takes two arrays, not fifteen (each argument costs a type check per call).
@@ -137,7 +137,7 @@ def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, ga
 
 
 @numba.njit(cache=True)
-def tree_extras(n, k, context, window, branching, draft_rows, draft_steps):
+def tree_extras(n, k, context, window, branching, draft_rows, draft_steps, local_share=1.0):
     """What a tree of ``branching`` candidates per node adds to a chain of the same depth.
 
     Verify: sequence ``i`` drafting ``k[i]`` levels sends ``b^j`` nodes at depth ``j`` instead
@@ -149,11 +149,11 @@ def tree_extras(n, k, context, window, branching, draft_rows, draft_steps):
     row, the other ``b^j - 1`` are added to ``draft_rows[j]`` (in place) as extra tokens
     with logits, attending to the same keys.
     """
-    tokens = pairs = 0
+    tokens, pairs = 0, 0.0
     for i in range(n):
         if k[i] == 0:
             continue
-        seen = context[i] if window == 0 or context[i] < window else window
+        seen = seen_by_layers(context[i], window, local_share)
         width = 1
         for j in range(1, k[i] + 1):
             width *= branching
