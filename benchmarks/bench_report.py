@@ -21,9 +21,10 @@ from llmsim.report.render import to_html, to_markdown
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cpu_seconds() -> float:
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds of this process and of its finished worker processes (each pool is joined)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 def main() -> None:
@@ -34,17 +35,22 @@ def main() -> None:
     parser.add_argument("--requests", type=int)
     parser.add_argument("--workers", type=int)
     args = parser.parse_args()
-    started, cpu = time.perf_counter(), cpu_seconds()
+    load_before = os.getloadavg()[0]
+    started, (own_cpu, workers_cpu) = time.perf_counter(), cpu_seconds()
     builder = ReportBuilder(args.scenario, traffic_from_rate(args.target_rate), hardware=args.hardware,
                             requests=args.requests, workers=args.workers, command="benchmarks/bench_report.py")
     report = builder.build()
     out = Path(tempfile.mkdtemp(prefix="bench-report-"))
     (out / "report.html").write_text(to_html(report))
     (out / "report.md").write_text(to_markdown(report))
-    wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
-    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    wall = time.perf_counter() - started
+    own_after, workers_after = cpu_seconds()
+    own_cpu, workers_cpu = own_after - own_cpu, workers_after - workers_cpu
+    print(f"machine: {os.cpu_count()} cores, load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after "
+          "(1-minute averages: other processes' share of the cores)")
     print(f"report of {Path(args.scenario).name} at {args.target_rate:g}/s on {', '.join(args.hardware)}: "
-          f"{wall:.1f} s wall, {cpu:.1f} CPU s ({builder.requests} requests per run, seeds {builder.seeds})")
+          f"{wall:.1f} s wall, {own_cpu + workers_cpu:.1f} CPU s ({own_cpu:.1f} in this process, "
+          f"{workers_cpu:.1f} in worker processes; {builder.requests} requests per run, seeds {builder.seeds})")
     for stage, seconds in builder.stage_seconds.items():
         print(f"  {stage:12s} {seconds:6.1f} s")
     recommended = report.table("deployment").rows[0]

@@ -81,3 +81,72 @@ def test_run_writes_bench_json_and_parquet_and_diff_reads_them(tmp_path, capsys)
     assert "request_throughput" in text and "-50" in text
     (tmp_path / "bad.json").write_text("{not json")
     assert main(["diff", str(tmp_path / "bad.json"), str(out / "vllm_bench.json")]) == 2
+
+
+def test_detailed_itls_are_each_requests_own_gaps(tmp_path):
+    """Every token time recorded per request, checked against the records and the engine's own gap log:
+    a request of n tokens has n - 1 gaps, summing to its last token's time minus its first's (e2e - ttft),
+    the largest is its max_itl_s, and all of them pooled are the ITLs vLLM's statistics use (mean and
+    count equal to the per-step log's). Memory is tight, so preemptions and recomputes are among them."""
+    from llmsim.sim.simulate import simulate
+    from llmsim.sim.token_times import TokenTimes
+    from .helpers import make_scenario
+
+    scenario = make_scenario({"engine": {"memory_utilization": 0.25, "max_model_len": 8192},
+                              "workload": {"arrival": {"rate": 30.0}, "num_requests": 300}})
+    times = TokenTimes()
+    result = simulate(scenario, observers=[times])
+    records = result.requests
+    assert (records["status"] == "finished").all() and result.preemptions > 0
+    itls = times.itls(records["id"])
+    for gaps, row in zip(itls, records.itertuples()):
+        assert len(gaps) == row.generated_tokens - 1
+        assert sum(gaps) == pytest.approx(row.e2e_s - row.ttft_s, abs=1e-9)
+        assert max(gaps, default=0.0) == pytest.approx(row.max_itl_s, abs=1e-12)
+    bench = vllm_bench_result(result, itls)
+    pooled = np.concatenate([g for g in bench["itls"] if g])
+    step_gaps, weights = result.inter_token_gaps.in_window(-np.inf, np.inf)
+    assert len(pooled) == pytest.approx(weights.sum())
+    assert pooled.mean() * 1000 == pytest.approx(bench["mean_itl_ms"], rel=1e-9)
+    assert bench["errors"] == [""] * len(records) and "generated_texts" not in bench
+    assert "no text" in bench["llmsim_notes"][0]
+
+
+def test_bench_detailed_on_the_command_line(tmp_path, capsys):
+    scenario = tmp_path / "s.yaml"
+    data = {"name": "detailed", "seed": 1, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+            "workload": {"arrival": {"process": "poisson", "rate": 5.0}, "num_requests": 40,
+                         "prompt_tokens": {"distribution": "fixed", "value": 200},
+                         "output_tokens": {"distribution": "fixed", "value": 30}}}
+    scenario.write_text(json.dumps(data))
+    assert main(["run", str(scenario), "--out", str(tmp_path / "out"), "--bench-detailed"]) == 0
+    bench = json.loads((tmp_path / "out" / "vllm_bench.json").read_text())
+    assert [len(g) for g in bench["itls"]] == [29] * bench["completed"] and len(bench["ttfts"]) == bench["completed"]
+    # Static batching has no per-iteration engine for the recorder to follow: refused, exit 2.
+    data["engine"] = {"batching": "static"}
+    scenario.write_text(json.dumps(data))
+    assert main(["run", str(scenario), "--out", str(tmp_path / "static"), "--bench-detailed"]) == 2
+    assert "--bench-detailed" in capsys.readouterr().err and not (tmp_path / "static").exists()
+
+
+def test_speculative_itls_are_one_gap_per_step_that_emitted():
+    """With speculation a step emits its accepted tokens and one more together, one gap per step (as vLLM's
+    client records one per streamed chunk): per request, fewer gaps than tokens less one when drafts were
+    accepted, still summing to e2e - ttft and peaking at max_itl_s."""
+    from llmsim.sim.simulate import simulate
+    from llmsim.sim.token_times import TokenTimes
+    from .helpers import make_scenario
+
+    scenario = make_scenario({"workload": {"num_requests": 150},
+                              "speculation": {"draft": "ngram", "k": 3,
+                                              "acceptance": {"process": "bernoulli", "alpha": 0.7}}})
+    times = TokenTimes()
+    result = simulate(scenario, observers=[times])
+    records = result.requests
+    assert (records["status"] == "finished").all()
+    itls = times.itls(records["id"])
+    for gaps, row in zip(itls, records.itertuples()):
+        assert len(gaps) + row.accepted_tokens == row.generated_tokens - 1
+        assert sum(gaps) == pytest.approx(row.e2e_s - row.ttft_s, abs=1e-9)
+        assert max(gaps, default=0.0) == pytest.approx(row.max_itl_s, abs=1e-12)
+    assert records["accepted_tokens"].sum() > 0

@@ -59,3 +59,21 @@ def test_a_figure_without_a_source_is_rejected(tmp_path):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="bandwidth"):
         load_profile(path)
+
+
+def test_a_profile_edited_within_the_process_is_read_again_and_copies_are_independent(tmp_path):
+    """load_profile parses a file once per content: an edit (same size, same second) is seen at once,
+    and a caller that changes its profile does not change what the next caller gets."""
+    shipped = shipped_profile_dir() / "h100-sxm.yaml"
+    path = tmp_path / "chip.yaml"
+    document = yaml.safe_load(shipped.read_text())
+    document["tdp"]["value"] = 700
+    path.write_text(yaml.safe_dump(document))
+    assert load_profile(path).tdp_w == 700
+    document["tdp"]["value"] = 600                   # the same number of characters
+    path.write_text(yaml.safe_dump(document))
+    assert load_profile(path).tdp_w == 600
+    first = load_profile(shipped)
+    peak = first.peak_flops_per_s["bf16"]
+    first.peak_flops_per_s["bf16"] = 1.0
+    assert load_profile(shipped).peak_flops_per_s["bf16"] == peak

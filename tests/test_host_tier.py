@@ -7,17 +7,24 @@ hand from what the LRU must evict.
 """
 from __future__ import annotations
 
+import copy
+import math
+
 import numpy as np
 import pytest
+import simpy
 
 from llmsim import simulate
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.cli.render import format_summary
+from llmsim.scenario.control import AutoscalingConfig
+from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
+from llmsim.sim.invariants import InvariantError
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.request import Request
 from llmsim.workload.trace import Trace
 
-from .helpers import make_scenario
+from .helpers import BASE, make_scenario, simulate_checked
 from .test_prefix_cache import block_transfer_s
 
 # One direction of each profile's host link as a copy achieves it: the datasheet's link x its efficiency.
@@ -171,12 +178,13 @@ def test_offloads_refused_by_a_host_tier_full_of_swapped_kv_are_counted_and_repo
     assert kv.host.allocated_total - kv.host.freed_total == kv.host.swapped == 4
 
 
+FULL_HOST_TIER = {"engine": {"prefix_caching": True, "preemption_mode": "swap", "memory_utilization": 0.25,
+                              "max_model_len": 8192, "cpu_offload": {"idle_timeout": "50 ms", "capacity": "0.1 GB"}},
+                   "workload": {"arrival": {"rate": 30.0}, "num_requests": 300}}
+
+
 def test_the_summary_says_when_host_memory_refused_kv():
-    scenario = make_scenario({"engine": {"prefix_caching": True, "preemption_mode": "swap",
-                                         "memory_utilization": 0.25, "max_model_len": 8192,
-                                         "cpu_offload": {"idle_timeout": "50 ms", "capacity": "0.1 GB"}},
-                              "workload": {"arrival": {"rate": 30.0}, "num_requests": 300}})
-    result = simulate(scenario)
+    result = simulate_checked(make_scenario(FULL_HOST_TIER))      # both tiers' accounting, every iteration
     kv = result.summary()["kv_cache"]
     # Five blocks of host memory: long sequences' swaps cannot fit, and offloads meet pinned swapped KV.
     assert kv["offload_failed_blocks"] > 0 and kv["swap_failed_preemptions"] > 0
@@ -185,3 +193,114 @@ def test_the_summary_says_when_host_memory_refused_kv():
     assert "WARNING: host memory full of swapped KV" in text
     assert (f"{kv['offload_failed_blocks']:,} offloaded blocks dropped, {kv['swap_failed_preemptions']:,} swap "
             "preemptions recomputed instead") in text
+
+
+def test_the_invariant_checker_watches_the_host_tier():
+    broken = []
+
+    def leak_one_host_block(engine, iteration):       # a bug: a host block counted in and never held
+        if not broken and engine.kv.host.lru:
+            engine.kv.host.allocated_total += 1
+            broken.append(iteration.start_s)
+
+    with pytest.raises(InvariantError, match="host tier"):
+        simulate_checked(make_scenario(FULL_HOST_TIER), observers=[leak_one_host_block])
+    assert broken
+
+
+# -- prefix-aware routing with a changing replica set ----------------------------------------------
+
+def autoscaled_sessions(router: str):
+    """Conversations at 5/s for 25 s, then 0.3/s: the pool of 1-3 replicas grows, then drains one."""
+    base = copy.deepcopy(BASE)
+    base["workload"].pop("num_requests")
+    base["workload"].update(
+        duration="60 s", arrival={"process": "steps", "rates": [{"at": 0, "rate": "5/s"}, {"at": "25 s", "rate": "0.3/s"}]},
+        prompt_tokens={"distribution": "lognormal", "mean": 300, "sigma": 0.6, "max": 2000},
+        output_tokens={"distribution": "lognormal", "mean": 100, "sigma": 0.6, "max": 800},
+        sessions={"turns": {"distribution": "uniform", "low": 2, "high": 8}, "think_time": "5 s"})
+    base["deployment"] = {"replicas": 1, "router": router}
+    base["engine"] = {"prefix_caching": True}
+    base["autoscaling"] = {"max_replicas": 3, "cold_start": "5 s", "target_outstanding": 8, "interval": "5 s",
+                           "sustain": 2}
+    return make_scenario(base=base)
+
+
+def routable_at(log, cold_start_s: float, replicas: int, initial: int):
+    """Per replica, the intervals it took new requests in, from the scaling log alone: from a start
+    plus the cold start until a drain."""
+    opened = {i: 0.0 for i in range(initial)}
+    intervals = {i: [] for i in range(replicas)}
+    for time_s, action in zip(log["time_s"], log["action"]):
+        for step in filter(None, action.split("; ")):
+            verb, index = step.split()
+            index = int(index)
+            if verb == "start":
+                opened[index] = time_s + cold_start_s
+            elif verb == "drain":
+                intervals[index].append((opened.pop(index), time_s))
+    for index, since in opened.items():
+        intervals[index].append((since, np.inf))
+    return intervals
+
+
+@pytest.mark.slow
+def test_prefix_aware_routing_follows_an_autoscaled_replica_set():
+    results = {router: simulate(autoscaled_sessions(router)) for router in ("least_outstanding", "prefix_aware")}
+    aware = results["prefix_aware"]
+    actions = " ".join(aware.scaling["action"])
+    assert "start" in actions and "drain" in actions and "off" in actions
+    # Sessions follow their blocks among the serving replicas (least-outstanding scatters them): a
+    # turn goes where the session's previous turn went, beyond sampling error, and finds more cached.
+    stays = {}
+    for router, result in results.items():
+        records = result.requests.sort_values("arrival_s")
+        previous = records.groupby("session_id")["replica"].shift()
+        later = previous.notna()
+        stays[router] = (records["replica"][later] == previous[later]).mean(), int(later.sum())
+    (aware_share, n), (least_share, m) = stays["prefix_aware"], stays["least_outstanding"]
+    error = math.sqrt(aware_share * (1 - aware_share) / n + least_share * (1 - least_share) / m)
+    assert aware_share - least_share > 4 * error
+    hits = {router: r.summary()["kv_cache"]["hit_rate_tokens"] for router, r in results.items()}
+    assert hits["prefix_aware"] > hits["least_outstanding"]
+    # Every request went to a replica taking requests when it arrived: none before its cold start
+    # ended, none after its drain (a drained replica's sessions moved to the others).
+    intervals = routable_at(aware.scaling, 5.0, 3, 1)
+    records = aware.requests
+    for replica, arrival_s in zip(records["replica"], records["arrival_s"]):
+        assert any(start <= arrival_s <= stop for start, stop in intervals[replica]), (replica, arrival_s)
+
+
+def test_a_replica_switched_off_forgets_its_kv_and_starts_again_empty():
+    # The autoscaler switches a drained replica off at the first check that finds it empty.
+    env, off = simpy.Environment(), []
+    pool = ReplicaPool(2, 2, switch_off=lambda i, now: off.append((i, now)))
+    outstanding = [20, 0]
+    config = AutoscalingConfig(min_replicas=1, max_replicas=2, target_outstanding=100, interval_s=1.0, sustain=1,
+                               cold_start_s=5.0)
+    env.process(autoscaler(env, pool, outstanding, config, ScalingLog()))
+    env.run(until=2.5)
+    assert pool.routable == [0] and off == [(1, 2.0)]
+    # What it forgets: cached GPU blocks (idle once no request holds them) and its host tier.
+    size = 16
+    keys = PrefixKeys(size, np.array([64, 64, 64]), np.array([1, 1, 1]), session_id=np.array([0, 0, 1]))
+    kv = TieredKV(20, size, keys, HostTier(10), idle_timeout_s=1.0)
+    first = Request(0, 0.0, 64, 1)
+    kv.match(first, 0.0)
+    assert kv.admit(first, 64, 0.0)
+    first.prefilled = 64
+    kv.filled(first)
+    kv.release(first, 0.0, 64)
+    kv.advance(5.0)                                      # its 4 blocks offloaded
+    later = Request(1, 6.0, 64, 1)
+    assert kv.cached_prefix(later, 64)[0] == 3           # (the last token is always computed)
+    with pytest.raises(RuntimeError):                    # never while a request holds blocks
+        busy = Request(2, 6.0, 64, 1)
+        kv.match(busy, 6.0)
+        kv.admit(busy, 64, 6.0)
+        kv.clear(6.0)
+    kv.release(busy, 6.0, 0)
+    kv.clear(7.0)
+    assert kv.cached_prefix(later, 64)[0] == 0 and not kv.cached and not kv.host.lru
+    assert kv.allocated_total == kv.freed_total and kv.free_blocks == kv.empty_blocks == kv.num_blocks
+    assert kv.host.allocated_total == kv.host.freed_total

@@ -94,3 +94,17 @@ def test_dense_models_keep_their_four_gemms():
     qwen_like = replace(model_catalog()["Qwen3-30B-A3B"], shared_expert_intermediate_size=4096)
     names = [s.name for s in layer_gemm_shapes(qwen_like, 1)]
     assert "shared_up" in names and "dense_up" not in names
+
+
+def test_mla_without_a_query_latent_projects_the_query_whole():
+    """DeepSeek-V2-Lite's shape (q_lora_rank 0): a full query projection split by heads, the KV latent's
+    down-projection replicated; its weights are the model's own attention parameters, per rank."""
+    lite = replace(V3, q_lora_rank=0)
+    shapes = {s.name: s for s in layer_gemm_shapes(lite, 2)}
+    assert set(shapes) >= {"q", "kv_a", "kv_b", "out_proj"} and "q_a" not in shapes
+    assert shapes["q"].n == HEADS / 2 * (NOPE + ROPE) and shapes["kv_a"].n == KV_LORA + ROPE
+    attention = sum(shapes[n].n * shapes[n].k for n in ("q", "kv_a", "kv_b", "out_proj"))
+    replicated = H * (KV_LORA + ROPE)
+    # qkv_params counts the latent's norm (kv_lora_rank weights) too, not a GEMM.
+    assert attention == pytest.approx((lite.qkv_params - KV_LORA - replicated + lite.out_proj_params) / 2
+                                      + replicated, rel=1e-12)

@@ -18,7 +18,7 @@ from llmsim.errors import ConfigError
 from llmsim.search import executors, journal
 from llmsim.sim import resources
 
-from .helpers import BASE, merge, make_scenario, simulate_checked
+from .helpers import BASE, REPO, merge, make_scenario, simulate_checked
 
 SMALL = {"workload": {"num_requests": 30, "arrival": {"rate": 20.0}}}
 
@@ -208,13 +208,14 @@ def test_trace_values_are_finite_and_within_range(tmp_path, capsys, rows, fragme
     refused(capsys, run(tmp_path, write(tmp_path, data)), str(trace), fragment)
 
 
-def test_the_report_trace_reader_checks_the_same(tmp_path):
-    from llmsim.config.reader import Node
-    from llmsim.workload.trace import read_trace_csv
-
+def test_the_report_trace_reader_checks_the_same(tmp_path, capsys):
+    """``llmsim report --trace`` reads traces as the scenarios do (every format, the same checks)."""
     path = write(tmp_path, "arrival_s,prompt_tokens,output_tokens\n0,1e30,5\n", "trace.csv")
-    with pytest.raises(ConfigError, match="column prompt_tokens, data row 1"):
-        read_trace_csv(path, Node({"path": str(path)}), "path")
+    assert main(["report", str(REPO / "scenarios" / "llama3-8b-h100-chat.yaml"), "--trace", str(path),
+                 "--out", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "trace.csv" in error and "line 2, column prompt_tokens" in error and "1e30" in error
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("name, content, fragment", [

@@ -14,7 +14,7 @@ import pytest
 from llmsim import model_catalog
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.cli.main import main
-from llmsim.cost.features import F, batch_features
+from llmsim.cost.features import F, batch_features, chunk_pairs, prefill_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.cost.work import LAYER_OPS, work_coefficients
 from .helpers import REPO, make_scenario, roofline_only, simulate_checked
@@ -49,12 +49,30 @@ def test_prefill_attention_flops_and_kv_reads_by_layer_kind():
     x = batch_features([new], [cached], [], 1, model)
     n_local = n_global = 16
     pairs_global = new * cached + new * (new + 1) / 2
-    pairs_local = new * WINDOW + new * (new + 1) / 2     # the chunk sees the last W cached tokens
+    pairs_local = new * WINDOW                           # every query of the chunk sees the last W tokens
     flops = model.num_layers * work_coefficients(model).layer_flops[PREFILL] @ x
     assert flops == pytest.approx(4 * model.q_dim * (n_global * pairs_global + n_local * pairs_local), rel=1e-12)
     reads = (n_global * (cached + new) + n_local * (WINDOW + new) + model.num_layers * new) \
         * model.kv_bytes_per_token_per_layer
     assert kv_bytes(model, x)[PREFILL] == pytest.approx(reads, rel=1e-12)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5], ids=["every-layer", "half-the-layers"])
+def test_chunk_pairs_count_every_query_key_pair_inside_the_window(share):
+    """A chunk of ``new`` positions after ``cached``: query i (from 1) sees min(cached + i, W) keys on a local
+    layer (the window bounds the chunk's own positions too), cached + i on a global one; counted one by one.
+    The simulator's scalar sums, the vectorised rows and the fluid model's function agree with the count."""
+    model = MISTRAL if share == 1.0 else GEMMA2_LIKE
+    for cached, new in [(0, 100), (0, 9000), (3000, 2000), (4095, 1), (4096, 7), (10_000, 512), (100, 3996)]:
+        local = sum(min(cached + i, WINDOW) for i in range(1, new + 1))
+        full = sum(cached + i for i in range(1, new + 1))
+        brute = share * local + (1 - share) * full
+        assert chunk_pairs(new, cached, WINDOW, share) == pytest.approx(brute, rel=1e-15)
+
+        class Chunk:
+            prefilled, prefill_target = cached, cached + new
+        assert prefill_sums([(Chunk(), new)], WINDOW, share)[1] == pytest.approx(brute, rel=1e-15)
+        assert batch_features([new], [cached], [], 1, model)[F["prefill_pairs"]] == pytest.approx(brute, rel=1e-15)
 
 
 def test_no_window_and_every_layer_windowed_are_the_old_formulas():
@@ -87,7 +105,7 @@ def test_both_cost_paths_price_local_layers_below_global_ones(profile):
     assert len({c.decode_time(64, 2000) for c in costs}) == 1
     # The kernel path's prefill attention is its FLOPs at the backend's rate: in the mixed model's FLOPs.
     table = costs[1].breakdown(costs[1].features([2048], [30_000], [])).set_index("operator")
-    pairs = 2048 * 30_000 * 16 + 2048 * WINDOW * 16 + 32 * 2048 * 2049 / 2
+    pairs = 16 * (2048 * 30_000 + 2048 * 2049 / 2) + 16 * 2048 * WINDOW
     assert table.loc["layer.attention_prefill", "flops"] == pytest.approx(4 * MISTRAL.q_dim * pairs, rel=1e-12)
 
 

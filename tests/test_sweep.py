@@ -109,6 +109,27 @@ def test_resume_skips_finished_points_and_drops_a_torn_line(tmp_path, monkeypatc
     assert len(calls) == 5 and len(pd.read_csv(results)) == 4
 
 
+def test_reused_runs_are_simulated_once_and_give_the_simulated_rows(monkeypatch):
+    """Inside reusing_runs a point that resolves to a run already made there (here the scenario's own
+    max_batch_tokens written out, and a repeat) is not simulated again; its row equals a fresh
+    simulation's. A changed point, or the same one outside the block, is simulated."""
+    calls = []
+    real = sweeps.simulate_point
+    monkeypatch.setattr(sweeps, "simulate_point", lambda scenario: calls.append(1) or real(scenario))
+    own = small().engine.max_batch_tokens
+    with sweeps.reusing_runs():
+        first = run_points(small(), [{}], workers=1, progress=False)
+        again = run_points(small(), [{"engine.max_batch_tokens": own}, {}, {"engine.max_batch_tokens": 2 * own}],
+                           workers=1, progress=False)
+    assert len(calls) == 2                                   # the first point, then only the changed one
+    outside = run_points(small(), [{}], workers=1, progress=False)
+    assert len(calls) == 3
+    expected = direct({})
+    for rows in (first.iloc[0], again.iloc[0], again.iloc[1], outside.iloc[0]):
+        assert all(same(rows[k], expected[k]) for k in METRICS)
+    assert again.iloc[2]["requests.arrived"] == expected["requests.arrived"]
+
+
 def test_resume_simulates_again_when_a_named_file_changed(tmp_path, monkeypatch):
     """The journal key covers what the scenario's files resolved to: after the hardware profile
     it names is recalibrated (same file, new efficiency), the point is simulated again, not read

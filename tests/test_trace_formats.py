@@ -115,6 +115,61 @@ def test_sharegpt_dataset_by_characters_and_by_tokenizer(tmp_path):
     assert set(t.prompt_tokens) == {3} and set(t.output_tokens) == {1}
 
 
+def dataset_lengths(path, chars_per_token=4):
+    """(prompt, output) token pairs a dataset gives, by characters per token."""
+    from llmsim.workload.trace_formats import read_trace
+    trace = read_trace(path, Node({"path": str(path), "chars_per_token": chars_per_token}, file="<test>"), "path",
+                       tokenizer=None, chars_per_token=chars_per_token)
+    return list(zip(trace.prompt_tokens.tolist(), trace.output_tokens.tolist()))
+
+
+def test_openai_messages_and_prompt_completion_datasets(tmp_path):
+    """The other entry shapes of vLLM's benchmark datasets, as a JSON list or JSON lines: lengths exact."""
+    messages = [{"messages": [{"role": "system", "content": "s" * 40}, {"role": "user", "content": "u" * 41},
+                              {"role": "assistant", "content": "a" * 8}, {"role": "user", "content": "later"}]},
+                {"messages": [{"role": "user", "content": "no reply"}]},                        # skipped
+                {"messages": [{"role": "assistant", "content": "x"}, {"role": "user", "content": "y" * 12},
+                              {"role": "assistant", "content": "z" * 400}]}]
+    as_list = tmp_path / "chat.json"
+    as_list.write_text(json.dumps(messages))
+    # The first user message and the reply after it; the system prompt and later turns not counted.
+    assert dataset_lengths(as_list) == [(11, 2), (3, 100)]
+    as_lines = tmp_path / "chat.jsonl"
+    as_lines.write_text("\n".join(json.dumps(m) for m in messages) + "\n")
+    assert dataset_lengths(as_lines) == [(11, 2), (3, 100)]
+    custom = tmp_path / "custom.jsonl"
+    custom.write_text('{"prompt": "%s", "completion": "%s"}\n\n{"prompt": "%s", "output_tokens": 77}\n'
+                      % ("p" * 9, "c" * 16, "q" * 4))
+    assert dataset_lengths(custom) == [(3, 4), (1, 77)]
+    conversations = tmp_path / "sharegpt.jsonl"             # ShareGPT entries as JSON lines too
+    conversations.write_text(json.dumps({"conversations": [{"from": "human", "value": "h" * 8},
+                                                           {"from": "gpt", "value": "g" * 20}]}) + "\n")
+    assert dataset_lengths(conversations) == [(2, 5)]
+    # As a scenario's dataset: the lengths of the arrivals come from it.
+    workload = {"arrival": {"process": "poisson", "rate": 2.0}, "num_requests": 50,
+                "dataset": {"path": str(custom), "chars_per_token": 4}}
+    t = generate_trace(workload_from_node(Node(workload), max_tokens=100000), 5)
+    assert set(zip(t.prompt_tokens.tolist(), t.output_tokens.tolist())) == {(3, 4), (1, 77)}
+
+
+@pytest.mark.parametrize("text, where, fragment", [
+    ('{"prompt": "hi"}\n', "line 1, completion", "output_tokens: an integer"),
+    ('{"prompt": "hi", "output_tokens": 0}\n', "line 1, output_tokens", "0"),
+    ('{"prompt": "hi", "output_tokens": 5}\n{"prompt": 7, "completion": "x"}\n', "line 2, prompt", "7"),
+    ('{"prompt": "hi", "output_tokens": 5}\n{"prompt": "x", \n', "line 2", "not valid JSON"),
+    ('[{"messages": [{"role": "user", "content": 5}, {"role": "assistant", "content": "x"}]}]',
+     "entry 0, messages[0].content", "5"),
+    ('[{"text": "neither shape"}]', "entry 0", "conversations"),
+])
+def test_bad_dataset_entries_are_config_errors_naming_where(tmp_path, text, where, fragment):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        dataset_lengths(path)
+    message = str(error.value)
+    assert "bad.jsonl" in message and where in message and fragment in message
+
+
 def test_sharegpt_needs_a_token_count_and_has_no_times(tmp_path):
     path = tmp_path / "d.json"
     path.write_text(json.dumps([{"conversations": [{"value": "a"}, {"value": "b"}]}]))

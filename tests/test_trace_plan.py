@@ -5,11 +5,20 @@ import numpy as np
 import pytest
 
 from llmsim import generate_trace
+from llmsim.cli.recommend import format_recommendation
+from llmsim.search.recommend import recommend, replays_one_trace
 from llmsim.search.plan import RATE_KEY, plan
 from llmsim.scenario.overrides import variant
 from llmsim.search.window import measurement_window
 from llmsim.workload.trace_transforms import mean_rate_per_s
 from tests.helpers import make_scenario
+
+
+def _base(path) -> dict:
+    return {"name": "trace-plan", "seed": 0, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
+            "engine": {"max_model_len": 16384},
+            "workload": {"arrival": {"process": "trace", "path": str(path), "filter": {"model": "ChatGPT"}}},
+            "slo": {"ttft": "1 s", "tpot": "50 ms"}}
 
 
 def trace_scenario(tmp_path, n: int = 300):
@@ -19,11 +28,7 @@ def trace_scenario(tmp_path, n: int = 300):
     path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n" + "".join(
         f"{t:.3f},{'ChatGPT' if i % 4 else 'GPT-4'},{200 + i % 300},{20 + i % 50},0,API log\n"
         for i, t in enumerate(times)))
-    base = {"name": "trace-plan", "seed": 0, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
-            "engine": {"max_model_len": 16384},
-            "workload": {"arrival": {"process": "trace", "path": str(path), "filter": {"model": "ChatGPT"}}},
-            "slo": {"ttft": "1 s", "tpot": "50 ms"}}
-    return make_scenario(base=base)
+    return make_scenario(base=_base(path))
 
 
 def test_the_rate_knob_rescales_the_whole_trace(tmp_path):
@@ -46,3 +51,30 @@ def test_plan_on_a_trace_says_what_it_replays(tmp_path):
     assert table["replicas"].iloc[0] >= 1
     assert "model in ChatGPT" in table["replayed"].iloc[0] and "rescaled to 6/s" in table["replayed"].iloc[0]
     assert table["requests_per_simulation"].iloc[0] == 225
+
+
+def test_an_unsampled_trace_leaves_nothing_to_the_seed(tmp_path):
+    """The premise of one replication: replayed as it is, every seed gives the same requests; with
+    ``sample:`` or speculation the seed matters again, and recommend keeps its seeds."""
+    scenario = trace_scenario(tmp_path)
+    first, second = generate_trace(scenario.workload, 0), generate_trace(scenario.workload, 1)
+    assert np.array_equal(first.arrival_s, second.arrival_s) and np.array_equal(first.prompt_tokens,
+                                                                                second.prompt_tokens)
+    assert replays_one_trace(scenario)
+    sampled = make_scenario({"workload": {"arrival": {"sample": 0.5}}}, base=_base(tmp_path / "BurstGPT.csv"))
+    assert not np.array_equal(generate_trace(sampled.workload, 0).arrival_s,
+                              generate_trace(sampled.workload, 1).arrival_s)
+    assert not replays_one_trace(sampled)
+    assert not replays_one_trace(make_scenario())                      # synthetic arrivals
+
+
+@pytest.mark.slow
+def test_recommend_on_an_unsampled_trace_runs_one_replication_and_gives_no_interval(tmp_path):
+    """Two seeds on the same replayed requests would agree exactly and report a zero-width interval;
+    recommend runs one and says that no interval is available."""
+    scenario = trace_scenario(tmp_path, n=80)
+    rec = recommend(scenario, seeds=2, top=1, workers=1, tolerance=0.3)     # coarse: the interval is the point
+    assert all(len(rates) == 1 for rates in rec.table["per_seed_rates"])
+    assert rec.table["max_rate_per_s.ci95"].isna().all() and np.isnan(rec.improvement_ci95)
+    text = format_recommendation(rec, scenario)
+    assert "no confidence interval is available" in text and "+- nan" not in text

@@ -16,6 +16,11 @@ team can set its own benchmark beside the simulator's prediction (:func:`diff_me
   linear interpolation.
 
 Latencies are in milliseconds (``mean_ttft_ms``, ``median_tpot_ms``, ``p99_itl_ms``, ...).
+``input_lens``, ``output_lens`` and ``ttfts`` (seconds) list the finished requests in arrival
+order. Given every request's inter-token gaps (``llmsim run --bench-detailed``, recorded by
+:class:`llmsim.sim.token_times.TokenTimes`), the file also has vLLM's ``--save-detailed`` lists
+``itls`` (seconds, one list per request) and ``errors`` (empty: every listed request finished);
+``generated_texts`` is left out, since a simulation generates no text, and ``llmsim_notes`` says so.
 """
 from __future__ import annotations
 
@@ -53,8 +58,9 @@ def _statistics(values: np.ndarray, weights: np.ndarray | None = None) -> dict[s
             **{f"p{p}": float(q) for p, q in zip(BENCH_PERCENTILES, quantiles[1:])}}
 
 
-def vllm_bench_result(result) -> dict:
-    """The ``vllm bench serve`` result JSON of a simulation result (see the module docstring)."""
+def vllm_bench_result(result, itls: list[list[float]] | None = None) -> dict:
+    """The ``vllm bench serve`` result JSON of a simulation result (see the module docstring);
+    ``itls``: every request's inter-token gaps in seconds, in the order of ``result.requests``."""
     scenario, records = result.scenario, result.requests
     done = records[records["status"] == "finished"]
     duration_s = float(done["finish_s"].max() - records["arrival_s"].min()) if len(done) else math.nan
@@ -82,6 +88,11 @@ def vllm_bench_result(result) -> dict:
             bench[f"{stat}_{metric}_ms"] = value
     bench.update(input_lens=done["prompt_tokens"].astype(int).tolist(), output_lens=output.astype(int).tolist(),
                  ttfts=ttft.tolist())
+    if itls is not None:
+        finished = (records["status"] == "finished").to_numpy()
+        bench["itls"] = [gaps for gaps, keep in zip(itls, finished) if keep]
+        bench["errors"] = [""] * len(done)
+        bench["llmsim_notes"] = ["generated_texts is left out: a simulation generates no text"]
     return bench
 
 

@@ -54,7 +54,8 @@ from scipy import special
 
 from llmsim.cost.roofline import CostModel
 from llmsim.errors import ConfigError
-from llmsim.cost.features import attention_pairs, batch_rows, set_iterations, tokens_of, windowed_context_sum
+from llmsim.cost.features import (attention_pairs, batch_rows, chunk_pairs, set_iterations, tokens_of,
+                                  windowed_context_sum)
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.speculation.policies import POLICIES, AdaptiveK, StaticK
@@ -117,7 +118,8 @@ class FluidModel:
         self.mean_prompt, self.mean_output = float(prompt.mean()), float(output.mean())
         self.prompt_second_moment = float((prompt ** 2).mean())
         self.mean_decode = self.mean_output - 1.0
-        pairs = attention_pairs(prompt, 0.0)
+        model = scenario.model
+        pairs = chunk_pairs(prompt, 0.0, model.sliding_window, model.local_attention_share)
         self.pairs_per_token = float(pairs.mean() / prompt.mean())
         # Prompt lengths (and their attention pairs) at midpoint quantiles: a coarse grid for the
         # step-time solve, a fine one for TTFT.
@@ -126,7 +128,6 @@ class FluidModel:
         decode = output - 1.0
         self._decode_tokens = decode
         self.decode_cv2 = float(decode.var() / max(decode.mean(), 1e-12) ** 2)   # slot time is ~ decode length
-        model = scenario.model
         # Sum over a request's decode steps of the context each reads: sum_{c=P+1}^{P+O-1} min(c, W)
         # on the layers that slide, c on the others.
         self._decode_kv = windowed_context_sum(prompt + 1, prompt + decode, model.sliding_window,

@@ -8,14 +8,16 @@ from a primary source) or ``assumption`` (a default a user should replace).
 """
 from __future__ import annotations
 
+import copy
 import difflib
+import hashlib
 import os
 from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmsim.catalog.kernel_terms import KernelTerms, kernel_terms_from_node
-from llmsim.config.reader import Node, load_yaml
+from llmsim.config.reader import Node, parse_yaml, read_text
 from llmsim.errors import ConfigError
 
 CONFIDENCE = ("datasheet", "measured", "unverified", "assumption")
@@ -231,7 +233,29 @@ def _calibration(node: Node) -> dict:
 
 
 def load_profile(path: str | Path) -> HardwareProfile:
-    return profile_from_node(Node(load_yaml(path), file=str(path)), path=str(path))
+    """The profile in a YAML file (a copy of its own: a caller changing it changes no other's)."""
+    return copy.deepcopy(_parsed_profile(path))
+
+
+def _parsed_profile(path: str | Path) -> HardwareProfile:
+    """The profile in a YAML file, parsed once per content of the file and shared: not to be changed.
+
+    A search builds hundreds of scenario variants, and parsing a profile (0.05-0.2 s) was most of the
+    time each took. The cache is keyed by the path as given and the file's text, so an edited file is
+    parsed again."""
+    text = read_text(path)               # the front door: size and encoding checked, errors name the file
+    key = (str(path), hashlib.sha256(text.encode()).digest())
+    profile = _PARSED.get(key)
+    if profile is None:
+        profile = profile_from_node(Node(parse_yaml(text, str(path)), file=str(path)), path=str(path))
+        if len(_PARSED) >= PARSED_PROFILES_KEPT:
+            del _PARSED[next(iter(_PARSED))]           # the oldest
+        _PARSED[key] = profile
+    return profile
+
+
+PARSED_PROFILES_KEPT = 256
+_PARSED: dict[tuple, HardwareProfile] = {}     # see _parsed_profile
 
 
 def profile_dirs() -> list[Path]:
@@ -247,10 +271,14 @@ def shipped_profile_dir() -> Path:
 
 def hardware_catalog() -> dict[str, HardwareProfile]:
     """Every profile on the search path, by name (the first found wins)."""
+    return {name: copy.deepcopy(profile) for name, profile in _shared_catalog().items()}
+
+
+def _shared_catalog() -> dict[str, HardwareProfile]:
     catalog: dict[str, HardwareProfile] = {}
     for directory in profile_dirs():
         for path in sorted(directory.glob("*.yaml")):
-            profile = load_profile(path)
+            profile = _parsed_profile(path)
             catalog.setdefault(profile.name, profile)
     return catalog
 
@@ -268,10 +296,10 @@ def lookup_hardware(name: str, node: Node | None = None, key: str = "hardware") 
         for path in sorted(directory.glob("*.yaml")):
             if path.stem.lower() == name.lower():
                 return load_profile(path)
-    catalog = hardware_catalog()
+    catalog = _shared_catalog()
     for profile_name, profile in catalog.items():
         if profile_name.lower() == name.lower():
-            return profile
+            return copy.deepcopy(profile)
     raise _unknown(name, node, key, "unknown hardware profile", list(catalog))
 
 

@@ -1,6 +1,7 @@
 """``llmsim recommend``: draft length k, max batch tokens and queue timeout for goodput under the SLO."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
@@ -36,16 +37,20 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
     mine, default = at_rate.loc[best.label], at_rate.iloc[-1]
     default_row = rec.defaults.iloc[0]
     seeds = len(row["per_seed_rates"])
-    ms = (lambda v, ci: f"{v * 1000:.1f} ms +- {ci * 1000:.1f}")
+    ms = (lambda v, ci: f"{v * 1000:.1f} ms" + ("" if math.isnan(ci) else f" +- {ci * 1000:.1f}"))
+    pm = (lambda ci: "" if math.isnan(ci) else f" +- {ci:.2g}")
     targets = ", ".join(f"P{p:g} {m.upper()} <= {limit * 1000:g} ms" for m, (limit, p) in scenario.slo.targets().items())
-    lines = [f"recommended settings for {scenario.name} ({targets}; {rec.objective}; {seeds} seeds, 95% CIs across them):",
+    replications = (f"{seeds} seeds, 95% CIs across them" if seeds > 1 else
+                    "one replication: the trace is replayed as it is, so every seed would run the same requests "
+                    "and no confidence interval is available (sample: in its transforms draws different ones)")
+    lines = [f"recommended settings for {scenario.name} ({targets}; {rec.objective}; {replications}):",
              f"  speculation        {best.k}",
              f"  max_batch_tokens   {best.max_batch_tokens}",
              f"  queue_timeout      {'none' if best.queue_timeout_s is None else f'{best.queue_timeout_s * 1000:g} ms'}",
              *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
              *([f"  idle_timeout       {row['idle_timeout_s']:g} s (CPU offload)"]
                if scenario.engine.cpu_offload is not None else []),
-             f"  goodput            {row['max_rate_per_s']:.3g} +- {row['max_rate_per_s.ci95']:.2g} req/s at the SLO "
+             f"  goodput            {row['max_rate_per_s']:.3g}{pm(row['max_rate_per_s.ci95'])} req/s at the SLO "
              f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
              f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",
              f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(mine[TTFT_P95], mine[f'{TTFT_P95}.ci95'])}, "
@@ -53,14 +58,15 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"P99 TTFT {ms(mine[TTFT_P99], mine[f'{TTFT_P99}.ci95'])}, "
              f"attainment {100 * mine[SLO_ATTAINMENT]:.1f}%",
              f"rule-of-thumb defaults (best of timeouts 50/200/1000 ms): {default_row['config'].label}",
-             f"  goodput            {default_row['max_rate_per_s']:.3g} +- {default_row['max_rate_per_s.ci95']:.2g} req/s; "
+             f"  goodput            {default_row['max_rate_per_s']:.3g}{pm(default_row['max_rate_per_s.ci95'])} req/s; "
              f"${default_row['usd_per_million_output_tokens']:.3g} per million output tokens",
              f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
              f"P95 TPOT {ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
              f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
              f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired"
                                                  + ("; within the noise" if abs(rec.improvement) <= rec.improvement_ci95
-                                                    else "") + ")" if rec.objective == "goodput" else ""),
+                                                    else "") + ")" if rec.objective == "goodput"
+                                                 and not math.isnan(rec.improvement_ci95) else ""),
              f"searched {len(rec.analytic)} settings analytically, simulated {len(rec.table)}, in {rec.runtime_s:.0f} s"]
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from llmsim.report.build import (DEFAULT_PEAK_TO_MEAN, ReportBuilder, parse_grow
                                  traffic_from_trace)
 from llmsim.report.render import to_html, to_markdown
 from llmsim.search.plan import as_scenario, candidates
-from llmsim.workload.trace import read_trace_csv
+from llmsim.workload.trace_formats import read_trace
 
 FILES = ("report.html", "report.md")
 
@@ -51,7 +51,7 @@ def _cmd_report(args) -> int:
                           allowed="--trace FILE --growth 2x, or --target-rate for a rate")
     if args.trace is not None:
         path = Path(args.trace)
-        trace = read_trace_csv(path, Node({"path": str(path)}, file=None), "path")
+        trace = read_trace(path, Node({"path": str(path)}, file=None), "path")   # any format, detected
         traffic = traffic_from_trace(trace, parse_growth(args.growth or "1"), str(path))
     else:
         rate = parse_rate(args.target_rate) if args.target_rate is not None else scenario.workload.arrival.rate_per_s

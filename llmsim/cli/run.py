@@ -31,6 +31,7 @@ from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate, speedup_over_plain
+from llmsim.sim.token_times import TokenTimes
 from llmsim.workload.trace import generate_trace
 
 # What a run may write; the last three with --bench-json, --parquet and a controller.
@@ -54,6 +55,9 @@ def add_parsers(sub) -> None:
     run.add_argument("--bench-json", action="store_true",
                      help="also write vllm_bench.json: the run in the JSON of `vllm bench serve` (its field names), "
                           "to compare with a measured run by `llmsim diff`")
+    run.add_argument("--bench-detailed", action="store_true",
+                     help="write vllm_bench.json with vLLM's --save-detailed lists too: every finished request's "
+                          "inter-token gaps (itls) and errors (large; not with static batching)")
     run.add_argument("--parquet", action="store_true",
                      help="also write the per-request records as requests.parquet (needs pyarrow: "
                           "pip install 'llmsim[parquet]')")
@@ -79,25 +83,32 @@ def _cmd_run(args) -> int:
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
     check_run_size(scenario, force=args.force)
+    if args.bench_detailed and scenario.engine.batching == "static":
+        raise ConfigError("per-request inter-token gaps are recorded for continuous batching only",
+                          key="--bench-detailed", value=True,
+                          allowed="a scenario with continuous batching, or --bench-json")
+    token_times = TokenTimes() if args.bench_detailed else None
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
     try:
         try:
-            result = simulate(scenario, force=True)      # its size checked above
+            watching = {"observers": [token_times]} if token_times is not None else {}
+            result = simulate(scenario, force=True, **watching)      # its size checked above
         except Exception as fault:
             if getattr(fault, "partial_result", None) is not None:
-                _write_and_print(fault.partial_result, out, args)
+                _write_and_print(fault.partial_result, out, args, token_times)
             raise
         if result.interrupted:
             print(f"interrupted at {result.end_s:,.1f} s simulated: writing what was simulated "
                   "(Ctrl-C again aborts)", file=sys.stderr, flush=True)
-        return _write_and_print(result, out, args)
+        return _write_and_print(result, out, args, token_times)
     except KeyboardInterrupt:     # before the simulation loop, a second Ctrl-C, or one during the plot
         print("llmsim: interrupted", file=sys.stderr)
         return 130
 
 
-def _write_and_print(result, out: Path, args) -> int:
-    """Write the run's files (records and summary first), print its summary; the exit status."""
+def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = None) -> int:
+    """Write the run's files (records and summary first), print its summary; the exit status.
+    ``token_times``: the run's per-request token times, for ``--bench-detailed``."""
     scenario = result.scenario
     summary = result.summary()
     if scenario.vllm_notes:
@@ -110,12 +121,13 @@ def _write_and_print(result, out: Path, args) -> int:
     if result.control is not None:            # the adaptive controller's decisions
         written.append(write_file(out / "control.csv", lambda path: result.control.to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
-    if args.bench_json:
-        written.append(_write_summary(out / "vllm_bench.json", vllm_bench_result(result)))
+    if args.bench_json or args.bench_detailed:
+        itls = token_times.itls(result.requests["id"]) if token_times is not None else None
+        written.append(_write_summary(out / "vllm_bench.json", vllm_bench_result(result, itls)))
     if args.parquet:
         written.append(write_file(out / "requests.parquet", lambda path: result.requests.to_parquet(path, index=False)))
     # --overwrite: no earlier run's optional files are left beside this run's records.
-    optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json,
+    optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json or args.bench_detailed,
                 "requests.parquet": args.parquet, "timeline.png": False, "control.csv": result.control is not None}
     for stale in (name for name, wanted in optional.items() if not wanted):
         (out / stale).unlink(missing_ok=True)

@@ -17,7 +17,9 @@ functions work on arrays and give one row per batch.
 Attention: a chunk of ``new`` positions after ``seen`` visible cached tokens scores
 ``new * seen + new (new + 1) / 2`` query-key pairs (every query sees the cache and,
 causally, the chunk up to itself) and reads ``seen + new`` tokens of KV. A sliding
-window of ``W`` tokens caps what a query sees at ``W``; when only a share ``f`` of the
+window of ``W`` tokens caps what a query sees at ``W``, its chunk's own positions included
+(:func:`chunk_pairs`; a speculative verify chunk, ``k + 1`` positions, keeps its small
+triangle whole); when only a share ``f`` of the
 layers slide (Gemma-2: every other layer, Gemma-3: five in six), ``seen`` is the mean
 over the layers, ``c - f max(c - W, 0)``: the features are per average layer, so a
 context ``c > W`` costs ``(1 - f) c + f W`` per layer, ``n_global c + n_local W`` over
@@ -65,6 +67,17 @@ def attention_pairs(new, seen, chunks=1):
     return new * seen + new * (new + 1) / 2 * chunks
 
 
+def chunk_pairs(new, cached, window: int | None, local_share: float = 1.0):
+    """Query-key pairs of a chunk of ``new`` positions after ``cached`` cached tokens, averaged over
+    the layers: query ``i`` (from 1) sees ``cached + i`` keys on a global layer and at most ``window``
+    on a local one, ``sum_{c=cached+1}^{cached+new} min(c, window)`` (scalar or array)."""
+    full = attention_pairs(new, cached)
+    if not window:
+        return full
+    local = windowed_context_sum(cached + 1, cached + new, window)
+    return local if local_share == 1.0 else full - local_share * (full - local)
+
+
 class Prefilling(Protocol):
     """A sequence computing its prompt: ``prefilled`` positions are cached, ``prefill_target`` is the
     prompt's length (the simulator's :class:`~llmsim.sim.request.Request` is one)."""
@@ -86,9 +99,19 @@ def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None,
     completed = 0
     for sequence, new in chunks:
         cached = sequence.prefilled
-        seen = cached if not window or cached < window else cached - local_share * (cached - window)
         tokens += new
-        pairs += new * seen + new * (new + 1) / 2
+        if not window or cached + new <= window:            # every query sees its whole context
+            pairs += new * cached + new * (new + 1) / 2
+            kv_read += cached + new
+            completed += cached + new == sequence.prefill_target
+            continue
+        # chunk_pairs in scalar arithmetic (this runs every iteration): the queries below the
+        # window see their whole context, the others the window, on the local layers.
+        below = window - cached - 1 if cached + 1 < window else 0
+        local = below * (2 * cached + below + 1) / 2 + (new - below) * window
+        full = new * cached + new * (new + 1) / 2
+        pairs += local if local_share == 1.0 else full - local_share * (full - local)
+        seen = cached if cached < window else cached - local_share * (cached - window)
         kv_read += seen + new
         completed += cached + new == sequence.prefill_target
     return tokens, pairs, kv_read, completed
@@ -274,5 +297,6 @@ def batch_features(prefill_new, prefill_context, decode_context, prefill_logits:
     window, share = model.sliding_window, model.local_attention_share
     seen = visible(np.asarray(prefill_context, dtype=float), window, share)
     dec = visible(np.asarray(decode_context, dtype=float) + 1.0, window, share)  # the new token attends to itself
-    return batch_rows(new.sum(), float(np.sum(attention_pairs(new, seen))), float(np.sum(seen + new)),
+    pairs = chunk_pairs(new, np.asarray(prefill_context, dtype=float), window, share)
+    return batch_rows(new.sum(), float(np.sum(pairs)), float(np.sum(seen + new)),
                       prefill_logits, len(dec), float(dec.sum()), model)

@@ -91,7 +91,7 @@ class GemmShape(NamedTuple):
     routed: bool = False
 
 
-GEMM_OPERATORS = {"qkv": "layer.qkv", "q_a": "layer.qkv", "q_b": "layer.qkv", "kv_a": "layer.qkv",
+GEMM_OPERATORS = {"qkv": "layer.qkv", "q": "layer.qkv", "q_a": "layer.qkv", "q_b": "layer.qkv", "kv_a": "layer.qkv",
                   "kv_b": "layer.qkv", "out_proj": "layer.out_proj", "mlp_up": "layer.mlp", "mlp_down": "layer.mlp",
                   "router": "layer.mlp", "shared_up": "layer.mlp", "shared_down": "layer.mlp",
                   "dense_up": "layer.mlp", "dense_down": "layer.mlp", "lm_head": "lm_head"}   # the operator of each
@@ -109,7 +109,8 @@ def layer_gemm_shapes(model: ModelSpec, tensor_parallel: int) -> tuple[GemmShape
 
     MLA (DeepSeek-V2/V3, as vLLM runs it): the query's down-projection fused with the KV latent's
     (``q_a`` + ``kv_a``: ``hidden -> q_lora_rank + kv_lora_rank + qk_rope_head_dim``, replicated on
-    every rank), the query's up-projection (``q_b``, or a full ``q`` projection without ``q_lora_rank``)
+    every rank), the query's up-projection (``q_b``; without ``q_lora_rank`` a full ``q`` projection, split
+    by heads, and the latent's ``kv_a`` alone)
     and the latent's up-projection to keys and values (``kv_b``), both split by heads; decode absorbs
     ``kv_b`` into the query and output, which multiplies the same weights per token."""
     m, tp = model, tensor_parallel
@@ -121,7 +122,7 @@ def layer_gemm_shapes(model: ModelSpec, tensor_parallel: int) -> tuple[GemmShape
         latent = m.kv_lora_rank + m.qk_rope_head_dim
         attention = ((GemmShape("q_a", m.q_lora_rank + latent, m.hidden_size),
                       GemmShape("q_b", heads * m.head_dim, m.q_lora_rank)) if m.q_lora_rank else
-                     (GemmShape("q_a", heads * m.head_dim, m.hidden_size), GemmShape("kv_a", latent, m.hidden_size)))
+                     (GemmShape("q", heads * m.head_dim, m.hidden_size), GemmShape("kv_a", latent, m.hidden_size)))
         attention += (GemmShape("kv_b", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
                       GemmShape("out_proj", m.hidden_size, heads * m.v_head_dim))
     else:

@@ -47,10 +47,11 @@ from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.layout import REPLICAS_KEY, cheapest_layouts, fewest_replicas, quiet_bar
-from llmsim.search.plan import RATE_KEY, as_scenario, check_rate, check_rate_driven
+from llmsim.search.layout import cheapest_layouts, quiet_bar
+from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
 from llmsim.search.recommend import recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
+from llmsim.search.sweeps import reusing_runs
 from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.sim.simulate import simulate
 from llmsim.workload.trace import Trace, generate_trace
@@ -175,7 +176,8 @@ class ReportBuilder:
 
     def build(self) -> Report:
         from tqdm.auto import tqdm
-        with tqdm(total=len(STAGES), disable=not self.progress, desc="report", unit="stage") as bar:
+        # a deployment judged in several stages is simulated once (one source for its figures)
+        with reusing_runs(), tqdm(total=len(STAGES), disable=not self.progress, desc="report", unit="stage") as bar:
             for stage in STAGES:
                 bar.set_postfix_str(stage)
                 started = time.perf_counter()
@@ -281,7 +283,8 @@ class ReportBuilder:
         # the recommended settings may need fewer replicas than the scenario's own
         replicas, outcomes = fewest_replicas(self.scenario, self.config, self.rate, max(1, best.replicas - 1),
                                              best.replicas, best.replicas,
-                                             seeds=self.seeds, workers=self.workers, bar=quiet_bar())
+                                             seeds=self.seeds, workers=self.workers, bar=quiet_bar(),
+                                             window_per_count=True)
         if replicas is None:              # the settings do worse here than the scenario's own: keep those
             self.config, replicas = dict(self.layout_overrides), best.replicas
             paragraphs.append("With the recommended settings the deployment missed the targets at the "
@@ -429,7 +432,7 @@ class ReportBuilder:
         # from ``around`` and the count below it (the usual answer), bisecting further only if both pass
         found, outcomes = fewest_replicas(self.scenario, {**self.config, **overrides}, rate, max(1, around - 1),
                                           around, max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
-                                          bar=quiet_bar())
+                                          bar=quiet_bar(), window_per_count=True)
         return found, outcomes.get(self.replicas)
 
     def _judge(self, points: list[dict], rates: list[float]) -> list[Judged]:

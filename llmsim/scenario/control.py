@@ -115,7 +115,7 @@ def autoscaling_from_node(node: Node, replicas: int, router: str) -> Autoscaling
                              f"min_replicas <= {replicas} <= max_replicas")
     if router == "shared_queue":
         raise node.error("autoscaling routes each request to a serving replica", key="deployment.router",
-                         value=router, allowed="round_robin or least_outstanding")
+                         value=router, allowed="round_robin, least_outstanding or prefix_aware")
     config = AutoscalingConfig(
         min_replicas=low, max_replicas=high,
         target_outstanding=node.number("target_outstanding", 32.0, minimum=0.0, exclusive_minimum=True),

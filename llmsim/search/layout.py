@@ -18,11 +18,13 @@ The search visits the layouts cheapest-looking first, by the analytic fast path'
 latencies already exceed the limits, at ``upper`` it predicts ample room). Once a layout is
 known to meet the targets at some cost, another layout is only simulated at the replica
 counts that would be strictly cheaper, and skipped when even its analytic lower bound is not.
-For one layout the fewest replicas are found as ``plan`` finds them: the cheaper end
-simulated upward (doubling) until it passes, then bisection, and the count just below the
-answer simulated too, so the answer never rests on the analytic path's word. Every count is
-judged as ``plan`` judges it (:mod:`llmsim.search.window`): a measurement window that follows
-its load, a verdict that must clear the targets by two standard errors pooled over the seeds,
+For one layout the fewest replicas are found by ``plan``'s own search
+(:func:`llmsim.search.plan.fewest_replicas`): the cheaper end simulated upward (doubling) until
+it passes, then bisection, and the count just below the answer simulated too, so the answer
+never rests on the analytic path's word. Every count is judged as ``plan`` judges it
+(:mod:`llmsim.search.window`), except that each count gets the measurement window its own load
+asks for (``window_per_count``: the same runs as a report's other stages judge, so they are
+simulated once), a verdict that must clear the targets by two standard errors pooled over the seeds,
 measured longer while undecided; the seeds' requests are shared by every count.
 ``tests/test_layout.py`` checks the answer against simulating every (replicas, tp, pp) of a
 small grid.
@@ -40,13 +42,12 @@ from llmsim.analysis import names
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.plan import RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate, check_rate_driven
-from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
+from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate,
+                                check_rate_driven, fewest_replicas)
 
 MAX_TENSOR_PARALLEL = 8
 MAX_PIPELINE_PARALLEL = 4
 MAX_REPLICAS = 256
-REPLICAS_KEY = "deployment.replicas"
 
 
 @dataclass(frozen=True)
@@ -110,52 +111,6 @@ def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX
     return found
 
 
-def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, start: int, cap: int, *,
-                    seeds: Sequence[int] | None, workers: int | None, bar) -> tuple[int | None, dict[int, Judged]]:
-    """The fewest replicas in [lower, cap] whose runs (``base`` overrides, total ``rate``) meet the targets.
-
-    Each count is simulated over the window its own rate per replica asks for and judged with its
-    uncertainty, longer while undecided (:func:`llmsim.search.window.simulate_until_decided`), on
-    every seed. Counts below ``lower`` are taken to fail; ``start`` is simulated first and doubled
-    (up to ``cap``) until it passes, then the gap is bisected and the count below the answer
-    simulated too. Returns (count or None when ``cap`` fails, the judged runs per count).
-    """
-    outcomes: dict[int, Judged] = {}
-
-    def count_on_bar(simulations: int) -> None:
-        bar.total += simulations
-        bar.refresh()
-
-    def passes(n: int) -> bool:
-        if n not in outcomes:
-            point = {**base, REPLICAS_KEY: n}
-            at_count = variant(scenario, point)
-            window = measurement_window(scenario, rate, typical_latency_s(at_count, rate))
-            outcomes[n], = simulate_until_decided(scenario, [point], [window], [rate], seeds=seeds, workers=workers,
-                                                  progress=bar, on_round=count_on_bar)
-        return outcomes[n].verdict.met
-
-    if cap < lower:
-        return None, outcomes
-    lo, hi = lower - 1, min(max(start, lower), cap)
-    while not passes(hi):
-        lo = hi
-        if hi >= cap:
-            return None, outcomes
-        hi = min(2 * hi, cap)
-    while True:
-        while hi - lo > 1:
-            middle = (lo + hi) // 2
-            if passes(middle):
-                hi = middle
-            else:
-                lo = middle
-        if lo >= 1 and lo not in outcomes and passes(lo):     # the analytic lower bound was wrong
-            hi, lo = lo, 0
-            continue
-        return hi, outcomes
-
-
 def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_per_s: float, *,
                     seeds: Sequence[int] | None = None, workers: int | None = None,
                     max_replicas: int = MAX_REPLICAS, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
@@ -190,7 +145,7 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
             cap = min(cap, math.ceil(best_cost / (layout.devices_per_replica * layout.usd_per_device_hour)) - 1)
         base = {**layout.overrides(), RATE_KEY: rate}
         found, outcomes = fewest_replicas(scenario, base, rate, lower, upper, cap, seeds=seeds, workers=workers,
-                                          bar=bar)
+                                          bar=bar, window_per_count=True)
         simulations += len(outcomes)
         if found is None:
             note = ("no cheaper count meets the targets" if best is not None and cap < max_replicas

@@ -39,10 +39,11 @@ from llmsim.catalog.hardware import lookup_hardware
 from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.scenario.overrides import check_matches_source, variant
 from llmsim.search.sweeps import RATE_KEY
-from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
+from llmsim.search.window import Judged, Window, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.workload.trace import generate_trace
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
+REPLICAS_KEY = "deployment.replicas"
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
 FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simulator (tests/test_analytic.py)
@@ -168,7 +169,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
     row = {"hardware": name}
     try:
-        one = variant(scenario, {**base, "deployment.replicas": 1})
+        one = variant(scenario, {**base, REPLICAS_KEY: 1})
     except ConfigError as error:
         return {**row, "replicas": math.nan, "note": f"does not fit: {error.message}"}
     dep = one.deployment
@@ -214,20 +215,26 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
 
 
 def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, start: int, cap: int, *,
-                    seeds: Sequence[int] | None, workers: int | None, bar) -> tuple[int | None, dict[int, Judged]]:
+                    seeds: Sequence[int] | None, workers: int | None, bar,
+                    window_per_count: bool = False) -> tuple[int | None, dict[int, Judged]]:
     """The fewest replicas in [1, cap] whose runs (``base`` overrides, total rate ``rate``) meet the
     targets, judged with their uncertainty (:func:`~llmsim.search.window.simulate_until_decided`).
 
     Counts below ``lower`` are taken to fail until the search confirms it: ``start`` is simulated
     first and doubled (up to ``cap``) until it passes, then the gap is bisected (several counts at
     once when workers allow) and the count just below the answer simulated too, going lower if it
-    passes. Every count runs over one window (common random numbers), measured in the latency of
-    the busiest count the search can reach (``lower``). Returns (the count, or None when ``cap``
-    fails; the judged runs per count simulated). ``bar`` counts the simulations.
+    passes. By default every count runs over one window (common random numbers), measured in the
+    latency of the busiest count the search can reach (``lower``); ``window_per_count``: each count
+    over the window its own load asks for (as a point judged on its own, so that the runs are the
+    same as other stages' of a report). Returns (the count, or None when ``cap`` fails; the judged
+    runs per count simulated). ``bar`` counts the simulations.
     """
     outcomes: dict[int, Judged] = {}
-    busiest = variant(scenario, {**base, "deployment.replicas": max(1, min(lower, cap))})
-    window = measurement_window(scenario, rate, typical_latency_s(busiest, rate))
+
+    def window_at(n: int) -> Window:
+        return measurement_window(scenario, rate, typical_latency_s(variant(scenario, {**base, REPLICAS_KEY: n}), rate))
+
+    search_window = None if window_per_count else window_at(max(1, min(lower, cap)))
 
     def count_on_bar(simulations: int) -> None:
         bar.total += simulations
@@ -236,9 +243,10 @@ def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, sta
     def simulate_counts(counts) -> None:
         todo = sorted({n for n in counts if n not in outcomes})
         if todo:
-            judged = simulate_until_decided(scenario, [{**base, "deployment.replicas": n} for n in todo],
-                                            [window] * len(todo), [rate] * len(todo), seeds=seeds,
-                                            workers=workers, progress=bar, on_round=count_on_bar)
+            windows = [search_window or window_at(n) for n in todo]
+            judged = simulate_until_decided(scenario, [{**base, REPLICAS_KEY: n} for n in todo], windows,
+                                            [rate] * len(todo), seeds=seeds, workers=workers, progress=bar,
+                                            on_round=count_on_bar)
             outcomes.update(zip(todo, judged))
 
     def passes(n: int) -> bool:

@@ -31,6 +31,11 @@ k_max 8; max batch tokens = the tokens whose KV fits the memory left after the w
 at 2 bytes per parameter, (memory - 2 x params) / KV bytes per token, capped at the
 longest request; queue timeouts 50, 200 and 1000 ms (the best of the three is the one
 beaten).
+
+A trace replayed as it is (no ``sample:``) and no speculation leaves nothing to the seed:
+every seed would simulate the same requests the same way, and their spread, zero, is no
+confidence interval. Such a search runs one replication, and its intervals are NaN
+("not available"), never a false zero (:func:`replays_one_trace`).
 """
 from __future__ import annotations
 
@@ -194,6 +199,8 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
                           allowed="an integer >= 1")
     if requests is not None:
         scenario = variant(scenario, {"workload.num_requests": requests})
+    if replays_one_trace(scenario):
+        seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
     from tqdm.auto import tqdm
 
     # One bar over every simulation of the search, its total growing as the bisections ask for more.
@@ -234,6 +241,15 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         advice = advise(scenario) if drafts and scenario.speculation is not None else None
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
                               analytic, time.perf_counter() - started, advice)
+
+
+def replays_one_trace(scenario: Scenario) -> bool:
+    """Whether nothing of a run depends on the seed: a replayed trace without ``sample:`` (the only
+    draw a trace's transforms make) and no speculation (whose acceptance draws are seeded)."""
+    workload = scenario.workload
+    if workload.trace is None or scenario.speculation is not None:
+        return False
+    return workload.transforms is None or workload.transforms.sample_fraction is None
 
 
 def _neighbours(best: Config, scenario: Scenario) -> list[Config]:

@@ -27,6 +27,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -154,13 +157,62 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
 
 
 def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, workers, client, progress) -> None:
-    """Simulate the jobs; each finished point's row goes into ``rows`` and, at once, the journal."""
+    """Simulate the jobs; each finished point's row goes into ``rows`` and, at once, the journal.
+    Inside :func:`reusing_runs` a run already simulated there is not simulated again."""
+    reused = _REUSED.get()
+    same_run: dict[str, list[str]] = {}            # point id simulated -> the points that are the same run
+    if reused is not None:
+        keys = {point_id: run_key(scenario) for point_id, scenario in jobs}
+        fresh = {}
+        for point_id, scenario in jobs:
+            key = keys[point_id]
+            if key in reused:
+                _record(rows, journal, point_id, reused[key])
+                if not isinstance(progress, bool):     # a caller's bar counts this point as done
+                    progress.update()
+            elif key in fresh:
+                same_run[fresh[key]].append(point_id)
+            else:
+                fresh[key] = point_id
+                same_run[point_id] = []
+        jobs = [job for job in jobs if job[0] in same_run]
     for point_id, metrics in execute(jobs, _evaluate, engine, workers, client, progress):
-        row = rows[point_id]      # the point's own values win over the summary's (hardware, seed)
-        rows[point_id] = {**row, **{k: v for k, v in metrics.items() if k not in row},
-                          "error": metrics.get("error", "")}
-        if journal is not None:
-            journal.append(rows[point_id])
+        for same in [point_id, *same_run.get(point_id, ())]:
+            _record(rows, journal, same, metrics)
+        if reused is not None and not metrics.get("error"):
+            reused[keys[point_id]] = metrics
+
+
+def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metrics: dict) -> None:
+    row = rows[point_id]          # the point's own values win over the summary's (hardware, seed)
+    rows[point_id] = {**row, **{k: v for k, v in metrics.items() if k not in row}, "error": metrics.get("error", "")}
+    if journal is not None:
+        journal.append(rows[point_id])
+
+
+_REUSED: ContextVar[dict | None] = ContextVar("llmsim_reused_runs", default=None)
+
+
+@contextmanager
+def reusing_runs():
+    """Within this block a point that is the same run as one already simulated in it (the same resolved
+    scenario and seed: :func:`run_key`) is not simulated again but gets that run's metrics; a run is
+    deterministic in its scenario and seed, so the numbers are those it would give. A report judges
+    some deployments in several stages (the recommendation at the target rate, one replica fewer, the
+    load points the breaking point's bisection starts from): each is simulated once, and every figure
+    about it has one source. Blocks nest (the outer one's runs are shared)."""
+    token = _REUSED.set({} if _REUSED.get() is None else _REUSED.get())
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
+
+
+def run_key(scenario: Scenario) -> bytes:
+    """What makes a run: the resolved scenario, seed included, whole (pickled, so no figure is left
+    out), less where it came from (its file, YAML mapping and the notes on it)."""
+    bare = replace(scenario, path=None, source=None, source_dir=None, vllm_notes=())
+    return hashlib.sha256(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
 def _keys_first(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

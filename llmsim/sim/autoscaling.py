@@ -5,12 +5,14 @@ the serving ones receive requests (:meth:`ReplicaPool.pick`, which the router as
 autoscaler process applies :class:`~llmsim.scenario.control.AutoscalingConfig`'s rule every
 interval: a replica started is paid for from that moment and serves after the cold start; a
 replica drained takes no new requests, finishes what it holds and is switched off at the first
-check that finds it empty. ``provisioned`` integrates the replicas paid for over time: its area
+check that finds it empty, losing what its memory held (``switch_off``: a tiered KV cache is
+emptied, so a replica started again begins with empty caches). ``provisioned`` integrates the replicas paid for over time: its area
 is the run's replica-seconds.
 """
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import pandas as pd
 import simpy
@@ -24,8 +26,9 @@ OFF, STARTING, SERVING, DRAINING = "off", "starting", "serving", "draining"
 class ReplicaPool:
     """Which replicas serve, start, drain or are off; ``pick`` routes among the serving ones."""
 
-    def __init__(self, replicas: int, serving: int):
+    def __init__(self, replicas: int, serving: int, switch_off: Callable[[int, float], None] | None = None):
         self.state = [SERVING] * serving + [OFF] * (replicas - serving)
+        self.switch_off = switch_off
         self.routable = list(range(serving))
         self.provisioned = TimeAverage(logged=False)
         self.provisioned.change(0.0, serving)
@@ -71,6 +74,8 @@ def autoscaler(env: simpy.Environment, pool: ReplicaPool, outstanding: list[int]
             if s == DRAINING and outstanding[i] == 0:
                 state[i] = OFF
                 pool.provisioned.change(now, -1)
+                if pool.switch_off is not None:
+                    pool.switch_off(i, now)
                 actions.append(f"off {i}")
         serving = pool.routable
         held = sum(outstanding[i] for i in serving)

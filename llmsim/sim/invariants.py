@@ -11,7 +11,8 @@ rather than from the engine's own bookkeeping formulas:
 - KV blocks: the cache never holds more blocks than it has or fewer than none, and blocks
   allocated = blocks freed + blocks held, at every iteration and at the end (with prefix caching,
   :class:`~llmsim.sim.prefix_cache.TieredKV`, the held blocks include the idle cached ones, which
-  an allocation may take back);
+  an allocation may take back); with a host tier the same holds there: blocks copied in =
+  blocks dropped or swapped back + blocks held (cached plus swapped), never more than its capacity;
 - queues and batches: no count is negative, an engine never runs more sequences than its
   ``max_num_seqs``;
 - tokens: the tokens the observed iterations emitted are the tokens the requests received
@@ -51,6 +52,12 @@ class InvariantChecker:
         kv = engine.kv
         used = kv.num_blocks - kv.free_blocks
         held = kv.num_blocks - getattr(kv, "empty_blocks", kv.free_blocks)     # cached idle blocks too
+        host = getattr(kv, "host", None)
+        if host is not None and not (host.allocated_total - host.freed_total == len(host.lru) + host.swapped
+                                     <= host.capacity_blocks and host.swapped >= 0):
+            _require(False, f"engine {engine.index}.{engine.micro_batch}, iteration at {start!r} s: host tier "
+                            f"{host.allocated_total} blocks in, {host.freed_total} out, {len(host.lru)} cached + "
+                            f"{host.swapped} swapped held of {host.capacity_blocks}")
         if not (0.0 < duration < math.inf and start >= last_end - SLACK_S * (1.0 + last_end)
                 and 0 <= used <= held <= kv.num_blocks and kv.allocated_total - kv.freed_total == held
                 and 0 <= iteration.kv_used_blocks <= kv.num_blocks

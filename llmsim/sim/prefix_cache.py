@@ -257,6 +257,22 @@ class TieredKV(KVCache):
                 self.offload_s += copy_s
                 self.transfer_s += copy_s
 
+    def clear(self, now: float) -> None:
+        """The replica is switched off (it holds no request): its cached blocks, on the GPU and in host
+        memory, are gone."""
+        cached = len(self.cached)
+        if self.num_blocks - self.empty_blocks != cached or len(self.idle) != cached:
+            raise RuntimeError("KV cache cleared while requests hold blocks")
+        self.cached.clear()
+        self.idle.clear()
+        self.empty_blocks += cached                           # free_blocks already counted them
+        self.freed_total += cached
+        host = self.host
+        if host is not None:
+            host.freed_total += len(host.lru)
+            host.lru.clear()
+            host._log(now)
+
     # -- admission ----------------------------------------------------------------------------------
     def match(self, request, now: float) -> None:
         """Find what ``request`` (at the queue head) need not compute: set ``request.prefilled`` to the

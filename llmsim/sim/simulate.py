@@ -77,6 +77,7 @@ class Router:
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
         self.outstanding = [0] * len(replicas)
         self._cycle = itertools.cycle(range(len(replicas)))
+        self._everyone = list(range(len(replicas)))
         self.in_system = TimeAverage(logged=False)
         self.in_system_requests: dict[int, Request] = {}
         self.arrived = 0
@@ -119,6 +120,8 @@ class Router:
     def _pick(self, request: Request) -> int:
         """The replica for ``request`` (-1: the shared queue)."""
         if self.pool is not None:                 # autoscaling: a serving replica
+            if self.policy == "prefix_aware":
+                return self._holding_prefix(request, self.pool.routable)
             return self.pool.pick(self.policy, self.outstanding)
         if self.policy == "round_robin":
             return next(self._cycle)
@@ -126,19 +129,20 @@ class Router:
             outstanding = self.outstanding
             return outstanding.index(min(outstanding))        # two C loops: no key function per replica
         if self.policy == "prefix_aware":
-            return self._holding_prefix(request)
+            return self._holding_prefix(request, self._everyone)
         return -1
 
-    def _holding_prefix(self, request: Request) -> int:
-        """The replica under the load bound with the longest cached prefix of ``request``."""
+    def _holding_prefix(self, request: Request, candidates: list[int]) -> int:
+        """The replica of ``candidates`` under the load bound with the longest cached prefix of ``request``."""
         outstanding = self.outstanding
-        limit = -(-self.load_bound * (sum(outstanding) + 1) // len(outstanding))
+        limit = -(-self.load_bound * (sum([outstanding[i] for i in candidates]) + 1) // len(candidates))
         best, best_hits = -1, -1
-        for index, engines in enumerate(self.replicas):
+        replicas = self.replicas
+        for index in candidates:
             load = outstanding[index]
             if load >= limit:
                 continue
-            hits = engines[0].kv.cached_prefix(request, request.prompt_tokens)[0]
+            hits = replicas[index][0].kv.cached_prefix(request, request.prompt_tokens)[0]
             if hits > best_hits or (hits == best_hits and load < outstanding[best]):
                 best, best_hits = index, hits
         return best
@@ -289,7 +293,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         env.process(controller(env, scenario, engines, records, control))
     scaling = ScalingLog() if scenario.autoscaling is not None else None
     if scaling is not None:
-        router.pool = ReplicaPool(pool_size, resolved.replicas)
+        # A replica switched off loses its KV, GPU and host tiers: started again, it begins empty.
+        switch_off = ((lambda i, now: groups[i][0].kv.clear(now)) if scenario.engine.tiered_kv else None)
+        router.pool = ReplicaPool(pool_size, resolved.replicas, switch_off)
         env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
     stopped_by, fault = COMPLETED, None

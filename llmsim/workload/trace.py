@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from llmsim.config.limits import MAX_QUANTITY, MAX_TRACE_TOKENS
 from llmsim.config.reader import Node
-from llmsim.config.tables import checked_numbers, read_csv_text
+from llmsim.config.tables import read_csv_text
 
 if TYPE_CHECKING:
     from llmsim.workload.workload import Workload
@@ -134,26 +133,6 @@ def dataset_order(size: int, n: int, rng: np.random.Generator) -> np.ndarray:
 
 
 # -- reading ------------------------------------------------------------------------------
-
-def read_trace_csv(path: Path, node: Node, key: str) -> Trace:
-    """A trace CSV with columns arrival_s, prompt_tokens, output_tokens (extra columns ignored):
-    arrival times finite, 0 to :data:`~llmsim.workload.workload.MAX_ARRIVAL_WINDOW_S` seconds, token
-    counts whole, 1 to :data:`~llmsim.config.limits.MAX_TRACE_TOKENS`."""
-    required = ("arrival_s", "prompt_tokens", "output_tokens")
-    frame = read_csv(path, node, key)
-    missing = [c for c in required if c not in frame.columns]
-    if missing:
-        raise node.key_error(key, f"trace {path} lacks column(s) {', '.join(missing)}", str(path),
-                             "a CSV with columns " + ", ".join(required))
-    fail = key_errors(node, key)
-    arrival_s = checked_numbers(frame["arrival_s"], f"trace {path}, column arrival_s (seconds)", fail, minimum=0.0,
-                                maximum=MAX_QUANTITY["duration"])
-    prompt, output = (checked_numbers(frame[column], f"trace {path}, column {column}", fail, minimum=1,
-                                      maximum=MAX_TRACE_TOKENS, integer=True)
-                      for column in ("prompt_tokens", "output_tokens"))
-    order = np.argsort(arrival_s, kind="stable")
-    return Trace(arrival_s[order], prompt[order], output[order])
-
 
 def read_csv(path: Path, node: Node, key: str) -> pd.DataFrame:
     """A CSV file named by ``key`` of ``node``, with a header and at least one row, read through the

@@ -14,9 +14,19 @@ format       file                                            columns / fields us
                                                              tokens, Model, Log Type
 ``mooncake`` Mooncake trace, JSON lines                      timestamp (ms), input_length,
                                                              output_length, hash_ids
-``sharegpt`` ShareGPT / vLLM benchmark dataset, JSON         conversations: first human and gpt turns
-                                                             (lengths only: no arrival times)
+``sharegpt`` ShareGPT / vLLM benchmark dataset, a JSON      one of three entry shapes (lengths only:
+             list or JSON lines                              no arrival times), see below
 ===========  ==============================================  ===========================================
+
+A dataset entry is one of the shapes ``vllm bench serve``'s datasets use:
+
+- ShareGPT: ``{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", "value": ...}, ...]}``,
+  the first two turns (prompt, reply); entries with fewer are skipped, as vLLM skips them;
+- OpenAI chat: ``{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}]}``,
+  the first user message and the assistant reply that follows it (a system message before them is
+  not counted); entries without such a pair are skipped;
+- plain prompt and completion (vLLM's ``custom`` JSONL): ``{"prompt": ..., "completion": ...}``, or an
+  ``output_tokens`` count in place of the completion's text.
 
 Arrival times are seconds from the trace's zero: the first request's date-time for
 Azure, the recorded offsets for the others. A malformed row is a ConfigError naming the
@@ -54,6 +64,10 @@ CSV_COLUMNS = {
     "burstgpt": ("Timestamp", "Request tokens", "Response tokens"),
 }
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+DATASET_KEYS = ("conversations", "messages", "prompt")   # a dataset entry has one of these
+DATASET_SHAPES = ('{conversations: [{from: human, value: ...}, {from: gpt, value: ...}]}, '
+                  '{messages: [{role: user, content: ...}, {role: assistant, content: ...}]} or '
+                  '{prompt: ..., completion: ... | output_tokens: N}')
 MOONCAKE_MS_PER_S = 1000.0          # Mooncake timestamps are milliseconds
 MAX_ARRIVAL_S = MAX_QUANTITY["duration"]   # the longest arrival window simulated (llmsim.config.limits)
 
@@ -108,7 +122,9 @@ def detect_format(path: Path, node: Node, key: str) -> str:
     if head.startswith("["):
         return "sharegpt"
     if head.startswith("{"):
-        return "mooncake"
+        # JSON lines: a Mooncake trace, or a dataset of prompts (its first record names which).
+        first = head.split("\n", 1)[0]
+        return "sharegpt" if any(f'"{key}"' in first for key in DATASET_KEYS) else "mooncake"
     header = {name.strip() for name in head.splitlines()[0].split(",")} if head else set()
     # The format sharing the most columns with the header (its reader names any it lacks).
     matched, fmt = max((len(set(columns) & header), fmt) for fmt, columns in CSV_COLUMNS.items())
@@ -276,44 +292,98 @@ def _hash_ids(value: object, path: Path, line: int) -> None:
 # -- ShareGPT / vLLM benchmark datasets -----------------------------------------------------------
 
 def read_sharegpt(path: Path, node: Node, tokenizer: Path | None, chars_per_token: float | None) -> Trace:
-    """Prompt and output lengths of a ShareGPT-style dataset, as ``vllm bench serve`` takes them: the
-    first two turns of every conversation with at least two (the prompt, then the reply).
+    """Prompt and output lengths of a dataset in any of the shapes of the module docstring (a JSON
+    list, or one JSON object a line), as ``vllm bench serve`` takes them.
 
     The arrival times are all 0: a dataset has none, the workload's arrival process sets them.
     """
     count = _token_counter(node, tokenizer, chars_per_token)
-    try:
-        data = json.loads(read_text(path, MAX_TABLE_FILE_BYTES))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        line, column = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
-        raise row_error(path, line, str(column), None, "a JSON list of {conversations: [{from, value}, ...]}",
-                        f"not valid JSON ({exc})") from None
-    if not isinstance(data, list):
-        raise ConfigError("expected a JSON list of conversations", file=str(path), has_value=False)
-    prompts, replies = [], []
-    for index, entry in enumerate(data):
-        turns = entry.get("conversations") if isinstance(entry, dict) else None
-        if not isinstance(turns, list):
-            raise ConfigError("an entry without a list of conversations", file=str(path),
-                              key=f"entry {index}", value=entry if not isinstance(entry, dict) else list(entry),
-                              allowed="{conversations: [{from: human, value: ...}, {from: gpt, value: ...}]}")
-        if len(turns) < 2:
-            continue                      # vLLM's benchmark skips these too
-        texts = [turn.get("value") if isinstance(turn, dict) else None for turn in turns[:2]]
-        for turn, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ConfigError("a turn without a text value", file=str(path),
-                                  key=f"entry {index}, conversations[{turn}].value", value=text,
-                                  allowed="a string")
-        prompts.append(texts[0])
-        replies.append(texts[1])
+    prompts, replies, counted = [], [], []           # counted: output lengths given as numbers, else None
+    for where, entry in _dataset_entries(path):
+        pair = _prompt_and_reply(entry, where, path)
+        if pair is None:
+            continue                      # too few turns: vLLM's benchmark skips these too
+        prompts.append(pair[0])
+        replies.append(pair[1] if isinstance(pair[1], str) else "")
+        counted.append(None if isinstance(pair[1], str) else pair[1])
     if not prompts:
-        raise ConfigError("no conversation with at least two turns", file=str(path), has_value=False)
+        raise ConfigError("no entry with a prompt and a reply", file=str(path), has_value=False,
+                          allowed=DATASET_SHAPES)
     prompt_tokens = np.maximum(count(prompts), 1)
     output_tokens = np.maximum(count(replies), 1)
+    given = np.array([c is not None for c in counted])
+    if given.any():
+        output_tokens[given] = [c for c in counted if c is not None]
     how = f"tokenizer {tokenizer.name}" if tokenizer is not None else f"{chars_per_token:g} characters per token"
-    return Trace(np.zeros(len(prompts)), prompt_tokens, output_tokens,
+    return Trace(np.zeros(len(prompts)), prompt_tokens, output_tokens.astype(np.int64),
                  description=f"sharegpt dataset {path.name} (lengths by {how})")
+
+
+def _dataset_entries(path: Path):
+    """(where, entry) of a JSON list (``entry i``) or of JSON lines (``line n``)."""
+    text = read_text(path, MAX_TABLE_FILE_BYTES)
+    if text.lstrip().startswith("["):
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            line, column = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
+            raise row_error(path, line, str(column), None, "a JSON list of dataset entries: " + DATASET_SHAPES,
+                            f"not valid JSON ({exc})") from None
+        yield from ((f"entry {index}", entry) for index, entry in enumerate(data))
+        return
+    for line_number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise row_error(path, line_number, str(getattr(exc, "colno", 1)), line.strip()[:80],
+                            "one JSON object per line: " + DATASET_SHAPES,
+                            f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
+        yield f"line {line_number}", entry
+
+
+def _prompt_and_reply(entry: object, where: str, path: Path) -> tuple[str, str | int] | None:
+    """An entry's prompt text and its reply (text, or an output token count); None to skip it."""
+    def bad(key: str, value: object, message: str, allowed: str) -> ConfigError:
+        return ConfigError(message, file=str(path), key=f"{where}{key}", value=value, allowed=allowed)
+
+    if not isinstance(entry, dict) or not any(key in entry for key in DATASET_KEYS):
+        raise bad("", list(entry) if isinstance(entry, dict) else entry, "an entry of none of the dataset shapes",
+                  DATASET_SHAPES)
+    if "conversations" in entry or "messages" in entry:
+        key, text_key = ("conversations", "value") if "conversations" in entry else ("messages", "content")
+        turns = entry[key]
+        if not isinstance(turns, list):
+            raise bad(f", {key}", turns, f"{key} is not a list", "a list of turns")
+        if key == "messages":         # the first user message and the reply after it
+            roles = [turn.get("role") if isinstance(turn, dict) else None for turn in turns]
+            first = next((i for i, role in enumerate(roles) if role == "user"), None)
+            if first is None or first + 1 >= len(turns) or roles[first + 1] != "assistant":
+                return None
+        else:
+            first = 0
+            if len(turns) < 2:
+                return None
+        pair = []
+        for turn in (first, first + 1):
+            text = turns[turn].get(text_key) if isinstance(turns[turn], dict) else None
+            if not isinstance(text, str):
+                raise bad(f", {key}[{turn}].{text_key}", text, "a turn without a text", "a string")
+            pair.append(text)
+        return pair[0], pair[1]
+    prompt = entry["prompt"]
+    if not isinstance(prompt, str):
+        raise bad(", prompt", prompt, "a prompt that is not text", "a string")
+    if isinstance(entry.get("completion"), str):
+        return prompt, entry["completion"]
+    tokens = entry.get("output_tokens")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= MAX_TRACE_TOKENS:
+        raise bad(", output_tokens" if "output_tokens" in entry else ", completion",
+                  tokens if "output_tokens" in entry else entry.get("completion"),
+                  "a prompt needs its reply: completion text or an output_tokens count",
+                  f"completion: a string, or output_tokens: an integer 1..{MAX_TRACE_TOKENS:,}")
+    return prompt, tokens
 
 
 def _token_counter(node: Node, tokenizer: Path | None, chars_per_token: float | None):
