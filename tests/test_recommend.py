@@ -12,7 +12,7 @@ from llmsim.cli.main import main
 from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
-from llmsim.search.recommend import Config, k_options, recommend, rule_of_thumb_max_batch_tokens
+from llmsim.search.recommend import Config, analytic_rate, k_options, recommend, rule_of_thumb_max_batch_tokens
 
 from .helpers import BASE, make_scenario, merge
 
@@ -88,6 +88,18 @@ def test_config_overrides_are_valid_scenario_keys(scenario):
         assert built.engine.max_batch_tokens == config.max_batch_tokens
         assert built.engine.queue_timeout_s == config.queue_timeout_s
         assert built.speculating == (config.k != "off")
+
+
+def test_the_adaptive_search_stays_within_what_medusa_can_draft():
+    """Three Medusa heads draft at most three tokens, and the scenario refuses k or k_max above
+    that. The search's adaptive rule (k0 4, k_max 8 by default) is held to the heads: k0 = 3, k_max 3,
+    and every setting it tries builds a valid scenario the fluid model can score."""
+    medusa = make_scenario(merge(SMALL, {"speculation": {"draft": "medusa", "heads": 3, "k": 2, "k_max": 3}}))
+    assert k_options(medusa) == ["off", "static:1", "static:2", "static:3", "adaptive:3"]
+    for k in k_options(medusa)[1:]:
+        built = variant(medusa, Config(k, 2048, None).overrides(medusa))
+        assert built.speculation.policy.k_max == 3 and built.speculation.policy.k <= 3
+    assert analytic_rate(built) > 0                  # the adaptive rule, last: scored, not refused
 
 
 @pytest.mark.slow

@@ -10,7 +10,8 @@ A recommendation must also meet the targets at the scenario's own rate.
 The search (:func:`recommend`):
 
 1. **Coarse grid, analytic.** Every combination of k (off; static 1..k_max; the
-   adaptive 80/50 rule from k0 = 4) and max batch tokens (powers of two, the scenario's
+   adaptive 80/50 rule from k0 = 4 up to k_max 8, both held to what the proposer can draft:
+   Medusa one token per head) and max batch tokens (powers of two, the scenario's
    own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`): its
    highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
    invisible to it (they act on the tail), so they are left to the simulator.
@@ -91,6 +92,7 @@ class Config:
         else:
             policy, k = self.k.split(":")
             k_max = max(scenario.speculation.policy.k_max, int(k), RULE_K_MAX if policy == AdaptiveK.name else 0)
+            k_max = min(k_max, longest_draft(scenario))
             point.update({"speculation.policy": policy, "speculation.k": int(k), "speculation.k_max": k_max})
         return point
 
@@ -127,11 +129,25 @@ def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
     return int(min(max(tokens, eng.max_num_seqs), scenario.max_model_len))
 
 
+def longest_draft(scenario: Scenario) -> int:
+    """The most tokens the scenario's proposer can draft a step: Medusa one per head, else no
+    bound (a large number). The adaptive rule's k0 and k_max are held to it."""
+    return scenario.speculation.proposer.max_k or 2 ** 31
+
+
+def rule_k(scenario: Scenario) -> str:
+    """The rule-of-thumb k setting: off, or the adaptive 80/50 rule from k0 = 4 (fewer where the
+    proposer cannot draft 4 tokens)."""
+    if scenario.speculation is None:
+        return "off"
+    return f"adaptive:{min(RULE_K0, longest_draft(scenario))}"
+
+
 def k_options(scenario: Scenario) -> list[str]:
     if scenario.speculation is None:
         return ["off"]
     k_max = scenario.speculation.policy.k_max
-    return ["off"] + [f"static:{k}" for k in range(1, k_max + 1)] + [f"adaptive:{RULE_K0}"]
+    return ["off"] + [f"static:{k}" for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
 def batch_token_options(scenario: Scenario) -> list[int]:
@@ -280,8 +296,7 @@ class _Search:
         self.results: dict[Config, dict] = {}
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.arrival.rate_per_s
-        rule_k = f"adaptive:{RULE_K0}" if scenario.speculation is not None else "off"
-        self.defaults = [Config(rule_k, rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S]
+        self.defaults = [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S]
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
     def analytic(self, config: Config) -> float:
