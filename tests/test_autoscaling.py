@@ -27,15 +27,15 @@ def scenario(rates, replicas=1, autoscaling=None, duration="300 s"):
     return make_scenario(base=base)
 
 
-def provisioned_seconds(log, start_replicas: int, end_s: float) -> float:
-    """Replica-seconds from the log alone: +1 at every start, -1 at every 'off', integrated to the end."""
+def provisioned_seconds(log, start_replicas: int, end_s: float, from_s: float = 0.0) -> float:
+    """Replica-seconds in [from_s, end_s] from the log alone: +1 at every start, -1 at every 'off'."""
     times, counts, count = [0.0], [start_replicas], start_replicas
     for time_s, action in zip(log["time_s"], log["action"]):
         count += action.count("start") - action.count("off")
         times.append(time_s)
         counts.append(count)
     times.append(end_s)
-    return float(np.dot(np.diff(times), counts))
+    return float(np.dot(np.diff(np.clip(times, from_s, end_s)), counts))
 
 
 @pytest.mark.slow
@@ -58,6 +58,15 @@ def test_autoscaling_follows_a_load_step_and_pays_for_what_it_holds():
     scaling = summary["autoscaling"]
     assert scaling["usd"] == pytest.approx(auto.replica_seconds * 2.5 / 3600, rel=1e-2)   # H100-SXM at 2.5 USD/h
     assert scaling["scale_ups"] >= 1 and scaling["scale_downs"] >= 1
+    # Utilisation is busy time over the replica time paid for in the window (from the log), not over
+    # the one replica the run started with (which gave a busy fraction clipped at 100%).
+    start, stop = summary["window_s"]
+    its = auto.iterations
+    busy_s = (np.minimum(its["end_s"], stop) - np.maximum(its["start_s"], start)).clip(lower=0).sum()
+    paid_s = provisioned_seconds(log, 1, stop, start)
+    assert paid_s > 1.3 * (stop - start)
+    assert summary["utilisation"]["busy_fraction"] == pytest.approx(busy_s / paid_s, rel=1e-9)
+    assert busy_s / (stop - start) > 1.0 > summary["utilisation"]["busy_fraction"]
 
 
 def test_autoscaling_under_light_load_keeps_one_replica_and_changes_nothing():
@@ -67,6 +76,7 @@ def test_autoscaling_under_light_load_keeps_one_replica_and_changes_nothing():
     assert (auto.scaling["action"] == "").all()
     assert auto.replica_seconds == pytest.approx(auto.end_s, rel=1e-12)
     assert auto.requests.equals(static.requests)
+    assert auto.summary()["utilisation"] == static.summary()["utilisation"]
 
 
 @pytest.mark.parametrize("autoscaling, key", [

@@ -81,3 +81,49 @@ def test_bad_controller_settings_name_the_key(controller, key):
     with pytest.raises(ConfigError) as error:
         make_scenario({"controller": controller})
     assert error.value.key == key and error.value.allowed, str(error.value)
+
+
+def _speculating(tpot: str, controller: dict | None = None):
+    base = copy.deepcopy(BASE)
+    base["workload"].update(num_requests=200, arrival={"rate": 4.0})
+    base["speculation"] = {"draft": "Llama-3.2-1B", "k": 4, "acceptance": {"process": "bernoulli", "alpha": 0.7}}
+    base["slo"] = {"tpot": tpot}
+    if controller is not None:
+        base["controller"] = {"knob": "speculation_k", "interval": "5 s", "window": "10 s", "bounds": [0, 4],
+                              **controller}
+    return make_scenario(base=base)
+
+
+def test_controller_moves_the_speculation_k_and_the_engine_drafts_that_many():
+    controlled = simulate(_speculating("1 ms", {"rule": "practice"}))     # a limit no step can meet: k goes down
+    log = controlled.control
+    changes = log[log["changed"]]
+    assert list(changes["value"][:3]) == [2, 1, 0]                 # halved at each violation, to the bound
+    its = controlled.iterations
+    for (start, value), stop in zip(zip(changes["time_s"], changes["value"]), [*changes["time_s"][1:], float("inf")]):
+        inside = its[(its["start_s"] >= start) & (its["end_s"] < stop) & (its["spec_seqs"] > 0)]
+        assert (inside["draft_tokens"] <= value * inside["spec_seqs"]).all()
+    after = its[its["start_s"] >= changes["time_s"].iloc[2]]
+    assert after["draft_tokens"].sum() == 0 and its["draft_tokens"].sum() > 0
+    # With no violation nothing moves, and the run is the static one's.
+    calm = simulate(_speculating("10 s", {"rule": "practice"}))
+    assert not calm.control["changed"].any() and calm.requests.equals(simulate(_speculating("10 s")).requests)
+
+
+@pytest.mark.parametrize("controller, key", [
+    ({"knob": "speculation_k", "bounds": [0, 9]}, "controller.bounds"),         # above k_max (8)
+    ({"knob": "speculation_k", "bounds": [5, 8]}, "controller.bounds"),         # does not hold k = 4
+])
+def test_bad_speculation_k_bounds_name_the_key(controller, key):
+    base = copy.deepcopy(BASE)
+    base["speculation"] = {"draft": "Llama-3.2-1B", "k": 4}
+    base["controller"] = controller
+    with pytest.raises(ConfigError) as error:
+        make_scenario(base=base)
+    assert error.value.key == key and error.value.allowed
+
+
+def test_speculation_k_knob_needs_a_static_k_policy():
+    with pytest.raises(ConfigError) as error:
+        make_scenario({"controller": {"knob": "speculation_k"}})
+    assert error.value.key == "controller.knob"

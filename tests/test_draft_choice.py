@@ -11,7 +11,9 @@ import pytest
 
 from llmsim.catalog.models import model_from_node
 from llmsim.config.reader import Node
-from llmsim.search.draft_choice import NONE, Candidate, choose_draft, theorem_3_8, tune_eligibility
+from llmsim.search.draft_choice import (NONE, Candidate, candidates, choose_draft, cost_ratio, theorem_3_8,
+                                       tune_eligibility, with_candidate)
+from llmsim.speculation.proposers import MEDUSA, MTP, head_spec
 
 from .helpers import make_scenario
 from .test_speculative import fixed_cost, tiny_model  # noqa: F401  (the fixture)
@@ -135,3 +137,35 @@ def test_advice_for_recommend_chooses_a_draft_and_tunes_eligibility():
     assert advice.eligibility is not None and len(advice.eligibility_table) == 4
     text = advice.text()
     assert "draft: " in text and "Theorem 3.8" in text and "20-30% rule" in text and "eligibility:" in text
+
+
+def test_a_target_with_an_mtp_module_offers_it_and_theorem_3_8_ranks_it(fixed_cost):
+    """A target whose checkpoint ships a multi-token-prediction module (DeepSeek-V3's
+    num_nextn_predict_layers) gets it as a candidate; one without does not. On the fixed-cost device
+    the module, one layer as EAGLE's head, costs c = 1 / 100; with the acceptance model's higher
+    alpha for MTP (0.87 against EAGLE's 0.82, chat) Theorem 3.8 puts it first, and it is the choice
+    at Theorem 3.8's k."""
+    plain = one_at_a_time(fixed_cost)
+    assert MTP not in {c.kind for c in candidates(plain, catalog={})}
+    with_mtp = one_at_a_time(fixed_cost, model={**tiny_model("target", 100), "mtp_modules": 1})
+    options = candidates(with_mtp, catalog={})
+    assert [c.kind for c in options] == [NONE, "eagle", MTP, "ngram"]
+    mtp = next(c for c in options if c.kind == MTP)
+    assert mtp.alpha > next(c for c in options if c.kind == "eagle").alpha
+    assert cost_ratio(with_mtp, mtp, 100) == pytest.approx(1 / 100)
+    choice = choose_draft(with_mtp, options, simulate_top=2)
+    assert choice.best.kind == MTP and choice.best_k == leviathan_best(mtp.alpha, 1 / 100)[0]
+
+
+def test_a_medusa_candidate_drafts_no_more_tokens_than_it_has_heads(fixed_cost):
+    """Three Medusa heads draft at most three tokens: Theorem 3.8's k and the scenario built for the
+    candidate stay within them (at alpha 0.9 and c 0.01 the unbounded best would be k = 8)."""
+    scenario = one_at_a_time(fixed_cost)
+    heads = Candidate("medusa-3", MEDUSA, head_spec(MEDUSA, scenario.model, 3), 0.9, heads=3)
+    assert candidate_k(heads) == 3 and theorem_3_8(0.9, 0.01, False)[0] == 8
+    built = with_candidate(scenario, heads, 3)
+    assert built.speculation.policy.k_max == 3 and built.speculation.proposer.heads == 3
+
+
+def candidate_k(candidate: Candidate) -> int:
+    return theorem_3_8(candidate.alpha, 0.01, candidate.proposer.sequential, candidate.k_max)[0]

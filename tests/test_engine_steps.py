@@ -8,6 +8,7 @@ not read off the code's output.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -21,6 +22,7 @@ from llmsim.sim.request import Request, WaitingQueue
 from llmsim.sim.speculative_decode import DecodeSlots, SpeculativeDecodeSet
 from llmsim.speculation.config import Acceptance, KPolicy, SpeculationConfig
 from llmsim.speculation.policies import AdaptiveK, GoodputK, k_policy
+from llmsim.speculation.proposers import EAGLE, Proposer
 
 from .helpers import make_scenario
 
@@ -151,6 +153,59 @@ def test_a_speculative_step_reserves_k_plus_one_positions_and_rolls_back_to_the_
     assert list(s.blocks[:4]) == [-(-(111 + a + 1) // BLOCK) for a in accepted]
     assert engine.kv.used_blocks == int(s.blocks[:4].sum())
     assert (accepted == 0).any()                           # at alpha 0.3 some rejected every draft: 7 blocks
+
+
+def tree_engine(max_batch_tokens: int, branching: int = 3, k: int = 3) -> Engine:
+    """An engine whose decoders verify a full ``branching``-ary draft tree ``k`` levels deep (a free
+    head: the draft's cost plays no part in the KV bookkeeping), four requests of (111, 50) in it,
+    their prompts done (under a budget of 1000; ``max_batch_tokens`` from then on)."""
+    spec = SpeculationConfig(None, policy=KPolicy("static", k), acceptance=Acceptance("bernoulli", alpha=0.3),
+                             proposer=Proposer(EAGLE, branching=branching))
+    engine = build(max_batch_tokens=1000, decode=partial(SpeculativeDecodeSet, speculation=spec, draft_cost=None,
+                                                         acceptance_key=7))
+    for request in submit(engine, *[(111, 50)] * 4):
+        request.alpha = 0.3
+    step(engine)                                           # prompts: ceil(111 / 16) = 7 blocks each
+    engine.config = replace(engine.config, max_batch_tokens=max_batch_tokens)
+    return engine
+
+
+def test_a_tree_step_reserves_kv_for_every_node_and_keeps_only_the_accepted_path():
+    """A ternary tree 3 levels deep has 3 + 9 + 27 = 39 nodes below its root, and the verify pass
+    writes KV for the root and every node: positions up to 111 + 39 + 1 = 151, ceil(151 / 16) = 10
+    blocks a sequence (a chain of the same depth would need ceil(115 / 16) = 8). After the step
+    each sequence keeps its accepted path plus the target's token, context 111 + a + 1, and the
+    blocks of every other node come back."""
+    engine = tree_engine(max_batch_tokens=1000)
+    s = engine.decode.slots
+    iteration = engine.schedule()
+    assert (iteration.decode_seqs, iteration.spec_seqs, iteration.draft_tokens) == (4, 4, 12)   # 3 levels each
+    assert list(s.k[:4]) == [3] * 4 and list(s.blocks[:4]) == [10] * 4
+    assert iteration.kv_used_blocks == engine.kv.used_blocks == 4 * 10
+    freed_before = engine.kv.freed_total
+    engine.now += iteration.duration_s
+    engine.apply(iteration)
+    accepted = s.accepted[:4].copy()
+    assert int(accepted.sum()) == iteration.accepted_tokens and iteration.tokens_out == 4 + iteration.accepted_tokens
+    assert list(s.context[:4]) == list(111 + accepted + 1)
+    assert list(s.blocks[:4]) == [-(-(111 + a + 1) // BLOCK) for a in accepted]
+    # At most 3 accepted: context <= 115, 8 blocks; the other (at least 2 a sequence) came back.
+    assert engine.kv.used_blocks == int(s.blocks[:4].sum()) <= 4 * 8
+    assert engine.kv.freed_total - freed_before == 4 * 10 - engine.kv.used_blocks
+
+
+def test_a_tree_step_counts_every_node_against_the_token_budget():
+    """Budget 100 tokens, four decoders: 96 tokens beyond their one each. A depth-3 ternary tree
+    is 39 nodes (156 for four), over budget; depth 2 is 3 + 9 = 12 nodes (48): the common cap
+    falls to k = 2 and the reservation to ceil((111 + 12 + 1) / 16) = 8 blocks. A chain at k = 3
+    (12 tokens for four) would fit as it is."""
+    engine = tree_engine(max_batch_tokens=100)
+    s = engine.decode.slots
+    iteration = engine.schedule()
+    assert list(s.k[:4]) == [2] * 4 and iteration.draft_tokens == 8
+    assert list(s.blocks[:4]) == [8] * 4 and iteration.kv_used_blocks == 32
+    chain = tree_engine(max_batch_tokens=100, branching=1)
+    assert list(chain.schedule() and chain.decode.slots.k[:4]) == [3] * 4
 
 
 def test_the_adaptive_policy_moves_k_by_one_per_window_on_the_80_50_rule():

@@ -148,6 +148,7 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepse
                "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "q_lora_rank": 1536,
                "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
                "vocab_size": 129280, "max_position_embeddings": 163840, "tie_word_embeddings": False,
+               "num_nextn_predict_layers": 1,
                "torch_dtype": "bfloat16", "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
                                                                   "weight_block_size": [128, 128]}}
 
@@ -171,6 +172,9 @@ def test_deepseek_v3_import_mla_moe_and_fp8(tmp_path):
     embeddings = 2 * 129280 * 7168
     assert model.weight_bytes == (model.param_count - embeddings) * 1 + embeddings * 2
     assert model.name == "DeepSeek-V3"                                   # the folder, no _name_or_path
+    # One multi-token-prediction module ships with the weights (num_nextn_predict_layers), outside the 671B.
+    assert model.mtp_modules == catalog.mtp_modules == 1
+    assert CATALOG["Llama-3.1-70B"].mtp_modules == 0
 
 
 def test_sliding_window_patterns(tmp_path):

@@ -142,7 +142,8 @@ def test_run_writes_a_fault_partial_result_then_raises(tmp_path, monkeypatch):
     import llmsim.cli.run as run
 
     observer, _ = stop_after(3000, RuntimeError("engine broke"))
-    monkeypatch.setattr(run, "simulate", lambda scenario, **options: simulate(scenario, observers=[observer], **options))
+    monkeypatch.setattr(run, "simulate", lambda scenario, observers=(), **options:
+                        simulate(scenario, observers=[*observers, observer], **options))
     out = tmp_path / "out"
     with pytest.raises(RuntimeError, match="engine broke"):
         main(["run", _scenario_file(tmp_path, 20_000), "--out", str(out)])

@@ -12,7 +12,7 @@ from llmsim.cli.main import main
 from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
-from llmsim.search.recommend import Config, k_options, recommend, rule_of_thumb_max_batch_tokens
+from llmsim.search.recommend import Config, analytic_rate, k_options, recommend, rule_of_thumb_max_batch_tokens
 
 from .helpers import BASE, make_scenario, merge
 
@@ -90,6 +90,18 @@ def test_config_overrides_are_valid_scenario_keys(scenario):
         assert built.speculating == (config.k != "off")
 
 
+def test_the_adaptive_search_stays_within_what_medusa_can_draft():
+    """Three Medusa heads draft at most three tokens, and the scenario refuses k or k_max above
+    that. The search's adaptive rule (k0 4, k_max 8 by default) is held to the heads: k0 = 3, k_max 3,
+    and every setting it tries builds a valid scenario the fluid model can score."""
+    medusa = make_scenario(merge(SMALL, {"speculation": {"draft": "medusa", "heads": 3, "k": 2, "k_max": 3}}))
+    assert k_options(medusa) == ["off", "static:1", "static:2", "static:3", "adaptive:3"]
+    for k in k_options(medusa)[1:]:
+        built = variant(medusa, Config(k, 2048, None).overrides(medusa))
+        assert built.speculation.policy.k_max == 3 and built.speculation.policy.k <= 3
+    assert analytic_rate(built) > 0                  # the adaptive rule, last: scored, not refused
+
+
 @pytest.mark.slow
 def test_printout_names_the_settings_and_the_gain(result, scenario):
     text = format_recommendation(result, scenario)
@@ -134,3 +146,25 @@ def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario):
     passing = rec.table[rec.table["meets_scenario_rate"]]
     assert rec.table.iloc[0]["usd_per_million_output_tokens"] == passing["usd_per_million_output_tokens"].min()
     assert "cuts cost by" in format_recommendation(rec, scenario)
+
+
+def test_with_classes_the_search_tries_every_policy_and_each_class_timeout():
+    from llmsim.scenario.scenario import SCHEDULING_POLICIES, load_scenario
+    from llmsim.search.recommend import _neighbours, class_timeouts
+
+    three = load_scenario("scenarios/llama3-8b-h100-three-classes.yaml")
+    start = Config("off", 8192, None)
+    around = _neighbours(start, three)
+    assert {c.policy for c in around if c.policy} == set(SCHEDULING_POLICIES) - {"priority"}   # the file's own
+    # Practice tiers: 50, 200 and 1000 ms, each halved and doubled, one class at a time.
+    assert dict(class_timeouts(start, three)) == {"interactive": 0.05, "standard": 0.2, "batch": 1.0}
+    tried = {tuple(sorted(dict(c.class_timeouts).items())) for c in around if c.class_timeouts}
+    assert len(tried) == 6
+    assert (("batch", 2.0), ("interactive", 0.05), ("standard", 0.2)) in tried
+    # Each point is a valid scenario whose classes carry the timeouts searched, under the policy searched.
+    for config in [c for c in around if c.class_timeouts or c.policy][:4] + [around[-1]]:
+        built = variant(three, config.overrides(three))
+        assert {c.name: c.queue_timeout_s for c in built.workload.classes} == dict(class_timeouts(config, three))
+        assert built.engine.scheduling_policy == (config.policy or "priority")
+    # Without classes nothing of the kind is searched.
+    assert not any(c.policy or c.class_timeouts for c in _neighbours(start, make_scenario()))

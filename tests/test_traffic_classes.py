@@ -244,3 +244,35 @@ def test_plans_refuse_workloads_without_one_rate(workload, key):
     with pytest.raises(ConfigError) as error:
         check_rate_driven(make_scenario(base=base))
     assert error.value.key == key
+
+
+def _replayed_classes(tmp_path, labels, classes=None):
+    rows = "\n".join(f"{0.05 * i:.3f},{64 + 8 * i},{4 + i % 5},{label}" for i, label in enumerate(labels))
+    path = tmp_path / "classes.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens,class\n" + rows + "\n")
+    base = copy.deepcopy(BASE)
+    base["workload"] = {"arrival": {"process": "trace", "path": str(path)},
+                        "classes": classes or {"interactive": {}, "batch": {"weight": 2}}}
+    base["engine"] = {"scheduling_policy": "priority", "max_model_len": 16384}
+    return make_scenario(base=base), path
+
+
+def test_a_replayed_trace_carries_each_requests_class(tmp_path):
+    labels = ["interactive", "batch", "batch", "interactive", "batch"] * 8
+    scenario, _ = _replayed_classes(tmp_path, labels)
+    result = simulate(scenario)
+    assert result.requests["class"].tolist() == labels           # in arrival order, as written
+    interactive, batch = scenario.workload.classes                # the practice tiers still apply
+    assert interactive.priority == 0 and batch.priority == 2 and batch.weight == 2
+    counts = {name: figures["arrived"] for name, figures in result.summary()["classes"].items()}
+    assert counts == {"interactive": labels.count("interactive"), "batch": labels.count("batch")}
+
+
+def test_a_trace_class_the_scenario_lacks_names_file_line_and_classes(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        _replayed_classes(tmp_path, ["interactive", "batch", "urgent", "batch"])
+    assert error.value.key == "line 4, column class" and error.value.value == "urgent"
+    assert error.value.file.endswith("classes.csv") and "interactive, batch" in error.value.allowed
+    with pytest.raises(ConfigError) as error:                    # a share makes no sense for replayed classes
+        _replayed_classes(tmp_path, ["batch"] * 3, {"batch": {"share": 1.0}})
+    assert error.value.key == "workload.classes.batch.share"

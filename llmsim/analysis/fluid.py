@@ -8,7 +8,8 @@ fed a Poisson stream of ``lambda`` requests per second:
 
 1. **Fluid steps.** In steady state the mean iteration lasts ``tau``. By Little's law
    the engine holds ``B = lambda * tau * D`` decoding sequences (``D`` = decode steps
-   per request: ``E[O - 1]``, fewer when speculating, see :mod:`llmsim.analysis.fluid_k`),
+   per request: ``E[O - 1]``, fewer when speculating, see :mod:`llmsim.analysis.fluid_k`; a
+   draft tree's verify pass prices every node and holds KV for it while it runs),
    so every iteration carries ``lambda * tau`` requests' worth of decode work ``w``
    (tokens, KV read by every decode or verify step, ...). The prompts it carries are
    those that arrived during the previous one: a Poisson number of them, their lengths
@@ -54,12 +55,13 @@ from scipy import special
 
 from llmsim.cost.roofline import CostModel
 from llmsim.errors import ConfigError
-from llmsim.cost.features import (attention_pairs, batch_rows, chunk_pairs, set_iterations, tokens_of,
+from llmsim.cost.features import (F, attention_pairs, batch_rows, chunk_pairs, set_iterations, tokens_of,
                                   windowed_context_sum)
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.speculation.policies import POLICIES, AdaptiveK, StaticK
 from llmsim.analysis.fluid_k import KMix, adaptive_mix, static_mix, steps_to_emit
+from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
 from llmsim.workload.trace import Trace, generate_trace
 
 PROMPT_QUANTILES = 64          # prompt lengths at which the prefill step is priced for TTFT
@@ -103,6 +105,7 @@ class FluidModel:
         self.draft_cost, self.separate, self.handoff_s = resolved.draft_cost, resolved.draft_separate, resolved.handoff_s
         # Medusa heads and n-gram lookups run once a step, whatever k; the others once per drafted token.
         self.draft_once = spec is not None and not spec.proposer.sequential
+        self.branching = spec.proposer.branching if spec is not None else 1
         self.max_seqs = resolved.engine.max_num_seqs
         self.max_tokens = eng.max_batch_tokens
         self.kv_tokens = resolved.kv_tokens_per_engine
@@ -150,10 +153,10 @@ class FluidModel:
             return [None]
         policy, rule = spec.policy, POLICIES[spec.policy.policy]
         if rule is StaticK:
-            return [static_mix(spec.acceptance, policy.k, policy.k_max)]
+            return [static_mix(spec.acceptance, policy.k, policy.k_max, self.branching)]
         if rule is AdaptiveK:
             return [adaptive_mix(spec, self.mean_decode)]
-        return [static_mix(spec.acceptance, k, policy.k_max) for k in range(policy.k_max + 1)]
+        return [static_mix(spec.acceptance, k, policy.k_max, self.branching) for k in range(policy.k_max + 1)]
 
     def _work(self, mix: KMix | None) -> _Work:
         """Per-request decode feature totals when steps run at the k occupancy ``mix`` (None: plain)."""
@@ -163,7 +166,7 @@ class FluidModel:
         else:
             # Steps per request by class (its k occupancy over the per-k step counts); TPOT is a
             # per-request mean of steps / tokens over requests with decode tokens.
-            per_k = steps_to_emit(self.spec.acceptance, mix.tokens.shape[1] - 1, decode.astype(int))
+            per_k = steps_to_emit(self.spec.acceptance, mix.tokens.shape[1] - 1, decode.astype(int), self.branching)
             by_class = np.einsum("ck,ckn->cn", mix.occupancy, per_k)
             steps = float(by_class.mean())
             tpot_factor = float((by_class[:, decode > 0] / decode[decode > 0]).mean())
@@ -173,19 +176,32 @@ class FluidModel:
         k = np.arange(len(weights))
         plain, spec_w = weights[0], weights * (k > 0)
         # Totals over the request's steps (spread over iterations later, see _rows). A verify
-        # step at k is a k + 1 position chunk over the context, every position giving logits.
-        t = (k + 1) * (k > 0)
+        # step at k is a k + 1 position chunk over the context (a tree: the root and its
+        # sum_j b^j nodes, each over the context and its ancestors), every position giving logits.
+        b = self.branching
+        nodes = tree_tokens(k, b)
+        t = (nodes + 1) * (k > 0)
         verify_tokens = spec_w @ t * steps
-        target = batch_rows(verify_tokens, spec_w @ attention_pairs(t, context_sum, steps),
+        target = batch_rows(verify_tokens, spec_w @ tree_verify_pairs(k, b, context_sum, steps),
                             spec_w @ (context_sum + t * steps), verify_tokens,
                             plain * steps, plain * context_sum, iterations=0.0)
         mean_k = float(weights @ k)
         draft = None
         if self.draft_cost is not None and mean_k > 0:
-            # Draft step j runs the sequences with k > j, over context + j + 1.
+            # Draft step j runs the sequences with k > j, over context + j + 1; in a tree it expands
+            # the b^j nodes of level j (a sequential draft; Medusa and lookups run once, unchanged):
+            # b^j - 1 queries beyond the chain's one, as prefill tokens over the same keys.
             draft = batch_rows(decode_seqs=mean_k * steps,
                                decode_kv_read=weights @ attention_pairs(k, context_sum, steps), iterations=0.0)
-        kv = (float(self._kv_held.mean()) + mean_k * self.mean_decode) * steps_per_token
+            if b > 1 and not self.draft_once:
+                above = np.maximum(k - 1, 0)                      # the deepest level a draft step expands
+                expanded = (tree_tokens(above, b) + 1 - k) * (k > 0)
+                pairs = (tree_verify_pairs(above, b, context_sum, steps) - attention_pairs(k, context_sum, steps)) \
+                    * (k > 0)
+                draft += batch_rows(weights @ expanded * steps, weights @ pairs, 0.0, weights @ expanded * steps,
+                                    iterations=0.0)
+        # KV held: the context, and while a step runs every position it verifies.
+        kv = (float(self._kv_held.mean()) + float(weights @ nodes) * self.mean_decode) * steps_per_token
         return _Work(mean_k, tpot_factor, target, draft, steps, kv, np.cumsum(weights))
 
     # -- the step-time fixed point ------------------------------------------------------------------
@@ -242,10 +258,24 @@ class FluidModel:
         steps = (1.0 - work.k_cdf[:-1] ** batch[..., None]).sum(axis=-1)
         steps = np.maximum(steps, 1.0)
         per = load * work.draft / steps[..., None]
-        first = self.draft_cost.iteration(self._rows(per + prefill, self.draft_cost))[0]
-        rest = 0.0 if self.draft_once else self.draft_cost.iteration(self._rows(per, self.draft_cost))[0] * (steps - 1)
-        draft = first + rest
+        if self.draft_once:
+            draft = self._draft_once(self._rows(per, self.draft_cost))
+        else:
+            first = self.draft_cost.iteration(self._rows(per + prefill, self.draft_cost))[0]
+            draft = first + self.draft_cost.iteration(self._rows(per, self.draft_cost))[0] * (steps - 1)
         return np.maximum(verify, draft) + self.handoff_s if self.separate else verify + draft
+
+    def _draft_once(self, rows: np.ndarray) -> np.ndarray:
+        """Medusa's heads or a lookup, once a step over the speculating sequences of the rows.
+
+        A step that decodes carries at least one sequence, so the pass is priced over at least one
+        (as the target's weights are read every step, however light the load). Priced at the
+        fluid's fractional batch instead, Medusa's weight read would jump from nothing at zero
+        load to all of it just above, and the step-time solve, seeing an infinite slope at
+        tau = 0, would call every load unstable.
+        """
+        rows[..., F["decode_seqs"]] = np.maximum(rows[..., F["decode_seqs"]], 1.0)
+        return self.draft_cost.iteration(rows)[0]
 
     def _mean_step(self, lam: np.ndarray, tau: np.ndarray, work: _Work) -> np.ndarray:
         times, weights = self._steps(lam, tau, work)

@@ -5,7 +5,11 @@ emits ``a + 1``. Its distribution follows from the acceptance process: i.i.d. at
 alpha (``bernoulli``; ``beta`` draws alpha per request, represented here by classes of
 requests at the Beta distribution's midpoint quantiles), ``alpha * decay^j`` for the
 j-th draft token (``positional``), or the measured lengths truncated at k (``replay``).
-E[a + 1] is Leviathan's (1 - alpha^(k+1)) / (1 - alpha) in the i.i.d. case.
+E[a + 1] is Leviathan's (1 - alpha^(k+1)) / (1 - alpha) in the i.i.d. case. A tree of
+``branching`` candidates per node, k levels deep, accepts a level when any of its b
+candidates is the target's token: the chain's formulas at the level rate
+``1 - (1 - p_j)^b`` (:func:`llmsim.speculation.proposers.level_acceptance`), as the
+simulator draws it.
 
 The adaptive 80/50 rule is a Markov chain over k: after each window of ``window``
 verify steps at draft length k, the window's acceptance rate (accepted / proposed, the
@@ -28,6 +32,7 @@ from scipy import stats
 
 from llmsim.speculation.config import Acceptance, SpeculationConfig
 from llmsim.speculation.policies import k_policy
+from llmsim.speculation.proposers import level_acceptance
 
 ALPHA_CLASSES = 16            # Beta acceptance: request classes at midpoint quantiles
 
@@ -53,15 +58,15 @@ class KMix:
         return (self.occupancy * steps[:, None]).sum(axis=0) / steps.sum()
 
 
-def accepted_pmf(acceptance: Acceptance, alpha: float, k: int) -> np.ndarray:
-    """P(a = j), j = 0..k, for one verify step at draft length k."""
+def accepted_pmf(acceptance: Acceptance, alpha: float, k: int, branching: int = 1) -> np.ndarray:
+    """P(a = j), j = 0..k, for one verify step at draft length (tree depth) k."""
     if k == 0:
         return np.ones(1)
     if acceptance.process == "replay":
         samples = np.minimum(np.asarray(acceptance.samples), k)
         return np.bincount(samples, minlength=k + 1)[:k + 1] / len(samples)
     decay = acceptance.decay if acceptance.process == "positional" else 1.0
-    p = np.minimum(alpha * decay ** np.arange(k), 1.0)             # the j-th draft token's chance
+    p = level_acceptance(np.minimum(alpha * decay ** np.arange(k), 1.0), branching)   # level j's chance
     reach = np.concatenate([[1.0], np.cumprod(p)])                  # P(a >= j)
     return reach - np.concatenate([reach[1:], [0.0]])
 
@@ -74,14 +79,14 @@ def class_alphas(acceptance: Acceptance) -> np.ndarray:
     return np.array([acceptance.mean_alpha])
 
 
-def tokens_table(acceptance: Acceptance, k_max: int) -> np.ndarray:
+def tokens_table(acceptance: Acceptance, k_max: int, branching: int = 1) -> np.ndarray:
     """E[tokens per step] for every class and k in 0..k_max."""
-    return np.array([[float(accepted_pmf(acceptance, alpha, k) @ np.arange(k + 1)) + 1.0
+    return np.array([[float(accepted_pmf(acceptance, alpha, k, branching) @ np.arange(k + 1)) + 1.0
                       for k in range(k_max + 1)] for alpha in class_alphas(acceptance)])
 
 
-def static_mix(acceptance: Acceptance, k: int, k_max: int) -> KMix:
-    tokens = tokens_table(acceptance, k_max)
+def static_mix(acceptance: Acceptance, k: int, k_max: int, branching: int = 1) -> KMix:
+    tokens = tokens_table(acceptance, k_max, branching)
     occupancy = np.zeros_like(tokens)
     occupancy[:, k] = 1.0
     return KMix(occupancy, tokens)
@@ -89,11 +94,11 @@ def static_mix(acceptance: Acceptance, k: int, k_max: int) -> KMix:
 
 def adaptive_mix(spec: SpeculationConfig, mean_decode_tokens: float) -> KMix:
     """The 80/50 rule's occupancy of each k (see the module docstring)."""
-    policy, acceptance = spec.policy, spec.acceptance
-    tokens = tokens_table(acceptance, policy.k_max)
+    policy, acceptance, branching = spec.policy, spec.acceptance, spec.proposer.branching
+    tokens = tokens_table(acceptance, policy.k_max, branching)
     occupancy = np.zeros_like(tokens)
     for c, alpha in enumerate(class_alphas(acceptance)):
-        chain = _transitions(acceptance, alpha, policy)
+        chain = _transitions(acceptance, alpha, policy, branching)
         if k_policy(policy).per_batch:
             occupancy[c] = _stationary(chain)
             continue
@@ -108,7 +113,7 @@ def adaptive_mix(spec: SpeculationConfig, mean_decode_tokens: float) -> KMix:
     return KMix(occupancy, tokens)
 
 
-def _transitions(acceptance: Acceptance, alpha: float, policy) -> np.ndarray:
+def _transitions(acceptance: Acceptance, alpha: float, policy, branching: int) -> np.ndarray:
     """One window's move of k: up, down or stay, from the distribution of the window's acceptance."""
     size = policy.k_max + 1
     chain = np.zeros((size, size))
@@ -116,7 +121,7 @@ def _transitions(acceptance: Acceptance, alpha: float, policy) -> np.ndarray:
     chain[0, 1] = 1.0                                  # a window spent off: probe with k = 1
     for k in range(1, size):
         pmf = np.ones(1)
-        step = accepted_pmf(acceptance, alpha, k)
+        step = accepted_pmf(acceptance, alpha, k, branching)
         for _ in range(policy.window):
             pmf = np.convolve(pmf, step)
         rate = np.arange(len(pmf)) / (k * policy.window)
@@ -145,7 +150,8 @@ def _stationary(chain: np.ndarray) -> np.ndarray:
     return vector / vector.sum()
 
 
-def steps_to_emit(acceptance: Acceptance, k_max: int, tokens: np.ndarray, exact_up_to: int = 64) -> np.ndarray:
+def steps_to_emit(acceptance: Acceptance, k_max: int, tokens: np.ndarray, branching: int = 1,
+                  exact_up_to: int = 64) -> np.ndarray:
     """E[verify steps to emit ``tokens`` tokens] for every class and static k in 0..k_max.
 
     The engine never drafts past the last token asked for (k' = min(k, r - 1) with r
@@ -155,17 +161,17 @@ def steps_to_emit(acceptance: Acceptance, k_max: int, tokens: np.ndarray, exact_
     """
     tokens = np.asarray(tokens)
     limit = min(int(np.max(tokens, initial=0)), exact_up_to)
-    table = _steps_table(acceptance, k_max, limit)
-    per_token = 1.0 / tokens_table(acceptance, k_max)
+    table = _steps_table(acceptance, k_max, limit, branching)
+    per_token = 1.0 / tokens_table(acceptance, k_max, branching)
     return table[:, :, np.minimum(tokens, limit)] + per_token[:, :, None] * np.maximum(tokens - limit, 0)
 
 
 @lru_cache(maxsize=64)
-def _steps_table(acceptance: Acceptance, k_max: int, limit: int) -> np.ndarray:
+def _steps_table(acceptance: Acceptance, k_max: int, limit: int, branching: int) -> np.ndarray:
     """E[steps to emit r tokens], r = 0..limit, by recursion on r (vectorised over classes)."""
     alphas = class_alphas(acceptance)
     table = np.zeros((len(alphas), k_max + 1, limit + 1))
-    pmfs = [np.array([accepted_pmf(acceptance, alpha, k) for alpha in alphas]) for k in range(k_max + 1)]
+    pmfs = [np.array([accepted_pmf(acceptance, alpha, k, branching) for alpha in alphas]) for k in range(k_max + 1)]
     for k in range(k_max + 1):
         for r in range(1, limit + 1):
             pmf = pmfs[min(k, r - 1)]                                  # (classes, k' + 1)

@@ -174,7 +174,10 @@ def summarize(result) -> RunSummary:
         classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
         # Overall, the SLO is met when every class meets its own targets.
         slo = replace(slo, met=all(c.slo.met for c in classes.values()))
-    utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica)
+    provisioned = getattr(result, "provisioned", None)
+    replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
+                else scenario.deployment.replicas)
+    utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica, replicas)
     placement = scenario.memory
     memory = Memory(
         tensor_parallel=placement.tensor_parallel,
@@ -224,8 +227,21 @@ def autoscaling_summary(result) -> AutoscalingSummary:
         usd=usd, usd_per_million_output_tokens=usd / tokens * 1e6 if tokens else math.nan)
 
 
-def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario, kv_blocks: int) -> Utilisation:
+def mean_replicas_between(provisioned: pd.DataFrame, start_s: float, stop_s: float) -> float:
+    """The time-average of a piecewise-constant replica count (``time_s``, ``replicas`` after each
+    change, from time 0) over ``[start_s, stop_s]``."""
+    times = provisioned["time_s"].to_numpy()
+    counts = provisioned["replicas"].to_numpy()
+    edges = np.clip(np.append(times, np.inf), start_s, stop_s)
+    return float(np.dot(np.diff(edges), counts) / (stop_s - start_s))
+
+
+def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario, kv_blocks: int,
+                   replicas: float | None = None) -> Utilisation:
     """How busy the devices were in ``[start, stop]``, from the time each iteration spent inside it.
+
+    ``replicas`` is how many replicas there were on average in the window (default the
+    deployment's): with autoscaling, the replicas paid for, starting and draining ones included.
 
     A replica runs one engine per pipeline micro-batch, each one iteration after another, and
     an iteration occupies each of the ``pp`` stages for ``1/pp`` of its duration: the busy
@@ -244,10 +260,11 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     busy_s = float(weights.sum())
     dep = scenario.deployment
     hw = scenario.hardware
-    devices = dep.replicas * scenario.devices_per_replica
+    replicas = dep.replicas if replicas is None else replicas
+    devices = replicas * scenario.devices_per_replica
     # Each engine's iterations follow one another, so the sum is at most the window; rounding in
     # the sum of clipped durations can add an ulp or two.
-    busy_fraction = min(busy_s / (window * dep.replicas * dep.pipeline_parallel), 1.0)
+    busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel), 1.0)
     mfu = float(share @ rows["flops"].to_numpy()) / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
     kv_used = rows["kv_used_blocks"].to_numpy()
     return Utilisation(

@@ -10,6 +10,8 @@ validates like a model YAML. What it reads beyond the dense shape:
   ``first_k_dense_replace``, Qwen-MoE ``mlp_only_layers`` and ``decoder_sparse_step``).
 - MLA (DeepSeek-V2/V3): ``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
   ``qk_rope_head_dim``, ``v_head_dim``.
+- multi-token-prediction modules shipped with the weights (DeepSeek-V3, GLM-4.5:
+  ``num_nextn_predict_layers``), which ``recommend`` offers as a draft (``draft: mtp``).
 - dtypes: ``torch_dtype`` (or ``dtype``) for weights and KV cache; a ``quantization_config``
   (FP8, AWQ/GPTQ, bitsandbytes, compressed-tensors, MXFP4) for the linear layers, the
   embedding and LM head staying at ``torch_dtype`` as quantized checkpoints keep them.
@@ -60,6 +62,7 @@ _FIELDS = {
     "kv_lora_rank": ("kv_lora_rank",),
     "qk_rope_head_dim": ("qk_rope_head_dim",),
     "v_head_dim": ("v_head_dim",),
+    "mtp_modules": ("num_nextn_predict_layers",),
 }
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}

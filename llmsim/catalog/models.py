@@ -70,6 +70,8 @@ class ModelSpec:
     v_head_dim: int = 0               # MLA: a value head
     expert_dtype: str | None = None   # routed experts' weights; None means weight_dtype
     embedding_dtype: str | None = None  # embedding and LM head; None means weight_dtype
+    mtp_modules: int = 0              # multi-token-prediction modules shipped with the weights (DeepSeek-V3's
+                                      # num_nextn_predict_layers); not in the parameter count, as published
     sliding_window_layers: int | None = None   # layers that use the window (Gemma-2: half); None: every layer
 
     def __post_init__(self):
@@ -344,6 +346,7 @@ def _model_from_node(node: Node) -> ModelSpec:
         v_head_dim=count("v_head_dim", 0, minimum=0),
         expert_dtype=node.choice("expert_dtype", list(DTYPE_BYTES), None),
         embedding_dtype=node.choice("embedding_dtype", list(DTYPE_BYTES), None),
+        mtp_modules=count("mtp_modules", 0, minimum=0),
         sliding_window_layers=node.number("sliding_window_layers", None, integer=True, minimum=0,
                                           exclusive_minimum=False),
     )

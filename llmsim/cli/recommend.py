@@ -39,7 +39,10 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
     seeds = len(row["per_seed_rates"])
     ms = (lambda v, ci: f"{v * 1000:.1f} ms" + ("" if math.isnan(ci) else f" +- {ci * 1000:.1f}"))
     pm = (lambda ci: "" if math.isnan(ci) else f" +- {ci:.2g}")
-    targets = ", ".join(f"P{p:g} {m.upper()} <= {limit * 1000:g} ms" for m, (limit, p) in scenario.slo.targets().items())
+    targets = _targets_text(scenario.slo.targets())
+    if scenario.workload.classes:               # each class's own targets
+        targets = "; ".join(f"{name}: {_targets_text(scenario.slo.for_class(name).targets())}"
+                            for name in scenario.workload.class_names)
     replications = (f"{seeds} seeds, 95% CIs across them" if seeds > 1 else
                     "one replication: the trace is replayed as it is, so every seed would run the same requests "
                     "and no confidence interval is available (sample: in its transforms draws different ones)")
@@ -50,6 +53,10 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
              *([f"  idle_timeout       {row['idle_timeout_s']:g} s (CPU offload)"]
                if scenario.engine.cpu_offload is not None else []),
+             *([f"  scheduling_policy  {row['scheduling_policy']}",
+                "  class timeouts     " + ", ".join(f"{name} {'none' if t is None else f'{t * 1000:g} ms'}"
+                                                    for name, t in row["class_timeouts"].items())]
+               if scenario.workload.classes else []),
              f"  goodput            {row['max_rate_per_s']:.3g}{pm(row['max_rate_per_s.ci95'])} req/s at the SLO "
              f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
              f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",
@@ -69,6 +76,10 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
                                                  and not math.isnan(rec.improvement_ci95) else ""),
              f"searched {len(rec.analytic)} settings analytically, simulated {len(rec.table)}, in {rec.runtime_s:.0f} s"]
     return "\n".join(lines)
+
+
+def _targets_text(targets: dict) -> str:
+    return ", ".join(f"P{p:g} {m.upper()} <= {limit * 1000:g} ms" for m, (limit, p) in targets.items()) or "none"
 
 
 def _cmd_recommend(args) -> int:

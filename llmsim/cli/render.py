@@ -130,3 +130,36 @@ def _speculation_line(spec: dict) -> str:
                  f" p50 end-to-end {_num(speedup['e2e_p50'], 2)}x, output tok/s"
                  f" {_num(speedup['output_tokens_per_s'], 2)}x")
     return line
+
+
+def rollout_table(rollout: dict) -> str:
+    """Per rollout group: its share and latencies, then each metric's difference from the control with
+    its 95% interval and p-value, and how long a group like it must run to detect the change asked."""
+    groups = rollout["groups"]
+    header = f"{'group':<14}{'role':<9}{'share':>7}{'replicas':>9}{'requests':>9}{'TTFT p95':>10}{'TPOT p95':>10}" \
+             f"{'E2E p95':>10}{'attain':>8}"
+    lines = [f"rollout (user-facing figures above: control and canaries; shadows served copies nobody saw)",
+             header, "-" * len(header)]
+    for name, g in groups.items():
+        lat = g["latency"]
+        lines.append(f"{name:<14}{g['role']:<9}{_num(100 * g['fraction'], 1):>6}%{g['replicas']:>9}{g['requests']:>9,}"
+                     f"{_ms(lat['ttft_s']['p95']):>10}{_ms(lat['tpot_s']['p95']):>10}{_ms(lat['e2e_s']['p95']):>10}"
+                     f"{_num(100 * g['slo']['attainment'], 1):>7}%")
+    for name, g in groups.items():
+        if "comparison" not in g:
+            continue
+        how = "paired on the requests it copied" if g["role"] == "shadow" else "independent samples"
+        lines += ["", f"{name} - control ({how}; ms, attainment in points)"]
+        head = f"{'metric':<12}{'stat':<6}{'control':>10}{g['role']:>10}{'diff':>10}{'95% interval':>22}{'p':>9}  test"
+        lines += [head, "-" * len(head)]
+        for d in g["comparison"]:
+            scale = (lambda v: _num(100 * v, 2)) if d["metric"] == "attainment" else _ms
+            interval = f"[{scale(d['low'])}, {scale(d['high'])}]"
+            lines.append(f"{d['metric']:<12}{d['statistic']:<6}{scale(d['control']):>10}{scale(d['treatment']):>10}"
+                         f"{scale(d['difference']):>10}{interval:>22}{d['p_value']:>9.2g}  {d['test']}"
+                         + ("  *" if d["significant"] else ""))
+        change = 100 * rollout["change_to_detect"]
+        for t in g["detection"]:
+            lines.append(f"detect a {change:g}% change in mean {t['metric']}: {t['requests']:,.0f} {g['role']} requests"
+                         f" = {t['seconds']:,.0f} s at its share (this run detects {_num(100 * t['detectable_now'], 1)}%)")
+    return "\n".join(lines)

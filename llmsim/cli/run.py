@@ -23,20 +23,21 @@ from pathlib import Path
 import pandas as pd
 
 from llmsim.analysis.bench_format import vllm_bench_result
-from llmsim.cli.options import FORCE_HELP, SEED
+from llmsim.cli.options import FORCE_HELP, SEED, number_flag
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
-from llmsim.cli.render import format_summary
+from llmsim.cli.render import format_summary, rollout_table
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.resources import check_run_size
+from llmsim.sim.rollout import rollout_summary, simulate_rollout
 from llmsim.sim.simulate import simulate, speedup_over_plain
 from llmsim.sim.token_times import TokenTimes
 from llmsim.workload.trace import generate_trace
 
-# What a run may write; the last three with --bench-json, --parquet and a controller.
+# What a run may write; the last five with --bench-json, --parquet, a controller and a rollout.
 RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet",
-             "control.csv")
+             "control.csv", "rollout.csv", "shadow.csv")
 
 
 def add_parsers(sub) -> None:
@@ -61,6 +62,9 @@ def add_parsers(sub) -> None:
     run.add_argument("--parquet", action="store_true",
                      help="also write the per-request records as requests.parquet (needs pyarrow: "
                           "pip install 'llmsim[parquet]')")
+    run.add_argument("--detect", type=number_flag(0.0, 10.0, exclusive_minimum=True), default=0.05, metavar="FRACTION",
+                     help="with a rollout: the relative change in a mean whose detection time is reported "
+                          "(default 0.05: 5%%)")
     run.add_argument("--no-baseline", action="store_true",
                      help="with speculation: skip the plain-decoding run on the same trace (no speedup figures)")
     run.set_defaults(func=_cmd_run)
@@ -89,6 +93,8 @@ def _cmd_run(args) -> int:
                           allowed="a scenario with continuous batching, or --bench-json")
     token_times = TokenTimes() if args.bench_detailed else None
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
+    if scenario.rollout is not None:
+        return _run_rollout(scenario, out, args)
     try:
         try:
             watching = {"observers": [token_times]} if token_times is not None else {}
@@ -144,6 +150,26 @@ def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = N
     if args.plot:
         from llmsim.analysis.plots import timeline
         written.append(write_file(out / "timeline.png", lambda path: timeline(result, path)))
+    print("\nwrote " + ", ".join(map(str, written)))
+    return 130 if result.interrupted else 0
+
+
+def _run_rollout(scenario, out: Path, args) -> int:
+    """A canary or shadow rollout: the user-facing summary, then each group against the control."""
+    result = simulate_rollout(scenario, force=True)          # its size checked by the caller
+    summary = result.user.summary()
+    summary["rollout"] = rollout_summary(result, args.detect)
+    users = result.user.requests
+    written = [write_file(out / "requests.csv", lambda path: users.to_csv(path, index=False))]
+    shadows = [group.requests for name, group in result.groups.items() if result.roles[name] == "shadow"]
+    if shadows:
+        written.append(write_file(out / "shadow.csv",
+                                  lambda path: pd.concat(shadows, ignore_index=True).to_csv(path, index=False)))
+    rows = [{"group": name, **d} for name, g in summary["rollout"]["groups"].items() for d in g.get("comparison", [])]
+    written.append(write_file(out / "rollout.csv", lambda path: pd.DataFrame(rows).to_csv(path, index=False)))
+    written.append(_write_summary(out / "summary.json", summary))
+    print(format_summary(summary))
+    print("\n" + rollout_table(summary["rollout"]))
     print("\nwrote " + ", ".join(map(str, written)))
     return 130 if result.interrupted else 0
 

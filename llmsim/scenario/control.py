@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from llmsim.config.reader import Node
 
 CONTROLLER_RULES = ("practice", "aimd", "pid")
-CONTROLLER_KNOBS = ("max_batch_tokens", "max_num_seqs")
+CONTROLLER_KNOBS = ("max_batch_tokens", "max_num_seqs", "speculation_k")
+SPECULATION_K = "speculation_k"            # the static k policy's draft length (speculation.k)
 
 
 @dataclass(frozen=True)
@@ -50,21 +51,38 @@ class ControllerConfig:
     kd: float = 0.0
 
 
-def controller_from_node(node: Node, engine) -> ControllerConfig:
-    """``controller:``; ``engine`` is the scenario's EngineConfig (the knob's starting value)."""
+def controller_from_node(node: Node, engine, speculation=None) -> ControllerConfig:
+    """``controller:``; ``engine`` is the scenario's EngineConfig and ``speculation`` its SpeculationConfig
+    (or None): where the knob starts. ``speculation_k`` moves a static k policy's k within [0, k_max]
+    (0: plain decoding); the adaptive and goodput policies choose k themselves."""
     rule = node.choice("rule", CONTROLLER_RULES, "practice")
     knob = node.choice("knob", CONTROLLER_KNOBS, "max_batch_tokens")
-    start = getattr(engine, knob)
+    floor, ceiling, setting = 1, None, f"engine.{knob}"
+    if knob == SPECULATION_K:
+        if speculation is None or not speculation.enabled or speculation.policy.policy != "static":
+            raise node.key_error("knob", "speculation_k moves the draft length of a static k policy, and this "
+                                         "scenario does not speculate with one", knob,
+                                 "speculation with policy: static (the adaptive and goodput policies choose k), "
+                                 "or " + ", ".join(CONTROLLER_KNOBS[:2]))
+        start, floor, ceiling = speculation.policy.k, 0, max(speculation.policy.k, speculation.policy.k_max)
+        setting = "speculation.k"
+    else:
+        start = getattr(engine, knob)
     interval = node.quantity("interval", "duration", 10.0)
     window = node.quantity("window", "duration", 3 * interval)
-    bounds = node.raw("bounds", [max(1, start // 8), start])
+    bounds = node.raw("bounds", [max(floor, start // 8), start])
     if (not isinstance(bounds, list) or len(bounds) != 2
             or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)):
         raise node.key_error("bounds", "expected [low, high], two whole numbers", bounds, f"e.g. [{max(1, start // 8)}, {start}]")
     low, high = bounds
-    if not 1 <= low <= start <= high:
-        raise node.key_error("bounds", f"the range must hold engine.{knob} ({start}), the setting the run starts "
-                             "from, and start at 1 or more", bounds, f"[low, high] with 1 <= low <= {start} <= high")
+    if not floor <= low <= start <= high:
+        raise node.key_error("bounds", f"the range must hold {setting} ({start}), the setting the run starts "
+                             f"from, and start at {floor} or more", bounds,
+                             f"[low, high] with {floor} <= low <= {start} <= high")
+    if ceiling is not None and high > ceiling:
+        raise node.key_error("bounds", f"the draft length cannot exceed the policy's k_max ({ceiling}): the draft's "
+                                       "buffers are sized by it", bounds,
+                             f"high <= {ceiling}, or raise speculation.k_max")
     if knob == "max_batch_tokens" and low < engine.max_num_seqs:
         raise node.key_error("bounds", f"max_batch_tokens below max_num_seqs ({engine.max_num_seqs}) would starve "
                              "running sequences", bounds, f"low >= {engine.max_num_seqs}")

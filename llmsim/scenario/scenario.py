@@ -14,6 +14,8 @@ from llmsim.config.reader import Node, load_yaml
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from llmsim.errors import ConfigError
+from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
 from llmsim.scenario.control import AutoscalingConfig, ControllerConfig, autoscaling_from_node, controller_from_node
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
@@ -149,6 +151,9 @@ class Scenario:
     speculation: SpeculationConfig | None = None     # None, or a static k of 0: plain decoding
     controller: ControllerConfig | None = None       # adaptive control of an engine knob (default: none)
     autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
+    rollout: RolloutConfig | None = None             # canary and shadow groups beside this deployment (default: none)
+    # Each rollout group's own scenario (its replicas and engine), built and checked with this one.
+    rollout_scenarios: tuple["Scenario", ...] = field(default=(), repr=False, compare=False)
     # The validated YAML mapping and the folder its relative paths start from: sweeps lay
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
@@ -288,8 +293,9 @@ def scenario_from_node(root: Node) -> Scenario:
         if engine.batching != "continuous":
             raise root.key_error("controller", "the controller adjusts a continuous-batching engine",
                                  root.raw("controller"), "engine.batching: continuous")
-        controller = controller_from_node(root.child("controller"), engine)
+        controller = controller_from_node(root.child("controller"), engine, speculation)
     autoscaling = autoscaling_from_node(root.child("autoscaling"), replicas, router) if root.has("autoscaling") else None
+    rollout = _rollout(root, autoscaling)
     slo_node = root.child("slo")
     slo = _slo(slo_node, SLO_DEFAULTS)
     if slo_node.has("classes"):
@@ -306,10 +312,43 @@ def scenario_from_node(root: Node) -> Scenario:
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
-                        speculation=speculation, controller=controller, autoscaling=autoscaling,
+                        speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
                         source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes)
     _check_fits(scenario, root)
+    if rollout is not None:
+        scenario = replace(scenario, rollout_scenarios=tuple(group_scenario(scenario, group, root.file)
+                                                             for group in rollout.groups))
     return scenario
+
+
+def _rollout(root: Node, autoscaling) -> RolloutConfig | None:
+    if not root.has("rollout"):
+        return None
+    if autoscaling is not None:
+        raise root.key_error("rollout", "a rollout's groups keep fixed replica counts: not modelled with autoscaling",
+                             root.raw("rollout"), "rollout or autoscaling, not both")
+    return rollout_from_node(root.child("rollout"))
+
+
+def group_scenario(scenario: Scenario, group, file: str | None = None) -> Scenario:
+    """The scenario of one rollout group (:func:`llmsim.scenario.rollout.group_source`), validated as a
+    file would be; an error in the group's settings names its key under ``rollout.groups.<name>``."""
+    file = file or scenario.path
+    try:
+        built = scenario_from_node(Node(group_source(scenario.source, group), file=file,
+                                        base_dir=Path(scenario.source_dir or ".")))
+    except ConfigError as error:
+        prefix = f"rollout.groups.{group.name}"
+        key = error.key or ""
+        if key.startswith("engine"):
+            key = f"{prefix}.{key}"
+        elif key in ("deployment.replicas", "hardware"):
+            key = f"{prefix}.{key.split('.')[-1]}"
+        else:
+            key = f"{prefix} (with {key})" if key else prefix
+        raise ConfigError(f"rollout group '{group.name}': {error.message}", file=error.file, key=key,
+                          value=error.value, allowed=error.allowed, has_value=error.has_value) from None
+    return replace(built, name=f"{scenario.name} [{group.name}]", seed=scenario.seed, path=scenario.path)
 
 
 def _cpu_offload(eng: Node) -> CPUOffload | None:

@@ -2,14 +2,17 @@
 
 :func:`choose_draft` compares candidates (:func:`candidates`: no speculation; every catalog
 model the target can verify, same vocabulary and smaller, in its own dtype and quantised to
-fp8; an EAGLE head; n-gram lookup; the scenario's own draft) in two stages:
+fp8; an EAGLE head; the target's own multi-token-prediction module where its checkpoint ships one
+(``mtp_modules``, DeepSeek-V3's ``num_nextn_predict_layers``); n-gram lookup; the scenario's own
+draft) in two stages:
 
 1. **Theorem 3.8** (Leviathan et al.): each candidate's acceptance alpha (the acceptance
    model's prediction for the pair and the workload, or the scenario's measured acceptance
    for its own draft) and its cost ratio c (one draft step over one target step at batch 1,
    from the cost models at the workload's mean context; a proposer that runs once a step,
    Medusa or n-gram, costs c whatever k) give the best k and the batch-1 speedup
-   S = (1 - alpha^(k+1)) / ((1 - alpha)(draft_steps(k) c + 1)).
+   S = (1 - alpha^(k+1)) / ((1 - alpha)(draft_steps(k) c + 1)), k up to 8 or the proposer's own
+   limit (Medusa: one token per head).
 2. **Simulation**: the best ``simulate_top`` of them, and plain decoding, run at the
    scenario's rate on the same arrival trace with their best k; the choice is the lowest mean
    TPOT among those meeting the SLO (all of them if none does).
@@ -35,7 +38,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.sim.simulate import simulate
 from llmsim.speculation.config import (Acceptance, Eligibility, KPolicy, SpeculationConfig, predicted_acceptance,
                                        resolve_draft_parallelism)
-from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, NGRAM, Proposer, draft_cost_model, head_spec
+from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, MTP, NGRAM, Proposer, draft_cost_model, head_spec
 from llmsim.workload.trace import generate_trace
 
 NONE = "none"
@@ -52,10 +55,17 @@ class Candidate:
     alpha: float = 0.0
     alpha_range: tuple[float, float] | None = None     # the acceptance model's one-sd range, if predicted
     cpu_s_per_sequence: float = 0.0                     # n-gram lookup
+    heads: int = K_MAX                                  # Medusa: its heads, the longest draft
 
     @property
     def proposer(self) -> Proposer:
-        return Proposer(self.kind, heads=K_MAX if self.kind == MEDUSA else 0, cpu_s_per_sequence=self.cpu_s_per_sequence)
+        return Proposer(self.kind, heads=self.heads if self.kind == MEDUSA else 0,
+                        cpu_s_per_sequence=self.cpu_s_per_sequence)
+
+    @property
+    def k_max(self) -> int:
+        """The longest draft tried: K_MAX, or less where the proposer cannot draft so far."""
+        return min(K_MAX, self.proposer.max_k or K_MAX)
 
 
 @dataclass
@@ -71,8 +81,8 @@ class DraftChoice:
 def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, ModelSpec] | None = None
                ) -> list[Candidate]:
     """No speculation; catalog models the target can verify (same vocabulary, smaller), in their
-    dtype and at fp8; an EAGLE head; n-gram lookup; and the scenario's own draft, with its
-    measured acceptance when the scenario gives one."""
+    dtype and at fp8; an EAGLE head; the target's MTP module if it ships one; n-gram lookup; and
+    the scenario's own draft, with its measured acceptance when the scenario gives one."""
     target = scenario.model
     out = [Candidate(NONE, NONE)]
     for model in (catalog or model_catalog()).values():
@@ -82,12 +92,15 @@ def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, Mo
             label = model.name if variant is model else f"{model.name} (fp8)"
             out.append(_predicted(label, MODEL, variant, target, workload))
     out.append(_predicted("EAGLE head", EAGLE, head_spec(EAGLE, target), target, workload))
+    if target.mtp_modules:
+        out.append(_predicted("MTP module", MTP, head_spec(MTP, target), target, workload))
     out.append(_predicted("n-gram lookup", NGRAM, None, target, workload))
     own = scenario.speculation
     if own is not None and _measured(scenario):
         label = f"{own.draft.name if own.draft is not None else own.proposer.kind} (measured acceptance)"
         out.append(Candidate(label, own.proposer.kind, own.draft, own.acceptance.mean_alpha,
-                             cpu_s_per_sequence=own.proposer.cpu_s_per_sequence))
+                             cpu_s_per_sequence=own.proposer.cpu_s_per_sequence,
+                             heads=own.proposer.heads if own.proposer.kind == MEDUSA else K_MAX))
     return out
 
 
@@ -129,7 +142,7 @@ def with_candidate(scenario: Scenario, candidate: Candidate, k: int) -> Scenario
         return replace(scenario, speculation=None)
     own = scenario.speculation
     eligibility = own.eligibility if own is not None else Eligibility()
-    config = SpeculationConfig(candidate.draft, policy=KPolicy("static", k, max(k, K_MAX)),
+    config = SpeculationConfig(candidate.draft, policy=KPolicy("static", k, max(k, candidate.k_max)),
                                acceptance=Acceptance("bernoulli", alpha=candidate.alpha), eligibility=eligibility,
                                proposer=candidate.proposer)
     return replace(scenario, speculation=resolve_draft_parallelism(config, scenario.deployment.tensor_parallel))
@@ -150,7 +163,7 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
         if scenario_with.memory.kv_capacity_tokens < scenario.max_model_len:
             continue                                 # the draft leaves no room for one longest request
         c = cost_ratio(scenario, candidate, context)
-        k, speedup = theorem_3_8(candidate.alpha, c, candidate.proposer.sequential)
+        k, speedup = theorem_3_8(candidate.alpha, c, candidate.proposer.sequential, candidate.k_max)
         rows.append(dict(candidate=candidate, c=c, k=k, speedup_theorem=speedup))
     rows.sort(key=lambda row: -row["speedup_theorem"])
     simulated = [row for row in rows if row["candidate"].kind == NONE] + \

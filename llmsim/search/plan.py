@@ -284,13 +284,11 @@ def _probes(lo: int, hi: int, workers: int | None) -> list[int]:
 
 def fluid_blind_spots(scenario: Scenario) -> list[str]:
     """What the scenario has that could make the fluid model's capacity an *under*statement, so that its
-    bound would no longer bound: work it does not see saved (prefix caching) or priced differently
-    (tree verification), or replicas that change during the run (autoscaling)."""
+    bound would no longer bound: work it does not see saved (prefix caching), or replicas that change
+    during the run (autoscaling). (Tree verification is modelled: tests/test_analytic.py.)"""
     spots = []
     if scenario.engine.prefix_caching:
         spots.append("prefix caching")
-    if scenario.speculating and scenario.speculation.proposer.branching > 1:
-        spots.append("tree verification")
     if scenario.autoscaling is not None:
         spots.append("autoscaling")
     return spots

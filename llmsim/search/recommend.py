@@ -10,7 +10,8 @@ A recommendation must also meet the targets at the scenario's own rate.
 The search (:func:`recommend`):
 
 1. **Coarse grid, analytic.** Every combination of k (off; static 1..k_max; the
-   adaptive 80/50 rule from k0 = 4) and max batch tokens (powers of two, the scenario's
+   adaptive 80/50 rule from k0 = 4 up to k_max 8, both held to what the proposer can draft:
+   Medusa one token per head) and max batch tokens (powers of two, the scenario's
    own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`): its
    highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
    invisible to it (they act on the tail), so they are left to the simulator.
@@ -20,7 +21,9 @@ The search (:func:`recommend`):
    in parallel through :func:`llmsim.search.sweeps.run_points`. A setting that fails at the
    scenario's own rate cannot be recommended, and its search stops there.
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
-   and each queue timeout (50, 200, 1000 ms), simulated the same way. With prefix caching
+   and each queue timeout (50, 200, 1000 ms), simulated the same way. With traffic classes
+   also every other scheduling policy and each class's queue timeout halved and doubled (a
+   class without one: 50, 200 and 1000 ms), one class at a time. With prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
    CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither).
 
@@ -53,7 +56,7 @@ from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
-from llmsim.scenario.scenario import Scenario
+from llmsim.scenario.scenario import SCHEDULING_POLICIES, Scenario
 from llmsim.scenario.overrides import variant
 from llmsim.search.draft_choice import DraftAdvice, advise
 from llmsim.search.sweeps import run_points, slo_met
@@ -77,6 +80,9 @@ class Config:
     queue_timeout_s: float | None
     block_size: int | None = None        # None: the scenario's own (searched only with prefix caching)
     idle_timeout_s: float | None = None  # None: the scenario's own (searched only with CPU offload)
+    # With traffic classes (None: the scenario's own): the scheduling policy, and (class, queue timeout s).
+    policy: str | None = None
+    class_timeouts: tuple[tuple[str, float], ...] | None = None
 
     def overrides(self, scenario: Scenario) -> dict:
         point = {"engine.max_batch_tokens": self.max_batch_tokens,
@@ -85,12 +91,17 @@ class Config:
             point["engine.block_size"] = self.block_size
         if self.idle_timeout_s is not None:      # a mapping: merged into the scenario's, or replacing `true`
             point["engine.cpu_offload"] = {"idle_timeout": f"{self.idle_timeout_s:g} s"}
+        if self.policy is not None:
+            point["engine.scheduling_policy"] = self.policy
+        for name, timeout_s in self.class_timeouts or ():
+            point[f"workload.classes.{name}.queue_timeout"] = f"{timeout_s * 1000:g} ms"
         if self.k == "off":
             if scenario.speculation is not None:
                 point["speculation"] = None
         else:
             policy, k = self.k.split(":")
             k_max = max(scenario.speculation.policy.k_max, int(k), RULE_K_MAX if policy == AdaptiveK.name else 0)
+            k_max = min(k_max, longest_draft(scenario))
             point.update({"speculation.policy": policy, "speculation.k": int(k), "speculation.k_max": k_max})
         return point
 
@@ -102,6 +113,10 @@ class Config:
             label += f", block_size {self.block_size}"
         if self.idle_timeout_s is not None:
             label += f", idle timeout {self.idle_timeout_s:g} s"
+        if self.policy is not None:
+            label += f", policy {self.policy}"
+        if self.class_timeouts:
+            label += ", class timeouts " + ", ".join(f"{name} {t * 1000:g} ms" for name, t in self.class_timeouts)
         return label
 
 
@@ -127,11 +142,25 @@ def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
     return int(min(max(tokens, eng.max_num_seqs), scenario.max_model_len))
 
 
+def longest_draft(scenario: Scenario) -> int:
+    """The most tokens the scenario's proposer can draft a step: Medusa one per head, else no
+    bound (a large number). The adaptive rule's k0 and k_max are held to it."""
+    return scenario.speculation.proposer.max_k or 2 ** 31
+
+
+def rule_k(scenario: Scenario) -> str:
+    """The rule-of-thumb k setting: off, or the adaptive 80/50 rule from k0 = 4 (fewer where the
+    proposer cannot draft 4 tokens)."""
+    if scenario.speculation is None:
+        return "off"
+    return f"adaptive:{min(RULE_K0, longest_draft(scenario))}"
+
+
 def k_options(scenario: Scenario) -> list[str]:
     if scenario.speculation is None:
         return ["off"]
     k_max = scenario.speculation.policy.k_max
-    return ["off"] + [f"static:{k}" for k in range(1, k_max + 1)] + [f"adaptive:{RULE_K0}"]
+    return ["off"] + [f"static:{k}" for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
 def batch_token_options(scenario: Scenario) -> list[int]:
@@ -268,7 +297,31 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
         out += [replace(best, block_size=b) for b in (size // 2, size * 2) if BLOCK_SIZES[0] <= b <= BLOCK_SIZES[1]]
     if engine.cpu_offload is not None:
         out += [replace(best, idle_timeout_s=t) for t in IDLE_TIMEOUTS_S]
+    return out + _class_neighbours(best, scenario)
+
+
+def _class_neighbours(best: Config, scenario: Scenario) -> list[Config]:
+    """With traffic classes: every other scheduling policy, and each class's queue timeout halved and
+    doubled (or, for a class with none, each of TIMEOUTS_S), one class at a time."""
+    classes = scenario.workload.classes
+    if not classes:
+        return []
+    policy = best.policy or scenario.engine.scheduling_policy
+    out = [replace(best, policy=p) for p in SCHEDULING_POLICIES if p != policy]
+    timeouts = dict(class_timeouts(best, scenario))
+    for c in classes:
+        now = timeouts[c.name]
+        for t in (now / 2, now * 2) if now is not None else TIMEOUTS_S:
+            out.append(replace(best, class_timeouts=tuple({**timeouts, c.name: t}.items())))
     return out
+
+
+def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float | None], ...]:
+    """Each class's queue timeout under ``config``: its own setting, else the class's, else the engine's."""
+    engine_timeout = config.queue_timeout_s if config.queue_timeout_s is not None else scenario.engine.queue_timeout_s
+    own = dict(config.class_timeouts or ())
+    return tuple((c.name, own.get(c.name, c.queue_timeout_s if c.queue_timeout_s is not None else engine_timeout))
+                 for c in scenario.workload.classes)
 
 
 class _Search:
@@ -280,8 +333,7 @@ class _Search:
         self.results: dict[Config, dict] = {}
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.arrival.rate_per_s
-        rule_k = f"adaptive:{RULE_K0}" if scenario.speculation is not None else "off"
-        self.defaults = [Config(rule_k, rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S]
+        self.defaults = [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S]
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
     def analytic(self, config: Config) -> float:
@@ -339,6 +391,8 @@ class _Search:
                                "idle_timeout_s": c.idle_timeout_s if c.idle_timeout_s is not None else (
                                    self.scenario.engine.cpu_offload.idle_timeout_s
                                    if self.scenario.engine.cpu_offload is not None else math.nan),
+                               "scheduling_policy": c.policy or self.scenario.engine.scheduling_policy,
+                               "class_timeouts": dict(class_timeouts(c, self.scenario)) or None,
                                "analytic_rate_per_s": guess[c],
                                "max_rate_per_s": rates.mean(), "max_rate_per_s.ci95": _ci(rates),
                                "usd_per_million_output_tokens": float(np.nanmean(cost)) if np.isfinite(cost).any()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
 import pandas as pd
 import simpy
 
@@ -30,7 +31,7 @@ class ReplicaPool:
         self.state = [SERVING] * serving + [OFF] * (replicas - serving)
         self.switch_off = switch_off
         self.routable = list(range(serving))
-        self.provisioned = TimeAverage(logged=False)
+        self.provisioned = TimeAverage()
         self.provisioned.change(0.0, serving)
         self._turn = -1
 
@@ -43,6 +44,11 @@ class ReplicaPool:
 
     def replica_seconds(self, until_s: float) -> float:
         return self.provisioned.mean(until_s) * until_s
+
+    def provisioned_series(self) -> pd.DataFrame:
+        """The replicas paid for after each change (starting and draining ones included), from time 0."""
+        return pd.DataFrame({"time_s": np.frombuffer(self.provisioned.log_s, float),
+                             "replicas": np.frombuffer(self.provisioned.log_value, np.int64)})
 
 
 class ScalingLog:

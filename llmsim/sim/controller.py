@@ -17,7 +17,7 @@ import pandas as pd
 import simpy
 
 from llmsim.analysis.rolling import latencies, targets_of, worst_ratio
-from llmsim.scenario.control import ControllerConfig
+from llmsim.scenario.control import SPECULATION_K, ControllerConfig
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import RequestRecords
 from llmsim.sim.scheduling import ClassEngine
@@ -73,7 +73,8 @@ def controller(env: simpy.Environment, scenario: Scenario, engines: list, record
     """The control loop (a SimPy process; it runs until the simulation stops)."""
     config = scenario.controller
     targets = targets_of(scenario.slo, scenario.workload.class_names)
-    start = getattr(scenario.engine, config.knob)
+    moves_k = config.knob == SPECULATION_K
+    start = scenario.speculation.policy.k if moves_k else getattr(scenario.engine, config.knob)
     rule = Rule(config, start)
     value, scale = start, 1.0
     base_rules = {id(e): e.rules for e in engines if isinstance(e, ClassEngine)}
@@ -92,7 +93,10 @@ def controller(env: simpy.Environment, scenario: Scenario, engines: list, record
         if changed:
             value, scale = new, rule.timeout_scale
             for engine in engines:
-                engine.config = replace(engine.config, **{config.knob: value})
+                if moves_k:
+                    engine.decode.policy.set_k(value)
+                else:
+                    engine.config = replace(engine.config, **{config.knob: value})
                 if id(engine) in base_rules:
                     engine.scale_timeouts(base_rules[id(engine)], scale)
         log.rows.append((now, ratio, config.knob, value, scale, changed))

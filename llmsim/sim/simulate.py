@@ -208,6 +208,7 @@ class SimulationResult:
     control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)
     scaling: pd.DataFrame | None = None          # with autoscaling: every check (sim.autoscaling.ScalingLog)
     replica_seconds: float | None = None         # with autoscaling: replica time paid for, start to end
+    provisioned: pd.DataFrame | None = None      # with autoscaling: replicas paid for after each change
     speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
     kv_tiers: dict | None = None         # the tiered KV cache's totals (prefix caching, host tier, swap), if any
 
@@ -236,6 +237,12 @@ def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
     if horizon is None:
         horizon = max(2 * window, window + 60.0)
     return window, horizon
+
+
+def warmup_for(scenario: Scenario, window_s: float) -> float:
+    """The warm-up excluded from the figures: the scenario's, default 10% of the arrival window."""
+    warmup = scenario.simulation.warmup_s
+    return min(warmup if warmup is not None else 0.1 * window_s, window_s)
 
 
 def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = (),
@@ -269,8 +276,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         # Bound late: the router is built after its replicas.
         return lambda request, now: router.done(request, now, replica)
 
-    warmup = min(scenario.simulation.warmup_s if scenario.simulation.warmup_s is not None else 0.1 * window,
-                 window)
+    warmup = warmup_for(scenario, window)
     make_engine = _engine_factory(scenario, resolved)
     make_kv = _kv_factory(scenario, resolved, trace)
     groups = []
@@ -361,6 +367,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         control=control.frame() if control is not None else None,
         scaling=scaling.frame() if scaling is not None else None,
         replica_seconds=router.pool.replica_seconds(end_s) if router.pool is not None else None,
+        provisioned=router.pool.provisioned_series() if router.pool is not None else None,
         speculation_blocked=_blocked_counts(engines),
         kv_tiers=_kv_tiers(kv_caches, end_s),
     )

@@ -10,10 +10,11 @@ decoding sequences:
    step (its first step also catches up on tokens it has not seen, and the draft
    prefills every prompt chunk the target prefills);
 2. the target verifies: a speculating sequence is a chunk of ``k + 1`` positions over
-   its context (the engine reserves KV for all of them before the step), a plain one
-   decodes one token;
+   its context (a tree: the root and all its nodes), and the engine reserves KV for all
+   of them before the step; a plain one decodes one token;
 3. the acceptance process decides each sequence's accepted prefix ``a``; it emits
-   ``a + 1`` tokens, keeps KV for them and gives back the blocks of the rejected tail.
+   ``a + 1`` tokens, keeps KV for them and gives back the blocks of the rejected tail
+   (a tree's: every node off the accepted path).
 
 With the draft on the target's devices the iteration lasts draft + verify; with the
 draft on devices of its own the two overlap as a producer-consumer pipeline (the
@@ -34,15 +35,14 @@ from array import array
 
 import numpy as np
 
-from llmsim.cost.features import (FEATURES, attention_pairs, batch_rows, sequential_decode_rows, speculative_step_sums,
-                                  visible)
+from llmsim.cost.features import FEATURES, batch_rows, sequential_decode_rows, speculative_step_sums, visible
 from llmsim.sim.decode import DecodeSet
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks,
                                             tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
-from llmsim.speculation.proposers import tree_tokens
+from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
 
 # Why a decoding sequence did not speculate in a step (counted per sequence and step, see
 # SpeculativeDecodeSet.blocked): the eligibility rules, the KV cache, or the k policy / last token.
@@ -184,7 +184,8 @@ class SpeculativeDecodeSet(DecodeSet):
 
     # -- a step: choose k, reserve KV ---------------------------------------------------------------
     def prepare(self, now: float) -> int:
-        """Choose each sequence's k and reserve KV for its k + 1 positions; returns the decode tokens.
+        """Choose each sequence's k and reserve KV for the positions it verifies (k + 1 for a chain,
+        the root and every node of a tree); returns the decode tokens (the verify pass's).
 
         When the free blocks cannot hold the speculative positions the step decodes
         plainly; when they cannot hold even that, the latest admitted request is preempted.
@@ -198,7 +199,7 @@ class SpeculativeDecodeSet(DecodeSet):
             # Never draft past the last token asked for, nor past the iteration's token budget.
             needed, drafted, reserved = reserve_blocks(n, self._choose_k(n), s.eligible, s.ints,
                                                        self.engine.config.max_batch_tokens - n, kv.block_size,
-                                                       kv.free_blocks)
+                                                       kv.free_blocks, self._branching)
             if reserved:
                 break
             if drafted:
@@ -299,7 +300,8 @@ class SpeculativeDecodeSet(DecodeSet):
         verify_tokens = t.sum(axis=0)
         plain = n - spec.sum(axis=0)
         kv_plain = float((seen + 1).sum()) - ((cs + 1) * spec).sum(axis=0)
-        rows = batch_rows(verify_tokens, attention_pairs(t, cs).sum(axis=0), ((cs + t) * spec).sum(axis=0),
+        pairs = (tree_verify_pairs(drafted, self._branching, cs) * spec).sum(axis=0)
+        rows = batch_rows(verify_tokens, pairs, ((cs + t) * spec).sum(axis=0),
                           verify_tokens, plain, kv_plain, self.engine.cost.model)
         verify_s = self.engine.cost.iteration(rows)[0]
         if self.draft_cost is None:

@@ -44,16 +44,33 @@ def eligible_rows(n, ints, min_sequence_tokens, eligible):
     return count
 
 
+@numba.njit(cache=True, inline="always")
+def tree_nodes(depth, branching):
+    """Nodes below the root of a full ``branching``-ary tree ``depth`` levels deep, ``sum_{j=1..depth} b^j``
+    (``depth`` for a chain): the draft tokens one verify pass checks beyond the root."""
+    if branching == 1:
+        return depth
+    nodes = 0
+    width = 1
+    for _ in range(depth):
+        width *= branching
+        nodes += width
+    return nodes
+
+
 @numba.njit(cache=True)
-def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks):
+def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, branching=1):
     """This step's draft lengths (column ``k``) and, if the free blocks hold them, their KV.
 
     ``chosen`` is the policy's k for every row, or None when nobody speculates. An eligible
-    sequence drafts ``min(chosen, remaining - 1)`` (never past the last token asked for);
-    when their sum exceeds the iteration's token ``budget`` a common cap is lowered until
-    it fits. Each sequence then needs the blocks that hold ``context + k + 1`` tokens.
-    Returns ``(blocks needed, tokens drafted, reserved)``: ``blocks`` grows only when all
-    the needed blocks are free.
+    sequence drafts ``min(chosen, remaining - 1)`` levels (never past the last token asked
+    for). It verifies the root and every draft node, :func:`tree_nodes` ``(k, branching)`` of
+    them (``k`` for a chain), and each gets a KV slot while it is verified: when the nodes of
+    all sequences exceed the iteration's token ``budget`` a common cap on k is lowered until
+    they fit, and each sequence then needs the blocks that hold ``context + nodes + 1``
+    tokens (the rejected nodes' are given back by :func:`advance_rows`, the accepted path's
+    kept). Returns ``(blocks needed, draft nodes verified, reserved)``: ``blocks`` grows only
+    when all the needed blocks are free.
     """
     k, remaining, context, blocks = ints[_K], ints[_REMAINING], ints[_CONTEXT], ints[_BLOCKS]
     drafted = longest = 0
@@ -62,28 +79,28 @@ def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks):
         if chosen is not None and eligible[i]:
             draft = min(chosen[i], remaining[i] - 1)
         k[i] = draft
-        drafted += draft
+        drafted += tree_nodes(draft, branching)
         longest = max(longest, draft)
     if drafted > budget:
         cap = longest
         while cap > 0:
             total = 0
             for i in range(n):
-                total += min(k[i], cap)
+                total += tree_nodes(min(k[i], cap), branching)
             if total <= budget:
                 break
             cap -= 1
         drafted = 0
         for i in range(n):
             k[i] = min(k[i], cap)
-            drafted += k[i]
+            drafted += tree_nodes(k[i], branching)
     needed = 0
     for i in range(n):
-        needed += max(-(-(context[i] + k[i] + 1) // block_size) - blocks[i], 0)
+        needed += max(-(-(context[i] + tree_nodes(k[i], branching) + 1) // block_size) - blocks[i], 0)
     if needed > free_blocks:
         return needed, drafted, False
     for i in range(n):
-        blocks[i] += max(-(-(context[i] + k[i] + 1) // block_size) - blocks[i], 0)
+        blocks[i] += max(-(-(context[i] + tree_nodes(k[i], branching) + 1) // block_size) - blocks[i], 0)
     return needed, drafted, True
 
 
@@ -94,7 +111,9 @@ def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, ga
     Records each sequence's gap since its last token as runs of equal gaps, in row order,
     from ``gap_runs[runs_at]`` on (columns: end, gap, tokens; after a step that decoded
     every sequence, as chunked prefill does, one run); rolls its KV back to the blocks its
-    new context needs (the rejected positions' are given back), and records what the draft
+    new context needs (the rejected positions' are given back; for a tree, every node off the
+    accepted path: the engine moves the path's KV into place, a copy of at most k tokens' KV
+    that is not priced), and records what the draft
     has not seen: its accepted tokens but the last, when it proposed and all were accepted,
     else one more. ``speculated`` marks the rows that drafted; ``finished_rows`` gets the
     rows that have all their tokens, last row first (the order to remove them in, as a

@@ -17,6 +17,7 @@ moves with the request's row, and state for the whole batch on the policy object
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -66,6 +67,11 @@ class StaticK(KPolicyRule):
         if n > len(self._k):
             self._k = np.full(2 * n, self.config.k)
         return self._k[:n]
+
+    def set_k(self, k: int) -> None:
+        """Draft ``k`` tokens from the next step on (the adaptive controller's speculation_k knob)."""
+        self.config = replace(self.config, k=k)
+        self._k[:] = k
 
 
 class AdaptiveK(KPolicyRule):

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import F
+from llmsim.cost.features import F, attention_pairs
 from llmsim.cost.roofline import CostModel
 
 MODEL, NGRAM, EAGLE, MTP, MEDUSA = "model", "ngram", "eagle", "mtp", "medusa"
@@ -98,6 +98,12 @@ class Proposer:
     cpu_s_per_sequence: float = 0.0      # ngram: CPU search time per speculating sequence per step
 
     @property
+    def max_k(self) -> int | None:
+        """The longest draft it can propose: Medusa one token per head; None where there is no such
+        bound (a model, a lookup, and EAGLE and MTP heads, which are reused for every drafted token)."""
+        return self.heads if self.kind == MEDUSA else None
+
+    @property
     def sequential(self) -> bool:
         """Whether the draft takes one step per drafted level (all but Medusa and n-gram)."""
         return self.kind in (MODEL, EAGLE, MTP)
@@ -112,10 +118,26 @@ def tree_tokens(k, branching: int):
     return (branching ** (k + 1) - branching) // (branching - 1)
 
 
+def tree_verify_pairs(k, branching: int, seen, steps=1):
+    """Query-key pairs of verifying a full ``branching``-ary tree ``k`` levels deep after ``seen``
+    cached tokens (``seen`` summed over ``steps`` steps): under the tree attention mask the root
+    attends to ``seen + 1`` keys and a node at depth j to ``seen + j + 1`` (the context, its
+    ancestors and itself), ``sum_{j=0..k} b^j (seen + j + 1)``. A chain (b = 1) is one chunk of
+    ``k + 1`` positions, :func:`~llmsim.cost.features.attention_pairs`. Works on arrays of k."""
+    k = np.asarray(k)
+    if branching == 1:
+        return attention_pairs(k + 1, seen, steps)
+    depth = np.arange(int(np.max(k, initial=0)) + 1)
+    ancestors = np.cumsum(float(branching) ** depth * (depth + 1))     # sum_{j<=k} b^j (j + 1)
+    return (tree_tokens(k, branching) + 1) * seen + ancestors[k] * steps
+
+
 def level_acceptance(alpha, branching: int):
     """The chance that one of a node's ``branching`` children is the target's token, each
-    being it with chance ``alpha`` independently: ``1 - (1 - alpha)^b``."""
-    return 1.0 - (1.0 - np.asarray(alpha, dtype=float)) ** branching
+    being it with chance ``alpha`` independently: ``1 - (1 - alpha)^b`` (``alpha`` itself, to the
+    bit, for a chain)."""
+    alpha = np.asarray(alpha, dtype=float)
+    return alpha if branching == 1 else 1.0 - (1.0 - alpha) ** branching
 
 
 class MedusaCost:

@@ -20,10 +20,14 @@ priority 0 and the engine's ``queue_timeout`` / ``on_timeout``. A class's SLO is
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from llmsim.config.reader import Node
+from llmsim.errors import ConfigError
 from llmsim.workload.lengths import LengthDistribution, length_from_node
+from llmsim.workload.trace_formats import row_error
 
 TIMEOUT_ACTIONS = ("dispatch", "dedicated", "reject")
 # name -> (priority, queue timeout in seconds): the tiers of common practice.
@@ -48,8 +52,11 @@ class TrafficClass:
     dedicated_seqs: int = DEDICATED_SEQS
 
 
-def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bool) -> tuple[TrafficClass, ...]:
-    """``workload.classes`` (``node`` is the workload); ``read_arrival(node)`` reads an arrival mapping."""
+def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bool,
+                      replayed: bool = False) -> tuple[TrafficClass, ...]:
+    """``workload.classes`` (``node`` is the workload); ``read_arrival(node)`` reads an arrival mapping.
+    ``replayed``: a trace with a class column brings each request's arrival, lengths and class, so a
+    class sets neither share, arrival nor lengths, only how it is treated and its SLO."""
     raw = node.raw("classes")
     if not isinstance(raw, dict) or not raw:
         raise node.key_error("classes", "expected a mapping of class names to their settings", raw,
@@ -59,9 +66,15 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
     for name in raw:
         each = holder.child(str(name))
         priority, timeout = PRACTICE_TIERS.get(str(name), (0, None))
+        if replayed:
+            for key in ("share", "arrival", "prompt_tokens", "output_tokens"):
+                if each.has(key):
+                    raise each.key_error(key, "the replayed trace brings each request's arrival, lengths and "
+                                              "class (its class column)", each.raw(key),
+                                         "priority, weight, reserved_seqs, queue_timeout, on_timeout, dedicated_seqs")
         share = each.number("share", None, minimum=0.0, maximum=1.0, exclusive_minimum=True)
         arrival = read_arrival(each.child("arrival")) if each.has("arrival") else None
-        if (share is None) == (arrival is None):
+        if (share is None) == (arrival is None) and not replayed:
             raise each.error("a class needs exactly one of share (of the workload's arrivals) or arrival "
                              "(its own process)", key=each.path, value=raw[name],
                              allowed="share: 0.3, or arrival: {process: poisson, rate: 5/s}")
@@ -69,7 +82,7 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
         for key in ("prompt_tokens", "output_tokens"):
             if each.has(key):
                 lengths[key] = length_from_node(each, key, max_tokens)
-            elif not has_lengths:
+            elif not has_lengths and not replayed:
                 raise each.error(f"this class needs {key} (the workload sets none)", key=each.key_path(key),
                                  has_value=False, allowed="a length, as workload.prompt_tokens")
             else:
@@ -84,6 +97,8 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
             dedicated_seqs=each.number("dedicated_seqs", DEDICATED_SEQS, integer=True, minimum=1)))
         each.done()
     shares = [c.share for c in classes]
+    if replayed:
+        return tuple(classes)
     if any(s is None for s in shares) and any(s is not None for s in shares):
         raise node.key_error("classes", "either every class has a share of the workload's arrivals or every "
                              "class has an arrival of its own", {c.name: c.share for c in classes},
@@ -92,3 +107,21 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
         raise node.key_error("classes", f"the shares sum to {sum(shares):g}, not 1",
                              {c.name: c.share for c in classes}, "shares (0, 1] summing to 1")
     return tuple(classes)
+
+
+def classify(trace, classes: tuple[TrafficClass, ...], path, column: str = "class"):
+    """``trace`` (as read, rows in file order) with each request's class index from its class column;
+    a label that names no class is a ConfigError naming the file, line and value."""
+    names = [c.name for c in classes]
+    if trace.class_label is None:
+        raise ConfigError(f"the trace has no '{column}' column to say each request's class", file=str(path),
+                          key="line 1", value=column, allowed="an llmsim CSV trace with a class column, "
+                                                              "or no workload.classes")
+    index = np.array([names.index(label) if label in names else -1 for label in trace.class_label.tolist()],
+                     dtype=np.int64)
+    unknown = np.flatnonzero(index < 0)
+    if len(unknown):
+        row = int(unknown[0])
+        raise row_error(path, row + 2, column, trace.class_label[row], ", ".join(names) + " (workload.classes)",
+                        "a request of a class the scenario does not define")
+    return replace(trace, class_index=index)

@@ -44,6 +44,7 @@ class Trace:
     log_type: np.ndarray | None = None
     description: str = ""
     class_index: np.ndarray | None = None     # with traffic classes: each request's class (its index)
+    class_label: np.ndarray | None = None     # a replayed trace's class column, as written (mapped to class_index)
     session_id: np.ndarray | None = None
     system_prompt_id: np.ndarray | None = None
     system_prompt_tokens: np.ndarray | None = None
@@ -66,6 +67,7 @@ class Trace:
         return replace(self, arrival_s=self.arrival_s[index], prompt_tokens=self.prompt_tokens[index],
                        output_tokens=self.output_tokens[index], hash_ids=hash_ids, model=pick(self.model),
                        log_type=pick(self.log_type), class_index=pick(self.class_index),
+                       class_label=pick(self.class_label),
                        description=self.description if description is None else description,
                        session_id=pick(self.session_id), system_prompt_id=pick(self.system_prompt_id),
                        system_prompt_tokens=pick(self.system_prompt_tokens))

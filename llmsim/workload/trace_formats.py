@@ -158,14 +158,16 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
                       maximum=MAX_TRACE_TOKENS, integer=True)
     _check_sorted(arrival, lines, path, arrival_col)
     labels = {name: frame[column].astype(str).str.strip().to_numpy()
-              for name, column in (("model", "Model"), ("log_type", "Log Type")) if column in frame.columns}
+              for name, column in (("model", "Model"), ("log_type", "Log Type"), ("class", "class"))
+              if column in frame.columns and (name != "class" or fmt == "llmsim")}
     sessions = None
     if fmt == "llmsim" and "session_id" in frame.columns:
         # Turns of one conversation: each prompt extends the one before (history plus new input).
         ids = _numbers(frame["session_id"], path, "session_id", minimum=0.0, maximum=MAX_NUMBER, integer=True)
         sessions = pd.factorize(ids.astype(np.int64))[0].astype(np.int64)
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
-                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions)
+                  log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions,
+                  class_label=labels.get("class"))
     return _drop_empty_outputs(trace) if production else trace
 
 

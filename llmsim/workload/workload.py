@@ -18,7 +18,7 @@ import numpy as np
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
-from llmsim.workload.classes import TrafficClass, classes_from_node
+from llmsim.workload.classes import TrafficClass, classes_from_node, classify
 from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.profiles import PROFILES, RateProfile, profile_from_node
 from llmsim.workload.sessions import Sessions, sessions_from_node
@@ -110,10 +110,13 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
                          has_value=False, allowed="workload.num_requests (a count) or workload.duration (e.g. '600 s')")
     if trace is None and arrival is not None:
         _check_window(node, arrival, num_requests, duration_s)
-    if node.has("classes") and (trace is not None or node.has("dataset")):
-        raise node.key_error("classes", "traffic classes draw their own lengths: a replayed trace or a dataset "
-                             "brings its own requests", node.raw("classes"),
-                             "no workload.classes with arrival.process: trace or workload.dataset")
+    if node.has("classes") and node.has("dataset"):
+        raise node.key_error("classes", "traffic classes draw their own lengths: a dataset brings its own requests",
+                             node.raw("classes"), "no workload.classes with workload.dataset")
+    classes = ()
+    if node.has("classes") and trace is not None:      # each request's class from the trace's class column
+        classes = classes_from_node(node, arrival_from_node, max_tokens, has_lengths=True, replayed=True)
+        trace = classify(trace, classes, arrival_node.path_value("path"))
     if node.has("classes") and node.has("sessions"):
         raise node.key_error("sessions", "sessions are not combined with traffic classes", node.raw("sessions"),
                              "workload.sessions or workload.classes, not both")
@@ -127,8 +130,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         dataset = None if trace is not None else dataset_from_node(node.child("dataset"))
         node.done()
         return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset,
-                        hash_block_tokens=hash_block_tokens if trace is not None else 512)
-    classes = ()
+                        hash_block_tokens=hash_block_tokens if trace is not None else 512, classes=classes)
     if node.has("classes"):
         has_lengths = node.has("prompt_tokens") and node.has("output_tokens")
         classes = classes_from_node(node, lambda sub: arrival_from_node(sub), max_tokens, has_lengths)

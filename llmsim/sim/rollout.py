@@ -1,0 +1,147 @@
+"""Running a canary or shadow rollout: the control, each canary and each shadow on their requests.
+
+The router's split does not look at the replicas (:mod:`llmsim.scenario.rollout`), so the groups
+share nothing but the arrivals: each group is simulated on its own share of the one trace, which is
+exactly what one environment with a splitting router would compute. Every group is measured over
+the whole trace's window (the same warm-up and end), so their figures compare like with like.
+
+``RolloutResult.user`` is what the users saw: the control's and the canaries' requests merged into
+one :class:`~llmsim.sim.simulate.SimulationResult` (the shadows' are not in it), summarised as any
+run is. Each group's own result is in ``groups``, its records' ``id`` the request's index in the
+whole trace, so a shadow's request and its twin served to the user share an id.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+import pandas as pd
+
+from llmsim.analysis.canary import compare_independent, compare_paired, detection_time, measured
+from llmsim.analysis.summary import COMPLETED
+from llmsim.scenario.rollout import CONTROL
+from llmsim.scenario.scenario import Scenario
+from llmsim.sim.request import InterTokenGaps
+from llmsim.sim.resources import check_run_size
+from llmsim.sim.simulate import SimulationResult, horizon_for, simulate, warmup_for
+from llmsim.workload.trace import Trace, generate_trace
+
+
+@dataclass
+class RolloutResult:
+    scenario: Scenario
+    groups: dict[str, SimulationResult]       # control first, then the canaries, then the shadows
+    roles: dict[str, str]                     # group -> control, canary or shadow
+    user: SimulationResult                    # the control's and the canaries' requests: what users saw
+
+    def records(self, group: str) -> pd.DataFrame:
+        """One group's per-request records (``id``: the request's index in the whole trace)."""
+        return self.groups[group].requests
+
+    @property
+    def interrupted(self) -> bool:
+        return any(result.interrupted for result in self.groups.values())
+
+
+def simulate_rollout(scenario: Scenario, trace: Trace | None = None, force: bool = False) -> RolloutResult:
+    """Simulate the scenario's control deployment and every rollout group on the shares of ``trace``
+    (the scenario's own, from its seed, unless given) the router sends them."""
+    rollout = scenario.rollout
+    trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
+    check_run_size(scenario, trace, force)
+    window, _ = horizon_for(scenario, trace)
+    warmup = warmup_for(scenario, window)
+    serving, copies = rollout.assign(scenario.seed, len(trace))
+    control = replace(scenario, rollout=None)
+    shares = {CONTROL: (control, np.flatnonzero(serving == 0))}
+    own = {group.name: built.with_seed(scenario.seed) for group, built in zip(rollout.groups, scenario.rollout_scenarios)}
+    for i, group in enumerate(rollout.canaries, start=1):
+        shares[group.name] = (own[group.name], np.flatnonzero(serving == i))
+    for group in rollout.shadows:
+        shares[group.name] = (own[group.name], copies[group.name])
+    groups = {}
+    for name, (group, index) in shares.items():
+        result = simulate(group, trace.take(index), force=True)       # the whole trace's size checked above
+        result.requests["id"] = index[result.requests["id"].to_numpy()]
+        result.requests.insert(1, "group", name)
+        groups[name] = replace(result, arrival_window_s=window, warmup_s=warmup)
+        if result.interrupted:                   # Ctrl-C: no further groups
+            break
+    roles = {CONTROL: CONTROL, **{g.name: g.role for g in rollout.groups}}
+    users = [name for name in groups if roles[name] != "shadow"]
+    return RolloutResult(scenario, groups, roles, merge_results(control, [groups[n] for n in users], len(trace)))
+
+
+def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: int) -> SimulationResult:
+    """Several groups' results as one deployment's (``scenario`` with all their replicas): records in
+    arrival order, replica and queue numbers offset group by group, counts summed and time averages
+    weighted by each group's simulated time. The prefix cache's totals stay per group."""
+    replicas = [part.scenario.deployment.replicas for part in parts]
+    offsets = np.cumsum([0] + replicas[:-1])
+    queues = np.cumsum([0] + [int(part.queue_length["queue"].max()) + 1 for part in parts[:-1]])
+    end_s = max(part.end_s for part in parts)
+    gaps = InterTokenGaps()
+    for part in parts:
+        gaps.merge(part.inter_token_gaps)
+
+    def shifted(frame, column, offset):
+        frame = frame.copy()
+        frame[column] += offset
+        return frame
+
+    def time_average(name):
+        return sum(getattr(part, name) * part.end_s for part in parts) / end_s if end_s > 0 else 0.0
+
+    by_class = None
+    if parts[0].mean_queue_length_by_class is not None:
+        by_class = {name: sum(part.mean_queue_length_by_class[name] * part.end_s for part in parts) / end_s
+                    for name in parts[0].mean_queue_length_by_class}
+    blocked = [part.speculation_blocked for part in parts if part.speculation_blocked]
+    stopped = [part for part in parts if part.stopped_by != COMPLETED]
+    first = parts[0]
+    return SimulationResult(
+        scenario=replace(scenario, deployment=replace(scenario.deployment, replicas=sum(replicas))),
+        requests=pd.concat([shifted(p.requests, "replica", o) for p, o in zip(parts, offsets)],
+                           ignore_index=True).sort_values("id", kind="stable", ignore_index=True),
+        iterations=pd.concat([shifted(p.iterations, "replica", o) for p, o in zip(parts, offsets)], ignore_index=True),
+        queue_length=pd.concat([shifted(p.queue_length, "queue", o) for p, o in zip(parts, queues)],
+                               ignore_index=True),
+        end_s=end_s, arrival_window_s=first.arrival_window_s, warmup_s=first.warmup_s,
+        kv_blocks_per_replica=first.kv_blocks_per_replica,
+        kv_allocated_blocks=sum(p.kv_allocated_blocks for p in parts),
+        kv_freed_blocks=sum(p.kv_freed_blocks for p in parts),
+        kv_held_blocks=sum(p.kv_held_blocks for p in parts),
+        preemptions=sum(p.preemptions for p in parts),
+        mean_in_system=time_average("mean_in_system"), mean_queue_length=time_average("mean_queue_length"),
+        planned_requests=planned, inter_token_gaps=gaps,
+        stopped_by=stopped[0].stopped_by if stopped else COMPLETED, fault=stopped[0].fault if stopped else None,
+        mean_queue_length_by_class=by_class,
+        speculation_blocked={k: sum(b[k] for b in blocked) for k in blocked[0]} if blocked else None)
+
+
+def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:
+    """Each group's share and headline figures, its comparison with the control (canary: independent
+    samples; shadow: paired on the requests it copied from the control) and the time a group like it
+    must run to detect a ``change`` (relative) in each mean, over the whole trace's window."""
+    scenario, start, stop = result.scenario, result.user.warmup_s, result.user.arrival_window_s
+    rate = len(measured(result.user.requests, start, stop)) / (stop - start) if stop > start else math.nan
+    control = measured(result.records(CONTROL), start, stop)
+    fractions = {g.name: g.fraction for g in scenario.rollout.groups}
+    groups = {}
+    for name, group in result.groups.items():
+        role, records = result.roles[name], measured(group.requests, start, stop)
+        summary = group.summary()
+        entry = {"role": role, "replicas": group.scenario.deployment.replicas, "requests": len(records),
+                 "fraction": fractions.get(name, 1.0 - sum(g.fraction for g in scenario.rollout.canaries)),
+                 "latency": summary["latency"], "slo": summary["slo"]}
+        if role != CONTROL:
+            paired = role == "shadow"
+            twins = control[control["id"].isin(records["id"])] if paired else control
+            entry["comparison"] = [asdict(d) | {"significant": d.significant} for d in
+                                   (compare_paired(twins, records, seed=scenario.seed) if paired
+                                    else compare_independent(control, records, seed=scenario.seed))]
+            entry["detection"] = [asdict(d) for d in detection_time(twins if paired else control, records,
+                                                                    fractions[name], rate, change, paired=paired)]
+        groups[name] = entry
+    return {"window_s": [start, stop], "arrival_rate_per_s": rate, "change_to_detect": change, "groups": groups}
