@@ -22,6 +22,7 @@ from llmsim.search.recommend import recommend
 from llmsim.sim.request import Request
 from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.sim.simulate import SimulationResult, simulate
+from llmsim.sim.rollout import RolloutResult, rollout_summary, simulate_rollout
 from llmsim.search.sweeps import run_points, sweep
 from llmsim.workload.trace import Trace, generate_trace
 
@@ -30,4 +31,5 @@ __version__ = "0.1.0"
 __all__ = ["CostModel", "Placement", "place", "smallest_fitting", "ConfigError", "HardwareProfile", "hardware_catalog",
            "load_profile", "lookup_hardware", "KVCache", "batch_means", "flatten", "summarize", "RunSummary",
            "ModelSpec", "model_catalog", "model_from_config_json", "Request", "Scenario", "load_scenario",
-           "SimulationResult", "simulate", "run_points", "sweep", "Trace", "generate_trace", "plan", "recommend"]
+           "SimulationResult", "simulate", "run_points", "sweep", "Trace", "generate_trace", "plan", "recommend",
+           "RolloutResult", "rollout_summary", "simulate_rollout"]

@@ -90,11 +90,11 @@ def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, Mo
             continue
         for variant in {model.weight_dtype: model, "fp8": model.with_dtypes("fp8", "fp8")}.values():
             label = model.name if variant is model else f"{model.name} (fp8)"
-            out.append(_predicted(label, MODEL, variant, target, workload))
-    out.append(_predicted("EAGLE head", EAGLE, head_spec(EAGLE, target), target, workload))
+            out.append(predicted_candidate(label, MODEL, variant, target, workload))
+    out.append(predicted_candidate("EAGLE head", EAGLE, head_spec(EAGLE, target), target, workload))
     if target.mtp_modules:
-        out.append(_predicted("MTP module", MTP, head_spec(MTP, target), target, workload))
-    out.append(_predicted("n-gram lookup", NGRAM, None, target, workload))
+        out.append(predicted_candidate("MTP module", MTP, head_spec(MTP, target), target, workload))
+    out.append(predicted_candidate("n-gram lookup", NGRAM, None, target, workload))
     own = scenario.speculation
     if own is not None and _measured(scenario):
         label = f"{own.draft.name if own.draft is not None else own.proposer.kind} (measured acceptance)"
@@ -104,7 +104,9 @@ def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, Mo
     return out
 
 
-def _predicted(label: str, kind: str, draft: ModelSpec | None, target: ModelSpec, workload: str) -> Candidate:
+def predicted_candidate(label: str, kind: str, draft: ModelSpec | None, target: ModelSpec,
+                        workload: str = "chat") -> Candidate:
+    """A candidate at the acceptance the acceptance model predicts for it, with its one-sd range."""
     estimate = predicted_acceptance(Proposer(kind), draft, target, workload)
     return Candidate(label, kind, draft, estimate.alpha, (estimate.low, estimate.high))
 
