@@ -8,7 +8,7 @@ each group is fitted, the rest predicted, by size class; next to it, the error o
 by the median of its eight nearest sizes (no model at all: how noisy the medians themselves are).
 "before" is the plain roofline with the profile's efficiencies (the cost model without kernel terms).
 
-    .venv/bin/python benchmarks/bench_fidelity.py          (about 10 s)
+    .venv/bin/python benchmarks/bench_fidelity.py          (about 35 s on 2 cores)
 """
 from __future__ import annotations
 

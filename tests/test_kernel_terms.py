@@ -3,6 +3,7 @@ timings themselves (shipped in llmsim/calibration/data/vidur), first principles,
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -38,8 +39,7 @@ def test_a_gemm_that_fills_the_device_approaches_the_fitted_peak(measurements, d
     n, k, tokens = 2 * big["n_expanded_embd"], big["n_embd"], 4096
     measured_rate = 2 * tokens * n * k / (big["mlp_up_proj_ms"] * 1e-3)
     assert measured_rate == pytest.approx(kernels.gemm_rate("fp16"), rel=0.15)
-    predicted = gemm_time_s(tokens, n, k, 2, 2, kernels.gemm_rate("fp16"), kernels.gemm_bandwidth_bytes_per_s,
-                            kernels.gemm_floor_s, kernels.gemm_sharpness)
+    predicted = gemm_time_s(tokens, n, k, 2, 2, kernels, "fp16")
     assert 2 * tokens * n * k / predicted == pytest.approx(kernels.gemm_rate("fp16"), rel=0.05)
 
 
@@ -99,8 +99,7 @@ def test_the_cost_model_prices_gemms_by_the_kernel_formula(h100):
     cost = CostModel(model, h100, tensor_parallel=4)
     for tokens in (1, 37, 512, 3000):
         x = cost.features([tokens], [0], [])
-        expected = sum(gemm_time_s(tokens, s.n, s.k, 2, 2, kernels.gemm_rate("bf16"), kernels.gemm_bandwidth_bytes_per_s,
-                                   kernels.gemm_floor_s, kernels.gemm_sharpness) for s in layer_gemm_shapes(model, 4))
+        expected = sum(gemm_time_s(tokens, s.n, s.k, 2, 2, kernels, "bf16") for s in layer_gemm_shapes(model, 4))
         table = cost.breakdown(x).set_index("operator")
         assert table.loc[["layer.qkv", "layer.out_proj", "layer.mlp"], "time_s"].sum() == pytest.approx(
             expected * model.num_layers, rel=1e-9)
@@ -196,3 +195,24 @@ def test_bad_measurements_exit_2_naming_file_row_and_column(tmp_path, capsys, ed
     error = capsys.readouterr().err
     assert "vidur_linear_ops_ms_per_layer.csv" in error
     assert re.search(message, error), error
+
+
+def test_few_output_tiles_run_far_above_the_roofline_and_the_occupancy_term_prices_it(measurements, h100):
+    """Measured (Vidur, H100): Llama-2-7B's gate+up GEMM at TP 8 and 256 tokens (88 output tiles of 64 x 128
+    on 132 SMs) takes over 2x the larger of its two roofline bounds at the profile's fitted bandwidth and
+    rate, while a 70B layer's at TP 1 and 4096 tokens (28,672 tiles) runs within 10% of its bound. The
+    profile prices both within 10% of the measurement; without the occupancy term the small one is 10%+
+    too fast."""
+    rows = measurements.for_device("h100").linear
+    kernels = h100.kernels
+    for model, tp, tokens, above_bound in (("Llama-2-7b-hf", 8, 256, True), ("Llama-2-70b-hf", 1, 4096, False)):
+        row = rows[(rows["model"] == model) & (rows["tp"] == tp) & (rows["num_tokens"] == tokens)].iloc[0]
+        n, k = 2 * row["n_expanded_embd"] / tp, row["n_embd"]
+        measured_s = row["mlp_up_proj_ms"] * 1e-3
+        bound_s = max((n * k + tokens * (n + k)) * 2 / kernels.gemm_bandwidth_bytes_per_s,
+                      2 * tokens * n * k / kernels.gemm_rate("fp16"))
+        assert (measured_s > 2 * bound_s) if above_bound else (measured_s < 1.1 * bound_s)
+        assert gemm_time_s(tokens, n, k, 2, 2, kernels) == pytest.approx(measured_s, rel=0.10)
+        if above_bound:
+            blind = replace(kernels, gemm_occupancy_half_tiles=0.0, gemm_sharpness_growth=0.0)
+            assert gemm_time_s(tokens, n, k, 2, 2, blind) < 0.9 * measured_s

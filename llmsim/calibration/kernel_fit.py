@@ -3,8 +3,9 @@
 Each term is fitted by ``scipy.optimize.least_squares`` on ``log(predicted / measured)`` (a 10%
 miss weighs the same on a 5 us kernel as on a 5 ms one), with positive parameters fitted as logs:
 
-- GEMMs: floor, bandwidth, achieved FLOP/s and sharpness ``p = 1 + exp(q)``, jointly over every
-  GEMM of every model, TP size and token count;
+- GEMMs: floor, bandwidth, achieved FLOP/s, sharpness and its growth with the output tiles, and the
+  occupancy's half tiles (:func:`llmsim.cost.kernels.gemm_time_s`), jointly over every GEMM of every
+  model, TP size and token count;
 - streaming kernels: floor and bandwidth per kind;
 - all-reduce: latency and bus bandwidth per group size.
 
@@ -26,19 +27,30 @@ from llmsim.calibration.operators import (FP16_BYTES, Measurements, all_reduce_e
                                           layer_errors)
 from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s, stream_time_s
 
-def fit_gemm(rows: pd.DataFrame) -> tuple[float, float, float, float]:
-    """(floor_s, bandwidth_bytes_per_s, flops_per_s, sharpness) of GEMM rows (see operators.gemm_rows)."""
+def fit_gemm(rows: pd.DataFrame) -> dict[str, float]:
+    """The GEMM terms of :class:`KernelTerms` (floor, bandwidth, fp16 rate, sharpness, its growth with the
+    output tiles, the occupancy's half tiles) fitted to GEMM rows (see operators.gemm_rows)."""
     tokens, n, k, measured = (rows[c].to_numpy() for c in ("tokens", "n", "k", "measured_s"))
 
     def unpack(q):
-        return np.exp(q[0]), np.exp(q[1]), np.exp(q[2]), 1.0 + np.exp(q[3])
+        v = np.exp(q)
+        return dict(gemm_floor_s=v[0], gemm_bandwidth_bytes_per_s=v[1], gemm_flops_per_s={"fp16": v[2]},
+                    gemm_sharpness=1.0 + v[3], gemm_sharpness_growth=v[4], gemm_occupancy_half_tiles=v[5])
 
     def residuals(q):
-        floor, bandwidth, flops, sharpness = unpack(q)
-        return np.log(gemm_time_s(tokens, n, k, FP16_BYTES, FP16_BYTES, flops, bandwidth, floor, sharpness) / measured)
+        terms = replace(_GEMM_ONLY, **unpack(q))
+        return np.log(gemm_time_s(tokens, n, k, FP16_BYTES, FP16_BYTES, terms) / measured)
 
-    start = np.log([5e-6, 1e12, 2e14, 1.0])
-    return tuple(float(v) for v in unpack(least_squares(residuals, start, loss="soft_l1", f_scale=0.05).x))
+    # Started at a 5 us floor, 1 TB/s, 200 TFLOP/s, p = 1.1 at 128 tiles growing linearly, half rate at 40 tiles.
+    start = np.log([5e-6, 1e12, 2e14, 0.1, 1.0, 40.0])
+    fitted = unpack(least_squares(residuals, start, loss="soft_l1", f_scale=0.05).x)
+    return {key: (float(value) if not isinstance(value, dict) else value["fp16"]) for key, value in fitted.items()}
+
+
+# The GEMM formula reads only the gemm_* fields: the others are placeholders while fitting.
+_GEMM_ONLY = KernelTerms(gemm_floor_s=0.0, gemm_bandwidth_bytes_per_s=1.0, gemm_flops_per_s={"fp16": 1.0},
+                         gemm_sharpness=1.0, elementwise={}, all_reduce={}, decode_attention_per_sequence_s=0.0,
+                         prefill_backend="none")
 
 
 def fit_stream(rows: pd.DataFrame) -> StreamKernel:
@@ -70,15 +82,15 @@ def fit_all_reduces(reduce: pd.DataFrame) -> dict[int, AllReduce]:
 def fit_kernel_terms(measurements: Measurements, base: KernelTerms) -> KernelTerms:
     """Kernel terms fitted to ``measurements`` (one device); what they do not cover (attention, the step's
     per-sequence overhead, other dtypes' GEMM rates scaled by the fitted 16-bit rate) comes from ``base``."""
-    floor, bandwidth, flops, sharpness = fit_gemm(gemm_rows(measurements.linear))
+    gemm = fit_gemm(gemm_rows(measurements.linear))
+    flops = gemm.pop("gemm_flops_per_s")
     rows = elementwise_rows(measurements.linear)
     elementwise = {kind: fit_stream(rows[rows["kind"] == kind]) for kind in ELEMENTWISE_KINDS}
     all_reduce = fit_all_reduces(measurements.all_reduce) or base.all_reduce
     sixteen_bit = base.gemm_rate("fp16")
     rates = {dtype: flops * rate / sixteen_bit for dtype, rate in base.gemm_flops_per_s.items()}
     rates.update(fp16=flops, bf16=flops)
-    return KernelTerms(gemm_floor_s=floor, gemm_bandwidth_bytes_per_s=bandwidth, gemm_flops_per_s=rates,
-                       gemm_sharpness=sharpness, elementwise=elementwise, all_reduce=all_reduce,
+    return KernelTerms(**gemm, gemm_flops_per_s=rates, elementwise=elementwise, all_reduce=all_reduce,
                        decode_attention_per_sequence_s=base.decode_attention_per_sequence_s,
                        prefill_backend=base.prefill_backend, prefill_backends=base.prefill_backends,
                        step_overhead_per_sequence_s=base.step_overhead_per_sequence_s)

@@ -137,7 +137,9 @@ def kernels_section(terms: KernelTerms, device: str, measured_source: str, confi
     return {
         "gemm": {"floor": fitted(duration_text(terms.gemm_floor_s)),
                  "bandwidth": fitted(bandwidth_text(terms.gemm_bandwidth_bytes_per_s)),
-                 "achieved_flops": rates, "sharpness": fitted(_sig(terms.gemm_sharpness))},
+                 "achieved_flops": rates, "sharpness": fitted(_sig(terms.gemm_sharpness)),
+                 "sharpness_growth": fitted(_sig(terms.gemm_sharpness_growth)),
+                 "occupancy_half_tiles": fitted(_sig(terms.gemm_occupancy_half_tiles))},
         "elementwise": {kind: {"floor": fitted(duration_text(kernel.floor_s)),
                                "bandwidth": fitted(bandwidth_text(kernel.bandwidth_bytes_per_s)),
                                "row_bandwidth": fitted(bandwidth_text(kernel.row_bandwidth_bytes_per_s))}

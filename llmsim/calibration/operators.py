@@ -151,9 +151,7 @@ def predict_operators(linear: pd.DataFrame, kernels: KernelTerms, dtype: str = "
     for index, model, tp in shape_groups(linear):
         tokens = linear.loc[index, "num_tokens"].to_numpy()
         for shape, column in zip(layer_gemm_shapes(model, tp), GEMM_COLUMNS):
-            predicted.loc[index, column] = gemm_time_s(
-                tokens, shape.n, shape.k, FP16_BYTES, FP16_BYTES, kernels.gemm_rate(dtype),
-                kernels.gemm_bandwidth_bytes_per_s, kernels.gemm_floor_s, kernels.gemm_sharpness)
+            predicted.loc[index, column] = gemm_time_s(tokens, shape.n, shape.k, FP16_BYTES, FP16_BYTES, kernels, dtype)
         moved = elementwise_bytes_per_token(model, tp)
         for column, kind in ELEMENTWISE_COLUMNS.items():
             predicted.loc[index, column] = stream_time_s(tokens, moved[kind], kernels.elementwise[kind])

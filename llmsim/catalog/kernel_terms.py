@@ -5,7 +5,9 @@ A profile without this section is priced by the plain roofline (peak x efficienc
 that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
 
 - ``gemm``: a launch floor, the achieved streaming bandwidth of weights and activations,
-  the achieved compute rate per dtype, and the sharpness of the smooth maximum of the two;
+  the achieved compute rate per dtype, the sharpness of the smooth maximum of the two, and how the
+  shard's output tiles shape it (``occupancy_half_tiles``, ``sharpness_growth``; both optional, 0:
+  shape-blind);
 - ``elementwise``: RMSNorm, SiLU-and-multiply, rotary embedding and the residual add, each
   a floor plus bytes over its own achieved bandwidth;
 - ``all_reduce``: latency and bus bandwidth per group size, for small and for large messages (alpha-beta);
@@ -66,6 +68,8 @@ class KernelTerms:
     prefill_backend: str
     prefill_backends: dict[str, PrefillAttention] = field(default_factory=dict)
     step_overhead_per_sequence_s: float = 0.0
+    gemm_occupancy_half_tiles: float = 0.0          # output tiles at which compute runs at half the rate
+    gemm_sharpness_growth: float = 0.0              # p grows as (tiles / 128)^growth
 
     def gemm_rate(self, dtype: str) -> float:
         """Achieved GEMM FLOP/s for weights in ``dtype``; weight-only formats compute in 16-bit."""
@@ -139,8 +143,15 @@ def kernel_terms_from_node(node: Node, figure: Callable[..., float]) -> KernelTe
                                                exclusive_minimum=False),
         prefill_backend=backend, prefill_backends=backends,
         step_overhead_per_sequence_s=figure(step, "per_sequence", "duration", minimum=0.0,
-                                            exclusive_minimum=False))
+                                            exclusive_minimum=False),
+        gemm_occupancy_half_tiles=_optional(gemm, "occupancy_half_tiles", figure),
+        gemm_sharpness_growth=_optional(gemm, "sharpness_growth", figure))
     for done in (gemm, attention, step):
         done.done()
     kernels.done(extra_allowed=("note",))
     return terms
+
+
+def _optional(node: Node, key: str, figure: Callable[..., float]) -> float:
+    """A non-negative plain number that profiles written before it existed leave out (0: its old form)."""
+    return figure(node, key, None, minimum=0.0, exclusive_minimum=False) if node.has(key) else 0.0

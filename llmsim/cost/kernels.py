@@ -7,13 +7,22 @@ GEMM ``[M x K] @ [K x N]`` (M tokens; N, K the weight's shape on one tensor-para
 
     time = floor + (memory^p + compute^p)^(1/p)
     memory  = (N K w + M (N + K) a) / bandwidth      (weights w, activations a bytes per element)
-    compute = 2 M N K / achieved FLOP/s
+    compute = 2 M N K / (achieved FLOP/s x occupancy)
+    tiles = ceil(M / 64) ceil(N / 128)                (output tiles of the kernel, one per thread block)
+    occupancy = tiles / (tiles + half_tiles)          (1 when half_tiles is 0)
+    p = 1 + (sharpness - 1) (tiles / 128)^growth      (sharpness when growth is 0)
 
-The smooth maximum (sharpness ``p``) replaces the roofline's corner: measured GEMMs leave
-the bandwidth bound well before the two bounds meet (tiles and waves run partly empty near
-the ridge). Shape-awareness comes from M, N and K entering both terms; an explicit tile and
-wave quantisation factor was tried on the measurements and predicted held-out shapes worse
-(see ``benchmarks/bench_fidelity.py``), so the fitted form is this one.
+The smooth maximum replaces the roofline's corner: measured GEMMs leave the bandwidth bound well
+before the two bounds meet. How far depends on the shape through its output tiles: a GEMM of few
+tiles leaves SMs idle, so its compute runs below the achieved rate (occupancy), and it has few waves
+to overlap one tile's loads with another's math, so memory and compute add up (p near 1); one of
+many waves overlaps them (p large: the hard maximum). A 7B layer sharded 8 ways at 256 tokens has
+88 tiles per GEMM where a 70B layer at TP 1 has 1,800: fitted on Vidur's A100 and H100 timings this
+took held-out decode MAPE of the H100 at TP 1 from 12.2% to under 10%
+(``benchmarks/bench_fidelity.py``). The tile (64 x 128) is a common cuBLAS/CUTLASS 16-bit tile; a
+jagged wave count (ceil(tiles / SMs)) fitted worse than the smooth occupancy, as cuBLAS splits K and
+picks other tiles for small shapes. Without ``half_tiles`` and ``growth`` (0, 0) this is the shape-blind
+form of earlier profiles.
 
 Streaming kernels (norm, activation, rotary, residual add) take ``floor + bytes / bandwidth``
 plus one row's bytes over the bandwidth of one thread block (vLLM's kernels run a block per token);
@@ -31,13 +40,30 @@ from llmsim.catalog.kernel_terms import AllReduce, KernelTerms, StreamKernel
 from llmsim.catalog.models import ModelSpec
 
 
-def gemm_time_s(tokens, n, k, weight_bytes_per_element, activation_bytes_per_element, flops_per_s,
-                bandwidth_bytes_per_s, floor_s, sharpness):
-    """Time of GEMMs of ``tokens`` rows against ``k x n`` weights (broadcasts over every argument)."""
-    memory_s = (n * k * weight_bytes_per_element + tokens * (n + k) * activation_bytes_per_element) \
-        / bandwidth_bytes_per_s
-    compute_s = 2.0 * tokens * n * k / flops_per_s
-    return floor_s + (memory_s ** sharpness + compute_s ** sharpness) ** (1.0 / sharpness)
+TILE_ROWS, TILE_COLUMNS = 64, 128       # one thread block's output tile (tokens x output columns)
+SHARPNESS_REFERENCE_TILES = 128.0        # the tile count at which p = sharpness
+
+
+def gemm_output_tiles(tokens, n):
+    """Output tiles of GEMMs of ``tokens`` rows and ``n`` output columns (at least one)."""
+    return np.maximum(np.ceil(np.asarray(tokens, dtype=float) / TILE_ROWS), 1.0) * np.ceil(n / TILE_COLUMNS)
+
+
+def gemm_body_s(memory_s, compute_s, tiles, kernels: KernelTerms):
+    """The smooth maximum of a GEMM's memory and compute times (no floor), shaped by its output ``tiles``."""
+    occupancy = tiles / (tiles + kernels.gemm_occupancy_half_tiles)
+    p = 1.0 + (kernels.gemm_sharpness - 1.0) * (tiles / SHARPNESS_REFERENCE_TILES) ** kernels.gemm_sharpness_growth
+    return (memory_s ** p + (compute_s / occupancy) ** p) ** (1.0 / p)
+
+
+def gemm_time_s(tokens, n, k, weight_bytes_per_element, activation_bytes_per_element, kernels: KernelTerms,
+                dtype: str = "fp16", bandwidth_bytes_per_s: float | None = None):
+    """Time of GEMMs of ``tokens`` rows against ``k x n`` weights (broadcasts over tokens, n and k), priced
+    by ``kernels`` at its rate for ``dtype`` and its GEMM bandwidth (or ``bandwidth_bytes_per_s``)."""
+    bandwidth = kernels.gemm_bandwidth_bytes_per_s if bandwidth_bytes_per_s is None else bandwidth_bytes_per_s
+    memory_s = (n * k * weight_bytes_per_element + tokens * (n + k) * activation_bytes_per_element) / bandwidth
+    compute_s = 2.0 * tokens * n * k / kernels.gemm_rate(dtype)
+    return kernels.gemm_floor_s + gemm_body_s(memory_s, compute_s, gemm_output_tiles(tokens, n), kernels)
 
 
 def stream_time_s(tokens, bytes_per_token, kernel: StreamKernel):

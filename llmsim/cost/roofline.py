@@ -28,8 +28,8 @@ import pandas as pd
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import F, FEATURES, batch_features
-from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, elementwise_layer_terms,
-                                layer_gemm_shapes)
+from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, elementwise_layer_terms, gemm_body_s,
+                                 gemm_output_tiles, layer_gemm_shapes)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -132,16 +132,16 @@ class CostModel:
         gemms.append((GemmShape("lm_head", model.vocab_size / tp, model.hidden_size), 1, F["one"], 1,
                       F["logit_tokens"]))     # last: _nonlinear_time keys it apart
         # (name, fixed memory s, memory s per token, compute s per token, repeats, count column,
-        #  tokens per count, tokens column) for each GEMM.
+        #  tokens per count, tokens column, output columns n) for each GEMM.
         # Weights in their own dtype: routed experts (gpt-oss's fp4), the LM head (16-bit in quantized checkpoints).
         weight_bytes = {name: model.weight_bytes_per_param for name in GEMM_OPERATORS}
         weight_bytes.update(mlp_up=model.expert_bytes_per_param, mlp_down=model.expert_bytes_per_param,
                             lm_head=model.embedding_bytes_per_param)
         self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes[shape.name] / bandwidth,
                             (shape.n + shape.k) * activation_bytes / bandwidth, 2.0 * shape.n * shape.k / flops,
-                            float(repeats), count, float(scale), tokens)
+                            float(repeats), count, float(scale), tokens, float(shape.n))
                            for shape, repeats, count, scale, tokens in gemms]
-        self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 8))
+        self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 9))
         self._all_reduce = kernels.all_reduce_for(tp) if tp > 1 else None
         self._layer_memo: dict[tuple, float] = {}
         self._head_memo: dict[tuple, float] = {}
@@ -168,15 +168,16 @@ class CostModel:
     def _gemm_sum(self, values: list[float], gemm_rows) -> float:
         """The summed time of ``gemm_rows`` (see _gemm_times) for one iteration's feature ``values``."""
         kernels = self.hardware.kernels
-        floor_s, p = kernels.gemm_floor_s, kernels.gemm_sharpness
+        floor_s = kernels.gemm_floor_s
         iterations = values[_ONE]
         total = 0.0
-        for _, fixed_s, per_token_s, compute_s, repeats, count, scale, tokens in gemm_rows:
+        for _, fixed_s, per_token_s, compute_s, repeats, count, scale, tokens, n in gemm_rows:
             runs = values[count]
             if runs > 0:
                 rows = values[tokens] * scale / runs
-                memory = fixed_s + rows * per_token_s
-                total += repeats * (iterations * floor_s + runs * (memory ** p + (rows * compute_s) ** p) ** (1.0 / p))
+                body_s = gemm_body_s(fixed_s + rows * per_token_s, rows * compute_s, gemm_output_tiles(rows, n),
+                                     kernels)
+                total += repeats * (iterations * floor_s + runs * float(body_s))
         return total
 
     def _all_reduce_time(self, x):
@@ -199,14 +200,13 @@ class CostModel:
         once per GEMM and iteration: the experts of an MoE layer run as one grouped GEMM (vLLM's fused
         MoE kernel launches once per projection), not one kernel per expert."""
         kernels = self.hardware.kernels
-        floor_s, p = kernels.gemm_floor_s, kernels.gemm_sharpness
+        floor_s = kernels.gemm_floor_s
         if x.ndim == 1:
             return self._gemm_sum(x.tolist(), self._gemm_rows)
-        fixed_s, per_token_s, compute_s, repeats, count, scale, tokens = self._gemm_columns
+        fixed_s, per_token_s, compute_s, repeats, count, scale, tokens, n = self._gemm_columns
         runs = x[..., count.astype(int)]
         rows = np.divide(x[..., tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
-        memory = fixed_s + rows * per_token_s
-        body_s = (memory ** p + (rows * compute_s) ** p) ** (1.0 / p)
+        body_s = gemm_body_s(fixed_s + rows * per_token_s, rows * compute_s, gemm_output_tiles(rows, n), kernels)
         return repeats * (x[..., F["one"], None] * floor_s * (runs > 0) + runs * body_s)
 
     def _fixed_and_communication_vector(self) -> np.ndarray:
@@ -274,7 +274,7 @@ class CostModel:
         time_s = np.maximum(compute_s, memory_s)
         if self._gemm_rows:
             # Measured-kernel GEMMs: the two bounds each alone, and the fitted time of their smooth maximum.
-            fixed_s, per_token_s, compute_per_token_s, repeats, count, scale, tokens = self._gemm_columns
+            fixed_s, per_token_s, compute_per_token_s, repeats, count, scale, tokens, _ = self._gemm_columns
             runs = x[count.astype(int)]
             rows_per_run = np.divide(x[tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
             ran = repeats * runs

@@ -56,10 +56,13 @@ class Window:
     """Warm-up and measurement, in simulated seconds, of one point's run.
 
     ``trace_requests`` > 0: the run replays its scenario's whole (rescaled) trace, of that many
-    requests, which sets the measurement; it cannot be made longer."""
+    requests, which sets the measurement; it cannot be made longer. ``requests_per_arrival``: the
+    requests one arrival brings (a session's mean turns; 1 otherwise), since the rate counts
+    arrivals and the scenario's request count counts requests."""
     warmup_s: float
     measure_s: float
     trace_requests: int = 0
+    requests_per_arrival: float = 1.0
 
     @property
     def whole_trace(self) -> bool:
@@ -74,7 +77,7 @@ class Window:
         return self.warmup_s + self.measure_s
 
     def requests(self, rate_per_s: float) -> int:
-        return max(1, math.ceil(rate_per_s * self.length_s))
+        return max(1, math.ceil(rate_per_s * self.requests_per_arrival * self.length_s))
 
     def longer(self) -> "Window":
         return replace(self, measure_s=2 * self.measure_s)
@@ -135,14 +138,21 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) 
         own_warmup_s = scenario.simulation.warmup_s
         warmup_s = max(0.1 * span_s if own_warmup_s is None else own_warmup_s, WARMUP_LATENCIES * latency_s)
         return Window(warmup_s, max(span_s - warmup_s, 0.0), trace_requests=requests)
-    own_requests = workload.num_requests if workload.num_requests is not None else workload.duration_s * own_rate
+    # Sessions: the rate counts conversations, the request counts turns, and the turn rate only
+    # reaches its steady state once the sessions started early have sent their later turns.
+    sessions = workload.sessions
+    turns = sessions.mean_turns() if sessions is not None else 1.0
+    fill_s = sessions.fill_time_s() if sessions is not None else 0.0
+    own_requests = (workload.num_requests if workload.num_requests is not None
+                    else workload.duration_s * own_rate * turns)
     own_warmup_s = scenario.simulation.warmup_s
     if own_warmup_s is None:                 # the scenario's default: 10% of its own arrival window
-        own_warmup_s = 0.1 * own_requests / own_rate
-    warmup_s = max(own_warmup_s, WARMUP_LATENCIES * latency_s)
-    measure_s = max(MEASURED_REQUESTS / rate_per_s, MEASURED_LATENCIES * latency_s,
-                    own_requests / rate_per_s - warmup_s)
-    return Window(warmup_s, measure_s)
+        own_warmup_s = 0.1 * own_requests / (own_rate * turns)
+    warmup_s = max(own_warmup_s, WARMUP_LATENCIES * latency_s, fill_s)
+    request_rate = rate_per_s * turns
+    measure_s = max(MEASURED_REQUESTS / request_rate, MEASURED_LATENCIES * latency_s,
+                    own_requests / request_rate - warmup_s)
+    return Window(warmup_s, measure_s, requests_per_arrival=turns)
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from scipy import optimize, stats
 
 from llmsim.config.reader import Node
 from llmsim.workload.lengths import LengthDistribution, length_from_node
@@ -79,6 +80,38 @@ class Sessions:
         trace = Trace(arrival[order], prompt[order], output[order], session_id=session[order],
                       system_prompt_id=template[session[order]], system_prompt_tokens=system_tokens[session[order]])
         return trace.cut(workload.num_requests, workload.duration_s)
+
+    def mean_turns(self) -> float:
+        """Turns per session: how many requests one arrival of the session process brings."""
+        return self.turns.mean()
+
+    def fill_time_s(self, fraction: float = 0.95) -> float:
+        """Seconds after sessions start arriving (at a constant rate) until the turns arrive at
+        ``fraction`` of their steady rate.
+
+        A session's turn ``k`` (0 for the first) arrives the sum of ``k`` exponential think times
+        after the session starts, Gamma(k, think_time); it exists when the session has more than
+        ``k`` turns. So at time ``t`` the turn rate is the session rate times
+        ``sum_k P(turns > k) P(Gamma(k) <= t)``, which tends to the session rate times the mean
+        turns. Until then a run sees fewer turns per second than its steady state: a search's
+        warm-up must cover this fill.
+        """
+        lengths, probabilities = self.turns.probabilities()
+        survival = 1.0 - np.cumsum(probabilities)                        # P(turns > length)
+        follow_ups = lengths[survival > 0]                                # turn k exists iff turns > k
+        weights = survival[survival > 0]
+        steady = self.mean_turns()
+        if self.think_time_s == 0 or follow_ups.size == 0:
+            return 0.0
+
+        def filled(t: float) -> float:
+            arrived = 1.0 + weights @ stats.gamma.cdf(t, follow_ups, scale=self.think_time_s)
+            return arrived / steady - fraction
+
+        upper = self.think_time_s * float(follow_ups[-1])
+        while filled(upper) < 0:
+            upper *= 2
+        return float(optimize.brentq(filled, 0.0, upper))
 
     def _system_prompts(self, rng: np.random.Generator, n_sessions: int) -> tuple[np.ndarray, np.ndarray]:
         """Per session: which shared system prompt it starts with (-1: none) and its tokens."""
