@@ -9,8 +9,9 @@ of any SimPy model: one process per request, each waiting on one timeout.
 
 Every measurement runs in its own Python process (this script, re-invoked with ``--child``), so each
 peak RSS is that engine's alone. ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
-request run of the plain engine (peak RSS, wall time) and the time per request of 64 replicas against
-one, at the same load and the same number of requests per replica; ``--profile ENGINE`` prints the top
+request run of the plain engine (peak RSS, wall time) and the CPU time per request of 64 replicas against
+one (``--replicas-only``: that alone), on the same requests at the same load per replica, alternating
+in one process (:func:`measure_replicas`); ``--profile ENGINE`` prints the top
 of a cProfile of one run instead. Scenarios are written as YAML and read by ``llmsim.load_scenario``,
 the public API, and each measurement is timed in wall seconds and in its process's CPU seconds.
 """
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median
 
 import yaml
 
@@ -121,6 +123,8 @@ def measure_bare_simpy(requests: int) -> dict:
 def child(args) -> None:
     if args.child == "bare-simpy":
         outcome = measure_bare_simpy(args.requests)
+    elif args.child == "replicas":
+        outcome = measure_replicas(args.requests, args.rate, args.replicas, args.rounds)
     elif args.child.startswith("capacity:"):
         outcome = {"capacity": capacity_requests_per_s(args.child.split(":", 1)[1])}
     else:
@@ -128,10 +132,10 @@ def child(args) -> None:
     print(json.dumps(outcome))
 
 
-def run_child(kind: str, requests: int = 0, rate: float = 0.0, replicas: int = 1) -> dict:
+def run_child(kind: str, requests: int = 0, rate: float = 0.0, replicas: int = 1, extra: list[str] = ()) -> dict:
     """This script in a fresh interpreter, so that its peak RSS is one measurement's alone."""
     command = [sys.executable, __file__, "--child", kind, "--requests", str(requests), "--rate", repr(rate),
-               "--replicas", str(replicas)]
+               "--replicas", str(replicas), *extra]
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -179,18 +183,59 @@ def report_scale(args, capacity: float) -> None:
     print(f"\n1,000,000 requests, plain engine: {big['wall_s']:.1f} wall s, {big['cpu_s']:.1f} CPU s, "
           f"peak RSS {gigabytes(big['rss_peak'])} "
           f"({(big['rss_peak'] - big['rss_before']) / big['requests']:,.0f} B per request above the start)")
-    # As many requests per replica in both runs: a run's start and its drain (the last long outputs decoded
-    # in small batches) take the same simulated time whatever its length, so a replica with fewer requests
-    # would pay more iterations per request for reasons that have nothing to do with the replica count.
-    per_replica = max(args.requests // 64, 5000)
-    rows = {}
-    for replicas in (1, 64):
-        rows[replicas] = row = run_child("plain", replicas * per_replica, replicas * args.load * capacity, replicas)
-        print(f"{replicas:>2} replica(s) at {args.load:.0%} each, {per_replica:,} requests each: "
-              f"{1e6 / per_s(row, 'wall_s'):.1f} wall us, {1e6 / per_s(row, 'cpu_s'):.1f} CPU us per request, "
-              f"{row['iterations'] / row['requests']:.2f} iterations per request")
-    print(f"64 replicas / 1 replica, time per request: {per_s(rows[1], 'wall_s') / per_s(rows[64], 'wall_s'):.2f} "
-          f"wall, {per_s(rows[1], 'cpu_s') / per_s(rows[64], 'cpu_s'):.2f} CPU")
+    report_replicas(args, capacity)
+
+
+def report_replicas(args, capacity: float) -> None:
+    """64 replicas against one on the same requests at the same load per replica (:func:`measure_replicas`)."""
+    per_replica = args.per_replica
+    outcome = run_child("replicas", per_replica, args.load * capacity, 64, ["--rounds", str(args.rounds)])
+    one, many = outcome["one"], outcome["many"]
+    print(f"\n64 replicas against one, {args.rounds} alternating rounds in one process (CPU seconds), "
+          f"{per_replica:,} requests per replica at {args.load:.0%} of its capacity:")
+    for name, rows in (("1 replica x 64 traces", one), ("64 replicas x 1 trace", many)):
+        us = [1e6 * row["cpu_s"] / row["requests"] for row in rows]
+        print(f"  {name}: {median(us):.1f} CPU us per request (rounds {', '.join(f'{u:.1f}' for u in us)}), "
+              f"{rows[0]['iterations'] / rows[0]['requests']:.3f} iterations per request, "
+              f"{median(us) * rows[0]['requests'] / rows[0]['iterations']:.2f} CPU us per iteration")
+    per_request = [m["cpu_s"] / o["cpu_s"] for o, m in zip(one, many)]       # same requests on both sides
+    per_iteration = [(m["cpu_s"] / m["iterations"]) / (o["cpu_s"] / o["iterations"]) for o, m in zip(one, many)]
+    print(f"64 replicas / 1 replica, CPU per request: median {median(per_request):.2f} "
+          f"(rounds {', '.join(f'{r:.2f}' for r in per_request)}); per iteration: median {median(per_iteration):.2f}")
+
+
+def measure_replicas(per_replica: int, rate_per_s: float, replicas: int, rounds: int) -> dict:
+    """``replicas`` replicas against one, in this process, alternating, each side timed in CPU seconds.
+
+    Both sides simulate the same requests at the same load per replica: ``replicas`` replicas
+    get ``replicas`` times the arrival rate and ``replicas x per_replica`` requests; one replica
+    serves ``replicas`` traces of ``per_replica`` requests (one per seed, run after run). So each
+    replica's batches are as large on both sides and each pays its start and its drain (the last
+    long outputs decoded in small batches) on as many requests, and the one-replica side is the
+    mean of many traces, not one trace's luck (one 3,000-request trace ran 3.20 iterations per
+    request where 16 seeds average 3.52 +- 0.06). Alternating rounds in one process share the
+    machine's state; the median of the rounds' ratios is the figure.
+    """
+    import llmsim
+    llmsim.simulate(load(scenario_yaml("plain", rate_per_s * replicas, WARM_UP_REQUESTS, replicas)))
+    singles = []
+    for index in range(replicas):
+        data = scenario_yaml("plain", rate_per_s, per_replica)
+        data["seed"] += index
+        singles.append(load(data))
+    many = load(scenario_yaml("plain", rate_per_s * replicas, per_replica * replicas, replicas))
+    sides = {"one": [], "many": []}
+    for _ in range(rounds):
+        for side, scenarios in (("one", singles), ("many", [many])):
+            cpu_s, iterations = 0.0, 0
+            for scenario in scenarios:
+                start = time.process_time()
+                result = llmsim.simulate(scenario)
+                cpu_s += time.process_time() - start
+                iterations += len(result.iterations)
+                del result
+            sides[side].append({"cpu_s": cpu_s, "requests": per_replica * replicas, "iterations": iterations})
+    return sides
 
 
 def profile(args, capacity: float) -> None:
@@ -209,6 +254,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--load", type=float, default=0.8, help="fraction of each engine's capacity (default 0.8)")
     parser.add_argument("--scale", action="store_true", help="also 1,000,000 requests, and 64 replicas against 1")
+    parser.add_argument("--replicas-only", action="store_true",
+                        help="only 64 replicas against 1 (with --scale's method), no other measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of 64 replicas against 1")
+    parser.add_argument("--per-replica", type=int, default=5000,
+                        help="requests per replica when comparing 64 replicas against 1 (default 5,000)")
     parser.add_argument("--profile", choices=list(ENGINES), help="print a cProfile of one engine's run instead")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -216,6 +266,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         child(args)
+        return
+    if args.replicas_only:
+        print(f"machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+              f"load average {os.getloadavg()[0]:.2f}")
+        report_replicas(args, run_child("capacity:plain")["capacity"])
+        print(f"load average at the end {os.getloadavg()[0]:.2f}")
         return
     if args.profile:
         profile(args, run_child(f"capacity:{args.profile}")["capacity"])

@@ -128,11 +128,11 @@ def test_configurations_see_common_random_numbers():
 
 
 def test_interrupted_run_keeps_what_it_finished(monkeypatch):
-    import simpy
+    from llmsim.sim.environment import Environment
 
     scenario = make_scenario({"workload": {"num_requests": 2000}})
     calls = {"n": 0}
-    original = simpy.Environment.step
+    original = Environment.step           # the simulation's event loop (SimPy events and engine steps)
 
     def step(self):
         calls["n"] += 1
@@ -140,7 +140,7 @@ def test_interrupted_run_keeps_what_it_finished(monkeypatch):
             raise KeyboardInterrupt
         return original(self)
 
-    monkeypatch.setattr(simpy.Environment, "step", step)
+    monkeypatch.setattr(Environment, "step", step)
     result = simulate_checked(scenario)
     assert result.interrupted
     statuses = set(result.requests["status"])

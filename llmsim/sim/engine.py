@@ -41,11 +41,13 @@ from typing import Callable
 
 import numpy as np
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from llmsim.cost.features import prefill_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
+from llmsim.sim.environment import schedule_call
 from llmsim.sim.iterations import Iteration, IterationLog, new_iteration
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, WaitingQueue
@@ -69,11 +71,14 @@ def reject_timed_out(request: Request, timeout_s: float, now: float,
 
 
 class EngineProcess:
-    """What the rest of the simulation sees of an engine: a SimPy process serving one micro-batch
-    of replica ``index`` from ``queue`` with ``kv``, woken by :meth:`notify` when work may be
+    """What the rest of the simulation sees of an engine: a loop serving one micro-batch of
+    replica ``index`` from ``queue`` with ``kv``, woken by :meth:`notify` when work may be
     waiting, logging its iterations to ``log`` and reporting every request that leaves through
     ``on_done(request, now)``. :class:`Engine` and the static-batching engine are the two kinds;
-    each starts its own ``run`` process once it is built.
+    each starts its own loop (``run``) once it is built. The loop is a generator that yields how
+    long it waits (or None: until notified); its waits are scheduled calls
+    (:mod:`llmsim.sim.environment`), ordered among the simulation's events as a SimPy process's
+    timeouts and wake-up events would be, with less bookkeeping.
     """
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
@@ -85,12 +90,29 @@ class EngineProcess:
         self.log = IterationLog()
         self.gaps = InterTokenGaps()
         self.preemptions = 0
-        self._wakeup: simpy.Event | None = None
+        self._idle = False                          # waiting for notify()
+        self._steps = None                          # the run() generator, once started
+
+    def start(self) -> None:
+        """Start the engine's loop (``run``, a generator) at the current time, before the events
+        already scheduled for it, as SimPy starts a process."""
+        self._steps = self.run()
+        schedule_call(self.env, self._resume, URGENT)
+
+    def _resume(self) -> None:
+        """Run the loop up to its next wait: ``run`` yields the delay until its iteration (or batch
+        step) ends, or None to wait for :meth:`notify`."""
+        delay = next(self._steps)
+        if delay is None:
+            self._idle = True
+        else:
+            schedule_call(self.env, self._resume, NORMAL, delay)
 
     def notify(self) -> None:
         """New work may be waiting: wake the engine if it is idle."""
-        if self._wakeup is not None and not self._wakeup.triggered:
-            self._wakeup.succeed()
+        if self._idle:
+            self._idle = False
+            schedule_call(self.env, self._resume)
 
     def report_finished(self, request: Request, now: float) -> None:
         """``request`` has all its tokens at ``now`` (its KV already given back): record it and report it."""
@@ -107,12 +129,6 @@ class EngineProcess:
     def expire_waiting(self, now: float) -> None:
         """Reject the waiting requests whose queue timeout has passed."""
         reject_expired(self.queue, self.config, now, self.on_done)
-
-    def idle(self):
-        """Wait (``yield from`` in ``run``) until :meth:`notify` says work may be waiting."""
-        self._wakeup = self.env.event()
-        yield self._wakeup
-        self._wakeup = None
 
 
 class Engine(EngineProcess):
@@ -140,7 +156,7 @@ class Engine(EngineProcess):
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
         self.first_gap_s = array("d")
         self.decode = decode(self)
-        env.process(self.run())
+        self.start()
 
     def run(self):
         env = self.env
@@ -152,14 +168,14 @@ class Engine(EngineProcess):
                 self.expire_waiting(now)
             iteration = self.schedule()
             if iteration is None:
-                yield from self.idle()
+                yield None                          # idle until notify()
                 continue
             end = now + iteration.duration_s
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
-            # without a trip through the event queue. Otherwise let SimPy order it.
+            # without a trip through the event queue. Otherwise wait for its end there.
             if end >= env.peek():
-                yield env.timeout(end - env.now)
+                yield end - env.now
             self.now = end
             self.apply(iteration)
             if observers:

@@ -38,6 +38,7 @@ from llmsim.scenario.scenario import Scenario, host_kv_blocks
 from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
 from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.engine import Engine, Observer
+from llmsim.sim.environment import Environment
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
@@ -265,7 +266,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     window, horizon = horizon_for(scenario, trace)
     dep = scenario.deployment
     resolved = ResolvedDeployment.of(scenario)
-    env = simpy.Environment()
+    env = Environment()
     make_queue = class_queue_factory(scenario) or WaitingQueue
     shared = make_queue() if dep.router == "shared_queue" else None
     records = RequestRecords(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,

@@ -29,7 +29,7 @@ class StaticBatchEngine(EngineProcess):
                  micro_batch: int = 0):
         super().__init__(env, index, cost, kv, queue, config, on_done, micro_batch)
         self._batch: tuple[list[Request], np.ndarray] | None = None   # in flight, and its steps' ends
-        env.process(self.run())
+        self.start()
 
     def run(self):
         env, cfg = self.env, self.config
@@ -41,7 +41,7 @@ class StaticBatchEngine(EngineProcess):
             if batch:
                 yield from self._serve(batch)
             else:
-                yield from self.idle()
+                yield None                          # idle until notify()
 
     def _form(self, now: float) -> list[Request]:
         """Take requests from the queue head while slots and KV for their full length allow."""
@@ -88,7 +88,7 @@ class StaticBatchEngine(EngineProcess):
         leaving = sorted(batch, key=lambda r: r.output_tokens)
         for request in leaving:
             last = request.output_tokens - 1
-            yield self.env.timeout(max(float(ends[last]) - self.env.now, 0.0))
+            yield max(float(ends[last]) - self.env.now, 0.0)
             request.first_token_s = float(ends[0])
             request.max_itl_s = float(gap_max[last])
             if request is leaving[-1]:

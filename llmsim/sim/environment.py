@@ -1,0 +1,65 @@
+"""SimPy's environment with a fast lane for engine steps.
+
+An engine waits for two things only: the end of the iteration it priced, and new work when
+it is idle. As a SimPy wait each costs an event object, a trip through that event's callbacks
+and a generator resumption through ``Process._resume``. With one replica most iterations need
+no wait at all (an iteration that ends before any other event runs at once, see
+``Engine.run``), but with many replicas another engine's step almost always comes first, so
+every iteration pays a SimPy wait: 64 replicas processed 1.28 SimPy events per iteration
+against 0.55 for one.
+
+:class:`Environment` keeps such waits as plain calls (:meth:`Environment.schedule_call`) in a
+heap of their own, keyed exactly as SimPy keys its events (time, priority, then SimPy's own
+insertion counter, shared by both heaps), and :meth:`Environment.step` runs whichever of the
+two heads comes first. So everything happens in the order, and at the times, it would with
+SimPy events; only the bookkeeping per wait is smaller. :func:`schedule_call` also works on a
+plain ``simpy.Environment`` (through an event), so engines run on either.
+"""
+from __future__ import annotations
+
+from heapq import heappop, heappush
+from typing import Callable
+
+import simpy
+from simpy.core import Infinity
+from simpy.events import NORMAL
+
+
+class Environment(simpy.Environment):
+    """A ``simpy.Environment`` that also runs scheduled calls (see the module docstring)."""
+
+    def __init__(self, initial_time: float = 0):
+        super().__init__(initial_time)
+        self._calls: list[tuple[float, int, int, Callable[[], None]]] = []
+
+    def schedule_call(self, call: Callable[[], None], priority: int = NORMAL, delay: float = 0.0) -> None:
+        """Call ``call()`` at ``now + delay``, ordered as an event of ``priority`` scheduled now would be."""
+        heappush(self._calls, (self._now + delay, priority, next(self._eid), call))
+
+    def peek(self) -> float:
+        calls, queue = self._calls, self._queue
+        if calls:
+            return min(calls[0][0], queue[0][0]) if queue else calls[0][0]
+        return queue[0][0] if queue else Infinity
+
+    def step(self) -> None:
+        calls, queue = self._calls, self._queue
+        # The keys (time, priority, counter) are unique: the comparison never reaches the call.
+        if calls and (not queue or calls[0] < queue[0]):
+            self._now, _, _, call = heappop(calls)
+            call()
+        else:
+            super().step()
+
+
+def schedule_call(env: simpy.Environment, call: Callable[[], None], priority: int = NORMAL,
+                  delay: float = 0.0) -> None:
+    """Call ``call()`` at ``env.now + delay``, in SimPy's event order; on a plain SimPy
+    environment through an event (the same order, at SimPy's cost)."""
+    if isinstance(env, Environment):
+        env.schedule_call(call, priority, delay)
+        return
+    event = env.event()
+    event._ok, event._value = True, None         # what succeed() sets; it is scheduled below
+    event.callbacks.append(lambda _: call())
+    env.schedule(event, priority, delay)
