@@ -241,6 +241,7 @@ def test_the_summary_says_which_rule_blocked_speculation_and_warns():
     ({"draft": "eagle", "placement": "separate"}, "Llama-3.1-8B", "hidden states"),
     ({"draft": "medusa", "heads": 3, "k": 4}, "Llama-3.1-8B", "one token per head"),
     ({"draft": "ngram", "ngram_cpu_per_sequence": "fast"}, "Llama-3.1-8B", "ngram_cpu_per_sequence"),
+    ({"draft": "mtp"}, "Llama-3.1-8B", "ships no multi-token-prediction module"),
 ])
 def test_unverifiable_drafts_exit_2(tmp_path, capsys, speculation, model, words):
     path = tmp_path / "bad.yaml"
@@ -257,6 +258,8 @@ def test_a_larger_draft_or_another_vocabulary_can_be_allowed_explicitly():
     assert larger.speculation.draft.name == "Llama-3.1-8B"
     other = h100_8b({"draft": "Llama-2-7B", "allow_different_vocabulary": True, "allow_larger_draft": False})
     assert other.speculation.draft.vocab_size != other.model.vocab_size
+    trained = h100_8b({"draft": "mtp", "allow_missing_mtp": True})
+    assert trained.speculation.proposer.kind == "mtp" and trained.model.mtp_modules == 0
 
 
 # -- chunked prefill of long prompts ---------------------------------------------------------------------

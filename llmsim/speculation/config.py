@@ -46,7 +46,7 @@ from llmsim.workload.trace import read_csv
 from llmsim.catalog.models import ModelSpec
 from llmsim.speculation.acceptance_model import WORKLOADS, Estimate, default_model
 from llmsim.speculation.kernels import accepted_prefixes, replayed_prefixes
-from llmsim.speculation.proposers import HEAD_KINDS, KINDS, MEDUSA, MODEL, NGRAM, Proposer, head_spec
+from llmsim.speculation.proposers import EAGLE, HEAD_KINDS, KINDS, MEDUSA, MODEL, MTP, NGRAM, Proposer, head_spec
 
 PROCESSES = ("bernoulli", "beta", "positional", "replay", "predicted")
 POLICIES = ("static", "adaptive", "goodput")
@@ -284,7 +284,7 @@ def _proposer(node: Node, target: ModelSpec, read_model) -> tuple[Proposer, Mode
     """``draft:`` (a model, ``ngram``, ``eagle``, ``mtp`` or ``medusa``) with its own keys:
     ``heads`` (Medusa), ``tree_branching`` (all but n-gram), ``ngram_cpu_per_sequence`` (n-gram),
     and the checks that the target can verify the draft's tokens (``allow_larger_draft``,
-    ``allow_different_vocabulary`` waive them)."""
+    ``allow_different_vocabulary`` waive them) and, for ``mtp``, ships the module (``allow_missing_mtp``)."""
     raw = node.raw("draft")
     kind = raw if isinstance(raw, str) and raw in KINDS and raw != MODEL else MODEL
     heads = node.number("heads", 4, integer=True, minimum=1) if kind == MEDUSA else 0
@@ -295,6 +295,12 @@ def _proposer(node: Node, target: ModelSpec, read_model) -> tuple[Proposer, Mode
     proposer = Proposer(kind, heads, branching, cpu_s)
     if kind == NGRAM:
         return proposer, None
+    allow_missing_mtp = node.boolean("allow_missing_mtp", False) if kind == MTP else False
+    if kind == MTP and not target.mtp_modules and not allow_missing_mtp:
+        raise node.key_error("draft", f"{target.name} ships no multi-token-prediction module (mtp_modules: 0, "
+                             "config.json's num_nextn_predict_layers); nothing would draft", raw,
+                             f"a target with MTP modules (DeepSeek-V3), another proposer ({EAGLE}, {MEDUSA}, "
+                             f"{NGRAM}, a draft model), or allow_missing_mtp: true (an MTP module you trained)")
     if kind in HEAD_KINDS:
         return proposer, head_spec(kind, target, heads)
     draft = read_model(node, "draft")
