@@ -195,6 +195,7 @@ def test_reject_timeout_per_class_and_reserved_slots():
     ({"workload": {"classes": {"a": {"share": 0.5}, "b": {"arrival": {"rate": 1}}}}}, "workload.classes"),
     ({"workload": {"classes": {"a": {"share": 0.5, "arrival": {"rate": 1}}, "b": {"share": 0.5}}}},
      "workload.classes.a"),
+    ({"workload": {"classes": ["interactive", "batch"]}}, "workload.classes"),
 ])
 def test_bad_class_settings_name_the_key(overrides, key):
     with pytest.raises(ConfigError) as error:

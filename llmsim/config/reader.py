@@ -203,6 +203,14 @@ class Node:
         value = self.raw(key, {} if default is _MISSING else default)
         return Node(value, file=self.file, path=self.key_path(key), base_dir=self.base_dir)
 
+    def named_entries(self, key: str, what: str, example: str) -> tuple["Node", list]:
+        """``key``: a non-empty mapping of names to their settings (traffic classes, rollout groups).
+        Returns the mapping's node and its names, in the file's order."""
+        raw = self.raw(key)
+        if not isinstance(raw, dict) or not raw:
+            raise self.key_error(key, f"expected a mapping of {what}", raw, example)
+        return self.child(key), list(raw)
+
     def number(self, key: str, default: Any = _MISSING, *, integer: bool = False,
                minimum: float | None = None, maximum: float | None = None,
                exclusive_minimum: bool = False) -> Any:

@@ -71,13 +71,11 @@ def rollout_from_node(node: Node) -> RolloutConfig:
     """``rollout: {groups: {<name>: {role, fraction, replicas, engine: {...}}}}``; the canaries'
     fractions must leave the control some traffic. Whether each group's engine settings are
     valid is checked by building its scenario (:func:`group_source`, in the scenario reader)."""
-    raw = node.raw("groups")
-    if not isinstance(raw, dict) or not raw:
-        raise node.key_error("groups", "expected a mapping of group names to their settings", raw,
-                             "e.g. {canary: {role: canary, fraction: 0.05, engine: {max_batch_tokens: 4096}}}")
-    holder = node.child("groups")
+    holder, names = node.named_entries(
+        "groups", "group names to their settings",
+        "e.g. {canary: {role: canary, fraction: 0.05, engine: {max_batch_tokens: 4096}}}")
     groups = []
-    for name in raw:
+    for name in names:
         if not isinstance(name, str) or name == CONTROL:
             raise holder.key_error(str(name), "a group needs a name of its own", name,
                                    f"a string other than '{CONTROL}' (the scenario's own deployment)")

@@ -57,13 +57,10 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
     """``workload.classes`` (``node`` is the workload); ``read_arrival(node)`` reads an arrival mapping.
     ``replayed``: a trace with a class column brings each request's arrival, lengths and class, so a
     class sets neither share, arrival nor lengths, only how it is treated and its SLO."""
-    raw = node.raw("classes")
-    if not isinstance(raw, dict) or not raw:
-        raise node.key_error("classes", "expected a mapping of class names to their settings", raw,
-                             "e.g. {interactive: {share: 0.3}, batch: {share: 0.7}}")
-    holder = node.child("classes")
+    holder, names = node.named_entries("classes", "class names to their settings",
+                                       "e.g. {interactive: {share: 0.3}, batch: {share: 0.7}}")
     classes = []
-    for name in raw:
+    for name in names:
         each = holder.child(str(name))
         priority, timeout = PRACTICE_TIERS.get(str(name), (0, None))
         if replayed:
@@ -76,7 +73,7 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
         arrival = read_arrival(each.child("arrival")) if each.has("arrival") else None
         if (share is None) == (arrival is None) and not replayed:
             raise each.error("a class needs exactly one of share (of the workload's arrivals) or arrival "
-                             "(its own process)", key=each.path, value=raw[name],
+                             "(its own process)", key=each.path, value=each.data,
                              allowed="share: 0.3, or arrival: {process: poisson, rate: 5/s}")
         lengths = {}
         for key in ("prompt_tokens", "output_tokens"):
