@@ -24,6 +24,11 @@ def test_fill_time_of_two_turn_sessions_is_the_closed_form():
     sessions = Sessions(Fixed(value=2, maximum=2), think_time_s=20.0, system_prompt=None, max_tokens=10_000)
     assert math.isclose(sessions.fill_time_s(), 20.0 * math.log(10), rel_tol=1e-6)
     assert math.isclose(sessions.fill_time_s(0.75), 20.0 * math.log(2), rel_tol=1e-6)
+    # Three turns always (the law starts at 3: turns 1 and 2 exist with certainty): at x = t / theta
+    # the rate is (1 + (1 - e^-x) + (1 - e^-x (1 + x))) / 3 of its steady rate (Gamma(1) and Gamma(2)).
+    three = Sessions(Fixed(value=3, minimum=3, maximum=3), think_time_s=20.0, system_prompt=None, max_tokens=10_000)
+    x = three.fill_time_s() / 20.0
+    assert math.isclose((1 + (1 - math.exp(-x)) + (1 - math.exp(-x) * (1 + x))) / 3, 0.95, rel_tol=1e-6)
     single = Sessions(Fixed(value=1, maximum=1), think_time_s=20.0, system_prompt=None, max_tokens=10_000)
     assert single.fill_time_s() == 0.0 and single.mean_turns() == 1.0
 

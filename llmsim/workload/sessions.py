@@ -97,9 +97,10 @@ class Sessions:
         warm-up must cover this fill.
         """
         lengths, probabilities = self.turns.probabilities()
-        survival = 1.0 - np.cumsum(probabilities)                        # P(turns > length)
-        follow_ups = lengths[survival > 0]                                # turn k exists iff turns > k
-        weights = survival[survival > 0]
+        follow_ups = np.arange(1, lengths[-1])                            # turn k exists iff turns > k
+        at_most = np.searchsorted(lengths, follow_ups, side="right") - 1  # the last length <= k, if any
+        survival = 1.0 - np.where(at_most >= 0, np.cumsum(probabilities)[np.maximum(at_most, 0)], 0.0)
+        follow_ups, weights = follow_ups[survival > 0], survival[survival > 0]
         steady = self.mean_turns()
         if self.think_time_s == 0 or follow_ups.size == 0:
             return 0.0
