@@ -106,11 +106,21 @@ def _cmd_operators(args) -> int:
             bar.total = total
             bar.update(done - bar.n)
         meta = operator_bench.profile_operators(args.operators, tag, device, grid, progress)
+    if device == "cuda" and not args.quick:      # the checks the per-operator rows cannot give alone
+        with tqdm(total=1, desc="fp8 GEMMs and decode steps", unit="shape", mininterval=1.0) as bar:
+            def progress(done, total):
+                bar.total = total
+                bar.update(done - bar.n)
+            operator_bench.profile_fp8_gemms(args.operators, tag, progress=progress)
+            bar.reset()
+            operator_bench.profile_decode_steps(args.operators, tag, device, progress=progress)
     print(f"{meta['device_name']} (torch {meta['torch']}, {meta['dtype']}): {meta['protocol']}; streaming kernels "
           f"{meta['streaming_kernels']}" + (f"; empty kernel {meta['empty_kernel_s'] * 1e6:.2f} us"
                                               if meta["empty_kernel_s"] else ""))
-    print(f"wrote {args.operators}/: " + ", ".join(name.format(tag=tag) for name in (
-        operator_bench.LINEAR_FILE, operator_bench.ATTENTION_FILE, operator_bench.META_FILE)))
+    print(f"wrote {args.operators}/: " + ", ".join(
+        name.format(tag=tag) for name in (operator_bench.LINEAR_FILE, operator_bench.ATTENTION_FILE,
+                                          operator_bench.META_FILE, operator_bench.FP8_FILE, operator_bench.STEP_FILE)
+        if (Path(args.operators) / name.format(tag=tag)).exists()))
     return 0
 
 
