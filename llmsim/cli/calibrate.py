@@ -215,6 +215,10 @@ def kernel_calibration_summary(record: dict) -> str:
             for r in tables.get("per_layer", [])))
         lines.append(f"{title} all-reduce: " + "; ".join(
             f"{r['size_class']} MAPE {r['mape']:.1%}" for r in tables.get("all_reduce", [])))
+        if tables.get("fp8_gemm"):
+            lines.append(f"{title} FP8 GEMMs: " + "; ".join(
+                f"{r['regime']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
+                for r in tables["fp8_gemm"]))
         if tables.get("attention"):
             lines.append(f"{title} attention: " + "; ".join(
                 f"{r['phase']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
