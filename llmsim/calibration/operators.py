@@ -28,7 +28,7 @@ from llmsim.cost.kernels import (all_reduce_time_s, elementwise_bytes_per_token,
 from llmsim.errors import ConfigError
 
 # Device tags of the measurements -> the shipped profile whose peaks and shapes they refine.
-DEVICE_PROFILES = {"a100": "A100-80GB", "h100": "H100-SXM"}
+DEVICE_PROFILES = {"a100": "A100-80GB", "h100": "H100-SXM", "h200": "H200"}
 SHAPE_COLUMNS = ("num_tokens", "tp", "n_embd", "n_expanded_embd", "n_head", "n_kv_head")
 # In the order of llmsim.cost.kernels.layer_gemm_shapes.
 GEMM_COLUMNS = {"attn_pre_proj_ms": "qkv", "attn_post_proj_ms": "out_proj", "mlp_up_proj_ms": "mlp_up",

@@ -4,11 +4,14 @@ torch is imported only when a calibration or validation runs, never to build the
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from llmsim.calibration.calibrate import DEFAULT_CPU_THREADS, calibrate, require_torch, validate
+from llmsim.calibration import operator_bench
 from llmsim.calibration.design import DEVICE_DTYPES
 from llmsim.calibration.kernel_profile import calibrate_from_measurements, kernels_section, measured_source
 from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, error_table, layer_errors,
@@ -38,6 +41,13 @@ def add_parsers(subparsers) -> None:
     cal.add_argument("--from-measurements", metavar="DIR",
                      help="fit a GPU's kernel terms to operator timing CSVs in the Vidur profiler's format instead "
                           "of timing torch here (no torch needed)")
+    cal.add_argument("--operators", metavar="DIR",
+                     help="time one layer's operators and attention kernels on this device at several models' shapes "
+                          "and TP sizes, and write them to DIR as Vidur-format CSVs (fit them with --from-measurements)")
+    cal.add_argument("--models", help="with --operators: comma-separated catalog models (default: "
+                                      f"{','.join(operator_bench.DEFAULT_MODELS)})")
+    cal.add_argument("--tag", help="with --operators: the device tag written in the rows and file names "
+                                   "(default: h200/h100/a100 from the GPU's name, else the device kind)")
     cal.add_argument("--gpu", choices=tuple(DEVICE_PROFILES),
                      help="with --from-measurements: the device whose rows to fit (default: the only one found)")
     cal.add_argument("--base", metavar="PROFILE",
@@ -66,6 +76,8 @@ def add_parsers(subparsers) -> None:
 def _cmd_calibrate(args) -> int:
     if args.from_measurements:
         return _cmd_from_measurements(args)
+    if args.operators:
+        return _cmd_operators(args)
     if args.from_profile and not args.transfer_to:
         raise ConfigError("--from only goes with --transfer-to", key="--from", value=args.from_profile,
                           allowed="--transfer-to PROFILE --from CALIBRATED --out OUT")
@@ -79,6 +91,26 @@ def _cmd_calibrate(args) -> int:
     write_document(document, out)
     print(calibration_summary(document))
     print(f"\nwrote {out}")
+    return 0
+
+
+def _cmd_operators(args) -> int:
+    require_torch()
+    device = _device_kind(args.device)
+    grid = operator_bench.QUICK_GRID if args.quick else operator_bench.Grid()
+    if args.models:
+        grid = replace(grid, models=tuple(name.strip() for name in args.models.split(",") if name.strip()))
+    tag = args.tag or operator_bench.device_tag(device)
+    with tqdm(total=1, desc="operators", unit="shape", mininterval=1.0) as bar:
+        def progress(done, total):
+            bar.total = total
+            bar.update(done - bar.n)
+        meta = operator_bench.profile_operators(args.operators, tag, device, grid, progress)
+    print(f"{meta['device_name']} (torch {meta['torch']}, {meta['dtype']}): {meta['protocol']}; streaming kernels "
+          f"{meta['streaming_kernels']}" + (f"; empty kernel {meta['empty_kernel_s'] * 1e6:.2f} us"
+                                              if meta["empty_kernel_s"] else ""))
+    print(f"wrote {args.operators}/: " + ", ".join(name.format(tag=tag) for name in (
+        operator_bench.LINEAR_FILE, operator_bench.ATTENTION_FILE, operator_bench.META_FILE)))
     return 0
 
 

@@ -1,0 +1,351 @@
+"""Timing one transformer layer's operators on this device, written as the Vidur profiler's CSVs.
+
+``llmsim calibrate --operators DIR`` measures, for a few catalog models at each tensor-parallel
+size, the per-layer operators that :mod:`llmsim.calibration.operators` reads (the fused QKV, output,
+gate+up and down projections at the shard's shapes; RMSNorm, SiLU-and-multiply, rotary embedding and
+the residual add) and the attention kernels (decode: a batch of single-token queries over equal
+contexts; prefill: one chunk over the context before it, causal), so that ``llmsim calibrate
+--from-measurements DIR`` can fit this device's kernel terms and ``llmsim validate --measurements DIR``
+can hold any profile against them.
+
+How a figure is taken. On a GPU every operator is captured ``reps`` times into one CUDA graph,
+cycling through enough copies of its operands that they cannot stay in the L2 cache (each call
+reads its weights from HBM, as in serving), and the graph is replayed several times between CUDA
+events: a figure is the median replay time over ``reps``. That is the time a CUDA-graph engine pays per
+kernel, including the graph's gap between kernels; the same protocol timed on an empty kernel is
+written to the metadata (``empty_kernel_s``), so that it can be taken off to compare with profilers
+that time kernels alone (Vidur's medians are kernel durations, CUDA graphs off). On a CPU a figure is
+the median wall time of a loop of calls. Streaming operators are compiled with ``torch.compile`` into
+one fused kernel each where the compiler works (as serving engines fuse them); the metadata says which.
+
+torch is imported only here and only when a measurement runs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog
+from llmsim.cost.kernels import layer_gemm_shapes
+
+# Models whose shapes the Vidur measurements cover (7B/8B/70B) plus two others (13B; Qwen's 28/4 heads).
+DEFAULT_MODELS = ("Llama-2-7B", "Llama-3.1-8B", "Llama-2-13B", "Qwen2.5-7B", "Llama-3.1-70B")
+DEFAULT_TP = (1, 2, 4, 8)
+DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+DECODE_BATCHES = (1, 4, 16, 64, 256)
+DECODE_CONTEXTS = (256, 1024, 4096, 16384)
+PREFILL_CHUNKS = (128, 512, 2048, 4096)
+PREFILL_CONTEXTS = (0, 2048, 8192)
+QUICK_MODELS, QUICK_TP, QUICK_TOKENS = ("llama-68m",), (1, 2), (1, 16, 128)
+QUICK_BATCHES, QUICK_CONTEXTS, QUICK_CHUNKS, QUICK_PREFILL_CONTEXTS = (1, 4), (256,), (128,), (0, 128)
+MAX_KV_BYTES = 16 * 2 ** 30           # decode rows whose KV cache would exceed this are skipped
+TARGET_GRAPH_S = 3e-4                 # a replay long enough that the events' resolution does not matter
+MIN_REPS, MAX_REPS, REPLAYS = 3, 200, 7
+CPU_SAMPLES = 5
+LINEAR_FILE, ATTENTION_FILE, META_FILE = "{tag}_linear_ops_ms_per_layer.csv", "{tag}_attention.csv", "{tag}_operators.json"
+
+
+@dataclass(frozen=True)
+class Grid:
+    models: tuple[str, ...] = DEFAULT_MODELS
+    tp: tuple[int, ...] = DEFAULT_TP
+    tokens: tuple[int, ...] = DEFAULT_TOKENS
+    decode_batches: tuple[int, ...] = DECODE_BATCHES
+    decode_contexts: tuple[int, ...] = DECODE_CONTEXTS
+    prefill_chunks: tuple[int, ...] = PREFILL_CHUNKS
+    prefill_contexts: tuple[int, ...] = PREFILL_CONTEXTS
+
+
+QUICK_GRID = Grid(QUICK_MODELS, QUICK_TP, QUICK_TOKENS, QUICK_BATCHES, QUICK_CONTEXTS, QUICK_CHUNKS,
+                  QUICK_PREFILL_CONTEXTS)
+
+
+class Timer:
+    """Seconds per call of an operator built over ``copies`` sets of operands (see the module docstring)."""
+
+    def __init__(self, device: str):
+        import torch
+        self.torch, self.device = torch, device
+        self.l2_bytes = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else 0
+
+    def copies_for(self, operand_bytes: float) -> int:
+        """Operand copies to cycle through so that together they overflow the L2 cache twice."""
+        if self.device != "cuda":
+            return 1
+        return int(min(MAX_REPS, max(1, math.ceil(2 * self.l2_bytes / max(operand_bytes, 1.0)))))
+
+    def seconds(self, calls) -> float:
+        """``calls``: one zero-argument callable per operand copy."""
+        if self.device != "cuda":
+            return self._cpu_seconds(calls)
+        torch = self.torch
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):           # warm up (and compile) outside the capture, as CUDA graphs need
+            for call in calls[:3]:
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for call in calls[:3]:
+            call()
+        end.record()
+        end.synchronize()
+        one_s = start.elapsed_time(end) * 1e-3 / min(3, len(calls))
+        reps = int(min(MAX_REPS, max(MIN_REPS, len(calls), TARGET_GRAPH_S / max(one_s, 1e-7))))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for index in range(reps):
+                calls[index % len(calls)]()
+        graph.replay()
+        torch.cuda.synchronize()
+        samples = []
+        for _ in range(REPLAYS):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e-3 / reps)
+        del graph
+        return statistics.median(samples)
+
+    def _cpu_seconds(self, calls) -> float:
+        calls[0]()
+        samples = []
+        for _ in range(CPU_SAMPLES):
+            begin = time.perf_counter()
+            calls[0]()
+            samples.append(time.perf_counter() - begin)
+        return statistics.median(samples)
+
+    def empty_kernel_s(self) -> float | None:
+        """The protocol's figure for a kernel that does nothing (the graph's gap per kernel), GPU only."""
+        if self.device != "cuda":
+            return None
+        try:
+            return self.seconds([lambda: self.torch.cuda._sleep(0)])
+        except RuntimeError:             # a private torch call: its absence only loses this reference figure
+            return None
+
+
+def _streaming_functions(torch, compile_them: bool):
+    """RMSNorm, SiLU-and-multiply, rotary embedding (GPT-NeoX halves) and residual add, each fused by
+    torch.compile where it works; returns (functions, "compiled" | "eager: <why>")."""
+    def rms_norm(x, weight):
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(variance + 1e-6)).to(x.dtype) * weight
+
+    def silu_and_mul(x):
+        gate, up = x.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+    def rotary(q, k, cos, sin):
+        def rotate(x):
+            half = x.shape[-1] // 2
+            x1, x2 = x[..., :half], x[..., half:]
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return rotate(q), rotate(k)
+
+    def add(a, b):
+        return a + b
+
+    functions = {"norm": rms_norm, "activation": silu_and_mul, "rotary": rotary, "residual": add}
+    if not compile_them:
+        return functions, "eager: torch.compile not used on this device"
+    for option in ("cache_size_limit", "recompile_limit"):   # every model and TP size is a new shape to guard
+        if hasattr(torch._dynamo.config, option):
+            setattr(torch._dynamo.config, option, 256)
+    try:
+        compiled = {name: torch.compile(fn, dynamic=True, fullgraph=True) for name, fn in functions.items()}
+        probe = torch.ones(4, 64, device="cuda", dtype=torch.float16)
+        compiled["residual"](probe, probe)
+        return compiled, "compiled: torch.compile (Inductor/Triton), one fused kernel per operator"
+    except Exception as exc:             # the compiler is optional: eager kernels are still honest figures
+        return functions, f"eager: torch.compile failed ({type(exc).__name__}: {str(exc)[:200]})"
+
+
+def _layer_rows(model: ModelSpec, tp: int, tokens: int, timer: Timer, streaming, dtype, device) -> dict:
+    """Milliseconds of each operator of one layer of ``model`` at ``tokens`` rows on one of ``tp`` GPUs."""
+    torch = timer.torch
+    row = {}
+    element_bytes = torch.finfo(dtype).bits // 8
+    columns = {"qkv": "attn_pre_proj_ms", "out_proj": "attn_post_proj_ms", "mlp_up": "mlp_up_proj_ms",
+               "mlp_down": "mlp_down_proj_ms"}
+    for shape in layer_gemm_shapes(model, tp):
+        n, k = int(round(shape.n)), int(round(shape.k))
+        copies = timer.copies_for((n * k + tokens * (n + k)) * element_bytes)
+        xs = [torch.randn(tokens, k, device=device, dtype=dtype) for _ in range(copies)]
+        ws = [torch.randn(k, n, device=device, dtype=dtype) / math.sqrt(k) for _ in range(copies)]
+        outs = [torch.empty(tokens, n, device=device, dtype=dtype) for _ in range(copies)]
+        calls = [lambda x=x, w=w, o=o: torch.matmul(x, w, out=o) for x, w, o in zip(xs, ws, outs)]
+        row[columns[shape.name]] = timer.seconds(calls) * 1e3
+        del xs, ws, outs, calls
+    hidden, head_dim = model.hidden_size, model.head_dim
+    inter = int(model.intermediate_size // tp)
+    q_width, kv_width = int(model.num_heads // tp) * head_dim, max(1, int(model.num_kv_heads // tp)) * head_dim
+    per_copy = {"norm": 2 * tokens * hidden, "activation": 3 * tokens * inter, "residual": 3 * tokens * hidden,
+                "rotary": 2 * tokens * (q_width + kv_width)}
+    operands = {
+        "norm": lambda: (torch.randn(tokens, hidden, device=device, dtype=dtype),
+                         torch.ones(hidden, device=device, dtype=dtype)),
+        "activation": lambda: (torch.randn(tokens, 2 * inter, device=device, dtype=dtype),),
+        "residual": lambda: (torch.randn(tokens, hidden, device=device, dtype=dtype),
+                             torch.randn(tokens, hidden, device=device, dtype=dtype)),
+        "rotary": lambda: (torch.randn(tokens, q_width // head_dim, head_dim, device=device, dtype=dtype),
+                           torch.randn(tokens, kv_width // head_dim, head_dim, device=device, dtype=dtype),
+                           torch.randn(tokens, 1, head_dim // 2, device=device, dtype=dtype),
+                           torch.randn(tokens, 1, head_dim // 2, device=device, dtype=dtype)),
+    }
+    kinds = (("norm", "input_layernorm_ms"), ("norm", "post_attention_layernorm_ms"), ("activation", "mlp_act_ms"),
+             ("rotary", "attn_rope_ms"), ("residual", "add_ms"))
+    for kind, column in kinds:
+        copies = timer.copies_for(per_copy[kind] * element_bytes)
+        args = [operands[kind]() for _ in range(copies)]
+        calls = [lambda a=a, fn=streaming[kind]: fn(*a) for a in args]
+        row[column] = timer.seconds(calls) * 1e3
+        del args, calls
+    return row
+
+
+def _attention_seconds(timer: Timer, q_heads: int, kv_heads: int, head_dim: int, batch: int, queries: int,
+                       context: int, dtype, device) -> tuple[float, str]:
+    """One attention call: ``batch`` sequences of ``queries`` new tokens each over ``context`` cached ones
+    plus themselves (causal within the chunk). Returns seconds and the SDPA backend that ran."""
+    torch = timer.torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    keys = context + queries
+    # A chunk after cached context needs the causal mask aligned to the lower right, which SDPA takes as a
+    # CausalBias without grouped-query heads: there the K/V heads are repeated up front (prefill is
+    # compute-bound, so the repeated reads cost little); decode and a first chunk use GQA directly.
+    chunk_after_context = queries > 1 and context > 0
+    stored_kv_heads = q_heads if chunk_after_context else kv_heads
+    per_copy = (batch * (q_heads * queries + 2 * stored_kv_heads * keys)) * head_dim * torch.finfo(dtype).bits // 8
+    copies = timer.copies_for(per_copy)
+    tensors = [(torch.randn(batch, q_heads, queries, head_dim, device=device, dtype=dtype),
+                torch.randn(batch, stored_kv_heads, keys, head_dim, device=device, dtype=dtype),
+                torch.randn(batch, stored_kv_heads, keys, head_dim, device=device, dtype=dtype))
+               for _ in range(copies)]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if chunk_after_context:
+        mask = causal_lower_right(queries, keys)
+        options = {"attn_mask": mask}
+    else:
+        options = {"is_causal": queries > 1, "enable_gqa": stored_kv_heads != q_heads}
+    last_error = None
+    for backend, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient"),
+                          (SDPBackend.MATH, "math")):
+        def call(q, k, v, backend=backend):
+            with sdpa_kernel([backend]):
+                return sdpa(q, k, v, **options)
+        try:
+            seconds = timer.seconds([lambda t=t: call(*t) for t in tensors])
+        except RuntimeError as exc:      # this backend does not take these shapes: the next one
+            last_error = exc
+            continue
+        return seconds, name + ("-kv-repeated" if chunk_after_context and stored_kv_heads != kv_heads else "")
+    raise RuntimeError(f"no SDPA backend ran attention of {q_heads}/{kv_heads} heads: {last_error}")
+
+
+def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid: Grid = Grid(),
+                      progress=None) -> dict:
+    """Measure ``grid`` on ``device`` and write the linear-operator CSV, the attention CSV and the metadata
+    into ``out_dir`` (files named by ``tag``); rows are written as they are taken, so a run stopped part-way
+    keeps what it finished. Returns the metadata."""
+    import torch
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    # Vidur's measurements are fp16; a CPU has no fast fp16 GEMM, so there the rows are fp32 (the metadata says).
+    dtype, dtype_name = (torch.float16, "fp16") if device == "cuda" else (torch.float32, "fp32")
+    timer = Timer(device)
+    streaming, streaming_note = _streaming_functions(torch, compile_them=device == "cuda")
+    meta = {"tag": tag, "device": device, "torch": torch.__version__,
+            "device_name": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "cuda": torch.version.cuda if device == "cuda" else None, "l2_cache_bytes": timer.l2_bytes,
+            "dtype": dtype_name, "streaming_kernels": streaming_note, "empty_kernel_s": timer.empty_kernel_s(),
+            "protocol": (f"CUDA graph of >= {MIN_REPS} calls cycling through operand copies over 2x the L2, "
+                         f"median of {REPLAYS} replays" if device == "cuda" else f"median of {CPU_SAMPLES} calls"),
+            "grid": {key: list(value) for key, value in grid.__dict__.items()}}
+    (out / META_FILE.format(tag=tag)).write_text(json.dumps(meta, indent=1))
+    linear_path, attention_path = out / LINEAR_FILE.format(tag=tag), out / ATTENTION_FILE.format(tag=tag)
+    catalog = model_catalog()
+    models = [lookup_model(name, catalog, key="--models") for name in grid.models]
+    total = len(models) * len(grid.tp) * (len(grid.tokens) + len(grid.decode_batches) * len(grid.decode_contexts)
+                                          + len(grid.prefill_chunks) * len(grid.prefill_contexts))
+    done = 0
+    linear_rows, attention_rows, failures = [], [], []
+    for model in models:
+        layer = _layer_model(model)
+        for tp in grid.tp:
+            if model.num_heads % tp:          # engines refuse a TP size that does not divide the heads
+                done += len(grid.tokens) + len(grid.decode_batches) * len(grid.decode_contexts) \
+                    + len(grid.prefill_chunks) * len(grid.prefill_contexts)
+                continue
+            for tokens in grid.tokens:
+                row = {"device": tag, "model": model.name, "num_tokens": tokens, "tp": tp,
+                       "n_embd": layer.hidden_size, "n_expanded_embd": layer.intermediate_size,
+                       "n_head": layer.num_heads, "n_kv_head": layer.num_kv_heads, "vocab_size": model.vocab_size}
+                try:
+                    row.update(_layer_rows(layer, tp, tokens, timer, streaming, dtype, device))
+                    linear_rows.append(row)
+                except RuntimeError as exc:      # e.g. out of memory: reported in the metadata, the rest goes on
+                    failures.append(f"{model.name} tp {tp} tokens {tokens}: {str(exc)[:300]}")
+                done += 1
+                _report(progress, done, total)
+            pd.DataFrame(linear_rows).to_csv(linear_path, index=False)
+            q_heads, kv_heads = model.num_heads // tp, max(1, model.num_kv_heads // tp)
+            cases = [(batch, 1, context) for batch in grid.decode_batches for context in grid.decode_contexts]
+            cases += [(1, chunk, context) for chunk in grid.prefill_chunks for context in grid.prefill_contexts]
+            for batch, queries, context in cases:
+                done += 1
+                kv_bytes = batch * 2 * kv_heads * (context + queries) * model.head_dim * 2
+                if kv_bytes > MAX_KV_BYTES:
+                    continue
+                try:
+                    seconds, backend = _attention_seconds(timer, q_heads, kv_heads, model.head_dim, batch, queries,
+                                                          context, dtype, device)
+                except RuntimeError as exc:
+                    failures.append(f"{model.name} tp {tp} attention batch {batch} queries {queries} context "
+                                    f"{context}: {str(exc)[:300]}")
+                    continue
+                prefill = queries > 1
+                attention_rows.append({
+                    "device": tag, "model": model.name, "n_embd": model.hidden_size, "n_q_head": model.num_heads,
+                    "n_kv_head": model.num_kv_heads, "num_tensor_parallel_workers": tp, "batch_size": batch,
+                    "prefill_chunk_size": queries if prefill else 0, "kv_cache_size": context,
+                    "is_prefill": prefill, "attention_backend": f"torch-sdpa-{backend}",
+                    "time_stats.attn_prefill.median": seconds * 1e3 if prefill else 0.0,
+                    "time_stats.attn_decode.median": 0.0 if prefill else seconds * 1e3})
+                _report(progress, done, total)
+            pd.DataFrame(attention_rows).to_csv(attention_path, index=False)
+            meta["failures"] = failures
+            (out / META_FILE.format(tag=tag)).write_text(json.dumps(meta, indent=1))
+    return meta
+
+
+def device_tag(device: str) -> str:
+    """h200 / h100 / a100 from the GPU's name (the tags the measurement reader knows), else the device kind."""
+    if device != "cuda":
+        return device
+    import torch
+    name = torch.cuda.get_device_name(0).lower()
+    return next((tag for tag in ("h200", "h100", "a100") if tag in name), "cuda")
+
+
+def _layer_model(model: ModelSpec) -> ModelSpec:
+    """The dense 16-bit layer of ``model`` the linear-operator rows describe."""
+    from dataclasses import replace
+    return replace(model, weight_dtype="fp16", kv_dtype="fp16", activation_dtype="fp16")
+
+
+def _report(progress, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done, total)
