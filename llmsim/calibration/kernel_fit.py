@@ -7,12 +7,14 @@ miss weighs the same on a 5 us kernel as on a 5 ms one), with positive parameter
   occupancy's half tiles (:func:`llmsim.cost.kernels.gemm_time_s`), jointly over every GEMM of every
   model, TP size and token count;
 - streaming kernels: floor and bandwidth per kind;
-- all-reduce: latency and bus bandwidth per group size.
+- all-reduce: latency and bus bandwidth per group size;
+- attention (where attention rows exist): the launch floor, decode's cost per sequence and KV read
+  rate, prefill's efficiency and half length, jointly over decode and prefill rows.
 
 The held-out check (:func:`held_out_layer_errors`) leaves out a model and a TP size together: the
 rows of model m at TP size t are predicted by terms fitted to the other models at the other TP sizes,
 so no held-out row comes from a model or a TP size its fit saw. All-reduces hold out every other
-message size of each group.
+message size of each group; attention holds out each model in turn.
 """
 from __future__ import annotations
 
@@ -22,9 +24,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from llmsim.catalog.kernel_terms import ELEMENTWISE_KINDS, AllReduce, KernelTerms, StreamKernel
-from llmsim.calibration.operators import (FP16_BYTES, Measurements, all_reduce_errors, elementwise_rows, gemm_rows,
-                                          layer_errors)
+from llmsim.catalog.hardware import HardwareProfile
+from llmsim.catalog.kernel_terms import ELEMENTWISE_KINDS, AllReduce, KernelTerms, PrefillAttention, StreamKernel
+from llmsim.calibration.operators import (FP16_BYTES, Measurements, all_reduce_errors, attention_errors,
+                                          elementwise_rows, gemm_rows, layer_errors)
 from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s, stream_time_s
 
 def fit_gemm(rows: pd.DataFrame) -> dict[str, float]:
@@ -59,7 +62,10 @@ def fit_stream(rows: pd.DataFrame) -> StreamKernel:
 
     def residuals(q):
         return np.log(stream_time_s(tokens, per_token, StreamKernel(*np.exp(q))) / measured)
-    return StreamKernel(*(float(v) for v in np.exp(least_squares(residuals, np.log([2e-6, 1e12, 1e10])).x)))
+    # A term the rows do not need (a fused kernel without a row-serial part) drifts towards an infinite rate;
+    # capped at 1 EB/s it adds nothing measurable and stays a number a profile can hold.
+    fitted = np.exp(least_squares(residuals, np.log([2e-6, 1e12, 1e10])).x)
+    return StreamKernel(*(float(v) for v in np.minimum(fitted, [1.0, 1e18, 1e18])))
 
 
 def fit_all_reduce(size_bytes: np.ndarray, measured_s: np.ndarray, group: int) -> AllReduce:
@@ -90,10 +96,47 @@ def fit_kernel_terms(measurements: Measurements, base: KernelTerms) -> KernelTer
     sixteen_bit = base.gemm_rate("fp16")
     rates = {dtype: flops * rate / sixteen_bit for dtype, rate in base.gemm_flops_per_s.items()}
     rates.update(fp16=flops, bf16=flops)
-    return KernelTerms(**gemm, gemm_flops_per_s=rates, elementwise=elementwise, all_reduce=all_reduce,
-                       decode_attention_per_sequence_s=base.decode_attention_per_sequence_s,
-                       prefill_backend=base.prefill_backend, prefill_backends=base.prefill_backends,
-                       step_overhead_per_sequence_s=base.step_overhead_per_sequence_s)
+    return replace(base, **gemm, gemm_flops_per_s=rates, elementwise=elementwise, all_reduce=all_reduce)
+
+
+ATTENTION_PARAMETERS = ("attention_floor_s", "decode_attention_per_sequence_s",
+                        "decode_attention_bandwidth_bytes_per_s", "prefill_efficiency", "prefill_half_length_tokens")
+
+
+def fit_attention(attention: pd.DataFrame, hardware: HardwareProfile) -> KernelTerms:
+    """``hardware``'s kernel terms with the attention terms fitted to measured attention rows: the launch floor,
+    decode's cost per sequence and KV read rate, and the efficiency and half length of the profile's prefill
+    backend (:meth:`llmsim.cost.roofline.CostModel.attention_time_s` prices each row)."""
+    kernels = hardware.kernels
+    backend = kernels.prefill_attention
+    start = np.log([max(kernels.attention_floor_s, 1e-6), max(kernels.decode_attention_per_sequence_s, 1e-7),
+                    kernels.decode_attention_bandwidth_bytes_per_s or hardware.memory_bandwidth_bytes_per_s * 0.5,
+                    backend.efficiency, max(backend.half_length_tokens, 1.0)])
+
+    def terms(logs) -> KernelTerms:
+        floor, per_sequence, bandwidth, efficiency, half = np.exp(logs)
+        backends = dict(kernels.prefill_backends)
+        backends[kernels.prefill_backend] = PrefillAttention(min(efficiency, 1.0), half)
+        return replace(kernels, attention_floor_s=floor, decode_attention_per_sequence_s=per_sequence,
+                       decode_attention_bandwidth_bytes_per_s=bandwidth, prefill_backends=backends)
+
+    def residuals(logs):
+        errors = attention_errors(attention, replace(hardware, kernels=terms(logs)))
+        return np.log1p(errors["error"].to_numpy())
+
+    bounds = (np.log([1e-8, 1e-9, 1e9, 1e-3, 1.0]), np.log([1e-3, 1e-4, 1e14, 1.0, 1e6]))
+    return terms(least_squares(residuals, np.clip(start, *bounds), bounds=bounds, loss="soft_l1",
+                               f_scale=0.1).x)
+
+
+def held_out_attention_errors(attention: pd.DataFrame, hardware: HardwareProfile) -> pd.DataFrame:
+    """Attention errors of every model, each predicted by terms fitted to the other models' rows."""
+    frames = []
+    for model in sorted(set(attention["model"])):
+        test = attention["model"] == model
+        fitted = fit_attention(attention[~test], hardware)
+        frames.append(attention_errors(attention[test], replace(hardware, kernels=fitted)))
+    return pd.concat(frames, ignore_index=True)
 
 
 def held_out_layer_errors(measurements: Measurements, base: KernelTerms) -> pd.DataFrame:

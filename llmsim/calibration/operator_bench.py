@@ -349,3 +349,111 @@ def _layer_model(model: ModelSpec) -> ModelSpec:
 def _report(progress, done: int, total: int) -> None:
     if progress is not None:
         progress(done, total)
+
+
+# -- whole decode steps and FP8 GEMMs (GPU) ------------------------------------------------------
+
+STEP_FILE, FP8_FILE = "{tag}_decode_steps.csv", "{tag}_fp8_gemm.csv"
+STEP_MODEL, STEP_BATCHES, STEP_CONTEXTS = "Llama-3.1-8B", (1, 8, 32, 128), (512, 2048)
+FP8_MODELS, FP8_TP = ("Llama-3.1-8B", "Llama-3.1-70B"), (1, 2, 4, 8)
+FP8_TOKENS = (1, 16, 64, 256, 1024, 4096)
+
+
+class DecodeStep:
+    """One decode iteration of a whole model at one TP shard's shapes (here TP 1): embedding; per layer RMSNorm,
+    fused QKV, rotary, the new token's K/V written into a contiguous cache, SDPA decode attention over the
+    cached context, output projection, residual, RMSNorm, gate+up, SiLU-and-multiply, down, residual; final
+    norm, LM head, greedy sampling. The same operators as the per-operator rows, chained."""
+
+    def __init__(self, model: ModelSpec, batch: int, context: int, streaming, dtype, device):
+        import torch
+        self.torch, self.model, self.streaming = torch, model, streaming
+        hidden, head_dim = model.hidden_size, model.head_dim
+        self.q_heads, self.kv_heads = model.num_heads, model.num_kv_heads
+
+        def weight(k, n):
+            return torch.randn(k, n, device=device, dtype=dtype) / math.sqrt(k)
+        self.layers = [dict(qkv=weight(hidden, (self.q_heads + 2 * self.kv_heads) * head_dim),
+                            out=weight(self.q_heads * head_dim, hidden),
+                            gate_up=weight(hidden, 2 * model.intermediate_size),
+                            down=weight(model.intermediate_size, hidden),
+                            norm=torch.ones(hidden, device=device, dtype=dtype),
+                            k_cache=torch.randn(batch, self.kv_heads, context + 1, head_dim, device=device, dtype=dtype),
+                            v_cache=torch.randn(batch, self.kv_heads, context + 1, head_dim, device=device, dtype=dtype))
+                       for _ in range(model.num_layers)]
+        self.embedding = torch.randn(model.vocab_size, hidden, device=device, dtype=dtype)
+        self.final_norm = torch.ones(hidden, device=device, dtype=dtype)
+        self.lm_head = weight(hidden, model.vocab_size)
+        self.tokens = torch.randint(0, model.vocab_size, (batch,), device=device)
+        self.cos = torch.randn(batch, 1, head_dim // 2, device=device, dtype=dtype)
+        self.sin = torch.randn(batch, 1, head_dim // 2, device=device, dtype=dtype)
+        self.batch, self.context, self.head_dim = batch, context, head_dim
+
+    def __call__(self):
+        torch, f, s = self.torch, self.torch.nn.functional, self.streaming
+        batch, head_dim = self.batch, self.head_dim
+        x = f.embedding(self.tokens, self.embedding)
+        for layer in self.layers:
+            h = s["norm"](x, layer["norm"])
+            q, k, v = (h @ layer["qkv"]).split([self.q_heads * head_dim, self.kv_heads * head_dim,
+                                                  self.kv_heads * head_dim], dim=-1)
+            q, k = s["rotary"](q.view(batch, self.q_heads, head_dim), k.view(batch, self.kv_heads, head_dim),
+                               self.cos, self.sin)
+            layer["k_cache"][:, :, self.context] = k
+            layer["v_cache"][:, :, self.context] = v.view(batch, self.kv_heads, head_dim)
+            attended = f.scaled_dot_product_attention(q.view(batch, self.q_heads, 1, head_dim), layer["k_cache"],
+                                                      layer["v_cache"], enable_gqa=self.q_heads != self.kv_heads)
+            x = s["residual"](x, attended.reshape(batch, -1) @ layer["out"])
+            h = s["norm"](x, layer["norm"])
+            x = s["residual"](x, s["activation"](h @ layer["gate_up"]) @ layer["down"])
+        return torch.argmax(s["norm"](x, self.final_norm) @ self.lm_head, dim=-1)
+
+
+def profile_decode_steps(out_dir: str | Path, tag: str, device: str = "cuda", model_name: str = STEP_MODEL,
+                         batches=STEP_BATCHES, contexts=STEP_CONTEXTS, progress=None) -> Path:
+    """Whole decode iterations of ``model_name`` (TP 1, fp16 on a GPU) at each batch and context: the check of
+    the summed per-operator terms against a real step. Writes and returns ``{tag}_decode_steps.csv``."""
+    import torch
+    dtype = torch.float16 if device == "cuda" else torch.float32
+    timer = Timer(device)
+    streaming, note = _streaming_functions(torch, compile_them=device == "cuda")
+    model = lookup_model(model_name, model_catalog(), key="--model")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    rows, path = [], Path(out_dir) / STEP_FILE.format(tag=tag)
+    for index, (batch, context) in enumerate((b, c) for b in batches for c in contexts):
+        step = DecodeStep(model, batch, context, streaming, dtype, device)
+        rows.append({"device": tag, "model": model.name, "tp": 1, "batch_size": batch, "kv_cache_size": context,
+                     "step_ms": timer.seconds([step]) * 1e3, "streaming_kernels": note})
+        del step
+        pd.DataFrame(rows).to_csv(path, index=False)
+        _report(progress, index + 1, len(batches) * len(contexts))
+    return path
+
+
+def profile_fp8_gemms(out_dir: str | Path, tag: str, models=FP8_MODELS, tps=FP8_TP, tokens=FP8_TOKENS,
+                      progress=None) -> Path:
+    """Each linear layer's GEMM with FP8 (e4m3) weights and activations, per-tensor scales and fp16 output
+    (``torch._scaled_mm``, the kernel class FP8 serving calls), at the shard's shapes. The rows are padded to a
+    multiple of 16 as that kernel requires (``padded_tokens``). Writes and returns ``{tag}_fp8_gemm.csv``."""
+    import torch
+    timer = Timer("cuda")
+    catalog = model_catalog()
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    rows, path = [], Path(out_dir) / FP8_FILE.format(tag=tag)
+    cases = [(lookup_model(name, catalog, key="--models"), tp, m) for name in models for tp in tps for m in tokens]
+    one = torch.ones((), device="cuda")
+    for index, (model, tp, m) in enumerate(cases):
+        padded = -(-m // 16) * 16
+        for shape in layer_gemm_shapes(model, tp):
+            n, k = int(round(shape.n)), int(round(shape.k))
+            copies = timer.copies_for(n * k + padded * k)
+            a = [torch.randn(padded, k, device="cuda").to(torch.float8_e4m3fn) for _ in range(copies)]
+            b = [torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t() for _ in range(copies)]
+            calls = [lambda x=x, w=w: torch._scaled_mm(x, w, scale_a=one, scale_b=one, out_dtype=torch.float16)
+                     for x, w in zip(a, b)]
+            rows.append({"device": tag, "model": model.name, "tp": tp, "gemm": shape.name, "num_tokens": m,
+                         "padded_tokens": padded, "n": n, "k": k, "time_ms": timer.seconds(calls) * 1e3})
+            del a, b, calls
+        pd.DataFrame(rows).to_csv(path, index=False)
+        _report(progress, index + 1, len(cases))
+    return path

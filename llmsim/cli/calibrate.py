@@ -14,8 +14,8 @@ from llmsim.calibration.calibrate import DEFAULT_CPU_THREADS, calibrate, require
 from llmsim.calibration import operator_bench
 from llmsim.calibration.design import DEVICE_DTYPES
 from llmsim.calibration.kernel_profile import calibrate_from_measurements, kernels_section, measured_source
-from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, error_table, layer_errors,
-                                          read_measurements)
+from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, attention_errors, error_table,
+                                          layer_errors, read_measurements)
 from llmsim.calibration.plot import measured_scatter, scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
 from llmsim.catalog.hardware import load_profile, lookup_hardware
@@ -106,11 +106,21 @@ def _cmd_operators(args) -> int:
             bar.total = total
             bar.update(done - bar.n)
         meta = operator_bench.profile_operators(args.operators, tag, device, grid, progress)
+    if device == "cuda" and not args.quick:      # the checks the per-operator rows cannot give alone
+        with tqdm(total=1, desc="fp8 GEMMs and decode steps", unit="shape", mininterval=1.0) as bar:
+            def progress(done, total):
+                bar.total = total
+                bar.update(done - bar.n)
+            operator_bench.profile_fp8_gemms(args.operators, tag, progress=progress)
+            bar.reset()
+            operator_bench.profile_decode_steps(args.operators, tag, device, progress=progress)
     print(f"{meta['device_name']} (torch {meta['torch']}, {meta['dtype']}): {meta['protocol']}; streaming kernels "
           f"{meta['streaming_kernels']}" + (f"; empty kernel {meta['empty_kernel_s'] * 1e6:.2f} us"
                                               if meta["empty_kernel_s"] else ""))
-    print(f"wrote {args.operators}/: " + ", ".join(name.format(tag=tag) for name in (
-        operator_bench.LINEAR_FILE, operator_bench.ATTENTION_FILE, operator_bench.META_FILE)))
+    print(f"wrote {args.operators}/: " + ", ".join(
+        name.format(tag=tag) for name in (operator_bench.LINEAR_FILE, operator_bench.ATTENTION_FILE,
+                                          operator_bench.META_FILE, operator_bench.FP8_FILE, operator_bench.STEP_FILE)
+        if (Path(args.operators) / name.format(tag=tag)).exists()))
     return 0
 
 
@@ -174,10 +184,11 @@ def _cmd_from_measurements(args) -> int:
     out = Path(args.out or f"{device}-kernels.yaml")
     refuse_to_replace([out], args.overwrite)
     base_path = args.base or str(lookup_hardware(DEVICE_PROFILES[device]).path)
-    load_profile(base_path)
-    terms, record = calibrate_from_measurements(measurements, device)
+    base_profile = load_profile(base_path)
+    terms, record = calibrate_from_measurements(measurements, device, base_profile)
     document = load_yaml(base_path)
-    document["kernels"] = kernels_section(terms, device, measured_source(record))
+    document["kernels"] = kernels_section(terms, device, measured_source(record), fitted_terms=record["fitted"],
+                                          base_section=document.get("kernels"))
     document["calibration"] = record
     write_document(document, out)
     print(kernel_calibration_summary(record))
@@ -196,13 +207,18 @@ def _only_device(measurements, folder) -> str:
 def kernel_calibration_summary(record: dict) -> str:
     rows = record["rows"]
     lines = [f"{record['device']}: {rows['linear']} layer rows ({', '.join(rows['models'])}; TP "
-             f"{', '.join(map(str, rows['tp']))}), {rows['all_reduce_in_node']} in-node all-reduce rows"]
+             f"{', '.join(map(str, rows['tp']))}), {rows['all_reduce_in_node']} in-node all-reduce rows, "
+             f"{rows.get('attention', 0)} attention rows"]
     for title, tables in (("in-sample", record["in_sample"]), ("held out", record["held_out"])):
         lines.append(f"{title} per-layer: " + "; ".join(
             f"{r['regime']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
             for r in tables.get("per_layer", [])))
         lines.append(f"{title} all-reduce: " + "; ".join(
             f"{r['size_class']} MAPE {r['mape']:.1%}" for r in tables.get("all_reduce", [])))
+        if tables.get("attention"):
+            lines.append(f"{title} attention: " + "; ".join(
+                f"{r['phase']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
+                for r in tables["attention"]))
     return "\n".join(lines)
 
 
@@ -218,12 +234,15 @@ def _cmd_validate_measurements(args) -> int:
     rows = measurements.for_device(device)
     layers = layer_errors(rows.linear, profile.kernels) if len(rows.linear) else None
     reduce = all_reduce_errors(rows.all_reduce, profile.kernels) if len(rows.all_reduce) else None
+    attention = attention_errors(rows.attention, profile) if len(rows.attention) else None
     print(f"validate {profile.name} against {device} measurements in {args.measurements} "
           f"(errors: predicted / measured - 1; bias: mean error)")
     if layers is not None:
         print("\n" + format_table(error_table(layers, ["group", "regime", "tp"])))
     if reduce is not None:
         print("\n" + format_table(error_table(reduce, ["gpus", "size_class"])))
+    if attention is not None:
+        print("\nattention kernels (one layer, one GPU):\n" + format_table(error_table(attention, ["phase", "tp"])))
     if args.plot:
         measured_scatter(layers, reduce, args.plot, f"{profile.name} vs {device} measurements")
         print(f"\nwrote {args.plot}")
