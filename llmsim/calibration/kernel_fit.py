@@ -9,7 +9,8 @@ miss weighs the same on a 5 us kernel as on a 5 ms one), with positive parameter
 - streaming kernels: floor and bandwidth per kind;
 - all-reduce: latency and bus bandwidth per group size;
 - attention (where attention rows exist): the launch floor, decode's cost per sequence and KV read
-  rate, prefill's efficiency and half length, jointly over decode and prefill rows.
+  rate, prefill's efficiency and half length, jointly over decode and prefill rows;
+- FP8 GEMMs (where FP8 rows exist): the achieved FP8 rate alone, the other GEMM terms the 16-bit fit's.
 
 The held-out check (:func:`held_out_layer_errors`) leaves out a model and a TP size together: the
 rows of model m at TP size t are predicted by terms fitted to the other models at the other TP sizes,
@@ -27,7 +28,7 @@ from scipy.optimize import least_squares
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import ELEMENTWISE_KINDS, AllReduce, KernelTerms, PrefillAttention, StreamKernel
 from llmsim.calibration.operators import (FP16_BYTES, Measurements, all_reduce_errors, attention_errors,
-                                          elementwise_rows, gemm_rows, layer_errors)
+                                          elementwise_rows, fp8_errors, gemm_rows, layer_errors)
 from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s, stream_time_s
 
 def fit_gemm(rows: pd.DataFrame) -> dict[str, float]:
@@ -127,6 +128,27 @@ def fit_attention(attention: pd.DataFrame, hardware: HardwareProfile) -> KernelT
     bounds = (np.log([1e-8, 1e-9, 1e9, 1e-3, 1.0]), np.log([1e-3, 1e-4, 1e14, 1.0, 1e6]))
     return terms(least_squares(residuals, np.clip(start, *bounds), bounds=bounds, loss="soft_l1",
                                f_scale=0.1).x)
+
+
+def fit_fp8_rate(fp8: pd.DataFrame, kernels: KernelTerms) -> float:
+    """The achieved FP8 GEMM rate fitted to FP8 GEMM rows, every other GEMM term held at ``kernels``' (the
+    floor, bandwidth and tile terms are the 16-bit fit's: the same GEMM machinery, half the weight bytes)."""
+    def residuals(q):
+        rated = replace(kernels, gemm_flops_per_s={**kernels.gemm_flops_per_s, "fp8": float(np.exp(q[0]))})
+        return np.log1p(fp8_errors(fp8, rated)["error"].to_numpy())
+    start = np.log([kernels.gemm_rate("fp8")])
+    return float(np.exp(least_squares(residuals, start, loss="soft_l1", f_scale=0.05).x[0]))
+
+
+def held_out_fp8_errors(fp8: pd.DataFrame, kernels: KernelTerms) -> pd.DataFrame:
+    """FP8 GEMM errors of every model, each predicted by the rate fitted to the other models' rows."""
+    frames = []
+    for model in sorted(set(fp8["model"])):
+        test = fp8["model"] == model
+        rate = fit_fp8_rate(fp8[~test], kernels)
+        frames.append(fp8_errors(fp8[test], replace(kernels, gemm_flops_per_s={**kernels.gemm_flops_per_s,
+                                                                                 "fp8": rate})))
+    return pd.concat(frames, ignore_index=True)
 
 
 def held_out_attention_errors(attention: pd.DataFrame, hardware: HardwareProfile) -> pd.DataFrame:

@@ -13,9 +13,10 @@ from dataclasses import replace
 
 import pandas as pd
 
-from llmsim.calibration.kernel_fit import (fit_attention, fit_kernel_terms, held_out_all_reduce_errors,
-                                           held_out_attention_errors, held_out_layer_errors)
-from llmsim.calibration.operators import Measurements, all_reduce_errors, attention_errors, error_table, layer_errors
+from llmsim.calibration.kernel_fit import (fit_attention, fit_fp8_rate, fit_kernel_terms, held_out_all_reduce_errors,
+                                           held_out_attention_errors, held_out_fp8_errors, held_out_layer_errors)
+from llmsim.calibration.operators import (Measurements, all_reduce_errors, attention_errors, error_table, fp8_errors,
+                                          layer_errors)
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
 from llmsim.calibration.operators import DEVICE_PROFILES
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
@@ -98,7 +99,10 @@ def calibrate_from_measurements(measurements: Measurements, device: str,
                           f"{base_profile.name} has no kernels: section to take them from",
                           file=", ".join(measurements.files), has_value=False)
     terms = fit_kernel_terms(rows, base)
-    held_attention = None
+    held_attention = held_fp8 = None
+    if len(rows.fp8):
+        terms = replace(terms, gemm_flops_per_s={**terms.gemm_flops_per_s, "fp8": fit_fp8_rate(rows.fp8, terms)})
+        held_fp8 = held_out_fp8_errors(rows.fp8, terms) if rows.fp8["model"].nunique() > 1 else None
     if len(rows.attention):
         profile = replace(base_profile, kernels=terms)
         terms = fit_attention(rows.attention, profile)
@@ -114,22 +118,24 @@ def calibrate_from_measurements(measurements: Measurements, device: str,
                  "tp": sorted(int(t) for t in set(rows.linear["tp"])),
                  "num_tokens": [int(rows.linear["num_tokens"].min()), int(rows.linear["num_tokens"].max())]
                  if len(rows.linear) else [], "attention": int(len(rows.attention))},
-        "fitted": {"all_reduce": bool(len(rows.all_reduce)), "attention": bool(len(rows.attention))},
+        "fitted": {"all_reduce": bool(len(rows.all_reduce)), "attention": bool(len(rows.attention)),
+                   "fp8": bool(len(rows.fp8))},
         "fit": "scipy.optimize.least_squares on log(predicted/measured) (soft-L1 for GEMMs); GEMM terms jointly "
                "over every GEMM, streaming kernels per kind, all-reduce per group size",
         "in_sample": _tables(layer_errors(rows.linear, terms) if len(rows.linear) else None,
                              all_reduce_errors(rows.all_reduce, terms) if len(rows.all_reduce) else None,
                              attention_errors(rows.attention, replace(base_profile, kernels=terms))
-                             if len(rows.attention) else None),
+                             if len(rows.attention) else None, fp8_errors(rows.fp8, terms) if len(rows.fp8) else None),
         "held_out": {"split": "each (model, TP size) predicted by terms fitted to the other models at the other TP "
                               "sizes; all-reduce: every other message size of each group fitted, the rest predicted; "
                               "attention: each model predicted by terms fitted to the others",
-                     **_tables(held_layers, held_reduce, held_attention)},
+                     **_tables(held_layers, held_reduce, held_attention, held_fp8)},
     }
     return terms, record
 
 
-def _tables(layers: pd.DataFrame | None, reduce: pd.DataFrame | None, attention: pd.DataFrame | None = None) -> dict:
+def _tables(layers: pd.DataFrame | None, reduce: pd.DataFrame | None, attention: pd.DataFrame | None = None,
+            fp8: pd.DataFrame | None = None) -> dict:
     """Compact error tables for the record: per-layer by regime and TP, all-reduce by size class, attention
     by phase and TP."""
     tables = {}
@@ -146,6 +152,10 @@ def _tables(layers: pd.DataFrame | None, reduce: pd.DataFrame | None, attention:
         table = error_table(attention, ["phase", "tp"])
         tables["attention"] = [{"phase": r.phase, "tp": int(r.tp), "rows": int(r.rows), "mape": _sig(r.mape),
                                 "median_error": _sig(r.median_error), "bias": _sig(r.bias)} for r in table.itertuples()]
+    if fp8 is not None:
+        table = error_table(fp8, ["regime", "tp"])
+        tables["fp8_gemm"] = [{"regime": r.regime, "tp": int(r.tp), "rows": int(r.rows), "mape": _sig(r.mape),
+                               "median_error": _sig(r.median_error)} for r in table.itertuples()]
     return tables
 
 
@@ -162,7 +172,9 @@ def kernels_section(terms: KernelTerms, device: str, measured_source: str, confi
     fitted = lambda value: figure(value, measured_source, confidence)   # noqa: E731 (one line per figure below)
     rates = {}
     for dtype, rate in terms.gemm_flops_per_s.items():
-        if dtype == "fp8" and published and published["fp8"]:
+        if dtype == "fp8" and fitted_terms.get("fp8"):
+            rates[dtype] = fitted(flops_text(rate))
+        elif dtype == "fp8" and published and published["fp8"]:
             rates[dtype] = figure(flops_text(rate), FP8_RATE, "unverified")
         else:
             rates[dtype] = fitted(flops_text(rate))
@@ -211,7 +223,8 @@ def kernels_section(terms: KernelTerms, device: str, measured_source: str, confi
         if not fitted_terms.get("all_reduce", True) and "all_reduce" in base_section:
             section["all_reduce"] = base_section["all_reduce"]
         for dtype, rate in base_section.get("gemm", {}).get("achieved_flops", {}).items():
-            if dtype not in ("fp16", "bf16"):      # other dtypes scale with the fitted 16-bit rate; keep their source
+            if dtype not in ("fp16", "bf16") and not (dtype == "fp8" and fitted_terms.get("fp8")):
+                # other dtypes scale with the fitted 16-bit rate; they keep their source
                 section["gemm"]["achieved_flops"][dtype] = figure(flops_text(terms.gemm_flops_per_s[dtype]),
                                                                   rate["source"], rate.get("confidence", "assumption"))
         if "step" in base_section:

@@ -215,9 +215,11 @@ def _layer_rows(model: ModelSpec, tp: int, tokens: int, timer: Timer, streaming,
 
 
 def _attention_seconds(timer: Timer, q_heads: int, kv_heads: int, head_dim: int, batch: int, queries: int,
-                       context: int, dtype, device) -> tuple[float, str]:
+                       context: int, dtype, device, backend_choice: str = "flash") -> tuple[float, str]:
     """One attention call: ``batch`` sequences of ``queries`` new tokens each over ``context`` cached ones
-    plus themselves (causal within the chunk). Returns seconds and the SDPA backend that ran."""
+    plus themselves (causal within the chunk). ``backend_choice``: "flash" forces SDPA's FlashAttention-2 kernel
+    (falling back to the memory-efficient and math ones where it refuses the shapes); "default" lets SDPA pick
+    (cuDNN's fused kernel on Hopper, as torch 2.11 ranks them). Returns seconds and the backend's label."""
     torch = timer.torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
@@ -240,9 +242,12 @@ def _attention_seconds(timer: Timer, q_heads: int, kv_heads: int, head_dim: int,
     else:
         options = {"is_causal": queries > 1, "enable_gqa": stored_kv_heads != q_heads}
     last_error = None
-    for backend, name in ((SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient"),
-                          (SDPBackend.MATH, "math")):
+    choices = ((None, "default"),) if backend_choice == "default" else (
+        (SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient"), (SDPBackend.MATH, "math"))
+    for backend, name in choices:
         def call(q, k, v, backend=backend):
+            if backend is None:
+                return sdpa(q, k, v, **options)
             with sdpa_kernel([backend]):
                 return sdpa(q, k, v, **options)
         try:
@@ -254,8 +259,27 @@ def _attention_seconds(timer: Timer, q_heads: int, kv_heads: int, head_dim: int,
     raise RuntimeError(f"no SDPA backend ran attention of {q_heads}/{kv_heads} heads: {last_error}")
 
 
+def _attention_kernel_names(torch, dtype) -> dict:
+    """The CUDA kernels SDPA runs by default for a GQA decode call and a first prefill chunk (Llama-3.1-8B's
+    heads), read with torch.profiler: which library "default" means on this device."""
+    names = {}
+    shapes = {"decode": (64, 1, 1024, False), "prefill": (1, 512, 512, True)}
+    for phase, (batch, queries, keys, causal) in shapes.items():
+        q = torch.randn(batch, 32, queries, 128, device="cuda", dtype=dtype)
+        k, v = (torch.randn(batch, 8, keys, 128, device="cuda", dtype=dtype) for _ in range(2))
+        try:
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+                torch.cuda.synchronize()
+            names[phase] = sorted({event.key for event in prof.key_averages()
+                                   if event.device_type == torch.autograd.DeviceType.CUDA})
+        except RuntimeError as exc:      # the profiler is a reference, not a measurement: note why it is missing
+            names[phase] = f"not read: {str(exc)[:200]}"
+    return names
+
+
 def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid: Grid = Grid(),
-                      progress=None) -> dict:
+                      progress=None, attention_backend: str = "flash") -> dict:
     """Measure ``grid`` on ``device`` and write the linear-operator CSV, the attention CSV and the metadata
     into ``out_dir`` (files named by ``tag``); rows are written as they are taken, so a run stopped part-way
     keeps what it finished. Returns the metadata."""
@@ -273,7 +297,9 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
             "dtype": dtype_name, "streaming_kernels": streaming_note, "empty_kernel_s": timer.empty_kernel_s(),
             "protocol": (f"CUDA graph of >= {MIN_REPS} calls cycling through operand copies over 2x the L2, "
                          f"median of {REPLAYS} replays" if device == "cuda" else f"median of {CPU_SAMPLES} calls"),
-            "grid": {key: list(value) for key, value in grid.__dict__.items()}}
+            "grid": {key: list(value) for key, value in grid.__dict__.items()},
+            "attention_backend": attention_backend,
+            "attention_kernels": _attention_kernel_names(torch, dtype) if device == "cuda" else None}
     (out / META_FILE.format(tag=tag)).write_text(json.dumps(meta, indent=1))
     linear_path, attention_path = out / LINEAR_FILE.format(tag=tag), out / ATTENTION_FILE.format(tag=tag)
     catalog = model_catalog()
@@ -300,7 +326,8 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
                     failures.append(f"{model.name} tp {tp} tokens {tokens}: {str(exc)[:300]}")
                 done += 1
                 _report(progress, done, total)
-            pd.DataFrame(linear_rows).to_csv(linear_path, index=False)
+            if linear_rows:
+                pd.DataFrame(linear_rows).to_csv(linear_path, index=False)
             q_heads, kv_heads = model.num_heads // tp, max(1, model.num_kv_heads // tp)
             cases = [(batch, 1, context) for batch in grid.decode_batches for context in grid.decode_contexts]
             cases += [(1, chunk, context) for chunk in grid.prefill_chunks for context in grid.prefill_contexts]
@@ -311,7 +338,7 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
                     continue
                 try:
                     seconds, backend = _attention_seconds(timer, q_heads, kv_heads, model.head_dim, batch, queries,
-                                                          context, dtype, device)
+                                                          context, dtype, device, attention_backend)
                 except RuntimeError as exc:
                     failures.append(f"{model.name} tp {tp} attention batch {batch} queries {queries} context "
                                     f"{context}: {str(exc)[:300]}")

@@ -13,7 +13,10 @@ A measurements folder holds
   (``n_embd``, ``n_q_head``, ``n_kv_head``), TP size ``num_tensor_parallel_workers``, ``batch_size``
   sequences of ``prefill_chunk_size`` new tokens (prefill, ``is_prefill``) or one (decode) each over
   ``kv_cache_size`` cached ones, the median ms of ``time_stats.attn_prefill`` or ``time_stats.attn_decode``
-  (one layer's attention kernel on one GPU). ``llmsim calibrate --operators`` writes them.
+  (one layer's attention kernel on one GPU). ``llmsim calibrate --operators`` writes them;
+- FP8 GEMM files (``*fp8_gemm*.csv``, written by ``llmsim calibrate --operators`` on a GPU): one GEMM of
+  a layer (``gemm``) with FP8 weights and activations at ``num_tokens`` rows (run as ``padded_tokens``), the
+  shard's ``n`` and ``k``, median ``time_ms``.
 
 Bad input (a missing column, an unknown device, a non-numeric or non-positive timing) is a
 :class:`~llmsim.errors.ConfigError` naming the file, the row and the column. Every prediction
@@ -48,6 +51,8 @@ ATTENTION_SHAPE_COLUMNS = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parall
                            "prefill_chunk_size", "kv_cache_size")
 ATTENTION_TIME_COLUMNS = ("time_stats.attn_prefill.median", "time_stats.attn_decode.median")
 ATTENTION_COLUMNS = ("device", "model", *ATTENTION_SHAPE_COLUMNS, "is_prefill", *ATTENTION_TIME_COLUMNS)
+FP8_SHAPE_COLUMNS = ("tp", "num_tokens", "padded_tokens", "n", "k")
+FP8_COLUMNS = ("device", "model", "gemm", *FP8_SHAPE_COLUMNS, "time_ms")
 FP16_BYTES = 2.0
 DECODE_TOKENS, PREFILL_TOKENS = (1, 256), (128, 4096)   # the regimes, as the acceptance defines them
 
@@ -56,17 +61,18 @@ class Measurements:
     """The rows of one folder: ``linear`` (one row per layer measurement) and ``all_reduce`` (intra-node)."""
 
     def __init__(self, linear: pd.DataFrame, all_reduce: pd.DataFrame, files: list[str],
-                 attention: pd.DataFrame | None = None):
+                 attention: pd.DataFrame | None = None, fp8: pd.DataFrame | None = None):
         self.linear, self.all_reduce, self.files = linear, all_reduce, files
         self.attention = attention if attention is not None else pd.DataFrame(columns=[*ATTENTION_COLUMNS, "file"])
+        self.fp8 = fp8 if fp8 is not None else pd.DataFrame(columns=[*FP8_COLUMNS, "file"])
 
     def devices(self) -> list[str]:
         return sorted(set(self.linear["device"]) | set(self.all_reduce["device"]) | set(self.attention["device"]))
 
     def for_device(self, device: str) -> "Measurements":
-        return Measurements(*(table[table["device"] == device].reset_index(drop=True)
-                              for table in (self.linear, self.all_reduce)), self.files,
-                            self.attention[self.attention["device"] == device].reset_index(drop=True))
+        mine = [table[table["device"] == device].reset_index(drop=True)
+                for table in (self.linear, self.all_reduce, self.attention, self.fp8)]
+        return Measurements(mine[0], mine[1], self.files, mine[2], mine[3])
 
 
 def read_measurements(folder: str | Path) -> Measurements:
@@ -78,6 +84,7 @@ def read_measurements(folder: str | Path) -> Measurements:
     linear_files = sorted(folder.glob("*linear_ops*.csv"))
     reduce_files = sorted(folder.glob("*all_reduce*.csv"))
     attention_files = sorted(folder.glob("*attention*.csv"))
+    fp8_files = sorted(folder.glob("*fp8_gemm*.csv"))
     if not linear_files and not reduce_files and not attention_files:
         raise ConfigError("holds no *linear_ops*.csv, *all_reduce*.csv or *attention*.csv file", file=str(folder),
                           has_value=False)
@@ -85,11 +92,13 @@ def read_measurements(folder: str | Path) -> Measurements:
     reduce = [_read_all_reduce(path) for path in reduce_files]
     attention = pd.concat([_read_attention(path) for path in attention_files], ignore_index=True) \
         if attention_files else None
+    fp8 = pd.concat([_read_fp8(path) for path in fp8_files], ignore_index=True) if fp8_files else None
     empty_linear = pd.DataFrame(columns=["device", "model", *SHAPE_COLUMNS, *OPERATOR_COLUMNS])
     empty_reduce = pd.DataFrame(columns=["device", "gpus", "size_bytes", "time_s", "file"])
     return Measurements(pd.concat(linear, ignore_index=True) if linear else empty_linear,
                         pd.concat(reduce, ignore_index=True) if reduce else empty_reduce,
-                        [str(path) for path in linear_files + reduce_files + attention_files], attention)
+                        [str(path) for path in linear_files + reduce_files + attention_files + fp8_files],
+                        attention, fp8)
 
 
 def _read_csv(path: Path, columns) -> pd.DataFrame:
@@ -165,6 +174,26 @@ def _read_attention(path: Path) -> pd.DataFrame:
                           file=str(path), key="prefill_chunk_size", value=table["prefill_chunk_size"].iloc[row])
     table["file"] = path.name
     return table[[*ATTENTION_COLUMNS, "time_s", "file"]]
+
+
+def _read_fp8(path: Path) -> pd.DataFrame:
+    table = _read_csv(path, FP8_COLUMNS)
+    table["device"] = [_device(value, path, row, "device") for row, value in enumerate(table["device"])]
+    _numbers(table, path, (*FP8_SHAPE_COLUMNS, "time_ms"), positive=True)
+    table["file"] = path.name
+    return table[[*FP8_COLUMNS, "file"]]
+
+
+def fp8_errors(fp8: pd.DataFrame, kernels: KernelTerms) -> pd.DataFrame:
+    """Relative errors of ``kernels`` on FP8 GEMM rows (1-byte weights, 16-bit activations as the cost model
+    prices an FP8 checkpoint), by model, TP size and token count."""
+    predicted = gemm_time_s(fp8["padded_tokens"].to_numpy(), fp8["n"].to_numpy(), fp8["k"].to_numpy(), 1.0,
+                            FP16_BYTES, kernels, "fp8")
+    table = fp8[["model", "tp", "gemm", "num_tokens"]].copy()
+    table["measured_s"], table["predicted_s"] = fp8["time_ms"].to_numpy() * 1e-3, predicted
+    table["error"] = table["predicted_s"] / table["measured_s"] - 1
+    table["regime"] = np.where(table["num_tokens"] >= PREFILL_TOKENS[0], "prefill", "decode")
+    return table
 
 
 def _read_all_reduce(path: Path) -> pd.DataFrame:

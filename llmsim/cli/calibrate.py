@@ -46,6 +46,9 @@ def add_parsers(subparsers) -> None:
                           "and TP sizes, and write them to DIR as Vidur-format CSVs (fit them with --from-measurements)")
     cal.add_argument("--models", help="with --operators: comma-separated catalog models (default: "
                                       f"{','.join(operator_bench.DEFAULT_MODELS)})")
+    cal.add_argument("--attention-backend", choices=("flash", "default"), default="flash",
+                     help="with --operators: force SDPA's FlashAttention-2 kernel (default) or let SDPA pick "
+                          "(cuDNN's on Hopper)")
     cal.add_argument("--tag", help="with --operators: the device tag written in the rows and file names "
                                    "(default: h200/h100/a100 from the GPU's name, else the device kind)")
     cal.add_argument("--gpu", choices=tuple(DEVICE_PROFILES),
@@ -105,7 +108,7 @@ def _cmd_operators(args) -> int:
         def progress(done, total):
             bar.total = total
             bar.update(done - bar.n)
-        meta = operator_bench.profile_operators(args.operators, tag, device, grid, progress)
+        meta = operator_bench.profile_operators(args.operators, tag, device, grid, progress, args.attention_backend)
     if device == "cuda" and not args.quick:      # the checks the per-operator rows cannot give alone
         with tqdm(total=1, desc="fp8 GEMMs and decode steps", unit="shape", mininterval=1.0) as bar:
             def progress(done, total):
@@ -215,6 +218,10 @@ def kernel_calibration_summary(record: dict) -> str:
             for r in tables.get("per_layer", [])))
         lines.append(f"{title} all-reduce: " + "; ".join(
             f"{r['size_class']} MAPE {r['mape']:.1%}" for r in tables.get("all_reduce", [])))
+        if tables.get("fp8_gemm"):
+            lines.append(f"{title} FP8 GEMMs: " + "; ".join(
+                f"{r['regime']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
+                for r in tables["fp8_gemm"]))
         if tables.get("attention"):
             lines.append(f"{title} attention: " + "; ".join(
                 f"{r['phase']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
