@@ -71,16 +71,17 @@ def test_decode_attention_at_batch_one_is_bandwidth_bound(h200_rows):
 
 @pytest.mark.slow
 def test_attention_terms_fitted_on_other_models_predict_a_held_out_model(h200_rows):
-    """Each model's attention rows predicted by terms fitted to the other four: decode and prefill MAPE within
-    20% at every TP size (the published assumptions they replace missed by 27-102%)."""
-    held = held_out_attention_errors(h200_rows.attention, lookup_hardware("H200"))
-    table = error_table(held, ["phase", "tp"])
-    assert len(table) == 8 and (table["mape"] <= 0.20).all(), table
+    """Each model's attention rows predicted by terms fitted to the other four: decode within the issue's 10%
+    MAPE at every TP size, prefill within 20% (its efficiency also depends on the heads per GPU, which the
+    e L / (L + half) form leaves out), both far better than the published assumptions they replace."""
+    h100, h200 = lookup_hardware("H100-SXM"), lookup_hardware("H200")
+    held = error_table(held_out_attention_errors(h200_rows.attention, h200), ["phase", "tp"])
+    assert len(held) == 8, held
+    assert (held[held["phase"] == "decode"]["mape"] <= 0.10).all(), held
+    assert (held[held["phase"] == "prefill"]["mape"] <= 0.20).all(), held
     before = error_table(attention_errors(h200_rows.attention, replace(
-        lookup_hardware("H200"), kernels=derive_kernel_terms(lookup_hardware("H100-SXM").kernels,
-                                                             lookup_hardware("H100-SXM"), lookup_hardware("H200")))),
-        ["phase", "tp"])
-    assert (table["mape"].to_numpy() < before["mape"].to_numpy()).all()
+        h200, kernels=derive_kernel_terms(h100.kernels, h100, h200))), ["phase", "tp"])
+    assert (held["mape"].to_numpy() < before["mape"].to_numpy()).all()
 
 
 def _attention_folder(tmp_path, edit):
@@ -138,9 +139,9 @@ def test_fp8_gemms_are_priced_at_their_measured_rate(h200_rows):
 
 
 def test_summed_terms_predict_whole_measured_decode_steps():
-    """Whole Llama-3.1-8B decode steps timed on the H200 (one CUDA graph each) against the cost model with the
-    engine's own overheads removed (a bare graph has no scheduler): within 5% wherever decode attention is a
-    small share of the step (batch <= 8, or context 512)."""
+    """Whole Llama-3.1-8B decode steps timed on the H200 (one CUDA graph each, SDPA's own kernels) against the
+    cost model with the engine's own overheads removed (a bare graph has no scheduler): the issue's 10% MAPE
+    over the eight batch x context cells, no cell off by more than 15%."""
     steps = pd.read_csv(DATA / "h200_decode_steps.csv")
     profile = lookup_hardware("H200")
     bare = replace(profile, per_step_overhead_s=0.0, per_layer_overhead_s=0.0,
@@ -149,6 +150,5 @@ def test_summed_terms_predict_whole_measured_decode_steps():
     cost = CostModel(model, bare)
     predicted = np.array([cost.decode_time(int(r.batch_size), int(r.kv_cache_size)) for r in steps.itertuples()])
     error = predicted / (steps["step_ms"].to_numpy() * 1e-3) - 1
-    small_attention = ((steps["batch_size"] <= 8) | (steps["kv_cache_size"] <= 512)).to_numpy()
-    assert small_attention.sum() >= 6
-    assert np.abs(error[small_attention]).max() <= 0.05, error
+    assert len(error) == 8
+    assert np.abs(error).mean() <= 0.10 and np.abs(error).max() <= 0.15, error

@@ -9,7 +9,7 @@ miss weighs the same on a 5 us kernel as on a 5 ms one), with positive parameter
 - streaming kernels: floor and bandwidth per kind;
 - all-reduce: latency and bus bandwidth per group size;
 - attention (where attention rows exist): the launch floor, decode's cost per sequence and KV read
-  rate, prefill's efficiency and half length, jointly over decode and prefill rows;
+  rate on the decode rows, then prefill's efficiency and half length on the prefill rows;
 - FP8 GEMMs (where FP8 rows exist): the achieved FP8 rate alone, the other GEMM terms the 16-bit fit's.
 
 The held-out check (:func:`held_out_layer_errors`) leaves out a model and a TP size together: the
@@ -105,29 +105,45 @@ ATTENTION_PARAMETERS = ("attention_floor_s", "decode_attention_per_sequence_s",
 
 
 def fit_attention(attention: pd.DataFrame, hardware: HardwareProfile) -> KernelTerms:
-    """``hardware``'s kernel terms with the attention terms fitted to measured attention rows: the launch floor,
-    decode's cost per sequence and KV read rate, and the efficiency and half length of the profile's prefill
-    backend (:meth:`llmsim.cost.roofline.CostModel.attention_time_s` prices each row)."""
+    """``hardware``'s kernel terms with the attention terms fitted to measured attention rows, in two stages:
+    the decode rows fit the launch floor, decode's cost per sequence and its KV read rate; the prefill rows,
+    with that floor, fit the efficiency and half length of the profile's prefill backend. Either phase may be
+    missing (its terms stay ``hardware``'s), and the two may come from different kernels: an engine often runs
+    a decode kernel and a prefill kernel of different libraries (the rows' ``attention_backend`` says which).
+    :meth:`llmsim.cost.roofline.CostModel.attention_time_s` prices each row."""
     kernels = hardware.kernels
-    backend = kernels.prefill_attention
-    start = np.log([max(kernels.attention_floor_s, 1e-6), max(kernels.decode_attention_per_sequence_s, 1e-7),
-                    kernels.decode_attention_bandwidth_bytes_per_s or hardware.memory_bandwidth_bytes_per_s * 0.5,
-                    backend.efficiency, max(backend.half_length_tokens, 1.0)])
+    decode, prefill = attention[~attention["is_prefill"]], attention[attention["is_prefill"]]
+    if len(decode):
+        def decode_terms(logs) -> KernelTerms:
+            floor, per_sequence, bandwidth = np.exp(logs)
+            return replace(kernels, attention_floor_s=floor, decode_attention_per_sequence_s=per_sequence,
+                           decode_attention_bandwidth_bytes_per_s=bandwidth)
+        start = np.log([max(kernels.attention_floor_s, 1e-6), max(kernels.decode_attention_per_sequence_s, 1e-7),
+                        kernels.decode_attention_bandwidth_bytes_per_s or hardware.memory_bandwidth_bytes_per_s * 0.5])
+        kernels = decode_terms(_fit_rows(decode, hardware, decode_terms, start,
+                                         (np.log([1e-8, 1e-10, 1e9]), np.log([1e-3, 1e-4, 1e14]))))
+    if len(prefill):
+        name, backend = kernels.prefill_backend, kernels.prefill_attention
 
-    def terms(logs) -> KernelTerms:
-        floor, per_sequence, bandwidth, efficiency, half = np.exp(logs)
-        backends = dict(kernels.prefill_backends)
-        backends[kernels.prefill_backend] = PrefillAttention(min(efficiency, 1.0), half)
-        return replace(kernels, attention_floor_s=floor, decode_attention_per_sequence_s=per_sequence,
-                       decode_attention_bandwidth_bytes_per_s=bandwidth, prefill_backends=backends)
+        def prefill_terms(logs, floor_fitted=len(decode) > 0) -> KernelTerms:
+            efficiency, half = np.exp(logs[:2])
+            fitted = replace(kernels, prefill_backends={**kernels.prefill_backends,
+                                                        name: PrefillAttention(min(efficiency, 1.0), half)})
+            return fitted if floor_fitted else replace(fitted, attention_floor_s=float(np.exp(logs[2])))
+        start = [backend.efficiency, max(backend.half_length_tokens, 1.0)]
+        bounds = ([1e-3, 1.0], [1.0, 1e6])
+        if not len(decode):
+            start, bounds = start + [max(kernels.attention_floor_s, 1e-6)], (bounds[0] + [1e-8], bounds[1] + [1e-3])
+        kernels = prefill_terms(_fit_rows(prefill, hardware, prefill_terms, np.log(start),
+                                          (np.log(bounds[0]), np.log(bounds[1]))))
+    return kernels
 
+
+def _fit_rows(rows: pd.DataFrame, hardware: HardwareProfile, terms, start, bounds) -> np.ndarray:
+    """The log-parameters of ``terms(logs)`` that best price attention ``rows`` (soft-L1 on log ratios)."""
     def residuals(logs):
-        errors = attention_errors(attention, replace(hardware, kernels=terms(logs)))
-        return np.log1p(errors["error"].to_numpy())
-
-    bounds = (np.log([1e-8, 1e-9, 1e9, 1e-3, 1.0]), np.log([1e-3, 1e-4, 1e14, 1.0, 1e6]))
-    return terms(least_squares(residuals, np.clip(start, *bounds), bounds=bounds, loss="soft_l1",
-                               f_scale=0.1).x)
+        return np.log1p(attention_errors(rows, replace(hardware, kernels=terms(logs)))["error"].to_numpy())
+    return least_squares(residuals, np.clip(start, *bounds), bounds=bounds, loss="soft_l1", f_scale=0.1).x
 
 
 def fit_fp8_rate(fp8: pd.DataFrame, kernels: KernelTerms) -> float:
