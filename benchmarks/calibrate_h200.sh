@@ -37,7 +37,7 @@ EOF
 nvidia-smi --query-gpu=name,memory.total,power.limit,clocks.max.sm,driver_version --format=csv \
     2>&1 | tee -a "$OUT_DIR/env.txt" || true
 
-"$PYTHON" -m llmsim.cli calibrate --device cuda $QUICK_FLAG --out "$OUT_DIR/h200-calibrated.yaml" \
+"$PYTHON" -m llmsim.cli.main calibrate --device cuda $QUICK_FLAG --out "$OUT_DIR/h200-calibrated.yaml" \
     | tee "$OUT_DIR/calibrate.txt"
-"$PYTHON" -m llmsim.cli validate "$OUT_DIR/h200-calibrated.yaml" $QUICK_FLAG --plot "$OUT_DIR/validate.png" \
+"$PYTHON" -m llmsim.cli.main validate "$OUT_DIR/h200-calibrated.yaml" $QUICK_FLAG --plot "$OUT_DIR/validate.png" \
     | tee "$OUT_DIR/validate.txt"

@@ -120,7 +120,7 @@ def test_fp8_gemms_have_their_own_rate(h100):
     assert ratio == pytest.approx(kernels.gemm_rate("fp8") / kernels.gemm_rate("bf16"), rel=0.03)
 
 
-@pytest.mark.parametrize("name", ["H200", "B200", "MI300X", "GH200", "GB200"])
+@pytest.mark.parametrize("name", ["B200", "MI300X", "GH200", "GB200"])
 def test_derived_profiles_follow_their_stated_rule(h100, name):
     """Bandwidths scale by the datasheet memory bandwidths, GEMM rates by the peaks, bus bandwidths by the links;
     floors stay; every derived figure is an assumption naming the rule."""

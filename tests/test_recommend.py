@@ -148,23 +148,40 @@ def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario):
     assert "cuts cost by" in format_recommendation(rec, scenario)
 
 
-def test_with_classes_the_search_tries_every_policy_and_each_class_timeout():
+def test_class_search_candidates_are_valid_scenarios_with_the_timeouts_searched():
+    """Step 4's candidates (every policy x each class's timeout from the ladder or its own) build scenarios
+    whose classes carry exactly those timeouts, under that policy; step 3 leaves them to step 4."""
     from llmsim.scenario.scenario import SCHEDULING_POLICIES, load_scenario
-    from llmsim.search.recommend import _neighbours, class_timeouts
+    from llmsim.search.recommend import (CLASS_TIMEOUTS_S, _neighbours, _with_timeout, class_timeout_options,
+                                         class_timeouts)
 
     three = load_scenario("scenarios/llama3-8b-h100-three-classes.yaml")
     start = Config("off", 8192, None)
-    around = _neighbours(start, three)
-    assert {c.policy for c in around if c.policy} == set(SCHEDULING_POLICIES) - {"priority"}   # the file's own
-    # Practice tiers: 50, 200 and 1000 ms, each halved and doubled, one class at a time.
-    assert dict(class_timeouts(start, three)) == {"interactive": 0.05, "standard": 0.2, "batch": 1.0}
-    tried = {tuple(sorted(dict(c.class_timeouts).items())) for c in around if c.class_timeouts}
-    assert len(tried) == 6
-    assert (("batch", 2.0), ("interactive", 0.05), ("standard", 0.2)) in tried
-    # Each point is a valid scenario whose classes carry the timeouts searched, under the policy searched.
-    for config in [c for c in around if c.class_timeouts or c.policy][:4] + [around[-1]]:
+    # Practice tiers: 50, 200 and 1000 ms; each class's options are the ladder and its own.
+    own = class_timeouts(start, three)
+    assert dict(own) == {"interactive": 0.05, "standard": 0.2, "batch": 1.0}
+    assert class_timeout_options(CLASS_TIMEOUTS_S, 0.3) == sorted([*CLASS_TIMEOUTS_S, 0.3])
+    assert class_timeout_options(CLASS_TIMEOUTS_S, None) == sorted(CLASS_TIMEOUTS_S)
+    for policy in SCHEDULING_POLICIES:
+        config = _with_timeout(replace(start, policy=policy, class_timeouts=own), "standard", 0.025)
         built = variant(three, config.overrides(three))
-        assert {c.name: c.queue_timeout_s for c in built.workload.classes} == dict(class_timeouts(config, three))
-        assert built.engine.scheduling_policy == (config.policy or "priority")
-    # Without classes nothing of the kind is searched.
+        assert {c.name: c.queue_timeout_s for c in built.workload.classes} == {
+            "interactive": 0.05, "standard": 0.025, "batch": 1.0}
+        assert built.engine.scheduling_policy == policy
+    # A class without a timeout keeps none (None is not written over the class's own setting).
+    none = replace(start, class_timeouts=(("interactive", None), ("standard", 0.2), ("batch", 1.0)))
+    assert "workload.classes.interactive.queue_timeout" not in none.overrides(three)
+    # Step 3 leaves the policy and the class timeouts alone, with or without classes.
+    assert not any(c.policy or c.class_timeouts for c in _neighbours(start, three))
     assert not any(c.policy or c.class_timeouts for c in _neighbours(start, make_scenario()))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--search", "everything"], "unknown search"),
+    (["--search", "classes"], "no traffic classes"),
+    (["--class-timeouts", "5 parsecs"], "unreadable queue timeouts"),
+    (["--class-timeouts", ","], "bad queue timeouts"),
+])
+def test_class_search_flags_exit_2(scenario, capsys, argv, message):
+    assert main(["recommend", scenario.path, *argv]) == 2
+    assert message in capsys.readouterr().err

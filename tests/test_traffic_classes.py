@@ -204,6 +204,28 @@ def test_bad_class_settings_name_the_key(overrides, key):
     assert error.value.file == "<test>" and error.value.allowed
 
 
+@pytest.mark.parametrize("arrival", [True, False])
+def test_empty_classes_exit_2_naming_the_classes_not_the_arrival(tmp_path, capsys, arrival):
+    """``classes: {}`` once read as "every class has its own arrival" (true of no classes), so the error
+    named workload.arrival; with no arrival it asked for a rate. It names the classes, the value and what
+    is allowed, whether or not the workload sets an arrival."""
+    import yaml
+
+    from llmsim.cli.main import main
+
+    data = copy.deepcopy(BASE)
+    data["workload"]["classes"] = {}
+    if not arrival:
+        data["workload"].pop("arrival")
+    path = tmp_path / "empty.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["run", str(path)]) == 2
+    message = capsys.readouterr().err
+    assert "'workload.classes'" in message and "(got {})" in message and str(path) in message
+    assert "at least one entry" in message and "or leave out workload.classes" in message
+    assert "workload.arrival" not in message
+
+
 def test_vllm_priority_flag_selects_the_vllm_priority_policy_with_classes():
     scenario = make_scenario({"engine": {"vllm_args": "--scheduling-policy priority"},
                               "workload": {"classes": TWO_CLASSES}})

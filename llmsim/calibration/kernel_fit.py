@@ -7,12 +7,15 @@ miss weighs the same on a 5 us kernel as on a 5 ms one), with positive parameter
   occupancy's half tiles (:func:`llmsim.cost.kernels.gemm_time_s`), jointly over every GEMM of every
   model, TP size and token count;
 - streaming kernels: floor and bandwidth per kind;
-- all-reduce: latency and bus bandwidth per group size.
+- all-reduce: latency and bus bandwidth per group size;
+- attention (where attention rows exist): the launch floor, decode's cost per sequence and KV read
+  rate on the decode rows, then prefill's efficiency and half length on the prefill rows;
+- FP8 GEMMs (where FP8 rows exist): the achieved FP8 rate alone, the other GEMM terms the 16-bit fit's.
 
 The held-out check (:func:`held_out_layer_errors`) leaves out a model and a TP size together: the
 rows of model m at TP size t are predicted by terms fitted to the other models at the other TP sizes,
 so no held-out row comes from a model or a TP size its fit saw. All-reduces hold out every other
-message size of each group.
+message size of each group; attention holds out each model in turn.
 """
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from llmsim.catalog.kernel_terms import ELEMENTWISE_KINDS, AllReduce, KernelTerms, StreamKernel
-from llmsim.calibration.operators import (FP16_BYTES, Measurements, all_reduce_errors, elementwise_rows, gemm_rows,
-                                          layer_errors)
+from llmsim.catalog.hardware import HardwareProfile
+from llmsim.catalog.kernel_terms import ELEMENTWISE_KINDS, AllReduce, KernelTerms, PrefillAttention, StreamKernel
+from llmsim.calibration.operators import (FP16_BYTES, Measurements, all_reduce_errors, attention_errors,
+                                          elementwise_rows, fp8_errors, gemm_rows, layer_errors)
 from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s, stream_time_s
 
 def fit_gemm(rows: pd.DataFrame) -> dict[str, float]:
@@ -59,7 +63,10 @@ def fit_stream(rows: pd.DataFrame) -> StreamKernel:
 
     def residuals(q):
         return np.log(stream_time_s(tokens, per_token, StreamKernel(*np.exp(q))) / measured)
-    return StreamKernel(*(float(v) for v in np.exp(least_squares(residuals, np.log([2e-6, 1e12, 1e10])).x)))
+    # A term the rows do not need (a fused kernel without a row-serial part) drifts towards an infinite rate;
+    # capped at 1 EB/s it adds nothing measurable and stays a number a profile can hold.
+    fitted = np.exp(least_squares(residuals, np.log([2e-6, 1e12, 1e10])).x)
+    return StreamKernel(*(float(v) for v in np.minimum(fitted, [1.0, 1e18, 1e18])))
 
 
 def fit_all_reduce(size_bytes: np.ndarray, measured_s: np.ndarray, group: int) -> AllReduce:
@@ -90,10 +97,84 @@ def fit_kernel_terms(measurements: Measurements, base: KernelTerms) -> KernelTer
     sixteen_bit = base.gemm_rate("fp16")
     rates = {dtype: flops * rate / sixteen_bit for dtype, rate in base.gemm_flops_per_s.items()}
     rates.update(fp16=flops, bf16=flops)
-    return KernelTerms(**gemm, gemm_flops_per_s=rates, elementwise=elementwise, all_reduce=all_reduce,
-                       decode_attention_per_sequence_s=base.decode_attention_per_sequence_s,
-                       prefill_backend=base.prefill_backend, prefill_backends=base.prefill_backends,
-                       step_overhead_per_sequence_s=base.step_overhead_per_sequence_s)
+    return replace(base, **gemm, gemm_flops_per_s=rates, elementwise=elementwise, all_reduce=all_reduce)
+
+
+ATTENTION_PARAMETERS = ("attention_floor_s", "decode_attention_per_sequence_s",
+                        "decode_attention_bandwidth_bytes_per_s", "prefill_efficiency", "prefill_half_length_tokens")
+
+
+def fit_attention(attention: pd.DataFrame, hardware: HardwareProfile) -> KernelTerms:
+    """``hardware``'s kernel terms with the attention terms fitted to measured attention rows, in two stages:
+    the decode rows fit the launch floor, decode's cost per sequence and its KV read rate; the prefill rows,
+    with that floor, fit the efficiency and half length of the profile's prefill backend. Either phase may be
+    missing (its terms stay ``hardware``'s), and the two may come from different kernels: an engine often runs
+    a decode kernel and a prefill kernel of different libraries (the rows' ``attention_backend`` says which).
+    :meth:`llmsim.cost.roofline.CostModel.attention_time_s` prices each row."""
+    kernels = hardware.kernels
+    decode, prefill = attention[~attention["is_prefill"]], attention[attention["is_prefill"]]
+    if len(decode):
+        def decode_terms(logs) -> KernelTerms:
+            floor, per_sequence, bandwidth = np.exp(logs)
+            return replace(kernels, attention_floor_s=floor, decode_attention_per_sequence_s=per_sequence,
+                           decode_attention_bandwidth_bytes_per_s=bandwidth)
+        start = np.log([max(kernels.attention_floor_s, 1e-6), max(kernels.decode_attention_per_sequence_s, 1e-7),
+                        kernels.decode_attention_bandwidth_bytes_per_s or hardware.memory_bandwidth_bytes_per_s * 0.5])
+        kernels = decode_terms(_fit_rows(decode, hardware, decode_terms, start,
+                                         (np.log([1e-8, 1e-10, 1e9]), np.log([1e-3, 1e-4, 1e14]))))
+    if len(prefill):
+        name, backend = kernels.prefill_backend, kernels.prefill_attention
+
+        def prefill_terms(logs, floor_fitted=len(decode) > 0) -> KernelTerms:
+            efficiency, half = np.exp(logs[:2])
+            fitted = replace(kernels, prefill_backends={**kernels.prefill_backends,
+                                                        name: PrefillAttention(min(efficiency, 1.0), half)})
+            return fitted if floor_fitted else replace(fitted, attention_floor_s=float(np.exp(logs[2])))
+        start = [backend.efficiency, max(backend.half_length_tokens, 1.0)]
+        bounds = ([1e-3, 1.0], [1.0, 1e6])
+        if not len(decode):
+            start, bounds = start + [max(kernels.attention_floor_s, 1e-6)], (bounds[0] + [1e-8], bounds[1] + [1e-3])
+        kernels = prefill_terms(_fit_rows(prefill, hardware, prefill_terms, np.log(start),
+                                          (np.log(bounds[0]), np.log(bounds[1]))))
+    return kernels
+
+
+def _fit_rows(rows: pd.DataFrame, hardware: HardwareProfile, terms, start, bounds) -> np.ndarray:
+    """The log-parameters of ``terms(logs)`` that best price attention ``rows`` (soft-L1 on log ratios)."""
+    def residuals(logs):
+        return np.log1p(attention_errors(rows, replace(hardware, kernels=terms(logs)))["error"].to_numpy())
+    return least_squares(residuals, np.clip(start, *bounds), bounds=bounds, loss="soft_l1", f_scale=0.1).x
+
+
+def fit_fp8_rate(fp8: pd.DataFrame, kernels: KernelTerms) -> float:
+    """The achieved FP8 GEMM rate fitted to FP8 GEMM rows, every other GEMM term held at ``kernels``' (the
+    floor, bandwidth and tile terms are the 16-bit fit's: the same GEMM machinery, half the weight bytes)."""
+    def residuals(q):
+        rated = replace(kernels, gemm_flops_per_s={**kernels.gemm_flops_per_s, "fp8": float(np.exp(q[0]))})
+        return np.log1p(fp8_errors(fp8, rated)["error"].to_numpy())
+    start = np.log([kernels.gemm_rate("fp8")])
+    return float(np.exp(least_squares(residuals, start, loss="soft_l1", f_scale=0.05).x[0]))
+
+
+def held_out_fp8_errors(fp8: pd.DataFrame, kernels: KernelTerms) -> pd.DataFrame:
+    """FP8 GEMM errors of every model, each predicted by the rate fitted to the other models' rows."""
+    frames = []
+    for model in sorted(set(fp8["model"])):
+        test = fp8["model"] == model
+        rate = fit_fp8_rate(fp8[~test], kernels)
+        frames.append(fp8_errors(fp8[test], replace(kernels, gemm_flops_per_s={**kernels.gemm_flops_per_s,
+                                                                                 "fp8": rate})))
+    return pd.concat(frames, ignore_index=True)
+
+
+def held_out_attention_errors(attention: pd.DataFrame, hardware: HardwareProfile) -> pd.DataFrame:
+    """Attention errors of every model, each predicted by terms fitted to the other models' rows."""
+    frames = []
+    for model in sorted(set(attention["model"])):
+        test = attention["model"] == model
+        fitted = fit_attention(attention[~test], hardware)
+        frames.append(attention_errors(attention[test], replace(hardware, kernels=fitted)))
+    return pd.concat(frames, ignore_index=True)
 
 
 def held_out_layer_errors(measurements: Measurements, base: KernelTerms) -> pd.DataFrame:

@@ -8,7 +8,15 @@ A measurements folder holds
   (:data:`OPERATOR_COLUMNS`);
 - all-reduce files (``*all_reduce*.csv``, Vidur's ``all_reduce.csv`` columns): ``size`` bytes over
   ``num_workers`` GPUs, ``devices_per_node`` of them per node, median time in ms; the device is
-  the one named in the file name (``vidur_all_reduce_h100_dgx.csv``).
+  the one named in the file name (``vidur_all_reduce_h100_dgx.csv``);
+- attention files (``*attention*.csv``, Vidur's ``attention.csv`` columns): per device, model shape
+  (``n_embd``, ``n_q_head``, ``n_kv_head``), TP size ``num_tensor_parallel_workers``, ``batch_size``
+  sequences of ``prefill_chunk_size`` new tokens (prefill, ``is_prefill``) or one (decode) each over
+  ``kv_cache_size`` cached ones, the median ms of ``time_stats.attn_prefill`` or ``time_stats.attn_decode``
+  (one layer's attention kernel on one GPU). ``llmsim calibrate --operators`` writes them;
+- FP8 GEMM files (``*fp8_gemm*.csv``, written by ``llmsim calibrate --operators`` on a GPU): one GEMM of
+  a layer (``gemm``) with FP8 weights and activations at ``num_tokens`` rows (run as ``padded_tokens``), the
+  shard's ``n`` and ``k``, median ``time_ms``.
 
 Bad input (a missing column, an unknown device, a non-numeric or non-positive timing) is a
 :class:`~llmsim.errors.ConfigError` naming the file, the row and the column. Every prediction
@@ -28,7 +36,7 @@ from llmsim.cost.kernels import (all_reduce_time_s, elementwise_bytes_per_token,
 from llmsim.errors import ConfigError
 
 # Device tags of the measurements -> the shipped profile whose peaks and shapes they refine.
-DEVICE_PROFILES = {"a100": "A100-80GB", "h100": "H100-SXM"}
+DEVICE_PROFILES = {"a100": "A100-80GB", "h100": "H100-SXM", "h200": "H200"}
 SHAPE_COLUMNS = ("num_tokens", "tp", "n_embd", "n_expanded_embd", "n_head", "n_kv_head")
 # In the order of llmsim.cost.kernels.layer_gemm_shapes.
 GEMM_COLUMNS = {"attn_pre_proj_ms": "qkv", "attn_post_proj_ms": "out_proj", "mlp_up_proj_ms": "mlp_up",
@@ -39,6 +47,12 @@ OPERATOR_COLUMNS = tuple(GEMM_COLUMNS) + tuple(ELEMENTWISE_COLUMNS)
 # A layer runs each listed operator once, except the residual add (after attention and after the MLP).
 LAYER_COUNT = {column: 2 if column == "add_ms" else 1 for column in OPERATOR_COLUMNS}
 ALL_REDUCE_COLUMNS = ("num_workers", "size", "devices_per_node", "time_stats.all_reduce.median")
+ATTENTION_SHAPE_COLUMNS = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "batch_size",
+                           "prefill_chunk_size", "kv_cache_size")
+ATTENTION_TIME_COLUMNS = ("time_stats.attn_prefill.median", "time_stats.attn_decode.median")
+ATTENTION_COLUMNS = ("device", "model", *ATTENTION_SHAPE_COLUMNS, "is_prefill", *ATTENTION_TIME_COLUMNS)
+FP8_SHAPE_COLUMNS = ("tp", "num_tokens", "padded_tokens", "n", "k")
+FP8_COLUMNS = ("device", "model", "gemm", *FP8_SHAPE_COLUMNS, "time_ms")
 FP16_BYTES = 2.0
 DECODE_TOKENS, PREFILL_TOKENS = (1, 256), (128, 4096)   # the regimes, as the acceptance defines them
 
@@ -46,15 +60,19 @@ DECODE_TOKENS, PREFILL_TOKENS = (1, 256), (128, 4096)   # the regimes, as the ac
 class Measurements:
     """The rows of one folder: ``linear`` (one row per layer measurement) and ``all_reduce`` (intra-node)."""
 
-    def __init__(self, linear: pd.DataFrame, all_reduce: pd.DataFrame, files: list[str]):
+    def __init__(self, linear: pd.DataFrame, all_reduce: pd.DataFrame, files: list[str],
+                 attention: pd.DataFrame | None = None, fp8: pd.DataFrame | None = None):
         self.linear, self.all_reduce, self.files = linear, all_reduce, files
+        self.attention = attention if attention is not None else pd.DataFrame(columns=[*ATTENTION_COLUMNS, "file"])
+        self.fp8 = fp8 if fp8 is not None else pd.DataFrame(columns=[*FP8_COLUMNS, "file"])
 
     def devices(self) -> list[str]:
-        return sorted(set(self.linear["device"]) | set(self.all_reduce["device"]))
+        return sorted(set(self.linear["device"]) | set(self.all_reduce["device"]) | set(self.attention["device"]))
 
     def for_device(self, device: str) -> "Measurements":
-        return Measurements(self.linear[self.linear["device"] == device].reset_index(drop=True),
-                            self.all_reduce[self.all_reduce["device"] == device].reset_index(drop=True), self.files)
+        mine = [table[table["device"] == device].reset_index(drop=True)
+                for table in (self.linear, self.all_reduce, self.attention, self.fp8)]
+        return Measurements(mine[0], mine[1], self.files, mine[2], mine[3])
 
 
 def read_measurements(folder: str | Path) -> Measurements:
@@ -65,15 +83,22 @@ def read_measurements(folder: str | Path) -> Measurements:
                           allowed="a folder with *linear_ops*.csv and/or *all_reduce*.csv files")
     linear_files = sorted(folder.glob("*linear_ops*.csv"))
     reduce_files = sorted(folder.glob("*all_reduce*.csv"))
-    if not linear_files and not reduce_files:
-        raise ConfigError("holds no *linear_ops*.csv or *all_reduce*.csv file", file=str(folder), has_value=False)
+    attention_files = sorted(folder.glob("*attention*.csv"))
+    fp8_files = sorted(folder.glob("*fp8_gemm*.csv"))
+    if not linear_files and not reduce_files and not attention_files:
+        raise ConfigError("holds no *linear_ops*.csv, *all_reduce*.csv or *attention*.csv file", file=str(folder),
+                          has_value=False)
     linear = [_read_linear(path) for path in linear_files]
     reduce = [_read_all_reduce(path) for path in reduce_files]
+    attention = pd.concat([_read_attention(path) for path in attention_files], ignore_index=True) \
+        if attention_files else None
+    fp8 = pd.concat([_read_fp8(path) for path in fp8_files], ignore_index=True) if fp8_files else None
     empty_linear = pd.DataFrame(columns=["device", "model", *SHAPE_COLUMNS, *OPERATOR_COLUMNS])
     empty_reduce = pd.DataFrame(columns=["device", "gpus", "size_bytes", "time_s", "file"])
     return Measurements(pd.concat(linear, ignore_index=True) if linear else empty_linear,
                         pd.concat(reduce, ignore_index=True) if reduce else empty_reduce,
-                        [str(path) for path in linear_files + reduce_files])
+                        [str(path) for path in linear_files + reduce_files + attention_files + fp8_files],
+                        attention, fp8)
 
 
 def _read_csv(path: Path, columns) -> pd.DataFrame:
@@ -117,6 +142,58 @@ def _read_linear(path: Path) -> pd.DataFrame:
     _numbers(table, path, OPERATOR_COLUMNS, positive=True)
     table["file"] = path.name
     return table[["device", "model", *SHAPE_COLUMNS, *OPERATOR_COLUMNS, "file"]]
+
+
+def _read_attention(path: Path) -> pd.DataFrame:
+    """One attention file; each row's own phase column holds its timing (Vidur leaves the other 0)."""
+    table = _read_csv(path, ATTENTION_COLUMNS)
+    table["device"] = [_device(value, path, row, "device") for row, value in enumerate(table["device"])]
+    _numbers(table, path, ATTENTION_SHAPE_COLUMNS, positive=False)
+    _numbers(table, path, ATTENTION_TIME_COLUMNS, positive=False)
+    flags = table["is_prefill"].astype(str).str.strip().str.lower()
+    bad = ~flags.isin(("true", "false", "1", "0"))
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise ConfigError(f"row {row + 2}, column 'is_prefill': expected true or false", file=str(path),
+                          key="is_prefill", value=table["is_prefill"].iloc[row])
+    table["is_prefill"] = flags.isin(("true", "1"))
+    table["time_s"] = np.where(table["is_prefill"], table[ATTENTION_TIME_COLUMNS[0]],
+                               table[ATTENTION_TIME_COLUMNS[1]]) * 1e-3
+    for column, must_be_positive in (("time_s", True), ("batch_size", True), ("n_embd", True), ("n_q_head", True),
+                                     ("n_kv_head", True), ("num_tensor_parallel_workers", True)):
+        bad = table[column] <= 0
+        if must_be_positive and bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            name = ATTENTION_TIME_COLUMNS[0 if table["is_prefill"].iloc[row] else 1] if column == "time_s" else column
+            raise ConfigError(f"row {row + 2}, column '{name}': expected a positive number", file=str(path),
+                              key=name, value=table[name].iloc[row])
+    prefill_without_chunk = table["is_prefill"] & (table["prefill_chunk_size"] <= 0)
+    if prefill_without_chunk.any():
+        row = int(np.flatnonzero(prefill_without_chunk.to_numpy())[0])
+        raise ConfigError(f"row {row + 2}, column 'prefill_chunk_size': a prefill row needs a positive chunk",
+                          file=str(path), key="prefill_chunk_size", value=table["prefill_chunk_size"].iloc[row])
+    table["file"] = path.name
+    return table[[*ATTENTION_COLUMNS, "time_s", "file"]]
+
+
+def _read_fp8(path: Path) -> pd.DataFrame:
+    table = _read_csv(path, FP8_COLUMNS)
+    table["device"] = [_device(value, path, row, "device") for row, value in enumerate(table["device"])]
+    _numbers(table, path, (*FP8_SHAPE_COLUMNS, "time_ms"), positive=True)
+    table["file"] = path.name
+    return table[[*FP8_COLUMNS, "file"]]
+
+
+def fp8_errors(fp8: pd.DataFrame, kernels: KernelTerms) -> pd.DataFrame:
+    """Relative errors of ``kernels`` on FP8 GEMM rows (1-byte weights, 16-bit activations as the cost model
+    prices an FP8 checkpoint), by model, TP size and token count."""
+    predicted = gemm_time_s(fp8["padded_tokens"].to_numpy(), fp8["n"].to_numpy(), fp8["k"].to_numpy(), 1.0,
+                            FP16_BYTES, kernels, "fp8")
+    table = fp8[["model", "tp", "gemm", "num_tokens"]].copy()
+    table["measured_s"], table["predicted_s"] = fp8["time_ms"].to_numpy() * 1e-3, predicted
+    table["error"] = table["predicted_s"] / table["measured_s"] - 1
+    table["regime"] = np.where(table["num_tokens"] >= PREFILL_TOKENS[0], "prefill", "decode")
+    return table
 
 
 def _read_all_reduce(path: Path) -> pd.DataFrame:
@@ -230,6 +307,32 @@ def layer_errors(linear: pd.DataFrame, kernels: KernelTerms) -> pd.DataFrame:
                                         "regime": regime, "measured_s": measured_s[mask],
                                         "predicted_s": predicted_s[mask]}))
     table = pd.concat(frames, ignore_index=True)
+    table["error"] = table["predicted_s"] / table["measured_s"] - 1
+    return table
+
+
+def attention_errors(attention: pd.DataFrame, hardware) -> pd.DataFrame:
+    """Relative errors of ``hardware``'s cost model on measured attention rows (one layer's kernel on one GPU):
+    columns model, tp, phase (decode / prefill), batch_size, chunk, context, measured_s, predicted_s, error."""
+    from llmsim.cost.roofline import CostModel
+    predicted = np.zeros(len(attention))
+    keys = ["n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers"]
+    for (hidden, heads, kv_heads, tp), index in attention.groupby(keys, sort=False).groups.items():
+        layer = ModelSpec(name=f"measured-{int(hidden)}", num_layers=1, hidden_size=int(hidden),
+                          num_heads=int(heads), num_kv_heads=int(kv_heads), intermediate_size=int(hidden),
+                          vocab_size=1, weight_dtype="fp16", kv_dtype="fp16", activation_dtype="fp16")
+        model = CostModel(layer, hardware, tensor_parallel=int(tp))
+        rows = attention.loc[index]
+        features = [model.features([int(r.prefill_chunk_size)], [int(r.kv_cache_size)], []) if r.is_prefill
+                    else model.features([], [], [int(r.kv_cache_size)] * int(r.batch_size))
+                    for r in rows.itertuples()]
+        predicted[attention.index.get_indexer(index)] = model.attention_time_s(np.array(features))
+    table = pd.DataFrame({"model": attention["model"], "tp": attention["num_tensor_parallel_workers"].astype(int),
+                          "phase": np.where(attention["is_prefill"], "prefill", "decode"),
+                          "batch_size": attention["batch_size"].astype(int),
+                          "chunk": attention["prefill_chunk_size"].astype(int),
+                          "context": attention["kv_cache_size"].astype(int),
+                          "measured_s": attention["time_s"], "predicted_s": predicted})
     table["error"] = table["predicted_s"] / table["measured_s"] - 1
     return table
 

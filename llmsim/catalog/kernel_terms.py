@@ -11,7 +11,8 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
 - ``elementwise``: RMSNorm, SiLU-and-multiply, rotary embedding and the residual add, each
   a floor plus bytes over its own achieved bandwidth;
 - ``all_reduce``: latency and bus bandwidth per group size, for small and for large messages (alpha-beta);
-- ``attention``: decode attention's fixed cost per sequence and layer, and prefill
+- ``attention``: one launch floor per layer and iteration (optional), decode attention's fixed cost
+  per sequence and layer and its KV read rate (optional; else the roofline's), and prefill
   attention's efficiency per backend, rising with the context a query sees;
 - ``step``: the growth of the engine's per-iteration overhead (``overhead.per_step``) with the
   sequences that sample (sampling, detokenising, scheduling bookkeeping per sequence).
@@ -70,6 +71,8 @@ class KernelTerms:
     step_overhead_per_sequence_s: float = 0.0
     gemm_occupancy_half_tiles: float = 0.0          # output tiles at which compute runs at half the rate
     gemm_sharpness_growth: float = 0.0              # p grows as (tiles / 128)^growth
+    attention_floor_s: float = 0.0                  # one attention launch per layer and iteration (0: none)
+    decode_attention_bandwidth_bytes_per_s: float = 0.0   # KV read rate of decode attention (0: the roofline's)
 
     def gemm_rate(self, dtype: str) -> float:
         """Achieved GEMM FLOP/s for weights in ``dtype``; weight-only formats compute in 16-bit."""
@@ -145,13 +148,15 @@ def kernel_terms_from_node(node: Node, figure: Callable[..., float]) -> KernelTe
         step_overhead_per_sequence_s=figure(step, "per_sequence", "duration", minimum=0.0,
                                             exclusive_minimum=False),
         gemm_occupancy_half_tiles=_optional(gemm, "occupancy_half_tiles", figure),
-        gemm_sharpness_growth=_optional(gemm, "sharpness_growth", figure))
+        gemm_sharpness_growth=_optional(gemm, "sharpness_growth", figure),
+        attention_floor_s=_optional(attention, "floor", figure, "duration"),
+        decode_attention_bandwidth_bytes_per_s=_optional(attention, "decode_bandwidth", figure, "bandwidth"))
     for done in (gemm, attention, step):
         done.done()
     kernels.done(extra_allowed=("note",))
     return terms
 
 
-def _optional(node: Node, key: str, figure: Callable[..., float]) -> float:
-    """A non-negative plain number that profiles written before it existed leave out (0: its old form)."""
-    return figure(node, key, None, minimum=0.0, exclusive_minimum=False) if node.has(key) else 0.0
+def _optional(node: Node, key: str, figure: Callable[..., float], kind: str | None = None) -> float:
+    """A non-negative figure that profiles written before it existed leave out (0: its old form)."""
+    return figure(node, key, kind, minimum=0.0, exclusive_minimum=False) if node.has(key) else 0.0

@@ -4,15 +4,18 @@ torch is imported only when a calibration or validation runs, never to build the
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from llmsim.calibration.calibrate import DEFAULT_CPU_THREADS, calibrate, require_torch, validate
+from llmsim.calibration import operator_bench
 from llmsim.calibration.design import DEVICE_DTYPES
 from llmsim.calibration.kernel_profile import calibrate_from_measurements, kernels_section, measured_source
-from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, error_table, layer_errors,
-                                          read_measurements)
+from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, attention_errors, error_table,
+                                          layer_errors, read_measurements)
 from llmsim.calibration.plot import measured_scatter, scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
 from llmsim.catalog.hardware import load_profile, lookup_hardware
@@ -38,6 +41,16 @@ def add_parsers(subparsers) -> None:
     cal.add_argument("--from-measurements", metavar="DIR",
                      help="fit a GPU's kernel terms to operator timing CSVs in the Vidur profiler's format instead "
                           "of timing torch here (no torch needed)")
+    cal.add_argument("--operators", metavar="DIR",
+                     help="time one layer's operators and attention kernels on this device at several models' shapes "
+                          "and TP sizes, and write them to DIR as Vidur-format CSVs (fit them with --from-measurements)")
+    cal.add_argument("--models", help="with --operators: comma-separated catalog models (default: "
+                                      f"{','.join(operator_bench.DEFAULT_MODELS)})")
+    cal.add_argument("--attention-backend", choices=("flash", "default"), default="flash",
+                     help="with --operators: force SDPA's FlashAttention-2 kernel (default) or let SDPA pick "
+                          "(cuDNN's on Hopper)")
+    cal.add_argument("--tag", help="with --operators: the device tag written in the rows and file names "
+                                   "(default: h200/h100/a100 from the GPU's name, else the device kind)")
     cal.add_argument("--gpu", choices=tuple(DEVICE_PROFILES),
                      help="with --from-measurements: the device whose rows to fit (default: the only one found)")
     cal.add_argument("--base", metavar="PROFILE",
@@ -66,6 +79,8 @@ def add_parsers(subparsers) -> None:
 def _cmd_calibrate(args) -> int:
     if args.from_measurements:
         return _cmd_from_measurements(args)
+    if args.operators:
+        return _cmd_operators(args)
     if args.from_profile and not args.transfer_to:
         raise ConfigError("--from only goes with --transfer-to", key="--from", value=args.from_profile,
                           allowed="--transfer-to PROFILE --from CALIBRATED --out OUT")
@@ -79,6 +94,36 @@ def _cmd_calibrate(args) -> int:
     write_document(document, out)
     print(calibration_summary(document))
     print(f"\nwrote {out}")
+    return 0
+
+
+def _cmd_operators(args) -> int:
+    require_torch()
+    device = _device_kind(args.device)
+    grid = operator_bench.QUICK_GRID if args.quick else operator_bench.Grid()
+    if args.models:
+        grid = replace(grid, models=tuple(name.strip() for name in args.models.split(",") if name.strip()))
+    tag = args.tag or operator_bench.device_tag(device)
+    with tqdm(total=1, desc="operators", unit="shape", mininterval=1.0) as bar:
+        def progress(done, total):
+            bar.total = total
+            bar.update(done - bar.n)
+        meta = operator_bench.profile_operators(args.operators, tag, device, grid, progress, args.attention_backend)
+    if device == "cuda" and not args.quick:      # the checks the per-operator rows cannot give alone
+        with tqdm(total=1, desc="fp8 GEMMs and decode steps", unit="shape", mininterval=1.0) as bar:
+            def progress(done, total):
+                bar.total = total
+                bar.update(done - bar.n)
+            operator_bench.profile_fp8_gemms(args.operators, tag, progress=progress)
+            bar.reset()
+            operator_bench.profile_steps(args.operators, tag, device, progress=progress)
+    print(f"{meta['device_name']} (torch {meta['torch']}, {meta['dtype']}): {meta['protocol']}; streaming kernels "
+          f"{meta['streaming_kernels']}" + (f"; empty kernel {meta['empty_kernel_s'] * 1e6:.2f} us"
+                                              if meta["empty_kernel_s"] else ""))
+    print(f"wrote {args.operators}/: " + ", ".join(
+        name.format(tag=tag) for name in (operator_bench.LINEAR_FILE, operator_bench.ATTENTION_FILE,
+                                          operator_bench.META_FILE, operator_bench.FP8_FILE, operator_bench.STEP_FILE)
+        if (Path(args.operators) / name.format(tag=tag)).exists()))
     return 0
 
 
@@ -142,10 +187,11 @@ def _cmd_from_measurements(args) -> int:
     out = Path(args.out or f"{device}-kernels.yaml")
     refuse_to_replace([out], args.overwrite)
     base_path = args.base or str(lookup_hardware(DEVICE_PROFILES[device]).path)
-    load_profile(base_path)
-    terms, record = calibrate_from_measurements(measurements, device)
+    base_profile = load_profile(base_path)
+    terms, record = calibrate_from_measurements(measurements, device, base_profile)
     document = load_yaml(base_path)
-    document["kernels"] = kernels_section(terms, device, measured_source(record))
+    document["kernels"] = kernels_section(terms, device, measured_source(record), fitted_terms=record["fitted"],
+                                          base_section=document.get("kernels"))
     document["calibration"] = record
     write_document(document, out)
     print(kernel_calibration_summary(record))
@@ -164,13 +210,22 @@ def _only_device(measurements, folder) -> str:
 def kernel_calibration_summary(record: dict) -> str:
     rows = record["rows"]
     lines = [f"{record['device']}: {rows['linear']} layer rows ({', '.join(rows['models'])}; TP "
-             f"{', '.join(map(str, rows['tp']))}), {rows['all_reduce_in_node']} in-node all-reduce rows"]
+             f"{', '.join(map(str, rows['tp']))}), {rows['all_reduce_in_node']} in-node all-reduce rows, "
+             f"{rows.get('attention', 0)} attention rows"]
     for title, tables in (("in-sample", record["in_sample"]), ("held out", record["held_out"])):
         lines.append(f"{title} per-layer: " + "; ".join(
             f"{r['regime']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
             for r in tables.get("per_layer", [])))
         lines.append(f"{title} all-reduce: " + "; ".join(
             f"{r['size_class']} MAPE {r['mape']:.1%}" for r in tables.get("all_reduce", [])))
+        if tables.get("fp8_gemm"):
+            lines.append(f"{title} FP8 GEMMs: " + "; ".join(
+                f"{r['regime']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
+                for r in tables["fp8_gemm"]))
+        if tables.get("attention"):
+            lines.append(f"{title} attention: " + "; ".join(
+                f"{r['phase']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
+                for r in tables["attention"]))
     return "\n".join(lines)
 
 
@@ -186,12 +241,15 @@ def _cmd_validate_measurements(args) -> int:
     rows = measurements.for_device(device)
     layers = layer_errors(rows.linear, profile.kernels) if len(rows.linear) else None
     reduce = all_reduce_errors(rows.all_reduce, profile.kernels) if len(rows.all_reduce) else None
+    attention = attention_errors(rows.attention, profile) if len(rows.attention) else None
     print(f"validate {profile.name} against {device} measurements in {args.measurements} "
           f"(errors: predicted / measured - 1; bias: mean error)")
     if layers is not None:
         print("\n" + format_table(error_table(layers, ["group", "regime", "tp"])))
     if reduce is not None:
         print("\n" + format_table(error_table(reduce, ["gpus", "size_class"])))
+    if attention is not None:
+        print("\nattention kernels (one layer, one GPU):\n" + format_table(error_table(attention, ["phase", "tp"])))
     if args.plot:
         measured_scatter(layers, reduce, args.plot, f"{profile.name} vs {device} measurements")
         print(f"\nwrote {args.plot}")

@@ -1,15 +1,19 @@
-"""``llmsim recommend``: draft length k, max batch tokens and queue timeout for goodput under the SLO."""
+"""``llmsim recommend``: draft length k, max batch tokens and queue timeouts (with traffic classes the
+scheduling policy and each class's timeout) for goodput under the SLO."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from llmsim.analysis.names import SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
+from llmsim.analysis.names import CLASSES, SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
 from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario, replay_description
-from llmsim.search.recommend import OBJECTIVES, SEEDS, TOP, Recommendation, recommend
+from llmsim.config.units import UnitError, parse_quantity
+from llmsim.errors import ConfigError
+from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OBJECTIVES, SEARCHES, SEEDS, TOP,
+                                     Recommendation, recommend, timeout_text)
 
 MAX_TOP = 100               # analytic best settings simulated, at most
 
@@ -22,6 +26,13 @@ def add_parser(sub) -> None:
     add_seeds_argument(parser, default=str(SEEDS), default_text=str(SEEDS))   # >= 2: CIs across seeds
     parser.add_argument("--top", type=integer_flag(maximum=MAX_TOP), default=TOP,
                         help=f"analytic best settings to simulate (default {TOP}, at most {MAX_TOP})")
+    parser.add_argument("--search", default=SEARCHES[0],
+                        help="all (default), or classes: only the scheduling policy and each traffic class's "
+                             "queue timeout, the scenario's other settings kept (and the baseline)")
+    parser.add_argument("--class-timeouts", metavar="T1,T2,...",
+                        help="traffic classes: the queue timeouts tried for each class besides its own, durations "
+                             "separated by commas (default " + ",".join(f"{t * 1000:g}ms" for t in CLASS_TIMEOUTS_S)
+                             + ")")
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
     parser.add_argument("--no-drafts", action="store_true",
                         help="speculating scenarios: skip choosing the draft and tuning eligibility")
@@ -34,8 +45,8 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
     """The recommendation as a person reads it: settings, predicted metrics with CIs, the gain."""
     best, row = rec.best, rec.table.iloc[0]
     at_rate = rec.at_scenario_rate.set_index("setting")
-    mine, default = at_rate.loc[best.label], at_rate.iloc[-1]
     default_row = rec.defaults.iloc[0]
+    mine, default = at_rate.loc[best.label], at_rate.loc[default_row["config"].label]
     seeds = len(row["per_seed_rates"])
     ms = (lambda v, ci: f"{v * 1000:.1f} ms" + ("" if math.isnan(ci) else f" +- {ci * 1000:.1f}"))
     pm = (lambda ci: "" if math.isnan(ci) else f" +- {ci:.2g}")
@@ -54,8 +65,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              *([f"  idle_timeout       {row['idle_timeout_s']:g} s (CPU offload)"]
                if scenario.engine.cpu_offload is not None else []),
              *([f"  scheduling_policy  {row['scheduling_policy']}",
-                "  class timeouts     " + ", ".join(f"{name} {'none' if t is None else f'{t * 1000:g} ms'}"
-                                                    for name, t in row["class_timeouts"].items())]
+                "  class timeouts     " + ", ".join(f"{name} {timeout_text(t)}" for name, t in row["class_timeouts"].items())]
                if scenario.workload.classes else []),
              f"  goodput            {row['max_rate_per_s']:.3g}{pm(row['max_rate_per_s.ci95'])} req/s at the SLO "
              f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
@@ -64,7 +74,8 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"P95 TPOT {ms(mine[TPOT_P95], mine[f'{TPOT_P95}.ci95'])}, "
              f"P99 TTFT {ms(mine[TTFT_P99], mine[f'{TTFT_P99}.ci95'])}, "
              f"attainment {100 * mine[SLO_ATTAINMENT]:.1f}%",
-             f"rule-of-thumb defaults (best of timeouts 50/200/1000 ms): {default_row['config'].label}",
+             ("the scenario's own settings: " if rec.search == "classes" else
+              "rule-of-thumb defaults (best of timeouts 50/200/1000 ms): ") + _setting_text(default_row, scenario),
              f"  goodput            {default_row['max_rate_per_s']:.3g}{pm(default_row['max_rate_per_s.ci95'])} req/s; "
              f"${default_row['usd_per_million_output_tokens']:.3g} per million output tokens",
              f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
@@ -74,8 +85,51 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
                                                  + ("; within the noise" if abs(rec.improvement) <= rec.improvement_ci95
                                                     else "") + ")" if rec.objective == "goodput"
                                                  and not math.isnan(rec.improvement_ci95) else ""),
-             f"searched {len(rec.analytic)} settings analytically, simulated {len(rec.table)}, in {rec.runtime_s:.0f} s"]
+             *(_policies_text(rec, scenario) if rec.policies is not None else []),
+             f"searched {len(rec.analytic)} settings analytically, "
+             + (f"screened {len(rec.classes.screened)} policy and class-timeout combinations, " if rec.classes else "")
+             + f"simulated the goodput of {len(rec.table)}, in {rec.runtime_s:.0f} s"]
     return "\n".join(lines)
+
+
+def _setting_text(row, scenario: Scenario) -> str:
+    """A simulated setting's label, with the scheduling policy and class timeouts it ran with when it kept the
+    scenario's own (a label names only what the setting changes)."""
+    config = row["config"]
+    if not scenario.workload.classes or config.policy is not None:
+        return config.label
+    return (f"{config.label}, policy {row['scheduling_policy']}, class timeouts "
+            + ", ".join(f"{name} {timeout_text(t)}" for name, t in row["class_timeouts"].items()))
+
+
+def _policies_text(rec: Recommendation, scenario: Scenario) -> list[str]:
+    """Why this policy: each policy with its best class timeouts, goodput and each class's attainment at
+    the scenario's rate, and the target it falls shortest of."""
+    search, names = rec.classes, scenario.workload.class_names
+    ladder = "/".join(f"{t * 1000:g}" for t in search.timeouts_s)
+    lines = [f"each scheduling policy with its best class timeouts (coordinate descent over {', '.join(names)}, "
+             f"{ladder} ms and each class's own, up to {CLASS_SWEEPS} sweeps; {search.sweeps} run; every candidate "
+             f"screened at {search.probe_rate_per_s:.3g} req/s on the same requests), best first; attainment at "
+             f"{scenario.workload.arrival.rate_per_s:g} req/s per class ({' / '.join(names)}):"]
+    pm = (lambda ci: "" if math.isnan(ci) else f" +- {ci:.2g}")
+    width = max(len(p) for p in rec.policies["scheduling_policy"])
+    for _, entry in rec.policies.iterrows():
+        timeouts = "/".join("none" if t is None else f"{t * 1000:g}" for t in entry["class_timeouts"].values())
+        attainment = " / ".join(f"{100 * entry[f'{CLASSES}.{name}.{SLO_ATTAINMENT}']:.1f}%" for name in names)
+        verdict = "meets every class's targets" if entry["meets_scenario_rate"] else "misses"
+        lines.append(f"  {entry['scheduling_policy']:<{width}}  timeouts {timeouts} ms  goodput "
+                     f"{entry['max_rate_per_s']:.3g}{pm(entry['max_rate_per_s.ci95'])} req/s  {attainment}  "
+                     f"{verdict}; tightest {entry['worst_check']} {100 * entry['worst_margin']:+.1f} points")
+    return lines
+
+
+def _durations(text: str) -> list[float]:
+    """``--class-timeouts``: durations separated by commas (``25ms,200ms,1s``), in seconds."""
+    try:
+        return [parse_quantity(part.strip(), "duration") for part in text.split(",") if part.strip()]
+    except UnitError as error:
+        raise ConfigError("unreadable queue timeouts", key="--class-timeouts", value=text,
+                          allowed=f"durations separated by commas, e.g. 25ms,200ms,1s ({error})") from None
 
 
 def _targets_text(targets: dict) -> str:
@@ -87,7 +141,8 @@ def _cmd_recommend(args) -> int:
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
     rec = recommend(scenario, objective=args.objective, seeds=parse_seeds(args.seeds, scenario), top=args.top,
-                    workers=args.workers, progress=True, drafts=not args.no_drafts)
+                    workers=args.workers, progress=True, drafts=not args.no_drafts, search=args.search,
+                    class_timeouts_s=_durations(args.class_timeouts) if args.class_timeouts else CLASS_TIMEOUTS_S)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     if scenario.workload.trace is not None:          # which traffic the rates below rescale

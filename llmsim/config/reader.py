@@ -207,8 +207,11 @@ class Node:
         """``key``: a non-empty mapping of names to their settings (traffic classes, rollout groups).
         Returns the mapping's node and its names, in the file's order."""
         raw = self.raw(key)
-        if not isinstance(raw, dict) or not raw:
+        if not isinstance(raw, dict):
             raise self.key_error(key, f"expected a mapping of {what}", raw, example)
+        if not raw:
+            raise self.key_error(key, f"expected at least one entry in the mapping of {what}", raw,
+                                 f"one or more entries, {example}; or leave out {self.key_path(key)}")
         return self.child(key), list(raw)
 
     def number(self, key: str, default: Any = _MISSING, *, integer: bool = False,

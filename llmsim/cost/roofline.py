@@ -112,8 +112,15 @@ class CostModel:
         self._memory_time[elementwise, F["tokens"]] = per_token_s * paced_layers
         # Each decoding sequence's fixed work (block-table walk, split and merge of its softmax) overlaps
         # with streaming the KV cache: it adds to the compute side of decode attention's max.
-        self._compute_time[op["layer.attention_decode"], F["decode_seqs"]] += \
-            kernels.decode_attention_per_sequence_s * paced_layers
+        decode = op["layer.attention_decode"]
+        self._compute_time[decode, F["decode_seqs"]] += kernels.decode_attention_per_sequence_s * paced_layers
+        if kernels.decode_attention_bandwidth_bytes_per_s:
+            self._memory_time[decode] = (self.bytes_matrix[decode] * paced_layers / model.num_layers
+                                         / kernels.decode_attention_bandwidth_bytes_per_s)
+        # One attention kernel per layer serves the whole batch (prefill and decode together, as vLLM's
+        # varlen kernels do): its launch floor adds to both sides of the decode row, once per iteration.
+        self._compute_time[decode, F["one"]] += kernels.attention_floor_s * paced_layers
+        self._memory_time[decode, F["one"]] += kernels.attention_floor_s * paced_layers
         # Prefill attention at e * L / (L + half) of the 16-bit peak: as if each query saw `half` more keys.
         backend = kernels.prefill_attention
         prefill = op["layer.attention_prefill"]
@@ -262,6 +269,13 @@ class CostModel:
                 if self._all_reduce is not None:
                     time_s = time_s + self._all_reduce_time(x)
         return time_s, y[..., 2 * n + 1], y[..., 2 * n + 2]
+
+    def attention_time_s(self, x) -> np.ndarray:
+        """Time of the attention operators alone (prefill and decode, every layer of one shard) for iterations
+        ``x`` (shape (n, 9)): what an attention kernel benchmark measures, to hold the model against one."""
+        x = np.atleast_2d(np.asarray(x, dtype=float))
+        rows = [self.op_names.index(f"layer.{op}") for op in ATTENTION_OPS]
+        return sum(np.maximum(x @ self._compute_time[row], x @ self._memory_time[row]) for row in rows)
 
     def step_time(self, x) -> float:
         return float(self.iteration(x)[0])

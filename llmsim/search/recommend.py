@@ -21,11 +21,25 @@ The search (:func:`recommend`):
    in parallel through :func:`llmsim.search.sweeps.run_points`. A setting that fails at the
    scenario's own rate cannot be recommended, and its search stops there.
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
-   and each queue timeout (50, 200, 1000 ms), simulated the same way. With traffic classes
-   also every other scheduling policy and each class's queue timeout halved and doubled (a
-   class without one: 50, 200 and 1000 ms), one class at a time. With prefix caching
+   and each queue timeout (50, 200, 1000 ms), simulated the same way. With prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
    CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither).
+4. **Traffic classes: the policy and every class's timeout, jointly** (:meth:`_Search.classes`).
+   Bisecting the rate of every (policy, timeout per class) combination would cost
+   6 x 5^classes searches; instead, with the best setting's other knobs held, every
+   combination visited is *screened*: simulated once per seed at one probe rate, the
+   highest of the scenario's and the best setting's goodput (where the best only just
+   passes, so a better setting shows as a larger margin), on the same requests for every
+   candidate (common random numbers: the knobs leave the trace unchanged), and ranked by
+   whether it meets every class's targets there and then by its worst class margin
+   (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). For
+   each scheduling policy, coordinate descent over the classes: each class's timeout in
+   turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
+   others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
+   class moves; a candidate screened once is never simulated again. Each policy's best
+   combination then gets its goodput bisected like any other setting (starting at the probe
+   rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
+   from the scenario's own settings (which are then the baseline the gain is measured against).
 
 The answer is the configuration with the best mean over seeds, with a 95% Student-t
 confidence interval across seeds, re-simulated at the scenario's rate for its
@@ -59,30 +73,37 @@ from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import SCHEDULING_POLICIES, Scenario
 from llmsim.scenario.overrides import variant
 from llmsim.search.draft_choice import DraftAdvice, advise
-from llmsim.search.sweeps import run_points, slo_met
-from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
+from llmsim.search.sweeps import reusing_runs, run_points, slo_met
+from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
+                                  typical_latency_s)
 from llmsim.speculation.policies import AdaptiveK
 from llmsim.workload.trace import generate_trace
 
 OBJECTIVES = ("goodput", "cost")     # the first is the default
+SEARCHES = ("all", "classes")         # everything (the default), or only the policy and the class timeouts
 SEEDS, TOP = 3, 3                     # seeds per setting; analytic best settings to simulate
 TIMEOUTS_S = (0.05, 0.2, 1.0)
 IDLE_TIMEOUTS_S = (0.5, 2.0, 10.0)    # CPU offload: how long a cached block idles before it moves to host memory
 BLOCK_SIZES = (16, 512)               # the smallest and largest KV block size tried
 RULE_K0, RULE_K_MAX = 4, 8
+CLASS_TIMEOUTS_S = (0.025, 0.05, 0.2, 1.0, 5.0)   # per class: practice's three, one shorter, one longer
+CLASS_SWEEPS = 2                      # coordinate-descent sweeps over the classes, at most
+MAX_CLASS_TIMEOUTS, MAX_CLASS_TIMEOUT_S = 20, 3600.0   # what class_timeouts_s may hold
+SCENARIO_K = "as in the scenario"     # Config.k: the scenario's own speculation settings, left as they are
 
 
 @dataclass(frozen=True)
 class Config:
     """One setting of the searched knobs."""
-    k: str                          # "off", "static:<k>" or "adaptive:<k0>"
+    k: str                          # "off", "static:<k>", "adaptive:<k0>" or SCENARIO_K
     max_batch_tokens: int
     queue_timeout_s: float | None
     block_size: int | None = None        # None: the scenario's own (searched only with prefix caching)
     idle_timeout_s: float | None = None  # None: the scenario's own (searched only with CPU offload)
-    # With traffic classes (None: the scenario's own): the scheduling policy, and (class, queue timeout s).
+    # With traffic classes (None: the scenario's own): the scheduling policy, and (class, queue timeout s;
+    # None where the class has none, which is left so).
     policy: str | None = None
-    class_timeouts: tuple[tuple[str, float], ...] | None = None
+    class_timeouts: tuple[tuple[str, float | None], ...] | None = None
 
     def overrides(self, scenario: Scenario) -> dict:
         point = {"engine.max_batch_tokens": self.max_batch_tokens,
@@ -94,8 +115,11 @@ class Config:
         if self.policy is not None:
             point["engine.scheduling_policy"] = self.policy
         for name, timeout_s in self.class_timeouts or ():
-            point[f"workload.classes.{name}.queue_timeout"] = f"{timeout_s * 1000:g} ms"
-        if self.k == "off":
+            if timeout_s is not None:
+                point[f"workload.classes.{name}.queue_timeout"] = f"{timeout_s * 1000:g} ms"
+        if self.k == SCENARIO_K:
+            pass
+        elif self.k == "off":
             if scenario.speculation is not None:
                 point["speculation"] = None
         else:
@@ -116,8 +140,22 @@ class Config:
         if self.policy is not None:
             label += f", policy {self.policy}"
         if self.class_timeouts:
-            label += ", class timeouts " + ", ".join(f"{name} {t * 1000:g} ms" for name, t in self.class_timeouts)
+            label += ", class timeouts " + ", ".join(f"{name} {timeout_text(t)}" for name, t in self.class_timeouts)
         return label
+
+
+def timeout_text(timeout_s: float | None) -> str:
+    return "none" if timeout_s is None else f"{timeout_s * 1000:g} ms"
+
+
+@dataclass
+class ClassSearch:
+    """The joint search over the scheduling policy and each class's queue timeout (step 4)."""
+    probe_rate_per_s: float          # where every candidate was screened
+    timeouts_s: tuple[float, ...]    # the queue timeouts tried for each class (and its own)
+    sweeps: int                      # coordinate-descent sweeps run
+    screened: pd.DataFrame           # every candidate screened: policy, timeouts, verdict there
+    best_per_policy: dict            # policy -> its best Config, goodput then bisected
 
 
 @dataclass
@@ -132,6 +170,11 @@ class Recommendation:
     analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
     runtime_s: float
     drafts: DraftAdvice | None = None   # with drafts=True on a speculating scenario: the draft and eligibility
+    search: str = SEARCHES[0]
+    # With traffic classes: the joint class search, and per scheduling policy its best class timeouts, their
+    # goodput and each class's attainment at the scenario's rate (best first): why the policy won.
+    classes: ClassSearch | None = None
+    policies: pd.DataFrame | None = None
 
 
 def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
@@ -200,8 +243,10 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
 
 def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
               top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
-              progress: bool = False, drafts: bool = False) -> Recommendation:
-    """Search k, max batch tokens and queue timeout (see the module docstring).
+              progress: bool = False, drafts: bool = False, search: str = SEARCHES[0],
+              class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S) -> Recommendation:
+    """Search k, max batch tokens and queue timeout, and with traffic classes the scheduling policy and
+    each class's queue timeout (see the module docstring).
 
     ``seeds``: independent traces per setting (>= 2, for confidence intervals), a count from
     the scenario's seed or the seeds themselves; ``top``:
@@ -209,13 +254,25 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
     bisection on the rate stops; ``requests``: simulate this many requests per run
     instead of the scenario's ``workload.num_requests``; ``drafts``: for a speculating scenario,
     also choose the draft and tune the eligibility thresholds at the scenario's rate
-    (:func:`llmsim.search.draft_choice.advise`).
+    (:func:`llmsim.search.draft_choice.advise`); ``search="classes"``: only the scheduling policy and
+    the class timeouts (step 4), the scenario's other settings kept and taken as the baseline;
+    ``class_timeouts_s``: the queue timeouts step 4 tries for each class (besides its own).
     """
     started = time.perf_counter()
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
     if objective not in OBJECTIVES:
         raise ConfigError("unknown objective", key="--objective", value=objective, allowed=", ".join(OBJECTIVES))
+    if search not in SEARCHES:
+        raise ConfigError("unknown search", key="--search", value=search, allowed=", ".join(SEARCHES))
+    class_timeouts_s = tuple(sorted({float(t) for t in class_timeouts_s}))
+    if not class_timeouts_s or not all(0 < t <= MAX_CLASS_TIMEOUT_S for t in class_timeouts_s) \
+            or len(class_timeouts_s) > MAX_CLASS_TIMEOUTS:
+        raise ConfigError("bad queue timeouts to search", key="--class-timeouts", value=list(class_timeouts_s),
+                          allowed=f"1 to {MAX_CLASS_TIMEOUTS} durations in (0, {MAX_CLASS_TIMEOUT_S:g} s]")
+    if search == "classes" and not scenario.workload.classes:
+        raise ConfigError("the scenario has no traffic classes to search", file=scenario.path, key="workload.classes",
+                          has_value=False, allowed="workload.classes (two or more), or --search all")
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to recommend settings for", file=scenario.path, key="slo",
                           has_value=False, allowed="ttft, tpot and/or e2e limits")
@@ -232,23 +289,30 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
     from tqdm.auto import tqdm
 
-    # One bar over every simulation of the search, its total growing as the bisections ask for more.
-    with tqdm(total=0, disable=not progress, desc="recommend", unit="simulation") as bar:
-        search = _Search(scenario, seed_list, objective, workers, tolerance, bar)
-
-        # 1. the coarse grid, scored by the fluid model
-        grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
-        analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
-                                  "analytic_rate_per_s": search.analytic(c)} for c in grid])
-        analytic = analytic.sort_values("analytic_rate_per_s", ascending=False, kind="stable").reset_index(drop=True)
-        chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
-        # 2. simulate them, and the rule-of-thumb defaults
-        search.evaluate(chosen + search.defaults)
-        # 3. refine around the best
-        best = search.best()
-        search.evaluate(_neighbours(best, scenario))
-        best = search.best()
-        table = search.table()
+    # One bar over every simulation of the search, its total growing as the bisections ask for more. A run
+    # the search asks for twice (a screened candidate's first bisection step, at the probe rate) runs once.
+    with reusing_runs(), tqdm(total=0, disable=not progress, desc="recommend", unit="simulation") as bar:
+        searcher = _Search(scenario, seed_list, objective, workers, tolerance, bar, own_settings=search == "classes",
+                           class_timeouts_s=class_timeouts_s)
+        analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
+        if search == "all":
+            # 1. the coarse grid, scored by the fluid model
+            grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
+            analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
+                                      "analytic_rate_per_s": searcher.analytic(c)} for c in grid])
+            analytic = analytic.sort_values("analytic_rate_per_s", ascending=False,
+                                            kind="stable").reset_index(drop=True)
+            chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
+            # 2. simulate them, and the rule-of-thumb defaults
+            searcher.evaluate(chosen + searcher.defaults)
+            # 3. refine around the best
+            searcher.evaluate(_neighbours(searcher.best(), scenario))
+        else:
+            searcher.evaluate(searcher.defaults)        # the scenario's own settings
+        # 4. with traffic classes: the policy and every class's timeout, jointly
+        classes = searcher.classes(searcher.best()) if scenario.workload.classes else None
+        best = searcher.best()
+        table = searcher.table()
         if not table["meets_scenario_rate"].iloc[0]:
             raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
                               f"({scenario.workload.arrival.rate_per_s:g}/s); the best, {best.label}, sustains "
@@ -266,10 +330,12 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
                 improvement = 1.0 - np.float64(best_row["usd_per_million_output_tokens"]) / best_default[
                     "usd_per_million_output_tokens"]
                 gains = np.array([improvement])
-        at_rate = search.at_scenario_rate([best, best_default["config"]])
+        finalists = list(classes.best_per_policy.values()) if classes is not None else []
+        at_rate = searcher.at_scenario_rate([best, best_default["config"], *finalists])
+        policies = _policy_table(classes, table, at_rate, scenario) if classes is not None else None
         advice = advise(scenario) if drafts and scenario.speculation is not None else None
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
-                              analytic, time.perf_counter() - started, advice)
+                              analytic, time.perf_counter() - started, advice, search, classes, policies)
 
 
 def replays_one_trace(scenario: Scenario) -> bool:
@@ -297,23 +363,27 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
         out += [replace(best, block_size=b) for b in (size // 2, size * 2) if BLOCK_SIZES[0] <= b <= BLOCK_SIZES[1]]
     if engine.cpu_offload is not None:
         out += [replace(best, idle_timeout_s=t) for t in IDLE_TIMEOUTS_S]
-    return out + _class_neighbours(best, scenario)
-
-
-def _class_neighbours(best: Config, scenario: Scenario) -> list[Config]:
-    """With traffic classes: every other scheduling policy, and each class's queue timeout halved and
-    doubled (or, for a class with none, each of TIMEOUTS_S), one class at a time."""
-    classes = scenario.workload.classes
-    if not classes:
-        return []
-    policy = best.policy or scenario.engine.scheduling_policy
-    out = [replace(best, policy=p) for p in SCHEDULING_POLICIES if p != policy]
-    timeouts = dict(class_timeouts(best, scenario))
-    for c in classes:
-        now = timeouts[c.name]
-        for t in (now / 2, now * 2) if now is not None else TIMEOUTS_S:
-            out.append(replace(best, class_timeouts=tuple({**timeouts, c.name: t}.items())))
     return out
+
+
+def class_timeout_options(timeouts_s: Sequence[float], start: float | None) -> list[float]:
+    """The queue timeouts tried for one class: those searched and the one it starts with."""
+    return sorted({*timeouts_s, *([start] if start is not None else [])})
+
+
+def _with_timeout(config: Config, name: str, timeout_s: float) -> Config:
+    return replace(config, class_timeouts=tuple((n, timeout_s if n == name else t) for n, t in config.class_timeouts))
+
+
+def _screen_key(verdict: Verdict) -> tuple[bool, float]:
+    """How a screened candidate ranks: meeting every class's targets, then its worst margin (a NaN,
+    a class with no requests measured, last)."""
+    margin = verdict.worst_margin[0]
+    return verdict.met, margin if math.isfinite(margin) else -math.inf
+
+
+def _worst_check(verdict: Verdict) -> str:
+    return min(verdict.margins, key=lambda name: verdict.margins[name][0]) if verdict.margins else ""
 
 
 def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float | None], ...]:
@@ -327,13 +397,20 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
 class _Search:
     """Simulated highest passing rate per (configuration, seed), bisected for all at once."""
 
-    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float, bar):
+    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float, bar,
+                 own_settings: bool = False, class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S):
         self.scenario, self.seeds, self.objective = scenario, seeds, objective
         self.workers, self.tolerance, self.bar = workers, tolerance, bar
+        self.class_timeouts_s = tuple(class_timeouts_s)
         self.results: dict[Config, dict] = {}
+        self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.arrival.rate_per_s
-        self.defaults = [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S]
+        engine = scenario.engine
+        # The baseline: the rule-of-thumb defaults, or (own_settings) the scenario's own settings.
+        self.defaults = ([Config("off" if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
+                                 engine.queue_timeout_s)] if own_settings else
+                         [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S])
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
     def analytic(self, config: Config) -> float:
@@ -346,14 +423,14 @@ class _Search:
                 self._analytic[key] = math.nan
         return self._analytic[key]
 
-    def evaluate(self, configs: Sequence[Config]) -> None:
+    def evaluate(self, configs: Sequence[Config], start_rate_per_s: float | None = None) -> None:
         """Simulate each new configuration's highest passing rate, per seed, all at once.
 
-        Per (configuration, seed) a bracket [passing rate, failing rate] starts at the
-        analytic rate scaled by how the simulated rates so far compare with the analytic
-        ones, steps by 20% until it brackets, then bisects to ``tolerance``. Whether the
-        scenario's own rate passes follows from the bracket, or is simulated when it lies
-        inside it.
+        Per (configuration, seed) a bracket [passing rate, failing rate] starts at
+        ``start_rate_per_s`` if given, else at the analytic rate scaled by how the simulated
+        rates so far compare with the analytic ones, steps by 20% until it brackets, then
+        bisects to ``tolerance``. Whether the scenario's own rate passes follows from the
+        bracket, or is simulated when it lies inside it.
         """
         todo = []
         for config in configs:
@@ -366,14 +443,13 @@ class _Search:
             todo.append(config)
         if not todo:
             return
-        ratios = [r["max_rate_per_s"] / r["analytic_rate_per_s"] for r in self.results.values()
-                  if r["analytic_rate_per_s"] > 0 and r["max_rate_per_s"] > 0]
-        scale = float(np.median(ratios)) if ratios else 0.85
+        scale = self.simulated_over_analytic()
         guess = {c: self.analytic(c) for c in todo}
+        start = {c: start_rate_per_s if start_rate_per_s is not None else
+                 guess[c] * scale if guess[c] > 0 else self.rate for c in todo}
         brackets = {(c, s): _Bracket() for c in todo for s in self.seeds}
         for _ in range(20):
-            jobs = [(key, bracket.next_rate(guess[key[0]] * scale if guess[key[0]] > 0 else self.rate,
-                                            self.rate, self.tolerance))
+            jobs = [(key, bracket.next_rate(start[key[0]], self.rate, self.tolerance))
                     for key, bracket in brackets.items()]
             jobs = [(key, rate) for key, rate in jobs if rate is not None]
             if not jobs:
@@ -400,6 +476,71 @@ class _Search:
                                "meets_scenario_rate": all(b.meets(self.rate) for b in runs),
                                "per_seed_rates": tuple(rates)}
 
+    def simulated_over_analytic(self) -> float:
+        """How the simulated highest passing rates so far compare with the fluid model's (median ratio;
+        0.85 before any)."""
+        ratios = [r["max_rate_per_s"] / r["analytic_rate_per_s"] for r in self.results.values()
+                  if r["analytic_rate_per_s"] > 0 and r["max_rate_per_s"] > 0]
+        return float(np.median(ratios)) if ratios else 0.85
+
+    def classes(self, base: Config) -> ClassSearch:
+        """Step 4 of the search (module docstring): per scheduling policy, coordinate descent over the
+        classes' queue timeouts, every candidate screened at one probe rate on the same requests; then
+        each policy's best gets its goodput bisected."""
+        scenario = self.scenario
+        start = class_timeouts(base, scenario)
+        # The probe rate: where the base only just passes; a base that fails at the scenario's rate has no such
+        # rate, so the fluid model's estimate (scaled as the simulations so far compare with it) stands in.
+        goodput = float(self.results[base]["max_rate_per_s"])
+        if goodput <= 0:
+            goodput = self.simulated_over_analytic() * float(self.results[base]["analytic_rate_per_s"])
+        rate = max(self.rate, goodput) if math.isfinite(goodput) else self.rate     # NaN: no fluid estimate
+        at_rate = variant(scenario, {**base.overrides(scenario), RATE_KEY: rate})
+        window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate))
+        current = {p: replace(base, policy=p, class_timeouts=start) for p in SCHEDULING_POLICIES}
+        self.bar.set_postfix_str("classes: every policy")
+        self.screen(list(current.values()), rate, window)
+        sweeps = 0
+        for sweeps in range(1, CLASS_SWEEPS + 1):
+            moved = False
+            for name, own in start:
+                self.bar.set_postfix_str(f"classes: sweep {sweeps}, {name}'s timeout")
+                options = class_timeout_options(self.class_timeouts_s, own)
+                candidates = {p: [c] + [_with_timeout(c, name, t) for t in options] for p, c in current.items()}
+                self.screen([c for options in candidates.values() for c in options], rate, window)
+                for p, tried in candidates.items():
+                    # max keeps the first of equals: the current setting, unless another is strictly better
+                    chosen = max(tried, key=lambda c: _screen_key(self.screened[(c, rate)]))
+                    moved |= chosen != current[p]
+                    current[p] = chosen
+            if not moved:
+                break
+        self.bar.set_postfix_str("classes: goodput of each policy's best")
+        self.evaluate(list(current.values()), start_rate_per_s=rate)
+        screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts),
+                                  "met": v.met, "worst_margin": v.worst_margin[0], "worst_check": _worst_check(v),
+                                  "margins": {name: margin for name, (margin, _) in v.margins.items()},
+                                  "steady": v.steady}
+                                 for (c, r), v in self.screened.items() if r == rate])
+        return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
+
+    def screen(self, configs: Sequence[Config], rate: float, window: Window) -> None:
+        """Each configuration not screened yet at ``rate``: one window per seed (no escalation), its
+        verdict pooled over the seeds."""
+        todo = [c for c in dict.fromkeys(configs) if (c, rate) not in self.screened]
+        if not todo:
+            return
+        points = [{**c.overrides(self.scenario), RATE_KEY: rate} for c in todo]
+        judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
+                                        seeds=self.seeds, workers=self.workers, progress=self.bar,
+                                        on_round=self._count_on_bar, escalations=0)
+        for c, one in zip(todo, judged):
+            self.screened[(c, rate)] = one.verdict
+
+    def _count_on_bar(self, simulations: int) -> None:
+        self.bar.total += simulations
+        self.bar.refresh()
+
     def judge(self, points: list[dict]) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
         its verdict is undecided (:mod:`llmsim.search.window`)."""
@@ -409,12 +550,8 @@ class _Search:
             at_rate = variant(self.scenario, point)
             windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
 
-        def count_on_bar(simulations: int) -> None:
-            self.bar.total += simulations
-            self.bar.refresh()
-
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
-                                      progress=self.bar, on_round=count_on_bar)
+                                      progress=self.bar, on_round=self._count_on_bar)
 
     def simulate(self, points: list[dict]) -> pd.DataFrame:
         """The points simulated, each counted on the search's progress bar as it finishes."""
@@ -442,6 +579,7 @@ class _Search:
         rows["setting"] = [c.label for c in configs for _ in self.seeds]
         metrics = [names.TTFT_P95, names.TPOT_P95, names.TTFT_P99, names.TPOT_P99, names.SLO_ATTAINMENT,
                    names.OUTPUT_TOKENS_PER_S]
+        metrics += [f"{names.CLASSES}.{name}.{names.SLO_ATTAINMENT}" for name in self.scenario.workload.class_names]
         out = []
         for label, group in rows.groupby("setting", sort=False):
             entry = {"setting": label}
@@ -449,6 +587,8 @@ class _Search:
                 values = group[metric].to_numpy(dtype=float)
                 entry[metric], entry[f"{metric}.ci95"] = float(values.mean()), _ci(values)
             entry[names.SLO_MET] = bool(slo_met(group).all())
+            verdict = judge(group.reset_index(drop=True))      # the tightest target, each class's own
+            entry["worst_check"], entry["worst_margin"] = _worst_check(verdict), verdict.worst_margin[0]
             out.append(entry)
         return pd.DataFrame(out)
 
@@ -490,9 +630,34 @@ class _Bracket:
         return own <= self.passing
 
 
+def _policy_table(classes: ClassSearch, table: pd.DataFrame, at_rate: pd.DataFrame, scenario: Scenario) -> pd.DataFrame:
+    """Per scheduling policy: its best class timeouts, their goodput, the screen's verdict at the probe
+    rate and each class's attainment at the scenario's rate; best first (the search's own order)."""
+    rows = table.set_index(table["config"].map(lambda c: c.label))
+    by_label = at_rate.set_index("setting")
+    screened = classes.screened.assign(key=classes.screened["class_timeouts"].map(lambda d: tuple(d.items())))
+    out = []
+    for policy, config in classes.best_per_policy.items():
+        row, mine = rows.loc[config.label], by_label.loc[config.label]
+        screen = screened[(screened["scheduling_policy"] == policy)
+                          & (screened["key"] == tuple(config.class_timeouts))].iloc[0]
+        entry = {"scheduling_policy": policy, "class_timeouts": dict(config.class_timeouts),
+                 "max_rate_per_s": row["max_rate_per_s"], "max_rate_per_s.ci95": row["max_rate_per_s.ci95"],
+                 "meets_scenario_rate": row["meets_scenario_rate"],
+                 "screen_met": screen["met"], "screen_worst_check": screen["worst_check"],
+                 "screen_worst_margin": screen["worst_margin"],
+                 "worst_check": mine["worst_check"], "worst_margin": mine["worst_margin"]}
+        for name in scenario.workload.class_names:
+            column = f"{names.CLASSES}.{name}.{names.SLO_ATTAINMENT}"
+            entry[column] = mine[column]
+        out.append(entry)
+    order = [config.policy for config in table["config"] if config in classes.best_per_policy.values()]
+    return pd.DataFrame(out).set_index("scheduling_policy").loc[order].reset_index()
+
+
 def _ci(values: np.ndarray) -> float:
     """Half-width of the 95% Student-t confidence interval of the mean across seeds."""
     values = np.asarray(values, dtype=float)
-    if len(values) < 2:
+    if len(values) < 2 or not np.isfinite(values).all():      # an infinite gain (a baseline at 0) has no interval
         return math.nan
     return float(ci95_half_width(values.std(ddof=1), len(values)))

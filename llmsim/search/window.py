@@ -229,18 +229,20 @@ class Judged:
 def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], windows: Sequence[Window],
                            rates: Sequence[float], *, seeds: Sequence[int] | None = None, workers: int | None = None,
                            engine: str = "processes", target: float | None = None, progress=False,
-                           on_round: Callable[[int], None] | None = None) -> list[Judged]:
+                           on_round: Callable[[int], None] | None = None,
+                           escalations: int = ESCALATIONS) -> list[Judged]:
     """Simulate each point over its window and judge it; simulate the undecided ones again with a
-    measurement twice as long, up to ``ESCALATIONS`` times, all of a round at once.
+    measurement twice as long, up to ``escalations`` times, all of a round at once.
 
     ``rates``: each point's total arrival rate (its window's request count follows from it).
     ``on_round(n)`` is called before each round with the number of simulations it will run
-    (for a progress bar's total).
+    (for a progress bar's total). ``escalations=0``: one window each, verdicts on their estimates
+    (a screen that only ranks points, as ``recommend``'s class search does).
     """
     judged: list[Judged | None] = [None] * len(points)
     todo = list(range(len(points)))
     current = list(windows)
-    for round_index in range(ESCALATIONS + 1):
+    for round_index in range(escalations + 1):
         # run_points runs a repeated point once: simulate each distinct job once, then share its rows.
         jobs = {}
         for i in todo:
@@ -259,7 +261,7 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
             verdict = judge(rows, target)
             judged[i] = Judged(verdict, rows, current[i])
             longer = current[i].longer()
-            if not verdict.decided and round_index < ESCALATIONS and longer.requests(rates[i]) <= MAX_REQUESTS \
+            if not verdict.decided and round_index < escalations and longer.requests(rates[i]) <= MAX_REQUESTS \
                     and not longer.whole_trace:
                 current[i] = longer
                 again.append(i)

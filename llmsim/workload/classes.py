@@ -52,13 +52,18 @@ class TrafficClass:
     dedicated_seqs: int = DEDICATED_SEQS
 
 
+def class_entries(node: Node) -> tuple[Node, list]:
+    """``workload.classes`` (``node`` is the workload) as a non-empty mapping: its node and the class names."""
+    return node.named_entries("classes", "class names to their settings",
+                              "e.g. {interactive: {share: 0.3}, batch: {share: 0.7}}")
+
+
 def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bool,
                       replayed: bool = False) -> tuple[TrafficClass, ...]:
     """``workload.classes`` (``node`` is the workload); ``read_arrival(node)`` reads an arrival mapping.
     ``replayed``: a trace with a class column brings each request's arrival, lengths and class, so a
     class sets neither share, arrival nor lengths, only how it is treated and its SLO."""
-    holder, names = node.named_entries("classes", "class names to their settings",
-                                       "e.g. {interactive: {share: 0.3}, batch: {share: 0.7}}")
+    holder, names = class_entries(node)
     classes = []
     for name in names:
         each = holder.child(str(name))

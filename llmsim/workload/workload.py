@@ -18,7 +18,7 @@ import numpy as np
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
-from llmsim.workload.classes import TrafficClass, classes_from_node, classify
+from llmsim.workload.classes import TrafficClass, class_entries, classes_from_node, classify
 from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.profiles import PROFILES, RateProfile, profile_from_node
 from llmsim.workload.sessions import Sessions, sessions_from_node
@@ -79,6 +79,8 @@ def arrival_from_node(arrival_node: Node) -> RenewalProcess | RateProfile:
 
 
 def workload_from_node(node: Node, max_tokens: int) -> Workload:
+    if node.has("classes"):        # not a mapping, or empty: said of the classes, not of the arrival they decide
+        class_entries(node)
     own_arrivals = isinstance(node.raw("classes", None), dict) and all(
         isinstance(c, dict) and "arrival" in c for c in node.raw("classes").values())
     if own_arrivals and node.has("arrival"):
