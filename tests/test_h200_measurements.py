@@ -17,6 +17,7 @@ from llmsim.catalog.models import lookup_model
 from llmsim.calibration.operator_bench import QUICK_GRID, profile_operators
 from llmsim.calibration.operators import ATTENTION_COLUMNS, OPERATOR_COLUMNS, SHAPE_COLUMNS
 from llmsim.cli.main import main
+from llmsim.errors import ConfigError
 
 from .helpers import REPO
 
@@ -97,7 +98,7 @@ def _attention_folder(tmp_path, edit):
     (lambda t: t.pop("kv_cache_size"), r"row 1 \(the header\) has no column 'kv_cache_size'"),
     (lambda t: t.__setitem__("time_stats.attn_decode.median", t["time_stats.attn_decode.median"].astype(object))
      or t.loc.__setitem__((3, "time_stats.attn_decode.median"), "slow"),
-     r"row 5, column 'time_stats.attn_decode.median': expected a number"),
+     r"row 5, column 'time_stats.attn_decode.median': expected a positive number"),
     (lambda t: t.__setitem__("is_prefill", t["is_prefill"].astype(object)) or t.loc.__setitem__((2, "is_prefill"), "maybe"),
      r"row 4, column 'is_prefill': expected true or false"),
 ])
@@ -106,6 +107,25 @@ def test_bad_attention_rows_exit_2_naming_file_row_and_column(tmp_path, capsys, 
     assert main(["validate", str(REPO / "hardware_profiles" / "h200.yaml"), "--measurements", str(folder)]) == 2
     error = capsys.readouterr().err
     assert "h200_attention.csv" in error and re.search(message, error), error
+
+
+def test_vidur_attention_files_read_without_device_or_model_columns(tmp_path):
+    """Vidur's own attention.csv (its profiler's header, device named by its folder, the other phase's timing
+    left blank) reads; a blank in a row's own phase is an error naming that row and column."""
+    header = ("time_stats.attn_decode.median,time_stats.attn_prefill.median,n_embd,n_q_head,n_kv_head,block_size,"
+              "num_tensor_parallel_workers,max_model_len,batch_size,prefill_chunk_size,kv_cache_size,is_prefill,"
+              "attention_backend,profile_method")
+    rows = ["0.015,,8192,64,8,16,2,4096,1,0,32,False,AttentionBackend.FLASH_ATTENTION,ProfileMethod.KINETO",
+            ",0.05,8192,64,8,16,2,4096,1,512,0,True,AttentionBackend.FLASH_ATTENTION,ProfileMethod.KINETO"]
+    folder = tmp_path / "a100"
+    folder.mkdir()
+    (folder / "attention.csv").write_text("\n".join([header, *rows]) + "\n")
+    attention = read_measurements(folder).attention
+    assert list(attention["device"]) == ["a100", "a100"] and list(attention["is_prefill"]) == [False, True]
+    assert attention["time_s"].to_numpy() == pytest.approx([15e-6, 50e-6])
+    (folder / "attention.csv").write_text("\n".join([header, rows[0], rows[1].replace(",0.05,", ",,")]) + "\n")
+    with pytest.raises(ConfigError, match=r"row 3, column 'time_stats.attn_prefill.median'"):
+        read_measurements(folder)
 
 
 @pytest.mark.slow
