@@ -378,68 +378,88 @@ def _report(progress, done: int, total: int) -> None:
         progress(done, total)
 
 
-# -- whole decode steps and FP8 GEMMs (GPU) ------------------------------------------------------
+# -- whole model steps and FP8 GEMMs (GPU) --------------------------------------------------------
 
-STEP_FILE, FP8_FILE = "{tag}_decode_steps.csv", "{tag}_fp8_gemm.csv"
-STEP_MODEL, STEP_BATCHES, STEP_CONTEXTS = "Llama-3.1-8B", (1, 8, 32, 128), (512, 2048)
+STEP_FILE, FP8_FILE = "{tag}_steps.csv", "{tag}_fp8_gemm.csv"
+STEP_MODEL, STEP_BATCHES, STEP_CONTEXTS, STEP_CHUNKS = "Llama-3.1-8B", (1, 8, 32, 128), (512, 2048), (256, 1024, 4096, 8192)
 FP8_MODELS, FP8_TP = ("Llama-3.1-8B", "Llama-3.1-70B"), (1, 2, 4, 8)
 FP8_TOKENS = (1, 16, 64, 256, 1024, 4096)
 
 
-class DecodeStep:
-    """One decode iteration of a whole model at one TP shard's shapes (here TP 1): embedding; per layer RMSNorm,
-    fused QKV, rotary, the new token's K/V written into a contiguous cache, SDPA decode attention over the
-    cached context, output projection, residual, RMSNorm, gate+up, SiLU-and-multiply, down, residual; final
-    norm, LM head, greedy sampling. The same operators as the per-operator rows, chained."""
+class ModelStep:
+    """One iteration of a whole model at one TP shard's shapes (here TP 1): ``batch`` sequences of ``new`` tokens
+    each after ``context`` cached ones (one token: a decode step; one sequence of many: a prefill chunk).
+    Embedding; per layer RMSNorm, fused QKV, rotary, the new K/V written into a contiguous cache, SDPA
+    attention over the cache (decode: SDPA's own kernel choice; a first prefill chunk: its FlashAttention-2
+    kernel, causal, as the profile's prefill backend), output projection, residual, RMSNorm, gate+up,
+    SiLU-and-multiply, down, residual; final norm, the LM head on each sequence's last token, greedy sampling.
+    The same operators as the per-operator rows, chained."""
 
-    def __init__(self, model: ModelSpec, batch: int, context: int, streaming, dtype, device):
+    def __init__(self, model: ModelSpec, batch: int, context: int, streaming, dtype, device, new: int = 1):
         import torch
+        if new > 1 and (batch > 1 or context > 0):
+            raise ValueError("a prefill step here is one sequence's first chunk (batch 1, context 0)")
         self.torch, self.model, self.streaming = torch, model, streaming
         hidden, head_dim = model.hidden_size, model.head_dim
         self.q_heads, self.kv_heads = model.num_heads, model.num_kv_heads
 
         def weight(k, n):
             return torch.randn(k, n, device=device, dtype=dtype) / math.sqrt(k)
+
+        def cache():
+            return torch.randn(batch, self.kv_heads, context + new, head_dim, device=device, dtype=dtype)
         self.layers = [dict(qkv=weight(hidden, (self.q_heads + 2 * self.kv_heads) * head_dim),
                             out=weight(self.q_heads * head_dim, hidden),
                             gate_up=weight(hidden, 2 * model.intermediate_size),
                             down=weight(model.intermediate_size, hidden),
-                            norm=torch.ones(hidden, device=device, dtype=dtype),
-                            k_cache=torch.randn(batch, self.kv_heads, context + 1, head_dim, device=device, dtype=dtype),
-                            v_cache=torch.randn(batch, self.kv_heads, context + 1, head_dim, device=device, dtype=dtype))
+                            norm=torch.ones(hidden, device=device, dtype=dtype), k_cache=cache(), v_cache=cache())
                        for _ in range(model.num_layers)]
         self.embedding = torch.randn(model.vocab_size, hidden, device=device, dtype=dtype)
         self.final_norm = torch.ones(hidden, device=device, dtype=dtype)
         self.lm_head = weight(hidden, model.vocab_size)
-        self.tokens = torch.randint(0, model.vocab_size, (batch,), device=device)
-        self.cos = torch.randn(batch, 1, head_dim // 2, device=device, dtype=dtype)
-        self.sin = torch.randn(batch, 1, head_dim // 2, device=device, dtype=dtype)
-        self.batch, self.context, self.head_dim = batch, context, head_dim
+        rows = batch * new
+        self.tokens = torch.randint(0, model.vocab_size, (rows,), device=device)
+        self.cos = torch.randn(rows, 1, head_dim // 2, device=device, dtype=dtype)
+        self.sin = torch.randn(rows, 1, head_dim // 2, device=device, dtype=dtype)
+        self.batch, self.new, self.context, self.head_dim = batch, new, context, head_dim
+
+    def _attend(self, q, layer):
+        torch, f = self.torch, self.torch.nn.functional
+        gqa = self.q_heads != self.kv_heads
+        if self.new == 1:
+            return f.scaled_dot_product_attention(q.view(self.batch, self.q_heads, 1, self.head_dim),
+                                                  layer["k_cache"], layer["v_cache"], enable_gqa=gqa)
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return f.scaled_dot_product_attention(q.view(1, self.new, self.q_heads, self.head_dim).transpose(1, 2),
+                                                  layer["k_cache"], layer["v_cache"], is_causal=True,
+                                                  enable_gqa=gqa).transpose(1, 2)
 
     def __call__(self):
         torch, f, s = self.torch, self.torch.nn.functional, self.streaming
-        batch, head_dim = self.batch, self.head_dim
+        rows, head_dim, at = self.batch * self.new, self.head_dim, slice(self.context, self.context + self.new)
         x = f.embedding(self.tokens, self.embedding)
         for layer in self.layers:
             h = s["norm"](x, layer["norm"])
             q, k, v = (h @ layer["qkv"]).split([self.q_heads * head_dim, self.kv_heads * head_dim,
                                                   self.kv_heads * head_dim], dim=-1)
-            q, k = s["rotary"](q.view(batch, self.q_heads, head_dim), k.view(batch, self.kv_heads, head_dim),
+            q, k = s["rotary"](q.view(rows, self.q_heads, head_dim), k.view(rows, self.kv_heads, head_dim),
                                self.cos, self.sin)
-            layer["k_cache"][:, :, self.context] = k
-            layer["v_cache"][:, :, self.context] = v.view(batch, self.kv_heads, head_dim)
-            attended = f.scaled_dot_product_attention(q.view(batch, self.q_heads, 1, head_dim), layer["k_cache"],
-                                                      layer["v_cache"], enable_gqa=self.q_heads != self.kv_heads)
-            x = s["residual"](x, attended.reshape(batch, -1) @ layer["out"])
+            # [batch, new, kv_heads, head_dim] -> the cache's [batch, kv_heads, positions, head_dim]
+            layer["k_cache"][:, :, at] = k.view(self.batch, self.new, self.kv_heads, head_dim).transpose(1, 2)
+            layer["v_cache"][:, :, at] = v.view(self.batch, self.new, self.kv_heads, head_dim).transpose(1, 2)
+            x = s["residual"](x, self._attend(q, layer).reshape(rows, -1) @ layer["out"])
             h = s["norm"](x, layer["norm"])
             x = s["residual"](x, s["activation"](h @ layer["gate_up"]) @ layer["down"])
-        return torch.argmax(s["norm"](x, self.final_norm) @ self.lm_head, dim=-1)
+        last = x.view(self.batch, self.new, -1)[:, -1]
+        return torch.argmax(s["norm"](last, self.final_norm) @ self.lm_head, dim=-1)
 
 
-def profile_decode_steps(out_dir: str | Path, tag: str, device: str = "cuda", model_name: str = STEP_MODEL,
-                         batches=STEP_BATCHES, contexts=STEP_CONTEXTS, progress=None) -> Path:
-    """Whole decode iterations of ``model_name`` (TP 1, fp16 on a GPU) at each batch and context: the check of
-    the summed per-operator terms against a real step. Writes and returns ``{tag}_decode_steps.csv``."""
+def profile_steps(out_dir: str | Path, tag: str, device: str = "cuda", model_name: str = STEP_MODEL,
+                  batches=STEP_BATCHES, contexts=STEP_CONTEXTS, chunks=STEP_CHUNKS, progress=None) -> Path:
+    """Whole iterations of ``model_name`` (TP 1, fp16 on a GPU): decode steps at each batch and context, and
+    first prefill chunks of each length: the check of the summed per-operator terms against real steps.
+    Writes and returns ``{tag}_steps.csv`` (``new_tokens`` 1: decode)."""
     import torch
     dtype = torch.float16 if device == "cuda" else torch.float32
     timer = Timer(device)
@@ -447,13 +467,14 @@ def profile_decode_steps(out_dir: str | Path, tag: str, device: str = "cuda", mo
     model = lookup_model(model_name, model_catalog(), key="--model")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     rows, path = [], Path(out_dir) / STEP_FILE.format(tag=tag)
-    for index, (batch, context) in enumerate((b, c) for b in batches for c in contexts):
-        step = DecodeStep(model, batch, context, streaming, dtype, device)
-        rows.append({"device": tag, "model": model.name, "tp": 1, "batch_size": batch, "kv_cache_size": context,
-                     "step_ms": timer.seconds([step]) * 1e3, "streaming_kernels": note})
+    cases = [(batch, context, 1) for batch in batches for context in contexts] + [(1, 0, chunk) for chunk in chunks]
+    for index, (batch, context, new) in enumerate(cases):
+        step = ModelStep(model, batch, context, streaming, dtype, device, new)
+        rows.append({"device": tag, "model": model.name, "tp": 1, "batch_size": batch, "new_tokens": new,
+                     "kv_cache_size": context, "step_ms": timer.seconds([step]) * 1e3, "streaming_kernels": note})
         del step
         pd.DataFrame(rows).to_csv(path, index=False)
-        _report(progress, index + 1, len(batches) * len(contexts))
+        _report(progress, index + 1, len(cases))
     return path
 
 

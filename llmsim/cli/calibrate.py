@@ -116,7 +116,7 @@ def _cmd_operators(args) -> int:
                 bar.update(done - bar.n)
             operator_bench.profile_fp8_gemms(args.operators, tag, progress=progress)
             bar.reset()
-            operator_bench.profile_decode_steps(args.operators, tag, device, progress=progress)
+            operator_bench.profile_steps(args.operators, tag, device, progress=progress)
     print(f"{meta['device_name']} (torch {meta['torch']}, {meta['dtype']}): {meta['protocol']}; streaming kernels "
           f"{meta['streaming_kernels']}" + (f"; empty kernel {meta['empty_kernel_s'] * 1e6:.2f} us"
                                               if meta["empty_kernel_s"] else ""))

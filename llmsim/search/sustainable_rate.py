@@ -1,4 +1,5 @@
-"""The highest arrival rate that a scenario serves within its SLO, by bisection on the rate."""
+"""The highest arrival rate that a scenario serves within its SLO, by bisection on the rate, and the
+throughput of the same engine run offline (every request waiting at once), to compare the two."""
 from __future__ import annotations
 
 import math
@@ -13,6 +14,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import RATE_KEY
 from llmsim.search.sweeps import scenario_at
 from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
+from llmsim.sim.simulate import simulate
 
 MAX_BISECTIONS = 64          # halvings of [lo, hi] at most, whatever ``tol`` asks
 
@@ -80,3 +82,34 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
         else:
             hi = middle
     return SustainableRate(lo, hi, target, pd.concat(tried, ignore_index=True))
+
+
+@dataclass(frozen=True)
+class OfflineRate:
+    """The outcome of :func:`offline_rate`: the saturated engine's steady throughput."""
+    rate_per_s: float                # requests per second (output tokens/s over the mean output length)
+    output_tokens_per_s: float
+    mean_batch: float                # decoding sequences per iteration in the measured window
+    step_s: float                    # mean iteration time of that window (a decoding sequence's TPOT)
+
+
+def offline_rate(scenario: str | Path | Scenario | Mapping, num_requests: int) -> OfflineRate:
+    """The throughput of ``scenario``'s engine run offline: ``num_requests`` of its requests all waiting at
+    time 0 (MLPerf's Offline scenario, ``vllm bench throughput``), measured while the queue is not empty
+    after the first ``2 x`` slots' worth of requests has finished (the ramp-up's prefill-only iterations
+    and the tail's draining batch left out). ``num_requests`` must be well above twice the sequence slots
+    (``max_num_seqs`` x replicas x pipeline stages), or no window is left to measure."""
+    point = {RATE_KEY: 1e9, "workload.num_requests": num_requests, "simulation.warmup": 0,
+             "simulation.horizon": 1e8}
+    at_once = scenario_at(scenario, point)
+    slots = at_once.engine.max_num_seqs * at_once.deployment.replicas * at_once.deployment.pipeline_parallel
+    if num_requests <= 4 * slots:
+        raise ValueError(f"num_requests {num_requests} leaves no steady window: need more than 4 x {slots} slots")
+    result = simulate(at_once, force=True)
+    finished = result.requests["finish_s"].dropna().sort_values().to_numpy()
+    iterations = result.iterations
+    window = iterations[(iterations["queued"] > 0) & (iterations["start_s"] >= finished[2 * slots])]
+    seconds = float(window["end_s"].max() - window["start_s"].min())
+    tokens_per_s = float(window["tokens_out"].sum()) / seconds
+    return OfflineRate(tokens_per_s / float(result.requests["output_tokens"].mean()), tokens_per_s,
+                       float(window["decode_seqs"].mean()), float(window["duration_s"].mean()))

@@ -47,7 +47,7 @@ from llmsim.cost.features import prefill_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
-from llmsim.sim.environment import schedule_call
+from llmsim.sim.environment import scheduler
 from llmsim.sim.iterations import Iteration, IterationLog, new_iteration
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, WaitingQueue
@@ -92,12 +92,13 @@ class EngineProcess:
         self.preemptions = 0
         self._idle = False                          # waiting for notify()
         self._steps = None                          # the run() generator, once started
+        self._schedule, self._wake = scheduler(env), self._resume      # bound once: used at nearly every step
 
     def start(self) -> None:
         """Start the engine's loop (``run``, a generator) at the current time, before the events
         already scheduled for it, as SimPy starts a process."""
         self._steps = self.run()
-        schedule_call(self.env, self._resume, URGENT)
+        self._schedule(self._wake, URGENT)
 
     def _resume(self) -> None:
         """Run the loop up to its next wait: ``run`` yields the delay until its iteration (or batch
@@ -106,13 +107,13 @@ class EngineProcess:
         if delay is None:
             self._idle = True
         else:
-            schedule_call(self.env, self._resume, NORMAL, delay)
+            self._schedule(self._wake, NORMAL, delay)
 
     def notify(self) -> None:
         """New work may be waiting: wake the engine if it is idle."""
         if self._idle:
             self._idle = False
-            schedule_call(self.env, self._resume)
+            self._schedule(self._wake)
 
     def report_finished(self, request: Request, now: float) -> None:
         """``request`` has all its tokens at ``now`` (its KV already given back): record it and report it."""

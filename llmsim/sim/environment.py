@@ -17,6 +17,7 @@ plain ``simpy.Environment`` (through an event), so engines run on either.
 """
 from __future__ import annotations
 
+from functools import partial
 from heapq import heappop, heappush
 from typing import Callable
 
@@ -63,3 +64,8 @@ def schedule_call(env: simpy.Environment, call: Callable[[], None], priority: in
     event._ok, event._value = True, None         # what succeed() sets; it is scheduled below
     event.callbacks.append(lambda _: call())
     env.schedule(event, priority, delay)
+
+
+def scheduler(env: simpy.Environment) -> Callable[..., None]:
+    """``schedule_call`` bound to ``env`` once (an engine schedules a call at nearly every step)."""
+    return env.schedule_call if isinstance(env, Environment) else partial(schedule_call, env)

@@ -65,6 +65,11 @@ class Router:
     (consistent hashing with bounded loads, Mirrokni et al. 2018); ties go to the
     least outstanding. The least loaded replica is always under the bound.
 
+    ``least_outstanding`` finds its replica in constant time, not by a scan of every replica
+    per arrival: the replicas are kept grouped by their outstanding count (``_by_count[c]``, a
+    bitmask of the replicas holding ``c``), and the pick is the lowest set bit of the lowest
+    non-empty group (``_fewest``), the same replica the scan finds.
+
     The router also keeps the requests in the system (``in_system_requests``, by id): a
     request's record is written to ``records`` when it leaves, and the object dropped.
     Requests arrive in trace order, so the first ``arrived`` rows of ``records`` are the
@@ -77,6 +82,8 @@ class Router:
         self.load_bound = load_bound
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
         self.outstanding = [0] * len(replicas)
+        self._by_count = [(1 << len(replicas)) - 1]     # outstanding count -> bitmask of the replicas at it
+        self._fewest = 0                                # the lowest count any replica has
         self._cycle = itertools.cycle(range(len(replicas)))
         self._everyone = list(range(len(replicas)))
         self.in_system = TimeAverage(logged=False)
@@ -107,7 +114,7 @@ class Router:
         index = self._pick(request)
         if index >= 0:
             request.replica = index
-            self.outstanding[index] += 1
+            self._count(index, +1)
             engines = self.replicas[index]
             engines[0].queue.push(request, now)
             for engine in engines:
@@ -127,8 +134,8 @@ class Router:
         if self.policy == "round_robin":
             return next(self._cycle)
         if self.policy == "least_outstanding":
-            outstanding = self.outstanding
-            return outstanding.index(min(outstanding))        # two C loops: no key function per replica
+            fewest = self._by_count[self._fewest]
+            return (fewest & -fewest).bit_length() - 1       # the lowest index among the least loaded
         if self.policy == "prefix_aware":
             return self._holding_prefix(request, self._everyone)
         return -1
@@ -152,8 +159,24 @@ class Router:
         if request.replica < 0:          # shared queue: credit the replica that served it
             request.replica = replica
         else:
-            self.outstanding[request.replica] -= 1
+            self._count(request.replica, -1)
         self._leave(request, now)
+
+    def _count(self, index: int, delta: int) -> None:
+        """Replica ``index`` holds ``delta`` (+1 or -1) more outstanding requests: move it between the groups."""
+        outstanding, by_count = self.outstanding, self._by_count
+        was = outstanding[index]
+        now_at = outstanding[index] = was + delta
+        bit = 1 << index
+        by_count[was] ^= bit
+        if now_at == len(by_count):
+            by_count.append(bit)
+        else:
+            by_count[now_at] |= bit
+        if now_at < self._fewest:
+            self._fewest = now_at
+        elif not by_count[self._fewest]:             # the last replica at the fewest moved up
+            self._fewest += 1
 
     def write_in_system(self) -> None:
         """End of the run: write the records of the requests still in the system, as they stand."""
