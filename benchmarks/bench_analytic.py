@@ -19,6 +19,7 @@ import pandas as pd
 
 import llmsim
 from llmsim.analysis.fluid import FluidModel
+from llmsim.workload.trace import generate_trace
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = {"draft": "Llama-3.2-1B", "policy": "static", "k": 3, "acceptance": {"process": "bernoulli", "alpha": 0.8}}
@@ -45,9 +46,14 @@ def scenario_for(path: str, overrides: dict, rate: float | None = None, requests
     return scenario_from_node(Node(data, file=str(REPO / path)))
 
 
+def like_for_like(scenario) -> FluidModel:
+    """The fluid model of the requests the simulator runs (their lengths, not the laws they are drawn from)."""
+    return FluidModel(scenario, generate_trace(scenario.workload, scenario.seed))
+
+
 def simulated_capacity(scenario) -> float:
     """Requests/s a saturated run serves: output tokens/s at 1.5x the predicted capacity over the mean output."""
-    model = FluidModel(scenario)
+    model = like_for_like(scenario)
     loaded = replace(scenario, workload=replace(scenario.workload, arrival=replace(
         scenario.workload.arrival, rate_per_s=1.5 * model.capacity())))
     summary = llmsim.simulate(loaded).summary()
@@ -56,7 +62,7 @@ def simulated_capacity(scenario) -> float:
 
 def compare(scenario, fractions=FRACTIONS) -> pd.DataFrame:
     """Analytic vs simulated means at fractions of the simulated capacity."""
-    model = FluidModel(scenario)
+    model = like_for_like(scenario)
     capacity = simulated_capacity(scenario)
     rows = []
     for fraction in fractions:

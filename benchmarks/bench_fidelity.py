@@ -3,7 +3,8 @@
 Per device (A100, H100; Vidur's measurements in llmsim/calibration/data/vidur): every (model, TP size)
 cell is predicted by kernel terms fitted to the other models at the other TP sizes, and the per-layer
 time (linear and elementwise operators, the residual add twice) is compared with the measurement, by
-regime (decode 1-256 tokens, prefill 128-4096) and TP size. All-reduces: every other message size of
+regime (decode 1-256 tokens, prefill 128-4096) and TP size; then the issue's two splits one at a time
+(each model held out with every TP size fitted, and each TP size held out with every model fitted). All-reduces: every other message size of
 each group is fitted, the rest predicted, by size class; next to it, the error of predicting each row
 by the median of its eight nearest sizes (no model at all: how noisy the medians themselves are).
 "before" is the plain roofline with the profile's efficiencies (the cost model without kernel terms).
@@ -78,6 +79,14 @@ def main() -> None:
             print(f"{r.regime:>8} {r.tp:>3} {r.rows:>5} {r.mape:>7.1%} {r.median_error:>+8.1%} {r.bias:>+7.1%}   "
                   f"{o.mape:>12.1%} {o.median_error:>+8.1%}   "
                   f"{verdict(r.mape <= LAYER_MAPE and abs(r.median_error) <= LAYER_MEDIAN)}")
+        for split in ("model", "tp"):
+            alone = held_out_layer_errors(rows, base, split)
+            alone = error_table(alone[alone["group"] == "layer"], ["regime", "tp"])
+            print(f"  the issue's splits, one at a time: each {'model' if split == 'model' else 'TP size'} held out "
+                  f"(fitted on the other {'models at every TP size' if split == 'model' else 'TP sizes of every model'})"
+                  ": " + "; ".join(f"{r.regime} TP{r.tp} {r.mape:.1%} / {r.median_error:+.1%} "
+                                   f"{verdict(r.mape <= LAYER_MAPE and abs(r.median_error) <= LAYER_MEDIAN)}"
+                                   for r in alone.itertuples()))
         groups = error_table(held[held["group"] != "layer"], ["group", "regime"])
         print("by operator group (held out): " + "; ".join(
             f"{g.group} {g.regime} MAPE {g.mape:.1%} median {g.median_error:+.1%}" for g in groups.itertuples()))

@@ -23,10 +23,12 @@ import numpy as np
 import pytest
 
 import llmsim
-from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid import FluidModel, _law_lengths
 from llmsim.analysis.fluid_k import accepted_pmf, adaptive_mix, static_mix, tokens_table
+from llmsim.cost.features import chunk_pairs, windowed_context_sum
 from llmsim.errors import ConfigError
 from llmsim.speculation.config import Acceptance, expected_tokens_per_step
+from llmsim.workload.trace import generate_trace
 
 from .helpers import make_scenario, roofline_only
 
@@ -42,6 +44,12 @@ CASES = {
 def at_rate(scenario, rate):
     return replace(scenario, workload=replace(scenario.workload, arrival=replace(scenario.workload.arrival,
                                                                                  rate_per_s=rate)))
+
+
+def like_for_like(scenario):
+    """The fluid model of the requests the simulator runs (their lengths, not the laws they are drawn from),
+    so that the comparison carries no sampling error of the lengths."""
+    return FluidModel(scenario, generate_trace(scenario.workload, scenario.seed))
 
 
 def relative_error(predicted, simulated):
@@ -91,7 +99,7 @@ def test_adaptive_rule_climbs_with_high_acceptance_and_falls_back_with_low():
 @pytest.mark.slow
 def test_means_agree_with_the_simulator_at_half_load(name):
     scenario = make_scenario({"workload": {"num_requests": 1500}, **CASES[name]})
-    model = FluidModel(scenario)
+    model = like_for_like(scenario)
     rate = 0.5 * model.capacity()
     predicted = model.evaluate(rate).iloc[0]
     summary = llmsim.simulate(at_rate(scenario, rate)).summary()
@@ -106,7 +114,7 @@ def test_capacity_is_where_the_simulated_queue_blows_up(name):
     """Below the predicted capacity the queue stays short; above it, it grows all run long; and
     the throughput of an overloaded run (the simulated capacity) is within 10% of the prediction."""
     scenario = make_scenario({"workload": {"num_requests": 3000}, **CASES[name]})
-    model = FluidModel(scenario)
+    model = like_for_like(scenario)
     capacity = model.capacity()
     below = llmsim.simulate(at_rate(scenario, 0.85 * capacity)).summary()
     above = llmsim.simulate(at_rate(scenario, 1.25 * capacity)).summary()
@@ -117,6 +125,55 @@ def test_capacity_is_where_the_simulated_queue_blows_up(name):
     assert relative_error(capacity, served) < 0.10
     assert bool(model.evaluate(0.85 * capacity)["stable"].iloc[0])
     assert not bool(model.evaluate(1.05 * capacity)["stable"].iloc[0])
+
+
+@pytest.mark.parametrize("window, local_layers", [(None, None), (128, None), (128, 16), (40, 8)])
+@pytest.mark.parametrize("limit", [10_000, 250])
+def test_length_statistics_from_the_laws_equal_their_sums_over_every_request_length(window, local_layers, limit):
+    """The fluid model reads the length laws exactly: every statistic equals its definition summed over the
+    whole (prompt, output) grid with the product of the two laws' probabilities, cut to prompt + output <=
+    limit (250 drops the long pairs), without a window, one on every layer and one on half of them (the
+    grid's 300 x 150 pairs in float64: agreement to 1e-12)."""
+    scenario = make_scenario({"workload": {
+        "prompt_tokens": {"distribution": "lognormal", "mean": 80, "sigma": 0.9, "max": 300},
+        "output_tokens": {"distribution": "uniform", "low": 1, "high": 150}}})
+    scenario = replace(scenario, model=replace(scenario.model, sliding_window=window,
+                                               sliding_window_layers=local_layers))
+    model, workload = scenario.model, scenario.workload
+    (x, p), (y, q) = workload.prompt_tokens.probabilities(), workload.output_tokens.probabilities()
+    prompt, output = np.meshgrid(x.astype(float), y.astype(float), indexing="ij")
+    weight = np.outer(p, q) * (prompt + output <= limit)
+    weight /= weight.sum()
+    decode = output - 1
+
+    def mean(values):
+        return float((weight * values).sum())
+    law = _law_lengths(scenario, limit)
+    pairs = chunk_pairs(prompt, 0.0, model.sliding_window, model.local_attention_share)
+    assert law.mean_prompt == pytest.approx(mean(prompt), rel=1e-12)
+    assert law.mean_output == pytest.approx(mean(output), rel=1e-12)
+    assert law.prompt_second_moment == pytest.approx(mean(prompt ** 2), rel=1e-12)
+    assert law.pairs_per_token == pytest.approx(mean(pairs) / mean(prompt), rel=1e-12)
+    assert law.decode_cv2 == pytest.approx(mean((decode - mean(decode)) ** 2) / mean(decode) ** 2, rel=1e-12)
+    assert law.mean_decode_kv == pytest.approx(mean(windowed_context_sum(
+        prompt + 1, prompt + decode, model.sliding_window, model.local_attention_share)), rel=1e-12)
+    block = scenario.engine.block_size
+    assert law.mean_kv_held == pytest.approx(mean(decode * (prompt + (decode + 1) / 2 + block / 2)), rel=1e-12)
+    # The grid: the prompt length at each midpoint quantile of the prompts that fit.
+    share_below = (weight.sum(axis=1)[None, :] * (x[None, :] < law.step_grid[0][:, None])).sum(axis=1)
+    share_at_most = (weight.sum(axis=1)[None, :] * (x[None, :] <= law.step_grid[0][:, None])).sum(axis=1)
+    midpoints = (np.arange(len(share_below)) + 0.5) / len(share_below)
+    assert np.all(share_below <= midpoints) and np.all(midpoints < share_at_most)
+    # Means over requests of a function of the decode length use its law too.
+    assert law.mean_over_requests(law.decode[None, :] ** 2) == pytest.approx(mean(decode ** 2), rel=1e-12)
+
+
+def test_the_fluid_model_does_not_depend_on_the_request_count_or_seed():
+    """Its lengths come from the laws (above), not from the requests drawn: 500 or 50,000 requests, any seed,
+    the same prediction to the last bit."""
+    frames = [FluidModel(make_scenario({"seed": seed, "workload": {"num_requests": n}})).evaluate([2.0, 8.0])
+              for seed, n in ((11, 500), (12, 50_000))]
+    assert frames[0].equals(frames[1])
 
 
 def test_static_batching_is_refused_with_a_clear_error():
@@ -158,7 +215,7 @@ def test_tree_tokens_per_step_follow_the_closed_form(alpha, branching, depth):
     scenario = make_scenario({**TREE, "workload": {**TREE["workload"], "output_tokens": 10001},
                               "speculation": {**TREE["speculation"], "tree_branching": branching, "k": depth,
                                               "acceptance": {"alpha": alpha}}})
-    predicted = FluidModel(scenario).evaluate(1.0).iloc[0]
+    predicted = like_for_like(scenario).evaluate(1.0).iloc[0]
     assert predicted.tokens_per_step == pytest.approx(tree_tokens_per_step(alpha, branching, depth), rel=2e-3)
 
 
@@ -170,7 +227,7 @@ def test_a_tree_agrees_with_the_simulator_at_low_load():
     (O - 1) - its accepted tokens; the delta method carries their spread to the ratio). TPOT and the
     requests in the system: within the fluid model's 10% bound (module docstring)."""
     scenario = at_rate(make_scenario({**TREE, "workload": {**TREE["workload"], "num_requests": 200}}), 2.5)
-    predicted = FluidModel(scenario).evaluate(2.5).iloc[0]
+    predicted = like_for_like(scenario).evaluate(2.5).iloc[0]
     result = llmsim.simulate(scenario)
     records = result.requests
     decode = records["output_tokens"] - 1
@@ -194,7 +251,7 @@ def test_medusa_is_stable_at_light_load_and_agrees_with_the_simulator():
                               "speculation": {"draft": "medusa", "heads": 3, "k": 3, "acceptance": {"alpha": 0.6},
                                               "eligibility": {"min_sequence_tokens": 0,
                                                               "min_concurrent_requests": 1}}})
-    predicted = FluidModel(scenario).evaluate(4.5).iloc[0]
+    predicted = like_for_like(scenario).evaluate(4.5).iloc[0]
     assert predicted.stable
     summary = llmsim.simulate(at_rate(scenario, 4.5)).summary()
     assert relative_error(predicted.tpot_mean_s, summary["latency"]["tpot_s"]["mean"]) < 0.10

@@ -216,3 +216,19 @@ def test_few_output_tiles_run_far_above_the_roofline_and_the_occupancy_term_pric
         if above_bound:
             blind = replace(kernels, gemm_occupancy_half_tiles=0.0, gemm_sharpness_growth=0.0)
             assert gemm_time_s(tokens, n, k, 2, 2, blind) < 0.9 * measured_s
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device", ["a100", "h100"])
+@pytest.mark.parametrize("split", ["model", "tp"])
+def test_held_out_models_and_held_out_tp_sizes_meet_the_acceptance(measurements, device, split):
+    """Issue 11's acceptance on the splits it names: whole models left out (fitted on the other models at every
+    TP size) and whole TP sizes left out (fitted on the other TP sizes of every model): per-layer MAPE <= 10% and
+    |median| <= 5% in each regime at each TP size."""
+    from llmsim.calibration.kernel_fit import held_out_layer_errors
+    from llmsim.calibration.kernel_profile import published_base
+    from llmsim.calibration.operators import error_table
+    held = held_out_layer_errors(measurements.for_device(device), published_base(device), split)
+    table = error_table(held[held["group"] == "layer"], ["regime", "tp"])
+    assert len(table) == 8
+    assert (table["mape"] <= 0.10).all() and (table["median_error"].abs() <= 0.05).all(), table

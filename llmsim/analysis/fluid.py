@@ -82,12 +82,139 @@ class _Work:
     k_cdf: np.ndarray            # P(a step's k <= j), j = 0..k_max
 
 
+@dataclass(frozen=True)
+class _Lengths:
+    """What the model reads of the requests' lengths, over those that fit the engine (prompt + output
+    within the smaller of ``max_model_len`` and the KV cache): the means, the prompts' attention pairs and
+    quantile grids, and the per-request decode work. ``decode`` holds decode lengths (output - 1) with
+    ``decode_weight`` their probabilities, or None for a sample's requests (equally likely)."""
+    mean_prompt: float
+    mean_output: float
+    prompt_second_moment: float
+    pairs_per_token: float
+    step_grid: tuple[np.ndarray, np.ndarray]     # (prompt, its attention pairs) at STEP_QUANTILES quantiles
+    ttft_grid: tuple[np.ndarray, np.ndarray]     # the same at PROMPT_QUANTILES
+    decode: np.ndarray
+    decode_weight: np.ndarray | None
+    decode_cv2: float
+    mean_decode_kv: float      # E[sum over the decode steps of the context each reads], sum_{c=P+1}^{P+O-1} visible(c)
+    mean_kv_held: float        # E[KV tokens held, summed over the decode steps]: context rounded up to blocks
+
+    def mean_over_requests(self, values: np.ndarray, where: np.ndarray | None = None) -> float:
+        """The mean over requests (the last axis indexes ``decode``, cut to ``where``) of ``values``."""
+        if self.decode_weight is None:
+            return float(values.mean())
+        weight = self.decode_weight if where is None else self.decode_weight[where]
+        return float((values @ weight).mean() / weight.sum())
+
+
+def has_length_law(workload) -> bool:
+    """Whether the workload draws every request's prompt and output independently from length laws of its
+    own (then the fluid model reads those laws, not a sample: see :func:`_law_lengths`)."""
+    return (workload.trace is None and workload.dataset is None and workload.sessions is None
+            and not workload.classes and workload.prompt_tokens is not None and workload.output_tokens is not None)
+
+
+def _too_long(scenario: Scenario) -> ConfigError:
+    return ConfigError("no request of the workload fits the engine (all are too long)",
+                       key="workload", has_value=False, file=scenario.path)
+
+
+def _sample_lengths(scenario: Scenario, limit: int, trace: Trace | None) -> _Lengths:
+    """The lengths of the scenario's requests: ``trace``, else the trace its seed generates."""
+    if trace is None:
+        trace = generate_trace(scenario.workload, scenario.seed)
+    keep = (trace.prompt_tokens + trace.output_tokens) <= limit
+    prompt = trace.prompt_tokens[keep].astype(float)
+    output = trace.output_tokens[keep].astype(float)
+    if len(prompt) == 0:
+        raise _too_long(scenario)
+    model, block = scenario.model, scenario.engine.block_size
+    pairs = chunk_pairs(prompt, 0.0, model.sliding_window, model.local_attention_share)
+    order = np.argsort(prompt)
+
+    def grid(n):
+        index = ((np.arange(n) + 0.5) / n * len(prompt)).astype(int)
+        return prompt[order][index], pairs[order][index]
+    decode = output - 1.0
+    return _Lengths(
+        mean_prompt=float(prompt.mean()), mean_output=float(output.mean()),
+        prompt_second_moment=float((prompt ** 2).mean()), pairs_per_token=float(pairs.mean() / prompt.mean()),
+        step_grid=grid(STEP_QUANTILES), ttft_grid=grid(PROMPT_QUANTILES), decode=decode, decode_weight=None,
+        decode_cv2=float(decode.var() / max(decode.mean(), 1e-12) ** 2),
+        mean_decode_kv=float(windowed_context_sum(prompt + 1, prompt + decode, model.sliding_window,
+                                                  model.local_attention_share).mean()),
+        mean_kv_held=float((decode * (prompt + (decode + 1) / 2 + block / 2)).mean()))
+
+
+def _law_lengths(scenario: Scenario, limit: int) -> _Lengths:
+    """The same statistics from the workload's length laws, exactly (:meth:`LengthDistribution.probabilities`):
+    prompt P and output O independent, cut to P + O <= ``limit``. They do not depend on the request count
+    or the seed, so neither does the model (nor the windows a search measures over).
+
+    The joint terms are sums over the output's lengths y of the prompt law's partial sums up to
+    ``limit - y``: with D = y - 1, the decode steps read sum_{c=x+1}^{x+D} visible(c), which is
+    D x + D (D + 1) / 2 when no layer slides; on a layer with window W it is that while x <= W - 1 - D,
+    D W from x = W - 1 on, and (W^2 - W - x^2 - x) / 2 + W (D - W + 1) + W x between: a quadratic in x
+    on each piece, summed with the partial sums of p(x) x^k, k = 0, 1, 2."""
+    workload, model = scenario.workload, scenario.model
+    x, p = workload.prompt_tokens.probabilities()
+    y, q = workload.output_tokens.probabilities()
+    x, y = x.astype(float), y.astype(float)
+
+    def partial(lengths, probabilities, power):
+        """t -> sum of probabilities * lengths ** power over lengths <= t (lengths ascending)."""
+        sums = np.concatenate([[0.0], np.cumsum(probabilities * lengths ** power)])
+        return lambda t: sums[np.searchsorted(lengths, t, side="right")]
+    prompt_weight = p * partial(y, q, 0)(limit - x)           # the prompt's law among the requests that fit
+    fits = float(prompt_weight.sum())
+    if fits <= 0:
+        raise _too_long(scenario)
+    prompt_weight /= fits
+    output_weight = q * partial(x, p, 0)(limit - y) / fits
+    mean_prompt, mean_output = float(prompt_weight @ x), float(output_weight @ y)
+    pairs = chunk_pairs(x, 0.0, model.sliding_window, model.local_attention_share)
+    cdf = np.cumsum(prompt_weight)
+
+    def grid(n):
+        index = np.minimum(np.searchsorted(cdf, (np.arange(n) + 0.5) / n, side="right"), len(x) - 1)
+        return x[index], pairs[index]
+    decode = y - 1.0
+    mean_decode = mean_output - 1.0
+    s0, s1, s2 = (partial(x, p, k) for k in range(3))
+    top = limit - y                                           # the longest prompt that fits with each output
+    full = decode * s1(top) + decode * (decode + 1) / 2 * s0(top)
+    window = model.sliding_window
+    if window:
+        w = float(window)
+        a = np.minimum(top, w - 1 - decode)                   # x <= a: no step reaches the window
+        b = np.maximum(np.minimum(top, w - 2), a)             # a < x <= b: the later steps do; x > b: all do
+        between = [s(b) - s(a) for s in (s0, s1, s2)]
+        capped = (decode * s1(a) + decode * (decode + 1) / 2 * s0(a)
+                  + ((w * w - w) / 2 + w * (decode - w + 1)) * between[0] + w * between[1]
+                  - (between[2] + between[1]) / 2
+                  + decode * w * (s0(top) - s0(b)))
+        context = full - model.local_attention_share * (full - capped)
+    else:
+        context = full
+    held = decode * s1(top) + decode * ((decode + 1) / 2 + scenario.engine.block_size / 2) * s0(top)
+    return _Lengths(
+        mean_prompt=mean_prompt, mean_output=mean_output, prompt_second_moment=float(prompt_weight @ x ** 2),
+        pairs_per_token=float(prompt_weight @ pairs) / mean_prompt, step_grid=grid(STEP_QUANTILES),
+        ttft_grid=grid(PROMPT_QUANTILES), decode=decode, decode_weight=output_weight,
+        decode_cv2=float(output_weight @ (decode - mean_decode) ** 2) / max(mean_decode, 1e-12) ** 2,
+        mean_decode_kv=float(q @ context) / fits, mean_kv_held=float(q @ held) / fits)
+
+
 class FluidModel:
     """The fluid approximation of one scenario (see the module docstring).
 
-    Built once per scenario (it reads the scenario's trace for the length statistics);
-    :meth:`evaluate` then takes arrival rates, one or an array of them, and returns one
-    row per rate.
+    Built once per scenario; :meth:`evaluate` then takes arrival rates, one or an array of them,
+    and returns one row per rate. The length statistics come from ``trace``'s requests when one is
+    given (a like-for-like comparison with a simulation of them), else from the workload's length
+    laws, exactly, where it draws prompt and output independently from laws of its own
+    (:func:`has_length_law`; the request count and seed then change nothing), else from the trace
+    the scenario's seed generates (replayed traces, datasets, sessions, traffic classes).
     """
 
     def __init__(self, scenario: Scenario, trace: Trace | None = None):
@@ -110,42 +237,22 @@ class FluidModel:
         self.max_tokens = eng.max_batch_tokens
         self.kv_tokens = resolved.kv_tokens_per_engine
 
-        if trace is None:
-            trace = generate_trace(scenario.workload, scenario.seed)
-        keep = (trace.prompt_tokens + trace.output_tokens) <= min(scenario.max_model_len, placement.kv_capacity_tokens)
-        prompt = trace.prompt_tokens[keep].astype(float)
-        output = trace.output_tokens[keep].astype(float)
-        if len(prompt) == 0:
-            raise ConfigError("no request of the workload fits the engine (all are too long)",
-                              key="workload", has_value=False, file=scenario.path)
-        self.mean_prompt, self.mean_output = float(prompt.mean()), float(output.mean())
-        self.prompt_second_moment = float((prompt ** 2).mean())
+        limit = min(scenario.max_model_len, placement.kv_capacity_tokens)
+        lengths = (_law_lengths(scenario, limit) if trace is None and has_length_law(scenario.workload)
+                   else _sample_lengths(scenario, limit, trace))
+        self.mean_prompt, self.mean_output = lengths.mean_prompt, lengths.mean_output
+        self.prompt_second_moment = lengths.prompt_second_moment
         self.mean_decode = self.mean_output - 1.0
-        model = scenario.model
-        pairs = chunk_pairs(prompt, 0.0, model.sliding_window, model.local_attention_share)
-        self.pairs_per_token = float(pairs.mean() / prompt.mean())
+        self.pairs_per_token = lengths.pairs_per_token
         # Prompt lengths (and their attention pairs) at midpoint quantiles: a coarse grid for the
         # step-time solve, a fine one for TTFT.
-        self.grid_prompt, self.grid_pairs = self._quantiles(prompt, pairs, STEP_QUANTILES)
-        self.ttft_prompt, self.ttft_pairs = self._quantiles(prompt, pairs, PROMPT_QUANTILES)
-        decode = output - 1.0
-        self._decode_tokens = decode
-        self.decode_cv2 = float(decode.var() / max(decode.mean(), 1e-12) ** 2)   # slot time is ~ decode length
-        # Sum over a request's decode steps of the context each reads: sum_{c=P+1}^{P+O-1} min(c, W)
-        # on the layers that slide, c on the others.
-        self._decode_kv = windowed_context_sum(prompt + 1, prompt + decode, model.sliding_window,
-                                               model.local_attention_share)
-        # KV held while decoding: the context rounded up to blocks (half a block on average).
-        self._kv_held = decode * (prompt + (decode + 1) / 2 + eng.block_size / 2)
+        self.grid_prompt, self.grid_pairs = lengths.step_grid
+        self.ttft_prompt, self.ttft_pairs = lengths.ttft_grid
+        self._lengths = lengths
+        self.decode_cv2 = lengths.decode_cv2                  # slot time is ~ decode length
         self.spec = spec
         self.works = [self._work(mix) for mix in self._mixes(spec)]
         self._counts = np.arange(MAX_PROMPTS_PER_STEP + 1, dtype=float)
-
-    @staticmethod
-    def _quantiles(prompt, pairs, n):
-        order = np.argsort(prompt)
-        index = ((np.arange(n) + 0.5) / n * len(prompt)).astype(int)
-        return prompt[order][index], pairs[order][index]
 
     def _mixes(self, spec) -> list[KMix | None]:
         """The k occupancy of the scenario's policy; the goodput policy's candidates (one per k)."""
@@ -160,7 +267,8 @@ class FluidModel:
 
     def _work(self, mix: KMix | None) -> _Work:
         """Per-request decode feature totals when steps run at the k occupancy ``mix`` (None: plain)."""
-        decode = self._decode_tokens
+        lengths = self._lengths
+        decode = lengths.decode
         if mix is None:
             steps, tpot_factor = self.mean_decode, 1.0
         else:
@@ -168,10 +276,10 @@ class FluidModel:
             # per-request mean of steps / tokens over requests with decode tokens.
             per_k = steps_to_emit(self.spec.acceptance, mix.tokens.shape[1] - 1, decode.astype(int), self.branching)
             by_class = np.einsum("ck,ckn->cn", mix.occupancy, per_k)
-            steps = float(by_class.mean())
-            tpot_factor = float((by_class[:, decode > 0] / decode[decode > 0]).mean())
+            steps = lengths.mean_over_requests(by_class)
+            tpot_factor = lengths.mean_over_requests(by_class[:, decode > 0] / decode[decode > 0], decode > 0)
         steps_per_token = steps / self.mean_decode
-        context_sum = float(self._decode_kv.mean()) * steps_per_token   # over the steps, context + 1
+        context_sum = lengths.mean_decode_kv * steps_per_token   # over the steps, context + 1
         weights = np.array([1.0]) if mix is None else mix.step_weights()
         k = np.arange(len(weights))
         plain, spec_w = weights[0], weights * (k > 0)
@@ -201,7 +309,7 @@ class FluidModel:
                 draft += batch_rows(weights @ expanded * steps, weights @ pairs, 0.0, weights @ expanded * steps,
                                     iterations=0.0)
         # KV held: the context, and while a step runs every position it verifies.
-        kv = (float(self._kv_held.mean()) + float(weights @ nodes) * self.mean_decode) * steps_per_token
+        kv = (lengths.mean_kv_held + float(weights @ nodes) * self.mean_decode) * steps_per_token
         return _Work(mean_k, tpot_factor, target, draft, steps, kv, np.cumsum(weights))
 
     # -- the step-time fixed point ------------------------------------------------------------------

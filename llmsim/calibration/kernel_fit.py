@@ -177,19 +177,30 @@ def held_out_attention_errors(attention: pd.DataFrame, hardware: HardwareProfile
     return pd.concat(frames, ignore_index=True)
 
 
-def held_out_layer_errors(measurements: Measurements, base: KernelTerms) -> pd.DataFrame:
-    """Per-layer errors of every (model, TP size) cell, each predicted by terms fitted without that model
-    at any TP size and without that TP size on any model (one device)."""
+HOLD_OUT_SPLITS = ("model and tp", "model", "tp")
+
+
+def held_out_layer_errors(measurements: Measurements, base: KernelTerms, split: str = "model and tp") -> pd.DataFrame:
+    """Per-layer errors of every held-out cell (one device). ``split``: "model and tp" predicts each (model, TP
+    size) cell by terms fitted without that model at any TP size and without that TP size on any model (the
+    strictest); "model" predicts each model by the other models at every TP size; "tp" each TP size by the
+    other TP sizes of every model."""
+    if split not in HOLD_OUT_SPLITS:
+        raise ValueError(f"split must be one of {HOLD_OUT_SPLITS}, not {split!r}")
     linear = measurements.linear
+    cells = [(model, tp) for model in sorted(set(linear["model"])) for tp in sorted(set(linear["tp"]))]
+    if split != "model and tp":
+        cells = [(value, None) if split == "model" else (None, value) for value in sorted(set(linear[split]))]
     frames = []
-    for model in sorted(set(linear["model"])):
-        for tp in sorted(set(linear["tp"])):
-            train = (linear["model"] != model) & (linear["tp"] != tp)
-            test = (linear["model"] == model) & (linear["tp"] == tp)
-            if not train.any() or not test.any():
-                continue
-            fitted = fit_kernel_terms(Measurements(linear[train], measurements.all_reduce.iloc[:0], []), base)
-            frames.append(layer_errors(linear[test], fitted))
+    for model, tp in cells:
+        is_model = linear["model"] == model if model is not None else pd.Series(False, index=linear.index)
+        is_tp = linear["tp"] == tp if tp is not None else pd.Series(False, index=linear.index)
+        train = ~is_model & ~is_tp
+        test = (is_model if model is not None else True) & (is_tp if tp is not None else True)
+        if not train.any() or not test.any():
+            continue
+        fitted = fit_kernel_terms(Measurements(linear[train], measurements.all_reduce.iloc[:0], []), base)
+        frames.append(layer_errors(linear[test], fitted))
     return pd.concat(frames, ignore_index=True)
 
 

@@ -378,7 +378,7 @@ def _report(progress, done: int, total: int) -> None:
         progress(done, total)
 
 
-# -- whole decode steps and FP8 GEMMs (GPU) ------------------------------------------------------
+# -- whole model steps and FP8 GEMMs (GPU) --------------------------------------------------------
 
 STEP_FILE, FP8_FILE = "{tag}_steps.csv", "{tag}_fp8_gemm.csv"
 STEP_MODEL, STEP_BATCHES, STEP_CONTEXTS, STEP_CHUNKS = "Llama-3.1-8B", (1, 8, 32, 128), (512, 2048), (256, 1024, 4096, 8192)

@@ -51,6 +51,7 @@ ATTENTION_SHAPE_COLUMNS = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parall
                            "prefill_chunk_size", "kv_cache_size")
 ATTENTION_TIME_COLUMNS = ("time_stats.attn_prefill.median", "time_stats.attn_decode.median")
 ATTENTION_COLUMNS = ("device", "model", *ATTENTION_SHAPE_COLUMNS, "is_prefill", *ATTENTION_TIME_COLUMNS)
+ATTENTION_REQUIRED_COLUMNS = ATTENTION_COLUMNS[2:]          # device and model may come from elsewhere (Vidur's files)
 FP8_SHAPE_COLUMNS = ("tp", "num_tokens", "padded_tokens", "n", "k")
 FP8_COLUMNS = ("device", "model", "gemm", *FP8_SHAPE_COLUMNS, "time_ms")
 FP16_BYTES = 2.0
@@ -145,11 +146,19 @@ def _read_linear(path: Path) -> pd.DataFrame:
 
 
 def _read_attention(path: Path) -> pd.DataFrame:
-    """One attention file; each row's own phase column holds its timing (Vidur leaves the other 0)."""
-    table = _read_csv(path, ATTENTION_COLUMNS)
-    table["device"] = [_device(value, path, row, "device") for row, value in enumerate(table["device"])]
+    """One attention file. Vidur's own ``attention.csv`` has no ``device`` or ``model`` column (the device is its
+    folder's; here: the file or folder name must name it) and leaves the other phase's timing blank; each row's
+    own phase column must hold a positive number of ms."""
+    table = _read_csv(path, ATTENTION_REQUIRED_COLUMNS)
+    if "device" in table.columns:
+        table["device"] = [_device(value, path, row, "device") for row, value in enumerate(table["device"])]
+    else:
+        table["device"] = _device_of_path(path)
+    if "model" not in table.columns:
+        table["model"] = [f"{int(e)}/{int(q)}/{int(kv)}" for e, q, kv in
+                          zip(*(pd.to_numeric(table[c], errors="coerce").fillna(0) for c in ("n_embd", "n_q_head",
+                                                                                             "n_kv_head")))]
     _numbers(table, path, ATTENTION_SHAPE_COLUMNS, positive=False)
-    _numbers(table, path, ATTENTION_TIME_COLUMNS, positive=False)
     flags = table["is_prefill"].astype(str).str.strip().str.lower()
     bad = ~flags.isin(("true", "false", "1", "0"))
     if bad.any():
@@ -157,16 +166,21 @@ def _read_attention(path: Path) -> pd.DataFrame:
         raise ConfigError(f"row {row + 2}, column 'is_prefill': expected true or false", file=str(path),
                           key="is_prefill", value=table["is_prefill"].iloc[row])
     table["is_prefill"] = flags.isin(("true", "1"))
-    table["time_s"] = np.where(table["is_prefill"], table[ATTENTION_TIME_COLUMNS[0]],
-                               table[ATTENTION_TIME_COLUMNS[1]]) * 1e-3
-    for column, must_be_positive in (("time_s", True), ("batch_size", True), ("n_embd", True), ("n_q_head", True),
-                                     ("n_kv_head", True), ("num_tensor_parallel_workers", True)):
+    own = np.where(table["is_prefill"], ATTENTION_TIME_COLUMNS[0], ATTENTION_TIME_COLUMNS[1])
+    times = {column: pd.to_numeric(table[column], errors="coerce") for column in ATTENTION_TIME_COLUMNS}
+    table["time_s"] = np.where(table["is_prefill"], times[ATTENTION_TIME_COLUMNS[0]],
+                               times[ATTENTION_TIME_COLUMNS[1]]) * 1e-3
+    bad = ~(np.isfinite(table["time_s"]) & (table["time_s"] > 0))
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise ConfigError(f"row {row + 2}, column '{own[row]}': expected a positive number", file=str(path),
+                          key=own[row], value=table[own[row]].iloc[row])
+    for column in ("batch_size", "n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers"):
         bad = table[column] <= 0
-        if must_be_positive and bad.any():
+        if bad.any():
             row = int(np.flatnonzero(bad.to_numpy())[0])
-            name = ATTENTION_TIME_COLUMNS[0 if table["is_prefill"].iloc[row] else 1] if column == "time_s" else column
-            raise ConfigError(f"row {row + 2}, column '{name}': expected a positive number", file=str(path),
-                              key=name, value=table[name].iloc[row])
+            raise ConfigError(f"row {row + 2}, column '{column}': expected a positive number", file=str(path),
+                              key=column, value=table[column].iloc[row])
     prefill_without_chunk = table["is_prefill"] & (table["prefill_chunk_size"] <= 0)
     if prefill_without_chunk.any():
         row = int(np.flatnonzero(prefill_without_chunk.to_numpy())[0])
@@ -174,6 +188,17 @@ def _read_attention(path: Path) -> pd.DataFrame:
                           file=str(path), key="prefill_chunk_size", value=table["prefill_chunk_size"].iloc[row])
     table["file"] = path.name
     return table[[*ATTENTION_COLUMNS, "time_s", "file"]]
+
+
+def _device_of_path(path: Path) -> str:
+    """The one known device tag in a file's name or its folder's (Vidur keeps ``a100/attention.csv``)."""
+    for name in (path.stem, path.parent.name):
+        tags = [tag for tag in DEVICE_PROFILES if tag in name.lower()]
+        if len(tags) == 1:
+            return tags[0]
+    raise ConfigError("has no device column, and neither the file name nor its folder names a known device",
+                      file=str(path), key="file name", value=path.name,
+                      allowed="a device column, or a name containing one of " + ", ".join(DEVICE_PROFILES))
 
 
 def _read_fp8(path: Path) -> pd.DataFrame:
