@@ -100,10 +100,6 @@ def fit_kernel_terms(measurements: Measurements, base: KernelTerms) -> KernelTer
     return replace(base, **gemm, gemm_flops_per_s=rates, elementwise=elementwise, all_reduce=all_reduce)
 
 
-ATTENTION_PARAMETERS = ("attention_floor_s", "decode_attention_per_sequence_s",
-                        "decode_attention_bandwidth_bytes_per_s", "prefill_efficiency", "prefill_half_length_tokens")
-
-
 def fit_attention(attention: pd.DataFrame, hardware: HardwareProfile) -> KernelTerms:
     """``hardware``'s kernel terms with the attention terms fitted to measured attention rows, in two stages:
     the decode rows fit the launch floor, decode's cost per sequence and its KV read rate; the prefill rows,
@@ -193,10 +189,9 @@ def held_out_layer_errors(measurements: Measurements, base: KernelTerms, split: 
         cells = [(value, None) if split == "model" else (None, value) for value in sorted(set(linear[split]))]
     frames = []
     for model, tp in cells:
-        is_model = linear["model"] == model if model is not None else pd.Series(False, index=linear.index)
-        is_tp = linear["tp"] == tp if tp is not None else pd.Series(False, index=linear.index)
-        train = ~is_model & ~is_tp
-        test = (is_model if model is not None else True) & (is_tp if tp is not None else True)
+        held_model, held_tp = linear["model"] == model, linear["tp"] == tp     # all False for None
+        train = ~held_model & ~held_tp
+        test = (held_model | (model is None)) & (held_tp | (tp is None))
         if not train.any() or not test.any():
             continue
         fitted = fit_kernel_terms(Measurements(linear[train], measurements.all_reduce.iloc[:0], []), base)

@@ -15,10 +15,9 @@ import pandas as pd
 
 from llmsim.calibration.kernel_fit import (fit_attention, fit_fp8_rate, fit_kernel_terms, held_out_all_reduce_errors,
                                            held_out_attention_errors, held_out_fp8_errors, held_out_layer_errors)
-from llmsim.calibration.operators import (Measurements, all_reduce_errors, attention_errors, error_table, fp8_errors,
-                                          layer_errors)
+from llmsim.calibration.operators import (DEVICE_PROFILES, Measurements, all_reduce_errors, attention_errors,
+                                          error_table, fp8_errors, layer_errors)
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
-from llmsim.calibration.operators import DEVICE_PROFILES
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.errors import ConfigError
 from llmsim.catalog.kernel_terms import AllReduce, KernelTerms, PrefillAttention, StreamKernel

@@ -26,11 +26,12 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
+from llmsim.calibration.operators import DEVICE_PROFILES
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog
 from llmsim.cost.kernels import layer_gemm_shapes
 
@@ -287,8 +288,7 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    # Vidur's measurements are fp16; a CPU has no fast fp16 GEMM, so there the rows are fp32 (the metadata says).
-    dtype, dtype_name = (torch.float16, "fp16") if device == "cuda" else (torch.float32, "fp32")
+    dtype, dtype_name = _dtype(torch, device)
     timer = Timer(device)
     streaming, streaming_note = _streaming_functions(torch, compile_them=device == "cuda")
     meta = {"tag": tag, "device": device, "torch": torch.__version__,
@@ -304,16 +304,18 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
     linear_path, attention_path = out / LINEAR_FILE.format(tag=tag), out / ATTENTION_FILE.format(tag=tag)
     catalog = model_catalog()
     models = [lookup_model(name, catalog, key="--models") for name in grid.models]
-    total = len(models) * len(grid.tp) * (len(grid.tokens) + len(grid.decode_batches) * len(grid.decode_contexts)
-                                          + len(grid.prefill_chunks) * len(grid.prefill_contexts))
+    # (sequences, new tokens each, cached context) of every attention call, the same for each model and TP size.
+    cases = [(batch, 1, context) for batch in grid.decode_batches for context in grid.decode_contexts]
+    cases += [(1, chunk, context) for chunk in grid.prefill_chunks for context in grid.prefill_contexts]
+    per_tp = len(grid.tokens) + len(cases)
+    total = len(models) * len(grid.tp) * per_tp
     done = 0
     linear_rows, attention_rows, failures = [], [], []
     for model in models:
         layer = _layer_model(model)
         for tp in grid.tp:
             if model.num_heads % tp:          # engines refuse a TP size that does not divide the heads
-                done += len(grid.tokens) + len(grid.decode_batches) * len(grid.decode_contexts) \
-                    + len(grid.prefill_chunks) * len(grid.prefill_contexts)
+                done += per_tp
                 continue
             for tokens in grid.tokens:
                 row = {"device": tag, "model": model.name, "num_tokens": tokens, "tp": tp,
@@ -329,8 +331,6 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
             if linear_rows:
                 pd.DataFrame(linear_rows).to_csv(linear_path, index=False)
             q_heads, kv_heads = model.num_heads // tp, max(1, model.num_kv_heads // tp)
-            cases = [(batch, 1, context) for batch in grid.decode_batches for context in grid.decode_contexts]
-            cases += [(1, chunk, context) for chunk in grid.prefill_chunks for context in grid.prefill_contexts]
             for batch, queries, context in cases:
                 done += 1
                 kv_bytes = batch * 2 * kv_heads * (context + queries) * model.head_dim * 2
@@ -358,18 +358,23 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
     return meta
 
 
+def _dtype(torch, device: str):
+    """(torch dtype, name) of the rows: Vidur's measurements are fp16; a CPU has no fast fp16 GEMM, so there
+    the rows are fp32 (the metadata says)."""
+    return (torch.float16, "fp16") if device == "cuda" else (torch.float32, "fp32")
+
+
 def device_tag(device: str) -> str:
     """h200 / h100 / a100 from the GPU's name (the tags the measurement reader knows), else the device kind."""
     if device != "cuda":
         return device
     import torch
     name = torch.cuda.get_device_name(0).lower()
-    return next((tag for tag in ("h200", "h100", "a100") if tag in name), "cuda")
+    return next((tag for tag in DEVICE_PROFILES if tag in name), "cuda")
 
 
 def _layer_model(model: ModelSpec) -> ModelSpec:
     """The dense 16-bit layer of ``model`` the linear-operator rows describe."""
-    from dataclasses import replace
     return replace(model, weight_dtype="fp16", kv_dtype="fp16", activation_dtype="fp16")
 
 
@@ -424,7 +429,7 @@ class ModelStep:
         self.batch, self.new, self.context, self.head_dim = batch, new, context, head_dim
 
     def _attend(self, q, layer):
-        torch, f = self.torch, self.torch.nn.functional
+        f = self.torch.nn.functional
         gqa = self.q_heads != self.kv_heads
         if self.new == 1:
             return f.scaled_dot_product_attention(q.view(self.batch, self.q_heads, 1, self.head_dim),
@@ -461,7 +466,7 @@ def profile_steps(out_dir: str | Path, tag: str, device: str = "cuda", model_nam
     first prefill chunks of each length: the check of the summed per-operator terms against real steps.
     Writes and returns ``{tag}_steps.csv`` (``new_tokens`` 1: decode)."""
     import torch
-    dtype = torch.float16 if device == "cuda" else torch.float32
+    dtype = _dtype(torch, device)[0]
     timer = Timer(device)
     streaming, note = _streaming_functions(torch, compile_them=device == "cuda")
     model = lookup_model(model_name, model_catalog(), key="--model")

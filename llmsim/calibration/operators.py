@@ -49,6 +49,7 @@ LAYER_COUNT = {column: 2 if column == "add_ms" else 1 for column in OPERATOR_COL
 ALL_REDUCE_COLUMNS = ("num_workers", "size", "devices_per_node", "time_stats.all_reduce.median")
 ATTENTION_SHAPE_COLUMNS = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "batch_size",
                            "prefill_chunk_size", "kv_cache_size")
+ATTENTION_POSITIVE_COLUMNS = ("n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "batch_size")
 ATTENTION_TIME_COLUMNS = ("time_stats.attn_prefill.median", "time_stats.attn_decode.median")
 ATTENTION_COLUMNS = ("device", "model", *ATTENTION_SHAPE_COLUMNS, "is_prefill", *ATTENTION_TIME_COLUMNS)
 ATTENTION_REQUIRED_COLUMNS = ATTENTION_COLUMNS[2:]          # device and model may come from elsewhere (Vidur's files)
@@ -114,17 +115,23 @@ def _read_csv(path: Path, columns) -> pd.DataFrame:
     return table
 
 
-def _numbers(table: pd.DataFrame, path: Path, columns, positive: bool) -> None:
-    """Every value of ``columns`` a finite number (> 0 where ``positive``), in place; else name row and column.
+def _refuse_first(bad, table: pd.DataFrame, path: Path, column, expected: str) -> None:
+    """Raise for the first row of ``bad`` (a mask), naming its row, its column (one name, or one per row) and
+    its value. Rows are counted as in a spreadsheet: the header is row 1, the first data row row 2."""
+    bad = np.asarray(bad)
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        name = column if isinstance(column, str) else column[row]
+        raise ConfigError(f"row {row + 2}, column '{name}': {expected}", file=str(path), key=name,
+                          value=table[name].iloc[row])
 
-    Rows are counted as in a spreadsheet: the header is row 1, the first data row row 2."""
+
+def _numbers(table: pd.DataFrame, path: Path, columns, positive: bool) -> None:
+    """Every value of ``columns`` a finite number (> 0 where ``positive``), in place; else name row and column."""
     for column in columns:
         values = pd.to_numeric(table[column], errors="coerce")
         bad = values.isna() | ~np.isfinite(values) | ((values <= 0) if positive else (values < 0))
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise ConfigError(f"row {row + 2}, column '{column}': expected a {'positive ' if positive else ''}number",
-                              file=str(path), key=column, value=table[column].iloc[row])
+        _refuse_first(bad, table, path, column, f"expected a {'positive ' if positive else ''}number")
         table[column] = values.astype(float)
 
 
@@ -158,34 +165,19 @@ def _read_attention(path: Path) -> pd.DataFrame:
         table["model"] = [f"{int(e)}/{int(q)}/{int(kv)}" for e, q, kv in
                           zip(*(pd.to_numeric(table[c], errors="coerce").fillna(0) for c in ("n_embd", "n_q_head",
                                                                                              "n_kv_head")))]
-    _numbers(table, path, ATTENTION_SHAPE_COLUMNS, positive=False)
+    _numbers(table, path, ATTENTION_POSITIVE_COLUMNS, positive=True)
+    _numbers(table, path, ("prefill_chunk_size", "kv_cache_size"), positive=False)
     flags = table["is_prefill"].astype(str).str.strip().str.lower()
-    bad = ~flags.isin(("true", "false", "1", "0"))
-    if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise ConfigError(f"row {row + 2}, column 'is_prefill': expected true or false", file=str(path),
-                          key="is_prefill", value=table["is_prefill"].iloc[row])
+    _refuse_first(~flags.isin(("true", "false", "1", "0")), table, path, "is_prefill", "expected true or false")
     table["is_prefill"] = flags.isin(("true", "1"))
     own = np.where(table["is_prefill"], ATTENTION_TIME_COLUMNS[0], ATTENTION_TIME_COLUMNS[1])
     times = {column: pd.to_numeric(table[column], errors="coerce") for column in ATTENTION_TIME_COLUMNS}
     table["time_s"] = np.where(table["is_prefill"], times[ATTENTION_TIME_COLUMNS[0]],
                                times[ATTENTION_TIME_COLUMNS[1]]) * 1e-3
-    bad = ~(np.isfinite(table["time_s"]) & (table["time_s"] > 0))
-    if bad.any():
-        row = int(np.flatnonzero(bad.to_numpy())[0])
-        raise ConfigError(f"row {row + 2}, column '{own[row]}': expected a positive number", file=str(path),
-                          key=own[row], value=table[own[row]].iloc[row])
-    for column in ("batch_size", "n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers"):
-        bad = table[column] <= 0
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise ConfigError(f"row {row + 2}, column '{column}': expected a positive number", file=str(path),
-                              key=column, value=table[column].iloc[row])
-    prefill_without_chunk = table["is_prefill"] & (table["prefill_chunk_size"] <= 0)
-    if prefill_without_chunk.any():
-        row = int(np.flatnonzero(prefill_without_chunk.to_numpy())[0])
-        raise ConfigError(f"row {row + 2}, column 'prefill_chunk_size': a prefill row needs a positive chunk",
-                          file=str(path), key="prefill_chunk_size", value=table["prefill_chunk_size"].iloc[row])
+    _refuse_first(~(np.isfinite(table["time_s"]) & (table["time_s"] > 0)), table, path, own,
+                  "expected a positive number")
+    _refuse_first(table["is_prefill"] & (table["prefill_chunk_size"] <= 0), table, path, "prefill_chunk_size",
+                  "a prefill row needs a positive chunk")
     table["file"] = path.name
     return table[[*ATTENTION_COLUMNS, "time_s", "file"]]
 
@@ -237,13 +229,18 @@ def _read_all_reduce(path: Path) -> pd.DataFrame:
 
 # -- shapes and predictions ---------------------------------------------------------------------
 
+def measured_layer(hidden, heads, kv_heads, intermediate) -> ModelSpec:
+    """One fp16 layer of the shape a measured row gives."""
+    return ModelSpec(name=f"measured-{int(hidden)}", num_layers=1, hidden_size=int(hidden), num_heads=int(heads),
+                     num_kv_heads=int(kv_heads), intermediate_size=int(intermediate), vocab_size=1,
+                     weight_dtype="fp16", kv_dtype="fp16", activation_dtype="fp16")
+
+
 def shape_groups(linear: pd.DataFrame):
     """(row index, ModelSpec of one fp16 layer, TP size) for each distinct model shape and TP size of ``linear``."""
     for (hidden, inter, heads, kv_heads, tp), index in linear.groupby(["n_embd", "n_expanded_embd", "n_head", "n_kv_head", "tp"],
                                                                        sort=False).groups.items():
-        yield index, ModelSpec(name=f"measured-{int(hidden)}", num_layers=1, hidden_size=int(hidden),
-                               num_heads=int(heads), num_kv_heads=int(kv_heads), intermediate_size=int(inter),
-                               vocab_size=1, weight_dtype="fp16", kv_dtype="fp16", activation_dtype="fp16"), int(tp)
+        yield index, measured_layer(hidden, heads, kv_heads, inter), int(tp)
 
 
 def predict_operators(linear: pd.DataFrame, kernels: KernelTerms, dtype: str = "fp16") -> pd.DataFrame:
@@ -343,10 +340,8 @@ def attention_errors(attention: pd.DataFrame, hardware) -> pd.DataFrame:
     predicted = np.zeros(len(attention))
     keys = ["n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers"]
     for (hidden, heads, kv_heads, tp), index in attention.groupby(keys, sort=False).groups.items():
-        layer = ModelSpec(name=f"measured-{int(hidden)}", num_layers=1, hidden_size=int(hidden),
-                          num_heads=int(heads), num_kv_heads=int(kv_heads), intermediate_size=int(hidden),
-                          vocab_size=1, weight_dtype="fp16", kv_dtype="fp16", activation_dtype="fp16")
-        model = CostModel(layer, hardware, tensor_parallel=int(tp))
+        # Attention reads no MLP: the intermediate width is a placeholder (the hidden one).
+        model = CostModel(measured_layer(hidden, heads, kv_heads, hidden), hardware, tensor_parallel=int(tp))
         rows = attention.loc[index]
         features = [model.features([int(r.prefill_chunk_size)], [int(r.kv_cache_size)], []) if r.is_prefill
                     else model.features([], [], [int(r.kv_cache_size)] * int(r.batch_size))

@@ -4,6 +4,7 @@ torch is imported only when a calibration or validation runs, never to build the
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,18 +105,12 @@ def _cmd_operators(args) -> int:
     if args.models:
         grid = replace(grid, models=tuple(name.strip() for name in args.models.split(",") if name.strip()))
     tag = args.tag or operator_bench.device_tag(device)
-    with tqdm(total=1, desc="operators", unit="shape", mininterval=1.0) as bar:
-        def progress(done, total):
-            bar.total = total
-            bar.update(done - bar.n)
+    with _progress_bar("operators") as progress:
         meta = operator_bench.profile_operators(args.operators, tag, device, grid, progress, args.attention_backend)
     if device == "cuda" and not args.quick:      # the checks the per-operator rows cannot give alone
-        with tqdm(total=1, desc="fp8 GEMMs and decode steps", unit="shape", mininterval=1.0) as bar:
-            def progress(done, total):
-                bar.total = total
-                bar.update(done - bar.n)
+        with _progress_bar("fp8 GEMMs") as progress:
             operator_bench.profile_fp8_gemms(args.operators, tag, progress=progress)
-            bar.reset()
+        with _progress_bar("whole steps") as progress:
             operator_bench.profile_steps(args.operators, tag, device, progress=progress)
     print(f"{meta['device_name']} (torch {meta['torch']}, {meta['dtype']}): {meta['protocol']}; streaming kernels "
           f"{meta['streaming_kernels']}" + (f"; empty kernel {meta['empty_kernel_s'] * 1e6:.2f} us"
@@ -125,6 +120,16 @@ def _cmd_operators(args) -> int:
                                           operator_bench.META_FILE, operator_bench.FP8_FILE, operator_bench.STEP_FILE)
         if (Path(args.operators) / name.format(tag=tag)).exists()))
     return 0
+
+
+@contextmanager
+def _progress_bar(desc: str):
+    """A bar fed by the operator bench's ``progress(done, total)`` callback (the total known only as it runs)."""
+    with tqdm(total=1, desc=desc, unit="shape", mininterval=1.0) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+        yield progress
 
 
 def _cmd_transfer(args) -> int:
@@ -212,20 +217,16 @@ def kernel_calibration_summary(record: dict) -> str:
     lines = [f"{record['device']}: {rows['linear']} layer rows ({', '.join(rows['models'])}; TP "
              f"{', '.join(map(str, rows['tp']))}), {rows['all_reduce_in_node']} in-node all-reduce rows, "
              f"{rows.get('attention', 0)} attention rows"]
+    def cells(rows, group):
+        return "; ".join(f"{r[group]} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}" for r in rows)
     for title, tables in (("in-sample", record["in_sample"]), ("held out", record["held_out"])):
-        lines.append(f"{title} per-layer: " + "; ".join(
-            f"{r['regime']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
-            for r in tables.get("per_layer", [])))
+        lines.append(f"{title} per-layer: " + cells(tables.get("per_layer", []), "regime"))
         lines.append(f"{title} all-reduce: " + "; ".join(
             f"{r['size_class']} MAPE {r['mape']:.1%}" for r in tables.get("all_reduce", [])))
         if tables.get("fp8_gemm"):
-            lines.append(f"{title} FP8 GEMMs: " + "; ".join(
-                f"{r['regime']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
-                for r in tables["fp8_gemm"]))
+            lines.append(f"{title} FP8 GEMMs: " + cells(tables["fp8_gemm"], "regime"))
         if tables.get("attention"):
-            lines.append(f"{title} attention: " + "; ".join(
-                f"{r['phase']} TP{r['tp']} MAPE {r['mape']:.1%} median {r['median_error']:+.1%}"
-                for r in tables["attention"]))
+            lines.append(f"{title} attention: " + cells(tables["attention"], "phase"))
     return "\n".join(lines)
 
 
