@@ -48,6 +48,7 @@ def test_the_shipped_h200_terms_are_measured_except_the_all_reduce():
     assert any(key.startswith("kernels.gemm.") for key in measured)
     assert {"kernels.attention.floor", "kernels.attention.decode_bandwidth"} <= measured
     assert all("h200_linear_ops_ms_per_layer.csv" in figures[key].source for key in measured)
+    assert "h200_fp8_gemm.csv" in figures["kernels.gemm.achieved_flops.fp8"].source     # the rows the rate came from
     reduce = [fig for key, fig in figures.items() if key.startswith("kernels.all_reduce.")]
     assert reduce and all(fig.confidence == "assumption" and "derived from the H100-SXM" in fig.source
                           for fig in reduce)

@@ -111,7 +111,8 @@ def calibrate_from_measurements(measurements: Measurements, device: str,
     record = {
         "tool": "llmsim calibrate --from-measurements", "date": datetime.date.today().isoformat(),
         "device": device, "files": sorted(set().union(*(table.get("file", pd.Series(dtype=str))
-                                                         for table in (rows.linear, rows.all_reduce, rows.attention)))),
+                                                         for table in (rows.linear, rows.all_reduce, rows.attention,
+                                                                       rows.fp8)))),
         "rows": {"linear": int(len(rows.linear)), "all_reduce_in_node": int(len(rows.all_reduce)),
                  "models": sorted(set(rows.linear["model"])),
                  "tp": sorted(int(t) for t in set(rows.linear["tp"])),

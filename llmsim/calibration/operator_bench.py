@@ -333,7 +333,7 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
             q_heads, kv_heads = model.num_heads // tp, max(1, model.num_kv_heads // tp)
             for batch, queries, context in cases:
                 done += 1
-                kv_bytes = batch * 2 * kv_heads * (context + queries) * model.head_dim * 2
+                kv_bytes = batch * 2 * kv_heads * (context + queries) * model.head_dim * torch.finfo(dtype).bits // 8
                 if kv_bytes > MAX_KV_BYTES:
                     continue
                 try:

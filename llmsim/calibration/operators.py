@@ -69,7 +69,8 @@ class Measurements:
         self.fp8 = fp8 if fp8 is not None else pd.DataFrame(columns=[*FP8_COLUMNS, "file"])
 
     def devices(self) -> list[str]:
-        return sorted(set(self.linear["device"]) | set(self.all_reduce["device"]) | set(self.attention["device"]))
+        return sorted(set().union(*(table["device"] for table in (self.linear, self.all_reduce, self.attention,
+                                                                   self.fp8))))
 
     def for_device(self, device: str) -> "Measurements":
         mine = [table[table["device"] == device].reset_index(drop=True)
