@@ -13,6 +13,7 @@ from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.search.recommend import Config, analytic_rate, k_options, recommend, rule_of_thumb_max_batch_tokens
+from llmsim.search.sweeps import reusing_runs
 
 from .helpers import BASE, make_scenario, merge
 
@@ -31,7 +32,15 @@ def scenario(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def result(scenario):
+def shared_runs():
+    """The module's searches share their runs, as a report's stages do: a run is deterministic in its
+    scenario and seed, so a search finding one already made gets the numbers it would simulate."""
+    with reusing_runs():
+        yield
+
+
+@pytest.fixture(scope="module")
+def result(scenario, shared_runs):
     return recommend(scenario, seeds=2, top=2, workers=2)
 
 
@@ -145,7 +154,7 @@ def test_bad_percentile_targets_are_config_errors(slo, message):
 
 
 @pytest.mark.slow
-def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario):
+def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario, shared_runs):
     rec = recommend(scenario, objective="cost", seeds=2, top=1, workers=2)
     passing = rec.table[rec.table["meets_scenario_rate"]]
     assert rec.table.iloc[0]["usd_per_million_output_tokens"] == passing["usd_per_million_output_tokens"].min()

@@ -394,8 +394,8 @@ class FluidModel:
 
         g(tau) = E[step time] increases with tau and is close to convex (a sum of maxima
         of linear terms, smoothed by the Poisson mixture). From tau = 0, where g > tau,
-        Newton steps climb to the least fixed point, and bisection takes over should a
-        step overshoot. Where g' >= 1 while g > tau there is no fixed point ahead (the
+        Newton steps climb to the least fixed point, from either side of it within the
+        bracket found so far, and bisection takes over should a step leave the bracket. Where g' >= 1 while g > tau there is no fixed point ahead (the
         load outruns the hardware), and past the tau at which the batch would hold twice
         max_num_seqs the engine is saturated whatever the cost model says: inf. Only the
         rates not yet settled are computed each step.
@@ -410,7 +410,6 @@ class FluidModel:
             l, t = lam[active], tau[active]
             g = self._mean_step(l, t, work)
             h = g - t
-            settled = np.abs(h) <= 1e-9 * np.maximum(t, 1e-9)
             eps = 1e-6 * np.maximum(t, 1e-6)
             slope = (self._mean_step(l, t + eps, work) - g) / eps
             above = h > 0
@@ -419,9 +418,15 @@ class FluidModel:
             low[active] = np.where(above, t, low[active])
             high[active] = np.where(above, high[active], t)
             lo, hi = low[active], high[active]
+            # Settled at a fixed point, or where g jumps across tau (the Poisson counts' truncation
+            # moves with the load) within a bracket as narrow as that tolerance.
+            tolerance = 1e-9 * np.maximum(t, 1e-9)
+            settled = (np.abs(h) <= tolerance) | (hi - lo <= tolerance)
+            # Newton from either side while it stays inside the bracket: from above too, since a step
+            # from below may overshoot a little (g is not quite convex), and halving the bracket from
+            # there instead converges only linearly (60 steps and more next to the capacity).
             newton = t + h / (1 - np.minimum(slope, 1 - 1e-12))
-            step = np.where(above, newton, (lo + hi) / 2)
-            step = np.where(np.isfinite(hi) & (step >= hi), (lo + hi) / 2, step)
+            step = np.where((newton > lo) & (newton < hi), newton, (lo + hi) / 2)
             moving = ~settled & ~hopeless
             tau[active[moving]] = step[moving]
             active = active[moving]
