@@ -13,6 +13,7 @@ from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.calibration.operators import DEVICE_PROFILES, read_measurements
 from llmsim.cli.main import main
 from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s, layer_gemm_shapes
+from llmsim.cost.roofline import FEW_ROWS
 
 from .helpers import REPO
 
@@ -232,3 +233,22 @@ def test_held_out_models_and_held_out_tp_sizes_meet_the_acceptance(measurements,
     table = error_table(held[held["group"] == "layer"], ["regime", "tp"])
     assert len(table) == 8
     assert (table["mape"] <= 0.10).all() and (table["median_error"].abs() <= 0.05).all(), table
+
+
+def test_cost_models_share_their_gemm_memo_only_with_the_same_terms():
+    """A search builds a cost model per run; those with the same GEMM and all-reduce terms share one memo
+    of their non-linear terms. Warmed by one model, another with a different GEMM floor (or TP size) keeps
+    its own: its memoized iteration time equals the unmemoized vectorized sum, 1 us per GEMM and layer
+    above the first model's."""
+    model, h100 = model_catalog()["Llama-3.1-8B"], lookup_hardware("H100-SXM")
+    slower = replace(h100, kernels=replace(h100.kernels, gemm_floor_s=h100.kernels.gemm_floor_s + 1e-6))
+    first, again = CostModel(model, h100), CostModel(model, h100)
+    assert first._layer_memo is again._layer_memo
+    x = first.features([96], [0], [500] * 31)
+    base_s = first.iteration(x)[0]                                   # remembered by `first` ...
+    for other in (CostModel(model, slower), CostModel(model, h100, tensor_parallel=2)):
+        assert other._layer_memo is not first._layer_memo
+        vectorized_s = other.iteration(np.vstack([x] * (FEW_ROWS + 1)))[0][0]   # no memo on many rows
+        assert other.iteration(x)[0] == pytest.approx(vectorized_s, rel=1e-12)
+    gemms = sum(r[4] for r in CostModel(model, slower)._gemm_rows)
+    assert CostModel(model, slower).iteration(x)[0] - base_s == pytest.approx(gemms * 1e-6, rel=1e-9)

@@ -22,6 +22,9 @@ whole array of them at once.
 """
 from __future__ import annotations
 
+import pickle
+from collections import OrderedDict
+
 import numpy as np
 import pandas as pd
 
@@ -36,6 +39,8 @@ from llmsim.catalog.placement import Placement
 
 _ONE, _TOKENS, _EXPERTS, _LOGITS = F["one"], F["tokens"], F["experts_touched"], F["logit_tokens"]
 NONLINEAR_MEMO_SIZE = 200_000     # remembered token counts per cost model (a few tens of MB at most)
+SHARED_MEMOS = 16                 # GEMM term sets whose memos a process keeps (the most recently built)
+_shared_memos: OrderedDict[bytes, tuple[dict, dict]] = OrderedDict()
 FEW_ROWS = 32                     # up to this many rows, the non-linear part is looked up row by row
 
 
@@ -150,8 +155,14 @@ class CostModel:
                            for shape, repeats, count, scale, tokens in gemms]
         self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 9))
         self._all_reduce = kernels.all_reduce_for(tp) if tp > 1 else None
-        self._layer_memo: dict[tuple, float] = {}
-        self._head_memo: dict[tuple, float] = {}
+        # Every cost model with the same GEMM and all-reduce terms shares the memos: a search builds one per
+        # run, and its runs price the same token counts over and over.
+        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, tp, model.hidden_size, model.num_layers,
+                            model.activation_bytes_per_element))
+        self._layer_memo, self._head_memo = _shared_memos.pop(key, None) or ({}, {})
+        _shared_memos[key] = (self._layer_memo, self._head_memo)
+        while len(_shared_memos) > SHARED_MEMOS:
+            _shared_memos.popitem(last=False)
 
     def _nonlinear_time(self, values: list[float]) -> float:
         """GEMMs and all-reduces of one iteration (the terms not linear in the features; ``values``: its
