@@ -41,7 +41,8 @@ def shared_runs():
 
 @pytest.fixture(scope="module")
 def result(scenario, shared_runs):
-    return recommend(scenario, seeds=2, top=2, workers=2)
+    # Bisection to 10% (the report's tolerance; the CLI's is 4%): what these tests check holds at any width.
+    return recommend(scenario, seeds=2, top=2, workers=2, tolerance=0.1)
 
 
 @pytest.mark.slow
@@ -155,7 +156,7 @@ def test_bad_percentile_targets_are_config_errors(slo, message):
 
 @pytest.mark.slow
 def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario, shared_runs):
-    rec = recommend(scenario, objective="cost", seeds=2, top=1, workers=2)
+    rec = recommend(scenario, objective="cost", seeds=2, top=1, workers=2, tolerance=0.1)
     passing = rec.table[rec.table["meets_scenario_rate"]]
     assert rec.table.iloc[0]["usd_per_million_output_tokens"] == passing["usd_per_million_output_tokens"].min()
     assert "cuts cost by" in format_recommendation(rec, scenario)
