@@ -156,7 +156,11 @@ def _start(tmp_path, num_requests: int):
     """``llmsim run`` of a long chat scenario, started: returns once its simulation is under way."""
     simulate(make_scenario({"workload": {"num_requests": 50}}))   # compiled kernels cached before the child starts
     out = tmp_path / "out"
-    child = subprocess.Popen([sys.executable, "-c", "import sys; from llmsim.cli.main import main; sys.exit(main())",
+    # Ctrl-C at a terminal reaches a foreground command whose SIGINT is Python's default handler. A test run
+    # started in the background of a shell without job control (``cmd &`` in a script) ignores SIGINT, and
+    # children inherit that: the child restores the handler a terminal would give it.
+    child = subprocess.Popen([sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, "
+                              "signal.default_int_handler); from llmsim.cli.main import main; sys.exit(main())",
                               "run", _scenario_file(tmp_path, num_requests), "--out", str(out)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_line(child, "simulating")
