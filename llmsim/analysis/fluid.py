@@ -395,10 +395,11 @@ class FluidModel:
         g(tau) = E[step time] increases with tau and is close to convex (a sum of maxima
         of linear terms, smoothed by the Poisson mixture). From tau = 0, where g > tau,
         Newton steps climb to the least fixed point, from either side of it within the
-        bracket found so far, and bisection takes over should a step leave the bracket. Where g' >= 1 while g > tau there is no fixed point ahead (the
-        load outruns the hardware), and past the tau at which the batch would hold twice
-        max_num_seqs the engine is saturated whatever the cost model says: inf. Only the
-        rates not yet settled are computed each step.
+        bracket found so far, and bisection takes over should a step leave the bracket.
+        Where g' >= 1 while g > tau there is no fixed point ahead (the load outruns the
+        hardware), and past the tau at which the batch would hold twice max_num_seqs the
+        engine is saturated whatever the cost model says: inf. Only the rates not yet
+        settled are computed each step.
         """
         limit = 2 * self.max_seqs / np.maximum(lam * work.decode_steps, 1e-300)
         tau = np.zeros_like(lam)
