@@ -246,9 +246,10 @@ def test_cost_models_share_their_gemm_memo_only_with_the_same_terms():
     assert first._layer_memo is again._layer_memo
     x = first.features([96], [0], [500] * 31)
     base_s = first.iteration(x)[0]                                   # remembered by `first` ...
-    for other in (CostModel(model, slower), CostModel(model, h100, tensor_parallel=2)):
+    slow = CostModel(model, slower)
+    for other in (slow, CostModel(model, h100, tensor_parallel=2)):
         assert other._layer_memo is not first._layer_memo
         vectorized_s = other.iteration(np.vstack([x] * (FEW_ROWS + 1)))[0][0]   # no memo on many rows
         assert other.iteration(x)[0] == pytest.approx(vectorized_s, rel=1e-12)
-    gemms = sum(r[4] for r in CostModel(model, slower)._gemm_rows)
-    assert CostModel(model, slower).iteration(x)[0] - base_s == pytest.approx(gemms * 1e-6, rel=1e-9)
+    gemms = sum(r[4] for r in slow._gemm_rows)
+    assert slow.iteration(x)[0] - base_s == pytest.approx(gemms * 1e-6, rel=1e-9)
