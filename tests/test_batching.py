@@ -159,11 +159,11 @@ def test_interrupted_run_keeps_what_it_finished(monkeypatch):
 
     scenario = make_scenario({"workload": {"num_requests": 2000}})
     calls = {"n": 0}
-    original = Environment.step           # the simulation's event loop (SimPy events and engine steps)
+    original = Environment.step           # the simulation's event loop: a SimPy event, engine steps before it
 
     def step(self):
         calls["n"] += 1
-        if calls["n"] == 3000:
+        if calls["n"] == 1000:                # each of the 2,000 arrivals is a SimPy event: mid-run
             raise KeyboardInterrupt
         return original(self)
 

@@ -1,6 +1,7 @@
 """One micro-batch engine of a replica: iteration-level scheduling over a paged KV cache.
 
-The engine is a SimPy process. Each loop turn is one iteration: the scheduler picks a
+The engine is a loop driven by the simulation's event queue, as a SimPy process would be.
+Each turn is one iteration: the scheduler picks a
 batch (:meth:`Engine.schedule`, which returns what it scheduled and at what cost as an
 :class:`~llmsim.sim.iterations.Iteration`), simulated time advances by that much, and
 the batch's tokens appear at the end of it (:meth:`Engine.apply`). Time therefore moves
@@ -75,10 +76,11 @@ class EngineProcess:
     replica ``index`` from ``queue`` with ``kv``, woken by :meth:`notify` when work may be
     waiting, logging its iterations to ``log`` and reporting every request that leaves through
     ``on_done(request, now)``. :class:`Engine` and the static-batching engine are the two kinds;
-    each starts its own loop (``run``) once it is built. The loop is a generator that yields how
-    long it waits (or None: until notified); its waits are scheduled calls
-    (:mod:`llmsim.sim.environment`), ordered among the simulation's events as a SimPy process's
-    timeouts and wake-up events would be, with less bookkeeping.
+    each calls :meth:`start` once it is built. An engine is driven by scheduled calls of its
+    ``_resume`` (:mod:`llmsim.sim.environment`), ordered among the simulation's events as a
+    SimPy process's timeouts and wake-up events would be, with less bookkeeping: each call runs
+    the engine up to its next wait, which it passes to :meth:`_wait` (a delay, or None: until
+    notified).
     """
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
@@ -91,19 +93,19 @@ class EngineProcess:
         self.gaps = InterTokenGaps()
         self.preemptions = 0
         self._idle = False                          # waiting for notify()
-        self._steps = None                          # the run() generator, once started
         self._schedule, self._wake = scheduler(env), self._resume      # bound once: used at nearly every step
 
     def start(self) -> None:
-        """Start the engine's loop (``run``, a generator) at the current time, before the events
-        already scheduled for it, as SimPy starts a process."""
-        self._steps = self.run()
+        """Start the engine at the current time, before the events already scheduled for it, as
+        SimPy starts a process."""
         self._schedule(self._wake, URGENT)
 
     def _resume(self) -> None:
-        """Run the loop up to its next wait: ``run`` yields the delay until its iteration (or batch
-        step) ends, or None to wait for :meth:`notify`."""
-        delay = next(self._steps)
+        """A scheduled call: run the engine up to its next wait and :meth:`_wait` for it."""
+        raise NotImplementedError
+
+    def _wait(self, delay: float | None) -> None:
+        """Resume after ``delay`` seconds, or (None) when :meth:`notify` says work may be waiting."""
         if delay is None:
             self._idle = True
         else:
@@ -157,31 +159,46 @@ class Engine(EngineProcess):
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
         self.first_gap_s = array("d")
         self.decode = decode(self)
+        self._expires = self.rejects_on_timeout()
+        self._in_flight: Iteration | None = None    # the iteration being waited for, and its end
+        self._in_flight_end = 0.0
         self.start()
 
-    def run(self):
+    def _resume(self) -> None:
+        """The engine's loop, one turn per iteration, from one wait to the next: the iteration in
+        flight (if any) is over, then iterations are scheduled, and run, until one must be waited
+        for or there is nothing to do."""
         env = self.env
-        expire = self.rejects_on_timeout()
-        observers = self.observers
+        iteration = self._in_flight
+        if iteration is not None:
+            self._in_flight = None
+            self.now = self._in_flight_end
+            self._complete(iteration)
         while True:
             self.now = now = env.now if self.now < env.now else self.now
-            if expire:
+            if self._expires:
                 self.expire_waiting(now)
             iteration = self.schedule()
             if iteration is None:
-                yield None                          # idle until notify()
-                continue
+                self._idle = True                   # until notify()
+                return
             end = now + iteration.duration_s
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
             if end >= env.peek():
-                yield end - env.now
+                self._in_flight, self._in_flight_end = iteration, end
+                self._schedule(self._wake, NORMAL, end - env.now)
+                return
             self.now = end
-            self.apply(iteration)
-            if observers:
-                for observer in observers:
-                    observer(self, iteration)
+            self._complete(iteration)
+
+    def _complete(self, iteration: Iteration) -> None:
+        """``iteration`` is over at ``self.now``: its tokens appear, then the observers see it."""
+        self.apply(iteration)
+        if self.observers:
+            for observer in self.observers:
+                observer(self, iteration)
 
     def close(self) -> None:
         """End of the run: bring unfinished requests' token counts up to date and hand the

@@ -40,17 +40,19 @@ class Environment(simpy.Environment):
     def peek(self) -> float:
         calls, queue = self._calls, self._queue
         if calls:
-            return min(calls[0][0], queue[0][0]) if queue else calls[0][0]
+            at = calls[0][0]
+            return queue[0][0] if queue and queue[0][0] < at else at
         return queue[0][0] if queue else Infinity
 
     def step(self) -> None:
+        """Run the scheduled calls that come before the next SimPy event, then that event
+        (SimPy's ``step``: raises ``EmptySchedule`` when nothing is left)."""
         calls, queue = self._calls, self._queue
         # The keys (time, priority, counter) are unique: the comparison never reaches the call.
-        if calls and (not queue or calls[0] < queue[0]):
+        while calls and (not queue or calls[0] < queue[0]):
             self._now, _, _, call = heappop(calls)
             call()
-        else:
-            super().step()
+        super().step()
 
 
 def schedule_call(env: simpy.Environment, call: Callable[[], None], priority: int = NORMAL,

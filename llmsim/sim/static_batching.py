@@ -29,9 +29,14 @@ class StaticBatchEngine(EngineProcess):
                  micro_batch: int = 0):
         super().__init__(env, index, cost, kv, queue, config, on_done, micro_batch)
         self._batch: tuple[list[Request], np.ndarray] | None = None   # in flight, and its steps' ends
+        self._steps = self.run()
         self.start()
 
+    def _resume(self) -> None:
+        self._wait(next(self._steps))
+
     def run(self):
+        """The engine's loop, a generator: it yields how long it waits (None: until notified)."""
         env, cfg = self.env, self.config
         expire = cfg.queue_timeout_s is not None and cfg.on_timeout == "reject"
         while True:
