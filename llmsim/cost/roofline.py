@@ -30,7 +30,7 @@ import pandas as pd
 
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import F, FEATURES, batch_features
+from llmsim.cost.features import F, FEATURES, BatchRow, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, elementwise_layer_terms, gemm_body_s,
                                  gemm_output_tiles, layer_gemm_shapes)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
@@ -52,6 +52,9 @@ class CostModel:
         self.model, self.hardware = model, hardware
         self.tp, self.pp = tensor_parallel, pipeline_parallel
         self.num_devices = tensor_parallel * pipeline_parallel
+        # The buffer an iteration's features are built in, for every engine this model prices (they
+        # price one iteration at a time): one buffer stays in cache while 64 replicas take turns.
+        self.row = BatchRow(model)
         coeffs = work_coefficients(model, tensor_parallel)
         # Stack layer operators (run once per layer) and model operators (once). The work is that
         # of every layer; the time is paced by the slowest of pp stages, ceil(layers / pp) layers,

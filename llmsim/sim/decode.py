@@ -30,13 +30,15 @@ step and has its own set (``llmsim.sim.speculative_decode``).
 from __future__ import annotations
 
 import heapq
+import sys
 from array import array
 from abc import ABC, abstractmethod
 
 import numpy as np
 
-from llmsim.cost.features import BatchRow
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
+
+NEVER = sys.maxsize                 # a decode step no sequence reaches
 
 
 class DecodeSet(ABC):
@@ -52,7 +54,7 @@ class DecodeSet(ABC):
         self.n = 0
         self._window = engine.cost.model.sliding_window
         self._local_share = engine.cost.model.local_attention_share   # the layers the window bounds
-        self._row = BatchRow(engine.cost.model)      # the iteration's cost features, one buffer
+        self._row = engine.cost.row                  # the iteration's cost features: the cost model's buffer
 
     @abstractmethod
     def prepare(self, now: float) -> int:
@@ -90,8 +92,14 @@ class EventDecodeSet(DecodeSet):
         super().__init__(engine)
         self._block_size = engine.kv.block_size
         self.step = 0                               # decode iterations done so far
+        # Who finishes, needs a KV block, or saturates its sliding window at which step. The step
+        # each comes first is also kept as a number: checking one every step then reads it alone,
+        # not a heap or dict that may have left the cache while 63 other replicas took their turns.
         self._finishing: list[tuple[int, int, int, Request]] = []   # (finish step, order, epoch, request)
+        self._next_finish = NEVER
         self._block_due: dict[int, list[tuple[Request, int]]] = {}
+        self._block_due_steps: list[int] = []       # the keys of _block_due, a heap
+        self._next_block_due = NEVER
         self._window_due: dict[int, list[tuple[Request, int]]] = {}
         self._growing = 0                           # decoding sequences whose context is below the window
         self._offset_sum = 0                        # sum of (context_start - decode_start) over those
@@ -99,6 +107,7 @@ class EventDecodeSet(DecodeSet):
         self._joined = 0                            # sequences whose first decode step is the next one
         self._step_end_s = np.zeros(1024)           # end time of every decode step
         self._step_gap_s = np.zeros(1024)           # and the time since the decode step before it
+        self._step_capacity = 1024
         self._views()
         self._continuing = array("q")              # per decode step: sequences that also decoded the step before
 
@@ -122,7 +131,7 @@ class EventDecodeSet(DecodeSet):
         return full - self._local_share * (full - capped)
 
     def prepare(self, now: float) -> int:
-        if self.step in self._block_due:
+        if self._next_block_due == self.step:
             self._reserve_blocks(now)
         return self.n
 
@@ -130,6 +139,9 @@ class EventDecodeSet(DecodeSet):
         """Give every sequence due a new block this step its block, preempting if they run out."""
         engine, kv = self.engine, self.engine.kv
         due = self._block_due.pop(self.step)
+        steps = self._block_due_steps
+        heapq.heappop(steps)
+        self._next_block_due = steps[0] if steps else NEVER
         while True:
             # Entries of preempted sequences are stale (their epoch moved on).
             valid = [(r, e) for r, e in due if r.epoch == e and r.status is RUNNING]
@@ -138,12 +150,11 @@ class EventDecodeSet(DecodeSet):
             engine.preempt_latest(now)
         kv.allocate(len(valid))
         next_due = self.step + self._block_size
-        later = self._block_due.setdefault(next_due, [])
+        later = [entry for entry in valid if next_due < entry[0].finish_step]
         for entry in valid:
-            request = entry[0]
-            request.blocks += 1
-            if next_due < request.finish_step:
-                later.append(entry)
+            entry[0].blocks += 1
+        if later:
+            self._add_block_due(next_due, later)
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits):
         n = self.n if decoding else 0
@@ -155,9 +166,10 @@ class EventDecodeSet(DecodeSet):
         """One token for every decoding sequence: finish those due, saturate sliding windows."""
         n = self.n
         step = self.step
-        if step >= len(self._step_end_s):
+        if step >= self._step_capacity:
             self._step_end_s = np.concatenate([self._step_end_s, np.zeros(len(self._step_end_s))])
             self._step_gap_s = np.concatenate([self._step_gap_s, np.zeros(len(self._step_gap_s))])
+            self._step_capacity = len(self._step_end_s)
             self._views()
         ends = self._step_end_w
         ends[step] = now
@@ -166,13 +178,15 @@ class EventDecodeSet(DecodeSet):
         self._continuing.append(n - self._joined)
         self._joined = 0
         self.step = step = step + 1
-        finishing = self._finishing
-        while finishing and finishing[0][0] <= step:
-            _, _, epoch, request = heapq.heappop(finishing)
-            if request.epoch == epoch and request.status is RUNNING:
-                self._end(request, step)
-                self.engine.finish(request, now)
-        saturating = self._window_due.pop(step, None)
+        if self._next_finish <= step:
+            finishing = self._finishing
+            while finishing and finishing[0][0] <= step:
+                _, _, epoch, request = heapq.heappop(finishing)
+                if request.epoch == epoch and request.status is RUNNING:
+                    self._end(request, step)
+                    self.engine.finish(request, now)
+            self._next_finish = finishing[0][0] if finishing else NEVER
+        saturating = self._window_due.pop(step, None) if self._window else None
         if saturating:
             for request, epoch in saturating:
                 if request.epoch == epoch and request.status is RUNNING:
@@ -187,8 +201,12 @@ class EventDecodeSet(DecodeSet):
         request.context_start = context = request.prefill_target
         request.finish_step = step + request.output_tokens - request.generated
         heapq.heappush(self._finishing, (request.finish_step, request.admit_order, request.epoch, request))
+        if request.finish_step < self._next_finish:
+            self._next_finish = request.finish_step
         # The step at which the context reaches the end of the last allocated block.
-        self._due(self._block_due, step + request.blocks * self._block_size - context, request)
+        due = step + request.blocks * self._block_size - context
+        if due < request.finish_step:
+            self._add_block_due(due, [(request, request.epoch)])
         self._all_offset_sum += context - step
         window = self._window
         request.growing = not window or context + 1 < window   # else it already reads a full window
@@ -203,6 +221,17 @@ class EventDecodeSet(DecodeSet):
     def _due(self, table: dict, step: int, request: Request) -> None:
         if step < request.finish_step:
             table.setdefault(step, []).append((request, request.epoch))
+
+    def _add_block_due(self, step: int, entries: list[tuple[Request, int]]) -> None:
+        """``entries`` (request, epoch) need their next KV block at decode step ``step``."""
+        due = self._block_due.get(step)
+        if due is None:
+            self._block_due[step] = entries
+            heapq.heappush(self._block_due_steps, step)
+            if step < self._next_block_due:
+                self._next_block_due = step
+        else:
+            due.extend(entries)
 
     def stop(self, request: Request) -> None:
         self._end(request, self.step)
