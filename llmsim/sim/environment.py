@@ -4,15 +4,16 @@ An engine waits for two things only: the end of the iteration it priced, and new
 it is idle. As a SimPy wait each costs an event object, a trip through that event's callbacks
 and a generator resumption through ``Process._resume``. With one replica most iterations need
 no wait at all (an iteration that ends before any other event runs at once, see
-``Engine.run``), but with many replicas another engine's step almost always comes first, so
-every iteration pays a SimPy wait: 64 replicas processed 1.28 SimPy events per iteration
-against 0.55 for one.
+``Engine._resume``), but with many replicas another engine's step almost always comes first, so
+every iteration pays a wait: 64 replicas processed 1.28 SimPy events per iteration against 0.55
+for one.
 
-:class:`Environment` keeps such waits as plain calls (:meth:`Environment.schedule_call`) in a
-heap of their own, keyed exactly as SimPy keys its events (time, priority, then SimPy's own
-insertion counter, shared by both heaps), and :meth:`Environment.step` runs whichever of the
-two heads comes first. So everything happens in the order, and at the times, it would with
-SimPy events; only the bookkeeping per wait is smaller. :func:`schedule_call` also works on a
+:class:`Environment` keeps such waits as plain calls (:meth:`Environment.schedule_call`: an
+engine's ``_resume``, a bound method, not a generator) in a heap of their own, keyed exactly as
+SimPy keys its events (time, priority, then SimPy's own insertion counter, shared by both heaps),
+and :meth:`Environment.step` runs the calls whose keys come before the next SimPy event's, then
+that event. So everything happens in the order, and at the times, it would with SimPy events;
+only the bookkeeping per wait is smaller. :func:`schedule_call` also works on a
 plain ``simpy.Environment`` (through an event), so engines run on either.
 """
 from __future__ import annotations

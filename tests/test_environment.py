@@ -1,0 +1,58 @@
+"""The fast lane for engine waits keeps SimPy's order: the same model on llmsim's Environment and on a
+plain simpy.Environment (where a scheduled call is an ordinary event) does the same things at the same
+times in the same order."""
+import random
+
+import pandas as pd
+import simpy
+from simpy.events import NORMAL, URGENT
+
+import llmsim.sim.simulate as simulate_module
+from llmsim.sim.environment import Environment, scheduler
+from tests.helpers import make_scenario
+
+
+def _mixed_model(env: simpy.Environment, seed: int) -> list:
+    """Chains of scheduled calls and SimPy processes, on delays drawn from a few values so that many
+    fall at the same time (where only the priority and the insertion order decide)."""
+    rng = random.Random(seed)
+    log = []
+    schedule = scheduler(env)
+    delays = [0.0, 0.5, 1.0, 1.5]
+
+    def chain(name, left):
+        def call():
+            log.append((env.now, name, left))
+            if left:
+                schedule(chain(name, left - 1), rng.choice([URGENT, NORMAL]), rng.choice(delays))
+        return call
+
+    def process(name):
+        for left in range(30, 0, -1):
+            yield env.timeout(rng.choice(delays))
+            log.append((env.now, name, left))
+            if left % 7 == 0:                 # a process that starts a chain, as an arrival wakes an engine
+                schedule(chain(f"{name}-woke-{left}", 2))
+
+    for i in range(6):
+        schedule(chain(f"call{i}", 30), URGENT if i % 2 else NORMAL, rng.choice(delays))
+        env.process(process(f"proc{i}"))
+    env.run()
+    return log
+
+
+def test_scheduled_calls_run_in_simpys_order():
+    for seed in range(5):
+        fast, plain = _mixed_model(Environment(), seed), _mixed_model(simpy.Environment(), seed)
+        assert len(fast) > 300
+        assert fast == plain
+
+
+def test_a_simulation_gives_the_same_records_on_a_plain_simpy_environment(monkeypatch):
+    scenario = make_scenario({"deployment": {"replicas": 4},
+                              "workload": {"num_requests": 600, "arrival": {"process": "poisson", "rate": 40}}})
+    fast = simulate_module.simulate(scenario)
+    monkeypatch.setattr(simulate_module, "Environment", simpy.Environment)
+    plain = simulate_module.simulate(scenario)
+    pd.testing.assert_frame_equal(fast.requests, plain.requests)
+    pd.testing.assert_frame_equal(fast.iterations, plain.iterations)
