@@ -92,9 +92,9 @@ class EventDecodeSet(DecodeSet):
         super().__init__(engine)
         self._block_size = engine.kv.block_size
         self.step = 0                               # decode iterations done so far
-        # Who finishes, needs a KV block, or saturates its sliding window at which step. The step
-        # each comes first is also kept as a number: checking one every step then reads it alone,
-        # not a heap or dict that may have left the cache while 63 other replicas took their turns.
+        # Who finishes, needs a KV block, or saturates its sliding window at which step. The first
+        # step anyone finishes or needs a block is also kept as a number: the check every step then
+        # reads it alone, not a heap or dict that 63 other replicas' turns may have pushed out of cache.
         self._finishing: list[tuple[int, int, int, Request]] = []   # (finish step, order, epoch, request)
         self._next_finish = NEVER
         self._block_due: dict[int, list[tuple[Request, int]]] = {}
@@ -223,7 +223,8 @@ class EventDecodeSet(DecodeSet):
             table.setdefault(step, []).append((request, request.epoch))
 
     def _add_block_due(self, step: int, entries: list[tuple[Request, int]]) -> None:
-        """``entries`` (request, epoch) need their next KV block at decode step ``step``."""
+        """``entries`` (request, epoch) need their next KV block at decode step ``step``, this step or a
+        later one (a sequence's blocks cover its context when it starts)."""
         due = self._block_due.get(step)
         if due is None:
             self._block_due[step] = entries
