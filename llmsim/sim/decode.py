@@ -225,6 +225,8 @@ class EventDecodeSet(DecodeSet):
     def _add_block_due(self, step: int, entries: list[tuple[Request, int]]) -> None:
         """``entries`` (request, epoch) need their next KV block at decode step ``step``, this step or a
         later one (a sequence's blocks cover its context when it starts)."""
+        if step < self.step:                         # it would never come round: fail loudly, not silently
+            raise RuntimeError(f"a KV block fell due at decode step {step}, before the current step {self.step}")
         due = self._block_due.get(step)
         if due is None:
             self._block_due[step] = entries
