@@ -107,7 +107,6 @@ class EventDecodeSet(DecodeSet):
         self._joined = 0                            # sequences whose first decode step is the next one
         self._step_end_s = np.zeros(1024)           # end time of every decode step
         self._step_gap_s = np.zeros(1024)           # and the time since the decode step before it
-        self._step_capacity = 1024
         self._views()
         self._continuing = array("q")              # per decode step: sequences that also decoded the step before
 
@@ -166,10 +165,9 @@ class EventDecodeSet(DecodeSet):
         """One token for every decoding sequence: finish those due, saturate sliding windows."""
         n = self.n
         step = self.step
-        if step >= self._step_capacity:
+        if step >= len(self._step_end_s):
             self._step_end_s = np.concatenate([self._step_end_s, np.zeros(len(self._step_end_s))])
             self._step_gap_s = np.concatenate([self._step_gap_s, np.zeros(len(self._step_gap_s))])
-            self._step_capacity = len(self._step_end_s)
             self._views()
         ends = self._step_end_w
         ends[step] = now

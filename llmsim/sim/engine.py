@@ -160,8 +160,7 @@ class Engine(EngineProcess):
         self.first_gap_s = array("d")
         self.decode = decode(self)
         self._expires = self.rejects_on_timeout()
-        self._in_flight: Iteration | None = None    # the iteration being waited for, and its end
-        self._in_flight_end = 0.0
+        self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
         self.start()
 
     def _resume(self) -> None:
@@ -172,7 +171,7 @@ class Engine(EngineProcess):
         iteration = self._in_flight
         if iteration is not None:
             self._in_flight = None
-            self.now = self._in_flight_end
+            self.now = self.now + iteration.duration_s      # its end, the sum that scheduled this call
             self._complete(iteration)
         while True:
             self.now = now = env.now if self.now < env.now else self.now
@@ -187,7 +186,7 @@ class Engine(EngineProcess):
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
             if end >= env.peek():
-                self._in_flight, self._in_flight_end = iteration, end
+                self._in_flight = iteration
                 self._schedule(self._wake, NORMAL, end - env.now)
                 return
             self.now = end

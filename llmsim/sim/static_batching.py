@@ -15,7 +15,7 @@ import simpy
 
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
-from llmsim.sim.engine import EngineProcess, reject_expired
+from llmsim.sim.engine import EngineProcess
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import RUNNING, Request, WaitingQueue
 
@@ -37,11 +37,11 @@ class StaticBatchEngine(EngineProcess):
 
     def run(self):
         """The engine's loop, a generator: it yields how long it waits (None: until notified)."""
-        env, cfg = self.env, self.config
-        expire = cfg.queue_timeout_s is not None and cfg.on_timeout == "reject"
+        env = self.env
+        expire = self.rejects_on_timeout()
         while True:
             if expire:
-                reject_expired(self.queue, cfg, env.now, self.on_done)
+                self.expire_waiting(env.now)
             batch = self._form(env.now)
             if batch:
                 yield from self._serve(batch)
