@@ -7,6 +7,7 @@ themselves, and they must agree exactly.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 
@@ -47,3 +48,24 @@ def test_closed_form_context_and_blocks_match_a_recount(overrides):
     assert (result.requests["status"] == "finished").all()
     if "model" not in overrides:
         assert result.preemptions > 0
+
+
+def test_longest_inter_token_gap_matches_the_token_times_rebuilt_from_the_iterations():
+    """The decode set looks up a sequence's longest gap in suffix maxima of the step gaps. Rebuilt
+    here from the iterations table alone: a request that was never preempted has its first token
+    at ``first_token_s`` and then one at the end of every decoding iteration up to ``finish_s``
+    (one engine, chunked prefill: every iteration with decoders steps all of them). Prompts of
+    very different lengths make the gaps rise and fall."""
+    result = simulate_checked(make_scenario({
+        "engine": {"max_batch_tokens": 1024},
+        "workload": {"arrival": {"rate": 12.0}, "num_requests": 400,
+                     "prompt_tokens": {"distribution": "uniform", "low": 50, "high": 6000},
+                     "output_tokens": {"distribution": "uniform", "low": 2, "high": 400}}}))
+    steps = result.iterations.loc[result.iterations["decode_seqs"] > 0, "end_s"].to_numpy()
+    requests = result.requests[(result.requests["status"] == "finished") & (result.requests["preemptions"] == 0)]
+    assert len(requests) > 300
+    for request in requests.itertuples():
+        decoded = steps[(steps > request.first_token_s) & (steps <= request.finish_s)]
+        times = np.concatenate([[request.first_token_s], decoded])
+        assert len(times) == request.output_tokens
+        assert request.max_itl_s == (np.diff(times).max() if len(times) > 1 else 0.0)

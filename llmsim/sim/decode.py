@@ -21,24 +21,50 @@ the end of the run and hands over the inter-token gaps.
 
 :class:`EventDecodeSet` is the one-token-per-step set, kept per event rather than per
 token: the engine counts its decode iterations ("steps"), and a sequence that starts
-decoding at step ``s0`` with ``r`` tokens to go finishes at step ``s0 + r`` (a heap finds
-it), needs its next KV block at a step known in advance (a dict of due steps), and has a
-context length that is a closed-form function of the step. A step of any batch size thus
-costs a few scalar operations. Speculative decoding emits a variable number of tokens per
+decoding at step ``s0`` with ``r`` tokens to go finishes at step ``s0 + r``, needs its next
+KV block at a step known in advance, and has a context length that is a closed-form function
+of the step. Who finishes, and who needs a block, at which step are tables keyed by the step
+(:func:`add_due`), and the longest inter-token gap of a sequence that ends is a lookup in the
+suffix maxima of the step gaps. A step of any batch size thus costs a few scalar operations. Speculative decoding emits a variable number of tokens per
 step and has its own set (``llmsim.sim.speculative_decode``).
 """
 from __future__ import annotations
 
-import heapq
 import sys
 from array import array
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 
 import numpy as np
 
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
 NEVER = sys.maxsize                 # a decode step no sequence reaches
+
+
+def add_due(table: dict[int, list], step: int, entries: list) -> bool:
+    """Add ``entries`` to those due at decode ``step`` in ``table``; whether ``step`` is new to it."""
+    due = table.get(step)
+    if due is None:
+        table[step] = entries
+        return True
+    due.extend(entries)
+    return False
+
+
+def first_due_after(table: dict[int, list], after: int) -> int:
+    """The first step after ``after`` that ``table`` holds entries for (NEVER when it holds none).
+
+    Steps are consecutive integers and the one asked after is always the step just taken
+    out, so the walk forward never passes a step twice: over a run it probes the table at
+    most once per decode step, and, unlike a heap of the due steps, reads only the table.
+    """
+    if not table:
+        return NEVER
+    step = after + 1
+    while step not in table:
+        step += 1
+    return step
 
 
 class DecodeSet(ABC):
@@ -94,11 +120,10 @@ class EventDecodeSet(DecodeSet):
         self.step = 0                               # decode iterations done so far
         # Who finishes, needs a KV block, or saturates its sliding window at which step. The first
         # step anyone finishes or needs a block is also kept as a number: the check every step then
-        # reads it alone, not a heap or dict that 63 other replicas' turns may have pushed out of cache.
-        self._finishing: list[tuple[int, int, int, Request]] = []   # (finish step, order, epoch, request)
+        # reads it alone, not a table that 63 other replicas' turns may have pushed out of cache.
+        self._finishing: dict[int, list[tuple[int, int, Request]]] = {}   # step -> (admit order, epoch, request)
         self._next_finish = NEVER
         self._block_due: dict[int, list[tuple[Request, int]]] = {}
-        self._block_due_steps: list[int] = []       # the keys of _block_due, a heap
         self._next_block_due = NEVER
         self._window_due: dict[int, list[tuple[Request, int]]] = {}
         self._growing = 0                           # decoding sequences whose context is below the window
@@ -108,6 +133,11 @@ class EventDecodeSet(DecodeSet):
         self._step_end_s = np.zeros(1024)           # end time of every decode step
         self._step_gap_s = np.zeros(1024)           # and the time since the decode step before it
         self._views()
+        # The steps whose gap is longer than every later step's, in order, and those gaps: the longest
+        # gap from any step on is the first of them at or after it (a sequence that ends looks up its
+        # longest inter-token gap there instead of reading back through every step it decoded).
+        self._longest_from_step: list[int] = []
+        self._longest_from_gap_s: list[float] = []
         self._continuing = array("q")              # per decode step: sequences that also decoded the step before
 
     def _views(self) -> None:
@@ -138,9 +168,7 @@ class EventDecodeSet(DecodeSet):
         """Give every sequence due a new block this step its block, preempting if they run out."""
         engine, kv = self.engine, self.engine.kv
         due = self._block_due.pop(self.step)
-        steps = self._block_due_steps
-        heapq.heappop(steps)
-        self._next_block_due = steps[0] if steps else NEVER
+        self._next_block_due = first_due_after(self._block_due, self.step)
         while True:
             # Entries of preempted sequences are stale (their epoch moved on).
             valid = [(r, e) for r, e in due if r.epoch == e and r.status is RUNNING]
@@ -172,18 +200,25 @@ class EventDecodeSet(DecodeSet):
         ends = self._step_end_w
         ends[step] = now
         if step:
-            self._step_gap_w[step] = now - ends[step - 1]
+            self._step_gap_w[step] = gap = now - ends[step - 1]
+            steps, gaps = self._longest_from_step, self._longest_from_gap_s
+            while gaps and gaps[-1] <= gap:
+                gaps.pop()
+                steps.pop()
+            steps.append(step)
+            gaps.append(gap)
         self._continuing.append(n - self._joined)
         self._joined = 0
         self.step = step = step + 1
-        if self._next_finish <= step:
-            finishing = self._finishing
-            while finishing and finishing[0][0] <= step:
-                _, _, epoch, request = heapq.heappop(finishing)
+        if self._next_finish == step:
+            finishing = self._finishing.pop(step)
+            self._next_finish = first_due_after(self._finishing, step)
+            if len(finishing) > 1:
+                finishing.sort()                     # in admission order
+            for _, epoch, request in finishing:
                 if request.epoch == epoch and request.status is RUNNING:
                     self._end(request, step)
                     self.engine.finish(request, now)
-            self._next_finish = finishing[0][0] if finishing else NEVER
         saturating = self._window_due.pop(step, None) if self._window else None
         if saturating:
             for request, epoch in saturating:
@@ -197,10 +232,10 @@ class EventDecodeSet(DecodeSet):
         request.epoch += 1
         request.decode_start = step
         request.context_start = context = request.prefill_target
-        request.finish_step = step + request.output_tokens - request.generated
-        heapq.heappush(self._finishing, (request.finish_step, request.admit_order, request.epoch, request))
-        if request.finish_step < self._next_finish:
-            self._next_finish = request.finish_step
+        request.finish_step = finish = step + request.output_tokens - request.generated
+        add_due(self._finishing, finish, [(request.admit_order, request.epoch, request)])
+        if finish < self._next_finish:
+            self._next_finish = finish
         # The step at which the context reaches the end of the last allocated block.
         due = step + request.blocks * self._block_size - context
         if due < request.finish_step:
@@ -225,14 +260,8 @@ class EventDecodeSet(DecodeSet):
         later one (a sequence's blocks cover its context when it starts)."""
         if step < self.step:                         # it would never come round: fail loudly, not silently
             raise RuntimeError(f"a KV block fell due at decode step {step}, before the current step {self.step}")
-        due = self._block_due.get(step)
-        if due is None:
-            self._block_due[step] = entries
-            heapq.heappush(self._block_due_steps, step)
-            if step < self._next_block_due:
-                self._next_block_due = step
-        else:
-            due.extend(entries)
+        if add_due(self._block_due, step, entries) and step < self._next_block_due:
+            self._next_block_due = step
 
     def stop(self, request: Request) -> None:
         self._end(request, self.step)
@@ -256,7 +285,8 @@ class EventDecodeSet(DecodeSet):
             first = ends[start] - request.last_token_s
             engine.first_gap_end_s.append(ends[start])
             engine.first_gap_s.append(first)
-            longest = float(self._step_gap_s[start + 1:step].max()) if done > 1 else 0.0
+            # The longest gap after the first, over steps start + 1 .. step - 1 (the last step taken).
+            longest = self._longest_from_gap_s[bisect_left(self._longest_from_step, start + 1)] if done > 1 else 0.0
             request.max_itl_s = max(request.max_itl_s, first, longest)
             request.last_token_s = ends[step - 1]
 
