@@ -23,10 +23,11 @@ the end of the run and hands over the inter-token gaps.
 token: the engine counts its decode iterations ("steps"), and a sequence that starts
 decoding at step ``s0`` with ``r`` tokens to go finishes at step ``s0 + r``, needs its next
 KV block at a step known in advance, and has a context length that is a closed-form function
-of the step. Who finishes, and who needs a block, at which step are tables keyed by the step
-(:func:`add_due`), and the longest inter-token gap of a sequence that ends is a lookup in the
-suffix maxima of the step gaps. A step of any batch size thus costs a few scalar operations. Speculative decoding emits a variable number of tokens per
-step and has its own set (``llmsim.sim.speculative_decode``).
+of the step. Who finishes, needs a block or fills its sliding window at which step are tables
+keyed by the step (:func:`add_due`), and the longest inter-token gap of a sequence that ends is
+a lookup in the suffix maxima of the step gaps. A step of any batch size thus costs a few scalar
+operations. Speculative decoding emits a variable number of tokens per step and has its own set
+(``llmsim.sim.speculative_decode``).
 """
 from __future__ import annotations
 
@@ -253,7 +254,7 @@ class EventDecodeSet(DecodeSet):
 
     def _due(self, table: dict, step: int, request: Request) -> None:
         if step < request.finish_step:
-            table.setdefault(step, []).append((request, request.epoch))
+            add_due(table, step, [(request, request.epoch)])
 
     def _add_block_due(self, step: int, entries: list[tuple[Request, int]]) -> None:
         """``entries`` (request, epoch) need their next KV block at decode step ``step``, this step or a
