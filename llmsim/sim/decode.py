@@ -56,9 +56,10 @@ def add_due(table: dict[int, list], step: int, entries: list) -> bool:
 def first_due_after(table: dict[int, list], after: int) -> int:
     """The first step after ``after`` that ``table`` holds entries for (NEVER when it holds none).
 
-    Steps are consecutive integers and the one asked after is always the step just taken
-    out, so the walk forward never passes a step twice: over a run it probes the table at
-    most once per decode step, and, unlike a heap of the due steps, reads only the table.
+    The one asked after is always the step just taken out, so a run's walks follow each other
+    along the steps: each step is probed about once (again only when an entry lands before a
+    due step a walk already reached; the benchmark's runs probe each table about once per
+    iteration), and, unlike a heap of the due steps, the walk reads only the table.
     """
     if not table:
         return NEVER
