@@ -24,10 +24,16 @@ order. Given every request's inter-token gaps (``llmsim run --bench-detailed``, 
 """
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from llmsim.config.limits import MAX_NUMBER, MAX_TABLE_FILE_BYTES
+from llmsim.config.reader import read_text
+from llmsim.errors import ConfigError
 
 BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")
 BENCH_PERCENTILES = (90, 95, 99)
@@ -94,6 +100,37 @@ def vllm_bench_result(result, itls: list[list[float]] | None = None) -> dict:
         bench["errors"] = [""] * len(done)
         bench["llmsim_notes"] = ["generated_texts is left out: a simulation generates no text"]
     return bench
+
+
+def read_bench_json(path: str | Path) -> dict:
+    """A ``vllm bench serve`` result JSON, its :data:`DIFF_FIELDS` checked: each absent, null or a
+    number >= 0 (NaN and infinity are kept: vLLM writes NaN for a metric with no sample, and the
+    diff leaves such a metric out) of at most :data:`~llmsim.config.limits.MAX_NUMBER`. Read
+    through the front door with the size cap of a table (``--save-detailed`` lists every token
+    gap); a string, a boolean, a 400-digit integer or a nesting deeper than Python's recursion
+    limit is a ConfigError naming the file and field."""
+    name = str(path)
+    text = read_text(path, MAX_TABLE_FILE_BYTES)
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ConfigError("nested too deeply to read as JSON", file=name, has_value=False,
+                          allowed="a `vllm bench serve` result: a JSON object of fields") from None
+    except ValueError as exc:              # JSONDecodeError, or an integer of more than 4,300 digits
+        raise ConfigError(f"cannot read this as JSON ({exc})", file=name, has_value=False) from None
+    if not isinstance(data, dict):
+        raise ConfigError("expected a JSON object of benchmark fields", file=name, has_value=False,
+                          allowed=", ".join(DIFF_FIELDS))
+    for field in DIFF_FIELDS:
+        value = data.get(field)
+        if value is None:
+            continue
+        # Compared before any float conversion: a JSON integer of 400 digits would overflow it.
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (number and (0 <= value <= MAX_NUMBER or math.isnan(value) or value == math.inf)):
+            raise ConfigError("not a valid value", file=name, key=field, value=value,
+                              allowed=f"null or a number >= 0 and <= {MAX_NUMBER:.5g}")
+    return data
 
 
 def diff_metrics(measured: dict, simulated: dict) -> pd.DataFrame:

@@ -50,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.config.limits import MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES, MAX_TRACE_TOKENS
-from llmsim.config.reader import Node, read_text
+from llmsim.config.reader import Node, open_file, read_text
 from llmsim.errors import ConfigError
 from llmsim.workload.trace import Trace, read_csv
 
@@ -100,7 +100,7 @@ def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer
 
 def _content_hash(path: Path) -> str:
     digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as file:
+    with open_file(path, MAX_TABLE_FILE_BYTES) as file:    # a device or an oversized file: refused unread
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -113,10 +113,9 @@ _READ_CACHE_SIZE = 8
 def detect_format(path: Path, node: Node, key: str) -> str:
     """The format of ``path``: JSON by its first character, CSV by its header."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            head = file.read(4096).lstrip()
-    except OSError as exc:                  # a folder, a file that vanished: the front door says which
-        read_text(path)
+        with open_file(path, MAX_TABLE_FILE_BYTES) as file:   # a folder, a device: the front door says which
+            head = file.read(4096).decode("utf-8", errors="replace").lstrip()
+    except OSError as exc:
         raise node.key_error(key, f"cannot read trace {path} ({exc.strerror or exc})", str(path),
                              "a readable file") from None
     if head.startswith("["):
