@@ -127,7 +127,9 @@ def read_bench_json(path: str | Path) -> dict:
             continue
         # Compared before any float conversion: a JSON integer of 400 digits would overflow it.
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not (number and (0 <= value <= MAX_NUMBER or math.isnan(value) or value == math.inf)):
+        in_range = number and (0 <= value <= MAX_NUMBER or isinstance(value, float)
+                               and (math.isnan(value) or value == math.inf))
+        if not in_range:
             raise ConfigError("not a valid value", file=name, key=field, value=value,
                               allowed=f"null or a number >= 0 and <= {MAX_NUMBER:.5g}")
     return data

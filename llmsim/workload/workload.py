@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmsim.config.limits import MAX_QUANTITY
+from llmsim.config.limits import MAX_CHARS_PER_TOKEN, MAX_QUANTITY, MIN_CHARS_PER_TOKEN
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
 from llmsim.workload.classes import TrafficClass, class_entries, classes_from_node, classify
@@ -149,7 +149,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
 def dataset_from_node(node: Node) -> Trace:
     """``workload.dataset``: the requests of a dataset or trace file, for their lengths."""
     tokenizer = node.path_value("tokenizer", None)
-    chars_per_token = node.number("chars_per_token", None, minimum=0.0, exclusive_minimum=True)
+    chars_per_token = node.number("chars_per_token", None, minimum=MIN_CHARS_PER_TOKEN, maximum=MAX_CHARS_PER_TOKEN)
     fmt = node.choice("format", ("auto", *FORMATS), "auto")
     dataset = read_trace(node.path_value("path"), node, "path", fmt, tokenizer=tokenizer,
                          chars_per_token=chars_per_token)
