@@ -168,7 +168,7 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
                   log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions,
                   class_label=labels.get("class"))
-    return _drop_empty_outputs(trace) if production else trace
+    return _drop_empty_outputs(trace, path) if production else trace
 
 
 def _numbers(column: pd.Series, path: Path, name: str, *, minimum: float, maximum: float,
@@ -212,10 +212,14 @@ def _check_sorted(arrival: np.ndarray, lines: np.ndarray, path: Path, name: str)
                         "earlier than the line before (the trace must be sorted by arrival)")
 
 
-def _drop_empty_outputs(trace: Trace) -> Trace:
+def _drop_empty_outputs(trace: Trace, path: Path) -> Trace:
     empty = trace.output_tokens == 0
     if not empty.any():
         return trace
+    if empty.all():
+        raise ConfigError(f"every one of its {len(trace):,} requests generated 0 output tokens: none is left to "
+                          "simulate", file=str(path), has_value=False, allowed="a trace with requests that generated "
+                                                                               "tokens")
     return trace.take(np.flatnonzero(~empty), f"{trace.description} ({int(empty.sum()):,} requests with 0 "
                                                "output tokens dropped)")
 
@@ -241,7 +245,7 @@ def read_mooncake(path: Path) -> Trace:
     hashes = tuple(tuple(record.get("hash_ids", ())) for record in records)
     trace = Trace(arrival_s, columns["input_length"].astype(np.int64), columns["output_length"].astype(np.int64),
                   hash_ids=hashes, description=f"mooncake trace {path.name}")
-    return _drop_empty_outputs(trace)
+    return _drop_empty_outputs(trace, path)
 
 
 def _mooncake_columns(records: tuple) -> dict[str, np.ndarray] | None:
