@@ -60,7 +60,7 @@ from pathlib import Path
 from llmsim.cli.main import main
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.workload.trace_formats import read_sharegpt
+from llmsim.workload.trace_formats import read_sharegpt, read_trace
 fifo, dataset = sys.argv[1:3]
 results = {}
 for name, argv in [("zero-mooncake", ["trace", "/dev/zero", "--format", "mooncake"]),
@@ -70,6 +70,11 @@ for name, argv in [("zero-mooncake", ["trace", "/dev/zero", "--format", "mooncak
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
         results[name] = [main(argv), err.getvalue()]
+try:                                # as report --trace and a scenario's trace path read it
+    read_trace(Path("/dev/zero"), Node({"path": "/dev/zero"}), "path", "mooncake")
+    results["read_trace"] = [0, ""]
+except ConfigError as error:
+    results["read_trace"] = [2, str(error)]
 try:
     read_sharegpt(Path(dataset), Node({}), Path("/dev/zero"), None)
     results["tokenizer"] = [0, ""]
@@ -89,7 +94,7 @@ def test_devices_and_fifos_are_refused_without_reading_them(tmp_path):
     results = json.loads(done.stdout)
     if importlib.util.find_spec("tokenizers") is None:       # without the package, that is what is said
         assert "needs the tokenizers package" in results.pop("tokenizer")[1]
-    assert len(results) >= 4
+    assert len(results) >= 5
     for name, (status, error) in results.items():
         path = str(fifo) if name == "fifo" else "/dev/zero"
         assert status == 2 and path in error and "not a regular file" in error, (name, error)

@@ -4,6 +4,9 @@ Prints the trace's size, span, mean rate, burstiness (the CV of the gaps between
 arrivals), its rate per hour and the lognormal fitted to each length column; ``--out``
 writes the fitted ``workload`` mapping as YAML (``--scale 2``: twice the traffic;
 ``--profile``: the hourly rates as a ``steps`` arrival profile instead of Gamma arrivals).
+``--bin`` must leave at most ``MAX_PROFILE_BINS`` bins over the trace, and ``--scale`` rates
+that a scenario takes (checked before anything is allocated or written); a trace whose
+requests all arrive at one instant has no rate to fit.
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ or its first JSON line):
 format       file                                            columns / fields used
 ===========  ==============================================  ===========================================
 ``llmsim``   CSV                                             arrival_s, prompt_tokens, output_tokens
-                                                             (session_id: optional)
+                                                             (session_id, class: optional)
 ``azure``    Azure LLM inference trace 2023 / 2024, CSV      TIMESTAMP (date-time), ContextTokens,
                                                              GeneratedTokens
 ``burstgpt`` BurstGPT, CSV                                   Timestamp (s), Request tokens, Response
@@ -31,9 +31,14 @@ A dataset entry is one of the shapes ``vllm bench serve``'s datasets use:
 Arrival times are seconds from the trace's zero: the first request's date-time for
 Azure, the recorded offsets for the others. A malformed row is a ConfigError naming the
 file, its line, the column, the value and what is allowed (exit 2); timestamps must be
-finite, non-negative and sorted. Requests that generated no token (BurstGPT logs failed
-requests with 0 response tokens; the Azure traces have a few) cannot be simulated as
-decoding and are dropped, and the trace's description counts them.
+finite, non-negative and sorted, and a JSON field must be a JSON number (``"512"`` and
+``true`` are not). Requests that generated no token (BurstGPT logs failed requests with 0
+response tokens; the Azure traces have a few) cannot be simulated as decoding and are
+dropped, and the trace's description counts them (a trace left with none is an error).
+
+Every file is opened through :func:`llmsim.config.reader.open_file` before it is hashed or
+read: a device, a FIFO or a file over the size cap is refused unread, and the lines of a
+CSV or JSON-lines file are counted (at most ``MAX_TABLE_ROWS``) before any is parsed.
 
 ShareGPT text becomes token counts through a tokenizer the user supplies (a Hugging Face
 ``tokenizer.json``, read by the optional ``tokenizers`` package) or a stated number of
