@@ -167,6 +167,21 @@ def test_row_counts_are_bounded_before_parsing(tmp_path, monkeypatch):
         read_mooncake(lines)
 
 
+def test_json_objects_and_lists_are_bounded_before_parsing(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace_formats, "MAX_JSON_CONTAINERS", 5)
+    one_line = tmp_path / "data.jsonl"          # one line: the row bound alone would let it through
+    one_line.write_text(json.dumps({"prompt": "a", "output_tokens": 1, "x": [{}, {}, {}, {}, {}]}) + "\n")
+    as_list = tmp_path / "data.json"
+    as_list.write_text(json.dumps([{"prompt": "a", "output_tokens": 1}] * 6))
+    for path in (one_line, as_list):
+        with pytest.raises(ConfigError, match=r"has 7 '\{' and '\[' characters") as raised:   # 7 in each file
+            read_sharegpt(path, Node({}), None, 4.0)
+        assert raised.value.file == str(path)
+    lines = write_lines(tmp_path / "trace.jsonl", [MOONCAKE_LINE] * 3)       # 2 a line
+    with pytest.raises(ConfigError, match=r"has 6 '\{' and"):
+        read_mooncake(lines)
+
+
 # -- llmsim trace: flags at the edge, one-instant traces ----------------------------------------------
 
 @pytest.mark.parametrize("span_s, bin_s", [(10.0, 1e-6), (10.0, 1e-12), (1e9, 1.0), (1e9, 1e-3)])

@@ -15,6 +15,9 @@ MAX_TABLE_FILE_BYTES = 512 * 2**20      # a CSV trace: about 20 million rows of 
 # Rows (lines) of a table or JSON-lines trace, counted before parsing: short lines ("0,1,1") fit
 # 90 million in the byte cap, and every cell is a Python object once read.
 MAX_TABLE_ROWS = 20_000_000
+# Objects and lists ('{' and '[') of a JSON trace or dataset, counted before parsing: a Mooncake
+# line has two, and each, however short its text, is 56 bytes or more once parsed.
+MAX_JSON_CONTAINERS = 2 * MAX_TABLE_ROWS
 MAX_TOKENIZER_FILE_BYTES = 64 * 2**20   # a Hugging Face tokenizer.json: large vocabularies take tens of MB
 
 # -- YAML ----------------------------------------------------------------------------------

@@ -54,8 +54,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmsim.config.limits import (MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES, MAX_TABLE_ROWS,
-                                  MAX_TOKENIZER_FILE_BYTES, MAX_TRACE_TOKENS)
+from llmsim.config.limits import (MAX_JSON_CONTAINERS, MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES,
+                                  MAX_TABLE_ROWS, MAX_TOKENIZER_FILE_BYTES, MAX_TRACE_TOKENS)
 from llmsim.config.reader import Node, open_file, read_text
 from llmsim.errors import ConfigError
 from llmsim.workload.trace import Trace, read_csv
@@ -283,6 +283,7 @@ def _json_lines(text: str, path: Path, allowed: str) -> list[tuple[int, object]]
     if count > MAX_TABLE_ROWS:
         raise ConfigError(f"has {count:,} lines, more than the {MAX_TABLE_ROWS:,} llmsim reads", file=str(path),
                           has_value=False, allowed=f"at most {MAX_TABLE_ROWS:,} lines")
+    _check_containers(text, path)
     numbered = []
     for line_number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
@@ -293,6 +294,16 @@ def _json_lines(text: str, path: Path, allowed: str) -> list[tuple[int, object]]
             raise row_error(path, line_number, str(getattr(exc, "colno", 1)), line.strip()[:80], allowed,
                             f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
     return numbered
+
+
+def _check_containers(text: str, path: Path) -> None:
+    """Refuse JSON text with more objects and lists than llmsim parses (each '{' or '[' counts,
+    inside strings too: an upper bound, found without parsing)."""
+    count = text.count("{") + text.count("[")
+    if count > MAX_JSON_CONTAINERS:
+        raise ConfigError(f"has {count:,} '{{' and '[' characters, more JSON objects and lists than the "
+                          f"{MAX_JSON_CONTAINERS:,} llmsim reads", file=str(path), has_value=False,
+                          allowed=f"at most {MAX_JSON_CONTAINERS:,} JSON objects and lists")
 
 
 def _check_mooncake_record(record: object, path: Path, line: int) -> None:
@@ -365,6 +376,7 @@ def _dataset_entries(path: Path):
     """(where, entry) of a JSON list (``entry i``) or of JSON lines (``line n``)."""
     text = read_text(path, MAX_TABLE_FILE_BYTES)
     if text.lstrip().startswith("["):
+        _check_containers(text, path)
         try:
             data = json.loads(text)
         except (ValueError, RecursionError) as exc:     # ValueError: bad JSON, an integer of 4,300+ digits
