@@ -86,6 +86,17 @@ def _subcommands(parser: argparse.ArgumentParser):
     return [(name, helps.get(name, ""), sub) for name, sub in group.choices.items()]
 
 
+def _wrapped(parts: list[str], width: int = 100) -> str:
+    """Usage as lines of at most ``width`` characters, never breaking inside one argument's form."""
+    lines = [parts[0]]
+    for part in parts[1:]:
+        if len(lines[-1]) + 1 + len(part) > width:
+            lines.append("    " + part)
+        else:
+            lines[-1] += " " + part
+    return "\n".join(lines)
+
+
 def cli_reference() -> str:
     """``cli.md``: every command with each argument's form, default and help."""
     from llmsim.cli.main import build_parser
@@ -98,8 +109,8 @@ def cli_reference() -> str:
     out += [f"| [`{name}`](#llmsim-{name}) | {_cell(text or '')} |\n" for name, text, _ in commands]
     for name, text, sub in commands:
         actions = [a for a in sub._actions if not isinstance(a, argparse._HelpAction)]
-        usage = " ".join(["llmsim", name] + [_shape(a) if (a.required or not a.option_strings) else f"[{_shape(a)}]"
-                                             for a in actions])
+        usage = _wrapped([f"llmsim {name}"] + [_shape(a) if (a.required or not a.option_strings) else f"[{_shape(a)}]"
+                                               for a in actions])
         out.append(f"\n## llmsim {name}\n\n{text}.\n\n" if text else f"\n## llmsim {name}\n\n")
         if sub.description:
             out.append(" ".join(sub.description.split()) + "\n\n")
@@ -353,12 +364,16 @@ def scenario_reference() -> str:
            "item of a list. An annotated example is in [Scenario files](../guides/scenario-files.md).\n\n",
            "Every number is also held to the [limits on input](input-limits.md): finite, magnitude at most "
            "2^53, each quantity within its kind's maximum.\n"]
+    # A top-level key without keys of its own (name, seed, hardware) shares one section with the others.
+    parents = {doc.path.split(".")[0] for doc in docs if "." in doc.path}
+    docs.sort(key=lambda doc: (doc.path in parents or "." in doc.path, _order(doc.path)))
     section = None
     for doc in docs:
-        top = doc.path.split(".")[0]
+        top = doc.path.split(".")[0] if doc.path.split(".")[0] in parents else "top level"
         if top != section:
             section = top
-            out.append(f"\n## `{top}`\n\n| key | type | default | allowed | description |\n|---|---|---|---|---|\n")
+            title = f"`{top}`" if top in parents else "Top-level keys"
+            out.append(f"\n## {title}\n\n| key | type | default | allowed | description |\n|---|---|---|---|---|\n")
         over = {**EXTRA_KEYS.get(doc.path, {}), **KEY_OVERRIDES.get(doc.path, {})}
         default = ("required" if doc.required else
                    f"`{next(iter(doc.defaults))}`" if len(doc.defaults) == 1 else "")
