@@ -1,4 +1,4 @@
-"""The figures of the README's traffic-classes section: the shipped three-class scenario under each
+"""The figures of the traffic-classes guide (docs/guides/classes.md): the shipped three-class scenario under each
 scheduling policy (per-class table), and the adaptive controller against static settings on one
 diurnal trace (time over the SLO, and a plot).
 
