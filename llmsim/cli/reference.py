@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import re
 import sys
 import tempfile
@@ -288,6 +289,12 @@ class _Recorder:
 def scenario_keys() -> list[KeyDoc]:
     """Every key the scenario reader takes, from loading the shipped scenarios and
     :data:`llmsim.scenario.keys.COVERAGE` (each laid over the chat scenario) with the accessors recorded."""
+    return list(_recorded_keys())
+
+
+@functools.lru_cache(maxsize=1)
+def _recorded_keys() -> tuple[KeyDoc, ...]:
+    """The recording, made once per process (loading some 40 scenarios takes a few seconds)."""
     recorder = _Recorder()
     base = load_yaml(REPO / "scenarios" / "llama3-8b-h100-chat.yaml")
     sources = [load_yaml(path) for path in sorted((REPO / "scenarios").glob("*.yaml"))]
@@ -300,7 +307,7 @@ def scenario_keys() -> list[KeyDoc]:
             path.write_text(yaml.safe_dump(_resolved(source, folder)))
             recorder.file = str(path)
             load_scenario(path)
-    return sorted(recorder.keys.values(), key=lambda doc: _order(doc.path))
+    return tuple(sorted(recorder.keys.values(), key=lambda doc: _order(doc.path)))
 
 
 def _resolved(source, folder: str, key: str | None = None):
