@@ -44,13 +44,14 @@ def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
     except (OSError, ValueError) as exc:          # ValueError: a NUL character in the path
         raise ConfigError(f"cannot read file ({getattr(exc, 'strerror', None) or exc})", file=name,
                           has_value=False) from None
-    with open(handle, "rb") as stream:
-        mode = os.fstat(handle).st_mode
+    mode = os.fstat(handle).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(handle)
         if stat.S_ISDIR(mode):
             raise ConfigError("is a folder, not a file", file=name, has_value=False, allowed="a file")
-        if not stat.S_ISREG(mode):
-            raise ConfigError("is not a regular file (a device, FIFO or socket); llmsim does not read from it",
-                              file=name, has_value=False, allowed="a regular file")
+        raise ConfigError("is not a regular file (a device, FIFO or socket); llmsim does not read from it",
+                          file=name, has_value=False, allowed="a regular file")
+    with open(handle, "rb") as stream:
         try:
             data = stream.read(max_bytes + 1)
         except OSError as exc:
