@@ -2,7 +2,11 @@
 
 Each supported ``model_type`` names its fields differently; :func:`config_fields` reads
 them all into one mapping that :func:`~llmsim.catalog.models.model_from_config_json`
-validates like a model YAML. What it reads beyond the dense shape:
+validates like a model YAML. Every key is read through :class:`HFConfig`, a
+:class:`~llmsim.config.reader.Node`: a value of the wrong type (a string, boolean, list, NaN
+or fraction for a count), out of range, or not one of the values listed is a ConfigError naming
+the file, the key (``text_config.KEY`` inside a multimodal wrapper), the value and what is
+allowed; keys the model does not use are not read. What it reads beyond the dense shape:
 
 - MoE: routed experts (``num_local_experts``, ``num_experts``, ``n_routed_experts``) of width
   ``moe_intermediate_size``; shared experts (DeepSeek ``n_shared_experts`` experts of that
