@@ -82,6 +82,14 @@ def test_a_word_that_is_not_a_flag_is_refused(flags):
     assert error.key == "engine.vllm_args" and error.value == flags
 
 
+def test_flags_longer_than_the_limit_are_refused_before_they_are_split():
+    from llmsim.config.limits import MAX_FLAGS_CHARS
+    flags = "--port 8000 " * (MAX_FLAGS_CHARS // 12 + 1)
+    error = refused(flags)
+    assert error.key == "engine.vllm_args" and "longer than the 65,536 characters" in error.message
+    assert len(scenario({"vllm_args": flags[:MAX_FLAGS_CHARS]}).vllm_notes) > 1000      # at the limit: read
+
+
 def test_negative_numbers_are_values_as_in_argparse():
     # `--seed -1` is a valid vLLM command line (argparse takes a negative number as a value)
     assert any("--seed ignored" in note for note in scenario({"vllm_args": "--seed -1 --max-num-seqs 64"}).vllm_notes)

@@ -20,7 +20,7 @@ import re
 import shlex
 from typing import Callable
 
-from llmsim.config.limits import MAX_NUMBER
+from llmsim.config.limits import MAX_FLAGS_CHARS, MAX_NUMBER
 from llmsim.config.reader import Node, range_text
 
 # vLLM's defaults where llmsim's differ (vllm/engine/arg_utils.py, the V1 engine: block_size 16 on CUDA,
@@ -214,6 +214,9 @@ def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
     if not isinstance(text, str):
         raise eng.key_error("vllm_args", "expected the flags as one string", text,
                             "e.g. \"--max-num-seqs 256 --max-num-batched-tokens 8192\"")
+    if len(text) > MAX_FLAGS_CHARS:
+        raise eng.key_error("vllm_args", f"longer than the {MAX_FLAGS_CHARS:,} characters llmsim reads as flags", text,
+                            f"vLLM serve flags, at most {MAX_FLAGS_CHARS:,} characters")
     try:
         flags = parse_vllm_args(text)
     except ValueError as exc:
