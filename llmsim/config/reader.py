@@ -27,16 +27,15 @@ from llmsim.config.units import UnitError, parse_quantity
 _MISSING = object()
 
 
-def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
-    """The UTF-8 text of a file, the one way llmsim reads its inputs: a folder, a device or FIFO
-    (``/dev/zero``, a named pipe: refused before anything is read), a file over ``max_bytes``, binary
-    data or another encoding (Latin-1, UTF-16) is a ConfigError naming the file. A UTF-8 byte-order
-    mark is allowed and dropped."""
-    path = Path(path)
+def open_file(path: str | Path, max_bytes: int):
+    """``path`` opened for reading in binary, once it is known to be a regular file of at most
+    ``max_bytes``: a folder, a FIFO, a device (``/dev/zero``), a socket or a larger file is a
+    ConfigError naming the file, before a byte is read. Opened without blocking (a FIFO with no
+    writer would wait forever) and checked on the opened file, so a name swapped between check
+    and open cannot slip past."""
     name = str(path)
     try:
-        # Non-blocking, so that opening a FIFO with no writer returns (to be refused) instead of waiting.
-        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ConfigError("file not found", file=name, has_value=False) from None
     except IsADirectoryError:
@@ -44,21 +43,40 @@ def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
     except (OSError, ValueError) as exc:          # ValueError: a NUL character in the path
         raise ConfigError(f"cannot read file ({getattr(exc, 'strerror', None) or exc})", file=name,
                           has_value=False) from None
-    mode = os.fstat(handle).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(handle)
-        if stat.S_ISDIR(mode):
+    try:
+        info = os.fstat(descriptor)
+        if stat.S_ISDIR(info.st_mode):
             raise ConfigError("is a folder, not a file", file=name, has_value=False, allowed="a file")
-        raise ConfigError("is not a regular file (a device, FIFO or socket); llmsim does not read from it",
-                          file=name, has_value=False, allowed="a regular file")
-    with open(handle, "rb") as stream:
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError("is not a regular file (a device, FIFO or socket)", file=name, has_value=False,
+                              allowed="a regular file")
+        if info.st_size > max_bytes:
+            raise _too_large(name, max_bytes)
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def _too_large(name: str, max_bytes: int) -> ConfigError:
+    return ConfigError(f"larger than the {max_bytes / 2**20:g} MiB llmsim reads from a file of this kind",
+                       file=name, has_value=False, allowed=f"a file of at most {max_bytes / 2**20:g} MiB")
+
+
+def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
+    """The UTF-8 text of a file, the one way llmsim reads its inputs: a folder, a device or FIFO, a
+    file over ``max_bytes`` (:func:`open_file`: nothing is read), binary data or another encoding
+    (Latin-1, UTF-16) is a ConfigError naming the file. A UTF-8 byte-order mark is allowed and
+    dropped."""
+    name = str(path)
+    with open_file(path, max_bytes) as handle:
         try:
-            data = stream.read(max_bytes + 1)
+            data = handle.read(max_bytes + 1)
         except OSError as exc:
             raise ConfigError(f"cannot read file ({exc.strerror or exc})", file=name, has_value=False) from None
-    if len(data) > max_bytes:
-        raise ConfigError(f"larger than the {max_bytes / 2**20:g} MiB llmsim reads from a file of this kind",
-                          file=name, has_value=False, allowed=f"a file of at most {max_bytes / 2**20:g} MiB")
+    if len(data) > max_bytes:                     # it grew while being read
+        raise _too_large(name, max_bytes)
     if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise ConfigError("is UTF-16 or UTF-32 text (it starts with that byte-order mark)", file=name,
                           has_value=False, allowed="UTF-8 text: save the file as UTF-8")
