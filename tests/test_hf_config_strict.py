@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+import resource
 import signal
 import string
 
@@ -331,10 +332,19 @@ def mutated_configs(draw) -> dict:
     return config
 
 
+EXAMPLE_BOUND_S = 10.0            # a hang bound per example (each takes milliseconds)
+MAX_GROWTH_BYTES = 512 * 2**20     # peak memory the corpus may add to the test process
+
+
+def peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024       # kB on Linux
+
+
 def check_outcome(path, content_is_object: bool) -> None:
     """A model, or a ConfigError naming the file (and the key, when a value of the object was refused)."""
     try:
-        model = model_from_config_json(path)
+        with bounded(EXAMPLE_BOUND_S):
+            model = model_from_config_json(path)
     except ConfigError as error:
         text = str(error)
         assert error.file == str(path) and str(path) in text, text
@@ -375,9 +385,11 @@ trees = st.one_of(json_trees, st.dictionaries(st.sampled_from(KEYS), json_trees,
 def run_corpus(folder, examples: int) -> None:
     """Each kind of input, ``examples`` of them, written in turn to one config.json in ``folder``."""
     path = folder / "config.json"
+    before = peak_bytes()
     _corpus_settings(examples)(given(data=byte_strings)(lambda data: _check_bytes(path, data)))()
     _corpus_settings(examples)(given(tree=trees)(lambda tree: _check_tree(path, tree)))()
     _corpus_settings(examples)(given(config=mutated_configs())(lambda config: _check_mutation(path, config)))()
+    assert peak_bytes() - before < MAX_GROWTH_BYTES
 
 
 def test_corpus_ends_in_a_model_or_a_config_error(tmp_path):

@@ -6,9 +6,12 @@ at ``engine.vllm_args`` naming the flag, its value and what is allowed. A proper
 in a scenario or such an error."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import resource
 import shlex
+import signal
 import string
 
 import pytest
@@ -185,12 +188,40 @@ yaml_trees = st.recursive(yaml_scalars, lambda children: st.one_of(
 engines = st.one_of(yaml_trees, st.dictionaries(st.sampled_from(ENGINE_KEYS), yaml_trees, max_size=5))
 
 
+EXAMPLE_BOUND_S = 10.0            # a hang bound per example (each takes milliseconds)
+MAX_GROWTH_BYTES = 512 * 2**20     # peak memory the corpus may add to the test process
+
+
+class Hang(BaseException):
+    """Ran past its bound (a BaseException, so that no ``except Exception`` swallows it)."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: float):
+    """Turns a hang into a failure (a bound on a fault, not a timing assertion)."""
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def peak_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024       # kB on Linux
+
+
 def check_outcome(engine) -> None:
     """A scenario whose settings are the types they must be, or a ConfigError naming file, key and value."""
     data = copy.deepcopy(BASE)
     data["engine"] = engine
     try:
-        result = scenario_from_node(Node(data, file=FILE))
+        with bounded(EXAMPLE_BOUND_S):
+            result = scenario_from_node(Node(data, file=FILE))
     except ConfigError as error:
         text = str(error)
         assert error.file == FILE and FILE in text, text
@@ -210,9 +241,11 @@ def _corpus_settings(examples: int):
 
 def run_corpus(examples: int) -> None:
     texts = st.one_of(st.text(max_size=60), st.binary(max_size=60).map(lambda b: b.decode("latin-1")))
+    before = peak_bytes()
     _corpus_settings(examples)(given(text=texts)(lambda text: check_outcome({"vllm_args": text})))()
     _corpus_settings(examples)(given(engine=engines)(check_outcome))()
     _corpus_settings(examples)(given(flags=mutated_flags())(lambda flags: check_outcome({"vllm_args": flags})))()
+    assert peak_bytes() - before < MAX_GROWTH_BYTES
 
 
 def test_corpus_ends_in_a_scenario_or_a_config_error():
