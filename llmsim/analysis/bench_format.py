@@ -24,7 +24,6 @@ order. Given every request's inter-token gaps (``llmsim run --bench-detailed``, 
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.config.limits import MAX_NUMBER, MAX_TABLE_FILE_BYTES
-from llmsim.config.reader import read_text
+from llmsim.config.reader import parse_json, read_text
 from llmsim.errors import ConfigError
 
 BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -107,17 +106,10 @@ def read_bench_json(path: str | Path) -> dict:
     number >= 0 (NaN and infinity are kept: vLLM writes NaN for a metric with no sample, and the
     diff leaves such a metric out) of at most :data:`~llmsim.config.limits.MAX_NUMBER`. Read
     through the front door with the size cap of a table (``--save-detailed`` lists every token
-    gap); a string, a boolean, a 400-digit integer or a nesting deeper than Python's recursion
-    limit is a ConfigError naming the file and field."""
+    gap) and :func:`~llmsim.config.reader.parse_json` (nesting bounded); a string, a boolean or a
+    400-digit integer is a ConfigError naming the file and field."""
     name = str(path)
-    text = read_text(path, MAX_TABLE_FILE_BYTES)
-    try:
-        data = json.loads(text)
-    except RecursionError:
-        raise ConfigError("nested too deeply to read as JSON", file=name, has_value=False,
-                          allowed="a `vllm bench serve` result: a JSON object of fields") from None
-    except ValueError as exc:              # JSONDecodeError, or an integer of more than 4,300 digits
-        raise ConfigError(f"cannot read this as JSON ({exc})", file=name, has_value=False) from None
+    data = parse_json(read_text(path, MAX_TABLE_FILE_BYTES), name)
     if not isinstance(data, dict):
         raise ConfigError("expected a JSON object of benchmark fields", file=name, has_value=False,
                           allowed=", ".join(DIFF_FIELDS))

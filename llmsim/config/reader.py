@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import difflib
+import json
 import math
 import os
 import stat
@@ -19,8 +20,8 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from llmsim.errors import ConfigError
-from llmsim.config.limits import (MAX_CONFIG_FILE_BYTES, MAX_NUMBER, MAX_QUANTITY, MAX_YAML_ALIASES,
-                                  MAX_YAML_DEPTH, MAX_YAML_NODES)
+from llmsim.config.limits import (MAX_CONFIG_FILE_BYTES, MAX_JSON_DEPTH, MAX_NUMBER, MAX_QUANTITY,
+                                  MAX_YAML_ALIASES, MAX_YAML_DEPTH, MAX_YAML_NODES)
 from llmsim.config.units import UnitError, parse_quantity
 
 _MISSING = object()
@@ -90,6 +91,48 @@ def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
         raise ConfigError(f"is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line} cannot be decoded; "
                           "Latin-1 or another legacy encoding?)", file=name, has_value=False,
                           allowed="UTF-8 text: save the file as UTF-8") from None
+
+
+def load_json(path: str | Path) -> Any:
+    """Read a JSON file through :func:`read_text` and :func:`parse_json`; errors are ConfigErrors."""
+    return parse_json(read_text(path), str(path))
+
+
+def parse_json(text: str, file: str | None = None) -> Any:
+    """JSON text as Python values, nesting bounded (:data:`~llmsim.config.limits.MAX_JSON_DEPTH`)
+    and every string valid Unicode (JSON's ``\\ud800`` escapes a lone surrogate that no file or
+    terminal can be written with). NaN and Infinity are read, for the accessors that take numbers to
+    refuse with their key; malformed JSON is a ConfigError naming ``file``."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"nested more than {MAX_JSON_DEPTH} levels deep", file=file, has_value=False,
+                          allowed=f"at most {MAX_JSON_DEPTH} levels of nested objects and arrays") from None
+    except ValueError as exc:       # JSONDecodeError, and an integer of more digits than Python converts
+        raise ConfigError(f"not valid JSON: {exc}", file=file, has_value=False) from None
+    pending = [(data, "", 0)]
+    while pending:                  # iterative: a deep document must not recurse in the check itself
+        value, where, depth = pending.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError("holds a string that is not valid Unicode (an unpaired surrogate escape)",
+                                  file=file, key=where or None, value=value, has_value=bool(where),
+                                  allowed="text without \\ud800-\\udfff escapes outside a pair") from None
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise ConfigError(f"nested more than {MAX_JSON_DEPTH} levels deep (at {where})", file=file,
+                              has_value=False, allowed=f"at most {MAX_JSON_DEPTH} levels of nested objects and arrays")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in items:
+            path = (f"{where}.{key}" if where else str(key)) if isinstance(value, dict) else f"{where}[{key}]"
+            if isinstance(key, str):
+                pending.append((key, where, depth))
+            pending.append((child, path, depth + 1))
+    return data
 
 
 def load_yaml(path: str | Path) -> Any:
@@ -286,7 +329,7 @@ class Node:
         if value is default and default is not _MISSING:
             return value
         if not isinstance(value, str):
-            raise self.key_error(key, "expected a string", value)
+            raise self.key_error(key, "expected a string", value, "a string")
         return value
 
     def choice(self, key: str, options: Sequence[str], default: Any = _MISSING) -> Any:
