@@ -1,10 +1,8 @@
 """``llmsim report``: a capacity-planning report (HTML and Markdown) for one scenario."""
 from __future__ import annotations
 
-import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 from llmsim.cli.options import add_seeds_argument, parse_seeds
@@ -60,8 +58,7 @@ def _cmd_report(args) -> int:
     seeds = parse_seeds(args.seeds, scenario)
     out = Path(args.out) if args.out else RUNS / f"report-{folder_name(scenario.name, 'name', scenario.path)}"
     paths = [out / name for name in FILES]
-    refuse_to_replace(paths, args.overwrite)
-    check_writable(out)
+    refuse_to_replace(paths, args.overwrite)      # and checks the folder can be written
     command = "llmsim report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
     report = ReportBuilder(scenario, traffic, hardware=args.hardware, seeds=seeds, requests=args.requests,
                            workers=args.workers, command=command, progress=True).build()
@@ -78,23 +75,3 @@ def _cmd_report(args) -> int:
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 
-
-def check_writable(folder: Path) -> None:
-    """Refuse (exit 2) a folder that cannot be created or written, without leaving anything behind:
-    a probe file is made and removed in the nearest folder that exists."""
-    existing = folder
-    while not existing.exists():
-        if existing.parent == existing:
-            break
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError("is inside a file, not a folder", key="--out", value=str(folder), allowed="a folder")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as error:
-        raise ConfigError(f"cannot write here ({error.strerror})", key="--out", value=str(folder),
-                          allowed="a folder you can write to") from None
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError("cannot write here (permission denied)", key="--out", value=str(folder),
-                          allowed="a folder you can write to")
