@@ -5,15 +5,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from llmsim.cli.options import add_seeds_argument, parse_seeds
+from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, number_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.plan import parse_rate
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.report.build import (DEFAULT_PEAK_TO_MEAN, ReportBuilder, parse_growth, traffic_from_rate,
-                                 traffic_from_trace)
+from llmsim.report.build import (DEFAULT_PEAK_TO_MEAN, MIN_REQUESTS, ReportBuilder, parse_growth,
+                                 traffic_from_rate, traffic_from_trace)
 from llmsim.report.render import to_html, to_markdown
 from llmsim.search.plan import as_scenario, candidates
+from llmsim.search.window import MAX_REQUESTS
 from llmsim.workload.trace_formats import read_trace
 
 FILES = ("report.html", "report.md")
@@ -24,18 +25,19 @@ def add_parser(sub) -> None:
                                            "settings, headroom, N+1, peak sizing, sensitivity, monitoring view")
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     rate = parser.add_mutually_exclusive_group()
-    rate.add_argument("--target-rate", help="requests per second to size for (default: the scenario's rate)")
+    rate.add_argument("--target-rate", type=checked_flag(parse_rate), help="requests per second to size for (default: the scenario's rate)")
     rate.add_argument("--trace", help="a trace CSV (arrival_s, prompt_tokens, output_tokens): size for its busiest "
                                       "hour-window, with lengths fitted to it")
-    parser.add_argument("--growth", help="with --trace: traffic growth factor, e.g. 2x (default 1x)")
-    parser.add_argument("--peak-to-mean", type=float, default=DEFAULT_PEAK_TO_MEAN,
+    parser.add_argument("--growth", type=checked_flag(parse_growth),
+                        help="with --trace: traffic growth factor, e.g. 2x (default 1x)")
+    parser.add_argument("--peak-to-mean", type=number_flag(1.0, 2.0), default=DEFAULT_PEAK_TO_MEAN,
                         help=f"without --trace: the assumed diurnal peak over mean (default {DEFAULT_PEAK_TO_MEAN})")
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
     add_seeds_argument(parser, default="2", default_text="2")
-    parser.add_argument("--requests", type=int, help="the fewest requests per simulated run; each run covers a window "
+    parser.add_argument("--requests", type=integer_flag(MIN_REQUESTS, MAX_REQUESTS), help="the fewest requests per simulated run; each run covers a window "
                         "that follows its rate (default: the scenario's count, at most 2000)")
-    parser.add_argument("--workers", type=int, help="parallel simulations (default: all cores)")
+    parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
     parser.add_argument("--out", help="folder for report.html and report.md (default runs/report-<name>)")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_report)
@@ -50,9 +52,9 @@ def _cmd_report(args) -> int:
     if args.trace is not None:
         path = Path(args.trace)
         trace = read_trace(path, Node({"path": str(path)}, file=None), "path")   # any format, detected
-        traffic = traffic_from_trace(trace, parse_growth(args.growth or "1"), str(path))
+        traffic = traffic_from_trace(trace, 1.0 if args.growth is None else args.growth, str(path))
     else:
-        rate = parse_rate(args.target_rate) if args.target_rate is not None else scenario.workload.arrival.rate_per_s
+        rate = args.target_rate if args.target_rate is not None else scenario.workload.arrival.rate_per_s
         traffic = traffic_from_rate(rate, args.peak_to_mean)
     candidates(scenario, args.hardware)               # an unknown chip: exit 2 now
     seeds = parse_seeds(args.seeds, scenario)
