@@ -10,6 +10,9 @@
   under an unpredictable name, created exclusively (:func:`create_exclusive`); a file under a fixed
   name is opened without following a link (:func:`open_no_follow`); a final name is replaced
   only by a rename, which replaces a link itself, never the file it points to.
+- A command that simulates many runs before it writes anything (``report``, ``recommend``) keeps
+  each run as it finishes in a journal beside its output (:func:`keeping_runs`): Ctrl-C (exit
+  130) or a failed write (exit 1, a full disk) loses nothing, and the same command resumes.
 """
 from __future__ import annotations
 
@@ -18,8 +21,9 @@ import os
 import re
 import secrets
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from llmsim.errors import ConfigError
 
@@ -127,3 +131,34 @@ def write_file(path: Path, write: Callable[[Path], object]) -> Path:
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+class Stopped(Exception):
+    """A command stopped before its end, what it kept said in the message; ``status``: its exit status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@contextmanager
+def keeping_runs(journal: Path | None, what: str) -> Iterator[None]:
+    """Inside this block every simulation finished is kept in ``journal`` as it finishes and those
+    already there are reused (:func:`llmsim.search.sweeps.reusing_runs`); the journal is removed
+    when the block ends normally (its work is written). Ctrl-C: :class:`Stopped` (130), a write that
+    fails (a full disk): :class:`Stopped` (1), each saying what is kept. ``journal`` None: nothing
+    is kept, and the message says how to keep it."""
+    from llmsim.search.journal import discard          # here: the journal imports this module
+    from llmsim.search.sweeps import reusing_runs
+    kept = (f"the simulations finished are kept in {journal}, and the same command resumes the {what}"
+            if journal is not None else "nothing is kept (give --out to keep finished simulations and resume)")
+    try:
+        with reusing_runs(journal):
+            yield
+    except KeyboardInterrupt:
+        raise Stopped(130, f"interrupted: {kept}") from None
+    except OSError as error:
+        raise Stopped(1, f"the {what} stopped: cannot write {error.filename or journal} "
+                         f"({error.strerror or error}); {kept} once the cause is fixed") from None
+    if journal is not None:
+        discard(journal)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from llmsim.analysis.names import CLASSES, SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
 from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, parse_seeds
-from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
+from llmsim.cli.outputs import OVERWRITE_HELP, keeping_runs, refuse_to_replace, write_file
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario, replay_description
 from llmsim.config.reader import Node
@@ -36,9 +36,16 @@ def add_parser(sub) -> None:
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
     parser.add_argument("--no-drafts", action="store_true",
                         help="speculating scenarios: skip choosing the draft and tuning eligibility")
-    parser.add_argument("--out", help="also write every simulated setting as CSV here")
+    parser.add_argument("--out", help="also write every simulated setting as CSV here; until it is written, each "
+                        "finished simulation is kept in OUT.runs.csv, so a rerun after Ctrl-C (exit 130) or a full "
+                        "disk resumes")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_recommend)
+
+
+def runs_journal(out: Path) -> Path:
+    """Where ``--out FILE`` keeps the simulations finished until FILE is written: FILE.runs.csv."""
+    return out.with_name(out.name + ".runs.csv")
 
 
 def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
@@ -139,13 +146,16 @@ def _targets_text(targets: dict) -> str:
 
 def _cmd_recommend(args) -> int:
     scenario = as_scenario(args.scenario)
+    seeds = parse_seeds(args.seeds, scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
-    rec = recommend(scenario, objective=args.objective, seeds=parse_seeds(args.seeds, scenario), top=args.top,
-                    workers=args.workers, progress=True, drafts=not args.no_drafts, search=args.search,
-                    class_timeouts_s=args.class_timeouts or CLASS_TIMEOUTS_S)
-    if args.out:            # the table first: printing can fail (a closed pipe)
-        write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
+    # With --out, each simulation is kept beside it as it finishes: Ctrl-C or a full disk is resumable.
+    with keeping_runs(runs_journal(Path(args.out)) if args.out else None, "recommendation"):
+        rec = recommend(scenario, objective=args.objective, seeds=seeds, top=args.top, workers=args.workers,
+                        progress=True, drafts=not args.no_drafts, search=args.search,
+                        class_timeouts_s=args.class_timeouts or CLASS_TIMEOUTS_S)
+        if args.out:            # the table first: printing can fail (a closed pipe)
+            write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     if scenario.workload.trace is not None:          # which traffic the rates below rescale
         print(f"replaying {replay_description(scenario, scenario.workload.arrival.rate_per_s)}; its rate is the "
               "trace's time scale")

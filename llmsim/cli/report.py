@@ -1,4 +1,10 @@
-"""``llmsim report``: a capacity-planning report (HTML and Markdown) for one scenario."""
+"""``llmsim report``: a capacity-planning report (HTML and Markdown) for one scenario.
+
+Each simulation is kept in ``runs.csv`` in the output folder as it finishes, until the report
+is written: Ctrl-C (exit 130), a full disk (exit 1) or a crash loses no finished simulation,
+and the same command resumes where it stopped (a simulation is deterministic in its scenario
+and seed, so the report is the one an uninterrupted run writes).
+"""
 from __future__ import annotations
 
 import shlex
@@ -6,7 +12,7 @@ import sys
 from pathlib import Path
 
 from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, number_flag, parse_seeds
-from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
+from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, keeping_runs, refuse_to_replace, write_file
 from llmsim.cli.plan import parse_rate
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
@@ -18,6 +24,7 @@ from llmsim.search.window import MAX_REQUESTS
 from llmsim.workload.trace_formats import read_trace
 
 FILES = ("report.html", "report.md")
+RUNS_JOURNAL = "runs.csv"         # the simulations finished, kept until the report is written
 
 
 def add_parser(sub) -> None:
@@ -62,18 +69,19 @@ def _cmd_report(args) -> int:
     paths = [out / name for name in FILES]
     refuse_to_replace(paths, args.overwrite)      # and checks the folder can be written
     command = "llmsim report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
-    report = ReportBuilder(scenario, traffic, hardware=args.hardware, seeds=seeds, requests=args.requests,
-                           workers=args.workers, command=command, progress=True).build()
-    texts = {"report.html": to_html(report), "report.md": to_markdown(report)}
-    written = []
-    try:
-        for name, text in texts.items():
-            written.append(write_file(out / name, lambda p, text=text: p.write_text(text, encoding="utf-8")))
-    except OSError as error:          # the second failed: do not leave the first alone
-        for path in written:
-            path.unlink(missing_ok=True)
-        raise ConfigError(f"cannot write the report: {error.strerror}", key="--out", value=str(out),
-                          allowed="a folder you can write to") from None
+    builder = ReportBuilder(scenario, traffic, hardware=args.hardware, seeds=seeds, requests=args.requests,
+                            workers=args.workers, command=command, progress=True)
+    with keeping_runs(out / RUNS_JOURNAL, "report"):        # Ctrl-C or a full disk: resumable
+        report = builder.build()
+        texts = {"report.html": to_html(report), "report.md": to_markdown(report)}
+        written = []
+        try:
+            for name, text in texts.items():
+                written.append(write_file(out / name, lambda p, text=text: p.write_text(text, encoding="utf-8")))
+        except OSError:          # the second failed: do not leave the first alone
+            for path in written:
+                path.unlink(missing_ok=True)
+            raise
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0
 

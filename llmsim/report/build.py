@@ -41,7 +41,7 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.analysis.frontier import pareto_frontier
 from llmsim.catalog.hardware import lookup_hardware
-from llmsim.config.reader import load_yaml
+from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
@@ -619,8 +619,11 @@ def _time_average_queue(queue: pd.DataFrame, edges: np.ndarray) -> np.ndarray:
 
 
 def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
-    """Every ``{value, source, confidence}`` figure of a chip's profile, as table rows."""
-    profile = lookup_hardware(name, None, "--hardware")
+    """Every ``{value, source, confidence}`` figure of a chip's profile, as table rows. A profile's
+    path is relative to the scenario, as in its ``hardware`` and ``plan.hardware`` keys (a path given
+    by ``--hardware`` is already absolute)."""
+    where = Node(None, file=scenario.path, base_dir=Path(scenario.source_dir or "."))
+    profile = lookup_hardware(name, where, "hardware")
     data = load_yaml(profile.path) if profile.path else {}
     rows = []
 

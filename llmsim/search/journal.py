@@ -1,4 +1,5 @@
-"""A sweep's journal: ``results.csv``, one verifiable line per finished point, under a lock.
+"""A sweep's journal: ``results.csv``, one verifiable line per finished point, under a lock (also
+the journal of the runs a report or recommendation has simulated: :func:`llmsim.search.sweeps.reusing_runs`).
 
 Every line ends with a ``checksum`` cell: the first 16 hex digits of a SHA-256 over the
 header's column names and the line's other cells. On opening, each line is parsed on its own
@@ -152,6 +153,12 @@ class Journal:
             temporary.unlink(missing_ok=True)
 
 
+def discard(path: Path) -> None:
+    """Remove a journal whose work is done, and its lock file."""
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + ".lock").unlink(missing_ok=True)
+
+
 def checksum(columns: list[str], record: dict[str, str]) -> str:
     """16 hex digits of SHA-256 over the column names and the cells of one row (checksum excluded)."""
     pairs = [[column, record.get(column, "")] for column in columns if column != CHECKSUM]
@@ -192,9 +199,9 @@ def _lock(path: Path) -> int:
     except BlockingIOError:
         holder = _holder(descriptor)
         os.close(descriptor)
-        raise ConfigError(f"another sweep (pid {holder}) is writing to this folder; wait for it to finish or "
-                          "choose another folder", key="out", value=str(path.parent),
-                          allowed="a folder no running sweep uses") from None
+        raise ConfigError(f"another sweep, report or recommendation (pid {holder}) is writing to this folder; "
+                          "wait for it to finish or choose another folder", key="out", value=str(path.parent),
+                          allowed="a folder no running command uses") from None
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
     return descriptor
