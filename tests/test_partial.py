@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -281,7 +282,8 @@ def recommend_args(tmp_path, out: bool = True) -> list[str]:
             *(["--out", str(tmp_path / "rec.csv")] if out else [])]
 
 
-def test_ctrl_c_during_recommend_exits_130_and_the_same_command_resumes(tmp_path, monkeypatch, capsys):
+def interrupted_recommend(tmp_path, monkeypatch, capsys) -> tuple[Path, list[bytes]]:
+    """``llmsim recommend --out`` stopped by Ctrl-C at its sixth simulation: its journal and the runs kept."""
     journal = tmp_path / "rec.csv.runs.csv"
     kept = simulations(monkeypatch, stop_at=6)
     assert main(recommend_args(tmp_path)) == 130
@@ -289,6 +291,16 @@ def test_ctrl_c_during_recommend_exits_130_and_the_same_command_resumes(tmp_path
     assert "Traceback" not in err and f"interrupted: the simulations finished are kept in {journal}" in err
     assert journal_keys(journal) == set(kept) and len(kept) == 5
     assert not (tmp_path / "rec.csv").exists()
+    return journal, kept
+
+
+def test_ctrl_c_during_recommend_exits_130_keeping_the_simulations_finished(tmp_path, monkeypatch, capsys):
+    interrupted_recommend(tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.slow          # a whole recommendation
+def test_the_same_recommend_command_resumes_after_ctrl_c(tmp_path, monkeypatch, capsys):
+    journal, kept = interrupted_recommend(tmp_path, monkeypatch, capsys)
     resumed = simulations(monkeypatch)
     assert main(recommend_args(tmp_path)) == 0
     assert not set(resumed) & set(kept)             # what was kept is not simulated again

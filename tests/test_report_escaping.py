@@ -18,8 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsim.cli.main import main
+from llmsim.report.build import hardware_figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table
 from llmsim.report.render import markdown_text, to_html, to_markdown
+from llmsim.scenario.scenario import load_scenario
 
 from .helpers import REPO
 from .test_report import markdown_literal, markdown_tables
@@ -124,3 +126,13 @@ def test_a_report_with_hostile_inputs_has_no_markup_from_them(tmp_path):
     assert tags(md) == []
     assert "script" not in tags(html) and "img" not in tags(html)
     assert markdown_text(f"chat{SCRIPT}") in md and markdown_text(IMAGE) in md
+
+
+def test_hardware_figures_find_a_profile_named_relative_to_the_scenario(tmp_path, monkeypatch):
+    """As ``llmsim run`` does: the scenario's ``hardware: chip.yaml`` is beside the scenario, whatever
+    the current folder (the report once looked for it in the current folder, after all its simulations)."""
+    scenario = load_scenario(hostile_inputs(tmp_path))
+    monkeypatch.chdir(REPO)
+    rows = hardware_figures("chip.yaml", scenario)
+    assert rows and all(row[0].startswith(f"H100{IMAGE} ") for row in rows)
+    assert any(row[2].startswith(SCRIPT) for row in rows)           # the sources, as the profile has them
