@@ -26,6 +26,7 @@ from llmsim import simulate
 from llmsim.cli.main import main
 from llmsim.search.journal import Journal
 from llmsim.search.sweeps import reusing_runs, run_key, run_points
+from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.trace import generate_trace
 
 from .helpers import BASE, REPO, make_scenario, merge
@@ -121,6 +122,14 @@ def test_a_fault_is_raised_with_what_was_simulated():
     summary = check_partial(partial, "fault")
     assert summary["fault"] == "RuntimeError: engine broke"
     assert any("partial_result" in note for note in caught.value.__notes__)
+
+
+def test_a_search_run_stopped_by_ctrl_c_raises_rather_than_returning_half_a_run():
+    """What the searches and the report simulate (their figures need whole runs)."""
+    observer, seen = stop_after(200, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        simulate_whole(make_scenario(LONG), observers=[observer])
+    assert seen["n"] == 200
 
 
 def test_ctrl_c_during_the_baseline_is_not_swallowed(monkeypatch):

@@ -54,7 +54,7 @@ from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
 from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simulate_until_decided,
                                  typical_latency_s)
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.trace import Trace, generate_trace
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
@@ -508,7 +508,7 @@ class ReportBuilder:
 
     def _monitoring(self) -> None:
         window = measurement_window(self.scenario, self.rate, typical_latency_s(self.final, self.rate))
-        result = simulate(variant(self.final, window.overrides(self.rate)))
+        result = simulate_whole(variant(self.final, window.overrides(self.rate)))
         series = monitoring_series(result, MONITOR_BINS)
         summary = result.summary()
         lat, util, queue = summary["latency"], summary["utilisation"], summary["queue"]

@@ -48,7 +48,7 @@ from llmsim.scenario.scenario import Scenario, read_seed
 from llmsim.search.executors import ENGINES, error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.resources import check_run_size
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 
 RESULTS_FILE = "results.csv"
 RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
@@ -327,9 +327,7 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Sce
 def simulate_point(scenario: Scenario) -> dict:
     """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
     size is not checked again: :func:`run_points` checks (or was told to force) every point first."""
-    result = simulate(scenario, force=True)
-    if result.interrupted:            # Ctrl-C during a serial sweep: stop, and record nothing half-run
-        raise KeyboardInterrupt
+    result = simulate_whole(scenario, force=True)      # Ctrl-C during a serial sweep: record nothing half-run
     flat = flatten(result.summary())
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
