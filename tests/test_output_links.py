@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from llmsim.cli.main import main
-from llmsim.cli.outputs import create_exclusive, write_file
+from llmsim.config.files import create_exclusive, write_file
 
 from .helpers import BASE, merge
 

@@ -33,7 +33,7 @@ import pandas as pd
 
 from llmsim.calibration.operators import DEVICE_PROFILES
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog
-from llmsim.cli.outputs import write_file
+from llmsim.config.files import write_file
 from llmsim.cost.kernels import layer_gemm_shapes
 
 # Models whose shapes the Vidur measurements cover (7B/8B/70B) plus two others (13B; Qwen's 28/4 heads).

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from llmsim.config.files import write_file
 from llmsim.config.reader import Node
 from llmsim.catalog.hardware import HardwareProfile, profile_from_node
-from llmsim.cli.outputs import write_file
 
 # USD per core-hour of an on-demand general-purpose cloud VM (AWS m7a.large: 2 vCPUs, about 0.116 USD/h).
 CLOUD_USD_PER_CORE_HOUR = 0.058

@@ -5,27 +5,27 @@
 - A command refuses, before doing any work, to replace files that already exist unless given
   ``--overwrite`` (:func:`refuse_to_replace`): exit 2 naming them.
 - Each file is written under a temporary name in its own folder and renamed when complete
-  (:func:`write_file`), so a crash or Ctrl-C never leaves half a file under the final name.
-- A link planted in the output folder is never written through: a temporary file is a new file
-  under an unpredictable name, created exclusively (:func:`create_exclusive`); a file under a fixed
-  name is opened without following a link (:func:`open_no_follow`); a final name is replaced
-  only by a rename, which replaces a link itself, never the file it points to.
+  (:func:`~llmsim.config.files.write_file`), so a crash or Ctrl-C never leaves half a file under
+  the final name.
+- A link planted in the output folder is never written through (:mod:`llmsim.config.files`, whose
+  :func:`~llmsim.config.files.write_file` every command writes with).
 - A command that simulates many runs before it writes anything (``report``, ``recommend``) keeps
   each run as it finishes in a journal beside its output (:func:`keeping_runs`): Ctrl-C (exit
   130) or a failed write (exit 1, a full disk) loses nothing, and the same command resumes.
 """
 from __future__ import annotations
 
-import errno
 import os
 import re
-import secrets
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
+from llmsim.config.files import write_file  # noqa: F401  (the commands' one writer, imported from here)
 from llmsim.errors import ConfigError
+from llmsim.search.journal import discard
+from llmsim.search.sweeps import reusing_runs
 
 RUNS = Path("runs")
 OVERWRITE_HELP = "replace results already there (without it the command stops with exit 2, before running)"
@@ -89,50 +89,6 @@ def check_writable_folder(folder: Path, key: str = "--out") -> None:
                           allowed="a folder you can write to") from None
 
 
-def create_exclusive(folder: Path, prefix: str, suffix: str) -> tuple[int, Path]:
-    """A new empty file ``folder/<prefix><random><suffix>``, open for writing: created by this call
-    (O_EXCL, O_NOFOLLOW), so never an existing file or a link someone planted. Like
-    ``tempfile.mkstemp``, but with the permissions the umask gives (mkstemp's 0600 would make
-    every result private once renamed into place)."""
-    for _ in range(100):
-        path = Path(folder) / f"{prefix}{secrets.token_hex(6)}{suffix}"
-        try:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            return os.open(path, flags, 0o666), path
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"no free temporary name {prefix}*{suffix} in {folder}")
-
-
-def open_no_follow(path: Path, flags: int, key: str = "--out") -> int:
-    """``os.open`` of a file under a fixed name (a lock, a journal appended to), refusing a link
-    there (ConfigError, exit 2) instead of writing into whatever it points to."""
-    try:
-        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-    except OSError as error:
-        if error.errno != errno.ELOOP:
-            raise
-        raise ConfigError(f"{path.name} is a symbolic link; llmsim writes only files it made itself in its output "
-                          "folder, and never through a link", key=key, value=str(path),
-                          allowed="remove the link, or choose another folder") from None
-
-
-def write_file(path: Path, write: Callable[[Path], object]) -> Path:
-    """``write(temporary)``, then the temporary file renamed to ``path``. The temporary file is
-    made by :func:`create_exclusive` in the same folder with the same suffix (so a writer that
-    reads the format from the suffix still can); a link under ``path`` is replaced, not followed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, partial = create_exclusive(path.parent, f".{path.stem}.", f".partial{path.suffix}")
-    os.close(descriptor)
-    try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-    return path
-
-
 class Stopped(Exception):
     """A command stopped before its end, what it kept said in the message; ``status``: its exit status."""
 
@@ -148,8 +104,6 @@ def keeping_runs(journal: Path | None, what: str) -> Iterator[None]:
     when the block ends normally (its work is written). Ctrl-C: :class:`Stopped` (130), a write that
     fails (a full disk): :class:`Stopped` (1), each saying what is kept. ``journal`` None: nothing
     is kept, and the message says how to keep it."""
-    from llmsim.search.journal import discard          # here: the journal imports this module
-    from llmsim.search.sweeps import reusing_runs
     kept = (f"the simulations finished are kept in {journal}, and the same command resumes the {what}"
             if journal is not None else "nothing is kept (give --out to keep finished simulations and resume)")
     try:

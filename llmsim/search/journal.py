@@ -17,7 +17,7 @@ naming the holder's pid. The kernel releases the lock when its holder exits, how
 
 No file is written through a link: the lock and the journal are opened without following one (a
 link under either name is exit 2), and the rewrite's temporary file is made exclusively
-(:func:`llmsim.cli.outputs.create_exclusive`).
+(:func:`llmsim.config.files.create_exclusive`).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from llmsim.cli.outputs import create_exclusive, open_no_follow
+from llmsim.config.files import create_exclusive, open_no_follow
 from llmsim.errors import ConfigError
 
 CHECKSUM = "checksum"
