@@ -176,6 +176,11 @@ class KPolicy:
     fallback: bool = True
     prior_alpha: float = 0.7            # goodput: the acceptance assumed before any is observed
 
+    @property
+    def label(self) -> str:
+        """``policy:k``, as tables and recommendations print a k setting."""
+        return f"{self.policy}:{self.k}"
+
 
 @dataclass(frozen=True)
 class Eligibility:
