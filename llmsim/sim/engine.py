@@ -333,7 +333,9 @@ class Engine(EngineProcess):
         chunk = min(todo, limit) if cfg.chunked_prefill else todo
         if chunk <= 0 or chunk > limit:
             return 0
-        if not self._room_for(request):
+        # A request forced in by its queue timeout takes only its first chunk's blocks under vLLM's admission
+        # (it may be preempted later like any other); TensorRT-LLM's tests hold for it as for every request.
+        if not (forced and cfg.admission == "preempt") and not self._room_for(request):
             return 0
         return chunk if self._take_blocks(request, chunk, now) else 0
 
