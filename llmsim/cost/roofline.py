@@ -250,6 +250,14 @@ class CostModel:
             vector[F["tokens"]] += (self.pp - 1) * hidden_bytes / link
         return vector
 
+    def host_time_s(self, sampled: int) -> float:
+        """The part of an iteration's time that is the engine's CPU work (scheduling, input preparation,
+        output processing: the profile's per-step overhead and, with kernel terms, its per-sampled-sequence
+        one) for ``sampled`` sequences sampled. With asynchronous scheduling it overlaps the GPU's previous
+        step (:class:`~llmsim.sim.engine.Engine`)."""
+        kernels = self.hardware.kernels
+        return self.hardware.per_step_overhead_s + (kernels.step_overhead_per_sequence_s * sampled if kernels else 0.0)
+
     # -- the cost of a batch ------------------------------------------------------------------
     def features(self, prefill_new=(), prefill_context=(), decode_context=(), prefill_logits=None):
         """Feature vector of a batch; ``prefill_logits`` defaults to every chunk ending its prompt."""
