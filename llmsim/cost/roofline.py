@@ -6,8 +6,10 @@ takes ``max(FLOPs / effective peak, bytes / effective bandwidth)``: weights are
 read once per iteration, each sequence's KV cache once per layer. Tensor
 parallelism splits weights, heads and FLOPs over ``tp`` devices and adds two
 all-reduces of the hidden state per layer; pipeline parallelism runs the layers
-as ``pp`` stages in sequence with an activation hop between stages. Fixed
-per-step and per-layer overheads stand for scheduling, sampling and launches.
+as ``pp`` stages in sequence with an activation hop between stages. Every computed
+position writes its KV (an operator of its own, bytes over bandwidth, beside attention) and
+every sampled row streams the vocabulary's logits (``sampling``). Fixed per-step and
+per-layer overheads stand for the engine's CPU work and launches (:meth:`CostModel.host_time_s`).
 
 A profile with measured kernel terms (``kernels:``, see :mod:`llmsim.catalog.kernel_terms`)
 prices GEMMs by a smooth maximum of their memory and compute times plus a launch floor,
