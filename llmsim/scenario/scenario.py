@@ -71,6 +71,7 @@ class EngineConfig:
     prefix_caching: bool = False         # vLLM enable_prefix_caching: reuse cached blocks of shared prefixes
     preemption_mode: str = "recompute"   # vLLM preemption_mode: recompute, or swap to host memory
     cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
+    async_scheduling: bool = False       # vLLM --async-scheduling: the step's CPU work overlaps the previous step
 
     @property
     def host_tier(self) -> bool:
@@ -267,7 +268,8 @@ def scenario_from_node(root: Node) -> Scenario:
         admission=eng.choice("admission", ADMISSION_MODES, ENGINE.admission),
         prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
         preemption_mode=eng.choice("preemption_mode", PREEMPTION_MODES, ENGINE.preemption_mode),
-        cpu_offload=_cpu_offload(eng))
+        cpu_offload=_cpu_offload(eng),
+        async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling))
     _check_kv_tiers(eng, engine, hardware)
     if router == "prefix_aware" and not engine.prefix_caching:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,
