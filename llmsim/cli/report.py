@@ -14,14 +14,13 @@ from pathlib import Path
 from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, number_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, keeping_runs, refuse_to_replace, write_file
 from llmsim.cli.plan import parse_rate
-from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.report.build import (DEFAULT_PEAK_TO_MEAN, MIN_REQUESTS, ReportBuilder, parse_growth,
                                  traffic_from_rate, traffic_from_trace)
 from llmsim.report.render import to_html, to_markdown
 from llmsim.search.plan import as_scenario, candidates
 from llmsim.search.window import MAX_REQUESTS
-from llmsim.workload.trace_formats import read_trace
+from llmsim.workload.trace_formats import load_trace
 
 FILES = ("report.html", "report.md")
 RUNS_JOURNAL = "runs.csv"         # the simulations finished, kept until the report is written
@@ -58,7 +57,7 @@ def _cmd_report(args) -> int:
                           allowed="--trace FILE --growth 2x, or --target-rate for a rate")
     if args.trace is not None:
         path = Path(args.trace)
-        trace = read_trace(path, Node({"path": str(path)}, file=None), "path")   # any format, detected
+        trace = load_trace(path)   # any format, detected
         traffic = traffic_from_trace(trace, 1.0 if args.growth is None else args.growth, str(path))
     else:
         rate = args.target_rate if args.target_rate is not None else scenario.workload.arrival.rate_per_s
