@@ -44,7 +44,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--requests", type=integer_flag(MIN_REQUESTS, MAX_REQUESTS), help="the fewest requests per simulated run; each run covers a window "
                         "that follows its rate (default: the scenario's count, at most 2000)")
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
-    parser.add_argument("--out", help="folder for report.html and report.md (default runs/report-<name>)")
+    parser.add_argument("--out", help="folder for report.html and report.md (default runs/report-<name>); until "
+                        "they are written, each finished simulation is kept in its runs.csv, so a rerun after Ctrl-C "
+                        "(exit 130) or a full disk resumes")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_report)
 
