@@ -292,7 +292,8 @@ class Node:
 
     def done(self, extra_allowed: Iterable[str] = ()) -> None:
         """Reject keys that were never read: they are typos or settings llmsim does not have."""
-        valid = sorted(self._used | set(extra_allowed))
+        # YAML keys may be numbers, booleans or null beside strings: compared as text.
+        valid = sorted({str(key) for key in self._used | set(extra_allowed)})
         for key in self.data:
             if key not in self._used and key not in extra_allowed:
                 hint = _closest(str(key), valid)

@@ -412,7 +412,7 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
     (summarising a large run takes seconds).
     """
     scenario = result.scenario
-    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed),
+    plain = simulate(scenario.plain_decoding(), generate_trace(scenario.workload, scenario.seed),
                      force=True)     # the size of the run itself, already checked
     if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
         raise KeyboardInterrupt
