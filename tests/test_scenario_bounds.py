@@ -286,3 +286,43 @@ def test_place_with_a_fixed_layout_too_small_names_the_smallest(capsys):
     # Brute force: no layout of fewer devices holds it.
     assert not any(holds(t, p) for t in range(1, model.num_heads + 1) if model.num_heads % t == 0
                    for p in range(1, model.num_layers + 1) if t * p < devices)
+
+
+# -- wrong input accepted --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("detect", ["1e-300", "0.0009"])
+def test_a_detection_target_below_its_bound_is_refused(tmp_path, capsys, detect):
+    canary = REPO / "scenarios" / "llama3-8b-h100-canary.yaml"
+    refused(capsys, ["run", canary, "--detect", detect, "--out", tmp_path / "out"], "--detect", ">= 0.001")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("where", ["base", "variant"])
+@pytest.mark.parametrize("setting, key", [({"arrival": {"rate": "5 parsecs"}}, "workload.arrival.rate"),
+                                          ({"num_requests": "lots"}, "workload.num_requests")])
+def test_a_key_every_load_overrides_is_still_checked(tmp_path, where, setting, key):
+    comparison = _comparison({"low": {"rate": 2.0, "num_requests": 30}, "high": 4.0}, {"a": {}})
+    if where == "base":
+        comparison["base"] = merge(comparison["base"], {"workload": setting})
+        expected = f"base.{key}"
+    else:
+        comparison["variants"]["a"] = {"workload": setting}
+        expected = f"variants.a.{key}"
+    with pytest.raises(ConfigError) as error:       # accepted before: every load replaced it
+        load_comparison(write(tmp_path, comparison, "comparison.yaml"))
+    assert error.value.key == expected and "comparison.yaml" in error.value.file
+
+
+def test_a_warmup_as_long_as_the_arrivals_is_said_on_stderr(tmp_path, capsys):
+    data = merge(merge(BASE, SMALL), {"workload": {"num_requests": 30, "arrival": {"rate": 100.0}},
+                                      "simulation": {"warmup": "30 s"}})
+    assert main(["run", str(write(tmp_path, data)), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    # 30 requests at 100/s arrive in about 0.3 s, far inside the 30 s warm-up.
+    assert "warning" in err and "simulation.warmup (30 s)" in err and "workload.num_requests" in err
+
+
+def test_a_warmup_inside_the_arrivals_says_nothing(tmp_path, capsys):
+    data = merge(merge(BASE, SMALL), {"simulation": {"warmup": "1 s"}})      # 40 requests at 8/s: about 5 s
+    assert main(["run", str(write(tmp_path, data)), "--out", str(tmp_path / "out")]) == 0
+    assert "warning" not in capsys.readouterr().err
