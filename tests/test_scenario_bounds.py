@@ -326,3 +326,11 @@ def test_a_warmup_inside_the_arrivals_says_nothing(tmp_path, capsys):
     data = merge(merge(BASE, SMALL), {"simulation": {"warmup": "1 s"}})      # 40 requests at 8/s: about 5 s
     assert main(["run", str(write(tmp_path, data)), "--out", str(tmp_path / "out")]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_numeric_variant_label_without_settings_is_named(tmp_path):
+    """Found by the property tests: the missing-key hint compared a numeric label as text (TypeError)."""
+    path = write(tmp_path, {"base": merge(BASE, SMALL), "variants": {0: None}}, "comparison.yaml")
+    with pytest.raises(ConfigError) as error:
+        load_comparison(path)
+    assert error.value.key == "variants.0"

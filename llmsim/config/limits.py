@@ -18,6 +18,11 @@ MAX_YAML_DEPTH = 64                 # nested mappings/lists; shipped files reach
 MAX_YAML_ALIASES = 1_000            # uses of '*anchor'
 MAX_YAML_NODES = 200_000            # values once every alias is expanded ("billion laughs" stop here)
 
+# -- grids ---------------------------------------------------------------------------------
+# Points of a sweep grid (the product of its lists' lengths), built before any runs: at about a
+# second a point this is a day of one core, while a few lines of YAML could ask for billions.
+MAX_GRID_POINTS = 100_000
+
 # -- numbers -------------------------------------------------------------------------------
 # A plain number: its magnitude at most 2**53, the largest integer a float64 holds exactly
 # (counts, seeds and sizes beyond it would silently lose their last digits).

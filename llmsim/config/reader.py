@@ -192,7 +192,7 @@ class Node:
         self._used.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _MISSING:
-                typo = _closest(key, [str(k) for k in self.data if k != key])
+                typo = _closest(str(key), [str(k) for k in self.data if k != key])
                 message = "required key is missing" + (f"; did you mean '{key}' instead of '{typo}'?"
                                                        if typo else "")
                 raise self.error(message, key=self.key_path(key), has_value=False)
