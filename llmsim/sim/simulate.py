@@ -423,7 +423,7 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
     """
     scenario = result.scenario
     # The size of the run itself, already checked; Ctrl-C during the baseline: no ratios from half a run.
-    plain = simulate_whole(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed),
+    plain = simulate_whole(scenario.plain_decoding(), generate_trace(scenario.workload, scenario.seed),
                            force=True).summary()
     spec = result.summary() if summary is None else summary
     ratio = (lambda a, b: a / b if b else float("nan"))
