@@ -59,7 +59,7 @@ def run(tmp_path, path, *flags):
     ({"engine": {"max_num_seqs": float("nan")}}, ["engine.max_num_seqs", "expected an integer"]),
     ({"workload": {"duration": "876600 h", "num_requests": None}}, ["workload.duration", "<= 1e+09"]),
     ({"simulation": {"horizon": 1e300}}, ["simulation.horizon", "<= 1e+09"]),
-    ({"workload": {"arrival": {"process": "gamma", "cv": 0}}}, ["workload.arrival.cv", "> 0 and <= 100"]),
+    ({"workload": {"arrival": {"process": "gamma", "cv": 0}}}, ["workload.arrival.cv", ">= 0.001 and <= 100"]),
 ])
 def test_numbers_beyond_their_documented_range_are_refused_at_the_edge(tmp_path, capsys, overrides, fragments):
     refused(capsys, run(tmp_path, scenario(tmp_path, overrides)), *fragments)

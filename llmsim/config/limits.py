@@ -31,6 +31,11 @@ MAX_JSON_DEPTH = 64                 # nested objects/arrays; a config.json reach
 # -- command lines -------------------------------------------------------------------------
 MAX_FLAGS_CHARS = 64 * 1024         # engine.vllm_args / --vllm-args: a vllm serve command line is under 1 kB
 
+# -- grids ---------------------------------------------------------------------------------
+# Points of a sweep grid (the product of its lists' lengths), built before any runs: at about a
+# second a point this is a day of one core, while a few lines of YAML could ask for billions.
+MAX_GRID_POINTS = 100_000
+
 # -- numbers -------------------------------------------------------------------------------
 # A plain number: its magnitude at most 2**53, the largest integer a float64 holds exactly
 # (counts, seeds and sizes beyond it would silently lose their last digits).

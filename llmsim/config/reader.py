@@ -267,7 +267,7 @@ class Node:
         self._used.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _MISSING:
-                typo = _closest(key, [str(k) for k in self.data if k != key])
+                typo = _closest(str(key), [str(k) for k in self.data if k != key])
                 message = "required key is missing" + (f"; did you mean '{key}' instead of '{typo}'?"
                                                        if typo else "")
                 raise self.error(message, key=self.key_path(key), has_value=False)
@@ -367,7 +367,8 @@ class Node:
 
     def done(self, extra_allowed: Iterable[str] = ()) -> None:
         """Reject keys that were never read: they are typos or settings llmsim does not have."""
-        valid = sorted(self._used | set(extra_allowed))
+        # YAML keys may be numbers, booleans or null beside strings: compared as text.
+        valid = sorted({str(key) for key in self._used | set(extra_allowed)})
         for key in self.data:
             if key not in self._used and key not in extra_allowed:
                 hint = _closest(str(key), valid)

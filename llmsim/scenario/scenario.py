@@ -16,7 +16,8 @@ from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from llmsim.errors import ConfigError
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
-from llmsim.scenario.control import AutoscalingConfig, ControllerConfig, autoscaling_from_node, controller_from_node
+from llmsim.scenario.control import (SPECULATION_K, AutoscalingConfig, ControllerConfig, autoscaling_from_node,
+                                    controller_from_node)
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
@@ -71,6 +72,7 @@ class EngineConfig:
     prefix_caching: bool = False         # vLLM enable_prefix_caching: reuse cached blocks of shared prefixes
     preemption_mode: str = "recompute"   # vLLM preemption_mode: recompute, or swap to host memory
     cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
+    async_scheduling: bool = False       # vLLM --async-scheduling: the step's CPU work overlaps the previous step
 
     @property
     def host_tier(self) -> bool:
@@ -205,6 +207,14 @@ class Scenario:
     def with_seed(self, seed: int) -> "Scenario":
         return replace(self, seed=seed)
 
+    def plain_decoding(self) -> "Scenario":
+        """This scenario without speculation: a controller that moves the draft length goes with it
+        (plain decoding has no draft length to move)."""
+        controller = self.controller
+        if controller is not None and controller.knob == SPECULATION_K:
+            controller = None
+        return replace(self, speculation=None, controller=controller)
+
 
 def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | None = None) -> Scenario:
     """Read and validate a scenario YAML file; errors are ConfigErrors naming file, key and value.
@@ -267,7 +277,8 @@ def scenario_from_node(root: Node) -> Scenario:
         admission=eng.choice("admission", ADMISSION_MODES, ENGINE.admission),
         prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
         preemption_mode=eng.choice("preemption_mode", PREEMPTION_MODES, ENGINE.preemption_mode),
-        cpu_offload=_cpu_offload(eng))
+        cpu_offload=_cpu_offload(eng),
+        async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling))
     _check_kv_tiers(eng, engine, hardware)
     if router == "prefix_aware" and not engine.prefix_caching:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,

@@ -22,6 +22,7 @@ import numpy as np
 
 from llmsim.workload.trace import Trace
 from llmsim.workload.trace_transforms import mean_rate_per_s
+from llmsim.workload.workload import MIN_GAMMA_CV
 
 PROFILE_BIN_S = 3600.0
 # Bins of a time-of-day profile: a year of hours is 8,760. Each is a step of the ``steps`` profile
@@ -75,6 +76,8 @@ class WorkloadFit:
             amount = {"duration": f"{self.span_s:.6g} s"}
         else:
             arrival = {"process": "gamma", "rate": f"{scale * self.rate_per_s:.6g}/s", "cv": round(self.gap_cv, 4)}
+            if arrival["cv"] < MIN_GAMMA_CV:          # evenly spaced, as gamma gaps cannot be
+                arrival = {"process": "deterministic", "rate": arrival["rate"]}
             amount = {"num_requests": num_requests or self.requests}
         return {"arrival": arrival, **amount, "prompt_tokens": self.prompt.to_node(),
                 "output_tokens": self.output.to_node()}
