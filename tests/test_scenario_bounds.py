@@ -16,6 +16,7 @@ import yaml
 
 from llmsim.cli.main import main
 from llmsim.errors import ConfigError
+from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import load_comparison
 from llmsim.sim import resources
 from llmsim.sim.request import Request
@@ -334,3 +335,15 @@ def test_a_numeric_variant_label_without_settings_is_named(tmp_path):
     with pytest.raises(ConfigError) as error:
         load_comparison(path)
     assert error.value.key == "variants.0"
+
+
+
+def test_an_exponent_without_a_decimal_point_is_explained(tmp_path, capsys):
+    """PyYAML reads ``5e-1`` (no decimal point) as a string; the error says how to write the number."""
+    text = (REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml").read_text().replace(
+        "rate: 20/s}", "rate: 20/s, cv: 5e-1}").replace("process: poisson", "process: gamma")
+    scenario = tmp_path / "exponent.yaml"
+    scenario.write_text(text)
+    refused(capsys, ["run", scenario, "--out", tmp_path / "out"], "workload.arrival.cv", "write 5.0e-1")
+    scenario.write_text(text.replace("5e-1", "5.0e-1"))
+    assert load_scenario(scenario).workload.arrival.cv == 0.5
