@@ -28,9 +28,7 @@ from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
 
 
-def add_parsers(subparsers) -> None:
-    """Register ``calibrate`` and ``validate`` on the CLI's subparsers."""
-    cal = subparsers.add_parser("calibrate", help="fit the cost model to a torch decode step on this device")
+def configure_calibrate(cal) -> None:
     cal.add_argument("--device", choices=tuple(DEVICE_DTYPES), help="default: cuda if available, else cpu")
     cal.add_argument("--out", help="profile to write (default: <device>-calibrated.yaml)")
     cal.add_argument("--quick", action="store_true", help="few small shapes and repeats (under 2 minutes on a CPU)")
@@ -62,7 +60,9 @@ def add_parsers(subparsers) -> None:
     cal.add_argument("--seed", type=SEED, default=0, help="order of the interleaved rounds, random block tables")
     cal.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     cal.set_defaults(func=_cmd_calibrate)
-    val = subparsers.add_parser("validate", help="compare a calibrated profile with held-out torch decode steps")
+
+
+def configure_validate(val) -> None:
     val.add_argument("profile", help="a profile written by llmsim calibrate")
     val.add_argument("--device", choices=tuple(DEVICE_DTYPES),
                      help="default: the device the profile was calibrated on")

@@ -16,8 +16,7 @@ from llmsim.scenario.scenario import ENGINE
 CONTEXTS = (2048, 8192, 32768)      # the context lengths place reports by default
 
 
-def add_parser_place(sub) -> None:
-    placed = sub.add_parser("place", help="how many devices a model needs and how much KV cache is left")
+def configure_place(placed) -> None:
     placed.add_argument("model")
     placed.add_argument("hardware")
     placed.add_argument("--weight-dtype", choices=list(DTYPE_BYTES), default=None)
@@ -39,9 +38,12 @@ def add_parser_place(sub) -> None:
     placed.set_defaults(func=_cmd_place)
 
 
-def add_parsers_listing(sub) -> None:
-    sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
-    sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
+def configure_models(parser) -> None:
+    parser.set_defaults(func=_cmd_models)
+
+
+def configure_hardware(parser) -> None:
+    parser.set_defaults(func=_cmd_hardware)
 
 
 def _cmd_place(args) -> int:
