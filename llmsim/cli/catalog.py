@@ -17,19 +17,25 @@ CONTEXTS = (2048, 8192, 32768)      # the context lengths place reports by defau
 
 
 def configure_place(placed) -> None:
-    placed.add_argument("model")
-    placed.add_argument("hardware")
-    placed.add_argument("--weight-dtype", choices=list(DTYPE_BYTES), default=None)
-    placed.add_argument("--kv-dtype", choices=list(DTYPE_BYTES), default=None)
+    placed.add_argument("model", help="a model of the catalog (llmsim models lists them)")
+    placed.add_argument("hardware", help="a hardware profile's name or alias (llmsim hardware), or its file")
+    placed.add_argument("--weight-dtype", choices=list(DTYPE_BYTES), default=None,
+                        help="the weights' data type (default: the model's own)")
+    placed.add_argument("--kv-dtype", choices=list(DTYPE_BYTES), default=None,
+                        help="the KV cache's data type (default: the model's own)")
     placed.add_argument("--tp", type=integer_flag(1), help="fix tensor parallelism: it must divide the model's "
                         "attention heads (default: search)")
     placed.add_argument("--pp", type=integer_flag(1), help="fix pipeline stages, at most the model's layers "
                         "(default: search)")
     placed.add_argument("--memory-utilization", type=number_flag(0.0, 1.0, exclusive_minimum=True),
                         default=ENGINE.memory_utilization, help="fraction of device memory llmsim may use, in (0, 1]")
-    placed.add_argument("--max-batch-tokens", type=integer_flag(1), default=ENGINE.max_batch_tokens)
+    placed.add_argument("--max-batch-tokens", type=integer_flag(1), default=ENGINE.max_batch_tokens,
+                        help="tokens of one iteration, whose activations must fit beside the weights "
+                             f"(default {ENGINE.max_batch_tokens:,})")
     placed.add_argument("--runtime-reserve-gb", type=number_flag(0.0, MAX_QUANTITY["bytes"] / 1e9),
-                        default=ENGINE.runtime_reserve_bytes / 1e9)
+                        default=ENGINE.runtime_reserve_bytes / 1e9,
+                        help="memory per device the runtime keeps for itself: CUDA context, graphs, workspace "
+                             f"(default {ENGINE.runtime_reserve_bytes / 1e9:.3g})")
     placed.add_argument("--context", type=integer_flag(1), nargs="+",
                         help="context lengths to report concurrency for, 1 up to the model's context (default: "
                         f"{', '.join(map(str, CONTEXTS))}, those the model holds)")
