@@ -12,6 +12,7 @@ from llmsim.cli.options import integer_flag, number_flag
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import ENGINE
+from llmsim.config.words import counted
 
 CONTEXTS = (2048, 8192, 32768)      # the context lengths place reports by default
 
@@ -76,7 +77,7 @@ def _cmd_place(args) -> int:
     print(f"  KV cache           {p.kv_per_device_bytes / 1e9:,.2f} GB per device in {p.kv_tier.name}"
           f" = {p.kv_capacity_tokens:,} tokens per replica")
     for context in args.context:
-        print(f"  concurrency        {p.concurrent_sequences(context):,} sequences of {context:,} tokens")
+        print(f"  concurrency        {counted(p.concurrent_sequences(context), 'sequence')} of {context:,} tokens")
     return 0
 
 
