@@ -43,8 +43,8 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate,
-from llmsim.config.words import counted
                                 check_rate_driven, fewest_replicas)
+from llmsim.config.words import counted
 
 MAX_TENSOR_PARALLEL = 8
 MAX_PIPELINE_PARALLEL = 4
