@@ -6,7 +6,7 @@ H100s, two seeds) is written through the command line once for the module. Then:
 - headless Chromium (Debian's ``chromium``, installed by ``.ci/run``) screenshots it, logs no
   console message, lays out every figure with a non-empty box and shows every section; the
   page loads nothing (no script, stylesheet link or remote source);
-- the Markdown holds the same tables, cell for cell, as the HTML;
+- the Markdown holds the same tables, cell for cell, as the HTML, and links its figures as SVG files;
 - every summary figure is the text of the section table cell it names;
 - the recommended deployment, read back from the page, meets the SLO targets on seeds the
   report never used, judged as the searches judge (:mod:`llmsim.search.window`); one replica
@@ -36,7 +36,7 @@ from .helpers import REPO
 SMALL = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
 RATE = 100.0
 SECTIONS = ("summary", "workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring",
-            "assumptions")
+            "assumptions", "hardware")
 FIGURES = ("workload-figure", "candidates-figure", "attainment-figure", "frontier-figure", "peak-figure",
            "sensitivity-figure", "monitoring-figure")
 REPORT_ARGS = ["--target-rate", str(RATE), "--hardware", "H100-SXM", "--seeds", "2"]
@@ -130,13 +130,13 @@ def cell(tables: _Tables, key: str, row: str, column: str) -> str:
 
 def recommended_overrides(tables: _Tables) -> dict:
     """The deployment the page recommends, as scenario overrides (read from its tables, not the code)."""
-    tp, pp = re.fullmatch(r"tp(\d+) x pp(\d+)", cell(tables, "deployment", "recommended", "layout")).groups()
+    tp, pp = re.fullmatch(r"tp(\d+) x pp(\d+)", cell(tables, "deployment", "layout", "recommended")).groups()
     k = cell(tables, "settings", "speculation k", "recommended")
     assert k == "off"                                   # the chat scenario has no draft
     timeout = cell(tables, "settings", "queue timeout", "recommended")
-    return {"hardware": cell(tables, "deployment", "recommended", "chip"),
+    return {"hardware": cell(tables, "deployment", "chip", "recommended"),
             "deployment.tensor_parallel": int(tp), "deployment.pipeline_parallel": int(pp),
-            "deployment.replicas": int(cell(tables, "deployment", "recommended", "replicas")),
+            "deployment.replicas": int(cell(tables, "deployment", "replicas", "recommended")),
             "engine.max_batch_tokens": int(cell(tables, "settings", "max batch tokens", "recommended")),
             "engine.queue_timeout": None if timeout == "none" else timeout}
 
@@ -241,7 +241,12 @@ def test_markdown_has_the_same_tables(report):
     summary, sections = md[0], md[1:]
     assert sections == html_rows
     assert [row[1] for row in summary[1:]] == [value for _, value in report["tables"].summary]
-    assert report["md"].count("](data:image/svg+xml;base64,") == len(FIGURES)
+    # the figures are SVG files beside it, linked by relative paths; no line is a wall of base64
+    linked = re.findall(r"!\[[^\n]*?\]\(([^)]+)\)", report["md"])
+    assert sorted(linked) == sorted(f"figures/{key}.svg" for key in FIGURES)
+    for path in linked:
+        assert (report["out"] / path).read_text().startswith("<svg")
+    assert "data:" not in report["md"] and max(map(len, report["md"].splitlines())) <= 2000
 
 
 def test_summary_figures_are_the_sections_figures(report):
@@ -250,7 +255,7 @@ def test_summary_figures_are_the_sections_figures(report):
     for ref, value in tables.summary:
         assert value == cell(tables, ref["data-table"], ref["data-row"], ref["data-column"])
     # and they are the deployment the section describes, with its cost and energy
-    labels = [ref["data-column"] for ref, _ in tables.summary]
+    labels = [ref["data-row"] for ref, _ in tables.summary]
     for needed in ("chip", "layout", "replicas", "USD/month", "USD per M output tokens", "kWh per M output tokens",
                    "TTFT margin", "TPOT margin"):
         assert needed in labels

@@ -38,7 +38,7 @@ def hostile_report(text: str) -> Report:
     """``text`` in every field a template writes out."""
     table = Table(key="t", title=text, columns=["row", text], rows=[[text, text], ["plain", "1.5 ms"]], note=text)
     figure = Figure(key="f", title=text, svg=SVG, caption=text)
-    section = Section(key="s", title=text, paragraphs=[text, text], tables=[table], figures=[figure])
+    section = Section(key="s", title=text, paragraphs=[text, text], tables=[table], figures=[figure], sources=[text])
     return Report(title=text, subtitle=text, summary=[Fact(text, "t", text, text)], sections=[section])
 
 
@@ -62,8 +62,8 @@ def test_every_field_of_the_markdown_is_escaped(text):
     md = to_markdown(hostile_report(text))
     # An HTML parser fed the Markdown finds no tag at all: no raw HTML survives (the template writes none).
     assert tags(md) == []
-    # No link or image but the figure's own data URI.
-    assert len(re.findall(r"(?<!\\)\]\(", md)) == 1 and "](data:image/svg+xml;base64," in md
+    # No link or image but the figure's own file.
+    assert len(re.findall(r"(?<!\\)\]\(", md)) == 1 and "](figures/f.svg)" in md
     # The tables keep their shape (a pipe in the text is a character, not a column) and their text.
     summary, table = markdown_tables(md)
     flat = " ".join(text.splitlines())
@@ -74,6 +74,7 @@ def test_every_field_of_the_markdown_is_escaped(text):
     assert lines[0] == "# " + markdown_text(text) and markdown_literal(lines[0][2:]) == flat
     assert lines.count(markdown_text(text)) == 3          # the subtitle and the two paragraphs
     assert f"_{markdown_text(text)}_" in lines            # the table's note
+    assert f"1. {markdown_text(text)}" in lines           # the section's source
 
 
 @pytest.mark.parametrize("text", HOSTILE)
@@ -134,5 +135,5 @@ def test_hardware_figures_find_a_profile_named_relative_to_the_scenario(tmp_path
     scenario = load_scenario(hostile_inputs(tmp_path))
     monkeypatch.chdir(REPO)
     rows = hardware_figures("chip.yaml", scenario)
-    assert rows and all(row[0].startswith(f"H100{IMAGE} ") for row in rows)
-    assert any(row[2].startswith(SCRIPT) for row in rows)           # the sources, as the profile has them
+    assert rows and all(row[0] == f"H100{IMAGE}" for row in rows)
+    assert any(row[3].startswith(SCRIPT) for row in rows)           # the sources, as the profile has them

@@ -17,12 +17,12 @@ from llmsim.cli.plan import parse_rate
 from llmsim.errors import ConfigError
 from llmsim.report.build import (DEFAULT_PEAK_TO_MEAN, MIN_REQUESTS, ReportBuilder, parse_growth,
                                  traffic_from_rate, traffic_from_trace)
-from llmsim.report.render import to_html, to_markdown
+from llmsim.report.render import FIGURES_FOLDER, figure_files, to_html, to_markdown
 from llmsim.search.plan import as_scenario, candidates
 from llmsim.search.window import MAX_REQUESTS
 from llmsim.workload.trace_formats import load_trace
 
-FILES = ("report.html", "report.md")
+FILES = ("report.html", "report.md", FIGURES_FOLDER)     # the Markdown's figures: SVG files in FIGURES_FOLDER
 RUNS_JOURNAL = "runs.csv"         # the simulations finished, kept until the report is written
 
 
@@ -43,7 +43,7 @@ def configure_report(parser) -> None:
     parser.add_argument("--requests", type=integer_flag(MIN_REQUESTS, MAX_REQUESTS), help="the fewest requests per simulated run; each run covers a window "
                         "that follows its rate (default: the scenario's count, at most 2000)")
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
-    parser.add_argument("--out", help="folder for report.html and report.md (default runs/report-<name>); until "
+    parser.add_argument("--out", help="folder for report.html, report.md and the figures/ it links (default runs/report-<name>); until "
                         "they are written, each finished simulation is kept in its runs.csv, so a rerun after Ctrl-C "
                         "(exit 130) or a full disk resumes")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
@@ -73,15 +73,15 @@ def _cmd_report(args) -> int:
                             workers=args.workers, command=command, progress=True)
     with keeping_runs(out / RUNS_JOURNAL, "report"):        # Ctrl-C or a full disk: resumable
         report = builder.build()
-        texts = {"report.html": to_html(report), "report.md": to_markdown(report)}
+        texts = {"report.html": to_html(report), "report.md": to_markdown(report), **figure_files(report)}
         written = []
         try:
             for name, text in texts.items():
                 written.append(write_file(out / name, lambda p, text=text: p.write_text(text, encoding="utf-8")))
-        except OSError:          # the second failed: do not leave the first alone
+        except OSError:          # one failed: do not leave the others alone
             for path in written:
                 path.unlink(missing_ok=True)
             raise
-    print(f"wrote {', '.join(str(p) for p in written)}")
+    print(f"wrote {out / 'report.html'}, {out / 'report.md'} and its figures in {out / FIGURES_FOLDER}")
     return 0
 

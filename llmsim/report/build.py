@@ -16,8 +16,8 @@ Stages (one progress-bar step each):
 6. **sensitivity**: replicas needed with load, prompt and output lengths +-20% and the draft's
    acceptance +-0.1;
 7. **monitoring**: one run at the recommendation, binned over time as a dashboard shows it;
-8. **assumptions**: every hardware figure used with its source and confidence, the cost
-   model's measured error, and what reproduces the report.
+8. **assumptions**: the cost model's measured error and what reproduces the report; an appendix
+   lists every hardware figure used, with its confidence and a numbered source.
 
 Every point is judged as ``llmsim plan`` judges it (:mod:`llmsim.search.window`): simulated over
 a window that follows its rate, with ``requests`` (default: the scenario's count, at most
@@ -241,20 +241,21 @@ class ReportBuilder:
                               key="--target-rate", value=self.rate,
                               allowed="a lower rate, other --hardware, or looser SLOs")
         self.best = usable[0]
-        columns = ["chip", "layout", "replicas", "devices", "USD/hour", "USD per M output tokens",
-                   "kWh per M output tokens", "P95 TTFT", "P95 TPOT", "SLO attainment", "layouts tried", "note"]
-        rows = []
+        columns = ["chip", "layout", "replicas", "devices", "USD/hour", "USD/M out", "kWh/M out", "P95 TTFT",
+                   "P95 TPOT", "SLO attainment", "layouts tried"]
+        rows, notes = [], [f"recommended: {self.best.hardware}, the cheapest per hour",
+                           "USD/M out and kWh/M out: per million output tokens"]
         for choice in self.choices:
             m = choice.metrics
             tried = len(choice.tried)
             if choice.layout is None:
-                rows.append([choice.hardware, "-", "-", "-", "-", "-", "-", "-", "-", "-", str(tried), choice.note])
+                rows.append([choice.hardware, "-", "-", "-", "-", "-", "-", "-", "-", "-", str(tried)])
+                notes.append(f"{choice.hardware}: {choice.note}")
                 continue
             rows.append([choice.hardware, choice.layout.label, str(choice.replicas), str(choice.devices),
                          usd(choice.usd_per_hour), usd(m.get(names.USD_PER_MILLION_OUTPUT_TOKENS)),
                          num(m.get(names.KWH_PER_MILLION_OUTPUT_TOKENS)), ms(m.get(names.TTFT_P95)),
-                         ms(m.get(names.TPOT_P95)), percent(m.get(names.SLO_ATTAINMENT)), str(tried),
-                         "recommended" if choice is self.best else ""])
+                         ms(m.get(names.TPOT_P95)), percent(m.get(names.SLO_ATTAINMENT)), str(tried)])
         layouts = pd.concat([c.tried for c in self.choices if len(c.tried)], ignore_index=True)
         layout_rows = [[f"{r.hardware} {r.layout}", str(int(r.devices_per_replica)), str(int(r.analytic_lower)),
                         str(int(r.analytic_upper)), "-" if pd.isna(r.replicas) else str(int(r.replicas)),
@@ -265,7 +266,8 @@ class ReportBuilder:
              f"pipeline stages, when it holds the model) gets the fewest replicas meeting the SLO targets at "
              f"{num(self.rate)} requests/s on {counted(len(self.seeds), 'seed')}; the cheapest per hour is kept. "
              "Costs are the profiles' prices per device-hour (assumptions), energy every device at its TDP."],
-            [Table("candidates", "Cheapest layout per chip (scenario's engine settings)", columns, rows),
+            [Table("candidates", "Cheapest layout per chip (scenario's engine settings)", columns, rows,
+                   note="; ".join(notes)),
              Table("layouts", "Every layout considered", ["chip and layout", "devices per replica",
                                                           "analytic lower", "analytic upper",
                                                           "fewest replicas", "note"], layout_rows)],
@@ -308,16 +310,17 @@ class ReportBuilder:
         mean = self.at_target.select_dtypes("number").mean()
         ttft_limit, tpot_limit = self.final.slo.ttft_s, self.final.slo.tpot_s
         usd_hour = float(mean[names.USD_PER_HOUR])
-        deploy_columns = ["deployment", "chip", "layout", "replicas", "devices", "USD/hour", "USD/month",
-                          "USD per M output tokens", "kWh per M output tokens", "P95 TTFT", "TTFT margin",
-                          "P95 TPOT", "TPOT margin", "SLO attainment", "attainment over target (worst limit)"]
-        deploy = Table("deployment", "The recommended deployment at the target rate", deploy_columns, [[
-            "recommended", best.hardware, best.layout.label, str(replicas),
-            str(replicas * best.layout.devices_per_replica), usd(usd_hour), usd(usd_hour * HOURS_PER_MONTH),
-            usd(mean[names.USD_PER_MILLION_OUTPUT_TOKENS]), num(mean[names.KWH_PER_MILLION_OUTPUT_TOKENS]),
-            ms(mean[names.TTFT_P95]), _margin(mean[names.TTFT_P95], ttft_limit),
-            ms(mean[names.TPOT_P95]), _margin(mean[names.TPOT_P95], tpot_limit),
-            percent(mean[names.SLO_ATTAINMENT]), f"{plus_minus(margin, spread, percent)}"]],
+        # one column of values, a row per quantity: the table fits a page however many quantities it has
+        deploy = Table("deployment", "The recommended deployment at the target rate", ["quantity", "recommended"], [
+            ["chip", best.hardware], ["layout", best.layout.label], ["replicas", str(replicas)],
+            ["devices", str(replicas * best.layout.devices_per_replica)], ["USD/hour", usd(usd_hour)],
+            ["USD/month", usd(usd_hour * HOURS_PER_MONTH)],
+            ["USD per M output tokens", usd(mean[names.USD_PER_MILLION_OUTPUT_TOKENS])],
+            ["kWh per M output tokens", num(mean[names.KWH_PER_MILLION_OUTPUT_TOKENS])],
+            ["P95 TTFT", ms(mean[names.TTFT_P95])], ["TTFT margin", _margin(mean[names.TTFT_P95], ttft_limit)],
+            ["P95 TPOT", ms(mean[names.TPOT_P95])], ["TPOT margin", _margin(mean[names.TPOT_P95], tpot_limit)],
+            ["SLO attainment", percent(mean[names.SLO_ATTAINMENT])],
+            ["attainment over target (worst limit)", plus_minus(margin, spread, percent)]],
             note=f"means over {counted(len(self.seeds), 'seed')} at {num(self.rate)} requests/s; margin: how far the P95 "
                  f"is below its limit; attainment over target: the share within the limit minus the percentile "
                  f"target, ± 2 standard errors pooled over seeds; a month is {HOURS_PER_MONTH:g} hours")
@@ -328,21 +331,18 @@ class ReportBuilder:
                               f"needs {counted(replicas, 'replica')} (the scenario's settings: {best.replicas}).")
         self.sections.append(Section("settings", "Recommended deployment and engine settings", paragraphs,
                                      [deploy, table]))
-        self.summary += [Fact("chip", "deployment", "recommended", "chip"),
-                         Fact("layout (tensor x pipeline parallel)", "deployment", "recommended", "layout"),
-                         Fact("replicas", "deployment", "recommended", "replicas"),
-                         Fact("devices", "deployment", "recommended", "devices"),
-                         Fact("speculation (k)", "settings", "speculation k", "recommended"),
-                         Fact("max batch tokens", "settings", "max batch tokens", "recommended"),
-                         Fact("queue timeout", "settings", "queue timeout", "recommended"),
-                         Fact("cost per month", "deployment", "recommended", "USD/month"),
-                         Fact("cost per million output tokens", "deployment", "recommended", "USD per M output tokens"),
-                         Fact("energy per million output tokens (kWh, at TDP)", "deployment", "recommended",
-                              "kWh per M output tokens"),
-                         Fact("P95 TTFT", "deployment", "recommended", "P95 TTFT"),
-                         Fact("TTFT margin", "deployment", "recommended", "TTFT margin"),
-                         Fact("P95 TPOT", "deployment", "recommended", "P95 TPOT"),
-                         Fact("TPOT margin", "deployment", "recommended", "TPOT margin")]
+        deployed_fact = (lambda label, row: Fact(label, "deployment", row, "recommended"))
+        setting_fact = (lambda label, row: Fact(label, "settings", row, "recommended"))
+        self.summary += [deployed_fact("chip", "chip"), deployed_fact("layout (tensor x pipeline parallel)", "layout"),
+                         deployed_fact("replicas", "replicas"), deployed_fact("devices", "devices"),
+                         setting_fact("speculation (k)", "speculation k"),
+                         setting_fact("max batch tokens", "max batch tokens"),
+                         setting_fact("queue timeout", "queue timeout"),
+                         deployed_fact("cost per month", "USD/month"),
+                         deployed_fact("cost per million output tokens", "USD per M output tokens"),
+                         deployed_fact("energy per million output tokens (kWh, at TDP)", "kWh per M output tokens"),
+                         deployed_fact("P95 TTFT", "P95 TTFT"), deployed_fact("TTFT margin", "TTFT margin"),
+                         deployed_fact("P95 TPOT", "P95 TPOT"), deployed_fact("TPOT margin", "TPOT margin")]
 
     def _settings_rows(self, rec, deployed: Scenario) -> list[list[str]]:
         eng = deployed.engine
@@ -370,7 +370,7 @@ class ReportBuilder:
             mean = judged.rows.select_dtypes("number").mean()
             met = judged.verdict.met
             met_by_rate[rate] = met
-            frame.append({"rate": rate, names.TPOT_P95: mean[names.TPOT_P95],
+            frame.append({"rate": rate, names.TTFT_P95: mean[names.TTFT_P95], names.TPOT_P95: mean[names.TPOT_P95],
                           names.OUTPUT_TOKENS_PER_S_PER_DEVICE: mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE],
                           **{m: mean[names.slo_attainment(m)] for m in self.final.slo.targets()}})
             table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}", ms(mean[names.TTFT_P95]),
@@ -412,8 +412,11 @@ class ReportBuilder:
             [f"one replica down ({self.replicas - 1} of {self.replicas})", down_text],
             ["replicas for N+1", f"{n_plus_one} ({'the recommendation already survives one down' if down_met else f'{self.replicas} + 1 spare'})"]],
             note=f"breaking point: highest rate meeting the SLO targets, bisected to {BREAKING_TOLERANCE:.0%} of the target")
-        frontier = pareto_frontier(frame, latency=names.TPOT_P95, throughput=names.OUTPUT_TOKENS_PER_S_PER_DEVICE)
-        on_frontier = frame.index.isin(frontier.index)
+        latency = {"ttft": frame[names.TTFT_P95], "tpot": frame[names.TPOT_P95]}
+        on_frontier = {metric: frame.index.isin(pareto_frontier(
+            frame, latency=column.name, throughput=names.OUTPUT_TOKENS_PER_S_PER_DEVICE).index)
+            for metric, column in latency.items()}
+        limits = {"ttft": self.final.slo.ttft_s, "tpot": self.final.slo.tpot_s}
         targets = {m: p for m, (_, p) in self.final.slo.targets().items()}
         self.sections.append(Section(
             "load", "Load: frontier, SLO attainment, breaking point, headroom and N+1",
@@ -425,9 +428,10 @@ class ReportBuilder:
             [Figure("attainment-figure", "SLO attainment against load (dotted: the percentile targets)",
                     figures.load_curve(frame["rate"], {m: frame[m] for m in targets}, targets, self.rate, breaking,
                                        "attainment-figure")),
-             Figure("frontier-figure", "Latency/throughput frontier of the load points",
-                    figures.frontier(frame[names.OUTPUT_TOKENS_PER_S_PER_DEVICE], frame[names.TPOT_P95], on_frontier,
-                                     [f"x{r / self.rate:.2g}" for r in frame["rate"]], "frontier-figure"))]))
+             Figure("frontier-figure", "Latency/throughput frontier of the load points: P95 TTFT and P95 TPOT "
+                                       "(dashed: the SLO limit)",
+                    figures.frontier(frame[names.OUTPUT_TOKENS_PER_S_PER_DEVICE], latency, on_frontier,
+                                     LOAD_FACTORS, limits, "frontier-figure"))]))
         self.summary += [Fact("breaking point", "capacity", "breaking point", "value"),
                          Fact("headroom above the target", "capacity", "headroom above the target", "value"),
                          Fact("replicas for N+1", "capacity", "replicas for N+1", "value")]
@@ -535,9 +539,7 @@ class ReportBuilder:
                                        "monitoring-figure"))]))
 
     def _assumptions(self) -> None:
-        rows = []
-        for choice in self.choices:
-            rows += hardware_figures(choice.hardware, self.original)
+        rows, sources = hardware_appendix([choice.hardware for choice in self.choices], self.original)
         error = load_yaml(resources.files("llmsim.report").joinpath("data/cost_model_error.yaml"))
         error_rows = [[e["what"], e["error"], e["source"]] for e in error["figures"]]
         import llmsim
@@ -548,12 +550,18 @@ class ReportBuilder:
                                      "500 requests), judged with 2 standard errors, up to 8x longer while undecided"]]
         self.sections.append(Section(
             "assumptions", "Assumptions and reproducibility",
-            ["Every hardware figure the candidates use, with its source and confidence (`datasheet`, `measured`, "
-             "`unverified` or `assumption`). Prices and efficiencies marked `assumption` move every cost and "
-             "latency above: replace them with your own contract and a calibration."],
-            [Table("hardware-figures", "Hardware figures", ["figure", "value", "source", "confidence"], rows),
-             Table("cost-model-error", "The cost model's measured error", ["what", "error", "source"], error_rows),
+            ["Every hardware figure the candidates use is listed, with its confidence and source, in the appendix. "
+             "Prices and efficiencies marked `assumption` move every cost and latency above: replace them with "
+             "your own contract and a calibration."],
+            [Table("cost-model-error", "The cost model's measured error", ["what", "error", "source"], error_rows),
              Table("reproduce", "Reproduce this report", ["item", "value"], reproduce)]))
+        self.sections.append(Section(
+            "hardware", "Appendix: hardware figures",
+            ["Each figure of each candidate chip's profile once, with its confidence (`datasheet`, `measured`, "
+             "`unverified` or `assumption`) and the number of its source in the list below."],
+            [Table("hardware-figures", "Hardware figures", ["chip", "figure", "value", "confidence", "source"], rows,
+                   cites="source")],
+            sources=sources))
 
     # -- text helpers --------------------------------------------------------------------
 
@@ -619,8 +627,26 @@ def _time_average_queue(queue: pd.DataFrame, edges: np.ndarray) -> np.ndarray:
     return out
 
 
+def hardware_appendix(chips: Sequence[str], scenario: Scenario) -> tuple[list[list[str]], list[str]]:
+    """Rows ``[chip, figure, value, confidence, source number]`` for the figures of each chip (a chip
+    named twice, by two of its names, once), and the distinct sources they cite, numbered from 1 in the
+    order first cited. A source's line breaks and runs of spaces are one space, so the same text
+    wrapped differently is one source."""
+    rows, numbers, seen = [], {}, set()
+    for chip in chips:
+        figures = hardware_figures(chip, scenario)
+        if not figures or figures[0][0] in seen:
+            continue
+        seen.add(figures[0][0])
+        for name, figure, value, source, confidence in figures:
+            number = numbers.setdefault(" ".join(source.split()), len(numbers) + 1)
+            rows.append([name, figure, value, confidence, str(number)])
+    return rows, list(numbers)
+
+
 def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
-    """Every ``{value, source, confidence}`` figure of a chip's profile, as table rows. A profile's
+    """Every ``{value, source, confidence}`` figure of a chip's profile, as rows ``[chip, figure,
+    value, source, confidence]``. A profile's
     path is relative to the scenario, as in its ``hardware`` and ``plan.hardware`` keys (a path given
     by ``--hardware`` is already absolute)."""
     where = Node(None, file=scenario.path, base_dir=Path(scenario.source_dir or "."))
@@ -630,8 +656,7 @@ def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
 
     def walk(node, path):
         if isinstance(node, dict) and "source" in node and "value" in node:
-            rows.append([f"{profile.name} {path}", str(node["value"]), str(node["source"]),
-                         str(node.get("confidence", ""))])
+            rows.append([profile.name, path, str(node["value"]), str(node["source"]), str(node.get("confidence", ""))])
         elif isinstance(node, dict):
             for key, value in node.items():
                 if key != "calibration":

@@ -4,6 +4,8 @@ Every number is formatted once, into a :class:`Table` cell; the summary holds no
 own, only :class:`Fact` references to cells (table, row, column), and both renderings read
 the same cell through :meth:`Report.cell`. So a figure in the summary is the figure in the
 section it comes from, by construction, and the HTML and the Markdown carry the same tables.
+A long text that many rows share (a hardware figure's source) is written once, in a section's
+numbered ``sources``, and the rows cite it by its number.
 """
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ class Table:
     columns: list[str]
     rows: list[list[str]]         # formatted cells; the first column labels the row
     note: str = ""
+    cites: str = ""               # a column whose cells number entries of the section's sources
+
+    def cites_at(self, index: int) -> bool:
+        return bool(self.cites) and self.columns[index] == self.cites
 
     def cell(self, row: str, column: str) -> str:
         for cells in self.rows:
@@ -41,6 +47,7 @@ class Section:
     paragraphs: list[str] = field(default_factory=list)
     tables: list[Table] = field(default_factory=list)
     figures: list[Figure] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)    # numbered from 1 below the tables; cited by number
 
 
 @dataclass(frozen=True)

@@ -81,19 +81,38 @@ def load_curve(rates, attainment_by_metric: dict, targets: dict, target_rate, br
         return to_svg(fig, key)
 
 
-def frontier(throughput, latency_s, on_frontier, labels, key: str) -> str:
+def frontier(throughput, latency_s: dict, on_frontier: dict, load_factors, limits_s: dict, key: str) -> str:
+    """One panel per latency metric (``latency_s``: metric -> P95 per load point), against output
+    tokens/s per device: the points coloured by their load (a legend, not a label beside each point,
+    since points at high load crowd together), the frontier joining ``on_frontier[metric]``, and the
+    metric's SLO limit (``limits_s``, None for none) as a labelled line."""
     with matplotlib.rc_context(_STYLE):
-        fig, ax = _figure()
-        throughput, latency_s, on_frontier = map(np.asarray, (throughput, latency_s, on_frontier))
-        ax.scatter(throughput, 1000 * latency_s, s=14, color="0.6", label="load points")
-        order = np.argsort(throughput[on_frontier])
-        ax.plot(throughput[on_frontier][order], 1000 * latency_s[on_frontier][order], "o-", color="C0", ms=4,
-                label="frontier")
-        for x, y, label in zip(throughput, latency_s, labels):
-            ax.annotate(label, (x, 1000 * y), xytext=(3, 3), textcoords="offset points", fontsize=7)
-        ax.set_xlabel("output tokens/s per device")
-        ax.set_ylabel("P95 TPOT (ms)")
-        ax.legend(fontsize=7)
+        fig, axes = _figure(1, len(latency_s), (9, 3.2), squeeze=False)
+        throughput = np.asarray(throughput, dtype=float)
+        colours = matplotlib.colormaps["viridis"](np.linspace(0, 0.9, len(load_factors)))
+        for ax, (metric, values) in zip(axes[0], latency_s.items()):
+            latency_ms = 1000 * np.asarray(values, dtype=float)
+            front = np.asarray(on_frontier[metric], dtype=bool)
+            order = np.argsort(throughput[front])
+            ax.plot(throughput[front][order], latency_ms[front][order], "-", color="0.55", lw=1, zorder=1,
+                    label="frontier")
+            for x, y, factor, colour in zip(throughput, latency_ms, load_factors, colours):
+                ax.scatter([x], [y], s=28, color=colour, edgecolor="k", linewidth=0.4, zorder=2,
+                           label=f"x{factor:g}")
+            if limits_s.get(metric) is not None:
+                limit_ms = 1000 * limits_s[metric]
+                ax.axhline(limit_ms, color="C3", ls="--", lw=1)
+                ax.annotate(f"SLO limit {limit_ms:.4g} ms", (1, limit_ms), xycoords=("axes fraction", "data"),
+                            xytext=(-2, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7,
+                            color="C3")
+            finite = latency_ms[np.isfinite(latency_ms) & (latency_ms > 0)]
+            if len(finite) and finite.max() > 30 * finite.min():     # a queue's blow-up would flatten the rest
+                ax.set_yscale("log")
+            ax.set_xlabel("output tokens/s per device")
+            ax.set_ylabel(f"P95 {metric.upper()} (ms)")
+            ax.set_title(f"P95 {metric.upper()}")
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        fig.legend(handles, labels, fontsize=7, loc="outside right center", title="load (x target)", title_fontsize=7)
         return to_svg(fig, key)
 
 

@@ -2,8 +2,8 @@
 
 Both come from Jinja2 templates (``templates/``) over the same Report object, so they hold the
 same tables cell for cell. The HTML inlines its styles and its SVG figures and loads nothing:
-it opens without a network and runs no script. The Markdown embeds each figure as a base64
-SVG data URI.
+it opens without a network and runs no script. The Markdown links each figure as an SVG file
+beside it (:func:`figure_files`: ``figures/KEY.svg``), so its lines stay short enough to read and diff.
 
 Every text reaches the page escaped, whatever it holds (a scenario's name, a class name, a
 trace's file name, a profile's notes): in the HTML by Jinja's autoescape, in the Markdown by
@@ -13,7 +13,6 @@ they are shown as the characters they are.
 """
 from __future__ import annotations
 
-import base64
 import re
 
 import jinja2
@@ -27,8 +26,12 @@ _BLOCK_START = re.compile(r"^(\s*)(?:([#+=-])|(\d{1,9})([.)])(?=\s|$))")
 _ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
 
 
+FIGURES_FOLDER = "figures"        # beside report.md
+_FIGURE_KEY = re.compile(r"[a-z0-9][a-z0-9-]*")
+
+
 class _Markdown(str):
-    """Text that is Markdown already (a data URI made here): not escaped again."""
+    """Text that is Markdown already (a figure's path made here): not escaped again."""
 
 
 def markdown_text(text) -> str:
@@ -43,8 +46,17 @@ def markdown_text(text) -> str:
     return _BLOCK_START.sub(lambda m: m[1] + (f"\\{m[2]}" if m[2] else f"{m[3]}\\{m[4]}"), text, count=1)
 
 
-def _data_uri(svg: str) -> _Markdown:
-    return _Markdown("data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode())
+def figure_path(key: str) -> str:
+    """Where the Markdown finds figure ``key``, relative to it. Keys are the builder's own names;
+    anything else would need escaping in a link, so it is refused."""
+    if not _FIGURE_KEY.fullmatch(key):
+        raise ValueError(f"a figure key must be lower-case letters, digits and '-', not {key!r}")
+    return f"{FIGURES_FOLDER}/{key}.svg"
+
+
+def figure_files(report: Report) -> dict[str, str]:
+    """The SVG files the Markdown links to: relative path -> the file's text."""
+    return {figure_path(figure.key): figure.svg for section in report.sections for figure in section.figures}
 
 
 _LOADER = jinja2.PackageLoader("llmsim.report", "templates")
@@ -52,7 +64,7 @@ _HTML = jinja2.Environment(loader=_LOADER, autoescape=True, trim_blocks=True, ls
                            undefined=jinja2.StrictUndefined)
 _MARKDOWN = jinja2.Environment(loader=_LOADER, autoescape=False, finalize=markdown_text, trim_blocks=True,
                                lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-_MARKDOWN.filters["data_uri"] = _data_uri
+_MARKDOWN.filters["figure_path"] = lambda key: _Markdown(figure_path(key))
 
 
 def to_html(report: Report) -> str:
