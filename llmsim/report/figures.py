@@ -99,15 +99,18 @@ def frontier(throughput, latency_s: dict, on_frontier: dict, load_factors, limit
             for x, y, factor, colour in zip(throughput, latency_ms, load_factors, colours):
                 ax.scatter([x], [y], s=28, color=colour, edgecolor="k", linewidth=0.4, zorder=2,
                            label=f"x{factor:g}")
+            finite = latency_ms[np.isfinite(latency_ms) & (latency_ms > 0)]
+            log = len(finite) and finite.max() > 30 * finite.min()     # a queue's blow-up would flatten the rest
+            if log:
+                ax.set_yscale("log")
             if limits_s.get(metric) is not None:
                 limit_ms = 1000 * limits_s[metric]
                 ax.axhline(limit_ms, color="C3", ls="--", lw=1)
-                ax.annotate(f"SLO limit {limit_ms:.4g} ms", (1, limit_ms), xycoords=("axes fraction", "data"),
-                            xytext=(-2, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7,
+                # labelled at the left, where the light loads sit well below it, with room above it
+                ax.annotate(f"SLO limit {limit_ms:.4g} ms", (0, limit_ms), xycoords=("axes fraction", "data"),
+                            xytext=(3, 2), textcoords="offset points", ha="left", va="bottom", fontsize=7,
                             color="C3")
-            finite = latency_ms[np.isfinite(latency_ms) & (latency_ms > 0)]
-            if len(finite) and finite.max() > 30 * finite.min():     # a queue's blow-up would flatten the rest
-                ax.set_yscale("log")
+                ax.set_ylim(top=max(ax.get_ylim()[1], limit_ms * (1.6 if log else 1.12)))
             ax.set_xlabel("output tokens/s per device")
             ax.set_ylabel(f"P95 {metric.upper()} (ms)")
             ax.set_title(f"P95 {metric.upper()}")
