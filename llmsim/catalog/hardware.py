@@ -13,10 +13,10 @@ import difflib
 import hashlib
 import os
 from importlib import resources
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llmsim.catalog.kernel_terms import KernelTerms, kernel_terms_from_node
+from llmsim.catalog.kernel_terms import ENGINE_NAMES, KernelTerms, engine_kernel_terms
 from llmsim.config.reader import Node, parse_yaml, read_text
 from llmsim.errors import ConfigError
 
@@ -85,6 +85,8 @@ class HardwareProfile:
     calibration: dict = field(default_factory=dict, compare=False)   # how the efficiencies were measured
     # Measured kernel terms (floors, shape-aware GEMMs, collectives): None prices by the plain roofline.
     kernels: KernelTerms | None = None
+    # Other engines' kernel terms ({"sglang": ..., "trtllm": ...}); ``kernels`` is the default engine's (vLLM's).
+    engine_kernels: dict[str, KernelTerms] = field(default_factory=dict, compare=False)
     figures: dict[str, Figure] = field(default_factory=dict, compare=False)
     path: str | None = field(default=None, compare=False)
 
@@ -93,6 +95,12 @@ class HardwareProfile:
         """Memory tiers, innermost (fastest) first; the first is the primary memory."""
         primary = MemoryTier(self.memory_name, self.memory_capacity_bytes, self.memory_bandwidth_bytes_per_s)
         return (primary,) + self.outer_tiers
+
+    def for_engine(self, engine) -> "HardwareProfile":
+        """This profile priced by ``engine``'s kernels (an EngineKernels) where it has them of its own (the scenario
+        checks it does for any but the default engine, whose terms are ``kernels``)."""
+        own = self.engine_kernels.get(engine.value)
+        return self if own is None else replace(self, kernels=own)
 
     def efficiencies_for(self, dtype: str) -> tuple[float, float, float]:
         """(compute, attention, memory) efficiencies for a model whose weights are in ``dtype``."""
@@ -134,6 +142,8 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
     peaks_node.done()
     eff = node.child("efficiency")
     overhead = node.child("overhead")
+    kernels, engine_kernels = engine_kernel_terms(
+        node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures, **limits), ENGINE_NAMES)
     profile = HardwareProfile(
         name=node.string("name"),
         description=node.string("description", ""),
@@ -155,8 +165,7 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
                                         exclusive_minimum=False) if eff.has("attention_half_context") else 0.0),
         efficiency_by_dtype=_efficiency_by_dtype(eff, peaks, figures, fraction),
         calibration=_calibration(node),
-        kernels=kernel_terms_from_node(node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures,
-                                                                                       **limits)),
+        kernels=kernels, engine_kernels=engine_kernels,
         memory_name=node.string("memory_name", "HBM"),
         outer_tiers=_outer_tiers(node, figures),
         host_memory=_host_memory(node, figures),
