@@ -9,10 +9,11 @@ each group is fitted, the rest predicted, by size class; next to it, the error o
 by the median of its eight nearest sizes (no model at all: how noisy the medians themselves are).
 "before" is the plain roofline with the profile's efficiencies (the cost model without kernel terms).
 
-Then, with NVIDIA's measured operator database installed (``pip install 'llmsim[measured]'``), issue 29's
-table: per operator group, each of H100, H200 and B200 predicted by the forms fitted to every other GPU
-(leave one GPU out: the fitted shares of the datasheet figures carried over), and each engine version by the
-same GPU's other versions of that engine (leave one engine version out), MAPE and median signed error.
+Then, with NVIDIA's measured operator database installed (``pip install 'llmsim[measured]'``), per operator
+group, each of H100, H200 and B200 predicted by the forms fitted to other GPUs (leave one GPU out: the fitted
+shares of the datasheet figures carried over; from the GPUs of its own architecture, and from every other GPU),
+and each engine version by the same GPU's other versions of that engine (leave one engine version out), MAPE
+and median signed error.
 
     .venv/bin/python benchmarks/bench_fidelity.py          (about 35 s on 2 cores; the database part several minutes)
 """
@@ -125,7 +126,9 @@ def database_tables() -> None:
     except ConfigError as error:
         print(f"\noperator database: skipped ({error})")
         return
-    table = pd.concat([leave_one_gpu_out(database, DATABASE_TARGETS), leave_one_version_out(database, DATABASE_TARGETS)])
+    table = pd.concat([leave_one_gpu_out(database, DATABASE_TARGETS, same_architecture=True),
+                       leave_one_gpu_out(database, DATABASE_TARGETS, same_architecture=False),
+                       leave_one_version_out(database, DATABASE_TARGETS)])
     print(f"\n{db.DATABASE_RELEASE}, vLLM's kernels (every engine for the versions): held-out operator errors "
           f"(acceptance: MAPE <= {ACCEPTANCE_MAPE:.0%}, |median| <= {ACCEPTANCE_MEDIAN:.0%})")
     for split, part in table.groupby("split", sort=False):

@@ -5,7 +5,6 @@ check needs the whole database and is skipped without it."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -80,7 +79,8 @@ def _rows(excerpt, h100, reader, operator, framework, table, *args):
 
 @pytest.mark.parametrize("form, reader, operator, framework, table, args, split, mape", [
     (GEMM, db.gemm_rows, "gemm", "vllm", "gemm_perf", (), "m", 0.15),
-    (DECODE_ATTENTION, db.decode_attention_rows, "attention", "vllm", "generation_attention_perf", (), "kv_tokens", 0.15),
+    (DECODE_ATTENTION, db.decode_attention_rows, "attention", "vllm", "generation_attention_perf", (), "kv_tokens",
+     0.15),
     (PREFILL_ATTENTION, db.prefill_attention_rows, "attention", "vllm", "context_attention_perf", (), "tokens", 0.15),
     (ALL_REDUCE, db.collective_rows, "comm", "nccl", "nccl_perf", ("all_reduce",), "bytes", 0.10),
     (COLLECTIVE, db.collective_rows, "comm", "nccl", "nccl_perf", ("alltoall",), "bytes", 0.15),
@@ -96,7 +96,7 @@ def test_each_form_predicts_measured_rows_it_was_not_fitted_to(excerpt, h100, fo
     groups = rows.groupby("group") if form in (ALL_REDUCE, COLLECTIVE) else [(None, rows)]
     signed = []
     for _, part in groups:
-        fitted, held = held_out_split(part.reset_index(drop=True), [split])
+        fitted, held = held_out_split(part.reset_index(drop=True), split)
         fixed = {"quantize_share": 1.0} if form is GEMM else None
         signed.append(errors(form, form.fit(fitted, fixed), held))
     result = summary(np.concatenate(signed))
@@ -206,12 +206,14 @@ def test_calibrate_from_the_excerpt_writes_a_profile_with_a_validation_table(tmp
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec(db.DATABASE_PACKAGE) is None, reason="needs pip install 'llmsim[measured]'")
+@pytest.mark.skipif(importlib.util.find_spec(db.DATABASE_PACKAGE) is None,
+                    reason="needs pip install 'llmsim[measured]'")
 def test_collectives_hold_out_of_gpu():
     """Leave one GPU out (the whole database): NCCL's all-reduce on H100, H200 and B200 predicted by the shares of
-    the datasheet link bandwidth fitted to the other GPUs, within the issue's acceptance."""
+    the datasheet link bandwidth fitted to the other GPUs of the same architecture, within MAPE 10%, median 5%."""
     from llmsim.calibration.database_profile import ACCEPTANCE_MAPE, ACCEPTANCE_MEDIAN, leave_one_gpu_out
-    table = leave_one_gpu_out(db.Database(db.installed_root()), ("H100-SXM", "H200", "B200"))
+    table = leave_one_gpu_out(db.Database(db.installed_root()), ("H100-SXM", "H200", "B200"), same_architecture=True)
     reduce = table[table["group"].str.startswith("all-reduce")]
     assert len(reduce) == 6
-    assert (reduce["mape"] <= ACCEPTANCE_MAPE).all() and (reduce["median_error"].abs() <= ACCEPTANCE_MEDIAN).all(), reduce
+    assert (reduce["mape"] <= ACCEPTANCE_MAPE).all(), reduce
+    assert (reduce["median_error"].abs() <= ACCEPTANCE_MEDIAN).all(), reduce

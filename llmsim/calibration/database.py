@@ -36,8 +36,11 @@ INSTALLED = "installed"        # --from-database without a folder: the installed
 # llmsim profile name -> the database's folder for that GPU.
 GPU_FOLDERS = {"A100-80GB": "a100_sxm", "H100-SXM": "h100_sxm", "H200": "h200_sxm", "B200": "b200_sxm",
                "B300": "b300_sxm", "L40S": "l40s", "GB200": "gb200"}
+# The GPU's architecture (its compute capability, as the tables' collection_meta.yaml records it: 8.0, 8.9, 9.0,
+# 10.x): GPUs of one architecture run the same kernels, so their fitted shares of the datasheet figures carry over.
+ARCHITECTURES = {"A100-80GB": "ampere", "L40S": "ada", "H100-SXM": "hopper", "H200": "hopper", "B200": "blackwell",
+                 "B300": "blackwell", "GB200": "blackwell"}
 GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block"}
-ELEMENT_BYTES = {"half": 2, "bfloat16": 2, "int8": 1, "fp8": 1}
 MS = 1e-3
 
 
@@ -128,7 +131,8 @@ def decode_attention_rows(table: Table) -> pd.DataFrame:
     and one new query, ``heads`` query and ``kv_heads`` KV heads of ``head_dim`` on one GPU."""
     frame = _attention_rows(table)
     return pd.DataFrame({"batch": frame["batch_size"].astype(float), "kv_tokens": frame["step"].astype(float),
-                         "heads": frame["num_heads"].astype(float), "kv_heads": frame["num_key_value_heads"].astype(float),
+                         "heads": frame["num_heads"].astype(float),
+                         "kv_heads": frame["num_key_value_heads"].astype(float),
                          "head_dim": frame["head_dim"].astype(float), "measured_s": frame["latency"] * MS,
                          "table": table.path})
 
@@ -137,7 +141,8 @@ def prefill_attention_rows(table: Table) -> pd.DataFrame:
     """Context attention: ``batch`` prompts of ``tokens`` each (causal, nothing cached), heads as above."""
     frame = _attention_rows(table)
     return pd.DataFrame({"batch": frame["batch_size"].astype(float), "tokens": frame["isl"].astype(float),
-                         "heads": frame["num_heads"].astype(float), "kv_heads": frame["num_key_value_heads"].astype(float),
+                         "heads": frame["num_heads"].astype(float),
+                         "kv_heads": frame["num_key_value_heads"].astype(float),
                          "head_dim": frame["head_dim"].astype(float), "measured_s": frame["latency"] * MS,
                          "table": table.path})
 

@@ -8,8 +8,8 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
 - GEMM, per dtype: :func:`llmsim.cost.kernels.gemm_time_s` (floor, bandwidth, rate, the smooth maximum's
   sharpness and its growth with output tiles, the occupancy's half tiles);
 - decode attention: ``floor + max(b (per_sequence + h_kv x per_kv_head) + FLOPs / rate, bytes / bandwidth)``
-  with ``b`` sequences of ``s`` cached tokens, ``4 h d b s`` FLOPs and ``b (s + 1) 2 h_kv d 2 + b 2 h d 2`` bytes (KV read and
-  written, query in and output out), as the cost model's decode-attention row;
+  with ``b`` sequences of ``s`` cached tokens, ``4 h d b s`` FLOPs and ``b (s + 1) 2 h_kv d 2 + b 2 h d 2``
+  bytes (KV read and written, query in and output out), as the cost model's decode-attention row;
 - prefill attention: ``floor + 4 h d b (s (s + 1) / 2 + half x s) / (peak x efficiency)``: causal pairs, and
   ``half`` more keys per query standing for short sequences' idle units (the prefill backend's form);
 - collectives (all-reduce, all-gather, reduce-scatter, all-to-all, the engine's custom all-reduce): per
@@ -31,7 +31,6 @@ import pandas as pd
 from scipy.optimize import least_squares
 
 from llmsim.catalog.hardware import HardwareProfile
-from llmsim.catalog.kernel_terms import AllReduce
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
 
 BF16 = 2.0
@@ -139,7 +138,8 @@ def _collective(traffic_share: float):
         g = rows["group"].to_numpy()
         traffic = traffic_share * (g - 1) / g * rows["bytes"].to_numpy()
         link = rows["link"].to_numpy()
-        return np.minimum(small_latency + traffic / (link * small_share), large_latency + traffic / (link * large_share))
+        return np.minimum(small_latency + traffic / (link * small_share),
+                          large_latency + traffic / (link * large_share))
     return predict
 
 
@@ -158,7 +158,8 @@ def _moe(v, rows):
     local_assignments = tokens * topk * experts / all_experts
     touched = experts * (1 - (1 - 1 / experts) ** local_assignments)
     weights = touched * 3 * hidden * inter * element           # gate, up and down projections
-    memory = (weights + local_assignments * (hidden * 2 + 3 * inter) * BF16) / (rows["hbm"].to_numpy() * bandwidth_share)
+    activations = local_assignments * (hidden * 2 + 3 * inter) * BF16
+    memory = (weights + activations) / (rows["hbm"].to_numpy() * bandwidth_share)
     compute = 2 * local_assignments * 3 * hidden * inter / (peak * rate_share)
     return floor + np.maximum(memory, compute)
 
@@ -169,7 +170,8 @@ MOE = Form("moe", ("floor_s", "bandwidth_share", "rate_share"), (3e-5, 0.6, 0.5)
 def _mla_decode(v, rows):
     floor, per_sequence, bandwidth_share, rate_share = v
     b, s, h = (rows[c].to_numpy() for c in ("batch", "tokens", "heads"))
-    compute = b * per_sequence + 2 * h * (2 * MLA_LATENT + MLA_ROPE) * b * s / (rows["peak_bf16"].to_numpy() * rate_share)
+    flops = 2 * h * (2 * MLA_LATENT + MLA_ROPE) * b * s
+    compute = b * per_sequence + flops / (rows["peak_bf16"].to_numpy() * rate_share)
     memory = b * (s + 1) * (MLA_LATENT + MLA_ROPE) * BF16 / (rows["hbm"].to_numpy() * bandwidth_share)
     return floor + np.maximum(compute, memory)
 
@@ -207,16 +209,10 @@ def summary(signed: np.ndarray) -> dict[str, float]:
             "median_error": float(np.median(signed)), "bias": float(np.mean(signed))}
 
 
-def held_out_split(rows: pd.DataFrame, keys: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(fitted, held out): every other distinct value of the first key (by size) held out, so no held-out row
-    shares that coordinate with a fitted one (KV lengths, message sizes, token counts ...)."""
-    values = np.sort(rows[keys[0]].unique())
+def held_out_split(rows: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fitted, held out): every other distinct value of ``key`` (by size) held out, so no held-out row shares
+    that coordinate with a fitted one (KV lengths, message sizes, output widths ...)."""
+    values = np.sort(rows[key].unique())
     held = set(values[1::2])
-    mask = rows[keys[0]].isin(held).to_numpy()
+    mask = rows[key].isin(held).to_numpy()
     return rows[~mask], rows[mask]
-
-
-def all_reduce_terms(values: dict[str, float], link_bytes_per_s: float) -> AllReduce:
-    """The fitted fractions of one group as the cost model's AllReduce (bus bandwidths in bytes/s)."""
-    return AllReduce(values["latency_s"], values["bus_share"] * link_bytes_per_s, values["large_latency_s"],
-                     values["large_bus_share"] * link_bytes_per_s)

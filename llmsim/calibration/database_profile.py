@@ -154,7 +154,7 @@ def fit_engine(database: db.Database, gpu: str, engine: db.EngineKernels, profil
         fixed = ({"floor_s": result.values["decode_attention"]["floor_s"]}
                  if name == "prefill_attention" and "decode_attention" in result.values else None)
         fixed = fixed or _fixed(name)
-        fitted, held = held_out_split(rows, [group.split])
+        fitted, held = held_out_split(rows, group.split)
         held_errors = predict(group, fit_group(group, fitted, fixed), held)
         values = fit_group(group, rows, fixed)
         in_sample = predict(group, values, rows)
@@ -225,7 +225,8 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
 
 
 def _gemm_figures(v: dict, peak: float, hbm: float, source: str, quantize: bool = False) -> dict:
-    extra = {"quantize_bandwidth": figure(bandwidth_text(v["quantize_share"] * hbm), source, "measured")} if quantize else {}
+    extra = ({"quantize_bandwidth": figure(bandwidth_text(v["quantize_share"] * hbm), source, "measured")}
+             if quantize else {})
     return {**extra, "floor": figure(duration_text(v["floor_s"]), source, "measured"),
             "bandwidth": figure(bandwidth_text(v["bandwidth_share"] * hbm), source, "measured"),
             "achieved_flops": figure(flops_text(v["rate_share"] * peak), source, "measured"),
@@ -303,37 +304,41 @@ def compare_vidur(database: db.Database, vidur_folder: Path = VIDUR_DATA) -> pd.
         fit = fit_engine(database, gpu, db.EngineKernels.VLLM, profile)
         rows = operator_rows(database, gpu, db.EngineKernels.VLLM, profile)
         gemm = rows["gemm_bf16"]
-        vidur_gemm = gemm_time_s(gemm["m"].to_numpy(), gemm["n"].to_numpy(), gemm["k"].to_numpy(), 2.0, 2.0, vidur, "bf16")
+        m, n, k = (gemm[c].to_numpy() for c in ("m", "n", "k"))
+        vidur_gemm = gemm_time_s(m, n, k, 2.0, 2.0, vidur, "bf16")
         ratio = {"gemm_bf16": vidur_gemm / GEMM(fit.values["gemm_bf16"], gemm)}
-        reduce = rows["all_reduce"]
-        vidur_reduce = np.concatenate([all_reduce_time_s(part["bytes"].to_numpy(), int(size), vidur.all_reduce_for(int(size)))
-                                       for size, part in reduce.groupby("group")])
-        fitted = np.concatenate([ALL_REDUCE(fit.values["all_reduce"][int(size)], part)
-                                 for size, part in reduce.groupby("group")])
-        small = np.concatenate([(part["bytes"] < SMALL_MESSAGE_BYTES).to_numpy() for _, part in reduce.groupby("group")])
+        parts = list(rows["all_reduce"].groupby("group"))
+        vidur_reduce = np.concatenate([all_reduce_time_s(part["bytes"].to_numpy(), int(size),
+                                                         vidur.all_reduce_for(int(size))) for size, part in parts])
+        fitted = np.concatenate([ALL_REDUCE(fit.values["all_reduce"][int(size)], part) for size, part in parts])
+        small = np.concatenate([(part["bytes"] < SMALL_MESSAGE_BYTES).to_numpy() for _, part in parts])
         ratio["all_reduce < 64 KiB"] = (vidur_reduce / fitted)[small]
         ratio["all_reduce >= 64 KiB"] = (vidur_reduce / fitted)[~small]
         decode = rows["decode_attention"]
+        hbm = profile.memory_bandwidth_bytes_per_s
         assumed = {"floor_s": vidur.attention_floor_s, "per_sequence_s": vidur.decode_attention_per_sequence_s,
                    "per_kv_head_s": 0.0,
-                   "bandwidth_share": (vidur.decode_attention_bandwidth_bytes_per_s or profile.memory_bandwidth_bytes_per_s
-                                       * profile.memory_efficiency) / profile.memory_bandwidth_bytes_per_s,
+                   "bandwidth_share": (vidur.decode_attention_bandwidth_bytes_per_s or hbm * profile.memory_efficiency)
+                   / hbm,
                    "rate_share": profile.attention_efficiency}
         ratio["decode_attention"] = DECODE_ATTENTION(assumed, decode) / DECODE_ATTENTION(fit.values["decode_attention"],
                                                                                          decode)
         for group, values in ratio.items():
             rows_out.append({"gpu": gpu, "group": group, "rows": len(values),
                              "median_vidur_over_database": _sig(float(np.median(values))),
-                             "p10": _sig(float(np.quantile(values, 0.1))), "p90": _sig(float(np.quantile(values, 0.9)))})
+                             "p10": _sig(float(np.quantile(values, 0.1))),
+                             "p90": _sig(float(np.quantile(values, 0.9)))})
     return pd.DataFrame(rows_out)
 
 
-# The acceptance groups (issue 29): (name, group of GROUPS, size class or None for all rows).
+# The operator groups the held-out checks report: (name, group of GROUPS, size class or None for all rows).
 ACCEPTANCE_GROUPS = (("GEMM bf16", "gemm_bf16", None), ("GEMM fp8", "gemm_fp8", None),
                      ("decode attention", "decode_attention", None), ("prefill attention", "prefill_attention", None),
-                     ("all-reduce < 64 KiB", "all_reduce", "< 64 KiB"), ("all-reduce >= 64 KiB", "all_reduce", ">= 64 KiB"),
+                     ("all-reduce < 64 KiB", "all_reduce", "< 64 KiB"),
+                     ("all-reduce >= 64 KiB", "all_reduce", ">= 64 KiB"),
                      ("custom all-reduce < 64 KiB", "custom_all_reduce", "< 64 KiB"),
-                     ("custom all-reduce >= 64 KiB", "custom_all_reduce", ">= 64 KiB"), ("all-to-all", "all_to_all", None))
+                     ("custom all-reduce >= 64 KiB", "custom_all_reduce", ">= 64 KiB"),
+                     ("all-to-all", "all_to_all", None))
 ACCEPTANCE_MAPE, ACCEPTANCE_MEDIAN = 0.10, 0.05
 
 
@@ -343,21 +348,25 @@ def _class_mask(group: str, size: str | None, rows: pd.DataFrame) -> np.ndarray:
     return dict(size_classes(group, rows))[size]
 
 
-def leave_one_gpu_out(database: db.Database, targets: tuple[str, ...],
+def leave_one_gpu_out(database: db.Database, targets: tuple[str, ...], same_architecture: bool,
                       engine: db.EngineKernels = db.EngineKernels.VLLM) -> pd.DataFrame:
-    """Each target GPU's rows predicted by the forms fitted to every other GPU the database and llmsim both
-    have (their fitted shares of each GPU's datasheet figures pooled), per acceptance group."""
+    """Each target GPU's rows predicted by the forms fitted to the other GPUs the database and llmsim both have
+    (their fitted shares of each GPU's datasheet figures pooled), per acceptance group: every other GPU, or
+    (``same_architecture``) those of the target's architecture alone (H100 from H200, B200 from B300 and GB200)."""
     rows = {gpu: operator_rows(database, gpu, engine, lookup_hardware(gpu)) for gpu in database.gpus()}
     out = []
     for target in targets:
+        donors = [gpu for gpu in rows if gpu != target
+                  and (not same_architecture or db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target])]
+        split = "leave one GPU out (" + ("same architecture" if same_architecture else "every other GPU") + ")"
         for label, group, size in ACCEPTANCE_GROUPS:
-            if group not in rows.get(target, {}):
+            if group not in rows.get(target, {}) or not any(group in rows[gpu] for gpu in donors):
                 continue
-            pooled = pd.concat([r[group] for gpu, r in rows.items() if gpu != target and group in r], ignore_index=True)
+            pooled = pd.concat([rows[gpu][group] for gpu in donors if group in rows[gpu]], ignore_index=True)
             held = rows[target][group]
             signed = predict(GROUPS[group], fit_group(GROUPS[group], pooled, _fixed(group)), held)
             mask = _class_mask(group, size, held) & ~np.isnan(signed)
-            out.append({"split": "leave one GPU out", "gpu": target, "group": label, **summary(signed[mask])})
+            out.append({"split": split, "gpu": target, "group": label, **summary(signed[mask])})
     return pd.DataFrame(out)
 
 
@@ -382,8 +391,8 @@ def leave_one_version_out(database: db.Database, targets: tuple[str, ...]) -> pd
                 if len(versions) < 2:
                     continue
                 engine = db.EngineKernels.VLLM if framework == "nccl" else db.EngineKernels(framework)
-                per_version = {v: operator_rows(database, target, engine, profile, {(operator, framework): v}).get(group)
-                               for v in versions}
+                per_version = {v: operator_rows(database, target, engine, profile,
+                                                {(operator, framework): v}).get(group) for v in versions}
                 for left, held in per_version.items():
                     others = [r for v, r in per_version.items() if v != left and r is not None]
                     if held is None or not others:

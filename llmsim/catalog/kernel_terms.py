@@ -114,7 +114,7 @@ class KernelTerms:
     gemm_sharpness_growth: float = 0.0              # p grows as (tiles / 128)^growth
     attention_floor_s: float = 0.0                  # one attention launch per layer and iteration (0: none)
     decode_attention_bandwidth_bytes_per_s: float = 0.0   # KV read rate of decode attention (0: the roofline's)
-    decode_attention_efficiency: float = 0.0      # decode attention's FLOPs at this share of the 16-bit peak (0: roofline)
+    decode_attention_efficiency: float = 0.0      # decode FLOPs at this share of the 16-bit peak (0: the roofline's)
     decode_attention_per_kv_head_s: float = 0.0   # fixed work per decoding sequence, KV head (on the GPU) and layer
     custom_all_reduce: dict[int, CustomAllReduce] = field(default_factory=dict)   # by group size (none: NCCL only)
     gemm_by_dtype: dict[str, GemmTerms] = field(default_factory=dict)
@@ -229,10 +229,12 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         for key in list(custom_node.data):
             entry = custom_node.child(key)
             if not str(key).isdigit() or int(key) < 2:
-                raise custom_node.key_error(str(key), "expected a group size", key, "an integer >= 2 (GPUs in the group)")
+                raise custom_node.key_error(str(key), "expected a group size", key,
+                                            "an integer >= 2 (GPUs in the group)")
             custom[int(key)] = CustomAllReduce(
                 AllReduce(figure(entry, "latency", "duration"), figure(entry, "bus_bandwidth", "bandwidth"),
-                          figure(entry, "large_latency", "duration"), figure(entry, "large_bus_bandwidth", "bandwidth")),
+                          figure(entry, "large_latency", "duration"),
+                          figure(entry, "large_bus_bandwidth", "bandwidth")),
                 figure(entry, "switch_over", "bytes"))
             entry.done()
         custom_node.done()
