@@ -1,6 +1,6 @@
 """Speculative decoding against Leviathan et al. (ICML 2023) and against its own bookkeeping.
 
-The closed forms come from ``shared/reference/speculative.md`` and are written out
+The closed forms come from ``docs/reference/sources/speculative.md`` and are written out
 here, independently of ``llmsim.speculation.config``. Theorem 3.8 assumes a step of fixed cost
 whatever it computes; a device whose peaks are practically infinite, with all its time
 in a per-layer overhead, is exactly that: a target of 100 layers and a draft of d
@@ -17,6 +17,7 @@ import pytest
 from llmsim.cost.roofline import CostModel
 from llmsim.cli.main import main
 from llmsim.speculation.config import hashed_uniforms
+from llmsim.speculation.proposers import NGRAM_CPU_S_PER_CONTEXT_TOKEN
 
 from .helpers import REPO, make_scenario, roofline_only, simulate_checked
 
@@ -151,7 +152,7 @@ def test_replay_of_measured_acceptance_lengths(fixed_cost, tmp_path):
 def test_batch_one_speedup_matches_theorem_3_8(fixed_cost, c, alpha, k):
     """One request at a time on the fixed-cost device: tokens per second over steps with the
     full k, against plain decoding's one token per step. The table's best k and speedup come
-    from shared/reference/speculative.md."""
+    from docs/reference/sources/speculative.md."""
     result = simulate_checked(fixed_cost_scenario(fixed_cost, c, alpha, k, 1, 12000))
     steps = full_k_decode_steps(result, k)
     assert np.allclose(steps["duration_s"], STEP_S * (1 + k * c))      # the fixed-cost model holds
@@ -162,7 +163,7 @@ def test_batch_one_speedup_matches_theorem_3_8(fixed_cost, c, alpha, k):
     assert np.allclose(plain["tpot_s"], STEP_S)
 
 
-# Best gamma and speedup from shared/reference/speculative.md (Theorem 3.8, integer gamma).
+# Best gamma and speedup from docs/reference/sources/speculative.md (Theorem 3.8, integer gamma).
 TABLE = {(0.02, 0.6): (6, 2.17), (0.02, 0.7): (8, 2.76), (0.02, 0.8): (11, 3.82), (0.02, 0.9): (19, 6.37),
          (0.05, 0.6): (4, 1.92), (0.05, 0.7): (6, 2.35), (0.05, 0.8): (8, 3.09), (0.05, 0.9): (13, 4.67),
          (0.10, 0.6): (3, 1.67), (0.10, 0.7): (4, 1.98), (0.10, 0.8): (6, 2.47), (0.10, 0.9): (10, 3.43)}
@@ -446,13 +447,18 @@ def test_a_bad_replayed_length_is_named_with_its_row_and_value(tmp_path, capsys)
 
 
 # -- draft variants --------------------------------------------------------------------------------
-def test_ngram_speculator_costs_nothing_and_takes_no_memory():
+def test_ngram_speculator_takes_no_memory_and_costs_only_its_cpu_lookup():
+    """No draft model, no KV; its draft time is the lookup's CPU scan: above zero whenever sequences
+    speculate, and at most every speculating sequence's longest possible context at the per-token figure."""
     plain = make_scenario({"model": "Llama-3.1-8B"})
     ngram = h100_8b(10.0, 3, draft="ngram")
     assert ngram.speculation.draft is None
     assert ngram.memory.kv_capacity_tokens == plain.memory.kv_capacity_tokens
     it = simulate_checked(ngram).iterations
-    assert it["spec_seqs"].sum() > 0 and (it["draft_s"] == 0).all()
+    spec = it["spec_seqs"] > 0
+    assert spec.any() and (it.loc[~spec, "draft_s"] == 0).all() and (it.loc[spec, "draft_s"] > 0).all()
+    longest = ngram.workload.prompt_tokens.maximum + ngram.workload.output_tokens.maximum
+    assert (it["draft_s"] <= it["spec_seqs"] * longest * NGRAM_CPU_S_PER_CONTEXT_TOKEN).all()
 
 
 @pytest.mark.slow

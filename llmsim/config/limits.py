@@ -1,4 +1,4 @@
-"""The documented limits on what llmsim reads, in one place (the README's "Limits on input" table).
+"""The documented limits on what llmsim reads, in one place (the table of docs/reference/input-limits.md).
 
 Every file the tool reads passes :func:`llmsim.config.reader.read_text` (size and encoding),
 every YAML file :func:`llmsim.config.reader.load_yaml` (nesting and alias expansion), and
@@ -17,6 +17,12 @@ MAX_TABLE_FILE_BYTES = 512 * 2**20      # a CSV trace: about 20 million rows of 
 MAX_YAML_DEPTH = 64                 # nested mappings/lists; shipped files reach 5
 MAX_YAML_ALIASES = 1_000            # uses of '*anchor'
 MAX_YAML_NODES = 200_000            # values once every alias is expanded ("billion laughs" stop here)
+
+# -- JSON -----------------------------------------------------------------------------------
+MAX_JSON_DEPTH = 64                 # nested objects/arrays; a config.json reaches 3
+
+# -- command lines -------------------------------------------------------------------------
+MAX_FLAGS_CHARS = 64 * 1024         # engine.vllm_args / --vllm-args: a vllm serve command line is under 1 kB
 
 # -- numbers -------------------------------------------------------------------------------
 # A plain number: its magnitude at most 2**53, the largest integer a float64 holds exactly

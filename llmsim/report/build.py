@@ -340,7 +340,7 @@ class ReportBuilder:
 
     def _settings_rows(self, rec, deployed: Scenario) -> list[list[str]]:
         eng = deployed.engine
-        own_k = "off" if not deployed.speculating else f"{deployed.speculation.policy.name}:{deployed.speculation.policy.k}"
+        own_k = "off" if not deployed.speculating else deployed.speculation.policy.label
         if rec is None:
             timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
             return [["speculation k", own_k, "-"], ["max batch tokens", str(eng.max_batch_tokens), "-"],

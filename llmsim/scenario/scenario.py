@@ -1,8 +1,8 @@
 """A scenario: one deployment under one workload, read from YAML and validated once.
 
 Everything downstream (engine, metrics, reports) receives these dataclasses and
-never sees YAML. See ``scenarios/`` for annotated examples and the README for
-every key.
+never sees YAML. See ``scenarios/`` for annotated examples and docs/reference/scenario.md
+(generated from this reader) for every key.
 """
 from __future__ import annotations
 
@@ -72,6 +72,7 @@ class EngineConfig:
     prefix_caching: bool = False         # vLLM enable_prefix_caching: reuse cached blocks of shared prefixes
     preemption_mode: str = "recompute"   # vLLM preemption_mode: recompute, or swap to host memory
     cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
+    async_scheduling: bool = False       # vLLM --async-scheduling: the step's CPU work overlaps the previous step
     kernels: EngineKernels = EngineKernels.VLLM   # whose measured kernels price a step (the profile's terms)
 
     @property
@@ -215,7 +216,8 @@ def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | No
     root = Node(load_yaml(path), file=str(path))
     if vllm_args is not None:
         engine = root.data.get("engine") or {}
-        if isinstance(engine, dict):
+        # a file's flags that are not one string stay as they are, to be refused as such (not joined as their repr)
+        if isinstance(engine, dict) and (engine.get("vllm_args") is None or isinstance(engine["vllm_args"], str)):
             root.data["engine"] = {**engine, "vllm_args": f"{engine.get('vllm_args') or ''} {vllm_args}".strip()}
     scenario = scenario_from_node(root)
     scenario = replace(scenario, path=str(path))
@@ -279,6 +281,7 @@ def scenario_from_node(root: Node) -> Scenario:
         prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
         preemption_mode=eng.choice("preemption_mode", PREEMPTION_MODES, ENGINE.preemption_mode),
         cpu_offload=_cpu_offload(eng),
+        async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling),
         kernels=EngineKernels(eng.choice("kernels", ENGINE_NAMES, ENGINE.kernels.value)))
     hardware = _engine_hardware(eng, engine, hardware)
     _check_kv_tiers(eng, engine, hardware)

@@ -11,13 +11,15 @@ per iteration, never per token per request. A replica with ``pp`` pipeline stage
 Continuous batching (Orca, vLLM) works as vLLM's V1 scheduler does: running
 sequences decode first; chunked prefill fills the rest of the token budget
 ``max_batch_tokens``; new requests join from the queue while there is budget, a free
-sequence slot (``max_num_seqs``) and KV blocks for their first chunk. Without chunked
+sequence slot (``max_num_seqs``) and KV room (see ``engine.admission``). Without chunked
 prefill the engine alternates, prefill-first, between prefill-only and decode-only
 iterations (vLLM V0). When the KV cache runs out, the most recently admitted sequence
 is preempted and later recomputed (its prefill target becomes prompt + generated), or,
 with swap preemption, resumes from its KV copied back from host memory.
-``engine.admission`` chooses what a request needs free to be admitted: blocks for its first
-chunk (``preempt``, vLLM), for its whole prompt (``max_utilization``, TensorRT-LLM's
+``engine.admission`` chooses what a request needs free to be admitted: blocks for the rest of its
+prompt beside what the running prompts still need, above vLLM's watermark (``preempt``: a prompt that
+cannot finish beside them waits instead of taking a chunk's blocks, being preempted and recomputed over
+and over), for its whole prompt (``max_utilization``, TensorRT-LLM's
 MAX_UTILIZATION, which then pauses and recomputes as vLLM does), or for its whole length,
 prompt plus output, net of what every running request still has reserved
 (``guaranteed_no_evict``, TensorRT-LLM's GUARANTEED_NO_EVICT: nothing is ever preempted). A
@@ -54,6 +56,11 @@ from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, WaitingQueue
 
 Observer = Callable[["Engine", Iteration], None]
+
+# vLLM's block-manager watermark: the share of KV blocks a new prompt must leave free to be admitted
+# (vLLM ``BlockSpaceManager(watermark=0.01)``, ``watermark_blocks = int(watermark * num_gpu_blocks)``), so
+# that running sequences keep room to grow and a just-admitted prompt is not preempted at once.
+VLLM_WATERMARK = 0.01
 
 
 def reject_expired(queue: WaitingQueue, config: EngineConfig, now: float,
@@ -154,6 +161,7 @@ class Engine(EngineProcess):
         self._admitted = 0
         self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
         self._tiered = kv.tiered
+        self._watermark_blocks = int(VLLM_WATERMARK * kv.num_blocks)
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
         self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
@@ -161,6 +169,8 @@ class Engine(EngineProcess):
         self.decode = decode(self)
         self._expires = self.rejects_on_timeout()
         self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
+        self._async = config.async_scheduling
+        self._last_end_s = -1.0                     # when the last iteration scheduled ends
         self.start()
 
     def _resume(self) -> None:
@@ -238,13 +248,24 @@ class Engine(EngineProcess):
         sums = prefill_sums(chunks, self._window, self._local_share)
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
+        if self._async:
+            duration = self._overlap_host(now, duration, n + sums[3])
         if self._tiered:
             duration = self.kv.charge(now, duration)
+        self._last_end_s = now + duration
         iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
                                    self.kv.used_blocks, len(self.running), len(self.queue), n_spec, proposed,
                                    accepted, draft_s, chunks, decoding))
         self.log.append(iteration)
         return iteration
+
+    def _overlap_host(self, now: float, duration: float, sampled: int) -> float:
+        """Asynchronous scheduling (vLLM ``--async-scheduling``): the CPU prepares this step while the GPU
+        runs the previous one, so a step that follows another at once takes the longer of its GPU and CPU
+        parts. A step after the engine idled has nothing to hide its CPU work behind and pays both: the
+        scheduling gap an online server pays at every wake-up and an offline run only at its start."""
+        host_s = self.cost.host_time_s(sampled)
+        return max(duration - host_s, host_s) if now == self._last_end_s else duration
 
     def apply(self, iteration: Iteration) -> None:
         """The iteration is over at ``self.now``: its decode tokens and prompt chunks are done."""
@@ -325,16 +346,29 @@ class Engine(EngineProcess):
         chunk = min(todo, limit) if cfg.chunked_prefill else todo
         if chunk <= 0 or chunk > limit:
             return 0
-        if cfg.admission != "preempt" and not self._room_for(request):
+        # A request forced in by its queue timeout takes only its first chunk's blocks under vLLM's admission
+        # (it may be preempted later like any other); TensorRT-LLM's tests hold for it as for every request.
+        if not (forced and cfg.admission == "preempt") and not self._room_for(request):
             return 0
         return chunk if self._take_blocks(request, chunk, now) else 0
 
     def _room_for(self, request: Request) -> bool:
-        """TensorRT-LLM's admission tests: the whole prompt's blocks free (max_utilization), or the whole
-        length's (prompt + output) beyond what running requests still have reserved (guaranteed_no_evict).
-        The simulator knows each request's output length; it stands for the max_tokens TensorRT-LLM reserves."""
+        """Whether ``request`` may join given the KV cache. vLLM (``preempt``): the blocks its whole prompt
+        still needs fit beside what the prompts already running still need, leaving the watermark free
+        (vLLM's block manager admits a prompt only when ``free - needed >= watermark``); an empty engine
+        takes it whatever its length. TensorRT-LLM's tests: the whole prompt's blocks free
+        (max_utilization), or the whole length's (prompt + output) beyond what running requests still
+        have reserved (guaranteed_no_evict). The simulator knows each request's output length; it stands
+        for the max_tokens TensorRT-LLM reserves."""
         kv = self.kv
-        if self.config.admission == "max_utilization":
+        admission = self.config.admission
+        if admission == "preempt":
+            if not self.running:
+                return True
+            needed = kv.blocks_for(request.prefill_target) - kv.blocks_for(request.prefilled)
+            pending = sum(kv.blocks_for(r.prefill_target) - r.blocks for r in self.prefilling)
+            return needed <= kv.free_blocks - pending - self._watermark_blocks
+        if admission == "max_utilization":
             return kv.blocks_for(request.prefill_target) <= kv.free_blocks
         reserved = sum(kv.blocks_for(r.prompt_tokens + r.output_tokens) - r.blocks for r in self.running.values())
         return kv.blocks_for(request.prompt_tokens + request.output_tokens) <= kv.free_blocks - reserved
