@@ -217,3 +217,9 @@ def test_collectives_hold_out_of_gpu():
     assert len(reduce) == 6
     assert (reduce["mape"] <= ACCEPTANCE_MAPE).all(), reduce
     assert (reduce["median_error"].abs() <= ACCEPTANCE_MEDIAN).all(), reduce
+
+
+def test_a_gpu_the_database_lacks_exits_2_naming_the_ones_it_has(tmp_path, capsys):
+    assert main(["calibrate", "--from-database", str(EXCERPT), "--gpu", "MI300X", "--out", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert "--gpu" in error and "MI300X" in error and H100 in error

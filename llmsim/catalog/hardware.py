@@ -121,6 +121,18 @@ class HardwareProfile:
         return max(self.peak_flops_per_s.values())
 
 
+def _in_document(data: dict, key_path: str) -> bool:
+    """Whether the dotted ``key_path`` (group sizes as digits) is written in the profile ``data``."""
+    for part in key_path.split("."):
+        if not isinstance(data, dict):
+            return False
+        key = next((k for k in data if str(k) == part), None)
+        if key is None:
+            return False
+        data = data[key]
+    return True
+
+
 def _figure(node: Node, key: str, kind: str | None, figures: dict, **limits) -> float:
     """Read ``key: {value, source, confidence}``; ``kind`` is a unit kind or None for a plain number."""
     entry = node.child(key)
@@ -145,8 +157,12 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
     peaks_node.done()
     eff = node.child("efficiency")
     overhead = node.child("overhead")
+    engine_figures: dict[str, Figure] = {}
     kernels, engine_kernels = engine_kernel_terms(
-        node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures, **limits), ENGINE_NAMES)
+        node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures, **limits),
+        lambda entry, key, kind, **limits: _figure(entry, key, kind, engine_figures, **limits), ENGINE_NAMES)
+    # An engine's terms are its overlay laid over the section: the figures it inherits are the section's own.
+    figures.update({key: figure for key, figure in engine_figures.items() if _in_document(node.data, key)})
     profile = HardwareProfile(
         name=node.string("name"),
         description=node.string("description", ""),

@@ -154,10 +154,11 @@ class KernelTerms:
         return self.prefill_backends[self.prefill_backend]
 
 
-def engine_kernel_terms(node: Node, figure: Callable[..., float], engines: tuple[str, ...]
-                        ) -> tuple[KernelTerms | None, dict[str, KernelTerms]]:
+def engine_kernel_terms(node: Node, figure: Callable[..., float], engine_figure: Callable[..., float],
+                        engines: tuple[str, ...]) -> tuple[KernelTerms | None, dict[str, KernelTerms]]:
     """``kernels:`` of a profile (None without one), and each engine's of ``kernels.engines`` (its figures laid
-    over the rest of the section); ``engines`` are the names allowed."""
+    over the rest of the section, read by ``engine_figure``: the profile records only those the overlay holds);
+    ``engines`` are the names allowed."""
     base = kernel_terms_from_node(node, figure)
     if base is None or not node.child("kernels").has("engines"):
         return base, {}
@@ -172,7 +173,7 @@ def engine_kernel_terms(node: Node, figure: Callable[..., float], engines: tuple
             raise overlays.key_error(str(name), "expected a mapping of kernels: figures", overlays.data[name],
                                      "gemm, attention, all_reduce, custom_all_reduce ...")
         merged = Node(deep_merge(section, overlays.data[name]), file=node.file, path=overlays.key_path(str(name)))
-        out[str(name)] = _terms_from_section(merged, figure)
+        out[str(name)] = _terms_from_section(merged, engine_figure)
     return base, out
 
 
