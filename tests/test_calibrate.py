@@ -6,7 +6,6 @@ that the simulator itself never imports torch.
 """
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 import subprocess
@@ -22,7 +21,7 @@ from llmsim.calibration.fit import uncalibrated
 from llmsim.calibration.design import DESIGNS, model_spec, shared_values
 from llmsim.calibration.plot import scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
-from llmsim.cli.calibrate import add_parsers
+from llmsim.cli.main import build_parser
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import hardware_catalog, profile_from_node, shipped_profile_dir
@@ -203,9 +202,7 @@ def test_the_shipped_cpu_profile_transfers_to_a_datasheet_profile(tmp_path):
 
 
 def _run(*argv) -> int:
-    parser = argparse.ArgumentParser(prog="llmsim")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
+    args = build_parser(only=argv[0]).parse_args(list(argv))
     return args.func(args)
 
 

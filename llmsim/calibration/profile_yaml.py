@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from llmsim.config.files import write_file
 from llmsim.config.reader import Node
 from llmsim.catalog.hardware import HardwareProfile, profile_from_node
 
@@ -21,6 +22,8 @@ from llmsim.catalog.hardware import HardwareProfile, profile_from_node
 CLOUD_USD_PER_CORE_HOUR = 0.058
 # Socket TDP per core of a server CPU (AMD EPYC 9654: 360 W over 96 cores).
 SERVER_CPU_WATTS_PER_CORE = 3.75
+# What a transferred profile cites of the calibration it took its efficiencies from.
+TRANSFER_RECORD_KEYS = ("device", "device_name", "date", "torch_version")
 TRANSFERRED = (("compute", "compute_efficiency"), ("attention", "attention_efficiency"),
                ("memory_bandwidth", "memory_efficiency"), ("kv_read_penalty", "kv_read_penalty"))
 
@@ -163,11 +166,10 @@ def _rows_on_one_line(value):
 def write_document(document: dict, path: str | Path) -> HardwareProfile:
     """Check, then write ``document`` as YAML."""
     profile = check_document(document, str(path))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     header = "# Written by llmsim calibrate (the record is under calibration:); regenerate rather than edit.\n"
     text = yaml.dump(_rows_on_one_line(document), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
                      width=120, allow_unicode=True)
-    Path(path).write_text(header + text)
+    write_file(Path(path), lambda partial: partial.write_text(header + text))
     return profile
 
 

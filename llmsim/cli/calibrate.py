@@ -22,18 +22,16 @@ from llmsim.calibration.kernel_profile import calibrate_from_measurements, kerne
 from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, attention_errors, error_table,
                                           layer_errors, read_measurements)
 from llmsim.calibration.plot import measured_scatter, scatter
-from llmsim.calibration.profile_yaml import transfer_document, write_document
+from llmsim.calibration.profile_yaml import TRANSFER_RECORD_KEYS, transfer_document, write_document
 from llmsim.catalog.hardware import load_profile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.cli.options import SEED, WORKERS
-from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace
+from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
 
 
-def add_parsers(subparsers) -> None:
-    """Register ``calibrate`` and ``validate`` on the CLI's subparsers."""
-    cal = subparsers.add_parser("calibrate", help="fit the cost model to a torch decode step on this device")
+def configure_calibrate(cal) -> None:
     cal.add_argument("--device", choices=tuple(DEVICE_DTYPES), help="default: cuda if available, else cpu")
     cal.add_argument("--out", help="profile to write (default: <device>-calibrated.yaml)")
     cal.add_argument("--quick", action="store_true", help="few small shapes and repeats (under 2 minutes on a CPU)")
@@ -77,7 +75,9 @@ def add_parsers(subparsers) -> None:
     cal.add_argument("--seed", type=SEED, default=0, help="order of the interleaved rounds, random block tables")
     cal.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     cal.set_defaults(func=_cmd_calibrate)
-    val = subparsers.add_parser("validate", help="compare a calibrated profile with held-out torch decode steps")
+
+
+def configure_validate(val) -> None:
     val.add_argument("profile", help="a profile written by llmsim calibrate")
     val.add_argument("--device", choices=tuple(DEVICE_DTYPES),
                      help="default: the device the profile was calibrated on")
@@ -158,9 +158,18 @@ def _cmd_transfer(args) -> int:
     target = _profile_yaml(args.transfer_to)
     if args.from_profile:
         calibrated, name = _profile_yaml(args.from_profile), Path(args.from_profile).stem
-        if "calibration" not in calibrated:
-            raise ConfigError("has no calibration record; transfer from a profile written by llmsim calibrate",
-                              file=args.from_profile, has_value=False)
+        record = calibrated.get("calibration")
+        if not isinstance(record, dict) or record.get("tool") != "llmsim calibrate":
+            raise ConfigError("has no record of llmsim calibrate's efficiency measurement (a profile fitted with "
+                              "--from-measurements holds kernel terms, which are not transferred)",
+                              file=args.from_profile, key="calibration.tool",
+                              value=record.get("tool") if isinstance(record, dict) else record,
+                              allowed="a profile written by llmsim calibrate (tool: llmsim calibrate)")
+        missing = [key for key in TRANSFER_RECORD_KEYS if key not in record]
+        if missing:
+            raise ConfigError("the calibration record lacks what the transferred profile cites", file=args.from_profile,
+                              key=f"calibration.{missing[0]}", has_value=False,
+                              allowed=f"a record with {', '.join(TRANSFER_RECORD_KEYS)} (regenerate it with llmsim calibrate)")
     else:
         device = _device_kind(args.device)
         calibrated = calibrate(device, f"{device}-calibrated", quick=args.quick,
@@ -301,7 +310,8 @@ def _cmd_validate_measurements(args) -> int:
     if attention is not None:
         print("\nattention kernels (one layer, one GPU):\n" + format_table(error_table(attention, ["phase", "tp"])))
     if args.plot:
-        measured_scatter(layers, reduce, args.plot, f"{profile.name} vs {device} measurements")
+        write_file(Path(args.plot), lambda path: measured_scatter(layers, reduce, path,
+                                                                  f"{profile.name} vs {device} measurements"))
         print(f"\nwrote {args.plot}")
     return 0
 
@@ -345,7 +355,7 @@ def _cmd_validate(args) -> int:
     report = validate(profile, quick=args.quick, threads=args.threads or record["threads"], seed=args.seed)
     print(validation_summary(report))
     if args.plot:
-        scatter(report, args.plot)
+        write_file(Path(args.plot), lambda path: scatter(report, path))
         print(f"\nwrote {args.plot}")
     return 0
 

@@ -35,7 +35,7 @@ import pandas as pd
 from llmsim.catalog.models import ModelSpec, model_catalog
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 from llmsim.speculation.config import (Acceptance, Eligibility, KPolicy, SpeculationConfig, predicted_acceptance,
                                        resolve_draft_parallelism)
 from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, MTP, NGRAM, Proposer, draft_cost_model, head_spec
@@ -141,7 +141,7 @@ def cost_ratio(scenario: Scenario, candidate: Candidate, context: float) -> floa
 def with_candidate(scenario: Scenario, candidate: Candidate, k: int) -> Scenario:
     """The scenario speculating with ``candidate`` at a static ``k`` (plain decoding for ``none``)."""
     if candidate.kind == NONE:
-        return replace(scenario, speculation=None)
+        return scenario.plain_decoding()
     own = scenario.speculation
     eligibility = own.eligibility if own is not None else Eligibility()
     config = SpeculationConfig(candidate.draft, policy=KPolicy("static", k, max(k, candidate.k_max)),
@@ -171,7 +171,7 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
     simulated = [row for row in rows if row["candidate"].kind == NONE] + \
         [row for row in rows if row["candidate"].kind != NONE][:simulate_top]
     for row in simulated:
-        summary = simulate(with_candidate(scenario, row["candidate"], row["k"]), trace).summary()
+        summary = simulate_whole(with_candidate(scenario, row["candidate"], row["k"]), trace).summary()
         row.update(tpot_s=summary["latency"]["tpot_s"]["mean"], slo_met=summary["slo"]["met"])
     table = pd.DataFrame([{
         "candidate": row["candidate"].label, "kind": row["candidate"].kind,
@@ -224,8 +224,8 @@ def tune_eligibility(scenario: Scenario, trace=None) -> tuple[Eligibility, pd.Da
     rows = []
     for concurrent, tokens in grid:
         rule = Eligibility(tokens, concurrent)
-        summary = simulate(replace(scenario, speculation=replace(scenario.speculation, eligibility=rule)),
-                           trace).summary()
+        summary = simulate_whole(replace(scenario, speculation=replace(scenario.speculation, eligibility=rule)),
+                                 trace).summary()
         rows.append({"min_concurrent_requests": concurrent, "min_sequence_tokens": tokens,
                      "tpot_s": summary["latency"]["tpot_s"]["mean"], "slo_met": summary["slo"]["met"],
                      "speculating_share": summary["speculation"]["blocked_share"].get("speculated", 0.0)})

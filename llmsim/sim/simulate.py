@@ -404,6 +404,16 @@ def _blocked_counts(engines) -> dict | None:
     return {name: sum(c[name] for c in counts) for name in counts[0]} if counts else None
 
 
+def simulate_whole(scenario: Scenario, trace: Trace | None = None, **options) -> SimulationResult:
+    """:func:`simulate`, for a search or a report whose figures need the whole run: Ctrl-C raises
+    KeyboardInterrupt (for the command to stop, keeping what it finished) instead of returning
+    the partial result."""
+    result = simulate(scenario, trace, **options)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
 def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:
     """Speculative decoding's gain: the same scenario without it, on the same arrival trace.
 
@@ -412,11 +422,9 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
     (summarising a large run takes seconds).
     """
     scenario = result.scenario
-    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed),
-                     force=True)     # the size of the run itself, already checked
-    if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
-        raise KeyboardInterrupt
-    plain = plain.summary()
+    # The size of the run itself, already checked; Ctrl-C during the baseline: no ratios from half a run.
+    plain = simulate_whole(scenario.plain_decoding(), generate_trace(scenario.workload, scenario.seed),
+                           force=True).summary()
     spec = result.summary() if summary is None else summary
     ratio = (lambda a, b: a / b if b else float("nan"))
     return {
