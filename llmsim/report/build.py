@@ -42,6 +42,7 @@ from llmsim.analysis import names
 from llmsim.analysis.frontier import pareto_frontier
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.config.reader import Node, load_yaml
+from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
@@ -56,7 +57,6 @@ from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simu
                                  typical_latency_s)
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.trace import Trace, generate_trace
-from llmsim.config.words import counted
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)

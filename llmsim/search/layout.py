@@ -39,6 +39,7 @@ from typing import Sequence
 import pandas as pd
 
 from llmsim.analysis import names
+from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
