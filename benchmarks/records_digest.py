@@ -17,10 +17,12 @@ from typing import Any
 
 import yaml
 
+from llmsim.analysis.metrics import summarize
 from llmsim.config.reader import Node
 from llmsim.scenario.scenario import scenario_from_node
-from llmsim.sim.rollout import rollout_summary, simulate_rollout
-from llmsim.sim.simulate import simulate, speedup_over_plain
+from llmsim.search.rollout import rollout_summary, simulate_rollout
+from llmsim.search.speedup import speedup_over_plain
+from llmsim.sim.simulate import simulate
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -82,7 +84,7 @@ def digest(file: str, overrides: dict[str, Any], cap: int) -> tuple[str, str]:
         other += "".join(group.requests.to_csv(index=False) for group in rollout.groups.values())
         return _sha(records), _sha(other)
     result = simulate(scenario, force=True)
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     if scenario.speculating and scenario.controller is None:
         summary["speedup_over_plain"] = speedup_over_plain(result, summary)
     other = result.iterations.to_csv(index=False) + json.dumps(summary, sort_keys=True, default=str)

@@ -6,14 +6,14 @@ The Python API in four calls::
     scenario = llmsim.load_scenario("scenarios/llama3-8b-h100-chat.yaml")
     result = llmsim.simulate(scenario)
     result.requests          # one row per request (pandas DataFrame)
-    result.summary()         # latency percentiles, throughput, goodput, utilisation
+    llmsim.summarize(result)  # latency percentiles, throughput, goodput, utilisation (to_dict(): nested)
 """
+from llmsim.analysis.metrics import summarize
 from llmsim.cost.roofline import CostModel
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import HardwareProfile, hardware_catalog, load_profile, lookup_hardware
 from llmsim.sim.kvcache import KVCache
-from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import batch_means
 from llmsim.analysis.summary import RunSummary, flatten
 from llmsim.catalog.models import ModelSpec, model_catalog, model_from_config_json
@@ -21,8 +21,9 @@ from llmsim.search.plan import plan
 from llmsim.search.recommend import recommend
 from llmsim.sim.request import Request
 from llmsim.scenario.scenario import Scenario, load_scenario
-from llmsim.sim.simulate import SimulationResult, simulate
-from llmsim.sim.rollout import RolloutResult, rollout_summary, simulate_rollout
+from llmsim.sim.result import SimulationResult
+from llmsim.sim.simulate import simulate
+from llmsim.search.rollout import RolloutResult, rollout_summary, simulate_rollout
 from llmsim.search.sweeps import run_points, sweep
 from llmsim.workload.trace import Trace, generate_trace
 

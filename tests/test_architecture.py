@@ -1,8 +1,9 @@
 """The package layout spells the pipeline: every import runs from a later stage to an earlier one.
 
 The order is the flow of a run: configuration primitives, the catalog of models and chips,
-the cost model, workloads, speculation, the scenario, analysis of records, the simulator,
-the searches built on it, calibration, and the command line on top. ``errors`` is below
+the cost model, workloads, speculation, the scenario, the simulator (whose records and result
+type flow one way, into analysis), analysis of records, the searches built on both,
+calibration, and the command line on top. ``errors`` is below
 everything. A module may import its own subpackage or any earlier one, never a later one:
 the cost model knows nothing of SimPy, the scheduler nothing of YAML, and the CLI stays thin.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import llmsim
 
-LAYERS = ["errors", "config", "catalog", "cost", "workload", "speculation", "scenario", "analysis", "sim",
+LAYERS = ["errors", "config", "catalog", "cost", "workload", "speculation", "scenario", "sim", "analysis",
           "search", "calibration", "report", "cli"]
 PACKAGE = Path(llmsim.__file__).parent
 

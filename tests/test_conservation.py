@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from llmsim import load_scenario
-from llmsim.sim.rollout import simulate_rollout
+from llmsim.analysis.metrics import summarize
+from llmsim.search.rollout import simulate_rollout
 
 from .helpers import SCENARIOS, make_scenario, simulate_checked
 
@@ -61,7 +62,7 @@ def check_balances(result):
 def test_requests_tokens_and_blocks_balance(name):
     result = simulate_checked(make_scenario(RUNS[name]))
     check_balances(result)
-    summary = result.summary()["requests"]
+    summary = summarize(result).to_dict()["requests"]
     assert summary["arrived"] == (summary["finished"] + summary["rejected_timeout"] + summary["rejected_too_long"]
                                   + summary["unfinished_queued"] + summary["unfinished_running"])
 
@@ -77,7 +78,7 @@ def test_preemption_happens_and_recomputes():
 
 def test_overload_is_not_an_error_and_reports_the_queue():
     result = simulate_checked(make_scenario(RUNS["overloaded-horizon"]))
-    summary = result.summary()["requests"]
+    summary = summarize(result).to_dict()["requests"]
     assert result.end_s == pytest.approx(15.0)
     assert summary["unfinished_queued"] > 0 and summary["unfinished_running"] > 0
 

@@ -20,7 +20,9 @@ import pytest
 import yaml
 
 from llmsim import simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
+from llmsim.sim.result import StopReason
 from llmsim.workload.trace import generate_trace
 
 from .helpers import REPO, make_scenario
@@ -42,7 +44,7 @@ def stop_after(iterations: int, error: BaseException):
 
 def check_partial(result, stopped_by: str):
     """Counts, window and rates of a stopped run against its records."""
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     records, end = result.requests, result.end_s
     assert summary["stopped_by"] == stopped_by and summary["simulated_s"] == end
     # Only requests that arrived: a prefix of the trace, every one by the end.
@@ -101,7 +103,7 @@ def test_horizon_cut_run_counts_only_requests_that_arrived():
 
 def test_a_run_that_completes_says_so():
     result = simulate(make_scenario({"workload": {"num_requests": 200}}))
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     assert summary["stopped_by"] == "completed" and not summary["interrupted"]
     assert summary["requests"]["not_arrived"] == 0 and len(result.requests) == 200
 
@@ -119,13 +121,13 @@ def test_a_fault_is_raised_with_what_was_simulated():
 
 
 def test_ctrl_c_during_the_baseline_is_not_swallowed(monkeypatch):
-    from llmsim.sim import simulate as module
+    from llmsim.search import speedup as module
 
     spec = make_scenario({"workload": {"num_requests": 60},
                           "speculation": {"draft": "Llama-3.2-1B", "k": 3,
                                           "acceptance": {"process": "bernoulli", "alpha": 0.7}}})
     result = simulate(spec)
-    monkeypatch.setattr(module, "simulate", lambda *args, **kwargs: replace(result, stopped_by="interrupt"))
+    monkeypatch.setattr(module, "simulate", lambda *args, **kwargs: replace(result, stopped_by=StopReason.INTERRUPT))
     with pytest.raises(KeyboardInterrupt):
         module.speedup_over_plain(result)
 

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from llmsim import simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.sim.prefix_cache import PrefixKeys, TieredKV
 from llmsim.sim.request import Request
@@ -123,7 +124,7 @@ def test_unbounded_cache_hit_rate_is_the_workloads_repeat_share(block_size):
     expected = repeat_tokens(trace, block_size)
     assert expected.sum() > 0.3 * trace.prompt_tokens.sum()             # the workload does repeat itself
     assert (result.requests["cached_tokens"].to_numpy() == expected).all()
-    assert result.summary()["kv_cache"]["hit_rate_tokens"] == pytest.approx(
+    assert summarize(result).to_dict()["kv_cache"]["hit_rate_tokens"] == pytest.approx(
         expected[result.requests["arrival_s"] >= result.warmup_s].sum()
         / trace.prompt_tokens[result.requests["arrival_s"] >= result.warmup_s].sum())
 
@@ -280,7 +281,7 @@ def test_prefix_aware_routing_finds_more_hits_within_its_load_bound():
     for router in ("least_outstanding", "prefix_aware"):
         scenario = make_scenario({**SESSIONS, "deployment": {"replicas": 4, "router": router},
                                   "engine": {"prefix_caching": True}})
-        summary = simulate(scenario).summary()["kv_cache"]
+        summary = summarize(simulate(scenario)).to_dict()["kv_cache"]
         rates[router] = summary["hit_rate_tokens"], summary["replica_load_max_over_mean"]
     assert rates["prefix_aware"][0] > rates["least_outstanding"][0] + 0.1
     assert rates["prefix_aware"][1] < 1.6

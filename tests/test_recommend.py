@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import llmsim
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
@@ -51,7 +52,7 @@ def test_recommended_settings_meet_the_slo_on_fresh_seeds(result, scenario):
     overrides = result.best.overrides(scenario)
     for seed in (scenario.seed + 100, scenario.seed + 101):
         run = llmsim.simulate(variant(scenario, {**overrides, "seed": seed}))
-        assert run.summary()["slo"]["met"]
+        assert summarize(run).to_dict()["slo"]["met"]
 
 
 @pytest.mark.slow
@@ -64,7 +65,7 @@ def test_goodput_is_a_bracketed_rate(result, scenario):
 
     def met(r):
         run = llmsim.simulate(variant(scenario, {**overrides, "workload.arrival.rate": r}))
-        return run.summary()["slo"]["met"]
+        return summarize(run).to_dict()["slo"]["met"]
     assert met(rate)
     assert not met(2 * rate)
 

@@ -12,6 +12,7 @@ import yaml
 import llmsim
 import llmsim.search.sweeps as sweeps
 from llmsim import ConfigError, flatten, simulate, sweep
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.scenario.overrides import apply_overrides, grid_points
 from llmsim.search.sweeps import mean_over_seeds, run_points
@@ -31,7 +32,7 @@ def small():
 def direct(overrides: dict, seed: int | None = None) -> dict:
     """The summary of the scenario built by nesting the overrides by hand (not through the sweep)."""
     scenario = make_scenario(merge(SMALL, overrides))
-    return flatten(simulate(scenario if seed is None else scenario.with_seed(seed)).summary())
+    return flatten(summarize(simulate(scenario if seed is None else scenario.with_seed(seed))).to_dict())
 
 
 def same(a, b) -> bool:

@@ -19,43 +19,16 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.kv_cache import kv_cache_summary
-from llmsim.analysis.summary import (COMPLETED, PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics,
+from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics,
                                      Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
-from llmsim.scenario.scenario import SLO, SLO_METRICS
+from llmsim.scenario.scenario import SLO
+from llmsim.sim.result import SimulationResult, StopReason
+from llmsim.sim.slo import slo_limits, within_limit
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
-
-
-def _within(records: pd.DataFrame, metric: str, limit_s) -> pd.Series:
-    """Requests whose ``metric`` is within its limit (a 1-token output has no TPOT, and meets it);
-    ``limit_s`` is one limit or one per row (inf: none)."""
-    values = records[f"{metric}_s"]
-    return (values <= limit_s) | values.isna() if metric == "tpot" else values <= limit_s
-
-
-def _limits(records: pd.DataFrame, slo: SLO) -> dict:
-    """metric -> its limit for every metric some request is held to: one number, or with traffic
-    classes each row's class limit (inf where its class sets none)."""
-    if not slo.classes or "class" not in records:
-        return {metric: limit for metric, (limit, _) in slo.targets().items()}
-    out = {}
-    for metric in SLO_METRICS:
-        per_class = {name: getattr(own, f"{metric}_s") for name, own in slo.classes}
-        if any(v is not None for v in per_class.values()):
-            table = {name: math.inf if v is None else v for name, v in per_class.items()}
-            out[metric] = records["class"].map(table).to_numpy(float)
-    return out
-
-
-def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
-    """True for finished requests within every limit the SLO (their class's, with classes) sets."""
-    ok = records["status"] == "finished"
-    for metric, limit in _limits(records, slo).items():
-        ok &= _within(records, metric, limit)
-    return ok
 
 
 def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
@@ -75,8 +48,8 @@ def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
     """Per-metric attainment (share of requests within that limit, with its standard error) and
     percentile target, for every limit set. Unfinished or rejected requests miss."""
     finished = steady["status"] == "finished"
-    limits = _limits(steady, slo)
-    return {metric: SLOTarget(*share_with_stderr(finished & _within(steady, metric, limits[metric])), percentile)
+    limits = slo_limits(steady, slo)
+    return {metric: SLOTarget(*share_with_stderr(finished & within_limit(steady, metric, limits[metric])), percentile)
             for metric, (_, percentile) in _percentiles(slo).items() if metric in limits}
 
 
@@ -127,12 +100,12 @@ def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], sta
     return out
 
 
-def summarize(result) -> RunSummary:
+def summarize(result: SimulationResult) -> RunSummary:
     """The summary of one run, typed (``to_dict()``: what ``llmsim run`` prints and writes as JSON)."""
     scenario = result.scenario
     records, iterations = result.requests, result.iterations
     start, stop = result.warmup_s, result.arrival_window_s
-    if result.stopped_by != COMPLETED:         # nothing after the stop was simulated: measure up to it
+    if result.stopped_by != StopReason.COMPLETED:         # nothing after the stop was simulated: measure up to it
         stop = min(stop, result.end_s)
     if stop - start <= 0:                      # a degenerate window: measure the whole run
         start, stop = 0.0, max(result.end_s, 1e-12)
@@ -174,7 +147,7 @@ def summarize(result) -> RunSummary:
         classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
         # Overall, the SLO is met when every class meets its own targets.
         slo = replace(slo, met=all(c.slo.met for c in classes.values()))
-    provisioned = getattr(result, "provisioned", None)
+    provisioned = result.provisioned
     replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
                 else scenario.deployment.replicas)
     utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica, replicas)
@@ -203,16 +176,16 @@ def summarize(result) -> RunSummary:
         speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
                      if scenario.speculating else None),
         interrupted=result.interrupted,
-        stopped_by=result.stopped_by,
+        stopped_by=result.stopped_by.value,
         fault=result.fault,
         classes=classes,
         autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
         kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
-                  if getattr(result, "kv_tiers", None) else None),
+                  if result.kv_tiers else None),
     )
 
 
-def autoscaling_summary(result) -> AutoscalingSummary:
+def autoscaling_summary(result: SimulationResult) -> AutoscalingSummary:
     """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`)."""
     scenario, log = result.scenario, result.scaling
     usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600

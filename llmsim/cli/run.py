@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from llmsim.analysis.bench_format import vllm_bench_result
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.options import FORCE_HELP, SEED, number_flag
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary, rollout_table
@@ -30,8 +31,9 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.resources import check_run_size
-from llmsim.sim.rollout import rollout_summary, simulate_rollout
-from llmsim.sim.simulate import simulate, speedup_over_plain
+from llmsim.search.rollout import rollout_summary, simulate_rollout
+from llmsim.search.speedup import speedup_over_plain
+from llmsim.sim.simulate import simulate
 from llmsim.sim.token_times import TokenTimes
 from llmsim.workload.trace import generate_trace
 
@@ -116,7 +118,7 @@ def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = N
     """Write the run's files (records and summary first), print its summary; the exit status.
     ``token_times``: the run's per-request token times, for ``--bench-detailed``."""
     scenario = result.scenario
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     if scenario.vllm_notes:
         summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
     if scenario.workload.trace is not None or scenario.workload.dataset is not None:
@@ -157,7 +159,7 @@ def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = N
 def _run_rollout(scenario, out: Path, args) -> int:
     """A canary or shadow rollout: the user-facing summary, then each group against the control."""
     result = simulate_rollout(scenario, force=True)          # its size checked by the caller
-    summary = result.user.summary()
+    summary = summarize(result.user).to_dict()
     summary["rollout"] = rollout_summary(result, args.detect)
     users = result.user.requests
     written = [write_file(out / "requests.csv", lambda path: users.to_csv(path, index=False))]

@@ -40,6 +40,7 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.frontier import pareto_frontier
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
@@ -505,7 +506,7 @@ class ReportBuilder:
         window = measurement_window(self.scenario, self.rate, typical_latency_s(self.final, self.rate))
         result = simulate(variant(self.final, window.overrides(self.rate)))
         series = monitoring_series(result, MONITOR_BINS)
-        summary = result.summary()
+        summary = summarize(result).to_dict()
         lat, util, queue = summary["latency"], summary["utilisation"], summary["queue"]
         thr = summary["throughput"]
         rows = [["QPS (completions)", num(thr["requests_per_s"])],

@@ -2,7 +2,7 @@
 and autoscaling (``autoscaling:``, :class:`AutoscalingConfig`).
 
 The controller (:mod:`llmsim.sim.controller`) wakes every ``interval``, reads the worst ratio of
-a rolling ``window``'s latency percentiles to their SLO limits (:mod:`llmsim.analysis.rolling`)
+a rolling ``window``'s latency percentiles to their SLO limits (:mod:`llmsim.sim.sensor`)
 and moves one engine ``knob`` (``max_batch_tokens`` or ``max_num_seqs``) within ``bounds``
 (default: an eighth of the scenario's setting up to the setting itself), by a ``rule``:
 

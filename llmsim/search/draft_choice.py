@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.models import ModelSpec, model_catalog
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
@@ -171,7 +172,7 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
     simulated = [row for row in rows if row["candidate"].kind == NONE] + \
         [row for row in rows if row["candidate"].kind != NONE][:simulate_top]
     for row in simulated:
-        summary = simulate(with_candidate(scenario, row["candidate"], row["k"]), trace).summary()
+        summary = summarize(simulate(with_candidate(scenario, row["candidate"], row["k"]), trace)).to_dict()
         row.update(tpot_s=summary["latency"]["tpot_s"]["mean"], slo_met=summary["slo"]["met"])
     table = pd.DataFrame([{
         "candidate": row["candidate"].label, "kind": row["candidate"].kind,
@@ -224,8 +225,8 @@ def tune_eligibility(scenario: Scenario, trace=None) -> tuple[Eligibility, pd.Da
     rows = []
     for concurrent, tokens in grid:
         rule = Eligibility(tokens, concurrent)
-        summary = simulate(replace(scenario, speculation=replace(scenario.speculation, eligibility=rule)),
-                           trace).summary()
+        summary = summarize(simulate(replace(scenario, speculation=replace(scenario.speculation, eligibility=rule)),
+                           trace)).to_dict()
         rows.append({"min_concurrent_requests": concurrent, "min_sequence_tokens": tokens,
                      "tpot_s": summary["latency"]["tpot_s"]["mean"], "slo_met": summary["slo"]["met"],
                      "speculating_share": summary["speculation"]["blocked_share"].get("speculated", 0.0)})

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.models import ModelSpec, model_catalog
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
@@ -93,4 +94,4 @@ def _speculating(scenario: Scenario, candidate: Candidate, k: int, eligibility: 
 
 
 def _mean_tpot(scenario: Scenario, trace) -> float:
-    return simulate(scenario, trace).summary()["latency"]["tpot_s"]["mean"]
+    return summarize(simulate(scenario, trace)).to_dict()["latency"]["tpot_s"]["mean"]

@@ -37,6 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
@@ -278,7 +279,7 @@ def simulate_point(scenario: Scenario) -> dict:
     result = simulate(scenario, force=True)
     if result.interrupted:            # Ctrl-C during a serial sweep: stop, and record nothing half-run
         raise KeyboardInterrupt
-    flat = flatten(result.summary())
+    flat = flatten(summarize(result).to_dict())
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
     return flat

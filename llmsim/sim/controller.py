@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from llmsim.analysis.rolling import latencies, targets_of, worst_ratio
 from llmsim.scenario.control import SPECULATION_K, ControllerConfig
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import RequestRecords
 from llmsim.sim.scheduling import ClassEngine
+from llmsim.sim.sensor import latencies, targets_of, worst_ratio
 
 FINISHED_CODE = 1           # RequestRecords' status code of a finished request
 

@@ -24,14 +24,11 @@ from __future__ import annotations
 import itertools
 from functools import partial
 from typing import Sequence
-from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from llmsim.analysis.metrics import meets_slo, summarize
-from llmsim.analysis.summary import COMPLETED, FAULT, HORIZON, INTERRUPT
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario, host_kv_blocks
@@ -43,7 +40,9 @@ from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.resources import check_run_size
+from llmsim.sim.result import SimulationResult, StopReason
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
+from llmsim.sim.slo import meets_slo
 from llmsim.sim.scheduling import ClassEngine, class_mean_queue_lengths, class_queue_factory, class_rules
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
@@ -100,7 +99,7 @@ class Router:
         self.records.write(request)
         self._left_to_finish -= 1
         if self._left_to_finish == 0 and not self._all_done.triggered:
-            self._all_done.succeed(COMPLETED)
+            self._all_done.succeed(StopReason.COMPLETED)
 
     def dispatch(self, request: Request, now: float) -> None:
         self.arrived += 1
@@ -201,57 +200,6 @@ def arrivals(env: simpy.Environment, records: RequestRecords, router: Router):
             router.dispatch(records.request(i, arrival_s, prompt, output), env.now)
 
 
-@dataclass
-class SimulationResult:
-    """What one run produced; ``requests`` is the per-request record everything else derives from.
-
-    ``requests`` has one row per request that arrived (every request of the trace, unless the
-    run stopped before the end of its arrivals: then the first ``len(requests)`` of
-    ``planned_requests``). ``stopped_by`` is ``completed``, ``horizon``, ``interrupt`` (Ctrl-C)
-    or ``fault`` (``fault`` names the exception), and ``end_s`` the simulated time it stopped at.
-    """
-    scenario: Scenario
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
-    queue_length: pd.DataFrame
-    end_s: float
-    arrival_window_s: float
-    warmup_s: float
-    kv_blocks_per_replica: int
-    kv_allocated_blocks: int
-    kv_freed_blocks: int
-    kv_held_blocks: int                  # blocks allocated and not freed (with prefix caching: cached ones too)
-    preemptions: int
-    mean_in_system: float
-    mean_queue_length: float
-    planned_requests: int
-    inter_token_gaps: InterTokenGaps = field(repr=False, default_factory=InterTokenGaps)
-    stopped_by: str = COMPLETED
-    fault: str | None = None
-    mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
-    control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)
-    scaling: pd.DataFrame | None = None          # with autoscaling: every check (sim.autoscaling.ScalingLog)
-    replica_seconds: float | None = None         # with autoscaling: replica time paid for, start to end
-    provisioned: pd.DataFrame | None = None      # with autoscaling: replicas paid for after each change
-    speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
-    kv_tiers: dict | None = None         # the tiered KV cache's totals (prefix caching, host tier, swap), if any
-
-    @property
-    def interrupted(self) -> bool:
-        """Stopped before the scenario's own end (Ctrl-C or a fault): the figures cover what ran."""
-        return self.stopped_by in (INTERRUPT, FAULT)
-
-    def summary(self) -> dict:
-        """The run's summary as a nested dict, as written to ``summary.json``.
-
-        A plain dict (``summarize(self).to_dict()``) rather than the typed record, because
-        callers index and extend it (``summary()["latency"]["tpot_s"]["p95"]``, the CLI adds the
-        speedup over plain decoding) and :func:`llmsim.flatten` turns it into a sweep's row;
-        ``llmsim.summarize(result)`` gives the typed :class:`~llmsim.analysis.summary.RunSummary`.
-        """
-        return summarize(self).to_dict()
-
-
 def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
     """(arrival window, horizon): the horizon defaults to twice the window and at least 60 s past it."""
     window = float(trace.arrival_s[-1]) if len(trace) else 0.0
@@ -328,21 +276,21 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         router.pool = ReplicaPool(pool_size, resolved.replicas, switch_off)
         env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
-    stopped_by, fault = COMPLETED, None
+    stopped_by, fault = StopReason.COMPLETED, None
     try:
         if len(records):
             stopped_by = env.run(until=stop)
     except KeyboardInterrupt:
         # Keep what was simulated: everything still in flight is reported unfinished.
-        stopped_by = INTERRUPT
+        stopped_by = StopReason.INTERRUPT
     except Exception as error:               # raised again below, with what was simulated attached
-        stopped_by, fault = FAULT, error
+        stopped_by, fault = StopReason.FAULT, error
     if fault is None:
         return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
                        scaling=scaling)
     try:
-        fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup, FAULT,
-                                       f"{type(fault).__name__}: {fault}", control, scaling)
+        fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup,
+                                       StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling)
         fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
@@ -358,7 +306,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
     end_s = max(env.now, router.in_system.last_s)
-    if stopped_by in (INTERRUPT, FAULT):     # stopped inside an engine's run-ahead: up to its clock
+    if stopped_by in (StopReason.INTERRUPT, StopReason.FAULT):   # stopped in an engine's run-ahead: up to its clock
         end_s = max([end_s] + [engine.now for engine in engines if isinstance(engine, Engine)])
     gaps = InterTokenGaps()
     for engine in engines:
@@ -402,32 +350,6 @@ def _blocked_counts(engines) -> dict | None:
     counts = [engine.decode.blocked for engine in engines if isinstance(getattr(engine, "decode", None),
                                                                          SpeculativeDecodeSet)]
     return {name: sum(c[name] for c in counts) for name in counts[0]} if counts else None
-
-
-def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:
-    """Speculative decoding's gain: the same scenario without it, on the same arrival trace.
-
-    Ratios are plain / speculative for latencies (above 1 = faster) and speculative /
-    plain for throughputs. ``summary`` is ``result.summary()`` when the caller has it already
-    (summarising a large run takes seconds).
-    """
-    scenario = result.scenario
-    plain = simulate(replace(scenario, speculation=None), generate_trace(scenario.workload, scenario.seed),
-                     force=True)     # the size of the run itself, already checked
-    if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
-        raise KeyboardInterrupt
-    plain = plain.summary()
-    spec = result.summary() if summary is None else summary
-    ratio = (lambda a, b: a / b if b else float("nan"))
-    return {
-        "tpot_mean": ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),
-        "e2e_p50": ratio(plain["latency"]["e2e_s"]["p50"], spec["latency"]["e2e_s"]["p50"]),
-        "e2e_p95": ratio(plain["latency"]["e2e_s"]["p95"], spec["latency"]["e2e_s"]["p95"]),
-        "ttft_p50": ratio(plain["latency"]["ttft_s"]["p50"], spec["latency"]["ttft_s"]["p50"]),
-        "output_tokens_per_s": ratio(spec["throughput"]["output_tokens_per_s"],
-                                     plain["throughput"]["output_tokens_per_s"]),
-        "goodput_requests_per_s": ratio(spec["slo"]["goodput_requests_per_s"], plain["slo"]["goodput_requests_per_s"]),
-    }
 
 
 def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
@@ -512,7 +434,7 @@ def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
 def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
     yield env.timeout(horizon_s)
     if not stop.triggered:
-        stop.succeed(HORIZON)
+        stop.succeed(StopReason.HORIZON)
 
 
 def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.DataFrame:

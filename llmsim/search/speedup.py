@@ -1,0 +1,40 @@
+"""Speculative decoding against plain decoding: the same scenario without a draft, on the same trace."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from llmsim.analysis.metrics import summarize
+from llmsim.scenario.control import SPECULATION_K
+from llmsim.sim.result import SimulationResult
+from llmsim.sim.simulate import simulate
+from llmsim.workload.trace import generate_trace
+
+
+def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:
+    """Speculative decoding's gain: the same scenario without it, on the same arrival trace.
+
+    Ratios are plain / speculative for latencies (above 1 = faster) and speculative /
+    plain for throughputs. ``summary`` is ``summarize(result).to_dict()`` when the caller has it
+    already (summarising a large run takes seconds).
+    """
+    scenario = result.scenario
+    # Without a draft there is no k for a speculation_k controller to move: the baseline runs without it.
+    controller = scenario.controller
+    if controller is not None and controller.knob == SPECULATION_K:
+        controller = None
+    plain = simulate(replace(scenario, speculation=None, controller=controller),
+                     generate_trace(scenario.workload, scenario.seed), force=True)     # its size already checked
+    if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
+        raise KeyboardInterrupt
+    plain = summarize(plain).to_dict()
+    spec = summarize(result).to_dict() if summary is None else summary
+    ratio = (lambda a, b: a / b if b else float("nan"))
+    return {
+        "tpot_mean": ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),
+        "e2e_p50": ratio(plain["latency"]["e2e_s"]["p50"], spec["latency"]["e2e_s"]["p50"]),
+        "e2e_p95": ratio(plain["latency"]["e2e_s"]["p95"], spec["latency"]["e2e_s"]["p95"]),
+        "ttft_p50": ratio(plain["latency"]["ttft_s"]["p50"], spec["latency"]["ttft_s"]["p50"]),
+        "output_tokens_per_s": ratio(spec["throughput"]["output_tokens_per_s"],
+                                     plain["throughput"]["output_tokens_per_s"]),
+        "goodput_requests_per_s": ratio(spec["slo"]["goodput_requests_per_s"], plain["slo"]["goodput_requests_per_s"]),
+    }
