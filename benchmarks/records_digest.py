@@ -26,17 +26,18 @@ from llmsim.sim.simulate import simulate
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
+# A KV cache small enough at this load that admission and preemption decide what runs.
+TIGHT_KV = {"workload.arrival.rate": 60, "engine.memory_utilization": 0.25, "engine.max_model_len": 8192}
+
 # Variants of shipped scenarios that reach each policy: (name, scenario file, dotted overrides).
 VARIANTS: list[tuple[str, str, dict[str, Any]]] = [
     *[(f"router-{router}", "trace-replay.yaml", {"deployment.router": router})
       for router in ("round_robin", "least_outstanding", "shared_queue")],
     ("router-prefix_aware", "llama3-8b-h100-multiturn-chat.yaml", {"deployment.router": "prefix_aware",
                                                                     "deployment.replicas": 2}),
-    *[(f"admission-{mode}", "llama3-8b-h100-chat.yaml", {"engine.admission": mode, "workload.arrival.rate": 60,
-                                                         "engine.memory_utilization": 0.25, "engine.max_model_len": 8192})
+    *[(f"admission-{mode}", "llama3-8b-h100-chat.yaml", {"engine.admission": mode, **TIGHT_KV})
       for mode in ("preempt", "max_utilization", "guaranteed_no_evict")],
-    ("preemption-swap", "llama3-8b-h100-chat.yaml", {"engine.preemption_mode": "swap", "workload.arrival.rate": 60,
-                                                         "engine.memory_utilization": 0.25, "engine.max_model_len": 8192}),
+    ("preemption-swap", "llama3-8b-h100-chat.yaml", {"engine.preemption_mode": "swap", **TIGHT_KV}),
     *[(f"classes-{policy}", "llama3-8b-h100-three-classes.yaml", {"engine.scheduling_policy": policy,
                                                                   "workload.arrival.rate": 30})
       for policy in ("fcfs", "priority", "preemptive_priority", "weighted_fair", "edf", "vllm_priority")],

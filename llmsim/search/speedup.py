@@ -28,13 +28,16 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
         raise KeyboardInterrupt
     plain = summarize(plain).to_dict()
     spec = summarize(result).to_dict() if summary is None else summary
-    ratio = (lambda a, b: a / b if b else float("nan"))
     return {
-        "tpot_mean": ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),
-        "e2e_p50": ratio(plain["latency"]["e2e_s"]["p50"], spec["latency"]["e2e_s"]["p50"]),
-        "e2e_p95": ratio(plain["latency"]["e2e_s"]["p95"], spec["latency"]["e2e_s"]["p95"]),
-        "ttft_p50": ratio(plain["latency"]["ttft_s"]["p50"], spec["latency"]["ttft_s"]["p50"]),
-        "output_tokens_per_s": ratio(spec["throughput"]["output_tokens_per_s"],
+        "tpot_mean": _ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),
+        "e2e_p50": _ratio(plain["latency"]["e2e_s"]["p50"], spec["latency"]["e2e_s"]["p50"]),
+        "e2e_p95": _ratio(plain["latency"]["e2e_s"]["p95"], spec["latency"]["e2e_s"]["p95"]),
+        "ttft_p50": _ratio(plain["latency"]["ttft_s"]["p50"], spec["latency"]["ttft_s"]["p50"]),
+        "output_tokens_per_s": _ratio(spec["throughput"]["output_tokens_per_s"],
                                      plain["throughput"]["output_tokens_per_s"]),
-        "goodput_requests_per_s": ratio(spec["slo"]["goodput_requests_per_s"], plain["slo"]["goodput_requests_per_s"]),
+        "goodput_requests_per_s": _ratio(spec["slo"]["goodput_requests_per_s"], plain["slo"]["goodput_requests_per_s"]),
     }
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
