@@ -58,8 +58,8 @@ def first_due_after(table: dict[int, list], after: int) -> int:
 
     The one asked after is always the step just taken out, so a run's walks follow each other
     along the steps: each step is probed about once (again only when an entry lands before a
-    due step a walk already reached; the benchmark's runs probe each table about once per
-    iteration), and, unlike a heap of the due steps, the walk reads only the table.
+    due step a walk already reached), and, unlike a heap of the due steps, the walk reads only
+    the table.
     """
     if not table:
         return NEVER

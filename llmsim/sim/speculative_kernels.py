@@ -2,15 +2,14 @@
 
 A step touches every decoding sequence a few times: choose and cap its draft length and
 reserve KV for it (:func:`reserve_blocks`), then apply the outcome (:func:`advance_rows`).
-The batch is a few dozen rows, so as numpy each of these was a dozen or more array calls
-of a microsecond or two of overhead apiece, and together they dominated the speculative
-engine's time; compiled, each phase is one call. The feature sums a step is priced from
+The batch is a few dozen rows, so in numpy each phase would be a dozen or more array calls,
+each with a fixed overhead larger than its work; compiled, each phase is one call. The feature sums a step is priced from
 are built by :func:`llmsim.cost.features.speculative_step_sums`, the acceptance draws by
 :mod:`llmsim.speculation.kernels`, the adaptive k rule by the policy's own kernel.
 
 Every kernel works on rows ``[0, n)`` of the packed columns (``llmsim.sim.speculative_decode.
-DecodeSlots``, laid out here) and does the same integer and IEEE float operations as the numpy it
-replaced, so runs are identical. Compiled code is cached next to this file.
+DecodeSlots``, laid out here) and does the same integer and IEEE float operations as numpy would, so
+runs do not depend on whether it is compiled. Compiled code is cached next to this file.
 """
 from __future__ import annotations
 
