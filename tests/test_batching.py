@@ -91,9 +91,10 @@ def test_least_outstanding_pick_matches_a_scan_of_every_replica():
     the groups grow past their first length, and ties are frequent)."""
     import simpy
     from llmsim.sim.request import RequestRecords
+    from llmsim.config.policies import RouterPolicy
     from llmsim.sim.simulate import Router
     empty = np.zeros(0)
-    router = Router("least_outstanding", [[] for _ in range(64)], 1, 1, 1, RequestRecords(empty, empty, empty),
+    router = Router(RouterPolicy.LEAST_OUTSTANDING, [[] for _ in range(64)], 1, 1, 1, RequestRecords(empty, empty, empty),
                     simpy.Environment().event())
     held = [0] * 64
     rng = np.random.default_rng(7)

@@ -166,7 +166,8 @@ def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario, shared_run
 def test_class_search_candidates_are_valid_scenarios_with_the_timeouts_searched():
     """Step 4's candidates (every policy x each class's timeout from the ladder or its own) build scenarios
     whose classes carry exactly those timeouts, under that policy; step 3 leaves them to step 4."""
-    from llmsim.scenario.scenario import SCHEDULING_POLICIES, load_scenario
+    from llmsim.config.policies import SchedulingPolicy
+    from llmsim.scenario.scenario import load_scenario
     from llmsim.search.recommend import (CLASS_TIMEOUTS_S, _neighbours, _with_timeout, class_timeout_options,
                                          class_timeouts)
 
@@ -177,7 +178,7 @@ def test_class_search_candidates_are_valid_scenarios_with_the_timeouts_searched(
     assert dict(own) == {"interactive": 0.05, "standard": 0.2, "batch": 1.0}
     assert class_timeout_options(CLASS_TIMEOUTS_S, 0.3) == sorted([*CLASS_TIMEOUTS_S, 0.3])
     assert class_timeout_options(CLASS_TIMEOUTS_S, None) == sorted(CLASS_TIMEOUTS_S)
-    for policy in SCHEDULING_POLICIES:
+    for policy in SchedulingPolicy:
         config = _with_timeout(replace(start, policy=policy, class_timeouts=own), "standard", 0.025)
         built = variant(three, config.overrides(three))
         assert {c.name: c.queue_timeout_s for c in built.workload.classes} == {

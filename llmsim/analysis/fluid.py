@@ -53,6 +53,7 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
+from llmsim.config.policies import Batching
 from llmsim.cost.roofline import CostModel
 from llmsim.errors import ConfigError
 from llmsim.cost.features import (F, attention_pairs, batch_rows, chunk_pairs, set_iterations, tokens_of,
@@ -218,7 +219,7 @@ class FluidModel:
     """
 
     def __init__(self, scenario: Scenario, trace: Trace | None = None):
-        if scenario.engine.batching != "continuous":
+        if scenario.engine.batching is not Batching.CONTINUOUS:
             raise ConfigError("the analytic path models continuous batching only", key="engine.batching",
                               value=scenario.engine.batching, allowed="continuous (or simulate)",
                               file=scenario.path)

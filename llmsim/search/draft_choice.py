@@ -34,6 +34,7 @@ import pandas as pd
 
 from llmsim.analysis.metrics import summarize
 from llmsim.catalog.models import ModelSpec, model_catalog
+from llmsim.config.policies import KPolicyName
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.simulate import simulate
@@ -145,7 +146,7 @@ def with_candidate(scenario: Scenario, candidate: Candidate, k: int) -> Scenario
         return replace(scenario, speculation=None)
     own = scenario.speculation
     eligibility = own.eligibility if own is not None else Eligibility()
-    config = SpeculationConfig(candidate.draft, policy=KPolicy("static", k, max(k, candidate.k_max)),
+    config = SpeculationConfig(candidate.draft, policy=KPolicy(KPolicyName.STATIC, k, max(k, candidate.k_max)),
                                acceptance=Acceptance("bernoulli", alpha=candidate.alpha), eligibility=eligibility,
                                proposer=candidate.proposer)
     return replace(scenario, speculation=resolve_draft_parallelism(config, scenario.deployment.tensor_parallel))

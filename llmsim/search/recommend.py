@@ -66,11 +66,12 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
+from llmsim.config.policies import SchedulingPolicy
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
-from llmsim.scenario.scenario import SCHEDULING_POLICIES, Scenario
+from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
 from llmsim.search.draft_choice import DraftAdvice, advise
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
@@ -102,7 +103,7 @@ class Config:
     idle_timeout_s: float | None = None  # None: the scenario's own (searched only with CPU offload)
     # With traffic classes (None: the scenario's own): the scheduling policy, and (class, queue timeout s;
     # None where the class has none, which is left so).
-    policy: str | None = None
+    policy: SchedulingPolicy | None = None
     class_timeouts: tuple[tuple[str, float | None], ...] | None = None
 
     def overrides(self, scenario: Scenario) -> dict:
@@ -497,7 +498,7 @@ class _Search:
         rate = max(self.rate, goodput) if math.isfinite(goodput) else self.rate     # NaN: no fluid estimate
         at_rate = variant(scenario, {**base.overrides(scenario), RATE_KEY: rate})
         window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate))
-        current = {p: replace(base, policy=p, class_timeouts=start) for p in SCHEDULING_POLICIES}
+        current = {p: replace(base, policy=p, class_timeouts=start) for p in SchedulingPolicy}
         self.bar.set_postfix_str("classes: every policy")
         self.screen(list(current.values()), rate, window)
         sweeps = 0

@@ -29,6 +29,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from llmsim.config.policies import Batching, PreemptionMode, RouterPolicy
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario, host_kv_blocks
@@ -43,11 +44,53 @@ from llmsim.sim.resources import check_run_size
 from llmsim.sim.result import SimulationResult, StopReason
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
 from llmsim.sim.slo import meets_slo
-from llmsim.sim.scheduling import ClassEngine, class_mean_queue_lengths, class_queue_factory, class_rules
+from llmsim.sim.scheduling import class_mean_queue_lengths, class_queue_factory, class_queueing
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
 from llmsim.speculation.config import stream_key
 from llmsim.workload.trace import Trace, generate_trace
+
+
+class RoutePolicy:
+    """How the router picks a replica: ``pick`` among every replica, ``pick_serving`` among the serving
+    ones of an autoscaled pool; -1 is the shared queue."""
+
+    def pick(self, router: Router, request: Request) -> int:
+        raise NotImplementedError
+
+    def pick_serving(self, router: Router, request: Request, pool: ReplicaPool) -> int:
+        return pool.least_outstanding(router.outstanding)
+
+
+class RoundRobin(RoutePolicy):
+    def pick(self, router: Router, request: Request) -> int:
+        return next(router.cycle)
+
+    def pick_serving(self, router: Router, request: Request, pool: ReplicaPool) -> int:
+        return pool.next_in_turn()
+
+
+class LeastOutstanding(RoutePolicy):
+    def pick(self, router: Router, request: Request) -> int:
+        return router.least_outstanding()
+
+
+class SharedQueue(RoutePolicy):
+    def pick(self, router: Router, request: Request) -> int:
+        return -1
+
+
+class PrefixAware(RoutePolicy):
+    def pick(self, router: Router, request: Request) -> int:
+        return router.holding_prefix(request, router.everyone)
+
+    def pick_serving(self, router: Router, request: Request, pool: ReplicaPool) -> int:
+        return router.holding_prefix(request, pool.routable)
+
+
+ROUTE_POLICIES: dict[RouterPolicy, RoutePolicy] = {
+    RouterPolicy.ROUND_ROBIN: RoundRobin(), RouterPolicy.LEAST_OUTSTANDING: LeastOutstanding(),
+    RouterPolicy.SHARED_QUEUE: SharedQueue(), RouterPolicy.PREFIX_AWARE: PrefixAware()}
 
 
 class Router:
@@ -75,16 +118,16 @@ class Router:
     requests that reached the system.
     """
 
-    def __init__(self, policy: str, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
+    def __init__(self, policy: RouterPolicy, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
                  block_size: int, records: RequestRecords, all_done: simpy.Event, load_bound: float = 1.25):
-        self.policy, self.replicas = policy, replicas
+        self.policy, self.replicas = ROUTE_POLICIES[policy], replicas
         self.load_bound = load_bound
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
         self.outstanding = [0] * len(replicas)
         self._by_count = [(1 << len(replicas)) - 1]     # outstanding count -> bitmask of the replicas at it
         self._fewest = 0                                # the lowest count any replica has
-        self._cycle = itertools.cycle(range(len(replicas)))
-        self._everyone = list(range(len(replicas)))
+        self.cycle = itertools.cycle(range(len(replicas)))
+        self.everyone = list(range(len(replicas)))
         self.in_system = TimeAverage(logged=False)
         self.in_system_requests: dict[int, Request] = {}
         self.arrived = 0
@@ -127,19 +170,15 @@ class Router:
     def _pick(self, request: Request) -> int:
         """The replica for ``request`` (-1: the shared queue)."""
         if self.pool is not None:                 # autoscaling: a serving replica
-            if self.policy == "prefix_aware":
-                return self._holding_prefix(request, self.pool.routable)
-            return self.pool.pick(self.policy, self.outstanding)
-        if self.policy == "round_robin":
-            return next(self._cycle)
-        if self.policy == "least_outstanding":
-            fewest = self._by_count[self._fewest]
-            return (fewest & -fewest).bit_length() - 1       # the lowest index among the least loaded
-        if self.policy == "prefix_aware":
-            return self._holding_prefix(request, self._everyone)
-        return -1
+            return self.policy.pick_serving(self, request, self.pool)
+        return self.policy.pick(self, request)
 
-    def _holding_prefix(self, request: Request, candidates: list[int]) -> int:
+    def least_outstanding(self) -> int:
+        """The lowest index among the replicas with the fewest outstanding requests."""
+        fewest = self._by_count[self._fewest]
+        return (fewest & -fewest).bit_length() - 1
+
+    def holding_prefix(self, request: Request, candidates: list[int]) -> int:
         """The replica of ``candidates`` under the load bound with the longest cached prefix of ``request``."""
         outstanding = self.outstanding
         limit = -(-self.load_bound * (sum([outstanding[i] for i in candidates]) + 1) // len(candidates))
@@ -239,7 +278,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     resolved = ResolvedDeployment.of(scenario)
     env = Environment()
     make_queue = class_queue_factory(scenario) or WaitingQueue
-    shared = make_queue() if dep.router == "shared_queue" else None
+    shared = make_queue() if dep.router is RouterPolicy.SHARED_QUEUE else None
     records = RequestRecords(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                              _alphas(scenario, len(trace)), trace.class_index, trace.session_id,
                              scenario.engine.tiered_kv)
@@ -358,7 +397,7 @@ def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
     Acceptance is keyed by the seed and the request, not by the replica or the run's
     settings: every configuration sees the same draft successes (common random numbers).
     """
-    if scenario.engine.batching == "static" or not scenario.speculating:
+    if scenario.engine.batching is Batching.STATIC or not scenario.speculating:
         return None
     return scenario.speculation.acceptance.request_alphas(stream_key(scenario.seed, 1), np.arange(n, dtype=np.int64))
 
@@ -366,11 +405,11 @@ def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
 def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):
     """Static batching engines, plain ones, or ones whose decode set speculates with the draft's
     cost model and the acceptance stream (keyed by the seed, like the acceptance rates)."""
-    if scenario.engine.batching == "static":
+    if scenario.engine.batching is Batching.STATIC:
         return StaticBatchEngine
     engine = Engine
     if scenario.workload.classes:
-        engine = partial(ClassEngine, rules=class_rules(scenario), policy=scenario.engine.scheduling_policy)
+        engine = partial(Engine, queueing=class_queueing(scenario))
     if not scenario.speculating:
         return engine
     spec = scenario.speculation
@@ -396,7 +435,8 @@ def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
     transfer_s = block_bytes_per_device / scenario.hardware.host_memory.link_bandwidth_bytes_per_s
     return lambda: TieredKV(blocks, size, keys, HostTier(host_blocks),
                             offload.idle_timeout_s if offload is not None else None,
-                            swap=engine.preemption_mode == "swap", overlap=offload is not None and offload.overlap,
+                            swap=engine.preemption_mode is PreemptionMode.SWAP,
+                            overlap=offload is not None and offload.overlap,
                             block_transfer_s=transfer_s, block_bytes=block_bytes_per_device * placement.devices)
 
 
