@@ -20,7 +20,7 @@ import pandas as pd
 import llmsim
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.metrics import summarize
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = {"draft": "Llama-3.2-1B", "policy": "static", "k": 3, "acceptance": {"process": "bernoulli", "alpha": 0.8}}

@@ -24,7 +24,7 @@ import llmsim
 from llmsim.analysis.metrics import summarize
 from llmsim.scenario.scenario import CPUOffload
 from llmsim.workload.arrivals import Poisson
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "llama3-8b-h100-multiturn-chat.yaml"
 SATURATING_SESSIONS_PER_S = 12.0     # several times what one replica serves: the queue never empties

@@ -25,7 +25,8 @@ from llmsim.sim.result import SimulationResult
 from llmsim.sim.simulate import simulate
 from llmsim.search.rollout import RolloutResult, rollout_summary, simulate_rollout
 from llmsim.search.sweeps import run_points, sweep
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.workload.trace import Trace
+from llmsim.workload.generate import generate_trace
 
 __version__ = "0.1.0"
 

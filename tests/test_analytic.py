@@ -29,7 +29,7 @@ from llmsim.analysis.metrics import summarize
 from llmsim.cost.features import chunk_pairs, windowed_context_sum
 from llmsim.errors import ConfigError
 from llmsim.speculation.config import Acceptance, expected_tokens_per_step
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import make_scenario, roofline_only
 

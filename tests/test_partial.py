@@ -23,7 +23,7 @@ from llmsim import simulate
 from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.sim.result import StopReason
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import REPO, make_scenario
 

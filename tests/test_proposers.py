@@ -17,7 +17,7 @@ from llmsim.cost.features import F
 from llmsim.cost.roofline import CostModel
 from llmsim.sim.speculative_kernels import tree_extras
 from llmsim.speculation.config import Acceptance
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import make_scenario, roofline_only
 

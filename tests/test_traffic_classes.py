@@ -22,7 +22,7 @@ import pytest
 from llmsim import batch_means, simulate
 from llmsim.analysis.metrics import summarize
 from llmsim.errors import ConfigError
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import BASE, make_scenario, roofline_only
 

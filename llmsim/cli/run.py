@@ -35,7 +35,7 @@ from llmsim.search.rollout import rollout_summary, simulate_rollout
 from llmsim.search.speedup import speedup_over_plain
 from llmsim.sim.simulate import simulate
 from llmsim.sim.token_times import TokenTimes
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 # What a run may write; the last five with --bench-json, --parquet, a controller and a rollout.
 RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet",

@@ -41,7 +41,7 @@ from llmsim.sim.simulate import simulate
 from llmsim.speculation.config import (Acceptance, Eligibility, KPolicy, SpeculationConfig, predicted_acceptance,
                                        resolve_draft_parallelism)
 from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, MTP, NGRAM, Proposer, draft_cost_model, head_spec
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 NONE = "none"
 RULE_BAND = (0.2, 0.3)         # the practice rule: a draft of 20-30% of the target's parameters

@@ -26,7 +26,7 @@ from llmsim.search.draft_choice import Candidate, predicted_candidate, with_cand
 from llmsim.sim.simulate import simulate
 from llmsim.speculation.config import Eligibility
 from llmsim.speculation.proposers import EAGLE, MODEL, NGRAM, head_spec
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 METHODS = ("fluid", "simulate")
 EVERYONE = Eligibility(min_sequence_tokens=0, min_concurrent_requests=1)

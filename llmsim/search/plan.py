@@ -40,7 +40,7 @@ from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.scenario.overrides import check_matches_source, variant
 from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, Window, measurement_window, simulate_until_decided, typical_latency_s
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 REPLICAS_KEY = "deployment.replicas"

@@ -7,7 +7,7 @@ from llmsim.analysis.metrics import summarize
 from llmsim.scenario.control import SPECULATION_K
 from llmsim.sim.result import SimulationResult
 from llmsim.sim.simulate import simulate
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 
 def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:

@@ -7,7 +7,7 @@ file would be (:mod:`llmsim.scenario.overrides`), so a bad value is a
 :class:`~llmsim.errors.ConfigError` before anything runs.
 
 Common random numbers: a trace depends only on the workload and the seed
-(:func:`~llmsim.workload.trace.generate_trace`; arrival gaps are drawn at unit rate and scaled
+(:func:`~llmsim.workload.generate.generate_trace`; arrival gaps are drawn at unit rate and scaled
 by the rate), so every point that shares them runs on the same requests, and two rates
 see the same requests in the same order. ``seeds`` replicates every point over several
 seeds, for confidence intervals across independent traces.

@@ -41,7 +41,7 @@ from llmsim.analysis.fluid import FluidModel
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.search.sweeps import run_points
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 WARMUP_LATENCIES = 5          # warm-up: at least this many mean end-to-end latencies
 MEASURED_LATENCIES = 20       # measurement: at least this many (one per batch of the batch means)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numba
 
-from llmsim.cost.features import F, seen_by_layers
+from llmsim.cost.features import DRAFT_ROW_COLUMNS, seen_by_layers
 
 # The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
 # kernel takes two arrays, not fifteen (each argument costs a type check per call).
@@ -28,7 +28,7 @@ _CONTEXT, _GENERATED, _REMAINING, _BLOCKS, _K, _ACCEPTED, _LAG, _PROPOSED_TOTAL,
 _LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
 # Feature columns of the draft's rows, as constants for compiled code.
 _ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DECODE_KV_READ, _ROW_LOGITS = (
-    F[name] for name in ("tokens", "prefill_tokens", "prefill_pairs", "decode_seqs", "decode_kv_read", "logit_tokens"))
+    DRAFT_ROW_COLUMNS)
 
 
 @numba.njit(cache=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import F, attention_pairs
+from llmsim.cost.features import attention_pairs, decode_seqs_of
 from llmsim.cost.roofline import CostModel
 
 MODEL, NGRAM, EAGLE, MTP, MEDUSA = "model", "ngram", "eagle", "mtp", "medusa"
@@ -169,7 +169,7 @@ class MedusaCost:
         return time_s, flops * self._tp, np.where(sequences > 0, self._weight_bytes * self._tp, 0.0)
 
     def iteration(self, rows):
-        return self.pass_cost(np.asarray(rows)[..., F["decode_seqs"]])
+        return self.pass_cost(decode_seqs_of(np.asarray(rows)))
 
 
 class NgramCost:
@@ -183,7 +183,7 @@ class NgramCost:
         self.cpu_s_per_sequence = cpu_s_per_sequence
 
     def iteration(self, rows):
-        time_s = np.asarray(rows)[..., F["decode_seqs"]] * self.cpu_s_per_sequence
+        time_s = decode_seqs_of(np.asarray(rows)) * self.cpu_s_per_sequence
         return time_s, np.zeros_like(time_s), np.zeros_like(time_s)
 
 
