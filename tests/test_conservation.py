@@ -46,7 +46,7 @@ def check_balances(result):
     assert result.kv_allocated_blocks == result.kv_freed_blocks + result.kv_held_blocks
     if (records["status"] != "unfinished").all():
         # Nothing is held once everyone has left, but what the prefix cache keeps (idle cached blocks).
-        assert result.kv_held_blocks == (result.kv_tiers["cached_blocks"] if result.kv_tiers else 0)
+        assert result.kv_held_blocks == (result.kv_tiers.cached_blocks if result.kv_tiers else 0)
     assert (result.iterations["kv_used_blocks"] <= result.kv_blocks_per_replica).all()
     # Times are ordered for every request that got that far.
     started = records.dropna(subset=["first_token_s"])

@@ -95,10 +95,10 @@ def test_offloads_cost_bytes_over_bandwidth_and_lengthen_iterations_unless_overl
     copy_s = block_transfer_s(scenario)
     for result, stall_s in ((serial, blocks * copy_s), (overlapped, 0.0)):
         tiers = result.kv_tiers
-        assert tiers["offloaded_blocks"] == blocks
-        assert tiers["offload_s"] == pytest.approx(blocks * copy_s, rel=1e-12)
-        assert tiers["transfer_s"] == pytest.approx(blocks * copy_s, rel=1e-12)     # nothing else moved
-        assert tiers["stall_s"] == pytest.approx(stall_s, abs=1e-12)
+        assert tiers.offloaded_blocks == blocks
+        assert tiers.offload_s == pytest.approx(blocks * copy_s, rel=1e-12)
+        assert tiers.transfer_s == pytest.approx(blocks * copy_s, rel=1e-12)     # nothing else moved
+        assert tiers.stall_s == pytest.approx(stall_s, abs=1e-12)
         # Session 1 finishes that much later; its iterations are the GPU-only ones but for one.
         assert result.requests["finish_s"][1] - gpu_only.requests["finish_s"][1] == pytest.approx(stall_s, abs=1e-9)
         longer = result.iterations["duration_s"].to_numpy() - gpu_only.iterations["duration_s"].to_numpy()
@@ -189,7 +189,7 @@ def test_the_summary_says_when_host_memory_refused_kv():
     kv = summarize(result).to_dict()["kv_cache"]
     # Five blocks of host memory: long sequences' swaps cannot fit, and offloads meet pinned swapped KV.
     assert kv["offload_failed_blocks"] > 0 and kv["swap_failed_preemptions"] > 0
-    assert kv["host_evicted_gb"] == pytest.approx(kv["host_evicted_blocks"] * result.kv_tiers["block_bytes"] / 1e9)
+    assert kv["host_evicted_gb"] == pytest.approx(kv["host_evicted_blocks"] * result.kv_tiers.block_bytes / 1e9)
     text = format_summary(summarize(result).to_dict())
     assert "WARNING: host memory full of swapped KV" in text
     assert (f"{kv['offload_failed_blocks']:,} offloaded blocks dropped, {kv['swap_failed_preemptions']:,} swap "

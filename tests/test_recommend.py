@@ -13,7 +13,9 @@ from llmsim.cli.main import main
 from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
-from llmsim.search.recommend import Config, analytic_rate, k_options, recommend, rule_of_thumb_max_batch_tokens
+from llmsim.config.policies import KPolicyName
+from llmsim.search.recommend import (OFF, Config, KChoice, analytic_rate, k_options, recommend,
+                                     rule_of_thumb_max_batch_tokens)
 from llmsim.search.sweeps import reusing_runs
 
 from .helpers import BASE, make_scenario, merge
@@ -72,7 +74,8 @@ def test_goodput_is_a_bracketed_rate(result, scenario):
 
 @pytest.mark.slow
 def test_search_covers_k_off_static_and_the_adaptive_rule(scenario, result):
-    assert k_options(scenario) == ["off", "static:1", "static:2", "static:3", "static:4", "adaptive:4"]
+    assert [str(k) for k in k_options(scenario)] == ["off", "static:1", "static:2", "static:3", "static:4",
+                                                     "adaptive:4"]
     assert set(result.analytic["k"]) == set(k_options(scenario))
     assert result.table["default"].sum() == 3           # the rule of thumb at 50, 200 and 1000 ms
     assert result.table["meets_scenario_rate"].iloc[0]
@@ -94,11 +97,14 @@ def test_rule_of_thumb_max_batch_tokens_by_hand():
 
 
 def test_config_overrides_are_valid_scenario_keys(scenario):
-    for config in (Config("off", 1024, None), Config("static:3", 2048, 0.05), Config("adaptive:4", 4096, 1.0)):
+    for config in (Config(OFF, 1024, None), Config(KChoice(KPolicyName.STATIC, 3), 2048, 0.05),
+                   Config(KChoice(KPolicyName.ADAPTIVE, 4), 4096, 1.0)):
         built = variant(scenario, config.overrides(scenario))
         assert built.engine.max_batch_tokens == config.max_batch_tokens
         assert built.engine.queue_timeout_s == config.queue_timeout_s
-        assert built.speculating == (config.k != "off")
+        assert built.speculating == (config.k != OFF)
+        if config.k != OFF:
+            assert (built.speculation.policy.policy, built.speculation.policy.k) == (config.k.policy, config.k.k)
 
 
 def test_the_adaptive_search_stays_within_what_medusa_can_draft():
@@ -106,7 +112,7 @@ def test_the_adaptive_search_stays_within_what_medusa_can_draft():
     that. The search's adaptive rule (k0 4, k_max 8 by default) is held to the heads: k0 = 3, k_max 3,
     and every setting it tries builds a valid scenario the fluid model can score."""
     medusa = make_scenario(merge(SMALL, {"speculation": {"draft": "medusa", "heads": 3, "k": 2, "k_max": 3}}))
-    assert k_options(medusa) == ["off", "static:1", "static:2", "static:3", "adaptive:3"]
+    assert [str(k) for k in k_options(medusa)] == ["off", "static:1", "static:2", "static:3", "adaptive:3"]
     for k in k_options(medusa)[1:]:
         built = variant(medusa, Config(k, 2048, None).overrides(medusa))
         assert built.speculation.policy.k_max == 3 and built.speculation.policy.k <= 3
@@ -172,7 +178,7 @@ def test_class_search_candidates_are_valid_scenarios_with_the_timeouts_searched(
                                          class_timeouts)
 
     three = load_scenario("scenarios/llama3-8b-h100-three-classes.yaml")
-    start = Config("off", 8192, None)
+    start = Config(OFF, 8192, None)
     # Practice tiers: 50, 200 and 1000 ms; each class's options are the ladder and its own.
     own = class_timeouts(start, three)
     assert dict(own) == {"interactive": 0.05, "standard": 0.2, "batch": 1.0}

@@ -25,7 +25,7 @@ from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSumma
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
 from llmsim.scenario.scenario import SLO
-from llmsim.sim.result import SimulationResult, StopReason
+from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.slo import slo_limits, within_limit
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
@@ -256,14 +256,15 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
 RARELY_SPECULATING = 0.2     # below this share of sequence-steps speculating, the summary warns
 
 
-def speculation_summary(scenario, iterations: pd.DataFrame, blocked: dict | None = None) -> SpeculationSummary:
+def speculation_summary(scenario, iterations: pd.DataFrame, blocked: SpeculationSteps | None = None
+                        ) -> SpeculationSummary:
     """Acceptance, draft length and where the time went, over the iterations in the window.
 
     A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
     draft's share is of iteration time (on separate devices the draft overlaps the
     target, so its share is how busy the draft devices were). ``blocked`` counts the run's
     decoding sequence-steps and why they did not speculate
-    (:attr:`llmsim.sim.speculative_decode.SpeculativeDecodeSet.blocked`, summed over engines).
+    (:class:`~llmsim.sim.result.SpeculationSteps`, summed over engines).
     """
     spec = scenario.speculation
     steps = float(iterations["spec_seqs"].sum())
@@ -284,22 +285,15 @@ def speculation_summary(scenario, iterations: pd.DataFrame, blocked: dict | None
         speculating_fraction=ratio(steps, decode_steps),
         draft_time_share=draft_share,
         verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
-        blocked_share=_blocked_share(blocked),
+        blocked_share=blocked.shares() if blocked is not None else {},
         warning=_rarely_speculating(spec, blocked),
     )
 
 
-def _blocked_share(blocked: dict | None) -> dict:
-    if not blocked or not blocked["sequence_steps"]:
-        return {}
-    total = blocked["sequence_steps"]
-    return {name: count / total for name, count in blocked.items() if name != "sequence_steps"}
-
-
-def _rarely_speculating(spec, blocked: dict | None) -> str | None:
+def _rarely_speculating(spec, blocked: SpeculationSteps | None) -> str | None:
     """A warning when speculation is configured but ran in under RARELY_SPECULATING of the
     sequence-steps, naming the rule that blocked most and the setting that loosens it."""
-    share = _blocked_share(blocked)
+    share = blocked.shares() if blocked is not None else {}
     if not share or share["speculated"] >= RARELY_SPECULATING:
         return None
     rule = max((name for name in share if name != "speculated"), key=share.get)

@@ -50,12 +50,13 @@ from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.layout import cheapest_layouts, quiet_bar
 from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
-from llmsim.search.recommend import recommend
+from llmsim.search.recommend import OFF, KChoice, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
 from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.sim.simulate import simulate
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.workload.trace import Trace
+from llmsim.workload.generate import generate_trace
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -341,14 +342,15 @@ class ReportBuilder:
 
     def _settings_rows(self, rec, deployed: Scenario) -> list[list[str]]:
         eng = deployed.engine
-        own_k = "off" if not deployed.speculating else f"{deployed.speculation.policy.name}:{deployed.speculation.policy.k}"
+        own = deployed.speculation.policy if deployed.speculating else None
+        own_k = str(OFF if own is None else KChoice(own.policy, own.k))
         if rec is None:
             timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
             return [["speculation k", own_k, "-"], ["max batch tokens", str(eng.max_batch_tokens), "-"],
                     ["queue timeout", timeout, "-"], ["goodput (req/s)", "-", "-"], ["gain over the rule of thumb", "-", "-"]]
         top, default = rec.table.iloc[0], rec.defaults.iloc[0]
         timeout = (lambda t: "none" if t is None or (isinstance(t, float) and math.isnan(t)) else ms(t))
-        return [["speculation k", rec.best.k, default["config"].k],
+        return [["speculation k", str(rec.best.k), str(default["config"].k)],
                 ["max batch tokens", str(rec.best.max_batch_tokens), str(default["config"].max_batch_tokens)],
                 ["queue timeout", timeout(rec.best.queue_timeout_s), timeout(default["config"].queue_timeout_s)],
                 ["goodput (req/s)", plus_minus(top["max_rate_per_s"], top["max_rate_per_s.ci95"]),

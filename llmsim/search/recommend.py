@@ -66,7 +66,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.config.policies import SchedulingPolicy
+from llmsim.config.policies import KPolicyName, SchedulingPolicy
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
@@ -78,7 +78,7 @@ from llmsim.search.sweeps import reusing_runs, run_points, slo_met
 from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
                                   typical_latency_s)
 from llmsim.speculation.policies import AdaptiveK
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 OBJECTIVES = ("goodput", "cost")     # the first is the default
 SEARCHES = ("all", "classes")         # everything (the default), or only the policy and the class timeouts
@@ -90,13 +90,30 @@ RULE_K0, RULE_K_MAX = 4, 8
 CLASS_TIMEOUTS_S = (0.025, 0.05, 0.2, 1.0, 5.0)   # per class: practice's three, one shorter, one longer
 CLASS_SWEEPS = 2                      # coordinate-descent sweeps over the classes, at most
 MAX_CLASS_TIMEOUTS, MAX_CLASS_TIMEOUT_S = 20, 3600.0   # what class_timeouts_s may hold
-SCENARIO_K = "as in the scenario"     # Config.k: the scenario's own speculation settings, left as they are
+
+
+@dataclass(frozen=True)
+class KChoice:
+    """The speculation a configuration tries: off, the scenario's own settings left as they are
+    (``as_in_scenario``), or a k policy from ``k`` (the static k, or the adaptive rule's k0).
+    ``str()`` is how tables show it: ``off``, ``as in the scenario``, ``static:3``, ``adaptive:4``."""
+    policy: KPolicyName | None = None
+    k: int = 0
+    as_in_scenario: bool = False
+
+    def __str__(self) -> str:
+        if self.as_in_scenario:
+            return "as in the scenario"
+        return "off" if self.policy is None else f"{self.policy}:{self.k}"
+
+
+OFF, SCENARIO_K = KChoice(), KChoice(as_in_scenario=True)
 
 
 @dataclass(frozen=True)
 class Config:
     """One setting of the searched knobs."""
-    k: str                          # "off", "static:<k>", "adaptive:<k0>" or SCENARIO_K
+    k: KChoice
     max_batch_tokens: int
     queue_timeout_s: float | None
     block_size: int | None = None        # None: the scenario's own (searched only with prefix caching)
@@ -118,16 +135,16 @@ class Config:
         for name, timeout_s in self.class_timeouts or ():
             if timeout_s is not None:
                 point[f"workload.classes.{name}.queue_timeout"] = f"{timeout_s * 1000:g} ms"
-        if self.k == SCENARIO_K:
+        if self.k.as_in_scenario:
             pass
-        elif self.k == "off":
+        elif self.k.policy is None:
             if scenario.speculation is not None:
                 point["speculation"] = None
         else:
-            policy, k = self.k.split(":")
-            k_max = max(scenario.speculation.policy.k_max, int(k), RULE_K_MAX if policy == AdaptiveK.name else 0)
+            policy, k = self.k.policy, self.k.k
+            k_max = max(scenario.speculation.policy.k_max, k, RULE_K_MAX if policy is AdaptiveK.name else 0)
             k_max = min(k_max, longest_draft(scenario))
-            point.update({"speculation.policy": policy, "speculation.k": int(k), "speculation.k_max": k_max})
+            point.update({"speculation.policy": str(policy), "speculation.k": k, "speculation.k_max": k_max})
         return point
 
     @property
@@ -192,19 +209,19 @@ def longest_draft(scenario: Scenario) -> int:
     return scenario.speculation.proposer.max_k or 2 ** 31
 
 
-def rule_k(scenario: Scenario) -> str:
+def rule_k(scenario: Scenario) -> KChoice:
     """The rule-of-thumb k setting: off, or the adaptive 80/50 rule from k0 = 4 (fewer where the
     proposer cannot draft 4 tokens)."""
     if scenario.speculation is None:
-        return "off"
-    return f"adaptive:{min(RULE_K0, longest_draft(scenario))}"
+        return OFF
+    return KChoice(KPolicyName.ADAPTIVE, min(RULE_K0, longest_draft(scenario)))
 
 
-def k_options(scenario: Scenario) -> list[str]:
+def k_options(scenario: Scenario) -> list[KChoice]:
     if scenario.speculation is None:
-        return ["off"]
+        return [OFF]
     k_max = scenario.speculation.policy.k_max
-    return ["off"] + [f"static:{k}" for k in range(1, k_max + 1)] + [rule_k(scenario)]
+    return [OFF] + [KChoice(KPolicyName.STATIC, k) for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
 def batch_token_options(scenario: Scenario) -> list[int]:
@@ -354,10 +371,10 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
         m = int(best.max_batch_tokens * factor)
         if scenario.engine.max_num_seqs <= m <= max(2 ** 15, scenario.max_model_len):
             out.append(replace(best, max_batch_tokens=m))
-    if best.k.startswith("static:"):
-        k = int(best.k.split(":")[1])
+    if best.k.policy is KPolicyName.STATIC:
+        k = best.k.k
         k_max = scenario.speculation.policy.k_max
-        out += [replace(best, k=f"static:{j}") for j in (k - 1, k + 1) if 1 <= j <= k_max]
+        out += [replace(best, k=KChoice(KPolicyName.STATIC, j)) for j in (k - 1, k + 1) if 1 <= j <= k_max]
     engine = scenario.engine
     if engine.prefix_caching:
         size = best.block_size or engine.block_size
@@ -409,7 +426,7 @@ class _Search:
         self.rate = scenario.workload.arrival.rate_per_s
         engine = scenario.engine
         # The baseline: the rule-of-thumb defaults, or (own_settings) the scenario's own settings.
-        self.defaults = ([Config("off" if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
+        self.defaults = ([Config(OFF if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
                                  engine.queue_timeout_s)] if own_settings else
                          [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S])
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged

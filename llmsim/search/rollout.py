@@ -26,7 +26,8 @@ from llmsim.sim.request import InterTokenGaps
 from llmsim.sim.resources import check_run_size
 from llmsim.sim.result import SimulationResult, StopReason
 from llmsim.sim.simulate import horizon_for, simulate, warmup_for
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.workload.trace import Trace
+from llmsim.workload.generate import generate_trace
 
 
 @dataclass
@@ -98,7 +99,7 @@ def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: in
     if parts[0].mean_queue_length_by_class is not None:
         by_class = {name: sum(part.mean_queue_length_by_class[name] * part.end_s for part in parts) / end_s
                     for name in parts[0].mean_queue_length_by_class}
-    blocked = [part.speculation_blocked for part in parts if part.speculation_blocked]
+    blocked = [part.speculation_blocked for part in parts if part.speculation_blocked is not None]
     stopped = [part for part in parts if part.stopped_by != StopReason.COMPLETED]
     first = parts[0]
     return SimulationResult(
@@ -116,9 +117,10 @@ def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: in
         preemptions=sum(p.preemptions for p in parts),
         mean_in_system=time_average("mean_in_system"), mean_queue_length=time_average("mean_queue_length"),
         planned_requests=planned, inter_token_gaps=gaps,
-        stopped_by=stopped[0].stopped_by if stopped else StopReason.COMPLETED, fault=stopped[0].fault if stopped else None,
+        stopped_by=stopped[0].stopped_by if stopped else StopReason.COMPLETED,
+        fault=stopped[0].fault if stopped else None,
         mean_queue_length_by_class=by_class,
-        speculation_blocked={k: sum(b[k] for b in blocked) for k in blocked[0]} if blocked else None)
+        speculation_blocked=sum(blocked[1:], blocked[0]) if blocked else None)
 
 
 def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:

@@ -151,6 +151,7 @@ class Queueing:
     """
 
     preempts_for_waiting = False          # whether make_room runs before every iteration
+    tracks_seats = False                  # whether started and left do anything (the engine skips them if not)
 
     def __init__(self, engine: Engine):
         self.engine = engine
@@ -242,6 +243,8 @@ class Engine(EngineProcess):
         self._admission = ADMISSION_TESTS[config.admission]
         self._expires = self.queueing.rejects_on_timeout()
         self._makes_room = self.queueing.preempts_for_waiting
+        self._tracks_seats = self.queueing.tracks_seats
+        self._admit = self.queueing.admit
         self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
         self.start()
 
@@ -307,12 +310,12 @@ class Engine(EngineProcess):
             if self.prefilling:
                 budget = self._schedule_prefills(budget, chunks)
             if self.queue:
-                self.queueing.admit(now, budget, chunks)
+                self._admit(now, budget, chunks)
             decoding = True
         else:
             # Prefill-first: any admissible prompt runs in a prefill-only iteration.
             if self.queue:
-                self.queueing.admit(now, cfg.max_batch_tokens, chunks)
+                self._admit(now, cfg.max_batch_tokens, chunks)
             decoding = not chunks
             if decoding and decode.n:
                 decode.prepare(now)
@@ -423,12 +426,14 @@ class Engine(EngineProcess):
         self.running[request.id] = request
         self.prefilling.append(request)
         chunks.append((request, chunk))
-        self.queueing.started(request)
+        if self._tracks_seats:
+            self.queueing.started(request)
 
     # -- leaving --------------------------------------------------------------------------------
     def finish(self, request: Request, now: float) -> None:
         """``request`` has all its tokens: free its KV (all but its last token's was computed) and report it."""
-        self.queueing.left(request)
+        if self._tracks_seats:
+            self.queueing.left(request)
         self.kv.release(request, now, request.prompt_tokens + request.generated - 1)
         del self.running[request.id]
         self.report_finished(request, now)
@@ -442,7 +447,8 @@ class Engine(EngineProcess):
         """Preempt ``request``: free its KV and send it back to the queue front, to be recomputed
         (prompt plus what it generated) from what the KV cache keeps of it (nothing, unless it
         swaps). Returns it."""
-        self.queueing.left(request)
+        if self._tracks_seats:
+            self.queueing.left(request)
         if request in self.prefilling:
             self.prefilling.remove(request)
             kv_tokens = request.prefilled

@@ -6,7 +6,7 @@ per-request record every figure derives from.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, fields
 from enum import Enum
 
 import pandas as pd
@@ -22,6 +22,68 @@ class StopReason(str, Enum):
     HORIZON = "horizon"
     INTERRUPT = "interrupt"
     FAULT = "fault"
+
+
+@dataclass(frozen=True)
+class SpeculationSteps:
+    """The speculative decode sets' decoding sequence-steps, summed over engines: all of them, those
+    that speculated, and why the others did not: the eligibility rules, the KV cache, or the k policy
+    (it chose k = 0) or the last token."""
+    sequence_steps: int
+    speculated: int
+    min_concurrent_requests: int
+    min_sequence_tokens: int
+    kv_cache: int
+    policy: int
+
+    def __add__(self, other: SpeculationSteps) -> SpeculationSteps:
+        return SpeculationSteps(*(a + b for a, b in zip(astuple(self), astuple(other))))
+
+    def shares(self) -> dict[str, float]:
+        """Each count but ``sequence_steps`` as a share of it (empty when no sequence decoded)."""
+        if not self.sequence_steps:
+            return {}
+        return {f.name: getattr(self, f.name) / self.sequence_steps for f in fields(self)
+                if f.name != "sequence_steps"}
+
+
+@dataclass(frozen=True)
+class KVTierTotals:
+    """The tiered KV cache's totals over the replicas (prefix caching, a host tier, swap): blocks
+    looked up, hit, moved and evicted, transfer seconds, and the cache's shape. The ``host_*``
+    fields stay zero without a host tier; ``host_occupancy`` is then None, else the blocks each
+    replica's host tier held after each change."""
+    lookups: int
+    hit_blocks: int
+    reloaded_blocks: int
+    offloaded_blocks: int
+    evicted_blocks: int
+    swapped_out_blocks: int
+    swapped_in_blocks: int
+    swap_resident_blocks: int
+    swap_failed_preemptions: int
+    transfer_s: float
+    offload_s: float
+    stall_s: float
+    block_size: int
+    block_bytes: float
+    gpu_blocks: int
+    cached_blocks: int
+    host_occupancy: pd.DataFrame | None = field(default=None, repr=False)
+    host_blocks: int = 0
+    host_mean_blocks: float = 0.0
+    host_max_blocks: int = 0
+    host_evicted_blocks: int = 0
+    offload_failed_blocks: int = 0
+    host_allocated_blocks: int = 0
+    host_freed_blocks: int = 0
+    host_held_blocks: int = 0
+
+
+# The KVTierTotals summed from each replica's cache attribute of the same name.
+SUMMED_KV_TOTALS = ("lookups", "hit_blocks", "reloaded_blocks", "offloaded_blocks", "evicted_blocks",
+                    "swapped_out_blocks", "swapped_in_blocks", "swap_resident_blocks", "swap_failed_preemptions",
+                    "transfer_s", "offload_s", "stall_s")
 
 
 @dataclass
@@ -56,8 +118,8 @@ class SimulationResult:
     scaling: pd.DataFrame | None = None          # with autoscaling: every check (sim.autoscaling.ScalingLog)
     replica_seconds: float | None = None         # with autoscaling: replica time paid for, start to end
     provisioned: pd.DataFrame | None = None      # with autoscaling: replicas paid for after each change
-    speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
-    kv_tiers: dict | None = None         # the tiered KV cache's totals (prefix caching, host tier, swap), if any
+    speculation_blocked: SpeculationSteps | None = None     # with speculation: its decode steps, summed
+    kv_tiers: KVTierTotals | None = None      # with a tiered KV cache (prefix caching, host tier, swap): its totals
 
     @property
     def interrupted(self) -> bool:

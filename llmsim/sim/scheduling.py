@@ -247,6 +247,8 @@ class ClassQueueing(Queueing):
     """An engine's :class:`~llmsim.sim.engine.Queueing` over a :class:`ClassQueue`: admission follows the
     policy, class reservations and class timeouts; ``seats[c]`` counts class ``c``'s running requests."""
 
+    tracks_seats = True
+
     def __init__(self, engine: Engine, rules: tuple[ClassRule, ...], order: ClassOrder):
         super().__init__(engine)
         self.rules, self.order = rules, order

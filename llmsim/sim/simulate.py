@@ -41,14 +41,15 @@ from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.resources import check_run_size
-from llmsim.sim.result import SimulationResult, StopReason
+from llmsim.sim.result import SUMMED_KV_TOTALS, KVTierTotals, SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
 from llmsim.sim.slo import meets_slo
 from llmsim.sim.scheduling import class_mean_queue_lengths, class_queue_factory, class_queueing
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
 from llmsim.speculation.config import stream_key
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.workload.trace import Trace
+from llmsim.workload.generate import generate_trace
 
 
 class RoutePolicy:
@@ -384,11 +385,11 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     )
 
 
-def _blocked_counts(engines) -> dict | None:
+def _blocked_counts(engines) -> SpeculationSteps | None:
     """The speculative decode sets' counts of sequence-steps and why they did not speculate, summed."""
-    counts = [engine.decode.blocked for engine in engines if isinstance(getattr(engine, "decode", None),
-                                                                         SpeculativeDecodeSet)]
-    return {name: sum(c[name] for c in counts) for name in counts[0]} if counts else None
+    counts = [SpeculationSteps(**engine.decode.blocked) for engine in engines
+              if isinstance(getattr(engine, "decode", None), SpeculativeDecodeSet)]
+    return sum(counts[1:], counts[0]) if counts else None
 
 
 def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
@@ -440,15 +441,12 @@ def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
                             block_transfer_s=transfer_s, block_bytes=block_bytes_per_device * placement.devices)
 
 
-def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
+def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> KVTierTotals | None:
     """Totals of the replicas' tiered KV caches (None without them), host occupancy averaged over time."""
     if not kv_caches or not kv_caches[0].tiered:
         return None
     first = kv_caches[0]
-    totals = {name: sum(getattr(kv, name) for kv in kv_caches)
-              for name in ("lookups", "hit_blocks", "reloaded_blocks", "offloaded_blocks", "evicted_blocks",
-                           "swapped_out_blocks", "swapped_in_blocks", "swap_resident_blocks",
-                           "swap_failed_preemptions", "transfer_s", "offload_s", "stall_s")}
+    totals = {name: sum(getattr(kv, name) for kv in kv_caches) for name in SUMMED_KV_TOTALS}
     totals.update(block_size=first.block_size, block_bytes=first.block_bytes, gpu_blocks=first.num_blocks,
                   cached_blocks=sum(len(kv.cached) for kv in kv_caches))
     hosts = [kv.host for kv in kv_caches if kv.host is not None]
@@ -468,7 +466,7 @@ def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
                       offload_failed_blocks=sum(h.failed for h in hosts),
                       host_allocated_blocks=sum(h.allocated_total for h in hosts),
                       host_freed_blocks=sum(h.freed_total for h in hosts), host_held_blocks=sum(h.held for h in hosts))
-    return totals
+    return KVTierTotals(**totals)
 
 
 def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
