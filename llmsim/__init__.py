@@ -8,30 +8,59 @@ The Python API in four calls::
     result.requests          # one row per request (pandas DataFrame)
     llmsim.summarize(result)  # latency percentiles, throughput, goodput, utilisation (to_dict(): nested)
 """
-from llmsim.analysis.metrics import summarize
-from llmsim.cost.roofline import CostModel
-from llmsim.catalog.placement import Placement, place, smallest_fitting
-from llmsim.errors import ConfigError
-from llmsim.catalog.hardware import HardwareProfile, hardware_catalog, load_profile, lookup_hardware
-from llmsim.sim.kvcache import KVCache
-from llmsim.analysis.statistics import batch_means
-from llmsim.analysis.summary import RunSummary, flatten
-from llmsim.catalog.models import ModelSpec, model_catalog, model_from_config_json
-from llmsim.search.plan import plan
-from llmsim.search.recommend import recommend
-from llmsim.sim.request import Request
-from llmsim.scenario.scenario import Scenario, load_scenario
-from llmsim.sim.result import SimulationResult
-from llmsim.sim.simulate import simulate
-from llmsim.search.rollout import RolloutResult, rollout_summary, simulate_rollout
-from llmsim.search.sweeps import run_points, sweep
-from llmsim.workload.trace import Trace
-from llmsim.workload.generate import generate_trace
+from __future__ import annotations
+
+import importlib
+
+# Each public name and the module that defines it. The names load on first use (PEP 562), so
+# `import llmsim` and the command line do not pay for numpy, pandas, scipy and numba up front.
+_PUBLIC = {
+    "CostModel": "llmsim.cost.roofline",
+    "Placement": "llmsim.catalog.placement",
+    "place": "llmsim.catalog.placement",
+    "smallest_fitting": "llmsim.catalog.placement",
+    "ConfigError": "llmsim.errors",
+    "HardwareProfile": "llmsim.catalog.hardware",
+    "hardware_catalog": "llmsim.catalog.hardware",
+    "load_profile": "llmsim.catalog.hardware",
+    "lookup_hardware": "llmsim.catalog.hardware",
+    "KVCache": "llmsim.sim.kvcache",
+    "summarize": "llmsim.analysis.metrics",
+    "batch_means": "llmsim.analysis.statistics",
+    "RunSummary": "llmsim.analysis.summary",
+    "flatten": "llmsim.analysis.summary",
+    "ModelSpec": "llmsim.catalog.models",
+    "model_catalog": "llmsim.catalog.models",
+    "model_from_config_json": "llmsim.catalog.models",
+    "plan": "llmsim.search.plan",
+    "recommend": "llmsim.search.recommend",
+    "Request": "llmsim.sim.request",
+    "Scenario": "llmsim.scenario.scenario",
+    "load_scenario": "llmsim.scenario.scenario",
+    "SimulationResult": "llmsim.sim.result",
+    "simulate": "llmsim.sim.simulate",
+    "RolloutResult": "llmsim.search.rollout",
+    "rollout_summary": "llmsim.search.rollout",
+    "simulate_rollout": "llmsim.search.rollout",
+    "run_points": "llmsim.search.sweeps",
+    "sweep": "llmsim.search.sweeps",
+    "Trace": "llmsim.workload.trace",
+    "generate_trace": "llmsim.workload.generate",
+}
 
 __version__ = "0.1.0"
 
-__all__ = ["CostModel", "Placement", "place", "smallest_fitting", "ConfigError", "HardwareProfile", "hardware_catalog",
-           "load_profile", "lookup_hardware", "KVCache", "batch_means", "flatten", "summarize", "RunSummary",
-           "ModelSpec", "model_catalog", "model_from_config_json", "Request", "Scenario", "load_scenario",
-           "SimulationResult", "simulate", "run_points", "sweep", "Trace", "generate_trace", "plan", "recommend",
-           "RolloutResult", "rollout_summary", "simulate_rollout"]
+__all__ = list(_PUBLIC)
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'llmsim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value          # later look-ups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

@@ -50,7 +50,7 @@ from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.layout import cheapest_layouts, quiet_bar
 from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
-from llmsim.search.recommend import OFF, KChoice, recommend
+from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
 from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
@@ -342,8 +342,7 @@ class ReportBuilder:
 
     def _settings_rows(self, rec, deployed: Scenario) -> list[list[str]]:
         eng = deployed.engine
-        own = deployed.speculation.policy if deployed.speculating else None
-        own_k = str(OFF if own is None else KChoice(own.policy, own.k))
+        own_k = str(OFF) if not deployed.speculating else deployed.speculation.policy.label
         if rec is None:
             timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
             return [["speculation k", own_k, "-"], ["max batch tokens", str(eng.max_batch_tokens), "-"],

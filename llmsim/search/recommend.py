@@ -77,6 +77,7 @@ from llmsim.search.draft_choice import DraftAdvice, advise
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
 from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
                                   typical_latency_s)
+from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
 from llmsim.workload.generate import generate_trace
 
@@ -104,7 +105,7 @@ class KChoice:
     def __str__(self) -> str:
         if self.as_in_scenario:
             return "as in the scenario"
-        return "off" if self.policy is None else f"{self.policy}:{self.k}"
+        return "off" if self.policy is None else KPolicy(self.policy, self.k).label
 
 
 OFF, SCENARIO_K = KChoice(), KChoice(as_in_scenario=True)

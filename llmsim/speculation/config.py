@@ -178,6 +178,11 @@ class KPolicy:
     def __post_init__(self):
         members_of(self, policy=KPolicyName)
 
+    @property
+    def label(self) -> str:
+        """``policy:k``, as tables and recommendations print a k setting."""
+        return f"{self.policy}:{self.k}"
+
 
 @dataclass(frozen=True)
 class Eligibility:
