@@ -2,7 +2,11 @@
 
 Each supported ``model_type`` names its fields differently; :func:`config_fields` reads
 them all into one mapping that :func:`~llmsim.catalog.models.model_from_config_json`
-validates like a model YAML. What it reads beyond the dense shape:
+validates like a model YAML. Every key is read through :class:`HFConfig`, a
+:class:`~llmsim.config.reader.Node`: a value of the wrong type (a string, boolean, list, NaN
+or fraction for a count), out of range, or not one of the values listed is a ConfigError naming
+the file, the key (``text_config.KEY`` inside a multimodal wrapper), the value and what is
+allowed; keys the model does not use are not read. What it reads beyond the dense shape:
 
 - MoE: routed experts (``num_local_experts``, ``num_experts``, ``n_routed_experts``) of width
   ``moe_intermediate_size``; shared experts (DeepSeek ``n_shared_experts`` experts of that
@@ -24,12 +28,11 @@ validates like a model YAML. What it reads beyond the dense shape:
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
-from llmsim.config.reader import read_text
+from llmsim.config.reader import Node, load_json
 from llmsim.errors import ConfigError
 
 # model_type -> the architecture class names that go with it, for an error listing what is supported.
@@ -64,171 +67,256 @@ _FIELDS = {
     "v_head_dim": ("v_head_dim",),
     "mtp_modules": ("num_nextn_predict_layers",),
 }
+# Fields that may be 0 (as in ModelSpec: 0 means "none" or "derived"); the other counts are at least 1.
+_MAY_BE_ZERO = ("head_dim", "moe_intermediate_size", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim",
+                "mtp_modules")
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size")
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
 QUANT_METHODS = ("fp8", "awq", "gptq", "bitsandbytes", "compressed-tensors", "mxfp4")
+LAYER_TYPES = ("sliding_attention", "full_attention")
 _SNAPSHOT = re.compile(r"[0-9a-f]{40}")
 _HUB_FOLDER = re.compile(r"models--([^/\\]+?)--([^/\\]+)")
 
 
+class HFConfig(Node):
+    """A config.json, read key by key with :class:`~llmsim.config.reader.Node`'s strict accessors (no
+    string, boolean, NaN or fraction taken for a count). A multimodal wrapper's ``text_config`` is
+    laid over it, and its keys are named ``text_config.KEY`` in errors."""
+
+    def __init__(self, data: dict, file: str, text_keys=()):
+        super().__init__(data, file=file)
+        self.text_keys = frozenset(text_keys)
+
+    def key_path(self, key: str) -> str:
+        return f"text_config.{key}" if key in self.text_keys else key
+
+    def count(self, key: str, default=None, *, minimum: int = 1, maximum: float | None = None):
+        """A whole number >= ``minimum`` (``default`` when the key is absent or null)."""
+        return self.number(key, default, integer=True, minimum=minimum, maximum=maximum, exclusive_minimum=False)
+
+    def first_key(self, keys) -> str | None:
+        """The first of ``keys`` the config sets (not null)."""
+        return next((key for key in keys if self.has(key)), None)
+
+
+def mapping(node: Node, key: str) -> Node:
+    """``key`` of ``node``: a JSON object, as a Node."""
+    value = node.raw(key)
+    if not isinstance(value, dict):
+        raise node.key_error(key, "expected a JSON object", value, "a JSON object ({...})")
+    return node.child(key)
+
+
 def read_config(path: Path) -> dict:
-    """The JSON object of a config.json (a ConfigError if missing or not JSON)."""
-    try:
-        config = json.loads(read_text(path))          # the front door: size, encoding, folders
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise ConfigError(f"not valid JSON: {exc}", file=str(path), has_value=False) from None
+    """The JSON object of a config.json (a ConfigError if missing, not a regular file, or not JSON)."""
+    config = load_json(path)                    # the front door: size, encoding, devices, nesting
     if not isinstance(config, dict):
-        raise ConfigError("expected a JSON object", file=str(path), has_value=False)
+        raise ConfigError("expected a JSON object", file=str(path), has_value=False,
+                          allowed="a Hugging Face config.json: one JSON object")
     return config
 
 
-def config_fields(path: Path, name: str | None = None) -> dict:
-    """The config.json at ``path`` as ModelSpec fields (validated by the caller)."""
-    config = read_config(path)
-    model_type = _model_type(config, path)
-    if isinstance(config.get("text_config"), dict):      # a multimodal wrapper (Gemma-3): its language model
-        config = {**config, **config["text_config"]}
-    missing = [key for key in REQUIRED if config.get(key) is None]
+def config_fields(path: Path, name: str | None = None) -> tuple[dict, dict]:
+    """The config.json at ``path`` as ModelSpec fields (validated by the caller), and for each field
+    the config.json key it came from (for the caller's errors to name)."""
+    raw = read_config(path)
+    top = HFConfig(raw, str(path))
+    model_type = _model_type(top)
+    config = top
+    if top.has("text_config"):                       # a multimodal wrapper (Gemma-3): its language model
+        text = mapping(top, "text_config").data
+        config = HFConfig({**raw, **text}, str(path), text_keys=text)
+    missing = [key for key in REQUIRED if not config.has(key)]
     if missing:
-        raise ConfigError(f"lacks {', '.join(missing)}", file=str(path), key=missing[0], has_value=False,
-                          allowed="a Hugging Face config.json of a decoder-only language model")
+        raise ConfigError(f"lacks {', '.join(missing)}", file=str(path), key=config.key_path(missing[0]),
+                          has_value=False, allowed="a Hugging Face config.json of a decoder-only language model")
     fields: dict[str, object] = {}
+    origin: dict[str, str] = {}
     for ours, theirs in _FIELDS.items():
-        for key in theirs:
-            if config.get(key) is not None:
-                fields[ours] = config[key]
-                break
-    fields.setdefault("num_kv_heads", fields.get("num_heads"))
+        key = config.first_key(theirs)
+        if key is None:
+            continue
+        origin[ours] = config.key_path(key)
+        fields[ours] = config.boolean(key) if ours == "tie_word_embeddings" else \
+            config.count(key, minimum=0 if ours in _MAY_BE_ZERO else 1)
+    if "num_kv_heads" not in fields:
+        fields["num_kv_heads"], origin["num_kv_heads"] = fields["num_heads"], origin["num_heads"]
     fields.setdefault("tie_word_embeddings", model_type in TIED_BY_DEFAULT)
-    fields["qkv_bias"] = bool(config.get("attention_bias", model_type in QKV_BIAS_BY_DEFAULT))
-    fields.update(_moe(config, fields))
+    fields["qkv_bias"] = config.boolean("attention_bias", model_type in QKV_BIAS_BY_DEFAULT)
+    _moe(config, fields, origin)
     if fields.get("kv_lora_rank"):
-        fields["head_dim"] = int(config.get("qk_nope_head_dim", 0)) + int(config.get("qk_rope_head_dim", 0))
-    note = _sliding_window(config, fields)
-    fields.update(_dtypes(config, path))
+        fields["head_dim"] = config.count("qk_nope_head_dim", 0, minimum=0) + fields.get("qk_rope_head_dim", 0)
+        origin["head_dim"] = config.key_path("qk_nope_head_dim")
+    note = _sliding_window(config, fields, origin)
+    fields.update(_dtypes(config))
     fields["name"] = name or model_name(config, path)
     fields["source"] = f"config.json at {path}" + note
-    return fields
+    return fields, origin
 
 
-def _model_type(config: dict, path: Path) -> str:
-    model_type = config.get("model_type")
-    if model_type is None:
+def _model_type(config: HFConfig) -> str:
+    """``model_type``, else the first supported class in ``architectures``."""
+    model_type = config.raw("model_type", None)
+    if model_type is None and config.has("architectures"):
+        classes = config.raw("architectures")
+        if not isinstance(classes, list) or not all(isinstance(name, str) for name in classes):
+            raise config.key_error("architectures", "expected a list of class names", classes,
+                                   'a list of strings, e.g. ["LlamaForCausalLM"]')
         by_class = {cls.split(" ")[0]: mt for mt, cls in SUPPORTED.items()}
-        model_type = next((by_class[a] for a in config.get("architectures") or [] if a in by_class), None)
-    if model_type not in SUPPORTED:
-        raise ConfigError("unsupported model architecture (its layers' shapes are not known to llmsim)",
-                          file=str(path), key="model_type", value=config.get("model_type", config.get("architectures")),
-                          allowed=", ".join(f"{mt} ({cls})" for mt, cls in SUPPORTED.items())
-                          + "; or the model's fields inline in the scenario")
+        model_type = next((by_class[name] for name in classes if name in by_class), None)
+    if not isinstance(model_type, str) or model_type not in SUPPORTED:
+        key = "model_type" if config.has("model_type") or not config.has("architectures") else "architectures"
+        raise config.error("unsupported model architecture (its layers' shapes are not known to llmsim)",
+                           key=config.key_path(key), value=config.raw(key, None), has_value=config.has(key),
+                           allowed=", ".join(f"{mt} ({cls})" for mt, cls in SUPPORTED.items())
+                           + "; or the model's fields inline in the scenario")
     return model_type
 
 
-def _moe(config: dict, fields: dict) -> dict:
+def _moe(config: HFConfig, fields: dict, origin: dict) -> None:
     """Shared experts and dense layers of an MoE model."""
-    if int(fields.get("num_experts") or 1) <= 1:
-        return {}
-    out = {}
-    shared = config.get("n_shared_experts")
+    if fields.get("num_experts", 1) <= 1:
+        return
+    layers = fields["num_layers"]
+    shared = config.count("n_shared_experts", 0, minimum=0)
     if shared:
-        out["shared_expert_intermediate_size"] = int(shared) * int(config["moe_intermediate_size"])
-    elif config.get("shared_expert_intermediate_size"):
-        out["shared_expert_intermediate_size"] = int(config["shared_expert_intermediate_size"])
-    layers = int(fields["num_layers"])
-    if config.get("first_k_dense_replace"):
-        out["dense_layers"] = int(config["first_k_dense_replace"])
-    elif config.get("mlp_only_layers") or int(config.get("decoder_sparse_step") or 1) > 1:
-        step, dense_only = int(config.get("decoder_sparse_step") or 1), set(config.get("mlp_only_layers") or [])
-        out["dense_layers"] = sum(1 for i in range(layers) if i in dense_only or (i + 1) % step)
-    return out
+        if "moe_intermediate_size" not in fields:
+            raise config.error("n_shared_experts counts experts of moe_intermediate_size, which is missing",
+                               key=config.key_path("moe_intermediate_size"), has_value=False,
+                               allowed="moe_intermediate_size: the width of each routed and shared expert")
+        fields["shared_expert_intermediate_size"] = shared * fields["moe_intermediate_size"]
+        origin["shared_expert_intermediate_size"] = config.key_path("n_shared_experts")
+    elif config.has("shared_expert_intermediate_size"):
+        fields["shared_expert_intermediate_size"] = config.count("shared_expert_intermediate_size", minimum=0)
+        origin["shared_expert_intermediate_size"] = config.key_path("shared_expert_intermediate_size")
+    first_dense = config.count("first_k_dense_replace", 0, minimum=0, maximum=layers)
+    if first_dense:
+        fields["dense_layers"], origin["dense_layers"] = first_dense, config.key_path("first_k_dense_replace")
+        return
+    # Qwen-MoE: layer i is sparse unless listed in mlp_only_layers, and only if (i + 1) % step == 0.
+    step = config.count("decoder_sparse_step", 1)
+    dense_only = _layer_indices(config, "mlp_only_layers", layers)
+    if dense_only or step > 1:
+        fields["dense_layers"] = layers - layers // step + sum(1 for i in dense_only if (i + 1) % step == 0)
+        origin["dense_layers"] = config.key_path("mlp_only_layers" if dense_only else "decoder_sparse_step")
 
 
-def _sliding_window(config: dict, fields: dict) -> str:
+def _layer_indices(config: HFConfig, key: str, layers: int) -> set[int]:
+    """``key``: a list of distinct layer indices (0 .. layers - 1); empty when absent."""
+    value = config.raw(key, [])
+    if not isinstance(value, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers for i in value):
+        raise config.key_error(key, "expected a list of layer indices", value,
+                               f"a list of integers 0..{layers - 1} (num_hidden_layers is {layers})")
+    return set(value)
+
+
+def _sliding_window(config: HFConfig, fields: dict, origin: dict) -> str:
     """Sets ``sliding_window`` (and ``sliding_window_layers`` unless every layer slides); returns a
     note for the source when only some layers do."""
-    window = config.get("sliding_window")
-    layers = int(fields["num_layers"])
-    if not window or config.get("use_sliding_window") is False:
+    enabled = config.boolean("use_sliding_window") if config.has("use_sliding_window") else None
+    if enabled is False:
         return ""
-    model_type = config.get("model_type")
-    if isinstance(config.get("layer_types"), list):
-        sliding = sum(1 for kind in config["layer_types"] if kind == "sliding_attention")
+    window = config.count("sliding_window", 0, minimum=0)           # 0 or null: no window
+    if not window:
+        return ""
+    layers = fields["num_layers"]
+    model_type = config.string("model_type", None)
+    if config.has("layer_types"):
+        kinds = config.raw("layer_types")
+        if not isinstance(kinds, list) or len(kinds) != layers or any(kind not in LAYER_TYPES for kind in kinds):
+            raise config.key_error("layer_types", "expected one attention kind per layer", kinds,
+                                   f"a list of {layers} entries (num_hidden_layers), each one of "
+                                   + ", ".join(LAYER_TYPES))
+        sliding, by = kinds.count("sliding_attention"), "layer_types"
     elif model_type == "gemma2":
-        sliding = math.ceil(layers / 2)                      # even layers are local
+        sliding, by = math.ceil(layers / 2), "model_type"           # even layers are local
     elif model_type in ("gemma3", "gemma3_text"):
-        pattern = int(config.get("sliding_window_pattern") or 6)
-        sliding = layers - layers // pattern                 # every pattern-th layer is global
-    elif config.get("use_sliding_window") and config.get("max_window_layers") is not None:
-        sliding = max(layers - int(config["max_window_layers"]), 0)
+        pattern = config.count("sliding_window_pattern", 6)
+        sliding, by = layers - layers // pattern, "sliding_window_pattern"   # every pattern-th layer is global
+    elif enabled and config.has("max_window_layers"):
+        sliding, by = max(layers - config.count("max_window_layers", minimum=0), 0), "max_window_layers"
     else:
-        sliding = layers
-    if sliding == layers:
-        fields["sliding_window"] = int(window)
-        return ""
+        sliding, by = layers, "sliding_window"
     if sliding == 0:
         return ""
-    fields["sliding_window"], fields["sliding_window_layers"] = int(window), sliding
-    return f"; {sliding} of {layers} layers use a {int(window):,}-token sliding window, the others global attention"
+    fields["sliding_window"], origin["sliding_window"] = window, config.key_path("sliding_window")
+    if sliding == layers:
+        return ""
+    fields["sliding_window_layers"], origin["sliding_window_layers"] = sliding, config.key_path(by)
+    return f"; {sliding} of {layers} layers use a {window:,}-token sliding window, the others global attention"
 
 
-def _dtypes(config: dict, path: Path) -> dict:
+def _dtypes(config: HFConfig) -> dict:
     """weight/kv dtypes from torch_dtype (or dtype), and the quantization_config."""
-    stored = TORCH_DTYPES.get(str(config.get("torch_dtype", config.get("dtype"))).replace("torch.", ""))
+    stored = None
+    key = config.first_key(("torch_dtype", "dtype"))
+    if key is not None:
+        text = config.string(key)
+        stored = TORCH_DTYPES.get(text.removeprefix("torch."))
+        if stored is None:
+            raise config.key_error(key, "unknown dtype of the stored weights", text,
+                                   ", ".join(TORCH_DTYPES) + " (or with a torch. prefix); a quantized checkpoint "
+                                   "says so in quantization_config")
     out = {"weight_dtype": stored, "kv_dtype": stored} if stored else {}
-    quant = config.get("quantization_config")
-    if not quant:
+    if not config.has("quantization_config"):
+        return out
+    quant = mapping(config, "quantization_config")
+    if not quant.data:
         return out
     base = stored or "bf16"
-    method = str(quant.get("quant_method", "")).lower()
+    method = quant.string("quant_method").lower()
     if method == "fp8":
         dtype = "fp8"
     elif method in ("awq", "gptq"):
-        dtype = _integer_bits(quant.get("bits", 4), path)
+        dtype = _integer_bits(quant, "bits", quant.number("bits", 4, integer=True))
     elif method == "bitsandbytes":
-        dtype = "int4" if quant.get("load_in_4bit") else "int8"
+        dtype = "int4" if quant.boolean("load_in_4bit", False) else "int8"
     elif method == "compressed-tensors":
-        dtype = _compressed_tensors(quant, path)
+        dtype = _compressed_tensors(quant)
     elif method == "mxfp4":             # gpt-oss: the MoE experts only (attention, router, embeddings not converted)
         return {**out, "weight_dtype": base, "expert_dtype": "fp4"}
     else:
-        raise ConfigError("unsupported quantization_config.quant_method", file=str(path),
-                          key="quantization_config.quant_method", value=quant.get("quant_method"),
-                          allowed=", ".join(QUANT_METHODS))
+        raise quant.key_error("quant_method", "unsupported quantization method", quant.raw("quant_method"),
+                              ", ".join(QUANT_METHODS))
     return {**out, "weight_dtype": dtype, "embedding_dtype": base, "kv_dtype": out.get("kv_dtype", base)}
 
 
-def _integer_bits(bits: object, path: Path) -> str:
+def _integer_bits(node: Node, key: str, bits: int) -> str:
     dtype = {4: "int4", 8: "int8"}.get(bits)
     if dtype is None:
-        raise ConfigError("unsupported quantization bits", file=str(path), key="quantization_config.bits",
-                          value=bits, allowed="4, 8")
+        raise node.key_error(key, "unsupported quantization bits", bits, "4, 8")
     return dtype
 
 
-def _compressed_tensors(quant: dict, path: Path) -> str:
-    """The weights' type of the first config group (``num_bits`` and ``type``: float or int)."""
-    groups = quant.get("config_groups") or {}
-    weights = next((g.get("weights") for g in groups.values() if isinstance(g, dict) and g.get("weights")), None)
-    if not weights:
-        raise ConfigError("a compressed-tensors quantization_config without weight settings", file=str(path),
-                          key="quantization_config.config_groups", has_value=False)
-    bits, kind = weights.get("num_bits"), weights.get("type", "int")
-    if kind == "float" and bits == 8:
-        return "fp8"
-    if kind == "float" and bits == 4:
-        return "fp4"
-    return _integer_bits(bits, path)
+def _compressed_tensors(quant: Node) -> str:
+    """The weights' type of the first config group with weight settings (``num_bits`` and ``type``:
+    float or int)."""
+    groups = mapping(quant, "config_groups") if quant.has("config_groups") else None
+    for name in groups.data if groups is not None else ():
+        group = mapping(groups, name)
+        if group.has("weights"):
+            weights = mapping(group, "weights")
+            bits = weights.number("num_bits", integer=True)
+            kind = weights.choice("type", ["int", "float"], "int")
+            if kind == "float" and bits in (4, 8):
+                return {8: "fp8", 4: "fp4"}[bits]
+            return _integer_bits(weights, "num_bits", bits)
+    raise quant.error("a compressed-tensors quantization_config without weight settings",
+                      key=quant.key_path("config_groups"), has_value=False,
+                      allowed="config_groups: {NAME: {weights: {num_bits: 4 or 8, type: int or float}}}")
 
 
-def model_name(config: dict, path: Path) -> str:
+def model_name(config: HFConfig, path: Path) -> str:
     """``_name_or_path`` (ORG/NAME from a Hub cache folder), else the folder's name unless it is a
     snapshot hash, else ``model_type``."""
-    for candidate in (str(config.get("_name_or_path") or ""), str(path.resolve().parent)):
+    raw = config.string("_name_or_path", "")
+    for candidate in (raw, str(path.resolve().parent)):
         hub = _HUB_FOLDER.search(candidate)
         if hub:
             return f"{hub.group(1)}/{hub.group(2).split('/')[0]}"
-    raw = str(config.get("_name_or_path") or "").rstrip("/")
+    raw = raw.rstrip("/")
     if raw and not _SNAPSHOT.fullmatch(Path(raw).name):
         return raw if not Path(raw).is_absolute() else Path(raw).name
     folder = path.resolve().parent.name
-    return folder if folder and not _SNAPSHOT.fullmatch(folder) else str(config.get("model_type", "model"))
+    return folder if folder and not _SNAPSHOT.fullmatch(folder) else config.string("model_type", "model")

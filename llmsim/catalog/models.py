@@ -267,7 +267,14 @@ class ModelSpec:
 def model_from_config_json(path: str | Path, name: str | None = None) -> ModelSpec:
     """A ModelSpec from a Hugging Face config.json (:mod:`llmsim.catalog.hf_config` reads its fields)."""
     path = Path(path)
-    return _model_from_node(Node(config_fields(path, name), file=str(path)))
+    fields, origin = config_fields(path, name)
+    try:
+        return _model_from_node(Node(fields, file=str(path)))
+    except ConfigError as error:        # a check between fields: name the config.json key the field came from
+        if error.key not in origin:
+            raise
+        raise ConfigError(error.message, file=error.file, key=origin[error.key], value=error.value,
+                          allowed=error.allowed, has_value=error.has_value) from None
 
 
 def model_from_node(node: Node, catalog: "dict[str, ModelSpec] | None" = None) -> ModelSpec:

@@ -18,6 +18,12 @@ MAX_YAML_DEPTH = 64                 # nested mappings/lists; shipped files reach
 MAX_YAML_ALIASES = 1_000            # uses of '*anchor'
 MAX_YAML_NODES = 200_000            # values once every alias is expanded ("billion laughs" stop here)
 
+# -- JSON -----------------------------------------------------------------------------------
+MAX_JSON_DEPTH = 64                 # nested objects/arrays; a config.json reaches 3
+
+# -- command lines -------------------------------------------------------------------------
+MAX_FLAGS_CHARS = 64 * 1024         # engine.vllm_args / --vllm-args: a vllm serve command line is under 1 kB
+
 # -- numbers -------------------------------------------------------------------------------
 # A plain number: its magnitude at most 2**53, the largest integer a float64 holds exactly
 # (counts, seeds and sizes beyond it would silently lose their last digits).

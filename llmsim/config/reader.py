@@ -10,30 +10,32 @@ from __future__ import annotations
 
 import codecs
 import difflib
+import json
 import math
+import os
+import stat
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import yaml
 
 from llmsim.errors import ConfigError
-from llmsim.config.limits import (MAX_CONFIG_FILE_BYTES, MAX_NUMBER, MAX_QUANTITY, MAX_YAML_ALIASES,
-                                  MAX_YAML_DEPTH, MAX_YAML_NODES)
+from llmsim.config.limits import (MAX_CONFIG_FILE_BYTES, MAX_JSON_DEPTH, MAX_NUMBER, MAX_QUANTITY,
+                                  MAX_YAML_ALIASES, MAX_YAML_DEPTH, MAX_YAML_NODES)
 from llmsim.config.units import UnitError, parse_quantity
 
 _MISSING = object()
 
 
-def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
-    """The UTF-8 text of a file, the one way llmsim reads its inputs: a folder, a file over
-    ``max_bytes`` (``/dev/zero`` too: at most ``max_bytes + 1`` bytes are read), binary data or
-    another encoding (Latin-1, UTF-16) is a ConfigError naming the file. A UTF-8 byte-order mark
-    is allowed and dropped."""
-    path = Path(path)
+def open_file(path: str | Path, max_bytes: int):
+    """``path`` opened for reading in binary, once it is known to be a regular file of at most
+    ``max_bytes``: a folder, a FIFO, a device (``/dev/zero``), a socket or a larger file is a
+    ConfigError naming the file, before a byte is read. Opened without blocking (a FIFO with no
+    writer would wait forever) and checked on the opened file, so a name swapped between check
+    and open cannot slip past."""
     name = str(path)
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         raise ConfigError("file not found", file=name, has_value=False) from None
     except IsADirectoryError:
@@ -41,9 +43,40 @@ def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
     except (OSError, ValueError) as exc:          # ValueError: a NUL character in the path
         raise ConfigError(f"cannot read file ({getattr(exc, 'strerror', None) or exc})", file=name,
                           has_value=False) from None
-    if len(data) > max_bytes:
-        raise ConfigError(f"larger than the {max_bytes / 2**20:g} MiB llmsim reads from a file of this kind",
-                          file=name, has_value=False, allowed=f"a file of at most {max_bytes / 2**20:g} MiB")
+    try:
+        info = os.fstat(descriptor)
+        if stat.S_ISDIR(info.st_mode):
+            raise ConfigError("is a folder, not a file", file=name, has_value=False, allowed="a file")
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError("is not a regular file (a device, FIFO or socket)", file=name, has_value=False,
+                              allowed="a regular file")
+        if info.st_size > max_bytes:
+            raise _too_large(name, max_bytes)
+        os.set_blocking(descriptor, True)
+        return os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+
+
+def _too_large(name: str, max_bytes: int) -> ConfigError:
+    return ConfigError(f"larger than the {max_bytes / 2**20:g} MiB llmsim reads from a file of this kind",
+                       file=name, has_value=False, allowed=f"a file of at most {max_bytes / 2**20:g} MiB")
+
+
+def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
+    """The UTF-8 text of a file, the one way llmsim reads its inputs: a folder, a device or FIFO, a
+    file over ``max_bytes`` (:func:`open_file`: nothing is read), binary data or another encoding
+    (Latin-1, UTF-16) is a ConfigError naming the file. A UTF-8 byte-order mark is allowed and
+    dropped."""
+    name = str(path)
+    with open_file(path, max_bytes) as handle:
+        try:
+            data = handle.read(max_bytes + 1)
+        except OSError as exc:
+            raise ConfigError(f"cannot read file ({exc.strerror or exc})", file=name, has_value=False) from None
+    if len(data) > max_bytes:                     # it grew while being read
+        raise _too_large(name, max_bytes)
     if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
         raise ConfigError("is UTF-16 or UTF-32 text (it starts with that byte-order mark)", file=name,
                           has_value=False, allowed="UTF-8 text: save the file as UTF-8")
@@ -58,6 +91,48 @@ def read_text(path: str | Path, max_bytes: int = MAX_CONFIG_FILE_BYTES) -> str:
         raise ConfigError(f"is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line} cannot be decoded; "
                           "Latin-1 or another legacy encoding?)", file=name, has_value=False,
                           allowed="UTF-8 text: save the file as UTF-8") from None
+
+
+def load_json(path: str | Path) -> Any:
+    """Read a JSON file through :func:`read_text` and :func:`parse_json`; errors are ConfigErrors."""
+    return parse_json(read_text(path), str(path))
+
+
+def parse_json(text: str, file: str | None = None) -> Any:
+    """JSON text as Python values, nesting bounded (:data:`~llmsim.config.limits.MAX_JSON_DEPTH`)
+    and every string valid Unicode (JSON's ``\\ud800`` escapes a lone surrogate that no file or
+    terminal can be written with). NaN and Infinity are read, for the accessors that take numbers to
+    refuse with their key; malformed JSON is a ConfigError naming ``file``."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"nested more than {MAX_JSON_DEPTH} levels deep", file=file, has_value=False,
+                          allowed=f"at most {MAX_JSON_DEPTH} levels of nested objects and arrays") from None
+    except ValueError as exc:       # JSONDecodeError, and an integer of more digits than Python converts
+        raise ConfigError(f"not valid JSON: {exc}", file=file, has_value=False) from None
+    pending = [(data, "", 0)]
+    while pending:                  # iterative: a deep document must not recurse in the check itself
+        value, where, depth = pending.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError("holds a string that is not valid Unicode (an unpaired surrogate escape)",
+                                  file=file, key=where or None, value=value, has_value=bool(where),
+                                  allowed="text without \\ud800-\\udfff escapes outside a pair") from None
+            continue
+        if not isinstance(value, (dict, list)):
+            continue
+        if depth >= MAX_JSON_DEPTH:
+            raise ConfigError(f"nested more than {MAX_JSON_DEPTH} levels deep (at {where})", file=file,
+                              has_value=False, allowed=f"at most {MAX_JSON_DEPTH} levels of nested objects and arrays")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, child in items:
+            path = (f"{where}.{key}" if where else str(key)) if isinstance(value, dict) else f"{where}[{key}]"
+            if isinstance(key, str):
+                pending.append((key, where, depth))
+            pending.append((child, path, depth + 1))
+    return data
 
 
 def load_yaml(path: str | Path) -> Any:
@@ -254,7 +329,7 @@ class Node:
         if value is default and default is not _MISSING:
             return value
         if not isinstance(value, str):
-            raise self.key_error(key, "expected a string", value)
+            raise self.key_error(key, "expected a string", value, "a string")
         return value
 
     def choice(self, key: str, options: Sequence[str], default: Any = _MISSING) -> Any:

@@ -210,7 +210,8 @@ def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | No
     root = Node(load_yaml(path), file=str(path))
     if vllm_args is not None:
         engine = root.data.get("engine") or {}
-        if isinstance(engine, dict):
+        # a file's flags that are not one string stay as they are, to be refused as such (not joined as their repr)
+        if isinstance(engine, dict) and (engine.get("vllm_args") is None or isinstance(engine["vllm_args"], str)):
             root.data["engine"] = {**engine, "vllm_args": f"{engine.get('vllm_args') or ''} {vllm_args}".strip()}
     scenario = scenario_from_node(root)
     scenario = replace(scenario, path=str(path))

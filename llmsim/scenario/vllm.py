@@ -16,22 +16,38 @@ from vLLM's EngineArgs: 16-token blocks, prefix caching on): ``engine.defaults: 
 from __future__ import annotations
 
 import copy
+import re
 import shlex
 from typing import Callable
 
-from llmsim.config.reader import Node
+from llmsim.config.limits import MAX_FLAGS_CHARS, MAX_NUMBER
+from llmsim.config.reader import Node, range_text
 
 # vLLM's defaults where llmsim's differ (vllm/engine/arg_utils.py, the V1 engine: block_size 16 on CUDA,
 # automatic prefix caching on). Prefix caching only with continuous batching (vLLM has no other).
 VLLM_DEFAULTS = {"block_size": 16, "prefix_caching": True}
 DEFAULTS = ("llmsim", "vllm")
 
+# A flag's value is read as plain ASCII text: int() and float() would also take digit separators
+# ("1_000"), other scripts' digits, "nan" and "inf".
+_INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# A flag's name, and a word argparse takes as a (negative number) value rather than as a flag.
+_FLAG = re.compile(r"(--?)([A-Za-z][A-Za-z0-9_-]*)(?:=(.*))?", re.DOTALL)
+_NEGATIVE_NUMBER = re.compile(r"-[0-9]+|-[0-9]*\.[0-9]+")
 
-def _integer(text: str) -> int:
+
+def _count(text: str) -> int:
+    """A whole number >= 1 (sequences, tokens, ranks), at most the magnitude every number keeps."""
+    if not _INTEGER_TEXT.fullmatch(text) or not 1 <= int(text) <= MAX_NUMBER:
+        raise ValueError(text)
     return int(text)
 
 
-def _number(text: str) -> float:
+def _fraction(text: str) -> float:
+    """A share of the device's memory, 0 to 1."""
+    if not _NUMBER_TEXT.fullmatch(text) or not 0.0 <= float(text) <= 1.0:
+        raise ValueError(text)
     return float(text)
 
 
@@ -63,19 +79,20 @@ def _policy(text: str) -> str:
     return {"fcfs": "fcfs", "priority": "vllm_priority"}[text]
 
 
+_COUNT = range_text("an integer", 1, MAX_NUMBER)
 # vLLM argument (snake case) -> (llmsim key path, parse the flag's text, what vLLM accepts).
 VLLM_ARGS: dict[str, tuple[str, Callable[[str], object], str]] = {
-    "max_num_seqs": ("engine.max_num_seqs", _integer, "an integer"),
-    "max_num_batched_tokens": ("engine.max_batch_tokens", _integer, "an integer"),
+    "max_num_seqs": ("engine.max_num_seqs", _count, _COUNT),
+    "max_num_batched_tokens": ("engine.max_batch_tokens", _count, _COUNT),
     "enable_chunked_prefill": ("engine.chunked_prefill", _boolean, "true, false (or the bare flag)"),
     "enable_prefix_caching": ("engine.prefix_caching", _boolean, "true, false (or the bare flag)"),
     "preemption_mode": ("engine.preemption_mode", _choice("recompute", "swap"), "recompute, swap"),
-    "block_size": ("engine.block_size", _integer, "an integer"),
-    "gpu_memory_utilization": ("engine.memory_utilization", _number, "a fraction, e.g. 0.9"),
-    "max_model_len": ("engine.max_model_len", _integer, "an integer"),
-    "tensor_parallel_size": ("deployment.tensor_parallel", _integer, "an integer"),
-    "pipeline_parallel_size": ("deployment.pipeline_parallel", _integer, "an integer"),
-    "data_parallel_size": ("deployment.replicas", _integer, "an integer"),
+    "block_size": ("engine.block_size", _count, _COUNT),
+    "gpu_memory_utilization": ("engine.memory_utilization", _fraction, "a fraction from 0 to 1, e.g. 0.9"),
+    "max_model_len": ("engine.max_model_len", _count, _COUNT),
+    "tensor_parallel_size": ("deployment.tensor_parallel", _count, _COUNT),
+    "pipeline_parallel_size": ("deployment.pipeline_parallel", _count, _COUNT),
+    "data_parallel_size": ("deployment.replicas", _count, _COUNT),
     "kv_cache_dtype": ("model.kv_dtype", _kv_dtype, "auto, fp8, fp8_e4m3, fp8_e5m2"),
     "quantization": ("model.weight_dtype", _quantization, "fp8 (other methods need a quantized checkpoint: "
                                                           "give its config.json)"),
@@ -162,7 +179,8 @@ def refuse_unmodelled(engine: Node) -> None:
 
 def parse_vllm_args(text: str) -> list[tuple[str, str | None, str]]:
     """``vllm serve`` flags as (name in snake case, value or None, the flag as written); the
-    leading ``vllm serve MODEL`` and the model argument are skipped."""
+    leading ``vllm serve MODEL`` and the model argument are skipped. A word that is neither a flag
+    nor a flag's value, or a flag written ``--name=`` with nothing after it, is a ValueError."""
     words = shlex.split(text)
     if words[:2] == ["vllm", "serve"]:
         words = words[2:]
@@ -171,19 +189,23 @@ def parse_vllm_args(text: str) -> list[tuple[str, str | None, str]]:
     parsed, i = [], 0
     while i < len(words):
         word = words[i]
-        if not word.startswith("-"):
-            raise ValueError(f"{word!r} follows no flag")
-        flag, _, inline = word.lstrip("-").partition("=")
+        match = _FLAG.fullmatch(word)
+        if match is None:
+            raise ValueError(f"{word!r} is not a flag" if word.startswith("-") else f"{word!r} follows no flag")
+        flag, inline = match.group(2), match.group(3)
+        if inline == "":
+            raise ValueError(f"{word} has no value after '='")
         name = SHORT_FLAGS.get(flag, flag.replace("-", "_"))
         negated = name.startswith("no_") and name[3:] in FLAGS_WITHOUT_VALUE
-        if inline:
+        if inline is not None:
             value = inline
-        elif negated or (i + 1 >= len(words) or words[i + 1].startswith("-")):
+        elif negated or i + 1 >= len(words) or (words[i + 1].startswith("-")
+                                                 and not _NEGATIVE_NUMBER.fullmatch(words[i + 1])):
             value = "false" if negated else None
         else:
             i += 1
             value = words[i]
-        parsed.append((name[3:] if negated else name, value, word))
+        parsed.append((name[3:] if negated else name, value, match.group(1) + flag))
         i += 1
     return parsed
 
@@ -192,6 +214,9 @@ def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
     if not isinstance(text, str):
         raise eng.key_error("vllm_args", "expected the flags as one string", text,
                             "e.g. \"--max-num-seqs 256 --max-num-batched-tokens 8192\"")
+    if len(text) > MAX_FLAGS_CHARS:
+        raise eng.key_error("vllm_args", f"longer than the {MAX_FLAGS_CHARS:,} characters llmsim reads as flags", text,
+                            f"vLLM serve flags, at most {MAX_FLAGS_CHARS:,} characters")
     try:
         flags = parse_vllm_args(text)
     except ValueError as exc:
@@ -211,7 +236,7 @@ def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
                 raise eng.key_error("vllm_args", f"cannot read {written} {value or ''}".rstrip(), text,
                                     f"{written}: {allowed}") from None
             if parsed is not None:
-                _set(data, target, parsed, written, eng)
+                _set(data, target, parsed, written, eng, text)
         elif name in NOT_MODELLED:
             notes.append(f"{written} not modelled: {NOT_MODELLED[name]}")
         elif name in NO_EFFECT:
@@ -221,15 +246,35 @@ def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
     return notes
 
 
-def _set(data: dict, path: str, value: object, written: str, eng: Node) -> None:
+def _set(data: dict, path: str, value: object, written: str, eng: Node, flags: str) -> None:
     section, key = path.split(".")
-    if section == "model" and not isinstance(data.get("model"), dict):
-        model = data.get("model")
-        data["model"] = {"config_json": model} if str(model).endswith(".json") else {"base": model}
-    mapping = data.setdefault(section, {})
+    if section == "model":
+        _model_mapping(data, path, written, eng, flags)
+    if data.get(section) is None:
+        data[section] = {}
+    mapping = data[section]
     if not isinstance(mapping, dict):
         raise eng.key_error("vllm_args", f"{written} sets {path}, but {section} is not a mapping", mapping)
-    if key in mapping and mapping[key] != value:
-        raise eng.key_error("vllm_args", f"{written} sets {path} to {value!r}, which the scenario sets to "
-                            f"{mapping[key]!r}", value, "one of them")
+    if key in mapping:
+        if mapping[key] != value:
+            raise eng.key_error("vllm_args", f"{written} sets {path} to {value!r}, which the scenario sets to "
+                                f"{mapping[key]!r}", value, "one of them")
+        return              # the same value: the scenario's own, which its key's check reads (1 is not true)
     mapping[key] = value
+
+
+def _model_mapping(data: dict, path: str, written: str, eng: Node, flags: str) -> None:
+    """The scenario's model as a mapping that a flag can add a setting to (a catalog name becomes
+    ``base``, a config.json path ``config_json``)."""
+    model = data.get("model")
+    if model is None:
+        raise eng.key_error("vllm_args", f"{written} sets {path}, but the scenario names no model", flags,
+                            "model: a catalog name, a config.json path or the model's fields")
+    if isinstance(model, str) and model.endswith((".yaml", ".yml")):
+        raise eng.key_error("vllm_args", f"{written} sets {path}, which the model file {model} sets itself", flags,
+                            f"{path.split('.')[1]} in {model}, or the model named by catalog name or config.json")
+    if isinstance(model, str):
+        data["model"] = {"config_json": model} if model.endswith(".json") else {"base": model}
+    elif not isinstance(model, dict):
+        raise eng.error("expected a model", key="model", value=model,
+                        allowed="a catalog name, a config.json or model YAML path, or a mapping of the model's fields")
