@@ -7,6 +7,7 @@ import pandas as pd
 
 from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
+from llmsim.cli.progress import Bar
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
@@ -66,8 +67,9 @@ def _cmd_plan(args) -> int:
     seeds = parse_seeds(args.seeds, args.scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
-    table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
-                 max_replicas=args.max_replicas, progress=True)
+    with Bar("plan", "simulation") as progress:
+        table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
+                     max_replicas=args.max_replicas, progress=progress)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     shown = table.drop(columns=[c for c in ("kwh_per_million_output_tokens", "replayed") if c in table])

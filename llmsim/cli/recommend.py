@@ -8,6 +8,7 @@ from pathlib import Path
 from llmsim.analysis.names import CLASSES, SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
 from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
+from llmsim.cli.progress import Bar
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario, replay_description
 from llmsim.config.units import UnitError, parse_quantity
@@ -140,9 +141,10 @@ def _cmd_recommend(args) -> int:
     scenario = as_scenario(args.scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
-    rec = recommend(scenario, objective=args.objective, seeds=parse_seeds(args.seeds, scenario), top=args.top,
-                    workers=args.workers, progress=True, drafts=not args.no_drafts, search=args.search,
-                    class_timeouts_s=_durations(args.class_timeouts) if args.class_timeouts else CLASS_TIMEOUTS_S)
+    with Bar("recommend", "simulation") as progress:
+        rec = recommend(scenario, objective=args.objective, seeds=parse_seeds(args.seeds, scenario), top=args.top,
+                        workers=args.workers, progress=progress, drafts=not args.no_drafts, search=args.search,
+                        class_timeouts_s=_durations(args.class_timeouts) if args.class_timeouts else CLASS_TIMEOUTS_S)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     if scenario.workload.trace is not None:          # which traffic the rates below rescale

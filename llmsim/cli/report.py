@@ -10,6 +10,7 @@ from pathlib import Path
 from llmsim.cli.options import add_seeds_argument, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.plan import parse_rate
+from llmsim.cli.progress import Bar
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.report.build import (DEFAULT_PEAK_TO_MEAN, ReportBuilder, parse_growth, traffic_from_rate,
@@ -63,8 +64,9 @@ def _cmd_report(args) -> int:
     refuse_to_replace(paths, args.overwrite)
     check_writable(out)
     command = "llmsim report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
-    report = ReportBuilder(scenario, traffic, hardware=args.hardware, seeds=seeds, requests=args.requests,
-                           workers=args.workers, command=command, progress=True).build()
+    with Bar("report", "stage") as progress:
+        report = ReportBuilder(scenario, traffic, hardware=args.hardware, seeds=seeds, requests=args.requests,
+                               workers=args.workers, command=command, progress=progress).build()
     texts = {"report.html": to_html(report), "report.md": to_markdown(report)}
     written = []
     try:

@@ -42,13 +42,14 @@ from llmsim.analysis import names
 from llmsim.analysis.frontier import pareto_frontier
 from llmsim.analysis.metrics import summarize
 from llmsim.catalog.hardware import lookup_hardware
+from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.layout import cheapest_layouts, quiet_bar
+from llmsim.search.layout import cheapest_layouts
 from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
@@ -135,7 +136,7 @@ class ReportBuilder:
 
     def __init__(self, scenario: str | Path | Scenario, traffic: Traffic, *, hardware: Sequence[str] | None = None,
                  seeds: Sequence[int] | None = None, requests: int | None = None, workers: int | None = None,
-                 command: str = "", progress: bool = False):
+                 command: str = "", progress: Progress = QUIET):
         scenario = as_scenario(scenario)
         check_rate_driven(scenario)
         self.rate = check_rate(traffic.target_rate_per_s)
@@ -177,15 +178,15 @@ class ReportBuilder:
     # -- the stages ------------------------------------------------------------------------
 
     def build(self) -> Report:
-        from tqdm.auto import tqdm
         # a deployment judged in several stages is simulated once (one source for its figures)
-        with reusing_runs(), tqdm(total=len(STAGES), disable=not self.progress, desc="report", unit="stage") as bar:
+        self.progress.add(len(STAGES))
+        with reusing_runs():
             for stage in STAGES:
-                bar.set_postfix_str(stage)
+                self.progress.note(stage)
                 started = time.perf_counter()
                 getattr(self, f"_{stage}")()
                 self.stage_seconds[stage] = time.perf_counter() - started
-                bar.update()
+                self.progress.advance()
         s = self.original
         return Report(title=f"Capacity plan: {s.model.name} for {s.name}",
                       subtitle=f"target {num(self.rate)} requests/s; SLO targets {self._targets_text()}",
@@ -285,8 +286,7 @@ class ReportBuilder:
         # the recommended settings may need fewer replicas than the scenario's own
         replicas, outcomes = fewest_replicas(self.scenario, self.config, self.rate, max(1, best.replicas - 1),
                                              best.replicas, best.replicas,
-                                             seeds=self.seeds, workers=self.workers, bar=quiet_bar(),
-                                             window_per_count=True)
+                                             seeds=self.seeds, workers=self.workers, window_per_count=True)
         if replicas is None:              # the settings do worse here than the scenario's own: keep those
             self.config, replicas = dict(self.layout_overrides), best.replicas
             paragraphs.append("With the recommended settings the deployment missed the targets at the "
@@ -434,7 +434,7 @@ class ReportBuilder:
         # from ``around`` and the count below it (the usual answer), bisecting further only if both pass
         found, outcomes = fewest_replicas(self.scenario, {**self.config, **overrides}, rate, max(1, around - 1),
                                           around, max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
-                                          bar=quiet_bar(), window_per_count=True)
+                                          window_per_count=True)
         return found, outcomes.get(self.replicas)
 
     def _judge(self, points: list[dict], rates: list[float]) -> list[Judged]:
@@ -444,7 +444,7 @@ class ReportBuilder:
             at_point = variant(self.scenario, {**point, RATE_KEY: rate})
             windows.append(measurement_window(self.scenario, rate, typical_latency_s(at_point, rate)))
         return simulate_until_decided(self.scenario, [{**p, RATE_KEY: r} for p, r in zip(points, rates)], windows,
-                                      rates, seeds=self.seeds, workers=self.workers, progress=False)
+                                      rates, seeds=self.seeds, workers=self.workers)
 
     def _peak(self) -> None:
         traffic = self.traffic

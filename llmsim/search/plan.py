@@ -33,6 +33,7 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
+from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
@@ -123,7 +124,7 @@ def _own_hardware(scenario: Scenario) -> str:
 
 def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
          seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = MAX_REPLICAS,
-         progress: bool = False) -> pd.DataFrame:
+         progress: Progress = QUIET) -> pd.DataFrame:
     """One row per candidate hardware: the fewest replicas meeting the SLO targets at the rate.
 
     Columns: hardware, replicas, devices_per_replica, devices, placement, the analytic
@@ -144,12 +145,10 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
                           allowed="ttft, tpot and/or e2e limits")
     rows = []
     names = candidates(scenario, hardware)
-    from tqdm.auto import tqdm
-    # One bar over the simulations (the work), its total growing as each search asks for more.
-    with tqdm(total=0, disable=not progress, desc="plan", unit="simulation") as bar:
-        for name in names:
-            bar.set_postfix_str(name)
-            rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, bar))
+    # ``progress`` counts the simulations (the work), its total growing as each search asks for more.
+    for name in names:
+        progress.note(name)
+        rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, progress))
     table = pd.DataFrame(rows)
     replayed = replay_description(scenario, rate)
     if replayed:                        # which traffic the answer covers: the trace, rescaled to the rate
@@ -165,7 +164,8 @@ def _placement_overrides(scenario: Scenario, name: str) -> dict:
     return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 
 
-def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int, bar) -> dict:
+def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
+              progress: Progress) -> dict:
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
     row = {"hardware": name}
     try:
@@ -183,7 +183,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
                 "note": f"unreachable within {max_replicas} replicas (--max-replicas): the analytic capacity "
                         f"bound needs {bound:,.0f} replicas (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
     hi, outcomes = fewest_replicas(scenario, base, rate, lower, upper, max_replicas, seeds=seeds, workers=workers,
-                                   bar=bar)
+                                   progress=progress)
     if hi is None:
         return {**row, "replicas": math.nan, "simulations": len(outcomes),
                 "note": f"SLO targets not met with {max_replicas} replicas (--max-replicas)"}
@@ -215,7 +215,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
 
 
 def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, start: int, cap: int, *,
-                    seeds: Sequence[int] | None, workers: int | None, bar,
+                    seeds: Sequence[int] | None, workers: int | None, progress: Progress = QUIET,
                     window_per_count: bool = False) -> tuple[int | None, dict[int, Judged]]:
     """The fewest replicas in [1, cap] whose runs (``base`` overrides, total rate ``rate``) meet the
     targets, judged with their uncertainty (:func:`~llmsim.search.window.simulate_until_decided`).
@@ -227,7 +227,7 @@ def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, sta
     latency of the busiest count the search can reach (``lower``); ``window_per_count``: each count
     over the window its own load asks for (as a point judged on its own, so that the runs are the
     same as other stages' of a report). Returns (the count, or None when ``cap`` fails; the judged
-    runs per count simulated). ``bar`` counts the simulations.
+    runs per count simulated). ``progress`` counts the simulations.
     """
     outcomes: dict[int, Judged] = {}
 
@@ -236,17 +236,12 @@ def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, sta
 
     search_window = None if window_per_count else window_at(max(1, min(lower, cap)))
 
-    def count_on_bar(simulations: int) -> None:
-        bar.total += simulations
-        bar.refresh()
-
     def simulate_counts(counts) -> None:
         todo = sorted({n for n in counts if n not in outcomes})
         if todo:
             windows = [search_window or window_at(n) for n in todo]
             judged = simulate_until_decided(scenario, [{**base, REPLICAS_KEY: n} for n in todo], windows,
-                                            [rate] * len(todo), seeds=seeds, workers=workers, progress=bar,
-                                            on_round=count_on_bar)
+                                            [rate] * len(todo), seeds=seeds, workers=workers, progress=progress)
             outcomes.update(zip(todo, judged))
 
     def passes(n: int) -> bool:

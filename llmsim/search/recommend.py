@@ -67,6 +67,7 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.config.policies import KPolicyName, SchedulingPolicy
+from llmsim.config.progress import QUIET, Progress
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
@@ -262,7 +263,7 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
 
 def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
               top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
-              progress: bool = False, drafts: bool = False, search: str = SEARCHES[0],
+              progress: Progress = QUIET, drafts: bool = False, search: str = SEARCHES[0],
               class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S) -> Recommendation:
     """Search k, max batch tokens and queue timeout, and with traffic classes the scheduling policy and
     each class's queue timeout (see the module docstring).
@@ -306,13 +307,11 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         scenario = variant(scenario, {"workload.num_requests": requests})
     if replays_one_trace(scenario):
         seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
-    from tqdm.auto import tqdm
-
-    # One bar over every simulation of the search, its total growing as the bisections ask for more. A run
-    # the search asks for twice (a screened candidate's first bisection step, at the probe rate) runs once.
-    with reusing_runs(), tqdm(total=0, disable=not progress, desc="recommend", unit="simulation") as bar:
-        searcher = _Search(scenario, seed_list, objective, workers, tolerance, bar, own_settings=search == "classes",
-                           class_timeouts_s=class_timeouts_s)
+    # ``progress`` counts every simulation of the search, its total growing as the bisections ask for more.
+    # A run the search asks for twice (a screened candidate's first bisection step, at the probe rate) runs once.
+    with reusing_runs():
+        searcher = _Search(scenario, seed_list, objective, workers, tolerance, progress,
+                           own_settings=search == "classes", class_timeouts_s=class_timeouts_s)
         analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
         if search == "all":
             # 1. the coarse grid, scored by the fluid model
@@ -416,10 +415,11 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
 class _Search:
     """Simulated highest passing rate per (configuration, seed), bisected for all at once."""
 
-    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float, bar,
-                 own_settings: bool = False, class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S):
+    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float,
+                 progress: Progress, own_settings: bool = False,
+                 class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S):
         self.scenario, self.seeds, self.objective = scenario, seeds, objective
-        self.workers, self.tolerance, self.bar = workers, tolerance, bar
+        self.workers, self.tolerance, self.progress = workers, tolerance, progress
         self.class_timeouts_s = tuple(class_timeouts_s)
         self.results: dict[Config, dict] = {}
         self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
@@ -517,13 +517,13 @@ class _Search:
         at_rate = variant(scenario, {**base.overrides(scenario), RATE_KEY: rate})
         window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate))
         current = {p: replace(base, policy=p, class_timeouts=start) for p in SchedulingPolicy}
-        self.bar.set_postfix_str("classes: every policy")
+        self.progress.note("classes: every policy")
         self.screen(list(current.values()), rate, window)
         sweeps = 0
         for sweeps in range(1, CLASS_SWEEPS + 1):
             moved = False
             for name, own in start:
-                self.bar.set_postfix_str(f"classes: sweep {sweeps}, {name}'s timeout")
+                self.progress.note(f"classes: sweep {sweeps}, {name}'s timeout")
                 options = class_timeout_options(self.class_timeouts_s, own)
                 candidates = {p: [c] + [_with_timeout(c, name, t) for t in options] for p, c in current.items()}
                 self.screen([c for options in candidates.values() for c in options], rate, window)
@@ -534,7 +534,7 @@ class _Search:
                     current[p] = chosen
             if not moved:
                 break
-        self.bar.set_postfix_str("classes: goodput of each policy's best")
+        self.progress.note("classes: goodput of each policy's best")
         self.evaluate(list(current.values()), start_rate_per_s=rate)
         screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts),
                                   "met": v.met, "worst_margin": v.worst_margin[0], "worst_check": _worst_check(v),
@@ -551,14 +551,10 @@ class _Search:
             return
         points = [{**c.overrides(self.scenario), RATE_KEY: rate} for c in todo]
         judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
-                                        seeds=self.seeds, workers=self.workers, progress=self.bar,
-                                        on_round=self._count_on_bar, escalations=0)
+                                        seeds=self.seeds, workers=self.workers, progress=self.progress,
+                                        escalations=0)
         for c, one in zip(todo, judged):
             self.screened[(c, rate)] = one.verdict
-
-    def _count_on_bar(self, simulations: int) -> None:
-        self.bar.total += simulations
-        self.bar.refresh()
 
     def judge(self, points: list[dict]) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
@@ -570,13 +566,11 @@ class _Search:
             windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
 
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
-                                      progress=self.bar, on_round=self._count_on_bar)
+                                      progress=self.progress)
 
     def simulate(self, points: list[dict]) -> pd.DataFrame:
-        """The points simulated, each counted on the search's progress bar as it finishes."""
-        self.bar.total += len(points)
-        self.bar.refresh()
-        return run_points(self.scenario, points, workers=self.workers, progress=self.bar)
+        """The points simulated, each counted on the search's progress as it finishes."""
+        return run_points(self.scenario, points, workers=self.workers, progress=self.progress)
 
     def best(self) -> Config:
         return self.table()["config"].iloc[0]
