@@ -1,4 +1,4 @@
-"""Cost-model fidelity on measured GPU operator timings, held out (the table the README quotes).
+"""Cost-model fidelity on measured GPU operator timings, held out (the table docs/accuracy/kernel-terms.md quotes).
 
 Per device (A100, H100; Vidur's measurements in llmsim/calibration/data/vidur): every (model, TP size)
 cell is predicted by kernel terms fitted to the other models at the other TP sizes, and the per-layer

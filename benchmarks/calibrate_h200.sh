@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-shot calibration of an NVIDIA H200 (issue 5), for a session that has one.
+# One-shot calibration of an NVIDIA H200, for a session that has one.
 #
 #   bash benchmarks/calibrate_h200.sh [OUT_DIR]        (default OUT_DIR: $OUT, else benchmarks/h200-calibration)
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device lease: time one layer's operators and the attention kernels on an NVIDIA GPU (issue 11),
-# then (time allowing) the torch decode-step calibration of issue 5.
+# One device lease: time one layer's operators and the attention kernels on an NVIDIA GPU,
+# then (time allowing) the torch decode-step calibration.
 #
 #   bash benchmarks/profile_operators_h200.sh [OUT_DIR]     (default OUT_DIR: $OUT, else benchmarks/h200-operators)
 #

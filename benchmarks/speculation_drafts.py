@@ -1,11 +1,11 @@
-"""Best draft and k across loads for Llama-3.1-70B on 4 x H100 (the README's speculation figure).
+"""Best draft and k across loads for Llama-3.1-70B on 4 x H100 (the speculation guide's figure, docs/guides/speculation.md).
 
 Candidates: Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B drafts, an EAGLE head and n-gram lookup
 (50 us of CPU per speculating sequence per step: an assumption), each with the acceptance the
 acceptance model predicts for chat (llmsim/speculation/data/acceptance.yaml), static k in 1..6,
 every sequence eligible (min_concurrent_requests 1, min_sequence_tokens 0). Every configuration
 runs on the same arrival trace per load. Prints the best k and its mean-TPOT speedup over plain
-decoding per candidate and load, and writes benchmarks/speculation_drafts.png. The sweep is
+decoding per candidate and load, and writes docs/images/speculation_drafts.png. The sweep is
 :func:`llmsim.search.draft_sweep.load_sweep` (the speculation notebook runs it on the fluid model).
 
     .venv/bin/python benchmarks/speculation_drafts.py [--requests 300]
@@ -53,7 +53,7 @@ def main() -> None:
     axis.set_title("Llama-3.1-70B on 4 x H100: which draft pays off, and until when")
     axis.legend(fontsize=8)
     figure.tight_layout()
-    figure.savefig(REPO / "benchmarks" / "speculation_drafts.png", dpi=120)
+    figure.savefig(REPO / "docs" / "images" / "speculation_drafts.png", dpi=120)
 
 
 if __name__ == "__main__":

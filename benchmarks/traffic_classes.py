@@ -1,8 +1,8 @@
-"""The figures of the README's traffic-classes section: the shipped three-class scenario under each
+"""The figures of the traffic-classes guide (docs/guides/classes.md): the shipped three-class scenario under each
 scheduling policy (per-class table), and the adaptive controller against static settings on one
 diurnal trace (time over the SLO, and a plot).
 
-Usage: ``python benchmarks/traffic_classes.py [--plot docs/controller_diurnal.png]``. Every run is
+Usage: ``python benchmarks/traffic_classes.py [--plot docs/images/controller_diurnal.png]``. Every run is
 the same trace (common random numbers): only the policy or the controller differs.
 """
 from __future__ import annotations

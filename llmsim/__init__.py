@@ -46,6 +46,18 @@ _PUBLIC = {
     "sweep": "llmsim.search.sweeps",
     "Trace": "llmsim.workload.trace",
     "generate_trace": "llmsim.workload.generate",
+    "load_trace": "llmsim.workload.trace_formats",
+    "variant": "llmsim.scenario.overrides",
+    "FluidModel": "llmsim.analysis.fluid",
+    "pareto_frontier": "llmsim.analysis.frontier",
+    "cheapest_layouts": "llmsim.search.layout",
+    "named_candidates": "llmsim.search.draft_sweep",
+    "load_sweep": "llmsim.search.draft_sweep",
+    "best_k": "llmsim.search.draft_sweep",
+    "ReportBuilder": "llmsim.report.build",
+    "traffic_from_trace": "llmsim.report.build",
+    "to_html": "llmsim.report.render",
+    "to_markdown": "llmsim.report.render",
 }
 
 __version__ = "0.1.0"

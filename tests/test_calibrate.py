@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from pathlib import Path
 import subprocess
 import sys
 
@@ -24,7 +25,8 @@ from llmsim.calibration.profile_yaml import transfer_document, write_document
 from llmsim.cli.calibrate import add_parsers
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.catalog.hardware import profile_from_node, shipped_profile_dir
+from llmsim.catalog.hardware import hardware_catalog, profile_from_node, shipped_profile_dir
+from llmsim.cli.main import main
 
 from .helpers import roofline_document, roofline_only
 
@@ -231,3 +233,44 @@ def test_every_shipped_efficiency_says_whether_a_calibration_measured_it(path):
         else:
             assert figure.confidence == "assumption" or figure.source.startswith("measured:"), key
             assert "llmsim calibrate" not in figure.source or figure.source.startswith("assumption"), key
+
+
+# -- a machine-specific profile ---------------------------------------------------------------------
+
+def _cpu_model_of_this_machine() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    pytest.skip("no /proc/cpuinfo model name on this system")
+
+
+def test_a_calibrated_profile_names_the_machine_it_was_measured_on(quick):
+    document, profile = quick
+    assert profile.machine == document["machine"] == _cpu_model_of_this_machine()
+    shipped = load_profile(SHIPPED)
+    assert shipped.machine == shipped.calibration["device_name"] and "Xeon" in shipped.machine
+    assert all(profile.machine is None for profile in hardware_catalog().values() if profile.name != shipped.name)
+
+
+@pytest.mark.parametrize("here, warned", [("Another CPU Model", True), ("Intel(R) Xeon(R) Processor", False)])
+def test_validate_warns_when_this_machine_is_not_the_profiles(monkeypatch, capsys, here, warned):
+    """The warning comes before any measuring (here replaced by a stop), on stderr."""
+    import llmsim.cli.calibrate as command
+
+    def stop(*args, **kwargs):
+        raise ConfigError("stopped before measuring", has_value=False)
+    monkeypatch.setattr(command, "machine_name", lambda kind: here)
+    monkeypatch.setattr(command, "require_torch", lambda: None)
+    monkeypatch.setattr(command, "validate", stop)
+    assert main(["validate", str(SHIPPED)]) == 2
+    err = capsys.readouterr().err
+    warning = ("warning: cpu-calibrated is machine-specific: it was measured on Intel(R) Xeon(R) Processor, "
+               f"and this machine is {here}")
+    assert (warning in err) == warned and "stopped before measuring" in err
+
+
+def test_the_hardware_listing_marks_machine_specific_profiles(capsys):
+    assert main(["hardware"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu-calibrated: machine-specific, measured on Intel(R) Xeon(R) Processor" in out
+    assert "H100-SXM: machine-specific" not in out

@@ -9,7 +9,7 @@ from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import shipped_profile_dir
 
 PROFILES = sorted(shipped_profile_dir().glob("*.yaml"))
-REFERENCE = {  # shared/reference/hardware.md: dense BF16 TFLOP/s, memory GB, bandwidth TB/s, TDP W
+REFERENCE = {  # docs/reference/sources/hardware.md: dense BF16 TFLOP/s, memory GB, bandwidth TB/s, TDP W
     "A100-80GB": (312, 80, 2.039, 400), "H100-SXM": (989.4, 80, 3.35, 700), "H200": (989, 141, 4.8, 700),
     "B200": (2250, 180, 8.0, 1000), "MI300X": (1307.4, 192, 5.3, 750),
 }

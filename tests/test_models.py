@@ -12,7 +12,7 @@ from llmsim.errors import ConfigError
 from llmsim.catalog.models import model_from_node
 
 CATALOG = model_catalog()
-# KV bytes per token (bf16) from shared/reference/models.md, in KiB.
+# KV bytes per token (bf16) from docs/reference/sources/models.md, in KiB.
 PUBLISHED_KV_KIB = {"Llama-2-7B": 512, "Llama-2-13B": 800, "Llama-2-70B": 320, "Llama-3.1-8B": 128,
                     "Llama-3.1-70B": 320, "Llama-3.1-405B": 504, "Mistral-7B-v0.1": 128, "Mixtral-8x7B": 128,
                     "Qwen2.5-7B": 56, "Qwen2.5-72B": 320, "Llama-3.2-1B": 32, "TinyLlama-1.1B": 22,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import json
-import time
 import tracemalloc
 
 import pytest
@@ -72,9 +71,7 @@ def test_numbers_beyond_their_documented_range_are_refused_at_the_edge(tmp_path,
 ])
 def test_a_run_too_large_is_refused_with_its_estimate_before_anything_is_drawn(tmp_path, capsys, overrides,
                                                                                fragments):
-    start = time.perf_counter()
     refused(capsys, run(tmp_path, scenario(tmp_path, overrides)), "too large", *fragments)
-    assert time.perf_counter() - start < 2.0
     assert not (tmp_path / "out").exists()
 
 
@@ -120,17 +117,13 @@ def test_files_that_are_not_utf8_yaml_of_sane_shape_are_refused(tmp_path, capsys
 
 def test_a_folder_or_an_endless_device_is_not_read(tmp_path, capsys):
     refused(capsys, run(tmp_path, tmp_path), "is a folder")
-    start = time.perf_counter()
     refused(capsys, run(tmp_path, "/dev/zero"), "is not a regular file")
-    assert time.perf_counter() - start < 2.0
 
 
 def test_alias_expansion_is_capped_before_objects_are_built(tmp_path, capsys):
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]    # 10**9 values
-    start = time.perf_counter()
     refused(capsys, run(tmp_path, write(tmp_path, "\n".join(lines) + "\n")), "more than 200,000 values")
-    assert time.perf_counter() - start < 2.0
     refused(capsys, run(tmp_path, write(tmp_path, "a: &a [*a]\n")), "levels deep once its aliases")
 
 
@@ -229,9 +222,7 @@ def test_every_trace_format_goes_through_the_front_door(tmp_path, capsys, name, 
     path = write(tmp_path, content, name) if content is not None else name
     data = merge(BASE, {})
     data["workload"] = {"arrival": {"process": "trace", "path": str(path)}}
-    start = time.perf_counter()
     refused(capsys, run(tmp_path, write(tmp_path, data)), fragment)
-    assert time.perf_counter() - start < 5.0
 
 
 # -- comparisons ------------------------------------------------------------------------------------
@@ -250,9 +241,7 @@ def test_comparison_loads_are_checked(tmp_path, capsys, loads, fragment):
 
 def test_a_seed_count_that_would_make_a_hundred_million_runs_is_refused(tmp_path, capsys):
     grid = write(tmp_path, {"engine.max_num_seqs": [16]}, "grid.yaml")
-    start = time.perf_counter()
     refused(capsys, ["sweep", scenario(tmp_path), "--grid", grid, "--seeds", "100000000"], "more than 1,000 seeds")
-    assert time.perf_counter() - start < 2.0
 
 
 @pytest.mark.parametrize("flags, fragment", [
@@ -268,11 +257,9 @@ def test_plan_flags_are_checked_before_searching(tmp_path, capsys, flags, fragme
 def test_an_unreachable_scheduler_is_a_clear_error_after_a_short_wait(tmp_path, capsys, monkeypatch):
     pytest.importorskip("distributed")
     monkeypatch.setattr(executors, "SCHEDULER_TIMEOUT_S", 1.0)
-    start = time.perf_counter()
     refused(capsys, ["sweep", scenario(tmp_path), "--grid", write(tmp_path, {"engine.max_num_seqs": [8]}, "g.yaml"),
                      "--out", tmp_path / "sweep", "--engine", "dask", "--scheduler", "tcp://127.0.0.1:1"],
-            "--scheduler", "cannot reach a Dask scheduler")
-    assert time.perf_counter() - start < 10
+            "--scheduler", "cannot reach a Dask scheduler there within 1 s")
 
 
 @pytest.mark.slow          # two sweeps of three points

@@ -1,6 +1,6 @@
 """Speculative decoding against Leviathan et al. (ICML 2023) and against its own bookkeeping.
 
-The closed forms come from ``shared/reference/speculative.md`` and are written out
+The closed forms come from ``docs/reference/sources/speculative.md`` and are written out
 here, independently of ``llmsim.speculation.config``. Theorem 3.8 assumes a step of fixed cost
 whatever it computes; a device whose peaks are practically infinite, with all its time
 in a per-layer overhead, is exactly that: a target of 100 layers and a draft of d
@@ -152,7 +152,7 @@ def test_replay_of_measured_acceptance_lengths(fixed_cost, tmp_path):
 def test_batch_one_speedup_matches_theorem_3_8(fixed_cost, c, alpha, k):
     """One request at a time on the fixed-cost device: tokens per second over steps with the
     full k, against plain decoding's one token per step. The table's best k and speedup come
-    from shared/reference/speculative.md."""
+    from docs/reference/sources/speculative.md."""
     result = simulate_checked(fixed_cost_scenario(fixed_cost, c, alpha, k, 1, 12000))
     steps = full_k_decode_steps(result, k)
     assert np.allclose(steps["duration_s"], STEP_S * (1 + k * c))      # the fixed-cost model holds
@@ -163,7 +163,7 @@ def test_batch_one_speedup_matches_theorem_3_8(fixed_cost, c, alpha, k):
     assert np.allclose(plain["tpot_s"], STEP_S)
 
 
-# Best gamma and speedup from shared/reference/speculative.md (Theorem 3.8, integer gamma).
+# Best gamma and speedup from docs/reference/sources/speculative.md (Theorem 3.8, integer gamma).
 TABLE = {(0.02, 0.6): (6, 2.17), (0.02, 0.7): (8, 2.76), (0.02, 0.8): (11, 3.82), (0.02, 0.9): (19, 6.37),
          (0.05, 0.6): (4, 1.92), (0.05, 0.7): (6, 2.35), (0.05, 0.8): (8, 3.09), (0.05, 0.9): (13, 4.67),
          (0.10, 0.6): (3, 1.67), (0.10, 0.7): (4, 1.98), (0.10, 0.8): (6, 2.47), (0.10, 0.9): (10, 3.43)}

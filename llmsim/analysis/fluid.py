@@ -42,7 +42,7 @@ eligibility rules (batches of one, sequences shorter than ``min_sequence_tokens`
 preemption, queue timeouts, the router's imbalance between replicas, and non-Poisson
 arrivals (the queueing terms assume Poisson). Static batching is not modelled.
 ``tests/test_analytic.py`` bounds the error against the simulator and
-``benchmarks/bench_analytic.py`` measures it; the README quotes it.
+``benchmarks/bench_analytic.py`` measures it; docs/accuracy/fluid-model.md quotes it.
 """
 from __future__ import annotations
 

@@ -70,6 +70,15 @@ def open_device(kind: str, threads: int) -> Device:
                   str(torch.__version__))
 
 
+def machine_name(kind: str) -> str:
+    """The model of this machine's ``kind`` of device ("cpu" or "cuda"), as a calibration records it
+    (a profile's ``machine``)."""
+    if kind == "cuda":
+        import torch
+        return torch.cuda.get_device_properties(0).name
+    return _cpu_model()
+
+
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

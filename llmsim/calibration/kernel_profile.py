@@ -28,14 +28,14 @@ FA3_PAPER = ("FlashAttention-3 (Shah et al., arXiv 2407.08608): FlashAttention-2
 HALF_LENGTH = ("assumption: prefill attention runs at half its long-sequence efficiency when a query sees 256 "
                "tokens (the published curves rise from 512 to 16k tokens); not measured here")
 DECODE_PER_SEQUENCE = ("assumption: about 1 us per sequence and layer, the fixed cost of paged decode attention at "
-                       "short contexts (block-table walk, split and merge of the online softmax) reported by issue 11 "
-                       "from measured kernels; not measured here")
+                       "short contexts (block-table walk, split and merge of the online softmax) estimated "
+                       "from measured kernel timings; not measured here")
 PER_SEQUENCE = ("assumption: 5 us per sampling sequence per iteration for sampling, detokenising and the scheduler's "
                 "per-sequence bookkeeping in a Python engine (vLLM V0/V1 class); not measured here")
 FP8_RATE = ("unverified: FP8 GEMMs as serving engines call them (torch._scaled_mm class kernels) reach about 1.5x "
             "the 16-bit rate on Hopper: a public cuBLASLt cross-check measured 8192^3 FP8 GEMMs at about 1,600 "
             "TFLOP/s with cuBLASLt and 1,170 TFLOP/s through torch._scaled_mm per H100, against about 780 TFLOP/s "
-            "for a 16-bit 8192^3 GEMM on the same die (shared/reference/hardware.md); so fp8 = 1.5 x the fitted "
+            "for a 16-bit 8192^3 GEMM on the same die (docs/reference/sources/hardware.md); so fp8 = 1.5 x the fitted "
             "16-bit rate")
 
 # What the measurements do not cover, per device tag: attention backends, FP8 and the step's growth.

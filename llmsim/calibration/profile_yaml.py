@@ -57,6 +57,7 @@ def profile_document(name: str, record: dict, fitted: dict, roofline: dict, gemm
         "name": name,
         "description": (f"{record['device_name']}, {record['platform']}: calibrated by llmsim calibrate on "
                         f"{' and '.join(record['dtypes'])} decode steps"),
+        "machine": record["device_name"],
         "peak_flops": peaks,
         "memory_capacity": figure(f"{record['memory_capacity_bytes'] / 1e9:.4g} GB",
                                   f"measured: {tag}: {memory_source}", "measured"),

@@ -83,6 +83,9 @@ class HardwareProfile:
     outer_tiers: tuple[MemoryTier, ...] = ()    # slower, larger memories beyond the primary one
     host_memory: HostMemory | None = None       # host memory for KV blocks (offload, swap), if the profile says
     calibration: dict = field(default_factory=dict, compare=False)   # how the efficiencies were measured
+    # A machine-specific profile (written by ``llmsim calibrate``): the CPU or GPU model it was measured on,
+    # as the operating system or driver names it. None: a chip's profile, meant for every machine with it.
+    machine: str | None = None
     # Measured kernel terms (floors, shape-aware GEMMs, collectives): None prices by the plain roofline.
     kernels: KernelTerms | None = None
     figures: dict[str, Figure] = field(default_factory=dict, compare=False)
@@ -155,6 +158,7 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
                                         exclusive_minimum=False) if eff.has("attention_half_context") else 0.0),
         efficiency_by_dtype=_efficiency_by_dtype(eff, peaks, figures, fraction),
         calibration=_calibration(node),
+        machine=node.string("machine", None),
         kernels=kernel_terms_from_node(node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures,
                                                                                        **limits)),
         memory_name=node.string("memory_name", "HBM"),

@@ -4,6 +4,7 @@ torch is imported only when a calibration or validation runs, never to build the
 """
 from __future__ import annotations
 
+import sys
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +14,7 @@ from tqdm import tqdm
 
 from llmsim.calibration.calibrate import DEFAULT_CPU_THREADS, calibrate, require_torch, validate
 from llmsim.calibration import operator_bench
+from llmsim.calibration.bench import machine_name
 from llmsim.calibration.design import DEVICE_DTYPES
 from llmsim.calibration.kernel_profile import calibrate_from_measurements, kernels_section, measured_source
 from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, attention_errors, error_table,
@@ -289,12 +291,25 @@ def _cmd_validate(args) -> int:
     if device != record["device"]:
         raise ConfigError(f"was calibrated on {record['device']}, not {device}", file=args.profile,
                           key="--device", value=device, allowed=record["device"])
+    require_torch()
+    warning = other_machine_warning(profile, machine_name(device))
+    if warning:
+        print(f"llmsim: warning: {warning}", file=sys.stderr)
     report = validate(profile, quick=args.quick, threads=args.threads or record["threads"], seed=args.seed)
     print(validation_summary(report))
     if args.plot:
         scatter(report, args.plot)
         print(f"\nwrote {args.plot}")
     return 0
+
+
+def other_machine_warning(profile, here: str) -> str | None:
+    """What to say when a machine-specific profile is validated on another machine (None: same machine,
+    or a chip's profile)."""
+    if profile.machine is None or profile.machine == here:
+        return None
+    return (f"{profile.name} is machine-specific: it was measured on {profile.machine}, and this machine is {here}. "
+            f"Its figures describe that machine, so expect large errors here; llmsim calibrate measures this one")
 
 
 def validation_summary(report: dict) -> str:

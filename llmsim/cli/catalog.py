@@ -108,4 +108,8 @@ def _cmd_hardware(args) -> int:
              "usd_per_hour": h.price_per_hour_usd, "file": Path(h.path).name if h.path else ""}
             for h in hardware_catalog().values()]
     print(pd.DataFrame(rows).to_string(index=False))
+    for profile in hardware_catalog().values():
+        if profile.machine is not None:
+            print(f"{profile.name}: machine-specific, measured on {profile.machine} by llmsim calibrate; "
+                  "on another machine, calibrate that one")
     return 0

@@ -11,13 +11,12 @@ from llmsim.cli.options import add_seeds_argument, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.plan import parse_rate
 from llmsim.cli.progress import Bar
-from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.report.build import (DEFAULT_PEAK_TO_MEAN, ReportBuilder, parse_growth, traffic_from_rate,
                                  traffic_from_trace)
 from llmsim.report.render import to_html, to_markdown
 from llmsim.search.plan import as_scenario, candidates
-from llmsim.workload.trace_formats import read_trace
+from llmsim.workload.trace_formats import load_trace
 
 FILES = ("report.html", "report.md")
 
@@ -52,7 +51,7 @@ def _cmd_report(args) -> int:
                           allowed="--trace FILE --growth 2x, or --target-rate for a rate")
     if args.trace is not None:
         path = Path(args.trace)
-        trace = read_trace(path, Node({"path": str(path)}, file=None), "path")   # any format, detected
+        trace = load_trace(path)   # any format, detected
         traffic = traffic_from_trace(trace, parse_growth(args.growth or "1"), str(path))
     else:
         rate = parse_rate(args.target_rate) if args.target_rate is not None else scenario.workload.arrival.rate_per_s

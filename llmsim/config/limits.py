@@ -1,4 +1,4 @@
-"""The documented limits on what llmsim reads, in one place (the README's "Limits on input" table).
+"""The documented limits on what llmsim reads, in one place (the table of docs/reference/input-limits.md).
 
 Every file the tool reads passes :func:`llmsim.config.reader.read_text` (size and encoding),
 every YAML file :func:`llmsim.config.reader.load_yaml` (nesting and alias expansion), and

@@ -1,8 +1,8 @@
 """A scenario: one deployment under one workload, read from YAML and validated once.
 
 Everything downstream (engine, metrics, reports) receives these dataclasses and
-never sees YAML. See ``scenarios/`` for annotated examples and the README for
-every key.
+never sees YAML. See ``scenarios/`` for annotated examples and docs/reference/scenario.md
+(generated from this reader) for every key.
 """
 from __future__ import annotations
 

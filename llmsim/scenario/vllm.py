@@ -174,7 +174,7 @@ def refuse_unmodelled(engine: Node) -> None:
         name = str(key).replace("-", "_")
         if name in NOT_MODELLED:
             raise engine.key_error(str(key), f"vLLM's {name} is not modelled by llmsim ({NOT_MODELLED[name]})",
-                                   engine.data[key], "remove it; the README's vLLM vocabulary lists what is modelled")
+                                   engine.data[key], "remove it; docs/guides/vllm.md lists what is modelled")
 
 
 def parse_vllm_args(text: str) -> list[tuple[str, str | None, str]]:

@@ -77,6 +77,12 @@ def row_error(path: Path, line: int, column: str, value: object, allowed: str, m
     return ConfigError(message, file=str(path), key=f"line {line}, column {column}", value=value, allowed=allowed)
 
 
+def load_trace(path: str | Path, fmt: str = "auto") -> Trace:
+    """A trace file in any format llmsim reads (``auto``: detected from the file), read and checked as
+    ``llmsim report --trace`` reads it; bad content is a ConfigError naming the file, line and column."""
+    return read_trace(Path(path), Node({"path": str(path)}), "path", fmt)
+
+
 def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer: Path | None = None,
                chars_per_token: float | None = None) -> Trace:
     """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected).
