@@ -44,14 +44,38 @@ def test_guaranteed_no_evict_reserves_every_full_length_and_never_preempts():
 
 
 def test_max_utilization_holds_back_prompts_that_do_not_fit_whole():
-    """A request joins only when its whole prompt's blocks are free (vLLM needs only its first chunk's): on
-    the same trace every request finishes, with no more running at once and no more preemptions than vLLM."""
+    """A request joins only when its whole prompt's blocks are free. vLLM asks for more: the rest of its prompt
+    beside what the running prompts still need, plus the watermark. On the same trace every request
+    finishes, and vLLM's stricter test preempts no more often."""
     result, vllm = run("max_utilization"), run("preempt")
     assert (result.requests["status"] == "finished").all()
-    assert result.iterations["running"].mean() <= vllm.iterations["running"].mean()
-    assert result.preemptions <= vllm.preemptions
+    assert vllm.preemptions <= result.preemptions
 
 
 def test_an_unknown_admission_mode_is_a_config_error():
     with pytest.raises(ConfigError, match=r"engine\.admission.*guaranteed_no_evict"):
         make_scenario({"engine": {"admission": "greedy"}})
+
+
+def test_long_prompts_under_a_tight_cache_are_not_preempted_over_and_over():
+    """The reported thrash: 20,000-token prompts on a cache of a few of them. vLLM admits a prompt only when
+    the rest of it fits beside what the running prompts still need, with its watermark spare, so at most
+    k = floor((blocks - watermark) / prompt blocks) requests ever run at once (the k-th needs its prompt's
+    blocks + the watermark free while the others hold at least theirs). When k whole requests (prompt +
+    output) fit the cache, no running request can ever lack a block: nothing is preempted and every prompt
+    is computed exactly once. (Admitting on the first chunk's blocks alone, each prompt was preempted and
+    recomputed hundreds of times here.)"""
+    prompt, output = 20_000, 2_000
+    scenario = make_scenario({"engine": {"memory_utilization": 0.35, "max_model_len": prompt + output},
+                              "workload": {"arrival": {"rate": 2.0}, "num_requests": 40, "prompt_tokens": prompt,
+                                           "output_tokens": output}, "simulation": {"horizon": "3000 s"}})
+    blocks, block_size = scenario.memory.num_blocks, scenario.engine.block_size
+    watermark = int(0.01 * blocks)
+    prompt_blocks, whole_blocks = -(-prompt // block_size), -(-(prompt + output) // block_size)
+    at_once = (blocks - watermark) // prompt_blocks
+    assert at_once >= 2 and at_once * whole_blocks <= blocks < (at_once + 1) * prompt_blocks + watermark
+    result = simulate(scenario)
+    assert result.preemptions == 0
+    assert (result.requests["status"] == "finished").all()
+    assert result.iterations["prefill_tokens"].sum() == result.requests["prompt_tokens"].sum()
+    assert result.iterations["running"].max() == at_once

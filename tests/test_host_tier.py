@@ -180,7 +180,7 @@ def test_offloads_refused_by_a_host_tier_full_of_swapped_kv_are_counted_and_repo
 
 
 FULL_HOST_TIER = {"engine": {"prefix_caching": True, "preemption_mode": "swap", "memory_utilization": 0.25,
-                              "max_model_len": 8192, "cpu_offload": {"idle_timeout": "50 ms", "capacity": "0.1 GB"}},
+                              "max_model_len": 8192, "cpu_offload": {"idle_timeout": "10 ms", "capacity": "0.1 GB"}},
                    "workload": {"arrival": {"rate": 30.0}, "num_requests": 300}}
 
 

@@ -81,7 +81,8 @@ def test_mla_reads_the_compressed_kv_cache():
     """Decode attention reads kv_lora_rank + qk_rope_head_dim cached elements per token per layer (the
     latent and the shared RoPE key, DeepSeek-V2 paper section 2.1), 16-bit: 61 x 576 x 2 bytes per token."""
     x = CostModel(V3, lookup_hardware("H100-SXM")).features([], [], [10_000])
-    kv = LAYERS * work_coefficients(V3).layer_bytes["kv"][LAYER_OPS.index("attention_decode")] @ x
+    kv_bytes = work_coefficients(V3).layer_bytes["kv"]
+    kv = LAYERS * (kv_bytes[LAYER_OPS.index("attention_decode")] + kv_bytes[LAYER_OPS.index("kv_write")]) @ x
     assert kv == pytest.approx(LAYERS * (KV_LORA + ROPE) * 2 * (10_001 + 1), rel=1e-12)    # read c + 1, write 1
 
 

@@ -13,10 +13,12 @@ import yaml
 from llmsim import simulate
 from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
-from llmsim.cost.features import F
+from llmsim.catalog.models import model_catalog
+from llmsim.cost.features import F, batch_features
 from llmsim.cost.roofline import CostModel
 from llmsim.sim.speculative_kernels import tree_extras
 from llmsim.speculation.config import Acceptance
+from llmsim.speculation.proposers import NGRAM_CPU_S_PER_CONTEXT_TOKEN, NgramCost
 from llmsim.workload.generate import generate_trace
 
 from .helpers import make_scenario, roofline_only
@@ -156,7 +158,8 @@ def ngram_runs(rate: float):
     base = {**NGRAM_BASE, "workload": {**NGRAM_BASE["workload"], "arrival": {"process": "poisson", "rate": rate}}}
     plain = roofline(make_scenario(base))
     trace = generate_trace(plain.workload, plain.seed)
-    spec = {"draft": "ngram", "k": 4, "acceptance": {"alpha": 0.6}, "ngram_cpu_per_sequence": f"{CPU_S * 1e6:g} us"}
+    spec = {"draft": "ngram", "k": 4, "acceptance": {"alpha": 0.6}, "ngram_cpu_per_sequence": f"{CPU_S * 1e6:g} us",
+            "ngram_cpu_per_context_token": "0 s"}
     return plain, simulate(plain, trace), simulate(roofline(make_scenario({**base, "speculation": spec})), trace)
 
 
@@ -284,3 +287,15 @@ def test_the_draft_prefills_each_chunk_of_a_long_prompt_with_the_target():
     assert chunks["draft_s"].iloc[1] > first                     # the same chunk size over 2,048 cached tokens
     assert result.requests["status"].eq("finished").all()
     assert summarize(result).to_dict()["speculation"]["blocked_share"]["speculated"] > 0.8
+
+
+def test_the_ngram_lookup_costs_a_scan_of_every_speculating_context():
+    """vLLM's lookup scans each sequence's context once a step: CPU time = sequences x per-sequence cost +
+    tokens scanned x per-token cost, linear in both (the default per-token figure is PR 56732's measured
+    70.28 ms for 512 sequences of 129,536 tokens on one thread)."""
+    model = model_catalog()["Llama-3.1-8B"]
+    lookup = NgramCost(20e-6, NGRAM_CPU_S_PER_CONTEXT_TOKEN)
+    contexts = np.array([100, 4_000, 30_000])
+    row = batch_features([], [], contexts, 0, model)
+    expected = 3 * 20e-6 + (contexts + 1).sum() * NGRAM_CPU_S_PER_CONTEXT_TOKEN     # each attends to itself too
+    assert float(lookup.iteration(row)[0]) == pytest.approx(expected, rel=1e-12)

@@ -24,7 +24,7 @@ WINDOW = MISTRAL.sliding_window
 GEMMA2_LIKE = replace(MISTRAL, sliding_window_layers=16)     # every other layer local
 GEMMA3_LIKE = replace(MISTRAL, sliding_window_layers=27)     # 27 local, 5 global
 GLOBAL = replace(MISTRAL, sliding_window=None)
-DECODE, PREFILL = LAYER_OPS.index("attention_decode"), LAYER_OPS.index("attention_prefill")
+DECODE, PREFILL, KV_WRITE = (LAYER_OPS.index(op) for op in ("attention_decode", "attention_prefill", "kv_write"))
 
 
 def kv_bytes(model, x):
@@ -41,7 +41,7 @@ def test_decode_kv_bytes_are_global_context_plus_local_window(model):
         x = batch_features([], [], [context] * 3, 0, model)
         reads = context + 1                              # the new token attends to its own key too
         expected = 3 * (n_global * reads + n_local * min(reads, WINDOW) + model.num_layers) * per_layer   # + writes
-        assert kv_bytes(model, x)[DECODE] == pytest.approx(expected, rel=1e-12)
+        assert kv_bytes(model, x)[[DECODE, KV_WRITE]].sum() == pytest.approx(expected, rel=1e-12)
 
 
 def test_prefill_attention_flops_and_kv_reads_by_layer_kind():
@@ -54,7 +54,7 @@ def test_prefill_attention_flops_and_kv_reads_by_layer_kind():
     assert flops == pytest.approx(4 * model.q_dim * (n_global * pairs_global + n_local * pairs_local), rel=1e-12)
     reads = (n_global * (cached + new) + n_local * (WINDOW + new) + model.num_layers * new) \
         * model.kv_bytes_per_token_per_layer
-    assert kv_bytes(model, x)[PREFILL] == pytest.approx(reads, rel=1e-12)
+    assert kv_bytes(model, x)[[PREFILL, KV_WRITE]].sum() == pytest.approx(reads, rel=1e-12)
 
 
 @pytest.mark.parametrize("share", [1.0, 0.5], ids=["every-layer", "half-the-layers"])

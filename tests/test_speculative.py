@@ -18,6 +18,7 @@ from llmsim.analysis.metrics import summarize
 from llmsim.cost.roofline import CostModel
 from llmsim.cli.main import main
 from llmsim.speculation.config import hashed_uniforms
+from llmsim.speculation.proposers import NGRAM_CPU_S_PER_CONTEXT_TOKEN
 
 from .helpers import REPO, make_scenario, roofline_only, simulate_checked
 
@@ -447,13 +448,18 @@ def test_a_bad_replayed_length_is_named_with_its_row_and_value(tmp_path, capsys)
 
 
 # -- draft variants --------------------------------------------------------------------------------
-def test_ngram_speculator_costs_nothing_and_takes_no_memory():
+def test_ngram_speculator_takes_no_memory_and_costs_only_its_cpu_lookup():
+    """No draft model, no KV; its draft time is the lookup's CPU scan: above zero whenever sequences
+    speculate, and at most every speculating sequence's longest possible context at the per-token figure."""
     plain = make_scenario({"model": "Llama-3.1-8B"})
     ngram = h100_8b(10.0, 3, draft="ngram")
     assert ngram.speculation.draft is None
     assert ngram.memory.kv_capacity_tokens == plain.memory.kv_capacity_tokens
     it = simulate_checked(ngram).iterations
-    assert it["spec_seqs"].sum() > 0 and (it["draft_s"] == 0).all()
+    spec = it["spec_seqs"] > 0
+    assert spec.any() and (it.loc[~spec, "draft_s"] == 0).all() and (it.loc[spec, "draft_s"] > 0).all()
+    longest = ngram.workload.prompt_tokens.maximum + ngram.workload.output_tokens.maximum
+    assert (it["draft_s"] <= it["spec_seqs"] * longest * NGRAM_CPU_S_PER_CONTEXT_TOKEN).all()
 
 
 @pytest.mark.slow

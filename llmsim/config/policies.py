@@ -50,7 +50,7 @@ class PreemptionMode(Choice):
 
 
 class Admission(Choice):
-    """What a request needs free in the KV cache to join the batch (:mod:`llmsim.sim.admission`)."""
+    """What a request needs free in the KV cache to join the batch (``llmsim.sim.engine.ADMISSION_TESTS``)."""
     PREEMPT = "preempt"
     MAX_UTILIZATION = "max_utilization"
     GUARANTEED_NO_EVICT = "guaranteed_no_evict"

@@ -289,6 +289,11 @@ def decode_seqs_of(x: np.ndarray):
     return x[..., F["decode_seqs"]]
 
 
+def decode_kv_read_of(x: np.ndarray):
+    """Context tokens the decoding sequences of an iteration (or rows of them) read."""
+    return x[..., F["decode_kv_read"]]
+
+
 # -- from sequence lengths ---------------------------------------------------------------------------
 
 def batch_features(prefill_new, prefill_context, decode_context, prefill_logits: int,

@@ -6,8 +6,10 @@ takes ``max(FLOPs / effective peak, bytes / effective bandwidth)``: weights are
 read once per iteration, each sequence's KV cache once per layer. Tensor
 parallelism splits weights, heads and FLOPs over ``tp`` devices and adds two
 all-reduces of the hidden state per layer; pipeline parallelism runs the layers
-as ``pp`` stages in sequence with an activation hop between stages. Fixed
-per-step and per-layer overheads stand for scheduling, sampling and launches.
+as ``pp`` stages in sequence with an activation hop between stages. Every computed
+position writes its KV (an operator of its own, bytes over bandwidth, beside attention) and
+every sampled row streams the vocabulary's logits (``sampling``). Fixed per-step and
+per-layer overheads stand for the engine's CPU work and launches (:meth:`CostModel.host_time_s`).
 
 A profile with measured kernel terms (``kernels:``, see :mod:`llmsim.catalog.kernel_terms`)
 prices GEMMs by a smooth maximum of their memory and compute times plus a launch floor,
@@ -249,6 +251,14 @@ class CostModel:
             vector[F["one"]] += (self.pp - 1) * hw.interconnect_latency_s
             vector[F["tokens"]] += (self.pp - 1) * hidden_bytes / link
         return vector
+
+    def host_time_s(self, sampled: int) -> float:
+        """The part of an iteration's time that is the engine's CPU work (scheduling, input preparation,
+        output processing: the profile's per-step overhead and, with kernel terms, its per-sampled-sequence
+        one) for ``sampled`` sequences sampled. With asynchronous scheduling it overlaps the GPU's previous
+        step (:class:`~llmsim.sim.engine.Engine`)."""
+        kernels = self.hardware.kernels
+        return self.hardware.per_step_overhead_s + (kernels.step_overhead_per_sequence_s * sampled if kernels else 0.0)
 
     # -- the cost of a batch ------------------------------------------------------------------
     def features(self, prefill_new=(), prefill_context=(), decode_context=(), prefill_logits=None):

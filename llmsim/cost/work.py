@@ -20,9 +20,14 @@ import numpy as np
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import FEATURES, F, batch_features
 
-LAYER_OPS = ("qkv", "attention_prefill", "attention_decode", "out_proj", "mlp", "elementwise")
+LAYER_OPS = ("qkv", "attention_prefill", "attention_decode", "out_proj", "mlp", "elementwise", "kv_write")
 ATTENTION_OPS = ("attention_prefill", "attention_decode")
-MODEL_OPS = ("embedding", "lm_head")
+MODEL_OPS = ("embedding", "lm_head", "sampling")
+# Sampling reads and writes the fp32 logits of every sampled row over the whole vocabulary (each rank samples
+# the gathered row): temperature (read, write), softmax (read, write) and one top-k/top-p draw (read), five
+# passes of 4 bytes. An assumption from the shape of vLLM's sampler (FlashInfer or PyTorch top-k/top-p), not
+# a measurement; memory-bound, it costs bytes / bandwidth.
+SAMPLING_BYTES_PER_VOCAB_ENTRY = 5 * 4
 BYTE_KINDS = ("weights", "kv", "activations")   # what is read, and so from which memory tier
 
 
@@ -56,7 +61,7 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
 
     lf = np.zeros((len(LAYER_OPS), len(FEATURES)))
     lw, lk, la = (np.zeros_like(lf) for _ in BYTE_KINDS)
-    qkv, ap, ad, out, mlp, elem = range(len(LAYER_OPS))
+    qkv, ap, ad, out, mlp, elem, kv_write = range(len(LAYER_OPS))
     qkv_params = m.qkv_params / tp
     if m.is_mla and tp > 1:
         # MLA's down-projections (the latent's, and the query's with q_lora_rank) are replicated on every rank.
@@ -67,11 +72,9 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
     la[qkv, F["tokens"]] = (hidden + qkv_out) * ab
     lf[ap, F["prefill_pairs"]] = prefill_pair_flops
     lk[ap, F["prefill_kv_read"]] = kv_token_bytes
-    lk[ap, F["prefill_tokens"]] = kv_token_bytes          # new KV written
     la[ap, F["prefill_tokens"]] = 2 * q_dim * ab          # Q in, O out
     lf[ad, F["decode_kv_read"]] = decode_pair_flops
     lk[ad, F["decode_kv_read"]] = kv_token_bytes
-    lk[ad, F["decode_seqs"]] = kv_token_bytes
     la[ad, F["decode_seqs"]] = 2 * q_dim * ab
     lf[out, F["tokens"]] = 2 * m.out_proj_params / tp
     lw[out, F["one"]] = m.out_proj_params / tp * wb
@@ -82,17 +85,21 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
     lw[mlp, F["one"]] = (m.router_params + always_on) * wb * sparse + m.dense_mlp_params / tp * wb * dense
     lw[mlp, F["experts_touched"]] = m.expert_params / tp * m.expert_bytes_per_param * sparse
     la[mlp, F["tokens"]] = k * (2 * hidden + 3 * inter) * ab
+    # Every computed position writes its K and V into the paged cache (vLLM's reshape_and_cache, a kernel of its
+    # own before attention): bytes / bandwidth on top of attention, not hidden inside its max.
+    lk[kv_write, F["tokens"]] = kv_token_bytes
     # Two RMSNorms and two residual adds, each reading and writing the hidden state.
     lf[elem, F["tokens"]] = 10 * hidden
     la[elem, F["tokens"]] = 8 * hidden * ab
 
     mf = np.zeros((len(MODEL_OPS), len(FEATURES)))
     mw, mk, ma = (np.zeros_like(mf) for _ in BYTE_KINDS)
-    embedding, lm_head = range(len(MODEL_OPS))
+    embedding, lm_head, sampling = range(len(MODEL_OPS))
     ma[embedding, F["tokens"]] = 2 * hidden * ab
     mf[lm_head, F["logit_tokens"]] = 2 * hidden * m.vocab_size / tp
     mw[lm_head, F["one"]] = hidden * m.vocab_size / tp * m.embedding_bytes_per_param
     ma[lm_head, F["logit_tokens"]] = (hidden * ab + 4 * m.vocab_size / tp)  # fp32 logits out
+    ma[sampling, F["logit_tokens"]] = SAMPLING_BYTES_PER_VOCAB_ENTRY * m.vocab_size
     return WorkCoefficients(lf, dict(zip(BYTE_KINDS, (lw, lk, la))), mf, dict(zip(BYTE_KINDS, (mw, mk, ma))))
 
 

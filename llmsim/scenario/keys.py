@@ -188,6 +188,8 @@ KEY_HELP: dict[str, str] = {
                                "max_num_batched_tokens); at least max_num_seqs",
     "engine.chunked_prefill": "prompts are prefilled in chunks beside decoding sequences; false: prefill-first, "
                               "prefill-only iterations (vLLM V0)",
+    "engine.async_scheduling": "the CPU part of a step (scheduling, input preparation) overlaps the previous "
+                               "GPU step, as vLLM's --async-scheduling does; a step after an idle engine pays both",
     "engine.block_size": "tokens per KV-cache block (vLLM's default is 16; it is used whenever vLLM flags or "
                          "`defaults: vllm` are given)",
     "engine.memory_utilization": "the fraction of device memory for weights, activations and KV cache (vLLM "
@@ -202,8 +204,9 @@ KEY_HELP: dict[str, str] = {
                        "the primary one",
     "engine.scheduling_policy": "who joins the batch next when the workload has traffic classes (see the traffic "
                                 "classes guide); anything but fcfs needs workload.classes",
-    "engine.admission": "how requests are admitted against the KV cache: vLLM's (blocks for the first chunk, "
-                        "preempt and recompute when out), TensorRT-LLM's MAX_UTILIZATION (blocks for the whole "
+    "engine.admission": "how requests are admitted against the KV cache: vLLM's (a prompt joins when the rest "
+                        "of it fits beside what running prompts still need, above a 1% watermark; preempt the "
+                        "latest and recompute when out), TensorRT-LLM's MAX_UTILIZATION (blocks for the whole "
                         "prompt) or GUARANTEED_NO_EVICT (prompt + output reserved up front, never evicts)",
     "engine.prefix_caching": "reuse the KV blocks of shared prompt prefixes (vLLM enable_prefix_caching)",
     "engine.preemption_mode": "what a preempted sequence does: recompute its KV later, or swap it to host memory "
@@ -320,6 +323,8 @@ KEY_HELP: dict[str, str] = {
     "speculation.tree_branching": "verify a b-ary tree of candidates k levels deep (1: a chain)",
     "speculation.ngram_cpu_per_sequence": "CPU time per speculating sequence for n-gram lookup, serial with the "
                                           "GPU step",
+    "speculation.ngram_cpu_per_context_token": "CPU time of the n-gram lookup per context token scanned "
+                                               "(single-threaded, measured in vLLM: 1.06 ns), serial with the GPU step",
     "speculation.allow_missing_mtp": "allow `draft: mtp` on a target whose checkpoint ships no MTP module (one you "
                                      "trained)",
     "speculation.allow_different_vocabulary": "allow a draft with another vocabulary",

@@ -67,10 +67,11 @@ class EngineConfig:
     on_timeout: OnTimeout = OnTimeout.DISPATCH
     kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
     scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS      # with traffic classes: llmsim.sim.scheduling
-    admission: Admission = Admission.PREEMPT           # see llmsim.sim.admission
+    admission: Admission = Admission.PREEMPT           # see llmsim.sim.engine.ADMISSION_TESTS
     prefix_caching: bool = False         # vLLM enable_prefix_caching: reuse cached blocks of shared prefixes
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE   # vLLM preemption_mode: or swap to host memory
     cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
+    async_scheduling: bool = False       # vLLM --async-scheduling: the step's CPU work overlaps the previous step
 
     def __post_init__(self):
         members_of(self, batching=Batching, on_timeout=OnTimeout, scheduling_policy=SchedulingPolicy,
@@ -266,7 +267,8 @@ def scenario_from_node(root: Node) -> Scenario:
         prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
         preemption_mode=PreemptionMode(eng.choice("preemption_mode", PreemptionMode.names(),
                                                   ENGINE.preemption_mode)),
-        cpu_offload=_cpu_offload(eng))
+        cpu_offload=_cpu_offload(eng),
+        async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling))
     _check_kv_tiers(eng, engine, hardware)
     if router is RouterPolicy.PREFIX_AWARE and not engine.prefix_caching:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,

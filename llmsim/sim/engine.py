@@ -11,13 +11,15 @@ per iteration, never per token per request. A replica with ``pp`` pipeline stage
 Continuous batching (Orca, vLLM) works as vLLM's V1 scheduler does: running
 sequences decode first; chunked prefill fills the rest of the token budget
 ``max_batch_tokens``; new requests join from the queue while there is budget, a free
-sequence slot (``max_num_seqs``) and KV blocks for their first chunk. Without chunked
+sequence slot (``max_num_seqs``) and KV room (see ``engine.admission``). Without chunked
 prefill the engine alternates, prefill-first, between prefill-only and decode-only
 iterations (vLLM V0). When the KV cache runs out, the most recently admitted sequence
 is preempted and later recomputed (its prefill target becomes prompt + generated), or,
 with swap preemption, resumes from its KV copied back from host memory.
-``engine.admission`` chooses what a request needs free to be admitted: blocks for its first
-chunk (``preempt``, vLLM), for its whole prompt (``max_utilization``, TensorRT-LLM's
+``engine.admission`` chooses what a request needs free to be admitted: blocks for the rest of its
+prompt beside what the running prompts still need, above vLLM's watermark (``preempt``: a prompt that
+cannot finish beside them waits instead of taking a chunk's blocks, being preempted and recomputed over
+and over), for its whole prompt (``max_utilization``, TensorRT-LLM's
 MAX_UTILIZATION, which then pauses and recomputes as vLLM does), or for its whole length,
 prompt plus output, net of what every running request still has reserved
 (``guaranteed_no_evict``, TensorRT-LLM's GUARANTEED_NO_EVICT: nothing is ever preempted). A
@@ -55,6 +57,11 @@ from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, WaitingQueue
 
 Observer = Callable[["Engine", Iteration], None]
+
+# vLLM's block-manager watermark: the share of KV blocks a new prompt must leave free to be admitted
+# (vLLM ``BlockSpaceManager(watermark=0.01)``, ``watermark_blocks = int(watermark * num_gpu_blocks)``), so
+# that running sequences keep room to grow and a just-admitted prompt is not preempted at once.
+VLLM_WATERMARK = 0.01
 
 
 def rejects_on_timeout(config: EngineConfig) -> bool:
@@ -191,6 +198,18 @@ class Queueing:
         """``request`` left the batch: finished or preempted."""
 
 
+def _room_beside_running_prompts(engine: Engine, request: Request) -> bool:
+    """vLLM: the blocks the whole prompt still needs fit beside what the prompts already running still
+    need, leaving the watermark free (vLLM's block manager admits a prompt only when
+    ``free - needed >= watermark``); an empty engine takes it whatever its length."""
+    if not engine.running:
+        return True
+    kv = engine.kv
+    needed = kv.blocks_for(request.prefill_target) - kv.blocks_for(request.prefilled)
+    pending = sum(kv.blocks_for(r.prefill_target) - r.blocks for r in engine.prefilling)
+    return needed <= kv.free_blocks - pending - engine.watermark_blocks
+
+
 def _whole_prompt_free(engine: Engine, request: Request) -> bool:
     """TensorRT-LLM's MAX_UTILIZATION: the whole prompt's blocks are free."""
     kv = engine.kv
@@ -206,10 +225,12 @@ def _whole_length_reserved(engine: Engine, request: Request) -> bool:
     return kv.blocks_for(request.prompt_tokens + request.output_tokens) <= kv.free_blocks - reserved
 
 
-# What a request needs free in the KV cache to join, beyond its first chunk's blocks (None: nothing more).
-ADMISSION_TESTS: dict[Admission, Callable[[Engine, Request], bool] | None] = {
-    Admission.PREEMPT: None, Admission.MAX_UTILIZATION: _whole_prompt_free,
+# What a request needs free in the KV cache to join, beyond its first chunk's blocks.
+ADMISSION_TESTS: dict[Admission, Callable[[Engine, Request], bool]] = {
+    Admission.PREEMPT: _room_beside_running_prompts, Admission.MAX_UTILIZATION: _whole_prompt_free,
     Admission.GUARANTEED_NO_EVICT: _whole_length_reserved}
+# The admissions whose test a request forced in by its queue timeout skips (vLLM: it takes its first chunk).
+FORCED_SKIP_TEST = frozenset({Admission.PREEMPT})
 
 
 class Engine(EngineProcess):
@@ -234,6 +255,7 @@ class Engine(EngineProcess):
         self._admitted = 0
         self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
         self._tiered = kv.tiered
+        self.watermark_blocks = int(VLLM_WATERMARK * kv.num_blocks)
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
         self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
@@ -241,11 +263,14 @@ class Engine(EngineProcess):
         self.decode = decode(self)
         self.queueing = queueing(self)
         self._admission = ADMISSION_TESTS[config.admission]
+        self._forced_skips_test = config.admission in FORCED_SKIP_TEST
         self._expires = self.queueing.rejects_on_timeout()
         self._makes_room = self.queueing.preempts_for_waiting
         self._tracks_seats = self.queueing.tracks_seats
         self._admit = self.queueing.admit
         self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
+        self._async = config.async_scheduling
+        self._last_end_s = -1.0                     # when the last iteration scheduled ends
         self.start()
 
     def _resume(self) -> None:
@@ -325,13 +350,24 @@ class Engine(EngineProcess):
         sums = prefill_sums(chunks, self._window, self._local_share)
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
+        if self._async:
+            duration = self._overlap_host(now, duration, n + sums[3])
         if self._tiered:
             duration = self.kv.charge(now, duration)
+        self._last_end_s = now + duration
         iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
                                    self.kv.used_blocks, len(self.running), len(self.queue), n_spec, proposed,
                                    accepted, draft_s, chunks, decoding))
         self.log.append(iteration)
         return iteration
+
+    def _overlap_host(self, now: float, duration: float, sampled: int) -> float:
+        """Asynchronous scheduling (vLLM ``--async-scheduling``): the CPU prepares this step while the GPU
+        runs the previous one, so a step that follows another at once takes the longer of its GPU and CPU
+        parts. A step after the engine idled has nothing to hide its CPU work behind and pays both: the
+        scheduling gap an online server pays at every wake-up and an offline run only at its start."""
+        host_s = self.cost.host_time_s(sampled)
+        return max(duration - host_s, host_s) if now == self._last_end_s else duration
 
     def apply(self, iteration: Iteration) -> None:
         """The iteration is over at ``self.now``: its decode tokens and prompt chunks are done."""
@@ -399,7 +435,9 @@ class Engine(EngineProcess):
         chunk = min(todo, limit) if cfg.chunked_prefill else todo
         if chunk <= 0 or chunk > limit:
             return 0
-        if self._admission is not None and not self._admission(self, request):
+        # A request forced in by its queue timeout takes only its first chunk's blocks under vLLM's admission
+        # (it may be preempted later like any other); TensorRT-LLM's tests hold for it as for every request.
+        if not (forced and self._forced_skips_test) and not self._admission(self, request):
             return 0
         return chunk if self._take_blocks(request, chunk, now) else 0
 

@@ -47,7 +47,8 @@ from llmsim.workload.trace import read_csv
 from llmsim.catalog.models import ModelSpec
 from llmsim.speculation.acceptance_model import WORKLOADS, Estimate, default_model
 from llmsim.speculation.kernels import accepted_prefixes, replayed_prefixes
-from llmsim.speculation.proposers import EAGLE, HEAD_KINDS, KINDS, MEDUSA, MODEL, MTP, NGRAM, Proposer, head_spec
+from llmsim.speculation.proposers import (EAGLE, HEAD_KINDS, KINDS, MEDUSA, MODEL, MTP, NGRAM,
+                                          NGRAM_CPU_S_PER_CONTEXT_TOKEN, Proposer, head_spec)
 
 PROCESSES = ("bernoulli", "beta", "positional", "replay", "predicted")
 SCOPES = ("per_request", "per_batch")
@@ -292,7 +293,8 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
 
 def _proposer(node: Node, target: ModelSpec, read_model) -> tuple[Proposer, ModelSpec | None]:
     """``draft:`` (a model, ``ngram``, ``eagle``, ``mtp`` or ``medusa``) with its own keys:
-    ``heads`` (Medusa), ``tree_branching`` (all but n-gram), ``ngram_cpu_per_sequence`` (n-gram),
+    ``heads`` (Medusa), ``tree_branching`` (all but n-gram), ``ngram_cpu_per_sequence`` and
+    ``ngram_cpu_per_context_token`` (n-gram),
     and the checks that the target can verify the draft's tokens (``allow_larger_draft``,
     ``allow_different_vocabulary`` waive them) and, for ``mtp``, ships the module (``allow_missing_mtp``)."""
     raw = node.raw("draft")
@@ -302,7 +304,9 @@ def _proposer(node: Node, target: ModelSpec, read_model) -> tuple[Proposer, Mode
     if kind != NGRAM:
         branching = node.number("tree_branching", 1, integer=True, minimum=1)
     cpu_s = node.quantity("ngram_cpu_per_sequence", "duration", 0.0, exclusive_minimum=False) if kind == NGRAM else 0.0
-    proposer = Proposer(kind, heads, branching, cpu_s)
+    per_token_s = (node.quantity("ngram_cpu_per_context_token", "duration", NGRAM_CPU_S_PER_CONTEXT_TOKEN,
+                                 exclusive_minimum=False) if kind == NGRAM else 0.0)
+    proposer = Proposer(kind, heads, branching, cpu_s, per_token_s)
     if kind == NGRAM:
         return proposer, None
     allow_missing_mtp = node.boolean("allow_missing_mtp", False) if kind == MTP else False

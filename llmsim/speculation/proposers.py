@@ -18,8 +18,10 @@ candidates, ``branching`` children under every node, ``k`` levels deep. Kinds:
   blocks (h x h) each with its own LM head (h x vocab), all run once per step in parallel
   on the target's last hidden state: the draft costs one pass whatever ``k`` (k <= heads);
 - ``ngram``: prompt lookup (Saxena 2023; vLLM's ``ngram`` method): no model, no memory;
-  the search runs on the CPU between steps, ``cpu_s_per_sequence`` per speculating
-  sequence, serially with the GPU step (it is on the scheduler's critical path).
+  the search runs on the CPU between steps, serially with the GPU step (it is on the
+  scheduler's critical path): ``cpu_s_per_sequence`` per speculating sequence plus
+  ``cpu_s_per_context_token`` per token of its context, which the lookup scans
+  (:data:`NGRAM_CPU_S_PER_CONTEXT_TOKEN`).
 
 Heads live on the target's devices; only a ``model`` draft may have devices of its own.
 
@@ -34,12 +36,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import attention_pairs, decode_seqs_of
+from llmsim.cost.features import attention_pairs, decode_kv_read_of, decode_seqs_of
 from llmsim.cost.roofline import CostModel
 
 MODEL, NGRAM, EAGLE, MTP, MEDUSA = "model", "ngram", "eagle", "mtp", "medusa"
 HEAD_KINDS = (EAGLE, MTP, MEDUSA)
 KINDS = (MODEL, NGRAM) + HEAD_KINDS
+# vLLM's n-gram lookup scans each speculating sequence's whole context on the CPU every step. Measured:
+# 512 sequences x 129,536 tokens (66.3M tokens scanned per step) took 70.28 ms on one thread per rank
+# (vLLM main, 4x H100 host; vllm-project/vllm PR 56732, "Add Tensor Parallel Ngram-CPU decoding"):
+# 1.06 ns per context token. With 8 threads (vLLM's cap, PR 24986, when the host has the cores) it was
+# 9.95 ms, 0.15 ns per token: set ``ngram_cpu_per_context_token`` to that for such a host.
+NGRAM_CPU_S_PER_CONTEXT_TOKEN = 70.28e-3 / (512 * 129_536)
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,7 @@ class Proposer:
     heads: int = 0                       # medusa: how many heads (the longest draft)
     branching: int = 1                   # children per tree node; 1 is a chain
     cpu_s_per_sequence: float = 0.0      # ngram: CPU search time per speculating sequence per step
+    cpu_s_per_context_token: float = NGRAM_CPU_S_PER_CONTEXT_TOKEN   # ngram: and per token of its context
 
     @property
     def max_k(self) -> int | None:
@@ -173,17 +182,19 @@ class MedusaCost:
 
 
 class NgramCost:
-    """The CPU time of an n-gram search: ``cpu_s_per_sequence`` per sequence that drafts, once
-    per step, whatever k (the lookup returns up to k tokens at once). No FLOPs or bytes on the
-    accelerator. Takes rows as :class:`MedusaCost` does (one a step)."""
+    """The CPU time of an n-gram search, once per step, whatever k (the lookup returns up to k tokens at
+    once): ``cpu_s_per_sequence`` per sequence that drafts plus ``cpu_s_per_context_token`` per token of
+    the contexts it scans (the rows' decode KV read: with a sliding window, the window, which under-counts
+    the lookup). No FLOPs or bytes on the accelerator. Takes rows as :class:`MedusaCost` does (one a step)."""
 
     model = None
 
-    def __init__(self, cpu_s_per_sequence: float):
-        self.cpu_s_per_sequence = cpu_s_per_sequence
+    def __init__(self, cpu_s_per_sequence: float, cpu_s_per_context_token: float):
+        self.cpu_s_per_sequence, self.cpu_s_per_context_token = cpu_s_per_sequence, cpu_s_per_context_token
 
     def iteration(self, rows):
-        time_s = decode_seqs_of(np.asarray(rows)) * self.cpu_s_per_sequence
+        rows = np.asarray(rows)
+        time_s = decode_seqs_of(rows) * self.cpu_s_per_sequence + decode_kv_read_of(rows) * self.cpu_s_per_context_token
         return time_s, np.zeros_like(time_s), np.zeros_like(time_s)
 
 
@@ -193,5 +204,6 @@ def draft_cost_model(proposer: Proposer, draft: ModelSpec | None, hardware, tens
     if proposer.kind == MEDUSA:
         return MedusaCost(draft, hardware, tensor_parallel)
     if proposer.kind == NGRAM:
-        return NgramCost(proposer.cpu_s_per_sequence) if proposer.cpu_s_per_sequence > 0 else None
+        free = proposer.cpu_s_per_sequence == 0 and proposer.cpu_s_per_context_token == 0
+        return None if free else NgramCost(proposer.cpu_s_per_sequence, proposer.cpu_s_per_context_token)
     return CostModel(draft, hardware, tensor_parallel, 1, placement)
