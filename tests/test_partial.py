@@ -7,25 +7,32 @@ KeyboardInterrupt, as the signal would inside an engine) and once through ``llms
 """
 from __future__ import annotations
 
+import errno
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+import llmsim.search.sweeps as sweeps
 from llmsim import simulate
 from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
+from llmsim.search.journal import Journal
+from llmsim.search.sweeps import reusing_runs, run_key, run_points
 from llmsim.sim.result import StopReason
+from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 
-from .helpers import REPO, make_scenario
+from .helpers import BASE, REPO, make_scenario, merge
 
 LONG = {"workload": {"arrival": {"rate": 10.0}, "num_requests": 100_000}, "simulation": {"warmup": "20 s"}}
 
@@ -117,8 +124,17 @@ def test_a_fault_is_raised_with_what_was_simulated():
     assert any("partial_result" in note for note in caught.value.__notes__)
 
 
+def test_a_search_run_stopped_by_ctrl_c_raises_rather_than_returning_half_a_run():
+    """What the searches and the report simulate (their figures need whole runs)."""
+    observer, seen = stop_after(200, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        simulate_whole(make_scenario(LONG), observers=[observer])
+    assert seen["n"] == 200
+
+
 def test_ctrl_c_during_the_baseline_is_not_swallowed(monkeypatch):
-    from llmsim.search import speedup as module
+    from llmsim.search.speedup import speedup_over_plain
+    from llmsim.sim import simulate as module
 
     spec = make_scenario({"workload": {"num_requests": 60},
                           "speculation": {"draft": "Llama-3.2-1B", "k": 3,
@@ -126,7 +142,7 @@ def test_ctrl_c_during_the_baseline_is_not_swallowed(monkeypatch):
     result = simulate(spec)
     monkeypatch.setattr(module, "simulate", lambda *args, **kwargs: replace(result, stopped_by=StopReason.INTERRUPT))
     with pytest.raises(KeyboardInterrupt):
-        module.speedup_over_plain(result)
+        speedup_over_plain(result)
 
 
 def _scenario_file(tmp_path, num_requests: int) -> str:
@@ -210,3 +226,140 @@ def test_a_second_ctrl_c_aborts_at_once(tmp_path):
     assert child.returncode == 130
     assert not (out / "summary.json").exists() and "INTERRUPTED by Ctrl-C" not in stdout
     assert not list(out.glob(".*partial*"))                        # no half-written file left
+
+
+# -- report and recommend: finished simulations are kept, and the same command resumes ------------
+
+RUNS = {"workload": {"num_requests": 40}, "slo": {"ttft": "300 ms", "tpot": "40 ms"}}
+POINTS = [{"workload.arrival.rate": rate} for rate in (2.0, 4.0, 8.0)]
+SIMULATE_POINT = sweeps.simulate_point
+
+
+def simulations(monkeypatch, stop_at: int | None = None, error: BaseException = KeyboardInterrupt()):
+    """Count (by run key) the runs simulated; with ``stop_at``, raise ``error`` instead of that one
+    (Ctrl-C arrives in the parent, with serial workers in the simulation itself)."""
+    keys = []
+
+    def counted(scenario):
+        if stop_at is not None and len(keys) + 1 == stop_at:
+            raise error
+        keys.append(run_key(scenario))
+        return SIMULATE_POINT(scenario)
+
+    monkeypatch.setattr(sweeps, "simulate_point", counted)
+    return keys
+
+
+def journal_keys(path) -> set[bytes]:
+    return {bytes.fromhex(line.split(",")[0]) for line in path.read_text().splitlines()[1:]}
+
+
+def test_a_journal_of_runs_gives_back_the_same_rows_and_simulates_nothing_again(tmp_path, monkeypatch):
+    scenario, journal = make_scenario(RUNS), tmp_path / "runs.csv"
+    fresh = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
+    with reusing_runs(journal):
+        first = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
+    assert len(journal.read_text().splitlines()) == 1 + 6
+    simulated = simulations(monkeypatch)
+    with reusing_runs(journal):                     # a new command: the journal is its only memory
+        again = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
+    assert simulated == []
+    pd.testing.assert_frame_equal(again, fresh)
+    pd.testing.assert_frame_equal(first, fresh)
+
+
+def test_ctrl_c_inside_a_journal_keeps_the_runs_finished(tmp_path, monkeypatch):
+    scenario, journal = make_scenario(RUNS), tmp_path / "runs.csv"
+    fresh = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
+    kept = simulations(monkeypatch, stop_at=4)
+    with pytest.raises(KeyboardInterrupt), reusing_runs(journal):
+        run_points(scenario, POINTS, seeds=[1, 2], workers=1)
+    assert journal_keys(journal) == set(kept) and len(kept) == 3
+    resumed = simulations(monkeypatch)
+    with reusing_runs(journal):
+        again = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
+    assert len(resumed) == 3 and not set(resumed) & set(kept)
+    pd.testing.assert_frame_equal(again, fresh)
+
+
+def recommend_args(tmp_path, out: bool = True) -> list[str]:
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(merge(BASE, {"workload": {"num_requests": 200, "arrival": {"rate": 10}},
+                                                "slo": {"ttft": "300 ms", "tpot": "40 ms"}})))
+    return ["recommend", str(path), "--seeds", "2", "--top", "1", "--workers", "1",
+            *(["--out", str(tmp_path / "rec.csv")] if out else [])]
+
+
+def interrupted_recommend(tmp_path, monkeypatch, capsys) -> tuple[Path, list[bytes]]:
+    """``llmsim recommend --out`` stopped by Ctrl-C at its sixth simulation: its journal and the runs kept."""
+    journal = tmp_path / "rec.csv.runs.csv"
+    kept = simulations(monkeypatch, stop_at=6)
+    assert main(recommend_args(tmp_path)) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"interrupted: the simulations finished are kept in {journal}" in err
+    assert journal_keys(journal) == set(kept) and len(kept) == 5
+    assert not (tmp_path / "rec.csv").exists()
+    return journal, kept
+
+
+def test_ctrl_c_during_recommend_exits_130_keeping_the_simulations_finished(tmp_path, monkeypatch, capsys):
+    interrupted_recommend(tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.slow          # a whole recommendation
+def test_the_same_recommend_command_resumes_after_ctrl_c(tmp_path, monkeypatch, capsys):
+    journal, kept = interrupted_recommend(tmp_path, monkeypatch, capsys)
+    resumed = simulations(monkeypatch)
+    assert main(recommend_args(tmp_path)) == 0
+    assert not set(resumed) & set(kept)             # what was kept is not simulated again
+    assert (tmp_path / "rec.csv").exists() and not journal.exists()
+    assert not (tmp_path / "rec.csv.runs.csv.lock").exists()
+
+
+def test_ctrl_c_during_recommend_without_out_says_nothing_is_kept(tmp_path, monkeypatch, capsys):
+    simulations(monkeypatch, stop_at=2)
+    assert main(recommend_args(tmp_path, out=False)) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "nothing is kept (give --out" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scenario.yaml"]
+
+
+@pytest.mark.slow          # a small report, in three sittings
+def test_report_stopped_by_a_full_disk_then_ctrl_c_resumes_to_the_same_report(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    argv = ["report", str(REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"), "--target-rate", "20",
+            "--hardware", "H100-SXM", "--seeds", "2", "--requests", "100", "--workers", "1", "--out", str(out)]
+    journal = out / "runs.csv"
+    real_append, appended = Journal.append, []
+
+    def fills_up(self, row):
+        if len(appended) == 8:
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+        appended.append(row)
+        return real_append(self, row)
+
+    monkeypatch.setattr(Journal, "append", fills_up)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "No space left on device" in err
+    assert f"the simulations finished are kept in {journal}" in err
+    assert len(journal_keys(journal)) == 8 and not (out / "report.html").exists()
+    monkeypatch.setattr(Journal, "append", real_append)
+    kept = journal_keys(journal)
+    second = simulations(monkeypatch, stop_at=10)
+    assert main(argv) == 130
+    assert "interrupted: the simulations finished are kept" in capsys.readouterr().err
+    assert journal_keys(journal) == kept | set(second)
+    kept = journal_keys(journal)
+    third = simulations(monkeypatch)
+    assert main(argv) == 0
+    assert not set(third) & kept and not journal.exists()
+    resumed = (out / "report.md").read_text()
+    # The same report as one written in one sitting, but for its figures' SVG (matplotlib stamps the
+    # date and random ids in it); the command line it records is the same.
+    monkeypatch.setattr(sweeps, "simulate_point", SIMULATE_POINT)
+    assert main([*argv[:-1], str(tmp_path / "whole")]) == 0
+    whole = (tmp_path / "whole" / "report.md").read_text()
+    figures = re.compile(r"\(data:image/svg\+xml;base64,[^)]*\)")
+    assert figures.sub("(figure)", resumed.replace(str(out), "OUT")) == \
+        figures.sub("(figure)", whole.replace(str(tmp_path / "whole"), "OUT"))

@@ -128,11 +128,12 @@ def test_printout_names_the_settings_and_the_gain(result, scenario):
 @pytest.mark.parametrize("argv, message", [
     (["--objective", "latency"], "unknown objective"),
     (["--seeds", "1"], "at least 2 seeds"),
-    (["--top", "0"], "at least the analytic best"),
+    (["--top", "0"], "argument --top: out of range"),
     (["--search", "everything"], "unknown search"),
     (["--search", "classes"], "no traffic classes"),
-    (["--class-timeouts", "5 parsecs"], "unreadable queue timeouts"),
-    (["--class-timeouts", ","], "bad queue timeouts"),
+    (["--class-timeouts", "5 parsecs"], "cannot read this as a duration"),
+    (["--class-timeouts", ","], "no queue timeout given"),
+    (["--class-timeouts=-3ms"], "argument --class-timeouts: value out of range"),
 ])
 def test_cli_errors_exit_2(scenario, capsys, argv, message):
     assert main(["recommend", scenario.path, *argv]) == 2

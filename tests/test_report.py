@@ -100,7 +100,7 @@ def html_tables(html: str) -> _Tables:
 
 
 def markdown_tables(md: str) -> list[list[list[str]]]:
-    """Pipe tables as rows of cells (the separator line dropped, '\\|' read back as '|')."""
+    """Pipe tables as rows of cells (the separator line dropped, escapes read back as CommonMark reads them)."""
     tables, current = [], None
     for line in md.splitlines():
         if line.startswith("|"):
@@ -110,10 +110,17 @@ def markdown_tables(md: str) -> list[list[list[str]]]:
             if re.fullmatch(r"\|(---\|)+", line.strip()):
                 continue
             cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
-            current.append([c.strip().replace("\\|", "|") for c in cells])
+            current.append([markdown_literal(c.strip()) for c in cells])
         else:
             current = None
     return tables
+
+
+def markdown_literal(text: str) -> str:
+    """The characters CommonMark shows for ``text``: a backslash before ASCII punctuation and the
+    entities &amp; &lt; &gt; read back as the character (both in one pass, as a parser does)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])|&(amp|lt|gt);",
+                  lambda m: m[1] if m[1] is not None else {"amp": "&", "lt": "<", "gt": ">"}[m[2]], text)
 
 
 def cell(tables: _Tables, key: str, row: str, column: str) -> str:

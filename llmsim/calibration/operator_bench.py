@@ -33,6 +33,7 @@ import pandas as pd
 
 from llmsim.calibration.operators import DEVICE_PROFILES
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog
+from llmsim.config.files import write_file
 from llmsim.cost.kernels import layer_gemm_shapes
 
 # Models whose shapes the Vidur measurements cover (7B/8B/70B) plus two others (13B; Qwen's 28/4 heads).
@@ -300,7 +301,7 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
             "grid": {key: list(value) for key, value in grid.__dict__.items()},
             "attention_backend": attention_backend,
             "attention_kernels": _attention_kernel_names(torch, dtype) if device == "cuda" else None}
-    (out / META_FILE.format(tag=tag)).write_text(json.dumps(meta, indent=1))
+    _write_meta(meta, out / META_FILE.format(tag=tag))
     linear_path, attention_path = out / LINEAR_FILE.format(tag=tag), out / ATTENTION_FILE.format(tag=tag)
     catalog = model_catalog()
     models = [lookup_model(name, catalog, key="--models") for name in grid.models]
@@ -329,7 +330,7 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
                 done += 1
                 _report(progress, done, total)
             if linear_rows:
-                pd.DataFrame(linear_rows).to_csv(linear_path, index=False)
+                _write_csv(linear_rows, linear_path)
             q_heads, kv_heads = model.num_heads // tp, max(1, model.num_kv_heads // tp)
             for batch, queries, context in cases:
                 done += 1
@@ -352,9 +353,9 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
                     "time_stats.attn_prefill.median": seconds * 1e3 if prefill else 0.0,
                     "time_stats.attn_decode.median": 0.0 if prefill else seconds * 1e3})
                 _report(progress, done, total)
-            pd.DataFrame(attention_rows).to_csv(attention_path, index=False)
+            _write_csv(attention_rows, attention_path)
             meta["failures"] = failures
-            (out / META_FILE.format(tag=tag)).write_text(json.dumps(meta, indent=1))
+            _write_meta(meta, out / META_FILE.format(tag=tag))
     return meta
 
 
@@ -478,7 +479,7 @@ def profile_steps(out_dir: str | Path, tag: str, device: str = "cuda", model_nam
         rows.append({"device": tag, "model": model.name, "tp": 1, "batch_size": batch, "new_tokens": new,
                      "kv_cache_size": context, "step_ms": timer.seconds([step]) * 1e3, "streaming_kernels": note})
         del step
-        pd.DataFrame(rows).to_csv(path, index=False)
+        _write_csv(rows, path)
         _report(progress, index + 1, len(cases))
     return path
 
@@ -507,6 +508,15 @@ def profile_fp8_gemms(out_dir: str | Path, tag: str, models=FP8_MODELS, tps=FP8_
             rows.append({"device": tag, "model": model.name, "tp": tp, "gemm": shape.name, "num_tokens": m,
                          "padded_tokens": padded, "n": n, "k": k, "time_ms": timer.seconds(calls) * 1e3})
             del a, b, calls
-        pd.DataFrame(rows).to_csv(path, index=False)
+        _write_csv(rows, path)
         _report(progress, index + 1, len(cases))
     return path
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    """Checkpoint the rows measured so far (renamed into place: an interrupted run keeps the last whole file)."""
+    write_file(path, lambda partial: pd.DataFrame(rows).to_csv(partial, index=False))
+
+
+def _write_meta(meta: dict, path: Path) -> None:
+    write_file(path, lambda partial: partial.write_text(json.dumps(meta, indent=1)))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from llmsim.config.files import write_file
 from llmsim.config.reader import Node
 from llmsim.catalog.hardware import HardwareProfile, profile_from_node
 
@@ -163,11 +164,10 @@ def _rows_on_one_line(value):
 def write_document(document: dict, path: str | Path) -> HardwareProfile:
     """Check, then write ``document`` as YAML."""
     profile = check_document(document, str(path))
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     header = "# Written by llmsim calibrate (the record is under calibration:); regenerate rather than edit.\n"
     text = yaml.dump(_rows_on_one_line(document), Dumper=_Dumper, sort_keys=False, default_flow_style=False,
                      width=120, allow_unicode=True)
-    Path(path).write_text(header + text)
+    write_file(Path(path), lambda partial: partial.write_text(header + text))
     return profile
 
 

@@ -23,7 +23,7 @@ from llmsim.calibration.plot import measured_scatter, scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
 from llmsim.catalog.hardware import load_profile, lookup_hardware
 from llmsim.cli.options import SEED, WORKERS
-from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace
+from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
 
@@ -254,7 +254,8 @@ def _cmd_validate_measurements(args) -> int:
     if attention is not None:
         print("\nattention kernels (one layer, one GPU):\n" + format_table(error_table(attention, ["phase", "tp"])))
     if args.plot:
-        measured_scatter(layers, reduce, args.plot, f"{profile.name} vs {device} measurements")
+        write_file(Path(args.plot), lambda path: measured_scatter(layers, reduce, path,
+                                                                  f"{profile.name} vs {device} measurements"))
         print(f"\nwrote {args.plot}")
     return 0
 
@@ -298,7 +299,7 @@ def _cmd_validate(args) -> int:
     report = validate(profile, quick=args.quick, threads=args.threads or record["threads"], seed=args.seed)
     print(validation_summary(report))
     if args.plot:
-        scatter(report, args.plot)
+        write_file(Path(args.plot), lambda path: scatter(report, path))
         print(f"\nwrote {args.plot}")
     return 0
 

@@ -11,6 +11,7 @@ import sys
 
 from llmsim.cli import calibrate, catalog, diff, plan, recommend, report, run, sweep, trace
 from llmsim.cli.options import Parser
+from llmsim.cli.outputs import Stopped
 from llmsim.errors import ConfigError
 
 
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"llmsim: {error}", file=sys.stderr)
         return 2
+    except Stopped as stop:         # Ctrl-C or a full disk in a command that keeps its finished work
+        print(f"\nllmsim: {stop}", file=sys.stderr)
+        return stop.status
     except BrokenPipeError:          # output piped into head or less, which closed early
         return 0
     except OSError as error:         # the disk filled, a folder vanished or became read-only mid-run

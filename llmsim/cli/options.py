@@ -1,7 +1,8 @@
 """Command-line options that several commands share, read the same way by each.
 
 Every flag with a value is checked as argparse reads it (:func:`integer_flag`,
-:func:`number_flag`: finite, within a documented range), and the parser (:class:`Parser`)
+:func:`number_flag`: finite, within a documented range; :func:`checked_flag`: a reader of
+durations, rates, factors or seeds that raises ConfigError), and the parser (:class:`Parser`)
 refuses a bad command line the way a bad file is refused: one paragraph on stderr naming the
 flag, the value and what is allowed, exit status 2 (no usage dump, no traceback).
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Callable
+from typing import Callable, TypeVar
 
 from llmsim.config.limits import MAX_NUMBER
 from llmsim.config.reader import Node, load_yaml, range_text
@@ -28,6 +29,7 @@ _SEEDS_ALLOWED = ("a count from 1 to 1,000 (e.g. 3), or up to 1,000 distinct see
                   "(e.g. 3,7,11 or 7,)")
 
 
+T = TypeVar("T")
 MAX_WORKERS = 1024          # parallel processes a command may start
 MAX_SEEDS = 1000            # seeds a command may replicate every point over
 
@@ -70,6 +72,18 @@ def number_flag(minimum: float, maximum: float, exclusive_minimum: bool = False)
     return number
 
 
+def checked_flag(read: Callable[[str], T]) -> Callable[[str], T]:
+    """An argparse ``type`` from a reader that refuses bad text with a ConfigError (the reader a
+    command would call later), so the flag is refused as the command line is read, by its name."""
+    def flag(text: str) -> T:
+        try:
+            return read(text)
+        except ConfigError as error:
+            allowed = f"; allowed: {error.allowed}" if error.allowed else ""
+            raise argparse.ArgumentTypeError(f"{error.message} (got {text!r}){allowed}") from None
+    return flag
+
+
 FORCE_HELP = ("run even when a run's estimated memory or event count is above the resource guard's limits "
               f"({MAX_RUN_MEMORY_BYTES / 2**30:g} GiB, {MAX_RUN_EVENTS:,} events, {MAX_RUN_ENGINES:,} engines)")
 SEED = integer_flag(0)                          # seeds, as in a scenario's seed key
@@ -77,7 +91,7 @@ WORKERS = integer_flag(1, MAX_WORKERS)
 
 
 def add_seeds_argument(parser, default: str | None = None, default_text: str = "the scenario's seed") -> None:
-    parser.add_argument("--seeds", metavar="N|S1,S2,...", default=default,
+    parser.add_argument("--seeds", metavar="N|S1,S2,...", default=default, type=checked_flag(_seeds_text),
                         help=f"{SEEDS_HELP} (default: {default_text})")
 
 
@@ -86,7 +100,22 @@ def parse_seeds(text: str | None, scenario: str | Path | Scenario) -> list[int] 
     (a Scenario, or a YAML file whose ``seed`` is read only then)."""
     if text is None:
         return None
-    text = str(text).strip()
+    seeds = _read_seeds(str(text).strip())
+    if isinstance(seeds, list):
+        return seeds
+    first = scenario.seed if isinstance(scenario, Scenario) else _yaml_seed(scenario)
+    return list(range(first, first + seeds))
+
+
+def _seeds_text(text: str) -> str:
+    """``--seeds`` as argparse reads it: checked (:func:`_read_seeds`), kept as text (a count is
+    resolved against the scenario's seed by :func:`parse_seeds`)."""
+    _read_seeds(text.strip())
+    return text
+
+
+def _read_seeds(text: str) -> int | list[int]:
+    """``--seeds``: a count (int), or the list of seeds; bad: ConfigError."""
     if "," in text:
         parts = [part.strip() for part in text.split(",") if part.strip()]
         seeds = [_integer(part, text) for part in parts]
@@ -99,8 +128,7 @@ def parse_seeds(text: str | None, scenario: str | Path | Scenario) -> list[int] 
         raise ConfigError("the count of seeds must be at least 1", key="--seeds", value=text, allowed=_SEEDS_ALLOWED)
     if count > MAX_SEEDS:
         raise ConfigError(f"more than {MAX_SEEDS:,} seeds", key="--seeds", value=text, allowed=_SEEDS_ALLOWED)
-    first = scenario.seed if isinstance(scenario, Scenario) else _yaml_seed(scenario)
-    return list(range(first, first + count))
+    return count
 
 
 def _integer(part: str, text: str) -> int:

@@ -5,17 +5,27 @@
 - A command refuses, before doing any work, to replace files that already exist unless given
   ``--overwrite`` (:func:`refuse_to_replace`): exit 2 naming them.
 - Each file is written under a temporary name in its own folder and renamed when complete
-  (:func:`write_file`), so a crash or Ctrl-C never leaves half a file under the final name.
+  (:func:`~llmsim.config.files.write_file`), so a crash or Ctrl-C never leaves half a file under
+  the final name.
+- A link planted in the output folder is never written through (:mod:`llmsim.config.files`, whose
+  :func:`~llmsim.config.files.write_file` every command writes with).
+- A command that simulates many runs before it writes anything (``report``, ``recommend``) keeps
+  each run as it finishes in a journal beside its output (:func:`keeping_runs`): Ctrl-C (exit
+  130) or a failed write (exit 1, a full disk) loses nothing, and the same command resumes.
 """
 from __future__ import annotations
 
 import os
 import re
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable, Iterator
 
+from llmsim.config.files import write_file  # noqa: F401  (the commands' one writer, imported from here)
 from llmsim.errors import ConfigError
+from llmsim.search.journal import discard
+from llmsim.search.sweeps import reusing_runs
 
 RUNS = Path("runs")
 OVERWRITE_HELP = "replace results already there (without it the command stops with exit 2, before running)"
@@ -79,15 +89,30 @@ def check_writable_folder(folder: Path, key: str = "--out") -> None:
                           allowed="a folder you can write to") from None
 
 
-def write_file(path: Path, write: Callable[[Path], object]) -> Path:
-    """``write(temporary)``, then the temporary file renamed to ``path`` (same folder, same suffix,
-    so a writer that reads the format from the suffix still can)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.stem}.partial{path.suffix}")
+class Stopped(Exception):
+    """A command stopped before its end, what it kept said in the message; ``status``: its exit status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@contextmanager
+def keeping_runs(journal: Path | None, what: str) -> Iterator[None]:
+    """Inside this block every simulation finished is kept in ``journal`` as it finishes and those
+    already there are reused (:func:`llmsim.search.sweeps.reusing_runs`); the journal is removed
+    when the block ends normally (its work is written). Ctrl-C: :class:`Stopped` (130), a write that
+    fails (a full disk): :class:`Stopped` (1), each saying what is kept. ``journal`` None: nothing
+    is kept, and the message says how to keep it."""
+    kept = (f"the simulations finished are kept in {journal}, and the same command resumes the {what}"
+            if journal is not None else "nothing is kept (give --out to keep finished simulations and resume)")
     try:
-        write(partial)
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
-    return path
+        with reusing_runs(journal):
+            yield
+    except KeyboardInterrupt:
+        raise Stopped(130, f"interrupted: {kept}") from None
+    except OSError as error:
+        raise Stopped(1, f"the {what} stopped: cannot write {error.filename or journal} "
+                         f"({error.strerror or error}); {kept} once the cause is fixed") from None
+    if journal is not None:
+        discard(journal)

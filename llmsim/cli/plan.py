@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
+from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.cli.progress import Bar
 from llmsim.config.limits import MAX_QUANTITY
@@ -21,7 +21,7 @@ MAX_PLAN_REPLICAS = 10_000      # replicas a plan may try: 10,000 engines take ~
 def add_parser(sub) -> None:
     parser = sub.add_parser("plan", help="fewest replicas of each candidate chip that meet the SLO at a rate")
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
-    parser.add_argument("--target-rate", required=True, help="requests per second to serve (e.g. 40 or '40/s'), "
+    parser.add_argument("--target-rate", required=True, type=checked_flag(_target_rate_text), help="requests per second to serve (e.g. 40 or '40/s'), "
                         "or a multiple of the scenario's own rate ('2x': this traffic, a replayed trace's too, twice)")
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
@@ -56,10 +56,24 @@ def _is_number(text: str) -> bool:
 
 def target_rate(text: str, scenario_path: str) -> float:
     """``--target-rate``: a rate, or ``FACTORx``, that multiple of the scenario's own rate."""
-    if isinstance(text, str) and text.strip().lower().endswith("x") and _is_number(text.strip()[:-1]):
-        factor = check_rate(float(text.strip()[:-1]), "--target-rate")
-        return check_rate(factor * load_scenario(scenario_path).workload.arrival.rate_per_s)
+    factor = _factor(text)
+    if factor is not None:
+        return parse_rate(str(factor * load_scenario(scenario_path).workload.arrival.rate_per_s))
     return parse_rate(text)
+
+
+def _factor(text: str) -> float | None:
+    """``FACTORx``'s factor, read and checked as a rate is (None: not that form)."""
+    if isinstance(text, str) and text.strip().lower().endswith("x") and _is_number(text.strip()[:-1]):
+        return parse_rate(text.strip()[:-1])
+    return None
+
+
+def _target_rate_text(text: str) -> str:
+    """``--target-rate`` as argparse reads it: checked, kept as text (a factor needs the scenario's rate)."""
+    if _factor(text) is None:
+        parse_rate(text)
+    return text
 
 
 def _cmd_plan(args) -> int:

@@ -6,12 +6,12 @@ import math
 from pathlib import Path
 
 from llmsim.analysis.names import CLASSES, SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
-from llmsim.cli.options import WORKERS, add_seeds_argument, integer_flag, parse_seeds
-from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
+from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, parse_seeds
+from llmsim.cli.outputs import OVERWRITE_HELP, keeping_runs, refuse_to_replace, write_file
 from llmsim.cli.progress import Bar
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario, replay_description
-from llmsim.config.units import UnitError, parse_quantity
+from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OBJECTIVES, SEARCHES, SEEDS, TOP,
                                      Recommendation, recommend, timeout_text)
@@ -25,21 +25,28 @@ def add_parser(sub) -> None:
     parser.add_argument("--objective", default=OBJECTIVES[0],
                         help=f"{' or '.join(OBJECTIVES)} (default {OBJECTIVES[0]})")
     add_seeds_argument(parser, default=str(SEEDS), default_text=str(SEEDS))   # >= 2: CIs across seeds
-    parser.add_argument("--top", type=integer_flag(maximum=MAX_TOP), default=TOP,
+    parser.add_argument("--top", type=integer_flag(1, MAX_TOP), default=TOP,
                         help=f"analytic best settings to simulate (default {TOP}, at most {MAX_TOP})")
     parser.add_argument("--search", default=SEARCHES[0],
                         help="all (default), or classes: only the scheduling policy and each traffic class's "
                              "queue timeout, the scenario's other settings kept (and the baseline)")
-    parser.add_argument("--class-timeouts", metavar="T1,T2,...",
+    parser.add_argument("--class-timeouts", metavar="T1,T2,...", type=checked_flag(_durations),
                         help="traffic classes: the queue timeouts tried for each class besides its own, durations "
                              "separated by commas (default " + ",".join(f"{t * 1000:g}ms" for t in CLASS_TIMEOUTS_S)
                              + ")")
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
     parser.add_argument("--no-drafts", action="store_true",
                         help="speculating scenarios: skip choosing the draft and tuning eligibility")
-    parser.add_argument("--out", help="also write every simulated setting as CSV here")
+    parser.add_argument("--out", help="also write every simulated setting as CSV here; until it is written, each "
+                        "finished simulation is kept in OUT.runs.csv, so a rerun after Ctrl-C (exit 130) or a full "
+                        "disk resumes")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_recommend)
+
+
+def runs_journal(out: Path) -> Path:
+    """Where ``--out FILE`` keeps the simulations finished until FILE is written: FILE.runs.csv."""
+    return out.with_name(out.name + ".runs.csv")
 
 
 def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
@@ -125,12 +132,13 @@ def _policies_text(rec: Recommendation, scenario: Scenario) -> list[str]:
 
 
 def _durations(text: str) -> list[float]:
-    """``--class-timeouts``: durations separated by commas (``25ms,200ms,1s``), in seconds."""
-    try:
-        return [parse_quantity(part.strip(), "duration") for part in text.split(",") if part.strip()]
-    except UnitError as error:
-        raise ConfigError("unreadable queue timeouts", key="--class-timeouts", value=text,
-                          allowed=f"durations separated by commas, e.g. 25ms,200ms,1s ({error})") from None
+    """``--class-timeouts``: durations separated by commas (``25ms,200ms,1s``), in seconds, each read
+    as a scenario's ``queue_timeout`` is (> 0, at most the longest duration)."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise ConfigError("no queue timeout given", key="--class-timeouts", value=text,
+                          allowed="durations separated by commas, e.g. 25ms,200ms,1s")
+    return [Node({"--class-timeouts": part}).quantity("--class-timeouts", "duration") for part in parts]
 
 
 def _targets_text(targets: dict) -> str:
@@ -139,14 +147,17 @@ def _targets_text(targets: dict) -> str:
 
 def _cmd_recommend(args) -> int:
     scenario = as_scenario(args.scenario)
+    seeds = parse_seeds(args.seeds, scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
-    with Bar("recommend", "simulation") as progress:
-        rec = recommend(scenario, objective=args.objective, seeds=parse_seeds(args.seeds, scenario), top=args.top,
-                        workers=args.workers, progress=progress, drafts=not args.no_drafts, search=args.search,
-                        class_timeouts_s=_durations(args.class_timeouts) if args.class_timeouts else CLASS_TIMEOUTS_S)
-    if args.out:            # the table first: printing can fail (a closed pipe)
-        write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
+    # With --out, each simulation is kept beside it as it finishes: Ctrl-C or a full disk is resumable.
+    with keeping_runs(runs_journal(Path(args.out)) if args.out else None, "recommendation"):
+        with Bar("recommend", "simulation") as progress:
+            rec = recommend(scenario, objective=args.objective, seeds=seeds, top=args.top, workers=args.workers,
+                            progress=progress, drafts=not args.no_drafts, search=args.search,
+                            class_timeouts_s=args.class_timeouts or CLASS_TIMEOUTS_S)
+        if args.out:            # the table first: printing can fail (a closed pipe)
+            write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     if scenario.workload.trace is not None:          # which traffic the rates below rescale
         print(f"replaying {replay_description(scenario, scenario.workload.arrival.rate_per_s)}; its rate is the "
               "trace's time scale")

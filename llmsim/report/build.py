@@ -43,7 +43,7 @@ from llmsim.analysis.frontier import pareto_frontier
 from llmsim.analysis.metrics import summarize
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.config.progress import QUIET, Progress
-from llmsim.config.reader import load_yaml
+from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
@@ -54,16 +54,19 @@ from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, 
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
-from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
-from llmsim.sim.simulate import simulate
-from llmsim.workload.trace import Trace
+from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simulate_until_decided,
+                                  typical_latency_s)
+from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
+from llmsim.workload.trace import Trace
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 SENSITIVITY = 0.2                 # +-20% load and lengths
 ACCEPTANCE_STEP = 0.1
 DEFAULT_REQUESTS = 2000
+MAX_GROWTH = 1000.0               # a trace's traffic scaled at most a thousandfold
+MIN_REQUESTS = 50                 # fewer cannot measure a P99
 DEFAULT_PEAK_TO_MEAN = 1.5        # the assumed diurnal profile's peak over its mean, without a trace
 HOURS_PER_MONTH = 730.0
 MONITOR_BINS = 40
@@ -118,16 +121,16 @@ def traffic_from_trace(trace: Trace, growth: float, path: str) -> Traffic:
 
 
 def parse_growth(text: str) -> float:
-    """'2x', '2', '150%' -> 2.0, 2.0, 1.5; anything else or <= 0 is a ConfigError."""
+    """'2x', '2', '150%' -> 2.0, 2.0, 1.5; anything else, <= 0 or above MAX_GROWTH is a ConfigError."""
     raw = str(text).strip().lower()
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw.rstrip("x"))
     except ValueError:
         raise ConfigError("cannot read this as a growth factor", key="--growth", value=text,
                           allowed="a factor such as 2x, 1.5 or 150%") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError("the growth factor must be positive", key="--growth", value=text,
-                          allowed="a factor such as 2x, 1.5 or 150%")
+    if not math.isfinite(value) or not 0 < value <= MAX_GROWTH:
+        raise ConfigError("the growth factor is out of range", key="--growth", value=text,
+                          allowed=f"a factor such as 2x, 1.5 or 150%, > 0 and <= {MAX_GROWTH:g}")
     return value
 
 
@@ -148,10 +151,12 @@ class ReportBuilder:
         if len(self.seeds) < 2:
             raise ConfigError("confidence intervals need at least 2 seeds", key="--seeds", value=seeds,
                               allowed="a count >= 2, or 2 or more seeds")
-        count = requests or min(scenario.workload.num_requests or DEFAULT_REQUESTS, DEFAULT_REQUESTS)
-        if count < 50:
-            raise ConfigError("too few requests to measure percentiles", key="--requests", value=count,
-                              allowed="an integer >= 50")
+        count = min(scenario.workload.num_requests or DEFAULT_REQUESTS, DEFAULT_REQUESTS) if requests is None \
+            else requests
+        if isinstance(count, bool) or not isinstance(count, int) or not MIN_REQUESTS <= count <= MAX_REQUESTS:
+            raise ConfigError("the fewest requests per run must be enough to measure percentiles, and within the "
+                              "simulations' cap", key="--requests", value=count,
+                              allowed=f"an integer >= {MIN_REQUESTS} and <= {MAX_REQUESTS:,}")
         self.requests = count
         # the runs' request count is a floor: each point's window follows its rate (llmsim.search.window)
         self.base = {"workload.num_requests": count, "workload.duration": None, **self._trace_lengths(scenario)}
@@ -505,7 +510,7 @@ class ReportBuilder:
 
     def _monitoring(self) -> None:
         window = measurement_window(self.scenario, self.rate, typical_latency_s(self.final, self.rate))
-        result = simulate(variant(self.final, window.overrides(self.rate)))
+        result = simulate_whole(variant(self.final, window.overrides(self.rate)))
         series = monitoring_series(result, MONITOR_BINS)
         summary = summarize(result).to_dict()
         lat, util, queue = summary["latency"], summary["utilisation"], summary["queue"]
@@ -616,8 +621,11 @@ def _time_average_queue(queue: pd.DataFrame, edges: np.ndarray) -> np.ndarray:
 
 
 def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
-    """Every ``{value, source, confidence}`` figure of a chip's profile, as table rows."""
-    profile = lookup_hardware(name, None, "--hardware")
+    """Every ``{value, source, confidence}`` figure of a chip's profile, as table rows. A profile's
+    path is relative to the scenario, as in its ``hardware`` and ``plan.hardware`` keys (a path given
+    by ``--hardware`` is already absolute)."""
+    where = Node(None, file=scenario.path, base_dir=Path(scenario.source_dir or "."))
+    profile = lookup_hardware(name, where, "hardware")
     data = load_yaml(profile.path) if profile.path else {}
     rows = []
 

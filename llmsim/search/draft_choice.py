@@ -37,7 +37,7 @@ from llmsim.catalog.models import ModelSpec, model_catalog
 from llmsim.config.policies import KPolicyName
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 from llmsim.speculation.config import (Acceptance, Eligibility, KPolicy, SpeculationConfig, predicted_acceptance,
                                        resolve_draft_parallelism)
 from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, MTP, NGRAM, Proposer, draft_cost_model, head_spec
@@ -173,7 +173,7 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
     simulated = [row for row in rows if row["candidate"].kind == NONE] + \
         [row for row in rows if row["candidate"].kind != NONE][:simulate_top]
     for row in simulated:
-        summary = summarize(simulate(with_candidate(scenario, row["candidate"], row["k"]), trace)).to_dict()
+        summary = summarize(simulate_whole(with_candidate(scenario, row["candidate"], row["k"]), trace)).to_dict()
         row.update(tpot_s=summary["latency"]["tpot_s"]["mean"], slo_met=summary["slo"]["met"])
     table = pd.DataFrame([{
         "candidate": row["candidate"].label, "kind": row["candidate"].kind,
@@ -226,8 +226,8 @@ def tune_eligibility(scenario: Scenario, trace=None) -> tuple[Eligibility, pd.Da
     rows = []
     for concurrent, tokens in grid:
         rule = Eligibility(tokens, concurrent)
-        summary = summarize(simulate(replace(scenario, speculation=replace(scenario.speculation, eligibility=rule)),
-                           trace)).to_dict()
+        tuned = replace(scenario, speculation=replace(scenario.speculation, eligibility=rule))
+        summary = summarize(simulate_whole(tuned, trace)).to_dict()
         rows.append({"min_concurrent_requests": concurrent, "min_sequence_tokens": tokens,
                      "tpot_s": summary["latency"]["tpot_s"]["mean"], "slo_met": summary["slo"]["met"],
                      "speculating_share": summary["speculation"]["blocked_share"].get("speculated", 0.0)})

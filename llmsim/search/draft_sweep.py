@@ -23,7 +23,7 @@ from llmsim.catalog.models import ModelSpec, model_catalog
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.draft_choice import Candidate, predicted_candidate, with_candidate
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 from llmsim.speculation.config import Eligibility
 from llmsim.speculation.proposers import EAGLE, MODEL, NGRAM, head_spec
 from llmsim.workload.generate import generate_trace
@@ -94,4 +94,4 @@ def _speculating(scenario: Scenario, candidate: Candidate, k: int, eligibility: 
 
 
 def _mean_tpot(scenario: Scenario, trace) -> float:
-    return summarize(simulate(scenario, trace)).to_dict()["latency"]["tpot_s"]["mean"]
+    return summarize(simulate_whole(scenario, trace)).to_dict()["latency"]["tpot_s"]["mean"]

@@ -1,11 +1,12 @@
-"""A sweep's journal: ``results.csv``, one verifiable line per finished point, under a lock.
+"""A sweep's journal: ``results.csv``, one verifiable line per finished point, under a lock (also
+the journal of the runs a report or recommendation has simulated: :func:`llmsim.search.sweeps.reusing_runs`).
 
 Every line ends with a ``checksum`` cell: the first 16 hex digits of a SHA-256 over the
 header's column names and the line's other cells. On opening, each line is parsed on its own
 (a cell never holds a newline, so a line is a record) and kept only if its checksum matches;
 a line that does not (torn by a crash, edited, flipped by the disk, a header that no longer
 fits, a journal written before checksums) is dropped with a warning and the file rewritten
-without it (to a temporary file, then renamed over it), so its point is simulated again. A
+without it (to a new temporary file, then renamed over it), so its point is simulated again. A
 finished point is appended as one ``write`` on a file opened for appending and synced; a crash
 mid-write leaves a torn last line, which the next opening drops like any other.
 
@@ -13,6 +14,10 @@ One sweep at a time per folder: :func:`Journal.open` takes an exclusive ``flock`
 ``results.csv.lock`` next to the journal and writes its pid there; a second sweep on the same
 folder does not wait but stops at once with a :class:`~llmsim.errors.ConfigError` (exit 2)
 naming the holder's pid. The kernel releases the lock when its holder exits, however it exits.
+
+No file is written through a link: the lock and the journal are opened without following one (a
+link under either name is exit 2), and the rewrite's temporary file is made exclusively
+(:func:`llmsim.config.files.create_exclusive`).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from llmsim.config.files import create_exclusive, open_no_follow
 from llmsim.errors import ConfigError
 
 CHECKSUM = "checksum"
@@ -46,8 +52,12 @@ class Journal:
         self.columns: list[str] = []
         self.records: list[dict[str, str]] = []
         self.dropped = 0
-        if path.exists():
-            self._load(path.read_bytes().decode("utf-8", errors="replace"))
+        try:
+            descriptor = open_no_follow(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        with os.fdopen(descriptor, "rb") as handle:
+            self._load(handle.read().decode("utf-8", errors="replace"))
 
     @classmethod
     def open(cls, path: Path) -> "Journal":
@@ -77,7 +87,7 @@ class Journal:
             self.columns = [c for c in self.columns if c != CHECKSUM] + [key for key in record if key not in self.columns]
             self._rewrite()
             return
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        descriptor = open_no_follow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         try:
             os.write(descriptor, self._line(record).encode())
             os.fsync(descriptor)
@@ -129,15 +139,24 @@ class Journal:
             return
         if CHECKSUM not in self.columns:
             self.columns = self.columns + [CHECKSUM]
-        temporary = self.path.with_name(self.path.name + ".tmp")
+        descriptor, temporary = create_exclusive(self.path.parent, f".{self.path.name}.", ".tmp")
         buffer = io.StringIO()
         csv.writer(buffer, lineterminator="\n").writerow(self.columns)
-        with temporary.open("w", newline="") as handle:
-            handle.write(buffer.getvalue())
-            handle.writelines(self._line(record) for record in self.records)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, self.path)
+        try:
+            with os.fdopen(descriptor, "w", newline="") as handle:
+                handle.write(buffer.getvalue())
+                handle.writelines(self._line(record) for record in self.records)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, self.path)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+
+def discard(path: Path) -> None:
+    """Remove a journal whose work is done, and its lock file."""
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + ".lock").unlink(missing_ok=True)
 
 
 def checksum(columns: list[str], record: dict[str, str]) -> str:
@@ -174,15 +193,15 @@ def _parse(line: str) -> list[str] | None:
 
 def _lock(path: Path) -> int:
     """An exclusive lock on ``path`` for this process, its pid written in it; held by another: ConfigError."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    descriptor = open_no_follow(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = _holder(descriptor)
         os.close(descriptor)
-        raise ConfigError(f"another sweep (pid {holder}) is writing to this folder; wait for it to finish or "
-                          "choose another folder", key="out", value=str(path.parent),
-                          allowed="a folder no running sweep uses") from None
+        raise ConfigError(f"another sweep, report or recommendation (pid {holder}) is writing to this folder; "
+                          "wait for it to finish or choose another folder", key="out", value=str(path.parent),
+                          allowed="a folder no running command uses") from None
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
     return descriptor

@@ -6,7 +6,7 @@ from dataclasses import replace
 from llmsim.analysis.metrics import summarize
 from llmsim.scenario.control import SPECULATION_K
 from llmsim.sim.result import SimulationResult
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 
 
@@ -22,11 +22,9 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
     controller = scenario.controller
     if controller is not None and controller.knob == SPECULATION_K:
         controller = None
-    plain = simulate(replace(scenario, speculation=None, controller=controller),
-                     generate_trace(scenario.workload, scenario.seed), force=True)     # its size already checked
-    if plain.interrupted:                    # Ctrl-C during the baseline: no ratios from half a run
-        raise KeyboardInterrupt
-    plain = summarize(plain).to_dict()
+    # The size of the run itself, already checked; Ctrl-C during the baseline: no ratios from half a run.
+    plain = summarize(simulate_whole(replace(scenario, speculation=None, controller=controller),
+                                     generate_trace(scenario.workload, scenario.seed), force=True)).to_dict()
     spec = summarize(result).to_dict() if summary is None else summary
     return {
         "tpot_mean": _ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),

@@ -14,7 +14,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import RATE_KEY
 from llmsim.search.sweeps import scenario_at
 from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 
 MAX_BISECTIONS = 64          # halvings of [lo, hi] at most, whatever ``tol`` asks
 
@@ -105,7 +105,7 @@ def offline_rate(scenario: str | Path | Scenario | Mapping, num_requests: int) -
     slots = at_once.engine.max_num_seqs * at_once.deployment.replicas * at_once.deployment.pipeline_parallel
     if num_requests <= 4 * slots:
         raise ValueError(f"num_requests {num_requests} leaves no steady window: need more than 4 x {slots} slots")
-    result = simulate(at_once, force=True)
+    result = simulate_whole(at_once, force=True)
     finished = result.requests["finish_s"].dropna().sort_values().to_numpy()
     iterations = result.iterations
     window = iterations[(iterations["queued"] > 0) & (iterations["start_s"] >= finished[2 * slots])]

@@ -50,7 +50,7 @@ from llmsim.scenario.scenario import Scenario, read_seed
 from llmsim.search.executors import ENGINES, error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.resources import check_run_size
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 
 RESULTS_FILE = "results.csv"
 RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
@@ -182,7 +182,7 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
         for same in [point_id, *same_run.get(point_id, ())]:
             _record(rows, journal, same, metrics)
         if reused is not None and not metrics.get("error"):
-            reused[keys[point_id]] = metrics
+            reused.add(keys[point_id], metrics)
 
 
 def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metrics: dict) -> None:
@@ -192,22 +192,74 @@ def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metri
         journal.append(rows[point_id])
 
 
-_REUSED: ContextVar[dict | None] = ContextVar("llmsim_reused_runs", default=None)
+class _Runs:
+    """The runs simulated inside :func:`reusing_runs`: run key -> the run's metrics; with a journal,
+    each is also appended to it as it finishes (one checksummed line, the metrics as JSON)."""
+
+    def __init__(self):
+        self.metrics: dict[bytes, dict] = {}
+        self.journal: Journal | None = None
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self.metrics
+
+    def __getitem__(self, key: bytes) -> dict:
+        return self.metrics[key]
+
+    def add(self, key: bytes, metrics: dict) -> None:
+        self.metrics[key] = metrics
+        if self.journal is not None:
+            self.journal.append({"point_id": key.hex(), "metrics": json.dumps(metrics, default=_json_number)})
+
+    def load(self, journal: Journal) -> None:
+        """The runs a journal holds (lines that fail their checksum were dropped by the journal)."""
+        self.journal = journal
+        for record in journal.records:
+            try:
+                key, metrics = bytes.fromhex(record["point_id"]), json.loads(record["metrics"])
+            except (KeyError, ValueError):         # a journal of something else: its runs are simulated again
+                continue
+            if isinstance(metrics, dict):
+                # JSON has no tuples: the summary's pairs (window_s) come back as they were made.
+                self.metrics[key] = {name: tuple(v) if isinstance(v, list) else v for name, v in metrics.items()}
+
+
+def _json_number(value):
+    """numpy scalars as the Python numbers they hold."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot journal a {type(value).__name__}")
+
+
+_REUSED: ContextVar[_Runs | None] = ContextVar("llmsim_reused_runs", default=None)
 
 
 @contextmanager
-def reusing_runs():
+def reusing_runs(journal: str | Path | None = None):
     """Within this block a point that is the same run as one already simulated in it (the same resolved
     scenario and seed: :func:`run_key`) is not simulated again but gets that run's metrics; a run is
     deterministic in its scenario and seed, so the numbers are those it would give. A report judges
     some deployments in several stages (the recommendation at the target rate, one replica fewer, the
     load points the breaking point's bisection starts from): each is simulated once, and every figure
-    about it has one source. Blocks nest (the outer one's runs are shared)."""
-    token = _REUSED.set({} if _REUSED.get() is None else _REUSED.get())
+    about it has one source. Blocks nest (the outer one's runs are shared).
+
+    ``journal``: a file (:class:`~llmsim.search.journal.Journal`, locked while the block runs) that
+    keeps every run as it finishes, and whose runs are reused: a report or recommendation stopped by
+    Ctrl-C, a full disk or a crash starts again where it stopped."""
+    outer = _REUSED.get()
+    runs = _Runs() if outer is None else outer
+    opened = None
+    if journal is not None and runs.journal is None:
+        opened = Journal.open(Path(journal))
+        runs.load(opened)
+    token = _REUSED.set(runs)
     try:
         yield
     finally:
         _REUSED.reset(token)
+        if opened is not None:
+            runs.journal = None
+            opened.close()
 
 
 def run_key(scenario: Scenario) -> bytes:
@@ -277,9 +329,7 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Sce
 def simulate_point(scenario: Scenario) -> dict:
     """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
     size is not checked again: :func:`run_points` checks (or was told to force) every point first."""
-    result = simulate(scenario, force=True)
-    if result.interrupted:            # Ctrl-C during a serial sweep: stop, and record nothing half-run
-        raise KeyboardInterrupt
+    result = simulate_whole(scenario, force=True)      # Ctrl-C during a serial sweep: record nothing half-run
     flat = flatten(summarize(result).to_dict())
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan

@@ -392,6 +392,16 @@ def _blocked_counts(engines) -> SpeculationSteps | None:
     return sum(counts[1:], counts[0]) if counts else None
 
 
+def simulate_whole(scenario: Scenario, trace: Trace | None = None, **options) -> SimulationResult:
+    """:func:`simulate`, for a search or a report whose figures need the whole run: Ctrl-C raises
+    KeyboardInterrupt (for the command to stop, keeping what it finished) instead of returning
+    the partial result."""
+    result = simulate(scenario, trace, **options)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    return result
+
+
 def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
     """Each request's acceptance rate when the scenario speculates (None otherwise).
 
