@@ -9,15 +9,12 @@ counted the same way for every run, from the records (:func:`llmsim.analysis.rol
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import pytest
 
 from llmsim import simulate
-from llmsim.analysis.metrics import summarize
 from llmsim.analysis.rolling import rolling_worst_ratio, time_over_slo
 from llmsim.errors import ConfigError
-from llmsim.search.speedup import speedup_over_plain
 
 from .helpers import BASE, make_scenario
 
@@ -111,16 +108,6 @@ def test_controller_moves_the_speculation_k_and_the_engine_drafts_that_many():
     # With no violation nothing moves, and the run is the static one's.
     calm = simulate(_speculating("10 s", {"rule": "practice"}))
     assert not calm.control["changed"].any() and calm.requests.equals(simulate(_speculating("10 s")).requests)
-
-
-def test_the_plain_baseline_of_a_speculation_k_controller_runs_without_it():
-    """Plain decoding has no k to move: the baseline is the scenario without draft and controller."""
-    controlled = _speculating("1 ms", {"rule": "practice"})
-    result = simulate(controlled)
-    plain = summarize(simulate(replace(controlled, speculation=None, controller=None))).to_dict()
-    spec = summarize(result).to_dict()
-    speedup = speedup_over_plain(result, spec)
-    assert speedup["tpot_mean"] == plain["latency"]["tpot_s"]["mean"] / spec["latency"]["tpot_s"]["mean"]
 
 
 @pytest.mark.parametrize("controller, key", [

@@ -25,9 +25,14 @@ order. Given every request's inter-token gaps (``llmsim run --bench-detailed``, 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from llmsim.config.limits import MAX_NUMBER, MAX_TABLE_FILE_BYTES
+from llmsim.config.reader import parse_json, read_text
+from llmsim.errors import ConfigError
 
 BENCH_METRICS = ("ttft", "tpot", "itl", "e2el")
 BENCH_PERCENTILES = (90, 95, 99)
@@ -94,6 +99,32 @@ def vllm_bench_result(result, itls: list[list[float]] | None = None) -> dict:
         bench["errors"] = [""] * len(done)
         bench["llmsim_notes"] = ["generated_texts is left out: a simulation generates no text"]
     return bench
+
+
+def read_bench_json(path: str | Path) -> dict:
+    """A ``vllm bench serve`` result JSON, its :data:`DIFF_FIELDS` checked: each absent, null or a
+    number >= 0 (NaN and infinity are kept: vLLM writes NaN for a metric with no sample, and the
+    diff leaves such a metric out) of at most :data:`~llmsim.config.limits.MAX_NUMBER`. Read
+    through the front door with the size cap of a table (``--save-detailed`` lists every token
+    gap) and :func:`~llmsim.config.reader.parse_json` (nesting bounded); a string, a boolean or a
+    400-digit integer is a ConfigError naming the file and field."""
+    name = str(path)
+    data = parse_json(read_text(path, MAX_TABLE_FILE_BYTES), name)
+    if not isinstance(data, dict):
+        raise ConfigError("expected a JSON object of benchmark fields", file=name, has_value=False,
+                          allowed=", ".join(DIFF_FIELDS))
+    for field in DIFF_FIELDS:
+        value = data.get(field)
+        if value is None:
+            continue
+        # Compared before any float conversion: a JSON integer of 400 digits would overflow it.
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        in_range = number and (0 <= value <= MAX_NUMBER or isinstance(value, float)
+                               and (math.isnan(value) or value == math.inf))
+        if not in_range:
+            raise ConfigError("not a valid value", file=name, key=field, value=value,
+                              allowed=f"null or a number >= 0 and <= {MAX_NUMBER:.5g}")
+    return data
 
 
 def diff_metrics(measured: dict, simulated: dict) -> pd.DataFrame:

@@ -201,6 +201,13 @@ def _bootstrapped(metric: str, q: int, control: float, treatment: float, draws: 
                       float(low), float(high), float(p_value), "block bootstrap")
 
 
+# The smallest relative change whose detection time is reported (``llmsim run --detect``): the
+# requests needed grow as 1 / change^2, and at 0.1% a canary already needs about 8e6 x CV^2 of them
+# ((z_0.975 + z_0.8)^2 = 7.85, over 0.001^2), beyond any rollout; smaller targets only print
+# astronomical times (and 1e-300 squared is 0).
+MIN_DETECTABLE_CHANGE = 1e-3
+
+
 @dataclass(frozen=True)
 class DetectionTime:
     """How long a canary must run to detect a change of ``change`` (relative) in a metric's mean."""

@@ -100,13 +100,31 @@ def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], sta
     return out
 
 
+def measurement_window(result: SimulationResult) -> tuple[float, float]:
+    """``[warmup, end of arrivals]``, ended where a stopped run stopped; empty when the warm-up is as
+    long as the arrivals (:func:`summarize` then measures the whole run)."""
+    stop = result.arrival_window_s
+    if result.stopped_by != StopReason.COMPLETED:         # nothing after the stop was simulated: measure up to it
+        stop = min(stop, result.end_s)
+    return result.warmup_s, stop
+
+
+def warmup_warning(result: SimulationResult) -> str | None:
+    """What to tell the user when the warm-up leaves no measurement window (None when it does not)."""
+    start, stop = measurement_window(result)
+    if stop - start > 0 or result.scenario.simulation.warmup_s is None:
+        return None
+    return (f"simulation.warmup ({result.scenario.simulation.warmup_s:g} s) is not shorter than the "
+            f"{result.arrival_window_s:.3g} s in which the requests arrive (workload.num_requests, "
+            "workload.arrival.rate): every figure covers the whole run, warm-up included; shorten "
+            "simulation.warmup or send more requests")
+
+
 def summarize(result: SimulationResult) -> RunSummary:
     """The summary of one run, typed (``to_dict()``: what ``llmsim run`` prints and writes as JSON)."""
     scenario = result.scenario
     records, iterations = result.requests, result.iterations
-    start, stop = result.warmup_s, result.arrival_window_s
-    if result.stopped_by != StopReason.COMPLETED:         # nothing after the stop was simulated: measure up to it
-        stop = min(stop, result.end_s)
+    start, stop = measurement_window(result)
     if stop - start <= 0:                      # a degenerate window: measure the whole run
         start, stop = 0.0, max(result.end_s, 1e-12)
     window = stop - start

@@ -22,6 +22,8 @@ from llmsim.catalog.hardware import HardwareProfile, profile_from_node
 CLOUD_USD_PER_CORE_HOUR = 0.058
 # Socket TDP per core of a server CPU (AMD EPYC 9654: 360 W over 96 cores).
 SERVER_CPU_WATTS_PER_CORE = 3.75
+# What a transferred profile cites of the calibration it took its efficiencies from.
+TRANSFER_RECORD_KEYS = ("device", "device_name", "date", "torch_version")
 TRANSFERRED = (("compute", "compute_efficiency"), ("attention", "attention_efficiency"),
                ("memory_bandwidth", "memory_efficiency"), ("kv_read_penalty", "kv_read_penalty"))
 

@@ -20,7 +20,7 @@ from llmsim.calibration.kernel_profile import calibrate_from_measurements, kerne
 from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, attention_errors, error_table,
                                           layer_errors, read_measurements)
 from llmsim.calibration.plot import measured_scatter, scatter
-from llmsim.calibration.profile_yaml import transfer_document, write_document
+from llmsim.calibration.profile_yaml import TRANSFER_RECORD_KEYS, transfer_document, write_document
 from llmsim.catalog.hardware import load_profile, lookup_hardware
 from llmsim.cli.options import SEED, WORKERS
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
@@ -141,9 +141,18 @@ def _cmd_transfer(args) -> int:
     target = _profile_yaml(args.transfer_to)
     if args.from_profile:
         calibrated, name = _profile_yaml(args.from_profile), Path(args.from_profile).stem
-        if "calibration" not in calibrated:
-            raise ConfigError("has no calibration record; transfer from a profile written by llmsim calibrate",
-                              file=args.from_profile, has_value=False)
+        record = calibrated.get("calibration")
+        if not isinstance(record, dict) or record.get("tool") != "llmsim calibrate":
+            raise ConfigError("has no record of llmsim calibrate's efficiency measurement (a profile fitted with "
+                              "--from-measurements holds kernel terms, which are not transferred)",
+                              file=args.from_profile, key="calibration.tool",
+                              value=record.get("tool") if isinstance(record, dict) else record,
+                              allowed="a profile written by llmsim calibrate (tool: llmsim calibrate)")
+        missing = [key for key in TRANSFER_RECORD_KEYS if key not in record]
+        if missing:
+            raise ConfigError("the calibration record lacks what the transferred profile cites", file=args.from_profile,
+                              key=f"calibration.{missing[0]}", has_value=False,
+                              allowed=f"a record with {', '.join(TRANSFER_RECORD_KEYS)} (regenerate it with llmsim calibrate)")
     else:
         device = _device_kind(args.device)
         calibrated = calibrate(device, f"{device}-calibrated", quick=args.quick,

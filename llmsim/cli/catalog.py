@@ -56,8 +56,7 @@ def _cmd_place(args) -> int:
         placement = smallest_fitting(model, hardware, args.memory_utilization, ENGINE.block_size,
                                      args.max_batch_tokens, reserve, args.tp, args.pp, min_kv_tokens=args.room_for)
     if placement is None or not placement.fits:
-        print(f"{model.name} ({model.weight_dtype}) does not fit on {hardware.name} with this parallelism")
-        return 1
+        raise _does_not_fit(args, model, hardware, reserve)
     p = placement
     others = "".join(f", {dtype} {part}" for part, dtype in (("experts", model.expert_dtype),
                                                              ("embeddings", model.embedding_dtype)) if dtype)
@@ -71,6 +70,34 @@ def _cmd_place(args) -> int:
     for context in args.context:
         print(f"  concurrency        {p.concurrent_sequences(context):,} sequences of {context:,} tokens")
     return 0
+
+
+def _does_not_fit(args, model, hardware, reserve: float) -> ConfigError:
+    """Nothing fits as asked: an error naming what was asked (the fixed layout, else the KV room) and the
+    smallest layout that holds the model with room for one token, or that none does on this chip."""
+    asked = []
+    if args.tp or args.pp:
+        key, value = ("--tp", args.tp) if args.tp else ("--pp", args.pp)
+        asked.append(f"tensor parallel {args.tp or 'any'} x pipeline stages {args.pp or 'any'}")
+    else:
+        key, value = ("--room-for", args.room_for) if args.room_for > 1 else ("hardware", hardware.name)
+    if args.room_for > 1:
+        asked.append(f"KV room for {args.room_for:,} tokens")
+    smallest = smallest_fitting(model, hardware, args.memory_utilization, ENGINE.block_size, args.max_batch_tokens,
+                                reserve)
+    message = (f"{model.name} ({model.weight_dtype} weights) does not fit on {hardware.name}"
+               + (f" with {' and '.join(asked)}" if asked else ""))
+    if smallest is None:
+        return ConfigError(f"{message}: no layout of {hardware.name} devices holds it (tensor parallel dividing its "
+                           f"{model.num_heads} heads x up to {model.num_layers} pipeline stages), its weights and "
+                           f"the activations of --max-batch-tokens {args.max_batch_tokens:,} in the "
+                           f"{hardware.memory_name} of each", key=key, value=value,
+                           allowed="a smaller --weight-dtype or --max-batch-tokens, a smaller --runtime-reserve-gb, "
+                                   "or a larger device")
+    return ConfigError(message, key=key, value=value,
+                       allowed=f"the smallest layout that holds the model: {smallest.devices} x {hardware.name} (tensor parallel "
+                               f"{smallest.tensor_parallel} x pipeline stages {smallest.pipeline_parallel}), KV room "
+                               f"for {smallest.kv_capacity_tokens:,} tokens")
 
 
 def _check_place_flags(args, model) -> None:

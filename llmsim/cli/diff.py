@@ -6,12 +6,11 @@ field names). Each metric both carry is printed with its relative error.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from llmsim.analysis.bench_format import DIFF_FIELDS, diff_metrics
+from llmsim.analysis.bench_format import DIFF_FIELDS, diff_metrics, read_bench_json
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.errors import ConfigError
 
@@ -25,19 +24,6 @@ def add_parser(sub) -> None:
     diff.set_defaults(func=_cmd_diff)
 
 
-def read_bench_json(path: str) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=path, has_value=False) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"cannot read this as JSON ({exc})", file=path, has_value=False) from None
-    if not isinstance(data, dict):
-        raise ConfigError("expected a JSON object of benchmark fields", file=path, has_value=False,
-                          allowed=", ".join(DIFF_FIELDS))
-    return data
-
-
 def _cmd_diff(args) -> int:
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
@@ -49,9 +35,12 @@ def _cmd_diff(args) -> int:
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     with pd.option_context("display.width", 200, "display.float_format", "{:,.4g}".format):
         print(table.to_string(index=False))
-    errors = table["error_pct"].abs()
-    print(f"\n{len(table)} metrics; median |error| {errors.median():.1f}%, largest {errors.max():.1f}% "
-          f"({table.loc[errors.idxmax(), 'metric']})")
+    errors = table["error_pct"].abs().dropna()       # a measured 0 has no relative error
+    if errors.empty:
+        print(f"\n{len(table)} metrics; no relative error: every measured value is 0")
+    else:
+        print(f"\n{len(table)} metrics; median |error| {errors.median():.1f}%, largest {errors.max():.1f}% "
+              f"({table.loc[errors.idxmax(), 'metric']})")
     if args.out:
         print(f"wrote {args.out}")
     return 0

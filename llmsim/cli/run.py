@@ -23,7 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from llmsim.analysis.bench_format import vllm_bench_result
-from llmsim.analysis.metrics import summarize
+from llmsim.analysis.canary import MIN_DETECTABLE_CHANGE
+from llmsim.analysis.metrics import summarize, warmup_warning
 from llmsim.cli.options import FORCE_HELP, SEED, number_flag
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary, rollout_table
@@ -64,9 +65,9 @@ def add_parsers(sub) -> None:
     run.add_argument("--parquet", action="store_true",
                      help="also write the per-request records as requests.parquet (needs pyarrow: "
                           "pip install 'llmsim[parquet]')")
-    run.add_argument("--detect", type=number_flag(0.0, 10.0, exclusive_minimum=True), default=0.05, metavar="FRACTION",
-                     help="with a rollout: the relative change in a mean whose detection time is reported "
-                          "(default 0.05: 5%%)")
+    run.add_argument("--detect", type=number_flag(MIN_DETECTABLE_CHANGE, 10.0), default=0.05, metavar="FRACTION",
+                     help="with a rollout: the relative change in a mean whose detection time is reported, "
+                          f"{MIN_DETECTABLE_CHANGE:g} to 10 (default 0.05: 5%%)")
     run.add_argument("--no-baseline", action="store_true",
                      help="with speculation: skip the plain-decoding run on the same trace (no speedup figures)")
     run.set_defaults(func=_cmd_run)
@@ -119,6 +120,7 @@ def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = N
     ``token_times``: the run's per-request token times, for ``--bench-detailed``."""
     scenario = result.scenario
     summary = summarize(result).to_dict()
+    _warn_of_warmup(result)
     if scenario.vllm_notes:
         summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
     if scenario.workload.trace is not None or scenario.workload.dataset is not None:
@@ -160,6 +162,7 @@ def _run_rollout(scenario, out: Path, args) -> int:
     """A canary or shadow rollout: the user-facing summary, then each group against the control."""
     result = simulate_rollout(scenario, force=True)          # its size checked by the caller
     summary = summarize(result.user).to_dict()
+    _warn_of_warmup(result.user)
     summary["rollout"] = rollout_summary(result, args.detect)
     users = result.user.requests
     written = [write_file(out / "requests.csv", lambda path: users.to_csv(path, index=False))]
@@ -174,6 +177,12 @@ def _run_rollout(scenario, out: Path, args) -> int:
     print("\n" + rollout_table(summary["rollout"]))
     print("\nwrote " + ", ".join(map(str, written)))
     return 130 if result.interrupted else 0
+
+
+def _warn_of_warmup(result) -> None:
+    warning = warmup_warning(result)
+    if warning:
+        print(f"llmsim: warning: {warning}", file=sys.stderr)
 
 
 def _write_summary(path: Path, summary: dict) -> Path:

@@ -4,6 +4,9 @@ Prints the trace's size, span, mean rate, burstiness (the CV of the gaps between
 arrivals), its rate per hour and the lognormal fitted to each length column; ``--out``
 writes the fitted ``workload`` mapping as YAML (``--scale 2``: twice the traffic;
 ``--profile``: the hourly rates as a ``steps`` arrival profile instead of Gamma arrivals).
+``--bin`` must leave at most ``MAX_PROFILE_BINS`` bins over the trace, and ``--scale`` rates
+that a scenario takes (checked before anything is allocated or written); a trace whose
+requests all arrive at one instant has no rate to fit.
 """
 from __future__ import annotations
 
@@ -11,9 +14,11 @@ from pathlib import Path
 
 import yaml
 
+from llmsim.cli.options import number_flag
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
+from llmsim.config.limits import MAX_NUMBER, MAX_QUANTITY
 from llmsim.config.reader import Node
-from llmsim.workload.trace_fit import PROFILE_BIN_S, fit_workload
+from llmsim.workload.trace_fit import MAX_PROFILE_BINS, PROFILE_BIN_S, fit_workload, profile_bins
 from llmsim.workload.trace_formats import TIMED_FORMATS, read_trace
 from llmsim.errors import ConfigError
 
@@ -22,8 +27,12 @@ def add_parser(sub) -> None:
     trace = sub.add_parser("trace", help="describe a request trace and fit a synthetic workload to it")
     trace.add_argument("path", help="a trace file (formats: " + ", ".join(TIMED_FORMATS) + ")")
     trace.add_argument("--format", default="auto", choices=("auto", *TIMED_FORMATS), help="default: detected")
-    trace.add_argument("--bin", type=float, default=PROFILE_BIN_S, help="seconds per time-of-day bin (default 3600)")
-    trace.add_argument("--scale", type=float, default=1.0, help="multiply the fitted rates (default 1)")
+    trace.add_argument("--bin", type=number_flag(0.0, MAX_QUANTITY["duration"], exclusive_minimum=True),
+                       default=PROFILE_BIN_S, help="seconds per time-of-day bin (default 3600; at most "
+                                                   f"{MAX_PROFILE_BINS:,} bins over the trace)")
+    trace.add_argument("--scale", type=number_flag(0.0, MAX_NUMBER, exclusive_minimum=True), default=1.0,
+                       help="multiply the fitted rates (default 1; the rates written stay within what a "
+                            "scenario takes)")
     trace.add_argument("--profile", action="store_true",
                        help="write the per-bin rates as a steps profile instead of Gamma arrivals")
     trace.add_argument("--out", help="write the fitted workload mapping (YAML) here")
@@ -32,18 +41,22 @@ def add_parser(sub) -> None:
 
 
 def _cmd_trace(args) -> int:
-    for key, value in (("--bin", args.bin), ("--scale", args.scale)):
-        if not value > 0 or value == float("inf"):
-            raise ConfigError("must be a positive number", key=key, value=value, allowed="a number > 0")
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
     path = Path(args.path)
-    if not path.is_file():
-        raise ConfigError("file not found", file=str(path), has_value=False)
     trace = read_trace(path, Node({"path": str(path)}), "path", args.format)
     if len(trace) < 2:
         raise ConfigError("a trace of fewer than two requests has no rate to fit", file=str(path), has_value=False)
+    span_s = float(trace.arrival_s[-1] - trace.arrival_s[0])
+    if span_s == 0:
+        raise ConfigError(f"all {len(trace):,} requests arrive at the same time: there is no rate to fit",
+                          file=str(path), has_value=False, allowed="a trace whose arrival times differ")
+    if profile_bins(span_s, args.bin) > MAX_PROFILE_BINS:
+        raise ConfigError(f"{span_s:g} s of trace in bins of {args.bin:g} s is more than {MAX_PROFILE_BINS:,} bins",
+                          key="--bin", value=args.bin,
+                          allowed=f"a bin of at least {span_s / MAX_PROFILE_BINS:.6g} s for this trace")
     fit = fit_workload(trace, args.bin)
+    _check_scale(args.scale, fit)
     print(f"{trace.description}: {fit.requests:,} requests over {fit.span_s:,.1f} s")
     print(f"arrivals   mean rate {fit.rate_per_s:.4g}/s, gap CV {fit.gap_cv:.3g} (1 = Poisson, above 1 bursty)")
     rates = ", ".join(f"{r:.3g}" for r in fit.profile_rates_per_s[:48])
@@ -57,3 +70,16 @@ def _cmd_trace(args) -> int:
         write_file(Path(args.out), lambda p: p.write_text(yaml.safe_dump(workload, sort_keys=False)))
         print(f"\nwrote {args.out} (rates x{args.scale:g})")
     return 0
+
+
+def _check_scale(scale: float, fit) -> None:
+    """The scaled rates must be ones a scenario takes: the mean at least the rate that brings the
+    trace's requests within the longest simulated window, no rate above the largest rate."""
+    low = fit.requests / MAX_QUANTITY["duration"] / fit.rate_per_s
+    high = MAX_QUANTITY["rate"] / max(fit.rate_per_s, *fit.profile_rates_per_s)
+    if not low <= scale <= high:
+        raise ConfigError(f"scales the trace's mean rate of {fit.rate_per_s:.6g}/s to {scale * fit.rate_per_s:.6g}/s",
+                          key="--scale", value=scale,
+                          allowed=f"a factor from {low:.6g} to {high:.6g} for this trace (rates from "
+                                  f"{fit.requests / MAX_QUANTITY['duration']:.3g}/s to "
+                                  f"{MAX_QUANTITY['rate']:g}/s)")

@@ -12,6 +12,13 @@ from __future__ import annotations
 # -- files -------------------------------------------------------------------------------
 MAX_CONFIG_FILE_BYTES = 16 * 2**20      # a YAML or JSON file: the shipped ones are under 20 kB
 MAX_TABLE_FILE_BYTES = 512 * 2**20      # a CSV trace: about 20 million rows of three columns
+# Rows (lines) of a table or JSON-lines trace, counted before parsing: short lines ("0,1,1") fit
+# 90 million in the byte cap, and every cell is a Python object once read.
+MAX_TABLE_ROWS = 20_000_000
+# Objects and lists ('{' and '[') of a JSON trace or dataset, counted before parsing: a Mooncake
+# line has two, and each, however short its text, is 56 bytes or more once parsed.
+MAX_JSON_CONTAINERS = 2 * MAX_TABLE_ROWS
+MAX_TOKENIZER_FILE_BYTES = 64 * 2**20   # a Hugging Face tokenizer.json: large vocabularies take tens of MB
 
 # -- YAML ----------------------------------------------------------------------------------
 MAX_YAML_DEPTH = 64                 # nested mappings/lists; shipped files reach 5
@@ -23,6 +30,11 @@ MAX_JSON_DEPTH = 64                 # nested objects/arrays; a config.json reach
 
 # -- command lines -------------------------------------------------------------------------
 MAX_FLAGS_CHARS = 64 * 1024         # engine.vllm_args / --vllm-args: a vllm serve command line is under 1 kB
+
+# -- grids ---------------------------------------------------------------------------------
+# Points of a sweep grid (the product of its lists' lengths), built before any runs: at about a
+# second a point this is a day of one core, while a few lines of YAML could ask for billions.
+MAX_GRID_POINTS = 100_000
 
 # -- numbers -------------------------------------------------------------------------------
 # A plain number: its magnitude at most 2**53, the largest integer a float64 holds exactly
@@ -44,3 +56,8 @@ MAX_QUANTITY = {
 
 # -- a trace's columns ----------------------------------------------------------------------
 MAX_TRACE_TOKENS = 10_000_000       # a request's prompt or output, above any model's context
+# Characters per token when a dataset's tokens are estimated from its text: byte-level tokenizers
+# give at most one token per UTF-8 byte (4 bytes a character at most), and no vocabulary has tokens
+# of a thousand characters.
+MIN_CHARS_PER_TOKEN = 0.25
+MAX_CHARS_PER_TOKEN = 1000.0

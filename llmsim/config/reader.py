@@ -13,6 +13,7 @@ import difflib
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -25,6 +26,8 @@ from llmsim.config.limits import (MAX_CONFIG_FILE_BYTES, MAX_JSON_DEPTH, MAX_NUM
 from llmsim.config.units import UnitError, parse_quantity
 
 _MISSING = object()
+# 1e-3, which YAML 1.2 reads as a number and PyYAML (YAML 1.1) as a string
+_EXPONENT_WITHOUT_POINT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
 def open_file(path: str | Path, max_bytes: int):
@@ -267,7 +270,7 @@ class Node:
         self._used.add(key)
         if key not in self.data or self.data[key] is None:
             if default is _MISSING:
-                typo = _closest(key, [str(k) for k in self.data if k != key])
+                typo = _closest(str(key), [str(k) for k in self.data if k != key])
                 message = "required key is missing" + (f"; did you mean '{key}' instead of '{typo}'?"
                                                        if typo else "")
                 raise self.error(message, key=self.key_path(key), has_value=False)
@@ -303,7 +306,12 @@ class Node:
         minimum = -MAX_NUMBER if minimum is None else minimum
         if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                 (isinstance(value, float) and not math.isfinite(value)):
-            raise self.key_error(key, f"expected {kind}", value, range_text(kind, minimum, maximum, exclusive_minimum))
+            problem = f"expected {kind}"
+            if isinstance(value, str) and _EXPONENT_WITHOUT_POINT.fullmatch(value.strip()):
+                mantissa, exponent = re.split("[eE]", value.strip())
+                problem += (f"; YAML reads an exponent without a decimal point as text: write "
+                            f"{mantissa}.0e{exponent}")
+            raise self.key_error(key, problem, value, range_text(kind, minimum, maximum, exclusive_minimum))
         self._check_range(key, value, kind, minimum, maximum, exclusive_minimum)
         if integer and not float(value).is_integer():
             raise self.key_error(key, f"expected {kind}", value, range_text(kind, minimum, maximum, exclusive_minimum))
@@ -367,7 +375,8 @@ class Node:
 
     def done(self, extra_allowed: Iterable[str] = ()) -> None:
         """Reject keys that were never read: they are typos or settings llmsim does not have."""
-        valid = sorted(self._used | set(extra_allowed))
+        # YAML keys may be numbers, booleans or null beside strings: compared as text.
+        valid = sorted({str(key) for key in self._used | set(extra_allowed)})
         for key in self.data:
             if key not in self._used and key not in extra_allowed:
                 hint = _closest(str(key), valid)

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
-from llmsim.config.limits import MAX_TABLE_FILE_BYTES
+from llmsim.config.limits import MAX_TABLE_FILE_BYTES, MAX_TABLE_ROWS
 from llmsim.config.reader import range_text, read_text
 from llmsim.errors import ConfigError
 
@@ -26,6 +26,10 @@ Fail = Callable[[str, object, str], ConfigError]
 def read_csv_text(path: str | Path, fail: Fail, max_bytes: int = MAX_TABLE_FILE_BYTES) -> pd.DataFrame:
     """A CSV file with a header and at least one data row, every cell read as text."""
     text = read_text(path, max_bytes)
+    lines = text.count("\n")
+    if lines > MAX_TABLE_ROWS:
+        raise fail(f"CSV {path} has {lines:,} lines, more than the {MAX_TABLE_ROWS:,} rows llmsim reads", str(path),
+                   f"a CSV file of at most {MAX_TABLE_ROWS:,} rows")
     try:
         frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, ValueError) as exc:

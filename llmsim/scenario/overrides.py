@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from llmsim.config.limits import MAX_GRID_POINTS
 from llmsim.config.reader import Node, deep_merge
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario, scenario_from_node
@@ -39,6 +41,11 @@ def grid_points(grid: Any, source: str | None = None) -> list[dict]:
             raise node.key_error(key, "expected a non-empty list of values to sweep", options, "a YAML list")
         values.append(options)
     keys = list(node.data)
+    if math.prod(map(len, values)) > MAX_GRID_POINTS:
+        longest = max(keys, key=lambda key: len(node.data[key]))
+        raise node.error(f"the grid has {math.prod(map(len, values)):,} points (every combination of its lists)",
+                         key=str(longest), value=f"{len(node.data[longest]):,} values",
+                         allowed=f"at most {MAX_GRID_POINTS:,} points: shorter lists")
     return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
 
 

@@ -18,7 +18,8 @@ from llmsim.config.policies import (Admission, Batching, OnTimeout, PreemptionMo
                                    SchedulingPolicy, members_of)
 from llmsim.errors import ConfigError
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
-from llmsim.scenario.control import AutoscalingConfig, ControllerConfig, autoscaling_from_node, controller_from_node
+from llmsim.scenario.control import (SPECULATION_K, AutoscalingConfig, ControllerConfig, autoscaling_from_node,
+                                    controller_from_node)
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
@@ -202,6 +203,14 @@ class Scenario:
 
     def with_seed(self, seed: int) -> "Scenario":
         return replace(self, seed=seed)
+
+    def plain_decoding(self) -> "Scenario":
+        """This scenario without speculation: a controller that moves the draft length goes with it
+        (plain decoding has no draft length to move)."""
+        controller = self.controller
+        if controller is not None and controller.knob == SPECULATION_K:
+            controller = None
+        return replace(self, speculation=None, controller=controller)
 
 
 def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | None = None) -> Scenario:

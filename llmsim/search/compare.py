@@ -36,11 +36,15 @@ def load_comparison(path: str | Path) -> list[tuple[str, str, Scenario]]:
     loads = root.child("loads", {})
     load_changes = {str(label): _load(loads, label) for label in list(loads.data)} or {"": {}}
     loads.done()
+    if loads.data:
+        _check_overridden(base, root.child("base"))
     runs = []
     for variant in list(variants.data):
         changes = variants.raw(variant)
         if not isinstance(changes, dict):
             raise variants.key_error(variant, "expected a mapping of scenario keys", changes)
+        if loads.data:
+            _check_overridden(changes, variants.child(variant))
         for label, load in load_changes.items():
             data = deep_merge(deep_merge(copy.deepcopy(base), changes, REPLACED_WHOLE), load)
             data.setdefault("name", f"{name}: {variant}")
@@ -65,6 +69,18 @@ def _load(loads: Node, label: str) -> dict:
         workload["num_requests"] = entry.number("num_requests", integer=True, minimum=1, exclusive_minimum=False)
     entry.done()
     return {"workload": workload}
+
+
+def _check_overridden(data: dict, node: Node) -> None:
+    """The keys every load replaces (the arrival rate, the request count) where the base or a variant
+    sets them: each load hides them, but a wrong value there is still a mistake in the file."""
+    workload = data.get("workload")
+    if not isinstance(workload, dict):
+        return
+    held = node.child("workload")
+    if isinstance(workload.get("arrival"), dict) and workload["arrival"].get("rate") is not None:
+        held.child("arrival").quantity("rate", "rate")
+    held.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
 
 
 def compare(path: str | Path, force: bool = False) -> pd.DataFrame:

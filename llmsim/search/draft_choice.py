@@ -143,7 +143,7 @@ def cost_ratio(scenario: Scenario, candidate: Candidate, context: float) -> floa
 def with_candidate(scenario: Scenario, candidate: Candidate, k: int) -> Scenario:
     """The scenario speculating with ``candidate`` at a static ``k`` (plain decoding for ``none``)."""
     if candidate.kind == NONE:
-        return replace(scenario, speculation=None)
+        return scenario.plain_decoding()
     own = scenario.speculation
     eligibility = own.eligibility if own is not None else Eligibility()
     config = SpeculationConfig(candidate.draft, policy=KPolicy(KPolicyName.STATIC, k, max(k, candidate.k_max)),

@@ -60,7 +60,7 @@ def load_sweep(scenario: Scenario, options: Sequence[Candidate], loads: Sequence
                 for k in (ks[candidate.label] if isinstance(ks, Mapping) else ks)]
     if method == "fluid":
         trace = generate_trace(scenario.workload, scenario.seed)        # lengths only: the rate is the model's
-        plain = FluidModel(replace(scenario, speculation=None), trace).evaluate(loads)["tpot_mean_s"].to_numpy()
+        plain = FluidModel(scenario.plain_decoding(), trace).evaluate(loads)["tpot_mean_s"].to_numpy()
         tpots = [FluidModel(_speculating(scenario, candidate, k, eligibility), trace).evaluate(loads)[
             "tpot_mean_s"].to_numpy() for candidate, k in settings]
     else:
@@ -68,7 +68,7 @@ def load_sweep(scenario: Scenario, options: Sequence[Candidate], loads: Sequence
         for load in loads:
             at_load = variant(scenario, {"workload.arrival.rate": float(load)})
             trace = generate_trace(at_load.workload, at_load.seed)
-            plain.append(_mean_tpot(replace(at_load, speculation=None), trace))
+            plain.append(_mean_tpot(at_load.plain_decoding(), trace))
             per_load.append([_mean_tpot(_speculating(at_load, candidate, k, eligibility), trace)
                              for candidate, k in settings])
         plain, tpots = np.array(plain), list(np.array(per_load).T)

@@ -42,6 +42,7 @@ from llmsim.scenario.overrides import check_matches_source, variant
 from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, Window, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.workload.generate import generate_trace
+from llmsim.workload.trace_transforms import has_time_scale
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 REPLICAS_KEY = "deployment.replicas"
@@ -71,9 +72,10 @@ def check_rate_driven(scenario: Scenario) -> None:
                           key="workload.arrival.process", value=arrival.process,
                           allowed="poisson, gamma, deterministic or diurnal (whose rate is its mean)")
     trace = scenario.workload.trace
-    if trace is not None and len(trace) < 2:
-        raise ConfigError("a replayed trace of one request has no arrival rate to vary", file=scenario.path,
-                          key="workload.arrival.path", value=len(trace), allowed="a trace of two requests or more")
+    if trace is not None and not has_time_scale(trace):
+        raise ConfigError("a replayed trace of one request, or of requests that all arrive at one time, has no "
+                          "arrival rate to vary", file=scenario.path, key="workload.arrival.path",
+                          value=f"{len(trace):,} requests", allowed="a trace of two requests or more at different times")
 
 
 def replay_description(scenario: Scenario, rate_per_s: float) -> str:

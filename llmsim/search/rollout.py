@@ -50,8 +50,8 @@ def simulate_rollout(scenario: Scenario, trace: Trace | None = None, force: bool
     """Simulate the scenario's control deployment and every rollout group on the shares of ``trace``
     (the scenario's own, from its seed, unless given) the router sends them."""
     rollout = scenario.rollout
+    check_run_size(scenario, trace, force)          # before the trace is drawn: drawing may be what is too large
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
-    check_run_size(scenario, trace, force)
     window, _ = horizon_for(scenario, trace)
     warmup = warmup_for(scenario, window)
     serving, copies = rollout.assign(scenario.seed, len(trace))

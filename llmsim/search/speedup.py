@@ -1,10 +1,7 @@
 """Speculative decoding against plain decoding: the same scenario without a draft, on the same trace."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from llmsim.analysis.metrics import summarize
-from llmsim.scenario.control import SPECULATION_K
 from llmsim.sim.result import SimulationResult
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
@@ -18,13 +15,9 @@ def speedup_over_plain(result: SimulationResult, summary: dict | None = None) ->
     already (summarising a large run takes seconds).
     """
     scenario = result.scenario
-    # Without a draft there is no k for a speculation_k controller to move: the baseline runs without it.
-    controller = scenario.controller
-    if controller is not None and controller.knob == SPECULATION_K:
-        controller = None
     # The size of the run itself, already checked; Ctrl-C during the baseline: no ratios from half a run.
-    plain = summarize(simulate_whole(replace(scenario, speculation=None, controller=controller),
-                                     generate_trace(scenario.workload, scenario.seed), force=True)).to_dict()
+    plain = summarize(simulate_whole(scenario.plain_decoding(), generate_trace(scenario.workload, scenario.seed),
+                                     force=True)).to_dict()
     spec = summarize(result).to_dict() if summary is None else summary
     return {
         "tpot_mean": _ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),

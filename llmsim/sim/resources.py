@@ -22,8 +22,15 @@ The estimate:
   replicas: 37 kB each), rounded up.
 
 An engine also counts as :data:`EVENTS_PER_ENGINE` events: 20,000 replicas took 56 s to build and
-report on 4,000 requests, about 2.8 ms each, the time of ~100 iterations. The estimate runs two
-to three times the measured peak; the limits are set with that in mind.
+report on 4,000 requests, about 2.8 ms each, the time of ~100 iterations. Every replica an
+autoscaler may start (``max_replicas``) and every rollout group's replicas are built. The estimate
+runs two to three times the measured peak; the limits are set with that in mind.
+
+Work that does not grow with the requests counts too: the controller and the autoscaler wake
+every ``interval`` until the horizon (one event and one log row each), and a time-varying arrival
+rate is integrated on knots whose number grows with the window over its ``period`` (diurnal) or
+its states' mean durations (MMPP). A refusal names the key behind the largest share of what is
+over the limit.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 from llmsim.errors import ConfigError
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
+from llmsim.workload.profiles import RateProfile
 from llmsim.workload.trace import Trace
 
 MAX_RUN_MEMORY_BYTES = 16 * 2**30       # refused above this estimate, unless forced (it runs ~2-3x the peak)
@@ -45,25 +53,37 @@ BYTES_PER_REQUEST = 3_000
 BYTES_PER_ITERATION = 600
 BYTES_PER_ENGINE = 40_000
 EVENTS_PER_ENGINE = 100                 # building and reporting an engine takes as long as ~100 iterations
+# A controller's wakeup reads every request's record: measured 150-260 us a wakeup with 2,000-8,000
+# requests (Llama-3.1-8B / H100, 10 ms interval), the time of 4-7 iterations, growing with the records.
+EVENTS_PER_CONTROL_TICK = 5
+REQUESTS_PER_CONTROL_EVENT = 2_000
+BYTES_PER_TICK = 200                    # a controller's or autoscaler's log row: a tuple of six numbers
+BYTES_PER_KNOT = 64                     # an arrival profile's knot: about eight float64 arrays of them at once
 SAFETY = 2.0                            # the fluid iteration count, doubled (it is an estimate, not a bound)
 FLUID_ROUNDS = 30                       # fixed-point rounds for the mean batch (it settles in under ten)
 
 
 @dataclass(frozen=True)
 class RunEstimate:
-    """What a run will take, at most (see the module docstring)."""
+    """What a run will take, at most (see the module docstring). ``sources`` splits the events and
+    bytes by the scenario key that asks for them: (key, events, bytes)."""
     requests: int
     engines: int
     iterations: int
     memory_bytes: float
+    sources: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def events(self) -> int:
-        return self.requests + self.iterations + self.engines * EVENTS_PER_ENGINE
+        return int(sum(events for _, events, _ in self.sources))
 
     def text(self) -> str:
         return (f"about {self.requests:,} requests on {self.engines:,} engines, up to {self.iterations:,} "
                 f"iterations ({self.events:,} events) and {self.memory_bytes / 2**30:,.2f} GiB of memory")
+
+    def largest(self, column: int) -> str:
+        """The key behind the largest share of events (``column`` 1) or bytes (2)."""
+        return max(self.sources, key=lambda source: source[column])[0]
 
 
 def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
@@ -92,15 +112,48 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
     if horizon_s is None:
         horizon_s = max(2 * window_s, window_s + 60.0)
     resolved = ResolvedDeployment.of(scenario)
-    engines = resolved.replicas * resolved.engines_per_replica
+    serving = resolved.replicas * resolved.engines_per_replica
     per_request = output + math.ceil(prompt / scenario.engine.max_batch_tokens)
     # The fluid view misses the ends of a run: after the last arrival an engine may decode the
     # longest request alone, one iteration per token.
-    fluid = _fluid_iterations(resolved, requests, window_s, horizon_s, prompt, output) + engines * longest
+    fluid = _fluid_iterations(resolved, requests, window_s, horizon_s, prompt, output) + serving * longest
     iterations = min(requests * per_request, SAFETY * fluid)
     iterations = int(min(iterations, 1e18))
-    memory = requests * BYTES_PER_REQUEST + iterations * BYTES_PER_ITERATION + engines * BYTES_PER_ENGINE
-    return RunEstimate(int(requests), engines, iterations, float(memory))
+    sources = [("workload", requests + iterations, requests * BYTES_PER_REQUEST + iterations * BYTES_PER_ITERATION)]
+    sources += [(key, count * EVENTS_PER_ENGINE, count * BYTES_PER_ENGINE) for key, count in _engines(scenario)]
+    control = EVENTS_PER_CONTROL_TICK + requests / REQUESTS_PER_CONTROL_EVENT
+    for key, config, events in (("controller.interval", scenario.controller, control),
+                                ("autoscaling.interval", scenario.autoscaling, 1.0)):
+        if config is not None:
+            ticks = horizon_s / config.interval_s
+            sources.append((key, ticks * events, ticks * BYTES_PER_TICK))
+    if trace is None:
+        for key, profile in _profiles(workload):
+            # Drawing a request count doubles the window until the arrivals fit: up to twice the window.
+            sources.append((key, 0.0, profile.knot_count(2 * max(window_s, horizon_s)) * BYTES_PER_KNOT))
+    engines = sum(count for _, count in _engines(scenario))
+    memory = sum(size for _, _, size in sources)
+    return RunEstimate(int(requests), engines, iterations, float(memory), tuple(sources))
+
+
+def _engines(scenario: Scenario) -> list[tuple[str, int]]:
+    """(key, engines) of every group of replicas the run builds: the deployment's (all an autoscaler
+    may start) and each rollout group's, an engine per pipeline stage."""
+    stages = scenario.deployment.pipeline_parallel
+    if scenario.autoscaling is not None:
+        return [("autoscaling.max_replicas", scenario.autoscaling.max_replicas * stages)]
+    groups = [("deployment.replicas", scenario.deployment.replicas * stages)]
+    if scenario.rollout is not None:
+        groups += [(f"rollout.groups.{group.name}.replicas", built.deployment.replicas * built.deployment.pipeline_parallel)
+                   for group, built in zip(scenario.rollout.groups, scenario.rollout_scenarios)]
+    return groups
+
+
+def _profiles(workload) -> list[tuple[str, RateProfile]]:
+    """(key, profile) of every time-varying arrival rate of a synthetic workload."""
+    found = [("workload.arrival", workload.arrival)] + [(f"workload.classes.{c.name}.arrival", c.arrival)
+                                                        for c in workload.classes]
+    return [(f"{key}.{arrival.resolution_key}", arrival) for key, arrival in found if isinstance(arrival, RateProfile)]
 
 
 def _lengths(workload, requests: int) -> tuple[float, float, int]:
@@ -148,17 +201,30 @@ def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool =
     estimate = estimate_run(scenario, trace)
     if force:
         return estimate
-    over = []
-    if estimate.memory_bytes > MAX_RUN_MEMORY_BYTES:
-        over.append(f"{MAX_RUN_MEMORY_BYTES / 2**30:g} GiB of memory")
-    if estimate.events > MAX_RUN_EVENTS:
-        over.append(f"{MAX_RUN_EVENTS:,} events")
+    over, key = [], None
     if estimate.engines > MAX_RUN_ENGINES:
         over.append(f"{MAX_RUN_ENGINES:,} engines (replicas x pipeline stages)")
+        key = max(_engines(scenario), key=lambda group: group[1])[0]
+    if estimate.events > MAX_RUN_EVENTS:
+        over.append(f"{MAX_RUN_EVENTS:,} events")
+        key = key or estimate.largest(1)
+    if estimate.memory_bytes > MAX_RUN_MEMORY_BYTES:
+        over.append(f"{MAX_RUN_MEMORY_BYTES / 2**30:g} GiB of memory")
+        key = key or estimate.largest(2)
     if over:
         raise ConfigError(f"this run is too large to start unasked: {estimate.text()}, above the limit of "
-                          f"{' and '.join(over)}", file=scenario.path, key="workload", has_value=False,
-                          allowed="fewer workload.num_requests, a shorter workload.duration, fewer "
-                                  "deployment.replicas or a shorter simulation.horizon; or --force (llmsim "
+                          f"{' and '.join(over)}", file=scenario.path, key=key, has_value=False,
+                          allowed=f"{REMEDIES.get(key.rsplit('.', 1)[-1], REMEDIES['workload']).format(key=key)}; or --force (llmsim "
                                   "run, compare, sweep; force=True in Python) to run it anyway")
     return estimate
+
+
+# What to change, by the last part of the key a refusal names.
+REMEDIES = {
+    "workload": "fewer workload.num_requests, a shorter workload.duration or a shorter simulation.horizon",
+    "replicas": "fewer {key}", "max_replicas": "a smaller {key}",
+    "interval": "a longer {key} (it wakes once per interval until simulation.horizon) or a shorter horizon",
+    "period": "a longer {key} (the rate is integrated on 1,440 knots per period) or a shorter window",
+    "states": "longer mean_duration in {key} (about one knot per state visited) or a shorter window",
+    "rates": "fewer points in {key}",
+}

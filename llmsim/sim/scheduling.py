@@ -42,6 +42,8 @@ request) takes the least urgent running request instead of the most recent one.
 """
 from __future__ import annotations
 
+import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -142,15 +144,27 @@ class ClassQueue:
         return self._round_robin(classes)
 
     def _round_robin(self, classes: list[int]) -> int:
-        """Deficit round robin: the class whose turn it is, once its credit covers its head's tokens."""
+        """Deficit round robin: the class whose turn it is, once its credit covers its head's tokens.
+
+        After one full round without a class admitted, the rounds in which none could be are
+        credited at once (a light class's head may need millions of rounds of its quantum)."""
         n = len(self.rules)
-        while True:
+        for step in itertools.count():
             c = self._turn
             if c in classes and self._deficit[c] >= _work(self._queues[c][0]):
                 return c
+            if step and step % n == 0:
+                self._skip_rounds(classes)
             self._turn = (c + 1) % n
             if self._turn in classes:
                 self._deficit[self._turn] += self._quantum[self._turn]
+
+    def _skip_rounds(self, classes: list[int]) -> None:
+        """Credit every waiting class the whole rounds that pass before the first of them can admit its
+        head: one fewer than the fewest rounds any of them still needs, so none is passed over."""
+        rounds = min(math.ceil((_work(self._queues[c][0]) - self._deficit[c]) / self._quantum[c]) for c in classes)
+        for c in classes:
+            self._deficit[c] += (rounds - 1) * self._quantum[c]
 
     def pop_class(self, c: int, now: float) -> Request:
         request = self._queues[c].popleft()

@@ -51,6 +51,14 @@ from llmsim.speculation.proposers import (EAGLE, HEAD_KINDS, KINDS, MEDUSA, MODE
                                           NGRAM_CPU_S_PER_CONTEXT_TOKEN, Proposer, head_spec)
 
 PROCESSES = ("bernoulli", "beta", "positional", "replay", "predicted")
+# Draft levels (k_max) at most: four times the largest published drafts (EAGLE-2's evaluation
+# verifies trees of 60 tokens, --eagle-tree-size 60). A token's chance of acceptance falls
+# geometrically with its depth (at 0.99 per token a 256th is accepted 8% of the time), while the
+# goodput policy prices every k up to k_max each step and the draft buffers are sized by it.
+MAX_DRAFT_LEVELS = 256
+# A tree's nodes at k_max levels, at most: far above any token budget, and small enough that
+# branching^(k + 1) stays an exact int64 (numpy's integers wrap around silently).
+MAX_TREE_TOKENS = 2**20
 SCOPES = ("per_request", "per_batch")
 PLACEMENTS = ("colocated", "separate")
 
@@ -255,6 +263,7 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
                         **count)
     if k > k_max:
         raise node.key_error("k", f"exceeds k_max ({k_max})", k, f"0..{k_max}")
+    _check_draft_size(node, k_max, proposer.branching)
     if proposer.kind == MEDUSA and k_max > proposer.heads:
         raise node.key_error("k_max" if node.has("k_max") else "k", f"Medusa drafts one token per head "
                              f"({proposer.heads} heads)", k_max, f"k and k_max <= heads ({proposer.heads})")
@@ -289,6 +298,19 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
         raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
                          allowed="engine.batching: continuous")
     return config
+
+
+def _check_draft_size(node: Node, k_max: int, branching: int) -> None:
+    """k_max within :data:`MAX_DRAFT_LEVELS`, and a tree's nodes at k_max within :data:`MAX_TREE_TOKENS`."""
+    key = "k_max" if node.has("k_max") else "k"
+    if k_max > MAX_DRAFT_LEVELS:
+        raise node.key_error(key, f"a draft of {k_max:,} levels is beyond what llmsim models", node.raw(key),
+                             f"k and k_max <= {MAX_DRAFT_LEVELS}")
+    nodes = sum(branching ** j for j in range(1, k_max + 1))        # Python integers: no overflow
+    if nodes > MAX_TREE_TOKENS:
+        raise node.key_error(key, f"a tree of {k_max} levels with tree_branching {branching} has {nodes:.3g} nodes "
+                                  "to verify per sequence per step", node.raw(key),
+                             f"at most {MAX_TREE_TOKENS:,} nodes: fewer levels (k_max) or a smaller tree_branching")
 
 
 def _proposer(node: Node, target: ModelSpec, read_model) -> tuple[Proposer, ModelSpec | None]:

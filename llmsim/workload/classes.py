@@ -34,6 +34,11 @@ from llmsim.workload.trace_formats import row_error
 PRACTICE_TIERS = {"interactive": (0, 0.050), "standard": (1, 0.200), "batch": (2, 1.000)}
 DEDICATED_SEQS = 4
 SHARE_TOLERANCE = 1e-6
+# The heaviest class weight over the lightest, at most. Weighted fair scheduling credits the lightest
+# class weight / heaviest x 1,024 tokens a round (llmsim.sim.scheduling): at this ratio about 0.001,
+# still a distinct step in a float64 credit of the largest request's tokens (1e7 x 1e-16 = 1e-9).
+# A larger ratio is strict precedence in practice, which engine.scheduling_policy: priority says.
+MAX_WEIGHT_RATIO = 1e6
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
             on_timeout=_on_timeout(each, timeout),
             dedicated_seqs=each.number("dedicated_seqs", DEDICATED_SEQS, integer=True, minimum=1)))
         each.done()
+    _check_weights(node, classes)
     shares = [c.share for c in classes]
     if replayed:
         return tuple(classes)
@@ -112,6 +118,17 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
         raise node.key_error("classes", f"the shares sum to {sum(shares):g}, not 1",
                              {c.name: c.share for c in classes}, "shares (0, 1] summing to 1")
     return tuple(classes)
+
+
+def _check_weights(node: Node, classes: list[TrafficClass]) -> None:
+    """Weights within :data:`MAX_WEIGHT_RATIO` of each other (only their ratios matter)."""
+    heaviest, lightest = max(classes, key=lambda c: c.weight), min(classes, key=lambda c: c.weight)
+    if heaviest.weight > MAX_WEIGHT_RATIO * lightest.weight:
+        raise node.child("classes").child(lightest.name).key_error(
+            "weight", f"{heaviest.weight / lightest.weight:.3g} times lighter than class '{heaviest.name}' "
+                      f"({heaviest.weight:g}); weights count only relative to each other", lightest.weight,
+            f"weights within {MAX_WEIGHT_RATIO:g}x of each other (for strict precedence, "
+            "engine.scheduling_policy: priority)")
 
 
 def classify(trace, classes: tuple[TrafficClass, ...], path, column: str = "class"):

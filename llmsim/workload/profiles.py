@@ -24,12 +24,14 @@ import numpy as np
 from llmsim.config.reader import Node
 
 DIURNAL_STEPS_PER_PERIOD = 1440      # one knot a minute over a day: the cosine's integral to < 1e-5
+RAMP_SUBKNOTS = 65                   # knots per segment of a ramp (its integral is quadratic between points)
 
 
 @dataclass(frozen=True)
 class RateProfile(ABC):
     """A Poisson process with a time-varying rate; ``rate_per_s`` is its long-run mean rate."""
     process: ClassVar[str]
+    resolution_key: ClassVar[str]       # the key under ``arrival`` that sets how finely knots are spaced
 
     @property
     @abstractmethod
@@ -39,6 +41,10 @@ class RateProfile(ABC):
     @abstractmethod
     def knots(self, rng: np.random.Generator, until_s: float) -> tuple[np.ndarray, np.ndarray]:
         """(times, cumulative intensity at them), increasing from (0, 0) and reaching at least ``until_s``."""
+
+    @abstractmethod
+    def knot_count(self, until_s: float) -> float:
+        """About how many knots :meth:`knots` makes up to ``until_s`` (the resource guard's estimate)."""
 
     def times(self, rng: np.random.Generator, num_requests: int | None, duration_s: float | None) -> np.ndarray:
         """Arrival times of ``num_requests`` requests, or of all that arrive within ``duration_s``."""
@@ -70,6 +76,7 @@ class RateProfile(ABC):
 class Diurnal(RateProfile):
     """``rate x (1 + amplitude cos(2 pi (t - peak) / period))``: a daily cycle (any period)."""
     process: ClassVar[str] = "diurnal"
+    resolution_key: ClassVar[str] = "period"
     mean_rate_per_s: float
     amplitude: float
     period_s: float
@@ -78,6 +85,9 @@ class Diurnal(RateProfile):
     @property
     def rate_per_s(self):
         return self.mean_rate_per_s
+
+    def knot_count(self, until_s):
+        return until_s / self.period_s * DIURNAL_STEPS_PER_PERIOD + 3
 
     def knots(self, rng, until_s):
         step = self.period_s / DIURNAL_STEPS_PER_PERIOD
@@ -94,6 +104,7 @@ class Piecewise(RateProfile):
     """Rates at given times: held until the next (``steps``) or interpolated linearly (``ramp``);
     the last rate holds after the last time."""
     process: ClassVar[str] = "steps"
+    resolution_key: ClassVar[str] = "rates"
     at_s: tuple[float, ...]
     rates_per_s: tuple[float, ...]
     linear: bool = False
@@ -102,11 +113,15 @@ class Piecewise(RateProfile):
     def rate_per_s(self):
         return self.rates_per_s[-1]
 
+    def knot_count(self, until_s):
+        return len(self.at_s) * (RAMP_SUBKNOTS if self.linear else 1) + 2
+
     def knots(self, rng, until_s):
         at, rates = np.asarray(self.at_s), np.asarray(self.rates_per_s)
         if self.linear:
             # A ramp's integral is quadratic between points: 64 sub-knots per segment.
-            fine = np.unique(np.concatenate([np.linspace(a, b, 65) for a, b in zip(at[:-1], at[1:])] or [at]))
+            fine = np.unique(np.concatenate([np.linspace(a, b, RAMP_SUBKNOTS) for a, b in zip(at[:-1], at[1:])]
+                                            or [at]))
             rates, at = np.interp(fine, at, rates), fine
             slopes = (rates[:-1] + rates[1:]) / 2
         else:
@@ -123,6 +138,7 @@ class MMPP(RateProfile):
     time of mean ``mean_durations_s[i]``; the states follow each other in order, cyclically,
     starting in the first."""
     process: ClassVar[str] = "mmpp"
+    resolution_key: ClassVar[str] = "states"
     rates_per_s: tuple[float, ...]
     mean_durations_s: tuple[float, ...]
 
@@ -130,6 +146,9 @@ class MMPP(RateProfile):
     def rate_per_s(self):
         # Long-run share of time in each state is proportional to its mean duration.
         return float(np.dot(self.rates_per_s, self.mean_durations_s) / np.sum(self.mean_durations_s))
+
+    def knot_count(self, until_s):
+        return len(self.rates_per_s) * (until_s / sum(self.mean_durations_s) + 4) + 1
 
     def knots(self, rng, until_s):
         n_states = len(self.rates_per_s)

@@ -22,8 +22,18 @@ import numpy as np
 
 from llmsim.workload.trace import Trace
 from llmsim.workload.trace_transforms import mean_rate_per_s
+from llmsim.workload.workload import MIN_GAMMA_CV
 
 PROFILE_BIN_S = 3600.0
+# Bins of a time-of-day profile: a year of hours is 8,760. Each is a step of the ``steps`` profile
+# ``--profile`` writes, which a scenario must still read (5 YAML values a step, 200,000 at most).
+MAX_PROFILE_BINS = 10_000
+
+
+def profile_bins(span_s: float, profile_bin_s: float) -> int:
+    """How many bins of ``profile_bin_s`` cover ``span_s`` (at least one); computed in floats, so a
+    tiny bin gives a huge count to refuse rather than an allocation."""
+    return max(1, math.ceil(span_s / profile_bin_s)) if span_s > 0 else 1
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,8 @@ class WorkloadFit:
             amount = {"duration": f"{self.span_s:.6g} s"}
         else:
             arrival = {"process": "gamma", "rate": f"{scale * self.rate_per_s:.6g}/s", "cv": round(self.gap_cv, 4)}
+            if arrival["cv"] < MIN_GAMMA_CV:          # evenly spaced, as gamma gaps cannot be
+                arrival = {"process": "deterministic", "rate": arrival["rate"]}
             amount = {"num_requests": num_requests or self.requests}
         return {"arrival": arrival, **amount, "prompt_tokens": self.prompt.to_node(),
                 "output_tokens": self.output.to_node()}
@@ -76,7 +88,9 @@ def fit_workload(trace: Trace, profile_bin_s: float = PROFILE_BIN_S) -> Workload
     times = trace.arrival_s
     gaps = np.diff(times)
     span_s = float(times[-1] - times[0])
-    bins = max(1, math.ceil(span_s / profile_bin_s)) if span_s > 0 else 1
+    bins = profile_bins(span_s, profile_bin_s)
+    if bins > MAX_PROFILE_BINS:
+        raise ValueError(f"{bins:,} bins of {profile_bin_s:g} s over {span_s:g} s: more than {MAX_PROFILE_BINS:,}")
     counts = np.bincount(np.minimum(((times - times[0]) // profile_bin_s).astype(np.int64), bins - 1),
                          minlength=bins)
     # The last bin may be partial: its rate is over the part of it the trace covers.

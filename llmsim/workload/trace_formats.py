@@ -7,7 +7,7 @@ or its first JSON line):
 format       file                                            columns / fields used
 ===========  ==============================================  ===========================================
 ``llmsim``   CSV                                             arrival_s, prompt_tokens, output_tokens
-                                                             (session_id: optional)
+                                                             (session_id, class: optional)
 ``azure``    Azure LLM inference trace 2023 / 2024, CSV      TIMESTAMP (date-time), ContextTokens,
                                                              GeneratedTokens
 ``burstgpt`` BurstGPT, CSV                                   Timestamp (s), Request tokens, Response
@@ -31,9 +31,14 @@ A dataset entry is one of the shapes ``vllm bench serve``'s datasets use:
 Arrival times are seconds from the trace's zero: the first request's date-time for
 Azure, the recorded offsets for the others. A malformed row is a ConfigError naming the
 file, its line, the column, the value and what is allowed (exit 2); timestamps must be
-finite, non-negative and sorted. Requests that generated no token (BurstGPT logs failed
-requests with 0 response tokens; the Azure traces have a few) cannot be simulated as
-decoding and are dropped, and the trace's description counts them.
+finite, non-negative and sorted, and a JSON field must be a JSON number (``"512"`` and
+``true`` are not). Requests that generated no token (BurstGPT logs failed requests with 0
+response tokens; the Azure traces have a few) cannot be simulated as decoding and are
+dropped, and the trace's description counts them (a trace left with none is an error).
+
+Every file is opened through :func:`llmsim.config.reader.open_file` before it is hashed or
+read: a device, a FIFO or a file over the size cap is refused unread, and the lines of a
+CSV or JSON-lines file are counted (at most ``MAX_TABLE_ROWS``) before any is parsed.
 
 ShareGPT text becomes token counts through a tokenizer the user supplies (a Hugging Face
 ``tokenizer.json``, read by the optional ``tokenizers`` package) or a stated number of
@@ -49,8 +54,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmsim.config.limits import MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES, MAX_TRACE_TOKENS
-from llmsim.config.reader import Node, read_text
+from llmsim.config.limits import (MAX_JSON_CONTAINERS, MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES,
+                                  MAX_TABLE_ROWS, MAX_TOKENIZER_FILE_BYTES, MAX_TRACE_TOKENS)
+from llmsim.config.reader import Node, open_file, read_text
 from llmsim.errors import ConfigError
 from llmsim.workload.trace import Trace, read_csv
 
@@ -106,7 +112,7 @@ def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer
 
 def _content_hash(path: Path) -> str:
     digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as file:
+    with open_file(path, MAX_TABLE_FILE_BYTES) as file:    # a device or an oversized file: refused unread
         for block in iter(lambda: file.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -119,10 +125,9 @@ _READ_CACHE_SIZE = 8
 def detect_format(path: Path, node: Node, key: str) -> str:
     """The format of ``path``: JSON by its first character, CSV by its header."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            head = file.read(4096).lstrip()
-    except OSError as exc:                  # a folder, a file that vanished: the front door says which
-        read_text(path)
+        with open_file(path, MAX_TABLE_FILE_BYTES) as file:   # a folder, a device: the front door says which
+            head = file.read(4096).decode("utf-8", errors="replace").lstrip()
+    except OSError as exc:
         raise node.key_error(key, f"cannot read trace {path} ({exc.strerror or exc})", str(path),
                              "a readable file") from None
     if head.startswith("["):
@@ -174,7 +179,7 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
                   log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions,
                   class_label=labels.get("class"))
-    return _drop_empty_outputs(trace) if production else trace
+    return _drop_empty_outputs(trace, path) if production else trace
 
 
 def _numbers(column: pd.Series, path: Path, name: str, *, minimum: float, maximum: float,
@@ -218,10 +223,14 @@ def _check_sorted(arrival: np.ndarray, lines: np.ndarray, path: Path, name: str)
                         "earlier than the line before (the trace must be sorted by arrival)")
 
 
-def _drop_empty_outputs(trace: Trace) -> Trace:
+def _drop_empty_outputs(trace: Trace, path: Path) -> Trace:
     empty = trace.output_tokens == 0
     if not empty.any():
         return trace
+    if empty.all():
+        raise ConfigError(f"every one of its {len(trace):,} requests generated 0 output tokens: none is left to "
+                          "simulate", file=str(path), has_value=False, allowed="a trace with requests that generated "
+                                                                               "tokens")
     return trace.take(np.flatnonzero(~empty), f"{trace.description} ({int(empty.sum()):,} requests with 0 "
                                                "output tokens dropped)")
 
@@ -233,39 +242,74 @@ def read_mooncake(path: Path) -> Trace:
 
     Fields are gathered column-wise and checked as arrays; a bad one sends every record through
     the per-record check, which names the first bad line."""
-    records, lines = [], []
-    for line_number, text in enumerate(read_text(path, MAX_TABLE_FILE_BYTES).split("\n"), start=1):
-        if not text.strip():
-            continue
-        try:
-            records.append(json.loads(text))
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise row_error(path, line_number, str(getattr(exc, "colno", 1)), text.strip()[:80],
-                            "one JSON object per line", f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
-        lines.append(line_number)
-    if not records:
+    numbered = _json_lines(read_text(path, MAX_TABLE_FILE_BYTES), path, "one JSON object per line")
+    if not numbered:
         raise ConfigError("trace has no requests", file=str(path), has_value=False)
-    try:
-        columns = {field: np.array([record[field] for record in records], dtype=float) for field in MOONCAKE_FIELDS}
-        hashes = tuple(tuple(record.get("hash_ids", ())) for record in records)
-        flat = np.fromiter((h for ids in hashes for h in ids), dtype=object)
-        valid = all(np.isfinite(values).all() for values in columns.values()) \
-            and (columns["timestamp"] >= 0).all() and (columns["input_length"] >= 1).all() \
-            and (columns["output_length"] >= 0).all() \
-            and (columns["timestamp"] <= MAX_ARRIVAL_S * MOONCAKE_MS_PER_S).all() \
-            and all((columns[f] <= MAX_TRACE_TOKENS).all() for f in ("input_length", "output_length")) \
-            and all((np.round(columns[f]) == columns[f]).all() for f in ("input_length", "output_length")) \
-            and all(type(h) is int for h in flat)
-    except (KeyError, TypeError, ValueError, OverflowError):     # OverflowError: an integer of 400 digits
-        valid = False
-    if not valid:
+    lines, records = zip(*numbered)
+    columns = _mooncake_columns(records)
+    if columns is None:
         for record, line in zip(records, lines):
             _check_mooncake_record(record, path, line)
+        columns = _mooncake_columns(records)    # every record is valid now: only a fault above is None
     arrival_s = columns["timestamp"] / MOONCAKE_MS_PER_S
     _check_sorted(arrival_s, np.asarray(lines), path, "timestamp")
+    hashes = tuple(tuple(record.get("hash_ids", ())) for record in records)
     trace = Trace(arrival_s, columns["input_length"].astype(np.int64), columns["output_length"].astype(np.int64),
                   hash_ids=hashes, description=f"mooncake trace {path.name}")
-    return _drop_empty_outputs(trace)
+    return _drop_empty_outputs(trace, path)
+
+
+def _mooncake_columns(records: tuple) -> dict[str, np.ndarray] | None:
+    """The fields of every record as float arrays when all are valid, else None."""
+    try:
+        raw = {field: [record[field] for record in records] for field in MOONCAKE_FIELDS}
+        hash_lists = [record.get("hash_ids", []) for record in records]
+    except (KeyError, TypeError):               # a record that is no object, or lacks a field
+        return None
+    # A string or a boolean is no number, though numpy would turn "512" and true into ones.
+    if not all(type(v) is int or type(v) is float for column in raw.values() for v in column) \
+            or not all(type(ids) is list and all(type(h) is int for h in ids) for ids in hash_lists):
+        return None
+    try:
+        columns = {field: np.array(column, dtype=float) for field, column in raw.items()}
+    except OverflowError:                       # an integer of 400 digits
+        return None
+    lengths = [columns["input_length"], columns["output_length"]]
+    valid = all(np.isfinite(values).all() for values in columns.values()) \
+        and 0 <= columns["timestamp"].min() and columns["timestamp"].max() <= MAX_ARRIVAL_S * MOONCAKE_MS_PER_S \
+        and columns["input_length"].min() >= 1 and columns["output_length"].min() >= 0 \
+        and all(values.max() <= MAX_TRACE_TOKENS and (np.round(values) == values).all() for values in lengths)
+    return columns if valid else None
+
+
+def _json_lines(text: str, path: Path, allowed: str) -> list[tuple[int, object]]:
+    """(line number, value) of each non-blank line of the JSON-lines ``text`` of ``path``, the count of
+    lines bounded before any is parsed; a line that is not JSON is a ConfigError naming it."""
+    count = text.count("\n")
+    if count > MAX_TABLE_ROWS:
+        raise ConfigError(f"has {count:,} lines, more than the {MAX_TABLE_ROWS:,} llmsim reads", file=str(path),
+                          has_value=False, allowed=f"at most {MAX_TABLE_ROWS:,} lines")
+    _check_containers(text, path)
+    numbered = []
+    for line_number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            numbered.append((line_number, json.loads(line)))
+        except (ValueError, RecursionError) as exc:     # ValueError: bad JSON, an integer of 4,300+ digits
+            raise row_error(path, line_number, str(getattr(exc, "colno", 1)), line.strip()[:80], allowed,
+                            f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
+    return numbered
+
+
+def _check_containers(text: str, path: Path) -> None:
+    """Refuse JSON text with more objects and lists than llmsim parses (each '{' or '[' counts,
+    inside strings too: an upper bound, found without parsing)."""
+    count = text.count("{") + text.count("[")
+    if count > MAX_JSON_CONTAINERS:
+        raise ConfigError(f"has {count:,} '{{' and '[' characters, more JSON objects and lists than the "
+                          f"{MAX_JSON_CONTAINERS:,} llmsim reads", file=str(path), has_value=False,
+                          allowed=f"at most {MAX_JSON_CONTAINERS:,} JSON objects and lists")
 
 
 def _check_mooncake_record(record: object, path: Path, line: int) -> None:
@@ -306,11 +350,12 @@ def read_sharegpt(path: Path, node: Node, tokenizer: Path | None, chars_per_toke
     The arrival times are all 0: a dataset has none, the workload's arrival process sets them.
     """
     count = _token_counter(node, tokenizer, chars_per_token)
-    prompts, replies, counted = [], [], []           # counted: output lengths given as numbers, else None
+    prompts, replies, counted, kept = [], [], [], []  # counted: output lengths given as numbers, else None
     for where, entry in _dataset_entries(path):
         pair = _prompt_and_reply(entry, where, path)
         if pair is None:
             continue                      # too few turns: vLLM's benchmark skips these too
+        kept.append(where)
         prompts.append(pair[0])
         replies.append(pair[1] if isinstance(pair[1], str) else "")
         counted.append(None if isinstance(pair[1], str) else pair[1])
@@ -322,6 +367,12 @@ def read_sharegpt(path: Path, node: Node, tokenizer: Path | None, chars_per_toke
     given = np.array([c is not None for c in counted])
     if given.any():
         output_tokens[given] = [c for c in counted if c is not None]
+    for what, tokens in (("prompt", prompt_tokens), ("reply", output_tokens)):
+        over = np.flatnonzero(tokens > MAX_TRACE_TOKENS)
+        if len(over):
+            raise ConfigError(f"a {what} of {int(tokens[over[0]]):,} tokens", file=str(path), key=kept[over[0]],
+                              value=f"{len((prompts if what == 'prompt' else replies)[over[0]]):,} characters",
+                              allowed=f"at most {MAX_TRACE_TOKENS:,} tokens a {what}")
     how = f"tokenizer {tokenizer.name}" if tokenizer is not None else f"{chars_per_token:g} characters per token"
     return Trace(np.zeros(len(prompts)), prompt_tokens, output_tokens.astype(np.int64),
                  description=f"sharegpt dataset {path.name} (lengths by {how})")
@@ -331,24 +382,17 @@ def _dataset_entries(path: Path):
     """(where, entry) of a JSON list (``entry i``) or of JSON lines (``line n``)."""
     text = read_text(path, MAX_TABLE_FILE_BYTES)
     if text.lstrip().startswith("["):
+        _check_containers(text, path)
         try:
             data = json.loads(text)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:     # ValueError: bad JSON, an integer of 4,300+ digits
             line, column = getattr(exc, "lineno", 1), getattr(exc, "colno", 1)
             raise row_error(path, line, str(column), None, "a JSON list of dataset entries: " + DATASET_SHAPES,
                             f"not valid JSON ({exc})") from None
         yield from ((f"entry {index}", entry) for index, entry in enumerate(data))
         return
-    for line_number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
-            raise row_error(path, line_number, str(getattr(exc, "colno", 1)), line.strip()[:80],
-                            "one JSON object per line: " + DATASET_SHAPES,
-                            f"not valid JSON ({getattr(exc, 'msg', exc)})") from None
-        yield f"line {line_number}", entry
+    yield from ((f"line {number}", entry) for number, entry in _json_lines(text, path, "one JSON object per line: "
+                                                                                 + DATASET_SHAPES))
 
 
 def _prompt_and_reply(entry: object, where: str, path: Path) -> tuple[str, str | int] | None:
@@ -408,8 +452,9 @@ def _token_counter(node: Node, tokenizer: Path | None, chars_per_token: float | 
     except ImportError:
         raise node.key_error("tokenizer", "counting tokens with a tokenizer needs the tokenizers package",
                              str(tokenizer), "pip install 'llmsim[datasets]', or chars_per_token: N") from None
+    text = read_text(tokenizer, MAX_TOKENIZER_FILE_BYTES)     # a device or an oversized file: refused unread
     try:
-        loaded = Tokenizer.from_file(str(tokenizer))
+        loaded = Tokenizer.from_str(text)
     except Exception as exc:        # the Rust library raises its own exception type
         raise node.key_error("tokenizer", f"cannot read tokenizer ({exc})", str(tokenizer),
                              "a Hugging Face tokenizer.json") from None

@@ -36,6 +36,12 @@ def mean_rate_per_s(arrival_s: np.ndarray) -> float:
     return (len(arrival_s) - 1) / float(arrival_s[-1] - arrival_s[0])
 
 
+def has_time_scale(trace: Trace) -> bool:
+    """Whether the trace's requests arrive at more than one time, so that it has a finite mean rate
+    to rescale (all at one instant, they stay a burst at any rate)."""
+    return len(trace) >= 2 and trace.arrival_s[-1] > trace.arrival_s[0]
+
+
 def window(trace: Trace, start_s: float, end_s: float | None) -> Trace:
     """The requests arriving in ``[start_s, end_s)``, their times counted from ``start_s``."""
     keep = (trace.arrival_s >= start_s) & (trace.arrival_s < (np.inf if end_s is None else end_s))
@@ -102,7 +108,7 @@ class TraceTransforms:
             trace = sample(trace, self.sample_fraction, rng)
         if self.speed is not None:
             trace = speed_up(trace, self.speed)
-        if self.rate_per_s is not None and len(trace) >= 2:
+        if self.rate_per_s is not None and has_time_scale(trace):
             trace = rescale_to_rate(trace, self.rate_per_s)
         return trace
 
@@ -151,4 +157,12 @@ def check_selection(trace: Trace, transforms: TraceTransforms, node: Node, key: 
         raise node.key_error(key, "no request of the trace is left after the window and filter"
                              + (f" (the trace's labels: {present})" if present else ""), node.raw(key),
                              "a window inside the trace's time span and labels the trace has")
+    fraction = transforms.sample_fraction
+    if fraction is not None and round(fraction * len(selected)) < 1:
+        raise node.key_error("sample", f"keeps no request of the {len(selected):,} selected", node.raw("sample"),
+                             f"a fraction > {0.5 / len(selected):.6g} (to keep one request or more) and <= 1")
+    if transforms.rate_per_s is not None and not has_time_scale(selected):
+        raise node.key_error("rate", f"the {len(selected):,} selected requests all arrive at one time: there is no "
+                                     "time scale to rescale", node.raw("rate"),
+                             "no rate (replay the burst as it is), or a trace whose arrival times differ")
     return selected

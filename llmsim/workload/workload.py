@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llmsim.config.limits import MAX_QUANTITY
+from llmsim.config.limits import MAX_CHARS_PER_TOKEN, MAX_QUANTITY, MIN_CHARS_PER_TOKEN
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
 from llmsim.workload.classes import TrafficClass, class_entries, classes_from_node, classify
@@ -30,6 +30,9 @@ from llmsim.workload.trace_transforms import TraceTransforms, check_selection, t
 # float64 seconds, which resolve about 0.1 microsecond at 1e9 s but a whole second at 1e16 s).
 MAX_ARRIVAL_WINDOW_S = MAX_QUANTITY["duration"]
 MAX_GAMMA_CV = 100.0                # gamma gaps' coefficient of variation (shape 1e-4 at the limit)
+# Below this the gaps are within 0.1% of even spacing (process: deterministic says so exactly); the shape
+# 1 / cv^2 stays finite (a cv under about 1e-154 squares to 0).
+MIN_GAMMA_CV = 1e-3
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,7 @@ def arrival_from_node(arrival_node: Node) -> RenewalProcess | RateProfile:
         rate = arrival_node.quantity("rate", "rate")
         kind = RENEWAL_PROCESSES[process]
         if kind is Gamma:
-            arrival = kind(rate, arrival_node.number("cv", 1.0, minimum=0.0, exclusive_minimum=True,
-                                                     maximum=MAX_GAMMA_CV))
+            arrival = kind(rate, arrival_node.number("cv", 1.0, minimum=MIN_GAMMA_CV, maximum=MAX_GAMMA_CV))
         else:
             arrival = kind(rate)
     arrival_node.done()
@@ -151,7 +153,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
 def dataset_from_node(node: Node) -> Trace:
     """``workload.dataset``: the requests of a dataset or trace file, for their lengths."""
     tokenizer = node.path_value("tokenizer", None)
-    chars_per_token = node.number("chars_per_token", None, minimum=0.0, exclusive_minimum=True)
+    chars_per_token = node.number("chars_per_token", None, minimum=MIN_CHARS_PER_TOKEN, maximum=MAX_CHARS_PER_TOKEN)
     fmt = node.choice("format", ("auto", *FORMATS), "auto")
     dataset = read_trace(node.path_value("path"), node, "path", fmt, tokenizer=tokenizer,
                          chars_per_token=chars_per_token)
