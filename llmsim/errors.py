@@ -1,4 +1,5 @@
-"""The one error type users see: a bad setting, explained in a paragraph."""
+"""What ends a command early: a bad setting explained in a paragraph (exit 2), or a stop that kept
+its finished work (Ctrl-C, a full disk)."""
 from __future__ import annotations
 
 
@@ -43,3 +44,11 @@ def shown(value: object) -> str:
         return text
     half = LONGEST_VALUE // 2
     return f"{text[:half]}...({len(text) - LONGEST_VALUE:,} characters)...{text[-half:]}"
+
+
+class Stopped(Exception):
+    """A command stopped before its end, what it kept said in the message; ``status``: its exit status."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status

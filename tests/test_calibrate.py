@@ -6,7 +6,6 @@ that the simulator itself never imports torch.
 """
 from __future__ import annotations
 
-import argparse
 import math
 from pathlib import Path
 import subprocess
@@ -22,7 +21,7 @@ from llmsim.calibration.fit import uncalibrated
 from llmsim.calibration.design import DESIGNS, model_spec, shared_values
 from llmsim.calibration.plot import scatter
 from llmsim.calibration.profile_yaml import transfer_document, write_document
-from llmsim.cli.calibrate import add_parsers
+from llmsim.cli.main import build_parser
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import hardware_catalog, profile_from_node, shipped_profile_dir
@@ -203,9 +202,7 @@ def test_the_shipped_cpu_profile_transfers_to_a_datasheet_profile(tmp_path):
 
 
 def _run(*argv) -> int:
-    parser = argparse.ArgumentParser(prog="llmsim")
-    add_parsers(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(list(argv))
+    args = build_parser(only=argv[0]).parse_args(list(argv))
     return args.func(args)
 
 
@@ -216,6 +213,24 @@ def test_bad_calibrate_and_validate_arguments_are_configuration_errors():
         _run("validate", str(TARGET))
     with pytest.raises(ConfigError, match="was calibrated on cpu"):
         _run("validate", str(SHIPPED), "--device", "cuda")
+
+
+def test_profiles_are_taken_by_name_as_every_other_command_takes_them(tmp_path):
+    """validate, --transfer-to and --from take a profile's name or alias as well as its file."""
+    with pytest.raises(ConfigError, match="no calibration record") as by_name:
+        _run("validate", "H100")
+    assert by_name.value.file == str(TARGET)
+    with pytest.raises(ConfigError, match="was calibrated on cpu") as calibrated:
+        _run("validate", "cpu-calibrated", "--device", "cuda")
+    assert calibrated.value.file == str(SHIPPED)
+    with pytest.raises(ConfigError, match="unknown hardware profile") as unknown:
+        _run("validate", "nonesuch")
+    assert unknown.value.key == "profile"
+    out = tmp_path / "h100-from-cpu.yaml"
+    assert _run("calibrate", "--transfer-to", "H100", "--from", "cpu-calibrated", "--out", str(out)) == 0
+    expected = transfer_document(yaml.safe_load(SHIPPED.read_text()), yaml.safe_load(TARGET.read_text()),
+                                 "cpu-calibrated")
+    assert yaml.safe_load(out.read_text())["efficiency"] == expected["efficiency"]
 
 
 @pytest.mark.parametrize("path", sorted(PROFILE_DIR.glob("*.yaml")), ids=lambda p: p.stem)
@@ -272,5 +287,5 @@ def test_validate_warns_when_this_machine_is_not_the_profiles(monkeypatch, capsy
 def test_the_hardware_listing_marks_machine_specific_profiles(capsys):
     assert main(["hardware"]) == 0
     out = capsys.readouterr().out
-    assert "cpu-calibrated: machine-specific, measured on Intel(R) Xeon(R) Processor" in out
+    assert "cpu-calibrated: measured on Intel(R) Xeon(R) Processor" in out
     assert "H100-SXM: machine-specific" not in out

@@ -77,3 +77,26 @@ def test_a_profile_edited_within_the_process_is_read_again_and_copies_are_indepe
     peak = first.peak_flops_per_s["bf16"]
     first.peak_flops_per_s["bf16"] = 1.0
     assert load_profile(shipped).peak_flops_per_s["bf16"] == peak
+
+
+def test_a_chip_is_found_by_each_of_its_aliases_and_no_name_means_two_chips():
+    from llmsim import lookup_hardware
+    catalog = hardware_catalog()
+    taken = {name.lower(): name for name in catalog} | {p.stem.lower(): catalog_name
+                                                       for p in PROFILES
+                                                       for catalog_name in [load_profile(p).name]}
+    assert lookup_hardware("H100").name == "H100-SXM" and lookup_hardware("wse-3").name == "CS-3"
+    for profile in catalog.values():
+        for alias in profile.aliases:
+            assert lookup_hardware(alias).name == profile.name
+            assert taken.setdefault(alias.lower(), profile.name) == profile.name, alias
+
+
+@pytest.mark.parametrize("aliases", ["H100", [""], [3], {"a": 1}])
+def test_aliases_must_be_a_list_of_names(tmp_path, aliases):
+    raw = yaml.safe_load((shipped_profile_dir() / "h100-sxm.yaml").read_text())
+    raw["aliases"] = aliases
+    path = tmp_path / "odd.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="aliases"):
+        load_profile(path)

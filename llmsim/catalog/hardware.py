@@ -86,6 +86,8 @@ class HardwareProfile:
     # A machine-specific profile (written by ``llmsim calibrate``): the CPU or GPU model it was measured on,
     # as the operating system or driver names it. None: a chip's profile, meant for every machine with it.
     machine: str | None = None
+    # Other names the chip goes by (H100 for H100-SXM): lookups by name take them too.
+    aliases: tuple[str, ...] = ()
     # Measured kernel terms (floors, shape-aware GEMMs, collectives): None prices by the plain roofline.
     kernels: KernelTerms | None = None
     figures: dict[str, Figure] = field(default_factory=dict, compare=False)
@@ -159,6 +161,7 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
         efficiency_by_dtype=_efficiency_by_dtype(eff, peaks, figures, fraction),
         calibration=_calibration(node),
         machine=node.string("machine", None),
+        aliases=_aliases(node),
         kernels=kernel_terms_from_node(node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures,
                                                                                        **limits)),
         memory_name=node.string("memory_name", "HBM"),
@@ -178,6 +181,14 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
     overhead.done()
     node.done()
     return profile
+
+
+def _aliases(node: Node) -> tuple[str, ...]:
+    """``aliases: [H100, ...]``: other names of the chip, each a non-empty string."""
+    names = node.raw("aliases", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise node.key_error("aliases", "expected a list of names", names, "a list of strings, e.g. [H100, H100-80GB]")
+    return tuple(n.strip() for n in names)
 
 
 def _efficiency_by_dtype(eff: Node, peaks: dict, figures: dict, fraction: dict) -> dict[str, dict[str, float]]:
@@ -302,7 +313,7 @@ def lookup_hardware(name: str, node: Node | None = None, key: str = "hardware") 
                 return load_profile(path)
     catalog = _shared_catalog()
     for profile_name, profile in catalog.items():
-        if profile_name.lower() == name.lower():
+        if name.lower() in (profile_name.lower(), *(alias.lower() for alias in profile.aliases)):
             return copy.deepcopy(profile)
     raise _unknown(name, node, key, "unknown hardware profile", list(catalog))
 

@@ -28,9 +28,7 @@ from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
 
 
-def add_parsers(subparsers) -> None:
-    """Register ``calibrate`` and ``validate`` on the CLI's subparsers."""
-    cal = subparsers.add_parser("calibrate", help="fit the cost model to a torch decode step on this device")
+def configure_calibrate(cal) -> None:
     cal.add_argument("--device", choices=tuple(DEVICE_DTYPES), help="default: cuda if available, else cpu")
     cal.add_argument("--out", help="profile to write (default: <device>-calibrated.yaml)")
     cal.add_argument("--quick", action="store_true", help="few small shapes and repeats (under 2 minutes on a CPU)")
@@ -62,8 +60,10 @@ def add_parsers(subparsers) -> None:
     cal.add_argument("--seed", type=SEED, default=0, help="order of the interleaved rounds, random block tables")
     cal.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     cal.set_defaults(func=_cmd_calibrate)
-    val = subparsers.add_parser("validate", help="compare a calibrated profile with held-out torch decode steps")
-    val.add_argument("profile", help="a profile written by llmsim calibrate")
+
+
+def configure_validate(val) -> None:
+    val.add_argument("profile", help="a profile written by llmsim calibrate: its name (e.g. cpu-calibrated) or its file")
     val.add_argument("--device", choices=tuple(DEVICE_DTYPES),
                      help="default: the device the profile was calibrated on")
     val.add_argument("--quick", action="store_true", help="the small held-out grid")
@@ -138,19 +138,20 @@ def _cmd_transfer(args) -> int:
     if not args.out:
         raise ConfigError("--transfer-to needs --out", key="--out", value=None, allowed="a path for the new profile")
     refuse_to_replace([Path(args.out)], args.overwrite)
-    target = _profile_yaml(args.transfer_to)
+    target = _profile_yaml(_profile_path(args.transfer_to, "--transfer-to"))
     if args.from_profile:
-        calibrated, name = _profile_yaml(args.from_profile), Path(args.from_profile).stem
+        from_path = _profile_path(args.from_profile, "--from")
+        calibrated, name = _profile_yaml(from_path), Path(from_path).stem
         record = calibrated.get("calibration")
         if not isinstance(record, dict) or record.get("tool") != "llmsim calibrate":
             raise ConfigError("has no record of llmsim calibrate's efficiency measurement (a profile fitted with "
                               "--from-measurements holds kernel terms, which are not transferred)",
-                              file=args.from_profile, key="calibration.tool",
+                              file=from_path, key="calibration.tool",
                               value=record.get("tool") if isinstance(record, dict) else record,
                               allowed="a profile written by llmsim calibrate (tool: llmsim calibrate)")
         missing = [key for key in TRANSFER_RECORD_KEYS if key not in record]
         if missing:
-            raise ConfigError("the calibration record lacks what the transferred profile cites", file=args.from_profile,
+            raise ConfigError("the calibration record lacks what the transferred profile cites", file=from_path,
                               key=f"calibration.{missing[0]}", has_value=False,
                               allowed=f"a record with {', '.join(TRANSFER_RECORD_KEYS)} (regenerate it with llmsim calibrate)")
     else:
@@ -202,7 +203,7 @@ def _cmd_from_measurements(args) -> int:
     device = args.gpu or _only_device(measurements, args.from_measurements)
     out = Path(args.out or f"{device}-kernels.yaml")
     refuse_to_replace([out], args.overwrite)
-    base_path = args.base or str(lookup_hardware(DEVICE_PROFILES[device]).path)
+    base_path = _profile_path(args.base or DEVICE_PROFILES[device], "--base")
     base_profile = load_profile(base_path)
     terms, record = calibrate_from_measurements(measurements, device, base_profile)
     document = load_yaml(base_path)
@@ -242,10 +243,11 @@ def kernel_calibration_summary(record: dict) -> str:
 
 
 def _cmd_validate_measurements(args) -> int:
-    profile = load_profile(args.profile)
+    path = _profile_path(args.profile, "profile")
+    profile = load_profile(path)
     if profile.kernels is None:
         raise ConfigError("has no kernels: section to validate; add one with llmsim calibrate --from-measurements",
-                          file=args.profile, has_value=False)
+                          file=path, has_value=False)
     if args.plot:
         refuse_to_replace([Path(args.plot)], args.overwrite)
     measurements = read_measurements(args.measurements)
@@ -290,16 +292,17 @@ def format_table(table) -> str:
 def _cmd_validate(args) -> int:
     if args.measurements:
         return _cmd_validate_measurements(args)
-    profile = load_profile(args.profile)
+    path = _profile_path(args.profile, "profile")
+    profile = load_profile(path)
     record = profile.calibration
     if "measurements" not in record:
         raise ConfigError("has no calibration record; validate a profile written by llmsim calibrate",
-                          file=args.profile, has_value=False)
+                          file=path, has_value=False)
     if args.plot:
         refuse_to_replace([Path(args.plot)], args.overwrite)
     device = args.device or record["device"]
     if device != record["device"]:
-        raise ConfigError(f"was calibrated on {record['device']}, not {device}", file=args.profile,
+        raise ConfigError(f"was calibrated on {record['device']}, not {device}", file=path,
                           key="--device", value=device, allowed=record["device"])
     require_torch()
     warning = other_machine_warning(profile, machine_name(device))
@@ -389,6 +392,11 @@ def _dtypes(text: str | None, device: str) -> tuple[str, ...]:
         raise ConfigError(f"not a {device} dtype of llmsim calibrate", key="--dtypes", value=text,
                           allowed=", ".join(DEVICE_DTYPES[device]))
     return dtypes
+
+
+def _profile_path(name: str, flag: str) -> str:
+    """The file of a profile named on the command line by its name (H100, cpu-calibrated) or its path."""
+    return str(lookup_hardware(name, None, flag).path)
 
 
 def _profile_yaml(path: str) -> dict:

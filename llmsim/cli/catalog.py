@@ -16,8 +16,7 @@ from llmsim.scenario.scenario import ENGINE
 CONTEXTS = (2048, 8192, 32768)      # the context lengths place reports by default
 
 
-def add_parser_place(sub) -> None:
-    placed = sub.add_parser("place", help="how many devices a model needs and how much KV cache is left")
+def configure_place(placed) -> None:
     placed.add_argument("model")
     placed.add_argument("hardware")
     placed.add_argument("--weight-dtype", choices=list(DTYPE_BYTES), default=None)
@@ -39,9 +38,12 @@ def add_parser_place(sub) -> None:
     placed.set_defaults(func=_cmd_place)
 
 
-def add_parsers_listing(sub) -> None:
-    sub.add_parser("models", help="list the model catalog").set_defaults(func=_cmd_models)
-    sub.add_parser("hardware", help="list the hardware profiles").set_defaults(func=_cmd_hardware)
+def configure_models(parser) -> None:
+    parser.set_defaults(func=_cmd_models)
+
+
+def configure_hardware(parser) -> None:
+    parser.set_defaults(func=_cmd_hardware)
 
 
 def _cmd_place(args) -> int:
@@ -124,19 +126,17 @@ def _cmd_models(args) -> int:
              "hidden": m.hidden_size, "heads/kv": f"{m.num_heads}/{m.num_kv_heads}",
              "kv_KiB_per_token": round(m.kv_bytes_per_token / 1024, 1), "max_context": m.max_context}
             for m in model_catalog().values()]
-    print(pd.DataFrame(rows).to_string(index=False))
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     return 0
 
 
 def _cmd_hardware(args) -> int:
-    rows = [{"hardware": h.name, "bf16_TFLOPs": h.peak_for("bf16") / 1e12,
-             "memory_GB": h.memory_capacity_bytes / 1e9, "bandwidth_TB/s": h.memory_bandwidth_bytes_per_s / 1e12,
-             "link_GB/s": h.interconnect_bandwidth_bytes_per_s / 1e9, "TDP_W": h.tdp_w,
-             "usd_per_hour": h.price_per_hour_usd, "file": Path(h.path).name if h.path else ""}
+    rows = [{"hardware": h.name, "bf16 TFLOP/s": h.peak_for("bf16") / 1e12, "memory GB": h.memory_capacity_bytes / 1e9,
+             "TB/s": h.memory_bandwidth_bytes_per_s / 1e12, "link GB/s": h.interconnect_bandwidth_bytes_per_s / 1e9,
+             "TDP W": h.tdp_w, "USD/h": h.price_per_hour_usd, "also named": ", ".join(h.aliases)}
             for h in hardware_catalog().values()]
-    print(pd.DataFrame(rows).to_string(index=False))
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}"))
     for profile in hardware_catalog().values():
         if profile.machine is not None:
-            print(f"{profile.name}: machine-specific, measured on {profile.machine} by llmsim calibrate; "
-                  "on another machine, calibrate that one")
+            print(f"{profile.name}: measured on {profile.machine} (llmsim calibrate); calibrate your own machine")
     return 0

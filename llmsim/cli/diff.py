@@ -15,8 +15,7 @@ from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.errors import ConfigError
 
 
-def add_parser(sub) -> None:
-    diff = sub.add_parser("diff", help="per-metric errors between a measured and a simulated `vllm bench serve` JSON")
+def configure_diff(diff) -> None:
     diff.add_argument("measured", help="a `vllm bench serve --save-result` JSON")
     diff.add_argument("simulated", help="the vllm_bench.json of `llmsim run --bench-json`")
     diff.add_argument("--out", help="also write the table as CSV here")

@@ -7,33 +7,56 @@ files. Bad input is a :class:`~llmsim.errors.ConfigError`: one line on stderr, e
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from llmsim.cli import calibrate, catalog, diff, plan, recommend, report, run, sweep, trace
 from llmsim.cli.options import Parser
-from llmsim.cli.outputs import Stopped
-from llmsim.errors import ConfigError
+from llmsim.errors import ConfigError, Stopped
+
+# Each command: the module of llmsim.cli that configures its parser and runs it, and its one-line help.
+# A command's module (and the numerical libraries it needs) is imported only when that command is run or
+# asked for its help, so `llmsim --help` and a mistyped command answer at once.
+COMMANDS = {
+    "run": ("run", "simulate one scenario and print its summary"),
+    "compare": ("run", "simulate the variants of a comparison file side by side"),
+    "sweep": ("sweep", "simulate every combination of a grid of settings; frontier and plot"),
+    "place": ("catalog", "how many devices a model needs and how much KV cache is left"),
+    "calibrate": ("calibrate", "fit the cost model to a torch decode step on this device"),
+    "validate": ("calibrate", "compare a calibrated profile with held-out torch decode steps"),
+    "plan": ("plan", "fewest replicas of each candidate chip that meet the SLO at a rate"),
+    "recommend": ("recommend", "search k, max batch tokens and queue timeout for goodput under the SLO"),
+    "report": ("report", "capacity-planning report (HTML + Markdown): cheapest layout per chip, settings, headroom, "
+                         "N+1, peak sizing, sensitivity, monitoring view"),
+    "models": ("catalog", "list the model catalog"),
+    "hardware": ("catalog", "list the hardware profiles"),
+    "diff": ("diff", "per-metric errors between a measured and a simulated `vllm bench serve` JSON"),
+    "trace": ("trace", "describe a request trace and fit a synthetic workload to it"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with ``only`` a command's name, the parser with just that command's
+    arguments configured (the others are listed with their help)."""
     parser = Parser(prog="llmsim", description="Simulate and plan LLM inference serving.")
     sub = parser.add_subparsers(dest="command", required=True)
-    run.add_parsers(sub)                 # run, compare
-    sweep.add_parser(sub)
-    catalog.add_parser_place(sub)
-    calibrate.add_parsers(sub)           # calibrate, validate
-    plan.add_parser(sub)
-    recommend.add_parser(sub)
-    report.add_parser(sub)
-    catalog.add_parsers_listing(sub)     # models, hardware
-    diff.add_parser(sub)
-    trace.add_parser(sub)
+    for name, (module, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text)
+        if only is None or name == only:
+            configure = getattr(importlib.import_module(f"llmsim.cli.{module}"), f"configure_{name}")
+            configure(command)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command named on the command line (its first word that is not an option), if any."""
+    words = [word for word in argv if not word.startswith("-")]
+    return words[0] if words and words[0] in COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(only=_command(argv) or "").parse_args(argv)
     except SystemExit as stop:          # --help, or a bad command line (already explained, exit 2)
         return stop.code
     try:

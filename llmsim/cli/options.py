@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
-from llmsim.config.limits import MAX_NUMBER
+from llmsim.config.limits import MAX_NUMBER, MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY_BYTES
 from llmsim.config.reader import Node, load_yaml, range_text
 from llmsim.errors import ConfigError
-from llmsim.scenario.scenario import Scenario, read_seed
-from llmsim.sim.resources import MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY_BYTES
+
+if TYPE_CHECKING:
+    from llmsim.scenario.scenario import Scenario
 
 SEEDS_HELP = ("N: N seeds starting at the scenario's seed (seed, seed + 1, ...); or a comma-separated list "
               "of seeds, e.g. 3,7,11 (one seed: 7,)")
@@ -103,7 +104,7 @@ def parse_seeds(text: str | None, scenario: str | Path | Scenario) -> list[int] 
     seeds = _read_seeds(str(text).strip())
     if isinstance(seeds, list):
         return seeds
-    first = scenario.seed if isinstance(scenario, Scenario) else _yaml_seed(scenario)
+    first = _yaml_seed(scenario) if isinstance(scenario, (str, Path)) else scenario.seed
     return list(range(first, first + seeds))
 
 
@@ -141,4 +142,6 @@ def _integer(part: str, text: str) -> int:
 def _yaml_seed(path: str | Path) -> int:
     """A scenario file's ``seed``, without validating the rest: a sweep's base file may leave
     keys to its grid."""
+    from llmsim.scenario.scenario import read_seed      # not at import: the parser is built without it
+
     return read_seed(Node(load_yaml(path), file=str(path)))

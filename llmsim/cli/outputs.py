@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from llmsim.config.files import write_file  # noqa: F401  (the commands' one writer, imported from here)
-from llmsim.errors import ConfigError
+from llmsim.errors import ConfigError, Stopped
 from llmsim.search.journal import discard
 from llmsim.search.sweeps import reusing_runs
 
@@ -87,14 +87,6 @@ def check_writable_folder(folder: Path, key: str = "--out") -> None:
     except OSError as error:
         raise ConfigError(f"cannot write into {existing} ({error.strerror or error})", key=key, value=str(folder),
                           allowed="a folder you can write to") from None
-
-
-class Stopped(Exception):
-    """A command stopped before its end, what it kept said in the message; ``status``: its exit status."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
 
 
 @contextmanager

@@ -18,8 +18,7 @@ from llmsim.search.plan import MAX_REPLICAS, check_rate, plan
 MAX_PLAN_REPLICAS = 10_000      # replicas a plan may try: 10,000 engines take ~30 s and 400 MB to build
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("plan", help="fewest replicas of each candidate chip that meet the SLO at a rate")
+def configure_plan(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     parser.add_argument("--target-rate", required=True, type=checked_flag(_target_rate_text), help="requests per second to serve (e.g. 40 or '40/s'), "
                         "or a multiple of the scenario's own rate ('2x': this traffic, a replayed trace's too, twice)")

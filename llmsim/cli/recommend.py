@@ -19,8 +19,7 @@ from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OBJECTIVES,
 MAX_TOP = 100               # analytic best settings simulated, at most
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("recommend", help="search k, max batch tokens and queue timeout for goodput under the SLO")
+def configure_recommend(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     parser.add_argument("--objective", default=OBJECTIVES[0],
                         help=f"{' or '.join(OBJECTIVES)} (default {OBJECTIVES[0]})")

@@ -27,9 +27,7 @@ FILES = ("report.html", "report.md")
 RUNS_JOURNAL = "runs.csv"         # the simulations finished, kept until the report is written
 
 
-def add_parser(sub) -> None:
-    parser = sub.add_parser("report", help="capacity-planning report (HTML + Markdown): cheapest layout per chip, "
-                                           "settings, headroom, N+1, peak sizing, sensitivity, monitoring view")
+def configure_report(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     rate = parser.add_mutually_exclusive_group()
     rate.add_argument("--target-rate", type=checked_flag(parse_rate), help="requests per second to size for (default: the scenario's rate)")

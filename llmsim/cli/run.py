@@ -43,8 +43,7 @@ RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "
              "control.csv", "rollout.csv", "shadow.csv")
 
 
-def add_parsers(sub) -> None:
-    run = sub.add_parser("run", help="simulate one scenario and print its summary")
+def configure_run(run) -> None:
     run.add_argument("scenario", help="scenario YAML file")
     run.add_argument("--out", help="output folder (default: runs/<scenario name>, the name made one safe folder "
                      "name: path separators, spaces and leading dots replaced)")
@@ -71,7 +70,9 @@ def add_parsers(sub) -> None:
     run.add_argument("--no-baseline", action="store_true",
                      help="with speculation: skip the plain-decoding run on the same trace (no speedup figures)")
     run.set_defaults(func=_cmd_run)
-    comp = sub.add_parser("compare", help="simulate the variants of a comparison file side by side")
+
+
+def configure_compare(comp) -> None:
     comp.add_argument("comparison", help="comparison YAML (base, variants, loads)")
     comp.add_argument("--out", help="also write the table as CSV here")
     comp.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

@@ -16,8 +16,7 @@ from llmsim.search.executors import ENGINES
 from llmsim.search.sweeps import mean_over_seeds, parameter_columns, sweep
 
 
-def add_parser(sub) -> None:
-    swept = sub.add_parser("sweep", help="simulate every combination of a grid of settings; frontier and plot")
+def configure_sweep(swept) -> None:
     swept.add_argument("scenario", help="scenario YAML file")
     swept.add_argument("--grid", required=True, help="grid YAML: dotted scenario keys -> lists of values")
     swept.add_argument("--out", help="output folder (default: runs/sweep-<scenario file name>); a rerun with the "

@@ -23,8 +23,7 @@ from llmsim.workload.trace_formats import TIMED_FORMATS, read_trace
 from llmsim.errors import ConfigError
 
 
-def add_parser(sub) -> None:
-    trace = sub.add_parser("trace", help="describe a request trace and fit a synthetic workload to it")
+def configure_trace(trace) -> None:
     trace.add_argument("path", help="a trace file (formats: " + ", ".join(TIMED_FORMATS) + ")")
     trace.add_argument("--format", default="auto", choices=("auto", *TIMED_FORMATS), help="default: detected")
     trace.add_argument("--bin", type=number_flag(0.0, MAX_QUANTITY["duration"], exclusive_minimum=True),

@@ -61,3 +61,10 @@ MAX_TRACE_TOKENS = 10_000_000       # a request's prompt or output, above any mo
 # of a thousand characters.
 MIN_CHARS_PER_TOKEN = 0.25
 MAX_CHARS_PER_TOKEN = 1000.0
+
+# -- the resource guard (llmsim.sim.resources): a run estimated above these is refused unless forced --
+MAX_RUN_MEMORY_BYTES = 16 * 2**30       # refused above this estimate, unless forced (it runs ~2-3x the peak)
+MAX_RUN_EVENTS = 100_000_000            # about an hour at 25,000 iterations a second
+# Each engine keeps its iteration log in memory maps of its own, and Linux allows a process 65,530
+# maps by default (vm.max_map_count): 100,000 replicas fail to allocate whatever memory is free.
+MAX_RUN_ENGINES = 20_000                # built and reported in about a minute

@@ -37,17 +37,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from llmsim.config.limits import MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY_BYTES
 from llmsim.errors import ConfigError
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.workload.profiles import RateProfile
 from llmsim.workload.trace import Trace
 
-MAX_RUN_MEMORY_BYTES = 16 * 2**30       # refused above this estimate, unless forced (it runs ~2-3x the peak)
-MAX_RUN_EVENTS = 100_000_000            # about an hour at 25,000 iterations a second
-# Each engine keeps its iteration log in memory maps of its own, and Linux allows a process 65,530
-# maps by default (vm.max_map_count): 100,000 replicas fail to allocate whatever memory is free.
-MAX_RUN_ENGINES = 20_000                # built and reported in about a minute
 
 BYTES_PER_REQUEST = 3_000
 BYTES_PER_ITERATION = 600
