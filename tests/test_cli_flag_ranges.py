@@ -35,6 +35,7 @@ COMMANDS = {
 FLAGS = [
     ("run", "--seed", {"0": 0}, ("7", 7)),
     ("run", "--detect", {}, ("0.1", 0.1)),
+    ("run", "--requests", {}, ("50", 50)),
     ("sweep", "--workers", {}, ("2", 2)),
     ("sweep", "--seeds", {}, ("3,7", "3,7")),
     ("recommend", "--seeds", {}, ("3", "3")),

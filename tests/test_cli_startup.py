@@ -35,3 +35,11 @@ def test_the_top_level_help_lists_every_command_and_loads_no_numerical_library()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert all(name in out for name in COMMANDS)
     assert out.strip().splitlines()[-1].split() == ["LOADED"]
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_argument_has_help_text(name):
+    command = _subparsers(build_parser(only=name))[name]
+    missing = [a.option_strings or a.dest for a in command._actions
+               if not isinstance(a, argparse._HelpAction) and not (a.help or "").strip()]
+    assert missing == []

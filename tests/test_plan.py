@@ -109,7 +109,9 @@ def test_cli_prints_the_table_and_writes_csv(scenario_file, tmp_path, capsys):
     assert main(["plan", str(scenario_file), "--target-rate", "130/s", "--hardware", "H200", "--workers", "1",
                  "--seeds", "2", "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "H200" in captured.out and "usd_per_million_output_tokens" in captured.out
+    assert "H200" in captured.out and "USD/M tok" in captured.out
+    assert max(map(len, captured.out.splitlines())) <= 120            # a terminal's width; the CSV has every column
+    assert "usd_per_million_output_tokens" in out.read_text().splitlines()[0]
     # The progress bar counts simulations: every replica count tried, once per seed.
     simulations = 2 * int(pd.read_csv(out)["simulations"].iloc[0])
     assert f"{simulations}/{simulations} " in captured.err.split("\r")[-1], captured.err

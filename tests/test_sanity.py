@@ -106,3 +106,19 @@ def test_bad_seeds_exit_2_in_every_command(tmp_path, capsys, command):
     assert main([command[0], str(path), *command[1:], "--seeds", "1,1", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "--seeds" in err and "'1,1'" in err and "Traceback" not in err
+
+
+def test_run_requests_sets_how_many_requests_arrive(tmp_path):
+    """`run --requests N` simulates N requests of a scenario that asks for another count; they are the
+    first N of the scenario's own arrivals (the same seed draws the same stream)."""
+    import csv
+
+    from .helpers import REPO
+    scenario = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
+    assert yaml.safe_load(scenario.read_text())["workload"]["num_requests"] == 300
+    for count in (60, 120):
+        assert main(["run", str(scenario), "--requests", str(count), "--out", str(tmp_path / str(count))]) == 0
+    arrivals = {count: [row["arrival_s"] for row in csv.DictReader(open(tmp_path / str(count) / "requests.csv"))]
+                for count in (60, 120)}
+    assert len(arrivals[60]) == 60 and len(arrivals[120]) == 120
+    assert sorted(arrivals[60], key=float) == sorted(arrivals[120], key=float)[:60]

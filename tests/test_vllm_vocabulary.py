@@ -71,7 +71,23 @@ def test_cli_vllm_args_exit_2_on_a_bad_value(tmp_path, capsys):
                         "  num_requests: 5\n  prompt_tokens: 10\n  output_tokens: 2\n")
     assert main(["run", str(scenario), "--out", str(tmp_path / "o"), "--vllm-args", "--gpu-memory-utilization x"]) == 2
     err = capsys.readouterr().err
-    assert "engine.vllm_args" in err and "--gpu-memory-utilization x" in err and "Traceback" not in err
+    assert "at key '--vllm-args'" in err and "--gpu-memory-utilization x" in err and "Traceback" not in err
+
+
+def test_command_line_flags_override_the_scenario_and_say_so(tmp_path):
+    """--vllm-args is applied after the file: it replaces what the file sets (a note says so), where the file's
+    own engine.vllm_args may not contradict the file's keys (test_a_setting_given_twice_is_refused)."""
+    from llmsim.scenario.scenario import load_scenario
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("model: Llama-3.1-8B\nhardware: H100-SXM\nengine: {max_num_seqs: 256, max_batch_tokens: 4096}\n"
+                        "workload:\n  arrival: {process: poisson, rate: 1}\n  num_requests: 5\n  prompt_tokens: 10\n"
+                        "  output_tokens: 2\n")
+    assert load_scenario(scenario).engine.max_num_seqs == 256
+    overridden = load_scenario(scenario, vllm_args="--max-num-seqs 64")
+    assert overridden.engine.max_num_seqs == 64 and overridden.engine.max_batch_tokens == 4096
+    assert any("--max-num-seqs overrides the scenario's engine.max_num_seqs: 256 -> 64" in note
+               for note in overridden.vllm_notes)
+    assert load_scenario(scenario, vllm_args="--max-num-seqs 256").vllm_notes == ()
 
 
 def test_vllm_priority_scheduling_maps_to_its_llmsim_policy():

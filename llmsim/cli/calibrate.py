@@ -74,7 +74,8 @@ def configure_validate(val) -> None:
     val.add_argument("--measurements", metavar="DIR",
                      help="compare the profile's kernel terms with operator timing CSVs (Vidur format) instead of "
                           "timing torch here: MAPE, median error and bias by operator group, regime and TP")
-    val.add_argument("--seed", type=SEED, default=1)
+    val.add_argument("--seed", type=SEED, default=1,
+                     help="order of the interleaved rounds and the random block tables of the held-out steps")
     val.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     val.set_defaults(func=_cmd_validate)
 

@@ -12,24 +12,31 @@ from llmsim.cli.options import integer_flag, number_flag
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import ENGINE
+from llmsim.config.words import counted
 
 CONTEXTS = (2048, 8192, 32768)      # the context lengths place reports by default
 
 
 def configure_place(placed) -> None:
-    placed.add_argument("model")
-    placed.add_argument("hardware")
-    placed.add_argument("--weight-dtype", choices=list(DTYPE_BYTES), default=None)
-    placed.add_argument("--kv-dtype", choices=list(DTYPE_BYTES), default=None)
+    placed.add_argument("model", help="a model of the catalog (llmsim models lists them)")
+    placed.add_argument("hardware", help="a hardware profile's name or alias (llmsim hardware), or its file")
+    placed.add_argument("--weight-dtype", choices=list(DTYPE_BYTES), default=None,
+                        help="the weights' data type (default: the model's own)")
+    placed.add_argument("--kv-dtype", choices=list(DTYPE_BYTES), default=None,
+                        help="the KV cache's data type (default: the model's own)")
     placed.add_argument("--tp", type=integer_flag(1), help="fix tensor parallelism: it must divide the model's "
                         "attention heads (default: search)")
     placed.add_argument("--pp", type=integer_flag(1), help="fix pipeline stages, at most the model's layers "
                         "(default: search)")
     placed.add_argument("--memory-utilization", type=number_flag(0.0, 1.0, exclusive_minimum=True),
                         default=ENGINE.memory_utilization, help="fraction of device memory llmsim may use, in (0, 1]")
-    placed.add_argument("--max-batch-tokens", type=integer_flag(1), default=ENGINE.max_batch_tokens)
+    placed.add_argument("--max-batch-tokens", type=integer_flag(1), default=ENGINE.max_batch_tokens,
+                        help="tokens of one iteration, whose activations must fit beside the weights "
+                             f"(default {ENGINE.max_batch_tokens:,})")
     placed.add_argument("--runtime-reserve-gb", type=number_flag(0.0, MAX_QUANTITY["bytes"] / 1e9),
-                        default=ENGINE.runtime_reserve_bytes / 1e9)
+                        default=ENGINE.runtime_reserve_bytes / 1e9,
+                        help="memory per device the runtime keeps for itself: CUDA context, graphs, workspace "
+                             f"(default {ENGINE.runtime_reserve_bytes / 1e9:.3g})")
     placed.add_argument("--context", type=integer_flag(1), nargs="+",
                         help="context lengths to report concurrency for, 1 up to the model's context (default: "
                         f"{', '.join(map(str, CONTEXTS))}, those the model holds)")
@@ -70,7 +77,7 @@ def _cmd_place(args) -> int:
     print(f"  KV cache           {p.kv_per_device_bytes / 1e9:,.2f} GB per device in {p.kv_tier.name}"
           f" = {p.kv_capacity_tokens:,} tokens per replica")
     for context in args.context:
-        print(f"  concurrency        {p.concurrent_sequences(context):,} sequences of {context:,} tokens")
+        print(f"  concurrency        {counted(p.concurrent_sequences(context), 'sequence')} of {context:,} tokens")
     return 0
 
 

@@ -75,6 +75,20 @@ def _target_rate_text(text: str) -> str:
     return text
 
 
+# The columns printed (a terminal's width), as (column, header, scale); --out writes them all.
+SHOWN = (("hardware", "hardware", 1), ("placement", "layout", 1), ("replicas", "replicas", 1),
+         ("devices", "devices", 1), ("ttft_p95_s", "TTFT p95 ms", 1e3), ("tpot_p95_s", "TPOT p95 ms", 1e3),
+         ("slo_attainment", "attainment", 1), ("output_tokens_per_s", "output tok/s", 1),
+         ("usd_per_hour", "USD/h", 1), ("usd_per_million_output_tokens", "USD/M tok", 1))
+
+
+def _shown(table: pd.DataFrame) -> str:
+    """The plan's table as a person reads it: a few columns, latencies in ms, at most 120 characters wide."""
+    shown = pd.DataFrame({header: table[column] * scale if scale != 1 else table[column]
+                          for column, header, scale in SHOWN if column in table})
+    return shown.to_string(index=False, float_format=lambda v: f"{v:,.4g}")
+
+
 def _cmd_plan(args) -> int:
     rate = target_rate(args.target_rate, args.scenario)
     seeds = parse_seeds(args.seeds, args.scenario)
@@ -85,11 +99,14 @@ def _cmd_plan(args) -> int:
                      max_replicas=args.max_replicas, progress=progress)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
-    shown = table.drop(columns=[c for c in ("kwh_per_million_output_tokens", "replayed") if c in table])
-    with pd.option_context("display.width", 220, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
-        print(f"target {rate:g} requests/s" + (f", replaying {table['replayed'].iloc[0]}" if "replayed" in table
-                                               else "") + ":")
-        print(shown.to_string(index=False))
+    print(f"target {rate:g} requests/s" + (f", replaying {table['replayed'].iloc[0]}" if "replayed" in table
+                                           else "") + ":")
+    print(_shown(table))
+    notes = [f"  {row.hardware}: {row.note}" for row in table.itertuples() if isinstance(row.note, str) and row.note]
+    if notes:
+        print("\n".join(["notes:", *notes]))
+    if not args.out:
+        print("(every column, the analytic bounds and the simulation windows among them: --out FILE.csv)")
     if args.out:
         print(f"\nwrote {args.out}")
     if table["replicas"].isna().all():

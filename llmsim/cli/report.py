@@ -31,8 +31,9 @@ def configure_report(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     rate = parser.add_mutually_exclusive_group()
     rate.add_argument("--target-rate", type=checked_flag(parse_rate), help="requests per second to size for (default: the scenario's rate)")
-    rate.add_argument("--trace", help="a trace CSV (arrival_s, prompt_tokens, output_tokens): size for its busiest "
-                                      "hour-window, with lengths fitted to it")
+    rate.add_argument("--trace", help="a request trace in a format llmsim reads, detected from the file (llmsim CSV, "
+                                      "Azure, BurstGPT, Mooncake JSON lines): size for its busiest hour-window, with "
+                                      "lengths fitted to it")
     parser.add_argument("--growth", type=checked_flag(parse_growth),
                         help="with --trace: traffic growth factor, e.g. 2x (default 1x)")
     parser.add_argument("--peak-to-mean", type=number_flag(1.0, 2.0), default=DEFAULT_PEAK_TO_MEAN,

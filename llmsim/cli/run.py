@@ -25,10 +25,11 @@ import pandas as pd
 from llmsim.analysis.bench_format import vllm_bench_result
 from llmsim.analysis.canary import MIN_DETECTABLE_CHANGE
 from llmsim.analysis.metrics import summarize, warmup_warning
-from llmsim.cli.options import FORCE_HELP, SEED, number_flag
+from llmsim.cli.options import FORCE_HELP, SEED, integer_flag, number_flag
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary, rollout_table
 from llmsim.errors import ConfigError
+from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.resources import check_run_size
@@ -49,6 +50,9 @@ def configure_run(run) -> None:
                      "name: path separators, spaces and leading dots replaced)")
     run.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     run.add_argument("--seed", type=SEED, help="override the scenario's seed (an integer >= 0)")
+    run.add_argument("--requests", type=integer_flag(1), metavar="N",
+                     help="simulate N requests: overrides workload.num_requests (a replayed trace: its first N; with "
+                          "workload.duration, whichever ends first)")
     run.add_argument("--force", action="store_true", help=FORCE_HELP)
     run.add_argument("--vllm-args", metavar="FLAGS",
                      help='vLLM serve flags, e.g. "--max-num-seqs 256 --max-num-batched-tokens 8192 -tp 2": mapped '
@@ -84,6 +88,8 @@ def _cmd_run(args) -> int:
     if args.parquet:
         require_parquet()
     scenario = load_scenario(args.scenario, seed=args.seed, vllm_args=args.vllm_args)
+    if args.requests is not None:
+        scenario = variant(scenario, {"workload.num_requests": args.requests})
     for note in scenario.vllm_notes:
         print(f"vLLM flag {note}", file=sys.stderr)
     if scenario.workload.trace is not None or scenario.workload.dataset is not None:

@@ -25,7 +25,9 @@ def configure_sweep(swept) -> None:
                        "stops with exit 2, naming the running one's pid")
     swept.add_argument("--workers", type=WORKERS, help="parallel processes (default: every CPU)")
     add_seeds_argument(swept)
-    swept.add_argument("--engine", choices=ENGINES, default=ENGINES[0])
+    swept.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
+                       help="where the grid's points run: a pool of local processes (default), a Dask cluster "
+                            "(needs llmsim[distributed]), or one after another in this process")
     swept.add_argument("--scheduler", help="with --engine dask: a running scheduler's address "
                        "(default: a local cluster)")
     swept.add_argument("--latency", default=LATENCY, help="frontier latency column (minimised)")

@@ -59,6 +59,7 @@ from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simu
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace import Trace
+from llmsim.config.words import counted
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -265,7 +266,7 @@ class ReportBuilder:
             "candidates", "Candidates: the cheapest layout of each chip",
             [f"For each chip every layout (tensor parallel 1-8 in powers of two dividing the heads, times 1-4 "
              f"pipeline stages, when it holds the model) gets the fewest replicas meeting the SLO targets at "
-             f"{num(self.rate)} requests/s on {len(self.seeds)} seeds; the cheapest per hour is kept. "
+             f"{num(self.rate)} requests/s on {counted(len(self.seeds), 'seed')}; the cheapest per hour is kept. "
              "Costs are the profiles' prices per device-hour (assumptions), energy every device at its TDP."],
             [Table("candidates", "Cheapest layout per chip (scenario's engine settings)", columns, rows),
              Table("layouts", "Every layout considered", ["chip and layout", "devices per replica",
@@ -319,14 +320,14 @@ class ReportBuilder:
             ms(mean[names.TTFT_P95]), _margin(mean[names.TTFT_P95], ttft_limit),
             ms(mean[names.TPOT_P95]), _margin(mean[names.TPOT_P95], tpot_limit),
             percent(mean[names.SLO_ATTAINMENT]), f"{plus_minus(margin, spread, percent)}"]],
-            note=f"means over {len(self.seeds)} seeds at {num(self.rate)} requests/s; margin: how far the P95 "
+            note=f"means over {counted(len(self.seeds), 'seed')} at {num(self.rate)} requests/s; margin: how far the P95 "
                  f"is below its limit; attainment over target: the share within the limit minus the percentile "
                  f"target, ± 2 standard errors pooled over seeds; a month is {HOURS_PER_MONTH:g} hours")
         if rec is not None:
             paragraphs.insert(0, f"Searched on {best.hardware} {best.layout.label} x {best.replicas} with "
                               f"`llmsim recommend` ({len(rec.analytic)} settings scored analytically, "
-                              f"{len(rec.table)} simulated on {len(self.seeds)} seeds). With them the deployment "
-                              f"needs {replicas} replicas (the scenario's settings: {best.replicas}).")
+                              f"{len(rec.table)} simulated on {counted(len(self.seeds), 'seed')}). With them the deployment "
+                              f"needs {counted(replicas, 'replica')} (the scenario's settings: {best.replicas}).")
         self.sections.append(Section("settings", "Recommended deployment and engine settings", paragraphs,
                                      [deploy, table]))
         self.summary += [Fact("chip", "deployment", "recommended", "chip"),
@@ -418,7 +419,7 @@ class ReportBuilder:
         targets = {m: p for m, (_, p) in self.final.slo.targets().items()}
         self.sections.append(Section(
             "load", "Load: frontier, SLO attainment, breaking point, headroom and N+1",
-            [f"The recommended deployment ({self.replicas} replicas) from {LOAD_FACTORS[0]:g} to "
+            [f"The recommended deployment ({counted(self.replicas, 'replica')}) from {LOAD_FACTORS[0]:g} to "
              f"{LOAD_FACTORS[-1]:g} times the target rate, on the same requests per seed."],
             [Table("load-points", "SLO attainment against load", ["rate", "x target", "P95 TTFT", "P95 TPOT",
                                                                   "SLO attainment", "output tok/s per device",
@@ -499,7 +500,7 @@ class ReportBuilder:
             labels.append(label)
             needed.append(found if found else math.nan)
         columns = ["change", "replicas needed", "vs recommended",
-                   f"SLO attainment with {self.replicas} replicas", "targets met with them"]
+                   f"SLO attainment with {counted(self.replicas, 'replica')}", "targets met with them"]
         self.sections.append(Section(
             "sensitivity", "Sensitivity: how the answer moves",
             ["Each change is simulated on the recommended chip, layout and settings; the fewest replicas that "

@@ -216,14 +216,9 @@ class Scenario:
 def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | None = None) -> Scenario:
     """Read and validate a scenario YAML file; errors are ConfigErrors naming file, key and value.
 
-    ``vllm_args`` (``--vllm-args``) adds vLLM serve flags to the file's ``engine.vllm_args``."""
-    root = Node(load_yaml(path), file=str(path))
-    if vllm_args is not None:
-        engine = root.data.get("engine") or {}
-        # a file's flags that are not one string stay as they are, to be refused as such (not joined as their repr)
-        if isinstance(engine, dict) and (engine.get("vllm_args") is None or isinstance(engine["vllm_args"], str)):
-            root.data["engine"] = {**engine, "vllm_args": f"{engine.get('vllm_args') or ''} {vllm_args}".strip()}
-    scenario = scenario_from_node(root)
+    ``vllm_args`` (``--vllm-args``): vLLM serve flags applied after the file's own settings, which they
+    override."""
+    scenario = scenario_from_node(Node(load_yaml(path), file=str(path)), vllm_args)
     scenario = replace(scenario, path=str(path))
     return scenario if seed is None else scenario.with_seed(seed)
 
@@ -234,8 +229,8 @@ def read_seed(root: Node) -> int:
     return root.number("seed", DEFAULT_SEED, integer=True, minimum=0, exclusive_minimum=False)
 
 
-def scenario_from_node(root: Node) -> Scenario:
-    vllm_notes = apply_vllm_vocabulary(root)
+def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
+    vllm_notes = apply_vllm_vocabulary(root, vllm_args)
     name = root.string("name", Path(root.file).stem if root.file else "scenario")
     seed = read_seed(root)
     model = _model(root)

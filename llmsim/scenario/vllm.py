@@ -135,10 +135,18 @@ ENGINE_ALIASES = {name: target.split(".", 1)[1] for name, (target, _, _) in VLLM
                   if target.startswith("engine.") and target.split(".", 1)[1] != name}
 
 
-def apply_vllm_vocabulary(root: Node) -> tuple[str, ...]:
+COMMAND_LINE_FLAG = "--vllm-args"        # where flags given on the command line come from, in errors
+
+
+def apply_vllm_vocabulary(root: Node, command_line: str | None = None) -> tuple[str, ...]:
     """Rewrite ``root``'s engine section into llmsim's keys (vLLM aliases, ``vllm_args``) and
     fill vLLM's defaults where asked; returns the notes on flags not modelled. ``root.data`` is
-    replaced by a rewritten copy (the caller's mapping is left as it was)."""
+    replaced by a rewritten copy (the caller's mapping is left as it was).
+
+    ``command_line``: flags given on the command line (``--vllm-args``), applied last; unlike the
+    file's own flags, which may not contradict its keys, they override what the file sets."""
+    if command_line is not None and root.data.get("engine") is None:
+        root.data = {**root.data, "engine": {}}
     engine = root.data.get("engine")
     if not isinstance(engine, dict):
         return ()
@@ -155,11 +163,14 @@ def apply_vllm_vocabulary(root: Node) -> tuple[str, ...]:
             raise eng.key_error(str(key), f"sets {target} a second time", engine[key], f"one of {key}, {target}")
         engine[target] = engine.pop(key)
     flags = engine.pop("vllm_args", None)
-    defaults = engine.pop("defaults", "vllm" if flags is not None else "llmsim")
+    defaults = engine.pop("defaults", "llmsim" if flags is None and command_line is None else "vllm")
     if defaults not in DEFAULTS:
         raise eng.key_error("defaults", "unknown defaults", defaults, ", ".join(DEFAULTS))
     if flags is not None:
-        notes = _apply_flags(flags, data, eng)
+        notes = _apply_flags(flags, data, eng, "vllm_args")
+    if command_line is not None:
+        notes += _apply_flags(command_line, data, Node({COMMAND_LINE_FLAG: command_line}), COMMAND_LINE_FLAG,
+                              override=True)
     if defaults == "vllm":
         for key, value in VLLM_DEFAULTS.items():
             if key != "prefix_caching" or engine.get("batching", "continuous") == "continuous":
@@ -210,17 +221,19 @@ def parse_vllm_args(text: str) -> list[tuple[str, str | None, str]]:
     return parsed
 
 
-def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
+def _apply_flags(text: object, data: dict, eng: Node, key: str, *, override: bool = False) -> list[str]:
+    """Set the scenario keys that the flags ``text`` (read from ``key`` of ``eng``) name; the notes on
+    flags not modelled. ``override``: a flag replaces a value the scenario sets (else that is an error)."""
     if not isinstance(text, str):
-        raise eng.key_error("vllm_args", "expected the flags as one string", text,
+        raise eng.key_error(key, "expected the flags as one string", text,
                             "e.g. \"--max-num-seqs 256 --max-num-batched-tokens 8192\"")
     if len(text) > MAX_FLAGS_CHARS:
-        raise eng.key_error("vllm_args", f"longer than the {MAX_FLAGS_CHARS:,} characters llmsim reads as flags", text,
+        raise eng.key_error(key, f"longer than the {MAX_FLAGS_CHARS:,} characters llmsim reads as flags", text,
                             f"vLLM serve flags, at most {MAX_FLAGS_CHARS:,} characters")
     try:
         flags = parse_vllm_args(text)
     except ValueError as exc:
-        raise eng.key_error("vllm_args", f"cannot read these flags ({exc})", text, "vLLM serve flags") from None
+        raise eng.key_error(key, f"cannot read these flags ({exc})", text, "vLLM serve flags") from None
     notes = []
     for name, value, written in flags:
         if (name, value) in NOT_MODELLED_VALUES:
@@ -233,10 +246,12 @@ def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
                     raise ValueError("no value")
                 parsed = parse(text_value)
             except (ValueError, KeyError):
-                raise eng.key_error("vllm_args", f"cannot read {written} {value or ''}".rstrip(), text,
+                raise eng.key_error(key, f"cannot read {written} {value or ''}".rstrip(), text,
                                     f"{written}: {allowed}") from None
             if parsed is not None:
-                _set(data, target, parsed, written, eng, text)
+                note = _set(data, target, parsed, written, eng, key, text, override)
+                if note:
+                    notes.append(note)
         elif name in NOT_MODELLED:
             notes.append(f"{written} not modelled: {NOT_MODELLED[name]}")
         elif name in NO_EFFECT:
@@ -246,32 +261,38 @@ def _apply_flags(text: object, data: dict, eng: Node) -> list[str]:
     return notes
 
 
-def _set(data: dict, path: str, value: object, written: str, eng: Node, flags: str) -> None:
+def _set(data: dict, path: str, value: object, written: str, eng: Node, flags_key: str, flags: str,
+         override: bool) -> str | None:
+    """Set ``path`` (section.key) to a flag's ``value``; with ``override``, over the scenario's own value
+    (the note returned says so)."""
     section, key = path.split(".")
     if section == "model":
-        _model_mapping(data, path, written, eng, flags)
+        _model_mapping(data, path, written, eng, flags_key, flags)
     if data.get(section) is None:
         data[section] = {}
     mapping = data[section]
     if not isinstance(mapping, dict):
-        raise eng.key_error("vllm_args", f"{written} sets {path}, but {section} is not a mapping", mapping)
-    if key in mapping:
+        raise eng.key_error(flags_key, f"{written} sets {path}, but {section} is not a mapping", mapping)
+    if key in mapping and not override:
         if mapping[key] != value:
-            raise eng.key_error("vllm_args", f"{written} sets {path} to {value!r}, which the scenario sets to "
+            raise eng.key_error(flags_key, f"{written} sets {path} to {value!r}, which the scenario sets to "
                                 f"{mapping[key]!r}", value, "one of them")
-        return              # the same value: the scenario's own, which its key's check reads (1 is not true)
+        return None         # the same value: the scenario's own, which its key's check reads (1 is not true)
+    note = (f"{written} overrides the scenario's {path}: {mapping[key]!r} -> {value!r}"
+            if key in mapping and mapping[key] != value else None)
     mapping[key] = value
+    return note
 
 
-def _model_mapping(data: dict, path: str, written: str, eng: Node, flags: str) -> None:
+def _model_mapping(data: dict, path: str, written: str, eng: Node, flags_key: str, flags: str) -> None:
     """The scenario's model as a mapping that a flag can add a setting to (a catalog name becomes
     ``base``, a config.json path ``config_json``)."""
     model = data.get("model")
     if model is None:
-        raise eng.key_error("vllm_args", f"{written} sets {path}, but the scenario names no model", flags,
+        raise eng.key_error(flags_key, f"{written} sets {path}, but the scenario names no model", flags,
                             "model: a catalog name, a config.json path or the model's fields")
     if isinstance(model, str) and model.endswith((".yaml", ".yml")):
-        raise eng.key_error("vllm_args", f"{written} sets {path}, which the model file {model} sets itself", flags,
+        raise eng.key_error(flags_key, f"{written} sets {path}, which the model file {model} sets itself", flags,
                             f"{path.split('.')[1]} in {model}, or the model named by catalog name or config.json")
     if isinstance(model, str):
         data["model"] = {"config_json": model} if model.endswith(".json") else {"base": model}

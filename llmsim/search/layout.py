@@ -44,6 +44,7 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate,
+from llmsim.config.words import counted
                                 check_rate_driven, fewest_replicas)
 
 MAX_TENSOR_PARALLEL = 8
@@ -150,7 +151,7 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
         simulations += len(outcomes)
         if found is None:
             note = ("no cheaper count meets the targets" if best is not None and cap < max_replicas
-                    else f"targets not met with {cap} replicas")
+                    else f"targets not met with {counted(cap, 'replica')}")
             rows.append({**row, "replicas": math.nan, "note": note})
             continue
         rows.append({**row, "replicas": found, "usd_per_hour": layout.usd_per_hour(found), "note": ""})
@@ -158,7 +159,7 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
     tried = pd.DataFrame(rows)
     if best is None:
         return LayoutChoice(hardware, None, None, {}, tried, simulations,
-                            note=f"SLO targets not met by any layout with up to {max_replicas} replicas")
+                            note=f"SLO targets not met by any layout with up to {counted(max_replicas, 'replica')}")
     layout, replicas, result = best
     return LayoutChoice(hardware, layout, replicas, _mean_metrics(result), tried, simulations,
                         overrides={**layout.overrides(), RATE_KEY: rate, REPLICAS_KEY: replicas})

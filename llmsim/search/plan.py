@@ -43,6 +43,7 @@ from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, Window, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace_transforms import has_time_scale
+from llmsim.config.words import counted
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 REPLICAS_KEY = "deployment.replicas"
@@ -182,13 +183,13 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     row.update(analytic_lower=lower, analytic_upper=upper, analytic_capacity_bound=bound)
     if bound / (1 + FLUID_CAPACITY_ERROR) > max_replicas:
         return {**row, "replicas": math.nan, "simulations": 0,
-                "note": f"unreachable within {max_replicas} replicas (--max-replicas): the analytic capacity "
-                        f"bound needs {bound:,.0f} replicas (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
+                "note": f"unreachable within {counted(max_replicas, 'replica')} (--max-replicas): the analytic capacity "
+                        f"bound needs {counted(round(bound), 'replica')} (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
     hi, outcomes = fewest_replicas(scenario, base, rate, lower, upper, max_replicas, seeds=seeds, workers=workers,
                                    progress=progress)
     if hi is None:
         return {**row, "replicas": math.nan, "simulations": len(outcomes),
-                "note": f"SLO targets not met with {max_replicas} replicas (--max-replicas)"}
+                "note": f"SLO targets not met with {counted(max_replicas, 'replica')} (--max-replicas)"}
     answer = outcomes[hi]
     mean = answer.rows.select_dtypes("number").mean()
     margin, spread = answer.verdict.worst_margin
