@@ -40,11 +40,11 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.config.progress import QUIET, Progress
+from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate,
-from llmsim.config.words import counted
                                 check_rate_driven, fewest_replicas)
 
 MAX_TENSOR_PARALLEL = 8
