@@ -9,7 +9,13 @@ each group is fitted, the rest predicted, by size class; next to it, the error o
 by the median of its eight nearest sizes (no model at all: how noisy the medians themselves are).
 "before" is the plain roofline with the profile's efficiencies (the cost model without kernel terms).
 
-    .venv/bin/python benchmarks/bench_fidelity.py          (about 35 s on 2 cores)
+Then, with NVIDIA's measured operator database installed (``pip install 'llmsim[measured]'``), per operator
+group, each of H100, H200 and B200 predicted by the forms fitted to other GPUs (leave one GPU out: the fitted
+shares of the datasheet figures carried over; from the GPUs of its own architecture, and from every other GPU),
+and each engine version by the same GPU's other versions of that engine (leave one engine version out), MAPE
+and median signed error.
+
+    .venv/bin/python benchmarks/bench_fidelity.py          (about 35 s on 2 cores; the database part several minutes)
 """
 from __future__ import annotations
 
@@ -25,6 +31,10 @@ from llmsim.calibration.kernel_profile import published_base
 from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, error_table, layer_errors,
                                           read_measurements)
 from llmsim.catalog.kernel_terms import AllReduce, KernelTerms, StreamKernel
+from llmsim.calibration import database as db
+from llmsim.errors import ConfigError
+from llmsim.calibration.database_profile import (ACCEPTANCE_MAPE, ACCEPTANCE_MEDIAN, leave_one_gpu_out,
+                                                 leave_one_version_out)
 
 DATA = Path(__file__).resolve().parent.parent / "llmsim" / "calibration" / "data" / "vidur"
 LAYER_MAPE, LAYER_MEDIAN, ALL_REDUCE_MAPE = 0.10, 0.05, 0.15      # issue 11's acceptance
@@ -102,7 +112,38 @@ def main() -> None:
             print(f"{'':>48} {name:<24} {len(part):>5} {mape:>7.1%} {part['error'].median():>+8.1%}   "
                   f"{np.mean(np.abs(old_part['error'])):>12.1%}   {np.mean(np.abs(part['noise'])):>21.1%}   "
                   f"{verdict(mape <= ALL_REDUCE_MAPE)}")
+    database_tables()
     print(f"\n{time.perf_counter() - started:.1f} s")
+
+
+DATABASE_TARGETS = ("H100-SXM", "H200", "B200")
+
+
+def database_tables() -> None:
+    """Issue 29's acceptance table on the measured operator database (skipped without it)."""
+    try:
+        database = db.Database(db.installed_root())
+    except ConfigError as error:
+        print(f"\noperator database: skipped ({error})")
+        return
+    table = pd.concat([leave_one_gpu_out(database, DATABASE_TARGETS, same_architecture=True),
+                       leave_one_gpu_out(database, DATABASE_TARGETS, same_architecture=False),
+                       leave_one_version_out(database, DATABASE_TARGETS)])
+    print(f"\n{db.DATABASE_RELEASE}, vLLM's kernels (every engine for the versions): held-out operator errors "
+          f"(acceptance: MAPE <= {ACCEPTANCE_MAPE:.0%}, |median| <= {ACCEPTANCE_MEDIAN:.0%})")
+    for split, part in table.groupby("split", sort=False):
+        print(f"\n{split}\n{'group':<28} " + "".join(f"{gpu:>26}" for gpu in DATABASE_TARGETS))
+        for group, rows in part.groupby("group", sort=False):
+            cells = []
+            for gpu in DATABASE_TARGETS:
+                row = rows[rows["gpu"] == gpu]
+                if row.empty:
+                    cells.append(f"{'-':>26}")
+                    continue
+                r = row.iloc[0]
+                ok = r.mape <= ACCEPTANCE_MAPE and abs(r.median_error) <= ACCEPTANCE_MEDIAN
+                cells.append(f"{r.mape:>8.1%} {r.median_error:>+7.1%} {verdict(ok):>4} ({r.rows:>4})")
+            print(f"{group:<28} " + "".join(cells))
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ FLAGS = [
 NOT_NUMBERS = {"--out", "--vllm-args", "--grid", "--engine", "--scheduler", "--latency", "--throughput",
                "--objective", "--search", "--trace", "--hardware", "--weight-dtype", "--kv-dtype", "--device",
                "--dtypes", "--transfer-to", "--from", "--from-measurements", "--operators", "--models",
-               "--attention-backend", "--tag", "--gpu", "--base", "--plot", "--measurements"}
+               "--attention-backend", "--tag", "--gpu", "--base", "--plot", "--measurements", "--from-database"}
 
 
 def parse(command: str, flag: str, value: str):

@@ -56,9 +56,13 @@ def test_kernel_path_flops_and_weight_bytes_of_deepseek_v3(tokens):
     """The cost model's GEMM compute time, times the profile's FP8 rate, is 2 FLOPs per hand-counted weight
     per token; at one decoding token its weight traffic is the attention, the dense layers, the shared
     experts, the router and the 8 routed experts that token touches, at one byte (FP8), and the LM head
-    at two (bf16)."""
+    at two (bf16). Priced by the profile's FP8 GEMM terms (an FP8 model's), without the kernel that quantizes
+    the inputs (its bytes are no GEMM's FLOPs or weights; tests/test_kernel_terms.py prices it)."""
     h100 = lookup_hardware("H100-SXM")
-    kernels = h100.kernels
+    fp8 = {dtype: replace(terms, quantize_bandwidth_bytes_per_s=0.0)
+           for dtype, terms in h100.kernels.gemm_by_dtype.items()}
+    h100 = replace(h100, kernels=replace(h100.kernels, gemm_by_dtype=fp8))
+    kernels = h100.kernels.for_dtype(V3.weight_dtype)
     cost = CostModel(V3, h100)
     x = cost.features([tokens], [0], []) if tokens > 1 else cost.features([], [], [100])
     table = cost.breakdown(x).set_index("operator")

@@ -32,3 +32,11 @@ def test_importing_the_package_loads_no_numerical_library():
     code = "import sys, llmsim; llmsim.load_scenario; print('pandas' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "True"
+
+
+def test_every_module_of_the_package_imports():
+    import pkgutil
+    names = [m.name for m in pkgutil.walk_packages(llmsim.__path__, "llmsim.")]
+    assert len(names) > 50
+    for name in names:
+        importlib.import_module(name)

@@ -13,10 +13,10 @@ import difflib
 import hashlib
 import os
 from importlib import resources
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llmsim.catalog.kernel_terms import KernelTerms, kernel_terms_from_node
+from llmsim.catalog.kernel_terms import ENGINE_NAMES, KernelTerms, engine_kernel_terms
 from llmsim.config.reader import Node, parse_yaml, read_text
 from llmsim.errors import ConfigError
 
@@ -90,6 +90,8 @@ class HardwareProfile:
     aliases: tuple[str, ...] = ()
     # Measured kernel terms (floors, shape-aware GEMMs, collectives): None prices by the plain roofline.
     kernels: KernelTerms | None = None
+    # Other engines' kernel terms ({"sglang": ..., "trtllm": ...}); ``kernels`` is the default engine's (vLLM's).
+    engine_kernels: dict[str, KernelTerms] = field(default_factory=dict, compare=False)
     figures: dict[str, Figure] = field(default_factory=dict, compare=False)
     path: str | None = field(default=None, compare=False)
 
@@ -98,6 +100,12 @@ class HardwareProfile:
         """Memory tiers, innermost (fastest) first; the first is the primary memory."""
         primary = MemoryTier(self.memory_name, self.memory_capacity_bytes, self.memory_bandwidth_bytes_per_s)
         return (primary,) + self.outer_tiers
+
+    def for_engine(self, engine) -> "HardwareProfile":
+        """This profile priced by ``engine``'s kernels (an EngineKernels) where it has them of its own (the scenario
+        checks it does for any but the default engine, whose terms are ``kernels``)."""
+        own = self.engine_kernels.get(engine.value)
+        return self if own is None else replace(self, kernels=own)
 
     def efficiencies_for(self, dtype: str) -> tuple[float, float, float]:
         """(compute, attention, memory) efficiencies for a model whose weights are in ``dtype``."""
@@ -113,6 +121,18 @@ class HardwareProfile:
             if fallback in self.peak_flops_per_s:
                 return self.peak_flops_per_s[fallback]
         return max(self.peak_flops_per_s.values())
+
+
+def _in_document(data: dict, key_path: str) -> bool:
+    """Whether the dotted ``key_path`` (group sizes as digits) is written in the profile ``data``."""
+    for part in key_path.split("."):
+        if not isinstance(data, dict):
+            return False
+        key = next((k for k in data if str(k) == part), None)
+        if key is None:
+            return False
+        data = data[key]
+    return True
 
 
 def _figure(node: Node, key: str, kind: str | None, figures: dict, **limits) -> float:
@@ -139,6 +159,12 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
     peaks_node.done()
     eff = node.child("efficiency")
     overhead = node.child("overhead")
+    engine_figures: dict[str, Figure] = {}
+    kernels, engine_kernels = engine_kernel_terms(
+        node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures, **limits),
+        lambda entry, key, kind, **limits: _figure(entry, key, kind, engine_figures, **limits), ENGINE_NAMES)
+    # An engine's terms are its overlay laid over the section: the figures it inherits are the section's own.
+    figures.update({key: figure for key, figure in engine_figures.items() if _in_document(node.data, key)})
     profile = HardwareProfile(
         name=node.string("name"),
         description=node.string("description", ""),
@@ -162,8 +188,7 @@ def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
         calibration=_calibration(node),
         machine=node.string("machine", None),
         aliases=_aliases(node),
-        kernels=kernel_terms_from_node(node, lambda entry, key, kind, **limits: _figure(entry, key, kind, figures,
-                                                                                       **limits)),
+        kernels=kernels, engine_kernels=engine_kernels,
         memory_name=node.string("memory_name", "HBM"),
         outer_tiers=_outer_tiers(node, figures),
         host_memory=_host_memory(node, figures),

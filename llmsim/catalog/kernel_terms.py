@@ -14,6 +14,16 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
 - ``attention``: one launch floor per layer and iteration (optional), decode attention's fixed cost
   per sequence and layer and its KV read rate (optional; else the roofline's), and prefill
   attention's efficiency per backend, rising with the context a query sees;
+- ``custom_all_reduce`` (optional): the engine's own all-reduce per group size, the same two lines and the
+  message size up to which the engine uses it (``switch_over``); NCCL's ``all_reduce`` above it;
+- ``gemm.by_dtype`` (optional): a dtype's own GEMM figures (floor, bandwidth, rate, sharpness, growth, half
+  tiles, and the bandwidth of the kernel that quantizes an 8-bit GEMM's input) where its kernels differ
+  (FP8); a model whose weights are in that dtype is priced by them;
+- ``attention.decode_efficiency`` (optional): decode attention's FLOPs at this share of the 16-bit peak, in
+  place of the roofline's attention efficiency; ``attention.decode_per_kv_head`` (optional): fixed work per
+  decoding sequence and KV head on the GPU (a thread block each), on top of ``decode_per_sequence``;
+- ``engines`` (optional): another engine's figures laid over this section (``engine.kernels`` in a scenario
+  picks one; the section itself is the default engine's, vLLM's);
 - ``step``: the growth of the engine's per-iteration overhead (``overhead.per_step``) with the
   sequences that sample (sampling, detokenising, scheduling bookkeeping per sequence).
 
@@ -21,12 +31,23 @@ Every figure is ``{value, source, confidence}``, read with the profile's own mac
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from llmsim.config.reader import Node
+from llmsim.config.reader import Node, deep_merge
 
 ELEMENTWISE_KINDS = ("norm", "activation", "rotary", "residual")
+
+
+class EngineKernels(enum.Enum):
+    """Whose kernels price a step (a scenario's ``engine.kernels``): the engine the operator database timed them in."""
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TRTLLM = "trtllm"
+
+
+ENGINE_NAMES = tuple(engine.value for engine in EngineKernels)
 
 
 @dataclass(frozen=True)
@@ -47,6 +68,26 @@ class AllReduce:
     bus_bandwidth_bytes_per_s: float
     large_latency_s: float
     large_bus_bandwidth_bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class CustomAllReduce:
+    """An engine's own all-reduce kernel (vLLM's, SGLang's, TensorRT-LLM's): the same two lines as NCCL's, used
+    for messages up to ``switch_over_bytes``; NCCL takes the larger ones."""
+    reduce: AllReduce
+    switch_over_bytes: float
+
+
+@dataclass(frozen=True)
+class GemmTerms:
+    """The GEMM figures of one weight dtype that has its own kernels (``gemm.by_dtype``: FP8's)."""
+    floor_s: float
+    bandwidth_bytes_per_s: float
+    flops_per_s: float
+    sharpness: float
+    sharpness_growth: float
+    occupancy_half_tiles: float
+    quantize_bandwidth_bytes_per_s: float = 0.0     # the input's quantization kernel (0: none)
 
 
 @dataclass(frozen=True)
@@ -73,6 +114,27 @@ class KernelTerms:
     gemm_sharpness_growth: float = 0.0              # p grows as (tiles / 128)^growth
     attention_floor_s: float = 0.0                  # one attention launch per layer and iteration (0: none)
     decode_attention_bandwidth_bytes_per_s: float = 0.0   # KV read rate of decode attention (0: the roofline's)
+    decode_attention_efficiency: float = 0.0      # decode FLOPs at this share of the 16-bit peak (0: the roofline's)
+    decode_attention_per_kv_head_s: float = 0.0   # fixed work per decoding sequence, KV head (on the GPU) and layer
+    custom_all_reduce: dict[int, CustomAllReduce] = field(default_factory=dict)   # by group size (none: NCCL only)
+    gemm_by_dtype: dict[str, GemmTerms] = field(default_factory=dict)
+    # 8-bit GEMMs quantize their 16-bit input in a kernel of their own (3 bytes per element) before they start.
+    gemm_quantize_bandwidth_bytes_per_s: float = 0.0
+
+    def for_dtype(self, dtype: str) -> "KernelTerms":
+        """These terms with the GEMM figures of ``dtype`` where it has its own (else unchanged)."""
+        own = self.gemm_by_dtype.get(dtype)
+        if own is None:
+            return self
+        return replace(self, gemm_floor_s=own.floor_s, gemm_bandwidth_bytes_per_s=own.bandwidth_bytes_per_s,
+                       gemm_flops_per_s={**self.gemm_flops_per_s, dtype: own.flops_per_s},
+                       gemm_sharpness=own.sharpness, gemm_sharpness_growth=own.sharpness_growth,
+                       gemm_occupancy_half_tiles=own.occupancy_half_tiles,
+                       gemm_quantize_bandwidth_bytes_per_s=own.quantize_bandwidth_bytes_per_s)
+
+    def custom_all_reduce_for(self, group: int) -> CustomAllReduce | None:
+        """The engine's all-reduce for exactly ``group`` GPUs, or None (NCCL alone)."""
+        return self.custom_all_reduce.get(group)
 
     def gemm_rate(self, dtype: str) -> float:
         """Achieved GEMM FLOP/s for weights in ``dtype``; weight-only formats compute in 16-bit."""
@@ -92,11 +154,37 @@ class KernelTerms:
         return self.prefill_backends[self.prefill_backend]
 
 
+def engine_kernel_terms(node: Node, figure: Callable[..., float], engine_figure: Callable[..., float],
+                        engines: tuple[str, ...]) -> tuple[KernelTerms | None, dict[str, KernelTerms]]:
+    """``kernels:`` of a profile (None without one), and each engine's of ``kernels.engines`` (its figures laid
+    over the rest of the section, read by ``engine_figure``: the profile records only those the overlay holds);
+    ``engines`` are the names allowed."""
+    base = kernel_terms_from_node(node, figure)
+    if base is None or not node.child("kernels").has("engines"):
+        return base, {}
+    kernels = node.child("kernels")
+    overlays = kernels.child("engines")
+    section = {key: value for key, value in kernels.data.items() if key != "engines"}
+    out = {}
+    for name in list(overlays.data):
+        if name not in engines:
+            raise overlays.key_error(str(name), "is not an engine with kernel terms", name, ", ".join(engines))
+        if not isinstance(overlays.data[name], dict):
+            raise overlays.key_error(str(name), "expected a mapping of kernels: figures", overlays.data[name],
+                                     "gemm, attention, all_reduce, custom_all_reduce ...")
+        merged = Node(deep_merge(section, overlays.data[name]), file=node.file, path=overlays.key_path(str(name)))
+        out[str(name)] = _terms_from_section(merged, engine_figure)
+    return base, out
+
+
 def kernel_terms_from_node(node: Node, figure: Callable[..., float]) -> KernelTerms | None:
     """``kernels:`` of a profile, or None without one; ``figure(node, key, kind, **limits)`` reads a figure."""
     if not node.has("kernels"):
         return None
-    kernels = node.child("kernels")
+    return _terms_from_section(node.child("kernels"), figure)
+
+
+def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTerms:
     gemm = kernels.child("gemm")
     rates = gemm.child("achieved_flops")
     flops = {dtype: figure(rates, dtype, "flops") for dtype in list(rates.data)}
@@ -136,6 +224,34 @@ def kernel_terms_from_node(node: Node, figure: Callable[..., float]) -> KernelTe
     backends_node.done()
     backend = attention.choice("prefill_backend", tuple(backends) or ("(none given)",))
     step = kernels.child("step")
+    custom = {}
+    if kernels.has("custom_all_reduce"):
+        custom_node = kernels.child("custom_all_reduce")
+        for key in list(custom_node.data):
+            entry = custom_node.child(key)
+            if not str(key).isdigit() or int(key) < 2:
+                raise custom_node.key_error(str(key), "expected a group size", key,
+                                            "an integer >= 2 (GPUs in the group)")
+            custom[int(key)] = CustomAllReduce(
+                AllReduce(figure(entry, "latency", "duration"), figure(entry, "bus_bandwidth", "bandwidth"),
+                          figure(entry, "large_latency", "duration"),
+                          figure(entry, "large_bus_bandwidth", "bandwidth")),
+                figure(entry, "switch_over", "bytes"))
+            entry.done()
+        custom_node.done()
+    by_dtype = {}
+    if gemm.has("by_dtype"):
+        dtypes = gemm.child("by_dtype")
+        for dtype in list(dtypes.data):
+            entry = dtypes.child(dtype)
+            by_dtype[str(dtype)] = GemmTerms(
+                figure(entry, "floor", "duration", minimum=0.0, exclusive_minimum=False),
+                figure(entry, "bandwidth", "bandwidth"), figure(entry, "achieved_flops", "flops"),
+                figure(entry, "sharpness", None, minimum=1.0, exclusive_minimum=False),
+                _optional(entry, "sharpness_growth", figure), _optional(entry, "occupancy_half_tiles", figure),
+                _optional(entry, "quantize_bandwidth", figure, "bandwidth"))
+            entry.done()
+        dtypes.done()
     terms = KernelTerms(
         gemm_floor_s=figure(gemm, "floor", "duration", minimum=0.0, exclusive_minimum=False),
         gemm_bandwidth_bytes_per_s=figure(gemm, "bandwidth", "bandwidth"),
@@ -150,10 +266,14 @@ def kernel_terms_from_node(node: Node, figure: Callable[..., float]) -> KernelTe
         gemm_occupancy_half_tiles=_optional(gemm, "occupancy_half_tiles", figure),
         gemm_sharpness_growth=_optional(gemm, "sharpness_growth", figure),
         attention_floor_s=_optional(attention, "floor", figure, "duration"),
-        decode_attention_bandwidth_bytes_per_s=_optional(attention, "decode_bandwidth", figure, "bandwidth"))
+        decode_attention_bandwidth_bytes_per_s=_optional(attention, "decode_bandwidth", figure, "bandwidth"),
+        decode_attention_efficiency=(figure(attention, "decode_efficiency", None, minimum=0.0, maximum=1.0)
+                                     if attention.has("decode_efficiency") else 0.0),
+        decode_attention_per_kv_head_s=_optional(attention, "decode_per_kv_head", figure, "duration"),
+        custom_all_reduce=custom, gemm_by_dtype=by_dtype)
     for done in (gemm, attention, step):
         done.done()
-    kernels.done(extra_allowed=("note",))
+    kernels.done(extra_allowed=("note", "engines"))
     return terms
 
 

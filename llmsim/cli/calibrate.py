@@ -16,12 +16,15 @@ from llmsim.calibration.calibrate import DEFAULT_CPU_THREADS, calibrate, require
 from llmsim.calibration import operator_bench
 from llmsim.calibration.bench import machine_name
 from llmsim.calibration.design import DEVICE_DTYPES
+from llmsim.calibration.database import GPU_FOLDERS, INSTALLED, Database, installed_root
+from llmsim.calibration.database_profile import compare_vidur, database_document
 from llmsim.calibration.kernel_profile import calibrate_from_measurements, kernels_section, measured_source
 from llmsim.calibration.operators import (DEVICE_PROFILES, all_reduce_errors, attention_errors, error_table,
                                           layer_errors, read_measurements)
 from llmsim.calibration.plot import measured_scatter, scatter
 from llmsim.calibration.profile_yaml import TRANSFER_RECORD_KEYS, transfer_document, write_document
 from llmsim.catalog.hardware import load_profile, lookup_hardware
+from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.cli.options import SEED, WORKERS
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
 from llmsim.config.reader import load_yaml
@@ -52,8 +55,20 @@ def configure_calibrate(cal) -> None:
                           "(cuDNN's on Hopper)")
     cal.add_argument("--tag", help="with --operators: the device tag written in the rows and file names "
                                    "(default: h200/h100/a100 from the GPU's name, else the device kind)")
-    cal.add_argument("--gpu", choices=tuple(DEVICE_PROFILES),
-                     help="with --from-measurements: the device whose rows to fit (default: the only one found)")
+    cal.add_argument("--from-database", nargs="?", const=INSTALLED, metavar="DIR",
+                     help="fit every GPU's (or --gpu's) kernel terms per engine to NVIDIA's measured operator database "
+                          f"(pip install 'llmsim[measured]'), or to a folder of its layout, and write the profiles to "
+                          "--out (a folder, default database-profiles/) with a validation table")
+    cal.add_argument("--engine", choices=ENGINE_NAMES,
+                     help="with --from-database: fit this engine's kernels only (default: every engine the database "
+                          "has; vLLM's become the profile's kernels, the others its kernels.engines)")
+    cal.add_argument("--compare-vidur", action="store_true",
+                     help="with --from-database: print where the database fit and the Vidur-fitted terms of the "
+                          "A100 and H100 disagree, by operator group")
+    cal.add_argument("--gpu",
+                     help="with --from-measurements: the device whose rows to fit (default: the only one found: "
+                          f"{', '.join(DEVICE_PROFILES)}); with --from-database: a profile name "
+                          f"({', '.join(GPU_FOLDERS)})")
     cal.add_argument("--base", metavar="PROFILE",
                      help="with --from-measurements: the profile to add the kernel terms to (default: the shipped "
                           "profile of --gpu)")
@@ -81,6 +96,8 @@ def configure_validate(val) -> None:
 
 
 def _cmd_calibrate(args) -> int:
+    if args.from_database:
+        return _cmd_from_database(args)
     if args.from_measurements:
         return _cmd_from_measurements(args)
     if args.operators:
@@ -201,6 +218,9 @@ def calibration_summary(document: dict) -> str:
 
 def _cmd_from_measurements(args) -> int:
     measurements = read_measurements(args.from_measurements)
+    if args.gpu is not None and args.gpu not in DEVICE_PROFILES:
+        raise ConfigError("is not a device the measurements name", key="--gpu", value=args.gpu,
+                          allowed=", ".join(DEVICE_PROFILES))
     device = args.gpu or _only_device(measurements, args.from_measurements)
     out = Path(args.out or f"{device}-kernels.yaml")
     refuse_to_replace([out], args.overwrite)
@@ -214,6 +234,33 @@ def _cmd_from_measurements(args) -> int:
     write_document(document, out)
     print(kernel_calibration_summary(record))
     print(f"\nwrote {out}")
+    return 0
+
+
+def _cmd_from_database(args) -> int:
+    database = Database(installed_root() if args.from_database == INSTALLED else args.from_database)
+    gpus = database.gpus()
+    if args.gpu is not None and args.gpu not in gpus:
+        raise ConfigError("is not a GPU the operator database has tables for", key="--gpu", value=args.gpu,
+                          allowed=", ".join(gpus))
+    engines = [EngineKernels(args.engine)] if args.engine else list(EngineKernels)
+    out = Path(args.out or "database-profiles")
+    targets = [args.gpu] if args.gpu else gpus
+    paths = {gpu: out / Path(lookup_hardware(gpu).path).name for gpu in targets}
+    refuse_to_replace([*paths.values(), *(path.with_name(path.stem + "-validation.csv") for path in paths.values())],
+                      args.overwrite)
+    for gpu in targets:
+        document, validation = database_document(database, gpu, engines)
+        write_document(document, paths[gpu])
+        validation_path = paths[gpu].with_name(paths[gpu].stem + "-validation.csv")
+        validation.to_csv(validation_path, index=False)
+        held = validation[validation["split"] == "held_out"]
+        print(f"{gpu}: held-out errors (every other size fitted, the rest predicted)")
+        print(format_table(held.drop(columns=["gpu", "split"])))
+        print(f"wrote {paths[gpu]}, {validation_path}\n")
+    if args.compare_vidur:
+        print("The Vidur-fitted terms over the database fit, on the database's vLLM rows (1: they agree):")
+        print(compare_vidur(database).to_string(index=False))
     return 0
 
 

@@ -10,9 +10,9 @@ from llmsim.catalog.models import DTYPE_BYTES, lookup_model, model_catalog
 from llmsim.catalog.placement import place, smallest_fitting
 from llmsim.cli.options import integer_flag, number_flag
 from llmsim.config.limits import MAX_QUANTITY
+from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import ENGINE
-from llmsim.config.words import counted
 
 CONTEXTS = (2048, 8192, 32768)      # the context lengths place reports by default
 

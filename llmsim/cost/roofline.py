@@ -94,7 +94,8 @@ class CostModel:
         self._compute_time[decode, F["decode_seqs"]] += (self._compute_time[decode, F["decode_kv_read"]]
                                                          * hardware.attention_half_context)
         self._gemm_rows: list[tuple] = []
-        self._all_reduce = None
+        self._all_reduce = self._custom_all_reduce = None
+        self.kernels = None
         if hardware.kernels is not None:
             self._use_kernel_terms(paced_layers, weight_tier.bandwidth_bytes_per_s / tiers[0].bandwidth_bytes_per_s)
         # One matrix turns a feature vector into everything an iteration needs: per-operator
@@ -111,7 +112,8 @@ class CostModel:
 
         GEMMs leave the linear rows for :meth:`_gemm_times`; weights streamed from an outer
         tier are read at the fitted bandwidth scaled by that tier's share of the primary one."""
-        model, kernels, tp = self.model, self.hardware.kernels, self.tp
+        model, tp = self.model, self.tp
+        kernels = self.kernels = self.hardware.kernels.for_dtype(model.weight_dtype)
         op = {name: i for i, name in enumerate(self.op_names)}
         for name in ("layer.qkv", "layer.out_proj", "layer.mlp", "lm_head"):
             self._compute_time[op[name]] = self._memory_time[op[name]] = 0.0
@@ -123,7 +125,13 @@ class CostModel:
         # Each decoding sequence's fixed work (block-table walk, split and merge of its softmax) overlaps
         # with streaming the KV cache: it adds to the compute side of decode attention's max.
         decode = op["layer.attention_decode"]
-        self._compute_time[decode, F["decode_seqs"]] += kernels.decode_attention_per_sequence_s * paced_layers
+        if kernels.decode_attention_efficiency:
+            # Measured decode kernels: their FLOPs at the fitted share of the 16-bit peak replace the roofline's.
+            self._compute_time[decode] = (self.flops_matrix[decode] * paced_layers / model.num_layers
+                                          / (self.hardware.peak_for("bf16") * kernels.decode_attention_efficiency))
+        kv_heads = max(model.num_kv_heads / tp, 1.0)
+        self._compute_time[decode, F["decode_seqs"]] += (kernels.decode_attention_per_sequence_s
+                                                         + kernels.decode_attention_per_kv_head_s * kv_heads) * paced_layers
         if kernels.decode_attention_bandwidth_bytes_per_s:
             self._memory_time[decode] = (self.bytes_matrix[decode] * paced_layers / model.num_layers
                                          / kernels.decode_attention_bandwidth_bytes_per_s)
@@ -159,10 +167,20 @@ class CostModel:
                             float(repeats), count, float(scale), tokens, float(shape.n))
                            for shape, repeats, count, scale, tokens in gemms]
         self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 9))
+        if kernels.gemm_quantize_bandwidth_bytes_per_s:
+            # 8-bit weights: a kernel of its own first quantizes the 16-bit input (read 2 bytes, write 1 per
+            # element), linear in the tokens; it adds to both bounds of its operator's row as a floor does.
+            for shape, repeats, _, scale, tokens in gemms:
+                if weight_bytes[shape.name] < 2:
+                    at = op[GEMM_OPERATORS[shape.name]]
+                    seconds = repeats * scale * shape.k * 3.0 / kernels.gemm_quantize_bandwidth_bytes_per_s
+                    self._compute_time[at, tokens] += seconds
+                    self._memory_time[at, tokens] += seconds
         self._all_reduce = kernels.all_reduce_for(tp) if tp > 1 else None
+        self._custom_all_reduce = kernels.custom_all_reduce_for(tp) if tp > 1 else None
         # Every cost model with the same GEMM and all-reduce terms shares the memos: a search builds one per
         # run, and its runs price the same token counts over and over.
-        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, tp, model.hidden_size, model.num_layers,
+        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size, model.num_layers,
                             model.activation_bytes_per_element))
         self._layer_memo, self._head_memo = _shared_memos.pop(key, None) or ({}, {})
         _shared_memos[key] = (self._layer_memo, self._head_memo)
@@ -190,7 +208,7 @@ class CostModel:
 
     def _gemm_sum(self, values: list[float], gemm_rows) -> float:
         """The summed time of ``gemm_rows`` (see _gemm_times) for one iteration's feature ``values``."""
-        kernels = self.hardware.kernels
+        kernels = self.kernels
         floor_s = kernels.gemm_floor_s
         iterations = values[_ONE]
         total = 0.0
@@ -212,7 +230,12 @@ class CostModel:
             iterations, tokens = x[..., F["one"]], x[..., F["tokens"]]
         rows = np.divide(tokens, iterations, out=np.zeros(np.shape(tokens)), where=iterations > 0)
         message = rows * self.model.hidden_size * self.model.activation_bytes_per_element
-        return 2 * self.model.num_layers * iterations * all_reduce_time_s(message, self.tp, self._all_reduce)
+        once = all_reduce_time_s(message, self.tp, self._all_reduce)
+        custom = self._custom_all_reduce
+        if custom is not None:
+            # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose).
+            once = np.where(message <= custom.switch_over_bytes, all_reduce_time_s(message, self.tp, custom.reduce), once)
+        return 2 * self.model.num_layers * iterations * once
 
     def _gemm_times(self, x) -> np.ndarray | float:
         """Time of every GEMM of iterations ``x``, summed (one row) or per GEMM (rows: shape (..., gemms)).
@@ -222,7 +245,7 @@ class CostModel:
         (continuous in the tokens, which the fluid model's fixed point needs). The launch floor is paid
         once per GEMM and iteration: the experts of an MoE layer run as one grouped GEMM (vLLM's fused
         MoE kernel launches once per projection), not one kernel per expert."""
-        kernels = self.hardware.kernels
+        kernels = self.kernels
         floor_s = kernels.gemm_floor_s
         if x.ndim == 1:
             return self._gemm_sum(x.tolist(), self._gemm_rows)

@@ -44,6 +44,7 @@ from llmsim.analysis.metrics import summarize
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
+from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
@@ -59,7 +60,6 @@ from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simu
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace import Trace
-from llmsim.config.words import counted
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)

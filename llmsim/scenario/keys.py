@@ -216,6 +216,8 @@ KEY_HELP: dict[str, str] = {
     "engine.cpu_offload.idle_timeout": "a cached block idle this long on the device moves to host memory",
     "engine.cpu_offload.overlap": "reloads overlap the admitting iteration's compute (else they add to it)",
     "engine.cpu_offload.capacity": "host memory for KV per device; default: the profile's host_memory capacity",
+    "engine.kernels": "whose measured kernels price a step: the engine the operator database timed them in (vLLM's "
+                      "are the profile's kernels; sglang and trtllm need the profile's kernels.engines terms)",
     "engine.vllm_args": "`vllm serve` flags (`--max-num-seqs 128 -tp 2 ...`), read into the keys they set; flags "
                         "llmsim does not model are listed with why and kept in summary.json; a setting given both "
                         "as a flag and as a key is refused",

@@ -13,6 +13,7 @@ from pathlib import Path
 from llmsim.config.reader import Node, load_yaml
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
+from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from llmsim.config.policies import (Admission, Batching, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
@@ -73,6 +74,7 @@ class EngineConfig:
     preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE   # vLLM preemption_mode: or swap to host memory
     cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
     async_scheduling: bool = False       # vLLM --async-scheduling: the step's CPU work overlaps the previous step
+    kernels: EngineKernels = EngineKernels.VLLM   # whose measured kernels price a step (the profile's terms)
 
     def __post_init__(self):
         members_of(self, batching=Batching, on_timeout=OnTimeout, scheduling_policy=SchedulingPolicy,
@@ -229,6 +231,16 @@ def read_seed(root: Node) -> int:
     return root.number("seed", DEFAULT_SEED, integer=True, minimum=0, exclusive_minimum=False)
 
 
+def _engine_hardware(eng: Node, engine: EngineConfig, hardware: HardwareProfile) -> HardwareProfile:
+    """The profile priced by the engine's kernels: another engine than the default needs terms of its own."""
+    if engine.kernels is ENGINE.kernels or hardware.kernels is None:
+        return hardware
+    if engine.kernels.value not in hardware.engine_kernels:
+        raise eng.key_error("kernels", f"{hardware.name} has no measured kernel terms for this engine",
+                            engine.kernels.value, ", ".join([ENGINE.kernels.value, *hardware.engine_kernels]))
+    return hardware.for_engine(engine.kernels)
+
+
 def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     vllm_notes = apply_vllm_vocabulary(root, vllm_args)
     name = root.string("name", Path(root.file).stem if root.file else "scenario")
@@ -272,7 +284,9 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         preemption_mode=PreemptionMode(eng.choice("preemption_mode", PreemptionMode.names(),
                                                   ENGINE.preemption_mode)),
         cpu_offload=_cpu_offload(eng),
-        async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling))
+        async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling),
+        kernels=EngineKernels(eng.choice("kernels", ENGINE_NAMES, ENGINE.kernels.value)))
+    hardware = _engine_hardware(eng, engine, hardware)
     _check_kv_tiers(eng, engine, hardware)
     if router is RouterPolicy.PREFIX_AWARE and not engine.prefix_caching:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,

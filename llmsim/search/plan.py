@@ -35,6 +35,7 @@ from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node
+from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.scenario.scenario import Scenario, load_scenario
@@ -43,7 +44,6 @@ from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, Window, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace_transforms import has_time_scale
-from llmsim.config.words import counted
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 REPLICAS_KEY = "deployment.replicas"

@@ -1,0 +1,218 @@
+"""Fitting physical kernel forms to the measured operator database (:mod:`llmsim.calibration.database`).
+
+Every form is a launch floor plus the larger of a memory time (bytes over an achieved bandwidth) and a
+compute time (FLOPs over an achieved rate), the forms the cost model prices a step with; the achieved
+figures are fractions of the GPU's datasheet figures (``peak_bf16``, ``peak_fp8``, ``hbm``, ``link``
+columns of each row), so one fit can pool GPUs and predict one it never saw (:func:`leave_one_out`):
+
+- GEMM, per dtype: :func:`llmsim.cost.kernels.gemm_time_s` (floor, bandwidth, rate, the smooth maximum's
+  sharpness and its growth with output tiles, the occupancy's half tiles);
+- decode attention: ``floor + max(b (per_sequence + h_kv x per_kv_head) + FLOPs / rate, bytes / bandwidth)``
+  with ``b`` sequences of ``s`` cached tokens, ``4 h d b s`` FLOPs and ``b (s + 1) 2 h_kv d 2 + b 2 h d 2``
+  bytes (KV read and written, query in and output out), as the cost model's decode-attention row;
+- prefill attention: ``floor + 4 h d b (s (s + 1) / 2 + half x s) / (peak x efficiency)``: causal pairs, and
+  ``half`` more keys per query standing for short sequences' idle units (the prefill backend's form);
+- collectives (all-reduce, all-gather, reduce-scatter, all-to-all, the engine's custom all-reduce): per
+  group size the lesser of two alpha-beta lines over the bus traffic (``2 (g-1)/g`` of the message for an
+  all-reduce, ``(g-1)/g`` for the others), as NCCL picks the faster protocol;
+- MoE grouped GEMM: ``floor + max(weight bytes of the experts touched / bandwidth, FLOPs / rate)``;
+- MLA (DeepSeek-V3's attention module): decode as above over the latent cache, prefill as above.
+
+Each fit is ``scipy.optimize.least_squares`` on ``log(predicted / measured)`` (a relative error: a 10% miss
+weighs the same on a 5 us kernel as on a 5 ms one), positive parameters fitted as logs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares
+
+from llmsim.catalog.hardware import HardwareProfile
+from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
+
+BF16 = 2.0
+DTYPE_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
+MLA_LATENT, MLA_ROPE, MLA_NOPE, MLA_V = 512.0, 64.0, 128.0, 128.0   # DeepSeek-V3's MLA dimensions
+SMALL_MESSAGE_BYTES = 64 * 1024
+
+
+def device_columns(profile: HardwareProfile) -> dict[str, float]:
+    """The datasheet figures a row's fitted fractions multiply."""
+    return {"peak_bf16": profile.peak_for("bf16"), "peak_fp8": profile.peak_for("fp8"),
+            "hbm": profile.memory_bandwidth_bytes_per_s, "link": profile.interconnect_bandwidth_bytes_per_s}
+
+
+@dataclass(frozen=True)
+class Form:
+    """A kernel form: parameter names, a start, and ``predict(values, rows) -> seconds``."""
+    name: str
+    parameters: tuple[str, ...]
+    start: tuple[float, ...]
+    predict: Callable[[np.ndarray, pd.DataFrame], np.ndarray]
+    upper: tuple[float, ...] | None = None
+
+    def fit(self, rows: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[str, float]:
+        """The parameters fitted to ``rows``, those in ``fixed`` held at their values."""
+        fixed = fixed or {}
+        free = [i for i, name in enumerate(self.parameters) if name not in fixed]
+        measured = rows["measured_s"].to_numpy()
+        values = np.array([fixed.get(name, 0.0) for name in self.parameters])
+
+        def residuals(q):
+            values[free] = np.exp(q)
+            return np.log(self.predict(values, rows) / measured)
+        upper = np.log(np.array(self.upper)[free]) if self.upper else np.inf
+        fitted = least_squares(residuals, np.log(np.array(self.start)[free]), bounds=(-np.inf, upper), x_scale="jac").x
+        values[free] = np.exp(fitted)
+        return dict(zip(self.parameters, (float(v) for v in values)))
+
+    def __call__(self, values: dict[str, float], rows: pd.DataFrame) -> np.ndarray:
+        return self.predict(np.array([values[p] for p in self.parameters]), rows)
+
+
+@dataclass(frozen=True)
+class _GemmShapeTerms:
+    """What :func:`gemm_body_s` reads of a KernelTerms."""
+    gemm_sharpness: float
+    gemm_sharpness_growth: float
+    gemm_occupancy_half_tiles: float
+
+
+def _gemm(v, rows):
+    floor, bandwidth_share, rate_share, sharpness_excess, growth, half_tiles, quantize_share = v
+    m, n, k = (rows[c].to_numpy() for c in ("m", "n", "k"))
+    element = rows["dtype"].map(DTYPE_BYTES).to_numpy()
+    peak = np.where(rows["dtype"].to_numpy() == "bf16", rows["peak_bf16"].to_numpy(), rows["peak_fp8"].to_numpy())
+    hbm = rows["hbm"].to_numpy()
+    memory = (n * k * element + m * (n + k) * element) / (hbm * bandwidth_share)
+    compute = 2.0 * m * n * k / (peak * rate_share)
+    shape = _GemmShapeTerms(1.0 + sharpness_excess, growth, half_tiles)
+    # 8-bit GEMMs first quantize their 16-bit input, a kernel of its own: it reads m x k 16-bit values and writes
+    # them in 8 bits (3 bytes each) before the GEMM starts.
+    quantize = np.where(element < BF16, m * k * 3.0 / (hbm * quantize_share), 0.0)
+    return floor + quantize + gemm_body_s(memory, compute, gemm_output_tiles(m, n), shape)
+
+
+GEMM = Form("gemm", ("floor_s", "bandwidth_share", "rate_share", "sharpness_excess", "sharpness_growth",
+                     "occupancy_half_tiles", "quantize_share"), (5e-6, 0.8, 0.7, 0.5, 0.5, 40.0, 0.3), _gemm,
+            (1e-3, 1.0, 1.0, 1e3, 10.0, 1e5, 1.0))
+
+
+def decode_bytes(batch, kv_tokens, heads, kv_heads, head_dim):
+    """Bytes a decode-attention kernel moves: KV read (and the new token's written), query in, output out."""
+    return batch * (kv_tokens + 1) * 2 * kv_heads * head_dim * BF16 + batch * 2 * heads * head_dim * BF16
+
+
+def _decode(v, rows):
+    floor, per_sequence, per_kv_head, bandwidth_share, rate_share = v
+    b, s, h, hk, d = (rows[c].to_numpy() for c in ("batch", "kv_tokens", "heads", "kv_heads", "head_dim"))
+    # Fixed work per sequence and per (sequence, KV head): decode kernels run a thread block per KV head of each
+    # sequence (its query heads packed together), whose set-up and softmax merge do not shrink with the context.
+    compute = b * (per_sequence + per_kv_head * hk) + 4 * h * d * b * s / (rows["peak_bf16"].to_numpy() * rate_share)
+    memory = decode_bytes(b, s, h, hk, d) / (rows["hbm"].to_numpy() * bandwidth_share)
+    return floor + np.maximum(compute, memory)
+
+
+DECODE_ATTENTION = Form("decode_attention", ("floor_s", "per_sequence_s", "per_kv_head_s", "bandwidth_share",
+                                             "rate_share"), (1e-5, 2e-8, 2e-8, 0.8, 0.3), _decode,
+                        (1e-3, 1e-4, 1e-4, 1.0, 1.0))
+
+
+def _prefill(v, rows):
+    floor, efficiency, half = v
+    b, s, h, d = (rows[c].to_numpy() for c in ("batch", "tokens", "heads", "head_dim"))
+    flops = 4 * h * d * b * (s * (s + 1) / 2 + half * s)
+    return floor + flops / (rows["peak_bf16"].to_numpy() * efficiency)
+
+
+PREFILL_ATTENTION = Form("prefill_attention", ("floor_s", "efficiency", "half_length_tokens"), (1e-5, 0.5, 256.0),
+                         _prefill, (1e-3, 1.0, 1e6))
+
+
+def _collective(traffic_share: float):
+    def predict(v, rows):
+        small_latency, small_share, large_latency, large_share = v
+        g = rows["group"].to_numpy()
+        traffic = traffic_share * (g - 1) / g * rows["bytes"].to_numpy()
+        link = rows["link"].to_numpy()
+        return np.minimum(small_latency + traffic / (link * small_share),
+                          large_latency + traffic / (link * large_share))
+    return predict
+
+
+COLLECTIVE_PARAMETERS = ("latency_s", "bus_share", "large_latency_s", "large_bus_share")
+ALL_REDUCE = Form("all_reduce", COLLECTIVE_PARAMETERS, (1e-5, 0.05, 3e-5, 0.8), _collective(2.0), (1e-3, 10, 1e-3, 10))
+COLLECTIVE = Form("collective", COLLECTIVE_PARAMETERS, (1e-5, 0.05, 3e-5, 0.8), _collective(1.0), (1e-3, 10, 1e-3, 10))
+
+
+def _moe(v, rows):
+    floor, bandwidth_share, rate_share = v
+    tokens, hidden, inter, topk, experts, all_experts = (
+        rows[c].to_numpy() for c in ("tokens", "hidden", "inter", "topk", "experts", "all_experts"))
+    element = rows["dtype"].map(DTYPE_BYTES).to_numpy()
+    peak = np.where(rows["dtype"].to_numpy() == "bf16", rows["peak_bf16"].to_numpy(), rows["peak_fp8"].to_numpy())
+    # Balanced routing: the local experts a token's top-k lands on, expected over tokens drawn independently.
+    local_assignments = tokens * topk * experts / all_experts
+    touched = experts * (1 - (1 - 1 / experts) ** local_assignments)
+    weights = touched * 3 * hidden * inter * element           # gate, up and down projections
+    activations = local_assignments * (hidden * 2 + 3 * inter) * BF16
+    memory = (weights + activations) / (rows["hbm"].to_numpy() * bandwidth_share)
+    compute = 2 * local_assignments * 3 * hidden * inter / (peak * rate_share)
+    return floor + np.maximum(memory, compute)
+
+
+MOE = Form("moe", ("floor_s", "bandwidth_share", "rate_share"), (3e-5, 0.6, 0.5), _moe, (1e-2, 1.0, 1.0))
+
+
+def _mla_decode(v, rows):
+    floor, per_sequence, bandwidth_share, rate_share = v
+    b, s, h = (rows[c].to_numpy() for c in ("batch", "tokens", "heads"))
+    flops = 2 * h * (2 * MLA_LATENT + MLA_ROPE) * b * s
+    compute = b * per_sequence + flops / (rows["peak_bf16"].to_numpy() * rate_share)
+    memory = b * (s + 1) * (MLA_LATENT + MLA_ROPE) * BF16 / (rows["hbm"].to_numpy() * bandwidth_share)
+    return floor + np.maximum(compute, memory)
+
+
+MLA_DECODE = Form("mla_decode", ("floor_s", "per_sequence_s", "bandwidth_share", "rate_share"),
+                  (1e-4, 1e-6, 0.5, 0.3), _mla_decode, (1e-2, 1e-3, 1.0, 1.0))
+
+
+def _mla_prefill(v, rows):
+    floor, efficiency, half = v
+    b, s, h = (rows[c].to_numpy() for c in ("batch", "tokens", "heads"))
+    flops = 2 * h * (MLA_NOPE + MLA_ROPE + MLA_V) * b * (s * (s + 1) / 2 + half * s)
+    return floor + flops / (rows["peak_bf16"].to_numpy() * efficiency)
+
+
+MLA_PREFILL = Form("mla_prefill", ("floor_s", "efficiency", "half_length_tokens"), (1e-4, 0.3, 256.0), _mla_prefill,
+                   (1e-2, 1.0, 1e7))
+
+
+def with_device(rows: pd.DataFrame, profile: HardwareProfile) -> pd.DataFrame:
+    return rows.assign(**device_columns(profile))
+
+
+def errors(form: Form, values: dict[str, float], rows: pd.DataFrame) -> np.ndarray:
+    """Signed relative errors ``predicted / measured - 1`` of ``rows``."""
+    return form(values, rows) / rows["measured_s"].to_numpy() - 1.0
+
+
+def summary(signed: np.ndarray) -> dict[str, float]:
+    """rows, MAPE, median signed error, bias (mean signed error)."""
+    signed = np.asarray(signed, dtype=float)
+    if not len(signed):
+        return {"rows": 0, "mape": float("nan"), "median_error": float("nan"), "bias": float("nan")}
+    return {"rows": int(len(signed)), "mape": float(np.mean(np.abs(signed))),
+            "median_error": float(np.median(signed)), "bias": float(np.mean(signed))}
+
+
+def held_out_split(rows: pd.DataFrame, key: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(fitted, held out): every other distinct value of ``key`` (by size) held out, so no held-out row shares
+    that coordinate with a fitted one (KV lengths, message sizes, output widths ...)."""
+    values = np.sort(rows[key].unique())
+    held = set(values[1::2])
+    mask = rows[key].isin(held).to_numpy()
+    return rows[~mask], rows[mask]

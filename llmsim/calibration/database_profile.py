@@ -1,0 +1,411 @@
+"""``llmsim calibrate --from-database``: one GPU's and one engine's kernel terms fitted to the operator database.
+
+:func:`operator_rows` gathers each operator group's rows (with the table each came from),
+:func:`fit_engine` fits the forms of :mod:`llmsim.calibration.database_fit` to them (each group's
+held-out check first: every other token count, KV length or message size fitted, the rest predicted;
+then the fit to every row that the profile keeps), and :func:`kernels_overlay` writes what the cost model
+prices with as ``kernels:`` figures, each naming its table (file, engine version, rows). The groups the cost
+model does not price yet (all-gather, reduce-scatter, all-to-all, MoE grouped GEMM, MLA) are fitted and
+recorded under ``calibration.database`` with their own tables and errors.
+"""
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from llmsim.calibration import database as db
+from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, DECODE_ATTENTION, GEMM, MLA_DECODE, MLA_PREFILL,
+                                             MOE, PREFILL_ATTENTION, SMALL_MESSAGE_BYTES, Form, errors,
+                                             held_out_split, summary, with_device)
+from llmsim.calibration.kernel_profile import calibrate_from_measurements
+from llmsim.calibration.operators import read_measurements
+from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
+from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
+from llmsim.config.reader import deep_merge, load_yaml
+from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s
+from llmsim.errors import ConfigError
+
+VIDUR_DATA = Path(__file__).parent / "data" / "vidur"
+
+ATTENTION_HEAD_DIM = 128       # the head size of the Llama, Qwen and Mistral families the fits serve
+# The GEMM shapes a serving step runs (inputs of 1,024 columns and more, outputs of 128 and more, up to 16k
+# tokens): the database also times shapes no decoder layer has, which a fit over them would trade layers for.
+LAYER_SHAPES = {"min_k": 1024, "min_n": 128, "max_m": 16384}
+GEMM_SAMPLE = 3                # every third GEMM row (by shape order) is fitted: the surface is smooth and dense
+FIT_NOTE = ("scipy.optimize.least_squares on log(predicted/measured) (llmsim.calibration.database_fit); held out: "
+            "every other token count / KV length / message size fitted, the rest predicted")
+
+
+@dataclass(frozen=True)
+class Group:
+    """An operator group: its form, the column its held-out split alternates, and whether it fits per GPU count."""
+    name: str
+    form: Form
+    split: str
+    per_group_size: bool = False
+    priced: bool = True           # the cost model prices with it (else recorded only)
+
+
+GROUPS = {g.name: g for g in (
+    Group("gemm_bf16", GEMM, "n"), Group("gemm_fp8", GEMM, "n"), Group("gemm_fp8_block", GEMM, "n"),
+    Group("decode_attention", DECODE_ATTENTION, "kv_tokens"), Group("prefill_attention", PREFILL_ATTENTION, "tokens"),
+    Group("all_reduce", ALL_REDUCE, "bytes", True), Group("custom_all_reduce", ALL_REDUCE, "bytes", True),
+    Group("all_gather", COLLECTIVE, "bytes", True, False), Group("reduce_scatter", COLLECTIVE, "bytes", True, False),
+    Group("all_to_all", COLLECTIVE, "bytes", True, False), Group("moe", MOE, "tokens", priced=False),
+    Group("mla_decode", MLA_DECODE, "tokens", priced=False), Group("mla_prefill", MLA_PREFILL, "tokens", priced=False))}
+NCCL_OPERATIONS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+                   "all_to_all": "alltoall"}
+
+
+def operator_rows(database: db.Database, gpu: str, engine: db.EngineKernels, profile: HardwareProfile,
+                  versions: dict[tuple[str, str], str] | None = None) -> dict[str, pd.DataFrame]:
+    """Each group's rows for ``gpu`` as ``engine`` runs it (NCCL's newest version for the collectives), with
+    the device's datasheet columns; ``versions`` pins (operator, framework) to a version. Groups the database
+    lacks for this GPU and engine are left out."""
+    versions = versions or {}
+    framework = engine.value
+
+    def table(operator, frame, name):
+        return database.table(gpu, operator, frame, name, versions.get((operator, frame)))
+    rows = {}
+    gemm = table("gemm", framework, "gemm_perf")
+    if gemm is not None:
+        frame = db.gemm_rows(gemm)
+        frame = frame[(frame["k"] >= LAYER_SHAPES["min_k"]) & (frame["n"] >= LAYER_SHAPES["min_n"])
+                      & (frame["m"] <= LAYER_SHAPES["max_m"])]
+        frame = frame.sort_values(["dtype", "m", "n", "k"]).iloc[::GEMM_SAMPLE]
+        for dtype in ("bf16", "fp8", "fp8_block"):
+            rows[f"gemm_{dtype}"] = frame[frame["dtype"] == dtype]
+    for name, reader, group in (("generation_attention_perf", db.decode_attention_rows, "decode_attention"),
+                                ("context_attention_perf", db.prefill_attention_rows, "prefill_attention")):
+        found = table("attention", framework, name)
+        if found is not None:
+            frame = reader(found)
+            rows[group] = frame[frame["head_dim"] == ATTENTION_HEAD_DIM]
+    nccl = table("comm", "nccl", "nccl_perf")
+    if nccl is not None:
+        for group, operation in NCCL_OPERATIONS.items():
+            rows[group] = db.collective_rows(nccl, operation)
+    custom = table("comm", framework, "custom_allreduce_perf")
+    if custom is not None:
+        rows["custom_all_reduce"] = db.custom_all_reduce_rows(custom)
+    moe = table("moe", framework, "moe_perf")
+    if moe is not None:
+        rows["moe"] = db.moe_rows(moe)
+    for name, group in (("mla_generation_module_perf", "mla_decode"), ("mla_context_module_perf", "mla_prefill")):
+        found = table("mla", framework, name)
+        if found is not None:
+            rows[group] = db.mla_rows(found)
+    return {group: with_device(frame.reset_index(drop=True), profile) for group, frame in rows.items() if len(frame)}
+
+
+def fit_group(group: Group, rows: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict:
+    """Fitted parameters (per GPU count for collectives: {count: parameters})."""
+    if group.per_group_size:
+        return {int(size): group.form.fit(part) for size, part in rows.groupby("group")}
+    return group.form.fit(rows, fixed)
+
+
+def predict(group: Group, values: dict, rows: pd.DataFrame) -> np.ndarray:
+    """Signed relative errors of ``rows`` under ``values`` (as fit_group returns them)."""
+    if not group.per_group_size:
+        return errors(group.form, values, rows)
+    out = np.full(len(rows), np.nan)
+    for size, part in rows.groupby("group"):
+        if int(size) in values:
+            out[rows.index.get_indexer(part.index)] = errors(group.form, values[int(size)], part)
+    return out
+
+
+def size_classes(group: str, rows: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
+    """How a group's errors are reported: collectives below and from 64 KiB apart, the rest whole."""
+    if GROUPS[group].per_group_size:
+        small = (rows["bytes"] < SMALL_MESSAGE_BYTES).to_numpy()
+        return [("< 64 KiB", small), (">= 64 KiB", ~small)]
+    return [("all", np.ones(len(rows), dtype=bool))]
+
+
+@dataclass
+class EngineFit:
+    """One GPU's and engine's fits: parameters and tables per group, and the validation table."""
+    gpu: str
+    engine: db.EngineKernels
+    values: dict[str, dict] = field(default_factory=dict)
+    tables: dict[str, list[str]] = field(default_factory=dict)
+    rows: dict[str, int] = field(default_factory=dict)
+    validation: list[dict] = field(default_factory=list)
+    switch_over_bytes: dict[int, float] = field(default_factory=dict)
+
+    def citation(self, group: str) -> str:
+        return (f"measured: llmsim calibrate --from-database ({db.DATABASE_RELEASE}, NVIDIA, Apache-2.0): "
+                f"{', '.join(self.tables[group])} ({self.rows[group]} rows fitted; errors in calibration.database)")
+
+
+def fit_engine(database: db.Database, gpu: str, engine: db.EngineKernels, profile: HardwareProfile) -> EngineFit:
+    """Every group's held-out check and final fit for ``gpu`` as ``engine`` runs it."""
+    result = EngineFit(gpu, engine)
+    for name, rows in operator_rows(database, gpu, engine, profile).items():
+        group = GROUPS[name]
+        # Prefill attention shares decode's launch floor in the cost model (one attention kernel per layer).
+        fixed = ({"floor_s": result.values["decode_attention"]["floor_s"]}
+                 if name == "prefill_attention" and "decode_attention" in result.values else None)
+        fixed = fixed or _fixed(name)
+        fitted, held = held_out_split(rows, group.split)
+        held_errors = predict(group, fit_group(group, fitted, fixed), held)
+        values = fit_group(group, rows, fixed)
+        in_sample = predict(group, values, rows)
+        for split, part, signed in (("held_out", held, held_errors), ("in_sample", rows, in_sample)):
+            for size, mask in size_classes(name, part):
+                result.validation.append({"gpu": gpu, "engine": engine.value, "group": name, "size": size,
+                                          "split": split, **summary(signed[mask][~np.isnan(signed[mask])])})
+        result.values[name], result.rows[name] = values, len(rows)
+        result.tables[name] = sorted(set(rows["table"]))
+    if "custom_all_reduce" in result.values and "all_reduce" in result.values:
+        result.switch_over_bytes = switch_over(result.values["custom_all_reduce"], result.values["all_reduce"],
+                                               profile)
+    return result
+
+
+def switch_over(custom: dict, nccl: dict, profile: HardwareProfile) -> dict[int, float]:
+    """Per GPU count, the message size (bytes) up to which the engine's custom all-reduce is the faster of the two
+    fitted lines: the engine uses it below that size and NCCL above, as vLLM and SGLang choose by size."""
+    sizes = 2.0 ** np.arange(7, 31)
+    out = {}
+    for count in sorted(set(custom) & set(nccl)):
+        rows = with_device(pd.DataFrame({"group": count, "bytes": sizes}), profile)
+        faster = ALL_REDUCE.predict(np.array(list(custom[count].values())), rows) <= \
+            ALL_REDUCE.predict(np.array(list(nccl[count].values())), rows)
+        out[count] = float(sizes[np.argmin(faster)] / 2) if not faster.all() else float(sizes[-1])
+    return out
+
+
+def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
+    """The ``kernels:`` figures ``fit`` replaces (GEMMs by dtype, attention, NCCL and custom all-reduce)."""
+    link, hbm = profile.interconnect_bandwidth_bytes_per_s, profile.memory_bandwidth_bytes_per_s
+    out: dict = {}
+    if "gemm_bf16" in fit.values:
+        out["gemm"] = _gemm_figures(fit.values["gemm_bf16"], profile.peak_for("bf16"), hbm, fit.citation("gemm_bf16"))
+        rate = out["gemm"].pop("achieved_flops")      # fp16 runs the same tensor-core path at the same peak
+        out["gemm"]["achieved_flops"] = {"bf16": rate, "fp16": rate}
+        by_dtype = {dtype: _gemm_figures(fit.values[f"gemm_{dtype}"], profile.peak_for("fp8"), hbm,
+                                         fit.citation(f"gemm_{dtype}"), quantize=True)
+                    for dtype in ("fp8", "fp8_block") if f"gemm_{dtype}" in fit.values}
+        if by_dtype:
+            out["gemm"]["by_dtype"] = by_dtype
+    if "decode_attention" in fit.values:
+        v, source = fit.values["decode_attention"], fit.citation("decode_attention")
+        attention = {"floor": figure(duration_text(v["floor_s"]), source, "measured"),
+                     "decode_per_sequence": figure(duration_text(v["per_sequence_s"]), source, "measured"),
+                     "decode_per_kv_head": figure(duration_text(v["per_kv_head_s"]), source, "measured"),
+                     "decode_bandwidth": figure(bandwidth_text(v["bandwidth_share"] * hbm), source, "measured"),
+                     "decode_efficiency": figure(_sig(v["rate_share"]), source, "measured")}
+        if "prefill_attention" in fit.values:
+            p, prefill_source = fit.values["prefill_attention"], fit.citation("prefill_attention")
+            attention["prefill_backend"] = fit.engine.value
+            attention["prefill_backends"] = {fit.engine.value: {
+                "efficiency": figure(_sig(p["efficiency"]), prefill_source, "measured"),
+                "half_length": figure(_sig(p["half_length_tokens"]), prefill_source, "measured")}}
+        out["attention"] = attention
+    if "all_reduce" in fit.values:
+        out["all_reduce"] = {count: _reduce_figures(v, link, fit.citation("all_reduce"))
+                             for count, v in fit.values["all_reduce"].items()}
+    if "custom_all_reduce" in fit.values:
+        source = fit.citation("custom_all_reduce")
+        out["custom_all_reduce"] = {
+            count: {**_reduce_figures(v, link, source),
+                    "switch_over": figure(f"{fit.switch_over_bytes[count] / 1024:.6g} KiB",
+                                          f"{source}; the largest message at which the fitted custom all-reduce is "
+                                          "faster than the fitted NCCL all-reduce of the same GPU count", "measured")}
+            for count, v in fit.values["custom_all_reduce"].items() if count in fit.switch_over_bytes}
+    return out
+
+
+def _gemm_figures(v: dict, peak: float, hbm: float, source: str, quantize: bool = False) -> dict:
+    extra = ({"quantize_bandwidth": figure(bandwidth_text(v["quantize_share"] * hbm), source, "measured")}
+             if quantize else {})
+    return {**extra, "floor": figure(duration_text(v["floor_s"]), source, "measured"),
+            "bandwidth": figure(bandwidth_text(v["bandwidth_share"] * hbm), source, "measured"),
+            "achieved_flops": figure(flops_text(v["rate_share"] * peak), source, "measured"),
+            "sharpness": figure(_sig(1.0 + v["sharpness_excess"]), source, "measured"),
+            "sharpness_growth": figure(_sig(v["sharpness_growth"]), source, "measured"),
+            "occupancy_half_tiles": figure(_sig(v["occupancy_half_tiles"]), source, "measured")}
+
+
+def _reduce_figures(v: dict, link: float, source: str) -> dict:
+    return {"latency": figure(duration_text(v["latency_s"]), source, "measured"),
+            "bus_bandwidth": figure(bandwidth_text(v["bus_share"] * link), source, "measured"),
+            "large_latency": figure(duration_text(v["large_latency_s"]), source, "measured"),
+            "large_bus_bandwidth": figure(bandwidth_text(v["large_bus_share"] * link), source, "measured")}
+
+
+def record(fits: list[EngineFit]) -> dict:
+    """The profile's ``calibration.database`` record: the tool, every fit's tables, fitted values of the groups
+    the cost model does not price yet, and the validation table."""
+    return {"tool": "llmsim calibrate --from-database", "date": datetime.date.today().isoformat(),
+            "database": db.DATABASE_RELEASE, "fit": FIT_NOTE,
+            "engines": {fit.engine.value: {
+                "tables": {group: {"files": tables, "rows": fit.rows[group]} for group, tables in fit.tables.items()},
+                "recorded_only": {group: _plain(fit.values[group]) for group in fit.values
+                                  if not GROUPS[group].priced},
+                "validation": [{key: (_sig(value) if isinstance(value, float) else value)
+                                for key, value in row.items() if key not in ("gpu", "engine")}
+                               for row in fit.validation]} for fit in fits}}
+
+
+def _plain(values: dict) -> dict:
+    return {key: (_plain(value) if isinstance(value, dict) else _sig(value)) for key, value in values.items()}
+
+
+def _sig(value: float) -> float:
+    return float(f"{value:.4g}")
+
+
+def database_document(database: db.Database, gpu: str, engines: list[db.EngineKernels]) -> tuple[dict, pd.DataFrame]:
+    """The shipped profile of ``gpu`` with the database fits laid over its ``kernels:`` (the default engine's
+    into the section, the others' under ``kernels.engines``), the record under ``calibration.database``, and
+    the validation table (every group, size class and split)."""
+    profile = lookup_hardware(gpu)
+    document = load_yaml(profile.path)
+    if "kernels" not in document:
+        raise ConfigError("has no kernels: section (streaming-kernel and step terms) for the database fit to lay "
+                          "its figures over", file=str(profile.path), has_value=False)
+    fits = [fit_engine(database, gpu, engine, profile) for engine in engines]
+    fits = [fit for fit in fits if fit.values]
+    for fit in fits:
+        overlay = kernels_overlay(fit, profile)
+        if fit.engine is db.EngineKernels.VLLM:
+            document["kernels"] = deep_merge(document["kernels"], overlay, replace_keys=("achieved_flops",))
+        else:
+            document["kernels"].setdefault("engines", {})[fit.engine.value] = overlay
+    calibration = document.setdefault("calibration", {})
+    calibration["database"] = record(fits)
+    return document, pd.DataFrame([row for fit in fits for row in fit.validation])
+
+
+VIDUR_DEVICES = {"A100-80GB": "a100", "H100-SXM": "h100"}
+
+
+def compare_vidur(database: db.Database, vidur_folder: Path = VIDUR_DATA) -> pd.DataFrame:
+    """Where the Vidur-fitted terms (A100, H100: ``llmsim calibrate --from-measurements`` on Vidur's profiler
+    timings) and the database fit disagree: each source's prediction over the other's on the database's vLLM
+    rows, by operator group (the groups Vidur timed: 16-bit GEMMs and NCCL all-reduce; decode attention, which
+    the Vidur profiles priced by an assumption, through the profile's own terms)."""
+    measurements = read_measurements(vidur_folder)
+    rows_out = []
+    for gpu, device in VIDUR_DEVICES.items():
+        if gpu not in database.gpus():
+            continue
+        profile = lookup_hardware(gpu)
+        vidur, _ = calibrate_from_measurements(measurements, device, profile)
+        fit = fit_engine(database, gpu, db.EngineKernels.VLLM, profile)
+        rows = operator_rows(database, gpu, db.EngineKernels.VLLM, profile)
+        gemm = rows["gemm_bf16"]
+        m, n, k = (gemm[c].to_numpy() for c in ("m", "n", "k"))
+        vidur_gemm = gemm_time_s(m, n, k, 2.0, 2.0, vidur, "bf16")
+        ratio = {"gemm_bf16": vidur_gemm / GEMM(fit.values["gemm_bf16"], gemm)}
+        parts = list(rows["all_reduce"].groupby("group"))
+        vidur_reduce = np.concatenate([all_reduce_time_s(part["bytes"].to_numpy(), int(size),
+                                                         vidur.all_reduce_for(int(size))) for size, part in parts])
+        fitted = np.concatenate([ALL_REDUCE(fit.values["all_reduce"][int(size)], part) for size, part in parts])
+        small = np.concatenate([(part["bytes"] < SMALL_MESSAGE_BYTES).to_numpy() for _, part in parts])
+        ratio["all_reduce < 64 KiB"] = (vidur_reduce / fitted)[small]
+        ratio["all_reduce >= 64 KiB"] = (vidur_reduce / fitted)[~small]
+        decode = rows["decode_attention"]
+        hbm = profile.memory_bandwidth_bytes_per_s
+        assumed = {"floor_s": vidur.attention_floor_s, "per_sequence_s": vidur.decode_attention_per_sequence_s,
+                   "per_kv_head_s": 0.0,
+                   "bandwidth_share": (vidur.decode_attention_bandwidth_bytes_per_s or hbm * profile.memory_efficiency)
+                   / hbm,
+                   "rate_share": profile.attention_efficiency}
+        ratio["decode_attention"] = DECODE_ATTENTION(assumed, decode) / DECODE_ATTENTION(fit.values["decode_attention"],
+                                                                                         decode)
+        for group, values in ratio.items():
+            rows_out.append({"gpu": gpu, "group": group, "rows": len(values),
+                             "median_vidur_over_database": _sig(float(np.median(values))),
+                             "p10": _sig(float(np.quantile(values, 0.1))),
+                             "p90": _sig(float(np.quantile(values, 0.9)))})
+    return pd.DataFrame(rows_out)
+
+
+# The operator groups the held-out checks report: (name, group of GROUPS, size class or None for all rows).
+ACCEPTANCE_GROUPS = (("GEMM bf16", "gemm_bf16", None), ("GEMM fp8", "gemm_fp8", None),
+                     ("decode attention", "decode_attention", None), ("prefill attention", "prefill_attention", None),
+                     ("all-reduce < 64 KiB", "all_reduce", "< 64 KiB"),
+                     ("all-reduce >= 64 KiB", "all_reduce", ">= 64 KiB"),
+                     ("custom all-reduce < 64 KiB", "custom_all_reduce", "< 64 KiB"),
+                     ("custom all-reduce >= 64 KiB", "custom_all_reduce", ">= 64 KiB"),
+                     ("all-to-all", "all_to_all", None))
+ACCEPTANCE_MAPE, ACCEPTANCE_MEDIAN = 0.10, 0.05
+
+
+def _class_mask(group: str, size: str | None, rows: pd.DataFrame) -> np.ndarray:
+    if size is None:
+        return np.ones(len(rows), dtype=bool)
+    return dict(size_classes(group, rows))[size]
+
+
+def leave_one_gpu_out(database: db.Database, targets: tuple[str, ...], same_architecture: bool,
+                      engine: db.EngineKernels = db.EngineKernels.VLLM) -> pd.DataFrame:
+    """Each target GPU's rows predicted by the forms fitted to the other GPUs the database and llmsim both have
+    (their fitted shares of each GPU's datasheet figures pooled), per acceptance group: every other GPU, or
+    (``same_architecture``) those of the target's architecture alone (H100 from H200, B200 from B300 and GB200)."""
+    rows = {gpu: operator_rows(database, gpu, engine, lookup_hardware(gpu)) for gpu in database.gpus()}
+    out = []
+    for target in targets:
+        donors = [gpu for gpu in rows if gpu != target
+                  and (not same_architecture or db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target])]
+        split = "leave one GPU out (" + ("same architecture" if same_architecture else "every other GPU") + ")"
+        for label, group, size in ACCEPTANCE_GROUPS:
+            if group not in rows.get(target, {}) or not any(group in rows[gpu] for gpu in donors):
+                continue
+            pooled = pd.concat([rows[gpu][group] for gpu in donors if group in rows[gpu]], ignore_index=True)
+            held = rows[target][group]
+            signed = predict(GROUPS[group], fit_group(GROUPS[group], pooled, _fixed(group)), held)
+            mask = _class_mask(group, size, held) & ~np.isnan(signed)
+            out.append({"split": split, "gpu": target, "group": label, **summary(signed[mask])})
+    return pd.DataFrame(out)
+
+
+def leave_one_version_out(database: db.Database, targets: tuple[str, ...]) -> pd.DataFrame:
+    """Each engine version's rows (every engine, and NCCL's versions for the collectives) predicted by the forms
+    fitted to the same GPU's other versions of that engine, per acceptance group, pooled over the versions left
+    out; a group with one version of each engine has nothing to leave out."""
+    out = []
+    sources = {"gemm_bf16": ("gemm", "gemm_perf"), "gemm_fp8": ("gemm", "gemm_perf"),
+               "decode_attention": ("attention", "generation_attention_perf"),
+               "prefill_attention": ("attention", "context_attention_perf"),
+               "all_reduce": ("comm", "nccl_perf"), "all_to_all": ("comm", "nccl_perf"),
+               "custom_all_reduce": ("comm", "custom_allreduce_perf")}
+    for target in targets:
+        profile = lookup_hardware(target)
+        for label, group, size in ACCEPTANCE_GROUPS:
+            operator, table = sources[group]
+            frameworks = ("nccl",) if table == "nccl_perf" else db.ENGINE_NAMES
+            signed_all = []
+            for framework in frameworks:
+                versions = database.versions(target, operator, framework, table)
+                if len(versions) < 2:
+                    continue
+                engine = db.EngineKernels.VLLM if framework == "nccl" else db.EngineKernels(framework)
+                per_version = {v: operator_rows(database, target, engine, profile,
+                                                {(operator, framework): v}).get(group) for v in versions}
+                for left, held in per_version.items():
+                    others = [r for v, r in per_version.items() if v != left and r is not None]
+                    if held is None or not others:
+                        continue
+                    signed = predict(GROUPS[group], fit_group(GROUPS[group], pd.concat(others, ignore_index=True),
+                                                              _fixed(group)), held)
+                    signed_all.append(signed[_class_mask(group, size, held) & ~np.isnan(signed)])
+            if signed_all:
+                out.append({"split": "leave one engine version out", "gpu": target, "group": label,
+                            **summary(np.concatenate(signed_all))})
+    return pd.DataFrame(out)
+
+
+def _fixed(group: str) -> dict | None:
+    """Parameters a group holds: 16-bit GEMMs quantize nothing (the term is zero; held at 1 so it stays put)."""
+    return {"quantize_share": 1.0} if group == "gemm_bf16" else None
