@@ -19,7 +19,8 @@ import pandas as pd
 
 import llmsim
 from llmsim.analysis.fluid import FluidModel
-from llmsim.workload.trace import generate_trace
+from llmsim.analysis.metrics import summarize
+from llmsim.workload.generate import generate_trace
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = {"draft": "Llama-3.2-1B", "policy": "static", "k": 3, "acceptance": {"process": "bernoulli", "alpha": 0.8}}
@@ -56,7 +57,7 @@ def simulated_capacity(scenario) -> float:
     model = like_for_like(scenario)
     loaded = replace(scenario, workload=replace(scenario.workload, arrival=replace(
         scenario.workload.arrival, rate_per_s=1.5 * model.capacity())))
-    summary = llmsim.simulate(loaded).summary()
+    summary = summarize(llmsim.simulate(loaded)).to_dict()
     return summary["throughput"]["output_tokens_per_s"] / model.mean_output
 
 
@@ -69,7 +70,7 @@ def compare(scenario, fractions=FRACTIONS) -> pd.DataFrame:
         rate = fraction * capacity
         loaded = replace(scenario, workload=replace(scenario.workload, arrival=replace(
             scenario.workload.arrival, rate_per_s=rate)))
-        sim = llmsim.simulate(loaded).summary()
+        sim = summarize(llmsim.simulate(loaded)).to_dict()
         pred = model.evaluate(rate).iloc[0]
         row = {"load": fraction, "rate_per_s": rate}
         for name, predicted, simulated in (

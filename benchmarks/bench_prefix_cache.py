@@ -21,9 +21,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import llmsim
+from llmsim.analysis.metrics import summarize
 from llmsim.scenario.scenario import CPUOffload
 from llmsim.workload.arrivals import Poisson
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "llama3-8b-h100-multiturn-chat.yaml"
 SATURATING_SESSIONS_PER_S = 12.0     # several times what one replica serves: the queue never empties
@@ -78,7 +79,7 @@ def main() -> None:
         wall_s, cpu_s = time.perf_counter() - start, time.process_time() - start_cpu
         per_wall = len(trace) / wall_s
         plain = plain or per_wall
-        summary = result.summary()
+        summary = summarize(result).to_dict()
         hit = summary["kv_cache"]["hit_rate_tokens"] if "kv_cache" in summary else 0.0
         print(f"{name:<32}{rate:>11.2f}{wall_s:>8.1f}{cpu_s:>8.1f}{len(result.iterations):>11,}"
               f"{cpu_s / len(result.iterations) * 1e6:>8.1f}{per_wall:>11,.0f}{len(trace) / cpu_s:>10,.0f}"

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 def timed(engine: str, workers: int, args) -> tuple[float, int, int]:
     """(wall seconds, points, simulated requests) of one sweep."""
     start = time.perf_counter()
-    rows = llmsim.sweep(args.scenario, args.grid, engine=engine, workers=workers, progress=False)
+    rows = llmsim.sweep(args.scenario, args.grid, engine=engine, workers=workers)
     wall = time.perf_counter() - start
     failed = rows[rows["error"] != ""]
     if len(failed):

@@ -12,6 +12,7 @@ import copy
 from pathlib import Path
 
 from llmsim import load_scenario, simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.analysis.plots import controller_timeline
 from llmsim.analysis.rolling import rolling_worst_ratio, time_over_slo
 from llmsim.cli.render import class_table
@@ -46,7 +47,7 @@ def policy_tables() -> None:
     base = load_scenario(THREE_CLASSES)
     for policy in POLICIES:
         result = simulate(with_changes(base.source, {"engine": {"scheduling_policy": policy}}, THREE_CLASSES.parent))
-        summary = result.summary()
+        summary = summarize(result).to_dict()
         print(f"\n{policy}: {summary['throughput']['requests_per_s']:.2f} req/s served, "
               f"preemptions {summary['requests']['preemptions']}, every class's SLO met: {summary['slo']['met']}")
         print(class_table(summary["classes"]))
@@ -61,7 +62,7 @@ def controller_runs(plot: Path | None) -> None:
                            ("pid", {"controller": {"rule": "pid", "kp": 4.0, "ki": 0.3, **CONTROL}})]:
         result = simulate(with_changes(DIURNAL, changes, REPO / "scenarios"))
         runs[label] = result
-        summary = result.summary()
+        summary = summarize(result).to_dict()
         rolling = rolling_worst_ratio(result.requests, result.scenario.slo, (), WINDOW_S, STEP_S, 0.0,
                                       result.arrival_window_s)
         changes_made = 0 if result.control is None else int(result.control["changed"].sum())

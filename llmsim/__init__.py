@@ -6,7 +6,7 @@ The Python API in four calls::
     scenario = llmsim.load_scenario("scenarios/llama3-8b-h100-chat.yaml")
     result = llmsim.simulate(scenario)
     result.requests          # one row per request (pandas DataFrame)
-    result.summary()         # latency percentiles, throughput, goodput, utilisation
+    llmsim.summarize(result)  # latency percentiles, throughput, goodput, utilisation (to_dict(): nested)
 """
 from __future__ import annotations
 
@@ -37,15 +37,15 @@ _PUBLIC = {
     "Request": "llmsim.sim.request",
     "Scenario": "llmsim.scenario.scenario",
     "load_scenario": "llmsim.scenario.scenario",
-    "SimulationResult": "llmsim.sim.simulate",
+    "SimulationResult": "llmsim.sim.result",
     "simulate": "llmsim.sim.simulate",
-    "RolloutResult": "llmsim.sim.rollout",
-    "rollout_summary": "llmsim.sim.rollout",
-    "simulate_rollout": "llmsim.sim.rollout",
+    "RolloutResult": "llmsim.search.rollout",
+    "rollout_summary": "llmsim.search.rollout",
+    "simulate_rollout": "llmsim.search.rollout",
     "run_points": "llmsim.search.sweeps",
     "sweep": "llmsim.search.sweeps",
     "Trace": "llmsim.workload.trace",
-    "generate_trace": "llmsim.workload.trace",
+    "generate_trace": "llmsim.workload.generate",
     "load_trace": "llmsim.workload.trace_formats",
     "variant": "llmsim.scenario.overrides",
     "FluidModel": "llmsim.analysis.fluid",

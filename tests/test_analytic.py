@@ -25,10 +25,11 @@ import pytest
 import llmsim
 from llmsim.analysis.fluid import FluidModel, _law_lengths
 from llmsim.analysis.fluid_k import accepted_pmf, adaptive_mix, static_mix, tokens_table
+from llmsim.analysis.metrics import summarize
 from llmsim.cost.features import chunk_pairs, windowed_context_sum
 from llmsim.errors import ConfigError
 from llmsim.speculation.config import Acceptance, expected_tokens_per_step
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import make_scenario, roofline_only
 
@@ -102,7 +103,7 @@ def test_means_agree_with_the_simulator_at_half_load(name):
     model = like_for_like(scenario)
     rate = 0.5 * model.capacity()
     predicted = model.evaluate(rate).iloc[0]
-    summary = llmsim.simulate(at_rate(scenario, rate)).summary()
+    summary = summarize(llmsim.simulate(at_rate(scenario, rate))).to_dict()
     assert relative_error(predicted.tpot_mean_s, summary["latency"]["tpot_s"]["mean"]) < 0.10
     # Requests in the system, time-averaged (Little's law on both sides).
     assert relative_error(predicted.in_system, summary["queue"]["mean_in_system"]) < 0.10
@@ -116,9 +117,9 @@ def test_capacity_is_where_the_simulated_queue_blows_up(name):
     scenario = make_scenario({"workload": {"num_requests": 3000}, **CASES[name]})
     model = like_for_like(scenario)
     capacity = model.capacity()
-    below = llmsim.simulate(at_rate(scenario, 0.85 * capacity)).summary()
-    above = llmsim.simulate(at_rate(scenario, 1.25 * capacity)).summary()
-    saturated = llmsim.simulate(at_rate(scenario, 1.5 * capacity)).summary()
+    below = summarize(llmsim.simulate(at_rate(scenario, 0.85 * capacity))).to_dict()
+    above = summarize(llmsim.simulate(at_rate(scenario, 1.25 * capacity))).to_dict()
+    saturated = summarize(llmsim.simulate(at_rate(scenario, 1.5 * capacity))).to_dict()
     assert below["latency"]["ttft_s"]["p99"] < 2.0
     assert above["latency"]["ttft_s"]["mean"] > 10 * below["latency"]["ttft_s"]["mean"]
     served = saturated["throughput"]["output_tokens_per_s"] / model.mean_output
@@ -236,7 +237,7 @@ def test_a_tree_agrees_with_the_simulator_at_low_load():
     simulated = decode.sum() / steps.sum()
     se = simulated * steps.std(ddof=1) / np.sqrt(len(steps)) / steps.mean()
     assert abs(predicted.tokens_per_step - simulated) < 4 * se
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     assert relative_error(predicted.tpot_mean_s, summary["latency"]["tpot_s"]["mean"]) < 0.10
     assert relative_error(predicted.in_system, summary["queue"]["mean_in_system"]) < 0.10
 
@@ -253,5 +254,5 @@ def test_medusa_is_stable_at_light_load_and_agrees_with_the_simulator():
                                                               "min_concurrent_requests": 1}}})
     predicted = like_for_like(scenario).evaluate(4.5).iloc[0]
     assert predicted.stable
-    summary = llmsim.simulate(at_rate(scenario, 4.5)).summary()
+    summary = summarize(llmsim.simulate(at_rate(scenario, 4.5))).to_dict()
     assert relative_error(predicted.tpot_mean_s, summary["latency"]["tpot_s"]["mean"]) < 0.10

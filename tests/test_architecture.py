@@ -1,8 +1,9 @@
 """The package layout spells the pipeline: every import runs from a later stage to an earlier one.
 
 The order is the flow of a run: configuration primitives, the catalog of models and chips,
-the cost model, workloads, speculation, the scenario, analysis of records, the simulator,
-the searches built on it, calibration, and the command line on top. ``errors`` is below
+the cost model, workloads, speculation, the scenario, the simulator (whose records and result
+type flow one way, into analysis), analysis of records, the searches built on both,
+calibration, and the command line on top. ``errors`` is below
 everything. A module may import its own subpackage or any earlier one, never a later one:
 the cost model knows nothing of SimPy, the scheduler nothing of YAML, and the CLI stays thin.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import llmsim
 
-LAYERS = ["errors", "config", "catalog", "cost", "workload", "speculation", "scenario", "analysis", "sim",
+LAYERS = ["errors", "config", "catalog", "cost", "workload", "speculation", "scenario", "sim", "analysis",
           "search", "calibration", "report", "cli"]
 PACKAGE = Path(llmsim.__file__).parent
 
@@ -65,3 +66,47 @@ def test_the_checker_sees_a_back_edge(tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from llmsim.cli.main import main\n")
     assert _imports(source) == [(2, "llmsim.cli.main")]
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the directed graph ``edges`` (node -> the nodes it imports), or None."""
+    state: dict[str, int] = {}          # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for target in sorted(edges.get(node, ())):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target] if target in path else [node, target]
+            if target not in state:
+                found = visit(target, path + [target])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state:
+            found = visit(start, [start])
+            if found:
+                return found
+    return None
+
+
+def test_the_checker_sees_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_modules_of_a_subpackage_import_each_other_one_way():
+    """Inside a subpackage too the imports form no circle, type-checking imports included: each module
+    can be read knowing only those below it."""
+    cycles = []
+    for package in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
+        edges = {}
+        for path in package.glob("*.py"):
+            own = f"llmsim.{package.name}.{path.stem}"
+            edges[own] = {module for _, module in _imports(path) if module.startswith(f"llmsim.{package.name}.")}
+        found = _cycle(edges)
+        if found:
+            cycles.append(" -> ".join(found))
+    assert not cycles, "imports in a circle:\n" + "\n".join(cycles)

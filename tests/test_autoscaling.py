@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from llmsim import simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.errors import ConfigError
 
 from .helpers import BASE, make_scenario
@@ -53,7 +54,7 @@ def test_autoscaling_follows_a_load_step_and_pays_for_what_it_holds():
     # Conservation of replica time: the log's starts and stops integrate to what the run reports.
     assert auto.replica_seconds == pytest.approx(provisioned_seconds(log, 1, auto.end_s), rel=1e-9)
     assert auto.end_s < auto.replica_seconds < 3 * auto.end_s
-    summary, single = auto.summary(), one.summary()
+    summary, single = summarize(auto).to_dict(), summarize(one).to_dict()
     assert summary["slo"]["attainment"] > single["slo"]["attainment"] + 0.2
     scaling = summary["autoscaling"]
     assert scaling["usd"] == pytest.approx(auto.replica_seconds * 2.5 / 3600, rel=1e-2)   # H100-SXM at 2.5 USD/h
@@ -76,7 +77,7 @@ def test_autoscaling_under_light_load_keeps_one_replica_and_changes_nothing():
     assert (auto.scaling["action"] == "").all()
     assert auto.replica_seconds == pytest.approx(auto.end_s, rel=1e-12)
     assert auto.requests.equals(static.requests)
-    assert auto.summary()["utilisation"] == static.summary()["utilisation"]
+    assert summarize(auto).to_dict()["utilisation"] == summarize(static).to_dict()["utilisation"]
 
 
 @pytest.mark.parametrize("autoscaling, key", [

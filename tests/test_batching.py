@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from llmsim import generate_trace
+from llmsim.analysis.metrics import summarize
 
 from .helpers import make_scenario, simulate_checked
 
@@ -20,7 +21,7 @@ def test_continuous_batching_beats_static_on_the_same_trace():
     a, b = simulate_checked(continuous, trace), simulate_checked(static, trace)
     assert a.requests[["arrival_s", "prompt_tokens", "output_tokens"]].equals(
         b.requests[["arrival_s", "prompt_tokens", "output_tokens"]])
-    fast, slow = a.summary(), b.summary()
+    fast, slow = summarize(a).to_dict(), summarize(b).to_dict()
     assert fast["throughput"]["output_tokens_per_s"] > 1.5 * slow["throughput"]["output_tokens_per_s"]
     assert fast["latency"]["e2e_s"]["p50"] < slow["latency"]["e2e_s"]["p50"]
 
@@ -90,9 +91,10 @@ def test_least_outstanding_pick_matches_a_scan_of_every_replica():
     the groups grow past their first length, and ties are frequent)."""
     import simpy
     from llmsim.sim.request import RequestRecords
+    from llmsim.config.policies import RouterPolicy
     from llmsim.sim.simulate import Router
     empty = np.zeros(0)
-    router = Router("least_outstanding", [[] for _ in range(64)], 1, 1, 1, RequestRecords(empty, empty, empty),
+    router = Router(RouterPolicy.LEAST_OUTSTANDING, [[] for _ in range(64)], 1, 1, 1, RequestRecords(empty, empty, empty),
                     simpy.Environment().event())
     held = [0] * 64
     rng = np.random.default_rng(7)
@@ -111,8 +113,7 @@ def test_least_outstanding_pick_matches_a_scan_of_every_replica():
 
 
 def test_more_replicas_cut_queueing_under_the_same_load():
-    waits = [simulate_checked(make_scenario({"deployment": {"replicas": n}, "workload": {"arrival": {"rate": 45.0}}}))
-             .summary()["latency"]["ttft_s"]["p95"] for n in (2, 4)]
+    waits = [summarize(simulate_checked(make_scenario({"deployment": {"replicas": n}, "workload": {"arrival": {"rate": 45.0}}}))).to_dict()["latency"]["ttft_s"]["p95"] for n in (2, 4)]
     assert waits[1] < waits[0]
 
 
@@ -120,9 +121,9 @@ def test_chunked_prefill_smooths_inter_token_gaps():
     """Sarathi-Serve's point: without chunking, a long prompt stalls every decoding sequence."""
     workload = {"arrival": {"rate": 10.0}, "num_requests": 800,
                 "prompt_tokens": {"distribution": "uniform", "low": 2000, "high": 6000}}
-    chunked = simulate_checked(make_scenario({"engine": {"max_batch_tokens": 512}, "workload": workload})).summary()
-    whole = simulate_checked(make_scenario({"engine": {"chunked_prefill": False, "max_batch_tokens": 8192},
-                                    "workload": workload})).summary()
+    chunked = summarize(simulate_checked(make_scenario({"engine": {"max_batch_tokens": 512}, "workload": workload}))).to_dict()
+    whole = summarize(simulate_checked(make_scenario({"engine": {"chunked_prefill": False, "max_batch_tokens": 8192},
+                                    "workload": workload}))).to_dict()
     assert chunked["latency"]["max_itl_s"]["p50"] < whole["latency"]["max_itl_s"]["p50"]
     assert chunked["latency"]["ttft_s"]["p50"] > whole["latency"]["ttft_s"]["p50"]
 
@@ -172,4 +173,4 @@ def test_interrupted_run_keeps_what_it_finished(monkeypatch):
     assert result.interrupted
     statuses = set(result.requests["status"])
     assert "finished" in statuses and "unfinished" in statuses
-    assert result.summary()["interrupted"]
+    assert summarize(result).to_dict()["interrupted"]

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from llmsim import load_scenario
-from llmsim.sim.rollout import simulate_rollout
+from llmsim.analysis.metrics import summarize
+from llmsim.search.rollout import simulate_rollout
 
 from .helpers import SCENARIOS, make_scenario, simulate_checked
 
@@ -45,7 +46,7 @@ def check_balances(result):
     assert result.kv_allocated_blocks == result.kv_freed_blocks + result.kv_held_blocks
     if (records["status"] != "unfinished").all():
         # Nothing is held once everyone has left, but what the prefix cache keeps (idle cached blocks).
-        assert result.kv_held_blocks == (result.kv_tiers["cached_blocks"] if result.kv_tiers else 0)
+        assert result.kv_held_blocks == (result.kv_tiers.cached_blocks if result.kv_tiers else 0)
     assert (result.iterations["kv_used_blocks"] <= result.kv_blocks_per_replica).all()
     # Times are ordered for every request that got that far.
     started = records.dropna(subset=["first_token_s"])
@@ -61,7 +62,7 @@ def check_balances(result):
 def test_requests_tokens_and_blocks_balance(name):
     result = simulate_checked(make_scenario(RUNS[name]))
     check_balances(result)
-    summary = result.summary()["requests"]
+    summary = summarize(result).to_dict()["requests"]
     assert summary["arrived"] == (summary["finished"] + summary["rejected_timeout"] + summary["rejected_too_long"]
                                   + summary["unfinished_queued"] + summary["unfinished_running"])
 
@@ -77,7 +78,7 @@ def test_preemption_happens_and_recomputes():
 
 def test_overload_is_not_an_error_and_reports_the_queue():
     result = simulate_checked(make_scenario(RUNS["overloaded-horizon"]))
-    summary = result.summary()["requests"]
+    summary = summarize(result).to_dict()["requests"]
     assert result.end_s == pytest.approx(15.0)
     assert summary["unfinished_queued"] > 0 and summary["unfinished_running"] > 0
 

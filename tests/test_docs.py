@@ -54,10 +54,10 @@ def test_the_recorded_defaults_are_the_dataclasses_own(scenario_keys):
 
 
 def test_every_allowed_value_and_range_is_the_readers(scenario_keys):
-    from llmsim.scenario.scenario import ADMISSION_MODES, ROUTERS, SCHEDULING_POLICIES
-    for key, options in (("engine.admission", ADMISSION_MODES), ("deployment.router", ROUTERS),
-                         ("engine.scheduling_policy", SCHEDULING_POLICIES)):
-        assert scenario_keys[key].options == list(options)
+    from llmsim.config.policies import Admission, RouterPolicy, SchedulingPolicy
+    for key, kind in (("engine.admission", Admission), ("deployment.router", RouterPolicy),
+                      ("engine.scheduling_policy", SchedulingPolicy)):
+        assert scenario_keys[key].options == list(kind.names())
     assert scenario_keys["engine.memory_utilization"].allowed == ">= 0 and <= 1"
     assert scenario_keys["engine.max_num_seqs"].allowed == ">= 1" and scenario_keys["engine.max_num_seqs"].type == "integer"
     assert scenario_keys["slo.ttft"].type == "duration"

@@ -15,6 +15,7 @@ import pytest
 import simpy
 
 from llmsim import simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.cli.render import format_summary
 from llmsim.scenario.control import AutoscalingConfig
@@ -94,10 +95,10 @@ def test_offloads_cost_bytes_over_bandwidth_and_lengthen_iterations_unless_overl
     copy_s = block_transfer_s(scenario)
     for result, stall_s in ((serial, blocks * copy_s), (overlapped, 0.0)):
         tiers = result.kv_tiers
-        assert tiers["offloaded_blocks"] == blocks
-        assert tiers["offload_s"] == pytest.approx(blocks * copy_s, rel=1e-12)
-        assert tiers["transfer_s"] == pytest.approx(blocks * copy_s, rel=1e-12)     # nothing else moved
-        assert tiers["stall_s"] == pytest.approx(stall_s, abs=1e-12)
+        assert tiers.offloaded_blocks == blocks
+        assert tiers.offload_s == pytest.approx(blocks * copy_s, rel=1e-12)
+        assert tiers.transfer_s == pytest.approx(blocks * copy_s, rel=1e-12)     # nothing else moved
+        assert tiers.stall_s == pytest.approx(stall_s, abs=1e-12)
         # Session 1 finishes that much later; its iterations are the GPU-only ones but for one.
         assert result.requests["finish_s"][1] - gpu_only.requests["finish_s"][1] == pytest.approx(stall_s, abs=1e-9)
         longer = result.iterations["duration_s"].to_numpy() - gpu_only.iterations["duration_s"].to_numpy()
@@ -185,11 +186,11 @@ FULL_HOST_TIER = {"engine": {"prefix_caching": True, "preemption_mode": "swap", 
 
 def test_the_summary_says_when_host_memory_refused_kv():
     result = simulate_checked(make_scenario(FULL_HOST_TIER))      # both tiers' accounting, every iteration
-    kv = result.summary()["kv_cache"]
+    kv = summarize(result).to_dict()["kv_cache"]
     # Five blocks of host memory: long sequences' swaps cannot fit, and offloads meet pinned swapped KV.
     assert kv["offload_failed_blocks"] > 0 and kv["swap_failed_preemptions"] > 0
-    assert kv["host_evicted_gb"] == pytest.approx(kv["host_evicted_blocks"] * result.kv_tiers["block_bytes"] / 1e9)
-    text = format_summary(result.summary())
+    assert kv["host_evicted_gb"] == pytest.approx(kv["host_evicted_blocks"] * result.kv_tiers.block_bytes / 1e9)
+    text = format_summary(summarize(result).to_dict())
     assert "WARNING: host memory full of swapped KV" in text
     assert (f"{kv['offload_failed_blocks']:,} offloaded blocks dropped, {kv['swap_failed_preemptions']:,} swap "
             "preemptions recomputed instead") in text
@@ -261,7 +262,7 @@ def test_prefix_aware_routing_follows_an_autoscaled_replica_set():
     (aware_share, n), (least_share, m) = stays["prefix_aware"], stays["least_outstanding"]
     error = math.sqrt(aware_share * (1 - aware_share) / n + least_share * (1 - least_share) / m)
     assert aware_share - least_share > 4 * error
-    hits = {router: r.summary()["kv_cache"]["hit_rate_tokens"] for router, r in results.items()}
+    hits = {router: summarize(r).to_dict()["kv_cache"]["hit_rate_tokens"] for router, r in results.items()}
     assert hits["prefix_aware"] > hits["least_outstanding"]
     # Every request went to a replica taking requests when it arrived: none before its cold start
     # ended, none after its drain (a drained replica's sessions moved to the others).

@@ -36,7 +36,7 @@ def small():
 def uninterrupted(tmp_path_factory):
     """An uninterrupted sweep's table and journal bytes."""
     out = tmp_path_factory.mktemp("journal")
-    table = sweep(small(), GRID, out=out, workers=1, progress=False)
+    table = sweep(small(), GRID, out=out, workers=1)
     return table, (out / "results.csv").read_bytes()
 
 
@@ -50,7 +50,7 @@ def resweep(out: Path) -> tuple[pd.DataFrame, list[float]]:
         return real(scenario)
 
     with mock.patch.object(sweeps, "simulate_point", counted):
-        table = sweep(small(), GRID, out=out, workers=1, progress=False)
+        table = sweep(small(), GRID, out=out, workers=1)
     return table, rates
 
 
@@ -128,7 +128,7 @@ def logged(scenario):
 sweeps.simulate_point = logged
 try:
     sweep(make_scenario({"workload": {"num_requests": 40}}), {"workload.arrival.rate": [4.0, 8.0, 16.0]},
-          out=folder, workers=int(sys.argv[4]), progress=False)
+          out=folder, workers=int(sys.argv[4]))
 except Exception as error:
     print(error, file=sys.stderr)
     sys.exit(2)

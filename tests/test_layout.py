@@ -42,8 +42,7 @@ def test_cheapest_layout_matches_brute_force():
     points = [{**layout.overrides(), "workload.arrival.rate": RATE, "deployment.replicas": n}
               for layout, _ in options for n in range(1, MAX_REPLICAS + 1)]
     windows = [measurement_window(scenario, RATE, typical_latency_s(variant(scenario, p), RATE)) for p in points]
-    judged = simulate_until_decided(scenario, points, windows, [RATE] * len(points), seeds=SEEDS, workers=2,
-                                    progress=False)
+    judged = simulate_until_decided(scenario, points, windows, [RATE] * len(points), seeds=SEEDS, workers=2)
     met = {(p["deployment.tensor_parallel"], p["deployment.pipeline_parallel"], p["deployment.replicas"]):
            j.verdict.met for p, j in zip(points, judged)}
     # the search's premise: more replicas of a layout never turn a pass into a miss

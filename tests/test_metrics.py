@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from llmsim import simulate
+from llmsim.analysis.metrics import summarize
 
 from .helpers import make_scenario
 
@@ -17,7 +18,7 @@ def result():
 
 
 def test_latency_percentiles_cover_the_steady_state_only(result):
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     records = result.requests
     start, stop = summary["window_s"]
     assert start == 20.0 and stop == pytest.approx(records["arrival_s"].max())
@@ -38,7 +39,7 @@ def test_tpot_and_ttft_follow_their_definitions(result):
 
 def test_token_weighted_itl_mean_equals_decode_time_over_decode_tokens(result):
     """Every gap belongs to one token: the mean ITL is total decode time over decode tokens."""
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     everything = result.inter_token_gaps.summary(0, np.inf)
     r = result.requests
     total_gap_time = (r["finish_s"] - r["first_token_s"]).sum()
@@ -47,7 +48,7 @@ def test_token_weighted_itl_mean_equals_decode_time_over_decode_tokens(result):
 
 
 def test_goodput_and_attainment(result):
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     r = result.requests
     start, stop = summary["window_s"]
     steady = r[(r["arrival_s"] >= start) & (r["arrival_s"] <= stop)]
@@ -58,7 +59,7 @@ def test_goodput_and_attainment(result):
 
 
 def test_throughput_and_utilisation_from_the_iteration_log(result):
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     it = result.iterations
     start, stop = summary["window_s"]
     window = it[(it["end_s"] > start) & (it["end_s"] <= stop)]

@@ -23,11 +23,13 @@ import yaml
 
 import llmsim.search.sweeps as sweeps
 from llmsim import simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.search.journal import Journal
 from llmsim.search.sweeps import reusing_runs, run_key, run_points
+from llmsim.sim.result import StopReason
 from llmsim.sim.simulate import simulate_whole
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import BASE, REPO, make_scenario, merge
 
@@ -47,7 +49,7 @@ def stop_after(iterations: int, error: BaseException):
 
 def check_partial(result, stopped_by: str):
     """Counts, window and rates of a stopped run against its records."""
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     records, end = result.requests, result.end_s
     assert summary["stopped_by"] == stopped_by and summary["simulated_s"] == end
     # Only requests that arrived: a prefix of the trace, every one by the end.
@@ -104,7 +106,7 @@ def test_horizon_cut_run_counts_only_requests_that_arrived():
 
 def test_a_run_that_completes_says_so():
     result = simulate(make_scenario({"workload": {"num_requests": 200}}))
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     assert summary["stopped_by"] == "completed" and not summary["interrupted"]
     assert summary["requests"]["not_arrived"] == 0 and len(result.requests) == 200
 
@@ -130,15 +132,16 @@ def test_a_search_run_stopped_by_ctrl_c_raises_rather_than_returning_half_a_run(
 
 
 def test_ctrl_c_during_the_baseline_is_not_swallowed(monkeypatch):
+    from llmsim.search.speedup import speedup_over_plain
     from llmsim.sim import simulate as module
 
     spec = make_scenario({"workload": {"num_requests": 60},
                           "speculation": {"draft": "Llama-3.2-1B", "k": 3,
                                           "acceptance": {"process": "bernoulli", "alpha": 0.7}}})
     result = simulate(spec)
-    monkeypatch.setattr(module, "simulate", lambda *args, **kwargs: replace(result, stopped_by="interrupt"))
+    monkeypatch.setattr(module, "simulate", lambda *args, **kwargs: replace(result, stopped_by=StopReason.INTERRUPT))
     with pytest.raises(KeyboardInterrupt):
-        module.speedup_over_plain(result)
+        speedup_over_plain(result)
 
 
 def _scenario_file(tmp_path, num_requests: int) -> str:
@@ -252,13 +255,13 @@ def journal_keys(path) -> set[bytes]:
 
 def test_a_journal_of_runs_gives_back_the_same_rows_and_simulates_nothing_again(tmp_path, monkeypatch):
     scenario, journal = make_scenario(RUNS), tmp_path / "runs.csv"
-    fresh = run_points(scenario, POINTS, seeds=[1, 2], workers=1, progress=False)
+    fresh = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
     with reusing_runs(journal):
-        first = run_points(scenario, POINTS, seeds=[1, 2], workers=1, progress=False)
+        first = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
     assert len(journal.read_text().splitlines()) == 1 + 6
     simulated = simulations(monkeypatch)
     with reusing_runs(journal):                     # a new command: the journal is its only memory
-        again = run_points(scenario, POINTS, seeds=[1, 2], workers=1, progress=False)
+        again = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
     assert simulated == []
     pd.testing.assert_frame_equal(again, fresh)
     pd.testing.assert_frame_equal(first, fresh)
@@ -266,14 +269,14 @@ def test_a_journal_of_runs_gives_back_the_same_rows_and_simulates_nothing_again(
 
 def test_ctrl_c_inside_a_journal_keeps_the_runs_finished(tmp_path, monkeypatch):
     scenario, journal = make_scenario(RUNS), tmp_path / "runs.csv"
-    fresh = run_points(scenario, POINTS, seeds=[1, 2], workers=1, progress=False)
+    fresh = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
     kept = simulations(monkeypatch, stop_at=4)
     with pytest.raises(KeyboardInterrupt), reusing_runs(journal):
-        run_points(scenario, POINTS, seeds=[1, 2], workers=1, progress=False)
+        run_points(scenario, POINTS, seeds=[1, 2], workers=1)
     assert journal_keys(journal) == set(kept) and len(kept) == 3
     resumed = simulations(monkeypatch)
     with reusing_runs(journal):
-        again = run_points(scenario, POINTS, seeds=[1, 2], workers=1, progress=False)
+        again = run_points(scenario, POINTS, seeds=[1, 2], workers=1)
     assert len(resumed) == 3 and not set(resumed) & set(kept)
     pd.testing.assert_frame_equal(again, fresh)
 

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 import llmsim
+from llmsim.analysis.metrics import summarize
 from llmsim.search import plan as planning
 from llmsim.cli.main import main
 from llmsim.scenario.overrides import variant
@@ -37,7 +38,7 @@ def met(scenario_file, hardware, replicas) -> bool:
     scenario = variant(llmsim.load_scenario(scenario_file),
                                 {"hardware": hardware, "deployment.replicas": replicas,
                                  "workload.arrival.rate": RATE})
-    return llmsim.simulate(scenario).summary()["slo"]["met"]
+    return summarize(llmsim.simulate(scenario)).to_dict()["slo"]["met"]
 
 
 def test_candidates_come_from_the_plan_section(table):

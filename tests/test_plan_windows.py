@@ -141,7 +141,7 @@ def test_the_planned_count_holds_on_fresh_seeds_and_a_longer_window_and_one_fewe
 
     def met(count: int) -> bool:
         rows = run_points(scenario, [{"workload.arrival.rate": rate, "deployment.replicas": count,
-                                      **longer.overrides(rate)}], seeds=[1001, 1002], workers=2, progress=False)
+                                      **longer.overrides(rate)}], seeds=[1001, 1002], workers=2)
         return judge(rows).met
     assert met(replicas)
     assert not met(replicas - 1)

@@ -16,10 +16,12 @@ import pytest
 import yaml
 
 from llmsim import simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.sim.prefix_cache import PrefixKeys, TieredKV
 from llmsim.sim.request import Request
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.workload.trace import Trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import BASE, make_scenario, merge
 
@@ -60,15 +62,15 @@ def test_block_accounting_exact_across_tiers_and_transitions():
     tiers = result.kv_tiers
     for moved in ("hit_blocks", "evicted_blocks", "offloaded_blocks", "reloaded_blocks", "swapped_out_blocks",
                   "host_evicted_blocks"):
-        assert tiers[moved] > 0, moved
+        assert getattr(tiers, moved) > 0, moved
     # All finished, so all came back: copied, or found still on the GPU and shared.
-    assert tiers["swapped_in_blocks"] + tiers["swap_resident_blocks"] == tiers["swapped_out_blocks"]
+    assert tiers.swapped_in_blocks + tiers.swap_resident_blocks == tiers.swapped_out_blocks
     assert result.kv_allocated_blocks == result.kv_freed_blocks + result.kv_held_blocks
-    assert result.kv_held_blocks == tiers["cached_blocks"]                # only idle cached blocks remain
-    assert tiers["host_allocated_blocks"] == tiers["host_freed_blocks"] + tiers["host_held_blocks"]
-    occupancy = tiers["host_occupancy"]["blocks"]          # over time: ends where the tier ends, never above it
-    assert occupancy.iloc[-1] == tiers["host_held_blocks"] and occupancy.max() == tiers["host_max_blocks"] \
-        <= tiers["host_blocks"]
+    assert result.kv_held_blocks == tiers.cached_blocks                # only idle cached blocks remain
+    assert tiers.host_allocated_blocks == tiers.host_freed_blocks + tiers.host_held_blocks
+    occupancy = tiers.host_occupancy["blocks"]          # over time: ends where the tier ends, never above it
+    assert occupancy.iloc[-1] == tiers.host_held_blocks and occupancy.max() == tiers.host_max_blocks \
+        <= tiers.host_blocks
     records = result.requests
     assert (records["status"] == "finished").all()
     assert (records["generated_tokens"] == records["output_tokens"]).all()
@@ -119,11 +121,11 @@ def test_unbounded_cache_hit_rate_is_the_workloads_repeat_share(block_size):
     trace = generate_trace(scenario.workload, scenario.seed)
     trace = replace(trace, arrival_s=np.arange(len(trace)) * 30.0)
     result = simulate(scenario, trace)
-    assert result.kv_tiers["evicted_blocks"] == 0
+    assert result.kv_tiers.evicted_blocks == 0
     expected = repeat_tokens(trace, block_size)
     assert expected.sum() > 0.3 * trace.prompt_tokens.sum()             # the workload does repeat itself
     assert (result.requests["cached_tokens"].to_numpy() == expected).all()
-    assert result.summary()["kv_cache"]["hit_rate_tokens"] == pytest.approx(
+    assert summarize(result).to_dict()["kv_cache"]["hit_rate_tokens"] == pytest.approx(
         expected[result.requests["arrival_s"] >= result.warmup_s].sum()
         / trace.prompt_tokens[result.requests["arrival_s"] >= result.warmup_s].sum())
 
@@ -268,8 +270,8 @@ def test_swap_and_recompute_conserve_tokens_and_pay_their_own_cost(mode):
     tiers = result.kv_tiers
     # Swapping computes at most the one token a decoding sequence resumes with, and pays the copies.
     assert 0 <= extra_prefill <= result.preemptions
-    assert tiers["swapped_out_blocks"] == tiers["swapped_in_blocks"] > 0
-    assert tiers["transfer_s"] == pytest.approx(2 * tiers["swapped_out_blocks"] * block_transfer_s(scenario))
+    assert tiers.swapped_out_blocks == tiers.swapped_in_blocks > 0
+    assert tiers.transfer_s == pytest.approx(2 * tiers.swapped_out_blocks * block_transfer_s(scenario))
 
 
 # -- routing ---------------------------------------------------------------------------------------------
@@ -280,7 +282,7 @@ def test_prefix_aware_routing_finds_more_hits_within_its_load_bound():
     for router in ("least_outstanding", "prefix_aware"):
         scenario = make_scenario({**SESSIONS, "deployment": {"replicas": 4, "router": router},
                                   "engine": {"prefix_caching": True}})
-        summary = simulate(scenario).summary()["kv_cache"]
+        summary = summarize(simulate(scenario)).to_dict()["kv_cache"]
         rates[router] = summary["hit_rate_tokens"], summary["replica_load_max_over_mean"]
     assert rates["prefix_aware"][0] > rates["least_outstanding"][0] + 0.1
     assert rates["prefix_aware"][1] < 1.6
@@ -357,11 +359,11 @@ def test_bad_kv_settings_exit_2_naming_file_key_value_and_what_is_allowed(tmp_pa
 @pytest.mark.parametrize("offload", [True, {"idle_timeout": "2 s", "overlap": True}])
 def test_recommend_neighbours_vary_block_size_and_idle_timeout(offload):
     from llmsim.scenario.overrides import variant
-    from llmsim.search.recommend import IDLE_TIMEOUTS_S, Config, _neighbours
+    from llmsim.search.recommend import IDLE_TIMEOUTS_S, OFF, Config, _neighbours
     scenario = make_scenario({**SESSIONS, "engine": {"prefix_caching": True, "cpu_offload": offload}})
     scenario = replace(scenario, source=merge(BASE, {**SESSIONS, "engine": {"prefix_caching": True,
                                                                            "cpu_offload": offload}}))
-    near = _neighbours(Config("off", 8192, None), scenario)
+    near = _neighbours(Config(OFF, 8192, None), scenario)
     assert {c.block_size for c in near} >= {64, 256}
     assert {c.idle_timeout_s for c in near} >= set(IDLE_TIMEOUTS_S)
     for config in near:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llmsim.errors import ConfigError
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import BASE, make_scenario
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from llmsim import simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.catalog.models import model_catalog
 from llmsim.cost.features import F, batch_features
@@ -18,7 +19,7 @@ from llmsim.cost.roofline import CostModel
 from llmsim.sim.speculative_kernels import tree_extras
 from llmsim.speculation.config import Acceptance
 from llmsim.speculation.proposers import NGRAM_CPU_S_PER_CONTEXT_TOKEN, NgramCost
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import make_scenario, roofline_only
 
@@ -176,7 +177,7 @@ def test_ngram_cpu_cost_slows_the_engine_once_verify_is_compute_bound():
     plain_scenario, plain_low, spec_low = ngram_runs(2.0)
     it = spec_low.iterations
     assert np.allclose(it["draft_s"], it["spec_seqs"] * CPU_S)
-    assert spec_low.summary()["latency"]["tpot_s"]["mean"] < plain_low.summary()["latency"]["tpot_s"]["mean"]
+    assert summarize(spec_low).to_dict()["latency"]["tpot_s"]["mean"] < summarize(plain_low).to_dict()["latency"]["tpot_s"]["mean"]
 
     _, plain_high, spec_high = ngram_runs(150.0)
     it = spec_high.iterations
@@ -188,7 +189,7 @@ def test_ngram_cpu_cost_slows_the_engine_once_verify_is_compute_bound():
     assert verify.set_index("operator").loc["layer.mlp", "bound"] == "compute"
     # The same requests (same tokens) all finish later than with plain decoding, and TPOT rises.
     assert spec_high.requests["finish_s"].max() > plain_high.requests["finish_s"].max()
-    assert spec_high.summary()["latency"]["tpot_s"]["mean"] > plain_high.summary()["latency"]["tpot_s"]["mean"]
+    assert summarize(spec_high).to_dict()["latency"]["tpot_s"]["mean"] > summarize(plain_high).to_dict()["latency"]["tpot_s"]["mean"]
 
 
 # -- pipeline parallelism -------------------------------------------------------------------------------
@@ -226,11 +227,11 @@ def test_the_summary_says_which_rule_blocked_speculation_and_warns():
     """A single stream never has two requests running: the default min_concurrent_requests of 2
     blocks every sequence-step, and the summary says so and warns; with 1 every step speculates
     except each request's last token (remaining - 1 = 0: nothing left to draft)."""
-    blocked = simulate(single_stream()).summary()["speculation"]
+    blocked = summarize(simulate(single_stream())).to_dict()["speculation"]
     assert blocked["blocked_share"]["min_concurrent_requests"] == 1.0
     assert blocked["speculating_fraction"] == 0.0
     assert "min_concurrent_requests" in blocked["warning"]
-    free = simulate(single_stream(min_concurrent_requests=1)).summary()["speculation"]
+    free = summarize(simulate(single_stream(min_concurrent_requests=1))).to_dict()["speculation"]
     assert free["warning"] is None
     assert free["blocked_share"]["min_concurrent_requests"] == 0.0
     assert free["blocked_share"]["speculated"] > 0.9
@@ -285,7 +286,7 @@ def test_the_draft_prefills_each_chunk_of_a_long_prompt_with_the_target():
     assert chunks["draft_s"].iloc[0] == pytest.approx(first)
     assert chunks["draft_s"].iloc[1] > first                     # the same chunk size over 2,048 cached tokens
     assert result.requests["status"].eq("finished").all()
-    assert result.summary()["speculation"]["blocked_share"]["speculated"] > 0.8
+    assert summarize(result).to_dict()["speculation"]["blocked_share"]["speculated"] > 0.8
 
 
 def test_the_ngram_lookup_costs_a_scan_of_every_speculating_context():

@@ -8,11 +8,14 @@ import pytest
 import yaml
 
 import llmsim
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
-from llmsim.search.recommend import Config, analytic_rate, k_options, recommend, rule_of_thumb_max_batch_tokens
+from llmsim.config.policies import KPolicyName
+from llmsim.search.recommend import (OFF, Config, KChoice, analytic_rate, k_options, recommend,
+                                     rule_of_thumb_max_batch_tokens)
 from llmsim.search.sweeps import reusing_runs
 
 from .helpers import BASE, make_scenario, merge
@@ -51,7 +54,7 @@ def test_recommended_settings_meet_the_slo_on_fresh_seeds(result, scenario):
     overrides = result.best.overrides(scenario)
     for seed in (scenario.seed + 100, scenario.seed + 101):
         run = llmsim.simulate(variant(scenario, {**overrides, "seed": seed}))
-        assert run.summary()["slo"]["met"]
+        assert summarize(run).to_dict()["slo"]["met"]
 
 
 @pytest.mark.slow
@@ -64,14 +67,15 @@ def test_goodput_is_a_bracketed_rate(result, scenario):
 
     def met(r):
         run = llmsim.simulate(variant(scenario, {**overrides, "workload.arrival.rate": r}))
-        return run.summary()["slo"]["met"]
+        return summarize(run).to_dict()["slo"]["met"]
     assert met(rate)
     assert not met(2 * rate)
 
 
 @pytest.mark.slow
 def test_search_covers_k_off_static_and_the_adaptive_rule(scenario, result):
-    assert k_options(scenario) == ["off", "static:1", "static:2", "static:3", "static:4", "adaptive:4"]
+    assert [str(k) for k in k_options(scenario)] == ["off", "static:1", "static:2", "static:3", "static:4",
+                                                     "adaptive:4"]
     assert set(result.analytic["k"]) == set(k_options(scenario))
     assert result.table["default"].sum() == 3           # the rule of thumb at 50, 200 and 1000 ms
     assert result.table["meets_scenario_rate"].iloc[0]
@@ -93,11 +97,14 @@ def test_rule_of_thumb_max_batch_tokens_by_hand():
 
 
 def test_config_overrides_are_valid_scenario_keys(scenario):
-    for config in (Config("off", 1024, None), Config("static:3", 2048, 0.05), Config("adaptive:4", 4096, 1.0)):
+    for config in (Config(OFF, 1024, None), Config(KChoice(KPolicyName.STATIC, 3), 2048, 0.05),
+                   Config(KChoice(KPolicyName.ADAPTIVE, 4), 4096, 1.0)):
         built = variant(scenario, config.overrides(scenario))
         assert built.engine.max_batch_tokens == config.max_batch_tokens
         assert built.engine.queue_timeout_s == config.queue_timeout_s
-        assert built.speculating == (config.k != "off")
+        assert built.speculating == (config.k != OFF)
+        if config.k != OFF:
+            assert (built.speculation.policy.policy, built.speculation.policy.k) == (config.k.policy, config.k.k)
 
 
 def test_the_adaptive_search_stays_within_what_medusa_can_draft():
@@ -105,7 +112,7 @@ def test_the_adaptive_search_stays_within_what_medusa_can_draft():
     that. The search's adaptive rule (k0 4, k_max 8 by default) is held to the heads: k0 = 3, k_max 3,
     and every setting it tries builds a valid scenario the fluid model can score."""
     medusa = make_scenario(merge(SMALL, {"speculation": {"draft": "medusa", "heads": 3, "k": 2, "k_max": 3}}))
-    assert k_options(medusa) == ["off", "static:1", "static:2", "static:3", "adaptive:3"]
+    assert [str(k) for k in k_options(medusa)] == ["off", "static:1", "static:2", "static:3", "adaptive:3"]
     for k in k_options(medusa)[1:]:
         built = variant(medusa, Config(k, 2048, None).overrides(medusa))
         assert built.speculation.policy.k_max == 3 and built.speculation.policy.k <= 3
@@ -166,18 +173,19 @@ def test_cost_objective_ranks_by_dollars_per_million_tokens(scenario, shared_run
 def test_class_search_candidates_are_valid_scenarios_with_the_timeouts_searched():
     """Step 4's candidates (every policy x each class's timeout from the ladder or its own) build scenarios
     whose classes carry exactly those timeouts, under that policy; step 3 leaves them to step 4."""
-    from llmsim.scenario.scenario import SCHEDULING_POLICIES, load_scenario
+    from llmsim.config.policies import SchedulingPolicy
+    from llmsim.scenario.scenario import load_scenario
     from llmsim.search.recommend import (CLASS_TIMEOUTS_S, _neighbours, _with_timeout, class_timeout_options,
                                          class_timeouts)
 
     three = load_scenario("scenarios/llama3-8b-h100-three-classes.yaml")
-    start = Config("off", 8192, None)
+    start = Config(OFF, 8192, None)
     # Practice tiers: 50, 200 and 1000 ms; each class's options are the ladder and its own.
     own = class_timeouts(start, three)
     assert dict(own) == {"interactive": 0.05, "standard": 0.2, "batch": 1.0}
     assert class_timeout_options(CLASS_TIMEOUTS_S, 0.3) == sorted([*CLASS_TIMEOUTS_S, 0.3])
     assert class_timeout_options(CLASS_TIMEOUTS_S, None) == sorted(CLASS_TIMEOUTS_S)
-    for policy in SCHEDULING_POLICIES:
+    for policy in SchedulingPolicy:
         config = _with_timeout(replace(start, policy=policy, class_timeouts=own), "standard", 0.025)
         built = variant(three, config.overrides(three))
         assert {c.name: c.queue_timeout_s for c in built.workload.classes} == {

@@ -147,7 +147,7 @@ def judged_met(point: dict, seeds: list[int]) -> bool:
     at_point = variant(scenario, {**point, "workload.arrival.rate": RATE})
     window = measurement_window(scenario, RATE, typical_latency_s(at_point, RATE))
     judged, = simulate_until_decided(scenario, [{**point, "workload.arrival.rate": RATE}], [window], [RATE],
-                                     seeds=seeds, progress=False)
+                                     seeds=seeds)
     return judged.verdict.met
 
 

@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 from llmsim.analysis.canary import compare_independent, compare_paired, detection_time, measured
+from llmsim.analysis.metrics import summarize
 from llmsim.errors import ConfigError
-from llmsim.sim.rollout import rollout_summary, simulate_rollout
+from llmsim.search.rollout import rollout_summary, simulate_rollout
 
 from .helpers import make_scenario
 
@@ -82,9 +83,9 @@ def test_the_split_serves_every_request_once_and_shadows_stay_out_of_user_figure
     # The shadow consumed its own replica and changed nothing users saw.
     assert len(with_shadow.groups["shadow"].iterations) > 0
     assert with_shadow.user.requests.equals(without.user.requests)
-    assert with_shadow.user.summary() == without.user.summary()
+    assert summarize(with_shadow.user).to_dict() == summarize(without.user).to_dict()
     # The merged user-facing run counts every replica that served users.
-    assert with_shadow.user.summary()["devices"] == 2
+    assert summarize(with_shadow.user).to_dict()["devices"] == 2
 
 
 def test_a_shadow_identical_to_the_control_reproduces_it_request_for_request():

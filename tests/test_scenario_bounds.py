@@ -14,15 +14,18 @@ import numpy as np
 import pytest
 import yaml
 
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
+from llmsim.config.policies import SchedulingPolicy
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import load_comparison
+from llmsim.search.speedup import speedup_over_plain
 from llmsim.sim import resources
 from llmsim.sim.request import Request
-from llmsim.sim.scheduling import DRR_QUANTUM_TOKENS, ClassQueue, class_rules
-from llmsim.sim.simulate import simulate, speedup_over_plain
-from llmsim.workload.trace import generate_trace
+from llmsim.sim.scheduling import CLASS_ORDERS, DRR_QUANTUM_TOKENS, ClassQueue, class_rules
+from llmsim.sim.simulate import simulate
+from llmsim.workload.generate import generate_trace
 
 from .helpers import BASE, REPO, make_scenario, merge
 
@@ -67,8 +70,8 @@ def test_the_plain_baseline_of_a_controlled_draft_length_runs_without_the_contro
     plain = simulate(make_scenario(base=written))
     baseline = simulate(scenario.plain_decoding(), generate_trace(scenario.workload, scenario.seed))
     assert baseline.requests.equals(plain.requests)
-    assert ratios["tpot_mean"] == pytest.approx(plain.summary()["latency"]["tpot_s"]["mean"]
-                                                / result.summary()["latency"]["tpot_s"]["mean"])
+    assert ratios["tpot_mean"] == pytest.approx(summarize(plain).to_dict()["latency"]["tpot_s"]["mean"]
+                                                / summarize(result).to_dict()["latency"]["tpot_s"]["mean"])
 
 
 def test_plain_decoding_keeps_a_controller_of_an_engine_knob():
@@ -244,7 +247,7 @@ def _naive_drr(quanta, queues, picks):
 def test_skipped_rounds_serve_the_classes_in_the_textbook_order():
     rng = np.random.default_rng(5)
     scenario = make_scenario(merge(SMALL, _classes(40.0, 1.0)))
-    queue = ClassQueue(class_rules(scenario), "weighted_fair", DRR_QUANTUM_TOKENS)
+    queue = ClassQueue(class_rules(scenario), CLASS_ORDERS[SchedulingPolicy.WEIGHTED_FAIR], DRR_QUANTUM_TOKENS)
     sizes = [list(rng.integers(100, 20_000, 30)), list(rng.integers(100, 20_000, 30))]
     for c, lengths in enumerate(sizes):
         for i, length in enumerate(lengths):

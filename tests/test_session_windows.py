@@ -11,7 +11,7 @@ from llmsim.scenario.overrides import variant
 from llmsim.search.window import measurement_window
 from llmsim.workload.lengths import Fixed
 from llmsim.workload.sessions import Sessions
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import REPO
 

@@ -14,6 +14,7 @@ import math
 import numpy as np
 import pytest
 
+from llmsim.analysis.metrics import summarize
 from llmsim.cost.roofline import CostModel
 from llmsim.cli.main import main
 from llmsim.speculation.config import hashed_uniforms
@@ -225,7 +226,7 @@ def test_speedup_falls_with_load_and_turns_into_a_slowdown():
     for rate in (1.0, 40.0, 60.0):
         spec = simulate_checked(roofline(h100_8b(rate, 4, **anyone)))
         plain = simulate_checked(roofline(h100_8b(rate, 0)))
-        speedups.append(plain.summary()["latency"]["tpot_s"]["mean"] / spec.summary()["latency"]["tpot_s"]["mean"])
+        speedups.append(summarize(plain).to_dict()["latency"]["tpot_s"]["mean"] / summarize(spec).to_dict()["latency"]["tpot_s"]["mean"])
     scenario = roofline(h100_8b(1.0, 4))
     target = CostModel(scenario.model, scenario.hardware)
     draft = CostModel(scenario.speculation.draft, scenario.hardware)
@@ -239,8 +240,8 @@ def test_speedup_falls_with_load_and_turns_into_a_slowdown():
 def test_zero_acceptance_never_beats_plain_decoding():
     """With alpha = 0 every step emits one token and pays for a draft and a longer verify."""
     for rate in (2.0, 40.0):
-        spec = simulate_checked(h100_8b(rate, 3, alpha=0.0)).summary()
-        plain = simulate_checked(h100_8b(rate, 0)).summary()
+        spec = summarize(simulate_checked(h100_8b(rate, 3, alpha=0.0))).to_dict()
+        plain = summarize(simulate_checked(h100_8b(rate, 0))).to_dict()
         assert spec["speculation"]["acceptance_rate"] == 0.0
         assert spec["latency"]["tpot_s"]["mean"] > plain["latency"]["tpot_s"]["mean"]
         assert spec["throughput"]["output_tokens_per_s"] <= plain["throughput"]["output_tokens_per_s"] * 1.001
@@ -311,7 +312,7 @@ def test_compare_counts_plain_decode_steps_as_k_zero():
     never = simulate_checked(make_scenario({"workload": {"num_requests": 30, "arrival": {"rate": 0.5}},
                                     "speculation": {"draft": "ngram", "k": 4,
                                                     "eligibility": {"min_concurrent_requests": 50}}}))
-    summary = never.summary()["speculation"]
+    summary = summarize(never).to_dict()["speculation"]
     assert summary["speculating_fraction"] == 0.0
     assert _speculation_columns(summary)["mean_k"] == 0.0
 
@@ -341,8 +342,8 @@ def test_separate_draft_adds_devices_and_overlaps_with_verification():
     it = it[it["spec_seqs"] > 0]
     # Pipelined: an iteration lasts at least the draft's part, and the draft is not added on top.
     assert (it["duration_s"] >= it["draft_s"]).all()
-    co = simulate_checked(colocated).summary()
-    sep = simulate_checked(separate).summary()
+    co = summarize(simulate_checked(colocated)).to_dict()
+    sep = summarize(simulate_checked(separate)).to_dict()
     assert sep["latency"]["tpot_s"]["mean"] < co["latency"]["tpot_s"]["mean"]
     assert sep["devices"] == 5
     from llmsim.cli.render import format_summary
@@ -470,7 +471,7 @@ def test_draft_weight_and_kv_dtypes_are_configurable():
     assert fp8.speculation.draft.weight_bytes == pytest.approx(bf16.speculation.draft.weight_bytes / 2, rel=0.01)
     assert fp8.speculation.draft.kv_bytes_per_token * 2 == bf16.speculation.draft.kv_bytes_per_token
     assert fp8.memory.kv_capacity_tokens > bf16.memory.kv_capacity_tokens
-    share = {name: simulate_checked(s).summary()["speculation"]["draft_time_share"] for name, s in
+    share = {name: summarize(simulate_checked(s)).to_dict()["speculation"]["draft_time_share"] for name, s in
              (("bf16", bf16), ("fp8", fp8))}
     assert share["fp8"] < share["bf16"]
 
@@ -482,7 +483,7 @@ def test_shipped_comparison_of_plain_static_and_adaptive_k():
     from llmsim.search.compare import load_comparison
     runs = load_comparison(REPO / "scenarios" / "comparisons" / "speculative-70b-h100.yaml")
     assert {variant for variant, _, _ in runs} == {"plain", "static k=4", "adaptive k (80/50)", "goodput k"}
-    medium = {variant: simulate_checked(s).summary() for variant, load, s in runs if load == "medium"}
+    medium = {variant: summarize(simulate_checked(s)).to_dict() for variant, load, s in runs if load == "medium"}
     plain_tpot = medium["plain"]["latency"]["tpot_s"]["p50"]
     for variant in ("static k=4", "goodput k"):
         assert medium[variant]["latency"]["tpot_s"]["p50"] < plain_tpot
@@ -493,14 +494,14 @@ def test_shipped_comparison_of_plain_static_and_adaptive_k():
 def test_speedup_is_measured_against_plain_decoding_of_the_same_requests(tmp_path, capsys):
     """The baseline is the scenario with k = 0 (no draft loaded) on the very same arrivals and
     lengths; `llmsim run` prints it."""
-    from llmsim.sim.simulate import speedup_over_plain
+    from llmsim.search.speedup import speedup_over_plain
     spec = h100_8b(10.0, 4)
     result = simulate_checked(spec)
     plain = simulate_checked(h100_8b(10.0, 0))
     assert plain.requests[["arrival_s", "prompt_tokens", "output_tokens"]].equals(
         result.requests[["arrival_s", "prompt_tokens", "output_tokens"]])
     speedup = speedup_over_plain(result)
-    expected = plain.summary()["latency"]["tpot_s"]["mean"] / result.summary()["latency"]["tpot_s"]["mean"]
+    expected = summarize(plain).to_dict()["latency"]["tpot_s"]["mean"] / summarize(result).to_dict()["latency"]["tpot_s"]["mean"]
     assert speedup["tpot_mean"] == pytest.approx(expected, rel=1e-12)
     assert main(["run", str(REPO / "scenarios" / "llama3-70b-h100-speculative.yaml"), "--out", str(tmp_path)]) == 0
     assert "vs plain decoding on the same trace: TPOT" in capsys.readouterr().out

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog, place, smallest_fitting
+from llmsim.analysis.metrics import summarize
 from llmsim.search.compare import compare, load_comparison
 from llmsim.errors import ConfigError
 
@@ -146,7 +147,7 @@ def test_changing_only_the_hardware_changes_results_and_nothing_else():
     ra, rb = simulate_checked(a), simulate_checked(b)
     same = ["id", "arrival_s", "prompt_tokens", "output_tokens"]
     pd.testing.assert_frame_equal(ra.requests[same], rb.requests[same])
-    assert rb.summary()["latency"]["tpot_s"]["mean"] < ra.summary()["latency"]["tpot_s"]["mean"]
+    assert summarize(rb).to_dict()["latency"]["tpot_s"]["mean"] < summarize(ra).to_dict()["latency"]["tpot_s"]["mean"]
 
 
 def test_comparison_runs_every_variant_on_the_same_requests(tmp_path):

@@ -12,6 +12,7 @@ import yaml
 import llmsim
 import llmsim.search.sweeps as sweeps
 from llmsim import ConfigError, flatten, simulate, sweep
+from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.scenario.overrides import apply_overrides, grid_points
 from llmsim.search.sweeps import mean_over_seeds, run_points
@@ -31,7 +32,7 @@ def small():
 def direct(overrides: dict, seed: int | None = None) -> dict:
     """The summary of the scenario built by nesting the overrides by hand (not through the sweep)."""
     scenario = make_scenario(merge(SMALL, overrides))
-    return flatten(simulate(scenario if seed is None else scenario.with_seed(seed)).summary())
+    return flatten(summarize(simulate(scenario if seed is None else scenario.with_seed(seed))).to_dict())
 
 
 def same(a, b) -> bool:
@@ -39,7 +40,7 @@ def same(a, b) -> bool:
 
 
 def test_each_row_is_the_simulation_of_its_point():
-    rows = sweep(small(), GRID, workers=2, progress=False)
+    rows = sweep(small(), GRID, workers=2)
     assert len(rows) == 4 and (rows["error"] == "").all()
     assert list(rows.columns[:5]) == ["workload.arrival.rate", "engine.max_batch_tokens", "seed", "point_id", "error"]
     own = small().workload
@@ -54,7 +55,7 @@ def test_each_row_is_the_simulation_of_its_point():
 
 
 def test_seeds_replicate_points_on_shared_traces():
-    rows = sweep(small(), {"engine.max_batch_tokens": [2048, 8192]}, seeds=[1, 2], workers=1, progress=False)
+    rows = sweep(small(), {"engine.max_batch_tokens": [2048, 8192]}, seeds=[1, 2], workers=1)
     assert list(rows["seed"]) == [1, 2, 1, 2]
     for _, row in rows.iterrows():
         expected = direct({"engine": {"max_batch_tokens": int(row["engine.max_batch_tokens"])}}, row["seed"])
@@ -93,19 +94,19 @@ def test_resume_skips_finished_points_and_drops_a_torn_line(tmp_path, monkeypatc
     real = sweeps.simulate_point
     monkeypatch.setattr(sweeps, "simulate_point", lambda scenario: calls.append(1) or real(scenario))
     grid = {"workload.arrival.rate": [4.0, 8.0, 16.0]}
-    first = sweep(small(), grid, out=tmp_path, workers=1, progress=False)
+    first = sweep(small(), grid, out=tmp_path, workers=1)
     assert len(calls) == 3
     results = tmp_path / "results.csv"
     lines = results.read_text().splitlines(keepends=True)
     # Interrupted while writing the third point: header, two points and half a line.
     results.write_text("".join(lines[:3]) + lines[3][: len(lines[3]) // 2])
-    again = sweep(small(), grid, out=tmp_path, workers=1, progress=False)
+    again = sweep(small(), grid, out=tmp_path, workers=1)
     assert len(calls) == 4
     pd.testing.assert_frame_equal(again, first)
-    sweep(small(), grid, out=tmp_path, workers=1, progress=False)
+    sweep(small(), grid, out=tmp_path, workers=1)
     assert len(calls) == 4                                   # nothing left to do
     # Another point in the same folder runs alone; the old ones stay in the file.
-    sweep(small(), {"workload.arrival.rate": [4.0, 32.0]}, out=tmp_path, workers=1, progress=False)
+    sweep(small(), {"workload.arrival.rate": [4.0, 32.0]}, out=tmp_path, workers=1)
     assert len(calls) == 5 and len(pd.read_csv(results)) == 4
 
 
@@ -118,11 +119,11 @@ def test_reused_runs_are_simulated_once_and_give_the_simulated_rows(monkeypatch)
     monkeypatch.setattr(sweeps, "simulate_point", lambda scenario: calls.append(1) or real(scenario))
     own = small().engine.max_batch_tokens
     with sweeps.reusing_runs():
-        first = run_points(small(), [{}], workers=1, progress=False)
+        first = run_points(small(), [{}], workers=1)
         again = run_points(small(), [{"engine.max_batch_tokens": own}, {}, {"engine.max_batch_tokens": 2 * own}],
-                           workers=1, progress=False)
+                           workers=1)
     assert len(calls) == 2                                   # the first point, then only the changed one
-    outside = run_points(small(), [{}], workers=1, progress=False)
+    outside = run_points(small(), [{}], workers=1)
     assert len(calls) == 3
     expected = direct({})
     for rows in (first.iloc[0], again.iloc[0], again.iloc[1], outside.iloc[0]):
@@ -142,13 +143,13 @@ def test_resume_simulates_again_when_a_named_file_changed(tmp_path, monkeypatch)
     write(tmp_path / "gpu.yaml", {**profile, "name": "gpu"})
     scenario = write(tmp_path / "scenario.yaml", merge(merge(BASE, SMALL), {"hardware": "gpu.yaml"}))
     grid = {"workload.arrival.rate": [20.0]}
-    first = sweep(scenario, grid, out=tmp_path / "out", workers=1, progress=False)
-    sweep(scenario, grid, out=tmp_path / "out", workers=1, progress=False)
+    first = sweep(scenario, grid, out=tmp_path / "out", workers=1)
+    sweep(scenario, grid, out=tmp_path / "out", workers=1)
     assert len(calls) == 1
     slower = copy.deepcopy(profile)
     slower["efficiency"]["memory_bandwidth"]["value"] = profile["efficiency"]["memory_bandwidth"]["value"] / 2
     write(tmp_path / "gpu.yaml", {**slower, "name": "gpu"})
-    again = sweep(scenario, grid, out=tmp_path / "out", workers=1, progress=False)
+    again = sweep(scenario, grid, out=tmp_path / "out", workers=1)
     assert len(calls) == 2
     assert again.loc[0, "latency.tpot_s.mean"] > 1.5 * first.loc[0, "latency.tpot_s.mean"]
 
@@ -156,14 +157,14 @@ def test_resume_simulates_again_when_a_named_file_changed(tmp_path, monkeypatch)
 def test_a_second_grid_in_the_same_folder_keeps_its_points_apart(tmp_path):
     """The journal also holds the first grid's rows and columns: the second grid's key must still
     be a point key (before ``seed``), or mean_over_seeds would average distinct points together."""
-    sweep(small(), {"workload.arrival.rate": [4.0, 8.0]}, out=tmp_path, workers=1, progress=False)
-    rows = sweep(small(), {"engine.max_batch_tokens": [1024, 8192]}, out=tmp_path, workers=1, progress=False)
+    sweep(small(), {"workload.arrival.rate": [4.0, 8.0]}, out=tmp_path, workers=1)
+    rows = sweep(small(), {"engine.max_batch_tokens": [1024, 8192]}, out=tmp_path, workers=1)
     assert list(rows.columns[:4]) == ["engine.max_batch_tokens", "seed", "point_id", "error"]
     means = mean_over_seeds(rows)
     assert list(means["engine.max_batch_tokens"]) == [1024, 8192] and list(means["seeds"]) == [1, 1]
     # Points with different keys (run_points): every key is a point key, wherever it first appears.
     mixed = run_points(small(), [{"engine.max_batch_tokens": 1024}, {"engine.queue_timeout": "50 ms"},
-                                 {"engine.queue_timeout": "200 ms"}], workers=1, progress=False)
+                                 {"engine.queue_timeout": "200 ms"}], workers=1)
     assert list(mixed.columns[:3]) == ["engine.max_batch_tokens", "engine.queue_timeout", "seed"]
     assert list(mean_over_seeds(mixed)["seeds"]) == [1, 1, 1]
 
@@ -175,10 +176,10 @@ def test_a_scenario_changed_after_loading_is_refused_not_silently_reverted():
 
     changed = replace(small(), engine=replace(small().engine, max_batch_tokens=1024))
     with pytest.raises(ValueError, match="differs from the YAML mapping"):
-        sweep(changed, {"workload.arrival.rate": [5.0]}, workers=1, progress=False)
+        sweep(changed, {"workload.arrival.rate": [5.0]}, workers=1)
     with pytest.raises(ValueError, match="differs from the YAML mapping"):
         llmsim.plan(changed, 5.0)
-    rows = sweep(small().with_seed(3), {"workload.arrival.rate": [5.0]}, workers=1, progress=False)
+    rows = sweep(small().with_seed(3), {"workload.arrival.rate": [5.0]}, workers=1)
     assert list(rows["seed"]) == [3]
 
 
@@ -192,11 +193,11 @@ def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sweeps, "simulate_point", flaky)
     grid = {"workload.arrival.rate": [4.0, 8.0, 16.0]}
-    rows = sweep(small(), grid, out=tmp_path, workers=1, progress=False)
+    rows = sweep(small(), grid, out=tmp_path, workers=1)
     assert list(rows["error"]) == ["", "RuntimeError: device on fire second line", ""]
     assert rows["requests.finished"].notna().tolist() == [True, False, True]
     monkeypatch.setattr(sweeps, "simulate_point", real)
-    rows = sweep(small(), grid, out=tmp_path, workers=1, progress=False)      # retried, now fine
+    rows = sweep(small(), grid, out=tmp_path, workers=1)      # retried, now fine
     assert (rows["error"] == "").all() and rows["requests.finished"].notna().all()
 
 
@@ -216,7 +217,7 @@ def test_bad_grids_name_the_grid_file_key_and_value(tmp_path, capsys, grid, key,
     scenario = write(tmp_path / "scenario.yaml", merge(BASE, SMALL))
     grid_file = write(tmp_path / "grid.yaml", grid)
     with pytest.raises(ConfigError) as caught:
-        sweep(scenario, grid_file, progress=False)
+        sweep(scenario, grid_file)
     message = str(caught.value)
     assert str(grid_file) in message and f"'{key}'" in message and words in message
     assert main(["sweep", str(scenario), "--grid", str(grid_file), "--out", str(tmp_path / "out")]) == 2
@@ -225,7 +226,7 @@ def test_bad_grids_name_the_grid_file_key_and_value(tmp_path, capsys, grid, key,
 
 def test_invalid_points_can_be_recorded_instead(tmp_path):
     for _ in range(2):
-        rows = run_points(small(), [{"engine.max_batch_tokens": 64}, {}], workers=1, progress=False,
+        rows = run_points(small(), [{"engine.max_batch_tokens": 64}, {}], workers=1,
                           on_invalid="record", out=tmp_path)
     assert "at least max_num_seqs" in rows.loc[0, "error"] and rows.loc[1, "error"] == ""
     assert len(pd.read_csv(tmp_path / "results.csv")) == 2                  # recorded once
@@ -237,11 +238,11 @@ def test_invalid_points_can_be_recorded_instead(tmp_path):
 def test_dask_local_cluster_gives_the_same_rows():
     distributed = pytest.importorskip("distributed")     # installed by CI: pip install ".[distributed]"
     grid = {"workload.arrival.rate": [5.0, 20.0]}
-    local = sweep(small(), grid, workers=1, progress=False)
+    local = sweep(small(), grid, workers=1)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(2, timeout=120)
-        remote = sweep(small(), grid, engine="dask", client=client, progress=False)
+        remote = sweep(small(), grid, engine="dask", client=client)
         assert "llmsim" in cluster.scheduler.task_prefixes        # the points ran as the cluster's tasks
     pd.testing.assert_frame_equal(remote, local)
 

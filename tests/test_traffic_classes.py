@@ -20,8 +20,9 @@ import pandas as pd
 import pytest
 
 from llmsim import batch_means, simulate
+from llmsim.analysis.metrics import summarize
 from llmsim.errors import ConfigError
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 from .helpers import BASE, make_scenario, roofline_only
 
@@ -111,7 +112,7 @@ def test_conservation_and_littles_law_per_class(policy):
                                                   "classes": TWO_CLASSES}}))
     records = result.requests
     assert result.preemptions == 0 and (records["status"] == "finished").all()
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     for name, figures in summary["classes"].items():
         mine = records[records["class"] == name]
         assert figures["arrived"] == len(mine) == figures["finished"] + figures["rejected"] + figures["unfinished"]
@@ -287,7 +288,7 @@ def test_a_replayed_trace_carries_each_requests_class(tmp_path):
     assert result.requests["class"].tolist() == labels           # in arrival order, as written
     interactive, batch = scenario.workload.classes                # the practice tiers still apply
     assert interactive.priority == 0 and batch.priority == 2 and batch.weight == 2
-    counts = {name: figures["arrived"] for name, figures in result.summary()["classes"].items()}
+    counts = {name: figures["arrived"] for name, figures in summarize(result).to_dict()["classes"].items()}
     assert counts == {"interactive": labels.count("interactive"), "batch": labels.count("batch")}
 
 

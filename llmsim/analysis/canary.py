@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -56,10 +56,6 @@ class Difference:
     @property
     def significant(self) -> bool:
         return not (self.low <= 0.0 <= self.high)
-
-
-def comparison_frame(differences: list[Difference]) -> pd.DataFrame:
-    return pd.DataFrame([{**asdict(d), "significant": d.significant} for d in differences])
 
 
 def measured(records: pd.DataFrame, start_s: float, stop_s: float) -> pd.DataFrame:

@@ -53,16 +53,18 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
+from llmsim.config.policies import Batching
 from llmsim.cost.roofline import CostModel
 from llmsim.errors import ConfigError
-from llmsim.cost.features import (F, attention_pairs, batch_rows, chunk_pairs, set_iterations, tokens_of,
-                                  windowed_context_sum)
+from llmsim.cost.features import (attention_pairs, batch_rows, chunk_pairs, decode_seqs_of, set_iterations,
+                                  tokens_of, windowed_context_sum)
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.speculation.policies import POLICIES, AdaptiveK, StaticK
 from llmsim.analysis.fluid_k import KMix, adaptive_mix, static_mix, steps_to_emit
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.workload.trace import Trace
+from llmsim.workload.generate import generate_trace
 
 PROMPT_QUANTILES = 64          # prompt lengths at which the prefill step is priced for TTFT
 STEP_QUANTILES = 16            # prompt lengths in the step-time solve
@@ -218,7 +220,7 @@ class FluidModel:
     """
 
     def __init__(self, scenario: Scenario, trace: Trace | None = None):
-        if scenario.engine.batching != "continuous":
+        if scenario.engine.batching is not Batching.CONTINUOUS:
             raise ConfigError("the analytic path models continuous batching only", key="engine.batching",
                               value=scenario.engine.batching, allowed="continuous (or simulate)",
                               file=scenario.path)
@@ -382,7 +384,8 @@ class FluidModel:
         load to all of it just above, and the step-time solve, seeing an infinite slope at
         tau = 0, would call every load unstable.
         """
-        rows[..., F["decode_seqs"]] = np.maximum(rows[..., F["decode_seqs"]], 1.0)
+        decode_seqs = decode_seqs_of(rows)
+        decode_seqs[...] = np.maximum(decode_seqs, 1.0)
         return self.draft_cost.iteration(rows)[0]
 
     def _mean_step(self, lam: np.ndarray, tau: np.ndarray, work: _Work) -> np.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.summary import Distribution, Section
+from llmsim.sim.result import KVTierTotals
 
 
 @dataclass(frozen=True)
@@ -61,18 +62,18 @@ class KVCacheSummary(Section):
     replica_load_max_over_mean: float
 
 
-def kv_cache_summary(tiers: dict, steady: pd.DataFrame, finished: pd.DataFrame, records: pd.DataFrame,
+def kv_cache_summary(tiers: KVTierTotals, steady: pd.DataFrame, finished: pd.DataFrame, records: pd.DataFrame,
                      replicas: int) -> KVCacheSummary:
     """The figures of a run with a tiered KV cache (``tiers``: ``SimulationResult.kv_tiers``)."""
-    size = tiers["block_size"]
+    size = tiers.block_size
     admitted = steady[steady["first_scheduled_s"].notna()]
     prompt = float(admitted["prompt_tokens"].sum())
     cached = admitted["cached_tokens"]
     hit = finished["cached_tokens"] > 0
     kv_tokens = (finished["prompt_tokens"] + finished["output_tokens"] - 1).to_numpy()
     slots = -(-kv_tokens // size) * size
-    gb = tiers["block_bytes"] / 1e9
-    host_blocks = tiers.get("host_blocks", 0)
+    gb = tiers.block_bytes / 1e9
+    host_blocks = tiers.host_blocks
     served = np.bincount(records["replica"][records["replica"] >= 0].to_numpy(), minlength=replicas)
     return KVCacheSummary(
         block_size=size,
@@ -83,20 +84,20 @@ def kv_cache_summary(tiers: dict, steady: pd.DataFrame, finished: pd.DataFrame, 
         ttft_hit_s=Distribution.of(finished.loc[hit, "ttft_s"]),
         ttft_miss_s=Distribution.of(finished.loc[~hit, "ttft_s"]),
         internal_fragmentation=float(1 - kv_tokens.sum() / slots.sum()) if slots.sum() else math.nan,
-        evicted_blocks=int(tiers["evicted_blocks"]),
-        offloaded_gb=tiers["offloaded_blocks"] * gb,
-        reloaded_gb=tiers["reloaded_blocks"] * gb,
-        swapped_out_gb=tiers["swapped_out_blocks"] * gb,
-        swapped_in_gb=tiers["swapped_in_blocks"] * gb,
-        swap_resident_gb=tiers["swap_resident_blocks"] * gb,
-        transfer_s=float(tiers["transfer_s"]),
-        offload_s=float(tiers["offload_s"]),
-        transfer_stall_s=float(tiers["stall_s"]),
-        host_occupancy_mean=tiers["host_mean_blocks"] / host_blocks if host_blocks else math.nan,
-        host_occupancy_max=tiers["host_max_blocks"] / host_blocks if host_blocks else math.nan,
-        host_evicted_blocks=int(tiers.get("host_evicted_blocks", 0)),
-        host_evicted_gb=tiers.get("host_evicted_blocks", 0) * gb,
-        offload_failed_blocks=int(tiers.get("offload_failed_blocks", 0)),
-        swap_failed_preemptions=int(tiers["swap_failed_preemptions"]),
+        evicted_blocks=int(tiers.evicted_blocks),
+        offloaded_gb=tiers.offloaded_blocks * gb,
+        reloaded_gb=tiers.reloaded_blocks * gb,
+        swapped_out_gb=tiers.swapped_out_blocks * gb,
+        swapped_in_gb=tiers.swapped_in_blocks * gb,
+        swap_resident_gb=tiers.swap_resident_blocks * gb,
+        transfer_s=float(tiers.transfer_s),
+        offload_s=float(tiers.offload_s),
+        transfer_stall_s=float(tiers.stall_s),
+        host_occupancy_mean=tiers.host_mean_blocks / host_blocks if host_blocks else math.nan,
+        host_occupancy_max=tiers.host_max_blocks / host_blocks if host_blocks else math.nan,
+        host_evicted_blocks=int(tiers.host_evicted_blocks),
+        host_evicted_gb=tiers.host_evicted_blocks * gb,
+        offload_failed_blocks=int(tiers.offload_failed_blocks),
+        swap_failed_preemptions=int(tiers.swap_failed_preemptions),
         replica_load_max_over_mean=float(served.max() / served.mean()) if served.sum() else math.nan,
     )

@@ -19,43 +19,16 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.kv_cache import kv_cache_summary
-from llmsim.analysis.summary import (COMPLETED, PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics,
+from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics,
                                      Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
-from llmsim.scenario.scenario import SLO, SLO_METRICS
+from llmsim.scenario.scenario import SLO
+from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
+from llmsim.sim.slo import slo_limits, within_limit
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
-
-
-def _within(records: pd.DataFrame, metric: str, limit_s) -> pd.Series:
-    """Requests whose ``metric`` is within its limit (a 1-token output has no TPOT, and meets it);
-    ``limit_s`` is one limit or one per row (inf: none)."""
-    values = records[f"{metric}_s"]
-    return (values <= limit_s) | values.isna() if metric == "tpot" else values <= limit_s
-
-
-def _limits(records: pd.DataFrame, slo: SLO) -> dict:
-    """metric -> its limit for every metric some request is held to: one number, or with traffic
-    classes each row's class limit (inf where its class sets none)."""
-    if not slo.classes or "class" not in records:
-        return {metric: limit for metric, (limit, _) in slo.targets().items()}
-    out = {}
-    for metric in SLO_METRICS:
-        per_class = {name: getattr(own, f"{metric}_s") for name, own in slo.classes}
-        if any(v is not None for v in per_class.values()):
-            table = {name: math.inf if v is None else v for name, v in per_class.items()}
-            out[metric] = records["class"].map(table).to_numpy(float)
-    return out
-
-
-def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
-    """True for finished requests within every limit the SLO (their class's, with classes) sets."""
-    ok = records["status"] == "finished"
-    for metric, limit in _limits(records, slo).items():
-        ok &= _within(records, metric, limit)
-    return ok
 
 
 def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
@@ -75,8 +48,8 @@ def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
     """Per-metric attainment (share of requests within that limit, with its standard error) and
     percentile target, for every limit set. Unfinished or rejected requests miss."""
     finished = steady["status"] == "finished"
-    limits = _limits(steady, slo)
-    return {metric: SLOTarget(*share_with_stderr(finished & _within(steady, metric, limits[metric])), percentile)
+    limits = slo_limits(steady, slo)
+    return {metric: SLOTarget(*share_with_stderr(finished & within_limit(steady, metric, limits[metric])), percentile)
             for metric, (_, percentile) in _percentiles(slo).items() if metric in limits}
 
 
@@ -127,16 +100,16 @@ def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], sta
     return out
 
 
-def measurement_window(result) -> tuple[float, float]:
+def measurement_window(result: SimulationResult) -> tuple[float, float]:
     """``[warmup, end of arrivals]``, ended where a stopped run stopped; empty when the warm-up is as
     long as the arrivals (:func:`summarize` then measures the whole run)."""
     stop = result.arrival_window_s
-    if result.stopped_by != COMPLETED:         # nothing after the stop was simulated: measure up to it
+    if result.stopped_by != StopReason.COMPLETED:         # nothing after the stop was simulated: measure up to it
         stop = min(stop, result.end_s)
     return result.warmup_s, stop
 
 
-def warmup_warning(result) -> str | None:
+def warmup_warning(result: SimulationResult) -> str | None:
     """What to tell the user when the warm-up leaves no measurement window (None when it does not)."""
     start, stop = measurement_window(result)
     if stop - start > 0 or result.scenario.simulation.warmup_s is None:
@@ -147,7 +120,7 @@ def warmup_warning(result) -> str | None:
             "simulation.warmup or send more requests")
 
 
-def summarize(result) -> RunSummary:
+def summarize(result: SimulationResult) -> RunSummary:
     """The summary of one run, typed (``to_dict()``: what ``llmsim run`` prints and writes as JSON)."""
     scenario = result.scenario
     records, iterations = result.requests, result.iterations
@@ -192,7 +165,7 @@ def summarize(result) -> RunSummary:
         classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
         # Overall, the SLO is met when every class meets its own targets.
         slo = replace(slo, met=all(c.slo.met for c in classes.values()))
-    provisioned = getattr(result, "provisioned", None)
+    provisioned = result.provisioned
     replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
                 else scenario.deployment.replicas)
     utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica, replicas)
@@ -221,16 +194,16 @@ def summarize(result) -> RunSummary:
         speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
                      if scenario.speculating else None),
         interrupted=result.interrupted,
-        stopped_by=result.stopped_by,
+        stopped_by=result.stopped_by.value,
         fault=result.fault,
         classes=classes,
         autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
         kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
-                  if getattr(result, "kv_tiers", None) else None),
+                  if result.kv_tiers else None),
     )
 
 
-def autoscaling_summary(result) -> AutoscalingSummary:
+def autoscaling_summary(result: SimulationResult) -> AutoscalingSummary:
     """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`)."""
     scenario, log = result.scenario, result.scaling
     usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600
@@ -301,14 +274,15 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
 RARELY_SPECULATING = 0.2     # below this share of sequence-steps speculating, the summary warns
 
 
-def speculation_summary(scenario, iterations: pd.DataFrame, blocked: dict | None = None) -> SpeculationSummary:
+def speculation_summary(scenario, iterations: pd.DataFrame, blocked: SpeculationSteps | None = None
+                        ) -> SpeculationSummary:
     """Acceptance, draft length and where the time went, over the iterations in the window.
 
     A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
     draft's share is of iteration time (on separate devices the draft overlaps the
     target, so its share is how busy the draft devices were). ``blocked`` counts the run's
     decoding sequence-steps and why they did not speculate
-    (:attr:`llmsim.sim.speculative_decode.SpeculativeDecodeSet.blocked`, summed over engines).
+    (:class:`~llmsim.sim.result.SpeculationSteps`, summed over engines).
     """
     spec = scenario.speculation
     steps = float(iterations["spec_seqs"].sum())
@@ -329,22 +303,15 @@ def speculation_summary(scenario, iterations: pd.DataFrame, blocked: dict | None
         speculating_fraction=ratio(steps, decode_steps),
         draft_time_share=draft_share,
         verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
-        blocked_share=_blocked_share(blocked),
+        blocked_share=blocked.shares() if blocked is not None else {},
         warning=_rarely_speculating(spec, blocked),
     )
 
 
-def _blocked_share(blocked: dict | None) -> dict:
-    if not blocked or not blocked["sequence_steps"]:
-        return {}
-    total = blocked["sequence_steps"]
-    return {name: count / total for name, count in blocked.items() if name != "sequence_steps"}
-
-
-def _rarely_speculating(spec, blocked: dict | None) -> str | None:
+def _rarely_speculating(spec, blocked: SpeculationSteps | None) -> str | None:
     """A warning when speculation is configured but ran in under RARELY_SPECULATING of the
     sequence-steps, naming the rule that blocked most and the setting that loosens it."""
-    share = _blocked_share(blocked)
+    share = blocked.shares() if blocked is not None else {}
     if not share or share["speculated"] >= RARELY_SPECULATING:
         return None
     rule = max((name for name in share if name != "speculated"), key=share.get)

@@ -2,7 +2,7 @@
 
 :func:`~llmsim.analysis.metrics.summarize` fills these records from a run's per-request
 records and iteration log. ``to_dict()`` gives the nested mapping written as
-``summary.json`` (and returned by ``SimulationResult.summary()``); :func:`flatten` turns
+``summary.json``; :func:`flatten` turns
 that into one row of dotted names (``latency.tpot_s.p95``), the columns of a sweep's
 ``results.csv`` (:mod:`llmsim.analysis.names` names the ones code reads). The order of the
 fields is the order of the keys and columns.
@@ -15,11 +15,6 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 PERCENTILES = (50, 95, 99)
-
-# What ended a run (``RunSummary.stopped_by``): every request left the system, the scenario's
-# horizon came first, Ctrl-C, or an exception inside the simulation.
-COMPLETED, HORIZON, INTERRUPT, FAULT = "completed", "horizon", "interrupt", "fault"
-
 
 class Section:
     """A record whose mapping is its fields in order, nested records as mappings."""
@@ -249,7 +244,7 @@ class RunSummary(Section):
     queue: QueueSummary
     speculation: SpeculationSummary | None     # None (and no key in the mapping) for plain decoding
     interrupted: bool                          # stopped early (Ctrl-C or a fault): the figures cover what ran
-    stopped_by: str                            # COMPLETED, HORIZON, INTERRUPT or FAULT; simulated_s is when
+    stopped_by: str                            # a StopReason's value (llmsim.sim.result); simulated_s is when
     fault: str | None                          # the fault's exception (type: message), else None
     classes: dict[str, ClassSummary] | None = None     # per traffic class; None (no key) without classes
     autoscaling: AutoscalingSummary | None = None      # None (no key) without autoscaling

@@ -286,11 +286,6 @@ def measured_operators(linear: pd.DataFrame) -> pd.DataFrame:
     return linear[list(OPERATOR_COLUMNS)] * 1e-3
 
 
-def layer_seconds(operators: pd.DataFrame) -> pd.Series:
-    """One layer's linear and elementwise operators, summed (the residual add twice)."""
-    return sum(operators[column] * count for column, count in LAYER_COUNT.items())
-
-
 def predict_all_reduce(all_reduce: pd.DataFrame, kernels: KernelTerms) -> np.ndarray:
     groups = all_reduce["gpus"].to_numpy()
     return np.array([all_reduce_time_s(size, group, kernels.all_reduce_for(group))

@@ -7,6 +7,7 @@ import pandas as pd
 
 from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
+from llmsim.cli.progress import Bar
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
@@ -93,8 +94,9 @@ def _cmd_plan(args) -> int:
     seeds = parse_seeds(args.seeds, args.scenario)
     if args.out:
         refuse_to_replace([Path(args.out)], args.overwrite)
-    table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
-                 max_replicas=args.max_replicas, progress=True)
+    with Bar("plan", "simulation") as progress:
+        table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
+                     max_replicas=args.max_replicas, progress=progress)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     print(f"target {rate:g} requests/s" + (f", replaying {table['replayed'].iloc[0]}" if "replayed" in table

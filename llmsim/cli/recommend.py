@@ -8,6 +8,7 @@ from pathlib import Path
 from llmsim.analysis.names import CLASSES, SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
 from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, keeping_runs, refuse_to_replace, write_file
+from llmsim.cli.progress import Bar
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario, replay_description
 from llmsim.config.reader import Node
@@ -150,9 +151,10 @@ def _cmd_recommend(args) -> int:
         refuse_to_replace([Path(args.out)], args.overwrite)
     # With --out, each simulation is kept beside it as it finishes: Ctrl-C or a full disk is resumable.
     with keeping_runs(runs_journal(Path(args.out)) if args.out else None, "recommendation"):
-        rec = recommend(scenario, objective=args.objective, seeds=seeds, top=args.top, workers=args.workers,
-                        progress=True, drafts=not args.no_drafts, search=args.search,
-                        class_timeouts_s=args.class_timeouts or CLASS_TIMEOUTS_S)
+        with Bar("recommend", "simulation") as progress:
+            rec = recommend(scenario, objective=args.objective, seeds=seeds, top=args.top, workers=args.workers,
+                            progress=progress, drafts=not args.no_drafts, search=args.search,
+                            class_timeouts_s=args.class_timeouts or CLASS_TIMEOUTS_S)
         if args.out:            # the table first: printing can fail (a closed pipe)
             write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     if scenario.workload.trace is not None:          # which traffic the rates below rescale

@@ -14,6 +14,7 @@ from pathlib import Path
 from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, number_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, keeping_runs, refuse_to_replace, write_file
 from llmsim.cli.plan import parse_rate
+from llmsim.cli.progress import Bar
 from llmsim.errors import ConfigError
 from llmsim.report.build import (DEFAULT_PEAK_TO_MEAN, MIN_REQUESTS, ReportBuilder, parse_growth,
                                  traffic_from_rate, traffic_from_trace)
@@ -69,10 +70,10 @@ def _cmd_report(args) -> int:
     paths = [out / name for name in FILES]
     refuse_to_replace(paths, args.overwrite)      # and checks the folder can be written
     command = "llmsim report " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else ""
-    builder = ReportBuilder(scenario, traffic, hardware=args.hardware, seeds=seeds, requests=args.requests,
-                            workers=args.workers, command=command, progress=True)
     with keeping_runs(out / RUNS_JOURNAL, "report"):        # Ctrl-C or a full disk: resumable
-        report = builder.build()
+        with Bar("report", "stage") as progress:
+            report = ReportBuilder(scenario, traffic, hardware=args.hardware, seeds=seeds, requests=args.requests,
+                                   workers=args.workers, command=command, progress=progress).build()
         texts = {"report.html": to_html(report), "report.md": to_markdown(report), **figure_files(report)}
         written = []
         try:

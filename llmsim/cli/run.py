@@ -24,7 +24,7 @@ import pandas as pd
 
 from llmsim.analysis.bench_format import vllm_bench_result
 from llmsim.analysis.canary import MIN_DETECTABLE_CHANGE
-from llmsim.analysis.metrics import warmup_warning
+from llmsim.analysis.metrics import summarize, warmup_warning
 from llmsim.cli.options import FORCE_HELP, SEED, integer_flag, number_flag
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary, rollout_table
@@ -33,10 +33,11 @@ from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.resources import check_run_size
-from llmsim.sim.rollout import rollout_summary, simulate_rollout
-from llmsim.sim.simulate import simulate, speedup_over_plain
+from llmsim.search.rollout import rollout_summary, simulate_rollout
+from llmsim.search.speedup import speedup_over_plain
+from llmsim.sim.simulate import simulate
 from llmsim.sim.token_times import TokenTimes
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 # What a run may write; the last five with --bench-json, --parquet, a controller and a rollout.
 RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet",
@@ -125,7 +126,7 @@ def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = N
     """Write the run's files (records and summary first), print its summary; the exit status.
     ``token_times``: the run's per-request token times, for ``--bench-detailed``."""
     scenario = result.scenario
-    summary = result.summary()
+    summary = summarize(result).to_dict()
     _warn_of_warmup(result)
     if scenario.vllm_notes:
         summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
@@ -167,7 +168,7 @@ def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = N
 def _run_rollout(scenario, out: Path, args) -> int:
     """A canary or shadow rollout: the user-facing summary, then each group against the control."""
     result = simulate_rollout(scenario, force=True)          # its size checked by the caller
-    summary = result.user.summary()
+    summary = summarize(result.user).to_dict()
     _warn_of_warmup(result.user)
     summary["rollout"] = rollout_summary(result, args.detect)
     users = result.user.requests

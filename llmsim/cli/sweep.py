@@ -10,6 +10,7 @@ from llmsim.analysis import names
 from llmsim.analysis.frontier import LATENCY, THROUGHPUT, pareto_frontier, plot_frontier
 from llmsim.cli.outputs import RUNS, check_writable_folder, folder_name, write_file
 from llmsim.cli.options import FORCE_HELP, WORKERS, add_seeds_argument, parse_seeds
+from llmsim.cli.progress import Bar
 from llmsim.errors import ConfigError
 from llmsim.search.executors import ENGINES
 from llmsim.search.sweeps import mean_over_seeds, parameter_columns, sweep
@@ -47,8 +48,10 @@ def _cmd_sweep(args) -> int:
     out = Path(args.out) if args.out else RUNS / f"sweep-{folder_name(Path(args.scenario).stem, 'scenario')}"
     check_writable_folder(out)
     try:
-        rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine,
-                     seeds=parse_seeds(args.seeds, args.scenario), client=args.scheduler, force=args.force)
+        with Bar("sweep", "point") as progress:
+            rows = sweep(args.scenario, args.grid, out=out, workers=args.workers, engine=args.engine,
+                         seeds=parse_seeds(args.seeds, args.scenario), client=args.scheduler, force=args.force,
+                         progress=progress)
     except KeyboardInterrupt:
         print(f"\ninterrupted: finished points are kept in {out / 'results.csv'}; "
               "the same command resumes the sweep", file=sys.stderr)

@@ -41,6 +41,8 @@ F = {name: i for i, name in enumerate(FEATURES)}
 # The same columns as constants, for compiled code (numba reads module globals when it compiles).
 _ONE, _TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _PREFILL_KV_READ, _DECODE_SEQS, _DECODE_KV_READ, _EXPERTS, _LOGITS = (
     F[name] for name in FEATURES)
+# The columns a draft's rows fill, for compiled code outside this module (llmsim.sim.speculative_kernels).
+DRAFT_ROW_COLUMNS = (_TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _DECODE_SEQS, _DECODE_KV_READ, _LOGITS)
 
 
 # -- attention arithmetic ---------------------------------------------------------------------
@@ -280,6 +282,16 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
 def tokens_of(x: np.ndarray):
     """Tokens an iteration (or rows of them) computes."""
     return x[..., F["tokens"]]
+
+
+def decode_seqs_of(x: np.ndarray):
+    """Sequences an iteration (or rows of them) decodes: a view, so assigning to it sets them."""
+    return x[..., F["decode_seqs"]]
+
+
+def decode_kv_read_of(x: np.ndarray):
+    """Context tokens the decoding sequences of an iteration (or rows of them) read."""
+    return x[..., F["decode_kv_read"]]
 
 
 # -- from sequence lengths ---------------------------------------------------------------------------

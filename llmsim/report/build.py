@@ -40,7 +40,9 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.frontier import pareto_frontier
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.hardware import lookup_hardware
+from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
@@ -48,15 +50,16 @@ from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.layout import cheapest_layouts, quiet_bar
+from llmsim.search.layout import cheapest_layouts
 from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
-from llmsim.search.recommend import recommend
+from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
 from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simulate_until_decided,
-                                 typical_latency_s)
+                                  typical_latency_s)
 from llmsim.sim.simulate import simulate_whole
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.workload.generate import generate_trace
+from llmsim.workload.trace import Trace
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -137,7 +140,7 @@ class ReportBuilder:
 
     def __init__(self, scenario: str | Path | Scenario, traffic: Traffic, *, hardware: Sequence[str] | None = None,
                  seeds: Sequence[int] | None = None, requests: int | None = None, workers: int | None = None,
-                 command: str = "", progress: bool = False):
+                 command: str = "", progress: Progress = QUIET):
         scenario = as_scenario(scenario)
         check_rate_driven(scenario)
         self.rate = check_rate(traffic.target_rate_per_s)
@@ -181,15 +184,15 @@ class ReportBuilder:
     # -- the stages ------------------------------------------------------------------------
 
     def build(self) -> Report:
-        from tqdm.auto import tqdm
         # a deployment judged in several stages is simulated once (one source for its figures)
-        with reusing_runs(), tqdm(total=len(STAGES), disable=not self.progress, desc="report", unit="stage") as bar:
+        self.progress.add(len(STAGES))
+        with reusing_runs():
             for stage in STAGES:
-                bar.set_postfix_str(stage)
+                self.progress.note(stage)
                 started = time.perf_counter()
                 getattr(self, f"_{stage}")()
                 self.stage_seconds[stage] = time.perf_counter() - started
-                bar.update()
+                self.progress.advance()
         s = self.original
         return Report(title=f"Capacity plan: {s.model.name} for {s.name}",
                       subtitle=f"target {num(self.rate)} requests/s; SLO targets {self._targets_text()}",
@@ -291,8 +294,7 @@ class ReportBuilder:
         # the recommended settings may need fewer replicas than the scenario's own
         replicas, outcomes = fewest_replicas(self.scenario, self.config, self.rate, max(1, best.replicas - 1),
                                              best.replicas, best.replicas,
-                                             seeds=self.seeds, workers=self.workers, bar=quiet_bar(),
-                                             window_per_count=True)
+                                             seeds=self.seeds, workers=self.workers, window_per_count=True)
         if replicas is None:              # the settings do worse here than the scenario's own: keep those
             self.config, replicas = dict(self.layout_overrides), best.replicas
             paragraphs.append("With the recommended settings the deployment missed the targets at the "
@@ -346,14 +348,14 @@ class ReportBuilder:
 
     def _settings_rows(self, rec, deployed: Scenario) -> list[list[str]]:
         eng = deployed.engine
-        own_k = "off" if not deployed.speculating else deployed.speculation.policy.label
+        own_k = str(OFF) if not deployed.speculating else deployed.speculation.policy.label
         if rec is None:
             timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
             return [["speculation k", own_k, "-"], ["max batch tokens", str(eng.max_batch_tokens), "-"],
                     ["queue timeout", timeout, "-"], ["goodput (req/s)", "-", "-"], ["gain over the rule of thumb", "-", "-"]]
         top, default = rec.table.iloc[0], rec.defaults.iloc[0]
         timeout = (lambda t: "none" if t is None or (isinstance(t, float) and math.isnan(t)) else ms(t))
-        return [["speculation k", rec.best.k, default["config"].k],
+        return [["speculation k", str(rec.best.k), str(default["config"].k)],
                 ["max batch tokens", str(rec.best.max_batch_tokens), str(default["config"].max_batch_tokens)],
                 ["queue timeout", timeout(rec.best.queue_timeout_s), timeout(default["config"].queue_timeout_s)],
                 ["goodput (req/s)", plus_minus(top["max_rate_per_s"], top["max_rate_per_s.ci95"]),
@@ -442,7 +444,7 @@ class ReportBuilder:
         # from ``around`` and the count below it (the usual answer), bisecting further only if both pass
         found, outcomes = fewest_replicas(self.scenario, {**self.config, **overrides}, rate, max(1, around - 1),
                                           around, max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
-                                          bar=quiet_bar(), window_per_count=True)
+                                          window_per_count=True)
         return found, outcomes.get(self.replicas)
 
     def _judge(self, points: list[dict], rates: list[float]) -> list[Judged]:
@@ -452,7 +454,7 @@ class ReportBuilder:
             at_point = variant(self.scenario, {**point, RATE_KEY: rate})
             windows.append(measurement_window(self.scenario, rate, typical_latency_s(at_point, rate)))
         return simulate_until_decided(self.scenario, [{**p, RATE_KEY: r} for p, r in zip(points, rates)], windows,
-                                      rates, seeds=self.seeds, workers=self.workers, progress=False)
+                                      rates, seeds=self.seeds, workers=self.workers)
 
     def _peak(self) -> None:
         traffic = self.traffic
@@ -515,7 +517,7 @@ class ReportBuilder:
         window = measurement_window(self.scenario, self.rate, typical_latency_s(self.final, self.rate))
         result = simulate_whole(variant(self.final, window.overrides(self.rate)))
         series = monitoring_series(result, MONITOR_BINS)
-        summary = result.summary()
+        summary = summarize(result).to_dict()
         lat, util, queue = summary["latency"], summary["utilisation"], summary["queue"]
         thr = summary["throughput"]
         rows = [["QPS (completions)", num(thr["requests_per_s"])],

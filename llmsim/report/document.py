@@ -77,9 +77,6 @@ class Report:
     def cell(self, fact: Fact) -> str:
         return self.table(fact.table).cell(fact.row, fact.column)
 
-    def section_of(self, table_key: str) -> Section:
-        return next(s for s in self.sections if any(t.key == table_key for t in s.tables))
-
 
 def num(value, digits: int = 3) -> str:
     """A number with ``digits`` significant figures and thousands separators; '-' for none."""

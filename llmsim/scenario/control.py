@@ -2,7 +2,7 @@
 and autoscaling (``autoscaling:``, :class:`AutoscalingConfig`).
 
 The controller (:mod:`llmsim.sim.controller`) wakes every ``interval``, reads the worst ratio of
-a rolling ``window``'s latency percentiles to their SLO limits (:mod:`llmsim.analysis.rolling`)
+a rolling ``window``'s latency percentiles to their SLO limits (:mod:`llmsim.sim.sensor`)
 and moves one engine ``knob`` (``max_batch_tokens`` or ``max_num_seqs``) within ``bounds``
 (default: an eighth of the scenario's setting up to the setting itself), by a ``rule``:
 
@@ -27,39 +27,44 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmsim.config.policies import ControlRule, KPolicyName, RouterPolicy, members_of
 from llmsim.config.reader import Node
 
-CONTROLLER_RULES = ("practice", "aimd", "pid")
 CONTROLLER_KNOBS = ("max_batch_tokens", "max_num_seqs", "speculation_k")
 SPECULATION_K = "speculation_k"            # the static k policy's draft length (speculation.k)
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    rule: str
-    knob: str
-    interval_s: float
+    """The controller's settings; the reader takes each default from here. ``window_s`` defaults to
+    three intervals and ``bounds`` (``low``, ``high``) to the knob's setting over eight up to it."""
     window_s: float
     low: int
     high: int
+    rule: ControlRule = ControlRule.PRACTICE
+    knob: str = "max_batch_tokens"
+    interval_s: float = 10.0
     hysteresis: float = 0.3
     decrease: float = 0.5
-    increase: int = 1
+    increase: int = 1                    # the reader's default: a tenth of the bounds' range, at least this
     timeout_factor: float = 0.8
     kp: float = 2.0
     ki: float = 0.2
     kd: float = 0.0
+
+    def __post_init__(self):
+        members_of(self, rule=ControlRule)
 
 
 def controller_from_node(node: Node, engine, speculation=None) -> ControllerConfig:
     """``controller:``; ``engine`` is the scenario's EngineConfig and ``speculation`` its SpeculationConfig
     (or None): where the knob starts. ``speculation_k`` moves a static k policy's k within [0, k_max]
     (0: plain decoding); the adaptive and goodput policies choose k themselves."""
-    rule = node.choice("rule", CONTROLLER_RULES, "practice")
-    knob = node.choice("knob", CONTROLLER_KNOBS, "max_batch_tokens")
+    rule = ControlRule(node.choice("rule", ControlRule.names(), ControllerConfig.rule))
+    knob = node.choice("knob", CONTROLLER_KNOBS, ControllerConfig.knob)
     floor, ceiling, setting = 1, None, f"engine.{knob}"
     if knob == SPECULATION_K:
-        if speculation is None or not speculation.enabled or speculation.policy.policy != "static":
+        if speculation is None or not speculation.enabled or speculation.policy.policy is not KPolicyName.STATIC:
             raise node.key_error("knob", "speculation_k moves the draft length of a static k policy, and this "
                                          "scenario does not speculate with one", knob,
                                  "speculation with policy: static (the adaptive and goodput policies choose k), "
@@ -68,12 +73,13 @@ def controller_from_node(node: Node, engine, speculation=None) -> ControllerConf
         setting = "speculation.k"
     else:
         start = getattr(engine, knob)
-    interval = node.quantity("interval", "duration", 10.0)
+    interval = node.quantity("interval", "duration", ControllerConfig.interval_s)
     window = node.quantity("window", "duration", 3 * interval)
     bounds = node.raw("bounds", [max(floor, start // 8), start])
     if (not isinstance(bounds, list) or len(bounds) != 2
             or not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds)):
-        raise node.key_error("bounds", "expected [low, high], two whole numbers", bounds, f"e.g. [{max(1, start // 8)}, {start}]")
+        raise node.key_error("bounds", "expected [low, high], two whole numbers", bounds,
+                             f"e.g. [{max(1, start // 8)}, {start}]")
     low, high = bounds
     if not floor <= low <= start <= high:
         raise node.key_error("bounds", f"the range must hold {setting} ({start}), the setting the run starts "
@@ -89,12 +95,12 @@ def controller_from_node(node: Node, engine, speculation=None) -> ControllerConf
     fraction = dict(minimum=0.0, maximum=1.0, exclusive_minimum=True)
     config = ControllerConfig(
         rule=rule, knob=knob, interval_s=interval, window_s=window, low=low, high=high,
-        hysteresis=node.number("hysteresis", 0.3, minimum=0.0, maximum=0.9),
-        decrease=node.number("decrease", 0.5, **fraction),
-        increase=node.number("increase", max(1, (high - low) // 10), integer=True, minimum=1),
-        timeout_factor=node.number("timeout_factor", 0.8, **fraction),
-        kp=node.number("kp", 2.0, minimum=0.0), ki=node.number("ki", 0.2, minimum=0.0),
-        kd=node.number("kd", 0.0, minimum=0.0))
+        hysteresis=node.number("hysteresis", ControllerConfig.hysteresis, minimum=0.0, maximum=0.9),
+        decrease=node.number("decrease", ControllerConfig.decrease, **fraction),
+        increase=node.number("increase", max(ControllerConfig.increase, (high - low) // 10), integer=True, minimum=1),
+        timeout_factor=node.number("timeout_factor", ControllerConfig.timeout_factor, **fraction),
+        kp=node.number("kp", ControllerConfig.kp, minimum=0.0), ki=node.number("ki", ControllerConfig.ki, minimum=0.0),
+        kd=node.number("kd", ControllerConfig.kd, minimum=0.0))
     if config.decrease == 1.0:
         raise node.key_error("decrease", "a factor of 1 never moves the knob", 1.0, "a number in (0, 1)")
     node.done()
@@ -114,31 +120,33 @@ class AutoscalingConfig:
     requests; off once empty, noticed at the next check. A replica costs from its start to the end
     of its drain: ``replica_seconds`` is what is paid for.
     """
-    min_replicas: int
     max_replicas: int
+    min_replicas: int = 1
     target_outstanding: float = 32.0
     interval_s: float = 10.0
     cold_start_s: float = 60.0
     sustain: int = 3
 
 
-def autoscaling_from_node(node: Node, replicas: int, router: str) -> AutoscalingConfig:
+def autoscaling_from_node(node: Node, replicas: int, router: RouterPolicy) -> AutoscalingConfig:
     """``autoscaling:``; ``replicas`` (deployment.replicas) is how many serve at the start."""
     count = dict(integer=True, minimum=1)
-    low = node.number("min_replicas", 1, **count)
+    low = node.number("min_replicas", AutoscalingConfig.min_replicas, **count)
     high = node.number("max_replicas", **count)
     if not low <= replicas <= high:
         raise node.key_error("max_replicas", f"the run starts with deployment.replicas ({replicas}), which must "
                              f"lie within [min_replicas, max_replicas] = [{low}, {high}]", high,
                              f"min_replicas <= {replicas} <= max_replicas")
-    if router == "shared_queue":
+    if router is RouterPolicy.SHARED_QUEUE:
         raise node.error("autoscaling routes each request to a serving replica", key="deployment.router",
-                         value=router, allowed="round_robin, least_outstanding or prefix_aware")
+                         value=router, allowed=", ".join(p for p in RouterPolicy.names() if p != router))
     config = AutoscalingConfig(
         min_replicas=low, max_replicas=high,
-        target_outstanding=node.number("target_outstanding", 32.0, minimum=0.0, exclusive_minimum=True),
-        interval_s=node.quantity("interval", "duration", 10.0),
-        cold_start_s=node.quantity("cold_start", "duration", 60.0, minimum=0.0, exclusive_minimum=False),
-        sustain=node.number("sustain", 3, **count))
+        target_outstanding=node.number("target_outstanding", AutoscalingConfig.target_outstanding, minimum=0.0,
+                                       exclusive_minimum=True),
+        interval_s=node.quantity("interval", "duration", AutoscalingConfig.interval_s),
+        cold_start_s=node.quantity("cold_start", "duration", AutoscalingConfig.cold_start_s, minimum=0.0,
+                                   exclusive_minimum=False),
+        sustain=node.number("sustain", AutoscalingConfig.sustain, **count))
     node.done()
     return config

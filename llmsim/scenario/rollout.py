@@ -16,7 +16,7 @@ own replicas, engine overrides (laid over the scenario's ``engine:`` section), o
 The router splits by a draw per request from the scenario seed, independent of the replicas'
 state (as weighted routing in a service mesh does), so each group's requests are a Poisson
 thinning of the arrivals and the groups never wait for one another: each group runs as its own
-simulation on its share of the one trace (:mod:`llmsim.sim.rollout`). The per-request draws are
+simulation on its share of the one trace (:mod:`llmsim.search.rollout`). The per-request draws are
 common random numbers: the same seed sends the same requests to the canary whatever its settings.
 """
 from __future__ import annotations

@@ -15,6 +15,8 @@ from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from llmsim.config.policies import (Admission, Batching, OnTimeout, PreemptionMode, RouterPolicy,
+                                   SchedulingPolicy, members_of)
 from llmsim.errors import ConfigError
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
 from llmsim.scenario.control import (SPECULATION_K, AutoscalingConfig, ControllerConfig, autoscaling_from_node,
@@ -23,13 +25,8 @@ from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.workload import Workload, workload_from_node
 
-# The allowed values of the settings that name a policy; the YAML reader checks against these.
-BATCHING = ("continuous", "static")
-ROUTERS = ("round_robin", "least_outstanding", "shared_queue", "prefix_aware")
-ON_TIMEOUT = ("dispatch", "reject")
-PREEMPTION_MODES = ("recompute", "swap")
-# How the waiting requests of several traffic classes are ordered (llmsim.sim.scheduling explains each).
-SCHEDULING_POLICIES = ("fcfs", "priority", "preemptive_priority", "weighted_fair", "edf", "vllm_priority")
+# What an engine-wide queue timeout may do (a traffic class may also have dedicated slots).
+ENGINE_ON_TIMEOUT = (OnTimeout.DISPATCH.value, OnTimeout.REJECT.value)
 DEFAULT_SEED = 0
 
 
@@ -38,8 +35,11 @@ class Deployment:
     replicas: int = 1
     tensor_parallel: int = 1
     pipeline_parallel: int = 1
-    router: str = "least_outstanding"
+    router: RouterPolicy = RouterPolicy.LEAST_OUTSTANDING
     load_bound: float = 1.25             # prefix_aware: a replica's outstanding requests stay under this x the mean
+
+    def __post_init__(self):
+        members_of(self, router=RouterPolicy)
 
     @property
     def devices_per_replica(self) -> int:
@@ -57,7 +57,7 @@ class CPUOffload:
 @dataclass(frozen=True)
 class EngineConfig:
     """The serving engine's scheduler settings (vLLM names where they exist)."""
-    batching: str = "continuous"
+    batching: Batching = Batching.CONTINUOUS
     max_num_seqs: int = 256
     max_batch_tokens: int = 8192         # vLLM max_num_batched_tokens
     chunked_prefill: bool = True
@@ -66,32 +66,29 @@ class EngineConfig:
     runtime_reserve_bytes: float = 2.0 ** 30
     max_model_len: int | None = None     # longest prompt + output accepted; default: the model's context
     queue_timeout_s: float | None = None
-    on_timeout: str = "dispatch"
+    on_timeout: OnTimeout = OnTimeout.DISPATCH
     kv_spill: bool = False               # KV cache in the first outer memory tier instead of the primary
-    scheduling_policy: str = "fcfs"      # with traffic classes: see llmsim.sim.scheduling
-    admission: str = "preempt"           # see ADMISSION_MODES
+    scheduling_policy: SchedulingPolicy = SchedulingPolicy.FCFS      # with traffic classes: llmsim.sim.scheduling
+    admission: Admission = Admission.PREEMPT           # see llmsim.sim.engine.ADMISSION_TESTS
     prefix_caching: bool = False         # vLLM enable_prefix_caching: reuse cached blocks of shared prefixes
-    preemption_mode: str = "recompute"   # vLLM preemption_mode: recompute, or swap to host memory
+    preemption_mode: PreemptionMode = PreemptionMode.RECOMPUTE   # vLLM preemption_mode: or swap to host memory
     cpu_offload: CPUOffload | None = None   # a host-memory tier for idle cached blocks
     async_scheduling: bool = False       # vLLM --async-scheduling: the step's CPU work overlaps the previous step
     kernels: EngineKernels = EngineKernels.VLLM   # whose measured kernels price a step (the profile's terms)
 
+    def __post_init__(self):
+        members_of(self, batching=Batching, on_timeout=OnTimeout, scheduling_policy=SchedulingPolicy,
+                   admission=Admission, preemption_mode=PreemptionMode)
+
     @property
     def host_tier(self) -> bool:
         """Host memory holds KV blocks: offloaded idle ones or swapped-out ones."""
-        return self.cpu_offload is not None or self.preemption_mode == "swap"
+        return self.cpu_offload is not None or self.preemption_mode is PreemptionMode.SWAP
 
     @property
     def tiered_kv(self) -> bool:
         """The KV cache does more than count blocks (llmsim.sim.prefix_cache.TieredKV)."""
         return self.prefix_caching or self.host_tier
-
-
-# How a continuous-batching engine admits requests against its KV cache (the engines it mimics):
-# preempt: vLLM, blocks for the first chunk, preempt the latest and recompute when the cache runs out;
-# max_utilization: TensorRT-LLM MAX_UTILIZATION, blocks for the whole prompt, then as vLLM (pause = recompute);
-# guaranteed_no_evict: TensorRT-LLM GUARANTEED_NO_EVICT, blocks for prompt + output reserved up front, never evicts.
-ADMISSION_MODES = ("preempt", "max_utilization", "guaranteed_no_evict")
 
 
 SLO_METRICS = ("ttft", "tpot", "e2e")
@@ -256,7 +253,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     replicas = dep.number("replicas", DEPLOYMENT.replicas, **count)
     tp = _parallel(dep, "tensor_parallel")
     pp = _parallel(dep, "pipeline_parallel")
-    router = dep.choice("router", ROUTERS, DEPLOYMENT.router)
+    router = RouterPolicy(dep.choice("router", RouterPolicy.names(), DEPLOYMENT.router))
     load_bound = dep.number("load_bound", DEPLOYMENT.load_bound, minimum=1.0)
     if tp is not None and model.num_heads % tp:
         raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
@@ -268,7 +265,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
 
     eng = root.child("engine")
     engine = EngineConfig(
-        batching=eng.choice("batching", BATCHING, ENGINE.batching),
+        batching=Batching(eng.choice("batching", Batching.names(), ENGINE.batching)),
         max_num_seqs=eng.number("max_num_seqs", ENGINE.max_num_seqs, **count),
         max_batch_tokens=eng.number("max_batch_tokens", ENGINE.max_batch_tokens, **count),
         chunked_prefill=eng.boolean("chunked_prefill", ENGINE.chunked_prefill),
@@ -278,20 +275,22 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
                                            exclusive_minimum=False),
         max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **count),
         queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
-        on_timeout=eng.choice("on_timeout", ON_TIMEOUT, ENGINE.on_timeout),
+        on_timeout=OnTimeout(eng.choice("on_timeout", ENGINE_ON_TIMEOUT, ENGINE.on_timeout)),
         kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
-        scheduling_policy=eng.choice("scheduling_policy", SCHEDULING_POLICIES, ENGINE.scheduling_policy),
-        admission=eng.choice("admission", ADMISSION_MODES, ENGINE.admission),
+        scheduling_policy=SchedulingPolicy(eng.choice("scheduling_policy", SchedulingPolicy.names(),
+                                                      ENGINE.scheduling_policy)),
+        admission=Admission(eng.choice("admission", Admission.names(), ENGINE.admission)),
         prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
-        preemption_mode=eng.choice("preemption_mode", PREEMPTION_MODES, ENGINE.preemption_mode),
+        preemption_mode=PreemptionMode(eng.choice("preemption_mode", PreemptionMode.names(),
+                                                  ENGINE.preemption_mode)),
         cpu_offload=_cpu_offload(eng),
         async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling),
         kernels=EngineKernels(eng.choice("kernels", ENGINE_NAMES, ENGINE.kernels.value)))
     hardware = _engine_hardware(eng, engine, hardware)
     _check_kv_tiers(eng, engine, hardware)
-    if router == "prefix_aware" and not engine.prefix_caching:
+    if router is RouterPolicy.PREFIX_AWARE and not engine.prefix_caching:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,
-                            "engine.prefix_caching: true, or another router: " + ", ".join(ROUTERS[:3]))
+                            "engine.prefix_caching: true, or another router: " + ", ".join(RouterPolicy.names()[:3]))
     if engine.kv_spill and not hardware.outer_tiers:
         raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
                             "false, or a profile with outer_memory")
@@ -311,11 +310,13 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     _check_classes(root, engine, workload)
     controller = None
     if root.has("controller"):
-        if engine.batching != "continuous":
+        if engine.batching is not Batching.CONTINUOUS:
             raise root.key_error("controller", "the controller adjusts a continuous-batching engine",
                                  root.raw("controller"), "engine.batching: continuous")
         controller = controller_from_node(root.child("controller"), engine, speculation)
-    autoscaling = autoscaling_from_node(root.child("autoscaling"), replicas, router) if root.has("autoscaling") else None
+    autoscaling = None
+    if root.has("autoscaling"):
+        autoscaling = autoscaling_from_node(root.child("autoscaling"), replicas, router)
     rollout = _rollout(root, autoscaling)
     slo_node = root.child("slo")
     slo = _slo(slo_node, SLO_DEFAULTS)
@@ -390,7 +391,7 @@ def _cpu_offload(eng: Node) -> CPUOffload | None:
 
 def _check_kv_tiers(eng: Node, engine: EngineConfig, hardware: HardwareProfile) -> None:
     """Prefix caching, offload and swap need continuous batching; a host tier needs host memory."""
-    if engine.batching == "static" and engine.tiered_kv:
+    if engine.batching is Batching.STATIC and engine.tiered_kv:
         key = ("prefix_caching" if engine.prefix_caching else
                "cpu_offload" if engine.cpu_offload is not None else "preemption_mode")
         raise eng.key_error(key, "static batching holds each batch's KV to the end: no prefix cache, "
@@ -472,10 +473,10 @@ def _class_slos(node: Node, top: SLO, names: tuple[str, ...]) -> tuple[tuple[str
 def _check_classes(root: Node, engine: EngineConfig, workload: Workload) -> None:
     """Traffic classes need continuous batching, and a policy other than FCFS needs classes."""
     eng = root.child("engine")
-    if engine.scheduling_policy != "fcfs" and not workload.classes:
+    if engine.scheduling_policy is not SchedulingPolicy.FCFS and not workload.classes:
         raise eng.key_error("scheduling_policy", "orders traffic classes, and the workload has none",
                             engine.scheduling_policy, "fcfs, or set workload.classes")
-    if workload.classes and engine.batching != "continuous":
+    if workload.classes and engine.batching is not Batching.CONTINUOUS:
         raise root.child("workload").key_error("classes", "traffic classes need continuous batching",
                                                workload.class_names, "engine.batching: continuous")
     reserved = sum(c.reserved_seqs for c in workload.classes)

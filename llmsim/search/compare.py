@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from llmsim.analysis.metrics import summarize
 from llmsim.config.reader import Node, deep_merge, load_yaml
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import REPLACED_WHOLE
@@ -94,7 +95,7 @@ def compare(path: str | Path, force: bool = False) -> pd.DataFrame:
             raise ConfigError(f"variant '{variant}'{f' at load {load}' if load else ''}: {error.message}",
                               file=str(path), key=error.key, allowed=error.allowed, has_value=False) from None
     for variant, load, scenario in runs:
-        summary = simulate(scenario, force=True).summary()
+        summary = summarize(simulate(scenario, force=True)).to_dict()
         gap = summary["latency"]["itl_s"]["mean"]     # over every token in the window, finished or not
         rows.append({
             "variant": variant, "load": load,

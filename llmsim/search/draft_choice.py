@@ -32,14 +32,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.models import ModelSpec, model_catalog
+from llmsim.config.policies import KPolicyName
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.simulate import simulate_whole
 from llmsim.speculation.config import (Acceptance, Eligibility, KPolicy, SpeculationConfig, predicted_acceptance,
                                        resolve_draft_parallelism)
 from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, MTP, NGRAM, Proposer, draft_cost_model, head_spec
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 NONE = "none"
 RULE_BAND = (0.2, 0.3)         # the practice rule: a draft of 20-30% of the target's parameters
@@ -144,7 +146,7 @@ def with_candidate(scenario: Scenario, candidate: Candidate, k: int) -> Scenario
         return scenario.plain_decoding()
     own = scenario.speculation
     eligibility = own.eligibility if own is not None else Eligibility()
-    config = SpeculationConfig(candidate.draft, policy=KPolicy("static", k, max(k, candidate.k_max)),
+    config = SpeculationConfig(candidate.draft, policy=KPolicy(KPolicyName.STATIC, k, max(k, candidate.k_max)),
                                acceptance=Acceptance("bernoulli", alpha=candidate.alpha), eligibility=eligibility,
                                proposer=candidate.proposer)
     return replace(scenario, speculation=resolve_draft_parallelism(config, scenario.deployment.tensor_parallel))
@@ -171,7 +173,7 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
     simulated = [row for row in rows if row["candidate"].kind == NONE] + \
         [row for row in rows if row["candidate"].kind != NONE][:simulate_top]
     for row in simulated:
-        summary = simulate_whole(with_candidate(scenario, row["candidate"], row["k"]), trace).summary()
+        summary = summarize(simulate_whole(with_candidate(scenario, row["candidate"], row["k"]), trace)).to_dict()
         row.update(tpot_s=summary["latency"]["tpot_s"]["mean"], slo_met=summary["slo"]["met"])
     table = pd.DataFrame([{
         "candidate": row["candidate"].label, "kind": row["candidate"].kind,
@@ -224,8 +226,8 @@ def tune_eligibility(scenario: Scenario, trace=None) -> tuple[Eligibility, pd.Da
     rows = []
     for concurrent, tokens in grid:
         rule = Eligibility(tokens, concurrent)
-        summary = simulate_whole(replace(scenario, speculation=replace(scenario.speculation, eligibility=rule)),
-                                 trace).summary()
+        tuned = replace(scenario, speculation=replace(scenario.speculation, eligibility=rule))
+        summary = summarize(simulate_whole(tuned, trace)).to_dict()
         rows.append({"min_concurrent_requests": concurrent, "min_sequence_tokens": tokens,
                      "tpot_s": summary["latency"]["tpot_s"]["mean"], "slo_met": summary["slo"]["met"],
                      "speculating_share": summary["speculation"]["blocked_share"].get("speculated", 0.0)})

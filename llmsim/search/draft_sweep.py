@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.models import ModelSpec, model_catalog
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
@@ -25,7 +26,7 @@ from llmsim.search.draft_choice import Candidate, predicted_candidate, with_cand
 from llmsim.sim.simulate import simulate_whole
 from llmsim.speculation.config import Eligibility
 from llmsim.speculation.proposers import EAGLE, MODEL, NGRAM, head_spec
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 METHODS = ("fluid", "simulate")
 EVERYONE = Eligibility(min_sequence_tokens=0, min_concurrent_requests=1)
@@ -93,4 +94,4 @@ def _speculating(scenario: Scenario, candidate: Candidate, k: int, eligibility: 
 
 
 def _mean_tpot(scenario: Scenario, trace) -> float:
-    return simulate_whole(scenario, trace).summary()["latency"]["tpot_s"]["mean"]
+    return summarize(simulate_whole(scenario, trace)).to_dict()["latency"]["tpot_s"]["mean"]

@@ -18,6 +18,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Callable
 
+from llmsim.config.progress import Progress
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario
 
@@ -27,43 +28,35 @@ SCHEDULER_TIMEOUT_S = 10.0      # to reach a Dask scheduler by address before gi
 
 
 def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dict], engine: str,
-            workers: int | None, client, progress):
-    """Yield (point_id, ``evaluate(scenario)``) as points finish, with a progress bar: a new one
-    (``progress`` True), none (False), or a caller's tqdm bar, advanced one step per point (a
-    search counting its simulations across calls; the caller sets its total and closes it)."""
-    from tqdm.auto import tqdm
-
+            workers: int | None, client, progress: Progress):
+    """Yield (point_id, ``evaluate(scenario)``) as points finish; ``progress`` is told of every job
+    (``add``) and advanced one step as each finishes."""
     if not jobs:
         return
     workers = max(1, workers or os.cpu_count() or 1)
-    own_bar = isinstance(progress, bool)
-    bar = tqdm(total=len(jobs), disable=not progress, unit="point", desc="sweep") if own_bar else progress
-    try:
-        if engine == "serial" or (engine == "processes" and (workers == 1 or len(jobs) == 1)):
-            for point_id, scenario in jobs:
-                yield point_id, evaluate(scenario)
-                bar.update()
-        elif engine == "processes":
-            pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_init_worker,
-                                       initargs=(os.getpid(),))
-            pending = {pool.submit(evaluate, scenario): point_id for point_id, scenario in jobs}
-            try:
-                while pending:
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        yield pending.pop(future), _outcome(future)
-                        bar.update()
-            except BaseException:
-                # Ctrl-C, or the caller stopped: drop the queued points and stop the running ones
-                # at once (what finished has already been handed over).
-                _terminate(pool)
-                raise
-            pool.shutdown()
-        else:
-            yield from _execute_dask(jobs, evaluate, workers, client, bar)
-    finally:
-        if own_bar:
-            bar.close()
+    progress.add(len(jobs))
+    if engine == "serial" or (engine == "processes" and (workers == 1 or len(jobs) == 1)):
+        for point_id, scenario in jobs:
+            yield point_id, evaluate(scenario)
+            progress.advance()
+    elif engine == "processes":
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_init_worker,
+                                   initargs=(os.getpid(),))
+        pending = {pool.submit(evaluate, scenario): point_id for point_id, scenario in jobs}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    yield pending.pop(future), _outcome(future)
+                    progress.advance()
+        except BaseException:
+            # Ctrl-C, or the caller stopped: drop the queued points and stop the running ones
+            # at once (what finished has already been handed over).
+            _terminate(pool)
+            raise
+        pool.shutdown()
+    else:
+        yield from _execute_dask(jobs, evaluate, workers, client, progress)
 
 
 def error_text(error: BaseException) -> str:
@@ -141,7 +134,7 @@ def _connect(Client, address: str):
                                   "for a local cluster") from None
 
 
-def _execute_dask(jobs, evaluate, workers: int, client, bar):
+def _execute_dask(jobs, evaluate, workers: int, client, progress: Progress):
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -162,7 +155,7 @@ def _execute_dask(jobs, evaluate, workers: int, client, bar):
         try:
             for future in as_completed(futures):
                 yield by_key[future.key], _outcome(future)
-                bar.update()
+                progress.advance()
         except BaseException:
             client.cancel(futures)
             raise

@@ -39,6 +39,7 @@ from typing import Sequence
 import pandas as pd
 
 from llmsim.analysis import names
+from llmsim.config.progress import QUIET, Progress
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
@@ -116,11 +117,11 @@ def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX
 def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_per_s: float, *,
                     seeds: Sequence[int] | None = None, workers: int | None = None,
                     max_replicas: int = MAX_REPLICAS, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
-                    max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL, bar=None) -> LayoutChoice:
+                    max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL, progress: Progress = QUIET
+                    ) -> LayoutChoice:
     """The cheapest (replicas, tp, pp) of ``hardware`` meeting the SLO targets at the rate (see the module doc)."""
     scenario = as_scenario(scenario)
     rate = check_rate(target_rate_per_s)
-    bar = bar if bar is not None else quiet_bar()
     options = layouts(scenario, hardware, max_tensor_parallel=max_tensor_parallel,
                       max_pipeline_parallel=max_pipeline_parallel)
     if not options:
@@ -147,7 +148,7 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
             cap = min(cap, math.ceil(best_cost / (layout.devices_per_replica * layout.usd_per_device_hour)) - 1)
         base = {**layout.overrides(), RATE_KEY: rate}
         found, outcomes = fewest_replicas(scenario, base, rate, lower, upper, cap, seeds=seeds, workers=workers,
-                                          bar=bar, window_per_count=True)
+                                          progress=progress, window_per_count=True)
         simulations += len(outcomes)
         if found is None:
             note = ("no cheaper count meets the targets" if best is not None and cap < max_replicas
@@ -166,7 +167,7 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
 
 
 def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None,
-                     *, progress: bool = False, **options) -> list[LayoutChoice]:
+                     *, progress: Progress = QUIET, **options) -> list[LayoutChoice]:
     """:func:`cheapest_layout` of every candidate chip (``--hardware``, the scenario's
     ``plan.hardware`` list, else its own), cheapest first; chips without an answer last."""
     scenario = as_scenario(scenario)
@@ -177,21 +178,13 @@ def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, 
         raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
     names_ = candidates(scenario, hardware)
-    from tqdm.auto import tqdm
-    with tqdm(total=0, disable=not progress, desc="layouts", unit="simulation") as bar:
-        choices = []
-        for name in names_:
-            bar.set_postfix_str(name)
-            choices.append(cheapest_layout(scenario, name, rate, bar=bar, **options))
+    choices = []
+    for name in names_:
+        progress.note(name)
+        choices.append(cheapest_layout(scenario, name, rate, progress=progress, **options))
     return sorted(choices, key=lambda c: (c.layout is None, c.usd_per_hour if c.layout else 0.0))
 
 
 def _mean_metrics(rows: pd.DataFrame) -> dict:
     mean = rows.select_dtypes("number").mean()
     return {name: float(mean[name]) for name in names.SUMMARY_NAMES if name in mean and name != names.SLO_MET}
-
-
-def quiet_bar():
-    """A progress bar that shows nothing (for a search run inside a larger one)."""
-    from tqdm.auto import tqdm
-    return tqdm(total=0, disable=True)

@@ -33,6 +33,7 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
+from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
@@ -41,7 +42,7 @@ from llmsim.scenario.scenario import Scenario, load_scenario
 from llmsim.scenario.overrides import check_matches_source, variant
 from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, Window, measurement_window, simulate_until_decided, typical_latency_s
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace_transforms import has_time_scale
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
@@ -126,7 +127,7 @@ def _own_hardware(scenario: Scenario) -> str:
 
 def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
          seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = MAX_REPLICAS,
-         progress: bool = False) -> pd.DataFrame:
+         progress: Progress = QUIET) -> pd.DataFrame:
     """One row per candidate hardware: the fewest replicas meeting the SLO targets at the rate.
 
     Columns: hardware, replicas, devices_per_replica, devices, placement, the analytic
@@ -147,12 +148,10 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
                           allowed="ttft, tpot and/or e2e limits")
     rows = []
     names = candidates(scenario, hardware)
-    from tqdm.auto import tqdm
-    # One bar over the simulations (the work), its total growing as each search asks for more.
-    with tqdm(total=0, disable=not progress, desc="plan", unit="simulation") as bar:
-        for name in names:
-            bar.set_postfix_str(name)
-            rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, bar))
+    # ``progress`` counts the simulations (the work), its total growing as each search asks for more.
+    for name in names:
+        progress.note(name)
+        rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, progress))
     table = pd.DataFrame(rows)
     replayed = replay_description(scenario, rate)
     if replayed:                        # which traffic the answer covers: the trace, rescaled to the rate
@@ -168,7 +167,8 @@ def _placement_overrides(scenario: Scenario, name: str) -> dict:
     return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 
 
-def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int, bar) -> dict:
+def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
+              progress: Progress) -> dict:
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
     row = {"hardware": name}
     try:
@@ -186,7 +186,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
                 "note": f"unreachable within {counted(max_replicas, 'replica')} (--max-replicas): the analytic capacity "
                         f"bound needs {counted(round(bound), 'replica')} (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
     hi, outcomes = fewest_replicas(scenario, base, rate, lower, upper, max_replicas, seeds=seeds, workers=workers,
-                                   bar=bar)
+                                   progress=progress)
     if hi is None:
         return {**row, "replicas": math.nan, "simulations": len(outcomes),
                 "note": f"SLO targets not met with {counted(max_replicas, 'replica')} (--max-replicas)"}
@@ -218,7 +218,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
 
 
 def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, start: int, cap: int, *,
-                    seeds: Sequence[int] | None, workers: int | None, bar,
+                    seeds: Sequence[int] | None, workers: int | None, progress: Progress = QUIET,
                     window_per_count: bool = False) -> tuple[int | None, dict[int, Judged]]:
     """The fewest replicas in [1, cap] whose runs (``base`` overrides, total rate ``rate``) meet the
     targets, judged with their uncertainty (:func:`~llmsim.search.window.simulate_until_decided`).
@@ -230,7 +230,7 @@ def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, sta
     latency of the busiest count the search can reach (``lower``); ``window_per_count``: each count
     over the window its own load asks for (as a point judged on its own, so that the runs are the
     same as other stages' of a report). Returns (the count, or None when ``cap`` fails; the judged
-    runs per count simulated). ``bar`` counts the simulations.
+    runs per count simulated). ``progress`` counts the simulations.
     """
     outcomes: dict[int, Judged] = {}
 
@@ -239,17 +239,12 @@ def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, sta
 
     search_window = None if window_per_count else window_at(max(1, min(lower, cap)))
 
-    def count_on_bar(simulations: int) -> None:
-        bar.total += simulations
-        bar.refresh()
-
     def simulate_counts(counts) -> None:
         todo = sorted({n for n in counts if n not in outcomes})
         if todo:
             windows = [search_window or window_at(n) for n in todo]
             judged = simulate_until_decided(scenario, [{**base, REPLICAS_KEY: n} for n in todo], windows,
-                                            [rate] * len(todo), seeds=seeds, workers=workers, progress=bar,
-                                            on_round=count_on_bar)
+                                            [rate] * len(todo), seeds=seeds, workers=workers, progress=progress)
             outcomes.update(zip(todo, judged))
 
     def passes(n: int) -> bool:

@@ -66,18 +66,21 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
+from llmsim.config.policies import KPolicyName, SchedulingPolicy
+from llmsim.config.progress import QUIET, Progress
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
-from llmsim.scenario.scenario import SCHEDULING_POLICIES, Scenario
+from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
 from llmsim.search.draft_choice import DraftAdvice, advise
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
 from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
                                   typical_latency_s)
+from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 OBJECTIVES = ("goodput", "cost")     # the first is the default
 SEARCHES = ("all", "classes")         # everything (the default), or only the policy and the class timeouts
@@ -89,20 +92,37 @@ RULE_K0, RULE_K_MAX = 4, 8
 CLASS_TIMEOUTS_S = (0.025, 0.05, 0.2, 1.0, 5.0)   # per class: practice's three, one shorter, one longer
 CLASS_SWEEPS = 2                      # coordinate-descent sweeps over the classes, at most
 MAX_CLASS_TIMEOUTS, MAX_CLASS_TIMEOUT_S = 20, 3600.0   # what class_timeouts_s may hold
-SCENARIO_K = "as in the scenario"     # Config.k: the scenario's own speculation settings, left as they are
+
+
+@dataclass(frozen=True)
+class KChoice:
+    """The speculation a configuration tries: off, the scenario's own settings left as they are
+    (``as_in_scenario``), or a k policy from ``k`` (the static k, or the adaptive rule's k0).
+    ``str()`` is how tables show it: ``off``, ``as in the scenario``, ``static:3``, ``adaptive:4``."""
+    policy: KPolicyName | None = None
+    k: int = 0
+    as_in_scenario: bool = False
+
+    def __str__(self) -> str:
+        if self.as_in_scenario:
+            return "as in the scenario"
+        return "off" if self.policy is None else KPolicy(self.policy, self.k).label
+
+
+OFF, SCENARIO_K = KChoice(), KChoice(as_in_scenario=True)
 
 
 @dataclass(frozen=True)
 class Config:
     """One setting of the searched knobs."""
-    k: str                          # "off", "static:<k>", "adaptive:<k0>" or SCENARIO_K
+    k: KChoice
     max_batch_tokens: int
     queue_timeout_s: float | None
     block_size: int | None = None        # None: the scenario's own (searched only with prefix caching)
     idle_timeout_s: float | None = None  # None: the scenario's own (searched only with CPU offload)
     # With traffic classes (None: the scenario's own): the scheduling policy, and (class, queue timeout s;
     # None where the class has none, which is left so).
-    policy: str | None = None
+    policy: SchedulingPolicy | None = None
     class_timeouts: tuple[tuple[str, float | None], ...] | None = None
 
     def overrides(self, scenario: Scenario) -> dict:
@@ -117,16 +137,16 @@ class Config:
         for name, timeout_s in self.class_timeouts or ():
             if timeout_s is not None:
                 point[f"workload.classes.{name}.queue_timeout"] = f"{timeout_s * 1000:g} ms"
-        if self.k == SCENARIO_K:
+        if self.k.as_in_scenario:
             pass
-        elif self.k == "off":
+        elif self.k.policy is None:
             if scenario.speculation is not None:
                 point["speculation"] = None
         else:
-            policy, k = self.k.split(":")
-            k_max = max(scenario.speculation.policy.k_max, int(k), RULE_K_MAX if policy == AdaptiveK.name else 0)
+            policy, k = self.k.policy, self.k.k
+            k_max = max(scenario.speculation.policy.k_max, k, RULE_K_MAX if policy is AdaptiveK.name else 0)
             k_max = min(k_max, longest_draft(scenario))
-            point.update({"speculation.policy": policy, "speculation.k": int(k), "speculation.k_max": k_max})
+            point.update({"speculation.policy": str(policy), "speculation.k": k, "speculation.k_max": k_max})
         return point
 
     @property
@@ -191,19 +211,19 @@ def longest_draft(scenario: Scenario) -> int:
     return scenario.speculation.proposer.max_k or 2 ** 31
 
 
-def rule_k(scenario: Scenario) -> str:
+def rule_k(scenario: Scenario) -> KChoice:
     """The rule-of-thumb k setting: off, or the adaptive 80/50 rule from k0 = 4 (fewer where the
     proposer cannot draft 4 tokens)."""
     if scenario.speculation is None:
-        return "off"
-    return f"adaptive:{min(RULE_K0, longest_draft(scenario))}"
+        return OFF
+    return KChoice(KPolicyName.ADAPTIVE, min(RULE_K0, longest_draft(scenario)))
 
 
-def k_options(scenario: Scenario) -> list[str]:
+def k_options(scenario: Scenario) -> list[KChoice]:
     if scenario.speculation is None:
-        return ["off"]
+        return [OFF]
     k_max = scenario.speculation.policy.k_max
-    return ["off"] + [f"static:{k}" for k in range(1, k_max + 1)] + [rule_k(scenario)]
+    return [OFF] + [KChoice(KPolicyName.STATIC, k) for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
 def batch_token_options(scenario: Scenario) -> list[int]:
@@ -243,7 +263,7 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
 
 def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
               top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
-              progress: bool = False, drafts: bool = False, search: str = SEARCHES[0],
+              progress: Progress = QUIET, drafts: bool = False, search: str = SEARCHES[0],
               class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S) -> Recommendation:
     """Search k, max batch tokens and queue timeout, and with traffic classes the scheduling policy and
     each class's queue timeout (see the module docstring).
@@ -287,13 +307,11 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         scenario = variant(scenario, {"workload.num_requests": requests})
     if replays_one_trace(scenario):
         seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
-    from tqdm.auto import tqdm
-
-    # One bar over every simulation of the search, its total growing as the bisections ask for more. A run
-    # the search asks for twice (a screened candidate's first bisection step, at the probe rate) runs once.
-    with reusing_runs(), tqdm(total=0, disable=not progress, desc="recommend", unit="simulation") as bar:
-        searcher = _Search(scenario, seed_list, objective, workers, tolerance, bar, own_settings=search == "classes",
-                           class_timeouts_s=class_timeouts_s)
+    # ``progress`` counts every simulation of the search, its total growing as the bisections ask for more.
+    # A run the search asks for twice (a screened candidate's first bisection step, at the probe rate) runs once.
+    with reusing_runs():
+        searcher = _Search(scenario, seed_list, objective, workers, tolerance, progress,
+                           own_settings=search == "classes", class_timeouts_s=class_timeouts_s)
         analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
         if search == "all":
             # 1. the coarse grid, scored by the fluid model
@@ -353,10 +371,10 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
         m = int(best.max_batch_tokens * factor)
         if scenario.engine.max_num_seqs <= m <= max(2 ** 15, scenario.max_model_len):
             out.append(replace(best, max_batch_tokens=m))
-    if best.k.startswith("static:"):
-        k = int(best.k.split(":")[1])
+    if best.k.policy is KPolicyName.STATIC:
+        k = best.k.k
         k_max = scenario.speculation.policy.k_max
-        out += [replace(best, k=f"static:{j}") for j in (k - 1, k + 1) if 1 <= j <= k_max]
+        out += [replace(best, k=KChoice(KPolicyName.STATIC, j)) for j in (k - 1, k + 1) if 1 <= j <= k_max]
     engine = scenario.engine
     if engine.prefix_caching:
         size = best.block_size or engine.block_size
@@ -397,10 +415,11 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
 class _Search:
     """Simulated highest passing rate per (configuration, seed), bisected for all at once."""
 
-    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float, bar,
-                 own_settings: bool = False, class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S):
+    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float,
+                 progress: Progress, own_settings: bool = False,
+                 class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S):
         self.scenario, self.seeds, self.objective = scenario, seeds, objective
-        self.workers, self.tolerance, self.bar = workers, tolerance, bar
+        self.workers, self.tolerance, self.progress = workers, tolerance, progress
         self.class_timeouts_s = tuple(class_timeouts_s)
         self.results: dict[Config, dict] = {}
         self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
@@ -408,7 +427,7 @@ class _Search:
         self.rate = scenario.workload.arrival.rate_per_s
         engine = scenario.engine
         # The baseline: the rule-of-thumb defaults, or (own_settings) the scenario's own settings.
-        self.defaults = ([Config("off" if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
+        self.defaults = ([Config(OFF if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
                                  engine.queue_timeout_s)] if own_settings else
                          [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S])
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
@@ -497,14 +516,14 @@ class _Search:
         rate = max(self.rate, goodput) if math.isfinite(goodput) else self.rate     # NaN: no fluid estimate
         at_rate = variant(scenario, {**base.overrides(scenario), RATE_KEY: rate})
         window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate))
-        current = {p: replace(base, policy=p, class_timeouts=start) for p in SCHEDULING_POLICIES}
-        self.bar.set_postfix_str("classes: every policy")
+        current = {p: replace(base, policy=p, class_timeouts=start) for p in SchedulingPolicy}
+        self.progress.note("classes: every policy")
         self.screen(list(current.values()), rate, window)
         sweeps = 0
         for sweeps in range(1, CLASS_SWEEPS + 1):
             moved = False
             for name, own in start:
-                self.bar.set_postfix_str(f"classes: sweep {sweeps}, {name}'s timeout")
+                self.progress.note(f"classes: sweep {sweeps}, {name}'s timeout")
                 options = class_timeout_options(self.class_timeouts_s, own)
                 candidates = {p: [c] + [_with_timeout(c, name, t) for t in options] for p, c in current.items()}
                 self.screen([c for options in candidates.values() for c in options], rate, window)
@@ -515,7 +534,7 @@ class _Search:
                     current[p] = chosen
             if not moved:
                 break
-        self.bar.set_postfix_str("classes: goodput of each policy's best")
+        self.progress.note("classes: goodput of each policy's best")
         self.evaluate(list(current.values()), start_rate_per_s=rate)
         screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts),
                                   "met": v.met, "worst_margin": v.worst_margin[0], "worst_check": _worst_check(v),
@@ -532,14 +551,10 @@ class _Search:
             return
         points = [{**c.overrides(self.scenario), RATE_KEY: rate} for c in todo]
         judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
-                                        seeds=self.seeds, workers=self.workers, progress=self.bar,
-                                        on_round=self._count_on_bar, escalations=0)
+                                        seeds=self.seeds, workers=self.workers, progress=self.progress,
+                                        escalations=0)
         for c, one in zip(todo, judged):
             self.screened[(c, rate)] = one.verdict
-
-    def _count_on_bar(self, simulations: int) -> None:
-        self.bar.total += simulations
-        self.bar.refresh()
 
     def judge(self, points: list[dict]) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
@@ -551,13 +566,11 @@ class _Search:
             windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
 
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
-                                      progress=self.bar, on_round=self._count_on_bar)
+                                      progress=self.progress)
 
     def simulate(self, points: list[dict]) -> pd.DataFrame:
-        """The points simulated, each counted on the search's progress bar as it finishes."""
-        self.bar.total += len(points)
-        self.bar.refresh()
-        return run_points(self.scenario, points, workers=self.workers, progress=self.bar)
+        """The points simulated, each counted on the search's progress as it finishes."""
+        return run_points(self.scenario, points, workers=self.workers, progress=self.progress)
 
     def best(self) -> Config:
         return self.table()["config"].iloc[0]

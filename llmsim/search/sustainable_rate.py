@@ -65,7 +65,7 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
                               allowed="ttft, tpot and/or e2e limits, in the scenario or as slo=")
         window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate))
         judged, = simulate_until_decided(scenario, [point], [window], [rate], seeds=seeds, workers=workers,
-                                         engine=engine, target=target, progress=False)
+                                         engine=engine, target=target)
         tried.append(judged.rows)
         return judged.verdict.met
 

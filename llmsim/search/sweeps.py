@@ -7,7 +7,7 @@ file would be (:mod:`llmsim.scenario.overrides`), so a bad value is a
 :class:`~llmsim.errors.ConfigError` before anything runs.
 
 Common random numbers: a trace depends only on the workload and the seed
-(:func:`~llmsim.workload.trace.generate_trace`; arrival gaps are drawn at unit rate and scaled
+(:func:`~llmsim.workload.generate.generate_trace`; arrival gaps are drawn at unit rate and scaled
 by the rate), so every point that shares them runs on the same requests, and two rates
 see the same requests in the same order. ``seeds`` replicates every point over several
 seeds, for confidence intervals across independent traces.
@@ -37,9 +37,11 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
+from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
+from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
@@ -57,7 +59,7 @@ ID_COLUMNS = ("point_id", "seed", "error")
 
 def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[str, Sequence], *,
           out: str | Path | None = None, workers: int | None = None, engine: str = "processes",
-          seeds: Sequence[int] | None = None, progress: bool = True, client=None,
+          seeds: Sequence[int] | None = None, progress: Progress = QUIET, client=None,
           on_invalid: str = "raise", force: bool = False) -> pd.DataFrame:
     """Simulate the product of ``grid``'s values over ``scenario``; one row per point and seed.
 
@@ -79,7 +81,7 @@ def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[
 
 def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mapping[str, Any]], *,
                seeds: Sequence[int] | None = None, workers: int | None = None, engine: str = "processes",
-               out: str | Path | None = None, progress: bool = True, client=None,
+               out: str | Path | None = None, progress: Progress = QUIET, client=None,
                on_invalid: str = "raise", source: str | None = None, force: bool = False) -> pd.DataFrame:
     """Simulate a list of points in parallel; the engine under :func:`sweep`, for searches.
 
@@ -104,6 +106,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                 ``source`` (the grid file, else the scenario's), the key path and the value,
                 before anything runs; ``"record"``: it becomes a row with its ``error``.
     source:     the file the points came from, for error messages.
+    progress:   told of each simulation to run and each one done (default: nowhere).
     force:      run points whose estimated size is above the resource guard's limits
                 (:func:`llmsim.sim.resources.check_run_size`); without it such a point is
                 invalid (``on_invalid`` says what happens), before anything runs.
@@ -156,7 +159,8 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
         return _keys_first(journal.read(list(rows)), keys)
 
 
-def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, workers, client, progress) -> None:
+def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, workers, client,
+              progress: Progress) -> None:
     """Simulate the jobs; each finished point's row goes into ``rows`` and, at once, the journal.
     Inside :func:`reusing_runs` a run already simulated there is not simulated again."""
     reused = _REUSED.get()
@@ -168,8 +172,6 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
             key = keys[point_id]
             if key in reused:
                 _record(rows, journal, point_id, reused[key])
-                if not isinstance(progress, bool):     # a caller's bar counts this point as done
-                    progress.update()
             elif key in fresh:
                 same_run[fresh[key]].append(point_id)
             else:
@@ -328,7 +330,7 @@ def simulate_point(scenario: Scenario) -> dict:
     """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
     size is not checked again: :func:`run_points` checks (or was told to force) every point first."""
     result = simulate_whole(scenario, force=True)      # Ctrl-C during a serial sweep: record nothing half-run
-    flat = flatten(result.summary())
+    flat = flatten(summarize(result).to_dict())
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
     return flat

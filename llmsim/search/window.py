@@ -31,17 +31,18 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
+from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.search.sweeps import run_points
-from llmsim.workload.trace import generate_trace
+from llmsim.workload.generate import generate_trace
 
 WARMUP_LATENCIES = 5          # warm-up: at least this many mean end-to-end latencies
 MEASURED_LATENCIES = 20       # measurement: at least this many (one per batch of the batch means)
@@ -228,15 +229,13 @@ class Judged:
 
 def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], windows: Sequence[Window],
                            rates: Sequence[float], *, seeds: Sequence[int] | None = None, workers: int | None = None,
-                           engine: str = "processes", target: float | None = None, progress=False,
-                           on_round: Callable[[int], None] | None = None,
-                           escalations: int = ESCALATIONS) -> list[Judged]:
+                           engine: str = "processes", target: float | None = None,
+                           progress: Progress = QUIET, escalations: int = ESCALATIONS) -> list[Judged]:
     """Simulate each point over its window and judge it; simulate the undecided ones again with a
     measurement twice as long, up to ``escalations`` times, all of a round at once.
 
     ``rates``: each point's total arrival rate (its window's request count follows from it).
-    ``on_round(n)`` is called before each round with the number of simulations it will run
-    (for a progress bar's total). ``escalations=0``: one window each, verdicts on their estimates
+    ``progress`` counts the simulations. ``escalations=0``: one window each, verdicts on their estimates
     (a screen that only ranks points, as ``recommend``'s class search does).
     """
     judged: list[Judged | None] = [None] * len(points)
@@ -249,8 +248,6 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
             jobs.setdefault(json.dumps({**points[i], **current[i].overrides(rates[i])}, sort_keys=True, default=str),
                             []).append(i)
         per_point = len(seeds) if seeds is not None and not any("seed" in p for p in points) else 1
-        if on_round is not None:
-            on_round(len(jobs) * per_point)
         frame = run_points(scenario, [json.loads(job) for job in jobs], seeds=seeds, workers=workers, engine=engine,
                            progress=progress)
         position_of = {i: position for position, same in enumerate(jobs.values()) for i in same}

@@ -35,12 +35,15 @@ class ReplicaPool:
         self.provisioned.change(0.0, serving)
         self._turn = -1
 
-    def pick(self, policy: str, outstanding: list[int]) -> int:
+    def next_in_turn(self) -> int:
+        """The next serving replica in turn (round robin)."""
         routable = self.routable
-        if policy == "round_robin":
-            self._turn = (self._turn + 1) % len(routable)
-            return routable[self._turn]
-        return min(routable, key=outstanding.__getitem__)
+        self._turn = (self._turn + 1) % len(routable)
+        return routable[self._turn]
+
+    def least_outstanding(self, outstanding: list[int]) -> int:
+        """The serving replica with the fewest outstanding requests (ties: the first serving)."""
+        return min(self.routable, key=outstanding.__getitem__)
 
     def replica_seconds(self, until_s: float) -> float:
         return self.provisioned.mean(until_s) * until_s

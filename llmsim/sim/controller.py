@@ -16,47 +16,78 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from llmsim.analysis.rolling import latencies, targets_of, worst_ratio
+from llmsim.config.policies import ControlRule
 from llmsim.scenario.control import SPECULATION_K, ControllerConfig
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import RequestRecords
-from llmsim.sim.scheduling import ClassEngine
-
-FINISHED_CODE = 1           # RequestRecords' status code of a finished request
-
+from llmsim.sim.scheduling import ClassQueueing
+from llmsim.sim.sensor import latencies, targets_of, worst_ratio
 
 class Rule:
-    """One control rule's state: ``step(value, ratio)`` gives the knob's next value and the
-    queue-timeout scale (1: the scenario's timeouts)."""
+    """One control rule and its state: ``step(value, ratio)`` gives the knob's next value;
+    ``timeout_scale`` is the classes' queue-timeout scale (1: the scenario's timeouts)."""
 
     def __init__(self, config: ControllerConfig, start: int):
         self.config, self.start = config, start
         self.timeout_scale = 1.0
+
+    def step(self, value: int, ratio: float) -> int:
+        raise NotImplementedError
+
+
+class AIMD(Rule):
+    """Additive increase below the band, multiplicative decrease on a violation."""
+
+    def step(self, value: int, ratio: float) -> int:
+        c = self.config
+        if ratio > 1.0:
+            return self.decrease(value)
+        if ratio < 1.0 - c.hysteresis:
+            return self.increase(value)
+        return value
+
+    def decrease(self, value: int) -> int:
+        return max(self.config.low, int(value * self.config.decrease))
+
+    def increase(self, value: int) -> int:
+        return min(self.config.high, value + self.config.increase)
+
+
+class Practice(AIMD):
+    """Serving practice: the knob and the queue timeouts scale down together on a violation and back up
+    by the inverse factors below the band."""
+
+    def decrease(self, value: int) -> int:
+        self.timeout_scale *= self.config.timeout_factor
+        return super().decrease(value)
+
+    def increase(self, value: int) -> int:
+        c = self.config
+        self.timeout_scale = min(1.0, self.timeout_scale / c.timeout_factor)
+        return min(c.high, max(value + 1, int(round(value / c.decrease))))
+
+
+class PID(Rule):
+    """The scenario's setting scaled by a PID controller's output on the worst ratio's error."""
+
+    def __init__(self, config: ControllerConfig, start: int):
+        super().__init__(config, start)
         self._integral = 0.0
         self._last_error = 0.0
 
     def step(self, value: int, ratio: float) -> int:
         c = self.config
-        violated, relaxed = ratio > 1.0, ratio < 1.0 - c.hysteresis
-        if c.rule == "pid":
-            error = ratio - (1.0 - c.hysteresis / 2)        # aim at the middle of the band
-            derivative = (error - self._last_error) / c.interval_s
-            self._last_error = error
-            output = c.kp * error + c.ki * (self._integral + error * c.interval_s) + c.kd * derivative
-            wanted = self.start * (1.0 - output)
-            if c.low < wanted < c.high:         # anti-windup: integrate only off the bounds
-                self._integral += error * c.interval_s
-            return int(round(min(max(wanted, c.low), c.high)))
-        if violated:
-            if c.rule == "practice":
-                self.timeout_scale *= c.timeout_factor
-            return max(c.low, int(value * c.decrease))
-        if relaxed:
-            if c.rule == "practice":
-                self.timeout_scale = min(1.0, self.timeout_scale / c.timeout_factor)
-                return min(c.high, max(value + 1, int(round(value / c.decrease))))
-            return min(c.high, value + c.increase)
-        return value
+        error = ratio - (1.0 - c.hysteresis / 2)        # aim at the middle of the band
+        derivative = (error - self._last_error) / c.interval_s
+        self._last_error = error
+        output = c.kp * error + c.ki * (self._integral + error * c.interval_s) + c.kd * derivative
+        wanted = self.start * (1.0 - output)
+        if c.low < wanted < c.high:         # anti-windup: integrate only off the bounds
+            self._integral += error * c.interval_s
+        return int(round(min(max(wanted, c.low), c.high)))
+
+
+RULES: dict[ControlRule, type[Rule]] = {ControlRule.PRACTICE: Practice, ControlRule.AIMD: AIMD, ControlRule.PID: PID}
 
 
 class ControlLog:
@@ -75,14 +106,14 @@ def controller(env: simpy.Environment, scenario: Scenario, engines: list, record
     targets = targets_of(scenario.slo, scenario.workload.class_names)
     moves_k = config.knob == SPECULATION_K
     start = scenario.speculation.policy.k if moves_k else getattr(scenario.engine, config.knob)
-    rule = Rule(config, start)
+    rule = RULES[config.rule](config, start)
     value, scale = start, 1.0
-    base_rules = {id(e): e.rules for e in engines if isinstance(e, ClassEngine)}
+    base_rules = {id(e): e.queueing.rules for e in engines if isinstance(e.queueing, ClassQueueing)}
     while True:
         yield env.timeout(config.interval_s)
         now = env.now
         finish = np.frombuffer(records.finish_s)
-        finished = np.frombuffer(records.status, np.int8) == FINISHED_CODE
+        finished = records.finished()
         values = latencies(records.arrival_s, np.frombuffer(records.first_token_s), finish, records.output_tokens)
         ratio = worst_ratio(finish, finished, records.class_index, values, targets, now - config.window_s, now)
         if np.isnan(ratio):
@@ -98,5 +129,5 @@ def controller(env: simpy.Environment, scenario: Scenario, engines: list, record
                 else:
                     engine.config = replace(engine.config, **{config.knob: value})
                 if id(engine) in base_rules:
-                    engine.scale_timeouts(base_rules[id(engine)], scale)
+                    engine.queueing.scale_timeouts(base_rules[id(engine)], scale)
         log.rows.append((now, ratio, config.knob, value, scale, changed))

@@ -35,12 +35,32 @@ import sys
 from array import array
 from abc import ABC, abstractmethod
 from bisect import bisect_left
+from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
 NEVER = sys.maxsize                 # a decode step no sequence reaches
+
+
+class StepPrice(NamedTuple):
+    """What one iteration costs and yields, as a decode set prices it (the engine adds the rest of
+    the :class:`~llmsim.sim.iterations.Iteration`: its start, prompt chunks and counts)."""
+    duration_s: float
+    decode_seqs: int             # sequences that took a decode (or verify) step
+    tokens_out: int              # decode tokens plus prompts completed
+    flops: float
+    bytes: float
+    spec_seqs: int               # speculative decoding (zero without it): sequences that speculated,
+    draft_tokens: int            # draft tokens proposed, draft tokens accepted, and the part of
+    accepted_tokens: int         # duration_s spent drafting
+    draft_s: float
+
+
+# Built positionally on the hot path, without the generated __new__'s argument handling.
+new_price = partial(tuple.__new__, StepPrice)
 
 
 def add_due(table: dict[int, list], step: int, entries: list) -> bool:
@@ -58,8 +78,8 @@ def first_due_after(table: dict[int, list], after: int) -> int:
 
     The one asked after is always the step just taken out, so a run's walks follow each other
     along the steps: each step is probed about once (again only when an entry lands before a
-    due step a walk already reached; the benchmark's runs probe each table about once per
-    iteration), and, unlike a heap of the due steps, the walk reads only the table.
+    due step a walk already reached), and, unlike a heap of the due steps, the walk reads only
+    the table.
     """
     if not table:
         return NEVER
@@ -90,11 +110,10 @@ class DecodeSet(ABC):
 
     @abstractmethod
     def price(self, chunks, decoding: bool, prefill_tokens: float, pairs: float, prefill_kv: float,
-              logits: int) -> tuple:
+              logits: int) -> StepPrice:
         """Price one iteration: the prompt ``chunks`` (their tokens, attention pairs, KV read
         and prompts completed, summed by the engine) plus, if ``decoding``, a step of every
-        decoding sequence. Returns ``(duration_s, decode_seqs, tokens_out, flops, bytes,
-        spec_seqs, draft_tokens, accepted_tokens, draft_s)``."""
+        decoding sequence."""
 
     @abstractmethod
     def advance(self, now: float) -> None:
@@ -185,11 +204,11 @@ class EventDecodeSet(DecodeSet):
         if later:
             self._add_block_due(next_due, later)
 
-    def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits):
+    def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits) -> StepPrice:
         n = self.n if decoding else 0
         x = self._row.fill(prefill_tokens, pairs, prefill_kv, logits, n, self.kv_read() if n else 0)
         duration, flops, moved = self.engine.cost.iteration(x)
-        return duration, n, n + logits, flops, moved, 0, 0, 0, 0.0
+        return new_price((duration, n, n + logits, flops, moved, 0, 0, 0, 0.0))
 
     def advance(self, now: float) -> None:
         """One token for every decoding sequence: finish those due, saturate sliding windows."""

@@ -46,6 +46,7 @@ import numpy as np
 import simpy
 from simpy.events import NORMAL, URGENT
 
+from llmsim.config.policies import Admission, OnTimeout
 from llmsim.cost.features import prefill_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
@@ -61,6 +62,11 @@ Observer = Callable[["Engine", Iteration], None]
 # (vLLM ``BlockSpaceManager(watermark=0.01)``, ``watermark_blocks = int(watermark * num_gpu_blocks)``), so
 # that running sequences keep room to grow and a just-admitted prompt is not preempted at once.
 VLLM_WATERMARK = 0.01
+
+
+def rejects_on_timeout(config: EngineConfig) -> bool:
+    """Whether waiting requests may time out and be rejected (``on_timeout: reject``)."""
+    return config.queue_timeout_s is not None and config.on_timeout is OnTimeout.REJECT
 
 
 def reject_expired(queue: WaitingQueue, config: EngineConfig, now: float,
@@ -134,17 +140,104 @@ class EngineProcess:
 
     def rejects_on_timeout(self) -> bool:
         """Whether waiting requests may time out and be rejected (``on_timeout: reject``)."""
-        return self.config.queue_timeout_s is not None and self.config.on_timeout == "reject"
+        return rejects_on_timeout(self.config)
 
     def expire_waiting(self, now: float) -> None:
         """Reject the waiting requests whose queue timeout has passed."""
         reject_expired(self.queue, self.config, now, self.on_done)
 
 
+class Queueing:
+    """The order in which an engine serves its waiting queue: FIFO here, traffic classes in
+    :class:`llmsim.sim.scheduling.ClassQueueing`. It admits waiting requests while the engine has
+    room (:meth:`admit`), picks the running request to preempt when the KV cache runs out
+    (:meth:`victim`), rejects those that waited too long (:meth:`expire_waiting`) and, where the
+    policy preempts for waiting requests, makes room for them before each iteration
+    (:meth:`make_room`). The engine tells it who starts and who leaves (:meth:`started`,
+    :meth:`left`). Built once per engine, as ``queueing(engine)``.
+    """
+
+    preempts_for_waiting = False          # whether make_room runs before every iteration
+    tracks_seats = False                  # whether started and left do anything (the engine skips them if not)
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def rejects_on_timeout(self) -> bool:
+        return rejects_on_timeout(self.engine.config)
+
+    def expire_waiting(self, now: float) -> None:
+        engine = self.engine
+        reject_expired(engine.queue, engine.config, now, engine.on_done)
+
+    def admit(self, now: float, budget: int, chunks: list) -> None:
+        """Move requests from the queue head into the batch while budget, slots and blocks allow."""
+        engine = self.engine
+        cfg, queue = engine.config, engine.queue
+        timeout = cfg.queue_timeout_s if cfg.on_timeout is OnTimeout.DISPATCH else None
+        while queue and len(engine.running) < cfg.max_num_seqs:
+            request = queue.head()
+            chunk = engine.fit(request, now, budget, timeout is not None and now - request.arrival_s >= timeout)
+            if not chunk:
+                break
+            queue.pop(now)
+            engine.start_request(request, now, chunk, chunks)
+            budget -= chunk
+
+    def victim(self) -> Request:
+        """The running request to preempt for KV room: the most recently admitted."""
+        return next(reversed(self.engine.running.values()))
+
+    def make_room(self, now: float) -> None:
+        """Preempt running requests for waiting ones (only where ``preempts_for_waiting``)."""
+
+    def started(self, request: Request) -> None:
+        """``request`` joined the batch."""
+
+    def left(self, request: Request) -> None:
+        """``request`` left the batch: finished or preempted."""
+
+
+def _room_beside_running_prompts(engine: Engine, request: Request) -> bool:
+    """vLLM: the blocks the whole prompt still needs fit beside what the prompts already running still
+    need, leaving the watermark free (vLLM's block manager admits a prompt only when
+    ``free - needed >= watermark``); an empty engine takes it whatever its length."""
+    if not engine.running:
+        return True
+    kv = engine.kv
+    needed = kv.blocks_for(request.prefill_target) - kv.blocks_for(request.prefilled)
+    pending = sum(kv.blocks_for(r.prefill_target) - r.blocks for r in engine.prefilling)
+    return needed <= kv.free_blocks - pending - engine.watermark_blocks
+
+
+def _whole_prompt_free(engine: Engine, request: Request) -> bool:
+    """TensorRT-LLM's MAX_UTILIZATION: the whole prompt's blocks are free."""
+    kv = engine.kv
+    return kv.blocks_for(request.prefill_target) <= kv.free_blocks
+
+
+def _whole_length_reserved(engine: Engine, request: Request) -> bool:
+    """TensorRT-LLM's GUARANTEED_NO_EVICT: the whole length's blocks (prompt + output) are free beyond what
+    running requests still have reserved. The simulator knows each request's output length; it stands for
+    the max_tokens TensorRT-LLM reserves."""
+    kv = engine.kv
+    reserved = sum(kv.blocks_for(r.prompt_tokens + r.output_tokens) - r.blocks for r in engine.running.values())
+    return kv.blocks_for(request.prompt_tokens + request.output_tokens) <= kv.free_blocks - reserved
+
+
+# What a request needs free in the KV cache to join, beyond its first chunk's blocks.
+ADMISSION_TESTS: dict[Admission, Callable[[Engine, Request], bool]] = {
+    Admission.PREEMPT: _room_beside_running_prompts, Admission.MAX_UTILIZATION: _whole_prompt_free,
+    Admission.GUARANTEED_NO_EVICT: _whole_length_reserved}
+# The admissions whose test a request forced in by its queue timeout skips (vLLM: it takes its first chunk).
+FORCED_SKIP_TEST = frozenset({Admission.PREEMPT})
+
+
 class Engine(EngineProcess):
     """A continuous-batching engine for one micro-batch of a replica (see the module docstring).
 
-    ``decode`` builds the decode set from the engine (``EventDecodeSet`` by default).
+    ``decode`` builds the decode set from the engine (``EventDecodeSet`` by default), ``queueing``
+    the order it serves its queue in (:class:`Queueing`, FIFO, by default).
     ``observers`` are called as ``observer(engine, iteration)`` after every iteration's
     tokens have appeared; with none the loop does not look at them.
     ``first_gap_end_s`` / ``first_gap_s`` collect, for the first token of every decode run
@@ -154,20 +247,27 @@ class Engine(EngineProcess):
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
-                 micro_batch: int = 0, decode: Callable[["Engine"], DecodeSet] = EventDecodeSet):
+                 micro_batch: int = 0, decode: Callable[[Engine], DecodeSet] = EventDecodeSet,
+                 queueing: Callable[[Engine], Queueing] = Queueing):
         super().__init__(env, index, cost, kv, queue, config, on_done, micro_batch)
         self.now = env.now                          # the engine's clock: may run ahead of env.now, see run()
         self.observers: list[Observer] = []
         self._admitted = 0
         self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
         self._tiered = kv.tiered
-        self._watermark_blocks = int(VLLM_WATERMARK * kv.num_blocks)
+        self.watermark_blocks = int(VLLM_WATERMARK * kv.num_blocks)
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
         self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
         self.first_gap_s = array("d")
         self.decode = decode(self)
-        self._expires = self.rejects_on_timeout()
+        self.queueing = queueing(self)
+        self._admission = ADMISSION_TESTS[config.admission]
+        self._forced_skips_test = config.admission in FORCED_SKIP_TEST
+        self._expires = self.queueing.rejects_on_timeout()
+        self._makes_room = self.queueing.preempts_for_waiting
+        self._tracks_seats = self.queueing.tracks_seats
+        self._admit = self.queueing.admit
         self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
         self._async = config.async_scheduling
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
@@ -186,7 +286,7 @@ class Engine(EngineProcess):
         while True:
             self.now = now = env.now if self.now < env.now else self.now
             if self._expires:
-                self.expire_waiting(now)
+                self.queueing.expire_waiting(now)
             iteration = self.schedule()
             if iteration is None:
                 self._idle = True                   # until notify()
@@ -225,6 +325,8 @@ class Engine(EngineProcess):
         """
         cfg, now, decode = self.config, self.now, self.decode
         chunks: list[tuple[Request, int]] = []
+        if self._makes_room and self.queue and self.running:
+            self.queueing.make_room(now)
         if self._tiered:
             self.kv.advance(now)
         # (The membership tests skip calls that would find nothing to do: this is the hot loop.)
@@ -322,20 +424,7 @@ class Engine(EngineProcess):
             if self.preempt_latest(self.now) is request:
                 return False
 
-    def _admit(self, now: float, budget: int, chunks: list) -> None:
-        """Move requests from the queue head into the batch while budget, slots and blocks allow."""
-        cfg, queue = self.config, self.queue
-        timeout = cfg.queue_timeout_s if cfg.on_timeout == "dispatch" else None
-        while queue and len(self.running) < cfg.max_num_seqs:
-            request = queue.head()
-            chunk = self._fit(request, now, budget, timeout is not None and now - request.arrival_s >= timeout)
-            if not chunk:
-                break
-            queue.pop(now)
-            self._start(request, now, chunk, chunks)
-            budget -= chunk
-
-    def _fit(self, request: Request, now: float, budget: int, forced: bool) -> int:
+    def fit(self, request: Request, now: float, budget: int, forced: bool) -> int:
         """The first chunk ``request`` starts with if it joins now, its KV blocks taken; 0 (nothing
         taken) when it does not fit the budget (past it when ``forced``), the admission test or the cache."""
         cfg = self.config
@@ -348,30 +437,9 @@ class Engine(EngineProcess):
             return 0
         # A request forced in by its queue timeout takes only its first chunk's blocks under vLLM's admission
         # (it may be preempted later like any other); TensorRT-LLM's tests hold for it as for every request.
-        if not (forced and cfg.admission == "preempt") and not self._room_for(request):
+        if not (forced and self._forced_skips_test) and not self._admission(self, request):
             return 0
         return chunk if self._take_blocks(request, chunk, now) else 0
-
-    def _room_for(self, request: Request) -> bool:
-        """Whether ``request`` may join given the KV cache. vLLM (``preempt``): the blocks its whole prompt
-        still needs fit beside what the prompts already running still need, leaving the watermark free
-        (vLLM's block manager admits a prompt only when ``free - needed >= watermark``); an empty engine
-        takes it whatever its length. TensorRT-LLM's tests: the whole prompt's blocks free
-        (max_utilization), or the whole length's (prompt + output) beyond what running requests still
-        have reserved (guaranteed_no_evict). The simulator knows each request's output length; it stands
-        for the max_tokens TensorRT-LLM reserves."""
-        kv = self.kv
-        admission = self.config.admission
-        if admission == "preempt":
-            if not self.running:
-                return True
-            needed = kv.blocks_for(request.prefill_target) - kv.blocks_for(request.prefilled)
-            pending = sum(kv.blocks_for(r.prefill_target) - r.blocks for r in self.prefilling)
-            return needed <= kv.free_blocks - pending - self._watermark_blocks
-        if admission == "max_utilization":
-            return kv.blocks_for(request.prefill_target) <= kv.free_blocks
-        reserved = sum(kv.blocks_for(r.prompt_tokens + r.output_tokens) - r.blocks for r in self.running.values())
-        return kv.blocks_for(request.prompt_tokens + request.output_tokens) <= kv.free_blocks - reserved
 
     def _take_blocks(self, request: Request, chunk: int, now: float) -> bool:
         """KV blocks for ``request``'s first ``chunk`` (and, with a tiered cache, the cached prefix the
@@ -386,7 +454,7 @@ class Engine(EngineProcess):
         request.blocks = wanted
         return True
 
-    def _start(self, request: Request, now: float, chunk: int, chunks: list) -> None:
+    def start_request(self, request: Request, now: float, chunk: int, chunks: list) -> None:
         """Admit ``request``, just taken from the queue with its blocks, for its first ``chunk``."""
         request.status = RUNNING
         request.admit_order = self._admitted
@@ -396,22 +464,29 @@ class Engine(EngineProcess):
         self.running[request.id] = request
         self.prefilling.append(request)
         chunks.append((request, chunk))
+        if self._tracks_seats:
+            self.queueing.started(request)
 
     # -- leaving --------------------------------------------------------------------------------
     def finish(self, request: Request, now: float) -> None:
         """``request`` has all its tokens: free its KV (all but its last token's was computed) and report it."""
+        if self._tracks_seats:
+            self.queueing.left(request)
         self.kv.release(request, now, request.prompt_tokens + request.generated - 1)
         del self.running[request.id]
         self.report_finished(request, now)
 
     def preempt_latest(self, now: float) -> Request:
-        """Make room in the KV cache: preempt the most recently admitted request. Returns it."""
-        return self.preempt(next(reversed(self.running.values())), now)
+        """Make room in the KV cache: preempt the request the queueing order gives up first (FIFO: the
+        most recently admitted). Returns it."""
+        return self.preempt(self.queueing.victim(), now)
 
     def preempt(self, request: Request, now: float) -> Request:
         """Preempt ``request``: free its KV and send it back to the queue front, to be recomputed
         (prompt plus what it generated) from what the KV cache keeps of it (nothing, unless it
         swaps). Returns it."""
+        if self._tracks_seats:
+            self.queueing.left(request)
         if request in self.prefilling:
             self.prefilling.remove(request)
             kv_tokens = request.prefilled

@@ -5,8 +5,7 @@ it is idle. As a SimPy wait each costs an event object, a trip through that even
 and a generator resumption through ``Process._resume``. With one replica most iterations need
 no wait at all (an iteration that ends before any other event runs at once, see
 ``Engine._resume``), but with many replicas another engine's step almost always comes first, so
-every iteration pays a wait: 64 replicas processed 1.28 SimPy events per iteration against 0.55
-for one.
+every iteration pays a wait.
 
 :class:`Environment` keeps such waits as plain calls (:meth:`Environment.schedule_call`: an
 engine's ``_resume``, a bound method, not a generator) in a heap of their own, keyed exactly as

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from llmsim.config.policies import Batching
 from llmsim.sim.iterations import Iteration
 
 SLACK_S = 1e-9          # float rounding of start + duration, relative to the clock
@@ -101,7 +102,7 @@ class InvariantChecker:
         generated = int(records["generated_tokens"].sum())
         logged = int(result.iterations["tokens_out"].sum())
         _require(logged == generated, f"the iteration log emitted {logged} tokens, the requests received {generated}")
-        if result.scenario.engine.batching == "continuous":
+        if result.scenario.engine.batching is Batching.CONTINUOUS:
             # Iterations that ended past the run's end (an engine ran ahead) were observed, not logged.
             _require(self.iterations >= len(result.iterations),
                      f"{self.iterations} iterations observed, {len(result.iterations)} logged")

@@ -204,7 +204,7 @@ class RequestRecords:
         self.cached_tokens = array("q", zeros) if prefix_cache else None
         self.reloaded_tokens = array("q", zeros) if prefix_cache else None
         self._reasons = {"": 0}                    # reason -> code, in order of first use
-        self._status_codes = {FINISHED: 1, REJECTED: 2}
+        self._status_codes = {status: self.STATUSES.index(status.value) for status in (FINISHED, REJECTED)}
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -234,6 +234,10 @@ class RequestRecords:
         if self.cached_tokens is not None:
             self.cached_tokens[i] = request.cached_tokens
             self.reloaded_tokens[i] = request.reloaded_tokens
+
+    def finished(self) -> np.ndarray:
+        """Whether each row's request has finished (so far: rows are written as requests leave)."""
+        return np.frombuffer(self.status, np.int8) == self._status_codes[FINISHED]
 
     def columns(self) -> dict[str, np.ndarray]:
         """The raw record columns, in record order (the arrays share the packed columns' memory)."""

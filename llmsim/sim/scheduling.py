@@ -1,7 +1,7 @@
 """Scheduling several traffic classes on one engine: who joins the batch next, and who makes room.
 
 With ``workload.classes`` every replica keeps one FIFO per class (:class:`ClassQueue`) and
-its engines are :class:`ClassEngine`\\ s. ``engine.scheduling_policy`` chooses, whenever a
+its engines serve it through a :class:`ClassQueueing`. ``engine.scheduling_policy`` chooses, whenever a
 sequence slot and token budget are free, which class's oldest waiting request joins:
 
 ``fcfs``
@@ -50,8 +50,9 @@ from typing import Callable
 
 import numpy as np
 
+from llmsim.config.policies import OnTimeout, SchedulingPolicy
 from llmsim.scenario.scenario import Scenario
-from llmsim.sim.engine import Engine, reject_timed_out
+from llmsim.sim.engine import Engine, Queueing, reject_timed_out
 from llmsim.sim.request import QUEUED, Request, TimeAverage
 
 # Credit per round of the heaviest class: small against a request, so a class's turn admits a
@@ -68,7 +69,7 @@ class ClassRule:
     weight: float
     reserved_seqs: int
     timeout_s: float | None
-    on_timeout: str
+    on_timeout: OnTimeout
     dedicated_seqs: int
     deadline_s: float            # from arrival (EDF); inf when the class has no TTFT or e2e limit
 
@@ -82,7 +83,7 @@ def class_rules(scenario: Scenario) -> tuple[ClassRule, ...]:
         deadline = slo.ttft_s if slo.ttft_s is not None else slo.e2e_s
         timeout = c.queue_timeout_s if c.queue_timeout_s is not None else engine.queue_timeout_s
         action = c.on_timeout if c.queue_timeout_s is not None else engine.on_timeout
-        rules.append(ClassRule(c.name, c.priority, c.weight, c.reserved_seqs, timeout, action or "dispatch",
+        rules.append(ClassRule(c.name, c.priority, c.weight, c.reserved_seqs, timeout, action or OnTimeout.DISPATCH,
                                c.dedicated_seqs, INF if deadline is None else deadline))
     return tuple(rules)
 
@@ -95,8 +96,8 @@ class ClassQueue:
     ``class_length[c]`` integrates class ``c``'s queue length over time.
     """
 
-    def __init__(self, rules: tuple[ClassRule, ...], policy: str, quantum_tokens: int):
-        self.rules, self.policy = rules, policy
+    def __init__(self, rules: tuple[ClassRule, ...], order: ClassOrder, quantum_tokens: int):
+        self.rules = rules
         self._queues: list[deque[Request]] = [deque() for _ in rules]
         self._count = 0
         self.length = TimeAverage()
@@ -106,7 +107,7 @@ class ClassQueue:
         self._quantum = [r.weight / top * quantum_tokens for r in rules]
         self._deficit = [0.0] * len(rules)
         self._turn = 0
-        self._key = _ORDER.get(policy)
+        self._key = order.head_key
 
     def __len__(self) -> int:
         return self._count
@@ -186,7 +187,7 @@ class ClassQueue:
         that have waited their class's timeout (started ones, back from a preemption, stay)."""
         expired = []
         for c, rule in enumerate(self.rules):
-            if rule.on_timeout != "reject" or rule.timeout_s is None or not self._queues[c]:
+            if rule.on_timeout is not OnTimeout.REJECT or rule.timeout_s is None or not self._queues[c]:
                 continue
             queue, kept = self._queues[c], []
             while queue:
@@ -211,100 +212,130 @@ def _started(request: Request) -> bool:
     return request.first_scheduled_s == request.first_scheduled_s
 
 
-# Sort keys of a class's head under each ordered policy (smallest goes first).
-_ORDER: dict[str, Callable[[Request, ClassRule], tuple]] = {
-    "fcfs": lambda r, rule: (not _started(r), r.arrival_s),
-    "priority": lambda r, rule: (rule.priority, not _started(r), r.arrival_s),
-    "preemptive_priority": lambda r, rule: (rule.priority, not _started(r), r.arrival_s),
-    "vllm_priority": lambda r, rule: (rule.priority, r.arrival_s),
-    "edf": lambda r, rule: (r.arrival_s + rule.deadline_s, r.arrival_s),
+def _fcfs(r: Request, rule: ClassRule) -> tuple:
+    return (not _started(r), r.arrival_s)
+
+
+def _by_priority(r: Request, rule: ClassRule) -> tuple:
+    return (rule.priority, not _started(r), r.arrival_s)
+
+
+def _by_priority_then_arrival(r: Request, rule: ClassRule) -> tuple:
+    return (rule.priority, r.arrival_s)
+
+
+def _by_deadline(r: Request, rule: ClassRule) -> tuple:
+    return (r.arrival_s + rule.deadline_s, r.arrival_s)
+
+
+def _least_urgent_latest(r: Request, rules: tuple[ClassRule, ...]) -> tuple:
+    return (rules[r.class_index].priority, r.admit_order)
+
+
+def _least_urgent_youngest(r: Request, rules: tuple[ClassRule, ...]) -> tuple:
+    return (rules[r.class_index].priority, r.arrival_s)
+
+
+@dataclass(frozen=True)
+class ClassOrder:
+    """One scheduling policy (module docstring): ``head_key`` orders the classes' heads, smallest first
+    (None: deficit round robin over the classes' token work); ``victim_key`` picks the running request
+    preempted for KV room, the largest (None: the most recently admitted, as without classes);
+    ``preempts_for_waiting``: a waiting request preempts running ones of less urgent classes."""
+    head_key: Callable[[Request, ClassRule], tuple] | None
+    victim_key: Callable[[Request, tuple[ClassRule, ...]], tuple] | None = None
+    preempts_for_waiting: bool = False
+
+
+CLASS_ORDERS: dict[SchedulingPolicy, ClassOrder] = {
+    SchedulingPolicy.FCFS: ClassOrder(_fcfs),
+    SchedulingPolicy.PRIORITY: ClassOrder(_by_priority, _least_urgent_latest),
+    SchedulingPolicy.PREEMPTIVE_PRIORITY: ClassOrder(_by_priority, _least_urgent_latest, preempts_for_waiting=True),
+    SchedulingPolicy.WEIGHTED_FAIR: ClassOrder(None),
+    SchedulingPolicy.EDF: ClassOrder(_by_deadline),
+    SchedulingPolicy.VLLM_PRIORITY: ClassOrder(_by_priority_then_arrival, _least_urgent_youngest),
 }
 
 
-class ClassEngine(Engine):
-    """The continuous-batching engine with a :class:`ClassQueue`: admission follows the policy,
-    class reservations and class timeouts; ``seats[c]`` counts class ``c``'s running requests."""
+class ClassQueueing(Queueing):
+    """An engine's :class:`~llmsim.sim.engine.Queueing` over a :class:`ClassQueue`: admission follows the
+    policy, class reservations and class timeouts; ``seats[c]`` counts class ``c``'s running requests."""
 
-    def __init__(self, *args, rules: tuple[ClassRule, ...], policy: str, **kwargs):
-        self.rules, self.policy = rules, policy
+    tracks_seats = True
+
+    def __init__(self, engine: Engine, rules: tuple[ClassRule, ...], order: ClassOrder):
+        super().__init__(engine)
+        self.rules, self.order = rules, order
+        self.preempts_for_waiting = order.preempts_for_waiting
         self.seats = [0] * len(rules)
         self._reserving = any(r.reserved_seqs for r in rules)
-        self._victim_key = _VICTIM.get(policy)
-        super().__init__(*args, **kwargs)
 
     # -- timeouts ---------------------------------------------------------------------------------
     def rejects_on_timeout(self) -> bool:
-        return any(r.on_timeout == "reject" and r.timeout_s is not None for r in self.rules)
+        return any(r.on_timeout is OnTimeout.REJECT and r.timeout_s is not None for r in self.rules)
 
     def expire_waiting(self, now: float) -> None:
-        for request, timeout_s in self.queue.expire(now):
-            reject_timed_out(request, timeout_s, now, self.on_done)
+        engine = self.engine
+        for request, timeout_s in engine.queue.expire(now):
+            reject_timed_out(request, timeout_s, now, engine.on_done)
 
     def scale_timeouts(self, rules: tuple[ClassRule, ...], scale: float) -> None:
         """Use ``rules`` with every queue timeout multiplied by ``scale`` (the adaptive controller)."""
         self.rules = tuple(r if r.timeout_s is None else replace(r, timeout_s=r.timeout_s * scale) for r in rules)
-        self.queue.rules = self.rules
+        self.engine.queue.rules = self.rules
 
     # -- admission -----------------------------------------------------------------------------
-    def schedule(self):
-        if self.policy == "preemptive_priority" and self.queue and self.running:
-            self._preempt_for_waiting(self.now)
-        return super().schedule()
-
     def _forced(self, rule: ClassRule, request: Request, now: float) -> bool:
-        return rule.timeout_s is not None and rule.on_timeout != "reject" and now - request.arrival_s >= rule.timeout_s
+        return (rule.timeout_s is not None and rule.on_timeout is not OnTimeout.REJECT
+                and now - request.arrival_s >= rule.timeout_s)
 
     def _may_seat(self, c: int, now: float) -> bool:
         """Whether class ``c``'s head may take a sequence slot now."""
-        rule = self.rules[c]
-        seats = self.config.max_num_seqs
-        if rule.on_timeout == "dedicated" and self._forced(rule, self.queue.front(c), now):
+        engine, rule = self.engine, self.rules[c]
+        seats = engine.config.max_num_seqs
+        if rule.on_timeout is OnTimeout.DEDICATED and self._forced(rule, engine.queue.front(c), now):
             seats += rule.dedicated_seqs
         if self._reserving and self.seats[c] >= rule.reserved_seqs:
             # Slots other classes reserved and do not use are not this class's to take.
             seats -= sum(max(0, r.reserved_seqs - self.seats[d]) for d, r in enumerate(self.rules) if d != c)
-        return len(self.running) < seats
+        return len(engine.running) < seats
 
-    def _admit(self, now: float, budget: int, chunks: list) -> None:
-        queue = self.queue
+    def admit(self, now: float, budget: int, chunks: list) -> None:
+        engine = self.engine
+        queue = engine.queue
         while queue:
             classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
             if not classes:
                 break
             c = queue.choose(classes)
             request = queue.front(c)
-            chunk = self._fit(request, now, budget, self._forced(self.rules[c], request, now))
+            chunk = engine.fit(request, now, budget, self._forced(self.rules[c], request, now))
             if not chunk:
                 break
             queue.pop_class(c, now)
-            self._start(request, now, chunk, chunks)
+            engine.start_request(request, now, chunk, chunks)
             budget -= chunk
 
-    def _start(self, request, now, chunk, chunks):
-        super()._start(request, now, chunk, chunks)
+    def started(self, request: Request) -> None:
         self.seats[request.class_index] += 1
 
     # -- leaving and preemption ----------------------------------------------------------------
-    def finish(self, request: Request, now: float) -> None:
+    def left(self, request: Request) -> None:
         self.seats[request.class_index] -= 1
-        super().finish(request, now)
 
-    def preempt(self, request: Request, now: float) -> Request:
-        self.seats[request.class_index] -= 1
-        return super().preempt(request, now)
-
-    def preempt_latest(self, now: float) -> Request:
+    def victim(self) -> Request:
         """Make room in the KV cache: under a priority policy, the least urgent running request."""
-        if self._victim_key is None:
-            return super().preempt_latest(now)
+        victim_key = self.order.victim_key
+        if victim_key is None:
+            return super().victim()
         rules = self.rules
-        victim_key = self._victim_key
-        return self.preempt(max(reversed(self.running.values()), key=lambda r: victim_key(r, rules)), now)
+        return max(reversed(self.engine.running.values()), key=lambda r: victim_key(r, rules))
 
-    def _preempt_for_waiting(self, now: float) -> None:
+    def make_room(self, now: float) -> None:
         """Preemptive priority: while the most urgent waiting request lacks a slot or KV blocks for its
         first chunk, preempt the least urgent running request of a less urgent class."""
-        cfg, kv, queue, rules = self.config, self.kv, self.queue, self.rules
+        engine = self.engine
+        cfg, kv, queue, rules = engine.config, engine.kv, engine.queue, self.rules
         while queue:
             c = queue.choose(queue.waiting_classes())
             request = queue.front(c)
@@ -313,26 +344,24 @@ class ClassEngine(Engine):
                 chunk = min(chunk, cfg.max_batch_tokens)
             if self._may_seat(c, now) and kv.blocks_for(chunk) <= kv.free_blocks:
                 return
-            lower = [r for r in reversed(self.running.values()) if rules[r.class_index].priority > rules[c].priority]
+            lower = [r for r in reversed(engine.running.values()) if rules[r.class_index].priority > rules[c].priority]
             if not lower:
                 return
-            self.preempt(max(lower, key=lambda r: rules[r.class_index].priority), now)
-
-
-# Which running request a priority policy preempts for KV: the largest key.
-_VICTIM: dict[str, Callable[[Request, tuple[ClassRule, ...]], tuple]] = {
-    "priority": lambda r, rules: (rules[r.class_index].priority, r.admit_order),
-    "preemptive_priority": lambda r, rules: (rules[r.class_index].priority, r.admit_order),
-    "vllm_priority": lambda r, rules: (rules[r.class_index].priority, r.arrival_s),
-}
+            engine.preempt(max(lower, key=lambda r: rules[r.class_index].priority), now)
 
 
 def class_queue_factory(scenario: Scenario) -> Callable[[], ClassQueue] | None:
     """A maker of the scenario's class queues (None without traffic classes)."""
     if not scenario.workload.classes:
         return None
-    rules = class_rules(scenario)
-    return lambda: ClassQueue(rules, scenario.engine.scheduling_policy, DRR_QUANTUM_TOKENS)
+    rules, order = class_rules(scenario), CLASS_ORDERS[scenario.engine.scheduling_policy]
+    return lambda: ClassQueue(rules, order, DRR_QUANTUM_TOKENS)
+
+
+def class_queueing(scenario: Scenario) -> Callable[[Engine], ClassQueueing]:
+    """A maker of each engine's :class:`ClassQueueing` under the scenario's classes and policy."""
+    rules, order = class_rules(scenario), CLASS_ORDERS[scenario.engine.scheduling_policy]
+    return lambda engine: ClassQueueing(engine, rules, order)
 
 
 def class_mean_queue_lengths(queues, end_s: float) -> np.ndarray:

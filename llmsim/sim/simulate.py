@@ -24,14 +24,12 @@ from __future__ import annotations
 import itertools
 from functools import partial
 from typing import Sequence
-from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from llmsim.analysis.metrics import meets_slo, summarize
-from llmsim.analysis.summary import COMPLETED, FAULT, HORIZON, INTERRUPT
+from llmsim.config.policies import Batching, PreemptionMode, RouterPolicy
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario, host_kv_blocks
@@ -43,12 +41,57 @@ from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.resources import check_run_size
+from llmsim.sim.result import SUMMED_KV_TOTALS, KVTierTotals, SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
-from llmsim.sim.scheduling import ClassEngine, class_mean_queue_lengths, class_queue_factory, class_rules
+from llmsim.sim.slo import meets_slo
+from llmsim.sim.scheduling import class_mean_queue_lengths, class_queue_factory, class_queueing
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
 from llmsim.speculation.config import stream_key
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.workload.trace import Trace
+from llmsim.workload.generate import generate_trace
+
+
+class RoutePolicy:
+    """How the router picks a replica: ``pick`` among every replica, ``pick_serving`` among the serving
+    ones of an autoscaled pool; -1 is the shared queue."""
+
+    def pick(self, router: Router, request: Request) -> int:
+        raise NotImplementedError
+
+    def pick_serving(self, router: Router, request: Request, pool: ReplicaPool) -> int:
+        return pool.least_outstanding(router.outstanding)
+
+
+class RoundRobin(RoutePolicy):
+    def pick(self, router: Router, request: Request) -> int:
+        return next(router.cycle)
+
+    def pick_serving(self, router: Router, request: Request, pool: ReplicaPool) -> int:
+        return pool.next_in_turn()
+
+
+class LeastOutstanding(RoutePolicy):
+    def pick(self, router: Router, request: Request) -> int:
+        return router.least_outstanding()
+
+
+class SharedQueue(RoutePolicy):
+    def pick(self, router: Router, request: Request) -> int:
+        return -1
+
+
+class PrefixAware(RoutePolicy):
+    def pick(self, router: Router, request: Request) -> int:
+        return router.holding_prefix(request, router.everyone)
+
+    def pick_serving(self, router: Router, request: Request, pool: ReplicaPool) -> int:
+        return router.holding_prefix(request, pool.routable)
+
+
+ROUTE_POLICIES: dict[RouterPolicy, RoutePolicy] = {
+    RouterPolicy.ROUND_ROBIN: RoundRobin(), RouterPolicy.LEAST_OUTSTANDING: LeastOutstanding(),
+    RouterPolicy.SHARED_QUEUE: SharedQueue(), RouterPolicy.PREFIX_AWARE: PrefixAware()}
 
 
 class Router:
@@ -76,16 +119,16 @@ class Router:
     requests that reached the system.
     """
 
-    def __init__(self, policy: str, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
+    def __init__(self, policy: RouterPolicy, replicas: list[list[Engine]], max_tokens: int, kv_blocks: int,
                  block_size: int, records: RequestRecords, all_done: simpy.Event, load_bound: float = 1.25):
-        self.policy, self.replicas = policy, replicas
+        self.policy, self.replicas = ROUTE_POLICIES[policy], replicas
         self.load_bound = load_bound
         self.max_tokens, self.kv_tokens = max_tokens, kv_blocks * block_size
         self.outstanding = [0] * len(replicas)
         self._by_count = [(1 << len(replicas)) - 1]     # outstanding count -> bitmask of the replicas at it
         self._fewest = 0                                # the lowest count any replica has
-        self._cycle = itertools.cycle(range(len(replicas)))
-        self._everyone = list(range(len(replicas)))
+        self.cycle = itertools.cycle(range(len(replicas)))
+        self.everyone = list(range(len(replicas)))
         self.in_system = TimeAverage(logged=False)
         self.in_system_requests: dict[int, Request] = {}
         self.arrived = 0
@@ -100,7 +143,7 @@ class Router:
         self.records.write(request)
         self._left_to_finish -= 1
         if self._left_to_finish == 0 and not self._all_done.triggered:
-            self._all_done.succeed(COMPLETED)
+            self._all_done.succeed(StopReason.COMPLETED)
 
     def dispatch(self, request: Request, now: float) -> None:
         self.arrived += 1
@@ -128,19 +171,15 @@ class Router:
     def _pick(self, request: Request) -> int:
         """The replica for ``request`` (-1: the shared queue)."""
         if self.pool is not None:                 # autoscaling: a serving replica
-            if self.policy == "prefix_aware":
-                return self._holding_prefix(request, self.pool.routable)
-            return self.pool.pick(self.policy, self.outstanding)
-        if self.policy == "round_robin":
-            return next(self._cycle)
-        if self.policy == "least_outstanding":
-            fewest = self._by_count[self._fewest]
-            return (fewest & -fewest).bit_length() - 1       # the lowest index among the least loaded
-        if self.policy == "prefix_aware":
-            return self._holding_prefix(request, self._everyone)
-        return -1
+            return self.policy.pick_serving(self, request, self.pool)
+        return self.policy.pick(self, request)
 
-    def _holding_prefix(self, request: Request, candidates: list[int]) -> int:
+    def least_outstanding(self) -> int:
+        """The lowest index among the replicas with the fewest outstanding requests."""
+        fewest = self._by_count[self._fewest]
+        return (fewest & -fewest).bit_length() - 1
+
+    def holding_prefix(self, request: Request, candidates: list[int]) -> int:
         """The replica of ``candidates`` under the load bound with the longest cached prefix of ``request``."""
         outstanding = self.outstanding
         limit = -(-self.load_bound * (sum([outstanding[i] for i in candidates]) + 1) // len(candidates))
@@ -201,57 +240,6 @@ def arrivals(env: simpy.Environment, records: RequestRecords, router: Router):
             router.dispatch(records.request(i, arrival_s, prompt, output), env.now)
 
 
-@dataclass
-class SimulationResult:
-    """What one run produced; ``requests`` is the per-request record everything else derives from.
-
-    ``requests`` has one row per request that arrived (every request of the trace, unless the
-    run stopped before the end of its arrivals: then the first ``len(requests)`` of
-    ``planned_requests``). ``stopped_by`` is ``completed``, ``horizon``, ``interrupt`` (Ctrl-C)
-    or ``fault`` (``fault`` names the exception), and ``end_s`` the simulated time it stopped at.
-    """
-    scenario: Scenario
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
-    queue_length: pd.DataFrame
-    end_s: float
-    arrival_window_s: float
-    warmup_s: float
-    kv_blocks_per_replica: int
-    kv_allocated_blocks: int
-    kv_freed_blocks: int
-    kv_held_blocks: int                  # blocks allocated and not freed (with prefix caching: cached ones too)
-    preemptions: int
-    mean_in_system: float
-    mean_queue_length: float
-    planned_requests: int
-    inter_token_gaps: InterTokenGaps = field(repr=False, default_factory=InterTokenGaps)
-    stopped_by: str = COMPLETED
-    fault: str | None = None
-    mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
-    control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)
-    scaling: pd.DataFrame | None = None          # with autoscaling: every check (sim.autoscaling.ScalingLog)
-    replica_seconds: float | None = None         # with autoscaling: replica time paid for, start to end
-    provisioned: pd.DataFrame | None = None      # with autoscaling: replicas paid for after each change
-    speculation_blocked: dict | None = None      # speculative decode sets' eligibility counts, summed
-    kv_tiers: dict | None = None         # the tiered KV cache's totals (prefix caching, host tier, swap), if any
-
-    @property
-    def interrupted(self) -> bool:
-        """Stopped before the scenario's own end (Ctrl-C or a fault): the figures cover what ran."""
-        return self.stopped_by in (INTERRUPT, FAULT)
-
-    def summary(self) -> dict:
-        """The run's summary as a nested dict, as written to ``summary.json``.
-
-        A plain dict (``summarize(self).to_dict()``) rather than the typed record, because
-        callers index and extend it (``summary()["latency"]["tpot_s"]["p95"]``, the CLI adds the
-        speedup over plain decoding) and :func:`llmsim.flatten` turns it into a sweep's row;
-        ``llmsim.summarize(result)`` gives the typed :class:`~llmsim.analysis.summary.RunSummary`.
-        """
-        return summarize(self).to_dict()
-
-
 def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
     """(arrival window, horizon): the horizon defaults to twice the window and at least 60 s past it."""
     window = float(trace.arrival_s[-1]) if len(trace) else 0.0
@@ -291,7 +279,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     resolved = ResolvedDeployment.of(scenario)
     env = Environment()
     make_queue = class_queue_factory(scenario) or WaitingQueue
-    shared = make_queue() if dep.router == "shared_queue" else None
+    shared = make_queue() if dep.router is RouterPolicy.SHARED_QUEUE else None
     records = RequestRecords(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
                              _alphas(scenario, len(trace)), trace.class_index, trace.session_id,
                              scenario.engine.tiered_kv)
@@ -328,21 +316,21 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         router.pool = ReplicaPool(pool_size, resolved.replicas, switch_off)
         env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
-    stopped_by, fault = COMPLETED, None
+    stopped_by, fault = StopReason.COMPLETED, None
     try:
         if len(records):
             stopped_by = env.run(until=stop)
     except KeyboardInterrupt:
         # Keep what was simulated: everything still in flight is reported unfinished.
-        stopped_by = INTERRUPT
+        stopped_by = StopReason.INTERRUPT
     except Exception as error:               # raised again below, with what was simulated attached
-        stopped_by, fault = FAULT, error
+        stopped_by, fault = StopReason.FAULT, error
     if fault is None:
         return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
                        scaling=scaling)
     try:
-        fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup, FAULT,
-                                       f"{type(fault).__name__}: {fault}", control, scaling)
+        fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup,
+                                       StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling)
         fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
@@ -358,7 +346,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
     end_s = max(env.now, router.in_system.last_s)
-    if stopped_by in (INTERRUPT, FAULT):     # stopped inside an engine's run-ahead: up to its clock
+    if stopped_by in (StopReason.INTERRUPT, StopReason.FAULT):   # stopped in an engine's run-ahead: up to its clock
         end_s = max([end_s] + [engine.now for engine in engines if isinstance(engine, Engine)])
     gaps = InterTokenGaps()
     for engine in engines:
@@ -397,11 +385,11 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     )
 
 
-def _blocked_counts(engines) -> dict | None:
+def _blocked_counts(engines) -> SpeculationSteps | None:
     """The speculative decode sets' counts of sequence-steps and why they did not speculate, summed."""
-    counts = [engine.decode.blocked for engine in engines if isinstance(getattr(engine, "decode", None),
-                                                                         SpeculativeDecodeSet)]
-    return {name: sum(c[name] for c in counts) for name in counts[0]} if counts else None
+    counts = [SpeculationSteps(**engine.decode.blocked) for engine in engines
+              if isinstance(getattr(engine, "decode", None), SpeculativeDecodeSet)]
+    return sum(counts[1:], counts[0]) if counts else None
 
 
 def simulate_whole(scenario: Scenario, trace: Trace | None = None, **options) -> SimulationResult:
@@ -414,37 +402,13 @@ def simulate_whole(scenario: Scenario, trace: Trace | None = None, **options) ->
     return result
 
 
-def speedup_over_plain(result: SimulationResult, summary: dict | None = None) -> dict:
-    """Speculative decoding's gain: the same scenario without it, on the same arrival trace.
-
-    Ratios are plain / speculative for latencies (above 1 = faster) and speculative /
-    plain for throughputs. ``summary`` is ``result.summary()`` when the caller has it already
-    (summarising a large run takes seconds).
-    """
-    scenario = result.scenario
-    # The size of the run itself, already checked; Ctrl-C during the baseline: no ratios from half a run.
-    plain = simulate_whole(scenario.plain_decoding(), generate_trace(scenario.workload, scenario.seed),
-                           force=True).summary()
-    spec = result.summary() if summary is None else summary
-    ratio = (lambda a, b: a / b if b else float("nan"))
-    return {
-        "tpot_mean": ratio(plain["latency"]["tpot_s"]["mean"], spec["latency"]["tpot_s"]["mean"]),
-        "e2e_p50": ratio(plain["latency"]["e2e_s"]["p50"], spec["latency"]["e2e_s"]["p50"]),
-        "e2e_p95": ratio(plain["latency"]["e2e_s"]["p95"], spec["latency"]["e2e_s"]["p95"]),
-        "ttft_p50": ratio(plain["latency"]["ttft_s"]["p50"], spec["latency"]["ttft_s"]["p50"]),
-        "output_tokens_per_s": ratio(spec["throughput"]["output_tokens_per_s"],
-                                     plain["throughput"]["output_tokens_per_s"]),
-        "goodput_requests_per_s": ratio(spec["slo"]["goodput_requests_per_s"], plain["slo"]["goodput_requests_per_s"]),
-    }
-
-
 def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
     """Each request's acceptance rate when the scenario speculates (None otherwise).
 
     Acceptance is keyed by the seed and the request, not by the replica or the run's
     settings: every configuration sees the same draft successes (common random numbers).
     """
-    if scenario.engine.batching == "static" or not scenario.speculating:
+    if scenario.engine.batching is Batching.STATIC or not scenario.speculating:
         return None
     return scenario.speculation.acceptance.request_alphas(stream_key(scenario.seed, 1), np.arange(n, dtype=np.int64))
 
@@ -452,11 +416,11 @@ def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
 def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):
     """Static batching engines, plain ones, or ones whose decode set speculates with the draft's
     cost model and the acceptance stream (keyed by the seed, like the acceptance rates)."""
-    if scenario.engine.batching == "static":
+    if scenario.engine.batching is Batching.STATIC:
         return StaticBatchEngine
     engine = Engine
     if scenario.workload.classes:
-        engine = partial(ClassEngine, rules=class_rules(scenario), policy=scenario.engine.scheduling_policy)
+        engine = partial(Engine, queueing=class_queueing(scenario))
     if not scenario.speculating:
         return engine
     spec = scenario.speculation
@@ -482,19 +446,17 @@ def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
     transfer_s = block_bytes_per_device / scenario.hardware.host_memory.link_bandwidth_bytes_per_s
     return lambda: TieredKV(blocks, size, keys, HostTier(host_blocks),
                             offload.idle_timeout_s if offload is not None else None,
-                            swap=engine.preemption_mode == "swap", overlap=offload is not None and offload.overlap,
+                            swap=engine.preemption_mode is PreemptionMode.SWAP,
+                            overlap=offload is not None and offload.overlap,
                             block_transfer_s=transfer_s, block_bytes=block_bytes_per_device * placement.devices)
 
 
-def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
+def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> KVTierTotals | None:
     """Totals of the replicas' tiered KV caches (None without them), host occupancy averaged over time."""
     if not kv_caches or not kv_caches[0].tiered:
         return None
     first = kv_caches[0]
-    totals = {name: sum(getattr(kv, name) for kv in kv_caches)
-              for name in ("lookups", "hit_blocks", "reloaded_blocks", "offloaded_blocks", "evicted_blocks",
-                           "swapped_out_blocks", "swapped_in_blocks", "swap_resident_blocks",
-                           "swap_failed_preemptions", "transfer_s", "offload_s", "stall_s")}
+    totals = {name: sum(getattr(kv, name) for kv in kv_caches) for name in SUMMED_KV_TOTALS}
     totals.update(block_size=first.block_size, block_bytes=first.block_bytes, gpu_blocks=first.num_blocks,
                   cached_blocks=sum(len(kv.cached) for kv in kv_caches))
     hosts = [kv.host for kv in kv_caches if kv.host is not None]
@@ -514,13 +476,13 @@ def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> dict | None:
                       offload_failed_blocks=sum(h.failed for h in hosts),
                       host_allocated_blocks=sum(h.allocated_total for h in hosts),
                       host_freed_blocks=sum(h.freed_total for h in hosts), host_held_blocks=sum(h.held for h in hosts))
-    return totals
+    return KVTierTotals(**totals)
 
 
 def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
     yield env.timeout(horizon_s)
     if not stop.triggered:
-        stop.succeed(HORIZON)
+        stop.succeed(StopReason.HORIZON)
 
 
 def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.DataFrame:

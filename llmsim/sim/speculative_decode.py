@@ -33,20 +33,20 @@ from __future__ import annotations
 
 from array import array
 
+from dataclasses import fields
+
 import numpy as np
 
 from llmsim.cost.features import FEATURES, batch_rows, sequential_decode_rows, speculative_step_sums, visible
-from llmsim.sim.decode import DecodeSet
+from llmsim.sim.decode import DecodeSet, StepPrice, new_price
 from llmsim.sim.request import InterTokenGaps, Request
+from llmsim.sim.result import SpeculationSteps
 from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks,
                                             tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
 
-# Why a decoding sequence did not speculate in a step (counted per sequence and step, see
-# SpeculativeDecodeSet.blocked): the eligibility rules, the KV cache, or the k policy / last token.
-BLOCKED_BY = ("min_concurrent_requests", "min_sequence_tokens", "kv_cache", "policy")
 
 _STEP_COLUMNS = (("eligible", bool), ("speculated", bool), ("finished_rows", np.int64))   # this step's: not moved
 
@@ -119,7 +119,8 @@ class SpeculativeDecodeSet(DecodeSet):
     between a draft on devices of its own and the target (None: the draft is colocated);
     ``acceptance_key`` keys the acceptance stream (common random numbers across configurations).
     ``blocked`` counts decoding sequence-steps: all of them (``sequence_steps``), those that
-    speculated, and those kept from it by each of :data:`BLOCKED_BY`.
+    speculated, and those kept from it by each rule (the fields of
+    :class:`~llmsim.sim.result.SpeculationSteps`, which the run's result sums them into).
     """
 
     def __init__(self, engine, speculation: SpeculationConfig, draft_cost, acceptance_key: int,
@@ -131,7 +132,7 @@ class SpeculativeDecodeSet(DecodeSet):
         self._branching = speculation.proposer.branching
         self._sequential = speculation.proposer.sequential      # one draft step per level (else one pass)
         self._draw = speculation.acceptance.draws(acceptance_key, self._branching)
-        self.blocked = dict.fromkeys(("sequence_steps", "speculated") + BLOCKED_BY, 0)
+        self.blocked = {f.name: 0 for f in fields(SpeculationSteps)}
         self._blocked_step: tuple[str | None, int] = (None, 0)   # this step: a rule blocking all, or eligible count
         self._window_tokens = self._window or 0      # 0: no sliding window, as the kernels take it
         self.slots = DecodeSlots()
@@ -237,7 +238,7 @@ class SpeculativeDecodeSet(DecodeSet):
         blocked["policy"] += eligible - n_spec
 
     # -- a step: price it -----------------------------------------------------------------------
-    def price(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits):
+    def price(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits) -> StepPrice:
         n = self.n if decoding else 0
         s = self.slots
         # The verify chunks' tokens (each gives logits), pairs and KV read; the draft's rows.
@@ -268,7 +269,7 @@ class SpeculativeDecodeSet(DecodeSet):
             draft_s = float(total(times))
             flops, moved = flops + float(total(draft_flops)), moved + float(total(draft_bytes))
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
-        return duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s
+        return new_price((duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s))
 
     # -- a step: apply its outcome ----------------------------------------------------------------
     def advance(self, now: float) -> None:

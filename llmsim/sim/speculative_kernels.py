@@ -2,21 +2,20 @@
 
 A step touches every decoding sequence a few times: choose and cap its draft length and
 reserve KV for it (:func:`reserve_blocks`), then apply the outcome (:func:`advance_rows`).
-The batch is a few dozen rows, so as numpy each of these was a dozen or more array calls
-of a microsecond or two of overhead apiece, and together they dominated the speculative
-engine's time; compiled, each phase is one call. The feature sums a step is priced from
+The batch is a few dozen rows, so in numpy each phase would be a dozen or more array calls,
+each with a fixed overhead larger than its work; compiled, each phase is one call. The feature sums a step is priced from
 are built by :func:`llmsim.cost.features.speculative_step_sums`, the acceptance draws by
 :mod:`llmsim.speculation.kernels`, the adaptive k rule by the policy's own kernel.
 
 Every kernel works on rows ``[0, n)`` of the packed columns (``llmsim.sim.speculative_decode.
-DecodeSlots``, laid out here) and does the same integer and IEEE float operations as the numpy it
-replaced, so runs are identical. Compiled code is cached next to this file.
+DecodeSlots``, laid out here) and does the same integer and IEEE float operations as numpy would, so
+runs do not depend on whether it is compiled. Compiled code is cached next to this file.
 """
 from __future__ import annotations
 
 import numba
 
-from llmsim.cost.features import F, seen_by_layers
+from llmsim.cost.features import DRAFT_ROW_COLUMNS, seen_by_layers
 
 # The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
 # kernel takes two arrays, not fifteen (each argument costs a type check per call).
@@ -29,7 +28,7 @@ _CONTEXT, _GENERATED, _REMAINING, _BLOCKS, _K, _ACCEPTED, _LAG, _PROPOSED_TOTAL,
 _LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
 # Feature columns of the draft's rows, as constants for compiled code.
 _ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DECODE_KV_READ, _ROW_LOGITS = (
-    F[name] for name in ("tokens", "prefill_tokens", "prefill_pairs", "decode_seqs", "decode_kv_read", "logit_tokens"))
+    DRAFT_ROW_COLUMNS)
 
 
 @numba.njit(cache=True)

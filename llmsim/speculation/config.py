@@ -41,6 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from llmsim.config.policies import Batching, KPolicyName, members_of
 from llmsim.config.reader import Node
 from llmsim.workload.trace import read_csv
 from llmsim.catalog.models import ModelSpec
@@ -50,7 +51,6 @@ from llmsim.speculation.proposers import (EAGLE, HEAD_KINDS, KINDS, MEDUSA, MODE
                                           NGRAM_CPU_S_PER_CONTEXT_TOKEN, Proposer, head_spec)
 
 PROCESSES = ("bernoulli", "beta", "positional", "replay", "predicted")
-POLICIES = ("static", "adaptive", "goodput")
 # Draft levels (k_max) at most: four times the largest published drafts (EAGLE-2's evaluation
 # verifies trees of 60 tokens, --eagle-tree-size 60). A token's chance of acceptance falls
 # geometrically with its depth (at 0.99 per token a 256th is accepted 8% of the time), while the
@@ -174,15 +174,18 @@ class KPolicy:
     ``scope`` says whether adaptive k is kept per request or one for the whole batch
     (goodput always chooses one k for the batch, as SmartSpec does).
     """
-    policy: str = "static"
+    policy: KPolicyName = KPolicyName.STATIC
     k: int = 4
-    k_max: int = 8
-    scope: str = "per_request"
+    k_max: int = 8                      # the reader's default: at least k (Medusa: its heads)
+    scope: str = "per_request"          # the reader's default for goodput: per_batch
     window: int = 10
     raise_above: float = 0.8
     lower_below: float = 0.5
     fallback: bool = True
     prior_alpha: float = 0.7            # goodput: the acceptance assumed before any is observed
+
+    def __post_init__(self):
+        members_of(self, policy=KPolicyName)
 
     @property
     def label(self) -> str:
@@ -215,7 +218,7 @@ class SpeculationConfig:
     @property
     def enabled(self) -> bool:
         """A static k of 0 is plain decoding: no draft is loaded at all."""
-        return self.policy.policy != "static" or self.policy.k > 0
+        return self.policy.policy is not KPolicyName.STATIC or self.policy.k > 0
 
     @property
     def colocated_draft(self) -> ModelSpec | None:
@@ -227,7 +230,7 @@ class SpeculationConfig:
 
 
 def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_parallel: int | None,
-                          pipeline_parallel: int | None, batching: str) -> SpeculationConfig:
+                          pipeline_parallel: int | None, batching: Batching) -> SpeculationConfig:
     """Read ``speculation:``; ``read_model(node, key)`` reads a model the way ``model:`` is read.
 
     ``tensor_parallel`` and ``pipeline_parallel`` are None when the scenario leaves them to
@@ -236,7 +239,7 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     """
     proposer, draft = _proposer(node, target, read_model)
     count = dict(integer=True, minimum=1, exclusive_minimum=False)
-    placement = node.choice("placement", PLACEMENTS, "colocated")
+    placement = node.choice("placement", PLACEMENTS, SpeculationConfig.placement)
     if placement == "separate" and proposer.kind in HEAD_KINDS:
         raise node.key_error("placement", f"a {proposer.kind} head runs on the target's hidden states, on its devices",
                              placement, "colocated")
@@ -254,42 +257,44 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     if placement == "separate" and draft is None:
         node.number("draft_devices", 1, **count)    # read (and ignored): an n-gram speculator has no devices
 
-    policy_name = node.choice("policy", POLICIES, "static")
-    k = node.number("k", 4, integer=True, minimum=0, exclusive_minimum=False)
-    k_max = node.number("k_max", max(proposer.heads, k) if proposer.kind == MEDUSA else max(8, k), **count)
+    policy_name = KPolicyName(node.choice("policy", KPolicyName.names(), KPolicy.policy))
+    k = node.number("k", KPolicy.k, integer=True, minimum=0, exclusive_minimum=False)
+    k_max = node.number("k_max", max(proposer.heads, k) if proposer.kind == MEDUSA else max(KPolicy.k_max, k),
+                        **count)
     if k > k_max:
         raise node.key_error("k", f"exceeds k_max ({k_max})", k, f"0..{k_max}")
     _check_draft_size(node, k_max, proposer.branching)
     if proposer.kind == MEDUSA and k_max > proposer.heads:
         raise node.key_error("k_max" if node.has("k_max") else "k", f"Medusa drafts one token per head "
                              f"({proposer.heads} heads)", k_max, f"k and k_max <= heads ({proposer.heads})")
-    if policy_name == "adaptive" and k == 0:
+    if policy_name is KPolicyName.ADAPTIVE and k == 0:
         raise node.key_error("k", "the adaptive rule starts from k0 >= 1", k, f"1..{k_max}")
-    scope = node.choice("scope", SCOPES, "per_batch" if policy_name == "goodput" else "per_request")
-    if policy_name == "goodput" and scope != "per_batch":
+    goodput = policy_name is KPolicyName.GOODPUT
+    scope = node.choice("scope", SCOPES, "per_batch" if goodput else KPolicy.scope)
+    if goodput and scope != "per_batch":
         raise node.key_error("scope", "the goodput policy chooses one k for the whole batch", scope, "per_batch")
     fraction = dict(minimum=0.0, maximum=1.0, exclusive_minimum=False)
-    raise_above = node.number("raise_above", 0.8, **fraction)
-    lower_below = node.number("lower_below", 0.5, **fraction)
+    raise_above = node.number("raise_above", KPolicy.raise_above, **fraction)
+    lower_below = node.number("lower_below", KPolicy.lower_below, **fraction)
     if lower_below > raise_above:
         raise node.key_error("lower_below", f"must not exceed raise_above ({raise_above:g})", lower_below,
                              f"0..{raise_above:g}")
-    policy = KPolicy(policy_name, k, k_max, scope, node.number("window", 10, **count), raise_above,
-                     lower_below, node.boolean("fallback", True),
-                     node.number("prior_alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True))
+    policy = KPolicy(policy_name, k, k_max, scope, node.number("window", KPolicy.window, **count), raise_above,
+                     lower_below, node.boolean("fallback", KPolicy.fallback),
+                     node.number("prior_alpha", KPolicy.prior_alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True))
 
     acceptance = _acceptance(node.child("acceptance", {}), k_max, proposer, draft, target)
     if proposer.branching > 1 and acceptance.process == "replay":
         raise node.key_error("tree_branching", "replayed accepted lengths were measured on a chain",
                              proposer.branching, "1 with process: replay")
     elig = node.child("eligibility", {})
-    eligibility = Eligibility(elig.number("min_sequence_tokens", 32, integer=True, minimum=0,
-                                          exclusive_minimum=False),
-                              elig.number("min_concurrent_requests", 2, **count))
+    eligibility = Eligibility(elig.number("min_sequence_tokens", Eligibility.min_sequence_tokens, integer=True,
+                                          minimum=0, exclusive_minimum=False),
+                              elig.number("min_concurrent_requests", Eligibility.min_concurrent_requests, **count))
     elig.done()
     node.done()
     config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility, proposer)
-    if config.enabled and batching == "static":
+    if config.enabled and batching is Batching.STATIC:
         raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
                          allowed="engine.batching: continuous")
     return config

@@ -22,6 +22,7 @@ from typing import Callable
 
 import numpy as np
 
+from llmsim.config.policies import KPolicyName
 from llmsim.speculation.config import KPolicy, expected_tokens_per_step
 from llmsim.speculation.kernels import adapt_window, observe_windows, window_length
 
@@ -31,7 +32,7 @@ MAX_BACKOFF = 5                                   # the adaptive rule's longest 
 class KPolicyRule:
     """One decode engine's k policy (see the module docstring); ``config`` holds its settings."""
 
-    name = ""
+    name: KPolicyName
     per_batch = False                             # one k for the whole batch (else per request)
 
     def __init__(self, config: KPolicy):
@@ -57,7 +58,7 @@ class KPolicyRule:
 
 
 class StaticK(KPolicyRule):
-    name = "static"
+    name = KPolicyName.STATIC
 
     def __init__(self, config: KPolicy):
         super().__init__(config)
@@ -82,7 +83,7 @@ class AdaptiveK(KPolicyRule):
     The rule itself is compiled (:func:`~llmsim.speculation.kernels.adapt_window`), and so is
     the per-request bookkeeping of every sequence's window, which runs every decode step."""
 
-    name = "adaptive"
+    name = KPolicyName.ADAPTIVE
 
     def __init__(self, config: KPolicy):
         super().__init__(config)
@@ -122,7 +123,7 @@ class GoodputK(KPolicyRule):
     iteration are not known when k is chosen and are left out of the price.
     """
 
-    name = "goodput"
+    name = KPolicyName.GOODPUT
     per_batch = True
 
     def __init__(self, config: KPolicy):
@@ -160,7 +161,7 @@ class GoodputK(KPolicyRule):
                         decay * self._pooled[1] + float(rejected[speculated].sum())]
 
 
-POLICIES: dict[str, type[KPolicyRule]] = {rule.name: rule for rule in (StaticK, AdaptiveK, GoodputK)}
+POLICIES: dict[KPolicyName, type[KPolicyRule]] = {rule.name: rule for rule in (StaticK, AdaptiveK, GoodputK)}
 
 
 def k_policy(config: KPolicy) -> KPolicyRule:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import F, attention_pairs
+from llmsim.cost.features import attention_pairs, decode_kv_read_of, decode_seqs_of
 from llmsim.cost.roofline import CostModel
 
 MODEL, NGRAM, EAGLE, MTP, MEDUSA = "model", "ngram", "eagle", "mtp", "medusa"
@@ -178,7 +178,7 @@ class MedusaCost:
         return time_s, flops * self._tp, np.where(sequences > 0, self._weight_bytes * self._tp, 0.0)
 
     def iteration(self, rows):
-        return self.pass_cost(np.asarray(rows)[..., F["decode_seqs"]])
+        return self.pass_cost(decode_seqs_of(np.asarray(rows)))
 
 
 class NgramCost:
@@ -194,8 +194,7 @@ class NgramCost:
 
     def iteration(self, rows):
         rows = np.asarray(rows)
-        time_s = (rows[..., F["decode_seqs"]] * self.cpu_s_per_sequence
-                  + rows[..., F["decode_kv_read"]] * self.cpu_s_per_context_token)
+        time_s = decode_seqs_of(rows) * self.cpu_s_per_sequence + decode_kv_read_of(rows) * self.cpu_s_per_context_token
         return time_s, np.zeros_like(time_s), np.zeros_like(time_s)
 
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from llmsim.config.policies import OnTimeout, members_of
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.trace_formats import row_error
 
-TIMEOUT_ACTIONS = ("dispatch", "dedicated", "reject")
 # name -> (priority, queue timeout in seconds): the tiers of common practice.
 PRACTICE_TIERS = {"interactive": (0, 0.050), "standard": (1, 0.200), "batch": (2, 1.000)}
 DEDICATED_SEQS = 4
@@ -53,8 +53,11 @@ class TrafficClass:
     weight: float = 1.0
     reserved_seqs: int = 0
     queue_timeout_s: float | None = None
-    on_timeout: str | None = None
+    on_timeout: OnTimeout | None = None
     dedicated_seqs: int = DEDICATED_SEQS
+
+    def __post_init__(self):
+        members_of(self, on_timeout=OnTimeout)
 
 
 def class_entries(node: Node) -> tuple[Node, list]:
@@ -100,7 +103,7 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
             weight=each.number("weight", 1.0, minimum=0.0, exclusive_minimum=True),
             reserved_seqs=each.number("reserved_seqs", 0, integer=True, minimum=0),
             queue_timeout_s=each.quantity("queue_timeout", "duration", timeout),
-            on_timeout=each.choice("on_timeout", TIMEOUT_ACTIONS, "dispatch" if timeout is not None else None),
+            on_timeout=_on_timeout(each, timeout),
             dedicated_seqs=each.number("dedicated_seqs", DEDICATED_SEQS, integer=True, minimum=1)))
         each.done()
     _check_weights(node, classes)
@@ -144,3 +147,9 @@ def classify(trace, classes: tuple[TrafficClass, ...], path, column: str = "clas
         raise row_error(path, row + 2, column, trace.class_label[row], ", ".join(names) + " (workload.classes)",
                         "a request of a class the scenario does not define")
     return replace(trace, class_index=index)
+
+
+def _on_timeout(node: Node, timeout_s: float | None) -> OnTimeout | None:
+    """A class's ``on_timeout`` (``dispatch`` when it has a timeout and names no action; None without one)."""
+    name = node.choice("on_timeout", OnTimeout.names(), OnTimeout.DISPATCH if timeout_s is not None else None)
+    return None if name is None else OnTimeout(name)

@@ -46,13 +46,6 @@ class RateProfile(ABC):
     def knot_count(self, until_s: float) -> float:
         """About how many knots :meth:`knots` makes up to ``until_s`` (the resource guard's estimate)."""
 
-    def rate_at(self, t_s: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-        """The intensity at times ``t_s`` (for plots), the slope of the cumulative intensity there."""
-        t_s = np.asarray(t_s, float)
-        times, cumulative = self.knots(rng or np.random.default_rng(0), float(t_s.max(initial=0.0)) + 1.0)
-        slopes = np.diff(cumulative) / np.maximum(np.diff(times), 1e-300)
-        return slopes[np.clip(np.searchsorted(times, t_s, side="right") - 1, 0, len(slopes) - 1)]
-
     def times(self, rng: np.random.Generator, num_requests: int | None, duration_s: float | None) -> np.ndarray:
         """Arrival times of ``num_requests`` requests, or of all that arrive within ``duration_s``."""
         path_seed = int(rng.integers(2 ** 63))      # an MMPP's state path, a stream apart from the gaps

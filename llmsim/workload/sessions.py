@@ -22,7 +22,6 @@ a turn that arrives before the previous answer is complete finds less of its his
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import optimize, stats
@@ -30,9 +29,6 @@ from scipy import optimize, stats
 from llmsim.config.reader import Node
 from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.trace import Trace
-
-if TYPE_CHECKING:
-    from llmsim.workload.workload import Workload
 
 MAX_TURNS = 10_000              # the longest session a turn-count distribution may draw
 
@@ -51,7 +47,8 @@ class Sessions:
     system_prompt: SystemPrompts | None
     max_tokens: int             # a session ends before a turn whose prompt and output exceed this
 
-    def trace(self, workload: "Workload", seed: int) -> Trace:
+    def trace(self, arrival, num_requests: int | None, duration_s: float | None, prompt_tokens: LengthDistribution,
+              output_tokens: LengthDistribution, seed: int) -> Trace:
         """The turns of sessions sampled from ``seed``, in arrival order (see the module docstring).
 
         The streams are spawned from the seed like a plain workload's (arrivals, prompt and output
@@ -60,7 +57,7 @@ class Sessions:
         arrival_rng, input_rng, output_rng, turns_rng, think_rng, system_rng = (
             np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(6))
         # Every session has at least one turn: as many sessions as turns wanted is always enough.
-        starts = workload.arrival.times(arrival_rng, workload.num_requests, workload.duration_s)
+        starts = arrival.times(arrival_rng, num_requests, duration_s)
         n_sessions = len(starts)
         turns = self.turns.sample(turns_rng, n_sessions)
         session = np.repeat(np.arange(n_sessions), turns)
@@ -69,8 +66,8 @@ class Sessions:
         gaps = think_rng.exponential(self.think_time_s, n)
         gaps[first] = 0.0
         arrival = starts[session] + _within(np.cumsum(gaps), gaps, first, session) + gaps   # its own gap too
-        new_input = workload.prompt_tokens.sample(input_rng, n)
-        output = workload.output_tokens.sample(output_rng, n)
+        new_input = prompt_tokens.sample(input_rng, n)
+        output = output_tokens.sample(output_rng, n)
         template, system_tokens = self._system_prompts(system_rng, n_sessions)
         history = new_input + output
         prompt = system_tokens[session] + _within(np.cumsum(history), history, first, session) + new_input
@@ -79,7 +76,7 @@ class Sessions:
         order = np.flatnonzero(keep)[np.argsort(arrival[keep], kind="stable")]
         trace = Trace(arrival[order], prompt[order], output[order], session_id=session[order],
                       system_prompt_id=template[session[order]], system_prompt_tokens=system_tokens[session[order]])
-        return trace.cut(workload.num_requests, workload.duration_s)
+        return trace.cut(num_requests, duration_s)
 
     def mean_turns(self) -> float:
         """Turns per session: how many requests one arrival of the session process brings."""

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from llmsim.config.reader import Node
 from llmsim.config.tables import read_csv_text
-
-if TYPE_CHECKING:
-    from llmsim.workload.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -78,60 +74,6 @@ class Trace:
         if duration_s is not None:
             keep &= self.arrival_s <= duration_s
         return self.take(np.flatnonzero(keep)[:num_requests])
-
-
-def generate_trace(workload: Workload, seed: int) -> Trace:
-    """Sample the scenario's requests from ``seed`` (the same seed gives the same trace)."""
-    if workload.trace is not None:
-        trace = workload.trace if workload.transforms is None else workload.transforms.apply(workload.trace, seed)
-        return trace.cut(workload.num_requests, workload.duration_s)
-    if workload.classes:
-        return _class_trace(workload, seed)
-    if workload.sessions is not None:
-        return workload.sessions.trace(workload, seed)
-    arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
-                                            for s in np.random.SeedSequence(seed).spawn(3))
-    times = workload.arrival.times(arrivals_rng, workload.num_requests, workload.duration_s)
-    n = len(times)
-    if workload.dataset is not None:
-        return replace(workload.dataset.take(dataset_order(len(workload.dataset), n, prompt_rng)), arrival_s=times)
-    return Trace(times, workload.prompt_tokens.sample(prompt_rng, n), workload.output_tokens.sample(output_rng, n))
-
-
-def _class_trace(workload: Workload, seed: int) -> Trace:
-    """Requests of several traffic classes: shares of one arrival stream, or a stream per class.
-
-    The streams beyond the three of a one-class trace (class draws, each class's arrivals and
-    lengths) are further children of the same seed, so adding classes leaves the first three as
-    they are.
-    """
-    classes = workload.classes
-    streams = [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4 + 3 * len(classes))]
-    if workload.arrival is not None:
-        times = workload.arrival.times(streams[0], workload.num_requests, workload.duration_s)
-        # Each arrival's class: an independent draw with the classes' shares.
-        index = np.searchsorted(np.cumsum([c.share for c in classes]), streams[3].random(len(times)), side="right")
-        index = index.clip(0, len(classes) - 1)
-    else:
-        parts = [c.arrival.times(streams[4 + 3 * i], workload.num_requests, workload.duration_s)
-                 for i, c in enumerate(classes)]
-        times = np.concatenate(parts)
-        index = np.concatenate([np.full(len(p), i) for i, p in enumerate(parts)])
-        order = np.argsort(times, kind="stable")[:workload.num_requests]
-        times, index = times[order], index[order]
-    prompt, output = np.zeros(len(times), np.int64), np.zeros(len(times), np.int64)
-    for i, c in enumerate(classes):
-        mine = index == i
-        prompt[mine] = (c.prompt_tokens or workload.prompt_tokens).sample(streams[5 + 3 * i], int(mine.sum()))
-        output[mine] = (c.output_tokens or workload.output_tokens).sample(streams[6 + 3 * i], int(mine.sum()))
-    return Trace(times, prompt, output, class_index=index.astype(np.int64))
-
-
-def dataset_order(size: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Which of a dataset's ``size`` requests the ``n`` arrivals carry: the dataset shuffled (as
-    ``vllm bench serve`` shuffles it), taken in that order and reshuffled each time it runs out."""
-    rounds = -(-n // size)
-    return np.concatenate([rng.permutation(size) for _ in range(rounds)])[:n]
 
 
 # -- reading ------------------------------------------------------------------------------

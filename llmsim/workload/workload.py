@@ -103,7 +103,8 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         trace = read_trace(path, arrival_node, "path", fmt)
         transforms = transforms_from_node(arrival_node)
         trace = check_selection(trace, transforms, arrival_node, "path")
-        hash_block_tokens = arrival_node.number("hash_block_tokens", 512, integer=True, minimum=1)
+        hash_block_tokens = arrival_node.number("hash_block_tokens", Workload.hash_block_tokens, integer=True,
+                                                minimum=1)
         arrival = Replay(transforms.replayed_rate_per_s(trace))
         arrival_node.done()
 
@@ -134,7 +135,8 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         dataset = None if trace is not None else dataset_from_node(node.child("dataset"))
         node.done()
         return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset,
-                        hash_block_tokens=hash_block_tokens if trace is not None else 512, classes=classes)
+                        hash_block_tokens=hash_block_tokens if trace is not None else Workload.hash_block_tokens,
+                        classes=classes)
     if node.has("classes"):
         has_lengths = node.has("prompt_tokens") and node.has("output_tokens")
         classes = classes_from_node(node, lambda sub: arrival_from_node(sub), max_tokens, has_lengths)

@@ -6,7 +6,7 @@ exactly what one environment with a splitting router would compute. Every group 
 the whole trace's window (the same warm-up and end), so their figures compare like with like.
 
 ``RolloutResult.user`` is what the users saw: the control's and the canaries' requests merged into
-one :class:`~llmsim.sim.simulate.SimulationResult` (the shadows' are not in it), summarised as any
+one :class:`~llmsim.sim.result.SimulationResult` (the shadows' are not in it), summarised as any
 run is. Each group's own result is in ``groups``, its records' ``id`` the request's index in the
 whole trace, so a shadow's request and its twin served to the user share an id.
 """
@@ -19,13 +19,15 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.canary import compare_independent, compare_paired, detection_time, measured
-from llmsim.analysis.summary import COMPLETED
+from llmsim.analysis.metrics import summarize
 from llmsim.scenario.rollout import CONTROL
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import InterTokenGaps
 from llmsim.sim.resources import check_run_size
-from llmsim.sim.simulate import SimulationResult, horizon_for, simulate, warmup_for
-from llmsim.workload.trace import Trace, generate_trace
+from llmsim.sim.result import SimulationResult, StopReason
+from llmsim.sim.simulate import horizon_for, simulate, warmup_for
+from llmsim.workload.trace import Trace
+from llmsim.workload.generate import generate_trace
 
 
 @dataclass
@@ -97,8 +99,8 @@ def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: in
     if parts[0].mean_queue_length_by_class is not None:
         by_class = {name: sum(part.mean_queue_length_by_class[name] * part.end_s for part in parts) / end_s
                     for name in parts[0].mean_queue_length_by_class}
-    blocked = [part.speculation_blocked for part in parts if part.speculation_blocked]
-    stopped = [part for part in parts if part.stopped_by != COMPLETED]
+    blocked = [part.speculation_blocked for part in parts if part.speculation_blocked is not None]
+    stopped = [part for part in parts if part.stopped_by != StopReason.COMPLETED]
     first = parts[0]
     return SimulationResult(
         scenario=replace(scenario, deployment=replace(scenario.deployment, replicas=sum(replicas))),
@@ -115,9 +117,10 @@ def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: in
         preemptions=sum(p.preemptions for p in parts),
         mean_in_system=time_average("mean_in_system"), mean_queue_length=time_average("mean_queue_length"),
         planned_requests=planned, inter_token_gaps=gaps,
-        stopped_by=stopped[0].stopped_by if stopped else COMPLETED, fault=stopped[0].fault if stopped else None,
+        stopped_by=stopped[0].stopped_by if stopped else StopReason.COMPLETED,
+        fault=stopped[0].fault if stopped else None,
         mean_queue_length_by_class=by_class,
-        speculation_blocked={k: sum(b[k] for b in blocked) for k in blocked[0]} if blocked else None)
+        speculation_blocked=sum(blocked[1:], blocked[0]) if blocked else None)
 
 
 def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:
@@ -131,7 +134,7 @@ def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:
     groups = {}
     for name, group in result.groups.items():
         role, records = result.roles[name], measured(group.requests, start, stop)
-        summary = group.summary()
+        summary = summarize(group).to_dict()
         entry = {"role": role, "replicas": group.scenario.deployment.replicas, "requests": len(records),
                  "fraction": fractions.get(name, 1.0 - sum(g.fraction for g in scenario.rollout.canaries)),
                  "latency": summary["latency"], "slo": summary["slo"]}
