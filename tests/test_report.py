@@ -1,6 +1,6 @@
 """``llmsim report``: the page opens in a real browser, its claims hold when simulated again.
 
-One reduced report (``scenarios/llama3-8b-h100-short-turns.yaml``: short chat turns at 100 requests/s on
+One reduced report (``scenarios/llama3-8b-h100-short-turns.yaml``: short chat turns at 200 requests/s on
 H100s, two seeds) is written through the command line once for the module. Then:
 
 - headless Chromium (Debian's ``chromium``, installed by ``.ci/run``) screenshots it, logs no
@@ -34,7 +34,7 @@ from llmsim.search.window import measurement_window, simulate_until_decided, typ
 from .helpers import REPO
 
 SMALL = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
-RATE = 100.0
+RATE = 200.0          # above one replica's goodput (tp2: about 173/s), so N+1 has a replica to lose
 SECTIONS = ("summary", "workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring",
             "assumptions", "hardware")
 FIGURES = ("workload-figure", "candidates-figure", "attainment-figure", "frontier-figure", "peak-figure",
