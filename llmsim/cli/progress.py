@@ -5,15 +5,21 @@ from llmsim.config.progress import Progress
 
 
 class Bar(Progress):
-    """A tqdm bar whose total grows with ``add``; use it as a context manager (it closes the bar)."""
+    """A tqdm bar whose total grows with ``add``; use it as a context manager (it closes the bar).
 
-    def __init__(self, desc: str, unit: str):
+    ``open_ended``: the computation decides as it goes how many steps it takes (a search that
+    refines until its answer is decided), so the bar counts steps and shows no total: a total that
+    jumps from 12 to 209 would say it was nearly done when it was not."""
+
+    def __init__(self, desc: str, unit: str, *, open_ended: bool = False):
         from tqdm.auto import tqdm
-        self._bar = tqdm(total=0, desc=desc, unit=unit)
+        self._open_ended = open_ended
+        self._bar = tqdm(total=None if open_ended else 0, desc=desc, unit=unit)
 
     def add(self, steps: int) -> None:
-        self._bar.total += steps
-        self._bar.refresh()
+        if not self._open_ended:
+            self._bar.total += steps
+            self._bar.refresh()
 
     def advance(self, steps: int = 1) -> None:
         self._bar.update(steps)

@@ -151,7 +151,7 @@ def _cmd_recommend(args) -> int:
         refuse_to_replace([Path(args.out)], args.overwrite)
     # With --out, each simulation is kept beside it as it finishes: Ctrl-C or a full disk is resumable.
     with keeping_runs(runs_journal(Path(args.out)) if args.out else None, "recommendation"):
-        with Bar("recommend", "simulation") as progress:
+        with Bar("recommend", " simulations", open_ended=True) as progress:
             rec = recommend(scenario, objective=args.objective, seeds=seeds, top=args.top, workers=args.workers,
                             progress=progress, drafts=not args.no_drafts, search=args.search,
                             class_timeouts_s=args.class_timeouts or CLASS_TIMEOUTS_S)

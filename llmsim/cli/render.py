@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import math
+import textwrap
+
+WIDTH = 120                 # a terminal's columns: longer lines wrap under their label
 
 
 def _ms(value: float) -> str:
@@ -81,7 +84,15 @@ def format_summary(summary: dict) -> str:
                  f" queue mean {_num(summary['queue']['mean_length'], 2)} max {summary['queue']['max_length']}")
     if "classes" in summary:
         lines += ["", class_table(summary["classes"])]
-    return "\n".join(lines)
+    return "\n".join(_wrapped(line) for line in "\n".join(lines).split("\n"))
+
+
+def _wrapped(line: str) -> str:
+    """A line of at most WIDTH characters, or wrapped with its continuation under the text after the label."""
+    if len(line) <= WIDTH:
+        return line
+    indent = " " * (len(line) - len(line[len(line.split(" ", 1)[0]):].lstrip()) if " " in line else 0)
+    return textwrap.fill(line, WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
 
 
 def class_table(classes: dict) -> str:
@@ -117,6 +128,13 @@ def _kv_cache_line(kv: dict) -> str:
     return line
 
 
+def _times(ratio: float, above: str, below: str) -> str:
+    """A ratio as a person says it: 2.5x faster, or 3.3x slower for 0.30 (never "0.30x faster")."""
+    if ratio is None or math.isnan(ratio) or ratio <= 0:
+        return "-"
+    return f"{_num(ratio, 2)}x {above}" if ratio >= 1 else f"{_num(1 / ratio, 2)}x {below}"
+
+
 def _speculation_line(spec: dict) -> str:
     line = (f"speculate  {spec['draft']} ({spec['placement']}), {spec['policy']} k: mean k {_num(spec['mean_k'], 2)},"
             f" acceptance {_num(100 * spec['acceptance_rate'])}%, {_num(spec['tokens_per_verify_step'], 2)} tokens"
@@ -126,7 +144,7 @@ def _speculation_line(spec: dict) -> str:
         line += f"\n           WARNING: {spec['warning']}"
     speedup = spec.get("speedup_over_plain")
     if speedup:
-        line += (f"\n           vs plain decoding on the same trace: TPOT {_num(speedup['tpot_mean'], 2)}x faster,"
+        line += (f"\n           vs plain decoding on the same trace: TPOT {_times(speedup['tpot_mean'], 'faster', 'slower')},"
                  f" p50 end-to-end {_num(speedup['e2e_p50'], 2)}x, output tok/s"
                  f" {_num(speedup['output_tokens_per_s'], 2)}x")
     return line
