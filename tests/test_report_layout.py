@@ -9,12 +9,14 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
+import pytest
 import yaml
 
 from llmsim.report import figures
 from llmsim.report.build import hardware_appendix
 from llmsim.report.document import Figure, Report, Section, Table
 from llmsim.report.render import figure_files, to_html, to_markdown
+from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import load_scenario
 
 from .helpers import REPO
@@ -23,9 +25,10 @@ from .test_report import markdown_literal, markdown_tables
 SCENARIO = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
 
 
-def profile_figures(path) -> dict[str, tuple[str, str]]:
-    """Every ``{value, source}`` figure of a profile file, read here independently of the report:
-    dotted key -> (value, source with its whitespace collapsed)."""
+def profile_figures(path, engine: str = "vllm") -> dict[str, tuple[str, str]]:
+    """Every ``{value, source}`` figure of a profile file that ``engine`` prices with (of the
+    other engines' kernel terms under ``kernels.engines``, only its own), read here independently of
+    the report: dotted key -> (value, source with its whitespace collapsed)."""
     found = {}
 
     def walk(node, path):
@@ -33,20 +36,24 @@ def profile_figures(path) -> dict[str, tuple[str, str]]:
             found[path] = (str(node["value"]), " ".join(str(node["source"]).split()))
         elif isinstance(node, dict):
             for key, value in node.items():
-                if key != "calibration":
+                if key != "calibration" and not (path == "kernels.engines" and key != engine):
                     walk(value, f"{path}.{key}" if path else key)
 
     walk(yaml.safe_load(path.read_text()), "")
     return found
 
 
-def test_the_appendix_lists_each_figure_once_and_each_source_once():
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_appendix_lists_each_figure_once_and_each_source_once(engine):
     # H100 and H100-SXM are one chip under two names: its figures appear once
-    rows, sources = hardware_appendix(["H100", "H200", "H100-SXM"], load_scenario(SCENARIO))
+    scenario = variant(load_scenario(SCENARIO), {"engine.kernels": engine})
+    rows, sources = hardware_appendix(["H100", "H200", "H100-SXM"], scenario)
     expected = {("H100-SXM", key): figure for key, figure in
-                profile_figures(REPO / "hardware_profiles" / "h100-sxm.yaml").items()}
+                profile_figures(REPO / "hardware_profiles" / "h100-sxm.yaml", engine).items()}
     expected |= {("H200", key): figure for key, figure in
-                 profile_figures(REPO / "hardware_profiles" / "h200.yaml").items()}
+                 profile_figures(REPO / "hardware_profiles" / "h200.yaml", engine).items()}
+    # the figures of the engines the scenario does not run are not listed
+    assert any(".engines." in key for _, key in expected) == (engine != "vllm")
     listed = [(chip, figure) for chip, figure, *_ in rows]
     assert len(listed) == len(set(listed)) and set(listed) == set(expected)
     # each distinct source text once, and every row's number is the source its profile names

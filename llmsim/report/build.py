@@ -647,13 +647,15 @@ def hardware_appendix(chips: Sequence[str], scenario: Scenario) -> tuple[list[li
 
 
 def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
-    """Every ``{value, source, confidence}`` figure of a chip's profile, as rows ``[chip, figure,
-    value, source, confidence]``. A profile's
+    """Every ``{value, source, confidence}`` figure of a chip's profile that the scenario's engine
+    prices with, as rows ``[chip, figure, value, source, confidence]``: of ``kernels.engines`` (other
+    engines' kernel terms) only the one its ``engine.kernels`` picks. A profile's
     path is relative to the scenario, as in its ``hardware`` and ``plan.hardware`` keys (a path given
     by ``--hardware`` is already absolute)."""
     where = Node(None, file=scenario.path, base_dir=Path(scenario.source_dir or "."))
     profile = lookup_hardware(name, where, "hardware")
     data = load_yaml(profile.path) if profile.path else {}
+    engine = scenario.engine.kernels.value
     rows = []
 
     def walk(node, path):
@@ -661,8 +663,9 @@ def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
             rows.append([profile.name, path, str(node["value"]), str(node["source"]), str(node.get("confidence", ""))])
         elif isinstance(node, dict):
             for key, value in node.items():
-                if key != "calibration":
-                    walk(value, f"{path}.{key}" if path else str(key))
+                if key == "calibration" or (path == "kernels.engines" and key != engine):
+                    continue
+                walk(value, f"{path}.{key}" if path else str(key))
 
     walk(data, "")
     return rows
