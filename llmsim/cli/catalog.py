@@ -133,7 +133,7 @@ def _cmd_models(args) -> int:
              "hidden": m.hidden_size, "heads/kv": f"{m.num_heads}/{m.num_kv_heads}",
              "kv_KiB_per_token": round(m.kv_bytes_per_token / 1024, 1), "max_context": m.max_context}
             for m in model_catalog().values()]
-    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(pd.DataFrame(rows).to_string(index=False))
     return 0
 
 
