@@ -28,7 +28,7 @@ from .helpers import BASE, make_scenario, roofline_only
 
 SERVICE = {"prompt_tokens": 8, "output_tokens": {"distribution": "exponential", "mean": 10, "max": 10000}}
 TWO_CLASSES = {"urgent": {"share": 0.5, "priority": 0}, "relaxed": {"share": 0.5, "priority": 1}}
-RATE_PER_S = 10.5       # with the mean service of about 62 ms, a load of about 0.65
+RATE_PER_S = 9.0        # with the mean service of about 72 ms, a load of about 0.65
 
 
 def _two_class_runs(num_requests: int):
