@@ -17,7 +17,7 @@ from .helpers import REPO
 
 SMALL = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
 SEVENTY_B = REPO / "scenarios" / "llama2-70b-8xh100-tp8.yaml"
-RATE, SEEDS = 100.0, [42]
+RATE, SEEDS = 200.0, [42]      # one H100 serves about 100 req/s of short turns: the grid has misses
 MAX_TP, MAX_PP, MAX_REPLICAS = 2, 2, 3
 
 
