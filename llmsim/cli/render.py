@@ -55,9 +55,9 @@ def format_summary(summary: dict) -> str:
         limits = ", ".join(f"{name} <= {_ms(slo[key])} ms" for name, key in
                            (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")) if slo[key] is not None)
         lines.append(f"SLO        {limits}: attainment {_num(100 * slo['attainment'], 1)}%"
-                     f" (+- {_num(200 * slo['attainment_stderr'], 1)} at 95%)"
-                     f"   goodput {_num(slo['goodput_requests_per_s'], 2)} req/s"
-                     f" ({_num(slo['goodput_output_tokens_per_s'], 0)} output tok/s)")
+                     f" (+- {_num(200 * slo['attainment_stderr'], 1)} at 95%)")
+        lines.append(f"goodput    {_num(slo['goodput_requests_per_s'], 2)} req/s meeting the SLO"
+                     f"   {_num(slo['goodput_output_tokens_per_s'], 0)} output tok/s")
     if not summary["queue"]["steady"]:
         lines.append(f"           WARNING: TTFT rose by {_num(100 * summary['queue']['ttft_rise'], 0)}% of its"
                      f" {'limit' if slo['ttft_s'] is not None else 'mean'} across the window: not a steady state"
