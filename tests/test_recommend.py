@@ -122,7 +122,7 @@ def test_the_adaptive_search_stays_within_what_medusa_can_draft():
 @pytest.mark.slow
 def test_printout_names_the_settings_and_the_gain(result, scenario):
     text = format_recommendation(result, scenario)
-    assert result.best.k in text and "rule-of-thumb defaults" in text and "goodput by" in text
+    assert str(result.best.k) in text and "rule-of-thumb defaults" in text and "goodput by" in text
 
 
 @pytest.mark.parametrize("argv, message", [
