@@ -1,8 +1,10 @@
 """Shared helpers: scenarios built from plain dicts through the same validation as YAML files."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -80,3 +82,41 @@ def add_prefill(row: np.ndarray, tokens, pairs, kv_read, logits=0) -> np.ndarray
     row[F["prefill_kv_read"]] += kv_read
     row[F["logit_tokens"]] += logits
     return row
+
+
+class Hang(BaseException):
+    """Ran past its bound (a BaseException, so that no ``except Exception`` swallows it)."""
+
+
+@contextlib.contextmanager
+def bounded(seconds: float):
+    """Turns a hang into a failure (a bound on a fault, not a timing assertion)."""
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def mutated_bytes(draw, data: bytes, alphabet: bytes) -> bytes:
+    """``data`` with one to four bytes deleted, replaced or inserted (from ``alphabet``), drawn by a
+    hypothesis ``draw``: a valid file made slightly invalid."""
+    from hypothesis import strategies as st
+
+    data = bytearray(data)
+    for _ in range(draw(st.integers(1, 4))):
+        at = draw(st.integers(0, len(data)))
+        action = draw(st.sampled_from(["delete", "replace", "insert"]))
+        byte = draw(st.sampled_from(alphabet))
+        if action == "delete" and at < len(data):
+            del data[at]
+        elif action == "replace" and at < len(data):
+            data[at] = byte
+        else:
+            data.insert(at, byte)
+    return bytes(data)

@@ -17,6 +17,8 @@ from llmsim.cli.main import main
 from llmsim.config.limits import MAX_NUMBER
 from llmsim.errors import ConfigError
 
+from .helpers import mutated_bytes
+
 VALID = {"backend": "vllm", "completed": 100, "duration": 25.0, "request_throughput": 4.0, "request_goodput": None,
          "mean_ttft_ms": 50.0, "p99_itl_ms": 12.5, "mean_tpot_ms": float("nan"), "itls": [[0.01, 0.02], [0.03]]}
 
@@ -102,18 +104,7 @@ objects = st.dictionaries(st.sampled_from([*DIFF_FIELDS, "itls", "backend"]), tr
 
 @st.composite
 def mutated(draw) -> bytes:
-    data = bytearray(json.dumps(VALID).encode())
-    for _ in range(draw(st.integers(1, 4))):
-        at = draw(st.integers(0, len(data)))
-        byte = draw(st.sampled_from(b'0123456789-.,:"[]{}eE \x00\xff'))
-        action = draw(st.sampled_from(["delete", "replace", "insert"]))
-        if action == "delete" and at < len(data):
-            del data[at]
-        elif action == "replace" and at < len(data):
-            data[at] = byte
-        else:
-            data.insert(at, byte)
-    return bytes(data)
+    return mutated_bytes(draw, json.dumps(VALID).encode(), b'0123456789-.,:"[]{}eE \x00\xff')
 
 
 contents = st.one_of(st.binary(max_size=200), trees.map(json.dumps), objects.map(json.dumps), mutated())

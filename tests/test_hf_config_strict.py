@@ -6,13 +6,11 @@ property-based corpus (arbitrary bytes, arbitrary JSON trees, mutations of valid
 model or such an error."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
 import os
 import resource
-import signal
 import string
 
 import pytest
@@ -21,6 +19,8 @@ from hypothesis import strategies as st
 
 from llmsim.catalog.models import ModelSpec, model_catalog, model_from_config_json
 from llmsim.errors import ConfigError
+
+from .helpers import bounded
 
 # -- valid configs (shapes of the published config.json files) ---------------------------------------
 
@@ -227,25 +227,6 @@ def test_dense_layers_follow_the_per_layer_rule(tmp_path_factory, layers, step, 
     config = {**QWEN3_MOE, "num_hidden_layers": layers, "decoder_sparse_step": step, "mlp_only_layers": mlp_only}
     model = model_from_config_json(write(tmp_path_factory.mktemp("c"), config))
     assert model.dense_layers == dense_by_rule(layers, step, mlp_only)
-
-
-class Hang(BaseException):
-    """Ran past its bound (a BaseException, so that no ``except Exception`` swallows it)."""
-
-
-@contextlib.contextmanager
-def bounded(seconds: float):
-    """Turns a hang into a failure (a bound on a fault, not a timing assertion)."""
-    def expire(signum, frame):
-        raise Hang(f"still running after {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_huge_layer_count_is_counted_not_walked(tmp_path):

@@ -4,11 +4,9 @@ guard did not count (refused before anything runs, naming the key), wrong input 
 ``place`` saying "does not fit" as an error."""
 from __future__ import annotations
 
-import copy
 import math
 import re
 from collections import deque
-from dataclasses import replace
 
 import numpy as np
 import pytest

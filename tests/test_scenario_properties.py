@@ -9,10 +9,8 @@ growing past a bound. The quick set runs a few examples per reader, the slow set
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import resource
-import signal
 import string
 import tempfile
 from pathlib import Path
@@ -29,7 +27,7 @@ from llmsim.scenario.scenario import Scenario, load_scenario, scenario_from_node
 from llmsim.search.compare import load_comparison
 
 from .fuzz import _dump, _paths, _set, raw_files, scalars, values
-from .helpers import REPO
+from .helpers import REPO, bounded
 
 QUICK_EXAMPLES = 25
 SLOW_EXAMPLES = 2_000
@@ -43,21 +41,6 @@ GRIDS = sorted((REPO / "scenarios" / "grids").glob("*.yaml"))
 GRID_BASE = REPO / "scenarios" / "llama3-8b-h100-chat.yaml"      # the scenario the shipped grid sweeps
 
 
-class Hang(BaseException):
-    """An example ran past its budget (not an Exception, so no ``except Exception`` swallows it)."""
-
-
-@contextlib.contextmanager
-def budget(seconds: float = BUDGET_S):
-    def expire(signum, frame):
-        raise Hang(f"past {seconds:g} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def check_error(error: ConfigError, file: str) -> None:
@@ -73,7 +56,7 @@ def check_error(error: ConfigError, file: str) -> None:
 def outcome(read, file: str):
     """``read()``'s result, or None when it raised a ConfigError that passes :func:`check_error`."""
     try:
-        with budget():
+        with bounded(BUDGET_S):
             return read()
     except ConfigError as error:
         check_error(error, file)

@@ -31,6 +31,8 @@ from llmsim.workload.trace_fit import MAX_PROFILE_BINS
 from llmsim.workload.trace_formats import CSV_COLUMNS, read_csv_trace, read_mooncake, read_sharegpt, read_trace
 from llmsim.workload.workload import workload_from_node
 
+from .helpers import mutated_bytes
+
 MOONCAKE_LINE = {"timestamp": 0, "input_length": 512, "output_length": 16, "hash_ids": [1, 2]}
 
 
@@ -340,18 +342,7 @@ def csv_texts(draw, fmt: str) -> str:
 @st.composite
 def mutated(draw, text: str) -> bytes:
     """A valid file with a few bytes deleted, replaced or inserted."""
-    data = bytearray(text.encode())
-    for _ in range(draw(st.integers(1, 4))):
-        at = draw(st.integers(0, len(data)))
-        action = draw(st.sampled_from(["delete", "replace", "insert"]))
-        byte = draw(st.sampled_from(b'0123456789-.,:"[]{}\n eE\x00\xff'))
-        if action == "delete" and at < len(data):
-            del data[at]
-        elif action == "replace" and at < len(data):
-            data[at] = byte
-        else:
-            data.insert(at, byte)
-    return bytes(data)
+    return mutated_bytes(draw, text.encode(), b'0123456789-.,:"[]{}\n eE\x00\xff')
 
 
 def file_contents(fmt: str):

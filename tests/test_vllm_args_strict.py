@@ -6,12 +6,10 @@ at ``engine.vllm_args`` naming the flag, its value and what is allowed. A proper
 in a scenario or such an error."""
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import resource
 import shlex
-import signal
 import string
 
 import pytest
@@ -23,6 +21,8 @@ from llmsim.cli.main import main
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario, load_scenario, scenario_from_node
+
+from .helpers import bounded
 
 FILE = "scenario.yaml"
 BASE = {"name": "vllm-args", "seed": 1, "model": "Llama-3.1-8B", "hardware": "H100-SXM",
@@ -190,25 +190,6 @@ engines = st.one_of(yaml_trees, st.dictionaries(st.sampled_from(ENGINE_KEYS), ya
 
 EXAMPLE_BOUND_S = 10.0            # a hang bound per example (each takes milliseconds)
 MAX_GROWTH_BYTES = 512 * 2**20     # peak memory the corpus may add to the test process
-
-
-class Hang(BaseException):
-    """Ran past its bound (a BaseException, so that no ``except Exception`` swallows it)."""
-
-
-@contextlib.contextmanager
-def bounded(seconds: float):
-    """Turns a hang into a failure (a bound on a fault, not a timing assertion)."""
-    def expire(signum, frame):
-        raise Hang(f"still running after {seconds:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def peak_bytes() -> int:

@@ -57,7 +57,7 @@ def configure_calibrate(cal) -> None:
                                    "(default: h200/h100/a100 from the GPU's name, else the device kind)")
     cal.add_argument("--from-database", nargs="?", const=INSTALLED, metavar="DIR",
                      help="fit every GPU's (or --gpu's) kernel terms per engine to NVIDIA's measured operator database "
-                          f"(pip install 'llmsim[measured]'), or to a folder of its layout, and write the profiles to "
+                          "(pip install 'llmsim[measured]'), or to a folder of its layout, and write the profiles to "
                           "--out (a folder, default database-profiles/) with a validation table")
     cal.add_argument("--engine", choices=ENGINE_NAMES,
                      help="with --from-database: fit this engine's kernels only (default: every engine the database "

@@ -1,8 +1,6 @@
 """``llmsim place``, ``llmsim models`` and ``llmsim hardware``: the catalog, and what fits where."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 
 from llmsim.catalog.hardware import hardware_catalog, lookup_hardware

@@ -156,7 +156,7 @@ def rollout_table(rollout: dict) -> str:
     groups = rollout["groups"]
     header = f"{'group':<14}{'role':<9}{'share':>7}{'replicas':>9}{'requests':>9}{'TTFT p95':>10}{'TPOT p95':>10}" \
              f"{'E2E p95':>10}{'attain':>8}"
-    lines = [f"rollout (user-facing figures above: control and canaries; shadows served copies nobody saw)",
+    lines = ["rollout (user-facing figures above: control and canaries; shadows served copies nobody saw)",
              header, "-" * len(header)]
     for name, g in groups.items():
         lat = g["latency"]
