@@ -129,18 +129,19 @@ def _attention_rows(table: Table) -> pd.DataFrame:
 def decode_attention_rows(table: Table) -> pd.DataFrame:
     """Generation attention: ``batch`` sequences each with ``kv_tokens`` cached tokens (the table's ``step``)
     and one new query, ``heads`` query and ``kv_heads`` KV heads of ``head_dim`` on one GPU."""
-    frame = _attention_rows(table)
-    return pd.DataFrame({"batch": frame["batch_size"].astype(float), "kv_tokens": frame["step"].astype(float),
-                         "heads": frame["num_heads"].astype(float),
-                         "kv_heads": frame["num_key_value_heads"].astype(float),
-                         "head_dim": frame["head_dim"].astype(float), "measured_s": frame["latency"] * MS,
-                         "table": table.path})
+    return _attention_frame(table, "step", "kv_tokens")
 
 
 def prefill_attention_rows(table: Table) -> pd.DataFrame:
     """Context attention: ``batch`` prompts of ``tokens`` each (causal, nothing cached), heads as above."""
+    return _attention_frame(table, "isl", "tokens")
+
+
+def _attention_frame(table: Table, length_column: str, length: str) -> pd.DataFrame:
+    """An attention table's rows as the fits read them: batch, the sequence length named ``length`` (the
+    table's ``length_column``), heads, KV heads, head size and the measured seconds."""
     frame = _attention_rows(table)
-    return pd.DataFrame({"batch": frame["batch_size"].astype(float), "tokens": frame["isl"].astype(float),
+    return pd.DataFrame({"batch": frame["batch_size"].astype(float), length: frame[length_column].astype(float),
                          "heads": frame["num_heads"].astype(float),
                          "kv_heads": frame["num_key_value_heads"].astype(float),
                          "head_dim": frame["head_dim"].astype(float), "measured_s": frame["latency"] * MS,
