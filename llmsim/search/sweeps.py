@@ -41,6 +41,7 @@ from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
+from llmsim.config.policies import OnTimeout
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
 from llmsim.config.units import UnitError, parse_quantity
@@ -53,6 +54,8 @@ from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate_whole
 
 RESULTS_FILE = "results.csv"
+# Kept with a reused run's metrics, never shown in a row: its longest wait and its queue timeout (s).
+LONGEST_WAIT, QUEUE_TIMEOUT = "_longest_wait_s", "_queue_timeout_s"
 RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
 ID_COLUMNS = ("point_id", "seed", "error")
 
@@ -162,42 +165,88 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
 def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, workers, client,
               progress: Progress) -> None:
     """Simulate the jobs; each finished point's row goes into ``rows`` and, at once, the journal.
-    Inside :func:`reusing_runs` a run already simulated there is not simulated again."""
+    Inside :func:`reusing_runs` a run already simulated there is not simulated again, nor is a run that
+    differs from one simulated only in a queue timeout that run's requests never waited for
+    (:func:`longest_wait_s`): the timeout never acts, so the two runs are the same. Of jobs that differ
+    only in their queue timeout, the longest timeout (none: the longest) runs first, and the others run
+    only where its requests waited as long as their timeout."""
     reused = _REUSED.get()
+    if reused is None:
+        for point_id, metrics in execute(jobs, _evaluate, engine, workers, client, progress):
+            _record(rows, journal, point_id, metrics)
+        return
+    scenarios = dict(jobs)
+    keys = {point_id: run_key(scenario) for point_id, scenario in jobs}
     same_run: dict[str, list[str]] = {}            # point id simulated -> the points that are the same run
-    if reused is not None:
-        keys = {point_id: run_key(scenario) for point_id, scenario in jobs}
-        fresh = {}
-        for point_id, scenario in jobs:
-            key = keys[point_id]
-            if key in reused:
-                _record(rows, journal, point_id, reused[key])
-            elif key in fresh:
-                same_run[fresh[key]].append(point_id)
-            else:
-                fresh[key] = point_id
-                same_run[point_id] = []
-        jobs = [job for job in jobs if job[0] in same_run]
-    for point_id, metrics in execute(jobs, _evaluate, engine, workers, client, progress):
-        for same in [point_id, *same_run.get(point_id, ())]:
+    groups: dict[bytes, list[str]] = {}            # timeout-free run key -> point ids to simulate
+    fresh: dict[bytes, str] = {}
+    for point_id, scenario in jobs:
+        key = keys[point_id]
+        if key in reused:
+            _record(rows, journal, point_id, reused[key])
+        elif key in fresh:
+            same_run[fresh[key]].append(point_id)
+        else:
+            fresh[key] = point_id
+            same_run[point_id] = []
+            groups.setdefault(_timeout_free_key(scenario) or key, []).append(point_id)
+
+    def done(point_id: str, metrics: dict) -> None:
+        for same in [point_id, *same_run[point_id]]:
             _record(rows, journal, same, metrics)
-        if reused is not None and not metrics.get("error"):
-            reused.add(keys[point_id], metrics)
+        if not metrics.get("error"):
+            reused.add(keys[point_id], metrics, _timeout_free_key(scenarios[point_id]))
+
+    def settled(point_id: str) -> bool:
+        """Done already, as the same run as one simulated whose waits stayed below this point's timeout."""
+        free = _timeout_free_key(scenarios[point_id])
+        metrics = reused.reaching_no_timeout(free, queue_timeout_s(scenarios[point_id])) if free else None
+        if metrics is not None:
+            done(point_id, metrics)
+        return metrics is not None
+
+    ordered = {free: sorted(group, key=lambda p: -queue_timeout_s(scenarios[p])) for free, group in groups.items()}
+    firsts = [group[0] for group in ordered.values() if not settled(group[0])]
+    for point_id, metrics in execute([(p, scenarios[p]) for p in firsts], _evaluate_reusable, engine, workers,
+                                     client, progress):
+        done(point_id, metrics)
+    rest = [p for group in ordered.values() for p in group[1:] if not settled(p)]
+    for point_id, metrics in execute([(p, scenarios[p]) for p in rest], _evaluate_reusable, engine, workers,
+                                     client, progress):
+        done(point_id, metrics)
+
+
+def queue_timeout_s(scenario: Scenario) -> float:
+    """The engine's queue timeout, infinite where it has none."""
+    timeout = scenario.engine.queue_timeout_s
+    return math.inf if timeout is None else timeout
+
+
+def _timeout_free_key(scenario: Scenario) -> bytes | None:
+    """The run key of the scenario with no queue timeout, where the engine's timeout is the only one that
+    can act (no traffic class has one of its own, no controller moves the engine's knobs); else None."""
+    if scenario.workload.classes or scenario.controller is not None:
+        return None
+    engine = replace(scenario.engine, queue_timeout_s=None, on_timeout=OnTimeout.DISPATCH)
+    return run_key(replace(scenario, engine=engine))
 
 
 def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metrics: dict) -> None:
     row = rows[point_id]          # the point's own values win over the summary's (hardware, seed)
-    rows[point_id] = {**row, **{k: v for k, v in metrics.items() if k not in row}, "error": metrics.get("error", "")}
+    shown = {k: v for k, v in metrics.items() if k not in row and k not in (LONGEST_WAIT, QUEUE_TIMEOUT)}
+    rows[point_id] = {**row, **shown, "error": metrics.get("error", "")}
     if journal is not None:
         journal.append(rows[point_id])
 
 
 class _Runs:
     """The runs simulated inside :func:`reusing_runs`: run key -> the run's metrics; with a journal,
-    each is also appended to it as it finishes (one checksummed line, the metrics as JSON)."""
+    each is also appended to it as it finishes (one checksummed line, the metrics as JSON). Runs whose
+    queue timeout never acted are also kept by their timeout-free key, with their longest wait."""
 
     def __init__(self):
         self.metrics: dict[bytes, dict] = {}
+        self.untimed: dict[bytes, list[dict]] = {}     # timeout-free key -> metrics of runs no timeout acted in
         self.journal: Journal | None = None
 
     def __contains__(self, key: bytes) -> bool:
@@ -206,10 +255,17 @@ class _Runs:
     def __getitem__(self, key: bytes) -> dict:
         return self.metrics[key]
 
-    def add(self, key: bytes, metrics: dict) -> None:
+    def add(self, key: bytes, metrics: dict, timeout_free: bytes | None = None) -> None:
         self.metrics[key] = metrics
+        if timeout_free is not None and metrics.get(LONGEST_WAIT, math.inf) < metrics.get(QUEUE_TIMEOUT, math.inf):
+            self.untimed.setdefault(timeout_free, []).append(metrics)
         if self.journal is not None:
             self.journal.append({"point_id": key.hex(), "metrics": json.dumps(metrics, default=_json_number)})
+
+    def reaching_no_timeout(self, timeout_free: bytes, timeout_s: float) -> dict | None:
+        """A run's metrics that is the same run as one with this timeout: the same but for its queue timeout,
+        which it never reached, and no request waited ``timeout_s`` either."""
+        return next((m for m in self.untimed.get(timeout_free, ()) if m[LONGEST_WAIT] < timeout_s), None)
 
     def load(self, journal: Journal) -> None:
         """The runs a journal holds (lines that fail their checksum were dropped by the journal)."""
@@ -329,11 +385,40 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Sce
 def simulate_point(scenario: Scenario) -> dict:
     """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
     size is not checked again: :func:`run_points` checks (or was told to force) every point first."""
-    result = simulate_whole(scenario, force=True)      # Ctrl-C during a serial sweep: record nothing half-run
+    return _metrics(simulate_whole(scenario, force=True))    # Ctrl-C during a serial sweep: nothing half-run
+
+
+def _metrics(result) -> dict:
     flat = flatten(summarize(result).to_dict())
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
     return flat
+
+
+def longest_wait_s(result) -> float:
+    """An upper bound on how long any request of the run had waited since its arrival whenever it was
+    waiting: until its first admission if never preempted, else until it finished, else (rejected,
+    unfinished) until the run ended. A queue timeout longer than this never acts in the run."""
+    requests = result.requests
+    if not len(requests):
+        return 0.0
+    finish = requests["finish_s"].fillna(result.end_s).to_numpy(dtype=float)
+    started = requests["first_scheduled_s"].to_numpy(dtype=float)
+    never_preempted = (requests["preemptions"].to_numpy() == 0) & np.isfinite(started) & \
+        (requests["status"].to_numpy() != "rejected")
+    left = np.where(never_preempted, started, finish)
+    return float(np.max(left - requests["arrival_s"].to_numpy(dtype=float)))
+
+
+def _evaluate_reusable(scenario: Scenario) -> dict:
+    """:func:`_evaluate`, with the run's longest wait and its queue timeout, for reuse."""
+    try:
+        result = simulate_whole(scenario, force=True)
+        metrics = _metrics(result)
+        metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT] = longest_wait_s(result), queue_timeout_s(scenario)
+        return metrics
+    except Exception as error:          # one failing point must not lose the others
+        return {"error": error_text(error)}
 
 
 def _evaluate(scenario: Scenario) -> dict:
