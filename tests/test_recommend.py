@@ -14,9 +14,10 @@ from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.config.policies import KPolicyName
-from llmsim.search.recommend import (OFF, Config, KChoice, analytic_rate, k_options, recommend,
+from llmsim.search.recommend import (OFF, Config, KChoice, analytic_rate, batch_token_rule, k_options, recommend,
                                      rule_of_thumb_max_batch_tokens)
 from llmsim.search.sweeps import reusing_runs
+from llmsim.workload.generate import generate_trace
 
 from .helpers import BASE, make_scenario, merge
 
@@ -82,18 +83,26 @@ def test_search_covers_k_off_static_and_the_adaptive_rule(scenario, result):
 
 
 def test_rule_of_thumb_max_batch_tokens_by_hand():
-    """Llama-3.1-70B on 2 x H100: 2 x 80 GB x 0.9 less 2 bytes x 70.6e9 parameters, over the KV
-    bytes per token (80 layers x 2 x 8 KV heads x 128 x 2 bytes = 327,680), capped at max_model_len.
-    The rule ignores the activation and runtime reserves, so it exceeds the KV cache (1,152 tokens
-    here), which in turn must hold max_model_len: the uncapped value is checked on a longer one."""
-    scenario = make_scenario({"model": "Llama-3.1-70B", "deployment": {"tensor_parallel": 2},
-                              "engine": {"max_batch_tokens": 1024, "max_model_len": 1024}})
-    assert rule_of_thumb_max_batch_tokens(scenario) == 1024
-    longer = replace(scenario, engine=replace(scenario.engine, max_model_len=16_384))
-    params = scenario.model.param_count
-    expected = (2 * 80e9 * 0.9 - 2 * params) / 327_680
-    assert 1_024 < expected < 16_384                     # not capped at the longer model length
-    assert rule_of_thumb_max_batch_tokens(longer) == int(expected)
+    """Llama-3.1-70B on 4 x H100: 4 x 80 GB x 0.9 less 2 bytes x 70.6e9 parameters, over the KV bytes per
+    token (80 layers x 2 x 8 KV heads x 128 x 2 bytes = 327,680), is the KV pool; at the workload's mean
+    context (prompt + output / 2) it holds pool / context requests (at most max_num_seqs), and a step at
+    that concurrency carries one token per request and its prompt spread over its output steps:
+    requests x (1 + prompt / output). A real budget, below max_model_len, where the literal reading (the
+    pool alone, over 100,000 tokens) is always cut to max_model_len."""
+    scenario = make_scenario({"model": "Llama-3.1-70B", "deployment": {"tensor_parallel": 4},
+                              "engine": {"max_num_seqs": 1024, "max_model_len": 16_384}})
+    trace = generate_trace(scenario.workload, scenario.seed)
+    prompt, output = trace.prompt_tokens.mean(), trace.output_tokens.mean()
+    pool = (4 * 80e9 * 0.9 - 2 * scenario.model.param_count) / 327_680
+    in_flight = pool / (prompt + output / 2)
+    assert in_flight < 1024                               # the memory binds here, not max_num_seqs
+    rule = batch_token_rule(scenario)
+    assert rule.kv_pool_tokens == pytest.approx(pool)
+    assert rule.tokens == int(in_flight * (1 + prompt / output))
+    assert 1024 < rule.tokens < 16_384 < pool             # a budget, not the cap
+    roomy = replace(scenario, deployment=replace(scenario.deployment, tensor_parallel=8))
+    assert batch_token_rule(roomy).sequences == 1024       # max_num_seqs binds with more memory
+    assert batch_token_rule(roomy).tokens == min(int(1024 * (1 + prompt / output)), 16_384)
 
 
 def test_config_overrides_are_valid_scenario_keys(scenario):

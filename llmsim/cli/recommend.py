@@ -14,7 +14,7 @@ from llmsim.search.plan import as_scenario, replay_description
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OBJECTIVES, SEARCHES, SEEDS, TOP,
-                                     Recommendation, recommend, timeout_text)
+                                     Recommendation, batch_token_rule, recommend, timeout_text)
 
 MAX_TOP = 100               # analytic best settings simulated, at most
 
@@ -58,6 +58,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
     ms = (lambda v, ci: f"{v * 1000:.1f} ms" + ("" if math.isnan(ci) else f" +- {ci * 1000:.1f}"))
     pm = (lambda ci: "" if math.isnan(ci) else f" +- {ci:.2g}")
     targets = _targets_text(scenario.slo.targets())
+    rule = batch_token_rule(scenario)
     if scenario.workload.classes:               # each class's own targets
         targets = "; ".join(f"{name}: {_targets_text(scenario.slo.for_class(name).targets())}"
                             for name in scenario.workload.class_names)
@@ -87,6 +88,8 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"${default_row['usd_per_million_output_tokens']:.3g} per million output tokens",
              f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
              f"P95 TPOT {ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
+             f"max_batch_tokens rule: {rule.text()}; searched {best.max_batch_tokens} "
+             f"({rule.tokens / best.max_batch_tokens:.2g}x the rule's budget)",
              f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
              f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired"
                                                  + ("; within the noise" if abs(rec.improvement) <= rec.improvement_ci95

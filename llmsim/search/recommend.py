@@ -44,9 +44,11 @@ The search (:func:`recommend`):
 The answer is the configuration with the best mean over seeds, with a 95% Student-t
 confidence interval across seeds, re-simulated at the scenario's rate for its
 predicted latencies. Rule-of-thumb defaults: k from the 80/50 rule starting at 4 with
-k_max 8; max batch tokens = the tokens whose KV fits the memory left after the weights
-at 2 bytes per parameter, (memory - 2 x params) / KV bytes per token, capped at the
-longest request; queue timeouts 50, 200 and 1000 ms (the best of the three is the one
+k_max 8; max batch tokens from the seed's rule memory / (2 x params + KV): the memory left after
+the weights at 2 bytes per parameter holds (memory - 2 x params) / KV bytes per token, read as the tokens a
+step carries when the requests that memory holds at the mean context (at most ``max_num_seqs``) are
+in flight: each emits one token a step and brings its prompt over its output steps, so
+sequences x (1 + mean prompt / mean output) (:class:`BatchTokenRule`); queue timeouts 50, 200 and 1000 ms (the best of the three is the one
 beaten).
 
 A trace replayed as it is (no ``sample:``) and no speculation leaves nothing to the seed:
@@ -197,12 +199,45 @@ class Recommendation:
     policies: pd.DataFrame | None = None
 
 
-def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
-    """(memory - 2 bytes x params) / KV bytes per token over the replica, capped at the longest request."""
+@dataclass(frozen=True)
+class BatchTokenRule:
+    """The seed's max-batch-tokens rule, memory / (2 x params + KV), read as a token budget per step.
+
+    The memory left after the weights at 2 bytes per parameter holds ``kv_pool_tokens`` tokens of KV
+    ((memory - 2 x params) / KV bytes per token); at the workload's mean context (prompt + half the
+    output) that is ``sequences`` requests in flight, at most ``max_num_seqs``. At that concurrency the
+    engine emits one token per sequence a step and, to keep the pool full, admits as many prompt tokens
+    a step as the finishing requests free: each request's prompt spread over its output steps. So a step
+    carries ``sequences x (1 + mean prompt / mean output)`` tokens on average, and the rule gives that
+    budget (at least ``max_num_seqs``, at most ``max_model_len``). Read literally, the KV pool alone
+    (hundreds of thousands of tokens) is always cut to ``max_model_len``: no budget at all."""
+    kv_pool_tokens: float
+    sequences: float
+    prompt_over_output: float
+    tokens: int
+
+    def text(self) -> str:
+        return (f"(memory - 2 x params) / KV per token = {self.kv_pool_tokens:,.0f} tokens of KV, "
+                f"{self.sequences:.0f} requests in flight at the mean context, x (1 + prompt/output "
+                f"{self.prompt_over_output:.2f}) = {self.tokens} tokens a step")
+
+
+def batch_token_rule(scenario: Scenario) -> BatchTokenRule:
+    """The rule of thumb for max batch tokens (:class:`BatchTokenRule`)."""
     dep, model, eng = scenario.deployment, scenario.model, scenario.engine
     memory = scenario.hardware.memory_capacity_bytes * eng.memory_utilization * dep.devices_per_replica
-    tokens = (memory - 2 * model.param_count) / model.kv_bytes_per_token
-    return int(min(max(tokens, eng.max_num_seqs), scenario.max_model_len))
+    pool = max((memory - 2 * model.param_count) / model.kv_bytes_per_token, 0.0)
+    trace = generate_trace(scenario.workload, scenario.seed)
+    prompt, output = float(np.mean(trace.prompt_tokens)), float(np.mean(trace.output_tokens))
+    sequences = min(pool / (prompt + output / 2), eng.max_num_seqs)
+    tokens = sequences * (1 + prompt / output)
+    return BatchTokenRule(pool, sequences, prompt / output,
+                          int(min(max(tokens, eng.max_num_seqs), scenario.max_model_len)))
+
+
+def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
+    """The rule's budget (:func:`batch_token_rule`)."""
+    return batch_token_rule(scenario).tokens
 
 
 def longest_draft(scenario: Scenario) -> int:
