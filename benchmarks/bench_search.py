@@ -1,0 +1,105 @@
+"""CPU seconds of ``recommend`` on each shipped scenario and of ``report`` on four chips, beside the
+previous tree's, in one run on the same machine, and whether the answers match.
+
+    python benchmarks/bench_search.py [--base COMMIT] [--rounds N] [--targets chat tp8 speculative report]
+                                      [--parallel P] [--workers W]
+
+The previous tree is checked out from ``--base`` (default: where this branch left main, ``git merge-base
+HEAD main``) into a temporary ``git worktree`` and imported from there. Each (tree, target, round) runs in
+a child process; its CPU time is the child's user + system time, its worker processes included
+(``os.wait4``). Rounds interleave the two trees; the figure is the median over rounds. ``--parallel``
+runs that many children at once (CPU time, not wall time, is what is compared). The answer compared:
+recommend's best setting and its goodput (with its 95% interval); report's recommended deployment.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCENARIOS = {"chat": "scenarios/llama3-8b-h100-chat.yaml", "tp8": "scenarios/llama2-70b-8xh100-tp8.yaml",
+             "speculative": "scenarios/llama3-70b-h100-speculative.yaml"}
+REPORT = ("scenarios/llama3-8b-h100-chat.yaml", 60.0, ["H100-SXM", "H200", "MI300X", "CS-3"])
+
+CHILD = r'''
+import json, sys
+target, path, workers = sys.argv[1], sys.argv[2], (None if sys.argv[3] == "none" else int(sys.argv[3]))
+if target == "report":
+    from llmsim.report.build import ReportBuilder, traffic_from_rate
+    rate, chips = float(sys.argv[4]), sys.argv[5].split(",")
+    report = ReportBuilder(path, traffic_from_rate(rate), hardware=chips, workers=workers).build()
+    row = report.table("deployment").rows[0]
+    print(json.dumps({"answer": " ".join(str(cell) for cell in row[1:4]), "goodput": None, "ci95": None}))
+else:
+    from llmsim.search.recommend import recommend
+    rec = recommend(path, workers=workers, drafts=True)
+    row = rec.table.iloc[0]
+    print(json.dumps({"answer": rec.best.label, "goodput": float(row["max_rate_per_s"]),
+                      "ci95": float(row["max_rate_per_s.ci95"])}))
+'''
+
+
+def run_child(tree: Path, target: str, workers: str) -> tuple[float, dict]:
+    """One measurement: (CPU seconds of the child and its workers, its answer)."""
+    if target == "report":
+        args = [REPORT[0], workers, str(REPORT[1]), ",".join(REPORT[2])]
+    else:
+        args = [SCENARIOS[target], workers]
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    with tempfile.TemporaryFile("w+") as out:
+        child = subprocess.Popen([sys.executable, "-c", CHILD, target, *args], cwd=tree, env=env, stdout=out,
+                                 stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read().strip().splitlines()
+    if child.returncode != 0 or not text:
+        return usage.ru_utime + usage.ru_stime, {"answer": f"failed (exit {child.returncode})"}
+    return usage.ru_utime + usage.ru_stime, json.loads(text[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", help="the previous tree's commit (default: git merge-base HEAD main)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--targets", nargs="+", default=["chat", "tp8", "speculative", "report"],
+                        choices=[*SCENARIOS, "report"])
+    parser.add_argument("--parallel", type=int, default=1, help="children run at once")
+    parser.add_argument("--workers", default="1", help="each search's worker processes ('none': all cores)")
+    args = parser.parse_args()
+    base = args.base or subprocess.check_output(["git", "merge-base", "HEAD", "main"], cwd=REPO, text=True).strip()
+    old = Path(tempfile.mkdtemp(prefix="bench-search-base-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(old), base], cwd=REPO, check=True,
+                   capture_output=True)
+    trees = {"previous": old, "this": REPO}
+    jobs = [(r, target, name) for r in range(args.rounds) for target in args.targets for name in trees]
+    started = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(args.parallel) as pool:
+            done = list(pool.map(lambda job: (job, run_child(trees[job[2]], job[1], args.workers)), jobs))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=REPO, capture_output=True)
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; previous tree {base[:10]}; "
+          f"{args.rounds} round(s), {args.workers} worker(s) per search; {time.perf_counter() - started:.0f} s wall")
+    print(f"{'target':<12} {'previous CPU s':>14} {'this CPU s':>10}  answers")
+    for target in args.targets:
+        cpu = {name: statistics.median(c for (r, t, n), (c, _) in done if t == target and n == name) for name in trees}
+        answers = {name: next(a for (r, t, n), (_, a) in done if t == target and n == name) for name in trees}
+        same = answers["previous"]["answer"] == answers["this"]["answer"]
+        print(f"{target:<12} {cpu['previous']:>14.1f} {cpu['this']:>10.1f}  {'same' if same else 'different'}")
+        for name in trees:
+            a = answers[name]
+            goodput = "" if a.get("goodput") is None else f"; goodput {a['goodput']:.3g} +- {a['ci95']:.2g} req/s"
+            print(f"    {name:<9} {a['answer']}{goodput}")
+
+
+if __name__ == "__main__":
+    main()
