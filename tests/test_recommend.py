@@ -14,8 +14,7 @@ from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.config.policies import KPolicyName
-from llmsim.search.recommend import (OFF, Config, KChoice, analytic_rate, batch_token_rule, k_options, recommend,
-                                     rule_of_thumb_max_batch_tokens)
+from llmsim.search.recommend import OFF, Config, KChoice, analytic_rate, batch_token_rule, k_options, recommend
 from llmsim.search.sweeps import reusing_runs
 from llmsim.workload.generate import generate_trace
 

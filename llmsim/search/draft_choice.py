@@ -80,8 +80,8 @@ class DraftChoice:
     rule_text: str
 
 
-def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, ModelSpec] | None = None
-               ) -> list[Candidate]:
+def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, ModelSpec] | None = None,
+               own_draft: bool = True) -> list[Candidate]:
     """No speculation; catalog models the target can verify (same vocabulary, smaller), in their
     dtype and at fp8; an EAGLE head; the target's MTP module if it ships one; n-gram lookup; and
     the scenario's own draft, with its measured acceptance when the scenario gives one."""
@@ -98,12 +98,58 @@ def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, Mo
         out.append(predicted_candidate("MTP module", MTP, head_spec(MTP, target), target, workload))
     out.append(predicted_candidate("n-gram lookup", NGRAM, None, target, workload))
     own = scenario.speculation
-    if own is not None and _measured(scenario):
+    if own_draft and own is not None and _measured(scenario):
         label = f"{own.draft.name if own.draft is not None else own.proposer.kind} (measured acceptance)"
         out.append(Candidate(label, own.proposer.kind, own.draft, own.acceptance.mean_alpha,
                              cpu_s_per_sequence=own.proposer.cpu_s_per_sequence,
                              heads=own.proposer.heads if own.proposer.kind == MEDUSA else K_MAX))
     return out
+
+
+def in_band_candidates(target: ModelSpec, workload: str = "chat") -> list[Candidate]:
+    """Drafts inside the practice rule's band (:data:`RULE_BAND`) where the catalog has none: the target's
+    own first layers with its embeddings and LM head (a self-speculative draft, as LayerSkip builds), at
+    the fewest and the most layers whose parameters are 20-30% of the target's, each at the acceptance
+    the acceptance model predicts for its size."""
+    low, high = RULE_BAND
+    sizes = [n for n in range(1, target.num_layers)
+             if low <= replace(target, num_layers=n).param_count / target.param_count <= high]
+    return [predicted_candidate(f"{target.name} first {n} layers", MODEL,
+                                replace(target, num_layers=n, name=f"{target.name}-first-{n}-layers",
+                                        params_published=None, mtp_modules=0), target, workload)
+            for n in dict.fromkeys(sizes[:1] + sizes[-1:])]
+
+
+def in_band(candidate: Candidate, target: ModelSpec) -> bool:
+    """A draft model whose parameters are 20-30% of the target's."""
+    low, high = RULE_BAND
+    return candidate.kind == MODEL and low <= candidate.draft.param_count / target.param_count <= high
+
+
+def model_mapping(spec: ModelSpec) -> dict:
+    """A model as a scenario's inline fields (``model:`` or ``speculation.draft:``)."""
+    keys = ("name", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size",
+            "head_dim", "tie_word_embeddings", "num_experts", "experts_per_token", "qkv_bias", "sliding_window",
+            "max_context", "weight_dtype", "kv_dtype", "activation_dtype", "moe_intermediate_size",
+            "shared_expert_intermediate_size", "dense_layers", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim",
+            "v_head_dim", "expert_dtype", "embedding_dtype", "mtp_modules", "sliding_window_layers")
+    return {key: getattr(spec, key) for key in keys if getattr(spec, key) is not None}
+
+
+def candidate_overrides(candidate: Candidate, scenario: Scenario) -> dict:
+    """Scenario overrides that speculate with ``candidate`` (its proposer and predicted acceptance), keeping
+    the scenario's eligibility rule; the k policy is set apart."""
+    point: dict = {"speculation": None,
+                   "speculation.draft": model_mapping(candidate.draft) if candidate.kind == MODEL else candidate.kind}
+    if candidate.kind == MEDUSA:
+        point["speculation.heads"] = candidate.heads
+    if candidate.kind == NGRAM and candidate.cpu_s_per_sequence:
+        point["speculation.ngram_cpu_per_sequence"] = f"{candidate.cpu_s_per_sequence!r} s"
+    point["speculation.acceptance"] = {"process": "bernoulli", "alpha": candidate.alpha}
+    own = scenario.speculation.eligibility if scenario.speculation is not None else Eligibility()
+    point["speculation.eligibility"] = {"min_sequence_tokens": own.min_sequence_tokens,
+                                        "min_concurrent_requests": own.min_concurrent_requests}
+    return point
 
 
 def predicted_candidate(label: str, kind: str, draft: ModelSpec | None, target: ModelSpec,

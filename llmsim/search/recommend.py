@@ -20,10 +20,23 @@ The search (:func:`recommend`):
    each seed (common random numbers: every configuration sees a seed's requests), run
    in parallel through :func:`llmsim.search.sweeps.run_points`. A setting that fails at the
    scenario's own rate cannot be recommended, and its search stops there.
+   With ``drafts=True`` on a speculating scenario, every proposer the target can verify (catalog
+   drafts in their dtype and at fp8, an EAGLE head, an MTP module where the target ships one, n-gram
+   lookup, and drafts of 20-30% of the target's parameters made of its own first layers) is screened
+   at Theorem 3.8's k by the fluid model's goodput across loads (:func:`_draft_screen`); the best
+   :data:`DRAFT_TOP` and the best one inside the 20-30% band (bisected to the end: the practice rule
+   is judged on it) are simulated with the rest.
+   The bisections race: a setting whose failing rates average below the passing rates of another
+   that meets the scenario's rate can no longer rank first, and stops (``raced_out``; its goodput is
+   then a lower bound). Runs that differ only in a queue timeout none of their requests waited for
+   are one run (:func:`llmsim.search.sweeps.reusing_runs`).
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
    and each queue timeout (50, 200, 1000 ms), simulated the same way. With prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
-   CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither).
+   CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither). With
+   drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
+   scenario's, min_concurrent_requests 1 or the scenario's): the proposer, k policy and eligibility
+   of the answer come from this one search (:class:`DraftSearch`).
 4. **Traffic classes: the policy and every class's timeout, jointly** (:meth:`_Search.classes`).
    Bisecting the rate of every (policy, timeout per class) combination would cost
    6 x 5^classes searches; instead, with the best setting's other knobs held, every
@@ -76,7 +89,8 @@ from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
-from llmsim.search.draft_choice import DraftAdvice, advise
+from llmsim.search.draft_choice import (NONE, Candidate, candidate_overrides, candidates, cost_ratio, in_band,
+                                       in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
 from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
                                   typical_latency_s)
@@ -91,6 +105,7 @@ TIMEOUTS_S = (0.05, 0.2, 1.0)
 IDLE_TIMEOUTS_S = (0.5, 2.0, 10.0)    # CPU offload: how long a cached block idles before it moves to host memory
 BLOCK_SIZES = (16, 512)               # the smallest and largest KV block size tried
 RULE_K0, RULE_K_MAX = 4, 8
+DRAFT_TOP = 2                         # proposers simulated, best by the fluid model (besides the 20-30% rule's)
 CLASS_TIMEOUTS_S = (0.025, 0.05, 0.2, 1.0, 5.0)   # per class: practice's three, one shorter, one longer
 CLASS_SWEEPS = 2                      # coordinate-descent sweeps over the classes, at most
 MAX_CLASS_TIMEOUTS, MAX_CLASS_TIMEOUT_S = 20, 3600.0   # what class_timeouts_s may hold
@@ -126,9 +141,14 @@ class Config:
     # None where the class has none, which is left so).
     policy: SchedulingPolicy | None = None
     class_timeouts: tuple[tuple[str, float | None], ...] | None = None
+    # With drafts searched: the proposer (None: the scenario's own) and the eligibility rule as
+    # (min_sequence_tokens, min_concurrent_requests) (None: the scenario's own, or the candidate's).
+    draft: Candidate | None = None
+    eligibility: tuple[int, int] | None = None
 
     def overrides(self, scenario: Scenario) -> dict:
-        point = {"engine.max_batch_tokens": self.max_batch_tokens,
+        point = candidate_overrides(self.draft, scenario) if self.draft is not None and self.k != OFF else {}
+        point |= {"engine.max_batch_tokens": self.max_batch_tokens,
                  "engine.queue_timeout": None if self.queue_timeout_s is None else f"{self.queue_timeout_s * 1000:g} ms"}
         if self.block_size is not None:
             point["engine.block_size"] = self.block_size
@@ -147,8 +167,11 @@ class Config:
         else:
             policy, k = self.k.policy, self.k.k
             k_max = max(scenario.speculation.policy.k_max, k, RULE_K_MAX if policy is AdaptiveK.name else 0)
-            k_max = min(k_max, longest_draft(scenario))
+            k_max = min(k_max, longest_draft(scenario) if self.draft is None else self.draft.k_max)
             point.update({"speculation.policy": str(policy), "speculation.k": k, "speculation.k_max": k_max})
+        if self.eligibility is not None and self.k != OFF:
+            point["speculation.eligibility"] = {"min_sequence_tokens": self.eligibility[0],
+                                                "min_concurrent_requests": self.eligibility[1]}
         return point
 
     @property
@@ -163,6 +186,11 @@ class Config:
             label += f", policy {self.policy}"
         if self.class_timeouts:
             label += ", class timeouts " + ", ".join(f"{name} {timeout_text(t)}" for name, t in self.class_timeouts)
+        if self.draft is not None and self.k != OFF:
+            label += f", draft {self.draft.label}"
+        if self.eligibility is not None and self.k != OFF:
+            label += (f", eligibility min_sequence_tokens {self.eligibility[0]}, "
+                      f"min_concurrent_requests {self.eligibility[1]}")
         return label
 
 
@@ -191,7 +219,7 @@ class Recommendation:
     improvement_ci95: float        # half-width across seeds, paired (both ran every seed's requests)
     analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
     runtime_s: float
-    drafts: DraftAdvice | None = None   # with drafts=True on a speculating scenario: the draft and eligibility
+    drafts: "DraftSearch | None" = None   # with drafts=True on a speculating scenario: proposer and eligibility
     search: str = SEARCHES[0]
     # With traffic classes: the joint class search, and per scheduling policy its best class timeouts, their
     # goodput and each class's attainment at the scenario's rate (best first): why the policy won.
@@ -309,7 +337,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
     bisection on the rate stops; ``requests``: simulate this many requests per run
     instead of the scenario's ``workload.num_requests``; ``drafts``: for a speculating scenario,
     also choose the draft and tune the eligibility thresholds at the scenario's rate
-    (:func:`llmsim.search.draft_choice.advise`); ``search="classes"``: only the scheduling policy and
+    in the same search (:class:`DraftSearch`); ``search="classes"``: only the scheduling policy and
     the class timeouts (step 4), the scenario's other settings kept and taken as the baseline;
     ``class_timeouts_s``: the queue timeouts step 4 tries for each class (besides its own).
     """
@@ -344,6 +372,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
     # ``progress`` counts every simulation of the search, its total growing as the bisections ask for more.
     # A run the search asks for twice (a screened candidate's first bisection step, at the probe rate) runs once.
+    speculating = drafts and search == "all" and scenario.speculation is not None
     with reusing_runs():
         searcher = _Search(scenario, seed_list, objective, workers, tolerance, progress,
                            own_settings=search == "classes", class_timeouts_s=class_timeouts_s)
@@ -356,10 +385,20 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
             analytic = analytic.sort_values("analytic_rate_per_s", ascending=False,
                                             kind="stable").reset_index(drop=True)
             chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
+            screened = contenders = None
+            if speculating:
+                # 1b. every proposer at Theorem 3.8's k, scored by the fluid model across loads
+                screened = _draft_screen(scenario, searcher, int(analytic["max_batch_tokens"].iloc[0]))
+                contenders = list(screened["config"].head(DRAFT_TOP))
+                rule = screened[screened["in_band"]]
+                contenders += list(rule["config"].head(1))
+                searcher.protected.update(rule["config"].head(1))     # the rule is judged on its full goodput
             # 2. simulate them, and the rule-of-thumb defaults
-            searcher.evaluate(chosen + searcher.defaults)
-            # 3. refine around the best
+            searcher.evaluate(chosen + searcher.defaults + (contenders or []))
+            # 3. refine around the best (k, batch tokens, timeouts, with a draft its eligibility rule)
             searcher.evaluate(_neighbours(searcher.best(), scenario))
+            if speculating and searcher.best().k != OFF:
+                searcher.evaluate(_eligibility_options(searcher.best(), scenario))
         else:
             searcher.evaluate(searcher.defaults)        # the scenario's own settings
         # 4. with traffic classes: the policy and every class's timeout, jointly
@@ -386,7 +425,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         finalists = list(classes.best_per_policy.values()) if classes is not None else []
         at_rate = searcher.at_scenario_rate([best, best_default["config"], *finalists])
         policies = _policy_table(classes, table, at_rate, scenario) if classes is not None else None
-        advice = advise(scenario) if drafts and scenario.speculation is not None else None
+        advice = DraftSearch.of(screened, searcher.table(), scenario) if speculating else None
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
                               analytic, time.perf_counter() - started, advice, search, classes, policies)
 
@@ -417,6 +456,126 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
     if engine.cpu_offload is not None:
         out += [replace(best, idle_timeout_s=t) for t in IDLE_TIMEOUTS_S]
     return out
+
+
+def _acceptance_workload(scenario: Scenario) -> str:
+    """The workload the scenario's predicted acceptance names, else chat: what candidates are predicted for."""
+    given = ((scenario.source or {}).get("speculation") or {}).get("acceptance") or {}
+    return given.get("workload", "chat") if given.get("process") == "predicted" else "chat"
+
+
+def _draft_screen(scenario: Scenario, searcher: "_Search", max_batch_tokens: int) -> pd.DataFrame:
+    """Every proposer the target can verify (:func:`llmsim.search.draft_choice.candidates`, and drafts of
+    20-30% of its parameters, :func:`~llmsim.search.draft_choice.in_band_candidates`) at Theorem 3.8's
+    static k, scored by the fluid model's goodput across loads at ``max_batch_tokens``; best first. A draft
+    that leaves no KV room for one longest request is left out."""
+    workload = _acceptance_workload(scenario)
+    options = [c for c in candidates(scenario, workload, own_draft=False) if c.kind != NONE]
+    options += in_band_candidates(scenario.model, workload)
+    context = float(np.mean(searcher.trace.prompt_tokens) + np.mean(searcher.trace.output_tokens) / 2)
+    rows = []
+    for candidate in options:
+        if with_candidate(scenario, candidate, 1).memory.kv_capacity_tokens < scenario.max_model_len:
+            continue
+        c = cost_ratio(scenario, candidate, context)
+        k, speedup = theorem_3_8(candidate.alpha, c, candidate.proposer.sequential, candidate.k_max)
+        config = Config(KChoice(KPolicyName.STATIC, k), max_batch_tokens, None, draft=candidate)
+        rows.append({"candidate": candidate.label, "kind": candidate.kind,
+                     "params_ratio": (candidate.draft.param_count / scenario.model.param_count
+                                      if candidate.kind == "model" else math.nan),
+                     "alpha": candidate.alpha, "c": c, "k": k, "speedup_theorem_3_8": speedup,
+                     "analytic_rate_per_s": searcher.analytic(config), "in_band": in_band(candidate, scenario.model),
+                     "config": config})
+    return pd.DataFrame(rows).sort_values("analytic_rate_per_s", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def _eligibility_options(best: Config, scenario: Scenario) -> list[Config]:
+    """The best setting under each eligibility rule: min_concurrent_requests 1 or the scenario's,
+    min_sequence_tokens 0 or the scenario's."""
+    own = scenario.speculation.eligibility
+    return [replace(best, eligibility=(tokens, concurrent)) for tokens in sorted({0, own.min_sequence_tokens})
+            for concurrent in sorted({1, own.min_concurrent_requests})]
+
+
+@dataclass
+class DraftSearch:
+    """The proposer, k policy and eligibility rule of the recommendation, from the one search: every
+    proposer screened (Theorem 3.8's k at batch 1, then the fluid model's goodput across loads), the
+    best few and the best draft of 20-30% of the target's parameters simulated (goodput bisected like
+    every setting), the best setting's eligibility rules simulated too."""
+    best: Config
+    screened: pd.DataFrame          # every proposer: alpha, c, k, Theorem 3.8's speedup, fluid and simulated goodput
+    eligibility: pd.DataFrame       # each eligibility rule on the best setting, its simulated goodput
+    rule_holds: bool | None         # the 20-30% rule: None where no in-band draft was simulated
+    rule_text: str
+
+    @classmethod
+    def of(cls, screened: pd.DataFrame, table: pd.DataFrame, scenario: Scenario) -> "DraftSearch":
+        by_config = table.set_index(table["config"].map(lambda c: c.label))
+
+        def goodput(config: Config) -> tuple[float, float, bool]:
+            if config.label not in by_config.index:
+                return math.nan, math.nan, False
+            row = by_config.loc[config.label]
+            return row["max_rate_per_s"], row["max_rate_per_s.ci95"], bool(row["raced_out"])
+        screened = screened.copy()
+        simulated = [goodput(c) for c in screened["config"]]
+        screened["max_rate_per_s"] = [g for g, _, _ in simulated]
+        screened["max_rate_per_s.ci95"] = [ci for _, ci, _ in simulated]
+        screened["raced_out"] = [r for _, _, r in simulated]
+        best = table["config"].iloc[0]
+        rows = table[table["config"].map(lambda c: c.eligibility is not None
+                                         and replace(c, eligibility=None) == replace(best, eligibility=None))]
+        eligibility = pd.DataFrame({"min_sequence_tokens": [c.eligibility[0] for c in rows["config"]],
+                                    "min_concurrent_requests": [c.eligibility[1] for c in rows["config"]],
+                                    "max_rate_per_s": rows["max_rate_per_s"].to_numpy(),
+                                    "max_rate_per_s.ci95": rows["max_rate_per_s.ci95"].to_numpy()})
+        holds, text = _rule_verdict(screened, best, scenario)
+        return cls(best, screened, eligibility, holds, text)
+
+    def text(self) -> str:
+        best = self.best
+        proposer = ("none (plain decoding)" if best.k == OFF else best.draft.label if best.draft is not None
+                    else "the scenario's own")
+        lines = [f"speculation, one answer from the search across loads: proposer {proposer}, k {best.k}"
+                 + ("" if best.eligibility is None or best.k == OFF else
+                    f", eligibility min_sequence_tokens {best.eligibility[0]}, "
+                    f"min_concurrent_requests {best.eligibility[1]}"),
+                 "  proposers screened (Theorem 3.8's k at batch 1, the fluid model's goodput across loads at that k; "
+                 "simulated goodput for those simulated):"]
+        for _, row in self.screened.iterrows():
+            share = "" if math.isnan(row["params_ratio"]) else f" ({100 * row['params_ratio']:.0f}% of the target)"
+            goodput, ci = row["max_rate_per_s"], row["max_rate_per_s.ci95"]
+            simulated = "" if math.isnan(goodput) else (
+                f", simulated {'at least ' if row['raced_out'] else ''}{goodput:.3g}"
+                + ("" if math.isnan(ci) else f" +- {ci:.2g}") + " req/s")
+            lines.append(f"  {row['candidate'] + share:<44} alpha {row['alpha']:.2f}, c {row['c']:.3f}, k {row['k']}, "
+                         f"{row['speedup_theorem_3_8']:.2f}x; fluid {row['analytic_rate_per_s']:.3g} req/s{simulated}")
+        lines.append(f"  {self.rule_text}")
+        if len(self.eligibility):
+            lines.append("  eligibility rules on the recommendation (simulated goodput): " + "; ".join(
+                f"{r.min_sequence_tokens} tokens / {r.min_concurrent_requests} requests {r.max_rate_per_s:.3g} req/s"
+                for r in self.eligibility.itertuples()))
+        return "\n".join(lines)
+
+
+def _rule_verdict(screened: pd.DataFrame, best: Config, scenario: Scenario) -> tuple[bool | None, str]:
+    """The 20-30% rule judged on simulated goodput: the best simulated in-band draft against the best
+    simulated proposer at the same settings (and the recommendation itself)."""
+    ran = screened[screened["max_rate_per_s"].notna()]
+    band = ran[ran["in_band"]]
+    if best.draft is not None and in_band(best.draft, scenario.model):
+        return True, f"the 20-30% rule holds: the recommended draft is {best.draft.label}"
+    if band.empty:
+        return None, "the 20-30% rule is not judged: no draft of 20-30% of the target's parameters fits"
+    rule = band.loc[band["max_rate_per_s"].idxmax()]
+    peer = ran.loc[ran["max_rate_per_s"].idxmax()]
+    cost = rule["max_rate_per_s"] / peer["max_rate_per_s"] - 1
+    return False, (f"the 20-30% rule does not hold: its best draft, {rule['candidate']} "
+                   f"({100 * rule['params_ratio']:.0f}% of the target's parameters), sustains "
+                   f"{rule['max_rate_per_s']:.3g} +- {rule['max_rate_per_s.ci95']:.2g} req/s against "
+                   f"{peer['max_rate_per_s']:.3g} +- {peer['max_rate_per_s.ci95']:.2g} for {peer['candidate']} at the "
+                   f"same settings ({100 * cost:+.0f}%)")
 
 
 def class_timeout_options(timeouts_s: Sequence[float], start: float | None) -> list[float]:
@@ -455,6 +614,7 @@ class _Search:
                  class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S, racing: bool = True):
         self.scenario, self.seeds, self.objective = scenario, seeds, objective
         self.racing = racing and objective == "goodput"     # cost ranks by dollars: every goodput is needed
+        self.protected: set[Config] = set()                 # bisected to the end, like the defaults
         self.workers, self.tolerance, self.progress = workers, tolerance, progress
         self.class_timeouts_s = tuple(class_timeouts_s)
         self.results: dict[Config, dict] = {}
@@ -469,7 +629,7 @@ class _Search:
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
     def analytic(self, config: Config) -> float:
-        key = (config.k, config.max_batch_tokens)
+        key = (config.k, config.max_batch_tokens, config.draft, config.eligibility)
         if key not in self._analytic:
             try:
                 self._analytic[key] = analytic_rate(variant(self.scenario, config.overrides(self.scenario)),
@@ -550,7 +710,8 @@ class _Search:
         incumbent = max(lows)
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
-            if c not in self.defaults and not runs[0].raced_out and mean(b.failing for b in runs) < incumbent:
+            if c not in self.defaults and c not in self.protected and not runs[0].raced_out \
+                    and mean(b.failing for b in runs) < incumbent:
                 for b in runs:
                     b.raced_out = True
 
