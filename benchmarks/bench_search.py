@@ -83,8 +83,13 @@ def main() -> None:
     jobs = [(r, target, name) for r in range(args.rounds) for target in args.targets for name in trees]
     started = time.perf_counter()
     try:
+        def measured(job):
+            cpu, answer = run_child(trees[job[2]], job[1], args.workers)
+            print(f"  round {job[0] + 1}, {job[1]}, {job[2]} tree: {cpu:.1f} CPU s, {answer['answer']}", flush=True)
+            return job, (cpu, answer)
+
         with ThreadPoolExecutor(args.parallel) as pool:
-            done = list(pool.map(lambda job: (job, run_child(trees[job[2]], job[1], args.workers)), jobs))
+            done = list(pool.map(measured, jobs))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=REPO, capture_output=True)
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; previous tree {base[:10]}; "
