@@ -13,7 +13,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario, replay_description
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OBJECTIVES, SEARCHES, SEEDS, TOP,
+from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OBJECTIVES, OFF, SEARCHES, SEEDS, TOP,
                                      Recommendation, batch_token_rule, recommend, timeout_text)
 
 MAX_TOP = 100               # analytic best settings simulated, at most
@@ -67,6 +67,9 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
                     "and no confidence interval is available (sample: in its transforms draws different ones)")
     lines = [f"recommended settings for {scenario.name} ({targets}; {rec.objective}; {replications}):",
              f"  speculation        {best.k}",
+             *([f"  draft              {best.draft.label}"] if best.draft is not None and best.k != OFF else []),
+             *([f"  eligibility        min_sequence_tokens {best.eligibility[0]}, min_concurrent_requests "
+                f"{best.eligibility[1]}"] if best.eligibility is not None and best.k != OFF else []),
              f"  max_batch_tokens   {best.max_batch_tokens}",
              f"  queue_timeout      {'none' if best.queue_timeout_s is None else f'{best.queue_timeout_s * 1000:g} ms'}",
              *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
