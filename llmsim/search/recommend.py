@@ -61,8 +61,8 @@ k_max 8; max batch tokens from the seed's rule memory / (2 x params + KV): the m
 the weights at 2 bytes per parameter holds (memory - 2 x params) / KV bytes per token, read as the tokens a
 step carries when the requests that memory holds at the mean context (at most ``max_num_seqs``) are
 in flight: each emits one token a step and brings its prompt over its output steps, so
-sequences x (1 + mean prompt / mean output) (:class:`BatchTokenRule`); queue timeouts 50, 200 and 1000 ms (the best of the three is the one
-beaten).
+sequences x (1 + mean prompt / mean output) (:class:`BatchTokenRule`); queue timeouts 50, 200 and 1000 ms
+(the best of the three is the one beaten).
 
 A trace replayed as it is (no ``sample:``) and no speculation leaves nothing to the seed:
 every seed would simulate the same requests the same way, and their spread, zero, is no
@@ -148,8 +148,8 @@ class Config:
 
     def overrides(self, scenario: Scenario) -> dict:
         point = candidate_overrides(self.draft, scenario) if self.draft is not None and self.k != OFF else {}
-        point |= {"engine.max_batch_tokens": self.max_batch_tokens,
-                 "engine.queue_timeout": None if self.queue_timeout_s is None else f"{self.queue_timeout_s * 1000:g} ms"}
+        timeout = None if self.queue_timeout_s is None else f"{self.queue_timeout_s * 1000:g} ms"
+        point |= {"engine.max_batch_tokens": self.max_batch_tokens, "engine.queue_timeout": timeout}
         if self.block_size is not None:
             point["engine.block_size"] = self.block_size
         if self.idle_timeout_s is not None:      # a mapping: merged into the scenario's, or replacing `true`
@@ -219,7 +219,7 @@ class Recommendation:
     improvement_ci95: float        # half-width across seeds, paired (both ran every seed's requests)
     analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
     runtime_s: float
-    drafts: "DraftSearch | None" = None   # with drafts=True on a speculating scenario: proposer and eligibility
+    drafts: DraftSearch | None = None   # with drafts=True on a speculating scenario: proposer and eligibility
     search: str = SEARCHES[0]
     # With traffic classes: the joint class search, and per scheduling policy its best class timeouts, their
     # goodput and each class's attainment at the scenario's rate (best first): why the policy won.
@@ -464,7 +464,7 @@ def _acceptance_workload(scenario: Scenario) -> str:
     return given.get("workload", "chat") if given.get("process") == "predicted" else "chat"
 
 
-def _draft_screen(scenario: Scenario, searcher: "_Search", max_batch_tokens: int) -> pd.DataFrame:
+def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) -> pd.DataFrame:
     """Every proposer the target can verify (:func:`llmsim.search.draft_choice.candidates`, and drafts of
     20-30% of its parameters, :func:`~llmsim.search.draft_choice.in_band_candidates`) at Theorem 3.8's
     static k, scored by the fluid model's goodput across loads at ``max_batch_tokens``; best first. A draft
@@ -510,7 +510,7 @@ class DraftSearch:
     rule_text: str
 
     @classmethod
-    def of(cls, screened: pd.DataFrame, table: pd.DataFrame, scenario: Scenario) -> "DraftSearch":
+    def of(cls, screened: pd.DataFrame, table: pd.DataFrame, scenario: Scenario) -> DraftSearch:
         by_config = table.set_index(table["config"].map(lambda c: c.label))
 
         def goodput(config: Config) -> tuple[float, float, bool]:

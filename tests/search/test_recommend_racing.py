@@ -10,7 +10,8 @@ from tests.helpers import make_scenario
 
 
 def _searched(racing: bool) -> _Search:
-    scenario = make_scenario({"engine": {"max_num_seqs": 64}, "workload": {"arrival": {"rate": 5.0}, "num_requests": 300},
+    scenario = make_scenario({"engine": {"max_num_seqs": 64},
+                              "workload": {"arrival": {"rate": 5.0}, "num_requests": 300},
                               "slo": {"ttft": "300 ms", "tpot": "30 ms"}})
     with reusing_runs():
         search = _Search(scenario, [11, 12], "goodput", 1, 0.04, QUIET, racing=racing)
