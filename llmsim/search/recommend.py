@@ -697,21 +697,24 @@ class _Search:
         """Stop bisecting the configurations that can no longer be the best: where the mean over seeds of
         the lowest rates seen to fail is below the mean of the highest seen to pass of another that meets
         the scenario's rate (every seed's final goodput lies below its failing rate, so that one's mean
-        stays below the other's, and the ranking's first row is the same). The baseline defaults are
-        bisected to the end: the gain is measured against them."""
+        stays below the other's, and the ranking's first row is the same). The baseline defaults race
+        only among themselves, for the best of them is what the gain is measured against; the protected
+        settings are bisected to the end."""
         def mean(values) -> float:
             return float(np.mean(list(values)))
 
-        lows = [r["max_rate_per_s"] for r in self.results.values() if r["meets_scenario_rate"]]
-        lows += [mean(brackets[(c, s)].passing for s in self.seeds) for c in todo
-                 if all(brackets[(c, s)].meets(self.rate) for s in self.seeds)]
-        if not lows:
-            return
-        incumbent = max(lows)
+        def incumbent(among) -> float:
+            lows = [r["max_rate_per_s"] for c, r in self.results.items() if r["meets_scenario_rate"] and among(c)]
+            lows += [mean(brackets[(c, s)].passing for s in self.seeds) for c in todo
+                     if among(c) and all(brackets[(c, s)].meets(self.rate) for s in self.seeds)]
+            return max(lows, default=-math.inf)     # none yet: nothing is stopped
+
+        best, best_default = incumbent(lambda c: True), incumbent(lambda c: c in self.defaults)
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
-            if c not in self.defaults and c not in self.protected and not runs[0].raced_out \
-                    and mean(b.failing for b in runs) < incumbent:
+            if c in self.protected or runs[0].raced_out:
+                continue
+            if mean(b.failing for b in runs) < (best_default if c in self.defaults else best):
                 for b in runs:
                     b.raced_out = True
 

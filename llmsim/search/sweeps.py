@@ -207,11 +207,11 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
 
     ordered = {free: sorted(group, key=lambda p: -queue_timeout_s(scenarios[p])) for free, group in groups.items()}
     firsts = [group[0] for group in ordered.values() if not settled(group[0])]
-    for point_id, metrics in execute([(p, scenarios[p]) for p in firsts], _evaluate_reusable, engine, workers,
+    for point_id, metrics in execute([(p, scenarios[p]) for p in firsts], _evaluate, engine, workers,
                                      client, progress):
         done(point_id, metrics)
     rest = [p for group in ordered.values() for p in group[1:] if not settled(p)]
-    for point_id, metrics in execute([(p, scenarios[p]) for p in rest], _evaluate_reusable, engine, workers,
+    for point_id, metrics in execute([(p, scenarios[p]) for p in rest], _evaluate, engine, workers,
                                      client, progress):
         done(point_id, metrics)
 
@@ -385,13 +385,12 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Sce
 def simulate_point(scenario: Scenario) -> dict:
     """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
     size is not checked again: :func:`run_points` checks (or was told to force) every point first."""
-    return _metrics(simulate_whole(scenario, force=True))    # Ctrl-C during a serial sweep: nothing half-run
-
-
-def _metrics(result) -> dict:
+    result = simulate_whole(scenario, force=True)      # Ctrl-C during a serial sweep: record nothing half-run
     flat = flatten(summarize(result).to_dict())
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
+    # For reusing_runs, never shown in a row (_record leaves them out).
+    flat[LONGEST_WAIT], flat[QUEUE_TIMEOUT] = longest_wait_s(result), queue_timeout_s(scenario)
     return flat
 
 
@@ -408,17 +407,6 @@ def longest_wait_s(result) -> float:
         (requests["status"].to_numpy() != "rejected")
     left = np.where(never_preempted, started, finish)
     return float(np.max(left - requests["arrival_s"].to_numpy(dtype=float)))
-
-
-def _evaluate_reusable(scenario: Scenario) -> dict:
-    """:func:`_evaluate`, with the run's longest wait and its queue timeout, for reuse."""
-    try:
-        result = simulate_whole(scenario, force=True)
-        metrics = _metrics(result)
-        metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT] = longest_wait_s(result), queue_timeout_s(scenario)
-        return metrics
-    except Exception as error:          # one failing point must not lose the others
-        return {"error": error_text(error)}
 
 
 def _evaluate(scenario: Scenario) -> dict:
