@@ -538,7 +538,7 @@ class DraftSearch:
         proposer = ("none (plain decoding)" if best.k == OFF else best.draft.label if best.draft is not None
                     else "the scenario's own")
         lines = [f"speculation, one answer from the search across loads: proposer {proposer}, k {best.k}"
-                 + ("" if best.eligibility is None or best.k == OFF else
+                 + ("" if best.k == OFF else ", eligibility as in the scenario" if best.eligibility is None else
                     f", eligibility min_sequence_tokens {best.eligibility[0]}, "
                     f"min_concurrent_requests {best.eligibility[1]}"),
                  "  proposers screened (Theorem 3.8's k at batch 1, the fluid model's goodput across loads at that k; "
@@ -547,8 +547,8 @@ class DraftSearch:
             share = "" if math.isnan(row["params_ratio"]) else f" ({100 * row['params_ratio']:.0f}% of the target)"
             goodput, ci = row["max_rate_per_s"], row["max_rate_per_s.ci95"]
             simulated = "" if math.isnan(goodput) else (
-                f", simulated {'at least ' if row['raced_out'] else ''}{goodput:.3g}"
-                + ("" if math.isnan(ci) else f" +- {ci:.2g}") + " req/s")
+                f", simulated at least {goodput:.3g} req/s" if row["raced_out"] else
+                f", simulated {goodput:.3g}" + ("" if math.isnan(ci) else f" +- {ci:.2g}") + " req/s")
             lines.append(f"  {row['candidate'] + share:<44} alpha {row['alpha']:.2f}, c {row['c']:.3f}, k {row['k']}, "
                          f"{row['speedup_theorem_3_8']:.2f}x; fluid {row['analytic_rate_per_s']:.3g} req/s{simulated}")
         lines.append(f"  {self.rule_text}")
@@ -571,11 +571,16 @@ def _rule_verdict(screened: pd.DataFrame, best: Config, scenario: Scenario) -> t
     rule = band.loc[band["max_rate_per_s"].idxmax()]
     peer = ran.loc[ran["max_rate_per_s"].idxmax()]
     cost = rule["max_rate_per_s"] / peer["max_rate_per_s"] - 1
+
+    def goodput(row) -> str:
+        """A raced-out goodput is a lower bound, with no interval."""
+        if row["raced_out"]:
+            return f"at least {row['max_rate_per_s']:.3g}"
+        ci = row["max_rate_per_s.ci95"]
+        return f"{row['max_rate_per_s']:.3g}" + ("" if math.isnan(ci) else f" +- {ci:.2g}")
     return False, (f"the 20-30% rule does not hold: its best draft, {rule['candidate']} "
-                   f"({100 * rule['params_ratio']:.0f}% of the target's parameters), sustains "
-                   f"{rule['max_rate_per_s']:.3g} +- {rule['max_rate_per_s.ci95']:.2g} req/s against "
-                   f"{peer['max_rate_per_s']:.3g} +- {peer['max_rate_per_s.ci95']:.2g} for {peer['candidate']} at the "
-                   f"same settings ({100 * cost:+.0f}%)")
+                   f"({100 * rule['params_ratio']:.0f}% of the target's parameters), sustains {goodput(rule)} req/s "
+                   f"against {goodput(peer)} for {peer['candidate']} at the same settings ({100 * cost:+.0f}%)")
 
 
 def class_timeout_options(timeouts_s: Sequence[float], start: float | None) -> list[float]:
