@@ -208,7 +208,8 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
             attention["prefill_backend"] = fit.engine.value
             attention["prefill_backends"] = {fit.engine.value: {
                 "efficiency": figure(_sig(p["efficiency"]), prefill_source, "measured"),
-                "half_length": figure(_sig(p["half_length_tokens"]), prefill_source, "measured")}}
+                "half_length": figure(_sig(p["half_length_tokens"]), prefill_source, "measured"),
+                "kv_half_length": figure(_sig(p["kv_half_length_tokens"]), prefill_source, "measured")}}
         out["attention"] = attention
     if "all_reduce" in fit.values:
         out["all_reduce"] = {count: _reduce_figures(v, link, fit.citation("all_reduce"))
