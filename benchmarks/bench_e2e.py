@@ -67,7 +67,7 @@ def main() -> None:
         model, gpu, tp, isl, osl = key
         print(f"{model:<15} {gpu:<9} {tp:>2} {f'{isl}/{osl}':>9} {published:>10,} {simulated[key]:>10,.0f} "
               f"{simulated[key] / published:>8.2f}", flush=True)
-    print(f"\nH100/H200 throughput per GPU (published TP sizes differ for 70B: per GPU compares them)")
+    print("\nH100/H200 throughput per GPU (published TP sizes differ for 70B: per GPU compares them)")
     print(f"{'model':<15} {'ISL/OSL':>9} {'published':>10} {'simulated':>10} {'sim/pub':>8}")
     for (model, gpu, tp, isl, osl) in cells:
         if gpu != "H100-SXM":
