@@ -12,6 +12,7 @@ from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
+from llmsim.search.layout import MAX_PIPELINE_PARALLEL, MAX_TENSOR_PARALLEL
 from llmsim.search.plan import MAX_REPLICAS, check_rate, plan
 
 
@@ -28,6 +29,10 @@ def configure_plan(parser) -> None:
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
     parser.add_argument("--max-replicas", type=integer_flag(1, MAX_PLAN_REPLICAS), default=MAX_REPLICAS,
                         help=f"give up above this many (default {MAX_REPLICAS}, at most {MAX_PLAN_REPLICAS:,})")
+    parser.add_argument("--keep-layout", action="store_true",
+                        help="keep the scenario's tensor x pipeline parallel layout (other chips: the fewest devices "
+                             "that hold the model) instead of searching each chip's layouts for the cheapest "
+                             f"(tp up to {MAX_TENSOR_PARALLEL} x pp up to {MAX_PIPELINE_PARALLEL}, the default)")
     parser.add_argument("--out", help="also write the table as CSV here")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_plan)
@@ -96,11 +101,14 @@ def _cmd_plan(args) -> int:
         refuse_to_replace([Path(args.out)], args.overwrite)
     with Bar("plan", "simulation") as progress:
         table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
-                     max_replicas=args.max_replicas, progress=progress)
+                     max_replicas=args.max_replicas, keep_layout=args.keep_layout, progress=progress)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     print(f"target {rate:g} requests/s" + (f", replaying {table['replayed'].iloc[0]}" if "replayed" in table
                                            else "") + ":")
+    print("layout: the scenario's (--keep-layout)" if args.keep_layout else
+          f"layout: each chip's cheapest, tp up to {MAX_TENSOR_PARALLEL} x pp up to {MAX_PIPELINE_PARALLEL} searched"
+          " (--keep-layout keeps the scenario's)")
     print(_shown(table))
     notes = [f"  {row.hardware}: {row.note}" for row in table.itertuples() if isinstance(row.note, str) and row.note]
     if notes:

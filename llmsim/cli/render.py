@@ -20,7 +20,11 @@ def format_summary(summary: dict) -> str:
     req, lat, thr, slo, util, mem = (summary[k] for k in ("requests", "latency", "throughput", "slo",
                                                           "utilisation", "memory"))
     start, stop = summary["window_s"]
-    lines.append(f"{summary['scenario']}: {summary['model']} on {summary['devices']} x {summary['hardware']}"
+    scaling = summary.get("autoscaling")
+    where = (f"{scaling['min_replicas']}-{scaling['max_replicas']} replicas of {scaling['devices_per_replica']} x"
+             f" {summary['hardware']} (autoscaled, mean {_num(scaling['mean_replicas_in_window'], 2)} in the window)"
+             if scaling else f"{summary['devices']} x {summary['hardware']}")
+    lines.append(f"{summary['scenario']}: {summary['model']} on {where}"
                  f"  (seed {summary['seed']}, simulated {summary['simulated_s']:,.1f} s,"
                  f" steady state {start:,.1f}-{stop:,.1f} s)")
     stopped_by = summary.get("stopped_by", "completed")
@@ -70,6 +74,8 @@ def format_summary(summary: dict) -> str:
     lines.append(f"cost       {_num(eco['usd_per_hour'], 2)} USD/h   {_num(eco['usd_per_million_output_tokens'], 2)}"
                  f" USD per million output tokens   {_num(eco['kwh_per_million_output_tokens_at_tdp'], 2)}"
                  f" kWh per million output tokens (at TDP)")
+    if scaling:
+        lines.append(_autoscaling_line(scaling, summary["hardware"]))
     if "speculation" in summary:
         lines.append(_speculation_line(summary["speculation"]))
     if "kv_cache" in summary:
@@ -107,6 +113,17 @@ def class_table(classes: dict) -> str:
                      f"{_num(slo['goodput_requests_per_s'], 2):>9}{_num(100 * slo['attainment'], 1):>7}%"
                      f"  {'met' if slo['met'] else 'MISSED'}")
     return "\n".join(lines)
+
+
+def _autoscaling_line(scaling: dict, hardware: str) -> str:
+    """The replica pool over the whole run: actions, replica-seconds paid and their price. The cost line
+    above is the window's, from the replica-seconds paid in it."""
+    return (f"autoscale  {scaling['min_replicas']}-{scaling['max_replicas']} replicas of"
+            f" {scaling['devices_per_replica']} x {hardware}: {scaling['scale_ups']} started,"
+            f" {scaling['scale_downs']} drained, at most {scaling['max_replicas_serving']} serving;"
+            f" whole run {_num(scaling['replica_seconds'], 0)} replica-s paid (mean {_num(scaling['mean_replicas'], 2)}"
+            f" replicas) = {_num(scaling['usd'], 2)} USD, {_num(scaling['usd_per_million_output_tokens'], 2)}"
+            f" USD per million output tokens; cost, energy and tok/s/device above: the window's replica-seconds")
 
 
 def _kv_cache_line(kv: dict) -> str:

@@ -46,7 +46,7 @@ from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate,
                                 check_rate_driven, fewest_replicas)
-from llmsim.config.words import counted
+from llmsim.search.window import Judged
 
 MAX_TENSOR_PARALLEL = 8
 MAX_PIPELINE_PARALLEL = 4
@@ -85,6 +85,9 @@ class LayoutChoice:
     simulations: int
     note: str = ""
     overrides: dict = field(default_factory=dict)   # the answer as scenario overrides (rate included)
+    judged: Judged | None = None       # the answer's runs and verdict
+    one_replica: Scenario | None = None    # the answer's layout with one replica
+    bracket: tuple[int, int] | None = None     # the answer's layout's analytic bracket (lower, upper)
 
     @property
     def devices(self) -> int | None:
@@ -133,8 +136,9 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
         lower, upper = analytic_bracket(one, rate, max_replicas)
         ranked.append((layout.usd_per_hour(upper), layout.usd_per_hour(lower), layout, lower, upper))
     ranked.sort(key=lambda entry: (entry[0], entry[1], entry[2].devices_per_replica, entry[2].pipeline_parallel))
-    best: tuple[Layout, int, pd.DataFrame] | None = None
+    best: tuple[Layout, int, Judged, Scenario, tuple[int, int]] | None = None
     rows, simulations = [], 0
+    ones = {layout: one for layout, one in options}
     for _, lower_cost, layout, lower, upper in ranked:
         row = {"hardware": hardware, "layout": layout.label, "devices_per_replica": layout.devices_per_replica,
                "analytic_lower": lower, "analytic_upper": upper}
@@ -156,14 +160,15 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
             rows.append({**row, "replicas": math.nan, "note": note})
             continue
         rows.append({**row, "replicas": found, "usd_per_hour": layout.usd_per_hour(found), "note": ""})
-        best = (layout, found, outcomes[found].rows)
+        best = (layout, found, outcomes[found], ones[layout], (lower, upper))
     tried = pd.DataFrame(rows)
     if best is None:
         return LayoutChoice(hardware, None, None, {}, tried, simulations,
                             note=f"SLO targets not met by any layout with up to {counted(max_replicas, 'replica')}")
-    layout, replicas, result = best
-    return LayoutChoice(hardware, layout, replicas, _mean_metrics(result), tried, simulations,
-                        overrides={**layout.overrides(), RATE_KEY: rate, REPLICAS_KEY: replicas})
+    layout, replicas, judged, one, bracket = best
+    return LayoutChoice(hardware, layout, replicas, _mean_metrics(judged.rows), tried, simulations,
+                        overrides={**layout.overrides(), RATE_KEY: rate, REPLICAS_KEY: replicas}, judged=judged,
+                        one_replica=one, bracket=bracket)
 
 
 def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None,

@@ -127,10 +127,16 @@ def _own_hardware(scenario: Scenario) -> str:
 
 def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
          seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = MAX_REPLICAS,
-         progress: Progress = QUIET) -> pd.DataFrame:
-    """One row per candidate hardware: the fewest replicas meeting the SLO targets at the rate.
+         keep_layout: bool = False, progress: Progress = QUIET, **layout_limits: int) -> pd.DataFrame:
+    """One row per candidate hardware: the cheapest deployment meeting the SLO targets at the rate.
 
-    Columns: hardware, replicas, devices_per_replica, devices, placement, the analytic
+    By default each chip's layouts (tensor x pipeline parallel) are searched for the cheapest
+    (:func:`llmsim.search.layout.cheapest_layout`; ``layout_limits``: its ``max_tensor_parallel`` and
+    ``max_pipeline_parallel``), and the fewest replicas of that layout are the answer. ``keep_layout``:
+    the scenario's own layout on its own hardware, the fewest devices that hold the model on other
+    chips, and the fewest replicas of it. ``layout_search`` says which of the two a row is.
+
+    Columns: hardware, replicas, devices_per_replica, devices, placement (the layout), the analytic
     bracket (``analytic_lower``, ``analytic_upper``), ``simulations``, the simulated
     P95 TTFT and TPOT, SLO attainment and output tokens/s at the answer, and its cost
     per hour, cost per million output tokens and energy per output token (at TDP).
@@ -151,7 +157,8 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
     # ``progress`` counts the simulations (the work), its total growing as each search asks for more.
     for name in names:
         progress.note(name)
-        rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, progress))
+        rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, progress) if keep_layout
+                    else _plan_layouts(scenario, name, rate, seeds, workers, max_replicas, progress, layout_limits))
     table = pd.DataFrame(rows)
     replayed = replay_description(scenario, rate)
     if replayed:                        # which traffic the answer covers: the trace, rescaled to the rate
@@ -170,7 +177,7 @@ def _placement_overrides(scenario: Scenario, name: str) -> dict:
 def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
               progress: Progress) -> dict:
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
-    row = {"hardware": name}
+    row = {"hardware": name, "layout_search": False}
     try:
         one = variant(scenario, {**base, REPLICAS_KEY: 1})
     except ConfigError as error:
@@ -190,10 +197,33 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     if hi is None:
         return {**row, "replicas": math.nan, "simulations": len(outcomes),
                 "note": f"SLO targets not met with {counted(max_replicas, 'replica')} (--max-replicas)"}
-    answer = outcomes[hi]
+    undecided = sorted(n for n, judged in outcomes.items() if not judged.verdict.decided)
+    return _answer_row(row, one, rate, hi, outcomes[hi], len(outcomes), bound, undecided)
+
+
+def _plan_layouts(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
+                  progress: Progress, limits: dict) -> dict:
+    """The row of the cheapest layout of chip ``name`` (:func:`llmsim.search.layout.cheapest_layout`)."""
+    from llmsim.search.layout import cheapest_layout       # layout builds on this module's searches
+    choice = cheapest_layout(scenario, name, rate, seeds=seeds, workers=workers, max_replicas=max_replicas,
+                             progress=progress, **limits)
+    row = {"hardware": name, "layout_search": True}
+    if choice.layout is None:
+        return {**row, "replicas": math.nan, "simulations": choice.simulations, "note": choice.note}
+    one, layout = choice.one_replica, choice.layout
+    row.update(devices_per_replica=layout.devices_per_replica, placement=layout.label,
+               analytic_lower=choice.bracket[0], analytic_upper=choice.bracket[1],
+               analytic_capacity_bound=capacity_bound(one, rate))
+    undecided = [] if choice.judged.verdict.decided else [choice.replicas]
+    return _answer_row(row, one, rate, choice.replicas, choice.judged, choice.simulations,
+                       row["analytic_capacity_bound"], undecided)
+
+
+def _answer_row(row: dict, one: Scenario, rate: float, hi: int, answer: Judged, simulations: int, bound: float,
+                undecided: list[int]) -> dict:
+    """A plan row for ``hi`` replicas of ``one``'s layout, from the judged runs at that count."""
     mean = answer.rows.select_dtypes("number").mean()
     margin, spread = answer.verdict.worst_margin
-    undecided = sorted(n for n, judged in outcomes.items() if not judged.verdict.decided)
     notes = []
     if math.isnan(bound):
         notes.append("no analytic cross-check: the fluid model does not model "
@@ -204,7 +234,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     if undecided:
         notes.append(f"undecided at the longest window for {', '.join(map(str, undecided))} replicas "
                      "(judged on the estimate)")
-    row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=len(outcomes),
+    row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=simulations,
                requests_per_simulation=answer.window.simulated_requests(rate),
                window_s=answer.window.length_s, warmup_s=answer.window.warmup_s,
                slo_margin=margin, slo_margin_ci95=spread,
