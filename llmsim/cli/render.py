@@ -22,7 +22,7 @@ def format_summary(summary: dict) -> str:
     start, stop = summary["window_s"]
     scaling = summary.get("autoscaling")
     where = (f"{scaling['min_replicas']}-{scaling['max_replicas']} replicas of {scaling['devices_per_replica']} x"
-             f" {summary['hardware']} (autoscaled, mean {_num(scaling['mean_replicas_in_window'], 2)} in the window)"
+             f" {summary['hardware']} (mean {_num(scaling['mean_replicas_in_window'], 2)} paid for)"
              if scaling else f"{summary['devices']} x {summary['hardware']}")
     lines.append(f"{summary['scenario']}: {summary['model']} on {where}"
                  f"  (seed {summary['seed']}, simulated {summary['simulated_s']:,.1f} s,"
@@ -162,8 +162,8 @@ def _speculation_line(spec: dict) -> str:
     speedup = spec.get("speedup_over_plain")
     if speedup:
         line += (f"\n           vs plain decoding on the same trace: TPOT {_times(speedup['tpot_mean'], 'faster', 'slower')},"
-                 f" p50 end-to-end {_num(speedup['e2e_p50'], 2)}x, output tok/s"
-                 f" {_num(speedup['output_tokens_per_s'], 2)}x")
+                 f" p50 end-to-end {_times(speedup['e2e_p50'], 'faster', 'slower')}, output tok/s"
+                 f" {_times(speedup['output_tokens_per_s'], 'higher', 'lower')}")
     return line
 
 
