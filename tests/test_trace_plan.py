@@ -47,7 +47,7 @@ def test_the_rate_knob_rescales_the_whole_trace(tmp_path):
 @pytest.mark.slow
 def test_plan_on_a_trace_says_what_it_replays(tmp_path):
     scenario = trace_scenario(tmp_path)
-    table = plan(scenario, 6.0, seeds=[0], workers=1)
+    table = plan(scenario, 6.0, seeds=[0], workers=1, keep_layout=True)
     assert table["replicas"].iloc[0] >= 1
     assert "model in ChatGPT" in table["replayed"].iloc[0] and "rescaled to 6/s" in table["replayed"].iloc[0]
     assert table["requests_per_simulation"].iloc[0] == 225
