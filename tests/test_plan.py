@@ -90,7 +90,7 @@ def test_unreachable_within_the_replica_cap_is_reported(scenario_file):
     (["--target-rate", "-3"], "positive number of requests per second"),
     (["--target-rate", "fast"], "cannot read this as a rate"),
     (["--target-rate", "10", "--hardware", "H100-PCIe-X"], "unknown hardware profile"),
-    (["--target-rate", "400", "--hardware", "H100-SXM", "--max-replicas", "2"], "no candidate meets"),
+    (["--target-rate", "400", "--hardware", "H100-SXM", "--max-replicas", "2", "--keep-layout"], "no candidate meets"),
 ])
 def test_cli_errors_exit_2_with_a_message(scenario_file, capsys, argv, message):
     assert main(["plan", str(scenario_file), *argv]) == 2

@@ -188,10 +188,12 @@ def summarize(result: SimulationResult) -> RunSummary:
                          mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
-        devices=scenario.deployment.replicas * scenario.devices_per_replica, window_s=(start, stop), simulated_s=result.end_s,
+        devices=scenario.deployment.replicas * scenario.devices_per_replica, window_s=(start, stop),
+        simulated_s=result.end_s,
         requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
         memory=memory,
-        economics=Economics.at_tdp(devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w, output_tokens / window),
+        economics=Economics.at_tdp(devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w,
+                                   output_tokens / window),
         queue=queue,
         speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
                      if scenario.speculating else None),

@@ -22,8 +22,10 @@ def sweep(tmp_path, *flags: str) -> int:
 
 
 def dominated(point: pd.Series, by: pd.Series) -> bool:
-    return (by[TPOT_P95] <= point[TPOT_P95] and by[OUTPUT_TOKENS_PER_S_PER_DEVICE] >= point[OUTPUT_TOKENS_PER_S_PER_DEVICE]
-            and (by[TPOT_P95] < point[TPOT_P95] or by[OUTPUT_TOKENS_PER_S_PER_DEVICE] > point[OUTPUT_TOKENS_PER_S_PER_DEVICE]))
+    """``by`` is no slower and no less productive than ``point``, and better on one of the two."""
+    latency, throughput = TPOT_P95, OUTPUT_TOKENS_PER_S_PER_DEVICE
+    return (by[latency] <= point[latency] and by[throughput] >= point[throughput]
+            and (by[latency] < point[latency] or by[throughput] > point[throughput]))
 
 
 def test_the_frontier_leaves_out_points_that_miss_the_slo_and_no_stale_plot_stays(tmp_path, capsys):
