@@ -161,7 +161,8 @@ def _speculation_line(spec: dict) -> str:
         line += f"\n           WARNING: {spec['warning']}"
     speedup = spec.get("speedup_over_plain")
     if speedup:
-        line += (f"\n           vs plain decoding on the same trace: TPOT {_times(speedup['tpot_mean'], 'faster', 'slower')},"
+        line += (f"\n           vs plain decoding on the same trace:"
+                 f" TPOT {_times(speedup['tpot_mean'], 'faster', 'slower')},"
                  f" p50 end-to-end {_times(speedup['e2e_p50'], 'faster', 'slower')}, output tok/s"
                  f" {_times(speedup['output_tokens_per_s'], 'higher', 'lower')}")
     return line

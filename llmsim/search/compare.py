@@ -121,7 +121,9 @@ def _devices_paid(summary: dict) -> float:
     """The devices the run's economics divide by: the deployment's, or with autoscaling the mean paid
     for in the window (replicas change during the run)."""
     scaling = summary.get("autoscaling")
-    return summary["devices"] if scaling is None else scaling["mean_replicas_in_window"] * scaling["devices_per_replica"]
+    if scaling is None:
+        return summary["devices"]
+    return scaling["mean_replicas_in_window"] * scaling["devices_per_replica"]
 
 
 def _speculation_columns(spec: dict | None) -> dict:

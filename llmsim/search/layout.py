@@ -138,7 +138,7 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
     ranked.sort(key=lambda entry: (entry[0], entry[1], entry[2].devices_per_replica, entry[2].pipeline_parallel))
     best: tuple[Layout, int, Judged, Scenario, tuple[int, int]] | None = None
     rows, simulations = [], 0
-    ones = {layout: one for layout, one in options}
+    ones = dict(options)
     for _, lower_cost, layout, lower, upper in ranked:
         row = {"hardware": hardware, "layout": layout.label, "devices_per_replica": layout.devices_per_replica,
                "analytic_lower": lower, "analytic_upper": upper}

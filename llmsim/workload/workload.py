@@ -102,7 +102,8 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
             raise arrival_node.key_error("path", "a ShareGPT dataset has no arrival times", str(path),
                                          "a timed trace (formats " + ", ".join(TIMED_FORMATS) + "), or the "
                                          "dataset as workload.dataset with an arrival process and rate")
-        trace = read_trace(path, arrival_node, "path", fmt, failed=arrival_node.choice("failed", FAILED, "drop"))
+        failed = arrival_node.choice("failed", FAILED, "drop")
+        trace = read_trace(path, arrival_node, "path", fmt, failed=failed)
         transforms = transforms_from_node(arrival_node)
         trace = check_selection(trace, transforms, arrival_node, "path")
         hash_block_tokens = arrival_node.number("hash_block_tokens", Workload.hash_block_tokens, integer=True,
