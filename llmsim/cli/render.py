@@ -146,9 +146,12 @@ def _kv_cache_line(kv: dict) -> str:
 
 
 def _times(ratio: float, above: str, below: str) -> str:
-    """A ratio as a person says it: 2.5x faster, or 3.3x slower for 0.30 (never "0.30x faster")."""
+    """A ratio as a person says it: 2.5x faster, or 3.3x slower for 0.30 (never "0.30x faster"); one that
+    rounds to 1.00 either way is the same."""
     if ratio is None or math.isnan(ratio) or ratio <= 0:
         return "-"
+    if _num(max(ratio, 1 / ratio), 2) == "1.00":
+        return "1.00x (the same)"
     return f"{_num(ratio, 2)}x {above}" if ratio >= 1 else f"{_num(1 / ratio, 2)}x {below}"
 
 

@@ -10,7 +10,8 @@ from llmsim.search.speedup import speedup_over_plain
 from tests.helpers import make_scenario
 
 
-@pytest.mark.parametrize("ratio, said", [(2.5, "2.50x faster"), (1.0, "1.00x faster"), (0.30, "3.33x slower"),
+@pytest.mark.parametrize("ratio, said", [(2.5, "2.50x faster"), (1.0, "1.00x (the same)"),
+                                         (0.998, "1.00x (the same)"), (0.30, "3.33x slower"),
                                          (float("nan"), "-")])
 def test_a_ratio_is_said_as_faster_or_slower(ratio, said):
     assert _times(ratio, "faster", "slower") == said
