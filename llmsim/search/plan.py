@@ -1,6 +1,8 @@
-"""Capacity plans: how many replicas of which chip serve a target rate within the SLO.
+"""Capacity plans: how many replicas of which chip, in which layout, serve a target rate within the SLO.
 
-For each candidate hardware profile the scenario is placed afresh (tensor and pipeline
+By default each candidate chip's layouts are searched for the cheapest deployment
+(:func:`llmsim.search.layout.cheapest_layout`, which runs the replica search below for each layout
+worth trying). With ``keep_layout`` the scenario is placed once per chip (tensor and pipeline
 parallelism ``auto``: the fewest devices that hold the model and one longest request,
 see :func:`~llmsim.catalog.placement.smallest_fitting`; one pipeline stage when speculating; the
 scenario's own hardware keeps its own placement), and the smallest replica count whose simulation meets every SLO
