@@ -12,8 +12,8 @@ from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
-from llmsim.search.layout import MAX_PIPELINE_PARALLEL, MAX_TENSOR_PARALLEL
-from llmsim.search.plan import MAX_REPLICAS, check_rate, plan
+from llmsim.search.layout import MAX_PIPELINE_PARALLEL, MAX_TENSOR_PARALLEL, plan
+from llmsim.search.plan import MAX_REPLICAS, check_rate
 
 
 MAX_PLAN_REPLICAS = 10_000      # replicas a plan may try: 10,000 engines take ~30 s and 400 MB to build

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from collections.abc import Callable
 from typing import Sequence
 
 import numpy as np
@@ -127,26 +128,11 @@ def _own_hardware(scenario: Scenario) -> str:
     return written if isinstance(written, str) else scenario.hardware.name
 
 
-def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
-         seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = MAX_REPLICAS,
-         keep_layout: bool = False, progress: Progress = QUIET, **layout_limits: int) -> pd.DataFrame:
-    """One row per candidate hardware: the cheapest deployment meeting the SLO targets at the rate.
-
-    By default each chip's layouts (tensor x pipeline parallel) are searched for the cheapest
-    (:func:`llmsim.search.layout.cheapest_layout`; ``layout_limits``: its ``max_tensor_parallel`` and
-    ``max_pipeline_parallel``), and the fewest replicas of that layout are the answer. ``keep_layout``:
-    the scenario's own layout on its own hardware, the fewest devices that hold the model on other
-    chips, and the fewest replicas of it. ``layout_search`` says which of the two a row is.
-
-    Columns: hardware, replicas, devices_per_replica, devices, placement (the layout), the analytic
-    bracket (``analytic_lower``, ``analytic_upper``), ``simulations``, the simulated
-    P95 TTFT and TPOT, SLO attainment and output tokens/s at the answer, and its cost
-    per hour, cost per million output tokens and energy per output token (at TDP).
-    ``replicas`` is NaN with a ``note`` when no count up to ``max_replicas`` meets the
-    targets, or when the model does not fit the hardware. ``seeds``: every seed must meet
-    the targets (default: the scenario's seed). A replayed trace is rescaled in time to the
-    target rate and replayed whole; the column ``replayed`` says which requests that is.
-    """
+def plan_table(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None,
+               row_of: Callable[[Scenario, str, float], dict], progress: Progress = QUIET) -> pd.DataFrame:
+    """The scenario and rate checked, then one row per candidate chip, ``row_of(scenario, chip, rate)``
+    (:func:`kept_layout_row`, or :func:`llmsim.search.layout.plan`'s layout search); see
+    :func:`llmsim.search.layout.plan` for the columns. ``progress`` notes each chip."""
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
     rate = check_rate(target_rate_per_s)
@@ -155,12 +141,9 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
         raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
     rows = []
-    names = candidates(scenario, hardware)
-    # ``progress`` counts the simulations (the work), its total growing as each search asks for more.
-    for name in names:
+    for name in candidates(scenario, hardware):
         progress.note(name)
-        rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, progress) if keep_layout
-                    else _plan_layouts(scenario, name, rate, seeds, workers, max_replicas, progress, layout_limits))
+        rows.append(row_of(scenario, name, rate))
     table = pd.DataFrame(rows)
     replayed = replay_description(scenario, rate)
     if replayed:                        # which traffic the answer covers: the trace, rescaled to the rate
@@ -176,8 +159,10 @@ def _placement_overrides(scenario: Scenario, name: str) -> dict:
     return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 
 
-def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
-              progress: Progress) -> dict:
+def kept_layout_row(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
+                    progress: Progress) -> dict:
+    """The plan row of chip ``name`` in the scenario's own layout (another chip: the fewest devices that
+    hold the model): the fewest replicas meeting the targets."""
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
     row = {"hardware": name, "layout_search": False}
     try:
@@ -200,28 +185,10 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
         return {**row, "replicas": math.nan, "simulations": len(outcomes),
                 "note": f"SLO targets not met with {counted(max_replicas, 'replica')} (--max-replicas)"}
     undecided = sorted(n for n, judged in outcomes.items() if not judged.verdict.decided)
-    return _answer_row(row, one, rate, hi, outcomes[hi], len(outcomes), bound, undecided)
+    return answer_row(row, one, rate, hi, outcomes[hi], len(outcomes), bound, undecided)
 
 
-def _plan_layouts(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
-                  progress: Progress, limits: dict) -> dict:
-    """The row of the cheapest layout of chip ``name`` (:func:`llmsim.search.layout.cheapest_layout`)."""
-    from llmsim.search.layout import cheapest_layout       # layout builds on this module's searches
-    choice = cheapest_layout(scenario, name, rate, seeds=seeds, workers=workers, max_replicas=max_replicas,
-                             progress=progress, **limits)
-    row = {"hardware": name, "layout_search": True}
-    if choice.layout is None:
-        return {**row, "replicas": math.nan, "simulations": choice.simulations, "note": choice.note}
-    one, layout = choice.one_replica, choice.layout
-    row.update(devices_per_replica=layout.devices_per_replica, placement=layout.label,
-               analytic_lower=choice.bracket[0], analytic_upper=choice.bracket[1],
-               analytic_capacity_bound=capacity_bound(one, rate))
-    undecided = [] if choice.judged.verdict.decided else [choice.replicas]
-    return _answer_row(row, one, rate, choice.replicas, choice.judged, choice.simulations,
-                       row["analytic_capacity_bound"], undecided)
-
-
-def _answer_row(row: dict, one: Scenario, rate: float, hi: int, answer: Judged, simulations: int, bound: float,
+def answer_row(row: dict, one: Scenario, rate: float, hi: int, answer: Judged, simulations: int, bound: float,
                 undecided: list[int]) -> dict:
     """A plan row for ``hi`` replicas of ``one``'s layout, from the judged runs at that count."""
     mean = answer.rows.select_dtypes("number").mean()
