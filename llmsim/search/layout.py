@@ -1,9 +1,11 @@
 """The cheapest layout of each candidate chip: replicas x tensor parallel x pipeline parallel.
 
-``llmsim plan`` takes the fewest devices that hold the model (tp x pp ``auto``) and then the
-fewest replicas of that shape. That is not the cheapest deployment: a 70B model on H100s fits
-on three devices as tp1 x pp3, but a replica of tp4 decodes several times faster and fewer
-of them may serve the same rate. Here every layout is a candidate:
+Keeping one layout (the scenario's, or the fewest devices that hold the model: tp x pp ``auto``)
+and then taking the fewest replicas of that shape (``llmsim plan --keep-layout``) is not the
+cheapest deployment: a 70B model on H100s fits on three devices as tp1 x pp3, but a replica of
+tp4 decodes several times faster and fewer of them may serve the same rate, and the scenario's
+tp8 may be more than the rate needs. Here every layout is a candidate, and :func:`plan`
+(``llmsim plan``, ``llmsim.plan``) answers with each chip's cheapest by default:
 
 - tensor parallel degrees that are powers of two dividing the attention heads, up to
   ``max_tensor_parallel`` (8: one node's NVLink domain), times 1..``max_pipeline_parallel``
