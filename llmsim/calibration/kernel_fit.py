@@ -121,7 +121,9 @@ def fit_attention(attention: pd.DataFrame, hardware: HardwareProfile) -> KernelT
     if len(prefill):
         name, backend = kernels.prefill_backend, kernels.prefill_attention
 
-        def prefill_terms(logs, floor_fitted=len(decode) > 0) -> KernelTerms:
+        decode_fitted = len(decode) > 0
+
+        def prefill_terms(logs, floor_fitted=decode_fitted) -> KernelTerms:
             efficiency, half = np.exp(logs[:2])
             fitted = replace(kernels, prefill_backends={**kernels.prefill_backends,
                                                         name: PrefillAttention(min(efficiency, 1.0), half)})

@@ -30,7 +30,8 @@ RUNS_JOURNAL = "runs.csv"         # the simulations finished, kept until the rep
 def configure_report(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     rate = parser.add_mutually_exclusive_group()
-    rate.add_argument("--target-rate", type=checked_flag(parse_rate), help="requests per second to size for (default: the scenario's rate)")
+    rate.add_argument("--target-rate", type=checked_flag(parse_rate),
+                      help="requests per second to size for (default: the scenario's rate)")
     rate.add_argument("--trace", help="a request trace in a format llmsim reads, detected from the file (llmsim CSV, "
                                       "Azure, BurstGPT, Mooncake JSON lines): size for its busiest hour-window, with "
                                       "lengths fitted to it")
@@ -41,10 +42,12 @@ def configure_report(parser) -> None:
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
     add_seeds_argument(parser, default="2", default_text="2")
-    parser.add_argument("--requests", type=integer_flag(MIN_REQUESTS, MAX_REQUESTS), help="the fewest requests per simulated run; each run covers a window "
+    parser.add_argument("--requests", type=integer_flag(MIN_REQUESTS, MAX_REQUESTS),
+                        help="the fewest requests per simulated run; each run covers a window "
                         "that follows its rate (default: the scenario's count, at most 2000)")
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
-    parser.add_argument("--out", help="folder for report.html, report.md and the figures/ it links (default runs/report-<name>); until "
+    parser.add_argument("--out", help="folder for report.html, report.md and the figures/ it links "
+                        "(default runs/report-<name>); until "
                         "they are written, each finished simulation is kept in its runs.csv, so a rerun after Ctrl-C "
                         "(exit 130) or a full disk resumes")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)

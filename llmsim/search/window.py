@@ -12,8 +12,8 @@ system, measured in seconds, not requests) and ``WARMUP_LATENCIES`` mean end-to-
 latencies; the measurement lasts at least ``MEASURED_LATENCIES`` of them (so each of the 20
 batches of the batch means spans about one request lifetime and the batches are nearly
 independent) and ``MEASURED_REQUESTS`` requests (enough for 20 batches; a verdict that needs more
-precision gets it by escalation, below). The scenario's own request count is kept as a floor. The mean latency comes from
-the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
+precision gets it by escalation, below). The scenario's own request count is kept as a floor. The mean
+latency comes from the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
 has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
 request that just meets them). The request count is then ``lambda`` times the window.
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -80,7 +80,7 @@ class Window:
     def requests(self, rate_per_s: float) -> int:
         return max(1, math.ceil(rate_per_s * self.requests_per_arrival * self.length_s))
 
-    def longer(self) -> "Window":
+    def longer(self) -> Window:
         return replace(self, measure_s=2 * self.measure_s)
 
     def overrides(self, rate_per_s: float) -> dict:

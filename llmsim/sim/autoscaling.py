@@ -6,13 +6,13 @@ autoscaler process applies :class:`~llmsim.scenario.control.AutoscalingConfig`'s
 interval: a replica started is paid for from that moment and serves after the cold start; a
 replica drained takes no new requests, finishes what it holds and is switched off at the first
 check that finds it empty, losing what its memory held (``switch_off``: a tiered KV cache is
-emptied, so a replica started again begins with empty caches). ``provisioned`` integrates the replicas paid for over time: its area
-is the run's replica-seconds.
+emptied, so a replica started again begins with empty caches). ``provisioned`` integrates the replicas
+paid for over time: its area is the run's replica-seconds.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
