@@ -15,7 +15,7 @@ of one or two points the knee is the lowest-latency point.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd

@@ -21,7 +21,8 @@ MAX_PLAN_REPLICAS = 10_000      # replicas a plan may try: 10,000 engines take ~
 
 def configure_plan(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
-    parser.add_argument("--target-rate", required=True, type=checked_flag(_target_rate_text), help="requests per second to serve (e.g. 40 or '40/s'), "
+    parser.add_argument("--target-rate", required=True, type=checked_flag(_target_rate_text),
+                        help="requests per second to serve (e.g. 40 or '40/s'), "
                         "or a multiple of the scenario's own rate ('2x': this traffic, a replayed trace's too, twice)")
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")

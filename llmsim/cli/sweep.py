@@ -71,7 +71,8 @@ def _cmd_sweep(args) -> int:
         return 1
     for option, column in (("--latency", args.latency), ("--throughput", args.throughput)):
         if column not in rows.columns or not pd.api.types.is_numeric_dtype(rows[column]):
-            numeric = [c for c in rows.select_dtypes("number").columns if c.startswith((f"{names.LATENCY}.", f"{names.THROUGHPUT}."))]
+            numeric = [c for c in rows.select_dtypes("number").columns
+                       if c.startswith((f"{names.LATENCY}.", f"{names.THROUGHPUT}."))]
             raise ConfigError("not a numeric column of the sweep's results", key=option, value=column,
                               allowed=", ".join(numeric[:12]) + ", ...")
     # A point joins the frontier only if it meets the SLO on every seed (every point does without one).

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -109,7 +109,7 @@ def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX
             max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL) -> list[tuple[Layout, Scenario]]:
     """Every layout of ``hardware`` that holds the scenario's model, with its one-replica scenario."""
     heads = scenario.model.num_heads
-    tps = [2 ** p for p in range(0, int(math.log2(max_tensor_parallel)) + 1) if heads % 2 ** p == 0]
+    tps = [2 ** p for p in range(int(math.log2(max_tensor_parallel)) + 1) if heads % 2 ** p == 0]
     pps = [1] if scenario.speculating else range(1, max_pipeline_parallel + 1)
     found = []
     for tp in tps:

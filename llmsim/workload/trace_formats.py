@@ -305,7 +305,7 @@ def _mooncake_columns(records: tuple) -> dict[str, np.ndarray] | None:
         return None
     lengths = [columns["input_length"], columns["output_length"]]
     valid = all(np.isfinite(values).all() for values in columns.values()) \
-        and 0 <= columns["timestamp"].min() and columns["timestamp"].max() <= MAX_ARRIVAL_S * MOONCAKE_MS_PER_S \
+        and columns["timestamp"].min() >= 0 and columns["timestamp"].max() <= MAX_ARRIVAL_S * MOONCAKE_MS_PER_S \
         and columns["input_length"].min() >= 1 and columns["output_length"].min() >= 0 \
         and all(values.max() <= MAX_TRACE_TOKENS and (np.round(values) == values).all() for values in lengths)
     return columns if valid else None

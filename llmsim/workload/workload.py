@@ -172,7 +172,8 @@ def dataset_from_node(node: Node) -> Trace:
     return dataset
 
 
-def _check_window(node: Node, arrival: RenewalProcess | RateProfile | Replay, num_requests: int | None, duration_s: float | None) -> None:
+def _check_window(node: Node, arrival: RenewalProcess | RateProfile | Replay, num_requests: int | None,
+                  duration_s: float | None) -> None:
     """Refuse traffic that takes longer than :data:`MAX_ARRIVAL_WINDOW_S` to arrive (a rate of
     1e-300/s would report every latency as 0 and every SLO met); a longer ``duration`` is refused
     by its key's own maximum."""
