@@ -179,7 +179,8 @@ def kept_layout_row(scenario: Scenario, name: str, rate: float, seeds, workers, 
     if bound / (1 + FLUID_CAPACITY_ERROR) > max_replicas:
         return {**row, "replicas": math.nan, "simulations": 0,
                 "note": f"unreachable within {counted(max_replicas, 'replica')} (--max-replicas): the analytic "
-                        f"capacity bound needs {counted(round(bound), 'replica')} (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
+                        f"capacity bound needs {counted(round(bound), 'replica')}"
+                        f" (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
     hi, outcomes = fewest_replicas(scenario, base, rate, lower, upper, max_replicas, seeds=seeds, workers=workers,
                                    progress=progress)
     if hi is None:
