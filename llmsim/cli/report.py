@@ -7,6 +7,7 @@ and seed, so the report is the one an uninterrupted run writes).
 """
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 from pathlib import Path
@@ -81,7 +82,7 @@ def _cmd_report(args) -> int:
         written = []
         try:
             for name, text in texts.items():
-                written.append(write_file(out / name, lambda p, text=text: p.write_text(text, encoding="utf-8")))
+                written.append(write_file(out / name, functools.partial(_write_text, text=text)))
         except OSError:          # one failed: do not leave the others alone
             for path in written:
                 path.unlink(missing_ok=True)
@@ -89,3 +90,6 @@ def _cmd_report(args) -> int:
     print(f"wrote {out / 'report.html'}, {out / 'report.md'} and its figures in {out / FIGURES_FOLDER}")
     return 0
 
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field, replace
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -144,8 +145,11 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) 
     sessions = workload.sessions
     turns = sessions.mean_turns() if sessions is not None else 1.0
     fill_s = sessions.fill_time_s() if sessions is not None else 0.0
-    own_requests = (workload.num_requests if workload.num_requests is not None
-                    else workload.duration_s * own_rate * turns)
+    if workload.num_requests is not None:
+        own_requests: float = workload.num_requests
+    else:
+        assert workload.duration_s is not None      # the reader asks for one of the two
+        own_requests = workload.duration_s * own_rate * turns
     own_warmup_s = scenario.simulation.warmup_s
     if own_warmup_s is None:                 # the scenario's default: 10% of its own arrival window
         own_warmup_s = 0.1 * own_requests / (own_rate * turns)
@@ -243,7 +247,7 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
     current = list(windows)
     for round_index in range(escalations + 1):
         # run_points runs a repeated point once: simulate each distinct job once, then share its rows.
-        jobs = {}
+        jobs: dict[str, list[int]] = {}
         for i in todo:
             jobs.setdefault(json.dumps({**points[i], **current[i].overrides(rates[i])}, sort_keys=True, default=str),
                             []).append(i)
@@ -265,4 +269,4 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
         todo = again
         if not todo:
             break
-    return judged
+    return cast("list[Judged]", judged)       # every point is judged in the first round

@@ -50,8 +50,10 @@ class ReplicaPool:
 
     def provisioned_series(self) -> pd.DataFrame:
         """The replicas paid for after each change (starting and draining ones included), from time 0."""
-        return pd.DataFrame({"time_s": np.frombuffer(self.provisioned.log_s, float),
-                             "replicas": np.frombuffer(self.provisioned.log_value, np.int64)})
+        log_s, log_value = self.provisioned.log_s, self.provisioned.log_value
+        assert log_s is not None and log_value is not None      # the pool's counter is made logged
+        return pd.DataFrame({"time_s": np.frombuffer(log_s, np.float64),
+                             "replicas": np.frombuffer(log_value, np.int64)})
 
 
 class ScalingLog:
