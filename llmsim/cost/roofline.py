@@ -27,14 +27,15 @@ from __future__ import annotations
 import pickle
 from collections import OrderedDict
 
+import numba
 import numpy as np
 import pandas as pd
 
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import F, FEATURES, BatchRow, batch_features
+from llmsim.cost.features import F, FEATURES, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, elementwise_layer_terms, gemm_body_s,
-                                 gemm_output_tiles, layer_gemm_shapes)
+                                 gemm_output_tiles, gemm_scalar_body_s, layer_gemm_shapes)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -46,6 +47,22 @@ _shared_memos: OrderedDict[bytes, tuple[dict, dict]] = OrderedDict()
 FEW_ROWS = 32                     # up to this many rows, the non-linear part is looked up row by row
 
 
+@numba.njit(cache=True)
+def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs,
+                 decode_kv_read, experts, logits):
+    """Fill the feature row ``x`` (``one`` already 1) and return the roofline part of its (time, FLOPs,
+    bytes): the stacked matrix times the row (``np.dot`` is the BLAS product numpy's ``@`` computes),
+    then the operators' larger bounds summed in order, as :meth:`CostModel.iteration` sums them."""
+    x[1], x[2], x[3], x[4] = tokens, prefill_tokens, prefill_pairs, prefill_kv_read
+    x[5], x[6], x[7], x[8] = decode_seqs, decode_kv_read, experts, logits
+    y = np.dot(stacked, x)
+    time_s = 0.0
+    for i in range(n_ops):
+        compute_s, memory_s = y[i], y[n_ops + i]
+        time_s += memory_s if memory_s > compute_s else compute_s
+    return time_s + y[2 * n_ops], y[2 * n_ops + 1], y[2 * n_ops + 2]
+
+
 class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
@@ -54,9 +71,11 @@ class CostModel:
         self.model, self.hardware = model, hardware
         self.tp, self.pp = tensor_parallel, pipeline_parallel
         self.num_devices = tensor_parallel * pipeline_parallel
-        # The buffer an iteration's features are built in, for every engine this model prices (they
-        # price one iteration at a time): one buffer stays in cache while 64 replicas take turns.
-        self.row = BatchRow(model)
+        # The buffer :meth:`step` builds an iteration's features in, for every engine this model prices
+        # (they price one iteration at a time): one buffer stays in cache while 64 replicas take turns.
+        self._x = np.zeros(len(FEATURES))
+        self._x[_ONE] = 1.0
+        self._experts_touched = model.expected_experts_touched if model.num_experts > 1 else None
         coeffs = work_coefficients(model, tensor_parallel)
         # Stack layer operators (run once per layer) and model operators (once). The work is that
         # of every layer; the time is paced by the slowest of pp stages, ceil(layers / pp) layers,
@@ -187,6 +206,41 @@ class CostModel:
         while len(_shared_memos) > SHARED_MEMOS:
             _shared_memos.popitem(last=False)
 
+    def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
+             decode_kv_read) -> tuple[float, float, float]:
+        """(time_s, FLOPs, bytes) of one iteration: prefill positions (of which ``prefill_logits`` sample)
+        and ``decode_seqs`` sequences decoding one token each, reading ``decode_kv_read`` KV tokens.
+        :meth:`iteration` of that feature row, to the last bit, at a fraction of its cost (the
+        simulator's hot path). The non-linear terms are remembered by the tokens alone (the experts
+        touched follow from them) and the LM head's by the logit rows, in the memos
+        :meth:`_nonlinear_time` keys by tuples."""
+        tokens = prefill_tokens + decode_seqs
+        touched = self._experts_touched
+        logits = decode_seqs + prefill_logits
+        time_s, flops, moved = _linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
+                                            prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
+                                            touched(tokens) if touched is not None else 1.0, logits)
+        if self._gemm_rows:
+            layers_s = self._layer_memo.get(tokens)
+            head_s = self._head_memo.get(logits)
+            if layers_s is None or head_s is None:
+                values = self._x.tolist()
+                if layers_s is None:
+                    layers_s = self._layers_time(values)
+                    if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
+                        self._layer_memo[tokens] = layers_s
+                if head_s is None:
+                    head_s = self._head_memo[logits] = self._gemm_sum(values, self._gemm_rows[-1:])
+            time_s += layers_s + head_s
+        return time_s, flops, moved
+
+    def _layers_time(self, values: list[float]) -> float:
+        """The layers' GEMMs and all-reduces of one iteration's feature ``values``."""
+        layers_s = self._gemm_sum(values, self._gemm_rows[:-1])
+        if self._all_reduce is not None:
+            layers_s += float(self._all_reduce_time(np.array(values)))
+        return layers_s
+
     def _nonlinear_time(self, values: list[float]) -> float:
         """GEMMs and all-reduces of one iteration (the terms not linear in the features; ``values``: its
         feature vector as a list), remembered by the features each part depends on: the layers' by the
@@ -195,9 +249,7 @@ class CostModel:
         layers_key = (values[_ONE], values[_TOKENS], values[_EXPERTS])
         layers_s = self._layer_memo.get(layers_key)
         if layers_s is None:
-            layers_s = self._gemm_sum(values, self._gemm_rows[:-1])
-            if self._all_reduce is not None:
-                layers_s += float(self._all_reduce_time(np.array(values)))
+            layers_s = self._layers_time(values)
             if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
                 self._layer_memo[layers_key] = layers_s
         head_key = (values[_ONE], values[_LOGITS])
@@ -216,9 +268,8 @@ class CostModel:
             runs = values[count]
             if runs > 0:
                 rows = values[tokens] * scale / runs
-                body_s = gemm_body_s(fixed_s + rows * per_token_s, rows * compute_s, gemm_output_tiles(rows, n),
-                                     kernels)
-                total += repeats * (iterations * floor_s + runs * float(body_s))
+                body_s = gemm_scalar_body_s(fixed_s + rows * per_token_s, rows * compute_s, rows, n, kernels)
+                total += repeats * (iterations * floor_s + runs * body_s)
         return total
 
     def _all_reduce_time(self, x):

@@ -259,9 +259,8 @@ class SpeculativeDecodeSet(DecodeSet):
             accepted = self._draw(s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
         elif n:
             s.accepted[:n] = 0
-        x = self._row.fill(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv, logits + tokens,
-                           n - n_spec, decode_kv)
-        duration, flops, moved = self.engine.cost.iteration(x)
+        duration, flops, moved = self._cost_step(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv,
+                                                 logits + tokens, n - n_spec, decode_kv)
         draft_s = 0.0
         if draft_steps:
             times, draft_flops, draft_bytes = self.draft_cost.iteration(self._draft_rows[:draft_steps])
