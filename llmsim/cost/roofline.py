@@ -63,6 +63,52 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
     return time_s + y[2 * n_ops], y[2 * n_ops + 1], y[2 * n_ops + 2]
 
 
+@numba.njit(cache=True)
+def _pairwise_sum(values, start, n):
+    """numpy's pairwise summation of ``values[start:start + n]`` (``np.add.reduce`` of a contiguous
+    run of up to 128 values, and its sums along a row), in the same order, so to the same bits."""
+    if n < 8:
+        total = 0.0
+        for i in range(n):
+            total += values[start + i]
+        return total
+    r0, r1, r2, r3 = values[start], values[start + 1], values[start + 2], values[start + 3]
+    r4, r5, r6, r7 = values[start + 4], values[start + 5], values[start + 6], values[start + 7]
+    i = 8
+    while i < n - n % 8:
+        r0 += values[start + i]
+        r1 += values[start + i + 1]
+        r2 += values[start + i + 2]
+        r3 += values[start + i + 3]
+        r4 += values[start + i + 4]
+        r5 += values[start + i + 5]
+        r6 += values[start + i + 6]
+        r7 += values[start + i + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        total += values[start + i]
+        i += 1
+    return total
+
+
+@numba.njit(cache=True)
+def _linear_rows(stacked, n_ops, rows, times):
+    """The roofline part of :meth:`CostModel.iteration` for a few ``rows``, as its vectorised branch
+    computes it (the same BLAS product, numpy's maxima and pairwise row sums): each row's time into
+    ``times``; returns the FLOPs and bytes summed over the rows as ``np.add.reduce`` sums them."""
+    y = np.dot(rows, stacked.T)
+    bounds = np.empty(n_ops)
+    flops, moved = np.empty(len(rows)), np.empty(len(rows))
+    for r in range(len(rows)):
+        for i in range(n_ops):
+            compute_s, memory_s = y[r, i], y[r, n_ops + i]
+            bounds[i] = memory_s if memory_s > compute_s else compute_s
+        times[r] = _pairwise_sum(bounds, 0, n_ops) + y[r, 2 * n_ops]
+        flops[r], moved[r] = y[r, 2 * n_ops + 1], y[r, 2 * n_ops + 2]
+    return _pairwise_sum(flops, 0, len(rows)), _pairwise_sum(moved, 0, len(rows))
+
+
 class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
@@ -233,6 +279,18 @@ class CostModel:
                     head_s = self._head_memo[logits] = self._gemm_sum(values, self._gemm_rows[-1:])
             time_s += layers_s + head_s
         return time_s, flops, moved
+
+    def rows_total(self, rows: np.ndarray) -> tuple[float, float, float]:
+        """(time_s, FLOPs, bytes) of a few iterations ``rows`` (shape (n, 9)) together: :meth:`iteration`
+        of the rows summed by ``np.add.reduce``, to the last bit (a speculative step's draft rows)."""
+        if len(rows) > FEW_ROWS:
+            times, flops, moved = self.iteration(rows)
+            return float(np.add.reduce(times)), float(np.add.reduce(flops)), float(np.add.reduce(moved))
+        times = np.empty(len(rows))
+        flops, moved = _linear_rows(self._stacked, self._n_ops, rows, times)
+        if self._gemm_rows:
+            times += [self._nonlinear_time(row) for row in rows.tolist()]
+        return float(np.add.reduce(times)), flops, moved
 
     def _layers_time(self, values: list[float]) -> float:
         """The layers' GEMMs and all-reduces of one iteration's feature ``values``."""

@@ -263,10 +263,8 @@ class SpeculativeDecodeSet(DecodeSet):
                                                  logits + tokens, n - n_spec, decode_kv)
         draft_s = 0.0
         if draft_steps:
-            times, draft_flops, draft_bytes = self.draft_cost.iteration(self._draft_rows[:draft_steps])
-            total = np.add.reduce                    # ndarray.sum without its Python wrapper
-            draft_s = float(total(times))
-            flops, moved = flops + float(total(draft_flops)), moved + float(total(draft_bytes))
+            draft_s, draft_flops, draft_bytes = self.draft_cost.rows_total(self._draft_rows[:draft_steps])
+            flops, moved = flops + draft_flops, moved + draft_bytes
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
         return new_price((duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s))
 
