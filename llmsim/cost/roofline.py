@@ -43,8 +43,10 @@ from llmsim.catalog.placement import Placement
 _ONE, _TOKENS, _EXPERTS, _LOGITS = F["one"], F["tokens"], F["experts_touched"], F["logit_tokens"]
 NONLINEAR_MEMO_SIZE = 200_000     # remembered token counts per cost model (a few tens of MB at most)
 SHARED_MEMOS = 16                 # GEMM term sets whose memos a process keeps (the most recently built)
-_shared_memos: OrderedDict[bytes, tuple[dict, dict]] = OrderedDict()
+_shared_memos: OrderedDict[bytes, tuple[dict, dict, list[np.ndarray]]] = OrderedDict()
 FEW_ROWS = 32                     # up to this many rows, the non-linear part is looked up row by row
+TABLE_TOKENS = 1 << 16            # the most tokens (and logit rows) the tables of rows_total reach
+_NO_TABLE = np.zeros(0)
 
 
 @numba.njit(cache=True)
@@ -93,20 +95,32 @@ def _pairwise_sum(values, start, n):
 
 
 @numba.njit(cache=True)
-def _linear_rows(stacked, n_ops, rows, times):
-    """The roofline part of :meth:`CostModel.iteration` for a few ``rows``, as its vectorised branch
-    computes it (the same BLAS product, numpy's maxima and pairwise row sums): each row's time into
-    ``times``; returns the FLOPs and bytes summed over the rows as ``np.add.reduce`` sums them."""
+def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
+    """:meth:`CostModel.iteration` of a few ``rows`` summed, as its vectorised branch computes the roofline
+    part (the same BLAS product, numpy's maxima and pairwise sums) and its row-by-row branch the
+    non-linear terms, here read from tables by the integer tokens and logit rows of rows that run one
+    iteration with one expert (empty tables: a cost model without them). Returns (time, FLOPs,
+    bytes) summed as ``np.add.reduce`` sums them; the time is NaN when a row's terms are not in the
+    tables."""
     y = np.dot(rows, stacked.T)
     bounds = np.empty(n_ops)
-    flops, moved = np.empty(len(rows)), np.empty(len(rows))
+    times, flops, moved = np.empty(len(rows)), np.empty(len(rows)), np.empty(len(rows))
     for r in range(len(rows)):
         for i in range(n_ops):
             compute_s, memory_s = y[r, i], y[r, n_ops + i]
             bounds[i] = memory_s if memory_s > compute_s else compute_s
         times[r] = _pairwise_sum(bounds, 0, n_ops) + y[r, 2 * n_ops]
         flops[r], moved[r] = y[r, 2 * n_ops + 1], y[r, 2 * n_ops + 2]
-    return _pairwise_sum(flops, 0, len(rows)), _pairwise_sum(moved, 0, len(rows))
+        if len(layer_by_tokens):
+            tokens, logits = rows[r, _TOKENS], rows[r, _LOGITS]
+            if (rows[r, _ONE] != 1.0 or rows[r, _EXPERTS] != 1.0 or not 0.0 <= tokens < len(layer_by_tokens)
+                    or not 0.0 <= logits < len(head_by_logits) or tokens != int(tokens) or logits != int(logits)):
+                return np.nan, 0.0, 0.0
+            layers_s, head_s = layer_by_tokens[int(tokens)], head_by_logits[int(logits)]
+            if np.isnan(layers_s) or np.isnan(head_s):
+                return np.nan, 0.0, 0.0
+            times[r] += layers_s + head_s
+    return _pairwise_sum(times, 0, len(rows)), _pairwise_sum(flops, 0, len(rows)), _pairwise_sum(moved, 0, len(rows))
 
 
 class CostModel:
@@ -159,6 +173,7 @@ class CostModel:
         self._compute_time[decode, F["decode_seqs"]] += (self._compute_time[decode, F["decode_kv_read"]]
                                                          * hardware.attention_half_context)
         self._gemm_rows: list[tuple] = []
+        self._tables = [_NO_TABLE, _NO_TABLE]       # rows_total's non-linear terms (none without kernel terms)
         self._all_reduce = self._custom_all_reduce = None
         self.kernels = None
         if hardware.kernels is not None:
@@ -247,8 +262,8 @@ class CostModel:
         # run, and its runs price the same token counts over and over.
         key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size, model.num_layers,
                             model.activation_bytes_per_element))
-        self._layer_memo, self._head_memo = _shared_memos.pop(key, None) or ({}, {})
-        _shared_memos[key] = (self._layer_memo, self._head_memo)
+        self._layer_memo, self._head_memo, self._tables = _shared_memos.pop(key, None) or ({}, {}, [np.full(1, np.nan), np.full(1, np.nan)])
+        _shared_memos[key] = (self._layer_memo, self._head_memo, self._tables)
         while len(_shared_memos) > SHARED_MEMOS:
             _shared_memos.popitem(last=False)
 
@@ -282,15 +297,37 @@ class CostModel:
 
     def rows_total(self, rows: np.ndarray) -> tuple[float, float, float]:
         """(time_s, FLOPs, bytes) of a few iterations ``rows`` (shape (n, 9)) together: :meth:`iteration`
-        of the rows summed by ``np.add.reduce``, to the last bit (a speculative step's draft rows)."""
-        if len(rows) > FEW_ROWS:
-            times, flops, moved = self.iteration(rows)
-            return float(np.add.reduce(times)), float(np.add.reduce(flops)), float(np.add.reduce(moved))
-        times = np.empty(len(rows))
-        flops, moved = _linear_rows(self._stacked, self._n_ops, rows, times)
-        if self._gemm_rows:
-            times += [self._nonlinear_time(row) for row in rows.tolist()]
-        return float(np.add.reduce(times)), flops, moved
+        of the rows summed by ``np.add.reduce``, to the last bit (a speculative step's draft rows), in
+        one compiled call once the rows' token counts are in its tables."""
+        if len(rows) <= FEW_ROWS:
+            for _ in range(2):
+                total = _rows_total(self._stacked, self._n_ops, rows, *self._tables)
+                if total[0] == total[0]:
+                    return total
+                if not self._tabulate(rows):
+                    break
+        times, flops, moved = self.iteration(rows)
+        return float(np.add.reduce(times)), float(np.add.reduce(flops)), float(np.add.reduce(moved))
+
+    def _tabulate(self, rows: np.ndarray) -> bool:
+        """Put the non-linear terms of ``rows`` into the tables of :func:`_rows_total` (shared as the
+        memos are); False when a row is not one they hold (several iterations or experts, fractional or
+        too many tokens)."""
+        wanted = rows[:, [_TOKENS, _LOGITS]]
+        if ((rows[:, _ONE] != 1.0) | (rows[:, _EXPERTS] != 1.0)).any() or (wanted != np.floor(wanted)).any() or (
+                wanted < 0).any() or wanted.max() >= TABLE_TOKENS:
+            return False
+        size = max(len(self._tables[0]), 1 << int(wanted.max()).bit_length())
+        for i, table in enumerate(self._tables):
+            if len(table) < size:
+                self._tables[i] = np.concatenate([table, np.full(size - len(table), np.nan)])
+        layers, heads = self._tables
+        for row in rows.tolist():
+            tokens, logits = int(row[_TOKENS]), int(row[_LOGITS])
+            if layers[tokens] != layers[tokens] or heads[logits] != heads[logits]:
+                layers[tokens] = self._layers_time(row)
+                heads[logits] = self._gemm_sum(row, self._gemm_rows[-1:])
+        return True
 
     def _layers_time(self, values: list[float]) -> float:
         """The layers' GEMMs and all-reduces of one iteration's feature ``values``."""
