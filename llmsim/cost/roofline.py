@@ -123,6 +123,13 @@ def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
     return _pairwise_sum(times, 0, len(rows)), _pairwise_sum(flops, 0, len(rows)), _pairwise_sum(moved, 0, len(rows))
 
 
+def summed_iteration(cost, rows: np.ndarray) -> tuple[float, float, float]:
+    """(time_s, FLOPs, bytes) of iterations ``rows`` together, priced by any cost with ``iteration(rows)``
+    (a draft model's, Medusa heads', an n-gram lookup's) and summed by ``np.add.reduce``."""
+    times, flops, moved = cost.iteration(rows)
+    return float(np.add.reduce(times)), float(np.add.reduce(flops)), float(np.add.reduce(moved))
+
+
 class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
@@ -306,8 +313,7 @@ class CostModel:
                     return total
                 if not self._tabulate(rows):
                     break
-        times, flops, moved = self.iteration(rows)
-        return float(np.add.reduce(times)), float(np.add.reduce(flops)), float(np.add.reduce(moved))
+        return summed_iteration(self, rows)
 
     def _tabulate(self, rows: np.ndarray) -> bool:
         """Put the non-linear terms of ``rows`` into the tables of :func:`_rows_total` (shared as the
