@@ -218,7 +218,8 @@ class CostModel:
                                           / (self.hardware.peak_for("bf16") * kernels.decode_attention_efficiency))
         kv_heads = max(model.num_kv_heads / tp, 1.0)
         self._compute_time[decode, F["decode_seqs"]] += (kernels.decode_attention_per_sequence_s
-                                                         + kernels.decode_attention_per_kv_head_s * kv_heads) * paced_layers
+                                                         + kernels.decode_attention_per_kv_head_s * kv_heads
+                                                         ) * paced_layers
         if kernels.decode_attention_bandwidth_bytes_per_s:
             self._memory_time[decode] = (self.bytes_matrix[decode] * paced_layers / model.num_layers
                                          / kernels.decode_attention_bandwidth_bytes_per_s)
@@ -246,7 +247,7 @@ class CostModel:
         # (name, fixed memory s, memory s per token, compute s per token, repeats, count column,
         #  tokens per count, tokens column, output columns n) for each GEMM.
         # Weights in their own dtype: routed experts (gpt-oss's fp4), the LM head (16-bit in quantized checkpoints).
-        weight_bytes = {name: model.weight_bytes_per_param for name in GEMM_OPERATORS}
+        weight_bytes = dict.fromkeys(GEMM_OPERATORS, model.weight_bytes_per_param)
         weight_bytes.update(mlp_up=model.expert_bytes_per_param, mlp_down=model.expert_bytes_per_param,
                             lm_head=model.embedding_bytes_per_param)
         self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes[shape.name] / bandwidth,
@@ -267,10 +268,11 @@ class CostModel:
         self._custom_all_reduce = kernels.custom_all_reduce_for(tp) if tp > 1 else None
         # Every cost model with the same GEMM and all-reduce terms shares the memos: a search builds one per
         # run, and its runs price the same token counts over and over.
-        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size, model.num_layers,
-                            model.activation_bytes_per_element))
-        self._layer_memo, self._head_memo, self._tables = _shared_memos.pop(key, None) or ({}, {}, [np.full(1, np.nan), np.full(1, np.nan)])
-        _shared_memos[key] = (self._layer_memo, self._head_memo, self._tables)
+        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size,
+                            model.num_layers, model.activation_bytes_per_element))
+        shared = _shared_memos.pop(key, None) or ({}, {}, [np.full(1, np.nan), np.full(1, np.nan)])
+        self._layer_memo, self._head_memo, self._tables = shared
+        _shared_memos[key] = shared
         while len(_shared_memos) > SHARED_MEMOS:
             _shared_memos.popitem(last=False)
 
@@ -386,7 +388,8 @@ class CostModel:
         custom = self._custom_all_reduce
         if custom is not None:
             # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose).
-            once = np.where(message <= custom.switch_over_bytes, all_reduce_time_s(message, self.tp, custom.reduce), once)
+            once = np.where(message <= custom.switch_over_bytes, all_reduce_time_s(message, self.tp, custom.reduce),
+                            once)
         return 2 * self.model.num_layers * iterations * once
 
     def _gemm_times(self, x) -> np.ndarray | float:

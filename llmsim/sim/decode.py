@@ -206,7 +206,8 @@ class EventDecodeSet(DecodeSet):
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits) -> StepPrice:
         n = self.n if decoding else 0
-        duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n, self.kv_read() if n else 0)
+        duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n,
+                                                 self.kv_read() if n else 0)
         return new_price((duration, n, n + logits, flops, moved, 0, 0, 0, 0.0))
 
     def advance(self, now: float) -> None:
