@@ -187,6 +187,7 @@ def test_llmsim_run_prints_and_writes_the_rollout(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "canary - control (independent samples" in printed and "shadow - control (paired" in printed
     assert "detect a 10% change in mean e2e_s" in printed
+    assert printed.rstrip().splitlines()[-1].startswith("verdict: ")          # the printout ends in the verdict
     users, shadow = pd.read_csv(out / "requests.csv"), pd.read_csv(out / "shadow.csv")
     assert len(users) == 300 and set(users["group"]) == {"control", "canary"} and set(shadow["group"]) == {"shadow"}
     table = pd.read_csv(out / "rollout.csv")

@@ -4,7 +4,7 @@ and how long a canary must run to see a given change.
 The requests of one run are not independent: a request that waits makes the next one wait too,
 and a batch that grows slows every sequence in it for a while. So every interval here comes from
 *batches* of consecutive requests (in arrival order) long enough that their figures are close to
-independent: each batch spans ``SPAN`` (10) times the group's correlation time, and at least 30
+independent: each batch spans ``SPAN`` (20) times the group's correlation time, and at least 30
 requests; at most 20 batches. The correlation time is the longest integrated autocorrelation time
 of the group's TTFT, TPOT and end-to-end series (:func:`llmsim.analysis.statistics.correlation_time`),
 used for every metric: they all follow the one state of the replicas (queue and batch), and a
@@ -252,17 +252,17 @@ def verdict(name: str, role: str, differences: Sequence[Difference]) -> str:
     good = [label(d) for d in significant if not worse(d)]
     unmeasured = [f"{d.metric.removesuffix('_s').upper()} {d.statistic}" for d in differences if not d.has_interval]
     level = f"{100 * (1 - LEVEL):g}%"
+    missing = f"; no interval (too few requests): {', '.join(unmeasured)}" if unmeasured else ""
     if bad:
-        text = f"{name} is worse than the control ({level} level): " + ", ".join(bad)
-        text += ("; better: " + ", ".join(good)) if good else ""
-        text += f": do not {'roll it out' if role == 'canary' else 'promote it'}"
+        text = (f"{name} is worse than the control ({level} level): {', '.join(bad)}"
+                + (f"; better: {', '.join(good)}" if good else "") + missing
+                + f": do not {'roll it out' if role == 'canary' else 'promote it'}")
     elif good:
-        text = f"{name} is better than the control ({level} level): {', '.join(good)}; no figure is significantly worse"
+        text = (f"{name} is better than the control ({level} level): {', '.join(good)}; no figure is "
+                f"significantly worse{missing}")
     else:
-        text = (f"no significant difference between {name} and the control at the {level} level: this run cannot "
-                "tell them apart (the changes it detects are above; run longer to see smaller ones)")
-    if unmeasured:
-        text += f" (no interval, too few requests: {', '.join(unmeasured)})"
+        text = (f"no significant difference between {name} and the control at the {level} level{missing}: this "
+                "run cannot tell them apart (the changes it detects are above; run longer to see smaller ones)")
     return f"verdict: {text}"
 
 

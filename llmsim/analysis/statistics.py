@@ -8,7 +8,7 @@ import numpy as np
 
 BATCHES = 20
 MIN_BATCH = 30               # observations per batch at the least: shorter batches stay correlated
-SPAN = 10                    # a batch spans this many correlation times: its mean's lag-1 correlation ~ 1 / (4 SPAN)
+SPAN = 20                    # a batch spans this many correlation times (see batch_size)
 MIN_BATCHES = 4              # fewer batch means leave the t interval too wide to say anything
 
 
@@ -44,7 +44,13 @@ def correlation_time(*series) -> float:
 
 
 def batch_size(tau: float, minimum: int = MIN_BATCH) -> int:
-    """Observations per batch for a series of correlation time ``tau``: ``SPAN`` times it, at least ``minimum``."""
+    """Observations per batch for a series of correlation time ``tau``: ``SPAN`` times it, at least ``minimum``.
+
+    A batch of ``m`` captures the correlation up to lags of about ``m`` (its mean's variance is
+    ``tau(m) var / m``, ``tau(m) -> tau``), and its neighbour's mean correlates with it by about
+    ``tau / 4m``. Queueing series have long, thin tails of correlation that an estimate from one short
+    run misses (TPOT under a large slowly changing batch: ``tau`` about 20, estimated 8-27 from 700
+    requests), so the span is generous: 20 times the estimate."""
     return max(minimum, math.ceil(SPAN * tau))
 
 

@@ -181,8 +181,8 @@ def _run_rollout(scenario, out: Path, args) -> int:
     written.append(write_file(out / "rollout.csv", lambda path: pd.DataFrame(rows).to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
     print(format_summary(summary))
-    print("\n" + rollout_table(summary["rollout"]))
     print("\nwrote " + ", ".join(map(str, written)))
+    print("\n" + rollout_table(summary["rollout"]))          # ends in each group's verdict
     return 130 if result.interrupted else 0
 
 
