@@ -253,6 +253,9 @@ def verdict(name: str, role: str, differences: Sequence[Difference]) -> str:
     unmeasured = [f"{d.metric.removesuffix('_s').upper()} {d.statistic}" for d in differences if not d.has_interval]
     level = f"{100 * (1 - LEVEL):g}%"
     missing = f"; no interval (too few requests): {', '.join(unmeasured)}" if unmeasured else ""
+    if differences and len(unmeasured) == len(differences):
+        return (f"verdict: none for {name}: no figure has an interval, the run is too short for its correlation "
+                "time (the rows above say how many requests each needs)")
     if bad:
         text = (f"{name} is worse than the control ({level} level): {', '.join(bad)}"
                 + (f"; better: {', '.join(good)}" if good else "") + missing
