@@ -26,7 +26,7 @@ never rests on the analytic path's word. Every count is judged as ``plan`` judge
 asks for (``window_per_count``: the same runs as a report's other stages judge, so they are
 simulated once), a verdict that must clear the targets by two standard errors pooled over the seeds,
 measured longer while undecided; the seeds' requests are shared by every count.
-``tests/test_layout.py`` checks the answer against simulating every (replicas, tp, pp) of a
+``tests/search/test_layout.py`` checks the answer against simulating every (replicas, tp, pp) of a
 small grid.
 """
 from __future__ import annotations
@@ -88,11 +88,15 @@ class LayoutChoice:
 
     @property
     def devices(self) -> int | None:
-        return None if self.layout is None else self.replicas * self.layout.devices_per_replica
+        if self.layout is None or self.replicas is None:
+            return None
+        return self.replicas * self.layout.devices_per_replica
 
     @property
     def usd_per_hour(self) -> float:
-        return math.nan if self.layout is None else self.layout.usd_per_hour(self.replicas)
+        if self.layout is None or self.replicas is None:
+            return math.nan
+        return self.layout.usd_per_hour(self.replicas)
 
 
 def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
