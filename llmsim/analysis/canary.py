@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -123,14 +123,14 @@ def _batched(values: np.ndarray, k: int) -> np.ndarray:
     return values[:usable].reshape(k, -1)
 
 
-def _unmeasured(metric: str, name: str, control: float, treatment: float, needed: int, tau: float) -> "Difference":
+def _unmeasured(metric: str, name: str, control: float, treatment: float, needed: int, tau: float) -> Difference:
     why = (f"n/a: {MIN_BATCHES} batches of {needed:,} requests per group needed "
            f"(correlation time {tau:.3g} requests)")
     return Difference(metric, name, control, treatment, treatment - control, math.nan, math.nan, math.nan, why)
 
 
 def _t_row(metric: str, name: str, control: float, treatment: float, difference: float, se: float, df: float,
-           test: str, rank: float = math.nan) -> "Difference":
+           test: str, rank: float = math.nan) -> Difference:
     """A difference with the t interval ``difference +- t_df se`` and its two-sided p-value."""
     from scipy import stats
 
@@ -146,7 +146,7 @@ def _t_row(metric: str, name: str, control: float, treatment: float, difference:
 
 
 def _independent_row(metric: str, name: str, a: np.ndarray, b: np.ndarray, tau: float, batches: int,
-                     rank: float = math.nan) -> "Difference":
+                     rank: float = math.nan) -> Difference:
     """Welch's t on each group's batch figures, centred on the figures over all the requests."""
     statistic, minimum = _statistic(name)
     control, treatment = float(statistic(a)), float(statistic(b))
@@ -184,7 +184,7 @@ def compare_independent(control: pd.DataFrame, treatment: pd.DataFrame, batches:
 
 
 def _paired_row(metric: str, name: str, a: np.ndarray, b: np.ndarray, tau: float, batches: int,
-                rank: float = math.nan) -> "Difference":
+                rank: float = math.nan) -> Difference:
     """A one-sample t on the batches' differences (of means, or of percentiles), centred on the
     difference over all the pairs."""
     statistic, minimum = _statistic(name)
