@@ -22,6 +22,10 @@ from llmsim.search.rollout import rollout_summary, simulate_rollout
 from tests.helpers import make_scenario
 
 SERVICE = {"prompt_tokens": 8, "output_tokens": {"distribution": "exponential", "mean": 6, "max": 1000}}
+# short answers: batches turn over fast, so the latencies' correlation time is a few requests and a
+# quarter of 2,400 requests fills enough batches of 20 correlation times for intervals
+SHORT = {"num_requests": 2400, "arrival": {"rate": 12},
+         "output_tokens": {"distribution": "lognormal", "mean": 32, "sigma": 0.8, "max": 1024}}
 
 
 def _rollout(groups: dict, workload: dict | None = None, engine: dict | None = None):
@@ -91,7 +95,7 @@ def test_the_split_serves_every_request_once_and_shadows_stay_out_of_user_figure
 
 
 def test_a_shadow_identical_to_the_control_reproduces_it_request_for_request():
-    result = simulate_rollout(_rollout({"mirror": {"role": "shadow", "fraction": 1.0}}))
+    result = simulate_rollout(_rollout({"mirror": {"role": "shadow", "fraction": 1.0}}, SHORT))
     control, mirror = result.records("control"), result.records("mirror")
     columns = ["id", "arrival_s", "first_token_s", "finish_s", "e2e_s"]
     assert control[columns].equals(mirror[columns])
@@ -133,7 +137,7 @@ def test_detection_time_gives_the_power_it_promises():
 def test_rollout_summary_reports_each_group_against_the_control():
     result = simulate_rollout(_rollout({"canary": {"role": "canary", "fraction": 0.25, "hardware": "H200"},
                                         "shadow": {"role": "shadow", "fraction": 0.25}},
-                                       {"num_requests": 2400, "arrival": {"rate": 12}}))
+                                       SHORT))
     summary = rollout_summary(result)
     groups = summary["groups"]
     assert list(groups) == ["control", "canary", "shadow"]
