@@ -274,9 +274,9 @@ class ReportBuilder:
              f"pipeline stages, when it holds the model) gets the fewest replicas meeting the SLO targets at "
              f"{num(self.rate)} requests/s on {counted(len(self.seeds), 'seed')}; the cheapest per hour is kept. "
              "Costs are the profiles' prices per device-hour (assumptions), energy every device at its TDP.",
-             "Figures rest on: step times *measured* (kernel terms fitted to this chip's timings; the assumed "
-             "ones are named in the assumptions section), *derived* (carried over from another chip's "
-             "measured terms by a rule stated in their sources: not measured on this chip) or *assumption* "
+             "Figures rest on: step times measured (kernel terms fitted to this chip's timings; the assumed "
+             "ones are named in the assumptions section), derived (carried over from another chip's "
+             "measured terms by a rule stated in their sources: not measured on this chip) or assumption "
              "(peaks times assumed efficiencies); and the price's confidence. Held-out error: the mean absolute "
              "error of the chip's kernel terms on timings held out of their fit, from the profile's calibration "
              "record (GEMM, decode and prefill attention, where a dense model's steps go)."],
@@ -568,7 +568,8 @@ class ReportBuilder:
         engine = self.original.engine.kernels.value
         # per candidate chip, what its profile records, so this table and the appendix's confidences agree
         error_rows = [[f"{chip}: step times ({standing.confidence}; {engine} kernel terms)", standing.held_out,
-                       "; ".join(filter(None, [standing.basis, standing.held_out_source]))]
+                       "; ".join(filter(None, [standing.basis, standing.held_out_source,
+                                               "assumed: " + ", ".join(standing.assumed) if standing.assumed else ""]))]
                       for chip, standing in self.standings.items()]
         error_rows += [[e["what"], e["error"], e["source"]] for e in error["figures"]]
         import llmsim

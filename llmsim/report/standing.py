@@ -38,7 +38,8 @@ class Standing:
     """One chip's: what its step times rest on, in a word and a phrase, and its held-out error (or why none)."""
     chip: str
     confidence: str                # measured, derived or assumption
-    basis: str                     # what was measured, derived or assumed
+    basis: str                     # what was measured, derived or assumed, in a few words
+    assumed: tuple[str, ...]       # the figures assumed among measured kernel terms (key paths)
     price: str                     # the confidence of its price per device-hour
     held_out: str                  # e.g. "GEMM 7.1%, decode attention 7.4%, prefill attention 15.1% MAPE"
     held_out_source: str           # where that error is recorded
@@ -59,17 +60,18 @@ def chip_standing(name: str, scenario: Scenario) -> Standing:
     kernels = data.get("kernels") if isinstance(data.get("kernels"), dict) else None
     if kernels is not None:
         own = (kernels.get("engines") or {}).get(engine)
-        confidence, basis = _kernel_confidence(
+        confidence, basis, assumed = _kernel_confidence(
             _figures(own if isinstance(own, dict) else {k: v for k, v in kernels.items() if k != "engines"}))
     else:
         terms = _figures(data.get("efficiency", {})) + _figures(data.get("overhead", {}))
         measured = bool(terms) and all(c == MEASURED for _, c, _ in terms)
         confidence = MEASURED if measured else ASSUMPTION
         basis = "efficiencies measured" if measured else "peaks times assumed efficiencies"
+        assumed = ()
     price = data.get("price_per_hour_usd", {})
     held_out, where_recorded = _held_out(data, engine) if confidence == MEASURED else (
         "none: not measured on this chip", "")
-    return Standing(profile.name, confidence, basis,
+    return Standing(profile.name, confidence, basis, assumed,
                     str(price.get("confidence", ASSUMPTION)) if isinstance(price, dict) else ASSUMPTION,
                     held_out, where_recorded)
 
@@ -83,18 +85,17 @@ def _figures(node, path: str = "") -> list[tuple[str, str, str]]:
     return []
 
 
-def _kernel_confidence(terms: list[tuple[str, str, str]]) -> tuple[str, str]:
-    """What most kernel terms rest on, naming the assumed ones among measured terms."""
+def _kernel_confidence(terms: list[tuple[str, str, str]]) -> tuple[str, str, tuple[str, ...]]:
+    """What most kernel terms rest on, in a few words, and the assumed ones among them."""
     derived = [path for path, c, source in terms if c != MEASURED and DERIVED_MARK in source]
-    assumed = [path for path, c, source in terms if c != MEASURED and DERIVED_MARK not in source]
+    assumed = tuple(path for path, c, source in terms if c != MEASURED and DERIVED_MARK not in source)
     measured = len(terms) - len(derived) - len(assumed)
     if derived and len(derived) >= len(assumed):
-        return DERIVED, (f"{len(derived)} of {len(terms)} kernel terms derived from another chip's measured ones "
-                         "by the rule stated in their sources")
+        return DERIVED, f"{len(derived)} of {len(terms)} kernel terms derived from another chip's by a stated rule", \
+            assumed
     if measured >= len(assumed) + len(derived) and measured:
-        rest = f"; assumed: {', '.join(assumed)}" if assumed else ""
-        return MEASURED, f"{measured} of {len(terms)} kernel terms fitted to this chip's timings{rest}"
-    return ASSUMPTION, f"{len(assumed)} of {len(terms)} kernel terms assumed"
+        return MEASURED, f"{measured} of {len(terms)} kernel terms fitted to this chip's timings", assumed
+    return ASSUMPTION, f"{len(assumed)} of {len(terms)} kernel terms assumed", assumed
 
 
 def _held_out(data: dict, engine: str) -> tuple[str, str]:
