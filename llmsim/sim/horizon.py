@@ -18,6 +18,8 @@ from llmsim.workload.trace import Trace
 
 DRAIN_MARGIN = 2.0
 MIN_TAIL_S = 60.0             # past the last arrival, at least
+MAX_HALVINGS = 60             # of the offered rate, looking for one the fluid model finds stable
+CAPACITY_STEPS = 8
 
 
 def default_horizon_s(scenario: Scenario, window_s: float, requests: int, trace: Trace | None = None) -> float:
@@ -37,10 +39,23 @@ def drain_time_s(scenario: Scenario, window_s: float, requests: int, trace: Trac
         return math.nan
     try:
         model = FluidModel(scenario, trace)
-        offered = requests / max(window_s, 1e-9)
-        if bool(model.evaluate(offered)["stable"].iloc[0]):
+
+        def stable(rate: float) -> bool:           # one rate at a time: a run's memory stays the run's
+            return bool(model.evaluate(rate)["stable"].iloc[0])
+
+        high = requests / max(window_s, 1e-9)      # the offered rate
+        if stable(high):
             return 0.0
-        capacity = model.capacity()
+        low = high / 2
+        for _ in range(MAX_HALVINGS):
+            if stable(low):
+                break
+            low, high = low / 2, low
+        else:
+            return math.nan
+        for _ in range(CAPACITY_STEPS):            # geometric bisection of [low, high]: a factor 2 to 0.3%
+            middle = math.sqrt(low * high)
+            low, high = (middle, high) if stable(middle) else (low, middle)
     except ConfigError:
         return math.nan
-    return requests / capacity if 0 < capacity < math.inf else math.nan
+    return requests / low
