@@ -107,7 +107,7 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
         prompt, output, longest = _lengths(workload, requests)
     horizon_s = scenario.simulation.horizon_s
     if horizon_s is None:
-        horizon_s = default_horizon_s(scenario, window_s, requests, trace)
+        horizon_s = default_horizon_s(scenario, window_s, requests, prompt, output)
     resolved = ResolvedDeployment.of(scenario)
     serving = resolved.replicas * resolved.engines_per_replica
     per_request = output + math.ceil(prompt / scenario.engine.max_batch_tokens)

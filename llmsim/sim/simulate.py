@@ -249,7 +249,8 @@ def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
         window = max(window, scenario.workload.duration_s)
     horizon = scenario.simulation.horizon_s
     if horizon is None:
-        horizon = default_horizon_s(scenario, window, len(trace), trace)
+        horizon = default_horizon_s(scenario, window, len(trace), float(np.mean(trace.prompt_tokens)) if len(trace)
+                                    else 0.0, float(np.mean(trace.output_tokens)) if len(trace) else 0.0)
     return window, horizon
 
 

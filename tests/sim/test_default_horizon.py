@@ -27,9 +27,9 @@ def test_an_offline_run_with_the_default_horizon_finishes_every_request():
 
 def test_a_carried_load_keeps_the_old_default():
     scenario = make_scenario({"workload": {"num_requests": 200, "arrival": {"rate": 5}}})
-    assert drain_time_s(scenario, 40.0, 200) == 0.0
-    assert default_horizon_s(scenario, 40.0, 200) == 100.0          # window + 60 s
-    assert default_horizon_s(scenario, 400.0, 2000) == 800.0        # twice the window
+    assert drain_time_s(scenario, 200, 512, 128) < 20.0        # far less than its 40 s of arrivals
+    assert default_horizon_s(scenario, 40.0, 200, 512, 128) == 100.0          # window + 60 s
+    assert default_horizon_s(scenario, 400.0, 2000, 512, 128) == 800.0        # twice the window
 
 
 def test_a_set_horizon_is_kept():
