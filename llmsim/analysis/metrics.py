@@ -198,7 +198,8 @@ def summarize(result: SimulationResult) -> RunSummary:
         fault=result.fault,
         classes=classes,
         autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
-        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
+        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records,
+                                    scenario.deployment.replicas * scenario.deployment.data_parallel)
                   if result.kv_tiers else None),
     )
 
@@ -255,7 +256,7 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     devices = replicas * scenario.devices_per_replica
     # Each engine's iterations follow one another, so the sum is at most the window; rounding in
     # the sum of clipped durations can add an ulp or two.
-    busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel), 1.0)
+    busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel * dep.data_parallel), 1.0)
     mfu = float(share @ rows["flops"].to_numpy()) / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
     kv_used = rows["kv_used_blocks"].to_numpy()
     return Utilisation(

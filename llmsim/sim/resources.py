@@ -135,7 +135,7 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
 def _engines(scenario: Scenario) -> list[tuple[str, int]]:
     """(key, engines) of every group of replicas the run builds: the deployment's (all an autoscaler
     may start) and each rollout group's, an engine per pipeline stage."""
-    stages = scenario.deployment.pipeline_parallel
+    stages = scenario.deployment.pipeline_parallel * scenario.deployment.data_parallel
     if scenario.autoscaling is not None:
         return [("autoscaling.max_replicas", scenario.autoscaling.max_replicas * stages)]
     groups = [("deployment.replicas", scenario.deployment.replicas * stages)]
