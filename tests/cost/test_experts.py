@@ -1,0 +1,156 @@
+"""Expert parallelism's cost (llmsim.cost.experts) against independent truth: the all-to-all bytes of a token,
+the fitted all-to-all lines read straight from the profile's YAML, the exact expected maximum of a
+multinomial, the plain MoE cost at degree 1, and DeepSeek-V3's weights per GPU counted by hand."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import yaml
+
+from llmsim.catalog.hardware import lookup_hardware
+from llmsim.catalog.models import model_catalog
+from llmsim.cost.experts import (BusiestRank, ExpertParallel, ExpertParallelCostModel, UniformRouting, ZipfRouting,
+                                 all_to_all_bytes_per_token_per_layer, all_to_all_terms, rank_shares,
+                                 weight_bytes_per_device)
+from llmsim.cost.roofline import CostModel
+
+from tests.helpers import REPO
+
+MODELS = model_catalog()
+DEEPSEEK = MODELS["DeepSeek-V3"]
+QWEN_MOE = MODELS["Qwen3-30B-A3B"]
+
+
+def expert_cost(model, hardware, layout, tp=1, seed=0):
+    busiest = BusiestRank(rank_shares(model, layout, seed), seed)
+    return ExpertParallelCostModel(model, hardware, tp, 1, None, layout, busiest, all_to_all_terms(hardware, "vllm"))
+
+
+def test_all_to_all_bytes_per_token_per_layer_are_hidden_times_top_k_times_bytes_off_the_gpu():
+    # DeepSeek-V3: hidden 7168, top-8, bf16 activations; 31 of 32 ranks are elsewhere.
+    assert all_to_all_bytes_per_token_per_layer(DEEPSEEK, 32) == pytest.approx(7168 * 8 * 2 * 31 / 32, rel=1e-12)
+    assert all_to_all_bytes_per_token_per_layer(DEEPSEEK, 1) == 0.0
+
+
+def _profile_all_to_all(path: str, group: int) -> dict:
+    """The fitted all-to-all line of ``group`` GPUs, read from the profile file itself."""
+    document = yaml.safe_load((REPO / "hardware_profiles" / path).read_text())
+    return document["calibration"]["database"]["engines"]["vllm"]["recorded_only"]["all_to_all"][group]
+
+
+@pytest.mark.parametrize("degree", [2, 4, 8])
+def test_dispatch_and_combine_follow_the_fitted_all_to_all_of_the_profile(degree):
+    """Within a node: two all-to-alls per MoE layer, each the lesser of the fitted small- and large-message lines
+    over the bytes that leave the GPU, with the bus shares applied to the datasheet NVLink bandwidth."""
+    hardware = lookup_hardware("H200")
+    line = _profile_all_to_all("h200.yaml", degree)
+    link = 450e9                                     # h200.yaml interconnect_bandwidth
+    cost = expert_cost(QWEN_MOE, hardware, ExpertParallel(degree))
+    for tokens in (1, 64, 4096):
+        leaving = tokens * QWEN_MOE.hidden_size * QWEN_MOE.experts_per_token * 2 * (degree - 1) / degree
+        once = min(line["latency_s"] + leaving / (line["bus_share"] * link),
+                   line["large_latency_s"] + leaving / (line["large_bus_share"] * link))
+        assert float(cost.all_to_all_time_per_layer_s(tokens)) == pytest.approx(2 * once, rel=1e-9)
+
+
+def test_across_nodes_the_off_node_share_crosses_the_scale_out_link():
+    hardware = lookup_hardware("H200")
+    layout = ExpertParallel(32, devices_per_node=8, scale_out_bandwidth_bytes_per_s=50e9)
+    cost = expert_cost(QWEN_MOE, hardware, layout)
+    line = _profile_all_to_all("h200.yaml", 8)
+    tokens = 8192                                     # large: the scale-out link binds
+    buffer = tokens * QWEN_MOE.hidden_size * QWEN_MOE.experts_per_token * 2
+    off_node = buffer * 24 / 32
+    assert float(cost.all_to_all_time_per_layer_s(tokens)) == pytest.approx(
+        2 * (line["large_latency_s"] + off_node / 50e9), rel=1e-9)
+
+
+# -- the busiest rank --------------------------------------------------------------------------------------------
+def exact_expected_maximum(assignments: int, shares) -> float:
+    """E[max_r L_r] for L ~ Multinomial(assignments, shares), exactly: P(max <= m) is assignments! times the
+    coefficient of x^assignments in prod_r sum_{j <= m} (p_r x)^j / j!, and E[max] = sum_m P(max > m)."""
+    p = np.asarray(shares, dtype=float) / sum(shares)
+    expected = 0.0
+    for m in range(assignments):
+        poly = np.zeros(assignments + 1)
+        poly[0] = 1.0
+        for q in p:
+            factor = np.array([q ** j / math.factorial(j) for j in range(min(m, assignments) + 1)])
+            poly = np.convolve(poly, factor)[:assignments + 1]
+        expected += 1.0 - poly[assignments] * math.factorial(assignments)
+    return expected
+
+
+@pytest.mark.parametrize("shares", [[0.25] * 4, [0.4, 0.3, 0.2, 0.1], [1 / 3] * 3 + [0.0]],
+                         ids=["uniform", "skewed", "one-idle"])
+@pytest.mark.parametrize("assignments", [2, 8, 32])
+def test_the_busiest_rank_expects_the_exact_multinomial_maximum(shares, assignments):
+    busiest = BusiestRank(np.array(shares), seed=3)
+    at = int(np.flatnonzero(busiest.assignments == assignments)[0])
+    exact = exact_expected_maximum(assignments, shares)
+    assert float(busiest.load(assignments)) == pytest.approx(exact, abs=4 * busiest.standard_error[at] + 1e-12)
+
+
+def test_one_rank_takes_every_assignment():
+    busiest = BusiestRank(np.array([1.0]), seed=0)
+    assert np.allclose(busiest.load([0.0, 1.0, 3.0, 1e9]), [0.0, 1.0, 3.0, 1e9])
+
+
+def test_balancing_with_redundant_experts_lowers_the_busiest_share_under_skew():
+    skew = ZipfRouting(1.2)
+    static = rank_shares(DEEPSEEK, ExpertParallel(32, routing=skew), seed=5)
+    balanced = rank_shares(DEEPSEEK, ExpertParallel(32, 32, True, skew), seed=5)
+    assert static.sum() == pytest.approx(1.0) and balanced.sum() == pytest.approx(1.0)
+    assert balanced.max() < static.max()
+    # The hottest expert alone outweighs a fair share: replicas split it (1 / H_256,1.2 ~ 0.23 of the tokens).
+    hottest = skew.popularity(256)[0]
+    assert static.max() >= hottest > 1 / 32
+    assert balanced.max() < hottest
+
+
+def test_the_step_waits_for_the_busiest_rank():
+    """Skewed routing without balancing costs more than uniform routing at the same batch."""
+    hardware = lookup_hardware("H200")
+    uniform = expert_cost(QWEN_MOE, hardware, ExpertParallel(8))
+    skewed = expert_cost(QWEN_MOE, hardware, ExpertParallel(8, routing=ZipfRouting(1.0)))
+    x = uniform.features([], [], [1024] * 128)
+    assert skewed.expert_time_s(x) > uniform.expert_time_s(x)
+    assert skewed.busiest_assignments(128) > uniform.busiest_assignments(128) >= 128 * 8 * 8 / 8
+
+
+# -- degree 1 is the plain MoE cost ------------------------------------------------------------------------------
+@pytest.mark.parametrize("model", [QWEN_MOE, DEEPSEEK], ids=["qwen3-30b-a3b", "deepseek-v3-fp8"])
+def test_degree_one_is_the_plain_moe_cost(model):
+    hardware = lookup_hardware("H100-SXM")
+    plain = CostModel(model, hardware, 1, 1)
+    ep = expert_cost(model, hardware, ExpertParallel(1, routing=UniformRouting()))
+    batches = [([], [], [512] * 1), ([], [], [2048] * 96), ([3000], [0], []), ([700], [100], [900] * 30)]
+    rows = np.array([plain.features(*b) for b in batches])
+    for row in rows:
+        assert ep.iteration(row)[0] == pytest.approx(plain.iteration(row)[0], rel=1e-9)
+    assert np.allclose(ep.iteration(rows)[0], plain.iteration(rows)[0], rtol=1e-9)
+    assert np.allclose(ep.iteration(rows)[1], plain.iteration(rows)[1], rtol=1e-9)   # FLOPs too
+
+
+# -- memory ------------------------------------------------------------------------------------------------------
+def test_deepseek_v3_weights_per_gpu_by_hand():
+    """DeepSeek-V3 (config.json) at EP 32 with 32 redundant experts, tp 1: 9 whole fp8 experts of each of the
+    58 MoE layers, plus everything else (fp8 linear layers, bf16 embedding and LM head, norms) whole."""
+    h, layers, moe_layers = 7168, 61, 58
+    expert = 3 * h * 2048
+    mla = (h * 1536 + 1536 + 1536 * 128 * 192          # q_a (+ its norm), q_b
+           + h * (512 + 64) + 512 + 512 * 128 * (128 + 128)   # kv_a (+ norm), kv_b
+           + 128 * 128 * h + 2 * h)                      # o_proj, two layer norms
+    dense_mlp = 3 * h * 18432
+    shared_and_router = 3 * h * 2048 + h * 256
+    fp8_params = layers * mla + 3 * dense_mlp + moe_layers * shared_and_router + h      # + the final norm
+    embedding_bytes = 2 * 129280 * h * 2                 # untied embedding and LM head, bf16
+    expected = fp8_params + embedding_bytes + 9 * expert * moe_layers
+    layout = ExpertParallel(32, 32, True)
+    assert weight_bytes_per_device(DEEPSEEK, 1, 1, layout) == pytest.approx(expected, rel=1e-12)
+    # Two pipeline stages halve both parts; tp 2 halves the rest but not the experts.
+    assert weight_bytes_per_device(DEEPSEEK, 1, 2, layout) == pytest.approx(expected / 2, rel=1e-12)
+    assert weight_bytes_per_device(DEEPSEEK, 2, 1, layout) == pytest.approx(
+        (fp8_params + embedding_bytes) / 2 + 9 * expert * moe_layers, rel=1e-12)
