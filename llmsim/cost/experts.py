@@ -109,6 +109,23 @@ class ExpertParallel:
         return self.degree // tensor_parallel
 
 
+def layout_problem(model: ModelSpec, degree: int, tensor_parallel: int, redundant_experts: int) -> tuple[str, str] | None:
+    """Why ``degree`` GPUs cannot hold ``model``'s experts at ``tensor_parallel`` (message, what is allowed), or None."""
+    if model.num_experts == 1:
+        return (f"{model.name} has no routed experts to spread",
+                "a mixture-of-experts model (num_experts > 1), or no expert parallelism")
+    if degree % tensor_parallel:
+        return (f"must be a multiple of tensor_parallel ({tensor_parallel}): attention runs on degree / "
+                "tensor_parallel data-parallel ranks", f"a multiple of {tensor_parallel}")
+    slots = model.num_experts + redundant_experts
+    if slots % degree:
+        fits = [d for d in range(tensor_parallel, slots + 1, tensor_parallel) if slots % d == 0]
+        return (f"the {model.name} experts ({model.num_experts}"
+                + (f" and {redundant_experts} redundant" if redundant_experts else "")
+                + ") do not split evenly over the ranks", ", ".join(map(str, fits)) + " (or other redundant experts)")
+    return None
+
+
 # -- bytes -------------------------------------------------------------------------------------------------------
 def all_to_all_bytes_per_token_per_layer(model: ModelSpec, degree: int) -> float:
     """Bytes one token's dispatch sends off its GPU in one MoE layer: its hidden state to each of its top-k

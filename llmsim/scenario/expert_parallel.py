@@ -13,7 +13,7 @@ from llmsim.catalog.models import ModelSpec
 from llmsim.config.reader import Node
 from llmsim.config.tables import checked_numbers, read_csv_text
 from llmsim.cost.experts import (ExpertParallel, HistogramRouting, Routing, UniformRouting, ZipfRouting,
-                                 all_to_all_terms)
+                                 all_to_all_terms, layout_problem)
 
 ROUTINGS = ("uniform", "zipf", "histogram")
 HISTOGRAM_COLUMN = "tokens"
@@ -25,25 +25,14 @@ def expert_parallel_from_node(node: Node, model: ModelSpec, tensor_parallel: int
     """``deployment.expert_parallel`` of a scenario whose deployment is ``node``'s parent."""
     count = dict(integer=True, minimum=1, exclusive_minimum=False)
     degree = node.number("degree", **count)
-    if model.num_experts == 1:
-        raise node.key_error("degree", f"{model.name} has no routed experts to spread", degree,
-                             "a mixture-of-experts model (num_experts > 1), or no expert_parallel section")
     if tensor_parallel is None or pipeline_parallel is None:
         raise node.key_error("degree", "expert parallelism is placed on the parallelism given, not searched for "
-                             "(llmsim place searches layouts)", degree,
+                             "(llmsim report searches layouts)", degree,
                              "deployment.tensor_parallel and pipeline_parallel as integers")
-    if degree % tensor_parallel:
-        raise node.key_error("degree", f"must be a multiple of tensor_parallel ({tensor_parallel}): attention runs "
-                             "on degree / tensor_parallel data-parallel ranks", degree,
-                             f"a multiple of {tensor_parallel}")
     redundant = node.number("redundant_experts", 0, integer=True, minimum=0, exclusive_minimum=False)
-    slots = model.num_experts + redundant
-    if slots % degree:
-        fits = [d for d in range(tensor_parallel, slots + 1, tensor_parallel) if slots % d == 0]
-        raise node.key_error("degree", f"the {model.num_experts} experts of {model.name}"
-                             + (f" and {redundant} redundant ones" if redundant else "")
-                             + " do not split evenly over the ranks", degree,
-                             ", ".join(map(str, fits)) + " (or other redundant_experts)")
+    problem = layout_problem(model, degree, tensor_parallel, redundant)
+    if problem is not None:
+        raise node.key_error("degree", problem[0], degree, problem[1])
     balance = node.boolean("balance", False)
     if redundant and not balance:
         raise node.key_error("redundant_experts", "redundant experts replicate the hottest experts, which the "

@@ -109,3 +109,12 @@ def test_the_cli_exits_2_naming_the_key(tmp_path, capsys):
     path.write_text(yaml.safe_dump(document))
     assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
     assert "deployment.expert_parallel.degree" in capsys.readouterr().err
+
+
+def test_place_shows_an_expert_parallel_group_and_refuses_what_does_not_fit(capsys):
+    assert main(["place", "DeepSeek-V3", "H200", "--ep", "32", "--redundant-experts", "32"]) == 0
+    assert "9 experts per GPU" in capsys.readouterr().out
+    assert main(["place", "DeepSeek-V3", "H100-SXM", "--ep", "8"]) == 2
+    assert "'--ep'" in capsys.readouterr().err
+    assert main(["place", "DeepSeek-V3", "H200", "--ep", "24"]) == 2
+    assert "do not split evenly" in capsys.readouterr().err
