@@ -104,7 +104,7 @@ def test_balancing_with_redundant_experts_lowers_the_busiest_share_under_skew():
     balanced = rank_shares(DEEPSEEK, ExpertParallel(32, 32, True, skew), seed=5)
     assert static.sum() == pytest.approx(1.0) and balanced.sum() == pytest.approx(1.0)
     assert balanced.max() < static.max()
-    # The hottest expert alone outweighs a fair share: replicas split it (1 / H_256,1.2 ~ 0.23 of the tokens).
+    # The hottest expert alone outweighs a fair share: replicas split it (1 / H_256,1.2 ~ 0.25 of the tokens).
     hottest = skew.popularity(256)[0]
     assert static.max() >= hottest > 1 / 32
     assert balanced.max() < hottest
