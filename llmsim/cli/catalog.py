@@ -89,8 +89,9 @@ def _cmd_place(args) -> int:
     print(f"  devices            {p.devices} (tensor parallel {p.tensor_parallel} x pipeline stages "
           f"{p.pipeline_parallel})")
     if args.ep:
-        print(f"  expert parallel    {args.ep} GPUs per group, {ExpertParallel(args.ep, args.redundant_experts).experts_per_rank(model)}"
-              f" experts per GPU; attention data parallel over {args.ep // args.tp} ranks (KV cache per rank below)")
+        per_gpu = ExpertParallel(args.ep, args.redundant_experts).experts_per_rank(model)
+        print(f"  expert parallel    {args.ep} GPUs per group, {per_gpu} experts per GPU; attention data parallel "
+              f"over {args.ep // args.tp} ranks (KV cache per rank below)")
     print(f"  weights            {p.weights_per_device_bytes / 1e9:,.2f} GB per device in {p.weight_tier.name}"
           + (" (streamed every iteration)" if p.weight_streaming else ""))
     print(f"  KV cache           {p.kv_per_device_bytes / 1e9:,.2f} GB per device in {p.kv_tier.name}"

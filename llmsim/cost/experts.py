@@ -37,7 +37,7 @@ from functools import lru_cache
 import numpy as np
 
 from llmsim.catalog.hardware import HardwareProfile
-from llmsim.catalog.kernel_terms import AllReduce
+from llmsim.catalog.kernel_terms import AllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
 from llmsim.catalog.placement import Placement
 from llmsim.cost.features import F
@@ -109,8 +109,10 @@ class ExpertParallel:
         return self.degree // tensor_parallel
 
 
-def layout_problem(model: ModelSpec, degree: int, tensor_parallel: int, redundant_experts: int) -> tuple[str, str] | None:
-    """Why ``degree`` GPUs cannot hold ``model``'s experts at ``tensor_parallel`` (message, what is allowed), or None."""
+def layout_problem(model: ModelSpec, degree: int, tensor_parallel: int,
+                   redundant_experts: int) -> tuple[str, str] | None:
+    """Why ``degree`` GPUs cannot hold ``model``'s experts at ``tensor_parallel`` (message, what is allowed),
+    or None."""
     if model.num_experts == 1:
         return (f"{model.name} has no routed experts to spread",
                 "a mixture-of-experts model (num_experts > 1), or no expert parallelism")
@@ -251,6 +253,8 @@ class ExpertParallelCostModel(CostModel):
         self.layout, self.busiest, self.all_to_all = layout, busiest, all_to_all
         self.data_parallel = layout.data_parallel(tensor_parallel)
         kernels = self.kernels
+        if kernels is None:          # the scenario reader refuses such a profile first, naming the key
+            raise ValueError(f"{hardware.name} has no measured kernel terms to price expert parallelism with")
         paced_layers = pipeline_parallel * -(-model.num_layers // pipeline_parallel)
         self._moe_layers = paced_layers * model.sparse_layers / model.num_layers
         inter, hidden = model.expert_intermediate_size, model.hidden_size
@@ -265,6 +269,7 @@ class ExpertParallelCostModel(CostModel):
         quantize = kernels.gemm_quantize_bandwidth_bytes_per_s if wb < 2 else 0.0
         self._quantize_s_per_assignment = sum(k * 3.0 / quantize for _, k in self._shapes) if quantize else 0.0
         self._local_experts = layout.experts_per_rank(model)
+        self._kernels: KernelTerms = kernels
         self._memo: dict[tuple[float, float], float] = {}
 
     def busiest_assignments(self, tokens_per_step):
@@ -286,7 +291,7 @@ class ExpertParallelCostModel(CostModel):
         return self._expert_time_s(x[..., F["one"]], x[..., F["tokens"]])
 
     def _expert_time_s(self, iterations, tokens):
-        model, kernels = self.model, self.kernels
+        model, kernels = self.model, self._kernels
         iterations, tokens = np.asarray(iterations, dtype=float), np.asarray(tokens, dtype=float)
         per_step = np.divide(tokens, iterations, out=np.zeros(tokens.shape), where=iterations > 0)
         load = self.busiest_assignments(per_step)
@@ -298,7 +303,8 @@ class ExpertParallelCostModel(CostModel):
         rows = np.divide(load, touched, out=np.zeros(load.shape), where=touched > 0)
         gemm_s = np.zeros(load.shape)
         for fixed_s, per_row_s, compute_per_row_s, n, _ in self._gemm:
-            body = gemm_body_s(fixed_s + rows * per_row_s, rows * compute_per_row_s, gemm_output_tiles(rows, n), kernels)
+            body = gemm_body_s(fixed_s + rows * per_row_s, rows * compute_per_row_s, gemm_output_tiles(rows, n),
+                               kernels)
             gemm_s = gemm_s + np.where(touched > 0, kernels.gemm_floor_s + touched * body, 0.0)
         gemm_s = gemm_s + load * self._quantize_s_per_assignment
         return iterations * self._moe_layers * (gemm_s + self.all_to_all_time_per_layer_s(per_step))

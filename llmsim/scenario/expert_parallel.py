@@ -23,8 +23,7 @@ MAX_EXPERT_TOKENS = 1e15
 def expert_parallel_from_node(node: Node, model: ModelSpec, tensor_parallel: int | None, pipeline_parallel: int | None,
                               hardware: HardwareProfile, engine: str) -> ExpertParallel:
     """``deployment.expert_parallel`` of a scenario whose deployment is ``node``'s parent."""
-    count = dict(integer=True, minimum=1, exclusive_minimum=False)
-    degree = node.number("degree", **count)
+    degree = node.number("degree", integer=True, minimum=1)
     if tensor_parallel is None or pipeline_parallel is None:
         raise node.key_error("degree", "expert parallelism is placed on the parallelism given, not searched for "
                              "(llmsim report searches layouts)", degree,
@@ -37,7 +36,7 @@ def expert_parallel_from_node(node: Node, model: ModelSpec, tensor_parallel: int
     if redundant and not balance:
         raise node.key_error("redundant_experts", "redundant experts replicate the hottest experts, which the "
                              "balancer (EPLB) chooses", redundant, "0, or balance: true")
-    devices_per_node = node.number("devices_per_node", 8, **count)
+    devices_per_node = node.number("devices_per_node", 8, integer=True, minimum=1)
     scale_out = node.quantity("scale_out_bandwidth", "bandwidth", 0.0)
     if degree > devices_per_node and not scale_out:
         raise node.key_error("scale_out_bandwidth", f"a group of {degree} GPUs spans nodes of {devices_per_node}: "

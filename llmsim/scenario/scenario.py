@@ -574,7 +574,8 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
                          f"{placement.weights_per_device_bytes / gb:.1f} GB of weights "
                          f"({ep.experts_per_rank(scenario.model)} experts per GPU) and "
                          f"{placement.activation_reserve_per_device_bytes / gb:.1f} GB of activations per GPU, but "
-                         f"only {placement.usable_per_device_bytes / gb:.1f} GB usable, leaving no room for one KV block",
+                         f"only {placement.usable_per_device_bytes / gb:.1f} GB usable, leaving no room for one "
+                         "KV block",
                          key="deployment.expert_parallel.degree", value=ep.degree,
                          allowed="a larger degree (fewer experts per GPU), more pipeline stages, fewer redundant "
                                  "experts, or a larger device")

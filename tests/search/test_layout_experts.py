@@ -13,7 +13,7 @@ WIDE_EP = REPO / "scenarios" / "deepseek-v3-h200-wide-ep.yaml"
 def test_an_moe_model_gets_expert_parallel_layouts_of_whole_groups():
     scenario = make_scenario({"model": "Qwen3-30B-A3B", "hardware": "H200"})
     found = layouts(scenario, "H200", max_tensor_parallel=4, max_pipeline_parallel=2, max_expert_parallel=8)
-    shapes = {(l.tensor_parallel, l.pipeline_parallel, l.expert_parallel) for l, _ in found}
+    shapes = {(layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel) for layout, _ in found}
     # Qwen3-30B-A3B (61 GB in bf16) fits one H200: every split, and every degree tp x 2^i up to 8 at one stage.
     assert shapes == {(1, 1, 1), (1, 2, 1), (2, 1, 1), (2, 2, 1), (4, 1, 1), (4, 2, 1),
                       (1, 1, 2), (1, 1, 4), (1, 1, 8), (2, 1, 2), (2, 1, 4), (2, 1, 8), (4, 1, 4), (4, 1, 8)}
