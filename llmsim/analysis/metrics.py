@@ -24,7 +24,7 @@ from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSumma
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
-from llmsim.scenario.scenario import SLO
+from llmsim.scenario.scenario import SLO, Scenario
 from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.slo import slo_limits, within_limit
 
@@ -120,6 +120,13 @@ def warmup_warning(result: SimulationResult) -> str | None:
             "simulation.warmup or send more requests")
 
 
+def _expert_memory(scenario: Scenario) -> dict[str, int]:
+    experts = scenario.deployment.expert_parallel
+    if experts is None:
+        return {}
+    return {"expert_parallel": experts.degree, "experts_per_device": experts.experts_per_rank(scenario.model)}
+
+
 def summarize(result: SimulationResult) -> RunSummary:
     """The summary of one run, typed (``to_dict()``: what ``llmsim run`` prints and writes as JSON)."""
     scenario = result.scenario
@@ -177,8 +184,10 @@ def summarize(result: SimulationResult) -> RunSummary:
         kv_cache_in=placement.kv_tier.name,
         weights_per_device_gb=placement.weights_per_device_bytes / 1e9,
         kv_cache_per_device_gb=placement.kv_per_device_bytes / 1e9,
-        kv_capacity_tokens_per_replica=placement.kv_capacity_tokens,
+        # With expert parallelism a replica is a group of data-parallel ranks, each with its own KV cache.
+        kv_capacity_tokens_per_replica=placement.kv_capacity_tokens * scenario.deployment.data_parallel,
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
+        **_expert_memory(scenario),
     )
     ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     queue = QueueSummary(mean_length=result.mean_queue_length,
