@@ -48,7 +48,7 @@ def expert_parallel_from_node(node: Node, model: ModelSpec, tensor_parallel: int
         raise node.key_error("degree", f"{hardware.name} has no measured all-to-all terms (the profile's "
                              "calibration.database record)", degree,
                              "1, or a profile fitted with llmsim calibrate --from-database")
-    if degree > 1 and hardware.kernels is None:
+    if hardware.kernels is None:
         raise node.key_error("degree", f"{hardware.name} has no measured kernel terms to price the experts with",
                              degree, "a profile with a kernels: section")
     return ExpertParallel(degree, redundant, balance, routing, devices_per_node, scale_out)

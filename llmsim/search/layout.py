@@ -70,6 +70,7 @@ class Layout:
     devices_per_replica: int          # tp x pp (x data-parallel ranks), plus a separately placed draft's devices
     usd_per_device_hour: float
     expert_parallel: int = 1          # the routed experts' degree (1: tensor parallel like the rest)
+    clears_experts: bool = False      # degree 1 of a scenario that has expert_parallel: its section removed
 
     @property
     def label(self) -> str:
@@ -77,8 +78,8 @@ class Layout:
         return label + (f" x ep{self.expert_parallel}" if self.expert_parallel > 1 else "")
 
     def overrides(self) -> dict:
-        experts = ({f"{EXPERT_PARALLEL_KEY}.degree": self.expert_parallel} if self.expert_parallel > 1
-                   else {EXPERT_PARALLEL_KEY: None})
+        experts: dict = ({f"{EXPERT_PARALLEL_KEY}.degree": self.expert_parallel} if self.expert_parallel > 1
+                         else {EXPERT_PARALLEL_KEY: None} if self.clears_experts else {})
         return {"hardware": self.hardware, "deployment.tensor_parallel": self.tensor_parallel,
                 "deployment.pipeline_parallel": self.pipeline_parallel, **experts}
 
@@ -118,7 +119,8 @@ def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX
     for tp in tps:
         for pp in pps:
             for degree in [1, *(expert_degrees(scenario, tp, max_expert_parallel) if pp == 1 else ())]:
-                shape = Layout(hardware, tp, pp, 0, 0.0, degree)
+                shape = Layout(hardware, tp, pp, 0, 0.0, degree,
+                               clears_experts=scenario.deployment.expert_parallel is not None)
                 try:
                     one = variant(scenario, {**shape.overrides(), REPLICAS_KEY: 1})
                 except ConfigError:        # does not fit, or an impossible split (more stages than layers)

@@ -118,3 +118,8 @@ def test_place_shows_an_expert_parallel_group_and_refuses_what_does_not_fit(caps
     assert "'--ep'" in capsys.readouterr().err
     assert main(["place", "DeepSeek-V3", "H200", "--ep", "24"]) == 2
     assert "do not split evenly" in capsys.readouterr().err
+
+
+def test_a_profile_without_kernel_terms_is_refused_even_at_degree_one():
+    error = refused({**ep({"degree": 1}), "hardware": "CS-3"})
+    assert error.key == "deployment.expert_parallel.degree" and "kernel terms" in str(error)
