@@ -179,7 +179,8 @@ KEY_HELP: dict[str, str] = {
     "hardware": "a hardware profile's name (`llmsim hardware`) or a path to a profile YAML (relative to the "
                 "scenario); names are searched in `$LLMSIM_PROFILE_PATH` before the shipped profiles",
     "deployment": "replicas and their parallelism",
-    "deployment.replicas": "model replicas, each on its own devices",
+    "deployment.replicas": "model replicas, each on its own devices (with expert_parallel: whole expert-parallel "
+                           "groups)",
     "deployment.tensor_parallel": "devices one replica's layers are split over; `auto`: the fewest that hold the "
                                   "weights and one max_model_len request's KV cache; must divide the heads",
     "deployment.pipeline_parallel": "pipeline stages per replica, each keeping one micro-batch in flight; `auto`: "
