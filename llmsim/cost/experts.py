@@ -46,6 +46,7 @@ from llmsim.cost.roofline import CostModel
 
 LOAD_DRAWS = 1000            # multinomial draws per assignment count of the busiest-rank table
 LOAD_GRID_DOUBLINGS = 24     # the table covers 1 .. 2^24 assignments per step (larger: the last ratio)
+LOAD_GRID_EXACT = 32         # every count up to this one, then four per doubling (the ratio bends most at few)
 ROUTING_STREAM = 31          # the seed's stream for routing draws (apart from the workload's)
 
 
@@ -172,8 +173,9 @@ def rank_shares(model: ModelSpec, layout: ExpertParallel, seed: int) -> np.ndarr
 
 class BusiestRank:
     """``E[max_r L_r]``: the expected assignments of the busiest rank when ``A`` assignments fall on the ranks
-    by a multinomial draw over ``shares``, tabulated by Monte Carlo (``LOAD_DRAWS`` draws at each power of two
-    up to ``2^LOAD_GRID_DOUBLINGS``) and interpolated in ``log A``; ``standard_error`` is each point's."""
+    by a multinomial draw over ``shares``, tabulated by Monte Carlo (``LOAD_DRAWS`` draws at every count up to
+    ``LOAD_GRID_EXACT``, then at four counts per doubling up to ``2^LOAD_GRID_DOUBLINGS``) and interpolated
+    in ``log A``; ``standard_error`` is each point's."""
 
     def __init__(self, shares: np.ndarray, seed: int):
         self.shares = np.asarray(shares, dtype=float)
@@ -197,7 +199,9 @@ class BusiestRank:
 def _busiest_table(shares: tuple[float, ...], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng([seed, ROUTING_STREAM, 1])
     probabilities = np.asarray(shares) / sum(shares)
-    assignments = 2.0 ** np.arange(LOAD_GRID_DOUBLINGS + 1)
+    start = math.log2(LOAD_GRID_EXACT)
+    assignments = np.unique(np.concatenate([np.arange(1.0, LOAD_GRID_EXACT + 1),
+                                            np.round(2.0 ** np.arange(start, LOAD_GRID_DOUBLINGS + 0.125, 0.25))]))
     means, errors = [], []
     for a in assignments:
         busiest = rng.multinomial(int(a), probabilities, size=LOAD_DRAWS).max(axis=1)
