@@ -3,7 +3,6 @@ the fitted all-to-all lines read straight from the profile's YAML, the exact exp
 multinomial, the plain MoE cost at degree 1, and DeepSeek-V3's weights per GPU counted by hand."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
