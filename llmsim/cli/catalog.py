@@ -5,7 +5,7 @@ import pandas as pd
 
 from llmsim.catalog.hardware import hardware_catalog, lookup_hardware
 from llmsim.catalog.models import DTYPE_BYTES, lookup_model, model_catalog
-from llmsim.catalog.placement import place, smallest_fitting
+from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.cli.options import integer_flag, number_flag
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.cost.experts import ExpertParallel, layout_problem, weight_bytes_per_device
@@ -62,6 +62,7 @@ def _cmd_place(args) -> int:
     hardware = lookup_hardware(args.hardware)
     _check_place_flags(args, model)
     reserve = args.runtime_reserve_gb * 1e9
+    placement: Placement | None
     if args.ep:
         args.tp, args.pp = args.tp or 1, args.pp or 1
         layout = ExpertParallel(args.ep, args.redundant_experts)
