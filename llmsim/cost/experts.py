@@ -31,7 +31,7 @@ With ``degree`` 1 on one GPU this is the plain MoE cost (``tests/cost/test_exper
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -189,11 +189,6 @@ class BusiestRank:
         ratio = np.interp(np.log(np.maximum(a, 1.0)), self._log_assignments, self._ratio)
         return a * ratio
 
-    @property
-    def imbalance(self) -> float:
-        """The busiest rank's load over the mean at the largest tabulated step (1: perfectly even)."""
-        return float(self._ratio[-1] * len(self.shares))
-
 
 @lru_cache(maxsize=64)
 def _busiest_table(shares: tuple[float, ...], seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -214,15 +209,23 @@ def _busiest_table(shares: tuple[float, ...], seed: int) -> tuple[np.ndarray, np
 def all_to_all_terms(hardware: HardwareProfile, engine: str) -> dict[int, AllReduce]:
     """The fitted all-to-all lines of ``hardware`` by group size (bus bandwidths in bytes/s), from its
     ``calibration.database`` record for ``engine`` (or any engine's: nccl-tests do not depend on it); empty
-    when the profile has none."""
-    engines = hardware.calibration.get("database", {}).get("engines", {})
+    when the profile has none, or a record without the four figures of each group size."""
+    record = hardware.calibration.get("database")
+    engines = record.get("engines") if isinstance(record, dict) else None
+    if not isinstance(engines, dict):
+        return {}
+    link = hardware.interconnect_bandwidth_bytes_per_s
     for name in (engine, *engines):
-        terms = engines.get(name, {}).get("recorded_only", {}).get("all_to_all")
-        if terms:
-            link = hardware.interconnect_bandwidth_bytes_per_s
-            return {int(size): AllReduce(float(t["latency_s"]), float(t["bus_share"]) * link,
-                                         float(t["large_latency_s"]), float(t["large_bus_share"]) * link)
-                    for size, t in terms.items()}
+        try:
+            terms = engines[name]["recorded_only"]["all_to_all"]
+            lines = {int(size): AllReduce(float(t["latency_s"]), float(t["bus_share"]) * link,
+                                          float(t["large_latency_s"]), float(t["large_bus_share"]) * link)
+                     for size, t in terms.items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue
+        if lines and all(size >= 2 and all(math.isfinite(v) and v > 0 for v in astuple(line))
+                         for size, line in lines.items()):
+            return lines
     return {}
 
 

@@ -4,6 +4,8 @@ multinomial, the plain MoE cost at degree 1, and DeepSeek-V3's weights per GPU c
 from __future__ import annotations
 
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import yaml
@@ -175,3 +177,14 @@ def test_deepseek_v3_weights_per_gpu_by_hand():
     assert weight_bytes_per_device(DEEPSEEK, 1, 2, layout) == pytest.approx(expected / 2, rel=1e-12)
     assert weight_bytes_per_device(DEEPSEEK, 2, 1, layout) == pytest.approx(
         (fp8_params + embedding_bytes) / 2 + 9 * expert * moe_layers, rel=1e-12)
+
+
+def test_a_malformed_all_to_all_record_counts_as_none():
+    hardware = lookup_hardware("H200")
+    good = hardware.calibration["database"]
+    broken = {"engines": {"vllm": {"recorded_only": {"all_to_all": {8: {"latency_s": 1e-5, "bus_share": -1.0,
+                                                                       "large_latency_s": 1e-5,
+                                                                       "large_bus_share": 0.6}}}}}}
+    assert all_to_all_terms(replace(hardware, calibration={"database": broken}), "vllm") == {}
+    assert all_to_all_terms(replace(hardware, calibration={"database": {"engines": "x"}}), "vllm") == {}
+    assert set(all_to_all_terms(replace(hardware, calibration={"database": good}), "sglang")) == {2, 4, 8}
