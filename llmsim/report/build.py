@@ -52,9 +52,6 @@ from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.layout import cheapest_layouts
 
-# The expert-parallel layouts the search adds for an MoE model (llmsim.search.layout).
-EXPERT_LAYOUTS = ("; and at one stage, routed experts spread over tp x 2, 4 ... up to 64 GPUs (ep) with attention "
-                  "data parallel, a replica being the whole group")
 from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
@@ -64,6 +61,10 @@ from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simu
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace import Trace
+
+# The expert-parallel layouts the search adds for an MoE model (llmsim.search.layout).
+EXPERT_LAYOUTS = ("; and at one stage, routed experts spread over tp x 2, 4 ... up to 64 GPUs (ep) with attention "
+                  "data parallel, a replica being the whole group")
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
