@@ -36,7 +36,7 @@ class Distribution(Section):
     p99: float
 
     @classmethod
-    def of(cls, values) -> "Distribution":
+    def of(cls, values) -> Distribution:
         values = np.asarray(values, dtype=float)
         values = values[~np.isnan(values)]
         if len(values) == 0:
@@ -152,7 +152,7 @@ class Economics(Section):
     kwh_per_million_output_tokens_at_tdp: float
 
     @classmethod
-    def at_tdp(cls, usd_per_hour: float, power_w: float, output_tokens_per_s: float) -> "Economics":
+    def at_tdp(cls, usd_per_hour: float, power_w: float, output_tokens_per_s: float) -> Economics:
         per_million = 1e6 / output_tokens_per_s if output_tokens_per_s > 0 else math.nan
         return cls(usd_per_hour, usd_per_hour / 3600 * per_million,
                    power_w / output_tokens_per_s if output_tokens_per_s > 0 else math.nan,

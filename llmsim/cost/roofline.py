@@ -163,7 +163,7 @@ class CostModel:
         # (name, fixed memory s, memory s per token, compute s per token, repeats, count column,
         #  tokens per count, tokens column, output columns n) for each GEMM.
         # Weights in their own dtype: routed experts (gpt-oss's fp4), the LM head (16-bit in quantized checkpoints).
-        weight_bytes = {name: model.weight_bytes_per_param for name in GEMM_OPERATORS}
+        weight_bytes = dict.fromkeys(GEMM_OPERATORS, model.weight_bytes_per_param)
         weight_bytes.update(mlp_up=model.expert_bytes_per_param, mlp_down=model.expert_bytes_per_param,
                             lm_head=model.embedding_bytes_per_param)
         self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes[shape.name] / bandwidth,

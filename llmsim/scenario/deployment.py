@@ -46,7 +46,7 @@ class ResolvedDeployment:
         return self.memory.kv_capacity_tokens / self.engines_per_replica
 
     @classmethod
-    def of(cls, scenario: Scenario) -> "ResolvedDeployment":
+    def of(cls, scenario: Scenario) -> ResolvedDeployment:
         dep, memory = scenario.deployment, scenario.memory
         if dep.expert_parallel is None:
             cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, memory)

@@ -120,14 +120,14 @@ class SLO:
     e2e_percentile: float = 95.0
     # With traffic classes: (class name, its SLO) for every class, each the top-level limits and
     # percentiles overridden by ``slo.classes.<name>``.
-    classes: tuple[tuple[str, "SLO"], ...] = ()
+    classes: tuple[tuple[str, SLO], ...] = ()
 
     @property
     def defined(self) -> bool:
         return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s)) or \
             any(slo.defined for _, slo in self.classes)
 
-    def for_class(self, name: str) -> "SLO":
+    def for_class(self, name: str) -> SLO:
         """The SLO of traffic class ``name`` (the top-level one when it has none of its own)."""
         return dict(self.classes).get(name, self)
 
@@ -164,7 +164,7 @@ class Scenario:
     autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
     rollout: RolloutConfig | None = None             # canary and shadow groups beside this deployment (default: none)
     # Each rollout group's own scenario (its replicas and engine), built and checked with this one.
-    rollout_scenarios: tuple["Scenario", ...] = field(default=(), repr=False, compare=False)
+    rollout_scenarios: tuple[Scenario, ...] = field(default=(), repr=False, compare=False)
     # The validated YAML mapping and the folder its relative paths start from: sweeps lay
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
@@ -215,10 +215,10 @@ class Scenario:
     def max_model_len(self) -> int:
         return self.engine.max_model_len or self.model.max_context
 
-    def with_seed(self, seed: int) -> "Scenario":
+    def with_seed(self, seed: int) -> Scenario:
         return replace(self, seed=seed)
 
-    def plain_decoding(self) -> "Scenario":
+    def plain_decoding(self) -> Scenario:
         """This scenario without speculation: a controller that moves the draft length goes with it
         (plain decoding has no draft length to move)."""
         controller = self.controller

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -52,7 +52,6 @@ from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate,
                                 check_rate_driven, fewest_replicas)
-from llmsim.config.words import counted
 
 MAX_TENSOR_PARALLEL = 8
 MAX_PIPELINE_PARALLEL = 4
@@ -117,7 +116,7 @@ def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX
             max_expert_parallel: int = MAX_EXPERT_PARALLEL) -> list[tuple[Layout, Scenario]]:
     """Every layout of ``hardware`` that holds the scenario's model, with its one-replica scenario."""
     heads = scenario.model.num_heads
-    tps = [2 ** p for p in range(0, int(math.log2(max_tensor_parallel)) + 1) if heads % 2 ** p == 0]
+    tps = [2 ** p for p in range(int(math.log2(max_tensor_parallel)) + 1) if heads % 2 ** p == 0]
     pps = [1] if scenario.speculating else range(1, max_pipeline_parallel + 1)
     found = []
     for tp in tps:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd

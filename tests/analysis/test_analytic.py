@@ -84,7 +84,7 @@ def test_fixed_point_matches_the_closed_form_of_a_linear_step():
 
 def test_tokens_per_step_follow_leviathan():
     acceptance = Acceptance("bernoulli", alpha=0.7)
-    for k in range(0, 8):
+    for k in range(8):
         pmf = accepted_pmf(acceptance, 0.7, k)
         assert pmf.sum() == pytest.approx(1.0)
         assert pmf @ np.arange(k + 1) + 1 == pytest.approx(float(expected_tokens_per_step(0.7, k)))
