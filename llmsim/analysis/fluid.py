@@ -231,7 +231,8 @@ class FluidModel:
         self.cost = resolved.cost
         self.engines = resolved.replicas * resolved.engines_per_replica
         spec = scenario.speculation if scenario.speculating else None
-        self.draft_cost, self.separate, self.handoff_s = resolved.draft_cost, resolved.draft_separate, resolved.handoff_s
+        self.draft_cost, self.separate = resolved.draft_cost, resolved.draft_separate
+        self.handoff_s = resolved.handoff_s
         # Medusa heads and n-gram lookups run once a step, whatever k; the others once per drafted token.
         self.draft_once = spec is not None and not spec.proposer.sequential
         self.branching = spec.proposer.branching if spec is not None else 1
@@ -415,11 +416,11 @@ class FluidModel:
         for _ in range(SOLVER_STEPS):
             if not len(active):
                 break
-            l, t = lam[active], tau[active]
-            g = self._mean_step(l, t, work)
+            rates, t = lam[active], tau[active]
+            g = self._mean_step(rates, t, work)
             h = g - t
             eps = 1e-6 * np.maximum(t, 1e-6)
-            slope = (self._mean_step(l, t + eps, work) - g) / eps
+            slope = (self._mean_step(rates, t + eps, work) - g) / eps
             above = h > 0
             hopeless = t > limit[active]
             tau[active[hopeless]] = np.inf

@@ -301,7 +301,9 @@ def speculation_summary(scenario, iterations: pd.DataFrame, blocked: Speculation
     decode_steps = float(iterations["decode_seqs"].sum())
     busy = float(iterations["duration_s"].sum())
     draft_share = float(iterations["draft_s"].sum()) / busy if busy else math.nan
-    ratio = (lambda a, b: a / b if b else math.nan)
+
+    def ratio(a, b):
+        return a / b if b else math.nan
     return SpeculationSummary(
         draft=spec.draft.name if spec.draft is not None else "ngram",
         placement=spec.placement,

@@ -91,7 +91,8 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
     kv_index = 1 if kv_spill and len(tiers) > 1 else 0
     kv_bytes = max(free[kv_index], 0.0)
     layers_per_stage = math.ceil(model.num_layers / pipeline_parallel)
-    kv_per_token = layers_per_stage * model.kv_elements_per_token_per_layer(tensor_parallel) * model.kv_bytes_per_element
+    kv_per_token = (layers_per_stage * model.kv_elements_per_token_per_layer(tensor_parallel)
+                    * model.kv_bytes_per_element)
     if draft is not None:
         kv_per_token += (draft.num_layers * draft.kv_elements_per_token_per_layer(draft_tensor_parallel)
                          * draft.kv_bytes_per_element)

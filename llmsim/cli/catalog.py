@@ -125,9 +125,9 @@ def _does_not_fit(args, model, hardware, reserve: float) -> ConfigError:
                            allowed="a smaller --weight-dtype or --max-batch-tokens, a smaller --runtime-reserve-gb, "
                                    "or a larger device")
     return ConfigError(message, key=key, value=value,
-                       allowed=f"the smallest layout that holds the model: {smallest.devices} x {hardware.name} (tensor parallel "
-                               f"{smallest.tensor_parallel} x pipeline stages {smallest.pipeline_parallel}), KV room "
-                               f"for {smallest.kv_capacity_tokens:,} tokens")
+                       allowed=f"the smallest layout that holds the model: {smallest.devices} x {hardware.name} "
+                               f"(tensor parallel {smallest.tensor_parallel} x pipeline stages "
+                               f"{smallest.pipeline_parallel}), KV room for {smallest.kv_capacity_tokens:,} tokens")
 
 
 def _check_place_flags(args, model) -> None:

@@ -64,7 +64,8 @@ def format_summary(summary: dict) -> str:
                      " (a load beyond capacity, or a window too short for the queue to settle)")
     lines.append(f"utilisation busy {_num(100 * util['busy_fraction'])}%   MFU {_num(100 * util['mfu'])}%"
                  f"   memory bandwidth {_num(100 * util['bandwidth_utilisation'])}%"
-                 f"   mean batch {_num(util['mean_batch_size'])}   KV cache mean {_num(100 * util['kv_occupancy_mean'])}%"
+                 f"   mean batch {_num(util['mean_batch_size'])}"
+                 f"   KV cache mean {_num(100 * util['kv_occupancy_mean'])}%"
                  f" max {_num(100 * util['kv_occupancy_max'])}%")
     eco = summary["economics"]
     lines.append(f"cost       {_num(eco['usd_per_hour'], 2)} USD/h   {_num(eco['usd_per_million_output_tokens'], 2)}"
@@ -118,7 +119,8 @@ def _kv_cache_line(kv: dict) -> str:
             f" {_num(100 * kv['internal_fragmentation'])}%, {kv['evicted_blocks']:,} GPU evictions")
     moved = kv["offloaded_gb"] + kv["reloaded_gb"] + kv["swapped_out_gb"] + kv["swapped_in_gb"]
     if moved:
-        line += (f"\n           host link: offloaded {_num(kv['offloaded_gb'])} GB, reloaded {_num(kv['reloaded_gb'])} GB,"
+        line += (f"\n           host link: offloaded {_num(kv['offloaded_gb'])} GB,"
+                 f" reloaded {_num(kv['reloaded_gb'])} GB,"
                  f" swapped out {_num(kv['swapped_out_gb'])} GB / in {_num(kv['swapped_in_gb'])} GB"
                  f" ({_num(kv['swap_resident_gb'])} GB still on the GPU); link busy {_num(kv['transfer_s'], 2)} s,"
                  f" iterations {_num(kv['transfer_stall_s'], 2)} s longer; host tier mean"
@@ -146,7 +148,8 @@ def _speculation_line(spec: dict) -> str:
         line += f"\n           WARNING: {spec['warning']}"
     speedup = spec.get("speedup_over_plain")
     if speedup:
-        line += (f"\n           vs plain decoding on the same trace: TPOT {_times(speedup['tpot_mean'], 'faster', 'slower')},"
+        line += ("\n           vs plain decoding on the same trace:"
+                 f" TPOT {_times(speedup['tpot_mean'], 'faster', 'slower')},"
                  f" p50 end-to-end {_num(speedup['e2e_p50'], 2)}x, output tok/s"
                  f" {_num(speedup['output_tokens_per_s'], 2)}x")
     return line
@@ -181,5 +184,6 @@ def rollout_table(rollout: dict) -> str:
         change = 100 * rollout["change_to_detect"]
         for t in g["detection"]:
             lines.append(f"detect a {change:g}% change in mean {t['metric']}: {t['requests']:,.0f} {g['role']} requests"
-                         f" = {t['seconds']:,.0f} s at its share (this run detects {_num(100 * t['detectable_now'], 1)}%)")
+                         f" = {t['seconds']:,.0f} s at its share"
+                         f" (this run detects {_num(100 * t['detectable_now'], 1)}%)")
     return "\n".join(lines)

@@ -132,8 +132,8 @@ class CostModel:
             self._compute_time[decode] = (self.flops_matrix[decode] * paced_layers / model.num_layers
                                           / (self.hardware.peak_for("bf16") * kernels.decode_attention_efficiency))
         kv_heads = max(model.num_kv_heads / tp, 1.0)
-        self._compute_time[decode, F["decode_seqs"]] += (kernels.decode_attention_per_sequence_s
-                                                         + kernels.decode_attention_per_kv_head_s * kv_heads) * paced_layers
+        per_sequence_s = kernels.decode_attention_per_sequence_s + kernels.decode_attention_per_kv_head_s * kv_heads
+        self._compute_time[decode, F["decode_seqs"]] += per_sequence_s * paced_layers
         if kernels.decode_attention_bandwidth_bytes_per_s:
             self._memory_time[decode] = (self.bytes_matrix[decode] * paced_layers / model.num_layers
                                          / kernels.decode_attention_bandwidth_bytes_per_s)
@@ -184,8 +184,8 @@ class CostModel:
         self._custom_all_reduce = kernels.custom_all_reduce_for(tp) if tp > 1 else None
         # Every cost model with the same GEMM and all-reduce terms shares the memos: a search builds one per
         # run, and its runs price the same token counts over and over.
-        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size, model.num_layers,
-                            model.activation_bytes_per_element))
+        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size,
+                            model.num_layers, model.activation_bytes_per_element))
         self._layer_memo, self._head_memo = _shared_memos.pop(key, None) or ({}, {})
         _shared_memos[key] = (self._layer_memo, self._head_memo)
         while len(_shared_memos) > SHARED_MEMOS:
@@ -238,7 +238,8 @@ class CostModel:
         custom = self._custom_all_reduce
         if custom is not None:
             # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose).
-            once = np.where(message <= custom.switch_over_bytes, all_reduce_time_s(message, self.tp, custom.reduce), once)
+            own = all_reduce_time_s(message, self.tp, custom.reduce)
+            once = np.where(message <= custom.switch_over_bytes, own, once)
         return 2 * self.model.num_layers * iterations * once
 
     def _gemm_times(self, x) -> np.ndarray | float:

@@ -556,8 +556,8 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
     if spec and spec.extra_devices and not scenario.draft_memory.fits:
         draft_placement = scenario.draft_memory
         raise root.error(f"the draft {spec.draft.name} does not fit on {spec.draft_devices} x "
-                         f"{scenario.hardware.name}: {draft_placement.weights_per_device_bytes / 1e9:.1f} GB of weights "
-                         f"per device, {draft_placement.usable_per_device_bytes / 1e9:.1f} GB usable",
+                         f"{scenario.hardware.name}: {draft_placement.weights_per_device_bytes / 1e9:.1f} GB of "
+                         f"weights per device, {draft_placement.usable_per_device_bytes / 1e9:.1f} GB usable",
                          key="speculation.draft_devices", value=spec.draft_devices,
                          allowed="more draft devices, or a smaller draft weight_dtype")
     placement = scenario.memory

@@ -76,7 +76,8 @@ def check_rate_driven(scenario: Scenario) -> None:
     if trace is not None and not has_time_scale(trace):
         raise ConfigError("a replayed trace of one request, or of requests that all arrive at one time, has no "
                           "arrival rate to vary", file=scenario.path, key="workload.arrival.path",
-                          value=f"{len(trace):,} requests", allowed="a trace of two requests or more at different times")
+                          value=f"{len(trace):,} requests",
+                          allowed="a trace of two requests or more at different times")
 
 
 def replay_description(scenario: Scenario, rate_per_s: float) -> str:
@@ -186,8 +187,9 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     row.update(analytic_lower=lower, analytic_upper=upper, analytic_capacity_bound=bound)
     if bound / (1 + FLUID_CAPACITY_ERROR) > max_replicas:
         return {**row, "replicas": math.nan, "simulations": 0,
-                "note": f"unreachable within {counted(max_replicas, 'replica')} (--max-replicas): the analytic capacity "
-                        f"bound needs {counted(round(bound), 'replica')} (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
+                "note": f"unreachable within {counted(max_replicas, 'replica')} (--max-replicas): the analytic "
+                        f"capacity bound needs {counted(round(bound), 'replica')} "
+                        f"(within its {FLUID_CAPACITY_ERROR:.0%} error)"}
     hi, outcomes = fewest_replicas(scenario, base, rate, lower, upper, max_replicas, seeds=seeds, workers=workers,
                                    progress=progress)
     if hi is None:

@@ -140,7 +140,8 @@ def _engines(scenario: Scenario) -> list[tuple[str, int]]:
         return [("autoscaling.max_replicas", scenario.autoscaling.max_replicas * stages)]
     groups = [("deployment.replicas", scenario.deployment.replicas * stages)]
     if scenario.rollout is not None:
-        groups += [(f"rollout.groups.{group.name}.replicas", built.deployment.replicas * built.deployment.pipeline_parallel)
+        groups += [(f"rollout.groups.{group.name}.replicas",
+                    built.deployment.replicas * built.deployment.pipeline_parallel)
                    for group, built in zip(scenario.rollout.groups, scenario.rollout_scenarios)]
     return groups
 
@@ -210,8 +211,8 @@ def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool =
     if over:
         raise ConfigError(f"this run is too large to start unasked: {estimate.text()}, above the limit of "
                           f"{' and '.join(over)}", file=scenario.path, key=key, has_value=False,
-                          allowed=f"{REMEDIES.get(key.rsplit('.', 1)[-1], REMEDIES['workload']).format(key=key)}; or --force (llmsim "
-                                  "run, compare, sweep; force=True in Python) to run it anyway")
+                          allowed=f"{REMEDIES.get(key.rsplit('.', 1)[-1], REMEDIES['workload']).format(key=key)}; "
+                                  "or --force (llmsim run, compare, sweep; force=True in Python) to run it anyway")
     return estimate
 
 
