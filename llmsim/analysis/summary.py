@@ -216,9 +216,15 @@ class ClassSummary(Section):
 class AutoscalingSummary(Section):
     """What the replica pool cost over the whole run: replica-seconds paid for (start to end of
     drain, cold starts included), their mean, the scaling actions and the price of those seconds
-    (per replica: its devices at the profile's hourly price) per million output tokens generated."""
+    (per replica: its devices at the profile's hourly price) per million output tokens generated.
+    ``mean_replicas_in_window`` is the mean over the measurement window, which the run's throughput
+    per device, economics and utilisation divide by."""
+    min_replicas: int
+    max_replicas: int
+    devices_per_replica: int
     replica_seconds: float
     mean_replicas: float
+    mean_replicas_in_window: float
     max_replicas_serving: int
     scale_ups: int
     scale_downs: int

@@ -40,9 +40,9 @@ from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
 from llmsim.catalog.placement import Placement
-from llmsim.cost.features import F
+from llmsim.cost.features import FEATURES, F
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
-from llmsim.cost.roofline import CostModel
+from llmsim.cost.roofline import CostModel, summed_iteration
 
 LOAD_DRAWS = 1000            # multinomial draws per assignment count of the busiest-rank table
 LOAD_GRID_DOUBLINGS = 24     # the table covers 1 .. 2^24 assignments per step (larger: the last ratio)
@@ -290,12 +290,16 @@ class ExpertParallelCostModel(CostModel):
         and the busiest rank's expert GEMMs."""
         x = np.asarray(x, dtype=float)
         if x.ndim == 1:
-            key = (float(x[F["one"]]), float(x[F["tokens"]]))
-            found = self._memo.get(key)
-            if found is None:
-                found = self._memo[key] = float(self._expert_time_s(*key))
-            return found
+            return self._remembered_s(float(x[F["one"]]), float(x[F["tokens"]]))
         return self._expert_time_s(x[..., F["one"]], x[..., F["tokens"]])
+
+    def _remembered_s(self, iterations: float, tokens: float) -> float:
+        """:meth:`_expert_time_s` of one row, remembered (the simulator's batches repeat their token counts)."""
+        key = (iterations, tokens)
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = float(self._expert_time_s(iterations, tokens))
+        return found
 
     def _expert_time_s(self, iterations, tokens):
         model, kernels = self.model, self._kernels
@@ -342,3 +346,19 @@ class ExpertParallelCostModel(CostModel):
         time_s, flops, moved = super().iteration(x)
         extra_flops, extra_bytes = self._expert_work(x)
         return time_s + self.expert_time_s(x), flops + extra_flops, moved + extra_bytes * self.tp
+
+    def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
+             decode_kv_read) -> tuple[float, float, float]:
+        """The simulator's per-iteration path (:meth:`CostModel.step`) with the MoE layers' time added."""
+        time_s, flops, moved = super().step(prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
+                                            decode_seqs, decode_kv_read)
+        tokens = float(prefill_tokens + decode_seqs)
+        row = np.zeros(len(FEATURES))
+        row[F["one"]], row[F["tokens"]] = 1.0, tokens
+        extra_flops, extra_bytes = self._expert_work(row)
+        return (time_s + self._remembered_s(1.0, tokens), flops + float(extra_flops),
+                moved + float(extra_bytes) * self.tp)
+
+    def rows_total(self, rows: np.ndarray) -> tuple[float, float, float]:
+        """A few iterations together (a speculative step's rows), through :meth:`iteration`."""
+        return summed_iteration(self, rows)
