@@ -16,6 +16,7 @@ from llmsim.catalog.models import model_catalog
 from llmsim.cost.experts import (BusiestRank, ExpertParallel, ExpertParallelCostModel, UniformRouting, ZipfRouting,
                                  all_to_all_bytes_per_token_per_layer, all_to_all_terms, rank_shares,
                                  weight_bytes_per_device)
+from llmsim.cost.features import F
 from llmsim.cost.roofline import CostModel
 
 from tests.helpers import REPO
@@ -188,3 +189,17 @@ def test_a_malformed_all_to_all_record_counts_as_none():
     assert all_to_all_terms(replace(hardware, calibration={"database": broken}), "vllm") == {}
     assert all_to_all_terms(replace(hardware, calibration={"database": {"engines": "x"}}), "vllm") == {}
     assert set(all_to_all_terms(replace(hardware, calibration={"database": good}), "sglang")) == {2, 4, 8}
+
+
+def test_the_simulators_step_path_prices_what_iteration_prices():
+    """The engine calls step() each iteration; it must add the MoE layers' time as iteration() does."""
+    hardware = lookup_hardware("H200")
+    cost = expert_cost(QWEN_MOE, hardware, ExpertParallel(8, routing=ZipfRouting(1.0)))
+    for prefill, context, decode in (([], [], [512] * 64), ([2048], [0], []), ([700], [100], [900] * 30)):
+        x = cost.features(prefill, context, decode)
+        stepped = cost.step(x[F["prefill_tokens"]], x[F["prefill_pairs"]], x[F["prefill_kv_read"]],
+                            x[F["logit_tokens"]] - x[F["decode_seqs"]], x[F["decode_seqs"]], x[F["decode_kv_read"]])
+        assert stepped == pytest.approx(tuple(float(v) for v in cost.iteration(x)), rel=1e-12)
+        assert stepped[0] > CostModel.step(cost, *(x[F[name]] for name in (
+            "prefill_tokens", "prefill_pairs", "prefill_kv_read")), x[F["logit_tokens"]] - x[F["decode_seqs"]],
+            x[F["decode_seqs"]], x[F["decode_kv_read"]])[0]
