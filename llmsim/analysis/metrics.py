@@ -24,7 +24,7 @@ from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSumma
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
-from llmsim.scenario.scenario import SLO
+from llmsim.scenario.scenario import SLO, Scenario
 from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.slo import slo_limits, within_limit
 
@@ -120,6 +120,13 @@ def warmup_warning(result: SimulationResult) -> str | None:
             "simulation.warmup or send more requests")
 
 
+def _expert_memory(scenario: Scenario) -> dict[str, int]:
+    experts = scenario.deployment.expert_parallel
+    if experts is None:
+        return {}
+    return {"expert_parallel": experts.degree, "experts_per_device": experts.experts_per_rank(scenario.model)}
+
+
 def summarize(result: SimulationResult) -> RunSummary:
     """The summary of one run, typed (``to_dict()``: what ``llmsim run`` prints and writes as JSON)."""
     scenario = result.scenario
@@ -131,8 +138,13 @@ def summarize(result: SimulationResult) -> RunSummary:
     steady = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
     finished = steady[steady["status"] == "finished"]
     in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
-    devices = scenario.deployment.replicas * scenario.devices_per_replica
     hw = scenario.hardware
+    # With autoscaling the devices are those paid for in the window (replica-seconds / window), so
+    # per-device throughput, cost and energy follow the replicas the run held, not the ones it started with.
+    provisioned = result.provisioned
+    replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
+                else scenario.deployment.replicas)
+    devices_paid = replicas * scenario.devices_per_replica
 
     status = records["status"]
     reason = records["reason"]
@@ -156,7 +168,7 @@ def summarize(result: SimulationResult) -> RunSummary:
         requests_per_s=len(finished_in_window) / window,
         output_tokens_per_s=output_tokens / window,
         total_tokens_per_s=(output_tokens + float(in_window["prefill_tokens"].sum())) / window,
-        output_tokens_per_s_per_device=output_tokens / window / devices,
+        output_tokens_per_s_per_device=output_tokens / window / devices_paid,
         offered_requests_per_s=len(steady) / window,
     )
     slo = slo_summary(steady, scenario.slo, window)
@@ -165,9 +177,6 @@ def summarize(result: SimulationResult) -> RunSummary:
         classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
         # Overall, the SLO is met when every class meets its own targets.
         slo = replace(slo, met=all(c.slo.met for c in classes.values()))
-    provisioned = result.provisioned
-    replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
-                else scenario.deployment.replicas)
     utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica, replicas)
     placement = scenario.memory
     memory = Memory(
@@ -177,8 +186,10 @@ def summarize(result: SimulationResult) -> RunSummary:
         kv_cache_in=placement.kv_tier.name,
         weights_per_device_gb=placement.weights_per_device_bytes / 1e9,
         kv_cache_per_device_gb=placement.kv_per_device_bytes / 1e9,
-        kv_capacity_tokens_per_replica=placement.kv_capacity_tokens,
+        # With expert parallelism a replica is a group of data-parallel ranks, each with its own KV cache.
+        kv_capacity_tokens_per_replica=placement.kv_capacity_tokens * scenario.deployment.data_parallel,
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
+        **_expert_memory(scenario),
     )
     ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     queue = QueueSummary(mean_length=result.mean_queue_length,
@@ -186,10 +197,12 @@ def summarize(result: SimulationResult) -> RunSummary:
                          mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
-        devices=devices, window_s=(start, stop), simulated_s=result.end_s,
+        devices=scenario.deployment.replicas * scenario.devices_per_replica, window_s=(start, stop),
+        simulated_s=result.end_s,
         requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
         memory=memory,
-        economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
+        economics=Economics.at_tdp(devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w,
+                                   output_tokens / window),
         queue=queue,
         speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
                      if scenario.speculating else None),
@@ -197,20 +210,25 @@ def summarize(result: SimulationResult) -> RunSummary:
         stopped_by=result.stopped_by.value,
         fault=result.fault,
         classes=classes,
-        autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
-        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
+        autoscaling=autoscaling_summary(result, replicas) if result.scaling is not None else None,
+        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records,
+                                    scenario.deployment.replicas * scenario.deployment.data_parallel)
                   if result.kv_tiers else None),
     )
 
 
-def autoscaling_summary(result: SimulationResult) -> AutoscalingSummary:
-    """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`)."""
+def autoscaling_summary(result: SimulationResult, replicas_in_window: float) -> AutoscalingSummary:
+    """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`);
+    ``replicas_in_window``: the mean replicas paid for in the measurement window."""
     scenario, log = result.scenario, result.scaling
     usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600
     tokens = float(result.requests["generated_tokens"].sum())
     return AutoscalingSummary(
+        min_replicas=scenario.autoscaling.min_replicas, max_replicas=scenario.autoscaling.max_replicas,
+        devices_per_replica=scenario.devices_per_replica,
         replica_seconds=result.replica_seconds,
         mean_replicas=result.replica_seconds / result.end_s if result.end_s > 0 else math.nan,
+        mean_replicas_in_window=replicas_in_window,
         max_replicas_serving=int(max(log["serving"].max(), scenario.deployment.replicas)) if len(log)
         else scenario.deployment.replicas,
         scale_ups=int(log["action"].str.count("start").sum()),
@@ -255,7 +273,7 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     devices = replicas * scenario.devices_per_replica
     # Each engine's iterations follow one another, so the sum is at most the window; rounding in
     # the sum of clipped durations can add an ulp or two.
-    busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel), 1.0)
+    busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel * dep.data_parallel), 1.0)
     mfu = float(share @ rows["flops"].to_numpy()) / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
     kv_used = rows["kv_used_blocks"].to_numpy()
     return Utilisation(
@@ -291,7 +309,10 @@ def speculation_summary(scenario, iterations: pd.DataFrame, blocked: Speculation
     decode_steps = float(iterations["decode_seqs"].sum())
     busy = float(iterations["duration_s"].sum())
     draft_share = float(iterations["draft_s"].sum()) / busy if busy else math.nan
-    ratio = (lambda a, b: a / b if b else math.nan)
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else math.nan
+
     return SpeculationSummary(
         draft=spec.draft.name if spec.draft is not None else "ngram",
         placement=spec.placement,
