@@ -94,10 +94,10 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"max_batch_tokens rule: {rule.text()}; searched {best.max_batch_tokens} "
              f"({rule.tokens / best.max_batch_tokens:.2g}x the rule's budget)",
              f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
-             f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired"
-                                                 + ("; within the noise" if abs(rec.improvement) <= rec.improvement_ci95
-                                                    else "") + ")" if rec.objective == "goodput"
-                                                 and not math.isnan(rec.improvement_ci95) else ""),
+             f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired, at "
+                                                 "least the bisection's resolution)" if rec.objective == "goodput"
+                                                 and not math.isnan(rec.improvement_ci95) else "")
+             + f": {rec.gain_verdict}",
              *(_policies_text(rec, scenario) if rec.policies is not None else []),
              f"searched {len(rec.analytic)} settings analytically, "
              + (f"screened {len(rec.classes.screened)} policy and class-timeout combinations, " if rec.classes else "")
