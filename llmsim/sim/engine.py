@@ -271,6 +271,9 @@ class Engine(EngineProcess):
         self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
         self._async = config.async_scheduling
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
+        # A disaggregated prefill pool's engine: a request whose prompt is computed leaves the batch keeping
+        # its KV blocks and is handed, with the time, to this (llmsim.sim.disaggregated), not decoded here.
+        self.handoff: Callable[[Request, float], None] | None = None
         self.start()
 
     def _resume(self) -> None:
@@ -384,6 +387,9 @@ class Engine(EngineProcess):
                 continue
             # The prompt is complete: its first token (or, after a recompute, the next one).
             self.prefilling.remove(request)
+            if self.handoff is not None:
+                self.hand_off(request, now)
+                continue
             if request.generated == 0:
                 request.first_token_s = now
             else:
@@ -447,11 +453,13 @@ class Engine(EngineProcess):
         kv = self.kv
         if self._tiered:
             return kv.admit(request, chunk, now)
-        wanted = kv.blocks_for(chunk)
+        # A request whose KV arrived from a prefill replica holds its prompt but the last token already
+        # (llmsim.sim.disaggregated), reserved or not yet; any other holds nothing here.
+        wanted = kv.blocks_for(request.prefilled + chunk) - request.blocks
         if wanted > kv.free_blocks:
             return False
         kv.allocate(wanted)
-        request.blocks = wanted
+        request.blocks += wanted
         return True
 
     def start_request(self, request: Request, now: float, chunk: int, chunks: list) -> None:
@@ -468,6 +476,14 @@ class Engine(EngineProcess):
             self.queueing.started(request)
 
     # -- leaving --------------------------------------------------------------------------------
+    def hand_off(self, request: Request, now: float) -> None:
+        """``request``'s prompt is computed on a prefill pool's engine: it leaves the batch, its KV blocks
+        still held (the decode pool's side frees them once the KV has crossed), and goes to ``handoff``."""
+        if self._tracks_seats:
+            self.queueing.left(request)
+        del self.running[request.id]
+        self.handoff(request, now)
+
     def finish(self, request: Request, now: float) -> None:
         """``request`` has all its tokens: free its KV (all but its last token's was computed) and report it."""
         if self._tracks_seats:
