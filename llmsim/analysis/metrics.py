@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.kv_cache import kv_cache_summary
-from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics,
+from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSummary, DisaggregationSummary,
+                                    Distribution, Economics, PoolSummary,
                                      Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
@@ -29,6 +30,8 @@ from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.slo import slo_limits, within_limit
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
+# A disaggregated run's TTFT, in four parts that add up to it (llmsim.sim.disaggregated.transfer_columns).
+TTFT_PARTS = ("ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s", "ttft_first_decode_s")
 
 
 def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
@@ -133,6 +136,14 @@ def summarize(result: SimulationResult) -> RunSummary:
     in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
     devices = scenario.deployment.replicas * scenario.devices_per_replica
     hw = scenario.hardware
+    split = result.disaggregation
+    usd_per_hour, power_w = devices * hw.price_per_hour_usd, devices * hw.tdp_w
+    measured = scenario                      # whose devices utilisation and memory describe
+    if split is not None:                    # both pools are paid for; utilisation and memory are the decode pool's
+        devices = sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel for pool in split.pools)
+        usd_per_hour = sum(pool.usd_per_hour for pool in split.pools)
+        power_w = sum(pool.power_w for pool in split.pools)
+        measured = scenario.pool("decode")
 
     status = records["status"]
     reason = records["reason"]
@@ -151,7 +162,8 @@ def summarize(result: SimulationResult) -> RunSummary:
 
     finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
                                  & (status == "finished")]
-    output_tokens = float(in_window["tokens_out"].sum())
+    # A prefill pool's engines hand their prompts over: the decode pool emits every output token.
+    output_tokens = float((in_window if split is None else in_window[in_window["pool"] == "decode"])["tokens_out"].sum())
     throughput = Throughput(
         requests_per_s=len(finished_in_window) / window,
         output_tokens_per_s=output_tokens / window,
@@ -167,9 +179,10 @@ def summarize(result: SimulationResult) -> RunSummary:
         slo = replace(slo, met=all(c.slo.met for c in classes.values()))
     provisioned = result.provisioned
     replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
-                else scenario.deployment.replicas)
-    utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica, replicas)
-    placement = scenario.memory
+                else measured.deployment.replicas)
+    decoding = iterations if split is None else iterations[iterations["pool"] == "decode"]
+    utilisation = utilisation_in(decoding, start, stop, measured, result.kv_blocks_per_replica, replicas)
+    placement = measured.memory
     memory = Memory(
         tensor_parallel=placement.tensor_parallel,
         pipeline_parallel=placement.pipeline_parallel,
@@ -189,7 +202,7 @@ def summarize(result: SimulationResult) -> RunSummary:
         devices=devices, window_s=(start, stop), simulated_s=result.end_s,
         requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
         memory=memory,
-        economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
+        economics=Economics.at_tdp(usd_per_hour, power_w, output_tokens / window),
         queue=queue,
         speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
                      if scenario.speculating else None),
@@ -200,7 +213,29 @@ def summarize(result: SimulationResult) -> RunSummary:
         autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
         kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
                   if result.kv_tiers else None),
+        disaggregation=(disaggregation_summary(result, iterations, finished, start, stop)
+                        if split is not None else None),
     )
+
+
+def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, finished: pd.DataFrame,
+                           start: float, stop: float) -> DisaggregationSummary:
+    """The disaggregated run's link, TTFT split and pools (:class:`~llmsim.analysis.summary.DisaggregationSummary`)."""
+    split, records = result.disaggregation, result.requests
+    pools = {}
+    for pool in split.pools:
+        rows = iterations[iterations["pool"] == pool.pool]
+        busy = utilisation_in(rows, start, stop, result.scenario.pool(pool.pool), 1).busy_fraction
+        pools[pool.pool] = PoolSummary(pool.hardware, pool.replicas, pool.tensor_parallel, pool.pipeline_parallel,
+                                       pool.usd_per_hour, busy)
+    moved = finished[~finished["aggregated"]]
+    return DisaggregationSummary(
+        layout=split.layout, link=split.link, lanes=split.lanes, streaming=split.streaming,
+        reservation=split.reservation, aggregated_requests=int(records["aggregated"].sum()),
+        transfers=split.transfers, transfer_gb=split.transfer_bytes / 1e9,
+        transfer_s=Distribution.of(moved["transfer_end_s"] - moved["transfer_start_s"]),
+        link_utilisation=split.link_utilisation,
+        **{name: Distribution.of(finished[name]) for name in TTFT_PARTS}, pools=pools)
 
 
 def autoscaling_summary(result: SimulationResult) -> AutoscalingSummary:
