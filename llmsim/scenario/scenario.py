@@ -606,6 +606,9 @@ def _check_disaggregation(scenario: Scenario, root: Node) -> None:
     if scenario.engine.batching is not Batching.CONTINUOUS:
         raise root.error(f"{where} needs continuous batching", key="engine.batching",
                          value=scenario.engine.batching, allowed="continuous")
+    if not scenario.engine.chunked_prefill:       # a transferred prompt's last token is continued as a chunk
+        raise root.error(f"{where} is modelled with chunked prefill (vLLM V1's scheduler)",
+                         key="engine.chunked_prefill", value=False, allowed="true")
     for name in ("prefill", "decode"):
         pool = scenario.pool(name)
         placement, key = pool.memory, f"{where}.{name}.tensor_parallel"

@@ -169,6 +169,7 @@ class DisaggregatedRouter:
         rate = config.link.effective_bytes_per_s * config.lanes
         self.links = [SharedLink(env, rate, config.link.latency_s) for _ in decode.replicas]
         self.waiting_blocks: list[deque[Request]] = [deque() for _ in decode.replicas]
+        self.ready: list[deque[Request]] = [deque() for _ in decode.replicas]     # arrived, waiting for a slot
         self._reserved: dict[int, int] = {}      # request id -> decode KV blocks reserved for it
         self._before = config.reservation is KVReservation.BEFORE_TRANSFER
         self._schedule = scheduler(env)
@@ -271,12 +272,27 @@ class DisaggregatedRouter:
         for engine in engines:
             engine.notify()
         request.prefilled, request.prefill_target = request.prompt_tokens - 1, request.prompt_tokens
-        request.blocks = self._reserved.pop(request.id, 0)
         request.replica = index
         engines = self.decode.replicas[index]
-        engines[0].queue.push(request, now)
+        if self._before:
+            # Its KV blocks are reserved: it joins the batch when a sequence slot is free, ahead of the queue,
+            # whose requests wait for blocks it already holds.
+            request.blocks = self._reserved.pop(request.id)
+            self.ready[index].append(request)
+            self.join(index, now)
+        else:
+            engines[0].queue.push(request, now)
         for engine in engines:
             engine.notify()
+
+    def join(self, index: int, now: float) -> None:
+        """Requests whose KV arrived, blocks reserved, join decode replica ``index``'s batch while it has
+        sequence slots (``max_num_seqs`` split over its engines, as its queue's requests are)."""
+        ready = self.ready[index]
+        for engine in self.decode.replicas[index]:
+            while ready and len(engine.running) < engine.config.max_num_seqs:
+                engine.join(ready.popleft(), now)
+                engine.notify()
 
     # -- leaving ------------------------------------------------------------------------------------
     def prefill_rejected(self, index: int) -> Callable[[Request, float], None]:
@@ -297,6 +313,8 @@ class DisaggregatedRouter:
     def observe_decode(self, engine: Engine, iteration: Iteration) -> None:
         """After each decode iteration: KV may have been freed for requests waiting to reserve it."""
         index = engine.index - self.decode_first_index
+        if self.ready[index]:
+            self.join(index, engine.now)
         if self.waiting_blocks[index]:
             self.reserve(index, engine.now)
 

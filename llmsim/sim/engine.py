@@ -464,6 +464,12 @@ class Engine(EngineProcess):
 
     def start_request(self, request: Request, now: float, chunk: int, chunks: list) -> None:
         """Admit ``request``, just taken from the queue with its blocks, for its first ``chunk``."""
+        self.join(request, now)
+        chunks.append((request, chunk))
+
+    def join(self, request: Request, now: float) -> None:
+        """``request`` joins the batch holding its blocks; the prompt scheduling continues it from ``prefilled``
+        (a disaggregated decode engine takes a request whose KV it reserved this way, past its queue)."""
         request.status = RUNNING
         request.admit_order = self._admitted
         self._admitted += 1
@@ -471,7 +477,6 @@ class Engine(EngineProcess):
             request.first_scheduled_s = now
         self.running[request.id] = request
         self.prefilling.append(request)
-        chunks.append((request, chunk))
         if self._tracks_seats:
             self.queueing.started(request)
 
