@@ -303,7 +303,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,
                             "engine.prefix_caching: true, or another router: " + ", ".join(RouterPolicy.names()[:3]))
     disaggregation = None
-    if dep.has("disaggregation"):
+    if dep.raw("disaggregation", None) is not None:       # null: aggregated (a plan's override says so)
         disaggregation = disaggregation_from_node(
             dep.child("disaggregation"),
             lambda pool, key: (_engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key))

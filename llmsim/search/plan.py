@@ -47,6 +47,7 @@ from llmsim.workload.trace_transforms import has_time_scale
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 REPLICAS_KEY = "deployment.replicas"
+SPLIT_KEY = "deployment.disaggregation"      # null in a plan's overrides: the deployment's aggregated layout
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
 FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simulator (tests/test_analytic.py)
@@ -170,6 +171,8 @@ def _placement_overrides(scenario: Scenario, name: str) -> dict:
 def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
               progress: Progress) -> dict:
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
+    if scenario.disaggregation is not None:       # the aggregated layout (llmsim.search.disaggregation compares)
+        base[SPLIT_KEY] = None
     row = {"hardware": name}
     try:
         one = variant(scenario, {**base, REPLICAS_KEY: 1})
