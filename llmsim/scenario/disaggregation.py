@@ -9,7 +9,7 @@ parallelism, ``hardware``) is the aggregated layout of the same model that plans
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.links import Link, lookup_link

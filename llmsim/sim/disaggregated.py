@@ -42,7 +42,8 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
-from typing import Callable, Sequence
+from functools import partial
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -238,7 +239,8 @@ class DisaggregatedRouter:
                 return
             kv.allocate(blocks)
             self._reserved[request.id] = blocks
-            self._at(now, lambda request=waiting.popleft(): self._send(request, index))
+            waiting.popleft()
+            self._at(now, partial(self._send, request, index))
 
     def _at(self, at_s: float, call: Callable[[], None]) -> None:
         """``call()`` at ``at_s``: now if the event queue is there, else when it gets there."""
@@ -363,7 +365,6 @@ def make_pool(scenario: Scenario, env: simpy.Environment, make_engine, make_kv: 
               observers: Sequence[Observer]) -> tuple[ResolvedDeployment, list[list[Engine]]]:
     """A pool's replicas: ``make_engine`` engines per micro-batch over ``make_kv`` caches, numbered from
     ``first_index`` (so the two pools' iterations keep apart in the log)."""
-    from llmsim.sim.request import WaitingQueue
     resolved = ResolvedDeployment.of(scenario)
     groups = []
     for replica in range(resolved.replicas):
