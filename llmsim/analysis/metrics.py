@@ -162,9 +162,7 @@ def summarize(result: SimulationResult) -> RunSummary:
 
     finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
                                  & (status == "finished")]
-    # A prefill pool's engines hand their prompts over: the decode pool emits every output token.
-    emitting = in_window if split is None else in_window[in_window["pool"] == "decode"]
-    output_tokens = float(emitting["tokens_out"].sum())
+    output_tokens = float(in_window["tokens_out"].sum())
     throughput = Throughput(
         requests_per_s=len(finished_in_window) / window,
         output_tokens_per_s=output_tokens / window,

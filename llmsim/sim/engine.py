@@ -353,6 +353,8 @@ class Engine(EngineProcess):
         sums = prefill_sums(chunks, self._window, self._local_share)
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
+        if self.handoff is not None:      # a prefill pool's engine: the decode pool emits every token
+            tokens_out = 0
         if self._async:
             duration = self._overlap_host(now, duration, n + sums[3])
         if self._tiered:

@@ -15,7 +15,7 @@ from llmsim.sim.disaggregated import SharedLink
 from llmsim.sim.simulate import simulate
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace import Trace
-from tests.helpers import make_scenario
+from tests.helpers import make_scenario, simulate_checked
 
 FREE_LINK = Link("free", "an infinitely fast link", math.inf, 1.0, 0.0, {})
 
@@ -128,7 +128,7 @@ def test_every_arrival_finishes_or_is_reported_unfinished_across_both_pools(rese
     if horizon:
         overrides["simulation"] = {"horizon": horizon}
     scenario = disaggregated(overrides, reservation=reservation, link="pcie_gen4", aggregated_below_tokens=200)
-    result = simulate(scenario)
+    result = simulate_checked(scenario)      # KV blocks, tokens and requests balance at every iteration too
     records = result.requests
     counts = records["status"].value_counts().to_dict()
     assert records["id"].tolist() == list(range(len(records)))          # the first arrivals of the trace
