@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser(only=_command(argv) or "").parse_args(argv)
     except SystemExit as stop:          # --help, or a bad command line (already explained, exit 2)
-        return stop.code
+        return 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1   # as sys.exit reads it
     try:
         return args.func(args)
     except ConfigError as error:
