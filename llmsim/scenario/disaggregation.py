@@ -8,7 +8,7 @@ parallelism, ``hardware``) is the aggregated layout of the same model that plans
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from collections.abc import Callable
 
 from llmsim.catalog.hardware import HardwareProfile
@@ -67,7 +67,9 @@ class Disaggregation:
         return f"{self.prefill.replicas}P{self.decode.replicas}D"
 
 
-DEFAULTS = Disaggregation(Pool(None), Pool(None), None)      # type: ignore[arg-type]  (defaults only)
+def _default(cls: type, name: str):
+    """A field's default, from its dataclass (a default lives in one place)."""
+    return next(f.default for f in fields(cls) if f.name == name)
 
 
 def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], HardwareProfile],
@@ -75,15 +77,12 @@ def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], Hard
     """Read ``deployment.disaggregation``. ``hardware_of(pool_node, key)`` looks a pool's chip up (the
     scenario's ``hardware`` when the pool names none); the parallelism must divide ``num_heads`` and
     not exceed ``num_layers``. Whether each pool fits its chip is checked with the scenario."""
-    count = dict(integer=True, minimum=1, exclusive_minimum=False)
     pools = []
     for name in POOLS:
         pool = node.child(name)
-        default = Pool(None)      # type: ignore[arg-type]
         hardware = hardware_of(pool, "hardware")
-        replicas = pool.number("replicas", default.replicas, **count)
-        tp = pool.number("tensor_parallel", default.tensor_parallel, **count)
-        pp = pool.number("pipeline_parallel", default.pipeline_parallel, **count)
+        replicas, tp, pp = (pool.number(key, _default(Pool, key), integer=True, minimum=1, exclusive_minimum=False)
+                            for key in ("replicas", "tensor_parallel", "pipeline_parallel"))
         if num_heads % tp:
             raise pool.key_error("tensor_parallel", f"must divide the model's {num_heads} attention heads", tp,
                                  ", ".join(str(d) for d in range(1, num_heads + 1) if num_heads % d == 0))
@@ -93,8 +92,10 @@ def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], Hard
         pool.done()
         pools.append(Pool(hardware, replicas, tp, pp))
     link = lookup_link(node.string("link"), node, "link")
-    streaming = node.boolean("streaming", DEFAULTS.streaming)
-    reservation = KVReservation(node.choice("reservation", KVReservation.names(), DEFAULTS.reservation))
-    below = node.number("aggregated_below_tokens", DEFAULTS.aggregated_below_tokens, integer=True, minimum=0)
+    streaming = node.boolean("streaming", _default(Disaggregation, "streaming"))
+    reservation = KVReservation(node.choice("reservation", KVReservation.names(),
+                                            _default(Disaggregation, "reservation")))
+    below = node.number("aggregated_below_tokens", _default(Disaggregation, "aggregated_below_tokens"),
+                        integer=True, minimum=0)
     node.done()
     return Disaggregation(pools[0], pools[1], link, streaming, reservation, below)

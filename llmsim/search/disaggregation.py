@@ -47,6 +47,8 @@ def parse_ratios(text: str, key: str = "--ratios") -> list[tuple[int, int]]:
 def default_ratios(scenario: Scenario) -> list[tuple[int, int]]:
     """1 to 3 prefill replicas per decode replica at the scenario's decode replicas, and the scenario's own."""
     split = scenario.disaggregation
+    if split is None:
+        return []
     decode = split.decode.replicas
     ratios = [(x * decode, decode) for x in (1, 2, 3)]
     own = (split.prefill.replicas, decode)
@@ -61,11 +63,11 @@ class Comparison:
     verdict: str
 
 
-def compare_layouts(scenario: str | Path | Scenario, rate_per_s: float | None = None,
+def compare_layouts(scenario: str | Path | Scenario, rate_per_s: float,
                     ratios: Sequence[tuple[int, int]] | None = None, max_replicas: int | None = None, *,
                     progress: Progress = QUIET) -> Comparison:
     """Simulate the aggregated layout (1 to ``max_replicas`` replicas; default: as many devices as the largest
-    disaggregated layout) and every ``xPyD`` ratio at ``rate_per_s`` (default: the scenario's), on the same
+    disaggregated layout) and every ``xPyD`` ratio at ``rate_per_s``, on the same
     requests; see the module docstring."""
     scenario = as_scenario(scenario)
     split = scenario.disaggregation
@@ -73,7 +75,7 @@ def compare_layouts(scenario: str | Path | Scenario, rate_per_s: float | None = 
         raise ConfigError("there is no disaggregated layout to compare: the scenario has no "
                           "deployment.disaggregation", file=scenario.path, key=SPLIT_KEY, has_value=False,
                           allowed="a deployment.disaggregation section (docs/guides/disaggregation.md)")
-    rate = check_rate(rate_per_s if rate_per_s is not None else scenario.workload.arrival.rate_per_s)
+    rate = check_rate(rate_per_s)
     ratios = list(ratios or default_ratios(scenario))
     if max_replicas is None:
         most = max(x * split.prefill.devices_per_replica + y * split.decode.devices_per_replica for x, y in ratios)
