@@ -46,7 +46,8 @@ REQUESTS = 300           # per run, unless a regime says otherwise; the first 10
 
 def scenario(regime: dict, rate: float, disaggregated: bool):
     data = {**BASE, "slo": regime["slo"],
-            "workload": {"arrival": {"process": "poisson", "rate": rate}, "num_requests": regime.get("requests", REQUESTS),
+            "workload": {"arrival": {"process": "poisson", "rate": rate},
+                         "num_requests": regime.get("requests", REQUESTS),
                          "prompt_tokens": regime["prompt"], "output_tokens": regime["output"]}}
     if disaggregated:
         data["deployment"] = {**BASE["deployment"], "disaggregation": {**SPLIT, "link": regime["link"]}}

@@ -18,7 +18,9 @@ the request's KV blocks is ``reservation``:
   reads the KV; SGLang's decode pre-allocation queue; NVIDIA Dynamo): the transfer starts only once
   the decode replica has the blocks; until then the request waits in that replica's reservation
   queue (first come, first served) and the prefill replica keeps its copy, so a full decode pool
-  holds prefill KV and, in turn, stalls the prefill pool;
+  holds prefill KV and, in turn, stalls the prefill pool. Once its KV has arrived the request joins
+  the decode batch as soon as a sequence slot is free, ahead of the decode queue (whose requests wait
+  for blocks it already holds: behind them it could wait for ever);
 - ``after_transfer`` (Mooncake, where the KV lands in the decode node's DRAM and the request joins the
   next batch once it is there): the transfer starts when the prefill ends and frees the prefill
   copy when done; the request then waits in the decode replica's queue, its KV staged in host
@@ -58,7 +60,7 @@ from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.environment import scheduler
 from llmsim.sim.iterations import Iteration
 from llmsim.sim.kvcache import KVCache
-from llmsim.sim.request import NAN, REJECTED, Request, RequestRecords, WaitingQueue
+from llmsim.sim.request import NAN, Request, RequestRecords, WaitingQueue
 from llmsim.sim.result import DisaggregationTotals, PoolTotals
 
 # Link time within which transfers finishing together are taken as done together (float sums of shares).
@@ -182,19 +184,13 @@ class DisaggregatedRouter:
     # -- arrival -----------------------------------------------------------------------------------
     def dispatch(self, request: Request, now: float) -> None:
         prefill = self.prefill
-        prefill.arrived += 1
-        prefill.in_system.change(now, +1)
-        prefill.in_system_requests[request.id] = request
-        total = request.prompt_tokens + request.output_tokens
-        if total > prefill.max_tokens or total > prefill.kv_tokens or total > self.decode.kv_tokens:
-            request.status, request.reason, request.finish_s = REJECTED, "too_long", now
-            prefill._leave(request, now)
+        if not prefill.arrive(request, now, min(prefill.kv_tokens, self.decode.kv_tokens)):
             return
         if self._uncached(request) < self.config.aggregated_below_tokens:
             self.transfers.aggregated[request.id] = 1
-            self._to_decode(request, self.decode._pick(request), now)
+            self._to_decode(request, self.decode.pick(request), now)
             return
-        index = prefill._pick(request)
+        index = prefill.pick(request)
         self.transfers.prefill_replica[request.id] = index
         prefill.enqueue(request, index, now)
 
@@ -219,7 +215,7 @@ class DisaggregatedRouter:
 
     def _handed_off(self, request: Request) -> None:
         index = self.decode.least_outstanding()
-        self.decode._count(index, +1)
+        self.decode.count(index, +1)
         self.transfers.decode_replica[request.id] = index
         if self._before:
             self.waiting_blocks[index].append(request)
@@ -270,7 +266,7 @@ class DisaggregatedRouter:
         engines = self.prefill.replicas[prefill]
         engines[0].kv.release(request, now, request.prompt_tokens)
         request.blocks = 0
-        self.prefill._count(prefill, -1)
+        self.prefill.count(prefill, -1)
         for engine in engines:
             engine.notify()
         request.prefilled, request.prefill_target = request.prompt_tokens - 1, request.prompt_tokens
@@ -301,15 +297,15 @@ class DisaggregatedRouter:
         """What a prefill engine of replica ``index`` reports through ``on_done``: a request rejected in
         its queue (a queue timeout)."""
         def rejected(request: Request, now: float) -> None:
-            self.prefill._count(index, -1)
-            self.prefill._leave(request, now)
+            self.prefill.count(index, -1)
+            self.prefill.leave(request, now)
         return rejected
 
     def decode_done(self, index: int) -> Callable[[Request, float], None]:
         """What a decode engine of replica ``index`` reports: a request finished (or rejected)."""
         def done(request: Request, now: float) -> None:
-            self.decode._count(index, -1)
-            self.prefill._leave(request, now)
+            self.decode.count(index, -1)
+            self.prefill.leave(request, now)
         return done
 
     def observe_decode(self, engine: Engine, iteration: Iteration) -> None:

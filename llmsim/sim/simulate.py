@@ -137,7 +137,8 @@ class Router:
         self._all_done = all_done
         self.pool: ReplicaPool | None = None
 
-    def _leave(self, request: Request, now: float) -> None:
+    def leave(self, request: Request, now: float) -> None:
+        """``request`` leaves the system: its record is written."""
         self.in_system.change(now, -1)
         del self.in_system_requests[request.id]
         self.records.write(request)
@@ -145,16 +146,23 @@ class Router:
         if self._left_to_finish == 0 and not self._all_done.triggered:
             self._all_done.succeed(StopReason.COMPLETED)
 
-    def dispatch(self, request: Request, now: float) -> None:
+    def arrive(self, request: Request, now: float, kv_tokens: int | None = None) -> bool:
+        """``request`` enters the system; it leaves at once, rejected as too long, when prompt plus output
+        exceed the longest request or ``kv_tokens`` (default: a replica's KV cache). False then."""
         self.arrived += 1
         self.in_system.change(now, +1)
         self.in_system_requests[request.id] = request
         total = request.prompt_tokens + request.output_tokens
-        if total > self.max_tokens or total > self.kv_tokens:
+        if total > self.max_tokens or total > (self.kv_tokens if kv_tokens is None else kv_tokens):
             request.status, request.reason, request.finish_s = REJECTED, "too_long", now
-            self._leave(request, now)
+            self.leave(request, now)
+            return False
+        return True
+
+    def dispatch(self, request: Request, now: float) -> None:
+        if not self.arrive(request, now):
             return
-        index = self._pick(request)
+        index = self.pick(request)
         if index >= 0:
             self.enqueue(request, index, now)
         else:
@@ -166,13 +174,13 @@ class Router:
     def enqueue(self, request: Request, index: int, now: float) -> None:
         """``request`` joins replica ``index``'s queue (one more outstanding there) and its engines wake."""
         request.replica = index
-        self._count(index, +1)
+        self.count(index, +1)
         engines = self.replicas[index]
         engines[0].queue.push(request, now)
         for engine in engines:
             engine.notify()
 
-    def _pick(self, request: Request) -> int:
+    def pick(self, request: Request) -> int:
         """The replica for ``request`` (-1: the shared queue)."""
         if self.pool is not None:                 # autoscaling: a serving replica
             return self.policy.pick_serving(self, request, self.pool)
@@ -202,10 +210,10 @@ class Router:
         if request.replica < 0:          # shared queue: credit the replica that served it
             request.replica = replica
         else:
-            self._count(request.replica, -1)
-        self._leave(request, now)
+            self.count(request.replica, -1)
+        self.leave(request, now)
 
-    def _count(self, index: int, delta: int) -> None:
+    def count(self, index: int, delta: int) -> None:
         """Replica ``index`` holds ``delta`` (+1 or -1) more outstanding requests: move it between the groups."""
         outstanding, by_count = self.outstanding, self._by_count
         was = outstanding[index]

@@ -42,7 +42,8 @@ def test_a_good_section_reads_into_pools_link_and_policies():
     (merge(split(), {"model": "Llama-3.1-70B", "deployment": {"tensor_parallel": 4, "disaggregation": {
         "decode": {"tensor_parallel": 4}}}}), "deployment.disaggregation.prefill.tensor_parallel"),
     (merge(split(), {"model": "Llama-3.1-70B", "engine": {"max_model_len": 131072}, "deployment": {
-        "tensor_parallel": 8, "disaggregation": {"prefill": {"tensor_parallel": 8}, "decode": {"tensor_parallel": 2}}}}),
+        "tensor_parallel": 8, "disaggregation": {"prefill": {"tensor_parallel": 8},
+                                                 "decode": {"tensor_parallel": 2}}}}),
      "deployment.disaggregation.decode.tensor_parallel"),
     (merge(split(), {"deployment": {"disaggregation": {"decode": {"tensor_parallel": 3}}}}),
      "deployment.disaggregation.decode.tensor_parallel"),
