@@ -190,3 +190,24 @@ def test_prompts_below_the_threshold_run_aggregated_on_the_decode_pool():
     assert records["aggregated"].tolist() == [True, False, True]
     assert records["prefill_replica"].tolist() == [-1, 0, -1]
     assert records["transfer_bytes"].isna().tolist() == [True, False, True]
+
+
+def test_prefix_aware_placement_sends_a_session_back_to_the_prefill_replica_holding_it():
+    """Multi-turn sessions over two prefill replicas: placed by cached prefix, a session's later turns return
+    to the replica holding its history (placed in turn, about half do, by chance), and more of their prompt
+    tokens are found cached."""
+    found = {}
+    for router in ("prefix_aware", "round_robin"):
+        overrides = {"engine": {"prefix_caching": True}, "deployment": {"router": router},
+                     "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 2.0},
+                                  "prompt_tokens": 300, "output_tokens": 20,
+                                  "sessions": {"turns": {"distribution": "uniform", "low": 3, "high": 6},
+                                               "think_time": "2 s"}}}
+        records = simulate_checked(disaggregated(overrides, prefill={"replicas": 2, "tensor_parallel": 1})).requests
+        assert (records["status"] == "finished").all()
+        later = records[records.duplicated("session_id")]          # every turn after a session's first
+        firsts = records.drop_duplicates("session_id").set_index("session_id")["prefill_replica"]
+        found[router] = ((later["prefill_replica"].to_numpy() == firsts[later["session_id"]].to_numpy()).mean(),
+                         later["cached_tokens"].sum() / later["prompt_tokens"].sum())
+    assert found["prefix_aware"][0] > 0.9 and found["round_robin"][0] < 0.7
+    assert found["prefix_aware"][1] > 1.2 * found["round_robin"][1]
