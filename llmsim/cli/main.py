@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as stop:         # Ctrl-C or a full disk in a command that keeps its finished work
         print(f"\nllmsim: {stop}", file=sys.stderr)
         return stop.status
+    except KeyboardInterrupt:        # Ctrl-C in a command with nothing finished to keep (or while importing)
+        print("\nllmsim: interrupted; files already written in full are kept", file=sys.stderr)
+        return 130
     except BrokenPipeError:          # output piped into head or less, which closed early
         return 0
     except OSError as error:         # the disk filled, a folder vanished or became read-only mid-run

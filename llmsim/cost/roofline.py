@@ -139,13 +139,15 @@ class CostModel:
         # varlen kernels do): its launch floor adds to both sides of the decode row, once per iteration.
         self._compute_time[decode, F["one"]] += kernels.attention_floor_s * paced_layers
         self._memory_time[decode, F["one"]] += kernels.attention_floor_s * paced_layers
-        # Prefill attention at e * L / (L + half) of the 16-bit peak: as if each query saw `half` more keys.
+        # Prefill attention at e * L / (L + half) of the 16-bit peak: as if each query saw `half` more keys, and
+        # `kv_half` more per KV head on the GPU over query heads (each query tile loads its KV head's keys and values).
         backend = kernels.prefill_attention
         prefill = op["layer.attention_prefill"]
         per_flop = paced_layers / model.num_layers / (self.hardware.peak_for("bf16") * backend.efficiency)
+        extra_keys = backend.half_length_tokens + backend.kv_half_length_tokens * kv_heads / (model.num_heads / tp)
         self._compute_time[prefill] = self.flops_matrix[prefill] * per_flop
         self._compute_time[prefill, F["prefill_tokens"]] += (self.flops_matrix[prefill, F["prefill_pairs"]] * per_flop
-                                                             * backend.half_length_tokens)
+                                                             * extra_keys)
         bandwidth = kernels.gemm_bandwidth_bytes_per_s * weight_bandwidth_share
         flops = kernels.gemm_rate(model.weight_dtype)
         activation_bytes = model.activation_bytes_per_element
