@@ -134,16 +134,22 @@ def summarize(result: SimulationResult) -> RunSummary:
     steady = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
     finished = steady[steady["status"] == "finished"]
     in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
-    devices = scenario.deployment.replicas * scenario.devices_per_replica
     hw = scenario.hardware
+    # With autoscaling the devices are those paid for in the window (replica-seconds / window), so
+    # per-device throughput, cost and energy follow the replicas the run held, not the ones it started with.
     split = result.disaggregation
-    usd_per_hour, power_w = devices * hw.price_per_hour_usd, devices * hw.tdp_w
-    measured = scenario                      # whose devices utilisation and memory describe
+    measured = scenario if split is None else scenario.pool("decode")   # whose utilisation and memory are shown
+    provisioned = result.provisioned
+    replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
+                else measured.deployment.replicas)
+    devices = scenario.deployment.replicas * scenario.devices_per_replica
+    devices_paid = replicas * scenario.devices_per_replica
+    usd_per_hour, power_w = devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w
     if split is not None:                    # both pools are paid for; utilisation and memory are the decode pool's
-        devices = sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel for pool in split.pools)
+        devices = devices_paid = sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel
+                                     for pool in split.pools)
         usd_per_hour = sum(pool.usd_per_hour for pool in split.pools)
         power_w = sum(pool.power_w for pool in split.pools)
-        measured = scenario.pool("decode")
 
     status = records["status"]
     reason = records["reason"]
@@ -167,7 +173,7 @@ def summarize(result: SimulationResult) -> RunSummary:
         requests_per_s=len(finished_in_window) / window,
         output_tokens_per_s=output_tokens / window,
         total_tokens_per_s=(output_tokens + float(in_window["prefill_tokens"].sum())) / window,
-        output_tokens_per_s_per_device=output_tokens / window / devices,
+        output_tokens_per_s_per_device=output_tokens / window / devices_paid,
         offered_requests_per_s=len(steady) / window,
     )
     slo = slo_summary(steady, scenario.slo, window)
@@ -176,9 +182,6 @@ def summarize(result: SimulationResult) -> RunSummary:
         classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
         # Overall, the SLO is met when every class meets its own targets.
         slo = replace(slo, met=all(c.slo.met for c in classes.values()))
-    provisioned = result.provisioned
-    replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
-                else measured.deployment.replicas)
     decoding = iterations if split is None else iterations[iterations["pool"] == "decode"]
     utilisation = utilisation_in(decoding, start, stop, measured, result.kv_blocks_per_replica, replicas)
     placement = measured.memory
@@ -198,7 +201,8 @@ def summarize(result: SimulationResult) -> RunSummary:
                          mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
-        devices=devices, window_s=(start, stop), simulated_s=result.end_s,
+        devices=devices, window_s=(start, stop),
+        simulated_s=result.end_s,
         requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
         memory=memory,
         economics=Economics.at_tdp(usd_per_hour, power_w, output_tokens / window),
@@ -209,7 +213,7 @@ def summarize(result: SimulationResult) -> RunSummary:
         stopped_by=result.stopped_by.value,
         fault=result.fault,
         classes=classes,
-        autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
+        autoscaling=autoscaling_summary(result, replicas) if result.scaling is not None else None,
         kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
                   if result.kv_tiers else None),
         disaggregation=(disaggregation_summary(result, iterations, finished, start, stop)
@@ -237,14 +241,18 @@ def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, f
         **{name: Distribution.of(finished[name]) for name in TTFT_PARTS}, pools=pools)
 
 
-def autoscaling_summary(result: SimulationResult) -> AutoscalingSummary:
-    """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`)."""
+def autoscaling_summary(result: SimulationResult, replicas_in_window: float) -> AutoscalingSummary:
+    """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`);
+    ``replicas_in_window``: the mean replicas paid for in the measurement window."""
     scenario, log = result.scenario, result.scaling
     usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600
     tokens = float(result.requests["generated_tokens"].sum())
     return AutoscalingSummary(
+        min_replicas=scenario.autoscaling.min_replicas, max_replicas=scenario.autoscaling.max_replicas,
+        devices_per_replica=scenario.devices_per_replica,
         replica_seconds=result.replica_seconds,
         mean_replicas=result.replica_seconds / result.end_s if result.end_s > 0 else math.nan,
+        mean_replicas_in_window=replicas_in_window,
         max_replicas_serving=int(max(log["serving"].max(), scenario.deployment.replicas)) if len(log)
         else scenario.deployment.replicas,
         scale_ups=int(log["action"].str.count("start").sum()),
@@ -325,7 +333,10 @@ def speculation_summary(scenario, iterations: pd.DataFrame, blocked: Speculation
     decode_steps = float(iterations["decode_seqs"].sum())
     busy = float(iterations["duration_s"].sum())
     draft_share = float(iterations["draft_s"].sum()) / busy if busy else math.nan
-    ratio = (lambda a, b: a / b if b else math.nan)
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else math.nan
+
     return SpeculationSummary(
         draft=spec.draft.name if spec.draft is not None else "ngram",
         placement=spec.placement,

@@ -161,19 +161,19 @@ def test_configurations_see_common_random_numbers():
 
 
 def test_interrupted_run_keeps_what_it_finished(monkeypatch):
-    from llmsim.sim.environment import Environment
+    from llmsim.sim.simulate import Router
 
     scenario = make_scenario({"workload": {"num_requests": 2000}})
     calls = {"n": 0}
-    original = Environment.step           # the simulation's event loop: a SimPy event, engine steps before it
+    original = Router.dispatch            # an arrival entering the router, inside the simulation's event loop
 
-    def step(self):
+    def dispatch(self, request, now):
         calls["n"] += 1
-        if calls["n"] == 1000:                # each of the 2,000 arrivals is a SimPy event: mid-run
+        if calls["n"] == 1000:                # Ctrl-C at the 1,000th of the 2,000 arrivals: mid-run
             raise KeyboardInterrupt
-        return original(self)
+        return original(self, request, now)
 
-    monkeypatch.setattr(Environment, "step", step)
+    monkeypatch.setattr(Router, "dispatch", dispatch)
     result = simulate_checked(scenario)
     assert result.interrupted
     statuses = set(result.requests["status"])
