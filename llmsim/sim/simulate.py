@@ -336,7 +336,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     stop = env.event()
     if scenario.disaggregation is not None:
         split = _disaggregated(scenario, env, records, trace, observers, stop)
-        env.process(arrivals(env, records, split))
+        Arrivals(env, records, split)
         env.process(_horizon(env, horizon, stop))
         return _run(scenario, env, stop, split.prefill, split.engines, records, split.resolved, window, warmup,
                     split=split)
