@@ -85,7 +85,9 @@ def format_summary(summary: dict) -> str:
         lines += _disaggregation_lines(summary["disaggregation"])
     draft = (f" + {mem['draft_devices_per_replica']} draft device(s)" if mem.get("draft_devices_per_replica")
              else "")
-    lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}{draft}, weights in"
+    experts = (f" x ep {mem['expert_parallel']} ({mem['experts_per_device']} experts per GPU)"
+               if mem.get("expert_parallel", 1) > 1 else "")
+    lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}{experts}{draft}, weights in"
                  f" {mem['weights_in']}, KV cache in {mem['kv_cache_in']}")
     lines.append(f"memory     weights {_num(mem['weights_per_device_gb'])} GB/device,"
                  f" KV cache {_num(mem['kv_cache_per_device_gb'])} GB/device"

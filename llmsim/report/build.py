@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -52,7 +52,8 @@ from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.disaggregation import AGGREGATED, compare_layouts
 from llmsim.search.layout import cheapest_layouts
-from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, SPLIT_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
+from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
+                                fewest_replicas)
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
@@ -61,6 +62,10 @@ from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simu
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace import Trace
+
+# The expert-parallel layouts the search adds for an MoE model (llmsim.search.layout).
+EXPERT_LAYOUTS = ("; and at one stage, routed experts spread over tp x 2, 4 ... up to 64 GPUs (ep) with attention "
+                  "data parallel, a replica being the whole group")
 
 STAGES = ("workload", "candidates", "disaggregation", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -269,7 +274,8 @@ class ReportBuilder:
         self.sections.append(Section(
             "candidates", "Candidates: the cheapest layout of each chip",
             [f"For each chip every layout (tensor parallel 1-8 in powers of two dividing the heads, times 1-4 "
-             f"pipeline stages, when it holds the model) gets the fewest replicas meeting the SLO targets at "
+             f"pipeline stages{EXPERT_LAYOUTS if self.scenario.model.num_experts > 1 else ''}, when it holds the "
+             f"model) gets the fewest replicas meeting the SLO targets at "
              f"{num(self.rate)} requests/s on {counted(len(self.seeds), 'seed')}; the cheapest per hour is kept. "
              "Costs are the profiles' prices per device-hour (assumptions), energy every device at its TDP."],
             [Table("candidates", "Cheapest layout per chip (scenario's engine settings)", columns, rows,

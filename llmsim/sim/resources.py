@@ -135,12 +135,13 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
 def _engines(scenario: Scenario) -> list[tuple[str, int]]:
     """(key, engines) of every group of replicas the run builds: the deployment's (all an autoscaler
     may start) and each rollout group's, an engine per pipeline stage."""
-    stages = scenario.deployment.pipeline_parallel
+    stages = scenario.deployment.pipeline_parallel * scenario.deployment.data_parallel
     if scenario.autoscaling is not None:
         return [("autoscaling.max_replicas", scenario.autoscaling.max_replicas * stages)]
     groups = [("deployment.replicas", scenario.deployment.replicas * stages)]
     if scenario.rollout is not None:
-        groups += [(f"rollout.groups.{group.name}.replicas", built.deployment.replicas * built.deployment.pipeline_parallel)
+        groups += [(f"rollout.groups.{group.name}.replicas",
+                    built.deployment.replicas * built.deployment.pipeline_parallel)
                    for group, built in zip(scenario.rollout.groups, scenario.rollout_scenarios)]
     return groups
 
@@ -210,8 +211,8 @@ def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool =
     if over:
         raise ConfigError(f"this run is too large to start unasked: {estimate.text()}, above the limit of "
                           f"{' and '.join(over)}", file=scenario.path, key=key, has_value=False,
-                          allowed=f"{REMEDIES.get(key.rsplit('.', 1)[-1], REMEDIES['workload']).format(key=key)}; or --force (llmsim "
-                                  "run, compare, sweep; force=True in Python) to run it anyway")
+                          allowed=f"{REMEDIES.get(key.rsplit('.', 1)[-1], REMEDIES['workload']).format(key=key)}; "
+                                  "or --force (llmsim run, compare, sweep; force=True in Python) to run it anyway")
     return estimate
 
 
