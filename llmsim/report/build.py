@@ -67,7 +67,8 @@ from llmsim.workload.trace import Trace
 EXPERT_LAYOUTS = ("; and at one stage, routed experts spread over tp x 2, 4 ... up to 64 GPUs (ep) with attention "
                   "data parallel, a replica being the whole group")
 
-STAGES = ("workload", "candidates", "disaggregation", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
+STAGES = ("workload", "candidates", "disaggregation", "settings", "load", "peak", "sensitivity", "monitoring",
+          "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 SENSITIVITY = 0.2                 # +-20% load and lengths
 ACCEPTANCE_STEP = 0.1
