@@ -218,13 +218,18 @@ def rollout_table(rollout: dict) -> str:
         lines += [head, "-" * len(head)]
         for d in g["comparison"]:
             scale = (lambda v: _num(100 * v, 2)) if d["metric"] == "attainment" else _ms
-            interval = f"[{scale(d['low'])}, {scale(d['high'])}]"
+            measured = math.isfinite(d["low"]) and math.isfinite(d["high"])
+            interval = f"[{scale(d['low'])}, {scale(d['high'])}]" if measured else "n/a"
+            p_value = f"{d['p_value']:>9.2g}" if measured else f"{'-':>9}"
             lines.append(f"{d['metric']:<12}{d['statistic']:<6}{scale(d['control']):>10}{scale(d['treatment']):>10}"
-                         f"{scale(d['difference']):>10}{interval:>22}{d['p_value']:>9.2g}  {d['test']}"
+                         f"{scale(d['difference']):>10}{interval:>22}{p_value}  {d['test']}"
                          + ("  *" if d["significant"] else ""))
         change = 100 * rollout["change_to_detect"]
         for t in g["detection"]:
             lines.append(f"detect a {change:g}% change in mean {t['metric']}: {t['requests']:,.0f} {g['role']} requests"
                          f" = {t['seconds']:,.0f} s at its share"
                          f" (this run detects {_num(100 * t['detectable_now'], 1)}%)")
+    verdicts = [g["verdict"] for g in groups.values() if "verdict" in g]
+    if verdicts:           # last, so the printout ends in what it means
+        lines += ["", *verdicts]
     return "\n".join(lines)

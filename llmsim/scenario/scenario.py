@@ -141,7 +141,7 @@ class SLO:
 @dataclass(frozen=True)
 class SimulationConfig:
     warmup_s: float | None = None        # default: 10% of the arrival window
-    horizon_s: float | None = None       # default: twice the arrival window, at least 60 s past it
+    horizon_s: float | None = None       # default: llmsim.sim.horizon.default_horizon_s
 
 
 # The defaults a YAML file gets for what it leaves out: the dataclasses' own.

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from llmsim.config.limits import MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY_BYTES
 from llmsim.errors import ConfigError
 from llmsim.scenario.deployment import ResolvedDeployment
+from llmsim.sim.horizon import default_horizon_s
 from llmsim.scenario.scenario import Scenario
 from llmsim.workload.profiles import RateProfile
 from llmsim.workload.trace import Trace
@@ -106,7 +107,7 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
         prompt, output, longest = _lengths(workload, requests)
     horizon_s = scenario.simulation.horizon_s
     if horizon_s is None:
-        horizon_s = max(2 * window_s, window_s + 60.0)
+        horizon_s = default_horizon_s(scenario, window_s, requests, prompt, output)
     resolved = ResolvedDeployment.of(scenario)
     serving = resolved.replicas * resolved.engines_per_replica
     per_request = output + math.ceil(prompt / scenario.engine.max_batch_tokens)
