@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.kv_cache import kv_cache_summary
-from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSummary, Distribution, Economics,
+from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSummary, DisaggregationSummary,
+                                    Distribution, Economics, PoolSummary,
                                      Latency,
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
@@ -29,6 +30,8 @@ from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.slo import slo_limits, within_limit
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
+# A disaggregated run's TTFT, in four parts that add up to it (llmsim.sim.disaggregated.transfer_columns).
+TTFT_PARTS = ("ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s", "ttft_first_decode_s")
 
 
 def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
@@ -141,10 +144,19 @@ def summarize(result: SimulationResult) -> RunSummary:
     hw = scenario.hardware
     # With autoscaling the devices are those paid for in the window (replica-seconds / window), so
     # per-device throughput, cost and energy follow the replicas the run held, not the ones it started with.
+    split = result.disaggregation
+    measured = scenario if split is None else scenario.pool("decode")   # whose utilisation and memory are shown
     provisioned = result.provisioned
     replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
-                else scenario.deployment.replicas)
+                else measured.deployment.replicas)
+    devices = scenario.deployment.replicas * scenario.devices_per_replica
     devices_paid = replicas * scenario.devices_per_replica
+    usd_per_hour, power_w = devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w
+    if split is not None:                    # both pools are paid for; utilisation and memory are the decode pool's
+        devices = devices_paid = sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel
+                                     for pool in split.pools)
+        usd_per_hour = sum(pool.usd_per_hour for pool in split.pools)
+        power_w = sum(pool.power_w for pool in split.pools)
 
     status = records["status"]
     reason = records["reason"]
@@ -177,8 +189,9 @@ def summarize(result: SimulationResult) -> RunSummary:
         classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
         # Overall, the SLO is met when every class meets its own targets.
         slo = replace(slo, met=all(c.slo.met for c in classes.values()))
-    utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica, replicas)
-    placement = scenario.memory
+    decoding = iterations if split is None else iterations[iterations["pool"] == "decode"]
+    utilisation = utilisation_in(decoding, start, stop, measured, result.kv_blocks_per_replica, replicas)
+    placement = measured.memory
     memory = Memory(
         tensor_parallel=placement.tensor_parallel,
         pipeline_parallel=placement.pipeline_parallel,
@@ -197,12 +210,11 @@ def summarize(result: SimulationResult) -> RunSummary:
                          mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
-        devices=scenario.deployment.replicas * scenario.devices_per_replica, window_s=(start, stop),
+        devices=devices, window_s=(start, stop),
         simulated_s=result.end_s,
         requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
         memory=memory,
-        economics=Economics.at_tdp(devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w,
-                                   output_tokens / window),
+        economics=Economics.at_tdp(usd_per_hour, power_w, output_tokens / window),
         queue=queue,
         speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
                      if scenario.speculating else None),
@@ -214,7 +226,29 @@ def summarize(result: SimulationResult) -> RunSummary:
         kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records,
                                     scenario.deployment.replicas * scenario.deployment.data_parallel)
                   if result.kv_tiers else None),
+        disaggregation=(disaggregation_summary(result, iterations, finished, start, stop)
+                        if split is not None else None),
     )
+
+
+def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, finished: pd.DataFrame,
+                           start: float, stop: float) -> DisaggregationSummary:
+    """The disaggregated run's link, TTFT split and pools (:class:`~llmsim.analysis.summary.DisaggregationSummary`)."""
+    split, records = result.disaggregation, result.requests
+    pools = {}
+    for pool in split.pools:
+        rows = iterations[iterations["pool"] == pool.pool]
+        busy = utilisation_in(rows, start, stop, result.scenario.pool(pool.pool), 1).busy_fraction
+        pools[pool.pool] = PoolSummary(pool.hardware, pool.replicas, pool.tensor_parallel, pool.pipeline_parallel,
+                                       pool.usd_per_hour, busy)
+    moved = finished[~finished["aggregated"]]
+    return DisaggregationSummary(
+        layout=split.layout, link=split.link, lanes=split.lanes, streaming=split.streaming,
+        reservation=split.reservation, aggregated_requests=int(records["aggregated"].sum()),
+        transfers=split.transfers, transfer_gb=split.transfer_bytes / 1e9,
+        transfer_s=Distribution.of(moved["transfer_end_s"] - moved["transfer_start_s"]),
+        link_utilisation=split.link_utilisation,
+        **{name: Distribution.of(finished[name]) for name in TTFT_PARTS}, pools=pools)
 
 
 def autoscaling_summary(result: SimulationResult, replicas_in_window: float) -> AutoscalingSummary:

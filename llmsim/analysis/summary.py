@@ -233,6 +233,45 @@ class AutoscalingSummary(Section):
 
 
 @dataclass(frozen=True)
+class PoolSummary(Section):
+    """One pool of a disaggregated deployment: its layout, its price per hour, and the share of its replicas'
+    time spent in iterations within the window (the whole run's when the window is empty)."""
+    hardware: str
+    replicas: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    usd_per_hour: float
+    busy_fraction: float
+
+
+@dataclass(frozen=True)
+class DisaggregationSummary(Section):
+    """Disaggregated prefill and decode: the layout (``xPyD``), the link and what crossed it over the whole
+    run, the finished requests' TTFT split into its four parts (they add up to the TTFT) and each pool.
+    ``link_utilisation`` is the share of the run each decode replica's link had a transfer on it."""
+    layout: str
+    link: str
+    lanes: int
+    streaming: bool
+    reservation: str
+    aggregated_requests: int
+    transfers: int
+    transfer_gb: float
+    transfer_s: Distribution
+    link_utilisation: float
+    ttft_queue_s: Distribution
+    ttft_prefill_s: Distribution
+    ttft_transfer_s: Distribution
+    ttft_first_decode_s: Distribution
+    pools: dict
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["pools"] = {name: pool.to_dict() for name, pool in self.pools.items()}
+        return out
+
+
+@dataclass(frozen=True)
 class RunSummary(Section):
     """One run: what, where, the measurement window, and each section of figures."""
     scenario: str
@@ -258,11 +297,13 @@ class RunSummary(Section):
     autoscaling: AutoscalingSummary | None = None      # None (no key) without autoscaling
     # Prefix caching, host tier, swap (llmsim.analysis.kv_cache.KVCacheSummary): None (and no key) without them.
     kv_cache: Section | None = None
+    # Disaggregated prefill and decode: None (and no key) for an aggregated deployment.
+    disaggregation: DisaggregationSummary | None = None
 
     def to_dict(self) -> dict:
         out = super().to_dict()
         out["window_s"] = list(self.window_s)
-        for optional in ("speculation", "kv_cache", "autoscaling"):
+        for optional in ("speculation", "kv_cache", "autoscaling", "disaggregation"):
             if out[optional] is None:
                 del out[optional]
         if self.classes is None:

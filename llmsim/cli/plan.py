@@ -12,6 +12,7 @@ from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
+from llmsim.search.disaggregation import compare_layouts, parse_ratios
 from llmsim.search.layout import MAX_PIPELINE_PARALLEL, MAX_TENSOR_PARALLEL, plan
 from llmsim.search.plan import MAX_REPLICAS, check_rate
 
@@ -30,6 +31,10 @@ def configure_plan(parser) -> None:
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
     parser.add_argument("--max-replicas", type=integer_flag(1, MAX_PLAN_REPLICAS), default=MAX_REPLICAS,
                         help=f"give up above this many (default {MAX_REPLICAS}, at most {MAX_PLAN_REPLICAS:,})")
+    parser.add_argument("--ratios", type=checked_flag(parse_ratios),
+                        help="with deployment.disaggregation: the prefill:decode replica ratios compared with the "
+                             "aggregated layout, e.g. 1P1D,2P1D,3P1D (default: 1 to 3 prefill replicas per decode "
+                             "replica, and the scenario's own)")
     parser.add_argument("--keep-layout", action="store_true",
                         help="keep the scenario's tensor x pipeline parallel layout (other chips: the fewest devices "
                              "that hold the model) instead of searching each chip's layouts for the cheapest "
@@ -95,6 +100,19 @@ def _shown(table: pd.DataFrame) -> str:
     return shown.to_string(index=False, float_format=lambda v: f"{v:,.4g}")
 
 
+def print_comparison(scenario: str, rate: float, ratios) -> None:
+    """The aggregated layout against each prefill:decode ratio at ``rate``, and the verdict."""
+    with Bar("aggregated vs disaggregated", "simulation") as progress:
+        comparison = compare_layouts(scenario, rate, ratios, progress=progress)
+    shown = comparison.table[["kind", "layout", "devices", "usd_per_hour", "ttft_p95_s", "tpot_p95_s",
+                              "slo_attainment", "slo_met"]].copy()
+    shown[["ttft_p95_s", "tpot_p95_s"]] *= 1e3
+    shown.columns = ["kind", "layout", "devices", "USD/h", "TTFT p95 ms", "TPOT p95 ms", "attainment", "SLO met"]
+    print(f"\naggregated vs disaggregated at {rate:g} requests/s (the same requests):")
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    print(f"verdict: {comparison.verdict}")
+
+
 def _cmd_plan(args) -> int:
     rate = target_rate(args.target_rate, args.scenario)
     seeds = parse_seeds(args.seeds, args.scenario)
@@ -118,6 +136,8 @@ def _cmd_plan(args) -> int:
         print("(every column, the analytic bounds and the simulation windows among them: --out FILE.csv)")
     if args.out:
         print(f"\nwrote {args.out}")
+    if load_scenario(args.scenario).disaggregation is not None:
+        print_comparison(args.scenario, rate, args.ratios)
     if table["replicas"].isna().all():
         reasons = "; ".join(f"{row.hardware}: {row.note}" for row in table.itertuples())
         raise ConfigError(f"no candidate meets the SLO targets at {rate:g} requests/s ({reasons})",

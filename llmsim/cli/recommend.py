@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 from llmsim.analysis.names import CLASSES, SLO_ATTAINMENT, TPOT_P95, TTFT_P95, TTFT_P99
+from llmsim.cli.plan import print_comparison
 from llmsim.cli.options import WORKERS, add_seeds_argument, checked_flag, integer_flag, parse_seeds
 from llmsim.cli.outputs import OVERWRITE_HELP, keeping_runs, refuse_to_replace, write_file
 from llmsim.cli.progress import Bar
@@ -169,6 +170,8 @@ def _cmd_recommend(args) -> int:
     print(format_recommendation(rec, scenario))
     if rec.drafts is not None:
         print(rec.drafts.text())
+    if scenario.disaggregation is not None:          # the engine settings above are the disaggregated pools'
+        print_comparison(args.scenario, scenario.workload.arrival.rate_per_s, None)
     if args.out:
         print(f"wrote {args.out}")
     return 0

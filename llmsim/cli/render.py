@@ -81,6 +81,8 @@ def format_summary(summary: dict) -> str:
         lines.append(_speculation_line(summary["speculation"]))
     if "kv_cache" in summary:
         lines.append(_kv_cache_line(summary["kv_cache"]))
+    if "disaggregation" in summary:
+        lines += _disaggregation_lines(summary["disaggregation"])
     draft = (f" + {mem['draft_devices_per_replica']} draft device(s)" if mem.get("draft_devices_per_replica")
              else "")
     experts = (f" x ep {mem['expert_parallel']} ({mem['experts_per_device']} experts per GPU)"
@@ -116,6 +118,25 @@ def class_table(classes: dict) -> str:
                      f"{_num(slo['goodput_requests_per_s'], 2):>9}{_num(100 * slo['attainment'], 1):>7}%"
                      f"  {'met' if slo['met'] else 'MISSED'}")
     return "\n".join(lines)
+
+
+def _disaggregation_lines(split: dict) -> list[str]:
+    """The layout and link, the mean TTFT's four parts, and each pool (utilisation and placement above are the
+    decode pool's)."""
+    parts = "  ".join(f"{label} {_ms(split[f'ttft_{name}_s']['mean'])}" for label, name in
+                      (("queue", "queue"), ("prefill", "prefill"), ("transfer", "transfer"),
+                       ("first decode", "first_decode")))
+    lines = [f"disagg     {split['layout']} over {split['lanes']} x {split['link']}"
+             f"{' (streaming)' if split['streaming'] else ''}, KV reserved {split['reservation'].replace('_', ' ')};"
+             f" {split['transfers']:,} transfers, {_num(split['transfer_gb'], 1)} GB, mean"
+             f" {_ms(split['transfer_s']['mean'])} ms, link busy {_num(100 * split['link_utilisation'])}%;"
+             f" {split['aggregated_requests']:,} ran aggregated",
+             f"           TTFT mean (ms): {parts}"]
+    for name, pool in split["pools"].items():
+        lines.append(f"           {name} pool {pool['replicas']} x {pool['hardware']} tp {pool['tensor_parallel']} x"
+                     f" pp {pool['pipeline_parallel']}: busy {_num(100 * pool['busy_fraction'])}%,"
+                     f" {_num(pool['usd_per_hour'], 2)} USD/h")
+    return lines
 
 
 def _autoscaling_line(scaling: dict, hardware: str) -> str:

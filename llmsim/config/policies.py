@@ -88,3 +88,11 @@ def members_of(instance: object, **kinds: type[Choice]) -> None:
         value = getattr(instance, name)
         if value is not None and not isinstance(value, kind):
             object.__setattr__(instance, name, kind(value))
+
+
+class KVReservation(Choice):
+    """When a disaggregated decode replica takes the KV blocks of a request whose prompt another replica
+    computed (:mod:`llmsim.sim.disaggregated`): before the transfer starts, the prefill replica holding its
+    copy until then, or once the KV has arrived in a staging buffer beside the decode replica."""
+    BEFORE_TRANSFER = "before_transfer"
+    AFTER_TRANSFER = "after_transfer"

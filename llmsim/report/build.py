@@ -51,9 +51,10 @@ from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num
 from llmsim.report.standing import chip_standing
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
+from llmsim.search.disaggregation import AGGREGATED, compare_layouts
 from llmsim.search.layout import cheapest_layouts
-
-from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
+from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
+                                fewest_replicas)
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
@@ -67,7 +68,8 @@ from llmsim.workload.trace import Trace
 EXPERT_LAYOUTS = ("; and at one stage, routed experts spread over tp x 2, 4 ... up to 64 GPUs (ep) with attention "
                   "data parallel, a replica being the whole group")
 
-STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
+STAGES = ("workload", "candidates", "disaggregation", "settings", "load", "peak", "sensitivity", "monitoring",
+          "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 SENSITIVITY = 0.2                 # +-20% load and lengths
 ACCEPTANCE_STEP = 0.1
@@ -168,6 +170,8 @@ class ReportBuilder:
         self.requests = count
         # the runs' request count is a floor: each point's window follows its rate (llmsim.search.window)
         self.base = {"workload.num_requests": count, "workload.duration": None, **self._trace_lengths(scenario)}
+        if scenario.disaggregation is not None:     # every stage but one plans the deployment's aggregated layout
+            self.base[SPLIT_KEY] = None
         self.original = scenario
         self.scenario = variant(scenario, {**self.base, RATE_KEY: self.rate})    # validates the rate and lengths
         self.command = command or "llmsim report " + " ".join(sys.argv[1:])
@@ -294,6 +298,35 @@ class ReportBuilder:
             [Figure("candidates-figure", "Cost per hour of each chip's cheapest layout",
                     figures.candidates([c.hardware for c in self.choices], [c.usd_per_hour for c in self.choices],
                                        [c.layout is not None for c in self.choices], "candidates-figure"))]))
+
+    def _disaggregation(self) -> None:
+        """With deployment.disaggregation: the aggregated layout against each prefill:decode ratio at the target
+        rate, on the same requests (:func:`llmsim.search.disaggregation.compare_layouts`), and the verdict."""
+        if self.original.disaggregation is None:
+            return
+        own = {key: value for key, value in self.base.items() if key != SPLIT_KEY}
+        comparison = compare_layouts(variant(self.original, own), self.rate)
+        table, slo = comparison.table, self.original.slo
+        rows = [[r.kind, r.layout, str(int(r.devices)), usd(r.usd_per_hour), ms(r.ttft_p95_s), ms(r.tpot_p95_s),
+                 percent(r.slo_attainment), "yes" if r.slo_met else "no"] for r in table.itertuples()]
+        limits = {metric: getattr(slo, f"{metric}_s") for metric in ("ttft", "tpot")}
+        self.sections.append(Section(
+            "disaggregation", "Aggregated or disaggregated",
+            [f"The deployment's aggregated layout at 1 to {int((table['kind'] == AGGREGATED).sum())} replicas and "
+             "each prefill:decode ratio (xPyD) of the scenario's pools, simulated once each at "
+             f"{num(self.rate)} requests/s on the same requests; a layout meets the SLO when every percentile "
+             "target holds. Costs count both pools' devices.", f"Verdict: {comparison.verdict}."],
+            [Table("disaggregation-layouts", "Layouts compared, cheapest first",
+                   ["kind", "layout", "devices", "USD/hour", "P95 TTFT", "P95 TPOT", "SLO attainment", "SLO met"],
+                   rows),
+             Table("disaggregation-verdict", "Verdict", ["question", "value"],
+                   [["aggregated or disaggregated", comparison.verdict]])],
+            [Figure("disaggregation-figure", "Aggregated and disaggregated layouts: P95 latency against cost",
+                    figures.disaggregation(table["kind"], table["layout"], table["usd_per_hour"],
+                                           {"ttft": table["ttft_p95_s"], "tpot": table["tpot_p95_s"]}, limits,
+                                           "disaggregation-figure"))]))
+        self.summary.append(Fact("aggregated or disaggregated", "disaggregation-verdict",
+                                 "aggregated or disaggregated", "value"))
 
     def _settings(self) -> None:
         best = self.best

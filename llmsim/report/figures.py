@@ -123,6 +123,35 @@ def frontier(throughput, latency_s: dict, on_frontier: dict, load_factors, limit
         return to_svg(fig, key)
 
 
+def disaggregation(kinds, labels, usd_per_hour, latency_s: dict, limits_s: dict, key: str) -> str:
+    """Aggregated against disaggregated layouts: one panel per latency metric (``latency_s``: metric -> P95 per
+    layout) against the layout's cost per hour, each kind's layouts joined in order of cost and labelled, the
+    metric's SLO limit (``limits_s``, None for none) as a dashed line."""
+    with matplotlib.rc_context(_STYLE):
+        fig, axes = _figure(1, len(latency_s), (9, 3.4), squeeze=False)
+        kinds, labels = np.asarray(kinds), np.asarray(labels)
+        cost = np.asarray(usd_per_hour, dtype=float)
+        for ax, (metric, values) in zip(axes[0], latency_s.items()):
+            latency_ms = 1000 * np.asarray(values, dtype=float)
+            for kind, (colour, marker) in zip(sorted(set(kinds)), (("C0", "o"), ("C1", "s"))):
+                rows = np.flatnonzero(kinds == kind)
+                rows = rows[np.argsort(cost[rows], kind="stable")]
+                ax.plot(cost[rows], latency_ms[rows], "-", marker=marker, color=colour, lw=1, ms=5, label=kind)
+                for row in rows:
+                    ax.annotate(labels[row], (cost[row], latency_ms[row]), xytext=(3, 3), textcoords="offset points",
+                                fontsize=6, color=colour)
+            finite = latency_ms[np.isfinite(latency_ms) & (latency_ms > 0)]
+            if len(finite) and finite.max() > 30 * finite.min():
+                ax.set_yscale("log")
+            if limits_s.get(metric) is not None:
+                ax.axhline(1000 * limits_s[metric], color="C3", ls="--", lw=1, label="SLO limit")
+            ax.set_xlabel("USD per hour (both pools)")
+            ax.set_ylabel(f"P95 {metric.upper()} (ms)")
+            ax.set_title(f"P95 {metric.upper()} against cost")
+        axes[0][0].legend(fontsize=7)
+        return to_svg(fig, key)
+
+
 def diurnal(hours, rate_per_s, mean_rate, peak_rate, key: str) -> str:
     with matplotlib.rc_context(_STYLE):
         fig, ax = _figure()

@@ -95,6 +95,12 @@ COVERAGE = (
                "expert_dtype": "fp8", "embedding_dtype": "bf16", "sliding_window": 4096,
                "sliding_window_layers": 16, "max_context": 16384, "name": "mistral-fp8"}},
     {"model": {"config_json": "{tmp}/config.json", "name": "from-config"}},
+    {"deployment": {"disaggregation": {"prefill": {"hardware": "H100-SXM", "replicas": 2, "tensor_parallel": 1,
+                                                   "pipeline_parallel": 1},
+                                       "decode": {"hardware": "H200", "replicas": 1, "tensor_parallel": 1,
+                                                  "pipeline_parallel": 1},
+                                       "link": "infiniband_ndr", "streaming": True, "reservation": "after_transfer",
+                                       "aggregated_below_tokens": 256}}},
     {"deployment": {"tensor_parallel": "auto", "pipeline_parallel": "auto"},
      "engine": {"kv_spill": False, "admission": "guaranteed_no_evict", "chunked_prefill": False,
                 "runtime_reserve": "1 GiB"},
@@ -190,6 +196,35 @@ KEY_HELP: dict[str, str] = {
                          "longest cached prefix (needs engine.prefix_caching)",
     "deployment.load_bound": "`prefix_aware` only: a replica is chosen for its cache only while its outstanding "
                              "requests stay under this times the mean",
+    "deployment.disaggregation": "prefill and decode on pools of their own, the prompt's KV cache sent between "
+                                 "them (docs/guides/disaggregation.md); the deployment's own replicas and "
+                                 "parallelism are then the aggregated layout plans compare it with",
+    "deployment.disaggregation.prefill": "the pool that computes prompts",
+    "deployment.disaggregation.decode": "the pool that decodes (and runs whole the requests below "
+                                        "aggregated_below_tokens); it keeps no prefix cache",
+    "deployment.disaggregation.prefill.hardware": "the pool's chip, as `hardware`",
+    "deployment.disaggregation.prefill.replicas": "the pool's replicas, each on its own devices",
+    "deployment.disaggregation.prefill.tensor_parallel": "devices a replica's layers are split over; must divide the "
+                                                        "heads, and the replica must hold the weights and one "
+                                                        "max_model_len request's KV",
+    "deployment.disaggregation.prefill.pipeline_parallel": "pipeline stages per replica",
+    "deployment.disaggregation.decode.hardware": "the pool's chip, as `hardware`",
+    "deployment.disaggregation.decode.replicas": "the pool's replicas, each on its own devices",
+    "deployment.disaggregation.decode.tensor_parallel": "devices a replica's layers are split over; must divide the "
+                                                        "heads, and the replica must hold the weights and one "
+                                                        "max_model_len request's KV",
+    "deployment.disaggregation.decode.pipeline_parallel": "pipeline stages per replica",
+    "deployment.disaggregation.link": "the link the KV crosses, one port per device of the narrower replica "
+                                      "(`llmsim.catalog.links`: bandwidth, efficiency and latency with their sources)",
+    "deployment.disaggregation.streaming": "send the KV layer by layer while the prompt computes, so only the last "
+                                           "layer's and what the link could not carry are left after it",
+    "deployment.disaggregation.reservation": "when the decode replica takes the request's KV blocks: "
+                                             "`before_transfer` (vLLM NixlConnector, SGLang, Dynamo: the prefill "
+                                             "replica keeps its copy until then) or `after_transfer` (Mooncake: the "
+                                             "KV waits in the decode node's host memory)",
+    "deployment.disaggregation.aggregated_below_tokens": "prompts shorter than this (with prefix caching, their "
+                                                         "part no prefill replica holds) run whole on a decode "
+                                                         "replica; 0: none",
     "deployment.expert_parallel": "wide expert parallelism in the DeepSeek layout: a replica is one group of `degree` "
                                   "GPUs holding the routed experts, attention and the dense layers tensor parallel "
                                   "over tensor_parallel GPUs on degree / tensor_parallel data-parallel ranks, each "
@@ -453,6 +488,8 @@ KEY_OVERRIDES: dict[str, dict[str, str]] = {
     "deployment.tensor_parallel": {"type": "integer or `auto`", "allowed": ">= 1, or `auto`"},
     "deployment.pipeline_parallel": {"type": "integer or `auto`", "allowed": ">= 1, or `auto`"},
     "engine.cpu_offload": {"type": "boolean or mapping"},
+    "deployment.disaggregation.prefill.hardware": {"default": "`hardware`"},
+    "deployment.disaggregation.decode.hardware": {"default": "`hardware`"},
     "deployment.expert_parallel.scale_out_bandwidth": {"default": "none (one node)"},
     "engine.max_model_len": {"default": "the model's context"},
     "workload.prompt_tokens": {"type": "integer or mapping", "default": "required"},

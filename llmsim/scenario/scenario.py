@@ -19,6 +19,7 @@ from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
 from llmsim.config.policies import (Admission, Batching, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
 from llmsim.errors import ConfigError
+from llmsim.scenario.disaggregation import Disaggregation, Pool, disaggregation_from_node
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
 from llmsim.scenario.control import (SPECULATION_K, AutoscalingConfig, ControllerConfig, autoscaling_from_node,
@@ -171,6 +172,8 @@ class Scenario:
     source_dir: str | None = field(default=None, repr=False, compare=False)
     # vLLM flags of engine.vllm_args (or --vllm-args) that llmsim does not model, each with why.
     vllm_notes: tuple[str, ...] = field(default=(), compare=False)
+    # Prefill and decode on pools of their own (deployment.disaggregation); None: aggregated.
+    disaggregation: Disaggregation | None = None
 
     @property
     def speculating(self) -> bool:
@@ -217,6 +220,15 @@ class Scenario:
 
     def with_seed(self, seed: int) -> Scenario:
         return replace(self, seed=seed)
+
+    def pool(self, name: str) -> Scenario:
+        """This scenario as one pool of its disaggregated deployment (``prefill`` or ``decode``) would
+        run on its own: the pool's chip, replicas and parallelism, aggregated."""
+        pool: Pool = getattr(self.disaggregation, name)
+        return replace(self, hardware=pool.hardware, disaggregation=None,
+                       deployment=replace(self.deployment, replicas=pool.replicas,
+                                          tensor_parallel=pool.tensor_parallel,
+                                          pipeline_parallel=pool.pipeline_parallel))
 
     def plain_decoding(self) -> Scenario:
         """This scenario without speculation: a controller that moves the draft length goes with it
@@ -274,7 +286,6 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
                             pp, f"1..{model.num_layers} or auto")
     experts_node = dep.child("expert_parallel") if dep.has("expert_parallel") else None
-    dep.done()
 
     eng = root.child("engine")
     engine = EngineConfig(
@@ -306,6 +317,17 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     if router is RouterPolicy.PREFIX_AWARE and not engine.prefix_caching:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,
                             "engine.prefix_caching: true, or another router: " + ", ".join(RouterPolicy.names()[:3]))
+    disaggregation = None
+    if dep.raw("disaggregation", None) is not None:       # null: aggregated (a plan's override says so)
+        disaggregation = disaggregation_from_node(
+            dep.child("disaggregation"),
+            lambda pool, key: (_engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key))
+                               if pool.has(key) else hardware),
+            model.num_heads, model.num_layers)
+        if router is RouterPolicy.SHARED_QUEUE:
+            raise dep.key_error("router", "a disaggregated deployment routes each request to one replica of each "
+                                "pool", router, ", ".join(r for r in RouterPolicy.names() if r != router))
+    dep.done()
     if engine.kv_spill and not hardware.outer_tiers:
         raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
                             "false, or a profile with outer_memory")
@@ -355,8 +377,11 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
                         speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
-                        source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes)
+                        source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
+                        disaggregation=disaggregation)
     _check_fits(scenario, root)
+    if disaggregation is not None:
+        _check_disaggregation(scenario, root)
     if rollout is not None:
         scenario = replace(scenario, rollout_scenarios=tuple(group_scenario(scenario, group, root.file)
                                                              for group in rollout.groups))
@@ -597,6 +622,42 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
         allowed = (f"tensor_parallel: {fitting.tensor_parallel} (the fewest devices that fit, dividing the heads), "
                    + allowed)
     raise root.error(message, key="deployment.tensor_parallel", value=dep.tensor_parallel, allowed=allowed)
+
+
+def _check_disaggregation(scenario: Scenario, root: Node) -> None:
+    """Each pool must hold the model and one max_model_len request's KV; what the disaggregated simulation
+    does not model with it is refused."""
+    where = "deployment.disaggregation"
+    for what, unmodelled in (("speculation", scenario.speculating), ("controller", scenario.controller),
+                             ("autoscaling", scenario.autoscaling), ("rollout", scenario.rollout),
+                             ("workload.classes", scenario.workload.classes),
+                             ("deployment.expert_parallel", scenario.deployment.expert_parallel)):
+        if unmodelled:
+            raise root.error(f"{where} is not modelled together with {what}", key=what,
+                             value=root.raw(what) if "." not in what else "set",
+                             allowed=f"leave out {what}, or {where}")
+    if scenario.engine.batching is not Batching.CONTINUOUS:
+        raise root.error(f"{where} needs continuous batching", key="engine.batching",
+                         value=scenario.engine.batching, allowed="continuous")
+    if not scenario.engine.chunked_prefill:       # a transferred prompt's last token is continued as a chunk
+        raise root.error(f"{where} is modelled with chunked prefill (vLLM V1's scheduler)",
+                         key="engine.chunked_prefill", value=False, allowed="true")
+    for name in ("prefill", "decode"):
+        pool = scenario.pool(name)
+        placement, key = pool.memory, f"{where}.{name}.tensor_parallel"
+        if not placement.fits:
+            raise root.error(f"{scenario.model.name} does not fit on {pool.deployment.devices_per_replica} x "
+                             f"{pool.hardware.name} (the {name} pool): "
+                             f"{placement.weights_per_device_bytes / 1e9:.1f} GB of weights per device, "
+                             f"{placement.usable_per_device_bytes / 1e9:.1f} GB usable", key=key,
+                             value=pool.deployment.tensor_parallel,
+                             allowed="more tensor_parallel or pipeline_parallel, a smaller weight_dtype, or a larger "
+                                     "device")
+        if placement.kv_capacity_tokens < scenario.max_model_len:
+            raise root.error(f"the {name} pool's KV cache holds {placement.kv_capacity_tokens:,} tokens per replica, "
+                             f"less than one request of max_model_len {scenario.max_model_len:,} tokens",
+                             key=key, value=pool.deployment.tensor_parallel,
+                             allowed="more KV room (more devices per replica), or a smaller engine.max_model_len")
 
 
 def _check_holds_longest(scenario: Scenario, placement: Placement, root: Node) -> None:

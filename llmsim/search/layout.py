@@ -54,7 +54,7 @@ from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import (MAX_REPLICAS as PLAN_MAX_REPLICAS, REPLICAS_KEY, RATE_KEY, analytic_bracket,
                                 answer_row, as_scenario, candidates, capacity_bound, check_rate, check_rate_driven,
-                                fewest_replicas, kept_layout_row, plan_table)
+                                fewest_replicas, kept_layout_row, plan_table, aggregated)
 from llmsim.search.window import Judged
 
 MAX_TENSOR_PARALLEL = 8
@@ -162,7 +162,7 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
                     max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL,
                     max_expert_parallel: int = MAX_EXPERT_PARALLEL, progress: Progress = QUIET) -> LayoutChoice:
     """The cheapest (replicas, tp, pp) of ``hardware`` meeting the SLO targets at the rate (see the module doc)."""
-    scenario = as_scenario(scenario)
+    scenario = aggregated(as_scenario(scenario))
     rate = check_rate(target_rate_per_s)
     options = layouts(scenario, hardware, max_tensor_parallel=max_tensor_parallel,
                       max_pipeline_parallel=max_pipeline_parallel, max_expert_parallel=max_expert_parallel)

@@ -50,6 +50,7 @@ from llmsim.workload.trace_transforms import has_time_scale
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
 REPLICAS_KEY = "deployment.replicas"
+SPLIT_KEY = "deployment.disaggregation"      # null in a plan's overrides: the deployment's aggregated layout
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
 FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simulator (tests/analysis/test_analytic.py)
@@ -60,6 +61,12 @@ def as_scenario(scenario: str | Path | Scenario) -> Scenario:
         check_matches_source(scenario)           # variants are rebuilt from its YAML mapping
         return scenario
     return load_scenario(scenario)
+
+
+def aggregated(scenario: Scenario) -> Scenario:
+    """A disaggregated scenario's aggregated layout (its deployment without the pools), which plans and layout
+    searches size; any other scenario as it is (:mod:`llmsim.search.disaggregation` compares the two)."""
+    return scenario if scenario.disaggregation is None else variant(scenario, {SPLIT_KEY: None})
 
 
 def check_rate_driven(scenario: Scenario) -> None:
@@ -167,6 +174,8 @@ def kept_layout_row(scenario: Scenario, name: str, rate: float, seeds, workers, 
     """The plan row of chip ``name`` in the scenario's own layout (another chip: the fewest devices that
     hold the model): the fewest replicas meeting the targets."""
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
+    if scenario.disaggregation is not None:       # the aggregated layout (llmsim.search.disaggregation compares)
+        base[SPLIT_KEY] = None
     row = {"hardware": name, "layout_search": False}
     try:
         one = variant(scenario, {**base, REPLICAS_KEY: 1})

@@ -274,6 +274,9 @@ class Engine(EngineProcess):
         self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
         self._async = config.async_scheduling
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
+        # A disaggregated prefill pool's engine: a request whose prompt is computed leaves the batch keeping
+        # its KV blocks and is handed, with the time, to this (llmsim.sim.disaggregated), not decoded here.
+        self.handoff: Callable[[Request, float], None] | None = None
         self.start()
 
     def _resume(self) -> None:
@@ -358,6 +361,8 @@ class Engine(EngineProcess):
             return None
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
+        if self.handoff is not None:      # a prefill pool's engine: the decode pool emits every token
+            tokens_out = 0
         if self._async:
             duration = self._overlap_host(now, duration, n + sums[3])
         if self._tiered:
@@ -393,6 +398,9 @@ class Engine(EngineProcess):
                 continue
             # The prompt is complete: its first token (or, after a recompute, the next one).
             self.prefilling.remove(request)
+            if self.handoff is not None:
+                self.hand_off(request, now)
+                continue
             if request.generated == 0:
                 request.first_token_s = now
             else:
@@ -456,15 +464,23 @@ class Engine(EngineProcess):
         kv = self.kv
         if self._tiered:
             return kv.admit(request, chunk, now)
-        wanted = kv.blocks_for(chunk)
+        # A request whose KV arrived from a prefill replica holds its prompt but the last token already
+        # (llmsim.sim.disaggregated), reserved or not yet; any other holds nothing here.
+        wanted = kv.blocks_for(request.prefilled + chunk) - request.blocks
         if wanted > kv.free_blocks:
             return False
         kv.allocate(wanted)
-        request.blocks = wanted
+        request.blocks += wanted
         return True
 
     def start_request(self, request: Request, now: float, chunk: int, chunks: list) -> None:
         """Admit ``request``, just taken from the queue with its blocks, for its first ``chunk``."""
+        self.join(request, now)
+        chunks.append((request, chunk))
+
+    def join(self, request: Request, now: float) -> None:
+        """``request`` joins the batch holding its blocks; the prompt scheduling continues it from ``prefilled``
+        (a disaggregated decode engine takes a request whose KV it reserved this way, past its queue)."""
         request.status = RUNNING
         request.admit_order = self._admitted
         self._admitted += 1
@@ -472,11 +488,18 @@ class Engine(EngineProcess):
             request.first_scheduled_s = now
         self.running[request.id] = request
         self.prefilling.append(request)
-        chunks.append((request, chunk))
         if self._tracks_seats:
             self.queueing.started(request)
 
     # -- leaving --------------------------------------------------------------------------------
+    def hand_off(self, request: Request, now: float) -> None:
+        """``request``'s prompt is computed on a prefill pool's engine: it leaves the batch, its KV blocks
+        still held (the decode pool's side frees them once the KV has crossed), and goes to ``handoff``."""
+        if self._tracks_seats:
+            self.queueing.left(request)
+        del self.running[request.id]
+        self.handoff(request, now)
+
     def finish(self, request: Request, now: float) -> None:
         """``request`` has all its tokens: free its KV (all but its last token's was computed) and report it."""
         if self._tracks_seats:

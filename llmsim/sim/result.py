@@ -80,6 +80,37 @@ class KVTierTotals:
     host_held_blocks: int = 0
 
 
+@dataclass(frozen=True)
+class PoolTotals:
+    """One pool of a disaggregated deployment: its layout, what it costs and draws at TDP, and the share of
+    its replicas' time their iterations took over the run."""
+    pool: str
+    hardware: str
+    replicas: int
+    tensor_parallel: int
+    pipeline_parallel: int
+    usd_per_hour: float
+    power_w: float
+    busy_fraction: float
+
+
+@dataclass(frozen=True)
+class DisaggregationTotals:
+    """A disaggregated run's layout (``xPyD``), its link (one per decode replica, ``lanes`` ports of
+    ``link``: ``link_bytes_per_s`` of effective bandwidth each) and what crossed them: transfers, bytes,
+    and the share of the run each link had a transfer on it; then the pools."""
+    layout: str
+    link: str
+    lanes: int
+    streaming: bool
+    reservation: str
+    link_bytes_per_s: float
+    transfers: int
+    transfer_bytes: float
+    link_utilisation: float
+    pools: tuple[PoolTotals, ...]
+
+
 # The KVTierTotals summed from each replica's cache attribute of the same name.
 SUMMED_KV_TOTALS = ("lookups", "hit_blocks", "reloaded_blocks", "offloaded_blocks", "evicted_blocks",
                     "swapped_out_blocks", "swapped_in_blocks", "swap_resident_blocks", "swap_failed_preemptions",
@@ -120,6 +151,7 @@ class SimulationResult:
     provisioned: pd.DataFrame | None = None      # with autoscaling: replicas paid for after each change
     speculation_blocked: SpeculationSteps | None = None     # with speculation: its decode steps, summed
     kv_tiers: KVTierTotals | None = None      # with a tiered KV cache (prefix caching, host tier, swap): its totals
+    disaggregation: DisaggregationTotals | None = None    # with disaggregated prefill and decode: pools and link
 
     @property
     def interrupted(self) -> bool:

@@ -31,11 +31,11 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from llmsim.config.policies import Batching, PreemptionMode, RouterPolicy
-from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario, host_kv_blocks
 from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
 from llmsim.sim.controller import ControlLog, controller
+from llmsim.sim.disaggregated import DisaggregatedRouter, make_pool, pool_totals, totals, transfer_columns
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.environment import Environment, scheduler
 from llmsim.sim.horizon import default_horizon_s
@@ -139,7 +139,8 @@ class Router:
         self._all_done = all_done
         self.pool: ReplicaPool | None = None
 
-    def _leave(self, request: Request, now: float) -> None:
+    def leave(self, request: Request, now: float) -> None:
+        """``request`` leaves the system: its record is written."""
         self.in_system.change(now, -1)
         del self.in_system_requests[request.id]
         self.records.write(request)
@@ -147,30 +148,41 @@ class Router:
         if self._left_to_finish == 0 and not self._all_done.triggered:
             self._all_done.succeed(StopReason.COMPLETED)
 
-    def dispatch(self, request: Request, now: float) -> None:
+    def arrive(self, request: Request, now: float, kv_tokens: int | None = None) -> bool:
+        """``request`` enters the system; it leaves at once, rejected as too long, when prompt plus output
+        exceed the longest request or ``kv_tokens`` (default: a replica's KV cache). False then."""
         self.arrived += 1
         self.in_system.change(now, +1)
         self.in_system_requests[request.id] = request
         total = request.prompt_tokens + request.output_tokens
-        if total > self.max_tokens or total > self.kv_tokens:
+        if total > self.max_tokens or total > (self.kv_tokens if kv_tokens is None else kv_tokens):
             request.status, request.reason, request.finish_s = REJECTED, "too_long", now
-            self._leave(request, now)
+            self.leave(request, now)
+            return False
+        return True
+
+    def dispatch(self, request: Request, now: float) -> None:
+        if not self.arrive(request, now):
             return
-        index = self._pick(request)
+        index = self.pick(request)
         if index >= 0:
-            request.replica = index
-            self._count(index, +1)
-            engines = self.replicas[index]
-            engines[0].queue.push(request, now)
-            for engine in engines:
-                engine.notify()
+            self.enqueue(request, index, now)
         else:
             self.replicas[0][0].queue.push(request, now)
             for engines in self.replicas:
                 for engine in engines:
                     engine.notify()
 
-    def _pick(self, request: Request) -> int:
+    def enqueue(self, request: Request, index: int, now: float) -> None:
+        """``request`` joins replica ``index``'s queue (one more outstanding there) and its engines wake."""
+        request.replica = index
+        self.count(index, +1)
+        engines = self.replicas[index]
+        engines[0].queue.push(request, now)
+        for engine in engines:
+            engine.notify()
+
+    def pick(self, request: Request) -> int:
         """The replica for ``request`` (-1: the shared queue)."""
         if self.pool is not None:                 # autoscaling: a serving replica
             return self.policy.pick_serving(self, request, self.pool)
@@ -200,10 +212,10 @@ class Router:
         if request.replica < 0:          # shared queue: credit the replica that served it
             request.replica = replica
         else:
-            self._count(request.replica, -1)
-        self._leave(request, now)
+            self.count(request.replica, -1)
+        self.leave(request, now)
 
-    def _count(self, index: int, delta: int) -> None:
+    def count(self, index: int, delta: int) -> None:
         """Replica ``index`` holds ``delta`` (+1 or -1) more outstanding requests: move it between the groups."""
         outstanding, by_count = self.outstanding, self._by_count
         was = outstanding[index]
@@ -324,6 +336,13 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         return lambda request, now: router.done(request, now, replica)
 
     warmup = warmup_for(scenario, window)
+    stop = env.event()
+    if scenario.disaggregation is not None:
+        split = _disaggregated(scenario, env, records, trace, observers, stop)
+        Arrivals(env, records, split)
+        env.process(_horizon(env, horizon, stop))
+        return _run(scenario, env, stop, split.prefill, split.engines, records, split.resolved, window, warmup,
+                    split=split)
     make_engine = _engine_factory(scenario, resolved)
     make_kv = _kv_factory(scenario, resolved, trace)
     groups = []
@@ -337,7 +356,6 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     for engine in engines:
         if isinstance(engine, Engine):
             engine.observers.extend(observers)
-    stop = env.event()
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
                     records, stop, dep.load_bound)
     Arrivals(env, records, router)
@@ -351,6 +369,15 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         router.pool = ReplicaPool(pool_size, resolved.replicas, switch_off)
         env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
+    return _run(scenario, env, stop, router, engines, records, resolved, window, warmup, control, scaling)
+
+
+def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: Router, engines: list[Engine],
+         records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
+         control: ControlLog | None = None, scaling: ScalingLog | None = None,
+         split: DisaggregatedRouter | None = None) -> SimulationResult:
+    """Run the simulation built in ``env`` until ``stop`` and return its result (see :func:`simulate` for a
+    run stopped by Ctrl-C or a fault)."""
     stopped_by, fault = StopReason.COMPLETED, None
     try:
         if len(records):
@@ -362,10 +389,10 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         stopped_by, fault = StopReason.FAULT, error
     if fault is None:
         return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
-                       scaling=scaling)
+                       scaling=scaling, split=split)
     try:
         fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup,
-                                       StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling)
+                                       StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling, split)
         fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
@@ -376,7 +403,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
             stopped_by: str, fault: str | None = None, control: ControlLog | None = None,
-            scaling: ScalingLog | None = None) -> SimulationResult:
+            scaling: ScalingLog | None = None, split: DisaggregatedRouter | None = None) -> SimulationResult:
     """The result of a run that ended (by ``stopped_by``): records of the requests that arrived."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
@@ -390,10 +417,18 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     router.write_in_system()
     queues = list({id(e.queue): e.queue for e in engines}.values())
     kv_caches = list({id(e.kv): e.kv for e in engines}.values())
+    requests, iterations = _records(records, router.arrived, scenario), _iterations(engines, end_s)
+    disaggregation = None
+    if split is not None:
+        requests = transfer_columns(requests, split)
+        decoding = iterations["replica"] >= split.decode_first_index
+        iterations.insert(0, "pool", np.where(decoding, "decode", "prefill"))
+        disaggregation = totals(split, [pool_totals(name, scenario.pool(name), iterations[rows], end_s)
+                                        for name, rows in (("prefill", ~decoding), ("decode", decoding))], end_s)
     return SimulationResult(
         scenario=scenario,
-        requests=_records(records, router.arrived, scenario),
-        iterations=_iterations(engines, resolved.cost, end_s),
+        requests=requests,
+        iterations=iterations,
         queue_length=_queue_series(queues),
         end_s=end_s,
         arrival_window_s=window,
@@ -416,8 +451,49 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         replica_seconds=router.pool.replica_seconds(end_s) if router.pool is not None else None,
         provisioned=router.pool.provisioned_series() if router.pool is not None else None,
         speculation_blocked=_blocked_counts(engines),
-        kv_tiers=_kv_tiers(kv_caches, end_s),
+        kv_tiers=_kv_tiers([kv for kv in kv_caches if kv.tiered], end_s),     # a decode pool's are not
+        disaggregation=disaggregation,
     )
+
+
+def _disaggregated(scenario: Scenario, env: simpy.Environment, records: RequestRecords, trace: Trace,
+                   observers: Sequence[Observer], stop: simpy.Event) -> DisaggregatedRouter:
+    """The prefill and decode pools of a disaggregated scenario and the router between them
+    (:mod:`llmsim.sim.disaggregated`); ``engines`` and ``resolved`` (the decode pool's) are set on it."""
+    dep, config = scenario.deployment, scenario.disaggregation
+    prefill_scenario, decode_scenario = scenario.pool("prefill"), scenario.pool("decode")
+    split: DisaggregatedRouter | None = None
+
+    def hand_off(request: Request, now: float) -> None:
+        split.handoff(request, now)
+
+    prefill_resolved = ResolvedDeployment.of(prefill_scenario)
+    prefill_kv = _kv_factory(prefill_scenario, prefill_resolved, trace)
+    _, prefill_groups = make_pool(prefill_scenario, env, _engine_factory(prefill_scenario, prefill_resolved),
+                                  prefill_kv, lambda i: lambda request, now: split.prefill_rejected(i)(request, now),
+                                  0, observers)
+    decode_resolved = ResolvedDeployment.of(decode_scenario)
+    # The decode pool keeps no prefix cache: a transferred prompt's KV is the request's own.
+    decode_kv = partial(KVCache, decode_resolved.kv_blocks, decode_resolved.block_size)
+    _, decode_groups = make_pool(decode_scenario, env, _engine_factory(decode_scenario, decode_resolved), decode_kv,
+                                 lambda i: lambda request, now: split.decode_done(i)(request, now),
+                                 len(prefill_groups), observers)
+    prefill = Router(dep.router, prefill_groups, scenario.max_model_len, prefill_resolved.kv_blocks,
+                     prefill_resolved.block_size, records, stop, dep.load_bound)
+    decode = Router(RouterPolicy.LEAST_OUTSTANDING if dep.router is RouterPolicy.PREFIX_AWARE else dep.router,
+                    decode_groups, scenario.max_model_len, decode_resolved.kv_blocks, decode_resolved.block_size,
+                    records, stop)
+    split = DisaggregatedRouter(env, config, prefill, decode, scenario.model.kv_bytes_per_token,
+                                scenario.model.num_layers, records, scenario.engine.prefix_caching)
+    for group in prefill_groups:
+        for engine in group:
+            engine.handoff = hand_off
+    for group in decode_groups:
+        for engine in group:
+            engine.observers.append(split.observe_decode)
+    split.engines = [engine for group in prefill_groups + decode_groups for engine in group]
+    split.resolved = decode_resolved
+    return split
 
 
 def _blocked_counts(engines) -> SpeculationSteps | None:
@@ -537,11 +613,20 @@ def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.Da
     return frame
 
 
-def _iterations(engines: list[Engine], cost: CostModel, end_s: float) -> pd.DataFrame:
-    """One row per iteration that completed by ``end_s``, with its utilisations (empties the engines' logs)."""
+def _iterations(engines: list[Engine], end_s: float) -> pd.DataFrame:
+    """One row per iteration that completed by ``end_s``, with its utilisations of its own replica's devices
+    (empties the engines' logs)."""
     frame = iterations_frame([(engine.index, engine.micro_batch, engine.log) for engine in engines], end_s)
-    frame["mfu"] = frame["flops"] / (frame["duration_s"] * cost.peak_flops_per_s)
-    frame["bandwidth_utilisation"] = frame["bytes"] / (frame["duration_s"] * cost.peak_bandwidth_bytes_per_s)
+    costs = {engine.index: engine.cost for engine in engines}
+    if len({id(cost) for cost in costs.values()}) == 1:
+        cost = engines[0].cost
+        peak_flops, peak_bytes = cost.peak_flops_per_s, cost.peak_bandwidth_bytes_per_s
+    else:                                    # pools of different chips or layouts
+        replica = frame["replica"]
+        peak_flops = replica.map({i: c.peak_flops_per_s for i, c in costs.items()}).to_numpy()
+        peak_bytes = replica.map({i: c.peak_bandwidth_bytes_per_s for i, c in costs.items()}).to_numpy()
+    frame["mfu"] = frame["flops"] / (frame["duration_s"] * peak_flops)
+    frame["bandwidth_utilisation"] = frame["bytes"] / (frame["duration_s"] * peak_bytes)
     return frame
 
 

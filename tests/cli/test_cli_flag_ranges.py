@@ -52,6 +52,7 @@ FLAGS = [
     ("plan", "--seeds", {}, ("2", "2")),
     ("plan", "--workers", {}, ("2", 2)),
     ("plan", "--max-replicas", {}, ("16", 16)),
+    ("plan", "--ratios", {}, ("1P1D,2P1D", [(1, 1), (2, 1)])),
     ("place", "--tp", {}, ("2", 2)),
     ("place", "--pp", {}, ("2", 2)),
     ("place", "--memory-utilization", {}, ("0.8", 0.8)),

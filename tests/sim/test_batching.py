@@ -101,13 +101,13 @@ def test_least_outstanding_pick_matches_a_scan_of_every_replica():
     rng = np.random.default_rng(7)
     for _ in range(20_000):
         if rng.random() < 0.55 or not any(held):
-            index = router._pick(None)
+            index = router.pick(None)
             assert index == held.index(min(held))
-            router._count(index, +1)
+            router.count(index, +1)
             held[index] += 1
         else:
             index = int(rng.choice(np.flatnonzero(held)))
-            router._count(index, -1)
+            router.count(index, -1)
             held[index] -= 1
         assert router.outstanding == held
     assert max(held) > 20                       # the groups grew well past their first length

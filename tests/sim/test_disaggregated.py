@@ -1,0 +1,213 @@
+"""Disaggregated prefill/decode against independent truth: the link's closed forms (one transfer, equal
+transfers sharing it, work conservation), the two pools run as scenarios of their own, conservation of
+requests and KV blocks across both pools, and streaming's closed form."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import simpy
+
+from llmsim.catalog.links import LINKS, Link
+from llmsim.sim.disaggregated import SharedLink
+from llmsim.sim.simulate import simulate
+from llmsim.workload.generate import generate_trace
+from llmsim.workload.trace import Trace
+from tests.helpers import make_scenario, simulate_checked
+
+FREE_LINK = Link("free", "an infinitely fast link", math.inf, 1.0, 0.0, {})
+
+
+def disaggregated(overrides: dict | None = None, **split) -> dict:
+    """A small Llama-3.1-8B deployment: one H100 prefill replica, one H100 decode replica over InfiniBand NDR."""
+    config = {"prefill": {"replicas": 1, "tensor_parallel": 1}, "decode": {"replicas": 1, "tensor_parallel": 1},
+              "link": "infiniband_ndr", **split}
+    base = {"deployment": {"disaggregation": config},
+            "workload": {"num_requests": 120, "arrival": {"process": "poisson", "rate": 4.0}}}
+    return make_scenario(_deep(base, overrides or {}))
+
+
+def _deep(base: dict, overrides: dict) -> dict:
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = _deep(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def with_link(scenario, link: Link):
+    return dataclasses.replace(scenario, disaggregation=dataclasses.replace(scenario.disaggregation, link=link))
+
+
+# -- the link ------------------------------------------------------------------------------------------
+
+def test_one_transfer_takes_bytes_over_bandwidth_times_efficiency_plus_latency():
+    link = LINKS["infiniband_ndr"]
+    nbytes, lanes = 3.2e9, 4
+    expected = nbytes / (50e9 * 0.94 * lanes) + 10e-6             # the table's datasheet rate, measured share
+    assert link.transfer_s(nbytes, lanes) == pytest.approx(expected, rel=1e-12)
+    env = simpy.Environment()
+    shared = SharedLink(env, link.effective_bytes_per_s * lanes, link.latency_s)
+    done = []
+    shared.send(nbytes, done.append)
+    env.run()
+    assert done == [pytest.approx(expected, rel=1e-12)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+def test_n_equal_concurrent_transfers_each_take_n_times_as_long(n):
+    rate, latency, nbytes = 10e9, 20e-6, 1e9
+    env = simpy.Environment()
+    link = SharedLink(env, rate, latency)
+    done = []
+    for _ in range(n):
+        link.send(nbytes, done.append)
+    env.run()
+    assert done == [pytest.approx(n * nbytes / rate + latency, rel=1e-12)] * n
+    assert link.busy_s == pytest.approx(n * nbytes / rate, rel=1e-12)
+
+
+def test_staggered_transfers_share_the_link_and_conserve_its_work():
+    """A second transfer joining half-way: the first gets the whole link, then half of it (closed form), and
+    the link, never idle, finishes the last byte at total bytes / rate."""
+    rate, nbytes, join_s = 1e9, 1e9, 0.4
+    env = simpy.Environment()
+    link = SharedLink(env, rate, 0.0)
+    done: dict[str, float] = {}
+    link.send(nbytes, lambda t: done.setdefault("first", t))
+    env.timeout(join_s).callbacks.append(lambda _: link.send(nbytes, lambda t: done.setdefault("second", t)))
+    env.run()
+    first = join_s + 2 * (nbytes - rate * join_s) / rate
+    assert done["first"] == pytest.approx(first, rel=1e-12)
+    assert done["second"] == pytest.approx(2 * nbytes / rate, rel=1e-12)
+
+
+# -- the pools against scenarios of their own ---------------------------------------------------------------
+
+def test_with_an_infinitely_fast_link_the_prefill_pool_runs_as_its_own_scenario():
+    """Each prompt ends on the prefill pool when the prefill pool run alone (every request one output token,
+    so it leaves when its prompt is computed) gives it its first token."""
+    scenario = with_link(disaggregated(), FREE_LINK)
+    trace = generate_trace(scenario.workload, scenario.seed)
+    split = simulate(scenario, trace).requests
+    alone_trace = dataclasses.replace(trace, output_tokens=np.ones(len(trace), np.int64))
+    alone = simulate(scenario.pool("prefill"), alone_trace).requests
+    assert (split["status"] == "finished").all() and (alone["status"] == "finished").all()
+    np.testing.assert_allclose(split["prefill_end_s"], alone["first_token_s"], rtol=1e-12)
+    np.testing.assert_allclose(split["first_scheduled_s"], alone["first_scheduled_s"], rtol=1e-12)
+    np.testing.assert_allclose(split["transfer_end_s"], split["prefill_end_s"], rtol=1e-12)
+
+
+def test_with_an_infinitely_fast_link_the_decode_pool_decodes_as_its_own_scenario():
+    """Requests far apart: after its first decode step (which computes the last prompt token) a request
+    decodes on the decode pool exactly as the decode pool run alone decodes it after its prompt."""
+    scenario = with_link(disaggregated({"workload": {"num_requests": 12,
+                                                     "arrival": {"process": "deterministic", "rate": 0.05}}}),
+                         FREE_LINK)
+    trace = generate_trace(scenario.workload, scenario.seed)
+    split = simulate(scenario, trace).requests
+    alone = simulate(scenario.pool("decode"), trace).requests
+    decoding_split = split["finish_s"] - split["first_token_s"]
+    decoding_alone = alone["finish_s"] - alone["first_token_s"]
+    np.testing.assert_allclose(decoding_split, decoding_alone, rtol=1e-9)
+    # The first decode step is one token over the prompt's context: about one decode step of the run alone.
+    several = alone["output_tokens"] > 2
+    np.testing.assert_allclose(split["ttft_first_decode_s"][several], alone["tpot_s"][several], rtol=0.1)
+
+
+# -- conservation ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reservation", ["before_transfer", "after_transfer"])
+@pytest.mark.parametrize("horizon", [None, "6 s"])
+def test_every_arrival_finishes_or_is_reported_unfinished_across_both_pools(reservation, horizon):
+    """A decode pool whose KV cache holds few requests (it fills), a slow link, short prompts run aggregated;
+    every request that arrived is finished, rejected or unfinished, and a drained run frees every KV block."""
+    overrides = {"engine": {"memory_utilization": 0.3, "max_model_len": 8192},
+                 "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 20.0}}}
+    if horizon:
+        overrides["simulation"] = {"horizon": horizon}
+    scenario = disaggregated(overrides, reservation=reservation, link="pcie_gen4", aggregated_below_tokens=200)
+    result = simulate_checked(scenario)      # KV blocks, tokens and requests balance at every iteration too
+    records = result.requests
+    counts = records["status"].value_counts().to_dict()
+    assert records["id"].tolist() == list(range(len(records)))          # the first arrivals of the trace
+    assert set(counts) <= {"finished", "rejected", "unfinished"}
+    if horizon is not None:
+        assert counts.get("unfinished", 0) > 0
+    finished = records[records["status"] == "finished"]
+    assert (finished["generated_tokens"] == finished["output_tokens"]).all()
+    assert records["aggregated"].any() and (~records["aggregated"]).any()
+    parts = finished[["ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s", "ttft_first_decode_s"]]
+    np.testing.assert_allclose(parts.sum(axis=1), finished["ttft_s"], rtol=1e-9, atol=1e-12)
+    assert (parts >= -1e-12).all().all()
+    if horizon is None:
+        assert counts == {"finished": len(records)}
+        assert result.kv_allocated_blocks == result.kv_freed_blocks
+        moved = finished[~finished["aggregated"]]
+        assert result.disaggregation.transfers == len(moved)
+        assert result.disaggregation.transfer_bytes == pytest.approx(
+            float(moved["prompt_tokens"].sum()) * scenario.model.kv_bytes_per_token)
+
+
+def test_a_full_decode_pool_holds_prefill_kv_when_reserving_before_the_transfer():
+    """With the decode KV reserved before the transfer a burst waits for decode blocks (transfers start after
+    the prefill ended); reserved after, transfers start when the prefill ends and the wait is in the decode queue."""
+    overrides = {"engine": {"memory_utilization": 0.25, "max_model_len": 8192},
+                 "workload": {"num_requests": 40, "arrival": {"process": "poisson", "rate": 40.0},
+                              "prompt_tokens": 3000, "output_tokens": 400},
+                 "simulation": {"horizon": "1 h"}}
+    before = simulate(disaggregated(overrides, reservation="before_transfer")).requests
+    after = simulate(disaggregated(overrides, reservation="after_transfer")).requests
+    wait_before = before["transfer_start_s"] - before["prefill_end_s"]
+    wait_after = after["transfer_start_s"] - after["prefill_end_s"]
+    assert wait_before.max() > 0.1
+    assert wait_after.abs().max() < 1e-9
+    assert (before["status"] == "finished").all() and (after["status"] == "finished").all()
+
+
+# -- streaming -------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("link", ["pcie_gen4", "nvlink4"])
+def test_streaming_leaves_the_last_layer_or_what_the_link_could_not_carry(link):
+    """One request at a time: the transfer left after the prefill takes max(bytes / layers, bytes - rate x
+    prefill time) / rate + latency, whichever the link's speed makes larger."""
+    scenario = disaggregated({"workload": {"num_requests": 5, "arrival": {"process": "deterministic", "rate": 0.2},
+                                           "prompt_tokens": 4000, "output_tokens": 4}}, link=link, streaming=True)
+    records = simulate(scenario).requests
+    figures = LINKS[link]
+    rate, layers = figures.effective_bytes_per_s, scenario.model.num_layers
+    nbytes = records["prompt_tokens"] * scenario.model.kv_bytes_per_token
+    prefill_s = records["prefill_end_s"] - records["first_scheduled_s"]
+    expected = np.maximum(nbytes / layers, nbytes - rate * prefill_s) / rate + figures.latency_s
+    np.testing.assert_allclose(records["transfer_end_s"] - records["prefill_end_s"], expected, rtol=1e-9)
+
+
+def test_prompts_below_the_threshold_run_aggregated_on_the_decode_pool():
+    trace = Trace(np.array([0.0, 1.0, 2.0]), np.array([100, 5000, 300]), np.array([10, 10, 10]))
+    scenario = disaggregated(aggregated_below_tokens=400)
+    records = simulate(scenario, trace).requests
+    assert records["aggregated"].tolist() == [True, False, True]
+    assert records["prefill_replica"].tolist() == [-1, 0, -1]
+    assert records["transfer_bytes"].isna().tolist() == [True, False, True]
+
+
+def test_prefix_aware_placement_sends_a_session_back_to_the_prefill_replica_holding_it():
+    """Multi-turn sessions over two prefill replicas: placed by cached prefix, a session's later turns return
+    to the replica holding its history (placed in turn, about half do, by chance), and more of their prompt
+    tokens are found cached."""
+    found = {}
+    for router in ("prefix_aware", "round_robin"):
+        overrides = {"engine": {"prefix_caching": True}, "deployment": {"router": router},
+                     "workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 2.0},
+                                  "prompt_tokens": 300, "output_tokens": 20,
+                                  "sessions": {"turns": {"distribution": "uniform", "low": 3, "high": 6},
+                                               "think_time": "2 s"}}}
+        records = simulate_checked(disaggregated(overrides, prefill={"replicas": 2, "tensor_parallel": 1})).requests
+        assert (records["status"] == "finished").all()
+        later = records[records.duplicated("session_id")]          # every turn after a session's first
+        firsts = records.drop_duplicates("session_id").set_index("session_id")["prefill_replica"]
+        found[router] = ((later["prefill_replica"].to_numpy() == firsts[later["session_id"]].to_numpy()).mean(),
+                         later["cached_tokens"].sum() / later["prompt_tokens"].sum())
+    assert found["prefix_aware"][0] > 0.9 and found["round_robin"][0] < 0.7
+    assert found["prefix_aware"][1] > 1.2 * found["round_robin"][1]
