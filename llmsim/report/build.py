@@ -227,8 +227,9 @@ class ReportBuilder:
                                 f"P95 {num(np.percentile(values, 95))}, max {num(values.max())}"])
         rows.append(["SLO targets", self._targets_text()])
         classes = getattr(self.original.workload, "classes", None)
-        paragraphs = [f"Requests shown: {'the trace, scaled by its growth' if traffic.trace is not None else 'one sample of the scenario workload at the target rate'} "
-                      f"({len(trace):,} requests over {window:,.0f} s)."]
+        shown = ("the trace, scaled by its growth" if traffic.trace is not None
+                 else "one sample of the scenario workload at the target rate")
+        paragraphs = [f"Requests shown: {shown} ({len(trace):,} requests over {window:,.0f} s)."]
         if traffic.trace is not None:
             paragraphs.append("The simulations draw prompt and output lengths from lognormal distributions fitted "
                               "to the trace (its mean and the standard deviation of its log lengths), with "
@@ -374,18 +375,24 @@ class ReportBuilder:
             ["P95 TPOT", ms(mean[names.TPOT_P95])], ["TPOT margin", _margin(mean[names.TPOT_P95], tpot_limit)],
             ["SLO attainment", percent(mean[names.SLO_ATTAINMENT])],
             ["attainment over target (worst limit)", plus_minus(margin, spread, percent)]],
-            note=f"means over {counted(len(self.seeds), 'seed')} at {num(self.rate)} requests/s; margin: how far the P95 "
+            note=f"means over {counted(len(self.seeds), 'seed')} at {num(self.rate)} requests/s; "
+                 "margin: how far the P95 "
                  f"is below its limit; attainment over target: the share within the limit minus the percentile "
                  f"target, ± 2 standard errors pooled over seeds; a month is {HOURS_PER_MONTH:g} hours")
         if rec is not None:
             paragraphs.insert(0, f"Searched on {best.hardware} {best.layout.label} x {best.replicas} with "
                               f"`llmsim recommend` ({len(rec.analytic)} settings scored analytically, "
-                              f"{len(rec.table)} simulated on {counted(len(self.seeds), 'seed')}). With them the deployment "
+                              f"{len(rec.table)} simulated on {counted(len(self.seeds), 'seed')}). "
+                              "With them the deployment "
                               f"needs {counted(replicas, 'replica')} (the scenario's settings: {best.replicas}).")
         self.sections.append(Section("settings", "Recommended deployment and engine settings", paragraphs,
                                      [deploy, table]))
-        deployed_fact = (lambda label, row: Fact(label, "deployment", row, "recommended"))
-        setting_fact = (lambda label, row: Fact(label, "settings", row, "recommended"))
+        def deployed_fact(label: str, row: str) -> Fact:
+            return Fact(label, "deployment", row, "recommended")
+
+        def setting_fact(label: str, row: str) -> Fact:
+            return Fact(label, "settings", row, "recommended")
+
         chip = best.hardware
         self.summary += [deployed_fact("chip", "chip"),
                          Fact("what its figures rest on", "candidates", chip, "figures rest on"),
@@ -408,9 +415,12 @@ class ReportBuilder:
         if rec is None:
             timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
             return [["speculation k", own_k, "-"], ["max batch tokens", str(eng.max_batch_tokens), "-"],
-                    ["queue timeout", timeout, "-"], ["goodput (req/s)", "-", "-"], ["gain over the rule of thumb", "-", "-"]]
+                    ["queue timeout", timeout, "-"], ["goodput (req/s)", "-", "-"],
+                    ["gain over the rule of thumb", "-", "-"]]
         top, default = rec.table.iloc[0], rec.defaults.iloc[0]
-        timeout = (lambda t: "none" if t is None or (isinstance(t, float) and math.isnan(t)) else ms(t))
+        def timeout(t: float | None) -> str:
+            return "none" if t is None or (isinstance(t, float) and math.isnan(t)) else ms(t)
+
         return [["speculation k", str(rec.best.k), str(default["config"].k)],
                 ["max batch tokens", str(rec.best.max_batch_tokens), str(default["config"].max_batch_tokens)],
                 ["queue timeout", timeout(rec.best.queue_timeout_s), timeout(default["config"].queue_timeout_s)],
@@ -471,7 +481,8 @@ class ReportBuilder:
             ["breaking point", breaking_text],
             ["headroom above the target", headroom_text],
             [f"one replica down ({self.replicas - 1} of {self.replicas})", down_text],
-            ["replicas for N+1", f"{n_plus_one} ({'the recommendation already survives one down' if down_met else f'{self.replicas} + 1 spare'})"]],
+            ["replicas for N+1", f"{n_plus_one} ("
+             + ("the recommendation already survives one down" if down_met else f"{self.replicas} + 1 spare") + ")"]],
             note=f"breaking point: highest rate meeting the SLO targets, bisected to {BREAKING_TOLERANCE:.0%} of the "
                  f"target and on until the step is below the headroom (to {BREAKING_FINEST:.2%} at most); a headroom "
                  "the step cannot resolve is given as the range it lies in")
@@ -587,7 +598,8 @@ class ReportBuilder:
             rows.append([f"{metric[:4].upper()} P50 / P95 / P99",
                          " / ".join(ms(lat[metric][p]) for p in ("p50", "p95", "p99"))])
         rows += [["queue length mean / max", f"{num(queue['mean_length'])} / {queue['max_length']}"],
-                 ["KV cache used mean / max", f"{percent(util['kv_occupancy_mean'])} / {percent(util['kv_occupancy_max'])}"],
+                 ["KV cache used mean / max",
+                  f"{percent(util['kv_occupancy_mean'])} / {percent(util['kv_occupancy_max'])}"],
                  ["busy (utilisation)", percent(util["busy_fraction"])], ["MFU", percent(util["mfu"])],
                  ["memory bandwidth utilisation", percent(util["bandwidth_utilisation"])]]
         self.sections.append(Section(
@@ -595,9 +607,11 @@ class ReportBuilder:
             [f"One simulated run (seed {self.final.seed}, {len(result.requests):,} requests at "
              f"{num(self.rate)} requests/s) in {MONITOR_BINS} time bins, as a serving dashboard shows it; "
              f"latency percentiles by completion time, utilisation and KV cache averaged over replicas. "
-             f"The table covers the measurement window ({num(summary['window_s'][0])}-{num(summary['window_s'][1])} s)."],
+             "The table covers the measurement window "
+             f"({num(summary['window_s'][0])}-{num(summary['window_s'][1])} s)."],
             [Table("monitoring", "The run's measurement window", ["metric", "value"], rows)],
-            [Figure("monitoring-figure", "Dashboard: QPS, tokens/s, TTFT/TPOT percentiles, queue, KV cache, utilisation",
+            [Figure("monitoring-figure",
+                    "Dashboard: QPS, tokens/s, TTFT/TPOT percentiles, queue, KV cache, utilisation",
                     figures.monitoring(series, {"ttft": self.final.slo.ttft_s, "tpot": self.final.slo.tpot_s},
                                        "monitoring-figure"))]))
 
@@ -786,7 +800,9 @@ def _scaled_length(raw, factor: float):
 def _shifted_acceptance(raw: dict, step: float) -> dict | None:
     """Overrides moving the acceptance's per-token rate by ``step`` (None for replayed lengths)."""
     process = raw.get("process", "bernoulli")
-    clip = (lambda v: float(min(max(v, 0.01), 0.99)))
+    def clip(v: float) -> float:
+        return float(min(max(v, 0.01), 0.99))
+
     key = "speculation.acceptance"
     if process in ("bernoulli", "positional"):
         return {f"{key}.alpha": clip(raw.get("alpha", 0.7) + step)}

@@ -75,7 +75,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -823,7 +823,8 @@ class _Search:
         frame = pd.DataFrame(list(self.results.values()))
         frame["default"] = [c in self.defaults for c in frame["config"]]
         if self.objective == "goodput":
-            order = frame.sort_values(["meets_scenario_rate", "max_rate_per_s"], ascending=[False, False], kind="stable")
+            order = frame.sort_values(["meets_scenario_rate", "max_rate_per_s"], ascending=[False, False],
+                                      kind="stable")
         else:
             order = frame.sort_values(["meets_scenario_rate", "usd_per_million_output_tokens"],
                                       ascending=[False, True], kind="stable")
