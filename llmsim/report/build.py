@@ -99,7 +99,7 @@ class Traffic:
 def traffic_from_rate(rate_per_s: float, peak_to_mean: float = DEFAULT_PEAK_TO_MEAN) -> Traffic:
     """An assumed diurnal profile: a sinusoid over 24 h peaking at ``rate_per_s`` at 15:00."""
     if not math.isfinite(peak_to_mean) or not 1.0 <= peak_to_mean < 2.0:
-        raise ConfigError("a sinusoidal day's peak must be 1 to 2 times its mean", key="--peak-to-mean",
+        raise ConfigError("a sinusoidal day's peak must be 1 to 2 times its mean", key="peak_to_mean",
                           value=peak_to_mean, allowed="a number in [1, 2)")
     hours = np.arange(24) + 0.5
     mean = rate_per_s / peak_to_mean
@@ -113,14 +113,14 @@ def traffic_from_trace(trace: Trace, growth: float, path: str) -> Traffic:
     """The trace's arrival rate in 24 equal windows of its duration (read as one day), times
     ``growth``; the target is its busiest window."""
     if not math.isfinite(growth) or growth <= 0:
-        raise ConfigError("the growth factor must be positive", key="--growth", value=growth,
+        raise ConfigError("the growth factor must be positive", key="growth", value=growth,
                           allowed="a factor such as 2x, 1.5 or 150%")
     if len(trace) < 48:
-        raise ConfigError(f"a trace of {len(trace)} requests is too short for a profile", key="--trace", value=path,
+        raise ConfigError(f"a trace of {len(trace)} requests is too short for a profile", key="trace", value=path,
                           allowed="a trace of at least 48 requests")
     duration = float(trace.arrival_s[-1] - trace.arrival_s[0])
     if duration <= 0:
-        raise ConfigError("every request of the trace arrives at the same time", key="--trace", value=path,
+        raise ConfigError("every request of the trace arrives at the same time", key="trace", value=path,
                           allowed="a trace whose arrivals span some time")
     counts, edges = np.histogram(trace.arrival_s, bins=24, range=(trace.arrival_s[0], trace.arrival_s[-1]))
     rate = growth * counts / np.diff(edges)
@@ -136,10 +136,10 @@ def parse_growth(text: str) -> float:
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw.rstrip("x"))
     except ValueError:
-        raise ConfigError("cannot read this as a growth factor", key="--growth", value=text,
+        raise ConfigError("cannot read this as a growth factor", key="growth", value=text,
                           allowed="a factor such as 2x, 1.5 or 150%") from None
     if not math.isfinite(value) or not 0 < value <= MAX_GROWTH:
-        raise ConfigError("the growth factor is out of range", key="--growth", value=text,
+        raise ConfigError("the growth factor is out of range", key="growth", value=text,
                           allowed=f"a factor such as 2x, 1.5 or 150%, > 0 and <= {MAX_GROWTH:g}")
     return value
 
@@ -159,13 +159,13 @@ class ReportBuilder:
         self.traffic, self.hardware, self.workers, self.progress = traffic, hardware, workers, progress
         self.seeds = list(seeds) if seeds else [scenario.seed, scenario.seed + 1]
         if len(self.seeds) < 2:
-            raise ConfigError("confidence intervals need at least 2 seeds", key="--seeds", value=seeds,
+            raise ConfigError("confidence intervals need at least 2 seeds", key="seeds", value=seeds,
                               allowed="a count >= 2, or 2 or more seeds")
         count = min(scenario.workload.num_requests or DEFAULT_REQUESTS, DEFAULT_REQUESTS) if requests is None \
             else requests
         if isinstance(count, bool) or not isinstance(count, int) or not MIN_REQUESTS <= count <= MAX_REQUESTS:
             raise ConfigError("the fewest requests per run must be enough to measure percentiles, and within the "
-                              "simulations' cap", key="--requests", value=count,
+                              "simulations' cap", key="requests", value=count,
                               allowed=f"an integer >= {MIN_REQUESTS} and <= {MAX_REQUESTS:,}")
         self.requests = count
         # the runs' request count is a floor: each point's window follows its rate (llmsim.search.window)
@@ -253,7 +253,7 @@ class ReportBuilder:
         if not usable:
             notes = "; ".join(f"{c.hardware}: {c.note}" for c in self.choices)
             raise ConfigError(f"no candidate meets the SLO targets at {self.rate:g} requests/s ({notes})",
-                              key="--target-rate", value=self.rate,
+                              key="target_rate_per_s", value=self.rate,
                               allowed="a lower rate, other --hardware, or looser SLOs")
         self.best = usable[0]
         self.standings = {c.hardware: chip_standing(c.hardware, self.original) for c in self.choices}
