@@ -44,13 +44,16 @@ def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
         return float(values.mean()), math.nan
 
 
-def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
-    """Per-metric attainment (share of requests within that limit, with its standard error) and
-    percentile target, for every limit set. Unfinished or rejected requests miss."""
+def slo_hits(steady: pd.DataFrame, slo: SLO) -> tuple[pd.Series, dict[str, pd.Series], int, float]:
+    """Per request of ``steady`` (in arrival order): whether it attained the SLO (met every limit, or
+    finished when none is set) and, for every limit set, whether it met that one (unfinished or
+    rejected requests miss); and the goodput's requests and output tokens (from ``meets_slo``)."""
     finished = steady["status"] == "finished"
     limits = slo_limits(steady, slo)
-    return {metric: SLOTarget(*share_with_stderr(finished & within_limit(steady, metric, limits[metric])), percentile)
-            for metric, (_, percentile) in _percentiles(slo).items() if metric in limits}
+    targets = {metric: finished & within_limit(steady, metric, limits[metric])
+               for metric in _percentiles(slo) if metric in limits}
+    good = steady[steady["meets_slo"]] if slo.defined else steady[finished]
+    return (steady["meets_slo"] if slo.defined else finished), targets, len(good), float(good["output_tokens"].sum())
 
 
 def _percentiles(slo: SLO) -> dict:
@@ -64,15 +67,20 @@ def _percentiles(slo: SLO) -> dict:
 
 def slo_summary(steady: pd.DataFrame, slo: SLO, window_s: float) -> SLOSummary:
     """Attainment, goodput (from the records' ``meets_slo``) and per-limit targets over ``steady``."""
-    good = steady[steady["meets_slo"]] if slo.defined else steady[steady["status"] == "finished"]
-    targets = slo_targets(steady, slo)
-    attainment, attainment_stderr = share_with_stderr(steady["meets_slo"] if slo.defined
-                                                      else steady["status"] == "finished")
+    return slo_from_hits(slo, *slo_hits(steady, slo), window_s)
+
+
+def slo_from_hits(slo: SLO, attained: pd.Series, targets: dict[str, pd.Series], good: int, good_tokens: float,
+                  window_s: float) -> SLOSummary:
+    """The SLO summary from :func:`slo_hits` (of all the window's requests, in arrival order)."""
+    percentiles = _percentiles(slo)
+    targets = {metric: SLOTarget(*share_with_stderr(hits), percentiles[metric][1]) for metric, hits in targets.items()}
+    attainment, attainment_stderr = share_with_stderr(attained)
     return SLOSummary(
         ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
         attainment=attainment, attainment_stderr=attainment_stderr,
-        goodput_requests_per_s=len(good) / window_s,
-        goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window_s,
+        goodput_requests_per_s=good / window_s,
+        goodput_output_tokens_per_s=good_tokens / window_s,
         targets=targets,
         met=all(t.attainment >= t.percentile / 100 for t in targets.values()),
     )
@@ -132,8 +140,6 @@ def summarize(result: SimulationResult) -> RunSummary:
     finished = steady[steady["status"] == "finished"]
     in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
     devices = scenario.deployment.replicas * scenario.devices_per_replica
-    hw = scenario.hardware
-
     status = records["status"]
     reason = records["reason"]
     counts = RequestCounts(
@@ -152,23 +158,53 @@ def summarize(result: SimulationResult) -> RunSummary:
     finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
                                  & (status == "finished")]
     output_tokens = float(in_window["tokens_out"].sum())
-    throughput = Throughput(
-        requests_per_s=len(finished_in_window) / window,
-        output_tokens_per_s=output_tokens / window,
-        total_tokens_per_s=(output_tokens + float(in_window["prefill_tokens"].sum())) / window,
-        output_tokens_per_s_per_device=output_tokens / window / devices,
-        offered_requests_per_s=len(steady) / window,
-    )
     slo = slo_summary(steady, scenario.slo, window)
-    classes = None
-    if scenario.workload.classes:
-        classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
-        # Overall, the SLO is met when every class meets its own targets.
-        slo = replace(slo, met=all(c.slo.met for c in classes.values()))
+    classes = (class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
+               if scenario.workload.classes else None)
     provisioned = result.provisioned
     replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
                 else scenario.deployment.replicas)
     utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica, replicas)
+    ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
+    return run_summary(
+        result, (start, stop), counts, latency,
+        throughput_of(len(finished_in_window), output_tokens, float(in_window["prefill_tokens"].sum()), len(steady),
+                      window, devices),
+        slo, utilisation,
+        QueueSummary(mean_length=result.mean_queue_length, max_length=int(result.queue_length["length"].max()),
+                     mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising),
+        speculation_sums(in_window) if scenario.speculating else None, classes,
+        autoscaling_summary(result, float(records["generated_tokens"].sum())) if result.scaling is not None else None,
+        kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
+        if result.kv_tiers else None)
+
+
+def throughput_of(finished_in_window: int, output_tokens: float, prefill_tokens: float, offered: int, window: float,
+                  devices: int) -> Throughput:
+    """Rates over the window: requests finished in it, the tokens of the iterations that ended in it
+    (output, and output plus prefill) and the requests that arrived in it (offered)."""
+    return Throughput(
+        requests_per_s=finished_in_window / window,
+        output_tokens_per_s=output_tokens / window,
+        total_tokens_per_s=(output_tokens + prefill_tokens) / window,
+        output_tokens_per_s_per_device=output_tokens / window / devices,
+        offered_requests_per_s=offered / window,
+    )
+
+
+def run_summary(result: SimulationResult, window_s: tuple[float, float], counts: RequestCounts, latency: Latency,
+                throughput: Throughput, slo: SLOSummary, utilisation: Utilisation, queue: QueueSummary,
+                speculation: dict[str, float] | None, classes: dict[str, ClassSummary] | None,
+                autoscaling: AutoscalingSummary | None, kv_cache) -> RunSummary:
+    """The summary from its measured sections (by :func:`summarize`, or by a streamed run as it went),
+    with what the scenario gives: placement, cost, speculation's figures from ``speculation``
+    (:func:`speculation_sums` over the window's iterations)."""
+    scenario = result.scenario
+    devices = scenario.deployment.replicas * scenario.devices_per_replica
+    hw = scenario.hardware
+    if classes is not None:
+        # Overall, the SLO is met when every class meets its own targets.
+        slo = replace(slo, met=all(c.slo.met for c in classes.values()))
     placement = scenario.memory
     memory = Memory(
         tensor_parallel=placement.tensor_parallel,
@@ -180,34 +216,30 @@ def summarize(result: SimulationResult) -> RunSummary:
         kv_capacity_tokens_per_replica=placement.kv_capacity_tokens,
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
     )
-    ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
-    queue = QueueSummary(mean_length=result.mean_queue_length,
-                         max_length=int(result.queue_length["length"].max()),
-                         mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
-        devices=devices, window_s=(start, stop), simulated_s=result.end_s,
+        devices=devices, window_s=window_s, simulated_s=result.end_s,
         requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
         memory=memory,
-        economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w, output_tokens / window),
+        economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w,
+                                   throughput.output_tokens_per_s),
         queue=queue,
-        speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
-                     if scenario.speculating else None),
+        speculation=(speculation_summary(scenario, speculation, result.speculation_blocked)
+                     if speculation is not None else None),
         interrupted=result.interrupted,
         stopped_by=result.stopped_by.value,
         fault=result.fault,
         classes=classes,
-        autoscaling=autoscaling_summary(result) if result.scaling is not None else None,
-        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
-                  if result.kv_tiers else None),
+        autoscaling=autoscaling,
+        kv_cache=kv_cache,
     )
 
 
-def autoscaling_summary(result: SimulationResult) -> AutoscalingSummary:
-    """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`)."""
+def autoscaling_summary(result: SimulationResult, tokens: float) -> AutoscalingSummary:
+    """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`);
+    ``tokens``: the output tokens every request generated."""
     scenario, log = result.scenario, result.scaling
     usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600
-    tokens = float(result.requests["generated_tokens"].sum())
     return AutoscalingSummary(
         replica_seconds=result.replica_seconds,
         mean_replicas=result.replica_seconds / result.end_s if result.end_s > 0 else math.nan,
@@ -240,15 +272,34 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     and MFU and bandwidth utilisation take the window's share of each iteration's FLOPs and
     bytes, so all are within [0, 1] whatever straddles the window's edges.
     """
-    window = stop - start
-    overlap = (np.minimum(iterations["end_s"].to_numpy(), stop)
-               - np.maximum(iterations["start_s"].to_numpy(), start))
+    return utilisation_from(iteration_overlap(iterations["start_s"].to_numpy(), iterations["end_s"].to_numpy(),
+                                              iterations["duration_s"].to_numpy(), iterations["flops"].to_numpy(),
+                                              iterations["bytes"].to_numpy(), iterations["kv_used_blocks"].to_numpy(),
+                                              (iterations["decode_seqs"] + iterations["prefill_seqs"]).to_numpy(),
+                                              start, stop),
+                            stop - start, scenario, kv_blocks, replicas)
+
+
+def iteration_overlap(start_s, end_s, duration_s, flops, bytes_, kv_used_blocks, sequences, start: float, stop: float
+                      ) -> tuple[float, float, float, float, float, float]:
+    """The iterations' time inside ``[start, stop]`` and, weighted by it, their FLOPs and bytes (the
+    share inside), KV blocks used and sequences: (busy seconds, FLOPs, bytes, KV block-seconds,
+    most KV blocks, sequence-seconds). Sums: those of several sets of iterations add up."""
+    overlap = np.minimum(end_s, stop) - np.maximum(start_s, start)
     inside = overlap > 0
     weights = overlap[inside]
-    duration = iterations["duration_s"].to_numpy()[inside]
+    duration = duration_s[inside]
     share = np.divide(weights, duration, out=np.ones_like(weights), where=duration > 0)
-    rows = iterations[inside]
-    busy_s = float(weights.sum())
+    kv_used = kv_used_blocks[inside]
+    return (float(weights.sum()), float(share @ flops[inside]), float(share @ bytes_[inside]),
+            float(np.multiply(kv_used, weights, dtype=float).sum()), float(kv_used.max()) if len(kv_used) else 0.0,
+            float(np.multiply(sequences[inside], weights, dtype=float).sum()))
+
+
+def utilisation_from(overlap: tuple[float, float, float, float, float, float], window: float, scenario,
+                     kv_blocks: int, replicas: float | None = None) -> Utilisation:
+    """:class:`Utilisation` from :func:`iteration_overlap`'s sums over the window (see :func:`utilisation_in`)."""
+    busy_s, flops, bytes_, kv_seconds, kv_max, sequence_seconds = overlap
     dep = scenario.deployment
     hw = scenario.hardware
     replicas = dep.replicas if replicas is None else replicas
@@ -256,27 +307,33 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     # Each engine's iterations follow one another, so the sum is at most the window; rounding in
     # the sum of clipped durations can add an ulp or two.
     busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel), 1.0)
-    mfu = float(share @ rows["flops"].to_numpy()) / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
-    kv_used = rows["kv_used_blocks"].to_numpy()
+    mfu = flops / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
     return Utilisation(
         busy_fraction=busy_fraction,
         mfu=mfu,
         mfu_while_busy=mfu / busy_fraction if busy_s else 0.0,
-        bandwidth_utilisation=float(share @ rows["bytes"].to_numpy())
-        / (window * hw.memory_bandwidth_bytes_per_s * devices),
-        kv_occupancy_mean=float(np.average(kv_used, weights=weights) / kv_blocks) if busy_s else 0.0,
-        kv_occupancy_max=float(kv_used.max() / kv_blocks) if len(kv_used) else 0.0,
-        mean_batch_size=float(np.average(rows["decode_seqs"] + rows["prefill_seqs"],
-                                         weights=weights)) if busy_s else 0.0,
+        bandwidth_utilisation=bytes_ / (window * hw.memory_bandwidth_bytes_per_s * devices),
+        kv_occupancy_mean=kv_seconds / busy_s / kv_blocks if busy_s else 0.0,
+        kv_occupancy_max=kv_max / kv_blocks,
+        mean_batch_size=sequence_seconds / busy_s if busy_s else 0.0,
     )
 
 
 RARELY_SPECULATING = 0.2     # below this share of sequence-steps speculating, the summary warns
 
 
-def speculation_summary(scenario, iterations: pd.DataFrame, blocked: SpeculationSteps | None = None
+SPECULATION_SUMS = ("spec_seqs", "draft_tokens", "accepted_tokens", "decode_seqs", "duration_s", "draft_s")
+
+
+def speculation_sums(iterations: pd.DataFrame) -> dict[str, float]:
+    """The iteration log's columns :func:`speculation_summary` reads, summed (over the window's iterations)."""
+    return {name: float(iterations[name].sum()) for name in SPECULATION_SUMS}
+
+
+def speculation_summary(scenario, sums: dict[str, float], blocked: SpeculationSteps | None = None
                         ) -> SpeculationSummary:
-    """Acceptance, draft length and where the time went, over the iterations in the window.
+    """Acceptance, draft length and where the time went, from the window's iterations
+    (``sums``: :func:`speculation_sums`).
 
     A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
     draft's share is of iteration time (on separate devices the draft overlaps the
@@ -285,12 +342,9 @@ def speculation_summary(scenario, iterations: pd.DataFrame, blocked: Speculation
     (:class:`~llmsim.sim.result.SpeculationSteps`, summed over engines).
     """
     spec = scenario.speculation
-    steps = float(iterations["spec_seqs"].sum())
-    proposed = float(iterations["draft_tokens"].sum())
-    accepted = float(iterations["accepted_tokens"].sum())
-    decode_steps = float(iterations["decode_seqs"].sum())
-    busy = float(iterations["duration_s"].sum())
-    draft_share = float(iterations["draft_s"].sum()) / busy if busy else math.nan
+    steps, proposed, accepted = sums["spec_seqs"], sums["draft_tokens"], sums["accepted_tokens"]
+    decode_steps, busy = sums["decode_seqs"], sums["duration_s"]
+    draft_share = sums["draft_s"] / busy if busy else math.nan
     ratio = (lambda a, b: a / b if b else math.nan)
     return SpeculationSummary(
         draft=spec.draft.name if spec.draft is not None else "ngram",
