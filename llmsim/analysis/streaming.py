@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.metrics import (LATENCY_COLUMNS, SPECULATION_SUMS, autoscaling_summary, iteration_overlap, mean_replicas_between,
-                                     measurement_window, run_summary, slo_from_hits, slo_hits, throughput_of,
-                                     utilisation_from)
+from llmsim.analysis.metrics import (LATENCY_COLUMNS, SPECULATION_SUMS, autoscaling_summary, iteration_overlap,
+                                     mean_replicas_between, measurement_window, run_summary, slo_from_hits, slo_hits,
+                                     throughput_of, utilisation_from)
 from llmsim.analysis.sketch import QuantileSketch
 from llmsim.analysis.statistics import rising_trend
 from llmsim.analysis.summary import (PERCENTILES, ClassSummary, Distribution, Latency, QueueSummary, RequestCounts,
@@ -43,6 +43,7 @@ from llmsim.sim.result import SimulationResult
 
 STREAM_ABOVE_REQUESTS = 200_000      # llmsim run streams a run of more requests than this
 BIN_S = 60.0                         # the time series' bin
+CHUNK_ROWS = 1 << 16                 # requests per records chunk (about 10 MB of records as a DataFrame)
 _COLUMN = {name: i for i, name in enumerate(LOG_COLUMNS)}
 _CLASS_LATENCIES = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")
 
@@ -107,13 +108,17 @@ class _Requests:
             self.ttft += later.ttft
 
     def slo_summary(self, window: float):
-        series = lambda parts: pd.Series(np.concatenate(parts) if parts else np.zeros(0, bool))
-        return slo_from_hits(self.slo, series(self.attained),
-                             {metric: series(hits) for metric, hits in self.targets.items()},
+        return slo_from_hits(self.slo, _series(self.attained),
+                             {metric: _series(hits) for metric, hits in self.targets.items()},
                              self.good, self.good_tokens, window)
 
     def distribution(self, name: str) -> Distribution:
         return sketched(self.sketches[name])
+
+
+def _series(parts: list[np.ndarray]) -> pd.Series:
+    """Per-request flags kept chunk by chunk, as one series in arrival order."""
+    return pd.Series(np.concatenate(parts) if parts else np.zeros(0, bool))
 
 
 class _Iterations:
@@ -215,7 +220,8 @@ class RecordsWriter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self._parquet = self.path.suffix == ".parquet"
-        self._file = None if self._parquet else open(self.path, "w", newline="")
+        # Open for the whole run, closed by close(): chunks are written as the simulation makes them.
+        self._file = None if self._parquet else open(self.path, "w", newline="")  # noqa: SIM115
         self._writer = None
 
     def write(self, frame: pd.DataFrame) -> None:
@@ -240,10 +246,11 @@ class RecordsWriter:
 class StreamedRun:
     """A run's summary, records and time series made as the simulation goes (the ``stream`` of
     :func:`llmsim.sim.simulate.simulate`; see the module docstring). ``writers``: where the records
-    chunks go (:class:`RecordsWriter`), in order."""
+    chunks go (:class:`RecordsWriter`), in order, each of ``chunk_rows`` requests."""
 
-    def __init__(self, writers: list[RecordsWriter] = (), bin_s: float = BIN_S):
+    def __init__(self, writers: list[RecordsWriter] = (), bin_s: float = BIN_S, chunk_rows: int = CHUNK_ROWS):
         self.writers = list(writers)
+        self.chunk_rows = chunk_rows
         self.series = TimeSeries(bin_s)
         self._pending: list[np.ndarray] = []        # iteration rows that may end after the run
         self.arrived = 0

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Callable
 from enum import Enum
-from typing import Callable
 
 import numpy as np
 
@@ -282,7 +282,7 @@ class StreamedRecords(RequestRecords):
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                  alpha: np.ndarray | None = None, class_index: np.ndarray | None = None,
                  session_id: np.ndarray | None = None, prefix_cache: bool = False, *,
-                 emit: Callable[[RequestRecords, int], None], chunk_rows: int = 1 << 16):
+                 emit: Callable[[RequestRecords, int], None], chunk_rows: int):
         n = len(arrival_s)
         self.first_id = 0
         self.class_index = class_index

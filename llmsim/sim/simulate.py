@@ -260,7 +260,10 @@ def warmup_for(scenario: Scenario, window_s: float) -> float:
 
 class RunStream(Protocol):
     """Where a streamed run's records and logs go as the run makes them (see :func:`simulate`):
-    :class:`llmsim.analysis.streaming.StreamedRun` sums them into the summary and writes the records."""
+    :class:`llmsim.analysis.streaming.StreamedRun` sums them into the summary and writes the records.
+    ``chunk_rows``: the requests in each records chunk."""
+
+    chunk_rows: int
 
     def begin(self, scenario: Scenario, window_s: float, warmup_s: float, engines: int) -> None: ...
 
@@ -313,7 +316,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         def emit(chunk: RequestRecords, rows: int) -> None:
             stream.records(_records(chunk, rows, scenario))
             _drain(env, engines, stream)
-        records = StreamedRecords(*record_columns, emit=emit)
+        records = StreamedRecords(*record_columns, emit=emit, chunk_rows=stream.chunk_rows)
 
     def on_done(replica):
         # Bound late: the router is built after its replicas.
