@@ -1,6 +1,6 @@
 """The long run of the property-based input suite: 2,000 generated cases, and what became of them.
 
-The cases and the contract are those of ``tests/test_fuzz_inputs.py`` (``tests/fuzz.py``):
+The cases and the contract are those of ``tests/config/test_fuzz_inputs.py`` (``tests/fuzz.py``):
 mutated scenarios, files that are not scenarios, comparisons, grids, traces and flag sets
 drawn from the parser, each run through ``llmsim``'s ``main`` in this process with a time
 budget. CI runs a few of each kind; this runs ``--cases`` in all (shared equally among the

@@ -1,4 +1,4 @@
-"""Generated bad input, and the contract every command keeps on it (tests/test_fuzz_inputs.py,
+"""Generated bad input, and the contract every command keeps on it (tests/config/test_fuzz_inputs.py,
 benchmarks/fuzz_inputs.py).
 
 The cases are generated from the schema, not listed by hand: scenario mutations pick key paths
@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from llmsim.cli.main import main
 from llmsim.sim import resources
 
-from .helpers import REPO
+from tests.helpers import REPO
 
 BUDGET_S = 60.0                 # a case past this is a hang (the guard admits runs of a few seconds)
 GUARD_EVENTS = 60_000           # the guard's limits while fuzzing

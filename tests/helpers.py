@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import copy
 import dataclasses
 import signal
@@ -120,3 +121,40 @@ def mutated_bytes(draw, data: bytes, alphabet: bytes) -> bytes:
         else:
             data.insert(at, byte)
     return bytes(data)
+
+
+def tiny_model(name: str, layers: int) -> dict:
+    return {"name": name, "num_layers": layers, "hidden_size": 256, "num_heads": 4, "num_kv_heads": 4,
+            "intermediate_size": 512, "vocab_size": 1000, "max_context": 65536}
+
+
+def block_transfer_s(scenario) -> float:
+    """One block over the host link: its KV bytes (K and V of every layer, bf16) / the link's bandwidth."""
+    m = scenario.model
+    block_bytes = 2 * m.num_layers * m.num_kv_heads * m.head_dim * 2 * scenario.engine.block_size
+    host = scenario.hardware.host_memory
+    return block_bytes / host.link_bandwidth_bytes_per_s
+
+
+def markdown_tables(md: str) -> list[list[list[str]]]:
+    """Pipe tables as rows of cells (the separator line dropped, escapes read back as CommonMark reads them)."""
+    tables, current = [], None
+    for line in md.splitlines():
+        if line.startswith("|"):
+            if current is None:
+                current = []
+                tables.append(current)
+            if re.fullmatch(r"\|(---\|)+", line.strip()):
+                continue
+            cells = re.split(r"(?<!\\)\|", line.strip())[1:-1]
+            current.append([markdown_literal(c.strip()) for c in cells])
+        else:
+            current = None
+    return tables
+
+
+def markdown_literal(text: str) -> str:
+    """The characters CommonMark shows for ``text``: a backslash before ASCII punctuation and the
+    entities &amp; &lt; &gt; read back as the character (both in one pass, as a parser does)."""
+    return re.sub(r"\\([!-/:-@\[-`{-~])|&(amp|lt|gt);",
+                  lambda m: m[1] if m[1] is not None else {"amp": "&", "lt": "<", "gt": ">"}[m[2]], text)

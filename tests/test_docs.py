@@ -14,7 +14,7 @@ from llmsim.cli.main import build_parser
 from llmsim.scenario import keys
 from llmsim.scenario.scenario import CPUOffload, Deployment, EngineConfig
 
-from .helpers import REPO
+from tests.helpers import REPO
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 import llmsim
 
-from .helpers import REPO
+from tests.helpers import REPO
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -1,7 +1,7 @@
 """The analytic fast path: a fluid approximation of continuous batching, in about a millisecond.
 
 Used to prune searches (``llmsim plan``, ``llmsim recommend``) before simulating, and
-checked against the simulator in ``tests/test_analytic.py``.
+checked against the simulator in ``tests/analysis/test_analytic.py``.
 
 The model, for one engine (a replica runs ``pp`` of them, one per pipeline micro-batch)
 fed a Poisson stream of ``lambda`` requests per second:
@@ -41,7 +41,7 @@ is convex in them, so by Jensen the model's steps are a little short), the specu
 eligibility rules (batches of one, sequences shorter than ``min_sequence_tokens``),
 preemption, queue timeouts, the router's imbalance between replicas, and non-Poisson
 arrivals (the queueing terms assume Poisson). Static batching is not modelled.
-``tests/test_analytic.py`` bounds the error against the simulator and
+``tests/analysis/test_analytic.py`` bounds the error against the simulator and
 ``benchmarks/bench_analytic.py`` measures it; docs/accuracy/fluid-model.md quotes it.
 """
 from __future__ import annotations

@@ -20,7 +20,7 @@ class Section:
     """A record whose mapping is its fields in order, nested records as mappings."""
 
     def to_dict(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        return {f.name: _plain(getattr(self, f.name)) for f in fields(self)}  # type: ignore[arg-type]  # subclasses are dataclasses
 
 
 def _plain(value):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, KernelTerms, engine_kernel_terms
-from llmsim.config.reader import Node, parse_yaml, read_text
+from llmsim.config.reader import Node, NumberRange, parse_yaml, read_text
 from llmsim.errors import ConfigError
 
 CONFIDENCE = ("datasheet", "measured", "unverified", "assumption")
@@ -151,7 +151,7 @@ def _figure(node: Node, key: str, kind: str | None, figures: dict, **limits) -> 
 
 def profile_from_node(node: Node, path: str | None = None) -> HardwareProfile:
     figures: dict[str, Figure] = {}
-    fraction = dict(minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    fraction = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=True)
     peaks_node = node.child("peak_flops")
     peaks = {dtype: _figure(peaks_node, dtype, "flops", figures) for dtype in list(peaks_node.data)}
     if not peaks:
@@ -216,7 +216,7 @@ def _aliases(node: Node) -> tuple[str, ...]:
     return tuple(n.strip() for n in names)
 
 
-def _efficiency_by_dtype(eff: Node, peaks: dict, figures: dict, fraction: dict) -> dict[str, dict[str, float]]:
+def _efficiency_by_dtype(eff: Node, peaks: dict, figures: dict, fraction: NumberRange) -> dict[str, dict[str, float]]:
     """``efficiency.by_dtype: {dtype: {compute, attention, memory_bandwidth}}``, each entry optional;
     a dtype needs a peak_flops entry."""
     if not eff.has("by_dtype"):

@@ -294,6 +294,7 @@ def _compressed_tensors(quant: Node) -> str:
     float or int)."""
     groups = mapping(quant, "config_groups") if quant.has("config_groups") else None
     for name in groups.data if groups is not None else ():
+        assert groups is not None
         group = mapping(groups, name)
         if group.has("weights"):
             weights = mapping(group, "weights")

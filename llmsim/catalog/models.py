@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -257,9 +258,10 @@ class ModelSpec:
     def with_dtypes(self, weight_dtype: str | None = None, kv_dtype: str | None = None) -> "ModelSpec":
         """The model with other dtypes; a new ``weight_dtype`` applies to every weight (experts and
         embeddings too)."""
-        weights = {} if weight_dtype is None else {"weight_dtype": weight_dtype, "expert_dtype": None,
-                                                    "embedding_dtype": None}
-        return replace(self, kv_dtype=kv_dtype or self.kv_dtype, **weights)
+        kv = kv_dtype or self.kv_dtype
+        if weight_dtype is None:
+            return replace(self, kv_dtype=kv)
+        return replace(self, kv_dtype=kv, weight_dtype=weight_dtype, expert_dtype=None, embedding_dtype=None)
 
 
 # -- reading models ---------------------------------------------------------------------
@@ -290,7 +292,7 @@ def model_from_node(node: Node, catalog: "dict[str, ModelSpec] | None" = None) -
         base = lookup_model(node.string("base"), catalog, node, "base")
     else:
         return _model_from_node(node)
-    overrides = {}
+    overrides: dict[str, Any] = {}
     if node.has("weight_dtype"):         # every weight, unless expert_dtype / embedding_dtype say otherwise
         overrides.update(weight_dtype=node.choice("weight_dtype", list(DTYPE_BYTES)), expert_dtype=None,
                          embedding_dtype=None)

@@ -16,7 +16,8 @@ class Choice(str, Enum):
     def __str__(self) -> str:
         return self.value
 
-    __format__ = str.__format__
+    def __format__(self, format_spec: str) -> str:
+        return format(self.value, format_spec)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, TypedDict
 
 import yaml
 
@@ -28,6 +28,18 @@ from llmsim.config.units import UnitError, parse_quantity
 _MISSING = object()
 # 1e-3, which YAML 1.2 reads as a number and PyYAML (YAML 1.1) as a string
 _EXPONENT_WITHOUT_POINT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+
+
+class Range(TypedDict, total=False):
+    """Bounds of :meth:`Node.quantity` (and :meth:`Node.number`), passed as ``**bounds`` when several keys share them."""
+    minimum: float | None
+    maximum: float | None
+    exclusive_minimum: bool
+
+
+class NumberRange(Range, total=False):
+    """Bounds of :meth:`Node.number`: a :class:`Range`, and whether the number must be a whole one."""
+    integer: bool
 
 
 def open_file(path: str | Path, max_bytes: int):

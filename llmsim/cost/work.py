@@ -107,7 +107,7 @@ def layer_work(model: ModelSpec, features, tensor_parallel: int = 1) -> dict[str
     """(FLOPs, bytes) of each operator of one layer on one shard, for a feature vector."""
     coeffs = work_coefficients(model, tensor_parallel)
     x = np.asarray(features, dtype=float)
-    total_bytes = sum(coeffs.layer_bytes.values())
+    total_bytes = np.sum(list(coeffs.layer_bytes.values()), axis=0)
     return {op: (float(coeffs.layer_flops[i] @ x), float(total_bytes[i] @ x))
             for i, op in enumerate(LAYER_OPS)}
 

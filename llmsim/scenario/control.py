@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from llmsim.config.policies import ControlRule, KPolicyName, RouterPolicy, members_of
-from llmsim.config.reader import Node
+from llmsim.config.reader import Node, NumberRange
 
 CONTROLLER_KNOBS = ("max_batch_tokens", "max_num_seqs", "speculation_k")
 SPECULATION_K = "speculation_k"            # the static k policy's draft length (speculation.k)
@@ -92,7 +92,7 @@ def controller_from_node(node: Node, engine, speculation=None) -> ControllerConf
     if knob == "max_batch_tokens" and low < engine.max_num_seqs:
         raise node.key_error("bounds", f"max_batch_tokens below max_num_seqs ({engine.max_num_seqs}) would starve "
                              "running sequences", bounds, f"low >= {engine.max_num_seqs}")
-    fraction = dict(minimum=0.0, maximum=1.0, exclusive_minimum=True)
+    fraction = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=True)
     config = ControllerConfig(
         rule=rule, knob=knob, interval_s=interval, window_s=window, low=low, high=high,
         hysteresis=node.number("hysteresis", ControllerConfig.hysteresis, minimum=0.0, maximum=0.9),
@@ -130,7 +130,7 @@ class AutoscalingConfig:
 
 def autoscaling_from_node(node: Node, replicas: int, router: RouterPolicy) -> AutoscalingConfig:
     """``autoscaling:``; ``replicas`` (deployment.replicas) is how many serve at the start."""
-    count = dict(integer=True, minimum=1)
+    count = NumberRange(integer=True, minimum=1)
     low = node.number("min_replicas", AutoscalingConfig.min_replicas, **count)
     high = node.number("max_replicas", **count)
     if not low <= replicas <= high:

@@ -10,7 +10,7 @@ import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from llmsim.config.reader import Node, load_yaml
+from llmsim.config.reader import Node, NumberRange, load_yaml
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
@@ -248,7 +248,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     model = _model(root)
     hardware = lookup_hardware(root.string("hardware"), root, "hardware")
 
-    count = dict(integer=True, minimum=1, exclusive_minimum=False)
+    count = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
     dep = root.child("deployment")
     replicas = dep.number("replicas", DEPLOYMENT.replicas, **count)
     tp = _parallel(dep, "tensor_parallel")
@@ -433,7 +433,7 @@ def _slo(node: Node, defaults: SLO) -> SLO:
 
 def _slo_percentiles(node: Node, defaults: SLO, limits: dict) -> dict:
     """``slo.percentile``: one percentile for every limit (default 95), or ``{ttft: 99, tpot: 95}``."""
-    bounds = dict(minimum=0.0, maximum=100.0, exclusive_minimum=True)
+    bounds = NumberRange(minimum=0.0, maximum=100.0, exclusive_minimum=True)
     if not isinstance(node.raw("percentile", None), dict):
         if not node.has("percentile"):
             return {f"{m}_percentile": getattr(defaults, f"{m}_percentile") for m in SLO_METRICS}

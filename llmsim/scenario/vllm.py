@@ -236,8 +236,9 @@ def _apply_flags(text: object, data: dict, eng: Node, key: str, *, override: boo
         raise eng.key_error(key, f"cannot read these flags ({exc})", text, "vLLM serve flags") from None
     notes = []
     for name, value, written in flags:
-        if (name, value) in NOT_MODELLED_VALUES:
-            notes.append(f"{written} {value} not modelled: {NOT_MODELLED_VALUES[name, value]}")
+        not_modelled = NOT_MODELLED_VALUES.get((name, value)) if value is not None else None
+        if not_modelled is not None:
+            notes.append(f"{written} {value} not modelled: {not_modelled}")
         elif name in VLLM_ARGS:
             target, parse, allowed = VLLM_ARGS[name]
             text_value = "true" if value is None and name in FLAGS_WITHOUT_VALUE else value

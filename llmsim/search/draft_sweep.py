@@ -5,7 +5,7 @@ instance from :func:`named_candidates`) at every static k and arrival rate its m
 its speedup over plain decoding on the same requests, by simulation (one run per load,
 candidate and k, all of a load on one arrival trace: common random numbers) or by the fluid
 model (every load at once, in milliseconds; its error against the simulator is bounded in
-tests/test_analytic.py). :func:`best_k` keeps each candidate's best k per load. The speculation
+tests/analysis/test_analytic.py). :func:`best_k` keeps each candidate's best k per load. The speculation
 guide's figure (``benchmarks/speculation_drafts.py``, simulated) and the speculation
 notebook (fluid, with a simulated spot check) are both built from these.
 """

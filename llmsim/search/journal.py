@@ -48,7 +48,8 @@ class Journal:
     """
 
     def __init__(self, path: Path, lock_fd: int):
-        self.path, self._lock_fd = path, lock_fd
+        self.path = path
+        self._lock_fd: int | None = lock_fd
         self.columns: list[str] = []
         self.records: list[dict[str, str]] = []
         self.dropped = 0
@@ -78,7 +79,7 @@ class Journal:
         self.close()
 
     def finished(self) -> set[str]:
-        return {r.get("point_id") for r in self.records if not r.get("error")}
+        return {r["point_id"] for r in self.records if "point_id" in r and not r.get("error")}
 
     def append(self, row: dict) -> None:
         record = {key: cell_text(value) for key, value in row.items()}

@@ -26,7 +26,7 @@ never rests on the analytic path's word. Every count is judged as ``plan`` judge
 asks for (``window_per_count``: the same runs as a report's other stages judge, so they are
 simulated once), a verdict that must clear the targets by two standard errors pooled over the seeds,
 measured longer while undecided; the seeds' requests are shared by every count.
-``tests/test_layout.py`` checks the answer against simulating every (replicas, tp, pp) of a
+``tests/search/test_layout.py`` checks the answer against simulating every (replicas, tp, pp) of a
 small grid.
 """
 from __future__ import annotations

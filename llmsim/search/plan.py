@@ -49,7 +49,7 @@ MAX_REPLICAS = 256           # the largest count a plan tries by default
 REPLICAS_KEY = "deployment.replicas"
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
-FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simulator (tests/test_analytic.py)
+FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simulator (tests/analysis/test_analytic.py)
 
 
 def as_scenario(scenario: str | Path | Scenario) -> Scenario:
@@ -283,7 +283,7 @@ def _probes(lo: int, hi: int, workers: int | None) -> list[int]:
 def fluid_blind_spots(scenario: Scenario) -> list[str]:
     """What the scenario has that could make the fluid model's capacity an *under*statement, so that its
     bound would no longer bound: work it does not see saved (prefix caching), or replicas that change
-    during the run (autoscaling). (Tree verification is modelled: tests/test_analytic.py.)"""
+    during the run (autoscaling). (Tree verification is modelled: tests/analysis/test_analytic.py.)"""
     spots = []
     if scenario.engine.prefix_caching:
         spots.append("prefix caching")
@@ -296,7 +296,7 @@ def capacity_bound(one_replica: Scenario, rate: float) -> float:
     """Replicas the fluid model's capacity asks for at this rate (rate / one replica's capacity; NaN
     where it does not model the engine, see :func:`fluid_blind_spots`). The fluid model overstates
     capacity (it averages away variability that only adds time), so this bounds the answer from below
-    up to its measured error against the simulator (``FLUID_CAPACITY_ERROR``, tests/test_analytic.py)."""
+    up to its measured error against the simulator (``FLUID_CAPACITY_ERROR``, tests/analysis/test_analytic.py)."""
     if fluid_blind_spots(one_replica):
         return math.nan
     try:

@@ -50,6 +50,8 @@ def alpha_from(measure: str, value: float, k: int | None = None) -> float:
     """A published acceptance figure as a per-token alpha (see the module docstring)."""
     if measure == "alpha":
         return value
+    if k is None:
+        raise ValueError(f"the measure {measure!r} needs the number of drafted tokens k")
     if measure == "acceptance_length":
         return brentq(lambda a: sum(a ** j for j in range(k + 1)) - value, 1e-9, 1 - 1e-12)
     if measure == "draft_acceptance_rate":
@@ -132,7 +134,11 @@ class AcceptanceModel:
             sd = self.typical_logit_spread * 2                      # an assumption: twice a measurement's spread
             centre = _logit(alpha)
             return Estimate(alpha, _logistic(centre - sd), _logistic(centre + sd), "assumption")
-        ratio = math.log10(draft_params / target_params) if kind == MODEL else 0.0
+        ratio = 0.0
+        if kind == MODEL:
+            if draft_params is None or target_params is None:
+                raise ValueError("a draft model's acceptance needs both parameter counts")
+            ratio = math.log10(draft_params / target_params)
         x = _row(kind, workload, ratio)
         centre = float(x @ self.coef)
         if kind == MODEL:

@@ -42,7 +42,7 @@ import pandas as pd
 from scipy import stats
 
 from llmsim.config.policies import Batching, KPolicyName, members_of
-from llmsim.config.reader import Node
+from llmsim.config.reader import Node, NumberRange
 from llmsim.workload.trace import read_csv
 from llmsim.catalog.models import ModelSpec
 from llmsim.speculation.acceptance_model import WORKLOADS, Estimate, default_model
@@ -238,7 +238,7 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     (:func:`resolve_draft_parallelism`).
     """
     proposer, draft = _proposer(node, target, read_model)
-    count = dict(integer=True, minimum=1, exclusive_minimum=False)
+    count = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
     placement = node.choice("placement", PLACEMENTS, SpeculationConfig.placement)
     if placement == "separate" and proposer.kind in HEAD_KINDS:
         raise node.key_error("placement", f"a {proposer.kind} head runs on the target's hidden states, on its devices",
@@ -273,7 +273,7 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     scope = node.choice("scope", SCOPES, "per_batch" if goodput else KPolicy.scope)
     if goodput and scope != "per_batch":
         raise node.key_error("scope", "the goodput policy chooses one k for the whole batch", scope, "per_batch")
-    fraction = dict(minimum=0.0, maximum=1.0, exclusive_minimum=False)
+    fraction = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
     raise_above = node.number("raise_above", KPolicy.raise_above, **fraction)
     lower_below = node.number("lower_below", KPolicy.lower_below, **fraction)
     if lower_below > raise_above:
@@ -377,6 +377,7 @@ def predicted_acceptance(proposer: Proposer, draft: ModelSpec | None, target: Mo
     """The acceptance model's estimate for this draft (or head, or lookup) and target."""
     if proposer.kind != MODEL:
         return default_model().predict(proposer.kind, workload)
+    assert draft is not None, "a draft-model proposer has a draft"
     return default_model().predict(MODEL, workload, draft.param_count, target.param_count, distilled,
                                    same_family(draft, target) if family is None else family, draft.weight_dtype)
 
@@ -386,12 +387,13 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
     if process == "predicted":
         # From the draft/target pair and the workload (acceptance_model); a measured alpha, beta or
         # replay in place of ``predicted`` overrides it.
-        family = node.boolean("same_family", same_family(draft, target)) if proposer.kind == MODEL else None
+        family = (node.boolean("same_family", same_family(draft, target))
+                  if proposer.kind == MODEL and draft is not None else None)
         estimate = predicted_acceptance(proposer, draft, target, node.choice("workload", WORKLOADS, "chat"),
                                         node.boolean("distilled", False), family)
         node.done()
         return Acceptance(process, alpha=estimate.alpha, predicted_range=(estimate.low, estimate.high))
-    prob = dict(minimum=0.0, maximum=1.0, exclusive_minimum=False)
+    prob = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
     if process in ("bernoulli", "positional"):
         alpha = node.number("alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=False)
         decay = node.number("decay", 0.9, **prob) if process == "positional" else 1.0
@@ -399,7 +401,7 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
         return Acceptance(process, alpha=alpha, decay=decay)
     if process == "beta":
         # Either the shape parameters, or a mean and a concentration (a + b); Beta(a, b) needs a, b > 0.
-        positive = dict(minimum=0.0, exclusive_minimum=True)
+        positive = NumberRange(minimum=0.0, exclusive_minimum=True)
         if node.has("mean") or node.has("concentration"):
             mean = node.number("mean", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True)
             if mean >= 1.0:

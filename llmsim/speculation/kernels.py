@@ -7,7 +7,7 @@ their call overhead dominated the speculative engine's time; compiled, a whole b
 costs a microsecond or two. The hash is the one of
 :func:`llmsim.speculation.config.hashed_uniforms` (splitmix64 of seed, request and output
 position), so every number drawn here equals the numpy function's, and runs stay
-identical whichever path draws them (tests/test_speculative.py checks both).
+identical whichever path draws them (tests/speculation/test_speculative.py checks both).
 
 Compiled code is cached next to this file (``cache=True``): the first run of a fresh
 install compiles for a few seconds, later processes load it.

@@ -201,9 +201,11 @@ class NgramCost:
 def draft_cost_model(proposer: Proposer, draft: ModelSpec | None, hardware, tensor_parallel: int, placement):
     """The draft's cost: a CostModel for a model or a layer head, MedusaCost, NgramCost, or None
     (a free n-gram search)."""
-    if proposer.kind == MEDUSA:
-        return MedusaCost(draft, hardware, tensor_parallel)
     if proposer.kind == NGRAM:
         free = proposer.cpu_s_per_sequence == 0 and proposer.cpu_s_per_context_token == 0
         return None if free else NgramCost(proposer.cpu_s_per_sequence, proposer.cpu_s_per_context_token)
+    assert draft is not None, "a model or head proposer has a draft"
+    if proposer.kind == MEDUSA:
+        assert isinstance(draft, HeadSpec)          # the reader builds Medusa's heads with head_spec
+        return MedusaCost(draft, hardware, tensor_parallel)
     return CostModel(draft, hardware, tensor_parallel, 1, placement)

@@ -27,6 +27,8 @@ class RenewalProcess(ABC):
         """Arrival times of ``num_requests`` requests, or of all that arrive within ``duration_s``."""
         if num_requests is not None:
             return np.cumsum(self.unit_rate_gaps(rng, num_requests)) / self.rate_per_s
+        if duration_s is None:
+            raise ValueError("arrival times need a request count or a duration")
         # Draw in blocks until the duration is covered; the prefix does not depend on the block size.
         expected = duration_s * self.rate_per_s
         chunks, total = [], 0.0

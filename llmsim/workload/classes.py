@@ -27,7 +27,9 @@ import numpy as np
 from llmsim.config.policies import OnTimeout, members_of
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
+from llmsim.workload.arrivals import RenewalProcess
 from llmsim.workload.lengths import LengthDistribution, length_from_node
+from llmsim.workload.profiles import RateProfile
 from llmsim.workload.trace_formats import row_error
 
 # name -> (priority, queue timeout in seconds): the tiers of common practice.
@@ -46,7 +48,7 @@ class TrafficClass:
     """One class of traffic (see the module docstring). ``queue_timeout_s`` None: the engine's."""
     name: str
     share: float | None
-    arrival: object | None              # its own arrival process (renewal or rate profile), or None
+    arrival: RenewalProcess | RateProfile | None    # its own arrival process (renewal or rate profile), or None
     prompt_tokens: LengthDistribution | None
     output_tokens: LengthDistribution | None
     priority: int = 0
@@ -88,7 +90,7 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
             raise each.error("a class needs exactly one of share (of the workload's arrivals) or arrival "
                              "(its own process)", key=each.path, value=each.data,
                              allowed="share: 0.3, or arrival: {process: poisson, rate: 5/s}")
-        lengths = {}
+        lengths: dict[str, LengthDistribution | None] = {}
         for key in ("prompt_tokens", "output_tokens"):
             if each.has(key):
                 lengths[key] = length_from_node(each, key, max_tokens)
@@ -114,8 +116,9 @@ def classes_from_node(node: Node, read_arrival, max_tokens: int, has_lengths: bo
         raise node.key_error("classes", "either every class has a share of the workload's arrivals or every "
                              "class has an arrival of its own", {c.name: c.share for c in classes},
                              "share on every class, or arrival on every class")
-    if shares[0] is not None and abs(sum(shares) - 1.0) > SHARE_TOLERANCE:
-        raise node.key_error("classes", f"the shares sum to {sum(shares):g}, not 1",
+    total = sum(s for s in shares if s is not None)
+    if shares[0] is not None and abs(total - 1.0) > SHARE_TOLERANCE:
+        raise node.key_error("classes", f"the shares sum to {total:g}, not 1",
                              {c.name: c.share for c in classes}, "shares (0, 1] summing to 1")
     return tuple(classes)
 

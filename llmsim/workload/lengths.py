@@ -25,12 +25,12 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from llmsim.config.reader import Node
+from llmsim.config.reader import Node, NumberRange
 from llmsim.config.limits import MAX_TRACE_TOKENS
 from llmsim.config.tables import checked_numbers
 from llmsim.workload.trace import key_errors, read_csv
 
-_COUNT = dict(integer=True, minimum=1, exclusive_minimum=False)
+_COUNT = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
 MEAN_TOLERANCE = 0.10    # largest relative change of the mean that rounding and clipping may make
 
 
@@ -228,6 +228,7 @@ LENGTH_DISTRIBUTIONS = {cls.name: cls for cls in (Fixed, Uniform, Lognormal, Exp
 def length_from_node(node: Node, key: str, max_tokens: int) -> LengthDistribution:
     """``key: 512`` (fixed) or ``key: {distribution: lognormal, mean: 600, sigma: 0.8, max: 4096}``."""
     raw = node.raw(key)
+    length: LengthDistribution
     if isinstance(raw, (int, float)) and not isinstance(raw, bool):
         length = Fixed(value=node.number(key, **_COUNT), minimum=1, maximum=max_tokens)
     else:

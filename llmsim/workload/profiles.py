@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from llmsim.config.reader import Node
+from llmsim.config.reader import Node, Range
 
 DIURNAL_STEPS_PER_PERIOD = 1440      # one knot a minute over a day: the cosine's integral to < 1e-5
 RAMP_SUBKNOTS = 65                   # knots per segment of a ramp (its integral is quadratic between points)
@@ -57,6 +57,8 @@ class RateProfile(ABC):
                 until *= 2
                 times, cumulative = self.knots(np.random.default_rng(path_seed), until)
         else:
+            if duration_s is None:
+                raise ValueError("arrival times need a request count or a duration")
             times, cumulative = self.knots(np.random.default_rng(path_seed), duration_s)
             total = float(np.interp(duration_s, times, cumulative))
             chunks, drawn = [], 0.0
@@ -169,7 +171,7 @@ PROFILES = ("diurnal", "steps", "ramp", "mmpp")
 
 def profile_from_node(node: Node, process: str) -> RateProfile:
     """A time-varying arrival process from ``workload.arrival`` (or a class's ``arrival``)."""
-    rate = dict(minimum=0.0, exclusive_minimum=False)
+    rate = Range(minimum=0.0, exclusive_minimum=False)
     if process == "diurnal":
         mean = node.quantity("rate", "rate")
         period = node.quantity("period", "duration")

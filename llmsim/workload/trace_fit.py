@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -72,11 +73,12 @@ class WorkloadFit:
         if profile:
             rates = [{"at": f"{i * self.profile_bin_s:g} s", "rate": f"{scale * r:.6g}/s"}
                      for i, r in enumerate(self.profile_rates_per_s)]
-            arrival = {"process": "steps", "rates": rates}
-            amount = {"duration": f"{self.span_s:.6g} s"}
+            arrival: dict[str, Any] = {"process": "steps", "rates": rates}
+            amount: dict[str, Any] = {"duration": f"{self.span_s:.6g} s"}
         else:
-            arrival = {"process": "gamma", "rate": f"{scale * self.rate_per_s:.6g}/s", "cv": round(self.gap_cv, 4)}
-            if arrival["cv"] < MIN_GAMMA_CV:          # evenly spaced, as gamma gaps cannot be
+            cv = round(self.gap_cv, 4)
+            arrival = {"process": "gamma", "rate": f"{scale * self.rate_per_s:.6g}/s", "cv": cv}
+            if cv < MIN_GAMMA_CV:          # evenly spaced, as gamma gaps cannot be
                 arrival = {"process": "deterministic", "rate": arrival["rate"]}
             amount = {"num_requests": num_requests or self.requests}
         return {"arrival": arrival, **amount, "prompt_tokens": self.prompt.to_node(),

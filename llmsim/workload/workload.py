@@ -67,6 +67,7 @@ class Workload:
 def arrival_from_node(arrival_node: Node) -> RenewalProcess | RateProfile:
     """A synthetic arrival process: a renewal process at a rate, or a time-varying profile."""
     process = arrival_node.choice("process", (*RENEWAL_PROCESSES, *PROFILES), "poisson")
+    arrival: RenewalProcess | RateProfile
     if process in PROFILES:
         arrival = profile_from_node(arrival_node, process)
     else:
@@ -89,7 +90,8 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         raise node.key_error("arrival", "every class has an arrival of its own", node.raw("arrival"),
                              "no workload.arrival when each class has one")
     arrival_node = node.child("arrival")
-    trace = transforms = arrival = None
+    trace = transforms = None
+    arrival: RenewalProcess | RateProfile | Replay | None = None
     process = None if own_arrivals else arrival_node.choice("process", (*ARRIVAL_PROCESSES, *PROFILES), "poisson")
     if process is not None and process != Replay.process:
         arrival = arrival_from_node(arrival_node)
@@ -118,7 +120,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
     if node.has("classes") and node.has("dataset"):
         raise node.key_error("classes", "traffic classes draw their own lengths: a dataset brings its own requests",
                              node.raw("classes"), "no workload.classes with workload.dataset")
-    classes = ()
+    classes: tuple[TrafficClass, ...] = ()
     if node.has("classes") and trace is not None:      # each request's class from the trace's class column
         classes = classes_from_node(node, arrival_from_node, max_tokens, has_lengths=True, replayed=True)
         trace = classify(trace, classes, arrival_node.path_value("path"))
@@ -161,7 +163,7 @@ def dataset_from_node(node: Node) -> Trace:
     return dataset
 
 
-def _check_window(node: Node, arrival: RenewalProcess, num_requests: int | None, duration_s: float | None) -> None:
+def _check_window(node: Node, arrival: RenewalProcess | RateProfile | Replay, num_requests: int | None, duration_s: float | None) -> None:
     """Refuse traffic that takes longer than :data:`MAX_ARRIVAL_WINDOW_S` to arrive (a rate of
     1e-300/s would report every latency as 0 and every SLO met); a longer ``duration`` is refused
     by its key's own maximum."""

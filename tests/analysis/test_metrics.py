@@ -1,0 +1,89 @@
+"""Summary figures recomputed independently from the per-request records and the iteration log."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmsim import simulate
+from llmsim.analysis.metrics import summarize
+
+from tests.helpers import make_scenario
+
+
+@pytest.fixture(scope="module")
+def result():
+    return simulate(make_scenario({"slo": {"ttft": "200 ms", "tpot": "15 ms"},
+                                   "workload": {"arrival": {"rate": 20.0}, "num_requests": 3000},
+                                   "simulation": {"warmup": "20 s"}}))
+
+
+def test_latency_percentiles_cover_the_steady_state_only(result):
+    summary = summarize(result).to_dict()
+    records = result.requests
+    start, stop = summary["window_s"]
+    assert start == 20.0 and stop == pytest.approx(records["arrival_s"].max())
+    steady = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
+    assert summary["latency"]["ttft_s"]["p95"] == pytest.approx(np.percentile(steady["ttft_s"], 95))
+    assert summary["latency"]["tpot_s"]["mean"] == pytest.approx(steady["tpot_s"].mean())
+    assert summary["latency"]["ttft_s"]["p95"] != pytest.approx(np.percentile(records["ttft_s"], 95))
+
+
+def test_tpot_and_ttft_follow_their_definitions(result):
+    r = result.requests
+    assert np.allclose(r["ttft_s"], r["first_token_s"] - r["arrival_s"])
+    many = r[r["output_tokens"] > 1]
+    assert np.allclose(many["tpot_s"], (many["finish_s"] - many["first_token_s"]) / (many["output_tokens"] - 1))
+    # The longest gap of a request is at least its average gap.
+    assert (many["max_itl_s"] >= many["tpot_s"] - 1e-12).all()
+
+
+def test_token_weighted_itl_mean_equals_decode_time_over_decode_tokens(result):
+    """Every gap belongs to one token: the mean ITL is total decode time over decode tokens."""
+    summary = summarize(result).to_dict()
+    everything = result.inter_token_gaps.summary(0, np.inf)
+    r = result.requests
+    total_gap_time = (r["finish_s"] - r["first_token_s"]).sum()
+    assert everything["mean"] == pytest.approx(total_gap_time / (r["output_tokens"] - 1).sum(), rel=1e-9)
+    assert summary["latency"]["itl_s"]["p50"] <= summary["latency"]["itl_s"]["p99"]
+
+
+def test_goodput_and_attainment(result):
+    summary = summarize(result).to_dict()
+    r = result.requests
+    start, stop = summary["window_s"]
+    steady = r[(r["arrival_s"] >= start) & (r["arrival_s"] <= stop)]
+    good = (steady["ttft_s"] <= 0.2) & (steady["tpot_s"] <= 0.015)
+    assert summary["slo"]["attainment"] == pytest.approx(good.mean())
+    assert summary["slo"]["goodput_requests_per_s"] == pytest.approx(good.sum() / (stop - start))
+    assert 0 < summary["slo"]["attainment"] < 1     # the SLO was chosen to bind sometimes
+
+
+def test_throughput_and_utilisation_from_the_iteration_log(result):
+    summary = summarize(result).to_dict()
+    it = result.iterations
+    start, stop = summary["window_s"]
+    window = it[(it["end_s"] > start) & (it["end_s"] <= stop)]
+    assert summary["throughput"]["output_tokens_per_s"] == pytest.approx(window["tokens_out"].sum() / (stop - start))
+    hw = result.scenario.hardware
+    # Utilisation counts the part of each iteration inside the window, and that share of its FLOPs.
+    overlap = (np.minimum(it["end_s"], stop) - np.maximum(it["start_s"], start)).clip(lower=0)
+    share = overlap / it["duration_s"]
+    assert summary["utilisation"]["busy_fraction"] == pytest.approx(overlap.sum() / (stop - start))
+    assert summary["utilisation"]["mfu"] == pytest.approx((share * it["flops"]).sum() / (stop - start)
+                                                          / hw.peak_for("bf16"))
+    assert 0 < summary["utilisation"]["mfu"] < hw.compute_efficiency
+    assert 0 < summary["utilisation"]["bandwidth_utilisation"] < hw.memory_efficiency
+    assert (it["mfu"] <= hw.compute_efficiency + 1e-9).all()
+    assert (it["bandwidth_utilisation"] <= hw.memory_efficiency + 1e-9).all()
+    # Output tokens per second cannot exceed finished requests' output over the same window by much:
+    # in steady state both measure the same flow.
+    r = result.requests
+    done = r[(r["finish_s"] > start) & (r["finish_s"] <= stop)]
+    assert summary["throughput"]["requests_per_s"] == pytest.approx(len(done) / (stop - start))
+
+
+def test_queue_length_series_is_consistent(result):
+    series = result.queue_length
+    assert (series["length"] >= 0).all()
+    assert series["length"].iloc[-1] == 0
+    assert series["time_s"].is_monotonic_increasing

@@ -1,0 +1,29 @@
+"""The terminal summary: lines fit a 120-column terminal, and a ratio below one is said as "slower"."""
+from __future__ import annotations
+
+import pytest
+
+from llmsim import simulate, summarize
+from llmsim.cli.render import WIDTH, _times, format_summary
+from llmsim.search.speedup import speedup_over_plain
+
+from tests.helpers import make_scenario
+
+
+@pytest.mark.parametrize("ratio, said", [(2.5, "2.50x faster"), (1.0, "1.00x faster"), (0.30, "3.33x slower"),
+                                         (float("nan"), "-")])
+def test_a_ratio_is_said_as_faster_or_slower(ratio, said):
+    assert _times(ratio, "faster", "slower") == said
+
+
+def test_a_speculative_summary_fits_the_terminal_and_says_slower_when_it_is():
+    scenario = make_scenario({"speculation": {"draft": "Llama-3.2-1B", "k": 4},
+                              "workload": {"num_requests": 60}})
+    result = simulate(scenario)
+    summary = summarize(result).to_dict()
+    summary["speculation"]["speedup_over_plain"] = {**speedup_over_plain(result), "tpot_mean": 0.30}
+    text = format_summary(summary)
+    assert max(map(len, text.splitlines())) <= WIDTH
+    assert "TPOT 3.33x slower" in text and "0.30x" not in text
+    words = " ".join(text.split())       # wrapping moves words to the next line, and loses none
+    assert f"acceptance {100 * summary['speculation']['acceptance_rate']:,.1f}%" in words

@@ -1,0 +1,77 @@
+"""The batch features: every way of building a row agrees with the definition from sequence lengths."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from llmsim import model_catalog
+from tests.helpers import add_prefill, chunk_sums
+from llmsim.cost.features import (F, FEATURES, BatchRow, attention_pairs, batch_features, batch_rows,
+                                  prefill_sums, sequential_decode_rows, set_iterations, visible,
+                                  windowed_context_sum)
+
+DENSE = model_catalog()["Llama-3.1-8B"]
+MOE = model_catalog()["Mixtral-8x7B"]
+WINDOWED = replace(DENSE, sliding_window=300)
+
+
+class Chunk:
+    def __init__(self, prefilled, prefill_target):
+        self.prefilled, self.prefill_target = prefilled, prefill_target
+
+
+def test_attention_pairs_count_every_causal_query_key_pair():
+    for cached, new in [(0, 1), (0, 512), (1000, 7), (37, 200)]:
+        brute = sum(cached + i + 1 for i in range(new))      # query i sees the cache and positions 0..i
+        assert attention_pairs(new, cached) == brute
+    # Several chunks whose contexts sum to `seen`: the sum of their pairs.
+    assert attention_pairs(4, 10 + 20 + 30, chunks=3) == sum(attention_pairs(4, c) for c in (10, 20, 30))
+
+
+def test_windowed_context_sum_is_the_sum_it_names():
+    for first, last, window in [(5, 20, None), (5, 20, 12), (30, 40, 12), (8, 7, 12), (1, 1, 1)]:
+        brute = sum(min(c, window) if window else c for c in range(first, last + 1))
+        assert windowed_context_sum(np.array(first), np.array(last), window) == brute
+
+
+@pytest.mark.parametrize("model", [DENSE, MOE, WINDOWED], ids=["dense", "moe", "window"])
+def test_the_simulators_scalar_row_equals_the_definition(model):
+    prefill = [(Chunk(0, 800), 512), (Chunk(400, 450), 50), (Chunk(1000, 3000), 100)]
+    decode_context = [10, 250, 299, 300, 5000]
+    tokens, pairs, kv, completed = prefill_sums(prefill, model.sliding_window)
+    assert completed == 1
+    decode_kv = sum(visible(c + 1, model.sliding_window) for c in decode_context)
+    row = BatchRow(model).fill(tokens, pairs, kv, completed, len(decode_context), decode_kv)
+    expected = batch_features([c for _, c in prefill], [r.prefilled for r, _ in prefill], decode_context,
+                              completed, model)
+    assert np.array_equal(row, expected)
+    assert expected[F["logit_tokens"]] == len(decode_context) + 1 and expected[F["one"]] == 1
+
+
+def test_vector_rows_equal_scalar_rows():
+    rng = np.random.default_rng(0)
+    sums = rng.integers(0, 5000, size=(20, 6)).astype(float)
+    rows = batch_rows(*sums.T, model=MOE)
+    assert rows.shape == (20, len(FEATURES))
+    for i in range(20):
+        assert np.allclose(rows[i], BatchRow(MOE).fill(*sums[i]), rtol=1e-15)
+    # Spread over iterations: the fixed term and the experts count per iteration.
+    spread = set_iterations(rows.copy(), 4.0, MOE)
+    assert np.all(spread[:, F["one"]] == 4.0)
+    assert np.allclose(spread[:, F["experts_touched"]], 4 * MOE.expected_experts_touched(rows[:, F["tokens"]] / 4))
+
+
+def test_verify_chunks_and_draft_steps():
+    # A verify step is a (k + 1)-position chunk per sequence that does not end a prompt.
+    k, seen = np.array([3, 1, 4]), np.array([100, 20, 7])
+    as_prefill = prefill_sums([(Chunk(int(c), 10 ** 6), int(t)) for c, t in zip(seen, k + 1)], None)
+    assert chunk_sums(k + 1, seen) == as_prefill[:3]
+    # The draft's step j decodes one token for every sequence with k > j, over context + j.
+    rows = sequential_decode_rows(k, seen, int(k.max()))
+    for j in range(int(k.max())):
+        contexts = [int(c) + j for c, kk in zip(seen, k) if kk > j]
+        assert np.array_equal(rows[j], batch_features([], [], contexts, 0, DENSE))
+    row = add_prefill(rows[0].copy(), 5, 50, 25)
+    assert row[F["tokens"]] == rows[0][F["tokens"]] + 5 and row[F["prefill_pairs"]] == 50

@@ -1,0 +1,94 @@
+"""Whole-step terms beside the layers' operators (the KV-cache write, sampling) and the engine's CPU work per step
+with and without asynchronous scheduling, each against its closed form."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmsim import CostModel, lookup_hardware, model_catalog, simulate
+from llmsim.cost.work import SAMPLING_BYTES_PER_VOCAB_ENTRY
+
+from tests.helpers import make_scenario
+
+MODEL = model_catalog()["Llama-3.1-8B"]
+
+
+@pytest.mark.parametrize("hardware", ["H100-SXM", "H200", "A100-80GB"])
+def test_the_kv_write_costs_the_bytes_written_over_the_bandwidth(hardware):
+    """Every computed position (a prompt chunk's and each decoding sequence's) writes its K and V in every
+    layer: tokens x layers x KV bytes per token per layer, at the KV tier's bandwidth, on top of attention."""
+    hw = lookup_hardware(hardware)
+    cost = CostModel(MODEL, hw)
+    for chunk, decoding in ((512, 0), (0, 64), (2048, 256)):
+        x = cost.features([chunk] if chunk else [], [1000] if chunk else [], [3000] * decoding, prefill_logits=0)
+        written = (chunk + decoding) * MODEL.num_layers * MODEL.kv_bytes_per_token_per_layer
+        seconds = written * hw.kv_read_penalty / (hw.memory_bandwidth_bytes_per_s * hw.memory_efficiency)
+        row = cost.breakdown(x).set_index("operator").loc["layer.kv_write"]
+        assert row["time_s"] == pytest.approx(seconds, rel=1e-9) and row["bound"] == "memory"
+
+
+def test_sampling_streams_the_vocabulary_once_per_pass_for_every_sampled_row():
+    """Sampling is memory-bound work over the whole vocabulary per sampled row: rows x vocab x bytes per
+    entry / bandwidth, linear in the rows, and the same on every rank of a tensor-parallel group."""
+    hw = lookup_hardware("H100-SXM")
+    for tp in (1, 4):
+        cost = CostModel(MODEL, hw, tensor_parallel=tp)
+        for rows in (1, 256):
+            x = cost.features([], [], [500] * rows)
+            seconds = rows * MODEL.vocab_size * SAMPLING_BYTES_PER_VOCAB_ENTRY / (
+                hw.memory_bandwidth_bytes_per_s * hw.memory_efficiency)
+            assert cost.breakdown(x).set_index("operator").loc["sampling", "time_s"] == pytest.approx(seconds,
+                                                                                                      rel=1e-9)
+
+
+def async_pair(rate: float, num_requests: int):
+    """The same requests served with and without vLLM's asynchronous scheduling (the default H100 engine)."""
+    runs = []
+    for overlap in (False, True):
+        scenario = make_scenario({"engine": {"async_scheduling": overlap},
+                                  "workload": {"arrival": {"rate": rate}, "num_requests": num_requests},
+                                  "simulation": {"warmup": 0}})
+        runs.append(simulate(scenario).iterations)
+    return scenario, runs
+
+
+def host_s(scenario, sampled):
+    """The CPU part of a step from the profile's figures: per step, plus per sampled sequence."""
+    hw = scenario.hardware
+    return hw.per_step_overhead_s + hw.kernels.step_overhead_per_sequence_s * sampled
+
+
+def test_async_scheduling_hides_the_cpu_part_of_every_step_but_the_first_offline():
+    """Offline (every request waiting at once) the batches do not depend on the step times, so both runs
+    make the same batches; with the CPU work overlapped each step after the first takes the longer of its
+    GPU part (the synchronous step less its CPU part) and its CPU part, and the first pays both."""
+    scenario, (sync, overlapped) = async_pair(1e9, 300)
+    same = ["decode_seqs", "prefill_tokens", "tokens_out"]
+    assert (sync[same].to_numpy() == overlapped[same].to_numpy()).all()
+    host = host_s(scenario, sync["tokens_out"].to_numpy())
+    expected = np.maximum(sync["duration_s"].to_numpy() - host, host)
+    expected[0] = sync["duration_s"].iloc[0]
+    assert np.allclose(overlapped["duration_s"].to_numpy(), expected, rtol=1e-12)
+    # The run is shorter by the CPU time it hid, and by no more.
+    saved = sync["duration_s"].sum() - overlapped["duration_s"].sum()
+    assert 0 < saved <= host[1:].sum() * (1 + 1e-12)
+
+
+def test_a_step_after_the_engine_idled_pays_its_cpu_part_in_full():
+    """Online, requests far apart: each arrives to an idle engine, whose first step has nothing to hide its
+    CPU work behind (the scheduling gap); every later step of the request follows one at once and overlaps."""
+    scenario, (sync, overlapped) = async_pair(0.02, 20)
+    same = ["decode_seqs", "prefill_tokens", "tokens_out"]
+    assert (sync[same].to_numpy() == overlapped[same].to_numpy()).all()       # each request alone
+    after_idle = np.r_[True, overlapped["start_s"].to_numpy()[1:] > overlapped["end_s"].to_numpy()[:-1]]
+    assert after_idle.sum() == 20 and (overlapped.loc[after_idle, "prefill_tokens"] > 0).all()
+    assert np.allclose(overlapped.loc[after_idle, "duration_s"], sync.loc[after_idle, "duration_s"], rtol=1e-12)
+    host = host_s(scenario, sync.loc[~after_idle, "tokens_out"].to_numpy())
+    gpu = sync.loc[~after_idle, "duration_s"].to_numpy() - host
+    assert np.allclose(overlapped.loc[~after_idle, "duration_s"], np.maximum(gpu, host), rtol=1e-12)
+
+
+def test_vllms_async_scheduling_flag_turns_the_overlap_on():
+    assert not make_scenario().engine.async_scheduling
+    scenario = make_scenario({"engine": {"vllm_args": "vllm serve meta-llama/Llama-3.1-8B --async-scheduling"}})
+    assert scenario.engine.async_scheduling and scenario.vllm_notes == ()

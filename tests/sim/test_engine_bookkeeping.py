@@ -1,0 +1,71 @@
+"""The engine's event-driven bookkeeping against a brute-force recount at every iteration.
+
+The one-token decode set never walks its decoding sequences: it keeps the batch's total
+context in closed form and learns of block needs from due steps. Here an observer
+recomputes, after every iteration, the same quantities the slow way from the requests
+themselves, and they must agree exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+from tests.helpers import make_scenario, simulate_checked
+
+
+@pytest.mark.parametrize("overrides", [
+    {"engine": {"memory_utilization": 0.25, "max_model_len": 8192}, "workload": {"arrival": {"rate": 30.0}}},     # preempting
+    {"model": "Mistral-7B-v0.1", "engine": {"memory_utilization": 0.3},                     # sliding window
+     "simulation": {"horizon": "2000 s"},
+     "workload": {"arrival": {"rate": 6.0}, "num_requests": 300,
+                  "prompt_tokens": {"distribution": "uniform", "low": 3000, "high": 5000},
+                  "output_tokens": {"distribution": "uniform", "low": 200, "high": 1500}}},
+])
+def test_closed_form_context_and_blocks_match_a_recount(overrides):
+    checked = {"iterations": 0}
+
+    def recount(engine, iteration):
+        decode = engine.decode
+        decoding = [r for r in engine.running.values() if r not in engine.prefilling]
+        assert len(decoding) == decode.n
+        window = engine.cost.model.sliding_window or float("inf")
+        contexts = [decode.context(r) for r in decoding]
+        # KV holds the prompt and every token sampled so far but the last (its KV is written by
+        # the next step); tokens sampled: those before this decode run plus one per step of it.
+        assert contexts == [r.prompt_tokens + r.generated + decode.step - r.decode_start - 1 for r in decoding]
+        # What the next decode step reads: every context plus the new token, capped by the window.
+        assert decode.kv_read() == sum(min(c + 1, window) for c in contexts)
+        # Every decoding sequence holds exactly the blocks of its KV, its tokens so far.
+        size = engine.kv.block_size
+        assert all(r.blocks == -(-c // size) for r, c in zip(decoding, contexts))
+        held = sum(r.blocks for r in engine.running.values())
+        assert held == engine.kv.used_blocks
+        checked["iterations"] += 1
+
+    result = simulate_checked(make_scenario(overrides), observers=[recount])
+    assert checked["iterations"] == len(result.iterations)
+    assert (result.requests["status"] == "finished").all()
+    if "model" not in overrides:
+        assert result.preemptions > 0
+
+
+def test_longest_inter_token_gap_matches_the_token_times_rebuilt_from_the_iterations():
+    """The decode set looks up a sequence's longest gap in suffix maxima of the step gaps. Rebuilt
+    here from the iterations table alone: a request that was never preempted has its first token
+    at ``first_token_s`` and then one at the end of every decoding iteration up to ``finish_s``
+    (one engine, chunked prefill: every iteration with decoders steps all of them). Prompts of
+    very different lengths make the gaps rise and fall."""
+    result = simulate_checked(make_scenario({
+        "engine": {"max_batch_tokens": 1024},
+        "workload": {"arrival": {"rate": 12.0}, "num_requests": 400,
+                     "prompt_tokens": {"distribution": "uniform", "low": 50, "high": 6000},
+                     "output_tokens": {"distribution": "uniform", "low": 2, "high": 400}}}))
+    steps = result.iterations.loc[result.iterations["decode_seqs"] > 0, "end_s"].to_numpy()
+    requests = result.requests[(result.requests["status"] == "finished") & (result.requests["preemptions"] == 0)]
+    assert len(requests) > 300
+    for request in requests.itertuples():
+        decoded = steps[(steps > request.first_token_s) & (steps <= request.finish_s)]
+        times = np.concatenate([[request.first_token_s], decoded])
+        assert len(times) == request.output_tokens
+        assert request.max_itl_s == (np.diff(times).max() if len(times) > 1 else 0.0)
