@@ -34,23 +34,27 @@ def _worker_cpu_s() -> float:
     return time.process_time()
 
 
-def dask(grid: dict, workers: int, args) -> tuple[float, float, int]:
-    """(CPU s, wall s, points) of the sweep on a fresh LocalCluster of ``workers`` processes."""
+def dask(grid: dict, workers: int, args) -> tuple[float, float, int, float]:
+    """(CPU s, wall s, points, CPU s of starting the cluster) of the sweep on a fresh LocalCluster of
+    ``workers`` processes (the scheduler in this process)."""
     from distributed import Client, LocalCluster
 
     start_cpu, start = _cpu_s(), time.perf_counter()
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(workers)
+        started = _cpu_s() - start_cpu + sum(client.run(_worker_cpu_s).values())
         rows = llmsim.sweep(args.scenario, grid, engine="dask", client=client)
         worker_cpu = sum(client.run(_worker_cpu_s).values())
-    return _cpu_s() - start_cpu + worker_cpu, time.perf_counter() - start, _checked(rows)
+    return _cpu_s() - start_cpu + worker_cpu, time.perf_counter() - start, _checked(rows), started
 
 
-def local(grid: dict, engine: str, workers: int, args) -> tuple[float, float, int]:
+def local(grid: dict, engine: str, workers: int, args) -> tuple[float, float, int, float]:
+    """(CPU s, wall s, points, 0) of the sweep in this process or on a local process pool (its
+    workers' CPU counted once the pool has shut down)."""
     start_cpu, start = _cpu_s(), time.perf_counter()
     rows = llmsim.sweep(args.scenario, grid, engine=engine, workers=workers)
-    return _cpu_s() - start_cpu, time.perf_counter() - start, _checked(rows)
+    return _cpu_s() - start_cpu, time.perf_counter() - start, _checked(rows), 0.0
 
 
 def _checked(rows) -> int:
@@ -71,14 +75,18 @@ def main() -> None:
     grid["workload.num_requests"] = [args.requests]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f}, Python {platform.python_version()}")
-    cpu, wall, points = local(grid, "serial", 1, args)
+    local(grid, "serial", 1, args)          # warm-up: first-use costs (imports, compiled kernels) out of the way
+    cpu, wall, points, _ = local(grid, "serial", 1, args)
     serial = cpu / points
     print(f"{'serial, this process':<26} {points} points: {serial:6.2f} CPU s/point  {wall:7.1f} s wall")
     for workers in args.workers:
-        for label, (cpu, wall, points) in ((f"dask LocalCluster x{workers}", dask(grid, workers, args)),
-                                           (f"process pool x{workers}", local(grid, "processes", workers, args))):
+        runs = [(f"dask LocalCluster x{workers}", dask(grid, workers, args))]
+        if workers > 1:                     # one worker is this process (llmsim.sweep runs it serially)
+            runs.append((f"process pool x{workers}", local(grid, "processes", workers, args)))
+        for label, (cpu, wall, points, started) in runs:
             print(f"{label:<26} {points} points: {cpu / points:6.2f} CPU s/point  {wall:7.1f} s wall  "
-                  f"efficiency {serial / (cpu / points):4.2f} (serial CPU per point / this)", flush=True)
+                  f"efficiency {serial / (cpu / points):4.2f} (serial CPU per point / this)"
+                  + (f"; {started:.1f} CPU s of it starting the cluster" if started else ""), flush=True)
 
 
 if __name__ == "__main__":

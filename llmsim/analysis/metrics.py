@@ -345,21 +345,24 @@ def speculation_summary(scenario, sums: dict[str, float], blocked: SpeculationSt
     steps, proposed, accepted = sums["spec_seqs"], sums["draft_tokens"], sums["accepted_tokens"]
     decode_steps, busy = sums["decode_seqs"], sums["duration_s"]
     draft_share = sums["draft_s"] / busy if busy else math.nan
-    ratio = (lambda a, b: a / b if b else math.nan)
     return SpeculationSummary(
         draft=spec.draft.name if spec.draft is not None else "ngram",
         placement=spec.placement,
         policy=spec.policy.policy,
-        acceptance_rate=ratio(accepted, proposed),
-        mean_accepted_tokens=ratio(accepted, steps),
-        tokens_per_verify_step=ratio(accepted + steps, steps),
-        mean_k=ratio(proposed, steps),
-        speculating_fraction=ratio(steps, decode_steps),
+        acceptance_rate=_ratio(accepted, proposed),
+        mean_accepted_tokens=_ratio(accepted, steps),
+        tokens_per_verify_step=_ratio(accepted + steps, steps),
+        mean_k=_ratio(proposed, steps),
+        speculating_fraction=_ratio(steps, decode_steps),
         draft_time_share=draft_share,
         verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
         blocked_share=blocked.shares() if blocked is not None else {},
         warning=_rarely_speculating(spec, blocked),
     )
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
 
 
 def _rarely_speculating(spec, blocked: SpeculationSteps | None) -> str | None:

@@ -24,7 +24,9 @@ record as it decides), a tiered KV cache (prefix caching, a host tier, swap) or 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,7 +106,7 @@ class _Requests:
         self.attained += later.attained
         for metric, hits in later.targets.items():
             self.targets.setdefault(metric, []).extend(hits)
-        if self.ttft is not None:
+        if self.ttft is not None and later.ttft is not None:
             self.ttft += later.ttft
 
     def slo_summary(self, window: float):
@@ -130,7 +132,7 @@ class _Iterations:
 
     def __init__(self, start: float, stop: float):
         self.start, self.stop = start, stop
-        self.overlap = [0.0] * 6
+        self.overlap: Overlap = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
         self.sums = dict.fromkeys(self.SUMMED, 0.0)
 
     def add(self, rows: np.ndarray, end: np.ndarray) -> None:
@@ -149,12 +151,14 @@ class _Iterations:
             self.sums[name] += later.sums[name]
 
 
-def _combined(overlap, more) -> list[float]:
+Overlap = tuple[float, float, float, float, float, float]     # iteration_overlap's figures
+
+
+def _combined(overlap: Overlap, more: Overlap) -> Overlap:
     """Two sets of :func:`~llmsim.analysis.metrics.iteration_overlap` figures as one: sums, but the
     most KV blocks (the fifth) is the larger."""
-    out = [a + b for a, b in zip(overlap, more)]
-    out[4] = max(overlap[4], more[4])
-    return out
+    return (overlap[0] + more[0], overlap[1] + more[1], overlap[2] + more[2], overlap[3] + more[3],
+            max(overlap[4], more[4]), overlap[5] + more[5])
 
 
 class TimeSeries:
@@ -219,13 +223,15 @@ class RecordsWriter:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self._parquet = self.path.suffix == ".parquet"
         # Open for the whole run, closed by close(): chunks are written as the simulation makes them.
-        self._file = None if self._parquet else open(self.path, "w", newline="")  # noqa: SIM115
-        self._writer = None
+        self._file = (None if self.path.suffix == ".parquet"
+                      else open(self.path, "w", newline=""))  # noqa: SIM115
+        self._writer: Any = None       # a pyarrow ParquetWriter, made with the first chunk's schema
 
     def write(self, frame: pd.DataFrame) -> None:
-        if self._parquet:
+        if self._file is not None:
+            frame.to_csv(self._file, index=False, header=self._file.tell() == 0)
+        else:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
@@ -233,8 +239,6 @@ class RecordsWriter:
             if self._writer is None:
                 self._writer = pq.ParquetWriter(self.path, table.schema)
             self._writer.write_table(table.cast(self._writer.schema))
-        else:
-            frame.to_csv(self._file, index=False, header=self._file.tell() == 0)
 
     def close(self) -> None:
         if self._writer is not None:
@@ -248,7 +252,7 @@ class StreamedRun:
     :func:`llmsim.sim.simulate.simulate`; see the module docstring). ``writers``: where the records
     chunks go (:class:`RecordsWriter`), in order, each of ``chunk_rows`` requests."""
 
-    def __init__(self, writers: list[RecordsWriter] = (), bin_s: float = BIN_S, chunk_rows: int = CHUNK_ROWS):
+    def __init__(self, writers: Sequence[RecordsWriter] = (), bin_s: float = BIN_S, chunk_rows: int = CHUNK_ROWS):
         self.writers = list(writers)
         self.chunk_rows = chunk_rows
         self.series = TimeSeries(bin_s)
@@ -328,6 +332,16 @@ class StreamedRun:
             writer.close()
         self.gaps, self.end_s = gaps, end_s
 
+    @staticmethod
+    def _class_summary(group: _Requests, counts: dict[str, int], window: float) -> ClassSummary:
+        return ClassSummary(
+            arrived=counts["arrived"], finished=counts["finished"], rejected=counts["rejected"],
+            unfinished=counts["unfinished"], queue_wait_s=group.distribution("queue_wait_s"),
+            ttft_s=group.distribution("ttft_s"), tpot_s=group.distribution("tpot_s"),
+            e2e_s=group.distribution("e2e_s"), requests_per_s=group.done / window,
+            output_tokens_per_s=group.done_tokens / window, offered_requests_per_s=group.offered / window,
+            slo=group.slo_summary(window))
+
     def summary(self, result: SimulationResult) -> RunSummary:
         """The run's summary (``result``: the simulation's, its tables empty)."""
         scenario = result.scenario
@@ -346,6 +360,8 @@ class StreamedRun:
         overall = groups[None]
         counts = RequestCounts(arrived=self.arrived, not_arrived=int(result.planned_requests - self.arrived),
                                **self.counts, preemptions=int(result.preemptions))
+        if self.gaps is None:
+            raise RuntimeError("a streamed run's summary is made after the run (close)")
         itl = QuantileSketch()
         for end, gap, weight in self.gaps.chunks():
             inside = (end >= start) & (end <= stop)
@@ -354,12 +370,7 @@ class StreamedRun:
         sums = iterations.sums
         classes = None
         if self.class_counts:
-            classes = {name: ClassSummary(**counts, **{column: groups[name].distribution(column)
-                                                       for column in _CLASS_LATENCIES},
-                                          requests_per_s=groups[name].done / window,
-                                          output_tokens_per_s=groups[name].done_tokens / window,
-                                          offered_requests_per_s=groups[name].offered / window,
-                                          slo=groups[name].slo_summary(window))
+            classes = {name: self._class_summary(groups[name], counts, window)
                        for name, counts in self.class_counts.items()}
         provisioned = result.provisioned
         replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
@@ -370,7 +381,7 @@ class StreamedRun:
             result, (start, stop), counts, latency,
             throughput_of(overall.done, sums["tokens_out"], sums["prefill_tokens"], overall.offered, window, devices),
             overall.slo_summary(window),
-            utilisation_from(tuple(iterations.overlap), window, scenario, result.kv_blocks_per_replica, replicas),
+            utilisation_from(iterations.overlap, window, scenario, result.kv_blocks_per_replica, replicas),
             QueueSummary(mean_length=result.mean_queue_length, max_length=self.max_queue_length,
                          mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising),
             {name: sums[name] for name in SPECULATION_SUMS} if scenario.speculating else None,

@@ -15,8 +15,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Callable
 
 from llmsim.config.progress import Progress
 from llmsim.errors import ConfigError
@@ -161,10 +161,10 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
         process.terminate()
 
 
-def _connect(Client, address: str):
+def _connect(client_class, address: str):
     """A client of the scheduler at ``address``; unreachable or malformed: ConfigError (exit 2)."""
     try:
-        return Client(address, timeout=SCHEDULER_TIMEOUT_S)
+        return client_class(address, timeout=SCHEDULER_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError) as error:
         raise ConfigError(f"cannot reach a Dask scheduler there within {SCHEDULER_TIMEOUT_S:g} s ({error})",
                           key="--scheduler", value=address,
