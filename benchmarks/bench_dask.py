@@ -1,6 +1,7 @@
 """What a sweep costs per point on a Dask LocalCluster of 1, 2 and 4 workers, beside a local process
 pool of as many workers and this process alone: CPU seconds per point (every worker's and this
-process's, start-up included) and wall seconds.
+process's) and wall seconds; a cluster's start-up and first-use costs (imports, compiled kernels:
+paid once per worker, as by a long-lived cluster) are shown apart.
 
 The grid is ``scenarios/grids/rate-k.yaml`` over ``scenarios/llama3-8b-h100-chat.yaml`` (16 points
 of 800 requests; ``--requests`` changes the count). CPU seconds per point stay flat as workers are
@@ -34,27 +35,40 @@ def _worker_cpu_s() -> float:
     return time.process_time()
 
 
-def dask(grid: dict, workers: int, args) -> tuple[float, float, int, float]:
-    """(CPU s, wall s, points, CPU s of starting the cluster) of the sweep on a fresh LocalCluster of
-    ``workers`` processes (the scheduler in this process)."""
+def _workers_cpu_s(client) -> float:
+    return sum(client.run(_worker_cpu_s).values())
+
+
+def dask(grid: dict, workers: int, args) -> tuple[float, float, int, float, float]:
+    """(CPU s, wall s, points, CPU s of starting and warming the cluster, the workers' share of the
+    CPU s) of the sweep on a fresh LocalCluster of ``workers`` processes (the scheduler and the
+    client in this process: their share grows with wall time, heartbeats included). Warming: one small
+    speculative point per worker first, so each worker has imported llmsim and compiled the
+    speculative kernels (numba) before the sweep, as a long-lived cluster has; the sweep's CPU
+    seconds are the steady cost of a point."""
     from distributed import Client, LocalCluster
 
-    start_cpu, start = _cpu_s(), time.perf_counter()
+    start_cpu = _cpu_s()
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, \
             Client(cluster) as client:
         client.wait_for_workers(workers)
-        started = _cpu_s() - start_cpu + sum(client.run(_worker_cpu_s).values())
+        warm = {**grid, "speculation.k": [4], "workload.arrival.rate": [4.0 + i for i in range(workers)],
+                "workload.num_requests": [20]}
+        llmsim.sweep(args.scenario, warm, engine="dask", client=client)
+        own, workers_before = _cpu_s(), _workers_cpu_s(client)
+        start = time.perf_counter()
         rows = llmsim.sweep(args.scenario, grid, engine="dask", client=client)
-        worker_cpu = sum(client.run(_worker_cpu_s).values())
-    return _cpu_s() - start_cpu + worker_cpu, time.perf_counter() - start, _checked(rows), started
+        wall = time.perf_counter() - start
+        worker_cpu = _workers_cpu_s(client) - workers_before
+        return (_cpu_s() - own + worker_cpu, wall, _checked(rows), own + workers_before - start_cpu, worker_cpu)
 
 
 def local(grid: dict, engine: str, workers: int, args) -> tuple[float, float, int, float]:
-    """(CPU s, wall s, points, 0) of the sweep in this process or on a local process pool (its
+    """(CPU s, wall s, points, 0, 0) of the sweep in this process or on a local process pool (its
     workers' CPU counted once the pool has shut down)."""
     start_cpu, start = _cpu_s(), time.perf_counter()
     rows = llmsim.sweep(args.scenario, grid, engine=engine, workers=workers)
-    return _cpu_s() - start_cpu, time.perf_counter() - start, _checked(rows), 0.0
+    return _cpu_s() - start_cpu, time.perf_counter() - start, _checked(rows), 0.0, 0.0
 
 
 def _checked(rows) -> int:
@@ -75,18 +89,22 @@ def main() -> None:
     grid["workload.num_requests"] = [args.requests]
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load "
           f"{os.getloadavg()[0]:.1f}, Python {platform.python_version()}")
-    local(grid, "serial", 1, args)          # warm-up: first-use costs (imports, compiled kernels) out of the way
-    cpu, wall, points, _ = local(grid, "serial", 1, args)
+    # Warm-up: first-use costs (imports, compiled kernels) out of the way, as in a warmed cluster.
+    local({**grid, "speculation.k": [4], "workload.arrival.rate": [4.0], "workload.num_requests": [20]}, "serial", 1,
+          args)
+    cpu, wall, points, _, _ = local(grid, "serial", 1, args)
     serial = cpu / points
     print(f"{'serial, this process':<26} {points} points: {serial:6.2f} CPU s/point  {wall:7.1f} s wall")
     for workers in args.workers:
         runs = [(f"dask LocalCluster x{workers}", dask(grid, workers, args))]
         if workers > 1:                     # one worker is this process (llmsim.sweep runs it serially)
             runs.append((f"process pool x{workers}", local(grid, "processes", workers, args)))
-        for label, (cpu, wall, points, started) in runs:
+        for label, (cpu, wall, points, started, worker_cpu) in runs:
             print(f"{label:<26} {points} points: {cpu / points:6.2f} CPU s/point  {wall:7.1f} s wall  "
                   f"efficiency {serial / (cpu / points):4.2f} (serial CPU per point / this)"
-                  + (f"; {started:.1f} CPU s of it starting the cluster" if started else ""), flush=True)
+                  + (f"; workers alone {worker_cpu / points:.2f} CPU s/point (efficiency "
+                     f"{serial / (worker_cpu / points):.2f}); starting and warming the cluster took {started:.1f} "
+                     "CPU s more" if started else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ def _load(file: str, overrides: dict[str, Any], cap: int):
     workload = data.setdefault("workload", {})
     if "num_requests" in workload:
         workload["num_requests"] = min(int(workload["num_requests"]), cap)
+    elif "duration" in workload:            # a day of traffic: its first requests
+        workload["num_requests"] = cap
     return scenario_from_node(Node(data, file=str(path), base_dir=path.parent))
 
 

@@ -19,7 +19,8 @@ The estimate:
 - memory: per request, per iteration (the iteration log) and per engine, at sizes measured as
   peak RSS on Llama-3.1-8B / H100 runs (20,000 and 60,000 requests at 12/s: 130 and 388 MB for
   235,000 and 694,000 iterations, about 0.5 kB per iteration with its request's share; 20,000
-  replicas: 37 kB each), rounded up.
+  replicas: 37 kB each), rounded up; a run streamed to disk (``streamed``) keeps neither records nor
+  the iteration log, and costs a fifth of that per request and per iteration.
 
 An engine also counts as :data:`EVENTS_PER_ENGINE` events: 20,000 replicas took 56 s to build and
 report on 4,000 requests, about 2.8 ms each, the time of ~100 iterations. Every replica an
@@ -47,8 +48,11 @@ from llmsim.workload.trace import Trace
 
 BYTES_PER_REQUEST = 3_000
 BYTES_PER_ITERATION = 600
-BYTES_PER_STREAMED_REQUEST = 300
-BYTES_PER_STREAMED_ITERATION = 60
+# A run streamed to disk (llmsim run above llmsim.analysis.streaming.STREAM_ABOVE_REQUESTS requests) keeps
+# no records or iteration log: 1,000,000 chat requests (about 3.5 million iterations) through llmsim run
+# peaked at 0.70 GB RSS, the interpreter's 0.2 GB included. These sizes give twice that, as above.
+BYTES_PER_STREAMED_REQUEST = 600
+BYTES_PER_STREAMED_ITERATION = 120
 BYTES_PER_ENGINE = 40_000
 EVENTS_PER_ENGINE = 100                 # building and reporting an engine takes as long as ~100 iterations
 # A controller's wakeup reads every request's record: measured 150-260 us a wakeup with 2,000-8,000
