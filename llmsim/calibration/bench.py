@@ -17,13 +17,14 @@ logits, and greedy sampling.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.calibration.design import Design, Shape, model_spec
@@ -132,7 +133,7 @@ def time_interleaved(jobs: dict, device: Device, rounds: int, warmup: int, seed:
     from tqdm import tqdm
 
     keys = list(jobs)
-    samples = {key: [] for key in keys}
+    samples: dict[str, list[float]] = {key: [] for key in keys}
     rng = np.random.default_rng(seed)
     with tqdm(total=len(keys) * (warmup + rounds), desc="measuring", unit="call", leave=False,
               mininterval=1.0) as bar:
@@ -183,11 +184,12 @@ def roofline_jobs(design: Design, device: Device, dtypes) -> tuple[dict, dict]:
     import torch
     import torch.nn.functional as F
     n, dev = design.gemm_size, device.kind
-    jobs, work = {}, {}
+    jobs: dict[str, Callable[[], object]] = {}
+    work: dict[str, tuple[str, float]] = {}
     for dtype in dtypes:
         x = torch.randn(n, n, dtype=torch_dtype(dtype), device=dev)
         weight = torch.randn(n, n, dtype=torch_dtype(dtype), device=dev)
-        jobs[f"gemm/{dtype}"] = lambda x=x, weight=weight: F.linear(x, weight)
+        jobs[f"gemm/{dtype}"] = functools.partial(F.linear, x, weight)
         work[f"gemm/{dtype}"] = ("flops", 2.0 * n ** 3)
     source = torch.ones(design.stream_bytes // 4, dtype=torch.float32, device=dev)
     target = torch.empty_like(source).fill_(0.0)
@@ -205,7 +207,7 @@ def roofline_jobs(design: Design, device: Device, dtypes) -> tuple[dict, dict]:
 
 def roofline_figures(medians: dict, work: dict) -> dict:
     """Achieved GEMM FLOP/s per dtype, streaming and copy bandwidth, seconds per tiny op."""
-    figures = {"gemm_flops_per_s": {}}
+    figures: dict[str, Any] = {"gemm_flops_per_s": {}}
     for key, (kind, amount) in work.items():
         rate = amount / medians[key]
         if kind == "flops":

@@ -16,6 +16,7 @@ and the per-step and per-layer overheads.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -64,9 +65,10 @@ def with_parameters(hardware: HardwareProfile, values: dict) -> HardwareProfile:
     dtypes = list(dict.fromkeys(name.split("/")[1] for name in values if "/" in name))
     by_dtype = {d: {kind: float(values[f"{kind}/{d}"]) for kind in EFFICIENCIES} for d in dtypes}
     primary = by_dtype[primary_dtype(dtypes)]
+    shared: dict[str, Any] = {name: float(values[name]) for name in SHARED}
     return replace(hardware, efficiency_by_dtype=by_dtype, compute_efficiency=primary["compute"],
                    attention_efficiency=primary["attention"], memory_efficiency=primary["memory_bandwidth"],
-                   **{name: float(values[name]) for name in SHARED})
+                   **shared)
 
 
 def uncalibrated(hardware: HardwareProfile) -> HardwareProfile:
@@ -116,7 +118,7 @@ def fit_parameters(shapes: list[Shape], measured_s, roofline: HardwareProfile, k
     lower = [EFFICIENCY_FLOOR] * n_eff + [0.0, 0.0, 0.0]
     upper = [1.0] * n_eff + [np.inf, np.inf, np.inf]
     overheads = [v / OVERHEAD_SCALE_S for v in initial_overheads_s]
-    best = None
+    best: Any = None          # scipy's OptimizeResult of the lowest cost so far
 
     def keep_best(start):
         nonlocal best

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 from dataclasses import replace
+from typing import Any
 
 import pandas as pd
 
@@ -39,7 +40,7 @@ FP8_RATE = ("unverified: FP8 GEMMs as serving engines call them (torch._scaled_m
             "16-bit rate")
 
 # What the measurements do not cover, per device tag: attention backends, FP8 and the step's growth.
-PUBLISHED = {
+PUBLISHED: dict[str, dict[str, Any]] = {
     "a100": {"prefill_backend": "flash-attention-2",
              "prefill_backends": {"flash-attention-2": (0.6, 256.0, f"assumption: {FA2_PAPER}; 0.6 as paged "
                                                                     "serving kernels run below the paper's best")},
@@ -200,7 +201,7 @@ def kernels_section(terms: KernelTerms, device: str, measured_source: str, confi
                          decode_bandwidth=fitted(bandwidth_text(terms.decode_attention_bandwidth_bytes_per_s)))
     elif base_section and "attention" in base_section:
         attention = base_section["attention"]
-    section = {
+    section: dict[str, Any] = {
         "gemm": {"floor": fitted(duration_text(terms.gemm_floor_s)),
                  "bandwidth": fitted(bandwidth_text(terms.gemm_bandwidth_bytes_per_s)),
                  "achieved_flops": rates, "sharpness": fitted(_sig(terms.gemm_sharpness)),

@@ -22,6 +22,7 @@ torch is imported only here and only when a measurement runs.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -210,7 +211,7 @@ def _layer_rows(model: ModelSpec, tp: int, tokens: int, timer: Timer, streaming,
     for kind, column in kinds:
         copies = timer.copies_for(per_copy[kind] * element_bytes)
         args = [operands[kind]() for _ in range(copies)]
-        calls = [lambda a=a, fn=streaming[kind]: fn(*a) for a in args]
+        calls = [functools.partial(streaming[kind], *a) for a in args]
         row[column] = timer.seconds(calls) * 1e3
         del args, calls
     return row
@@ -264,7 +265,7 @@ def _attention_seconds(timer: Timer, q_heads: int, kv_heads: int, head_dim: int,
 def _attention_kernel_names(torch, dtype) -> dict:
     """The CUDA kernels SDPA runs by default for a GQA decode call and a first prefill chunk (Llama-3.1-8B's
     heads), read with torch.profiler: which library "default" means on this device."""
-    names = {}
+    names: dict[str, list[str] | str] = {}
     shapes = {"decode": (64, 1, 1024, False), "prefill": (1, 512, 512, True)}
     for phase, (batch, queries, keys, causal) in shapes.items():
         q = torch.randn(batch, 32, queries, 128, device="cuda", dtype=dtype)

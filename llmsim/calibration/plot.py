@@ -20,7 +20,7 @@ def scatter(report: dict, path: str | Path) -> Path:
         mape = np.mean(np.abs(predicted_ms / measured_ms - 1))
         ax.scatter(measured_ms, predicted_ms, marker=marker, label=f"{label} (MAPE {mape:.1%})", alpha=0.8)
     values = np.concatenate([measured_ms, report["calibrated_s"] * 1e3, report["roofline_s"] * 1e3])
-    span = [values.min() / 1.5, values.max() * 1.5]
+    span = (values.min() / 1.5, values.max() * 1.5)
     ax.plot(span, span, color="black", linewidth=1, label="y = x")
     ax.set_xscale("log")
     ax.set_yscale("log")

@@ -246,7 +246,7 @@ def _cmd_from_database(args) -> int:
     engines = [EngineKernels(args.engine)] if args.engine else list(EngineKernels)
     out = Path(args.out or "database-profiles")
     targets = [args.gpu] if args.gpu else gpus
-    paths = {gpu: out / Path(lookup_hardware(gpu).path).name for gpu in targets}
+    paths = {gpu: out / Path(lookup_hardware(gpu).path or f"{gpu}.yaml").name for gpu in targets}
     refuse_to_replace([*paths.values(), *(path.with_name(path.stem + "-validation.csv") for path in paths.values())],
                       args.overwrite)
     for gpu in targets:

@@ -5,7 +5,7 @@ import pandas as pd
 
 from llmsim.catalog.hardware import hardware_catalog, lookup_hardware
 from llmsim.catalog.models import DTYPE_BYTES, lookup_model, model_catalog
-from llmsim.catalog.placement import place, smallest_fitting
+from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.cli.options import integer_flag, number_flag
 from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.words import counted
@@ -56,6 +56,7 @@ def _cmd_place(args) -> int:
     hardware = lookup_hardware(args.hardware)
     _check_place_flags(args, model)
     reserve = args.runtime_reserve_gb * 1e9
+    placement: Placement | None
     if args.tp and args.pp:
         placement = place(model, hardware, args.tp, args.pp, args.memory_utilization, ENGINE.block_size,
                           args.max_batch_tokens, reserve)

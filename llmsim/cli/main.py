@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser(only=_command(argv) or "").parse_args(argv)
     except SystemExit as stop:          # --help, or a bad command line (already explained, exit 2)
-        return stop.code
+        return 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1   # as sys.exit reads it
     try:
         return args.func(args)
     except ConfigError as error:
@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as stop:         # Ctrl-C or a full disk in a command that keeps its finished work
         print(f"\nllmsim: {stop}", file=sys.stderr)
         return stop.status
+    except KeyboardInterrupt:        # Ctrl-C in a command with nothing finished to keep (or while importing)
+        print("\nllmsim: interrupted; files already written in full are kept", file=sys.stderr)
+        return 130
     except BrokenPipeError:          # output piped into head or less, which closed early
         return 0
     except OSError as error:         # the disk filled, a folder vanished or became read-only mid-run

@@ -57,7 +57,7 @@ def target_rate(text: str, scenario_path: str) -> float:
     """``--target-rate``: a rate, or ``FACTORx``, that multiple of the scenario's own rate."""
     factor = _factor(text)
     if factor is not None:
-        return parse_rate(str(factor * load_scenario(scenario_path).workload.arrival.rate_per_s))
+        return parse_rate(str(factor * load_scenario(scenario_path).workload.rate_per_s))
     return parse_rate(text)
 
 

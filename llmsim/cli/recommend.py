@@ -77,7 +77,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"  goodput            {row['max_rate_per_s']:.3g}{pm(row['max_rate_per_s.ci95'])} req/s at the SLO "
              f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
              f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",
-             f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(mine[TTFT_P95], mine[f'{TTFT_P95}.ci95'])}, "
+             f"  at {scenario.workload.rate_per_s:g} req/s     P95 TTFT {ms(mine[TTFT_P95], mine[f'{TTFT_P95}.ci95'])}, "
              f"P95 TPOT {ms(mine[TPOT_P95], mine[f'{TPOT_P95}.ci95'])}, "
              f"P99 TTFT {ms(mine[TTFT_P99], mine[f'{TTFT_P99}.ci95'])}, "
              f"attainment {100 * mine[SLO_ATTAINMENT]:.1f}%",
@@ -85,7 +85,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
               "rule-of-thumb defaults (best of timeouts 50/200/1000 ms): ") + _setting_text(default_row, scenario),
              f"  goodput            {default_row['max_rate_per_s']:.3g}{pm(default_row['max_rate_per_s.ci95'])} req/s; "
              f"${default_row['usd_per_million_output_tokens']:.3g} per million output tokens",
-             f"  at {scenario.workload.arrival.rate_per_s:g} req/s     P95 TTFT {ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
+             f"  at {scenario.workload.rate_per_s:g} req/s     P95 TTFT {ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
              f"P95 TPOT {ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
              f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
              f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired"
@@ -117,7 +117,7 @@ def _policies_text(rec: Recommendation, scenario: Scenario) -> list[str]:
     lines = [f"each scheduling policy with its best class timeouts (coordinate descent over {', '.join(names)}, "
              f"{ladder} ms and each class's own, up to {CLASS_SWEEPS} sweeps; {search.sweeps} run; every candidate "
              f"screened at {search.probe_rate_per_s:.3g} req/s on the same requests), best first; attainment at "
-             f"{scenario.workload.arrival.rate_per_s:g} req/s per class ({' / '.join(names)}):"]
+             f"{scenario.workload.rate_per_s:g} req/s per class ({' / '.join(names)}):"]
     pm = (lambda ci: "" if math.isnan(ci) else f" +- {ci:.2g}")
     width = max(len(p) for p in rec.policies["scheduling_policy"])
     for _, entry in rec.policies.iterrows():
@@ -158,7 +158,7 @@ def _cmd_recommend(args) -> int:
         if args.out:            # the table first: printing can fail (a closed pipe)
             write_file(Path(args.out), lambda path: rec.table.drop(columns=["config"]).to_csv(path, index=False))
     if scenario.workload.trace is not None:          # which traffic the rates below rescale
-        print(f"replaying {replay_description(scenario, scenario.workload.arrival.rate_per_s)}; its rate is the "
+        print(f"replaying {replay_description(scenario, scenario.workload.rate_per_s)}; its rate is the "
               "trace's time scale")
     print(format_recommendation(rec, scenario))
     if rec.drafts is not None:

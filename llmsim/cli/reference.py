@@ -62,7 +62,8 @@ def _shape(action: argparse.Action) -> str:
     if action.nargs == 0:
         return action.option_strings[-1] if action.option_strings else action.dest
     meta = _metavar(action)
-    value = {None: meta, "?": f"[{meta}]", "*": f"[{meta} ...]", "+": f"{meta} [{meta} ...]"}.get(
+    shapes: dict[str | int | None, str] = {None: meta, "?": f"[{meta}]", "*": f"[{meta} ...]", "+": f"{meta} [{meta} ...]"}
+    value = shapes.get(
         action.nargs, " ".join([meta] * action.nargs) if isinstance(action.nargs, int) else meta)
     return f"{' / '.join(action.option_strings)} {value}" if action.option_strings else value
 
@@ -197,7 +198,7 @@ class _Recorder:
         if node.file != self.file or not isinstance(key, str):
             return                      # the model catalog, a hardware profile: not scenario keys
         if accessor == "has":           # a key looked for first is optional, whatever reads it next
-            node._doc_checked = getattr(node, "_doc_checked", set()) | {key}
+            setattr(node, "_doc_checked", getattr(node, "_doc_checked", set()) | {key})  # noqa: B010  (not a Node field)
             return
         path = _normalised(node.key_path(key))
         doc = self.keys.get(path)
@@ -232,6 +233,7 @@ class _Recorder:
             doc.allowed = range_text("", kwargs.get("minimum"), kwargs.get("maximum"),
                                      kwargs.get("exclusive_minimum", False)).strip()
         elif accessor == "quantity":
+            kind = str(args[0])
             doc.type, doc.unit = kind, KINDS[kind][1]
             minimum = kwargs.get("minimum", 0.0)
             exclusive = kwargs.get("exclusive_minimum", True)

@@ -62,7 +62,7 @@ def _cmd_report(args) -> int:
         trace = load_trace(path)   # any format, detected
         traffic = traffic_from_trace(trace, 1.0 if args.growth is None else args.growth, str(path))
     else:
-        rate = args.target_rate if args.target_rate is not None else scenario.workload.arrival.rate_per_s
+        rate = args.target_rate if args.target_rate is not None else scenario.workload.rate_per_s
         traffic = traffic_from_rate(rate, args.peak_to_mean)
     candidates(scenario, args.hardware)               # an unknown chip: exit 2 now
     seeds = parse_seeds(args.seeds, scenario)

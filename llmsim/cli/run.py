@@ -112,11 +112,12 @@ def _cmd_run(args) -> int:
         return _run_streamed(scenario, out, args)
     try:
         try:
-            watching = {"observers": [token_times]} if token_times is not None else {}
-            result = simulate(scenario, force=True, **watching)      # its size checked above
+            observers = [token_times] if token_times is not None else []
+            result = simulate(scenario, observers=observers, force=True)      # its size checked above
         except Exception as fault:
-            if getattr(fault, "partial_result", None) is not None:
-                _write_and_print(fault.partial_result, out, args, token_times)
+            partial = getattr(fault, "partial_result", None)
+            if partial is not None:
+                _write_and_print(partial, out, args, token_times)
             raise
         if result.interrupted:
             print(f"interrupted at {result.end_s:,.1f} s simulated: writing what was simulated "

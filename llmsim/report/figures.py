@@ -9,12 +9,16 @@ id salt so the ids of several SVGs in one page never collide.
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-_STYLE = {"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
+_STYLE: dict[RcKeyType, Any] = {"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
           "axes.spines.top": False, "axes.spines.right": False}
 
 

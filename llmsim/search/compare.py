@@ -19,7 +19,7 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import REPLACED_WHOLE
 from llmsim.scenario.scenario import Scenario, scenario_from_node
 from llmsim.sim.resources import check_run_size
-from llmsim.sim.simulate import simulate
+from llmsim.sim.simulate import simulate_whole
 
 
 def load_comparison(path: str | Path) -> list[tuple[str, str, Scenario]]:
@@ -95,7 +95,7 @@ def compare(path: str | Path, force: bool = False) -> pd.DataFrame:
             raise ConfigError(f"variant '{variant}'{f' at load {load}' if load else ''}: {error.message}",
                               file=str(path), key=error.key, allowed=error.allowed, has_value=False) from None
     for variant, load, scenario in runs:
-        summary = summarize(simulate(scenario, force=True)).to_dict()
+        summary = summarize(simulate_whole(scenario, force=True)).to_dict()   # Ctrl-C stops the comparison
         gap = summary["latency"]["itl_s"]["mean"]     # over every token in the window, finished or not
         rows.append({
             "variant": variant, "load": load,

@@ -55,17 +55,17 @@ def load_sweep(scenario: Scenario, options: Sequence[Candidate], loads: Sequence
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, not {method!r}")
-    loads = np.asarray(loads, dtype=float)
+    load_values = np.asarray(loads, dtype=float)
     settings = [(candidate, k) for candidate in options
                 for k in (ks[candidate.label] if isinstance(ks, Mapping) else ks)]
     if method == "fluid":
         trace = generate_trace(scenario.workload, scenario.seed)        # lengths only: the rate is the model's
-        plain = FluidModel(scenario.plain_decoding(), trace).evaluate(loads)["tpot_mean_s"].to_numpy()
-        tpots = [FluidModel(_speculating(scenario, candidate, k, eligibility), trace).evaluate(loads)[
+        plain = FluidModel(scenario.plain_decoding(), trace).evaluate(load_values)["tpot_mean_s"].to_numpy()
+        tpots = [FluidModel(_speculating(scenario, candidate, k, eligibility), trace).evaluate(load_values)[
             "tpot_mean_s"].to_numpy() for candidate, k in settings]
     else:
         plain, per_load = [], []
-        for load in loads:
+        for load in load_values:
             at_load = variant(scenario, {"workload.arrival.rate": float(load)})
             trace = generate_trace(at_load.workload, at_load.seed)
             plain.append(_mean_tpot(at_load.plain_decoding(), trace))
@@ -76,7 +76,7 @@ def load_sweep(scenario: Scenario, options: Sequence[Candidate], loads: Sequence
     for (candidate, k), tpot in zip(settings, tpots):
         with np.errstate(invalid="ignore"):
             speedup = np.where(np.isfinite(tpot) & np.isfinite(plain), plain / tpot, np.nan)
-        rows.append(pd.DataFrame({"load": loads, "candidate": candidate.label, "kind": candidate.kind,
+        rows.append(pd.DataFrame({"load": load_values, "candidate": candidate.label, "kind": candidate.kind,
                                   "alpha": candidate.alpha, "k": k, "tpot_ms": 1e3 * tpot,
                                   "plain_tpot_ms": 1e3 * plain, "speedup": speedup}))
     return pd.concat(rows, ignore_index=True)
@@ -90,6 +90,7 @@ def best_k(sweep: pd.DataFrame) -> pd.DataFrame:
 
 def _speculating(scenario: Scenario, candidate: Candidate, k: int, eligibility: Eligibility) -> Scenario:
     built = with_candidate(scenario, candidate, k)
+    assert built.speculation is not None
     return replace(built, speculation=replace(built.speculation, eligibility=eligibility))
 
 

@@ -88,11 +88,15 @@ class LayoutChoice:
 
     @property
     def devices(self) -> int | None:
-        return None if self.layout is None else self.replicas * self.layout.devices_per_replica
+        if self.layout is None or self.replicas is None:
+            return None
+        return self.replicas * self.layout.devices_per_replica
 
     @property
     def usd_per_hour(self) -> float:
-        return math.nan if self.layout is None else self.layout.usd_per_hour(self.replicas)
+        if self.layout is None or self.replicas is None:
+            return math.nan
+        return self.layout.usd_per_hour(self.replicas)
 
 
 def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,

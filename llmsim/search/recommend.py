@@ -249,7 +249,7 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
             ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit
         return ok
 
-    own = scenario.workload.arrival.rate_per_s
+    own = scenario.workload.rate_per_s
     rates = own * np.geomspace(0.05, 20, 40)
     ok = passing(rates)
     if not ok.any():
@@ -333,9 +333,9 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         table = searcher.table()
         if not table["meets_scenario_rate"].iloc[0]:
             raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
-                              f"({scenario.workload.arrival.rate_per_s:g}/s); the best, {best.label}, sustains "
+                              f"({scenario.workload.rate_per_s:g}/s); the best, {best.label}, sustains "
                               f"{table['max_rate_per_s'].iloc[0]:.3g}/s", file=scenario.path,
-                              key="workload.arrival.rate", value=scenario.workload.arrival.rate_per_s,
+                              key="workload.arrival.rate", value=scenario.workload.rate_per_s,
                               allowed="a lower rate, more replicas (llmsim plan), or looser SLOs")
         default_rows = table[table["default"]]
         best_default = default_rows.iloc[0]
@@ -424,7 +424,7 @@ class _Search:
         self.results: dict[Config, dict] = {}
         self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
         self._analytic: dict[tuple, float] = {}
-        self.rate = scenario.workload.arrival.rate_per_s
+        self.rate = scenario.workload.rate_per_s
         engine = scenario.engine
         # The baseline: the rule-of-thumb defaults, or (own_settings) the scenario's own settings.
         self.defaults = ([Config(OFF if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,

@@ -358,7 +358,7 @@ def _windows_follow_rate(base: dict, base_dir: Path, base_file: str | None, poin
         return points
     if own.num_requests is None or own.trace is not None:
         return points
-    own_rate = own.arrival.rate_per_s
+    own_rate = own.rate_per_s
     out = []
     for point in points:
         rate = point.get(RATE_KEY)

@@ -132,7 +132,7 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) 
     traffic the question is about; its first requests alone could be its quietest hour): the
     warm-up follows the rule above within the trace's span at this rate."""
     workload = scenario.workload
-    own_rate = workload.arrival.rate_per_s
+    own_rate = workload.rate_per_s
     if workload.trace is not None:
         requests = replayed_requests(workload)
         span_s = requests / rate_per_s

@@ -23,10 +23,12 @@ def generate_trace(workload: Workload, seed: int) -> Trace:
         return trace.cut(workload.num_requests, workload.duration_s)
     if workload.classes:
         return _class_trace(workload, seed)
-    # Synthetic arrivals: the reader gives every such workload an arrival process and both lengths.
+    # Synthetic arrivals: the reader gives every such workload an arrival process, and both lengths
+    # unless a dataset brings them.
     arrival, prompt, output = workload.arrival, workload.prompt_tokens, workload.output_tokens
-    assert arrival is not None and not isinstance(arrival, Replay) and prompt is not None and output is not None
+    assert arrival is not None and not isinstance(arrival, Replay)
     if workload.sessions is not None:
+        assert prompt is not None and output is not None
         return workload.sessions.trace(arrival, workload.num_requests, workload.duration_s, prompt, output, seed)
     arrivals_rng, prompt_rng, output_rng = (np.random.default_rng(s)
                                             for s in np.random.SeedSequence(seed).spawn(3))
@@ -34,6 +36,7 @@ def generate_trace(workload: Workload, seed: int) -> Trace:
     n = len(times)
     if workload.dataset is not None:
         return replace(workload.dataset.take(dataset_order(len(workload.dataset), n, prompt_rng)), arrival_s=times)
+    assert prompt is not None and output is not None
     return Trace(times, prompt.sample(prompt_rng, n), output.sample(output_rng, n))
 
 

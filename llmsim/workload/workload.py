@@ -60,6 +60,14 @@ class Workload:
     classes: tuple[TrafficClass, ...] = ()
 
     @property
+    def rate_per_s(self) -> float:
+        """The mean arrival rate: the arrival process's (a replayed trace's, after its transforms), or the
+        sum of the classes' own processes when each class has one."""
+        if self.arrival is not None:
+            return self.arrival.rate_per_s
+        return sum(c.arrival.rate_per_s for c in self.classes if c.arrival is not None)
+
+    @property
     def class_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.classes)
 

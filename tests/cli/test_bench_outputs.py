@@ -90,7 +90,7 @@ def test_detailed_itls_are_each_requests_own_gaps(tmp_path):
     count equal to the per-step log's). Memory is tight, so preemptions and recomputes are among them."""
     from llmsim.sim.simulate import simulate
     from llmsim.sim.token_times import TokenTimes
-    from .helpers import make_scenario
+    from tests.helpers import make_scenario
 
     scenario = make_scenario({"engine": {"memory_utilization": 0.25, "max_model_len": 8192},
                               "workload": {"arrival": {"rate": 30.0}, "num_requests": 300}})
@@ -135,7 +135,7 @@ def test_speculative_itls_are_one_gap_per_step_that_emitted():
     accepted, still summing to e2e - ttft and peaking at max_itl_s."""
     from llmsim.sim.simulate import simulate
     from llmsim.sim.token_times import TokenTimes
-    from .helpers import make_scenario
+    from tests.helpers import make_scenario
 
     scenario = make_scenario({"workload": {"num_requests": 150},
                               "speculation": {"draft": "ngram", "k": 3,

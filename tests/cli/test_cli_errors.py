@@ -140,3 +140,16 @@ def test_only_the_command_line_prints_or_parses_arguments():
                 offenders.append(f"{path.relative_to(package)}:{node.lineno}")
     assert not offenders
 
+
+
+def test_ctrl_c_outside_a_run_that_keeps_its_work_exits_130_in_one_line(monkeypatch, capsys):
+    """Ctrl-C while a command imports or prepares (before any journal or partial result exists) is one line
+    and exit status 130, as a shell reports SIGINT, not a KeyboardInterrupt traceback."""
+    import llmsim.cli.catalog as catalog
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(catalog, "_cmd_models", interrupted)
+    assert main(["models"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "llmsim: interrupted; files already written in full are kept"

@@ -113,7 +113,7 @@ def test_run_requests_sets_how_many_requests_arrive(tmp_path):
     first N of the scenario's own arrivals (the same seed draws the same stream)."""
     import csv
 
-    from .helpers import REPO
+    from tests.helpers import REPO
     scenario = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
     assert yaml.safe_load(scenario.read_text())["workload"]["num_requests"] == 300
     for count in (60, 120):

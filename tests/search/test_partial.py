@@ -144,6 +144,17 @@ def test_ctrl_c_during_the_baseline_is_not_swallowed(monkeypatch):
         speedup_over_plain(result)
 
 
+
+def test_ctrl_c_stops_a_comparison_instead_of_tabulating_a_half_run(monkeypatch, capsys):
+    """A comparison row is a whole run: an interrupted one ends the command (130), it is not printed as a result."""
+    from llmsim.sim import simulate as module
+
+    result = simulate(make_scenario({"workload": {"num_requests": 60}}))
+    monkeypatch.setattr(module, "simulate", lambda *args, **kwargs: replace(result, stopped_by=StopReason.INTERRUPT))
+    assert main(["compare", str(REPO / "scenarios" / "comparisons" / "h100-vs-cs3.yaml")]) == 130
+    captured = capsys.readouterr()
+    assert "variant" not in captured.out and "interrupted" in captured.err
+
 def _scenario_file(tmp_path, num_requests: int) -> str:
     data = yaml.safe_load((REPO / "scenarios" / "llama3-8b-h100-chat.yaml").read_text())
     data["workload"]["num_requests"] = num_requests

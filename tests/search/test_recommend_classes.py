@@ -142,7 +142,7 @@ def test_the_printout_says_which_policy_and_timeouts_and_why(rec, scenario):
 
 def test_a_scenario_without_classes_cannot_search_them(capsys):
     from llmsim.errors import ConfigError
-    from .helpers import BASE
+    from tests.helpers import BASE
 
     plain = make_scenario({"slo": {"ttft": "1 s"}}, base=BASE)
     with pytest.raises(ConfigError) as error:

@@ -170,7 +170,7 @@ def test_llmsim_run_prints_and_writes_the_rollout(tmp_path, capsys):
     import yaml
 
     from llmsim.cli.main import main
-    from .helpers import BASE, merge
+    from tests.helpers import BASE, merge
 
     document = merge(BASE, {"workload": {"num_requests": 300, "arrival": {"rate": 12}},
                             "rollout": {"groups": {"canary": {"role": "canary", "fraction": 0.3, "hardware": "H200"},
