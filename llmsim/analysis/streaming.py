@@ -266,7 +266,7 @@ class StreamedRun:
         self.gaps: InterTokenGaps | None = None
         self.end_s = math.nan
 
-    def begin(self, scenario: Scenario, window_s: float, warmup_s: float, engines: int) -> None:
+    def begin(self, scenario: Scenario, window_s: float, warmup_s: float) -> None:
         """Before the run: the parts of it whose sums are kept apart (before the warm-up ends, the
         window), so the summary can measure the whole run if it stops before the warm-up ends."""
         self.scenario = scenario

@@ -265,7 +265,7 @@ class RunStream(Protocol):
 
     chunk_rows: int
 
-    def begin(self, scenario: Scenario, window_s: float, warmup_s: float, engines: int) -> None: ...
+    def begin(self, scenario: Scenario, window_s: float, warmup_s: float) -> None: ...
 
     def records(self, frame: pd.DataFrame) -> None: ...
 
@@ -334,7 +334,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
                        for micro_batch in range(resolved.engines_per_replica)])
     engines = [engine for group in groups for engine in group]
     if stream is not None:
-        stream.begin(scenario, window, warmup, len(engines))
+        stream.begin(scenario, window, warmup)
     for engine in engines:
         if isinstance(engine, Engine):
             engine.observers.extend(observers)
