@@ -250,7 +250,9 @@ class RequestRecords:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The raw record columns, in record order (the arrays share the packed columns' memory)."""
-        as_array = lambda values: np.frombuffer(values, np.int64 if values.typecode == "q" else float)
+        def as_array(values: array) -> np.ndarray:
+            return np.frombuffer(values, np.int64 if values.typecode == "q" else float)
+
         reasons = np.array(list(self._reasons), dtype=object)
         columns = {
             "id": np.arange(self.first_id, self.first_id + len(self), dtype=np.int64),
@@ -344,7 +346,7 @@ class InterTokenGaps:
     def add(self, end_s, gap_s, weight) -> None:
         self._chunks.append((np.asarray(end_s, float), np.asarray(gap_s, float), np.asarray(weight, float)))
 
-    def merge(self, other: "InterTokenGaps") -> None:
+    def merge(self, other: InterTokenGaps) -> None:
         self._chunks.extend(other._chunks)
 
     def chunks(self):

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
