@@ -2,8 +2,8 @@
 
 For each case (a scenario and loads given as fractions of the capacity the simulator
 measures), prints the analytic and simulated mean TTFT and mean TPOT with the relative
-error, and the error in the time-averaged requests in the system, the predicted capacity against the simulated one (throughput
-of a saturated run, in requests/s), and then evaluations per second (one rate at a
+error, and the error in the time-averaged requests in the system, the predicted capacity against the
+simulated one (throughput of a saturated run, in requests/s), and then evaluations per second (one rate at a
 time, and a vector of 1,000 rates at once). Run ``python benchmarks/bench_analytic.py``.
 """
 from __future__ import annotations

@@ -4,9 +4,10 @@ Per device (A100, H100; Vidur's measurements in llmsim/calibration/data/vidur): 
 cell is predicted by kernel terms fitted to the other models at the other TP sizes, and the per-layer
 time (linear and elementwise operators, the residual add twice) is compared with the measurement, by
 regime (decode 1-256 tokens, prefill 128-4096) and TP size; then the issue's two splits one at a time
-(each model held out with every TP size fitted, and each TP size held out with every model fitted). All-reduces: every other message size of
-each group is fitted, the rest predicted, by size class; next to it, the error of predicting each row
-by the median of its eight nearest sizes (no model at all: how noisy the medians themselves are).
+(each model held out with every TP size fitted, and each TP size held out with every model fitted).
+All-reduces: every other message size of each group is fitted, the rest predicted, by size class; next to
+it, the error of predicting each row by the median of its eight nearest sizes (no model at all: how noisy
+the medians themselves are).
 "before" is the plain roofline with the profile's efficiencies (the cost model without kernel terms).
 
 Then, with NVIDIA's measured operator database installed (``pip install 'llmsim[measured]'``), per operator
@@ -49,7 +50,7 @@ def roofline_terms(device: str) -> KernelTerms:
     stream = StreamKernel(0.0, bandwidth, 1e30)
     reduce = AllReduce(profile.interconnect_latency_s, link, profile.interconnect_latency_s, link)
     return KernelTerms(0.0, bandwidth, {"fp16": profile.peak_for("fp16") * profile.compute_efficiency}, HARD_MAX,
-                       {kind: stream for kind in ("norm", "activation", "rotary", "residual")},
+                       dict.fromkeys(("norm", "activation", "rotary", "residual"), stream),
                        {2: reduce, 4: reduce, 8: reduce}, 0.0, "none", {}, 0.0)
 
 
@@ -93,7 +94,8 @@ def main() -> None:
             alone = held_out_layer_errors(rows, base, split)
             alone = error_table(alone[alone["group"] == "layer"], ["regime", "tp"])
             print(f"  the issue's splits, one at a time: each {'model' if split == 'model' else 'TP size'} held out "
-                  f"(fitted on the other {'models at every TP size' if split == 'model' else 'TP sizes of every model'})"
+                  "(fitted on the other "
+                  f"{'models at every TP size' if split == 'model' else 'TP sizes of every model'})"
                   ": " + "; ".join(f"{r.regime} TP{r.tp} {r.mape:.1%} / {r.median_error:+.1%} "
                                    f"{verdict(r.mape <= LAYER_MAPE and abs(r.median_error) <= LAYER_MEDIAN)}"
                                    for r in alone.itertuples()))

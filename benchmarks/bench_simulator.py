@@ -132,12 +132,25 @@ def child(args) -> None:
     print(json.dumps(outcome))
 
 
-def run_child(kind: str, requests: int = 0, rate: float = 0.0, replicas: int = 1, extra: list[str] = ()) -> dict:
-    """This script in a fresh interpreter, so that its peak RSS is one measurement's alone."""
+def run_child(kind: str, requests: int = 0, rate: float = 0.0, replicas: int = 1, extra: list[str] = (),
+              tree: str | None = None) -> dict:
+    """This script in a fresh interpreter, so that its peak RSS is one measurement's alone; with ``tree``
+    (a checkout of another commit), measuring that tree's llmsim instead of the one installed."""
     command = [sys.executable, __file__, "--child", kind, "--requests", str(requests), "--rate", repr(rate),
                "--replicas", str(replicas), *extra]
-    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
+    done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     return json.loads(done.stdout.splitlines()[-1])
+
+
+def tree_commit(tree: str | None) -> str:
+    """The commit of the llmsim a child measures (``tree``, or the one this interpreter imports), found
+    without importing it: a child's peak RSS starts from its parent's on Linux (fork, then exec)."""
+    source = Path(tree) / "llmsim" if tree else Path(importlib.util.find_spec("llmsim").origin).parent
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=source).stdout.strip() or f"unknown ({source})"
 
 
 def cpu_name() -> str:
@@ -157,9 +170,29 @@ def per_s(row: dict, clock: str) -> float:
     return row["requests"] / row[clock]
 
 
-def report_engines(args, capacities: dict[str, float]) -> None:
-    rows = {engine: run_child(engine, args.requests, args.load * capacities[engine]) for engine in ENGINES}
-    rows["bare SimPy (1 timeout)"] = run_child("bare-simpy", args.requests)
+def measure_engines(args, capacities: dict[str, float], tree: str | None = None) -> dict[str, dict]:
+    rows = {engine: run_child(engine, args.requests, args.load * capacities[engine], tree=tree) for engine in ENGINES}
+    rows[BARE] = run_child("bare-simpy", args.requests)
+    return rows
+
+
+BARE = "bare SimPy (1 timeout)"
+
+
+def engine_figures(rows: dict[str, dict]) -> dict[str, float]:
+    """The figures the targets are stated in (CPU seconds: other processes disturb them least)."""
+    plain = rows["plain"]
+    figures = {"plain / bare SimPy (requests per CPU s)": per_s(plain, "cpu_s") / per_s(rows[BARE], "cpu_s")}
+    for engine in ("static-k4", "adaptive"):
+        figures[f"{engine} / plain (requests per CPU s)"] = per_s(rows[engine], "cpu_s") / per_s(plain, "cpu_s")
+    for engine in ENGINES:
+        figures[f"{engine}: simulated requests per CPU s"] = per_s(rows[engine], "cpu_s")
+        figures[f"{engine}: iterations (engine events) per CPU s"] = rows[engine]["iterations"] / rows[engine]["cpu_s"]
+    figures["bare SimPy: requests (events) per CPU s"] = per_s(rows[BARE], "cpu_s")
+    return figures
+
+
+def report_engines(args, capacities: dict[str, float], rows: dict[str, dict]) -> None:
     print(f"{'':<22}{'capacity':>9}{'offered':>8}{'iterations':>11}{'wall s':>8}{'req/wall s':>11}{'req/CPU s':>10}"
           f"{'peak RSS':>9}{'growth':>8}{'per req':>9}")
     for engine, row in rows.items():
@@ -168,7 +201,7 @@ def report_engines(args, capacities: dict[str, float]) -> None:
                 if engine in capacities else " " * 28)
         print(f"{engine:<22}{load}{row['wall_s']:>8.2f}{per_s(row, 'wall_s'):>11,.0f}{per_s(row, 'cpu_s'):>10,.0f}"
               f"{gigabytes(row['rss_peak']):>9}{gigabytes(grown):>8}{grown / row['requests']:>7,.0f} B")
-    plain, bare = rows["plain"], rows["bare SimPy (1 timeout)"]
+    plain, bare = rows["plain"], rows[BARE]
     ratio = {clock: per_s(plain, clock) / per_s(bare, clock) for clock in ("wall_s", "cpu_s")}
     print(f"\nplain / bare SimPy: {ratio['wall_s']:.4f} per wall s, {ratio['cpu_s']:.4f} per CPU s (requests)")
     for engine in ("static-k4", "adaptive"):
@@ -178,21 +211,30 @@ def report_engines(args, capacities: dict[str, float]) -> None:
               f"{row['rss_peak'] / plain['rss_peak']:.2f} (peak RSS)")
 
 
-def report_scale(args, capacity: float) -> None:
-    big = run_child("plain", 1_000_000, args.load * capacity)
+def report_comparison(figures: dict[str, dict[str, float]]) -> None:
+    """Each figure of the previous tree and of this one, side by side."""
+    (old_name, old), (new_name, new) = figures.items()
+    print(f"\n{'figure':<52}{old_name:>16}{new_name:>16}{'new / old':>11}")
+    for name in new:
+        if name in old:
+            print(f"{name:<52}{old[name]:>16,.3f}{new[name]:>16,.3f}{new[name] / old[name]:>11.2f}")
+
+
+def report_scale(args, capacity: float, tree: str | None = None) -> dict[str, float]:
+    big = run_child("plain", 1_000_000, args.load * capacity, tree=tree)
     print(f"\n1,000,000 requests, plain engine: {big['wall_s']:.1f} wall s, {big['cpu_s']:.1f} CPU s, "
           f"peak RSS {gigabytes(big['rss_peak'])} "
           f"({(big['rss_peak'] - big['rss_before']) / big['requests']:,.0f} B per request above the start)")
-    report_replicas(args, capacity)
+    return {"1,000,000 requests: CPU s": big["cpu_s"], **report_replicas(args, capacity, tree)}
 
 
-def report_replicas(args, capacity: float) -> None:
+def report_replicas(args, capacity: float, tree: str | None = None) -> dict[str, float]:
     """64 replicas against one on the same requests at the same load per replica (:func:`measure_replicas`)."""
     per_replica = args.per_replica
-    outcome = run_child("replicas", per_replica, args.load * capacity, 64, ["--rounds", str(args.rounds)])
+    outcome = run_child("replicas", per_replica, args.load * capacity, 64, ["--rounds", str(args.rounds)], tree=tree)
     one, many = outcome["one"], outcome["many"]
-    print(f"\n64 replicas against one, {args.rounds} alternating rounds in one process (CPU seconds), "
-          f"{per_replica:,} requests per replica at {args.load:.0%} of its capacity:")
+    print(f"\n64 replicas against one ({tree_commit(tree)}), {args.rounds} alternating rounds in one process "
+          f"(CPU seconds), {per_replica:,} requests per replica at {args.load:.0%} of its capacity:")
     for name, rows in (("1 replica x 64 traces", one), ("64 replicas x 1 trace", many)):
         us = [1e6 * row["cpu_s"] / row["requests"] for row in rows]
         print(f"  {name}: {median(us):.1f} CPU us per request (rounds {', '.join(f'{u:.1f}' for u in us)}), "
@@ -202,6 +244,8 @@ def report_replicas(args, capacity: float) -> None:
     per_iteration = [(m["cpu_s"] / m["iterations"]) / (o["cpu_s"] / o["iterations"]) for o, m in zip(one, many)]
     print(f"64 replicas / 1 replica, CPU per request: median {median(per_request):.2f} "
           f"(rounds {', '.join(f'{r:.2f}' for r in per_request)}); per iteration: median {median(per_iteration):.2f}")
+    return {"64 replicas / 1 replica (CPU per request)": median(per_request),
+            "64 replicas: simulated requests per CPU s": median(m["requests"] / m["cpu_s"] for m in many)}
 
 
 def measure_replicas(per_replica: int, rate_per_s: float, replicas: int, rounds: int) -> dict:
@@ -260,6 +304,9 @@ def main() -> None:
     parser.add_argument("--per-replica", type=int, default=5000,
                         help="requests per replica when comparing 64 replicas against 1 (default 5,000)")
     parser.add_argument("--profile", choices=list(ENGINES), help="print a cProfile of one engine's run instead")
+    parser.add_argument("--baseline", metavar="TREE",
+                        help="a checkout of the previous commit (git worktree add TREE COMMIT): its figures are "
+                             "measured too, on the same workload, and printed beside this tree's")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
@@ -267,27 +314,29 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    if args.replicas_only:
-        print(f"machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
-              f"load average {os.getloadavg()[0]:.2f}")
-        report_replicas(args, run_child("capacity:plain")["capacity"])
-        print(f"load average at the end {os.getloadavg()[0]:.2f}")
-        return
+    trees = {tree_commit(args.baseline): args.baseline, tree_commit(None): None} if args.baseline else {
+        tree_commit(None): None}
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
+          f"commits {', '.join(trees)}; load average {os.getloadavg()[0]:.2f}")
     if args.profile:
         profile(args, run_child(f"capacity:{args.profile}")["capacity"])
         return
-    # The commit of the llmsim measured (maybe another tree's, on PYTHONPATH), found without importing it:
-    # a child's peak RSS starts from its parent's on Linux (fork, then exec), so this process stays small.
-    source = Path(importlib.util.find_spec("llmsim").origin).parent
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=source).stdout.strip() or f"unknown ({source})"
-    print(f"machine: {cpu_name()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}; commit {commit}; {args.requests:,} requests at {args.load:.0%} "
-          f"of each engine's capacity (req/s); load average {os.getloadavg()[0]:.2f}\n")
+    # Both trees simulate the same workload: the offered load comes from this tree's capacities.
     capacities = {engine: run_child(f"capacity:{engine}")["capacity"] for engine in ENGINES}
-    report_engines(args, capacities)
-    if args.scale:
-        report_scale(args, capacities["plain"])
+    figures: dict[str, dict[str, float]] = {name: {} for name in trees}
+    if not args.replicas_only:
+        print(f"{args.requests:,} requests at {args.load:.0%} of each engine's capacity (req/s)")
+        for name, tree in trees.items():
+            print(f"\n{name}:")
+            rows = measure_engines(args, capacities, tree)
+            report_engines(args, capacities, rows)
+            figures[name].update(engine_figures(rows))
+    if args.scale or args.replicas_only:
+        for name, tree in trees.items():
+            figures[name].update(report_replicas(args, capacities["plain"], tree) if args.replicas_only
+                                 else report_scale(args, capacities["plain"], tree))
+    if len(trees) == 2:
+        report_comparison(figures)
     print(f"\nload average at the end {os.getloadavg()[0]:.2f} (other processes share the cores: compare ratios)")
 
 

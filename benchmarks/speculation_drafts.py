@@ -1,4 +1,5 @@
-"""Best draft and k across loads for Llama-3.1-70B on 4 x H100 (the speculation guide's figure, docs/guides/speculation.md).
+"""Best draft and k across loads for Llama-3.1-70B on 4 x H100 (the speculation guide's figure,
+docs/guides/speculation.md).
 
 Candidates: Llama-3.2-1B, Llama-3.2-3B and Llama-3.1-8B drafts, an EAGLE head and n-gram lookup
 (50 us of CPU per speculating sequence per step: an assumption), each with the acceptance the

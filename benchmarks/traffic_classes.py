@@ -67,7 +67,8 @@ def controller_runs(plot: Path | None) -> None:
                                       result.arrival_window_s)
         changes_made = 0 if result.control is None else int(result.control["changed"].sum())
         print(f"{label:<12} over SLO {time_over_slo(rolling, STEP_S):>5.0f} s   attainment "
-              f"{100 * summary['slo']['attainment']:5.1f}%   TTFT p95 {1e3 * summary['latency']['ttft_s']['p95']:6.0f} ms"
+              f"{100 * summary['slo']['attainment']:5.1f}%   "
+              f"TTFT p95 {1e3 * summary['latency']['ttft_s']['p95']:6.0f} ms"
               f"   TPOT p95 {1e3 * summary['latency']['tpot_s']['p95']:5.1f} ms   knob changes {changes_made}")
     if plot is not None:
         plot.parent.mkdir(parents=True, exist_ok=True)

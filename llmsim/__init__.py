@@ -32,7 +32,7 @@ _PUBLIC = {
     "ModelSpec": "llmsim.catalog.models",
     "model_catalog": "llmsim.catalog.models",
     "model_from_config_json": "llmsim.catalog.models",
-    "plan": "llmsim.search.plan",
+    "plan": "llmsim.search.layout",
     "recommend": "llmsim.search.recommend",
     "Request": "llmsim.sim.request",
     "Scenario": "llmsim.scenario.scenario",

@@ -244,8 +244,8 @@ def mooncake_lines(draw) -> str:
 @st.composite
 def valid_trace_text(draw) -> str:
     """A trace that replays: sorted arrival times, whole token counts within the model's context."""
-    rows = draw(st.lists(st.tuples(st.floats(0, 2, allow_subnormal=False), st.integers(1, 3000), st.integers(1, 500)), min_size=1,
-                         max_size=20))
+    row = st.tuples(st.floats(0, 2, allow_subnormal=False), st.integers(1, 3000), st.integers(1, 500))
+    rows = draw(st.lists(row, min_size=1, max_size=20))
     times = [sum(gap for gap, _, _ in rows[:i + 1]) for i in range(len(rows))]
     return "arrival_s,prompt_tokens,output_tokens\n" + "".join(
         f"{t!r},{p},{o}\n" for t, (_, p, o) in zip(times, rows))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from llmsim.search.compare import REPLACED_WHOLE
+from llmsim.analysis.metrics import summarize
 from llmsim.config.reader import Node, deep_merge
 from llmsim.cost.features import F, attention_pairs
 from llmsim.scenario.scenario import scenario_from_node
@@ -158,3 +159,8 @@ def markdown_literal(text: str) -> str:
     entities &amp; &lt; &gt; read back as the character (both in one pass, as a parser does)."""
     return re.sub(r"\\([!-/:-@\[-`{-~])|&(amp|lt|gt);",
                   lambda m: m[1] if m[1] is not None else {"amp": "&", "lt": "<", "gt": ">"}[m[2]], text)
+
+
+def tpot_mean_s(result) -> float:
+    """A run's mean TPOT, from its summary."""
+    return summarize(result).to_dict()["latency"]["tpot_s"]["mean"]

@@ -59,7 +59,8 @@ def test_every_allowed_value_and_range_is_the_readers(scenario_keys):
                       ("engine.scheduling_policy", SchedulingPolicy)):
         assert scenario_keys[key].options == list(kind.names())
     assert scenario_keys["engine.memory_utilization"].allowed == ">= 0 and <= 1"
-    assert scenario_keys["engine.max_num_seqs"].allowed == ">= 1" and scenario_keys["engine.max_num_seqs"].type == "integer"
+    seqs = scenario_keys["engine.max_num_seqs"]
+    assert seqs.allowed == ">= 1" and seqs.type == "integer"
     assert scenario_keys["slo.ttft"].type == "duration"
 
 

@@ -25,6 +25,7 @@ order. Given every request's inter-token gaps (``llmsim run --bench-detailed``, 
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 from pathlib import Path
 
 import numpy as np
@@ -55,8 +56,8 @@ def _statistics(values: np.ndarray, weights: np.ndarray | None = None) -> dict[s
         order = np.argsort(ms, kind="stable")
         ms, weights = ms[order], weights[order]
         cumulative = np.cumsum(weights)
-        quantiles = [ms[min(int(np.searchsorted(cumulative, q / 100 * cumulative[-1])), len(ms) - 1)]
-                     for q in (50, *BENCH_PERCENTILES)]
+        quantiles = np.array([ms[min(int(np.searchsorted(cumulative, q / 100 * cumulative[-1])), len(ms) - 1)]
+                              for q in (50, *BENCH_PERCENTILES)])
         mean = float(np.average(ms, weights=weights))
         std = float(math.sqrt(np.average((ms - mean) ** 2, weights=weights)))
     return {"mean": mean, "median": float(quantiles[0]), "std": std,
@@ -127,13 +128,17 @@ def read_bench_json(path: str | Path) -> dict:
     return data
 
 
+def _finite_number(value: object) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def diff_metrics(measured: dict, simulated: dict) -> pd.DataFrame:
     """Per metric both have as a number: measured, simulated, their difference and the relative
     error ``(simulated - measured) / measured`` in percent."""
     rows = []
     for field in DIFF_FIELDS:
         a, b = measured.get(field), simulated.get(field)
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (a, b)):
+        if not (_finite_number(a) and _finite_number(b)):
             continue
         rows.append({"metric": field, "measured": float(a), "simulated": float(b), "difference": float(b - a),
                      "error_pct": 100.0 * (b - a) / a if a else math.nan})

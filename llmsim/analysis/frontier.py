@@ -15,7 +15,7 @@ of one or two points the knee is the lowest-latency point.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -61,14 +61,21 @@ def knee_position(latency: Sequence[float], throughput: Sequence[float]) -> int:
 
 
 def plot_frontier(df: pd.DataFrame, path: str | Path, latency: str = LATENCY, throughput: str = THROUGHPUT,
-                  color_by: str | None = None) -> Path:
+                  color_by: str | None = None, eligible: pd.Series | None = None) -> Path:
     """Every point, the frontier through them and its knee, as a PNG; ``color_by`` colours points by a column
-    (a colour scale for numbers, one colour per value otherwise)."""
+    (a colour scale for numbers, one colour per value otherwise). ``eligible`` (a boolean per row, e.g. the
+    SLO met): only those rows may join the frontier; the others are drawn as grey crosses."""
     from llmsim.analysis.plots import plt
 
-    frontier = pareto_frontier(df, latency, throughput)
-    usable = df[df[latency].notna() & df[throughput].notna()]
+    eligible = pd.Series(True, index=df.index) if eligible is None else eligible.reindex(df.index, fill_value=False)
+    frontier = pareto_frontier(df[eligible], latency, throughput)
     fig, ax = plt.subplots(figsize=(7, 5), constrained_layout=True)
+    excluded = df[~eligible & df[latency].notna() & df[throughput].notna()]
+    if len(excluded):
+        ax.scatter(excluded[latency], excluded[throughput], marker="x", color="0.6", s=26, zorder=2,
+                   label="misses the SLO (not on the frontier)")
+    df = df[eligible]
+    usable = df[df[latency].notna() & df[throughput].notna()]
     if color_by is not None and pd.api.types.is_numeric_dtype(usable[color_by]):
         dots = ax.scatter(usable[latency], usable[throughput], c=usable[color_by], cmap="viridis", s=22, zorder=2)
         fig.colorbar(dots, ax=ax, label=color_by)

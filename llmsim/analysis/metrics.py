@@ -139,7 +139,11 @@ def summarize(result: SimulationResult) -> RunSummary:
     steady = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
     finished = steady[steady["status"] == "finished"]
     in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
-    devices = scenario.deployment.replicas * scenario.devices_per_replica
+    # With autoscaling the devices are those paid for in the window (replica-seconds / window), so
+    # per-device throughput, cost and energy follow the replicas the run held, not the ones it started with.
+    provisioned = result.provisioned
+    replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
+                else scenario.deployment.replicas)
     status = records["status"]
     reason = records["reason"]
     counts = RequestCounts(
@@ -161,46 +165,47 @@ def summarize(result: SimulationResult) -> RunSummary:
     slo = slo_summary(steady, scenario.slo, window)
     classes = (class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
                if scenario.workload.classes else None)
-    provisioned = result.provisioned
-    replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
-                else scenario.deployment.replicas)
     utilisation = utilisation_in(iterations, start, stop, scenario, result.kv_blocks_per_replica, replicas)
     ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     return run_summary(
-        result, (start, stop), counts, latency,
+        result, (start, stop), replicas, counts, latency,
         throughput_of(len(finished_in_window), output_tokens, float(in_window["prefill_tokens"].sum()), len(steady),
-                      window, devices),
+                      window, replicas * scenario.devices_per_replica),
         slo, utilisation,
         QueueSummary(mean_length=result.mean_queue_length, max_length=int(result.queue_length["length"].max()),
                      mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising),
         speculation_sums(in_window) if scenario.speculating else None, classes,
-        autoscaling_summary(result, float(records["generated_tokens"].sum())) if result.scaling is not None else None,
+        autoscaling_summary(result, replicas, float(records["generated_tokens"].sum()))
+        if result.scaling is not None else None,
         kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
         if result.kv_tiers else None)
 
 
 def throughput_of(finished_in_window: int, output_tokens: float, prefill_tokens: float, offered: int, window: float,
-                  devices: int) -> Throughput:
+                  devices_paid: float) -> Throughput:
     """Rates over the window: requests finished in it, the tokens of the iterations that ended in it
-    (output, and output plus prefill) and the requests that arrived in it (offered)."""
+    (output, and output plus prefill; per device paid for in the window) and the requests that arrived
+    in it (offered)."""
     return Throughput(
         requests_per_s=finished_in_window / window,
         output_tokens_per_s=output_tokens / window,
         total_tokens_per_s=(output_tokens + prefill_tokens) / window,
-        output_tokens_per_s_per_device=output_tokens / window / devices,
+        output_tokens_per_s_per_device=output_tokens / window / devices_paid,
         offered_requests_per_s=offered / window,
     )
 
 
-def run_summary(result: SimulationResult, window_s: tuple[float, float], counts: RequestCounts, latency: Latency,
+def run_summary(result: SimulationResult, window_s: tuple[float, float], replicas: float, counts: RequestCounts,
+                latency: Latency,
                 throughput: Throughput, slo: SLOSummary, utilisation: Utilisation, queue: QueueSummary,
                 speculation: dict[str, float] | None, classes: dict[str, ClassSummary] | None,
                 autoscaling: AutoscalingSummary | None, kv_cache) -> RunSummary:
     """The summary from its measured sections (by :func:`summarize`, or by a streamed run as it went),
-    with what the scenario gives: placement, cost, speculation's figures from ``speculation``
-    (:func:`speculation_sums` over the window's iterations)."""
+    with what the scenario gives: placement, cost (of the ``replicas`` paid for in the window, on average),
+    speculation's figures from ``speculation`` (:func:`speculation_sums` over the window's iterations)."""
     scenario = result.scenario
     devices = scenario.deployment.replicas * scenario.devices_per_replica
+    devices_paid = replicas * scenario.devices_per_replica
     hw = scenario.hardware
     if classes is not None:
         # Overall, the SLO is met when every class meets its own targets.
@@ -221,7 +226,7 @@ def run_summary(result: SimulationResult, window_s: tuple[float, float], counts:
         devices=devices, window_s=window_s, simulated_s=result.end_s,
         requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
         memory=memory,
-        economics=Economics.at_tdp(devices * hw.price_per_hour_usd, devices * hw.tdp_w,
+        economics=Economics.at_tdp(devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w,
                                    throughput.output_tokens_per_s),
         queue=queue,
         speculation=(speculation_summary(scenario, speculation, result.speculation_blocked)
@@ -235,14 +240,18 @@ def run_summary(result: SimulationResult, window_s: tuple[float, float], counts:
     )
 
 
-def autoscaling_summary(result: SimulationResult, tokens: float) -> AutoscalingSummary:
+def autoscaling_summary(result: SimulationResult, replicas_in_window: float, tokens: float) -> AutoscalingSummary:
     """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`);
-    ``tokens``: the output tokens every request generated."""
+    ``replicas_in_window``: the mean replicas paid for in the measurement window; ``tokens``: the output
+    tokens every request generated."""
     scenario, log = result.scenario, result.scaling
     usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600
     return AutoscalingSummary(
+        min_replicas=scenario.autoscaling.min_replicas, max_replicas=scenario.autoscaling.max_replicas,
+        devices_per_replica=scenario.devices_per_replica,
         replica_seconds=result.replica_seconds,
         mean_replicas=result.replica_seconds / result.end_s if result.end_s > 0 else math.nan,
+        mean_replicas_in_window=replicas_in_window,
         max_replicas_serving=int(max(log["serving"].max(), scenario.deployment.replicas)) if len(log)
         else scenario.deployment.replicas,
         scale_ups=int(log["action"].str.count("start").sum()),

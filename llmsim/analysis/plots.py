@@ -12,13 +12,27 @@ import numpy as np  # noqa: E402
 from llmsim.analysis.rolling import rolling_worst_ratio, time_over_slo  # noqa: E402
 
 
+def timeline_panels(result) -> list[str]:
+    """The panels :func:`timeline` draws for ``result``, top to bottom: the four every run has, then the
+    draft length when it speculated, the controlled knob with a controller, the replicas with autoscaling."""
+    panels = ["queue", "batch", "kv_cache", "latency"]
+    if result.iterations["spec_seqs"].any():
+        panels.append("draft_length")
+    if result.control is not None:
+        panels.append("controlled_knob")
+    if result.provisioned is not None:
+        panels.append("replicas")
+    return panels
+
+
 def timeline(result, path: str | Path) -> Path:
-    """Queue, batch, KV cache and latencies over simulated time, one panel each, as a PNG."""
+    """Queue, batch, KV cache and latencies over simulated time, one panel each, as a PNG; and the
+    draft length, the controlled knob and the replica count where the run has them (:func:`timeline_panels`)."""
     it, records, queue = result.iterations, result.requests, result.queue_length
     scenario = result.scenario
-    speculating = bool(it["spec_seqs"].any())
-    fig, axes = plt.subplots(4 + speculating, 1, figsize=(10, 10 + 2 * speculating), sharex=True,
-                             constrained_layout=True)
+    panels = timeline_panels(result)
+    extra = len(panels) - 4
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 10 + 2 * extra), sharex=True, constrained_layout=True)
     start, stop = result.warmup_s, result.arrival_window_s
     for ax in axes:
         ax.axvspan(0, start, color="0.92", lw=0)
@@ -44,17 +58,51 @@ def timeline(result, path: str | Path) -> Path:
     axes[3].set_yscale("log")
     axes[3].set_ylabel("latency (ms), by arrival")
     axes[3].legend(loc="upper right", fontsize=7, markerscale=4)
-    if speculating:
-        _draft_length(axes[4], it)
+    if "draft_length" in panels:
+        _draft_length(axes[panels.index("draft_length")], it)
+    if "controlled_knob" in panels:
+        _controlled_knob(axes[panels.index("controlled_knob")], result)
+    if "replicas" in panels:
+        _replicas(axes[panels.index("replicas")], result)
     axes[-1].set_xlabel("simulated time (s); grey: warm-up, excluded from the summary")
-    axes[0].set_title(f"{scenario.name}: {scenario.model.name} on "
-                      f"{scenario.deployment.replicas * scenario.devices_per_replica} x "
+    scaling = scenario.autoscaling
+    where = (f"{scaling.min_replicas}-{scaling.max_replicas} replicas of {scenario.devices_per_replica} x"
+             if scaling is not None else f"{scenario.deployment.replicas * scenario.devices_per_replica} x")
+    axes[0].set_title(f"{scenario.name}: {scenario.model.name} on {where} "
                       f"{scenario.hardware.name} ({scenario.engine.batching} batching)")
     axes[0].set_xlim(0, max(result.end_s, stop))
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _controlled_knob(ax, result) -> None:
+    """The controller's knob after each decision, from the scenario's setting at time 0."""
+    control = result.control
+    knob = control["knob"].iloc[0] if len(control) else result.scenario.controller.knob
+    start = (result.scenario.speculation.policy.k if knob == "speculation_k"
+             else getattr(result.scenario.engine, knob))
+    ax.step(np.concatenate(([0.0], control["time_s"], [result.end_s])),
+            np.concatenate(([start], control["value"], control["value"].iloc[-1:] if len(control) else [start])),
+            where="post", lw=1, label=knob)
+    changed = control[control["changed"].astype(bool)]
+    ax.scatter(changed["time_s"], changed["value"], s=8, color="C3", zorder=3, label="changed")
+    ax.set_ylabel(f"controller: {knob}")
+    ax.legend(loc="upper right", fontsize=7)
+
+
+def _replicas(ax, result) -> None:
+    """Replicas paid for (starting and draining included) and serving, over the run."""
+    paid = result.provisioned
+    ax.step(np.append(paid["time_s"], result.end_s), np.append(paid["replicas"], paid["replicas"].iloc[-1]),
+            where="post", lw=1, label="paid for")
+    log = result.scaling
+    if log is not None and len(log):
+        ax.step(log["time_s"], log["serving"], where="post", lw=1, ls="--", label="serving (at each check)")
+    ax.set_ylabel("replicas")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="upper right", fontsize=7)
 
 
 def _summed_steps(queue):

@@ -356,7 +356,6 @@ class StreamedRun:
         else:
             groups, iterations = self.parts[1]
         window = stop - start
-        devices = scenario.deployment.replicas * scenario.devices_per_replica
         overall = groups[None]
         counts = RequestCounts(arrived=self.arrived, not_arrived=int(result.planned_requests - self.arrived),
                                **self.counts, preemptions=int(result.preemptions))
@@ -378,12 +377,14 @@ class StreamedRun:
         ttft = np.concatenate(overall.ttft) if overall.ttft else np.zeros(0)
         ttft_rise, rising = rising_trend(ttft, scale=scenario.slo.ttft_s)
         return run_summary(
-            result, (start, stop), counts, latency,
-            throughput_of(overall.done, sums["tokens_out"], sums["prefill_tokens"], overall.offered, window, devices),
+            result, (start, stop), replicas, counts, latency,
+            throughput_of(overall.done, sums["tokens_out"], sums["prefill_tokens"], overall.offered, window,
+                          replicas * scenario.devices_per_replica),
             overall.slo_summary(window),
             utilisation_from(iterations.overlap, window, scenario, result.kv_blocks_per_replica, replicas),
             QueueSummary(mean_length=result.mean_queue_length, max_length=self.max_queue_length,
                          mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising),
             {name: sums[name] for name in SPECULATION_SUMS} if scenario.speculating else None,
-            classes, autoscaling_summary(result, self.generated_tokens) if result.scaling is not None else None,
+            classes,
+            autoscaling_summary(result, replicas, self.generated_tokens) if result.scaling is not None else None,
             None)

@@ -36,7 +36,7 @@ class Distribution(Section):
     p99: float
 
     @classmethod
-    def of(cls, values) -> "Distribution":
+    def of(cls, values) -> Distribution:
         values = np.asarray(values, dtype=float)
         values = values[~np.isnan(values)]
         if len(values) == 0:
@@ -150,7 +150,7 @@ class Economics(Section):
     kwh_per_million_output_tokens_at_tdp: float
 
     @classmethod
-    def at_tdp(cls, usd_per_hour: float, power_w: float, output_tokens_per_s: float) -> "Economics":
+    def at_tdp(cls, usd_per_hour: float, power_w: float, output_tokens_per_s: float) -> Economics:
         per_million = 1e6 / output_tokens_per_s if output_tokens_per_s > 0 else math.nan
         return cls(usd_per_hour, usd_per_hour / 3600 * per_million,
                    power_w / output_tokens_per_s if output_tokens_per_s > 0 else math.nan,
@@ -214,9 +214,15 @@ class ClassSummary(Section):
 class AutoscalingSummary(Section):
     """What the replica pool cost over the whole run: replica-seconds paid for (start to end of
     drain, cold starts included), their mean, the scaling actions and the price of those seconds
-    (per replica: its devices at the profile's hourly price) per million output tokens generated."""
+    (per replica: its devices at the profile's hourly price) per million output tokens generated.
+    ``mean_replicas_in_window`` is the mean over the measurement window, which the run's throughput
+    per device, economics and utilisation divide by."""
+    min_replicas: int
+    max_replicas: int
+    devices_per_replica: int
     replica_seconds: float
     mean_replicas: float
+    mean_replicas_in_window: float
     max_replicas_serving: int
     scale_ups: int
     scale_downs: int

@@ -24,7 +24,8 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.calibration.design import Design, Shape, model_spec

@@ -40,6 +40,11 @@ GPU_FOLDERS = {"A100-80GB": "a100_sxm", "H100-SXM": "h100_sxm", "H200": "h200_sx
 # 10.x): GPUs of one architecture run the same kernels, so their fitted shares of the datasheet figures carry over.
 ARCHITECTURES = {"A100-80GB": "ampere", "L40S": "ada", "H100-SXM": "hopper", "H200": "hopper", "B200": "blackwell",
                  "B300": "blackwell", "GB200": "blackwell"}
+# The NVLink domain each GPU's tables were timed in: an 8-GPU HGX baseboard (NVSwitch chips on the board, an x86
+# host), a GB200 NVL72 rack (NVLink switch trays, Grace hosts) or none (PCIe cards). A small collective's latency
+# is the fabric's and the host's more than the GPU's, so collective fits carry over within one fabric.
+FABRICS = {"A100-80GB": "hgx", "H100-SXM": "hgx", "H200": "hgx", "B200": "hgx", "B300": "hgx", "GB200": "nvl72",
+           "L40S": "pcie"}
 GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block"}
 MS = 1e-3
 

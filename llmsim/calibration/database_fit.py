@@ -10,8 +10,9 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
 - decode attention: ``floor + max(b (per_sequence + h_kv x per_kv_head) + FLOPs / rate, bytes / bandwidth)``
   with ``b`` sequences of ``s`` cached tokens, ``4 h d b s`` FLOPs and ``b (s + 1) 2 h_kv d 2 + b 2 h d 2``
   bytes (KV read and written, query in and output out), as the cost model's decode-attention row;
-- prefill attention: ``floor + 4 h d b (s (s + 1) / 2 + half x s) / (peak x efficiency)``: causal pairs, and
-  ``half`` more keys per query standing for short sequences' idle units (the prefill backend's form);
+- prefill attention: ``floor + 4 d b (h s (s + 1) / 2 + (half h + kv_half h_kv) s) / (peak x efficiency)``:
+  causal pairs, ``half`` more keys per query head standing for short sequences' idle units, and ``kv_half`` more
+  per KV head (loading a KV head's keys and values per query tile: MHA pays it per query head, GQA once per group);
 - collectives (all-reduce, all-gather, reduce-scatter, all-to-all, the engine's custom all-reduce): per
   group size the lesser of two alpha-beta lines over the bus traffic (``2 (g-1)/g`` of the message for an
   all-reduce, ``(g-1)/g`` for the others), as NCCL picks the faster protocol;
@@ -122,14 +123,16 @@ DECODE_ATTENTION = Form("decode_attention", ("floor_s", "per_sequence_s", "per_k
 
 
 def _prefill(v, rows):
-    floor, efficiency, half = v
-    b, s, h, d = (rows[c].to_numpy() for c in ("batch", "tokens", "heads", "head_dim"))
-    flops = 4 * h * d * b * (s * (s + 1) / 2 + half * s)
+    floor, efficiency, half, kv_half = v
+    b, s, h, hk, d = (rows[c].to_numpy() for c in ("batch", "tokens", "heads", "kv_heads", "head_dim"))
+    # Causal pairs, ``half`` more keys per query head (idle units on short sequences) and ``kv_half`` more per KV
+    # head: every query tile loads its KV head's keys and values, work a GQA group shares and MHA repeats per head.
+    flops = 4 * d * b * (h * s * (s + 1) / 2 + (half * h + kv_half * hk) * s)
     return floor + flops / (rows["peak_bf16"].to_numpy() * efficiency)
 
 
-PREFILL_ATTENTION = Form("prefill_attention", ("floor_s", "efficiency", "half_length_tokens"), (1e-5, 0.5, 256.0),
-                         _prefill, (1e-3, 1.0, 1e6))
+PREFILL_ATTENTION = Form("prefill_attention", ("floor_s", "efficiency", "half_length_tokens", "kv_half_length_tokens"),
+                         (1e-5, 0.5, 256.0, 256.0), _prefill, (1e-3, 1.0, 1e6, 1e6))
 
 
 def _collective(traffic_share: float):

@@ -208,7 +208,8 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
             attention["prefill_backend"] = fit.engine.value
             attention["prefill_backends"] = {fit.engine.value: {
                 "efficiency": figure(_sig(p["efficiency"]), prefill_source, "measured"),
-                "half_length": figure(_sig(p["half_length_tokens"]), prefill_source, "measured")}}
+                "half_length": figure(_sig(p["half_length_tokens"]), prefill_source, "measured"),
+                "kv_half_length": figure(_sig(p["kv_half_length_tokens"]), prefill_source, "measured")}}
         out["attention"] = attention
     if "all_reduce" in fit.values:
         out["all_reduce"] = {count: _reduce_figures(v, link, fit.citation("all_reduce"))
@@ -352,17 +353,22 @@ def leave_one_gpu_out(database: db.Database, targets: tuple[str, ...], same_arch
                       engine: db.EngineKernels = db.EngineKernels.VLLM) -> pd.DataFrame:
     """Each target GPU's rows predicted by the forms fitted to the other GPUs the database and llmsim both have
     (their fitted shares of each GPU's datasheet figures pooled), per acceptance group: every other GPU, or
-    (``same_architecture``) those of the target's architecture alone (H100 from H200, B200 from B300 and GB200)."""
+    (``same_architecture``) those of the target's architecture alone (H100 from H200, B200 from B300 and GB200),
+    and for the collectives of its NVLink fabric too (B200's from B300's: GB200's NVL72 rack is another fabric)."""
     rows = {gpu: operator_rows(database, gpu, engine, lookup_hardware(gpu)) for gpu in database.gpus()}
     out = []
     for target in targets:
         donors = [gpu for gpu in rows if gpu != target
                   and (not same_architecture or db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target])]
-        split = "leave one GPU out (" + ("same architecture" if same_architecture else "every other GPU") + ")"
+        split = "leave one GPU out (" + ("same architecture; collectives: same fabric" if same_architecture
+                                        else "every other GPU") + ")"
         for label, group, size in ACCEPTANCE_GROUPS:
             if group not in rows.get(target, {}) or not any(group in rows[gpu] for gpu in donors):
                 continue
-            pooled = pd.concat([rows[gpu][group] for gpu in donors if group in rows[gpu]], ignore_index=True)
+            givers = [gpu for gpu in donors if group in rows[gpu]]
+            if same_architecture and GROUPS[group].per_group_size:     # a fabric of one GPU: the architecture's
+                givers = [gpu for gpu in givers if db.FABRICS[gpu] == db.FABRICS[target]] or givers
+            pooled = pd.concat([rows[gpu][group] for gpu in givers], ignore_index=True)
             held = rows[target][group]
             signed = predict(GROUPS[group], fit_group(GROUPS[group], pooled, _fixed(group)), held)
             mask = _class_mask(group, size, held) & ~np.isnan(signed)

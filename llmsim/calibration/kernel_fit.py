@@ -20,6 +20,7 @@ message size of each group; attention holds out each model in turn.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -89,7 +90,7 @@ def fit_all_reduces(reduce: pd.DataFrame) -> dict[int, AllReduce]:
 def fit_kernel_terms(measurements: Measurements, base: KernelTerms) -> KernelTerms:
     """Kernel terms fitted to ``measurements`` (one device); what they do not cover (attention, the step's
     per-sequence overhead, other dtypes' GEMM rates scaled by the fitted 16-bit rate) comes from ``base``."""
-    gemm = fit_gemm(gemm_rows(measurements.linear))
+    gemm: dict[str, Any] = fit_gemm(gemm_rows(measurements.linear))
     flops = gemm.pop("gemm_flops_per_s")
     rows = elementwise_rows(measurements.linear)
     elementwise = {kind: fit_stream(rows[rows["kind"] == kind]) for kind in ELEMENTWISE_KINDS}
@@ -107,7 +108,9 @@ def fit_attention(attention: pd.DataFrame, hardware: HardwareProfile) -> KernelT
     missing (its terms stay ``hardware``'s), and the two may come from different kernels: an engine often runs
     a decode kernel and a prefill kernel of different libraries (the rows' ``attention_backend`` says which).
     :meth:`llmsim.cost.roofline.CostModel.attention_time_s` prices each row."""
-    kernels = hardware.kernels
+    if hardware.kernels is None:
+        raise ValueError(f"{hardware.name} has no kernel terms to refine with attention rows")
+    kernels: KernelTerms = hardware.kernels
     decode, prefill = attention[~attention["is_prefill"]], attention[attention["is_prefill"]]
     if len(decode):
         def decode_terms(logs) -> KernelTerms:
@@ -121,17 +124,19 @@ def fit_attention(attention: pd.DataFrame, hardware: HardwareProfile) -> KernelT
     if len(prefill):
         name, backend = kernels.prefill_backend, kernels.prefill_attention
 
-        def prefill_terms(logs, floor_fitted=len(decode) > 0) -> KernelTerms:
+        decode_fitted = len(decode) > 0
+
+        def prefill_terms(logs, floor_fitted=decode_fitted) -> KernelTerms:
             efficiency, half = np.exp(logs[:2])
             fitted = replace(kernels, prefill_backends={**kernels.prefill_backends,
                                                         name: PrefillAttention(min(efficiency, 1.0), half)})
             return fitted if floor_fitted else replace(fitted, attention_floor_s=float(np.exp(logs[2])))
-        start = [backend.efficiency, max(backend.half_length_tokens, 1.0)]
-        bounds = ([1e-3, 1.0], [1.0, 1e6])
+        initial = [backend.efficiency, max(backend.half_length_tokens, 1.0)]
+        lower, upper = [1e-3, 1.0], [1.0, 1e6]
         if not len(decode):
-            start, bounds = start + [max(kernels.attention_floor_s, 1e-6)], (bounds[0] + [1e-8], bounds[1] + [1e-3])
-        kernels = prefill_terms(_fit_rows(prefill, hardware, prefill_terms, np.log(start),
-                                          (np.log(bounds[0]), np.log(bounds[1]))))
+            initial, lower, upper = initial + [max(kernels.attention_floor_s, 1e-6)], lower + [1e-8], upper + [1e-3]
+        kernels = prefill_terms(_fit_rows(prefill, hardware, prefill_terms, np.log(initial),
+                                          (np.log(lower), np.log(upper))))
     return kernels
 
 

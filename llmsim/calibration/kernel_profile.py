@@ -252,6 +252,7 @@ def derive_kernel_terms(terms: KernelTerms, source: HardwareProfile, target: Har
 def measured_source(record: dict) -> str:
     """The source line of every fitted figure: the tool, the date, the files (rows and errors: the record)."""
     vidur = any("vidur" in name for name in record["files"])
-    origin = "Vidur profiler, MIT" if vidur else "timed by llmsim calibrate --operators; metadata in the *_operators.json beside them"
+    origin = ("Vidur profiler, MIT" if vidur
+              else "timed by llmsim calibrate --operators; metadata in the *_operators.json beside them")
     return (f"measured: llmsim calibrate --from-measurements ({record['date']}) on {', '.join(record['files'])} "
             f"({origin}), device {record['device']}; rows used and held-out errors under calibration:")

@@ -51,7 +51,8 @@ MAX_KV_BYTES = 16 * 2 ** 30           # decode rows whose KV cache would exceed 
 TARGET_GRAPH_S = 3e-4                 # a replay long enough that the events' resolution does not matter
 MIN_REPS, MAX_REPS, REPLAYS = 3, 200, 7
 CPU_SAMPLES = 5
-LINEAR_FILE, ATTENTION_FILE, META_FILE = "{tag}_linear_ops_ms_per_layer.csv", "{tag}_attention.csv", "{tag}_operators.json"
+LINEAR_FILE, ATTENTION_FILE = "{tag}_linear_ops_ms_per_layer.csv", "{tag}_attention.csv"
+META_FILE = "{tag}_operators.json"
 
 
 @dataclass(frozen=True)
@@ -388,7 +389,8 @@ def _report(progress, done: int, total: int) -> None:
 # -- whole model steps and FP8 GEMMs (GPU) --------------------------------------------------------
 
 STEP_FILE, FP8_FILE = "{tag}_steps.csv", "{tag}_fp8_gemm.csv"
-STEP_MODEL, STEP_BATCHES, STEP_CONTEXTS, STEP_CHUNKS = "Llama-3.1-8B", (1, 8, 32, 128), (512, 2048), (256, 1024, 4096, 8192)
+STEP_MODEL, STEP_BATCHES = "Llama-3.1-8B", (1, 8, 32, 128)
+STEP_CONTEXTS, STEP_CHUNKS = (512, 2048), (256, 1024, 4096, 8192)
 FP8_MODELS, FP8_TP = ("Llama-3.1-8B", "Llama-3.1-70B"), (1, 2, 4, 8)
 FP8_TOKENS = (1, 16, 64, 256, 1024, 4096)
 

@@ -72,7 +72,7 @@ class Measurements:
         return sorted(set().union(*(table["device"] for table in (self.linear, self.all_reduce, self.attention,
                                                                    self.fp8))))
 
-    def for_device(self, device: str) -> "Measurements":
+    def for_device(self, device: str) -> Measurements:
         mine = [table[table["device"] == device].reset_index(drop=True)
                 for table in (self.linear, self.all_reduce, self.attention, self.fp8)]
         return Measurements(mine[0], mine[1], self.files, mine[2], mine[3])
@@ -239,8 +239,8 @@ def measured_layer(hidden, heads, kv_heads, intermediate) -> ModelSpec:
 
 def shape_groups(linear: pd.DataFrame):
     """(row index, ModelSpec of one fp16 layer, TP size) for each distinct model shape and TP size of ``linear``."""
-    for (hidden, inter, heads, kv_heads, tp), index in linear.groupby(["n_embd", "n_expanded_embd", "n_head", "n_kv_head", "tp"],
-                                                                       sort=False).groups.items():
+    shape_columns = ["n_embd", "n_expanded_embd", "n_head", "n_kv_head", "tp"]
+    for (hidden, inter, heads, kv_heads, tp), index in linear.groupby(shape_columns, sort=False).groups.items():
         yield index, measured_layer(hidden, heads, kv_heads, inter), int(tp)
 
 

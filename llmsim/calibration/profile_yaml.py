@@ -47,7 +47,8 @@ def duration_text(seconds: float) -> str:
 def profile_document(name: str, record: dict, fitted: dict, roofline: dict, gemm_size: int,
                      stream_bytes: int, threads: int) -> dict:
     """The profile of the calibrated device; ``record`` is the calibration mapping (device, date, ...)."""
-    tag = f"llmsim calibrate on {record['device_name']} ({record['device']}), {record['date']}, torch {record['torch_version']}"
+    tag = (f"llmsim calibrate on {record['device_name']} ({record['device']}), {record['date']}, "
+           f"torch {record['torch_version']}")
     gemm = f"median of {record['rounds']} interleaved {gemm_size}^3 linear layers (x W^T, as in the decode step)"
     peaks = {dtype: figure(flops_text(rate), f"measured: {tag}: {gemm} in {dtype}", "measured")
              for dtype, rate in roofline["gemm_flops_per_s"].items()}

@@ -101,7 +101,7 @@ class HardwareProfile:
         primary = MemoryTier(self.memory_name, self.memory_capacity_bytes, self.memory_bandwidth_bytes_per_s)
         return (primary,) + self.outer_tiers
 
-    def for_engine(self, engine) -> "HardwareProfile":
+    def for_engine(self, engine) -> HardwareProfile:
         """This profile priced by ``engine``'s kernels (an EngineKernels) where it has them of its own (the scenario
         checks it does for any but the default engine, whose terms are ``kernels``)."""
         own = self.engine_kernels.get(engine.value)
@@ -138,10 +138,7 @@ def _in_document(data: dict, key_path: str) -> bool:
 def _figure(node: Node, key: str, kind: str | None, figures: dict, **limits) -> float:
     """Read ``key: {value, source, confidence}``; ``kind`` is a unit kind or None for a plain number."""
     entry = node.child(key)
-    if kind is None:
-        value = entry.number("value", **limits)
-    else:
-        value = entry.quantity("value", kind, **limits)
+    value = entry.number("value", **limits) if kind is None else entry.quantity("value", kind, **limits)
     source = entry.string("source")
     confidence = entry.choice("confidence", CONFIDENCE)
     entry.done(extra_allowed=("note",))

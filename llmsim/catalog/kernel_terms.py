@@ -93,9 +93,12 @@ class GemmTerms:
 @dataclass(frozen=True)
 class PrefillAttention:
     """One attention backend's prefill: efficiency ``e x L / (L + half_length)`` of the 16-bit peak at mean
-    visible context ``L`` per query (short sequences leave the device part idle)."""
+    visible context ``L`` per query (short sequences leave the device part idle), and ``kv_half_length`` more
+    keys per query per KV head on the GPU over query heads (each query tile loads its KV head's keys and values:
+    a GQA group shares that work, MHA repeats it per head; 0: none)."""
     efficiency: float
     half_length_tokens: float
+    kv_half_length_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -219,7 +222,8 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         entry = backends_node.child(name)
         backends[str(name)] = PrefillAttention(
             figure(entry, "efficiency", None, minimum=0.0, maximum=1.0, exclusive_minimum=True),
-            figure(entry, "half_length", None, minimum=0.0, exclusive_minimum=False))
+            figure(entry, "half_length", None, minimum=0.0, exclusive_minimum=False),
+            _optional(entry, "kv_half_length", figure))
         entry.done()
     backends_node.done()
     backend = attention.choice("prefill_backend", tuple(backends) or ("(none given)",))

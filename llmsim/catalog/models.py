@@ -255,7 +255,7 @@ class ModelSpec:
         miss = (1.0 - self.experts_per_token / self.num_experts) ** (tokens if scalar else np.asarray(tokens, float))
         return self.num_experts * (1.0 - miss)
 
-    def with_dtypes(self, weight_dtype: str | None = None, kv_dtype: str | None = None) -> "ModelSpec":
+    def with_dtypes(self, weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelSpec:
         """The model with other dtypes; a new ``weight_dtype`` applies to every weight (experts and
         embeddings too)."""
         kv = kv_dtype or self.kv_dtype
@@ -279,7 +279,7 @@ def model_from_config_json(path: str | Path, name: str | None = None) -> ModelSp
                           allowed=error.allowed, has_value=error.has_value) from None
 
 
-def model_from_node(node: Node, catalog: "dict[str, ModelSpec] | None" = None) -> ModelSpec:
+def model_from_node(node: Node, catalog: dict[str, ModelSpec] | None = None) -> ModelSpec:
     """A model named in a scenario: a catalog name, a config.json path, or inline fields.
 
     ``base`` (a catalog name) or ``config_json`` may be combined with overrides

@@ -47,7 +47,8 @@ def configure_calibrate(cal) -> None:
                           "of timing torch here (no torch needed)")
     cal.add_argument("--operators", metavar="DIR",
                      help="time one layer's operators and attention kernels on this device at several models' shapes "
-                          "and TP sizes, and write them to DIR as Vidur-format CSVs (fit them with --from-measurements)")
+                          "and TP sizes, and write them to DIR as Vidur-format CSVs (fit them with "
+                          "--from-measurements)")
     cal.add_argument("--models", help="with --operators: comma-separated catalog models (default: "
                                       f"{','.join(operator_bench.DEFAULT_MODELS)})")
     cal.add_argument("--attention-backend", choices=("flash", "default"), default="flash",
@@ -78,7 +79,8 @@ def configure_calibrate(cal) -> None:
 
 
 def configure_validate(val) -> None:
-    val.add_argument("profile", help="a profile written by llmsim calibrate: its name (e.g. cpu-calibrated) or its file")
+    val.add_argument("profile",
+                     help="a profile written by llmsim calibrate: its name (e.g. cpu-calibrated) or its file")
     val.add_argument("--device", choices=tuple(DEVICE_DTYPES),
                      help="default: the device the profile was calibrated on")
     val.add_argument("--quick", action="store_true", help="the small held-out grid")
@@ -171,7 +173,8 @@ def _cmd_transfer(args) -> int:
         if missing:
             raise ConfigError("the calibration record lacks what the transferred profile cites", file=from_path,
                               key=f"calibration.{missing[0]}", has_value=False,
-                              allowed=f"a record with {', '.join(TRANSFER_RECORD_KEYS)} (regenerate it with llmsim calibrate)")
+                              allowed=f"a record with {', '.join(TRANSFER_RECORD_KEYS)} "
+                                      "(regenerate it with llmsim calibrate)")
     else:
         device = _device_kind(args.device)
         calibrated = calibrate(device, f"{device}-calibrated", quick=args.quick,
@@ -205,13 +208,16 @@ def calibration_summary(document: dict) -> str:
     lines += [f"fit        attention half-efficiency context {params['attention_half_context']:.0f} tokens"
               f"  per step {params['per_step_overhead_s'] * 1e6:.0f} us"
               f"  per layer {params['per_layer_overhead_s'] * 1e6:.0f} us",
-              f"in-sample  MAPE {fit['mape']:.1%} (" + ", ".join(f"{d} {v:.1%}" for d, v in fit["mape_by_dtype"].items())
+              f"in-sample  MAPE {fit['mape']:.1%} ("
+              + ", ".join(f"{d} {v:.1%}" for d, v in fit["mape_by_dtype"].items())
               + f"), worst {fit['worst_error']:.1%}; measurement noise (median IQR/median) "
               f"{record['noise']['median_relative_iqr']:.1%}",
-              f"held out   MAPE {held['mape']:.1%} (" + ", ".join(f"{d} {v:.1%}" for d, v in held["mape_by_dtype"].items())
+              f"held out   MAPE {held['mape']:.1%} ("
+              + ", ".join(f"{d} {v:.1%}" for d, v in held["mape_by_dtype"].items())
               + f"), worst {held['worst_error']:.1%}: {held['shapes']} steps measured in the same session, not fitted"]
     if fit.get("at_ceiling"):
-        lines.append(f"WARNING    {', '.join(fit['at_ceiling'])} fitted at the ceiling 1: the steps ran faster than the "
+        lines.append(f"WARNING    {', '.join(fit['at_ceiling'])} fitted at the ceiling 1: the steps ran faster "
+                     "than the "
                      "measured peaks allow, so the roofline benchmark did not reach the kernels' speed")
     return "\n".join(lines)
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Callable
 
 from llmsim.config.limits import MAX_NUMBER, MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY_BYTES
 from llmsim.config.reader import Node, load_yaml, range_text

@@ -20,7 +20,7 @@ import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from llmsim.config.files import write_file  # noqa: F401  (the commands' one writer, imported from here)
 from llmsim.errors import ConfigError, Stopped

@@ -12,7 +12,8 @@ from llmsim.config.limits import MAX_QUANTITY
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import load_scenario
-from llmsim.search.plan import MAX_REPLICAS, check_rate, plan
+from llmsim.search.layout import MAX_PIPELINE_PARALLEL, MAX_TENSOR_PARALLEL, plan
+from llmsim.search.plan import MAX_REPLICAS, check_rate
 
 
 MAX_PLAN_REPLICAS = 10_000      # replicas a plan may try: 10,000 engines take ~30 s and 400 MB to build
@@ -20,7 +21,8 @@ MAX_PLAN_REPLICAS = 10_000      # replicas a plan may try: 10,000 engines take ~
 
 def configure_plan(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
-    parser.add_argument("--target-rate", required=True, type=checked_flag(_target_rate_text), help="requests per second to serve (e.g. 40 or '40/s'), "
+    parser.add_argument("--target-rate", required=True, type=checked_flag(_target_rate_text),
+                        help="requests per second to serve (e.g. 40 or '40/s'), "
                         "or a multiple of the scenario's own rate ('2x': this traffic, a replayed trace's too, twice)")
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
@@ -28,6 +30,10 @@ def configure_plan(parser) -> None:
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
     parser.add_argument("--max-replicas", type=integer_flag(1, MAX_PLAN_REPLICAS), default=MAX_REPLICAS,
                         help=f"give up above this many (default {MAX_REPLICAS}, at most {MAX_PLAN_REPLICAS:,})")
+    parser.add_argument("--keep-layout", action="store_true",
+                        help="keep the scenario's tensor x pipeline parallel layout (other chips: the fewest devices "
+                             "that hold the model) instead of searching each chip's layouts for the cheapest "
+                             f"(tp up to {MAX_TENSOR_PARALLEL} x pp up to {MAX_PIPELINE_PARALLEL}, the default)")
     parser.add_argument("--out", help="also write the table as CSV here")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     parser.set_defaults(func=_cmd_plan)
@@ -96,11 +102,14 @@ def _cmd_plan(args) -> int:
         refuse_to_replace([Path(args.out)], args.overwrite)
     with Bar("plan", "simulation") as progress:
         table = plan(args.scenario, rate, args.hardware, seeds=seeds, workers=args.workers,
-                     max_replicas=args.max_replicas, progress=progress)
+                     max_replicas=args.max_replicas, keep_layout=args.keep_layout, progress=progress)
     if args.out:            # the table first: printing can fail (a closed pipe)
         write_file(Path(args.out), lambda path: table.to_csv(path, index=False))
     print(f"target {rate:g} requests/s" + (f", replaying {table['replayed'].iloc[0]}" if "replayed" in table
                                            else "") + ":")
+    print("layout: the scenario's (--keep-layout)" if args.keep_layout else
+          f"layout: each chip's cheapest, tp up to {MAX_TENSOR_PARALLEL} x pp up to {MAX_PIPELINE_PARALLEL} searched"
+          " (--keep-layout keeps the scenario's)")
     print(_shown(table))
     notes = [f"  {row.hardware}: {row.note}" for row in table.itertuples() if isinstance(row.note, str) and row.note]
     if notes:

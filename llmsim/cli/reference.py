@@ -62,7 +62,8 @@ def _shape(action: argparse.Action) -> str:
     if action.nargs == 0:
         return action.option_strings[-1] if action.option_strings else action.dest
     meta = _metavar(action)
-    shapes: dict[str | int | None, str] = {None: meta, "?": f"[{meta}]", "*": f"[{meta} ...]", "+": f"{meta} [{meta} ...]"}
+    shapes: dict[str | int | None, str] = {None: meta, "?": f"[{meta}]", "*": f"[{meta} ...]",
+                                           "+": f"{meta} [{meta} ...]"}
     value = shapes.get(
         action.nargs, " ".join([meta] * action.nargs) if isinstance(action.nargs, int) else meta)
     return f"{' / '.join(action.option_strings)} {value}" if action.option_strings else value

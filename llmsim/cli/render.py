@@ -20,7 +20,11 @@ def format_summary(summary: dict) -> str:
     req, lat, thr, slo, util, mem = (summary[k] for k in ("requests", "latency", "throughput", "slo",
                                                           "utilisation", "memory"))
     start, stop = summary["window_s"]
-    lines.append(f"{summary['scenario']}: {summary['model']} on {summary['devices']} x {summary['hardware']}"
+    scaling = summary.get("autoscaling")
+    where = (f"{scaling['min_replicas']}-{scaling['max_replicas']} replicas of {scaling['devices_per_replica']} x"
+             f" {summary['hardware']} (mean {_num(scaling['mean_replicas_in_window'], 2)} paid for)"
+             if scaling else f"{summary['devices']} x {summary['hardware']}")
+    lines.append(f"{summary['scenario']}: {summary['model']} on {where}"
                  f"  (seed {summary['seed']}, simulated {summary['simulated_s']:,.1f} s,"
                  f" steady state {start:,.1f}-{stop:,.1f} s)")
     stopped_by = summary.get("stopped_by", "completed")
@@ -64,12 +68,15 @@ def format_summary(summary: dict) -> str:
                      " (a load beyond capacity, or a window too short for the queue to settle)")
     lines.append(f"utilisation busy {_num(100 * util['busy_fraction'])}%   MFU {_num(100 * util['mfu'])}%"
                  f"   memory bandwidth {_num(100 * util['bandwidth_utilisation'])}%"
-                 f"   mean batch {_num(util['mean_batch_size'])}   KV cache mean {_num(100 * util['kv_occupancy_mean'])}%"
+                 f"   mean batch {_num(util['mean_batch_size'])}"
+                 f"   KV cache mean {_num(100 * util['kv_occupancy_mean'])}%"
                  f" max {_num(100 * util['kv_occupancy_max'])}%")
     eco = summary["economics"]
     lines.append(f"cost       {_num(eco['usd_per_hour'], 2)} USD/h   {_num(eco['usd_per_million_output_tokens'], 2)}"
                  f" USD per million output tokens   {_num(eco['kwh_per_million_output_tokens_at_tdp'], 2)}"
                  f" kWh per million output tokens (at TDP)")
+    if scaling:
+        lines.append(_autoscaling_line(scaling, summary["hardware"]))
     if "speculation" in summary:
         lines.append(_speculation_line(summary["speculation"]))
     if "kv_cache" in summary:
@@ -109,6 +116,17 @@ def class_table(classes: dict) -> str:
     return "\n".join(lines)
 
 
+def _autoscaling_line(scaling: dict, hardware: str) -> str:
+    """The replica pool over the whole run: actions, replica-seconds paid and their price. The cost line
+    above is the window's, from the replica-seconds paid in it."""
+    return (f"autoscale  {scaling['min_replicas']}-{scaling['max_replicas']} replicas of"
+            f" {scaling['devices_per_replica']} x {hardware}: {scaling['scale_ups']} started,"
+            f" {scaling['scale_downs']} drained, at most {scaling['max_replicas_serving']} serving;"
+            f" whole run {_num(scaling['replica_seconds'], 0)} replica-s paid (mean {_num(scaling['mean_replicas'], 2)}"
+            f" replicas) = {_num(scaling['usd'], 2)} USD, {_num(scaling['usd_per_million_output_tokens'], 2)}"
+            f" USD per million output tokens; cost, energy and tok/s/device above: the window's replica-seconds")
+
+
 def _kv_cache_line(kv: dict) -> str:
     """Prefix hits and host-tier traffic; a warning where the host tier refused KV."""
     line = (f"kv cache   blocks of {kv['block_size']}: hit rate {_num(100 * kv['hit_rate_tokens'])}% of prompt tokens"
@@ -116,7 +134,8 @@ def _kv_cache_line(kv: dict) -> str:
             f" {_num(100 * kv['internal_fragmentation'])}%, {kv['evicted_blocks']:,} GPU evictions")
     moved = kv["offloaded_gb"] + kv["reloaded_gb"] + kv["swapped_out_gb"] + kv["swapped_in_gb"]
     if moved:
-        line += (f"\n           host link: offloaded {_num(kv['offloaded_gb'])} GB, reloaded {_num(kv['reloaded_gb'])} GB,"
+        line += (f"\n           host link: offloaded {_num(kv['offloaded_gb'])} GB,"
+                 f" reloaded {_num(kv['reloaded_gb'])} GB,"
                  f" swapped out {_num(kv['swapped_out_gb'])} GB / in {_num(kv['swapped_in_gb'])} GB"
                  f" ({_num(kv['swap_resident_gb'])} GB still on the GPU); link busy {_num(kv['transfer_s'], 2)} s,"
                  f" iterations {_num(kv['transfer_stall_s'], 2)} s longer; host tier mean"
@@ -129,9 +148,12 @@ def _kv_cache_line(kv: dict) -> str:
 
 
 def _times(ratio: float, above: str, below: str) -> str:
-    """A ratio as a person says it: 2.5x faster, or 3.3x slower for 0.30 (never "0.30x faster")."""
+    """A ratio as a person says it: 2.5x faster, or 3.3x slower for 0.30 (never "0.30x faster"); one that
+    rounds to 1.00 either way is the same."""
     if ratio is None or math.isnan(ratio) or ratio <= 0:
         return "-"
+    if _num(max(ratio, 1 / ratio), 2) == "1.00":
+        return "1.00x (the same)"
     return f"{_num(ratio, 2)}x {above}" if ratio >= 1 else f"{_num(1 / ratio, 2)}x {below}"
 
 
@@ -144,9 +166,10 @@ def _speculation_line(spec: dict) -> str:
         line += f"\n           WARNING: {spec['warning']}"
     speedup = spec.get("speedup_over_plain")
     if speedup:
-        line += (f"\n           vs plain decoding on the same trace: TPOT {_times(speedup['tpot_mean'], 'faster', 'slower')},"
-                 f" p50 end-to-end {_num(speedup['e2e_p50'], 2)}x, output tok/s"
-                 f" {_num(speedup['output_tokens_per_s'], 2)}x")
+        line += (f"\n           vs plain decoding on the same trace:"
+                 f" TPOT {_times(speedup['tpot_mean'], 'faster', 'slower')},"
+                 f" p50 end-to-end {_times(speedup['e2e_p50'], 'faster', 'slower')}, output tok/s"
+                 f" {_times(speedup['output_tokens_per_s'], 'higher', 'lower')}")
     return line
 
 
@@ -179,5 +202,6 @@ def rollout_table(rollout: dict) -> str:
         change = 100 * rollout["change_to_detect"]
         for t in g["detection"]:
             lines.append(f"detect a {change:g}% change in mean {t['metric']}: {t['requests']:,.0f} {g['role']} requests"
-                         f" = {t['seconds']:,.0f} s at its share (this run detects {_num(100 * t['detectable_now'], 1)}%)")
+                         f" = {t['seconds']:,.0f} s at its share"
+                         f" (this run detects {_num(100 * t['detectable_now'], 1)}%)")
     return "\n".join(lines)

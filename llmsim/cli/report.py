@@ -7,6 +7,7 @@ and seed, so the report is the one an uninterrupted run writes).
 """
 from __future__ import annotations
 
+import functools
 import shlex
 import sys
 from pathlib import Path
@@ -30,7 +31,8 @@ RUNS_JOURNAL = "runs.csv"         # the simulations finished, kept until the rep
 def configure_report(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     rate = parser.add_mutually_exclusive_group()
-    rate.add_argument("--target-rate", type=checked_flag(parse_rate), help="requests per second to size for (default: the scenario's rate)")
+    rate.add_argument("--target-rate", type=checked_flag(parse_rate),
+                      help="requests per second to size for (default: the scenario's rate)")
     rate.add_argument("--trace", help="a request trace in a format llmsim reads, detected from the file (llmsim CSV, "
                                       "Azure, BurstGPT, Mooncake JSON lines): size for its busiest hour-window, with "
                                       "lengths fitted to it")
@@ -41,10 +43,12 @@ def configure_report(parser) -> None:
     parser.add_argument("--hardware", nargs="+", help="candidate hardware profiles (default: the scenario's "
                         "plan.hardware list, else its own hardware)")
     add_seeds_argument(parser, default="2", default_text="2")
-    parser.add_argument("--requests", type=integer_flag(MIN_REQUESTS, MAX_REQUESTS), help="the fewest requests per simulated run; each run covers a window "
+    parser.add_argument("--requests", type=integer_flag(MIN_REQUESTS, MAX_REQUESTS),
+                        help="the fewest requests per simulated run; each run covers a window "
                         "that follows its rate (default: the scenario's count, at most 2000)")
     parser.add_argument("--workers", type=WORKERS, help="parallel simulations (default: all cores)")
-    parser.add_argument("--out", help="folder for report.html, report.md and the figures/ it links (default runs/report-<name>); until "
+    parser.add_argument("--out", help="folder for report.html, report.md and the figures/ it links "
+                        "(default runs/report-<name>); until "
                         "they are written, each finished simulation is kept in its runs.csv, so a rerun after Ctrl-C "
                         "(exit 130) or a full disk resumes")
     parser.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
@@ -78,7 +82,7 @@ def _cmd_report(args) -> int:
         written = []
         try:
             for name, text in texts.items():
-                written.append(write_file(out / name, lambda p, text=text: p.write_text(text, encoding="utf-8")))
+                written.append(write_file(out / name, functools.partial(_write_text, text=text)))
         except OSError:          # one failed: do not leave the others alone
             for path in written:
                 path.unlink(missing_ok=True)
@@ -86,3 +90,6 @@ def _cmd_report(args) -> int:
     print(f"wrote {out / 'report.html'}, {out / 'report.md'} and its figures in {out / FIGURES_FOLDER}")
     return 0
 
+
+def _write_text(path: Path, text: str) -> None:
+    path.write_text(text, encoding="utf-8")

@@ -104,6 +104,11 @@ def _cmd_run(args) -> int:
         raise ConfigError("per-request inter-token gaps are recorded for continuous batching only",
                           key="--bench-detailed", value=True,
                           allowed="a scenario with continuous batching, or --bench-json")
+    if args.bench_detailed and scenario.rollout is not None:
+        raise ConfigError("per-request inter-token gaps are not recorded across a rollout's groups",
+                          key="--bench-detailed", value=True,
+                          allowed="--bench-json (the users' requests, without the per-token lists), or the "
+                                  "scenario without its rollout: section")
     token_times = TokenTimes() if args.bench_detailed else None
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
     if scenario.rollout is not None:
@@ -139,22 +144,11 @@ def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = N
     if scenario.workload.trace is not None or scenario.workload.dataset is not None:
         summary["trace"] = trace_description(scenario)
     written = [write_file(out / "requests.csv", lambda path: result.requests.to_csv(path, index=False))]
-    if args.iterations:
-        written.append(write_file(out / "iterations.csv", lambda path: result.iterations.to_csv(path, index=False)))
     if result.control is not None:            # the adaptive controller's decisions
         written.append(write_file(out / "control.csv", lambda path: result.control.to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
-    if args.bench_json or args.bench_detailed:
-        itls = token_times.itls(result.requests["id"]) if token_times is not None else None
-        written.append(_write_summary(out / "vllm_bench.json", vllm_bench_result(result, itls)))
-    if args.parquet:
-        written.append(write_file(out / "requests.parquet", lambda path: result.requests.to_parquet(path, index=False)))
-    # --overwrite: no earlier run's optional files are left beside this run's records.
-    optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json or args.bench_detailed,
-                "requests.parquet": args.parquet, "timeline.png": False, "control.csv": result.control is not None,
-                "timeseries.csv": False}
-    for stale in (name for name, wanted in optional.items() if not wanted):
-        (out / stale).unlink(missing_ok=True)
+    itls = token_times.itls(result.requests["id"]) if token_times is not None else None
+    written += _optional_files(result, result.iterations, out, args, itls)
     if scenario.speculating and not args.no_baseline and not result.interrupted:
         try:
             summary["speculation"]["speedup_over_plain"] = speedup_over_plain(result, summary)
@@ -233,8 +227,29 @@ def _run_streamed(scenario, out: Path, args) -> int:
     return 130 if result.interrupted else 0
 
 
+def _optional_files(result, iterations: pd.DataFrame, out: Path, args, itls: list | None = None) -> list[Path]:
+    """The files asked for by --iterations, --bench-json and --parquet (the records, the benchmark JSON:
+    of ``result``), written; an earlier run's optional files not asked for this time are removed
+    (--overwrite: none is left beside this run's records; the plot is drawn last, after the summary)."""
+    written = []
+    if args.iterations:
+        written.append(write_file(out / "iterations.csv", lambda path: iterations.to_csv(path, index=False)))
+    if args.bench_json or args.bench_detailed:
+        written.append(_write_summary(out / "vllm_bench.json", vllm_bench_result(result, itls)))
+    if args.parquet:
+        written.append(write_file(out / "requests.parquet", lambda path: result.requests.to_parquet(path, index=False)))
+    optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json or args.bench_detailed,
+                "requests.parquet": args.parquet, "timeline.png": False, "control.csv": result.control is not None,
+                "timeseries.csv": False}
+    for stale in (name for name, wanted in optional.items() if not wanted):
+        (out / stale).unlink(missing_ok=True)
+    return written
+
+
 def _run_rollout(scenario, out: Path, args) -> int:
-    """A canary or shadow rollout: the user-facing summary, then each group against the control."""
+    """A canary or shadow rollout: the user-facing summary, then each group against the control. The
+    optional files are the users' (control and canaries; --iterations: every group's, shadows too, with
+    a ``group`` column) and the plot is the users' timeline."""
     result = simulate_rollout(scenario, force=True)          # its size checked by the caller
     summary = summarize(result.user).to_dict()
     _warn_of_warmup(result.user)
@@ -248,8 +263,14 @@ def _run_rollout(scenario, out: Path, args) -> int:
     rows = [{"group": name, **d} for name, g in summary["rollout"]["groups"].items() for d in g.get("comparison", [])]
     written.append(write_file(out / "rollout.csv", lambda path: pd.DataFrame(rows).to_csv(path, index=False)))
     written.append(_write_summary(out / "summary.json", summary))
+    iterations = pd.concat([group.iterations.assign(group=name) for name, group in result.groups.items()],
+                           ignore_index=True)
+    written += _optional_files(result.user, iterations, out, args)
     print(format_summary(summary))
     print("\n" + rollout_table(summary["rollout"]))
+    if args.plot:
+        from llmsim.analysis.plots import timeline
+        written.append(write_file(out / "timeline.png", lambda path: timeline(result.user, path)))
     print("\nwrote " + ", ".join(map(str, written)))
     return 130 if result.interrupted else 0
 

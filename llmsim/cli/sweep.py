@@ -13,7 +13,7 @@ from llmsim.cli.options import FORCE_HELP, WORKERS, add_seeds_argument, parse_se
 from llmsim.cli.progress import Bar
 from llmsim.errors import ConfigError
 from llmsim.search.executors import ENGINES
-from llmsim.search.sweeps import mean_over_seeds, parameter_columns, sweep
+from llmsim.search.sweeps import mean_over_seeds, parameter_columns, slo_met, sweep
 
 
 def configure_sweep(swept) -> None:
@@ -39,6 +39,8 @@ def configure_sweep(swept) -> None:
     swept.add_argument("--force", action="store_true", help=FORCE_HELP)
     swept.set_defaults(func=_cmd_sweep)
 
+
+SEEDS_MEETING_SLO = "seeds_meeting_slo"     # per point: the share of its seeds whose run met the SLO
 
 # The table's columns: a metric's dotted name -> a short heading.
 SWEEP_COLUMNS = {names.TTFT_P95: "ttft_p95_s", names.TPOT_P95: "tpot_p95_s", names.E2E_P95: "e2e_p95_s",
@@ -71,27 +73,38 @@ def _cmd_sweep(args) -> int:
         return 1
     for option, column in (("--latency", args.latency), ("--throughput", args.throughput)):
         if column not in rows.columns or not pd.api.types.is_numeric_dtype(rows[column]):
-            numeric = [c for c in rows.select_dtypes("number").columns if c.startswith((f"{names.LATENCY}.", f"{names.THROUGHPUT}."))]
+            numeric = [c for c in rows.select_dtypes("number").columns
+                       if c.startswith((f"{names.LATENCY}.", f"{names.THROUGHPUT}."))]
             raise ConfigError("not a numeric column of the sweep's results", key=option, value=column,
                               allowed=", ".join(numeric[:12]) + ", ...")
-    points = mean_over_seeds(rows, [args.latency, args.throughput])
-    frontier = pareto_frontier(points, args.latency, args.throughput)
+    # A point joins the frontier only if it meets the SLO on every seed (every point does without one).
+    points = mean_over_seeds(rows.assign(**{SEEDS_MEETING_SLO: slo_met(rows).astype(float)}),
+                             [args.latency, args.throughput])
+    meets = points[SEEDS_MEETING_SLO] == 1.0
+    frontier = pareto_frontier(points[meets], args.latency, args.throughput)
     # Fixed settings add nothing; a null option (speculation: null) reads back as NaN, a value too.
     varied = [key for key in keys if points[key].astype(str).nunique(dropna=False) > 1]
     table = points[varied + ["seeds"] + [c for c in SWEEP_COLUMNS if c in points]].rename(columns=SWEEP_COLUMNS)
+    table["slo"] = meets.map({True: "met", False: "MISSED"})
     table["frontier"] = ""
     table.loc[frontier.index, "frontier"] = frontier["knee"].map({True: "knee", False: "*"})
     # The frontier is a view of results.csv, the whole of it: a rerun replaces it, and says so.
     # Written before printing, which can fail (a closed pipe).
-    replaced = [path.name for path in (out / "frontier.csv", out / "frontier.png")
-                if path.exists() and (args.plot or path.suffix == ".csv")]
+    # Without --plot an earlier frontier.png would no longer match frontier.csv: it is removed.
+    replaced = [path.name for path in (out / "frontier.csv", out / "frontier.png") if path.exists()]
     written = [out / "results.csv", write_file(out / "frontier.csv", lambda path: frontier.to_csv(path, index=False))]
     if args.plot:
         written.append(write_file(out / "frontier.png", lambda path: plot_frontier(
-            points, path, args.latency, args.throughput, color_by=varied[0] if varied else None)))
+            points, path, args.latency, args.throughput, color_by=varied[0] if varied else None, eligible=meets)))
+    else:
+        (out / "frontier.png").unlink(missing_ok=True)
     with pd.option_context("display.width", 200, "display.max_columns", 30, "display.float_format", "{:,.4g}".format):
         print(table.to_string(index=False))
-    print(f"\n{len(frontier)} of {len(points)} points on the frontier ({args.latency} vs {args.throughput})")
+    missed = int((~meets).sum())
+    print(f"\n{len(frontier)} of {len(points)} points on the frontier ({args.latency} vs {args.throughput})"
+          + (f"; {missed} missing the SLO on some seed left out of it" if missed else ""))
     print("wrote " + ", ".join(map(str, written))
           + (f" (replacing the earlier {', '.join(replaced)})" if replaced else ""))
+    if "frontier.png" in replaced and not args.plot:
+        print(f"removed the earlier {out / 'frontier.png'}: it drew the earlier results (--plot draws it again)")
     return 1 if len(failed) else 0

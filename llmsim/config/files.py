@@ -16,7 +16,7 @@ import errno
 import os
 import secrets
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from llmsim.errors import ConfigError
 

@@ -16,7 +16,8 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Any, Iterable, Sequence, TypedDict
+from typing import Any, TypedDict
+from collections.abc import Iterable, Sequence
 
 import yaml
 
@@ -31,7 +32,8 @@ _EXPONENT_WITHOUT_POINT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
 class Range(TypedDict, total=False):
-    """Bounds of :meth:`Node.quantity` (and :meth:`Node.number`), passed as ``**bounds`` when several keys share them."""
+    """Bounds of :meth:`Node.quantity` (and :meth:`Node.number`), passed as ``**bounds`` when several keys
+    share them."""
     minimum: float | None
     maximum: float | None
     exclusive_minimum: bool
@@ -289,11 +291,11 @@ class Node:
             return default
         return self.data[key]
 
-    def child(self, key: str, default: Any = _MISSING) -> "Node":
+    def child(self, key: str, default: Any = _MISSING) -> Node:
         value = self.raw(key, {} if default is _MISSING else default)
         return Node(value, file=self.file, path=self.key_path(key), base_dir=self.base_dir)
 
-    def named_entries(self, key: str, what: str, example: str) -> tuple["Node", list]:
+    def named_entries(self, key: str, what: str, example: str) -> tuple[Node, list]:
         """``key``: a non-empty mapping of names to their settings (traffic classes, rollout groups).
         Returns the mapping's node and its names, in the file's order."""
         raw = self.raw(key)

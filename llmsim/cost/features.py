@@ -131,29 +131,6 @@ def windowed_context_sum(first, last, window: int | None, local_share: float = 1
     return capped if local_share == 1.0 else full - local_share * (full - capped)
 
 
-# -- one row, scalar: the simulator's per-iteration path -------------------------------------------
-
-class BatchRow:
-    """Builds the feature vector of one iteration in place (one buffer, reused: copy to keep it)."""
-
-    def __init__(self, model: ModelSpec):
-        self._x = np.zeros(len(FEATURES))
-        self._x[F["one"]] = 1.0
-        self._experts_touched = model.expected_experts_touched if model.num_experts > 1 else None
-
-    def fill(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
-             decode_seqs, decode_kv_read) -> np.ndarray:
-        """The row of a batch of prefill positions (of which ``prefill_logits`` sample) and
-        ``decode_seqs`` sequences decoding one token each, reading ``decode_kv_read`` KV tokens."""
-        tokens = prefill_tokens + decode_seqs
-        touched = self._experts_touched
-        x = self._x
-        # Every feature after "one", in FEATURES order: one slice assignment (this runs every iteration).
-        x[1:] = (tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
-                 touched(tokens) if touched is not None else 1.0, decode_seqs + prefill_logits)
-        return x
-
-
 # -- many rows, vectorised -----------------------------------------------------------------------
 
 def batch_rows(prefill_tokens=0.0, prefill_pairs=0.0, prefill_kv_read=0.0, prefill_logits=0.0,

@@ -32,6 +32,7 @@ protocols.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -58,6 +59,20 @@ def gemm_body_s(memory_s, compute_s, tiles, kernels: KernelTerms):
     # underflows to 0 and the unscaled form would price the GEMM at nothing.
     larger = np.maximum(memory_s, compute_s)
     safe = np.where(larger > 0, larger, 1.0)
+    return larger * ((memory_s / safe) ** p + (compute_s / safe) ** p) ** (1.0 / p)
+
+
+def gemm_scalar_body_s(memory_s: float, compute_s: float, tokens: float, n: float, kernels: KernelTerms) -> float:
+    """:func:`gemm_body_s` of :func:`gemm_output_tiles` for one GEMM, in Python floats (the cost model's
+    per-iteration path, where numpy's scalar overhead costs far more than the arithmetic). The same
+    operations in the same order, the powers by the C library's ``pow`` as numpy's scalars take them:
+    the same bits."""
+    tiles = max(float(math.ceil(tokens / TILE_ROWS)), 1.0) * float(math.ceil(n / TILE_COLUMNS))
+    occupancy = tiles / (tiles + kernels.gemm_occupancy_half_tiles)
+    p = 1.0 + (kernels.gemm_sharpness - 1.0) * (tiles / SHARPNESS_REFERENCE_TILES) ** kernels.gemm_sharpness_growth
+    compute_s = compute_s / occupancy
+    larger = compute_s if compute_s > memory_s else memory_s
+    safe = larger if larger > 0 else 1.0
     return larger * ((memory_s / safe) ** p + (compute_s / safe) ** p) ** (1.0 / p)
 
 

@@ -27,14 +27,15 @@ from __future__ import annotations
 import pickle
 from collections import OrderedDict
 
+import numba
 import numpy as np
 import pandas as pd
 
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import F, FEATURES, BatchRow, batch_features
+from llmsim.cost.features import F, FEATURES, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, elementwise_layer_terms, gemm_body_s,
-                                 gemm_output_tiles, layer_gemm_shapes)
+                                 gemm_output_tiles, gemm_scalar_body_s, layer_gemm_shapes)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -42,8 +43,91 @@ from llmsim.catalog.placement import Placement
 _ONE, _TOKENS, _EXPERTS, _LOGITS = F["one"], F["tokens"], F["experts_touched"], F["logit_tokens"]
 NONLINEAR_MEMO_SIZE = 200_000     # remembered token counts per cost model (a few tens of MB at most)
 SHARED_MEMOS = 16                 # GEMM term sets whose memos a process keeps (the most recently built)
-_shared_memos: OrderedDict[bytes, tuple[dict, dict]] = OrderedDict()
+_shared_memos: OrderedDict[bytes, tuple[dict, dict, list[np.ndarray]]] = OrderedDict()
 FEW_ROWS = 32                     # up to this many rows, the non-linear part is looked up row by row
+TABLE_TOKENS = 1 << 16            # the most tokens (and logit rows) the tables of rows_total reach
+_NO_TABLE = np.zeros(0)
+
+
+@numba.njit(cache=True)
+def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs,
+                 decode_kv_read, experts, logits):
+    """Fill the feature row ``x`` (``one`` already 1) and return the roofline part of its (time, FLOPs,
+    bytes): the stacked matrix times the row (``np.dot`` is the BLAS product numpy's ``@`` computes),
+    then the operators' larger bounds summed in order, as :meth:`CostModel.iteration` sums them."""
+    x[1], x[2], x[3], x[4] = tokens, prefill_tokens, prefill_pairs, prefill_kv_read
+    x[5], x[6], x[7], x[8] = decode_seqs, decode_kv_read, experts, logits
+    y = np.dot(stacked, x)
+    time_s = 0.0
+    for i in range(n_ops):
+        compute_s, memory_s = y[i], y[n_ops + i]
+        time_s += memory_s if memory_s > compute_s else compute_s
+    return time_s + y[2 * n_ops], y[2 * n_ops + 1], y[2 * n_ops + 2]
+
+
+@numba.njit(cache=True)
+def _pairwise_sum(values, start, n):
+    """numpy's pairwise summation of ``values[start:start + n]`` (``np.add.reduce`` of a contiguous
+    run of up to 128 values, and its sums along a row), in the same order, so to the same bits."""
+    if n < 8:
+        total = 0.0
+        for i in range(n):
+            total += values[start + i]
+        return total
+    r0, r1, r2, r3 = values[start], values[start + 1], values[start + 2], values[start + 3]
+    r4, r5, r6, r7 = values[start + 4], values[start + 5], values[start + 6], values[start + 7]
+    i = 8
+    while i < n - n % 8:
+        r0 += values[start + i]
+        r1 += values[start + i + 1]
+        r2 += values[start + i + 2]
+        r3 += values[start + i + 3]
+        r4 += values[start + i + 4]
+        r5 += values[start + i + 5]
+        r6 += values[start + i + 6]
+        r7 += values[start + i + 7]
+        i += 8
+    total = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+    while i < n:
+        total += values[start + i]
+        i += 1
+    return total
+
+
+@numba.njit(cache=True)
+def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
+    """:meth:`CostModel.iteration` of a few ``rows`` summed, as its vectorised branch computes the roofline
+    part (the same BLAS product, numpy's maxima and pairwise sums) and its row-by-row branch the
+    non-linear terms, here read from tables by the integer tokens and logit rows of rows that run one
+    iteration with one expert (empty tables: a cost model without them). Returns (time, FLOPs,
+    bytes) summed as ``np.add.reduce`` sums them; the time is NaN when a row's terms are not in the
+    tables."""
+    y = np.dot(rows, stacked.T)
+    bounds = np.empty(n_ops)
+    times, flops, moved = np.empty(len(rows)), np.empty(len(rows)), np.empty(len(rows))
+    for r in range(len(rows)):
+        for i in range(n_ops):
+            compute_s, memory_s = y[r, i], y[r, n_ops + i]
+            bounds[i] = memory_s if memory_s > compute_s else compute_s
+        times[r] = _pairwise_sum(bounds, 0, n_ops) + y[r, 2 * n_ops]
+        flops[r], moved[r] = y[r, 2 * n_ops + 1], y[r, 2 * n_ops + 2]
+        if len(layer_by_tokens):
+            tokens, logits = rows[r, _TOKENS], rows[r, _LOGITS]
+            if (rows[r, _ONE] != 1.0 or rows[r, _EXPERTS] != 1.0 or not 0.0 <= tokens < len(layer_by_tokens)
+                    or not 0.0 <= logits < len(head_by_logits) or tokens != int(tokens) or logits != int(logits)):
+                return np.nan, 0.0, 0.0
+            layers_s, head_s = layer_by_tokens[int(tokens)], head_by_logits[int(logits)]
+            if np.isnan(layers_s) or np.isnan(head_s):
+                return np.nan, 0.0, 0.0
+            times[r] += layers_s + head_s
+    return _pairwise_sum(times, 0, len(rows)), _pairwise_sum(flops, 0, len(rows)), _pairwise_sum(moved, 0, len(rows))
+
+
+def summed_iteration(cost, rows: np.ndarray) -> tuple[float, float, float]:
+    """(time_s, FLOPs, bytes) of iterations ``rows`` together, priced by any cost with ``iteration(rows)``
+    (a draft model's, Medusa heads', an n-gram lookup's) and summed by ``np.add.reduce``."""
+    times, flops, moved = cost.iteration(rows)
+    return float(np.add.reduce(times)), float(np.add.reduce(flops)), float(np.add.reduce(moved))
 
 
 class CostModel:
@@ -54,9 +138,11 @@ class CostModel:
         self.model, self.hardware = model, hardware
         self.tp, self.pp = tensor_parallel, pipeline_parallel
         self.num_devices = tensor_parallel * pipeline_parallel
-        # The buffer an iteration's features are built in, for every engine this model prices (they
-        # price one iteration at a time): one buffer stays in cache while 64 replicas take turns.
-        self.row = BatchRow(model)
+        # The buffer :meth:`step` builds an iteration's features in, for every engine this model prices
+        # (they price one iteration at a time): one buffer stays in cache while 64 replicas take turns.
+        self._x = np.zeros(len(FEATURES))
+        self._x[_ONE] = 1.0
+        self._experts_touched = model.expected_experts_touched if model.num_experts > 1 else None
         coeffs = work_coefficients(model, tensor_parallel)
         # Stack layer operators (run once per layer) and model operators (once). The work is that
         # of every layer; the time is paced by the slowest of pp stages, ceil(layers / pp) layers,
@@ -94,6 +180,7 @@ class CostModel:
         self._compute_time[decode, F["decode_seqs"]] += (self._compute_time[decode, F["decode_kv_read"]]
                                                          * hardware.attention_half_context)
         self._gemm_rows: list[tuple] = []
+        self._tables = [_NO_TABLE, _NO_TABLE]       # rows_total's non-linear terms (none without kernel terms)
         self._all_reduce = self._custom_all_reduce = None
         self.kernels = None
         if hardware.kernels is not None:
@@ -131,7 +218,8 @@ class CostModel:
                                           / (self.hardware.peak_for("bf16") * kernels.decode_attention_efficiency))
         kv_heads = max(model.num_kv_heads / tp, 1.0)
         self._compute_time[decode, F["decode_seqs"]] += (kernels.decode_attention_per_sequence_s
-                                                         + kernels.decode_attention_per_kv_head_s * kv_heads) * paced_layers
+                                                         + kernels.decode_attention_per_kv_head_s * kv_heads
+                                                         ) * paced_layers
         if kernels.decode_attention_bandwidth_bytes_per_s:
             self._memory_time[decode] = (self.bytes_matrix[decode] * paced_layers / model.num_layers
                                          / kernels.decode_attention_bandwidth_bytes_per_s)
@@ -139,13 +227,15 @@ class CostModel:
         # varlen kernels do): its launch floor adds to both sides of the decode row, once per iteration.
         self._compute_time[decode, F["one"]] += kernels.attention_floor_s * paced_layers
         self._memory_time[decode, F["one"]] += kernels.attention_floor_s * paced_layers
-        # Prefill attention at e * L / (L + half) of the 16-bit peak: as if each query saw `half` more keys.
+        # Prefill attention at e * L / (L + half) of the 16-bit peak: as if each query saw `half` more keys, and
+        # `kv_half` more per KV head on the GPU over query heads (each query tile loads its KV head's keys and values).
         backend = kernels.prefill_attention
         prefill = op["layer.attention_prefill"]
         per_flop = paced_layers / model.num_layers / (self.hardware.peak_for("bf16") * backend.efficiency)
+        extra_keys = backend.half_length_tokens + backend.kv_half_length_tokens * kv_heads / (model.num_heads / tp)
         self._compute_time[prefill] = self.flops_matrix[prefill] * per_flop
         self._compute_time[prefill, F["prefill_tokens"]] += (self.flops_matrix[prefill, F["prefill_pairs"]] * per_flop
-                                                             * backend.half_length_tokens)
+                                                             * extra_keys)
         bandwidth = kernels.gemm_bandwidth_bytes_per_s * weight_bandwidth_share
         flops = kernels.gemm_rate(model.weight_dtype)
         activation_bytes = model.activation_bytes_per_element
@@ -159,7 +249,7 @@ class CostModel:
         # (name, fixed memory s, memory s per token, compute s per token, repeats, count column,
         #  tokens per count, tokens column, output columns n) for each GEMM.
         # Weights in their own dtype: routed experts (gpt-oss's fp4), the LM head (16-bit in quantized checkpoints).
-        weight_bytes = {name: model.weight_bytes_per_param for name in GEMM_OPERATORS}
+        weight_bytes = dict.fromkeys(GEMM_OPERATORS, model.weight_bytes_per_param)
         weight_bytes.update(mlp_up=model.expert_bytes_per_param, mlp_down=model.expert_bytes_per_param,
                             lm_head=model.embedding_bytes_per_param)
         self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes[shape.name] / bandwidth,
@@ -180,12 +270,81 @@ class CostModel:
         self._custom_all_reduce = kernels.custom_all_reduce_for(tp) if tp > 1 else None
         # Every cost model with the same GEMM and all-reduce terms shares the memos: a search builds one per
         # run, and its runs price the same token counts over and over.
-        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size, model.num_layers,
-                            model.activation_bytes_per_element))
-        self._layer_memo, self._head_memo = _shared_memos.pop(key, None) or ({}, {})
-        _shared_memos[key] = (self._layer_memo, self._head_memo)
+        key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size,
+                            model.num_layers, model.activation_bytes_per_element))
+        shared = _shared_memos.pop(key, None) or ({}, {}, [np.full(1, np.nan), np.full(1, np.nan)])
+        self._layer_memo, self._head_memo, self._tables = shared
+        _shared_memos[key] = shared
         while len(_shared_memos) > SHARED_MEMOS:
             _shared_memos.popitem(last=False)
+
+    def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
+             decode_kv_read) -> tuple[float, float, float]:
+        """(time_s, FLOPs, bytes) of one iteration: prefill positions (of which ``prefill_logits`` sample)
+        and ``decode_seqs`` sequences decoding one token each, reading ``decode_kv_read`` KV tokens.
+        :meth:`iteration` of that feature row, to the last bit, at a fraction of its cost (the
+        simulator's hot path). The non-linear terms are remembered by the tokens alone (the experts
+        touched follow from them) and the LM head's by the logit rows, in the memos
+        :meth:`_nonlinear_time` keys by tuples."""
+        tokens = prefill_tokens + decode_seqs
+        touched = self._experts_touched
+        logits = decode_seqs + prefill_logits
+        time_s, flops, moved = _linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
+                                            prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
+                                            touched(tokens) if touched is not None else 1.0, logits)
+        if self._gemm_rows:
+            layers_s = self._layer_memo.get(tokens)
+            head_s = self._head_memo.get(logits)
+            if layers_s is None or head_s is None:
+                values = self._x.tolist()
+                if layers_s is None:
+                    layers_s = self._layers_time(values)
+                    if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
+                        self._layer_memo[tokens] = layers_s
+                if head_s is None:
+                    head_s = self._head_memo[logits] = self._gemm_sum(values, self._gemm_rows[-1:])
+            time_s += layers_s + head_s
+        return time_s, flops, moved
+
+    def rows_total(self, rows: np.ndarray) -> tuple[float, float, float]:
+        """(time_s, FLOPs, bytes) of a few iterations ``rows`` (shape (n, 9)) together: :meth:`iteration`
+        of the rows summed by ``np.add.reduce``, to the last bit (a speculative step's draft rows), in
+        one compiled call once the rows' token counts are in its tables."""
+        if len(rows) <= FEW_ROWS:
+            for _ in range(2):
+                total = _rows_total(self._stacked, self._n_ops, rows, *self._tables)
+                if total[0] == total[0]:
+                    return total
+                if not self._tabulate(rows):
+                    break
+        return summed_iteration(self, rows)
+
+    def _tabulate(self, rows: np.ndarray) -> bool:
+        """Put the non-linear terms of ``rows`` into the tables of :func:`_rows_total` (shared as the
+        memos are); False when a row is not one they hold (several iterations or experts, fractional or
+        too many tokens)."""
+        wanted = rows[:, [_TOKENS, _LOGITS]]
+        if ((rows[:, _ONE] != 1.0) | (rows[:, _EXPERTS] != 1.0)).any() or (wanted != np.floor(wanted)).any() or (
+                wanted < 0).any() or wanted.max() >= TABLE_TOKENS:
+            return False
+        size = max(len(self._tables[0]), 1 << int(wanted.max()).bit_length())
+        for i, table in enumerate(self._tables):
+            if len(table) < size:
+                self._tables[i] = np.concatenate([table, np.full(size - len(table), np.nan)])
+        layers, heads = self._tables
+        for row in rows.tolist():
+            tokens, logits = int(row[_TOKENS]), int(row[_LOGITS])
+            if layers[tokens] != layers[tokens] or heads[logits] != heads[logits]:
+                layers[tokens] = self._layers_time(row)
+                heads[logits] = self._gemm_sum(row, self._gemm_rows[-1:])
+        return True
+
+    def _layers_time(self, values: list[float]) -> float:
+        """The layers' GEMMs and all-reduces of one iteration's feature ``values``."""
+        layers_s = self._gemm_sum(values, self._gemm_rows[:-1])
+        if self._all_reduce is not None:
+            layers_s += float(self._all_reduce_time(np.array(values)))
+        return layers_s
 
     def _nonlinear_time(self, values: list[float]) -> float:
         """GEMMs and all-reduces of one iteration (the terms not linear in the features; ``values``: its
@@ -195,9 +354,7 @@ class CostModel:
         layers_key = (values[_ONE], values[_TOKENS], values[_EXPERTS])
         layers_s = self._layer_memo.get(layers_key)
         if layers_s is None:
-            layers_s = self._gemm_sum(values, self._gemm_rows[:-1])
-            if self._all_reduce is not None:
-                layers_s += float(self._all_reduce_time(np.array(values)))
+            layers_s = self._layers_time(values)
             if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
                 self._layer_memo[layers_key] = layers_s
         head_key = (values[_ONE], values[_LOGITS])
@@ -216,9 +373,8 @@ class CostModel:
             runs = values[count]
             if runs > 0:
                 rows = values[tokens] * scale / runs
-                body_s = gemm_body_s(fixed_s + rows * per_token_s, rows * compute_s, gemm_output_tiles(rows, n),
-                                     kernels)
-                total += repeats * (iterations * floor_s + runs * float(body_s))
+                body_s = gemm_scalar_body_s(fixed_s + rows * per_token_s, rows * compute_s, rows, n, kernels)
+                total += repeats * (iterations * floor_s + runs * body_s)
         return total
 
     def _all_reduce_time(self, x):
@@ -234,7 +390,8 @@ class CostModel:
         custom = self._custom_all_reduce
         if custom is not None:
             # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose).
-            once = np.where(message <= custom.switch_over_bytes, all_reduce_time_s(message, self.tp, custom.reduce), once)
+            once = np.where(message <= custom.switch_over_bytes, all_reduce_time_s(message, self.tp, custom.reduce),
+                            once)
         return 2 * self.model.num_layers * iterations * once
 
     def _gemm_times(self, x) -> np.ndarray | float:

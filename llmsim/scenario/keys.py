@@ -41,7 +41,7 @@ COVERAGE = (
     {"workload": {"arrival": {"process": "trace", "path": "traces/burstgpt-sample.csv", "format": "burstgpt",
                               "window": {"start": "0 s", "end": "10 min"},
                               "filter": {"model": "ChatGPT", "log_type": ["API log", "Conversation log"]},
-                              "sample": 0.5, "rate": "4/s"},
+                              "sample": 0.5, "rate": "4/s", "failed": "replay"},
                   "num_requests": None, "prompt_tokens": None, "output_tokens": None}},
     {"workload": {"arrival": {"process": "trace", "path": "traces/synthetic-burst.csv", "speed": 2},
                   "num_requests": None, "prompt_tokens": None, "output_tokens": None}},
@@ -247,6 +247,9 @@ KEY_HELP: dict[str, str] = {
     "workload.arrival.path": "the trace file to replay",
     "workload.arrival.format": "the trace's format; `auto` detects it from the columns (or a JSON file's first "
                                "character)",
+    "workload.arrival.failed": "a production trace's failed requests (logged with 0 output tokens, as BurstGPT does): "
+                               "`drop` them, or `replay` each as its prompt (at least one token) and one output "
+                               "token; the printout counts them either way",
     "workload.arrival.hash_block_tokens": "prompt tokens per hash id of a Mooncake trace's hash_ids (the prefix "
                                           "cache's block identities); engine.block_size must divide it",
     "workload.arrival.window": "replay only the requests that arrived in [start, end), times counted from start",

@@ -13,7 +13,8 @@ import itertools
 import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
 

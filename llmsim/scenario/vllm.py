@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import re
 import shlex
-from typing import Callable
+from collections.abc import Callable
 
 from llmsim.config.limits import MAX_FLAGS_CHARS, MAX_NUMBER
 from llmsim.config.reader import Node, range_text

@@ -100,7 +100,7 @@ def compare(path: str | Path, force: bool = False) -> pd.DataFrame:
         rows.append({
             "variant": variant, "load": load,
             "offered_req_per_s": summary["throughput"]["offered_requests_per_s"],
-            "devices": summary["devices"],
+            "devices": _devices_paid(summary),
             "placement": f"tp{summary['memory']['tensor_parallel']} x pp{summary['memory']['pipeline_parallel']}",
             "tokens_per_s_per_user": 1.0 / gap if gap == gap and gap > 0 else float("nan"),
             "ttft_p50_s": summary["latency"]["ttft_s"]["p50"],
@@ -115,6 +115,15 @@ def compare(path: str | Path, force: bool = False) -> pd.DataFrame:
             **_speculation_columns(summary.get("speculation")),
         })
     return pd.DataFrame(rows)
+
+
+def _devices_paid(summary: dict) -> float:
+    """The devices the run's economics divide by: the deployment's, or with autoscaling the mean paid
+    for in the window (replicas change during the run)."""
+    scaling = summary.get("autoscaling")
+    if scaling is None:
+        return summary["devices"]
+    return scaling["mean_replicas_in_window"] * scaling["devices_per_replica"]
 
 
 def _speculation_columns(spec: dict | None) -> dict:

@@ -12,7 +12,7 @@ notebook (fluid, with a simulated spot check) are both built from these.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd

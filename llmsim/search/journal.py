@@ -61,7 +61,7 @@ class Journal:
             self._load(handle.read().decode("utf-8", errors="replace"))
 
     @classmethod
-    def open(cls, path: Path) -> "Journal":
+    def open(cls, path: Path) -> Journal:
         """Lock the folder of ``path`` for this process, then read the journal's verified rows."""
         path.parent.mkdir(parents=True, exist_ok=True)
         return cls(path, _lock(path.with_name(path.name + ".lock")))
@@ -72,7 +72,7 @@ class Journal:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def __enter__(self) -> "Journal":
+    def __enter__(self) -> Journal:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -85,7 +85,8 @@ class Journal:
         record = {key: cell_text(value) for key, value in row.items()}
         self.records.append(record)
         if any(key not in self.columns for key in record):
-            self.columns = [c for c in self.columns if c != CHECKSUM] + [key for key in record if key not in self.columns]
+            self.columns = ([c for c in self.columns if c != CHECKSUM]
+                            + [key for key in record if key not in self.columns])
             self._rewrite()
             return
         descriptor = open_no_follow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)

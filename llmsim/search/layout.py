@@ -1,9 +1,11 @@
 """The cheapest layout of each candidate chip: replicas x tensor parallel x pipeline parallel.
 
-``llmsim plan`` takes the fewest devices that hold the model (tp x pp ``auto``) and then the
-fewest replicas of that shape. That is not the cheapest deployment: a 70B model on H100s fits
-on three devices as tp1 x pp3, but a replica of tp4 decodes several times faster and fewer
-of them may serve the same rate. Here every layout is a candidate:
+Keeping one layout (the scenario's, or the fewest devices that hold the model: tp x pp ``auto``)
+and then taking the fewest replicas of that shape (``llmsim plan --keep-layout``) is not the
+cheapest deployment: a 70B model on H100s fits on three devices as tp1 x pp3, but a replica of
+tp4 decodes several times faster and fewer of them may serve the same rate, and the scenario's
+tp8 may be more than the rate needs. Here every layout is a candidate, and :func:`plan`
+(``llmsim plan``, ``llmsim.plan``) answers with each chip's cheapest by default:
 
 - tensor parallel degrees that are powers of two dividing the attention heads, up to
   ``max_tensor_parallel`` (8: one node's NVLink domain), times 1..``max_pipeline_parallel``
@@ -34,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -44,9 +46,10 @@ from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, analytic_bracket, as_scenario, candidates, check_rate,
-                                check_rate_driven, fewest_replicas)
-from llmsim.config.words import counted
+from llmsim.search.plan import (MAX_REPLICAS as PLAN_MAX_REPLICAS, REPLICAS_KEY, RATE_KEY, analytic_bracket,
+                                answer_row, as_scenario, candidates, capacity_bound, check_rate, check_rate_driven,
+                                fewest_replicas, kept_layout_row, plan_table)
+from llmsim.search.window import Judged
 
 MAX_TENSOR_PARALLEL = 8
 MAX_PIPELINE_PARALLEL = 4
@@ -85,6 +88,9 @@ class LayoutChoice:
     simulations: int
     note: str = ""
     overrides: dict = field(default_factory=dict)   # the answer as scenario overrides (rate included)
+    judged: Judged | None = None       # the answer's runs and verdict
+    one_replica: Scenario | None = None    # the answer's layout with one replica
+    bracket: tuple[int, int] | None = None     # the answer's layout's analytic bracket (lower, upper)
 
     @property
     def devices(self) -> int | None:
@@ -103,7 +109,7 @@ def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX
             max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL) -> list[tuple[Layout, Scenario]]:
     """Every layout of ``hardware`` that holds the scenario's model, with its one-replica scenario."""
     heads = scenario.model.num_heads
-    tps = [2 ** p for p in range(0, int(math.log2(max_tensor_parallel)) + 1) if heads % 2 ** p == 0]
+    tps = [2 ** p for p in range(int(math.log2(max_tensor_parallel)) + 1) if heads % 2 ** p == 0]
     pps = [1] if scenario.speculating else range(1, max_pipeline_parallel + 1)
     found = []
     for tp in tps:
@@ -137,8 +143,9 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
         lower, upper = analytic_bracket(one, rate, max_replicas)
         ranked.append((layout.usd_per_hour(upper), layout.usd_per_hour(lower), layout, lower, upper))
     ranked.sort(key=lambda entry: (entry[0], entry[1], entry[2].devices_per_replica, entry[2].pipeline_parallel))
-    best: tuple[Layout, int, pd.DataFrame] | None = None
+    best: tuple[Layout, int, Judged, Scenario, tuple[int, int]] | None = None
     rows, simulations = [], 0
+    ones = dict(options)
     for _, lower_cost, layout, lower, upper in ranked:
         row = {"hardware": hardware, "layout": layout.label, "devices_per_replica": layout.devices_per_replica,
                "analytic_lower": lower, "analytic_upper": upper}
@@ -160,14 +167,15 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
             rows.append({**row, "replicas": math.nan, "note": note})
             continue
         rows.append({**row, "replicas": found, "usd_per_hour": layout.usd_per_hour(found), "note": ""})
-        best = (layout, found, outcomes[found].rows)
+        best = (layout, found, outcomes[found], ones[layout], (lower, upper))
     tried = pd.DataFrame(rows)
     if best is None:
         return LayoutChoice(hardware, None, None, {}, tried, simulations,
                             note=f"SLO targets not met by any layout with up to {counted(max_replicas, 'replica')}")
-    layout, replicas, result = best
-    return LayoutChoice(hardware, layout, replicas, _mean_metrics(result), tried, simulations,
-                        overrides={**layout.overrides(), RATE_KEY: rate, REPLICAS_KEY: replicas})
+    layout, replicas, judged, one, bracket = best
+    return LayoutChoice(hardware, layout, replicas, _mean_metrics(judged.rows), tried, simulations,
+                        overrides={**layout.overrides(), RATE_KEY: rate, REPLICAS_KEY: replicas}, judged=judged,
+                        one_replica=one, bracket=bracket)
 
 
 def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None,
@@ -187,6 +195,48 @@ def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, 
         progress.note(name)
         choices.append(cheapest_layout(scenario, name, rate, progress=progress, **options))
     return sorted(choices, key=lambda c: (c.layout is None, c.usd_per_hour if c.layout else 0.0))
+
+
+def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
+         seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = PLAN_MAX_REPLICAS,
+         keep_layout: bool = False, progress: Progress = QUIET, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
+         max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL) -> pd.DataFrame:
+    """``llmsim plan``: one row per candidate hardware, the cheapest deployment meeting the SLO targets at the rate.
+
+    By default each chip's layouts (tensor x pipeline parallel, up to ``max_tensor_parallel`` x
+    ``max_pipeline_parallel``) are searched for the cheapest (:func:`cheapest_layout`), and the fewest
+    replicas of that layout are the answer. ``keep_layout``: the scenario's own layout on its own
+    hardware, the fewest devices that hold the model on other chips, and the fewest replicas of it
+    (:func:`llmsim.search.plan.kept_layout_row`). ``layout_search`` says which of the two a row is.
+
+    Columns: hardware, replicas, devices_per_replica, devices, placement (the layout), the analytic
+    bracket (``analytic_lower``, ``analytic_upper``), ``simulations``, the simulated
+    P95 TTFT and TPOT, SLO attainment and output tokens/s at the answer, and its cost
+    per hour, cost per million output tokens and energy per output token (at TDP).
+    ``replicas`` is NaN with a ``note`` when no count up to ``max_replicas`` meets the
+    targets, or when the model does not fit the hardware. ``seeds``: every seed must meet
+    the targets (default: the scenario's seed). A replayed trace is rescaled in time to the
+    target rate and replayed whole; the column ``replayed`` says which requests that is.
+    ``progress`` counts the simulations (the work), its total growing as each search asks for more.
+    """
+    def row_of(scenario: Scenario, name: str, rate: float) -> dict:
+        if keep_layout:
+            return kept_layout_row(scenario, name, rate, seeds, workers, max_replicas, progress)
+        choice = cheapest_layout(scenario, name, rate, seeds=seeds, workers=workers, max_replicas=max_replicas,
+                                 max_tensor_parallel=max_tensor_parallel,
+                                 max_pipeline_parallel=max_pipeline_parallel, progress=progress)
+        row = {"hardware": name, "layout_search": True}
+        if (choice.layout is None or choice.replicas is None or choice.judged is None or choice.one_replica is None
+                or choice.bracket is None):
+            return {**row, "replicas": math.nan, "simulations": choice.simulations, "note": choice.note}
+        bound = capacity_bound(choice.one_replica, rate)
+        row.update(devices_per_replica=choice.layout.devices_per_replica, placement=choice.layout.label,
+                   analytic_lower=choice.bracket[0], analytic_upper=choice.bracket[1], analytic_capacity_bound=bound)
+        undecided = [] if choice.judged.verdict.decided else [choice.replicas]
+        return answer_row(row, choice.one_replica, rate, choice.replicas, choice.judged, choice.simulations, bound,
+                          undecided)
+
+    return plan_table(scenario, target_rate_per_s, hardware, row_of, progress)
 
 
 def _mean_metrics(rows: pd.DataFrame) -> dict:

@@ -1,6 +1,8 @@
-"""Capacity plans: how many replicas of which chip serve a target rate within the SLO.
+"""Capacity plans: how many replicas of which chip, in which layout, serve a target rate within the SLO.
 
-For each candidate hardware profile the scenario is placed afresh (tensor and pipeline
+By default each candidate chip's layouts are searched for the cheapest deployment
+(:func:`llmsim.search.layout.cheapest_layout`, which runs the replica search below for each layout
+worth trying). With ``keep_layout`` the scenario is placed once per chip (tensor and pipeline
 parallelism ``auto``: the fewest devices that hold the model and one longest request,
 see :func:`~llmsim.catalog.placement.smallest_fitting`; one pipeline stage when speculating; the
 scenario's own hardware keeps its own placement), and the smallest replica count whose simulation meets every SLO
@@ -26,7 +28,8 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Callable
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -76,7 +79,8 @@ def check_rate_driven(scenario: Scenario) -> None:
     if trace is not None and not has_time_scale(trace):
         raise ConfigError("a replayed trace of one request, or of requests that all arrive at one time, has no "
                           "arrival rate to vary", file=scenario.path, key="workload.arrival.path",
-                          value=f"{len(trace):,} requests", allowed="a trace of two requests or more at different times")
+                          value=f"{len(trace):,} requests",
+                          allowed="a trace of two requests or more at different times")
 
 
 def replay_description(scenario: Scenario, rate_per_s: float) -> str:
@@ -125,20 +129,11 @@ def _own_hardware(scenario: Scenario) -> str:
     return written if isinstance(written, str) else scenario.hardware.name
 
 
-def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None = None, *,
-         seeds: Sequence[int] | None = None, workers: int | None = None, max_replicas: int = MAX_REPLICAS,
-         progress: Progress = QUIET) -> pd.DataFrame:
-    """One row per candidate hardware: the fewest replicas meeting the SLO targets at the rate.
-
-    Columns: hardware, replicas, devices_per_replica, devices, placement, the analytic
-    bracket (``analytic_lower``, ``analytic_upper``), ``simulations``, the simulated
-    P95 TTFT and TPOT, SLO attainment and output tokens/s at the answer, and its cost
-    per hour, cost per million output tokens and energy per output token (at TDP).
-    ``replicas`` is NaN with a ``note`` when no count up to ``max_replicas`` meets the
-    targets, or when the model does not fit the hardware. ``seeds``: every seed must meet
-    the targets (default: the scenario's seed). A replayed trace is rescaled in time to the
-    target rate and replayed whole; the column ``replayed`` says which requests that is.
-    """
+def plan_table(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None,
+               row_of: Callable[[Scenario, str, float], dict], progress: Progress = QUIET) -> pd.DataFrame:
+    """The scenario and rate checked, then one row per candidate chip, ``row_of(scenario, chip, rate)``
+    (:func:`kept_layout_row`, or :func:`llmsim.search.layout.plan`'s layout search); see
+    :func:`llmsim.search.layout.plan` for the columns. ``progress`` notes each chip."""
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
     rate = check_rate(target_rate_per_s)
@@ -147,11 +142,9 @@ def plan(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Se
         raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
     rows = []
-    names = candidates(scenario, hardware)
-    # ``progress`` counts the simulations (the work), its total growing as each search asks for more.
-    for name in names:
+    for name in candidates(scenario, hardware):
         progress.note(name)
-        rows.append(_plan_one(scenario, name, rate, seeds, workers, max_replicas, progress))
+        rows.append(row_of(scenario, name, rate))
     table = pd.DataFrame(rows)
     replayed = replay_description(scenario, rate)
     if replayed:                        # which traffic the answer covers: the trace, rescaled to the rate
@@ -167,10 +160,12 @@ def _placement_overrides(scenario: Scenario, name: str) -> dict:
     return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 
 
-def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
-              progress: Progress) -> dict:
+def kept_layout_row(scenario: Scenario, name: str, rate: float, seeds, workers, max_replicas: int,
+                    progress: Progress) -> dict:
+    """The plan row of chip ``name`` in the scenario's own layout (another chip: the fewest devices that
+    hold the model): the fewest replicas meeting the targets."""
     base = {**_placement_overrides(scenario, name), RATE_KEY: rate}
-    row = {"hardware": name}
+    row = {"hardware": name, "layout_search": False}
     try:
         one = variant(scenario, {**base, REPLICAS_KEY: 1})
     except ConfigError as error:
@@ -183,17 +178,23 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     row.update(analytic_lower=lower, analytic_upper=upper, analytic_capacity_bound=bound)
     if bound / (1 + FLUID_CAPACITY_ERROR) > max_replicas:
         return {**row, "replicas": math.nan, "simulations": 0,
-                "note": f"unreachable within {counted(max_replicas, 'replica')} (--max-replicas): the analytic capacity "
-                        f"bound needs {counted(round(bound), 'replica')} (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
+                "note": f"unreachable within {counted(max_replicas, 'replica')} (--max-replicas): the analytic "
+                        f"capacity bound needs {counted(round(bound), 'replica')}"
+                        f" (within its {FLUID_CAPACITY_ERROR:.0%} error)"}
     hi, outcomes = fewest_replicas(scenario, base, rate, lower, upper, max_replicas, seeds=seeds, workers=workers,
                                    progress=progress)
     if hi is None:
         return {**row, "replicas": math.nan, "simulations": len(outcomes),
                 "note": f"SLO targets not met with {counted(max_replicas, 'replica')} (--max-replicas)"}
-    answer = outcomes[hi]
+    undecided = sorted(n for n, judged in outcomes.items() if not judged.verdict.decided)
+    return answer_row(row, one, rate, hi, outcomes[hi], len(outcomes), bound, undecided)
+
+
+def answer_row(row: dict, one: Scenario, rate: float, hi: int, answer: Judged, simulations: int, bound: float,
+                undecided: list[int]) -> dict:
+    """A plan row for ``hi`` replicas of ``one``'s layout, from the judged runs at that count."""
     mean = answer.rows.select_dtypes("number").mean()
     margin, spread = answer.verdict.worst_margin
-    undecided = sorted(n for n, judged in outcomes.items() if not judged.verdict.decided)
     notes = []
     if math.isnan(bound):
         notes.append("no analytic cross-check: the fluid model does not model "
@@ -204,7 +205,7 @@ def _plan_one(scenario: Scenario, name: str, rate: float, seeds, workers, max_re
     if undecided:
         notes.append(f"undecided at the longest window for {', '.join(map(str, undecided))} replicas "
                      "(judged on the estimate)")
-    row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=len(outcomes),
+    row.update(replicas=hi, devices=hi * one.devices_per_replica, simulations=simulations,
                requests_per_simulation=answer.window.simulated_requests(rate),
                window_s=answer.window.length_s, warmup_s=answer.window.warmup_s,
                slo_margin=margin, slo_margin_ci95=spread,

@@ -12,8 +12,8 @@ system, measured in seconds, not requests) and ``WARMUP_LATENCIES`` mean end-to-
 latencies; the measurement lasts at least ``MEASURED_LATENCIES`` of them (so each of the 20
 batches of the batch means spans about one request lifetime and the batches are nearly
 independent) and ``MEASURED_REQUESTS`` requests (enough for 20 batches; a verdict that needs more
-precision gets it by escalation, below). The scenario's own request count is kept as a floor. The mean latency comes from
-the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
+precision gets it by escalation, below). The scenario's own request count is kept as a floor. The mean
+latency comes from the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
 has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
 request that just meets them). The request count is then ``lambda`` times the window.
 
@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -80,7 +81,7 @@ class Window:
     def requests(self, rate_per_s: float) -> int:
         return max(1, math.ceil(rate_per_s * self.requests_per_arrival * self.length_s))
 
-    def longer(self) -> "Window":
+    def longer(self) -> Window:
         return replace(self, measure_s=2 * self.measure_s)
 
     def overrides(self, rate_per_s: float) -> dict:
@@ -144,8 +145,11 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) 
     sessions = workload.sessions
     turns = sessions.mean_turns() if sessions is not None else 1.0
     fill_s = sessions.fill_time_s() if sessions is not None else 0.0
-    own_requests = (workload.num_requests if workload.num_requests is not None
-                    else workload.duration_s * own_rate * turns)
+    if workload.num_requests is not None:
+        own_requests: float = workload.num_requests
+    else:
+        assert workload.duration_s is not None      # the reader asks for one of the two
+        own_requests = workload.duration_s * own_rate * turns
     own_warmup_s = scenario.simulation.warmup_s
     if own_warmup_s is None:                 # the scenario's default: 10% of its own arrival window
         own_warmup_s = 0.1 * own_requests / (own_rate * turns)
@@ -243,7 +247,7 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
     current = list(windows)
     for round_index in range(escalations + 1):
         # run_points runs a repeated point once: simulate each distinct job once, then share its rows.
-        jobs = {}
+        jobs: dict[str, list[int]] = {}
         for i in todo:
             jobs.setdefault(json.dumps({**points[i], **current[i].overrides(rates[i])}, sort_keys=True, default=str),
                             []).append(i)
@@ -265,4 +269,4 @@ def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], window
         todo = again
         if not todo:
             break
-    return judged
+    return cast("list[Judged]", judged)       # every point is judged in the first round

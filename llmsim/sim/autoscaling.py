@@ -6,13 +6,13 @@ autoscaler process applies :class:`~llmsim.scenario.control.AutoscalingConfig`'s
 interval: a replica started is paid for from that moment and serves after the cold start; a
 replica drained takes no new requests, finishes what it holds and is switched off at the first
 check that finds it empty, losing what its memory held (``switch_off``: a tiered KV cache is
-emptied, so a replica started again begins with empty caches). ``provisioned`` integrates the replicas paid for over time: its area
-is the run's replica-seconds.
+emptied, so a replica started again begins with empty caches). ``provisioned`` integrates the replicas
+paid for over time: its area is the run's replica-seconds.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -50,8 +50,10 @@ class ReplicaPool:
 
     def provisioned_series(self) -> pd.DataFrame:
         """The replicas paid for after each change (starting and draining ones included), from time 0."""
-        return pd.DataFrame({"time_s": np.frombuffer(self.provisioned.log_s, float),
-                             "replicas": np.frombuffer(self.provisioned.log_value, np.int64)})
+        log_s, log_value = self.provisioned.log_s, self.provisioned.log_value
+        assert log_s is not None and log_value is not None      # the pool's counter is made logged
+        return pd.DataFrame({"time_s": np.frombuffer(log_s, np.float64),
+                             "replicas": np.frombuffer(log_value, np.int64)})
 
 
 class ScalingLog:

@@ -102,10 +102,15 @@ class ControlLog:
 
 def controller(env: simpy.Environment, scenario: Scenario, engines: list, records: RequestRecords, log: ControlLog):
     """The control loop (a SimPy process; it runs until the simulation stops)."""
-    config = scenario.controller
+    config, speculation = scenario.controller, scenario.speculation
+    assert config is not None                    # simulate starts this process only for a controlled scenario
     targets = targets_of(scenario.slo, scenario.workload.class_names)
     moves_k = config.knob == SPECULATION_K
-    start = scenario.speculation.policy.k if moves_k else getattr(scenario.engine, config.knob)
+    if moves_k:
+        assert speculation is not None           # the reader refuses a k controller without speculation
+        start = speculation.policy.k
+    else:
+        start = getattr(scenario.engine, config.knob)
     rule = RULES[config.rule](config, start)
     value, scale = start, 1.0
     base_rules = {id(e): e.queueing.rules for e in engines if isinstance(e.queueing, ClassQueueing)}

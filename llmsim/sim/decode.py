@@ -102,7 +102,7 @@ class DecodeSet(ABC):
         self.n = 0
         self._window = engine.cost.model.sliding_window
         self._local_share = engine.cost.model.local_attention_share   # the layers the window bounds
-        self._row = engine.cost.row                  # the iteration's cost features: the cost model's buffer
+        self._cost_step = engine.cost.step           # bound once: called every iteration
 
     @abstractmethod
     def prepare(self, now: float) -> int:
@@ -206,8 +206,8 @@ class EventDecodeSet(DecodeSet):
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits) -> StepPrice:
         n = self.n if decoding else 0
-        x = self._row.fill(prefill_tokens, pairs, prefill_kv, logits, n, self.kv_read() if n else 0)
-        duration, flops, moved = self.engine.cost.iteration(x)
+        duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n,
+                                                 self.kv_read() if n else 0)
         return new_price((duration, n, n + logits, flops, moved, 0, 0, 0, 0.0))
 
     def advance(self, now: float) -> None:

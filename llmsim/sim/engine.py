@@ -58,6 +58,9 @@ from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Requ
 
 Observer = Callable[["Engine", Iteration], None]
 
+# prefill_sums of no chunks: (tokens, attention pairs, KV read, prompts completed).
+NO_PREFILL = (0.0, 0.0, 0.0, 0)
+
 # vLLM's block-manager watermark: the share of KV blocks a new prompt must leave free to be admitted
 # (vLLM ``BlockSpaceManager(watermark=0.01)``, ``watermark_blocks = int(watermark * num_gpu_blocks)``), so
 # that running sequences keep room to grow and a just-admitted prompt is not preempted at once.
@@ -283,24 +286,26 @@ class Engine(EngineProcess):
             self._in_flight = None
             self.now = self.now + iteration.duration_s      # its end, the sum that scheduled this call
             self._complete(iteration)
+        peek, schedule, complete = env.peek, self.schedule, self._complete
         while True:
-            self.now = now = env.now if self.now < env.now else self.now
+            if self.now < env.now:
+                self.now = env.now
             if self._expires:
-                self.queueing.expire_waiting(now)
-            iteration = self.schedule()
+                self.queueing.expire_waiting(self.now)
+            iteration = schedule()
             if iteration is None:
                 self._idle = True                   # until notify()
                 return
-            end = now + iteration.duration_s
+            end = self.now + iteration.duration_s
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
-            if end >= env.peek():
+            if end >= peek():
                 self._in_flight = iteration
                 self._schedule(self._wake, NORMAL, end - env.now)
                 return
             self.now = end
-            self._complete(iteration)
+            complete(iteration)
 
     def _complete(self, iteration: Iteration) -> None:
         """``iteration`` is over at ``self.now``: its tokens appear, then the observers see it."""
@@ -323,9 +328,9 @@ class Engine(EngineProcess):
         Admission, prefill chunks and the decode set's KV reservation happen here (they may
         preempt); the tokens appear in :meth:`apply`.
         """
-        cfg, now, decode = self.config, self.now, self.decode
+        cfg, now, decode, queue = self.config, self.now, self.decode, self.queue
         chunks: list[tuple[Request, int]] = []
-        if self._makes_room and self.queue and self.running:
+        if self._makes_room and queue and self.running:
             self.queueing.make_room(now)
         if self._tiered:
             self.kv.advance(now)
@@ -334,20 +339,23 @@ class Engine(EngineProcess):
             budget = cfg.max_batch_tokens - (decode.prepare(now) if decode.n else 0)
             if self.prefilling:
                 budget = self._schedule_prefills(budget, chunks)
-            if self.queue:
+            if queue:
                 self._admit(now, budget, chunks)
-            decoding = True
+            decoding = decode.n > 0                  # admission may have preempted decoders
         else:
             # Prefill-first: any admissible prompt runs in a prefill-only iteration.
-            if self.queue:
+            if queue:
                 self._admit(now, cfg.max_batch_tokens, chunks)
-            decoding = not chunks
-            if decoding and decode.n:
+            decoding = not chunks and decode.n > 0
+            if decoding:
                 decode.prepare(now)
-        decoding = decoding and decode.n > 0          # admission may have preempted decoders
-        if not decoding and not chunks:
+                decoding = decode.n > 0              # its KV reservation may have preempted them all
+        if chunks:
+            sums = prefill_sums(chunks, self._window, self._local_share)
+        elif decoding:
+            sums = NO_PREFILL
+        else:
             return None
-        sums = prefill_sums(chunks, self._window, self._local_share)
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
                                                                                                  *sums)
         if self._async:
@@ -355,8 +363,9 @@ class Engine(EngineProcess):
         if self._tiered:
             duration = self.kv.charge(now, duration)
         self._last_end_s = now + duration
+        kv = self.kv
         iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
-                                   self.kv.used_blocks, len(self.running), len(self.queue), n_spec, proposed,
+                                   kv.num_blocks - kv.free_blocks, len(self.running), len(queue), n_spec, proposed,
                                    accepted, draft_s, chunks, decoding))
         self.log.append(iteration)
         return iteration

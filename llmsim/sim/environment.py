@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from functools import partial
 from heapq import heappop, heappush
-from typing import Callable
+from collections.abc import Callable
 
 import simpy
 from simpy.core import Infinity

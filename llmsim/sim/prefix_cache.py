@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -75,6 +76,8 @@ class PrefixKeys:
         self._prompt, self._output = prompt_tokens, output_tokens
         self._hash_ids = hash_ids
         if hash_ids is not None:
+            if hash_block_tokens is None:
+                raise ValueError("a trace's hash ids need its hash block size")
             if hash_block_tokens % block_size:
                 raise ValueError(f"block size {block_size} does not divide the trace's hash block "
                                  f"of {hash_block_tokens} tokens")
@@ -192,7 +195,8 @@ class TieredKV(KVCache):
         self.block_transfer_s, self.block_bytes = block_transfer_s, block_bytes
         self.cached: dict[int, int] = {}                      # key -> references, GPU-resident blocks
         self.idle: OrderedDict[int, float] = OrderedDict()   # unreferenced cached blocks -> released at
-        self._hits, self._reload = 0, []                      # the last match: leading hits, keys to reload
+        self._hits = 0                                        # the last match: leading hits, keys to reload
+        self._reload: Sequence[int] = ()
         self._h2d_s = 0.0                                     # host-to-device copies the next iteration waits for
         self._d2h_free_s = 0.0                                # when device-to-host copies queued so far end
         self._busy_until_s = 0.0                              # when the last priced iteration ends
@@ -240,6 +244,7 @@ class TieredKV(KVCache):
         if timeout is None:
             return
         host, cached, copy_s = self.host, self.cached, self.block_transfer_s
+        assert host is not None                               # idle_timeout_s is set only with a host tier
         between_s = 0.0 if self.overlap else self._busy_until_s   # synchronous copies wait for the iteration
         while idle:
             key, released_s = next(iter(idle.items()))
@@ -341,6 +346,7 @@ class TieredKV(KVCache):
             cached[key] = references + 1
         self.allocate(wanted)
         if reload:
+            assert self.host is not None                      # blocks reload only from a host tier
             lru = self.host.lru
             for key in reload:
                 cached[key] = 1
@@ -349,6 +355,7 @@ class TieredKV(KVCache):
             self._copy_in(len(reload))
         if request.swapped_tokens:                            # its swapped KV, less what is still resident
             back = -(-request.swapped_tokens // size)
+            assert self.host is not None                      # swapping needs a host tier
             self.host.swap_in(back, now)
             self.swapped_in_blocks += back - hits
             self.swap_resident_blocks += hits
@@ -432,6 +439,7 @@ class TieredKV(KVCache):
         ``kv_tokens``), else free it for recompute (it keeps none)."""
         if self.swap and kv_tokens > 0:
             blocks = -(-kv_tokens // self.block_size)
+            assert self.host is not None                      # self.swap needs a host tier
             if self.host.swap_out(blocks, now):
                 self.swapped_out_blocks += blocks
                 copy_s = blocks * self.block_transfer_s

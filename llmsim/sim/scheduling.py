@@ -46,7 +46,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

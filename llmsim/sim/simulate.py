@@ -29,6 +29,7 @@ from typing import Protocol
 import numpy as np
 import pandas as pd
 import simpy
+from simpy.events import NORMAL, URGENT
 
 from llmsim.config.policies import Batching, PreemptionMode, RouterPolicy
 from llmsim.cost.roofline import CostModel
@@ -37,7 +38,7 @@ from llmsim.scenario.scenario import Scenario, host_kv_blocks
 from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
 from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.engine import Engine, Observer
-from llmsim.sim.environment import Environment
+from llmsim.sim.environment import Environment, scheduler
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
@@ -228,18 +229,49 @@ class Router:
 ARRIVAL_BATCH = 4096                 # trace rows turned into Python numbers at a time
 
 
-def arrivals(env: simpy.Environment, records: RequestRecords, router: Router):
-    """Replay the trace: each request is built when it arrives and enters the router."""
-    for first in range(0, len(records), ARRIVAL_BATCH):
+class Arrivals:
+    """Replays the trace: each request is built when it arrives and enters the router.
+
+    Each wait for the next arrival is a scheduled call (:func:`~llmsim.sim.environment.scheduler`),
+    keyed as the timeout of a SimPy process replaying the trace would be, and started as such a
+    process starts (urgent, now): the same order among the simulation's events, without an event
+    object and a generator resumption per request.
+    """
+
+    def __init__(self, env: simpy.Environment, records: RequestRecords, router: Router):
+        self.env, self.records, self.router = env, records, router
+        self._schedule = scheduler(env)
+        self._next = 0                       # the row of the next request to arrive
+        self._rows: list[tuple[int, float, int, int]] = []    # the current batch, reversed: pop() is the next
+        self._due = False                    # the next request's wait is over: it arrives now
+        self._schedule(self._arrive, URGENT)
+
+    def _arrive(self) -> None:
+        env, rows, records = self.env, self._rows, self.records
+        while rows or self._load_batch():
+            i, arrival_s, prompt, output = rows[-1]
+            if not self._due:
+                delay = arrival_s - env.now
+                if delay > 0:
+                    self._due = True
+                    self._schedule(self._arrive, NORMAL, delay)
+                    return
+            self._due = False
+            rows.pop()
+            self.router.dispatch(records.request(i, arrival_s, prompt, output), env.now)
+
+    def _load_batch(self) -> bool:
+        """The next :data:`ARRIVAL_BATCH` rows of the trace as Python numbers (into the batch, empty
+        now); False at its end."""
+        first, records = self._next, self.records
+        if first >= len(records):
+            return False
         rows = slice(first, first + ARRIVAL_BATCH)
-        for i, arrival_s, prompt, output in zip(range(first, first + ARRIVAL_BATCH),
-                                                records.arrival_s[rows].tolist(),
-                                                records.prompt_tokens[rows].tolist(),
-                                                records.output_tokens[rows].tolist()):
-            delay = arrival_s - env.now
-            if delay > 0:
-                yield env.timeout(delay)
-            router.dispatch(records.request(i, arrival_s, prompt, output), env.now)
+        self._rows.extend(zip(range(first, first + ARRIVAL_BATCH), records.arrival_s[rows].tolist(),
+                              records.prompt_tokens[rows].tolist(), records.output_tokens[rows].tolist()))
+        self._rows.reverse()
+        self._next = first + len(self._rows)
+        return True
 
 
 def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
@@ -342,7 +374,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     stop = env.event()
     router = Router(dep.router, groups, scenario.max_model_len, resolved.kv_blocks, resolved.block_size,
                     records, stop, dep.load_bound)
-    env.process(arrivals(env, records, router))
+    Arrivals(env, records, router)
     control = ControlLog() if scenario.controller is not None else None
     if control is not None:
         env.process(controller(env, scenario, engines, records, control))

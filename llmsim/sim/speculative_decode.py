@@ -34,10 +34,12 @@ from __future__ import annotations
 from array import array
 
 from dataclasses import fields
+from functools import partial
 
 import numpy as np
 
 from llmsim.cost.features import FEATURES, batch_rows, sequential_decode_rows, speculative_step_sums, visible
+from llmsim.cost.roofline import CostModel, summed_iteration
 from llmsim.sim.decode import DecodeSet, StepPrice, new_price
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
@@ -129,6 +131,9 @@ class SpeculativeDecodeSet(DecodeSet):
         self.spec = speculation
         self.policy = k_policy(speculation.policy)
         self.draft_cost = draft_cost
+        # A draft model's rows in one compiled call; Medusa heads' and n-gram lookups' by their own iteration.
+        self._draft_total = (draft_cost.rows_total if isinstance(draft_cost, CostModel)
+                             else partial(summed_iteration, draft_cost))
         self._branching = speculation.proposer.branching
         self._sequential = speculation.proposer.sequential      # one draft step per level (else one pass)
         self._draw = speculation.acceptance.draws(acceptance_key, self._branching)
@@ -259,15 +264,12 @@ class SpeculativeDecodeSet(DecodeSet):
             accepted = self._draw(s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
         elif n:
             s.accepted[:n] = 0
-        x = self._row.fill(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv, logits + tokens,
-                           n - n_spec, decode_kv)
-        duration, flops, moved = self.engine.cost.iteration(x)
+        duration, flops, moved = self._cost_step(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv,
+                                                 logits + tokens, n - n_spec, decode_kv)
         draft_s = 0.0
         if draft_steps:
-            times, draft_flops, draft_bytes = self.draft_cost.iteration(self._draft_rows[:draft_steps])
-            total = np.add.reduce                    # ndarray.sum without its Python wrapper
-            draft_s = float(total(times))
-            flops, moved = flops + float(total(draft_flops)), moved + float(total(draft_bytes))
+            draft_s, draft_flops, draft_bytes = self._draft_total(self._draft_rows[:draft_steps])
+            flops, moved = flops + draft_flops, moved + draft_bytes
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
         return new_price((duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s))
 

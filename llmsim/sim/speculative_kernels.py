@@ -3,8 +3,8 @@
 A step touches every decoding sequence a few times: choose and cap its draft length and
 reserve KV for it (:func:`reserve_blocks`), then apply the outcome (:func:`advance_rows`).
 The batch is a few dozen rows, so in numpy each phase would be a dozen or more array calls,
-each with a fixed overhead larger than its work; compiled, each phase is one call. The feature sums a step is priced from
-are built by :func:`llmsim.cost.features.speculative_step_sums`, the acceptance draws by
+each with a fixed overhead larger than its work; compiled, each phase is one call. The feature sums a step is
+priced from are built by :func:`llmsim.cost.features.speculative_step_sums`, the acceptance draws by
 :mod:`llmsim.speculation.kernels`, the adaptive k rule by the policy's own kernel.
 
 Every kernel works on rows ``[0, n)`` of the packed columns (``llmsim.sim.speculative_decode.

@@ -8,7 +8,7 @@ when a request's last token is out.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import simpy

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd

@@ -18,7 +18,7 @@ moves with the request's row, and state for the whole batch on the policy object
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -65,7 +65,8 @@ def _class_trace(workload: Workload, seed: int) -> Trace:
     prompt, output = np.zeros(len(times), np.int64), np.zeros(len(times), np.int64)
     for i, c in enumerate(classes):
         mine = index == i
-        prompt_length, output_length = c.prompt_tokens or workload.prompt_tokens, c.output_tokens or workload.output_tokens
+        prompt_length = c.prompt_tokens or workload.prompt_tokens
+        output_length = c.output_tokens or workload.output_tokens
         assert prompt_length is not None and output_length is not None     # classes_from_node checks
         prompt[mine] = prompt_length.sample(streams[5 + 3 * i], int(mine.sum()))
         output[mine] = output_length.sample(streams[6 + 3 * i], int(mine.sum()))

@@ -55,7 +55,7 @@ class Trace:
             frame["class_index"] = self.class_index
         return frame
 
-    def take(self, index: np.ndarray, description: str | None = None) -> "Trace":
+    def take(self, index: np.ndarray, description: str | None = None) -> Trace:
         """The requests at ``index`` (an integer array, in order), every per-request field kept."""
         index = np.asarray(index, dtype=np.int64)
         pick = lambda values: None if values is None else values[index]   # noqa: E731
@@ -68,7 +68,7 @@ class Trace:
                        session_id=pick(self.session_id), system_prompt_id=pick(self.system_prompt_id),
                        system_prompt_tokens=pick(self.system_prompt_tokens))
 
-    def cut(self, num_requests: int | None, duration_s: float | None) -> "Trace":
+    def cut(self, num_requests: int | None, duration_s: float | None) -> Trace:
         """The first ``num_requests`` requests arriving within ``duration_s`` (None: no limit)."""
         keep = np.ones(len(self), dtype=bool)
         if duration_s is not None:

@@ -46,7 +46,7 @@ class LengthFit:
     observed_mean: float
 
     @classmethod
-    def of(cls, tokens: np.ndarray) -> "LengthFit":
+    def of(cls, tokens: np.ndarray) -> LengthFit:
         logs = np.log(np.asarray(tokens, float))
         sigma = float(logs.std())
         return cls(float(math.exp(logs.mean() + sigma ** 2 / 2)), sigma, int(np.max(tokens)), float(np.mean(tokens)))

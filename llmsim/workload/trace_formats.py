@@ -32,9 +32,13 @@ Arrival times are seconds from the trace's zero: the first request's date-time f
 Azure, the recorded offsets for the others. A malformed row is a ConfigError naming the
 file, its line, the column, the value and what is allowed (exit 2); timestamps must be
 finite, non-negative and sorted, and a JSON field must be a JSON number (``"512"`` and
-``true`` are not). Requests that generated no token (BurstGPT logs failed requests with 0
-response tokens; the Azure traces have a few) cannot be simulated as decoding and are
-dropped, and the trace's description counts them (a trace left with none is an error).
+``true`` are not). A request that generated no token is a failed one: BurstGPT logs its failures
+with 0 response tokens (and often 0 request tokens too: a prompt of 0 tokens is accepted only on
+such a row), and the Azure and Mooncake traces have a few. ``failed`` (``workload.arrival.failed``)
+says what to do with them: ``drop`` (the default: nothing of theirs is simulated; a trace left with
+none is an error) or ``replay`` (each arrives and is served as its prompt, at least one token, and
+one output token: an assumption, as the logs do not say how far a failed request got). Either way
+the trace's description counts them, and ``llmsim run`` prints it.
 
 Every file is opened through :func:`llmsim.config.reader.open_file` before it is hashed or
 read: a device, a FIFO or a file over the size cap is refused unread, and the lines of a
@@ -49,6 +53,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -57,10 +62,13 @@ import pandas as pd
 from llmsim.config.limits import (MAX_JSON_CONTAINERS, MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES,
                                   MAX_TABLE_ROWS, MAX_TOKENIZER_FILE_BYTES, MAX_TRACE_TOKENS)
 from llmsim.config.reader import Node, open_file, read_text
+from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.workload.trace import Trace, read_csv
 
 TIMED_FORMATS = ("llmsim", "azure", "burstgpt", "mooncake")
+PRODUCTION_FORMATS = ("azure", "burstgpt", "mooncake")     # logs of real services, failed requests included
+FAILED = ("drop", "replay")         # what a replay does with a trace's failed requests (0 output tokens)
 FORMATS = (*TIMED_FORMATS, "sharegpt")
 
 # The columns each CSV format must have: (arrival, prompt, output).
@@ -83,27 +91,29 @@ def row_error(path: Path, line: int, column: str, value: object, allowed: str, m
     return ConfigError(message, file=str(path), key=f"line {line}, column {column}", value=value, allowed=allowed)
 
 
-def load_trace(path: str | Path, fmt: str = "auto") -> Trace:
+def load_trace(path: str | Path, fmt: str = "auto", failed: str = "drop") -> Trace:
     """A trace file in any format llmsim reads (``auto``: detected from the file), read and checked as
-    ``llmsim report --trace`` reads it; bad content is a ConfigError naming the file, line and column."""
-    return read_trace(Path(path), Node({"path": str(path)}), "path", fmt)
+    ``llmsim report --trace`` reads it; bad content is a ConfigError naming the file, line and column.
+    ``failed``: what to do with its failed requests (see the module doc)."""
+    return read_trace(Path(path), Node({"path": str(path)}), "path", fmt, failed=failed)
 
 
 def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer: Path | None = None,
-               chars_per_token: float | None = None) -> Trace:
-    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected).
+               chars_per_token: float | None = None, failed: str = "drop") -> Trace:
+    """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected), its
+    failed requests dropped or replayed (``failed``, see the module doc).
 
     A file read before with the same content (hashed: cheap next to parsing) and read the same way
     is not parsed again: plans and sweeps rebuild the scenario at every probe."""
-    cache_key = (str(Path(path).resolve()), _content_hash(path), fmt, str(tokenizer), chars_per_token)
+    cache_key = (str(Path(path).resolve()), _content_hash(path), fmt, str(tokenizer), chars_per_token, failed)
     if cache_key not in _READ:
         fmt = detect_format(path, node, key) if fmt == "auto" else fmt
         if fmt == "mooncake":
-            trace = read_mooncake(path)
+            trace = read_mooncake(path, failed)
         elif fmt == "sharegpt":
             trace = read_sharegpt(path, node, tokenizer, chars_per_token)
         else:
-            trace = read_csv_trace(path, node, key, fmt)
+            trace = read_csv_trace(path, node, key, fmt, failed)
         if len(_READ) >= _READ_CACHE_SIZE:
             _READ.pop(next(iter(_READ)))
         _READ[cache_key] = trace
@@ -149,7 +159,8 @@ def detect_format(path: Path, node: Node, key: str) -> str:
 
 # -- CSV formats ------------------------------------------------------------------------------
 
-def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
+def read_csv_trace(path: Path, node: Node, key: str, fmt: str, failed: str = "drop") -> Trace:
+    """A CSV trace of format ``fmt``; a production trace's failed requests dropped or replayed (``failed``)."""
     frame = read_csv(path, node, key)
     frame.columns = [str(c).strip() for c in frame.columns]
     arrival_col, prompt_col, output_col = CSV_COLUMNS[fmt]
@@ -163,10 +174,18 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
         arrival = _azure_seconds(frame[arrival_col], path, arrival_col)
     else:
         arrival = _numbers(frame[arrival_col], path, arrival_col, minimum=0.0, maximum=MAX_ARRIVAL_S)
-    prompt = _numbers(frame[prompt_col], path, prompt_col, minimum=1.0, maximum=MAX_TRACE_TOKENS, integer=True)
-    production = fmt != "llmsim"
+    production = fmt in PRODUCTION_FORMATS
+    # A failed request (0 output tokens) may have logged 0 prompt tokens too; any other needs a prompt.
     output = _numbers(frame[output_col], path, output_col, minimum=0.0 if production else 1.0,
                       maximum=MAX_TRACE_TOKENS, integer=True)
+    prompt = _numbers(frame[prompt_col], path, prompt_col, minimum=0.0 if production else 1.0,
+                      maximum=MAX_TRACE_TOKENS, integer=True)
+    empty_prompt = np.flatnonzero((prompt == 0) & (output > 0))
+    if len(empty_prompt):
+        row = int(empty_prompt[0])
+        raise row_error(path, row + 2, prompt_col, frame[prompt_col].iloc[row],
+                        "a whole number of tokens >= 1 (0 only on a failed request, one of 0 output tokens)",
+                        "a request that generated tokens needs a prompt")
     _check_sorted(arrival, lines, path, arrival_col)
     labels = {name: frame[column].astype(str).str.strip().to_numpy()
               for name, column in (("model", "Model"), ("log_type", "Log Type"), ("class", "class"))
@@ -179,7 +198,7 @@ def read_csv_trace(path: Path, node: Node, key: str, fmt: str) -> Trace:
     trace = Trace(arrival, prompt.astype(np.int64), output.astype(np.int64), model=labels.get("model"),
                   log_type=labels.get("log_type"), description=f"{fmt} trace {path.name}", session_id=sessions,
                   class_label=labels.get("class"))
-    return _drop_empty_outputs(trace, path) if production else trace
+    return failed_requests(trace, path, failed) if production else trace
 
 
 def _numbers(column: pd.Series, path: Path, name: str, *, minimum: float, maximum: float,
@@ -223,21 +242,31 @@ def _check_sorted(arrival: np.ndarray, lines: np.ndarray, path: Path, name: str)
                         "earlier than the line before (the trace must be sorted by arrival)")
 
 
-def _drop_empty_outputs(trace: Trace, path: Path) -> Trace:
+def failed_requests(trace: Trace, path: Path, failed: str) -> Trace:
+    """The trace with its failed requests (0 output tokens) dropped or replayed (``failed``: one of
+    ``FAILED``, see the module doc), its description counting them."""
     empty = trace.output_tokens == 0
-    if not empty.any():
+    count = int(empty.sum())
+    if not count:
         return trace
+    if failed == "replay":
+        return replace(trace, prompt_tokens=np.maximum(trace.prompt_tokens, 1),
+                       output_tokens=np.where(empty, 1, trace.output_tokens),
+                       description=f"{trace.description} ({counted(count, 'failed request')}, logged with 0 output "
+                                   "tokens, replayed as a prompt and one output token)")
     if empty.all():
-        raise ConfigError(f"every one of its {len(trace):,} requests generated 0 output tokens: none is left to "
-                          "simulate", file=str(path), has_value=False, allowed="a trace with requests that generated "
-                                                                               "tokens")
-    return trace.take(np.flatnonzero(~empty), f"{trace.description} ({int(empty.sum()):,} requests with 0 "
-                                               "output tokens dropped)")
+        raise ConfigError(f"every one of its {len(trace):,} requests failed, logged with 0 output tokens: none is "
+                          "left to simulate", file=str(path), key="workload.arrival.failed", value=failed,
+                          allowed="replay (each failed request served as its prompt and one token), or a trace "
+                                  "with requests that generated tokens")
+    return trace.take(np.flatnonzero(~empty), f"{trace.description} ({counted(count, 'failed request')}, logged "
+                                              "with 0 output tokens, dropped; workload.arrival.failed: replay "
+                                              "keeps them)")
 
 
 # -- Mooncake JSON lines -----------------------------------------------------------------------
 
-def read_mooncake(path: Path) -> Trace:
+def read_mooncake(path: Path, failed: str = "drop") -> Trace:
     """One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
 
     Fields are gathered column-wise and checked as arrays; a bad one sends every record through
@@ -256,7 +285,7 @@ def read_mooncake(path: Path) -> Trace:
     hashes = tuple(tuple(record.get("hash_ids", ())) for record in records)
     trace = Trace(arrival_s, columns["input_length"].astype(np.int64), columns["output_length"].astype(np.int64),
                   hash_ids=hashes, description=f"mooncake trace {path.name}")
-    return _drop_empty_outputs(trace, path)
+    return failed_requests(trace, path, failed)
 
 
 def _mooncake_columns(records: tuple) -> dict[str, np.ndarray] | None:
@@ -276,7 +305,7 @@ def _mooncake_columns(records: tuple) -> dict[str, np.ndarray] | None:
         return None
     lengths = [columns["input_length"], columns["output_length"]]
     valid = all(np.isfinite(values).all() for values in columns.values()) \
-        and 0 <= columns["timestamp"].min() and columns["timestamp"].max() <= MAX_ARRIVAL_S * MOONCAKE_MS_PER_S \
+        and columns["timestamp"].min() >= 0 and columns["timestamp"].max() <= MAX_ARRIVAL_S * MOONCAKE_MS_PER_S \
         and columns["input_length"].min() >= 1 and columns["output_length"].min() >= 0 \
         and all(values.max() <= MAX_TRACE_TOKENS and (np.round(values) == values).all() for values in lengths)
     return columns if valid else None

@@ -23,7 +23,7 @@ from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.profiles import PROFILES, RateProfile, profile_from_node
 from llmsim.workload.sessions import Sessions, sessions_from_node
 from llmsim.workload.trace import Trace
-from llmsim.workload.trace_formats import FORMATS, TIMED_FORMATS, detect_format, read_trace
+from llmsim.workload.trace_formats import FAILED, FORMATS, TIMED_FORMATS, detect_format, read_trace
 from llmsim.workload.trace_transforms import TraceTransforms, check_selection, transforms_from_node
 
 # The longest arrival window simulated: the longest duration any key takes (simulated time is
@@ -110,7 +110,8 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
             raise arrival_node.key_error("path", "a ShareGPT dataset has no arrival times", str(path),
                                          "a timed trace (formats " + ", ".join(TIMED_FORMATS) + "), or the "
                                          "dataset as workload.dataset with an arrival process and rate")
-        trace = read_trace(path, arrival_node, "path", fmt)
+        failed = arrival_node.choice("failed", FAILED, "drop")
+        trace = read_trace(path, arrival_node, "path", fmt, failed=failed)
         transforms = transforms_from_node(arrival_node)
         trace = check_selection(trace, transforms, arrival_node, "path")
         hash_block_tokens = arrival_node.number("hash_block_tokens", Workload.hash_block_tokens, integer=True,
@@ -171,7 +172,8 @@ def dataset_from_node(node: Node) -> Trace:
     return dataset
 
 
-def _check_window(node: Node, arrival: RenewalProcess | RateProfile | Replay, num_requests: int | None, duration_s: float | None) -> None:
+def _check_window(node: Node, arrival: RenewalProcess | RateProfile | Replay, num_requests: int | None,
+                  duration_s: float | None) -> None:
     """Refuse traffic that takes longer than :data:`MAX_ARRIVAL_WINDOW_S` to arrive (a rate of
     1e-300/s would report every latency as 0 and every SLO met); a longer ``duration`` is refused
     by its key's own maximum."""

@@ -75,7 +75,8 @@ def test_decode_attention_at_batch_one_is_bandwidth_bound(h200_rows):
     assert (long["time_s"] >= kv_bytes / profile.memory_bandwidth_bytes_per_s).all()
     errors = attention_errors(long, profile)
     assert errors["predicted_s"].to_numpy() == pytest.approx(
-        profile.kernels.attention_floor_s + kv_bytes.to_numpy() / profile.kernels.decode_attention_bandwidth_bytes_per_s,
+        profile.kernels.attention_floor_s
+        + kv_bytes.to_numpy() / profile.kernels.decode_attention_bandwidth_bytes_per_s,
         rel=0.02)
 
 
@@ -108,7 +109,8 @@ def _attention_folder(tmp_path, edit):
     (lambda t: t.__setitem__("time_stats.attn_decode.median", t["time_stats.attn_decode.median"].astype(object))
      or t.loc.__setitem__((3, "time_stats.attn_decode.median"), "slow"),
      r"row 5, column 'time_stats.attn_decode.median': expected a positive number"),
-    (lambda t: t.__setitem__("is_prefill", t["is_prefill"].astype(object)) or t.loc.__setitem__((2, "is_prefill"), "maybe"),
+    (lambda t: t.__setitem__("is_prefill", t["is_prefill"].astype(object))
+     or t.loc.__setitem__((2, "is_prefill"), "maybe"),
      r"row 4, column 'is_prefill': expected true or false"),
 ])
 def test_bad_attention_rows_exit_2_naming_file_row_and_column(tmp_path, capsys, edit, message):

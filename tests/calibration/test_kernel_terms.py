@@ -41,10 +41,12 @@ def test_the_floors_dominate_at_one_token(vidur_measurements, h100):
     one = rows[(rows["num_tokens"] == 1) & (rows["tp"] == 1) & (rows["n_embd"] == 4096)].iloc[0]
     kernels = h100.kernels
     hidden_bytes = 4096 * 2
-    for column, kind, moved in (("add_ms", "residual", 3 * hidden_bytes), ("input_layernorm_ms", "norm", 2 * hidden_bytes)):
+    for column, kind, moved in (("add_ms", "residual", 3 * hidden_bytes),
+                                ("input_layernorm_ms", "norm", 2 * hidden_bytes)):
         measured_s = one[column] * 1e-3
         element = kernels.elementwise[kind]
-        predicted_s = element.floor_s + moved / element.bandwidth_bytes_per_s + moved / element.row_bandwidth_bytes_per_s
+        predicted_s = (element.floor_s + moved / element.bandwidth_bytes_per_s
+                       + moved / element.row_bandwidth_bytes_per_s)
         roofline_s = moved / h100.memory_bandwidth_bytes_per_s
         assert predicted_s == pytest.approx(measured_s, rel=0.35)
         assert measured_s > 50 * roofline_s and predicted_s > 50 * roofline_s
@@ -63,7 +65,8 @@ def test_the_all_reduce_is_affine_in_size_per_group(vidur_measurements, device):
         assert slope == pytest.approx(2 * (gpus - 1) / gpus / group.large_bus_bandwidth_bytes_per_s, rel=0.15)
         sizes = np.array([2.0 ** 25, 2.0 ** 25.5, 2.0 ** 26])
         times = all_reduce_time_s(sizes, int(gpus), group)
-        assert (times[2] - times[1]) / (sizes[2] - sizes[1]) == pytest.approx((times[1] - times[0]) / (sizes[1] - sizes[0]), rel=1e-9)
+        slope = (times[1] - times[0]) / (sizes[1] - sizes[0])
+        assert (times[2] - times[1]) / (sizes[2] - sizes[1]) == pytest.approx(slope, rel=1e-9)
 
 
 def test_decode_at_batch_one_is_still_bandwidth_bound(h100):

@@ -162,7 +162,8 @@ variants:
 loads: {low: 0.5/s, high: {rate: 50/s, num_requests: 200}}
 """)
     runs = load_comparison(path)
-    assert [(v, l) for v, l, _ in runs] == [("gpu", "low"), ("gpu", "high"), ("wafer", "low"), ("wafer", "high")]
+    assert [(variant, load) for variant, load, _ in runs] == [("gpu", "low"), ("gpu", "high"),
+                                                              ("wafer", "low"), ("wafer", "high")]
     assert runs[0][2].workload == runs[2][2].workload
     table = compare(path)
     assert len(table) == 4

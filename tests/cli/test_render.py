@@ -10,7 +10,8 @@ from llmsim.search.speedup import speedup_over_plain
 from tests.helpers import make_scenario
 
 
-@pytest.mark.parametrize("ratio, said", [(2.5, "2.50x faster"), (1.0, "1.00x faster"), (0.30, "3.33x slower"),
+@pytest.mark.parametrize("ratio, said", [(2.5, "2.50x faster"), (1.0, "1.00x (the same)"),
+                                         (0.998, "1.00x (the same)"), (0.30, "3.33x slower"),
                                          (float("nan"), "-")])
 def test_a_ratio_is_said_as_faster_or_slower(ratio, said):
     assert _times(ratio, "faster", "slower") == said
@@ -21,9 +22,12 @@ def test_a_speculative_summary_fits_the_terminal_and_says_slower_when_it_is():
                               "workload": {"num_requests": 60}})
     result = simulate(scenario)
     summary = summarize(result).to_dict()
-    summary["speculation"]["speedup_over_plain"] = {**speedup_over_plain(result), "tpot_mean": 0.30}
+    summary["speculation"]["speedup_over_plain"] = {**speedup_over_plain(result), "tpot_mean": 0.30, "e2e_p50": 0.5,
+                                                    "output_tokens_per_s": 0.8}
     text = format_summary(summary)
     assert max(map(len, text.splitlines())) <= WIDTH
-    assert "TPOT 3.33x slower" in text and "0.30x" not in text
+    words = " ".join(text.split())
+    assert "TPOT 3.33x slower" in words and "0.30x" not in words
+    assert "p50 end-to-end 2.00x slower" in words and "output tok/s 1.25x lower" in words and "0.50x" not in words
     words = " ".join(text.split())       # wrapping moves words to the next line, and loses none
     assert f"acceptance {100 * summary['speculation']['acceptance_rate']:,.1f}%" in words

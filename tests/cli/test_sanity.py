@@ -66,7 +66,8 @@ def test_the_kv_cache_must_hold_one_longest_request():
     with pytest.raises(ConfigError) as caught:
         make_scenario({"engine": {**engine, "max_model_len": capacity + 1}})
     text = str(caught.value)
-    for fragment in ("engine.max_model_len", "13,568 tokens", "13,569", "max_model_len <= 13,568", "memory_utilization"):
+    for fragment in ("engine.max_model_len", "13,568 tokens", "13,569", "max_model_len <= 13,568",
+                     "memory_utilization"):
         assert fragment in text, (fragment, text)
 
 
@@ -118,7 +119,7 @@ def test_run_requests_sets_how_many_requests_arrive(tmp_path):
     assert yaml.safe_load(scenario.read_text())["workload"]["num_requests"] == 300
     for count in (60, 120):
         assert main(["run", str(scenario), "--requests", str(count), "--out", str(tmp_path / str(count))]) == 0
-    arrivals = {count: [row["arrival_s"] for row in csv.DictReader(open(tmp_path / str(count) / "requests.csv"))]
+    arrivals = {count: [row["arrival_s"] for row in csv.DictReader((tmp_path / str(count) / "requests.csv").open())]
                 for count in (60, 120)}
     assert len(arrivals[60]) == 60 and len(arrivals[120]) == 120
     assert sorted(arrivals[60], key=float) == sorted(arrivals[120], key=float)[:60]

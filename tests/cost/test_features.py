@@ -6,9 +6,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from llmsim import model_catalog
+from llmsim import CostModel, lookup_hardware, model_catalog
 from tests.helpers import add_prefill, chunk_sums
-from llmsim.cost.features import (F, FEATURES, BatchRow, attention_pairs, batch_features, batch_rows,
+from llmsim.cost.features import (F, FEATURES, attention_pairs, batch_features, batch_rows,
                                   prefill_sums, sequential_decode_rows, set_iterations, visible,
                                   windowed_context_sum)
 
@@ -43,10 +43,11 @@ def test_the_simulators_scalar_row_equals_the_definition(model):
     tokens, pairs, kv, completed = prefill_sums(prefill, model.sliding_window)
     assert completed == 1
     decode_kv = sum(visible(c + 1, model.sliding_window) for c in decode_context)
-    row = BatchRow(model).fill(tokens, pairs, kv, completed, len(decode_context), decode_kv)
     expected = batch_features([c for _, c in prefill], [r.prefilled for r, _ in prefill], decode_context,
                               completed, model)
-    assert np.array_equal(row, expected)
+    # The simulator builds the row inside the cost model's step: priced as the definition's row is.
+    cost = CostModel(model, lookup_hardware("H100-SXM"))
+    assert cost.step(tokens, pairs, kv, completed, len(decode_context), decode_kv) == cost.iteration(expected)
     assert expected[F["logit_tokens"]] == len(decode_context) + 1 and expected[F["one"]] == 1
 
 
@@ -55,8 +56,9 @@ def test_vector_rows_equal_scalar_rows():
     sums = rng.integers(0, 5000, size=(20, 6)).astype(float)
     rows = batch_rows(*sums.T, model=MOE)
     assert rows.shape == (20, len(FEATURES))
+    cost = CostModel(MOE, lookup_hardware("H100-SXM"))
     for i in range(20):
-        assert np.allclose(rows[i], BatchRow(MOE).fill(*sums[i]), rtol=1e-15)
+        assert np.allclose(cost.step(*sums[i]), cost.iteration(rows[i]), rtol=1e-15)
     # Spread over iterations: the fixed term and the experts count per iteration.
     spread = set_iterations(rows.copy(), 4.0, MOE)
     assert np.all(spread[:, F["one"]] == 4.0)

@@ -34,7 +34,7 @@ PER_TOKEN = LAYERS * ATTENTION + DENSE_LAYERS * DENSE_MLP + MOE_LAYERS * MOE_MLP
 
 def test_hand_counts_are_deepseek_v3s_published_active_size():
     """The hand count plus the embedding is the 37B activated parameters of the technical report."""
-    assert (PER_TOKEN + 2 * VOCAB * H) / 1e9 == pytest.approx(37.5, abs=0.1)
+    assert pytest.approx(37.5, abs=0.1) == (PER_TOKEN + 2 * VOCAB * H) / 1e9
 
 
 def test_deepseek_v3_gemm_shapes_multiply_the_hand_counted_weights_per_token():

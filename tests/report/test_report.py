@@ -136,8 +136,9 @@ def chromium(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
                     "chromium (`apt-get install chromium`, as .ci/run does), or deselect them knowingly with "
                     "-m 'not browser'", pytrace=False)
     with tempfile.TemporaryDirectory() as profile:
-        return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                               "--no-first-run", "--disable-component-update", "--disable-sync",
+        return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                               "--disable-background-networking", "--no-first-run", "--disable-component-update",
+                               "--disable-sync",
                                f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args],
                               capture_output=True, text=True, timeout=timeout)
 

@@ -58,7 +58,7 @@ def test_the_appendix_lists_each_figure_once_and_each_source_once(engine):
     assert len(listed) == len(set(listed)) and set(listed) == set(expected)
     # each distinct source text once, and every row's number is the source its profile names
     assert len(sources) == len(set(sources)) and set(sources) == {source for _, source in expected.values()}
-    for chip, figure, value, confidence, number in rows:
+    for chip, figure, value, _confidence, number in rows:
         assert 1 <= int(number) <= len(sources)
         assert (value, sources[int(number) - 1]) == expected[(chip, figure)]
     # the appendix is shorter than the old table repeating a source per row

@@ -176,7 +176,7 @@ def test_the_counted_work_bounds_what_a_run_does():
                                       "workload": {"arrival": {"process": "diurnal", "rate": 8.0, "period": "3 s"}}})
     scenario = make_scenario(base=data)
     estimate = resources.estimate_run(scenario)
-    sources = dict((key, (events, size)) for key, events, size in estimate.sources)
+    sources = {key: (events, size) for key, events, size in estimate.sources}
     result = simulate(scenario)
     assert len(result.control) * resources.EVENTS_PER_CONTROL_TICK <= sources["controller.interval"][0]
     assert len(result.scaling) <= sources["autoscaling.interval"][0]
@@ -206,7 +206,8 @@ def test_the_largest_draft_is_accepted():
 
 def _classes(heavy: float, light: float) -> dict:
     return {"engine": {"scheduling_policy": "weighted_fair"},
-            "workload": {"classes": {"heavy": {"share": 0.5, "weight": heavy}, "light": {"share": 0.5, "weight": light}}}}
+            "workload": {"classes": {"heavy": {"share": 0.5, "weight": heavy},
+                                     "light": {"share": 0.5, "weight": light}}}}
 
 
 @pytest.mark.parametrize("heavy, light", [(1.0, 1e-300), (9e15, 1.0), (2e6, 1.0)])

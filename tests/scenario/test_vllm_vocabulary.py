@@ -12,9 +12,11 @@ def test_vllm_names_snake_or_kebab_set_the_same_engine():
     ours = make_scenario({"engine": {"max_batch_tokens": 4096, "chunked_prefill": False, "memory_utilization": 0.8,
                                      "max_num_seqs": 64, "prefix_caching": True}})
     snake = make_scenario({"engine": {"max_num_batched_tokens": 4096, "enable_chunked_prefill": False,
-                                      "gpu_memory_utilization": 0.8, "max_num_seqs": 64, "enable_prefix_caching": True}})
+                                      "gpu_memory_utilization": 0.8, "max_num_seqs": 64,
+                                      "enable_prefix_caching": True}})
     kebab = make_scenario({"engine": {"max-num-batched-tokens": 4096, "enable-chunked-prefill": False,
-                                      "gpu-memory-utilization": 0.8, "max-num-seqs": 64, "enable-prefix-caching": True}})
+                                      "gpu-memory-utilization": 0.8, "max-num-seqs": 64,
+                                      "enable-prefix-caching": True}})
     assert ours.engine == snake.engine == kebab.engine
     assert ours.engine.block_size == 128              # llmsim's default: these keys alone do not say "vLLM"
 

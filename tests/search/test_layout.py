@@ -30,7 +30,7 @@ def test_layouts_are_the_fitting_splits():
     assert {(1, 3), (2, 2), (4, 1)} <= found
     assert all(tp * pp >= 3 for tp, pp in found)
     small = load_scenario(SMALL)            # 8B fits one H100: every split up to tp 2 x pp 2
-    assert {(l.tensor_parallel, l.pipeline_parallel) for l, _ in
+    assert {(layout.tensor_parallel, layout.pipeline_parallel) for layout, _ in
             layouts(small, "H100-SXM", max_tensor_parallel=MAX_TP, max_pipeline_parallel=MAX_PP)} == \
         {(1, 1), (1, 2), (2, 1), (2, 2)}
 

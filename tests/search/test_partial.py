@@ -245,14 +245,14 @@ POINTS = [{"workload.arrival.rate": rate} for rate in (2.0, 4.0, 8.0)]
 SIMULATE_POINT = sweeps.simulate_point
 
 
-def simulations(monkeypatch, stop_at: int | None = None, error: BaseException = KeyboardInterrupt()):
+def simulations(monkeypatch, stop_at: int | None = None, error: BaseException | None = None):
     """Count (by run key) the runs simulated; with ``stop_at``, raise ``error`` instead of that one
     (Ctrl-C arrives in the parent, with serial workers in the simulation itself)."""
     keys = []
 
     def counted(scenario):
         if stop_at is not None and len(keys) + 1 == stop_at:
-            raise error
+            raise error if error is not None else KeyboardInterrupt()
         keys.append(run_key(scenario))
         return SIMULATE_POINT(scenario)
 
@@ -371,5 +371,6 @@ def test_report_stopped_by_a_full_disk_then_ctrl_c_resumes_to_the_same_report(tm
     assert main([*argv[:-1], str(tmp_path / "whole")]) == 0
     whole = (tmp_path / "whole" / "report.md").read_text()
     assert resumed.replace(str(out), "OUT") == whole.replace(str(tmp_path / "whole"), "OUT")
-    names = (lambda folder: sorted(path.name for path in (folder / "figures").iterdir()))
+    def names(folder):
+        return sorted(path.name for path in (folder / "figures").iterdir())
     assert names(out) == names(tmp_path / "whole") != []

@@ -31,7 +31,7 @@ def scenario_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def table(scenario_file):
-    return llmsim.plan(scenario_file, RATE, workers=1)
+    return llmsim.plan(scenario_file, RATE, workers=1, keep_layout=True)
 
 
 def met(scenario_file, hardware, replicas) -> bool:
@@ -70,18 +70,18 @@ def test_a_wrong_analytic_bracket_only_costs_simulations(table, scenario_file, m
     expected = int(table.set_index("hardware").loc["H100-SXM", "replicas"])
     for bracket in ((7, 7), (1, 1)):
         monkeypatch.setattr(planning, "analytic_bracket", lambda *args, b=bracket: b)
-        again = llmsim.plan(scenario_file, RATE, ["H100-SXM"], workers=1)
+        again = llmsim.plan(scenario_file, RATE, ["H100-SXM"], workers=1, keep_layout=True)
         assert int(again["replicas"].iloc[0]) == expected
 
 
 def test_unreachable_within_the_replica_cap_is_reported(scenario_file):
     """Far beyond the cap (the analytic capacity bound, less its error, exceeds it) nothing is simulated;
     just beyond what the bound can tell, the cap itself is simulated and fails."""
-    row = llmsim.plan(scenario_file, 400.0, ["H100-SXM"], workers=1, max_replicas=2).iloc[0]
+    row = llmsim.plan(scenario_file, 400.0, ["H100-SXM"], workers=1, max_replicas=2, keep_layout=True).iloc[0]
     assert math.isnan(row["replicas"]) and row["simulations"] == 0
     assert "unreachable within 2 replicas" in row["note"]
     assert row["analytic_capacity_bound"] / (1 + planning.FLUID_CAPACITY_ERROR) > 2
-    close = llmsim.plan(scenario_file, 400.0, ["H100-SXM"], workers=1,
+    close = llmsim.plan(scenario_file, 400.0, ["H100-SXM"], workers=1, keep_layout=True,
                         max_replicas=math.ceil(row["analytic_capacity_bound"]) - 1).iloc[0]
     assert math.isnan(close["replicas"]) and close["simulations"] >= 1 and "not met with" in close["note"]
 
@@ -90,7 +90,7 @@ def test_unreachable_within_the_replica_cap_is_reported(scenario_file):
     (["--target-rate", "-3"], "positive number of requests per second"),
     (["--target-rate", "fast"], "cannot read this as a rate"),
     (["--target-rate", "10", "--hardware", "H100-PCIe-X"], "unknown hardware profile"),
-    (["--target-rate", "400", "--hardware", "H100-SXM", "--max-replicas", "2"], "no candidate meets"),
+    (["--target-rate", "400", "--hardware", "H100-SXM", "--max-replicas", "2", "--keep-layout"], "no candidate meets"),
 ])
 def test_cli_errors_exit_2_with_a_message(scenario_file, capsys, argv, message):
     assert main(["plan", str(scenario_file), *argv]) == 2
@@ -131,9 +131,9 @@ def test_a_profile_file_as_the_scenario_hardware_plans_like_the_profile(tmp_path
     reference = tmp_path / "reference.yaml"
     reference.write_text(yaml.safe_dump(small))
     monkeypatch.chdir(tmp_path)
-    expected = llmsim.plan(reference, 60.0, workers=1)
+    expected = llmsim.plan(reference, 60.0, workers=1, keep_layout=True)
     for hardware in (None, ["scenarios/my-gpu.yaml"]):
-        row = llmsim.plan(path, 60.0, hardware, workers=1).iloc[0]
+        row = llmsim.plan(path, 60.0, hardware, workers=1, keep_layout=True).iloc[0]
         assert row["replicas"] == expected["replicas"].iloc[0] >= 1 and row["placement"] == "tp1 x pp1"
         assert row["usd_per_hour"] == expected["usd_per_hour"].iloc[0]
     assert main(["plan", str(path), "--target-rate", "60", "--workers", "1"]) == 0

@@ -106,7 +106,7 @@ def test_a_plan_below_the_analytic_bound_says_so(monkeypatch):
     error) is reported in the note, not silently returned."""
     scenario = llmsim.load_scenario(CHAT)
     monkeypatch.setattr(planning, "capacity_bound", lambda one, rate: 3.0)
-    row = llmsim.plan(scenario, 16.0, workers=1).iloc[0]
+    row = llmsim.plan(scenario, 16.0, workers=1, keep_layout=True).iloc[0]
     assert row["replicas"] == 1 and "disagrees with the analytic capacity bound" in row["note"]
 
 
@@ -122,7 +122,7 @@ def test_a_plan_at_a_high_rate_does_not_depend_on_the_scenarios_request_count():
     rows = []
     with sweeps.reusing_runs():
         for requests in (4_000, 40_000):
-            row = llmsim.plan(variant(scenario, {"workload.num_requests": requests}), 250.0, workers=2).iloc[0]
+            row = llmsim.plan(variant(scenario, {"workload.num_requests": requests}), 250.0, workers=2, keep_layout=True).iloc[0]
             assert row["replicas"] >= row["analytic_capacity_bound"] / (1 + planning.FLUID_CAPACITY_ERROR)
             assert row["note"] == ""
             rows.append(row)
@@ -135,7 +135,7 @@ def test_a_plan_at_a_high_rate_does_not_depend_on_the_scenarios_request_count():
 def test_the_planned_count_holds_on_fresh_seeds_and_a_longer_window_and_one_fewer_does_not():
     scenario = llmsim.load_scenario(CHAT)
     rate = 100.0
-    row = llmsim.plan(scenario, rate, workers=2).iloc[0]
+    row = llmsim.plan(scenario, rate, workers=2, keep_layout=True).iloc[0]
     replicas = int(row["replicas"])
     longer = Window(row["warmup_s"], 4 * (row["window_s"] - row["warmup_s"]))
 
@@ -177,6 +177,6 @@ def test_no_cross_check_where_the_fluid_model_cannot_bound(monkeypatch):
     true need, so plan does not use it (no refusal, no disagreement) and says so."""
     scenario = variant(llmsim.load_scenario(CHAT), {"engine.prefix_caching": True})
     assert planning.fluid_blind_spots(scenario) == ["prefix caching"]
-    row = llmsim.plan(scenario, 16.0, workers=1, max_replicas=1).iloc[0]
+    row = llmsim.plan(scenario, 16.0, workers=1, max_replicas=1, keep_layout=True).iloc[0]
     assert math.isnan(row["analytic_capacity_bound"]) and row["replicas"] == 1
     assert "no analytic cross-check: the fluid model does not model prefix caching" in row["note"]

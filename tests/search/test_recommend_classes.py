@@ -115,7 +115,8 @@ def test_the_recommendation_is_one_theory_allows_and_meets_every_target_on_fresh
     assert not rec.defaults.iloc[0]["meets_scenario_rate"] and rec.improvement > 0
 
     def summary(overrides, seed):
-        return summarize(llmsim.simulate(variant(scenario, {**overrides, "seed": seed, "workload.num_requests": 1500}))).to_dict()
+        point = {**overrides, "seed": seed, "workload.num_requests": 1500}
+        return summarize(llmsim.simulate(variant(scenario, point))).to_dict()
 
     rejected = {"engine.scheduling_policy": "priority", "workload.classes.chat.queue_timeout": f"{LONG_S} s"}
     for seed in (101, 102):                     # seeds the search never used

@@ -7,7 +7,8 @@ import pytest
 from llmsim import generate_trace
 from llmsim.cli.recommend import format_recommendation
 from llmsim.search.recommend import recommend, replays_one_trace
-from llmsim.search.plan import RATE_KEY, plan
+from llmsim.search.layout import plan
+from llmsim.search.plan import RATE_KEY
 from llmsim.scenario.overrides import variant
 from llmsim.search.window import measurement_window
 from llmsim.workload.trace_transforms import mean_rate_per_s
@@ -47,7 +48,7 @@ def test_the_rate_knob_rescales_the_whole_trace(tmp_path):
 @pytest.mark.slow
 def test_plan_on_a_trace_says_what_it_replays(tmp_path):
     scenario = trace_scenario(tmp_path)
-    table = plan(scenario, 6.0, seeds=[0], workers=1)
+    table = plan(scenario, 6.0, seeds=[0], workers=1, keep_layout=True)
     assert table["replicas"].iloc[0] >= 1
     assert "model in ChatGPT" in table["replayed"].iloc[0] and "rescaled to 6/s" in table["replayed"].iloc[0]
     assert table["requests_per_simulation"].iloc[0] == 225

@@ -63,7 +63,8 @@ def test_queue_timeout_dispatch_goes_past_the_token_budget():
     forced = simulate_checked(make_scenario({"engine": {**engine, "queue_timeout": "300 ms"}, "workload": workload}))
     it = forced.iterations
     over_budget = (it["prefill_tokens"] + it["decode_seqs"]) > 512
-    assert over_budget.any() and not ((plain.iterations["prefill_tokens"] + plain.iterations["decode_seqs"]) > 512).any()
+    plain_tokens = plain.iterations["prefill_tokens"] + plain.iterations["decode_seqs"]
+    assert over_budget.any() and not (plain_tokens > 512).any()
     assert forced.requests["queue_wait_s"].max() <= 0.3 + it["duration_s"].max()
     assert plain.requests["queue_wait_s"].max() > 1.0
 
@@ -94,8 +95,8 @@ def test_least_outstanding_pick_matches_a_scan_of_every_replica():
     from llmsim.config.policies import RouterPolicy
     from llmsim.sim.simulate import Router
     empty = np.zeros(0)
-    router = Router(RouterPolicy.LEAST_OUTSTANDING, [[] for _ in range(64)], 1, 1, 1, RequestRecords(empty, empty, empty),
-                    simpy.Environment().event())
+    router = Router(RouterPolicy.LEAST_OUTSTANDING, [[] for _ in range(64)], 1, 1, 1,
+                    RequestRecords(empty, empty, empty), simpy.Environment().event())
     held = [0] * 64
     rng = np.random.default_rng(7)
     for _ in range(20_000):
@@ -113,7 +114,10 @@ def test_least_outstanding_pick_matches_a_scan_of_every_replica():
 
 
 def test_more_replicas_cut_queueing_under_the_same_load():
-    waits = [summarize(simulate_checked(make_scenario({"deployment": {"replicas": n}, "workload": {"arrival": {"rate": 45.0}}}))).to_dict()["latency"]["ttft_s"]["p95"] for n in (2, 4)]
+    def ttft_p95_s(replicas: int) -> float:
+        scenario = make_scenario({"deployment": {"replicas": replicas}, "workload": {"arrival": {"rate": 45.0}}})
+        return summarize(simulate_checked(scenario)).to_dict()["latency"]["ttft_s"]["p95"]
+    waits = [ttft_p95_s(n) for n in (2, 4)]
     assert waits[1] < waits[0]
 
 
@@ -121,7 +125,8 @@ def test_chunked_prefill_smooths_inter_token_gaps():
     """Sarathi-Serve's point: without chunking, a long prompt stalls every decoding sequence."""
     workload = {"arrival": {"rate": 10.0}, "num_requests": 800,
                 "prompt_tokens": {"distribution": "uniform", "low": 2000, "high": 6000}}
-    chunked = summarize(simulate_checked(make_scenario({"engine": {"max_batch_tokens": 512}, "workload": workload}))).to_dict()
+    chunked = summarize(simulate_checked(make_scenario({"engine": {"max_batch_tokens": 512},
+                                                        "workload": workload}))).to_dict()
     whole = summarize(simulate_checked(make_scenario({"engine": {"chunked_prefill": False, "max_batch_tokens": 8192},
                                     "workload": workload}))).to_dict()
     assert chunked["latency"]["max_itl_s"]["p50"] < whole["latency"]["max_itl_s"]["p50"]
@@ -156,19 +161,19 @@ def test_configurations_see_common_random_numbers():
 
 
 def test_interrupted_run_keeps_what_it_finished(monkeypatch):
-    from llmsim.sim.environment import Environment
+    from llmsim.sim.simulate import Router
 
     scenario = make_scenario({"workload": {"num_requests": 2000}})
     calls = {"n": 0}
-    original = Environment.step           # the simulation's event loop: a SimPy event, engine steps before it
+    original = Router.dispatch            # an arrival entering the router, inside the simulation's event loop
 
-    def step(self):
+    def dispatch(self, request, now):
         calls["n"] += 1
-        if calls["n"] == 1000:                # each of the 2,000 arrivals is a SimPy event: mid-run
+        if calls["n"] == 1000:                # Ctrl-C at the 1,000th of the 2,000 arrivals: mid-run
             raise KeyboardInterrupt
-        return original(self)
+        return original(self, request, now)
 
-    monkeypatch.setattr(Environment, "step", step)
+    monkeypatch.setattr(Router, "dispatch", dispatch)
     result = simulate_checked(scenario)
     assert result.interrupted
     statuses = set(result.requests["status"])

@@ -15,7 +15,8 @@ from tests.helpers import SCENARIOS, make_scenario, simulate_checked
 
 RUNS = {
     "chat": {},
-    "preempting": {"engine": {"memory_utilization": 0.25, "max_model_len": 8192}, "workload": {"arrival": {"rate": 30.0}}},
+    "preempting": {"engine": {"memory_utilization": 0.25, "max_model_len": 8192},
+                   "workload": {"arrival": {"rate": 30.0}}},
     "no-chunked-prefill": {"engine": {"chunked_prefill": False}, "workload": {"arrival": {"rate": 20.0}}},
     "static": {"engine": {"batching": "static", "max_num_seqs": 16}, "workload": {"arrival": {"rate": 2.0}}},
     "timeout-reject": {"engine": {"queue_timeout": "1 s", "on_timeout": "reject"},

@@ -40,7 +40,8 @@ def seconds_over(result):
     return time_over_slo(rolling_worst_ratio(result.requests, s.slo, (), WINDOW_S, STEP_S, 0.0, DURATION_S), STEP_S)
 
 
-STEP = [{"at": 0, "rate": "2.5/s"}, {"at": "100 s", "rate": "6/s"}]    # past what the static setting serves within the SLO
+# The second step is past what the static setting serves within the SLO.
+STEP = [{"at": 0, "rate": "2.5/s"}, {"at": "100 s", "rate": "6/s"}]
 
 
 @pytest.mark.slow

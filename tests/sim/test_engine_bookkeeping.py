@@ -15,7 +15,8 @@ from tests.helpers import make_scenario, simulate_checked
 
 
 @pytest.mark.parametrize("overrides", [
-    {"engine": {"memory_utilization": 0.25, "max_model_len": 8192}, "workload": {"arrival": {"rate": 30.0}}},     # preempting
+    {"engine": {"memory_utilization": 0.25, "max_model_len": 8192},                         # preempting
+     "workload": {"arrival": {"rate": 30.0}}},
     {"model": "Mistral-7B-v0.1", "engine": {"memory_utilization": 0.3},                     # sliding window
      "simulation": {"horizon": "2000 s"},
      "workload": {"arrival": {"rate": 6.0}, "num_requests": 300,

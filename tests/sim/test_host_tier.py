@@ -216,7 +216,8 @@ def autoscaled_sessions(router: str):
     base = copy.deepcopy(BASE)
     base["workload"].pop("num_requests")
     base["workload"].update(
-        duration="60 s", arrival={"process": "steps", "rates": [{"at": 0, "rate": "5/s"}, {"at": "25 s", "rate": "0.3/s"}]},
+        duration="60 s",
+        arrival={"process": "steps", "rates": [{"at": 0, "rate": "5/s"}, {"at": "25 s", "rate": "0.3/s"}]},
         prompt_tokens={"distribution": "lognormal", "mean": 300, "sigma": 0.6, "max": 2000},
         output_tokens={"distribution": "lognormal", "mean": 100, "sigma": 0.6, "max": 800},
         sessions={"turns": {"distribution": "uniform", "low": 2, "high": 8}, "think_time": "5 s"})
@@ -230,7 +231,7 @@ def autoscaled_sessions(router: str):
 def routable_at(log, cold_start_s: float, replicas: int, initial: int):
     """Per replica, the intervals it took new requests in, from the scaling log alone: from a start
     plus the cold start until a drain."""
-    opened = {i: 0.0 for i in range(initial)}
+    opened = dict.fromkeys(range(initial), 0.0)
     intervals = {i: [] for i in range(replicas)}
     for time_s, action in zip(log["time_s"], log["action"]):
         for step in filter(None, action.split("; ")):

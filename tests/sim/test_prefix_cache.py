@@ -36,7 +36,7 @@ SESSIONS = {"workload": {
 def tiers_observer(engine, iteration) -> None:
     """Exact block accounting of both tiers (pp = 1: one engine per cache)."""
     kv = engine.kv
-    running = [r for r in engine.running.values()]
+    running = list(engine.running.values())
     private = sum(r.blocks - r.cached_blocks for r in running)
     assert kv.allocated_total - kv.freed_total == kv.num_blocks - kv.empty_blocks == private + len(kv.cached)
     assert sum(kv.cached.values()) == sum(r.cached_blocks for r in running)

@@ -101,7 +101,8 @@ def test_shared_queue_replicas_match_erlang_c():
     {"deployment": {"replicas": 3, "router": "round_robin"}, "workload": {"arrival": {"rate": 40.0}}},
     {"engine": {"chunked_prefill": False}},
     {"engine": {"batching": "static", "max_num_seqs": 32}, "workload": {"arrival": {"rate": 2.0}}},
-    {"engine": {"memory_utilization": 0.245, "max_model_len": 8192}, "workload": {"arrival": {"rate": 30.0}}},   # preempts
+    {"engine": {"memory_utilization": 0.245, "max_model_len": 8192},           # preempts
+     "workload": {"arrival": {"rate": 30.0}}},
 ])
 def test_littles_law_holds(overrides):
     """Time-average number in system = arrival rate x mean time in system, on runs that drain."""

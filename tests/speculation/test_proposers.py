@@ -21,7 +21,7 @@ from llmsim.speculation.config import Acceptance
 from llmsim.speculation.proposers import NGRAM_CPU_S_PER_CONTEXT_TOKEN, NgramCost
 from llmsim.workload.generate import generate_trace
 
-from tests.helpers import make_scenario, roofline_only
+from tests.helpers import make_scenario, roofline_only, tpot_mean_s
 
 
 # -- tree verification -------------------------------------------------------------------------
@@ -177,7 +177,7 @@ def test_ngram_cpu_cost_slows_the_engine_once_verify_is_compute_bound():
     plain_scenario, plain_low, spec_low = ngram_runs(2.0)
     it = spec_low.iterations
     assert np.allclose(it["draft_s"], it["spec_seqs"] * CPU_S)
-    assert summarize(spec_low).to_dict()["latency"]["tpot_s"]["mean"] < summarize(plain_low).to_dict()["latency"]["tpot_s"]["mean"]
+    assert tpot_mean_s(spec_low) < tpot_mean_s(plain_low)
 
     _, plain_high, spec_high = ngram_runs(150.0)
     it = spec_high.iterations
@@ -189,7 +189,7 @@ def test_ngram_cpu_cost_slows_the_engine_once_verify_is_compute_bound():
     assert verify.set_index("operator").loc["layer.mlp", "bound"] == "compute"
     # The same requests (same tokens) all finish later than with plain decoding, and TPOT rises.
     assert spec_high.requests["finish_s"].max() > plain_high.requests["finish_s"].max()
-    assert summarize(spec_high).to_dict()["latency"]["tpot_s"]["mean"] > summarize(plain_high).to_dict()["latency"]["tpot_s"]["mean"]
+    assert tpot_mean_s(spec_high) > tpot_mean_s(plain_high)
 
 
 # -- pipeline parallelism -------------------------------------------------------------------------------

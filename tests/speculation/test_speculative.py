@@ -20,7 +20,7 @@ from llmsim.cli.main import main
 from llmsim.speculation.config import hashed_uniforms
 from llmsim.speculation.proposers import NGRAM_CPU_S_PER_CONTEXT_TOKEN
 
-from tests.helpers import REPO, make_scenario, roofline_only, simulate_checked, tiny_model
+from tests.helpers import REPO, make_scenario, roofline_only, simulate_checked, tiny_model, tpot_mean_s
 
 STEP_S = 0.1            # one target step on the fixed-cost device: 100 layers x 1 ms
 
@@ -188,11 +188,12 @@ def test_speedup_falls_with_load_and_turns_into_a_slowdown():
     speedups = []
     # On the roofline-priced profile, whose hard memory/compute corner this reasoning is about (the
     # measured kernel terms bend it smoothly, and the gain then flattens rather than falls at 40-60/s).
-    roofline = (lambda scenario: dataclasses.replace(scenario, hardware=roofline_only(scenario.hardware)))
+    def roofline(scenario):
+        return dataclasses.replace(scenario, hardware=roofline_only(scenario.hardware))
     for rate in (1.0, 40.0, 60.0):
         spec = simulate_checked(roofline(h100_8b(rate, 4, **anyone)))
         plain = simulate_checked(roofline(h100_8b(rate, 0)))
-        speedups.append(summarize(plain).to_dict()["latency"]["tpot_s"]["mean"] / summarize(spec).to_dict()["latency"]["tpot_s"]["mean"])
+        speedups.append(tpot_mean_s(plain) / tpot_mean_s(spec))
     scenario = roofline(h100_8b(1.0, 4))
     target = CostModel(scenario.model, scenario.hardware)
     draft = CostModel(scenario.speculation.draft, scenario.hardware)
@@ -467,7 +468,7 @@ def test_speedup_is_measured_against_plain_decoding_of_the_same_requests(tmp_pat
     assert plain.requests[["arrival_s", "prompt_tokens", "output_tokens"]].equals(
         result.requests[["arrival_s", "prompt_tokens", "output_tokens"]])
     speedup = speedup_over_plain(result)
-    expected = summarize(plain).to_dict()["latency"]["tpot_s"]["mean"] / summarize(result).to_dict()["latency"]["tpot_s"]["mean"]
+    expected = tpot_mean_s(plain) / tpot_mean_s(result)
     assert speedup["tpot_mean"] == pytest.approx(expected, rel=1e-12)
     assert main(["run", str(REPO / "scenarios" / "llama3-70b-h100-speculative.yaml"), "--out", str(tmp_path)]) == 0
     assert "vs plain decoding on the same trace: TPOT" in capsys.readouterr().out

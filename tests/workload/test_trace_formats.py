@@ -59,7 +59,7 @@ def test_azure_2023_and_2024(tmp_path):
     assert len(t) == 3
     np.testing.assert_allclose(t.arrival_s, [0.0, 4.314579, 14.81941], rtol=0, atol=1e-9)
     assert list(t.prompt_tokens) == [4808, 3180, 1021] and list(t.output_tokens) == [10, 8, 27]
-    assert "1 requests with 0 output tokens dropped" in t.description
+    assert "1 failed request, logged with 0 output tokens, dropped" in t.description
     path.write_text(AZURE_2024)
     t = replay(path, format="azure")
     np.testing.assert_allclose(t.arrival_s, [0.0, 0.5, 60.0], rtol=0, atol=1e-9)

@@ -305,8 +305,8 @@ VALID = {
              "2023-11-16 18:15:50.9951690,3180,8\n2024-05-10 00:00:00+00:00,110,0\n",
     "burstgpt": "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n5,ChatGPT,472,18,490,"
                 "Conversation log\n45,ChatGPT,1087,0,1087,Conversation log\n118,GPT-4,417,276,693,API log\n",
-    "mooncake": "".join(json.dumps({"timestamp": t, "input_length": 100 + t, "output_length": 3, "hash_ids": [t]}) + "\n"
-                        for t in (0, 10, 25)),
+    "mooncake": "".join(json.dumps({"timestamp": t, "input_length": 100 + t, "output_length": 3,
+                                    "hash_ids": [t]}) + "\n" for t in (0, 10, 25)),
     "sharegpt": json.dumps([{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
                             {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]},
                             {"prompt": "p", "output_tokens": 7}, {"prompt": "p", "completion": "c"}]),

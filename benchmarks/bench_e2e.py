@@ -1,0 +1,86 @@
+"""Whole offline runs against published end-to-end throughput (a held-out check: nothing here is fitted to them).
+
+Source: NVIDIA TensorRT-LLM's performance overview (github.com/NVIDIA/TensorRT-LLM, docs/source/performance/
+perf-overview.md at commit 00f37686aa854010d68bcbd0f4ab000221541ca6, the v1.0 tables): ``trtllm-bench throughput``,
+every request queued at once, fixed input/output lengths (``--input-stdev=0 --output-stdev=0``), ModelOpt FP8
+checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, nvidia/Llama-3.3-70B-Instruct-FP8: Llama 3.1 70B's architecture,
+nvidia/Llama-3.1-405B-Instruct-FP8), the PyTorch backend with CUDA graphs up to 8,192 sequences, KV cache at up to
+95% of free memory; DGX H100 (80 GB) and DGX H200 (141 GB). The metric is total output tokens per second.
+
+The simulator runs the same: the model with FP8 weights, TensorRT-LLM's kernel terms (``engine.kernels: trtllm``),
+the published tensor-parallel size, the same lengths, every request waiting at time 0; the rate is measured on the
+saturated engine after its ramp-up (:func:`llmsim.search.sustainable_rate.offline_rate`). Prints simulated and
+published tokens/s per cell, their ratio, and the H100/H200 ratio of each (model, lengths) both ways.
+
+    .venv/bin/python benchmarks/bench_e2e.py [--quick]       (a few minutes on 2 cores; --quick: one length pair)
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from llmsim.search.sustainable_rate import offline_rate
+
+SOURCE = ("TensorRT-LLM perf-overview.md @00f37686 (trtllm-bench throughput, FP8, "
+          "total output tokens/s)")
+# (model, GPU, TP, ISL, OSL) -> published total output tokens/s.
+PUBLISHED = {
+    ("Llama-3.1-8B", "H100-SXM", 1, 128, 2048): 22714, ("Llama-3.1-8B", "H200", 1, 128, 2048): 26221,
+    ("Llama-3.1-8B", "H100-SXM", 1, 1000, 1000): 15220, ("Llama-3.1-8B", "H200", 1, 1000, 1000): 17744,
+    ("Llama-3.1-8B", "H100-SXM", 1, 2048, 128): 3450, ("Llama-3.1-8B", "H200", 1, 2048, 128): 3538,
+    ("Llama-3.1-70B", "H100-SXM", 2, 128, 2048): 6651, ("Llama-3.1-70B", "H200", 1, 128, 2048): 4336,
+    ("Llama-3.1-70B", "H100-SXM", 2, 1000, 1000): 4205, ("Llama-3.1-70B", "H200", 1, 1000, 1000): 2909,
+    ("Llama-3.1-70B", "H100-SXM", 2, 2048, 128): 762, ("Llama-3.1-70B", "H200", 1, 2048, 128): 442,
+    ("Llama-3.1-405B", "H100-SXM", 8, 128, 2048): 4340, ("Llama-3.1-405B", "H200", 8, 128, 2048): 5348,
+    ("Llama-3.1-405B", "H100-SXM", 8, 1000, 1000): 2919, ("Llama-3.1-405B", "H200", 8, 1000, 1000): 3330,
+    ("Llama-3.1-405B", "H100-SXM", 8, 2048, 128): 453, ("Llama-3.1-405B", "H200", 8, 2048, 128): 456,
+}
+MAX_NUM_SEQS = 2048      # trtllm-bench's default maximum batch size
+MAX_BATCH_TOKENS = 8192
+
+
+def scenario(model: str, gpu: str, tp: int, isl: int, osl: int) -> dict:
+    return {"name": f"e2e-{model}-{gpu}-tp{tp}-{isl}-{osl}", "seed": 5,
+            "model": {"base": model, "weight_dtype": "fp8"}, "hardware": gpu,
+            "deployment": {"replicas": 1, "tensor_parallel": tp},
+            "engine": {"kernels": "trtllm", "max_num_seqs": MAX_NUM_SEQS, "max_batch_tokens": MAX_BATCH_TOKENS,
+                       "chunked_prefill": True, "memory_utilization": 0.95},
+            "workload": {"arrival": {"process": "poisson", "rate": 10}, "num_requests": 1000,
+                         "prompt_tokens": isl, "output_tokens": osl}}
+
+
+def simulated_tokens_per_s(model: str, gpu: str, tp: int, isl: int, osl: int) -> float:
+    return offline_rate(scenario(model, gpu, tp, isl, osl), num_requests=5 * MAX_NUM_SEQS).output_tokens_per_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the 1000/1000 cells only")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    cells = {key: value for key, value in PUBLISHED.items() if not args.quick or key[3:] == (1000, 1000)}
+    simulated = {}
+    print(f"source: {SOURCE}")
+    print(f"{'model':<15} {'GPU':<9} {'TP':>2} {'ISL/OSL':>9} {'published':>10} {'simulated':>10} {'sim/pub':>8}")
+    for key, published in cells.items():
+        simulated[key] = simulated_tokens_per_s(*key)
+        model, gpu, tp, isl, osl = key
+        print(f"{model:<15} {gpu:<9} {tp:>2} {f'{isl}/{osl}':>9} {published:>10,} {simulated[key]:>10,.0f} "
+              f"{simulated[key] / published:>8.2f}", flush=True)
+    print("\nH100/H200 throughput per GPU (published TP sizes differ for 70B: per GPU compares them)")
+    print(f"{'model':<15} {'ISL/OSL':>9} {'published':>10} {'simulated':>10} {'sim/pub':>8}")
+    for (model, gpu, tp, isl, osl) in cells:
+        if gpu != "H100-SXM":
+            continue
+        other = next((key for key in cells if key[0] == model and key[1] == "H200" and key[3:] == (isl, osl)), None)
+        if other is None:
+            continue
+        h100 = (model, gpu, tp, isl, osl)
+        published = (PUBLISHED[h100] / tp) / (PUBLISHED[other] / other[2])
+        ratio = (simulated[h100] / tp) / (simulated[other] / other[2])
+        print(f"{model:<15} {f'{isl}/{osl}':>9} {published:>10.2f} {ratio:>10.2f} {ratio / published:>8.2f}")
+    print(f"\n{time.perf_counter() - started:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""Prefill attention's KV-head term: the cost model against its closed form, and the form against measured context
+attention kernels of a GPU it was not fitted to (the operator database; skipped without it)."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmsim import CostModel, lookup_hardware, model_catalog
+from llmsim.calibration import database as db
+from llmsim.calibration.database_fit import PREFILL_ATTENTION, errors, summary
+from llmsim.cost.features import F, attention_pairs
+
+pytest.importorskip("pyarrow")
+
+
+@pytest.mark.parametrize("name", ["Llama-3.1-8B", "Llama-2-7B"])
+def test_the_cost_model_prices_prefill_attention_by_the_closed_form(name):
+    """One 4,096-token prompt on the H100 at TP 1: the cost model's attention time, per layer and less the launch
+    floor, is ``4 d (h s (s + 1) / 2 + (half h + kv_half h_kv) s) / (peak x efficiency)`` with the profile's
+    figures, for a GQA model (8 KV heads of 32) and an MHA one (32 of 32), whose KV-head term is 4x as large."""
+    hardware = lookup_hardware("H100-SXM")
+    model = model_catalog()[name]
+    backend = hardware.kernels.prefill_attention
+    assert backend.kv_half_length_tokens > 0
+    s = 4096.0
+    x = np.zeros((1, len(F)))
+    x[0, F["one"]] = 1
+    x[0, F["tokens"]] = x[0, F["prefill_tokens"]] = s
+    x[0, F["prefill_pairs"]] = attention_pairs(s, 0.0)
+    per_layer = float(CostModel(model, hardware).attention_time_s(x)[0]) / model.num_layers
+    h, hk, d = model.num_heads, model.num_kv_heads, model.head_dim
+    flops = 4 * d * (h * s * (s + 1) / 2 + (backend.half_length_tokens * h + backend.kv_half_length_tokens * hk) * s)
+    expected = flops / (hardware.peak_for("bf16") * backend.efficiency)
+    assert per_layer - hardware.kernels.attention_floor_s == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec(db.DATABASE_PACKAGE) is None,
+                    reason="needs pip install 'llmsim[measured]'")
+def test_the_kv_head_term_carries_prefill_attention_from_h200_to_h100():
+    """Fitted to the H200's vLLM context-attention kernels alone, the form predicts the H100's (same architecture,
+    never fitted; 5,763 measured rows) within MAPE 10% and median 5%; without the KV-head term (the form before it,
+    which prices MHA and GQA alike per query head) the same fit misses (MAPE 14%), MHA rows predicted too fast."""
+    database = db.Database(db.installed_root())
+    rows = {}
+    for gpu in ("H100-SXM", "H200"):
+        table = database.table(gpu, "attention", "vllm", "context_attention_perf")
+        frame = db.prefill_attention_rows(table)
+        frame = frame[frame["head_dim"] == 128].reset_index(drop=True)
+        rows[gpu] = frame.assign(peak_bf16=lookup_hardware(gpu).peak_for("bf16"))
+    held = rows["H100-SXM"]
+    with_term = summary(errors(PREFILL_ATTENTION, PREFILL_ATTENTION.fit(rows["H200"]), held))
+    assert with_term["mape"] <= 0.10 and abs(with_term["median_error"]) <= 0.05, with_term
+    without = PREFILL_ATTENTION.fit(rows["H200"], {"kv_half_length_tokens": 0.0})
+    signed = pd.Series(errors(PREFILL_ATTENTION, without, held))
+    assert summary(signed.to_numpy())["mape"] > 0.12
+    mha = (held["heads"] == held["kv_heads"]).to_numpy()
+    assert signed[mha].median() < -0.05

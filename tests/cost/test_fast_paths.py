@@ -1,0 +1,79 @@
+"""The cost model's per-iteration paths against its vectorised one, to the last bit.
+
+The simulator prices an iteration through :meth:`CostModel.step` (one compiled call and memos keyed by
+token counts) and a speculative step's draft rows through :meth:`CostModel.rows_total` (a compiled call
+reading tables), and a memo miss prices the GEMMs in Python floats (:func:`gemm_scalar_body_s`). Each
+must give exactly what the vectorised numpy formulas give: records of a run are compared bit for bit
+before and after a change to the engine's speed (``benchmarks/records_digest.py``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llmsim import CostModel, lookup_hardware, model_catalog
+from llmsim.cost.features import F, batch_rows
+from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, gemm_scalar_body_s
+
+CASES = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H100-SXM", 4), ("Mixtral-8x7B", "H200", 2),
+         ("Mistral-7B-v0.1", "A100-80GB", 1), ("Llama-3.2-1B", "B200", 1)]
+
+
+def random_sums(rng: np.random.Generator, n: int) -> list[tuple]:
+    """``n`` iterations' sums (prefill tokens, pairs, KV read, logits, decode sequences, decode KV read),
+    a third of them decode-only, some with fractional KV reads (the mean over sliding layers)."""
+    sums = []
+    for _ in range(n):
+        prefill = float(rng.integers(1, 8192)) if rng.random() < 0.66 else 0.0
+        decode = int(rng.integers(0, 256))
+        kv = int(rng.integers(0, 2_000_000)) + (0.5 if rng.random() < 0.2 else 0)
+        sums.append((prefill, prefill * rng.integers(0, 4000) + prefill * (prefill + 1) / 2,
+                     prefill + float(rng.integers(0, 4000)) if prefill else 0.0, int(rng.integers(0, 4)), decode, kv))
+    return sums
+
+
+@pytest.mark.parametrize("model_name, hardware, tp", CASES)
+def test_step_prices_an_iteration_as_the_vectorised_model_does(model_name, hardware, tp):
+    model = model_catalog()[model_name]
+    cost = CostModel(model, lookup_hardware(hardware), tp)
+    sums = random_sums(np.random.default_rng(34), 400)
+    # Twice: the first pass fills the memos (misses), the second reads them (hits).
+    for _ in range(2):
+        for prefill, pairs, prefill_kv, logits, decode, decode_kv in sums:
+            tokens = prefill + decode
+            experts = model.expected_experts_touched(tokens) if model.num_experts > 1 else 1.0
+            row = np.array([1.0, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits])
+            assert cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv) == cost.iteration(row)
+
+
+@pytest.mark.parametrize("model_name, hardware, tp", CASES)
+def test_rows_total_sums_rows_as_the_vectorised_model_does(model_name, hardware, tp):
+    """Draft rows (one iteration each, one expert) from the tables; rows the tables do not hold (several
+    iterations, fractional tokens) by the general path: the same sums either way."""
+    model = model_catalog()[model_name]
+    cost = CostModel(model, lookup_hardware(hardware), tp)
+    rng = np.random.default_rng(31)
+    for trial in range(300):
+        steps = int(rng.integers(1, 13))        # past 8 rows numpy's pairwise sum changes its order
+        decode = rng.integers(0, 64, steps).astype(float)
+        rows = batch_rows(decode_seqs=decode, decode_kv_read=decode * rng.integers(1, 4000, steps))
+        rows[0] = rows[0] + batch_rows(float(rng.integers(0, 3000)), float(rng.integers(0, 10**6)), 100.0,
+                                       iterations=0.0)
+        if trial % 10 == 0:
+            rows[-1, F["one"]] = 2.0            # two iterations in one row: not one the tables hold
+        elif trial % 10 == 1:
+            rows[-1, F["tokens"]] += 0.5
+        times, flops, moved = cost.iteration(rows)
+        expected = (float(np.add.reduce(times)), float(np.add.reduce(flops)), float(np.add.reduce(moved)))
+        assert cost.rows_total(rows) == expected
+        assert cost.rows_total(rows) == expected        # from the tables the first call filled
+
+
+def test_gemm_in_python_floats_is_numpy_to_the_bit():
+    kernels = lookup_hardware("H100-SXM").kernels.for_dtype("bf16")
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        tokens, n = float(rng.integers(0, 20000)) * rng.choice([1.0, 0.37]), float(rng.integers(1, 60000))
+        memory_s, compute_s = rng.random() * 1e-3, rng.random() * 1e-3 * rng.choice([0.0, 1.0])
+        expected = float(gemm_body_s(memory_s, compute_s, gemm_output_tiles(tokens, n), kernels))
+        assert gemm_scalar_body_s(memory_s, compute_s, tokens, n, kernels) == expected
