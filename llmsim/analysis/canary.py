@@ -1,42 +1,54 @@
-"""Is the canary different? Differences of each metric with confidence intervals, tests, and how
-long a canary must run to see a given change.
+"""Is the canary different? Differences of each metric with confidence intervals, tests, a verdict,
+and how long a canary must run to see a given change.
 
-The requests of one run are not independent: a request that waits makes the next one wait too. So
-every interval here comes from *batch means*: each group's requests, in arrival order, are cut into
-``batches`` consecutive groups whose means are close to independent (:mod:`llmsim.analysis.statistics`).
+The requests of one run are not independent: a request that waits makes the next one wait too,
+and a batch that grows slows every sequence in it for a while. So every interval here comes from
+*batches* of consecutive requests (in arrival order) long enough that their figures are close to
+independent: each batch spans ``SPAN`` (20) times the group's correlation time, and at least 30
+requests; at most 20 batches. The correlation time is the longest integrated autocorrelation time
+of the group's TTFT, TPOT and end-to-end series (:func:`llmsim.analysis.statistics.correlation_time`),
+used for every metric: they all follow the one state of the replicas (queue and batch), and a
+metric whose own spread is mostly request to request (end-to-end time, through the output length)
+hides that slow part from its own estimate while it still moves its mean. A comparison left with
+fewer than 4 batches in a group has no interval ("n/a", with the requests it would need).
 
 Canary against control (independent samples, :func:`compare_independent`)
-    a mean or an attainment (the share of requests meeting the SLO): the difference of the two
-    groups' means, Welch's t interval and test on the two sets of batch means (``scipy.stats.ttest_ind``,
-    unequal variances); a percentile: the difference of the sample percentiles, its interval by a
-    block bootstrap that resamples whole batches. Every latency row also carries the Mann-Whitney U
-    test's p-value on the requests themselves, a test of a shift in the whole distribution (it treats
-    requests as independent, so it is optimistic under heavy queueing).
+    a mean, an attainment (the share of requests meeting the SLO) or a percentile: the
+    difference of the two groups' figures over all their requests, with Welch's t interval and
+    test from the spread of the figure across each group's batches (batch means for a mean,
+    *sectioning* for a percentile: each batch's own percentile, Asmussen and Glynn, Stochastic
+    Simulation, III.5; a percentile's batches hold at least 5 requests beyond it). Every latency
+    row also carries the Mann-Whitney U test's p-value on the requests themselves, a test of a
+    shift in the whole distribution (it treats requests as independent, so it is optimistic
+    under heavy queueing).
 Shadow against control (paired, :func:`compare_paired`)
-    each copied request was served by both, so the difference is taken request by request: the mean
-    difference with a one-sample t interval on the batch means of the differences
-    (``scipy.stats.ttest_1samp``), percentiles by a paired block bootstrap, and the Wilcoxon
+    each copied request was served by both, so the difference is taken request by request: the
+    mean difference with a one-sample t interval on the batch means of the differences, a
+    percentile's difference with one on the batches' percentile differences, and the Wilcoxon
     signed-rank test on the request pairs.
 
-:func:`detection_time` turns the measured variances into the time a canary must run to detect a
-change of a given size with a given power (the two-sample normal approximation, with the batch
-means' variance per request, so queueing's correlation is counted).
+:func:`verdict` says in one line what the differences mean; :func:`detection_time` turns the
+measured variances into the time a canary must run to detect a change of a given size with a given
+power (the two-sample normal approximation, with each group's variance per request times its
+correlation time, so queueing's correlation is counted).
 """
 from __future__ import annotations
 
 import math
 import warnings
 from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.statistics import BATCHES, batch_series
+from llmsim.analysis.statistics import BATCHES, MIN_BATCH, MIN_BATCHES, batch_size, correlation_time
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 PERCENTILES = (50, 95, 99)
-BOOTSTRAP_SAMPLES = 400
 ATTAINMENT = "attainment"
+TAIL = 5                     # requests beyond a percentile in each of its batches at the least
+LEVEL = 0.95                 # the intervals' confidence; tests at 1 - LEVEL
 
 
 @dataclass(frozen=True)
@@ -55,7 +67,12 @@ class Difference:
 
     @property
     def significant(self) -> bool:
-        return not (self.low <= 0.0 <= self.high)
+        """The interval excludes 0 (False when there is no interval: too few batches)."""
+        return bool(self.low > 0.0 or self.high < 0.0)
+
+    @property
+    def has_interval(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
 
 
 def measured(records: pd.DataFrame, start_s: float, stop_s: float) -> pd.DataFrame:
@@ -73,16 +90,8 @@ def _values(records: pd.DataFrame, metric: str) -> np.ndarray:
     return values[~np.isnan(values)]
 
 
-MIN_BATCH = 30               # observations per batch at the least: shorter batches stay correlated
-
-
-def _batches(count: int, batches: int) -> int:
-    """As many batches as allowed, each of at least MIN_BATCH observations (and never fewer than 2)."""
-    return max(2, min(batches, count // MIN_BATCH))
-
-
 def _quiet(function):
-    """scipy warns of lost precision when batch means are nearly equal (attainment near 100%):
+    """scipy warns of lost precision when batch figures are nearly equal (attainment near 100%):
     the interval is then tight and right, so the warning is noise to a user."""
     def wrapped(*args, **kwargs):
         with warnings.catch_warnings():
@@ -92,113 +101,172 @@ def _quiet(function):
     return wrapped
 
 
-@_quiet
-def compare_independent(control: pd.DataFrame, treatment: pd.DataFrame, batches: int = BATCHES,
-                        seed: int = 0, percentiles=PERCENTILES, metrics=(*METRICS, ATTAINMENT)) -> list[Difference]:
-    """Canary (``treatment``) against control: the measured requests of each (see :func:`measured`)."""
-    from scipy import stats
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for metric in metrics:
-        a, b = _values(control, metric), _values(treatment, metric)
-        k = _batches(min(len(a), len(b)), batches)
-        if min(len(a), len(b)) < 2 * k:
-            continue
-        means_a, means_b = batch_series(a, k), batch_series(b, k)
-        difference = float(means_b.mean() - means_a.mean())
-        if np.ptp(means_a) == 0 and np.ptp(means_b) == 0:        # no spread (every request met the SLO)
-            low = high = difference
-            p_value = 1.0 if difference == 0 else 0.0
-        else:
-            welch = stats.ttest_ind(means_b, means_a, equal_var=False)
-            interval = welch.confidence_interval(0.95)
-            low, high, p_value = interval.low, interval.high, welch.pvalue
-        rank = stats.mannwhitneyu(b, a).pvalue if metric != ATTAINMENT else math.nan
-        out.append(Difference(metric, "mean", float(means_a.mean()), float(means_b.mean()), difference,
-                              float(low), float(high), float(p_value), "Welch t on batch means", float(rank)))
-        if metric == ATTAINMENT:
-            continue
-        if percentiles:
-            draws = (_resampled_percentiles(_blocks(b, k), percentiles, rng)
-                     - _resampled_percentiles(_blocks(a, k), percentiles, rng))
-            out += [_bootstrapped(metric, q, np.percentile(a, q), np.percentile(b, q), draws[:, j])
-                    for j, q in enumerate(percentiles)]
-    return out
+Statistic = Callable[[np.ndarray], np.ndarray]      # rows of batches -> one figure per row
 
 
-@_quiet
-def compare_paired(control: pd.DataFrame, shadow: pd.DataFrame, batches: int = BATCHES,
-                   seed: int = 0, percentiles=PERCENTILES) -> list[Difference]:
-    """Shadow against control on the requests both served (joined by ``id``, in arrival order)."""
-    from scipy import stats
-
-    rng = np.random.default_rng(seed)
-    pairs = control.merge(shadow, on="id", suffixes=("_control", "_shadow")).sort_values("arrival_s_control")
-    out = []
-    for metric in (*METRICS, ATTAINMENT):
-        if metric == ATTAINMENT:
-            a = pairs["meets_slo_control"].to_numpy(dtype=float)
-            b = pairs["meets_slo_shadow"].to_numpy(dtype=float)
-        else:
-            both = (pairs["status_control"] == "finished") & (pairs["status_shadow"] == "finished")
-            a = pairs.loc[both, f"{metric}_control"].to_numpy(dtype=float)
-            b = pairs.loc[both, f"{metric}_shadow"].to_numpy(dtype=float)
-            keep = ~(np.isnan(a) | np.isnan(b))
-            a, b = a[keep], b[keep]
-        k = _batches(len(a), batches)
-        if len(a) < 2 * k:
-            continue
-        means = batch_series(b - a, k)
-        if np.ptp(means) == 0:                 # no spread: the same difference in every batch
-            low = high = float(means[0])
-            p_value = 1.0 if means[0] == 0 else 0.0
-        else:
-            test = stats.ttest_1samp(means, 0.0)
-            interval = test.confidence_interval(0.95)
-            low, high, p_value = interval.low, interval.high, test.pvalue
-        rank = math.nan
-        if metric != ATTAINMENT and np.any(b != a):
-            rank = stats.wilcoxon(b, a).pvalue
-        usable = len(a) // k * k
-        out.append(Difference(metric, "mean", float(a[:usable].mean()), float(b[:usable].mean()), float(means.mean()),
-                              float(low), float(high), float(p_value), "paired t on batch means", float(rank)))
-        if metric == ATTAINMENT:
-            continue
-        if percentiles:
-            state = rng.bit_generator.state            # the same blocks drawn for both: a paired resample
-            draws_b = _resampled_percentiles(_blocks(b, k), percentiles, rng)
-            rng.bit_generator.state = state
-            draws = draws_b - _resampled_percentiles(_blocks(a, k), percentiles, rng)
-            out += [_bootstrapped(metric, q, np.percentile(a, q), np.percentile(b, q), draws[:, j])
-                    for j, q in enumerate(percentiles)]
-    return out
+def _statistic(name: str) -> tuple[Statistic, int]:
+    """The figure named ``name`` (``mean`` or ``p<q>``) of each row, and the fewest requests a batch needs for it."""
+    if name == "mean":
+        return (lambda rows: rows.mean(axis=-1)), MIN_BATCH
+    q = float(name[1:])
+    return (lambda rows: np.percentile(rows, q, axis=-1)), max(MIN_BATCH, math.ceil(TAIL / (1 - q / 100)))
 
 
-def _blocks(values: np.ndarray, k: int) -> np.ndarray:
-    """The first ``len // k * k`` values as ``k`` consecutive blocks (rows)."""
+def _batch_count(length: int, size: int, batches: int) -> int:
+    """Batches of at least ``size`` observations in ``length`` of them, at most ``batches``."""
+    return min(batches, length // size)
+
+
+def _batched(values: np.ndarray, k: int) -> np.ndarray:
+    """The first ``len // k * k`` values as ``k`` consecutive batches (rows)."""
     usable = len(values) // k * k
     return values[:usable].reshape(k, -1)
 
 
-def _resampled_percentiles(blocks: np.ndarray, percentiles, rng: np.random.Generator,
-                           samples: int = BOOTSTRAP_SAMPLES) -> np.ndarray:
-    """``samples`` block-bootstrap resamples (``k`` blocks drawn with replacement): each one's
-    percentiles, a (samples, len(percentiles)) array. Resamples are taken a few at a time to bound memory."""
-    k, size = blocks.shape
-    picks = rng.integers(0, k, (samples, k))
-    step = max(1, 4_000_000 // max(1, k * size))
-    return np.concatenate([np.percentile(blocks[picks[i:i + step]].reshape(len(picks[i:i + step]), -1),
-                                         percentiles, axis=1).T for i in range(0, samples, step)])
+def _unmeasured(metric: str, name: str, control: float, treatment: float, needed: int, tau: float) -> Difference:
+    why = (f"n/a: {MIN_BATCHES} batches of {needed:,} requests per group needed "
+           f"(correlation time {tau:.3g} requests)")
+    return Difference(metric, name, control, treatment, treatment - control, math.nan, math.nan, math.nan, why)
 
 
-def _bootstrapped(metric: str, q: int, control: float, treatment: float, draws: np.ndarray) -> Difference:
-    """A percentile's difference with the bootstrap's percentile interval and two-sided p-value."""
-    low, high = np.percentile(draws, [2.5, 97.5])
-    # Two-sided, and never below one draw's weight: 400 draws cannot tell p from 0 below 1/400.
-    p_value = min(1.0, max(2 * min(np.mean(draws <= 0), np.mean(draws >= 0)), 1 / len(draws)))
-    return Difference(metric, f"p{q}", float(control), float(treatment), float(treatment - control),
-                      float(low), float(high), float(p_value), "block bootstrap")
+def _t_row(metric: str, name: str, control: float, treatment: float, difference: float, se: float, df: float,
+           test: str, rank: float = math.nan) -> Difference:
+    """A difference with the t interval ``difference +- t_df se`` and its two-sided p-value."""
+    from scipy import stats
+
+    if not se > 0:                              # no spread: every batch the same (attainment 100% in both)
+        low = high = difference
+        p_value = 1.0 if difference == 0 else 0.0
+    else:
+        half = float(stats.t.ppf(0.5 + LEVEL / 2, df)) * se
+        low, high = difference - half, difference + half
+        p_value = float(2 * stats.t.sf(abs(difference) / se, df))
+    return Difference(metric, name, float(control), float(treatment), float(difference), float(low), float(high),
+                      float(p_value), test, float(rank))
+
+
+def _independent_row(metric: str, name: str, a: np.ndarray, b: np.ndarray, tau: float, batches: int,
+                     rank: float = math.nan) -> Difference:
+    """Welch's t on each group's batch figures, centred on the figures over all the requests."""
+    statistic, minimum = _statistic(name)
+    control, treatment = float(statistic(a)), float(statistic(b))
+    size = batch_size(tau, minimum)
+    ka, kb = _batch_count(len(a), size, batches), _batch_count(len(b), size, batches)
+    if min(ka, kb) < MIN_BATCHES:
+        return _unmeasured(metric, name, control, treatment, size, tau)
+    va = float(np.var(statistic(_batched(a, ka)), ddof=1)) / ka
+    vb = float(np.var(statistic(_batched(b, kb)), ddof=1)) / kb
+    se = math.sqrt(va + vb)
+    df = (va + vb) ** 2 / (va ** 2 / (ka - 1) + vb ** 2 / (kb - 1)) if se > 0 else math.inf
+    how = "batch means" if name == "mean" else "batch percentiles"
+    return _t_row(metric, name, control, treatment, treatment - control, se, df,
+                  f"Welch t on {how} ({ka} + {kb} batches)", rank)
+
+
+@_quiet
+def compare_independent(control: pd.DataFrame, treatment: pd.DataFrame, batches: int = BATCHES,
+                        percentiles: Sequence[int] = PERCENTILES,
+                        metrics: Sequence[str] = (*METRICS, ATTAINMENT)) -> list[Difference]:
+    """Canary (``treatment``) against control: the measured requests of each (see :func:`measured`)."""
+    from scipy import stats
+
+    tau = max(_state_correlation_time(control), _state_correlation_time(treatment))
+    out = []
+    for metric in metrics:
+        a, b = _values(control, metric), _values(treatment, metric)
+        if min(len(a), len(b)) < 2:
+            continue
+        rank = float(stats.mannwhitneyu(b, a).pvalue) if metric != ATTAINMENT else math.nan
+        out.append(_independent_row(metric, "mean", a, b, tau, batches, rank))
+        if metric != ATTAINMENT:
+            out += [_independent_row(metric, f"p{q}", a, b, tau, batches) for q in percentiles]
+    return out
+
+
+def _paired_row(metric: str, name: str, a: np.ndarray, b: np.ndarray, tau: float, batches: int,
+                rank: float = math.nan) -> Difference:
+    """A one-sample t on the batches' differences (of means, or of percentiles), centred on the
+    difference over all the pairs."""
+    statistic, minimum = _statistic(name)
+    control, treatment = float(statistic(a)), float(statistic(b))
+    size = batch_size(tau, minimum)
+    k = _batch_count(len(a), size, batches)
+    if k < MIN_BATCHES:
+        return _unmeasured(metric, name, control, treatment, size, tau)
+    spread = statistic(_batched(b, k)) - statistic(_batched(a, k))
+    se = float(np.std(spread, ddof=1)) / math.sqrt(k)
+    how = "batch mean differences" if name == "mean" else "batch percentile differences"
+    return _t_row(metric, name, control, treatment, treatment - control, se, k - 1, f"paired t on {how} ({k} batches)",
+                  rank)
+
+
+@_quiet
+def compare_paired(control: pd.DataFrame, shadow: pd.DataFrame, batches: int = BATCHES,
+                   percentiles: Sequence[int] = PERCENTILES) -> list[Difference]:
+    """Shadow against control on the requests both served (joined by ``id``, in arrival order)."""
+    from scipy import stats
+
+    pairs = control.merge(shadow, on="id", suffixes=("_control", "_shadow")).sort_values("arrival_s_control")
+    series = {metric: _paired_values(pairs, metric) for metric in (*METRICS, ATTAINMENT)}
+    tau = max(correlation_time(x) for metric in METRICS for a, b in [series[metric]] for x in (a, b, b - a))
+    out = []
+    for metric, (a, b) in series.items():
+        if len(a) < 2:
+            continue
+        rank = float(stats.wilcoxon(b, a).pvalue) if metric != ATTAINMENT and np.any(b != a) else math.nan
+        out.append(_paired_row(metric, "mean", a, b, tau, batches, rank))
+        if metric != ATTAINMENT:
+            out += [_paired_row(metric, f"p{q}", a, b, tau, batches) for q in percentiles]
+    return out
+
+
+def _state_correlation_time(records: pd.DataFrame) -> float:
+    """The longest correlation time of a group's latency series (see the module docstring)."""
+    return max(correlation_time(_values(records, metric)) for metric in METRICS)
+
+
+def _paired_values(pairs: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """The control's and the shadow's values of ``metric`` on the pairs both finished (attainment: all pairs)."""
+    if metric == ATTAINMENT:
+        return pairs["meets_slo_control"].to_numpy(dtype=float), pairs["meets_slo_shadow"].to_numpy(dtype=float)
+    both = (pairs["status_control"] == "finished") & (pairs["status_shadow"] == "finished")
+    a = pairs.loc[both, f"{metric}_control"].to_numpy(dtype=float)
+    b = pairs.loc[both, f"{metric}_shadow"].to_numpy(dtype=float)
+    keep = ~(np.isnan(a) | np.isnan(b))
+    return a[keep], b[keep]
+
+
+def verdict(name: str, role: str, differences: Sequence[Difference]) -> str:
+    """One line: which figures of the group are significantly worse or better than the control's (each
+    tested at ``1 - LEVEL``), and what it means for the rollout."""
+    def worse(d: Difference) -> bool:            # higher latency, or lower attainment
+        return (d.difference < 0) if d.metric == ATTAINMENT else (d.difference > 0)
+
+    def label(d: Difference) -> str:
+        change = (f"{100 * d.difference:+.2g} points" if d.metric == ATTAINMENT
+                  else f"{100 * d.difference / d.control:+.1f}%" if d.control else f"{d.difference:+.3g}")
+        return f"{d.metric.removesuffix('_s').upper() if d.metric != ATTAINMENT else d.metric} {d.statistic} {change}"
+
+    significant = [d for d in differences if d.significant]
+    bad = [label(d) for d in significant if worse(d)]
+    good = [label(d) for d in significant if not worse(d)]
+    unmeasured = [f"{d.metric.removesuffix('_s').upper()} {d.statistic}" for d in differences if not d.has_interval]
+    level = f"{100 * (1 - LEVEL):g}%"
+    missing = f"; no interval (too few requests): {', '.join(unmeasured)}" if unmeasured else ""
+    if differences and len(unmeasured) == len(differences):
+        return (f"verdict: none for {name}: no figure has an interval, the run is too short for its correlation "
+                "time (the rows above say how many requests each needs)")
+    if bad:
+        text = (f"{name} is worse than the control ({level} level): {', '.join(bad)}"
+                + (f"; better: {', '.join(good)}" if good else "") + missing
+                + f": do not {'roll it out' if role == 'canary' else 'promote it'}")
+    elif good:
+        text = (f"{name} is better than the control ({level} level): {', '.join(good)}; no figure is "
+                f"significantly worse{missing}")
+    else:
+        text = (f"no significant difference between {name} and the control at the {level} level{missing}: this "
+                "run cannot tell them apart (the changes it detects are above; run longer to see smaller ones)")
+    return f"verdict: {text}"
 
 
 # The smallest relative change whose detection time is reported (``llmsim run --detect``): the
@@ -219,14 +287,15 @@ class DetectionTime:
 
 
 def detection_time(control: pd.DataFrame, treatment: pd.DataFrame, fraction: float, rate_per_s: float,
-                   change: float = 0.05, alpha: float = 0.05, power: float = 0.8, paired: bool = False,
-                   batches: int = BATCHES) -> list[DetectionTime]:
+                   change: float = 0.05, alpha: float = 0.05, power: float = 0.8,
+                   paired: bool = False) -> list[DetectionTime]:
     """Per mean metric: the requests and seconds the treatment (a canary at ``fraction`` of
     ``rate_per_s``, or a shadow copying that fraction when ``paired``) needs for a two-sided test at
     ``alpha`` to detect a mean change of ``change`` x the control's mean with probability ``power``.
 
-    Each group's variance per request is ``n x se^2`` from its batch means, which counts the
-    correlation between neighbouring requests. For a canary, ``Var(diff) = s_t^2 / n_t + s_c^2 / n_c``
+    Each group's variance per request is its variance times its correlation time (as the intervals
+    take it: the longest of its latency series'), which counts the correlation between neighbouring
+    requests. For a canary, ``Var(diff) = s_t^2 / n_t + s_c^2 / n_c``
     with ``n_c = n_t (1 - f) / f``; for a shadow, ``s_d^2 / n`` of the paired differences. The
     needed ``n_t`` makes ``(z_{1-alpha/2} + z_power) sqrt(Var) = change x mean_c``.
     """
@@ -234,25 +303,26 @@ def detection_time(control: pd.DataFrame, treatment: pd.DataFrame, fraction: flo
 
     z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
     out = []
+    if paired:
+        pairs = control.merge(treatment, on="id", suffixes=("_control", "_shadow")).sort_values("arrival_s_control")
+        series = {metric: _paired_values(pairs, metric) for metric in (*METRICS, ATTAINMENT)}
+        tau = max(correlation_time(x) for metric in METRICS for a, b in [series[metric]] for x in (a, b, b - a))
+    else:
+        tau_control, tau_treatment = _state_correlation_time(control), _state_correlation_time(treatment)
     for metric in (*METRICS, ATTAINMENT):
         if paired:
-            pairs = control.merge(treatment, on="id", suffixes=("_c", "_t")).sort_values("arrival_s_c")
-            column = "meets_slo" if metric == ATTAINMENT else metric
-            a = pairs[f"{column}_c"].to_numpy(dtype=float)
-            d = pairs[f"{column}_t"].to_numpy(dtype=float) - a
-            keep = ~np.isnan(d)
-            a, d = a[keep], d[keep]
-            if len(d) < 4:
+            a, b = series[metric]
+            if len(a) < 4:
                 continue
-            n = len(d)
-            per_request = _variance_per_request(d, batches)
+            n = len(a)
+            per_request = _variance_per_request(b - a, tau)
         else:
             a, b = _values(control, metric), _values(treatment, metric)
             if min(len(a), len(b)) < 4:
                 continue
             n = len(b)
-            per_request = (_variance_per_request(b, batches)
-                           + _variance_per_request(a, batches) * fraction / (1 - fraction))
+            per_request = (_variance_per_request(b, tau_treatment)
+                           + _variance_per_request(a, tau_control) * fraction / (1 - fraction))
         target = change * abs(float(np.mean(a)))
         if not (target > 0 and per_request > 0):        # nothing to detect, or no spread to estimate it from
             continue
@@ -262,9 +332,7 @@ def detection_time(control: pd.DataFrame, treatment: pd.DataFrame, fraction: flo
     return out
 
 
-def _variance_per_request(values: np.ndarray, batches: int) -> float:
-    """``n x (batch-means standard error)^2``: a series' variance per observation, correlation included."""
-    k = _batches(len(values), batches)
-    means = batch_series(values, k)
-    usable = len(values) // k * k
-    return float(means.var(ddof=1) / k * usable)
+def _variance_per_request(values: np.ndarray, tau: float) -> float:
+    """A series' variance per observation, correlation included: its variance times the correlation time
+    (``n`` times the variance of its mean, for a long series)."""
+    return float(np.var(values, ddof=1)) * tau

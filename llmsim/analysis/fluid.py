@@ -231,7 +231,8 @@ class FluidModel:
         self.cost = resolved.cost
         self.engines = resolved.replicas * resolved.engines_per_replica
         spec = scenario.speculation if scenario.speculating else None
-        self.draft_cost, self.separate, self.handoff_s = resolved.draft_cost, resolved.draft_separate, resolved.handoff_s
+        self.draft_cost, self.separate = resolved.draft_cost, resolved.draft_separate
+        self.handoff_s = resolved.handoff_s
         # Medusa heads and n-gram lookups run once a step, whatever k; the others once per drafted token.
         self.draft_once = spec is not None and not spec.proposer.sequential
         self.branching = spec.proposer.branching if spec is not None else 1
@@ -396,28 +397,32 @@ class FluidModel:
         """The least tau = E[step time | lambda, tau], or inf where none is below saturation.
 
         g(tau) = E[step time] increases with tau and is close to convex (a sum of maxima
-        of linear terms, smoothed by the Poisson mixture). From tau = 0, where g > tau,
+        of linear terms, smoothed by the Poisson mixture). From tau = g(0) > 0, where g >= tau,
         Newton steps climb to the least fixed point, from either side of it within the
         bracket found so far, and bisection takes over should a step leave the bracket.
-        Where g' >= 1 while g > tau there is no fixed point ahead (the load outruns the
-        hardware), and past the tau at which the batch would hold twice max_num_seqs the
-        engine is saturated whatever the cost model says: inf. Only the rates not yet
-        settled are computed each step.
+        Where g' >= 1 while g > tau (an MoE model's g is concave where its first tokens touch
+        whole experts) the step is tau <- g(tau) instead, and past the tau at which the batch
+        would hold twice max_num_seqs the engine is saturated whatever the cost model says: inf.
+        Only the rates not yet settled are computed each step.
         """
         limit = 2 * self.max_seqs / np.maximum(lam * work.decode_steps, 1e-300)
-        tau = np.zeros_like(lam)
-        low, high = np.zeros_like(lam), np.full_like(lam, np.inf)
+        # Start from g(0), which the least fixed point cannot be below (g increases): at tau = 0 itself the
+        # slope of an MoE model's g is steep (the first tokens touch whole experts), and the test below
+        # would take that for a load that outruns the hardware.
+        tau = self._mean_step(lam, np.zeros_like(lam), work)
+        low, high = tau.copy(), np.full_like(lam, np.inf)
+        climbed = np.zeros(len(lam), dtype=bool)
         active = np.arange(len(lam))
         for _ in range(SOLVER_STEPS):
             if not len(active):
                 break
-            l, t = lam[active], tau[active]
-            g = self._mean_step(l, t, work)
+            rates, t = lam[active], tau[active]
+            g = self._mean_step(rates, t, work)
             h = g - t
             eps = 1e-6 * np.maximum(t, 1e-6)
-            slope = (self._mean_step(l, t + eps, work) - g) / eps
+            slope = (self._mean_step(rates, t + eps, work) - g) / eps
             above = h > 0
-            hopeless = above & (slope >= 1) | (t > limit[active])
+            hopeless = t > limit[active]
             tau[active[hopeless]] = np.inf
             low[active] = np.where(above, t, low[active])
             high[active] = np.where(above, high[active], t)
@@ -431,9 +436,16 @@ class FluidModel:
             # there instead converges only linearly (60 steps and more next to the capacity).
             newton = t + h / (1 - np.minimum(slope, 1 - 1e-12))
             step = np.where((newton > lo) & (newton < hi), newton, (lo + hi) / 2)
+            # Where g climbs as fast as tau or faster (g' >= 1 while g > tau), Newton has no fixed point ahead
+            # to aim at: plain iteration tau <- g(tau) climbs to the least fixed point from below (g increases),
+            # or past the saturation limit, where there is none.
+            climbing = above & (slope >= 1)
+            step = np.where(climbing, g, step)
+            climbed[active] = climbing
             moving = ~settled & ~hopeless
             tau[active[moving]] = step[moving]
             active = active[moving]
+        tau[active[climbed[active]]] = np.inf      # still climbing after every step: no fixed point within reach
         return np.where(tau > limit, np.inf, tau)
 
     # -- public -------------------------------------------------------------------------------------

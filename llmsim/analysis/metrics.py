@@ -24,7 +24,7 @@ from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSumma
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
-from llmsim.scenario.scenario import SLO
+from llmsim.scenario.scenario import SLO, Scenario
 from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.slo import slo_limits, within_limit
 
@@ -128,6 +128,13 @@ def warmup_warning(result: SimulationResult) -> str | None:
             "simulation.warmup or send more requests")
 
 
+def _expert_memory(scenario: Scenario) -> dict[str, int]:
+    experts = scenario.deployment.expert_parallel
+    if experts is None:
+        return {}
+    return {"expert_parallel": experts.degree, "experts_per_device": experts.experts_per_rank(scenario.model)}
+
+
 def summarize(result: SimulationResult) -> RunSummary:
     """The summary of one run, typed (``to_dict()``: what ``llmsim run`` prints and writes as JSON)."""
     scenario = result.scenario
@@ -177,7 +184,8 @@ def summarize(result: SimulationResult) -> RunSummary:
         speculation_sums(in_window) if scenario.speculating else None, classes,
         autoscaling_summary(result, replicas, float(records["generated_tokens"].sum()))
         if result.scaling is not None else None,
-        kv_cache_summary(result.kv_tiers, steady, finished, records, scenario.deployment.replicas)
+        kv_cache_summary(result.kv_tiers, steady, finished, records,
+                         scenario.deployment.replicas * scenario.deployment.data_parallel)
         if result.kv_tiers else None)
 
 
@@ -218,8 +226,10 @@ def run_summary(result: SimulationResult, window_s: tuple[float, float], replica
         kv_cache_in=placement.kv_tier.name,
         weights_per_device_gb=placement.weights_per_device_bytes / 1e9,
         kv_cache_per_device_gb=placement.kv_per_device_bytes / 1e9,
-        kv_capacity_tokens_per_replica=placement.kv_capacity_tokens,
+        # With expert parallelism a replica is a group of data-parallel ranks, each with its own KV cache.
+        kv_capacity_tokens_per_replica=placement.kv_capacity_tokens * scenario.deployment.data_parallel,
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
+        **_expert_memory(scenario),
     )
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
@@ -315,7 +325,7 @@ def utilisation_from(overlap: tuple[float, float, float, float, float, float], w
     devices = replicas * scenario.devices_per_replica
     # Each engine's iterations follow one another, so the sum is at most the window; rounding in
     # the sum of clipped durations can add an ulp or two.
-    busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel), 1.0)
+    busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel * dep.data_parallel), 1.0)
     mfu = flops / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
     return Utilisation(
         busy_fraction=busy_fraction,

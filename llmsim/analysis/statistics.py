@@ -7,6 +7,51 @@ import numpy as np
 
 
 BATCHES = 20
+MIN_BATCH = 30               # observations per batch at the least: shorter batches stay correlated
+SPAN = 20                    # a batch spans this many correlation times (see batch_size)
+MIN_BATCHES = 4              # fewer batch means leave the t interval too wide to say anything
+
+
+def correlation_time(*series) -> float:
+    """The integrated autocorrelation time ``tau = 1 + 2 sum_t rho_t`` of a stationary series: how many
+    observations carry the information of one independent one (``n / tau`` is the effective sample
+    size). Several series of one process (the two groups of a comparison) pool their autocovariances.
+
+    Geyer's initial monotone sequence estimator: the sums of adjacent autocorrelations
+    ``rho_2k + rho_2k+1`` are positive and falling for a stationary process, so the sum stops at the
+    first that is not and each is capped by the one before (Geyer 1992, Statistical Science 7(4)).
+    At least 1 (a negatively correlated series is treated as independent, which is conservative).
+    """
+    sums = []                                   # per series: sum over pairs of x_i x_{i+t}, for each lag t
+    for values in series:
+        x = np.asarray(values, dtype=float)
+        x = x[~np.isnan(x)]
+        if len(x) < 4:
+            continue
+        x = x - x.mean()
+        size = 1 << (2 * len(x) - 1).bit_length()
+        spectrum = np.fft.rfft(x, size)
+        sums.append(np.fft.irfft(spectrum * np.conj(spectrum), size)[:len(x)])
+    lags = min((len(s) for s in sums), default=0)
+    pooled = np.sum([s[:lags] for s in sums], axis=0) if sums else None
+    if pooled is None or pooled[0] <= 0:
+        return 1.0
+    rho = pooled / pooled[0]
+    pairs = rho[:len(rho) // 2 * 2].reshape(-1, 2).sum(axis=1)
+    stop = np.flatnonzero(pairs <= 0)
+    pairs = np.minimum.accumulate(pairs[:stop[0] if len(stop) else len(pairs)])
+    return max(1.0, float(-1.0 + 2.0 * pairs.sum()))
+
+
+def batch_size(tau: float, minimum: int = MIN_BATCH) -> int:
+    """Observations per batch for a series of correlation time ``tau``: ``SPAN`` times it, at least ``minimum``.
+
+    A batch of ``m`` captures the correlation up to lags of about ``m`` (its mean's variance is
+    ``tau(m) var / m``, ``tau(m) -> tau``), and its neighbour's mean correlates with it by about
+    ``tau / 4m``. Queueing series have long, thin tails of correlation that an estimate from one short
+    run misses (TPOT under a large slowly changing batch: ``tau`` about 20, estimated 8-27 from 700
+    requests), so the span is generous: 20 times the estimate."""
+    return max(minimum, math.ceil(SPAN * tau))
 
 
 def batch_series(values, batches: int = BATCHES) -> np.ndarray:

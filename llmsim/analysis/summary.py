@@ -139,6 +139,8 @@ class Memory(Section):
     kv_cache_per_device_gb: float
     kv_capacity_tokens_per_replica: int
     draft_devices_per_replica: int
+    expert_parallel: int = 1                # GPUs the routed experts are spread over (1: tensor parallel)
+    experts_per_device: int = 0             # with expert parallelism, routed experts per GPU (redundant included)
 
 
 @dataclass(frozen=True)

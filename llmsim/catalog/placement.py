@@ -59,7 +59,7 @@ class Placement:
 def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pipeline_parallel: int,
           memory_utilization: float, block_size: int, max_batch_tokens: int,
           runtime_reserve_bytes: float, kv_spill: bool = False, draft: ModelSpec | None = None,
-          draft_tensor_parallel: int = 1) -> Placement:
+          draft_tensor_parallel: int = 1, weights_per_device_bytes: float | None = None) -> Placement:
     """Place weights, activations and KV cache on ``tp x pp`` devices of ``hardware``.
 
     The activation reserve is the peak working set of one iteration of
@@ -71,11 +71,13 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
     ``draft_tensor_parallel`` of them) adds its weights, and its own KV cache for every
     token the target holds: a KV block then stands for the same tokens in both models.
     The device holding the first draft shard is the fullest, so its room sizes the cache.
+    ``weights_per_device_bytes`` replaces the even split of the weights where the layout is not even
+    (expert parallelism: :func:`llmsim.cost.experts.weight_bytes_per_device`).
     """
     devices = tensor_parallel * pipeline_parallel
     tiers = hardware.tiers
     usable = [tier.capacity_bytes * memory_utilization for tier in tiers]
-    weights = model.weight_bytes / devices
+    weights = model.weight_bytes / devices if weights_per_device_bytes is None else weights_per_device_bytes
     if draft is not None:
         weights += draft.weight_bytes / draft_tensor_parallel
     ab = model.activation_bytes_per_element
@@ -89,7 +91,8 @@ def place(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int, pip
     kv_index = 1 if kv_spill and len(tiers) > 1 else 0
     kv_bytes = max(free[kv_index], 0.0)
     layers_per_stage = math.ceil(model.num_layers / pipeline_parallel)
-    kv_per_token = layers_per_stage * model.kv_elements_per_token_per_layer(tensor_parallel) * model.kv_bytes_per_element
+    kv_per_token = (layers_per_stage * model.kv_elements_per_token_per_layer(tensor_parallel)
+                    * model.kv_bytes_per_element)
     if draft is not None:
         kv_per_token += (draft.num_layers * draft.kv_elements_per_token_per_layer(draft_tensor_parallel)
                          * draft.kv_bytes_per_element)

@@ -8,6 +8,7 @@ from llmsim.catalog.models import DTYPE_BYTES, lookup_model, model_catalog
 from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.cli.options import integer_flag, number_flag
 from llmsim.config.limits import MAX_QUANTITY
+from llmsim.cost.experts import ExpertParallel, layout_problem, weight_bytes_per_device
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import ENGINE
@@ -38,6 +39,11 @@ def configure_place(placed) -> None:
     placed.add_argument("--context", type=integer_flag(1), nargs="+",
                         help="context lengths to report concurrency for, 1 up to the model's context (default: "
                         f"{', '.join(map(str, CONTEXTS))}, those the model holds)")
+    placed.add_argument("--ep", type=integer_flag(2), help="spread the routed experts of an MoE model over this many "
+                        "GPUs (expert parallelism, a multiple of --tp, default 1: attention data parallel over "
+                        "ep / tp ranks); weights and KV cache per GPU of the group")
+    placed.add_argument("--redundant-experts", type=integer_flag(0), default=0,
+                        help="with --ep: extra expert slots for copies of the hottest experts (EPLB)")
     placed.add_argument("--room-for", type=integer_flag(1), default=1,
                         help="when searching, require KV room for at least this many tokens")
     placed.set_defaults(func=_cmd_place)
@@ -57,7 +63,19 @@ def _cmd_place(args) -> int:
     _check_place_flags(args, model)
     reserve = args.runtime_reserve_gb * 1e9
     placement: Placement | None
-    if args.tp and args.pp:
+    if args.ep:
+        args.tp, args.pp = args.tp or 1, args.pp or 1
+        layout = ExpertParallel(args.ep, args.redundant_experts)
+        placement = place(model, hardware, args.tp, args.pp, args.memory_utilization, ENGINE.block_size,
+                          args.max_batch_tokens, reserve,
+                          weights_per_device_bytes=weight_bytes_per_device(model, args.tp, args.pp, layout))
+        if not placement.fits:
+            raise ConfigError(f"{model.name} does not fit on an expert-parallel group of {args.ep} x {hardware.name}: "
+                              f"{placement.weights_per_device_bytes / 1e9:.1f} GB of weights per GPU "
+                              f"({layout.experts_per_rank(model)} experts each), "
+                              f"{placement.usable_per_device_bytes / 1e9:.1f} GB usable", key="--ep", value=args.ep,
+                              allowed="a larger --ep, more --pp stages, fewer --redundant-experts or a larger device")
+    elif args.tp and args.pp:
         placement = place(model, hardware, args.tp, args.pp, args.memory_utilization, ENGINE.block_size,
                           args.max_batch_tokens, reserve)
     else:
@@ -71,6 +89,10 @@ def _cmd_place(args) -> int:
     print(f"{model.name} ({model.weight_dtype} weights{others}, {model.kv_dtype} KV) on {hardware.name}:")
     print(f"  devices            {p.devices} (tensor parallel {p.tensor_parallel} x pipeline stages "
           f"{p.pipeline_parallel})")
+    if args.ep:
+        per_gpu = ExpertParallel(args.ep, args.redundant_experts).experts_per_rank(model)
+        print(f"  expert parallel    {args.ep} GPUs per group, {per_gpu} experts per GPU; attention data parallel "
+              f"over {args.ep // args.tp} ranks (KV cache per rank below)")
     print(f"  weights            {p.weights_per_device_bytes / 1e9:,.2f} GB per device in {p.weight_tier.name}"
           + (" (streamed every iteration)" if p.weight_streaming else ""))
     print(f"  KV cache           {p.kv_per_device_bytes / 1e9:,.2f} GB per device in {p.kv_tier.name}"
@@ -103,9 +125,9 @@ def _does_not_fit(args, model, hardware, reserve: float) -> ConfigError:
                            allowed="a smaller --weight-dtype or --max-batch-tokens, a smaller --runtime-reserve-gb, "
                                    "or a larger device")
     return ConfigError(message, key=key, value=value,
-                       allowed=f"the smallest layout that holds the model: {smallest.devices} x {hardware.name} (tensor parallel "
-                               f"{smallest.tensor_parallel} x pipeline stages {smallest.pipeline_parallel}), KV room "
-                               f"for {smallest.kv_capacity_tokens:,} tokens")
+                       allowed=f"the smallest layout that holds the model: {smallest.devices} x {hardware.name} "
+                               f"(tensor parallel {smallest.tensor_parallel} x pipeline stages "
+                               f"{smallest.pipeline_parallel}), KV room for {smallest.kv_capacity_tokens:,} tokens")
 
 
 def _check_place_flags(args, model) -> None:
@@ -118,6 +140,13 @@ def _check_place_flags(args, model) -> None:
     if args.pp is not None and args.pp > model.num_layers:
         raise ConfigError(f"cannot exceed {model.name}'s {model.num_layers} layers", key="--pp", value=args.pp,
                           allowed=f"1..{model.num_layers}")
+    if args.ep is None and args.redundant_experts:
+        raise ConfigError("redundant experts need expert parallelism", key="--redundant-experts",
+                          value=args.redundant_experts, allowed="0, or with --ep")
+    if args.ep is not None:
+        problem = layout_problem(model, args.ep, args.tp or 1, args.redundant_experts)
+        if problem is not None:
+            raise ConfigError(problem[0], key="--ep", value=args.ep, allowed=problem[1])
     if args.context is None:
         args.context = [c for c in CONTEXTS if c <= model.max_context] or [model.max_context]
     longer = [context for context in args.context if context > model.max_context]

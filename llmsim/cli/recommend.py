@@ -88,10 +88,10 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"  at {scenario.workload.rate_per_s:g} req/s     P95 TTFT {ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
              f"P95 TPOT {ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
              f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
-             f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired"
-                                                 + ("; within the noise" if abs(rec.improvement) <= rec.improvement_ci95
-                                                    else "") + ")" if rec.objective == "goodput"
-                                                 and not math.isnan(rec.improvement_ci95) else ""),
+             f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired, at "
+                                                 "least the bisection's resolution)" if rec.objective == "goodput"
+                                                 and not math.isnan(rec.improvement_ci95) else "")
+             + f": {rec.gain_verdict}",
              *(_policies_text(rec, scenario) if rec.policies is not None else []),
              f"searched {len(rec.analytic)} settings analytically, "
              + (f"screened {len(rec.classes.screened)} policy and class-timeout combinations, " if rec.classes else "")

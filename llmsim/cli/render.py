@@ -83,7 +83,9 @@ def format_summary(summary: dict) -> str:
         lines.append(_kv_cache_line(summary["kv_cache"]))
     draft = (f" + {mem['draft_devices_per_replica']} draft device(s)" if mem.get("draft_devices_per_replica")
              else "")
-    lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}{draft}, weights in"
+    experts = (f" x ep {mem['expert_parallel']} ({mem['experts_per_device']} experts per GPU)"
+               if mem.get("expert_parallel", 1) > 1 else "")
+    lines.append(f"placement  tp {mem['tensor_parallel']} x pp {mem['pipeline_parallel']}{experts}{draft}, weights in"
                  f" {mem['weights_in']}, KV cache in {mem['kv_cache_in']}")
     lines.append(f"memory     weights {_num(mem['weights_per_device_gb'])} GB/device,"
                  f" KV cache {_num(mem['kv_cache_per_device_gb'])} GB/device"
@@ -195,13 +197,18 @@ def rollout_table(rollout: dict) -> str:
         lines += [head, "-" * len(head)]
         for d in g["comparison"]:
             scale = (lambda v: _num(100 * v, 2)) if d["metric"] == "attainment" else _ms
-            interval = f"[{scale(d['low'])}, {scale(d['high'])}]"
+            measured = math.isfinite(d["low"]) and math.isfinite(d["high"])
+            interval = f"[{scale(d['low'])}, {scale(d['high'])}]" if measured else "n/a"
+            p_value = f"{d['p_value']:>9.2g}" if measured else f"{'-':>9}"
             lines.append(f"{d['metric']:<12}{d['statistic']:<6}{scale(d['control']):>10}{scale(d['treatment']):>10}"
-                         f"{scale(d['difference']):>10}{interval:>22}{d['p_value']:>9.2g}  {d['test']}"
+                         f"{scale(d['difference']):>10}{interval:>22}{p_value}  {d['test']}"
                          + ("  *" if d["significant"] else ""))
         change = 100 * rollout["change_to_detect"]
         for t in g["detection"]:
             lines.append(f"detect a {change:g}% change in mean {t['metric']}: {t['requests']:,.0f} {g['role']} requests"
                          f" = {t['seconds']:,.0f} s at its share"
                          f" (this run detects {_num(100 * t['detectable_now'], 1)}%)")
+    verdicts = [g["verdict"] for g in groups.values() if "verdict" in g]
+    if verdicts:           # last, so the printout ends in what it means
+        lines += ["", *verdicts]
     return "\n".join(lines)

@@ -267,11 +267,11 @@ def _run_rollout(scenario, out: Path, args) -> int:
                            ignore_index=True)
     written += _optional_files(result.user, iterations, out, args)
     print(format_summary(summary))
-    print("\n" + rollout_table(summary["rollout"]))
     if args.plot:
         from llmsim.analysis.plots import timeline
         written.append(write_file(out / "timeline.png", lambda path: timeline(result.user, path)))
     print("\nwrote " + ", ".join(map(str, written)))
+    print("\n" + rollout_table(summary["rollout"]))          # ends in each group's verdict
     return 130 if result.interrupted else 0
 
 

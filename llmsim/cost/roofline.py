@@ -134,8 +134,10 @@ class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile,
-                 tensor_parallel: int = 1, pipeline_parallel: int = 1, placement: Placement | None = None):
+                 tensor_parallel: int = 1, pipeline_parallel: int = 1, placement: Placement | None = None,
+                 routed_experts: bool = True):
         self.model, self.hardware = model, hardware
+        self.routed_experts = routed_experts       # False: expert parallelism prices them (cost.experts)
         self.tp, self.pp = tensor_parallel, pipeline_parallel
         self.num_devices = tensor_parallel * pipeline_parallel
         # The buffer :meth:`step` builds an iteration's features in, for every engine this model prices
@@ -143,7 +145,7 @@ class CostModel:
         self._x = np.zeros(len(FEATURES))
         self._x[_ONE] = 1.0
         self._experts_touched = model.expected_experts_touched if model.num_experts > 1 else None
-        coeffs = work_coefficients(model, tensor_parallel)
+        coeffs = work_coefficients(model, tensor_parallel, routed_experts)
         # Stack layer operators (run once per layer) and model operators (once). The work is that
         # of every layer; the time is paced by the slowest of pp stages, ceil(layers / pp) layers,
         # since a micro-batch comes round again only after it has served all pp of them.
@@ -243,7 +245,7 @@ class CostModel:
         # Each shape runs in its share of the (paced) layers; routed ones once per expert touched.
         gemms = [(shape, paced_layers * shape.layer_share, F["experts_touched"] if shape.routed else F["one"],
                   experts if shape.routed else 1, F["tokens"])
-                 for shape in layer_gemm_shapes(model, tp)]
+                 for shape in layer_gemm_shapes(model, tp) if self.routed_experts or not shape.routed]
         gemms.append((GemmShape("lm_head", model.vocab_size / tp, model.hidden_size), 1, F["one"], 1,
                       F["logit_tokens"]))     # last: _nonlinear_time keys it apart
         # (name, fixed memory s, memory s per token, compute s per token, repeats, count column,

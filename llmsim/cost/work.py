@@ -39,8 +39,11 @@ class WorkCoefficients(NamedTuple):
     model_bytes: dict[str, np.ndarray]
 
 
-def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoefficients:
+def work_coefficients(model: ModelSpec, tensor_parallel: int = 1, routed_experts: bool = True) -> WorkCoefficients:
     """The FLOPs and bytes of every operator of ``model``, per unit of each batch feature.
+
+    ``routed_experts`` False leaves the routed experts out of the MLP (router and shared experts stay): expert
+    parallelism prices them on the busiest rank instead (:mod:`llmsim.cost.experts`).
 
     Attention computes 4 FLOPs per (query, key) pair per head dimension (QK^T and
     PV, a multiply-add each) and reads each sequence's KV once (FlashAttention);
@@ -51,7 +54,8 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
     wb, ab = m.weight_bytes_per_param, m.activation_bytes_per_element
     kv_token_bytes = m.kv_elements_per_token_per_layer(tp) * m.kv_bytes_per_element
     q_dim, qkv_out = m.q_dim / tp, (m.q_dim + 2 * m.kv_dim) / tp
-    hidden, inter, k = m.hidden_size, m.expert_intermediate_size / tp, m.experts_per_token
+    hidden, inter = m.hidden_size, m.expert_intermediate_size / tp
+    k = m.experts_per_token if routed_experts else 0
     # FLOPs per (query, key) pair: QK^T and PV, 2 each per head dimension; MLA's own (see ModelSpec).
     prefill_pair_flops, decode_pair_flops = ((m.mla_attention_flops_per_pair(False) / tp,
                                               m.mla_attention_flops_per_pair(True) / tp) if m.is_mla
@@ -83,7 +87,7 @@ def work_coefficients(model: ModelSpec, tensor_parallel: int = 1) -> WorkCoeffic
     lf[mlp, F["tokens"]] = (2 * (k * m.expert_params / tp + m.router_params) + 2 * always_on) * sparse \
         + 2 * m.dense_mlp_params / tp * dense
     lw[mlp, F["one"]] = (m.router_params + always_on) * wb * sparse + m.dense_mlp_params / tp * wb * dense
-    lw[mlp, F["experts_touched"]] = m.expert_params / tp * m.expert_bytes_per_param * sparse
+    lw[mlp, F["experts_touched"]] = m.expert_params / tp * m.expert_bytes_per_param * sparse * routed_experts
     la[mlp, F["tokens"]] = k * (2 * hidden + 3 * inter) * ab
     # Every computed position writes its K and V into the paged cache (vLLM's reshape_and_cache, a kernel of its
     # own before attention): bytes / bandwidth on top of attention, not hidden inside its max.

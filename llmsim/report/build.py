@@ -8,7 +8,7 @@ Stages (one progress-bar step each):
 3. **settings**: engine settings for that deployment (:func:`llmsim.search.recommend.recommend`:
    k, max batch tokens, queue timeout, with CIs across seeds and the gain over the rules of
    thumb), then the fewest replicas again with those settings;
-4. **load**: SLO attainment from half to 2.5 times the target rate, the breaking point
+4. **load**: SLO attainment from half to twice the target rate, the breaking point
    (bisection, :func:`llmsim.search.sustainable_rate.max_sustainable_rate`), headroom, and
    one replica down simulated (N+1);
 5. **peak**: a diurnal profile (the trace's, or an assumed sinusoid peaking at the target)
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -48,9 +48,11 @@ from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
+from llmsim.report.standing import chip_standing
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.layout import cheapest_layouts
+
 from llmsim.search.plan import REPLICAS_KEY, RATE_KEY, as_scenario, check_rate, check_rate_driven, fewest_replicas
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
@@ -60,6 +62,10 @@ from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simu
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.trace import Trace
+
+# The expert-parallel layouts the search adds for an MoE model (llmsim.search.layout).
+EXPERT_LAYOUTS = ("; and at one stage, routed experts spread over tp x 2, 4 ... up to 64 GPUs (ep) with attention "
+                  "data parallel, a replica being the whole group")
 
 STAGES = ("workload", "candidates", "settings", "load", "peak", "sensitivity", "monitoring", "assumptions")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
@@ -71,7 +77,8 @@ MIN_REQUESTS = 50                 # fewer cannot measure a P99
 DEFAULT_PEAK_TO_MEAN = 1.5        # the assumed diurnal profile's peak over its mean, without a trace
 HOURS_PER_MONTH = 730.0
 MONITOR_BINS = 40
-BREAKING_TOLERANCE = 0.1        # the breaking point's bisection stops at 10% of the target rate
+BREAKING_TOLERANCE = 0.1        # the breaking point's bisection steps to 10% of the target rate ...
+BREAKING_FINEST = 0.0125        # ... and on, while the step is not below the headroom, to 1.25% at most
 RECOMMEND_TOLERANCE = 0.1       # bisection on the rate stops at 10% (the CLI's recommend: 4%)
 
 
@@ -244,21 +251,24 @@ class ReportBuilder:
                               key="--target-rate", value=self.rate,
                               allowed="a lower rate, other --hardware, or looser SLOs")
         self.best = usable[0]
+        self.standings = {c.hardware: chip_standing(c.hardware, self.original) for c in self.choices}
         columns = ["chip", "layout", "replicas", "devices", "USD/hour", "USD/M out", "kWh/M out", "P95 TTFT",
-                   "P95 TPOT", "SLO attainment", "layouts tried"]
+                   "P95 TPOT", "SLO attainment", "layouts tried", "figures rest on", "held-out error"]
         rows, notes = [], [f"recommended: {self.best.hardware}, the cheapest per hour",
                            "USD/M out and kWh/M out: per million output tokens"]
         for choice in self.choices:
             m = choice.metrics
             tried = len(choice.tried)
+            standing = self.standings[choice.hardware]
+            known = [standing.text, standing.held_out]
             if choice.layout is None:
-                rows.append([choice.hardware, "-", "-", "-", "-", "-", "-", "-", "-", "-", str(tried)])
+                rows.append([choice.hardware, "-", "-", "-", "-", "-", "-", "-", "-", "-", str(tried), *known])
                 notes.append(f"{choice.hardware}: {choice.note}")
                 continue
             rows.append([choice.hardware, choice.layout.label, str(choice.replicas), str(choice.devices),
                          usd(choice.usd_per_hour), usd(m.get(names.USD_PER_MILLION_OUTPUT_TOKENS)),
                          num(m.get(names.KWH_PER_MILLION_OUTPUT_TOKENS)), ms(m.get(names.TTFT_P95)),
-                         ms(m.get(names.TPOT_P95)), percent(m.get(names.SLO_ATTAINMENT)), str(tried)])
+                         ms(m.get(names.TPOT_P95)), percent(m.get(names.SLO_ATTAINMENT)), str(tried), *known])
         layouts = pd.concat([c.tried for c in self.choices if len(c.tried)], ignore_index=True)
         layout_rows = [[f"{r.hardware} {r.layout}", str(int(r.devices_per_replica)), str(int(r.analytic_lower)),
                         str(int(r.analytic_upper)), "-" if pd.isna(r.replicas) else str(int(r.replicas)),
@@ -266,9 +276,16 @@ class ReportBuilder:
         self.sections.append(Section(
             "candidates", "Candidates: the cheapest layout of each chip",
             [f"For each chip every layout (tensor parallel 1-8 in powers of two dividing the heads, times 1-4 "
-             f"pipeline stages, when it holds the model) gets the fewest replicas meeting the SLO targets at "
+             f"pipeline stages{EXPERT_LAYOUTS if self.scenario.model.num_experts > 1 else ''}, when it holds the "
+             f"model) gets the fewest replicas meeting the SLO targets at "
              f"{num(self.rate)} requests/s on {counted(len(self.seeds), 'seed')}; the cheapest per hour is kept. "
-             "Costs are the profiles' prices per device-hour (assumptions), energy every device at its TDP."],
+             "Costs are the profiles' prices per device-hour (assumptions), energy every device at its TDP.",
+             "Figures rest on: step times measured (kernel terms fitted to this chip's timings; the assumed "
+             "ones are named in the assumptions section), derived (carried over from another chip's "
+             "measured terms by a rule stated in their sources: not measured on this chip) or assumption "
+             "(peaks times assumed efficiencies); and the price's confidence. Held-out error: the mean absolute "
+             "error of the chip's kernel terms on timings held out of their fit, from the profile's calibration "
+             "record (GEMM, decode and prefill attention, where a dense model's steps go)."],
             [Table("candidates", "Cheapest layout per chip (scenario's engine settings)", columns, rows,
                    note="; ".join(notes)),
              Table("layouts", "Every layout considered", ["chip and layout", "devices per replica",
@@ -307,8 +324,9 @@ class ReportBuilder:
         self.final = variant(self.scenario, {**self.config, REPLICAS_KEY: replicas})
         rows = self._settings_rows(rec, deployed)
         table = Table("settings", "Recommended engine settings", ["setting", "recommended", "rule of thumb"], rows,
-                      note="± : 95% Student-t confidence interval across seeds; goodput is the highest rate "
-                           "meeting the SLO targets (bisection on the rate per seed)")
+                      note="± : 95% Student-t confidence interval across seeds, and at least the bisection's "
+                           "resolution (seeds that stop in the same bracket agree only to its width); goodput is the "
+                           "highest rate meeting the SLO targets (bisection on the rate per seed)")
         mean = self.at_target.select_dtypes("number").mean()
         ttft_limit, tpot_limit = self.final.slo.ttft_s, self.final.slo.tpot_s
         usd_hour = float(mean[names.USD_PER_HOUR])
@@ -335,7 +353,12 @@ class ReportBuilder:
                                      [deploy, table]))
         deployed_fact = (lambda label, row: Fact(label, "deployment", row, "recommended"))
         setting_fact = (lambda label, row: Fact(label, "settings", row, "recommended"))
-        self.summary += [deployed_fact("chip", "chip"), deployed_fact("layout (tensor x pipeline parallel)", "layout"),
+        chip = best.hardware
+        self.summary += [deployed_fact("chip", "chip"),
+                         Fact("what its figures rest on", "candidates", chip, "figures rest on"),
+                         Fact("its cost model's held-out error", "candidates", chip, "held-out error"),
+                         setting_fact("gain of the settings over the rule of thumb", "gain over the rule of thumb"),
+                         deployed_fact("layout (tensor x pipeline parallel)", "layout"),
                          deployed_fact("replicas", "replicas"), deployed_fact("devices", "devices"),
                          setting_fact("speculation (k)", "speculation k"),
                          setting_fact("max batch tokens", "max batch tokens"),
@@ -362,7 +385,8 @@ class ReportBuilder:
                  plus_minus(default["max_rate_per_s"], default["max_rate_per_s.ci95"])],
                 ["USD per M output tokens at that rate", usd(top["usd_per_million_output_tokens"]),
                  usd(default["usd_per_million_output_tokens"])],
-                ["gain over the rule of thumb", plus_minus(rec.improvement, rec.improvement_ci95, percent), "-"]]
+                ["gain over the rule of thumb", f"{plus_minus(rec.improvement, rec.improvement_ci95, percent)}: "
+                                                f"{rec.gain_verdict}", "-"]]
 
     def _load(self) -> None:
         rates = [self.rate * f for f in LOAD_FACTORS]
@@ -382,6 +406,7 @@ class ReportBuilder:
         frame = pd.DataFrame(frame)
         passing = [r for r in rates if met_by_rate[r]]
         failing = [r for r in rates if not met_by_rate[r]]
+        breaking_failing = math.nan
         if not failing:
             breaking, breaking_text = math.nan, f"above {num(rates[-1])} req/s"
         else:
@@ -391,12 +416,13 @@ class ReportBuilder:
                 breaking = math.nan
                 breaking_text = f"below {num(hi)} req/s"
             else:
-                found = max_sustainable_rate(self.final, lo=lo, hi=hi, tol=BREAKING_TOLERANCE * self.rate, seeds=self.seeds,
+                found = max_sustainable_rate(self.final, lo=lo, hi=hi, tol=BREAKING_TOLERANCE * self.rate,
+                                             above=self.rate, finest=BREAKING_FINEST * self.rate, seeds=self.seeds,
                                              workers=self.workers)
-                breaking = found.rate_per_s
-                breaking_text = f"{num(breaking)} req/s"
+                breaking, breaking_failing = found.rate_per_s, found.failing_rate_per_s
+                breaking_text = f"{num(breaking)} req/s (fails at {num(breaking_failing)} req/s)"
         headroom = breaking / self.rate - 1 if math.isfinite(breaking) else math.nan
-        headroom_text = percent(headroom, 0) if math.isfinite(headroom) else (
+        headroom_text = headroom_words(breaking, breaking_failing, self.rate) if math.isfinite(headroom) else (
             f"more than {percent(rates[-1] / self.rate - 1, 0)}" if not failing else "-")
         # N+1: the deployment with one replica down, simulated at the target rate
         if self.replicas > 1:
@@ -413,7 +439,9 @@ class ReportBuilder:
             ["headroom above the target", headroom_text],
             [f"one replica down ({self.replicas - 1} of {self.replicas})", down_text],
             ["replicas for N+1", f"{n_plus_one} ({'the recommendation already survives one down' if down_met else f'{self.replicas} + 1 spare'})"]],
-            note=f"breaking point: highest rate meeting the SLO targets, bisected to {BREAKING_TOLERANCE:.0%} of the target")
+            note=f"breaking point: highest rate meeting the SLO targets, bisected to {BREAKING_TOLERANCE:.0%} of the "
+                 f"target and on until the step is below the headroom (to {BREAKING_FINEST:.2%} at most); a headroom "
+                 "the step cannot resolve is given as the range it lies in")
         latency = {"ttft": frame[names.TTFT_P95], "tpot": frame[names.TPOT_P95]}
         on_frontier = {metric: frame.index.isin(pareto_frontier(
             frame, latency=column.name, throughput=names.OUTPUT_TOKENS_PER_S_PER_DEVICE).index)
@@ -543,7 +571,13 @@ class ReportBuilder:
     def _assumptions(self) -> None:
         rows, sources = hardware_appendix([choice.hardware for choice in self.choices], self.original)
         error = load_yaml(resources.files("llmsim.report").joinpath("data/cost_model_error.yaml"))
-        error_rows = [[e["what"], e["error"], e["source"]] for e in error["figures"]]
+        engine = self.original.engine.kernels.value
+        # per candidate chip, what its profile records, so this table and the appendix's confidences agree
+        error_rows = [[f"{chip}: step times ({standing.confidence}; {engine} kernel terms)", standing.held_out,
+                       "; ".join(filter(None, [standing.basis, standing.held_out_source,
+                                               "assumed: " + ", ".join(standing.assumed) if standing.assumed else ""]))]
+                      for chip, standing in self.standings.items()]
+        error_rows += [[e["what"], e["error"], e["source"]] for e in error["figures"]]
         import llmsim
         reproduce = [["command", self.command], ["llmsim version", llmsim.__version__],
                      ["seeds", ", ".join(map(str, self.seeds))], ["requests per run", f"{self.requests:,}"],
@@ -574,6 +608,15 @@ class ReportBuilder:
         arrival = self.scenario.workload.arrival
         cv = getattr(arrival, "cv", None)
         return f"{arrival.process}" + (f" (CV {num(cv)})" if cv else "")
+
+
+def headroom_words(passing: float, failing: float, rate: float) -> str:
+    """The headroom above ``rate`` of a breaking point bracketed by [passing, failing]: one figure when
+    the bracket is narrower than it (to whole percents, or one decimal below 10%), else the range."""
+    low, high = passing / rate - 1, failing / rate - 1
+    if not math.isfinite(high) or high - low < low:
+        return percent(low, 0 if low >= 0.1 else 1)
+    return f"{percent(low, 1)} to {percent(high, 1)} (the bisection's step)"
 
 
 def monitoring_series(result, bins: int) -> dict[str, np.ndarray]:

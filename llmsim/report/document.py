@@ -103,6 +103,10 @@ def usd(value) -> str:
 
 
 def plus_minus(value, half_width, fmt=num) -> str:
+    """``value ± half_width``; a zero half-width is no interval (every replication agreed, which few of
+    them cannot show to be exact), so it is said in words, never printed as ``± 0``."""
     if half_width is None or not math.isfinite(half_width):
         return fmt(value)
+    if half_width == 0:
+        return f"{fmt(value)} (± n/a: no spread across seeds)"
     return f"{fmt(value)} ± {fmt(half_width)}"

@@ -1,7 +1,8 @@
 """A scenario's deployment, resolved once: cost models, memory, engines and their limits.
 
 The simulator and the fluid model both run a scenario on the same thing: replicas of
-``tp x pp`` devices, each running one engine per pipeline micro-batch in flight (a
+``tp x pp`` devices (with expert parallelism, each attention data-parallel rank of an expert-parallel
+group is such a replica, :mod:`llmsim.cost.experts`), each running one engine per pipeline micro-batch in flight (a
 pipeline of ``pp`` stages keeps ``pp`` micro-batches going, each iteration taking the
 full trip through all stages), the engines of a replica sharing its queue and KV cache
 and splitting its ``max_num_seqs``. With speculative decoding the draft has its own cost
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from llmsim.catalog.placement import Placement
+from llmsim.cost.experts import BusiestRank, ExpertParallelCostModel, all_to_all_terms, rank_shares
 from llmsim.cost.roofline import CostModel
 from llmsim.speculation.proposers import draft_cost_model
 from llmsim.scenario.scenario import EngineConfig, Scenario
@@ -23,7 +25,7 @@ class ResolvedDeployment:
     """What a scenario's deployment amounts to (see the module docstring)."""
     cost: CostModel                  # the target model on one replica's devices
     memory: Placement                # weights and KV cache per replica (``scenario.memory``)
-    replicas: int
+    replicas: int                    # serving engines' groups: with expert parallelism, data-parallel ranks
     engines_per_replica: int         # pipeline micro-batches in flight
     engine: EngineConfig             # per engine: ``max_num_seqs`` is the replica's split over its engines
     draft_cost: CostModel | None     # None: no speculation, or a speculator without a model (n-gram)
@@ -44,9 +46,12 @@ class ResolvedDeployment:
         return self.memory.kv_capacity_tokens / self.engines_per_replica
 
     @classmethod
-    def of(cls, scenario: Scenario) -> "ResolvedDeployment":
+    def of(cls, scenario: Scenario) -> ResolvedDeployment:
         dep, memory = scenario.deployment, scenario.memory
-        cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, memory)
+        if dep.expert_parallel is None:
+            cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, memory)
+        else:
+            cost = expert_parallel_cost_model(scenario)
         micro_batches = dep.pipeline_parallel
         engine = replace(scenario.engine, max_num_seqs=-(-scenario.engine.max_num_seqs // micro_batches))
         spec = scenario.speculation if scenario.speculating else None
@@ -56,5 +61,15 @@ class ResolvedDeployment:
             draft_cost = draft_cost_model(spec.proposer, spec.draft, scenario.hardware,
                                           spec.draft_devices if separate else spec.draft_tensor_parallel,
                                           scenario.draft_memory if separate else memory)
-        return cls(cost, memory, dep.replicas, micro_batches, engine, draft_cost, separate,
+        return cls(cost, memory, dep.replicas * dep.data_parallel, micro_batches, engine, draft_cost, separate,
                    scenario.hardware.interconnect_latency_s if separate else 0.0)
+
+
+def expert_parallel_cost_model(scenario: Scenario) -> ExpertParallelCostModel:
+    """One attention data-parallel rank's cost model (:mod:`llmsim.cost.experts`): its busiest-rank table
+    drawn from the scenario's seed."""
+    dep, model, hardware = scenario.deployment, scenario.model, scenario.hardware
+    layout = dep.expert_parallel
+    busiest = BusiestRank(rank_shares(model, layout, scenario.seed), scenario.seed)
+    return ExpertParallelCostModel(model, hardware, dep.tensor_parallel, dep.pipeline_parallel, scenario.memory,
+                                   layout, busiest, all_to_all_terms(hardware, scenario.engine.kernels.value))

@@ -99,11 +99,20 @@ COVERAGE = (
      "engine": {"kv_spill": False, "admission": "guaranteed_no_evict", "chunked_prefill": False,
                 "runtime_reserve": "1 GiB"},
      "simulation": {"warmup": "30 s", "horizon": "1 h"}, "seed": 7},
+    {"model": "Qwen3-30B-A3B", "hardware": "H200",
+     "deployment": {"tensor_parallel": 1, "pipeline_parallel": 1,
+                    "expert_parallel": {"degree": 8, "routing": {"distribution": "zipf", "exponent": 0.8}}}},
+    {"model": "Qwen3-30B-A3B", "hardware": "H200",
+     "deployment": {"tensor_parallel": 2, "pipeline_parallel": 1,
+                    "expert_parallel": {"degree": 16, "redundant_experts": 16, "balance": True, "devices_per_node": 8,
+                                        "scale_out_bandwidth": "50 GB/s",
+                                        "routing": {"distribution": "histogram", "path": "{tmp}/experts.csv"}}}},
 )
 
 # What a small file "{tmp}/NAME" holds, written by the generator before COVERAGE loads.
 COVERAGE_FILES = {
     "accepted.csv": "accepted\n" + "\n".join(str(i % 9) for i in range(40)) + "\n",
+    "experts.csv": "tokens\n" + "\n".join(str(1000 // (i + 1)) for i in range(128)) + "\n",
     "dataset.json": '[{"conversations": [{"from": "human", "value": "' + "word " * 60 + '"}, '
                     '{"from": "gpt", "value": "' + "word " * 30 + '"}]}]',
     "config.json": '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, '
@@ -170,7 +179,8 @@ KEY_HELP: dict[str, str] = {
     "hardware": "a hardware profile's name (`llmsim hardware`) or a path to a profile YAML (relative to the "
                 "scenario); names are searched in `$LLMSIM_PROFILE_PATH` before the shipped profiles",
     "deployment": "replicas and their parallelism",
-    "deployment.replicas": "model replicas, each on its own devices",
+    "deployment.replicas": "model replicas, each on its own devices (with expert_parallel: whole expert-parallel "
+                           "groups)",
     "deployment.tensor_parallel": "devices one replica's layers are split over; `auto`: the fewest that hold the "
                                   "weights and one max_model_len request's KV cache; must divide the heads",
     "deployment.pipeline_parallel": "pipeline stages per replica, each keeping one micro-batch in flight; `auto`: "
@@ -180,6 +190,28 @@ KEY_HELP: dict[str, str] = {
                          "longest cached prefix (needs engine.prefix_caching)",
     "deployment.load_bound": "`prefix_aware` only: a replica is chosen for its cache only while its outstanding "
                              "requests stay under this times the mean",
+    "deployment.expert_parallel": "wide expert parallelism in the DeepSeek layout: a replica is one group of `degree` "
+                                  "GPUs holding the routed experts, attention and the dense layers tensor parallel "
+                                  "over tensor_parallel GPUs on degree / tensor_parallel data-parallel ranks, each "
+                                  "with its own requests and KV cache (docs/guides/expert-parallelism.md)",
+    "deployment.expert_parallel.degree": "GPUs the routed experts are spread over; a multiple of tensor_parallel; "
+                                         "num_experts + redundant_experts must split evenly over them",
+    "deployment.expert_parallel.redundant_experts": "extra expert slots (EPLB) holding copies of the hottest experts, "
+                                                    "each copy taking an equal part of its expert's tokens",
+    "deployment.expert_parallel.balance": "place the experts (and their copies) so that the GPUs' shares of the "
+                                          "routed tokens are as even as a greedy packing makes them (EPLB); "
+                                          "false: popularity independent of placement",
+    "deployment.expert_parallel.devices_per_node": "GPUs of one NVLink domain: an all-to-all beyond it crosses the "
+                                                   "scale-out network",
+    "deployment.expert_parallel.scale_out_bandwidth": "per-GPU bandwidth between nodes (one 400 Gb/s NDR port: "
+                                                      "50 GB/s); required when degree exceeds devices_per_node",
+    "deployment.expert_parallel.routing": "how popular each expert is: the step waits for the GPU the "
+                                          "multinomial draw of the step's assignments loads most",
+    "deployment.expert_parallel.routing.distribution": "`uniform`; `zipf`: the i-th most popular expert drawn with "
+                                                       "weight 1 / i^exponent; `histogram`: measured tokens per expert",
+    "deployment.expert_parallel.routing.exponent": "the skew (0: uniform)",
+    "deployment.expert_parallel.routing.path": "a CSV with a `tokens` column, one row per expert "
+                                               "in expert order",
     "engine": "the serving engine's scheduler settings (vLLM names where they exist)",
     "engine.batching": "`continuous`: iteration-level batching (vLLM, TensorRT-LLM); `static`: request-level "
                        "batches that run to their longest output (FasterTransformer, early TGI)",
@@ -315,7 +347,7 @@ KEY_HELP: dict[str, str] = {
     "slo.classes.<name>.percentile": "the class's percentile (one number, or per metric)",
     "simulation": "the measurement window and the run's end",
     "simulation.warmup": "excluded from the steady-state figures; default: 10% of the arrival window",
-    "simulation.horizon": "the simulation stops here; default: twice the arrival window, at least 60 s past it",
+    "simulation.horizon": "the simulation stops here; default: twice the arrival window, at least 60 s past it, and twice the deployment's time to serve every request back to back where that is longer (offline runs)",
     "speculation": "speculative decoding: a draft proposes k tokens, the target verifies them in one pass",
     "speculation.draft": "what proposes the tokens: a draft model (catalog name, config.json path or inline "
                          "mapping, as model), `eagle` (an EAGLE head), `mtp` (the target's multi-token-prediction "
@@ -421,6 +453,7 @@ KEY_OVERRIDES: dict[str, dict[str, str]] = {
     "deployment.tensor_parallel": {"type": "integer or `auto`", "allowed": ">= 1, or `auto`"},
     "deployment.pipeline_parallel": {"type": "integer or `auto`", "allowed": ">= 1, or `auto`"},
     "engine.cpu_offload": {"type": "boolean or mapping"},
+    "deployment.expert_parallel.scale_out_bandwidth": {"default": "none (one node)"},
     "engine.max_model_len": {"default": "the model's context"},
     "workload.prompt_tokens": {"type": "integer or mapping", "default": "required"},
     "workload.output_tokens": {"type": "integer or mapping", "default": "required"},

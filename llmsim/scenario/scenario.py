@@ -15,9 +15,11 @@ from llmsim.catalog.placement import Placement, place, smallest_fitting
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
+from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
 from llmsim.config.policies import (Admission, Batching, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
 from llmsim.errors import ConfigError
+from llmsim.scenario.expert_parallel import expert_parallel_from_node
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
 from llmsim.scenario.control import (SPECULATION_K, AutoscalingConfig, ControllerConfig, autoscaling_from_node,
                                     controller_from_node)
@@ -37,13 +39,21 @@ class Deployment:
     pipeline_parallel: int = 1
     router: RouterPolicy = RouterPolicy.LEAST_OUTSTANDING
     load_bound: float = 1.25             # prefix_aware: a replica's outstanding requests stay under this x the mean
+    # Routed experts spread over tp x data_parallel GPUs, attention data parallel (None: experts tensor parallel).
+    expert_parallel: ExpertParallel | None = None
 
     def __post_init__(self):
         members_of(self, router=RouterPolicy)
 
     @property
+    def data_parallel(self) -> int:
+        """Attention data-parallel ranks of a replica, each with its own requests and KV cache (1 without
+        expert parallelism): a replica is one expert-parallel group."""
+        return 1 if self.expert_parallel is None else self.expert_parallel.data_parallel(self.tensor_parallel)
+
+    @property
     def devices_per_replica(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
 
 
 @dataclass(frozen=True)
@@ -110,14 +120,14 @@ class SLO:
     e2e_percentile: float = 95.0
     # With traffic classes: (class name, its SLO) for every class, each the top-level limits and
     # percentiles overridden by ``slo.classes.<name>``.
-    classes: tuple[tuple[str, "SLO"], ...] = ()
+    classes: tuple[tuple[str, SLO], ...] = ()
 
     @property
     def defined(self) -> bool:
         return any(v is not None for v in (self.ttft_s, self.tpot_s, self.e2e_s)) or \
             any(slo.defined for _, slo in self.classes)
 
-    def for_class(self, name: str) -> "SLO":
+    def for_class(self, name: str) -> SLO:
         """The SLO of traffic class ``name`` (the top-level one when it has none of its own)."""
         return dict(self.classes).get(name, self)
 
@@ -130,7 +140,7 @@ class SLO:
 @dataclass(frozen=True)
 class SimulationConfig:
     warmup_s: float | None = None        # default: 10% of the arrival window
-    horizon_s: float | None = None       # default: twice the arrival window, at least 60 s past it
+    horizon_s: float | None = None       # default: llmsim.sim.horizon.default_horizon_s
 
 
 # The defaults a YAML file gets for what it leaves out: the dataclasses' own.
@@ -154,7 +164,7 @@ class Scenario:
     autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
     rollout: RolloutConfig | None = None             # canary and shadow groups beside this deployment (default: none)
     # Each rollout group's own scenario (its replicas and engine), built and checked with this one.
-    rollout_scenarios: tuple["Scenario", ...] = field(default=(), repr=False, compare=False)
+    rollout_scenarios: tuple[Scenario, ...] = field(default=(), repr=False, compare=False)
     # The validated YAML mapping and the folder its relative paths start from: sweeps lay
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
@@ -175,11 +185,13 @@ class Scenario:
         """
         spec = self.speculation if self.speculating else None
         draft = spec.colocated_draft if spec else None
-        engine = self.engine
-        placement = place(self.model, self.hardware, self.deployment.tensor_parallel,
-                          self.deployment.pipeline_parallel, engine.memory_utilization,
+        engine, dep = self.engine, self.deployment
+        weights = (None if dep.expert_parallel is None else
+                   weight_bytes_per_device(self.model, dep.tensor_parallel, dep.pipeline_parallel, dep.expert_parallel))
+        placement = place(self.model, self.hardware, dep.tensor_parallel,
+                          dep.pipeline_parallel, engine.memory_utilization,
                           engine.block_size, engine.max_batch_tokens, engine.runtime_reserve_bytes, engine.kv_spill,
-                          draft, spec.draft_tensor_parallel if draft else 1)
+                          draft, spec.draft_tensor_parallel if draft else 1, weights)
         if spec and spec.extra_devices:
             draft_placement = self.draft_memory
             placement = replace(placement, num_blocks=min(placement.num_blocks, draft_placement.num_blocks))
@@ -203,10 +215,10 @@ class Scenario:
     def max_model_len(self) -> int:
         return self.engine.max_model_len or self.model.max_context
 
-    def with_seed(self, seed: int) -> "Scenario":
+    def with_seed(self, seed: int) -> Scenario:
         return replace(self, seed=seed)
 
-    def plain_decoding(self) -> "Scenario":
+    def plain_decoding(self) -> Scenario:
         """This scenario without speculation: a controller that moves the draft length goes with it
         (plain decoding has no draft length to move)."""
         controller = self.controller
@@ -261,6 +273,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     if pp is not None and pp > model.num_layers:
         raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
                             pp, f"1..{model.num_layers} or auto")
+    experts_node = dep.child("expert_parallel") if dep.has("expert_parallel") else None
     dep.done()
 
     eng = root.child("engine")
@@ -287,6 +300,8 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling),
         kernels=EngineKernels(eng.choice("kernels", ENGINE_NAMES, ENGINE.kernels.value)))
     hardware = _engine_hardware(eng, engine, hardware)
+    experts = None if experts_node is None else expert_parallel_from_node(experts_node, model, tp, pp, hardware,
+                                                                           engine.kernels.value)
     _check_kv_tiers(eng, engine, hardware)
     if router is RouterPolicy.PREFIX_AWARE and not engine.prefix_caching:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,
@@ -318,6 +333,11 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     if root.has("autoscaling"):
         autoscaling = autoscaling_from_node(root.child("autoscaling"), replicas, router)
     rollout = _rollout(root, autoscaling)
+    if experts is not None:
+        for key, config in (("autoscaling", autoscaling), ("rollout", rollout)):
+            if config is not None:
+                raise root.key_error(key, "is not modelled with expert parallelism (a replica is a whole "
+                                     "expert-parallel group)", root.raw(key), "no deployment.expert_parallel")
     slo_node = root.child("slo")
     slo = _slo(slo_node, SLO_DEFAULTS)
     if slo_node.has("classes"):
@@ -330,7 +350,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     sim.done()
     root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
     deployment = replace(_resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),
-                         load_bound=load_bound)
+                         load_bound=load_bound, expert_parallel=experts)
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
@@ -536,8 +556,8 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
     if spec and spec.extra_devices and not scenario.draft_memory.fits:
         draft_placement = scenario.draft_memory
         raise root.error(f"the draft {spec.draft.name} does not fit on {spec.draft_devices} x "
-                         f"{scenario.hardware.name}: {draft_placement.weights_per_device_bytes / 1e9:.1f} GB of weights "
-                         f"per device, {draft_placement.usable_per_device_bytes / 1e9:.1f} GB usable",
+                         f"{scenario.hardware.name}: {draft_placement.weights_per_device_bytes / 1e9:.1f} GB of "
+                         f"weights per device, {draft_placement.usable_per_device_bytes / 1e9:.1f} GB usable",
                          key="speculation.draft_devices", value=spec.draft_devices,
                          allowed="more draft devices, or a smaller draft weight_dtype")
     placement = scenario.memory
@@ -547,6 +567,18 @@ def _check_fits(scenario: Scenario, root: Node) -> None:
         return
     gb = 1e9
     dep = scenario.deployment
+    if dep.expert_parallel is not None:
+        ep = dep.expert_parallel
+        raise root.error(f"{scenario.model.name} does not fit on an expert-parallel group of {ep.degree} x "
+                         f"{scenario.hardware.name} (tp {dep.tensor_parallel} x pp {dep.pipeline_parallel}): "
+                         f"{placement.weights_per_device_bytes / gb:.1f} GB of weights "
+                         f"({ep.experts_per_rank(scenario.model)} experts per GPU) and "
+                         f"{placement.activation_reserve_per_device_bytes / gb:.1f} GB of activations per GPU, but "
+                         f"only {placement.usable_per_device_bytes / gb:.1f} GB usable, leaving no room for one "
+                         "KV block",
+                         key="deployment.expert_parallel.degree", value=ep.degree,
+                         allowed="a larger degree (fewer experts per GPU), more pipeline stages, fewer redundant "
+                                 "experts, or a larger device")
     message = (f"{scenario.model.name} does not fit on {dep.devices_per_replica} x {scenario.hardware.name}: "
                f"{placement.weights_per_device_bytes / gb:.1f} GB of weights and "
                f"{placement.activation_reserve_per_device_bytes / gb:.1f} GB of activations per device, "

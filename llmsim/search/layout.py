@@ -11,6 +11,12 @@ tp8 may be more than the rate needs. Here every layout is a candidate, and :func
   ``max_tensor_parallel`` (8: one node's NVLink domain), times 1..``max_pipeline_parallel``
   stages (one stage when speculating: speculative decoding is not modelled with pipelines);
   a layout whose model does not fit (placement) is dropped;
+- a mixture-of-experts model also gets expert-parallel layouts (:mod:`llmsim.cost.experts`): at one pipeline
+  stage, each tp with expert-parallel degrees ``tp x 2^i`` up to ``max_expert_parallel`` (64) that split the
+  experts evenly, a replica then being a whole group of ``degree`` GPUs (``degree / tp`` attention
+  data-parallel ranks); the scenario's own ``expert_parallel`` settings (routing, redundant experts,
+  scale-out bandwidth) carry over, and a degree they do not allow (wider than a node without a scale-out
+  bandwidth) is dropped like a layout that does not fit;
 - each layout's cost per hour is replicas x devices per replica (a separate draft's devices
   included) x the chip's price per device-hour, so among a chip's layouts the cheapest is the
   one with the fewest devices in all.
@@ -34,7 +40,7 @@ small grid.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from collections.abc import Sequence
 
@@ -53,6 +59,8 @@ from llmsim.search.window import Judged
 
 MAX_TENSOR_PARALLEL = 8
 MAX_PIPELINE_PARALLEL = 4
+MAX_EXPERT_PARALLEL = 64
+EXPERT_PARALLEL_KEY = "deployment.expert_parallel"
 MAX_REPLICAS = 256
 
 
@@ -62,16 +70,21 @@ class Layout:
     hardware: str
     tensor_parallel: int
     pipeline_parallel: int
-    devices_per_replica: int          # tp x pp, plus a separately placed draft's devices
+    devices_per_replica: int          # tp x pp (x data-parallel ranks), plus a separately placed draft's devices
     usd_per_device_hour: float
+    expert_parallel: int = 1          # the routed experts' degree (1: tensor parallel like the rest)
+    clears_experts: bool = False      # degree 1 of a scenario that has expert_parallel: its section removed
 
     @property
     def label(self) -> str:
-        return f"tp{self.tensor_parallel} x pp{self.pipeline_parallel}"
+        label = f"tp{self.tensor_parallel} x pp{self.pipeline_parallel}"
+        return label + (f" x ep{self.expert_parallel}" if self.expert_parallel > 1 else "")
 
     def overrides(self) -> dict:
+        experts: dict = ({f"{EXPERT_PARALLEL_KEY}.degree": self.expert_parallel} if self.expert_parallel > 1
+                         else {EXPERT_PARALLEL_KEY: None} if self.clears_experts else {})
         return {"hardware": self.hardware, "deployment.tensor_parallel": self.tensor_parallel,
-                "deployment.pipeline_parallel": self.pipeline_parallel}
+                "deployment.pipeline_parallel": self.pipeline_parallel, **experts}
 
     def usd_per_hour(self, replicas: int) -> float:
         return replicas * self.devices_per_replica * self.usd_per_device_hour
@@ -106,7 +119,8 @@ class LayoutChoice:
 
 
 def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
-            max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL) -> list[tuple[Layout, Scenario]]:
+            max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL,
+            max_expert_parallel: int = MAX_EXPERT_PARALLEL) -> list[tuple[Layout, Scenario]]:
     """Every layout of ``hardware`` that holds the scenario's model, with its one-replica scenario."""
     heads = scenario.model.num_heads
     tps = [2 ** p for p in range(int(math.log2(max_tensor_parallel)) + 1) if heads % 2 ** p == 0]
@@ -114,26 +128,44 @@ def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX
     found = []
     for tp in tps:
         for pp in pps:
-            point = {"hardware": hardware, "deployment.tensor_parallel": tp, "deployment.pipeline_parallel": pp,
-                     REPLICAS_KEY: 1}
-            try:
-                one = variant(scenario, point)
-            except ConfigError:            # does not fit, or an impossible split (more stages than layers)
-                continue
-            found.append((Layout(hardware, tp, pp, one.devices_per_replica, one.hardware.price_per_hour_usd), one))
+            for degree in [1, *(expert_degrees(scenario, tp, max_expert_parallel) if pp == 1 else ())]:
+                shape = Layout(hardware, tp, pp, 0, 0.0, degree,
+                               clears_experts=scenario.deployment.expert_parallel is not None)
+                try:
+                    one = variant(scenario, {**shape.overrides(), REPLICAS_KEY: 1})
+                except ConfigError:        # does not fit, or an impossible split (more stages than layers)
+                    continue
+                found.append((replace(shape, devices_per_replica=one.devices_per_replica,
+                                      usd_per_device_hour=one.hardware.price_per_hour_usd), one))
     return found
+
+
+def expert_degrees(scenario: Scenario, tensor_parallel: int, max_expert_parallel: int) -> list[int]:
+    """Expert-parallel degrees above 1 worth a layout at ``tensor_parallel``: tp x 2^i up to the cap, splitting the
+    experts (and the scenario's redundant ones) evenly; none for a dense model."""
+    model = scenario.model
+    if model.num_experts == 1:
+        return []
+    own = scenario.deployment.expert_parallel
+    slots = model.num_experts + (own.redundant_experts if own is not None else 0)
+    degrees, degree = [], tensor_parallel
+    while degree <= max_expert_parallel:
+        if degree > 1 and slots % degree == 0:
+            degrees.append(degree)
+        degree *= 2
+    return degrees
 
 
 def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_per_s: float, *,
                     seeds: Sequence[int] | None = None, workers: int | None = None,
                     max_replicas: int = MAX_REPLICAS, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
-                    max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL, progress: Progress = QUIET
-                    ) -> LayoutChoice:
+                    max_pipeline_parallel: int = MAX_PIPELINE_PARALLEL,
+                    max_expert_parallel: int = MAX_EXPERT_PARALLEL, progress: Progress = QUIET) -> LayoutChoice:
     """The cheapest (replicas, tp, pp) of ``hardware`` meeting the SLO targets at the rate (see the module doc)."""
     scenario = as_scenario(scenario)
     rate = check_rate(target_rate_per_s)
     options = layouts(scenario, hardware, max_tensor_parallel=max_tensor_parallel,
-                      max_pipeline_parallel=max_pipeline_parallel)
+                      max_pipeline_parallel=max_pipeline_parallel, max_expert_parallel=max_expert_parallel)
     if not options:
         return LayoutChoice(hardware, None, None, {}, pd.DataFrame(), 0,
                             note=f"does not fit: no layout up to tp{max_tensor_parallel} x pp{max_pipeline_parallel} "

@@ -154,8 +154,10 @@ def plan_table(scenario: str | Path | Scenario, target_rate_per_s: float, hardwa
 
 def _placement_overrides(scenario: Scenario, name: str) -> dict:
     """Another chip is placed afresh (a speculating scenario's auto placement keeps one
-    pipeline stage: speculative decoding is not modelled with pipeline parallelism)."""
-    if name.lower() in (scenario.hardware.name.lower(), _own_hardware(scenario).lower()):
+    pipeline stage: speculative decoding is not modelled with pipeline parallelism); an expert-parallel
+    scenario keeps its layout (``llmsim place`` searches expert-parallel layouts)."""
+    if name.lower() in (scenario.hardware.name.lower(), _own_hardware(scenario).lower()) \
+            or scenario.deployment.expert_parallel is not None:     # an expert-parallel layout is given, not searched
         return {"hardware": name}
     return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 
@@ -172,7 +174,8 @@ def kept_layout_row(scenario: Scenario, name: str, rate: float, seeds, workers, 
         return {**row, "replicas": math.nan, "note": f"does not fit: {error.message}"}
     dep = one.deployment
     row.update(devices_per_replica=one.devices_per_replica,
-               placement=f"tp{dep.tensor_parallel} x pp{dep.pipeline_parallel}")
+               placement=f"tp{dep.tensor_parallel} x pp{dep.pipeline_parallel}"
+               + (f" x ep{dep.expert_parallel.degree}" if dep.expert_parallel is not None else ""))
     lower, upper = analytic_bracket(one, rate, max_replicas)
     bound = capacity_bound(one, rate)
     row.update(analytic_lower=lower, analytic_upper=upper, analytic_capacity_bound=bound)

@@ -186,7 +186,7 @@ class Recommendation:
     at_scenario_rate: pd.DataFrame  # the best and the best default, re-simulated at the scenario's rate
     objective: str
     improvement: float             # best over the best default (goodput ratio - 1, or cost saving)
-    improvement_ci95: float        # half-width across seeds, paired (both ran every seed's requests)
+    improvement_ci95: float        # half-width across seeds, paired, at least the bisection's resolution
     analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
     runtime_s: float
     drafts: DraftAdvice | None = None   # with drafts=True on a speculating scenario: the draft and eligibility
@@ -195,6 +195,18 @@ class Recommendation:
     # goodput and each class's attainment at the scenario's rate (best first): why the policy won.
     classes: ClassSearch | None = None
     policies: pd.DataFrame | None = None
+
+    @property
+    def gain_verdict(self) -> str:
+        """Whether the gain over the rule of thumb is significant, in words (a goodput gain is, when its
+        95% interval excludes 0; a cost saving or a single replication has no interval)."""
+        what = "goodput gain" if self.objective == "goodput" else "cost saving"
+        if not math.isfinite(self.improvement_ci95):
+            return f"the {what} has no interval (one replication): not shown to be significant"
+        if abs(self.improvement) > self.improvement_ci95:
+            return f"the {what} is significant (its 95% interval excludes 0)"
+        return (f"the {what} is not significant (its 95% interval includes 0): the recommended settings are not "
+                "shown to beat the rule of thumb; more seeds (--seeds) would tell")
 
 
 def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
@@ -352,7 +364,10 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         at_rate = searcher.at_scenario_rate([best, best_default["config"], *finalists])
         policies = _policy_table(classes, table, at_rate, scenario) if classes is not None else None
         advice = advise(scenario) if drafts and scenario.speculation is not None else None
-        return Recommendation(best, table, default_rows, at_rate, objective, float(improvement), _ci(gains),
+        # each seed's rate is known to the bisection's tolerance, so a gain to about (1 + gain) x tolerance
+        resolution = (1 + improvement) * tolerance if objective == "goodput" else 0.0
+        return Recommendation(best, table, default_rows, at_rate, objective, float(improvement),
+                              _ci(gains, resolution),
                               analytic, time.perf_counter() - started, advice, search, classes, policies)
 
 
@@ -489,7 +504,8 @@ class _Search:
                                "scheduling_policy": c.policy or self.scenario.engine.scheduling_policy,
                                "class_timeouts": dict(class_timeouts(c, self.scenario)) or None,
                                "analytic_rate_per_s": guess[c],
-                               "max_rate_per_s": rates.mean(), "max_rate_per_s.ci95": _ci(rates),
+                               "max_rate_per_s": rates.mean(),
+                               "max_rate_per_s.ci95": _ci(rates, self.tolerance * rates.mean()),
                                "usd_per_million_output_tokens": float(np.nanmean(cost)) if np.isfinite(cost).any()
                                else math.nan,
                                "meets_scenario_rate": all(b.meets(self.rate) for b in runs),
@@ -668,9 +684,11 @@ def _policy_table(classes: ClassSearch, table: pd.DataFrame, at_rate: pd.DataFra
     return pd.DataFrame(out).set_index("scheduling_policy").loc[order].reset_index()
 
 
-def _ci(values: np.ndarray) -> float:
-    """Half-width of the 95% Student-t confidence interval of the mean across seeds."""
+def _ci(values: np.ndarray, resolution: float = 0.0) -> float:
+    """Half-width of the 95% Student-t confidence interval of the mean across seeds, and never below
+    ``resolution``: a bisection's per-seed answers are known only to its bracket, so seeds that land in
+    the same bracket agree to the bracket, not exactly (their spread alone would say +- 0)."""
     values = np.asarray(values, dtype=float)
     if len(values) < 2 or not np.isfinite(values).all():      # an infinite gain (a baseline at 0) has no interval
         return math.nan
-    return float(ci95_half_width(values.std(ddof=1), len(values)))
+    return max(float(ci95_half_width(values.std(ddof=1), len(values))), float(resolution))

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.canary import compare_independent, compare_paired, detection_time, measured
+from llmsim.analysis.canary import compare_independent, compare_paired, detection_time, measured, verdict
 from llmsim.analysis.metrics import summarize
 from llmsim.scenario.rollout import CONTROL
 from llmsim.scenario.scenario import Scenario
@@ -141,9 +141,9 @@ def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:
         if role != CONTROL:
             paired = role == "shadow"
             twins = control[control["id"].isin(records["id"])] if paired else control
-            entry["comparison"] = [asdict(d) | {"significant": d.significant} for d in
-                                   (compare_paired(twins, records, seed=scenario.seed) if paired
-                                    else compare_independent(control, records, seed=scenario.seed))]
+            differences = compare_paired(twins, records) if paired else compare_independent(control, records)
+            entry["comparison"] = [asdict(d) | {"significant": d.significant} for d in differences]
+            entry["verdict"] = verdict(name, role, differences)
             entry["detection"] = [asdict(d) for d in detection_time(twins if paired else control, records,
                                                                     fractions[name], rate, change, paired=paired)]
         groups[name] = entry

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -35,7 +35,8 @@ class SustainableRate:
 
 def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float, hi: float, tol: float,
                          target: float | None = None, slo: Mapping | None = None, seeds: Sequence[int] | None = None,
-                         workers: int | None = None, engine: str = "processes") -> SustainableRate:
+                         workers: int | None = None, engine: str = "processes", above: float | None = None,
+                         finest: float | None = None) -> SustainableRate:
     """The highest arrival rate (requests/s) that meets the SLO, by bisection.
 
     Criterion, by default (``target`` None): the scenario's percentile targets, as
@@ -50,7 +51,10 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
     Every rate runs on the same requests per seed (common random numbers: arrival gaps
     are drawn at unit rate and scaled), so attainment falls with the rate up to noise in
     the simulated engine only, and bisection on ``[lo, hi]`` stops when the bracket is at
-    most ``tol`` wide.
+    most ``tol`` wide. With ``above`` (a rate, e.g. the target whose headroom is reported), it goes
+    on halving until the bracket is also narrower than the answer's distance above that rate, so
+    the headroom it gives is larger than its own resolution, down to a bracket of ``finest``
+    (default ``tol / 8``); past that the headroom is known only as a bound.
     """
     if not 0 < lo < hi or tol <= 0:
         raise ValueError(f"need 0 < lo < hi and tol > 0 (got lo={lo}, hi={hi}, tol={tol})")
@@ -69,19 +73,31 @@ def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float
         tried.append(judged.rows)
         return judged.verdict.met
 
+    passing, failing = bisect(meets, lo, hi, tol, above, finest)
+    return SustainableRate(passing, failing, target, pd.concat(tried, ignore_index=True))
+
+
+def bisect(meets: Callable[[float], bool], lo: float, hi: float, tol: float, above: float | None = None,
+           finest: float | None = None) -> tuple[float, float]:
+    """(highest rate seen to pass, lowest seen to fail) of a criterion that passes below some rate and
+    fails above it: NaN for the first when ``lo`` fails, for the second when ``hi`` passes. Halves
+    ``[lo, hi]`` until it is at most ``tol`` wide and, with ``above``, narrower than ``lo - above``
+    (the bracket under the distance it brackets), but never below ``finest`` (default ``tol / 8``)."""
+    finest = tol / 8 if finest is None else finest
     if not meets(lo):
-        return SustainableRate(math.nan, lo, target, pd.concat(tried, ignore_index=True))
+        return math.nan, lo
     if meets(hi):
-        return SustainableRate(hi, math.nan, target, pd.concat(tried, ignore_index=True))
+        return hi, math.nan
     for _ in range(MAX_BISECTIONS):
         middle = (lo + hi) / 2
-        if hi - lo <= tol or not lo < middle < hi:      # done, or a tolerance finer than the floats
+        resolved = hi - lo <= tol and (above is None or hi - lo < lo - above or hi - lo <= finest)
+        if resolved or not lo < middle < hi:      # done, or a tolerance finer than the floats
             break
         if meets(middle):
             lo = middle
         else:
             hi = middle
-    return SustainableRate(lo, hi, target, pd.concat(tried, ignore_index=True))
+    return lo, hi
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from llmsim.config.limits import MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY_BYTES
 from llmsim.errors import ConfigError
 from llmsim.scenario.deployment import ResolvedDeployment
+from llmsim.sim.horizon import default_horizon_s
 from llmsim.scenario.scenario import Scenario
 from llmsim.workload.profiles import RateProfile
 from llmsim.workload.trace import Trace
@@ -113,7 +114,7 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None, streamed: bool 
         prompt, output, longest = _lengths(workload, requests)
     horizon_s = scenario.simulation.horizon_s
     if horizon_s is None:
-        horizon_s = max(2 * window_s, window_s + 60.0)
+        horizon_s = default_horizon_s(scenario, window_s, requests, prompt, output)
     resolved = ResolvedDeployment.of(scenario)
     serving = resolved.replicas * resolved.engines_per_replica
     per_request = output + math.ceil(prompt / scenario.engine.max_batch_tokens)
@@ -144,12 +145,13 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None, streamed: bool 
 def _engines(scenario: Scenario) -> list[tuple[str, int]]:
     """(key, engines) of every group of replicas the run builds: the deployment's (all an autoscaler
     may start) and each rollout group's, an engine per pipeline stage."""
-    stages = scenario.deployment.pipeline_parallel
+    stages = scenario.deployment.pipeline_parallel * scenario.deployment.data_parallel
     if scenario.autoscaling is not None:
         return [("autoscaling.max_replicas", scenario.autoscaling.max_replicas * stages)]
     groups = [("deployment.replicas", scenario.deployment.replicas * stages)]
     if scenario.rollout is not None:
-        groups += [(f"rollout.groups.{group.name}.replicas", built.deployment.replicas * built.deployment.pipeline_parallel)
+        groups += [(f"rollout.groups.{group.name}.replicas",
+                    built.deployment.replicas * built.deployment.pipeline_parallel)
                    for group, built in zip(scenario.rollout.groups, scenario.rollout_scenarios)]
     return groups
 
@@ -220,8 +222,8 @@ def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool =
     if over:
         raise ConfigError(f"this run is too large to start unasked: {estimate.text()}, above the limit of "
                           f"{' and '.join(over)}", file=scenario.path, key=key, has_value=False,
-                          allowed=f"{REMEDIES.get(key.rsplit('.', 1)[-1], REMEDIES['workload']).format(key=key)}; or --force (llmsim "
-                                  "run, compare, sweep; force=True in Python) to run it anyway")
+                          allowed=f"{REMEDIES.get(key.rsplit('.', 1)[-1], REMEDIES['workload']).format(key=key)}; "
+                                  "or --force (llmsim run, compare, sweep; force=True in Python) to run it anyway")
     return estimate
 
 

@@ -39,6 +39,7 @@ from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
 from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.environment import Environment, scheduler
+from llmsim.sim.horizon import default_horizon_s
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
@@ -275,13 +276,15 @@ class Arrivals:
 
 
 def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
-    """(arrival window, horizon): the horizon defaults to twice the window and at least 60 s past it."""
+    """(arrival window, horizon): the horizon defaults to twice the window and at least 60 s past it,
+    or longer where the requests bring more work than that serves (:mod:`llmsim.sim.horizon`)."""
     window = float(trace.arrival_s[-1]) if len(trace) else 0.0
     if scenario.workload.duration_s is not None:
         window = max(window, scenario.workload.duration_s)
     horizon = scenario.simulation.horizon_s
     if horizon is None:
-        horizon = max(2 * window, window + 60.0)
+        horizon = default_horizon_s(scenario, window, len(trace), float(np.mean(trace.prompt_tokens)) if len(trace)
+                                    else 0.0, float(np.mean(trace.output_tokens)) if len(trace) else 0.0)
     return window, horizon
 
 

@@ -59,6 +59,8 @@ FLAGS = [
     ("place", "--runtime-reserve-gb", {"0": 0.0}, ("2", 2.0)),
     ("place", "--context", {}, ("8192", [8192])),
     ("place", "--room-for", {}, ("4", 4)),
+    ("place", "--ep", {"2": 2}, ("32", 32)),
+    ("place", "--redundant-experts", {"0": 0}, ("32", 32)),
     ("calibrate", "--threads", {}, ("4", 4)),
     ("calibrate", "--seed", {"0": 0}, ("3", 3)),
     ("validate", "--threads", {}, ("4", 4)),
