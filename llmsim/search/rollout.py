@@ -57,7 +57,8 @@ def simulate_rollout(scenario: Scenario, trace: Trace | None = None, force: bool
     serving, copies = rollout.assign(scenario.seed, len(trace))
     control = replace(scenario, rollout=None)
     shares = {CONTROL: (control, np.flatnonzero(serving == 0))}
-    own = {group.name: built.with_seed(scenario.seed) for group, built in zip(rollout.groups, scenario.rollout_scenarios)}
+    own = {group.name: built.with_seed(scenario.seed)
+           for group, built in zip(rollout.groups, scenario.rollout_scenarios)}
     for i, group in enumerate(rollout.canaries, start=1):
         shares[group.name] = (own[group.name], np.flatnonzero(serving == i))
     for group in rollout.shadows:

@@ -40,7 +40,7 @@ engine altogether (:mod:`llmsim.sim.static_batching`).
 from __future__ import annotations
 
 from array import array
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import simpy

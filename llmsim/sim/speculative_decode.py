@@ -254,7 +254,8 @@ class SpeculativeDecodeSet(DecodeSet):
             extra_tokens, extra_pairs = tree_extras(n, s.k, s.context, self._window_tokens, self._branching,
                                                     self._draft_rows, draft_steps if self._sequential else 0,
                                                     self._local_share)
-            tokens, verify_pairs, verify_kv = tokens + extra_tokens, verify_pairs + extra_pairs, verify_kv + extra_tokens
+            tokens, verify_pairs = tokens + extra_tokens, verify_pairs + extra_pairs
+            verify_kv = verify_kv + extra_tokens
         if not self._sequential:
             draft_steps = min(draft_steps, 1)        # the heads or the lookup run once, whatever k
         if n:
