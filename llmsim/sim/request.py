@@ -4,6 +4,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from enum import Enum
+from typing import Protocol
 
 import numpy as np
 
@@ -107,6 +108,7 @@ class TimeAverage:
         self.last_s = now
         self.value += delta
         if self.log_s is not None:
+            assert self.log_value is not None           # logged: __init__ made both logs
             self.log_s.append(now)
             self.log_value.append(self.value)
 
@@ -115,10 +117,32 @@ class TimeAverage:
         return area / until_s if until_s > 0 else 0.0
 
 
+class Waiting(Protocol):
+    """What an engine and the router use of a waiting queue: :class:`WaitingQueue` (FIFO) and
+    :class:`llmsim.sim.scheduling.ClassQueue` (one FIFO per traffic class) both offer it. Expiry
+    differs between them and is left to the queueing order that owns the queue."""
+
+    length: TimeAverage
+
+    def __len__(self) -> int: ...
+
+    def __bool__(self) -> bool: ...
+
+    def head(self) -> Request:
+        """The request that would leave next (it stays)."""
+
+    def pop(self, now: float) -> Request:
+        """Remove the request :meth:`head` returned."""
+
+    def push(self, request: Request, now: float) -> None: ...
+
+    def push_front(self, request: Request, now: float) -> None: ...
+
+
 class WaitingQueue:
     """FIFO of requests waiting for a replica; preempted requests return to the front."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._items: deque[Request] = deque()
         self.length = TimeAverage()
 
@@ -153,7 +177,8 @@ class WaitingQueue:
         the expired ones are the oldest fresh requests, at the front after any
         preempted ones.
         """
-        expired, kept_front = [], []
+        expired: list[Request] = []
+        kept_front: list[Request] = []
         while self._items:
             request = self._items[0]
             if request.first_scheduled_s == request.first_scheduled_s:   # started: not NaN
@@ -232,6 +257,7 @@ class RequestRecords:
         self.finish_s[i] = request.finish_s
         self.max_itl_s[i] = request.max_itl_s
         if self.cached_tokens is not None:
+            assert self.reloaded_tokens is not None         # with a tiered cache: __init__ made both columns
             self.cached_tokens[i] = request.cached_tokens
             self.reloaded_tokens[i] = request.reloaded_tokens
 
@@ -241,7 +267,9 @@ class RequestRecords:
 
     def columns(self) -> dict[str, np.ndarray]:
         """The raw record columns, in record order (the arrays share the packed columns' memory)."""
-        as_array = lambda values: np.frombuffer(values, np.int64 if values.typecode == "q" else float)
+        def as_array(values: array) -> np.ndarray:
+            return np.frombuffer(values, np.int64 if values.typecode == "q" else float)
+
         reasons = np.array(list(self._reasons), dtype=object)
         columns = {
             "id": np.arange(len(self), dtype=np.int64), "replica": as_array(self.replica),
@@ -256,6 +284,7 @@ class RequestRecords:
         if self.session_id is not None:
             columns["session_id"] = self.session_id
         if self.cached_tokens is not None:
+            assert self.reloaded_tokens is not None         # with a tiered cache: __init__ made both columns
             columns["cached_tokens"] = as_array(self.cached_tokens)
             columns["reloaded_tokens"] = as_array(self.reloaded_tokens)
         return columns
@@ -268,13 +297,13 @@ class InterTokenGaps:
     sequences that continued through it), so recording costs nothing per token.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def add(self, end_s, gap_s, weight) -> None:
         self._chunks.append((np.asarray(end_s, float), np.asarray(gap_s, float), np.asarray(weight, float)))
 
-    def merge(self, other: "InterTokenGaps") -> None:
+    def merge(self, other: InterTokenGaps) -> None:
         self._chunks.extend(other._chunks)
 
     def in_window(self, start_s: float, stop_s: float) -> tuple[np.ndarray, np.ndarray]:
