@@ -18,10 +18,12 @@ from typing import Any
 import yaml
 
 from llmsim.analysis.metrics import summarize
+from llmsim.config.limits import MAX_RUN_EVENTS
 from llmsim.config.reader import Node
 from llmsim.scenario.scenario import scenario_from_node
 from llmsim.search.rollout import rollout_summary, simulate_rollout
 from llmsim.search.speedup import speedup_over_plain
+from llmsim.sim.resources import estimate_run
 from llmsim.sim.simulate import simulate
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
@@ -68,6 +70,10 @@ def _load(file: str, overrides: dict[str, Any], cap: int):
     workload = data.setdefault("workload", {})
     if "num_requests" in workload:
         workload["num_requests"] = min(int(workload["num_requests"]), cap)
+    scenario = scenario_from_node(Node(data, file=str(path), base_dir=path.parent))
+    if estimate_run(scenario).events <= MAX_RUN_EVENTS:
+        return scenario
+    workload["num_requests"] = cap          # too large to run unasked (a day of traffic): its first requests
     return scenario_from_node(Node(data, file=str(path), base_dir=path.parent))
 
 

@@ -47,13 +47,16 @@ def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
         return float(values.mean()), math.nan
 
 
-def slo_targets(steady: pd.DataFrame, slo: SLO) -> dict[str, SLOTarget]:
-    """Per-metric attainment (share of requests within that limit, with its standard error) and
-    percentile target, for every limit set. Unfinished or rejected requests miss."""
+def slo_hits(steady: pd.DataFrame, slo: SLO) -> tuple[pd.Series, dict[str, pd.Series], int, float]:
+    """Per request of ``steady`` (in arrival order): whether it attained the SLO (met every limit, or
+    finished when none is set) and, for every limit set, whether it met that one (unfinished or
+    rejected requests miss); and the goodput's requests and output tokens (from ``meets_slo``)."""
     finished = steady["status"] == "finished"
     limits = slo_limits(steady, slo)
-    return {metric: SLOTarget(*share_with_stderr(finished & within_limit(steady, metric, limits[metric])), percentile)
-            for metric, (_, percentile) in _percentiles(slo).items() if metric in limits}
+    targets = {metric: finished & within_limit(steady, metric, limits[metric])
+               for metric in _percentiles(slo) if metric in limits}
+    good = steady[steady["meets_slo"]] if slo.defined else steady[finished]
+    return (steady["meets_slo"] if slo.defined else finished), targets, len(good), float(good["output_tokens"].sum())
 
 
 def _percentiles(slo: SLO) -> dict:
@@ -67,15 +70,20 @@ def _percentiles(slo: SLO) -> dict:
 
 def slo_summary(steady: pd.DataFrame, slo: SLO, window_s: float) -> SLOSummary:
     """Attainment, goodput (from the records' ``meets_slo``) and per-limit targets over ``steady``."""
-    good = steady[steady["meets_slo"]] if slo.defined else steady[steady["status"] == "finished"]
-    targets = slo_targets(steady, slo)
-    attainment, attainment_stderr = share_with_stderr(steady["meets_slo"] if slo.defined
-                                                      else steady["status"] == "finished")
+    return slo_from_hits(slo, *slo_hits(steady, slo), window_s)
+
+
+def slo_from_hits(slo: SLO, attained: pd.Series, targets: dict[str, pd.Series], good: int, good_tokens: float,
+                  window_s: float) -> SLOSummary:
+    """The SLO summary from :func:`slo_hits` (of all the window's requests, in arrival order)."""
+    percentiles = _percentiles(slo)
+    targets = {metric: SLOTarget(*share_with_stderr(hits), percentiles[metric][1]) for metric, hits in targets.items()}
+    attainment, attainment_stderr = share_with_stderr(attained)
     return SLOSummary(
         ttft_s=slo.ttft_s, tpot_s=slo.tpot_s, e2e_s=slo.e2e_s,
         attainment=attainment, attainment_stderr=attainment_stderr,
-        goodput_requests_per_s=len(good) / window_s,
-        goodput_output_tokens_per_s=float(good["output_tokens"].sum()) / window_s,
+        goodput_requests_per_s=good / window_s,
+        goodput_output_tokens_per_s=good_tokens / window_s,
         targets=targets,
         met=all(t.attainment >= t.percentile / 100 for t in targets.values()),
     )
@@ -141,7 +149,6 @@ def summarize(result: SimulationResult) -> RunSummary:
     steady = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
     finished = steady[steady["status"] == "finished"]
     in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
-    hw = scenario.hardware
     # With autoscaling the devices are those paid for in the window (replica-seconds / window), so
     # per-device throughput, cost and energy follow the replicas the run held, not the ones it started with.
     split = result.disaggregation
@@ -149,15 +156,6 @@ def summarize(result: SimulationResult) -> RunSummary:
     provisioned = result.provisioned
     replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
                 else measured.deployment.replicas)
-    devices = scenario.deployment.replicas * scenario.devices_per_replica
-    devices_paid = replicas * scenario.devices_per_replica
-    usd_per_hour, power_w = devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w
-    if split is not None:                    # both pools are paid for; utilisation and memory are the decode pool's
-        devices = devices_paid = sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel
-                                     for pool in split.pools)
-        usd_per_hour = sum(pool.usd_per_hour for pool in split.pools)
-        power_w = sum(pool.power_w for pool in split.pools)
-
     status = records["status"]
     reason = records["reason"]
     counts = RequestCounts(
@@ -176,21 +174,74 @@ def summarize(result: SimulationResult) -> RunSummary:
     finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
                                  & (status == "finished")]
     output_tokens = float(in_window["tokens_out"].sum())
-    throughput = Throughput(
-        requests_per_s=len(finished_in_window) / window,
-        output_tokens_per_s=output_tokens / window,
-        total_tokens_per_s=(output_tokens + float(in_window["prefill_tokens"].sum())) / window,
-        output_tokens_per_s_per_device=output_tokens / window / devices_paid,
-        offered_requests_per_s=len(steady) / window,
-    )
     slo = slo_summary(steady, scenario.slo, window)
-    classes = None
-    if scenario.workload.classes:
-        classes = class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
-        # Overall, the SLO is met when every class meets its own targets.
-        slo = replace(slo, met=all(c.slo.met for c in classes.values()))
+    classes = (class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
+               if scenario.workload.classes else None)
     decoding = iterations if split is None else iterations[iterations["pool"] == "decode"]
     utilisation = utilisation_in(decoding, start, stop, measured, result.kv_blocks_per_replica, replicas)
+    ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
+    return run_summary(
+        result, (start, stop), replicas, counts, latency,
+        throughput_of(len(finished_in_window), output_tokens, float(in_window["prefill_tokens"].sum()), len(steady),
+                      window, paid_devices(result, replicas)),
+        slo, utilisation,
+        QueueSummary(mean_length=result.mean_queue_length, max_length=int(result.queue_length["length"].max()),
+                     mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising),
+        speculation_sums(in_window) if scenario.speculating else None, classes,
+        autoscaling_summary(result, replicas, float(records["generated_tokens"].sum()))
+        if result.scaling is not None else None,
+        kv_cache_summary(result.kv_tiers, steady, finished, records,
+                         scenario.deployment.replicas * scenario.deployment.data_parallel)
+        if result.kv_tiers else None,
+        disaggregation_summary(result, iterations, finished, start, stop) if split is not None else None)
+
+
+def paid_devices(result: SimulationResult, replicas: float) -> float:
+    """The devices paid for: ``replicas`` (on average in the window) of the scenario's, or both pools of a
+    disaggregated run."""
+    split = result.disaggregation
+    if split is not None:
+        return sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel for pool in split.pools)
+    return replicas * result.scenario.devices_per_replica
+
+
+def throughput_of(finished_in_window: int, output_tokens: float, prefill_tokens: float, offered: int, window: float,
+                  devices_paid: float) -> Throughput:
+    """Rates over the window: requests finished in it, the tokens of the iterations that ended in it
+    (output, and output plus prefill; per device paid for in the window) and the requests that arrived
+    in it (offered)."""
+    return Throughput(
+        requests_per_s=finished_in_window / window,
+        output_tokens_per_s=output_tokens / window,
+        total_tokens_per_s=(output_tokens + prefill_tokens) / window,
+        output_tokens_per_s_per_device=output_tokens / window / devices_paid,
+        offered_requests_per_s=offered / window,
+    )
+
+
+def run_summary(result: SimulationResult, window_s: tuple[float, float], replicas: float, counts: RequestCounts,
+                latency: Latency,
+                throughput: Throughput, slo: SLOSummary, utilisation: Utilisation, queue: QueueSummary,
+                speculation: dict[str, float] | None, classes: dict[str, ClassSummary] | None,
+                autoscaling: AutoscalingSummary | None, kv_cache,
+                disaggregation: DisaggregationSummary | None = None) -> RunSummary:
+    """The summary from its measured sections (by :func:`summarize`, or by a streamed run as it went),
+    with what the scenario gives: placement, cost (of the ``replicas`` paid for in the window, on average),
+    speculation's figures from ``speculation`` (:func:`speculation_sums` over the window's iterations)."""
+    scenario, split = result.scenario, result.disaggregation
+    hw = scenario.hardware
+    devices_paid = paid_devices(result, replicas)
+    if split is None:
+        devices = scenario.deployment.replicas * scenario.devices_per_replica
+        usd_per_hour, power_w = devices_paid * hw.price_per_hour_usd, devices_paid * hw.tdp_w
+    else:                                    # both pools are paid for; utilisation and memory are the decode pool's
+        devices = int(devices_paid)
+        usd_per_hour = sum(pool.usd_per_hour for pool in split.pools)
+        power_w = sum(pool.power_w for pool in split.pools)
+    measured = scenario if split is None else scenario.pool("decode")
+    if classes is not None:
+        # Overall, the SLO is met when every class meets its own targets.
+        slo = replace(slo, met=all(c.slo.met for c in classes.values()))
     placement = measured.memory
     memory = Memory(
         tensor_parallel=placement.tensor_parallel,
@@ -204,30 +255,22 @@ def summarize(result: SimulationResult) -> RunSummary:
         draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
         **_expert_memory(scenario),
     )
-    ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
-    queue = QueueSummary(mean_length=result.mean_queue_length,
-                         max_length=int(result.queue_length["length"].max()),
-                         mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising)
     return RunSummary(
         scenario=scenario.name, seed=scenario.seed, model=scenario.model.name, hardware=hw.name,
-        devices=devices, window_s=(start, stop),
-        simulated_s=result.end_s,
+        devices=devices, window_s=window_s, simulated_s=result.end_s,
         requests=counts, latency=latency, throughput=throughput, slo=slo, utilisation=utilisation,
         memory=memory,
-        economics=Economics.at_tdp(usd_per_hour, power_w, output_tokens / window),
+        economics=Economics.at_tdp(usd_per_hour, power_w, throughput.output_tokens_per_s),
         queue=queue,
-        speculation=(speculation_summary(scenario, in_window, result.speculation_blocked)
-                     if scenario.speculating else None),
+        speculation=(speculation_summary(scenario, speculation, result.speculation_blocked)
+                     if speculation is not None else None),
         interrupted=result.interrupted,
         stopped_by=result.stopped_by.value,
         fault=result.fault,
         classes=classes,
-        autoscaling=autoscaling_summary(result, replicas) if result.scaling is not None else None,
-        kv_cache=(kv_cache_summary(result.kv_tiers, steady, finished, records,
-                                    scenario.deployment.replicas * scenario.deployment.data_parallel)
-                  if result.kv_tiers else None),
-        disaggregation=(disaggregation_summary(result, iterations, finished, start, stop)
-                        if split is not None else None),
+        autoscaling=autoscaling,
+        kv_cache=kv_cache,
+        disaggregation=disaggregation,
     )
 
 
@@ -251,12 +294,12 @@ def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, f
         **{name: Distribution.of(finished[name]) for name in TTFT_PARTS}, pools=pools)
 
 
-def autoscaling_summary(result: SimulationResult, replicas_in_window: float) -> AutoscalingSummary:
+def autoscaling_summary(result: SimulationResult, replicas_in_window: float, tokens: float) -> AutoscalingSummary:
     """The replica pool's cost over the whole run (see :class:`~llmsim.analysis.summary.AutoscalingSummary`);
-    ``replicas_in_window``: the mean replicas paid for in the measurement window."""
+    ``replicas_in_window``: the mean replicas paid for in the measurement window; ``tokens``: the output
+    tokens every request generated."""
     scenario, log = result.scenario, result.scaling
     usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600
-    tokens = float(result.requests["generated_tokens"].sum())
     return AutoscalingSummary(
         min_replicas=scenario.autoscaling.min_replicas, max_replicas=scenario.autoscaling.max_replicas,
         devices_per_replica=scenario.devices_per_replica,
@@ -292,15 +335,34 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     and MFU and bandwidth utilisation take the window's share of each iteration's FLOPs and
     bytes, so all are within [0, 1] whatever straddles the window's edges.
     """
-    window = stop - start
-    overlap = (np.minimum(iterations["end_s"].to_numpy(), stop)
-               - np.maximum(iterations["start_s"].to_numpy(), start))
+    return utilisation_from(iteration_overlap(iterations["start_s"].to_numpy(), iterations["end_s"].to_numpy(),
+                                              iterations["duration_s"].to_numpy(), iterations["flops"].to_numpy(),
+                                              iterations["bytes"].to_numpy(), iterations["kv_used_blocks"].to_numpy(),
+                                              (iterations["decode_seqs"] + iterations["prefill_seqs"]).to_numpy(),
+                                              start, stop),
+                            stop - start, scenario, kv_blocks, replicas)
+
+
+def iteration_overlap(start_s, end_s, duration_s, flops, bytes_, kv_used_blocks, sequences, start: float, stop: float
+                      ) -> tuple[float, float, float, float, float, float]:
+    """The iterations' time inside ``[start, stop]`` and, weighted by it, their FLOPs and bytes (the
+    share inside), KV blocks used and sequences: (busy seconds, FLOPs, bytes, KV block-seconds,
+    most KV blocks, sequence-seconds). Sums: those of several sets of iterations add up."""
+    overlap = np.minimum(end_s, stop) - np.maximum(start_s, start)
     inside = overlap > 0
     weights = overlap[inside]
-    duration = iterations["duration_s"].to_numpy()[inside]
+    duration = duration_s[inside]
     share = np.divide(weights, duration, out=np.ones_like(weights), where=duration > 0)
-    rows = iterations[inside]
-    busy_s = float(weights.sum())
+    kv_used = kv_used_blocks[inside]
+    return (float(weights.sum()), float(share @ flops[inside]), float(share @ bytes_[inside]),
+            float(np.multiply(kv_used, weights, dtype=float).sum()), float(kv_used.max()) if len(kv_used) else 0.0,
+            float(np.multiply(sequences[inside], weights, dtype=float).sum()))
+
+
+def utilisation_from(overlap: tuple[float, float, float, float, float, float], window: float, scenario,
+                     kv_blocks: int, replicas: float | None = None) -> Utilisation:
+    """:class:`Utilisation` from :func:`iteration_overlap`'s sums over the window (see :func:`utilisation_in`)."""
+    busy_s, flops, bytes_, kv_seconds, kv_max, sequence_seconds = overlap
     dep = scenario.deployment
     hw = scenario.hardware
     replicas = dep.replicas if replicas is None else replicas
@@ -308,27 +370,33 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     # Each engine's iterations follow one another, so the sum is at most the window; rounding in
     # the sum of clipped durations can add an ulp or two.
     busy_fraction = min(busy_s / (window * replicas * dep.pipeline_parallel * dep.data_parallel), 1.0)
-    mfu = float(share @ rows["flops"].to_numpy()) / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
-    kv_used = rows["kv_used_blocks"].to_numpy()
+    mfu = flops / (window * hw.peak_for(scenario.model.weight_dtype) * devices)
     return Utilisation(
         busy_fraction=busy_fraction,
         mfu=mfu,
         mfu_while_busy=mfu / busy_fraction if busy_s else 0.0,
-        bandwidth_utilisation=float(share @ rows["bytes"].to_numpy())
-        / (window * hw.memory_bandwidth_bytes_per_s * devices),
-        kv_occupancy_mean=float(np.average(kv_used, weights=weights) / kv_blocks) if busy_s else 0.0,
-        kv_occupancy_max=float(kv_used.max() / kv_blocks) if len(kv_used) else 0.0,
-        mean_batch_size=float(np.average(rows["decode_seqs"] + rows["prefill_seqs"],
-                                         weights=weights)) if busy_s else 0.0,
+        bandwidth_utilisation=bytes_ / (window * hw.memory_bandwidth_bytes_per_s * devices),
+        kv_occupancy_mean=kv_seconds / busy_s / kv_blocks if busy_s else 0.0,
+        kv_occupancy_max=kv_max / kv_blocks,
+        mean_batch_size=sequence_seconds / busy_s if busy_s else 0.0,
     )
 
 
 RARELY_SPECULATING = 0.2     # below this share of sequence-steps speculating, the summary warns
 
 
-def speculation_summary(scenario, iterations: pd.DataFrame, blocked: SpeculationSteps | None = None
+SPECULATION_SUMS = ("spec_seqs", "draft_tokens", "accepted_tokens", "decode_seqs", "duration_s", "draft_s")
+
+
+def speculation_sums(iterations: pd.DataFrame) -> dict[str, float]:
+    """The iteration log's columns :func:`speculation_summary` reads, summed (over the window's iterations)."""
+    return {name: float(iterations[name].sum()) for name in SPECULATION_SUMS}
+
+
+def speculation_summary(scenario, sums: dict[str, float], blocked: SpeculationSteps | None = None
                         ) -> SpeculationSummary:
-    """Acceptance, draft length and where the time went, over the iterations in the window.
+    """Acceptance, draft length and where the time went, from the window's iterations
+    (``sums``: :func:`speculation_sums`).
 
     A verify step is one sequence's speculative step (it emits accepted + 1 tokens); the
     draft's share is of iteration time (on separate devices the draft overlaps the
@@ -337,30 +405,27 @@ def speculation_summary(scenario, iterations: pd.DataFrame, blocked: Speculation
     (:class:`~llmsim.sim.result.SpeculationSteps`, summed over engines).
     """
     spec = scenario.speculation
-    steps = float(iterations["spec_seqs"].sum())
-    proposed = float(iterations["draft_tokens"].sum())
-    accepted = float(iterations["accepted_tokens"].sum())
-    decode_steps = float(iterations["decode_seqs"].sum())
-    busy = float(iterations["duration_s"].sum())
-    draft_share = float(iterations["draft_s"].sum()) / busy if busy else math.nan
-
-    def ratio(a: float, b: float) -> float:
-        return a / b if b else math.nan
-
+    steps, proposed, accepted = sums["spec_seqs"], sums["draft_tokens"], sums["accepted_tokens"]
+    decode_steps, busy = sums["decode_seqs"], sums["duration_s"]
+    draft_share = sums["draft_s"] / busy if busy else math.nan
     return SpeculationSummary(
         draft=spec.draft.name if spec.draft is not None else "ngram",
         placement=spec.placement,
         policy=spec.policy.policy,
-        acceptance_rate=ratio(accepted, proposed),
-        mean_accepted_tokens=ratio(accepted, steps),
-        tokens_per_verify_step=ratio(accepted + steps, steps),
-        mean_k=ratio(proposed, steps),
-        speculating_fraction=ratio(steps, decode_steps),
+        acceptance_rate=_ratio(accepted, proposed),
+        mean_accepted_tokens=_ratio(accepted, steps),
+        tokens_per_verify_step=_ratio(accepted + steps, steps),
+        mean_k=_ratio(proposed, steps),
+        speculating_fraction=_ratio(steps, decode_steps),
         draft_time_share=draft_share,
         verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
         blocked_share=blocked.shares() if blocked is not None else {},
         warning=_rarely_speculating(spec, blocked),
     )
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else math.nan
 
 
 def _rarely_speculating(spec, blocked: SpeculationSteps | None) -> str | None:

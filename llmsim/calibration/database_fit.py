@@ -25,7 +25,7 @@ weighs the same on a 5 us kernel as on a 5 ms one), positive parameters fitted a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd

@@ -306,7 +306,7 @@ def profile_operators(out_dir: str | Path, tag: str, device: str = "cuda", grid:
     _write_meta(meta, out / META_FILE.format(tag=tag))
     linear_path, attention_path = out / LINEAR_FILE.format(tag=tag), out / ATTENTION_FILE.format(tag=tag)
     catalog = model_catalog()
-    models = [lookup_model(name, catalog, key="--models") for name in grid.models]
+    models = [lookup_model(name, catalog, key="models") for name in grid.models]
     # (sequences, new tokens each, cached context) of every attention call, the same for each model and TP size.
     cases = [(batch, 1, context) for batch in grid.decode_batches for context in grid.decode_contexts]
     cases += [(1, chunk, context) for chunk in grid.prefill_chunks for context in grid.prefill_contexts]
@@ -473,7 +473,7 @@ def profile_steps(out_dir: str | Path, tag: str, device: str = "cuda", model_nam
     dtype = _dtype(torch, device)[0]
     timer = Timer(device)
     streaming, note = _streaming_functions(torch, compile_them=device == "cuda")
-    model = lookup_model(model_name, model_catalog(), key="--model")
+    model = lookup_model(model_name, model_catalog(), key="model")
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     rows, path = [], Path(out_dir) / STEP_FILE.format(tag=tag)
     cases = [(batch, context, 1) for batch in batches for context in contexts] + [(1, 0, chunk) for chunk in chunks]
@@ -497,7 +497,7 @@ def profile_fp8_gemms(out_dir: str | Path, tag: str, models=FP8_MODELS, tps=FP8_
     catalog = model_catalog()
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     rows, path = [], Path(out_dir) / FP8_FILE.format(tag=tag)
-    cases = [(lookup_model(name, catalog, key="--models"), tp, m) for name in models for tp in tps for m in tokens]
+    cases = [(lookup_model(name, catalog, key="models"), tp, m) for name in models for tp in tps for m in tokens]
     one = torch.ones((), device="cuda")
     for index, (model, tp, m) in enumerate(cases):
         padded = -(-m // 16) * 16

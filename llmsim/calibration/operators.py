@@ -78,11 +78,11 @@ class Measurements:
         return Measurements(mine[0], mine[1], self.files, mine[2], mine[3])
 
 
-def read_measurements(folder: str | Path) -> Measurements:
-    """Every linear-operator and all-reduce CSV of ``folder``, checked."""
+def read_measurements(folder: str | Path, key: str = "measurements") -> Measurements:
+    """Every linear-operator and all-reduce CSV of ``folder``, checked; ``key`` names where the folder came from."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise ConfigError("not a folder of measurements", key="--measurements", value=str(folder),
+        raise ConfigError("not a folder of measurements", key=key, value=str(folder),
                           allowed="a folder with *linear_ops*.csv and/or *all_reduce*.csv files")
     linear_files = sorted(folder.glob("*linear_ops*.csv"))
     reduce_files = sorted(folder.glob("*all_reduce*.csv"))

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from collections.abc import Callable
 
 from llmsim.config.reader import Node, deep_merge
 
@@ -124,7 +124,7 @@ class KernelTerms:
     # 8-bit GEMMs quantize their 16-bit input in a kernel of their own (3 bytes per element) before they start.
     gemm_quantize_bandwidth_bytes_per_s: float = 0.0
 
-    def for_dtype(self, dtype: str) -> "KernelTerms":
+    def for_dtype(self, dtype: str) -> KernelTerms:
         """These terms with the GEMM figures of ``dtype`` where it has its own (else unchanged)."""
         own = self.gemm_by_dtype.get(dtype)
         if own is None:
@@ -208,7 +208,8 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         if not str(key).isdigit() or int(key) < 2:
             raise reduce_node.key_error(str(key), "expected a group size", key, "an integer >= 2 (GPUs in the group)")
         entry = reduce_node.child(key)
-        all_reduce[int(key)] = AllReduce(figure(entry, "latency", "duration"), figure(entry, "bus_bandwidth", "bandwidth"),
+        all_reduce[int(key)] = AllReduce(figure(entry, "latency", "duration"),
+                                         figure(entry, "bus_bandwidth", "bandwidth"),
                                          figure(entry, "large_latency", "duration"),
                                          figure(entry, "large_bus_bandwidth", "bandwidth"))
         entry.done()

@@ -223,7 +223,7 @@ def calibration_summary(document: dict) -> str:
 
 
 def _cmd_from_measurements(args) -> int:
-    measurements = read_measurements(args.from_measurements)
+    measurements = read_measurements(args.from_measurements, key="from_measurements")
     if args.gpu is not None and args.gpu not in DEVICE_PROFILES:
         raise ConfigError("is not a device the measurements name", key="--gpu", value=args.gpu,
                           allowed=", ".join(DEVICE_PROFILES))

@@ -41,10 +41,26 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module, help_text) in COMMANDS.items():
         command = sub.add_parser(name, help=help_text)
+        command.set_defaults(command_parser=command)
         if only is None or name == only:
             configure = getattr(importlib.import_module(f"llmsim.cli.{module}"), f"configure_{name}")
             configure(command)
     return parser
+
+
+# A domain function's error names the parameter it was given (``target_rate_per_s``); on the command line the
+# same value came from a flag (``--target-rate``), found by the parameter's name less its unit suffix.
+UNIT_SUFFIXES = ("_per_s", "_s")
+
+
+def as_flag(command: argparse.ArgumentParser, key: str) -> str:
+    """The long flag of ``command`` whose value is the parameter ``key``, or ``key`` when none is."""
+    flags = {action.dest: next(o for o in reversed(action.option_strings) if o.startswith("--"))
+             for action in command._actions if any(o.startswith("--") for o in action.option_strings)}
+    for name in (key, *(key.removesuffix(suffix) for suffix in UNIT_SUFFIXES if key.endswith(suffix))):
+        if name in flags:
+            return flags[name]
+    return key
 
 
 def _command(argv: list[str]) -> str | None:
@@ -62,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as error:
+        if error.file is None and error.key is not None:      # a flag's value, refused by the function it feeds
+            error.key = as_flag(args.command_parser, error.key)
         print(f"llmsim: {error}", file=sys.stderr)
         return 2
     except Stopped as stop:         # Ctrl-C or a full disk in a command that keeps its finished work

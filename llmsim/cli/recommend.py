@@ -20,6 +20,15 @@ from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OBJECTIVES,
 MAX_TOP = 100               # analytic best settings simulated, at most
 
 
+
+def _pm(ci: float) -> str:
+    """`` +- ci`` (two significant figures), or nothing where the interval is undefined."""
+    return "" if math.isnan(ci) else f" +- {ci:.2g}"
+
+
+def _ms(value_s: float, ci_s: float) -> str:
+    return f"{value_s * 1000:.1f} ms" + ("" if math.isnan(ci_s) else f" +- {ci_s * 1000:.1f}")
+
 def configure_recommend(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
     parser.add_argument("--objective", default=OBJECTIVES[0],
@@ -56,8 +65,6 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
     default_row = rec.defaults.iloc[0]
     mine, default = at_rate.loc[best.label], at_rate.loc[default_row["config"].label]
     seeds = len(row["per_seed_rates"])
-    ms = (lambda v, ci: f"{v * 1000:.1f} ms" + ("" if math.isnan(ci) else f" +- {ci * 1000:.1f}"))
-    pm = (lambda ci: "" if math.isnan(ci) else f" +- {ci:.2g}")
     targets = _targets_text(scenario.slo.targets())
     rule = batch_token_rule(scenario)
     if scenario.workload.classes:               # each class's own targets
@@ -72,26 +79,31 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              *([f"  eligibility        min_sequence_tokens {best.eligibility[0]}, min_concurrent_requests "
                 f"{best.eligibility[1]}"] if best.eligibility is not None and best.k != OFF else []),
              f"  max_batch_tokens   {best.max_batch_tokens}",
-             f"  queue_timeout      {'none' if best.queue_timeout_s is None else f'{best.queue_timeout_s * 1000:g} ms'}",
+             "  queue_timeout      "
+             + ("none" if best.queue_timeout_s is None else f"{best.queue_timeout_s * 1000:g} ms"),
              *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
              *([f"  idle_timeout       {row['idle_timeout_s']:g} s (CPU offload)"]
                if scenario.engine.cpu_offload is not None else []),
              *([f"  scheduling_policy  {row['scheduling_policy']}",
-                "  class timeouts     " + ", ".join(f"{name} {timeout_text(t)}" for name, t in row["class_timeouts"].items())]
+                "  class timeouts     "
+                + ", ".join(f"{name} {timeout_text(t)}" for name, t in row["class_timeouts"].items())]
                if scenario.workload.classes else []),
-             f"  goodput            {row['max_rate_per_s']:.3g}{pm(row['max_rate_per_s.ci95'])} req/s at the SLO "
+             f"  goodput            {row['max_rate_per_s']:.3g}{_pm(row['max_rate_per_s.ci95'])} req/s at the SLO "
              f"(analytic estimate {row['analytic_rate_per_s']:.3g})",
              f"  cost               ${row['usd_per_million_output_tokens']:.3g} per million output tokens at that rate",
-             f"  at {scenario.workload.rate_per_s:g} req/s     P95 TTFT {ms(mine[TTFT_P95], mine[f'{TTFT_P95}.ci95'])}, "
-             f"P95 TPOT {ms(mine[TPOT_P95], mine[f'{TPOT_P95}.ci95'])}, "
-             f"P99 TTFT {ms(mine[TTFT_P99], mine[f'{TTFT_P99}.ci95'])}, "
+             f"  at {scenario.workload.rate_per_s:g} req/s     "
+             f"P95 TTFT {_ms(mine[TTFT_P95], mine[f'{TTFT_P95}.ci95'])}, "
+             f"P95 TPOT {_ms(mine[TPOT_P95], mine[f'{TPOT_P95}.ci95'])}, "
+             f"P99 TTFT {_ms(mine[TTFT_P99], mine[f'{TTFT_P99}.ci95'])}, "
              f"attainment {100 * mine[SLO_ATTAINMENT]:.1f}%",
              ("the scenario's own settings: " if rec.search == "classes" else
               "rule-of-thumb defaults (best of timeouts 50/200/1000 ms): ") + _setting_text(default_row, scenario),
-             f"  goodput            {default_row['max_rate_per_s']:.3g}{pm(default_row['max_rate_per_s.ci95'])} req/s; "
+             f"  goodput            {default_row['max_rate_per_s']:.3g}"
+             f"{_pm(default_row['max_rate_per_s.ci95'])} req/s; "
              f"${default_row['usd_per_million_output_tokens']:.3g} per million output tokens",
-             f"  at {scenario.workload.rate_per_s:g} req/s     P95 TTFT {ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
-             f"P95 TPOT {ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
+             f"  at {scenario.workload.rate_per_s:g} req/s     "
+             f"P95 TTFT {_ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
+             f"P95 TPOT {_ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
              f"max_batch_tokens rule: {rule.text()}; searched {best.max_batch_tokens} "
              f"({rule.tokens / best.max_batch_tokens:.2g}x the rule's budget)",
              f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
@@ -125,14 +137,13 @@ def _policies_text(rec: Recommendation, scenario: Scenario) -> list[str]:
              f"{ladder} ms and each class's own, up to {CLASS_SWEEPS} sweeps; {search.sweeps} run; every candidate "
              f"screened at {search.probe_rate_per_s:.3g} req/s on the same requests), best first; attainment at "
              f"{scenario.workload.rate_per_s:g} req/s per class ({' / '.join(names)}):"]
-    pm = (lambda ci: "" if math.isnan(ci) else f" +- {ci:.2g}")
     width = max(len(p) for p in rec.policies["scheduling_policy"])
     for _, entry in rec.policies.iterrows():
         timeouts = "/".join("none" if t is None else f"{t * 1000:g}" for t in entry["class_timeouts"].values())
         attainment = " / ".join(f"{100 * entry[f'{CLASSES}.{name}.{SLO_ATTAINMENT}']:.1f}%" for name in names)
         verdict = "meets every class's targets" if entry["meets_scenario_rate"] else "misses"
         lines.append(f"  {entry['scheduling_policy']:<{width}}  timeouts {timeouts} ms  goodput "
-                     f"{entry['max_rate_per_s']:.3g}{pm(entry['max_rate_per_s.ci95'])} req/s  {attainment}  "
+                     f"{entry['max_rate_per_s']:.3g}{_pm(entry['max_rate_per_s.ci95'])} req/s  {attainment}  "
                      f"{verdict}; tightest {entry['worst_check']} {100 * entry['worst_margin']:+.1f} points")
     return lines
 

@@ -59,7 +59,7 @@ def format_summary(summary: dict) -> str:
         limits = ", ".join(f"{name} <= {_ms(slo[key])} ms" for name, key in
                            (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("E2E", "e2e_s")) if slo[key] is not None)
         lines.append(f"SLO        {limits}: attainment {_num(100 * slo['attainment'], 1)}%"
-                     f" (+- {_num(200 * slo['attainment_stderr'], 1)} at 95%)")
+                     f" ({_attainment_interval(slo['attainment'], slo['attainment_stderr'])})")
         lines.append(f"goodput    {_num(slo['goodput_requests_per_s'], 2)} req/s meeting the SLO"
                      f"   {_num(slo['goodput_output_tokens_per_s'], 0)} output tok/s")
     if not summary["queue"]["steady"]:
@@ -233,3 +233,13 @@ def rollout_table(rollout: dict) -> str:
     if verdicts:           # last, so the printout ends in what it means
         lines += ["", *verdicts]
     return "\n".join(lines)
+
+
+def _attainment_interval(attainment: float, stderr: float) -> str:
+    """The 95% interval of the attainment, or why there is none: when every request in the window met the SLO
+    (or none did) the batches do not vary, and a zero-width interval would claim a certainty the run lacks."""
+    if stderr > 0:
+        return f"+- {_num(200 * stderr, 1)} at 95%"
+    if attainment in (0.0, 1.0):
+        return f"every request in the window {'met' if attainment == 1.0 else 'missed'} it: no interval"
+    return "+- n/a: too few requests to batch"

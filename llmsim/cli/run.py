@@ -25,6 +25,8 @@ import pandas as pd
 from llmsim.analysis.bench_format import vllm_bench_result
 from llmsim.analysis.canary import MIN_DETECTABLE_CHANGE
 from llmsim.analysis.metrics import summarize, warmup_warning
+from llmsim.analysis.sketch import RELATIVE_ACCURACY
+from llmsim.analysis.streaming import STREAM_ABOVE_REQUESTS, RecordsWriter, StreamedRun, streamable
 from llmsim.cli.options import FORCE_HELP, SEED, integer_flag, number_flag
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary, rollout_table
@@ -32,16 +34,16 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
-from llmsim.sim.resources import check_run_size
+from llmsim.sim.resources import check_run_size, estimate_run
 from llmsim.search.rollout import rollout_summary, simulate_rollout
 from llmsim.search.speedup import speedup_over_plain
 from llmsim.sim.simulate import simulate
 from llmsim.sim.token_times import TokenTimes
 from llmsim.workload.generate import generate_trace
 
-# What a run may write; the last five with --bench-json, --parquet, a controller and a rollout.
+# What a run may write; the last six with --bench-json, --parquet, a controller, a rollout, and a streamed run.
 RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet",
-             "control.csv", "rollout.csv", "shadow.csv")
+             "control.csv", "rollout.csv", "shadow.csv", "timeseries.csv")
 
 
 def configure_run(run) -> None:
@@ -96,7 +98,8 @@ def _cmd_run(args) -> int:
         print(f"replaying {trace_description(scenario)}", file=sys.stderr)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
-    check_run_size(scenario, force=args.force)
+    streamed = streamable(scenario) and estimate_run(scenario).requests > STREAM_ABOVE_REQUESTS
+    check_run_size(scenario, force=args.force, streamed=streamed)
     if args.bench_detailed and scenario.engine.batching == "static":
         raise ConfigError("per-request inter-token gaps are recorded for continuous batching only",
                           key="--bench-detailed", value=True,
@@ -110,6 +113,8 @@ def _cmd_run(args) -> int:
     print(f"simulating {scenario.name} (Ctrl-C stops it and writes what was simulated)", file=sys.stderr, flush=True)
     if scenario.rollout is not None:
         return _run_rollout(scenario, out, args)
+    if streamed:
+        return _run_streamed(scenario, out, args)
     try:
         try:
             observers = [token_times] if token_times is not None else []
@@ -161,6 +166,68 @@ def _write_and_print(result, out: Path, args, token_times: TokenTimes | None = N
     return 130 if result.interrupted else 0
 
 
+def _run_streamed(scenario, out: Path, args) -> int:
+    """A run too long to keep whole (more than STREAM_ABOVE_REQUESTS requests): its records written
+    and summed as it goes (:mod:`llmsim.analysis.streaming`), the percentiles from a quantile sketch."""
+    for flag, given in (("--iterations", args.iterations), ("--bench-json", args.bench_json),
+                        ("--bench-detailed", args.bench_detailed), ("--plot", args.plot)):
+        if given:
+            raise ConfigError(f"a run of more than {STREAM_ABOVE_REQUESTS:,} requests is streamed to disk, and "
+                              f"{flag} needs every record or iteration kept", key=flag, value=True,
+                              allowed=f"--requests {STREAM_ABOVE_REQUESTS:,} or fewer, or the streamed run's "
+                                      "requests.csv and timeseries.csv")
+    print(f"more than {STREAM_ABOVE_REQUESTS:,} requests: streaming the records to disk; percentiles from a "
+          f"quantile sketch (within {100 * RELATIVE_ACCURACY:g}% of the exact values)", file=sys.stderr, flush=True)
+    files = ["requests.csv"] + (["requests.parquet"] if args.parquet else [])
+    outcome: dict = {}
+
+    def run(partials: list[Path]) -> None:
+        stream = StreamedRun([RecordsWriter(path) for path in partials])
+        try:
+            outcome["result"] = simulate(scenario, force=True, stream=stream)
+        except Exception as fault:          # what was simulated is written, then the fault is raised
+            partial = getattr(fault, "partial_result", None)
+            if partial is None:
+                raise
+            outcome["result"], outcome["fault"] = partial, fault
+        outcome["stream"] = stream
+
+    def into(names: list[str], partials: list[Path]) -> None:
+        if not names:
+            return run(partials)
+        write_file(out / names[0], lambda partial: into(names[1:], partials + [partial]))
+
+    try:
+        into(files, [])
+        result, stream = outcome["result"], outcome["stream"]
+        if result.interrupted:
+            print(f"interrupted at {result.end_s:,.1f} s simulated: wrote what was simulated", file=sys.stderr)
+        summary = stream.summary(result).to_dict()
+        _warn_of_warmup(result)
+        if scenario.vllm_notes:
+            summary["vllm_flags_not_modelled"] = list(scenario.vllm_notes)
+        if scenario.workload.trace is not None or scenario.workload.dataset is not None:
+            summary["trace"] = trace_description(scenario)
+        written = [out / name for name in files]
+        written.append(_write_summary(out / "summary.json", summary))
+        series = stream.series.frame()
+        written.append(write_file(out / "timeseries.csv", lambda path: series.to_csv(path, index=False)))
+        for stale in ("iterations.csv", "vllm_bench.json", "timeline.png", "control.csv") + (
+                () if args.parquet else ("requests.parquet",)):
+            (out / stale).unlink(missing_ok=True)
+        print(format_summary(summary))
+        if scenario.speculating and not args.no_baseline:
+            print("\nno plain-decoding baseline for a streamed run (no speedup figures): run the scenario "
+                  "without speculation to compare", file=sys.stderr)
+        print("\nwrote " + ", ".join(map(str, written)))
+    except KeyboardInterrupt:
+        print("llmsim: interrupted", file=sys.stderr)
+        return 130
+    if "fault" in outcome:
+        raise outcome["fault"]
+    return 130 if result.interrupted else 0
+
+
 def _optional_files(result, iterations: pd.DataFrame, out: Path, args, itls: list | None = None) -> list[Path]:
     """The files asked for by --iterations, --bench-json and --parquet (the records, the benchmark JSON:
     of ``result``), written; an earlier run's optional files not asked for this time are removed
@@ -173,7 +240,8 @@ def _optional_files(result, iterations: pd.DataFrame, out: Path, args, itls: lis
     if args.parquet:
         written.append(write_file(out / "requests.parquet", lambda path: result.requests.to_parquet(path, index=False)))
     optional = {"iterations.csv": args.iterations, "vllm_bench.json": args.bench_json or args.bench_detailed,
-                "requests.parquet": args.parquet, "timeline.png": False, "control.csv": result.control is not None}
+                "requests.parquet": args.parquet, "timeline.png": False, "control.csv": result.control is not None,
+                "timeseries.csv": False}
     for stale in (name for name, wanted in optional.items() if not wanted):
         (out / stale).unlink(missing_ok=True)
     return written

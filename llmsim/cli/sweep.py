@@ -23,7 +23,9 @@ def configure_sweep(swept) -> None:
                        "same folder skips the points in its results.csv (lines that fail their checksum are "
                        "simulated again) and replaces frontier.csv/png; a second sweep on a folder in use "
                        "stops with exit 2, naming the running one's pid")
-    swept.add_argument("--workers", type=WORKERS, help="parallel processes (default: every CPU)")
+    swept.add_argument("--workers", type=WORKERS,
+                       help="parallel processes (default: the idle CPUs, or this process alone when a pool "
+                            "would not be faster: the progress bar says so)")
     add_seeds_argument(swept)
     swept.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
                        help="where the grid's points run: a pool of local processes (default), a Dask cluster "

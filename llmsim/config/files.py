@@ -36,7 +36,7 @@ def create_exclusive(folder: Path, prefix: str, suffix: str) -> tuple[int, Path]
     raise FileExistsError(f"no free temporary name {prefix}*{suffix} in {folder}")
 
 
-def open_no_follow(path: Path, flags: int, key: str = "--out") -> int:
+def open_no_follow(path: Path, flags: int, key: str = "out") -> int:
     """``os.open`` of a file under a fixed name (a lock, a journal appended to), refusing a link
     there (ConfigError, exit 2) instead of writing into whatever it points to."""
     try:

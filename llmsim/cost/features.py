@@ -28,7 +28,8 @@ each layer's sum is the sum at the mean ``seen``.
 """
 from __future__ import annotations
 
-from typing import Iterable, Protocol
+from typing import Protocol
+from collections.abc import Iterable
 
 import numba
 import numpy as np
@@ -196,7 +197,8 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
     """The sums of one speculative decode step of sequences ``[0, n)``, compiled (it runs every step).
 
     Sequence ``i`` sees ``seen = visible(context[i])`` cached tokens (``window`` 0: no
-    window; ``local_share`` of the layers slide). With ``k[i] > 0`` the target verifies a chunk of ``k[i] + 1`` positions after
+    window; ``local_share`` of the layers slide). With ``k[i] > 0`` the target verifies a chunk of
+    ``k[i] + 1`` positions after
     them, every one giving logits; with ``k[i] = 0`` it decodes one token. The draft's rows
     go into ``draft_rows`` (none when it has no rows: an n-gram speculator): ``max k``
     sequential decode steps as in :func:`sequential_decode_rows`, the first of which also

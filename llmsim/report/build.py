@@ -99,7 +99,7 @@ class Traffic:
 def traffic_from_rate(rate_per_s: float, peak_to_mean: float = DEFAULT_PEAK_TO_MEAN) -> Traffic:
     """An assumed diurnal profile: a sinusoid over 24 h peaking at ``rate_per_s`` at 15:00."""
     if not math.isfinite(peak_to_mean) or not 1.0 <= peak_to_mean < 2.0:
-        raise ConfigError("a sinusoidal day's peak must be 1 to 2 times its mean", key="--peak-to-mean",
+        raise ConfigError("a sinusoidal day's peak must be 1 to 2 times its mean", key="peak_to_mean",
                           value=peak_to_mean, allowed="a number in [1, 2)")
     hours = np.arange(24) + 0.5
     mean = rate_per_s / peak_to_mean
@@ -113,14 +113,14 @@ def traffic_from_trace(trace: Trace, growth: float, path: str) -> Traffic:
     """The trace's arrival rate in 24 equal windows of its duration (read as one day), times
     ``growth``; the target is its busiest window."""
     if not math.isfinite(growth) or growth <= 0:
-        raise ConfigError("the growth factor must be positive", key="--growth", value=growth,
+        raise ConfigError("the growth factor must be positive", key="growth", value=growth,
                           allowed="a factor such as 2x, 1.5 or 150%")
     if len(trace) < 48:
-        raise ConfigError(f"a trace of {len(trace)} requests is too short for a profile", key="--trace", value=path,
+        raise ConfigError(f"a trace of {len(trace)} requests is too short for a profile", key="trace", value=path,
                           allowed="a trace of at least 48 requests")
     duration = float(trace.arrival_s[-1] - trace.arrival_s[0])
     if duration <= 0:
-        raise ConfigError("every request of the trace arrives at the same time", key="--trace", value=path,
+        raise ConfigError("every request of the trace arrives at the same time", key="trace", value=path,
                           allowed="a trace whose arrivals span some time")
     counts, edges = np.histogram(trace.arrival_s, bins=24, range=(trace.arrival_s[0], trace.arrival_s[-1]))
     rate = growth * counts / np.diff(edges)
@@ -136,10 +136,10 @@ def parse_growth(text: str) -> float:
     try:
         value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw.rstrip("x"))
     except ValueError:
-        raise ConfigError("cannot read this as a growth factor", key="--growth", value=text,
+        raise ConfigError("cannot read this as a growth factor", key="growth", value=text,
                           allowed="a factor such as 2x, 1.5 or 150%") from None
     if not math.isfinite(value) or not 0 < value <= MAX_GROWTH:
-        raise ConfigError("the growth factor is out of range", key="--growth", value=text,
+        raise ConfigError("the growth factor is out of range", key="growth", value=text,
                           allowed=f"a factor such as 2x, 1.5 or 150%, > 0 and <= {MAX_GROWTH:g}")
     return value
 
@@ -159,13 +159,13 @@ class ReportBuilder:
         self.traffic, self.hardware, self.workers, self.progress = traffic, hardware, workers, progress
         self.seeds = list(seeds) if seeds else [scenario.seed, scenario.seed + 1]
         if len(self.seeds) < 2:
-            raise ConfigError("confidence intervals need at least 2 seeds", key="--seeds", value=seeds,
+            raise ConfigError("confidence intervals need at least 2 seeds", key="seeds", value=seeds,
                               allowed="a count >= 2, or 2 or more seeds")
         count = min(scenario.workload.num_requests or DEFAULT_REQUESTS, DEFAULT_REQUESTS) if requests is None \
             else requests
         if isinstance(count, bool) or not isinstance(count, int) or not MIN_REQUESTS <= count <= MAX_REQUESTS:
             raise ConfigError("the fewest requests per run must be enough to measure percentiles, and within the "
-                              "simulations' cap", key="--requests", value=count,
+                              "simulations' cap", key="requests", value=count,
                               allowed=f"an integer >= {MIN_REQUESTS} and <= {MAX_REQUESTS:,}")
         self.requests = count
         # the runs' request count is a floor: each point's window follows its rate (llmsim.search.window)
@@ -227,8 +227,9 @@ class ReportBuilder:
                                 f"P95 {num(np.percentile(values, 95))}, max {num(values.max())}"])
         rows.append(["SLO targets", self._targets_text()])
         classes = getattr(self.original.workload, "classes", None)
-        paragraphs = [f"Requests shown: {'the trace, scaled by its growth' if traffic.trace is not None else 'one sample of the scenario workload at the target rate'} "
-                      f"({len(trace):,} requests over {window:,.0f} s)."]
+        shown = ("the trace, scaled by its growth" if traffic.trace is not None
+                 else "one sample of the scenario workload at the target rate")
+        paragraphs = [f"Requests shown: {shown} ({len(trace):,} requests over {window:,.0f} s)."]
         if traffic.trace is not None:
             paragraphs.append("The simulations draw prompt and output lengths from lognormal distributions fitted "
                               "to the trace (its mean and the standard deviation of its log lengths), with "
@@ -252,7 +253,7 @@ class ReportBuilder:
         if not usable:
             notes = "; ".join(f"{c.hardware}: {c.note}" for c in self.choices)
             raise ConfigError(f"no candidate meets the SLO targets at {self.rate:g} requests/s ({notes})",
-                              key="--target-rate", value=self.rate,
+                              key="target_rate_per_s", value=self.rate,
                               allowed="a lower rate, other --hardware, or looser SLOs")
         self.best = usable[0]
         self.standings = {c.hardware: chip_standing(c.hardware, self.original) for c in self.choices}
@@ -374,18 +375,24 @@ class ReportBuilder:
             ["P95 TPOT", ms(mean[names.TPOT_P95])], ["TPOT margin", _margin(mean[names.TPOT_P95], tpot_limit)],
             ["SLO attainment", percent(mean[names.SLO_ATTAINMENT])],
             ["attainment over target (worst limit)", plus_minus(margin, spread, percent)]],
-            note=f"means over {counted(len(self.seeds), 'seed')} at {num(self.rate)} requests/s; margin: how far the P95 "
+            note=f"means over {counted(len(self.seeds), 'seed')} at {num(self.rate)} requests/s; "
+                 "margin: how far the P95 "
                  f"is below its limit; attainment over target: the share within the limit minus the percentile "
                  f"target, ± 2 standard errors pooled over seeds; a month is {HOURS_PER_MONTH:g} hours")
         if rec is not None:
             paragraphs.insert(0, f"Searched on {best.hardware} {best.layout.label} x {best.replicas} with "
                               f"`llmsim recommend` ({len(rec.analytic)} settings scored analytically, "
-                              f"{len(rec.table)} simulated on {counted(len(self.seeds), 'seed')}). With them the deployment "
+                              f"{len(rec.table)} simulated on {counted(len(self.seeds), 'seed')}). "
+                              "With them the deployment "
                               f"needs {counted(replicas, 'replica')} (the scenario's settings: {best.replicas}).")
         self.sections.append(Section("settings", "Recommended deployment and engine settings", paragraphs,
                                      [deploy, table]))
-        deployed_fact = (lambda label, row: Fact(label, "deployment", row, "recommended"))
-        setting_fact = (lambda label, row: Fact(label, "settings", row, "recommended"))
+        def deployed_fact(label: str, row: str) -> Fact:
+            return Fact(label, "deployment", row, "recommended")
+
+        def setting_fact(label: str, row: str) -> Fact:
+            return Fact(label, "settings", row, "recommended")
+
         chip = best.hardware
         self.summary += [deployed_fact("chip", "chip"),
                          Fact("what its figures rest on", "candidates", chip, "figures rest on"),
@@ -408,9 +415,12 @@ class ReportBuilder:
         if rec is None:
             timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
             return [["speculation k", own_k, "-"], ["max batch tokens", str(eng.max_batch_tokens), "-"],
-                    ["queue timeout", timeout, "-"], ["goodput (req/s)", "-", "-"], ["gain over the rule of thumb", "-", "-"]]
+                    ["queue timeout", timeout, "-"], ["goodput (req/s)", "-", "-"],
+                    ["gain over the rule of thumb", "-", "-"]]
         top, default = rec.table.iloc[0], rec.defaults.iloc[0]
-        timeout = (lambda t: "none" if t is None or (isinstance(t, float) and math.isnan(t)) else ms(t))
+        def timeout(t: float | None) -> str:
+            return "none" if t is None or (isinstance(t, float) and math.isnan(t)) else ms(t)
+
         return [["speculation k", str(rec.best.k), str(default["config"].k)],
                 ["max batch tokens", str(rec.best.max_batch_tokens), str(default["config"].max_batch_tokens)],
                 ["queue timeout", timeout(rec.best.queue_timeout_s), timeout(default["config"].queue_timeout_s)],
@@ -471,7 +481,8 @@ class ReportBuilder:
             ["breaking point", breaking_text],
             ["headroom above the target", headroom_text],
             [f"one replica down ({self.replicas - 1} of {self.replicas})", down_text],
-            ["replicas for N+1", f"{n_plus_one} ({'the recommendation already survives one down' if down_met else f'{self.replicas} + 1 spare'})"]],
+            ["replicas for N+1", f"{n_plus_one} ("
+             + ("the recommendation already survives one down" if down_met else f"{self.replicas} + 1 spare") + ")"]],
             note=f"breaking point: highest rate meeting the SLO targets, bisected to {BREAKING_TOLERANCE:.0%} of the "
                  f"target and on until the step is below the headroom (to {BREAKING_FINEST:.2%} at most); a headroom "
                  "the step cannot resolve is given as the range it lies in")
@@ -587,7 +598,8 @@ class ReportBuilder:
             rows.append([f"{metric[:4].upper()} P50 / P95 / P99",
                          " / ".join(ms(lat[metric][p]) for p in ("p50", "p95", "p99"))])
         rows += [["queue length mean / max", f"{num(queue['mean_length'])} / {queue['max_length']}"],
-                 ["KV cache used mean / max", f"{percent(util['kv_occupancy_mean'])} / {percent(util['kv_occupancy_max'])}"],
+                 ["KV cache used mean / max",
+                  f"{percent(util['kv_occupancy_mean'])} / {percent(util['kv_occupancy_max'])}"],
                  ["busy (utilisation)", percent(util["busy_fraction"])], ["MFU", percent(util["mfu"])],
                  ["memory bandwidth utilisation", percent(util["bandwidth_utilisation"])]]
         self.sections.append(Section(
@@ -595,9 +607,11 @@ class ReportBuilder:
             [f"One simulated run (seed {self.final.seed}, {len(result.requests):,} requests at "
              f"{num(self.rate)} requests/s) in {MONITOR_BINS} time bins, as a serving dashboard shows it; "
              f"latency percentiles by completion time, utilisation and KV cache averaged over replicas. "
-             f"The table covers the measurement window ({num(summary['window_s'][0])}-{num(summary['window_s'][1])} s)."],
+             "The table covers the measurement window "
+             f"({num(summary['window_s'][0])}-{num(summary['window_s'][1])} s)."],
             [Table("monitoring", "The run's measurement window", ["metric", "value"], rows)],
-            [Figure("monitoring-figure", "Dashboard: QPS, tokens/s, TTFT/TPOT percentiles, queue, KV cache, utilisation",
+            [Figure("monitoring-figure",
+                    "Dashboard: QPS, tokens/s, TTFT/TPOT percentiles, queue, KV cache, utilisation",
                     figures.monitoring(series, {"ttft": self.final.slo.ttft_s, "tpot": self.final.slo.tpot_s},
                                        "monitoring-figure"))]))
 
@@ -786,7 +800,9 @@ def _scaled_length(raw, factor: float):
 def _shifted_acceptance(raw: dict, step: float) -> dict | None:
     """Overrides moving the acceptance's per-token rate by ``step`` (None for replayed lengths)."""
     process = raw.get("process", "bernoulli")
-    clip = (lambda v: float(min(max(v, 0.01), 0.99)))
+    def clip(v: float) -> float:
+        return float(min(max(v, 0.01), 0.99))
+
     key = "speculation.acceptance"
     if process in ("bernoulli", "positional"):
         return {f"{key}.alpha": clip(raw.get("alpha", 0.7) + step)}

@@ -1,9 +1,9 @@
 """The report's figures, drawn with matplotlib and kept as inline SVG text.
 
 Figures are built on ``matplotlib.figure.Figure`` without pyplot, so making a report never changes
-the caller's backend (a notebook keeps drawing inline). Static SVG, not an interactive library: the page must open without a network and without
-scripts (nothing to fail in a browser console), SVG stays sharp at any zoom and prints,
-its text is real text, and matplotlib is already a dependency. Each figure gets its own
+the caller's backend (a notebook keeps drawing inline). Static SVG, not an interactive library: the page
+must open without a network and without scripts (nothing to fail in a browser console), SVG stays sharp
+at any zoom and prints, its text is real text, and matplotlib is already a dependency. Each figure gets its own
 id salt so the ids of several SVGs in one page never collide.
 """
 from __future__ import annotations

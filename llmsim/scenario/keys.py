@@ -382,7 +382,9 @@ KEY_HELP: dict[str, str] = {
     "slo.classes.<name>.percentile": "the class's percentile (one number, or per metric)",
     "simulation": "the measurement window and the run's end",
     "simulation.warmup": "excluded from the steady-state figures; default: 10% of the arrival window",
-    "simulation.horizon": "the simulation stops here; default: twice the arrival window, at least 60 s past it, and twice the deployment's time to serve every request back to back where that is longer (offline runs)",
+    "simulation.horizon": "the simulation stops here; default: twice the arrival window, at least 60 s past it, "
+                          "and twice the deployment's time to serve every request back to back where that is "
+                          "longer (offline runs)",
     "speculation": "speculative decoding: a draft proposes k tokens, the target verifies them in one pass",
     "speculation.draft": "what proposes the tokens: a draft model (catalog name, config.json path or inline "
                          "mapping, as model), `eagle` (an EAGLE head), `mtp` (the target's multi-token-prediction "

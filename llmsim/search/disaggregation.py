@@ -32,7 +32,7 @@ AGGREGATED, DISAGGREGATED = "aggregated", "disaggregated"
 RATIO = re.compile(r"^\s*(\d+)\s*P\s*(\d+)\s*D\s*$", re.IGNORECASE)
 
 
-def parse_ratios(text: str, key: str = "--ratios") -> list[tuple[int, int]]:
+def parse_ratios(text: str, key: str = "ratios") -> list[tuple[int, int]]:
     """``"1P1D,2P1D,3P1D"`` -> ``[(1, 1), (2, 1), (3, 1)]`` (a ConfigError naming ``key`` otherwise)."""
     ratios = []
     for part in text.split(","):

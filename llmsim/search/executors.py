@@ -15,8 +15,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from typing import Callable
 
 from llmsim.config.progress import Progress
 from llmsim.errors import ConfigError
@@ -27,12 +27,50 @@ PR_SET_PDEATHSIG = 1            # from <linux/prctl.h>
 SCHEDULER_TIMEOUT_S = 10.0      # to reach a Dask scheduler by address before giving up (Dask's default: 30 s)
 
 
+# What a pool costs and what a point's simulation is worth, for choosing the pool or this process
+# (:func:`pool_workers`). A worker imports llmsim before its first point: 1.7-1.9 CPU s measured on
+# the 2-core development machine. The resource guard's estimate of a point's events
+# (:func:`llmsim.sim.resources.estimate_run`) runs at 40,000 events per CPU s on the shipped
+# speculative 70B scenario and 130,000-140,000 on the chat and TP8 ones: the slowest is taken, so
+# the estimate of a grid's work is high and the pool is chosen when in doubt.
+WORKER_START_CPU_S = 2.0
+EVENTS_PER_CPU_S = 40_000
+
+
+def pool_workers(jobs: list[tuple[str, Scenario]], requested: int | None) -> tuple[int, str | None]:
+    """How many pool processes a sweep of ``jobs`` starts (1: it runs in this process), and why when
+    that is not what was asked. ``requested`` (``workers``) is obeyed; by default the pool gets the
+    CPUs left idle (this process's own included: it waits while the pool works) and is started only
+    when it can pay: when the grid's estimated work ``W`` exceeds ``start x n / (n - 1)`` for ``n``
+    workers (``start``: one worker's start-up; serial takes ``W``, the pool ``start + W / n``)."""
+    if requested is not None:
+        return max(1, requested), None
+    from llmsim.sim.resources import estimate_run
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    idle = min(cpus, len(jobs), max(1, int(cpus - load + 1)))
+    if idle < 2:
+        return 1, (f"{len(jobs)} points in this process: {cpus} CPU{'s' * (cpus > 1)} with a load of {load:.1f}, "
+                   "none idle for a pool to use")
+    work_s = sum(estimate_run(scenario).events for _, scenario in jobs) / EVENTS_PER_CPU_S
+    if work_s <= WORKER_START_CPU_S * idle / (idle - 1):
+        return 1, (f"{len(jobs)} points in this process: about {work_s:.1f} CPU s of simulation, less than "
+                   f"starting a pool of {idle} workers saves")
+    return idle, None
+
+
 def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dict], engine: str,
             workers: int | None, client, progress: Progress):
     """Yield (point_id, ``evaluate(scenario)``) as points finish; ``progress`` is told of every job
-    (``add``) and advanced one step as each finishes."""
+    (``add``) and advanced one step as each finishes. ``processes`` without ``workers`` runs the
+    points in this process when a pool cannot pay (:func:`pool_workers`), and says so (``note``)."""
     if not jobs:
         return
+    if engine == "processes":
+        workers, why = pool_workers(jobs, workers)
+        if why is not None:
+            progress.note(why)
     workers = max(1, workers or os.cpu_count() or 1)
     progress.add(len(jobs))
     if engine == "serial" or (engine == "processes" and (workers == 1 or len(jobs) == 1)):
@@ -123,10 +161,10 @@ def _terminate(pool: ProcessPoolExecutor) -> None:
         process.terminate()
 
 
-def _connect(Client, address: str):
+def _connect(client_class, address: str):
     """A client of the scheduler at ``address``; unreachable or malformed: ConfigError (exit 2)."""
     try:
-        return Client(address, timeout=SCHEDULER_TIMEOUT_S)
+        return client_class(address, timeout=SCHEDULER_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError) as error:
         raise ConfigError(f"cannot reach a Dask scheduler there within {SCHEDULER_TIMEOUT_S:g} s ({error})",
                           key="--scheduler", value=address,

@@ -99,7 +99,7 @@ def replay_description(scenario: Scenario, rate_per_s: float) -> str:
     return f"{trace.description}: {len(trace):,} requests"
 
 
-def check_rate(rate_per_s: float, key: str = "--target-rate") -> float:
+def check_rate(rate_per_s: float, key: str = "target_rate_per_s") -> float:
     if not isinstance(rate_per_s, (int, float)) or not math.isfinite(rate_per_s) or rate_per_s <= 0:
         raise ConfigError("the target rate must be a positive number of requests per second", key=key,
                           value=rate_per_s, allowed="a rate such as 20 or '20/s'")
@@ -114,7 +114,7 @@ def candidates(scenario: Scenario, hardware: Sequence[str] | None) -> list[str]:
         names = [str(Path(name).resolve()) if name.endswith((".yaml", ".yml")) and Path(name).exists() else name
                  for name in hardware]
         for name in names:
-            lookup_hardware(name, None, "--hardware")      # an unknown name is a ConfigError listing the profiles
+            lookup_hardware(name, None, "hardware")      # an unknown name is a ConfigError listing the profiles
         return names
     section = Node((scenario.source or {}).get("plan"), file=scenario.path, path="plan",
                    base_dir=Path(scenario.source_dir or "."))

@@ -75,7 +75,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
@@ -357,13 +357,13 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
     if objective not in OBJECTIVES:
-        raise ConfigError("unknown objective", key="--objective", value=objective, allowed=", ".join(OBJECTIVES))
+        raise ConfigError("unknown objective", key="objective", value=objective, allowed=", ".join(OBJECTIVES))
     if search not in SEARCHES:
-        raise ConfigError("unknown search", key="--search", value=search, allowed=", ".join(SEARCHES))
+        raise ConfigError("unknown search", key="search", value=search, allowed=", ".join(SEARCHES))
     class_timeouts_s = tuple(sorted({float(t) for t in class_timeouts_s}))
     if not class_timeouts_s or not all(0 < t <= MAX_CLASS_TIMEOUT_S for t in class_timeouts_s) \
             or len(class_timeouts_s) > MAX_CLASS_TIMEOUTS:
-        raise ConfigError("bad queue timeouts to search", key="--class-timeouts", value=list(class_timeouts_s),
+        raise ConfigError("bad queue timeouts to search", key="class_timeouts_s", value=list(class_timeouts_s),
                           allowed=f"1 to {MAX_CLASS_TIMEOUTS} durations in (0, {MAX_CLASS_TIMEOUT_S:g} s]")
     if search == "classes" and not scenario.workload.classes:
         raise ConfigError("the scenario has no traffic classes to search", file=scenario.path, key="workload.classes",
@@ -373,10 +373,10 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
                           has_value=False, allowed="ttft, tpot and/or e2e limits")
     seed_list = list(range(scenario.seed, scenario.seed + seeds)) if isinstance(seeds, int) else list(seeds)
     if len(seed_list) < 2:
-        raise ConfigError("confidence intervals need at least 2 seeds", key="--seeds", value=seeds,
+        raise ConfigError("confidence intervals need at least 2 seeds", key="seeds", value=seeds,
                           allowed="a count >= 2, or 2 or more seeds")
     if top < 1:
-        raise ConfigError("simulate at least the analytic best setting", key="--top", value=top,
+        raise ConfigError("simulate at least the analytic best setting", key="top", value=top,
                           allowed="an integer >= 1")
     if requests is not None:
         scenario = variant(scenario, {"workload.num_requests": requests})
@@ -823,7 +823,8 @@ class _Search:
         frame = pd.DataFrame(list(self.results.values()))
         frame["default"] = [c in self.defaults for c in frame["config"]]
         if self.objective == "goodput":
-            order = frame.sort_values(["meets_scenario_rate", "max_rate_per_s"], ascending=[False, False], kind="stable")
+            order = frame.sort_values(["meets_scenario_rate", "max_rate_per_s"], ascending=[False, False],
+                                      kind="stable")
         else:
             order = frame.sort_values(["meets_scenario_rate", "usd_per_million_output_tokens"],
                                       ascending=[False, True], kind="stable")

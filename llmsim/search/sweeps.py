@@ -32,7 +32,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -95,7 +96,8 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                 (``speculation: None`` turns speculation off). ``{}`` is the scenario as is.
     seeds:      seeds to run each point with (default: the scenario's seed). A point's trace
                 depends only on its workload and seed: points that share them share requests.
-    workers:    parallel processes (default ``os.cpu_count()``); 1 runs in this process.
+    workers:    parallel processes; 1 runs in this process. Default: the idle CPUs, or this process
+                alone when a pool cannot pay (:func:`llmsim.search.executors.pool_workers`).
     engine:     ``"processes"`` (a local process pool), ``"dask"`` or ``"serial"``.
     client:     with ``engine="dask"``: a ``distributed.Client`` or a scheduler address
                 (``"tcp://host:8786"``); default: a LocalCluster of ``workers`` processes

@@ -109,6 +109,12 @@ class IterationLog:
         return [np.frombuffer(chunk, dtype=float, count=size // 8).reshape(-1, _WIDTH) for chunk, size in
                 [*((chunk, _CHUNK_BYTES) for chunk in self._full), (self._chunk, self._at)]]
 
+    def take_full(self) -> list[np.ndarray]:
+        """The chunks already full, as (rows, columns) arrays, taken out of the log (a run streamed
+        to disk sums them as it goes)."""
+        full, self._full = self._full, []
+        return [np.frombuffer(chunk, dtype=float).reshape(-1, _WIDTH) for chunk in full]
+
     def take_chunks(self):
         """Yield the log's rows as (rows, columns) arrays, chunk by chunk, emptying the log."""
         self._full.append(self._chunk)

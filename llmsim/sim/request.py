@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
+from collections.abc import Callable
 from enum import Enum
 from typing import Protocol
 
@@ -102,6 +103,14 @@ class TimeAverage:
         self.last_s = start_s
         self.log_s = array("d", [start_s]) if logged else None
         self.log_value = array("q", [0]) if logged else None
+
+    def take_log(self) -> tuple[np.ndarray, np.ndarray]:
+        """The change log so far (times, values after each change), emptied: a run streamed to disk
+        reads it as it goes instead of keeping it whole."""
+        assert self.log_s is not None and self.log_value is not None     # asked only of a logged count
+        times, values = np.frombuffer(self.log_s, float).copy(), np.frombuffer(self.log_value, np.int64).copy()
+        self.log_s, self.log_value = array("d"), array("q")
+        return times, values
 
     def change(self, now: float, delta: int) -> None:
         self.area += self.value * (now - self.last_s)
@@ -208,8 +217,9 @@ class RequestRecords:
 
     def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
                  alpha: np.ndarray | None = None, class_index: np.ndarray | None = None,
-                 session_id: np.ndarray | None = None, prefix_cache: bool = False):
+                 session_id: np.ndarray | None = None, prefix_cache: bool = False, first_id: int = 0):
         n = len(arrival_s)
+        self.first_id = first_id           # the id of the first row (a chunk of a streamed run's records)
         self.class_index = class_index
         self.arrival_s = np.asarray(arrival_s, float)
         self.prompt_tokens = np.asarray(prompt_tokens, np.int64)
@@ -244,7 +254,7 @@ class RequestRecords:
 
     def write(self, request: Request) -> None:
         """``request``'s outcome, as it stands, into its row."""
-        i = request.id
+        i = request.id - self.first_id
         self.replica[i] = request.replica
         self.status[i] = self._status_codes.get(request.status, 0)
         self.reason[i] = self._reasons.setdefault(request.reason, len(self._reasons))
@@ -272,7 +282,8 @@ class RequestRecords:
 
         reasons = np.array(list(self._reasons), dtype=object)
         columns = {
-            "id": np.arange(len(self), dtype=np.int64), "replica": as_array(self.replica),
+            "id": np.arange(self.first_id, self.first_id + len(self), dtype=np.int64),
+            "replica": as_array(self.replica),
             "status": np.array(self.STATUSES, dtype=object)[np.frombuffer(self.status, np.int8)],
             "reason": reasons[np.frombuffer(self.reason, np.int8)],
             "arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
@@ -290,6 +301,66 @@ class RequestRecords:
         return columns
 
 
+class StreamedRecords(RequestRecords):
+    """The records of a run streamed to disk: rows are kept in chunks of ``chunk_rows`` consecutive
+    requests, and each chunk, once every request in it has left, is handed to ``emit`` (a
+    :class:`RequestRecords` of its rows), in order, and dropped. The run's memory then holds the
+    trace and the chunks that requests still in the system belong to, not a row per request.
+    ``emit(chunk, rows)``: the chunk's first ``rows`` rows are records (all of them but in the last
+    chunk of a run stopped before its trace ended). :meth:`flush` hands over the rest at the end."""
+
+    def __init__(self, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 alpha: np.ndarray | None = None, class_index: np.ndarray | None = None,
+                 session_id: np.ndarray | None = None, prefix_cache: bool = False, *,
+                 emit: Callable[[RequestRecords, int], None], chunk_rows: int):
+        n = len(arrival_s)
+        self.first_id = 0
+        self.class_index = class_index
+        self.arrival_s = np.asarray(arrival_s, float)
+        self.prompt_tokens = np.asarray(prompt_tokens, np.int64)
+        self.output_tokens = np.asarray(output_tokens, np.int64)
+        self.alpha = np.full(n, NAN) if alpha is None else np.asarray(alpha, float)
+        self.session_id = None if session_id is None else np.asarray(session_id, np.int64)
+        self._prefix_cache = prefix_cache
+        self._emit, self._rows = emit, chunk_rows
+        self._chunks: dict[int, RequestRecords] = {}
+        self._left: dict[int, int] = {}           # chunk -> its requests yet to leave
+        self._next = 0                             # the first chunk not yet handed over
+
+    def _chunk(self, index: int) -> RequestRecords:
+        rows = slice(index * self._rows, min((index + 1) * self._rows, len(self)))
+        chunk = self._chunks[index] = RequestRecords(
+            self.arrival_s[rows], self.prompt_tokens[rows], self.output_tokens[rows], self.alpha[rows],
+            None if self.class_index is None else self.class_index[rows],
+            None if self.session_id is None else self.session_id[rows], self._prefix_cache, rows.start)
+        self._left[index] = len(chunk)
+        return chunk
+
+    def write(self, request: Request) -> None:
+        index = request.id // self._rows
+        chunk = self._chunks.get(index) or self._chunk(index)
+        chunk.write(request)
+        self._left[index] -= 1
+        if self._left[index] == 0 and index == self._next:
+            while self._left.get(self._next) == 0:
+                del self._left[self._next]
+                chunk = self._chunks.pop(self._next)
+                self._emit(chunk, len(chunk))
+                self._next += 1
+
+    def flush(self, arrived: int) -> None:
+        """End of the run (every arrived request written): hand over the rest of the first ``arrived`` rows."""
+        while self._next * self._rows < arrived:
+            chunk = self._chunks.pop(self._next)
+            rows = arrived - self._next * self._rows
+            self._emit(chunk, min(rows, len(chunk)))
+            self._next += 1
+        self._chunks.clear()
+
+    def finished(self) -> np.ndarray:
+        raise TypeError("a streamed run keeps no record of requests that left (a controller needs them)")
+
+
 class InterTokenGaps:
     """Every inter-token gap of a run, kept as weighted samples (gap, how many tokens had it).
 
@@ -305,6 +376,10 @@ class InterTokenGaps:
 
     def merge(self, other: InterTokenGaps) -> None:
         self._chunks.extend(other._chunks)
+
+    def chunks(self):
+        """The samples as they were added: (end_s, gap_s, weight) arrays, chunk by chunk."""
+        return iter(self._chunks)
 
     def in_window(self, start_s: float, stop_s: float) -> tuple[np.ndarray, np.ndarray]:
         """(gaps, weights) of the tokens emitted in [start_s, stop_s], sorted by gap."""

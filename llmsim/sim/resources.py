@@ -19,7 +19,8 @@ The estimate:
 - memory: per request, per iteration (the iteration log) and per engine, at sizes measured as
   peak RSS on Llama-3.1-8B / H100 runs (20,000 and 60,000 requests at 12/s: 130 and 388 MB for
   235,000 and 694,000 iterations, about 0.5 kB per iteration with its request's share; 20,000
-  replicas: 37 kB each), rounded up.
+  replicas: 37 kB each), rounded up; a run streamed to disk (``streamed``) keeps neither records nor
+  the iteration log, and costs a fifth of that per request and per iteration.
 
 An engine also counts as :data:`EVENTS_PER_ENGINE` events: 20,000 replicas took 56 s to build and
 report on 4,000 requests, about 2.8 ms each, the time of ~100 iterations. Every replica an
@@ -48,6 +49,11 @@ from llmsim.workload.trace import Trace
 
 BYTES_PER_REQUEST = 3_000
 BYTES_PER_ITERATION = 600
+# A run streamed to disk (llmsim run above llmsim.analysis.streaming.STREAM_ABOVE_REQUESTS requests) keeps
+# no records or iteration log: 1,000,000 chat requests (about 3.5 million iterations) through llmsim run
+# peaked at 0.70 GB RSS, the interpreter's 0.2 GB included. These sizes give twice that, as above.
+BYTES_PER_STREAMED_REQUEST = 600
+BYTES_PER_STREAMED_ITERATION = 120
 BYTES_PER_ENGINE = 40_000
 EVENTS_PER_ENGINE = 100                 # building and reporting an engine takes as long as ~100 iterations
 # A controller's wakeup reads every request's record: measured 150-260 us a wakeup with 2,000-8,000
@@ -83,8 +89,9 @@ class RunEstimate:
         return max(self.sources, key=lambda source: source[column])[0]
 
 
-def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
-    """The run's size from the scenario (and its trace, when already drawn or replayed)."""
+def estimate_run(scenario: Scenario, trace: Trace | None = None, streamed: bool = False) -> RunEstimate:
+    """The run's size from the scenario (and its trace, when already drawn or replayed); ``streamed``:
+    its records and iteration log written and summed as it goes (``llmsim run`` of a long run), not kept."""
     workload = scenario.workload
     trace = workload.trace if trace is None else trace
     if trace is not None:
@@ -122,8 +129,10 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None) -> RunEstimate:
     fluid = _fluid_iterations(resolved, requests, window_s, horizon_s, prompt, output) + serving * longest
     iterations = min(requests * per_request, SAFETY * fluid)
     iterations = int(min(iterations, 1e18))
+    request_bytes, iteration_bytes = ((BYTES_PER_STREAMED_REQUEST, BYTES_PER_STREAMED_ITERATION) if streamed
+                                      else (BYTES_PER_REQUEST, BYTES_PER_ITERATION))
     sources: list[tuple[str, float, float]] = [
-        ("workload", requests + iterations, requests * BYTES_PER_REQUEST + iterations * BYTES_PER_ITERATION)]
+        ("workload", requests + iterations, requests * request_bytes + iterations * iteration_bytes)]
     sources += [(key, count * EVENTS_PER_ENGINE, count * BYTES_PER_ENGINE) for key, count in _engines(scenario)]
     control = EVENTS_PER_CONTROL_TICK + requests / REQUESTS_PER_CONTROL_EVENT
     for key, config, events in (("controller.interval", scenario.controller, control),
@@ -201,9 +210,10 @@ def _fluid_iterations(resolved: ResolvedDeployment, requests: int, window_s: flo
     return requests * output / batch
 
 
-def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool = False) -> RunEstimate:
+def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool = False,
+                   streamed: bool = False) -> RunEstimate:
     """The run's estimate; above the limits a ConfigError (exit 2) giving it and the override."""
-    estimate = estimate_run(scenario, trace)
+    estimate = estimate_run(scenario, trace, streamed)
     if force:
         return estimate
     over: list[str] = []

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import pandas as pd
@@ -44,7 +45,8 @@ from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.resources import check_run_size
 from llmsim.sim.result import SUMMED_KV_TOTALS, KVTierTotals, SimulationResult, SpeculationSteps, StopReason
-from llmsim.sim.request import REJECTED, InterTokenGaps, Request, RequestRecords, TimeAverage, WaitingQueue
+from llmsim.sim.request import (REJECTED, InterTokenGaps, Request, RequestRecords, StreamedRecords, TimeAverage,
+                                WaitingQueue)
 from llmsim.sim.slo import meets_slo
 from llmsim.sim.scheduling import class_mean_queue_lengths, class_queue_factory, class_queueing
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
@@ -304,8 +306,26 @@ def warmup_for(scenario: Scenario, window_s: float) -> float:
     return min(warmup if warmup is not None else 0.1 * window_s, window_s)
 
 
+class RunStream(Protocol):
+    """Where a streamed run's records and logs go as the run makes them (see :func:`simulate`):
+    :class:`llmsim.analysis.streaming.StreamedRun` sums them into the summary and writes the records.
+    ``chunk_rows``: the requests in each records chunk."""
+
+    chunk_rows: int
+
+    def begin(self, scenario: Scenario, window_s: float, warmup_s: float) -> None: ...
+
+    def records(self, frame: pd.DataFrame) -> None: ...
+
+    def iterations(self, rows: np.ndarray, settled_s: float) -> None: ...
+
+    def queue(self, times_s: np.ndarray, lengths: np.ndarray) -> None: ...
+
+    def close(self, end_s: float, gaps: InterTokenGaps) -> None: ...
+
+
 def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = (),
-             force: bool = False) -> SimulationResult:
+             force: bool = False, stream: RunStream | None = None) -> SimulationResult:
     """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs).
 
     A run whose estimated memory or event count is above the resource guard's limits is refused
@@ -316,6 +336,12 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     Ctrl-C returns the partial result (``stopped_by == "interrupt"``); a second one while it
     is assembled is not caught. Any other exception during the run is raised again with the
     partial result attached as ``partial_result`` (see the module docstring).
+
+    ``stream``: the per-request records go to ``stream.records`` in chunks of consecutive requests,
+    in order, as soon as every request of a chunk has left, and the iteration log, the queue
+    lengths and the inter-token gaps to its other methods as the run goes (:class:`RunStream`), so
+    the run never holds them whole; the result's ``requests``, ``iterations`` and ``queue_length``
+    are then empty. Not with a controller (it reads every record) or a tiered KV cache.
     """
     if trace is None and scenario.workload.trace is not None:      # in memory already: estimate on it
         trace = generate_trace(scenario.workload, scenario.seed)
@@ -327,9 +353,18 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     env = Environment()
     make_queue = class_queue_factory(scenario) or WaitingQueue
     shared = make_queue() if dep.router is RouterPolicy.SHARED_QUEUE else None
-    records = RequestRecords(trace.arrival_s, trace.prompt_tokens, trace.output_tokens,
-                             _alphas(scenario, len(trace)), trace.class_index, trace.session_id,
-                             scenario.engine.tiered_kv)
+    record_columns = (trace.arrival_s, trace.prompt_tokens, trace.output_tokens, _alphas(scenario, len(trace)),
+                      trace.class_index, trace.session_id, scenario.engine.tiered_kv)
+    if stream is None:
+        records = RequestRecords(*record_columns)
+    else:
+        if scenario.controller is not None or scenario.engine.tiered_kv or scenario.disaggregation is not None:
+            raise ValueError("a streamed run cannot have a controller, a tiered KV cache or disaggregated pools")
+
+        def emit(chunk: RequestRecords, rows: int) -> None:
+            stream.records(_records(chunk, rows, scenario))
+            _drain(env, engines, stream)
+        records = StreamedRecords(*record_columns, emit=emit, chunk_rows=stream.chunk_rows)
 
     def on_done(replica):
         # Bound late: the router is built after its replicas.
@@ -353,6 +388,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
                        for micro_batch in range(resolved.engines_per_replica)])
     engines = [engine for group in groups for engine in group]
+    if stream is not None:
+        stream.begin(scenario, window, warmup)
     for engine in engines:
         if isinstance(engine, Engine):
             engine.observers.extend(observers)
@@ -369,13 +406,14 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         router.pool = ReplicaPool(pool_size, resolved.replicas, switch_off)
         env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
-    return _run(scenario, env, stop, router, engines, records, resolved, window, warmup, control, scaling)
+    return _run(scenario, env, stop, router, engines, records, resolved, window, warmup, control, scaling,
+                stream=stream)
 
 
 def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: Router, engines: list[Engine],
          records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
          control: ControlLog | None = None, scaling: ScalingLog | None = None,
-         split: DisaggregatedRouter | None = None) -> SimulationResult:
+         split: DisaggregatedRouter | None = None, stream: RunStream | None = None) -> SimulationResult:
     """Run the simulation built in ``env`` until ``stop`` and return its result (see :func:`simulate` for a
     run stopped by Ctrl-C or a fault)."""
     stopped_by, fault = StopReason.COMPLETED, None
@@ -389,10 +427,11 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
         stopped_by, fault = StopReason.FAULT, error
     if fault is None:
         return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
-                       scaling=scaling, split=split)
+                       scaling=scaling, split=split, stream=stream)
     try:
         fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup,
-                                       StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling, split)
+                                       StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling, split,
+                                       stream)
         fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
@@ -403,8 +442,10 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
 def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
             stopped_by: str, fault: str | None = None, control: ControlLog | None = None,
-            scaling: ScalingLog | None = None, split: DisaggregatedRouter | None = None) -> SimulationResult:
-    """The result of a run that ended (by ``stopped_by``): records of the requests that arrived."""
+            scaling: ScalingLog | None = None, split: DisaggregatedRouter | None = None,
+            stream: RunStream | None = None) -> SimulationResult:
+    """The result of a run that ended (by ``stopped_by``): records of the requests that arrived
+    (with a ``stream``: handed to it, the result's tables empty)."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
     end_s = max(env.now, router.in_system.last_s)
@@ -417,7 +458,19 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     router.write_in_system()
     queues = list({id(e.queue): e.queue for e in engines}.values())
     kv_caches = list({id(e.kv): e.kv for e in engines}.values())
-    requests, iterations = _records(records, router.arrived, scenario), _iterations(engines, end_s)
+    if stream is not None:
+        records.flush(router.arrived)
+        for engine in engines:
+            for rows in engine.log.take_chunks():
+                stream.iterations(rows, end_s)
+        for queue in queues:
+            stream.queue(*queue.length.take_log())
+        stream.close(end_s, gaps)
+        gaps = InterTokenGaps()
+        requests, iterations, queue_length = pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
+    else:
+        requests, iterations = _records(records, router.arrived, scenario), _iterations(engines, end_s)
+        queue_length = _queue_series(queues)
     disaggregation = None
     if split is not None:
         requests = transfer_columns(requests, split)
@@ -429,7 +482,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         scenario=scenario,
         requests=requests,
         iterations=iterations,
-        queue_length=_queue_series(queues),
+        queue_length=queue_length,
         end_s=end_s,
         arrival_window_s=window,
         warmup_s=warmup,
@@ -494,6 +547,16 @@ def _disaggregated(scenario: Scenario, env: simpy.Environment, records: RequestR
     split.engines = [engine for group in prefill_groups + decode_groups for engine in group]
     split.resolved = decode_resolved
     return split
+
+
+def _drain(env: simpy.Environment, engines: list[Engine], stream: RunStream) -> None:
+    """Hand the engines' full iteration-log chunks and the queues' change logs to ``stream`` (rows
+    that end after ``env.now`` may be dropped at the end: it holds them until then)."""
+    for engine in engines:
+        for rows in engine.log.take_full():
+            stream.iterations(rows, env.now)
+    for queue in {id(e.queue): e.queue for e in engines}.values():
+        stream.queue(*queue.length.take_log())
 
 
 def _blocked_counts(engines) -> SpeculationSteps | None:

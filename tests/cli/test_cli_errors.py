@@ -153,3 +153,22 @@ def test_ctrl_c_outside_a_run_that_keeps_its_work_exits_130_in_one_line(monkeypa
     assert main(["models"]) == 130
     err = capsys.readouterr().err
     assert err.strip() == "llmsim: interrupted; files already written in full are kept"
+
+
+def test_a_function_names_its_parameter_and_the_command_line_names_the_flag(tmp_path, capsys):
+    """Domain functions raise with their parameter's name (``ratios``, ``target_rate_per_s``); the command
+    line reports the flag that value came from, found by the parameter's name less its unit suffix."""
+    from llmsim.cli.main import as_flag, build_parser
+
+    report = build_parser(only="report")._subparsers._group_actions[0].choices["report"]
+    assert as_flag(report, "target_rate_per_s") == "--target-rate"
+    assert as_flag(report, "seeds") == "--seeds" and as_flag(report, "peak_to_mean") == "--peak-to-mean"
+    assert as_flag(report, "workload.arrival.rate") == "workload.arrival.rate"      # a scenario key stays one
+    from llmsim.errors import ConfigError
+    from llmsim.search.layout import plan
+    with pytest.raises(ConfigError) as error:
+        plan(REPO / "scenarios" / "llama3-8b-h100-chat.yaml", 1.0, ["NoSuchChip"])
+    assert error.value.key == "hardware"
+    assert main(["plan", str(REPO / "scenarios" / "llama3-8b-h100-chat.yaml"), "--target-rate", "1",
+                 "--hardware", "NoSuchChip"]) == 2
+    assert "at key '--hardware'" in capsys.readouterr().err

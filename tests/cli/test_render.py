@@ -31,3 +31,13 @@ def test_a_speculative_summary_fits_the_terminal_and_says_slower_when_it_is():
     assert "p50 end-to-end 2.00x slower" in words and "output tok/s 1.25x lower" in words and "0.50x" not in words
     words = " ".join(text.split())       # wrapping moves words to the next line, and loses none
     assert f"acceptance {100 * summary['speculation']['acceptance_rate']:,.1f}%" in words
+
+
+def test_an_attainment_every_request_met_prints_no_zero_width_interval():
+    """At a light load every request meets the SLO: the batch means do not vary, and "+- 0.0" would claim a
+    certainty the run lacks, so the line says why there is no interval."""
+    summary = summarize(simulate(make_scenario({"workload": {"arrival": {"rate": 2.0}, "num_requests": 300},
+                                                "slo": {"ttft": "10 s", "tpot": "1 s"}}))).to_dict()
+    assert summary["slo"]["attainment"] == 1.0 and summary["slo"]["attainment_stderr"] == 0.0
+    line = next(line for line in format_summary(summary).splitlines() if line.startswith("SLO"))
+    assert "+- 0.0" not in line and "every request in the window met it: no interval" in line

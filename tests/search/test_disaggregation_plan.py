@@ -52,7 +52,7 @@ def test_ratios_are_read_strictly():
     for bad in ("1P", "0P1D", "2:1", "1P1D;2P1D"):
         with pytest.raises(ConfigError) as error:
             parse_ratios(bad)
-        assert error.value.key == "--ratios"
+        assert error.value.key == "ratios"
 
 
 def test_a_comparison_simulates_each_layout_on_the_same_requests():

@@ -122,7 +122,8 @@ def test_a_plan_at_a_high_rate_does_not_depend_on_the_scenarios_request_count():
     rows = []
     with sweeps.reusing_runs():
         for requests in (4_000, 40_000):
-            row = llmsim.plan(variant(scenario, {"workload.num_requests": requests}), 250.0, workers=2, keep_layout=True).iloc[0]
+            at_count = variant(scenario, {"workload.num_requests": requests})
+            row = llmsim.plan(at_count, 250.0, workers=2, keep_layout=True).iloc[0]
             assert row["replicas"] >= row["analytic_capacity_bound"] / (1 + planning.FLUID_CAPACITY_ERROR)
             assert row["note"] == ""
             rows.append(row)

@@ -152,4 +152,4 @@ def test_a_scenario_without_classes_cannot_search_them(capsys):
     for bad in ((), (0.0,), (-1.0, 0.05)):
         with pytest.raises(ConfigError) as error:
             recommend(make_scenario(base=copy.deepcopy(SCENARIO)), search="classes", class_timeouts_s=bad)
-        assert error.value.key == "--class-timeouts"
+        assert error.value.key == "class_timeouts_s"      # the parameter; the command line names its flag

@@ -29,7 +29,8 @@ SHORT = {"num_requests": 2400, "arrival": {"rate": 12},
 
 
 def _rollout(groups: dict, workload: dict | None = None, engine: dict | None = None):
-    return make_scenario({"engine": engine or {}, "workload": workload or {"num_requests": 300, "arrival": {"rate": 12}},
+    workload = workload or {"num_requests": 300, "arrival": {"rate": 12}}
+    return make_scenario({"engine": engine or {}, "workload": workload,
                           "rollout": {"groups": groups}})
 
 

@@ -138,8 +138,8 @@ def test_openai_messages_and_prompt_completion_datasets(tmp_path):
     as_lines.write_text("\n".join(json.dumps(m) for m in messages) + "\n")
     assert dataset_lengths(as_lines) == [(11, 2), (3, 100)]
     custom = tmp_path / "custom.jsonl"
-    custom.write_text('{"prompt": "%s", "completion": "%s"}\n\n{"prompt": "%s", "output_tokens": 77}\n'
-                      % ("p" * 9, "c" * 16, "q" * 4))
+    custom.write_text(json.dumps({"prompt": "p" * 9, "completion": "c" * 16}) + "\n\n"
+                      + json.dumps({"prompt": "q" * 4, "output_tokens": 77}) + "\n")
     assert dataset_lengths(custom) == [(3, 4), (1, 77)]
     conversations = tmp_path / "sharegpt.jsonl"             # ShareGPT entries as JSON lines too
     conversations.write_text(json.dumps({"conversations": [{"from": "human", "value": "h" * 8},
