@@ -160,6 +160,8 @@ def _law_lengths(scenario: Scenario, limit: int) -> _Lengths:
     D W from x = W - 1 on, and (W^2 - W - x^2 - x) / 2 + W (D - W + 1) + W x between: a quadratic in x
     on each piece, summed with the partial sums of p(x) x^k, k = 0, 1, 2."""
     workload, model = scenario.workload, scenario.model
+    # Called where has_length_law(workload): both laws are set.
+    assert workload.prompt_tokens is not None and workload.output_tokens is not None
     x, p = workload.prompt_tokens.probabilities()
     y, q = workload.output_tokens.probabilities()
     x, y = x.astype(float), y.astype(float)
@@ -275,6 +277,7 @@ class FluidModel:
         if mix is None:
             steps, tpot_factor = self.mean_decode, 1.0
         else:
+            assert self.spec is not None        # a k occupancy comes from the speculation config (_mixes)
             # Steps per request by class (its k occupancy over the per-k step counts); TPOT is a
             # per-request mean of steps / tokens over requests with decode tokens.
             per_k = steps_to_emit(self.spec.acceptance, mix.tokens.shape[1] - 1, decode.astype(int), self.branching)
@@ -365,15 +368,17 @@ class FluidModel:
         verify = self.cost.iteration(self._rows(load * work.decode + prefill, self.cost))[0]
         if work.draft is None:
             return verify
+        draft_cost = self.draft_cost
+        assert draft_cost is not None           # work.draft exists only with a draft cost model (_work)
         batch = np.maximum(load[..., 0] * work.decode_steps, 1.0)
         steps = (1.0 - work.k_cdf[:-1] ** batch[..., None]).sum(axis=-1)
         steps = np.maximum(steps, 1.0)
         per = load * work.draft / steps[..., None]
         if self.draft_once:
-            draft = self._draft_once(self._rows(per, self.draft_cost))
+            draft = self._draft_once(self._rows(per, draft_cost))
         else:
-            first = self.draft_cost.iteration(self._rows(per + prefill, self.draft_cost))[0]
-            draft = first + self.draft_cost.iteration(self._rows(per, self.draft_cost))[0] * (steps - 1)
+            first = draft_cost.iteration(self._rows(per + prefill, draft_cost))[0]
+            draft = first + draft_cost.iteration(self._rows(per, draft_cost))[0] * (steps - 1)
         return np.maximum(verify, draft) + self.handoff_s if self.separate else verify + draft
 
     def _draft_once(self, rows: np.ndarray) -> np.ndarray:
@@ -387,6 +392,7 @@ class FluidModel:
         """
         decode_seqs = decode_seqs_of(rows)
         decode_seqs[...] = np.maximum(decode_seqs, 1.0)
+        assert self.draft_cost is not None      # a draft pass is priced only with a draft cost model
         return self.draft_cost.iteration(rows)[0]
 
     def _mean_step(self, lam: np.ndarray, tau: np.ndarray, work: _Work) -> np.ndarray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -198,7 +199,7 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
             out["gemm"]["by_dtype"] = by_dtype
     if "decode_attention" in fit.values:
         v, source = fit.values["decode_attention"], fit.citation("decode_attention")
-        attention = {"floor": figure(duration_text(v["floor_s"]), source, "measured"),
+        attention: dict[str, Any] = {"floor": figure(duration_text(v["floor_s"]), source, "measured"),
                      "decode_per_sequence": figure(duration_text(v["per_sequence_s"]), source, "measured"),
                      "decode_per_kv_head": figure(duration_text(v["per_kv_head_s"]), source, "measured"),
                      "decode_bandwidth": figure(bandwidth_text(v["bandwidth_share"] * hbm), source, "measured"),
@@ -270,6 +271,7 @@ def database_document(database: db.Database, gpu: str, engines: list[db.EngineKe
     into the section, the others' under ``kernels.engines``), the record under ``calibration.database``, and
     the validation table (every group, size class and split)."""
     profile = lookup_hardware(gpu)
+    assert profile.path is not None         # every profile lookup_hardware gives was read from a file
     document = load_yaml(profile.path)
     if "kernels" not in document:
         raise ConfigError("has no kernels: section (streaming-kernel and step terms) for the database fit to lay "

@@ -140,7 +140,7 @@ def layer_gemm_shapes(model: ModelSpec, tensor_parallel: int) -> tuple[GemmShape
     if m.is_mla:
         heads = m.num_heads / tp
         latent = m.kv_lora_rank + m.qk_rope_head_dim
-        attention = ((GemmShape("q_a", m.q_lora_rank + latent, m.hidden_size),
+        attention: tuple[GemmShape, ...] = ((GemmShape("q_a", m.q_lora_rank + latent, m.hidden_size),
                       GemmShape("q_b", heads * m.head_dim, m.q_lora_rank)) if m.q_lora_rank else
                      (GemmShape("q", heads * m.head_dim, m.hidden_size), GemmShape("kv_a", latent, m.hidden_size)))
         attention += (GemmShape("kv_b", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank),
@@ -149,7 +149,7 @@ def layer_gemm_shapes(model: ModelSpec, tensor_parallel: int) -> tuple[GemmShape
         kv_heads = max(m.num_kv_heads / tp, 1.0)     # replicated when tp > kv heads
         attention = (GemmShape("qkv", m.num_heads / tp * m.head_dim + 2 * kv_heads * m.head_dim, m.hidden_size),
                      GemmShape("out_proj", m.hidden_size, m.q_dim / tp))
-    mlp = (GemmShape("mlp_up", 2 * inter, m.hidden_size, sparse, True),
+    mlp: tuple[GemmShape, ...] = (GemmShape("mlp_up", 2 * inter, m.hidden_size, sparse, True),
            GemmShape("mlp_down", m.hidden_size, inter, sparse, True))
     if moe:
         mlp += (GemmShape("router", m.num_experts, m.hidden_size, sparse),)
@@ -172,7 +172,7 @@ def elementwise_bytes_per_token(model: ModelSpec, tensor_parallel: int) -> dict[
     are in :data:`ELEMENTWISE_COUNTS`."""
     m, tp, a = model, tensor_parallel, model.activation_bytes_per_element
     kv_heads = max(m.num_kv_heads / tp, 1.0)
-    width = m.experts_per_token * m.expert_intermediate_size          # the MLP's gated width per token
+    width: float = m.experts_per_token * m.expert_intermediate_size   # the MLP's gated width per token
     if m.shared_expert_intermediate_size or m.dense_layers:           # averaged over the layers, as the GEMMs
         width = (m.sparse_layers * (width + m.shared_expert_intermediate_size)
                  + m.dense_layers * m.intermediate_size) / m.num_layers

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.catalog.hardware import HardwareProfile
+from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import F, FEATURES, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, elementwise_layer_terms, gemm_body_s,
@@ -183,10 +184,12 @@ class CostModel:
                                                          * hardware.attention_half_context)
         self._gemm_rows: list[tuple] = []
         self._tables = [_NO_TABLE, _NO_TABLE]       # rows_total's non-linear terms (none without kernel terms)
-        self._all_reduce = self._custom_all_reduce = None
-        self.kernels = None
+        self._all_reduce: AllReduce | None = None
+        self._custom_all_reduce: CustomAllReduce | None = None
+        self.kernels: KernelTerms | None = None
         if hardware.kernels is not None:
-            self._use_kernel_terms(paced_layers, weight_tier.bandwidth_bytes_per_s / tiers[0].bandwidth_bytes_per_s)
+            self._use_kernel_terms(hardware.kernels, paced_layers,
+                                   weight_tier.bandwidth_bytes_per_s / tiers[0].bandwidth_bytes_per_s)
         # One matrix turns a feature vector into everything an iteration needs: per-operator
         # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
         self._n_ops = len(self.op_names)
@@ -196,13 +199,13 @@ class CostModel:
                                    self.flops_matrix.sum(axis=0) * self.tp,
                                    self.bytes_matrix.sum(axis=0) * self.tp])
 
-    def _use_kernel_terms(self, paced_layers: int, weight_bandwidth_share: float) -> None:
-        """Replace the roofline's rows by the measured kernel terms (see the module docstring).
+    def _use_kernel_terms(self, terms: KernelTerms, paced_layers: int, weight_bandwidth_share: float) -> None:
+        """Replace the roofline's rows by the measured kernel ``terms`` (the hardware's; see the module docstring).
 
         GEMMs leave the linear rows for :meth:`_gemm_times`; weights streamed from an outer
         tier are read at the fitted bandwidth scaled by that tier's share of the primary one."""
         model, tp = self.model, self.tp
-        kernels = self.kernels = self.hardware.kernels.for_dtype(model.weight_dtype)
+        kernels = self.kernels = terms.for_dtype(model.weight_dtype)
         op = {name: i for i, name in enumerate(self.op_names)}
         for name in ("layer.qkv", "layer.out_proj", "layer.mlp", "lm_head"):
             self._compute_time[op[name]] = self._memory_time[op[name]] = 0.0
@@ -368,6 +371,7 @@ class CostModel:
     def _gemm_sum(self, values: list[float], gemm_rows) -> float:
         """The summed time of ``gemm_rows`` (see _gemm_times) for one iteration's feature ``values``."""
         kernels = self.kernels
+        assert kernels is not None          # GEMM rows exist only with kernel terms (_use_kernel_terms)
         floor_s = kernels.gemm_floor_s
         iterations = values[_ONE]
         total = 0.0
@@ -405,6 +409,7 @@ class CostModel:
         once per GEMM and iteration: the experts of an MoE layer run as one grouped GEMM (vLLM's fused
         MoE kernel launches once per projection), not one kernel per expert."""
         kernels = self.kernels
+        assert kernels is not None          # GEMM rows exist only with kernel terms (_use_kernel_terms)
         floor_s = kernels.gemm_floor_s
         if x.ndim == 1:
             return self._gemm_sum(x.tolist(), self._gemm_rows)
@@ -498,7 +503,9 @@ class CostModel:
             runs = x[count.astype(int)]
             rows_per_run = np.divide(x[tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
             ran = repeats * runs
-            times = self._gemm_times(x[None, :])[0]
+            gemm_times = self._gemm_times(x[None, :])
+            assert isinstance(gemm_times, np.ndarray)      # one iteration's row in: its row of GEMM times out
+            times = gemm_times[0]
             for i, row in enumerate(self._gemm_rows):
                 at = self.op_names.index(GEMM_OPERATORS[row[0]])
                 memory_s[at] += ran[i] * (fixed_s[i] + rows_per_run[i] * per_token_s[i])

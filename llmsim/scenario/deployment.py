@@ -58,8 +58,9 @@ class ResolvedDeployment:
         draft_cost, separate = None, False
         if spec is not None:
             separate = spec.extra_devices > 0
-            draft_cost = draft_cost_model(spec.proposer, spec.draft, scenario.hardware,
-                                          spec.draft_devices if separate else spec.draft_tensor_parallel,
+            draft_tp = spec.draft_devices if separate else spec.draft_tensor_parallel
+            assert draft_tp is not None     # reading the scenario resolves it (resolve_draft_parallelism)
+            draft_cost = draft_cost_model(spec.proposer, spec.draft, scenario.hardware, draft_tp,
                                           scenario.draft_memory if separate else memory)
         return cls(cost, memory, dep.replicas * dep.data_parallel, micro_batches, engine, draft_cost, separate,
                    scenario.hardware.interconnect_latency_s if separate else 0.0)
@@ -70,6 +71,7 @@ def expert_parallel_cost_model(scenario: Scenario) -> ExpertParallelCostModel:
     drawn from the scenario's seed."""
     dep, model, hardware = scenario.deployment, scenario.model, scenario.hardware
     layout = dep.expert_parallel
+    assert layout is not None               # asked only of a deployment with expert parallelism
     busiest = BusiestRank(rank_shares(model, layout, scenario.seed), scenario.seed)
     return ExpertParallelCostModel(model, hardware, dep.tensor_parallel, dep.pipeline_parallel, scenario.memory,
                                    layout, busiest, all_to_all_terms(hardware, scenario.engine.kernels.value))

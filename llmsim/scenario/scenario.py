@@ -191,10 +191,15 @@ class Scenario:
         engine, dep = self.engine, self.deployment
         weights = (None if dep.expert_parallel is None else
                    weight_bytes_per_device(self.model, dep.tensor_parallel, dep.pipeline_parallel, dep.expert_parallel))
+        draft_tp = 1
+        if spec and draft:
+            # Reading the scenario resolves a colocated draft's parallelism (resolve_draft_parallelism).
+            assert spec.draft_tensor_parallel is not None
+            draft_tp = spec.draft_tensor_parallel
         placement = place(self.model, self.hardware, dep.tensor_parallel,
                           dep.pipeline_parallel, engine.memory_utilization,
                           engine.block_size, engine.max_batch_tokens, engine.runtime_reserve_bytes, engine.kv_spill,
-                          draft, spec.draft_tensor_parallel if draft else 1, weights)
+                          draft, draft_tp, weights)
         if spec and spec.extra_devices:
             draft_placement = self.draft_memory
             placement = replace(placement, num_blocks=min(placement.num_blocks, draft_placement.num_blocks))
@@ -204,6 +209,7 @@ class Scenario:
     def draft_memory(self) -> Placement:
         """The draft's own devices (``placement: separate``), holding its weights and KV cache."""
         spec, engine = self.speculation, self.engine
+        assert spec is not None and spec.draft is not None     # asked only of a draft placed separately
         # A draft iteration handles at most one token per running sequence.
         return place(spec.draft, self.hardware, spec.draft_devices, 1, engine.memory_utilization,
                      engine.block_size, engine.max_num_seqs, engine.runtime_reserve_bytes)
@@ -211,7 +217,8 @@ class Scenario:
     @property
     def devices_per_replica(self) -> int:
         """Devices one replica occupies, a separately placed draft's included."""
-        extra = self.speculation.extra_devices if self.speculating else 0
+        spec = self.speculation
+        extra = spec.extra_devices if spec is not None and spec.enabled else 0
         return self.deployment.devices_per_replica + extra
 
     @property
@@ -401,6 +408,7 @@ def group_scenario(scenario: Scenario, group, file: str | None = None) -> Scenar
     """The scenario of one rollout group (:func:`llmsim.scenario.rollout.group_source`), validated as a
     file would be; an error in the group's settings names its key under ``rollout.groups.<name>``."""
     file = file or scenario.path
+    assert scenario.source is not None      # rollout groups come from YAML: the scenario keeps its mapping
     try:
         built = scenario_from_node(Node(group_source(scenario.source, group), file=file,
                                         base_dir=Path(scenario.source_dir or ".")))
@@ -545,14 +553,14 @@ def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, 
     if tp is not None and pp is not None:
         return Deployment(replicas, tp, pp, router)
     longest = engine.max_model_len or model.max_context
-    speculating = speculation is not None and speculation.enabled
-    draft = speculation.colocated_draft if speculating else None
-    if speculating and pp is None:
+    spec = speculation if speculation is not None and speculation.enabled else None
+    draft = spec.colocated_draft if spec else None
+    if spec and pp is None:
         pp = 1                          # speculative decoding is modelled without pipeline stages
     fitting = smallest_fitting(model, hardware, engine.memory_utilization, engine.block_size,
                                engine.max_batch_tokens, engine.runtime_reserve_bytes, tp, pp, engine.kv_spill,
                                min_kv_tokens=longest, draft=draft,
-                               draft_tensor_parallel=speculation.draft_tensor_parallel if draft else None)
+                               draft_tensor_parallel=spec.draft_tensor_parallel if spec and draft else None)
     if fitting is None:
         raise root.error(f"{model.name} does not fit, with KV room for one {longest:,}-token request "
                          f"(engine.max_model_len), in the {hardware.memory_name} of any number of "
@@ -579,6 +587,7 @@ def _model(root: Node, key: str = "model") -> ModelSpec:
 def _check_fits(scenario: Scenario, root: Node) -> None:
     spec = scenario.speculation if scenario.speculating else None
     if spec and spec.extra_devices and not scenario.draft_memory.fits:
+        assert spec.draft is not None           # extra devices: a draft model placed separately
         draft_placement = scenario.draft_memory
         raise root.error(f"the draft {spec.draft.name} does not fit on {spec.draft_devices} x "
                          f"{scenario.hardware.name}: {draft_placement.weights_per_device_bytes / 1e9:.1f} GB of "
@@ -680,7 +689,9 @@ def host_kv_blocks(scenario: Scenario, placement: Placement) -> int:
     offload = scenario.engine.cpu_offload
     capacity = offload.capacity_bytes if offload is not None and offload.capacity_bytes is not None else None
     if capacity is None:
-        capacity = scenario.hardware.host_memory.capacity_bytes
+        host = scenario.hardware.host_memory
+        assert host is not None                 # a host tier needs the profile's host memory (_check_kv_tiers)
+        capacity = host.capacity_bytes
     return int(capacity // (placement.kv_bytes_per_token_per_device * placement.block_size))
 
 

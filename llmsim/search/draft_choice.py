@@ -28,6 +28,7 @@ scenario's) and keeps the fastest that meets the SLO.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -68,6 +69,20 @@ class Candidate:
     def k_max(self) -> int:
         """The longest draft tried: K_MAX, or less where the proposer cannot draft so far."""
         return min(K_MAX, self.proposer.max_k or K_MAX)
+
+
+class _Scored(TypedDict):
+    """A candidate in :func:`choose_draft`'s table: its cost ratio c and Theorem 3.8's k and speedup."""
+    candidate: Candidate
+    c: float
+    k: int
+    speedup_theorem: float
+
+
+class _Row(_Scored, total=False):
+    """A scored candidate, with its simulated mean TPOT and SLO verdict once simulated."""
+    tpot_s: float
+    slo_met: bool
 
 
 @dataclass
@@ -123,7 +138,16 @@ def in_band_candidates(target: ModelSpec, workload: str = "chat") -> list[Candid
 def in_band(candidate: Candidate, target: ModelSpec) -> bool:
     """A draft model whose parameters are 20-30% of the target's."""
     low, high = RULE_BAND
-    return candidate.kind == MODEL and low <= candidate.draft.param_count / target.param_count <= high
+    ratio = params_ratio(candidate, target)
+    return ratio is not None and low <= ratio <= high
+
+
+def params_ratio(candidate: Candidate, target: ModelSpec) -> float | None:
+    """A draft model's parameters over the target's (None for a candidate of another kind)."""
+    if candidate.kind != MODEL:
+        return None
+    assert candidate.draft is not None          # a draft-model candidate carries its model
+    return candidate.draft.param_count / target.param_count
 
 
 def model_mapping(spec: ModelSpec) -> dict:
@@ -139,8 +163,10 @@ def model_mapping(spec: ModelSpec) -> dict:
 def candidate_overrides(candidate: Candidate, scenario: Scenario) -> dict:
     """Scenario overrides that speculate with ``candidate`` (its proposer and predicted acceptance), keeping
     the scenario's eligibility rule; the k policy is set apart."""
-    point: dict = {"speculation": None,
-                   "speculation.draft": model_mapping(candidate.draft) if candidate.kind == MODEL else candidate.kind}
+    point: dict = {"speculation": None, "speculation.draft": candidate.kind}
+    if candidate.kind == MODEL:
+        assert candidate.draft is not None      # a draft-model candidate carries its model
+        point["speculation.draft"] = model_mapping(candidate.draft)
     if candidate.kind == MEDUSA:
         point["speculation.heads"] = candidate.heads
     if candidate.kind == NGRAM and candidate.cpu_s_per_sequence:
@@ -162,7 +188,9 @@ def predicted_candidate(label: str, kind: str, draft: ModelSpec | None, target: 
 def _measured(scenario: Scenario) -> bool:
     """Whether the scenario states its acceptance (a measurement), rather than the default or a prediction."""
     given = ((scenario.source or {}).get("speculation") or {}).get("acceptance")
-    return bool(given) and given.get("process") != "predicted"
+    if not given:
+        return False
+    return given.get("process") != "predicted"
 
 
 def theorem_3_8(alpha: float, c: float, sequential: bool = True, k_max: int = K_MAX) -> tuple[int, float]:
@@ -204,26 +232,26 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
     options = candidates(scenario, workload) if options is None else options
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
     context = float(np.mean(trace.prompt_tokens) + np.mean(trace.output_tokens) / 2)
-    rows = []
+    rows: list[_Row] = []
     for candidate in options:
         if candidate.kind == NONE:
-            rows.append(dict(candidate=candidate, c=0.0, k=0, speedup_theorem=1.0))
+            rows.append({"candidate": candidate, "c": 0.0, "k": 0, "speedup_theorem": 1.0})
             continue
         scenario_with = with_candidate(scenario, candidate, 1)
         if scenario_with.memory.kv_capacity_tokens < scenario.max_model_len:
             continue                                 # the draft leaves no room for one longest request
         c = cost_ratio(scenario, candidate, context)
         k, speedup = theorem_3_8(candidate.alpha, c, candidate.proposer.sequential, candidate.k_max)
-        rows.append(dict(candidate=candidate, c=c, k=k, speedup_theorem=speedup))
+        rows.append({"candidate": candidate, "c": c, "k": k, "speedup_theorem": speedup})
     rows.sort(key=lambda row: -row["speedup_theorem"])
     simulated = [row for row in rows if row["candidate"].kind == NONE] + \
         [row for row in rows if row["candidate"].kind != NONE][:simulate_top]
     for row in simulated:
         summary = summarize(simulate_whole(with_candidate(scenario, row["candidate"], row["k"]), trace)).to_dict()
-        row.update(tpot_s=summary["latency"]["tpot_s"]["mean"], slo_met=summary["slo"]["met"])
+        row["tpot_s"], row["slo_met"] = summary["latency"]["tpot_s"]["mean"], summary["slo"]["met"]
     table = pd.DataFrame([{
         "candidate": row["candidate"].label, "kind": row["candidate"].kind,
-        "params_ratio": (row["candidate"].draft.param_count / scenario.model.param_count
+        "params_ratio": (params_ratio(row["candidate"], scenario.model)
                          if row["candidate"].kind == MODEL else np.nan),
         "alpha": row["candidate"].alpha,
         "alpha_low": (row["candidate"].alpha_range or (np.nan, np.nan))[0],
@@ -239,24 +267,20 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
     return DraftChoice(best["candidate"], best["k"], table, holds, cost, text)
 
 
-def _rule(scenario: Scenario, best: dict, ran: list[dict]) -> tuple[bool, float | None, str]:
+def _rule(scenario: Scenario, best: _Row, ran: list[_Row]) -> tuple[bool, float | None, str]:
     """Whether the 20-30% rule picks the choice, and the TPOT cost of the best draft inside the band."""
-    def ratio(row):
-        candidate = row["candidate"]
-        return candidate.draft.param_count / scenario.model.param_count if candidate.kind == MODEL else None
-
     low, high = RULE_BAND
-    chosen = ratio(best)
+    chosen = params_ratio(best["candidate"], scenario.model)
     holds = chosen is not None and low <= chosen <= high
-    in_band = [row for row in ran if ratio(row) is not None and low <= ratio(row) <= high]
+    inside = [row for row in ran if in_band(row["candidate"], scenario.model)]
     described = (f"{best['candidate'].label}" + (f" ({100 * chosen:.1f}% of the target's parameters)"
                                                   if chosen is not None else ""))
     if holds:
         return True, 0.0, f"the 20-30% rule holds: the best draft is {described}"
-    if not in_band:
+    if not inside:
         return False, None, (f"the 20-30% rule does not hold: the best is {described}, and no candidate "
                              "simulated lies within 20-30% of the target's parameters")
-    rule_row = min(in_band, key=lambda row: row["tpot_s"])
+    rule_row = min(inside, key=lambda row: row["tpot_s"])
     cost = rule_row["tpot_s"] / best["tpot_s"] - 1
     return False, cost, (f"the 20-30% rule does not hold: the best is {described}; following the rule "
                          f"({rule_row['candidate'].label}) costs {100 * cost:+.0f}% mean TPOT")
@@ -266,13 +290,15 @@ def tune_eligibility(scenario: Scenario, trace=None) -> tuple[Eligibility, pd.Da
     """The eligibility thresholds (min_concurrent_requests 1 or the scenario's, min_sequence_tokens
     0 or the scenario's) with the lowest simulated mean TPOT among those meeting the SLO."""
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
-    own = scenario.speculation.eligibility
+    speculation = scenario.speculation
+    assert speculation is not None              # the scenario speculating with the chosen draft (advise)
+    own = speculation.eligibility
     grid = sorted({(concurrent, tokens) for concurrent in (1, own.min_concurrent_requests)
                    for tokens in (0, own.min_sequence_tokens)})
     rows = []
     for concurrent, tokens in grid:
         rule = Eligibility(tokens, concurrent)
-        tuned = replace(scenario, speculation=replace(scenario.speculation, eligibility=rule))
+        tuned = replace(scenario, speculation=replace(speculation, eligibility=rule))
         summary = summarize(simulate_whole(tuned, trace)).to_dict()
         rows.append({"min_concurrent_requests": concurrent, "min_sequence_tokens": tokens,
                      "tpot_s": summary["latency"]["tpot_s"]["mean"], "slo_met": summary["slo"]["met"],
@@ -299,6 +325,7 @@ def format_draft_choice(choice: DraftChoice, eligibility: Eligibility | None = N
     if eligibility is not None:
         lines.append(f"eligibility: min_concurrent_requests {eligibility.min_concurrent_requests}, "
                      f"min_sequence_tokens {eligibility.min_sequence_tokens}")
+        assert eligibility_table is not None    # the tuned eligibility comes with its table (DraftAdvice)
         for row in eligibility_table.itertuples():
             lines.append(f"  min_concurrent_requests {row.min_concurrent_requests}, min_sequence_tokens "
                          f"{row.min_sequence_tokens}: TPOT {1e3 * row.tpot_s:.1f} ms, "

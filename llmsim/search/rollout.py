@@ -50,6 +50,7 @@ def simulate_rollout(scenario: Scenario, trace: Trace | None = None, force: bool
     """Simulate the scenario's control deployment and every rollout group on the shares of ``trace``
     (the scenario's own, from its seed, unless given) the router sends them."""
     rollout = scenario.rollout
+    assert rollout is not None, "simulate_rollout needs a scenario with a rollout: section"
     check_run_size(scenario, trace, force)          # before the trace is drawn: drawing may be what is too large
     trace = generate_trace(scenario.workload, scenario.seed) if trace is None else trace
     window, _ = horizon_for(scenario, trace)
@@ -64,8 +65,8 @@ def simulate_rollout(scenario: Scenario, trace: Trace | None = None, force: bool
     for group in rollout.shadows:
         shares[group.name] = (own[group.name], copies[group.name])
     groups = {}
-    for name, (group, index) in shares.items():
-        result = simulate(group, trace.take(index), force=True)       # the whole trace's size checked above
+    for name, (served, index) in shares.items():
+        result = simulate(served, trace.take(index), force=True)       # the whole trace's size checked above
         result.requests["id"] = index[result.requests["id"].to_numpy()]
         result.requests.insert(1, "group", name)
         groups[name] = replace(result, arrival_window_s=window, warmup_s=warmup)
@@ -98,8 +99,10 @@ def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: in
 
     by_class = None
     if parts[0].mean_queue_length_by_class is not None:
-        by_class = {name: sum(part.mean_queue_length_by_class[name] * part.end_s for part in parts) / end_s
-                    for name in parts[0].mean_queue_length_by_class}
+        tables = [part.mean_queue_length_by_class for part in parts if part.mean_queue_length_by_class is not None]
+        assert len(tables) == len(parts)        # the groups serve the same traffic classes: each has the table
+        by_class = {name: sum(table[name] * part.end_s for table, part in zip(tables, parts)) / end_s
+                    for name in tables[0]}
     blocked = [part.speculation_blocked for part in parts if part.speculation_blocked is not None]
     stopped = [part for part in parts if part.stopped_by != StopReason.COMPLETED]
     first = parts[0]
@@ -129,15 +132,17 @@ def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:
     samples; shadow: paired on the requests it copied from the control) and the time a group like it
     must run to detect a ``change`` (relative) in each mean, over the whole trace's window."""
     scenario, start, stop = result.scenario, result.user.warmup_s, result.user.arrival_window_s
+    rollout = scenario.rollout
+    assert rollout is not None              # the result of simulate_rollout, which needs one
     rate = len(measured(result.user.requests, start, stop)) / (stop - start) if stop > start else math.nan
     control = measured(result.records(CONTROL), start, stop)
-    fractions = {g.name: g.fraction for g in scenario.rollout.groups}
+    fractions = {g.name: g.fraction for g in rollout.groups}
     groups = {}
     for name, group in result.groups.items():
         role, records = result.roles[name], measured(group.requests, start, stop)
         summary = summarize(group).to_dict()
         entry = {"role": role, "replicas": group.scenario.deployment.replicas, "requests": len(records),
-                 "fraction": fractions.get(name, 1.0 - sum(g.fraction for g in scenario.rollout.canaries)),
+                 "fraction": fractions.get(name, 1.0 - sum(g.fraction for g in rollout.canaries)),
                  "latency": summary["latency"], "slo": summary["slo"]}
         if role != CONTROL:
             paired = role == "shadow"

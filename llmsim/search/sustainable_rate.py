@@ -29,7 +29,7 @@ class SustainableRate:
     """
     rate_per_s: float
     failing_rate_per_s: float
-    target: float
+    target: float | None             # the attainment asked for; None: the scenario's percentile targets
     evaluations: pd.DataFrame        # one row per rate and seed tried, in the order tried
 
 

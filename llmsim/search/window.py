@@ -32,6 +32,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -231,12 +232,13 @@ class Judged:
     window: Window
 
 
-def simulate_until_decided(scenario: Scenario, points: Sequence[Mapping], windows: Sequence[Window],
-                           rates: Sequence[float], *, seeds: Sequence[int] | None = None, workers: int | None = None,
-                           engine: str = "processes", target: float | None = None,
+def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Sequence[Mapping],
+                           windows: Sequence[Window], rates: Sequence[float], *, seeds: Sequence[int] | None = None,
+                           workers: int | None = None, engine: str = "processes", target: float | None = None,
                            progress: Progress = QUIET, escalations: int = ESCALATIONS) -> list[Judged]:
-    """Simulate each point over its window and judge it; simulate the undecided ones again with a
-    measurement twice as long, up to ``escalations`` times, all of a round at once.
+    """Simulate each point of ``scenario`` (as :func:`~llmsim.search.sweeps.run_points` takes it) over its
+    window and judge it; simulate the undecided ones again with a measurement twice as long, up to
+    ``escalations`` times, all of a round at once.
 
     ``rates``: each point's total arrival rate (its window's request count follows from it).
     ``progress`` counts the simulations. ``escalations=0``: one window each, verdicts on their estimates

@@ -36,7 +36,7 @@ from array import array
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from functools import partial
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import numpy as np
 
@@ -164,7 +164,9 @@ class EventDecodeSet(DecodeSet):
     def _views(self) -> None:
         """Memoryviews of the step arrays: an element read or written through one costs less than numpy's
         indexing (a step writes two, a finishing sequence reads one)."""
-        self._step_end_w, self._step_gap_w = memoryview(self._step_end_s), memoryview(self._step_gap_s)
+        # Float64 items ("d"); typeshed cannot read a memoryview's item type from a numpy array.
+        self._step_end_w = cast("memoryview[float]", memoryview(self._step_end_s))
+        self._step_gap_w = cast("memoryview[float]", memoryview(self._step_gap_s))
 
     def context(self, request: Request) -> int:
         """A decoding sequence's KV length now (closed form)."""

@@ -54,7 +54,8 @@ from llmsim.sim.decode import DecodeSet, EventDecodeSet
 from llmsim.sim.environment import scheduler
 from llmsim.sim.iterations import Iteration, IterationLog, new_iteration
 from llmsim.sim.kvcache import KVCache
-from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, WaitingQueue
+from llmsim.sim.prefix_cache import TieredKV
+from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, Waiting, WaitingQueue
 
 Observer = Callable[["Engine", Iteration], None]
 
@@ -75,8 +76,10 @@ def rejects_on_timeout(config: EngineConfig) -> bool:
 def reject_expired(queue: WaitingQueue, config: EngineConfig, now: float,
                    on_done: Callable[[Request, float], None]) -> None:
     """``on_timeout: reject``: requests that waited ``queue_timeout_s`` without starting leave."""
-    for request in queue.expire(now, config.queue_timeout_s):
-        reject_timed_out(request, config.queue_timeout_s, now, on_done)
+    timeout_s = config.queue_timeout_s
+    assert timeout_s is not None            # called only where rejects_on_timeout(config): a timeout is set
+    for request in queue.expire(now, timeout_s):
+        reject_timed_out(request, timeout_s, now, on_done)
 
 
 def reject_timed_out(request: Request, timeout_s: float, now: float,
@@ -100,7 +103,7 @@ class EngineProcess:
     """
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
-                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
+                 queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
                  micro_batch: int = 0):
         self.env, self.index, self.cost, self.kv, self.queue, self.config = env, index, cost, kv, queue, config
         self.micro_batch = micro_batch              # which of the pipeline's micro-batches this engine runs
@@ -147,7 +150,10 @@ class EngineProcess:
 
     def expire_waiting(self, now: float) -> None:
         """Reject the waiting requests whose queue timeout has passed."""
-        reject_expired(self.queue, self.config, now, self.on_done)
+        queue = self.queue
+        # Only static batching uses this, and it runs without traffic classes (scenario checks): a FIFO queue.
+        assert isinstance(queue, WaitingQueue)
+        reject_expired(queue, self.config, now, self.on_done)
 
 
 class Queueing:
@@ -171,9 +177,11 @@ class Queueing:
 
     def expire_waiting(self, now: float) -> None:
         engine = self.engine
-        reject_expired(engine.queue, engine.config, now, engine.on_done)
+        queue = engine.queue
+        assert isinstance(queue, WaitingQueue)    # FIFO order, FIFO queue (ClassQueueing overrides this)
+        reject_expired(queue, engine.config, now, engine.on_done)
 
-    def admit(self, now: float, budget: int, chunks: list) -> None:
+    def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
         """Move requests from the queue head into the batch while budget, slots and blocks allow."""
         engine = self.engine
         cfg, queue = engine.config, engine.queue
@@ -249,7 +257,7 @@ class Engine(EngineProcess):
     """
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
-                 queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
+                 queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
                  micro_batch: int = 0, decode: Callable[[Engine], DecodeSet] = EventDecodeSet,
                  queueing: Callable[[Engine], Queueing] = Queueing):
         super().__init__(env, index, cost, kv, queue, config, on_done, micro_batch)
@@ -257,7 +265,8 @@ class Engine(EngineProcess):
         self.observers: list[Observer] = []
         self._admitted = 0
         self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
-        self._tiered = kv.tiered
+        # The tiered cache whose hooks the engine calls (None: a plain KVCache, whose ``tiered`` is False).
+        self._tiered: TieredKV | None = kv if isinstance(kv, TieredKV) else None
         self.watermark_blocks = int(VLLM_WATERMARK * kv.num_blocks)
         self.running: dict[int, Request] = {}       # everything admitted, in admission order
         self.prefilling: list[Request] = []         # admitted, prompt not yet fully computed
@@ -335,8 +344,8 @@ class Engine(EngineProcess):
         chunks: list[tuple[Request, int]] = []
         if self._makes_room and queue and self.running:
             self.queueing.make_room(now)
-        if self._tiered:
-            self.kv.advance(now)
+        if self._tiered is not None:
+            self._tiered.advance(now)
         # (The membership tests skip calls that would find nothing to do: this is the hot loop.)
         if cfg.chunked_prefill:
             budget = cfg.max_batch_tokens - (decode.prepare(now) if decode.n else 0)
@@ -365,8 +374,8 @@ class Engine(EngineProcess):
             tokens_out = 0
         if self._async:
             duration = self._overlap_host(now, duration, n + sums[3])
-        if self._tiered:
-            duration = self.kv.charge(now, duration)
+        if self._tiered is not None:
+            duration = self._tiered.charge(now, duration)
         self._last_end_s = now + duration
         kv = self.kv
         iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
@@ -392,8 +401,8 @@ class Engine(EngineProcess):
             if request.status is not RUNNING:     # preempted after its chunk was scheduled (by priority)
                 continue
             request.prefilled += chunk
-            if self._tiered:
-                self.kv.filled(request)
+            if self._tiered is not None:
+                self._tiered.filled(request)
             if request.prefilled < request.prefill_target:
                 continue
             # The prompt is complete: its first token (or, after a recompute, the next one).
@@ -415,7 +424,7 @@ class Engine(EngineProcess):
                 self.decode.start(request)
 
     # -- prompts --------------------------------------------------------------------------------
-    def _schedule_prefills(self, budget: int, chunks: list) -> int:
+    def _schedule_prefills(self, budget: int, chunks: list[tuple[Request, int]]) -> int:
         """Continue prompts already admitted (in admission order) with what the budget allows."""
         for request in list(self.prefilling):
             if budget <= 0:
@@ -445,8 +454,8 @@ class Engine(EngineProcess):
         """The first chunk ``request`` starts with if it joins now, its KV blocks taken; 0 (nothing
         taken) when it does not fit the budget (past it when ``forced``), the admission test or the cache."""
         cfg = self.config
-        if self._tiered:
-            self.kv.match(request, now)          # its cached prefix (or swapped-out KV) is not computed
+        if self._tiered is not None:
+            self._tiered.match(request, now)          # its cached prefix (or swapped-out KV) is not computed
         todo = request.prefill_target - request.prefilled
         limit = max(budget, cfg.max_batch_tokens) if forced else budget
         chunk = min(todo, limit) if cfg.chunked_prefill else todo
@@ -461,9 +470,9 @@ class Engine(EngineProcess):
     def _take_blocks(self, request: Request, chunk: int, now: float) -> bool:
         """KV blocks for ``request``'s first ``chunk`` (and, with a tiered cache, the cached prefix the
         last ``kv.match`` found); False, taking nothing, when they do not fit."""
+        if self._tiered is not None:
+            return self._tiered.admit(request, chunk, now)
         kv = self.kv
-        if self._tiered:
-            return kv.admit(request, chunk, now)
         # A request whose KV arrived from a prefill replica holds its prompt but the last token already
         # (llmsim.sim.disaggregated), reserved or not yet; any other holds nothing here.
         wanted = kv.blocks_for(request.prefilled + chunk) - request.blocks
@@ -473,7 +482,7 @@ class Engine(EngineProcess):
         request.blocks += wanted
         return True
 
-    def start_request(self, request: Request, now: float, chunk: int, chunks: list) -> None:
+    def start_request(self, request: Request, now: float, chunk: int, chunks: list[tuple[Request, int]]) -> None:
         """Admit ``request``, just taken from the queue with its blocks, for its first ``chunk``."""
         self.join(request, now)
         chunks.append((request, chunk))
@@ -495,6 +504,7 @@ class Engine(EngineProcess):
     def hand_off(self, request: Request, now: float) -> None:
         """``request``'s prompt is computed on a prefill pool's engine: it leaves the batch, its KV blocks
         still held (the decode pool's side frees them once the KV has crossed), and goes to ``handoff``."""
+        assert self.handoff is not None           # called only on a prefill pool's engine, which has one
         if self._tracks_seats:
             self.queueing.left(request)
         del self.running[request.id]

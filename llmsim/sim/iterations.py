@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import struct
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import NamedTuple
 
@@ -40,7 +41,7 @@ class Iteration(NamedTuple):
     draft_tokens: int = 0        # draft tokens proposed, draft tokens accepted, and the part of
     accepted_tokens: int = 0     # duration_s spent drafting
     draft_s: float = 0.0
-    chunks: list[tuple[Request, int]] = ()        # (request, prompt tokens computed), in order
+    chunks: Sequence[tuple[Request, int]] = ()    # (request, prompt tokens computed), in order
     decoding: bool = False
 
 
@@ -81,9 +82,10 @@ class IterationLog:
         if self._at == _CHUNK_BYTES:
             self._next_chunk()
 
-    def extend(self, columns: dict[str, np.ndarray]) -> None:
-        """Append several rows at once, given by column (a static batch logs all its steps)."""
-        block = np.zeros((len(columns["start_s"]), _WIDTH))
+    def extend(self, columns: Mapping[str, np.ndarray | float]) -> None:
+        """Append several rows at once, given by column: an array, or one value for every row (a static
+        batch logs all its steps)."""
+        block = np.zeros((np.size(columns["start_s"]), _WIDTH))
         for name, values in columns.items():
             block[:, LOG_COLUMNS.index(name)] = values
         data = memoryview(block.tobytes())
@@ -134,7 +136,7 @@ def iterations_frame(logs: list[tuple[int, int, IterationLog]], until_s: float) 
     """
     ends_by_log = [[chunk[:, _START] + chunk[:, _DURATION] for chunk in log.views()] for _, _, log in logs]
     n = sum(int((end <= until_s).sum()) for ends in ends_by_log for end in ends)
-    columns = {"replica": np.empty(n, np.int64), "micro_batch": np.empty(n, np.int64)}
+    columns: dict[str, np.ndarray] = {"replica": np.empty(n, np.int64), "micro_batch": np.empty(n, np.int64)}
     columns.update((name, np.empty(n, np.int64 if name in COUNT_COLUMNS else float)) for name in LOG_COLUMNS)
     columns["end_s"] = np.empty(n)
     at = 0

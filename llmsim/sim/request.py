@@ -5,6 +5,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from enum import Enum
+from typing import Protocol
 
 import numpy as np
 
@@ -106,6 +107,7 @@ class TimeAverage:
     def take_log(self) -> tuple[np.ndarray, np.ndarray]:
         """The change log so far (times, values after each change), emptied: a run streamed to disk
         reads it as it goes instead of keeping it whole."""
+        assert self.log_s is not None and self.log_value is not None     # asked only of a logged count
         times, values = np.frombuffer(self.log_s, float).copy(), np.frombuffer(self.log_value, np.int64).copy()
         self.log_s, self.log_value = array("d"), array("q")
         return times, values
@@ -115,6 +117,7 @@ class TimeAverage:
         self.last_s = now
         self.value += delta
         if self.log_s is not None:
+            assert self.log_value is not None           # logged: __init__ made both logs
             self.log_s.append(now)
             self.log_value.append(self.value)
 
@@ -123,10 +126,32 @@ class TimeAverage:
         return area / until_s if until_s > 0 else 0.0
 
 
+class Waiting(Protocol):
+    """What an engine and the router use of a waiting queue: :class:`WaitingQueue` (FIFO) and
+    :class:`llmsim.sim.scheduling.ClassQueue` (one FIFO per traffic class) both offer it. Expiry
+    differs between them and is left to the queueing order that owns the queue."""
+
+    length: TimeAverage
+
+    def __len__(self) -> int: ...
+
+    def __bool__(self) -> bool: ...
+
+    def head(self) -> Request:
+        """The request that would leave next (it stays)."""
+
+    def pop(self, now: float) -> Request:
+        """Remove the request :meth:`head` returned."""
+
+    def push(self, request: Request, now: float) -> None: ...
+
+    def push_front(self, request: Request, now: float) -> None: ...
+
+
 class WaitingQueue:
     """FIFO of requests waiting for a replica; preempted requests return to the front."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._items: deque[Request] = deque()
         self.length = TimeAverage()
 
@@ -161,7 +186,8 @@ class WaitingQueue:
         the expired ones are the oldest fresh requests, at the front after any
         preempted ones.
         """
-        expired, kept_front = [], []
+        expired: list[Request] = []
+        kept_front: list[Request] = []
         while self._items:
             request = self._items[0]
             if request.first_scheduled_s == request.first_scheduled_s:   # started: not NaN
@@ -241,6 +267,7 @@ class RequestRecords:
         self.finish_s[i] = request.finish_s
         self.max_itl_s[i] = request.max_itl_s
         if self.cached_tokens is not None:
+            assert self.reloaded_tokens is not None         # with a tiered cache: __init__ made both columns
             self.cached_tokens[i] = request.cached_tokens
             self.reloaded_tokens[i] = request.reloaded_tokens
 
@@ -268,6 +295,7 @@ class RequestRecords:
         if self.session_id is not None:
             columns["session_id"] = self.session_id
         if self.cached_tokens is not None:
+            assert self.reloaded_tokens is not None         # with a tiered cache: __init__ made both columns
             columns["cached_tokens"] = as_array(self.cached_tokens)
             columns["reloaded_tokens"] = as_array(self.reloaded_tokens)
         return columns
@@ -343,7 +371,7 @@ class InterTokenGaps:
     sequences that continued through it), so recording costs nothing per token.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._chunks: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
     def add(self, end_s, gap_s, weight) -> None:

@@ -102,13 +102,19 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None, streamed: bool 
         longest = int(trace.output_tokens.max()) if len(trace) else 0
     else:
         arrivals = [workload.arrival] if workload.arrival is not None else [c.arrival for c in workload.classes]
-        rate = sum(arrival.rate_per_s for arrival in arrivals)
+        rate = 0.0
+        for arrival in arrivals:
+            # Without a workload arrival every class has its own (classes_from_node); no trace to replay here.
+            assert arrival is not None
+            rate += arrival.rate_per_s
         if workload.duration_s is not None:
             expected = rate * workload.duration_s
             requests = math.ceil(expected + 6 * math.sqrt(expected))
             if workload.num_requests is not None:
                 requests = min(requests, workload.num_requests)
         else:
+            # A synthetic workload without a duration has a request count (the workload reader requires one).
+            assert workload.num_requests is not None
             requests = workload.num_requests
         window_s = workload.duration_s if workload.duration_s is not None else requests / rate
         prompt, output, longest = _lengths(workload, requests)
@@ -125,7 +131,8 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None, streamed: bool 
     iterations = int(min(iterations, 1e18))
     request_bytes, iteration_bytes = ((BYTES_PER_STREAMED_REQUEST, BYTES_PER_STREAMED_ITERATION) if streamed
                                       else (BYTES_PER_REQUEST, BYTES_PER_ITERATION))
-    sources = [("workload", requests + iterations, requests * request_bytes + iterations * iteration_bytes)]
+    sources: list[tuple[str, float, float]] = [
+        ("workload", requests + iterations, requests * request_bytes + iterations * iteration_bytes)]
     sources += [(key, count * EVENTS_PER_ENGINE, count * BYTES_PER_ENGINE) for key, count in _engines(scenario)]
     control = EVENTS_PER_CONTROL_TICK + requests / REQUESTS_PER_CONTROL_EVENT
     for key, config, events in (("controller.interval", scenario.controller, control),
@@ -209,7 +216,8 @@ def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool =
     estimate = estimate_run(scenario, trace, streamed)
     if force:
         return estimate
-    over, key = [], None
+    over: list[str] = []
+    key: str | None = None
     if estimate.engines > MAX_RUN_ENGINES:
         over.append(f"{MAX_RUN_ENGINES:,} engines (replicas x pipeline stages)")
         key = max(_engines(scenario), key=lambda group: group[1])[0]
@@ -220,6 +228,7 @@ def check_run_size(scenario: Scenario, trace: Trace | None = None, force: bool =
         over.append(f"{MAX_RUN_MEMORY_BYTES / 2**30:g} GiB of memory")
         key = key or estimate.largest(2)
     if over:
+        assert key is not None          # every limit passed above names a key
         raise ConfigError(f"this run is too large to start unasked: {estimate.text()}, above the limit of "
                           f"{' and '.join(over)}", file=scenario.path, key=key, has_value=False,
                           allowed=f"{REMEDIES.get(key.rsplit('.', 1)[-1], REMEDIES['workload']).format(key=key)}; "

@@ -42,11 +42,10 @@ request) takes the least urgent running request instead of the most recent one.
 """
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from collections.abc import Callable
 
 import numpy as np
 
@@ -149,7 +148,8 @@ class ClassQueue:
         After one full round without a class admitted, the rounds in which none could be are
         credited at once (a light class's head may need millions of rounds of its quantum)."""
         n = len(self.rules)
-        for step in itertools.count():
+        step = 0
+        while True:
             c = self._turn
             if c in classes and self._deficit[c] >= _work(self._queues[c][0]):
                 return c
@@ -158,6 +158,7 @@ class ClassQueue:
             self._turn = (c + 1) % n
             if self._turn in classes:
                 self._deficit[self._turn] += self._quantum[self._turn]
+            step += 1
 
     def _skip_rounds(self, classes: list[int]) -> None:
         """Credit every waiting class the whole rounds that pass before the first of them can admit its
@@ -185,11 +186,12 @@ class ClassQueue:
     def expire(self, now: float) -> list[tuple[Request, float]]:
         """Remove and return (request, its timeout) for never-started requests of ``reject`` classes
         that have waited their class's timeout (started ones, back from a preemption, stay)."""
-        expired = []
+        expired: list[tuple[Request, float]] = []
         for c, rule in enumerate(self.rules):
             if rule.on_timeout is not OnTimeout.REJECT or rule.timeout_s is None or not self._queues[c]:
                 continue
-            queue, kept = self._queues[c], []
+            queue = self._queues[c]
+            kept: list[Request] = []
             while queue:
                 request = queue[0]
                 if request.first_scheduled_s == request.first_scheduled_s:      # started: not NaN
@@ -265,6 +267,9 @@ class ClassQueueing(Queueing):
 
     def __init__(self, engine: Engine, rules: tuple[ClassRule, ...], order: ClassOrder):
         super().__init__(engine)
+        queue = engine.queue
+        assert isinstance(queue, ClassQueue)      # a run with classes builds every queue with class_queue_factory
+        self.queue = queue
         self.rules, self.order = rules, order
         self.preempts_for_waiting = order.preempts_for_waiting
         self.seats = [0] * len(rules)
@@ -276,13 +281,13 @@ class ClassQueueing(Queueing):
 
     def expire_waiting(self, now: float) -> None:
         engine = self.engine
-        for request, timeout_s in engine.queue.expire(now):
+        for request, timeout_s in self.queue.expire(now):
             reject_timed_out(request, timeout_s, now, engine.on_done)
 
     def scale_timeouts(self, rules: tuple[ClassRule, ...], scale: float) -> None:
         """Use ``rules`` with every queue timeout multiplied by ``scale`` (the adaptive controller)."""
         self.rules = tuple(r if r.timeout_s is None else replace(r, timeout_s=r.timeout_s * scale) for r in rules)
-        self.engine.queue.rules = self.rules
+        self.queue.rules = self.rules
 
     # -- admission -----------------------------------------------------------------------------
     def _forced(self, rule: ClassRule, request: Request, now: float) -> bool:
@@ -293,16 +298,16 @@ class ClassQueueing(Queueing):
         """Whether class ``c``'s head may take a sequence slot now."""
         engine, rule = self.engine, self.rules[c]
         seats = engine.config.max_num_seqs
-        if rule.on_timeout is OnTimeout.DEDICATED and self._forced(rule, engine.queue.front(c), now):
+        if rule.on_timeout is OnTimeout.DEDICATED and self._forced(rule, self.queue.front(c), now):
             seats += rule.dedicated_seqs
         if self._reserving and self.seats[c] >= rule.reserved_seqs:
             # Slots other classes reserved and do not use are not this class's to take.
             seats -= sum(max(0, r.reserved_seqs - self.seats[d]) for d, r in enumerate(self.rules) if d != c)
         return len(engine.running) < seats
 
-    def admit(self, now: float, budget: int, chunks: list) -> None:
+    def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
         engine = self.engine
-        queue = engine.queue
+        queue = self.queue
         while queue:
             classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
             if not classes:
@@ -335,7 +340,7 @@ class ClassQueueing(Queueing):
         """Preemptive priority: while the most urgent waiting request lacks a slot or KV blocks for its
         first chunk, preempt the least urgent running request of a less urgent class."""
         engine = self.engine
-        cfg, kv, queue, rules = engine.config, engine.kv, engine.queue, self.rules
+        cfg, kv, queue, rules = engine.config, engine.kv, self.queue, self.rules
         while queue:
             c = queue.choose(queue.waiting_classes())
             request = queue.front(c)
@@ -364,6 +369,6 @@ def class_queueing(scenario: Scenario) -> Callable[[Engine], ClassQueueing]:
     return lambda engine: ClassQueueing(engine, rules, order)
 
 
-def class_mean_queue_lengths(queues, end_s: float) -> np.ndarray:
+def class_mean_queue_lengths(queues: Iterable[ClassQueue], end_s: float) -> np.ndarray:
     """Time-average waiting requests per class over ``[0, end_s]``, summed over ``queues``."""
     return np.sum([[length.mean(end_s) for length in q.class_length] for q in queues], axis=0)

@@ -32,7 +32,6 @@ draft, :meth:`~llmsim.cost.roofline.CostModel.iteration`) and finishing requests
 from __future__ import annotations
 
 from array import array
-
 from dataclasses import fields
 from functools import partial
 
@@ -71,16 +70,42 @@ class DecodeSlots:
     the last one into it, is two array copies.
     """
 
+    # The columns by name (set by _grow): views of the rows of ``ints`` (int64) and ``floats`` (float64),
+    # in INT_COLUMNS and FLOAT_COLUMNS order, and this step's scratch columns (_STEP_COLUMNS).
+    context: np.ndarray
+    generated: np.ndarray
+    remaining: np.ndarray
+    blocks: np.ndarray
+    request_id: np.ndarray
+    k_policy: np.ndarray
+    k: np.ndarray
+    accepted: np.ndarray
+    lag: np.ndarray
+    window_proposed: np.ndarray
+    window_accepted: np.ndarray
+    window_rounds: np.ndarray
+    backoff: np.ndarray
+    proposed_total: np.ndarray
+    accepted_total: np.ndarray
+    alpha: np.ndarray
+    last_token_s: np.ndarray
+    max_gap_s: np.ndarray
+    seen_accepted: np.ndarray
+    seen_rejected: np.ndarray
+    eligible: np.ndarray
+    speculated: np.ndarray
+    finished_rows: np.ndarray
+
     def __init__(self, capacity: int = 64):
         self.n = 0
         self.requests: list[Request] = []
-        self.ints = np.zeros((len(INT_COLUMNS), 0), dtype=np.int64)
-        self.floats = np.zeros((len(FLOAT_COLUMNS), 0))
+        self.ints: np.ndarray = np.zeros((len(INT_COLUMNS), 0), dtype=np.int64)
+        self.floats: np.ndarray = np.zeros((len(FLOAT_COLUMNS), 0))
         self._grow(capacity)
 
     def _grow(self, capacity: int) -> None:
-        ints = np.zeros((len(INT_COLUMNS), capacity), dtype=np.int64)
-        floats = np.zeros((len(FLOAT_COLUMNS), capacity))
+        ints: np.ndarray = np.zeros((len(INT_COLUMNS), capacity), dtype=np.int64)
+        floats: np.ndarray = np.zeros((len(FLOAT_COLUMNS), capacity))
         ints[:, :self.ints.shape[1]] = self.ints
         floats[:, :self.floats.shape[1]] = self.floats
         self.ints, self.floats = ints, floats

@@ -279,7 +279,8 @@ def read_mooncake(path: Path, failed: str = "drop") -> Trace:
     if columns is None:
         for record, line in zip(records, lines):
             _check_mooncake_record(record, path, line)
-        columns = _mooncake_columns(records)    # every record is valid now: only a fault above is None
+        columns = _mooncake_columns(records)
+        assert columns is not None              # every record passed its check: the columns gather
     arrival_s = columns["timestamp"] / MOONCAKE_MS_PER_S
     _check_sorted(arrival_s, np.asarray(lines), path, "timestamp")
     hashes = tuple(tuple(record.get("hash_ids", ())) for record in records)
@@ -476,6 +477,7 @@ def _token_counter(node: Node, tokenizer: Path | None, chars_per_token: float | 
     if chars_per_token is not None:
         return lambda texts: np.ceil(np.fromiter(map(len, texts), float, len(texts)) / chars_per_token) \
             .astype(np.int64)
+    assert tokenizer is not None            # exactly one of the two is given (checked above)
     try:
         from tokenizers import Tokenizer
     except ImportError:

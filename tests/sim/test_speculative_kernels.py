@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import add_prefill, chunk_sums
 from llmsim.cost.features import (FEATURES, batch_rows, sequential_decode_rows,
                                   speculative_step_sums, visible)
+from llmsim.sim.speculative_decode import _STEP_COLUMNS, DecodeSlots
 from llmsim.sim.speculative_kernels import FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks
 
 
@@ -118,3 +119,15 @@ def test_advance_emits_rolls_back_and_lists_the_finished_last_first():
     # Gaps in runs of equal values, in row order: 1.0, 1.0, then 1.5, then 1.0.
     assert count == 3 and runs[:3].tolist() == [[2.0, 1.0, 2.0], [2.0, 1.5, 1.0], [2.0, 1.0, 1.0]]
     assert list(column["max_gap_s"][:n]) == [1.0, 1.0, 1.5, 1.0] and list(column["last_token_s"][:n]) == [2.0] * 4
+
+
+def test_decode_slots_declares_the_columns_it_sets():
+    """DecodeSlots declares its columns for the type checker; they are exactly the ones _grow sets, each
+    with its values (an int column is a row of ``ints``, a float column one of ``floats``)."""
+    slots = DecodeSlots(4)
+    step_columns = {name for name, _ in _STEP_COLUMNS}
+    assert set(DecodeSlots.__annotations__) == set(INT_COLUMNS) | set(FLOAT_COLUMNS) | step_columns
+    for row, name in enumerate(INT_COLUMNS):
+        assert np.shares_memory(getattr(slots, name), slots.ints[row])
+    for row, name in enumerate(FLOAT_COLUMNS):
+        assert np.shares_memory(getattr(slots, name), slots.floats[row])
