@@ -359,7 +359,9 @@ def test_report_stopped_by_a_full_disk_then_ctrl_c_resumes_to_the_same_report(tm
     second = simulations(monkeypatch, stop_at=10)
     assert main(argv) == 130
     assert "interrupted: the simulations finished are kept" in capsys.readouterr().err
-    assert journal_keys(journal) == kept | set(second)
+    # Every run simulated is kept; so are runs found to be the same run as one simulated (a queue timeout
+    # none of its requests waited for), under their own keys, without being simulated.
+    assert kept | set(second) <= journal_keys(journal)
     kept = journal_keys(journal)
     third = simulations(monkeypatch)
     assert main(argv) == 0
