@@ -252,7 +252,8 @@ def run_summary(result: SimulationResult, window_s: tuple[float, float], replica
         kv_cache_per_device_gb=placement.kv_per_device_bytes / 1e9,
         # With expert parallelism a replica is a group of data-parallel ranks, each with its own KV cache.
         kv_capacity_tokens_per_replica=placement.kv_capacity_tokens * scenario.deployment.data_parallel,
-        draft_devices_per_replica=scenario.speculation.extra_devices if scenario.speculating else 0,
+        draft_devices_per_replica=(scenario.speculation.extra_devices
+                                   if scenario.speculating and scenario.speculation is not None else 0),
         **_expert_memory(scenario),
     )
     return RunSummary(
@@ -278,6 +279,7 @@ def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, f
                            start: float, stop: float) -> DisaggregationSummary:
     """The disaggregated run's link, TTFT split and pools (:class:`~llmsim.analysis.summary.DisaggregationSummary`)."""
     split, records = result.disaggregation, result.requests
+    assert split is not None                               # summarized only for a disaggregated run
     pools = {}
     for pool in split.pools:
         rows = iterations[iterations["pool"] == pool.pool]
@@ -299,6 +301,8 @@ def autoscaling_summary(result: SimulationResult, replicas_in_window: float, tok
     ``replicas_in_window``: the mean replicas paid for in the measurement window; ``tokens``: the output
     tokens every request generated."""
     scenario, log = result.scenario, result.scaling
+    # An autoscaled run logs its scaling and its replica-seconds (summarized only for one).
+    assert log is not None and result.replica_seconds is not None and scenario.autoscaling is not None
     usd = result.replica_seconds * scenario.devices_per_replica * scenario.hardware.price_per_hour_usd / 3600
     return AutoscalingSummary(
         min_replicas=scenario.autoscaling.min_replicas, max_replicas=scenario.autoscaling.max_replicas,
@@ -434,7 +438,7 @@ def _rarely_speculating(spec, blocked: SpeculationSteps | None) -> str | None:
     share = blocked.shares() if blocked is not None else {}
     if not share or share["speculated"] >= RARELY_SPECULATING:
         return None
-    rule = max((name for name in share if name != "speculated"), key=share.get)
+    rule = max((name for name in share if name != "speculated"), key=lambda name: share[name])
     fix = {"min_concurrent_requests": f"speculation.eligibility.min_concurrent_requests "
                                       f"({spec.eligibility.min_concurrent_requests}; 1 speculates for a single stream)",
            "min_sequence_tokens": f"speculation.eligibility.min_sequence_tokens "

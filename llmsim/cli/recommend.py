@@ -131,14 +131,15 @@ def _setting_text(row, scenario: Scenario) -> str:
 def _policies_text(rec: Recommendation, scenario: Scenario) -> list[str]:
     """Why this policy: each policy with its best class timeouts, goodput and each class's attainment at
     the scenario's rate, and the target it falls shortest of."""
-    search, names = rec.classes, scenario.workload.class_names
+    search, names, policies = rec.classes, scenario.workload.class_names, rec.policies
+    assert search is not None and policies is not None       # printed only for the classes search
     ladder = "/".join(f"{t * 1000:g}" for t in search.timeouts_s)
     lines = [f"each scheduling policy with its best class timeouts (coordinate descent over {', '.join(names)}, "
              f"{ladder} ms and each class's own, up to {CLASS_SWEEPS} sweeps; {search.sweeps} run; every candidate "
              f"screened at {search.probe_rate_per_s:.3g} req/s on the same requests), best first; attainment at "
              f"{scenario.workload.rate_per_s:g} req/s per class ({' / '.join(names)}):"]
-    width = max(len(p) for p in rec.policies["scheduling_policy"])
-    for _, entry in rec.policies.iterrows():
+    width = max(len(p) for p in policies["scheduling_policy"])
+    for _, entry in policies.iterrows():
         timeouts = "/".join("none" if t is None else f"{t * 1000:g}" for t in entry["class_timeouts"].values())
         attainment = " / ".join(f"{100 * entry[f'{CLASSES}.{name}.{SLO_ATTAINMENT}']:.1f}%" for name in names)
         verdict = "meets every class's targets" if entry["meets_scenario_rate"] else "misses"
@@ -170,7 +171,8 @@ def _cmd_recommend(args) -> int:
     # With --out, each simulation is kept beside it as it finishes: Ctrl-C or a full disk is resumable.
     with keeping_runs(runs_journal(Path(args.out)) if args.out else None, "recommendation"):
         with Bar("recommend", " simulations", open_ended=True) as progress:
-            rec = recommend(scenario, objective=args.objective, seeds=seeds, top=args.top, workers=args.workers,
+            rec = recommend(scenario, objective=args.objective,
+                            seeds=SEEDS if seeds is None else seeds, top=args.top, workers=args.workers,
                             progress=progress, drafts=not args.no_drafts, search=args.search,
                             class_timeouts_s=args.class_timeouts or CLASS_TIMEOUTS_S)
         if args.out:            # the table first: printing can fail (a closed pipe)
@@ -182,7 +184,7 @@ def _cmd_recommend(args) -> int:
     if rec.drafts is not None:
         print(rec.drafts.text())
     if scenario.disaggregation is not None:          # the engine settings above are the disaggregated pools'
-        print_comparison(args.scenario, scenario.workload.arrival.rate_per_s, None)
+        print_comparison(args.scenario, scenario.workload.rate_per_s, None)
     if args.out:
         print(f"wrote {args.out}")
     return 0

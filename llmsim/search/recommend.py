@@ -166,6 +166,7 @@ class Config:
                 point["speculation"] = None
         else:
             policy, k = self.k.policy, self.k.k
+            assert scenario.speculation is not None       # a k to set: the search speculates only where it may
             k_max = max(scenario.speculation.policy.k_max, k, RULE_K_MAX if policy is AdaptiveK.name else 0)
             k_max = min(k_max, longest_draft(scenario) if self.draft is None else self.draft.k_max)
             point.update({"speculation.policy": str(policy), "speculation.k": k, "speculation.k_max": k_max})
@@ -283,6 +284,7 @@ def rule_of_thumb_max_batch_tokens(scenario: Scenario) -> int:
 def longest_draft(scenario: Scenario) -> int:
     """The most tokens the scenario's proposer can draft a step: Medusa one per head, else no
     bound (a large number). The adaptive rule's k0 and k_max are held to it."""
+    assert scenario.speculation is not None                # asked only of a speculating scenario
     return scenario.speculation.proposer.max_k or 2 ** 31
 
 
@@ -462,6 +464,7 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
             out.append(replace(best, max_batch_tokens=m))
     if best.k.policy is KPolicyName.STATIC:
         k = best.k.k
+        assert scenario.speculation is not None            # a static k is searched only for a speculating scenario
         k_max = scenario.speculation.policy.k_max
         out += [replace(best, k=KChoice(KPolicyName.STATIC, j)) for j in (k - 1, k + 1) if 1 <= j <= k_max]
     engine = scenario.engine
@@ -497,7 +500,7 @@ def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) 
         config = Config(KChoice(KPolicyName.STATIC, k), max_batch_tokens, None, draft=candidate)
         rows.append({"candidate": candidate.label, "kind": candidate.kind,
                      "params_ratio": (candidate.draft.param_count / scenario.model.param_count
-                                      if candidate.kind == "model" else math.nan),
+                                      if candidate.kind == "model" and candidate.draft is not None else math.nan),
                      "alpha": candidate.alpha, "c": c, "k": k, "speedup_theorem_3_8": speedup,
                      "analytic_rate_per_s": searcher.analytic(config), "in_band": in_band(candidate, scenario.model),
                      "config": config})
@@ -507,6 +510,7 @@ def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) 
 def _eligibility_options(best: Config, scenario: Scenario) -> list[Config]:
     """The best setting under each eligibility rule: min_concurrent_requests 1 or the scenario's,
     min_sequence_tokens 0 or the scenario's."""
+    assert scenario.speculation is not None                # eligibility is searched only for a speculating scenario
     own = scenario.speculation.eligibility
     return [replace(best, eligibility=(tokens, concurrent)) for tokens in sorted({0, own.min_sequence_tokens})
             for concurrent in sorted({1, own.min_concurrent_requests})]
@@ -604,6 +608,7 @@ def class_timeout_options(timeouts_s: Sequence[float], start: float | None) -> l
 
 
 def _with_timeout(config: Config, name: str, timeout_s: float) -> Config:
+    assert config.class_timeouts is not None               # a classes-search setting names every class's timeout
     return replace(config, class_timeouts=tuple((n, timeout_s if n == name else t) for n, t in config.class_timeouts))
 
 
@@ -686,9 +691,8 @@ class _Search:
         for _ in range(20):
             if self.racing:
                 self.race(todo, brackets)
-            jobs = [(key, bracket.next_rate(start[key[0]], self.rate, self.tolerance))
-                    for key, bracket in brackets.items()]
-            jobs = [(key, rate) for key, rate in jobs if rate is not None]
+            jobs = [(key, rate) for key, bracket in brackets.items()
+                    if (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
             if not jobs:
                 break
             points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
@@ -780,7 +784,7 @@ class _Search:
                 break
         self.progress.note("classes: goodput of each policy's best")
         self.evaluate(list(current.values()), start_rate_per_s=rate)
-        screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts),
+        screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts or ()),
                                   "met": v.met, "worst_margin": v.worst_margin[0], "worst_check": _worst_check(v),
                                   "margins": {name: margin for name, (margin, _) in v.margins.items()},
                                   "steady": v.steady}

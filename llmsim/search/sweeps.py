@@ -78,7 +78,7 @@ def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[
     plus ``throughput.output_tokens_per_usd`` (output tokens per dollar of device time).
     """
     grid_file = str(grid) if isinstance(grid, (str, Path)) else None
-    points = grid_points(load_yaml(grid) if grid_file else grid, grid_file)
+    points = grid_points(load_yaml(grid) if isinstance(grid, (str, Path)) else grid, grid_file)
     return run_points(scenario, points, out=out, workers=workers, engine=engine, seeds=seeds,
                       progress=progress, client=client, on_invalid=on_invalid, source=grid_file, force=force)
 
@@ -419,7 +419,8 @@ def _evaluate(scenario: Scenario) -> dict:
         return {"error": error_text(error)}
 
 
-def _windows_follow_rate(base: dict, base_dir: Path, base_file: str | None, points: list[dict]) -> list[dict]:
+def _windows_follow_rate(base: dict, base_dir: Path, base_file: str | None,
+                         points: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
     """Points that change the arrival rate of a scenario that counts its requests keep its arrival
     window in seconds: ``workload.num_requests`` scales with the rate (unless the point sets it, or a
     duration), so the warm-up and the measurement mean the same time at every rate. A fixed count
@@ -462,6 +463,7 @@ def _base(scenario) -> tuple[dict, Path, str | None, int]:
         return node.data, Path(scenario).parent, str(scenario), read_seed(node)
     if isinstance(scenario, Scenario):
         check_matches_source(scenario)
+        assert scenario.source is not None                 # check_matches_source refuses a scenario without one
         return ({**scenario.source, "seed": scenario.seed}, Path(scenario.source_dir or "."), scenario.path,
                 scenario.seed)
     if isinstance(scenario, Mapping):
