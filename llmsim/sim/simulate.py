@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -46,9 +46,9 @@ from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.resources import check_run_size
 from llmsim.sim.result import SUMMED_KV_TOTALS, KVTierTotals, SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.request import (REJECTED, InterTokenGaps, Request, RequestRecords, StreamedRecords, TimeAverage,
-                                WaitingQueue)
+                                Waiting, WaitingQueue)
 from llmsim.sim.slo import meets_slo
-from llmsim.sim.scheduling import class_mean_queue_lengths, class_queue_factory, class_queueing
+from llmsim.sim.scheduling import ClassQueue, class_mean_queue_lengths, class_queue_factory, class_queueing
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
 from llmsim.speculation.config import stream_key
@@ -205,7 +205,9 @@ class Router:
             load = outstanding[index]
             if load >= limit:
                 continue
-            hits = replicas[index][0].kv.cached_prefix(request, request.prompt_tokens)[0]
+            kv = replicas[index][0].kv
+            assert isinstance(kv, TieredKV)              # prefix-aware routing requires engine.prefix_caching
+            hits = kv.cached_prefix(request, request.prompt_tokens)[0]
             if hits > best_hits or (hits == best_hits and load < outstanding[best]):
                 best, best_hits = index, hits
         return best
@@ -239,6 +241,12 @@ class Router:
             self.records.write(request)
 
 
+class Dispatcher(Protocol):
+    """Where arrivals go: the router, or the disaggregated router in front of its two pools."""
+
+    def dispatch(self, request: Request, now: float) -> object: ...
+
+
 ARRIVAL_BATCH = 4096                 # trace rows turned into Python numbers at a time
 
 
@@ -251,7 +259,7 @@ class Arrivals:
     object and a generator resumption per request.
     """
 
-    def __init__(self, env: simpy.Environment, records: RequestRecords, router: Router):
+    def __init__(self, env: simpy.Environment, records: RequestRecords, router: Dispatcher):
         self.env, self.records, self.router = env, records, router
         self._schedule = scheduler(env)
         self._next = 0                       # the row of the next request to arrive
@@ -376,6 +384,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         split = _disaggregated(scenario, env, records, trace, observers, stop)
         Arrivals(env, records, split)
         env.process(_horizon(env, horizon, stop))
+        assert split.resolved is not None                # set by _disaggregated
         return _run(scenario, env, stop, split.prefill, split.engines, records, split.resolved, window, warmup,
                     split=split)
     make_engine = _engine_factory(scenario, resolved)
@@ -399,12 +408,13 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     control = ControlLog() if scenario.controller is not None else None
     if control is not None:
         env.process(controller(env, scenario, engines, records, control))
-    scaling = ScalingLog() if scenario.autoscaling is not None else None
-    if scaling is not None:
+    autoscaling = scenario.autoscaling
+    scaling = ScalingLog() if autoscaling is not None else None
+    if autoscaling is not None and scaling is not None:
         # A replica switched off loses its KV, GPU and host tiers: started again, it begins empty.
         switch_off = ((lambda i, now: groups[i][0].kv.clear(now)) if scenario.engine.tiered_kv else None)
         router.pool = ReplicaPool(pool_size, resolved.replicas, switch_off)
-        env.process(autoscaler(env, router.pool, router.outstanding, scenario.autoscaling, scaling))
+        env.process(autoscaler(env, router.pool, router.outstanding, autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
     return _run(scenario, env, stop, router, engines, records, resolved, window, warmup, control, scaling,
                 stream=stream)
@@ -419,7 +429,7 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
     stopped_by, fault = StopReason.COMPLETED, None
     try:
         if len(records):
-            stopped_by = env.run(until=stop)
+            stopped_by = cast(StopReason, env.run(until=stop))      # the stop event's value
     except KeyboardInterrupt:
         # Keep what was simulated: everything still in flight is reported unfinished.
         stopped_by = StopReason.INTERRUPT
@@ -429,10 +439,10 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
         return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
                        scaling=scaling, split=split, stream=stream)
     try:
-        fault.partial_result = _result(scenario, env, router, engines, records, resolved, window, warmup,
-                                       StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling, split,
-                                       stream)
-        fault.add_note(f"llmsim: the run stopped at {fault.partial_result.end_s:,.3f} s simulated; "
+        partial = _result(scenario, env, router, engines, records, resolved, window, warmup,
+                          StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling, split, stream)
+        fault.partial_result = partial        # type: ignore[attr-defined]  # the module docstring's contract
+        fault.add_note(f"llmsim: the run stopped at {partial.end_s:,.3f} s simulated; "
                        "what was simulated is in this exception's partial_result")
     except Exception as secondary:           # the fault, not this, is what is reported
         fault.add_note(f"llmsim: no partial result ({type(secondary).__name__}: {secondary})")
@@ -441,7 +451,7 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
 
 def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines: list[Engine],
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
-            stopped_by: str, fault: str | None = None, control: ControlLog | None = None,
+            stopped_by: StopReason, fault: str | None = None, control: ControlLog | None = None,
             scaling: ScalingLog | None = None, split: DisaggregatedRouter | None = None,
             stream: RunStream | None = None) -> SimulationResult:
     """The result of a run that ended (by ``stopped_by``): records of the requests that arrived
@@ -459,6 +469,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     queues = list({id(e.queue): e.queue for e in engines}.values())
     kv_caches = list({id(e.kv): e.kv for e in engines}.values())
     if stream is not None:
+        assert isinstance(records, StreamedRecords)        # a streamed run's records are made so in simulate
         records.flush(router.arrived)
         for engine in engines:
             for rows in engine.log.take_chunks():
@@ -497,7 +508,8 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         inter_token_gaps=gaps,
         stopped_by=stopped_by,
         fault=fault,
-        mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(queues, end_s)))
+        mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(
+            [queue for queue in queues if isinstance(queue, ClassQueue)], end_s)))
         if scenario.workload.classes else None,
         control=control.frame() if control is not None else None,
         scaling=scaling.frame() if scaling is not None else None,
@@ -514,22 +526,23 @@ def _disaggregated(scenario: Scenario, env: simpy.Environment, records: RequestR
     """The prefill and decode pools of a disaggregated scenario and the router between them
     (:mod:`llmsim.sim.disaggregated`); ``engines`` and ``resolved`` (the decode pool's) are set on it."""
     dep, config = scenario.deployment, scenario.disaggregation
+    assert config is not None                                 # called only for a disaggregated scenario
     prefill_scenario, decode_scenario = scenario.pool("prefill"), scenario.pool("decode")
-    split: DisaggregatedRouter | None = None
+    late: list[DisaggregatedRouter] = []                      # the router between the pools, built after them
 
     def hand_off(request: Request, now: float) -> None:
-        split.handoff(request, now)
+        late[0].handoff(request, now)
 
     prefill_resolved = ResolvedDeployment.of(prefill_scenario)
     prefill_kv = _kv_factory(prefill_scenario, prefill_resolved, trace)
     _, prefill_groups = make_pool(prefill_scenario, env, _engine_factory(prefill_scenario, prefill_resolved),
-                                  prefill_kv, lambda i: lambda request, now: split.prefill_rejected(i)(request, now),
+                                  prefill_kv, lambda i: lambda request, now: late[0].prefill_rejected(i)(request, now),
                                   0, observers)
     decode_resolved = ResolvedDeployment.of(decode_scenario)
     # The decode pool keeps no prefix cache: a transferred prompt's KV is the request's own.
     decode_kv = partial(KVCache, decode_resolved.kv_blocks, decode_resolved.block_size)
     _, decode_groups = make_pool(decode_scenario, env, _engine_factory(decode_scenario, decode_resolved), decode_kv,
-                                 lambda i: lambda request, now: split.decode_done(i)(request, now),
+                                 lambda i: lambda request, now: late[0].decode_done(i)(request, now),
                                  len(prefill_groups), observers)
     prefill = Router(dep.router, prefill_groups, scenario.max_model_len, prefill_resolved.kv_blocks,
                      prefill_resolved.block_size, records, stop, dep.load_bound)
@@ -538,6 +551,7 @@ def _disaggregated(scenario: Scenario, env: simpy.Environment, records: RequestR
                     records, stop)
     split = DisaggregatedRouter(env, config, prefill, decode, scenario.model.kv_bytes_per_token,
                                 scenario.model.num_layers, records, scenario.engine.prefix_caching)
+    late.append(split)
     for group in prefill_groups:
         for engine in group:
             engine.handoff = hand_off
@@ -584,6 +598,7 @@ def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
     """
     if scenario.engine.batching is Batching.STATIC or not scenario.speculating:
         return None
+    assert scenario.speculation is not None                  # scenario.speculating says so
     return scenario.speculation.acceptance.request_alphas(stream_key(scenario.seed, 1), np.arange(n, dtype=np.int64))
 
 
@@ -592,12 +607,13 @@ def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):
     cost model and the acceptance stream (keyed by the seed, like the acceptance rates)."""
     if scenario.engine.batching is Batching.STATIC:
         return StaticBatchEngine
-    engine = Engine
+    engine: Callable[..., Engine] = Engine
     if scenario.workload.classes:
         engine = partial(Engine, queueing=class_queueing(scenario))
     if not scenario.speculating:
         return engine
     spec = scenario.speculation
+    assert spec is not None                                   # scenario.speculating says so
     decode = partial(SpeculativeDecodeSet, speculation=spec, draft_cost=resolved.draft_cost,
                      acceptance_key=stream_key(scenario.seed, 2),
                      handoff_s=resolved.handoff_s if resolved.draft_separate else None)
@@ -617,7 +633,9 @@ def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
     if not engine.host_tier:
         return lambda: TieredKV(blocks, size, keys)
     host_blocks = host_kv_blocks(scenario, placement)
-    transfer_s = block_bytes_per_device / scenario.hardware.host_memory.link_bandwidth_bytes_per_s
+    host = scenario.hardware.host_memory
+    assert host is not None                                   # engine.host_tier needs a profile with host memory
+    transfer_s = block_bytes_per_device / host.link_bandwidth_bytes_per_s
     return lambda: TieredKV(blocks, size, keys, HostTier(host_blocks),
                             offload.idle_timeout_s if offload is not None else None,
                             swap=engine.preemption_mode is PreemptionMode.SWAP,
@@ -625,8 +643,9 @@ def _kv_factory(scenario: Scenario, resolved: ResolvedDeployment, trace: Trace):
                             block_transfer_s=transfer_s, block_bytes=block_bytes_per_device * placement.devices)
 
 
-def _kv_tiers(kv_caches: list[KVCache], end_s: float) -> KVTierTotals | None:
+def _kv_tiers(caches: list[KVCache], end_s: float) -> KVTierTotals | None:
     """Totals of the replicas' tiered KV caches (None without them), host occupancy averaged over time."""
+    kv_caches = [kv for kv in caches if isinstance(kv, TieredKV)]
     if not kv_caches or not kv_caches[0].tiered:
         return None
     first = kv_caches[0]
@@ -663,6 +682,7 @@ def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.Da
     """The per-request table of the first ``arrived`` requests: raw times plus the latencies derived from them."""
     frame = pd.DataFrame({name: column[:arrived] for name, column in records.columns().items()}, copy=False)
     if scenario.workload.classes:
+        assert records.class_index is not None                # a trace with classes carries each request's
         frame.insert(1, "class", np.array(scenario.workload.class_names, dtype=object)[records.class_index[:arrived]])
     frame["queue_wait_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
     frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
@@ -693,8 +713,11 @@ def _iterations(engines: list[Engine], end_s: float) -> pd.DataFrame:
     return frame
 
 
-def _queue_series(queues: list[WaitingQueue]) -> pd.DataFrame:
-    frames = [pd.DataFrame({"queue": i, "time_s": np.frombuffer(q.length.log_s, float),
-                            "length": np.frombuffer(q.length.log_value, np.int64)})
-              for i, q in enumerate(queues)]
+def _queue_series(queues: Sequence[Waiting]) -> pd.DataFrame:
+    frames = []
+    for i, queue in enumerate(queues):
+        log_s, log_value = queue.length.log_s, queue.length.log_value
+        assert log_s is not None and log_value is not None   # a queue's length is always logged
+        frames.append(pd.DataFrame({"queue": i, "time_s": np.frombuffer(log_s, np.float64),
+                                    "length": np.frombuffer(log_value, np.int64)}))
     return pd.concat(frames, ignore_index=True)

@@ -149,13 +149,13 @@ class Acceptance:
         ``draw(request_ids, positions, alphas, k, out)`` writes the first ``len(out)`` rows'
         accepted prefixes into ``out`` and returns their total. With ``branching`` > 1 the
         draft is a tree and ``k`` its depth (each level accepted with ``1 - (1 - p)^b``)."""
-        key = np.uint64(key)
+        key_u64 = np.uint64(key)
         if self.process == "replay":
             samples = np.asarray(self.samples, dtype=np.int64)
-            return lambda request_ids, positions, alphas, k, out: replayed_prefixes(key, request_ids, positions,
+            return lambda request_ids, positions, alphas, k, out: replayed_prefixes(key_u64, request_ids, positions,
                                                                                   samples, k, out)
         decay = self.decay if self.process == "positional" else 1.0
-        return lambda request_ids, positions, alphas, k, out: accepted_prefixes(key, request_ids, positions, alphas,
+        return lambda request_ids, positions, alphas, k, out: accepted_prefixes(key_u64, request_ids, positions, alphas,
                                                                               k, decay, out, branching)
 
 
