@@ -45,8 +45,8 @@ class Device:
     """The local device, set up once: which torch device, how to fence it, how to flush its cache."""
     kind: str                 # "cpu" or "cuda"
     threads: int
-    sync: Callable[[], None]
-    flush: Callable[[], None]
+    sync: Callable[[], object]       # called for their effect; what they return is dropped
+    flush: Callable[[], object]
     name: str
     platform: str
     memory_capacity_bytes: float

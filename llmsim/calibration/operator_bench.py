@@ -29,6 +29,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -240,6 +241,7 @@ def _attention_seconds(timer: Timer, q_heads: int, kv_heads: int, head_dim: int,
                 torch.randn(batch, stored_kv_heads, keys, head_dim, device=device, dtype=dtype))
                for _ in range(copies)]
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    options: dict[str, Any]
     if chunk_after_context:
         mask = causal_lower_right(queries, keys)
         options = {"attn_mask": mask}
