@@ -352,9 +352,7 @@ class StreamedRecords(RequestRecords):
         """End of the run (every arrived request written): hand over the rest of the first ``arrived`` rows."""
         while self._next * self._rows < arrived:
             # A chunk none of whose requests was written (a run stopped early) holds them as they arrived: unfinished.
-            chunk = self._chunks.pop(self._next) if self._next in self._chunks else self._chunk(self._next)
-            self._chunks.pop(self._next, None)
-            self._left.pop(self._next, None)
+            chunk = self._chunks.pop(self._next, None) or self._chunk(self._next)
             rows = arrived - self._next * self._rows
             self._emit(chunk, min(rows, len(chunk)))
             self._next += 1

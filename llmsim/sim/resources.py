@@ -101,12 +101,7 @@ def estimate_run(scenario: Scenario, trace: Trace | None = None, streamed: bool 
         output = float(trace.output_tokens.mean()) if len(trace) else 0.0
         longest = int(trace.output_tokens.max()) if len(trace) else 0
     else:
-        arrivals = [workload.arrival] if workload.arrival is not None else [c.arrival for c in workload.classes]
-        rate = 0.0
-        for arrival in arrivals:
-            # Without a workload arrival every class has its own (classes_from_node); no trace to replay here.
-            assert arrival is not None
-            rate += arrival.rate_per_s
+        rate = workload.rate_per_s
         if workload.duration_s is not None:
             expected = rate * workload.duration_s
             requests = math.ceil(expected + 6 * math.sqrt(expected))
