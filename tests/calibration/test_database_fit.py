@@ -255,7 +255,8 @@ def test_h100_fp8_gemms_differ_from_h200s_by_more_than_the_datasheets_say():
             for gpu in (H100, "H200")}
     same = rows[H100].merge(rows["H200"], on=["m", "n", "k"], suffixes=("_h100", "_h200"))
     small = same[same["m"] <= 16]
-    hbm_ratio = lookup_hardware("H200").memory_bandwidth_bytes_per_s / lookup_hardware(H100).memory_bandwidth_bytes_per_s
+    hbm_ratio = (lookup_hardware("H200").memory_bandwidth_bytes_per_s
+                 / lookup_hardware(H100).memory_bandwidth_bytes_per_s)
     assert np.median(small["measured_s_h100"] / small["measured_s_h200"]) < 0.9 * hbm_ratio
     group = GROUPS["gemm_fp8"]
     reference = same_point_errors(group, fit_group(group, rows["H200"]), rows[H100], [rows["H200"]])
