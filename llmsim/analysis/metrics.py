@@ -285,7 +285,7 @@ def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, f
         rows = iterations[iterations["pool"] == pool.pool]
         busy = utilisation_in(rows, start, stop, result.scenario.pool(pool.pool), 1).busy_fraction
         pools[pool.pool] = PoolSummary(pool.hardware, pool.replicas, pool.tensor_parallel, pool.pipeline_parallel,
-                                       pool.usd_per_hour, busy)
+                                       pool.usd_per_hour, busy, pool.expert_parallel)
     moved = finished[~finished["aggregated"]]
     return DisaggregationSummary(
         layout=split.layout, link=split.link, lanes=split.lanes, streaming=split.streaming,

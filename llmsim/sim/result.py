@@ -92,6 +92,7 @@ class PoolTotals:
     usd_per_hour: float
     power_w: float
     busy_fraction: float
+    expert_parallel: int = 1          # the routed experts' degree (1: tensor parallel like the rest)
 
 
 @dataclass(frozen=True)
