@@ -201,7 +201,7 @@ def paid_devices(result: SimulationResult, replicas: float) -> float:
     disaggregated run."""
     split = result.disaggregation
     if split is not None:
-        return sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel for pool in split.pools)
+        return sum(pool.devices for pool in split.pools)
     return replicas * result.scenario.devices_per_replica
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.links import Link, lookup_link
 from llmsim.config.policies import KVReservation
-from llmsim.config.reader import Node
+from llmsim.config.reader import Node, NumberRange
 from llmsim.cost.experts import ExpertParallel
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
 
@@ -148,7 +148,7 @@ def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], Hard
 def _pool_engine(node: Node, name: str, shared: EngineConfig) -> PoolEngine:
     """A pool's ``engine`` settings, checked as the engine block's are with the shared block's for the rest;
     the decode pool continues each transferred prompt's last token as a chunk, so it must chunk."""
-    count = {"integer": True, "minimum": 1, "exclusive_minimum": False}
+    count = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
     own = PoolEngine(node.number("max_num_seqs", None, **count), node.number("max_batch_tokens", None, **count),
                      node.boolean("chunked_prefill") if node.has("chunked_prefill") else None)
     node.done()

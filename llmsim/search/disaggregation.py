@@ -6,9 +6,9 @@ parallelism) at 1 to ``max_replicas`` replicas and each prefill:decode ratio (``
 prefill and ``y`` decode replicas of the pools' chips and parallelism). A layout meets the SLO when
 every percentile target holds (``slo.met``), on every seed when several are given (each seed's requests
 shared by every layout; the table holds the means over seeds and, for the latencies, attainment and cost
-per output token, their 95% Student-t half-widths in ``<column>.ci95``). :func:`verdict` then names the cheapest layout that
-meets it, per hour (each pool's devices at its chip's price), and the reason the other kind lost:
-the SLO target its cheaper layouts miss, or its higher cost.
+per output token, their 95% Student-t half-widths in ``<column>.ci95``). :func:`verdict` then names the
+cheapest layout that meets it, per hour (each pool's devices at its chip's price), and the reason the
+other kind lost: the SLO target its cheaper layouts miss, or its higher cost.
 """
 from __future__ import annotations
 

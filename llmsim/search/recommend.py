@@ -273,8 +273,9 @@ class ExpertSearch:
             if row.refused:
                 lines.append(f"{head} not a layout here: {row.refused}")
                 continue
-            lines.append(f"{head} {int(row.data_parallel)} data-parallel ranks, {int(row.devices_per_replica)} GPUs per "
-                         f"replica: goodput {row.max_rate_per_s:.3g}{plus_minus(row.max_rate_per_s_ci95)} req/s, "
+            lines.append(f"{head} {int(row.data_parallel)} data-parallel ranks, "
+                         f"{int(row.devices_per_replica)} GPUs per replica: goodput {row.max_rate_per_s:.3g}"
+                         f"{plus_minus(row.max_rate_per_s_ci95)} req/s, "
                          f"${row.usd_per_million_output_tokens:.3g} per million output tokens"
                          + ("" if row.meets_scenario_rate else ", misses the SLO at the scenario's rate"))
         lines.append(f"  chose EP {self.chosen}: {self.reason()}")

@@ -328,7 +328,7 @@ def pool_totals(name: str, scenario: Scenario, iterations: pd.DataFrame, end_s: 
     degree = dep.expert_parallel.degree if dep.expert_parallel is not None else 1
     return PoolTotals(name, scenario.hardware.name, dep.replicas, dep.tensor_parallel, dep.pipeline_parallel,
                       devices * scenario.hardware.price_per_hour_usd, devices * scenario.hardware.tdp_w, min(busy, 1.0),
-                      degree)
+                      degree, devices)
 
 
 def totals(router: DisaggregatedRouter, pools: list[PoolTotals], end_s: float) -> DisaggregationTotals:

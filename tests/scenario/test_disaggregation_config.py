@@ -11,7 +11,9 @@ import yaml
 from llmsim.catalog.links import LINKS
 from llmsim.config.policies import KVReservation
 from llmsim.errors import ConfigError
-from tests.helpers import BASE, merge, make_scenario
+from llmsim.scenario.overrides import variant
+from llmsim.scenario.scenario import load_scenario
+from tests.helpers import BASE, REPO, merge, make_scenario, simulate_checked
 
 SPLIT = {"prefill": {"replicas": 2, "tensor_parallel": 1}, "decode": {"replicas": 1, "tensor_parallel": 1},
          "link": "infiniband_ndr"}
@@ -135,7 +137,8 @@ def test_a_pools_memory_check_uses_its_own_expert_parallel_degree():
 
 
 @pytest.mark.parametrize("overrides, key", [
-    (pools(decode={"expert_parallel": {"degree": 3}}, **MOE), "deployment.disaggregation.decode.expert_parallel.degree"),
+    (pools(decode={"expert_parallel": {"degree": 3}}, **MOE),
+     "deployment.disaggregation.decode.expert_parallel.degree"),
     (pools(prefill={"tensor_parallel": 2, "expert_parallel": {"degree": 1}}, **MOE),
      "deployment.disaggregation.prefill.expert_parallel.degree"),
     (pools(decode={"expert_parallel": {"degree": 8}}), "deployment.disaggregation.decode.expert_parallel.degree"),
@@ -160,3 +163,13 @@ def test_a_non_chunking_engine_block_serves_when_the_decode_pool_chunks():
     aggregated layout's, need not when the decode pool says so."""
     scenario = make_scenario(pools(decode={"engine": {"chunked_prefill": True}}, engine={"chunked_prefill": False}))
     assert scenario.pool("decode").engine.chunked_prefill and not scenario.pool("prefill").engine.chunked_prefill
+
+
+def test_the_shipped_wide_ep_disaggregated_scenario_reads_and_runs():
+    scenario = load_scenario(REPO / "scenarios" / "deepseek-v3-h200-disagg-wide-ep.yaml")
+    prefill, decode = scenario.disaggregation.prefill, scenario.disaggregation.decode
+    assert (prefill.devices_per_replica, prefill.replicas, decode.devices_per_replica) == (8, 2, 32)
+    assert decode.expert_parallel.experts_per_rank(scenario.model) == 9
+    assert prefill.expert_parallel.experts_per_rank(scenario.model) == 32
+    result = simulate_checked(variant(scenario, {"workload.num_requests": 150}))
+    assert (result.requests["status"] == "finished").all()

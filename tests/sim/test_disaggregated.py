@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import simpy
 
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.links import LINKS, Link
 from llmsim.sim.disaggregated import SharedLink
 from llmsim.sim.simulate import simulate
@@ -281,6 +282,8 @@ def test_expert_parallel_pools_conserve_requests_tokens_and_kv_blocks(reservatio
     assert (pools["prefill"].expert_parallel, pools["decode"].expert_parallel) == (2, 8)
     assert pools["prefill"].usd_per_hour == pytest.approx(2 * price)
     assert pools["decode"].usd_per_hour == pytest.approx(8 * price)
+    assert (pools["prefill"].devices, pools["decode"].devices) == (2, 8)
+    assert summarize(result).devices == 2 + 8                   # both pools' groups are paid for
     assert 0 < pools["decode"].busy_fraction <= 1
 
 
