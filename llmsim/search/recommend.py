@@ -279,6 +279,9 @@ class ExpertSearch:
                          f"${row.usd_per_million_output_tokens:.3g} per million output tokens"
                          + ("" if row.meets_scenario_rate else ", misses the SLO at the scenario's rate"))
         lines.append(f"  chose EP {self.chosen}: {self.reason()}")
+        if self.chosen != self.own:
+            lines.append(f"  (the settings recommended are at EP {self.chosen}; the rule-of-thumb defaults they are "
+                         f"compared with ran at the scenario's EP {self.own})")
         return "\n".join(lines)
 
     def reason(self) -> str:
