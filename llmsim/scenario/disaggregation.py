@@ -26,7 +26,6 @@ from llmsim.scenario.expert_parallel import expert_parallel_from_node
 
 if TYPE_CHECKING:
     from llmsim.catalog.models import ModelSpec
-    from llmsim.scenario.scenario import EngineConfig
 
 POOLS = ("prefill", "decode")
 POOL_ENGINE_KEYS = ("max_num_seqs", "max_batch_tokens", "chunked_prefill")
@@ -39,10 +38,9 @@ class PoolEngine:
     max_batch_tokens: int | None = None
     chunked_prefill: bool | None = None
 
-    def applied(self, engine: EngineConfig) -> EngineConfig:
-        """``engine`` with this pool's settings laid over it."""
-        own = {key: getattr(self, key) for key in POOL_ENGINE_KEYS if getattr(self, key) is not None}
-        return replace(engine, **own) if own else engine
+    def settings(self) -> dict:
+        """The settings this pool sets, by name (what it lays over the engine block)."""
+        return {key: getattr(self, key) for key in POOL_ENGINE_KEYS if getattr(self, key) is not None}
 
 
 @dataclass(frozen=True)
@@ -112,11 +110,12 @@ def _default(cls: type, name: str):
 
 
 def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], HardwareProfile],
-                             model: ModelSpec, engine: EngineConfig) -> Disaggregation:
+                             model: ModelSpec, shared: PoolEngine, kernels: str) -> Disaggregation:
     """Read ``deployment.disaggregation``. ``hardware_of(pool_node, key)`` looks a pool's chip up (the
     scenario's ``hardware`` when the pool names none); the parallelism must divide the model's heads and
-    not exceed its layers; ``engine`` is the scenario's engine block, which a pool's ``engine`` settings
-    override. Whether each pool fits its chip is checked with the scenario."""
+    not exceed its layers; ``shared`` holds the engine block's settings, which a pool's ``engine`` settings
+    override, and ``kernels`` the engine whose kernels price a step. Whether each pool fits its chip is
+    checked with the scenario."""
     num_heads, num_layers = model.num_heads, model.num_layers
     pools = []
     for name in POOLS:
@@ -131,8 +130,8 @@ def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], Hard
             raise pool.key_error("pipeline_parallel", f"cannot exceed the model's {num_layers} layers", pp,
                                  f"1..{num_layers}")
         experts = (expert_parallel_from_node(pool.child("expert_parallel"), model, tp, pp, hardware,
-                                             engine.kernels.value) if pool.has("expert_parallel") else None)
-        own = _pool_engine(pool.child("engine", {}), name, engine)
+                                             kernels) if pool.has("expert_parallel") else None)
+        own = _pool_engine(pool.child("engine", {}), name, shared)
         pool.done()
         pools.append(Pool(hardware, replicas, tp, pp, experts, own))
     link = lookup_link(node.string("link"), node, "link")
@@ -145,14 +144,15 @@ def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], Hard
     return Disaggregation(pools[0], pools[1], link, streaming, reservation, below)
 
 
-def _pool_engine(node: Node, name: str, shared: EngineConfig) -> PoolEngine:
+def _pool_engine(node: Node, name: str, shared: PoolEngine) -> PoolEngine:
     """A pool's ``engine`` settings, checked as the engine block's are with the shared block's for the rest;
     the decode pool continues each transferred prompt's last token as a chunk, so it must chunk."""
     count = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
     own = PoolEngine(node.number("max_num_seqs", None, **count), node.number("max_batch_tokens", None, **count),
                      node.boolean("chunked_prefill") if node.has("chunked_prefill") else None)
     node.done()
-    engine = own.applied(shared)
+    engine = replace(shared, **own.settings())
+    assert engine.max_batch_tokens is not None and engine.max_num_seqs is not None    # the engine block sets both
     if (own.max_batch_tokens is not None or own.max_num_seqs is not None) \
             and engine.max_batch_tokens < engine.max_num_seqs:
         key = "max_batch_tokens" if own.max_batch_tokens is not None else "max_num_seqs"

@@ -19,7 +19,7 @@ from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
 from llmsim.config.policies import (Admission, Batching, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
 from llmsim.errors import ConfigError
-from llmsim.scenario.disaggregation import Disaggregation, Pool, disaggregation_from_node
+from llmsim.scenario.disaggregation import Disaggregation, Pool, PoolEngine, disaggregation_from_node
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
 from llmsim.scenario.control import (SPECULATION_K, AutoscalingConfig, ControllerConfig, autoscaling_from_node,
@@ -232,7 +232,8 @@ class Scenario:
         """This scenario as one pool of its disaggregated deployment (``prefill`` or ``decode``) would
         run on its own: the pool's chip, replicas and parallelism, aggregated."""
         pool: Pool = getattr(self.disaggregation, name)
-        return replace(self, hardware=pool.hardware, disaggregation=None, engine=pool.engine.applied(self.engine),
+        return replace(self, hardware=pool.hardware, disaggregation=None,
+                       engine=replace(self.engine, **pool.engine.settings()),
                        deployment=replace(self.deployment, replicas=pool.replicas,
                                           tensor_parallel=pool.tensor_parallel,
                                           pipeline_parallel=pool.pipeline_parallel,
@@ -331,7 +332,8 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
             dep.child("disaggregation"),
             lambda pool, key: (_engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key))
                                if pool.has(key) else hardware),
-            model, engine)
+            model, PoolEngine(engine.max_num_seqs, engine.max_batch_tokens, engine.chunked_prefill),
+            engine.kernels.value)
         if router is RouterPolicy.SHARED_QUEUE:
             raise dep.key_error("router", "a disaggregated deployment routes each request to one replica of each "
                                 "pool", router, ", ".join(r for r in RouterPolicy.names() if r != router))
