@@ -31,6 +31,7 @@ from llmsim.workload.workload import Workload, workload_from_node
 # What an engine-wide queue timeout may do (a traffic class may also have dedicated slots).
 ENGINE_ON_TIMEOUT = (OnTimeout.DISPATCH.value, OnTimeout.REJECT.value)
 DEFAULT_SEED = 0
+COUNT = NumberRange(integer=True, minimum=1, exclusive_minimum=False)     # a count of one or more
 
 
 @dataclass(frozen=True)
@@ -256,6 +257,18 @@ def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | No
     return scenario if seed is None else scenario.with_seed(seed)
 
 
+def simulation_from_node(sim: Node, defaults: SimulationConfig = SIMULATION) -> SimulationConfig:
+    """``simulation``: its keys read, ``defaults`` for those it leaves out."""
+    return SimulationConfig(warmup_s=sim.quantity("warmup", "duration", defaults.warmup_s, minimum=0.0,
+                                                  exclusive_minimum=False),
+                            horizon_s=sim.quantity("horizon", "duration", defaults.horizon_s))
+
+
+def read_replicas(dep: Node, default: int = DEPLOYMENT.replicas) -> int:
+    """``deployment.replicas``: a whole number of replicas, at least one."""
+    return dep.number("replicas", default, **COUNT)
+
+
 def read_seed(root: Node) -> int:
     """A scenario's ``seed`` (DEFAULT_SEED when absent); sweeps and ``--seeds`` read it alone from
     files whose other keys are not validated yet."""
@@ -279,9 +292,8 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     model = _model(root)
     hardware = lookup_hardware(root.string("hardware"), root, "hardware")
 
-    count = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
     dep = root.child("deployment")
-    replicas = dep.number("replicas", DEPLOYMENT.replicas, **count)
+    replicas = read_replicas(dep)
     tp = _parallel(dep, "tensor_parallel")
     pp = _parallel(dep, "pipeline_parallel")
     router = RouterPolicy(dep.choice("router", RouterPolicy.names(), DEPLOYMENT.router))
@@ -297,14 +309,14 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     eng = root.child("engine")
     engine = EngineConfig(
         batching=Batching(eng.choice("batching", Batching.names(), ENGINE.batching)),
-        max_num_seqs=eng.number("max_num_seqs", ENGINE.max_num_seqs, **count),
-        max_batch_tokens=eng.number("max_batch_tokens", ENGINE.max_batch_tokens, **count),
+        max_num_seqs=eng.number("max_num_seqs", ENGINE.max_num_seqs, **COUNT),
+        max_batch_tokens=eng.number("max_batch_tokens", ENGINE.max_batch_tokens, **COUNT),
         chunked_prefill=eng.boolean("chunked_prefill", ENGINE.chunked_prefill),
-        block_size=eng.number("block_size", ENGINE.block_size, **count),
+        block_size=eng.number("block_size", ENGINE.block_size, **COUNT),
         memory_utilization=eng.number("memory_utilization", ENGINE.memory_utilization, minimum=0.0, maximum=1.0),
         runtime_reserve_bytes=eng.quantity("runtime_reserve", "bytes", ENGINE.runtime_reserve_bytes, minimum=0.0,
                                            exclusive_minimum=False),
-        max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **count),
+        max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **COUNT),
         queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
         on_timeout=OnTimeout(eng.choice("on_timeout", ENGINE_ON_TIMEOUT, ENGINE.on_timeout)),
         kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
@@ -373,9 +385,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         slo = replace(slo, classes=_class_slos(slo_node, slo, workload.class_names))
     slo_node.done()
     sim = root.child("simulation")
-    simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", SIMULATION.warmup_s, minimum=0.0,
-                                                        exclusive_minimum=False),
-                                  horizon_s=sim.quantity("horizon", "duration", SIMULATION.horizon_s))
+    simulation = simulation_from_node(sim)
     sim.done()
     root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
     deployment = replace(_resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),

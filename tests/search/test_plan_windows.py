@@ -11,7 +11,7 @@ import llmsim
 from llmsim.analysis import names
 from llmsim.analysis.metrics import share_with_stderr
 from llmsim.analysis.statistics import rising_trend
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.search import plan as planning
 from llmsim.search import window as windows
 from llmsim.search import sweeps
