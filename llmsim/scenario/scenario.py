@@ -294,16 +294,9 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
 
     dep = root.child("deployment")
     replicas = read_replicas(dep)
-    tp = _parallel(dep, "tensor_parallel")
-    pp = _parallel(dep, "pipeline_parallel")
+    tp, pp = read_parallelism(dep, model)
     router = RouterPolicy(dep.choice("router", RouterPolicy.names(), DEPLOYMENT.router))
     load_bound = dep.number("load_bound", DEPLOYMENT.load_bound, minimum=1.0)
-    if tp is not None and model.num_heads % tp:
-        raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
-                            tp, _divisors(model.num_heads) + " or auto")
-    if pp is not None and pp > model.num_layers:
-        raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
-                            pp, f"1..{model.num_layers} or auto")
     experts_node = dep.child("expert_parallel") if dep.has("expert_parallel") else None
 
     eng = root.child("engine")
@@ -396,9 +389,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
                         speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
                         source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
                         disaggregation=disaggregation)
-    _check_fits(scenario, root)
-    if disaggregation is not None:
-        _check_disaggregation(scenario, root)
+    check_fits(scenario, root)
     if rollout is not None:
         scenario = replace(scenario, rollout_scenarios=tuple(group_scenario(scenario, group, root.file)
                                                              for group in rollout.groups))
@@ -548,6 +539,29 @@ def _check_classes(root: Node, engine: EngineConfig, workload: Workload) -> None
             "classes", f"the classes reserve {reserved} sequence slots, more than engine.max_num_seqs "
                        f"({engine.max_num_seqs})", {c.name: c.reserved_seqs for c in workload.classes},
             f"reserved_seqs summing to at most {engine.max_num_seqs}")
+
+
+def read_parallelism(dep: Node, model: ModelSpec, defaults: tuple[int | None, int | None] | None = None
+                     ) -> tuple[int | None, int | None]:
+    """``deployment.tensor_parallel`` and ``pipeline_parallel`` (None: ``auto``, placement decides; ``defaults``
+    for a key left out, else the reader's): tensor parallelism divides the heads, stages are at most the layers."""
+    tp, pp = (_parallel(dep, key) if defaults is None or dep.has(key) else default
+              for key, default in zip(("tensor_parallel", "pipeline_parallel"), defaults or (None, None)))
+    if tp is not None and model.num_heads % tp:
+        raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
+                            tp, _divisors(model.num_heads) + " or auto")
+    if pp is not None and pp > model.num_layers:
+        raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
+                            pp, f"1..{model.num_layers} or auto")
+    return tp, pp
+
+
+def check_fits(scenario: Scenario, root: Node) -> None:
+    """A scenario's devices must hold its model, a draft placed separately, one longest request's KV cache
+    and a host tier's block; a disaggregated deployment's pools likewise (ConfigErrors naming the key)."""
+    _check_fits(scenario, root)
+    if scenario.disaggregation is not None:
+        _check_disaggregation(scenario, root)
 
 
 def _parallel(node: Node, key: str) -> int | None:

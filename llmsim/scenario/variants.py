@@ -26,7 +26,7 @@ import numpy as np
 
 from llmsim.config.reader import Node
 from llmsim.scenario.overrides import apply_overrides, build_point
-from llmsim.scenario.scenario import (SIMULATION, Scenario, read_replicas, read_seed,
+from llmsim.scenario.scenario import (SIMULATION, Scenario, check_fits, read_parallelism, read_replicas, read_seed,
                                      simulation_from_node)
 from llmsim.workload.arrivals import RenewalProcess, Replay
 from llmsim.workload.profiles import Diurnal
@@ -34,8 +34,8 @@ from llmsim.workload.trace_transforms import has_time_scale
 from llmsim.workload.workload import check_window, traffic_amount
 
 RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
-REPLICAS_KEY, WARMUP_KEY, HORIZON_KEY, SEED_KEY = ("deployment.replicas", "simulation.warmup", "simulation.horizon",
-                                                   "seed")
+REPLICAS_KEY, TP_KEY, PP_KEY = "deployment.replicas", "deployment.tensor_parallel", "deployment.pipeline_parallel"
+WARMUP_KEY, HORIZON_KEY, SEED_KEY, HARDWARE_KEY = "simulation.warmup", "simulation.horizon", "seed", "hardware"
 
 
 def at_rate(scenario: Scenario, rate_per_s: Any) -> Scenario:
@@ -120,23 +120,53 @@ def _check_traffic(scenario: Scenario) -> Scenario:
     return scenario
 
 
-# Dotted scenario keys set on the typed Scenario, each by its setter (value None: the key's default).
-# The amount of traffic (COUNT_KEY, DURATION_KEY) is set by both keys together, after the others.
-TYPED_KEYS: dict[str, Callable[[Scenario, Any], Scenario]] = {
-    SEED_KEY: _set_seed,
-    RATE_KEY: _set_rate,
-    WARMUP_KEY: lambda scenario, value: _set_simulation(scenario, "warmup", value),
-    HORIZON_KEY: lambda scenario, value: _set_simulation(scenario, "horizon", value),
-    REPLICAS_KEY: _set_replicas,
-    COUNT_KEY: lambda scenario, value: scenario,
-    DURATION_KEY: lambda scenario, value: scenario,
+def _set_layout(key: str) -> Callable[[Scenario, Any], Scenario]:
+    def setter(scenario: Scenario, value: Any) -> Scenario:
+        dep = scenario.deployment
+        tp, pp = read_parallelism(Node({key: value}, file=scenario.path, path="deployment"), scenario.model,
+                                  (dep.tensor_parallel, dep.pipeline_parallel))
+        assert tp is not None and pp is not None         # "auto" is laid over the YAML (placement decides)
+        return replace(scenario, deployment=replace(dep, tensor_parallel=tp, pipeline_parallel=pp))
+    return setter
+
+
+def _own_chip(scenario: Scenario, value: Any) -> bool:
+    return isinstance(value, str) and value.lower() == scenario.hardware.name.lower()
+
+
+def _plain_layout(scenario: Scenario, value: Any) -> bool:
+    """A whole number of devices, on a deployment whose other settings the reader does not resolve with its
+    parallelism (a draft's, the experts', the pools', the rollout groups')."""
+    return (isinstance(value, int) and not isinstance(value, bool) and scenario.speculation is None
+            and scenario.deployment.expert_parallel is None and scenario.disaggregation is None
+            and scenario.rollout is None)
+
+
+def _anything(scenario: Scenario, value: Any) -> bool:
+    return True
+
+
+# Dotted scenario keys set on the typed Scenario: (setter, whether it sets this value on this scenario);
+# a value None sets the key's default. The amount of traffic (COUNT_KEY, DURATION_KEY) is set by both keys
+# together, after the others, and a layout is checked to fit once all of the point is set.
+TYPED_KEYS: dict[str, tuple[Callable[[Scenario, Any], Scenario], Callable[[Scenario, Any], bool]]] = {
+    SEED_KEY: (_set_seed, _anything),
+    RATE_KEY: (_set_rate, _anything),
+    WARMUP_KEY: (lambda scenario, value: _set_simulation(scenario, "warmup", value), _anything),
+    HORIZON_KEY: (lambda scenario, value: _set_simulation(scenario, "horizon", value), _anything),
+    REPLICAS_KEY: (_set_replicas, lambda scenario, value: scenario.autoscaling is None and scenario.rollout is None),
+    COUNT_KEY: (lambda scenario, value: scenario, _anything),
+    DURATION_KEY: (lambda scenario, value: scenario, _anything),
+    HARDWARE_KEY: (lambda scenario, value: scenario, _own_chip),
+    TP_KEY: (_set_layout("tensor_parallel"), _plain_layout),
+    PP_KEY: (_set_layout("pipeline_parallel"), _plain_layout),
 }
+LAYOUT_KEYS = (TP_KEY, PP_KEY)
 
 
 def typed(scenario: Scenario, point: Mapping[str, Any]) -> bool:
-    """Whether every key of ``point`` is set on the typed scenario (:data:`TYPED_KEYS`)."""
-    return all(key in TYPED_KEYS for key in point) and not (
-        REPLICAS_KEY in point and (scenario.autoscaling is not None or scenario.rollout is not None))
+    """Whether every setting of ``point`` is set on the typed scenario (:data:`TYPED_KEYS`)."""
+    return all(key in TYPED_KEYS and TYPED_KEYS[key][1](scenario, value) for key, value in point.items())
 
 
 def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
@@ -161,12 +191,14 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     """A point of typed keys set on the scenario, then checked together as the reader checks them."""
     out = scenario
     for key, value in point.items():
-        out = TYPED_KEYS[key](out, value)
+        out = TYPED_KEYS[key][0](out, value)
     if COUNT_KEY in point or DURATION_KEY in point:
         workload = scenario.workload
         out = _set_traffic(out, point.get(COUNT_KEY, workload.num_requests),
                            point.get(DURATION_KEY, workload.duration_s))
     out = _check_traffic(out)
+    if any(key in point for key in LAYOUT_KEYS):
+        check_fits(out, Node({}, file=scenario.path))
     if scenario.source is None:
         return out
     # The YAML mapping follows, so that a variant laid over it later keeps these settings.
