@@ -201,8 +201,9 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
         check_fits(out, Node({}, file=scenario.path))
     if scenario.source is None:
         return out
-    # The YAML mapping follows, so that a variant laid over it later keeps these settings.
-    out = replace(out, source=apply_overrides(scenario.source, point))
+    # The YAML mapping follows, so that a variant laid over it later keeps these settings (the own chip is
+    # no change, and the mapping may name it by a profile file's path).
+    out = replace(out, source=apply_overrides(scenario.source, {k: v for k, v in point.items() if k != HARDWARE_KEY}))
     if _MATCHING.get(id(scenario)) is scenario:
         _MATCHING[id(out)] = out
     return out

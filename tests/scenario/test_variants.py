@@ -15,7 +15,7 @@ from llmsim.scenario.scenario import Scenario, load_scenario, scenario_from_node
 from llmsim.scenario.variants import (COUNT_KEY, RATE_KEY, REPLICAS_KEY, at_rate, typed, variant, with_replicas,
                                       with_requests)
 
-from tests.helpers import SCENARIOS, make_scenario, merge
+from tests.helpers import SCENARIOS, make_scenario
 
 
 def written(path: Path, point: dict, seed: int | None = None) -> Scenario:
