@@ -268,7 +268,7 @@ def verdict(name: str, role: str, differences: Sequence[Difference]) -> str:
     good = [label(d) for d in significant if not worse(d)]
     unmeasured = [f"{d.metric.removesuffix('_s').upper()} {d.statistic}" for d in differences if not d.has_interval]
     level = f"{100 * (1 - LEVEL):g}%"
-    missing = f"; no interval (too few requests): {', '.join(unmeasured)}" if unmeasured else ""
+    missing = f"; no interval (run too short): {', '.join(unmeasured)}" if unmeasured else ""
     if differences and len(unmeasured) == len(differences):
         return (f"verdict: none for {name}: no figure has an interval, the run is too short for its correlation "
                 "time (the rows above say how many requests each needs)")
