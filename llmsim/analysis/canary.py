@@ -139,8 +139,8 @@ def _unmeasured(metric: str, name: str, control: float, treatment: float, needed
     enough of them whose batch figures still correlate (a longer run is needed either way)."""
     why = (f"n/a: {MIN_BATCHES} batches of {needed:,} requests per group needed "
            f"(correlation time {tau:.3g} requests)" if min(lengths) < MIN_BATCHES * needed else
-           f"n/a: batch figures still correlated at lag 1 in {MIN_BATCHES} batches (correlation time "
-           f"{tau:.3g} requests underestimated): run longer")
+           f"n/a: batch figures still correlated at lag 1 with {MIN_BATCHES}+ batches (the correlation time "
+           f"{tau:.3g} requests falls short): run longer")
     return Difference(metric, name, control, treatment, treatment - control, math.nan, math.nan, math.nan, why)
 
 
