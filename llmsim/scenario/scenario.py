@@ -43,6 +43,9 @@ class Deployment:
     load_bound: float = 1.25             # prefix_aware: a replica's outstanding requests stay under this x the mean
     # Routed experts spread over tp x data_parallel GPUs, attention data parallel (None: experts tensor parallel).
     expert_parallel: ExpertParallel | None = None
+    # Whether tensor_parallel and pipeline_parallel were ``auto``: placement chose them, and chooses again when
+    # a variant changes what they were chosen for (the engine's memory settings).
+    auto_layout: tuple[bool, bool] = (False, False)
 
     def __post_init__(self):
         members_of(self, router=RouterPolicy)
@@ -321,7 +324,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         prefix_caching=eng.boolean("prefix_caching", ENGINE.prefix_caching),
         preemption_mode=PreemptionMode(eng.choice("preemption_mode", PreemptionMode.names(),
                                                   ENGINE.preemption_mode)),
-        cpu_offload=_cpu_offload(eng),
+        cpu_offload=read_cpu_offload(eng),
         async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling),
         kernels=EngineKernels(eng.choice("kernels", ENGINE_NAMES, ENGINE.kernels.value)))
     hardware = _engine_hardware(eng, engine, hardware)
@@ -346,10 +349,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     if engine.kv_spill and not hardware.outer_tiers:
         raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
                             "false, or a profile with outer_memory")
-    if engine.max_batch_tokens < engine.max_num_seqs:
-        raise eng.key_error("max_batch_tokens", f"must be at least max_num_seqs ({engine.max_num_seqs}), "
-                            "or some running sequences could never decode", engine.max_batch_tokens,
-                            f"an integer >= {engine.max_num_seqs}")
+    check_batch_tokens(eng, engine)
     refuse_unmodelled(eng)
     eng.done()
 
@@ -358,8 +358,8 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
     if engine.prefix_caching:
-        _check_hash_ids(root, engine, workload)
-    _check_classes(root, engine, workload)
+        check_hash_ids(root, engine, workload)
+    check_classes(root, engine, workload)
     controller = None
     if root.has("controller"):
         if engine.batching is not Batching.CONTINUOUS:
@@ -384,7 +384,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     simulation = simulation_from_node(sim)
     sim.done()
     root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
-    deployment = replace(_resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),
+    deployment = replace(resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),
                          load_bound=load_bound, expert_parallel=experts)
     if speculation is not None:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
@@ -430,13 +430,13 @@ def group_scenario(scenario: Scenario, group, file: str | None = None) -> Scenar
     return replace(built, name=f"{scenario.name} [{group.name}]", seed=scenario.seed, path=scenario.path)
 
 
-def _cpu_offload(eng: Node) -> CPUOffload | None:
-    """``engine.cpu_offload``: false/absent (none), true (defaults) or ``{idle_timeout, overlap, capacity}``."""
+def read_cpu_offload(eng: Node, default: CPUOffload = CPUOffload()) -> CPUOffload | None:
+    """``engine.cpu_offload``: false/absent (none), true (defaults) or ``{idle_timeout, overlap, capacity}``
+    (``default`` for the keys it leaves out)."""
     raw = eng.raw("cpu_offload", False)
     if isinstance(raw, bool):
         return CPUOffload() if eng.boolean("cpu_offload", False) else None
     node = eng.child("cpu_offload")
-    default = CPUOffload()
     offload = CPUOffload(
         idle_timeout_s=node.quantity("idle_timeout", "duration", default.idle_timeout_s, minimum=0.0,
                                      exclusive_minimum=False),
@@ -462,7 +462,7 @@ def _check_kv_tiers(eng: Node, engine: EngineConfig, hardware: HardwareProfile) 
                             eng.raw(key), "a profile with host_memory, or leave this out")
 
 
-def _check_hash_ids(root: Node, engine: EngineConfig, workload: Workload) -> None:
+def check_hash_ids(root: Node, engine: EngineConfig, workload: Workload) -> None:
     """A replayed trace's ``hash_ids`` (one per ``hash_block_tokens`` prompt tokens) are the prefix
     cache's block identities: the engine's blocks must tile them, and each request needs one per block."""
     trace = workload.trace
@@ -527,7 +527,15 @@ def _class_slos(node: Node, top: SLO, names: tuple[str, ...]) -> tuple[tuple[str
     return tuple(out)
 
 
-def _check_classes(root: Node, engine: EngineConfig, workload: Workload) -> None:
+def check_batch_tokens(eng: Node, engine: EngineConfig) -> None:
+    """A batch's token budget holds one token of every running sequence."""
+    if engine.max_batch_tokens < engine.max_num_seqs:
+        raise eng.key_error("max_batch_tokens", f"must be at least max_num_seqs ({engine.max_num_seqs}), "
+                            "or some running sequences could never decode", engine.max_batch_tokens,
+                            f"an integer >= {engine.max_num_seqs}")
+
+
+def check_classes(root: Node, engine: EngineConfig, workload: Workload) -> None:
     """Traffic classes need continuous batching, and a policy other than FCFS needs classes."""
     eng = root.child("engine")
     if engine.scheduling_policy is not SchedulingPolicy.FCFS and not workload.classes:
@@ -575,10 +583,14 @@ def _parallel(node: Node, key: str) -> int | None:
     return node.number(key, default, integer=True, minimum=1, exclusive_minimum=False)
 
 
-def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, router,
-                         speculation: SpeculationConfig | None) -> Deployment:
+def resolve_parallelism(root: Node, model: ModelSpec, hardware: HardwareProfile, engine: EngineConfig, replicas: int,
+                        tp: int | None, pp: int | None, router: RouterPolicy,
+                        speculation: SpeculationConfig | None) -> Deployment:
+    """The deployment's layout: ``tp`` and ``pp`` as given, placement choosing those that are None (``auto``):
+    the smallest that holds the model and one longest request's KV cache."""
     if tp is not None and pp is not None:
         return Deployment(replicas, tp, pp, router)
+    auto = (tp is None, pp is None)
     longest = engine.max_model_len or model.max_context
     spec = speculation if speculation is not None and speculation.enabled else None
     draft = spec.colocated_draft if spec else None
@@ -594,7 +606,7 @@ def _resolve_parallelism(root: Node, model, hardware, engine, replicas, tp, pp, 
                          f"{hardware.name} devices with this parallelism",
                          key="deployment", value={"tensor_parallel": tp or "auto", "pipeline_parallel": pp or "auto"},
                          allowed="auto for both, a smaller weight_dtype, or a larger device")
-    return Deployment(replicas, fitting.tensor_parallel, fitting.pipeline_parallel, router)
+    return Deployment(replicas, fitting.tensor_parallel, fitting.pipeline_parallel, router, auto_layout=auto)
 
 
 def _model(root: Node, key: str = "model") -> ModelSpec:

@@ -26,8 +26,11 @@ import numpy as np
 
 from llmsim.config.reader import Node
 from llmsim.scenario.overrides import apply_overrides, build_point
-from llmsim.scenario.scenario import (SIMULATION, Scenario, check_fits, read_parallelism, read_replicas, read_seed,
-                                     simulation_from_node)
+from llmsim.config.policies import SchedulingPolicy
+from llmsim.scenario.scenario import (COUNT, ENGINE, SIMULATION, Scenario, check_batch_tokens, check_classes,
+                                     check_fits, check_hash_ids, read_cpu_offload, read_parallelism, read_replicas,
+                                     read_seed, resolve_parallelism, simulation_from_node)
+from llmsim.workload.classes import PRACTICE_TIERS
 from llmsim.workload.arrivals import RenewalProcess, Replay
 from llmsim.workload.profiles import Diurnal
 from llmsim.workload.trace_transforms import has_time_scale
@@ -36,6 +39,8 @@ from llmsim.workload.workload import check_window, traffic_amount
 RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
 REPLICAS_KEY, TP_KEY, PP_KEY = "deployment.replicas", "deployment.tensor_parallel", "deployment.pipeline_parallel"
 WARMUP_KEY, HORIZON_KEY, SEED_KEY, HARDWARE_KEY = "simulation.warmup", "simulation.horizon", "seed", "hardware"
+BATCH_TOKENS_KEY, NUM_SEQS_KEY, BLOCK_SIZE_KEY = "engine.max_batch_tokens", "engine.max_num_seqs", "engine.block_size"
+QUEUE_TIMEOUT_KEY, POLICY_KEY, OFFLOAD_KEY = "engine.queue_timeout", "engine.scheduling_policy", "engine.cpu_offload"
 
 
 def at_rate(scenario: Scenario, rate_per_s: Any) -> Scenario:
@@ -121,13 +126,85 @@ def _check_traffic(scenario: Scenario) -> Scenario:
 
 
 def _set_layout(key: str) -> Callable[[Scenario, Any], Scenario]:
+    """``deployment.<key>`` (``tensor_parallel``, ``pipeline_parallel``) as a whole number; the other key, if
+    ``auto``, stays so (placed once the whole point is set)."""
     def setter(scenario: Scenario, value: Any) -> Scenario:
         dep = scenario.deployment
+        asked = tuple(None if auto else degree for auto, degree in zip(dep.auto_layout, (dep.tensor_parallel,
+                                                                                       dep.pipeline_parallel)))
         tp, pp = read_parallelism(Node({key: value}, file=scenario.path, path="deployment"), scenario.model,
-                                  (dep.tensor_parallel, dep.pipeline_parallel))
-        assert tp is not None and pp is not None         # "auto" is laid over the YAML (placement decides)
-        return replace(scenario, deployment=replace(dep, tensor_parallel=tp, pipeline_parallel=pp))
+                                  (asked[0], asked[1]))
+        return replace(scenario, deployment=replace(dep, tensor_parallel=tp or dep.tensor_parallel,
+                                                    pipeline_parallel=pp or dep.pipeline_parallel,
+                                                    auto_layout=(tp is None, pp is None)))
     return setter
+
+
+def _place(scenario: Scenario, root: Node) -> Scenario:
+    """An ``auto`` layout placed again, as the reader places it, for the scenario's engine settings."""
+    dep = scenario.deployment
+    tp, pp = (None if auto else degree for auto, degree in zip(dep.auto_layout, (dep.tensor_parallel,
+                                                                               dep.pipeline_parallel)))
+    placed = resolve_parallelism(root, scenario.model, scenario.hardware, scenario.engine, dep.replicas, tp, pp,
+                                 dep.router, scenario.speculation)
+    return replace(scenario, deployment=replace(dep, tensor_parallel=placed.tensor_parallel,
+                                                pipeline_parallel=placed.pipeline_parallel,
+                                                auto_layout=placed.auto_layout))
+
+
+def _set_engine_count(key: str) -> Callable[[Scenario, Any], Scenario]:
+    """``engine.<key>`` (``max_batch_tokens``, ``max_num_seqs``, ``block_size``): a count, None its default."""
+    def setter(scenario: Scenario, value: Any) -> Scenario:
+        node = Node({} if value is None else {key: value}, file=scenario.path, path="engine")
+        return replace(scenario, engine=replace(scenario.engine, **{key: node.number(key, getattr(ENGINE, key),
+                                                                                     **COUNT)}))
+    return setter
+
+
+def _set_queue_timeout(scenario: Scenario, value: Any) -> Scenario:
+    node = Node({} if value is None else {"queue_timeout": value}, file=scenario.path, path="engine")
+    timeout_s = node.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s)
+    return replace(scenario, engine=replace(scenario.engine, queue_timeout_s=timeout_s))
+
+
+def _set_scheduling_policy(scenario: Scenario, value: Any) -> Scenario:
+    node = Node({} if value is None else {"scheduling_policy": value}, file=scenario.path, path="engine")
+    policy = SchedulingPolicy(node.choice("scheduling_policy", SchedulingPolicy.names(), ENGINE.scheduling_policy))
+    return replace(scenario, engine=replace(scenario.engine, scheduling_policy=policy))
+
+
+def _set_cpu_offload(scenario: Scenario, value: Any) -> Scenario:
+    """``engine.cpu_offload`` given a mapping, merged into the scenario's own offload settings."""
+    offload = scenario.engine.cpu_offload
+    assert offload is not None               # set here only over offload settings (TYPED_KEYS)
+    node = Node({"cpu_offload": value}, file=scenario.path, path="engine")
+    return replace(scenario, engine=replace(scenario.engine, cpu_offload=read_cpu_offload(node, offload)))
+
+
+def _engine_knob(scenario: Scenario, value: Any) -> bool:
+    """An engine knob set on the scenario, where nothing else was read with it: a controller's bounds, a
+    disaggregated deployment's pools and rollout groups take the engine's settings, and an ``auto`` layout
+    placed again is set here only without a draft or experts, whose own layouts follow the target's."""
+    dep = scenario.deployment
+    return (scenario.controller is None and scenario.disaggregation is None and scenario.rollout is None
+            and not (any(dep.auto_layout) and (scenario.speculation is not None or dep.expert_parallel is not None)))
+
+
+def _class_timeout_key(key: str) -> str | None:
+    """The class of a ``workload.classes.<name>.queue_timeout`` key (None: not such a key)."""
+    parts = key.split(".")
+    return parts[2] if len(parts) == 4 and parts[:2] == ["workload", "classes"] and parts[3] == "queue_timeout" \
+        else None
+
+
+def _set_class_timeout(scenario: Scenario, key: str, value: Any) -> Scenario:
+    name = _class_timeout_key(key)
+    workload = scenario.workload
+    node = Node({} if value is None else {"queue_timeout": value}, file=scenario.path,
+                path=key.rsplit(".", 1)[0])
+    timeout_s = node.quantity("queue_timeout", "duration", PRACTICE_TIERS.get(str(name), (0, None))[1])
+    classes = tuple(replace(c, queue_timeout_s=timeout_s) if c.name == name else c for c in workload.classes)
+    return replace(scenario, workload=replace(workload, classes=classes))
 
 
 def _own_chip(scenario: Scenario, value: Any) -> bool:
@@ -160,13 +237,25 @@ TYPED_KEYS: dict[str, tuple[Callable[[Scenario, Any], Scenario], Callable[[Scena
     HARDWARE_KEY: (lambda scenario, value: scenario, _own_chip),
     TP_KEY: (_set_layout("tensor_parallel"), _plain_layout),
     PP_KEY: (_set_layout("pipeline_parallel"), _plain_layout),
+    BATCH_TOKENS_KEY: (_set_engine_count("max_batch_tokens"), _engine_knob),
+    NUM_SEQS_KEY: (_set_engine_count("max_num_seqs"), _engine_knob),
+    BLOCK_SIZE_KEY: (_set_engine_count("block_size"), _engine_knob),
+    QUEUE_TIMEOUT_KEY: (_set_queue_timeout, _engine_knob),
+    POLICY_KEY: (_set_scheduling_policy, _engine_knob),
+    OFFLOAD_KEY: (_set_cpu_offload, lambda scenario, value: (isinstance(value, dict) and _engine_knob(scenario, value)
+                                                            and scenario.engine.cpu_offload is not None)),
 }
+# Keys whose change can change what an ``auto`` layout is placed for (the activation and block sizes).
+PLACEMENT_KEYS = (BATCH_TOKENS_KEY, BLOCK_SIZE_KEY)
 LAYOUT_KEYS = (TP_KEY, PP_KEY)
 
 
 def typed(scenario: Scenario, point: Mapping[str, Any]) -> bool:
-    """Whether every setting of ``point`` is set on the typed scenario (:data:`TYPED_KEYS`)."""
-    return all(key in TYPED_KEYS and TYPED_KEYS[key][1](scenario, value) for key, value in point.items())
+    """Whether every setting of ``point`` is set on the typed scenario (:data:`TYPED_KEYS`, and a traffic
+    class's ``workload.classes.<name>.queue_timeout``)."""
+    return all(TYPED_KEYS[key][1](scenario, value) if key in TYPED_KEYS else
+               _class_timeout_key(key) in scenario.workload.class_names and _engine_knob(scenario, value)
+               for key, value in point.items())
 
 
 def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
@@ -191,14 +280,21 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     """A point of typed keys set on the scenario, then checked together as the reader checks them."""
     out = scenario
     for key, value in point.items():
-        out = TYPED_KEYS[key][0](out, value)
+        out = TYPED_KEYS[key][0](out, value) if key in TYPED_KEYS else _set_class_timeout(out, key, value)
+    root = Node({}, file=scenario.path)
+    if out.engine != scenario.engine:
+        check_batch_tokens(root.child("engine"), out.engine)
+        check_hash_ids(root, out.engine, out.workload)
+        check_classes(root, out.engine, out.workload)
     if COUNT_KEY in point or DURATION_KEY in point:
         workload = scenario.workload
         out = _set_traffic(out, point.get(COUNT_KEY, workload.num_requests),
                            point.get(DURATION_KEY, workload.duration_s))
     out = _check_traffic(out)
-    if any(key in point for key in LAYOUT_KEYS):
-        check_fits(out, Node({}, file=scenario.path))
+    if any(key in point for key in (*LAYOUT_KEYS, *PLACEMENT_KEYS)) and any(out.deployment.auto_layout):
+        out = _place(out, root)
+    if any(key in point for key in LAYOUT_KEYS) or out.engine != scenario.engine:
+        check_fits(out, root)
     if scenario.source is None:
         return out
     # The YAML mapping follows, so that a variant laid over it later keeps these settings (the own chip is

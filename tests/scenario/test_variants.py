@@ -11,7 +11,7 @@ import pytest
 
 from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
-from llmsim.scenario.scenario import Scenario, load_scenario, scenario_from_node
+from llmsim.scenario.scenario import CPUOffload, Scenario, load_scenario, scenario_from_node
 from llmsim.scenario.variants import (COUNT_KEY, RATE_KEY, REPLICAS_KEY, at_rate, typed, variant, with_replicas,
                                       with_requests)
 
@@ -20,8 +20,11 @@ from tests.helpers import SCENARIOS, make_scenario
 
 def written(path: Path, point: dict, seed: int | None = None) -> Scenario:
     """The scenario file with the point's keys written into its YAML by hand (a None value removes the key,
-    so its default applies), read again."""
+    so its default applies), read again. The file's ``engine.vllm_args`` are written as the engine keys they
+    set (as the reader rewrites them), so that a point may set those keys."""
     data = load_yaml(path)
+    if "vllm_args" in data.get("engine", {}):
+        data["engine"] = load_scenario(path).source["engine"]
     for key, value in point.items():
         *parents, leaf = key.split(".")
         holder = data
@@ -56,7 +59,13 @@ def points(scenario: Scenario) -> list[dict]:
             {REPLICAS_KEY: 3, "seed": 7, "simulation.horizon": "900 s"},
             {RATE_KEY: "3/s", REPLICAS_KEY: 2, COUNT_KEY: 400},
             {**own, "deployment.tensor_parallel": 2, "deployment.pipeline_parallel": 2, REPLICAS_KEY: 1},
-            {**own, "deployment.tensor_parallel": 8, "deployment.pipeline_parallel": 1}]
+            {**own, "deployment.tensor_parallel": 8, "deployment.pipeline_parallel": 1},
+            {"engine.max_batch_tokens": 4096}, {"engine.max_batch_tokens": 262144, RATE_KEY: "2/s"},
+            {"engine.max_num_seqs": 64, "engine.queue_timeout": "500 ms"}, {"engine.max_batch_tokens": 16},
+            {"engine.block_size": 64}, {"engine.queue_timeout": None, "engine.max_num_seqs": 100000},
+            {"engine.scheduling_policy": "priority"}, {"engine.cpu_offload": {"idle_timeout": "0.5 s"}},
+            *({f"workload.classes.{name}.queue_timeout": "150 ms", "engine.scheduling_policy": "edf"}
+              for name in scenario.workload.class_names[:1])]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
@@ -84,7 +93,9 @@ def test_the_searches_points_are_set_on_the_typed_scenario():
     assert typed(scenario, {RATE_KEY: 4.0, COUNT_KEY: 100, "workload.duration": None, "simulation.warmup": "2 s",
                             REPLICAS_KEY: 2, "seed": 3, "hardware": "H100-SXM", "deployment.tensor_parallel": 2,
                             "deployment.pipeline_parallel": 1})
-    for point in ({"hardware": "H200"}, {"engine.max_batch_tokens": 4096}, {"deployment.tensor_parallel": "auto"},
+    assert typed(scenario, {"engine.max_batch_tokens": 4096, "engine.max_num_seqs": 64, "engine.block_size": 64,
+                            "engine.queue_timeout": "1 s", "engine.scheduling_policy": "fcfs"})
+    for point in ({"hardware": "H200"}, {"engine.memory_utilization": 0.8}, {"deployment.tensor_parallel": "auto"},
                   {"speculation": None}):
         assert not typed(scenario, point), point
 
@@ -100,22 +111,38 @@ def test_a_scenario_changed_with_replace_keeps_its_change():
     assert same(got, expected)
 
 
-def test_a_key_the_reader_resolves_is_refused_on_a_changed_scenario():
-    """Keys laid over the YAML mapping (another engine knob here) would lose a change made with replace:
-    a ValueError, not a silent revert; on an unchanged scenario they are read as the file would be."""
+def test_an_engine_knob_keeps_a_change_made_with_replace():
+    """Before, an engine knob was laid over the YAML mapping, which refused a scenario changed with replace."""
     scenario = make_scenario()
     changed = replace(scenario, engine=replace(scenario.engine, max_num_seqs=64))
-    with pytest.raises(ValueError, match="differs from the YAML mapping"):
-        variant(changed, {"engine.max_batch_tokens": 4096})
-    assert variant(scenario, {"engine.max_batch_tokens": 4096}) == make_scenario(
-        {"engine": {"max_batch_tokens": 4096}})
+    assert same(variant(changed, {"engine.max_batch_tokens": 4096, "engine.queue_timeout": "2 s"}),
+                make_scenario({"engine": {"max_num_seqs": 64, "max_batch_tokens": 4096, "queue_timeout": "2 s"}}))
+
+
+def test_an_auto_layout_is_placed_again_for_the_engine_knobs():
+    """Llama-3.1-70B placed by the reader on H100s: 1 x 3 stages at the default batch budget; a 262,144-token
+    budget's activations need tensor parallelism 4, as the file with that budget reads."""
+    auto = {"model": "Llama-3.1-70B", "deployment": {"tensor_parallel": "auto", "pipeline_parallel": "auto"}}
+    scenario = make_scenario(auto)
+    assert (scenario.deployment.tensor_parallel, scenario.deployment.pipeline_parallel) == (1, 3)
+    for point in ({"engine.max_batch_tokens": 262144}, {"deployment.tensor_parallel": 2},
+                  {"deployment.pipeline_parallel": 2}):
+        assert typed(scenario, point)
+        key, value = next(iter(point.items()))
+        section, leaf = key.split(".")
+        expected = make_scenario({**auto, section: {**auto.get(section, {}), leaf: value}})
+        assert same(variant(scenario, point), expected), point
+    assert variant(scenario, {"engine.max_batch_tokens": 262144}).deployment.tensor_parallel == 4
+    with pytest.raises(ConfigError) as caught:
+        variant(scenario, {"engine.max_batch_tokens": 1048576})
+    assert caught.value.key == "deployment"
 
 
 def test_the_yaml_mapping_follows_a_typed_variant():
     """A typed variant's mapping carries its settings, so a key laid over it later keeps them."""
     scenario = at_rate(with_replicas(make_scenario(), 3), 4.0)
-    laid = variant(scenario, {"engine.max_batch_tokens": 4096})
-    assert (laid.workload.rate_per_s, laid.deployment.replicas, laid.engine.max_batch_tokens) == (4.0, 3, 4096)
+    laid = variant(scenario, {"engine.memory_utilization": 0.8})
+    assert (laid.workload.rate_per_s, laid.deployment.replicas, laid.engine.memory_utilization) == (4.0, 3, 0.8)
 
 
 @pytest.mark.parametrize("vary, key", [
@@ -148,4 +175,13 @@ def test_a_scenario_not_read_from_yaml_takes_typed_variants_only():
     built = replace(make_scenario(), source=None)
     assert at_rate(built, 4.0).workload.rate_per_s == 4.0
     with pytest.raises(ValueError, match="not read from YAML"):
-        variant(built, {"engine.max_batch_tokens": 4096})
+        variant(built, {"engine.memory_utilization": 0.8})
+
+
+def test_an_offload_idle_timeout_is_merged_into_the_offload_settings():
+    """recommend's idle timeout is a mapping merged into the scenario's offload settings: overlap stays."""
+    offload = {"engine": {"prefix_caching": True, "cpu_offload": {"overlap": True}}}
+    got = variant(make_scenario(offload), {"engine.cpu_offload": {"idle_timeout": "0.5 s"}})
+    assert same(got, make_scenario({"engine": {"prefix_caching": True,
+                                               "cpu_offload": {"overlap": True, "idle_timeout": "0.5 s"}}}))
+    assert got.engine.cpu_offload == CPUOffload(idle_timeout_s=0.5, overlap=True)
