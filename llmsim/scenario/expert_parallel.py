@@ -8,6 +8,8 @@ expert, and a profile without a measured all-to-all.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.models import ModelSpec
 from llmsim.config.reader import Node
@@ -24,27 +26,51 @@ def expert_parallel_from_node(node: Node, model: ModelSpec, tensor_parallel: int
                               hardware: HardwareProfile, engine: str) -> ExpertParallel:
     """``deployment.expert_parallel`` of a scenario whose deployment is ``node``'s parent."""
     degree = node.number("degree", integer=True, minimum=1)
-    if tensor_parallel is None or pipeline_parallel is None:
-        raise node.key_error("degree", "expert parallelism is placed on the parallelism given, not searched for "
-                             "(llmsim report searches layouts)", degree,
-                             "deployment.tensor_parallel and pipeline_parallel as integers")
+    check_given(node, degree, tensor_parallel, pipeline_parallel)
+    assert tensor_parallel is not None
     redundant = node.number("redundant_experts", ExpertParallel.redundant_experts, integer=True, minimum=0,
                             exclusive_minimum=False)
-    problem = layout_problem(model, degree, tensor_parallel, redundant)
-    if problem is not None:
-        raise node.key_error("degree", problem[0], degree, problem[1])
+    check_layout(node, model, degree, tensor_parallel, redundant)
     balance = node.boolean("balance", ExpertParallel.balance)
     if redundant and not balance:
         raise node.key_error("redundant_experts", "redundant experts replicate the hottest experts, which the "
                              "balancer (EPLB) chooses", redundant, "0, or balance: true")
     devices_per_node = node.number("devices_per_node", ExpertParallel.devices_per_node, integer=True, minimum=1)
     scale_out = node.quantity("scale_out_bandwidth", "bandwidth", ExpertParallel.scale_out_bandwidth_bytes_per_s)
-    if degree > devices_per_node and not scale_out:
+    layout = ExpertParallel(degree, redundant, balance, UniformRouting(), devices_per_node, scale_out)
+    check_span(node, layout)
+    layout = replace(layout, routing=_routing(node.child("routing", {}), model))
+    node.done()
+    check_hardware(node, degree, hardware, engine)
+    return layout
+
+
+def check_given(node: Node, degree: int, tensor_parallel: int | None, pipeline_parallel: int | None) -> None:
+    """Experts are placed on the deployment's parallelism as given, not ``auto``."""
+    if tensor_parallel is None or pipeline_parallel is None:
+        raise node.key_error("degree", "expert parallelism is placed on the parallelism given, not searched for "
+                             "(llmsim report searches layouts)", degree,
+                             "deployment.tensor_parallel and pipeline_parallel as integers")
+
+
+def check_layout(node: Node, model: ModelSpec, degree: int, tensor_parallel: int, redundant_experts: int) -> None:
+    """The experts split evenly over the degree at this tensor parallelism."""
+    problem = layout_problem(model, degree, tensor_parallel, redundant_experts)
+    if problem is not None:
+        raise node.key_error("degree", problem[0], degree, problem[1])
+
+
+def check_span(node: Node, layout: ExpertParallel) -> None:
+    """A group wider than a node needs the scale-out bandwidth its all-to-all crosses."""
+    degree, devices_per_node = layout.degree, layout.devices_per_node
+    if degree > devices_per_node and not layout.scale_out_bandwidth_bytes_per_s:
         raise node.key_error("scale_out_bandwidth", f"a group of {degree} GPUs spans nodes of {devices_per_node}: "
                              "the all-to-all crosses the scale-out network", None,
                              "its bandwidth per GPU, e.g. 50 GB/s (one 400 Gb/s InfiniBand NDR port per GPU)")
-    routing = _routing(node.child("routing", {}), model)
-    node.done()
+
+
+def check_hardware(node: Node, degree: int, hardware: HardwareProfile, engine: str) -> None:
+    """The profile prices the experts: measured kernel terms, and an all-to-all for a degree above 1."""
     if degree > 1 and not all_to_all_terms(hardware, engine):
         raise node.key_error("degree", f"{hardware.name} has no measured all-to-all terms (the profile's "
                              "calibration.database record)", degree,
@@ -52,7 +78,6 @@ def expert_parallel_from_node(node: Node, model: ModelSpec, tensor_parallel: int
     if hardware.kernels is None:
         raise node.key_error("degree", f"{hardware.name} has no measured kernel terms to price the experts with",
                              degree, "a profile with a kernels: section")
-    return ExpertParallel(degree, redundant, balance, routing, devices_per_node, scale_out)
 
 
 def _routing(node: Node, model: ModelSpec) -> Routing:

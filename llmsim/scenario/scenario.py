@@ -280,7 +280,7 @@ def read_seed(root: Node) -> int:
     return root.number("seed", DEFAULT_SEED, integer=True, minimum=0, exclusive_minimum=False)
 
 
-def _engine_hardware(eng: Node, engine: EngineConfig, hardware: HardwareProfile) -> HardwareProfile:
+def engine_hardware(eng: Node, engine: EngineConfig, hardware: HardwareProfile) -> HardwareProfile:
     """The profile priced by the engine's kernels: another engine than the default needs terms of its own."""
     if engine.kernels is ENGINE.kernels or hardware.kernels is None:
         return hardware
@@ -327,10 +327,10 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         cpu_offload=read_cpu_offload(eng),
         async_scheduling=eng.boolean("async_scheduling", ENGINE.async_scheduling),
         kernels=EngineKernels(eng.choice("kernels", ENGINE_NAMES, ENGINE.kernels.value)))
-    hardware = _engine_hardware(eng, engine, hardware)
+    hardware = engine_hardware(eng, engine, hardware)
     experts = None if experts_node is None else expert_parallel_from_node(experts_node, model, tp, pp, hardware,
                                                                            engine.kernels.value)
-    _check_kv_tiers(eng, engine, hardware)
+    check_kv_tiers(eng, engine, hardware)
     if router is RouterPolicy.PREFIX_AWARE and not engine.prefix_caching:
         raise dep.key_error("router", "routes by the prefix cache's contents, which needs prefix caching", router,
                             "engine.prefix_caching: true, or another router: " + ", ".join(RouterPolicy.names()[:3]))
@@ -338,7 +338,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     if dep.raw("disaggregation", None) is not None:       # null: aggregated (a plan's override says so)
         disaggregation = disaggregation_from_node(
             dep.child("disaggregation"),
-            lambda pool, key: (_engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key))
+            lambda pool, key: (engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key))
                                if pool.has(key) else hardware),
             model, PoolEngine(engine.max_num_seqs, engine.max_batch_tokens, engine.chunked_prefill),
             engine.kernels.value)
@@ -346,9 +346,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
             raise dep.key_error("router", "a disaggregated deployment routes each request to one replica of each "
                                 "pool", router, ", ".join(r for r in RouterPolicy.names() if r != router))
     dep.done()
-    if engine.kv_spill and not hardware.outer_tiers:
-        raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
-                            "false, or a profile with outer_memory")
+    check_kv_spill(eng, engine, hardware)
     check_batch_tokens(eng, engine)
     refuse_unmodelled(eng)
     eng.done()
@@ -446,7 +444,7 @@ def read_cpu_offload(eng: Node, default: CPUOffload = CPUOffload()) -> CPUOffloa
     return offload
 
 
-def _check_kv_tiers(eng: Node, engine: EngineConfig, hardware: HardwareProfile) -> None:
+def check_kv_tiers(eng: Node, engine: EngineConfig, hardware: HardwareProfile) -> None:
     """Prefix caching, offload and swap need continuous batching; a host tier needs host memory."""
     if engine.batching is Batching.STATIC and engine.tiered_kv:
         key = ("prefix_caching" if engine.prefix_caching else
@@ -525,6 +523,13 @@ def _class_slos(node: Node, top: SLO, names: tuple[str, ...]) -> tuple[tuple[str
         out.append((name, _slo(each, top)))
         each.done()
     return tuple(out)
+
+
+def check_kv_spill(eng: Node, engine: EngineConfig, hardware: HardwareProfile) -> None:
+    """KV spilled to an outer memory tier needs a profile with one."""
+    if engine.kv_spill and not hardware.outer_tiers:
+        raise eng.key_error("kv_spill", f"{hardware.name} has no outer memory tier to spill to", True,
+                            "false, or a profile with outer_memory")
 
 
 def check_batch_tokens(eng: Node, engine: EngineConfig) -> None:

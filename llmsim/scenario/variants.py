@@ -26,10 +26,14 @@ import numpy as np
 
 from llmsim.config.reader import Node
 from llmsim.scenario.overrides import apply_overrides, build_point
+from llmsim.catalog.hardware import lookup_hardware
 from llmsim.config.policies import SchedulingPolicy
+from llmsim.cost.experts import ExpertParallel
+from llmsim.scenario.expert_parallel import check_given, check_hardware, check_layout, check_span
 from llmsim.scenario.scenario import (COUNT, ENGINE, SIMULATION, Scenario, check_batch_tokens, check_classes,
-                                     check_fits, check_hash_ids, read_cpu_offload, read_parallelism, read_replicas,
-                                     read_seed, resolve_parallelism, simulation_from_node)
+                                     check_fits, check_hash_ids, check_kv_spill, check_kv_tiers, engine_hardware,
+                                     read_cpu_offload, read_parallelism, read_replicas, read_seed,
+                                     resolve_parallelism, simulation_from_node)
 from llmsim.workload.classes import PRACTICE_TIERS
 from llmsim.workload.arrivals import RenewalProcess, Replay
 from llmsim.workload.profiles import Diurnal
@@ -41,6 +45,8 @@ REPLICAS_KEY, TP_KEY, PP_KEY = "deployment.replicas", "deployment.tensor_paralle
 WARMUP_KEY, HORIZON_KEY, SEED_KEY, HARDWARE_KEY = "simulation.warmup", "simulation.horizon", "seed", "hardware"
 BATCH_TOKENS_KEY, NUM_SEQS_KEY, BLOCK_SIZE_KEY = "engine.max_batch_tokens", "engine.max_num_seqs", "engine.block_size"
 QUEUE_TIMEOUT_KEY, POLICY_KEY, OFFLOAD_KEY = "engine.queue_timeout", "engine.scheduling_policy", "engine.cpu_offload"
+EXPERTS_KEY = "deployment.expert_parallel"
+EXPERT_DEGREE_KEY = f"{EXPERTS_KEY}.degree"
 
 
 def at_rate(scenario: Scenario, rate_per_s: Any) -> Scenario:
@@ -211,12 +217,59 @@ def _own_chip(scenario: Scenario, value: Any) -> bool:
     return isinstance(value, str) and value.lower() == scenario.hardware.name.lower()
 
 
+def _set_hardware(scenario: Scenario, value: Any) -> Scenario:
+    """``hardware``: a profile's name or file, priced by the scenario's engine's kernel terms."""
+    if _own_chip(scenario, value):
+        return scenario
+    node = Node({"hardware": value}, file=scenario.path,
+                base_dir=None if scenario.source_dir is None else Path(scenario.source_dir))
+    hardware = lookup_hardware(node.string("hardware"), node, "hardware")
+    hardware = engine_hardware(node.child("engine", {}), scenario.engine, hardware)
+    return replace(scenario, hardware=hardware)
+
+
+def _whole_deployment(scenario: Scenario, value: Any) -> bool:
+    """A setting of the deployment where the reader resolves nothing else with it: a disaggregated deployment's
+    pools and rollout groups take the top-level chip and layout, and a draft's layout follows an ``auto``
+    target's."""
+    return (scenario.disaggregation is None and scenario.rollout is None
+            and not (any(scenario.deployment.auto_layout) and scenario.speculation is not None))
+
+
 def _plain_layout(scenario: Scenario, value: Any) -> bool:
     """A whole number of devices, on a deployment whose other settings the reader does not resolve with its
-    parallelism (a draft's, the experts', the pools', the rollout groups')."""
+    parallelism (a draft's, the pools', the rollout groups')."""
     return (isinstance(value, int) and not isinstance(value, bool) and scenario.speculation is None
-            and scenario.deployment.expert_parallel is None and scenario.disaggregation is None
-            and scenario.rollout is None)
+            and _whole_deployment(scenario, value))
+
+
+def _set_expert_degree(scenario: Scenario, value: Any) -> Scenario:
+    """``deployment.expert_parallel.degree``: the scenario's expert settings (or the defaults) at this degree."""
+    node = Node({"degree": value}, file=scenario.path, path=EXPERTS_KEY)
+    degree = node.number("degree", integer=True, minimum=1)
+    dep = scenario.deployment
+    experts = ExpertParallel(degree) if dep.expert_parallel is None else replace(dep.expert_parallel, degree=degree)
+    return replace(scenario, deployment=replace(dep, expert_parallel=experts))
+
+
+def _experts_key(scenario: Scenario, value: Any) -> bool:
+    """Expert parallelism, where the reader resolves nothing else with it (autoscaling and rollouts are refused
+    with it: their replicas are not whole expert-parallel groups)."""
+    return scenario.autoscaling is None and _whole_deployment(scenario, value)
+
+
+def _check_experts(scenario: Scenario) -> None:
+    """The reader's checks of the experts on the deployment's layout and chip."""
+    dep, experts = scenario.deployment, scenario.deployment.expert_parallel
+    if experts is None:
+        return
+    node = Node({}, file=scenario.path, path=EXPERTS_KEY)
+    tp, pp = (None if auto else degree for auto, degree in zip(dep.auto_layout, (dep.tensor_parallel,
+                                                                               dep.pipeline_parallel)))
+    check_given(node, experts.degree, tp, pp)
+    check_layout(node, scenario.model, experts.degree, dep.tensor_parallel, experts.redundant_experts)
+    check_span(node, experts)
+    check_hardware(node, experts.degree, scenario.hardware, scenario.engine.kernels.value)
 
 
 def _anything(scenario: Scenario, value: Any) -> bool:
@@ -234,7 +287,12 @@ TYPED_KEYS: dict[str, tuple[Callable[[Scenario, Any], Scenario], Callable[[Scena
     REPLICAS_KEY: (_set_replicas, lambda scenario, value: scenario.autoscaling is None and scenario.rollout is None),
     COUNT_KEY: (lambda scenario, value: scenario, _anything),
     DURATION_KEY: (lambda scenario, value: scenario, _anything),
-    HARDWARE_KEY: (lambda scenario, value: scenario, _own_chip),
+    HARDWARE_KEY: (_set_hardware, lambda scenario, value: _own_chip(scenario, value) or (
+        isinstance(value, str) and _whole_deployment(scenario, value))),
+    EXPERT_DEGREE_KEY: (_set_expert_degree, _experts_key),
+    EXPERTS_KEY: (lambda scenario, value: replace(scenario, deployment=replace(scenario.deployment,
+                                                                              expert_parallel=None)),
+                  lambda scenario, value: value is None and _experts_key(scenario, value)),
     TP_KEY: (_set_layout("tensor_parallel"), _plain_layout),
     PP_KEY: (_set_layout("pipeline_parallel"), _plain_layout),
     BATCH_TOKENS_KEY: (_set_engine_count("max_batch_tokens"), _engine_knob),
@@ -282,6 +340,12 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     for key, value in point.items():
         out = TYPED_KEYS[key][0](out, value) if key in TYPED_KEYS else _set_class_timeout(out, key, value)
     root = Node({}, file=scenario.path)
+    chip = out.hardware != scenario.hardware
+    if chip or any(key in point for key in (*LAYOUT_KEYS, EXPERT_DEGREE_KEY)):
+        _check_experts(out)
+    if chip:
+        check_kv_tiers(root.child("engine"), out.engine, out.hardware)
+        check_kv_spill(root.child("engine"), out.engine, out.hardware)
     if out.engine != scenario.engine:
         check_batch_tokens(root.child("engine"), out.engine)
         check_hash_ids(root, out.engine, out.workload)
@@ -291,15 +355,16 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
         out = _set_traffic(out, point.get(COUNT_KEY, workload.num_requests),
                            point.get(DURATION_KEY, workload.duration_s))
     out = _check_traffic(out)
-    if any(key in point for key in (*LAYOUT_KEYS, *PLACEMENT_KEYS)) and any(out.deployment.auto_layout):
+    if (chip or any(key in point for key in (*LAYOUT_KEYS, *PLACEMENT_KEYS))) and any(out.deployment.auto_layout):
         out = _place(out, root)
-    if any(key in point for key in LAYOUT_KEYS) or out.engine != scenario.engine:
+    if chip or out.engine != scenario.engine or out.deployment != scenario.deployment:
         check_fits(out, root)
     if scenario.source is None:
         return out
     # The YAML mapping follows, so that a variant laid over it later keeps these settings (the own chip is
     # no change, and the mapping may name it by a profile file's path).
-    out = replace(out, source=apply_overrides(scenario.source, {k: v for k, v in point.items() if k != HARDWARE_KEY}))
+    out = replace(out, source=apply_overrides(scenario.source, {k: v for k, v in point.items()
+                                                                if not (k == HARDWARE_KEY and _own_chip(scenario, v))}))
     if _MATCHING.get(id(scenario)) is scenario:
         _MATCHING[id(out)] = out
     return out

@@ -12,8 +12,8 @@ import pytest
 from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import CPUOffload, Scenario, load_scenario, scenario_from_node
-from llmsim.scenario.variants import (COUNT_KEY, RATE_KEY, REPLICAS_KEY, at_rate, typed, variant, with_replicas,
-                                      with_requests)
+from llmsim.scenario.variants import (COUNT_KEY, EXPERT_DEGREE_KEY, EXPERTS_KEY, RATE_KEY, REPLICAS_KEY, at_rate,
+                                      typed, variant, with_replicas, with_requests)
 
 from tests.helpers import SCENARIOS, make_scenario
 
@@ -65,7 +65,13 @@ def points(scenario: Scenario) -> list[dict]:
             {"engine.block_size": 64}, {"engine.queue_timeout": None, "engine.max_num_seqs": 100000},
             {"engine.scheduling_policy": "priority"}, {"engine.cpu_offload": {"idle_timeout": "0.5 s"}},
             *({f"workload.classes.{name}.queue_timeout": "150 ms", "engine.scheduling_policy": "edf"}
-              for name in scenario.workload.class_names[:1])]
+              for name in scenario.workload.class_names[:1]),
+            {"hardware": "H200"}, {"hardware": "A100-80GB", RATE_KEY: "1/s"}, {"hardware": "l40s"},
+            {"hardware": "H200", "deployment.tensor_parallel": 8, "deployment.pipeline_parallel": 1},
+            {"hardware": "b200", "deployment.tensor_parallel": 4, "deployment.pipeline_parallel": 1,
+             EXPERT_DEGREE_KEY: 8}, {EXPERT_DEGREE_KEY: 16}, {EXPERT_DEGREE_KEY: 3}, {EXPERTS_KEY: None},
+            {"hardware": "H100-SXM", "deployment.tensor_parallel": 1, "deployment.pipeline_parallel": 1,
+             EXPERT_DEGREE_KEY: 8, "engine.max_batch_tokens": 4096}]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
@@ -95,8 +101,9 @@ def test_the_searches_points_are_set_on_the_typed_scenario():
                             "deployment.pipeline_parallel": 1})
     assert typed(scenario, {"engine.max_batch_tokens": 4096, "engine.max_num_seqs": 64, "engine.block_size": 64,
                             "engine.queue_timeout": "1 s", "engine.scheduling_policy": "fcfs"})
-    for point in ({"hardware": "H200"}, {"engine.memory_utilization": 0.8}, {"deployment.tensor_parallel": "auto"},
-                  {"speculation": None}):
+    assert typed(scenario, {"hardware": "H200", "deployment.tensor_parallel": 1, EXPERT_DEGREE_KEY: 8})
+    for point in ({"engine.memory_utilization": 0.8}, {"deployment.tensor_parallel": "auto"},
+                  {"speculation": None}, {EXPERTS_KEY: {"degree": 8}}):
         assert not typed(scenario, point), point
 
 
