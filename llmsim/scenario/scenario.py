@@ -294,7 +294,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     vllm_notes = apply_vllm_vocabulary(root, vllm_args)
     name = root.string("name", Path(root.file).stem if root.file else "scenario")
     seed = read_seed(root)
-    model = _model(root)
+    model = read_model(root)
     hardware = lookup_hardware(root.string("hardware"), root, "hardware")
 
     dep = root.child("deployment")
@@ -353,7 +353,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
 
     speculation = None
     if root.has("speculation"):
-        speculation = speculation_from_node(root.child("speculation"), model, _model, tp, pp, engine.batching)
+        speculation = speculation_from_node(root.child("speculation"), model, read_model, tp, pp, engine.batching)
     workload = workload_from_node(root.child("workload"), max_tokens=engine.max_model_len or model.max_context)
     if engine.prefix_caching:
         check_hash_ids(root, engine, workload)
@@ -614,7 +614,7 @@ def resolve_parallelism(root: Node, model: ModelSpec, hardware: HardwareProfile,
     return Deployment(replicas, fitting.tensor_parallel, fitting.pipeline_parallel, router, auto_layout=auto)
 
 
-def _model(root: Node, key: str = "model") -> ModelSpec:
+def read_model(root: Node, key: str = "model") -> ModelSpec:
     """A model (``model:``, ``speculation.draft:``) is a catalog name, a path to a config.json or
     a model YAML, or inline fields."""
     raw = root.raw(key)

@@ -27,13 +27,14 @@ import numpy as np
 from llmsim.config.reader import Node
 from llmsim.scenario.overrides import apply_overrides, build_point
 from llmsim.catalog.hardware import lookup_hardware
-from llmsim.config.policies import SchedulingPolicy
+from llmsim.config.policies import ControllerKnob, SchedulingPolicy
 from llmsim.cost.experts import ExpertParallel
 from llmsim.scenario.expert_parallel import check_given, check_hardware, check_layout, check_span
 from llmsim.scenario.scenario import (COUNT, ENGINE, SIMULATION, Scenario, check_batch_tokens, check_classes,
                                      check_fits, check_hash_ids, check_kv_spill, check_kv_tiers, engine_hardware,
-                                     read_cpu_offload, read_parallelism, read_replicas, read_seed,
+                                     read_cpu_offload, read_model, read_parallelism, read_replicas, read_seed,
                                      resolve_parallelism, simulation_from_node)
+from llmsim.speculation.config import read_eligibility, resolve_draft_parallelism, speculation_from_node
 from llmsim.workload.classes import PRACTICE_TIERS
 from llmsim.workload.arrivals import RenewalProcess, Replay
 from llmsim.workload.profiles import Diurnal
@@ -45,7 +46,8 @@ REPLICAS_KEY, TP_KEY, PP_KEY = "deployment.replicas", "deployment.tensor_paralle
 WARMUP_KEY, HORIZON_KEY, SEED_KEY, HARDWARE_KEY = "simulation.warmup", "simulation.horizon", "seed", "hardware"
 BATCH_TOKENS_KEY, NUM_SEQS_KEY, BLOCK_SIZE_KEY = "engine.max_batch_tokens", "engine.max_num_seqs", "engine.block_size"
 QUEUE_TIMEOUT_KEY, POLICY_KEY, OFFLOAD_KEY = "engine.queue_timeout", "engine.scheduling_policy", "engine.cpu_offload"
-EXPERTS_KEY = "deployment.expert_parallel"
+EXPERTS_KEY, SPECULATION_KEY = "deployment.expert_parallel", "speculation"
+ELIGIBILITY_KEY = f"{SPECULATION_KEY}.eligibility"
 EXPERT_DEGREE_KEY = f"{EXPERTS_KEY}.degree"
 
 
@@ -213,6 +215,44 @@ def _set_class_timeout(scenario: Scenario, key: str, value: Any) -> Scenario:
     return replace(scenario, workload=replace(workload, classes=classes))
 
 
+def _speculation_keys(point: Mapping[str, Any]) -> list[str]:
+    return [key for key in point if key == SPECULATION_KEY or key.startswith(f"{SPECULATION_KEY}.")]
+
+
+def _typed_speculation(scenario: Scenario, point: Mapping[str, Any]) -> bool:
+    """Whether the point's speculation keys are set on the typed scenario: a whole new section (``speculation:
+    None`` first, then its keys, as a search's draft candidate is given) or eligibility over the scenario's,
+    where the reader resolves nothing else with them (a controller of the draft length starts from its k)."""
+    keys = _speculation_keys(point)
+    if not keys:
+        return True
+    controller = scenario.controller
+    if (controller is not None and controller.knob is ControllerKnob.SPECULATION_K) or not _whole_deployment(
+            scenario, None) or any(scenario.deployment.auto_layout):
+        return False
+    if keys[0] == SPECULATION_KEY and point[SPECULATION_KEY] is None:
+        return True
+    return keys == [ELIGIBILITY_KEY] and isinstance(point[ELIGIBILITY_KEY], dict) and scenario.speculation is not None
+
+
+def _set_speculation(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
+    """A point's speculation keys (:func:`_typed_speculation`): a new section is read from them as the reader
+    reads ``speculation:``; eligibility is merged into the scenario's."""
+    dep, base_dir = scenario.deployment, None if scenario.source_dir is None else Path(scenario.source_dir)
+    if SPECULATION_KEY not in point:
+        assert scenario.speculation is not None        # eligibility only over a scenario's own speculation
+        node = Node(point[ELIGIBILITY_KEY], file=scenario.path, path=ELIGIBILITY_KEY)
+        eligibility = read_eligibility(node, scenario.speculation.eligibility)
+        return replace(scenario, speculation=replace(scenario.speculation, eligibility=eligibility))
+    section = apply_overrides({}, {key: point[key] for key in _speculation_keys(point)[1:]}).get(SPECULATION_KEY)
+    if section is None:
+        return replace(scenario, speculation=None)
+    speculation = speculation_from_node(Node(section, file=scenario.path, path=SPECULATION_KEY, base_dir=base_dir),
+                                        scenario.model, read_model, dep.tensor_parallel, dep.pipeline_parallel,
+                                        scenario.engine.batching)
+    return replace(scenario, speculation=resolve_draft_parallelism(speculation, dep.tensor_parallel))
+
+
 def _own_chip(scenario: Scenario, value: Any) -> bool:
     return isinstance(value, str) and value.lower() == scenario.hardware.name.lower()
 
@@ -311,9 +351,11 @@ LAYOUT_KEYS = (TP_KEY, PP_KEY)
 def typed(scenario: Scenario, point: Mapping[str, Any]) -> bool:
     """Whether every setting of ``point`` is set on the typed scenario (:data:`TYPED_KEYS`, and a traffic
     class's ``workload.classes.<name>.queue_timeout``)."""
-    return all(TYPED_KEYS[key][1](scenario, value) if key in TYPED_KEYS else
-               _class_timeout_key(key) in scenario.workload.class_names and _engine_knob(scenario, value)
-               for key, value in point.items())
+    speculation = _speculation_keys(point)
+    return _typed_speculation(scenario, point) and all(
+        TYPED_KEYS[key][1](scenario, value) if key in TYPED_KEYS else
+        _class_timeout_key(key) in scenario.workload.class_names and _engine_knob(scenario, value)
+        for key, value in point.items() if key not in speculation)
 
 
 def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
@@ -337,8 +379,12 @@ def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
 def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     """A point of typed keys set on the scenario, then checked together as the reader checks them."""
     out = scenario
+    speculation = _speculation_keys(point)
     for key, value in point.items():
-        out = TYPED_KEYS[key][0](out, value) if key in TYPED_KEYS else _set_class_timeout(out, key, value)
+        if key not in speculation:
+            out = TYPED_KEYS[key][0](out, value) if key in TYPED_KEYS else _set_class_timeout(out, key, value)
+    if speculation:
+        out = _set_speculation(out, point)
     root = Node({}, file=scenario.path)
     chip = out.hardware != scenario.hardware
     if chip or any(key in point for key in (*LAYOUT_KEYS, EXPERT_DEGREE_KEY)):
@@ -357,7 +403,8 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     out = _check_traffic(out)
     if (chip or any(key in point for key in (*LAYOUT_KEYS, *PLACEMENT_KEYS))) and any(out.deployment.auto_layout):
         out = _place(out, root)
-    if chip or out.engine != scenario.engine or out.deployment != scenario.deployment:
+    if (chip or out.engine != scenario.engine or out.deployment != scenario.deployment
+            or out.speculation != scenario.speculation):
         check_fits(out, root)
     if scenario.source is None:
         return out

@@ -291,17 +291,23 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     if proposer.branching > 1 and acceptance.process is AcceptanceProcess.REPLAY:
         raise node.key_error("tree_branching", "replayed accepted lengths were measured on a chain",
                              proposer.branching, "1 with process: replay")
-    elig = node.child("eligibility", {})
-    eligibility = Eligibility(elig.number("min_sequence_tokens", Eligibility.min_sequence_tokens, integer=True,
-                                          minimum=0, exclusive_minimum=False),
-                              elig.number("min_concurrent_requests", Eligibility.min_concurrent_requests, **count))
-    elig.done()
+    eligibility = read_eligibility(node.child("eligibility", {}))
     node.done()
     config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility, proposer)
     if config.enabled and batching is Batching.STATIC:
         raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
                          allowed="engine.batching: continuous")
     return config
+
+
+def read_eligibility(node: Node, default: Eligibility = Eligibility()) -> Eligibility:
+    """``speculation.eligibility`` (``node``), ``default`` for the keys it leaves out."""
+    eligibility = Eligibility(node.number("min_sequence_tokens", default.min_sequence_tokens, integer=True,
+                                          minimum=0, exclusive_minimum=False),
+                              node.number("min_concurrent_requests", default.min_concurrent_requests, integer=True,
+                                          minimum=1, exclusive_minimum=False))
+    node.done()
+    return eligibility
 
 
 def _check_draft_size(node: Node, k_max: int, branching: int) -> None:

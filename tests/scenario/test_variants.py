@@ -32,6 +32,8 @@ def written(path: Path, point: dict, seed: int | None = None) -> Scenario:
             holder = holder.setdefault(part, {})
         if value is None:
             holder.pop(leaf, None)
+        elif isinstance(value, dict) and isinstance(holder.get(leaf), dict):
+            holder[leaf] = {**holder[leaf], **value}           # a mapping is merged into the file's
         else:
             holder[leaf] = value
     if seed is not None and "seed" not in point:
@@ -71,7 +73,16 @@ def points(scenario: Scenario) -> list[dict]:
             {"hardware": "b200", "deployment.tensor_parallel": 4, "deployment.pipeline_parallel": 1,
              EXPERT_DEGREE_KEY: 8}, {EXPERT_DEGREE_KEY: 16}, {EXPERT_DEGREE_KEY: 3}, {EXPERTS_KEY: None},
             {"hardware": "H100-SXM", "deployment.tensor_parallel": 1, "deployment.pipeline_parallel": 1,
-             EXPERT_DEGREE_KEY: 8, "engine.max_batch_tokens": 4096}]
+             EXPERT_DEGREE_KEY: 8, "engine.max_batch_tokens": 4096},
+            {"speculation": None}, {"speculation.eligibility": {"min_concurrent_requests": 4}},
+            {"speculation": None, "speculation.draft": "ngram", "speculation.acceptance": {"process": "bernoulli",
+                                                                                          "alpha": 0.6},
+             "speculation.eligibility": {"min_sequence_tokens": 0, "min_concurrent_requests": 1},
+             "speculation.policy": "static", "speculation.k": 3, "speculation.k_max": 5},
+            {"speculation": None, "speculation.draft": "Llama-3.2-1B", "speculation.policy": "adaptive",
+             "speculation.k": 2, "speculation.k_max": 6, "engine.max_batch_tokens": 4096},
+            {"speculation": None, "speculation.draft": "medusa", "speculation.heads": 4, "speculation.k": 3},
+            {"speculation": None, "speculation.draft": "ngram", "speculation.k": 9, "speculation.k_max": 4}]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
@@ -103,7 +114,7 @@ def test_the_searches_points_are_set_on_the_typed_scenario():
                             "engine.queue_timeout": "1 s", "engine.scheduling_policy": "fcfs"})
     assert typed(scenario, {"hardware": "H200", "deployment.tensor_parallel": 1, EXPERT_DEGREE_KEY: 8})
     for point in ({"engine.memory_utilization": 0.8}, {"deployment.tensor_parallel": "auto"},
-                  {"speculation": None}, {EXPERTS_KEY: {"degree": 8}}):
+                  {"speculation.k": 3}, {EXPERTS_KEY: {"degree": 8}}):
         assert not typed(scenario, point), point
 
 
