@@ -48,6 +48,7 @@ BATCH_TOKENS_KEY, NUM_SEQS_KEY, BLOCK_SIZE_KEY = "engine.max_batch_tokens", "eng
 QUEUE_TIMEOUT_KEY, POLICY_KEY, OFFLOAD_KEY = "engine.queue_timeout", "engine.scheduling_policy", "engine.cpu_offload"
 EXPERTS_KEY, SPECULATION_KEY = "deployment.expert_parallel", "speculation"
 ELIGIBILITY_KEY = f"{SPECULATION_KEY}.eligibility"
+SPLIT_KEY = "deployment.disaggregation"          # null: the deployment aggregated
 EXPERT_DEGREE_KEY = f"{EXPERTS_KEY}.degree"
 
 
@@ -253,6 +254,18 @@ def _set_speculation(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     return replace(scenario, speculation=resolve_draft_parallelism(speculation, dep.tensor_parallel))
 
 
+def _set_pool_replicas(pool: str) -> Callable[[Scenario, Any], Scenario]:
+    """``deployment.disaggregation.<pool>.replicas`` (``prefill``, ``decode``)."""
+    def setter(scenario: Scenario, value: Any) -> Scenario:
+        split = scenario.disaggregation
+        assert split is not None                 # set here only on a disaggregated deployment (TYPED_KEYS)
+        replicas = read_replicas(Node({} if value is None else {"replicas": value}, file=scenario.path,
+                                      path=f"{SPLIT_KEY}.{pool}"))
+        return replace(scenario, disaggregation=replace(split, **{pool: replace(getattr(split, pool),
+                                                                                replicas=replicas)}))
+    return setter
+
+
 def _own_chip(scenario: Scenario, value: Any) -> bool:
     return isinstance(value, str) and value.lower() == scenario.hardware.name.lower()
 
@@ -330,6 +343,11 @@ TYPED_KEYS: dict[str, tuple[Callable[[Scenario, Any], Scenario], Callable[[Scena
     HARDWARE_KEY: (_set_hardware, lambda scenario, value: _own_chip(scenario, value) or (
         isinstance(value, str) and _whole_deployment(scenario, value))),
     EXPERT_DEGREE_KEY: (_set_expert_degree, _experts_key),
+    SPLIT_KEY: (lambda scenario, value: replace(scenario, disaggregation=None),
+                lambda scenario, value: value is None),
+    **{f"{SPLIT_KEY}.{pool}.replicas": (_set_pool_replicas(pool),
+                                        lambda scenario, value: scenario.disaggregation is not None)
+       for pool in ("prefill", "decode")},
     EXPERTS_KEY: (lambda scenario, value: replace(scenario, deployment=replace(scenario.deployment,
                                                                               expert_parallel=None)),
                   lambda scenario, value: value is None and _experts_key(scenario, value)),
@@ -404,7 +422,7 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     if (chip or any(key in point for key in (*LAYOUT_KEYS, *PLACEMENT_KEYS))) and any(out.deployment.auto_layout):
         out = _place(out, root)
     if (chip or out.engine != scenario.engine or out.deployment != scenario.deployment
-            or out.speculation != scenario.speculation):
+            or out.speculation != scenario.speculation or out.disaggregation != scenario.disaggregation):
         check_fits(out, root)
     if scenario.source is None:
         return out

@@ -82,7 +82,10 @@ def points(scenario: Scenario) -> list[dict]:
             {"speculation": None, "speculation.draft": "Llama-3.2-1B", "speculation.policy": "adaptive",
              "speculation.k": 2, "speculation.k_max": 6, "engine.max_batch_tokens": 4096},
             {"speculation": None, "speculation.draft": "medusa", "speculation.heads": 4, "speculation.k": 3},
-            {"speculation": None, "speculation.draft": "ngram", "speculation.k": 9, "speculation.k_max": 4}]
+            {"speculation": None, "speculation.draft": "ngram", "speculation.k": 9, "speculation.k_max": 4},
+            {"deployment.disaggregation": None, REPLICAS_KEY: 2},
+            {"deployment.disaggregation.prefill.replicas": 2, "deployment.disaggregation.decode.replicas": 3},
+            {"deployment.disaggregation.decode.replicas": 0}]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
