@@ -1,18 +1,25 @@
 """Variants of a scenario, derived from its typed settings: what searches vary, set with ``dataclasses.replace``.
 
 A search asks the same question of many variants of one scenario: another arrival rate, request
-count, warm-up or replica count. Each function here returns a new :class:`Scenario` with one of these
-settings changed, validated by the same reader rules as the scenario file's key (so a bad value is a
-:class:`~llmsim.errors.ConfigError` naming that key) and by the checks that tie it to the rest of the
-scenario (an arrival window too long to simulate, no amount of traffic). They read nothing but the
-Scenario: one changed with ``dataclasses.replace`` keeps its change in every variant.
+count, replica count, engine knob, chip or draft. Each setter here returns a new :class:`Scenario`
+with one setting changed, read by the same reader rule as the scenario file's key (so a bad value is a
+:class:`~llmsim.errors.ConfigError` naming that key), and :func:`variant` then re-runs the reader's checks
+that tie the settings together (the arrival window, batch tokens against sequences, hash blocks and
+traffic classes, the experts on the layout and chip, host and spill tiers, ``check_fits``). An ``auto``
+layout (``Deployment.auto_layout``) is placed again by the reader's ``resolve_parallelism`` when the chip,
+the batch budget or the block size changes. They read nothing but the Scenario: one changed with
+``dataclasses.replace`` keeps its change in every variant set here.
 
-Searches still name a point's settings by dotted scenario keys, the names their rows, journals and
-reports show (``{"workload.arrival.rate": 8, "deployment.replicas": 3}``); :func:`variant` sets each key
-that has a typed setter (:data:`TYPED_KEYS`) on the Scenario itself. Other keys (another chip or layout,
-engine knobs, speculation settings) change settings the reader resolves together (``auto`` parallelism,
-a draft's placement, kernel terms): they are laid over the YAML mapping the scenario was read from and
-validated again (:mod:`llmsim.scenario.overrides`), which needs a scenario that still matches it.
+Searches name a point's settings by dotted scenario keys, the names their rows, journals and reports show
+(``{"workload.arrival.rate": 8, "deployment.replicas": 3}``). :func:`variant` sets on the Scenario itself:
+the keys of :data:`TYPED_KEYS` (rate, traffic, window, seed, replicas, chip, layout, expert degree, engine
+knobs, the disaggregation split and pool replicas), a traffic class's ``queue_timeout``, and speculation
+given as a whole new section (``speculation: None`` first, then its keys: a search's draft candidate, read
+as the reader reads ``speculation:``) or as eligibility over the scenario's. The rest (a k policy changed
+inside the scenario's own speculation section, any other key, a setting the reader resolves with a
+controller, rollout groups, pools or an ``auto`` target's draft) is laid over the YAML mapping the
+scenario was read from and validated again (:mod:`llmsim.scenario.overrides`), which needs a scenario
+that still matches it.
 """
 from __future__ import annotations
 
