@@ -6,14 +6,16 @@ analytic bounds or pruning, and its cheapest passing deployment must cost what t
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from llmsim.scenario.variants import variant
 from llmsim.scenario.scenario import load_scenario
-from llmsim.search.layout import cheapest_layout, layouts
+from llmsim.search.layout import Layout, cheapest_layout, layouts
 from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
 
-from tests.helpers import REPO
+from tests.helpers import REPO, make_scenario
 
 SMALL = REPO / "scenarios" / "llama3-8b-h100-short-turns.yaml"
 SEVENTY_B = REPO / "scenarios" / "llama2-70b-8xh100-tp8.yaml"
@@ -59,3 +61,14 @@ def test_cheapest_layout_matches_brute_force():
     assert choice.usd_per_hour == pytest.approx(cheapest_devices * scenario.hardware.price_per_hour_usd)
     assert met[(choice.layout.tensor_parallel, choice.layout.pipeline_parallel, choice.replicas)]
     assert choice.simulations < len(points)                 # pruning saved simulations
+
+
+def test_a_layout_on_another_chip_keeps_a_change_made_with_replace():
+    """plan's layouts on another chip: before, the chip was laid over the YAML mapping, which refused a scenario
+    changed with dataclasses.replace (ValueError); now the change stays and the chip is read as in a file."""
+    scenario = make_scenario()
+    changed = replace(scenario, engine=replace(scenario.engine, max_num_seqs=64))
+    shape = Layout("H200", 2, 1, 2, 1.0)
+    got = variant(changed, {**shape.overrides(), "deployment.replicas": 1})
+    assert got == make_scenario({"hardware": "H200", "engine": {"max_num_seqs": 64},
+                                 "deployment": {"tensor_parallel": 2, "pipeline_parallel": 1, "replicas": 1}})

@@ -205,3 +205,13 @@ def test_class_search_candidates_are_valid_scenarios_with_the_timeouts_searched(
     # Step 3 leaves the policy and the class timeouts alone, with or without classes.
     assert not any(c.policy or c.class_timeouts for c in _neighbours(start, three))
     assert not any(c.policy or c.class_timeouts for c in _neighbours(start, make_scenario()))
+
+
+def test_a_scenario_changed_with_replace_keeps_its_change_in_the_searched_settings():
+    """recommend's settings (engine knobs, a class-free timeout) on a scenario whose max_num_seqs was changed with
+    dataclasses.replace: before, they were laid over the YAML mapping and refused such a scenario (ValueError)."""
+    scenario = make_scenario()
+    changed = replace(scenario, engine=replace(scenario.engine, max_num_seqs=64))
+    config = Config(OFF, max_batch_tokens=4096, queue_timeout_s=0.5)
+    got = variant(changed, config.overrides(changed))
+    assert got == make_scenario({"engine": {"max_num_seqs": 64, "max_batch_tokens": 4096, "queue_timeout": "500 ms"}})
