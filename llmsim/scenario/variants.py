@@ -34,14 +34,15 @@ import numpy as np
 from llmsim.config.reader import Node
 from llmsim.scenario.overrides import apply_overrides, build_point
 from llmsim.catalog.hardware import lookup_hardware
-from llmsim.config.policies import ControllerKnob, SchedulingPolicy
+from llmsim.config.policies import AcceptanceProcess, Batching, ControllerKnob, KPolicyName, KScope, SchedulingPolicy
 from llmsim.cost.experts import ExpertParallel
 from llmsim.scenario.expert_parallel import check_given, check_hardware, check_layout, check_span
 from llmsim.scenario.scenario import (COUNT, ENGINE, SIMULATION, Scenario, check_batch_tokens, check_classes,
                                      check_fits, check_hash_ids, check_kv_spill, check_kv_tiers, engine_hardware,
                                      read_cpu_offload, read_model, read_parallelism, read_replicas, read_seed,
                                      resolve_parallelism, simulation_from_node)
-from llmsim.speculation.config import read_eligibility, resolve_draft_parallelism, speculation_from_node
+from llmsim.speculation.config import (KPolicy, read_eligibility, read_k_policy, resolve_draft_parallelism,
+                                       speculation_from_node)
 from llmsim.workload.classes import PRACTICE_TIERS
 from llmsim.workload.arrivals import RenewalProcess, Replay
 from llmsim.workload.profiles import Diurnal
@@ -55,6 +56,7 @@ BATCH_TOKENS_KEY, NUM_SEQS_KEY, BLOCK_SIZE_KEY = "engine.max_batch_tokens", "eng
 QUEUE_TIMEOUT_KEY, POLICY_KEY, OFFLOAD_KEY = "engine.queue_timeout", "engine.scheduling_policy", "engine.cpu_offload"
 EXPERTS_KEY, SPECULATION_KEY = "deployment.expert_parallel", "speculation"
 ELIGIBILITY_KEY = f"{SPECULATION_KEY}.eligibility"
+K_POLICY_KEYS = tuple(f"{SPECULATION_KEY}.{key}" for key in ("policy", "k", "k_max"))
 SPLIT_KEY = "deployment.disaggregation"          # null: the deployment aggregated
 EXPERT_DEGREE_KEY = f"{EXPERTS_KEY}.degree"
 
@@ -240,7 +242,25 @@ def _typed_speculation(scenario: Scenario, point: Mapping[str, Any]) -> bool:
         return False
     if keys[0] == SPECULATION_KEY and point[SPECULATION_KEY] is None:
         return True
-    return keys == [ELIGIBILITY_KEY] and isinstance(point[ELIGIBILITY_KEY], dict) and scenario.speculation is not None
+    spec = scenario.speculation
+    if spec is None or not set(keys) <= {ELIGIBILITY_KEY, *K_POLICY_KEYS} or (
+            ELIGIBILITY_KEY in point and not isinstance(point[ELIGIBILITY_KEY], dict)):
+        return False
+    return not any(key in point for key in K_POLICY_KEYS) or _typed_k_policy(scenario, point)
+
+
+def _typed_k_policy(scenario: Scenario, point: Mapping[str, Any]) -> bool:
+    """A k policy set over the scenario's own: with k_max given (its default follows k), the scope the
+    reader would default to for the new policy the scenario's own (so whether its file gave one does not
+    matter), and neither replayed acceptance (measured at a k_max) nor static batching to check it against."""
+    spec = scenario.speculation
+    assert spec is not None
+    name = point.get(K_POLICY_KEYS[0], spec.policy.policy)
+    if str(name) not in KPolicyName.names() or K_POLICY_KEYS[2] not in point:
+        return False
+    default_scope = KScope.PER_BATCH if KPolicyName(str(name)) is KPolicyName.GOODPUT else KPolicy.scope
+    return (spec.policy.scope is default_scope and spec.acceptance.process is not AcceptanceProcess.REPLAY
+            and scenario.engine.batching is Batching.CONTINUOUS)
 
 
 def _set_speculation(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
@@ -248,10 +268,16 @@ def _set_speculation(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     reads ``speculation:``; eligibility is merged into the scenario's."""
     dep, base_dir = scenario.deployment, None if scenario.source_dir is None else Path(scenario.source_dir)
     if SPECULATION_KEY not in point:
-        assert scenario.speculation is not None        # eligibility only over a scenario's own speculation
-        node = Node(point[ELIGIBILITY_KEY], file=scenario.path, path=ELIGIBILITY_KEY)
-        eligibility = read_eligibility(node, scenario.speculation.eligibility)
-        return replace(scenario, speculation=replace(scenario.speculation, eligibility=eligibility))
+        speculation = scenario.speculation
+        assert speculation is not None        # a k policy and eligibility only over a scenario's own speculation
+        if any(key in point for key in K_POLICY_KEYS):
+            node = Node({key.split(".")[1]: point[key] for key in K_POLICY_KEYS if key in point}, file=scenario.path,
+                        path=SPECULATION_KEY)
+            speculation = replace(speculation, policy=read_k_policy(node, speculation.proposer, speculation.policy))
+        if ELIGIBILITY_KEY in point:
+            node = Node(point[ELIGIBILITY_KEY], file=scenario.path, path=ELIGIBILITY_KEY)
+            speculation = replace(speculation, eligibility=read_eligibility(node, speculation.eligibility))
+        return replace(scenario, speculation=speculation)
     section = apply_overrides({}, {key: point[key] for key in _speculation_keys(point)[1:]}).get(SPECULATION_KEY)
     if section is None:
         return replace(scenario, speculation=None)

@@ -261,31 +261,8 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     if placement is DraftPlacement.SEPARATE and draft is None:
         node.number("draft_devices", 1, **count)    # read (and ignored): an n-gram speculator has no devices
 
-    policy_name = KPolicyName(node.choice("policy", KPolicyName.names(), KPolicy.policy))
-    k = node.number("k", KPolicy.k, integer=True, minimum=0, exclusive_minimum=False)
-    k_max = node.number("k_max", max(proposer.heads, k) if proposer.kind == MEDUSA else max(KPolicy.k_max, k),
-                        **count)
-    if k > k_max:
-        raise node.key_error("k", f"exceeds k_max ({k_max})", k, f"0..{k_max}")
-    _check_draft_size(node, k_max, proposer.branching)
-    if proposer.kind == MEDUSA and k_max > proposer.heads:
-        raise node.key_error("k_max" if node.has("k_max") else "k", f"Medusa drafts one token per head "
-                             f"({proposer.heads} heads)", k_max, f"k and k_max <= heads ({proposer.heads})")
-    if policy_name is KPolicyName.ADAPTIVE and k == 0:
-        raise node.key_error("k", "the adaptive rule starts from k0 >= 1", k, f"1..{k_max}")
-    goodput = policy_name is KPolicyName.GOODPUT
-    scope = KScope(node.choice("scope", KScope.names(), KScope.PER_BATCH if goodput else KPolicy.scope))
-    if goodput and scope is not KScope.PER_BATCH:
-        raise node.key_error("scope", "the goodput policy chooses one k for the whole batch", scope, "per_batch")
-    fraction = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
-    raise_above = node.number("raise_above", KPolicy.raise_above, **fraction)
-    lower_below = node.number("lower_below", KPolicy.lower_below, **fraction)
-    if lower_below > raise_above:
-        raise node.key_error("lower_below", f"must not exceed raise_above ({raise_above:g})", lower_below,
-                             f"0..{raise_above:g}")
-    policy = KPolicy(policy_name, k, k_max, scope, node.number("window", KPolicy.window, **count), raise_above,
-                     lower_below, node.boolean("fallback", KPolicy.fallback),
-                     node.number("prior_alpha", KPolicy.prior_alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True))
+    policy = read_k_policy(node, proposer)
+    k_max = policy.k_max
 
     acceptance = _acceptance(node.child("acceptance", {}), k_max, proposer, draft, target)
     if proposer.branching > 1 and acceptance.process is AcceptanceProcess.REPLAY:
@@ -298,6 +275,37 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
         raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
                          allowed="engine.batching: continuous")
     return config
+
+
+def read_k_policy(node: Node, proposer: Proposer, default: KPolicy = KPolicy()) -> KPolicy:
+    """The k policy keys of ``speculation:`` (``node``) for ``proposer``'s drafts; ``default`` for the keys
+    it leaves out but k_max (at least k; Medusa: its heads) and a goodput policy's scope (per batch)."""
+    policy_name = KPolicyName(node.choice("policy", KPolicyName.names(), default.policy))
+    k = node.number("k", default.k, integer=True, minimum=0, exclusive_minimum=False)
+    k_max = node.number("k_max", max(proposer.heads, k) if proposer.kind == MEDUSA else max(KPolicy.k_max, k),
+                        integer=True, minimum=1, exclusive_minimum=False)
+    if k > k_max:
+        raise node.key_error("k", f"exceeds k_max ({k_max})", k, f"0..{k_max}")
+    _check_draft_size(node, k_max, proposer.branching)
+    if proposer.kind == MEDUSA and k_max > proposer.heads:
+        raise node.key_error("k_max" if node.has("k_max") else "k", f"Medusa drafts one token per head "
+                             f"({proposer.heads} heads)", k_max, f"k and k_max <= heads ({proposer.heads})")
+    if policy_name is KPolicyName.ADAPTIVE and k == 0:
+        raise node.key_error("k", "the adaptive rule starts from k0 >= 1", k, f"1..{k_max}")
+    goodput = policy_name is KPolicyName.GOODPUT
+    scope = KScope(node.choice("scope", KScope.names(), KScope.PER_BATCH if goodput else default.scope))
+    if goodput and scope is not KScope.PER_BATCH:
+        raise node.key_error("scope", "the goodput policy chooses one k for the whole batch", scope, "per_batch")
+    fraction = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
+    raise_above = node.number("raise_above", default.raise_above, **fraction)
+    lower_below = node.number("lower_below", default.lower_below, **fraction)
+    if lower_below > raise_above:
+        raise node.key_error("lower_below", f"must not exceed raise_above ({raise_above:g})", lower_below,
+                             f"0..{raise_above:g}")
+    return KPolicy(policy_name, k, k_max, scope,
+                   node.number("window", default.window, integer=True, minimum=1, exclusive_minimum=False),
+                   raise_above, lower_below, node.boolean("fallback", default.fallback),
+                   node.number("prior_alpha", default.prior_alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True))
 
 
 def read_eligibility(node: Node, default: Eligibility = Eligibility()) -> Eligibility:

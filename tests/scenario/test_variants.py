@@ -83,6 +83,12 @@ def points(scenario: Scenario) -> list[dict]:
              "speculation.k": 2, "speculation.k_max": 6, "engine.max_batch_tokens": 4096},
             {"speculation": None, "speculation.draft": "medusa", "speculation.heads": 4, "speculation.k": 3},
             {"speculation": None, "speculation.draft": "ngram", "speculation.k": 9, "speculation.k_max": 4},
+            {"speculation.policy": "static", "speculation.k": 3, "speculation.k_max": 6},
+            {"speculation.policy": "goodput", "speculation.k": 2, "speculation.k_max": 5,
+             "speculation.eligibility": {"min_sequence_tokens": 64, "min_concurrent_requests": 2}},
+            {"speculation.policy": "adaptive", "speculation.k": 0, "speculation.k_max": 4},
+            {"speculation.policy": "static", "speculation.k": 0, "speculation.k_max": 4},
+            {"speculation.k": 5, "speculation.k_max": 9},
             {"deployment.disaggregation": None, REPLICAS_KEY: 2},
             {"deployment.disaggregation.prefill.replicas": 2, "deployment.disaggregation.decode.replicas": 3},
             {"deployment.disaggregation.decode.replicas": 0}]
