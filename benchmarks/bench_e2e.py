@@ -12,7 +12,11 @@ KV cache: FP8. The source does not state it; TensorRT-LLM's PyTorch backend take
 and NVIDIA lists nvidia/Llama-3.1-8B-Instruct-FP8 among the checkpoints with a quantized KV cache (TensorRT-LLM issue
 4329); its accuracy tests of ModelOpt FP8 checkpoints assert an FP8 cache without asking for one (Mixtral-8x7B-FP8).
 
-Scheduling: TensorRT-LLM's PyTorch backend overlaps each step's CPU work with the next step on the GPU by default
+Scheduling, TensorRT-LLM's defaults (the perf overview sets none of these): admission GUARANTEED_NO_EVICT, each request's
+prompt and output reserved in the KV cache up front and nothing preempted (nvidia.github.io/TensorRT-LLM/performance/
+performance-tuning-guide/useful-runtime-flags.html: "GUARANTEED_NO_EVICT (default)"); chunked prefill off (TorchLlmArgs
+``enable_chunked_prefill: bool = False``, llm-api/reference/TorchLlmArgs.html): whole prompts join a step up to its
+token budget. The PyTorch backend overlaps each step's CPU work with the next step on the GPU by default
 (nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html: "Enabled by default"): ``engine.async_scheduling``.
 
 The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms (``engine.kernels: trtllm``),
@@ -52,7 +56,8 @@ def scenario(model: str, gpu: str, tp: int, isl: int, osl: int) -> dict:
             "model": {"base": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}, "hardware": gpu,
             "deployment": {"replicas": 1, "tensor_parallel": tp},
             "engine": {"kernels": "trtllm", "max_num_seqs": MAX_NUM_SEQS, "max_batch_tokens": MAX_BATCH_TOKENS,
-                       "chunked_prefill": True, "memory_utilization": 0.95, "async_scheduling": True},
+                       "chunked_prefill": False, "admission": "guaranteed_no_evict", "memory_utilization": 0.95,
+                       "async_scheduling": True},
             "workload": {"arrival": {"process": "poisson", "rate": 10}, "num_requests": 1000,
                          "prompt_tokens": isl, "output_tokens": osl}}
 
