@@ -7,22 +7,24 @@ checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, nvidia/Llama-3.3-70B-Instruct-FP8
 nvidia/Llama-3.1-405B-Instruct-FP8), the PyTorch backend with CUDA graphs up to 8,192 sequences, KV cache at up to
 95% of free memory; DGX H100 (80 GB) and DGX H200 (141 GB). The metric is total output tokens per second.
 
-KV cache: FP8. The source does not state it; TensorRT-LLM's PyTorch backend takes the cache dtype from the checkpoint's
-``hf_quant_config.json`` (``kv_cache_quant_algo``, adopted when the run sets none: ``tensorrt_llm/_torch/model_config.py``),
-and NVIDIA lists nvidia/Llama-3.1-8B-Instruct-FP8 among the checkpoints with a quantized KV cache (TensorRT-LLM issue
-4329); its accuracy tests of ModelOpt FP8 checkpoints assert an FP8 cache without asking for one (Mixtral-8x7B-FP8).
+KV cache: FP8. The source does not state it; TensorRT-LLM's PyTorch backend takes the cache dtype from the
+checkpoint's ``hf_quant_config.json`` (``kv_cache_quant_algo``, adopted when the run sets none:
+``tensorrt_llm/_torch/model_config.py``), and NVIDIA lists nvidia/Llama-3.1-8B-Instruct-FP8 among the checkpoints
+with a quantized KV cache (TensorRT-LLM issue 4329); its accuracy tests of ModelOpt FP8 checkpoints assert an FP8
+cache without asking for one (Mixtral-8x7B-FP8).
 
-Scheduling, TensorRT-LLM's defaults (the perf overview sets none of these): admission GUARANTEED_NO_EVICT, each request's
-prompt and output reserved in the KV cache up front and nothing preempted (nvidia.github.io/TensorRT-LLM/performance/
-performance-tuning-guide/useful-runtime-flags.html: "GUARANTEED_NO_EVICT (default)"); chunked prefill off (TorchLlmArgs
-``enable_chunked_prefill: bool = False``, llm-api/reference/TorchLlmArgs.html): whole prompts join a step up to its
-token budget. The PyTorch backend overlaps each step's CPU work with the next step on the GPU by default
+Scheduling, TensorRT-LLM's defaults (the perf overview sets none of these): admission GUARANTEED_NO_EVICT, each
+request's prompt and output reserved in the KV cache up front and nothing preempted
+(nvidia.github.io/TensorRT-LLM/performance/ performance-tuning-guide/useful-runtime-flags.html: "GUARANTEED_NO_EVICT
+(default)"); chunked prefill off (TorchLlmArgs ``enable_chunked_prefill: bool = False``,
+llm-api/reference/TorchLlmArgs.html): whole prompts join a step up to its token budget. The PyTorch backend overlaps
+each step's CPU work with the next step on the GPU by default
 (nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html: "Enabled by default"): ``engine.async_scheduling``.
 
-The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms (``engine.kernels: trtllm``),
-the published tensor-parallel size, the same lengths, every request waiting at time 0; the rate is measured on the
-saturated engine after its ramp-up (:func:`llmsim.search.sustainable_rate.offline_rate`). Prints simulated and
-published tokens/s per cell, their ratio, and the H100/H200 ratio of each (model, lengths) both ways.
+The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms (``engine.kernels:
+trtllm``), the published tensor-parallel size, the same lengths, every request waiting at time 0; the rate is
+measured on the saturated engine after its ramp-up (:func:`llmsim.search.sustainable_rate.offline_rate`). Prints
+simulated and published tokens/s per cell, their ratio, and the H100/H200 ratio of each (model, lengths) both ways.
 
     .venv/bin/python benchmarks/bench_e2e.py [--quick]       (a few minutes on 2 cores; --quick: one length pair)
 """

@@ -58,7 +58,8 @@ class Group:
 
 GROUPS = {g.name: g for g in (
     Group("gemm_bf16", GEMM, "n"), Group("gemm_fp8", GEMM, "n"), Group("gemm_fp8_block", GEMM, "n"),
-    Group("decode_attention", DECODE_ATTENTION, "kv_tokens"), Group("decode_attention_fp8_kv", DECODE_ATTENTION, "kv_tokens"),
+    Group("decode_attention", DECODE_ATTENTION, "kv_tokens"),
+    Group("decode_attention_fp8_kv", DECODE_ATTENTION, "kv_tokens"),
     Group("prefill_attention", PREFILL_ATTENTION, "tokens"),
     Group("all_reduce", ALL_REDUCE, "bytes", True), Group("custom_all_reduce", ALL_REDUCE, "bytes", True),
     Group("all_gather", COLLECTIVE, "bytes", True, False), Group("reduce_scatter", COLLECTIVE, "bytes", True, False),

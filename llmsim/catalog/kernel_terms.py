@@ -23,7 +23,8 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
   place of the roofline's attention efficiency; ``attention.decode_per_kv_head`` (optional): fixed work per
   decoding sequence and KV head on the GPU (a thread block each), on top of ``decode_per_sequence``;
 - ``attention.by_kv_dtype`` (optional): a KV-cache dtype's own decode-attention figures (floor, per sequence, per
-  KV head, bandwidth, efficiency) where its kernels differ (FP8); a model whose cache is in that dtype is priced by them;
+  KV head, bandwidth, efficiency) where its kernels differ (FP8); a model whose cache is in that dtype is priced by
+  them;
 - ``engines`` (optional): another engine's figures laid over this section (``engine.kernels`` in a scenario
   picks one; the section itself is the default engine's, vLLM's);
 - ``step``: the growth of the engine's per-iteration overhead (``overhead.per_step``) with the
@@ -50,6 +51,11 @@ class EngineKernels(enum.Enum):
 
 
 ENGINE_NAMES = tuple(engine.value for engine in EngineKernels)
+# Streaming kernels an engine runs inside another kernel, so that they make no pass over memory of their own.
+# TensorRT-LLM's attention op applies the rotary embedding to the fused QKV as it reads it when its backend supports
+# that, which its default (TRT-LLM) backend does: tensorrt_llm/_torch/modules/attention.py, ``rope_fusion`` ("If
+# rope_fusion is not specified, enable if the attention backend supports it").
+FUSED_STREAM_KERNELS = {EngineKernels.TRTLLM.value: ("rotary",)}
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,7 @@ class KernelTerms:
     # 8-bit GEMMs quantize their 16-bit input in a kernel of their own (3 bytes per element) before they start.
     gemm_quantize_bandwidth_bytes_per_s: float = 0.0
     decode_by_kv_dtype: dict[str, DecodeAttention] = field(default_factory=dict)
+    fused_stream_kernels: tuple[str, ...] = ()      # streaming kinds the engine runs inside other kernels
 
     def for_dtype(self, dtype: str) -> KernelTerms:
         """These terms with the GEMM figures of ``dtype`` where it has its own (else unchanged)."""
@@ -202,7 +209,8 @@ def engine_kernel_terms(node: Node, figure: Callable[..., float], engine_figure:
             raise overlays.key_error(str(name), "expected a mapping of kernels: figures", overlays.data[name],
                                      "gemm, attention, all_reduce, custom_all_reduce ...")
         merged = Node(deep_merge(section, overlays.data[name]), file=node.file, path=overlays.key_path(str(name)))
-        out[str(name)] = _terms_from_section(merged, engine_figure)
+        out[str(name)] = replace(_terms_from_section(merged, engine_figure),
+                                 fused_stream_kernels=FUSED_STREAM_KERNELS.get(str(name), ()))
     return base, out
 
 

@@ -257,7 +257,7 @@ def test_an_fp8_kv_cache_is_priced_by_its_own_decode_kernels():
     measured = rows["measured_s"].to_numpy()
     own = _decode_per_layer_s(CostModel(model, dataclasses.replace(h100, kernels=trtllm)), rows) / measured - 1
     assert np.mean(np.abs(own)) <= 0.15, summary(own)
-    sixteen_bit_terms = dataclasses.replace(trtllm, decode_by_kv_dtype={})
-    old = _decode_per_layer_s(CostModel(model, dataclasses.replace(h100, kernels=sixteen_bit_terms)), rows) / measured - 1
+    sixteen_bit = dataclasses.replace(h100, kernels=dataclasses.replace(trtllm, decode_by_kv_dtype={}))
+    old = _decode_per_layer_s(CostModel(model, sixteen_bit), rows) / measured - 1
     busy = (rows["batch"] >= 256).to_numpy()
     assert (old[busy] >= 0.4).all() and np.median(old[busy]) >= 0.75, summary(old[busy])
