@@ -15,10 +15,13 @@ cache without asking for one (Mixtral-8x7B-FP8).
 
 Scheduling, TensorRT-LLM's defaults (the perf overview sets none of these): admission GUARANTEED_NO_EVICT, each
 request's prompt and output reserved in the KV cache up front and nothing preempted
-(nvidia.github.io/TensorRT-LLM/performance/ performance-tuning-guide/useful-runtime-flags.html: "GUARANTEED_NO_EVICT
-(default)"); chunked prefill off (TorchLlmArgs ``enable_chunked_prefill: bool = False``,
-llm-api/reference/TorchLlmArgs.html): whole prompts join a step up to its token budget. The PyTorch backend overlaps
-each step's CPU work with the next step on the GPU by default
+(nvidia.github.io/TensorRT-LLM/performance/performance-tuning-guide/useful-runtime-flags.html: "GUARANTEED_NO_EVICT
+(default)"); in-flight batching, context and generation requests in one step up to its token budget (the scheduler's
+MicroBatchScheduler returns both for the same step, nvidia.github.io/TensorRT-LLM/torch/scheduler.html; chunked
+prefill is off by default, TorchLlmArgs ``enable_chunked_prefill: bool = False``): the simulator's chunked prefill
+is the closest of its modes (its prefill-first mode runs prompts in steps of their own), differing where a prompt
+meets the budget's edge, which TensorRT-LLM holds back to the next step and the simulator splits. The PyTorch
+backend overlaps each step's CPU work with the next step on the GPU by default
 (nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html: "Enabled by default"): ``engine.async_scheduling``.
 
 The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms (``engine.kernels:
@@ -58,7 +61,7 @@ def scenario(model: str, gpu: str, tp: int, isl: int, osl: int) -> dict:
             "model": {"base": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}, "hardware": gpu,
             "deployment": {"replicas": 1, "tensor_parallel": tp},
             "engine": {"kernels": "trtllm", "max_num_seqs": MAX_NUM_SEQS, "max_batch_tokens": MAX_BATCH_TOKENS,
-                       "chunked_prefill": False, "admission": "guaranteed_no_evict", "memory_utilization": 0.95,
+                       "chunked_prefill": True, "admission": "guaranteed_no_evict", "memory_utilization": 0.95,
                        "async_scheduling": True},
             "workload": {"arrival": {"process": "poisson", "rate": 10}, "num_requests": 1000,
                          "prompt_tokens": isl, "output_tokens": osl}}
