@@ -10,7 +10,7 @@ nvidia/Llama-3.1-405B-Instruct-FP8), the PyTorch backend with CUDA graphs up to 
 KV cache: FP8. The source does not state it; TensorRT-LLM's PyTorch backend takes the cache dtype from the
 checkpoint's ``hf_quant_config.json`` (``kv_cache_quant_algo``, adopted when the run sets none:
 ``tensorrt_llm/_torch/model_config.py``), and NVIDIA lists nvidia/Llama-3.1-8B-Instruct-FP8 among the checkpoints
-with a quantized KV cache (TensorRT-LLM issue 4329); its accuracy tests of ModelOpt FP8 checkpoints assert an FP8
+with a quantized KV cache (NVIDIA/TensorRT-LLM issue 4329); its accuracy tests of ModelOpt FP8 checkpoints assert an FP8
 cache without asking for one (Mixtral-8x7B-FP8).
 
 Scheduling, TensorRT-LLM's defaults (the perf overview sets none of these): admission GUARANTEED_NO_EVICT, each
