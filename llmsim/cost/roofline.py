@@ -205,7 +205,7 @@ class CostModel:
         GEMMs leave the linear rows for :meth:`_gemm_times`; weights streamed from an outer
         tier are read at the fitted bandwidth scaled by that tier's share of the primary one."""
         model, tp = self.model, self.tp
-        kernels = self.kernels = terms.for_dtype(model.weight_dtype)
+        kernels = self.kernels = terms.for_dtype(model.weight_dtype).for_kv_dtype(model.kv_dtype)
         op = {name: i for i, name in enumerate(self.op_names)}
         for name in ("layer.qkv", "layer.out_proj", "layer.mlp", "lm_head"):
             self._compute_time[op[name]] = self._memory_time[op[name]] = 0.0
