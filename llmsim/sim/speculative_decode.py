@@ -42,13 +42,16 @@ from llmsim.cost.roofline import CostModel, summed_iteration
 from llmsim.sim.decode import DecodeSet, StepPrice, new_price
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
-from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks,
-                                            tree_extras)
+from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, move_row,
+                                            open_row, reserve_blocks, tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
 
 
+_GENERATED, _BLOCKS, _PROPOSED_TOTAL, _ACCEPTED_TOTAL = (INT_COLUMNS.index(name) for name in (
+    "generated", "blocks", "proposed_total", "accepted_total"))
+_LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
 _STEP_COLUMNS = (("eligible", bool), ("speculated", bool), ("finished_rows", np.int64))   # this step's: not moved
 
 
@@ -116,12 +119,14 @@ class DecodeSlots:
         for name, dtype in _STEP_COLUMNS:
             setattr(self, name, np.zeros(capacity, dtype=dtype))
 
-    def add(self, request: Request) -> int:
+    def add(self, request: Request, k_policy: int) -> int:
+        """A row for ``request``, which starts decoding from its state now with ``k_policy`` as the policy's k."""
         i = self.n
         if i == self.ints.shape[1]:
             self._grow(2 * i)
-        self.ints[:, i] = 0
-        self.floats[:, i] = 0.0
+        open_row(self.ints, self.floats, i, request.prefill_target, request.generated,
+                 request.output_tokens - request.generated, request.blocks, request.id, k_policy, request.alpha,
+                 request.last_token_s, request.max_itl_s)
         self.requests.append(request)
         request.slot = i
         self.n += 1
@@ -130,8 +135,7 @@ class DecodeSlots:
     def remove(self, i: int) -> None:
         last = self.n - 1
         if i != last:
-            self.ints[:, i] = self.ints[:, last]
-            self.floats[:, i] = self.floats[:, last]
+            move_row(self.ints, self.floats, i, last)
             moved = self.requests[last]
             self.requests[i] = moved
             moved.slot = i
@@ -182,18 +186,7 @@ class SpeculativeDecodeSet(DecodeSet):
 
     # -- joining and leaving ------------------------------------------------------------------------
     def start(self, request: Request) -> None:
-        s = self.slots
-        i = s.add(request)
-        s.context[i] = request.prefill_target
-        s.generated[i] = request.generated
-        s.remaining[i] = request.output_tokens - request.generated
-        s.blocks[i] = request.blocks
-        s.request_id[i] = request.id
-        s.alpha[i] = request.alpha
-        s.k_policy[i] = self.policy.initial_k
-        s.lag[i] = 1                                 # the token just sampled is new to the draft
-        s.last_token_s[i] = request.last_token_s
-        s.max_gap_s[i] = request.max_itl_s
+        self.slots.add(request, self.policy.initial_k)
         self.n += 1
 
     def stop(self, request: Request) -> None:
@@ -203,12 +196,13 @@ class SpeculativeDecodeSet(DecodeSet):
         """Take row ``i`` out, handing the arrays' state back to its request."""
         s = self.slots
         request = s.requests[i]
-        request.generated = int(s.generated[i])
-        request.blocks = int(s.blocks[i])
-        request.last_token_s = float(s.last_token_s[i])
-        request.max_itl_s = float(s.max_gap_s[i])
-        request.draft_tokens += int(s.proposed_total[i])
-        request.accepted_tokens += int(s.accepted_total[i])
+        ints, floats = s.ints[:, i].tolist(), s.floats[:, i].tolist()     # two calls, not six element reads
+        request.generated = ints[_GENERATED]
+        request.blocks = ints[_BLOCKS]
+        request.last_token_s = floats[_LAST_TOKEN_S]
+        request.max_itl_s = floats[_MAX_GAP_S]
+        request.draft_tokens += ints[_PROPOSED_TOTAL]
+        request.accepted_tokens += ints[_ACCEPTED_TOTAL]
         s.remove(i)
         self.n -= 1
         return request

@@ -26,9 +26,31 @@ _CONTEXT, _GENERATED, _REMAINING, _BLOCKS, _K, _ACCEPTED, _LAG, _PROPOSED_TOTAL,
     INT_COLUMNS.index(name) for name in ("context", "generated", "remaining", "blocks", "k", "accepted", "lag",
                                          "proposed_total", "accepted_total"))
 _LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
+_REQUEST_ID, _K_POLICY = INT_COLUMNS.index("request_id"), INT_COLUMNS.index("k_policy")
+_ALPHA = FLOAT_COLUMNS.index("alpha")
 # Feature columns of the draft's rows, as constants for compiled code.
 _ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DECODE_KV_READ, _ROW_LOGITS = (
     DRAFT_ROW_COLUMNS)
+
+
+@numba.njit(cache=True)
+def open_row(ints, floats, i, context, generated, remaining, blocks, request_id, k_policy, alpha, last_token_s,
+             max_gap_s):
+    """Row ``i`` for a sequence that starts decoding: every column 0 but these, and a lag of 1 (the
+    token just sampled is new to the draft). One call, where numpy would take two column writes and
+    a dozen element writes."""
+    ints[:, i] = 0
+    floats[:, i] = 0.0
+    ints[_CONTEXT, i], ints[_GENERATED, i], ints[_REMAINING, i], ints[_BLOCKS, i] = context, generated, remaining, blocks
+    ints[_REQUEST_ID, i], ints[_K_POLICY, i], ints[_LAG, i] = request_id, k_policy, 1
+    floats[_ALPHA, i], floats[_LAST_TOKEN_S, i], floats[_MAX_GAP_S, i] = alpha, last_token_s, max_gap_s
+
+
+@numba.njit(cache=True)
+def move_row(ints, floats, i, last):
+    """Row ``last`` moves into row ``i`` (a removal keeps the rows packed)."""
+    ints[:, i] = ints[:, last]
+    floats[:, i] = floats[:, last]
 
 
 @numba.njit(cache=True)
