@@ -222,9 +222,12 @@ class SpeculativeDecodeSet(DecodeSet):
                 self._force_plain = False
                 return 0
             # Never draft past the last token asked for, nor past the iteration's token budget.
-            needed, drafted, reserved = reserve_blocks(n, self._choose_k(n), s.eligible, s.ints,
-                                                       self.engine.config.max_batch_tokens - n, kv.block_size,
-                                                       kv.free_blocks, self._branching)
+            chosen, marks = self._choose_k(n)
+            needed, drafted, reserved, eligible = reserve_blocks(n, chosen, s.eligible, s.ints,
+                                                                 self.engine.config.max_batch_tokens - n,
+                                                                 kv.block_size, kv.free_blocks, self._branching, marks)
+            if marks >= 0:
+                self._blocked_step = (None, eligible)
             if reserved:
                 break
             if drafted:
@@ -235,20 +238,25 @@ class SpeculativeDecodeSet(DecodeSet):
         kv.allocate(needed)
         return n + drafted
 
-    def _choose_k(self, n: int) -> np.ndarray | None:
-        """The policy's k for each of the ``n`` sequences, or None when none may speculate this step."""
+    def _choose_k(self, n: int) -> tuple[np.ndarray | None, int]:
+        """The policy's k for each of the ``n`` sequences, or None when none may speculate this step;
+        and the ``min_sequence_tokens`` by which :func:`reserve_blocks` is to mark who is eligible
+        (-1: marked here already, for a policy that reads it)."""
         s, rule = self.slots, self.spec.eligibility
         if self._force_plain:
             self._blocked_step = ("kv_cache", 0)
-            return None
+            return None, -1
         if len(self.engine.running) < rule.min_concurrent_requests:
             self._blocked_step = ("min_concurrent_requests", 0)
-            return None
+            return None, -1
+        if not self.policy.reads_eligible:
+            # A sequence that is not eligible drafts nothing whatever the policy chose for it.
+            return self.policy.choose(s, n, s.eligible[:n], self._candidate_times), rule.min_sequence_tokens
         eligible = eligible_rows(n, s.ints, rule.min_sequence_tokens, s.eligible)
         self._blocked_step = (None, eligible)
         if not eligible:
-            return None
-        return self.policy.choose(s, n, s.eligible[:n], self._candidate_times)
+            return None, -1
+        return self.policy.choose(s, n, s.eligible[:n], self._candidate_times), -1
 
     def _count_blocked(self, n: int, n_spec: int) -> None:
         blocked = self.blocked
@@ -306,7 +314,8 @@ class SpeculativeDecodeSet(DecodeSet):
         self._step_ends_s.append(now)
         self._burst_tokens.append(emitted - n)
         kv.free(freed)
-        self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
+        if self.policy.observes:
+            self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
         if finished:
             for i in s.finished_rows[:finished].tolist():
                 self.engine.finish(self._release(i), now)

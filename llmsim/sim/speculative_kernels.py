@@ -80,7 +80,7 @@ def tree_nodes(depth, branching):
 
 
 @numba.njit(cache=True)
-def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, branching=1):
+def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, branching=1, min_sequence_tokens=-1):
     """This step's draft lengths (column ``k``) and, if the free blocks hold them, their KV.
 
     ``chosen`` is the policy's k for every row, or None when nobody speculates. An eligible
@@ -90,9 +90,12 @@ def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, b
     all sequences exceed the iteration's token ``budget`` a common cap on k is lowered until
     they fit, and each sequence then needs the blocks that hold ``context + nodes + 1``
     tokens (the rejected nodes' are given back by :func:`advance_rows`, the accepted path's
-    kept). Returns ``(blocks needed, draft nodes verified, reserved)``: ``blocks`` grows only
-    when all the needed blocks are free.
+    kept). With ``min_sequence_tokens`` >= 0 it first marks ``eligible`` as :func:`eligible_rows`
+    does (for a policy that chooses without reading eligibility: one call instead of two). Returns
+    ``(blocks needed, draft nodes verified, reserved, eligible sequences)`` (the last -1 when
+    ``eligible`` was marked before): ``blocks`` grows only when all the needed blocks are free.
     """
+    count = eligible_rows(n, ints, min_sequence_tokens, eligible) if min_sequence_tokens >= 0 else -1
     k, remaining, context, blocks = ints[_K], ints[_REMAINING], ints[_CONTEXT], ints[_BLOCKS]
     drafted = longest = 0
     for i in range(n):
@@ -119,10 +122,10 @@ def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, b
     for i in range(n):
         needed += max(-(-(context[i] + tree_nodes(k[i], branching) + 1) // block_size) - blocks[i], 0)
     if needed > free_blocks:
-        return needed, drafted, False
+        return needed, drafted, False, count
     for i in range(n):
         blocks[i] += max(-(-(context[i] + tree_nodes(k[i], branching) + 1) // block_size) - blocks[i], 0)
-    return needed, drafted, True
+    return needed, drafted, True, count
 
 
 @numba.njit(cache=True)
