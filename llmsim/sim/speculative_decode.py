@@ -42,16 +42,13 @@ from llmsim.cost.roofline import CostModel, summed_iteration
 from llmsim.sim.decode import DecodeSet, StepPrice, new_price
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
-from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, move_row,
+from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, close_row, eligible_rows,
                                             open_row, reserve_blocks, tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
 
 
-_GENERATED, _BLOCKS, _PROPOSED_TOTAL, _ACCEPTED_TOTAL = (INT_COLUMNS.index(name) for name in (
-    "generated", "blocks", "proposed_total", "accepted_total"))
-_LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
 _STEP_COLUMNS = (("eligible", bool), ("speculated", bool), ("finished_rows", np.int64))   # this step's: not moved
 
 
@@ -132,15 +129,17 @@ class DecodeSlots:
         self.n += 1
         return i
 
-    def remove(self, i: int) -> None:
+    def remove(self, i: int) -> tuple[int, int, float, float, int, int]:
+        """Take row ``i`` out (the last row moves into it); returns what its request keeps, as :func:`close_row`."""
         last = self.n - 1
+        kept = close_row(self.ints, self.floats, i, last)
         if i != last:
-            move_row(self.ints, self.floats, i, last)
             moved = self.requests[last]
             self.requests[i] = moved
             moved.slot = i
         self.requests.pop()
         self.n = last
+        return kept
 
 
 class SpeculativeDecodeSet(DecodeSet):
@@ -196,14 +195,9 @@ class SpeculativeDecodeSet(DecodeSet):
         """Take row ``i`` out, handing the arrays' state back to its request."""
         s = self.slots
         request = s.requests[i]
-        ints, floats = s.ints[:, i].tolist(), s.floats[:, i].tolist()     # two calls, not six element reads
-        request.generated = ints[_GENERATED]
-        request.blocks = ints[_BLOCKS]
-        request.last_token_s = floats[_LAST_TOKEN_S]
-        request.max_itl_s = floats[_MAX_GAP_S]
-        request.draft_tokens += ints[_PROPOSED_TOTAL]
-        request.accepted_tokens += ints[_ACCEPTED_TOTAL]
-        s.remove(i)
+        request.generated, request.blocks, request.last_token_s, request.max_itl_s, proposed, accepted = s.remove(i)
+        request.draft_tokens += proposed
+        request.accepted_tokens += accepted
         self.n -= 1
         return request
 

@@ -47,10 +47,16 @@ def open_row(ints, floats, i, context, generated, remaining, blocks, request_id,
 
 
 @numba.njit(cache=True)
-def move_row(ints, floats, i, last):
-    """Row ``last`` moves into row ``i`` (a removal keeps the rows packed)."""
-    ints[:, i] = ints[:, last]
-    floats[:, i] = floats[:, last]
+def close_row(ints, floats, i, last):
+    """Take row ``i`` out of rows ``[0, last]``, the last row moving into it (the rows stay packed); returns
+    what its request keeps: (generated, blocks, last token time, longest gap, draft tokens proposed and
+    accepted)."""
+    kept = (ints[_GENERATED, i], ints[_BLOCKS, i], floats[_LAST_TOKEN_S, i], floats[_MAX_GAP_S, i],
+            ints[_PROPOSED_TOTAL, i], ints[_ACCEPTED_TOTAL, i])
+    if i != last:
+        ints[:, i] = ints[:, last]
+        floats[:, i] = floats[:, last]
+    return kept
 
 
 @numba.njit(cache=True)
