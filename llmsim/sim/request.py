@@ -133,9 +133,7 @@ class Waiting(Protocol):
 
     length: TimeAverage
 
-    def __len__(self) -> int: ...
-
-    def __bool__(self) -> bool: ...
+    def __len__(self) -> int: ...                # empty is false, as for any sized object
 
     def head(self) -> Request:
         """The request that would leave next (it stays)."""

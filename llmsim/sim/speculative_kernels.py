@@ -41,7 +41,8 @@ def open_row(ints, floats, i, context, generated, remaining, blocks, request_id,
     a dozen element writes."""
     ints[:, i] = 0
     floats[:, i] = 0.0
-    ints[_CONTEXT, i], ints[_GENERATED, i], ints[_REMAINING, i], ints[_BLOCKS, i] = context, generated, remaining, blocks
+    ints[_CONTEXT, i], ints[_GENERATED, i] = context, generated
+    ints[_REMAINING, i], ints[_BLOCKS, i] = remaining, blocks
     ints[_REQUEST_ID, i], ints[_K_POLICY, i], ints[_LAG, i] = request_id, k_policy, 1
     floats[_ALPHA, i], floats[_LAST_TOKEN_S, i], floats[_MAX_GAP_S, i] = alpha, last_token_s, max_gap_s
 
