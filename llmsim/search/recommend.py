@@ -26,7 +26,12 @@ The search (:func:`recommend`):
    at Theorem 3.8's k by the fluid model's goodput across loads (:func:`_draft_screen`); the best
    :data:`DRAFT_TOP` and the best one inside the 20-30% band (bisected to the end: the practice rule
    is judged on it) are simulated with the rest.
-   The bisections race: a setting whose failing rates average below the passing rates of another
+   A probe's verdict is taken on one window when it is decided or when it fails; a pass the window
+   leaves undecided is provisional: the bisection goes on above it, and only the highest pass of a
+   closed bracket, the one the answer rests on, is measured longer (:mod:`llmsim.search.window`),
+   reopening the bracket below it if refuted. A fail taken on its estimate can only lower a goodput
+   (conservative), and the goodput reported is always a rate shown to pass.
+   The bisections race: a setting whose failing rates average at or below the passing rates of another
    that meets the scenario's rate can no longer rank first, and stops (``raced_out``; its goodput is
    then a lower bound). Runs that differ only in a queue timeout none of their requests waited for
    are one run (:func:`llmsim.search.sweeps.reusing_runs`).
