@@ -26,11 +26,9 @@ The search (:func:`recommend`):
    at Theorem 3.8's k by the fluid model's goodput across loads (:func:`_draft_screen`); the best
    :data:`DRAFT_TOP` and the best one inside the 20-30% band (bisected to the end: the practice rule
    is judged on it) are simulated with the rest.
-   A probe's verdict is taken on one window when it is decided or when it fails; a pass the window
-   leaves undecided is provisional: the bisection goes on above it, and only the highest pass of a
-   closed bracket, the one the answer rests on, is measured longer (:mod:`llmsim.search.window`),
-   reopening the bracket below it if refuted. A fail taken on its estimate can only lower a goodput
-   (conservative), and the goodput reported is always a rate shown to pass.
+   A probe the window leaves undecided is measured longer only while its estimate passes
+   (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
+   taken on its estimate can only lower it.
    The bisections race: a setting whose failing rates average at or below the passing rates of another
    that meets the scenario's rate can no longer rank first, and stops (``raced_out``; its goodput is
    then a lower bound). Runs that differ only in a queue timeout none of their requests waited for
@@ -97,8 +95,8 @@ from llmsim.scenario.overrides import variant
 from llmsim.search.draft_choice import (NONE, Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (ESCALATIONS, Judged, Verdict, Window, judge, measurement_window,
-                                  simulate_until_decided, typical_latency_s)
+from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
+                                  typical_latency_s)
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
 from llmsim.workload.generate import generate_trace
@@ -340,7 +338,8 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     if last == len(rates) - 1:
         return float(rates[-1])
     fine = np.linspace(rates[last], rates[last + 1], 17)
-    return float(fine[np.flatnonzero(passing(fine))[-1]]) if passing(fine).any() else float(rates[last])
+    fine_ok = passing(fine)
+    return float(fine[np.flatnonzero(fine_ok)[-1]]) if fine_ok.any() else float(rates[last])
 
 
 def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
@@ -693,30 +692,16 @@ class _Search:
         start = {c: start_rate_per_s if start_rate_per_s is not None else
                  guess[c] * scale if guess[c] > 0 else self.rate for c in todo}
         brackets = {(c, s): _Bracket() for c in todo for s in self.seeds}
-        rounds = 0
-        while rounds < 20:
+        for _ in range(20):
             if self.racing:
                 self.race(todo, brackets)
             jobs = [(key, rate) for key, bracket in brackets.items()
                     if (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
-            if jobs:
-                rounds += 1
-                points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
-                for ((c, s), rate), judged in zip(jobs, self.judge(points)):
-                    brackets[(c, s)].record(rate, judged)
-                continue
-            # Every bracket has closed: measure longer the passes left undecided that an answer rests on.
-            pending = [(key, bracket.passing, judged) for key, bracket in brackets.items()
-                       if not bracket.raced_out and (judged := bracket.pending()) is not None]
-            if not pending:
+            if not jobs:
                 break
-            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate, _ in pending]
-            for ((c, s), rate, _), judged in zip(pending, self.judge(points, [j.window.longer() for *_, j in pending],
-                                                                     ESCALATIONS - 1)):
-                brackets[(c, s)].record(rate, judged, provisional=False)
-        for bracket in brackets.values():
-            if bracket.raced_out:                # its lower bound: what was shown to pass
-                bracket.passes = {rate: seen for rate, seen in bracket.passes.items() if seen.undecided is None}
+            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
+            for ((c, s), rate), judged in zip(jobs, self.judge(points)):
+                brackets[(c, s)].record(rate, judged.verdict.met, judged.rows.iloc[0])
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
             rates = np.array([b.passing for b in runs])
@@ -734,7 +719,7 @@ class _Search:
                                "max_rate_per_s.ci95": _ci(rates, self.tolerance * rates.mean()),
                                "usd_per_million_output_tokens": float(np.nanmean(cost)) if np.isfinite(cost).any()
                                else math.nan,
-                               "meets_scenario_rate": all(rate >= self.rate for rate in rates),
+                               "meets_scenario_rate": all(b.meets(self.rate) for b in runs),
                                "per_seed_rates": tuple(rates), "raced_out": runs[0].raced_out}
 
     def race(self, todo: Sequence[Config], brackets: dict) -> None:
@@ -749,8 +734,8 @@ class _Search:
 
         def incumbent(among) -> float:
             lows = [r["max_rate_per_s"] for c, r in self.results.items() if r["meets_scenario_rate"] and among(c)]
-            lows += [mean(brackets[(c, s)].confirmed_passing for s in self.seeds) for c in todo
-                     if among(c) and all(brackets[(c, s)].confirmed_passing >= self.rate for s in self.seeds)]
+            lows += [mean(brackets[(c, s)].passing for s in self.seeds) for c in todo
+                     if among(c) and all(brackets[(c, s)].meets(self.rate) for s in self.seeds)]
             return max(lows, default=-math.inf)     # none yet: nothing is stopped
 
         best, best_default = incumbent(lambda c: True), incumbent(lambda c: c in self.defaults)
@@ -823,19 +808,17 @@ class _Search:
         for c, one in zip(todo, judged):
             self.screened[(c, rate)] = one.verdict
 
-    def judge(self, points: list[dict], windows: Sequence[Window] | None = None,
-              escalations: int = 0) -> list[Judged]:
-        """Each point (one rate and seed) simulated over ``windows``, by default a window that follows its
-        rate, and longer up to ``escalations`` times while it passes undecided (:mod:`llmsim.search.window`);
-        an undecided fail is taken as failed."""
+    def judge(self, points: list[dict]) -> list[Judged]:
+        """Each point (one rate and seed) simulated over a window that follows its rate, longer while
+        it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed."""
         rates = [point[RATE_KEY] for point in points]
-        if windows is None:
-            windows = []
-            for point, rate in zip(points, rates):
-                at_rate = variant(self.scenario, point)
-                windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
+        windows = []
+        for point, rate in zip(points, rates):
+            at_rate = variant(self.scenario, point)
+            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
+
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
-                                      progress=self.progress, escalations=escalations, escalate_failing=False)
+                                      progress=self.progress, escalate_failing=False)
 
     def simulate(self, points: list[dict]) -> pd.DataFrame:
         """The points simulated, each counted on the search's progress as it finishes."""
@@ -876,44 +859,13 @@ class _Search:
         return pd.DataFrame(out)
 
 
-@dataclass(frozen=True)
-class _Pass:
-    """A rate seen to pass: the dollars per million output tokens there, and the run it rests on while it
-    passed undecided on a window that can be made longer (None once decided)."""
-    usd_per_million: float
-    undecided: Judged | None
-
-
 class _Bracket:
-    """One (configuration, seed): the rates seen to pass and the lowest seen to fail.
-
-    A pass left undecided by its window is provisional: the bisection goes on from it, and only the
-    highest pass, the one the answer rests on, is measured longer once the bracket has closed
-    (``_Search.evaluate``); refuted, it counts as a fail and the bracket opens again below it."""
+    """One (configuration, seed): the highest rate seen to pass and the lowest seen to fail."""
 
     def __init__(self):
-        self.passes: dict[float, _Pass] = {}
-        self.failing = math.inf
+        self.passing, self.failing = 0.0, math.inf
+        self.usd_per_million = math.nan         # at the highest passing rate
         self.raced_out = False                  # stopped: it cannot be the best (``_Search.race``)
-
-    @property
-    def passing(self) -> float:
-        """The highest rate seen to pass (0 if none)."""
-        return max(self.passes, default=0.0)
-
-    @property
-    def confirmed_passing(self) -> float:
-        """The highest rate shown to pass beyond doubt or on the longest window (0 if none)."""
-        return max((rate for rate, seen in self.passes.items() if seen.undecided is None), default=0.0)
-
-    @property
-    def usd_per_million(self) -> float:
-        """At the highest passing rate."""
-        return self.passes[self.passing].usd_per_million if self.passes else math.nan
-
-    def pending(self) -> Judged | None:
-        """The run of the highest pass while it is provisional."""
-        return self.passes[self.passing].undecided if self.passes else None
 
     def next_rate(self, start: float, own: float, tolerance: float) -> float | None:
         """The next rate to simulate, or None when done. A setting that fails at the scenario's
@@ -936,16 +888,15 @@ class _Bracket:
             return own
         return None
 
-    def record(self, rate: float, judged: Judged, provisional: bool = True) -> None:
-        """A run at ``rate``; ``provisional``: an undecided pass may still be measured longer."""
-        verdict = judged.verdict
-        if verdict.met:
-            undecided = provisional and not verdict.decided and judged.window.lengthens(rate)
-            self.passes[rate] = _Pass(float(judged.rows.iloc[0][names.USD_PER_MILLION_OUTPUT_TOKENS]),
-                                      judged if undecided else None)
-        else:
-            self.passes.pop(rate, None)         # a provisional pass refuted by a longer window
-            self.failing = min(self.failing, rate)
+    def record(self, rate: float, met: bool, row) -> None:
+        if met and rate > self.passing:
+            self.passing = rate
+            self.usd_per_million = float(row[names.USD_PER_MILLION_OUTPUT_TOKENS])
+        if not met and rate < self.failing:
+            self.failing = rate
+
+    def meets(self, own: float) -> bool:
+        return own <= self.passing
 
 
 def _policy_table(classes: ClassSearch, table: pd.DataFrame, at_rate: pd.DataFrame, scenario: Scenario) -> pd.DataFrame:

@@ -3,14 +3,9 @@ setting with the same per-seed goodput, and every setting it stopped early is be
 bisected to the end."""
 from __future__ import annotations
 
-import pandas as pd
-
-from llmsim.analysis import names
 from llmsim.config.progress import QUIET
-from llmsim.search import recommend as module
 from llmsim.search.recommend import OFF, Config, _Search
 from llmsim.search.sweeps import reusing_runs
-from llmsim.search.window import Judged, Verdict
 from tests.helpers import make_scenario
 
 
@@ -51,40 +46,3 @@ def test_defaults_race_among_themselves_and_keep_the_best_default():
     full = exhaustive.set_index(exhaustive["config"].map(lambda c: c.label))
     for config in raced[raced["raced_out"]]["config"]:
         assert full.loc[config.label, "max_rate_per_s"] < exhaustive["max_rate_per_s"].iloc[0]
-
-
-def test_an_undecided_pass_is_measured_longer_only_where_the_answer_rests_on_it(monkeypatch):
-    """A bisection against a known boundary (10 req/s): below 9 every window passes beyond doubt; in [9, 10)
-    the first window passes undecided and a longer one confirms it; in [10, 11) the first window passes
-    undecided but a longer one fails (a short window passes what a long one fails); above, every window
-    fails. The answer per seed is below the boundary and within the tolerance of it, and a provisional
-    pass that a higher pass overtook is never measured longer."""
-    boundary, tolerance = 10.0, 0.04
-    first_windows, longer, undecided_passes = set(), [], []
-
-    def fake(scenario, points, windows, rates, **kwargs):
-        out = []
-        for point, window, rate in zip(points, windows, rates):
-            key = (rate, point["seed"])
-            long = key in first_windows
-            first_windows.add(key)
-            if long:
-                longer.append(key)
-            if rate < 0.9 * boundary or (long and rate < boundary):
-                verdict = Verdict(met=True, decided=True, steady=True)
-            elif rate < 1.1 * boundary and not long:
-                verdict = Verdict(met=True, decided=False, steady=True)
-                undecided_passes.append(key)
-            else:
-                verdict = Verdict(met=False, decided=True, steady=True)
-            out.append(Judged(verdict, pd.DataFrame({names.USD_PER_MILLION_OUTPUT_TOKENS: [1.0]}), window))
-        return out
-    monkeypatch.setattr(module, "simulate_until_decided", fake)
-    scenario = make_scenario({"workload": {"arrival": {"rate": 5.0}, "num_requests": 300},
-                              "slo": {"ttft": "300 ms", "tpot": "30 ms"}})
-    search = _Search(scenario, [11, 12], "goodput", 1, tolerance, QUIET)
-    config = Config(OFF, 1024, None)
-    search.evaluate([config], start_rate_per_s=5.0)
-    for rate in search.results[config]["per_seed_rates"]:
-        assert boundary / (1 + tolerance) <= rate < boundary
-    assert longer and len(longer) < len(undecided_passes)
