@@ -25,6 +25,7 @@ from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSumma
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
+from llmsim.config.policies import DraftPlacement
 from llmsim.scenario.scenario import SLO, Scenario
 from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.slo import slo_limits, within_limit
@@ -422,7 +423,7 @@ def speculation_summary(scenario, sums: dict[str, float], blocked: SpeculationSt
         mean_k=_ratio(proposed, steps),
         speculating_fraction=_ratio(steps, decode_steps),
         draft_time_share=draft_share,
-        verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
+        verify_time_share=1.0 - draft_share if spec.placement is DraftPlacement.COLOCATED else math.nan,
         blocked_share=blocked.shares() if blocked is not None else {},
         warning=_rarely_speculating(spec, blocked),
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 import textwrap
 
+from llmsim.config.policies import RolloutRole
+
 WIDTH = 120                 # a terminal's columns: longer lines wrap under their label
 
 
@@ -212,7 +214,7 @@ def rollout_table(rollout: dict) -> str:
     for name, g in groups.items():
         if "comparison" not in g:
             continue
-        how = "paired on the requests it copied" if g["role"] == "shadow" else "independent samples"
+        how = "paired on the requests it copied" if g["role"] == RolloutRole.SHADOW else "independent samples"
         lines += ["", f"{name} - control ({how}; ms, attainment in points)"]
         head = f"{'metric':<12}{'stat':<6}{'control':>10}{g['role']:>10}{'diff':>10}{'95% interval':>22}{'p':>9}  test"
         lines += [head, "-" * len(head)]

@@ -16,13 +16,13 @@ from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
-from llmsim.config.policies import (Admission, Batching, OnTimeout, PreemptionMode, RouterPolicy,
+from llmsim.config.policies import (Admission, Batching, ControllerKnob, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
 from llmsim.errors import ConfigError
 from llmsim.scenario.disaggregation import Disaggregation, Pool, disaggregation_from_node
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
-from llmsim.scenario.control import (SPECULATION_K, AutoscalingConfig, ControllerConfig, autoscaling_from_node,
+from llmsim.scenario.control import (AutoscalingConfig, ControllerConfig, autoscaling_from_node,
                                     controller_from_node)
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
@@ -241,7 +241,7 @@ class Scenario:
         """This scenario without speculation: a controller that moves the draft length goes with it
         (plain decoding has no draft length to move)."""
         controller = self.controller
-        if controller is not None and controller.knob == SPECULATION_K:
+        if controller is not None and controller.knob is ControllerKnob.SPECULATION_K:
             controller = None
         return replace(self, speculation=None, controller=controller)
 

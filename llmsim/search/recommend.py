@@ -84,7 +84,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.config.policies import KPolicyName, SchedulingPolicy
+from llmsim.config.policies import KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
@@ -92,17 +92,17 @@ from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
-from llmsim.search.draft_choice import (NONE, Candidate, candidate_overrides, candidates, cost_ratio, in_band,
+from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
 from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
                                   typical_latency_s)
+from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
+from llmsim.speculation.proposers import MODEL
 from llmsim.workload.generate import generate_trace
 
-OBJECTIVES = ("goodput", "cost")     # the first is the default
-SEARCHES = ("all", "classes")         # everything (the default), or only the policy and the class timeouts
 SEEDS, TOP = 3, 3                     # seeds per setting; analytic best settings to simulate
 TIMEOUTS_S = (0.05, 0.2, 1.0)
 IDLE_TIMEOUTS_S = (0.5, 2.0, 10.0)    # CPU offload: how long a cached block idles before it moves to host memory
@@ -218,13 +218,13 @@ class Recommendation:
     table: pd.DataFrame            # every simulated configuration, best first
     defaults: pd.DataFrame         # the rule-of-thumb rows of the table
     at_scenario_rate: pd.DataFrame  # the best and the best default, re-simulated at the scenario's rate
-    objective: str
+    objective: Objective
     improvement: float             # best over the best default (goodput ratio - 1, or cost saving)
     improvement_ci95: float        # half-width across seeds, paired, at least the bisection's resolution
     analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
     runtime_s: float
     drafts: DraftSearch | None = None   # with drafts=True on a speculating scenario: proposer and eligibility
-    search: str = SEARCHES[0]
+    search: SearchScope = SearchScope.ALL
     # With traffic classes: the joint class search, and per scheduling policy its best class timeouts, their
     # goodput and each class's attainment at the scenario's rate (best first): why the policy won.
     classes: ClassSearch | None = None
@@ -234,7 +234,7 @@ class Recommendation:
     def gain_verdict(self) -> str:
         """Whether the gain over the rule of thumb is significant, in words (a goodput gain is, when its
         95% interval excludes 0; a cost saving or a single replication has no interval)."""
-        what = "goodput gain" if self.objective == "goodput" else "cost saving"
+        what = "goodput gain" if self.objective is Objective.GOODPUT else "cost saving"
         if not math.isfinite(self.improvement_ci95):
             return f"the {what} has no interval (one replication): not shown to be significant"
         if abs(self.improvement) > self.improvement_ci95:
@@ -342,9 +342,10 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     return float(fine[np.flatnonzero(fine_ok)[-1]]) if fine_ok.any() else float(rates[last])
 
 
-def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
+def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = Objective.GOODPUT,
+              seeds: int | Sequence[int] = SEEDS,
               top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
-              progress: Progress = QUIET, drafts: bool = False, search: str = SEARCHES[0],
+              progress: Progress = QUIET, drafts: bool = False, search: str | SearchScope = SearchScope.ALL,
               class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S) -> Recommendation:
     """Search k, max batch tokens and queue timeout, and with traffic classes the scheduling policy and
     each class's queue timeout (see the module docstring).
@@ -362,16 +363,13 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
     started = time.perf_counter()
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
-    if objective not in OBJECTIVES:
-        raise ConfigError("unknown objective", key="objective", value=objective, allowed=", ".join(OBJECTIVES))
-    if search not in SEARCHES:
-        raise ConfigError("unknown search", key="search", value=search, allowed=", ".join(SEARCHES))
+    objective, search = Objective.of(objective, "objective"), SearchScope.of(search, "search")
     class_timeouts_s = tuple(sorted({float(t) for t in class_timeouts_s}))
     if not class_timeouts_s or not all(0 < t <= MAX_CLASS_TIMEOUT_S for t in class_timeouts_s) \
             or len(class_timeouts_s) > MAX_CLASS_TIMEOUTS:
         raise ConfigError("bad queue timeouts to search", key="class_timeouts_s", value=list(class_timeouts_s),
                           allowed=f"1 to {MAX_CLASS_TIMEOUTS} durations in (0, {MAX_CLASS_TIMEOUT_S:g} s]")
-    if search == "classes" and not scenario.workload.classes:
+    if search is SearchScope.CLASSES and not scenario.workload.classes:
         raise ConfigError("the scenario has no traffic classes to search", file=scenario.path, key="workload.classes",
                           has_value=False, allowed="workload.classes (two or more), or --search all")
     if not scenario.slo.defined:
@@ -390,12 +388,12 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
     # ``progress`` counts every simulation of the search, its total growing as the bisections ask for more.
     # A run the search asks for twice (a screened candidate's first bisection step, at the probe rate) runs once.
-    speculating = drafts and search == "all" and scenario.speculation is not None
+    speculating = drafts and search is SearchScope.ALL and scenario.speculation is not None
     with reusing_runs():
         searcher = _Search(scenario, seed_list, objective, workers, tolerance, progress,
-                           own_settings=search == "classes", class_timeouts_s=class_timeouts_s)
+                           own_settings=search is SearchScope.CLASSES, class_timeouts_s=class_timeouts_s)
         analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
-        if search == "all":
+        if search is SearchScope.ALL:
             # 1. the coarse grid, scored by the fluid model
             grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
             analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
@@ -433,7 +431,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         best_default = default_rows.iloc[0]
         best_row = table.iloc[0]
         with np.errstate(divide="ignore", invalid="ignore"):     # a default that never passes: an infinite gain
-            if objective == "goodput":
+            if objective is Objective.GOODPUT:
                 gains = np.array(best_row["per_seed_rates"]) / np.array(best_default["per_seed_rates"]) - 1.0
                 improvement = np.float64(best_row["max_rate_per_s"]) / best_default["max_rate_per_s"] - 1.0
             else:
@@ -445,7 +443,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         policies = _policy_table(classes, table, at_rate, scenario) if classes is not None else None
         advice = DraftSearch.of(screened, searcher.table(), scenario) if speculating else None
         # each seed's rate is known to the bisection's tolerance, so a gain to about (1 + gain) x tolerance
-        resolution = (1 + improvement) * tolerance if objective == "goodput" else 0.0
+        resolution = (1 + improvement) * tolerance if objective is Objective.GOODPUT else 0.0
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement),
                               _ci(gains, resolution),
                               analytic, time.perf_counter() - started, advice, search, classes, policies)
@@ -482,8 +480,8 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
 
 def _acceptance_workload(scenario: Scenario) -> str:
     """The workload the scenario's predicted acceptance names, else chat: what candidates are predicted for."""
-    given = ((scenario.source or {}).get("speculation") or {}).get("acceptance") or {}
-    return given.get("workload", "chat") if given.get("process") == "predicted" else "chat"
+    acceptance = scenario.speculation.acceptance if scenario.speculation is not None else None
+    return acceptance.workload if acceptance is not None else WORKLOADS[0]
 
 
 def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) -> pd.DataFrame:
@@ -492,7 +490,7 @@ def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) 
     static k, scored by the fluid model's goodput across loads at ``max_batch_tokens``; best first. A draft
     that leaves no KV room for one longest request is left out."""
     workload = _acceptance_workload(scenario)
-    options = [c for c in candidates(scenario, workload, own_draft=False) if c.kind != NONE]
+    options = [c for c in candidates(scenario, workload, own_draft=False) if c.kind is not None]
     options += in_band_candidates(scenario.model, workload)
     context = float(np.mean(searcher.trace.prompt_tokens) + np.mean(searcher.trace.output_tokens) / 2)
     rows = []
@@ -504,7 +502,7 @@ def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) 
         config = Config(KChoice(KPolicyName.STATIC, k), max_batch_tokens, None, draft=candidate)
         rows.append({"candidate": candidate.label, "kind": candidate.kind,
                      "params_ratio": (candidate.draft.param_count / scenario.model.param_count
-                                      if candidate.kind == "model" and candidate.draft is not None else math.nan),
+                                      if candidate.kind is MODEL and candidate.draft is not None else math.nan),
                      "alpha": candidate.alpha, "c": c, "k": k, "speedup_theorem_3_8": speedup,
                      "analytic_rate_per_s": searcher.analytic(config), "in_band": in_band(candidate, scenario.model),
                      "config": config})
@@ -638,11 +636,11 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
 class _Search:
     """Simulated highest passing rate per (configuration, seed), bisected for all at once."""
 
-    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float,
+    def __init__(self, scenario: Scenario, seeds: list[int], objective: Objective, workers, tolerance: float,
                  progress: Progress, own_settings: bool = False,
                  class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S, racing: bool = True):
         self.scenario, self.seeds, self.objective = scenario, seeds, objective
-        self.racing = racing and objective == "goodput"     # cost ranks by dollars: every goodput is needed
+        self.racing = racing and objective is Objective.GOODPUT     # cost ranks by dollars: every goodput is needed
         self.protected: set[Config] = set()                 # bisected to the end, like the defaults
         self.workers, self.tolerance, self.progress = workers, tolerance, progress
         self.class_timeouts_s = tuple(class_timeouts_s)
@@ -830,7 +828,7 @@ class _Search:
     def table(self) -> pd.DataFrame:
         frame = pd.DataFrame(list(self.results.values()))
         frame["default"] = [c in self.defaults for c in frame["config"]]
-        if self.objective == "goodput":
+        if self.objective is Objective.GOODPUT:
             order = frame.sort_values(["meets_scenario_rate", "max_rate_per_s"], ascending=[False, False],
                                       kind="stable")
         else:

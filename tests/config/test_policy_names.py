@@ -13,7 +13,7 @@ import llmsim
 from llmsim.config.policies import Choice
 
 PACKAGE = Path(llmsim.__file__).parent
-CHECKED = ("sim", "cost", "analysis")
+CHECKED = ("sim", "cost", "analysis", "speculation")
 
 
 def _policy_names() -> set[str]:
