@@ -263,7 +263,7 @@ class StreamedRun:
         self.generated_tokens = 0.0
         self.class_counts: dict[str, dict[str, int]] = {}
         self.max_queue_length = 0
-        self.gaps: InterTokenGaps | None = None
+        self._pending_gaps = InterTokenGaps()      # inter-token gaps that may end after the run
         self.end_s = math.nan
 
     def begin(self, scenario: Scenario, window_s: float, warmup_s: float) -> None:
@@ -279,6 +279,10 @@ class StreamedRun:
                        _Iterations(start, stop)) for start, stop, closed in cuts]
         self.class_counts = {name: dict.fromkeys(("arrived", "finished", "rejected", "unfinished"), 0)
                              for name in names}
+        # The inter-token gaps by when the token appeared: before the warm-up ends, in the window
+        # (its ends included), after it; a summary measuring the whole run merges them.
+        self._gap_cuts = [warmup_s, window_s] if window_s - warmup_s > 0 else []
+        self._gap_sketches = [QuantileSketch() for _ in range(len(self._gap_cuts) + 1)]
 
     def records(self, frame: pd.DataFrame) -> None:
         for writer in self.writers:
@@ -321,16 +325,34 @@ class StreamedRun:
             self.max_queue_length = max(self.max_queue_length, int(lengths.max()))
         self.series.queue(times_s, lengths)
 
-    def close(self, end_s: float, gaps: InterTokenGaps) -> None:
+    def gaps(self, gaps: InterTokenGaps, settled_s: float) -> None:
+        """Inter-token gaps (:class:`~llmsim.sim.request.InterTokenGaps`); those of tokens that appeared
+        after ``settled_s`` are held for the summary, which knows where its window ends."""
+        for end, gap, weight in gaps.chunks():
+            later = end > settled_s
+            if later.any():
+                self._pending_gaps.add(end[later], gap[later], weight[later])
+                end, gap, weight = end[~later], gap[~later], weight[~later]
+            # The part each token falls in: 0 before the warm-up ends, 1 up to the window's end, 2 after.
+            part = np.zeros(len(end), np.int64)
+            if self._gap_cuts:
+                warmup_s, window_s = self._gap_cuts
+                part += end >= warmup_s
+                part += end > window_s
+            for index, sketch in enumerate(self._gap_sketches):
+                mine = part == index
+                sketch.add(gap[mine], weight[mine])
+
+    def close(self, end_s: float) -> None:
         """The run ended at ``end_s``: iterations that ended after it are dropped (as a run kept whole
-        drops them); the inter-token gaps are kept for the summary."""
+        drops them)."""
         for rows in self._pending:
             end = rows[:, _COLUMN["start_s"]] + rows[:, _COLUMN["duration_s"]]
             self._add_iterations(rows[end <= end_s], end[end <= end_s])
         self._pending = []
         for writer in self.writers:
             writer.close()
-        self.gaps, self.end_s = gaps, end_s
+        self.end_s = end_s
 
     @staticmethod
     def _class_summary(group: _Requests, counts: dict[str, int], window: float) -> ClassSummary:
@@ -346,7 +368,8 @@ class StreamedRun:
         """The run's summary (``result``: the simulation's, its tables empty)."""
         scenario = result.scenario
         start, stop = measurement_window(result)
-        if stop - start <= 0 or len(self.parts) == 1:        # a degenerate window: measure the whole run
+        whole = stop - start <= 0 or len(self.parts) == 1
+        if whole:                                            # a degenerate window: measure the whole run
             start, stop = 0.0, max(result.end_s, 1e-12)
             groups, iterations = self.parts[0]
             for later_groups, later_iterations in self.parts[1:]:
@@ -359,10 +382,12 @@ class StreamedRun:
         overall = groups[None]
         counts = RequestCounts(arrived=self.arrived, not_arrived=int(result.planned_requests - self.arrived),
                                **self.counts, preemptions=int(result.preemptions))
-        if self.gaps is None:
+        if math.isnan(self.end_s):
             raise RuntimeError("a streamed run's summary is made after the run (close)")
         itl = QuantileSketch()
-        for end, gap, weight in self.gaps.chunks():
+        for part in self._gap_sketches if whole else self._gap_sketches[1:2]:
+            itl.merge(part)
+        for end, gap, weight in self._pending_gaps.chunks():
             inside = (end >= start) & (end <= stop)
             itl.add(gap[inside], weight[inside])
         latency = Latency(**{name: overall.distribution(name) for name in LATENCY_COLUMNS}, itl_s=sketched(itl))
