@@ -85,14 +85,15 @@ class _Requests:
         self.offered += len(steady)
         self.done += len(done)
         self.done_tokens += float(done["output_tokens"].sum())
+        # Copies: a column's values may be a view of the chunk's whole block of columns, kept alive with it.
         attained, targets, good, good_tokens = slo_hits(steady, self.slo)
-        self.attained.append(attained.to_numpy(bool))
+        self.attained.append(attained.to_numpy(bool, copy=True))
         for metric, hits in targets.items():
-            self.targets.setdefault(metric, []).append(hits.to_numpy(bool))
+            self.targets.setdefault(metric, []).append(hits.to_numpy(bool, copy=True))
         self.good += good
         self.good_tokens += good_tokens
         if self.ttft is not None:
-            self.ttft.append(steady["ttft_s"].to_numpy())
+            self.ttft.append(steady["ttft_s"].to_numpy(copy=True))
 
     def merge(self, later: _Requests) -> None:
         """Add the sums of the part of the run after this one (its requests arrived later)."""
