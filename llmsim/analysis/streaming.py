@@ -138,7 +138,11 @@ class _Iterations:
 
     def add(self, rows: np.ndarray, end: np.ndarray) -> None:
         c = _COLUMN
-        part = iteration_overlap(rows[:, c["start_s"]], end, rows[:, c["duration_s"]], rows[:, c["flops"]],
+        starts = rows[:, c["start_s"]]
+        # Rows all before the part, or all after it (none ending at its end): nothing to add.
+        if not len(end) or end.max() <= self.start or (starts.min() >= self.stop and end.min() > self.stop):
+            return
+        part = iteration_overlap(starts, end, rows[:, c["duration_s"]], rows[:, c["flops"]],
                                  rows[:, c["bytes"]], rows[:, c["kv_used_blocks"]],
                                  rows[:, c["decode_seqs"]] + rows[:, c["prefill_seqs"]], self.start, self.stop)
         self.overlap = _combined(self.overlap, part)
