@@ -191,3 +191,27 @@ def test_llmsim_run_refuses_what_a_streamed_run_cannot_write(tmp_path, monkeypat
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--iterations"]) == 2
     assert "--iterations" in capsys.readouterr().err
     assert not (tmp_path / "out" / "requests.csv").exists()
+
+
+def test_a_streamed_run_takes_every_inter_token_gap_once_and_most_before_it_ends(monkeypatch):
+    """The engines hand their gaps over as the run goes (the stream folds them into sketches), so the
+    run does not keep a gap per decode step to its end: every token's gap arrives exactly once (the
+    weights sum to the run kept whole's), and most of them before the last records chunk is written."""
+    scenario = make_scenario(CASES["plain"])
+    kept = simulate(scenario)
+    frames = Frames()
+    stream = StreamedRun([frames], chunk_rows=97, bin_s=5.0)
+    received: list[tuple[int, float]] = []           # (records chunks written so far, tokens' gaps taken)
+    take = StreamedRun.gaps
+
+    def gaps(self, gaps, settled_s):
+        received.append((len(frames.frames), sum(float(weight.sum()) for _, _, weight in gaps.chunks())))
+        take(self, gaps, settled_s)
+
+    monkeypatch.setattr(StreamedRun, "gaps", gaps)
+    simulate(scenario, stream=stream)
+    total = sum(float(weight.sum()) for _, _, weight in kept.inter_token_gaps.chunks())
+    assert sum(tokens for _, tokens in received) == total
+    chunks = len(frames.frames)
+    assert chunks > 5
+    assert sum(tokens for written, tokens in received if written < chunks - 1) > 0.5 * total
