@@ -24,6 +24,8 @@ record as it decides), a tiered KV cache (prefix caching, a host tier, swap) or 
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -222,6 +224,42 @@ class TimeSeries:
                 "max_queue_length": c["max_queue_length"].astype(np.int64)})
 
 
+_QUOTED = re.compile(r'[,"\r\n]')      # a field with one of these is quoted by pandas (csv.QUOTE_MINIMAL)
+
+
+def _csv_fields(values: np.ndarray) -> list[str] | None:
+    """A column's fields as ``DataFrame.to_csv`` writes them (floats in Python's shortest repr, which
+    is numpy's; missing values empty), or None where it would quote one or the values are not
+    numbers, booleans or strings."""
+    kind = values.dtype.kind
+    if kind == "f":
+        fields = list(map(repr, values.tolist()))
+        for i in np.flatnonzero(np.isnan(values)).tolist():
+            fields[i] = ""
+        return fields
+    if kind in "iub":
+        return list(map(str, values.tolist()))
+    if kind != "O":
+        return None
+    fields = ["" if value is None or value is pd.NA or (type(value) is float and value != value) else value
+              for value in values.tolist()]
+    if not all(type(field) is str for field in fields) or _QUOTED.search("".join(fields)):
+        return None
+    return fields
+
+
+def csv_text(frame: pd.DataFrame, header: bool) -> str:
+    """``frame.to_csv(index=False, header=header)``'s text, formatted column by column where pandas'
+    writer would only repeat the same conversions row by row (its float formatting is the costly part)."""
+    columns = [_csv_fields(frame[name].to_numpy()) for name in frame.columns]
+    names = [str(name) for name in frame.columns]
+    if any(fields is None for fields in columns) or _QUOTED.search("".join(names)) or not len(frame.columns):
+        return frame.to_csv(index=False, header=header, lineterminator=os.linesep)
+    lines = [",".join(names)] if header else []
+    lines.extend(map(",".join, zip(*columns)))     # type: ignore[arg-type]   # None ruled out above
+    return os.linesep.join(lines) + os.linesep if lines else ""
+
+
 class RecordsWriter:
     """Per-request records written chunk by chunk: CSV (one header, the rows as one ``to_csv`` of the
     whole table writes them) or Parquet (one row group per chunk; needs pyarrow)."""
@@ -235,7 +273,7 @@ class RecordsWriter:
 
     def write(self, frame: pd.DataFrame) -> None:
         if self._file is not None:
-            frame.to_csv(self._file, index=False, header=self._file.tell() == 0)
+            self._file.write(csv_text(frame, header=self._file.tell() == 0))
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq

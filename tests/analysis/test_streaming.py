@@ -9,10 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmsim.analysis.metrics import summarize
 from llmsim.analysis.sketch import RELATIVE_ACCURACY, QuantileSketch
-from llmsim.analysis.streaming import StreamedRun
+from llmsim.analysis.streaming import StreamedRun, csv_text
 from llmsim.analysis.summary import PERCENTILES, flatten
 from llmsim.cli import run as run_command
 from llmsim.cli.main import main
@@ -215,3 +217,22 @@ def test_a_streamed_run_takes_every_inter_token_gap_once_and_most_before_it_ends
     chunks = len(frames.frames)
     assert chunks > 5
     assert sum(tokens for written, tokens in received if written < chunks - 1) > 0.5 * total
+
+
+_FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([0.0, -0.0, 1e16, 9.999999999999998e15, 1e-4, 9.99e-5, 5e-324]))
+_TEXTS = st.one_of(st.none(), st.sampled_from(["finished", "timeout", ""]), st.text(max_size=6))
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(st.integers(0, 12).flatmap(lambda rows: st.tuples(
+    st.lists(_FLOATS, min_size=rows, max_size=rows), st.lists(st.integers(-2**63, 2**63 - 1), min_size=rows,
+                                                              max_size=rows),
+    st.lists(st.booleans(), min_size=rows, max_size=rows), st.lists(_TEXTS, min_size=rows, max_size=rows))),
+    st.booleans(), st.booleans())
+def test_records_csv_text_is_what_pandas_writes(columns, header, string_dtype):
+    floats, ints, flags, texts = columns
+    frame = pd.DataFrame({"finish_s": np.array(floats, float), "id": np.array(ints, np.int64),
+                          "meets_slo": np.array(flags, bool),
+                          "status": pd.array(texts, dtype="string") if string_dtype else pd.Series(texts, dtype=object)})
+    assert csv_text(frame, header) == frame.to_csv(index=False, header=header)
