@@ -256,7 +256,7 @@ def csv_text(frame: pd.DataFrame, header: bool) -> str:
     if any(fields is None for fields in columns) or _QUOTED.search("".join(names)) or not len(frame.columns):
         return frame.to_csv(index=False, header=header, lineterminator=os.linesep)
     lines = [",".join(names)] if header else []
-    lines.extend(map(",".join, zip(*columns)))     # type: ignore[arg-type]   # None ruled out above
+    lines.extend(map(",".join, zip(*columns)))
     return os.linesep.join(lines) + os.linesep if lines else ""
 
 

@@ -232,7 +232,7 @@ _TEXTS = st.one_of(st.none(), st.sampled_from(["finished", "timeout", ""]), st.t
     st.booleans(), st.booleans())
 def test_records_csv_text_is_what_pandas_writes(columns, header, string_dtype):
     floats, ints, flags, texts = columns
+    status = pd.array(texts, dtype="string") if string_dtype else pd.Series(texts, dtype=object)
     frame = pd.DataFrame({"finish_s": np.array(floats, float), "id": np.array(ints, np.int64),
-                          "meets_slo": np.array(flags, bool),
-                          "status": pd.array(texts, dtype="string") if string_dtype else pd.Series(texts, dtype=object)})
+                          "meets_slo": np.array(flags, bool), "status": status})
     assert csv_text(frame, header) == frame.to_csv(index=False, header=header)
