@@ -110,3 +110,21 @@ def test_modules_of_a_subpackage_import_each_other_one_way():
         if found:
             cycles.append(" -> ".join(found))
     assert not cycles, "imports in a circle:\n" + "\n".join(cycles)
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    """Top-level names of the non-llmsim packages a file imports (at any depth of the file)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+    return names - {"llmsim"}
+
+
+def test_only_the_command_line_draws_progress_bars():
+    """Domain code reports progress through a Progress object its caller passes in; the bar is the CLI's."""
+    drawing = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("*.py"))
+               if "tqdm" in _third_party_imports(path) and path.relative_to(PACKAGE).parts[0] != "cli"]
+    assert not drawing, "modules below the command line import tqdm: " + ", ".join(drawing)

@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis.statistics import BATCHES, MIN_BATCH, MIN_BATCHES, batch_size, correlation_time
+from llmsim.config.policies import RolloutRole
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
 PERCENTILES = (50, 95, 99)
@@ -259,7 +260,7 @@ def verdict(name: str, role: str, differences: Sequence[Difference]) -> str:
     if bad:
         text = (f"{name} is worse than the control ({level} level): {', '.join(bad)}"
                 + (f"; better: {', '.join(good)}" if good else "") + missing
-                + f": do not {'roll it out' if role == 'canary' else 'promote it'}")
+                + f": do not {'roll it out' if role == RolloutRole.CANARY else 'promote it'}")
     elif good:
         text = (f"{name} is better than the control ({level} level): {', '.join(good)}; no figure is "
                 f"significantly worse{missing}")

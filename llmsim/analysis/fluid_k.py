@@ -30,6 +30,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats
 
+from llmsim.config.policies import AcceptanceProcess
 from llmsim.speculation.config import Acceptance, SpeculationConfig
 from llmsim.speculation.policies import k_policy
 from llmsim.speculation.proposers import level_acceptance
@@ -62,10 +63,10 @@ def accepted_pmf(acceptance: Acceptance, alpha: float, k: int, branching: int = 
     """P(a = j), j = 0..k, for one verify step at draft length (tree depth) k."""
     if k == 0:
         return np.ones(1)
-    if acceptance.process == "replay":
+    if acceptance.process is AcceptanceProcess.REPLAY:
         samples = np.minimum(np.asarray(acceptance.samples), k)
         return np.bincount(samples, minlength=k + 1)[:k + 1] / len(samples)
-    decay = acceptance.decay if acceptance.process == "positional" else 1.0
+    decay = acceptance.decay if acceptance.process is AcceptanceProcess.POSITIONAL else 1.0
     p = level_acceptance(np.minimum(alpha * decay ** np.arange(k), 1.0), branching)   # level j's chance
     reach = np.concatenate([[1.0], np.cumprod(p)])                  # P(a >= j)
     return reach - np.concatenate([reach[1:], [0.0]])
@@ -73,7 +74,7 @@ def accepted_pmf(acceptance: Acceptance, alpha: float, k: int, branching: int = 
 
 def class_alphas(acceptance: Acceptance) -> np.ndarray:
     """One acceptance rate per request class (one class unless alpha is drawn per request)."""
-    if acceptance.process == "beta":
+    if acceptance.process is AcceptanceProcess.BETA:
         q = (np.arange(ALPHA_CLASSES) + 0.5) / ALPHA_CLASSES
         return stats.beta.ppf(q, acceptance.beta_a, acceptance.beta_b)
     return np.array([acceptance.mean_alpha])

@@ -25,6 +25,7 @@ from llmsim.analysis.summary import (PERCENTILES, AutoscalingSummary, ClassSumma
                                      Memory, QueueSummary, RequestCounts, RunSummary, SLOSummary, SLOTarget,
                                      SpeculationSummary, Throughput, Utilisation)
 from llmsim.analysis.statistics import batch_means, rising_trend
+from llmsim.config.policies import DraftPlacement
 from llmsim.scenario.scenario import SLO, Scenario
 from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.slo import slo_limits, within_limit
@@ -201,7 +202,7 @@ def paid_devices(result: SimulationResult, replicas: float) -> float:
     disaggregated run."""
     split = result.disaggregation
     if split is not None:
-        return sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel for pool in split.pools)
+        return sum(pool.devices for pool in split.pools)
     return replicas * result.scenario.devices_per_replica
 
 
@@ -285,7 +286,7 @@ def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, f
         rows = iterations[iterations["pool"] == pool.pool]
         busy = utilisation_in(rows, start, stop, result.scenario.pool(pool.pool), 1).busy_fraction
         pools[pool.pool] = PoolSummary(pool.hardware, pool.replicas, pool.tensor_parallel, pool.pipeline_parallel,
-                                       pool.usd_per_hour, busy)
+                                       pool.usd_per_hour, busy, pool.expert_parallel)
     moved = finished[~finished["aggregated"]]
     return DisaggregationSummary(
         layout=split.layout, link=split.link, lanes=split.lanes, streaming=split.streaming,
@@ -422,7 +423,7 @@ def speculation_summary(scenario, sums: dict[str, float], blocked: SpeculationSt
         mean_k=_ratio(proposed, steps),
         speculating_fraction=_ratio(steps, decode_steps),
         draft_time_share=draft_share,
-        verify_time_share=1.0 - draft_share if spec.placement == "colocated" else math.nan,
+        verify_time_share=1.0 - draft_share if spec.placement is DraftPlacement.COLOCATED else math.nan,
         blocked_share=blocked.shares() if blocked is not None else {},
         warning=_rarely_speculating(spec, blocked),
     )

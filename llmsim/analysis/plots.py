@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from llmsim.analysis.rolling import rolling_worst_ratio, time_over_slo  # noqa: E402
+from llmsim.config.policies import ControllerKnob  # noqa: E402
 
 
 def timeline_panels(result) -> list[str]:
@@ -81,7 +82,7 @@ def _controlled_knob(ax, result) -> None:
     """The controller's knob after each decision, from the scenario's setting at time 0."""
     control = result.control
     knob = control["knob"].iloc[0] if len(control) else result.scenario.controller.knob
-    start = (result.scenario.speculation.policy.k if knob == "speculation_k"
+    start = (result.scenario.speculation.policy.k if knob == ControllerKnob.SPECULATION_K
              else getattr(result.scenario.engine, knob))
     ax.step(np.concatenate(([0.0], control["time_s"], [result.end_s])),
             np.concatenate(([start], control["value"], control["value"].iloc[-1:] if len(control) else [start])),
@@ -143,7 +144,7 @@ def controller_timeline(runs: dict, path: str | Path, window_s: float, step_s: f
     axes[0].step(edges[:-1], np.histogram(arrivals, bins=edges)[0] / step_s, where="post", lw=0.8, color="0.3")
     axes[0].set_ylabel("arrivals per second")
     controlled = [r.control for r in runs.values() if r.control is not None]
-    knob = controlled[0]["knob"].iloc[0] if controlled else "max_batch_tokens"
+    knob = controlled[0]["knob"].iloc[0] if controlled else ControllerKnob.MAX_BATCH_TOKENS
     for i, (label, result) in enumerate(runs.items()):
         scenario, color = result.scenario, f"C{i}"
         rolling = rolling_worst_ratio(result.requests, scenario.slo, scenario.workload.class_names, window_s, step_s,

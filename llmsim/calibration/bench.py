@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
+from llmsim.config.progress import QUIET, Progress
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.calibration.design import Design, Shape, model_spec
 
@@ -128,31 +129,31 @@ def _host_memory_bytes() -> float:
 
 # -- the protocol ---------------------------------------------------------------------------
 
-def time_interleaved(jobs: dict, device: Device, rounds: int, warmup: int, seed: int = 0) -> dict:
-    """Seconds per call of every job: ``{key: [sample per round]}``, cold cache, fenced."""
+def time_interleaved(jobs: dict, device: Device, rounds: int, warmup: int, seed: int = 0,
+                     progress: Progress = QUIET) -> dict:
+    """Seconds per call of every job: ``{key: [sample per round]}``, cold cache, fenced.
+    ``progress`` advances once per call (warm-up calls included)."""
     import numpy as np
-    from tqdm import tqdm
 
     keys = list(jobs)
     samples: dict[str, list[float]] = {key: [] for key in keys}
     rng = np.random.default_rng(seed)
-    with tqdm(total=len(keys) * (warmup + rounds), desc="measuring", unit="call", leave=False,
-              mininterval=1.0) as bar:
-        for _ in range(warmup):
-            for key in keys:
-                jobs[key]()
-                bar.update()
-        device.sync()
-        for _ in range(rounds):
-            for index in rng.permutation(len(keys)):
-                key = keys[index]
-                device.flush()
-                device.sync()
-                start = time.perf_counter()
-                jobs[key]()
-                device.sync()
-                samples[key].append(time.perf_counter() - start)
-                bar.update()
+    progress.add(len(keys) * (warmup + rounds))
+    for _ in range(warmup):
+        for key in keys:
+            jobs[key]()
+            progress.advance()
+    device.sync()
+    for _ in range(rounds):
+        for index in rng.permutation(len(keys)):
+            key = keys[index]
+            device.flush()
+            device.sync()
+            start = time.perf_counter()
+            jobs[key]()
+            device.sync()
+            samples[key].append(time.perf_counter() - start)
+            progress.advance()
     return samples
 
 

@@ -20,6 +20,7 @@ import importlib.util
 
 import numpy as np
 
+from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import HardwareProfile
 
@@ -34,10 +35,11 @@ ANCHOR_STRIDE = 4
 # -- calibrate --------------------------------------------------------------------------------
 
 def calibrate(device_kind: str, name: str, quick: bool = False, threads: int = DEFAULT_CPU_THREADS,
-              dtypes: tuple[str, ...] | None = None, seed: int = 0, design=None) -> dict:
+              dtypes: tuple[str, ...] | None = None, seed: int = 0, design=None, progress: Progress = QUIET) -> dict:
     """Measure, fit and return the profile document (see profile_yaml.profile_document).
 
-    ``design`` overrides the device's quick or full design (a custom grid).
+    ``design`` overrides the device's quick or full design (a custom grid); ``progress`` counts the
+    timed calls.
     """
     require_torch()
     from llmsim.calibration import bench, fit, measure
@@ -48,7 +50,8 @@ def calibrate(device_kind: str, name: str, quick: bool = False, threads: int = D
     dtypes = dtypes or DEVICE_DTYPES[device_kind]
     device = bench.open_device(device_kind, threads)
     shapes, held_out = design.fit.shapes(dtypes), design.holdout.shapes(dtypes)
-    session = measure.measure(design, device, dtypes, shapes + held_out, layouts=True, seed=seed)
+    session = measure.measure(design, device, dtypes, shapes + held_out, layouts=True, seed=seed,
+                              progress=progress)
     roofline = _roofline_profile(name, device, session.roofline)
     measured_s = np.array([session.steps[shape][0] for shape in shapes])
     dispatch_s = session.roofline["dispatch_s"]
@@ -135,8 +138,9 @@ def _measurement_rows(shapes, session, errors) -> list[dict]:
 # -- validate ---------------------------------------------------------------------------------
 
 def validate(profile: HardwareProfile, quick: bool = False, threads: int | None = None, seed: int = 1,
-             design=None) -> dict:
-    """Measure the held-out grid and compare it with ``profile`` and with the bare roofline of its peaks."""
+             design=None, progress: Progress = QUIET) -> dict:
+    """Measure the held-out grid and compare it with ``profile`` and with the bare roofline of its peaks
+    (``progress`` counts the timed calls)."""
     require_torch()
     from llmsim.calibration import bench, fit, measure
     from llmsim.calibration.design import Shape, design_for
@@ -149,7 +153,8 @@ def validate(profile: HardwareProfile, quick: bool = False, threads: int | None 
     _check_held_out(shapes, list(fitted))
     anchors = list(fitted)[::ANCHOR_STRIDE]
     device = bench.open_device(record["device"], threads or record["threads"])
-    session = measure.measure(design, device, record["dtypes"], shapes + anchors, layouts=False, seed=seed)
+    session = measure.measure(design, device, record["dtypes"], shapes + anchors, layouts=False, seed=seed,
+                              progress=progress)
     measured_s = np.array([session.steps[shape][0] for shape in shapes])
     calibrated_s = fit.predict_s(shapes, profile)
     step_drift = float(np.median([session.steps[shape][0] / fitted[shape] for shape in anchors]))

@@ -40,8 +40,11 @@ MLA_LATENT, MLA_ROPE, MLA_NOPE, MLA_V = 512.0, 64.0, 128.0, 128.0   # DeepSeek-V
 SMALL_MESSAGE_BYTES = 64 * 1024
 
 
+DEVICE_COLUMNS = ("peak_bf16", "peak_fp8", "hbm", "link")
+
+
 def device_columns(profile: HardwareProfile) -> dict[str, float]:
-    """The datasheet figures a row's fitted fractions multiply."""
+    """The datasheet figures a row's fitted fractions multiply (the columns of DEVICE_COLUMNS)."""
     return {"peak_bf16": profile.peak_for("bf16"), "peak_fp8": profile.peak_for("fp8"),
             "hbm": profile.memory_bandwidth_bytes_per_s, "link": profile.interconnect_bandwidth_bytes_per_s}
 

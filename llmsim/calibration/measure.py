@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from llmsim.calibration import bench
 from llmsim.calibration.design import Design, Shape
+from llmsim.config.progress import QUIET, Progress
 
 
 @dataclass
@@ -32,7 +33,8 @@ class Session:
         return statistics.median(spread for _, spread in self.steps.values())
 
 
-def measure(design: Design, device: bench.Device, dtypes, shapes: list[Shape], layouts: bool, seed: int = 0) -> Session:
+def measure(design: Design, device: bench.Device, dtypes, shapes: list[Shape], layouts: bool, seed: int = 0,
+            progress: Progress = QUIET) -> Session:
     """Time ``shapes`` (and, when ``layouts``, the KV layout study) together with the roofline."""
     jobs, roofline_work = bench.roofline_jobs(design, device, dtypes)
     jobs.update(_step_jobs(shapes, device, seed))
@@ -43,7 +45,7 @@ def measure(design: Design, device: bench.Device, dtypes, shapes: list[Shape], l
                 for name, job in bench.layout_jobs(design.layout_hidden, dtype, batch, context, device, seed).items():
                     jobs[("layout", dtype, batch, context, name)] = job
                 layout_keys.append((dtype, batch, context))
-    samples = bench.time_interleaved(jobs, device, design.rounds, design.warmup, seed)
+    samples = bench.time_interleaved(jobs, device, design.rounds, design.warmup, seed, progress)
     stats = {key: bench.median_and_spread(values) for key, values in samples.items()}
     medians = {key: value[0] for key, value in stats.items()}
     return Session(roofline=bench.roofline_figures({k: medians[k] for k in roofline_work}, roofline_work),

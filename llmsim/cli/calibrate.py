@@ -27,6 +27,7 @@ from llmsim.catalog.hardware import load_profile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.cli.options import SEED, WORKERS
 from llmsim.cli.outputs import OVERWRITE_HELP, refuse_to_replace, write_file
+from llmsim.cli.progress import Bar
 from llmsim.config.reader import load_yaml
 from llmsim.errors import ConfigError
 
@@ -112,8 +113,9 @@ def _cmd_calibrate(args) -> int:
     device = _device_kind(args.device)
     out = Path(args.out or f"{device}-calibrated.yaml")
     refuse_to_replace([out], args.overwrite)
-    document = calibrate(device, out.stem, quick=args.quick, threads=_threads(args.threads, device),
-                         dtypes=_dtypes(args.dtypes, device), seed=args.seed)
+    with Bar("measuring", "call") as bar:
+        document = calibrate(device, out.stem, quick=args.quick, threads=_threads(args.threads, device),
+                             dtypes=_dtypes(args.dtypes, device), seed=args.seed, progress=bar)
     write_document(document, out)
     print(calibration_summary(document))
     print(f"\nwrote {out}")
@@ -177,9 +179,10 @@ def _cmd_transfer(args) -> int:
                                       "(regenerate it with llmsim calibrate)")
     else:
         device = _device_kind(args.device)
-        calibrated = calibrate(device, f"{device}-calibrated", quick=args.quick,
-                               threads=_threads(args.threads, device), dtypes=_dtypes(args.dtypes, device),
-                               seed=args.seed)
+        with Bar("measuring", "call") as bar:
+            calibrated = calibrate(device, f"{device}-calibrated", quick=args.quick,
+                                   threads=_threads(args.threads, device), dtypes=_dtypes(args.dtypes, device),
+                                   seed=args.seed, progress=bar)
         name = calibrated["name"]
         print(calibration_summary(calibrated) + "\n")
     write_document(transfer_document(calibrated, target, name), args.out)
@@ -362,7 +365,9 @@ def _cmd_validate(args) -> int:
     warning = other_machine_warning(profile, machine_name(device))
     if warning:
         print(f"llmsim: warning: {warning}", file=sys.stderr)
-    report = validate(profile, quick=args.quick, threads=args.threads or record["threads"], seed=args.seed)
+    with Bar("measuring", "call") as bar:
+        report = validate(profile, quick=args.quick, threads=args.threads or record["threads"], seed=args.seed,
+                          progress=bar)
     print(validation_summary(report))
     if args.plot:
         write_file(Path(args.plot), lambda path: scatter(report, path))

@@ -12,18 +12,15 @@ from llmsim.cli.outputs import OVERWRITE_HELP, keeping_runs, refuse_to_replace, 
 from llmsim.cli.progress import Bar
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import as_scenario, replay_description
+from llmsim.config.policies import Objective, SearchScope
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
-from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OBJECTIVES, OFF, SEARCHES, SEEDS, TOP,
-                                     Recommendation, batch_token_rule, recommend, timeout_text)
+from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OFF, SEEDS, TOP,
+                                     Recommendation, batch_token_rule, plus_minus as _pm, recommend,
+                                     timeout_text)
 
 MAX_TOP = 100               # analytic best settings simulated, at most
 
-
-
-def _pm(ci: float) -> str:
-    """`` +- ci`` (two significant figures), or nothing where the interval is undefined."""
-    return "" if math.isnan(ci) else f" +- {ci:.2g}"
 
 
 def _ms(value_s: float, ci_s: float) -> str:
@@ -31,12 +28,12 @@ def _ms(value_s: float, ci_s: float) -> str:
 
 def configure_recommend(parser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (its slo: section sets the targets)")
-    parser.add_argument("--objective", default=OBJECTIVES[0],
-                        help=f"{' or '.join(OBJECTIVES)} (default {OBJECTIVES[0]})")
+    parser.add_argument("--objective", default=Objective.GOODPUT,
+                        help=f"{' or '.join(Objective.names())} (default {Objective.GOODPUT})")
     add_seeds_argument(parser, default=str(SEEDS), default_text=str(SEEDS))   # >= 2: CIs across seeds
     parser.add_argument("--top", type=integer_flag(1, MAX_TOP), default=TOP,
                         help=f"analytic best settings to simulate (default {TOP}, at most {MAX_TOP})")
-    parser.add_argument("--search", default=SEARCHES[0],
+    parser.add_argument("--search", default=SearchScope.ALL,
                         help="all (default), or classes: only the scheduling policy and each traffic class's "
                              "queue timeout, the scenario's other settings kept (and the baseline)")
     parser.add_argument("--class-timeouts", metavar="T1,T2,...", type=checked_flag(_durations),
@@ -67,6 +64,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
     seeds = len(row["per_seed_rates"])
     targets = _targets_text(scenario.slo.targets())
     rule = batch_token_rule(scenario)
+    goodput = rec.objective is Objective.GOODPUT
     if scenario.workload.classes:               # each class's own targets
         targets = "; ".join(f"{name}: {_targets_text(scenario.slo.for_class(name).targets())}"
                             for name in scenario.workload.class_names)
@@ -78,6 +76,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              *([f"  draft              {best.draft.label}"] if best.draft is not None and best.k != OFF else []),
              *([f"  eligibility        min_sequence_tokens {best.eligibility[0]}, min_concurrent_requests "
                 f"{best.eligibility[1]}"] if best.eligibility is not None and best.k != OFF else []),
+             *([f"  expert_parallel    {rec.experts.chosen}"] if rec.experts is not None else []),
              f"  max_batch_tokens   {best.max_batch_tokens}",
              "  queue_timeout      "
              + ("none" if best.queue_timeout_s is None else f"{best.queue_timeout_s * 1000:g} ms"),
@@ -96,7 +95,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"P95 TPOT {_ms(mine[TPOT_P95], mine[f'{TPOT_P95}.ci95'])}, "
              f"P99 TTFT {_ms(mine[TTFT_P99], mine[f'{TTFT_P99}.ci95'])}, "
              f"attainment {100 * mine[SLO_ATTAINMENT]:.1f}%",
-             ("the scenario's own settings: " if rec.search == "classes" else
+             ("the scenario's own settings: " if rec.search is SearchScope.CLASSES else
               "rule-of-thumb defaults (best of timeouts 50/200/1000 ms): ") + _setting_text(default_row, scenario),
              f"  goodput            {default_row['max_rate_per_s']:.3g}"
              f"{_pm(default_row['max_rate_per_s.ci95'])} req/s; "
@@ -106,9 +105,9 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"P95 TPOT {_ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
              f"max_batch_tokens rule: {rule.text()}; searched {best.max_batch_tokens} "
              f"({rule.tokens / best.max_batch_tokens:.2g}x the rule's budget)",
-             f"the recommendation {'raises goodput' if rec.objective == 'goodput' else 'cuts cost'} by "
+             f"the recommendation {'raises goodput' if goodput else 'cuts cost'} by "
              f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired, at "
-                                                 "least the bisection's resolution)" if rec.objective == "goodput"
+                                                 "least the bisection's resolution)" if goodput
                                                  and not math.isnan(rec.improvement_ci95) else "")
              + f": {rec.gain_verdict}",
              *(_policies_text(rec, scenario) if rec.policies is not None else []),
@@ -181,6 +180,8 @@ def _cmd_recommend(args) -> int:
         print(f"replaying {replay_description(scenario, scenario.workload.rate_per_s)}; its rate is the "
               "trace's time scale")
     print(format_recommendation(rec, scenario))
+    if rec.experts is not None:
+        print(rec.experts.text())
     if rec.drafts is not None:
         print(rec.drafts.text())
     if scenario.disaggregation is not None:          # the engine settings above are the disaggregated pools'

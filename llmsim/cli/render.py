@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 import textwrap
 
+from llmsim.config.policies import RolloutRole
+
 WIDTH = 120                 # a terminal's columns: longer lines wrap under their label
 
 
@@ -134,7 +136,9 @@ def _disaggregation_lines(split: dict) -> list[str]:
              f"           TTFT mean (ms): {parts}"]
     for name, pool in split["pools"].items():
         lines.append(f"           {name} pool {pool['replicas']} x {pool['hardware']} tp {pool['tensor_parallel']} x"
-                     f" pp {pool['pipeline_parallel']}: busy {_num(100 * pool['busy_fraction'])}%,"
+                     f" pp {pool['pipeline_parallel']}"
+                     + (f" x ep {pool['expert_parallel']}" if pool.get('expert_parallel', 1) > 1 else "")
+                     + f": busy {_num(100 * pool['busy_fraction'])}%,"
                      f" {_num(pool['usd_per_hour'], 2)} USD/h")
     return lines
 
@@ -212,7 +216,7 @@ def rollout_table(rollout: dict) -> str:
     for name, g in groups.items():
         if "comparison" not in g:
             continue
-        how = "paired on the requests it copied" if g["role"] == "shadow" else "independent samples"
+        how = "paired on the requests it copied" if g["role"] == RolloutRole.SHADOW else "independent samples"
         lines += ["", f"{name} - control ({how}; ms, attainment in points)"]
         head = f"{'metric':<12}{'stat':<6}{'control':>10}{g['role']:>10}{'diff':>10}{'95% interval':>22}{'p':>9}  test"
         lines += [head, "-" * len(head)]

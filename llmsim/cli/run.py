@@ -30,6 +30,7 @@ from llmsim.analysis.streaming import STREAM_ABOVE_REQUESTS, RecordsWriter, Stre
 from llmsim.cli.options import FORCE_HELP, SEED, integer_flag, number_flag
 from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_replace, write_file
 from llmsim.cli.render import format_summary, rollout_table
+from llmsim.config.policies import Batching, RolloutRole
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import load_scenario
@@ -100,7 +101,7 @@ def _cmd_run(args) -> int:
     refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
     streamed = streamable(scenario) and estimate_run(scenario).requests > STREAM_ABOVE_REQUESTS
     check_run_size(scenario, force=args.force, streamed=streamed)
-    if args.bench_detailed and scenario.engine.batching == "static":
+    if args.bench_detailed and scenario.engine.batching is Batching.STATIC:
         raise ConfigError("per-request inter-token gaps are recorded for continuous batching only",
                           key="--bench-detailed", value=True,
                           allowed="a scenario with continuous batching, or --bench-json")
@@ -257,7 +258,7 @@ def _run_rollout(scenario, out: Path, args) -> int:
     summary["rollout"] = rollout_summary(result, args.detect)
     users = result.user.requests
     written = [write_file(out / "requests.csv", lambda path: users.to_csv(path, index=False))]
-    shadows = [group.requests for name, group in result.groups.items() if result.roles[name] == "shadow"]
+    shadows = [group.requests for name, group in result.groups.items() if result.roles[name] is RolloutRole.SHADOW]
     if shadows:
         written.append(write_file(out / "shadow.csv",
                                   lambda path: pd.concat(shadows, ignore_index=True).to_csv(path, index=False)))

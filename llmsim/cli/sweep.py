@@ -12,7 +12,7 @@ from llmsim.cli.outputs import RUNS, check_writable_folder, folder_name, write_f
 from llmsim.cli.options import FORCE_HELP, WORKERS, add_seeds_argument, parse_seeds
 from llmsim.cli.progress import Bar
 from llmsim.errors import ConfigError
-from llmsim.search.executors import ENGINES
+from llmsim.config.policies import ExecutorKind
 from llmsim.search.sweeps import mean_over_seeds, parameter_columns, slo_met, sweep
 
 
@@ -27,7 +27,7 @@ def configure_sweep(swept) -> None:
                        help="parallel processes (default: the idle CPUs, or this process alone when a pool "
                             "would not be faster: the progress bar says so)")
     add_seeds_argument(swept)
-    swept.add_argument("--engine", choices=ENGINES, default=ENGINES[0],
+    swept.add_argument("--engine", choices=ExecutorKind.names(), default=ExecutorKind.PROCESSES,
                        help="where the grid's points run: a pool of local processes (default), a Dask cluster "
                             "(needs llmsim[distributed]), or one after another in this process")
     swept.add_argument("--scheduler", help="with --engine dask: a running scheduler's address "

@@ -8,6 +8,11 @@ summaries, tables and files show the name the user wrote.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Any, TypeVar
+
+from llmsim.errors import ConfigError
+
+C = TypeVar("C", bound="Choice")
 
 
 class Choice(str, Enum):
@@ -23,6 +28,16 @@ class Choice(str, Enum):
     def names(cls) -> tuple[str, ...]:
         """Every name, in declaration order (what a reader allows)."""
         return tuple(member.value for member in cls)
+
+    @classmethod
+    def of(cls: type[C], value: Any, key: str) -> C:
+        """The member named ``value`` (a member passes through), for a function's argument: a
+        :class:`~llmsim.errors.ConfigError` naming ``key`` and the allowed names otherwise."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value in cls.names():
+            return cls(value)
+        raise ConfigError(f"unknown {key.replace('_', ' ')}", key=key, value=value, allowed=", ".join(cls.names()))
 
 
 class Batching(Choice):
@@ -96,3 +111,86 @@ class KVReservation(Choice):
     copy until then, or once the KV has arrived in a staging buffer beside the decode replica."""
     BEFORE_TRANSFER = "before_transfer"
     AFTER_TRANSFER = "after_transfer"
+
+
+class ProposerKind(Choice):
+    """What proposes the draft tokens (:mod:`llmsim.speculation.proposers`)."""
+    MODEL = "model"
+    NGRAM = "ngram"
+    EAGLE = "eagle"
+    MTP = "mtp"
+    MEDUSA = "medusa"
+
+
+class Objective(Choice):
+    """What a recommendation maximises: goodput (the highest rate meeting the SLO), or cost per token there."""
+    GOODPUT = "goodput"
+    COST = "cost"
+
+
+class SearchScope(Choice):
+    """What a recommendation searches: every setting, or only the class policy and class timeouts."""
+    ALL = "all"
+    CLASSES = "classes"
+
+
+class ExecutorKind(Choice):
+    """Where a sweep's points run (:mod:`llmsim.search.executors`)."""
+    PROCESSES = "processes"
+    DASK = "dask"
+    SERIAL = "serial"
+
+
+class OnInvalid(Choice):
+    """What a sweep does with a point that fails validation: stop with its error, or record it and go on."""
+    RAISE = "raise"
+    RECORD = "record"
+
+
+class RolloutRole(Choice):
+    """A rollout group's part: the control (the scenario's own deployment), a canary serving its share
+    of the requests, or a shadow receiving a copy of them."""
+    CONTROL = "control"
+    CANARY = "canary"
+    SHADOW = "shadow"
+
+
+class EstimateMethod(Choice):
+    """How a draft sweep estimates TPOT: the fluid model, or simulation."""
+    FLUID = "fluid"
+    SIMULATE = "simulate"
+
+
+class ControllerKnob(Choice):
+    """The setting the adaptive controller moves: an engine limit, or a static k policy's draft length."""
+    MAX_BATCH_TOKENS = "max_batch_tokens"
+    MAX_NUM_SEQS = "max_num_seqs"
+    SPECULATION_K = "speculation_k"
+
+
+class DraftPlacement(Choice):
+    """Where a draft model runs: on the target's devices, or on devices of its own."""
+    COLOCATED = "colocated"
+    SEPARATE = "separate"
+
+
+class AcceptanceProcess(Choice):
+    """How the target accepts the draft's tokens (:class:`llmsim.speculation.config.Acceptance`)."""
+    BERNOULLI = "bernoulli"
+    BETA = "beta"
+    POSITIONAL = "positional"
+    REPLAY = "replay"
+    PREDICTED = "predicted"
+
+
+class KScope(Choice):
+    """Whether a k policy chooses k for each request or one k for the whole batch."""
+    PER_REQUEST = "per_request"
+    PER_BATCH = "per_batch"
+
+
+class FailedRequests(Choice):
+    """What a replayed production trace does with its failed requests (0 output tokens): drop them, or
+    replay each as its prompt and one output token."""
+    DROP = "drop"
+    REPLAY = "replay"

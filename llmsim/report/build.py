@@ -52,7 +52,7 @@ from llmsim.report.standing import chip_standing
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.disaggregation import AGGREGATED, compare_layouts
-from llmsim.search.layout import cheapest_layouts
+from llmsim.search.layout import Layout, cheapest_layouts
 from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
                                 fewest_replicas)
 from llmsim.search.recommend import OFF, recommend
@@ -142,6 +142,16 @@ def parse_growth(text: str) -> float:
         raise ConfigError("the growth factor is out of range", key="growth", value=text,
                           allowed=f"a factor such as 2x, 1.5 or 150%, > 0 and <= {MAX_GROWTH:g}")
     return value
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The recommended chip's answer: a layout and replica count that meet the targets (never None,
+    unlike a :class:`~llmsim.search.layout.LayoutChoice` of a chip that meets none)."""
+    hardware: str
+    layout: Layout
+    replicas: int
+    overrides: dict
 
 
 class ReportBuilder:
@@ -249,18 +259,20 @@ class ReportBuilder:
     def _candidates(self) -> None:
         self.choices = cheapest_layouts(self.scenario, self.rate, self.hardware, seeds=self.seeds,
                                         workers=self.workers)
-        usable = [c for c in self.choices if c.layout is not None]
+        usable = [Chosen(c.hardware, c.layout, c.replicas, c.overrides)
+                  for c in self.choices if c.layout is not None and c.replicas is not None]
         if not usable:
-            notes = "; ".join(f"{c.hardware}: {c.note}" for c in self.choices)
-            raise ConfigError(f"no candidate meets the SLO targets at {self.rate:g} requests/s ({notes})",
+            why = "; ".join(f"{c.hardware}: {c.note}" for c in self.choices)
+            raise ConfigError(f"no candidate meets the SLO targets at {self.rate:g} requests/s ({why})",
                               key="target_rate_per_s", value=self.rate,
                               allowed="a lower rate, other --hardware, or looser SLOs")
-        self.best = usable[0]
+        self.best: Chosen = usable[0]
         self.standings = {c.hardware: chip_standing(c.hardware, self.original) for c in self.choices}
         columns = ["chip", "layout", "replicas", "devices", "USD/hour", "USD/M out", "kWh/M out", "P95 TTFT",
                    "P95 TPOT", "SLO attainment", "layouts tried", "figures rest on", "held-out error"]
-        rows, notes = [], [f"recommended: {self.best.hardware}, the cheapest per hour",
-                           "USD/M out and kWh/M out: per million output tokens"]
+        rows: list[list[str]] = []
+        notes = [f"recommended: {self.best.hardware}, the cheapest per hour",
+                 "USD/M out and kWh/M out: per million output tokens"]
         for choice in self.choices:
             m = choice.metrics
             tried = len(choice.tried)
@@ -306,20 +318,25 @@ class ReportBuilder:
         if self.original.disaggregation is None:
             return
         own = {key: value for key, value in self.base.items() if key != SPLIT_KEY}
-        comparison = compare_layouts(variant(self.original, own), self.rate)
+        comparison = compare_layouts(variant(self.original, own), self.rate, seeds=self.seeds)
         table, slo = comparison.table, self.original.slo
-        rows = [[r.kind, r.layout, str(int(r.devices)), usd(r.usd_per_hour), ms(r.ttft_p95_s), ms(r.tpot_p95_s),
-                 percent(r.slo_attainment), "yes" if r.slo_met else "no"] for r in table.itertuples()]
+        rows = [[r["kind"], r["layout"], str(int(r["devices"])), usd(r["usd_per_hour"]),
+                 plus_minus(r["ttft_p95_s"], r["ttft_p95_s.ci95"], ms),
+                 plus_minus(r["tpot_p95_s"], r["tpot_p95_s.ci95"], ms),
+                 plus_minus(r["slo_attainment"], r["slo_attainment.ci95"], percent), "yes" if r["slo_met"] else "no"]
+                for r in table.to_dict("records")]
         limits = {metric: getattr(slo, f"{metric}_s") for metric in ("ttft", "tpot")}
         self.sections.append(Section(
             "disaggregation", "Aggregated or disaggregated",
             [f"The deployment's aggregated layout at 1 to {int((table['kind'] == AGGREGATED).sum())} replicas and "
-             "each prefill:decode ratio (xPyD) of the scenario's pools, simulated once each at "
-             f"{num(self.rate)} requests/s on the same requests; a layout meets the SLO when every percentile "
-             "target holds. Costs count both pools' devices.", f"Verdict: {comparison.verdict}."],
+             "each prefill:decode ratio (xPyD) of the scenario's pools, simulated at "
+             f"{num(self.rate)} requests/s on {counted(len(self.seeds), 'seed')} (within a seed every layout "
+             "sees the same requests); a layout meets the SLO when every percentile target holds on every seed. "
+             "Costs count both pools' devices.", f"Verdict: {comparison.verdict}."],
             [Table("disaggregation-layouts", "Layouts compared, cheapest first",
                    ["kind", "layout", "devices", "USD/hour", "P95 TTFT", "P95 TPOT", "SLO attainment", "SLO met"],
-                   rows),
+                   rows, note=f"means over {counted(len(self.seeds), 'seed')}; ± : 95% Student-t confidence "
+                              "interval across seeds"),
              Table("disaggregation-verdict", "Verdict", ["question", "value"],
                    [["aggregated or disaggregated", comparison.verdict]])],
             [Figure("disaggregation-figure", "Aggregated and disaggregated layouts: P95 latency against cost",
@@ -411,11 +428,11 @@ class ReportBuilder:
 
     def _settings_rows(self, rec, deployed: Scenario) -> list[list[str]]:
         eng = deployed.engine
-        own_k = str(OFF) if not deployed.speculating else deployed.speculation.policy.label
+        own_k = str(OFF) if deployed.speculation is None else deployed.speculation.policy.label
         if rec is None:
-            timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
+            own_timeout = "none" if eng.queue_timeout_s is None else ms(eng.queue_timeout_s)
             return [["speculation k", own_k, "-"], ["max batch tokens", str(eng.max_batch_tokens), "-"],
-                    ["queue timeout", timeout, "-"], ["goodput (req/s)", "-", "-"],
+                    ["queue timeout", own_timeout, "-"], ["goodput (req/s)", "-", "-"],
                     ["gain over the rule of thumb", "-", "-"]]
         top, default = rec.table.iloc[0], rec.defaults.iloc[0]
         def timeout(t: float | None) -> str:
@@ -548,14 +565,15 @@ class ReportBuilder:
                     figures.diurnal(traffic.hours, traffic.rate_per_s, mean_rate, self.rate, "peak-figure"))]))
 
     def _sensitivity(self) -> None:
-        variants = [(f"load {sign}{SENSITIVITY:.0%}", {RATE_KEY: self.rate * (1 + s * SENSITIVITY)})
-                    for sign, s in (("-", -1), ("+", 1))]
+        variants: list[tuple[str, dict | None]] = [
+            (f"load {sign}{SENSITIVITY:.0%}", {RATE_KEY: self.rate * (1 + s * SENSITIVITY)})
+            for sign, s in (("-", -1), ("+", 1))]
         for key in ("prompt_tokens", "output_tokens"):
             for sign, s in (("-", -1), ("+", 1)):
                 scaled = _scaled_length((self.scenario.source or {}).get("workload", {}).get(key), 1 + s * SENSITIVITY)
                 variants.append((f"{key.replace('_', ' ')} {sign}{SENSITIVITY:.0%}",
                                  {f"workload.{key}": scaled} if scaled is not None else None))
-        if self.final.speculating:
+        if self.final.speculating and self.final.source is not None:
             for sign, s in (("-", -1), ("+", 1)):
                 shifted = _shifted_acceptance(self.final.source.get("speculation", {}).get("acceptance", {}),
                                               s * ACCEPTANCE_STEP)
@@ -617,7 +635,7 @@ class ReportBuilder:
 
     def _assumptions(self) -> None:
         rows, sources = hardware_appendix([choice.hardware for choice in self.choices], self.original)
-        error = load_yaml(resources.files("llmsim.report").joinpath("data/cost_model_error.yaml"))
+        error = load_yaml(Path(str(resources.files("llmsim.report").joinpath("data/cost_model_error.yaml"))))
         engine = self.original.engine.kernels.value
         # per candidate chip, what its profile records, so this table and the appendix's confidences agree
         error_rows = [[f"{chip}: step times ({standing.confidence}; {engine} kernel terms)", standing.held_out,
@@ -653,6 +671,8 @@ class ReportBuilder:
 
     def _arrival_text(self) -> str:
         arrival = self.scenario.workload.arrival
+        if arrival is None:         # a report plans rate-driven workloads (check_rate_driven)
+            raise AssertionError("a report's scenario has an arrival process")
         cv = getattr(arrival, "cv", None)
         return f"{arrival.process}" + (f" (CV {num(cv)})" if cv else "")
 
@@ -705,12 +725,12 @@ def _time_average_queue(queue: pd.DataFrame, edges: np.ndarray) -> np.ndarray:
     """Total waiting requests (all queues), time-averaged over each bin."""
     changes = queue.sort_values("time_s", kind="stable")
     current: dict[int, int] = {}
-    times, totals = [0.0], [0]
+    change_times, change_totals = [0.0], [0]
     for q, t, length in zip(changes["queue"], changes["time_s"], changes["length"]):
         current[q] = length
-        times.append(t)
-        totals.append(sum(current.values()))
-    times, totals = np.asarray(times), np.asarray(totals, dtype=float)
+        change_times.append(t)
+        change_totals.append(sum(current.values()))
+    times, totals = np.asarray(change_times), np.asarray(change_totals, dtype=float)
     out = np.zeros(len(edges) - 1)
     for b in range(len(edges) - 1):
         grid = np.unique(np.concatenate([[edges[b], edges[b + 1]], times[(times > edges[b]) & (times < edges[b + 1])]]))
@@ -724,7 +744,9 @@ def hardware_appendix(chips: Sequence[str], scenario: Scenario) -> tuple[list[li
     named twice, by two of its names, once), and the distinct sources they cite, numbered from 1 in the
     order first cited. A source's line breaks and runs of spaces are one space, so the same text
     wrapped differently is one source."""
-    rows, numbers, seen = [], {}, set()
+    rows: list[list[str]] = []
+    numbers: dict[str, int] = {}
+    seen: set[str] = set()
     for chip in chips:
         figures = hardware_figures(chip, scenario)
         if not figures or figures[0][0] in seen:

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmsim.config.policies import ControlRule, KPolicyName, RouterPolicy, members_of
+from llmsim.config.policies import ControlRule, ControllerKnob, KPolicyName, RouterPolicy, members_of
 from llmsim.config.reader import Node, NumberRange
 
-CONTROLLER_KNOBS = ("max_batch_tokens", "max_num_seqs", "speculation_k")
-SPECULATION_K = "speculation_k"            # the static k policy's draft length (speculation.k)
 
 
 @dataclass(frozen=True)
@@ -42,7 +40,7 @@ class ControllerConfig:
     low: int
     high: int
     rule: ControlRule = ControlRule.PRACTICE
-    knob: str = "max_batch_tokens"
+    knob: ControllerKnob = ControllerKnob.MAX_BATCH_TOKENS
     interval_s: float = 10.0
     hysteresis: float = 0.3
     decrease: float = 0.5
@@ -53,7 +51,7 @@ class ControllerConfig:
     kd: float = 0.0
 
     def __post_init__(self):
-        members_of(self, rule=ControlRule)
+        members_of(self, rule=ControlRule, knob=ControllerKnob)
 
 
 def controller_from_node(node: Node, engine, speculation=None) -> ControllerConfig:
@@ -61,18 +59,18 @@ def controller_from_node(node: Node, engine, speculation=None) -> ControllerConf
     (or None): where the knob starts. ``speculation_k`` moves a static k policy's k within [0, k_max]
     (0: plain decoding); the adaptive and goodput policies choose k themselves."""
     rule = ControlRule(node.choice("rule", ControlRule.names(), ControllerConfig.rule))
-    knob = node.choice("knob", CONTROLLER_KNOBS, ControllerConfig.knob)
+    knob = ControllerKnob(node.choice("knob", ControllerKnob.names(), ControllerConfig.knob))
     floor, ceiling, setting = 1, None, f"engine.{knob}"
-    if knob == SPECULATION_K:
+    if knob is ControllerKnob.SPECULATION_K:
         if speculation is None or not speculation.enabled or speculation.policy.policy is not KPolicyName.STATIC:
             raise node.key_error("knob", "speculation_k moves the draft length of a static k policy, and this "
                                          "scenario does not speculate with one", knob,
                                  "speculation with policy: static (the adaptive and goodput policies choose k), "
-                                 "or " + ", ".join(CONTROLLER_KNOBS[:2]))
+                                 "or " + ", ".join(ControllerKnob.names()[:2]))
         start, floor, ceiling = speculation.policy.k, 0, max(speculation.policy.k, speculation.policy.k_max)
         setting = "speculation.k"
     else:
-        start = getattr(engine, knob)
+        start = getattr(engine, knob.value)
     interval = node.quantity("interval", "duration", ControllerConfig.interval_s)
     window = node.quantity("window", "duration", 3 * interval)
     bounds = node.raw("bounds", [max(floor, start // 8), start])
@@ -89,7 +87,7 @@ def controller_from_node(node: Node, engine, speculation=None) -> ControllerConf
         raise node.key_error("bounds", f"the draft length cannot exceed the policy's k_max ({ceiling}): the draft's "
                                        "buffers are sized by it", bounds,
                              f"high <= {ceiling}, or raise speculation.k_max")
-    if knob == "max_batch_tokens" and low < engine.max_num_seqs:
+    if knob is ControllerKnob.MAX_BATCH_TOKENS and low < engine.max_num_seqs:
         raise node.key_error("bounds", f"max_batch_tokens below max_num_seqs ({engine.max_num_seqs}) would starve "
                              "running sequences", bounds, f"low >= {engine.max_num_seqs}")
     fraction = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=True)

@@ -25,20 +25,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llmsim.config.policies import RolloutRole, members_of
 from llmsim.config.reader import Node, deep_merge
 
-ROLES = ("canary", "shadow")
-CONTROL = "control"            # the scenario's own deployment, the name its records carry
+ROLES = (RolloutRole.CANARY, RolloutRole.SHADOW)     # a group's; the control is the scenario's own deployment
+CONTROL = RolloutRole.CONTROL.value    # the name the control group's records carry (the scenario's own deployment)
 
 
 @dataclass(frozen=True)
 class RolloutGroup:
     name: str
-    role: str
+    role: RolloutRole
     fraction: float                        # canary: share of requests served; shadow: share copied
     replicas: int = 1
     engine: dict | None = None             # overrides of the scenario's engine: section (YAML keys)
     hardware: str | None = None            # another hardware profile (a canary on a new device type)
+
+    def __post_init__(self) -> None:
+        members_of(self, role=RolloutRole)
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,11 @@ class RolloutConfig:
 
     @property
     def canaries(self) -> tuple[RolloutGroup, ...]:
-        return tuple(g for g in self.groups if g.role == "canary")
+        return tuple(g for g in self.groups if g.role is RolloutRole.CANARY)
 
     @property
     def shadows(self) -> tuple[RolloutGroup, ...]:
-        return tuple(g for g in self.groups if g.role == "shadow")
+        return tuple(g for g in self.groups if g.role is RolloutRole.SHADOW)
 
     def assign(self, seed: int, n: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Which group serves each of ``n`` requests (0: control, i: the i-th canary) and, per shadow,
@@ -85,7 +89,7 @@ def rollout_from_node(node: Node) -> RolloutConfig:
             raise each.key_error("engine", "expected a mapping of engine settings", engine,
                                  "e.g. {max_batch_tokens: 4096}")
         groups.append(RolloutGroup(
-            name=name, role=each.choice("role", ROLES),
+            name=name, role=RolloutRole(each.choice("role", tuple(role.value for role in ROLES))),
             fraction=each.number("fraction", minimum=0.0, maximum=1.0, exclusive_minimum=True),
             replicas=each.number("replicas", 1, integer=True, minimum=1), engine=engine,
             hardware=each.string("hardware", None)))

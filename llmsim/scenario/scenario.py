@@ -16,13 +16,13 @@ from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
-from llmsim.config.policies import (Admission, Batching, OnTimeout, PreemptionMode, RouterPolicy,
+from llmsim.config.policies import (Admission, Batching, ControllerKnob, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
 from llmsim.errors import ConfigError
-from llmsim.scenario.disaggregation import Disaggregation, Pool, disaggregation_from_node
+from llmsim.scenario.disaggregation import Disaggregation, Pool, PoolEngine, disaggregation_from_node
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
-from llmsim.scenario.control import (SPECULATION_K, AutoscalingConfig, ControllerConfig, autoscaling_from_node,
+from llmsim.scenario.control import (AutoscalingConfig, ControllerConfig, autoscaling_from_node,
                                     controller_from_node)
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
 from llmsim.speculation.config import SpeculationConfig, resolve_draft_parallelism, speculation_from_node
@@ -233,15 +233,17 @@ class Scenario:
         run on its own: the pool's chip, replicas and parallelism, aggregated."""
         pool: Pool = getattr(self.disaggregation, name)
         return replace(self, hardware=pool.hardware, disaggregation=None,
+                       engine=replace(self.engine, **pool.engine.settings()),
                        deployment=replace(self.deployment, replicas=pool.replicas,
                                           tensor_parallel=pool.tensor_parallel,
-                                          pipeline_parallel=pool.pipeline_parallel))
+                                          pipeline_parallel=pool.pipeline_parallel,
+                                          expert_parallel=pool.expert_parallel))
 
     def plain_decoding(self) -> Scenario:
         """This scenario without speculation: a controller that moves the draft length goes with it
         (plain decoding has no draft length to move)."""
         controller = self.controller
-        if controller is not None and controller.knob == SPECULATION_K:
+        if controller is not None and controller.knob is ControllerKnob.SPECULATION_K:
             controller = None
         return replace(self, speculation=None, controller=controller)
 
@@ -330,7 +332,8 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
             dep.child("disaggregation"),
             lambda pool, key: (_engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key))
                                if pool.has(key) else hardware),
-            model.num_heads, model.num_layers)
+            model, PoolEngine(engine.max_num_seqs, engine.max_batch_tokens, engine.chunked_prefill),
+            engine.kernels.value)
         if router is RouterPolicy.SHARED_QUEUE:
             raise dep.key_error("router", "a disaggregated deployment routes each request to one replica of each "
                                 "pool", router, ", ".join(r for r in RouterPolicy.names() if r != router))
@@ -639,8 +642,7 @@ def _check_disaggregation(scenario: Scenario, root: Node) -> None:
     where = "deployment.disaggregation"
     for what, unmodelled in (("speculation", scenario.speculating), ("controller", scenario.controller),
                              ("autoscaling", scenario.autoscaling), ("rollout", scenario.rollout),
-                             ("workload.classes", scenario.workload.classes),
-                             ("deployment.expert_parallel", scenario.deployment.expert_parallel)):
+                             ("workload.classes", scenario.workload.classes)):
         if unmodelled:
             raise root.error(f"{where} is not modelled together with {what}", key=what,
                              value=root.raw(what) if "." not in what else "set",
@@ -648,25 +650,33 @@ def _check_disaggregation(scenario: Scenario, root: Node) -> None:
     if scenario.engine.batching is not Batching.CONTINUOUS:
         raise root.error(f"{where} needs continuous batching", key="engine.batching",
                          value=scenario.engine.batching, allowed="continuous")
-    if not scenario.engine.chunked_prefill:       # a transferred prompt's last token is continued as a chunk
-        raise root.error(f"{where} is modelled with chunked prefill (vLLM V1's scheduler)",
-                         key="engine.chunked_prefill", value=False, allowed="true")
+    # A transferred prompt's last token is continued as a chunk (a decode pool's own false is refused as read).
+    if not scenario.pool("decode").engine.chunked_prefill:
+        raise root.error(f"{where}: the decode pool is modelled with chunked prefill (vLLM V1's scheduler)",
+                         key="engine.chunked_prefill", value=False,
+                         allowed=f"true, or {where}.decode.engine.chunked_prefill: true")
     for name in ("prefill", "decode"):
         pool = scenario.pool(name)
-        placement, key = pool.memory, f"{where}.{name}.tensor_parallel"
+        dep, placement = pool.deployment, pool.memory
+        experts = dep.expert_parallel
+        # What to change: the pool's expert-parallel degree where it has one, else its tensor parallelism.
+        key, value = ((f"{where}.{name}.expert_parallel.degree", experts.degree) if experts is not None else
+                      (f"{where}.{name}.tensor_parallel", dep.tensor_parallel))
+        more = "a larger expert-parallel degree (fewer experts per GPU)" if experts is not None else \
+            "more tensor_parallel or pipeline_parallel"
         if not placement.fits:
-            raise root.error(f"{scenario.model.name} does not fit on {pool.deployment.devices_per_replica} x "
-                             f"{pool.hardware.name} (the {name} pool): "
+            shape = (f"an expert-parallel group of {experts.degree} x {pool.hardware.name} "
+                     f"({experts.experts_per_rank(scenario.model)} experts per GPU)" if experts is not None else
+                     f"{dep.devices_per_replica} x {pool.hardware.name}")
+            raise root.error(f"{scenario.model.name} does not fit on {shape} (the {name} pool): "
                              f"{placement.weights_per_device_bytes / 1e9:.1f} GB of weights per device, "
-                             f"{placement.usable_per_device_bytes / 1e9:.1f} GB usable", key=key,
-                             value=pool.deployment.tensor_parallel,
-                             allowed="more tensor_parallel or pipeline_parallel, a smaller weight_dtype, or a larger "
-                                     "device")
+                             f"{placement.usable_per_device_bytes / 1e9:.1f} GB usable", key=key, value=value,
+                             allowed=f"{more}, a smaller weight_dtype, or a larger device")
         if placement.kv_capacity_tokens < scenario.max_model_len:
             raise root.error(f"the {name} pool's KV cache holds {placement.kv_capacity_tokens:,} tokens per replica, "
                              f"less than one request of max_model_len {scenario.max_model_len:,} tokens",
-                             key=key, value=pool.deployment.tensor_parallel,
-                             allowed="more KV room (more devices per replica), or a smaller engine.max_model_len")
+                             key=key, value=value,
+                             allowed=f"more KV room ({more}), or a smaller engine.max_model_len")
 
 
 def _check_holds_longest(scenario: Scenario, placement: Placement, root: Node) -> None:

@@ -35,7 +35,7 @@ import pandas as pd
 
 from llmsim.analysis.metrics import summarize
 from llmsim.catalog.models import ModelSpec, model_catalog
-from llmsim.config.policies import KPolicyName
+from llmsim.config.policies import AcceptanceProcess, KPolicyName, ProposerKind
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.simulate import simulate_whole
@@ -44,16 +44,15 @@ from llmsim.speculation.config import (Acceptance, Eligibility, KPolicy, Specula
 from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, MTP, NGRAM, Proposer, draft_cost_model, head_spec
 from llmsim.workload.generate import generate_trace
 
-NONE = "none"
 RULE_BAND = (0.2, 0.3)         # the practice rule: a draft of 20-30% of the target's parameters
 K_MAX = 8
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A way to draft (``kind`` ``none`` is plain decoding) and the acceptance it is expected to get."""
+    """A way to draft (``kind`` None is plain decoding) and the acceptance it is expected to get."""
     label: str
-    kind: str
+    kind: ProposerKind | None
     draft: ModelSpec | None = None
     alpha: float = 0.0
     alpha_range: tuple[float, float] | None = None     # the acceptance model's one-sd range, if predicted
@@ -62,6 +61,7 @@ class Candidate:
 
     @property
     def proposer(self) -> Proposer:
+        assert self.kind is not None, "plain decoding has no proposer"
         return Proposer(self.kind, heads=self.heads if self.kind == MEDUSA else 0,
                         cpu_s_per_sequence=self.cpu_s_per_sequence)
 
@@ -95,13 +95,16 @@ class DraftChoice:
     rule_text: str
 
 
+PLAIN_DECODING = Candidate("none", None)
+
+
 def candidates(scenario: Scenario, workload: str = "chat", catalog: dict[str, ModelSpec] | None = None,
                own_draft: bool = True) -> list[Candidate]:
     """No speculation; catalog models the target can verify (same vocabulary, smaller), in their
     dtype and at fp8; an EAGLE head; the target's MTP module if it ships one; n-gram lookup; and
     the scenario's own draft, with its measured acceptance when the scenario gives one."""
     target = scenario.model
-    out = [Candidate(NONE, NONE)]
+    out = [PLAIN_DECODING]
     for model in (catalog or model_catalog()).values():
         if model.vocab_size != target.vocab_size or model.param_count >= target.param_count:
             continue
@@ -178,7 +181,7 @@ def candidate_overrides(candidate: Candidate, scenario: Scenario) -> dict:
     return point
 
 
-def predicted_candidate(label: str, kind: str, draft: ModelSpec | None, target: ModelSpec,
+def predicted_candidate(label: str, kind: ProposerKind, draft: ModelSpec | None, target: ModelSpec,
                         workload: str = "chat") -> Candidate:
     """A candidate at the acceptance the acceptance model predicts for it, with its one-sd range."""
     estimate = predicted_acceptance(Proposer(kind), draft, target, workload)
@@ -187,10 +190,7 @@ def predicted_candidate(label: str, kind: str, draft: ModelSpec | None, target: 
 
 def _measured(scenario: Scenario) -> bool:
     """Whether the scenario states its acceptance (a measurement), rather than the default or a prediction."""
-    given = ((scenario.source or {}).get("speculation") or {}).get("acceptance")
-    if not given:
-        return False
-    return given.get("process") != "predicted"
+    return scenario.speculation is not None and scenario.speculation.acceptance.measured
 
 
 def theorem_3_8(alpha: float, c: float, sequential: bool = True, k_max: int = K_MAX) -> tuple[int, float]:
@@ -216,13 +216,13 @@ def cost_ratio(scenario: Scenario, candidate: Candidate, context: float) -> floa
 
 def with_candidate(scenario: Scenario, candidate: Candidate, k: int) -> Scenario:
     """The scenario speculating with ``candidate`` at a static ``k`` (plain decoding for ``none``)."""
-    if candidate.kind == NONE:
+    if candidate.kind is None:
         return scenario.plain_decoding()
     own = scenario.speculation
     eligibility = own.eligibility if own is not None else Eligibility()
     config = SpeculationConfig(candidate.draft, policy=KPolicy(KPolicyName.STATIC, k, max(k, candidate.k_max)),
-                               acceptance=Acceptance("bernoulli", alpha=candidate.alpha), eligibility=eligibility,
-                               proposer=candidate.proposer)
+                               acceptance=Acceptance(AcceptanceProcess.BERNOULLI, alpha=candidate.alpha),
+                               eligibility=eligibility, proposer=candidate.proposer)
     return replace(scenario, speculation=resolve_draft_parallelism(config, scenario.deployment.tensor_parallel))
 
 
@@ -234,7 +234,7 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
     context = float(np.mean(trace.prompt_tokens) + np.mean(trace.output_tokens) / 2)
     rows: list[_Row] = []
     for candidate in options:
-        if candidate.kind == NONE:
+        if candidate.kind is None:
             rows.append({"candidate": candidate, "c": 0.0, "k": 0, "speedup_theorem": 1.0})
             continue
         scenario_with = with_candidate(scenario, candidate, 1)
@@ -244,13 +244,14 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
         k, speedup = theorem_3_8(candidate.alpha, c, candidate.proposer.sequential, candidate.k_max)
         rows.append({"candidate": candidate, "c": c, "k": k, "speedup_theorem": speedup})
     rows.sort(key=lambda row: -row["speedup_theorem"])
-    simulated = [row for row in rows if row["candidate"].kind == NONE] + \
-        [row for row in rows if row["candidate"].kind != NONE][:simulate_top]
+    simulated = [row for row in rows if row["candidate"].kind is None] + \
+        [row for row in rows if row["candidate"].kind is not None][:simulate_top]
     for row in simulated:
         summary = summarize(simulate_whole(with_candidate(scenario, row["candidate"], row["k"]), trace)).to_dict()
         row["tpot_s"], row["slo_met"] = summary["latency"]["tpot_s"]["mean"], summary["slo"]["met"]
     table = pd.DataFrame([{
-        "candidate": row["candidate"].label, "kind": row["candidate"].kind,
+        "candidate": row["candidate"].label, "kind": row["candidate"].kind or PLAIN_DECODING.label,
+        "speculates": row["candidate"].kind is not None,
         "params_ratio": (params_ratio(row["candidate"], scenario.model)
                          if row["candidate"].kind == MODEL else np.nan),
         "alpha": row["candidate"].alpha,
@@ -261,7 +262,7 @@ def choose_draft(scenario: Scenario, options: list[Candidate] | None = None, wor
     ran = [row for row in rows if "tpot_s" in row]
     passing = [row for row in ran if row["slo_met"]] or ran
     best = min(passing, key=lambda row: row["tpot_s"])
-    none_tpot = next(row["tpot_s"] for row in ran if row["candidate"].kind == NONE)
+    none_tpot = next(row["tpot_s"] for row in ran if row["candidate"].kind is None)
     table["speedup_simulated"] = none_tpot / table["tpot_s"]
     holds, cost, text = _rule(scenario, best, ran)
     return DraftChoice(best["candidate"], best["k"], table, holds, cost, text)
@@ -312,14 +313,15 @@ def tune_eligibility(scenario: Scenario, trace=None) -> tuple[Eligibility, pd.Da
 def format_draft_choice(choice: DraftChoice, eligibility: Eligibility | None = None,
                         eligibility_table: pd.DataFrame | None = None) -> str:
     """The draft choice (and the tuned eligibility) as a person reads it."""
-    lines = [f"draft: {choice.best.label} at k {choice.best_k}" if choice.best.kind != NONE
+    lines = [f"draft: {choice.best.label} at k {choice.best_k}" if choice.best.kind is not None
              else "draft: none (plain decoding is fastest here)"]
     for row in choice.table.itertuples():
-        alpha = "" if row.kind == NONE else f"alpha {row.alpha:.2f}" + (
+        alpha = "" if not row.speculates else f"alpha {row.alpha:.2f}" + (
             f" ({row.alpha_low:.2f}-{row.alpha_high:.2f})" if row.alpha_low == row.alpha_low else " (measured)")
         simulated = f", simulated TPOT {1e3 * row.tpot_s:.1f} ms ({row.speedup_simulated:.2f}x)" \
             if row.tpot_s == row.tpot_s else ""
-        theorem = "" if row.kind == NONE else f", c {row.c:.3f}, Theorem 3.8: k {row.k}, {row.speedup_theorem_3_8:.2f}x"
+        theorem = ("" if not row.speculates
+                   else f", c {row.c:.3f}, Theorem 3.8: k {row.k}, {row.speedup_theorem_3_8:.2f}x")
         lines.append(f"  {row.candidate:<34} {alpha}{theorem}{simulated}")
     lines.append(f"  {choice.rule_text}")
     if eligibility is not None:
@@ -348,10 +350,9 @@ class DraftAdvice:
 def advise(scenario: Scenario) -> DraftAdvice:
     """Choose the draft (for the workload the scenario's predicted acceptance names, else chat),
     then tune the eligibility thresholds with it."""
-    given = ((scenario.source or {}).get("speculation") or {}).get("acceptance") or {}
-    workload = given.get("workload", "chat") if given.get("process") == "predicted" else "chat"
-    choice = choose_draft(scenario, workload=workload)
-    if choice.best.kind == NONE:
+    speculation = scenario.speculation
+    choice = choose_draft(scenario, workload=speculation.acceptance.workload if speculation is not None else "chat")
+    if choice.best.kind is None:
         return DraftAdvice(choice, None, None)
     eligibility, table = tune_eligibility(with_candidate(scenario, choice.best, choice.best_k))
     return DraftAdvice(choice, eligibility, table)

@@ -20,6 +20,7 @@ import pandas as pd
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.metrics import summarize
 from llmsim.catalog.models import ModelSpec, model_catalog
+from llmsim.config.policies import EstimateMethod
 from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.draft_choice import Candidate, predicted_candidate, with_candidate
@@ -28,7 +29,6 @@ from llmsim.speculation.config import Eligibility
 from llmsim.speculation.proposers import EAGLE, MODEL, NGRAM, head_spec
 from llmsim.workload.generate import generate_trace
 
-METHODS = ("fluid", "simulate")
 EVERYONE = Eligibility(min_sequence_tokens=0, min_concurrent_requests=1)
 
 
@@ -44,7 +44,7 @@ def named_candidates(target: ModelSpec, models: Sequence[str], ngram_cpu_s_per_s
 
 
 def load_sweep(scenario: Scenario, options: Sequence[Candidate], loads: Sequence[float],
-               ks: Sequence[int] | Mapping[str, Sequence[int]], method: str = "fluid",
+               ks: Sequence[int] | Mapping[str, Sequence[int]], method: str | EstimateMethod = EstimateMethod.FLUID,
                eligibility: Eligibility = EVERYONE) -> pd.DataFrame:
     """Mean TPOT of every candidate at every static k and load (requests/s), and of plain decoding.
 
@@ -53,12 +53,11 @@ def load_sweep(scenario: Scenario, options: Sequence[Candidate], loads: Sequence
     where the fluid model finds either past its capacity). ``eligibility`` applies to every
     candidate (default: every sequence may speculate, as the fluid model assumes).
     """
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, not {method!r}")
+    method = EstimateMethod.of(method, "method")
     load_values = np.asarray(loads, dtype=float)
     settings = [(candidate, k) for candidate in options
                 for k in (ks[candidate.label] if isinstance(ks, Mapping) else ks)]
-    if method == "fluid":
+    if method is EstimateMethod.FLUID:
         trace = generate_trace(scenario.workload, scenario.seed)        # lengths only: the rate is the model's
         plain = FluidModel(scenario.plain_decoding(), trace).evaluate(load_values)["tpot_mean_s"].to_numpy()
         tpots = [FluidModel(_speculating(scenario, candidate, k, eligibility), trace).evaluate(load_values)[

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
+from llmsim.config.policies import ExecutorKind
 from llmsim.config.progress import Progress
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario
 
-ENGINES = ("processes", "dask", "serial")
 PR_SET_PDEATHSIG = 1            # from <linux/prctl.h>
 SCHEDULER_TIMEOUT_S = 10.0      # to reach a Dask scheduler by address before giving up (Dask's default: 30 s)
 
@@ -60,24 +60,24 @@ def pool_workers(jobs: list[tuple[str, Scenario]], requested: int | None) -> tup
     return idle, None
 
 
-def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dict], engine: str,
+def execute(jobs: list[tuple[str, Scenario]], evaluate: Callable[[Scenario], dict], engine: ExecutorKind,
             workers: int | None, client, progress: Progress):
     """Yield (point_id, ``evaluate(scenario)``) as points finish; ``progress`` is told of every job
     (``add``) and advanced one step as each finishes. ``processes`` without ``workers`` runs the
     points in this process when a pool cannot pay (:func:`pool_workers`), and says so (``note``)."""
     if not jobs:
         return
-    if engine == "processes":
+    if engine is ExecutorKind.PROCESSES:
         workers, why = pool_workers(jobs, workers)
         if why is not None:
             progress.note(why)
     workers = max(1, workers or os.cpu_count() or 1)
     progress.add(len(jobs))
-    if engine == "serial" or (engine == "processes" and (workers == 1 or len(jobs) == 1)):
+    if engine is ExecutorKind.SERIAL or (engine is ExecutorKind.PROCESSES and (workers == 1 or len(jobs) == 1)):
         for point_id, scenario in jobs:
             yield point_id, evaluate(scenario)
             progress.advance()
-    elif engine == "processes":
+    elif engine is ExecutorKind.PROCESSES:
         pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)), initializer=_init_worker,
                                    initargs=(os.getpid(),))
         pending = {pool.submit(evaluate, scenario): point_id for point_id, scenario in jobs}

@@ -81,10 +81,9 @@ class Layout:
         return label + (f" x ep{self.expert_parallel}" if self.expert_parallel > 1 else "")
 
     def overrides(self) -> dict:
-        experts: dict = ({f"{EXPERT_PARALLEL_KEY}.degree": self.expert_parallel} if self.expert_parallel > 1
-                         else {EXPERT_PARALLEL_KEY: None} if self.clears_experts else {})
         return {"hardware": self.hardware, "deployment.tensor_parallel": self.tensor_parallel,
-                "deployment.pipeline_parallel": self.pipeline_parallel, **experts}
+                "deployment.pipeline_parallel": self.pipeline_parallel,
+                **expert_overrides(self.expert_parallel, self.clears_experts)}
 
     def usd_per_hour(self, replicas: int) -> float:
         return replicas * self.devices_per_replica * self.usd_per_device_hour
@@ -116,6 +115,14 @@ class LayoutChoice:
         if self.layout is None or self.replicas is None:
             return math.nan
         return self.layout.usd_per_hour(self.replicas)
+
+
+def expert_overrides(degree: int, clears_experts: bool) -> dict:
+    """Scenario overrides setting the routed experts' degree: above 1 the scenario's ``expert_parallel``
+    settings with this degree; 1 removes the section (``clears_experts``: the scenario has one) or leaves none."""
+    if degree > 1:
+        return {f"{EXPERT_PARALLEL_KEY}.degree": degree}
+    return {EXPERT_PARALLEL_KEY: None} if clears_experts else {}
 
 
 def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,

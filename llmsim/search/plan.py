@@ -46,6 +46,7 @@ from llmsim.scenario.overrides import check_matches_source, variant
 from llmsim.search.sweeps import RATE_KEY
 from llmsim.search.window import Judged, Window, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.workload.generate import generate_trace
+from llmsim.workload.profiles import MMPP, Piecewise
 from llmsim.workload.trace_transforms import has_time_scale
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
@@ -78,7 +79,7 @@ def check_rate_driven(scenario: Scenario) -> None:
         raise ConfigError("each traffic class has arrivals of its own: there is no one rate to vary",
                           file=scenario.path, key="workload.classes", value=scenario.workload.class_names,
                           allowed="classes with a share of workload.arrival")
-    if arrival.process in ("steps", "ramp", "mmpp"):
+    if isinstance(arrival, (Piecewise, MMPP)):
         raise ConfigError("this arrival profile has no single rate to vary", file=scenario.path,
                           key="workload.arrival.process", value=arrival.process,
                           allowed="poisson, gamma, deterministic or diurnal (whose rate is its mean)")

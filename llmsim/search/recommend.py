@@ -37,6 +37,16 @@ The search (:func:`recommend`):
    drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
    scenario's, min_concurrent_requests 1 or the scenario's): the proposer, k policy and eligibility
    of the answer come from this one search (:class:`DraftSearch`).
+   With a mixture-of-experts model (aggregated, one pipeline stage), **the expert-parallel degree**
+   (:meth:`_Search.experts`): the best setting so far at degree 1 (experts tensor parallel) and at each
+   degree ``tp x 2^i`` that splits the experts (:func:`llmsim.search.layout.expert_degrees`; the attention
+   then runs data parallel over ``degree / tp`` ranks, the DeepSeek layout), with the scenario's other
+   ``expert_parallel`` settings; a degree that is no valid layout (does not fit, a group wider than a node
+   without a scale-out bandwidth) is reported as such. The degrees change the devices a replica takes, so
+   goodput alone would favour the widest: each is bisected to the end and the degree chosen is the cheapest
+   per million output tokens at its goodput among those meeting the targets at the scenario's rate
+   (:class:`ExpertSearch` says which and why); the settings at that degree then rank first, whatever the
+   objective.
 4. **Traffic classes: the policy and every class's timeout, jointly** (:meth:`_Search.classes`).
    Bisecting the rate of every (policy, timeout per class) combination would cost
    6 x 5^classes searches; instead, with the best setting's other knobs held, every
@@ -81,7 +91,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.config.policies import KPolicyName, SchedulingPolicy
+from llmsim.config.policies import KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
@@ -89,17 +99,18 @@ from llmsim.errors import ConfigError
 from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.overrides import variant
-from llmsim.search.draft_choice import (NONE, Candidate, candidate_overrides, candidates, cost_ratio, in_band,
+from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_overrides
+from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
 from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
                                   typical_latency_s)
+from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
+from llmsim.speculation.proposers import MODEL
 from llmsim.workload.generate import generate_trace
 
-OBJECTIVES = ("goodput", "cost")     # the first is the default
-SEARCHES = ("all", "classes")         # everything (the default), or only the policy and the class timeouts
 SEEDS, TOP = 3, 3                     # seeds per setting; analytic best settings to simulate
 TIMEOUTS_S = (0.05, 0.2, 1.0)
 IDLE_TIMEOUTS_S = (0.5, 2.0, 10.0)    # CPU offload: how long a cached block idles before it moves to host memory
@@ -145,6 +156,9 @@ class Config:
     # (min_sequence_tokens, min_concurrent_requests) (None: the scenario's own, or the candidate's).
     draft: Candidate | None = None
     eligibility: tuple[int, int] | None = None
+    # With a mixture-of-experts model: the routed experts' expert-parallel degree (None: the scenario's own; 1:
+    # tensor parallel like the rest).
+    expert_parallel: int | None = None
 
     def overrides(self, scenario: Scenario) -> dict:
         point = candidate_overrides(self.draft, scenario) if self.draft is not None and self.k != OFF else {}
@@ -170,6 +184,8 @@ class Config:
             k_max = max(scenario.speculation.policy.k_max, k, RULE_K_MAX if policy is AdaptiveK.name else 0)
             k_max = min(k_max, longest_draft(scenario) if self.draft is None else self.draft.k_max)
             point.update({"speculation.policy": str(policy), "speculation.k": k, "speculation.k_max": k_max})
+        if self.expert_parallel is not None:
+            point |= expert_overrides(self.expert_parallel, scenario.deployment.expert_parallel is not None)
         if self.eligibility is not None and self.k != OFF:
             point["speculation.eligibility"] = {"min_sequence_tokens": self.eligibility[0],
                                                 "min_concurrent_requests": self.eligibility[1]}
@@ -192,6 +208,8 @@ class Config:
         if self.eligibility is not None and self.k != OFF:
             label += (f", eligibility min_sequence_tokens {self.eligibility[0]}, "
                       f"min_concurrent_requests {self.eligibility[1]}")
+        if self.expert_parallel is not None:
+            label += f", expert_parallel {self.expert_parallel}"
         return label
 
 
@@ -209,29 +227,111 @@ class ClassSearch:
     best_per_policy: dict            # policy -> its best Config, goodput then bisected
 
 
+def own_degree(scenario: Scenario) -> int:
+    """The scenario's expert-parallel degree (1: its experts tensor parallel like the rest)."""
+    experts = scenario.deployment.expert_parallel
+    return 1 if experts is None else experts.degree
+
+
+def searches_experts(scenario: Scenario) -> bool:
+    """Whether the search compares expert-parallel degrees (step 3b): a mixture-of-experts model, aggregated
+    (a disaggregated deployment's pools set their own), at one pipeline stage (expert-parallel layouts have one)."""
+    return (scenario.model.num_experts > 1 and scenario.disaggregation is None
+            and scenario.deployment.pipeline_parallel == 1)
+
+
+def choose_degree(table: pd.DataFrame, own: int) -> int:
+    """The expert-parallel degree of ``table`` (:class:`ExpertSearch`'s) that meets the SLO at the scenario's
+    rate for the fewest dollars per million output tokens (the fewer GPUs per replica among equals); ``own``
+    when none does."""
+    meeting = table[(table["refused"] == "") & table["meets_scenario_rate"]]
+    if meeting.empty:
+        return own
+    return int(meeting.sort_values(["usd_per_million_output_tokens", "devices_per_replica"],
+                                   kind="stable")["expert_parallel"].iloc[0])
+
+
+@dataclass
+class ExpertSearch:
+    """Step 3b: the best setting at each expert-parallel degree and the degree chosen, on cost under the SLOs.
+
+    ``table``: one row per degree: ``expert_parallel``, ``data_parallel`` (attention data-parallel ranks of a
+    group), ``devices_per_replica``, goodput and its interval, dollars per million output tokens at that
+    goodput, whether it meets the SLO at the scenario's rate, and ``refused`` (why the degree is no valid
+    layout, e.g. it does not fit; empty otherwise)."""
+    table: pd.DataFrame
+    chosen: int
+    own: int                     # the scenario's degree, which the rest of the search ran at
+
+    def text(self) -> str:
+        lines = ["expert parallelism: the recommended setting at each degree (a replica is a group of that many "
+                 "GPUs, degree / tp attention data-parallel ranks; degree 1: the experts tensor parallel), chosen "
+                 "on cost per output token at each degree's goodput, among those meeting the SLO at the scenario's "
+                 "rate:"]
+        for row in self.table.itertuples():
+            head = f"  EP {row.expert_parallel:<4d}" + (" (the scenario's)" if row.expert_parallel == self.own else "")
+            if row.refused:
+                lines.append(f"{head} not a layout here: {row.refused}")
+                continue
+            lines.append(f"{head} {int(row.data_parallel)} data-parallel ranks, "
+                         f"{int(row.devices_per_replica)} GPUs per replica: goodput {row.max_rate_per_s:.3g}"
+                         f"{plus_minus(row.max_rate_per_s_ci95)} req/s, "
+                         f"${row.usd_per_million_output_tokens:.3g} per million output tokens"
+                         + ("" if row.meets_scenario_rate else ", misses the SLO at the scenario's rate"))
+        lines.append(f"  chose EP {self.chosen}: {self.reason()}")
+        if self.chosen != self.own:
+            lines.append(f"  (the settings recommended are at EP {self.chosen}; the rule-of-thumb defaults they are "
+                         f"compared with ran at the scenario's EP {self.own})")
+        return "\n".join(lines)
+
+    def reason(self) -> str:
+        """Why the chosen degree: its cost against the next cheapest degree meeting the SLO, or that no other
+        meets it."""
+        rows = self.table[self.table["refused"] == ""].set_index("expert_parallel")
+        chosen = rows.loc[self.chosen]
+        if not chosen["meets_scenario_rate"]:
+            return "no degree meets the SLO at the scenario's rate; the scenario's own is kept"
+        rivals = rows[rows["meets_scenario_rate"] & (rows.index != self.chosen)]
+        missing = [str(d) for d in rows.index[~rows["meets_scenario_rate"]]]
+        miss = f"; EP {', '.join(missing)} miss{'es' if len(missing) == 1 else ''} the SLO there" if missing else ""
+        if rivals.empty:
+            return f"the only degree meeting the SLO at the scenario's rate{miss}"
+        runner = rivals.sort_values("usd_per_million_output_tokens").iloc[0]
+        more = runner["usd_per_million_output_tokens"] / chosen["usd_per_million_output_tokens"] - 1
+        return (f"the cheapest per output token meeting the SLO (${chosen['usd_per_million_output_tokens']:.3g} per "
+                f"million); the next, EP {runner.name}, costs {100 * more:.0f}% more "
+                f"(${runner['usd_per_million_output_tokens']:.3g}){miss}")
+
+
+def plus_minus(ci: float) -> str:
+    """`` +- ci`` (two significant figures), or nothing where the interval is undefined."""
+    return "" if math.isnan(ci) else f" +- {ci:.2g}"
+
+
 @dataclass
 class Recommendation:
     best: Config
     table: pd.DataFrame            # every simulated configuration, best first
     defaults: pd.DataFrame         # the rule-of-thumb rows of the table
     at_scenario_rate: pd.DataFrame  # the best and the best default, re-simulated at the scenario's rate
-    objective: str
+    objective: Objective
     improvement: float             # best over the best default (goodput ratio - 1, or cost saving)
     improvement_ci95: float        # half-width across seeds, paired, at least the bisection's resolution
     analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
     runtime_s: float
     drafts: DraftSearch | None = None   # with drafts=True on a speculating scenario: proposer and eligibility
-    search: str = SEARCHES[0]
+    search: SearchScope = SearchScope.ALL
     # With traffic classes: the joint class search, and per scheduling policy its best class timeouts, their
     # goodput and each class's attainment at the scenario's rate (best first): why the policy won.
     classes: ClassSearch | None = None
     policies: pd.DataFrame | None = None
+    experts: ExpertSearch | None = None     # a mixture-of-experts model: the expert-parallel degree (step 3b)
 
     @property
     def gain_verdict(self) -> str:
         """Whether the gain over the rule of thumb is significant, in words (a goodput gain is, when its
         95% interval excludes 0; a cost saving or a single replication has no interval)."""
-        what = "goodput gain" if self.objective == "goodput" else "cost saving"
+        what = "goodput gain" if self.objective is Objective.GOODPUT else "cost saving"
         if not math.isfinite(self.improvement_ci95):
             return f"the {what} has no interval (one replication): not shown to be significant"
         if abs(self.improvement) > self.improvement_ci95:
@@ -338,9 +438,10 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     return float(fine[np.flatnonzero(passing(fine))[-1]]) if passing(fine).any() else float(rates[last])
 
 
-def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0], seeds: int | Sequence[int] = SEEDS,
+def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = Objective.GOODPUT,
+              seeds: int | Sequence[int] = SEEDS,
               top: int = TOP, workers: int | None = None, tolerance: float = 0.04, requests: int | None = None,
-              progress: Progress = QUIET, drafts: bool = False, search: str = SEARCHES[0],
+              progress: Progress = QUIET, drafts: bool = False, search: str | SearchScope = SearchScope.ALL,
               class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S) -> Recommendation:
     """Search k, max batch tokens and queue timeout, and with traffic classes the scheduling policy and
     each class's queue timeout (see the module docstring).
@@ -358,16 +459,13 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
     started = time.perf_counter()
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
-    if objective not in OBJECTIVES:
-        raise ConfigError("unknown objective", key="objective", value=objective, allowed=", ".join(OBJECTIVES))
-    if search not in SEARCHES:
-        raise ConfigError("unknown search", key="search", value=search, allowed=", ".join(SEARCHES))
+    objective, search = Objective.of(objective, "objective"), SearchScope.of(search, "search")
     class_timeouts_s = tuple(sorted({float(t) for t in class_timeouts_s}))
     if not class_timeouts_s or not all(0 < t <= MAX_CLASS_TIMEOUT_S for t in class_timeouts_s) \
             or len(class_timeouts_s) > MAX_CLASS_TIMEOUTS:
         raise ConfigError("bad queue timeouts to search", key="class_timeouts_s", value=list(class_timeouts_s),
                           allowed=f"1 to {MAX_CLASS_TIMEOUTS} durations in (0, {MAX_CLASS_TIMEOUT_S:g} s]")
-    if search == "classes" and not scenario.workload.classes:
+    if search is SearchScope.CLASSES and not scenario.workload.classes:
         raise ConfigError("the scenario has no traffic classes to search", file=scenario.path, key="workload.classes",
                           has_value=False, allowed="workload.classes (two or more), or --search all")
     if not scenario.slo.defined:
@@ -386,12 +484,13 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
     # ``progress`` counts every simulation of the search, its total growing as the bisections ask for more.
     # A run the search asks for twice (a screened candidate's first bisection step, at the probe rate) runs once.
-    speculating = drafts and search == "all" and scenario.speculation is not None
+    speculating = drafts and search is SearchScope.ALL and scenario.speculation is not None
     with reusing_runs():
         searcher = _Search(scenario, seed_list, objective, workers, tolerance, progress,
-                           own_settings=search == "classes", class_timeouts_s=class_timeouts_s)
+                           own_settings=search is SearchScope.CLASSES, class_timeouts_s=class_timeouts_s)
         analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
-        if search == "all":
+        experts = None
+        if search is SearchScope.ALL:
             # 1. the coarse grid, scored by the fluid model
             grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
             analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
@@ -413,6 +512,8 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
             searcher.evaluate(_neighbours(searcher.best(), scenario))
             if speculating and searcher.best().k != OFF:
                 searcher.evaluate(_eligibility_options(searcher.best(), scenario))
+            # 3b. a mixture-of-experts model: the best setting at every expert-parallel degree, chosen on cost
+            experts = searcher.experts(searcher.best()) if searches_experts(scenario) else None
         else:
             searcher.evaluate(searcher.defaults)        # the scenario's own settings
         # 4. with traffic classes: the policy and every class's timeout, jointly
@@ -429,7 +530,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         best_default = default_rows.iloc[0]
         best_row = table.iloc[0]
         with np.errstate(divide="ignore", invalid="ignore"):     # a default that never passes: an infinite gain
-            if objective == "goodput":
+            if objective is Objective.GOODPUT:
                 gains = np.array(best_row["per_seed_rates"]) / np.array(best_default["per_seed_rates"]) - 1.0
                 improvement = np.float64(best_row["max_rate_per_s"]) / best_default["max_rate_per_s"] - 1.0
             else:
@@ -441,10 +542,10 @@ def recommend(scenario: str | Path | Scenario, *, objective: str = OBJECTIVES[0]
         policies = _policy_table(classes, table, at_rate, scenario) if classes is not None else None
         advice = DraftSearch.of(screened, searcher.table(), scenario) if speculating else None
         # each seed's rate is known to the bisection's tolerance, so a gain to about (1 + gain) x tolerance
-        resolution = (1 + improvement) * tolerance if objective == "goodput" else 0.0
+        resolution = (1 + improvement) * tolerance if objective is Objective.GOODPUT else 0.0
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement),
                               _ci(gains, resolution),
-                              analytic, time.perf_counter() - started, advice, search, classes, policies)
+                              analytic, time.perf_counter() - started, advice, search, classes, policies, experts)
 
 
 def replays_one_trace(scenario: Scenario) -> bool:
@@ -478,8 +579,8 @@ def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
 
 def _acceptance_workload(scenario: Scenario) -> str:
     """The workload the scenario's predicted acceptance names, else chat: what candidates are predicted for."""
-    given = ((scenario.source or {}).get("speculation") or {}).get("acceptance") or {}
-    return given.get("workload", "chat") if given.get("process") == "predicted" else "chat"
+    acceptance = scenario.speculation.acceptance if scenario.speculation is not None else None
+    return acceptance.workload if acceptance is not None else WORKLOADS[0]
 
 
 def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) -> pd.DataFrame:
@@ -488,7 +589,7 @@ def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) 
     static k, scored by the fluid model's goodput across loads at ``max_batch_tokens``; best first. A draft
     that leaves no KV room for one longest request is left out."""
     workload = _acceptance_workload(scenario)
-    options = [c for c in candidates(scenario, workload, own_draft=False) if c.kind != NONE]
+    options = [c for c in candidates(scenario, workload, own_draft=False) if c.kind is not None]
     options += in_band_candidates(scenario.model, workload)
     context = float(np.mean(searcher.trace.prompt_tokens) + np.mean(searcher.trace.output_tokens) / 2)
     rows = []
@@ -500,7 +601,7 @@ def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) 
         config = Config(KChoice(KPolicyName.STATIC, k), max_batch_tokens, None, draft=candidate)
         rows.append({"candidate": candidate.label, "kind": candidate.kind,
                      "params_ratio": (candidate.draft.param_count / scenario.model.param_count
-                                      if candidate.kind == "model" and candidate.draft is not None else math.nan),
+                                      if candidate.kind is MODEL and candidate.draft is not None else math.nan),
                      "alpha": candidate.alpha, "c": c, "k": k, "speedup_theorem_3_8": speedup,
                      "analytic_rate_per_s": searcher.analytic(config), "in_band": in_band(candidate, scenario.model),
                      "config": config})
@@ -634,11 +735,11 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
 class _Search:
     """Simulated highest passing rate per (configuration, seed), bisected for all at once."""
 
-    def __init__(self, scenario: Scenario, seeds: list[int], objective: str, workers, tolerance: float,
+    def __init__(self, scenario: Scenario, seeds: list[int], objective: Objective, workers, tolerance: float,
                  progress: Progress, own_settings: bool = False,
                  class_timeouts_s: Sequence[float] = CLASS_TIMEOUTS_S, racing: bool = True):
         self.scenario, self.seeds, self.objective = scenario, seeds, objective
-        self.racing = racing and objective == "goodput"     # cost ranks by dollars: every goodput is needed
+        self.racing = racing and objective is Objective.GOODPUT     # cost ranks by dollars: every goodput is needed
         self.protected: set[Config] = set()                 # bisected to the end, like the defaults
         self.workers, self.tolerance, self.progress = workers, tolerance, progress
         self.class_timeouts_s = tuple(class_timeouts_s)
@@ -646,6 +747,7 @@ class _Search:
         self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.rate_per_s
+        self.expert_degree: int | None = None                # chosen by step 3b: its settings rank first
         engine = scenario.engine
         # The baseline: the rule-of-thumb defaults, or (own_settings) the scenario's own settings.
         self.defaults = ([Config(OFF if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
@@ -654,7 +756,7 @@ class _Search:
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
     def analytic(self, config: Config) -> float:
-        key = (config.k, config.max_batch_tokens, config.draft, config.eligibility)
+        key = (config.k, config.max_batch_tokens, config.draft, config.eligibility, config.expert_parallel)
         if key not in self._analytic:
             try:
                 self._analytic[key] = analytic_rate(variant(self.scenario, config.overrides(self.scenario)),
@@ -710,6 +812,7 @@ class _Search:
                                    if self.scenario.engine.cpu_offload is not None else math.nan),
                                "scheduling_policy": c.policy or self.scenario.engine.scheduling_policy,
                                "class_timeouts": dict(class_timeouts(c, self.scenario)) or None,
+                               "expert_parallel": self.degree_of(c),
                                "analytic_rate_per_s": guess[c],
                                "max_rate_per_s": rates.mean(),
                                "max_rate_per_s.ci95": _ci(rates, self.tolerance * rates.mean()),
@@ -791,6 +894,43 @@ class _Search:
                                  for (c, r), v in self.screened.items() if r == rate])
         return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
 
+    def degree_of(self, config: Config) -> int:
+        return own_degree(self.scenario) if config.expert_parallel is None else config.expert_parallel
+
+    def experts(self, base: Config) -> ExpertSearch:
+        """Step 3b: ``base`` at every expert-parallel degree of the scenario's tensor parallelism (1, and tp x 2^i
+        splitting the experts, :func:`llmsim.search.layout.expert_degrees`), each bisected to the end (its cost at
+        its goodput is what ranks it); the cheapest per million output tokens among those meeting the SLO at the
+        scenario's rate is chosen (the scenario's own when none does), and the settings at it rank first."""
+        scenario, own = self.scenario, own_degree(self.scenario)
+        degrees = sorted({1, own, *expert_degrees(scenario, scenario.deployment.tensor_parallel, MAX_EXPERT_PARALLEL)})
+        configs = {d: base if self.degree_of(base) == d else replace(base, expert_parallel=d) for d in degrees}
+        refused, built = {}, {}
+        for degree, config in configs.items():
+            try:
+                built[degree] = variant(scenario, config.overrides(scenario))
+            except ConfigError as error:        # does not fit, or a group wider than a node without its network
+                refused[degree] = error.message
+        valid = [c for d, c in configs.items() if d not in refused]
+        self.protected.update(valid)
+        self.progress.note("expert-parallel degrees")
+        self.evaluate(valid)
+        rows = []
+        for degree, config in configs.items():
+            row = {"expert_parallel": degree, "refused": refused.get(degree, "")}
+            if degree not in refused:
+                result, one = self.results[config], built[degree]
+                row |= {"data_parallel": one.deployment.data_parallel,
+                        "devices_per_replica": one.devices_per_replica,
+                        **{key: result[key] for key in ("max_rate_per_s", "max_rate_per_s.ci95",
+                                                        "usd_per_million_output_tokens", "meets_scenario_rate")}}
+            rows.append(row)
+        table = pd.DataFrame(rows).rename(columns={"max_rate_per_s.ci95": "max_rate_per_s_ci95"})
+        table["meets_scenario_rate"] = table["meets_scenario_rate"].astype("boolean").fillna(False).astype(bool)
+        chosen = choose_degree(table, own)
+        self.expert_degree = chosen
+        return ExpertSearch(table, chosen, own)
+
     def screen(self, configs: Sequence[Config], rate: float, window: Window) -> None:
         """Each configuration not screened yet at ``rate``: one window per seed (no escalation), its
         verdict pooled over the seeds."""
@@ -826,12 +966,14 @@ class _Search:
     def table(self) -> pd.DataFrame:
         frame = pd.DataFrame(list(self.results.values()))
         frame["default"] = [c in self.defaults for c in frame["config"]]
-        if self.objective == "goodput":
-            order = frame.sort_values(["meets_scenario_rate", "max_rate_per_s"], ascending=[False, False],
-                                      kind="stable")
+        # Once step 3b has chosen an expert-parallel degree (on cost), the settings at it rank first.
+        frame["at_chosen_degree"] = self.expert_degree is None or frame["expert_parallel"] == self.expert_degree
+        if self.objective is Objective.GOODPUT:
+            order = frame.sort_values(["meets_scenario_rate", "at_chosen_degree", "max_rate_per_s"],
+                                      ascending=[False, False, False], kind="stable")
         else:
-            order = frame.sort_values(["meets_scenario_rate", "usd_per_million_output_tokens"],
-                                      ascending=[False, True], kind="stable")
+            order = frame.sort_values(["meets_scenario_rate", "at_chosen_degree", "usd_per_million_output_tokens"],
+                                      ascending=[False, False, True], kind="stable")
         return order.reset_index(drop=True)
 
     def at_scenario_rate(self, configs: Sequence[Config]) -> pd.DataFrame:

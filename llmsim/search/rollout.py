@@ -20,6 +20,7 @@ import pandas as pd
 
 from llmsim.analysis.canary import compare_independent, compare_paired, detection_time, measured, verdict
 from llmsim.analysis.metrics import summarize
+from llmsim.config.policies import RolloutRole
 from llmsim.scenario.rollout import CONTROL
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import InterTokenGaps
@@ -34,7 +35,7 @@ from llmsim.workload.generate import generate_trace
 class RolloutResult:
     scenario: Scenario
     groups: dict[str, SimulationResult]       # control first, then the canaries, then the shadows
-    roles: dict[str, str]                     # group -> control, canary or shadow
+    roles: dict[str, RolloutRole]             # group -> control, canary or shadow
     user: SimulationResult                    # the control's and the canaries' requests: what users saw
 
     def records(self, group: str) -> pd.DataFrame:
@@ -72,8 +73,8 @@ def simulate_rollout(scenario: Scenario, trace: Trace | None = None, force: bool
         groups[name] = replace(result, arrival_window_s=window, warmup_s=warmup)
         if result.interrupted:                   # Ctrl-C: no further groups
             break
-    roles = {CONTROL: CONTROL, **{g.name: g.role for g in rollout.groups}}
-    users = [name for name in groups if roles[name] != "shadow"]
+    roles = {CONTROL: RolloutRole.CONTROL, **{g.name: g.role for g in rollout.groups}}
+    users = [name for name in groups if roles[name] is not RolloutRole.SHADOW]
     return RolloutResult(scenario, groups, roles, merge_results(control, [groups[n] for n in users], len(trace)))
 
 
@@ -144,8 +145,8 @@ def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:
         entry = {"role": role, "replicas": group.scenario.deployment.replicas, "requests": len(records),
                  "fraction": fractions.get(name, 1.0 - sum(g.fraction for g in rollout.canaries)),
                  "latency": summary["latency"], "slo": summary["slo"]}
-        if role != CONTROL:
-            paired = role == "shadow"
+        if role is not RolloutRole.CONTROL:
+            paired = role is RolloutRole.SHADOW
             twins = control[control["id"].isin(records["id"])] if paired else control
             differences = compare_paired(twins, records) if paired else compare_independent(control, records)
             entry["comparison"] = [asdict(d) | {"significant": d.significant} for d in differences]

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pandas as pd
 
+from llmsim.config.policies import ExecutorKind
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import RATE_KEY
@@ -35,8 +36,8 @@ class SustainableRate:
 
 def max_sustainable_rate(scenario: str | Path | Scenario | Mapping, *, lo: float, hi: float, tol: float,
                          target: float | None = None, slo: Mapping | None = None, seeds: Sequence[int] | None = None,
-                         workers: int | None = None, engine: str = "processes", above: float | None = None,
-                         finest: float | None = None) -> SustainableRate:
+                         workers: int | None = None, engine: ExecutorKind = ExecutorKind.PROCESSES,
+                         above: float | None = None, finest: float | None = None) -> SustainableRate:
     """The highest arrival rate (requests/s) that meets the SLO, by bisection.
 
     Criterion, by default (``target`` None): the scenario's percentile targets, as

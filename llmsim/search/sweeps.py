@@ -42,14 +42,14 @@ from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
-from llmsim.config.policies import OnTimeout
+from llmsim.config.policies import ExecutorKind, OnInvalid, OnTimeout
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
 from llmsim.scenario.overrides import build_point, check_matches_source, grid_points
 from llmsim.scenario.scenario import Scenario, read_seed
-from llmsim.search.executors import ENGINES, error_text, execute
+from llmsim.search.executors import error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.resources import check_run_size
 from llmsim.sim.simulate import simulate_whole
@@ -62,9 +62,10 @@ ID_COLUMNS = ("point_id", "seed", "error")
 
 
 def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[str, Sequence], *,
-          out: str | Path | None = None, workers: int | None = None, engine: str = "processes",
-          seeds: Sequence[int] | None = None, progress: Progress = QUIET, client=None,
-          on_invalid: str = "raise", force: bool = False) -> pd.DataFrame:
+          out: str | Path | None = None, workers: int | None = None,
+          engine: str | ExecutorKind = ExecutorKind.PROCESSES, seeds: Sequence[int] | None = None,
+          progress: Progress = QUIET, client=None, on_invalid: str | OnInvalid = OnInvalid.RAISE,
+          force: bool = False) -> pd.DataFrame:
     """Simulate the product of ``grid``'s values over ``scenario``; one row per point and seed.
 
     ``scenario``: a YAML path, a loaded :class:`Scenario` or a raw scenario mapping.
@@ -84,9 +85,10 @@ def sweep(scenario: str | Path | Scenario | Mapping, grid: str | Path | Mapping[
 
 
 def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mapping[str, Any]], *,
-               seeds: Sequence[int] | None = None, workers: int | None = None, engine: str = "processes",
-               out: str | Path | None = None, progress: Progress = QUIET, client=None,
-               on_invalid: str = "raise", source: str | None = None, force: bool = False) -> pd.DataFrame:
+               seeds: Sequence[int] | None = None, workers: int | None = None,
+               engine: str | ExecutorKind = ExecutorKind.PROCESSES, out: str | Path | None = None,
+               progress: Progress = QUIET, client=None, on_invalid: str | OnInvalid = OnInvalid.RAISE,
+               source: str | None = None, force: bool = False) -> pd.DataFrame:
     """Simulate a list of points in parallel; the engine under :func:`sweep`, for searches.
 
     scenario:   a YAML path, a loaded :class:`Scenario` (it keeps its YAML mapping) or a
@@ -120,10 +122,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
     the point's keys, ``seed``, ``point_id``, ``error`` and the flattened summary. A
     point whose simulation raises gets its error text and no metrics; the rest go on.
     """
-    if engine not in ENGINES:
-        raise ConfigError("unknown sweep engine", key="engine", value=engine, allowed=", ".join(ENGINES))
-    if on_invalid not in ("raise", "record"):
-        raise ValueError(f"on_invalid must be 'raise' or 'record', not {on_invalid!r}")
+    engine, on_invalid = ExecutorKind.of(engine, "engine"), OnInvalid.of(on_invalid, "on_invalid")
     base, base_dir, base_file, base_seed = _base(scenario)
     points = [dict(point) for point in points]
     if seeds is not None and any("seed" in point for point in points):
@@ -143,7 +142,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                 built = build_point(base, {**point, "seed": seed}, base_dir, base_file, source)
                 check_run_size(built, force=force)
             except ConfigError as error:
-                if on_invalid == "raise":
+                if on_invalid is OnInvalid.RAISE:
                     raise _point_error(error, shown, source or base_file) from None
                 rows[key] = {**row, "error": str(error)}
                 continue

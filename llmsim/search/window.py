@@ -40,6 +40,7 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
+from llmsim.config.policies import ExecutorKind
 from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
@@ -234,8 +235,9 @@ class Judged:
 
 def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Sequence[Mapping],
                            windows: Sequence[Window], rates: Sequence[float], *, seeds: Sequence[int] | None = None,
-                           workers: int | None = None, engine: str = "processes", target: float | None = None,
-                           progress: Progress = QUIET, escalations: int = ESCALATIONS) -> list[Judged]:
+                           workers: int | None = None, engine: ExecutorKind = ExecutorKind.PROCESSES,
+                           target: float | None = None, progress: Progress = QUIET,
+                           escalations: int = ESCALATIONS) -> list[Judged]:
     """Simulate each point of ``scenario`` (as :func:`~llmsim.search.sweeps.run_points` takes it) over its
     window and judge it; simulate the undecided ones again with a measurement twice as long, up to
     ``escalations`` times, all of a round at once.

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from llmsim.config.policies import ControlRule
-from llmsim.scenario.control import SPECULATION_K, ControllerConfig
+from llmsim.config.policies import ControlRule, ControllerKnob
+from llmsim.scenario.control import ControllerConfig
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import RequestRecords
 from llmsim.sim.scheduling import ClassQueueing
@@ -105,12 +105,12 @@ def controller(env: simpy.Environment, scenario: Scenario, engines: list, record
     config, speculation = scenario.controller, scenario.speculation
     assert config is not None                    # simulate starts this process only for a controlled scenario
     targets = targets_of(scenario.slo, scenario.workload.class_names)
-    moves_k = config.knob == SPECULATION_K
+    moves_k = config.knob is ControllerKnob.SPECULATION_K
     if moves_k:
         assert speculation is not None           # the reader refuses a k controller without speculation
         start = speculation.policy.k
     else:
-        start = getattr(scenario.engine, config.knob)
+        start = getattr(scenario.engine, config.knob.value)
     rule = RULES[config.rule](config, start)
     value, scale = start, 1.0
     base_rules = {id(e): e.queueing.rules for e in engines if isinstance(e.queueing, ClassQueueing)}
@@ -132,7 +132,7 @@ def controller(env: simpy.Environment, scenario: Scenario, engines: list, record
                 if moves_k:
                     engine.decode.policy.set_k(value)
                 else:
-                    engine.config = replace(engine.config, **{config.knob: value})
+                    engine.config = replace(engine.config, **{config.knob.value: value})
                 if id(engine) in base_rules:
                     engine.queueing.scale_timeouts(base_rules[id(engine)], scale)
         log.rows.append((now, ratio, config.knob, value, scale, changed))

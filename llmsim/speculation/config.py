@@ -41,16 +41,16 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from llmsim.config.policies import Batching, KPolicyName, members_of
+from llmsim.config.policies import (AcceptanceProcess, Batching, DraftPlacement, KPolicyName, KScope, ProposerKind,
+                                    members_of)
 from llmsim.config.reader import Node, NumberRange
 from llmsim.workload.trace import read_csv
 from llmsim.catalog.models import ModelSpec
 from llmsim.speculation.acceptance_model import WORKLOADS, Estimate, default_model
 from llmsim.speculation.kernels import accepted_prefixes, replayed_prefixes
-from llmsim.speculation.proposers import (EAGLE, HEAD_KINDS, KINDS, MEDUSA, MODEL, MTP, NGRAM,
+from llmsim.speculation.proposers import (EAGLE, HEAD_KINDS, MEDUSA, MODEL, MTP, NGRAM,
                                           NGRAM_CPU_S_PER_CONTEXT_TOKEN, Proposer, head_spec)
 
-PROCESSES = ("bernoulli", "beta", "positional", "replay", "predicted")
 # Draft levels (k_max) at most: four times the largest published drafts (EAGLE-2's evaluation
 # verifies trees of 60 tokens, --eagle-tree-size 60). A token's chance of acceptance falls
 # geometrically with its depth (at 0.99 per token a 256th is accepted 8% of the time), while the
@@ -59,8 +59,6 @@ MAX_DRAFT_LEVELS = 256
 # A tree's nodes at k_max levels, at most: far above any token budget, and small enough that
 # branching^(k + 1) stays an exact int64 (numpy's integers wrap around silently).
 MAX_TREE_TOKENS = 2**20
-SCOPES = ("per_request", "per_batch")
-PLACEMENTS = ("colocated", "separate")
 
 
 # -- theory (Leviathan et al., ICML 2023) -------------------------------------------------------
@@ -103,7 +101,7 @@ def stream_key(seed: int, purpose: int) -> int:
 @dataclass(frozen=True)
 class Acceptance:
     """How many of the draft's tokens the target accepts (see the module docstring)."""
-    process: str = "bernoulli"
+    process: AcceptanceProcess = AcceptanceProcess.BERNOULLI
     alpha: float = 0.7                  # bernoulli, positional
     beta_a: float = 0.0                 # beta
     beta_b: float = 0.0
@@ -111,13 +109,18 @@ class Acceptance:
     samples: tuple[int, ...] = ()       # replay: measured accepted lengths
     measured_k: int = 0                 # replay: the k they were measured at
     predicted_range: tuple[float, float] | None = None   # predicted: alpha's one-sd range (acceptance_model)
+    workload: str = WORKLOADS[0]        # predicted: the workload it was predicted for
+    measured: bool = False              # the scenario states it (any process but predicted): a measurement
+
+    def __post_init__(self) -> None:
+        members_of(self, process=AcceptanceProcess)
 
     @property
     def mean_alpha(self) -> float:
         """The acceptance rate a typical token sees (for estimators' priors and reports)."""
-        if self.process == "beta":
+        if self.process is AcceptanceProcess.BETA:
             return self.beta_a / (self.beta_a + self.beta_b)
-        if self.process == "replay":
+        if self.process is AcceptanceProcess.REPLAY:
             samples = np.asarray(self.samples, dtype=float)
             # MLE of a per-token rate from truncated-geometric lengths: accepted / (accepted + rejections).
             rejections = (samples < self.measured_k).sum()
@@ -127,7 +130,7 @@ class Acceptance:
     def request_alphas(self, key: int, request_ids) -> np.ndarray:
         """Each request's own acceptance rate (the same for all but the ``beta`` process)."""
         ids = np.asarray(request_ids)
-        if self.process == "beta":
+        if self.process is AcceptanceProcess.BETA:
             return stats.beta.ppf(hashed_uniforms(key, ids, np.zeros_like(ids)), self.beta_a, self.beta_b)
         return np.full(len(ids), self.mean_alpha)
 
@@ -150,11 +153,11 @@ class Acceptance:
         accepted prefixes into ``out`` and returns their total. With ``branching`` > 1 the
         draft is a tree and ``k`` its depth (each level accepted with ``1 - (1 - p)^b``)."""
         key_u64 = np.uint64(key)
-        if self.process == "replay":
+        if self.process is AcceptanceProcess.REPLAY:
             samples = np.asarray(self.samples, dtype=np.int64)
             return lambda request_ids, positions, alphas, k, out: replayed_prefixes(key_u64, request_ids, positions,
                                                                                   samples, k, out)
-        decay = self.decay if self.process == "positional" else 1.0
+        decay = self.decay if self.process is AcceptanceProcess.POSITIONAL else 1.0
         return lambda request_ids, positions, alphas, k, out: accepted_prefixes(key_u64, request_ids, positions, alphas,
                                                                               k, decay, out, branching)
 
@@ -177,7 +180,7 @@ class KPolicy:
     policy: KPolicyName = KPolicyName.STATIC
     k: int = 4
     k_max: int = 8                      # the reader's default: at least k (Medusa: its heads)
-    scope: str = "per_request"          # the reader's default for goodput: per_batch
+    scope: KScope = KScope.PER_REQUEST  # the reader's default for goodput: per_batch
     window: int = 10
     raise_above: float = 0.8
     lower_below: float = 0.5
@@ -185,7 +188,7 @@ class KPolicy:
     prior_alpha: float = 0.7            # goodput: the acceptance assumed before any is observed
 
     def __post_init__(self):
-        members_of(self, policy=KPolicyName)
+        members_of(self, policy=KPolicyName, scope=KScope)
 
     @property
     def label(self) -> str:
@@ -203,7 +206,7 @@ class Eligibility:
 @dataclass(frozen=True)
 class SpeculationConfig:
     draft: ModelSpec | None             # a draft model or head (HeadSpec); None: an n-gram speculator (no memory)
-    placement: str = "colocated"        # draft on the target's devices, or on devices of its own
+    placement: DraftPlacement = DraftPlacement.COLOCATED   # draft on the target's devices, or on devices of its own
     draft_tensor_parallel: int | None = None   # colocated: over how many of the target's devices
     draft_devices: int = 0              # separate: devices per replica for the draft (its tp)
     policy: KPolicy = field(default_factory=KPolicy)
@@ -212,6 +215,7 @@ class SpeculationConfig:
     proposer: Proposer = field(default_factory=Proposer)   # its kind follows ``draft`` unless a head
 
     def __post_init__(self):
+        members_of(self, placement=DraftPlacement)
         if self.draft is not None and self.proposer.kind == NGRAM:
             object.__setattr__(self, "proposer", replace(self.proposer, kind=MODEL))
 
@@ -222,11 +226,11 @@ class SpeculationConfig:
 
     @property
     def colocated_draft(self) -> ModelSpec | None:
-        return self.draft if self.draft is not None and self.placement == "colocated" else None
+        return self.draft if self.draft is not None and self.placement is DraftPlacement.COLOCATED else None
 
     @property
     def extra_devices(self) -> int:
-        return self.draft_devices if self.draft is not None and self.placement == "separate" else 0
+        return self.draft_devices if self.draft is not None and self.placement is DraftPlacement.SEPARATE else 0
 
 
 def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_parallel: int | None,
@@ -239,22 +243,22 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     """
     proposer, draft = _proposer(node, target, read_model)
     count = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
-    placement = node.choice("placement", PLACEMENTS, SpeculationConfig.placement)
-    if placement == "separate" and proposer.kind in HEAD_KINDS:
+    placement = DraftPlacement(node.choice("placement", DraftPlacement.names(), SpeculationConfig.placement))
+    if placement is DraftPlacement.SEPARATE and proposer.kind in HEAD_KINDS:
         raise node.key_error("placement", f"a {proposer.kind} head runs on the target's hidden states, on its devices",
                              placement, "colocated")
     draft_tp = node.number("draft_tensor_parallel", None, **count)   # None: as the target, if it can
     if draft is not None and draft_tp is not None and draft.num_heads % draft_tp:
         raise node.key_error("draft_tensor_parallel", f"must divide the draft's {draft.num_heads} heads", draft_tp,
                              ", ".join(str(d) for d in range(1, draft.num_heads + 1) if draft.num_heads % d == 0))
-    if placement == "colocated" and tensor_parallel and draft_tp and draft_tp > tensor_parallel:
+    if placement is DraftPlacement.COLOCATED and tensor_parallel and draft_tp and draft_tp > tensor_parallel:
         raise node.key_error("draft_tensor_parallel", f"a colocated draft runs on the target's {tensor_parallel} "
                              "device(s)", draft_tp, f"1..{tensor_parallel}")
-    draft_devices = node.number("draft_devices", 1, **count) if placement == "separate" else 0
-    if placement == "separate" and draft is not None and draft.num_heads % draft_devices:
+    draft_devices = node.number("draft_devices", 1, **count) if placement is DraftPlacement.SEPARATE else 0
+    if placement is DraftPlacement.SEPARATE and draft is not None and draft.num_heads % draft_devices:
         raise node.key_error("draft_devices", f"the draft runs tensor-parallel over them: must divide its "
                              f"{draft.num_heads} heads", draft_devices, "a divisor of the draft's heads")
-    if placement == "separate" and draft is None:
+    if placement is DraftPlacement.SEPARATE and draft is None:
         node.number("draft_devices", 1, **count)    # read (and ignored): an n-gram speculator has no devices
 
     policy_name = KPolicyName(node.choice("policy", KPolicyName.names(), KPolicy.policy))
@@ -270,8 +274,8 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
     if policy_name is KPolicyName.ADAPTIVE and k == 0:
         raise node.key_error("k", "the adaptive rule starts from k0 >= 1", k, f"1..{k_max}")
     goodput = policy_name is KPolicyName.GOODPUT
-    scope = node.choice("scope", SCOPES, "per_batch" if goodput else KPolicy.scope)
-    if goodput and scope != "per_batch":
+    scope = KScope(node.choice("scope", KScope.names(), KScope.PER_BATCH if goodput else KPolicy.scope))
+    if goodput and scope is not KScope.PER_BATCH:
         raise node.key_error("scope", "the goodput policy chooses one k for the whole batch", scope, "per_batch")
     fraction = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
     raise_above = node.number("raise_above", KPolicy.raise_above, **fraction)
@@ -284,7 +288,7 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
                      node.number("prior_alpha", KPolicy.prior_alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True))
 
     acceptance = _acceptance(node.child("acceptance", {}), k_max, proposer, draft, target)
-    if proposer.branching > 1 and acceptance.process == "replay":
+    if proposer.branching > 1 and acceptance.process is AcceptanceProcess.REPLAY:
         raise node.key_error("tree_branching", "replayed accepted lengths were measured on a chain",
                              proposer.branching, "1 with process: replay")
     elig = node.child("eligibility", {})
@@ -320,12 +324,13 @@ def _proposer(node: Node, target: ModelSpec, read_model) -> tuple[Proposer, Mode
     and the checks that the target can verify the draft's tokens (``allow_larger_draft``,
     ``allow_different_vocabulary`` waive them) and, for ``mtp``, ships the module (``allow_missing_mtp``)."""
     raw = node.raw("draft")
-    kind = raw if isinstance(raw, str) and raw in KINDS and raw != MODEL else MODEL
+    kind = ProposerKind(raw) if isinstance(raw, str) and raw in ProposerKind.names() else MODEL
     heads = node.number("heads", 4, integer=True, minimum=1) if kind == MEDUSA else 0
-    branching = 1
+    branching = Proposer.branching
     if kind != NGRAM:
-        branching = node.number("tree_branching", 1, integer=True, minimum=1)
-    cpu_s = node.quantity("ngram_cpu_per_sequence", "duration", 0.0, exclusive_minimum=False) if kind == NGRAM else 0.0
+        branching = node.number("tree_branching", Proposer.branching, integer=True, minimum=1)
+    cpu_s = (node.quantity("ngram_cpu_per_sequence", "duration", Proposer.cpu_s_per_sequence,
+                           exclusive_minimum=False) if kind == NGRAM else 0.0)
     per_token_s = (node.quantity("ngram_cpu_per_context_token", "duration", NGRAM_CPU_S_PER_CONTEXT_TOKEN,
                                  exclusive_minimum=False) if kind == NGRAM else 0.0)
     proposer = Proposer(kind, heads, branching, cpu_s, per_token_s)
@@ -383,35 +388,38 @@ def predicted_acceptance(proposer: Proposer, draft: ModelSpec | None, target: Mo
 
 
 def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | None, target: ModelSpec) -> Acceptance:
-    process = node.choice("process", PROCESSES, "bernoulli")
-    if process == "predicted":
+    stated = bool(node.data)
+    process = AcceptanceProcess(node.choice("process", AcceptanceProcess.names(), AcceptanceProcess.BERNOULLI))
+    if process is AcceptanceProcess.PREDICTED:
         # From the draft/target pair and the workload (acceptance_model); a measured alpha, beta or
         # replay in place of ``predicted`` overrides it.
         family = (node.boolean("same_family", same_family(draft, target))
                   if proposer.kind == MODEL and draft is not None else None)
-        estimate = predicted_acceptance(proposer, draft, target, node.choice("workload", WORKLOADS, "chat"),
-                                        node.boolean("distilled", False), family)
+        workload = node.choice("workload", WORKLOADS, WORKLOADS[0])
+        estimate = predicted_acceptance(proposer, draft, target, workload, node.boolean("distilled", False), family)
         node.done()
-        return Acceptance(process, alpha=estimate.alpha, predicted_range=(estimate.low, estimate.high))
+        return Acceptance(process, alpha=estimate.alpha, predicted_range=(estimate.low, estimate.high),
+                          workload=workload)
     prob = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
-    if process in ("bernoulli", "positional"):
-        alpha = node.number("alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=False)
-        decay = node.number("decay", 0.9, **prob) if process == "positional" else 1.0
+    if process in (AcceptanceProcess.BERNOULLI, AcceptanceProcess.POSITIONAL):
+        alpha = node.number("alpha", Acceptance.alpha, minimum=0.0, maximum=1.0, exclusive_minimum=False)
+        decay = node.number("decay", 0.9, **prob) if process is AcceptanceProcess.POSITIONAL else 1.0
         node.done()
-        return Acceptance(process, alpha=alpha, decay=decay)
-    if process == "beta":
+        return Acceptance(process, alpha=alpha, decay=decay, measured=stated)
+    if process is AcceptanceProcess.BETA:
         # Either the shape parameters, or a mean and a concentration (a + b); Beta(a, b) needs a, b > 0.
         positive = NumberRange(minimum=0.0, exclusive_minimum=True)
         if node.has("mean") or node.has("concentration"):
-            mean = node.number("mean", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+            mean = node.number("mean", Acceptance.alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True)
             if mean >= 1.0:
                 raise node.key_error("mean", "must be below 1", mean, "0 < mean < 1")
             concentration = node.number("concentration", 10.0, **positive)
             node.done()
-            return Acceptance(process, beta_a=mean * concentration, beta_b=(1 - mean) * concentration)
+            return Acceptance(process, beta_a=mean * concentration, beta_b=(1 - mean) * concentration,
+                              measured=stated)
         a, b = node.number("a", **positive), node.number("b", **positive)
         node.done()
-        return Acceptance(process, beta_a=a, beta_b=b)
+        return Acceptance(process, beta_a=a, beta_b=b, measured=stated)
     path = node.path_value("path")
     column = node.string("column", "accepted")
     measured_k = node.number("measured_k", integer=True, minimum=1, exclusive_minimum=False)
@@ -433,4 +441,4 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
         raise node.key_error("column", f"accepted lengths must be integers in 0..{measured_k} "
                              f"(row {int(np.argmax(bad.to_numpy())) + 2} of {path.name} is not)" if bad.any()
                              else f"{path.name} has no rows", first, f"integers 0..{measured_k}")
-    return Acceptance(process, samples=tuple(int(v) for v in values), measured_k=measured_k)
+    return Acceptance(process, samples=tuple(int(v) for v in values), measured_k=measured_k, measured=stated)

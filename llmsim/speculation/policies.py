@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from llmsim.config.policies import KPolicyName
+from llmsim.config.policies import KPolicyName, KScope
 from llmsim.speculation.config import KPolicy, expected_tokens_per_step
 from llmsim.speculation.kernels import adapt_window, observe_windows, window_length
 
@@ -87,7 +87,7 @@ class AdaptiveK(KPolicyRule):
 
     def __init__(self, config: KPolicy):
         super().__init__(config)
-        self.per_batch = config.scope == "per_batch"
+        self.per_batch = config.scope is KScope.PER_BATCH
         self._batch_k = config.k
         self._batch_window = [0, 0, 0]            # proposed, accepted, rounds
         self._batch_backoff = 0

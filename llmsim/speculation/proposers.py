@@ -36,12 +36,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.catalog.models import ModelSpec
+from llmsim.config.policies import ProposerKind, members_of
 from llmsim.cost.features import attention_pairs, decode_kv_read_of, decode_seqs_of
 from llmsim.cost.roofline import CostModel
 
-MODEL, NGRAM, EAGLE, MTP, MEDUSA = "model", "ngram", "eagle", "mtp", "medusa"
+MODEL, NGRAM, EAGLE, MTP, MEDUSA = (ProposerKind.MODEL, ProposerKind.NGRAM, ProposerKind.EAGLE, ProposerKind.MTP,
+                                    ProposerKind.MEDUSA)
 HEAD_KINDS = (EAGLE, MTP, MEDUSA)
-KINDS = (MODEL, NGRAM) + HEAD_KINDS
 # vLLM's n-gram lookup scans each speculating sequence's whole context on the CPU every step. Measured:
 # 512 sequences x 129,536 tokens (66.3M tokens scanned per step) took 70.28 ms on one thread per rank
 # (vLLM main, 4x H100 host; vllm-project/vllm PR 56732, "Add Tensor Parallel Ngram-CPU decoding"):
@@ -79,7 +80,7 @@ class HeadSpec(ModelSpec):
                 + self.extra_params * model.weight_bytes_per_param)
 
 
-def head_spec(kind: str, target: ModelSpec, heads: int = 0) -> HeadSpec:
+def head_spec(kind: ProposerKind, target: ModelSpec, heads: int = 0) -> HeadSpec:
     """The draft head of ``kind`` for ``target`` (see the module docstring)."""
     hidden = target.hidden_size
     fields = {f: getattr(target, f) for f in ModelSpec.__dataclass_fields__}
@@ -100,11 +101,14 @@ def head_spec(kind: str, target: ModelSpec, heads: int = 0) -> HeadSpec:
 @dataclass(frozen=True)
 class Proposer:
     """The configured proposer (see the module docstring)."""
-    kind: str = NGRAM
+    kind: ProposerKind = NGRAM
     heads: int = 0                       # medusa: how many heads (the longest draft)
     branching: int = 1                   # children per tree node; 1 is a chain
     cpu_s_per_sequence: float = 0.0      # ngram: CPU search time per speculating sequence per step
     cpu_s_per_context_token: float = NGRAM_CPU_S_PER_CONTEXT_TOKEN   # ngram: and per token of its context
+
+    def __post_init__(self) -> None:
+        members_of(self, kind=ProposerKind)
 
     @property
     def max_k(self) -> int | None:

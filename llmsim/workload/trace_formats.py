@@ -61,6 +61,7 @@ import pandas as pd
 
 from llmsim.config.limits import (MAX_JSON_CONTAINERS, MAX_NUMBER, MAX_QUANTITY, MAX_TABLE_FILE_BYTES,
                                   MAX_TABLE_ROWS, MAX_TOKENIZER_FILE_BYTES, MAX_TRACE_TOKENS)
+from llmsim.config.policies import FailedRequests
 from llmsim.config.reader import Node, open_file, read_text
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
@@ -68,7 +69,6 @@ from llmsim.workload.trace import Trace, read_csv
 
 TIMED_FORMATS = ("llmsim", "azure", "burstgpt", "mooncake")
 PRODUCTION_FORMATS = ("azure", "burstgpt", "mooncake")     # logs of real services, failed requests included
-FAILED = ("drop", "replay")         # what a replay does with a trace's failed requests (0 output tokens)
 FORMATS = (*TIMED_FORMATS, "sharegpt")
 
 # The columns each CSV format must have: (arrival, prompt, output).
@@ -91,15 +91,16 @@ def row_error(path: Path, line: int, column: str, value: object, allowed: str, m
     return ConfigError(message, file=str(path), key=f"line {line}, column {column}", value=value, allowed=allowed)
 
 
-def load_trace(path: str | Path, fmt: str = "auto", failed: str = "drop") -> Trace:
+def load_trace(path: str | Path, fmt: str = "auto", failed: str | FailedRequests = FailedRequests.DROP) -> Trace:
     """A trace file in any format llmsim reads (``auto``: detected from the file), read and checked as
     ``llmsim report --trace`` reads it; bad content is a ConfigError naming the file, line and column.
     ``failed``: what to do with its failed requests (see the module doc)."""
-    return read_trace(Path(path), Node({"path": str(path)}), "path", fmt, failed=failed)
+    return read_trace(Path(path), Node({"path": str(path)}), "path", fmt, failed=FailedRequests.of(failed, "failed"))
 
 
 def read_trace(path: Path, node: Node, key: str, fmt: str = "auto", *, tokenizer: Path | None = None,
-               chars_per_token: float | None = None, failed: str = "drop") -> Trace:
+               chars_per_token: float | None = None,
+               failed: FailedRequests = FailedRequests.DROP) -> Trace:
     """The trace at ``path`` (named by ``key`` of ``node``) in format ``fmt`` (``auto``: detected), its
     failed requests dropped or replayed (``failed``, see the module doc).
 
@@ -159,7 +160,8 @@ def detect_format(path: Path, node: Node, key: str) -> str:
 
 # -- CSV formats ------------------------------------------------------------------------------
 
-def read_csv_trace(path: Path, node: Node, key: str, fmt: str, failed: str = "drop") -> Trace:
+def read_csv_trace(path: Path, node: Node, key: str, fmt: str,
+                   failed: FailedRequests = FailedRequests.DROP) -> Trace:
     """A CSV trace of format ``fmt``; a production trace's failed requests dropped or replayed (``failed``)."""
     frame = read_csv(path, node, key)
     frame.columns = [str(c).strip() for c in frame.columns]
@@ -242,14 +244,14 @@ def _check_sorted(arrival: np.ndarray, lines: np.ndarray, path: Path, name: str)
                         "earlier than the line before (the trace must be sorted by arrival)")
 
 
-def failed_requests(trace: Trace, path: Path, failed: str) -> Trace:
+def failed_requests(trace: Trace, path: Path, failed: FailedRequests) -> Trace:
     """The trace with its failed requests (0 output tokens) dropped or replayed (``failed``: one of
-    ``FAILED``, see the module doc), its description counting them."""
+    :class:`~llmsim.config.policies.FailedRequests`, see the module doc), its description counting them."""
     empty = trace.output_tokens == 0
     count = int(empty.sum())
     if not count:
         return trace
-    if failed == "replay":
+    if failed is FailedRequests.REPLAY:
         return replace(trace, prompt_tokens=np.maximum(trace.prompt_tokens, 1),
                        output_tokens=np.where(empty, 1, trace.output_tokens),
                        description=f"{trace.description} ({counted(count, 'failed request')}, logged with 0 output "
@@ -266,7 +268,7 @@ def failed_requests(trace: Trace, path: Path, failed: str) -> Trace:
 
 # -- Mooncake JSON lines -----------------------------------------------------------------------
 
-def read_mooncake(path: Path, failed: str = "drop") -> Trace:
+def read_mooncake(path: Path, failed: FailedRequests = FailedRequests.DROP) -> Trace:
     """One JSON object a line: ``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids``.
 
     Fields are gathered column-wise and checked as arrays; a bad one sends every record through

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.config.limits import MAX_CHARS_PER_TOKEN, MAX_QUANTITY, MIN_CHARS_PER_TOKEN
+from llmsim.config.policies import FailedRequests
 from llmsim.config.reader import Node
 from llmsim.workload.arrivals import ARRIVAL_PROCESSES, RENEWAL_PROCESSES, Gamma, RenewalProcess, Replay
 from llmsim.workload.classes import TrafficClass, class_entries, classes_from_node, classify
@@ -23,7 +24,7 @@ from llmsim.workload.lengths import LengthDistribution, length_from_node
 from llmsim.workload.profiles import PROFILES, RateProfile, profile_from_node
 from llmsim.workload.sessions import Sessions, sessions_from_node
 from llmsim.workload.trace import Trace
-from llmsim.workload.trace_formats import FAILED, FORMATS, TIMED_FORMATS, detect_format, read_trace
+from llmsim.workload.trace_formats import FORMATS, TIMED_FORMATS, detect_format, read_trace
 from llmsim.workload.trace_transforms import TraceTransforms, check_selection, transforms_from_node
 
 # The longest arrival window simulated: the longest duration any key takes (simulated time is
@@ -110,7 +111,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
             raise arrival_node.key_error("path", "a ShareGPT dataset has no arrival times", str(path),
                                          "a timed trace (formats " + ", ".join(TIMED_FORMATS) + "), or the "
                                          "dataset as workload.dataset with an arrival process and rate")
-        failed = arrival_node.choice("failed", FAILED, "drop")
+        failed = FailedRequests(arrival_node.choice("failed", FailedRequests.names(), FailedRequests.DROP))
         trace = read_trace(path, arrival_node, "path", fmt, failed=failed)
         transforms = transforms_from_node(arrival_node)
         trace = check_selection(trace, transforms, arrival_node, "path")

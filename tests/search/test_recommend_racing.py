@@ -3,6 +3,7 @@ setting with the same per-seed goodput, and every setting it stopped early is be
 bisected to the end."""
 from __future__ import annotations
 
+from llmsim.config.policies import Objective
 from llmsim.config.progress import QUIET
 from llmsim.search.recommend import OFF, Config, _Search
 from llmsim.search.sweeps import reusing_runs
@@ -14,7 +15,7 @@ def _searched(racing: bool, as_defaults: bool = False) -> _Search:
                               "workload": {"arrival": {"rate": 5.0}, "num_requests": 300},
                               "slo": {"ttft": "300 ms", "tpot": "30 ms"}})
     with reusing_runs():
-        search = _Search(scenario, [11, 12], "goodput", 1, 0.04, QUIET, racing=racing)
+        search = _Search(scenario, [11, 12], Objective.GOODPUT, 1, 0.04, QUIET, racing=racing)
         configs = [Config(OFF, m, None) for m in (256, 1024, 4096)]
         if as_defaults:
             search.defaults = configs

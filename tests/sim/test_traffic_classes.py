@@ -258,6 +258,10 @@ def test_search_verdicts_require_every_class_target():
 @pytest.mark.parametrize("workload, key", [
     ({"arrival": None, "classes": {"a": {"arrival": {"rate": 5}}, "b": {"arrival": {"rate": 5}}}}, "workload.classes"),
     ({"arrival": {"process": "steps", "rates": [{"at": 0, "rate": 5}]}}, "workload.arrival.process"),
+    ({"arrival": {"process": "ramp", "rates": [{"at": 0, "rate": 1}, {"at": "10 s", "rate": 5}]}},
+     "workload.arrival.process"),
+    ({"arrival": {"process": "mmpp", "states": [{"rate": 1, "mean_duration": "5 s"},
+                                               {"rate": 9, "mean_duration": "1 s"}]}}, "workload.arrival.process"),
 ])
 def test_plans_refuse_workloads_without_one_rate(workload, key):
     from llmsim.search.plan import check_rate_driven

@@ -11,9 +11,9 @@ import pytest
 
 from llmsim.catalog.models import model_from_node
 from llmsim.config.reader import Node
-from llmsim.search.draft_choice import (NONE, Candidate, candidates, choose_draft, cost_ratio, theorem_3_8,
+from llmsim.search.draft_choice import (PLAIN_DECODING, Candidate, candidates, choose_draft, cost_ratio, theorem_3_8,
                                        tune_eligibility, with_candidate)
-from llmsim.speculation.proposers import MEDUSA, MTP, head_spec
+from llmsim.speculation.proposers import EAGLE, MEDUSA, MTP, NGRAM, head_spec
 
 from tests.helpers import make_scenario
 from tests.helpers import tiny_model
@@ -38,7 +38,7 @@ def one_at_a_time(profile: str, **extra):
 
 def drafts(alphas: dict[int, float]) -> list[Candidate]:
     """Draft models of the given layer counts (c = layers / 100) with the given acceptance."""
-    out = [Candidate(NONE, NONE)]
+    out = [PLAIN_DECODING]
     for layers, alpha in alphas.items():
         model = model_from_node(Node(tiny_model(f"draft-{layers}", layers)))
         out.append(Candidate(f"draft-{layers}", "model", model, alpha))
@@ -132,7 +132,7 @@ def test_advice_for_recommend_chooses_a_draft_and_tunes_eligibility():
         "slo": {"ttft": "500 ms", "tpot": "50 ms", "percentile": 95}})
     advice = advise(scenario)
     table = advice.choice.table.set_index("candidate")
-    assert advice.choice.best.label in table.index and advice.choice.best.kind != NONE
+    assert advice.choice.best.label in table.index and advice.choice.best.kind is not None
     assert table.loc["Llama-3.2-1B", "alpha"] == pytest.approx(scenario.speculation.acceptance.mean_alpha)
     assert advice.eligibility is not None and len(advice.eligibility_table) == 4
     text = advice.text()
@@ -149,9 +149,9 @@ def test_a_target_with_an_mtp_module_offers_it_and_theorem_3_8_ranks_it(fixed_co
     assert MTP not in {c.kind for c in candidates(plain, catalog={})}
     with_mtp = one_at_a_time(fixed_cost, model={**tiny_model("target", 100), "mtp_modules": 1})
     options = candidates(with_mtp, catalog={})
-    assert [c.kind for c in options] == [NONE, "eagle", MTP, "ngram"]
+    assert [c.kind for c in options] == [None, EAGLE, MTP, NGRAM]
     mtp = next(c for c in options if c.kind == MTP)
-    assert mtp.alpha > next(c for c in options if c.kind == "eagle").alpha
+    assert mtp.alpha > next(c for c in options if c.kind is EAGLE).alpha
     assert cost_ratio(with_mtp, mtp, 100) == pytest.approx(1 / 100)
     choice = choose_draft(with_mtp, options, simulate_top=2)
     assert choice.best.kind == MTP and choice.best_k == leviathan_best(mtp.alpha, 1 / 100)[0]
