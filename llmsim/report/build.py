@@ -49,11 +49,11 @@ from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
 from llmsim.report.standing import chip_standing
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.disaggregation import AGGREGATED, compare_layouts
 from llmsim.search.layout import Layout, cheapest_layouts
-from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
+from llmsim.search.plan import (SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
                                 fewest_replicas)
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate

@@ -31,6 +31,7 @@ from llmsim.workload.workload import Workload, workload_from_node
 # What an engine-wide queue timeout may do (a traffic class may also have dedicated slots).
 ENGINE_ON_TIMEOUT = (OnTimeout.DISPATCH.value, OnTimeout.REJECT.value)
 DEFAULT_SEED = 0
+COUNT = NumberRange(integer=True, minimum=1, exclusive_minimum=False)     # a count of one or more
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,18 @@ def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | No
     return scenario if seed is None else scenario.with_seed(seed)
 
 
+def simulation_from_node(sim: Node, defaults: SimulationConfig = SIMULATION) -> SimulationConfig:
+    """``simulation``: its keys read, ``defaults`` for those it leaves out."""
+    return SimulationConfig(warmup_s=sim.quantity("warmup", "duration", defaults.warmup_s, minimum=0.0,
+                                                  exclusive_minimum=False),
+                            horizon_s=sim.quantity("horizon", "duration", defaults.horizon_s))
+
+
+def read_replicas(dep: Node, default: int = DEPLOYMENT.replicas) -> int:
+    """``deployment.replicas``: a whole number of replicas, at least one."""
+    return dep.number("replicas", default, **COUNT)
+
+
 def read_seed(root: Node) -> int:
     """A scenario's ``seed`` (DEFAULT_SEED when absent); sweeps and ``--seeds`` read it alone from
     files whose other keys are not validated yet."""
@@ -281,32 +294,24 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     model = _model(root)
     hardware = lookup_hardware(root.string("hardware"), root, "hardware")
 
-    count = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
     dep = root.child("deployment")
-    replicas = dep.number("replicas", DEPLOYMENT.replicas, **count)
-    tp = _parallel(dep, "tensor_parallel")
-    pp = _parallel(dep, "pipeline_parallel")
+    replicas = read_replicas(dep)
+    tp, pp = read_parallelism(dep, model)
     router = RouterPolicy(dep.choice("router", RouterPolicy.names(), DEPLOYMENT.router))
     load_bound = dep.number("load_bound", DEPLOYMENT.load_bound, minimum=1.0)
-    if tp is not None and model.num_heads % tp:
-        raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
-                            tp, _divisors(model.num_heads) + " or auto")
-    if pp is not None and pp > model.num_layers:
-        raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
-                            pp, f"1..{model.num_layers} or auto")
     experts_node = dep.child("expert_parallel") if dep.has("expert_parallel") else None
 
     eng = root.child("engine")
     engine = EngineConfig(
         batching=Batching(eng.choice("batching", Batching.names(), ENGINE.batching)),
-        max_num_seqs=eng.number("max_num_seqs", ENGINE.max_num_seqs, **count),
-        max_batch_tokens=eng.number("max_batch_tokens", ENGINE.max_batch_tokens, **count),
+        max_num_seqs=eng.number("max_num_seqs", ENGINE.max_num_seqs, **COUNT),
+        max_batch_tokens=eng.number("max_batch_tokens", ENGINE.max_batch_tokens, **COUNT),
         chunked_prefill=eng.boolean("chunked_prefill", ENGINE.chunked_prefill),
-        block_size=eng.number("block_size", ENGINE.block_size, **count),
+        block_size=eng.number("block_size", ENGINE.block_size, **COUNT),
         memory_utilization=eng.number("memory_utilization", ENGINE.memory_utilization, minimum=0.0, maximum=1.0),
         runtime_reserve_bytes=eng.quantity("runtime_reserve", "bytes", ENGINE.runtime_reserve_bytes, minimum=0.0,
                                            exclusive_minimum=False),
-        max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **count),
+        max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **COUNT),
         queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
         on_timeout=OnTimeout(eng.choice("on_timeout", ENGINE_ON_TIMEOUT, ENGINE.on_timeout)),
         kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
@@ -376,9 +381,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         slo = replace(slo, classes=_class_slos(slo_node, slo, workload.class_names))
     slo_node.done()
     sim = root.child("simulation")
-    simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", SIMULATION.warmup_s, minimum=0.0,
-                                                        exclusive_minimum=False),
-                                  horizon_s=sim.quantity("horizon", "duration", SIMULATION.horizon_s))
+    simulation = simulation_from_node(sim)
     sim.done()
     root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
     deployment = replace(_resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),
@@ -389,9 +392,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
                         speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
                         source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
                         disaggregation=disaggregation)
-    _check_fits(scenario, root)
-    if disaggregation is not None:
-        _check_disaggregation(scenario, root)
+    check_fits(scenario, root)
     if rollout is not None:
         scenario = replace(scenario, rollout_scenarios=tuple(group_scenario(scenario, group, root.file)
                                                              for group in rollout.groups))
@@ -541,6 +542,29 @@ def _check_classes(root: Node, engine: EngineConfig, workload: Workload) -> None
             "classes", f"the classes reserve {reserved} sequence slots, more than engine.max_num_seqs "
                        f"({engine.max_num_seqs})", {c.name: c.reserved_seqs for c in workload.classes},
             f"reserved_seqs summing to at most {engine.max_num_seqs}")
+
+
+def read_parallelism(dep: Node, model: ModelSpec, defaults: tuple[int | None, int | None] | None = None
+                     ) -> tuple[int | None, int | None]:
+    """``deployment.tensor_parallel`` and ``pipeline_parallel`` (None: ``auto``, placement decides; ``defaults``
+    for a key left out, else the reader's): tensor parallelism divides the heads, stages are at most the layers."""
+    tp, pp = (_parallel(dep, key) if defaults is None or dep.has(key) else default
+              for key, default in zip(("tensor_parallel", "pipeline_parallel"), defaults or (None, None)))
+    if tp is not None and model.num_heads % tp:
+        raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
+                            tp, _divisors(model.num_heads) + " or auto")
+    if pp is not None and pp > model.num_layers:
+        raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
+                            pp, f"1..{model.num_layers} or auto")
+    return tp, pp
+
+
+def check_fits(scenario: Scenario, root: Node) -> None:
+    """A scenario's devices must hold its model, a draft placed separately, one longest request's KV cache
+    and a host tier's block; a disaggregated deployment's pools likewise (ConfigErrors naming the key)."""
+    _check_fits(scenario, root)
+    if scenario.disaggregation is not None:
+        _check_disaggregation(scenario, root)
 
 
 def _parallel(node: Node, key: str) -> int | None:

@@ -24,10 +24,9 @@ from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
-from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.search.plan import SPLIT_KEY, as_scenario, check_rate
-from llmsim.search.sweeps import RATE_KEY
+from llmsim.scenario.variants import RATE_KEY, variant
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 

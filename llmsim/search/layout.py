@@ -50,9 +50,9 @@ from llmsim.analysis import names
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, at_rate, variant
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.plan import (MAX_REPLICAS as PLAN_MAX_REPLICAS, REPLICAS_KEY, RATE_KEY, analytic_bracket,
+from llmsim.search.plan import (MAX_REPLICAS as PLAN_MAX_REPLICAS, analytic_bracket,
                                 answer_row, as_scenario, candidates, capacity_bound, check_rate, check_rate_driven,
                                 fewest_replicas, kept_layout_row, plan_table, aggregated)
 from llmsim.search.window import Judged
@@ -224,7 +224,7 @@ def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, 
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
     rate = check_rate(target_rate_per_s)
-    variant(scenario, {RATE_KEY: rate})
+    at_rate(scenario, rate)          # the workload at this rate is valid (not each chip's "does not fit")
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")

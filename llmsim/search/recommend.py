@@ -96,9 +96,9 @@ from llmsim.config.progress import QUIET, Progress
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
-from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
+from llmsim.search.plan import as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import RATE_KEY, variant, with_requests
 from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_overrides
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
@@ -479,7 +479,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         raise ConfigError("simulate at least the analytic best setting", key="top", value=top,
                           allowed="an integer >= 1")
     if requests is not None:
-        scenario = variant(scenario, {"workload.num_requests": requests})
+        scenario = with_requests(scenario, requests)
     if replays_one_trace(scenario):
         seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
     # ``progress`` counts every simulation of the search, its total growing as the bisections ask for more.
