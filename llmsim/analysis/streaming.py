@@ -11,7 +11,8 @@ The summary is the one :func:`llmsim.analysis.metrics.summarize` gives, built fr
 - counts, means, rates, shares, utilisations and speculation's figures are the same sums (the
   floating-point ones added chunk by chunk, so they may differ in the last digits);
 - percentiles come from a quantile sketch (:mod:`llmsim.analysis.sketch`): each is within
-  :data:`~llmsim.analysis.sketch.RELATIVE_ACCURACY` (0.5%) of the exact value at its rank;
+  :data:`~llmsim.analysis.sketch.RELATIVE_ACCURACY` (0.5%) of the exact value at its rank; the
+  inter-token gaps reach it as the engines hand them over (:meth:`StreamedRun.gaps`), not at the end;
 - the SLO's standard errors and the steady-state test keep one byte per request and target (met or
   not) and the window's TTFTs (8 bytes a request), so they are exact.
 
