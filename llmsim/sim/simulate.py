@@ -296,11 +296,15 @@ class Arrivals:
 
 
 def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
-    """(arrival window, horizon): the horizon defaults to twice the window and at least 60 s past it,
+    """(arrival window, horizon): the window is the last arrival, or the workload's duration when that ended
+    the arrivals; the horizon defaults to twice the window and at least 60 s past it,
     or longer where the requests bring more work than that serves (:mod:`llmsim.sim.horizon`)."""
     window = float(trace.arrival_s[-1]) if len(trace) else 0.0
-    if scenario.workload.duration_s is not None:
-        window = max(window, scenario.workload.duration_s)
+    workload = scenario.workload
+    # A duration bounds the window, unless the request count ended the arrivals first (``run --requests N``
+    # on a day-long scenario measures the N requests' span, not the day).
+    if workload.duration_s is not None and (workload.num_requests is None or len(trace) < workload.num_requests):
+        window = max(window, workload.duration_s)
     horizon = scenario.simulation.horizon_s
     if horizon is None:
         horizon = default_horizon_s(scenario, window, len(trace), float(np.mean(trace.prompt_tokens)) if len(trace)
