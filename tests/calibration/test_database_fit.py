@@ -130,8 +130,9 @@ def test_small_all_reduces_take_the_engines_kernel_and_large_ones_nccl(h100):
         message = rows * model.hidden_size * 2.0
         x = np.zeros(len(F))
         x[F["one"]], x[F["tokens"]] = 1, rows
-        expected = 2 * model.num_layers * (custom_all_reduce_time_s(message, 8, custom)
-                                           if message <= custom.switch_over_bytes else all_reduce_time_s(message, 8, nccl))
+        once = (custom_all_reduce_time_s(message, 8, custom) if message <= custom.switch_over_bytes
+                else all_reduce_time_s(message, 8, nccl))
+        expected = 2 * model.num_layers * once
         assert float(cost._all_reduce_time(x)) == pytest.approx(float(expected))
     assert custom.switch_over_bytes >= 64 * model.hidden_size * 2.0
 
