@@ -11,7 +11,7 @@ nominally 5%; above it, the power), and in brackets the share of seeds with no i
 requests for the run's correlation time). The realised TPOT ratio of the canary over the control is
 printed as a check on the injected slowdown.
 
-    .venv/bin/python benchmarks/bench_ab_power.py [--seeds 40] [--requests 1700]   (about 1 s per run)
+    .venv/bin/python benchmarks/bench_ab_power.py [--seeds 30] [--requests 1200]   (about 1 s per run)
 """
 from __future__ import annotations
 

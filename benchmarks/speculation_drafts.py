@@ -20,7 +20,7 @@ from pathlib import Path
 import matplotlib
 
 from llmsim import load_scenario
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.search.draft_sweep import best_k, load_sweep, named_candidates
 
 matplotlib.use("Agg")

@@ -47,7 +47,7 @@ _PUBLIC = {
     "Trace": "llmsim.workload.trace",
     "generate_trace": "llmsim.workload.generate",
     "load_trace": "llmsim.workload.trace_formats",
-    "variant": "llmsim.scenario.overrides",
+    "variant": "llmsim.scenario.variants",
     "FluidModel": "llmsim.analysis.fluid",
     "pareto_frontier": "llmsim.analysis.frontier",
     "cheapest_layouts": "llmsim.search.layout",

@@ -4,18 +4,21 @@ and how long a canary must run to see a given change.
 The requests of one run are not independent: a request that waits makes the next one wait too,
 and a batch that grows slows every sequence in it for a while. So every interval here comes from
 *batches* of consecutive requests (in arrival order) long enough that their figures are close to
-independent: each batch spans ``SPAN`` (20) times the group's correlation time, and at least 30
-requests; at most 20 batches. The correlation time is the longest integrated autocorrelation time
-of the group's TTFT, TPOT and end-to-end series (:func:`llmsim.analysis.statistics.correlation_time`),
+independent, by a stated rule (:func:`_batch_count`): at most 20 batches (Schmeiser's 10-30), each of
+at least ``SPAN`` (5) times the group's correlation time and at least 30 requests (a percentile's: 5
+beyond it), then halved while the batch figures still correlate at lag 1 (von Neumann's test at 10%,
+as Fishman's LBATCH rule runs it); a group left with fewer than 4 batches has no interval ("n/a",
+with the requests it would need). The correlation time is the longest integrated autocorrelation
+time of the group's TTFT, TPOT and end-to-end series (:func:`llmsim.analysis.statistics.correlation_time`),
 used for every metric: they all follow the one state of the replicas (queue and batch), and a
 metric whose own spread is mostly request to request (end-to-end time, through the output length)
-hides that slow part from its own estimate while it still moves its mean. A comparison left with
-fewer than 4 batches in a group has no interval ("n/a", with the requests it would need).
+hides that slow part from its own estimate while it still moves its mean.
 
 Canary against control (independent samples, :func:`compare_independent`)
     a mean, an attainment (the share of requests meeting the SLO) or a percentile: the
     difference of the two groups' figures over all their requests, with Welch's t interval and
-    test from the spread of the figure across each group's batches (batch means for a mean,
+    test (Welch-Satterthwaite degrees of freedom from each group's ``k - 1``) from the spread of
+    the figure across each group's batches (batch means for a mean,
     *sectioning* for a percentile: each batch's own percentile, Asmussen and Glynn, Stochastic
     Simulation, III.5; a percentile's batches hold at least 5 requests beyond it). Every latency
     row also carries the Mann-Whitney U test's p-value on the requests themselves, a test of a
@@ -42,7 +45,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.statistics import BATCHES, MIN_BATCH, MIN_BATCHES, batch_size, correlation_time
+from llmsim.analysis.statistics import (BATCHES, MIN_BATCH, MIN_BATCHES, batch_size, correlation_time,
+                                        lag1_correlated)
 from llmsim.config.policies import RolloutRole
 
 METRICS = ("ttft_s", "tpot_s", "e2e_s")
@@ -113,9 +117,15 @@ def _statistic(name: str) -> tuple[Statistic, int]:
     return (lambda rows: np.percentile(rows, q, axis=-1)), max(MIN_BATCH, math.ceil(TAIL / (1 - q / 100)))
 
 
-def _batch_count(length: int, size: int, batches: int) -> int:
-    """Batches of at least ``size`` observations in ``length`` of them, at most ``batches``."""
-    return min(batches, length // size)
+def _batch_count(figures: Callable[[int], np.ndarray], length: int, size: int, batches: int) -> int:
+    """How many batches a series of ``length`` is cut into: as many of at least ``size`` observations as
+    it holds, at most ``batches``, then halved (each batch twice as long) while the batch figures
+    ``figures(k)`` still correlate at lag 1 (:func:`~llmsim.analysis.statistics.lag1_correlated`);
+    below ``MIN_BATCHES`` the comparison has no interval."""
+    k = min(batches, length // size)
+    while k >= MIN_BATCHES and lag1_correlated(figures(k)):
+        k //= 2
+    return k
 
 
 def _batched(values: np.ndarray, k: int) -> np.ndarray:
@@ -124,9 +134,14 @@ def _batched(values: np.ndarray, k: int) -> np.ndarray:
     return values[:usable].reshape(k, -1)
 
 
-def _unmeasured(metric: str, name: str, control: float, treatment: float, needed: int, tau: float) -> Difference:
+def _unmeasured(metric: str, name: str, control: float, treatment: float, needed: int, tau: float,
+                lengths: Sequence[int]) -> Difference:
+    """A row without an interval, saying why: too few requests for ``MIN_BATCHES`` batches of ``needed``, or
+    enough of them whose batch figures still correlate (a longer run is needed either way)."""
     why = (f"n/a: {MIN_BATCHES} batches of {needed:,} requests per group needed "
-           f"(correlation time {tau:.3g} requests)")
+           f"(correlation time {tau:.3g} requests)" if min(lengths) < MIN_BATCHES * needed else
+           f"n/a: batch figures still correlated at lag 1 with {MIN_BATCHES}+ batches (the correlation time "
+           f"{tau:.3g} requests falls short): run longer")
     return Difference(metric, name, control, treatment, treatment - control, math.nan, math.nan, math.nan, why)
 
 
@@ -152,16 +167,17 @@ def _independent_row(metric: str, name: str, a: np.ndarray, b: np.ndarray, tau: 
     statistic, minimum = _statistic(name)
     control, treatment = float(statistic(a)), float(statistic(b))
     size = batch_size(tau, minimum)
-    ka, kb = _batch_count(len(a), size, batches), _batch_count(len(b), size, batches)
+    ka = _batch_count(lambda k: statistic(_batched(a, k)), len(a), size, batches)
+    kb = _batch_count(lambda k: statistic(_batched(b, k)), len(b), size, batches)
     if min(ka, kb) < MIN_BATCHES:
-        return _unmeasured(metric, name, control, treatment, size, tau)
+        return _unmeasured(metric, name, control, treatment, size, tau, (len(a), len(b)))
     va = float(np.var(statistic(_batched(a, ka)), ddof=1)) / ka
     vb = float(np.var(statistic(_batched(b, kb)), ddof=1)) / kb
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va ** 2 / (ka - 1) + vb ** 2 / (kb - 1)) if se > 0 else math.inf
     how = "batch means" if name == "mean" else "batch percentiles"
     return _t_row(metric, name, control, treatment, treatment - control, se, df,
-                  f"Welch t on {how} ({ka} + {kb} batches)", rank)
+                  f"Welch t on {how} ({ka} + {kb} batches, df {df:.3g})", rank)
 
 
 @_quiet
@@ -191,9 +207,9 @@ def _paired_row(metric: str, name: str, a: np.ndarray, b: np.ndarray, tau: float
     statistic, minimum = _statistic(name)
     control, treatment = float(statistic(a)), float(statistic(b))
     size = batch_size(tau, minimum)
-    k = _batch_count(len(a), size, batches)
+    k = _batch_count(lambda k: statistic(_batched(b, k)) - statistic(_batched(a, k)), len(a), size, batches)
     if k < MIN_BATCHES:
-        return _unmeasured(metric, name, control, treatment, size, tau)
+        return _unmeasured(metric, name, control, treatment, size, tau, (len(a),))
     spread = statistic(_batched(b, k)) - statistic(_batched(a, k))
     se = float(np.std(spread, ddof=1)) / math.sqrt(k)
     how = "batch mean differences" if name == "mean" else "batch percentile differences"
@@ -253,7 +269,7 @@ def verdict(name: str, role: str, differences: Sequence[Difference]) -> str:
     good = [label(d) for d in significant if not worse(d)]
     unmeasured = [f"{d.metric.removesuffix('_s').upper()} {d.statistic}" for d in differences if not d.has_interval]
     level = f"{100 * (1 - LEVEL):g}%"
-    missing = f"; no interval (too few requests): {', '.join(unmeasured)}" if unmeasured else ""
+    missing = f"; no interval (run too short): {', '.join(unmeasured)}" if unmeasured else ""
     if differences and len(unmeasured) == len(differences):
         return (f"verdict: none for {name}: no figure has an interval, the run is too short for its correlation "
                 "time (the rows above say how many requests each needs)")

@@ -202,7 +202,7 @@ def paid_devices(result: SimulationResult, replicas: float) -> float:
     disaggregated run."""
     split = result.disaggregation
     if split is not None:
-        return sum(pool.replicas * pool.tensor_parallel * pool.pipeline_parallel for pool in split.pools)
+        return sum(pool.devices for pool in split.pools)
     return replicas * result.scenario.devices_per_replica
 
 
@@ -286,7 +286,7 @@ def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, f
         rows = iterations[iterations["pool"] == pool.pool]
         busy = utilisation_in(rows, start, stop, result.scenario.pool(pool.pool), 1).busy_fraction
         pools[pool.pool] = PoolSummary(pool.hardware, pool.replicas, pool.tensor_parallel, pool.pipeline_parallel,
-                                       pool.usd_per_hour, busy)
+                                       pool.usd_per_hour, busy, pool.expert_parallel)
     moved = finished[~finished["aggregated"]]
     return DisaggregationSummary(
         layout=split.layout, link=split.link, lanes=split.lanes, streaming=split.streaming,

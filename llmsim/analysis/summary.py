@@ -242,6 +242,7 @@ class PoolSummary(Section):
     pipeline_parallel: int
     usd_per_hour: float
     busy_fraction: float
+    expert_parallel: int = 1          # the routed experts' degree (1: tensor parallel like the rest)
 
 
 @dataclass(frozen=True)

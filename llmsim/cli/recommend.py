@@ -16,15 +16,11 @@ from llmsim.config.policies import Objective, SearchScope
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OFF, SEEDS, TOP,
-                                     Recommendation, batch_token_rule, recommend, timeout_text)
+                                     Recommendation, batch_token_rule, plus_minus as _pm, recommend,
+                                     timeout_text)
 
 MAX_TOP = 100               # analytic best settings simulated, at most
 
-
-
-def _pm(ci: float) -> str:
-    """`` +- ci`` (two significant figures), or nothing where the interval is undefined."""
-    return "" if math.isnan(ci) else f" +- {ci:.2g}"
 
 
 def _ms(value_s: float, ci_s: float) -> str:
@@ -80,6 +76,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              *([f"  draft              {best.draft.label}"] if best.draft is not None and best.k != OFF else []),
              *([f"  eligibility        min_sequence_tokens {best.eligibility[0]}, min_concurrent_requests "
                 f"{best.eligibility[1]}"] if best.eligibility is not None and best.k != OFF else []),
+             *([f"  expert_parallel    {rec.experts.chosen}"] if rec.experts is not None else []),
              f"  max_batch_tokens   {best.max_batch_tokens}",
              "  queue_timeout      "
              + ("none" if best.queue_timeout_s is None else f"{best.queue_timeout_s * 1000:g} ms"),
@@ -183,6 +180,8 @@ def _cmd_recommend(args) -> int:
         print(f"replaying {replay_description(scenario, scenario.workload.rate_per_s)}; its rate is the "
               "trace's time scale")
     print(format_recommendation(rec, scenario))
+    if rec.experts is not None:
+        print(rec.experts.text())
     if rec.drafts is not None:
         print(rec.drafts.text())
     if scenario.disaggregation is not None:          # the engine settings above are the disaggregated pools'

@@ -136,7 +136,9 @@ def _disaggregation_lines(split: dict) -> list[str]:
              f"           TTFT mean (ms): {parts}"]
     for name, pool in split["pools"].items():
         lines.append(f"           {name} pool {pool['replicas']} x {pool['hardware']} tp {pool['tensor_parallel']} x"
-                     f" pp {pool['pipeline_parallel']}: busy {_num(100 * pool['busy_fraction'])}%,"
+                     f" pp {pool['pipeline_parallel']}"
+                     + (f" x ep {pool['expert_parallel']}" if pool.get('expert_parallel', 1) > 1 else "")
+                     + f": busy {_num(100 * pool['busy_fraction'])}%,"
                      f" {_num(pool['usd_per_hour'], 2)} USD/h")
     return lines
 

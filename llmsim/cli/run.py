@@ -32,7 +32,7 @@ from llmsim.cli.outputs import OVERWRITE_HELP, RUNS, folder_name, refuse_to_repl
 from llmsim.cli.render import format_summary, rollout_table
 from llmsim.config.policies import Batching, RolloutRole
 from llmsim.errors import ConfigError
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import with_requests
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.resources import check_run_size, estimate_run
@@ -92,7 +92,7 @@ def _cmd_run(args) -> int:
         require_parquet()
     scenario = load_scenario(args.scenario, seed=args.seed, vllm_args=args.vllm_args)
     if args.requests is not None:
-        scenario = variant(scenario, {"workload.num_requests": args.requests})
+        scenario = with_requests(scenario, args.requests)
     for note in scenario.vllm_notes:
         print(f"vLLM flag {note}", file=sys.stderr)
     if scenario.workload.trace is not None or scenario.workload.dataset is not None:

@@ -49,11 +49,11 @@ from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
 from llmsim.report.standing import chip_standing
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.disaggregation import AGGREGATED, compare_layouts
 from llmsim.search.layout import Layout, cheapest_layouts
-from llmsim.search.plan import (REPLICAS_KEY, RATE_KEY, SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
+from llmsim.search.plan import (SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
                                 fewest_replicas)
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
@@ -318,20 +318,25 @@ class ReportBuilder:
         if self.original.disaggregation is None:
             return
         own = {key: value for key, value in self.base.items() if key != SPLIT_KEY}
-        comparison = compare_layouts(variant(self.original, own), self.rate)
+        comparison = compare_layouts(variant(self.original, own), self.rate, seeds=self.seeds)
         table, slo = comparison.table, self.original.slo
-        rows = [[r.kind, r.layout, str(int(r.devices)), usd(r.usd_per_hour), ms(r.ttft_p95_s), ms(r.tpot_p95_s),
-                 percent(r.slo_attainment), "yes" if r.slo_met else "no"] for r in table.itertuples()]
+        rows = [[r["kind"], r["layout"], str(int(r["devices"])), usd(r["usd_per_hour"]),
+                 plus_minus(r["ttft_p95_s"], r["ttft_p95_s.ci95"], ms),
+                 plus_minus(r["tpot_p95_s"], r["tpot_p95_s.ci95"], ms),
+                 plus_minus(r["slo_attainment"], r["slo_attainment.ci95"], percent), "yes" if r["slo_met"] else "no"]
+                for r in table.to_dict("records")]
         limits = {metric: getattr(slo, f"{metric}_s") for metric in ("ttft", "tpot")}
         self.sections.append(Section(
             "disaggregation", "Aggregated or disaggregated",
             [f"The deployment's aggregated layout at 1 to {int((table['kind'] == AGGREGATED).sum())} replicas and "
-             "each prefill:decode ratio (xPyD) of the scenario's pools, simulated once each at "
-             f"{num(self.rate)} requests/s on the same requests; a layout meets the SLO when every percentile "
-             "target holds. Costs count both pools' devices.", f"Verdict: {comparison.verdict}."],
+             "each prefill:decode ratio (xPyD) of the scenario's pools, simulated at "
+             f"{num(self.rate)} requests/s on {counted(len(self.seeds), 'seed')} (within a seed every layout "
+             "sees the same requests); a layout meets the SLO when every percentile target holds on every seed. "
+             "Costs count both pools' devices.", f"Verdict: {comparison.verdict}."],
             [Table("disaggregation-layouts", "Layouts compared, cheapest first",
                    ["kind", "layout", "devices", "USD/hour", "P95 TTFT", "P95 TPOT", "SLO attainment", "SLO met"],
-                   rows),
+                   rows, note=f"means over {counted(len(self.seeds), 'seed')}; ± : 95% Student-t confidence "
+                              "interval across seeds"),
              Table("disaggregation-verdict", "Verdict", ["question", "value"],
                    [["aggregated or disaggregated", comparison.verdict]])],
             [Figure("disaggregation-figure", "Aggregated and disaggregated layouts: P95 latency against cost",

@@ -28,16 +28,17 @@ def expert_parallel_from_node(node: Node, model: ModelSpec, tensor_parallel: int
         raise node.key_error("degree", "expert parallelism is placed on the parallelism given, not searched for "
                              "(llmsim report searches layouts)", degree,
                              "deployment.tensor_parallel and pipeline_parallel as integers")
-    redundant = node.number("redundant_experts", 0, integer=True, minimum=0, exclusive_minimum=False)
+    redundant = node.number("redundant_experts", ExpertParallel.redundant_experts, integer=True, minimum=0,
+                            exclusive_minimum=False)
     problem = layout_problem(model, degree, tensor_parallel, redundant)
     if problem is not None:
         raise node.key_error("degree", problem[0], degree, problem[1])
-    balance = node.boolean("balance", False)
+    balance = node.boolean("balance", ExpertParallel.balance)
     if redundant and not balance:
         raise node.key_error("redundant_experts", "redundant experts replicate the hottest experts, which the "
                              "balancer (EPLB) chooses", redundant, "0, or balance: true")
-    devices_per_node = node.number("devices_per_node", 8, integer=True, minimum=1)
-    scale_out = node.quantity("scale_out_bandwidth", "bandwidth", 0.0)
+    devices_per_node = node.number("devices_per_node", ExpertParallel.devices_per_node, integer=True, minimum=1)
+    scale_out = node.quantity("scale_out_bandwidth", "bandwidth", ExpertParallel.scale_out_bandwidth_bytes_per_s)
     if degree > devices_per_node and not scale_out:
         raise node.key_error("scale_out_bandwidth", f"a group of {degree} GPUs spans nodes of {devices_per_node}: "
                              "the all-to-all crosses the scale-out network", None,

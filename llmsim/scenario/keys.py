@@ -101,6 +101,19 @@ COVERAGE = (
                                                   "pipeline_parallel": 1},
                                        "link": "infiniband_ndr", "streaming": True, "reservation": "after_transfer",
                                        "aggregated_below_tokens": 256}}},
+    {"model": "Qwen3-30B-A3B", "hardware": "H200",
+     "deployment": {"disaggregation": {
+         pool: {"replicas": 1, "tensor_parallel": 1,
+                "expert_parallel": {"degree": degree, "routing": {"distribution": "zipf", "exponent": 0.8}},
+                "engine": {"max_num_seqs": 64, "max_batch_tokens": 2048, "chunked_prefill": True}}
+         for pool, degree in (("prefill", 2), ("decode", 8))} | {"link": "infiniband_ndr"}}},
+    {"model": "Qwen3-30B-A3B", "hardware": "H200",
+     "deployment": {"disaggregation": {
+         pool: {"replicas": 1, "tensor_parallel": 2,
+                "expert_parallel": {"degree": 16, "redundant_experts": 16, "balance": True, "devices_per_node": 8,
+                                    "scale_out_bandwidth": "50 GB/s",
+                                    "routing": {"distribution": "histogram", "path": "{tmp}/experts.csv"}}}
+         for pool in ("prefill", "decode")} | {"link": "infiniband_ndr"}}},
     {"deployment": {"tensor_parallel": "auto", "pipeline_parallel": "auto"},
      "engine": {"kv_spill": False, "admission": "guaranteed_no_evict", "chunked_prefill": False,
                 "runtime_reserve": "1 GiB"},
@@ -215,7 +228,8 @@ KEY_HELP: dict[str, str] = {
                                                         "max_model_len request's KV",
     "deployment.disaggregation.decode.pipeline_parallel": "pipeline stages per replica",
     "deployment.disaggregation.link": "the link the KV crosses, one port per device of the narrower replica "
-                                      "(`llmsim.catalog.links`: bandwidth, efficiency and latency with their sources)",
+                                      "(with expert parallelism, of the narrower data-parallel rank; "
+                                      "`llmsim.catalog.links`: bandwidth, efficiency and latency with their sources)",
     "deployment.disaggregation.streaming": "send the KV layer by layer while the prompt computes, so only the last "
                                            "layer's and what the link could not carry are left after it",
     "deployment.disaggregation.reservation": "when the decode replica takes the request's KV blocks: "
@@ -471,6 +485,24 @@ KEY_HELP: dict[str, str] = {
     "plan.hardware": "the chips `llmsim plan` compares when `--hardware` is not given; default: the scenario's own",
 }
 KEY_HELP.update({f"<length>{suffix}": text for suffix, text in _LENGTH.items() if suffix})
+# A disaggregated pool's own expert-parallel group and engine settings: the top-level keys' meaning, for the pool.
+for _pool in ("prefill", "decode"):
+    KEY_HELP.update({
+        f"deployment.disaggregation.{_pool}.{key.removeprefix('deployment.')}": f"as `{key}`, for this pool"
+        for key in KEY_HELP if key.startswith("deployment.expert_parallel.")})
+    KEY_HELP.update({
+        f"deployment.disaggregation.{_pool}.expert_parallel": "the pool's own expert-parallel group, with the "
+            "settings of `deployment.expert_parallel` (a replica of the pool is then one group); none where the "
+            "pool sets none, whatever the aggregated layout's",
+        f"deployment.disaggregation.{_pool}.engine": "the pool's own engine settings (real deployments tune prefill "
+            "and decode apart); the `engine` block's where the pool sets none",
+        f"deployment.disaggregation.{_pool}.engine.max_num_seqs": "as `engine.max_num_seqs`, for this pool",
+        f"deployment.disaggregation.{_pool}.engine.max_batch_tokens": "as `engine.max_batch_tokens`, for this pool; "
+            "at least its max_num_seqs",
+        f"deployment.disaggregation.{_pool}.engine.chunked_prefill": "as `engine.chunked_prefill`, for this pool"
+            + ("" if _pool == "prefill" else "; the decode pool must chunk (it continues each transferred "
+               "prompt's last token as a chunk)"),
+    })
 KEY_HELP.update({
     "workload.prompt_tokens": "prompt lengths: " + _LENGTH[""] + " (the keys are under `<length>`)",
     "workload.output_tokens": "output lengths, as prompt_tokens",
@@ -527,6 +559,11 @@ KEY_OVERRIDES: dict[str, dict[str, str]] = {
     "<length>.column": {"default": "the key's name"},
     "<length>.max": {"default": "max_model_len"},
 }
+for _pool in ("prefill", "decode"):
+    KEY_OVERRIDES.update({f"deployment.disaggregation.{_pool}.engine.{key}": {"default": f"`engine.{key}`"}
+                          for key in ("max_num_seqs", "max_batch_tokens", "chunked_prefill")})
+    KEY_OVERRIDES[f"deployment.disaggregation.{_pool}.expert_parallel.scale_out_bandwidth"] = {
+        "default": "none (one node)"}
 
 # Keys read outside the Node accessors (the vLLM vocabulary rewrites the engine section before it is read;
 # `plan` is read by llmsim plan), with what the reader of each allows.

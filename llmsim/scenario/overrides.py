@@ -4,19 +4,17 @@ A *point* maps dotted key paths of the scenario YAML (``workload.arrival.rate``,
 ``speculation.k``, ``engine.max_batch_tokens``, ``hardware``...) to values. Its overrides
 are laid over the scenario's own YAML mapping and the result is validated exactly as a
 file would be, so a bad value is a :class:`~llmsim.errors.ConfigError` before anything
-runs. Sweeps, comparisons, plans and recommendations all build their variants this way.
+runs. Sweep grids (YAML at the edge) and comparisons build their variants this way; a loaded
+Scenario's variants are set on its typed settings where they can be (:mod:`llmsim.scenario.variants`).
 """
 from __future__ import annotations
 
 import copy
 import itertools
 import math
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from collections.abc import Mapping
-
-import numpy as np
 
 from llmsim.config.limits import MAX_GRID_POINTS
 from llmsim.config.reader import Node, deep_merge
@@ -84,29 +82,3 @@ def build_point(base: dict, point: Mapping[str, Any], base_dir: Path, file: str 
     """A scenario mapping with a point's overrides (:func:`apply_overrides`), validated again like
     a file: errors name ``file``, or ``source`` for a key path the overrides cannot set."""
     return scenario_from_node(Node(apply_overrides(base, point, source), file=file, base_dir=base_dir))
-
-
-def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
-    """A Scenario read from YAML, with dotted-key overrides, rebuilt from its YAML mapping."""
-    if scenario.source is None:
-        raise ValueError("this Scenario was not read from YAML (no source mapping): pass its file or mapping")
-    return build_point({**scenario.source, "seed": scenario.seed}, point, Path(scenario.source_dir or "."),
-                       scenario.path, scenario.path)
-
-
-def check_matches_source(scenario: Scenario) -> None:
-    """Sweeps, plans and recommendations rebuild a Scenario from the YAML mapping it was read from
-    (``source``), so one changed afterwards (``dataclasses.replace`` on its fields; ``with_seed``
-    is fine) would silently run the mapping instead: refuse it (ValueError)."""
-    rebuilt = variant(scenario, {})
-    trace, own_trace = rebuilt.workload.trace, scenario.workload.trace
-    same_trace = (trace is None) == (own_trace is None) and (trace is None or all(
-        np.array_equal(getattr(trace, name), getattr(own_trace, name))
-        for name in ("arrival_s", "prompt_tokens", "output_tokens")))
-    unchanged = same_trace and replace(rebuilt, path=scenario.path, workload=replace(rebuilt.workload, trace=None)) \
-        == replace(scenario, workload=replace(scenario.workload, trace=None))
-    if not unchanged:
-        raise ValueError("this Scenario differs from the YAML mapping it was read from (changed with "
-                         "dataclasses.replace?), and sweeps, plans and recommendations rebuild it from that "
-                         "mapping: pass the change as an override instead, e.g. "
-                         "{'engine.max_batch_tokens': 4096}, or a mapping of the whole scenario")

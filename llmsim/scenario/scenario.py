@@ -19,7 +19,7 @@ from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
 from llmsim.config.policies import (Admission, Batching, ControllerKnob, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
 from llmsim.errors import ConfigError
-from llmsim.scenario.disaggregation import Disaggregation, Pool, disaggregation_from_node
+from llmsim.scenario.disaggregation import Disaggregation, Pool, PoolEngine, disaggregation_from_node
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
 from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
 from llmsim.scenario.control import (AutoscalingConfig, ControllerConfig, autoscaling_from_node,
@@ -31,6 +31,7 @@ from llmsim.workload.workload import Workload, workload_from_node
 # What an engine-wide queue timeout may do (a traffic class may also have dedicated slots).
 ENGINE_ON_TIMEOUT = (OnTimeout.DISPATCH.value, OnTimeout.REJECT.value)
 DEFAULT_SEED = 0
+COUNT = NumberRange(integer=True, minimum=1, exclusive_minimum=False)     # a count of one or more
 
 
 @dataclass(frozen=True)
@@ -233,9 +234,11 @@ class Scenario:
         run on its own: the pool's chip, replicas and parallelism, aggregated."""
         pool: Pool = getattr(self.disaggregation, name)
         return replace(self, hardware=pool.hardware, disaggregation=None,
+                       engine=replace(self.engine, **pool.engine.settings()),
                        deployment=replace(self.deployment, replicas=pool.replicas,
                                           tensor_parallel=pool.tensor_parallel,
-                                          pipeline_parallel=pool.pipeline_parallel))
+                                          pipeline_parallel=pool.pipeline_parallel,
+                                          expert_parallel=pool.expert_parallel))
 
     def plain_decoding(self) -> Scenario:
         """This scenario without speculation: a controller that moves the draft length goes with it
@@ -254,6 +257,18 @@ def load_scenario(path: str | Path, seed: int | None = None, vllm_args: str | No
     scenario = scenario_from_node(Node(load_yaml(path), file=str(path)), vllm_args)
     scenario = replace(scenario, path=str(path))
     return scenario if seed is None else scenario.with_seed(seed)
+
+
+def simulation_from_node(sim: Node, defaults: SimulationConfig = SIMULATION) -> SimulationConfig:
+    """``simulation``: its keys read, ``defaults`` for those it leaves out."""
+    return SimulationConfig(warmup_s=sim.quantity("warmup", "duration", defaults.warmup_s, minimum=0.0,
+                                                  exclusive_minimum=False),
+                            horizon_s=sim.quantity("horizon", "duration", defaults.horizon_s))
+
+
+def read_replicas(dep: Node, default: int = DEPLOYMENT.replicas) -> int:
+    """``deployment.replicas``: a whole number of replicas, at least one."""
+    return dep.number("replicas", default, **COUNT)
 
 
 def read_seed(root: Node) -> int:
@@ -279,32 +294,24 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     model = _model(root)
     hardware = lookup_hardware(root.string("hardware"), root, "hardware")
 
-    count = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
     dep = root.child("deployment")
-    replicas = dep.number("replicas", DEPLOYMENT.replicas, **count)
-    tp = _parallel(dep, "tensor_parallel")
-    pp = _parallel(dep, "pipeline_parallel")
+    replicas = read_replicas(dep)
+    tp, pp = read_parallelism(dep, model)
     router = RouterPolicy(dep.choice("router", RouterPolicy.names(), DEPLOYMENT.router))
     load_bound = dep.number("load_bound", DEPLOYMENT.load_bound, minimum=1.0)
-    if tp is not None and model.num_heads % tp:
-        raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
-                            tp, _divisors(model.num_heads) + " or auto")
-    if pp is not None and pp > model.num_layers:
-        raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
-                            pp, f"1..{model.num_layers} or auto")
     experts_node = dep.child("expert_parallel") if dep.has("expert_parallel") else None
 
     eng = root.child("engine")
     engine = EngineConfig(
         batching=Batching(eng.choice("batching", Batching.names(), ENGINE.batching)),
-        max_num_seqs=eng.number("max_num_seqs", ENGINE.max_num_seqs, **count),
-        max_batch_tokens=eng.number("max_batch_tokens", ENGINE.max_batch_tokens, **count),
+        max_num_seqs=eng.number("max_num_seqs", ENGINE.max_num_seqs, **COUNT),
+        max_batch_tokens=eng.number("max_batch_tokens", ENGINE.max_batch_tokens, **COUNT),
         chunked_prefill=eng.boolean("chunked_prefill", ENGINE.chunked_prefill),
-        block_size=eng.number("block_size", ENGINE.block_size, **count),
+        block_size=eng.number("block_size", ENGINE.block_size, **COUNT),
         memory_utilization=eng.number("memory_utilization", ENGINE.memory_utilization, minimum=0.0, maximum=1.0),
         runtime_reserve_bytes=eng.quantity("runtime_reserve", "bytes", ENGINE.runtime_reserve_bytes, minimum=0.0,
                                            exclusive_minimum=False),
-        max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **count),
+        max_model_len=eng.number("max_model_len", ENGINE.max_model_len, **COUNT),
         queue_timeout_s=eng.quantity("queue_timeout", "duration", ENGINE.queue_timeout_s),
         on_timeout=OnTimeout(eng.choice("on_timeout", ENGINE_ON_TIMEOUT, ENGINE.on_timeout)),
         kv_spill=eng.boolean("kv_spill", ENGINE.kv_spill),
@@ -330,7 +337,8 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
             dep.child("disaggregation"),
             lambda pool, key: (_engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key))
                                if pool.has(key) else hardware),
-            model.num_heads, model.num_layers)
+            model, PoolEngine(engine.max_num_seqs, engine.max_batch_tokens, engine.chunked_prefill),
+            engine.kernels.value)
         if router is RouterPolicy.SHARED_QUEUE:
             raise dep.key_error("router", "a disaggregated deployment routes each request to one replica of each "
                                 "pool", router, ", ".join(r for r in RouterPolicy.names() if r != router))
@@ -373,9 +381,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         slo = replace(slo, classes=_class_slos(slo_node, slo, workload.class_names))
     slo_node.done()
     sim = root.child("simulation")
-    simulation = SimulationConfig(warmup_s=sim.quantity("warmup", "duration", SIMULATION.warmup_s, minimum=0.0,
-                                                        exclusive_minimum=False),
-                                  horizon_s=sim.quantity("horizon", "duration", SIMULATION.horizon_s))
+    simulation = simulation_from_node(sim)
     sim.done()
     root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
     deployment = replace(_resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),
@@ -386,9 +392,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
                         speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
                         source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
                         disaggregation=disaggregation)
-    _check_fits(scenario, root)
-    if disaggregation is not None:
-        _check_disaggregation(scenario, root)
+    check_fits(scenario, root)
     if rollout is not None:
         scenario = replace(scenario, rollout_scenarios=tuple(group_scenario(scenario, group, root.file)
                                                              for group in rollout.groups))
@@ -540,6 +544,29 @@ def _check_classes(root: Node, engine: EngineConfig, workload: Workload) -> None
             f"reserved_seqs summing to at most {engine.max_num_seqs}")
 
 
+def read_parallelism(dep: Node, model: ModelSpec, defaults: tuple[int | None, int | None] | None = None
+                     ) -> tuple[int | None, int | None]:
+    """``deployment.tensor_parallel`` and ``pipeline_parallel`` (None: ``auto``, placement decides; ``defaults``
+    for a key left out, else the reader's): tensor parallelism divides the heads, stages are at most the layers."""
+    tp, pp = (_parallel(dep, key) if defaults is None or dep.has(key) else default
+              for key, default in zip(("tensor_parallel", "pipeline_parallel"), defaults or (None, None)))
+    if tp is not None and model.num_heads % tp:
+        raise dep.key_error("tensor_parallel", f"must divide the model's {model.num_heads} attention heads",
+                            tp, _divisors(model.num_heads) + " or auto")
+    if pp is not None and pp > model.num_layers:
+        raise dep.key_error("pipeline_parallel", f"cannot exceed the model's {model.num_layers} layers",
+                            pp, f"1..{model.num_layers} or auto")
+    return tp, pp
+
+
+def check_fits(scenario: Scenario, root: Node) -> None:
+    """A scenario's devices must hold its model, a draft placed separately, one longest request's KV cache
+    and a host tier's block; a disaggregated deployment's pools likewise (ConfigErrors naming the key)."""
+    _check_fits(scenario, root)
+    if scenario.disaggregation is not None:
+        _check_disaggregation(scenario, root)
+
+
 def _parallel(node: Node, key: str) -> int | None:
     """An explicit degree of parallelism, or None for ``auto`` (placement decides)."""
     default = getattr(DEPLOYMENT, key)
@@ -639,8 +666,7 @@ def _check_disaggregation(scenario: Scenario, root: Node) -> None:
     where = "deployment.disaggregation"
     for what, unmodelled in (("speculation", scenario.speculating), ("controller", scenario.controller),
                              ("autoscaling", scenario.autoscaling), ("rollout", scenario.rollout),
-                             ("workload.classes", scenario.workload.classes),
-                             ("deployment.expert_parallel", scenario.deployment.expert_parallel)):
+                             ("workload.classes", scenario.workload.classes)):
         if unmodelled:
             raise root.error(f"{where} is not modelled together with {what}", key=what,
                              value=root.raw(what) if "." not in what else "set",
@@ -648,25 +674,33 @@ def _check_disaggregation(scenario: Scenario, root: Node) -> None:
     if scenario.engine.batching is not Batching.CONTINUOUS:
         raise root.error(f"{where} needs continuous batching", key="engine.batching",
                          value=scenario.engine.batching, allowed="continuous")
-    if not scenario.engine.chunked_prefill:       # a transferred prompt's last token is continued as a chunk
-        raise root.error(f"{where} is modelled with chunked prefill (vLLM V1's scheduler)",
-                         key="engine.chunked_prefill", value=False, allowed="true")
+    # A transferred prompt's last token is continued as a chunk (a decode pool's own false is refused as read).
+    if not scenario.pool("decode").engine.chunked_prefill:
+        raise root.error(f"{where}: the decode pool is modelled with chunked prefill (vLLM V1's scheduler)",
+                         key="engine.chunked_prefill", value=False,
+                         allowed=f"true, or {where}.decode.engine.chunked_prefill: true")
     for name in ("prefill", "decode"):
         pool = scenario.pool(name)
-        placement, key = pool.memory, f"{where}.{name}.tensor_parallel"
+        dep, placement = pool.deployment, pool.memory
+        experts = dep.expert_parallel
+        # What to change: the pool's expert-parallel degree where it has one, else its tensor parallelism.
+        key, value = ((f"{where}.{name}.expert_parallel.degree", experts.degree) if experts is not None else
+                      (f"{where}.{name}.tensor_parallel", dep.tensor_parallel))
+        more = "a larger expert-parallel degree (fewer experts per GPU)" if experts is not None else \
+            "more tensor_parallel or pipeline_parallel"
         if not placement.fits:
-            raise root.error(f"{scenario.model.name} does not fit on {pool.deployment.devices_per_replica} x "
-                             f"{pool.hardware.name} (the {name} pool): "
+            shape = (f"an expert-parallel group of {experts.degree} x {pool.hardware.name} "
+                     f"({experts.experts_per_rank(scenario.model)} experts per GPU)" if experts is not None else
+                     f"{dep.devices_per_replica} x {pool.hardware.name}")
+            raise root.error(f"{scenario.model.name} does not fit on {shape} (the {name} pool): "
                              f"{placement.weights_per_device_bytes / 1e9:.1f} GB of weights per device, "
-                             f"{placement.usable_per_device_bytes / 1e9:.1f} GB usable", key=key,
-                             value=pool.deployment.tensor_parallel,
-                             allowed="more tensor_parallel or pipeline_parallel, a smaller weight_dtype, or a larger "
-                                     "device")
+                             f"{placement.usable_per_device_bytes / 1e9:.1f} GB usable", key=key, value=value,
+                             allowed=f"{more}, a smaller weight_dtype, or a larger device")
         if placement.kv_capacity_tokens < scenario.max_model_len:
             raise root.error(f"the {name} pool's KV cache holds {placement.kv_capacity_tokens:,} tokens per replica, "
                              f"less than one request of max_model_len {scenario.max_model_len:,} tokens",
-                             key=key, value=pool.deployment.tensor_parallel,
-                             allowed="more KV room (more devices per replica), or a smaller engine.max_model_len")
+                             key=key, value=value,
+                             allowed=f"more KV room ({more}), or a smaller engine.max_model_len")
 
 
 def _check_holds_longest(scenario: Scenario, placement: Placement, root: Node) -> None:

@@ -4,9 +4,11 @@ For a scenario with ``deployment.disaggregation``, :func:`compare_layouts` simul
 on the same requests (common random numbers), the aggregated layout (the deployment's own chip and
 parallelism) at 1 to ``max_replicas`` replicas and each prefill:decode ratio (``xPyD``: ``x``
 prefill and ``y`` decode replicas of the pools' chips and parallelism). A layout meets the SLO when
-every percentile target holds (``slo.met``). :func:`verdict` then names the cheapest layout that
-meets it, per hour (each pool's devices at its chip's price), and the reason the other kind lost:
-the SLO target its cheaper layouts miss, or its higher cost.
+every percentile target holds (``slo.met``), on every seed when several are given (each seed's requests
+shared by every layout; the table holds the means over seeds and, for the latencies, attainment and cost
+per output token, their 95% Student-t half-widths in ``<column>.ci95``). :func:`verdict` then names the
+cheapest layout that meets it, per hour (each pool's devices at its chip's price), and the reason the
+other kind lost: the SLO target its cheaper layouts miss, or its higher cost.
 """
 from __future__ import annotations
 
@@ -19,12 +21,12 @@ from collections.abc import Sequence
 import pandas as pd
 
 from llmsim.analysis.metrics import summarize
+from llmsim.analysis.statistics import ci95_half_width
 from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
-from llmsim.scenario.overrides import variant
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.search.plan import SPLIT_KEY, as_scenario, check_rate
-from llmsim.search.sweeps import RATE_KEY
+from llmsim.scenario.variants import RATE_KEY, variant
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 
@@ -65,10 +67,10 @@ class Comparison:
 
 def compare_layouts(scenario: str | Path | Scenario, rate_per_s: float,
                     ratios: Sequence[tuple[int, int]] | None = None, max_replicas: int | None = None, *,
-                    progress: Progress = QUIET) -> Comparison:
+                    seeds: Sequence[int] | None = None, progress: Progress = QUIET) -> Comparison:
     """Simulate the aggregated layout (1 to ``max_replicas`` replicas; default: as many devices as the largest
     disaggregated layout) and every ``xPyD`` ratio at ``rate_per_s``, on the same
-    requests; see the module docstring."""
+    requests, once per seed of ``seeds`` (default: the scenario's own); see the module docstring."""
     scenario = as_scenario(scenario)
     split = scenario.disaggregation
     if split is None:
@@ -85,19 +87,36 @@ def compare_layouts(scenario: str | Path | Scenario, rate_per_s: float,
                {SPLIT_KEY: None, "deployment.replicas": n}) for n in range(1, max_replicas + 1)]
     points += [(DISAGGREGATED, f"{x}P{y}D", {f"{SPLIT_KEY}.prefill.replicas": x, f"{SPLIT_KEY}.decode.replicas": y})
                for x, y in ratios]
-    progress.add(len(points))
-    trace = None
+    seed_list = list(seeds) if seeds else [scenario.seed]
+    progress.add(len(points) * len(seed_list))
     rows = []
-    for kind, label, overrides in points:
-        progress.note(label)
-        point = variant(scenario, {**overrides, RATE_KEY: rate})
-        if trace is None:
-            trace = generate_trace(point.workload, point.seed)    # every layout sees the same requests
-        summary = summarize(simulate_whole(point, trace)).to_dict()
-        rows.append(_row(kind, label, summary))
-        progress.advance()
-    table = pd.DataFrame(rows).sort_values(["usd_per_hour", "kind"], kind="stable", ignore_index=True)
+    for seed in seed_list:
+        trace = None
+        for kind, label, overrides in points:
+            progress.note(label)
+            point = variant(scenario, {**overrides, RATE_KEY: rate}).with_seed(seed)
+            if trace is None:
+                trace = generate_trace(point.workload, point.seed)    # every layout sees the seed's requests
+            summary = summarize(simulate_whole(point, trace)).to_dict()
+            rows.append(_row(kind, label, summary))
+            progress.advance()
+    table = _over_seeds(pd.DataFrame(rows)).sort_values(["usd_per_hour", "kind"], kind="stable", ignore_index=True)
     return Comparison(rate, table, verdict(table, scenario))
+
+
+INTERVALS = ("ttft_p95_s", "tpot_p95_s", "slo_attainment", "usd_per_million_output_tokens")
+
+
+def _over_seeds(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per layout: the means of its seeds' figures, the half-widths of :data:`INTERVALS` (NaN with one
+    seed: no interval), ``seeds`` and ``slo_met`` only where every seed met the SLO."""
+    groups = runs.groupby(["kind", "layout"], sort=False)
+    table = groups.mean(numeric_only=True).drop(columns="slo_met")
+    for column in INTERVALS:
+        table[f"{column}.ci95"] = groups[column].agg(lambda values: ci95_half_width(values.std(ddof=1), len(values)))
+    table["slo_met"] = groups["slo_met"].all()
+    table["seeds"] = groups.size()
+    return table.reset_index()
 
 
 def _row(kind: str, label: str, summary: dict) -> dict:

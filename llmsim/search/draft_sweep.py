@@ -21,7 +21,7 @@ from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.metrics import summarize
 from llmsim.catalog.models import ModelSpec, model_catalog
 from llmsim.config.policies import EstimateMethod
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import at_rate
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.draft_choice import Candidate, predicted_candidate, with_candidate
 from llmsim.sim.simulate import simulate_whole
@@ -65,7 +65,7 @@ def load_sweep(scenario: Scenario, options: Sequence[Candidate], loads: Sequence
     else:
         plain, per_load = [], []
         for load in load_values:
-            at_load = variant(scenario, {"workload.arrival.rate": float(load)})
+            at_load = at_rate(scenario, float(load))
             trace = generate_trace(at_load.workload, at_load.seed)
             plain.append(_mean_tpot(at_load.plain_decoding(), trace))
             per_load.append([_mean_tpot(_speculating(at_load, candidate, k, eligibility), trace)

@@ -50,9 +50,9 @@ from llmsim.analysis import names
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, at_rate, variant
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.plan import (MAX_REPLICAS as PLAN_MAX_REPLICAS, REPLICAS_KEY, RATE_KEY, analytic_bracket,
+from llmsim.search.plan import (MAX_REPLICAS as PLAN_MAX_REPLICAS, analytic_bracket,
                                 answer_row, as_scenario, candidates, capacity_bound, check_rate, check_rate_driven,
                                 fewest_replicas, kept_layout_row, plan_table, aggregated)
 from llmsim.search.window import Judged
@@ -81,10 +81,9 @@ class Layout:
         return label + (f" x ep{self.expert_parallel}" if self.expert_parallel > 1 else "")
 
     def overrides(self) -> dict:
-        experts: dict = ({f"{EXPERT_PARALLEL_KEY}.degree": self.expert_parallel} if self.expert_parallel > 1
-                         else {EXPERT_PARALLEL_KEY: None} if self.clears_experts else {})
         return {"hardware": self.hardware, "deployment.tensor_parallel": self.tensor_parallel,
-                "deployment.pipeline_parallel": self.pipeline_parallel, **experts}
+                "deployment.pipeline_parallel": self.pipeline_parallel,
+                **expert_overrides(self.expert_parallel, self.clears_experts)}
 
     def usd_per_hour(self, replicas: int) -> float:
         return replicas * self.devices_per_replica * self.usd_per_device_hour
@@ -116,6 +115,14 @@ class LayoutChoice:
         if self.layout is None or self.replicas is None:
             return math.nan
         return self.layout.usd_per_hour(self.replicas)
+
+
+def expert_overrides(degree: int, clears_experts: bool) -> dict:
+    """Scenario overrides setting the routed experts' degree: above 1 the scenario's ``expert_parallel``
+    settings with this degree; 1 removes the section (``clears_experts``: the scenario has one) or leaves none."""
+    if degree > 1:
+        return {f"{EXPERT_PARALLEL_KEY}.degree": degree}
+    return {EXPERT_PARALLEL_KEY: None} if clears_experts else {}
 
 
 def layouts(scenario: Scenario, hardware: str, *, max_tensor_parallel: int = MAX_TENSOR_PARALLEL,
@@ -217,7 +224,7 @@ def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, 
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
     rate = check_rate(target_rate_per_s)
-    variant(scenario, {RATE_KEY: rate})
+    at_rate(scenario, rate)          # the workload at this rate is valid (not each chip's "does not fit")
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")

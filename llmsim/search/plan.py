@@ -42,15 +42,13 @@ from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.scenario.scenario import Scenario, load_scenario
-from llmsim.scenario.overrides import check_matches_source, variant
-from llmsim.search.sweeps import RATE_KEY
+from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, at_rate, variant
 from llmsim.search.window import Judged, Window, measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.profiles import MMPP, Piecewise
 from llmsim.workload.trace_transforms import has_time_scale
 
 MAX_REPLICAS = 256           # the largest count a plan tries by default
-REPLICAS_KEY = "deployment.replicas"
 SPLIT_KEY = "deployment.disaggregation"      # null in a plan's overrides: the deployment's aggregated layout
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
@@ -59,7 +57,6 @@ FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simu
 
 def as_scenario(scenario: str | Path | Scenario) -> Scenario:
     if isinstance(scenario, Scenario):
-        check_matches_source(scenario)           # variants are rebuilt from its YAML mapping
         return scenario
     return load_scenario(scenario)
 
@@ -95,8 +92,8 @@ def replay_description(scenario: Scenario, rate_per_s: float) -> str:
     """Which requests of which trace a plan at ``rate_per_s`` replays ('' without a trace)."""
     if scenario.workload.trace is None:
         return ""
-    at_rate = variant(scenario, {RATE_KEY: rate_per_s})
-    trace = generate_trace(at_rate.workload, at_rate.seed)
+    replayed = at_rate(scenario, rate_per_s)
+    trace = generate_trace(replayed.workload, replayed.seed)
     return f"{trace.description}: {len(trace):,} requests"
 
 
@@ -145,7 +142,7 @@ def plan_table(scenario: str | Path | Scenario, target_rate_per_s: float, hardwa
     scenario = as_scenario(scenario)
     check_rate_driven(scenario)
     rate = check_rate(target_rate_per_s)
-    variant(scenario, {RATE_KEY: rate})     # the workload at this rate is valid (not each chip's "does not fit")
+    at_rate(scenario, rate)     # the workload at this rate is valid (not each chip's "does not fit")
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
@@ -161,11 +158,13 @@ def plan_table(scenario: str | Path | Scenario, target_rate_per_s: float, hardwa
 
 
 def _placement_overrides(scenario: Scenario, name: str) -> dict:
-    """Another chip is placed afresh (a speculating scenario's auto placement keeps one
-    pipeline stage: speculative decoding is not modelled with pipeline parallelism); an expert-parallel
-    scenario keeps its layout (``llmsim place`` searches expert-parallel layouts)."""
-    if name.lower() in (scenario.hardware.name.lower(), _own_hardware(scenario).lower()) \
-            or scenario.deployment.expert_parallel is not None:     # an expert-parallel layout is given, not searched
+    """The scenario's own chip keeps its layout (no overrides: the Scenario as it is); another chip is placed
+    afresh (a speculating scenario's auto placement keeps one pipeline stage: speculative decoding is not
+    modelled with pipeline parallelism); an expert-parallel scenario keeps its layout (``llmsim place``
+    searches expert-parallel layouts)."""
+    if name.lower() in (scenario.hardware.name.lower(), _own_hardware(scenario).lower()):
+        return {}
+    if scenario.deployment.expert_parallel is not None:     # an expert-parallel layout is given, not searched
         return {"hardware": name}
     return {"hardware": name, "deployment.tensor_parallel": "auto", "deployment.pipeline_parallel": "auto"}
 

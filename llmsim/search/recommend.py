@@ -37,6 +37,16 @@ The search (:func:`recommend`):
    drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
    scenario's, min_concurrent_requests 1 or the scenario's): the proposer, k policy and eligibility
    of the answer come from this one search (:class:`DraftSearch`).
+   With a mixture-of-experts model (aggregated, one pipeline stage), **the expert-parallel degree**
+   (:meth:`_Search.experts`): the best setting so far at degree 1 (experts tensor parallel) and at each
+   degree ``tp x 2^i`` that splits the experts (:func:`llmsim.search.layout.expert_degrees`; the attention
+   then runs data parallel over ``degree / tp`` ranks, the DeepSeek layout), with the scenario's other
+   ``expert_parallel`` settings; a degree that is no valid layout (does not fit, a group wider than a node
+   without a scale-out bandwidth) is reported as such. The degrees change the devices a replica takes, so
+   goodput alone would favour the widest: each is bisected to the end and the degree chosen is the cheapest
+   per million output tokens at its goodput among those meeting the targets at the scenario's rate
+   (:class:`ExpertSearch` says which and why); the settings at that degree then rank first, whatever the
+   objective.
 4. **Traffic classes: the policy and every class's timeout, jointly** (:meth:`_Search.classes`).
    Bisecting the rate of every (policy, timeout per class) combination would cost
    6 x 5^classes searches; instead, with the best setting's other knobs held, every
@@ -86,9 +96,10 @@ from llmsim.config.progress import QUIET, Progress
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
-from llmsim.search.plan import RATE_KEY, as_scenario, check_rate_driven
+from llmsim.search.plan import as_scenario, check_rate_driven
 from llmsim.scenario.scenario import Scenario
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import RATE_KEY, variant, with_requests
+from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_overrides
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
@@ -145,6 +156,9 @@ class Config:
     # (min_sequence_tokens, min_concurrent_requests) (None: the scenario's own, or the candidate's).
     draft: Candidate | None = None
     eligibility: tuple[int, int] | None = None
+    # With a mixture-of-experts model: the routed experts' expert-parallel degree (None: the scenario's own; 1:
+    # tensor parallel like the rest).
+    expert_parallel: int | None = None
 
     def overrides(self, scenario: Scenario) -> dict:
         point = candidate_overrides(self.draft, scenario) if self.draft is not None and self.k != OFF else {}
@@ -170,6 +184,8 @@ class Config:
             k_max = max(scenario.speculation.policy.k_max, k, RULE_K_MAX if policy is AdaptiveK.name else 0)
             k_max = min(k_max, longest_draft(scenario) if self.draft is None else self.draft.k_max)
             point.update({"speculation.policy": str(policy), "speculation.k": k, "speculation.k_max": k_max})
+        if self.expert_parallel is not None:
+            point |= expert_overrides(self.expert_parallel, scenario.deployment.expert_parallel is not None)
         if self.eligibility is not None and self.k != OFF:
             point["speculation.eligibility"] = {"min_sequence_tokens": self.eligibility[0],
                                                 "min_concurrent_requests": self.eligibility[1]}
@@ -192,6 +208,8 @@ class Config:
         if self.eligibility is not None and self.k != OFF:
             label += (f", eligibility min_sequence_tokens {self.eligibility[0]}, "
                       f"min_concurrent_requests {self.eligibility[1]}")
+        if self.expert_parallel is not None:
+            label += f", expert_parallel {self.expert_parallel}"
         return label
 
 
@@ -207,6 +225,87 @@ class ClassSearch:
     sweeps: int                      # coordinate-descent sweeps run
     screened: pd.DataFrame           # every candidate screened: policy, timeouts, verdict there
     best_per_policy: dict            # policy -> its best Config, goodput then bisected
+
+
+def own_degree(scenario: Scenario) -> int:
+    """The scenario's expert-parallel degree (1: its experts tensor parallel like the rest)."""
+    experts = scenario.deployment.expert_parallel
+    return 1 if experts is None else experts.degree
+
+
+def searches_experts(scenario: Scenario) -> bool:
+    """Whether the search compares expert-parallel degrees (step 3b): a mixture-of-experts model, aggregated
+    (a disaggregated deployment's pools set their own), at one pipeline stage (expert-parallel layouts have one)."""
+    return (scenario.model.num_experts > 1 and scenario.disaggregation is None
+            and scenario.deployment.pipeline_parallel == 1)
+
+
+def choose_degree(table: pd.DataFrame, own: int) -> int:
+    """The expert-parallel degree of ``table`` (:class:`ExpertSearch`'s) that meets the SLO at the scenario's
+    rate for the fewest dollars per million output tokens (the fewer GPUs per replica among equals); ``own``
+    when none does."""
+    meeting = table[(table["refused"] == "") & table["meets_scenario_rate"]]
+    if meeting.empty:
+        return own
+    return int(meeting.sort_values(["usd_per_million_output_tokens", "devices_per_replica"],
+                                   kind="stable")["expert_parallel"].iloc[0])
+
+
+@dataclass
+class ExpertSearch:
+    """Step 3b: the best setting at each expert-parallel degree and the degree chosen, on cost under the SLOs.
+
+    ``table``: one row per degree: ``expert_parallel``, ``data_parallel`` (attention data-parallel ranks of a
+    group), ``devices_per_replica``, goodput and its interval, dollars per million output tokens at that
+    goodput, whether it meets the SLO at the scenario's rate, and ``refused`` (why the degree is no valid
+    layout, e.g. it does not fit; empty otherwise)."""
+    table: pd.DataFrame
+    chosen: int
+    own: int                     # the scenario's degree, which the rest of the search ran at
+
+    def text(self) -> str:
+        lines = ["expert parallelism: the recommended setting at each degree (a replica is a group of that many "
+                 "GPUs, degree / tp attention data-parallel ranks; degree 1: the experts tensor parallel), chosen "
+                 "on cost per output token at each degree's goodput, among those meeting the SLO at the scenario's "
+                 "rate:"]
+        for row in self.table.itertuples():
+            head = f"  EP {row.expert_parallel:<4d}" + (" (the scenario's)" if row.expert_parallel == self.own else "")
+            if row.refused:
+                lines.append(f"{head} not a layout here: {row.refused}")
+                continue
+            lines.append(f"{head} {int(row.data_parallel)} data-parallel ranks, "
+                         f"{int(row.devices_per_replica)} GPUs per replica: goodput {row.max_rate_per_s:.3g}"
+                         f"{plus_minus(row.max_rate_per_s_ci95)} req/s, "
+                         f"${row.usd_per_million_output_tokens:.3g} per million output tokens"
+                         + ("" if row.meets_scenario_rate else ", misses the SLO at the scenario's rate"))
+        lines.append(f"  chose EP {self.chosen}: {self.reason()}")
+        if self.chosen != self.own:
+            lines.append(f"  (the settings recommended are at EP {self.chosen}; the rule-of-thumb defaults they are "
+                         f"compared with ran at the scenario's EP {self.own})")
+        return "\n".join(lines)
+
+    def reason(self) -> str:
+        """Why the chosen degree: its cost against the next cheapest degree meeting the SLO, or that no other
+        meets it."""
+        rows = self.table[self.table["refused"] == ""].set_index("expert_parallel")
+        chosen = rows.loc[self.chosen]
+        if not chosen["meets_scenario_rate"]:
+            return "no degree meets the SLO at the scenario's rate; the scenario's own is kept"
+        rivals = rows[rows["meets_scenario_rate"] & (rows.index != self.chosen)]
+        missing = [str(d) for d in rows.index[~rows["meets_scenario_rate"]]]
+        miss = f"; EP {', '.join(missing)} miss{'es' if len(missing) == 1 else ''} the SLO there" if missing else ""
+        if rivals.empty:
+            return f"the only degree meeting the SLO at the scenario's rate{miss}"
+        runner = rivals.sort_values("usd_per_million_output_tokens").iloc[0]
+        more = runner["usd_per_million_output_tokens"] / chosen["usd_per_million_output_tokens"] - 1
+        return (f"the cheapest per output token meeting the SLO (${chosen['usd_per_million_output_tokens']:.3g} per "
+                f"million); the next, EP {runner.name}, costs {100 * more:.0f}% more "
+                f"(${runner['usd_per_million_output_tokens']:.3g}){miss}")
+
+
+def plus_minus(ci: float) -> str:
+    """`` +- ci`` (two significant figures), or nothing where the interval is undefined."""
+    return "" if math.isnan(ci) else f" +- {ci:.2g}"
 
 
 @dataclass
@@ -226,6 +325,7 @@ class Recommendation:
     # goodput and each class's attainment at the scenario's rate (best first): why the policy won.
     classes: ClassSearch | None = None
     policies: pd.DataFrame | None = None
+    experts: ExpertSearch | None = None     # a mixture-of-experts model: the expert-parallel degree (step 3b)
 
     @property
     def gain_verdict(self) -> str:
@@ -379,7 +479,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         raise ConfigError("simulate at least the analytic best setting", key="top", value=top,
                           allowed="an integer >= 1")
     if requests is not None:
-        scenario = variant(scenario, {"workload.num_requests": requests})
+        scenario = with_requests(scenario, requests)
     if replays_one_trace(scenario):
         seed_list = seed_list[:1]          # every seed runs the same requests: one replication, no interval
     # ``progress`` counts every simulation of the search, its total growing as the bisections ask for more.
@@ -389,6 +489,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         searcher = _Search(scenario, seed_list, objective, workers, tolerance, progress,
                            own_settings=search is SearchScope.CLASSES, class_timeouts_s=class_timeouts_s)
         analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
+        experts = None
         if search is SearchScope.ALL:
             # 1. the coarse grid, scored by the fluid model
             grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
@@ -411,6 +512,8 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
             searcher.evaluate(_neighbours(searcher.best(), scenario))
             if speculating and searcher.best().k != OFF:
                 searcher.evaluate(_eligibility_options(searcher.best(), scenario))
+            # 3b. a mixture-of-experts model: the best setting at every expert-parallel degree, chosen on cost
+            experts = searcher.experts(searcher.best()) if searches_experts(scenario) else None
         else:
             searcher.evaluate(searcher.defaults)        # the scenario's own settings
         # 4. with traffic classes: the policy and every class's timeout, jointly
@@ -442,7 +545,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         resolution = (1 + improvement) * tolerance if objective is Objective.GOODPUT else 0.0
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement),
                               _ci(gains, resolution),
-                              analytic, time.perf_counter() - started, advice, search, classes, policies)
+                              analytic, time.perf_counter() - started, advice, search, classes, policies, experts)
 
 
 def replays_one_trace(scenario: Scenario) -> bool:
@@ -644,6 +747,7 @@ class _Search:
         self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.rate_per_s
+        self.expert_degree: int | None = None                # chosen by step 3b: its settings rank first
         engine = scenario.engine
         # The baseline: the rule-of-thumb defaults, or (own_settings) the scenario's own settings.
         self.defaults = ([Config(OFF if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
@@ -652,7 +756,7 @@ class _Search:
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
     def analytic(self, config: Config) -> float:
-        key = (config.k, config.max_batch_tokens, config.draft, config.eligibility)
+        key = (config.k, config.max_batch_tokens, config.draft, config.eligibility, config.expert_parallel)
         if key not in self._analytic:
             try:
                 self._analytic[key] = analytic_rate(variant(self.scenario, config.overrides(self.scenario)),
@@ -708,6 +812,7 @@ class _Search:
                                    if self.scenario.engine.cpu_offload is not None else math.nan),
                                "scheduling_policy": c.policy or self.scenario.engine.scheduling_policy,
                                "class_timeouts": dict(class_timeouts(c, self.scenario)) or None,
+                               "expert_parallel": self.degree_of(c),
                                "analytic_rate_per_s": guess[c],
                                "max_rate_per_s": rates.mean(),
                                "max_rate_per_s.ci95": _ci(rates, self.tolerance * rates.mean()),
@@ -789,6 +894,43 @@ class _Search:
                                  for (c, r), v in self.screened.items() if r == rate])
         return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
 
+    def degree_of(self, config: Config) -> int:
+        return own_degree(self.scenario) if config.expert_parallel is None else config.expert_parallel
+
+    def experts(self, base: Config) -> ExpertSearch:
+        """Step 3b: ``base`` at every expert-parallel degree of the scenario's tensor parallelism (1, and tp x 2^i
+        splitting the experts, :func:`llmsim.search.layout.expert_degrees`), each bisected to the end (its cost at
+        its goodput is what ranks it); the cheapest per million output tokens among those meeting the SLO at the
+        scenario's rate is chosen (the scenario's own when none does), and the settings at it rank first."""
+        scenario, own = self.scenario, own_degree(self.scenario)
+        degrees = sorted({1, own, *expert_degrees(scenario, scenario.deployment.tensor_parallel, MAX_EXPERT_PARALLEL)})
+        configs = {d: base if self.degree_of(base) == d else replace(base, expert_parallel=d) for d in degrees}
+        refused, built = {}, {}
+        for degree, config in configs.items():
+            try:
+                built[degree] = variant(scenario, config.overrides(scenario))
+            except ConfigError as error:        # does not fit, or a group wider than a node without its network
+                refused[degree] = error.message
+        valid = [c for d, c in configs.items() if d not in refused]
+        self.protected.update(valid)
+        self.progress.note("expert-parallel degrees")
+        self.evaluate(valid)
+        rows = []
+        for degree, config in configs.items():
+            row = {"expert_parallel": degree, "refused": refused.get(degree, "")}
+            if degree not in refused:
+                result, one = self.results[config], built[degree]
+                row |= {"data_parallel": one.deployment.data_parallel,
+                        "devices_per_replica": one.devices_per_replica,
+                        **{key: result[key] for key in ("max_rate_per_s", "max_rate_per_s.ci95",
+                                                        "usd_per_million_output_tokens", "meets_scenario_rate")}}
+            rows.append(row)
+        table = pd.DataFrame(rows).rename(columns={"max_rate_per_s.ci95": "max_rate_per_s_ci95"})
+        table["meets_scenario_rate"] = table["meets_scenario_rate"].astype("boolean").fillna(False).astype(bool)
+        chosen = choose_degree(table, own)
+        self.expert_degree = chosen
+        return ExpertSearch(table, chosen, own)
+
     def screen(self, configs: Sequence[Config], rate: float, window: Window) -> None:
         """Each configuration not screened yet at ``rate``: one window per seed (no escalation), its
         verdict pooled over the seeds."""
@@ -824,12 +966,14 @@ class _Search:
     def table(self) -> pd.DataFrame:
         frame = pd.DataFrame(list(self.results.values()))
         frame["default"] = [c in self.defaults for c in frame["config"]]
+        # Once step 3b has chosen an expert-parallel degree (on cost), the settings at it rank first.
+        frame["at_chosen_degree"] = self.expert_degree is None or frame["expert_parallel"] == self.expert_degree
         if self.objective is Objective.GOODPUT:
-            order = frame.sort_values(["meets_scenario_rate", "max_rate_per_s"], ascending=[False, False],
-                                      kind="stable")
+            order = frame.sort_values(["meets_scenario_rate", "at_chosen_degree", "max_rate_per_s"],
+                                      ascending=[False, False, False], kind="stable")
         else:
-            order = frame.sort_values(["meets_scenario_rate", "usd_per_million_output_tokens"],
-                                      ascending=[False, True], kind="stable")
+            order = frame.sort_values(["meets_scenario_rate", "at_chosen_degree", "usd_per_million_output_tokens"],
+                                      ascending=[False, False, True], kind="stable")
         return order.reset_index(drop=True)
 
     def at_scenario_rate(self, configs: Sequence[Config]) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import pandas as pd
 from llmsim.config.policies import ExecutorKind
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario
-from llmsim.search.plan import RATE_KEY
+from llmsim.scenario.variants import RATE_KEY
 from llmsim.search.sweeps import scenario_at
 from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
 from llmsim.sim.simulate import simulate_whole

@@ -33,7 +33,7 @@ from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -47,8 +47,9 @@ from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
-from llmsim.scenario.overrides import build_point, check_matches_source, grid_points
+from llmsim.scenario.overrides import build_point, grid_points
 from llmsim.scenario.scenario import Scenario, read_seed
+from llmsim.scenario.variants import COUNT_KEY, DURATION_KEY, RATE_KEY, variant
 from llmsim.search.executors import error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.resources import check_run_size
@@ -57,7 +58,6 @@ from llmsim.sim.simulate import simulate_whole
 RESULTS_FILE = "results.csv"
 # Kept with a reused run's metrics, never shown in a row: its longest wait and its queue timeout (s).
 LONGEST_WAIT, QUEUE_TIMEOUT = "_longest_wait_s", "_queue_timeout_s"
-RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
 ID_COLUMNS = ("point_id", "seed", "error")
 
 
@@ -91,8 +91,9 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
                source: str | None = None, force: bool = False) -> pd.DataFrame:
     """Simulate a list of points in parallel; the engine under :func:`sweep`, for searches.
 
-    scenario:   a YAML path, a loaded :class:`Scenario` (it keeps its YAML mapping) or a
-                raw scenario mapping (relative paths in it start from the current folder).
+    scenario:   a YAML path, a loaded :class:`Scenario` (its points are set on it by
+                :func:`llmsim.scenario.variants.variant`) or a raw scenario mapping (relative
+                paths in it start from the current folder).
     points:     dicts of overrides, dotted key path -> value, e.g.
                 ``[{"speculation.k": 4, "engine.max_batch_tokens": 4096}, {"speculation": None}]``
                 (``speculation: None`` turns speculation off). ``{}`` is the scenario as is.
@@ -123,7 +124,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
     point whose simulation raises gets its error text and no metrics; the rest go on.
     """
     engine, on_invalid = ExecutorKind.of(engine, "engine"), OnInvalid.of(on_invalid, "on_invalid")
-    base, base_dir, base_file, base_seed = _base(scenario)
+    base, build, base_file, base_seed = _base(scenario, source)
     points = [dict(point) for point in points]
     if seeds is not None and any("seed" in point for point in points):
         raise ConfigError("give seeds either as a grid key or as seeds, not both", file=source, key="seed",
@@ -131,7 +132,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
     seeds = [base_seed] if seeds is None else [_seed(seed, source) for seed in seeds]
     jobs, rows, seen = [], {}, set()
     # Rows show each point as given; it runs with the request count its rate asks for.
-    for shown, point in zip(points, _windows_follow_rate(base, base_dir, base_file, points)):
+    for shown, point in zip(points, _windows_follow_rate(build, points)):
         for seed in [point["seed"]] if "seed" in point else seeds:
             key = point_hash(base, point, seed)
             if key in seen:
@@ -139,7 +140,7 @@ def run_points(scenario: str | Path | Scenario | Mapping, points: Iterable[Mappi
             seen.add(key)
             row = {**shown, "seed": seed, "point_id": key, "error": ""}
             try:
-                built = build_point(base, {**point, "seed": seed}, base_dir, base_file, source)
+                built = build({**point, "seed": seed})
                 check_run_size(built, force=force)
             except ConfigError as error:
                 if on_invalid is OnInvalid.RAISE:
@@ -418,7 +419,7 @@ def _evaluate(scenario: Scenario) -> dict:
         return {"error": error_text(error)}
 
 
-def _windows_follow_rate(base: dict, base_dir: Path, base_file: str | None,
+def _windows_follow_rate(build: Callable[[Mapping[str, Any]], Scenario],
                          points: Sequence[Mapping[str, Any]]) -> Sequence[Mapping[str, Any]]:
     """Points that change the arrival rate of a scenario that counts its requests keep its arrival
     window in seconds: ``workload.num_requests`` scales with the rate (unless the point sets it, or a
@@ -427,7 +428,7 @@ def _windows_follow_rate(base: dict, base_dir: Path, base_file: str | None,
     if not any(RATE_KEY in point and not {COUNT_KEY, DURATION_KEY} & point.keys() for point in points):
         return points
     try:
-        own = build_point(base, {}, base_dir, base_file).workload
+        own = build({}).workload
     except ConfigError:                    # the base alone is incomplete (the grid supplies the rest)
         return points
     if own.num_requests is None or own.trace is not None:
@@ -449,26 +450,31 @@ def _windows_follow_rate(base: dict, base_dir: Path, base_file: str | None,
 
 def scenario_at(scenario: str | Path | Scenario | Mapping, point: Mapping[str, Any]) -> Scenario:
     """The scenario (a path, Scenario or mapping, as :func:`run_points` takes it) with a point's overrides."""
-    base, base_dir, file, _ = _base(scenario)
-    return build_point(base, point, base_dir, file)
+    _, build, _, _ = _base(scenario)
+    return build(point)
 
 
-def _base(scenario) -> tuple[dict, Path, str | None, int]:
-    """(YAML mapping, folder for relative paths, file name for errors, seed) of a sweep's scenario."""
+def _base(scenario, source: str | None = None
+          ) -> tuple[dict, Callable[[Mapping[str, Any]], Scenario], str | None, int]:
+    """(YAML mapping or a Scenario's own settings, for the points' journal keys; what builds a point's
+    scenario; file name for errors; seed) of a sweep's scenario. A file's or mapping's points are laid
+    over its YAML; a Scenario's are set on it (:func:`~llmsim.scenario.variants.variant`)."""
     # Each point is validated in full; the base alone need not be complete (a grid may supply
     # its hardware, say), so only its seed is read here.
+    if isinstance(scenario, Scenario):
+        loaded = scenario
+        return ({**(scenario.source or {}), "seed": scenario.seed}, lambda point: variant(loaded, point),
+                scenario.path, scenario.seed)
     if isinstance(scenario, (str, Path)):
         node = Node(load_yaml(scenario), file=str(scenario))      # rejects a file that is not a mapping
-        return node.data, Path(scenario).parent, str(scenario), read_seed(node)
-    if isinstance(scenario, Scenario):
-        check_matches_source(scenario)
-        assert scenario.source is not None                 # check_matches_source refuses a scenario without one
-        return ({**scenario.source, "seed": scenario.seed}, Path(scenario.source_dir or "."), scenario.path,
-                scenario.seed)
-    if isinstance(scenario, Mapping):
+        base_dir, file = Path(scenario).parent, str(scenario)
+    elif isinstance(scenario, Mapping):
         node = Node(dict(scenario))
-        return node.data, Path.cwd(), None, read_seed(node)
-    raise TypeError(f"expected a scenario path, Scenario or mapping, not {type(scenario).__name__}")
+        base_dir, file = Path.cwd(), None
+    else:
+        raise TypeError(f"expected a scenario path, Scenario or mapping, not {type(scenario).__name__}")
+    data = node.data
+    return data, lambda point: build_point(data, point, base_dir, file, source), file, read_seed(node)
 
 
 def _seed(seed, source: str | None) -> int:

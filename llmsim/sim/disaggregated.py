@@ -319,13 +319,16 @@ class DisaggregatedRouter:
 
 def pool_totals(name: str, scenario: Scenario, iterations: pd.DataFrame, end_s: float) -> PoolTotals:
     """A pool's size, price and power, and how busy its replicas were over the run: the share of each
-    replica's pipeline time its iterations took (``iterations``: this pool's rows)."""
+    replica's pipeline time its iterations took (``iterations``: this pool's rows; with expert parallelism
+    each attention data-parallel rank is such a replica)."""
     dep = scenario.deployment
     devices = dep.replicas * dep.devices_per_replica
-    busy = float(iterations["duration_s"].sum()) / (end_s * dep.replicas * dep.pipeline_parallel) if end_s > 0 \
-        else math.nan
+    engines = dep.replicas * dep.data_parallel * dep.pipeline_parallel     # each data-parallel rank's pipeline
+    busy = float(iterations["duration_s"].sum()) / (end_s * engines) if end_s > 0 else math.nan
+    degree = dep.expert_parallel.degree if dep.expert_parallel is not None else 1
     return PoolTotals(name, scenario.hardware.name, dep.replicas, dep.tensor_parallel, dep.pipeline_parallel,
-                      devices * scenario.hardware.price_per_hour_usd, devices * scenario.hardware.tdp_w, min(busy, 1.0))
+                      devices * scenario.hardware.price_per_hour_usd, devices * scenario.hardware.tdp_w, min(busy, 1.0),
+                      degree, devices)
 
 
 def totals(router: DisaggregatedRouter, pools: list[PoolTotals], end_s: float) -> DisaggregationTotals:

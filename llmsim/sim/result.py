@@ -92,6 +92,8 @@ class PoolTotals:
     usd_per_hour: float
     power_w: float
     busy_fraction: float
+    expert_parallel: int              # the routed experts' degree (1: tensor parallel like the rest)
+    devices: int                      # replicas x devices per replica (a whole expert-parallel group each)
 
 
 @dataclass(frozen=True)

@@ -326,10 +326,11 @@ def _proposer(node: Node, target: ModelSpec, read_model) -> tuple[Proposer, Mode
     raw = node.raw("draft")
     kind = ProposerKind(raw) if isinstance(raw, str) and raw in ProposerKind.names() else MODEL
     heads = node.number("heads", 4, integer=True, minimum=1) if kind == MEDUSA else 0
-    branching = 1
+    branching = Proposer.branching
     if kind != NGRAM:
-        branching = node.number("tree_branching", 1, integer=True, minimum=1)
-    cpu_s = node.quantity("ngram_cpu_per_sequence", "duration", 0.0, exclusive_minimum=False) if kind == NGRAM else 0.0
+        branching = node.number("tree_branching", Proposer.branching, integer=True, minimum=1)
+    cpu_s = (node.quantity("ngram_cpu_per_sequence", "duration", Proposer.cpu_s_per_sequence,
+                           exclusive_minimum=False) if kind == NGRAM else 0.0)
     per_token_s = (node.quantity("ngram_cpu_per_context_token", "duration", NGRAM_CPU_S_PER_CONTEXT_TOKEN,
                                  exclusive_minimum=False) if kind == NGRAM else 0.0)
     proposer = Proposer(kind, heads, branching, cpu_s, per_token_s)
@@ -401,7 +402,7 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
                           workload=workload)
     prob = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
     if process in (AcceptanceProcess.BERNOULLI, AcceptanceProcess.POSITIONAL):
-        alpha = node.number("alpha", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=False)
+        alpha = node.number("alpha", Acceptance.alpha, minimum=0.0, maximum=1.0, exclusive_minimum=False)
         decay = node.number("decay", 0.9, **prob) if process is AcceptanceProcess.POSITIONAL else 1.0
         node.done()
         return Acceptance(process, alpha=alpha, decay=decay, measured=stated)
@@ -409,7 +410,7 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
         # Either the shape parameters, or a mean and a concentration (a + b); Beta(a, b) needs a, b > 0.
         positive = NumberRange(minimum=0.0, exclusive_minimum=True)
         if node.has("mean") or node.has("concentration"):
-            mean = node.number("mean", 0.7, minimum=0.0, maximum=1.0, exclusive_minimum=True)
+            mean = node.number("mean", Acceptance.alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True)
             if mean >= 1.0:
                 raise node.key_error("mean", "must be below 1", mean, "0 < mean < 1")
             concentration = node.number("concentration", 10.0, **positive)

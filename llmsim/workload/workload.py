@@ -120,13 +120,9 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         arrival = Replay(transforms.replayed_rate_per_s(trace))
         arrival_node.done()
 
-    num_requests = node.number("num_requests", None, integer=True, minimum=1, exclusive_minimum=False)
-    duration_s = node.quantity("duration", "duration", None)
-    if trace is None and num_requests is None and duration_s is None:
-        raise node.error("say how much traffic to simulate", key=node.key_path("num_requests"),
-                         has_value=False, allowed="workload.num_requests (a count) or workload.duration (e.g. '600 s')")
+    num_requests, duration_s = traffic_amount(node, trace is not None)
     if trace is None and arrival is not None:
-        _check_window(node, arrival, num_requests, duration_s)
+        check_window(node, arrival, num_requests, duration_s)
     if node.has("classes") and node.has("dataset"):
         raise node.key_error("classes", "traffic classes draw their own lengths: a dataset brings its own requests",
                              node.raw("classes"), "no workload.classes with workload.dataset")
@@ -173,7 +169,19 @@ def dataset_from_node(node: Node) -> Trace:
     return dataset
 
 
-def _check_window(node: Node, arrival: RenewalProcess | RateProfile | Replay, num_requests: int | None,
+def traffic_amount(node: Node, replayed: bool, defaults: tuple[int | None, float | None] = (None, None)
+                   ) -> tuple[int | None, float | None]:
+    """``workload.num_requests`` and ``workload.duration`` (``defaults`` where absent); a workload that is
+    not a replayed trace needs one of the two."""
+    num_requests = node.number("num_requests", defaults[0], integer=True, minimum=1, exclusive_minimum=False)
+    duration_s = node.quantity("duration", "duration", defaults[1])
+    if not replayed and num_requests is None and duration_s is None:
+        raise node.error("say how much traffic to simulate", key=node.key_path("num_requests"),
+                         has_value=False, allowed="workload.num_requests (a count) or workload.duration (e.g. '600 s')")
+    return num_requests, duration_s
+
+
+def check_window(node: Node, arrival: RenewalProcess | RateProfile | Replay, num_requests: int | None,
                   duration_s: float | None) -> None:
     """Refuse traffic that takes longer than :data:`MAX_ARRIVAL_WINDOW_S` to arrive (a rate of
     1e-300/s would report every latency as 0 and every SLO met); a longer ``duration`` is refused

@@ -63,3 +63,15 @@ def test_no_policy_name_is_compared_past_the_readers(layer):
              for path in sorted((PACKAGE / layer).rglob("*.py"))
              for line in policy_name_uses(path.read_text(), names)]
     assert not found, "policy names compared as strings (compare enum members instead):\n" + "\n".join(found)
+
+
+def test_a_functions_argument_becomes_a_member_once_or_a_config_error_naming_it():
+    from llmsim.config.policies import Objective
+    from llmsim.errors import ConfigError
+
+    assert Objective.of("cost", "objective") is Objective.COST
+    assert Objective.of(Objective.GOODPUT, "objective") is Objective.GOODPUT
+    for bad in ("latency", 3, None, "GOODPUT"):
+        with pytest.raises(ConfigError) as error:
+            Objective.of(bad, "objective")
+        assert error.value.key == "objective" and "goodput, cost" in str(error.value)

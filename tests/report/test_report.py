@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from llmsim.cli.main import main
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
 

@@ -16,7 +16,7 @@ from llmsim.report import figures
 from llmsim.report.build import hardware_appendix
 from llmsim.report.document import Figure, Report, Section, Table
 from llmsim.report.render import figure_files, to_html, to_markdown
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.scenario.scenario import load_scenario
 
 from tests.helpers import REPO

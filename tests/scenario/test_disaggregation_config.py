@@ -11,7 +11,9 @@ import yaml
 from llmsim.catalog.links import LINKS
 from llmsim.config.policies import KVReservation
 from llmsim.errors import ConfigError
-from tests.helpers import BASE, merge, make_scenario
+from llmsim.scenario.variants import variant
+from llmsim.scenario.scenario import load_scenario
+from tests.helpers import BASE, REPO, merge, make_scenario, simulate_checked
 
 SPLIT = {"prefill": {"replicas": 2, "tensor_parallel": 1}, "decode": {"replicas": 1, "tensor_parallel": 1},
          "link": "infiniband_ndr"}
@@ -75,3 +77,99 @@ def test_the_command_line_exits_2_naming_the_key(tmp_path):
     assert done.returncode == 2
     assert "deployment.disaggregation.link" in done.stderr and "infiniband_ndr" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+MOE = {"model": "Qwen3-30B-A3B", "hardware": "H200"}
+DEEPSEEK_POOL = {"tensor_parallel": 1, "expert_parallel": {"degree": 8, "redundant_experts": 0}}
+
+
+def pools(prefill: dict | None = None, decode: dict | None = None, **more) -> dict:
+    return merge(split(), merge(more, {"deployment": {"disaggregation": {"prefill": prefill or {},
+                                                                         "decode": decode or {}}}}))
+
+
+def test_each_pool_reads_its_own_expert_parallelism_and_engine_settings():
+    scenario = make_scenario(pools({"expert_parallel": {"degree": 2}, "engine": {"chunked_prefill": False}},
+                                   {"expert_parallel": {"degree": 8}, "engine": {"max_num_seqs": 64,
+                                                                                  "max_batch_tokens": 256}}, **MOE))
+    config = scenario.disaggregation
+    assert (config.prefill.expert_parallel.degree, config.decode.expert_parallel.degree) == (2, 8)
+    assert (config.prefill.devices_per_replica, config.decode.devices_per_replica) == (2, 8)
+    assert config.lanes == 1                      # one GPU per data-parallel rank holds a request's KV
+    prefill, decode = scenario.pool("prefill"), scenario.pool("decode")
+    assert not prefill.engine.chunked_prefill and prefill.engine.max_num_seqs == scenario.engine.max_num_seqs
+    assert (decode.engine.max_num_seqs, decode.engine.max_batch_tokens) == (64, 256)
+    assert decode.engine.chunked_prefill and decode.deployment.expert_parallel.degree == 8
+    assert scenario.deployment.expert_parallel is None       # the aggregated layout keeps its own (none)
+
+
+def test_a_pool_without_expert_parallel_settings_has_none_whatever_the_aggregated_layout():
+    scenario = make_scenario(pools(**MOE, deployment={"expert_parallel": {"degree": 8}}))
+    assert scenario.deployment.expert_parallel.degree == 8
+    assert scenario.pool("decode").deployment.expert_parallel is None
+
+
+def test_a_pools_memory_check_uses_its_own_expert_parallel_degree():
+    """DeepSeek-V3 on H200: a pool fits exactly where the same expert-parallel group as a scenario of its own
+    fits (the aggregated check is the independent reference)."""
+    base = {"model": "DeepSeek-V3", "hardware": "H200", "engine": {"max_model_len": 8192},
+            "deployment": DEEPSEEK_POOL}        # the aggregated layout, which must fit too
+
+    def alone(degree: int) -> bool:
+        try:
+            make_scenario(merge(base, {"deployment": {"expert_parallel": {"degree": degree}}}))
+        except ConfigError:
+            return False
+        return True
+
+    for degree in (4, 8):
+        pool = merge(DEEPSEEK_POOL, {"expert_parallel": {"degree": degree}})
+        fits = alone(degree)
+        try:
+            make_scenario(merge(split(), merge(base, {"deployment": {"disaggregation": {
+                "prefill": DEEPSEEK_POOL, "decode": pool}}})))
+        except ConfigError as error:
+            assert not fits and error.key == "deployment.disaggregation.decode.expert_parallel.degree"
+            assert "expert-parallel group of 4" in str(error)
+        else:
+            assert fits
+    assert not alone(4) and alone(8)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (pools(decode={"expert_parallel": {"degree": 3}}, **MOE),
+     "deployment.disaggregation.decode.expert_parallel.degree"),
+    (pools(prefill={"tensor_parallel": 2, "expert_parallel": {"degree": 1}}, **MOE),
+     "deployment.disaggregation.prefill.expert_parallel.degree"),
+    (pools(decode={"expert_parallel": {"degree": 8}}), "deployment.disaggregation.decode.expert_parallel.degree"),
+    (pools(decode={"expert_parallel": {"degree": 16, "devices_per_node": 8}}, **MOE),
+     "deployment.disaggregation.decode.expert_parallel.scale_out_bandwidth"),
+    (pools(decode={"engine": {"max_num_seqs": 512, "max_batch_tokens": 256}}),
+     "deployment.disaggregation.decode.engine.max_batch_tokens"),
+    (pools(prefill={"engine": {"max_num_seqs": 9000}}), "deployment.disaggregation.prefill.engine.max_num_seqs"),
+    (pools(decode={"engine": {"max_num_seqs": True}}), "deployment.disaggregation.decode.engine.max_num_seqs"),
+    (pools(decode={"engine": {"chunked_prefill": False}}), "deployment.disaggregation.decode.engine.chunked_prefill"),
+    (pools(decode={"engine": {"chunked_prefill": "yes"}}), "deployment.disaggregation.decode.engine.chunked_prefill"),
+    (pools(prefill={"engine": {"block_size": 16}}), "deployment.disaggregation.prefill.engine.block_size"),
+])
+def test_bad_pool_settings_name_their_key(overrides, key):
+    with pytest.raises(ConfigError) as error:
+        make_scenario(overrides)
+    assert error.value.key == key
+
+
+def test_a_non_chunking_engine_block_serves_when_the_decode_pool_chunks():
+    """The decode pool must chunk (it continues each transferred prompt's last token); the engine block, the
+    aggregated layout's, need not when the decode pool says so."""
+    scenario = make_scenario(pools(decode={"engine": {"chunked_prefill": True}}, engine={"chunked_prefill": False}))
+    assert scenario.pool("decode").engine.chunked_prefill and not scenario.pool("prefill").engine.chunked_prefill
+
+
+def test_the_shipped_wide_ep_disaggregated_scenario_reads_and_runs():
+    scenario = load_scenario(REPO / "scenarios" / "deepseek-v3-h200-disagg-wide-ep.yaml")
+    prefill, decode = scenario.disaggregation.prefill, scenario.disaggregation.decode
+    assert (prefill.devices_per_replica, prefill.replicas, decode.devices_per_replica) == (8, 2, 32)
+    assert decode.expert_parallel.experts_per_rank(scenario.model) == 9
+    assert prefill.expert_parallel.experts_per_rank(scenario.model) == 32
+    result = simulate_checked(variant(scenario, {"workload.num_requests": 150}))
+    assert (result.requests["status"] == "finished").all()

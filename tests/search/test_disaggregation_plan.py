@@ -3,6 +3,7 @@ reason the other kind lost (checked on tables built by hand), ratios are read st
 runs every layout on the same requests."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -68,3 +69,23 @@ def test_a_comparison_simulates_each_layout_on_the_same_requests():
     by_layout = table.set_index("layout")["usd_per_hour"]
     assert by_layout["1P1D"] == pytest.approx(by_layout["2 x H100-SXM TP1"])
     assert comparison.verdict
+
+
+def test_on_several_seeds_each_layout_gets_its_mean_an_interval_and_met_only_if_every_seed_met():
+    """Two seeds: each layout's figures are the means of the one-seed comparisons, the intervals the Student-t
+    half-width of two values (t(0.975, 1) x |a - b| / 2), and the SLO is met only where both seeds met it."""
+    split = {"deployment": {"replicas": 1, "disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                                                             "link": "nvlink4"}},
+             "workload": {"num_requests": 60}, **SLO}
+    scenario = make_scenario(split)
+    args = (2.0, [(1, 1)], 2)
+    both = compare_layouts(scenario, *args, seeds=[3, 4]).table.set_index("layout")
+    one = [compare_layouts(scenario.with_seed(seed), *args).table.set_index("layout") for seed in (3, 4)]
+    assert one[0]["tpot_p95_s.ci95"].isna().all()               # one seed: no interval
+    t = 12.706204736174707                                     # Student-t 97.5% point, one degree of freedom
+    for column in ("ttft_p95_s", "tpot_p95_s", "slo_attainment"):
+        a, b = one[0][column], one[1][column]
+        np.testing.assert_allclose(both[column], (a + b) / 2, rtol=1e-12)
+        np.testing.assert_allclose(both[f"{column}.ci95"], t * (a - b).abs() / 2, rtol=1e-9)
+    assert (both["slo_met"] == (one[0]["slo_met"] & one[1]["slo_met"])).all()
+    assert (both["seeds"] == 2).all()

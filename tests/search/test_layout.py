@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.layout import cheapest_layout, layouts
 from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s

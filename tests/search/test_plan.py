@@ -11,7 +11,7 @@ import llmsim
 from llmsim.analysis.metrics import summarize
 from llmsim.search import plan as planning
 from llmsim.cli.main import main
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
 

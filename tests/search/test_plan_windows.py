@@ -11,7 +11,7 @@ import llmsim
 from llmsim.analysis import names
 from llmsim.analysis.metrics import share_with_stderr
 from llmsim.analysis.statistics import rising_trend
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.search import plan as planning
 from llmsim.search import window as windows
 from llmsim.search import sweeps
@@ -152,8 +152,8 @@ def test_a_sweep_over_the_rate_keeps_the_arrival_window_in_seconds():
     """4,000 requests at 16/s arrive over 250 s; at 64/s the sweep simulates 16,000 so the 30 s warm-up
     is still an eighth of the window, and a point that sets its own count keeps it."""
     scenario = llmsim.load_scenario(CHAT)
-    base, base_dir, file, _ = sweeps._base(scenario)
-    points = sweeps._windows_follow_rate(base, base_dir, file, [
+    _, build, _, _ = sweeps._base(scenario)
+    points = sweeps._windows_follow_rate(build, [
         {"workload.arrival.rate": 64}, {"workload.arrival.rate": "4/s"},
         {"workload.arrival.rate": 64, "workload.num_requests": 10}, {"engine.max_batch_tokens": 4096}])
     assert [p.get("workload.num_requests") for p in points] == [16_000, 1_000, 10, None]

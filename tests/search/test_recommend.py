@@ -12,7 +12,7 @@ from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.cli.recommend import format_recommendation
 from llmsim.errors import ConfigError
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.config.policies import KPolicyName
 from llmsim.search.recommend import OFF, Config, KChoice, analytic_rate, batch_token_rule, k_options, recommend
 from llmsim.search.sweeps import reusing_runs

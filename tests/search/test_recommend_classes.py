@@ -34,7 +34,7 @@ import pytest
 import llmsim
 from llmsim.analysis.metrics import summarize
 from llmsim.cli.recommend import format_recommendation
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.search.recommend import recommend
 
 from tests.helpers import make_scenario

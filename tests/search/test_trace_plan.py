@@ -8,8 +8,8 @@ from llmsim import generate_trace
 from llmsim.cli.recommend import format_recommendation
 from llmsim.search.recommend import recommend, replays_one_trace
 from llmsim.search.layout import plan
-from llmsim.search.plan import RATE_KEY
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import RATE_KEY
+from llmsim.scenario.variants import variant
 from llmsim.search.window import measurement_window
 from llmsim.workload.trace_transforms import mean_rate_per_s
 from tests.helpers import make_scenario

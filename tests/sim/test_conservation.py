@@ -7,7 +7,7 @@ import pytest
 from llmsim import load_scenario
 from llmsim.analysis.metrics import summarize
 from llmsim.config.limits import MAX_RUN_EVENTS
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.search.rollout import simulate_rollout
 from llmsim.sim.resources import estimate_run
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import simpy
 
+from llmsim.analysis.metrics import summarize
 from llmsim.catalog.links import LINKS, Link
 from llmsim.sim.disaggregated import SharedLink
 from llmsim.sim.simulate import simulate
@@ -211,3 +212,93 @@ def test_prefix_aware_placement_sends_a_session_back_to_the_prefill_replica_hold
                          later["cached_tokens"].sum() / later["prompt_tokens"].sum())
     assert found["prefix_aware"][0] > 0.9 and found["round_robin"][0] < 0.7
     assert found["prefix_aware"][1] > 1.2 * found["round_robin"][1]
+
+
+# -- pools with their own expert parallelism and engine settings --------------------------------------------
+
+QWEN_MOE = {"model": "Qwen3-30B-A3B", "hardware": "H200"}
+
+
+def moe_disaggregated(overrides: dict | None = None, **split):
+    """Qwen3-30B-A3B on H200: a prefill pool of one expert-parallel group of 2 and a decode pool of one group of 8
+    (8 attention data-parallel ranks), the DeepSeek/Dynamo layout in small."""
+    pools = {"prefill": {"replicas": 1, "tensor_parallel": 1, "expert_parallel": {"degree": 2}},
+             "decode": {"replicas": 1, "tensor_parallel": 1,
+                        "expert_parallel": {"degree": 8, "routing": {"distribution": "zipf", "exponent": 1.0}}}}
+    return disaggregated(_deep({**QWEN_MOE, "deployment": {"disaggregation": pools}}, overrides or {}), **split)
+
+
+def test_with_an_infinitely_fast_link_an_expert_parallel_decode_pool_decodes_as_its_own_ep_scenario():
+    """Requests far apart, a wide-EP decode pool: each request decodes on its data-parallel rank exactly as the
+    decode pool run alone as an expert-parallel scenario of its own decodes it (same busiest-rank table, same
+    all-to-all terms); and the prefill pool, EP 2, computes each prompt as it does alone."""
+    scenario = with_link(moe_disaggregated({"workload": {"num_requests": 12,
+                                                         "arrival": {"process": "deterministic", "rate": 0.05}}}),
+                         FREE_LINK)
+    decode = scenario.pool("decode")
+    assert decode.deployment.expert_parallel.degree == 8 and decode.deployment.data_parallel == 8
+    trace = generate_trace(scenario.workload, scenario.seed)
+    split = simulate(scenario, trace).requests
+    alone = simulate(decode, trace).requests
+    np.testing.assert_allclose(split["finish_s"] - split["first_token_s"], alone["finish_s"] - alone["first_token_s"],
+                               rtol=1e-9)
+    prefill_alone = simulate(scenario.pool("prefill"),
+                             dataclasses.replace(trace, output_tokens=np.ones(len(trace), np.int64))).requests
+    np.testing.assert_allclose(split["prefill_end_s"], prefill_alone["first_token_s"], rtol=1e-12)
+
+
+def test_the_decode_pools_expert_parallel_degree_is_what_its_steps_cost():
+    """The same requests, far apart, decode faster per token on the decode pool of EP 8 than on one of EP 2
+    only through the cost model the pool's degree selects: each run's decoding matches that pool alone."""
+    narrow = with_link(moe_disaggregated({"workload": {"num_requests": 6,
+                                                       "arrival": {"process": "deterministic", "rate": 0.05}},
+                                          "deployment": {"disaggregation": {"decode": {
+                                              "expert_parallel": {"degree": 2}}}}}), FREE_LINK)
+    trace = generate_trace(narrow.workload, narrow.seed)
+    split = simulate(narrow, trace).requests
+    alone = simulate(narrow.pool("decode"), trace).requests
+    np.testing.assert_allclose(split["finish_s"] - split["first_token_s"], alone["finish_s"] - alone["first_token_s"],
+                               rtol=1e-9)
+
+
+@pytest.mark.parametrize("reservation", ["before_transfer", "after_transfer"])
+def test_expert_parallel_pools_conserve_requests_tokens_and_kv_blocks(reservation):
+    """Both pools expert parallel under load: every request finishes with all its tokens, every KV block
+    allocated is freed, every transferred prompt crossed once with its bytes, and each pool's devices are its
+    group's (EP degree x pool replicas) at its chip's price."""
+    scenario = moe_disaggregated({"workload": {"num_requests": 150, "arrival": {"process": "poisson", "rate": 15.0}}},
+                                 reservation=reservation)
+    result = simulate_checked(scenario)
+    records = result.requests
+    assert (records["status"] == "finished").all()
+    assert (records["generated_tokens"] == records["output_tokens"]).all()
+    assert result.kv_allocated_blocks == result.kv_freed_blocks
+    assert result.disaggregation.transfers == len(records)
+    assert result.disaggregation.transfer_bytes == pytest.approx(
+        float(records["prompt_tokens"].sum()) * scenario.model.kv_bytes_per_token)
+    assert set(records["decode_replica"]) == set(range(8))      # the eight data-parallel ranks each decoded
+    pools = {pool.pool: pool for pool in result.disaggregation.pools}
+    price = scenario.hardware.price_per_hour_usd
+    assert (pools["prefill"].expert_parallel, pools["decode"].expert_parallel) == (2, 8)
+    assert pools["prefill"].usd_per_hour == pytest.approx(2 * price)
+    assert pools["decode"].usd_per_hour == pytest.approx(8 * price)
+    assert (pools["prefill"].devices, pools["decode"].devices) == (2, 8)
+    assert summarize(result).devices == 2 + 8                   # both pools' groups are paid for
+    assert 0 < pools["decode"].busy_fraction <= 1
+
+
+def test_each_pool_runs_with_its_own_engine_settings():
+    """A decode pool limited to 3 sequences and a prefill pool to 1,024 batch tokens: no decode iteration runs
+    more than 3 sequences, no prefill iteration more than 1,024 prompt tokens, while the scenario's shared
+    engine block (256 sequences, 8,192 tokens) is what the pools run without settings of their own."""
+    overrides = {"workload": {"num_requests": 80, "arrival": {"process": "poisson", "rate": 20.0}}}
+    own = disaggregated(_deep(overrides, {"deployment": {"disaggregation": {
+        "prefill": {"engine": {"max_batch_tokens": 1024}},
+        "decode": {"engine": {"max_num_seqs": 3, "max_batch_tokens": 4096}}}}}))
+    iterations = simulate_checked(own).iterations
+    prefill, decode = iterations[iterations["pool"] == "prefill"], iterations[iterations["pool"] == "decode"]
+    assert prefill["prefill_tokens"].max() <= 1024 and decode["running"].max() <= 3
+    assert decode["running"].max() == 3                          # the decode pool did fill to its limit
+    shared = simulate_checked(disaggregated(overrides)).iterations
+    assert shared[shared["pool"] == "decode"]["running"].max() > 3
+    assert shared[shared["pool"] == "prefill"]["prefill_tokens"].max() > 1024

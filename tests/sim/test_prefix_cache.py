@@ -46,7 +46,7 @@ def tiers_observer(engine, iteration) -> None:
     assert kv.free_blocks == kv.empty_blocks + len(kv.idle)
     host = kv.host
     if host is not None:
-        swapped = sum(-(-r.swapped_tokens // kv.block_size) for r in engine.queue._items)
+        swapped = sum(-(-r.swapped_tokens // kv.block_size) for r in engine.queue)
         assert host.swapped == swapped
         assert host.allocated_total - host.freed_total == len(host.lru) + swapped <= host.capacity_blocks
 
@@ -350,7 +350,7 @@ def test_bad_kv_settings_exit_2_naming_file_key_value_and_what_is_allowed(tmp_pa
 
 @pytest.mark.parametrize("offload", [True, {"idle_timeout": "2 s", "overlap": True}])
 def test_recommend_neighbours_vary_block_size_and_idle_timeout(offload):
-    from llmsim.scenario.overrides import variant
+    from llmsim.scenario.variants import variant
     from llmsim.search.recommend import IDLE_TIMEOUTS_S, OFF, Config, _neighbours
     scenario = make_scenario({**SESSIONS, "engine": {"prefix_caching": True, "cpu_offload": offload}})
     scenario = replace(scenario, source=merge(BASE, {**SESSIONS, "engine": {"prefix_caching": True,

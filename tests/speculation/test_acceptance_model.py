@@ -61,6 +61,11 @@ def test_a_scenario_can_ask_for_the_predicted_acceptance_and_a_measured_one_over
     assert spec.acceptance.predicted_range == pytest.approx((expected.low, expected.high))
     measured = make_scenario({**base, "speculation": {"draft": "Llama-3.2-1B", "acceptance": {"alpha": 0.42}}})
     assert measured.speculation.acceptance.mean_alpha == 0.42
+    # what the draft search reads: a stated acceptance is a measurement, a prediction names its workload
+    assert measured.speculation.acceptance.measured and not spec.acceptance.measured
+    assert spec.acceptance.workload == "code" and measured.speculation.acceptance.workload == "chat"
+    unstated = make_scenario({**base, "speculation": {"draft": "Llama-3.2-1B"}})
+    assert not unstated.speculation.acceptance.measured
     eagle = make_scenario({**base, "speculation": {"draft": "eagle", "acceptance": {"process": "predicted"}}})
     assert eagle.speculation.acceptance.mean_alpha == pytest.approx(default_model().predict("eagle").alpha)
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 import llmsim
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.search.window import measurement_window
 from llmsim.workload.lengths import Fixed
 from llmsim.workload.sessions import Sessions
