@@ -114,6 +114,12 @@ class EngineProcess:
         self._idle = False                          # waiting for notify()
         self._schedule, self._wake = scheduler(env), self._resume      # bound once: used at nearly every step
 
+    def take_gaps(self) -> InterTokenGaps:
+        """The inter-token gaps handed to ``gaps`` so far, taken out of it (a run streamed to disk
+        sums them as it goes; the rest come at :meth:`close`)."""
+        taken, self.gaps = self.gaps, InterTokenGaps()
+        return taken
+
     def start(self) -> None:
         """Start the engine at the current time, before the events already scheduled for it, as
         SimPy starts a process."""
@@ -216,8 +222,11 @@ def _room_beside_running_prompts(engine: Engine, request: Request) -> bool:
     if not engine.running:
         return True
     kv = engine.kv
-    needed = kv.blocks_for(request.prefill_target) - kv.blocks_for(request.prefilled)
-    pending = sum(kv.blocks_for(r.prefill_target) - r.blocks for r in engine.prefilling)
+    size = kv.block_size                # kv.blocks_for, inline: this runs at every admission
+    needed = -(-request.prefill_target // size) + -request.prefilled // size     # ceil(target) - ceil(prefilled)
+    pending = 0
+    for r in engine.prefilling:
+        pending += -(-r.prefill_target // size) - r.blocks
     return needed <= kv.free_blocks - pending - engine.watermark_blocks
 
 
@@ -253,7 +262,7 @@ class Engine(EngineProcess):
     tokens have appeared; with none the loop does not look at them.
     ``first_gap_end_s`` / ``first_gap_s`` collect, for the first token of every decode run
     after the first, when it appeared and its gap since the token before (the decode sets
-    and recomputed prompts write them; ``close`` hands them to ``gaps``).
+    and recomputed prompts write them; ``close`` and ``take_gaps`` hand them to ``gaps``).
     """
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
@@ -298,10 +307,11 @@ class Engine(EngineProcess):
             self._in_flight = None
             self.now = self.now + iteration.duration_s      # its end, the sum that scheduled this call
             self._complete(iteration)
-        peek, schedule, complete = env.peek, self.schedule, self._complete
+        peek, schedule = env.peek, self.schedule
+        complete = self._complete if self.observers else self.apply
         while True:
-            if self.now < env.now:
-                self.now = env.now
+            if self.now < env._now:                 # SimPy's clock without its property's call
+                self.now = env._now
             if self._expires:
                 self.queueing.expire_waiting(self.now)
             iteration = schedule()
@@ -314,7 +324,7 @@ class Engine(EngineProcess):
             # without a trip through the event queue. Otherwise wait for its end there.
             if end >= peek():
                 self._in_flight = iteration
-                self._schedule(self._wake, NORMAL, end - env.now)
+                self._schedule(self._wake, NORMAL, end - env._now)
                 return
             self.now = end
             complete(iteration)
@@ -322,16 +332,23 @@ class Engine(EngineProcess):
     def _complete(self, iteration: Iteration) -> None:
         """``iteration`` is over at ``self.now``: its tokens appear, then the observers see it."""
         self.apply(iteration)
-        if self.observers:
-            for observer in self.observers:
-                observer(self, iteration)
+        for observer in self.observers:
+            observer(self, iteration)
 
     def close(self) -> None:
         """End of the run: bring unfinished requests' token counts up to date and hand the
         inter-token gaps to ``self.gaps`` (call once)."""
         self.decode.close(self.gaps)
+        self._hand_over_first_gaps()
+
+    def take_gaps(self) -> InterTokenGaps:
+        self._hand_over_first_gaps()
+        return super().take_gaps()
+
+    def _hand_over_first_gaps(self) -> None:
         self.gaps.add(np.frombuffer(self.first_gap_end_s), np.frombuffer(self.first_gap_s),
                       np.broadcast_to(1.0, len(self.first_gap_s)))
+        self.first_gap_end_s, self.first_gap_s = array("d"), array("d")
 
     # -- one iteration ----------------------------------------------------------------------------
     def schedule(self) -> Iteration | None:
