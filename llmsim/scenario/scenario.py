@@ -741,7 +741,7 @@ def host_kv_blocks(scenario: Scenario, placement: Placement) -> int:
     capacity = offload.capacity_bytes if offload is not None and offload.capacity_bytes is not None else None
     if capacity is None:
         host = scenario.hardware.host_memory
-        assert host is not None                 # a host tier needs the profile's host memory (_check_kv_tiers)
+        assert host is not None                 # a host tier needs the profile's host memory (check_kv_tiers)
         capacity = host.capacity_bytes
     return int(capacity // (placement.kv_bytes_per_token_per_device * placement.block_size))
 
