@@ -400,8 +400,8 @@ LAYOUT_KEYS = (TP_KEY, PP_KEY)
 
 
 def typed(scenario: Scenario, point: Mapping[str, Any]) -> bool:
-    """Whether every setting of ``point`` is set on the typed scenario (:data:`TYPED_KEYS`, and a traffic
-    class's ``workload.classes.<name>.queue_timeout``)."""
+    """Whether every setting of ``point`` is set on the typed scenario (:data:`TYPED_KEYS`, a traffic class's
+    ``workload.classes.<name>.queue_timeout``, and speculation as :func:`_typed_speculation` takes it)."""
     speculation = _speculation_keys(point)
     return _typed_speculation(scenario, point) and all(
         TYPED_KEYS[key][1](scenario, value) if key in TYPED_KEYS else
@@ -412,8 +412,9 @@ def typed(scenario: Scenario, point: Mapping[str, Any]) -> bool:
 def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     """The scenario with a point's settings, dotted scenario key -> value (``{}``: the scenario itself).
 
-    A point of :data:`TYPED_KEYS` only is set on the Scenario (:func:`at_rate`...); a point with any other
-    key is laid over the YAML mapping the scenario was read from and validated again, as a file would be.
+    A point whose every key is set on the typed scenario (:func:`typed`) is set on the Scenario; a point with
+    any other key is laid over the YAML mapping the scenario was read from and validated again, as a file
+    would be.
     That mapping must still describe the scenario: one changed since (``dataclasses.replace``) raises a
     ValueError there, since its change would be lost."""
     if typed(scenario, point):
