@@ -46,13 +46,18 @@ def replicated_rejections(seeds: range) -> dict[tuple[str, str], list[bool]]:
 
 
 def check_level(found: dict[tuple[str, str], list[bool]], seeds: int) -> None:
-    """Every figure has an interval on every seed and rejects inside the 95% binomial interval of 5%."""
+    """Every figure has an interval on every seed and rejects inside the 95% binomial interval of 5%; a P99
+    at most its top. A P99 of 150 requests is their second largest, so its per-run differences are
+    symmetric (the groups are exchangeable) but heavy-tailed, where Student's t is conservative (Efron
+    1969, JASA 64: under symmetry its level is at most nominal): fewer rejections are the known price of
+    an interval from a few runs, not the fault (more rejections) this study looks for."""
     assert not any(found.pop(("attainment", "mean")))           # no SLO set: every request meets it in both
     assert set(found) == FIGURES
     low, high = stats.binom.interval(0.95, seeds, 0.05)
-    for key, rejected in found.items():
+    for (metric, statistic), rejected in found.items():
         assert len(rejected) == seeds
-        assert low <= sum(rejected) <= high, (key, sum(rejected), (low, high))
+        floor = 0 if statistic == "p99" else low
+        assert floor <= sum(rejected) <= high, (metric, statistic, sum(rejected), (floor, high))
 
 
 @pytest.mark.slow
