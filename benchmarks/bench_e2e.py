@@ -7,10 +7,27 @@ checkpoints (nvidia/Llama-3.1-8B-Instruct-FP8, nvidia/Llama-3.3-70B-Instruct-FP8
 nvidia/Llama-3.1-405B-Instruct-FP8), the PyTorch backend with CUDA graphs up to 8,192 sequences, KV cache at up to
 95% of free memory; DGX H100 (80 GB) and DGX H200 (141 GB). The metric is total output tokens per second.
 
-The simulator runs the same: the model with FP8 weights, TensorRT-LLM's kernel terms (``engine.kernels: trtllm``),
-the published tensor-parallel size, the same lengths, every request waiting at time 0; the rate is measured on the
-saturated engine after its ramp-up (:func:`llmsim.search.sustainable_rate.offline_rate`). Prints simulated and
-published tokens/s per cell, their ratio, and the H100/H200 ratio of each (model, lengths) both ways.
+KV cache: FP8. The source does not state it; TensorRT-LLM's PyTorch backend takes the cache dtype from the
+checkpoint's ``hf_quant_config.json`` (``kv_cache_quant_algo``, adopted when the run sets none:
+``tensorrt_llm/_torch/model_config.py``), and NVIDIA lists nvidia/Llama-3.1-8B-Instruct-FP8 among the checkpoints
+with a quantized KV cache (NVIDIA/TensorRT-LLM issue 4329); its accuracy tests of ModelOpt FP8 checkpoints assert an FP8
+cache without asking for one (Mixtral-8x7B-FP8).
+
+Scheduling, TensorRT-LLM's defaults (the perf overview sets none of these): admission GUARANTEED_NO_EVICT, each
+request's prompt and output reserved in the KV cache up front and nothing preempted
+(nvidia.github.io/TensorRT-LLM/performance/performance-tuning-guide/useful-runtime-flags.html: "GUARANTEED_NO_EVICT
+(default)"); in-flight batching, context and generation requests in one step up to its token budget (the scheduler's
+MicroBatchScheduler returns both for the same step, nvidia.github.io/TensorRT-LLM/torch/scheduler.html; chunked
+prefill is off by default, TorchLlmArgs ``enable_chunked_prefill: bool = False``): the simulator's chunked prefill
+is the closest of its modes (its prefill-first mode runs prompts in steps of their own), differing where a prompt
+meets the budget's edge, which TensorRT-LLM holds back to the next step and the simulator splits. The PyTorch
+backend overlaps each step's CPU work with the next step on the GPU by default
+(nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html: "Enabled by default"): ``engine.async_scheduling``.
+
+The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms (``engine.kernels:
+trtllm``), the published tensor-parallel size, the same lengths, every request waiting at time 0; the rate is
+measured on the saturated engine after its ramp-up (:func:`llmsim.search.sustainable_rate.offline_rate`). Prints
+simulated and published tokens/s per cell, their ratio, and the H100/H200 ratio of each (model, lengths) both ways.
 
     .venv/bin/python benchmarks/bench_e2e.py [--quick]       (a few minutes on 2 cores; --quick: one length pair)
 """
@@ -21,7 +38,7 @@ import time
 
 from llmsim.search.sustainable_rate import offline_rate
 
-SOURCE = ("TensorRT-LLM perf-overview.md @00f37686 (trtllm-bench throughput, FP8, "
+SOURCE = ("TensorRT-LLM perf-overview.md @00f37686 (trtllm-bench throughput, FP8 weights and KV cache, "
           "total output tokens/s)")
 # (model, GPU, TP, ISL, OSL) -> published total output tokens/s.
 PUBLISHED = {
@@ -41,10 +58,11 @@ MAX_BATCH_TOKENS = 8192
 
 def scenario(model: str, gpu: str, tp: int, isl: int, osl: int) -> dict:
     return {"name": f"e2e-{model}-{gpu}-tp{tp}-{isl}-{osl}", "seed": 5,
-            "model": {"base": model, "weight_dtype": "fp8"}, "hardware": gpu,
+            "model": {"base": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}, "hardware": gpu,
             "deployment": {"replicas": 1, "tensor_parallel": tp},
             "engine": {"kernels": "trtllm", "max_num_seqs": MAX_NUM_SEQS, "max_batch_tokens": MAX_BATCH_TOKENS,
-                       "chunked_prefill": True, "memory_utilization": 0.95},
+                       "chunked_prefill": True, "admission": "guaranteed_no_evict", "memory_utilization": 0.95,
+                       "async_scheduling": True},
             "workload": {"arrival": {"process": "poisson", "rate": 10}, "num_requests": 1000,
                          "prompt_tokens": isl, "output_tokens": osl}}
 

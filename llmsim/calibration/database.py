@@ -46,6 +46,7 @@ ARCHITECTURES = {"A100-80GB": "ampere", "L40S": "ada", "H100-SXM": "hopper", "H2
 FABRICS = {"A100-80GB": "hgx", "H100-SXM": "hgx", "H200": "hgx", "B200": "hgx", "B300": "hgx", "GB200": "nvl72",
            "L40S": "pcie"}
 GEMM_DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block"}
+KV_BYTES = {"bfloat16": 2.0, "fp8": 1.0}      # bytes per cached element, by the tables' kv_cache_dtype
 MS = 1e-3
 
 
@@ -122,19 +123,22 @@ def gemm_rows(table: Table) -> pd.DataFrame:
                          "table": table.path})
 
 
-def _attention_rows(table: Table) -> pd.DataFrame:
-    """Full attention (no sliding window; older tables time no windows), 16-bit KV cache: the fastest kernel
-    per shape."""
+def _attention_rows(table: Table, kv_dtype: str = "bfloat16") -> pd.DataFrame:
+    """Full attention (no sliding window; older tables time no windows), 16-bit queries, a KV cache of ``kv_dtype``
+    (the table's name: ``bfloat16``, ``fp8``): the fastest kernel per shape."""
     frame = table.frame
     full = frame["window_size"] == 0 if "window_size" in frame else True
-    frame = frame[full & (frame["kv_cache_dtype"] == "bfloat16") & (frame["attn_dtype"] == "bfloat16")]
+    frame = frame[full & (frame["kv_cache_dtype"] == kv_dtype) & (frame["attn_dtype"] == "bfloat16")]
     return _fastest(frame, ["batch_size", "isl", "step", "num_heads", "num_key_value_heads", "head_dim"])
 
 
-def decode_attention_rows(table: Table) -> pd.DataFrame:
+def decode_attention_rows(table: Table, kv_dtype: str = "bfloat16") -> pd.DataFrame:
     """Generation attention: ``batch`` sequences each with ``kv_tokens`` cached tokens (the table's ``step``)
-    and one new query, ``heads`` query and ``kv_heads`` KV heads of ``head_dim`` on one GPU."""
-    return _attention_frame(table, "step", "kv_tokens")
+    and one new query, ``heads`` query and ``kv_heads`` KV heads of ``head_dim`` on one GPU, a KV cache of
+    ``kv_dtype`` (``kv_bytes`` per element). FP8 caches run kernels of their own (TensorRT-LLM's XQA), not the
+    16-bit ones reading half the bytes: they are fitted apart."""
+    frame = _attention_frame(table, "step", "kv_tokens", kv_dtype)
+    return frame.assign(kv_bytes=KV_BYTES[kv_dtype])
 
 
 def prefill_attention_rows(table: Table) -> pd.DataFrame:
@@ -142,10 +146,10 @@ def prefill_attention_rows(table: Table) -> pd.DataFrame:
     return _attention_frame(table, "isl", "tokens")
 
 
-def _attention_frame(table: Table, length_column: str, length: str) -> pd.DataFrame:
+def _attention_frame(table: Table, length_column: str, length: str, kv_dtype: str = "bfloat16") -> pd.DataFrame:
     """An attention table's rows as the fits read them: batch, the sequence length named ``length`` (the
     table's ``length_column``), heads, KV heads, head size and the measured seconds."""
-    frame = _attention_rows(table)
+    frame = _attention_rows(table, kv_dtype)
     return pd.DataFrame({"batch": frame["batch_size"].astype(float), length: frame[length_column].astype(float),
                          "heads": frame["num_heads"].astype(float),
                          "kv_heads": frame["num_key_value_heads"].astype(float),

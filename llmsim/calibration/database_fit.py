@@ -8,8 +8,9 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
 - GEMM, per dtype: :func:`llmsim.cost.kernels.gemm_time_s` (floor, bandwidth, rate, the smooth maximum's
   sharpness and its growth with output tiles, the occupancy's half tiles);
 - decode attention: ``floor + max(b (per_sequence + h_kv x per_kv_head) + FLOPs / rate, bytes / bandwidth)``
-  with ``b`` sequences of ``s`` cached tokens, ``4 h d b s`` FLOPs and ``b (s + 1) 2 h_kv d 2 + b 2 h d 2``
-  bytes (KV read and written, query in and output out), as the cost model's decode-attention row;
+  with ``b`` sequences of ``s`` cached tokens, ``4 h d b s`` FLOPs and ``b (s + 1) 2 h_kv d e + b 2 h d 2``
+  bytes (KV read and written at ``e`` bytes per element, query in and output out), as the cost model's
+  decode-attention row; fitted per KV-cache dtype (an FP8 cache runs other kernels);
 - prefill attention: ``floor + 4 d b (h s (s + 1) / 2 + (half h + kv_half h_kv) s) / (peak x efficiency)``:
   causal pairs, ``half`` more keys per query head standing for short sequences' idle units, and ``kv_half`` more
   per KV head (loading a KV head's keys and values per query tile: MHA pays it per query head, GQA once per group);
@@ -105,9 +106,10 @@ GEMM = Form("gemm", ("floor_s", "bandwidth_share", "rate_share", "sharpness_exce
             (1e-3, 1.0, 1.0, 1e3, 10.0, 1e5, 1.0))
 
 
-def decode_bytes(batch, kv_tokens, heads, kv_heads, head_dim):
-    """Bytes a decode-attention kernel moves: KV read (and the new token's written), query in, output out."""
-    return batch * (kv_tokens + 1) * 2 * kv_heads * head_dim * BF16 + batch * 2 * heads * head_dim * BF16
+def decode_bytes(batch, kv_tokens, heads, kv_heads, head_dim, kv_bytes=BF16):
+    """Bytes a decode-attention kernel moves: KV read (and the new token's written) at ``kv_bytes`` per element,
+    query in and output out in 16 bits."""
+    return batch * (kv_tokens + 1) * 2 * kv_heads * head_dim * kv_bytes + batch * 2 * heads * head_dim * BF16
 
 
 def _decode(v, rows):
@@ -116,7 +118,8 @@ def _decode(v, rows):
     # Fixed work per sequence and per (sequence, KV head): decode kernels run a thread block per KV head of each
     # sequence (its query heads packed together), whose set-up and softmax merge do not shrink with the context.
     compute = b * (per_sequence + per_kv_head * hk) + 4 * h * d * b * s / (rows["peak_bf16"].to_numpy() * rate_share)
-    memory = decode_bytes(b, s, h, hk, d) / (rows["hbm"].to_numpy() * bandwidth_share)
+    kv_bytes = rows["kv_bytes"].to_numpy() if "kv_bytes" in rows else BF16
+    memory = decode_bytes(b, s, h, hk, d, kv_bytes) / (rows["hbm"].to_numpy() * bandwidth_share)
     return floor + np.maximum(compute, memory)
 
 

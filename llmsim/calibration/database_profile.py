@@ -36,6 +36,11 @@ ATTENTION_HEAD_DIM = 128       # the head size of the Llama, Qwen and Mistral fa
 # The GEMM shapes a serving step runs (inputs of 1,024 columns and more, outputs of 128 and more, up to 16k
 # tokens): the database also times shapes no decoder layer has, which a fit over them would trade layers for.
 LAYER_SHAPES = {"min_k": 1024, "min_n": 128, "max_m": 16384}
+# Query heads per KV head that the FP8-cache decode fit reads: grouped-query shapes, the decoder layers of the
+# catalog's GQA models on one GPU. An FP8 cache runs other kernels for MHA (one query head per KV head) and for
+# MQA-like groups of 32 and more (TensorRT-LLM: 15% slower and 70% faster than one line through the GQA rows), which
+# pooled with them would pull the KV read rate of every GQA model off by a third.
+FP8_KV_QUERIES_PER_KV_HEAD = (2, 16)
 GEMM_SAMPLE = 3                # every third GEMM row (by shape order) is fitted: the surface is smooth and dense
 FIT_NOTE = ("scipy.optimize.least_squares on log(predicted/measured) (llmsim.calibration.database_fit); held out: "
             "every other token count / KV length / message size fitted, the rest predicted")
@@ -53,7 +58,9 @@ class Group:
 
 GROUPS = {g.name: g for g in (
     Group("gemm_bf16", GEMM, "n"), Group("gemm_fp8", GEMM, "n"), Group("gemm_fp8_block", GEMM, "n"),
-    Group("decode_attention", DECODE_ATTENTION, "kv_tokens"), Group("prefill_attention", PREFILL_ATTENTION, "tokens"),
+    Group("decode_attention", DECODE_ATTENTION, "kv_tokens"),
+    Group("decode_attention_fp8_kv", DECODE_ATTENTION, "kv_tokens"),
+    Group("prefill_attention", PREFILL_ATTENTION, "tokens"),
     Group("all_reduce", ALL_REDUCE, "bytes", True), Group("custom_all_reduce", ALL_REDUCE, "bytes", True),
     Group("all_gather", COLLECTIVE, "bytes", True, False), Group("reduce_scatter", COLLECTIVE, "bytes", True, False),
     Group("all_to_all", COLLECTIVE, "bytes", True, False), Group("moe", MOE, "tokens", priced=False),
@@ -87,6 +94,10 @@ def operator_rows(database: db.Database, gpu: str, engine: db.EngineKernels, pro
         if found is not None:
             frame = reader(found)
             rows[group] = frame[frame["head_dim"] == ATTENTION_HEAD_DIM]
+            if group == "decode_attention":
+                fp8 = db.decode_attention_rows(found, "fp8")
+                grouped = (fp8["heads"] / fp8["kv_heads"]).between(*FP8_KV_QUERIES_PER_KV_HEAD)
+                rows["decode_attention_fp8_kv"] = fp8[(fp8["head_dim"] == ATTENTION_HEAD_DIM) & grouped]
     nccl = table("comm", "nccl", "nccl_perf")
     if nccl is not None:
         for group, operation in NCCL_OPERATIONS.items():
@@ -199,11 +210,10 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
             out["gemm"]["by_dtype"] = by_dtype
     if "decode_attention" in fit.values:
         v, source = fit.values["decode_attention"], fit.citation("decode_attention")
-        attention: dict[str, Any] = {"floor": figure(duration_text(v["floor_s"]), source, "measured"),
-                     "decode_per_sequence": figure(duration_text(v["per_sequence_s"]), source, "measured"),
-                     "decode_per_kv_head": figure(duration_text(v["per_kv_head_s"]), source, "measured"),
-                     "decode_bandwidth": figure(bandwidth_text(v["bandwidth_share"] * hbm), source, "measured"),
-                     "decode_efficiency": figure(_sig(v["rate_share"]), source, "measured")}
+        attention: dict[str, Any] = _decode_figures(v, hbm, source)
+        if "decode_attention_fp8_kv" in fit.values:
+            v, source = fit.values["decode_attention_fp8_kv"], fit.citation("decode_attention_fp8_kv")
+            attention["by_kv_dtype"] = {"fp8": _decode_figures(v, hbm, source)}
         if "prefill_attention" in fit.values:
             p, prefill_source = fit.values["prefill_attention"], fit.citation("prefill_attention")
             attention["prefill_backend"] = fit.engine.value
@@ -224,6 +234,14 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
                                           "faster than the fitted NCCL all-reduce of the same GPU count", "measured")}
             for count, v in fit.values["custom_all_reduce"].items() if count in fit.switch_over_bytes}
     return out
+
+
+def _decode_figures(v: dict, hbm: float, source: str) -> dict:
+    return {"floor": figure(duration_text(v["floor_s"]), source, "measured"),
+            "decode_per_sequence": figure(duration_text(v["per_sequence_s"]), source, "measured"),
+            "decode_per_kv_head": figure(duration_text(v["per_kv_head_s"]), source, "measured"),
+            "decode_bandwidth": figure(bandwidth_text(v["bandwidth_share"] * hbm), source, "measured"),
+            "decode_efficiency": figure(_sig(v["rate_share"]), source, "measured")}
 
 
 def _gemm_figures(v: dict, peak: float, hbm: float, source: str, quantize: bool = False) -> dict:

@@ -22,6 +22,9 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
 - ``attention.decode_efficiency`` (optional): decode attention's FLOPs at this share of the 16-bit peak, in
   place of the roofline's attention efficiency; ``attention.decode_per_kv_head`` (optional): fixed work per
   decoding sequence and KV head on the GPU (a thread block each), on top of ``decode_per_sequence``;
+- ``attention.by_kv_dtype`` (optional): a KV-cache dtype's own decode-attention figures (floor, per sequence, per
+  KV head, bandwidth, efficiency) where its kernels differ (FP8); a model whose cache is in that dtype is priced by
+  them;
 - ``engines`` (optional): another engine's figures laid over this section (``engine.kernels`` in a scenario
   picks one; the section itself is the default engine's, vLLM's);
 - ``step``: the growth of the engine's per-iteration overhead (``overhead.per_step``) with the
@@ -48,6 +51,11 @@ class EngineKernels(enum.Enum):
 
 
 ENGINE_NAMES = tuple(engine.value for engine in EngineKernels)
+# Streaming kernels an engine runs inside another kernel, so that they make no pass over memory of their own.
+# TensorRT-LLM's attention op applies the rotary embedding to the fused QKV as it reads it when its backend supports
+# that, which its default (TRT-LLM) backend does: tensorrt_llm/_torch/modules/attention.py, ``rope_fusion`` ("If
+# rope_fusion is not specified, enable if the attention backend supports it").
+FUSED_STREAM_KERNELS = {EngineKernels.TRTLLM.value: ("rotary",)}
 
 
 @dataclass(frozen=True)
@@ -91,6 +99,18 @@ class GemmTerms:
 
 
 @dataclass(frozen=True)
+class DecodeAttention:
+    """Decode attention's figures for one KV-cache dtype with kernels of its own (``attention.by_kv_dtype``: an FP8
+    cache's, which TensorRT-LLM serves with other kernels than a 16-bit one): the launch floor, fixed work per
+    sequence and per (sequence, KV head), the KV read rate and the share of the 16-bit peak its FLOPs run at."""
+    floor_s: float
+    per_sequence_s: float
+    per_kv_head_s: float
+    bandwidth_bytes_per_s: float
+    efficiency: float
+
+
+@dataclass(frozen=True)
 class PrefillAttention:
     """One attention backend's prefill: efficiency ``e x L / (L + half_length)`` of the 16-bit peak at mean
     visible context ``L`` per query (short sequences leave the device part idle), and ``kv_half_length`` more
@@ -123,6 +143,8 @@ class KernelTerms:
     gemm_by_dtype: dict[str, GemmTerms] = field(default_factory=dict)
     # 8-bit GEMMs quantize their 16-bit input in a kernel of their own (3 bytes per element) before they start.
     gemm_quantize_bandwidth_bytes_per_s: float = 0.0
+    decode_by_kv_dtype: dict[str, DecodeAttention] = field(default_factory=dict)
+    fused_stream_kernels: tuple[str, ...] = ()      # streaming kinds the engine runs inside other kernels
 
     def for_dtype(self, dtype: str) -> KernelTerms:
         """These terms with the GEMM figures of ``dtype`` where it has its own (else unchanged)."""
@@ -134,6 +156,17 @@ class KernelTerms:
                        gemm_sharpness=own.sharpness, gemm_sharpness_growth=own.sharpness_growth,
                        gemm_occupancy_half_tiles=own.occupancy_half_tiles,
                        gemm_quantize_bandwidth_bytes_per_s=own.quantize_bandwidth_bytes_per_s)
+
+    def for_kv_dtype(self, kv_dtype: str) -> KernelTerms:
+        """These terms with the decode-attention figures of a ``kv_dtype`` cache where it has its own (else
+        unchanged: a 16-bit cache's terms, its bytes those of the dtype)."""
+        own = self.decode_by_kv_dtype.get(kv_dtype)
+        if own is None:
+            return self
+        return replace(self, attention_floor_s=own.floor_s, decode_attention_per_sequence_s=own.per_sequence_s,
+                       decode_attention_per_kv_head_s=own.per_kv_head_s,
+                       decode_attention_bandwidth_bytes_per_s=own.bandwidth_bytes_per_s,
+                       decode_attention_efficiency=own.efficiency)
 
     def custom_all_reduce_for(self, group: int) -> CustomAllReduce | None:
         """The engine's all-reduce for exactly ``group`` GPUs, or None (NCCL alone)."""
@@ -176,7 +209,8 @@ def engine_kernel_terms(node: Node, figure: Callable[..., float], engine_figure:
             raise overlays.key_error(str(name), "expected a mapping of kernels: figures", overlays.data[name],
                                      "gemm, attention, all_reduce, custom_all_reduce ...")
         merged = Node(deep_merge(section, overlays.data[name]), file=node.file, path=overlays.key_path(str(name)))
-        out[str(name)] = _terms_from_section(merged, engine_figure)
+        out[str(name)] = replace(_terms_from_section(merged, engine_figure),
+                                 fused_stream_kernels=FUSED_STREAM_KERNELS.get(str(name), ()))
     return base, out
 
 
@@ -257,6 +291,19 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
                 _optional(entry, "quantize_bandwidth", figure, "bandwidth"))
             entry.done()
         dtypes.done()
+    by_kv_dtype = {}
+    if attention.has("by_kv_dtype"):
+        kv_dtypes = attention.child("by_kv_dtype")
+        for dtype in list(kv_dtypes.data):
+            entry = kv_dtypes.child(dtype)
+            by_kv_dtype[str(dtype)] = DecodeAttention(
+                figure(entry, "floor", "duration", minimum=0.0, exclusive_minimum=False),
+                figure(entry, "decode_per_sequence", "duration", minimum=0.0, exclusive_minimum=False),
+                figure(entry, "decode_per_kv_head", "duration", minimum=0.0, exclusive_minimum=False),
+                figure(entry, "decode_bandwidth", "bandwidth"),
+                figure(entry, "decode_efficiency", None, minimum=0.0, maximum=1.0))
+            entry.done()
+        kv_dtypes.done()
     terms = KernelTerms(
         gemm_floor_s=figure(gemm, "floor", "duration", minimum=0.0, exclusive_minimum=False),
         gemm_bandwidth_bytes_per_s=figure(gemm, "bandwidth", "bandwidth"),
@@ -275,7 +322,7 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         decode_attention_efficiency=(figure(attention, "decode_efficiency", None, minimum=0.0, maximum=1.0)
                                      if attention.has("decode_efficiency") else 0.0),
         decode_attention_per_kv_head_s=_optional(attention, "decode_per_kv_head", figure, "duration"),
-        custom_all_reduce=custom, gemm_by_dtype=by_dtype)
+        custom_all_reduce=custom, gemm_by_dtype=by_dtype, decode_by_kv_dtype=by_kv_dtype)
     for done in (gemm, attention, step):
         done.done()
     kernels.done(extra_allowed=("note", "engines"))

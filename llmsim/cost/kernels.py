@@ -188,8 +188,10 @@ ELEMENTWISE_COUNTS = {"norm": 2, "residual": 2, "activation": 1, "rotary": 1}   
 
 
 def elementwise_layer_terms(model: ModelSpec, tensor_parallel: int, kernels: KernelTerms) -> tuple[float, float]:
-    """(fixed seconds, seconds per token) of one layer's streaming kernels."""
-    moved = elementwise_bytes_per_token(model, tensor_parallel)
+    """(fixed seconds, seconds per token) of one layer's streaming kernels (those the engine fuses into other
+    kernels cost nothing of their own)."""
+    moved = {kind: size for kind, size in elementwise_bytes_per_token(model, tensor_parallel).items()
+             if kind not in kernels.fused_stream_kernels}
     fixed = sum(ELEMENTWISE_COUNTS[kind] * (kernels.elementwise[kind].floor_s
                                             + moved[kind] / kernels.elementwise[kind].row_bandwidth_bytes_per_s)
                 for kind in moved)

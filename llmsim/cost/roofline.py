@@ -205,7 +205,7 @@ class CostModel:
         GEMMs leave the linear rows for :meth:`_gemm_times`; weights streamed from an outer
         tier are read at the fitted bandwidth scaled by that tier's share of the primary one."""
         model, tp = self.model, self.tp
-        kernels = self.kernels = terms.for_dtype(model.weight_dtype)
+        kernels = self.kernels = terms.for_dtype(model.weight_dtype).for_kv_dtype(model.kv_dtype)
         op = {name: i for i, name in enumerate(self.op_names)}
         for name in ("layer.qkv", "layer.out_proj", "layer.mlp", "lm_head"):
             self._compute_time[op[name]] = self._memory_time[op[name]] = 0.0
@@ -328,16 +328,22 @@ class CostModel:
         """Put the non-linear terms of ``rows`` into the tables of :func:`_rows_total` (shared as the
         memos are); False when a row is not one they hold (several iterations or experts, fractional or
         too many tokens)."""
-        wanted = rows[:, [_TOKENS, _LOGITS]]
-        if ((rows[:, _ONE] != 1.0) | (rows[:, _EXPERTS] != 1.0)).any() or (wanted != np.floor(wanted)).any() or (
-                wanted < 0).any() or wanted.max() >= TABLE_TOKENS:
+        values = rows.tolist()             # a few rows: Python floats cost less here than numpy's calls
+        largest = 0.0
+        for row in values:
+            tokens, logits = row[_TOKENS], row[_LOGITS]
+            if (row[_ONE] != 1.0 or row[_EXPERTS] != 1.0 or tokens % 1.0 != 0.0 or logits % 1.0 != 0.0
+                    or tokens < 0 or logits < 0):
+                return False
+            largest = max(largest, tokens, logits)
+        if largest >= TABLE_TOKENS:
             return False
-        size = max(len(self._tables[0]), 1 << int(wanted.max()).bit_length())
+        size = max(len(self._tables[0]), 1 << int(largest).bit_length())
         for i, table in enumerate(self._tables):
             if len(table) < size:
                 self._tables[i] = np.concatenate([table, np.full(size - len(table), np.nan)])
         layers, heads = self._tables
-        for row in rows.tolist():
+        for row in values:
             tokens, logits = int(row[_TOKENS]), int(row[_LOGITS])
             if layers[tokens] != layers[tokens] or heads[logits] != heads[logits]:
                 layers[tokens] = self._layers_time(row)

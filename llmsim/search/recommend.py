@@ -26,7 +26,10 @@ The search (:func:`recommend`):
    at Theorem 3.8's k by the fluid model's goodput across loads (:func:`_draft_screen`); the best
    :data:`DRAFT_TOP` and the best one inside the 20-30% band (bisected to the end: the practice rule
    is judged on it) are simulated with the rest.
-   The bisections race: a setting whose failing rates average below the passing rates of another
+   A probe the window leaves undecided is measured longer only while its estimate passes
+   (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
+   taken on its estimate can only lower it.
+   The bisections race: a setting whose failing rates average at or below the passing rates of another
    that meets the scenario's rate can no longer rank first, and stops (``raced_out``; its goodput is
    then a lower bound). Runs that differ only in a queue timeout none of their requests waited for
    are one run (:func:`llmsim.search.sweeps.reusing_runs`).
@@ -435,7 +438,8 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     if last == len(rates) - 1:
         return float(rates[-1])
     fine = np.linspace(rates[last], rates[last + 1], 17)
-    return float(fine[np.flatnonzero(passing(fine))[-1]]) if passing(fine).any() else float(rates[last])
+    fine_ok = passing(fine)
+    return float(fine[np.flatnonzero(fine_ok)[-1]]) if fine_ok.any() else float(rates[last])
 
 
 def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = Objective.GOODPUT,
@@ -842,7 +846,7 @@ class _Search:
             runs = [brackets[(c, s)] for s in self.seeds]
             if c in self.protected or runs[0].raced_out:
                 continue
-            if mean(b.failing for b in runs) < (best_default if c in self.defaults else best):
+            if mean(b.failing for b in runs) <= (best_default if c in self.defaults else best):
                 for b in runs:
                     b.raced_out = True
 
@@ -946,7 +950,7 @@ class _Search:
 
     def judge(self, points: list[dict]) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
-        its verdict is undecided (:mod:`llmsim.search.window`)."""
+        it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed."""
         rates = [point[RATE_KEY] for point in points]
         windows = []
         for point, rate in zip(points, rates):
@@ -954,7 +958,7 @@ class _Search:
             windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
 
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
-                                      progress=self.progress)
+                                      progress=self.progress, escalate_failing=False)
 
     def simulate(self, points: list[dict]) -> pd.DataFrame:
         """The points simulated, each counted on the search's progress as it finishes."""

@@ -86,6 +86,12 @@ class Window:
     def longer(self) -> Window:
         return replace(self, measure_s=2 * self.measure_s)
 
+    def lengthens(self, rate_per_s: float) -> bool:
+        """Whether a run at this rate can be measured twice as long: not a whole trace (it cannot), and
+        within :data:`MAX_REQUESTS`."""
+        longer = self.longer()
+        return not longer.whole_trace and longer.requests(rate_per_s) <= MAX_REQUESTS
+
     def overrides(self, rate_per_s: float) -> dict:
         """Scenario overrides that make a run at this rate cover the window."""
         if self.whole_trace:
@@ -237,14 +243,17 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
                            windows: Sequence[Window], rates: Sequence[float], *, seeds: Sequence[int] | None = None,
                            workers: int | None = None, engine: ExecutorKind = ExecutorKind.PROCESSES,
                            target: float | None = None, progress: Progress = QUIET,
-                           escalations: int = ESCALATIONS) -> list[Judged]:
+                           escalations: int = ESCALATIONS, escalate_failing: bool = True) -> list[Judged]:
     """Simulate each point of ``scenario`` (as :func:`~llmsim.search.sweeps.run_points` takes it) over its
     window and judge it; simulate the undecided ones again with a measurement twice as long, up to
     ``escalations`` times, all of a round at once.
 
     ``rates``: each point's total arrival rate (its window's request count follows from it).
     ``progress`` counts the simulations. ``escalations=0``: one window each, verdicts on their estimates
-    (a screen that only ranks points, as ``recommend``'s class search does).
+    (a screen that only ranks points, as ``recommend``'s class search does). ``escalate_failing=False``:
+    an undecided point whose estimate fails is judged failed on the window it ran, only undecided passes
+    are measured longer (a search whose answer is the highest rate shown to pass: a fail taken on its
+    estimate can only keep that answer lower, never make it rest on a rate not shown to pass).
     """
     judged: list[Judged | None] = [None] * len(points)
     todo = list(range(len(points)))
@@ -265,10 +274,9 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
             rows = frame.iloc[position * per_point:(position + 1) * per_point].reset_index(drop=True)
             verdict = judge(rows, target)
             judged[i] = Judged(verdict, rows, current[i])
-            longer = current[i].longer()
-            if not verdict.decided and round_index < escalations and longer.requests(rates[i]) <= MAX_REQUESTS \
-                    and not longer.whole_trace:
-                current[i] = longer
+            if not verdict.decided and (verdict.met or escalate_failing) and round_index < escalations \
+                    and current[i].lengthens(rates[i]):
+                current[i] = current[i].longer()
                 again.append(i)
         todo = again
         if not todo:

@@ -200,16 +200,23 @@ class EventDecodeSet(DecodeSet):
             engine.preempt_latest(now)
         kv.allocate(len(valid))
         next_due = self.step + self._block_size
-        later = [entry for entry in valid if next_due < entry[0].finish_step]
+        later = []
         for entry in valid:
-            entry[0].blocks += 1
+            request = entry[0]
+            request.blocks += 1
+            if next_due < request.finish_step:
+                later.append(entry)
         if later:
             self._add_block_due(next_due, later)
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits) -> StepPrice:
-        n = self.n if decoding else 0
-        duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n,
-                                                 self.kv_read() if n else 0)
+        if not decoding:
+            duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, 0, 0)
+            return new_price((duration, 0, logits, flops, moved, 0, 0, 0, 0.0))
+        n = self.n
+        # kv_read(), inline without a sliding window: this runs every iteration.
+        kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n, kv_read)
         return new_price((duration, n, n + logits, flops, moved, 0, 0, 0, 0.0))
 
     def advance(self, now: float) -> None:

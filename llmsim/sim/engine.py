@@ -216,8 +216,11 @@ def _room_beside_running_prompts(engine: Engine, request: Request) -> bool:
     if not engine.running:
         return True
     kv = engine.kv
-    needed = kv.blocks_for(request.prefill_target) - kv.blocks_for(request.prefilled)
-    pending = sum(kv.blocks_for(r.prefill_target) - r.blocks for r in engine.prefilling)
+    size = kv.block_size                # kv.blocks_for, inline: this runs at every admission
+    needed = -(-request.prefill_target // size) + -request.prefilled // size     # ceil(target) - ceil(prefilled)
+    pending = 0
+    for r in engine.prefilling:
+        pending += -(-r.prefill_target // size) - r.blocks
     return needed <= kv.free_blocks - pending - engine.watermark_blocks
 
 
@@ -298,10 +301,11 @@ class Engine(EngineProcess):
             self._in_flight = None
             self.now = self.now + iteration.duration_s      # its end, the sum that scheduled this call
             self._complete(iteration)
-        peek, schedule, complete = env.peek, self.schedule, self._complete
+        peek, schedule = env.peek, self.schedule
+        complete = self._complete if self.observers else self.apply
         while True:
-            if self.now < env.now:
-                self.now = env.now
+            if self.now < env._now:                 # SimPy's clock without its property's call
+                self.now = env._now
             if self._expires:
                 self.queueing.expire_waiting(self.now)
             iteration = schedule()
@@ -314,7 +318,7 @@ class Engine(EngineProcess):
             # without a trip through the event queue. Otherwise wait for its end there.
             if end >= peek():
                 self._in_flight = iteration
-                self._schedule(self._wake, NORMAL, end - env.now)
+                self._schedule(self._wake, NORMAL, end - env._now)
                 return
             self.now = end
             complete(iteration)
@@ -322,9 +326,8 @@ class Engine(EngineProcess):
     def _complete(self, iteration: Iteration) -> None:
         """``iteration`` is over at ``self.now``: its tokens appear, then the observers see it."""
         self.apply(iteration)
-        if self.observers:
-            for observer in self.observers:
-                observer(self, iteration)
+        for observer in self.observers:
+            observer(self, iteration)
 
     def close(self) -> None:
         """End of the run: bring unfinished requests' token counts up to date and hand the

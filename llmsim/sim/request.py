@@ -133,9 +133,7 @@ class Waiting(Protocol):
 
     length: TimeAverage
 
-    def __len__(self) -> int: ...
-
-    def __bool__(self) -> bool: ...
+    def __len__(self) -> int: ...                # empty is false, as for any sized object
 
     def head(self) -> Request:
         """The request that would leave next (it stays)."""
@@ -148,34 +146,31 @@ class Waiting(Protocol):
     def push_front(self, request: Request, now: float) -> None: ...
 
 
-class WaitingQueue:
-    """FIFO of requests waiting for a replica; preempted requests return to the front."""
+class WaitingQueue(deque):
+    """FIFO of requests waiting for a replica; preempted requests return to the front.
+
+    The queue is the deque itself: the engine asks whether it is empty and how long it is every
+    iteration, which a deque answers without a Python call."""
 
     def __init__(self) -> None:
-        self._items: deque[Request] = deque()
+        super().__init__()
         self.length = TimeAverage()
 
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __bool__(self) -> bool:
-        return bool(self._items)
-
     def head(self) -> Request:
-        return self._items[0]
+        return self[0]
 
     def push(self, request: Request, now: float) -> None:
         request.status = QUEUED
-        self._items.append(request)
+        self.append(request)
         self.length.change(now, +1)
 
     def push_front(self, request: Request, now: float) -> None:
         request.status = QUEUED
-        self._items.appendleft(request)
+        self.appendleft(request)
         self.length.change(now, +1)
 
-    def pop(self, now: float) -> Request:
-        request = self._items.popleft()
+    def pop(self, now: float) -> Request:                    # type: ignore[override]
+        request = self.popleft()
         self.length.change(now, -1)
         return request
 
@@ -188,16 +183,16 @@ class WaitingQueue:
         """
         expired: list[Request] = []
         kept_front: list[Request] = []
-        while self._items:
-            request = self._items[0]
+        while self:
+            request = self[0]
             if request.first_scheduled_s == request.first_scheduled_s:   # started: not NaN
-                kept_front.append(self._items.popleft())
+                kept_front.append(self.popleft())
             elif now - request.arrival_s >= timeout_s:
-                expired.append(self._items.popleft())
+                expired.append(self.popleft())
                 self.length.change(now, -1)
             else:
                 break
-        self._items.extendleft(reversed(kept_front))
+        self.extendleft(reversed(kept_front))
         return expired
 
 

@@ -42,8 +42,8 @@ from llmsim.cost.roofline import CostModel, summed_iteration
 from llmsim.sim.decode import DecodeSet, StepPrice, new_price
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
-from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks,
-                                            tree_extras)
+from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, close_row, eligible_rows,
+                                            open_row, reserve_blocks, tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
@@ -116,27 +116,30 @@ class DecodeSlots:
         for name, dtype in _STEP_COLUMNS:
             setattr(self, name, np.zeros(capacity, dtype=dtype))
 
-    def add(self, request: Request) -> int:
+    def add(self, request: Request, k_policy: int) -> int:
+        """A row for ``request``, which starts decoding from its state now with ``k_policy`` as the policy's k."""
         i = self.n
         if i == self.ints.shape[1]:
             self._grow(2 * i)
-        self.ints[:, i] = 0
-        self.floats[:, i] = 0.0
+        open_row(self.ints, self.floats, i, request.prefill_target, request.generated,
+                 request.output_tokens - request.generated, request.blocks, request.id, k_policy, request.alpha,
+                 request.last_token_s, request.max_itl_s)
         self.requests.append(request)
         request.slot = i
         self.n += 1
         return i
 
-    def remove(self, i: int) -> None:
+    def remove(self, i: int) -> tuple[int, int, float, float, int, int]:
+        """Take row ``i`` out (the last row moves into it); returns what its request keeps, as :func:`close_row`."""
         last = self.n - 1
+        kept = close_row(self.ints, self.floats, i, last)
         if i != last:
-            self.ints[:, i] = self.ints[:, last]
-            self.floats[:, i] = self.floats[:, last]
             moved = self.requests[last]
             self.requests[i] = moved
             moved.slot = i
         self.requests.pop()
         self.n = last
+        return kept
 
 
 class SpeculativeDecodeSet(DecodeSet):
@@ -182,18 +185,7 @@ class SpeculativeDecodeSet(DecodeSet):
 
     # -- joining and leaving ------------------------------------------------------------------------
     def start(self, request: Request) -> None:
-        s = self.slots
-        i = s.add(request)
-        s.context[i] = request.prefill_target
-        s.generated[i] = request.generated
-        s.remaining[i] = request.output_tokens - request.generated
-        s.blocks[i] = request.blocks
-        s.request_id[i] = request.id
-        s.alpha[i] = request.alpha
-        s.k_policy[i] = self.policy.initial_k
-        s.lag[i] = 1                                 # the token just sampled is new to the draft
-        s.last_token_s[i] = request.last_token_s
-        s.max_gap_s[i] = request.max_itl_s
+        self.slots.add(request, self.policy.initial_k)
         self.n += 1
 
     def stop(self, request: Request) -> None:
@@ -203,13 +195,9 @@ class SpeculativeDecodeSet(DecodeSet):
         """Take row ``i`` out, handing the arrays' state back to its request."""
         s = self.slots
         request = s.requests[i]
-        request.generated = int(s.generated[i])
-        request.blocks = int(s.blocks[i])
-        request.last_token_s = float(s.last_token_s[i])
-        request.max_itl_s = float(s.max_gap_s[i])
-        request.draft_tokens += int(s.proposed_total[i])
-        request.accepted_tokens += int(s.accepted_total[i])
-        s.remove(i)
+        request.generated, request.blocks, request.last_token_s, request.max_itl_s, proposed, accepted = s.remove(i)
+        request.draft_tokens += proposed
+        request.accepted_tokens += accepted
         self.n -= 1
         return request
 
@@ -228,9 +216,12 @@ class SpeculativeDecodeSet(DecodeSet):
                 self._force_plain = False
                 return 0
             # Never draft past the last token asked for, nor past the iteration's token budget.
-            needed, drafted, reserved = reserve_blocks(n, self._choose_k(n), s.eligible, s.ints,
-                                                       self.engine.config.max_batch_tokens - n, kv.block_size,
-                                                       kv.free_blocks, self._branching)
+            chosen, marks = self._choose_k(n)
+            needed, drafted, reserved, eligible = reserve_blocks(n, chosen, s.eligible, s.ints,
+                                                                 self.engine.config.max_batch_tokens - n,
+                                                                 kv.block_size, kv.free_blocks, self._branching, marks)
+            if marks >= 0:
+                self._blocked_step = (None, eligible)
             if reserved:
                 break
             if drafted:
@@ -241,20 +232,25 @@ class SpeculativeDecodeSet(DecodeSet):
         kv.allocate(needed)
         return n + drafted
 
-    def _choose_k(self, n: int) -> np.ndarray | None:
-        """The policy's k for each of the ``n`` sequences, or None when none may speculate this step."""
+    def _choose_k(self, n: int) -> tuple[np.ndarray | None, int]:
+        """The policy's k for each of the ``n`` sequences, or None when none may speculate this step;
+        and the ``min_sequence_tokens`` by which :func:`reserve_blocks` is to mark who is eligible
+        (-1: marked here already, for a policy that reads it)."""
         s, rule = self.slots, self.spec.eligibility
         if self._force_plain:
             self._blocked_step = ("kv_cache", 0)
-            return None
+            return None, -1
         if len(self.engine.running) < rule.min_concurrent_requests:
             self._blocked_step = ("min_concurrent_requests", 0)
-            return None
+            return None, -1
+        if not self.policy.reads_eligible:
+            # A sequence that is not eligible drafts nothing whatever the policy chose for it.
+            return self.policy.choose(s, n, s.eligible[:n], self._candidate_times), rule.min_sequence_tokens
         eligible = eligible_rows(n, s.ints, rule.min_sequence_tokens, s.eligible)
         self._blocked_step = (None, eligible)
         if not eligible:
-            return None
-        return self.policy.choose(s, n, s.eligible[:n], self._candidate_times)
+            return None, -1
+        return self.policy.choose(s, n, s.eligible[:n], self._candidate_times), -1
 
     def _count_blocked(self, n: int, n_spec: int) -> None:
         blocked = self.blocked
@@ -312,7 +308,8 @@ class SpeculativeDecodeSet(DecodeSet):
         self._step_ends_s.append(now)
         self._burst_tokens.append(emitted - n)
         kv.free(freed)
-        self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
+        if self.policy.observes:
+            self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
         if finished:
             for i in s.finished_rows[:finished].tolist():
                 self.engine.finish(self._release(i), now)

@@ -26,9 +26,38 @@ _CONTEXT, _GENERATED, _REMAINING, _BLOCKS, _K, _ACCEPTED, _LAG, _PROPOSED_TOTAL,
     INT_COLUMNS.index(name) for name in ("context", "generated", "remaining", "blocks", "k", "accepted", "lag",
                                          "proposed_total", "accepted_total"))
 _LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
+_REQUEST_ID, _K_POLICY = INT_COLUMNS.index("request_id"), INT_COLUMNS.index("k_policy")
+_ALPHA = FLOAT_COLUMNS.index("alpha")
 # Feature columns of the draft's rows, as constants for compiled code.
 _ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DECODE_KV_READ, _ROW_LOGITS = (
     DRAFT_ROW_COLUMNS)
+
+
+@numba.njit(cache=True)
+def open_row(ints, floats, i, context, generated, remaining, blocks, request_id, k_policy, alpha, last_token_s,
+             max_gap_s):
+    """Row ``i`` for a sequence that starts decoding: every column 0 but these, and a lag of 1 (the
+    token just sampled is new to the draft). One call, where numpy would take two column writes and
+    a dozen element writes."""
+    ints[:, i] = 0
+    floats[:, i] = 0.0
+    ints[_CONTEXT, i], ints[_GENERATED, i] = context, generated
+    ints[_REMAINING, i], ints[_BLOCKS, i] = remaining, blocks
+    ints[_REQUEST_ID, i], ints[_K_POLICY, i], ints[_LAG, i] = request_id, k_policy, 1
+    floats[_ALPHA, i], floats[_LAST_TOKEN_S, i], floats[_MAX_GAP_S, i] = alpha, last_token_s, max_gap_s
+
+
+@numba.njit(cache=True)
+def close_row(ints, floats, i, last):
+    """Take row ``i`` out of rows ``[0, last]``, the last row moving into it (the rows stay packed); returns
+    what its request keeps: (generated, blocks, last token time, longest gap, draft tokens proposed and
+    accepted)."""
+    kept = (ints[_GENERATED, i], ints[_BLOCKS, i], floats[_LAST_TOKEN_S, i], floats[_MAX_GAP_S, i],
+            ints[_PROPOSED_TOTAL, i], ints[_ACCEPTED_TOTAL, i])
+    if i != last:
+        ints[:, i] = ints[:, last]
+        floats[:, i] = floats[:, last]
+    return kept
 
 
 @numba.njit(cache=True)
@@ -58,7 +87,7 @@ def tree_nodes(depth, branching):
 
 
 @numba.njit(cache=True)
-def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, branching=1):
+def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, branching=1, min_sequence_tokens=-1):
     """This step's draft lengths (column ``k``) and, if the free blocks hold them, their KV.
 
     ``chosen`` is the policy's k for every row, or None when nobody speculates. An eligible
@@ -68,9 +97,12 @@ def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, b
     all sequences exceed the iteration's token ``budget`` a common cap on k is lowered until
     they fit, and each sequence then needs the blocks that hold ``context + nodes + 1``
     tokens (the rejected nodes' are given back by :func:`advance_rows`, the accepted path's
-    kept). Returns ``(blocks needed, draft nodes verified, reserved)``: ``blocks`` grows only
-    when all the needed blocks are free.
+    kept). With ``min_sequence_tokens`` >= 0 it first marks ``eligible`` as :func:`eligible_rows`
+    does (for a policy that chooses without reading eligibility: one call instead of two). Returns
+    ``(blocks needed, draft nodes verified, reserved, eligible sequences)`` (the last -1 when
+    ``eligible`` was marked before): ``blocks`` grows only when all the needed blocks are free.
     """
+    count = eligible_rows(n, ints, min_sequence_tokens, eligible) if min_sequence_tokens >= 0 else -1
     k, remaining, context, blocks = ints[_K], ints[_REMAINING], ints[_CONTEXT], ints[_BLOCKS]
     drafted = longest = 0
     for i in range(n):
@@ -97,10 +129,10 @@ def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, b
     for i in range(n):
         needed += max(-(-(context[i] + tree_nodes(k[i], branching) + 1) // block_size) - blocks[i], 0)
     if needed > free_blocks:
-        return needed, drafted, False
+        return needed, drafted, False, count
     for i in range(n):
         blocks[i] += max(-(-(context[i] + tree_nodes(k[i], branching) + 1) // block_size) - blocks[i], 0)
-    return needed, drafted, True
+    return needed, drafted, True, count
 
 
 @numba.njit(cache=True)

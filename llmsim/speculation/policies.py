@@ -34,6 +34,8 @@ class KPolicyRule:
 
     name: KPolicyName
     per_batch = False                             # one k for the whole batch (else per request)
+    observes = False                              # whether observe does anything (the engine skips it if not)
+    reads_eligible = False                        # whether choose reads ``eligible`` (else it is not marked yet)
 
     def __init__(self, config: KPolicy):
         self.config = config
@@ -84,6 +86,7 @@ class AdaptiveK(KPolicyRule):
     the per-request bookkeeping of every sequence's window, which runs every decode step."""
 
     name = KPolicyName.ADAPTIVE
+    observes = True
 
     def __init__(self, config: KPolicy):
         super().__init__(config)
@@ -125,6 +128,8 @@ class GoodputK(KPolicyRule):
 
     name = KPolicyName.GOODPUT
     per_batch = True
+    observes = True
+    reads_eligible = True
 
     def __init__(self, config: KPolicy):
         super().__init__(config)

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog, simulate
+from llmsim.catalog.kernel_terms import EngineKernels
+from llmsim.cost.kernels import ELEMENTWISE_COUNTS, elementwise_bytes_per_token
 from llmsim.cost.work import SAMPLING_BYTES_PER_VOCAB_ENTRY
 
 from tests.helpers import make_scenario
@@ -92,3 +94,26 @@ def test_vllms_async_scheduling_flag_turns_the_overlap_on():
     assert not make_scenario().engine.async_scheduling
     scenario = make_scenario({"engine": {"vllm_args": "vllm serve meta-llama/Llama-3.1-8B --async-scheduling"}})
     assert scenario.engine.async_scheduling and scenario.vllm_notes == ()
+
+
+def test_tensorrt_llm_applies_rope_inside_attention_so_rotary_makes_no_pass_of_its_own():
+    """TensorRT-LLM fuses the rotary embedding into its attention op; vLLM's kernels run it as a kernel of its own.
+    The streaming row of a step is, per layer and kernel kind, floor + bytes / bandwidth + one row's bytes over the
+    row bandwidth (the profile's figures): summed over norm, residual and activation for TensorRT-LLM, and with the
+    rotary kernel on top for vLLM."""
+    h200 = lookup_hardware("H200")
+    tokens = 4096
+    x = CostModel(MODEL, h200).features([tokens], [0], [], prefill_logits=0)
+
+    def closed_form(kernels, kinds):
+        moved = elementwise_bytes_per_token(MODEL, 1)
+        return MODEL.num_layers * sum(
+            ELEMENTWISE_COUNTS[kind] * (kernels.elementwise[kind].floor_s
+                                        + tokens * moved[kind] / kernels.elementwise[kind].bandwidth_bytes_per_s
+                                        + moved[kind] / kernels.elementwise[kind].row_bandwidth_bytes_per_s)
+            for kind in kinds)
+    for engine, kinds in (("vllm", ("norm", "residual", "activation", "rotary")),
+                          ("trtllm", ("norm", "residual", "activation"))):
+        hardware = h200.for_engine(EngineKernels(engine))
+        row = CostModel(MODEL, hardware).breakdown(x).set_index("operator").loc["layer.elementwise"]
+        assert row["time_s"] == pytest.approx(closed_form(hardware.kernels, kinds), rel=1e-9), engine

@@ -11,7 +11,7 @@ import yaml
 from llmsim.catalog.links import LINKS
 from llmsim.config.policies import KVReservation
 from llmsim.errors import ConfigError
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.scenario.scenario import load_scenario
 from tests.helpers import BASE, REPO, merge, make_scenario, simulate_checked
 

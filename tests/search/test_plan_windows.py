@@ -101,6 +101,24 @@ def test_an_undecided_point_is_simulated_again_longer(monkeypatch):
     assert seen == [[1300], [2300]] and judged.verdict.decided and judged.window == first.longer()
 
 
+def test_an_undecided_fail_is_taken_as_failed_when_asked(monkeypatch):
+    """escalate_failing=False: of two undecided points only the one whose estimate passes runs longer."""
+    scenario = llmsim.load_scenario(CHAT)
+    seen = []
+    calls = iter([pd.concat([_rows(0.955, 0.005), _rows(0.945, 0.005)], ignore_index=True), _rows(0.955, 0.002)])
+
+    def fake_run_points(scenario, jobs, **kwargs):
+        seen.append([job["workload.num_requests"] for job in jobs])
+        return next(calls)
+    monkeypatch.setattr(windows, "run_points", fake_run_points)
+    first = Window(30.0, 100.0)
+    passing, failing = windows.simulate_until_decided(scenario, [{"a": 1}, {"a": 2}], [first, first], [10.0, 10.0],
+                                                      escalate_failing=False)
+    assert seen == [[1300, 1300], [2300]]
+    assert passing.verdict.met and passing.verdict.decided and passing.window == first.longer()
+    assert not failing.verdict.met and not failing.verdict.decided and failing.window == first
+
+
 def test_a_plan_below_the_analytic_bound_says_so(monkeypatch):
     """The cross-check: a simulated answer below the fluid model's capacity bound (less its stated
     error) is reported in the note, not silently returned."""

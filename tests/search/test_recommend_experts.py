@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from llmsim.config.progress import QUIET
-from llmsim.scenario.overrides import variant
+from llmsim.scenario.variants import variant
 from llmsim.search.recommend import OFF, Config, ExpertSearch, _Search, choose_degree, searches_experts
 from llmsim.search.sweeps import reusing_runs
 from tests.helpers import BASE, make_scenario, merge

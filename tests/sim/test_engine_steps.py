@@ -213,8 +213,7 @@ def test_the_adaptive_policy_moves_k_by_one_per_window_on_the_80_50_rule():
     assert isinstance(policy, AdaptiveK) and not policy.per_batch
     assert isinstance(k_policy(KPolicy("goodput", 4, scope="per_batch")), GoodputK)
     slots = DecodeSlots()
-    slots.add(Request(0, 0.0, 100, 100))
-    slots.k_policy[0] = policy.initial_k
+    slots.add(Request(0, 0.0, 100, 100), policy.initial_k)
     everyone = np.ones(1, dtype=bool)
 
     def round_(accepted: int) -> int:

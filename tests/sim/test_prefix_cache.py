@@ -46,7 +46,7 @@ def tiers_observer(engine, iteration) -> None:
     assert kv.free_blocks == kv.empty_blocks + len(kv.idle)
     host = kv.host
     if host is not None:
-        swapped = sum(-(-r.swapped_tokens // kv.block_size) for r in engine.queue._items)
+        swapped = sum(-(-r.swapped_tokens // kv.block_size) for r in engine.queue)
         assert host.swapped == swapped
         assert host.allocated_total - host.freed_total == len(host.lru) + swapped <= host.capacity_blocks
 

@@ -83,14 +83,21 @@ def test_reservation_caps_and_needs_equal_the_numpy_rule():
         column["blocks"][:n] = -(-column["context"][:n] // size) + rng.integers(0, 2, n)
         chosen = rng.integers(0, 9, n).astype(np.int64) if trial % 4 else None
         eligible = np.zeros(64, dtype=bool)
-        count = eligible_rows(n, ints, 32 * int(rng.integers(0, 60)), eligible)
-        assert count == eligible[:n].sum()
+        min_sequence_tokens = 32 * int(rng.integers(0, 60))
+        # Every other trial the reservation marks eligibility itself (a policy that chooses without reading it).
+        marks = trial % 2 == 0
+        expected = (np.asarray(column["context"][:n]) + 1 > min_sequence_tokens)
+        count = -1 if marks else eligible_rows(n, ints, min_sequence_tokens, eligible)
         budget = int(rng.integers(0, 200))
         free = int(rng.integers(0, 80))
         before = column["blocks"][:n].copy()
-        k, need = _reserve_reference(chosen, eligible[:n], column["remaining"][:n], column["context"][:n],
+        k, need = _reserve_reference(chosen, expected, column["remaining"][:n], column["context"][:n],
                                      before, budget, size)
-        needed, drafted, reserved = reserve_blocks(n, chosen, eligible, ints, budget, size, free)
+        needed, drafted, reserved, marked = reserve_blocks(n, chosen, eligible, ints, budget, size, free, 1,
+                                                           min_sequence_tokens if marks else -1)
+        assert np.array_equal(eligible[:n], expected)
+        assert (marked if marks else count) == expected.sum()
+        assert marked == (expected.sum() if marks else -1)
         assert (needed, drafted, reserved) == (int(need.sum()), int(k.sum()), int(need.sum()) <= free)
         assert np.array_equal(column["k"][:n], k)
         assert np.array_equal(column["blocks"][:n], before + need if reserved else before)
