@@ -191,13 +191,14 @@ def test_a_scenario_changed_after_loading_keeps_its_change_in_sweeps_and_plans()
 
 
 def test_a_point_the_reader_resolves_is_refused_on_a_changed_scenario():
-    """A key without a typed setter (an engine knob) is laid over the YAML mapping the scenario was read
-    from; on a scenario changed since, that would lose the change, so it is a ValueError, not a silent revert."""
+    """A key without a typed setter (the memory utilization) is laid over the YAML mapping the scenario was
+    read from; on a scenario changed since, that would lose the change, so it is a ValueError, not a silent
+    revert."""
     from dataclasses import replace
 
     changed = replace(small(), engine=replace(small().engine, max_num_seqs=64))
     with pytest.raises(ValueError, match="differs from the YAML mapping"):
-        sweep(changed, {"engine.max_batch_tokens": [2048]}, workers=1)
+        sweep(changed, {"engine.memory_utilization": [0.8]}, workers=1)
 
 
 def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
