@@ -247,8 +247,8 @@ def test_an_fp8_kv_cache_is_priced_by_its_own_decode_kernels():
     """Measured (TensorRT-LLM 1.3 on H100, the excerpt): at 256 and more sequences an FP8 cache's decode attention takes
     a third to a half of a 16-bit cache's, not the half that reading half the bytes would give (its kernels do less
     fixed work per sequence). Priced by the 16-bit terms over the FP8 bytes, the cost model was 1.4-2.3x too slow there;
-    priced by the FP8 terms (``attention.by_kv_dtype``, one line through every grouped-query shape, whose held-out MAPE
-    the profile's validation table gives as 14%) it is within that on average at this shape."""
+    priced by the FP8 terms (``attention.by_kv_dtype``, the full read rate of the occupied form, whose held-out MAPE
+    the profile's validation table gives as 13%) it is within that on average at this shape."""
     model = model_catalog()["Llama-3.1-8B"].with_dtypes(weight_dtype="fp8", kv_dtype="fp8")
     h100 = lookup_hardware(H100)
     trtllm = h100.engine_kernels["trtllm"]
