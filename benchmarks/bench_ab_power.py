@@ -11,7 +11,11 @@ nominally 5%; above it, the power), and in brackets the share of seeds with no i
 requests for the run's correlation time). The realised TPOT ratio of the canary over the control is
 printed as a check on the injected slowdown.
 
-    .venv/bin/python benchmarks/bench_ab_power.py [--seeds 30] [--requests 1200]   (about 1 s per run)
+With ``--replications R`` (2 or more) each seed runs the rollout R times on seeds ``seed R .. seed R + R - 1``
+(``rollout.replications``) and compares by :func:`llmsim.analysis.canary.compare_replications`: Student's t
+across the runs, every figure with an interval.
+
+    .venv/bin/python benchmarks/bench_ab_power.py [--seeds 30] [--requests 1200] [--replications 5]
 """
 from __future__ import annotations
 
@@ -23,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from llmsim.analysis.canary import compare_independent, measured
+from llmsim.analysis.canary import compare_independent, compare_replications, measured
 from llmsim.config.reader import Node
 from llmsim.config.units import parse_quantity
 from llmsim.scenario.scenario import scenario_from_node
-from llmsim.search.rollout import simulate_rollout
+from llmsim.search.rollout import simulate_replications
 
 REPO = Path(__file__).resolve().parent.parent
 SLOWDOWNS = (0.0, 0.02, 0.05, 0.10)
@@ -51,13 +55,14 @@ def slowed_profile(folder: Path, slowdown: float) -> Path:
     return path
 
 
-def scenario(folder: Path, control: Path, canary: Path, requests: int, rate: float):
+def scenario(folder: Path, control: Path, canary: Path, requests: int, rate: float, replications: int):
     data = {"name": "ab-power", "seed": 0, "model": "Llama-3.1-8B", "hardware": str(control),
             "engine": {"max_num_seqs": 16, "max_model_len": 16384},
             "workload": {"num_requests": requests, "arrival": {"process": "poisson", "rate": rate},
                          "prompt_tokens": {"distribution": "lognormal", "mean": 512, "sigma": 0.8, "max": 4096},
                          "output_tokens": {"distribution": "lognormal", "mean": 16, "sigma": 0.8, "max": 1024}},
-            "rollout": {"groups": {"canary": {"role": "canary", "fraction": 0.5, "replicas": 1,
+            "rollout": {"replications": replications,
+                        "groups": {"canary": {"role": "canary", "fraction": 0.5, "replicas": 1,
                                               "hardware": str(canary)}}}}
     return scenario_from_node(Node(data, file="<bench_ab_power>", base_dir=folder))
 
@@ -67,6 +72,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=40)
     parser.add_argument("--requests", type=int, default=1200)
     parser.add_argument("--rate", type=float, default=40.0, help="total requests/s (half to each group)")
+    parser.add_argument("--replications", type=int, default=1, help="runs per seed (2+: t across the runs)")
     args = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,21 +80,25 @@ def main() -> None:
         base = slowed_profile(folder, 0.0)
         table: dict[float, dict] = {}
         for slowdown in SLOWDOWNS:
-            built = scenario(folder, base, slowed_profile(folder, slowdown), args.requests, args.rate)
+            built = scenario(folder, base, slowed_profile(folder, slowdown), args.requests, args.rate,
+                             args.replications)
             hits: dict[tuple[str, str], list[float]] = {row: [] for row in ROWS}
             ratios = []
             for seed in range(args.seeds):
-                result = simulate_rollout(built.with_seed(seed))
-                start, stop = result.user.warmup_s, result.user.arrival_window_s
-                control = measured(result.records("control"), start, stop)
-                canary = measured(result.records("canary"), start, stop)
-                ratios.append(canary["tpot_s"].mean() / control["tpot_s"].mean())
-                for d in compare_independent(control, canary):
+                runs = []
+                for result in simulate_replications(built.with_seed(seed * args.replications)):
+                    start, stop = result.user.warmup_s, result.user.arrival_window_s
+                    runs.append((measured(result.records("control"), start, stop),
+                                 measured(result.records("canary"), start, stop)))
+                    ratios.append(runs[-1][1]["tpot_s"].mean() / runs[-1][0]["tpot_s"].mean())
+                for d in compare_replications(runs) if len(runs) > 1 else compare_independent(*runs[0]):
                     if (d.metric, d.statistic) in hits:
                         hits[(d.metric, d.statistic)].append(float(d.significant) if d.has_interval else np.nan)
             table[slowdown] = {"hits": hits, "ratio": float(np.mean(ratios))}
-    print(f"{args.seeds} seeds per column, {args.requests} requests at {args.rate:g}/s split 50/50 over two "
-          f"one-replica groups; share of seeds significant at 5% (no interval)")
+    method = (f"t across {args.replications} replications" if args.replications > 1
+              else "batch means within one run")
+    print(f"{args.seeds} seeds per column, {args.replications} x {args.requests} requests at {args.rate:g}/s split "
+          f"50/50 over two one-replica groups, {method}; share of seeds significant at 5% (no interval)")
     print(f"{'metric':<12}" + "".join(f"{'slower ' + format(s, '.0%'):>18}" for s in SLOWDOWNS))
     for row in ROWS:
         cells = []

@@ -42,6 +42,7 @@ _PUBLIC = {
     "RolloutResult": "llmsim.search.rollout",
     "rollout_summary": "llmsim.search.rollout",
     "simulate_rollout": "llmsim.search.rollout",
+    "simulate_replications": "llmsim.search.rollout",
     "run_points": "llmsim.search.sweeps",
     "sweep": "llmsim.search.sweeps",
     "Trace": "llmsim.workload.trace",

@@ -30,10 +30,19 @@ Shadow against control (paired, :func:`compare_paired`)
     percentile's difference with one on the batches' percentile differences, and the Wilcoxon
     signed-rank test on the request pairs.
 
+Across independent replications (``rollout.replications: R``, :func:`compare_replications`)
+    batches within one run are never quite independent: a loaded replica's TPOT keeps a long, thin
+    tail of correlation that batches of a short run cannot hold. The textbook remedy is independent
+    replications (Law and Kelton, Simulation Modeling and Analysis, 9.4.1): the whole rollout run
+    ``R`` times on independent seeds, each metric's group-minus-control difference taken per run
+    (over the requests both served, for a shadow), and Student's t on the ``R`` differences with
+    ``R - 1`` degrees of freedom. The runs are independent whatever the correlation within each, so
+    the test holds its level for any ``R >= 2`` (5 or more for useful power).
+
 :func:`verdict` says in one line what the differences mean; :func:`detection_time` turns the
 measured variances into the time a canary must run to detect a change of a given size with a given
-power (the two-sample normal approximation, with each group's variance per request times its
-correlation time, so queueing's correlation is counted).
+power (the two-sample normal approximation, with each group's variance per request of a metric
+times that metric's own correlation time, so queueing's correlation is counted).
 """
 from __future__ import annotations
 
@@ -253,6 +262,48 @@ def _paired_values(pairs: pd.DataFrame, metric: str) -> tuple[np.ndarray, np.nda
     return a[keep], b[keep]
 
 
+def _figures(control: pd.DataFrame, treatment: pd.DataFrame, paired: bool, percentiles: Sequence[int],
+             metrics: Sequence[str]) -> dict[tuple[str, str], tuple[float, float]]:
+    """One run's (control, treatment) figure per (metric, statistic): over the pairs both served when ``paired``."""
+    if paired:
+        pairs = control.merge(treatment, on="id", suffixes=("_control", "_shadow"))
+        series = {metric: _paired_values(pairs, metric) for metric in metrics}
+    else:
+        series = {metric: (_values(control, metric), _values(treatment, metric)) for metric in metrics}
+    figures = {}
+    for metric, (a, b) in series.items():
+        if min(len(a), len(b)) < 1:
+            continue
+        for name in ("mean", *(() if metric == ATTAINMENT else (f"p{q}" for q in percentiles))):
+            statistic, _ = _statistic(name)
+            figures[(metric, name)] = (float(statistic(a)), float(statistic(b)))
+    return figures
+
+
+@_quiet
+def compare_replications(runs: Sequence[tuple[pd.DataFrame, pd.DataFrame]], paired: bool = False,
+                         percentiles: Sequence[int] = PERCENTILES,
+                         metrics: Sequence[str] = (*METRICS, ATTAINMENT)) -> list[Difference]:
+    """A group against the control over ``R >= 2`` independent runs (each a pair of measured records:
+    control, group): each figure's difference per run, and Student's t on the ``R`` differences
+    (``R - 1`` degrees of freedom). The control and group figures shown are the runs' averages. A
+    figure missing from a run (no finished request with it) is compared over the runs that have it."""
+    per_run = [_figures(control, treatment, paired, percentiles, metrics) for control, treatment in runs]
+    keys = list(dict.fromkeys(key for figures in per_run for key in figures))
+    out = []
+    for metric, name in keys:
+        both = np.array([figures[(metric, name)] for figures in per_run if (metric, name) in figures])
+        if len(both) < 2:
+            continue
+        differences = both[:, 1] - both[:, 0]
+        replications = len(differences)
+        se = float(np.std(differences, ddof=1)) / math.sqrt(replications)
+        out.append(_t_row(metric, name, float(both[:, 0].mean()), float(both[:, 1].mean()), float(differences.mean()),
+                          se, replications - 1,
+                          f"{'paired ' if paired else ''}t across {replications} replications (df {replications - 1})"))
+    return out
+
+
 def verdict(name: str, role: str, differences: Sequence[Difference]) -> str:
     """One line: which figures of the group are significantly worse or better than the control's (each
     tested at ``1 - LEVEL``), and what it means for the rollout."""
@@ -310,9 +361,9 @@ def detection_time(control: pd.DataFrame, treatment: pd.DataFrame, fraction: flo
     ``rate_per_s``, or a shadow copying that fraction when ``paired``) needs for a two-sided test at
     ``alpha`` to detect a mean change of ``change`` x the control's mean with probability ``power``.
 
-    Each group's variance per request is its variance times its correlation time (as the intervals
-    take it: the longest of its latency series'), which counts the correlation between neighbouring
-    requests. For a canary, ``Var(diff) = s_t^2 / n_t + s_c^2 / n_c``
+    Each group's variance per request of a metric is its variance times that metric's own correlation
+    time (a mean's variance over a long run is ``tau s^2 / n``), which counts the correlation between
+    neighbouring requests. For a canary, ``Var(diff) = s_t^2 / n_t + s_c^2 / n_c``
     with ``n_c = n_t (1 - f) / f``; for a shadow, ``s_d^2 / n`` of the paired differences. The
     needed ``n_t`` makes ``(z_{1-alpha/2} + z_power) sqrt(Var) = change x mean_c``.
     """
@@ -323,23 +374,20 @@ def detection_time(control: pd.DataFrame, treatment: pd.DataFrame, fraction: flo
     if paired:
         pairs = control.merge(treatment, on="id", suffixes=("_control", "_shadow")).sort_values("arrival_s_control")
         series = {metric: _paired_values(pairs, metric) for metric in (*METRICS, ATTAINMENT)}
-        tau = max(correlation_time(x) for metric in METRICS for a, b in [series[metric]] for x in (a, b, b - a))
-    else:
-        tau_control, tau_treatment = _state_correlation_time(control), _state_correlation_time(treatment)
     for metric in (*METRICS, ATTAINMENT):
         if paired:
             a, b = series[metric]
             if len(a) < 4:
                 continue
             n = len(a)
-            per_request = _variance_per_request(b - a, tau)
+            per_request = _variance_per_request(b - a)
         else:
             a, b = _values(control, metric), _values(treatment, metric)
             if min(len(a), len(b)) < 4:
                 continue
             n = len(b)
-            per_request = (_variance_per_request(b, tau_treatment)
-                           + _variance_per_request(a, tau_control) * fraction / (1 - fraction))
+            per_request = (_variance_per_request(b)
+                           + _variance_per_request(a) * fraction / (1 - fraction))
         target = change * abs(float(np.mean(a)))
         if not (target > 0 and per_request > 0):        # nothing to detect, or no spread to estimate it from
             continue
@@ -349,7 +397,7 @@ def detection_time(control: pd.DataFrame, treatment: pd.DataFrame, fraction: flo
     return out
 
 
-def _variance_per_request(values: np.ndarray, tau: float) -> float:
-    """A series' variance per observation, correlation included: its variance times the correlation time
-    (``n`` times the variance of its mean, for a long series)."""
-    return float(np.var(values, ddof=1)) * tau
+def _variance_per_request(values: np.ndarray) -> float:
+    """A series' variance per observation, correlation included: its variance times its own correlation
+    time (``n`` times the variance of its mean, for a long series)."""
+    return float(np.var(values, ddof=1)) * correlation_time(values)

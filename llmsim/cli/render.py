@@ -217,7 +217,7 @@ def rollout_table(rollout: dict) -> str:
         if "comparison" not in g:
             continue
         how = "paired on the requests it copied" if g["role"] == RolloutRole.SHADOW else "independent samples"
-        lines += ["", f"{name} - control ({how}; ms, attainment in points)"]
+        lines += ["", f"{name} - control ({how}; ms, attainment in points); {rollout['method']}"]
         head = f"{'metric':<12}{'stat':<6}{'control':>10}{g['role']:>10}{'diff':>10}{'95% interval':>22}{'p':>9}  test"
         lines += [head, "-" * len(head)]
         for d in g["comparison"]:

@@ -36,7 +36,7 @@ from llmsim.scenario.variants import with_requests
 from llmsim.scenario.scenario import load_scenario
 from llmsim.search.compare import compare
 from llmsim.sim.resources import check_run_size, estimate_run
-from llmsim.search.rollout import rollout_summary, simulate_rollout
+from llmsim.search.rollout import rollout_summary, simulate_replications
 from llmsim.search.speedup import speedup_over_plain
 from llmsim.sim.simulate import simulate
 from llmsim.sim.token_times import TokenTimes
@@ -252,10 +252,12 @@ def _run_rollout(scenario, out: Path, args) -> int:
     """A canary or shadow rollout: the user-facing summary, then each group against the control. The
     optional files are the users' (control and canaries; --iterations: every group's, shadows too, with
     a ``group`` column) and the plot is the users' timeline."""
-    result = simulate_rollout(scenario, force=True)          # its size checked by the caller
+    result, *others = simulate_replications(scenario, force=True)     # one run's size checked by the caller
+    interrupted = result.interrupted or any(run.interrupted for run in others)
     summary = summarize(result.user).to_dict()
     _warn_of_warmup(result.user)
-    summary["rollout"] = rollout_summary(result, args.detect)
+    # a replication cut short by Ctrl-C is left out: its window is not the others'
+    summary["rollout"] = rollout_summary(result, args.detect, [run for run in others if not run.interrupted])
     users = result.user.requests
     written = [write_file(out / "requests.csv", lambda path: users.to_csv(path, index=False))]
     shadows = [group.requests for name, group in result.groups.items() if result.roles[name] is RolloutRole.SHADOW]
@@ -274,7 +276,7 @@ def _run_rollout(scenario, out: Path, args) -> int:
         written.append(write_file(out / "timeline.png", lambda path: timeline(result.user, path)))
     print("\nwrote " + ", ".join(map(str, written)))
     print("\n" + rollout_table(summary["rollout"]))          # ends in each group's verdict
-    return 130 if result.interrupted else 0
+    return 130 if interrupted else 0
 
 
 def _warn_of_warmup(result) -> None:

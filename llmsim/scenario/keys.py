@@ -88,7 +88,8 @@ COVERAGE = (
     {"autoscaling": {"min_replicas": 1, "max_replicas": 4, "target_outstanding": 64, "interval": "10 s",
                      "sustain": 3, "cold_start": "60 s"}},
     {"rollout": {"groups": {"canary": {"role": "canary", "fraction": 0.25, "replicas": 1,
-                                       "engine": {"max_batch_tokens": 4096}, "hardware": "H200"}}}},
+                                       "engine": {"max_batch_tokens": 4096}, "hardware": "H200"}},
+                 "replications": 5}},
     {"model": {"name": "mine", "num_layers": 32, "hidden_size": 4096, "num_heads": 32, "num_kv_heads": 8,
                "intermediate_size": 14336, "vocab_size": 128256, "max_context": 16384}},
     {"model": {"base": "Mistral-7B-v0.1", "weight_dtype": "fp8", "kv_dtype": "fp8",
@@ -481,6 +482,8 @@ KEY_HELP: dict[str, str] = {
     "rollout.groups.<name>.replicas": "its replicas",
     "rollout.groups.<name>.engine": "engine settings laid over the scenario's engine",
     "rollout.groups.<name>.hardware": "another hardware profile for the group",
+    "rollout.replications": "independent runs of the whole rollout (seeds seed, seed + 1, ...): 1 compares by "
+                            "batch means within the run; 2 or more (5+ advised) by Student t across the runs",
     "plan": "read by `llmsim plan` only",
     "plan.hardware": "the chips `llmsim plan` compares when `--hardware` is not given; default: the scenario's own",
 }

@@ -29,6 +29,7 @@ from llmsim.config.policies import RolloutRole, members_of
 from llmsim.config.reader import Node, deep_merge
 
 ROLES = (RolloutRole.CANARY, RolloutRole.SHADOW)     # a group's; the control is the scenario's own deployment
+MAX_REPLICATIONS = 1000               # each replication is a whole run of every group: more is a typo
 CONTROL = RolloutRole.CONTROL.value    # the name the control group's records carry (the scenario's own deployment)
 
 
@@ -48,6 +49,9 @@ class RolloutGroup:
 @dataclass(frozen=True)
 class RolloutConfig:
     groups: tuple[RolloutGroup, ...]
+    # Independent runs of the whole rollout (seeds seed, seed + 1, ...): 1 compares the groups by batch
+    # means within the one run; 2 or more compare them across the runs (:mod:`llmsim.analysis.canary`).
+    replications: int = 1
 
     @property
     def canaries(self) -> tuple[RolloutGroup, ...]:
@@ -72,8 +76,8 @@ class RolloutConfig:
 
 
 def rollout_from_node(node: Node) -> RolloutConfig:
-    """``rollout: {groups: {<name>: {role, fraction, replicas, engine: {...}}}}``; the canaries'
-    fractions must leave the control some traffic. Whether each group's engine settings are
+    """``rollout: {groups: {<name>: {role, fraction, replicas, engine: {...}}}, replications: R}``; the
+    canaries' fractions must leave the control some traffic. Whether each group's engine settings are
     valid is checked by building its scenario (:func:`group_source`, in the scenario reader)."""
     holder, names = node.named_entries(
         "groups", "group names to their settings",
@@ -94,8 +98,9 @@ def rollout_from_node(node: Node) -> RolloutConfig:
             replicas=each.number("replicas", 1, integer=True, minimum=1), engine=engine,
             hardware=each.string("hardware", None)))
         each.done()
+    replications = node.number("replications", 1, integer=True, minimum=1, maximum=MAX_REPLICATIONS)
     node.done()
-    config = RolloutConfig(tuple(groups))
+    config = RolloutConfig(tuple(groups), replications)
     served = sum(g.fraction for g in config.canaries)
     if served >= 1.0:
         raise holder.error("the canaries' fractions leave the control no requests", key=holder.path,

@@ -13,12 +13,14 @@ whole trace, so a shadow's request and its twin served to the user share an id.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.canary import compare_independent, compare_paired, detection_time, measured, verdict
+from llmsim.analysis.canary import (compare_independent, compare_paired, compare_replications, detection_time, measured,
+                                    verdict)
 from llmsim.analysis.metrics import summarize
 from llmsim.config.policies import RolloutRole
 from llmsim.scenario.rollout import CONTROL
@@ -78,6 +80,18 @@ def simulate_rollout(scenario: Scenario, trace: Trace | None = None, force: bool
     return RolloutResult(scenario, groups, roles, merge_results(control, [groups[n] for n in users], len(trace)))
 
 
+def simulate_replications(scenario: Scenario, force: bool = False) -> list[RolloutResult]:
+    """The rollout run ``rollout.replications`` times on independent seeds (the scenario's, then the next
+    ones: each run draws its own trace and split), stopping after an interrupted one."""
+    assert scenario.rollout is not None, "simulate_replications needs a scenario with a rollout: section"
+    results: list[RolloutResult] = []
+    for replication in range(scenario.rollout.replications):
+        results.append(simulate_rollout(scenario.with_seed(scenario.seed + replication), force=force))
+        if results[-1].interrupted:
+            break
+    return results
+
+
 def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: int) -> SimulationResult:
     """Several groups' results as one deployment's (``scenario`` with all their replicas): records in
     arrival order, replica and queue numbers offset group by group, counts summed and time averages
@@ -128,11 +142,14 @@ def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: in
         speculation_blocked=sum(blocked[1:], blocked[0]) if blocked else None)
 
 
-def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:
+def rollout_summary(result: RolloutResult, change: float = 0.05, others: Sequence[RolloutResult] = ()) -> dict:
     """Each group's share and headline figures, its comparison with the control (canary: independent
     samples; shadow: paired on the requests it copied from the control) and the time a group like it
-    must run to detect a ``change`` (relative) in each mean, over the whole trace's window."""
+    must run to detect a ``change`` (relative) in each mean, over the whole trace's window. With
+    ``others`` (further independent replications of the rollout, :func:`simulate_replications`) the
+    comparison is across the runs; the shares, figures and detection times stay ``result``'s."""
     scenario, start, stop = result.scenario, result.user.warmup_s, result.user.arrival_window_s
+    runs = [result, *others]
     rollout = scenario.rollout
     assert rollout is not None              # the result of simulate_rollout, which needs one
     rate = len(measured(result.user.requests, start, stop)) / (stop - start) if stop > start else math.nan
@@ -148,10 +165,25 @@ def rollout_summary(result: RolloutResult, change: float = 0.05) -> dict:
         if role is not RolloutRole.CONTROL:
             paired = role is RolloutRole.SHADOW
             twins = control[control["id"].isin(records["id"])] if paired else control
-            differences = compare_paired(twins, records) if paired else compare_independent(control, records)
+            if others:
+                differences = compare_replications([_measured_pair(run, name) for run in runs], paired)
+            else:
+                differences = compare_paired(twins, records) if paired else compare_independent(control, records)
             entry["comparison"] = [asdict(d) | {"significant": d.significant} for d in differences]
             entry["verdict"] = verdict(name, role, differences)
             entry["detection"] = [asdict(d) for d in detection_time(twins if paired else control, records,
                                                                     fractions[name], rate, change, paired=paired)]
         groups[name] = entry
-    return {"window_s": [start, stop], "arrival_rate_per_s": rate, "change_to_detect": change, "groups": groups}
+    method = (f"Student t across {len(runs)} independent replications (seeds {scenario.seed}-"
+              f"{scenario.seed + len(runs) - 1}; figures and detection times from the first)" if others
+              else "batch means within one run (rollout.replications: 5 or more for a test that holds "
+                   "whatever the correlation)")
+    return {"window_s": [start, stop], "arrival_rate_per_s": rate, "change_to_detect": change, "method": method,
+            "groups": groups}
+
+
+def _measured_pair(result: RolloutResult, name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One run's measured control and group records (a shadow's control: the requests it copied)."""
+    start, stop = result.user.warmup_s, result.user.arrival_window_s
+    control, group = measured(result.records(CONTROL), start, stop), measured(result.records(name), start, stop)
+    return control, group

@@ -163,6 +163,10 @@ def test_rollout_summary_reports_each_group_against_the_control():
     ({"groups": {"a": {"role": "canary", "fraction": 0.1, "hardware": "H900"}}}, "rollout.groups.a.hardware"),
     ({"groups": {"control": {"role": "canary", "fraction": 0.1}}}, "rollout.groups.control"),
     ({"groups": []}, "rollout.groups"),
+    ({"groups": {"a": {"role": "canary", "fraction": 0.1}}, "replications": True}, "rollout.replications"),
+    ({"groups": {"a": {"role": "canary", "fraction": 0.1}}, "replications": 0}, "rollout.replications"),
+    ({"groups": {"a": {"role": "canary", "fraction": 0.1}}, "replications": 2.5}, "rollout.replications"),
+    ({"groups": {"a": {"role": "canary", "fraction": 0.1}}, "replications": "5"}, "rollout.replications"),
 ])
 def test_bad_rollouts_name_the_key(rollout, key):
     with pytest.raises(ConfigError) as error:
@@ -199,3 +203,30 @@ def test_llmsim_run_prints_and_writes_the_rollout(tmp_path, capsys):
     assert len(users) == 300 and set(users["group"]) == {"control", "canary"} and set(shadow["group"]) == {"shadow"}
     table = pd.read_csv(out / "rollout.csv")
     assert set(table["group"]) == {"canary", "shadow"}
+
+
+def test_llmsim_run_compares_across_replications_and_says_so(tmp_path, capsys):
+    """``rollout.replications: 3``: every comparison row is a paired t across the 3 runs (a shadow identical
+    to the control and copying every request differs by exactly 0 in each run), the printout names the
+    method and ends in the verdict; the figures and files are the first run's, the scenario's own seed."""
+    import yaml
+
+    from llmsim.cli.main import main
+    from tests.helpers import BASE, merge
+
+    groups = {"mirror": {"role": "shadow", "fraction": 1.0}}
+    document = merge(BASE, {"workload": {"num_requests": 300, "arrival": {"rate": 12}},
+                            "rollout": {"replications": 3, "groups": groups}})
+    path = tmp_path / "rollout.yaml"
+    path.write_text(yaml.safe_dump(document))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "Student t across 3 independent replications" in printed
+    assert printed.rstrip().splitlines()[-1].startswith("verdict: no significant difference between mirror")
+    mirror = pd.read_csv(out / "rollout.csv")
+    assert set(mirror["test"]) == {"paired t across 3 replications (df 2)"}
+    assert (mirror["difference"] == 0).all() and (mirror["low"] == 0).all() and (mirror["high"] == 0).all()
+    single = simulate_rollout(make_scenario({"workload": {"num_requests": 300, "arrival": {"rate": 12}},
+                                             "rollout": {"groups": groups}}))
+    assert len(pd.read_csv(out / "requests.csv")) == len(single.user.requests) == 300
