@@ -190,7 +190,7 @@ class SpeculativeDecodeSet(DecodeSet):
         self._target_terms = (target.compiled_terms() if isinstance(target, CostModel) and target.dense
                               and self._draft_rows.shape[0] <= FEW_ROWS else None)
         self._draft_terms = (draft_cost.compiled_terms() if isinstance(draft_cost, CostModel)
-                             else (_NO_ROWS, -1, _NO_ROWS[0], [_NO_TABLE, _NO_TABLE]))
+                             else (_NO_ROWS, -1, _NO_TABLE, [_NO_TABLE, _NO_TABLE]))
 
     # -- joining and leaving ------------------------------------------------------------------------
     def start(self, request: Request) -> None:
