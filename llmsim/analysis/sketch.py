@@ -55,9 +55,13 @@ class QuantileSketch:
         # A value's bucket is ceil(log_gamma(value)); a value on a bound may land in either bucket
         # (rounding), where the middle of each is still within the relative accuracy of it.
         keys = np.ceil(np.log(values[positive]) / self._log_gamma).astype(np.int64)
-        unique, index = np.unique(keys, return_inverse=True)
-        counts = np.bincount(index, weights=weights[positive])
-        for key, count in zip(unique.tolist(), counts.tolist()):
+        if not len(keys):
+            return
+        # Counted by key from the lowest (a few thousand buckets span latencies from ns to hours).
+        lowest = int(keys.min())
+        counts = np.bincount(keys - lowest, weights=weights[positive])
+        present = np.flatnonzero(counts)
+        for key, count in zip((present + lowest).tolist(), counts[present].tolist()):
             self._sketch.add(self._mapping.value(key), count)
 
     def merge(self, other: QuantileSketch) -> None:

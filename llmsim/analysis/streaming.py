@@ -11,7 +11,8 @@ The summary is the one :func:`llmsim.analysis.metrics.summarize` gives, built fr
 - counts, means, rates, shares, utilisations and speculation's figures are the same sums (the
   floating-point ones added chunk by chunk, so they may differ in the last digits);
 - percentiles come from a quantile sketch (:mod:`llmsim.analysis.sketch`): each is within
-  :data:`~llmsim.analysis.sketch.RELATIVE_ACCURACY` (0.5%) of the exact value at its rank;
+  :data:`~llmsim.analysis.sketch.RELATIVE_ACCURACY` (0.5%) of the exact value at its rank; the
+  inter-token gaps reach it as the engines hand them over (:meth:`StreamedRun.gaps`), not at the end;
 - the SLO's standard errors and the steady-state test keep one byte per request and target (met or
   not) and the window's TTFTs (8 bytes a request), so they are exact.
 
@@ -24,6 +25,8 @@ record as it decides), a tiered KV cache (prefix caching, a host tier, swap) or 
 from __future__ import annotations
 
 import math
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -85,14 +88,15 @@ class _Requests:
         self.offered += len(steady)
         self.done += len(done)
         self.done_tokens += float(done["output_tokens"].sum())
+        # Copies: a column's values may be a view of the chunk's whole block of columns, kept alive with it.
         attained, targets, good, good_tokens = slo_hits(steady, self.slo)
-        self.attained.append(attained.to_numpy(bool))
+        self.attained.append(attained.to_numpy(bool, copy=True))
         for metric, hits in targets.items():
-            self.targets.setdefault(metric, []).append(hits.to_numpy(bool))
+            self.targets.setdefault(metric, []).append(hits.to_numpy(bool, copy=True))
         self.good += good
         self.good_tokens += good_tokens
         if self.ttft is not None:
-            self.ttft.append(steady["ttft_s"].to_numpy())
+            self.ttft.append(steady["ttft_s"].to_numpy(copy=True))
 
     def merge(self, later: _Requests) -> None:
         """Add the sums of the part of the run after this one (its requests arrived later)."""
@@ -137,7 +141,11 @@ class _Iterations:
 
     def add(self, rows: np.ndarray, end: np.ndarray) -> None:
         c = _COLUMN
-        part = iteration_overlap(rows[:, c["start_s"]], end, rows[:, c["duration_s"]], rows[:, c["flops"]],
+        starts = rows[:, c["start_s"]]
+        # Rows all before the part, or all after it (none ending at its end): nothing to add.
+        if not len(end) or end.max() <= self.start or (starts.min() >= self.stop and end.min() > self.stop):
+            return
+        part = iteration_overlap(starts, end, rows[:, c["duration_s"]], rows[:, c["flops"]],
                                  rows[:, c["bytes"]], rows[:, c["kv_used_blocks"]],
                                  rows[:, c["decode_seqs"]] + rows[:, c["prefill_seqs"]], self.start, self.stop)
         self.overlap = _combined(self.overlap, part)
@@ -217,6 +225,42 @@ class TimeSeries:
                 "max_queue_length": c["max_queue_length"].astype(np.int64)})
 
 
+_QUOTED = re.compile(r'[,"\r\n]')      # a field with one of these is quoted by pandas (csv.QUOTE_MINIMAL)
+
+
+def _csv_fields(values: np.ndarray) -> list[str] | None:
+    """A column's fields as ``DataFrame.to_csv`` writes them (floats in Python's shortest repr, which
+    is numpy's; missing values empty), or None where it would quote one or the values are not
+    numbers, booleans or strings."""
+    kind = values.dtype.kind
+    if kind == "f":
+        fields = list(map(repr, values.tolist()))
+        for i in np.flatnonzero(np.isnan(values)).tolist():
+            fields[i] = ""
+        return fields
+    if kind in "iub":
+        return list(map(str, values.tolist()))
+    if kind != "O":
+        return None
+    fields = ["" if value is None or value is pd.NA or (type(value) is float and value != value) else value
+              for value in values.tolist()]
+    if not all(type(field) is str for field in fields) or _QUOTED.search("".join(fields)):
+        return None
+    return fields
+
+
+def csv_text(frame: pd.DataFrame, header: bool) -> str:
+    """``frame.to_csv(index=False, header=header)``'s text, formatted column by column where pandas'
+    writer would only repeat the same conversions row by row (its float formatting is the costly part)."""
+    columns = [_csv_fields(frame[name].to_numpy()) for name in frame.columns]
+    names = [str(name) for name in frame.columns]
+    if any(fields is None for fields in columns) or _QUOTED.search("".join(names)) or not len(frame.columns):
+        return frame.to_csv(index=False, header=header, lineterminator=os.linesep)
+    lines = [",".join(names)] if header else []
+    lines.extend(map(",".join, zip(*columns)))
+    return os.linesep.join(lines) + os.linesep if lines else ""
+
+
 class RecordsWriter:
     """Per-request records written chunk by chunk: CSV (one header, the rows as one ``to_csv`` of the
     whole table writes them) or Parquet (one row group per chunk; needs pyarrow)."""
@@ -230,7 +274,7 @@ class RecordsWriter:
 
     def write(self, frame: pd.DataFrame) -> None:
         if self._file is not None:
-            frame.to_csv(self._file, index=False, header=self._file.tell() == 0)
+            self._file.write(csv_text(frame, header=self._file.tell() == 0))
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -263,7 +307,7 @@ class StreamedRun:
         self.generated_tokens = 0.0
         self.class_counts: dict[str, dict[str, int]] = {}
         self.max_queue_length = 0
-        self.gaps: InterTokenGaps | None = None
+        self._pending_gaps = InterTokenGaps()      # inter-token gaps that may end after the run
         self.end_s = math.nan
 
     def begin(self, scenario: Scenario, window_s: float, warmup_s: float) -> None:
@@ -279,6 +323,10 @@ class StreamedRun:
                        _Iterations(start, stop)) for start, stop, closed in cuts]
         self.class_counts = {name: dict.fromkeys(("arrived", "finished", "rejected", "unfinished"), 0)
                              for name in names}
+        # The inter-token gaps by when the token appeared: before the warm-up ends, in the window
+        # (its ends included), after it; a summary measuring the whole run merges them.
+        self._gap_cuts = [warmup_s, window_s] if window_s - warmup_s > 0 else []
+        self._gap_sketches = [QuantileSketch() for _ in range(len(self._gap_cuts) + 1)]
 
     def records(self, frame: pd.DataFrame) -> None:
         for writer in self.writers:
@@ -321,16 +369,34 @@ class StreamedRun:
             self.max_queue_length = max(self.max_queue_length, int(lengths.max()))
         self.series.queue(times_s, lengths)
 
-    def close(self, end_s: float, gaps: InterTokenGaps) -> None:
+    def gaps(self, gaps: InterTokenGaps, settled_s: float) -> None:
+        """Inter-token gaps (:class:`~llmsim.sim.request.InterTokenGaps`); those of tokens that appeared
+        after ``settled_s`` are held for the summary, which knows where its window ends."""
+        for end, gap, weight in gaps.chunks():
+            later = end > settled_s
+            if later.any():
+                self._pending_gaps.add(end[later], gap[later], weight[later])
+                end, gap, weight = end[~later], gap[~later], weight[~later]
+            # The part each token falls in: 0 before the warm-up ends, 1 up to the window's end, 2 after.
+            part = np.zeros(len(end), np.int64)
+            if self._gap_cuts:
+                warmup_s, window_s = self._gap_cuts
+                part += end >= warmup_s
+                part += end > window_s
+            for index, sketch in enumerate(self._gap_sketches):
+                mine = part == index
+                sketch.add(gap[mine], weight[mine])
+
+    def close(self, end_s: float) -> None:
         """The run ended at ``end_s``: iterations that ended after it are dropped (as a run kept whole
-        drops them); the inter-token gaps are kept for the summary."""
+        drops them)."""
         for rows in self._pending:
             end = rows[:, _COLUMN["start_s"]] + rows[:, _COLUMN["duration_s"]]
             self._add_iterations(rows[end <= end_s], end[end <= end_s])
         self._pending = []
         for writer in self.writers:
             writer.close()
-        self.gaps, self.end_s = gaps, end_s
+        self.end_s = end_s
 
     @staticmethod
     def _class_summary(group: _Requests, counts: dict[str, int], window: float) -> ClassSummary:
@@ -346,7 +412,8 @@ class StreamedRun:
         """The run's summary (``result``: the simulation's, its tables empty)."""
         scenario = result.scenario
         start, stop = measurement_window(result)
-        if stop - start <= 0 or len(self.parts) == 1:        # a degenerate window: measure the whole run
+        whole = stop - start <= 0 or len(self.parts) == 1
+        if whole:                                            # a degenerate window: measure the whole run
             start, stop = 0.0, max(result.end_s, 1e-12)
             groups, iterations = self.parts[0]
             for later_groups, later_iterations in self.parts[1:]:
@@ -359,10 +426,12 @@ class StreamedRun:
         overall = groups[None]
         counts = RequestCounts(arrived=self.arrived, not_arrived=int(result.planned_requests - self.arrived),
                                **self.counts, preemptions=int(result.preemptions))
-        if self.gaps is None:
+        if math.isnan(self.end_s):
             raise RuntimeError("a streamed run's summary is made after the run (close)")
         itl = QuantileSketch()
-        for end, gap, weight in self.gaps.chunks():
+        for part in self._gap_sketches if whole else self._gap_sketches[1:2]:
+            itl.merge(part)
+        for end, gap, weight in self._pending_gaps.chunks():
             inside = (end >= start) & (end <= stop)
             itl.add(gap[inside], weight[inside])
         latency = Latency(**{name: overall.distribution(name) for name in LATENCY_COLUMNS}, itl_s=sketched(itl))

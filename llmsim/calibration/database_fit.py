@@ -14,9 +14,10 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
 - prefill attention: ``floor + 4 d b (h s (s + 1) / 2 + (half h + kv_half h_kv) s) / (peak x efficiency)``:
   causal pairs, ``half`` more keys per query head standing for short sequences' idle units, and ``kv_half`` more
   per KV head (loading a KV head's keys and values per query tile: MHA pays it per query head, GQA once per group);
-- collectives (all-reduce, all-gather, reduce-scatter, all-to-all, the engine's custom all-reduce): per
-  group size the lesser of two alpha-beta lines over the bus traffic (``2 (g-1)/g`` of the message for an
-  all-reduce, ``(g-1)/g`` for the others), as NCCL picks the faster protocol;
+- collectives (all-reduce, all-gather, reduce-scatter, all-to-all): per group size the lesser of two alpha-beta
+  lines over the bus traffic (``2 (g-1)/g`` of the message for an all-reduce, ``(g-1)/g`` for the others), as
+  NCCL picks the faster protocol; the engine's custom all-reduce: its one-shot line below a fitted message size
+  and its two-shot line from there (:data:`CUSTOM_ALL_REDUCE`), as the engine switches kernels by size;
 - MoE grouped GEMM: ``floor + max(weight bytes of the experts touched / bandwidth, FLOPs / rate)``;
 - MLA (DeepSeek-V3's attention module): decode as above over the latent cache, prefill as above.
 
@@ -155,6 +156,57 @@ def _collective(traffic_share: float):
 COLLECTIVE_PARAMETERS = ("latency_s", "bus_share", "large_latency_s", "large_bus_share")
 ALL_REDUCE = Form("all_reduce", COLLECTIVE_PARAMETERS, (1e-5, 0.05, 3e-5, 0.8), _collective(2.0), (1e-3, 10, 1e-3, 10))
 COLLECTIVE = Form("collective", COLLECTIVE_PARAMETERS, (1e-5, 0.05, 3e-5, 0.8), _collective(1.0), (1e-3, 10, 1e-3, 10))
+
+
+def _switched_all_reduce(v, rows):
+    one_shot_latency, one_shot_share, two_shot_latency, two_shot_share, two_shot_from = v
+    g, message = rows["group"].to_numpy(), rows["bytes"].to_numpy()
+    traffic = 2.0 * (g - 1) / g * message
+    link = rows["link"].to_numpy()
+    return np.where(message < two_shot_from, one_shot_latency + traffic / (link * one_shot_share),
+                    two_shot_latency + traffic / (link * two_shot_share))
+
+
+MIN_LINE_SIZES = 4              # message sizes a line of a switched form stands on, at least
+
+
+@dataclass(frozen=True)
+class SwitchedForm(Form):
+    """Two lines (parameters 1-2 and 3-4) and the message size at which the kernel changes from the first to the
+    second (the last parameter): the size is fitted as the best of the points between measured sizes (the lines'
+    least squares at each), the one place the error is not smooth in it."""
+
+    def fit(self, rows: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[str, float]:
+        switch = self.parameters[-1]
+        sizes = np.sort(rows["bytes"].unique())
+        # Between every two measured sizes (geometric middle), and past the largest (one kernel throughout).
+        candidates = [*np.sqrt(sizes[1:] * sizes[:-1]), 2.0 * sizes[-1]]
+        measured = rows["measured_s"].to_numpy()
+        best: tuple[float, dict[str, float]] | None = None
+        for size in candidates:
+            below, above = (int(np.sum(sizes < size)), int(np.sum(sizes >= size)))
+            if below < MIN_LINE_SIZES or 0 < above < MIN_LINE_SIZES:
+                continue          # a line through fewer sizes would follow their noise
+            if above:
+                values = super().fit(rows, {switch: float(size)})
+            else:                 # one kernel throughout: the second line is the first
+                first = super().fit(rows, dict(zip(self.parameters[2:], (1.0, 1.0, float(size)))))
+                values = {**first, **dict(zip(self.parameters[2:4], (first[self.parameters[0]],
+                                                                      first[self.parameters[1]])))}
+            cost = float(np.sum(np.log(self(values, rows) / measured) ** 2))
+            if best is None or cost < best[0]:
+                best = (cost, values)
+        assert best is not None, "a custom all-reduce table of fewer than two sizes"
+        return best[1]
+
+
+# The engines' custom all-reduce switches kernels at a message size: vLLM's CustomAllreduce::allreduce
+# (csrc/custom_all_reduce.cuh) runs the one-shot kernel (every GPU reads every peer's whole message) on 2 GPUs
+# always, and on 4 below 512 KiB and 8 below 256 KiB, the two-shot one (reduce-scatter, then all-gather) above.
+# A threshold, not the faster of two lines: the one-shot line is cheaper right up to the switch.
+CUSTOM_ALL_REDUCE = SwitchedForm("custom_all_reduce", ("latency_s", "bus_share", "large_latency_s", "large_bus_share",
+                                                       "two_shot_from_bytes"),
+                                 (1e-5, 0.05, 3e-5, 0.8, 1.0), _switched_all_reduce, (1e-3, 10, 1e-3, 10, 1e15))
 
 
 def _moe(v, rows):

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from llmsim.calibration import database as db
-from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, DECODE_ATTENTION, DEVICE_COLUMNS, GEMM,
+from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE, DECODE_ATTENTION,
+                                             DEVICE_COLUMNS, GEMM,
                                              MLA_DECODE, MLA_PREFILL, MOE, PREFILL_ATTENTION, SMALL_MESSAGE_BYTES,
                                              Form, errors, held_out_split, summary, with_device)
 from llmsim.calibration.kernel_profile import calibrate_from_measurements
@@ -61,7 +62,7 @@ GROUPS = {g.name: g for g in (
     Group("decode_attention", DECODE_ATTENTION, "kv_tokens"),
     Group("decode_attention_fp8_kv", DECODE_ATTENTION, "kv_tokens"),
     Group("prefill_attention", PREFILL_ATTENTION, "tokens"),
-    Group("all_reduce", ALL_REDUCE, "bytes", True), Group("custom_all_reduce", ALL_REDUCE, "bytes", True),
+    Group("all_reduce", ALL_REDUCE, "bytes", True), Group("custom_all_reduce", CUSTOM_ALL_REDUCE, "bytes", True),
     Group("all_gather", COLLECTIVE, "bytes", True, False), Group("reduce_scatter", COLLECTIVE, "bytes", True, False),
     Group("all_to_all", COLLECTIVE, "bytes", True, False), Group("moe", MOE, "tokens", priced=False),
     Group("mla_decode", MLA_DECODE, "tokens", priced=False), Group("mla_prefill", MLA_PREFILL, "tokens", priced=False))}
@@ -189,8 +190,7 @@ def switch_over(custom: dict, nccl: dict, profile: HardwareProfile) -> dict[int,
     out = {}
     for count in sorted(set(custom) & set(nccl)):
         rows = with_device(pd.DataFrame({"group": count, "bytes": sizes}), profile)
-        faster = ALL_REDUCE.predict(np.array(list(custom[count].values())), rows) <= \
-            ALL_REDUCE.predict(np.array(list(nccl[count].values())), rows)
+        faster = CUSTOM_ALL_REDUCE(custom[count], rows) <= ALL_REDUCE(nccl[count], rows)
         out[count] = float(sizes[np.argmin(faster)] / 2) if not faster.all() else float(sizes[-1])
     return out
 
@@ -229,6 +229,10 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
         source = fit.citation("custom_all_reduce")
         out["custom_all_reduce"] = {
             count: {**_reduce_figures(v, link, source),
+                    "two_shot_from": figure(f"{v['two_shot_from_bytes'] / 1024:.6g} KiB",
+                                            f"{source}; the message size from which the engine runs its two-shot "
+                                            "kernel (the large-message line), fitted between the measured sizes",
+                                            "measured"),
                     "switch_over": figure(f"{fit.switch_over_bytes[count] / 1024:.6g} KiB",
                                           f"{source}; the largest message at which the fitted custom all-reduce is "
                                           "faster than the fitted NCCL all-reduce of the same GPU count", "measured")}

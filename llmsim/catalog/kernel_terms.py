@@ -14,7 +14,8 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
 - ``attention``: one launch floor per layer and iteration (optional), decode attention's fixed cost
   per sequence and layer and its KV read rate (optional; else the roofline's), and prefill
   attention's efficiency per backend, rising with the context a query sees;
-- ``custom_all_reduce`` (optional): the engine's own all-reduce per group size, the same two lines and the
+- ``custom_all_reduce`` (optional): the engine's own all-reduce per group size, its one-shot line below the size
+  at which it switches to its two-shot kernel (``two_shot_from``) and the two-shot line from there, and the
   message size up to which the engine uses it (``switch_over``); NCCL's ``all_reduce`` above it;
 - ``gemm.by_dtype`` (optional): a dtype's own GEMM figures (floor, bandwidth, rate, sharpness, growth, half
   tiles, and the bandwidth of the kernel that quantizes an 8-bit GEMM's input) where its kernels differ
@@ -80,10 +81,13 @@ class AllReduce:
 
 @dataclass(frozen=True)
 class CustomAllReduce:
-    """An engine's own all-reduce kernel (vLLM's, SGLang's, TensorRT-LLM's): the same two lines as NCCL's, used
-    for messages up to ``switch_over_bytes``; NCCL takes the larger ones."""
+    """An engine's own all-reduce kernel (vLLM's, SGLang's, TensorRT-LLM's), used for messages up to
+    ``switch_over_bytes`` (NCCL takes the larger ones): ``reduce``'s small-message line is its one-shot kernel,
+    below ``two_shot_from_bytes``, and the large-message line its two-shot kernel, from there (the engine
+    switches by size, not to the faster)."""
     reduce: AllReduce
     switch_over_bytes: float
+    two_shot_from_bytes: float
 
 
 @dataclass(frozen=True)
@@ -275,7 +279,7 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
                 AllReduce(figure(entry, "latency", "duration"), figure(entry, "bus_bandwidth", "bandwidth"),
                           figure(entry, "large_latency", "duration"),
                           figure(entry, "large_bus_bandwidth", "bandwidth")),
-                figure(entry, "switch_over", "bytes"))
+                figure(entry, "switch_over", "bytes"), figure(entry, "two_shot_from", "bytes"))
             entry.done()
         custom_node.done()
     by_dtype = {}

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from llmsim.catalog.kernel_terms import AllReduce, KernelTerms, StreamKernel
+from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms, StreamKernel
 from llmsim.catalog.models import ModelSpec
 
 
@@ -98,6 +98,16 @@ def all_reduce_time_s(message_bytes, group: int, reduce: AllReduce):
     traffic = 2.0 * (group - 1) / group * message_bytes
     return np.minimum(reduce.latency_s + traffic / reduce.bus_bandwidth_bytes_per_s,
                       reduce.large_latency_s + traffic / reduce.large_bus_bandwidth_bytes_per_s)
+
+
+def custom_all_reduce_time_s(message_bytes, group: int, custom: CustomAllReduce):
+    """One all-reduce of the engine's own kernel: its one-shot line below ``two_shot_from_bytes``, its two-shot
+    line from there (each over the bus traffic of :func:`all_reduce_time_s`)."""
+    traffic = 2.0 * (group - 1) / group * message_bytes
+    reduce = custom.reduce
+    return np.where(message_bytes < custom.two_shot_from_bytes,
+                    reduce.latency_s + traffic / reduce.bus_bandwidth_bytes_per_s,
+                    reduce.large_latency_s + traffic / reduce.large_bus_bandwidth_bytes_per_s)
 
 
 class GemmShape(NamedTuple):

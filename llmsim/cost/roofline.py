@@ -35,8 +35,9 @@ from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import F, FEATURES, batch_features
-from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, elementwise_layer_terms, gemm_body_s,
-                                 gemm_output_tiles, gemm_scalar_body_s, layer_gemm_shapes)
+from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, all_reduce_time_s, custom_all_reduce_time_s,
+                                 elementwise_layer_terms, gemm_body_s, gemm_output_tiles, gemm_scalar_body_s,
+                                 layer_gemm_shapes)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -419,7 +420,7 @@ class CostModel:
         custom = self._custom_all_reduce
         if custom is not None:
             # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose).
-            once = np.where(message <= custom.switch_over_bytes, all_reduce_time_s(message, self.tp, custom.reduce),
+            once = np.where(message <= custom.switch_over_bytes, custom_all_reduce_time_s(message, self.tp, custom),
                             once)
         return 2 * self.model.num_layers * iterations * once
 

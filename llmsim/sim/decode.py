@@ -43,6 +43,7 @@ import numpy as np
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
 NEVER = sys.maxsize                 # a decode step no sequence reaches
+STEP_ARRAY = 1024                   # decode steps the per-step arrays hold at first
 
 
 class StepPrice(NamedTuple):
@@ -151,15 +152,19 @@ class EventDecodeSet(DecodeSet):
         self._offset_sum = 0                        # sum of (context_start - decode_start) over those
         self._all_offset_sum = 0                    # and over every decoding sequence (global layers)
         self._joined = 0                            # sequences whose first decode step is the next one
-        self._step_end_s = np.zeros(1024)           # end time of every decode step
-        self._step_gap_s = np.zeros(1024)           # and the time since the decode step before it
+        # From decode step _first_step on (the steps before were handed to the engine's gaps): the end
+        # time of every decode step and the time since the decode step before it.
+        self._first_step = 0
+        self._step_end_s = np.zeros(STEP_ARRAY)
+        self._step_gap_s = np.zeros(STEP_ARRAY)
         self._views()
         # The steps whose gap is longer than every later step's, in order, and those gaps: the longest
         # gap from any step on is the first of them at or after it (a sequence that ends looks up its
         # longest inter-token gap there instead of reading back through every step it decoded).
         self._longest_from_step: list[int] = []
         self._longest_from_gap_s: list[float] = []
-        self._continuing = array("q")              # per decode step: sequences that also decoded the step before
+        self._continuing = array("q")              # per decode step from _first_step: sequences that also
+                                                    # decoded the step before
 
     def _views(self) -> None:
         """Memoryviews of the step arrays: an element read or written through one costs less than numpy's
@@ -223,14 +228,13 @@ class EventDecodeSet(DecodeSet):
         """One token for every decoding sequence: finish those due, saturate sliding windows."""
         n = self.n
         step = self.step
-        if step >= len(self._step_end_s):
-            self._step_end_s = np.concatenate([self._step_end_s, np.zeros(len(self._step_end_s))])
-            self._step_gap_s = np.concatenate([self._step_gap_s, np.zeros(len(self._step_gap_s))])
-            self._views()
+        at = step - self._first_step
+        if at >= len(self._step_end_s):
+            at = self._make_room()
         ends = self._step_end_w
-        ends[step] = now
+        ends[at] = now
         if step:
-            self._step_gap_w[step] = gap = now - ends[step - 1]
+            self._step_gap_w[at] = gap = now - ends[at - 1]
             steps, gaps = self._longest_from_step, self._longest_from_gap_s
             while gaps and gaps[-1] <= gap:
                 gaps.pop()
@@ -311,21 +315,58 @@ class EventDecodeSet(DecodeSet):
         if start == self.step:
             self._joined -= 1                        # left before its first decode step
         if done:
-            ends, engine = self._step_end_w, self.engine
-            first = ends[start] - request.last_token_s
-            engine.first_gap_end_s.append(ends[start])
+            ends, engine, first_step = self._step_end_w, self.engine, self._first_step
+            first_end = ends[start - first_step]
+            first = first_end - request.last_token_s
+            engine.first_gap_end_s.append(first_end)
             engine.first_gap_s.append(first)
             # The longest gap after the first, over steps start + 1 .. step - 1 (the last step taken).
             longest = self._longest_from_gap_s[bisect_left(self._longest_from_step, start + 1)] if done > 1 else 0.0
             request.max_itl_s = max(request.max_itl_s, first, longest)
-            request.last_token_s = ends[step - 1]
+            request.last_token_s = ends[step - 1 - first_step]
+
+    def _decoding(self):
+        """The requests in this set (admitted, running, their prompt complete)."""
+        engine = self.engine
+        return (request for request in engine.running.values()
+                if request.status is RUNNING and request not in engine.prefilling and request.decode_start >= 0)
+
+    def _make_room(self) -> int:
+        """The step arrays are full: hand the gaps of the steps no decoding sequence reads again (before
+        the oldest one's first step, and before the last step, which the next gap reads) to the
+        engine's ``gaps`` and drop them, doubling the arrays where more than half of them is still
+        needed. Returns the current step's place in them."""
+        step = self.step
+        keep = min([request.decode_start for request in self._decoding()], default=step)
+        keep = max(min(keep, step - 1), 0)
+        if keep < self._first_step:                  # a sequence decoding from a step already dropped
+            raise RuntimeError(f"decode step {keep} is read after the steps before {self._first_step} were dropped")
+        self._hand_over(keep, self.engine.gaps)
+        drop = keep - self._first_step
+        kept = step - keep
+        ends, gaps = self._step_end_s, self._step_gap_s
+        if 2 * kept > len(ends):
+            self._step_end_s, self._step_gap_s = np.zeros(2 * len(ends)), np.zeros(2 * len(ends))
+        self._step_end_s[:kept] = ends[drop:drop + kept]
+        self._step_gap_s[:kept] = gaps[drop:drop + kept]
+        self._views()
+        del self._continuing[:drop]
+        self._first_step = keep
+        # Suffix maxima from a step no sequence starts after (so none looks up) go too.
+        stale = bisect_left(self._longest_from_step, keep + 1)
+        del self._longest_from_step[:stale], self._longest_from_gap_s[:stale]
+        return kept
+
+    def _hand_over(self, until: int, gaps: InterTokenGaps) -> None:
+        """Add the gaps of the steps held before step ``until`` to ``gaps`` (the first step has none)."""
+        first_step = self._first_step
+        start = max(first_step, 1) - first_step
+        stop = until - first_step
+        if stop > start:
+            gaps.add(self._step_end_s[start:stop].copy(), self._step_gap_s[start:stop].copy(),
+                     np.frombuffer(self._continuing, np.int64)[start:stop].astype(float))
 
     def close(self, gaps: InterTokenGaps) -> None:
-        engine = self.engine
-        for request in engine.running.values():
-            if request.status is RUNNING and request not in engine.prefilling and request.decode_start >= 0:
-                request.generated += self.step - request.decode_start
-        steps = len(self._continuing)
-        if steps > 1:
-            gaps.add(self._step_end_s[1:steps], self._step_gap_s[1:steps],
-                     np.frombuffer(self._continuing, np.int64)[1:])
+        for request in self._decoding():
+            request.generated += self.step - request.decode_start
+        self._hand_over(self.step, gaps)

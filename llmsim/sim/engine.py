@@ -114,6 +114,12 @@ class EngineProcess:
         self._idle = False                          # waiting for notify()
         self._schedule, self._wake = scheduler(env), self._resume      # bound once: used at nearly every step
 
+    def take_gaps(self) -> InterTokenGaps:
+        """The inter-token gaps handed to ``gaps`` so far, taken out of it (a run streamed to disk
+        sums them as it goes; the rest come at :meth:`close`)."""
+        taken, self.gaps = self.gaps, InterTokenGaps()
+        return taken
+
     def start(self) -> None:
         """Start the engine at the current time, before the events already scheduled for it, as
         SimPy starts a process."""
@@ -256,7 +262,7 @@ class Engine(EngineProcess):
     tokens have appeared; with none the loop does not look at them.
     ``first_gap_end_s`` / ``first_gap_s`` collect, for the first token of every decode run
     after the first, when it appeared and its gap since the token before (the decode sets
-    and recomputed prompts write them; ``close`` hands them to ``gaps``).
+    and recomputed prompts write them; ``close`` and ``take_gaps`` hand them to ``gaps``).
     """
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
@@ -333,8 +339,16 @@ class Engine(EngineProcess):
         """End of the run: bring unfinished requests' token counts up to date and hand the
         inter-token gaps to ``self.gaps`` (call once)."""
         self.decode.close(self.gaps)
+        self._hand_over_first_gaps()
+
+    def take_gaps(self) -> InterTokenGaps:
+        self._hand_over_first_gaps()
+        return super().take_gaps()
+
+    def _hand_over_first_gaps(self) -> None:
         self.gaps.add(np.frombuffer(self.first_gap_end_s), np.frombuffer(self.first_gap_s),
                       np.broadcast_to(1.0, len(self.first_gap_s)))
+        self.first_gap_end_s, self.first_gap_s = array("d"), array("d")
 
     # -- one iteration ----------------------------------------------------------------------------
     def schedule(self) -> Iteration | None:

@@ -296,11 +296,15 @@ class Arrivals:
 
 
 def horizon_for(scenario: Scenario, trace: Trace) -> tuple[float, float]:
-    """(arrival window, horizon): the horizon defaults to twice the window and at least 60 s past it,
+    """(arrival window, horizon): the window is the last arrival, or the workload's duration when that ended
+    the arrivals; the horizon defaults to twice the window and at least 60 s past it,
     or longer where the requests bring more work than that serves (:mod:`llmsim.sim.horizon`)."""
     window = float(trace.arrival_s[-1]) if len(trace) else 0.0
-    if scenario.workload.duration_s is not None:
-        window = max(window, scenario.workload.duration_s)
+    workload = scenario.workload
+    # A duration bounds the window, unless the request count ended the arrivals first (``run --requests N``
+    # on a day-long scenario measures the N requests' span, not the day).
+    if workload.duration_s is not None and (workload.num_requests is None or len(trace) < workload.num_requests):
+        window = max(window, workload.duration_s)
     horizon = scenario.simulation.horizon_s
     if horizon is None:
         horizon = default_horizon_s(scenario, window, len(trace), float(np.mean(trace.prompt_tokens)) if len(trace)
@@ -329,7 +333,9 @@ class RunStream(Protocol):
 
     def queue(self, times_s: np.ndarray, lengths: np.ndarray) -> None: ...
 
-    def close(self, end_s: float, gaps: InterTokenGaps) -> None: ...
+    def gaps(self, gaps: InterTokenGaps, settled_s: float) -> None: ...
+
+    def close(self, end_s: float) -> None: ...
 
 
 def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = (),
@@ -464,7 +470,8 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
     gaps = InterTokenGaps()
     for engine in engines:
         engine.close()
-        gaps.merge(engine.gaps)
+        if stream is None:
+            gaps.merge(engine.gaps)
     router.write_in_system()
     queues = list({id(e.queue): e.queue for e in engines}.values())
     kv_caches = list({id(e.kv): e.kv for e in engines}.values())
@@ -474,10 +481,10 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         for engine in engines:
             for rows in engine.log.take_chunks():
                 stream.iterations(rows, end_s)
+            stream.gaps(engine.take_gaps(), env.now)
         for queue in queues:
             stream.queue(*queue.length.take_log())
-        stream.close(end_s, gaps)
-        gaps = InterTokenGaps()
+        stream.close(end_s)
         requests, iterations, queue_length = pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
     else:
         requests, iterations = _records(records, router.arrived, scenario), _iterations(engines, end_s)
@@ -564,11 +571,13 @@ def _disaggregated(scenario: Scenario, env: simpy.Environment, records: RequestR
 
 
 def _drain(env: simpy.Environment, engines: list[Engine], stream: RunStream) -> None:
-    """Hand the engines' full iteration-log chunks and the queues' change logs to ``stream`` (rows
-    that end after ``env.now`` may be dropped at the end: it holds them until then)."""
+    """Hand the engines' full iteration-log chunks, the inter-token gaps they handed over so far and
+    the queues' change logs to ``stream`` (rows and gaps that end after ``env.now`` may fall outside
+    what the summary measures: it holds them until then)."""
     for engine in engines:
         for rows in engine.log.take_full():
             stream.iterations(rows, env.now)
+        stream.gaps(engine.take_gaps(), env.now)
     for queue in {id(e.queue): e.queue for e in engines}.values():
         stream.queue(*queue.length.take_log())
 

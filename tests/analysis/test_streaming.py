@@ -9,10 +9,12 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from llmsim.analysis.metrics import summarize
 from llmsim.analysis.sketch import RELATIVE_ACCURACY, QuantileSketch
-from llmsim.analysis.streaming import StreamedRun
+from llmsim.analysis.streaming import StreamedRun, csv_text
 from llmsim.analysis.summary import PERCENTILES, flatten
 from llmsim.cli import run as run_command
 from llmsim.cli.main import main
@@ -191,3 +193,46 @@ def test_llmsim_run_refuses_what_a_streamed_run_cannot_write(tmp_path, monkeypat
     assert main(["run", str(path), "--out", str(tmp_path / "out"), "--iterations"]) == 2
     assert "--iterations" in capsys.readouterr().err
     assert not (tmp_path / "out" / "requests.csv").exists()
+
+
+def test_a_streamed_run_takes_every_inter_token_gap_once_and_most_before_it_ends(monkeypatch):
+    """The engines hand their gaps over as the run goes (the stream folds them into sketches), so the
+    run does not keep a gap per decode step to its end: every token's gap arrives exactly once (the
+    weights sum to the run kept whole's), and most of them before the last records chunk is written."""
+    scenario = make_scenario(CASES["plain"])
+    kept = simulate(scenario)
+    frames = Frames()
+    stream = StreamedRun([frames], chunk_rows=97, bin_s=5.0)
+    received: list[tuple[int, float]] = []           # (records chunks written so far, tokens' gaps taken)
+    take = StreamedRun.gaps
+
+    def gaps(self, gaps, settled_s):
+        received.append((len(frames.frames), sum(float(weight.sum()) for _, _, weight in gaps.chunks())))
+        take(self, gaps, settled_s)
+
+    monkeypatch.setattr(StreamedRun, "gaps", gaps)
+    simulate(scenario, stream=stream)
+    total = sum(float(weight.sum()) for _, _, weight in kept.inter_token_gaps.chunks())
+    assert sum(tokens for _, tokens in received) == total
+    chunks = len(frames.frames)
+    assert chunks > 5
+    assert sum(tokens for written, tokens in received if written < chunks - 1) > 0.5 * total
+
+
+_FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                    st.sampled_from([0.0, -0.0, 1e16, 9.999999999999998e15, 1e-4, 9.99e-5, 5e-324]))
+_TEXTS = st.one_of(st.none(), st.sampled_from(["finished", "timeout", ""]), st.text(max_size=6))
+
+
+@settings(max_examples=60, derandomize=True, database=None, deadline=None)
+@given(st.integers(0, 12).flatmap(lambda rows: st.tuples(
+    st.lists(_FLOATS, min_size=rows, max_size=rows), st.lists(st.integers(-2**63, 2**63 - 1), min_size=rows,
+                                                              max_size=rows),
+    st.lists(st.booleans(), min_size=rows, max_size=rows), st.lists(_TEXTS, min_size=rows, max_size=rows))),
+    st.booleans(), st.booleans())
+def test_records_csv_text_is_what_pandas_writes(columns, header, string_dtype):
+    floats, ints, flags, texts = columns
+    status = pd.array(texts, dtype="string") if string_dtype else pd.Series(texts, dtype=object)
+    frame = pd.DataFrame({"finish_s": np.array(floats, float), "id": np.array(ints, np.int64),
+                          "meets_slo": np.array(flags, bool), "status": status})
+    assert csv_text(frame, header) == frame.to_csv(index=False, header=header)

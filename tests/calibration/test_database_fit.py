@@ -13,12 +13,12 @@ import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.calibration import database as db
-from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, DECODE_ATTENTION, GEMM, PREFILL_ATTENTION,
-                                             errors, held_out_split, summary, with_device)
+from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE, DECODE_ATTENTION, GEMM,
+                                             PREFILL_ATTENTION, errors, held_out_split, summary, with_device)
 from llmsim.catalog.kernel_terms import EngineKernels
 from llmsim.cli.main import main
 from llmsim.cost.features import F
-from llmsim.cost.kernels import all_reduce_time_s
+from llmsim.cost.kernels import all_reduce_time_s, custom_all_reduce_time_s
 from llmsim.errors import ConfigError
 
 from tests.helpers import REPO, make_scenario
@@ -80,7 +80,7 @@ def _rows(excerpt, h100, reader, operator, framework, table, *args):
     (PREFILL_ATTENTION, db.prefill_attention_rows, "attention", "vllm", "context_attention_perf", (), "tokens", 0.15),
     (ALL_REDUCE, db.collective_rows, "comm", "nccl", "nccl_perf", ("all_reduce",), "bytes", 0.10),
     (COLLECTIVE, db.collective_rows, "comm", "nccl", "nccl_perf", ("alltoall",), "bytes", 0.15),
-    (ALL_REDUCE, db.custom_all_reduce_rows, "comm", "vllm", "custom_allreduce_perf", (), "bytes", 0.10),
+    (CUSTOM_ALL_REDUCE, db.custom_all_reduce_rows, "comm", "vllm", "custom_allreduce_perf", (), "bytes", 0.10),
 ])
 def test_each_form_predicts_measured_rows_it_was_not_fitted_to(excerpt, h100, form, reader, operator, framework,
                                                               table, args, split, mape):
@@ -89,7 +89,7 @@ def test_each_form_predicts_measured_rows_it_was_not_fitted_to(excerpt, h100, fo
     rows = _rows(excerpt, h100, reader, operator, framework, table, *args)
     if "dtype" in rows:
         rows = rows[rows["dtype"] == "bf16"]
-    groups = rows.groupby("group") if form in (ALL_REDUCE, COLLECTIVE) else [(None, rows)]
+    groups = rows.groupby("group") if form in (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE) else [(None, rows)]
     signed = []
     for _, part in groups:
         fitted, held = held_out_split(part.reset_index(drop=True), split)
@@ -116,7 +116,7 @@ def test_the_shipped_custom_all_reduce_predicts_an_older_vllm(excerpt, h100):
     for group, part in rows.groupby("group"):
         custom = h100.kernels.custom_all_reduce_for(int(group))
         part = part[part["bytes"] <= custom.switch_over_bytes]
-        predicted = all_reduce_time_s(part["bytes"].to_numpy(), int(group), custom.reduce)
+        predicted = custom_all_reduce_time_s(part["bytes"].to_numpy(), int(group), custom)
         signed = predicted / part["measured_s"].to_numpy() - 1
         assert np.mean(np.abs(signed)) <= 0.15, (group, summary(signed))
 
@@ -131,8 +131,9 @@ def test_small_all_reduces_take_the_engines_kernel_and_large_ones_nccl(h100):
         message = rows * model.hidden_size * 2.0
         x = np.zeros(len(F))
         x[F["one"]], x[F["tokens"]] = 1, rows
-        line = custom.reduce if message <= custom.switch_over_bytes else nccl
-        expected = 2 * model.num_layers * all_reduce_time_s(message, 8, line)
+        once = (custom_all_reduce_time_s(message, 8, custom) if message <= custom.switch_over_bytes
+                else all_reduce_time_s(message, 8, nccl))
+        expected = 2 * model.num_layers * once
         assert float(cost._all_reduce_time(x)) == pytest.approx(float(expected))
     assert custom.switch_over_bytes >= 64 * model.hidden_size * 2.0
 

@@ -36,3 +36,24 @@ def test_a_set_horizon_is_kept():
     scenario = make_scenario({**OFFLINE, "simulation": {"horizon": "30 s"}})
     result = simulate(scenario)
     assert result.stopped_by == StopReason.HORIZON and result.end_s == 30.0
+
+
+def test_a_request_count_that_ends_the_arrivals_before_the_duration_sets_the_window():
+    """``run --requests N`` on a long scenario: N requests at 10/s arrive over about N / 10 s, and the
+    figures are over that span (offered rate about 10/s), not the scenario's hour (offered 300 / 3,600 s)."""
+    from llmsim.analysis.metrics import summarize
+    from llmsim.sim.simulate import horizon_for
+    from llmsim.workload.generate import generate_trace
+
+    capped = make_scenario({"workload": {"num_requests": 300, "duration": "1 h", "arrival": {"rate": 10}}})
+    trace = generate_trace(capped.workload, capped.seed)
+    assert len(trace) == 300
+    window, _ = horizon_for(capped, trace)
+    assert window == float(trace.arrival_s[-1]) < 60.0
+    offered = summarize(simulate(capped)).to_dict()["throughput"]["offered_requests_per_s"]
+    # 270 arrivals in the window after a 10% warm-up: Poisson, so within 3 standard errors of 10/s
+    assert abs(offered - 10.0) < 3 * 10.0 / 270 ** 0.5
+    # a duration that ends the arrivals first still sets the window
+    timed = make_scenario({"workload": {"num_requests": None, "duration": "20 s", "arrival": {"rate": 10}}})
+    assert timed.workload.num_requests is None
+    assert horizon_for(timed, generate_trace(timed.workload, timed.seed))[0] == 20.0

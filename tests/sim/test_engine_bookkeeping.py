@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 
+from llmsim.sim import decode as decode_module
 from tests.helpers import make_scenario, simulate_checked
 
 
@@ -70,3 +71,28 @@ def test_longest_inter_token_gap_matches_the_token_times_rebuilt_from_the_iterat
         times = np.concatenate([[request.first_token_s], decoded])
         assert len(times) == request.output_tokens
         assert request.max_itl_s == (np.diff(times).max() if len(times) > 1 else 0.0)
+
+
+def test_dropping_the_decode_steps_no_sequence_reads_changes_no_record_or_gap(monkeypatch):
+    """The decode set hands the gaps of steps before the oldest decoding sequence's first one to the
+    engine and drops them when its step arrays fill. Started tiny (they fill every few steps, while
+    sequences are preempted and recomputed), it gives the records and inter-token gaps of a set that
+    never drops a step, and holds no more steps than a few times the longest decode run."""
+    scenario = make_scenario({"engine": {"memory_utilization": 0.25, "max_model_len": 8192},
+                              "workload": {"arrival": {"rate": 30.0}, "num_requests": 600}})
+    monkeypatch.setattr(decode_module, "STEP_ARRAY", 1 << 22)
+    kept = simulate_checked(scenario)
+    held = {"steps": 0}
+
+    def watch(engine, iteration):
+        held["steps"] = max(held["steps"], len(engine.decode._step_end_s), len(engine.decode._continuing))
+
+    monkeypatch.setattr(decode_module, "STEP_ARRAY", 2)
+    dropped = simulate_checked(scenario, observers=[watch])
+    assert kept.preemptions > 0 and len(kept.iterations) > 1000
+    assert dropped.requests.to_csv(index=False) == kept.requests.to_csv(index=False)
+    start, stop = 0.0, kept.end_s
+    for a, b in zip(dropped.inter_token_gaps.in_window(start, stop), kept.inter_token_gaps.in_window(start, stop)):
+        np.testing.assert_array_equal(a, b)
+    longest_run = int(kept.requests["output_tokens"].max()) + 1
+    assert held["steps"] <= 4 * longest_run
