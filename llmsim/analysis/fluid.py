@@ -364,21 +364,26 @@ class FluidModel:
         The draft runs as many sequential steps as the largest k in the batch: with B
         sequences drawing k independently, E[max k] = sum_j (1 - P(k <= j)^B).
         """
-        load = load[..., None]
-        verify = self.cost.iteration(self._rows(load * work.decode + prefill, self.cost))[0]
+        verify = self.cost.iteration(self._rows(load[..., None] * work.decode + prefill, self.cost))[0]
         if work.draft is None:
             return verify
         draft_cost = self.draft_cost
         assert draft_cost is not None           # work.draft exists only with a draft cost model (_work)
-        batch = np.maximum(load[..., 0] * work.decode_steps, 1.0)
+        # The draft's step count and its decode rows depend on the load alone, which takes a few values
+        # across the grid of prefill a step carries (one per rate): each is priced once, element for element
+        # the same arithmetic, and spread back over the grid.
+        # (Shaped (values, 1): a batch of rows, priced as the grid's are, not one by one.)
+        loads, at = np.unique(load, return_inverse=True)
+        loads, at = loads[:, None], at.reshape(load.shape)
+        batch = np.maximum(loads * work.decode_steps, 1.0)
         steps = (1.0 - work.k_cdf[:-1] ** batch[..., None]).sum(axis=-1)
         steps = np.maximum(steps, 1.0)
-        per = load * work.draft / steps[..., None]
+        per = loads[..., None] * work.draft / steps[..., None]
         if self.draft_once:
-            draft = self._draft_once(self._rows(per, draft_cost))
+            draft = self._draft_once(self._rows(per, draft_cost))[at, 0]
         else:
-            first = draft_cost.iteration(self._rows(per + prefill, draft_cost))[0]
-            draft = first + draft_cost.iteration(self._rows(per, draft_cost))[0] * (steps - 1)
+            first = draft_cost.iteration(self._rows(per[at, 0] + prefill, draft_cost))[0]
+            draft = first + (draft_cost.iteration(self._rows(per, draft_cost))[0] * (steps - 1))[at, 0]
         return np.maximum(verify, draft) + self.handoff_s if self.separate else verify + draft
 
     def _draft_once(self, rows: np.ndarray) -> np.ndarray:

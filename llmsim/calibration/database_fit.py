@@ -10,7 +10,11 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
 - decode attention: ``floor + max(b (per_sequence + h_kv x per_kv_head) + FLOPs / rate, bytes / bandwidth)``
   with ``b`` sequences of ``s`` cached tokens, ``4 h d b s`` FLOPs and ``b (s + 1) 2 h_kv d e + b 2 h d 2``
   bytes (KV read and written at ``e`` bytes per element, query in and output out), as the cost model's
-  decode-attention row; fitted per KV-cache dtype (an FP8 cache runs other kernels);
+  decode-attention row; fitted per KV-cache dtype (an FP8 cache runs other kernels). The FP8 cache's fit
+  (:data:`DECODE_ATTENTION_OCCUPIED`) reads the cache at ``blocks / (blocks + half_blocks)`` of its rate, ``blocks``
+  the kernel's thread blocks (``b h_kv``): the few blocks of a short batch leave SMs idle, and one line through
+  them and a serving batch's thousands read the cache too slowly for the latter; the cost model prices the full rate
+  (its features sum a batch; a serving step runs hundreds of blocks, where the factor is within 1% of 1);
 - prefill attention: ``floor + 4 d b (h s (s + 1) / 2 + (half h + kv_half h_kv) s) / (peak x efficiency)``:
   causal pairs, ``half`` more keys per query head standing for short sequences' idle units, and ``kv_half`` more
   per KV head (loading a KV head's keys and values per query tile: MHA pays it per query head, GQA once per group);
@@ -127,6 +131,22 @@ def _decode(v, rows):
 DECODE_ATTENTION = Form("decode_attention", ("floor_s", "per_sequence_s", "per_kv_head_s", "bandwidth_share",
                                              "rate_share"), (1e-5, 2e-8, 2e-8, 0.8, 0.3), _decode,
                         (1e-3, 1e-4, 1e-4, 1.0, 1.0))
+
+
+def _decode_occupied(v, rows):
+    *line, half_blocks = v
+    # A decode kernel runs one thread block per (sequence, KV head): with few of them the GPU's SMs stand idle and the
+    # cache streams at blocks / (blocks + half_blocks) of the full read rate (TensorRT-LLM's XQA kernels reach it from
+    # tens of blocks, what any serving batch has).
+    blocks = rows["batch"].to_numpy() * rows["kv_heads"].to_numpy()
+    floor, per_sequence, per_kv_head, bandwidth_share, rate_share = line
+    occupied = rows["hbm"] * bandwidth_share * blocks / (blocks + half_blocks)
+    return _decode(np.array([floor, per_sequence, per_kv_head, 1.0, rate_share]), rows.assign(hbm=occupied))
+
+
+DECODE_ATTENTION_OCCUPIED = Form("decode_attention_occupied", (*DECODE_ATTENTION.parameters, "half_blocks"),
+                                 (*DECODE_ATTENTION.start, 4.0), _decode_occupied,
+                                 (*(DECODE_ATTENTION.upper or ()), 1e4))
 
 
 def _prefill(v, rows):

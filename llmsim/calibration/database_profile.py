@@ -20,9 +20,9 @@ import pandas as pd
 
 from llmsim.calibration import database as db
 from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE, DECODE_ATTENTION,
-                                             DEVICE_COLUMNS, GEMM,
-                                             MLA_DECODE, MLA_PREFILL, MOE, PREFILL_ATTENTION, SMALL_MESSAGE_BYTES,
-                                             Form, errors, held_out_split, summary, with_device)
+                                             DECODE_ATTENTION_OCCUPIED, DEVICE_COLUMNS, GEMM, MLA_DECODE, MLA_PREFILL,
+                                             MOE, PREFILL_ATTENTION, SMALL_MESSAGE_BYTES, Form, errors, held_out_split,
+                                             summary, with_device)
 from llmsim.calibration.kernel_profile import calibrate_from_measurements
 from llmsim.calibration.operators import read_measurements
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
@@ -60,7 +60,7 @@ class Group:
 GROUPS = {g.name: g for g in (
     Group("gemm_bf16", GEMM, "n"), Group("gemm_fp8", GEMM, "n"), Group("gemm_fp8_block", GEMM, "n"),
     Group("decode_attention", DECODE_ATTENTION, "kv_tokens"),
-    Group("decode_attention_fp8_kv", DECODE_ATTENTION, "kv_tokens"),
+    Group("decode_attention_fp8_kv", DECODE_ATTENTION_OCCUPIED, "kv_tokens"),
     Group("prefill_attention", PREFILL_ATTENTION, "tokens"),
     Group("all_reduce", ALL_REDUCE, "bytes", True), Group("custom_all_reduce", CUSTOM_ALL_REDUCE, "bytes", True),
     Group("all_gather", COLLECTIVE, "bytes", True, False), Group("reduce_scatter", COLLECTIVE, "bytes", True, False),

@@ -312,6 +312,23 @@ class CostModel:
             time_s += layers_s + head_s
         return time_s, flops, moved
 
+    @property
+    def dense(self) -> bool:
+        """Whether every token runs the same weights (no experts to count)."""
+        return self._experts_touched is None
+
+    def compiled_terms(self) -> tuple[np.ndarray, int, np.ndarray, list[np.ndarray]]:
+        """What compiled callers price a step by as :meth:`step` and :meth:`rows_total` do: the stacked
+        matrix, the operator count, the feature row :meth:`step` fills and the list of the non-linear
+        terms' tables (layers by tokens, LM head by logit rows; its items are replaced as the tables
+        grow, so read them at each call)."""
+        return self._stacked, self._n_ops, self._x, self._tables
+
+    def tabulate_last_step(self) -> bool:
+        """Put the non-linear terms of the row last priced in the feature row of :meth:`compiled_terms`
+        into the tables; False when they cannot hold it."""
+        return self._tabulate(self._x[None])
+
     def rows_total(self, rows: np.ndarray) -> tuple[float, float, float]:
         """(time_s, FLOPs, bytes) of a few iterations ``rows`` (shape (n, 9)) together: :meth:`iteration`
         of the rows summed by ``np.add.reduce``, to the last bit (a speculative step's draft rows), in

@@ -38,17 +38,19 @@ from functools import partial
 import numpy as np
 
 from llmsim.cost.features import FEATURES, batch_rows, sequential_decode_rows, speculative_step_sums, visible
-from llmsim.cost.roofline import CostModel, summed_iteration
+from llmsim.cost.roofline import FEW_ROWS, CostModel, summed_iteration
 from llmsim.sim.decode import DecodeSet, StepPrice, new_price
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
 from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, close_row, eligible_rows,
-                                            open_row, reserve_blocks, tree_extras)
+                                            open_row, price_step, reserve_blocks, tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
 
 
+_NO_ROWS = np.zeros((0, 0))
+_NO_TABLE = np.zeros(0)
 _STEP_COLUMNS = (("eligible", bool), ("speculated", bool), ("finished_rows", np.int64))   # this step's: not moved
 
 
@@ -182,6 +184,13 @@ class SpeculativeDecodeSet(DecodeSet):
         self._runs_used = 0
         self._step_ends_s = array("d")
         self._burst_tokens = array("q")
+        # A step's sums and prices in one compiled call (price_step) for a dense target; a draft model's
+        # rows priced in it too, Medusa heads' and n-gram lookups' outside.
+        target = engine.cost
+        self._target_terms = (target.compiled_terms() if isinstance(target, CostModel) and target.dense
+                              and self._draft_rows.shape[0] <= FEW_ROWS else None)
+        self._draft_terms = (draft_cost.compiled_terms() if isinstance(draft_cost, CostModel)
+                             else (_NO_ROWS, -1, _NO_TABLE, [_NO_TABLE, _NO_TABLE]))
 
     # -- joining and leaving ------------------------------------------------------------------------
     def start(self, request: Request) -> None:
@@ -265,6 +274,42 @@ class SpeculativeDecodeSet(DecodeSet):
 
     # -- a step: price it -----------------------------------------------------------------------
     def price(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits) -> StepPrice:
+        if self._target_terms is None:
+            return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits)
+        n = self.n if decoding else 0
+        s = self.slots
+        stacked, n_ops, x, tables = self._target_terms
+        draft_stacked, draft_n_ops, _, draft_tables = self._draft_terms
+        for _ in range(2):
+            n_spec, proposed, draft_steps, duration, flops, moved, draft_s, draft_flops, draft_bytes = price_step(
+                n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv,
+                bool(chunks), logits, self._local_share, self._branching, self._sequential, stacked, n_ops, x,
+                tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0], draft_tables[1])
+            if duration == duration:
+                break
+            if not self.engine.cost.tabulate_last_step():
+                return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits)
+        else:
+            return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits)
+        if n:
+            self._count_blocked(n, n_spec)
+        accepted = 0
+        if proposed:
+            accepted = self._draw(s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
+        elif n:
+            s.accepted[:n] = 0
+        if draft_steps:
+            if draft_s != draft_s:
+                draft_s, draft_flops, draft_bytes = self._draft_total(self._draft_rows[:draft_steps])
+            flops, moved = flops + draft_flops, moved + draft_bytes
+            duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
+        else:
+            draft_s = 0.0
+        return new_price((duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s))
+
+    def _price_in_steps(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits) -> StepPrice:
+        """:meth:`price` by separate calls: the step's sums, the target's :meth:`~llmsim.cost.roofline.CostModel.step`
+        (any target, an MoE one included) and the draft's price."""
         n = self.n if decoding else 0
         s = self.slots
         # The verify chunks' tokens (each gives logits), pairs and KV read; the draft's rows.

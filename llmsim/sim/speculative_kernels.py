@@ -14,8 +14,10 @@ runs do not depend on whether it is compiled. Compiled code is cached next to th
 from __future__ import annotations
 
 import numba
+import numpy as np
 
-from llmsim.cost.features import DRAFT_ROW_COLUMNS, seen_by_layers
+from llmsim.cost.features import DRAFT_ROW_COLUMNS, seen_by_layers, speculative_step_sums
+from llmsim.cost.roofline import FEW_ROWS, _linear_step, _rows_total
 
 # The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
 # kernel takes two arrays, not fifteen (each argument costs a type check per call).
@@ -219,3 +221,48 @@ def tree_extras(n, k, context, window, branching, draft_rows, draft_steps, local
         row[_ROW_LOGITS] += extra
         width *= branching
     return float(tokens), float(pairs)
+
+
+@numba.njit(cache=True)
+def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
+               prompt_logits, local_share, branching, sequential, stacked, n_ops, x, layer_by_tokens, head_by_logits,
+               draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits):
+    """A speculative step's sums and both prices in one call: :func:`speculative_step_sums` (and
+    :func:`tree_extras` for a tree), the dense target's :meth:`~llmsim.cost.roofline.CostModel.step` (its
+    linear part, ``stacked`` times the row ``x``, and its non-linear terms from its ``rows_total`` tables)
+    and the draft rows' :meth:`~llmsim.cost.roofline.CostModel.rows_total` (``draft_n_ops`` < 0: a draft
+    priced outside, as Medusa heads are). The same operations in the same order as those calls, so the
+    same bits.
+
+    Returns ``(spec_seqs, draft_tokens, draft_steps, time_s, flops, bytes, draft_s, draft_flops,
+    draft_bytes)``: ``time_s`` is NaN when the target's terms are not in its tables, ``draft_s`` when the
+    draft's rows are not in its tables or it is priced outside (the rows are filled either way).
+    """
+    tokens, pairs, kv_read, spec_seqs, drafted, decode_kv, draft_steps = speculative_step_sums(
+        n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
+        local_share)
+    if branching > 1 and spec_seqs:
+        extra_tokens, extra_pairs = tree_extras(n, k, context, window, branching, draft_rows,
+                                                draft_steps if sequential else 0, local_share)
+        tokens, pairs = tokens + extra_tokens, pairs + extra_pairs
+        kv_read = kv_read + extra_tokens
+    if not sequential:
+        draft_steps = min(draft_steps, 1)
+    prefill_tokens, logits = prompt_tokens + tokens, prompt_logits + tokens
+    decode_seqs = n - spec_seqs
+    step_tokens = prefill_tokens + decode_seqs
+    step_logits = decode_seqs + logits
+    time_s, flops, moved = _linear_step(stacked, n_ops, x, step_tokens, prefill_tokens, prompt_pairs + pairs,
+                                        prompt_kv_read + kv_read, decode_seqs, decode_kv, 1.0, step_logits)
+    if len(layer_by_tokens):
+        layers_s = head_s = np.nan
+        if 0.0 <= step_tokens < len(layer_by_tokens) and step_tokens == int(step_tokens):
+            layers_s = layer_by_tokens[int(step_tokens)]
+        if 0.0 <= step_logits < len(head_by_logits) and step_logits == int(step_logits):
+            head_s = head_by_logits[int(step_logits)]
+        time_s += layers_s + head_s
+    draft_s, draft_flops, draft_bytes = np.nan, 0.0, 0.0
+    if draft_steps and draft_n_ops >= 0 and draft_steps <= FEW_ROWS:
+        draft_s, draft_flops, draft_bytes = _rows_total(draft_stacked, draft_n_ops, draft_rows[:draft_steps],
+                                                        draft_layer_by_tokens, draft_head_by_logits)
+    return spec_seqs, drafted, draft_steps, time_s, flops, moved, draft_s, draft_flops, draft_bytes

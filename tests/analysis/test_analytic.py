@@ -274,3 +274,22 @@ def test_medusa_is_stable_at_light_load_and_agrees_with_the_simulator():
     assert predicted.stable
     summary = summarize(llmsim.simulate(at_rate(scenario, 4.5))).to_dict()
     assert relative_error(predicted.tpot_mean_s, summary["latency"]["tpot_s"]["mean"]) < 0.10
+
+
+@pytest.mark.parametrize("speculation", [SPEC, {"draft": "medusa", "heads": 3, "k": 3, "acceptance": {"alpha": 0.6}}],
+                         ids=["draft model", "medusa"])
+def test_a_grid_of_steps_is_priced_as_each_step_alone(speculation):
+    """The draft's steps are priced once per distinct load of a grid and spread back over it: every
+    grid point's iteration time (loads repeated and not, with prefill that differs point by point)
+    equals that point's priced on its own."""
+    model = FluidModel(make_scenario({"speculation": speculation}))
+    work = model.works[0]
+    rng = np.random.default_rng(7)
+    load = rng.choice([0.0, 0.5, 3.0, 17.0, 40.0], size=(3, 4, 5)) + (np.arange(5) == 4) * rng.uniform(0, 9, 5)
+    tokens = rng.uniform(0.0, 600.0, size=load.shape)
+    prefill = model._prefill_rows(tokens, tokens * 100.0, np.minimum(tokens, 2.0))
+    grid = model._iteration_time(load, prefill, work)
+    alone = np.array([model._iteration_time(load[i][None], prefill[i][None], work)[0]
+                      for i in np.ndindex(load.shape)]).reshape(load.shape)
+    np.testing.assert_allclose(grid, alone, rtol=1e-12, atol=0.0)
+    assert len(np.unique(grid)) > len(np.unique(load))      # the prefill, different at every point, is priced

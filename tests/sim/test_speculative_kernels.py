@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 from tests.helpers import add_prefill, chunk_sums
-from llmsim.cost.features import (FEATURES, batch_rows, sequential_decode_rows,
+from llmsim.cost.features import (F, FEATURES, batch_rows, sequential_decode_rows,
                                   speculative_step_sums, visible)
 from llmsim.sim.speculative_decode import _STEP_COLUMNS, DecodeSlots
-from llmsim.sim.speculative_kernels import FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, reserve_blocks
+from llmsim import CostModel, model_catalog
+from llmsim.catalog.hardware import HardwareProfile
+from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, price_step,
+                                            reserve_blocks, tree_extras)
 
 
 def _batch(rng, n, k_max=8):
@@ -138,3 +141,78 @@ def test_decode_slots_declares_the_columns_it_sets():
         assert np.shares_memory(getattr(slots, name), slots.ints[row])
     for row, name in enumerate(FLOAT_COLUMNS):
         assert np.shares_memory(getattr(slots, name), slots.floats[row])
+
+
+def _separate_calls(target, draft, n, k, context, window, lag, rows, prompt, chunks, logits, local_share, branching,
+                    sequential):
+    """A speculative step priced as it was before :func:`price_step`: the sums, the tree's extras, the
+    target's ``step`` and the draft's ``rows_total``, one call each."""
+    tokens, pairs, kv_read, n_spec, proposed, decode_kv, steps = speculative_step_sums(
+        n, k, context, window, lag, rows, *prompt, chunks, local_share)
+    if branching > 1 and n_spec:
+        extra_tokens, extra_pairs = tree_extras(n, k, context, window, branching, rows, steps if sequential else 0,
+                                                local_share)
+        tokens, pairs, kv_read = tokens + extra_tokens, pairs + extra_pairs, kv_read + extra_tokens
+    if not sequential:
+        steps = min(steps, 1)
+    price = target.step(prompt[0] + tokens, prompt[1] + pairs, prompt[2] + kv_read, logits + tokens, n - n_spec,
+                        decode_kv)
+    draft_price = draft.rows_total(rows[:steps]) if steps and draft is not None else (np.nan, 0.0, 0.0)
+    return (n_spec, proposed, steps, *price, *draft_price)
+
+
+@pytest.mark.parametrize("tp", [1, 2], ids=["tp1", "tp2-all-reduce"])
+@pytest.mark.parametrize("window, local_share", [(0, 1.0), (300, 0.5)], ids=["no-window", "half-the-layers"])
+@pytest.mark.parametrize("branching, sequential, draft_model", [(1, True, True), (2, True, True), (1, False, False)],
+                         ids=["chain", "tree", "heads-priced-outside"])
+def test_fused_price_equals_the_separate_calls(h100: HardwareProfile, tp, window, local_share, branching, sequential,
+                                               draft_model):
+    catalog = model_catalog()
+    target = CostModel(catalog["Llama-3.1-8B"], h100, tensor_parallel=tp)
+    draft = CostModel(catalog["Llama-3.2-1B"], h100) if draft_model else None
+    stacked, n_ops, x, tables = target.compiled_terms()
+    if draft is not None:
+        draft_stacked, draft_n_ops, _, draft_tables = draft.compiled_terms()
+    else:
+        draft_stacked, draft_n_ops, draft_tables = np.zeros((0, 0)), -1, [np.zeros(0), np.zeros(0)]
+    rng = np.random.default_rng(11)
+    for trial in range(150):
+        n = int(rng.integers(0, 70))
+        k, context, lag = _batch(rng, n, k_max=4 if branching > 1 else 8)
+        prompt = (float(rng.integers(0, 3000)), float(rng.integers(0, 10 ** 6)), float(rng.integers(0, 5000)))
+        chunks, logits = bool(trial % 3), int(rng.integers(0, 4))
+        rows, expected_rows = (np.full((8, len(FEATURES)), np.nan) for _ in range(2))
+        expected = _separate_calls(target, draft, n, k, context, window, lag, expected_rows, prompt, chunks, logits,
+                                   local_share, branching, sequential)
+        # The draft's rows_total filled its tables; the target's step keeps its own memos, so a first fused
+        # call may miss, as in the engine, which then tabulates the row it left in ``x`` and calls again.
+        for _ in range(2):
+            got = price_step(n, k, context, window, lag, rows, *prompt, chunks, logits, local_share, branching,
+                             sequential, stacked, n_ops, x, tables[0], tables[1], draft_stacked, draft_n_ops,
+                             draft_tables[0], draft_tables[1])
+            if not np.isnan(got[3]):
+                break
+            assert target.tabulate_last_step()
+        assert got[:6] == expected[:6]
+        assert got[6:] == expected[6:] or (np.isnan(got[6]) and np.isnan(expected[6]))
+        assert np.array_equal(rows[:got[2]], expected_rows[:got[2]])
+
+
+def test_fused_price_reports_a_count_missing_from_the_tables(h100: HardwareProfile):
+    """A token count the target's tables do not hold yet gives NaN (the engine tabulates it and prices
+    again), never a price without its GEMM terms."""
+    cost = CostModel(model_catalog()["Llama-3.1-8B"], h100, tensor_parallel=4)
+    stacked, n_ops, x, tables = cost.compiled_terms()
+    k, context, lag = (np.array([3, 0], dtype=np.int64), np.array([100, 200], dtype=np.int64),
+                       np.ones(2, dtype=np.int64))
+    rows = np.zeros((4, len(FEATURES)))
+    tokens = 4 + 1 + 12345.0                     # verify chunk, plain decode, prompt: a count no other test prices
+    no_draft = (np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
+
+    def fused():
+        return price_step(2, k, context, 0, lag, rows, 12345.0, 0.0, 0.0, True, 1, 1.0, 1, True, stacked, n_ops,
+                          x, tables[0], tables[1], *no_draft)
+    assert np.isnan(fused()[3])
+    assert x[F["tokens"]] == tokens
+    assert cost.tabulate_last_step()
+    assert fused()[3] == cost.step(12345.0 + 4, 4 * 100 + 10, 100 + 4, 1 + 4, 1, 201)[0]
