@@ -242,8 +242,9 @@ def rollout_table(rollout: dict) -> str:
 def _attainment_interval(attainment: float, stderr: float) -> str:
     """The 95% interval of the attainment, or why there is none: when every request in the window met the SLO
     (or none did) the batches do not vary, and a zero-width interval would claim a certainty the run lacks."""
-    if stderr > 0:
-        return f"+- {_num(200 * stderr, 1)} at 95%"
+    if stderr > 0:         # two significant figures where one decimal would print a zero-width interval
+        half_width = 200 * stderr
+        return f"+- {_num(half_width, 1) if half_width >= 0.05 else f'{half_width:.2g}'} at 95%"
     if attainment in (0.0, 1.0):
         return f"every request in the window {'met' if attainment == 1.0 else 'missed'} it: no interval"
     return "+- n/a: too few requests to batch"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from llmsim import simulate, summarize
-from llmsim.cli.render import WIDTH, _times, format_summary
+from llmsim.cli.render import WIDTH, _attainment_interval, _times, format_summary
 from llmsim.search.speedup import speedup_over_plain
 
 from tests.helpers import make_scenario
@@ -41,3 +41,12 @@ def test_an_attainment_every_request_met_prints_no_zero_width_interval():
     assert summary["slo"]["attainment"] == 1.0 and summary["slo"]["attainment_stderr"] == 0.0
     line = next(line for line in format_summary(summary).splitlines() if line.startswith("SLO"))
     assert "+- 0.0" not in line and "every request in the window met it: no interval" in line
+
+
+def test_an_attainment_interval_is_never_printed_as_zero_wide():
+    """A day of 8.6M requests in which 171 missed the SLO: attainment 0.99998 with a standard error of 6e-6.
+    At one decimal the interval printed as "+- 0.0"; it is shown to two significant figures instead."""
+    shown = _attainment_interval(0.9999802575, 5.970559e-06)
+    assert shown == "+- 0.0012 at 95%"
+    assert _attainment_interval(0.93, 0.004) == "+- 0.8 at 95%"
+    assert "no interval" in _attainment_interval(1.0, 0.0)
