@@ -172,7 +172,7 @@ class SpeculativeDecodeSet(DecodeSet):
         self._window_tokens = self._window or 0      # 0: no sliding window, as the kernels take it
         self.slots = DecodeSlots()
         self._separate = handoff_s is not None and draft_cost is not None
-        self._handoff_s = handoff_s if self._separate else 0.0
+        self._handoff_s = handoff_s if self._separate and handoff_s is not None else 0.0
         self._force_plain = False                    # this step's reservation could not hold k tokens
         # The draft's feature rows, one per sequential step (no sequence drafts more than the policy's k or k_max).
         longest = max(speculation.policy.k, speculation.policy.k_max, 1)
@@ -291,21 +291,13 @@ class SpeculativeDecodeSet(DecodeSet):
                 return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits)
         else:
             return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits)
-        if n:
-            self._count_blocked(n, n_spec)
-        accepted = 0
-        if proposed:
-            accepted = self._draw(s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
-        elif n:
-            s.accepted[:n] = 0
-        if draft_steps:
-            if draft_s != draft_s:
-                draft_s, draft_flops, draft_bytes = self._draft_total(self._draft_rows[:draft_steps])
-            flops, moved = flops + draft_flops, moved + draft_bytes
-            duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
-        else:
+        accepted = self._accept(n, n_spec, proposed)
+        if not draft_steps:
             draft_s = 0.0
-        return new_price((duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s))
+        elif draft_s != draft_s:                 # a draft the fused call does not price (heads, a lookup)
+            draft_s, draft_flops, draft_bytes = self._draft_total(self._draft_rows[:draft_steps])
+        return self._with_draft(duration, n, accepted, logits, flops, moved, n_spec, proposed, draft_steps, draft_s,
+                                draft_flops, draft_bytes)
 
     def _price_in_steps(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits) -> StepPrice:
         """:meth:`price` by separate calls: the step's sums, the target's :meth:`~llmsim.cost.roofline.CostModel.step`
@@ -324,18 +316,31 @@ class SpeculativeDecodeSet(DecodeSet):
             verify_kv = verify_kv + extra_tokens
         if not self._sequential:
             draft_steps = min(draft_steps, 1)        # the heads or the lookup run once, whatever k
-        if n:
-            self._count_blocked(n, n_spec)
-        accepted = 0
-        if proposed:
-            accepted = self._draw(s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
-        elif n:
-            s.accepted[:n] = 0
+        accepted = self._accept(n, n_spec, proposed)
         duration, flops, moved = self._cost_step(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv,
                                                  logits + tokens, n - n_spec, decode_kv)
-        draft_s = 0.0
+        draft_s = draft_flops = draft_bytes = 0.0
         if draft_steps:
             draft_s, draft_flops, draft_bytes = self._draft_total(self._draft_rows[:draft_steps])
+        return self._with_draft(duration, n, accepted, logits, flops, moved, n_spec, proposed, draft_steps, draft_s,
+                                draft_flops, draft_bytes)
+
+    def _accept(self, n: int, n_spec: int, proposed: int) -> int:
+        """Count the step's sequences kept from speculating, and draw how many drafted tokens the target accepts."""
+        s = self.slots
+        if n:
+            self._count_blocked(n, n_spec)
+        if proposed:
+            return self._draw(s.request_id, s.generated, s.alpha, s.k, s.accepted[:n])
+        if n:
+            s.accepted[:n] = 0
+        return 0
+
+    def _with_draft(self, duration: float, n: int, accepted: int, logits: int, flops: float, moved: float,
+                    n_spec: int, proposed: int, draft_steps: int, draft_s: float, draft_flops: float,
+                    draft_bytes: float) -> StepPrice:
+        """The step's price with the draft's: after the target's (colocated) or beside it and a hand-off (separate)."""
+        if draft_steps:
             flops, moved = flops + draft_flops, moved + draft_bytes
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
         return new_price((duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s))
