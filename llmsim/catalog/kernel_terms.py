@@ -38,8 +38,11 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 from collections.abc import Callable
+from typing import TypeVar
 
 from llmsim.config.reader import Node, deep_merge
+
+T = TypeVar("T")
 
 ELEMENTWISE_KINDS = ("norm", "activation", "rotary", "residual")
 
@@ -246,10 +249,7 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         if not str(key).isdigit() or int(key) < 2:
             raise reduce_node.key_error(str(key), "expected a group size", key, "an integer >= 2 (GPUs in the group)")
         entry = reduce_node.child(key)
-        all_reduce[int(key)] = AllReduce(figure(entry, "latency", "duration"),
-                                         figure(entry, "bus_bandwidth", "bandwidth"),
-                                         figure(entry, "large_latency", "duration"),
-                                         figure(entry, "large_bus_bandwidth", "bandwidth"))
+        all_reduce[int(key)] = _all_reduce(entry, figure)
         entry.done()
     if not all_reduce:
         raise kernels.key_error("all_reduce", "needs at least one group size", {}, "2, 4, 8")
@@ -275,39 +275,22 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
             if not str(key).isdigit() or int(key) < 2:
                 raise custom_node.key_error(str(key), "expected a group size", key,
                                             "an integer >= 2 (GPUs in the group)")
-            custom[int(key)] = CustomAllReduce(
-                AllReduce(figure(entry, "latency", "duration"), figure(entry, "bus_bandwidth", "bandwidth"),
-                          figure(entry, "large_latency", "duration"),
-                          figure(entry, "large_bus_bandwidth", "bandwidth")),
-                figure(entry, "switch_over", "bytes"), figure(entry, "two_shot_from", "bytes"))
+            custom[int(key)] = CustomAllReduce(_all_reduce(entry, figure), figure(entry, "switch_over", "bytes"),
+                                               figure(entry, "two_shot_from", "bytes"))
             entry.done()
         custom_node.done()
-    by_dtype = {}
-    if gemm.has("by_dtype"):
-        dtypes = gemm.child("by_dtype")
-        for dtype in list(dtypes.data):
-            entry = dtypes.child(dtype)
-            by_dtype[str(dtype)] = GemmTerms(
-                figure(entry, "floor", "duration", minimum=0.0, exclusive_minimum=False),
-                figure(entry, "bandwidth", "bandwidth"), figure(entry, "achieved_flops", "flops"),
-                figure(entry, "sharpness", None, minimum=1.0, exclusive_minimum=False),
-                _optional(entry, "sharpness_growth", figure), _optional(entry, "occupancy_half_tiles", figure),
-                _optional(entry, "quantize_bandwidth", figure, "bandwidth"))
-            entry.done()
-        dtypes.done()
-    by_kv_dtype = {}
-    if attention.has("by_kv_dtype"):
-        kv_dtypes = attention.child("by_kv_dtype")
-        for dtype in list(kv_dtypes.data):
-            entry = kv_dtypes.child(dtype)
-            by_kv_dtype[str(dtype)] = DecodeAttention(
-                figure(entry, "floor", "duration", minimum=0.0, exclusive_minimum=False),
-                figure(entry, "decode_per_sequence", "duration", minimum=0.0, exclusive_minimum=False),
-                figure(entry, "decode_per_kv_head", "duration", minimum=0.0, exclusive_minimum=False),
-                figure(entry, "decode_bandwidth", "bandwidth"),
-                figure(entry, "decode_efficiency", None, minimum=0.0, maximum=1.0))
-            entry.done()
-        kv_dtypes.done()
+    by_dtype = _entries(gemm, "by_dtype", lambda entry: GemmTerms(
+        figure(entry, "floor", "duration", minimum=0.0, exclusive_minimum=False),
+        figure(entry, "bandwidth", "bandwidth"), figure(entry, "achieved_flops", "flops"),
+        figure(entry, "sharpness", None, minimum=1.0, exclusive_minimum=False),
+        _optional(entry, "sharpness_growth", figure), _optional(entry, "occupancy_half_tiles", figure),
+        _optional(entry, "quantize_bandwidth", figure, "bandwidth")))
+    by_kv_dtype = _entries(attention, "by_kv_dtype", lambda entry: DecodeAttention(
+        figure(entry, "floor", "duration", minimum=0.0, exclusive_minimum=False),
+        figure(entry, "decode_per_sequence", "duration", minimum=0.0, exclusive_minimum=False),
+        figure(entry, "decode_per_kv_head", "duration", minimum=0.0, exclusive_minimum=False),
+        figure(entry, "decode_bandwidth", "bandwidth"),
+        figure(entry, "decode_efficiency", None, minimum=0.0, maximum=1.0)))
     terms = KernelTerms(
         gemm_floor_s=figure(gemm, "floor", "duration", minimum=0.0, exclusive_minimum=False),
         gemm_bandwidth_bytes_per_s=figure(gemm, "bandwidth", "bandwidth"),
@@ -331,6 +314,25 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         done.done()
     kernels.done(extra_allowed=("note", "engines"))
     return terms
+
+
+def _all_reduce(entry: Node, figure: Callable[..., float]) -> AllReduce:
+    """An all-reduce's two lines (small and large messages), as NCCL's and a custom kernel's entries give them."""
+    return AllReduce(figure(entry, "latency", "duration"), figure(entry, "bus_bandwidth", "bandwidth"),
+                     figure(entry, "large_latency", "duration"), figure(entry, "large_bus_bandwidth", "bandwidth"))
+
+
+def _entries(parent: Node, key: str, read: Callable[[Node], T]) -> dict[str, T]:
+    """An optional mapping of named entries (``by_dtype``, ``by_kv_dtype``), each read by ``read``."""
+    if not parent.has(key):
+        return {}
+    node, out = parent.child(key), {}
+    for name in list(node.data):
+        entry = node.child(name)
+        out[str(name)] = read(entry)
+        entry.done()
+    node.done()
+    return out
 
 
 def _optional(node: Node, key: str, figure: Callable[..., float], kind: str | None = None) -> float:
