@@ -110,6 +110,10 @@ class Acceptance:
     measured_k: int = 0                 # replay: the k they were measured at
     predicted_range: tuple[float, float] | None = None   # predicted: alpha's one-sd range (acceptance_model)
     workload: str = WORKLOADS[0]        # predicted: the workload it was predicted for
+    distilled: bool = False             # predicted: the draft was distilled from the target
+    same_family: bool | None = None     # predicted: as the scenario states it (None: judged from the names)
+    path: str | None = None             # replay: the CSV of measured lengths, and its column
+    column: str = "accepted"
     measured: bool = False              # the scenario states it (any process but predicted): a measurement
 
     def __post_init__(self) -> None:
@@ -407,13 +411,16 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
     if process is AcceptanceProcess.PREDICTED:
         # From the draft/target pair and the workload (acceptance_model); a measured alpha, beta or
         # replay in place of ``predicted`` overrides it.
-        family = (node.boolean("same_family", same_family(draft, target))
-                  if proposer.kind == MODEL and draft is not None else None)
+        stated_family = family = None
+        if proposer.kind == MODEL and draft is not None:
+            stated_family = node.boolean("same_family") if node.has("same_family") else None
+            family = same_family(draft, target) if stated_family is None else stated_family
         workload = node.choice("workload", WORKLOADS, WORKLOADS[0])
-        estimate = predicted_acceptance(proposer, draft, target, workload, node.boolean("distilled", False), family)
+        distilled = node.boolean("distilled", Acceptance.distilled)
+        estimate = predicted_acceptance(proposer, draft, target, workload, distilled, family)
         node.done()
         return Acceptance(process, alpha=estimate.alpha, predicted_range=(estimate.low, estimate.high),
-                          workload=workload)
+                          workload=workload, distilled=distilled, same_family=stated_family)
     prob = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
     if process in (AcceptanceProcess.BERNOULLI, AcceptanceProcess.POSITIONAL):
         alpha = node.number("alpha", Acceptance.alpha, minimum=0.0, maximum=1.0, exclusive_minimum=False)
@@ -455,4 +462,5 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
         raise node.key_error("column", f"accepted lengths must be integers in 0..{measured_k} "
                              f"(row {int(np.argmax(bad.to_numpy())) + 2} of {path.name} is not)" if bad.any()
                              else f"{path.name} has no rows", first, f"integers 0..{measured_k}")
-    return Acceptance(process, samples=tuple(int(v) for v in values), measured_k=measured_k, measured=stated)
+    return Acceptance(process, samples=tuple(int(v) for v in values), measured_k=measured_k, measured=stated,
+                      path=str(path), column=column)

@@ -194,6 +194,8 @@ class Empirical(LengthDistribution):
     """Lengths drawn uniformly, with replacement, from observed ``samples`` (a CSV column)."""
     name: ClassVar[str] = "empirical"
     samples: tuple[int, ...]
+    path: str | None = None             # the CSV they were read from, and its column
+    column: str | None = None
 
     @property
     def stated_mean(self):
@@ -219,7 +221,7 @@ class Empirical(LengthDistribution):
         values = checked_numbers(values, f"{path}, column {column}",
                                  key_errors(node, "path"),
                                  minimum=1, maximum=MAX_TRACE_TOKENS)
-        return {"samples": tuple(int(v) for v in np.rint(values))}
+        return {"samples": tuple(int(v) for v in np.rint(values)), "path": str(path), "column": column}
 
 
 LENGTH_DISTRIBUTIONS = {cls.name: cls for cls in (Fixed, Uniform, Lognormal, Exponential, Empirical)}
