@@ -126,6 +126,8 @@ class SLO:
     # With traffic classes: (class name, its SLO) for every class, each the top-level limits and
     # percentiles overridden by ``slo.classes.<name>``.
     classes: tuple[tuple[str, SLO], ...] = ()
+    # The limits and percentiles the scenario gave (a class's others follow the top-level SLO's).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def defined(self) -> bool:
@@ -483,7 +485,11 @@ def check_hash_ids(root: Node, engine: EngineConfig, workload: Workload) -> None
 def _slo(node: Node, defaults: SLO) -> SLO:
     """An SLO's limits and percentiles (``slo``, or ``slo.classes.<name>`` over the top-level ``defaults``)."""
     limits = {f"{key}_s": node.quantity(key, "duration", getattr(defaults, f"{key}_s")) for key in SLO_METRICS}
-    return SLO(**limits, **_slo_percentiles(node, defaults, limits))
+    percentile = node.data.get("percentile")
+    given = {metric for metric in SLO_METRICS if node.has(metric)} | {
+        f"{metric}_percentile" for metric in SLO_METRICS
+        if percentile is not None and (not isinstance(percentile, dict) or metric in percentile)}
+    return SLO(**limits, **_slo_percentiles(node, defaults, limits), given=frozenset(given))
 
 
 def _slo_percentiles(node: Node, defaults: SLO, limits: dict) -> dict:

@@ -17,22 +17,20 @@ knobs, the disaggregation split and pool replicas), a traffic class's ``queue_ti
 given as a whole new section (``speculation: None`` first, then its keys: a search's draft candidate, read
 as the reader reads ``speculation:``) or as eligibility over the scenario's. The rest (a k policy changed
 inside the scenario's own speculation section, any other key, a setting the reader resolves with a
-controller, rollout groups, pools or an ``auto`` target's draft) is laid over the YAML mapping the
-scenario was read from and validated again (:mod:`llmsim.scenario.overrides`), which needs a scenario
-that still matches it.
+controller, rollout groups, pools or an ``auto`` target's draft) is laid over the scenario written out
+(:func:`llmsim.scenario.writer.to_mapping`) and validated again (:mod:`llmsim.scenario.overrides`): the
+Scenario is the one source of truth either way.
 """
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from llmsim.config.reader import Node
 from llmsim.scenario.overrides import apply_overrides, build_point
+from llmsim.scenario.writer import to_mapping
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.config.policies import AcceptanceProcess, Batching, ControllerKnob, KPolicyName, KScope, SchedulingPolicy
 from llmsim.cost.experts import ExpertParallel

@@ -84,6 +84,12 @@ def _changed(value: Any, default: Any) -> Any:
     return None if value == default else value
 
 
+def _follows(owner: Any, key: str, value: Any, derived: Any) -> Any:
+    """``value``, or None (left out) where the reader derived it from another setting (``owner.given`` does
+    not name ``key``) and would derive the same again: a key laid over the mapping then moves it too."""
+    return None if key not in owner.given and value == derived else value
+
+
 def _model(model: ModelSpec) -> str | dict[str, Any]:
     """A catalog name where the model is that entry, else its fields (what ``model:`` reads inline)."""
     for name, entry in model_catalog().items():
@@ -162,7 +168,7 @@ def _disaggregation(split: Disaggregation, scenario: Scenario) -> dict[str, Any]
 
 def _pool(pool: Pool, scenario: Scenario) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    if pool.hardware != scenario.hardware:
+    if _follows(pool, "hardware", pool.hardware, scenario.hardware) is not None:
         out["hardware"] = _hardware(pool.hardware, scenario.engine)
     out.update({"replicas": pool.replicas, "tensor_parallel": pool.tensor_parallel,
                 "pipeline_parallel": pool.pipeline_parallel})
@@ -211,7 +217,8 @@ def _speculation(spec: SpeculationConfig, scenario: Scenario) -> dict[str, Any]:
     tp = scenario.deployment.tensor_parallel
     # Left out, a colocated draft shards like the target where its heads allow (resolve_draft_parallelism).
     follows = tp if draft is not None and draft.num_heads % tp == 0 else 1
-    out.update(_set({"draft_tensor_parallel": _changed(spec.draft_tensor_parallel, follows)}))
+    out.update(_set({"draft_tensor_parallel": _follows(spec, "draft_tensor_parallel", spec.draft_tensor_parallel,
+                                                       follows)}))
     out.update(_k_policy(spec.policy, proposer))
     acceptance = _acceptance(spec.acceptance)
     if acceptance:
@@ -228,7 +235,8 @@ def _k_policy(policy: KPolicy, proposer: Proposer) -> dict[str, Any]:
     k_max = max(proposer.heads, policy.k) if proposer.kind is MEDUSA else max(default.k_max, policy.k)
     scope = KScope.PER_BATCH if policy.policy is KPolicyName.GOODPUT else default.scope
     return _set({"policy": _changed(policy.policy.value, default.policy.value), "k": _changed(policy.k, default.k),
-                 "k_max": _changed(policy.k_max, k_max), "scope": _changed(policy.scope.value, scope.value),
+                 "k_max": _follows(policy, "k_max", policy.k_max, k_max),
+                 "scope": _follows(policy, "scope", policy.scope.value, scope.value),
                  **{name: _changed(getattr(policy, name), getattr(default, name))
                     for name in ("window", "raise_above", "lower_below", "fallback", "prior_alpha")}})
 
@@ -300,7 +308,7 @@ def _arrival(arrival: RenewalProcess | RateProfile) -> dict[str, Any]:
     if isinstance(arrival, Diurnal):
         return {"process": arrival.process, "rate": arrival.mean_rate_per_s, "period": arrival.period_s,
                 **_set({"amplitude": _changed(arrival.amplitude, 0.5),
-                        "peak": _changed(arrival.peak_s, arrival.period_s / 2)})}
+                        "peak": _follows(arrival, "peak", arrival.peak_s, arrival.period_s / 2)})}
     if isinstance(arrival, Piecewise):
         return {"process": "ramp" if arrival.linear else "steps",
                 "rates": [{"at": at, "rate": rate} for at, rate in zip(arrival.at_s, arrival.rates_per_s)]}
@@ -311,7 +319,7 @@ def _arrival(arrival: RenewalProcess | RateProfile) -> dict[str, Any]:
 
 def _length(length: LengthDistribution, max_tokens: int) -> int | dict[str, Any]:
     """A length: a whole number where it is one fixed count up to ``max_tokens`` (the key's default max)."""
-    if isinstance(length, Fixed) and length.minimum == 1 and length.maximum == max_tokens:
+    if isinstance(length, Fixed) and length.minimum == 1 and _follows(length, "max", length.maximum, max_tokens) is None:
         return int(length.value)
     params: dict[str, Any]
     if isinstance(length, Fixed):
@@ -326,7 +334,8 @@ def _length(length: LengthDistribution, max_tokens: int) -> int | dict[str, Any]
         assert isinstance(length, Empirical)
         params = {"path": _file(length.path, "an empirical length"), "column": length.column}
     return {"distribution": length.name, **_set({"min": _changed(length.minimum, 1),
-                                                 "max": _changed(length.maximum, max_tokens)}), **params}
+                                                 "max": _follows(length, "max", length.maximum, max_tokens)}),
+            **params}
 
 
 def _traffic_class(traffic: TrafficClass, max_tokens: int) -> dict[str, Any]:
@@ -370,9 +379,10 @@ def _controller(controller: ControllerConfig, scenario: Scenario) -> dict[str, A
         "rule": _changed(controller.rule.value, default.rule.value),
         "knob": _changed(controller.knob.value, default.knob.value),
         "interval": _changed(controller.interval_s, default.interval_s),
-        "window": _changed(controller.window_s, default.window_s),
-        "bounds": _changed(bounds, [default.low, default.high]),
-        "increase": _changed(controller.increase, max(default.increase, (controller.high - controller.low) // 10)),
+        "window": _follows(controller, "window", controller.window_s, default.window_s),
+        "bounds": _follows(controller, "bounds", bounds, [default.low, default.high]),
+        "increase": _follows(controller, "increase", controller.increase,
+                             max(default.increase, (controller.high - controller.low) // 10)),
         **{name: _changed(getattr(controller, name), getattr(default, name))
            for name in ("hysteresis", "decrease", "timeout_factor", "kp", "ki", "kd")}})
 
@@ -391,15 +401,13 @@ def _rollout(rollout: RolloutConfig) -> dict[str, Any]:
 
 
 def _slo(slo: SLO, top: SLO) -> dict[str, Any]:
-    """An SLO's limits and percentiles where they differ from ``top``'s (the defaults, or the top-level SLO
-    for a traffic class's)."""
-    out = _set({metric: _changed(getattr(slo, f"{metric}_s"), getattr(top, f"{metric}_s"))
+    """An SLO's limits and percentiles where given or differing from ``top``'s (the defaults, or the top-level
+    SLO for a traffic class's, which a class's others follow)."""
+    out = _set({metric: _follows(slo, metric, getattr(slo, f"{metric}_s"), getattr(top, f"{metric}_s"))
                 for metric in SLO_METRICS})
-    percentiles = {metric: getattr(slo, f"{metric}_percentile") for metric in SLO_METRICS}
-    changed = _set({metric: _changed(value, getattr(top, f"{metric}_percentile"))
-                    for metric, value in percentiles.items()})
-    if changed and len(set(percentiles.values())) == 1:
-        out["percentile"] = next(iter(percentiles.values()))    # one for every limit
-    elif changed:
-        out["percentile"] = changed
+    written = _set({metric: _follows(slo, f"{metric}_percentile", getattr(slo, f"{metric}_percentile"),
+                                     getattr(top, f"{metric}_percentile")) for metric in SLO_METRICS})
+    percentiles = {getattr(slo, f"{metric}_percentile") for metric in SLO_METRICS}
+    if written:
+        out["percentile"] = percentiles.pop() if len(percentiles) == 1 else written    # one number: every limit's
     return out

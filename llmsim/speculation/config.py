@@ -190,6 +190,8 @@ class KPolicy:
     lower_below: float = 0.5
     fallback: bool = True
     prior_alpha: float = 0.7            # goodput: the acceptance assumed before any is observed
+    # ``k_max`` and ``scope`` where the scenario gave them (else they follow k and the policy).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self):
         members_of(self, policy=KPolicyName, scope=KScope)
@@ -217,6 +219,8 @@ class SpeculationConfig:
     acceptance: Acceptance = field(default_factory=Acceptance)
     eligibility: Eligibility = field(default_factory=Eligibility)
     proposer: Proposer = field(default_factory=Proposer)   # its kind follows ``draft`` unless a head
+    # ``draft_tensor_parallel`` where the scenario gave it (else it follows the target's).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self):
         members_of(self, placement=DraftPlacement)
@@ -274,7 +278,8 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
                              proposer.branching, "1 with process: replay")
     eligibility = read_eligibility(node.child("eligibility", {}))
     node.done()
-    config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility, proposer)
+    config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility, proposer,
+                               given=frozenset({"draft_tensor_parallel"}) if draft_tp is not None else frozenset())
     if config.enabled and batching is Batching.STATIC:
         raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
                          allowed="engine.batching: continuous")
@@ -306,10 +311,12 @@ def read_k_policy(node: Node, proposer: Proposer, default: KPolicy = KPolicy()) 
     if lower_below > raise_above:
         raise node.key_error("lower_below", f"must not exceed raise_above ({raise_above:g})", lower_below,
                              f"0..{raise_above:g}")
+    given = frozenset(key for key in ("k_max", "scope") if node.has(key)) | (default.given & {"scope"})
     return KPolicy(policy_name, k, k_max, scope,
                    node.number("window", default.window, integer=True, minimum=1, exclusive_minimum=False),
                    raise_above, lower_below, node.boolean("fallback", default.fallback),
-                   node.number("prior_alpha", default.prior_alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True))
+                   node.number("prior_alpha", default.prior_alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True),
+                   given)
 
 
 def read_eligibility(node: Node, default: Eligibility = Eligibility()) -> Eligibility:
