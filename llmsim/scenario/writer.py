@@ -33,7 +33,7 @@ from llmsim.scenario.rollout import RolloutConfig
 from llmsim.scenario.scenario import DEPLOYMENT, ENGINE, SLO, SLO_DEFAULTS, SLO_METRICS, EngineConfig, Scenario, \
     engine_hardware
 from llmsim.speculation.config import Acceptance, Eligibility, KPolicy, SpeculationConfig
-from llmsim.speculation.proposers import HEAD_KINDS, MEDUSA, MODEL, MTP, NGRAM, Proposer
+from llmsim.speculation.proposers import MEDUSA, MODEL, MTP, NGRAM, Proposer
 from llmsim.workload.arrivals import Gamma, RenewalProcess
 from llmsim.workload.classes import DEDICATED_SEQS, PRACTICE_TIERS, TrafficClass
 from llmsim.workload.lengths import Empirical, Exponential, Fixed, LengthDistribution, Lognormal, Uniform
@@ -319,7 +319,8 @@ def _arrival(arrival: RenewalProcess | RateProfile) -> dict[str, Any]:
 
 def _length(length: LengthDistribution, max_tokens: int) -> int | dict[str, Any]:
     """A length: a whole number where it is one fixed count up to ``max_tokens`` (the key's default max)."""
-    if isinstance(length, Fixed) and length.minimum == 1 and _follows(length, "max", length.maximum, max_tokens) is None:
+    written_max = _follows(length, "max", length.maximum, max_tokens)
+    if isinstance(length, Fixed) and length.minimum == 1 and written_max is None:
         return int(length.value)
     params: dict[str, Any]
     if isinstance(length, Fixed):
@@ -334,7 +335,7 @@ def _length(length: LengthDistribution, max_tokens: int) -> int | dict[str, Any]
         assert isinstance(length, Empirical)
         params = {"path": _file(length.path, "an empirical length"), "column": length.column}
     return {"distribution": length.name, **_set({"min": _changed(length.minimum, 1),
-                                                 "max": _follows(length, "max", length.maximum, max_tokens)}),
+                                                 "max": written_max}),
             **params}
 
 

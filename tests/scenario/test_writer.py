@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import Scenario, load_scenario, scenario_from_node
 from llmsim.scenario.writer import to_mapping
 
-from tests.fuzz import mutated_scenarios
+from tests.fuzz import SMALL, mutated_scenarios, valid_variants
 from tests.helpers import BASE, REPO, SCENARIOS, make_scenario, merge
 from tests.scenario.test_variants import same
 
@@ -45,14 +46,19 @@ def scenario_of(overrides: dict) -> Scenario:
     return make_scenario({}, pruned(merge(BASE, overrides)))
 
 
-def built(tmp_path: Path) -> dict[str, dict]:
-    """Scenario overrides of tests.helpers.BASE, together using every section and alternative the reader has."""
+def write_files(tmp_path: Path) -> None:
+    """The files :func:`built`'s scenarios read."""
     (tmp_path / "lengths.csv").write_text("prompt_tokens,accepted\n" + "".join(
         f"{100 + 37 * i},{i % 7}\n" for i in range(40)))
     (tmp_path / "routing.csv").write_text("tokens\n" + "".join(f"{10 + i}\n" for i in range(256)))
     (tmp_path / "data.json").write_text(json.dumps([
         {"id": str(i), "conversations": [{"from": "human", "value": "x" * (40 + i)},
                                          {"from": "gpt", "value": "y" * (8 + i)}]} for i in range(20)]))
+
+
+def built(tmp_path: Path) -> dict[str, dict]:
+    """Scenario overrides of tests.helpers.BASE, together using every section and alternative the reader has
+    (the files they name in ``tmp_path``: :func:`write_files`)."""
     lengths = str(tmp_path / "lengths.csv")
     classes = {"interactive": {"share": 0.3, "priority": 1, "weight": 2.0, "reserved_seqs": 8},
                "batch": {"share": 0.6, "queue_timeout": "3 s", "on_timeout": "reject", "dedicated_seqs": 2,
@@ -67,9 +73,11 @@ def built(tmp_path: Path) -> dict[str, dict]:
         "deterministic": {"workload": {"arrival": {"process": "deterministic"}}},
         "steps": {"workload": {"arrival": {"process": "steps", "rate": None, "rates": [
             {"at": 0, "rate": 2}, {"at": "30 s", "rate": 8}]}, "duration": "60 s", "num_requests": None}},
-        "ramp": {"workload": {"arrival": {"process": "ramp", "rate": None, "rates": [{"at": 0, "rate": 1}, {"at": 20, "rate": 5}]}}},
-        "mmpp": {"workload": {"arrival": {"process": "mmpp", "rate": None, "states": [{"rate": 1, "mean_duration": "20 s"},
-                                                                        {"rate": 9, "mean_duration": "5 s"}]}}},
+        "ramp": {"workload": {"arrival": {"process": "ramp", "rate": None,
+                                          "rates": [{"at": 0, "rate": 1}, {"at": 20, "rate": 5}]}}},
+        "mmpp": {"workload": {"arrival": {"process": "mmpp", "rate": None,
+                                          "states": [{"rate": 1, "mean_duration": "20 s"},
+                                                     {"rate": 9, "mean_duration": "5 s"}]}}},
         "diurnal, peak given": {"workload": {"arrival": {"process": "diurnal", "rate": 4, "period": "1 h",
                                                          "peak": "30 min", "amplitude": 0.3}}},
         "classes and their slos": {
@@ -97,7 +105,8 @@ def built(tmp_path: Path) -> dict[str, dict]:
         "engine knobs": {"engine": {"batching": "continuous", "max_num_seqs": 32, "max_batch_tokens": 2048,
                                     "chunked_prefill": False, "block_size": 64, "memory_utilization": 0.8,
                                     "runtime_reserve": "3 GiB", "queue_timeout": "400 ms", "on_timeout": "reject",
-                                    "admission": "guaranteed_no_evict", "preemption_mode": "swap", "async_scheduling": True},
+                                    "admission": "guaranteed_no_evict", "preemption_mode": "swap",
+                                    "async_scheduling": True},
                          "simulation": {"warmup": "5 s", "horizon": "1 h"}},
         "static batching": {"engine": {"batching": "static", "chunked_prefill": False}},
         "auto layout": {"model": "Llama-3.1-70B", "deployment": {"tensor_parallel": "auto",
@@ -144,6 +153,7 @@ def built(tmp_path: Path) -> dict[str, dict]:
 
 @pytest.mark.parametrize("name", list(built(Path("."))))
 def test_every_section_reads_back_equal(name, tmp_path):
+    write_files(tmp_path)
     scenario = scenario_of(built(tmp_path)[name])
     assert same(read_back(scenario, tmp_path), scenario)
 
@@ -184,9 +194,26 @@ def test_what_names_no_file_is_refused(tmp_path):
     chip = replace(scenario.hardware, memory_capacity_bytes=1e11, path=None)
     with pytest.raises(ValueError, match="hardware profile H100-SXM"):
         to_mapping(replace(scenario, hardware=chip))
+    write_files(tmp_path)
     replayed = scenario_of(built(tmp_path)["replayed trace"])
     with pytest.raises(ValueError, match="replayed trace"):
         to_mapping(replace(replayed, workload=replace(replayed.workload, trace_file=None)))
+
+
+# The sections that name no file, to lay over generated scenarios.
+NOWHERE = Path("/nonexistent")
+SECTIONS = [overrides for overrides in built(NOWHERE).values() if str(NOWHERE) not in json.dumps(overrides)]
+
+
+@st.composite
+def generated_scenarios(draw) -> dict:
+    """tests.fuzz.SMALL with valid changes and one section laid over it, or with hostile values."""
+    if draw(st.booleans()):
+        return draw(mutated_scenarios())
+    data = json.loads(json.dumps(SMALL))
+    for change in draw(st.lists(valid_variants, max_size=3)):
+        data = merge(data, change)
+    return pruned(merge(data, draw(st.sampled_from(SECTIONS))))
 
 
 def _property(data: dict, folder: Path) -> None:
@@ -199,7 +226,7 @@ def _property(data: dict, folder: Path) -> None:
 
 @settings(max_examples=25, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=mutated_scenarios())
+@given(data=generated_scenarios())
 def test_a_generated_scenario_reads_back_equal(data, tmp_path):
     _property(data, tmp_path)
 
@@ -207,6 +234,6 @@ def test_a_generated_scenario_reads_back_equal(data, tmp_path):
 @pytest.mark.slow
 @settings(max_examples=2000, derandomize=True, database=None, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=mutated_scenarios())
+@given(data=generated_scenarios())
 def test_a_generated_scenario_reads_back_equal_on_2000_inputs(data, tmp_path):
     _property(data, tmp_path)
