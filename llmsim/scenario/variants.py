@@ -416,7 +416,9 @@ def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     ``dataclasses.replace`` is kept."""
     if typed(scenario, point):
         return _vary(scenario, point)
-    return build_point(to_mapping(scenario), point, _base_dir(scenario), scenario.path, scenario.path)
+    out = build_point(to_mapping(scenario), point, _base_dir(scenario), scenario.path, scenario.path)
+    # The written engine keys are what the scenario's vLLM flags set: the flags' notes stay the scenario's.
+    return replace(out, vllm_notes=scenario.vllm_notes)
 
 
 def _base_dir(scenario: Scenario) -> Path:

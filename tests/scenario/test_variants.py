@@ -7,7 +7,6 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from llmsim.config.reader import Node, load_yaml
@@ -18,7 +17,7 @@ from llmsim.scenario.scenario import CPUOffload, Scenario, load_scenario, scenar
 from llmsim.scenario.variants import (COUNT_KEY, EXPERT_DEGREE_KEY, EXPERTS_KEY, RATE_KEY, REPLICAS_KEY, at_rate,
                                       typed, variant, with_replicas, with_requests)
 
-from tests.helpers import SCENARIOS, make_scenario
+from tests.helpers import SCENARIOS, make_scenario, same
 
 
 def written(path: Path, point: dict, seed: int | None = None) -> Scenario:
@@ -43,19 +42,6 @@ def written(path: Path, point: dict, seed: int | None = None) -> Scenario:
     if seed is not None and "seed" not in point:
         data["seed"] = seed
     return scenario_from_node(Node(data, file=str(path), base_dir=path.parent))
-
-
-def same(a: Scenario, b: Scenario) -> bool:
-    """Equal scenarios (a replayed trace's arrays compared by value; where it came from left out)."""
-    ta, tb = a.workload.trace, b.workload.trace
-    if (ta is None) != (tb is None):
-        return False
-    if ta is not None and tb is not None and not all(
-            np.array_equal(getattr(ta, name), getattr(tb, name)) for name in ("arrival_s", "prompt_tokens",
-                                                                              "output_tokens")):
-        return False
-    return replace(a, path=None, workload=replace(a.workload, trace=None)) == \
-        replace(b, path=None, workload=replace(b.workload, trace=None))
 
 
 def points(scenario: Scenario) -> list[dict]:

@@ -18,8 +18,7 @@ from llmsim.scenario.scenario import Scenario, load_scenario, scenario_from_node
 from llmsim.scenario.writer import to_mapping
 
 from tests.fuzz import SMALL, mutated_scenarios, valid_variants
-from tests.helpers import BASE, REPO, SCENARIOS, make_scenario, merge
-from tests.scenario.test_variants import same
+from tests.helpers import BASE, REPO, SCENARIOS, make_scenario, merge, same
 
 TRACES = REPO / "scenarios" / "traces"
 
