@@ -320,23 +320,26 @@ def _shared_catalog() -> dict[str, HardwareProfile]:
     return catalog
 
 
-def lookup_hardware(name: str, node: Node | None = None, key: str = "hardware") -> HardwareProfile:
-    """A profile by name or file stem (case-insensitive), or by a path to a YAML file."""
+def lookup_hardware(name: str, node: Node | None = None, key: str = "hardware", *,
+                    copied: bool = True) -> HardwareProfile:
+    """A profile by name or file stem (case-insensitive), or by a path to a YAML file; ``copied`` False: the
+    shared parsed profile itself, for a caller that only reads it (a copy is made to be changed)."""
     candidate = Path(name)
     if node is not None and not candidate.is_absolute():
         candidate = node.base_dir / candidate
+    load = load_profile if copied else _parsed_profile
     if name.endswith((".yaml", ".yml")):
         if not candidate.exists():
             raise _unknown(name, node, key, "file not found")
-        return load_profile(candidate)
+        return load(candidate)
     for directory in profile_dirs():
         for path in sorted(directory.glob("*.yaml")):
             if path.stem.lower() == name.lower():
-                return load_profile(path)
+                return load(path)
     catalog = _shared_catalog()
     for profile_name, profile in catalog.items():
         if name.lower() in (profile_name.lower(), *(alias.lower() for alias in profile.aliases)):
-            return copy.deepcopy(profile)
+            return copy.deepcopy(profile) if copied else profile
     raise _unknown(name, node, key, "unknown hardware profile", list(catalog))
 
 

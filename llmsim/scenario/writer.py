@@ -19,7 +19,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from llmsim.catalog.hardware import HardwareProfile, load_profile, lookup_hardware
+from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.links import LINKS
 from llmsim.catalog.models import ModelSpec, model_catalog
 from llmsim.config.policies import AcceptanceProcess, ControllerKnob, DraftPlacement, FailedRequests, KPolicyName, \
@@ -109,12 +109,13 @@ def _priced(profile: HardwareProfile, engine: EngineConfig) -> HardwareProfile |
 def _hardware(profile: HardwareProfile, engine: EngineConfig) -> str:
     """The chip's profile name where that shipped profile is this one, else the file it was read from."""
     try:
-        if _priced(lookup_hardware(profile.name), engine) == profile:
+        if _priced(lookup_hardware(profile.name, copied=False), engine) == profile:
             return profile.name
     except ConfigError:
         pass
-    if profile.path is not None and _priced(load_profile(profile.path), engine) == profile:
-        return str(Path(profile.path).resolve())
+    path = None if profile.path is None else str(Path(profile.path).resolve())
+    if path is not None and _priced(lookup_hardware(path, copied=False), engine) == profile:
+        return path
     raise ValueError(f"the hardware profile {profile.name} is neither a shipped profile nor read from a file "
                      "as it is: a scenario with it cannot be written out")
 
