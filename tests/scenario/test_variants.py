@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from llmsim.config.policies import Batching
 from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
-from llmsim.config.policies import Batching
 from llmsim.scenario.control import ControllerConfig
+from llmsim.scenario.overrides import build_point
 from llmsim.scenario.scenario import CPUOffload, Scenario, load_scenario, scenario_from_node
 from llmsim.scenario.variants import (COUNT_KEY, EXPERT_DEGREE_KEY, EXPERTS_KEY, RATE_KEY, REPLICAS_KEY, at_rate,
                                       typed, variant, with_replicas, with_requests)
+from llmsim.scenario.writer import to_mapping
 
 from tests.helpers import SCENARIOS, make_scenario, same
 
@@ -91,20 +93,24 @@ def points(scenario: Scenario) -> list[dict]:
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_a_typed_variant_is_the_file_with_its_keys_written(path):
-    """Every shipped scenario: each point set on the Scenario equals (or fails with the same key as) the file
-    with those keys written into its YAML and read again."""
+    """Every shipped scenario: each point set on the Scenario, and each laid over the scenario written out
+    (llmsim.scenario.writer: the route of the keys the typed scenario does not set), equals (or fails with the
+    same key as) the file with those keys written into its YAML and read again."""
     scenario = load_scenario(path)
+    routes = (lambda point: variant(scenario, point),
+              lambda point: build_point(to_mapping(scenario), point, path.parent, str(path)))
     for point in points(scenario):
         try:
             expected, expected_key = written(path, point, scenario.seed), None
         except ConfigError as error:
             expected, expected_key = None, error.key
-        try:
-            got, got_key = variant(scenario, point), None
-        except ConfigError as error:
-            got, got_key = None, error.key
-        assert got_key == expected_key, point
-        assert got is None or expected is not None and same(got, expected), point
+        for route in routes:
+            try:
+                got, got_key = route(point), None
+            except ConfigError as error:
+                got, got_key = None, error.key
+            assert got_key == expected_key, point
+            assert got is None or expected is not None and same(got, expected), point
 
 
 def test_the_searches_points_are_set_on_the_typed_scenario():
