@@ -244,7 +244,8 @@ def _k_policy(policy: KPolicy, proposer: Proposer) -> dict[str, Any]:
 
 def _acceptance(acceptance: Acceptance) -> dict[str, Any]:
     """The acceptance section; left out where it is the reader's for none (bernoulli at the default alpha,
-    not stated: ``measured`` false)."""
+    not stated: ``measured`` false). One built in code at another alpha but not marked measured (a draft
+    candidate's) is written as stated: a file cannot give an alpha without stating it."""
     process = acceptance.process
     if process is AcceptanceProcess.PREDICTED:
         return {"process": process.value, "workload": acceptance.workload,
