@@ -16,11 +16,11 @@ time (256), speculation for every running sequence (vLLM speculates whatever the
 ``speculative_disable_by_batch_size`` is set) and no chunked prefill: vLLM's engine of 2024 refused speculation
 with chunked prefill ("Speculative decoding and chunked prefill are currently mutually exclusive",
 ``SpeculativeConfig.maybe_create_spec_config`` in vllm/config.py) and left chunked prefill off for models of 8k
-context, so prompts run in steps of their own (the simulator's prefill-first mode). The post does not name its vLLM
-version: which of these held for its runs is an assumption. The per-token acceptance is not published: the bench finds the one
-at which the simulated QPS-1 latency speedup is the post's 2.8x (its low-load point) and then runs the loaded
-server with it, so the high-load result is a prediction, not a fit. Llama-3.1-70B stands in for Llama-3-70B
-(the same architecture; only the context window differs).
+context, so prompts run in steps of their own (the simulator's prefill-first mode). The post does not name its
+vLLM version: which of these held for its runs is an assumption. The per-token acceptance is not published
+either: the bench finds the one at which the simulated QPS-1 latency speedup is the post's 2.8x (its low-load
+point) and then runs the loaded server with it, so the high-load result is a prediction, not a fit.
+Llama-3.1-70B stands in for Llama-3-70B (the same architecture; only the context window differs).
 
 It prints: the acceptance found, the mean request latency of n-gram over plain decoding at rates from QPS 1
 to past the plain server's offline capacity (the post's "slowdown" is this ratio at its high QPS), and the
@@ -81,9 +81,10 @@ def main() -> None:
           f"alpha = {alpha:.3f}")
     plain = offline_rate(scenario(None, 1.0), num_requests=3000)
     spec = offline_rate(scenario(alpha, 1.0), num_requests=3000)
-    print(f"offline: plain {plain.rate_per_s:.2f} req/s (batch {plain.mean_batch:.0f}, step {plain.step_s * 1e3:.0f} ms),"
-          f" n-gram {spec.rate_per_s:.2f} req/s (batch {spec.mean_batch:.0f}, step {spec.step_s * 1e3:.0f} ms):"
-          f" n-gram serves {spec.rate_per_s / plain.rate_per_s:.2f}x")
+    for name, rate in (("plain", plain), ("n-gram", spec)):
+        print(f"offline, {name}: {rate.rate_per_s:.2f} req/s (batch {rate.mean_batch:.0f}, "
+              f"step {rate.step_s * 1e3:.0f} ms)")
+    print(f"offline, n-gram / plain: {spec.rate_per_s / plain.rate_per_s:.2f}")
     print(f"{'QPS':>6} {'share of plain capacity':>23} {'plain latency':>13} {'n-gram latency':>14} "
           f"{'n-gram / plain':>14}")
     for share in (None, 0.25, 0.5, 0.75, 0.9, 1.0, 1.2, 2.0):
