@@ -24,10 +24,11 @@ meets the budget's edge, which TensorRT-LLM holds back to the next step and the 
 backend overlaps each step's CPU work with the next step on the GPU by default
 (nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html: "Enabled by default"): ``engine.async_scheduling``.
 
-The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms (``engine.kernels:
-trtllm``), the published tensor-parallel size, the same lengths, every request waiting at time 0; the rate is
-measured on the saturated engine after its ramp-up (:func:`llmsim.search.sustainable_rate.offline_rate`). Prints
-simulated and published tokens/s per cell, their ratio, and the H100/H200 ratio of each (model, lengths) both ways.
+The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms and fusions
+(``engine.kernels: trtllm``; ``kernel_terms.STREAM_FUSION``), the published tensor-parallel size, the same lengths,
+every request waiting at time 0; the rate is measured on the saturated engine after its ramp-up
+(:func:`llmsim.search.sustainable_rate.offline_rate`). Prints simulated and published tokens/s per cell, their
+ratio, and the H100/H200 ratio of each (model, lengths) both ways.
 
     .venv/bin/python benchmarks/bench_e2e.py [--quick] [--breakdown]
         (a few minutes on 2 cores; --quick: one length pair; --breakdown: where each cell's mean step goes)
