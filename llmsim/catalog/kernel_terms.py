@@ -82,8 +82,11 @@ class StreamFusion:
 #   tensor parallelism, runs both inside the all-reduces (``AllReduceFusionOp.RESIDUAL_RMS_NORM``, with the FP8
 #   input quantization for FP8 checkpoints) unless the model is 4,096 wide or less ("Disable fusion for small models
 #   due to accuracy issues": ``enable_fusion &= config.hidden_size > 4096``): tensorrt_llm/_torch/models/
-#   modeling_llama.py, ``LlamaDecoderLayer``, NVIDIA/TensorRT-LLM commit 3a5901cd. NVIDIA's aiconfigurator prices the
-#   same layer the same way: two add-norms and one gated activation (aiconfigurator-core 0.12.0, sdk/models/llama.py).
+#   modeling_llama.py, ``LlamaDecoderLayer``, NVIDIA/TensorRT-LLM commit 3a5901cd. The fusion is on by default in the
+#   releases the perf overview measured: their release notes (1.0 on) give ``TRTLLM_LLAMA_EAGER_FUSION_DISABLED=1`` as
+#   the workaround for "Llama 3.x ... pipeline parallelism when using FP8" (docs/source/release-notes.md). NVIDIA's
+#   aiconfigurator prices the layer's streaming work the same way: two add-norms and one gated activation
+#   (aiconfigurator-core 0.12.0, sdk/models/llama.py).
 STREAM_FUSION = {EngineKernels.TRTLLM.value: StreamFusion(("rotary",), residual_into_norm=True,
                                                           norm_into_all_reduce_above_hidden=4096)}
 
