@@ -143,6 +143,14 @@ class SLO:
 
 
 @dataclass(frozen=True)
+class PlanConfig:
+    """``plan``: what ``llmsim plan`` compares, read by no other command."""
+    # Chips to plan for when ``--hardware`` is not given, by profile name or file path as written (a path is
+    # relative to the scenario); () plans for the scenario's own.
+    hardware: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SimulationConfig:
     warmup_s: float | None = None        # default: 10% of the arrival window
     horizon_s: float | None = None       # default: llmsim.sim.horizon.default_horizon_s
@@ -150,6 +158,7 @@ class SimulationConfig:
 
 # The defaults a YAML file gets for what it leaves out: the dataclasses' own.
 DEPLOYMENT, ENGINE, SLO_DEFAULTS, SIMULATION = Deployment(), EngineConfig(), SLO(), SimulationConfig()
+PLAN = PlanConfig()
 
 
 @dataclass(frozen=True)
@@ -178,6 +187,7 @@ class Scenario:
     vllm_notes: tuple[str, ...] = field(default=(), compare=False)
     # Prefill and decode on pools of their own (deployment.disaggregation); None: aggregated.
     disaggregation: Disaggregation | None = None
+    plan: PlanConfig = PLAN                          # read by llmsim plan only
 
     @property
     def speculating(self) -> bool:
@@ -272,6 +282,20 @@ def simulation_from_node(sim: Node, defaults: SimulationConfig = SIMULATION) -> 
 def read_replicas(dep: Node, default: int = DEPLOYMENT.replicas) -> int:
     """``deployment.replicas``: a whole number of replicas, at least one."""
     return dep.number("replicas", default, **COUNT)
+
+
+def plan_from_node(node: Node, defaults: PlanConfig = PLAN) -> PlanConfig:
+    """``plan: {hardware: [names or profile files]}``, each chip looked up as ``hardware`` is."""
+    listed = node.raw("hardware", None)
+    node.done()
+    if listed is None:
+        return defaults
+    if not isinstance(listed, list) or not listed or not all(isinstance(name, str) for name in listed):
+        raise node.key_error("hardware", "expected a list of hardware profile names", listed,
+                             "e.g. [H100-SXM, CS-3]")
+    for name in listed:
+        lookup_hardware(name, node, "hardware")      # an unknown name is a ConfigError listing the profiles
+    return replace(defaults, hardware=tuple(listed))
 
 
 def read_seed(root: Node) -> int:
@@ -381,7 +405,8 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     sim = root.child("simulation")
     simulation = simulation_from_node(sim)
     sim.done()
-    root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
+    plan = plan_from_node(root.child("plan"))
+    root.done()
     deployment = replace(resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),
                          load_bound=load_bound, expert_parallel=experts)
     if speculation is not None:
@@ -389,7 +414,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
                         speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
                         source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
-                        disaggregation=disaggregation)
+                        disaggregation=disaggregation, plan=plan)
     check_fits(scenario, root)
     if rollout is not None:
         scenario = replace(scenario, rollout_scenarios=tuple(group_scenario(scenario, group, root.file)
