@@ -2,7 +2,7 @@
 settings behind the one router.
 
 The scenario's own deployment is the *control* group. Each group of ``rollout.groups`` has its
-own replicas, engine overrides (laid over the scenario's ``engine:`` section), optionally its own
+own replicas, engine settings (over the scenario's engine), optionally its own
 ``hardware`` profile, and a role:
 
 ``canary``
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmsim.config.policies import RolloutRole, members_of
-from llmsim.config.reader import Node, deep_merge
+from llmsim.config.reader import Node
 
 ROLES = (RolloutRole.CANARY, RolloutRole.SHADOW)     # a group's; the control is the scenario's own deployment
 MAX_REPLICATIONS = 1000               # each replication is a whole run of every group: more is a typo
@@ -78,7 +78,7 @@ class RolloutConfig:
 def rollout_from_node(node: Node) -> RolloutConfig:
     """``rollout: {groups: {<name>: {role, fraction, replicas, engine: {...}}}, replications: R}``; the
     canaries' fractions must leave the control some traffic. Whether each group's engine settings are
-    valid is checked by building its scenario (:func:`group_source`, in the scenario reader)."""
+    valid is checked by building its scenario (:mod:`llmsim.scenario.rollout_groups`, from the scenario reader)."""
     holder, names = node.named_entries(
         "groups", "group names to their settings",
         "e.g. {canary: {role: canary, fraction: 0.05, engine: {max_batch_tokens: 4096}}}")
@@ -107,11 +107,3 @@ def rollout_from_node(node: Node) -> RolloutConfig:
                            value={g.name: g.fraction for g in config.canaries}, allowed="fractions summing to under 1")
     return config
 
-
-def group_source(source: dict, group: RolloutGroup) -> dict:
-    """The YAML mapping of one group's deployment: the scenario's, with the group's replicas,
-    engine overrides and hardware, and no rollout of its own."""
-    data = {key: value for key, value in source.items() if key != "rollout"}
-    if group.hardware is not None:
-        data["hardware"] = group.hardware
-    return deep_merge(data, {"deployment": {"replicas": group.replicas}, "engine": group.engine or {}})

@@ -18,10 +18,9 @@ from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_
 from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
 from llmsim.config.policies import (Admission, Batching, ControllerKnob, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
-from llmsim.errors import ConfigError
 from llmsim.scenario.disaggregation import Disaggregation, Pool, PoolEngine, disaggregation_from_node
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
-from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
+from llmsim.scenario.rollout import RolloutConfig, rollout_from_node
 from llmsim.scenario.control import (AutoscalingConfig, ControllerConfig, autoscaling_from_node,
                                     controller_from_node)
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
@@ -177,8 +176,6 @@ class Scenario:
     controller: ControllerConfig | None = None       # adaptive control of an engine knob (default: none)
     autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
     rollout: RolloutConfig | None = None             # canary and shadow groups beside this deployment (default: none)
-    # Each rollout group's own scenario (its replicas and engine), built and checked with this one.
-    rollout_scenarios: tuple[Scenario, ...] = field(default=(), repr=False, compare=False)
     # The validated YAML mapping and the folder its relative paths start from: sweeps lay
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
@@ -417,8 +414,10 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
                         disaggregation=disaggregation, plan=plan)
     check_fits(scenario, root)
     if rollout is not None:
-        scenario = replace(scenario, rollout_scenarios=tuple(group_scenario(scenario, group, root.file)
-                                                             for group in rollout.groups))
+        # Imported here: building a group's scenario uses the variants, which build on this module.
+        from llmsim.scenario.rollout_groups import group_scenario
+        for group in rollout.groups:        # each group's settings are checked with the scenario
+            group_scenario(scenario, group, root.file)
     return scenario
 
 
@@ -429,28 +428,6 @@ def _rollout(root: Node, autoscaling) -> RolloutConfig | None:
         raise root.key_error("rollout", "a rollout's groups keep fixed replica counts: not modelled with autoscaling",
                              root.raw("rollout"), "rollout or autoscaling, not both")
     return rollout_from_node(root.child("rollout"))
-
-
-def group_scenario(scenario: Scenario, group, file: str | None = None) -> Scenario:
-    """The scenario of one rollout group (:func:`llmsim.scenario.rollout.group_source`), validated as a
-    file would be; an error in the group's settings names its key under ``rollout.groups.<name>``."""
-    file = file or scenario.path
-    assert scenario.source is not None      # rollout groups come from YAML: the scenario keeps its mapping
-    try:
-        built = scenario_from_node(Node(group_source(scenario.source, group), file=file,
-                                        base_dir=Path(scenario.source_dir or ".")))
-    except ConfigError as error:
-        prefix = f"rollout.groups.{group.name}"
-        key = error.key or ""
-        if key.startswith("engine"):
-            key = f"{prefix}.{key}"
-        elif key in ("deployment.replicas", "hardware"):
-            key = f"{prefix}.{key.split('.')[-1]}"
-        else:
-            key = f"{prefix} (with {key})" if key else prefix
-        raise ConfigError(f"rollout group '{group.name}': {error.message}", file=error.file, key=key,
-                          value=error.value, allowed=error.allowed, has_value=error.has_value) from None
-    return replace(built, name=f"{scenario.name} [{group.name}]", seed=scenario.seed, path=scenario.path)
 
 
 def read_cpu_offload(eng: Node, default: CPUOffload = CPUOffload()) -> CPUOffload | None:
