@@ -3,7 +3,9 @@
 A group (:class:`~llmsim.scenario.rollout.RolloutGroup`) is the scenario's deployment without the rollout,
 with the group's replicas, engine settings and chip set as a search sets a variant's
 (:func:`~llmsim.scenario.variants.variant`, the reader's rules and checks). Built from the Scenario each time it
-is asked for, a group follows a change made to the scenario with ``dataclasses.replace``.
+is asked for, a group follows a change made to the scenario with ``dataclasses.replace``. (The scenario reader,
+below the variants, checks each group's settings by reading the group as a file,
+:func:`~llmsim.scenario.rollout.group_document`: the same Scenario.)
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmsim.errors import ConfigError
-from llmsim.scenario.rollout import RolloutGroup
+from llmsim.scenario.rollout import RolloutGroup, group_error
 from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.variants import HARDWARE_KEY, REPLICAS_KEY, variant
 
@@ -25,26 +27,17 @@ def group_point(group: RolloutGroup) -> dict[str, Any]:
     return point
 
 
-def group_scenario(scenario: Scenario, group: RolloutGroup, file: str | None = None) -> Scenario:
+def group_scenario(scenario: Scenario, group: RolloutGroup) -> Scenario:
     """The scenario of one rollout group, checked as the reader checks a scenario; an error in the group's
     settings names its key under ``rollout.groups.<name>``."""
-    base = replace(scenario, rollout=None, path=file or scenario.path)
+    base = replace(scenario, rollout=None)
     if scenario.source is not None:
         # The untyped keys of a point are laid over this mapping, which must describe ``base``.
         base = replace(base, source={key: value for key, value in scenario.source.items() if key != "rollout"})
     try:
         built = variant(base, group_point(group))
     except ConfigError as error:
-        prefix = f"rollout.groups.{group.name}"
-        key = error.key or ""
-        if key.startswith("engine"):
-            key = f"{prefix}.{key}"
-        elif key in ("deployment.replicas", "hardware"):
-            key = f"{prefix}.{key.split('.')[-1]}"
-        else:
-            key = f"{prefix} (with {key})" if key else prefix
-        raise ConfigError(f"rollout group '{group.name}': {error.message}", file=error.file, key=key,
-                          value=error.value, allowed=error.allowed, has_value=error.has_value) from None
+        raise group_error(group, error) from None
     return replace(built, name=f"{scenario.name} [{group.name}]", seed=scenario.seed, path=scenario.path)
 
 

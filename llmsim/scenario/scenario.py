@@ -16,11 +16,12 @@ from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
+from llmsim.errors import ConfigError
 from llmsim.config.policies import (Admission, Batching, ControllerKnob, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
 from llmsim.scenario.disaggregation import Disaggregation, Pool, PoolEngine, disaggregation_from_node
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
-from llmsim.scenario.rollout import RolloutConfig, rollout_from_node
+from llmsim.scenario.rollout import RolloutConfig, group_document, group_error, rollout_from_node
 from llmsim.scenario.control import (AutoscalingConfig, ControllerConfig, autoscaling_from_node,
                                     controller_from_node)
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
@@ -413,11 +414,11 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
                         source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
                         disaggregation=disaggregation, plan=plan)
     check_fits(scenario, root)
-    if rollout is not None:
-        # Imported here: building a group's scenario uses the variants, which build on this module.
-        from llmsim.scenario.rollout_groups import group_scenario
-        for group in rollout.groups:        # each group's settings are checked with the scenario
-            group_scenario(scenario, group, root.file)
+    for group in rollout.groups if rollout is not None else ():
+        try:                                # each group's settings are checked with the scenario's
+            scenario_from_node(Node(group_document(root.data, group), file=root.file, base_dir=root.base_dir))
+        except ConfigError as error:
+            raise group_error(group, error) from None
     return scenario
 
 
