@@ -12,7 +12,9 @@ and two diagnostics that need no form:
   places away, which pairs ``2^j`` with ``2^j`` and ``2^j + 1`` with ``2^j + 1``): how far any smooth function of
   ``m`` can follow the table. vLLM's FP8 CUTLASS GEMM (``CutlassFP8ScaledMMLinearKernel``) is slower at every
   ``m = 2^j + 1`` than at ``2^j`` by up to 2x (H200, n = k = 8192: 56 us at m = 512, 113 us at 513), which its
-  16-bit GEMMs are not.
+  16-bit GEMMs are not; nor are TensorRT-LLM's FP8 GEMMs, on which the shipped form meets the acceptance (printed
+  per engine: the shipped form held out, and the median and largest ratio of the time at ``m = 2^j + 1`` to that at
+  ``2^j``, same ``n, k``, ``m >= 64``).
 - prefill attention: the held-out errors on serving shapes alone (4 or more query heads, 2 to 16 query heads per KV
   head, 512 tokens and more, up to 16k tokens a batch) under the shipped form, a candidate's full form and the
   candidate's terms priced as the cost model would (its affine part, no critical path).
@@ -104,6 +106,14 @@ def neighbour_errors(frame: pd.DataFrame, step: int) -> np.ndarray:
     return np.concatenate(out)
 
 
+def twin_ratios(frame: pd.DataFrame) -> np.ndarray:
+    """Per (m, m + 1) pair of token counts (m >= 64), the median over shapes of time(m + 1) / time(m)."""
+    times = frame.set_index(["n", "k", "m"])["measured_s"]
+    counts = set(frame["m"])
+    return np.array([float((times.xs(m + 1, level="m") / times.xs(m, level="m")).median())
+                     for m in sorted(counts) if m >= 64 and m + 1 in counts])
+
+
 def main() -> None:
     database = db.Database(db.installed_root())
     rows = {gpu: dbp.operator_rows(database, gpu, db.EngineKernels.VLLM, lookup_hardware(gpu))
@@ -123,6 +133,21 @@ def main() -> None:
               f"(unaligned x{padded[2]['unaligned_slowdown']:.2f}) | neighbours in m, no form: fitted sample "
               f"{np.mean(np.abs(neighbour_errors(rows[target]['gemm_fp8'], 1))):.1%}, whole table two places "
               f"{np.mean(np.abs(neighbour_errors(full, 2))):.1%}")
+    print("\nGEMM fp8 by engine: the shipped form held out; time(m + 1) / time(m) at m = 2^j (fp8; bf16)")
+    for engine in db.EngineKernels:
+        by_gpu = {}
+        for gpu in database.gpus():
+            found = dbp.operator_rows(database, gpu, engine, lookup_hardware(gpu))
+            if "gemm_fp8" in found:
+                by_gpu[gpu] = {"gemm_fp8": found["gemm_fp8"]}
+        for target in TARGETS:
+            signed, reference, _ = held_out(by_gpu, "gemm_fp8", fit.GEMM, target)
+            table = database.table(target, "gemm", engine.value, "gemm_perf")
+            assert table is not None
+            frame = db.gemm_rows(table)
+            fp8, bf16 = (twin_ratios(frame[frame["dtype"] == dtype]) for dtype in ("fp8", "bf16"))
+            print(f"  {engine.value:<7} {target:<9} {cell(signed, reference)} | m + 1 vs m: fp8 median "
+                  f"{np.median(fp8):.2f} max {fp8.max():.2f}; bf16 median {np.median(bf16):.2f} max {bf16.max():.2f}")
     print("\nprefill attention (serving shapes: 4+ heads, 2-16 query heads per KV head, 512+ tokens, <= 16k a batch)")
     for target in TARGETS:
         shipped = held_out(rows, "prefill_attention", fit.PREFILL_ATTENTION, target)
