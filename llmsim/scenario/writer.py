@@ -30,8 +30,8 @@ from llmsim.errors import ConfigError
 from llmsim.scenario.control import AutoscalingConfig, ControllerConfig
 from llmsim.scenario.disaggregation import Disaggregation, Pool
 from llmsim.scenario.rollout import RolloutConfig
-from llmsim.scenario.scenario import DEPLOYMENT, ENGINE, SLO, SLO_DEFAULTS, SLO_METRICS, EngineConfig, Scenario, \
-    engine_hardware
+from llmsim.scenario.scenario import DEPLOYMENT, ENGINE, PLAN, SLO, SLO_DEFAULTS, SLO_METRICS, EngineConfig, \
+    Scenario, engine_hardware
 from llmsim.speculation.config import Acceptance, Eligibility, KPolicy, SpeculationConfig
 from llmsim.speculation.proposers import MEDUSA, MODEL, MTP, NGRAM, Proposer
 from llmsim.workload.arrivals import Gamma, RenewalProcess
@@ -71,6 +71,8 @@ def to_mapping(scenario: Scenario) -> dict[str, Any]:
     simulation = _set({"warmup": scenario.simulation.warmup_s, "horizon": scenario.simulation.horizon_s})
     if simulation:
         out["simulation"] = simulation
+    if scenario.plan != PLAN:
+        out["plan"] = {"hardware": list(scenario.plan.hardware)}
     return out
 
 

@@ -130,6 +130,7 @@ def built(tmp_path: Path) -> dict[str, dict]:
         "eagle tree, controller of k": {"speculation": {"draft": "eagle", "tree_branching": 2, "k": 4},
                                         "controller": {"knob": "speculation_k", "rule": "aimd"}},
         "controller": {"controller": {"knob": "max_num_seqs", "rule": "pid", "interval": "2 s", "kp": 1.0}},
+        "plan": {"plan": {"hardware": ["H200", "A100-80GB"]}},
         "autoscaling": {"deployment": {"replicas": 2},
                         "autoscaling": {"max_replicas": 5, "target_outstanding": 16, "cold_start": "30 s"}},
         "rollout": {"rollout": {"groups": {"canary": {"role": "canary", "fraction": 0.1,
