@@ -52,7 +52,7 @@ from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
 from llmsim.sim.environment import scheduler
-from llmsim.sim.iterations import Iteration, IterationLog, new_iteration
+from llmsim.sim.iterations import Iteration, IterationLog
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import TieredKV
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, Waiting, WaitingQueue
@@ -289,7 +289,11 @@ class Engine(EngineProcess):
         self._makes_room = self.queueing.preempts_for_waiting
         self._tracks_seats = self.queueing.tracks_seats
         self._admit = self.queueing.admit
-        self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
+        # The iteration last planned (:meth:`_plan`): its prompt chunks and whether the decoding sequences step
+        # (its row is the log's last), and, while the engine waits for its end, its duration (it began at self.now).
+        self._chunks: list[tuple[Request, int]] = []
+        self._decoding = False
+        self._in_flight: float | None = None
         self._async = config.async_scheduling
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
         # A disaggregated prefill pool's engine: a request whose prompt is computed leaves the batch keeping
@@ -302,38 +306,43 @@ class Engine(EngineProcess):
         flight (if any) is over, then iterations are scheduled, and run, until one must be waited
         for or there is nothing to do."""
         env = self.env
-        iteration = self._in_flight
-        if iteration is not None:
+        duration = self._in_flight
+        if duration is not None:
             self._in_flight = None
-            self.now = self.now + iteration.duration_s      # its end, the sum that scheduled this call
-            self._complete(iteration)
-        peek, schedule = env.peek, self.schedule
-        complete = self._complete if self.observers else self.apply
+            self.now = self.now + duration          # its end, the sum that scheduled this call
+            self._complete()
+        peek, plan, apply = env.peek, self._plan, self._apply
+        observed = bool(self.observers)
         while True:
             if self.now < env._now:                 # SimPy's clock without its property's call
                 self.now = env._now
             if self._expires:
                 self.queueing.expire_waiting(self.now)
-            iteration = schedule()
-            if iteration is None:
+            duration = plan()
+            if duration is None:
                 self._idle = True                   # until notify()
                 return
-            end = self.now + iteration.duration_s
+            end = self.now + duration
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
             if end >= peek():
-                self._in_flight = iteration
+                self._in_flight = duration
                 self._schedule(self._wake, NORMAL, end - env._now)
                 return
             self.now = end
-            complete(iteration)
+            if observed:
+                self._complete()
+            else:
+                apply(self._chunks, self._decoding)
 
-    def _complete(self, iteration: Iteration) -> None:
-        """``iteration`` is over at ``self.now``: its tokens appear, then the observers see it."""
-        self.apply(iteration)
-        for observer in self.observers:
-            observer(self, iteration)
+    def _complete(self) -> None:
+        """The iteration last planned is over at ``self.now``: its tokens appear, then the observers see it."""
+        self._apply(self._chunks, self._decoding)
+        if self.observers:
+            iteration = self.last_iteration()
+            for observer in self.observers:
+                observer(self, iteration)
 
     def close(self) -> None:
         """End of the run: bring unfinished requests' token counts up to date and hand the
@@ -357,8 +366,17 @@ class Engine(EngineProcess):
         Admission, prefill chunks and the decode set's KV reservation happen here (they may
         preempt); the tokens appear in :meth:`apply`.
         """
+        return None if self._plan() is None else self.last_iteration()
+
+    def last_iteration(self) -> Iteration:
+        """The iteration last planned, as its log row and what it scheduled."""
+        return self.log.last(self._chunks, self._decoding)
+
+    def _plan(self) -> float | None:
+        """:meth:`schedule` without building its :class:`Iteration` (the engine's loop needs only the
+        duration): the log gets its row, and ``_chunks`` and ``_decoding`` say what it scheduled."""
         cfg, now, decode, queue = self.config, self.now, self.decode, self.queue
-        chunks: list[tuple[Request, int]] = []
+        self._chunks = chunks = []
         if self._makes_room and queue and self.running:
             self.queueing.make_room(now)
         if self._tiered is not None:
@@ -395,11 +413,10 @@ class Engine(EngineProcess):
             duration = self._tiered.charge(now, duration)
         self._last_end_s = now + duration
         kv = self.kv
-        iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
-                                   kv.num_blocks - kv.free_blocks, len(self.running), len(queue), n_spec, proposed,
-                                   accepted, draft_s, chunks, decoding))
-        self.log.append(iteration)
-        return iteration
+        self._decoding = decoding
+        self.log.add(now, duration, n, len(chunks), sums[0], tokens_out, flops, moved, kv.num_blocks - kv.free_blocks,
+                     len(self.running), len(queue), n_spec, proposed, accepted, draft_s)
+        return duration
 
     def _overlap_host(self, now: float, duration: float, sampled: int) -> float:
         """Asynchronous scheduling (vLLM ``--async-scheduling``): the CPU prepares this step while the GPU
@@ -411,10 +428,13 @@ class Engine(EngineProcess):
 
     def apply(self, iteration: Iteration) -> None:
         """The iteration is over at ``self.now``: its decode tokens and prompt chunks are done."""
+        self._apply(iteration.chunks, iteration.decoding)
+
+    def _apply(self, chunks: list[tuple[Request, int]], decoding: bool) -> None:
         now = self.now
-        if iteration.decoding:
+        if decoding:
             self.decode.advance(now)
-        for request, chunk in iteration.chunks:
+        for request, chunk in chunks:
             if request.status is not RUNNING:     # preempted after its chunk was scheduled (by priority)
                 continue
             request.prefilled += chunk
