@@ -162,6 +162,7 @@ class EventDecodeSet(DecodeSet):
         # Float64 items ("d"); typeshed cannot read a memoryview's item type from a numpy array.
         self._step_end_w = cast("memoryview[float]", memoryview(self._step_end_s))
         self._step_gap_w = cast("memoryview[float]", memoryview(self._step_gap_s))
+        self._held_steps = len(self._step_end_s)
 
     def context(self, request: Request) -> int:
         """A decoding sequence's KV length now (closed form)."""
@@ -216,22 +217,23 @@ class EventDecodeSet(DecodeSet):
 
     def advance(self, now: float) -> None:
         """One token for every decoding sequence: finish those due, saturate sliding windows."""
-        n = self.n
         step = self.step
         at = step - self._first_step
-        if at >= len(self._step_end_s):
+        if at >= self._held_steps:
             at = self._make_room()
         ends = self._step_end_w
         ends[at] = now
         if step:
             self._step_gap_w[at] = gap = now - ends[at - 1]
-            steps, gaps = self._longest_from_step, self._longest_from_gap_s
-            while gaps and gaps[-1] <= gap:
-                gaps.pop()
-                steps.pop()
-            steps.append(step)
+            gaps = self._longest_from_gap_s
+            if gaps and gaps[-1] <= gap:
+                steps = self._longest_from_step
+                while gaps and gaps[-1] <= gap:
+                    gaps.pop()
+                    steps.pop()
+            self._longest_from_step.append(step)
             gaps.append(gap)
-        self._continuing.append(n - self._joined)
+        self._continuing.append(self.n - self._joined)
         self._joined = 0
         self.step = step = step + 1
         if self._next_finish == step:
@@ -243,7 +245,9 @@ class EventDecodeSet(DecodeSet):
                 if request.epoch == epoch and request.status is RUNNING:
                     self._end(request, step)
                     self.engine.finish(request, now)
-        saturating = self._window_due.pop(step, None) if self._window else None
+        if not self._window:
+            return
+        saturating = self._window_due.pop(step, None)
         if saturating:
             for request, epoch in saturating:
                 if request.epoch == epoch and request.status is RUNNING:

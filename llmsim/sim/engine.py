@@ -59,9 +59,6 @@ from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Requ
 
 Observer = Callable[["Engine", Iteration], None]
 
-# prefill_sums of no chunks: (tokens, attention pairs, KV read, prompts completed).
-NO_PREFILL = (0.0, 0.0, 0.0, 0)
-
 # vLLM's block-manager watermark: the share of KV blocks a new prompt must leave free to be admitted
 # (vLLM ``BlockSpaceManager(watermark=0.01)``, ``watermark_blocks = int(watermark * num_gpu_blocks)``), so
 # that running sequences keep room to grow and a just-admitted prompt is not preempted at once.
@@ -296,10 +293,20 @@ class Engine(EngineProcess):
         self._in_flight: float | None = None
         self._async = config.async_scheduling
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
-        # A disaggregated prefill pool's engine: a request whose prompt is computed leaves the batch keeping
-        # its KV blocks and is handed, with the time, to this (llmsim.sim.disaggregated), not decoded here.
-        self.handoff: Callable[[Request, float], None] | None = None
+        self._handoff: Callable[[Request, float], None] | None = None
+        self._extras = self._makes_room or self._tiered is not None or self._async
         self.start()
+
+    @property
+    def handoff(self) -> Callable[[Request, float], None] | None:
+        """A disaggregated prefill pool's engine: a request whose prompt is computed leaves the batch keeping
+        its KV blocks and is handed, with the time, to this (llmsim.sim.disaggregated), not decoded here."""
+        return self._handoff
+
+    @handoff.setter
+    def handoff(self, to: Callable[[Request, float], None] | None) -> None:
+        self._handoff = to
+        self._extras = self._makes_room or self._tiered is not None or self._async or to is not None
 
     def _resume(self) -> None:
         """The engine's loop, one turn per iteration, from one wait to the next: the iteration in
@@ -377,11 +384,15 @@ class Engine(EngineProcess):
         duration): the log gets its row, and ``_chunks`` and ``_decoding`` say what it scheduled."""
         cfg, now, decode, queue = self.config, self.now, self.decode, self.queue
         self._chunks = chunks = []
-        if self._makes_room and queue and self.running:
-            self.queueing.make_room(now)
-        if self._tiered is not None:
-            self._tiered.advance(now)
-        # (The membership tests skip calls that would find nothing to do: this is the hot loop.)
+        # (The membership tests skip calls that would find nothing to do: this is the hot loop. ``_extras``
+        # says whether any of the steps most engines skip applies: making room, a tiered cache, a hand-off,
+        # asynchronous scheduling.)
+        extras = self._extras
+        if extras:
+            if self._makes_room and queue and self.running:
+                self.queueing.make_room(now)
+            if self._tiered is not None:
+                self._tiered.advance(now)
         if cfg.chunked_prefill:
             budget = cfg.max_batch_tokens - (decode.prepare(now) if decode.n else 0)
             if self.prefilling:
@@ -398,24 +409,26 @@ class Engine(EngineProcess):
                 decode.prepare(now)
                 decoding = decode.n > 0              # its KV reservation may have preempted them all
         if chunks:
-            sums = prefill_sums(chunks, self._window, self._local_share)
+            prefill_tokens, pairs, prefill_kv, completed = prefill_sums(chunks, self._window, self._local_share)
         elif decoding:
-            sums = NO_PREFILL
+            prefill_tokens = pairs = prefill_kv = 0.0
+            completed = 0
         else:
             return None
-        duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
-                                                                                                 *sums)
-        if self.handoff is not None:      # a prefill pool's engine: the decode pool emits every token
-            tokens_out = 0
-        if self._async:
-            duration = self._overlap_host(now, duration, n + sums[3])
-        if self._tiered is not None:
-            duration = self._tiered.charge(now, duration)
+        duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
+            chunks, decoding, prefill_tokens, pairs, prefill_kv, completed)
+        if extras:
+            if self._handoff is not None:     # a prefill pool's engine: the decode pool emits every token
+                tokens_out = 0
+            if self._async:
+                duration = self._overlap_host(now, duration, n + completed)
+            if self._tiered is not None:
+                duration = self._tiered.charge(now, duration)
         self._last_end_s = now + duration
         kv = self.kv
         self._decoding = decoding
-        self.log.add(now, duration, n, len(chunks), sums[0], tokens_out, flops, moved, kv.num_blocks - kv.free_blocks,
-                     len(self.running), len(queue), n_spec, proposed, accepted, draft_s)
+        self.log.add(now, duration, n, len(chunks), prefill_tokens, tokens_out, flops, moved,
+                     kv.num_blocks - kv.free_blocks, len(self.running), len(queue), n_spec, proposed, accepted, draft_s)
         return duration
 
     def _overlap_host(self, now: float, duration: float, sampled: int) -> float:
@@ -444,7 +457,7 @@ class Engine(EngineProcess):
                 continue
             # The prompt is complete: its first token (or, after a recompute, the next one).
             self.prefilling.remove(request)
-            if self.handoff is not None:
+            if self._handoff is not None:
                 self.hand_off(request, now)
                 continue
             if request.generated == 0:
@@ -541,11 +554,11 @@ class Engine(EngineProcess):
     def hand_off(self, request: Request, now: float) -> None:
         """``request``'s prompt is computed on a prefill pool's engine: it leaves the batch, its KV blocks
         still held (the decode pool's side frees them once the KV has crossed), and goes to ``handoff``."""
-        assert self.handoff is not None           # called only on a prefill pool's engine, which has one
+        assert self._handoff is not None          # called only on a prefill pool's engine, which has one
         if self._tracks_seats:
             self.queueing.left(request)
         del self.running[request.id]
-        self.handoff(request, now)
+        self._handoff(request, now)
 
     def finish(self, request: Request, now: float) -> None:
         """``request`` has all its tokens: free its KV (all but its last token's was computed) and report it."""
