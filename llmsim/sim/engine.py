@@ -40,7 +40,7 @@ engine altogether (:mod:`llmsim.sim.static_batching`).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import simpy
@@ -383,7 +383,8 @@ class Engine(EngineProcess):
         """:meth:`schedule` without building its :class:`Iteration` (the engine's loop needs only the
         duration): the log gets its row, and ``_chunks`` and ``_decoding`` say what it scheduled."""
         cfg, now, decode, queue = self.config, self.now, self.decode, self.queue
-        self._chunks = chunks = []
+        chunks: list[tuple[Request, int]] = []
+        self._chunks = chunks
         # (The membership tests skip calls that would find nothing to do: this is the hot loop. ``_extras``
         # says whether any of the steps most engines skip applies: making room, a tiered cache, a hand-off,
         # asynchronous scheduling.)
@@ -443,7 +444,7 @@ class Engine(EngineProcess):
         """The iteration is over at ``self.now``: its decode tokens and prompt chunks are done."""
         self._apply(iteration.chunks, iteration.decoding)
 
-    def _apply(self, chunks: list[tuple[Request, int]], decoding: bool) -> None:
+    def _apply(self, chunks: Sequence[tuple[Request, int]], decoding: bool) -> None:
         now = self.now
         if decoding:
             self.decode.advance(now)

@@ -95,8 +95,8 @@ class IterationLog:
             row = _ROW.unpack_from(self._chunk, self._at - _ROW.size)
         else:
             row = _ROW.unpack_from(self._full[-1], _CHUNK_BYTES - _ROW.size)
-        return Iteration(*(int(value) if i in _INTEGER_FIELDS else value for i, value in enumerate(row)),
-                         chunks=chunks, decoding=decoding)
+        return Iteration._make([*(int(value) if i in _INTEGER_FIELDS else value for i, value in enumerate(row)),
+                                chunks, decoding])
 
     def extend(self, columns: Mapping[str, np.ndarray | float]) -> None:
         """Append several rows at once, given by column: an array, or one value for every row (a static

@@ -64,11 +64,19 @@ def _small_scenario():
     return make_scenario({"workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 20}}})
 
 
+def _freeze_counts(into: list[int]):
+    """An observer noting the frozen object count at the first three iterations (gc.get_freeze_count walks
+    the frozen objects: not at every one)."""
+    def observe(engine, iteration):
+        if len(into) < 3:
+            into.append(gc.get_freeze_count())
+    return observe
+
+
 def test_a_run_leaves_the_objects_before_it_to_the_collector_only_while_it_runs():
     assert gc.get_freeze_count() == 0 and gc.isenabled()
-    during = []                                  # (gc.get_freeze_count walks the frozen objects: ask a few times)
-    simulate_module.simulate(_small_scenario(), observers=[lambda engine, iteration: len(during) < 3 and during.append(
-        gc.get_freeze_count())])
+    during: list[int] = []
+    simulate_module.simulate(_small_scenario(), observers=[_freeze_counts(during)])
     assert len(during) == 3 and min(during) > 0      # the heap before the run was frozen while it ran
     assert gc.get_freeze_count() == 0 and gc.isenabled()
 
@@ -96,9 +104,8 @@ def test_a_caller_s_own_freeze_or_disabled_collector_is_left_as_it_was():
         gc.unfreeze()
     gc.disable()
     try:
-        during = []
-        simulate_module.simulate(_small_scenario(), observers=[lambda engine, iteration: len(during) < 3 and during.append(
-            gc.get_freeze_count())])
+        during: list[int] = []
+        simulate_module.simulate(_small_scenario(), observers=[_freeze_counts(during)])
         assert during == [0, 0, 0]
         assert not gc.isenabled()
     finally:
