@@ -29,8 +29,9 @@ The search (:func:`recommend`):
    A probe the window leaves undecided is measured longer only while its estimate passes
    (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
    taken on its estimate can only lower it.
-   The analytic best, the defaults and the protected draft are bisected first; the other settings, here and
-   in the later steps, are then *challengers* of the leader (the first row so far, bisected to the end): each
+   The analytic best, the first default and the proposers are bisected first; the other settings, here and
+   in the later steps, are then *challengers* of the leader (the first row so far, bisected to the end; for a
+   default, the best default): each
    seed is simulated first at the leader's passing and failing rates for that seed (the same requests), and
    a challenger whose failing rates average at or below the leader's stops there: it cannot be shown better
    than the leader by more than the leader's own bracket, and the leader keeps its rank.
@@ -93,7 +94,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -527,11 +528,11 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
                 rule = screened[screened["in_band"]]
                 contenders += list(rule["config"].head(1))
                 searcher.protected.update(rule["config"].head(1))     # the rule is judged on its full goodput
-            # 2. simulate them, and the rule-of-thumb defaults: the analytic best, the defaults and the protected
-            # draft first, to the end; then the others as challengers of the leader among those
-            drafted = contenders or []
-            searcher.evaluate(chosen[:1] + searcher.defaults + [c for c in drafted if c in searcher.protected])
-            searcher.evaluate(chosen + drafted)
+            # 2. simulate them, and the rule-of-thumb defaults: the analytic best, the defaults and the proposers
+            # first (the 20-30% rule compares the proposers' goodputs), then the others as challengers of the
+            # leader among those
+            searcher.evaluate(chosen[:1] + searcher.defaults[:1] + (contenders or []))
+            searcher.evaluate(chosen + searcher.defaults)
             # 3. refine around the best (k, batch tokens, timeouts, with a draft its eligibility rule)
             searcher.evaluate(_neighbours(searcher.best(), scenario))
             if speculating and searcher.best().k != OFF:
@@ -673,7 +674,9 @@ class DraftSearch:
         eligibility = pd.DataFrame({"min_sequence_tokens": [c.eligibility[0] for c in rows["config"]],
                                     "min_concurrent_requests": [c.eligibility[1] for c in rows["config"]],
                                     "max_rate_per_s": rows["max_rate_per_s"].to_numpy(),
-                                    "max_rate_per_s.ci95": rows["max_rate_per_s.ci95"].to_numpy()})
+                                    "max_rate_per_s.ci95": rows["max_rate_per_s.ci95"].to_numpy(),
+                                    "raced_out": rows["raced_out"].to_numpy(dtype=bool),
+                                    "failing_rate_per_s": rows["failing_rate_per_s"].to_numpy()})
         holds, text = _rule_verdict(screened, best, scenario)
         return cls(best, screened, eligibility, holds, text)
 
@@ -698,9 +701,18 @@ class DraftSearch:
         lines.append(f"  {self.rule_text}")
         if len(self.eligibility):
             lines.append("  eligibility rules on the recommendation (simulated goodput): " + "; ".join(
-                f"{r.min_sequence_tokens} tokens / {r.min_concurrent_requests} requests {r.max_rate_per_s:.3g} req/s"
+                f"{r.min_sequence_tokens} tokens / {r.min_concurrent_requests} requests "
+                f"{_bounded(r.max_rate_per_s, r.raced_out, r.failing_rate_per_s)} req/s"
                 for r in self.eligibility.itertuples()))
         return "\n".join(lines)
+
+
+def _bounded(goodput: float, raced_out: bool, failing: float) -> str:
+    """A simulated goodput; one raced out is known only as at least its passing rates or, where it never
+    passed, below its failing ones."""
+    if not raced_out:
+        return f"{goodput:.3g}"
+    return f"at least {goodput:.3g}" if goodput > 0 else f"below {failing:.3g}"
 
 
 def _rule_verdict(screened: pd.DataFrame, best: Config, scenario: Scenario) -> tuple[bool | None, str]:
@@ -799,8 +811,8 @@ class _Search:
         bisects to ``tolerance``. Whether the scenario's own rate passes follows from the
         bracket, or is simulated when it lies inside it.
 
-        Once a setting has been bisected to the end and leads (:meth:`leader`), a new setting that is
-        neither protected nor a default is a *challenger*: each seed is simulated first at the leader's
+        Once a setting has been bisected to the end and leads (:meth:`leader`), a new setting that is not
+        protected is a *challenger* (a default, of the best default): each seed is simulated first at the leader's
         passing rate for that seed and then at its failing rate (common random numbers: the same requests
         as the leader's runs, which are reused where the two settings run alike), and it is stopped as
         soon as it cannot beat the leader by more than the leader's own bracket (:meth:`race`).
@@ -821,15 +833,19 @@ class _Search:
         start = {c: start_rate_per_s if start_rate_per_s is not None else
                  guess[c] * scale if guess[c] > 0 else self.rate for c in todo}
         brackets = {(c, s): _Bracket() for c in todo for s in self.seeds}
-        leader = self.leader() if start_rate_per_s is None else None
-        challengers = [] if leader is None else [c for c in todo if c not in self.protected and c not in self.defaults]
-        for c in challengers:
-            assert leader is not None
+        # A default challenges the best default (the baseline the gain is measured against), any other the leader.
+        leaders = {} if start_rate_per_s is not None else {True: self.leader(defaults=True), False: self.leader()}
+        challengers: dict[Config, Config] = {}
+        for c in todo:
+            leader = leaders.get(c in self.defaults)
+            if leader is not None and c not in self.protected:
+                challengers[c] = leader
+        for c, leader in challengers.items():
             for s, held in zip(self.seeds, self.brackets[leader]):
                 brackets[(c, s)].probes = [held.passing, held.failing]
         for _ in range(20):
             if self.racing:
-                self.race(todo, brackets, leader, challengers)
+                self.race(todo, brackets, challengers)
             jobs = [(key, rate) for key, bracket in brackets.items()
                     if (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
             if not jobs:
@@ -857,18 +873,25 @@ class _Search:
                                "usd_per_million_output_tokens": float(np.nanmean(cost)) if np.isfinite(cost).any()
                                else math.nan,
                                "meets_scenario_rate": all(b.meets(self.rate) for b in runs),
-                               "per_seed_rates": tuple(rates), "raced_out": runs[0].raced_out}
+                               "per_seed_rates": tuple(rates), "raced_out": runs[0].raced_out,
+                               # an upper bound on the goodput: where a raced-out setting never passed, all it says
+                               "failing_rate_per_s": float(np.mean([b.failing for b in runs]))}
 
-    def leader(self) -> Config | None:
-        """The setting that ranks first so far, where its goodput was bisected to the end (not raced out)
-        and it meets the scenario's rate; None otherwise (no challenger is then anchored to it)."""
+    def leader(self, defaults: bool = False) -> Config | None:
+        """The setting that ranks first so far (``defaults``: among the defaults), where its goodput was
+        bisected to the end (not raced out) and it meets the scenario's rate; None otherwise (no challenger is
+        then anchored to it)."""
         if not self.racing or not self.results:
             return None
-        row = self.table().iloc[0]
+        table = self.table()
+        if defaults:
+            table = table[table["default"]]
+        if table.empty:
+            return None
+        row = table.iloc[0]
         return None if row["raced_out"] or not row["meets_scenario_rate"] else row["config"]
 
-    def race(self, todo: Sequence[Config], brackets: dict, leader: Config | None = None,
-             challengers: Sequence[Config] = ()) -> None:
+    def race(self, todo: Sequence[Config], brackets: dict, challengers: Mapping[Config, Config] | None = None) -> None:
         """Stop bisecting the configurations that can no longer be the best: where the mean over seeds of
         the lowest rates seen to fail is below the mean of the highest seen to pass of another that meets
         the scenario's rate (every seed's final goodput lies below its failing rate, so that one's mean
@@ -876,7 +899,8 @@ class _Search:
         only among themselves, for the best of them is what the gain is measured against; the protected
         settings are bisected to the end.
 
-        A challenger of a finished ``leader`` (:meth:`evaluate`) is also stopped once the mean of its
+        A challenger of a finished leader (``challengers``: challenger -> its leader, :meth:`evaluate`) is
+        also stopped once the mean of its
         failing rates is at or below the mean of the leader's: its goodput then lies below the leader's
         failing rates, within the bracket the leader's own bisection stopped in (the search's resolution,
         ``tolerance``), so it cannot be shown better than the leader; the leader keeps its rank."""
@@ -895,8 +919,8 @@ class _Search:
             if c in self.protected or runs[0].raced_out:
                 continue
             bar = best_default if c in self.defaults else best
-            if leader is not None and c in challengers:
-                bar = max(bar, mean(b.failing for b in self.brackets[leader]))
+            if challengers and c in challengers:
+                bar = max(bar, mean(b.failing for b in self.brackets[challengers[c]]))
             if mean(b.failing for b in runs) <= bar:
                 for b in runs:
                     b.raced_out = True
