@@ -31,14 +31,15 @@ The search (:func:`recommend`):
    taken on its estimate can only lower it.
    The analytic best, the first default and the proposers are bisected first; the other settings, here and
    in the later steps, are then *challengers* of the leader (the first row so far, bisected to the end; for a
-   default, the best default): each
-   seed is simulated first at the leader's passing and failing rates for that seed (the same requests), and
-   a challenger whose failing rates average at or below the leader's stops there: it cannot be shown better
-   than the leader by more than the leader's own bracket, and the leader keeps its rank.
+   default, the best default): each seed is simulated first at the leader's failing rate for that seed, then
+   where it failed there at the leader's passing rate (the same requests), and a challenger whose failing
+   rates average at or below the leader's stops there: it cannot be shown better than the leader by more
+   than the leader's own bracket, and the leader keeps its rank.
    The bisections race: a setting whose failing rates average at or below the passing rates of another
    that meets the scenario's rate can no longer rank first, and stops (``raced_out``; its goodput is
-   then a lower bound). Runs that differ only in a queue timeout none of their requests waited for
-   are one run (:func:`llmsim.search.sweeps.reusing_runs`).
+   then a lower bound, or, where it never passed, 0 and known only to lie below ``failing_rate_per_s``).
+   Runs that differ only in a queue timeout none of their requests waited for are one run
+   (:func:`llmsim.search.sweeps.reusing_runs`).
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
    and each queue timeout (50, 200, 1000 ms), simulated the same way. With prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
@@ -813,9 +814,11 @@ class _Search:
 
         Once a setting has been bisected to the end and leads (:meth:`leader`), a new setting that is not
         protected is a *challenger* (a default, of the best default): each seed is simulated first at the leader's
-        passing rate for that seed and then at its failing rate (common random numbers: the same requests
-        as the leader's runs, which are reused where the two settings run alike), and it is stopped as
-        soon as it cannot beat the leader by more than the leader's own bracket (:meth:`race`).
+        failing rate for that seed, then (where it failed there) at its passing rate (common random numbers: the
+        same requests as the leader's runs, which are reused where the two settings run alike), and it is
+        stopped as soon as it cannot beat the leader by more than the leader's own bracket (:meth:`race`): one
+        failing run per seed, the cheapest verdict (an undecided fail is not measured longer), stops a
+        setting that is no better.
         """
         todo = []
         for config in configs:
@@ -842,7 +845,7 @@ class _Search:
                 challengers[c] = leader
         for c, leader in challengers.items():
             for s, held in zip(self.seeds, self.brackets[leader]):
-                brackets[(c, s)].probes = [held.passing, held.failing]
+                brackets[(c, s)].probes = [held.failing, held.passing]
         for _ in range(20):
             if self.racing:
                 self.race(todo, brackets, challengers)
