@@ -636,11 +636,22 @@ def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) 
 
 def _eligibility_options(best: Config, scenario: Scenario) -> list[Config]:
     """The best setting under each eligibility rule: min_concurrent_requests 1 or the scenario's,
-    min_sequence_tokens 0 or the scenario's."""
+    min_sequence_tokens 0 or the scenario's; less the rule it has (the same setting, simulated already)."""
     assert scenario.speculation is not None                # eligibility is searched only for a speculating scenario
-    own = scenario.speculation.eligibility
+    own, held = scenario.speculation.eligibility, eligibility_of(best, scenario)
     return [replace(best, eligibility=(tokens, concurrent)) for tokens in sorted({0, own.min_sequence_tokens})
-            for concurrent in sorted({1, own.min_concurrent_requests})]
+            for concurrent in sorted({1, own.min_concurrent_requests}) if (tokens, concurrent) != held]
+
+
+def eligibility_of(config: Config, scenario: Scenario) -> tuple[int, int] | None:
+    """The eligibility rule a speculating setting runs with, (min_sequence_tokens, min_concurrent_requests):
+    its own, else the scenario's (or its draft candidate's); None where it does not speculate."""
+    if config.eligibility is not None:
+        return config.eligibility
+    speculation = variant(scenario, config.overrides(scenario)).speculation
+    if speculation is None:
+        return None
+    return speculation.eligibility.min_sequence_tokens, speculation.eligibility.min_concurrent_requests
 
 
 @dataclass
@@ -670,10 +681,13 @@ class DraftSearch:
         screened["max_rate_per_s.ci95"] = [ci for _, ci, _ in simulated]
         screened["raced_out"] = [r for _, _, r in simulated]
         best = table["config"].iloc[0]
-        rows = table[table["config"].map(lambda c: c.eligibility is not None
-                                         and replace(c, eligibility=None) == replace(best, eligibility=None))]
-        eligibility = pd.DataFrame({"min_sequence_tokens": [c.eligibility[0] for c in rows["config"]],
-                                    "min_concurrent_requests": [c.eligibility[1] for c in rows["config"]],
+        # the best setting under each eligibility rule simulated, the best itself included (under its own rule)
+        same = table[table["config"].map(lambda c: replace(c, eligibility=None) == replace(best, eligibility=None))]
+        held = [eligibility_of(c, scenario) for c in same["config"]]
+        rows = same[[rule is not None for rule in held]]
+        rules = [rule for rule in held if rule is not None]
+        eligibility = pd.DataFrame({"min_sequence_tokens": [rule[0] for rule in rules],
+                                    "min_concurrent_requests": [rule[1] for rule in rules],
                                     "max_rate_per_s": rows["max_rate_per_s"].to_numpy(),
                                     "max_rate_per_s.ci95": rows["max_rate_per_s.ci95"].to_numpy(),
                                     "raced_out": rows["raced_out"].to_numpy(dtype=bool),
