@@ -214,6 +214,8 @@ def _speculation(spec: SpeculationConfig, scenario: Scenario) -> dict[str, Any]:
         if proposer.kind is NGRAM else None,
         "ngram_cpu_per_context_token": _changed(proposer.cpu_s_per_context_token, default.cpu_s_per_context_token)
         if proposer.kind is NGRAM else None}))
+    if spec.scorer is not SpeculationConfig.scorer:
+        out["scorer"] = spec.scorer.value
     if spec.placement is not DraftPlacement.COLOCATED:
         out["placement"] = spec.placement.value
         out["draft_devices"] = spec.draft_devices

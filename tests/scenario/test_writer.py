@@ -125,6 +125,7 @@ def built(tmp_path: Path) -> dict[str, dict]:
                                                         "eligibility": {"min_sequence_tokens": 0},
                                                         "acceptance": {"process": "replay", "path": lengths,
                                                                        "measured_k": 6}}},
+        "batch expansion scorer": {"speculation": {"draft": "ngram", "k": 2, "scorer": "batch_expansion"}},
         "medusa, positional": {"speculation": {"draft": "medusa", "heads": 3, "k": 2,
                                                "acceptance": {"process": "positional", "alpha": 0.8}}},
         "eagle tree, controller of k": {"speculation": {"draft": "eagle", "tree_branching": 2, "k": 4},
