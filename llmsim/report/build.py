@@ -53,8 +53,8 @@ from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.disaggregation import AGGREGATED, compare_layouts
 from llmsim.search.layout import Layout, cheapest_layouts
-from llmsim.search.plan import (SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
-                                fewest_replicas)
+from llmsim.search.plan import (SPLIT_KEY, analytic_bracket, as_scenario, check_rate, check_rate_driven,
+                                fewest_replicas, proven_failing)
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
@@ -528,12 +528,25 @@ class ReportBuilder:
                          Fact("replicas for N+1", "capacity", "replicas for N+1", "value")]
 
     def _replicas_at(self, overrides: dict, around: int) -> tuple[int | None, Judged | None]:
-        """Fewest replicas with ``overrides`` on the recommended settings, searched near ``around``."""
+        """Fewest replicas with ``overrides`` on the recommended settings, searched near ``around``, and the
+        runs with the recommended count where the search simulated it (it always does at ``around``)."""
         rate = overrides.get(RATE_KEY, self.rate)
-        # from ``around`` and the count below it (the usual answer), bisecting further only if both pass
-        found, outcomes = fewest_replicas(self.scenario, {**self.config, **overrides}, rate, max(1, around - 1),
-                                          around, max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
-                                          window_per_count=True)
+        point = {**self.config, **overrides}
+        one = variant(self.scenario, {**point, RATE_KEY: rate, REPLICAS_KEY: 1})
+        cap = max(2 * around + 2, 4)
+        # counts the fluid model's capacity bound proves too few are never simulated
+        too_few = proven_failing(one, rate)
+
+        def search(lower: int, start: int, top: int, known_failing: int) -> tuple[int | None, dict[int, Judged]]:
+            return fewest_replicas(self.scenario, point, rate, lower, start, top, seeds=self.seeds,
+                                   workers=self.workers, window_per_count=True, known_failing=known_failing)
+
+        # ``around`` and the count below it (the usual answer), bisecting further only if both pass
+        found, outcomes = (None, {}) if around <= too_few else search(max(1, around - 1), around, around, too_few)
+        if found is None and around < cap:      # more are needed: from the fluid model's roomy count up
+            _, upper = analytic_bracket(one, rate, cap)
+            found, more = search(around + 1, max(around + 1, upper), cap, max(too_few, around))
+            outcomes.update(more)
         return found, outcomes.get(self.replicas)
 
     def _judge(self, points: list[dict], rates: list[float]) -> list[Judged]:
@@ -585,6 +598,9 @@ class ReportBuilder:
                 continue
             try:
                 found, at_current = self._replicas_at(overrides, self.replicas)
+                if at_current is None:      # the capacity bound ruled the count out: its runs are still shown
+                    at_current = self._judge([{**self.config, **overrides, REPLICAS_KEY: self.replicas}],
+                                             [overrides.get(RATE_KEY, self.rate)])[0]
             except ConfigError as error:
                 rows.append([label, "-", "-", "-", f"not valid: {error.message}"])
                 continue
