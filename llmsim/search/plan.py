@@ -53,6 +53,7 @@ SPLIT_KEY = "deployment.disaggregation"      # null in a plan's overrides: the d
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
 FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simulator (tests/analysis/test_analytic.py)
+FIRST_COUNTS = 16            # analytic_bracket evaluates counts 1..16 before the rest
 MAX_PROVEN = 2 ** 31         # proven_failing's answer where the fluid model gives one replica no capacity at all
 
 
@@ -333,19 +334,30 @@ def proven_failing(one_replica: Scenario, rate: float) -> int:
 
 
 def analytic_bracket(one_replica: Scenario, rate: float, max_replicas: int) -> tuple[int, int]:
-    """(lower, upper) replica counts from the fluid model of one replica at rate / n."""
+    """(lower, upper) replica counts from the fluid model of one replica at rate / n: the first count whose
+    mean latencies are within the limits, and the first with ample room. The counts are evaluated in order,
+    the first :data:`FIRST_COUNTS` of them alone before the rest (the usual answer lies among them)."""
     slo = one_replica.slo
-    counts = np.arange(1, max_replicas + 1)
+    lower = upper = None
     try:
-        frame = FluidModel(one_replica).evaluate(rate / counts)
+        model = FluidModel(one_replica)
+        for first, last in ((1, min(FIRST_COUNTS, max_replicas)), (FIRST_COUNTS + 1, max_replicas)):
+            if upper is not None or first > last:
+                break
+            counts = np.arange(first, last + 1)
+            frame = model.evaluate(rate / counts)
+            plausible = frame["stable"].to_numpy().copy()
+            roomy = plausible & (frame["utilisation"].to_numpy() <= ROOMY_UTILISATION)
+            for metric, (limit, _) in slo.targets().items():
+                mean = frame[f"{metric}_mean_s"].to_numpy()
+                plausible &= mean <= limit
+                roomy &= mean <= ROOMY_LATENCY * limit
+            if lower is None and plausible.any():
+                lower = int(counts[plausible][0])
+            if roomy.any():                 # ample room implies within the limits: lower is known too
+                upper = int(counts[roomy][0])
     except ConfigError:                   # not modelled (static batching): simulate from one replica up
         return 1, 1
-    plausible = frame["stable"].to_numpy().copy()
-    roomy = plausible & (frame["utilisation"].to_numpy() <= ROOMY_UTILISATION)
-    for metric, (limit, _) in slo.targets().items():
-        mean = frame[f"{metric}_mean_s"].to_numpy()
-        plausible &= mean <= limit
-        roomy &= mean <= ROOMY_LATENCY * limit
-    lower = int(counts[plausible][0]) if plausible.any() else max_replicas
-    upper = int(counts[roomy][0]) if roomy.any() else max_replicas
+    lower = max_replicas if lower is None else lower
+    upper = max_replicas if upper is None else upper
     return lower, max(upper, lower)
