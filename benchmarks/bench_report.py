@@ -123,8 +123,14 @@ def compare(args: argparse.Namespace) -> None:
             for name, tree in trees.items():
                 cpu, result = run_child(tree, args)
                 runs[name].append((cpu, result))
+                stages = ", ".join(f"{stage} {seconds:.1f}" for stage, seconds in result["stages"].items())
                 print(f"  round {round_index + 1}, {name} tree: {cpu:.1f} CPU s (load average "
-                      f"{os.getloadavg()[0]:.1f})", flush=True)
+                      f"{os.getloadavg()[0]:.1f}; {stages})", flush=True)
+            changed = differences(runs["previous"][-1][1]["tables"], runs["this"][-1][1]["tables"])
+            print(f"  round {round_index + 1}, answers: " + ("the same in every table compared" if not changed
+                                                            else f"{len(changed)} cell(s) differ"), flush=True)
+            for line in changed:
+                print(f"    {line}", flush=True)
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=REPO, capture_output=True)
     print(f"machine: {os.cpu_count()} cores, load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the "
@@ -140,12 +146,9 @@ def compare(args: argparse.Namespace) -> None:
     for stage in runs["this"][0][1]["stages"]:
         print(f"  {stage:<14} " + " ".join(f"{cell([r['stages'].get(stage, 0.0) for _, r in runs[name]]):>22}"
                                            for name in trees))
-    for round_index in range(args.rounds):
-        changed = differences(runs["previous"][round_index][1]["tables"], runs["this"][round_index][1]["tables"])
-        print(f"answers, round {round_index + 1}: " + ("the same in every table compared" if not changed
-                                                      else f"{len(changed)} cell(s) differ"))
-        for line in changed:
-            print(f"    {line}")
+    same = all(not differences(old_run[1]["tables"], new_run[1]["tables"])
+               for old_run, new_run in zip(runs["previous"], runs["this"]))
+    print("answers: " + ("the same in every table compared, every round" if same else "differ (rounds above)"))
 
 
 def main() -> None:
