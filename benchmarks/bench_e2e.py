@@ -24,19 +24,28 @@ meets the budget's edge, which TensorRT-LLM holds back to the next step and the 
 backend overlaps each step's CPU work with the next step on the GPU by default
 (nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html: "Enabled by default"): ``engine.async_scheduling``.
 
-The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms (``engine.kernels:
-trtllm``), the published tensor-parallel size, the same lengths, every request waiting at time 0; the rate is
-measured on the saturated engine after its ramp-up (:func:`llmsim.search.sustainable_rate.offline_rate`). Prints
-simulated and published tokens/s per cell, their ratio, and the H100/H200 ratio of each (model, lengths) both ways.
+The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms and fusions
+(``engine.kernels: trtllm``; ``kernel_terms.STREAM_FUSION``), the published tensor-parallel size, the same lengths,
+every request waiting at time 0; the rate is measured on the saturated engine after its ramp-up
+(:func:`llmsim.search.sustainable_rate.offline_rate`). Prints simulated and published tokens/s per cell, their
+ratio, and the H100/H200 ratio of each (model, lengths) both ways.
 
-    .venv/bin/python benchmarks/bench_e2e.py [--quick]       (a few minutes on 2 cores; --quick: one length pair)
+    .venv/bin/python benchmarks/bench_e2e.py [--quick] [--breakdown]
+        (a few minutes on 2 cores; --quick: one length pair; --breakdown: where each cell's mean step goes)
+
+``--breakdown`` prints, per cell, ``CostModel.breakdown`` of the measured window's mean step (its mean decoding
+sequences at the mean context of the run, ISL + OSL / 2, and its mean prompt tokens as one chunk): the operator
+groups that set a missed cell's time.
 """
 from __future__ import annotations
 
 import argparse
 import time
 
-from llmsim.search.sustainable_rate import offline_rate
+from llmsim.cost.roofline import CostModel
+from llmsim.scenario.deployment import ResolvedDeployment
+from llmsim.search.sustainable_rate import OfflineRate, offline_rate
+from llmsim.search.sweeps import scenario_at
 
 SOURCE = ("TensorRT-LLM perf-overview.md @00f37686 (trtllm-bench throughput, FP8 weights and KV cache, "
           "total output tokens/s)")
@@ -67,13 +76,31 @@ def scenario(model: str, gpu: str, tp: int, isl: int, osl: int) -> dict:
                          "prompt_tokens": isl, "output_tokens": osl}}
 
 
-def simulated_tokens_per_s(model: str, gpu: str, tp: int, isl: int, osl: int) -> float:
-    return offline_rate(scenario(model, gpu, tp, isl, osl), num_requests=5 * MAX_NUM_SEQS).output_tokens_per_s
+def simulated_rate(model: str, gpu: str, tp: int, isl: int, osl: int) -> OfflineRate:
+    return offline_rate(scenario(model, gpu, tp, isl, osl), num_requests=5 * MAX_NUM_SEQS)
+
+
+def print_breakdown(key: tuple, rate: OfflineRate) -> None:
+    """The mean step of the cell's measured window, operator by operator (see the module docstring)."""
+    model, gpu, tp, isl, osl = key
+    cost: CostModel = ResolvedDeployment.of(scenario_at(scenario(*key), {})).cost
+    decoding = round(rate.mean_batch)
+    # Prompt tokens per step: the window's output tokens per step are its decoding sequences (one each), and every
+    # finished request brought ISL prompt tokens for OSL output tokens.
+    chunk = round(decoding * isl / osl)
+    rows = cost.breakdown(cost.features([chunk], [0], [isl + osl / 2] * decoding, prefill_logits=0))
+    rows = rows[rows["time_s"] > 0]
+    total_ms = rows["time_s"].sum() * 1e3
+    parts = ", ".join(f"{row.operator} {row.time_s * 1e3:.1f}" for row in rows.itertuples())
+    print(f"    step at {decoding} decoding + {chunk} prompt tokens: {total_ms:.1f} ms "
+          f"(measured mean {rate.step_s * 1e3:.1f} ms; overhead+communication holds the CPU part the overlap "
+          f"scheduler hides): {parts}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the 1000/1000 cells only")
+    parser.add_argument("--breakdown", action="store_true", help="each cell's mean step, operator by operator (ms)")
     args = parser.parse_args()
     started = time.perf_counter()
     cells = {key: value for key, value in PUBLISHED.items() if not args.quick or key[3:] == (1000, 1000)}
@@ -81,10 +108,13 @@ def main() -> None:
     print(f"source: {SOURCE}")
     print(f"{'model':<15} {'GPU':<9} {'TP':>2} {'ISL/OSL':>9} {'published':>10} {'simulated':>10} {'sim/pub':>8}")
     for key, published in cells.items():
-        simulated[key] = simulated_tokens_per_s(*key)
+        rate = simulated_rate(*key)
+        simulated[key] = rate.output_tokens_per_s
         model, gpu, tp, isl, osl = key
         print(f"{model:<15} {gpu:<9} {tp:>2} {f'{isl}/{osl}':>9} {published:>10,} {simulated[key]:>10,.0f} "
               f"{simulated[key] / published:>8.2f}", flush=True)
+        if args.breakdown:
+            print_breakdown(key, rate)
     print("\nH100/H200 throughput per GPU (published TP sizes differ for 70B: per GPU compares them)")
     print(f"{'model':<15} {'ISL/OSL':>9} {'published':>10} {'simulated':>10} {'sim/pub':>8}")
     for (model, gpu, tp, isl, osl) in cells:

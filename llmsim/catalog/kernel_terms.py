@@ -55,11 +55,40 @@ class EngineKernels(enum.Enum):
 
 
 ENGINE_NAMES = tuple(engine.value for engine in EngineKernels)
-# Streaming kernels an engine runs inside another kernel, so that they make no pass over memory of their own.
-# TensorRT-LLM's attention op applies the rotary embedding to the fused QKV as it reads it when its backend supports
-# that, which its default (TRT-LLM) backend does: tensorrt_llm/_torch/modules/attention.py, ``rope_fusion`` ("If
-# rope_fusion is not specified, enable if the attention backend supports it").
-FUSED_STREAM_KERNELS = {EngineKernels.TRTLLM.value: ("rotary",)}
+
+
+@dataclass(frozen=True)
+class StreamFusion:
+    """Which of a layer's streaming kernels an engine runs inside other kernels, so that they make no pass over
+    memory of their own: ``inside`` kinds never (the rotary embedding inside attention); the residual add inside
+    the RMSNorm (``residual_into_norm``: one add-norm kernel per norm); and, with tensor parallelism on a model
+    wider than ``norm_into_all_reduce_above_hidden``, that add-norm inside the all-reduce before it."""
+    inside: tuple[str, ...] = ()
+    residual_into_norm: bool = False
+    norm_into_all_reduce_above_hidden: int | None = None
+
+    def norm_in_all_reduce(self, hidden_size: int, tensor_parallel: int) -> bool:
+        """Whether the add-norms of a model of ``hidden_size`` at ``tensor_parallel`` run in its all-reduces."""
+        above = self.norm_into_all_reduce_above_hidden
+        return above is not None and tensor_parallel > 1 and hidden_size > above
+
+
+# TensorRT-LLM (PyTorch backend):
+# - its attention op applies the rotary embedding to the fused QKV as it reads it when its backend supports that,
+#   which its default (TRT-LLM) backend does: tensorrt_llm/_torch/modules/attention.py, ``rope_fusion`` ("If
+#   rope_fusion is not specified, enable if the attention backend supports it");
+# - Llama's decoder layer calls its RMSNorms with the residual (``self.post_attention_layernorm(hidden_states,
+#   residual)``, ``self.next_layer_layernorm(hidden_states, residual)``: one fused add-norm kernel) and, with
+#   tensor parallelism, runs both inside the all-reduces (``AllReduceFusionOp.RESIDUAL_RMS_NORM``, with the FP8
+#   input quantization for FP8 checkpoints) unless the model is 4,096 wide or less ("Disable fusion for small models
+#   due to accuracy issues": ``enable_fusion &= config.hidden_size > 4096``): tensorrt_llm/_torch/models/
+#   modeling_llama.py, ``LlamaDecoderLayer``, NVIDIA/TensorRT-LLM commit 3a5901cd. The fusion is on by default in the
+#   releases the perf overview measured: their release notes (1.0 on) give ``TRTLLM_LLAMA_EAGER_FUSION_DISABLED=1`` as
+#   the workaround for "Llama 3.x ... pipeline parallelism when using FP8" (docs/source/release-notes.md). NVIDIA's
+#   aiconfigurator prices the layer's streaming work the same way: two add-norms and one gated activation
+#   (aiconfigurator-core 0.12.0, sdk/models/llama.py).
+STREAM_FUSION = {EngineKernels.TRTLLM.value: StreamFusion(("rotary",), residual_into_norm=True,
+                                                          norm_into_all_reduce_above_hidden=4096)}
 
 
 @dataclass(frozen=True)
@@ -151,7 +180,7 @@ class KernelTerms:
     # 8-bit GEMMs quantize their 16-bit input in a kernel of their own (3 bytes per element) before they start.
     gemm_quantize_bandwidth_bytes_per_s: float = 0.0
     decode_by_kv_dtype: dict[str, DecodeAttention] = field(default_factory=dict)
-    fused_stream_kernels: tuple[str, ...] = ()      # streaming kinds the engine runs inside other kernels
+    stream_fusion: StreamFusion = StreamFusion()   # streaming kernels the engine runs inside other kernels
 
     def for_dtype(self, dtype: str) -> KernelTerms:
         """These terms with the GEMM figures of ``dtype`` where it has its own (else unchanged)."""
@@ -217,7 +246,7 @@ def engine_kernel_terms(node: Node, figure: Callable[..., float], engine_figure:
                                      "gemm, attention, all_reduce, custom_all_reduce ...")
         merged = Node(deep_merge(section, overlays.data[name]), file=node.file, path=overlays.key_path(str(name)))
         out[str(name)] = replace(_terms_from_section(merged, engine_figure),
-                                 fused_stream_kernels=FUSED_STREAM_KERNELS.get(str(name), ()))
+                                 stream_fusion=STREAM_FUSION.get(str(name), StreamFusion()))
     return base, out
 
 

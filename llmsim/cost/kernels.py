@@ -199,9 +199,15 @@ ELEMENTWISE_COUNTS = {"norm": 2, "residual": 2, "activation": 1, "rotary": 1}   
 
 def elementwise_layer_terms(model: ModelSpec, tensor_parallel: int, kernels: KernelTerms) -> tuple[float, float]:
     """(fixed seconds, seconds per token) of one layer's streaming kernels (those the engine fuses into other
-    kernels cost nothing of their own)."""
+    kernels cost nothing of their own; an add-norm is one norm kernel moving both kernels' bytes but the sum's
+    read back: x and the residual in, the sum and the normed output out)."""
+    fusion = kernels.stream_fusion
     moved = {kind: size for kind, size in elementwise_bytes_per_token(model, tensor_parallel).items()
-             if kind not in kernels.fused_stream_kernels}
+             if kind not in fusion.inside}
+    if fusion.norm_in_all_reduce(model.hidden_size, tensor_parallel):
+        del moved["norm"], moved["residual"]
+    elif fusion.residual_into_norm:
+        moved["norm"] += moved.pop("residual") - model.hidden_size * model.activation_bytes_per_element
     fixed = sum(ELEMENTWISE_COUNTS[kind] * (kernels.elementwise[kind].floor_s
                                             + moved[kind] / kernels.elementwise[kind].row_bandwidth_bytes_per_s)
                 for kind in moved)

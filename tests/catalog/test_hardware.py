@@ -7,6 +7,7 @@ import yaml
 from llmsim import hardware_catalog, load_profile
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import shipped_profile_dir
+from llmsim.catalog.kernel_terms import EngineKernels
 
 PROFILES = sorted(shipped_profile_dir().glob("*.yaml"))
 REFERENCE = {  # docs/reference/sources/hardware.md: dense BF16 TFLOP/s, memory GB, bandwidth TB/s, TDP W
@@ -100,3 +101,19 @@ def test_aliases_must_be_a_list_of_names(tmp_path, aliases):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="aliases"):
         load_profile(path)
+
+
+def test_h200_tensorrt_llm_streaming_kernels_follow_their_stated_transfer_rule():
+    """The H200's TensorRT-LLM SiLU and add-norm bandwidths are an assumption stated in the profile: H100's measured
+    kernels' share of its 3.35 TB/s peak, times H200's 4.8 TB/s (both datasheet figures), to the profile's 4
+    significant figures; the vLLM terms keep the H200's own measured figures."""
+    catalog = hardware_catalog()
+    h100, h200 = catalog["H100-SXM"], catalog["H200"]
+    assert (h100.memory_bandwidth_bytes_per_s, h200.memory_bandwidth_bytes_per_s) == (3.35e12, 4.8e12)
+    trtllm = h200.for_engine(EngineKernels.TRTLLM).kernels.elementwise
+    vllm = h200.for_engine(EngineKernels.VLLM).kernels.elementwise
+    for kind in ("activation", "norm"):
+        share = h100.kernels.elementwise[kind].bandwidth_bytes_per_s / h100.memory_bandwidth_bytes_per_s
+        assert trtllm[kind].bandwidth_bytes_per_s == pytest.approx(share * 4.8e12, rel=5e-4), kind
+        assert vllm[kind].bandwidth_bytes_per_s == h200.kernels.elementwise[kind].bandwidth_bytes_per_s
+        assert trtllm[kind].floor_s == vllm[kind].floor_s

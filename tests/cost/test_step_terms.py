@@ -2,12 +2,14 @@
 with and without asynchronous scheduling, each against its closed form."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog, simulate
-from llmsim.catalog.kernel_terms import EngineKernels
-from llmsim.cost.kernels import ELEMENTWISE_COUNTS, elementwise_bytes_per_token
+from llmsim.catalog.kernel_terms import EngineKernels, StreamFusion
+from llmsim.cost.kernels import ELEMENTWISE_COUNTS
 from llmsim.cost.work import SAMPLING_BYTES_PER_VOCAB_ENTRY
 
 from tests.helpers import make_scenario
@@ -96,24 +98,61 @@ def test_vllms_async_scheduling_flag_turns_the_overlap_on():
     assert scenario.engine.async_scheduling and scenario.vllm_notes == ()
 
 
-def test_tensorrt_llm_applies_rope_inside_attention_so_rotary_makes_no_pass_of_its_own():
-    """TensorRT-LLM fuses the rotary embedding into its attention op; vLLM's kernels run it as a kernel of its own.
-    The streaming row of a step is, per layer and kernel kind, floor + bytes / bandwidth + one row's bytes over the
-    row bandwidth (the profile's figures): summed over norm, residual and activation for TensorRT-LLM, and with the
-    rotary kernel on top for vLLM."""
+def streaming_closed_form(model, kernels, tokens: int, kernel_bytes: dict[str, float]) -> float:
+    """One step's streaming time over every layer: per kernel kind, its count x (floor + tokens x bytes / bandwidth
+    + one row's bytes / row bandwidth), the profile's figures, for the kinds in ``kernel_bytes`` (bytes per token)."""
+    return model.num_layers * sum(
+        ELEMENTWISE_COUNTS[kind] * (kernels.elementwise[kind].floor_s
+                                    + tokens * size / kernels.elementwise[kind].bandwidth_bytes_per_s
+                                    + size / kernels.elementwise[kind].row_bandwidth_bytes_per_s)
+        for kind, size in kernel_bytes.items())
+
+
+def test_tensorrt_llm_fuses_rope_into_attention_and_the_residual_add_into_the_norm():
+    """TensorRT-LLM applies the rotary embedding inside its attention op and calls each RMSNorm with the residual
+    (one add-norm kernel: the layer input and the residual in, their sum and the normed sum out, 4 hidden-wide
+    rows of 16-bit values per token); vLLM's kernel terms run the norm (2 rows), the residual add (3 rows), SiLU
+    (gate and up in, one out) and rotary (q and k, read and written) as kernels of their own."""
     h200 = lookup_hardware("H200")
     tokens = 4096
     x = CostModel(MODEL, h200).features([tokens], [0], [], prefill_logits=0)
-
-    def closed_form(kernels, kinds):
-        moved = elementwise_bytes_per_token(MODEL, 1)
-        return MODEL.num_layers * sum(
-            ELEMENTWISE_COUNTS[kind] * (kernels.elementwise[kind].floor_s
-                                        + tokens * moved[kind] / kernels.elementwise[kind].bandwidth_bytes_per_s
-                                        + moved[kind] / kernels.elementwise[kind].row_bandwidth_bytes_per_s)
-            for kind in kinds)
-    for engine, kinds in (("vllm", ("norm", "residual", "activation", "rotary")),
-                          ("trtllm", ("norm", "residual", "activation"))):
+    row_bytes = MODEL.hidden_size * 2
+    silu = 3 * MODEL.intermediate_size * 2
+    rotary = 2 * (MODEL.num_heads + MODEL.num_kv_heads) * MODEL.head_dim * 2
+    expected = {"vllm": {"norm": 2 * row_bytes, "residual": 3 * row_bytes, "activation": silu, "rotary": rotary},
+                "trtllm": {"norm": 4 * row_bytes, "activation": silu}}
+    for engine, kernel_bytes in expected.items():
         hardware = h200.for_engine(EngineKernels(engine))
         row = CostModel(MODEL, hardware).breakdown(x).set_index("operator").loc["layer.elementwise"]
-        assert row["time_s"] == pytest.approx(closed_form(hardware.kernels, kinds), rel=1e-9), engine
+        assert row["time_s"] == pytest.approx(streaming_closed_form(MODEL, hardware.kernels, tokens, kernel_bytes),
+                                              rel=1e-9), engine
+
+
+def test_tensorrt_llm_runs_a_wide_models_add_norms_inside_its_all_reduces():
+    """With tensor parallelism TensorRT-LLM runs Llama's residual add and RMSNorm inside the all-reduce before
+    them, for models wider than 4,096 (modeling_llama.py: ``enable_fusion &= config.hidden_size > 4096``): a 70B
+    at TP 2 streams only SiLU over its half of the intermediate columns and pays the same all-reduces as without
+    the fusion; an 8B at TP 2 keeps its add-norms; at TP 1 (no all-reduce) the 70B keeps them too."""
+    h200 = lookup_hardware("H200").for_engine(EngineKernels.TRTLLM)
+    wide = model_catalog()["Llama-3.1-70B"]
+    tokens = 2048
+
+    def streaming_and_rest(model, tp):
+        cost = CostModel(model, h200, tp)
+        rows = cost.breakdown(cost.features([tokens], [0], [], prefill_logits=0)).set_index("operator")
+        return rows.loc["layer.elementwise", "time_s"], rows.loc["overhead+communication", "time_s"]
+
+    streaming, communication = streaming_and_rest(wide, 2)
+    silu = {"activation": 3 * wide.intermediate_size / 2 * 2}
+    assert streaming == pytest.approx(streaming_closed_form(wide, h200.kernels, tokens, silu), rel=1e-9)
+    unfused = dataclasses.replace(h200, kernels=dataclasses.replace(h200.kernels, stream_fusion=StreamFusion()))
+    cost = CostModel(wide, unfused, 2)
+    rows = cost.breakdown(cost.features([tokens], [0], [], prefill_logits=0)).set_index("operator")
+    assert communication == pytest.approx(rows.loc["overhead+communication", "time_s"], rel=1e-12)
+    assert rows.loc["layer.elementwise", "time_s"] > streaming
+    narrow_streaming, _ = streaming_and_rest(MODEL, 2)
+    add_norm = {"norm": 4 * MODEL.hidden_size * 2, "activation": 3 * MODEL.intermediate_size / 2 * 2}
+    assert narrow_streaming == pytest.approx(streaming_closed_form(MODEL, h200.kernels, tokens, add_norm), rel=1e-9)
+    single, _ = streaming_and_rest(wide, 1)
+    add_norm_wide = {"norm": 4 * wide.hidden_size * 2, "activation": 3 * wide.intermediate_size * 2}
+    assert single == pytest.approx(streaming_closed_form(wide, h200.kernels, 1 * tokens, add_norm_wide), rel=1e-9)
