@@ -23,6 +23,8 @@ is the closest of its modes (its prefill-first mode runs prompts in steps of the
 meets the budget's edge, which TensorRT-LLM holds back to the next step and the simulator splits. The PyTorch
 backend overlaps each step's CPU work with the next step on the GPU by default
 (nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html: "Enabled by default"): ``engine.async_scheduling``.
+The batch limit and the token budget of each cell are the ones trtllm-bench derives from the lengths and the KV
+memory where the run names neither (:func:`trtllm_bench_limits`): 2,048 tokens a step in the decode-heavy cells.
 
 The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms and fusions
 (``engine.kernels: trtllm``; ``kernel_terms.STREAM_FUSION``), the published tensor-parallel size, the same lengths,
