@@ -18,6 +18,7 @@ from llmsim.analysis.rolling import rolling_worst_ratio, time_over_slo
 from llmsim.cli.render import class_table
 from llmsim.config.reader import Node, deep_merge
 from llmsim.scenario.scenario import scenario_from_node
+from llmsim.scenario.variants import POLICY_KEY, variant
 
 REPO = Path(__file__).resolve().parent.parent
 THREE_CLASSES = REPO / "scenarios" / "llama3-8b-h100-three-classes.yaml"
@@ -46,7 +47,7 @@ def with_changes(source: dict, changes: dict, base_dir: Path):
 def policy_tables() -> None:
     base = load_scenario(THREE_CLASSES)
     for policy in POLICIES:
-        result = simulate(with_changes(base.source, {"engine": {"scheduling_policy": policy}}, THREE_CLASSES.parent))
+        result = simulate(variant(base, {POLICY_KEY: policy}))
         summary = summarize(result).to_dict()
         print(f"\n{policy}: {summary['throughput']['requests_per_s']:.2f} req/s served, "
               f"preemptions {summary['requests']['preemptions']}, every class's SLO met: {summary['slo']['met']}")

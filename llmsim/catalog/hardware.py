@@ -94,6 +94,8 @@ class HardwareProfile:
     engine_kernels: dict[str, KernelTerms] = field(default_factory=dict, compare=False)
     figures: dict[str, Figure] = field(default_factory=dict, compare=False)
     path: str | None = field(default=None, compare=False)
+    # The name or file path it was looked up by (:func:`lookup_hardware`), as a scenario's ``hardware`` writes it.
+    named: str | None = field(default=None, compare=False, repr=False)
 
     @property
     def tiers(self) -> tuple[MemoryTier, ...]:
@@ -321,7 +323,12 @@ def _shared_catalog() -> dict[str, HardwareProfile]:
 
 
 def lookup_hardware(name: str, node: Node | None = None, key: str = "hardware") -> HardwareProfile:
-    """A profile by name or file stem (case-insensitive), or by a path to a YAML file."""
+    """A profile by name or file stem (case-insensitive), or by a path to a YAML file; it keeps ``name``
+    (``named``)."""
+    return replace(_lookup(name, node, key), named=name)
+
+
+def _lookup(name: str, node: Node | None, key: str) -> HardwareProfile:
     candidate = Path(name)
     if node is not None and not candidate.is_absolute():
         candidate = node.base_dir / candidate

@@ -30,10 +30,11 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,7 @@ from llmsim.analysis import names
 from llmsim.analysis.frontier import pareto_frontier
 from llmsim.analysis.metrics import summarize
 from llmsim.catalog.hardware import lookup_hardware
+from llmsim.config.policies import AcceptanceProcess
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
 from llmsim.config.words import counted
@@ -62,6 +64,7 @@ from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simu
                                   typical_latency_s)
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
+from llmsim.workload.lengths import check_mean_kept
 from llmsim.workload.trace import Trace
 
 # The expert-parallel layouts the search adds for an MoE model (llmsim.search.layout).
@@ -527,12 +530,18 @@ class ReportBuilder:
                          Fact("headroom above the target", "capacity", "headroom above the target", "value"),
                          Fact("replicas for N+1", "capacity", "replicas for N+1", "value")]
 
-    def _replicas_at(self, overrides: dict, around: int) -> tuple[int | None, Judged | None]:
-        """Fewest replicas with ``overrides`` on the recommended settings, searched near ``around``."""
+    def _replicas_at(self, overrides: dict, configured: Scenario | None = None,
+                     around: int | None = None) -> tuple[int | None, Judged | None]:
+        """Fewest replicas with ``overrides`` on the recommended settings, searched near ``around`` (default:
+        the recommended count); ``configured``: a scenario with the recommended settings and a change of its
+        own (then only ``overrides`` are set on it)."""
+        around = self.replicas if around is None else around
         rate = overrides.get(RATE_KEY, self.rate)
+        scenario, point = ((self.scenario, {**self.config, **overrides}) if configured is None
+                           else (configured, overrides))
         # from ``around`` and the count below it (the usual answer), bisecting further only if both pass
-        found, outcomes = fewest_replicas(self.scenario, {**self.config, **overrides}, rate, max(1, around - 1),
-                                          around, max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
+        found, outcomes = fewest_replicas(scenario, point, rate, max(1, around - 1), around,
+                                          max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
                                           window_per_count=True)
         return found, outcomes.get(self.replicas)
 
@@ -548,7 +557,8 @@ class ReportBuilder:
     def _peak(self) -> None:
         traffic = self.traffic
         mean_rate = traffic.mean_rate_per_s
-        at_mean, _ = self._replicas_at({RATE_KEY: mean_rate}, max(1, round(self.replicas * mean_rate / self.rate)))
+        at_mean, _ = self._replicas_at({RATE_KEY: mean_rate},
+                                       around=max(1, round(self.replicas * mean_rate / self.rate)))
         usd_replica = float(self.at_target[names.USD_PER_HOUR].mean()) / self.replicas
         rows = [["mean", f"{num(mean_rate)} req/s", str(at_mean) if at_mean else "-",
                  usd(at_mean * usd_replica * HOURS_PER_MONTH) if at_mean else "-"],
@@ -565,26 +575,28 @@ class ReportBuilder:
                     figures.diurnal(traffic.hours, traffic.rate_per_s, mean_rate, self.rate, "peak-figure"))]))
 
     def _sensitivity(self) -> None:
-        variants: list[tuple[str, dict | None]] = [
-            (f"load {sign}{SENSITIVITY:.0%}", {RATE_KEY: self.rate * (1 + s * SENSITIVITY)})
+        """Each change is made on the typed scenario with the recommended settings: the load as a point's rate,
+        the lengths and the acceptance on its workload and speculation (a change that returns None: not
+        applicable)."""
+        configured = variant(self.scenario, self.config)
+        changes: list[tuple[str, dict, Callable[[], Scenario | None] | None]] = [
+            (f"load {sign}{SENSITIVITY:.0%}", {RATE_KEY: self.rate * (1 + s * SENSITIVITY)}, None)
             for sign, s in (("-", -1), ("+", 1))]
-        for key in ("prompt_tokens", "output_tokens"):
-            for sign, s in (("-", -1), ("+", 1)):
-                scaled = _scaled_length((self.scenario.source or {}).get("workload", {}).get(key), 1 + s * SENSITIVITY)
-                variants.append((f"{key.replace('_', ' ')} {sign}{SENSITIVITY:.0%}",
-                                 {f"workload.{key}": scaled} if scaled is not None else None))
-        if self.final.speculating and self.final.source is not None:
-            for sign, s in (("-", -1), ("+", 1)):
-                shifted = _shifted_acceptance(self.final.source.get("speculation", {}).get("acceptance", {}),
-                                              s * ACCEPTANCE_STEP)
-                variants.append((f"acceptance {sign}{ACCEPTANCE_STEP:g}", shifted))
+        changes += [(f"{key.replace('_', ' ')} {sign}{SENSITIVITY:.0%}", {},
+                     partial(scaled_lengths, configured, key, 1 + s * SENSITIVITY))
+                    for key in ("prompt_tokens", "output_tokens") for sign, s in (("-", -1), ("+", 1))]
+        if configured.speculating:
+            changes += [(f"acceptance {sign}{ACCEPTANCE_STEP:g}", {},
+                         partial(shifted_acceptance, configured, s * ACCEPTANCE_STEP))
+                        for sign, s in (("-", -1), ("+", 1))]
         rows, labels, needed = [], [], []
-        for label, overrides in variants:
-            if overrides is None:
-                rows.append([label, "-", "-", "-", "not applicable to this workload"])
-                continue
+        for label, overrides, change in changes:
             try:
-                found, at_current = self._replicas_at(overrides, self.replicas)
+                changed = None if change is None else change()
+                if change is not None and changed is None:
+                    rows.append([label, "-", "-", "-", "not applicable to this workload"])
+                    continue
+                found, at_current = self._replicas_at(overrides, changed)
             except ConfigError as error:
                 rows.append([label, "-", "-", "-", f"not valid: {error.message}"])
                 continue
@@ -805,33 +817,37 @@ def _change(found, base: int) -> str:
     return "same" if found == base else f"{found - base:+d}"
 
 
-def _scaled_length(raw, factor: float):
-    """A length's YAML with its mean scaled by ``factor`` (None when it has no mean to scale)."""
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        return max(1, int(round(raw * factor)))
-    if not isinstance(raw, dict):
+def scaled_lengths(scenario: Scenario, key: str, factor: float) -> Scenario | None:
+    """``scenario`` with its workload's ``key`` lengths (``prompt_tokens``, ``output_tokens``) at ``factor`` times
+    their mean (:meth:`~llmsim.workload.lengths.LengthDistribution.scaled`), checked as the reader checks a length
+    (None: no such length, or none with a parameter to scale)."""
+    workload = scenario.workload
+    length = getattr(workload, key)
+    scaled = None if length is None else length.scaled(factor)
+    if scaled is None:
         return None
-    kind = raw.get("distribution")
-    if kind in ("lognormal", "exponential") and "mean" in raw:
-        return {**raw, "mean": raw["mean"] * factor}
-    if kind == "uniform":
-        return {**raw, "low": max(1, int(round(raw["low"] * factor))), "high": max(1, int(round(raw["high"] * factor)))}
-    return None
+    check_mean_kept(scaled, Node({}, file=scenario.path, path="workload"), key, scaled.stated_mean)
+    return replace(scenario, workload=replace(workload, **{key: scaled}))
 
 
-def _shifted_acceptance(raw: dict, step: float) -> dict | None:
-    """Overrides moving the acceptance's per-token rate by ``step`` (None for replayed lengths)."""
-    process = raw.get("process", "bernoulli")
+def shifted_acceptance(scenario: Scenario, step: float) -> Scenario | None:
+    """``scenario`` with its speculation's per-token acceptance rate moved by ``step`` (clipped to [0.01, 0.99]):
+    bernoulli and positional by their alpha, beta by its mean at the same concentration (a + b); None for a
+    predicted or replayed acceptance. The moved acceptance is stated, as a scenario's own would be."""
+    spec = scenario.speculation
+    assert spec is not None                 # asked only of a speculating scenario
+    acceptance = spec.acceptance
+
     def clip(v: float) -> float:
         return float(min(max(v, 0.01), 0.99))
 
-    key = "speculation.acceptance"
-    if process in ("bernoulli", "positional"):
-        return {f"{key}.alpha": clip(raw.get("alpha", 0.7) + step)}
-    if process == "beta":
-        if "a" in raw:                     # the same concentration a + b around the moved mean
-            total = raw["a"] + raw["b"]
-            mean = clip(raw["a"] / total + step)
-            return {f"{key}.a": mean * total, f"{key}.b": (1 - mean) * total}
-        return {f"{key}.mean": clip(raw.get("mean", 0.7) + step)}
-    return None
+    if acceptance.process in (AcceptanceProcess.BERNOULLI, AcceptanceProcess.POSITIONAL):
+        moved = replace(acceptance, alpha=clip(acceptance.alpha + step), measured=True)
+    elif acceptance.process is AcceptanceProcess.BETA:
+        total = acceptance.beta_a + acceptance.beta_b
+        mean = clip(acceptance.beta_a / total + step)
+        moved = replace(acceptance, beta_a=mean * total, beta_b=(1 - mean) * total, measured=True)
+    else:
+        return None
+    return replace(scenario, speculation=replace(spec, acceptance=moved))
+

@@ -569,7 +569,7 @@ for _pool in ("prefill", "decode"):
         "default": "none (one node)"}
 
 # Keys read outside the Node accessors (the vLLM vocabulary rewrites the engine section before it is read;
-# `plan` is read by llmsim plan), with what the reader of each allows.
+# `plan.hardware` is a list, read whole), with what the reader of each allows.
 EXTRA_KEYS: dict[str, dict[str, str]] = {
     "engine.vllm_args": {"type": "string", "default": "", "allowed": "`vllm serve` flags"},
     "engine.defaults": {"type": "one of", "default": _DEPENDS, "allowed": "`llmsim`, `vllm`"},

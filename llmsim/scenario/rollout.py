@@ -2,7 +2,7 @@
 settings behind the one router.
 
 The scenario's own deployment is the *control* group. Each group of ``rollout.groups`` has its
-own replicas, engine overrides (laid over the scenario's ``engine:`` section), optionally its own
+own replicas, engine settings (over the scenario's engine), optionally its own
 ``hardware`` profile, and a role:
 
 ``canary``
@@ -27,6 +27,7 @@ import numpy as np
 
 from llmsim.config.policies import RolloutRole, members_of
 from llmsim.config.reader import Node, deep_merge
+from llmsim.errors import ConfigError
 
 ROLES = (RolloutRole.CANARY, RolloutRole.SHADOW)     # a group's; the control is the scenario's own deployment
 MAX_REPLICATIONS = 1000               # each replication is a whole run of every group: more is a typo
@@ -78,7 +79,7 @@ class RolloutConfig:
 def rollout_from_node(node: Node) -> RolloutConfig:
     """``rollout: {groups: {<name>: {role, fraction, replicas, engine: {...}}}, replications: R}``; the
     canaries' fractions must leave the control some traffic. Whether each group's engine settings are
-    valid is checked by building its scenario (:func:`group_source`, in the scenario reader)."""
+    valid is checked by the scenario reader, which reads each group as a file (:func:`group_document`)."""
     holder, names = node.named_entries(
         "groups", "group names to their settings",
         "e.g. {canary: {role: canary, fraction: 0.05, engine: {max_batch_tokens: 4096}}}")
@@ -108,10 +109,25 @@ def rollout_from_node(node: Node) -> RolloutConfig:
     return config
 
 
-def group_source(source: dict, group: RolloutGroup) -> dict:
-    """The YAML mapping of one group's deployment: the scenario's, with the group's replicas,
-    engine overrides and hardware, and no rollout of its own."""
-    data = {key: value for key, value in source.items() if key != "rollout"}
+def group_document(document: dict, group: RolloutGroup) -> dict:
+    """The scenario document of one group's deployment, for the reader's check of the group: the scenario's
+    ``document`` with the group's replicas, engine settings and chip, and no rollout of its own. A run builds
+    the group from the typed scenario instead (:mod:`llmsim.scenario.rollout_groups`), to the same Scenario."""
+    data = {key: value for key, value in document.items() if key != "rollout"}
     if group.hardware is not None:
         data["hardware"] = group.hardware
     return deep_merge(data, {"deployment": {"replicas": group.replicas}, "engine": group.engine or {}})
+
+
+def group_error(group: RolloutGroup, error: ConfigError) -> ConfigError:
+    """``error`` in one group's settings, its key named under ``rollout.groups.<name>``."""
+    prefix = f"rollout.groups.{group.name}"
+    key = error.key or ""
+    if key.startswith("engine"):
+        key = f"{prefix}.{key}"
+    elif key in ("deployment.replicas", "hardware"):
+        key = f"{prefix}.{key.split('.')[-1]}"
+    else:
+        key = f"{prefix} (with {key})" if key else prefix
+    return ConfigError(f"rollout group '{group.name}': {error.message}", file=error.file, key=key,
+                       value=error.value, allowed=error.allowed, has_value=error.has_value)

@@ -16,12 +16,12 @@ from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
 from llmsim.catalog.kernel_terms import ENGINE_NAMES, EngineKernels
 from llmsim.catalog.models import ModelSpec, lookup_model, model_catalog, model_from_config_json, model_from_node
 from llmsim.cost.experts import ExpertParallel, weight_bytes_per_device
+from llmsim.errors import ConfigError
 from llmsim.config.policies import (Admission, Batching, ControllerKnob, OnTimeout, PreemptionMode, RouterPolicy,
                                    SchedulingPolicy, members_of)
-from llmsim.errors import ConfigError
 from llmsim.scenario.disaggregation import Disaggregation, Pool, PoolEngine, disaggregation_from_node
 from llmsim.scenario.expert_parallel import expert_parallel_from_node
-from llmsim.scenario.rollout import RolloutConfig, group_source, rollout_from_node
+from llmsim.scenario.rollout import RolloutConfig, group_document, group_error, rollout_from_node
 from llmsim.scenario.control import (AutoscalingConfig, ControllerConfig, autoscaling_from_node,
                                     controller_from_node)
 from llmsim.scenario.vllm import apply_vllm_vocabulary, refuse_unmodelled
@@ -143,6 +143,14 @@ class SLO:
 
 
 @dataclass(frozen=True)
+class PlanConfig:
+    """``plan``: what ``llmsim plan`` compares, read by no other command."""
+    # Chips to plan for when ``--hardware`` is not given, by profile name or file path as written (a path is
+    # relative to the scenario); () plans for the scenario's own.
+    hardware: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class SimulationConfig:
     warmup_s: float | None = None        # default: 10% of the arrival window
     horizon_s: float | None = None       # default: llmsim.sim.horizon.default_horizon_s
@@ -150,6 +158,7 @@ class SimulationConfig:
 
 # The defaults a YAML file gets for what it leaves out: the dataclasses' own.
 DEPLOYMENT, ENGINE, SLO_DEFAULTS, SIMULATION = Deployment(), EngineConfig(), SLO(), SimulationConfig()
+PLAN = PlanConfig()
 
 
 @dataclass(frozen=True)
@@ -168,8 +177,6 @@ class Scenario:
     controller: ControllerConfig | None = None       # adaptive control of an engine knob (default: none)
     autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
     rollout: RolloutConfig | None = None             # canary and shadow groups beside this deployment (default: none)
-    # Each rollout group's own scenario (its replicas and engine), built and checked with this one.
-    rollout_scenarios: tuple[Scenario, ...] = field(default=(), repr=False, compare=False)
     # The validated YAML mapping and the folder its relative paths start from: sweeps lay
     # their overrides over it and validate the result again, the same way as a file.
     source: dict | None = field(default=None, repr=False, compare=False)
@@ -178,6 +185,7 @@ class Scenario:
     vllm_notes: tuple[str, ...] = field(default=(), compare=False)
     # Prefill and decode on pools of their own (deployment.disaggregation); None: aggregated.
     disaggregation: Disaggregation | None = None
+    plan: PlanConfig = PLAN                          # read by llmsim plan only
 
     @property
     def speculating(self) -> bool:
@@ -272,6 +280,20 @@ def simulation_from_node(sim: Node, defaults: SimulationConfig = SIMULATION) -> 
 def read_replicas(dep: Node, default: int = DEPLOYMENT.replicas) -> int:
     """``deployment.replicas``: a whole number of replicas, at least one."""
     return dep.number("replicas", default, **COUNT)
+
+
+def plan_from_node(node: Node, defaults: PlanConfig = PLAN) -> PlanConfig:
+    """``plan: {hardware: [names or profile files]}``, each chip looked up as ``hardware`` is."""
+    listed = node.raw("hardware", None)
+    node.done()
+    if listed is None:
+        return defaults
+    if not isinstance(listed, list) or not listed or not all(isinstance(name, str) for name in listed):
+        raise node.key_error("hardware", "expected a list of hardware profile names", listed,
+                             "e.g. [H100-SXM, CS-3]")
+    for name in listed:
+        lookup_hardware(name, node, "hardware")      # an unknown name is a ConfigError listing the profiles
+    return replace(defaults, hardware=tuple(listed))
 
 
 def read_seed(root: Node) -> int:
@@ -381,7 +403,8 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     sim = root.child("simulation")
     simulation = simulation_from_node(sim)
     sim.done()
-    root.done(extra_allowed=("plan",))      # read by llmsim plan (candidate hardware)
+    plan = plan_from_node(root.child("plan"))
+    root.done()
     deployment = replace(resolve_parallelism(root, model, hardware, engine, replicas, tp, pp, router, speculation),
                          load_bound=load_bound, expert_parallel=experts)
     if speculation is not None:
@@ -389,11 +412,13 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
                         speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
                         source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
-                        disaggregation=disaggregation)
+                        disaggregation=disaggregation, plan=plan)
     check_fits(scenario, root)
-    if rollout is not None:
-        scenario = replace(scenario, rollout_scenarios=tuple(group_scenario(scenario, group, root.file)
-                                                             for group in rollout.groups))
+    for group in rollout.groups if rollout is not None else ():
+        try:                                # each group's settings are checked with the scenario's
+            scenario_from_node(Node(group_document(root.data, group), file=root.file, base_dir=root.base_dir))
+        except ConfigError as error:
+            raise group_error(group, error) from None
     return scenario
 
 
@@ -404,28 +429,6 @@ def _rollout(root: Node, autoscaling) -> RolloutConfig | None:
         raise root.key_error("rollout", "a rollout's groups keep fixed replica counts: not modelled with autoscaling",
                              root.raw("rollout"), "rollout or autoscaling, not both")
     return rollout_from_node(root.child("rollout"))
-
-
-def group_scenario(scenario: Scenario, group, file: str | None = None) -> Scenario:
-    """The scenario of one rollout group (:func:`llmsim.scenario.rollout.group_source`), validated as a
-    file would be; an error in the group's settings names its key under ``rollout.groups.<name>``."""
-    file = file or scenario.path
-    assert scenario.source is not None      # rollout groups come from YAML: the scenario keeps its mapping
-    try:
-        built = scenario_from_node(Node(group_source(scenario.source, group), file=file,
-                                        base_dir=Path(scenario.source_dir or ".")))
-    except ConfigError as error:
-        prefix = f"rollout.groups.{group.name}"
-        key = error.key or ""
-        if key.startswith("engine"):
-            key = f"{prefix}.{key}"
-        elif key in ("deployment.replicas", "hardware"):
-            key = f"{prefix}.{key.split('.')[-1]}"
-        else:
-            key = f"{prefix} (with {key})" if key else prefix
-        raise ConfigError(f"rollout group '{group.name}': {error.message}", file=error.file, key=key,
-                          value=error.value, allowed=error.allowed, has_value=error.has_value) from None
-    return replace(built, name=f"{scenario.name} [{group.name}]", seed=scenario.seed, path=scenario.path)
 
 
 def read_cpu_offload(eng: Node, default: CPUOffload = CPUOffload()) -> CPUOffload | None:

@@ -37,7 +37,6 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
 from llmsim.config.progress import QUIET, Progress
-from llmsim.config.reader import Node
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
 from llmsim.catalog.hardware import lookup_hardware
@@ -105,7 +104,8 @@ def check_rate(rate_per_s: float, key: str = "target_rate_per_s") -> float:
 
 
 def candidates(scenario: Scenario, hardware: Sequence[str] | None) -> list[str]:
-    """Hardware to plan for: given, else the scenario's ``plan.hardware`` list, else its own."""
+    """Hardware to plan for: given, else the scenario's ``plan.hardware`` list (looked up when the scenario
+    was read), else its own."""
     if hardware:
         # A profile file named on the command line is found from the current folder (the
         # scenario's overrides would look for it next to the scenario).
@@ -114,24 +114,13 @@ def candidates(scenario: Scenario, hardware: Sequence[str] | None) -> list[str]:
         for name in names:
             lookup_hardware(name, None, "hardware")      # an unknown name is a ConfigError listing the profiles
         return names
-    section = Node((scenario.source or {}).get("plan"), file=scenario.path, path="plan",
-                   base_dir=Path(scenario.source_dir or "."))
-    listed = section.raw("hardware", None)
-    section.done()
-    if listed is not None and (not isinstance(listed, list) or not listed
-                               or not all(isinstance(name, str) for name in listed)):
-        raise section.key_error("hardware", "expected a list of hardware profile names", listed,
-                                "e.g. [H100-SXM, CS-3]")
-    for name in listed or ():
-        lookup_hardware(name, section, "hardware")
-    return listed or [_own_hardware(scenario)]
+    return list(scenario.plan.hardware) or [_own_hardware(scenario)]
 
 
 def _own_hardware(scenario: Scenario) -> str:
     """The scenario's hardware as its YAML names it: a profile name, or a profile file's path
     (relative to the scenario), which the profile's own name would not find."""
-    written = (scenario.source or {}).get("hardware")
-    return written if isinstance(written, str) else scenario.hardware.name
+    return scenario.hardware.named or scenario.hardware.name
 
 
 def plan_table(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None,

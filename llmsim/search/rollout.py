@@ -24,6 +24,7 @@ from llmsim.analysis.canary import (compare_independent, compare_paired, compare
 from llmsim.analysis.metrics import summarize
 from llmsim.config.policies import RolloutRole
 from llmsim.scenario.rollout import CONTROL
+from llmsim.scenario.rollout_groups import group_scenarios
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import InterTokenGaps
 from llmsim.sim.resources import check_run_size
@@ -62,7 +63,7 @@ def simulate_rollout(scenario: Scenario, trace: Trace | None = None, force: bool
     control = replace(scenario, rollout=None)
     shares = {CONTROL: (control, np.flatnonzero(serving == 0))}
     own = {group.name: built.with_seed(scenario.seed)
-           for group, built in zip(rollout.groups, scenario.rollout_scenarios)}
+           for group, built in zip(rollout.groups, group_scenarios(scenario))}
     for i, group in enumerate(rollout.canaries, start=1):
         shares[group.name] = (own[group.name], np.flatnonzero(serving == i))
     for group in rollout.shadows:

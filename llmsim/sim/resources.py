@@ -42,6 +42,7 @@ from llmsim.config.limits import MAX_RUN_ENGINES, MAX_RUN_EVENTS, MAX_RUN_MEMORY
 from llmsim.errors import ConfigError
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.sim.horizon import default_horizon_s
+from llmsim.scenario.rollout_groups import group_scenarios
 from llmsim.scenario.scenario import Scenario
 from llmsim.workload.profiles import RateProfile
 from llmsim.workload.trace import Trace
@@ -154,7 +155,7 @@ def _engines(scenario: Scenario) -> list[tuple[str, int]]:
     if scenario.rollout is not None:
         groups += [(f"rollout.groups.{group.name}.replicas",
                     built.deployment.replicas * built.deployment.pipeline_parallel)
-                   for group, built in zip(scenario.rollout.groups, scenario.rollout_scenarios)]
+                   for group, built in zip(scenario.rollout.groups, group_scenarios(scenario))]
     return groups
 
 

@@ -17,7 +17,7 @@ minimum) is refused: the workload would not be the one written.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import ClassVar
 
@@ -62,6 +62,11 @@ class LengthDistribution(ABC):
     @abstractmethod
     def _params(cls, node: Node) -> dict:
         """The distribution's own parameters, read from its YAML mapping."""
+
+    def scaled(self, factor: float) -> LengthDistribution | None:
+        """The same law with its stated mean times ``factor``, the bounds kept (None: no parameter to scale);
+        a count stays a whole number of at least one token."""
+        return None
 
     # -- the law of what is sampled -------------------------------------------------------------
     @cached_property
@@ -108,6 +113,9 @@ class Fixed(LengthDistribution):
     def _params(cls, node):
         return {"value": node.number("value", **_COUNT)}
 
+    def scaled(self, factor):
+        return replace(self, value=_scaled_count(self.value, factor))
+
 
 @dataclass(frozen=True, kw_only=True)
 class Uniform(LengthDistribution):
@@ -132,6 +140,9 @@ class Uniform(LengthDistribution):
         if high < low:
             raise node.key_error("high", f"must be at least low ({low})", high, f"an integer >= {low}")
         return {"low": low, "high": high}
+
+    def scaled(self, factor):
+        return replace(self, low=_scaled_count(self.low, factor), high=_scaled_count(self.high, factor))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,6 +175,9 @@ class Lognormal(LengthDistribution):
         return {"unclipped_mean": node.number("mean", minimum=1, exclusive_minimum=False),
                 "sigma": node.number("sigma", minimum=0, exclusive_minimum=False)}
 
+    def scaled(self, factor):
+        return replace(self, unclipped_mean=self.unclipped_mean * factor)
+
 
 @dataclass(frozen=True, kw_only=True)
 class Exponential(LengthDistribution):
@@ -187,6 +201,9 @@ class Exponential(LengthDistribution):
     @classmethod
     def _params(cls, node):
         return {"unclipped_mean": node.number("mean", minimum=1, exclusive_minimum=False)}
+
+    def scaled(self, factor):
+        return replace(self, unclipped_mean=self.unclipped_mean * factor)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,6 +239,10 @@ class Empirical(LengthDistribution):
         return {"samples": tuple(int(v) for v in np.rint(values))}
 
 
+def _scaled_count(count: float, factor: float) -> int:
+    return max(1, int(round(count * factor)))
+
+
 LENGTH_DISTRIBUTIONS = {cls.name: cls for cls in (Fixed, Uniform, Lognormal, Exponential, Empirical)}
 
 
@@ -241,11 +262,11 @@ def length_from_node(node: Node, key: str, max_tokens: int) -> LengthDistributio
         params = kind._params(sub)
         sub.done()
         length = kind(minimum=minimum, maximum=maximum, **params)
-    _check_mean_kept(length, node, key, raw)
+    check_mean_kept(length, node, key, raw)
     return length
 
 
-def _check_mean_kept(length: LengthDistribution, node: Node, key: str, raw) -> None:
+def check_mean_kept(length: LengthDistribution, node: Node, key: str, raw) -> None:
     """Refuse a length whose rounding and clipping to [min, max] move its mean beyond the tolerance."""
     stated, sampled = length.stated_mean, length.mean()
     change = sampled / stated - 1.0
