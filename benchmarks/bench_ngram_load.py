@@ -22,11 +22,22 @@ either: the bench finds the one at which the simulated QPS-1 latency speedup is 
 point) and then runs the loaded server with it, so the high-load result is a prediction, not a fit.
 Llama-3.1-70B stands in for Llama-3-70B (the same architecture; only the context window differs).
 
+The engine of the post scored the drafts by batch expansion (``speculation.scorer: batch_expansion``): each
+speculating sequence became k + 1 one-token decode sequences, each reading the sequence's whole KV cache.
+vLLM's MQA scorer (vllm-project/vllm PR 8839, merged for v0.6.3) was turned off whenever the target ran
+with CUDA graphs ("Disabling MQA scorer as the target model is not running in eager mode",
+``SpecDecodeWorker.create_worker`` in vllm/spec_decode/spec_decode_worker.py), and the default runs with
+them; PR 8839 also says the MQA scorer "does not support ngram because MQA scorer does not handle mixed
+batches", and a user of v0.6.3.post2 reports "When I did not add the --enforce-eager parameter
+(automatically using the batch expansion scorer)" (PR 9298, comment of 2024-11-06). The bench runs that
+engine, and beside it the same n-gram speculation scored as one multi-query chunk per sequence (``mqa``,
+what later engines do), at the acceptance found for the batch-expansion engine.
+
 It prints: the acceptance found, the mean request latency of n-gram over plain decoding at rates from QPS 1
 to past the plain server's offline capacity (the post's "slowdown" is this ratio at its high QPS), and the
 offline throughput of each (every request waiting at once).
 
-    .venv/bin/python benchmarks/bench_ngram_load.py       (about 1 minute on 2 cores)
+    .venv/bin/python benchmarks/bench_ngram_load.py       (about 2 minutes on 2 cores)
 """
 from __future__ import annotations
 
@@ -44,10 +55,15 @@ K = 5                                   # the post's n-gram example: num_specula
 REQUESTS = 400
 
 
-def scenario(alpha: float | None, rate: float) -> dict:
-    """The post's deployment; n-gram speculation at per-token acceptance ``alpha`` (None: plain decoding)."""
+ERA_SCORER = "batch_expansion"           # vLLM V0 with CUDA graphs (see the module docstring)
+
+
+def scenario(alpha: float | None, rate: float, scorer: str = ERA_SCORER) -> dict:
+    """The post's deployment; n-gram speculation at per-token acceptance ``alpha`` scored by ``scorer``
+    (``alpha`` None: plain decoding)."""
     spec = {} if alpha is None else {"speculation": {
-        "draft": "ngram", "k": K, "acceptance": {"alpha": alpha}, "eligibility": {"min_concurrent_requests": 1}}}
+        "draft": "ngram", "k": K, "scorer": scorer, "acceptance": {"alpha": alpha},
+        "eligibility": {"min_concurrent_requests": 1}}}
     return {"name": "vllm-blog-ngram", "seed": 5, "model": "Llama-3.1-70B", "hardware": "H100-SXM",
             "deployment": {"replicas": 1, "tensor_parallel": 4},
             "engine": {"max_num_seqs": 256, "max_batch_tokens": 8192, "chunked_prefill": False},
@@ -55,8 +71,8 @@ def scenario(alpha: float | None, rate: float) -> dict:
                          "prompt_tokens": PROMPT_TOKENS, "output_tokens": OUTPUT_TOKENS}, **spec}
 
 
-def mean_latency_s(alpha: float | None, rate: float) -> float:
-    requests = simulate(scenario_at(scenario(alpha, rate), {})).requests
+def mean_latency_s(alpha: float | None, rate: float, scorer: str = ERA_SCORER) -> float:
+    requests = simulate(scenario_at(scenario(alpha, rate, scorer), {})).requests
     return float((requests["finish_s"] - requests["arrival_s"]).mean())
 
 
@@ -81,17 +97,20 @@ def main() -> None:
           f"alpha = {alpha:.3f}")
     plain = offline_rate(scenario(None, 1.0), num_requests=3000)
     spec = offline_rate(scenario(alpha, 1.0), num_requests=3000)
-    for name, rate in (("plain", plain), ("n-gram", spec)):
+    mqa = offline_rate(scenario(alpha, 1.0, "mqa"), num_requests=3000)
+    for name, rate in (("plain", plain), ("n-gram, batch expansion", spec), ("n-gram, mqa", mqa)):
         print(f"offline, {name}: {rate.rate_per_s:.2f} req/s (batch {rate.mean_batch:.0f}, "
               f"step {rate.step_s * 1e3:.0f} ms)")
-    print(f"offline, n-gram / plain: {spec.rate_per_s / plain.rate_per_s:.2f}")
+    print(f"offline, n-gram / plain: {spec.rate_per_s / plain.rate_per_s:.2f} (batch expansion), "
+          f"{mqa.rate_per_s / plain.rate_per_s:.2f} (mqa)")
     print(f"{'QPS':>6} {'share of plain capacity':>23} {'plain latency':>13} {'n-gram latency':>14} "
-          f"{'n-gram / plain':>14}")
+          f"{'n-gram / plain':>14} {'mqa / plain':>11}")
     for share in (None, 0.25, 0.5, 0.75, 0.9, 1.0, 1.2, 2.0):
         rate = 1.0 if share is None else share * plain.rate_per_s
         latency_plain, latency_spec = mean_latency_s(None, rate), mean_latency_s(alpha, rate)
+        latency_mqa = mean_latency_s(alpha, rate, "mqa")
         print(f"{rate:>6.2f} {rate / plain.rate_per_s:>23.2f} {latency_plain:>11.2f} s {latency_spec:>12.2f} s "
-              f"{latency_spec / latency_plain:>14.2f}")
+              f"{latency_spec / latency_plain:>14.2f} {latency_mqa / latency_plain:>11.2f}")
     print(f"published: {1 / PUBLISHED_LOW_LOAD_SPEEDUP:.2f} at QPS 1, {PUBLISHED_HIGH_LOAD_SLOWDOWN:.2f} at high QPS")
     print(f"\n{time.perf_counter() - started:.1f} s")
 

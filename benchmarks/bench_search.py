@@ -9,7 +9,8 @@ HEAD main``) into a temporary ``git worktree`` and imported from there. Each (tr
 a child process; its CPU time is the child's user + system time, its worker processes included
 (``os.wait4``). Rounds interleave the two trees; the figure is the median over rounds. ``--parallel``
 runs that many children at once (CPU time, not wall time, is what is compared). The answer compared:
-recommend's best setting and its goodput (with its 95% interval); report's recommended deployment.
+recommend's best setting and its goodput (with its 95% interval); report's recommended deployment (chip,
+layout and replicas). A child that fails prints the end of its standard error.
 """
 from __future__ import annotations
 
@@ -36,8 +37,9 @@ if target == "report":
     from llmsim.report.build import ReportBuilder, traffic_from_rate
     rate, chips = float(sys.argv[4]), sys.argv[5].split(",")
     report = ReportBuilder(path, traffic_from_rate(rate), hardware=chips, workers=workers).build()
-    row = report.table("deployment").rows[0]
-    print(json.dumps({"answer": " ".join(str(cell) for cell in row[1:4]), "goodput": None, "ci95": None}))
+    deployed = {quantity: value for quantity, value in report.table("deployment").rows}
+    answer = ", ".join(f"{quantity} {deployed[quantity]}" for quantity in ("chip", "layout", "replicas"))
+    print(json.dumps({"answer": answer, "goodput": None, "ci95": None}))
 else:
     from llmsim.search.recommend import recommend
     rec = recommend(path, workers=workers, drafts=True)
@@ -54,14 +56,19 @@ def run_child(tree: Path, target: str, workers: str) -> tuple[float, dict]:
     else:
         args = [SCENARIOS[target], workers]
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    with tempfile.TemporaryFile("w+") as out:
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child = subprocess.Popen([sys.executable, "-c", CHILD, target, *args], cwd=tree, env=env, stdout=out,
-                                 stderr=subprocess.DEVNULL)
+                                 stderr=err)
         _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         text = out.read().strip().splitlines()
+        err.seek(0)
+        errors = err.read().strip()
     if child.returncode != 0 or not text:
+        # The child's own error, so that a failure says why (its last lines: the traceback's end).
+        tail = "\n".join(errors.splitlines()[-15:])
+        print(f"  {target} on {tree} exited {child.returncode}:\n{tail}", file=sys.stderr, flush=True)
         return usage.ru_utime + usage.ru_stime, {"answer": f"failed (exit {child.returncode})"}
     return usage.ru_utime + usage.ru_stime, json.loads(text[-1])
 

@@ -53,11 +53,11 @@ import numpy as np
 import pandas as pd
 from scipy import special
 
-from llmsim.config.policies import Batching
+from llmsim.config.policies import Batching, Scorer
 from llmsim.cost.roofline import CostModel
 from llmsim.errors import ConfigError
-from llmsim.cost.features import (attention_pairs, batch_rows, chunk_pairs, decode_seqs_of, set_iterations,
-                                  tokens_of, windowed_context_sum)
+from llmsim.cost.features import (attention_pairs, batch_rows, chunk_pairs, decode_seqs_of, expanded_verify,
+                                  set_iterations, tokens_of, windowed_context_sum)
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario
 from llmsim.speculation.policies import POLICIES, AdaptiveK, StaticK
@@ -238,6 +238,7 @@ class FluidModel:
         # Medusa heads and n-gram lookups run once a step, whatever k; the others once per drafted token.
         self.draft_once = spec is not None and not spec.proposer.sequential
         self.branching = spec.proposer.branching if spec is not None else 1
+        self.expanded = spec is not None and spec.scorer is Scorer.BATCH_EXPANSION
         self.max_seqs = resolved.engine.max_num_seqs
         self.max_tokens = eng.max_batch_tokens
         self.kv_tokens = resolved.kv_tokens_per_engine
@@ -296,9 +297,12 @@ class FluidModel:
         nodes = tree_tokens(k, b)
         t = (nodes + 1) * (k > 0)
         verify_tokens = spec_w @ t * steps
-        target = batch_rows(verify_tokens, spec_w @ tree_verify_pairs(k, b, context_sum, steps),
-                            spec_w @ (context_sum + t * steps), verify_tokens,
-                            plain * steps, plain * context_sum, iterations=0.0)
+        verify_pairs = spec_w @ tree_verify_pairs(k, b, context_sum, steps)
+        verify_kv, seqs, decode_kv = spec_w @ (context_sum + t * steps), plain * steps, plain * context_sum
+        if self.expanded:
+            verify_tokens, verify_pairs, verify_kv, seqs, decode_kv = expanded_verify.py_func(
+                verify_tokens, verify_pairs, seqs, decode_kv)
+        target = batch_rows(verify_tokens, verify_pairs, verify_kv, verify_tokens, seqs, decode_kv, iterations=0.0)
         mean_k = float(weights @ k)
         draft = None
         if self.draft_cost is not None and mean_k > 0:

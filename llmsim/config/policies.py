@@ -174,6 +174,14 @@ class DraftPlacement(Choice):
     SEPARATE = "separate"
 
 
+class Scorer(Choice):
+    """How the target scores a chain of draft tokens (:mod:`llmsim.sim.speculative_decode`): one multi-query
+    chunk of ``k + 1`` positions per sequence, or vLLM V0's batch expansion into ``k + 1`` one-token decode
+    sequences, each reading the sequence's whole KV cache."""
+    MQA = "mqa"
+    BATCH_EXPANSION = "batch_expansion"
+
+
 class AcceptanceProcess(Choice):
     """How the target accepts the draft's tokens (:class:`llmsim.speculation.config.Acceptance`)."""
     BERNOULLI = "bernoulli"

@@ -192,6 +192,16 @@ def seen_by_layers(context, window, local_share):
 
 
 @numba.njit(cache=True)
+def expanded_verify(verify_tokens, verify_pairs, decode_seqs, decode_kv):
+    """A step's verify chunks as vLLM V0's batch expansion scores them (vllm/spec_decode/batch_expansion.py):
+    each chunk of ``k + 1`` positions after ``seen`` cached tokens becomes ``k + 1`` one-token decode
+    sequences with contexts ``seen + 1 .. seen + k + 1``, each reading its whole KV cache, so the chunk's
+    query-key pairs become decode KV read. Returns the sums with no verify chunk left:
+    ``(0, 0, 0, decode_seqs + verify_tokens, decode_kv + verify_pairs)``."""
+    return 0.0, 0.0, 0.0, decode_seqs + verify_tokens, decode_kv + verify_pairs
+
+
+@numba.njit(cache=True)
 def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read,
                           prompt_chunks, local_share=1.0):
     """The sums of one speculative decode step of sequences ``[0, n)``, compiled (it runs every step).

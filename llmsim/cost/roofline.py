@@ -24,6 +24,7 @@ whole array of them at once.
 """
 from __future__ import annotations
 
+import math
 import pickle
 from collections import OrderedDict
 
@@ -35,9 +36,10 @@ from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import F, FEATURES, batch_features
-from llmsim.cost.kernels import (GEMM_OPERATORS, GemmShape, add_norm_bytes_per_token, all_reduce_time_s,
-                                 custom_all_reduce_time_s, elementwise_layer_terms, gemm_body_s, gemm_output_tiles,
-                                 gemm_scalar_body_s, layer_gemm_shapes, stream_time_s)
+from llmsim.cost.kernels import (GEMM_OPERATORS, SHARPNESS_REFERENCE_TILES, TILE_COLUMNS, TILE_ROWS, GemmShape,
+                                 add_norm_bytes_per_token, all_reduce_time_s, custom_all_reduce_time_s,
+                                 elementwise_layer_terms, gemm_body_s, gemm_output_tiles, gemm_scalar_body_s,
+                                 layer_gemm_shapes, stream_time_s)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -123,6 +125,31 @@ def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
                 return np.nan, 0.0, 0.0
             times[r] += layers_s + head_s
     return _pairwise_sum(times, 0, len(rows)), _pairwise_sum(flops, 0, len(rows)), _pairwise_sum(moved, 0, len(rows))
+
+
+@numba.njit(cache=True)
+def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n, floor_s, half_tiles, sharpness,
+                growth):
+    """``table[t]`` for ``t`` from ``start`` on: :meth:`CostModel._gemm_sum` of the GEMM rows given by column
+    (the layers' or the LM head's) for a row of one iteration with one expert and ``t`` tokens and logit
+    rows, computed as that method and :func:`~llmsim.cost.kernels.gemm_scalar_body_s` compute it, the same
+    operations in the same order (the powers by the C library's ``pow``, as Python's floats take them):
+    the same bits."""
+    for t in range(start, len(table)):
+        total = 0.0
+        for g in range(len(fixed_s)):
+            rows = t * scale[g] / 1.0
+            memory = fixed_s[g] + rows * per_token_s[g]
+            compute = rows * compute_s[g]
+            tiles = max(float(math.ceil(rows / TILE_ROWS)), 1.0) * float(math.ceil(n[g] / TILE_COLUMNS))
+            occupancy = tiles / (tiles + half_tiles)
+            p = 1.0 + (sharpness - 1.0) * (tiles / SHARPNESS_REFERENCE_TILES) ** growth
+            compute = compute / occupancy
+            larger = compute if compute > memory else memory
+            safe = larger if larger > 0 else 1.0
+            body_s = larger * ((memory / safe) ** p + (compute / safe) ** p) ** (1.0 / p)
+            total += repeats[g] * (1.0 * floor_s + 1.0 * body_s)
+        table[t] = total
 
 
 def summed_iteration(cost, rows: np.ndarray) -> tuple[float, float, float]:
@@ -359,7 +386,11 @@ class CostModel:
         size = max(len(self._tables[0]), 1 << int(largest).bit_length())
         for i, table in enumerate(self._tables):
             if len(table) < size:
-                self._tables[i] = np.concatenate([table, np.full(size - len(table), np.nan)])
+                self._tables[i] = grown = np.concatenate([table, np.full(size - len(table), np.nan)])
+                if self._all_reduce is None:
+                    # Every entry at once, compiled: a run reaches thousands of token counts, each a miss
+                    # in the step's compiled pricing otherwise. (An all-reduce's terms are left to the rows.)
+                    self._fill_table(grown, self._gemm_columns, i == 1)
         layers, heads = self._tables
         for row in values:
             tokens, logits = int(row[_TOKENS]), int(row[_LOGITS])
@@ -367,6 +398,16 @@ class CostModel:
                 layers[tokens] = self._layers_time(row)
                 heads[logits] = self._gemm_sum(row, self._gemm_rows[-1:])
         return True
+
+    def _fill_table(self, table: np.ndarray, columns: tuple[np.ndarray, ...], head: bool) -> None:
+        """Fill ``table`` (every entry) with the layers' GEMM time by tokens, or (``head``) the LM head's by
+        logit rows, of an iteration with one expert: :func:`_gemm_table` of :meth:`_gemm_sum`'s rows."""
+        kernels = self.kernels
+        assert kernels is not None          # tables exist only with kernel terms (_use_kernel_terms)
+        fixed_s, per_token_s, compute_s, repeats, _, scale, _, n = (column[-1:] if head else column[:-1]
+                                                                    for column in columns)
+        _gemm_table(table, 0, fixed_s, per_token_s, compute_s, repeats, scale, n, kernels.gemm_floor_s,
+                    kernels.gemm_occupancy_half_tiles, kernels.gemm_sharpness, kernels.gemm_sharpness_growth)
 
     def _layers_time(self, values: list[float]) -> float:
         """The layers' GEMMs and all-reduces of one iteration's feature ``values``."""

@@ -67,7 +67,7 @@ COVERAGE = (
                      "eligibility": {"min_sequence_tokens": 0, "min_concurrent_requests": 1}}},
     {"speculation": {"draft": "medusa", "heads": 3, "k": 3, "acceptance": {"process": "positional",
                                                                          "alpha": 0.8, "decay": 0.9}}},
-    {"speculation": {"draft": "ngram", "ngram_cpu_per_sequence": "50 us", "k": 2,
+    {"speculation": {"draft": "ngram", "ngram_cpu_per_sequence": "50 us", "k": 2, "scorer": "batch_expansion",
                      "acceptance": {"process": "beta", "mean": 0.6, "concentration": 8}}},
     {"speculation": {"draft": "mtp", "allow_missing_mtp": True, "k": 2,
                      "acceptance": {"process": "beta", "a": 3, "b": 2}}},
@@ -414,6 +414,9 @@ KEY_HELP: dict[str, str] = {
                                           "GPU step",
     "speculation.ngram_cpu_per_context_token": "CPU time of the n-gram lookup per context token scanned "
                                                "(single-threaded, measured in vLLM: 1.06 ns), serial with the GPU step",
+    "speculation.scorer": "how the target scores a chain of draft tokens: `mqa`, one chunk of k + 1 positions per "
+                          "sequence, or `batch_expansion`, vLLM V0's k + 1 one-token decode sequences per sequence, "
+                          "each reading its whole KV cache (V0's scorer whenever the target ran with CUDA graphs)",
     "speculation.allow_missing_mtp": "allow `draft: mtp` on a target whose checkpoint ships no MTP module (one you "
                                      "trained)",
     "speculation.allow_different_vocabulary": "allow a draft with another vocabulary",

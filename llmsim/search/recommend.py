@@ -29,10 +29,17 @@ The search (:func:`recommend`):
    A probe the window leaves undecided is measured longer only while its estimate passes
    (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
    taken on its estimate can only lower it.
+   The analytic best, the first default and the proposers are bisected first; the other settings, here and
+   in the later steps, are then *challengers* of the leader (the first row so far, bisected to the end; for a
+   default, the best default): each seed is simulated first at the leader's failing rate for that seed, then
+   where it failed there at the leader's passing rate (the same requests), and a challenger whose failing
+   rates average at or below the leader's stops there: it cannot be shown better than the leader by more
+   than the leader's own bracket, and the leader keeps its rank.
    The bisections race: a setting whose failing rates average at or below the passing rates of another
    that meets the scenario's rate can no longer rank first, and stops (``raced_out``; its goodput is
-   then a lower bound). Runs that differ only in a queue timeout none of their requests waited for
-   are one run (:func:`llmsim.search.sweeps.reusing_runs`).
+   then a lower bound, or, where it never passed, 0 and known only to lie below ``failing_rate_per_s``).
+   Runs that differ only in a queue timeout none of their requests waited for are one run
+   (:func:`llmsim.search.sweeps.reusing_runs`).
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
    and each queue timeout (50, 200, 1000 ms), simulated the same way. With prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
@@ -88,7 +95,7 @@ import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -123,6 +130,7 @@ DRAFT_TOP = 2                         # proposers simulated, best by the fluid m
 CLASS_TIMEOUTS_S = (0.025, 0.05, 0.2, 1.0, 5.0)   # per class: practice's three, one shorter, one longer
 CLASS_SWEEPS = 2                      # coordinate-descent sweeps over the classes, at most
 MAX_CLASS_TIMEOUTS, MAX_CLASS_TIMEOUT_S = 20, 3600.0   # what class_timeouts_s may hold
+FLUID_CHUNK = 8                       # rates the fluid scan solves at once (analytic_rate)
 
 
 @dataclass(frozen=True)
@@ -417,7 +425,11 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     """The fluid model's highest rate with mean latencies within the SLO limits (0 if none).
 
     Scanned on a geometric grid from 1/20 to 20 times the scenario's rate, then on a fine
-    grid across the step where the limits give out (a few ms, all rates at once).
+    grid across the step where the limits give out (a few ms, all rates at once). Each grid is
+    evaluated from its top down, :data:`FLUID_CHUNK` rates at a time, until a chunk holds a passing
+    rate: the highest passing rate is the same as the whole grid's, and the rates far below it are
+    never solved (a chunk of loads near each other also sizes the solver's prompt counts to them,
+    not to the grid's heaviest load).
     """
     model = FluidModel(scenario, trace)
     limits = scenario.slo.targets()
@@ -429,17 +441,24 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
             ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit
         return ok
 
+    def last_passing(rates: np.ndarray) -> int | None:
+        for stop in range(len(rates), 0, -FLUID_CHUNK):
+            start = max(stop - FLUID_CHUNK, 0)
+            ok = np.flatnonzero(passing(rates[start:stop]))
+            if len(ok):
+                return start + int(ok[-1])
+        return None
+
     own = scenario.workload.rate_per_s
     rates = own * np.geomspace(0.05, 20, 40)
-    ok = passing(rates)
-    if not ok.any():
+    last = last_passing(rates)
+    if last is None:
         return 0.0
-    last = int(np.flatnonzero(ok)[-1])
     if last == len(rates) - 1:
         return float(rates[-1])
     fine = np.linspace(rates[last], rates[last + 1], 17)
-    fine_ok = passing(fine)
-    return float(fine[np.flatnonzero(fine_ok)[-1]]) if fine_ok.any() else float(rates[last])
+    fine_last = last_passing(fine)
+    return float(fine[fine_last]) if fine_last is not None else float(rates[last])
 
 
 def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = Objective.GOODPUT,
@@ -510,8 +529,11 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
                 rule = screened[screened["in_band"]]
                 contenders += list(rule["config"].head(1))
                 searcher.protected.update(rule["config"].head(1))     # the rule is judged on its full goodput
-            # 2. simulate them, and the rule-of-thumb defaults
-            searcher.evaluate(chosen + searcher.defaults + (contenders or []))
+            # 2. simulate them, and the rule-of-thumb defaults: the analytic best, the defaults and the proposers
+            # first (the 20-30% rule compares the proposers' goodputs), then the others as challengers of the
+            # leader among those
+            searcher.evaluate(chosen[:1] + searcher.defaults[:1] + (contenders or []))
+            searcher.evaluate(chosen + searcher.defaults)
             # 3. refine around the best (k, batch tokens, timeouts, with a draft its eligibility rule)
             searcher.evaluate(_neighbours(searcher.best(), scenario))
             if speculating and searcher.best().k != OFF:
@@ -614,11 +636,22 @@ def _draft_screen(scenario: Scenario, searcher: _Search, max_batch_tokens: int) 
 
 def _eligibility_options(best: Config, scenario: Scenario) -> list[Config]:
     """The best setting under each eligibility rule: min_concurrent_requests 1 or the scenario's,
-    min_sequence_tokens 0 or the scenario's."""
+    min_sequence_tokens 0 or the scenario's; less the rule it has (the same setting, simulated already)."""
     assert scenario.speculation is not None                # eligibility is searched only for a speculating scenario
-    own = scenario.speculation.eligibility
+    own, held = scenario.speculation.eligibility, eligibility_of(best, scenario)
     return [replace(best, eligibility=(tokens, concurrent)) for tokens in sorted({0, own.min_sequence_tokens})
-            for concurrent in sorted({1, own.min_concurrent_requests})]
+            for concurrent in sorted({1, own.min_concurrent_requests}) if (tokens, concurrent) != held]
+
+
+def eligibility_of(config: Config, scenario: Scenario) -> tuple[int, int] | None:
+    """The eligibility rule a speculating setting runs with, (min_sequence_tokens, min_concurrent_requests):
+    its own, else the scenario's (or its draft candidate's); None where it does not speculate."""
+    if config.eligibility is not None:
+        return config.eligibility
+    speculation = variant(scenario, config.overrides(scenario)).speculation
+    if speculation is None:
+        return None
+    return speculation.eligibility.min_sequence_tokens, speculation.eligibility.min_concurrent_requests
 
 
 @dataclass
@@ -648,12 +681,17 @@ class DraftSearch:
         screened["max_rate_per_s.ci95"] = [ci for _, ci, _ in simulated]
         screened["raced_out"] = [r for _, _, r in simulated]
         best = table["config"].iloc[0]
-        rows = table[table["config"].map(lambda c: c.eligibility is not None
-                                         and replace(c, eligibility=None) == replace(best, eligibility=None))]
-        eligibility = pd.DataFrame({"min_sequence_tokens": [c.eligibility[0] for c in rows["config"]],
-                                    "min_concurrent_requests": [c.eligibility[1] for c in rows["config"]],
+        # the best setting under each eligibility rule simulated, the best itself included (under its own rule)
+        same = table[table["config"].map(lambda c: replace(c, eligibility=None) == replace(best, eligibility=None))]
+        held = [eligibility_of(c, scenario) for c in same["config"]]
+        rows = same[[rule is not None for rule in held]]
+        rules = [rule for rule in held if rule is not None]
+        eligibility = pd.DataFrame({"min_sequence_tokens": [rule[0] for rule in rules],
+                                    "min_concurrent_requests": [rule[1] for rule in rules],
                                     "max_rate_per_s": rows["max_rate_per_s"].to_numpy(),
-                                    "max_rate_per_s.ci95": rows["max_rate_per_s.ci95"].to_numpy()})
+                                    "max_rate_per_s.ci95": rows["max_rate_per_s.ci95"].to_numpy(),
+                                    "raced_out": rows["raced_out"].to_numpy(dtype=bool),
+                                    "failing_rate_per_s": rows["failing_rate_per_s"].to_numpy()})
         holds, text = _rule_verdict(screened, best, scenario)
         return cls(best, screened, eligibility, holds, text)
 
@@ -678,9 +716,18 @@ class DraftSearch:
         lines.append(f"  {self.rule_text}")
         if len(self.eligibility):
             lines.append("  eligibility rules on the recommendation (simulated goodput): " + "; ".join(
-                f"{r.min_sequence_tokens} tokens / {r.min_concurrent_requests} requests {r.max_rate_per_s:.3g} req/s"
+                f"{r.min_sequence_tokens} tokens / {r.min_concurrent_requests} requests "
+                f"{_bounded(r.max_rate_per_s, r.raced_out, r.failing_rate_per_s)} req/s"
                 for r in self.eligibility.itertuples()))
         return "\n".join(lines)
+
+
+def _bounded(goodput: float, raced_out: bool, failing: float) -> str:
+    """A simulated goodput; one raced out is known only as at least its passing rates or, where it never
+    passed, below its failing ones."""
+    if not raced_out:
+        return f"{goodput:.3g}"
+    return f"at least {goodput:.3g}" if goodput > 0 else f"below {failing:.3g}"
 
 
 def _rule_verdict(screened: pd.DataFrame, best: Config, scenario: Scenario) -> tuple[bool | None, str]:
@@ -748,6 +795,7 @@ class _Search:
         self.workers, self.tolerance, self.progress = workers, tolerance, progress
         self.class_timeouts_s = tuple(class_timeouts_s)
         self.results: dict[Config, dict] = {}
+        self.brackets: dict[Config, list[_Bracket]] = {}            # per seed, as each bisection ended
         self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.rate_per_s
@@ -777,6 +825,14 @@ class _Search:
         rates so far compare with the analytic ones, steps by 20% until it brackets, then
         bisects to ``tolerance``. Whether the scenario's own rate passes follows from the
         bracket, or is simulated when it lies inside it.
+
+        Once a setting has been bisected to the end and leads (:meth:`leader`), a new setting that is not
+        protected is a *challenger* (a default, of the best default): each seed is simulated first at the leader's
+        failing rate for that seed, then (where it failed there) at its passing rate (common random numbers: the
+        same requests as the leader's runs, which are reused where the two settings run alike), and it is
+        stopped as soon as it cannot beat the leader by more than the leader's own bracket (:meth:`race`): one
+        failing run per seed, the cheapest verdict (an undecided fail is not measured longer), stops a
+        setting that is no better.
         """
         todo = []
         for config in configs:
@@ -794,9 +850,19 @@ class _Search:
         start = {c: start_rate_per_s if start_rate_per_s is not None else
                  guess[c] * scale if guess[c] > 0 else self.rate for c in todo}
         brackets = {(c, s): _Bracket() for c in todo for s in self.seeds}
+        # A default challenges the best default (the baseline the gain is measured against), any other the leader.
+        leaders = {} if start_rate_per_s is not None else {True: self.leader(defaults=True), False: self.leader()}
+        challengers: dict[Config, Config] = {}
+        for c in todo:
+            leader = leaders.get(c in self.defaults)
+            if leader is not None and c not in self.protected:
+                challengers[c] = leader
+        for c, leader in challengers.items():
+            for s, held in zip(self.seeds, self.brackets[leader]):
+                brackets[(c, s)].probes = [held.failing, held.passing]
         for _ in range(20):
             if self.racing:
-                self.race(todo, brackets)
+                self.race(todo, brackets, challengers)
             jobs = [(key, rate) for key, bracket in brackets.items()
                     if (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
             if not jobs:
@@ -806,6 +872,7 @@ class _Search:
                 brackets[(c, s)].record(rate, judged.verdict.met, judged.rows.iloc[0])
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
+            self.brackets[c] = runs
             rates = np.array([b.passing for b in runs])
             cost = np.array([b.usd_per_million for b in runs])
             self.results[c] = {"config": c, "k": c.k, "max_batch_tokens": c.max_batch_tokens,
@@ -823,15 +890,37 @@ class _Search:
                                "usd_per_million_output_tokens": float(np.nanmean(cost)) if np.isfinite(cost).any()
                                else math.nan,
                                "meets_scenario_rate": all(b.meets(self.rate) for b in runs),
-                               "per_seed_rates": tuple(rates), "raced_out": runs[0].raced_out}
+                               "per_seed_rates": tuple(rates), "raced_out": runs[0].raced_out,
+                               # an upper bound on the goodput: where a raced-out setting never passed, all it says
+                               "failing_rate_per_s": float(np.mean([b.failing for b in runs]))}
 
-    def race(self, todo: Sequence[Config], brackets: dict) -> None:
+    def leader(self, defaults: bool = False) -> Config | None:
+        """The setting that ranks first so far (``defaults``: among the defaults), where its goodput was
+        bisected to the end (not raced out) and it meets the scenario's rate; None otherwise (no challenger is
+        then anchored to it)."""
+        if not self.racing or not self.results:
+            return None
+        table = self.table()
+        if defaults:
+            table = table[table["default"]]
+        if table.empty:
+            return None
+        row = table.iloc[0]
+        return None if row["raced_out"] or not row["meets_scenario_rate"] else row["config"]
+
+    def race(self, todo: Sequence[Config], brackets: dict, challengers: Mapping[Config, Config] | None = None) -> None:
         """Stop bisecting the configurations that can no longer be the best: where the mean over seeds of
         the lowest rates seen to fail is below the mean of the highest seen to pass of another that meets
         the scenario's rate (every seed's final goodput lies below its failing rate, so that one's mean
         stays below the other's, and the ranking's first row is the same). The baseline defaults race
         only among themselves, for the best of them is what the gain is measured against; the protected
-        settings are bisected to the end."""
+        settings are bisected to the end.
+
+        A challenger of a finished leader (``challengers``: challenger -> its leader, :meth:`evaluate`) is
+        also stopped once the mean of its
+        failing rates is at or below the mean of the leader's: its goodput then lies below the leader's
+        failing rates, within the bracket the leader's own bisection stopped in (the search's resolution,
+        ``tolerance``), so it cannot be shown better than the leader; the leader keeps its rank."""
         def mean(values) -> float:
             return float(np.mean(list(values)))
 
@@ -846,7 +935,10 @@ class _Search:
             runs = [brackets[(c, s)] for s in self.seeds]
             if c in self.protected or runs[0].raced_out:
                 continue
-            if mean(b.failing for b in runs) <= (best_default if c in self.defaults else best):
+            bar = best_default if c in self.defaults else best
+            if challengers and c in challengers:
+                bar = max(bar, mean(b.failing for b in self.brackets[challengers[c]]))
+            if mean(b.failing for b in runs) <= bar:
                 for b in runs:
                     b.raced_out = True
 
@@ -1008,12 +1100,17 @@ class _Bracket:
         self.passing, self.failing = 0.0, math.inf
         self.usd_per_million = math.nan         # at the highest passing rate
         self.raced_out = False                  # stopped: it cannot be the best (``_Search.race``)
+        self.probes: list[float] = []           # rates to simulate first, each while the bracket leaves it open
 
     def next_rate(self, start: float, own: float, tolerance: float) -> float | None:
         """The next rate to simulate, or None when done. A setting that fails at the scenario's
         own rate cannot be recommended: its search stops there (goodput reported as 0)."""
         if self.raced_out:
             return None
+        while self.probes:
+            if self.passing < self.probes[0] < self.failing:
+                return self.probes[0]
+            self.probes.pop(0)
         if self.passing == 0.0 and self.failing == math.inf:
             return max(start, own)
         if self.failing == math.inf:

@@ -35,8 +35,7 @@ import sys
 from array import array
 from abc import ABC, abstractmethod
 from bisect import bisect_left
-from functools import partial
-from typing import NamedTuple, cast
+from typing import cast
 
 import numpy as np
 
@@ -46,22 +45,13 @@ NEVER = sys.maxsize                 # a decode step no sequence reaches
 STEP_ARRAY = 1024                   # decode steps the per-step arrays hold at first
 
 
-class StepPrice(NamedTuple):
-    """What one iteration costs and yields, as a decode set prices it (the engine adds the rest of
-    the :class:`~llmsim.sim.iterations.Iteration`: its start, prompt chunks and counts)."""
-    duration_s: float
-    decode_seqs: int             # sequences that took a decode (or verify) step
-    tokens_out: int              # decode tokens plus prompts completed
-    flops: float
-    bytes: float
-    spec_seqs: int               # speculative decoding (zero without it): sequences that speculated,
-    draft_tokens: int            # draft tokens proposed, draft tokens accepted, and the part of
-    accepted_tokens: int         # duration_s spent drafting
-    draft_s: float
-
-
-# Built positionally on the hot path, without the generated __new__'s argument handling.
-new_price = partial(tuple.__new__, StepPrice)
+# What one iteration costs and yields, as a decode set prices it (the engine adds the rest of the
+# :class:`~llmsim.sim.iterations.Iteration`: its start, prompt chunks and counts): (duration_s; decode_seqs,
+# the sequences that took a decode or verify step; tokens_out, decode tokens plus prompts completed; flops;
+# bytes; and for speculative decoding, zero without it: spec_seqs, the sequences that speculated, draft_tokens
+# proposed, accepted_tokens and draft_s, the part of duration_s spent drafting). A plain tuple: the engine
+# unpacks it at once, every iteration, and a named tuple costs several times as much to build.
+StepPrice = tuple[float, int, int, float, float, int, int, int, float]
 
 
 def add_due(table: dict[int, list], step: int, entries: list) -> bool:
@@ -172,6 +162,7 @@ class EventDecodeSet(DecodeSet):
         # Float64 items ("d"); typeshed cannot read a memoryview's item type from a numpy array.
         self._step_end_w = cast("memoryview[float]", memoryview(self._step_end_s))
         self._step_gap_w = cast("memoryview[float]", memoryview(self._step_gap_s))
+        self._held_steps = len(self._step_end_s)
 
     def context(self, request: Request) -> int:
         """A decoding sequence's KV length now (closed form)."""
@@ -217,31 +208,32 @@ class EventDecodeSet(DecodeSet):
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits) -> StepPrice:
         if not decoding:
             duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, 0, 0)
-            return new_price((duration, 0, logits, flops, moved, 0, 0, 0, 0.0))
+            return duration, 0, logits, flops, moved, 0, 0, 0, 0.0
         n = self.n
         # kv_read(), inline without a sliding window: this runs every iteration.
         kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
         duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n, kv_read)
-        return new_price((duration, n, n + logits, flops, moved, 0, 0, 0, 0.0))
+        return duration, n, n + logits, flops, moved, 0, 0, 0, 0.0
 
     def advance(self, now: float) -> None:
         """One token for every decoding sequence: finish those due, saturate sliding windows."""
-        n = self.n
         step = self.step
         at = step - self._first_step
-        if at >= len(self._step_end_s):
+        if at >= self._held_steps:
             at = self._make_room()
         ends = self._step_end_w
         ends[at] = now
         if step:
             self._step_gap_w[at] = gap = now - ends[at - 1]
-            steps, gaps = self._longest_from_step, self._longest_from_gap_s
-            while gaps and gaps[-1] <= gap:
-                gaps.pop()
-                steps.pop()
-            steps.append(step)
+            gaps = self._longest_from_gap_s
+            if gaps and gaps[-1] <= gap:
+                steps = self._longest_from_step
+                while gaps and gaps[-1] <= gap:
+                    gaps.pop()
+                    steps.pop()
+            self._longest_from_step.append(step)
             gaps.append(gap)
-        self._continuing.append(n - self._joined)
+        self._continuing.append(self.n - self._joined)
         self._joined = 0
         self.step = step = step + 1
         if self._next_finish == step:
@@ -253,7 +245,9 @@ class EventDecodeSet(DecodeSet):
                 if request.epoch == epoch and request.status is RUNNING:
                     self._end(request, step)
                     self.engine.finish(request, now)
-        saturating = self._window_due.pop(step, None) if self._window else None
+        if not self._window:
+            return
+        saturating = self._window_due.pop(step, None)
         if saturating:
             for request, epoch in saturating:
                 if request.epoch == epoch and request.status is RUNNING:

@@ -40,7 +40,7 @@ engine altogether (:mod:`llmsim.sim.static_batching`).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import simpy
@@ -52,15 +52,12 @@ from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
 from llmsim.sim.environment import scheduler
-from llmsim.sim.iterations import Iteration, IterationLog, new_iteration
+from llmsim.sim.iterations import Iteration, IterationLog
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import TieredKV
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, Waiting, WaitingQueue
 
 Observer = Callable[["Engine", Iteration], None]
-
-# prefill_sums of no chunks: (tokens, attention pairs, KV read, prompts completed).
-NO_PREFILL = (0.0, 0.0, 0.0, 0)
 
 # vLLM's block-manager watermark: the share of KV blocks a new prompt must leave free to be admitted
 # (vLLM ``BlockSpaceManager(watermark=0.01)``, ``watermark_blocks = int(watermark * num_gpu_blocks)``), so
@@ -289,51 +286,70 @@ class Engine(EngineProcess):
         self._makes_room = self.queueing.preempts_for_waiting
         self._tracks_seats = self.queueing.tracks_seats
         self._admit = self.queueing.admit
-        self._in_flight: Iteration | None = None    # the iteration being waited for (it began at self.now)
+        # The iteration last planned (:meth:`_plan`): its prompt chunks and whether the decoding sequences step
+        # (its row is the log's last), and, while the engine waits for its end, its duration (it began at self.now).
+        self._chunks: list[tuple[Request, int]] = []
+        self._decoding = False
+        self._in_flight: float | None = None
         self._async = config.async_scheduling
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
-        # A disaggregated prefill pool's engine: a request whose prompt is computed leaves the batch keeping
-        # its KV blocks and is handed, with the time, to this (llmsim.sim.disaggregated), not decoded here.
-        self.handoff: Callable[[Request, float], None] | None = None
+        self._handoff: Callable[[Request, float], None] | None = None
+        self._extras = self._makes_room or self._tiered is not None or self._async
         self.start()
+
+    @property
+    def handoff(self) -> Callable[[Request, float], None] | None:
+        """A disaggregated prefill pool's engine: a request whose prompt is computed leaves the batch keeping
+        its KV blocks and is handed, with the time, to this (llmsim.sim.disaggregated), not decoded here."""
+        return self._handoff
+
+    @handoff.setter
+    def handoff(self, to: Callable[[Request, float], None] | None) -> None:
+        self._handoff = to
+        self._extras = self._makes_room or self._tiered is not None or self._async or to is not None
 
     def _resume(self) -> None:
         """The engine's loop, one turn per iteration, from one wait to the next: the iteration in
         flight (if any) is over, then iterations are scheduled, and run, until one must be waited
         for or there is nothing to do."""
         env = self.env
-        iteration = self._in_flight
-        if iteration is not None:
+        duration = self._in_flight
+        if duration is not None:
             self._in_flight = None
-            self.now = self.now + iteration.duration_s      # its end, the sum that scheduled this call
-            self._complete(iteration)
-        peek, schedule = env.peek, self.schedule
-        complete = self._complete if self.observers else self.apply
+            self.now = self.now + duration          # its end, the sum that scheduled this call
+            self._complete()
+        peek, plan, apply = env.peek, self._plan, self._apply
+        observed = bool(self.observers)
         while True:
             if self.now < env._now:                 # SimPy's clock without its property's call
                 self.now = env._now
             if self._expires:
                 self.queueing.expire_waiting(self.now)
-            iteration = schedule()
-            if iteration is None:
+            duration = plan()
+            if duration is None:
                 self._idle = True                   # until notify()
                 return
-            end = self.now + iteration.duration_s
+            end = self.now + duration
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
             if end >= peek():
-                self._in_flight = iteration
+                self._in_flight = duration
                 self._schedule(self._wake, NORMAL, end - env._now)
                 return
             self.now = end
-            complete(iteration)
+            if observed:
+                self._complete()
+            else:
+                apply(self._chunks, self._decoding)
 
-    def _complete(self, iteration: Iteration) -> None:
-        """``iteration`` is over at ``self.now``: its tokens appear, then the observers see it."""
-        self.apply(iteration)
-        for observer in self.observers:
-            observer(self, iteration)
+    def _complete(self) -> None:
+        """The iteration last planned is over at ``self.now``: its tokens appear, then the observers see it."""
+        self._apply(self._chunks, self._decoding)
+        if self.observers:
+            iteration = self.last_iteration()
+            for observer in self.observers:
+                observer(self, iteration)
 
     def close(self) -> None:
         """End of the run: bring unfinished requests' token counts up to date and hand the
@@ -357,13 +373,27 @@ class Engine(EngineProcess):
         Admission, prefill chunks and the decode set's KV reservation happen here (they may
         preempt); the tokens appear in :meth:`apply`.
         """
+        return None if self._plan() is None else self.last_iteration()
+
+    def last_iteration(self) -> Iteration:
+        """The iteration last planned, as its log row and what it scheduled."""
+        return self.log.last(self._chunks, self._decoding)
+
+    def _plan(self) -> float | None:
+        """:meth:`schedule` without building its :class:`Iteration` (the engine's loop needs only the
+        duration): the log gets its row, and ``_chunks`` and ``_decoding`` say what it scheduled."""
         cfg, now, decode, queue = self.config, self.now, self.decode, self.queue
         chunks: list[tuple[Request, int]] = []
-        if self._makes_room and queue and self.running:
-            self.queueing.make_room(now)
-        if self._tiered is not None:
-            self._tiered.advance(now)
-        # (The membership tests skip calls that would find nothing to do: this is the hot loop.)
+        self._chunks = chunks
+        # (The membership tests skip calls that would find nothing to do: this is the hot loop. ``_extras``
+        # says whether any of the steps most engines skip applies: making room, a tiered cache, a hand-off,
+        # asynchronous scheduling.)
+        extras = self._extras
+        if extras:
+            if self._makes_room and queue and self.running:
+                self.queueing.make_room(now)
+            if self._tiered is not None:
+                self._tiered.advance(now)
         if cfg.chunked_prefill:
             budget = cfg.max_batch_tokens - (decode.prepare(now) if decode.n else 0)
             if self.prefilling:
@@ -380,26 +410,27 @@ class Engine(EngineProcess):
                 decode.prepare(now)
                 decoding = decode.n > 0              # its KV reservation may have preempted them all
         if chunks:
-            sums = prefill_sums(chunks, self._window, self._local_share)
+            prefill_tokens, pairs, prefill_kv, completed = prefill_sums(chunks, self._window, self._local_share)
         elif decoding:
-            sums = NO_PREFILL
+            prefill_tokens = pairs = prefill_kv = 0.0
+            completed = 0
         else:
             return None
-        duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(chunks, decoding,
-                                                                                                 *sums)
-        if self.handoff is not None:      # a prefill pool's engine: the decode pool emits every token
-            tokens_out = 0
-        if self._async:
-            duration = self._overlap_host(now, duration, n + sums[3])
-        if self._tiered is not None:
-            duration = self._tiered.charge(now, duration)
+        duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
+            chunks, decoding, prefill_tokens, pairs, prefill_kv, completed)
+        if extras:
+            if self._handoff is not None:     # a prefill pool's engine: the decode pool emits every token
+                tokens_out = 0
+            if self._async:
+                duration = self._overlap_host(now, duration, n + completed)
+            if self._tiered is not None:
+                duration = self._tiered.charge(now, duration)
         self._last_end_s = now + duration
         kv = self.kv
-        iteration = new_iteration((now, duration, n, len(chunks), sums[0], tokens_out, flops, moved,
-                                   kv.num_blocks - kv.free_blocks, len(self.running), len(queue), n_spec, proposed,
-                                   accepted, draft_s, chunks, decoding))
-        self.log.append(iteration)
-        return iteration
+        self._decoding = decoding
+        self.log.add(now, duration, n, len(chunks), prefill_tokens, tokens_out, flops, moved,
+                     kv.num_blocks - kv.free_blocks, len(self.running), len(queue), n_spec, proposed, accepted, draft_s)
+        return duration
 
     def _overlap_host(self, now: float, duration: float, sampled: int) -> float:
         """Asynchronous scheduling (vLLM ``--async-scheduling``): the CPU prepares this step while the GPU
@@ -411,10 +442,13 @@ class Engine(EngineProcess):
 
     def apply(self, iteration: Iteration) -> None:
         """The iteration is over at ``self.now``: its decode tokens and prompt chunks are done."""
+        self._apply(iteration.chunks, iteration.decoding)
+
+    def _apply(self, chunks: Sequence[tuple[Request, int]], decoding: bool) -> None:
         now = self.now
-        if iteration.decoding:
+        if decoding:
             self.decode.advance(now)
-        for request, chunk in iteration.chunks:
+        for request, chunk in chunks:
             if request.status is not RUNNING:     # preempted after its chunk was scheduled (by priority)
                 continue
             request.prefilled += chunk
@@ -424,7 +458,7 @@ class Engine(EngineProcess):
                 continue
             # The prompt is complete: its first token (or, after a recompute, the next one).
             self.prefilling.remove(request)
-            if self.handoff is not None:
+            if self._handoff is not None:
                 self.hand_off(request, now)
                 continue
             if request.generated == 0:
@@ -521,11 +555,11 @@ class Engine(EngineProcess):
     def hand_off(self, request: Request, now: float) -> None:
         """``request``'s prompt is computed on a prefill pool's engine: it leaves the batch, its KV blocks
         still held (the decode pool's side frees them once the KV has crossed), and goes to ``handoff``."""
-        assert self.handoff is not None           # called only on a prefill pool's engine, which has one
+        assert self._handoff is not None          # called only on a prefill pool's engine, which has one
         if self._tracks_seats:
             self.queueing.left(request)
         del self.running[request.id]
-        self.handoff(request, now)
+        self._handoff(request, now)
 
     def finish(self, request: Request, now: float) -> None:
         """``request`` has all its tokens: free its KV (all but its last token's was computed) and report it."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import mmap
 import struct
 from collections.abc import Mapping, Sequence
-from functools import partial
+import typing
 from typing import NamedTuple
 
 import numpy as np
@@ -45,15 +45,14 @@ class Iteration(NamedTuple):
     decoding: bool = False
 
 
-# The engine's hot path builds iterations positionally, every field given, without the
-# generated __new__'s argument handling (a third of the cost).
-new_iteration = partial(tuple.__new__, Iteration)
-
 LOG_COLUMNS = Iteration._fields[:Iteration._fields.index("chunks")]
 _WIDTH = len(LOG_COLUMNS)
 _ROW = struct.Struct(f"{_WIDTH}d")
 COUNT_COLUMNS = ["decode_seqs", "prefill_seqs", "prefill_tokens", "tokens_out", "kv_used_blocks", "running",
                  "queued", "spec_seqs", "draft_tokens", "accepted_tokens"]
+# The fields an Iteration holds as ints (prefill_tokens, a count in the table, is a sum of floats there).
+_INTEGER_FIELDS = frozenset(i for i, (name, kind) in enumerate(typing.get_type_hints(Iteration).items())
+                            if name in LOG_COLUMNS and kind is int)
 
 CHUNK_ROWS = 1 << 16                # 7.5 MiB a chunk
 _CHUNK_BYTES = CHUNK_ROWS * _ROW.size
@@ -76,11 +75,28 @@ class IterationLog:
         self._chunk = mmap.mmap(-1, _CHUNK_BYTES)  # the chunk being written, up to byte _at
         self._at = 0
 
-    def append(self, iteration: Iteration) -> None:
-        _ROW.pack_into(self._chunk, self._at, *iteration[:_WIDTH])
+    def add(self, start_s: float, duration_s: float, decode_seqs: int, prefill_seqs: int, prefill_tokens: float,
+            tokens_out: int, flops: float, moved: float, kv_used_blocks: int, running: int, queued: int,
+            spec_seqs: int, draft_tokens: int, accepted_tokens: int, draft_s: float) -> None:
+        """Append one iteration's row, its fields given in :data:`LOG_COLUMNS` order (``moved``: its bytes)
+        and packed as they come: the engine logs every iteration, and builds an :class:`Iteration` only
+        where one is asked for (:meth:`last`)."""
+        _ROW.pack_into(self._chunk, self._at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens,
+                       tokens_out, flops, moved, kv_used_blocks, running, queued, spec_seqs, draft_tokens,
+                       accepted_tokens, draft_s)
         self._at += _ROW.size
         if self._at == _CHUNK_BYTES:
             self._next_chunk()
+
+    def last(self, chunks: Sequence[tuple[Request, int]], decoding: bool) -> Iteration:
+        """The last row as an :class:`Iteration` (its counts as ints) that scheduled ``chunks`` and, if
+        ``decoding``, a step of the decoding sequences."""
+        if self._at:
+            row = _ROW.unpack_from(self._chunk, self._at - _ROW.size)
+        else:
+            row = _ROW.unpack_from(self._full[-1], _CHUNK_BYTES - _ROW.size)
+        return Iteration._make([*(int(value) if i in _INTEGER_FIELDS else value for i, value in enumerate(row)),
+                                chunks, decoding])
 
     def extend(self, columns: Mapping[str, np.ndarray | float]) -> None:
         """Append several rows at once, given by column: an array, or one value for every row (a static

@@ -38,7 +38,7 @@ from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
 from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.disaggregated import DisaggregatedRouter, make_pool, pool_totals, totals, transfer_columns
 from llmsim.sim.engine import Engine, Observer
-from llmsim.sim.environment import Environment, scheduler
+from llmsim.sim.environment import Environment, frozen_heap, scheduler
 from llmsim.sim.horizon import default_horizon_s
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
@@ -435,7 +435,8 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
     stopped_by, fault = StopReason.COMPLETED, None
     try:
         if len(records):
-            stopped_by = cast(StopReason, env.run(until=stop))      # the stop event's value
+            with frozen_heap():
+                stopped_by = cast(StopReason, env.run(until=stop))      # the stop event's value
     except KeyboardInterrupt:
         # Keep what was simulated: everything still in flight is reported unfinished.
         stopped_by = StopReason.INTERRUPT

@@ -37,9 +37,11 @@ from functools import partial
 
 import numpy as np
 
-from llmsim.cost.features import FEATURES, batch_rows, sequential_decode_rows, speculative_step_sums, visible
+from llmsim.config.policies import Scorer
+from llmsim.cost.features import (FEATURES, batch_rows, expanded_verify, sequential_decode_rows, speculative_step_sums,
+                                  visible)
 from llmsim.cost.roofline import FEW_ROWS, CostModel, summed_iteration
-from llmsim.sim.decode import DecodeSet, StepPrice, new_price
+from llmsim.sim.decode import DecodeSet, StepPrice
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
 from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, close_row, eligible_rows,
@@ -166,6 +168,7 @@ class SpeculativeDecodeSet(DecodeSet):
                              else partial(summed_iteration, draft_cost))
         self._branching = speculation.proposer.branching
         self._sequential = speculation.proposer.sequential      # one draft step per level (else one pass)
+        self._expanded = speculation.scorer is Scorer.BATCH_EXPANSION
         self._draw = speculation.acceptance.draws(acceptance_key, self._branching)
         self.blocked = {f.name: 0 for f in fields(SpeculationSteps)}
         self._blocked_step: tuple[str | None, int] = (None, 0)   # this step: a rule blocking all, or eligible count
@@ -283,7 +286,8 @@ class SpeculativeDecodeSet(DecodeSet):
         for _ in range(2):
             n_spec, proposed, draft_steps, duration, flops, moved, draft_s, draft_flops, draft_bytes = price_step(
                 n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv,
-                bool(chunks), logits, self._local_share, self._branching, self._sequential, stacked, n_ops, x,
+                bool(chunks), logits, self._local_share, self._branching, self._sequential, self._expanded, stacked,
+                n_ops, x,
                 tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0], draft_tables[1])
             if duration == duration:
                 break
@@ -317,8 +321,11 @@ class SpeculativeDecodeSet(DecodeSet):
         if not self._sequential:
             draft_steps = min(draft_steps, 1)        # the heads or the lookup run once, whatever k
         accepted = self._accept(n, n_spec, proposed)
+        plain = n - n_spec
+        if self._expanded:
+            tokens, verify_pairs, verify_kv, plain, decode_kv = expanded_verify(tokens, verify_pairs, plain, decode_kv)
         duration, flops, moved = self._cost_step(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv,
-                                                 logits + tokens, n - n_spec, decode_kv)
+                                                 logits + tokens, plain, decode_kv)
         draft_s = draft_flops = draft_bytes = 0.0
         if draft_steps:
             draft_s, draft_flops, draft_bytes = self._draft_total(self._draft_rows[:draft_steps])
@@ -343,7 +350,7 @@ class SpeculativeDecodeSet(DecodeSet):
         if draft_steps:
             flops, moved = flops + draft_flops, moved + draft_bytes
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
-        return new_price((duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s))
+        return duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s
 
     # -- a step: apply its outcome ----------------------------------------------------------------
     def advance(self, now: float) -> None:
@@ -377,8 +384,12 @@ class SpeculativeDecodeSet(DecodeSet):
         plain = n - spec.sum(axis=0)
         kv_plain = float((seen + 1).sum()) - ((cs + 1) * spec).sum(axis=0)
         pairs = (tree_verify_pairs(drafted, self._branching, cs) * spec).sum(axis=0)
-        rows = batch_rows(verify_tokens, pairs, ((cs + t) * spec).sum(axis=0),
-                          verify_tokens, plain, kv_plain, self.engine.cost.model)
+        verify_kv = ((cs + t) * spec).sum(axis=0)
+        if self._expanded:
+            # The Python body: the same sums over every candidate k at once.
+            verify_tokens, pairs, verify_kv, plain, kv_plain = expanded_verify.py_func(verify_tokens, pairs, plain,
+                                                                                       kv_plain)
+        rows = batch_rows(verify_tokens, pairs, verify_kv, verify_tokens, plain, kv_plain, self.engine.cost.model)
         verify_s = self.engine.cost.iteration(rows)[0]
         if self.draft_cost is None:
             return verify_s

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from llmsim.cost.features import DRAFT_ROW_COLUMNS, seen_by_layers, speculative_step_sums
+from llmsim.cost.features import DRAFT_ROW_COLUMNS, expanded_verify, seen_by_layers, speculative_step_sums
 from llmsim.cost.roofline import FEW_ROWS, _linear_step, _rows_total
 
 # The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
@@ -225,14 +225,14 @@ def tree_extras(n, k, context, window, branching, draft_rows, draft_steps, local
 
 @numba.njit(cache=True)
 def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
-               prompt_logits, local_share, branching, sequential, stacked, n_ops, x, layer_by_tokens, head_by_logits,
-               draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits):
+               prompt_logits, local_share, branching, sequential, expanded, stacked, n_ops, x, layer_by_tokens,
+               head_by_logits, draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits):
     """A speculative step's sums and both prices in one call: :func:`speculative_step_sums` (and
     :func:`tree_extras` for a tree), the dense target's :meth:`~llmsim.cost.roofline.CostModel.step` (its
     linear part, ``stacked`` times the row ``x``, and its non-linear terms from its ``rows_total`` tables)
     and the draft rows' :meth:`~llmsim.cost.roofline.CostModel.rows_total` (``draft_n_ops`` < 0: a draft
     priced outside, as Medusa heads are). The same operations in the same order as those calls, so the
-    same bits.
+    same bits. ``expanded``: the verify chunks scored by batch expansion (:func:`expanded_verify`).
 
     Returns ``(spec_seqs, draft_tokens, draft_steps, time_s, flops, bytes, draft_s, draft_flops,
     draft_bytes)``: ``time_s`` is NaN when the target's terms are not in its tables, ``draft_s`` when the
@@ -248,8 +248,10 @@ def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pai
         kv_read = kv_read + extra_tokens
     if not sequential:
         draft_steps = min(draft_steps, 1)
-    prefill_tokens, logits = prompt_tokens + tokens, prompt_logits + tokens
     decode_seqs = n - spec_seqs
+    if expanded:
+        tokens, pairs, kv_read, decode_seqs, decode_kv = expanded_verify(tokens, pairs, decode_seqs, decode_kv)
+    prefill_tokens, logits = prompt_tokens + tokens, prompt_logits + tokens
     step_tokens = prefill_tokens + decode_seqs
     step_logits = decode_seqs + logits
     time_s, flops, moved = _linear_step(stacked, n_ops, x, step_tokens, prefill_tokens, prompt_pairs + pairs,

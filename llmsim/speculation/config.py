@@ -42,7 +42,7 @@ import pandas as pd
 from scipy import stats
 
 from llmsim.config.policies import (AcceptanceProcess, Batching, DraftPlacement, KPolicyName, KScope, ProposerKind,
-                                    members_of)
+                                    Scorer, members_of)
 from llmsim.config.reader import Node, NumberRange
 from llmsim.workload.trace import read_csv
 from llmsim.catalog.models import ModelSpec
@@ -213,9 +213,10 @@ class SpeculationConfig:
     acceptance: Acceptance = field(default_factory=Acceptance)
     eligibility: Eligibility = field(default_factory=Eligibility)
     proposer: Proposer = field(default_factory=Proposer)   # its kind follows ``draft`` unless a head
+    scorer: Scorer = Scorer.MQA         # how the target scores a chain (vLLM V0 expanded the batch)
 
     def __post_init__(self):
-        members_of(self, placement=DraftPlacement)
+        members_of(self, placement=DraftPlacement, scorer=Scorer)
         if self.draft is not None and self.proposer.kind == NGRAM:
             object.__setattr__(self, "proposer", replace(self.proposer, kind=MODEL))
 
@@ -269,8 +270,13 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
         raise node.key_error("tree_branching", "replayed accepted lengths were measured on a chain",
                              proposer.branching, "1 with process: replay")
     eligibility = read_eligibility(node.child("eligibility", {}))
+    scorer = Scorer(node.choice("scorer", Scorer.names(), SpeculationConfig.scorer))
+    if scorer is Scorer.BATCH_EXPANSION and proposer.branching > 1:
+        raise node.key_error("scorer", "batch expansion scores a chain of draft tokens, not a tree", scorer,
+                             f"{Scorer.MQA}, or tree_branching: 1")
     node.done()
-    config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility, proposer)
+    config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility, proposer,
+                               scorer)
     if config.enabled and batching is Batching.STATIC:
         raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
                          allowed="engine.batching: continuous")

@@ -77,3 +77,19 @@ def test_gemm_in_python_floats_is_numpy_to_the_bit():
         memory_s, compute_s = rng.random() * 1e-3, rng.random() * 1e-3 * rng.choice([0.0, 1.0])
         expected = float(gemm_body_s(memory_s, compute_s, gemm_output_tiles(tokens, n), kernels))
         assert gemm_scalar_body_s(memory_s, compute_s, tokens, n, kernels) == expected
+
+
+@pytest.mark.parametrize("model_name, hardware, tp", [case for case in CASES if case[2] == 1])
+def test_tables_filled_at_once_price_every_token_count_as_the_vectorised_model_does(model_name, hardware, tp):
+    """Without an all-reduce the first row rows_total tabulates fills its tables whole, by a compiled
+    loop: every entry up to the tables' size must price its row as the vectorised model does."""
+    cost = CostModel(model_catalog()[model_name], lookup_hardware(hardware), tp)
+    size = 4096
+    tokens = np.arange(size, dtype=float)
+    rows = batch_rows(decode_seqs=tokens, decode_kv_read=tokens * 1000)
+    cost.rows_total(rows[-1:])                 # the largest count: the tables grow to hold it, and fill
+    layers, heads = cost.compiled_terms()[3]    # (shared with other tests' cost models: maybe larger already)
+    assert len(layers) == len(heads) >= size and not np.isnan(layers).any() and not np.isnan(heads).any()
+    for t in range(size):
+        times, flops, moved = cost.iteration(rows[t:t + 1])
+        assert cost.rows_total(rows[t:t + 1]) == (times[0], flops[0], moved[0])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from llmsim.catalog.models import model_catalog
+from llmsim.config.policies import KPolicyName
 from llmsim.search.draft_choice import RULE_BAND, in_band_candidates
-from llmsim.search.recommend import recommend
+from llmsim.search.recommend import OFF, Config, KChoice, _eligibility_options, eligibility_of, recommend
 from tests.helpers import make_scenario
 
 
@@ -50,3 +51,15 @@ def test_recommend_gives_one_speculation_answer_and_simulates_an_in_band_draft()
     best_any = screened["max_rate_per_s"].max()
     assert rec.drafts.rule_holds == (rec.best.draft is not None and rec.best.draft.label in set(band["candidate"]))
     assert best_band <= best_any
+
+
+def test_the_eligibility_rules_tried_leave_out_the_one_the_best_setting_runs_with():
+    # The scenario leaves eligibility at the engine's defaults (32 tokens, 2 requests): the best setting, with
+    # no rule of its own, runs under that rule, so it is not simulated again as a setting of its own.
+    scenario = make_scenario({"speculation": {"draft": "Llama-3.2-1B", "policy": "static", "k": 3,
+                                              "acceptance": {"process": "bernoulli", "alpha": 0.7}}})
+    best = Config(KChoice(KPolicyName.STATIC, 3), 1024, None)
+    assert eligibility_of(best, scenario) == (32, 2)
+    tried = {config.eligibility for config in _eligibility_options(best, scenario)}
+    assert tried == {(0, 1), (0, 2), (32, 1)}
+    assert eligibility_of(Config(OFF, 1024, None), scenario) is None

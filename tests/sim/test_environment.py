@@ -1,9 +1,11 @@
 """The fast lane for engine waits keeps SimPy's order: the same model on llmsim's Environment and on a
 plain simpy.Environment (where a scheduled call is an ordinary event) does the same things at the same
 times in the same order."""
+import gc
 import random
 
 import pandas as pd
+import pytest
 import simpy
 from simpy.events import NORMAL, URGENT
 
@@ -56,3 +58,56 @@ def test_a_simulation_gives_the_same_records_on_a_plain_simpy_environment(monkey
     plain = simulate_module.simulate(scenario)
     pd.testing.assert_frame_equal(fast.requests, plain.requests)
     pd.testing.assert_frame_equal(fast.iterations, plain.iterations)
+
+
+def _small_scenario():
+    return make_scenario({"workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 20}}})
+
+
+def _freeze_counts(into: list[int]):
+    """An observer noting the frozen object count at the first three iterations (gc.get_freeze_count walks
+    the frozen objects: not at every one)."""
+    def observe(engine, iteration):
+        if len(into) < 3:
+            into.append(gc.get_freeze_count())
+    return observe
+
+
+def test_a_run_leaves_the_objects_before_it_to_the_collector_only_while_it_runs():
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+    during: list[int] = []
+    simulate_module.simulate(_small_scenario(), observers=[_freeze_counts(during)])
+    assert len(during) == 3 and min(during) > 0      # the heap before the run was frozen while it ran
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_a_failing_run_gives_the_frozen_objects_back_to_the_collector():
+    class Fault(Exception):
+        pass
+
+    def fail(engine, iteration):
+        if engine.now > 1.0:
+            raise Fault("observer failed")
+
+    with pytest.raises(Fault) as raised:
+        simulate_module.simulate(_small_scenario(), observers=[fail])
+    assert raised.value.partial_result.stopped_by == "fault"
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+def test_a_caller_s_own_freeze_or_disabled_collector_is_left_as_it_was():
+    gc.freeze()
+    try:
+        simulate_module.simulate(_small_scenario())
+        assert gc.get_freeze_count() > 0             # not unfrozen: the caller froze these
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        during: list[int] = []
+        simulate_module.simulate(_small_scenario(), observers=[_freeze_counts(during)])
+        assert during == [0, 0, 0]
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    assert gc.get_freeze_count() == 0

@@ -188,7 +188,7 @@ def test_fused_price_equals_the_separate_calls(h100: HardwareProfile, tp, window
         # call may miss, as in the engine, which then tabulates the row it left in ``x`` and calls again.
         for _ in range(2):
             got = price_step(n, k, context, window, lag, rows, *prompt, chunks, logits, local_share, branching,
-                             sequential, stacked, n_ops, x, tables[0], tables[1], draft_stacked, draft_n_ops,
+                             sequential, False, stacked, n_ops, x, tables[0], tables[1], draft_stacked, draft_n_ops,
                              draft_tables[0], draft_tables[1])
             if not np.isnan(got[3]):
                 break
@@ -196,6 +196,36 @@ def test_fused_price_equals_the_separate_calls(h100: HardwareProfile, tp, window
         assert got[:6] == expected[:6]
         assert got[6:] == expected[6:] or (np.isnan(got[6]) and np.isnan(expected[6]))
         assert np.array_equal(rows[:got[2]], expected_rows[:got[2]])
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_batch_expansion_prices_each_chain_as_k_plus_one_decode_sequences(h100: HardwareProfile, tp):
+    """vLLM V0's batch expansion (vllm/spec_decode/batch_expansion.py) scores a sequence's k drafts as k + 1
+    one-token decode sequences over its context and the drafts before each: the step costs what the target's
+    decode of those sequences costs, each reading its whole KV cache (``sum_j (context + j)``, j = 1..k + 1),
+    beside the plain sequences and the iteration's prompt chunks."""
+    target = CostModel(model_catalog()["Llama-3.1-8B"], h100, tensor_parallel=tp)
+    stacked, n_ops, x, tables = target.compiled_terms()
+    no_draft = (np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
+    rng = np.random.default_rng(29)
+    for _ in range(60):
+        n = int(rng.integers(1, 70))
+        k, context, lag = _batch(rng, n)
+        prompt = (float(rng.integers(0, 3000)), float(rng.integers(0, 10 ** 6)), float(rng.integers(0, 5000)))
+        logits = int(rng.integers(0, 4))
+        spec = k > 0
+        expanded = int((k[spec] + 1).sum())
+        kv = float(sum(context[i] + j for i in np.flatnonzero(spec) for j in range(1, k[i] + 2)))
+        plain_kv = float((context[~spec] + 1).sum())
+        expected = target.step(prompt[0], prompt[1], prompt[2], logits, int((~spec).sum()) + expanded,
+                               plain_kv + kv)
+        for _ in range(2):
+            got = price_step(n, k, context, 0, lag, np.zeros((0, len(FEATURES))), *prompt, True, logits, 1.0, 1,
+                             False, True, stacked, n_ops, x, tables[0], tables[1], *no_draft)
+            if not np.isnan(got[3]):
+                break
+            assert target.tabulate_last_step()
+        assert got[3:6] == pytest.approx(expected, rel=1e-12)
 
 
 def test_fused_price_reports_a_count_missing_from_the_tables(h100: HardwareProfile):
@@ -210,7 +240,7 @@ def test_fused_price_reports_a_count_missing_from_the_tables(h100: HardwareProfi
     no_draft = (np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
 
     def fused():
-        return price_step(2, k, context, 0, lag, rows, 12345.0, 0.0, 0.0, True, 1, 1.0, 1, True, stacked, n_ops,
+        return price_step(2, k, context, 0, lag, rows, 12345.0, 0.0, 0.0, True, 1, 1.0, 1, True, False, stacked, n_ops,
                           x, tables[0], tables[1], *no_draft)
     assert np.isnan(fused()[3])
     assert x[F["tokens"]] == tokens

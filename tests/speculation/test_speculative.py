@@ -390,6 +390,8 @@ def test_same_seed_same_run_and_common_acceptance_across_k():
     ({"draft": "Llama-3.2-1B", "acceptance": {"process": "beta", "a": 2, "b": -1}}, "speculation.acceptance.b"),
     ({"draft": "Llama-3.2-1B", "acceptance": {"process": "beta", "mean": 0.7, "concentration": 0}},
      "speculation.acceptance.concentration"),
+    ({"draft": "eagle", "tree_branching": 2, "scorer": "batch_expansion"}, "not a tree"),
+    ({"draft": "ngram", "scorer": "expansion"}, "speculation.scorer"),
 ])
 def test_bad_speculation_settings_name_the_key(tmp_path, capsys, speculation, words):
     import yaml
