@@ -6,7 +6,6 @@ never sees YAML. See ``scenarios/`` for annotated examples and docs/reference/sc
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -179,9 +178,7 @@ class Scenario:
     controller: ControllerConfig | None = None       # adaptive control of an engine knob (default: none)
     autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
     rollout: RolloutConfig | None = None             # canary and shadow groups beside this deployment (default: none)
-    # The validated YAML mapping and the folder its relative paths start from: sweeps lay
-    # their overrides over it and validate the result again, the same way as a file.
-    source: dict | None = field(default=None, repr=False, compare=False)
+    # The folder the scenario's relative paths (traces, chip profiles, acceptance files) start from.
     source_dir: str | None = field(default=None, repr=False, compare=False)
     # vLLM flags of engine.vllm_args (or --vllm-args) that llmsim does not model, each with why.
     vllm_notes: tuple[str, ...] = field(default=(), compare=False)
@@ -413,7 +410,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
                         speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
-                        source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
+                        source_dir=str(root.base_dir), vllm_notes=vllm_notes,
                         disaggregation=disaggregation, plan=plan)
     check_fits(scenario, root)
     for group in rollout.groups if rollout is not None else ():

@@ -29,7 +29,7 @@ def written(path: Path, point: dict, seed: int | None = None) -> Scenario:
     anchor's settings: a key written into the one is not written into the other."""
     data = json.loads(json.dumps(load_yaml(path)))
     if "vllm_args" in data.get("engine", {}):
-        data["engine"] = load_scenario(path).source["engine"]
+        data["engine"] = to_mapping(load_scenario(path))["engine"]
     for key, value in point.items():
         *parents, leaf = key.split(".")
         holder = data
@@ -202,7 +202,7 @@ def test_a_layout_that_does_not_fit_names_its_key():
 
 def test_a_scenario_not_read_from_yaml_takes_any_variant():
     """Before, a key the typed scenario does not set needed the YAML mapping the scenario was read from."""
-    built = replace(make_scenario(), source=None, source_dir=None)
+    built = replace(make_scenario(), source_dir=None)
     assert same(variant(built, {"engine.memory_utilization": 0.8}),
                 make_scenario({"engine": {"memory_utilization": 0.8}}))
 
