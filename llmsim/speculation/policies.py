@@ -4,9 +4,10 @@ A policy is asked once per decode step for every decoding sequence's draft lengt
 (:meth:`KPolicyRule.choose`) and is then told what the target accepted
 (:meth:`KPolicyRule.observe`), or, for the per-request adaptive rule, names its settings
 (:attr:`KPolicyRule.windows`) and the engine's compiled step applies the rule to every row
-(:func:`~llmsim.speculation.kernels.observe_windows`) in the call that closes the step. The decoding sequences are packed numpy columns, rows
-``[0, n)`` (``llmsim.sim.speculative_decode.DecodeSlots``); a policy that keeps state per
-request keeps it in those columns (``k_policy``, ``window_*``, ``backoff``, ``seen_*``), so it
+(:func:`~llmsim.speculation.kernels.observe_windows`) in the call that closes the step.
+The decoding sequences are packed numpy columns, rows ``[0, n)``
+(``llmsim.sim.speculative_decode.DecodeSlots``); a policy that keeps state per request keeps it
+in those columns (``k_policy``, ``window_*``, ``backoff``, ``seen_*``), so it
 moves with the request's row, and state for the whole batch on the policy object.
 
 - :class:`StaticK`: every eligible sequence drafts ``k``.
