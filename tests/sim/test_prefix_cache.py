@@ -353,8 +353,6 @@ def test_recommend_neighbours_vary_block_size_and_idle_timeout(offload):
     from llmsim.scenario.variants import variant
     from llmsim.search.recommend import IDLE_TIMEOUTS_S, OFF, Config, _neighbours
     scenario = make_scenario({**SESSIONS, "engine": {"prefix_caching": True, "cpu_offload": offload}})
-    scenario = replace(scenario, source=merge(BASE, {**SESSIONS, "engine": {"prefix_caching": True,
-                                                                           "cpu_offload": offload}}))
     near = _neighbours(Config(OFF, 8192, None), scenario)
     assert {c.block_size for c in near} >= {64, 256}
     assert {c.idle_timeout_s for c in near} >= set(IDLE_TIMEOUTS_S)
