@@ -490,9 +490,13 @@ class FluidModel:
 
         With step time tau: decoders hold lam decode_steps tau slots (Little), prefill's share only adds,
         and stability asks fewer than the slots; TPOT is tau tpot_factor; E2E is at least TPOT times the
-        mean decode tokens (TTFT >= 0). TTFT has no such bound in tau alone.
+        mean decode tokens (TTFT >= 0). TTFT has no such bound in tau alone. The prefill budget's queue is
+        unstable once lam tau E[P] passes max(max_batch_tokens - lam tau decode tokens per step, 1).
         """
-        bound = self._slots(work) / np.maximum(lam * work.decode_steps, 1e-300)
+        rate = np.maximum(lam, 1e-300)
+        bound = self._slots(work) / (rate * work.decode_steps)
+        bound = np.minimum(bound, np.maximum(self.max_tokens / (rate * (self.mean_prompt + tokens_of(work.decode))),
+                                             1.0 / (rate * self.mean_prompt)))
         if "tpot" in mean_limits_s:
             bound = np.minimum(bound, mean_limits_s["tpot"] / work.tpot_factor)
         if "e2e" in mean_limits_s and self.mean_decode > 0:
