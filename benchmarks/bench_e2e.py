@@ -23,6 +23,8 @@ is the closest of its modes (its prefill-first mode runs prompts in steps of the
 meets the budget's edge, which TensorRT-LLM holds back to the next step and the simulator splits. The PyTorch
 backend overlaps each step's CPU work with the next step on the GPU by default
 (nvidia.github.io/TensorRT-LLM/features/overlap-scheduler.html: "Enabled by default"): ``engine.async_scheduling``.
+The batch limit and the token budget of each cell are the ones trtllm-bench derives from the lengths and the KV
+memory where the run names neither (:func:`trtllm_bench_limits`): 2,048 tokens a step in the decode-heavy cells.
 
 The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms and fusions
 (``engine.kernels: trtllm``; ``kernel_terms.STREAM_FUSION``), the published tensor-parallel size, the same lengths,
@@ -40,8 +42,11 @@ groups that set a missed cell's time.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 
+from llmsim.catalog.hardware import lookup_hardware
+from llmsim.catalog.models import lookup_model, model_catalog
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.search.sustainable_rate import OfflineRate, offline_rate
@@ -61,23 +66,45 @@ PUBLISHED = {
     ("Llama-3.1-405B", "H100-SXM", 8, 1000, 1000): 2919, ("Llama-3.1-405B", "H200", 8, 1000, 1000): 3330,
     ("Llama-3.1-405B", "H100-SXM", 8, 2048, 128): 453, ("Llama-3.1-405B", "H200", 8, 2048, 128): 456,
 }
-MAX_NUM_SEQS = 2048      # trtllm-bench's default maximum batch size
-MAX_BATCH_TOKENS = 8192
+KV_CACHE_FRACTION = 0.95     # the perf overview's --kv_cache_free_gpu_mem_fraction
+
+
+def trtllm_bench_limits(model: str, gpu: str, tp: int, isl: int, osl: int) -> tuple[int, int]:
+    """The maximum batch size and tokens per step trtllm-bench sets where the run names neither (the perf overview
+    names neither): ``calc_engine_setting`` and ``finetune_setting`` of ``tensorrt_llm/bench/build/tuning.py``
+    (NVIDIA/TensorRT-LLM; FP8 is among its tuned quantizations). The requests its KV estimate holds at ISL + OSL
+    tokens each (NVML's total memory of the TP GPUs less the FP8 weights, x the KV fraction, over the FP8 KV bytes of a
+    token with at least one KV head per GPU), capped at 4,096; the batch rounded up to 32s, 128s or 256s (at least 64),
+    the tokens per step ``batch x (1 + ISL / OSL)`` (at most 32,768) rounded up to 256s, 512s or 1,024s (at least
+    2,048). Its tokens per step count every token of a step, context and generation, as ``max_batch_tokens`` does."""
+    spec, memory_bytes = lookup_model(model, model_catalog()), lookup_hardware(gpu).memory_capacity_bytes
+    gib = 2.0 ** 30
+    token_gib = 2 * spec.num_layers * max(tp, spec.num_kv_heads) * spec.head_dim * 1.0 / gib
+    cache_gib = (memory_bytes / gib * tp - spec.param_count * 1.0 / gib) * KV_CACHE_FRACTION
+    batch = min(cache_gib / (token_gib * (isl + osl)), 4096)
+    tokens = min(batch * (1 + isl / osl), 32768)
+    step = 32 if batch < 256 else 128 if batch < 1024 else 256
+    max_batch = max(64, step * math.ceil(batch / step))
+    step = 256 if tokens < 4096 else 512 if tokens < 8192 else 1024
+    return max_batch, max(2048, step * math.ceil(tokens / step))
 
 
 def scenario(model: str, gpu: str, tp: int, isl: int, osl: int) -> dict:
+    max_num_seqs, max_batch_tokens = trtllm_bench_limits(model, gpu, tp, isl, osl)
     return {"name": f"e2e-{model}-{gpu}-tp{tp}-{isl}-{osl}", "seed": 5,
             "model": {"base": model, "weight_dtype": "fp8", "kv_dtype": "fp8"}, "hardware": gpu,
             "deployment": {"replicas": 1, "tensor_parallel": tp},
-            "engine": {"kernels": "trtllm", "max_num_seqs": MAX_NUM_SEQS, "max_batch_tokens": MAX_BATCH_TOKENS,
-                       "chunked_prefill": True, "admission": "guaranteed_no_evict", "memory_utilization": 0.95,
+            "engine": {"kernels": "trtllm", "max_num_seqs": max_num_seqs, "max_batch_tokens": max_batch_tokens,
+                       "chunked_prefill": True, "admission": "guaranteed_no_evict",
+                       "memory_utilization": KV_CACHE_FRACTION,
                        "async_scheduling": True},
             "workload": {"arrival": {"process": "poisson", "rate": 10}, "num_requests": 1000,
                          "prompt_tokens": isl, "output_tokens": osl}}
 
 
 def simulated_rate(model: str, gpu: str, tp: int, isl: int, osl: int) -> OfflineRate:
-    return offline_rate(scenario(model, gpu, tp, isl, osl), num_requests=5 * MAX_NUM_SEQS)
+    return offline_rate(scenario(model, gpu, tp, isl, osl),
+                        num_requests=5 * trtllm_bench_limits(model, gpu, tp, isl, osl)[0])
 
 
 def print_breakdown(key: tuple, rate: OfflineRate) -> None:

@@ -49,6 +49,7 @@ _PUBLIC = {
     "generate_trace": "llmsim.workload.generate",
     "load_trace": "llmsim.workload.trace_formats",
     "variant": "llmsim.scenario.variants",
+    "to_mapping": "llmsim.scenario.writer",
     "FluidModel": "llmsim.analysis.fluid",
     "pareto_frontier": "llmsim.analysis.frontier",
     "cheapest_layouts": "llmsim.search.layout",

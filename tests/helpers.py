@@ -164,3 +164,16 @@ def markdown_literal(text: str) -> str:
 def tpot_mean_s(result) -> float:
     """A run's mean TPOT, from its summary."""
     return summarize(result).to_dict()["latency"]["tpot_s"]["mean"]
+
+
+def same(a, b) -> bool:
+    """Equal scenarios (a replayed trace's arrays compared by value; where it came from left out)."""
+    ta, tb = a.workload.trace, b.workload.trace
+    if (ta is None) != (tb is None):
+        return False
+    if ta is not None and tb is not None and not all(
+            np.array_equal(getattr(ta, name), getattr(tb, name)) for name in ("arrival_s", "prompt_tokens",
+                                                                              "output_tokens")):
+        return False
+    return dataclasses.replace(a, path=None, workload=dataclasses.replace(a.workload, trace=None)) == \
+        dataclasses.replace(b, path=None, workload=dataclasses.replace(b.workload, trace=None))

@@ -322,28 +322,31 @@ def _shared_catalog() -> dict[str, HardwareProfile]:
     return catalog
 
 
-def lookup_hardware(name: str, node: Node | None = None, key: str = "hardware") -> HardwareProfile:
+def lookup_hardware(name: str, node: Node | None = None, key: str = "hardware", *,
+                    copied: bool = True) -> HardwareProfile:
     """A profile by name or file stem (case-insensitive), or by a path to a YAML file; it keeps ``name``
-    (``named``)."""
-    return replace(_lookup(name, node, key), named=name)
+    (``named``). ``copied`` False: the shared parsed profile's figures themselves, for a caller that only reads
+    them (a copy is made to be changed)."""
+    return replace(_lookup(name, node, key, copied), named=name)
 
 
-def _lookup(name: str, node: Node | None, key: str) -> HardwareProfile:
+def _lookup(name: str, node: Node | None, key: str, copied: bool) -> HardwareProfile:
     candidate = Path(name)
     if node is not None and not candidate.is_absolute():
         candidate = node.base_dir / candidate
+    load = load_profile if copied else _parsed_profile
     if name.endswith((".yaml", ".yml")):
         if not candidate.exists():
             raise _unknown(name, node, key, "file not found")
-        return load_profile(candidate)
+        return load(candidate)
     for directory in profile_dirs():
         for path in sorted(directory.glob("*.yaml")):
             if path.stem.lower() == name.lower():
-                return load_profile(path)
+                return load(path)
     catalog = _shared_catalog()
     for profile_name, profile in catalog.items():
         if name.lower() in (profile_name.lower(), *(alias.lower() for alias in profile.aliases)):
-            return copy.deepcopy(profile)
+            return copy.deepcopy(profile) if copied else profile
     raise _unknown(name, node, key, "unknown hardware profile", list(catalog))
 
 

@@ -35,6 +35,8 @@ Every figure is ``{value, source, confidence}``, read with the profile's own mac
 """
 from __future__ import annotations
 
+import math
+
 import enum
 from dataclasses import dataclass, field, replace
 from collections.abc import Callable
@@ -62,10 +64,18 @@ class StreamFusion:
     """Which of a layer's streaming kernels an engine runs inside other kernels, so that they make no pass over
     memory of their own: ``inside`` kinds never (the rotary embedding inside attention); the residual add inside
     the RMSNorm (``residual_into_norm``: one add-norm kernel per norm); and, with tensor parallelism on a model
-    wider than ``norm_into_all_reduce_above_hidden``, that add-norm inside the all-reduce before it."""
+    wider than ``norm_into_all_reduce_above_hidden``, that add-norm inside the all-reduce before it, for messages up
+    to the engine's all-reduce workspace (``pair_workspace_bytes`` for two GPUs, ``workspace_bytes`` for more): a
+    larger one falls back to NCCL, and the add-norm runs after it as a kernel of its own."""
     inside: tuple[str, ...] = ()
     residual_into_norm: bool = False
     norm_into_all_reduce_above_hidden: int | None = None
+    pair_workspace_bytes: float = math.inf
+    workspace_bytes: float = math.inf
+
+    def all_reduce_workspace_bytes(self, group: int) -> float:
+        """The largest all-reduce message of ``group`` GPUs whose kernel runs the add-norm."""
+        return self.pair_workspace_bytes if group <= 2 else self.workspace_bytes
 
     def norm_in_all_reduce(self, hidden_size: int, tensor_parallel: int) -> bool:
         """Whether the add-norms of a model of ``hidden_size`` at ``tensor_parallel`` run in its all-reduces."""
@@ -87,8 +97,13 @@ class StreamFusion:
 #   the workaround for "Llama 3.x ... pipeline parallelism when using FP8" (docs/source/release-notes.md). NVIDIA's
 #   aiconfigurator prices the layer's streaming work the same way: two add-norms and one gated activation
 #   (aiconfigurator-core 0.12.0, sdk/models/llama.py).
+# - its all-reduce (strategy AUTO) falls back to NCCL for a message larger than its custom kernels' workspace,
+#   "regardless of the fusion type" (cpp/tensorrt_llm/thop/allreduceOp.cpp, ``ifFallbackToNCCL``), and then runs the
+#   fused ops after it (``fallbackRunSubsequentOps``); the workspace is 16 MB for two GPUs and 8 MB for more
+#   (cpp/tensorrt_llm/common/customAllReduceUtils.h, ``getMaxRequiredWorkspaceSize``, as of the v1.0 releases).
 STREAM_FUSION = {EngineKernels.TRTLLM.value: StreamFusion(("rotary",), residual_into_norm=True,
-                                                          norm_into_all_reduce_above_hidden=4096)}
+                                                          norm_into_all_reduce_above_hidden=4096,
+                                                          pair_workspace_bytes=16e6, workspace_bytes=8e6)}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from llmsim.analysis.bench_format import vllm_bench_result
 from llmsim.analysis.canary import MIN_DETECTABLE_CHANGE
@@ -34,6 +35,7 @@ from llmsim.config.policies import Batching, RolloutRole
 from llmsim.errors import ConfigError
 from llmsim.scenario.variants import with_requests
 from llmsim.scenario.scenario import load_scenario
+from llmsim.scenario.writer import to_mapping
 from llmsim.search.compare import compare
 from llmsim.sim.resources import check_run_size, estimate_run
 from llmsim.search.rollout import rollout_summary, simulate_replications
@@ -45,6 +47,7 @@ from llmsim.workload.generate import generate_trace
 # What a run may write; the last six with --bench-json, --parquet, a controller, a rollout, and a streamed run.
 RUN_FILES = ("requests.csv", "iterations.csv", "summary.json", "timeline.png", "vllm_bench.json", "requests.parquet",
              "control.csv", "rollout.csv", "shadow.csv", "timeseries.csv")
+SCENARIO_FILE = "scenario.yaml"          # --write-scenario
 
 
 def configure_run(run) -> None:
@@ -61,6 +64,9 @@ def configure_run(run) -> None:
                      help='vLLM serve flags, e.g. "--max-num-seqs 256 --max-num-batched-tokens 8192 -tp 2": mapped '
                           "to llmsim's settings; flags llmsim does not model are listed")
     run.add_argument("--iterations", action="store_true", help="also write the per-iteration log")
+    run.add_argument("--write-scenario", action="store_true",
+                     help=f"also write {SCENARIO_FILE}: the scenario as simulated (--seed, --requests and --vllm-args "
+                          "applied, every setting resolved), which llmsim run reads again")
     run.add_argument("--plot", action="store_true", help="also draw timeline.png (queue, batch, KV, latency)")
     run.add_argument("--bench-json", action="store_true",
                      help="also write vllm_bench.json: the run in the JSON of `vllm bench serve` (its field names), "
@@ -98,9 +104,13 @@ def _cmd_run(args) -> int:
     if scenario.workload.trace is not None or scenario.workload.dataset is not None:
         print(f"replaying {trace_description(scenario)}", file=sys.stderr)
     out = Path(args.out) if args.out else RUNS / folder_name(scenario.name, "name", scenario.path)
-    refuse_to_replace([out / name for name in RUN_FILES], args.overwrite)
+    refuse_to_replace([out / name for name in (*RUN_FILES, *([SCENARIO_FILE] if args.write_scenario else []))],
+                      args.overwrite)
     streamed = streamable(scenario) and estimate_run(scenario).requests > STREAM_ABOVE_REQUESTS
     check_run_size(scenario, force=args.force, streamed=streamed)
+    if args.write_scenario:
+        text = yaml.safe_dump(to_mapping(scenario), sort_keys=False)
+        write_file(out / SCENARIO_FILE, lambda path: path.write_text(text))
     if args.bench_detailed and scenario.engine.batching is Batching.STATIC:
         raise ConfigError("per-request inter-token gaps are recorded for continuous batching only",
                           key="--bench-detailed", value=True,

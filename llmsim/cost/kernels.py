@@ -197,6 +197,12 @@ def elementwise_bytes_per_token(model: ModelSpec, tensor_parallel: int) -> dict[
 ELEMENTWISE_COUNTS = {"norm": 2, "residual": 2, "activation": 1, "rotary": 1}   # per layer
 
 
+def add_norm_bytes_per_token(model: ModelSpec) -> float:
+    """Bytes an add-norm kernel (the residual add inside the RMSNorm) moves per token: x and the residual in, the sum
+    and the normed output out."""
+    return 4 * model.hidden_size * model.activation_bytes_per_element
+
+
 def elementwise_layer_terms(model: ModelSpec, tensor_parallel: int, kernels: KernelTerms) -> tuple[float, float]:
     """(fixed seconds, seconds per token) of one layer's streaming kernels (those the engine fuses into other
     kernels cost nothing of their own; an add-norm is one norm kernel moving both kernels' bytes but the sum's
@@ -207,7 +213,8 @@ def elementwise_layer_terms(model: ModelSpec, tensor_parallel: int, kernels: Ker
     if fusion.norm_in_all_reduce(model.hidden_size, tensor_parallel):
         del moved["norm"], moved["residual"]
     elif fusion.residual_into_norm:
-        moved["norm"] += moved.pop("residual") - model.hidden_size * model.activation_bytes_per_element
+        moved.pop("residual")
+        moved["norm"] = add_norm_bytes_per_token(model)
     fixed = sum(ELEMENTWISE_COUNTS[kind] * (kernels.elementwise[kind].floor_s
                                             + moved[kind] / kernels.elementwise[kind].row_bandwidth_bytes_per_s)
                 for kind in moved)

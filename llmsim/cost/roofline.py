@@ -37,8 +37,9 @@ from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import F, FEATURES, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, SHARPNESS_REFERENCE_TILES, TILE_COLUMNS, TILE_ROWS, GemmShape,
-                                 all_reduce_time_s, custom_all_reduce_time_s, elementwise_layer_terms, gemm_body_s,
-                                 gemm_output_tiles, gemm_scalar_body_s, layer_gemm_shapes)
+                                 add_norm_bytes_per_token, all_reduce_time_s, custom_all_reduce_time_s,
+                                 elementwise_layer_terms, gemm_body_s, gemm_output_tiles, gemm_scalar_body_s,
+                                 layer_gemm_shapes, stream_time_s)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -462,6 +463,13 @@ class CostModel:
             # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose).
             once = np.where(message <= custom.switch_over_bytes, custom_all_reduce_time_s(message, self.tp, custom),
                             once)
+        fusion = self.kernels.stream_fusion
+        if fusion.norm_in_all_reduce(self.model.hidden_size, self.tp):
+            # The add-norm the engine runs inside its all-reduce runs after it where the message outgrows the
+            # engine's workspace (the all-reduce falls back to NCCL).
+            once = once + np.where(message > fusion.all_reduce_workspace_bytes(self.tp),
+                                   stream_time_s(rows, add_norm_bytes_per_token(self.model),
+                                                 self.kernels.elementwise["norm"]), 0.0)
         return 2 * self.model.num_layers * iterations * once
 
     def _gemm_times(self, x) -> np.ndarray | float:

@@ -55,8 +55,8 @@ from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.disaggregation import AGGREGATED, compare_layouts
 from llmsim.search.layout import Layout, cheapest_layouts
-from llmsim.search.plan import (SPLIT_KEY, as_scenario, check_rate, check_rate_driven,
-                                fewest_replicas)
+from llmsim.search.plan import (SPLIT_KEY, analytic_bracket, as_scenario, check_rate, check_rate_driven,
+                                fewest_replicas, proven_failing)
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
@@ -533,25 +533,39 @@ class ReportBuilder:
     def _replicas_at(self, overrides: dict, configured: Scenario | None = None,
                      around: int | None = None) -> tuple[int | None, Judged | None]:
         """Fewest replicas with ``overrides`` on the recommended settings, searched near ``around`` (default:
-        the recommended count); ``configured``: a scenario with the recommended settings and a change of its
-        own (then only ``overrides`` are set on it)."""
+        the recommended count), and the runs with the recommended count where the search simulated it (it
+        always does at ``around`` unless the capacity bound rules it out); ``configured``: a scenario with the
+        recommended settings and a change of its own (then only ``overrides`` are set on it)."""
         around = self.replicas if around is None else around
         rate = overrides.get(RATE_KEY, self.rate)
         scenario, point = ((self.scenario, {**self.config, **overrides}) if configured is None
                            else (configured, overrides))
-        # from ``around`` and the count below it (the usual answer), bisecting further only if both pass
-        found, outcomes = fewest_replicas(scenario, point, rate, max(1, around - 1), around,
-                                          max(2 * around + 2, 4), seeds=self.seeds, workers=self.workers,
-                                          window_per_count=True)
+        one = variant(scenario, {**point, RATE_KEY: rate, REPLICAS_KEY: 1})
+        cap = max(2 * around + 2, 4)
+        # counts the fluid model's capacity bound proves too few are never simulated
+        too_few = proven_failing(one, rate)
+
+        def search(lower: int, start: int, top: int, known_failing: int) -> tuple[int | None, dict[int, Judged]]:
+            return fewest_replicas(scenario, point, rate, lower, start, top, seeds=self.seeds,
+                                   workers=self.workers, window_per_count=True, known_failing=known_failing)
+
+        # ``around`` and the count below it (the usual answer), bisecting further only if both pass
+        found, outcomes = (None, {}) if around <= too_few else search(max(1, around - 1), around, around, too_few)
+        if found is None and around < cap:      # more are needed: from the fluid model's roomy count up
+            _, upper = analytic_bracket(one, rate, cap)
+            found, more = search(around + 1, max(around + 1, upper), cap, max(too_few, around))
+            outcomes.update(more)
         return found, outcomes.get(self.replicas)
 
-    def _judge(self, points: list[dict], rates: list[float]) -> list[Judged]:
-        """Points judged as the searches judge them: windows that follow each point's rate."""
+    def _judge(self, points: list[dict], rates: list[float], scenario: Scenario | None = None) -> list[Judged]:
+        """Points judged as the searches judge them: windows that follow each point's rate (on ``scenario``,
+        default the report's)."""
+        scenario = self.scenario if scenario is None else scenario
         windows = []
         for point, rate in zip(points, rates):
-            at_point = variant(self.scenario, {**point, RATE_KEY: rate})
-            windows.append(measurement_window(self.scenario, rate, typical_latency_s(at_point, rate)))
-        return simulate_until_decided(self.scenario, [{**p, RATE_KEY: r} for p, r in zip(points, rates)], windows,
+            at_point = variant(scenario, {**point, RATE_KEY: rate})
+            windows.append(measurement_window(scenario, rate, typical_latency_s(at_point, rate)))
+        return simulate_until_decided(scenario, [{**p, RATE_KEY: r} for p, r in zip(points, rates)], windows,
                                       rates, seeds=self.seeds, workers=self.workers)
 
     def _peak(self) -> None:
@@ -597,6 +611,11 @@ class ReportBuilder:
                     rows.append([label, "-", "-", "-", "not applicable to this workload"])
                     continue
                 found, at_current = self._replicas_at(overrides, changed)
+                if at_current is None:      # the capacity bound ruled the count out: its runs are still shown
+                    scenario, point = ((self.scenario, {**self.config, **overrides}) if changed is None
+                                       else (changed, overrides))
+                    at_current = self._judge([{**point, REPLICAS_KEY: self.replicas}],
+                                             [overrides.get(RATE_KEY, self.rate)], scenario)[0]
             except ConfigError as error:
                 rows.append([label, "-", "-", "-", f"not valid: {error.message}"])
                 continue

@@ -25,7 +25,7 @@ Under ``practice`` and ``aimd`` nothing moves while the worst ratio is between
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from llmsim.config.policies import ControlRule, ControllerKnob, KPolicyName, RouterPolicy, members_of
 from llmsim.config.reader import Node, NumberRange
@@ -49,6 +49,9 @@ class ControllerConfig:
     kp: float = 2.0
     ki: float = 0.2
     kd: float = 0.0
+    # ``window``, ``bounds`` and ``increase`` where the scenario gave them (else they follow the interval,
+    # the knob's setting and the bounds).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self):
         members_of(self, rule=ControlRule, knob=ControllerKnob)
@@ -98,7 +101,8 @@ def controller_from_node(node: Node, engine, speculation=None) -> ControllerConf
         increase=node.number("increase", max(ControllerConfig.increase, (high - low) // 10), integer=True, minimum=1),
         timeout_factor=node.number("timeout_factor", ControllerConfig.timeout_factor, **fraction),
         kp=node.number("kp", ControllerConfig.kp, minimum=0.0), ki=node.number("ki", ControllerConfig.ki, minimum=0.0),
-        kd=node.number("kd", ControllerConfig.kd, minimum=0.0))
+        kd=node.number("kd", ControllerConfig.kd, minimum=0.0),
+        given=frozenset(key for key in ("window", "bounds", "increase") if node.has(key)))
     if config.decrease == 1.0:
         raise node.key_error("decrease", "a factor of 1 never moves the knob", 1.0, "a number in (0, 1)")
     node.done()

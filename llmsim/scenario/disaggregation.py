@@ -13,7 +13,7 @@ decoding and a narrower one prefilling), and tune its engine apart (``engine``: 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -54,6 +54,8 @@ class Pool:
     pipeline_parallel: int = 1
     expert_parallel: ExpertParallel | None = None
     engine: PoolEngine = PoolEngine()
+    # ``hardware`` where the scenario gave it (else it follows the scenario's).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def data_parallel(self) -> int:
@@ -133,7 +135,8 @@ def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], Hard
                                              kernels) if pool.has("expert_parallel") else None)
         own = _pool_engine(pool.child("engine", {}), name, shared)
         pool.done()
-        pools.append(Pool(hardware, replicas, tp, pp, experts, own))
+        pools.append(Pool(hardware, replicas, tp, pp, experts, own,
+                          given=frozenset({"hardware"}) if pool.has("hardware") else frozenset()))
     link = lookup_link(node.string("link"), node, "link")
     streaming = node.boolean("streaming", _default(Disaggregation, "streaming"))
     reservation = KVReservation(node.choice("reservation", KVReservation.names(),

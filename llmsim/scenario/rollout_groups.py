@@ -31,9 +31,6 @@ def group_scenario(scenario: Scenario, group: RolloutGroup) -> Scenario:
     """The scenario of one rollout group, checked as the reader checks a scenario; an error in the group's
     settings names its key under ``rollout.groups.<name>``."""
     base = replace(scenario, rollout=None)
-    if scenario.source is not None:
-        # The untyped keys of a point are laid over this mapping, which must describe ``base``.
-        base = replace(base, source={key: value for key, value in scenario.source.items() if key != "rollout"})
     try:
         built = variant(base, group_point(group))
     except ConfigError as error:

@@ -6,7 +6,6 @@ never sees YAML. See ``scenarios/`` for annotated examples and docs/reference/sc
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -126,6 +125,8 @@ class SLO:
     # With traffic classes: (class name, its SLO) for every class, each the top-level limits and
     # percentiles overridden by ``slo.classes.<name>``.
     classes: tuple[tuple[str, SLO], ...] = ()
+    # The limits and percentiles the scenario gave (a class's others follow the top-level SLO's).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def defined(self) -> bool:
@@ -177,9 +178,7 @@ class Scenario:
     controller: ControllerConfig | None = None       # adaptive control of an engine knob (default: none)
     autoscaling: AutoscalingConfig | None = None     # replicas added and removed with the load (default: none)
     rollout: RolloutConfig | None = None             # canary and shadow groups beside this deployment (default: none)
-    # The validated YAML mapping and the folder its relative paths start from: sweeps lay
-    # their overrides over it and validate the result again, the same way as a file.
-    source: dict | None = field(default=None, repr=False, compare=False)
+    # The folder the scenario's relative paths (traces, chip profiles, acceptance files) start from.
     source_dir: str | None = field(default=None, repr=False, compare=False)
     # vLLM flags of engine.vllm_args (or --vllm-args) that llmsim does not model, each with why.
     vllm_notes: tuple[str, ...] = field(default=(), compare=False)
@@ -411,7 +410,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
         speculation = resolve_draft_parallelism(speculation, deployment.tensor_parallel)
     scenario = Scenario(name, seed, model, hardware, deployment, engine, workload, slo, simulation,
                         speculation=speculation, controller=controller, autoscaling=autoscaling, rollout=rollout,
-                        source=copy.deepcopy(root.data), source_dir=str(root.base_dir), vllm_notes=vllm_notes,
+                        source_dir=str(root.base_dir), vllm_notes=vllm_notes,
                         disaggregation=disaggregation, plan=plan)
     check_fits(scenario, root)
     for group in rollout.groups if rollout is not None else ():
@@ -486,7 +485,11 @@ def check_hash_ids(root: Node, engine: EngineConfig, workload: Workload) -> None
 def _slo(node: Node, defaults: SLO) -> SLO:
     """An SLO's limits and percentiles (``slo``, or ``slo.classes.<name>`` over the top-level ``defaults``)."""
     limits = {f"{key}_s": node.quantity(key, "duration", getattr(defaults, f"{key}_s")) for key in SLO_METRICS}
-    return SLO(**limits, **_slo_percentiles(node, defaults, limits))
+    percentile = node.data.get("percentile")
+    given = {metric for metric in SLO_METRICS if node.has(metric)} | {
+        f"{metric}_percentile" for metric in SLO_METRICS
+        if percentile is not None and (not isinstance(percentile, dict) or metric in percentile)}
+    return SLO(**limits, **_slo_percentiles(node, defaults, limits), given=frozenset(given))
 
 
 def _slo_percentiles(node: Node, defaults: SLO, limits: dict) -> dict:

@@ -17,22 +17,20 @@ knobs, the disaggregation split and pool replicas), a traffic class's ``queue_ti
 given as a whole new section (``speculation: None`` first, then its keys: a search's draft candidate, read
 as the reader reads ``speculation:``) or as eligibility over the scenario's. The rest (a k policy changed
 inside the scenario's own speculation section, any other key, a setting the reader resolves with a
-controller, rollout groups, pools or an ``auto`` target's draft) is laid over the YAML mapping the
-scenario was read from and validated again (:mod:`llmsim.scenario.overrides`), which needs a scenario
-that still matches it.
+controller, rollout groups, pools or an ``auto`` target's draft) is laid over the scenario written out
+(:func:`llmsim.scenario.writer.to_mapping`) and validated again (:mod:`llmsim.scenario.overrides`): the
+Scenario is the one source of truth either way.
 """
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from llmsim.config.reader import Node
 from llmsim.scenario.overrides import apply_overrides, build_point
+from llmsim.scenario.writer import to_mapping
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.config.policies import AcceptanceProcess, Batching, ControllerKnob, KPolicyName, KScope, SchedulingPolicy
 from llmsim.cost.experts import ExpertParallel
@@ -413,19 +411,21 @@ def variant(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     """The scenario with a point's settings, dotted scenario key -> value (``{}``: the scenario itself).
 
     A point whose every key is set on the typed scenario (:func:`typed`) is set on the Scenario; a point with
-    any other key is laid over the YAML mapping the scenario was read from and validated again, as a file
-    would be.
-    That mapping must still describe the scenario: one changed since (``dataclasses.replace``) raises a
-    ValueError there, since its change would be lost."""
+    any other key is laid over the scenario written out (:func:`llmsim.scenario.writer.to_mapping`) and read
+    again, as a file would be. Either way the Scenario is the one source: a change made with
+    ``dataclasses.replace`` is kept."""
     if typed(scenario, point):
         return _vary(scenario, point)
-    if scenario.source is None:
-        raise ValueError("this Scenario was not read from YAML (no source mapping), and this variant changes "
-                         f"settings read from it ({', '.join(k for k in point if k not in TYPED_KEYS)}): pass "
-                         "its file or mapping")
-    _check_matches_source(scenario)
-    return build_point({**scenario.source, "seed": scenario.seed}, point, Path(scenario.source_dir or "."),
-                       scenario.path, scenario.path)
+    out = build_point(to_mapping(scenario), point, _base_dir(scenario), scenario.path, scenario.path)
+    # The written engine keys are what the scenario's vLLM flags set: the flags' notes stay the scenario's.
+    return replace(out, vllm_notes=scenario.vllm_notes)
+
+
+def _base_dir(scenario: Scenario) -> Path:
+    """The folder a point's relative paths start from: the scenario file's."""
+    if scenario.source_dir is not None:
+        return Path(scenario.source_dir)
+    return Path(scenario.path).parent if scenario.path else Path(".")
 
 
 def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
@@ -458,38 +458,4 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
     if (chip or out.engine != scenario.engine or out.deployment != scenario.deployment
             or out.speculation != scenario.speculation or out.disaggregation != scenario.disaggregation):
         check_fits(out, root)
-    if scenario.source is None:
-        return out
-    # The YAML mapping follows, so that a variant laid over it later keeps these settings (the own chip is
-    # no change, and the mapping may name it by a profile file's path).
-    out = replace(out, source=apply_overrides(scenario.source, {k: v for k, v in point.items()
-                                                                if not (k == HARDWARE_KEY and _own_chip(scenario, v))}))
-    if _MATCHING.get(id(scenario)) is scenario:
-        _MATCHING[id(out)] = out
     return out
-
-
-# Scenarios found to match their YAML mapping, by id (a Scenario holds unhashable fields).
-_MATCHING: weakref.WeakValueDictionary[int, Scenario] = weakref.WeakValueDictionary()
-
-
-def _check_matches_source(scenario: Scenario) -> None:
-    """Refuse (ValueError) a scenario that differs from the YAML mapping it was read from: a variant
-    laid over that mapping would silently lose the difference."""
-    if _MATCHING.get(id(scenario)) is scenario:
-        return
-    assert scenario.source is not None
-    rebuilt = build_point({**scenario.source, "seed": scenario.seed}, {}, Path(scenario.source_dir or "."),
-                          scenario.path, scenario.path)
-    trace, own_trace = rebuilt.workload.trace, scenario.workload.trace
-    same_trace = (trace is None) == (own_trace is None) and (trace is None or all(
-        np.array_equal(getattr(trace, name), getattr(own_trace, name))
-        for name in ("arrival_s", "prompt_tokens", "output_tokens")))
-    if not (same_trace and replace(rebuilt, path=scenario.path, workload=replace(rebuilt.workload, trace=None))
-            == replace(scenario, workload=replace(scenario.workload, trace=None))):
-        raise ValueError("this Scenario differs from the YAML mapping it was read from (changed with "
-                         "dataclasses.replace?), and this variant changes settings the reader resolves from that "
-                         f"mapping: only {', '.join(TYPED_KEYS)} are set on the Scenario itself. Pass the change "
-                         "as a key of the point instead, e.g. {'engine.max_batch_tokens': 4096}, or a mapping of "
-                         "the whole scenario")
-    _MATCHING[id(scenario)] = scenario

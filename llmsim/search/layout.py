@@ -25,15 +25,19 @@ The search visits the layouts cheapest-looking first, by the analytic fast path'
 (:func:`llmsim.search.plan.analytic_bracket`: below ``lower`` replicas the fluid model's mean
 latencies already exceed the limits, at ``upper`` it predicts ample room). Once a layout is
 known to meet the targets at some cost, another layout is only simulated at the replica
-counts that would be strictly cheaper, and skipped when even its analytic lower bound is not.
+counts that would be strictly cheaper, and skipped when even its analytic lower bound is not. Counts
+that the fluid model's capacity bound proves too few (:func:`llmsim.search.plan.proven_failing`: below
+the bound less its measured error) are never simulated, and a layout whose every count worth trying
+is one of them is skipped.
 For one layout the fewest replicas are found by ``plan``'s own search
 (:func:`llmsim.search.plan.fewest_replicas`): the cheaper end simulated upward (doubling) until
-it passes, then bisection, and the count just below the answer simulated too, so the answer
-never rests on the analytic path's word. Every count is judged as ``plan`` judges it
-(:mod:`llmsim.search.window`), except that each count gets the measurement window its own load
-asks for (``window_per_count``: the same runs as a report's other stages judge, so they are
-simulated once), a verdict that must clear the targets by two standard errors pooled over the seeds,
-measured longer while undecided; the seeds' requests are shared by every count.
+it passes, then bisection, and the count just below the answer simulated too (unless the capacity
+bound proves it too few), so the answer never rests on the analytic bracket's word. Every count is
+judged as ``plan`` judges it (:mod:`llmsim.search.window`), except that each count gets the
+measurement window its own load asks for (``window_per_count``: the same runs as a report's other
+stages judge, so they are simulated once), a verdict that must clear the targets by two standard
+errors pooled over the seeds, measured longer while undecided; the seeds' requests are shared by
+every count.
 ``tests/search/test_layout.py`` checks the answer against simulating every (replicas, tp, pp) of a
 small grid.
 """
@@ -54,7 +58,7 @@ from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, at_rate, variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import (MAX_REPLICAS as PLAN_MAX_REPLICAS, analytic_bracket,
                                 answer_row, as_scenario, candidates, capacity_bound, check_rate, check_rate_driven,
-                                fewest_replicas, kept_layout_row, plan_table, aggregated)
+                                fewest_replicas, kept_layout_row, plan_table, aggregated, proven_failing)
 from llmsim.search.window import Judged
 
 MAX_TENSOR_PARALLEL = 8
@@ -196,9 +200,14 @@ def cheapest_layout(scenario: str | Path | Scenario, hardware: str, target_rate_
                 continue
             # only counts strictly cheaper than the best so far are worth simulating
             cap = min(cap, math.ceil(best_cost / (layout.devices_per_replica * layout.usd_per_device_hour)) - 1)
+        too_few = proven_failing(ones[layout], rate)
+        if cap <= too_few:
+            rows.append({**row, "replicas": math.nan, "note": "skipped: the fluid model's capacity bound rules out "
+                                                               f"{counted(cap, 'replica')} or fewer"})
+            continue
         base = {**layout.overrides(), RATE_KEY: rate}
         found, outcomes = fewest_replicas(scenario, base, rate, lower, upper, cap, seeds=seeds, workers=workers,
-                                          progress=progress, window_per_count=True)
+                                          progress=progress, window_per_count=True, known_failing=too_few)
         simulations += len(outcomes)
         if found is None:
             note = ("no cheaper count meets the targets" if best is not None and cap < max_replicas

@@ -52,6 +52,8 @@ SPLIT_KEY = "deployment.disaggregation"      # null in a plan's overrides: the d
 ROOMY_UTILISATION = 0.6      # analytic upper bracket: predicted utilisation at most this
 ROOMY_LATENCY = 0.5          # and mean latencies within this share of their limits
 FLUID_CAPACITY_ERROR = 0.10  # the fluid model's capacity error against the simulator (tests/analysis/test_analytic.py)
+FIRST_COUNTS = 16            # analytic_bracket evaluates counts 1..16 before the rest
+MAX_PROVEN = 2 ** 31         # proven_failing's answer where the fluid model gives one replica no capacity at all
 
 
 def as_scenario(scenario: str | Path | Scenario) -> Scenario:
@@ -221,7 +223,7 @@ def answer_row(row: dict, one: Scenario, rate: float, hi: int, answer: Judged, s
 
 def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, start: int, cap: int, *,
                     seeds: Sequence[int] | None, workers: int | None, progress: Progress = QUIET,
-                    window_per_count: bool = False) -> tuple[int | None, dict[int, Judged]]:
+                    window_per_count: bool = False, known_failing: int = 0) -> tuple[int | None, dict[int, Judged]]:
     """The fewest replicas in [1, cap] whose runs (``base`` overrides, total rate ``rate``) meet the
     targets, judged with their uncertainty (:func:`~llmsim.search.window.simulate_until_decided`).
 
@@ -231,8 +233,10 @@ def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, sta
     passes. By default every count runs over one window (common random numbers), measured in the
     latency of the busiest count the search can reach (``lower``); ``window_per_count``: each count
     over the window its own load asks for (as a point judged on its own, so that the runs are the
-    same as other stages' of a report). Returns (the count, or None when ``cap`` fails; the judged
-    runs per count simulated). ``progress`` counts the simulations.
+    same as other stages' of a report). ``known_failing``: counts up to it are known to fail (the
+    fluid model's capacity bound proves them too few: :func:`proven_failing`) and are never simulated.
+    Returns (the count, or None when ``cap`` fails; the judged runs per count simulated). ``progress``
+    counts the simulations.
     """
     outcomes: dict[int, Judged] = {}
 
@@ -253,10 +257,10 @@ def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, sta
         simulate_counts([n])
         return outcomes[n].verdict.met
 
-    if cap < 1:
+    if cap < 1 or cap <= known_failing:
         return None, outcomes
-    hi = max(1, min(start, cap))
-    lo = min(lower, hi) - 1
+    hi = max(1, known_failing + 1, min(start, cap))
+    lo = max(min(lower, hi) - 1, known_failing)
     while not passes(hi):
         lo = hi
         if hi >= cap:
@@ -269,9 +273,10 @@ def fewest_replicas(scenario: Scenario, base: dict, rate: float, lower: int, sta
             met = {n: outcomes[n].verdict.met for n in probes}
             hi = min([n for n in probes if met[n]], default=hi)
             lo = max([n for n in probes if not met[n] and n < hi], default=lo)
-        # Confirm the count below the answer by simulation, not the analytic path's word.
-        if lo >= 1 and lo not in outcomes and passes(lo):
-            hi, lo = lo, 0
+        # Confirm the count below the answer by simulation, not the analytic bracket's word (only the capacity
+        # bound's proof, known_failing, spares it).
+        if lo > known_failing and lo not in outcomes and passes(lo):
+            hi, lo = lo, known_failing
             continue
         return hi, outcomes
 
@@ -308,20 +313,40 @@ def capacity_bound(one_replica: Scenario, rate: float) -> float:
     return rate / capacity if capacity > 0 else math.inf
 
 
+def proven_failing(one_replica: Scenario, rate: float) -> int:
+    """The most replicas that :func:`capacity_bound` proves too few at this rate: fewer than the bound less the
+    fluid model's measured error (``FLUID_CAPACITY_ERROR``) cannot carry the load; 0 where it gives no bound."""
+    least = capacity_bound(one_replica, rate) / (1 + FLUID_CAPACITY_ERROR)
+    if math.isnan(least):
+        return 0
+    return max(0, math.ceil(min(least, float(MAX_PROVEN))) - 1)
+
+
 def analytic_bracket(one_replica: Scenario, rate: float, max_replicas: int) -> tuple[int, int]:
-    """(lower, upper) replica counts from the fluid model of one replica at rate / n."""
+    """(lower, upper) replica counts from the fluid model of one replica at rate / n: the first count whose
+    mean latencies are within the limits, and the first with ample room. The counts are evaluated in order,
+    the first :data:`FIRST_COUNTS` of them alone before the rest (the usual answer lies among them)."""
     slo = one_replica.slo
-    counts = np.arange(1, max_replicas + 1)
+    lower = upper = None
     try:
-        frame = FluidModel(one_replica).evaluate(rate / counts)
+        model = FluidModel(one_replica)
+        for first, last in ((1, min(FIRST_COUNTS, max_replicas)), (FIRST_COUNTS + 1, max_replicas)):
+            if upper is not None or first > last:
+                break
+            counts = np.arange(first, last + 1)
+            frame = model.evaluate(rate / counts)
+            plausible = frame["stable"].to_numpy().copy()
+            roomy = plausible & (frame["utilisation"].to_numpy() <= ROOMY_UTILISATION)
+            for metric, (limit, _) in slo.targets().items():
+                mean = frame[f"{metric}_mean_s"].to_numpy()
+                plausible &= mean <= limit
+                roomy &= mean <= ROOMY_LATENCY * limit
+            if lower is None and plausible.any():
+                lower = int(counts[plausible][0])
+            if roomy.any():                 # ample room implies within the limits: lower is known too
+                upper = int(counts[roomy][0])
     except ConfigError:                   # not modelled (static batching): simulate from one replica up
         return 1, 1
-    plausible = frame["stable"].to_numpy().copy()
-    roomy = plausible & (frame["utilisation"].to_numpy() <= ROOMY_UTILISATION)
-    for metric, (limit, _) in slo.targets().items():
-        mean = frame[f"{metric}_mean_s"].to_numpy()
-        plausible &= mean <= limit
-        roomy &= mean <= ROOMY_LATENCY * limit
-    lower = int(counts[plausible][0]) if plausible.any() else max_replicas
-    upper = int(counts[roomy][0]) if roomy.any() else max_replicas
+    lower = max_replicas if lower is None else lower
+    upper = max_replicas if upper is None else upper
     return lower, max(upper, lower)

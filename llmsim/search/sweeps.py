@@ -2,8 +2,9 @@
 
 A *point* is a mapping from dotted key paths of the scenario YAML (``workload.arrival.rate``,
 ``speculation.k``, ``engine.max_batch_tokens``, ``hardware``...) to values. Each point's
-overrides are laid over the scenario's own YAML mapping and validated again exactly as a
-file would be (:mod:`llmsim.scenario.overrides`), so a bad value is a
+overrides are laid over the scenario file's YAML mapping and validated again exactly as a
+file would be (:mod:`llmsim.scenario.overrides`), or, for a :class:`~llmsim.scenario.scenario.Scenario`,
+set on it (:func:`~llmsim.scenario.variants.variant`), so a bad value is a
 :class:`~llmsim.errors.ConfigError` before anything runs.
 
 Common random numbers: a trace depends only on the workload and the seed
@@ -322,8 +323,8 @@ def reusing_runs(journal: str | Path | None = None):
 
 def run_key(scenario: Scenario) -> bytes:
     """What makes a run: the resolved scenario, seed included, whole (pickled, so no figure is left
-    out), less where it came from (its file, YAML mapping and the notes on it)."""
-    bare = replace(scenario, path=None, source=None, source_dir=None, vllm_notes=())
+    out), less where it came from (its file, its folder and the notes on it)."""
+    bare = replace(scenario, path=None, source_dir=None, vllm_notes=())
     return hashlib.sha256(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
@@ -456,14 +457,14 @@ def scenario_at(scenario: str | Path | Scenario | Mapping, point: Mapping[str, A
 
 def _base(scenario, source: str | None = None
           ) -> tuple[dict, Callable[[Mapping[str, Any]], Scenario], str | None, int]:
-    """(YAML mapping or a Scenario's own settings, for the points' journal keys; what builds a point's
+    """(YAML mapping, or a Scenario's digest, for the points' journal keys; what builds a point's
     scenario; file name for errors; seed) of a sweep's scenario. A file's or mapping's points are laid
     over its YAML; a Scenario's are set on it (:func:`~llmsim.scenario.variants.variant`)."""
     # Each point is validated in full; the base alone need not be complete (a grid may supply
     # its hardware, say), so only its seed is read here.
     if isinstance(scenario, Scenario):
         loaded = scenario
-        return ({**(scenario.source or {}), "seed": scenario.seed}, lambda point: variant(loaded, point),
+        return ({"scenario": run_key(scenario).hex()}, lambda point: variant(loaded, point),
                 scenario.path, scenario.seed)
     if isinstance(scenario, (str, Path)):
         node = Node(load_yaml(scenario), file=str(scenario))      # rejects a file that is not a mapping

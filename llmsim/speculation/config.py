@@ -110,6 +110,10 @@ class Acceptance:
     measured_k: int = 0                 # replay: the k they were measured at
     predicted_range: tuple[float, float] | None = None   # predicted: alpha's one-sd range (acceptance_model)
     workload: str = WORKLOADS[0]        # predicted: the workload it was predicted for
+    distilled: bool = False             # predicted: the draft was distilled from the target
+    same_family: bool | None = None     # predicted: as the scenario states it (None: judged from the names)
+    path: str | None = None             # replay: the CSV of measured lengths, and its column
+    column: str = "accepted"
     measured: bool = False              # the scenario states it (any process but predicted): a measurement
 
     def __post_init__(self) -> None:
@@ -186,6 +190,8 @@ class KPolicy:
     lower_below: float = 0.5
     fallback: bool = True
     prior_alpha: float = 0.7            # goodput: the acceptance assumed before any is observed
+    # ``k_max`` and ``scope`` where the scenario gave them (else they follow k and the policy).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self):
         members_of(self, policy=KPolicyName, scope=KScope)
@@ -214,6 +220,8 @@ class SpeculationConfig:
     eligibility: Eligibility = field(default_factory=Eligibility)
     proposer: Proposer = field(default_factory=Proposer)   # its kind follows ``draft`` unless a head
     scorer: Scorer = Scorer.MQA         # how the target scores a chain (vLLM V0 expanded the batch)
+    # ``draft_tensor_parallel`` where the scenario gave it (else it follows the target's).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self):
         members_of(self, placement=DraftPlacement, scorer=Scorer)
@@ -276,7 +284,8 @@ def speculation_from_node(node: Node, target: ModelSpec, read_model, tensor_para
                              f"{Scorer.MQA}, or tree_branching: 1")
     node.done()
     config = SpeculationConfig(draft, placement, draft_tp, draft_devices, policy, acceptance, eligibility, proposer,
-                               scorer)
+                               scorer,
+                               given=frozenset({"draft_tensor_parallel"}) if draft_tp is not None else frozenset())
     if config.enabled and batching is Batching.STATIC:
         raise node.error("speculative decoding needs continuous batching", key=node.path, value=batching,
                          allowed="engine.batching: continuous")
@@ -308,10 +317,12 @@ def read_k_policy(node: Node, proposer: Proposer, default: KPolicy = KPolicy()) 
     if lower_below > raise_above:
         raise node.key_error("lower_below", f"must not exceed raise_above ({raise_above:g})", lower_below,
                              f"0..{raise_above:g}")
+    given = frozenset(key for key in ("k_max", "scope") if node.has(key)) | (default.given & {"scope"})
     return KPolicy(policy_name, k, k_max, scope,
                    node.number("window", default.window, integer=True, minimum=1, exclusive_minimum=False),
                    raise_above, lower_below, node.boolean("fallback", default.fallback),
-                   node.number("prior_alpha", default.prior_alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True))
+                   node.number("prior_alpha", default.prior_alpha, minimum=0.0, maximum=1.0, exclusive_minimum=True),
+                   given)
 
 
 def read_eligibility(node: Node, default: Eligibility = Eligibility()) -> Eligibility:
@@ -413,13 +424,16 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
     if process is AcceptanceProcess.PREDICTED:
         # From the draft/target pair and the workload (acceptance_model); a measured alpha, beta or
         # replay in place of ``predicted`` overrides it.
-        family = (node.boolean("same_family", same_family(draft, target))
-                  if proposer.kind == MODEL and draft is not None else None)
+        stated_family = family = None
+        if proposer.kind == MODEL and draft is not None:
+            stated_family = node.boolean("same_family") if node.has("same_family") else None
+            family = same_family(draft, target) if stated_family is None else stated_family
         workload = node.choice("workload", WORKLOADS, WORKLOADS[0])
-        estimate = predicted_acceptance(proposer, draft, target, workload, node.boolean("distilled", False), family)
+        distilled = node.boolean("distilled", Acceptance.distilled)
+        estimate = predicted_acceptance(proposer, draft, target, workload, distilled, family)
         node.done()
         return Acceptance(process, alpha=estimate.alpha, predicted_range=(estimate.low, estimate.high),
-                          workload=workload)
+                          workload=workload, distilled=distilled, same_family=stated_family)
     prob = NumberRange(minimum=0.0, maximum=1.0, exclusive_minimum=False)
     if process in (AcceptanceProcess.BERNOULLI, AcceptanceProcess.POSITIONAL):
         alpha = node.number("alpha", Acceptance.alpha, minimum=0.0, maximum=1.0, exclusive_minimum=False)
@@ -461,4 +475,5 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
         raise node.key_error("column", f"accepted lengths must be integers in 0..{measured_k} "
                              f"(row {int(np.argmax(bad.to_numpy())) + 2} of {path.name} is not)" if bad.any()
                              else f"{path.name} has no rows", first, f"integers 0..{measured_k}")
-    return Acceptance(process, samples=tuple(int(v) for v in values), measured_k=measured_k, measured=stated)
+    return Acceptance(process, samples=tuple(int(v) for v in values), measured_k=measured_k, measured=stated,
+                      path=str(path), column=column)

@@ -17,7 +17,7 @@ minimum) is refused: the workload would not be the one written.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import ClassVar
 
@@ -40,6 +40,8 @@ class LengthDistribution(ABC):
     name: ClassVar[str]             # the YAML ``distribution``
     minimum: int = 1
     maximum: int
+    # ``max`` when the scenario gave it (else it follows the longest request accepted).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` lengths (int64) from ``rng``."""
@@ -211,6 +213,8 @@ class Empirical(LengthDistribution):
     """Lengths drawn uniformly, with replacement, from observed ``samples`` (a CSV column)."""
     name: ClassVar[str] = "empirical"
     samples: tuple[int, ...]
+    path: str | None = None             # the CSV they were read from, and its column
+    column: str | None = None
 
     @property
     def stated_mean(self):
@@ -236,7 +240,7 @@ class Empirical(LengthDistribution):
         values = checked_numbers(values, f"{path}, column {column}",
                                  key_errors(node, "path"),
                                  minimum=1, maximum=MAX_TRACE_TOKENS)
-        return {"samples": tuple(int(v) for v in np.rint(values))}
+        return {"samples": tuple(int(v) for v in np.rint(values)), "path": str(path), "column": column}
 
 
 def _scaled_count(count: float, factor: float) -> int:
@@ -261,7 +265,7 @@ def length_from_node(node: Node, key: str, max_tokens: int) -> LengthDistributio
             raise sub.key_error("min", f"must not exceed max ({maximum})", minimum, f"1..{maximum}")
         params = kind._params(sub)
         sub.done()
-        length = kind(minimum=minimum, maximum=maximum, **params)
+        length = kind(minimum=minimum, maximum=maximum, given=frozenset({"max"} & set(sub.data)), **params)
     check_mean_kept(length, node, key, raw)
     return length
 

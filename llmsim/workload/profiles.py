@@ -16,7 +16,7 @@ piecewise-constant rate, so it is sampled the same way after drawing the path.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -83,6 +83,8 @@ class Diurnal(RateProfile):
     amplitude: float
     period_s: float
     peak_s: float
+    # ``peak`` when the scenario gave it (else it follows the period).
+    given: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def rate_per_s(self):
@@ -176,7 +178,8 @@ def profile_from_node(node: Node, process: str) -> RateProfile:
         mean = node.quantity("rate", "rate")
         period = node.quantity("period", "duration")
         return Diurnal(mean, node.number("amplitude", 0.5, minimum=0.0, maximum=1.0), period,
-                       node.quantity("peak", "duration", period / 2, **rate))
+                       node.quantity("peak", "duration", period / 2, **rate),
+                       given=frozenset({"peak"}) if node.has("peak") else frozenset())
     if process in ("steps", "ramp"):
         points = _items(node, "rates")
         at = tuple(p.quantity("at", "duration", **rate) for p in points)

@@ -37,6 +37,16 @@ MIN_GAMMA_CV = 1e-3
 
 
 @dataclass(frozen=True)
+class TraceFile:
+    """Where a replayed trace or a dataset was read from and how (what writing the scenario out names)."""
+    path: str
+    format: str = "auto"
+    failed: FailedRequests = FailedRequests.DROP        # a replayed trace's failed requests
+    tokenizer: str | None = None                        # a dataset's
+    chars_per_token: float | None = None                # a dataset's
+
+
+@dataclass(frozen=True)
 class Workload:
     """Arrivals and lengths, and how much traffic: ``num_requests`` and/or ``duration_s``.
 
@@ -59,6 +69,8 @@ class Workload:
     sessions: Sessions | None = None
     hash_block_tokens: int = 512         # tokens per hash_ids entry of a replayed trace (Mooncake's blocks)
     classes: tuple[TrafficClass, ...] = ()
+    trace_file: TraceFile | None = None      # the replayed ``trace``'s file
+    dataset_file: TraceFile | None = None    # the ``dataset``'s file
 
     @property
     def rate_per_s(self) -> float:
@@ -100,6 +112,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
                              "no workload.arrival when each class has one")
     arrival_node = node.child("arrival")
     trace = transforms = None
+    trace_file: TraceFile | None = None
     arrival: RenewalProcess | RateProfile | Replay | None = None
     process = None if own_arrivals else arrival_node.choice("process", (*ARRIVAL_PROCESSES, *PROFILES), "poisson")
     if process is not None and process != Replay.process:
@@ -118,6 +131,7 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
         hash_block_tokens = arrival_node.number("hash_block_tokens", Workload.hash_block_tokens, integer=True,
                                                 minimum=1)
         arrival = Replay(transforms.replayed_rate_per_s(trace))
+        trace_file = TraceFile(str(path), fmt, failed)
         arrival_node.done()
 
     num_requests, duration_s = traffic_amount(node, trace is not None)
@@ -140,11 +154,12 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
                 raise node.key_error(key, f"lengths and sessions come from {source}", node.raw(key),
                                      "either arrival.process: trace, workload.dataset, or prompt_tokens and "
                                      "output_tokens")
-        dataset = None if trace is not None else dataset_from_node(node.child("dataset"))
+        dataset, dataset_file = (None, None) if trace is not None else dataset_from_node(node.child("dataset"))
         node.done()
         return Workload(arrival, None, None, num_requests, duration_s, trace, transforms, dataset,
                         hash_block_tokens=hash_block_tokens if trace is not None else Workload.hash_block_tokens,
-                        classes=classes)
+                        classes=classes, trace_file=trace_file,
+                        dataset_file=dataset_file)
     if node.has("classes"):
         has_lengths = node.has("prompt_tokens") and node.has("output_tokens")
         classes = classes_from_node(node, lambda sub: arrival_from_node(sub), max_tokens, has_lengths)
@@ -158,15 +173,16 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
     return Workload(arrival, prompt, output, num_requests, duration_s, classes=classes, sessions=sessions)
 
 
-def dataset_from_node(node: Node) -> Trace:
-    """``workload.dataset``: the requests of a dataset or trace file, for their lengths."""
+def dataset_from_node(node: Node) -> tuple[Trace, TraceFile]:
+    """``workload.dataset``: the requests of a dataset or trace file, for their lengths, and that file."""
     tokenizer = node.path_value("tokenizer", None)
     chars_per_token = node.number("chars_per_token", None, minimum=MIN_CHARS_PER_TOKEN, maximum=MAX_CHARS_PER_TOKEN)
     fmt = node.choice("format", ("auto", *FORMATS), "auto")
-    dataset = read_trace(node.path_value("path"), node, "path", fmt, tokenizer=tokenizer,
-                         chars_per_token=chars_per_token)
+    path = node.path_value("path")
+    dataset = read_trace(path, node, "path", fmt, tokenizer=tokenizer, chars_per_token=chars_per_token)
     node.done()
-    return dataset
+    return dataset, TraceFile(str(path), fmt, tokenizer=None if tokenizer is None else str(tokenizer),
+                              chars_per_token=chars_per_token)
 
 
 def traffic_amount(node: Node, replayed: bool, defaults: tuple[int | None, float | None] = (None, None)

@@ -78,8 +78,8 @@ BAD = {
                                 ["workload.prompt_tokens", "becomes 1 ", "10% allowed"]),
     "rate too low to resolve latencies": ({"workload": {"arrival": {"rate": "1e-300/s"}}},
                                           ["workload.arrival.rate", "1e-300/s", "at least 1e-06/s"]),
-    "KV cache below one longest request": ({"engine": {"memory_utilization": 0.25}},
-                                           ["engine.max_model_len", "13,568 tokens", "16,384", "memory_utilization"]),
+    "KV cache below one longest request": ({"engine": {"memory_utilization": 0.23}},
+                                           ["engine.max_model_len", "11,136 tokens", "16,384", "memory_utilization"]),
 }
 
 

@@ -57,16 +57,16 @@ def test_a_window_without_arrivals_meets_no_slo():
 
 
 def test_the_kv_cache_must_hold_one_longest_request():
-    """A cache of 13,568 tokens (0.25 of an H100 after Llama-3.1-8B's weights) holds a request of
-    max_model_len 13,568 tokens, not one of 13,569: those would all be rejected at run time."""
-    engine = {"memory_utilization": 0.25}
+    """A cache of 11,136 tokens (0.23 of an H100 after Llama-3.1-8B's weights) holds a request of
+    max_model_len 11,136 tokens, not one of 11,137: those would all be rejected at run time."""
+    engine = {"memory_utilization": 0.23}
     capacity = make_scenario({"engine": {**engine, "max_model_len": 4096}}).memory.kv_capacity_tokens
-    assert capacity == 13568
+    assert capacity == 11136
     make_scenario({"engine": {**engine, "max_model_len": capacity}})
     with pytest.raises(ConfigError) as caught:
         make_scenario({"engine": {**engine, "max_model_len": capacity + 1}})
     text = str(caught.value)
-    for fragment in ("engine.max_model_len", "13,568 tokens", "13,569", "max_model_len <= 13,568",
+    for fragment in ("engine.max_model_len", "11,136 tokens", "11,137", "max_model_len <= 11,136",
                      "memory_utilization"):
         assert fragment in text, (fragment, text)
 

@@ -135,7 +135,7 @@ def test_tensorrt_llm_runs_a_wide_models_add_norms_inside_its_all_reduces():
     the fusion; an 8B at TP 2 keeps its add-norms; at TP 1 (no all-reduce) the 70B keeps them too."""
     h200 = lookup_hardware("H200").for_engine(EngineKernels.TRTLLM)
     wide = model_catalog()["Llama-3.1-70B"]
-    tokens = 2048
+    tokens = 512                                # an 8 MB all-reduce: within the engine's 16 MB workspace at TP 2
 
     def streaming_and_rest(model, tp):
         cost = CostModel(model, h200, tp)
@@ -156,3 +156,31 @@ def test_tensorrt_llm_runs_a_wide_models_add_norms_inside_its_all_reduces():
     single, _ = streaming_and_rest(wide, 1)
     add_norm_wide = {"norm": 4 * wide.hidden_size * 2, "activation": 3 * wide.intermediate_size * 2}
     assert single == pytest.approx(streaming_closed_form(wide, h200.kernels, 1 * tokens, add_norm_wide), rel=1e-9)
+
+
+@pytest.mark.parametrize("model_name, tp, workspace_bytes", [("Llama-3.1-70B", 2, 16e6), ("Llama-3.1-405B", 8, 8e6)])
+def test_tensorrt_llm_runs_the_add_norm_after_an_all_reduce_that_outgrows_its_workspace(model_name, tp,
+                                                                                       workspace_bytes):
+    """TensorRT-LLM's all-reduce falls back to NCCL for a message larger than its custom kernels' workspace (16 MB
+    for two GPUs, 8 MB for more: customAllReduceUtils.h ``getMaxRequiredWorkspaceSize``), "regardless of the fusion
+    type" (allreduceOp.cpp), and runs the fused add-norm after it: from the first token count whose 16-bit hidden
+    state outgrows the workspace, each of a layer's two all-reduces costs one add-norm kernel more (the closed form
+    of the profile's norm kernel over 4 hidden-wide rows a token), and nothing below it."""
+    h200 = lookup_hardware("H200").for_engine(EngineKernels.TRTLLM)
+    model = model_catalog()[model_name]
+    inside = dataclasses.replace(h200, kernels=dataclasses.replace(
+        h200.kernels, stream_fusion=dataclasses.replace(h200.kernels.stream_fusion, pair_workspace_bytes=np.inf,
+                                                        workspace_bytes=np.inf)))
+    last_inside = int(workspace_bytes // (model.hidden_size * 2))
+
+    def communication(hardware, tokens):
+        cost = CostModel(model, hardware, tp)
+        rows = cost.breakdown(cost.features([tokens], [0], [], prefill_logits=0)).set_index("operator")
+        return rows.loc["overhead+communication", "time_s"], rows.loc["layer.elementwise", "time_s"]
+
+    for tokens in (last_inside, last_inside + 1, 4 * last_inside):
+        (comm, streaming), (comm_inside, streaming_inside) = communication(h200, tokens), communication(inside, tokens)
+        assert streaming == pytest.approx(streaming_inside, rel=1e-12)
+        add_norms = 0.0 if tokens == last_inside else streaming_closed_form(
+            model, h200.kernels, tokens, {"norm": 4 * model.hidden_size * 2})
+        assert comm - comm_inside == pytest.approx(add_norms, rel=1e-9, abs=1e-12), tokens

@@ -3,28 +3,33 @@ file with the same keys written into it and read again, a bad value names its ke
 Scenario changed with dataclasses.replace keeps its change."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from llmsim.config.policies import Batching
 from llmsim.config.reader import Node, load_yaml
 from llmsim.errors import ConfigError
+from llmsim.scenario.control import ControllerConfig
+from llmsim.scenario.overrides import build_point
 from llmsim.scenario.scenario import CPUOffload, Scenario, load_scenario, scenario_from_node
 from llmsim.scenario.variants import (COUNT_KEY, EXPERT_DEGREE_KEY, EXPERTS_KEY, RATE_KEY, REPLICAS_KEY, at_rate,
                                       typed, variant, with_replicas, with_requests)
+from llmsim.scenario.writer import to_mapping
 
-from tests.helpers import SCENARIOS, make_scenario
+from tests.helpers import SCENARIOS, make_scenario, same
 
 
 def written(path: Path, point: dict, seed: int | None = None) -> Scenario:
     """The scenario file with the point's keys written into its YAML by hand (a None value removes the key,
     so its default applies), read again. The file's ``engine.vllm_args`` are written as the engine keys they
-    set (as the reader rewrites them), so that a point may set those keys."""
-    data = load_yaml(path)
+    set (as the reader rewrites them), so that a point may set those keys. A YAML alias is a copy of its
+    anchor's settings: a key written into the one is not written into the other."""
+    data = json.loads(json.dumps(load_yaml(path)))
     if "vllm_args" in data.get("engine", {}):
-        data["engine"] = load_scenario(path).source["engine"]
+        data["engine"] = to_mapping(load_scenario(path))["engine"]
     for key, value in point.items():
         *parents, leaf = key.split(".")
         holder = data
@@ -39,19 +44,6 @@ def written(path: Path, point: dict, seed: int | None = None) -> Scenario:
     if seed is not None and "seed" not in point:
         data["seed"] = seed
     return scenario_from_node(Node(data, file=str(path), base_dir=path.parent))
-
-
-def same(a: Scenario, b: Scenario) -> bool:
-    """Equal scenarios (a replayed trace's arrays compared by value; where it came from left out)."""
-    ta, tb = a.workload.trace, b.workload.trace
-    if (ta is None) != (tb is None):
-        return False
-    if ta is not None and tb is not None and not all(
-            np.array_equal(getattr(ta, name), getattr(tb, name)) for name in ("arrival_s", "prompt_tokens",
-                                                                              "output_tokens")):
-        return False
-    return replace(a, path=None, workload=replace(a.workload, trace=None)) == \
-        replace(b, path=None, workload=replace(b.workload, trace=None))
 
 
 def points(scenario: Scenario) -> list[dict]:
@@ -91,25 +83,34 @@ def points(scenario: Scenario) -> list[dict]:
             {"speculation.k": 5, "speculation.k_max": 9},
             {"deployment.disaggregation": None, REPLICAS_KEY: 2},
             {"deployment.disaggregation.prefill.replicas": 2, "deployment.disaggregation.decode.replicas": 3},
-            {"deployment.disaggregation.decode.replicas": 0}]
+            {"deployment.disaggregation.decode.replicas": 0},
+            # Keys laid over the scenario written out (llmsim.scenario.writer), and what follows from them.
+            {"engine.memory_utilization": 0.8}, {"engine.max_model_len": 4096}, {"slo.ttft": "3 s"},
+            {"engine.batching": "static"}, {"speculation.k": 3}, {"speculation.acceptance.alpha": 0.5},
+            {"controller.hysteresis": 0.2, "engine.max_batch_tokens": 4096},
+            {"workload.arrival.period": "600 s"}, {"hardware": "H200", "engine.memory_utilization": 0.85}]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_a_typed_variant_is_the_file_with_its_keys_written(path):
-    """Every shipped scenario: each point set on the Scenario equals (or fails with the same key as) the file
-    with those keys written into its YAML and read again."""
+    """Every shipped scenario: each point set on the Scenario, and each laid over the scenario written out
+    (llmsim.scenario.writer: the route of the keys the typed scenario does not set), equals (or fails with the
+    same key as) the file with those keys written into its YAML and read again."""
     scenario = load_scenario(path)
+    routes = (lambda point: variant(scenario, point),
+              lambda point: build_point(to_mapping(scenario), point, path.parent, str(path)))
     for point in points(scenario):
         try:
             expected, expected_key = written(path, point, scenario.seed), None
         except ConfigError as error:
             expected, expected_key = None, error.key
-        try:
-            got, got_key = variant(scenario, point), None
-        except ConfigError as error:
-            got, got_key = None, error.key
-        assert got_key == expected_key, point
-        assert got is None or expected is not None and same(got, expected), point
+        for route in routes:
+            try:
+                got, got_key = route(point), None
+            except ConfigError as error:
+                got, got_key = None, error.key
+            assert got_key == expected_key, point
+            assert got is None or expected is not None and same(got, expected), point
 
 
 def test_the_searches_points_are_set_on_the_typed_scenario():
@@ -147,11 +148,12 @@ def test_an_engine_knob_keeps_a_change_made_with_replace():
 
 
 def test_an_auto_layout_is_placed_again_for_the_engine_knobs():
-    """Llama-3.1-70B placed by the reader on H100s: 1 x 3 stages at the default batch budget; a 262,144-token
-    budget's activations need tensor parallelism 4, as the file with that budget reads."""
+    """Llama-3.1-70B placed by the reader on H100s: 1 x 2 stages at the default batch budget (70.6 GB of 16-bit
+    weights and 3.2 GB of activations a stage, within 0.9 of 81,559 MiB, 77.0 GB); a 262,144-token budget's
+    activations need tensor parallelism 4, as the file with that budget reads."""
     auto = {"model": "Llama-3.1-70B", "deployment": {"tensor_parallel": "auto", "pipeline_parallel": "auto"}}
     scenario = make_scenario(auto)
-    assert (scenario.deployment.tensor_parallel, scenario.deployment.pipeline_parallel) == (1, 3)
+    assert (scenario.deployment.tensor_parallel, scenario.deployment.pipeline_parallel) == (1, 2)
     for point in ({"engine.max_batch_tokens": 262144}, {"deployment.tensor_parallel": 2},
                   {"deployment.pipeline_parallel": 2}):
         assert typed(scenario, point)
@@ -161,12 +163,12 @@ def test_an_auto_layout_is_placed_again_for_the_engine_knobs():
         assert same(variant(scenario, point), expected), point
     assert variant(scenario, {"engine.max_batch_tokens": 262144}).deployment.tensor_parallel == 4
     with pytest.raises(ConfigError) as caught:
-        variant(scenario, {"engine.max_batch_tokens": 1048576})
+        variant(scenario, {"engine.max_batch_tokens": 2097152})   # 2^21 tokens: 137 GB of hidden states alone
     assert caught.value.key == "deployment"
 
 
-def test_the_yaml_mapping_follows_a_typed_variant():
-    """A typed variant's mapping carries its settings, so a key laid over it later keeps them."""
+def test_a_key_laid_over_a_typed_variant_keeps_its_settings():
+    """A key laid over a typed variant is laid over that variant written out, so its settings stay."""
     scenario = at_rate(with_replicas(make_scenario(), 3), 4.0)
     laid = variant(scenario, {"engine.memory_utilization": 0.8})
     assert (laid.workload.rate_per_s, laid.deployment.replicas, laid.engine.memory_utilization) == (4.0, 3, 0.8)
@@ -198,11 +200,29 @@ def test_a_layout_that_does_not_fit_names_its_key():
     assert caught.value.key == "deployment.tensor_parallel"
 
 
-def test_a_scenario_not_read_from_yaml_takes_typed_variants_only():
-    built = replace(make_scenario(), source=None)
-    assert at_rate(built, 4.0).workload.rate_per_s == 4.0
-    with pytest.raises(ValueError, match="not read from YAML"):
-        variant(built, {"engine.memory_utilization": 0.8})
+def test_a_scenario_not_read_from_yaml_takes_any_variant():
+    """Before, a key the typed scenario does not set needed the YAML mapping the scenario was read from."""
+    built = replace(make_scenario(), source_dir=None)
+    assert same(variant(built, {"engine.memory_utilization": 0.8}),
+                make_scenario({"engine": {"memory_utilization": 0.8}}))
+
+
+@pytest.mark.parametrize("change, point, overrides", [
+    (lambda s: replace(s, engine=replace(s.engine, memory_utilization=0.7)), {"engine.max_model_len": 8192},
+     {"engine": {"memory_utilization": 0.7, "max_model_len": 8192}}),
+    (lambda s: replace(s, engine=replace(s.engine, batching=Batching.STATIC)), {"slo.ttft": "2 s"},
+     {"engine": {"batching": "static"}, "slo": {"ttft": "2 s"}}),
+    (lambda s: replace(s, controller=ControllerConfig(window_s=30.0, low=1024, high=8192, increase=64)),
+     {"engine.memory_utilization": 0.8},
+     {"engine": {"memory_utilization": 0.8}, "controller": {"bounds": [1024, 8192], "increase": 64}}),
+    (lambda s: replace(s, slo=replace(s.slo, tpot_s=0.05)), {"controller": {"knob": "max_num_seqs"}},
+     {"slo": {"tpot": "50 ms"}, "controller": {"knob": "max_num_seqs"}}),
+])
+def test_a_change_made_with_replace_is_kept_under_any_variant(change, point, overrides):
+    """Before, a key laid over the YAML mapping refused (ValueError) a scenario changed with replace, whose
+    change the mapping did not hold; now it is laid over the scenario written out."""
+    got = variant(change(make_scenario()), point)
+    assert same(got, make_scenario(overrides))
 
 
 def test_an_offload_idle_timeout_is_merged_into_the_offload_settings():

@@ -82,8 +82,9 @@ def test_search_covers_k_off_static_and_the_adaptive_rule(scenario, result):
 
 
 def test_rule_of_thumb_max_batch_tokens_by_hand():
-    """Llama-3.1-70B on 4 x H100: 4 x 80 GB x 0.9 less 2 bytes x 70.6e9 parameters, over the KV bytes per
-    token (80 layers x 2 x 8 KV heads x 128 x 2 bytes = 327,680), is the KV pool; at the workload's mean
+    """Llama-3.1-70B on 4 x H100: 4 x 81,559 MiB (NVML's total for an H100 80GB) x 0.9 less 2 bytes x 70.6e9
+    parameters, over the KV bytes per token (80 layers x 2 x 8 KV heads x 128 x 2 bytes = 327,680), is the KV
+    pool; at the workload's mean
     context (prompt + output / 2) it holds pool / context requests (at most max_num_seqs), and a step at
     that concurrency carries one token per request and its prompt spread over its output steps:
     requests x (1 + prompt / output). A real budget, below max_model_len, where the literal reading (the
@@ -92,7 +93,7 @@ def test_rule_of_thumb_max_batch_tokens_by_hand():
                               "engine": {"max_num_seqs": 1024, "max_model_len": 16_384}})
     trace = generate_trace(scenario.workload, scenario.seed)
     prompt, output = trace.prompt_tokens.mean(), trace.output_tokens.mean()
-    pool = (4 * 80e9 * 0.9 - 2 * scenario.model.param_count) / 327_680
+    pool = (4 * 81_559 * 2**20 * 0.9 - 2 * scenario.model.param_count) / 327_680
     in_flight = pool / (prompt + output / 2)
     assert in_flight < 1024                               # the memory binds here, not max_num_seqs
     rule = batch_token_rule(scenario)

@@ -179,7 +179,7 @@ def test_offloads_refused_by_a_host_tier_full_of_swapped_kv_are_counted_and_repo
     assert kv.host.allocated_total - kv.host.freed_total == kv.host.swapped == 4
 
 
-FULL_HOST_TIER = {"engine": {"prefix_caching": True, "preemption_mode": "swap", "memory_utilization": 0.25,
+FULL_HOST_TIER = {"engine": {"prefix_caching": True, "preemption_mode": "swap", "memory_utilization": 0.23,
                               "max_model_len": 8192, "cpu_offload": {"idle_timeout": "10 ms", "capacity": "0.1 GB"}},
                    "workload": {"arrival": {"rate": 30.0}, "num_requests": 300}}
 

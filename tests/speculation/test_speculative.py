@@ -337,8 +337,8 @@ def test_first_token_waits_for_the_draft_prefill():
 
 # -- bookkeeping ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides", [
-    {"engine": {"memory_utilization": 0.3}, "workload": {"arrival": {"rate": 40.0}}},           # preempting
-    {"engine": {"memory_utilization": 0.3, "chunked_prefill": False, "block_size": 16},
+    {"engine": {"memory_utilization": 0.28}, "workload": {"arrival": {"rate": 40.0}}},           # preempting
+    {"engine": {"memory_utilization": 0.28, "chunked_prefill": False, "block_size": 16},
      "workload": {"arrival": {"rate": 30.0}}},
 ])
 def test_kv_blocks_stay_exact_through_reservations_and_rollbacks(overrides):
