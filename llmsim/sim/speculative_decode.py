@@ -25,7 +25,7 @@ set's closed-form bookkeeping, so the decoding sequences live in packed numpy co
 overhead to pay off, so each phase of a step is one compiled loop over the columns
 (numba): the caps and the KV reservation (:mod:`llmsim.sim.speculative_kernels`), the
 step's feature sums and the draft's rows (:func:`llmsim.cost.features.speculative_step_sums`),
-the acceptance draws, the outcome and its rollback, the adaptive rule's windows. What
+the acceptance draws, the outcome with its rollback and the adaptive rule's windows. What
 stays in Python per step is the policy's choice, the two roofline prices (target and
 draft, :meth:`~llmsim.cost.roofline.CostModel.iteration`) and finishing requests.
 """
@@ -360,7 +360,7 @@ class SpeculativeDecodeSet(DecodeSet):
         if at + n > len(self._gap_runs):
             self._gap_runs.resize((2 * (at + n), 3), refcheck=False)     # in place: appends rows
         freed, emitted, finished, runs = advance_rows(n, now, s.ints, s.floats, s.speculated, s.finished_rows,
-                                                      kv.block_size, self._gap_runs, at)
+                                                      kv.block_size, self._gap_runs, at, self.policy.windows)
         self._runs_used = at + runs
         self._step_ends_s.append(now)
         self._burst_tokens.append(emitted - n)

@@ -5,7 +5,7 @@ reserve KV for it (:func:`reserve_blocks`), then apply the outcome (:func:`advan
 The batch is a few dozen rows, so in numpy each phase would be a dozen or more array calls,
 each with a fixed overhead larger than its work; compiled, each phase is one call. The feature sums a step is
 priced from are built by :func:`llmsim.cost.features.speculative_step_sums`, the acceptance draws by
-:mod:`llmsim.speculation.kernels`, the adaptive k rule by the policy's own kernel.
+:mod:`llmsim.speculation.kernels`, and so is the per-request adaptive k rule, which :func:`advance_rows` applies.
 
 Every kernel works on rows ``[0, n)`` of the packed columns (``llmsim.sim.speculative_decode.
 DecodeSlots``, laid out here) and does the same integer and IEEE float operations as numpy would, so
@@ -18,6 +18,7 @@ import numpy as np
 
 from llmsim.cost.features import DRAFT_ROW_COLUMNS, expanded_verify, seen_by_layers, speculative_step_sums
 from llmsim.cost.roofline import FEW_ROWS, _linear_step, _rows_total
+from llmsim.speculation.kernels import observe_windows
 
 # The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
 # kernel takes two arrays, not fifteen (each argument costs a type check per call).
@@ -30,6 +31,8 @@ _CONTEXT, _GENERATED, _REMAINING, _BLOCKS, _K, _ACCEPTED, _LAG, _PROPOSED_TOTAL,
 _LAST_TOKEN_S, _MAX_GAP_S = FLOAT_COLUMNS.index("last_token_s"), FLOAT_COLUMNS.index("max_gap_s")
 _REQUEST_ID, _K_POLICY = INT_COLUMNS.index("request_id"), INT_COLUMNS.index("k_policy")
 _ALPHA = FLOAT_COLUMNS.index("alpha")
+_WINDOW_PROPOSED, _WINDOW_ACCEPTED, _WINDOW_ROUNDS, _BACKOFF = (
+    INT_COLUMNS.index(name) for name in ("window_proposed", "window_accepted", "window_rounds", "backoff"))
 # Feature columns of the draft's rows, as constants for compiled code.
 _ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DECODE_KV_READ, _ROW_LOGITS = (
     DRAFT_ROW_COLUMNS)
@@ -138,7 +141,7 @@ def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, b
 
 
 @numba.njit(cache=True)
-def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, gap_runs, runs_at):
+def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, gap_runs, runs_at, windows):
     """The verified step is over at ``now``: each sequence emits its accepted prefix plus one token.
 
     Records each sequence's gap since its last token as runs of equal gaps, in row order,
@@ -150,8 +153,10 @@ def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, ga
     has not seen: its accepted tokens but the last, when it proposed and all were accepted,
     else one more. ``speculated`` marks the rows that drafted; ``finished_rows`` gets the
     rows that have all their tokens, last row first (the order to remove them in, as a
-    removal moves the last row). Returns ``(blocks freed, tokens emitted, sequences
-    finished, gap runs)``.
+    removal moves the last row). With ``windows[0]`` > 0 it then adds the step to every row's
+    adaptive k window, :func:`~llmsim.speculation.kernels.observe_windows` with the settings
+    ``windows`` (:data:`llmsim.speculation.policies.NO_WINDOWS`' layout). Returns ``(blocks freed,
+    tokens emitted, sequences finished, gap runs)``.
     """
     k, accepted, generated, remaining = ints[_K], ints[_ACCEPTED], ints[_GENERATED], ints[_REMAINING]
     context, blocks, lag = ints[_CONTEXT], ints[_BLOCKS], ints[_LAG]
@@ -181,6 +186,10 @@ def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, ga
         accepted_total[i] += accepted[i]
         speculated[i] = k[i] > 0
         lag[i] = (2 if accepted[i] == k[i] else 1) if k[i] > 0 else lag[i] + 1
+    if windows[0] > 0:
+        observe_windows(n, k, accepted, speculated, ints[_K_POLICY], ints[_WINDOW_PROPOSED], ints[_WINDOW_ACCEPTED],
+                        ints[_WINDOW_ROUNDS], ints[_BACKOFF], windows[0], windows[1], windows[2], windows[3],
+                        windows[4], windows[5])
     for i in range(n - 1, -1, -1):
         if remaining[i] == 0:
             finished_rows[finished] = i

@@ -2,9 +2,12 @@
 
 A policy is asked once per decode step for every decoding sequence's draft length
 (:meth:`KPolicyRule.choose`) and is then told what the target accepted
-(:meth:`KPolicyRule.observe`). The decoding sequences are packed numpy columns, rows
-``[0, n)`` (``llmsim.sim.speculative_decode.DecodeSlots``); a policy that keeps state per
-request keeps it in those columns (``k_policy``, ``window_*``, ``backoff``, ``seen_*``), so it
+(:meth:`KPolicyRule.observe`), or, for the per-request adaptive rule, names its settings
+(:attr:`KPolicyRule.windows`) and the engine's compiled step applies the rule to every row
+(:func:`~llmsim.speculation.kernels.observe_windows`) in the call that closes the step.
+The decoding sequences are packed numpy columns, rows ``[0, n)``
+(``llmsim.sim.speculative_decode.DecodeSlots``); a policy that keeps state per request keeps it
+in those columns (``k_policy``, ``window_*``, ``backoff``, ``seen_*``), so it
 moves with the request's row, and state for the whole batch on the policy object.
 
 - :class:`StaticK`: every eligible sequence drafts ``k``.
@@ -24,9 +27,13 @@ import numpy as np
 
 from llmsim.config.policies import KPolicyName, KScope
 from llmsim.speculation.config import KPolicy, expected_tokens_per_step
-from llmsim.speculation.kernels import adapt_window, observe_windows, window_length
+from llmsim.speculation.kernels import adapt_window, window_length
 
 MAX_BACKOFF = 5                                   # the adaptive rule's longest time off: 2^5 windows
+# observe_windows' settings: window rounds (0: no per-request windows), longest back-off, raise above, lower below,
+# k_max, fallback; one type for every policy, so the step kernel compiles once.
+Windows = tuple[int, int, float, float, int, bool]
+NO_WINDOWS: Windows = (0, MAX_BACKOFF, 0.0, 0.0, 0, False)
 
 
 class KPolicyRule:
@@ -36,6 +43,7 @@ class KPolicyRule:
     per_batch = False                             # one k for the whole batch (else per request)
     observes = False                              # whether observe does anything (the engine skips it if not)
     reads_eligible = False                        # whether choose reads ``eligible`` (else it is not marked yet)
+    windows: Windows = NO_WINDOWS                 # the per-request adaptive rule the engine's step kernel applies
 
     def __init__(self, config: KPolicy):
         self.config = config
@@ -83,14 +91,18 @@ class AdaptiveK(KPolicyRule):
     ``fallback``, then a probe at k = 1 after a window, twice as long after each failed probe).
 
     The rule itself is compiled (:func:`~llmsim.speculation.kernels.adapt_window`), and so is
-    the per-request bookkeeping of every sequence's window, which runs every decode step."""
+    the per-request bookkeeping of every sequence's window, which runs every decode step: inside
+    the engine's compiled step (``windows`` gives its settings), as one more call per step would
+    cost more than the bookkeeping. :meth:`observe` keeps the window of a per-batch k."""
 
     name = KPolicyName.ADAPTIVE
-    observes = True
 
     def __init__(self, config: KPolicy):
         super().__init__(config)
-        self.per_batch = config.scope is KScope.PER_BATCH
+        self.per_batch = self.observes = config.scope is KScope.PER_BATCH
+        if not self.per_batch:
+            self.windows = (int(config.window), MAX_BACKOFF, float(config.raise_above), float(config.lower_below),
+                            int(config.k_max), bool(config.fallback))
         self._batch_k = config.k
         self._batch_window = [0, 0, 0]            # proposed, accepted, rounds
         self._batch_backoff = 0
@@ -99,12 +111,7 @@ class AdaptiveK(KPolicyRule):
         return slots.k_policy[:n] if not self.per_batch else np.full(n, self._batch_k)
 
     def observe(self, slots, n, k, accepted, speculated):
-        config, s = self.config, slots
-        if not self.per_batch:
-            observe_windows(n, k, accepted, speculated, s.k_policy, s.window_proposed, s.window_accepted,
-                            s.window_rounds, s.backoff, config.window, MAX_BACKOFF, config.raise_above,
-                            config.lower_below, config.k_max, config.fallback)
-            return
+        config = self.config
         window = self._batch_window
         window[0] += int(k.sum())
         window[1] += int(accepted.sum())

@@ -21,6 +21,7 @@ from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import Request, WaitingQueue
 from llmsim.sim.speculative_decode import DecodeSlots, SpeculativeDecodeSet
 from llmsim.speculation.config import Acceptance, KPolicy, SpeculationConfig
+from llmsim.speculation.kernels import observe_windows
 from llmsim.speculation.policies import AdaptiveK, GoodputK, k_policy
 from llmsim.speculation.proposers import EAGLE, Proposer
 
@@ -217,8 +218,10 @@ def test_the_adaptive_policy_moves_k_by_one_per_window_on_the_80_50_rule():
     everyone = np.ones(1, dtype=bool)
 
     def round_(accepted: int) -> int:
+        # The engine's step kernel applies the per-request rule with the policy's settings.
         k = policy.choose(slots, 1, everyone, None)
-        policy.observe(slots, 1, k, np.array([accepted]), k > 0)
+        observe_windows(1, k, np.array([accepted]), k > 0, slots.k_policy, slots.window_proposed,
+                        slots.window_accepted, slots.window_rounds, slots.backoff, *policy.windows)
         return int(slots.k_policy[0])
 
     # Window of 2 rounds at k = 4: 8 of 8 accepted (100% > 80%): k = 5 after the second round.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from tests.helpers import add_prefill, chunk_sums
 from llmsim.cost.features import (F, FEATURES, batch_rows, sequential_decode_rows,
@@ -17,6 +18,8 @@ from llmsim import CostModel, model_catalog
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, eligible_rows, price_step,
                                             reserve_blocks, tree_extras)
+from llmsim.speculation.kernels import observe_windows
+from llmsim.speculation.policies import MAX_BACKOFF, NO_WINDOWS
 
 
 def _batch(rng, n, k_max=8):
@@ -120,7 +123,8 @@ def test_advance_emits_rolls_back_and_lists_the_finished_last_first():
     column["last_token_s"][:n] = [1.0, 1.0, 0.5, 1.0]
     runs = np.zeros((8, 3))
     speculated, finished_rows = np.zeros(8, dtype=bool), np.zeros(8, dtype=np.int64)
-    freed, emitted, finished, count = advance_rows(n, 2.0, ints, floats, speculated, finished_rows, size, runs, 0)
+    freed, emitted, finished, count = advance_rows(n, 2.0, ints, floats, speculated, finished_rows, size, runs, 0,
+                                                   NO_WINDOWS)
     assert list(column["context"][:n]) == [105, 32, 48, 66] and emitted == 5 + 2 + 1 + 3
     assert list(column["blocks"][:n]) == [7, 2, 3, 5] and freed == 1
     assert list(column["lag"][:n]) == [2, 1, 4, 2]        # all accepted: the draft has not seen its last token
@@ -129,6 +133,47 @@ def test_advance_emits_rolls_back_and_lists_the_finished_last_first():
     # Gaps in runs of equal values, in row order: 1.0, 1.0, then 1.5, then 1.0.
     assert count == 3 and runs[:3].tolist() == [[2.0, 1.0, 2.0], [2.0, 1.5, 1.0], [2.0, 1.0, 1.0]]
     assert list(column["max_gap_s"][:n]) == [1.0, 1.0, 1.5, 1.0] and list(column["last_token_s"][:n]) == [2.0] * 4
+
+
+@settings(max_examples=40, derandomize=True, database=None, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), window=st.integers(1, 4), raise_above=st.floats(0.0, 1.0),
+       lower_below=st.floats(0.0, 1.0), k_max=st.integers(1, 8), fallback=st.booleans())
+def test_advance_applies_the_adaptive_windows_as_the_policy_observed_them(seed, window, raise_above, lower_below,
+                                                                          k_max, fallback):
+    """Steps closed with the per-request adaptive rule folded into :func:`advance_rows` leave every column
+    as closing them without it and then running the rule's Python body over the step's columns (what the
+    policy's observe did after each step), through windows that end, raise, lower, fall back and probe."""
+    rng = np.random.default_rng(seed)
+    n, size = int(rng.integers(1, 13)), 16
+    windows = (window, MAX_BACKOFF, raise_above, lower_below, k_max, fallback)
+    fused = (np.zeros((len(INT_COLUMNS), 16), dtype=np.int64), np.zeros((len(FLOAT_COLUMNS), 16)))
+    column = dict(zip(INT_COLUMNS, fused[0]))
+    column["k_policy"][:n] = rng.integers(0 if fallback else 1, k_max + 1, n)
+    column["backoff"][:n] = rng.integers(0, MAX_BACKOFF + 2, n)
+    column["lag"][:n] = 1
+    apart = (fused[0].copy(), fused[1].copy())
+    for step in range(12):
+        k = np.minimum(rng.integers(0, k_max + 1, n), column["k_policy"][:n] * (rng.random(n) < 0.9))
+        accepted = rng.integers(0, k + 1)
+        context, remaining = rng.integers(1, 3000, n), k + 1 + rng.integers(0, 3, n)
+        for ints, _ in (fused, apart):
+            ints[INT_COLUMNS.index("k"), :n], ints[INT_COLUMNS.index("accepted"), :n] = k, accepted
+            ints[INT_COLUMNS.index("context"), :n] = context
+            ints[INT_COLUMNS.index("blocks"), :n] = -(-(context + k + 1) // size)
+            ints[INT_COLUMNS.index("remaining"), :n] = remaining
+        outcomes = []
+        for (ints, floats), rule in ((fused, windows), (apart, NO_WINDOWS)):
+            speculated, finished_rows, runs = np.zeros(16, dtype=bool), np.zeros(16, dtype=np.int64), np.zeros((16, 3))
+            returned = advance_rows(n, 1.0 + step, ints, floats, speculated, finished_rows, size, runs, 0, rule)
+            if rule is NO_WINDOWS:
+                c = dict(zip(INT_COLUMNS, ints))
+                observe_windows.py_func(n, c["k"][:n], c["accepted"][:n], speculated[:n], c["k_policy"],
+                                        c["window_proposed"], c["window_accepted"], c["window_rounds"], c["backoff"],
+                                        *windows)
+            outcomes.append((returned, speculated.tolist(), finished_rows[:returned[2]].tolist(), runs.tolist()))
+        assert outcomes[0] == outcomes[1]
+        assert np.array_equal(fused[0], apart[0]) and np.array_equal(fused[1], apart[1])
+    assert column["window_rounds"][:n].max() < window << MAX_BACKOFF   # each window closed when it was due
 
 
 def test_decode_slots_declares_the_columns_it_sets():
