@@ -47,6 +47,7 @@ arrivals (the queueing terms assume Poisson). Static batching is not modelled.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -408,7 +409,7 @@ class FluidModel:
         times, weights = self._steps(lam, tau, work)
         return (times * weights).sum(axis=(1, 2))
 
-    def _solve(self, lam: np.ndarray, work: _Work) -> np.ndarray:
+    def _solve(self, lam: np.ndarray, work: _Work, give_up_s: np.ndarray | None = None) -> np.ndarray:
         """The least tau = E[step time | lambda, tau], or inf where none is below saturation.
 
         g(tau) = E[step time] increases with tau and is close to convex (a sum of maxima
@@ -418,9 +419,11 @@ class FluidModel:
         Where g' >= 1 while g > tau (an MoE model's g is concave where its first tokens touch
         whole experts) the step is tau <- g(tau) instead, and past the tau at which the batch
         would hold twice max_num_seqs the engine is saturated whatever the cost model says: inf.
-        Only the rates not yet settled are computed each step.
+        Only the rates not yet settled are computed each step. A rate whose bracket's lower end passes
+        ``give_up_s`` (per rate) is given up as inf: its least fixed point lies above (see :meth:`evaluate`).
         """
         limit = 2 * self.max_seqs / np.maximum(lam * work.decode_steps, 1e-300)
+        give_up = np.full_like(lam, np.inf) if give_up_s is None else give_up_s
         # Start from g(0), which the least fixed point cannot be below (g increases): at tau = 0 itself the
         # slope of an MoE model's g is steep (the first tokens touch whole experts), and the test below
         # would take that for a load that outruns the hardware.
@@ -437,9 +440,9 @@ class FluidModel:
             eps = 1e-6 * np.maximum(t, 1e-6)
             slope = (self._mean_step(rates, t + eps, work) - g) / eps
             above = h > 0
-            hopeless = t > limit[active]
-            tau[active[hopeless]] = np.inf
             low[active] = np.where(above, t, low[active])
+            hopeless = (t > limit[active]) | (low[active] > give_up[active])
+            tau[active[hopeless]] = np.inf
             high[active] = np.where(above, high[active], t)
             lo, hi = low[active], high[active]
             # Settled at a fixed point, or where g jumps across tau (the Poisson counts' truncation
@@ -464,12 +467,17 @@ class FluidModel:
         return np.where(tau > limit, np.inf, tau)
 
     # -- public -------------------------------------------------------------------------------------
-    def evaluate(self, rate_per_s) -> pd.DataFrame:
-        """Predicted steady state at each total arrival rate (requests/s over all replicas)."""
+    def evaluate(self, rate_per_s, mean_limits_s: Mapping[str, float] | None = None) -> pd.DataFrame:
+        """Predicted steady state at each total arrival rate (requests/s over all replicas).
+
+        ``mean_limits_s`` (SLO metric -> limit on its mean, e.g. ``{"tpot": 0.05}``): a rate is solved only
+        until it is sure to miss a limit (TPOT, E2E) or to be unstable, and is then reported unstable: for
+        a search that asks only which rates meet the limits, the same answer for less work.
+        """
         rates = np.atleast_1d(np.asarray(rate_per_s, dtype=float))
         if np.any(rates <= 0) or not np.all(np.isfinite(rates)):
             raise ValueError("arrival rates must be positive and finite")
-        frames = [self._evaluate(rates, work) for work in self.works]
+        frames = [self._evaluate(rates, work, mean_limits_s) for work in self.works]
         if len(frames) == 1:
             return frames[0]
         # The goodput policy: at each load, the k with the shortest TPOT among the stable ones.
@@ -477,9 +485,33 @@ class FluidModel:
         best = np.argmin(np.where(np.isfinite(tpot), tpot, np.inf), axis=0)
         return pd.concat([frames[b].iloc[[i]] for i, b in enumerate(best)], ignore_index=True)
 
-    def _evaluate(self, rates: np.ndarray, work: _Work) -> pd.DataFrame:
+    def _give_up_s(self, lam: np.ndarray, work: _Work, mean_limits_s: Mapping[str, float]) -> np.ndarray:
+        """Per rate, a step time past which the rate is unstable or misses a limit on a mean, whatever else.
+
+        With step time tau: decoders hold lam decode_steps tau slots (Little), prefill's share only adds,
+        and stability asks fewer than the slots; TPOT is tau tpot_factor; E2E is at least TPOT times the
+        mean decode tokens (TTFT >= 0). TTFT has no such bound in tau alone. The prefill budget's queue is
+        unstable once lam tau E[P] passes max(max_batch_tokens - lam tau decode tokens per step, 1).
+        """
+        rate = np.maximum(lam, 1e-300)
+        bound = self._slots(work) / (rate * work.decode_steps)
+        bound = np.minimum(bound, np.maximum(self.max_tokens / (rate * (self.mean_prompt + tokens_of(work.decode))),
+                                             1.0 / (rate * self.mean_prompt)))
+        if "tpot" in mean_limits_s:
+            bound = np.minimum(bound, mean_limits_s["tpot"] / work.tpot_factor)
+        if "e2e" in mean_limits_s and self.mean_decode > 0:
+            bound = np.minimum(bound, mean_limits_s["e2e"] / (work.tpot_factor * self.mean_decode))
+        return bound
+
+    def _slots(self, work: _Work) -> float:
+        """Batch slots per engine: max_num_seqs, or fewer where the KV cache holds fewer requests."""
+        kv_per_request = work.kv_token_steps / max(work.decode_steps, 1e-12)
+        return float(np.minimum(self.max_seqs, self.kv_tokens / kv_per_request))
+
+    def _evaluate(self, rates: np.ndarray, work: _Work, mean_limits_s: Mapping[str, float] | None = None
+                  ) -> pd.DataFrame:
         lam = rates / self.engines
-        tau = self._solve(lam, work)
+        tau = self._solve(lam, work, None if mean_limits_s is None else self._give_up_s(lam, work, mean_limits_s))
         finite = np.isfinite(tau)
         t = np.where(finite, tau, 0.0)
         load = lam * t
@@ -511,8 +543,7 @@ class FluidModel:
         # Batch slots: M/G/c (Erlang C, Allen-Cunneen), c from max_num_seqs or the KV cache.
         held_s = prefill_busy + decode_s
         offered = lam * held_s
-        kv_per_request = work.kv_token_steps / max(work.decode_steps, 1e-12)
-        slots = np.minimum(self.max_seqs, self.kv_tokens / kv_per_request)
+        slots = self._slots(work)
         wait_slot = self._erlang_wait(offered, slots, held_s, self.decode_cv2)
         stable = finite & (offered < slots) & (rho_budget < 1)
         ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + wait_budget + wait_slot
@@ -533,7 +564,7 @@ class FluidModel:
         })
 
     @staticmethod
-    def _erlang_wait(offered: np.ndarray, servers: np.ndarray, held_s: np.ndarray, cv2: float):
+    def _erlang_wait(offered: np.ndarray, servers: np.ndarray | float, held_s: np.ndarray, cv2: float):
         """Mean wait in M/G/c: Erlang C times (1 + cs^2)/2 (Allen-Cunneen, Poisson arrivals), with cs^2
         the squared coefficient of variation of the time a request holds its slot; inf at or past saturation."""
         c = np.maximum(np.floor(servers), 1.0)

@@ -433,9 +433,10 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     """
     model = FluidModel(scenario, trace)
     limits = scenario.slo.targets()
+    mean_limits_s = {metric: limit for metric, (limit, _) in limits.items()}
 
     def passing(rates):
-        frame = model.evaluate(rates)
+        frame = model.evaluate(rates, mean_limits_s)
         ok = frame["stable"].to_numpy().copy()
         for metric, (limit, _) in limits.items():
             ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit

@@ -21,7 +21,7 @@ class _Stub:
     def __init__(self, scenario, trace=None):
         pass
 
-    def evaluate(self, rates):
+    def evaluate(self, rates, mean_limits_s=None):
         rates = np.atleast_1d(rates)
         _Stub.solved.append(len(rates))
         ok = _Stub.passes(rates)
