@@ -257,6 +257,10 @@ def _acceptance(acceptance: Acceptance) -> dict[str, Any]:
     if acceptance == Acceptance():
         return {}
     if process is AcceptanceProcess.BETA:
+        given = acceptance.beta_mean_concentration
+        if given is not None and (given[0] * given[1], (1 - given[0]) * given[1]) == (acceptance.beta_a,
+                                                                                     acceptance.beta_b):
+            return {"process": process.value, "mean": given[0], "concentration": given[1]}
         return {"process": process.value, "a": acceptance.beta_a, "b": acceptance.beta_b}
     if process is AcceptanceProcess.REPLAY:
         return {"process": process.value, "path": _file(acceptance.path, "a replayed acceptance"),

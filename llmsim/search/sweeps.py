@@ -370,11 +370,14 @@ def slo_met(rows: pd.DataFrame) -> pd.Series:
 def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Scenario | None = None) -> str:
     """A stable 16-hex-digit key for (scenario mapping, overrides, seed): the same across runs.
 
-    With ``resolved`` (the point's validated Scenario) it also covers what the files the mapping
-    names resolved to (hardware profile, model, trace, replayed acceptance lengths), so a
-    recalibrated profile or an edited trace is simulated again, not read back stale from ``out``.
+    With ``resolved`` (the point's validated Scenario) the key is that scenario's, whole, in place of the
+    mapping: it covers what the files the mapping names resolved to (hardware profile, model, trace,
+    replayed acceptance lengths), so a recalibrated profile or an edited trace is simulated again, not read
+    back stale from ``out``; and a sweep of a file and one of the same scenario from Python share their
+    points' keys.
     """
-    text = json.dumps({"scenario": base, "point": dict(point), "seed": seed}, sort_keys=True, default=str)
+    text = json.dumps({"scenario": base if resolved is None else None, "point": dict(point), "seed": seed},
+                      sort_keys=True, default=str)
     digest = hashlib.sha256(text.encode())
     if resolved is not None:
         trace = resolved.workload.trace

@@ -1,9 +1,11 @@
 """A request as it moves through the system, and the queue it waits in."""
 from __future__ import annotations
 
+import signal
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from typing import Protocol
 
@@ -296,6 +298,20 @@ class RequestRecords:
         return columns
 
 
+@contextmanager
+def _ctrl_c_held() -> Iterator[None]:
+    """Hold Ctrl-C (SIGINT) until the block ends: a chunk handed to the stream is written whole, and a run
+    interrupted meanwhile stops right after it (where threads cannot mask signals, nothing is held)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 class StreamedRecords(RequestRecords):
     """The records of a run streamed to disk: rows are kept in chunks of ``chunk_rows`` consecutive
     requests, and each chunk, once every request in it has left, is handed to ``emit`` (a
@@ -338,10 +354,11 @@ class StreamedRecords(RequestRecords):
         self._left[index] -= 1
         if self._left[index] == 0 and index == self._next:
             while self._left.get(self._next) == 0:
-                del self._left[self._next]
-                chunk = self._chunks.pop(self._next)
-                self._emit(chunk, len(chunk))
-                self._next += 1
+                chunk = self._chunks[self._next]
+                with _ctrl_c_held():      # a chunk half written and then dropped would lose its requests
+                    self._emit(chunk, len(chunk))
+                    del self._left[self._next], self._chunks[self._next]
+                    self._next += 1
 
     def flush(self, arrived: int) -> None:
         """End of the run (every arrived request written): hand over the rest of the first ``arrived`` rows."""

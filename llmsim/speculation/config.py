@@ -115,6 +115,9 @@ class Acceptance:
     path: str | None = None             # replay: the CSV of measured lengths, and its column
     column: str = "accepted"
     measured: bool = False              # the scenario states it (any process but predicted): a measurement
+    # beta given as (mean, concentration) rather than (a, b): a key laid over the written scenario then
+    # meets the form the file used (the reader takes one form or the other, never both)
+    beta_mean_concentration: tuple[float, float] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         members_of(self, process=AcceptanceProcess)
@@ -450,7 +453,7 @@ def _acceptance(node: Node, k_max: int, proposer: Proposer, draft: ModelSpec | N
             concentration = node.number("concentration", 10.0, **positive)
             node.done()
             return Acceptance(process, beta_a=mean * concentration, beta_b=(1 - mean) * concentration,
-                              measured=stated)
+                              measured=stated, beta_mean_concentration=(mean, concentration))
         a, b = node.number("a", **positive), node.number("b", **positive)
         node.done()
         return Acceptance(process, beta_a=a, beta_b=b, measured=stated)

@@ -87,6 +87,7 @@ def points(scenario: Scenario) -> list[dict]:
             # Keys laid over the scenario written out (llmsim.scenario.writer), and what follows from them.
             {"engine.memory_utilization": 0.8}, {"engine.max_model_len": 4096}, {"slo.ttft": "3 s"},
             {"engine.batching": "static"}, {"speculation.k": 3}, {"speculation.acceptance.alpha": 0.5},
+            {"speculation.acceptance.mean": 0.5},
             {"controller.hysteresis": 0.2, "engine.max_batch_tokens": 4096},
             {"workload.arrival.period": "600 s"}, {"hardware": "H200", "engine.memory_utilization": 0.85}]
 

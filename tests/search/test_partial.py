@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -192,6 +193,21 @@ def _start(tmp_path, num_requests: int):
     return child, out
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used so far (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_for_cpu(child, seconds: float) -> None:
+    """Wait until the child has spent ``seconds`` of CPU more: as far into its run on a loaded machine as on
+    an idle one, where a wall-clock sleep may end before it has simulated anything."""
+    start = cpu_seconds(child.pid)
+    while cpu_seconds(child.pid) - start < seconds:
+        assert child.poll() is None, "the run ended before it was interrupted"
+        time.sleep(0.05)
+
+
 def wait_for_line(child, prefix: str) -> None:
     """Read the child's stderr up to a line starting with ``prefix`` (fails if it exits first)."""
     lines = []
@@ -206,7 +222,7 @@ def test_ctrl_c_stops_llmsim_run_and_writes_what_was_simulated(tmp_path):
     """How soon it stops is a benchmark's question; here: it stops where it was interrupted (long
     before the 1,000,000 requests' end) and writes those requests' records and summary."""
     child, out = _start(tmp_path, 1_000_000)
-    time.sleep(2.0)                    # well into the run loop: a few thousand simulated seconds
+    run_for_cpu(child, 2.0)            # well into the run loop: a few thousand simulated seconds
     child.send_signal(signal.SIGINT)
     stdout, stderr = child.communicate(timeout=600)
     assert child.returncode == 130, stderr

@@ -136,8 +136,8 @@ def test_advance_emits_rolls_back_and_lists_the_finished_last_first():
 
 
 @settings(max_examples=40, derandomize=True, database=None, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), window=st.integers(1, 4), raise_above=st.floats(0.0, 1.0),
-       lower_below=st.floats(0.0, 1.0), k_max=st.integers(1, 8), fallback=st.booleans())
+@given(seed=st.integers(0, 2**32 - 1), window=st.integers(1, 4), raise_above=st.floats(0.0, 1.0, allow_subnormal=False),
+       lower_below=st.floats(0.0, 1.0, allow_subnormal=False), k_max=st.integers(1, 8), fallback=st.booleans())
 def test_advance_applies_the_adaptive_windows_as_the_policy_observed_them(seed, window, raise_above, lower_below,
                                                                           k_max, fallback):
     """Steps closed with the per-request adaptive rule folded into :func:`advance_rows` leave every column
