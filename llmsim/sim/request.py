@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import signal
+import threading
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import FrameType
 from enum import Enum
 from typing import Protocol
 
@@ -301,15 +303,23 @@ class RequestRecords:
 @contextmanager
 def _ctrl_c_held() -> Iterator[None]:
     """Hold Ctrl-C (SIGINT) until the block ends: a chunk handed to the stream is written whole, and a run
-    interrupted meanwhile stops right after it (where threads cannot mask signals, nothing is held)."""
-    if not hasattr(signal, "pthread_sigmask"):
+    interrupted meanwhile stops right after it. Python runs signal handlers in the main thread only, so
+    elsewhere nothing can interrupt the block."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    received: list[FrameType | None] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(frame))
+    previous = signal.SIG_DFL if previous is None else previous     # one not installed from Python
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            if callable(previous):
+                previous(signal.SIGINT, received[-1])
+            elif previous == signal.SIG_DFL:
+                signal.raise_signal(signal.SIGINT)
 
 
 class StreamedRecords(RequestRecords):

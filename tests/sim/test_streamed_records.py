@@ -18,7 +18,6 @@ def _raise(signum, frame):
     raise Interrupted
 
 
-@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="needs POSIX signal masks")
 def test_ctrl_c_during_a_chunk_lets_the_chunk_finish_and_stops_after_it():
     """Before, a Ctrl-C inside the stream's writing of a chunk dropped the chunk: the run's end then counted its
     finished requests as never served (a streamed run interrupted there reported 65,536 requests queued)."""
