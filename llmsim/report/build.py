@@ -530,6 +530,11 @@ class ReportBuilder:
                          Fact("headroom above the target", "capacity", "headroom above the target", "value"),
                          Fact("replicas for N+1", "capacity", "replicas for N+1", "value")]
 
+    def _changed(self, overrides: dict, configured: Scenario | None) -> tuple[Scenario, dict]:
+        """The scenario and point a change is simulated on: ``overrides`` on the recommended settings, or on
+        ``configured`` (a scenario with the recommended settings and a change of its own)."""
+        return (self.scenario, {**self.config, **overrides}) if configured is None else (configured, overrides)
+
     def _replicas_at(self, overrides: dict, configured: Scenario | None = None,
                      around: int | None = None) -> tuple[int | None, Judged | None]:
         """Fewest replicas with ``overrides`` on the recommended settings, searched near ``around`` (default:
@@ -538,8 +543,7 @@ class ReportBuilder:
         recommended settings and a change of its own (then only ``overrides`` are set on it)."""
         around = self.replicas if around is None else around
         rate = overrides.get(RATE_KEY, self.rate)
-        scenario, point = ((self.scenario, {**self.config, **overrides}) if configured is None
-                           else (configured, overrides))
+        scenario, point = self._changed(overrides, configured)
         one = variant(scenario, {**point, RATE_KEY: rate, REPLICAS_KEY: 1})
         cap = max(2 * around + 2, 4)
         # counts the fluid model's capacity bound proves too few are never simulated
@@ -612,8 +616,7 @@ class ReportBuilder:
                     continue
                 found, at_current = self._replicas_at(overrides, changed)
                 if at_current is None:      # the capacity bound ruled the count out: its runs are still shown
-                    scenario, point = ((self.scenario, {**self.config, **overrides}) if changed is None
-                                       else (changed, overrides))
+                    scenario, point = self._changed(overrides, changed)
                     at_current = self._judge([{**point, REPLICAS_KEY: self.replicas}],
                                              [overrides.get(RATE_KEY, self.rate)], scenario)[0]
             except ConfigError as error:
