@@ -16,7 +16,7 @@ only the bookkeeping per wait is smaller. :func:`schedule_call` also works on a
 plain ``simpy.Environment`` (through an event), so engines run on either.
 
 :func:`frozen_heap` keeps Python's cyclic garbage collector off the objects that existed before a
-run while it runs, and its young collections rarer.
+run while it runs.
 """
 from __future__ import annotations
 
@@ -79,20 +79,11 @@ def scheduler(env: simpy.Environment) -> Callable[..., None]:
     return env.schedule_call if isinstance(env, Environment) else partial(schedule_call, env)
 
 
-# The allocations between two collections of the youngest generation while a run runs (Python's default: 700).
-# With many replicas taking turns, what one replica keeps for a few of its own iterations (a due-table entry, a
-# prompt chunk) outlives the allocations of every other replica's turns in between: at 700 the collector walks
-# and promotes such objects, more of them the more replicas there are. Only garbage in reference cycles waits
-# longer for it: any other object goes when its last reference does, whatever the collector's schedule.
-RUN_YOUNG_COLLECTION_ALLOCATIONS = 100_000
-
-
 @contextmanager
 def frozen_heap() -> Iterator[None]:
     """Within the block, the objects that existed before it (the modules, the scenario, the trace, the engines)
-    are left out of the cyclic garbage collector's passes (``gc.freeze``), and its youngest generation is
-    collected every :data:`RUN_YOUNG_COLLECTION_ALLOCATIONS` allocations at least; afterwards, even when the
-    block raises, they are collected as before (``gc.unfreeze``) and the thresholds are as they were.
+    are left out of the cyclic garbage collector's passes (``gc.freeze``); afterwards, even when the block
+    raises, they are collected as before (``gc.unfreeze``).
 
     A run builds and drops objects by the million but keeps few: its collections then look at the run's own
     young objects, not at everything the process holds, which a full collection would walk again and again.
@@ -102,11 +93,8 @@ def frozen_heap() -> Iterator[None]:
     if not gc.isenabled() or gc.get_freeze_count():
         yield
         return
-    thresholds = gc.get_threshold()
     gc.freeze()
-    gc.set_threshold(max(thresholds[0], RUN_YOUNG_COLLECTION_ALLOCATIONS), *thresholds[1:])
     try:
         yield
     finally:
-        gc.set_threshold(*thresholds)
         gc.unfreeze()

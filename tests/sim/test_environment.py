@@ -10,7 +10,7 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 import llmsim.sim.simulate as simulate_module
-from llmsim.sim.environment import RUN_YOUNG_COLLECTION_ALLOCATIONS, Environment, scheduler
+from llmsim.sim.environment import Environment, scheduler
 from tests.helpers import make_scenario
 
 
@@ -64,39 +64,21 @@ def _small_scenario():
     return make_scenario({"workload": {"num_requests": 200, "arrival": {"process": "poisson", "rate": 20}}})
 
 
-def _freeze_counts(into: list[int], thresholds: list[tuple[int, int, int]] | None = None):
-    """An observer noting the frozen object count (and, given ``thresholds``, the collector's thresholds) at
-    the first three iterations (gc.get_freeze_count walks the frozen objects: not at every one)."""
+def _freeze_counts(into: list[int]):
+    """An observer noting the frozen object count at the first three iterations (gc.get_freeze_count walks
+    the frozen objects: not at every one)."""
     def observe(engine, iteration):
         if len(into) < 3:
             into.append(gc.get_freeze_count())
-            if thresholds is not None:
-                thresholds.append(gc.get_threshold())
     return observe
 
 
 def test_a_run_leaves_the_objects_before_it_to_the_collector_only_while_it_runs():
     assert gc.get_freeze_count() == 0 and gc.isenabled()
-    before = gc.get_threshold()
     during: list[int] = []
-    thresholds: list[tuple[int, int, int]] = []
-    simulate_module.simulate(_small_scenario(), observers=[_freeze_counts(during, thresholds)])
+    simulate_module.simulate(_small_scenario(), observers=[_freeze_counts(during)])
     assert len(during) == 3 and min(during) > 0      # the heap before the run was frozen while it ran
-    # ... and its young generation collected less often, the older ones as before
-    expected = (max(before[0], RUN_YOUNG_COLLECTION_ALLOCATIONS), *before[1:])
-    assert thresholds == [expected] * 3
-    assert gc.get_freeze_count() == 0 and gc.isenabled() and gc.get_threshold() == before
-
-
-def test_a_run_keeps_a_caller_s_higher_young_threshold():
-    before = gc.get_threshold()
-    gc.set_threshold(2 * RUN_YOUNG_COLLECTION_ALLOCATIONS, *before[1:])
-    try:
-        thresholds: list[tuple[int, int, int]] = []
-        simulate_module.simulate(_small_scenario(), observers=[_freeze_counts([], thresholds)])
-        assert [t[0] for t in thresholds] == [2 * RUN_YOUNG_COLLECTION_ALLOCATIONS] * 3
-    finally:
-        gc.set_threshold(*before)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
 
 
 def test_a_failing_run_gives_the_frozen_objects_back_to_the_collector():
@@ -107,21 +89,17 @@ def test_a_failing_run_gives_the_frozen_objects_back_to_the_collector():
         if engine.now > 1.0:
             raise Fault("observer failed")
 
-    before = gc.get_threshold()
     with pytest.raises(Fault) as raised:
         simulate_module.simulate(_small_scenario(), observers=[fail])
     assert raised.value.partial_result.stopped_by == "fault"
-    assert gc.get_freeze_count() == 0 and gc.isenabled() and gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
 
 
 def test_a_caller_s_own_freeze_or_disabled_collector_is_left_as_it_was():
-    before = gc.get_threshold()
     gc.freeze()
     try:
-        thresholds: list[tuple[int, int, int]] = []
-        simulate_module.simulate(_small_scenario(), observers=[_freeze_counts([], thresholds)])
+        simulate_module.simulate(_small_scenario())
         assert gc.get_freeze_count() > 0             # not unfrozen: the caller froze these
-        assert thresholds == [before] * 3            # nor the thresholds changed
     finally:
         gc.unfreeze()
     gc.disable()
