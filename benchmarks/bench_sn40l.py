@@ -101,7 +101,9 @@ def best_speculation(base: Scenario, trace) -> tuple[Candidate, int, float]:
 
 def batch_for(cost: CostModel, tokens_per_s: float, context: int) -> str:
     """Sequences decoding together at which the plain per-user speed first falls to ``tokens_per_s``."""
-    for batch in range(1, 65):
+    if 1.0 / cost.decode_time(1, context) <= tokens_per_s:
+        return "none (slower at 1)"
+    for batch in range(2, 65):
         if 1.0 / cost.decode_time(batch, context) <= tokens_per_s:
             return str(batch)
     return "> 64"
@@ -120,8 +122,8 @@ def main() -> None:
             if published.speculative:
                 candidate, k, simulated = best_speculation(base, trace)
                 assert candidate.alpha_range is not None
-                low, high = (per_user_tokens_per_s(speculating(base, Candidate(
-                    candidate.label, candidate.kind, candidate.draft, alpha), k), trace) for alpha in candidate.alpha_range)
+                low, high = (per_user_tokens_per_s(speculating(base, replace(candidate, alpha=alpha), k), trace)
+                             for alpha in candidate.alpha_range)
                 decoding = f"{candidate.label}, k {k}, alpha {candidate.alpha:.2f} (assumed)"
                 spread = f"{low:,.0f}-{high:,.0f}"
             done[published.model] = (decoding, simulated, spread, plain)
