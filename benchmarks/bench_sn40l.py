@@ -19,7 +19,7 @@ decoding together at which the plain per-user speed falls to the published one (
 and their batch is not published; SambaNova's bundles offer batch 1-8 for DeepSeek and up to 32 for the 70B).
 Nothing here is fitted to these figures.
 
-    .venv/bin/python benchmarks/bench_sn40l.py          (about 30 CPU s)
+    .venv/bin/python benchmarks/bench_sn40l.py          (a few CPU seconds)
 """
 from __future__ import annotations
 
