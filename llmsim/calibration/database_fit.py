@@ -116,9 +116,9 @@ GEMM = Form("gemm", ("floor_s", "bandwidth_share", "rate_share", "sharpness_exce
 def gemm_fp8_dispatch_form(architecture: str) -> Form:
     """vLLM's FP8 GEMM as its CUTLASS dispatch runs it (:mod:`llmsim.calibration.cutlass_dispatch`): the input's
     quantization as in :data:`GEMM`, then the smooth maximum (sharpness ``p``) of the weight and activation traffic
-    and the configuration's compute, ``waves x (2 tile_m tile_n k / (peak_fp8 / SMs x rate) + tile_overhead)`` (``tile_m`` one SM's rows): each
-    configuration its own share of the FP8 peak, shared by the GPUs of ``architecture``. Rows carry an ``sms`` column
-    (:data:`~llmsim.calibration.cutlass_dispatch.SM_COUNTS`)."""
+    and the configuration's compute, ``waves x (2 tile_m tile_n k / (peak_fp8 / SMs x rate) + tile_overhead)``
+    (``tile_m`` the rows one SM computes): each configuration its own share of the FP8 peak, shared by the GPUs of
+    ``architecture``. Rows carry an ``sms`` column (:data:`~llmsim.calibration.cutlass_dispatch.SM_COUNTS`)."""
     dispatch = DISPATCH[architecture]
     names = list(dispatch.configs)
 
