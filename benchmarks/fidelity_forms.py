@@ -149,7 +149,7 @@ def main() -> None:
               f"{np.mean(np.abs(neighbour_errors(rows[target]['gemm_fp8'], 1))):.1%}, whole table two places "
               f"{np.mean(np.abs(neighbour_errors(full, 2))):.1%}")
     print("\nGEMM fp8 as vLLM's CUTLASS dispatch runs it (held out as above; per M band: MAPE, median)")
-    dispatch_rows = {gpu: {"gemm_fp8": rows[gpu]["gemm_fp8"].assign(sms=SM_COUNTS[gpu])}
+    dispatch_rows = {gpu: {"gemm_fp8": rows[gpu]["gemm_fp8"].assign(**{fit.SMS_COLUMN: SM_COUNTS[gpu]})}
                      for gpu in rows if gpu in SM_COUNTS}
     for target in TARGETS:
         form = fit.gemm_fp8_dispatch_form(db.ARCHITECTURES[target])

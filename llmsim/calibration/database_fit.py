@@ -48,6 +48,7 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 
 
 DEVICE_COLUMNS = ("peak_bf16", "peak_fp8", "hbm", "link")
+SMS_COLUMN = "sms"       # the GPU's SM count, on rows a dispatch form prices (not a datasheet figure of the profile)
 
 
 def device_columns(profile: HardwareProfile) -> dict[str, float]:
@@ -124,7 +125,7 @@ def gemm_fp8_dispatch_form(architecture: str) -> Form:
 
     def predict(v, rows):
         floor, bandwidth_share, quantize_share, tile_overhead, p, *rates = v
-        m, n, k, sms = (rows[c].to_numpy().astype(float) for c in ("m", "n", "k", "sms"))
+        m, n, k, sms = (rows[c].to_numpy().astype(float) for c in ("m", "n", "k", SMS_COLUMN))
         chosen = dispatch.choose(m, n, k)
         compute = np.zeros(len(m))
         for name, rate in zip(names, rates):

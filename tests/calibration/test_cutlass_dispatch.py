@@ -10,7 +10,7 @@ import pytest
 
 from llmsim.calibration import database as db
 from llmsim.calibration.cutlass_dispatch import SM90, SM100, SM_COUNTS, sm90_config, sm100_config, waves
-from llmsim.calibration.database_fit import GEMM, errors, gemm_fp8_dispatch_form, with_device
+from llmsim.calibration.database_fit import GEMM, SMS_COLUMN, errors, gemm_fp8_dispatch_form, with_device
 from llmsim.catalog.hardware import lookup_hardware
 
 
@@ -69,7 +69,7 @@ needs_database = pytest.mark.skipif(importlib.util.find_spec(db.DATABASE_PACKAGE
 def _fp8_rows(database, gpu):
     from llmsim.calibration.database_profile import operator_rows
     return operator_rows(database, gpu, db.EngineKernels.VLLM, lookup_hardware(gpu))["gemm_fp8"].assign(
-        sms=SM_COUNTS[gpu])
+        **{SMS_COLUMN: SM_COUNTS[gpu]})
 
 
 @needs_database
@@ -103,9 +103,26 @@ def test_the_dispatch_form_follows_hoppers_jumps_at_a_power_of_two_plus_one():
     full = db.gemm_rows(table)
     counts = [128.0, 129.0, 256.0, 257.0, 512.0, 513.0]
     pick = full[(full["dtype"] == "fp8") & (full["n"] == 8192) & (full["k"] == 8192) & full["m"].isin(counts)]
-    pick = with_device(pick.sort_values("m"), lookup_hardware("H100-SXM")).assign(sms=SM_COUNTS["H100-SXM"])
+    pick = with_device(pick.sort_values("m"), lookup_hardware("H100-SXM")).assign(**{SMS_COLUMN: SM_COUNTS["H100-SXM"]})
     assert pick["m"].tolist() == counts
     measured = pick["measured_s"].to_numpy()
     predicted = form(values, pick)
     assert np.all(measured[1::2] / measured[::2] > 1.4)
     assert np.all(predicted[1::2] / predicted[::2] > 1.15)
+
+
+def test_the_same_point_reference_carries_a_point_across_sm_counts():
+    """B300 (160 SMs) measured the shape B200 (148) is held out on: the reference finds the point (the SM count
+    describes the device, not the shape) and carries the donor's time by the form's ratio of the two devices."""
+    import pandas as pd
+    from llmsim.calibration.database_profile import Group, same_point_errors
+    form = gemm_fp8_dispatch_form("blackwell")
+    values = dict(zip(form.parameters, form.start))
+    shape = {"m": [512.0], "n": [8192.0], "k": [8192.0], "dtype": ["fp8"], "table": ["t"]}
+    b200 = with_device(pd.DataFrame(shape), lookup_hardware("B200")).assign(**{SMS_COLUMN: 148})
+    b300 = with_device(pd.DataFrame(shape), lookup_hardware("B300")).assign(**{SMS_COLUMN: 160})
+    carried = form(values, b200) / form(values, b300)
+    b300 = b300.assign(measured_s=1e-4)
+    b200 = b200.assign(measured_s=1e-4 * carried)
+    reference = same_point_errors(Group("gemm_fp8", form, "n"), values, b200, [b300])
+    assert reference == pytest.approx([0.0], abs=1e-12)
