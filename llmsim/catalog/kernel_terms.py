@@ -26,8 +26,9 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
 - ``attention.by_kv_dtype`` (optional): a KV-cache dtype's own decode-attention figures (floor, per sequence, per
   KV head, bandwidth, efficiency) where its kernels differ (FP8); a model whose cache is in that dtype is priced by
   them;
-- ``quantize`` (optional): the engine's FP8 quantization kernel (floor and bandwidth of a streaming kernel), priced where the engine runs it as a pass the GEMM rows do not time (TensorRT-LLM, after
-  an all-reduce that fell back to NCCL; :class:`StreamFusion`);
+- ``quantize`` (optional): the engine's FP8 quantization kernel (floor and bandwidth of a streaming kernel), priced
+  where the engine runs it as a pass the GEMM rows do not time (TensorRT-LLM, after an all-reduce that fell back to
+  NCCL; :class:`StreamFusion`);
 - ``engines`` (optional): another engine's figures laid over this section (``engine.kernels`` in a scenario
   picks one; the section itself is the default engine's, vLLM's);
 - ``step``: the growth of the engine's per-iteration overhead (``overhead.per_step``) with the
