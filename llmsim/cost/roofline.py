@@ -465,11 +465,13 @@ class CostModel:
         message = rows * self.model.hidden_size * self.model.activation_bytes_per_element
         once = all_reduce_time_s(message, self.tp, self._all_reduce)
         custom = self._custom_all_reduce
-        if custom is not None:
-            # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose).
-            once = np.where(message <= custom.switch_over_bytes, custom_all_reduce_time_s(message, self.tp, custom),
-                            once)
         fusion = self.kernels.stream_fusion
+        if custom is not None:
+            # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose), and NCCL
+            # for a message past the engine's all-reduce workspace whatever the sizes' times (TensorRT-LLM's
+            # ``ifFallbackToNCCL``).
+            own = min(custom.switch_over_bytes, fusion.all_reduce_workspace_bytes(self.tp))
+            once = np.where(message <= own, custom_all_reduce_time_s(message, self.tp, custom), once)
         if fusion.norm_in_all_reduce(self.model.hidden_size, self.tp):
             # The add-norm the engine runs inside its all-reduce runs after it where the message outgrows the
             # engine's workspace (the all-reduce falls back to NCCL), and with 8-bit weights a quantization pass of
