@@ -177,3 +177,16 @@ def same(a, b) -> bool:
         return False
     return dataclasses.replace(a, path=None, workload=dataclasses.replace(a.workload, trace=None)) == \
         dataclasses.replace(b, path=None, workload=dataclasses.replace(b.workload, trace=None))
+
+
+def random_sums(rng: np.random.Generator, n: int) -> list[tuple]:
+    """``n`` iterations' sums (prefill tokens, pairs, KV read, logits, decode sequences, decode KV read),
+    a third of them decode-only, some with fractional KV reads (the mean over sliding layers)."""
+    sums = []
+    for _ in range(n):
+        prefill = float(rng.integers(1, 8192)) if rng.random() < 0.66 else 0.0
+        decode = int(rng.integers(0, 256))
+        kv = int(rng.integers(0, 2_000_000)) + (0.5 if rng.random() < 0.2 else 0)
+        sums.append((prefill, prefill * rng.integers(0, 4000) + prefill * (prefill + 1) / 2,
+                     prefill + float(rng.integers(0, 4000)) if prefill else 0.0, int(rng.integers(0, 4)), decode, kv))
+    return sums

@@ -40,7 +40,7 @@ from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
 from llmsim.catalog.placement import Placement
-from llmsim.cost.features import FEATURES, F
+from llmsim.cost.features import F
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
 from llmsim.cost.roofline import CostModel, summed_iteration
 
@@ -276,6 +276,11 @@ class ExpertParallelCostModel(CostModel):
         quantize = kernels.gemm_quantize_bandwidth_bytes_per_s if wb < 2 else 0.0
         self._quantize_s_per_assignment = sum(k * 3.0 / quantize for _, k in self._shapes) if quantize else 0.0
         self._local_experts = layout.experts_per_rank(model)
+        # The factors of _expert_work, read once: the simulator asks for them every iteration.
+        self._experts_per_token, self._expert_params = model.experts_per_token, model.expert_params
+        self._sparse_layers = model.sparse_layers
+        self._expert_bytes_per_iteration = (self._local_experts * model.expert_params * model.expert_bytes_per_param
+                                            * model.sparse_layers)
         self._kernels: KernelTerms = kernels
         self._memo: dict[tuple[float, float], float] = {}
 
@@ -333,18 +338,16 @@ class ExpertParallelCostModel(CostModel):
                                  self.layout.devices_per_node, self.layout.scale_out_bandwidth_bytes_per_s)
         return np.where(tokens > 0, 2.0 * once, 0.0)
 
-    def _expert_work(self, x):
-        """(FLOPs, bytes) of the rank's own tokens' routed experts, for the totals iteration() reports."""
-        model = self.model
-        tokens = np.asarray(x, dtype=float)[..., F["tokens"]]
-        flops = tokens * model.experts_per_token * 2.0 * model.expert_params * model.sparse_layers
-        moved = (self._local_experts * model.expert_params * model.expert_bytes_per_param * model.sparse_layers
-                 * np.asarray(x, dtype=float)[..., F["one"]])
-        return flops, moved
+    def _expert_work(self, tokens, iterations):
+        """(FLOPs, bytes) of the rank's own ``tokens`` in ``iterations`` (arrays, or floats on the simulator's
+        path) through its routed experts, for the totals iteration() and step() report."""
+        flops = tokens * self._experts_per_token * 2.0 * self._expert_params * self._sparse_layers
+        return flops, self._expert_bytes_per_iteration * iterations
 
     def iteration(self, x):
         time_s, flops, moved = super().iteration(x)
-        extra_flops, extra_bytes = self._expert_work(x)
+        rows = np.asarray(x, dtype=float)
+        extra_flops, extra_bytes = self._expert_work(rows[..., F["tokens"]], rows[..., F["one"]])
         return time_s + self.expert_time_s(x), flops + extra_flops, moved + extra_bytes * self.tp
 
     def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
@@ -353,11 +356,8 @@ class ExpertParallelCostModel(CostModel):
         time_s, flops, moved = super().step(prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
                                             decode_seqs, decode_kv_read)
         tokens = float(prefill_tokens + decode_seqs)
-        row = np.zeros(len(FEATURES))
-        row[F["one"]], row[F["tokens"]] = 1.0, tokens
-        extra_flops, extra_bytes = self._expert_work(row)
-        return (time_s + self._remembered_s(1.0, tokens), flops + float(extra_flops),
-                moved + float(extra_bytes) * self.tp)
+        extra_flops, extra_bytes = self._expert_work(tokens, 1.0)
+        return time_s + self._remembered_s(1.0, tokens), flops + extra_flops, moved + extra_bytes * self.tp
 
     def rows_total(self, rows: np.ndarray) -> tuple[float, float, float]:
         """A few iterations together (a speculative step's rows), through :meth:`iteration`."""

@@ -19,7 +19,7 @@ from llmsim.cost.experts import (BusiestRank, ExpertParallel, ExpertParallelCost
 from llmsim.cost.features import F
 from llmsim.cost.roofline import CostModel
 
-from tests.helpers import REPO
+from tests.helpers import REPO, random_sums
 
 MODELS = model_catalog()
 DEEPSEEK = MODELS["DeepSeek-V3"]
@@ -203,3 +203,21 @@ def test_the_simulators_step_path_prices_what_iteration_prices():
         assert stepped[0] > CostModel.step(cost, *(x[F[name]] for name in (
             "prefill_tokens", "prefill_pairs", "prefill_kv_read")), x[F["logit_tokens"]] - x[F["decode_seqs"]],
             x[F["decode_seqs"]], x[F["decode_kv_read"]])[0]
+
+
+@pytest.mark.parametrize("model, layout, tp", [
+    (DEEPSEEK, ExpertParallel(32, redundant_experts=32, balance=True, devices_per_node=8,
+                              scale_out_bandwidth_bytes_per_s=50e9, routing=ZipfRouting(0.6)), 1),
+    (QWEN_MOE, ExpertParallel(8, routing=ZipfRouting(1.0)), 2)])
+def test_step_prices_an_iteration_to_the_last_bit(model, layout, tp):
+    """step() (scalars, the simulator's path) and iteration() (numpy rows) give the same time, FLOPs and bytes
+    bit for bit, memo miss and hit alike: records are compared bit for bit across speed changes."""
+    cost = expert_cost(model, lookup_hardware("H200"), layout, tp)
+    sums = random_sums(np.random.default_rng(35), 300)
+    for _ in range(2):
+        for prefill, pairs, prefill_kv, logits, decode, decode_kv in sums:
+            tokens = prefill + decode
+            row = np.array([1.0, tokens, prefill, pairs, prefill_kv, decode, decode_kv,
+                            model.expected_experts_touched(tokens), decode + logits])
+            stepped = cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv)
+            assert stepped == tuple(float(v) for v in cost.iteration(row))

@@ -19,21 +19,10 @@ from llmsim.cost.features import F, batch_rows
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, gemm_scalar_body_s
 from llmsim.cost.roofline import _linear_step
 
+from tests.helpers import random_sums
+
 CASES = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H100-SXM", 4), ("Mixtral-8x7B", "H200", 2),
          ("Mistral-7B-v0.1", "A100-80GB", 1), ("Llama-3.2-1B", "B200", 1)]
-
-
-def random_sums(rng: np.random.Generator, n: int) -> list[tuple]:
-    """``n`` iterations' sums (prefill tokens, pairs, KV read, logits, decode sequences, decode KV read),
-    a third of them decode-only, some with fractional KV reads (the mean over sliding layers)."""
-    sums = []
-    for _ in range(n):
-        prefill = float(rng.integers(1, 8192)) if rng.random() < 0.66 else 0.0
-        decode = int(rng.integers(0, 256))
-        kv = int(rng.integers(0, 2_000_000)) + (0.5 if rng.random() < 0.2 else 0)
-        sums.append((prefill, prefill * rng.integers(0, 4000) + prefill * (prefill + 1) / 2,
-                     prefill + float(rng.integers(0, 4000)) if prefill else 0.0, int(rng.integers(0, 4)), decode, kv))
-    return sums
 
 
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
