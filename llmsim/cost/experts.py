@@ -31,6 +31,8 @@ With ``degree`` 1 on one GPU this is the plain MoE cost (``tests/cost/test_exper
 from __future__ import annotations
 
 import math
+import pickle
+from collections import OrderedDict
 from dataclasses import astuple, dataclass, field
 from functools import lru_cache
 
@@ -42,7 +44,7 @@ from llmsim.catalog.models import ModelSpec
 from llmsim.catalog.placement import Placement
 from llmsim.cost.features import F
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
-from llmsim.cost.roofline import CostModel, summed_iteration
+from llmsim.cost.roofline import SHARED_MEMOS, CostModel, summed_iteration
 
 LOAD_DRAWS = 1000            # multinomial draws per assignment count of the busiest-rank table
 LOAD_GRID_DOUBLINGS = 24     # the table covers 1 .. 2^24 assignments per step (larger: the last ratio)
@@ -247,6 +249,9 @@ def all_to_all_time_s(message_bytes, degree: int, terms: dict[int, AllReduce], d
     return np.maximum(intra, line.large_latency_s + off_node / scale_out_bandwidth_bytes_per_s)
 
 
+_shared_memos: OrderedDict[bytes, dict[tuple[float, float], float]] = OrderedDict()   # ExpertParallelCostModel's
+
+
 # -- the cost of a step ------------------------------------------------------------------------------------------
 class ExpertParallelCostModel(CostModel):
     """One attention data-parallel rank of an expert-parallel group: the plain cost model of its ``tp x pp``
@@ -282,7 +287,15 @@ class ExpertParallelCostModel(CostModel):
         self._expert_bytes_per_iteration = (self._local_experts * model.expert_params * model.expert_bytes_per_param
                                             * model.sparse_layers)
         self._kernels: KernelTerms = kernels
-        self._memo: dict[tuple[float, float], float] = {}
+        # Every cost model pricing the MoE layers alike shares one memo (as the plain model's memos are shared):
+        # a search builds one per run, and its runs at one degree and seed price the same token counts.
+        key = pickle.dumps((self._gemm, kernels, self._quantize_s_per_assignment, self._local_experts,
+                            self._moe_layers, self.data_parallel, tensor_parallel, model, layout, all_to_all,
+                            busiest.assignments.tobytes(), busiest.mean.tobytes()))
+        self._memo: dict[tuple[float, float], float] = _shared_memos.pop(key, None) or {}
+        _shared_memos[key] = self._memo
+        while len(_shared_memos) > SHARED_MEMOS:
+            _shared_memos.popitem(last=False)
 
     def busiest_assignments(self, tokens_per_step):
         """The busiest rank's expert assignments in a step where each data-parallel rank runs

@@ -221,3 +221,19 @@ def test_step_prices_an_iteration_to_the_last_bit(model, layout, tp):
                             model.expected_experts_touched(tokens), decode + logits])
             stepped = cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv)
             assert stepped == tuple(float(v) for v in cost.iteration(row))
+
+
+def test_cost_models_pricing_alike_share_one_memo_and_no_other():
+    """A search builds a cost model per run: those with the same MoE terms share the memo of the busiest rank's
+    time, a different seed's routing table (another busiest-rank load) or degree does not; prices are the same."""
+    hardware = lookup_hardware("H200")
+    layout = ExpertParallel(8, routing=ZipfRouting(1.0))
+    first = expert_cost(QWEN_MOE, hardware, layout, seed=3)
+    priced = first.step(0.0, 0.0, 0.0, 0, 64, 64 * 1500)
+    again = expert_cost(QWEN_MOE, hardware, layout, seed=3)
+    assert again._memo is first._memo
+    assert again.step(0.0, 0.0, 0.0, 0, 64, 64 * 1500) == priced
+    other_seed = expert_cost(QWEN_MOE, hardware, layout, seed=4)
+    other_degree = expert_cost(QWEN_MOE, hardware, ExpertParallel(4, routing=ZipfRouting(1.0)), seed=3)
+    assert other_seed._memo is not first._memo and other_degree._memo is not first._memo
+    assert other_seed.step(0.0, 0.0, 0.0, 0, 64, 64 * 1500)[0] != priced[0]
