@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from llmsim.calibration.cutlass_dispatch import DISPATCH, waves
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
 
@@ -47,6 +48,7 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 
 
 DEVICE_COLUMNS = ("peak_bf16", "peak_fp8", "hbm", "link")
+SMS_COLUMN = "sms"       # the GPU's SM count, on rows a dispatch form prices (not a datasheet figure of the profile)
 
 
 def device_columns(profile: HardwareProfile) -> dict[str, float]:
@@ -109,6 +111,40 @@ def _gemm(v, rows):
 GEMM = Form("gemm", ("floor_s", "bandwidth_share", "rate_share", "sharpness_excess", "sharpness_growth",
                      "occupancy_half_tiles", "quantize_share"), (5e-6, 0.8, 0.7, 0.5, 0.5, 40.0, 0.3), _gemm,
             (1e-3, 1.0, 1.0, 1e3, 10.0, 1e5, 1.0))
+
+
+
+def gemm_fp8_dispatch_form(architecture: str) -> Form:
+    """vLLM's FP8 GEMM as its CUTLASS dispatch runs it (:mod:`llmsim.calibration.cutlass_dispatch`): the input's
+    quantization as in :data:`GEMM`, then the smooth maximum (sharpness ``p``) of the weight and activation traffic
+    and the configuration's compute, ``waves x (2 tile_m tile_n k / (peak_fp8 / SMs x rate) + tile_overhead)``
+    (``tile_m`` the rows one SM computes): each configuration its own share of the FP8 peak, shared by the GPUs of
+    ``architecture``. Rows carry an ``sms`` column (:data:`~llmsim.calibration.cutlass_dispatch.SM_COUNTS`)."""
+    dispatch = DISPATCH[architecture]
+    names = list(dispatch.configs)
+
+    def predict(v, rows):
+        floor, bandwidth_share, quantize_share, tile_overhead, p, *rates = v
+        m, n, k, sms = (rows[c].to_numpy().astype(float) for c in ("m", "n", "k", SMS_COLUMN))
+        chosen = dispatch.choose(m, n, k)
+        compute = np.zeros(len(m))
+        for name, rate in zip(names, rates):
+            at = chosen == name
+            config = dispatch.configs[name]
+            tile_flops = 2.0 * config.sm_tile_m * config.tile_n * k[at]
+            per_sm = rows["peak_fp8"].to_numpy()[at] / sms[at] * rate
+            compute[at] = waves(config, m[at], n[at], sms[at]) * (tile_flops / per_sm + tile_overhead)
+        hbm = rows["hbm"].to_numpy()
+        memory = (n * k + m * (n + k) * BF16) / (hbm * bandwidth_share)
+        larger = np.maximum(memory, compute)
+        body = larger * ((memory / larger) ** p + (compute / larger) ** p) ** (1.0 / p)
+        return floor + m * k * 3.0 / (hbm * quantize_share) + body
+
+    return Form(f"gemm_fp8_dispatch_{architecture}",
+                ("floor_s", "bandwidth_share", "quantize_share", "tile_overhead_s", "sharpness",
+                 *(f"rate_{name}" for name in names)),
+                (8e-6, 0.8, 0.3, 1e-6, 2.0, *(0.6,) * len(names)), predict,
+                (1e-3, 1.0, 1.0, 1e-4, 100.0, *(2.0,) * len(names)))
 
 
 def decode_bytes(batch, kv_tokens, heads, kv_heads, head_dim, kv_bytes=BF16):

@@ -21,8 +21,8 @@ import pandas as pd
 from llmsim.calibration import database as db
 from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE, DECODE_ATTENTION,
                                              DECODE_ATTENTION_OCCUPIED, DEVICE_COLUMNS, GEMM, MLA_DECODE, MLA_PREFILL,
-                                             MOE, PREFILL_ATTENTION, SMALL_MESSAGE_BYTES, Form, errors, held_out_split,
-                                             summary, with_device)
+                                             MOE, PREFILL_ATTENTION, SMALL_MESSAGE_BYTES, SMS_COLUMN, Form, errors,
+                                             held_out_split, summary, with_device)
 from llmsim.calibration.kernel_profile import calibrate_from_measurements
 from llmsim.calibration.operators import read_measurements
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
@@ -379,8 +379,9 @@ def same_point_errors(group: Group, values: dict, held: pd.DataFrame, donors: li
     (the median over donors; NaN where no donor measured the point). Where this reference misses too, the
     devices (or versions) disagree at identical points by more than any form of their datasheet figures says:
     the miss is in the kernels measured, not in the form's shape."""
-    keys = [c for c in held.columns if c not in (*DEVICE_COLUMNS, "measured_s", "table")]
-    target = {c: held[c].iloc[0] for c in DEVICE_COLUMNS}
+    device = [c for c in (*DEVICE_COLUMNS, SMS_COLUMN) if c in held.columns]
+    keys = [c for c in held.columns if c not in (*device, "measured_s", "table")]
+    target = {c: held[c].iloc[0] for c in device}
     carried = []
     for donor in donors:
         donor = donor.reset_index(drop=True)
