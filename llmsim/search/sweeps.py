@@ -34,7 +34,7 @@ from contextvars import ContextVar
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -186,11 +186,11 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
         return
 
     def under_rule(key: bytes | None) -> bytes | None:
-        return key if key is None or rule is None else hashlib.sha256(key + pickle.dumps(rule)).digest()
+        return None if key is None else key_under(key, rule)
 
     scenarios = dict(jobs)
     whole = {point_id: run_key(scenario) for point_id, scenario in jobs}
-    keys = {point_id: cast(bytes, under_rule(key)) for point_id, key in whole.items()}
+    keys = {point_id: key_under(key, rule) for point_id, key in whole.items()}
     same_run: dict[str, list[str]] = {}            # point id simulated -> the points that are the same run
     groups: dict[bytes, list[str]] = {}            # timeout-free run key -> point ids to simulate
     fresh: dict[bytes, str] = {}
@@ -345,6 +345,12 @@ def reusing_runs(journal: str | Path | None = None):
             opened.close()
 
 
+def key_under(key: bytes, rule: MissedStop | None) -> bytes:
+    """The key of a run (:func:`run_key`) simulated under a stop rule (None: the whole run's): a run that
+    rule may stop is another run than the whole one."""
+    return key if rule is None else hashlib.sha256(key + pickle.dumps(rule)).digest()
+
+
 def run_key(scenario: Scenario) -> bytes:
     """What makes a run: the resolved scenario, seed included, whole (pickled, so no figure is left
     out), less where it came from (its file, its folder and the notes on it)."""
@@ -444,7 +450,8 @@ def longest_wait_s(result) -> float:
 def _evaluate(scenario: Scenario, stop_when_missed: MissedStop | None = None) -> dict:
     """Run in a worker: metrics, or the error that stopped this point (one line of text)."""
     try:
-        return simulate_point(scenario, stop_when_missed)
+        # a whole run keeps simulate_point's one-argument call (the form a substitute for it takes)
+        return simulate_point(scenario) if stop_when_missed is None else simulate_point(scenario, stop_when_missed)
     except Exception as error:          # one failing point must not lose the others
         return {"error": error_text(error)}
 
