@@ -22,6 +22,8 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
   lines over the bus traffic (``2 (g-1)/g`` of the message for an all-reduce, ``(g-1)/g`` for the others), as
   NCCL picks the faster protocol; the engine's custom all-reduce: its one-shot line below a fitted message size
   and its two-shot line from there (:data:`CUSTOM_ALL_REDUCE`), as the engine switches kernels by size;
+- the engine's FP8 quantization kernel: ``floor + 3 m k / bandwidth`` over an ``m x k`` tensor (read in 16 bits,
+  written in 8), on tensors too large for the GPU's L2 cache (:data:`QUANTIZE_MIN_INPUT_BYTES`);
 - MoE grouped GEMM: ``floor + max(weight bytes of the experts touched / bandwidth, FLOPs / rate)``;
 - MLA (DeepSeek-V3's attention module): decode as above over the latent cache, prefill as above.
 
@@ -45,6 +47,11 @@ BF16 = 2.0
 DTYPE_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
 MLA_LATENT, MLA_ROPE, MLA_NOPE, MLA_V = 512.0, 64.0, 128.0, 128.0   # DeepSeek-V3's MLA dimensions
 SMALL_MESSAGE_BYTES = 64 * 1024
+# The quantizer rows the fit reads: 16-bit inputs of 256 MiB and more. The database times the kernel over and over on
+# one tensor, and smaller ones stay in the L2 cache (50 MB on an H100, NVIDIA H100 whitepaper; 96 MB on an L40S, NVIDIA
+# Ada whitepaper: its rows of 10-100 MB read 4.7 TB/s on a 0.86 TB/s memory), which a serving step's activations
+# written by another kernel in between do not.
+QUANTIZE_MIN_INPUT_BYTES = 256 * 2 ** 20
 
 
 DEVICE_COLUMNS = ("peak_bf16", "peak_fp8", "hbm", "link")
@@ -263,6 +270,15 @@ class SwitchedForm(Form):
 CUSTOM_ALL_REDUCE = SwitchedForm("custom_all_reduce", ("latency_s", "bus_share", "large_latency_s", "large_bus_share",
                                                        "two_shot_from_bytes"),
                                  (1e-5, 0.05, 3e-5, 0.8, 1.0), _switched_all_reduce, (1e-3, 10, 1e-3, 10, 1e15))
+
+
+def _quantize(v, rows):
+    floor, bandwidth_share = v
+    # A streaming kernel: 3 bytes an element (2 read, 1 written) over the achieved bandwidth.
+    return floor + 3.0 * rows["m"].to_numpy() * rows["k"].to_numpy() / (rows["hbm"].to_numpy() * bandwidth_share)
+
+
+QUANTIZE = Form("quantize", ("floor_s", "bandwidth_share"), (2e-6, 0.8), _quantize, (1e-3, 1.0))
 
 
 def _moe(v, rows):
