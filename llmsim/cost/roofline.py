@@ -55,12 +55,13 @@ _NO_TABLE = np.zeros(0)
 
 @numba.njit(cache=True)
 def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs,
-                 decode_kv_read, experts, logits):
+                 decode_kv_read, experts, logits, prefill_padding, prefill_longest):
     """Fill the feature row ``x`` (``one`` already 1) and return the roofline part of its (time, FLOPs,
     bytes): the stacked matrix times the row (``np.dot`` is the BLAS product numpy's ``@`` computes),
     then the operators' larger bounds summed in order, as :meth:`CostModel.iteration` sums them."""
     x[1], x[2], x[3], x[4] = tokens, prefill_tokens, prefill_pairs, prefill_kv_read
     x[5], x[6], x[7], x[8] = decode_seqs, decode_kv_read, experts, logits
+    x[9], x[10] = prefill_padding, prefill_longest
     y = np.dot(stacked, x)
     time_s = 0.0
     for i in range(n_ops):
@@ -205,6 +206,7 @@ class CostModel:
         self.fixed_vector = self._fixed_and_communication_vector()
         self._memory_time = memory_time
         self._compute_time = self.flops_matrix * self.seconds_per_flop[:, None] * pace
+        self.prefill_tile_tokens = 0      # the prefill kernel's tile (features.prefill_sums; 0: exact pairs)
         # Decode attention over context c runs at attention_efficiency * c / (c + half): as if each
         # sequence attended to `half` more tokens (time only; the FLOPs stay those of the work).
         decode = LAYER_OPS.index("attention_decode")
@@ -222,7 +224,7 @@ class CostModel:
         # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
         self._n_ops = len(self.op_names)
         self._stacked = np.vstack([self._compute_time,
-                                   memory_time,
+                                   self._memory_time,
                                    self.fixed_vector,
                                    self.flops_matrix.sum(axis=0) * self.tp,
                                    self.bytes_matrix.sum(axis=0) * self.tp])
@@ -267,8 +269,23 @@ class CostModel:
         per_flop = paced_layers / model.num_layers / (self.hardware.peak_for("bf16") * backend.efficiency)
         extra_keys = backend.half_length_tokens + backend.kv_half_length_tokens * kv_heads / (model.num_heads / tp)
         self._compute_time[prefill] = self.flops_matrix[prefill] * per_flop
-        self._compute_time[prefill, F["prefill_tokens"]] += (self.flops_matrix[prefill, F["prefill_pairs"]] * per_flop
-                                                             * extra_keys)
+        per_pair_s = self.flops_matrix[prefill, F["prefill_pairs"]] * per_flop
+        self._compute_time[prefill, F["prefill_tokens"]] += per_pair_s * extra_keys
+        if backend.tile_tokens:
+            self.prefill_tile_tokens = backend.tile_tokens
+            self._compute_time[prefill, F["prefill_tile_padding"]] = per_pair_s
+        if backend.critical_path_blocks:
+            # The critical path, an operator row of its own: max(L - overlap T, 0) on top of prefill attention's
+            # T, with L one query tile of one head against the step's longest keys at 1/blocks of the rate.
+            critical = np.zeros((1, len(FEATURES)))
+            critical[0, F["prefill_longest_keys"]] = (per_pair_s / (model.num_heads / tp) * backend.tile_tokens
+                                                      * backend.critical_path_blocks)
+            critical[0] -= backend.critical_path_overlap * self._compute_time[prefill]
+            self.op_names += ("layer.attention_prefill_critical_path",)
+            self._compute_time = np.vstack([self._compute_time, critical])
+            self._memory_time = np.vstack([self._memory_time, np.zeros_like(critical)])
+            self.flops_matrix = np.vstack([self.flops_matrix, np.zeros_like(critical)])
+            self.bytes_matrix = np.vstack([self.bytes_matrix, np.zeros_like(critical)])
         bandwidth = kernels.gemm_bandwidth_bytes_per_s * weight_bandwidth_share
         flops = kernels.gemm_rate(model.weight_dtype)
         activation_bytes = model.activation_bytes_per_element
@@ -312,9 +329,10 @@ class CostModel:
             _shared_memos.popitem(last=False)
 
     def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
-             decode_kv_read) -> tuple[float, float, float]:
+             decode_kv_read, prefill_padding=0.0, prefill_longest=0.0) -> tuple[float, float, float]:
         """(time_s, FLOPs, bytes) of one iteration: prefill positions (of which ``prefill_logits`` sample)
-        and ``decode_seqs`` sequences decoding one token each, reading ``decode_kv_read`` KV tokens.
+        and ``decode_seqs`` sequences decoding one token each, reading ``decode_kv_read`` KV tokens;
+        the prefill kernel's tile padding and longest keys (:func:`~llmsim.cost.features.prefill_sums`).
         :meth:`iteration` of that feature row, to the last bit, at a fraction of its cost (the
         simulator's hot path). The non-linear terms are remembered by the tokens alone (the experts
         touched follow from them) and the LM head's by the logit rows, in the memos
@@ -324,7 +342,8 @@ class CostModel:
         logits = decode_seqs + prefill_logits
         time_s, flops, moved = _linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
                                             prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
-                                            touched(tokens) if touched is not None else 1.0, logits)
+                                            touched(tokens) if touched is not None else 1.0, logits,
+                                            prefill_padding, prefill_longest)
         if self._gemm_rows:
             layers_s = self._layer_memo.get(tokens)
             head_s = self._head_memo.get(logits)
@@ -524,7 +543,8 @@ class CostModel:
         """Feature vector of a batch; ``prefill_logits`` defaults to every chunk ending its prompt."""
         if prefill_logits is None:
             prefill_logits = len(prefill_new)
-        return batch_features(prefill_new, prefill_context, decode_context, prefill_logits, self.model)
+        return batch_features(prefill_new, prefill_context, decode_context, prefill_logits, self.model,
+                              self.prefill_tile_tokens)
 
     def iteration(self, x):
         """(time_s, FLOPs, bytes) of iterations with feature vectors ``x`` (shape (9,) or (n, 9)).
@@ -557,7 +577,7 @@ class CostModel:
         """Time of the attention operators alone (prefill and decode, every layer of one shard) for iterations
         ``x`` (shape (n, 9)): what an attention kernel benchmark measures, to hold the model against one."""
         x = np.atleast_2d(np.asarray(x, dtype=float))
-        rows = [self.op_names.index(f"layer.{op}") for op in ATTENTION_OPS]
+        rows = [i for i, name in enumerate(self.op_names) if name.startswith("layer.attention_")]
         return sum(np.maximum(x @ self._compute_time[row], x @ self._memory_time[row]) for row in rows)
 
     def step_time(self, x) -> float:

@@ -42,8 +42,12 @@ def test_step_prices_an_iteration_as_the_vectorised_model_does(model_name, hardw
         for prefill, pairs, prefill_kv, logits, decode, decode_kv in sums:
             tokens = prefill + decode
             experts = model.expected_experts_touched(tokens) if model.num_experts > 1 else 1.0
-            row = np.array([1.0, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits])
-            assert cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv) == cost.iteration(row)
+            # Tile padding and the longest keys: a profile with a prefill critical path prices them.
+            padding, longest = (float(prefill % 4096), prefill_kv) if prefill else (0.0, 0.0)
+            row = np.array([1.0, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits,
+                            padding, longest])
+            assert (cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv, padding, longest)
+                    == cost.iteration(row))
 
 
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
