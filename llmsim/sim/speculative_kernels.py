@@ -235,7 +235,8 @@ def tree_extras(n, k, context, window, branching, draft_rows, draft_steps, local
 @numba.njit(cache=True)
 def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
                prompt_logits, prompt_padding, prompt_longest, local_share, branching, sequential, expanded, stacked,
-               n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits):
+               n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops, draft_layer_by_tokens,
+               draft_head_by_logits):
     """A speculative step's sums and both prices in one call: :func:`speculative_step_sums` (and
     :func:`tree_extras` for a tree), the dense target's :meth:`~llmsim.cost.roofline.CostModel.step` (its
     linear part, ``stacked`` times the row ``x``, and its non-linear terms from its ``rows_total`` tables)
