@@ -49,6 +49,9 @@ F = {name: i for i, name in enumerate(FEATURES)}
 # The same columns as constants, for compiled code (numba reads module globals when it compiles).
 (_ONE, _TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _PREFILL_KV_READ, _DECODE_SEQS, _DECODE_KV_READ, _EXPERTS, _LOGITS,
  _PREFILL_PADDING, _PREFILL_LONGEST) = (F[name] for name in FEATURES)
+# The prefill kernel's tile terms come last: the cost model prices them in a product of their own (CostModel),
+# so that the other columns' product sums as it did before they existed, to the same bits.
+TILE_FEATURES_FROM = _PREFILL_PADDING
 # The columns a draft's rows fill, for compiled code outside this module (llmsim.sim.speculative_kernels).
 DRAFT_ROW_COLUMNS = (_TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _DECODE_SEQS, _DECODE_KV_READ, _LOGITS)
 

@@ -35,7 +35,7 @@ import pandas as pd
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import F, FEATURES, batch_features
+from llmsim.cost.features import F, FEATURES, TILE_FEATURES_FROM, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, SHARPNESS_REFERENCE_TILES, TILE_COLUMNS, TILE_ROWS, GemmShape,
                                  add_norm_bytes_per_token, all_reduce_time_s, custom_all_reduce_time_s,
                                  elementwise_layer_terms, gemm_body_s, gemm_output_tiles, gemm_scalar_body_s,
@@ -54,15 +54,16 @@ _NO_TABLE = np.zeros(0)
 
 
 @numba.njit(cache=True)
-def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs,
-                 decode_kv_read, experts, logits, prefill_padding, prefill_longest):
+def _linear_step(stacked, tile_stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read,
+                 decode_seqs, decode_kv_read, experts, logits, prefill_padding, prefill_longest):
     """Fill the feature row ``x`` (``one`` already 1) and return the roofline part of its (time, FLOPs,
-    bytes): the stacked matrix times the row (``np.dot`` is the BLAS product numpy's ``@`` computes),
-    then the operators' larger bounds summed in order, as :meth:`CostModel.iteration` sums them."""
+    bytes): the stacked matrices times the row (``np.dot`` is the BLAS product numpy's ``@`` computes;
+    the prefill tile columns by ``tile_stacked``, see :meth:`CostModel.iteration`), then the operators'
+    larger bounds summed in order, as :meth:`CostModel.iteration` sums them."""
     x[1], x[2], x[3], x[4] = tokens, prefill_tokens, prefill_pairs, prefill_kv_read
     x[5], x[6], x[7], x[8] = decode_seqs, decode_kv_read, experts, logits
     x[9], x[10] = prefill_padding, prefill_longest
-    y = np.dot(stacked, x)
+    y = np.dot(stacked, x[:TILE_FEATURES_FROM]) + np.dot(tile_stacked, x[TILE_FEATURES_FROM:])
     time_s = 0.0
     for i in range(n_ops):
         compute_s, memory_s = y[i], y[n_ops + i]
@@ -100,14 +101,15 @@ def _pairwise_sum(values, start, n):
 
 
 @numba.njit(cache=True)
-def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
+def _rows_total(stacked, tile_stacked, n_ops, rows, layer_by_tokens, head_by_logits):
     """:meth:`CostModel.iteration` of a few ``rows`` summed, as its vectorised branch computes the roofline
     part (the same BLAS product, numpy's maxima and pairwise sums) and its row-by-row branch the
     non-linear terms, here read from tables by the integer tokens and logit rows of rows that run one
     iteration with one expert (empty tables: a cost model without them). Returns (time, FLOPs,
     bytes) summed as ``np.add.reduce`` sums them; the time is NaN when a row's terms are not in the
     tables."""
-    y = np.dot(rows, stacked.T)
+    y = (np.dot(np.ascontiguousarray(rows[:, :TILE_FEATURES_FROM]), stacked.T)
+         + np.dot(np.ascontiguousarray(rows[:, TILE_FEATURES_FROM:]), tile_stacked.T))
     bounds = np.empty(n_ops)
     times, flops, moved = np.empty(len(rows)), np.empty(len(rows)), np.empty(len(rows))
     for r in range(len(rows)):
@@ -223,11 +225,16 @@ class CostModel:
         # One matrix turns a feature vector into everything an iteration needs: per-operator
         # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
         self._n_ops = len(self.op_names)
-        self._stacked = np.vstack([self._compute_time,
-                                   self._memory_time,
-                                   self.fixed_vector,
-                                   self.flops_matrix.sum(axis=0) * self.tp,
-                                   self.bytes_matrix.sum(axis=0) * self.tp])
+        stacked = np.vstack([self._compute_time,
+                             self._memory_time,
+                             self.fixed_vector,
+                             self.flops_matrix.sum(axis=0) * self.tp,
+                             self.bytes_matrix.sum(axis=0) * self.tp])
+        # The prefill tile columns in a product of their own: the others sum in BLAS's order for their count
+        # of columns, and a row without prefill adds exact zeros, so a profile without tile terms prices
+        # every iteration to the same bits as before those columns existed.
+        self._stacked = np.ascontiguousarray(stacked[:, :TILE_FEATURES_FROM])
+        self._tile_stacked = np.ascontiguousarray(stacked[:, TILE_FEATURES_FROM:])
 
     def _use_kernel_terms(self, terms: KernelTerms, paced_layers: int, weight_bandwidth_share: float) -> None:
         """Replace the roofline's rows by the measured kernel ``terms`` (the hardware's; see the module docstring).
@@ -340,8 +347,8 @@ class CostModel:
         tokens = prefill_tokens + decode_seqs
         touched = self._experts_touched
         logits = decode_seqs + prefill_logits
-        time_s, flops, moved = _linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
-                                            prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
+        time_s, flops, moved = _linear_step(self._stacked, self._tile_stacked, self._n_ops, self._x, tokens,
+                                            prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
                                             touched(tokens) if touched is not None else 1.0, logits,
                                             prefill_padding, prefill_longest)
         if self._gemm_rows:
@@ -363,12 +370,12 @@ class CostModel:
         """Whether every token runs the same weights (no experts to count)."""
         return self._experts_touched is None
 
-    def compiled_terms(self) -> tuple[np.ndarray, int, np.ndarray, list[np.ndarray]]:
+    def compiled_terms(self) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, list[np.ndarray]]:
         """What compiled callers price a step by as :meth:`step` and :meth:`rows_total` do: the stacked
-        matrix, the operator count, the feature row :meth:`step` fills and the list of the non-linear
-        terms' tables (layers by tokens, LM head by logit rows; its items are replaced as the tables
-        grow, so read them at each call)."""
-        return self._stacked, self._n_ops, self._x, self._tables
+        matrices (the prefill tile columns' apart), the operator count, the feature row :meth:`step` fills
+        and the list of the non-linear terms' tables (layers by tokens, LM head by logit rows; its items are
+        replaced as the tables grow, so read them at each call)."""
+        return self._stacked, self._tile_stacked, self._n_ops, self._x, self._tables
 
     def tabulate_last_step(self) -> bool:
         """Put the non-linear terms of the row last priced in the feature row of :meth:`compiled_terms`
@@ -381,7 +388,7 @@ class CostModel:
         one compiled call once the rows' token counts are in its tables."""
         if len(rows) <= FEW_ROWS:
             for _ in range(2):
-                total = _rows_total(self._stacked, self._n_ops, rows, *self._tables)
+                total = _rows_total(self._stacked, self._tile_stacked, self._n_ops, rows, *self._tables)
                 if total[0] == total[0]:
                     return total
                 if not self._tabulate(rows):
@@ -556,12 +563,12 @@ class CostModel:
             x = np.asarray(x, dtype=float)
         if x.ndim == 1:
             # The simulator's hot path: plain floats beat numpy reductions on 8 numbers.
-            y = (self._stacked @ x).tolist()
+            y = (self._stacked @ x[:TILE_FEATURES_FROM] + self._tile_stacked @ x[TILE_FEATURES_FROM:]).tolist()
             time_s = sum(map(max, y[:n], y[n:2 * n])) + y[2 * n]
             if self._gemm_rows:
                 time_s += self._nonlinear_time(x.tolist())
             return time_s, y[2 * n + 1], y[2 * n + 2]
-        y = x @ self._stacked.T
+        y = x[..., :TILE_FEATURES_FROM] @ self._stacked.T + x[..., TILE_FEATURES_FROM:] @ self._tile_stacked.T
         time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
         if self._gemm_rows:
             if x.ndim == 2 and len(x) <= FEW_ROWS:
