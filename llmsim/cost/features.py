@@ -125,30 +125,34 @@ def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None, l
     """
     tokens = pairs = kv_read = padding = longest = 0.0
     completed = 0
+    square = tile * tile
     for sequence, new in chunks:
         cached = sequence.prefilled
         tokens += new
-        if tile and new:
-            padding += causal_tile_padding(new, cached, tile)
-        if not window or cached + new <= window:            # every query sees its whole context
-            pairs += new * cached + new * (new + 1) / 2
-            kv_read += cached + new
-            completed += cached + new == sequence.prefill_target
-            if cached + new > longest:
-                longest = cached + new
+        end = cached + new
+        full = new * cached + new * (new + 1) / 2
+        if tile:                # causal_tile_padding in scalar arithmetic (this runs every iteration)
+            query_tiles = -(-new // tile)
+            padding += square * ((query_tiles - 1) * -(-cached // tile) + query_tiles * (query_tiles - 1) // 2
+                                 - (-end // tile)) - full
+        if not window or end <= window:            # every query sees its whole context
+            pairs += full
+            kv_read += end
+            completed += end == sequence.prefill_target
+            if end > longest:
+                longest = end
             continue
         # chunk_pairs in scalar arithmetic (this runs every iteration): the queries below the
         # window see their whole context, the others the window, on the local layers.
         below = window - cached - 1 if cached + 1 < window else 0
         local = below * (2 * cached + below + 1) / 2 + (new - below) * window
-        full = new * cached + new * (new + 1) / 2
         pairs += local if local_share == 1.0 else full - local_share * (full - local)
         seen = cached if cached < window else cached - local_share * (cached - window)
         kv_read += seen + new
-        completed += cached + new == sequence.prefill_target
+        completed += end == sequence.prefill_target
         if seen + new > longest:
             longest = seen + new
-    return tokens, pairs, kv_read, completed, float(padding), float(longest)
+    return tokens, pairs, kv_read, completed, padding, float(longest)
 
 
 def windowed_context_sum(first, last, window: int | None, local_share: float = 1.0):

@@ -54,16 +54,20 @@ _NO_TABLE = np.zeros(0)
 
 
 @numba.njit(cache=True)
-def _linear_step(stacked, tile_stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read,
-                 decode_seqs, decode_kv_read, experts, logits, prefill_padding, prefill_longest):
+def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs,
+                 decode_kv_read, experts, logits, prefill_padding, prefill_longest):
     """Fill the feature row ``x`` (``one`` already 1) and return the roofline part of its (time, FLOPs,
-    bytes): the stacked matrices times the row (``np.dot`` is the BLAS product numpy's ``@`` computes;
-    the prefill tile columns by ``tile_stacked``, see :meth:`CostModel.iteration`), then the operators'
-    larger bounds summed in order, as :meth:`CostModel.iteration` sums them."""
+    bytes): the stacked matrix times the row (``np.dot`` is the BLAS product numpy's ``@`` computes;
+    the prefill tile columns as :meth:`CostModel.iteration` adds them), then the operators' larger
+    bounds summed in order, as :meth:`CostModel.iteration` sums them."""
     x[1], x[2], x[3], x[4] = tokens, prefill_tokens, prefill_pairs, prefill_kv_read
     x[5], x[6], x[7], x[8] = decode_seqs, decode_kv_read, experts, logits
     x[9], x[10] = prefill_padding, prefill_longest
-    y = np.dot(stacked, x[:TILE_FEATURES_FROM]) + np.dot(tile_stacked, x[TILE_FEATURES_FROM:])
+    m = 2 * n_ops + 3
+    y = np.dot(stacked[:m], x[:TILE_FEATURES_FROM])
+    if prefill_padding != 0.0 or prefill_longest != 0.0:
+        for i in range(m):
+            y[i] += stacked[m + i, 0] * prefill_padding + stacked[m + i, 1] * prefill_longest
     time_s = 0.0
     for i in range(n_ops):
         compute_s, memory_s = y[i], y[n_ops + i]
@@ -101,15 +105,20 @@ def _pairwise_sum(values, start, n):
 
 
 @numba.njit(cache=True)
-def _rows_total(stacked, tile_stacked, n_ops, rows, layer_by_tokens, head_by_logits):
+def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
     """:meth:`CostModel.iteration` of a few ``rows`` summed, as its vectorised branch computes the roofline
     part (the same BLAS product, numpy's maxima and pairwise sums) and its row-by-row branch the
     non-linear terms, here read from tables by the integer tokens and logit rows of rows that run one
     iteration with one expert (empty tables: a cost model without them). Returns (time, FLOPs,
     bytes) summed as ``np.add.reduce`` sums them; the time is NaN when a row's terms are not in the
     tables."""
-    y = (np.dot(np.ascontiguousarray(rows[:, :TILE_FEATURES_FROM]), stacked.T)
-         + np.dot(np.ascontiguousarray(rows[:, TILE_FEATURES_FROM:]), tile_stacked.T))
+    m = 2 * n_ops + 3
+    y = np.dot(np.ascontiguousarray(rows[:, :TILE_FEATURES_FROM]), stacked[:m].T)
+    for r in range(len(rows)):
+        padding, longest = rows[r, TILE_FEATURES_FROM], rows[r, TILE_FEATURES_FROM + 1]
+        if padding != 0.0 or longest != 0.0:
+            for i in range(m):
+                y[r, i] += stacked[m + i, 0] * padding + stacked[m + i, 1] * longest
     bounds = np.empty(n_ops)
     times, flops, moved = np.empty(len(rows)), np.empty(len(rows)), np.empty(len(rows))
     for r in range(len(rows)):
@@ -230,11 +239,15 @@ class CostModel:
                              self.fixed_vector,
                              self.flops_matrix.sum(axis=0) * self.tp,
                              self.bytes_matrix.sum(axis=0) * self.tp])
-        # The prefill tile columns in a product of their own: the others sum in BLAS's order for their count
-        # of columns, and a row without prefill adds exact zeros, so a profile without tile terms prices
-        # every iteration to the same bits as before those columns existed.
-        self._stacked = np.ascontiguousarray(stacked[:, :TILE_FEATURES_FROM])
-        self._tile_stacked = np.ascontiguousarray(stacked[:, TILE_FEATURES_FROM:])
+        # The prefill tile columns apart from the product (their two coefficients per output, stacked below
+        # the other columns' matrix, ``_tile_terms``): the others sum in BLAS's order for their count of
+        # columns, and a row without prefill adds nothing, so a profile without tile terms prices every
+        # iteration to the same bits as before those columns existed.
+        tiles = np.zeros((len(stacked), TILE_FEATURES_FROM))
+        tiles[:, :len(FEATURES) - TILE_FEATURES_FROM] = stacked[:, TILE_FEATURES_FROM:]
+        self._stacked = np.ascontiguousarray(np.vstack([stacked[:, :TILE_FEATURES_FROM], tiles]))
+        self._linear = self._stacked[:len(stacked)]
+        self._tile_padding, self._tile_longest = self._stacked[len(stacked):, 0], self._stacked[len(stacked):, 1]
 
     def _use_kernel_terms(self, terms: KernelTerms, paced_layers: int, weight_bandwidth_share: float) -> None:
         """Replace the roofline's rows by the measured kernel ``terms`` (the hardware's; see the module docstring).
@@ -347,8 +360,8 @@ class CostModel:
         tokens = prefill_tokens + decode_seqs
         touched = self._experts_touched
         logits = decode_seqs + prefill_logits
-        time_s, flops, moved = _linear_step(self._stacked, self._tile_stacked, self._n_ops, self._x, tokens,
-                                            prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
+        time_s, flops, moved = _linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
+                                            prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
                                             touched(tokens) if touched is not None else 1.0, logits,
                                             prefill_padding, prefill_longest)
         if self._gemm_rows:
@@ -370,12 +383,12 @@ class CostModel:
         """Whether every token runs the same weights (no experts to count)."""
         return self._experts_touched is None
 
-    def compiled_terms(self) -> tuple[np.ndarray, np.ndarray, int, np.ndarray, list[np.ndarray]]:
+    def compiled_terms(self) -> tuple[np.ndarray, int, np.ndarray, list[np.ndarray]]:
         """What compiled callers price a step by as :meth:`step` and :meth:`rows_total` do: the stacked
-        matrices (the prefill tile columns' apart), the operator count, the feature row :meth:`step` fills
-        and the list of the non-linear terms' tables (layers by tokens, LM head by logit rows; its items are
-        replaced as the tables grow, so read them at each call)."""
-        return self._stacked, self._tile_stacked, self._n_ops, self._x, self._tables
+        matrix (the prefill tile columns' coefficients below it), the operator count, the feature row
+        :meth:`step` fills and the list of the non-linear terms' tables (layers by tokens, LM head by logit
+        rows; its items are replaced as the tables grow, so read them at each call)."""
+        return self._stacked, self._n_ops, self._x, self._tables
 
     def tabulate_last_step(self) -> bool:
         """Put the non-linear terms of the row last priced in the feature row of :meth:`compiled_terms`
@@ -388,7 +401,7 @@ class CostModel:
         one compiled call once the rows' token counts are in its tables."""
         if len(rows) <= FEW_ROWS:
             for _ in range(2):
-                total = _rows_total(self._stacked, self._tile_stacked, self._n_ops, rows, *self._tables)
+                total = _rows_total(self._stacked, self._n_ops, rows, *self._tables)
                 if total[0] == total[0]:
                     return total
                 if not self._tabulate(rows):
@@ -563,12 +576,19 @@ class CostModel:
             x = np.asarray(x, dtype=float)
         if x.ndim == 1:
             # The simulator's hot path: plain floats beat numpy reductions on 8 numbers.
-            y = (self._stacked @ x[:TILE_FEATURES_FROM] + self._tile_stacked @ x[TILE_FEATURES_FROM:]).tolist()
+            y = self._linear @ x[:TILE_FEATURES_FROM]
+            if x[TILE_FEATURES_FROM] != 0.0 or x[TILE_FEATURES_FROM + 1] != 0.0:
+                y = y + (self._tile_padding * x[TILE_FEATURES_FROM] + self._tile_longest * x[TILE_FEATURES_FROM + 1])
+            y = y.tolist()
             time_s = sum(map(max, y[:n], y[n:2 * n])) + y[2 * n]
             if self._gemm_rows:
                 time_s += self._nonlinear_time(x.tolist())
             return time_s, y[2 * n + 1], y[2 * n + 2]
-        y = x[..., :TILE_FEATURES_FROM] @ self._stacked.T + x[..., TILE_FEATURES_FROM:] @ self._tile_stacked.T
+        y = x[..., :TILE_FEATURES_FROM] @ self._linear.T
+        tiled = (x[..., TILE_FEATURES_FROM] != 0.0) | (x[..., TILE_FEATURES_FROM + 1] != 0.0)
+        if np.any(tiled):
+            y = y + np.where(tiled[..., None], self._tile_padding * x[..., TILE_FEATURES_FROM, None]
+                             + self._tile_longest * x[..., TILE_FEATURES_FROM + 1, None], 0.0)
         time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
         if self._gemm_rows:
             if x.ndim == 2 and len(x) <= FEW_ROWS:

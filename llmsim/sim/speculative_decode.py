@@ -193,7 +193,7 @@ class SpeculativeDecodeSet(DecodeSet):
         self._target_terms = (target.compiled_terms() if isinstance(target, CostModel) and target.dense
                               and self._draft_rows.shape[0] <= FEW_ROWS else None)
         self._draft_terms = (draft_cost.compiled_terms() if isinstance(draft_cost, CostModel)
-                             else (_NO_ROWS, _NO_ROWS, -1, _NO_TABLE, [_NO_TABLE, _NO_TABLE]))
+                             else (_NO_ROWS, -1, _NO_TABLE, [_NO_TABLE, _NO_TABLE]))
 
     # -- joining and leaving ------------------------------------------------------------------------
     def start(self, request: Request) -> None:
@@ -281,14 +281,15 @@ class SpeculativeDecodeSet(DecodeSet):
             return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits, padding, longest)
         n = self.n if decoding else 0
         s = self.slots
-        stacked, tile_stacked, n_ops, x, tables = self._target_terms
-        draft_stacked, draft_tile_stacked, draft_n_ops, _, draft_tables = self._draft_terms
+        stacked, n_ops, x, tables = self._target_terms
+        draft_stacked, draft_n_ops, _, draft_tables = self._draft_terms
         for _ in range(2):
             n_spec, proposed, draft_steps, duration, flops, moved, draft_s, draft_flops, draft_bytes = price_step(
                 n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv,
                 bool(chunks), logits, padding, longest, self._local_share, self._branching, self._sequential,
-                self._expanded, stacked, tile_stacked, n_ops, x, tables[0], tables[1], draft_stacked,
-                draft_tile_stacked, draft_n_ops, draft_tables[0], draft_tables[1])
+                self._expanded, stacked,
+                n_ops, x,
+                tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0], draft_tables[1])
             if duration == duration:
                 break
             if not self.engine.cost.tabulate_last_step():

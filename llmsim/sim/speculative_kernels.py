@@ -235,8 +235,8 @@ def tree_extras(n, k, context, window, branching, draft_rows, draft_steps, local
 @numba.njit(cache=True)
 def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
                prompt_logits, prompt_padding, prompt_longest, local_share, branching, sequential, expanded, stacked,
-               tile_stacked, n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_tile_stacked, draft_n_ops,
-               draft_layer_by_tokens, draft_head_by_logits):
+               n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops, draft_layer_by_tokens,
+               draft_head_by_logits):
     """A speculative step's sums and both prices in one call: :func:`speculative_step_sums` (and
     :func:`tree_extras` for a tree), the dense target's :meth:`~llmsim.cost.roofline.CostModel.step` (its
     linear part, ``stacked`` times the row ``x``, and its non-linear terms from its ``rows_total`` tables)
@@ -264,9 +264,9 @@ def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pai
     prefill_tokens, logits = prompt_tokens + tokens, prompt_logits + tokens
     step_tokens = prefill_tokens + decode_seqs
     step_logits = decode_seqs + logits
-    time_s, flops, moved = _linear_step(stacked, tile_stacked, n_ops, x, step_tokens, prefill_tokens,
-                                        prompt_pairs + pairs, prompt_kv_read + kv_read, decode_seqs, decode_kv, 1.0,
-                                        step_logits, prompt_padding, prompt_longest)
+    time_s, flops, moved = _linear_step(stacked, n_ops, x, step_tokens, prefill_tokens, prompt_pairs + pairs,
+                                        prompt_kv_read + kv_read, decode_seqs, decode_kv, 1.0, step_logits,
+                                        prompt_padding, prompt_longest)
     if len(layer_by_tokens):
         layers_s = head_s = np.nan
         if 0.0 <= step_tokens < len(layer_by_tokens) and step_tokens == int(step_tokens):
@@ -276,7 +276,6 @@ def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pai
         time_s += layers_s + head_s
     draft_s, draft_flops, draft_bytes = np.nan, 0.0, 0.0
     if draft_steps and draft_n_ops >= 0 and draft_steps <= FEW_ROWS:
-        draft_s, draft_flops, draft_bytes = _rows_total(draft_stacked, draft_tile_stacked, draft_n_ops,
-                                                        draft_rows[:draft_steps],
+        draft_s, draft_flops, draft_bytes = _rows_total(draft_stacked, draft_n_ops, draft_rows[:draft_steps],
                                                         draft_layer_by_tokens, draft_head_by_logits)
     return spec_seqs, drafted, draft_steps, time_s, flops, moved, draft_s, draft_flops, draft_bytes

@@ -216,12 +216,11 @@ def test_fused_price_equals_the_separate_calls(h100: HardwareProfile, tp, window
     catalog = model_catalog()
     target = CostModel(catalog["Llama-3.1-8B"], h100, tensor_parallel=tp)
     draft = CostModel(catalog["Llama-3.2-1B"], h100) if draft_model else None
-    stacked, tile_stacked, n_ops, x, tables = target.compiled_terms()
+    stacked, n_ops, x, tables = target.compiled_terms()
     if draft is not None:
-        draft_stacked, draft_tile_stacked, draft_n_ops, _, draft_tables = draft.compiled_terms()
+        draft_stacked, draft_n_ops, _, draft_tables = draft.compiled_terms()
     else:
-        draft_stacked, draft_tile_stacked, draft_n_ops, draft_tables = (np.zeros((0, 0)), np.zeros((0, 0)), -1,
-                                                                        [np.zeros(0), np.zeros(0)])
+        draft_stacked, draft_n_ops, draft_tables = np.zeros((0, 0)), -1, [np.zeros(0), np.zeros(0)]
     rng = np.random.default_rng(11)
     for trial in range(150):
         n = int(rng.integers(0, 70))
@@ -236,8 +235,8 @@ def test_fused_price_equals_the_separate_calls(h100: HardwareProfile, tp, window
         # call may miss, as in the engine, which then tabulates the row it left in ``x`` and calls again.
         for _ in range(2):
             got = price_step(n, k, context, window, lag, rows, *prompt, chunks, logits, *prompt_terms, local_share,
-                             branching, sequential, False, stacked, tile_stacked, n_ops, x, tables[0], tables[1],
-                             draft_stacked, draft_tile_stacked, draft_n_ops, draft_tables[0], draft_tables[1])
+                             branching, sequential, False, stacked, n_ops, x, tables[0], tables[1], draft_stacked,
+                             draft_n_ops, draft_tables[0], draft_tables[1])
             if not np.isnan(got[3]):
                 break
             assert target.tabulate_last_step()
@@ -253,8 +252,8 @@ def test_batch_expansion_prices_each_chain_as_k_plus_one_decode_sequences(h100: 
     decode of those sequences costs, each reading its whole KV cache (``sum_j (context + j)``, j = 1..k + 1),
     beside the plain sequences and the iteration's prompt chunks."""
     target = CostModel(model_catalog()["Llama-3.1-8B"], h100, tensor_parallel=tp)
-    stacked, tile_stacked, n_ops, x, tables = target.compiled_terms()
-    no_draft = (np.zeros((0, 0)), np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
+    stacked, n_ops, x, tables = target.compiled_terms()
+    no_draft = (np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
     rng = np.random.default_rng(29)
     for _ in range(60):
         n = int(rng.integers(1, 70))
@@ -269,7 +268,7 @@ def test_batch_expansion_prices_each_chain_as_k_plus_one_decode_sequences(h100: 
                                plain_kv + kv)
         for _ in range(2):
             got = price_step(n, k, context, 0, lag, np.zeros((0, len(FEATURES))), *prompt, True, logits, 0.0, 0.0,
-                             1.0, 1, False, True, stacked, tile_stacked, n_ops, x, tables[0], tables[1], *no_draft)
+                             1.0, 1, False, True, stacked, n_ops, x, tables[0], tables[1], *no_draft)
             if not np.isnan(got[3]):
                 break
             assert target.tabulate_last_step()
@@ -280,16 +279,16 @@ def test_fused_price_reports_a_count_missing_from_the_tables(h100: HardwareProfi
     """A token count the target's tables do not hold yet gives NaN (the engine tabulates it and prices
     again), never a price without its GEMM terms."""
     cost = CostModel(model_catalog()["Llama-3.1-8B"], h100, tensor_parallel=4)
-    stacked, tile_stacked, n_ops, x, tables = cost.compiled_terms()
+    stacked, n_ops, x, tables = cost.compiled_terms()
     k, context, lag = (np.array([3, 0], dtype=np.int64), np.array([100, 200], dtype=np.int64),
                        np.ones(2, dtype=np.int64))
     rows = np.zeros((4, len(FEATURES)))
     tokens = 4 + 1 + 12345.0                     # verify chunk, plain decode, prompt: a count no other test prices
-    no_draft = (np.zeros((0, 0)), np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
+    no_draft = (np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
 
     def fused():
         return price_step(2, k, context, 0, lag, rows, 12345.0, 0.0, 0.0, True, 1, 0.0, 0.0, 1.0, 1, True, False,
-                          stacked, tile_stacked, n_ops, x, tables[0], tables[1], *no_draft)
+                          stacked, n_ops, x, tables[0], tables[1], *no_draft)
     assert np.isnan(fused()[3])
     assert x[F["tokens"]] == tokens
     assert cost.tabulate_last_step()
