@@ -7,6 +7,9 @@ this bench says. It prints, per target GPU (H100, H200, B200; fitted on the othe
 (:func:`llmsim.calibration.database_profile.same_point_errors`: where it misses too, the GPUs' tables disagree),
 and two diagnostics that need no form:
 
+- GEMM fp8 as vLLM's CUTLASS dispatch runs it (:func:`llmsim.calibration.database_fit.gemm_fp8_dispatch_form`: each
+  M band's tile, cluster and A/B swap, waves of tiles over the SMs, a rate per configuration shared by the
+  architecture), with its errors per dispatch band of M (1-16, 17-64, 65-128, 129-256 and above).
 - GEMM fp8: each row predicted from the same GPU's own rows at the neighbouring token counts ``m`` of the same
   ``n, k`` (the geometric mean of the next smaller and next larger ``m`` in the fitted sample; then of the rows two
   places away, which pairs ``2^j`` with ``2^j`` and ``2^j + 1`` with ``2^j + 1``): how far any smooth function of
@@ -32,9 +35,11 @@ import pandas as pd
 from llmsim.calibration import database as db
 from llmsim.calibration import database_fit as fit
 from llmsim.calibration import database_profile as dbp
+from llmsim.calibration.cutlass_dispatch import SM_COUNTS
 from llmsim.catalog.hardware import lookup_hardware
 
 TARGETS = ("H100-SXM", "H200", "B200")
+M_BANDS = ((1, 16), (17, 64), (65, 128), (129, 256), (257, np.inf))   # vLLM's dispatch bands (both architectures')
 ALIGNMENT = 16                      # token counts the FP8 GEMM runs at full rate (multiples of 16, or up to 16)
 
 
@@ -109,6 +114,16 @@ def cell(signed: np.ndarray, reference: np.ndarray | None = None) -> str:
     return text
 
 
+def by_band(signed: np.ndarray, m: np.ndarray) -> str:
+    """MAPE / median signed error per dispatch band of M."""
+    cells = []
+    for low, high in M_BANDS:
+        at = (m >= low) & (m <= high)
+        cells.append(f"{low}-{'' if np.isinf(high) else int(high)} {np.mean(np.abs(signed[at])):.1%} "
+                     f"{np.median(signed[at]):+.1%}")
+    return ", ".join(cells)
+
+
 def neighbour_errors(frame: pd.DataFrame, step: int) -> np.ndarray:
     """Each GEMM row predicted by the geometric mean of the rows ``step`` places either side in ``m`` (same n, k)."""
     out = []
@@ -146,6 +161,14 @@ def main() -> None:
               f"(unaligned x{padded[2]['unaligned_slowdown']:.2f}) | neighbours in m, no form: fitted sample "
               f"{np.mean(np.abs(neighbour_errors(rows[target]['gemm_fp8'], 1))):.1%}, whole table two places "
               f"{np.mean(np.abs(neighbour_errors(full, 2))):.1%}")
+    print("\nGEMM fp8 as vLLM's CUTLASS dispatch runs it (held out as above; per M band: MAPE, median)")
+    dispatch_rows = {gpu: {"gemm_fp8": rows[gpu]["gemm_fp8"].assign(**{fit.SMS_COLUMN: SM_COUNTS[gpu]})}
+                     for gpu in rows if gpu in SM_COUNTS}
+    for target in TARGETS:
+        form = fit.gemm_fp8_dispatch_form(db.ARCHITECTURES[target])
+        signed, reference, _ = held_out(dispatch_rows, "gemm_fp8", form, target)
+        print(f"  {target:<9} {cell(signed, reference)} | "
+              f"{by_band(signed, dispatch_rows[target]['gemm_fp8']['m'].to_numpy())}")
     print("\nGEMM fp8 by engine: the shipped form held out; time(m + 1) / time(m) at m = 2^j (fp8; bf16)")
     for engine in db.EngineKernels:
         by_gpu = {}

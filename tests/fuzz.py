@@ -72,9 +72,9 @@ def schema_paths() -> list[str]:
 PATHS = schema_paths()
 UNITS = ["", " ms", " s", " h", "/s", " req/min", " GB", " GiB", " TB/s", " parsecs", " W", "%"]
 
-# Values people mistype and adversaries choose. No subnormal floats: torch (imported by the calibration
-# tests in the same process) turns on flush-to-zero, under which hypothesis refuses to draw them; 1e-300
-# below still stands for a tiny positive number.
+# Values people mistype and adversaries choose. No subnormal floats: flush-to-zero is process-wide, and
+# torch holds it on while a calibration in the same process measures, under which hypothesis refuses to
+# draw them; 1e-300 below still stands for a tiny positive number.
 numbers = st.one_of(
     st.integers(min_value=-10, max_value=10),
     st.sampled_from([0, 1, 2, 3, 7, 64, 128, 4096, 10**6, 10**9, 2**53 + 1, 2**63, 10**400, -10**400]),

@@ -17,6 +17,7 @@ logits, and greedy sampling.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -25,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from llmsim.config.progress import QUIET, Progress
 from llmsim.scenario.scenario import EngineConfig
@@ -55,12 +56,26 @@ class Device:
     power_limit_w: float | None = None     # the board power limit, where the driver reports one
 
 
-def open_device(kind: str, threads: int) -> Device:
-    """Pin torch's intra-op threads, disable denormals, and describe the device."""
+@contextlib.contextmanager
+def open_device(kind: str, threads: int) -> Iterator[Device]:
+    """Pin torch's intra-op threads, flush denormals to zero, and describe the device, for the ``with`` block.
+
+    Both settings are process-wide, so they are put back on leaving: a notebook or test that calibrates
+    and then computes with subnormal floats must not find them flushed (torch's default is not to flush,
+    and it offers no getter for the flag)."""
     import torch
+    threads_before = torch.get_num_threads()
     torch.set_num_threads(threads)
     torch.set_flush_denormal(True)
     torch.manual_seed(0)
+    try:
+        yield _describe(torch, kind, threads)
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads_before)
+
+
+def _describe(torch: Any, kind: str, threads: int) -> Device:
     if kind == "cuda":
         props = torch.cuda.get_device_properties(0)
         flush_buffer = torch.empty(2 * props.L2_cache_size // 4 + 1, dtype=torch.float32, device="cuda")

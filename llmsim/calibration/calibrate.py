@@ -48,10 +48,10 @@ def calibrate(device_kind: str, name: str, quick: bool = False, threads: int = D
 
     design = design or design_for(device_kind, quick)
     dtypes = dtypes or DEVICE_DTYPES[device_kind]
-    device = bench.open_device(device_kind, threads)
     shapes, held_out = design.fit.shapes(dtypes), design.holdout.shapes(dtypes)
-    session = measure.measure(design, device, dtypes, shapes + held_out, layouts=True, seed=seed,
-                              progress=progress)
+    with bench.open_device(device_kind, threads) as device:
+        session = measure.measure(design, device, dtypes, shapes + held_out, layouts=True, seed=seed,
+                                  progress=progress)
     roofline = _roofline_profile(name, device, session.roofline)
     measured_s = np.array([session.steps[shape][0] for shape in shapes])
     dispatch_s = session.roofline["dispatch_s"]
@@ -152,9 +152,9 @@ def validate(profile: HardwareProfile, quick: bool = False, threads: int | None 
               for m in record["measurements"]}
     _check_held_out(shapes, list(fitted))
     anchors = list(fitted)[::ANCHOR_STRIDE]
-    device = bench.open_device(record["device"], threads or record["threads"])
-    session = measure.measure(design, device, record["dtypes"], shapes + anchors, layouts=False, seed=seed,
-                              progress=progress)
+    with bench.open_device(record["device"], threads or record["threads"]) as device:
+        session = measure.measure(design, device, record["dtypes"], shapes + anchors, layouts=False, seed=seed,
+                                  progress=progress)
     measured_s = np.array([session.steps[shape][0] for shape in shapes])
     calibrated_s = fit.predict_s(shapes, profile)
     step_drift = float(np.median([session.steps[shape][0] / fitted[shape] for shape in anchors]))

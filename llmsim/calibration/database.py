@@ -178,6 +178,14 @@ def custom_all_reduce_rows(table: Table) -> pd.DataFrame:
     return collective_rows(Table(frame, table.path, table.version), "all_reduce")
 
 
+def quantize_rows(table: Table) -> pd.DataFrame:
+    """The engine's FP8 quantization kernel with a given scale (``scale_matrix``: an m x k 16-bit tensor read, its
+    8-bit copy written): m, k, measured_s."""
+    frame = _fastest(table.frame[table.frame["quant_dtype"] == "fp8"], ["m", "k"])
+    return pd.DataFrame({"m": frame["m"].astype(float), "k": frame["k"].astype(float),
+                         "measured_s": frame["latency"] * MS, "table": table.path})
+
+
 def moe_rows(table: Table) -> pd.DataFrame:
     """Grouped-GEMM MoE layers on one GPU, tokens balanced over the experts: tokens, hidden, inter (per
     expert, after the MoE TP split), topk, local experts, dtype, measured_s."""

@@ -22,6 +22,8 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
   lines over the bus traffic (``2 (g-1)/g`` of the message for an all-reduce, ``(g-1)/g`` for the others), as
   NCCL picks the faster protocol; the engine's custom all-reduce: its one-shot line below a fitted message size
   and its two-shot line from there (:data:`CUSTOM_ALL_REDUCE`), as the engine switches kernels by size;
+- the engine's FP8 quantization kernel: ``floor + 3 m k / bandwidth`` over an ``m x k`` tensor (read in 16 bits,
+  written in 8), on tensors too large for the GPU's L2 cache (:data:`QUANTIZE_MIN_INPUT_BYTES`);
 - MoE grouped GEMM: ``floor + max(weight bytes of the experts touched / bandwidth, FLOPs / rate)``;
 - MLA (DeepSeek-V3's attention module): decode as above over the latent cache, prefill as above.
 
@@ -37,6 +39,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
+from llmsim.calibration.cutlass_dispatch import DISPATCH, waves
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.cost.features import causal_tile_padding
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
@@ -45,9 +48,15 @@ BF16 = 2.0
 DTYPE_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
 MLA_LATENT, MLA_ROPE, MLA_NOPE, MLA_V = 512.0, 64.0, 128.0, 128.0   # DeepSeek-V3's MLA dimensions
 SMALL_MESSAGE_BYTES = 64 * 1024
+# The quantizer rows the fit reads: 16-bit inputs of 256 MiB and more. The database times the kernel over and over on
+# one tensor, and smaller ones stay in the L2 cache (50 MB on an H100, NVIDIA H100 whitepaper; 96 MB on an L40S, NVIDIA
+# Ada whitepaper: its rows of 10-100 MB read 4.7 TB/s on a 0.86 TB/s memory), which a serving step's activations
+# written by another kernel in between do not.
+QUANTIZE_MIN_INPUT_BYTES = 256 * 2 ** 20
 
 
 DEVICE_COLUMNS = ("peak_bf16", "peak_fp8", "hbm", "link")
+SMS_COLUMN = "sms"       # the GPU's SM count, on rows a dispatch form prices (not a datasheet figure of the profile)
 
 
 def device_columns(profile: HardwareProfile) -> dict[str, float]:
@@ -110,6 +119,40 @@ def _gemm(v, rows):
 GEMM = Form("gemm", ("floor_s", "bandwidth_share", "rate_share", "sharpness_excess", "sharpness_growth",
                      "occupancy_half_tiles", "quantize_share"), (5e-6, 0.8, 0.7, 0.5, 0.5, 40.0, 0.3), _gemm,
             (1e-3, 1.0, 1.0, 1e3, 10.0, 1e5, 1.0))
+
+
+
+def gemm_fp8_dispatch_form(architecture: str) -> Form:
+    """vLLM's FP8 GEMM as its CUTLASS dispatch runs it (:mod:`llmsim.calibration.cutlass_dispatch`): the input's
+    quantization as in :data:`GEMM`, then the smooth maximum (sharpness ``p``) of the weight and activation traffic
+    and the configuration's compute, ``waves x (2 tile_m tile_n k / (peak_fp8 / SMs x rate) + tile_overhead)``
+    (``tile_m`` the rows one SM computes): each configuration its own share of the FP8 peak, shared by the GPUs of
+    ``architecture``. Rows carry an ``sms`` column (:data:`~llmsim.calibration.cutlass_dispatch.SM_COUNTS`)."""
+    dispatch = DISPATCH[architecture]
+    names = list(dispatch.configs)
+
+    def predict(v, rows):
+        floor, bandwidth_share, quantize_share, tile_overhead, p, *rates = v
+        m, n, k, sms = (rows[c].to_numpy().astype(float) for c in ("m", "n", "k", SMS_COLUMN))
+        chosen = dispatch.choose(m, n, k)
+        compute = np.zeros(len(m))
+        for name, rate in zip(names, rates):
+            at = chosen == name
+            config = dispatch.configs[name]
+            tile_flops = 2.0 * config.sm_tile_m * config.tile_n * k[at]
+            per_sm = rows["peak_fp8"].to_numpy()[at] / sms[at] * rate
+            compute[at] = waves(config, m[at], n[at], sms[at]) * (tile_flops / per_sm + tile_overhead)
+        hbm = rows["hbm"].to_numpy()
+        memory = (n * k + m * (n + k) * BF16) / (hbm * bandwidth_share)
+        larger = np.maximum(memory, compute)
+        body = larger * ((memory / larger) ** p + (compute / larger) ** p) ** (1.0 / p)
+        return floor + m * k * 3.0 / (hbm * quantize_share) + body
+
+    return Form(f"gemm_fp8_dispatch_{architecture}",
+                ("floor_s", "bandwidth_share", "quantize_share", "tile_overhead_s", "sharpness",
+                 *(f"rate_{name}" for name in names)),
+                (8e-6, 0.8, 0.3, 1e-6, 2.0, *(0.6,) * len(names)), predict,
+                (1e-3, 1.0, 1.0, 1e-4, 100.0, *(2.0,) * len(names)))
 
 
 def decode_bytes(batch, kv_tokens, heads, kv_heads, head_dim, kv_bytes=BF16):
@@ -238,6 +281,15 @@ class SwitchedForm(Form):
 CUSTOM_ALL_REDUCE = SwitchedForm("custom_all_reduce", ("latency_s", "bus_share", "large_latency_s", "large_bus_share",
                                                        "two_shot_from_bytes"),
                                  (1e-5, 0.05, 3e-5, 0.8, 1.0), _switched_all_reduce, (1e-3, 10, 1e-3, 10, 1e15))
+
+
+def _quantize(v, rows):
+    floor, bandwidth_share = v
+    # A streaming kernel: 3 bytes an element (2 read, 1 written) over the achieved bandwidth.
+    return floor + 3.0 * rows["m"].to_numpy() * rows["k"].to_numpy() / (rows["hbm"].to_numpy() * bandwidth_share)
+
+
+QUANTIZE = Form("quantize", ("floor_s", "bandwidth_share"), (2e-6, 0.8), _quantize, (1e-3, 1.0))
 
 
 def _moe(v, rows):

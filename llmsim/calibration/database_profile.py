@@ -21,9 +21,9 @@ import pandas as pd
 from llmsim.calibration import database as db
 from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE, DECODE_ATTENTION,
                                              DECODE_ATTENTION_OCCUPIED, DEVICE_COLUMNS, GEMM, MLA_DECODE, MLA_PREFILL,
-                                             MOE, PREFILL_ATTENTION, PREFILL_TILE_TOKENS,
-                                             SMALL_MESSAGE_BYTES, Form, errors, held_out_split,
-                                             summary, with_device)
+                                             MOE, PREFILL_ATTENTION, PREFILL_TILE_TOKENS, QUANTIZE,
+                                             QUANTIZE_MIN_INPUT_BYTES, SMALL_MESSAGE_BYTES, SMS_COLUMN, Form, errors,
+                                             held_out_split, summary, with_device)
 from llmsim.calibration.kernel_profile import calibrate_from_measurements
 from llmsim.calibration.operators import read_measurements
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
@@ -68,7 +68,8 @@ GROUPS = {g.name: g for g in (
     Group("prefill_attention", PREFILL_ATTENTION, "tokens"),
     Group("all_reduce", ALL_REDUCE, "bytes", True), Group("custom_all_reduce", CUSTOM_ALL_REDUCE, "bytes", True),
     Group("all_gather", COLLECTIVE, "bytes", True, False), Group("reduce_scatter", COLLECTIVE, "bytes", True, False),
-    Group("all_to_all", COLLECTIVE, "bytes", True, False), Group("moe", MOE, "tokens", priced=False),
+    Group("all_to_all", COLLECTIVE, "bytes", True, False), Group("quantize", QUANTIZE, "k"),
+    Group("moe", MOE, "tokens", priced=False),
     Group("mla_decode", MLA_DECODE, "tokens", priced=False), Group("mla_prefill", MLA_PREFILL, "tokens", priced=False))}
 NCCL_OPERATIONS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
                    "all_to_all": "alltoall"}
@@ -110,6 +111,13 @@ def operator_rows(database: db.Database, gpu: str, engine: db.EngineKernels, pro
     custom = table("comm", framework, "custom_allreduce_perf")
     if custom is not None:
         rows["custom_all_reduce"] = db.custom_all_reduce_rows(custom)
+    # TensorRT-LLM runs its FP8 quantization as a pass the GEMM rows do not time after an all-reduce that fell back
+    # to NCCL (its fused add-norm's quantization then runs apart: kernel_terms.STREAM_FUSION); the other engines'
+    # quantization is the GEMM rows' own.
+    quantize = table("quantize", framework, "scale_matrix_perf") if engine is db.EngineKernels.TRTLLM else None
+    if quantize is not None:
+        frame = db.quantize_rows(quantize)
+        rows["quantize"] = frame[frame["m"] * frame["k"] * 2 >= QUANTIZE_MIN_INPUT_BYTES]
     moe = table("moe", framework, "moe_perf")
     if moe is not None:
         rows["moe"] = db.moe_rows(moe)
@@ -200,7 +208,8 @@ def switch_over(custom: dict, nccl: dict, profile: HardwareProfile) -> dict[int,
 
 
 def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
-    """The ``kernels:`` figures ``fit`` replaces (GEMMs by dtype, attention, NCCL and custom all-reduce)."""
+    """The ``kernels:`` figures ``fit`` replaces (GEMMs by dtype, attention, NCCL and custom all-reduce, the
+    engine's FP8 quantization kernel)."""
     link, hbm = profile.interconnect_bandwidth_bytes_per_s, profile.memory_bandwidth_bytes_per_s
     out: dict = {}
     if "gemm_bf16" in fit.values:
@@ -229,6 +238,10 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
                 "critical_path_blocks": figure(_sig(p["critical_path_blocks"]), prefill_source, "measured"),
                 "critical_path_overlap": figure(_sig(p["critical_path_overlap"]), prefill_source, "measured")}}
         out["attention"] = attention
+    if "quantize" in fit.values:
+        v, source = fit.values["quantize"], fit.citation("quantize")
+        out["quantize"] = {"floor": figure(duration_text(v["floor_s"]), source, "measured"),
+                           "bandwidth": figure(bandwidth_text(v["bandwidth_share"] * hbm), source, "measured")}
     if "all_reduce" in fit.values:
         out["all_reduce"] = {count: _reduce_figures(v, link, fit.citation("all_reduce"))
                              for count, v in fit.values["all_reduce"].items()}
@@ -386,8 +399,9 @@ def same_point_errors(group: Group, values: dict, held: pd.DataFrame, donors: li
     (the median over donors; NaN where no donor measured the point). Where this reference misses too, the
     devices (or versions) disagree at identical points by more than any form of their datasheet figures says:
     the miss is in the kernels measured, not in the form's shape."""
-    keys = [c for c in held.columns if c not in (*DEVICE_COLUMNS, "measured_s", "table")]
-    target = {c: held[c].iloc[0] for c in DEVICE_COLUMNS}
+    device = [c for c in (*DEVICE_COLUMNS, SMS_COLUMN) if c in held.columns]
+    keys = [c for c in held.columns if c not in (*device, "measured_s", "table")]
+    target = {c: held[c].iloc[0] for c in device}
     carried = []
     for donor in donors:
         donor = donor.reset_index(drop=True)

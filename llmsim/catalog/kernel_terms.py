@@ -26,6 +26,9 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
 - ``attention.by_kv_dtype`` (optional): a KV-cache dtype's own decode-attention figures (floor, per sequence, per
   KV head, bandwidth, efficiency) where its kernels differ (FP8); a model whose cache is in that dtype is priced by
   them;
+- ``quantize`` (optional): the engine's FP8 quantization kernel (floor and bandwidth of a streaming kernel), priced
+  where the engine runs it as a pass the GEMM rows do not time (TensorRT-LLM, after an all-reduce that fell back to
+  NCCL; :class:`StreamFusion`);
 - ``engines`` (optional): another engine's figures laid over this section (``engine.kernels`` in a scenario
   picks one; the section itself is the default engine's, vLLM's);
 - ``step``: the growth of the engine's per-iteration overhead (``overhead.per_step``) with the
@@ -66,12 +69,18 @@ class StreamFusion:
     the RMSNorm (``residual_into_norm``: one add-norm kernel per norm); and, with tensor parallelism on a model
     wider than ``norm_into_all_reduce_above_hidden``, that add-norm inside the all-reduce before it, for messages up
     to the engine's all-reduce workspace (``pair_workspace_bytes`` for two GPUs, ``workspace_bytes`` for more): a
-    larger one falls back to NCCL, and the add-norm runs after it as a kernel of its own."""
+    larger one falls back to NCCL, and the add-norm runs after it as a kernel of its own.
+
+    With 8-bit weights, ``quantized_inputs`` names the GEMMs whose input the kernel before them writes in 8 bits
+    already (no quantization pass of their own); the GEMMs an add-norm feeds get theirs from the add-norm inside the
+    all-reduce (its FP8 variant), and after an all-reduce that fell back to NCCL a quantization pass of the normed
+    hidden state follows the add-norm."""
     inside: tuple[str, ...] = ()
     residual_into_norm: bool = False
     norm_into_all_reduce_above_hidden: int | None = None
     pair_workspace_bytes: float = math.inf
     workspace_bytes: float = math.inf
+    quantized_inputs: tuple[str, ...] = ()
 
     def all_reduce_workspace_bytes(self, group: int) -> float:
         """The largest all-reduce message of ``group`` GPUs whose kernel runs the add-norm."""
@@ -100,10 +109,20 @@ class StreamFusion:
 # - its all-reduce (strategy AUTO) falls back to NCCL for a message larger than its custom kernels' workspace,
 #   "regardless of the fusion type" (cpp/tensorrt_llm/thop/allreduceOp.cpp, ``ifFallbackToNCCL``), and then runs the
 #   fused ops after it (``fallbackRunSubsequentOps``); the workspace is 16 MB for two GPUs and 8 MB for more
-#   (cpp/tensorrt_llm/common/customAllReduceUtils.h, ``getMaxRequiredWorkspaceSize``, as of the v1.0 releases).
+#   (cpp/tensorrt_llm/common/customAllReduceUtils.h, ``getMaxRequiredWorkspaceSize``, as of the v1.0 releases);
+#   after the NCCL all-reduce ``fallbackRunSubsequentOps`` runs ``residualRmsNorm`` and then, for
+#   RESIDUAL_RMS_NORM_QUANT_FP8, ``symmetric_static_quantize_per_tensor`` of the norm's output: a quantization pass
+#   of its own (cpp/tensorrt_llm/thop/allreduceOp.cpp);
+# - with FP8 weights the output projection and the MLP's down projection take 8-bit input from the kernel before
+#   them: the attention op writes its output in FP8 (``out_scale=self.o_proj.inv_input_scale``,
+#   tensorrt_llm/_torch/modules/attention.py) and the SwiGLU kernel quantizes its output
+#   (``swiglu(x, quant_scale=self.down_proj.input_scale, quant_type=torch.float8_e4m3fn)``,
+#   tensorrt_llm/_torch/modules/gated_mlp.py); NVIDIA's aiconfigurator prices both GEMMs with
+#   ``low_precision_input=True`` (aiconfigurator-core 0.12.0, sdk/models/llama.py).
 STREAM_FUSION = {EngineKernels.TRTLLM.value: StreamFusion(("rotary",), residual_into_norm=True,
                                                           norm_into_all_reduce_above_hidden=4096,
-                                                          pair_workspace_bytes=16e6, workspace_bytes=8e6)}
+                                                          pair_workspace_bytes=16e6, workspace_bytes=8e6,
+                                                          quantized_inputs=("out_proj", "mlp_down"))}
 
 
 @dataclass(frozen=True)
@@ -206,6 +225,7 @@ class KernelTerms:
     gemm_quantize_bandwidth_bytes_per_s: float = 0.0
     decode_by_kv_dtype: dict[str, DecodeAttention] = field(default_factory=dict)
     stream_fusion: StreamFusion = StreamFusion()   # streaming kernels the engine runs inside other kernels
+    quantize: StreamKernel | None = None           # the engine's FP8 quantizer (no row term), where it runs as a pass
 
     def for_dtype(self, dtype: str) -> KernelTerms:
         """These terms with the GEMM figures of ``dtype`` where it has its own (else unchanged)."""
@@ -292,10 +312,7 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
     elementwise_node = kernels.child("elementwise")
     elementwise = {}
     for kind in ELEMENTWISE_KINDS:
-        entry = elementwise_node.child(kind)
-        elementwise[kind] = StreamKernel(figure(entry, "floor", "duration"), figure(entry, "bandwidth", "bandwidth"),
-                                         figure(entry, "row_bandwidth", "bandwidth"))
-        entry.done()
+        elementwise[kind] = _stream_kernel(elementwise_node.child(kind), figure)
     elementwise_node.done()
     reduce_node = kernels.child("all_reduce")
     all_reduce = {}
@@ -372,11 +389,28 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         decode_attention_efficiency=(figure(attention, "decode_efficiency", None, minimum=0.0, maximum=1.0)
                                      if attention.has("decode_efficiency") else 0.0),
         decode_attention_per_kv_head_s=_optional(attention, "decode_per_kv_head", figure, "duration"),
-        custom_all_reduce=custom, gemm_by_dtype=by_dtype, decode_by_kv_dtype=by_kv_dtype)
+        custom_all_reduce=custom, gemm_by_dtype=by_dtype, decode_by_kv_dtype=by_kv_dtype,
+        quantize=_quantizer(kernels.child("quantize"), figure) if kernels.has("quantize") else None)
     for done in (gemm, attention, step):
         done.done()
     kernels.done(extra_allowed=("note", "engines"))
     return terms
+
+
+def _stream_kernel(entry: Node, figure: Callable[..., float]) -> StreamKernel:
+    """A streaming kernel's floor, bandwidth and one block's row bandwidth (an elementwise kind's, the quantizer's)."""
+    kernel = StreamKernel(figure(entry, "floor", "duration"), figure(entry, "bandwidth", "bandwidth"),
+                          figure(entry, "row_bandwidth", "bandwidth"))
+    entry.done()
+    return kernel
+
+
+def _quantizer(entry: Node, figure: Callable[..., float]) -> StreamKernel:
+    """The engine's FP8 quantization kernel: its floor and bandwidth (fitted on tensors of hundreds of MB, where one
+    block's row is no term of its own)."""
+    kernel = StreamKernel(figure(entry, "floor", "duration"), figure(entry, "bandwidth", "bandwidth"), math.inf)
+    entry.done()
+    return kernel
 
 
 def _all_reduce(entry: Node, figure: Callable[..., float]) -> AllReduce:

@@ -329,9 +329,15 @@ class CostModel:
         self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 9))
         if kernels.gemm_quantize_bandwidth_bytes_per_s:
             # 8-bit weights: a kernel of its own first quantizes the 16-bit input (read 2 bytes, write 1 per
-            # element), linear in the tokens; it adds to both bounds of its operator's row as a floor does.
+            # element), linear in the tokens; it adds to both bounds of its operator's row as a floor does. None
+            # where the kernel before the GEMM writes 8 bits: the engine's (fusion.quantized_inputs), or the add-norm
+            # inside the all-reduce for the GEMMs it feeds (:meth:`_all_reduce_time` prices the pass where the
+            # all-reduce falls back to NCCL).
+            fusion = kernels.stream_fusion
+            norm_fused = fusion.norm_in_all_reduce(model.hidden_size, tp)
             for shape, repeats, _, scale, tokens in gemms:
-                if weight_bytes[shape.name] < 2:
+                if (weight_bytes[shape.name] < 2 and shape.name not in fusion.quantized_inputs
+                        and not (norm_fused and shape.k == model.hidden_size)):
                     at = op[GEMM_OPERATORS[shape.name]]
                     seconds = repeats * scale * shape.k * 3.0 / kernels.gemm_quantize_bandwidth_bytes_per_s
                     self._compute_time[at, tokens] += seconds
@@ -498,17 +504,27 @@ class CostModel:
         message = rows * self.model.hidden_size * self.model.activation_bytes_per_element
         once = all_reduce_time_s(message, self.tp, self._all_reduce)
         custom = self._custom_all_reduce
-        if custom is not None:
-            # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose).
-            once = np.where(message <= custom.switch_over_bytes, custom_all_reduce_time_s(message, self.tp, custom),
-                            once)
         fusion = self.kernels.stream_fusion
+        if custom is not None:
+            # The engine's own kernel below its switch-over size, NCCL above (as vLLM and SGLang choose), and NCCL
+            # for a message past the engine's all-reduce workspace whatever the sizes' times (TensorRT-LLM's
+            # ``ifFallbackToNCCL``).
+            own = min(custom.switch_over_bytes, fusion.all_reduce_workspace_bytes(self.tp))
+            once = np.where(message <= own, custom_all_reduce_time_s(message, self.tp, custom), once)
         if fusion.norm_in_all_reduce(self.model.hidden_size, self.tp):
             # The add-norm the engine runs inside its all-reduce runs after it where the message outgrows the
-            # engine's workspace (the all-reduce falls back to NCCL).
-            once = once + np.where(message > fusion.all_reduce_workspace_bytes(self.tp),
-                                   stream_time_s(rows, add_norm_bytes_per_token(self.model),
-                                                 self.kernels.elementwise["norm"]), 0.0)
+            # engine's workspace (the all-reduce falls back to NCCL), and with 8-bit weights a quantization pass of
+            # its output (read 2 bytes, write 1 per element) for the GEMMs it feeds: the engine's measured quantizer
+            # where the profile has it, else at the GEMMs' input quantization rate.
+            quantizer = self.kernels.quantize
+            after = stream_time_s(rows, add_norm_bytes_per_token(self.model), self.kernels.elementwise["norm"])
+            if self.model.weight_bytes_per_param < 2:
+                row_bytes = self.model.hidden_size * 3.0
+                if quantizer is not None:
+                    after = after + stream_time_s(rows, row_bytes, quantizer)
+                elif self.kernels.gemm_quantize_bandwidth_bytes_per_s:
+                    after = after + rows * row_bytes / self.kernels.gemm_quantize_bandwidth_bytes_per_s
+            once = once + np.where(message > fusion.all_reduce_workspace_bytes(self.tp), after, 0.0)
         return 2 * self.model.num_layers * iterations * once
 
     def _gemm_times(self, x) -> np.ndarray | float:

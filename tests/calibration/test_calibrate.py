@@ -60,6 +60,18 @@ def _mape(rows, profile) -> float:
     return float(np.mean(np.abs(_predicted_s(rows, profile) / measured - 1)))
 
 
+def test_opening_the_device_puts_torchs_process_wide_settings_back():
+    torch = pytest.importorskip("torch")
+    from llmsim.calibration.bench import open_device
+    subnormal = torch.tensor([1e-39], dtype=torch.float32)
+    threads_before = torch.get_num_threads()
+    with open_device("cpu", threads=1):
+        assert torch.get_num_threads() == 1
+        assert (subnormal * 1.0).item() == 0.0        # flushed while measuring
+    assert torch.get_num_threads() == threads_before
+    assert (subnormal * 1.0).item() > 0.0             # IEEE-754 gradual underflow again
+
+
 def test_the_simulator_never_imports_torch():
     code = "import llmsim, sys; llmsim.simulate; import llmsim.calibration.calibrate; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -340,3 +340,22 @@ def test_the_fp8_cache_read_rate_follows_the_kernels_thread_blocks(gpu):
     occupied = summary(errors(DECODE_ATTENTION_OCCUPIED, DECODE_ATTENTION_OCCUPIED.fit(fitted), held)[serving])
     assert line["median_error"] >= 0.10, line
     assert abs(occupied["median_error"]) <= 0.07 and occupied["mape"] < line["mape"], occupied
+
+
+@pytest.mark.skipif(importlib.util.find_spec(db.DATABASE_PACKAGE) is None,
+                    reason="needs pip install 'llmsim[measured]'")
+@pytest.mark.parametrize("gpu", [H100, "H200", "B200"])
+def test_the_engines_quantizer_predicts_tensor_widths_it_was_not_fitted_to(gpu):
+    """TensorRT-LLM's FP8 quantizer (``scale_matrix_perf``, inputs of 256 MiB and more: past the L2 cache) fitted to
+    every other tensor width ``k`` predicts the widths in between (measured, never fitted) within 3%, and the
+    profile's figures hold them too."""
+    from llmsim.calibration.database_fit import QUANTIZE
+    from llmsim.calibration.database_profile import operator_rows
+    database, hardware = db.Database(db.installed_root()), lookup_hardware(gpu)
+    rows = operator_rows(database, gpu, db.EngineKernels.TRTLLM, hardware)["quantize"].reset_index(drop=True)
+    fitted, held = held_out_split(rows, "k")
+    result = summary(errors(QUANTIZE, QUANTIZE.fit(fitted), held))
+    assert len(held) >= 20 and result["mape"] <= 0.03, result
+    shipped = hardware.for_engine(EngineKernels.TRTLLM).kernels.quantize
+    predicted = shipped.floor_s + 3.0 * held["m"] * held["k"] / shipped.bandwidth_bytes_per_s
+    assert summary(predicted.to_numpy() / held["measured_s"].to_numpy() - 1.0)["mape"] <= 0.03

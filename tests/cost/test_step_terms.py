@@ -9,7 +9,7 @@ import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog, simulate
 from llmsim.catalog.kernel_terms import EngineKernels, StreamFusion
-from llmsim.cost.kernels import ELEMENTWISE_COUNTS
+from llmsim.cost.kernels import ELEMENTWISE_COUNTS, all_reduce_time_s, custom_all_reduce_time_s
 from llmsim.cost.work import SAMPLING_BYTES_PER_VOCAB_ENTRY
 
 from tests.helpers import make_scenario
@@ -184,3 +184,88 @@ def test_tensorrt_llm_runs_the_add_norm_after_an_all_reduce_that_outgrows_its_wo
         add_norms = 0.0 if tokens == last_inside else streaming_closed_form(
             model, h200.kernels, tokens, {"norm": 4 * model.hidden_size * 2})
         assert comm - comm_inside == pytest.approx(add_norms, rel=1e-9, abs=1e-12), tokens
+
+
+def _gemm_rows(hardware, model, tp: int, tokens: int) -> dict[str, float]:
+    cost = CostModel(model, hardware, tp)
+    rows = cost.breakdown(cost.features([tokens], [0], [], prefill_logits=0)).set_index("operator")
+    return {op: rows.loc[op, "time_s"] for op in ("layer.qkv", "layer.out_proj", "layer.mlp",
+                                                  "overhead+communication")}
+
+
+def _without_fusion(hardware):
+    return dataclasses.replace(hardware, kernels=dataclasses.replace(hardware.kernels, stream_fusion=StreamFusion()))
+
+
+def test_tensorrt_llm_gemms_whose_input_arrives_in_8_bits_quantize_nothing():
+    """With FP8 weights TensorRT-LLM's attention op writes its output in FP8 and its SwiGLU quantizes its own output
+    (attention.py ``out_scale``, gated_mlp.py ``swiglu(..., quant_scale=...)``): the output and down projections run
+    no quantization pass. Against the same terms without the engine's fusions, a step at TP 1 is cheaper by exactly
+    those two passes (tokens x their input width x 3 bytes over the profile's quantization bandwidth, every layer),
+    and the QKV and gate-up projections (fed by a 16-bit add-norm at TP 1) keep theirs."""
+    h100 = lookup_hardware("H100-SXM").for_engine(EngineKernels.TRTLLM)
+    model = model_catalog()["Llama-3.1-70B"].with_dtypes(weight_dtype="fp8")
+    tokens = 2048
+    fused, unfused = _gemm_rows(h100, model, 1, tokens), _gemm_rows(_without_fusion(h100), model, 1, tokens)
+    per_pass = model.num_layers * tokens * 3.0 / h100.kernels.for_dtype("fp8").gemm_quantize_bandwidth_bytes_per_s
+    assert unfused["layer.out_proj"] - fused["layer.out_proj"] == pytest.approx(per_pass * model.q_dim, rel=1e-9)
+    assert unfused["layer.mlp"] - fused["layer.mlp"] == pytest.approx(per_pass * model.intermediate_size, rel=1e-9)
+    assert fused["layer.qkv"] == pytest.approx(unfused["layer.qkv"], rel=1e-12)
+
+
+@pytest.mark.parametrize("model_name, tp, workspace_bytes", [("Llama-3.1-70B", 2, 16e6), ("Llama-3.1-405B", 8, 8e6)])
+def test_tensorrt_llm_quantizes_inside_the_all_reduce_and_after_its_nccl_fallback(model_name, tp, workspace_bytes):
+    """TensorRT-LLM's Llama layers with FP8 weights run RESIDUAL_RMS_NORM_QUANT_FP8 in their all-reduces: the fused
+    kernel writes the normed state in FP8, so the QKV and gate-up projections quantize nothing while the message fits
+    the workspace; past it the all-reduce falls back to NCCL and ``fallbackRunSubsequentOps`` runs the add-norm and
+    then ``symmetric_static_quantize_per_tensor`` (allreduceOp.cpp). Each of a layer's two all-reduces then costs the
+    add-norm and one quantization of the hidden state at the engine's measured quantizer (floor + 3 bytes an element
+    over its bandwidth: the profile's ``quantize`` figures), and nothing more below the workspace."""
+    h100 = lookup_hardware("H100-SXM").for_engine(EngineKernels.TRTLLM)
+    quantizer = h100.kernels.quantize
+    assert quantizer is not None
+    model = model_catalog()[model_name].with_dtypes(weight_dtype="fp8")
+    inside = dataclasses.replace(h100, kernels=dataclasses.replace(
+        h100.kernels, stream_fusion=dataclasses.replace(h100.kernels.stream_fusion, pair_workspace_bytes=np.inf,
+                                                        workspace_bytes=np.inf)))
+    last_inside = int(workspace_bytes // (model.hidden_size * 2))
+    gemm_quantize = h100.kernels.for_dtype("fp8").gemm_quantize_bandwidth_bytes_per_s
+    for tokens in (last_inside, last_inside + 1, 4 * last_inside):
+        fused, no_fallback = _gemm_rows(h100, model, tp, tokens), _gemm_rows(inside, model, tp, tokens)
+        unfused = _gemm_rows(_without_fusion(h100), model, tp, tokens)
+        # The QKV projection's pass (the gate-up one is in layer.mlp with the down projection's) is gone.
+        assert unfused["layer.qkv"] - fused["layer.qkv"] == pytest.approx(
+            model.num_layers * tokens * model.hidden_size * 3.0 / gemm_quantize, rel=1e-9)
+        after = 0.0 if tokens == last_inside else 2 * model.num_layers * (
+            streaming_closed_form(model, h100.kernels, tokens, {"norm": 4 * model.hidden_size * 2}) / model.num_layers
+            / ELEMENTWISE_COUNTS["norm"]
+            + quantizer.floor_s + tokens * model.hidden_size * 3.0 / quantizer.bandwidth_bytes_per_s)
+        assert fused["overhead+communication"] - no_fallback["overhead+communication"] == pytest.approx(
+            after, rel=1e-9, abs=1e-12), tokens
+
+
+def test_tensorrt_llm_all_reduces_past_its_workspace_run_on_nccl():
+    """TensorRT-LLM sends an all-reduce larger than its custom kernels' workspace (8 MB on 4 GPUs) to NCCL whatever
+    the two kernels' times (allreduceOp.cpp ``ifFallbackToNCCL``): on 4 H100s, where the fitted custom kernel stays
+    the faster of the two to 128 MiB, a step whose hidden state is past 8 MB pays NCCL's all-reduce (the profile's
+    alpha-beta line), one within it the custom kernel's."""
+    h100 = lookup_hardware("H100-SXM").for_engine(EngineKernels.TRTLLM)
+    model = model_catalog()["Llama-3.1-70B"]
+    custom = h100.kernels.custom_all_reduce_for(4)
+    assert custom is not None and custom.switch_over_bytes > 8e6
+    unfused = _without_fusion(h100)
+    for tokens in (400, 1200):
+        message = tokens * model.hidden_size * 2.0
+        cost = CostModel(model, unfused, 4)
+        x = cost.features([tokens], [0], [], prefill_logits=0)
+        base = float(cost.fixed_vector @ x)
+        communication = cost.breakdown(x).set_index("operator").loc["overhead+communication", "time_s"] - base
+        engine_cost = CostModel(model, h100, 4)
+        engine = engine_cost.breakdown(x).set_index("operator").loc["overhead+communication", "time_s"] - base
+        nccl = all_reduce_time_s(message, 4, h100.kernels.all_reduce_for(4))
+        own = custom_all_reduce_time_s(message, 4, custom)
+        assert communication == pytest.approx(2 * model.num_layers * own, rel=1e-9)
+        expected = own if message <= 8e6 else nccl
+        assert engine - (0.0 if message <= 8e6 else 2 * model.num_layers * streaming_closed_form(
+            model, h100.kernels, tokens, {"norm": 4 * model.hidden_size * 2}) / model.num_layers
+            / ELEMENTWISE_COUNTS["norm"]) == pytest.approx(2 * model.num_layers * expected, rel=1e-9), tokens
