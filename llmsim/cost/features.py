@@ -241,7 +241,7 @@ def expanded_verify(verify_tokens, verify_pairs, decode_seqs, decode_kv):
 
 @numba.njit(cache=True)
 def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read,
-                          prompt_chunks, local_share=1.0):
+                          prompt_chunks, local_share=1.0, prompt_padding=0.0, prompt_longest=0.0):
     """The sums of one speculative decode step of sequences ``[0, n)``, compiled (it runs every step).
 
     Sequence ``i`` sees ``seen = visible(context[i])`` cached tokens (``window`` 0: no
@@ -252,7 +252,8 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
     sequential decode steps as in :func:`sequential_decode_rows`, the first of which also
     prefills, for each speculating sequence, the ``draft_fed[i] - 1`` tokens it has not
     processed beyond the one every step feeds, and, when ``prompt_chunks``, the iteration's
-    prompt chunks (``prompt_*`` sums: the draft prefills what the target prefills).
+    prompt chunks (``prompt_*`` sums, their tile padding and longest keys among them: the draft prefills what
+    the target prefills). Verify and catch-up chunks, a few positions each, carry no tile terms.
 
     Returns ``(verify_tokens, verify_pairs, verify_kv_read, spec_seqs, draft_tokens,
     decode_kv_read, draft_steps)``: ``decode_kv_read`` is the plain sequences' KV read,
@@ -297,8 +298,10 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
         row[_ONE] = row[_EXPERTS] = 1.0                  # dense draft: one "expert" per step
         row[_TOKENS] = row[_LOGITS] = row[_DECODE_SEQS]
     if not prompt_chunks:
-        prompt_tokens = prompt_pairs = prompt_kv_read = 0.0
+        prompt_tokens = prompt_pairs = prompt_kv_read = prompt_padding = prompt_longest = 0.0
     first = draft_rows[0]
+    first[_PREFILL_PADDING] = prompt_padding
+    first[_PREFILL_LONGEST] = prompt_longest
     first[_TOKENS] += behind_tokens + prompt_tokens
     first[_PREFILL_TOKENS] += behind_tokens + prompt_tokens
     first[_PREFILL_PAIRS] += behind_pairs + prompt_pairs

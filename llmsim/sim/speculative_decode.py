@@ -312,7 +312,7 @@ class SpeculativeDecodeSet(DecodeSet):
         # The verify chunks' tokens (each gives logits), pairs and KV read; the draft's rows.
         tokens, verify_pairs, verify_kv, n_spec, proposed, decode_kv, draft_steps = speculative_step_sums(
             n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv, bool(chunks),
-            self._local_share)
+            self._local_share, padding, longest)
         if self._branching > 1 and n_spec:
             extra_tokens, extra_pairs = tree_extras(n, s.k, s.context, self._window_tokens, self._branching,
                                                     self._draft_rows, draft_steps if self._sequential else 0,

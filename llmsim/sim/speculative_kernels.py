@@ -250,7 +250,7 @@ def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pai
     """
     tokens, pairs, kv_read, spec_seqs, drafted, decode_kv, draft_steps = speculative_step_sums(
         n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
-        local_share)
+        local_share, prompt_padding, prompt_longest)
     if branching > 1 and spec_seqs:
         extra_tokens, extra_pairs = tree_extras(n, k, context, window, branching, draft_rows,
                                                 draft_steps if sequential else 0, local_share)

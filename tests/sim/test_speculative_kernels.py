@@ -194,7 +194,7 @@ def _separate_calls(target, draft, n, k, context, window, lag, rows, prompt, chu
     target's ``step`` and the draft's ``rows_total``, one call each (``prompt_terms``: the prompt chunks'
     tile padding and longest keys)."""
     tokens, pairs, kv_read, n_spec, proposed, decode_kv, steps = speculative_step_sums(
-        n, k, context, window, lag, rows, *prompt, chunks, local_share)
+        n, k, context, window, lag, rows, *prompt, chunks, local_share, *prompt_terms)
     if branching > 1 and n_spec:
         extra_tokens, extra_pairs = tree_extras(n, k, context, window, branching, rows, steps if sequential else 0,
                                                 local_share)
