@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 import pickle
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import ClassVar
 
 import numba
 import numpy as np
@@ -73,6 +75,12 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
         compute_s, memory_s = y[i], y[n_ops + i]
         time_s += memory_s if memory_s > compute_s else compute_s
     return time_s + y[2 * n_ops], y[2 * n_ops + 1], y[2 * n_ops + 2]
+
+
+# The one specialization :meth:`CostModel.step` calls, every scalar a float (a Python int converts exactly).
+# Its compiled entry point is called directly: the dispatcher's matching of the arguments' types to a
+# specialization costs more than the product itself.
+_LINEAR_STEP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 10)
 
 
 @numba.njit(cache=True)
@@ -174,6 +182,10 @@ def summed_iteration(cost, rows: np.ndarray) -> tuple[float, float, float]:
 class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
+    # :func:`_linear_step` compiled for :data:`_LINEAR_STEP_SIGNATURE`, set by the first instance (on the class:
+    # a compiled function does not pickle).
+    _linear_step: ClassVar[Callable[..., tuple[float, float, float]]]
+
     def __init__(self, model: ModelSpec, hardware: HardwareProfile,
                  tensor_parallel: int = 1, pipeline_parallel: int = 1, placement: Placement | None = None,
                  routed_experts: bool = True):
@@ -240,14 +252,18 @@ class CostModel:
                              self.flops_matrix.sum(axis=0) * self.tp,
                              self.bytes_matrix.sum(axis=0) * self.tp])
         # The prefill tile columns apart from the product (their two coefficients per output, stacked below
-        # the other columns' matrix, ``_tile_terms``): the others sum in BLAS's order for their count of
-        # columns, and a row without prefill adds nothing, so a profile without tile terms prices every
-        # iteration to the same bits as before those columns existed.
+        # the other columns' matrix): the others sum in BLAS's order for their count of columns, and a row
+        # without prefill adds nothing, so a profile without tile terms prices every iteration to the same
+        # bits as before those columns existed.
         tiles = np.zeros((len(stacked), TILE_FEATURES_FROM))
         tiles[:, :len(FEATURES) - TILE_FEATURES_FROM] = stacked[:, TILE_FEATURES_FROM:]
         self._stacked = np.ascontiguousarray(np.vstack([stacked[:, :TILE_FEATURES_FROM], tiles]))
         self._linear = self._stacked[:len(stacked)]
         self._tile_padding, self._tile_longest = self._stacked[len(stacked):, 0], self._stacked[len(stacked):, 1]
+        # The entry point takes the arrays as its signature types them, unchecked.
+        assert self._stacked.dtype == np.float64 and self._stacked.flags.c_contiguous
+        if "_linear_step" not in vars(CostModel):
+            CostModel._linear_step = _linear_step.compile(_LINEAR_STEP_SIGNATURE)
 
     def _use_kernel_terms(self, terms: KernelTerms, paced_layers: int, weight_bandwidth_share: float) -> None:
         """Replace the roofline's rows by the measured kernel ``terms`` (the hardware's; see the module docstring).
@@ -366,7 +382,7 @@ class CostModel:
         tokens = prefill_tokens + decode_seqs
         touched = self._experts_touched
         logits = decode_seqs + prefill_logits
-        time_s, flops, moved = _linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
+        time_s, flops, moved = self._linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
                                             prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
                                             touched(tokens) if touched is not None else 1.0, logits,
                                             prefill_padding, prefill_longest)

@@ -314,14 +314,21 @@ class Engine(EngineProcess):
         flight (if any) is over, then iterations are scheduled, and run, until one must be waited
         for or there is nothing to do."""
         env = self.env
-        duration = self._in_flight
-        if duration is not None:
-            self._in_flight = None
-            self.now = self.now + duration          # its end, the sum that scheduled this call
-            self._complete()
-        peek, plan, apply = env.peek, self._plan, self._apply
+        peek, plan, apply, advance = env.peek, self._plan, self._apply, self.decode.advance
         observed = bool(self.observers)
+        duration = self._in_flight                  # the iteration in flight, if any, is over now
+        self._in_flight = None
         while True:
+            if duration is not None:
+                # The iteration last planned is over at its end (the sum that scheduled this call, or
+                # that the loop runs it to at once): its tokens appear.
+                self.now = now = self.now + duration
+                if observed:
+                    self._complete()
+                elif self._chunks:
+                    apply(self._chunks, self._decoding)
+                else:
+                    advance(now)                    # a decode-only iteration: apply() would only call this
             if self.now < env._now:                 # SimPy's clock without its property's call
                 self.now = env._now
             if self._expires:
@@ -338,11 +345,6 @@ class Engine(EngineProcess):
                 self._in_flight = duration
                 self._schedule(self._wake, NORMAL, end - env._now)
                 return
-            self.now = end
-            if observed:
-                self._complete()
-            else:
-                apply(self._chunks, self._decoding)
 
     def _complete(self) -> None:
         """The iteration last planned is over at ``self.now``: its tokens appear, then the observers see it."""

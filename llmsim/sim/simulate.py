@@ -271,15 +271,16 @@ class Arrivals:
         env, rows, records = self.env, self._rows, self.records
         while rows or self._load_batch():
             i, arrival_s, prompt, output = rows[-1]
+            now = env._now                   # SimPy's clock without its property's call
             if not self._due:
-                delay = arrival_s - env.now
+                delay = arrival_s - now
                 if delay > 0:
                     self._due = True
                     self._schedule(self._arrive, NORMAL, delay)
                     return
             self._due = False
             rows.pop()
-            self.router.dispatch(records.request(i, arrival_s, prompt, output), env.now)
+            self.router.dispatch(records.request(i, arrival_s, prompt, output), now)
 
     def _load_batch(self) -> bool:
         """The next :data:`ARRIVAL_BATCH` rows of the trace as Python numbers (into the batch, empty

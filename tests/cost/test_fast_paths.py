@@ -8,12 +8,16 @@ before and after a change to the engine's speed (``benchmarks/records_digest.py`
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.cost.features import F, batch_rows
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, gemm_scalar_body_s
+from llmsim.cost.roofline import _linear_step
 
 CASES = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H100-SXM", 4), ("Mixtral-8x7B", "H200", 2),
          ("Mistral-7B-v0.1", "A100-80GB", 1), ("Llama-3.2-1B", "B200", 1)]
@@ -97,3 +101,32 @@ def test_tables_filled_at_once_price_every_token_count_as_the_vectorised_model_d
     for t in range(size):
         times, flops, moved = cost.iteration(rows[t:t + 1])
         assert cost.rows_total(rows[t:t + 1]) == (times[0], flops[0], moved[0])
+
+
+
+_COUNT = st.integers(0, 1 << 40)
+_AMOUNT = st.floats(0.0, 1e12, allow_nan=False, allow_subnormal=False)
+# An iteration's sums as the engine passes them: token sums, pairs and KV reads as floats, the decode sequences,
+# their KV read (an int without a sliding window) and the logit rows as ints.
+_SUMS = st.tuples(_AMOUNT, _AMOUNT, _AMOUNT, _AMOUNT, _COUNT, st.one_of(_COUNT, _AMOUNT), _AMOUNT, _COUNT)
+
+
+@functools.cache
+def _llama_8b_h100() -> CostModel:
+    return CostModel(model_catalog()["Llama-3.1-8B"], lookup_hardware("H100-SXM"), 1)
+
+
+@settings(max_examples=200, derandomize=True, database=None, deadline=None)
+@given(_SUMS)
+def test_the_step_s_compiled_entry_point_is_the_linear_step_for_int_or_float_sums(sums):
+    """:meth:`CostModel.step` calls the linear step's one all-float specialization directly, with ints where
+    the engine has them: the same bits, and the same feature row, as the dispatcher's own specialization
+    for those types and as its all-float one."""
+    cost = _llama_8b_h100()
+    stacked, n_ops, x, _ = cost.compiled_terms()
+    entry = cost._linear_step(stacked, n_ops, x, *sums)
+    entry_row = x.copy()
+    assert entry == _linear_step(stacked, n_ops, x, *sums)
+    np.testing.assert_array_equal(entry_row, x)
+    assert entry == _linear_step(stacked, n_ops, x, *map(float, sums))
+    np.testing.assert_array_equal(entry_row, x)
