@@ -107,8 +107,10 @@ def test_tables_filled_at_once_price_every_token_count_as_the_vectorised_model_d
 _COUNT = st.integers(0, 1 << 40)
 _AMOUNT = st.floats(0.0, 1e12, allow_nan=False, allow_subnormal=False)
 # An iteration's sums as the engine passes them: token sums, pairs and KV reads as floats, the decode sequences,
-# their KV read (an int without a sliding window) and the logit rows as ints.
-_SUMS = st.tuples(_AMOUNT, _AMOUNT, _AMOUNT, _AMOUNT, _COUNT, st.one_of(_COUNT, _AMOUNT), _AMOUNT, _COUNT)
+# their KV read (an int without a sliding window) and the logit rows as ints, the prefill tile padding and longest
+# keys as floats.
+_SUMS = st.tuples(_AMOUNT, _AMOUNT, _AMOUNT, _AMOUNT, _COUNT, st.one_of(_COUNT, _AMOUNT), _AMOUNT, _COUNT, _AMOUNT,
+                  _AMOUNT)
 
 
 @functools.cache
