@@ -348,10 +348,10 @@ class ExpertParallelCostModel(CostModel):
         return time_s + self.expert_time_s(x), flops + extra_flops, moved + extra_bytes * self.tp
 
     def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
-             decode_kv_read) -> tuple[float, float, float]:
+             decode_kv_read, prefill_padding=0.0, prefill_longest=0.0) -> tuple[float, float, float]:
         """The simulator's per-iteration path (:meth:`CostModel.step`) with the MoE layers' time added."""
         time_s, flops, moved = super().step(prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
-                                            decode_seqs, decode_kv_read)
+                                            decode_seqs, decode_kv_read, prefill_padding, prefill_longest)
         tokens = float(prefill_tokens + decode_seqs)
         row = np.zeros(len(FEATURES))
         row[F["one"]], row[F["tokens"]] = 1.0, tokens
