@@ -18,9 +18,12 @@ and two diagnostics that need no form:
   16-bit GEMMs are not; nor are TensorRT-LLM's FP8 GEMMs, on which the shipped form meets the acceptance (printed
   per engine: the shipped form held out, and the median and largest ratio of the time at ``m = 2^j + 1`` to that at
   ``2^j``, same ``n, k``, ``m >= 64``).
-- prefill attention: the held-out errors on serving shapes alone (4 or more query heads, 2 to 16 query heads per KV
-  head, 512 tokens and more, up to 16k tokens a batch) under the shipped form, a candidate's full form and the
-  candidate's terms priced as the cost model would (its affine part, no critical path).
+- prefill attention: the shipped form (64 x 64 causal tiles and a critical path), the same without its critical path,
+  and a candidate that packs a GQA group's query heads into 128-row tiles of 128 keys (a tile holds ``128 / g``
+  tokens of ``g`` heads; FlashAttention-3's PackGQA, the TensorRT-LLM Blackwell kernels' grouping): its padding needs
+  a sum over tiles whose rows are not a whole number of tokens, which the step's features do not carry. Held out on
+  every row and on serving shapes alone (4 or more query heads, 2 to 16 query heads per KV head, 512 tokens and more,
+  up to 16k tokens a batch).
 
     .venv/bin/python benchmarks/fidelity_forms.py        (needs ``pip install 'llmsim[measured]'``; about 2 min)
 """
@@ -38,7 +41,6 @@ from llmsim.catalog.hardware import lookup_hardware
 TARGETS = ("H100-SXM", "H200", "B200")
 M_BANDS = ((1, 16), (17, 64), (65, 128), (129, 256), (257, np.inf))   # vLLM's dispatch bands (both architectures')
 ALIGNMENT = 16                      # token counts the FP8 GEMM runs at full rate (multiples of 16, or up to 16)
-PREFILL_TILE_ROWS, PREFILL_TILE_KEYS = 64, 128
 
 
 def _gemm_fp8_padded(v: np.ndarray, rows: pd.DataFrame) -> np.ndarray:
@@ -61,23 +63,34 @@ GEMM_FP8_PADDED = fit.Form("gemm_fp8_padded", (*fit.GEMM.parameters, "epilogue_s
                            (*fit.GEMM.start, 0.5, 1.3), _gemm_fp8_padded, (*(fit.GEMM.upper or ()), 10.0, 10.0))
 
 
-def _prefill_critical(v: np.ndarray, rows: pd.DataFrame) -> np.ndarray:
-    """Prefill attention over whole tiles (64 query rows x 128 keys, causal tiles padded) and a critical path: the
-    longest thread block (one query tile against every key) at ``units`` blocks' share of the rate, combined with the
-    total work by a p-norm (few heads and one sequence leave most SMs idle behind the last tile)."""
-    floor, efficiency, half, kv_half, units, p = v
+def _packed_pairs(tokens: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Pairs per query head of a prompt of ``tokens`` in tiles of 128 rows (``128 / group`` tokens of every head of
+    its GQA group) by 128 keys, each tile whole."""
+    out = np.empty(len(tokens))
+    for key in set(zip(tokens, group)):
+        s, g = key
+        rows = PACKED_TILE / g
+        i = np.arange(int(np.ceil(s / rows)))
+        keys = np.ceil(np.minimum((i + 1) * rows, s) / PACKED_TILE) * PACKED_TILE
+        out[(tokens == s) & (group == g)] = rows * keys.sum()
+    return out
+
+
+def _prefill_packed(v: np.ndarray, rows: pd.DataFrame) -> np.ndarray:
+    """The shipped form's terms over GQA-packed 128 x 128 tiles, its critical path one 128-row tile."""
+    floor, efficiency, half, kv_half, blocks, overlap = v
     b, s, h, hk, d = (rows[c].to_numpy() for c in ("batch", "tokens", "heads", "kv_heads", "head_dim"))
-    tiles = np.ceil(s / PREFILL_TILE_ROWS)
-    pairs = np.minimum(PREFILL_TILE_ROWS ** 2 * tiles * (tiles + 1) / 2,
-                       PREFILL_TILE_ROWS * tiles * np.ceil(s / PREFILL_TILE_KEYS) * PREFILL_TILE_KEYS)
     rate = rows["peak_bf16"].to_numpy() * efficiency
-    total = 4 * d * b * (h * pairs + (half * h + kv_half * hk) * s) / rate
-    longest = 4 * d * PREFILL_TILE_ROWS * np.ceil(s / PREFILL_TILE_KEYS) * PREFILL_TILE_KEYS / rate * units
-    return floor + (total ** p + longest ** p) ** (1 / p)
+    total = 4 * d * b * (h * _packed_pairs(s, h / hk) + (half * h + kv_half * hk) * s) / rate
+    longest = 4 * d * PACKED_TILE * s * blocks / rate
+    return floor + total + np.maximum(longest - overlap * total, 0.0)
 
 
-PREFILL_CRITICAL = fit.Form("prefill_critical", (*fit.PREFILL_ATTENTION.parameters, "units", "p"),
-                            (1e-5, 0.5, 50.0, 50.0, 132.0, 4.0), _prefill_critical, (1e-3, 1.0, 1e6, 1e6, 1e4, 50.0))
+PACKED_TILE = 128
+PREFILL_PACKED = fit.Form("prefill_packed", fit.PREFILL_ATTENTION.parameters, fit.PREFILL_ATTENTION.start,
+                          _prefill_packed, fit.PREFILL_ATTENTION.upper)
+# The shipped form without its critical path (the blocks held at a value that makes it vanish on every row).
+NO_CRITICAL_PATH = {"critical_path_blocks": 1e-9, "critical_path_overlap": 1.0}
 
 
 def held_out(rows: dict[str, dict[str, pd.DataFrame]], group: str, form: fit.Form, target: str,
@@ -173,17 +186,16 @@ def main() -> None:
                   f"{np.median(fp8):.2f} max {fp8.max():.2f}; bf16 median {np.median(bf16):.2f} max {bf16.max():.2f}")
     print("\nprefill attention (serving shapes: 4+ heads, 2-16 query heads per KV head, 512+ tokens, <= 16k a batch)")
     for target in TARGETS:
-        shipped = held_out(rows, "prefill_attention", fit.PREFILL_ATTENTION, target)
-        critical = held_out(rows, "prefill_attention", PREFILL_CRITICAL, target)
         held = rows[target]["prefill_attention"]
-        affine = fit.errors(fit.PREFILL_ATTENTION, {k: critical[2][k] for k in fit.PREFILL_ATTENTION.parameters}, held)
         serving = ((held["heads"] >= 4) & (held["heads"] / held["kv_heads"]).between(2, 16) & (held["tokens"] >= 512)
                    & (held["batch"] * held["tokens"] <= 16384)).to_numpy()
-        print(f"  {target:<9} all rows: shipped {cell(*shipped[:2])} | padded tiles + critical path "
-              f"{cell(*critical[:2])}")
-        print(f"  {'':<9} serving:  shipped {cell(shipped[0][serving])} | padded tiles + critical path "
-              f"{cell(critical[0][serving])} | its affine part alone {cell(affine[serving])}")
-
+        shipped = held_out(rows, "prefill_attention", fit.PREFILL_ATTENTION, target)
+        plain = held_out(rows, "prefill_attention", fit.PREFILL_ATTENTION, target, NO_CRITICAL_PATH)
+        packed = held_out(rows, "prefill_attention", PREFILL_PACKED, target)
+        print(f"  {target:<9} all rows: shipped {cell(*shipped[:2])} | no critical path {cell(plain[0])} | "
+              f"GQA-packed 128 x 128 {cell(packed[0])}")
+        print(f"  {'':<9} serving:  shipped {cell(shipped[0][serving])} | no critical path {cell(plain[0][serving])} | "
+              f"GQA-packed 128 x 128 {cell(packed[0][serving])}")
 
 if __name__ == "__main__":
     main()

@@ -329,10 +329,15 @@ class FluidModel:
         """Feature rows ``iterations * one + per_step`` (MoE expert counts per iteration)."""
         return set_iterations(per_step.copy(), iterations, cost.model)
 
-    @staticmethod
-    def _prefill_rows(tokens: np.ndarray, pairs: np.ndarray, logits: np.ndarray) -> np.ndarray:
-        """Prefill of ``tokens`` fresh prompt positions, to be added to a step's rows (see _rows)."""
-        return batch_rows(tokens, pairs, tokens, logits, iterations=0.0)
+    def _prefill_rows(self, tokens: np.ndarray, pairs: np.ndarray, logits: np.ndarray,
+                      longest: np.ndarray) -> np.ndarray:
+        """Prefill of ``tokens`` fresh prompt positions whose longest query sees ``longest`` keys, to be added to a
+        step's rows (see _rows). The tile padding is the causal diagonal's, ``(t - 1) / 2`` pairs a token for tiles
+        of ``t`` (each diagonal tile computes ``t^2`` pairs for ``t (t + 1) / 2``; the chunks' last partial tiles
+        are not counted)."""
+        tile = self.cost.prefill_tile_tokens
+        return batch_rows(tokens, pairs, tokens, logits, iterations=0.0,
+                          prefill_tile_padding=tokens * (tile - 1) / 2 if tile else 0.0, prefill_longest_keys=longest)
 
     def _steps(self, lam: np.ndarray, tau: np.ndarray, work: _Work):
         """Iteration times over the distribution of prefill a step carries, with their weights.
@@ -359,7 +364,10 @@ class FluidModel:
         held_back = np.maximum(load * self.mean_prompt - (weights * taken).sum(axis=(1, 2), keepdims=True), 0.0)
         chunk = np.minimum(taken + held_back, room)
         chunk_pairs = np.where(tokens > 0, pairs * chunk / np.maximum(tokens, 1e-12), chunk * self.pairs_per_token)
-        prefill = self._prefill_rows(chunk, chunk_pairs, np.minimum(n, chunk))
+        # The longest query: a whole prompt's last (the prompt fits the step), else a chunk of it half way through
+        # on average; held-back prefill alone: the chunk's own.
+        longest = np.where(n > 0, np.where(p <= chunk, p, (chunk + p) / 2), chunk)
+        prefill = self._prefill_rows(chunk, chunk_pairs, np.minimum(n, chunk), longest)
         times = self._iteration_time(load + 0 * tokens, prefill, work)
         return times, weights
 
@@ -525,10 +533,13 @@ class FluidModel:
         p, pp = self.ttft_prompt[None, :], self.ttft_pairs[None, :]
         chunks = np.ceil((p + others) / room)
         own = p / chunks
+        # The prompt's chunk i of ``chunks`` sees i / chunks of it: the mean over its chunks.
+        longest = p * (chunks + 1) / (2 * chunks)
         prefill = self._prefill_rows(own + others / chunks, (pp + others * self.pairs_per_token) / chunks,
-                                     np.ones_like(own))
+                                     np.ones_like(own), longest)
         busy_step = self._iteration_time(load[:, None] + 0 * own, prefill, work)
-        idle_step = self._iteration_time(0 * own, self._prefill_rows(own, pp / chunks, np.ones_like(own)), work)
+        idle_step = self._iteration_time(0 * own, self._prefill_rows(own, pp / chunks, np.ones_like(own), longest),
+                                         work)
         prefill_busy = (chunks * busy_step).mean(axis=1)
         prefill_idle = (chunks * idle_step).mean(axis=1)
         decode_s = work.decode_steps * t

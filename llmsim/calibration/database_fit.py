@@ -41,6 +41,7 @@ from scipy.optimize import least_squares
 
 from llmsim.calibration.cutlass_dispatch import DISPATCH, waves
 from llmsim.catalog.hardware import HardwareProfile
+from llmsim.cost.features import causal_tile_padding
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
 
 BF16 = 2.0
@@ -193,16 +194,26 @@ DECODE_ATTENTION_OCCUPIED = Form("decode_attention_occupied", (*DECODE_ATTENTION
 
 
 def _prefill(v, rows):
-    floor, efficiency, half, kv_half = v
+    floor, efficiency, half, kv_half, blocks, overlap = v
     b, s, h, hk, d = (rows[c].to_numpy() for c in ("batch", "tokens", "heads", "kv_heads", "head_dim"))
-    # Causal pairs, ``half`` more keys per query head (idle units on short sequences) and ``kv_half`` more per KV
-    # head: every query tile loads its KV head's keys and values, work a GQA group shares and MHA repeats per head.
-    flops = 4 * d * b * (h * s * (s + 1) / 2 + (half * h + kv_half * hk) * s)
-    return floor + flops / (rows["peak_bf16"].to_numpy() * efficiency)
+    # Causal pairs in whole tiles, ``half`` more keys per query head (idle units on short sequences) and ``kv_half``
+    # more per KV head: every query tile loads its KV head's keys and values, work a GQA group shares and MHA repeats
+    # per head.
+    pairs = s * (s + 1) / 2 + causal_tile_padding(s, 0.0, PREFILL_TILE_TOKENS)
+    rate = rows["peak_bf16"].to_numpy() * efficiency
+    total = 4 * d * b * (h * pairs + (half * h + kv_half * hk) * s) / rate
+    # The critical path: the longest thread block (one query tile against every key) at 1/blocks of the rate; few
+    # heads and sequences leave SMs idle behind it, work that ``overlap`` of the total hides.
+    longest = 4 * d * PREFILL_TILE_TOKENS * s * blocks / rate
+    return floor + total + np.maximum(longest - overlap * total, 0.0)
 
 
-PREFILL_ATTENTION = Form("prefill_attention", ("floor_s", "efficiency", "half_length_tokens", "kv_half_length_tokens"),
-                         (1e-5, 0.5, 256.0, 256.0), _prefill, (1e-3, 1.0, 1e6, 1e6))
+# vLLM's FlashAttention and FlashInfer prefill kernels tile queries and keys by 64 on Hopper; one tile size for all
+# GPUs (128 x 128 held out worse on Blackwell too: benchmarks/fidelity_forms.py).
+PREFILL_TILE_TOKENS = 64
+PREFILL_ATTENTION = Form("prefill_attention", ("floor_s", "efficiency", "half_length_tokens", "kv_half_length_tokens",
+                                               "critical_path_blocks", "critical_path_overlap"),
+                         (1e-5, 0.5, 256.0, 256.0, 300.0, 0.3), _prefill, (1e-3, 1.0, 1e6, 1e6, 1e5, 1.0))
 
 
 def _collective(traffic_share: float):

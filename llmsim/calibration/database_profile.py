@@ -21,9 +21,9 @@ import pandas as pd
 from llmsim.calibration import database as db
 from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE, DECODE_ATTENTION,
                                              DECODE_ATTENTION_OCCUPIED, DEVICE_COLUMNS, GEMM, MLA_DECODE, MLA_PREFILL,
-                                             MOE, PREFILL_ATTENTION, QUANTIZE, QUANTIZE_MIN_INPUT_BYTES,
-                                             SMALL_MESSAGE_BYTES, SMS_COLUMN, Form, errors, held_out_split, summary,
-                                             with_device)
+                                             MOE, PREFILL_ATTENTION, PREFILL_TILE_TOKENS, QUANTIZE,
+                                             QUANTIZE_MIN_INPUT_BYTES, SMALL_MESSAGE_BYTES, SMS_COLUMN, Form, errors,
+                                             held_out_split, summary, with_device)
 from llmsim.calibration.kernel_profile import calibrate_from_measurements
 from llmsim.calibration.operators import read_measurements
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
@@ -44,6 +44,9 @@ LAYER_SHAPES = {"min_k": 1024, "min_n": 128, "max_m": 16384}
 # pooled with them would pull the KV read rate of every GQA model off by a third.
 FP8_KV_QUERIES_PER_KV_HEAD = (2, 16)
 GEMM_SAMPLE = 3                # every third GEMM row (by shape order) is fitted: the surface is smooth and dense
+PREFILL_TILE_SOURCE = ("assumption: FlashAttention's and FlashInfer's prefill kernels compute whole tiles of 64 (or "
+                       "128) queries by 64 (or 128) keys; 64 x 64 for every GPU, the size the operator database held "
+                       "out best with (benchmarks/fidelity_forms.py)")
 FIT_NOTE = ("scipy.optimize.least_squares on log(predicted/measured) (llmsim.calibration.database_fit); held out: "
             "every other token count / KV length / message size fitted, the rest predicted")
 
@@ -230,7 +233,10 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
             attention["prefill_backends"] = {fit.engine.value: {
                 "efficiency": figure(_sig(p["efficiency"]), prefill_source, "measured"),
                 "half_length": figure(_sig(p["half_length_tokens"]), prefill_source, "measured"),
-                "kv_half_length": figure(_sig(p["kv_half_length_tokens"]), prefill_source, "measured")}}
+                "kv_half_length": figure(_sig(p["kv_half_length_tokens"]), prefill_source, "measured"),
+                "tile_tokens": figure(PREFILL_TILE_TOKENS, PREFILL_TILE_SOURCE, "assumption"),
+                "critical_path_blocks": figure(_sig(p["critical_path_blocks"]), prefill_source, "measured"),
+                "critical_path_overlap": figure(_sig(p["critical_path_overlap"]), prefill_source, "measured")}}
         out["attention"] = attention
     if "quantize" in fit.values:
         v, source = fit.values["quantize"], fit.citation("quantize")

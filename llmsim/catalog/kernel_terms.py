@@ -185,10 +185,20 @@ class PrefillAttention:
     """One attention backend's prefill: efficiency ``e x L / (L + half_length)`` of the 16-bit peak at mean
     visible context ``L`` per query (short sequences leave the device part idle), and ``kv_half_length`` more
     keys per query per KV head on the GPU over query heads (each query tile loads its KV head's keys and values:
-    a GQA group shares that work, MHA repeats it per head; 0: none)."""
+    a GQA group shares that work, MHA repeats it per head; 0: none).
+
+    Measured backends also compute whole ``tile_tokens x tile_tokens`` tiles (the causal diagonal's padding:
+    :func:`llmsim.cost.features.causal_tile_padding`; 0: exact pairs) and have a critical path: the longest
+    thread block (one query tile against the most keys a query of the step sees) runs at
+    ``1 / critical_path_blocks`` of the rate, and the step's prefill attention takes
+    ``T + max(0, L - critical_path_overlap x T)`` for total work time ``T`` and that block's time ``L`` (few heads
+    and sequences leave SMs idle behind the last tile; 0 blocks: no critical path)."""
     efficiency: float
     half_length_tokens: float
     kv_half_length_tokens: float = 0.0
+    tile_tokens: int = 0
+    critical_path_blocks: float = 0.0
+    critical_path_overlap: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -320,10 +330,19 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
     backends = {}
     for name in list(backends_node.data):
         entry = backends_node.child(name)
+        tile = _optional(entry, "tile_tokens", figure)
+        if tile != int(tile):
+            raise entry.key_error("tile_tokens", "expected a whole number of tokens", tile, "an integer >= 0")
+        blocks = _optional(entry, "critical_path_blocks", figure)
+        if blocks and not tile:
+            raise entry.key_error("critical_path_blocks", "needs tile_tokens (the critical path is one query tile)",
+                                  blocks, "0 without tile_tokens")
         backends[str(name)] = PrefillAttention(
             figure(entry, "efficiency", None, minimum=0.0, maximum=1.0, exclusive_minimum=True),
             figure(entry, "half_length", None, minimum=0.0, exclusive_minimum=False),
-            _optional(entry, "kv_half_length", figure))
+            _optional(entry, "kv_half_length", figure), int(tile), blocks,
+            figure(entry, "critical_path_overlap", None, minimum=0.0, maximum=1.0, exclusive_minimum=False)
+            if entry.has("critical_path_overlap") else 0.0)
         entry.done()
     backends_node.done()
     backend = attention.choice("prefill_backend", tuple(backends) or ("(none given)",))

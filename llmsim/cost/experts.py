@@ -292,7 +292,7 @@ class ExpertParallelCostModel(CostModel):
         key = pickle.dumps((self._gemm, kernels, self._quantize_s_per_assignment, self._local_experts,
                             self._moe_layers, self.data_parallel, tensor_parallel, model, layout, all_to_all,
                             busiest.assignments.tobytes(), busiest.mean.tobytes()))
-        self._memo: dict[tuple[float, float], float] = _shared_memos.pop(key, None) or {}
+        self._memo: dict[tuple[float, float], float] = _shared_memos.pop(key, {})
         _shared_memos[key] = self._memo
         while len(_shared_memos) > SHARED_MEMOS:
             _shared_memos.popitem(last=False)
@@ -364,10 +364,10 @@ class ExpertParallelCostModel(CostModel):
         return time_s + self.expert_time_s(x), flops + extra_flops, moved + extra_bytes * self.tp
 
     def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
-             decode_kv_read) -> tuple[float, float, float]:
+             decode_kv_read, prefill_padding=0.0, prefill_longest=0.0) -> tuple[float, float, float]:
         """The simulator's per-iteration path (:meth:`CostModel.step`) with the MoE layers' time added."""
         time_s, flops, moved = super().step(prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
-                                            decode_seqs, decode_kv_read)
+                                            decode_seqs, decode_kv_read, prefill_padding, prefill_longest)
         tokens = float(prefill_tokens + decode_seqs)
         extra_flops, extra_bytes = self._expert_work(tokens, 1.0)
         return time_s + self._remembered_s(1.0, tokens), flops + extra_flops, moved + extra_bytes * self.tp

@@ -25,6 +25,12 @@ over the layers, ``c - f max(c - W, 0)``: the features are per average layer, so
 context ``c > W`` costs ``(1 - f) c + f W`` per layer, ``n_global c + n_local W`` over
 the model. Every attention sum is linear in ``seen``, so the mean over the layers of
 each layer's sum is the sum at the mean ``seen``.
+
+Prefill attention kernels compute whole tiles of ``t x t`` query-key pairs (``t`` the profile's
+``tile_tokens``; 0: exact pairs): ``prefill_tile_padding`` sums the pairs the causal tiles on each
+chunk's diagonal add (:func:`causal_tile_padding`), and ``prefill_longest_keys`` is the most keys one
+query of the step sees (the last query of its longest chunk: one thread block's work, the step's
+critical path when few blocks run). Both are time only: the FLOPs stay those of the pairs.
 """
 from __future__ import annotations
 
@@ -37,11 +43,15 @@ import numpy as np
 from llmsim.catalog.models import ModelSpec
 
 FEATURES = ("one", "tokens", "prefill_tokens", "prefill_pairs", "prefill_kv_read",
-            "decode_seqs", "decode_kv_read", "experts_touched", "logit_tokens")
+            "decode_seqs", "decode_kv_read", "experts_touched", "logit_tokens", "prefill_tile_padding",
+            "prefill_longest_keys")
 F = {name: i for i, name in enumerate(FEATURES)}
 # The same columns as constants, for compiled code (numba reads module globals when it compiles).
-_ONE, _TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _PREFILL_KV_READ, _DECODE_SEQS, _DECODE_KV_READ, _EXPERTS, _LOGITS = (
-    F[name] for name in FEATURES)
+(_ONE, _TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _PREFILL_KV_READ, _DECODE_SEQS, _DECODE_KV_READ, _EXPERTS, _LOGITS,
+ _PREFILL_PADDING, _PREFILL_LONGEST) = (F[name] for name in FEATURES)
+# The prefill kernel's tile terms come last: the cost model prices them in a product of their own (CostModel),
+# so that the other columns' product sums as it did before they existed, to the same bits.
+TILE_FEATURES_FROM = _PREFILL_PADDING
 # The columns a draft's rows fill, for compiled code outside this module (llmsim.sim.speculative_kernels).
 DRAFT_ROW_COLUMNS = (_TOKENS, _PREFILL_TOKENS, _PREFILL_PAIRS, _DECODE_SEQS, _DECODE_KV_READ, _LOGITS)
 
@@ -70,6 +80,19 @@ def attention_pairs(new, seen, chunks=1):
     return new * seen + new * (new + 1) / 2 * chunks
 
 
+def causal_tile_padding(new, cached, tile: int):
+    """Query-key pairs a chunk of ``new`` positions after ``cached`` cached tokens computes beyond its causal
+    pairs when its kernel works in ``t x t`` tiles (``t = tile``): query tiles start at the chunk's first
+    position, query tile ``i`` (of ``T = ceil(new / t)``) reads key tiles up to its last query's position,
+    ``ceil((cached + min(t (i + 1), new)) / t)`` of them, every tile whole. Summed over the query tiles,
+    ``t^2 ((T - 1) ceil(cached / t) + T (T - 1) / 2 + ceil((cached + new) / t))`` pairs, less the causal ones
+    (scalar or array; 0 for ``new = 0``)."""
+    query_tiles = -(-new // tile)
+    tiles = ((query_tiles - 1) * -(-cached // tile) + query_tiles * (query_tiles - 1) // 2
+             + -(-(cached + new) // tile))
+    return (tile * tile * tiles - attention_pairs(new, cached)) * (new > 0)
+
+
 def chunk_pairs(new, cached, window: int | None, local_share: float = 1.0):
     """Query-key pairs of a chunk of ``new`` positions after ``cached`` cached tokens, averaged over
     the layers: query ``i`` (from 1) sees ``cached + i`` keys on a global layer and at most ``window``
@@ -88,36 +111,48 @@ class Prefilling(Protocol):
     prefill_target: int
 
 
-def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None,
-                 local_share: float = 1.0) -> tuple[float, float, float, int]:
-    """Prefill chunks ``(sequence, new)``: (tokens, attention pairs, KV read, prompts completed).
+def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None, local_share: float = 1.0,
+                 tile: int = 0) -> tuple[float, float, float, int, float, float]:
+    """Prefill chunks ``(sequence, new)``: (tokens, attention pairs, KV read, prompts completed, tile padding,
+    longest keys).
 
     ``new`` positions of the sequence's prompt are computed after its ``prefilled`` cached
     ones (chunked prefill); a chunk that reaches the prompt's end samples a token (a logit
     row). The window caps the cache a chunk sees on the ``local_share`` of the layers
     (:func:`visible`). The chunks are read as they are, without building tuples: this runs
-    every iteration.
+    every iteration. ``tile``: the prefill kernel's tile (:func:`causal_tile_padding`; 0: none, no padding),
+    whose padding is that of the chunk's causal diagonal (a window's far edge is not counted).
     """
-    tokens = pairs = kv_read = 0.0
+    tokens = pairs = kv_read = padding = longest = 0.0
     completed = 0
+    square = tile * tile
     for sequence, new in chunks:
         cached = sequence.prefilled
         tokens += new
-        if not window or cached + new <= window:            # every query sees its whole context
-            pairs += new * cached + new * (new + 1) / 2
-            kv_read += cached + new
-            completed += cached + new == sequence.prefill_target
+        end = cached + new
+        full = new * cached + new * (new + 1) / 2
+        if tile:                # causal_tile_padding in scalar arithmetic (this runs every iteration)
+            query_tiles = -(-new // tile)
+            padding += square * ((query_tiles - 1) * -(-cached // tile) + query_tiles * (query_tiles - 1) // 2
+                                 - (-end // tile)) - full
+        if not window or end <= window:            # every query sees its whole context
+            pairs += full
+            kv_read += end
+            completed += end == sequence.prefill_target
+            if end > longest:
+                longest = end
             continue
         # chunk_pairs in scalar arithmetic (this runs every iteration): the queries below the
         # window see their whole context, the others the window, on the local layers.
         below = window - cached - 1 if cached + 1 < window else 0
         local = below * (2 * cached + below + 1) / 2 + (new - below) * window
-        full = new * cached + new * (new + 1) / 2
         pairs += local if local_share == 1.0 else full - local_share * (full - local)
         seen = cached if cached < window else cached - local_share * (cached - window)
         kv_read += seen + new
-        completed += cached + new == sequence.prefill_target
-    return tokens, pairs, kv_read, completed
+        completed += end == sequence.prefill_target
+        if seen + new > longest:
+            longest = seen + new
+    return tokens, pairs, kv_read, completed, padding, float(longest)
 
 
 def windowed_context_sum(first, last, window: int | None, local_share: float = 1.0):
@@ -136,7 +171,7 @@ def windowed_context_sum(first, last, window: int | None, local_share: float = 1
 
 def batch_rows(prefill_tokens=0.0, prefill_pairs=0.0, prefill_kv_read=0.0, prefill_logits=0.0,
                decode_seqs=0.0, decode_kv_read=0.0, model: ModelSpec | None = None,
-               iterations=1.0) -> np.ndarray:
+               iterations=1.0, prefill_tile_padding=0.0, prefill_longest_keys=0.0) -> np.ndarray:
     """Feature rows (shape ``broadcast shape + (len(FEATURES),)``) of batches given by arrays of sums.
 
     ``iterations`` is how many iterations the sums are spread over (the fluid model's
@@ -147,7 +182,8 @@ def batch_rows(prefill_tokens=0.0, prefill_pairs=0.0, prefill_kv_read=0.0, prefi
     # Assignment broadcasts each sum into its column (cheaper than broadcasting them all first:
     # the simulator's speculative steps call this every iteration on tiny arrays).
     shape = np.broadcast_shapes(*(np.shape(v) for v in (
-        prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs, decode_kv_read, iterations)))
+        prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs, decode_kv_read, iterations,
+        prefill_tile_padding, prefill_longest_keys)))
     x = np.zeros(shape + (len(FEATURES),))
     x[..., F["tokens"]] = np.add(prefill_tokens, decode_seqs, dtype=float)
     x[..., F["prefill_tokens"]] = prefill_tokens
@@ -156,6 +192,8 @@ def batch_rows(prefill_tokens=0.0, prefill_pairs=0.0, prefill_kv_read=0.0, prefi
     x[..., F["decode_seqs"]] = decode_seqs
     x[..., F["decode_kv_read"]] = decode_kv_read
     x[..., F["logit_tokens"]] = np.add(decode_seqs, prefill_logits, dtype=float)
+    x[..., F["prefill_tile_padding"]] = prefill_tile_padding
+    x[..., F["prefill_longest_keys"]] = prefill_longest_keys
     return set_iterations(x, iterations, model)
 
 
@@ -203,7 +241,7 @@ def expanded_verify(verify_tokens, verify_pairs, decode_seqs, decode_kv):
 
 @numba.njit(cache=True)
 def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read,
-                          prompt_chunks, local_share=1.0):
+                          prompt_chunks, local_share=1.0, prompt_padding=0.0, prompt_longest=0.0):
     """The sums of one speculative decode step of sequences ``[0, n)``, compiled (it runs every step).
 
     Sequence ``i`` sees ``seen = visible(context[i])`` cached tokens (``window`` 0: no
@@ -214,7 +252,8 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
     sequential decode steps as in :func:`sequential_decode_rows`, the first of which also
     prefills, for each speculating sequence, the ``draft_fed[i] - 1`` tokens it has not
     processed beyond the one every step feeds, and, when ``prompt_chunks``, the iteration's
-    prompt chunks (``prompt_*`` sums: the draft prefills what the target prefills).
+    prompt chunks (``prompt_*`` sums, their tile padding and longest keys among them: the draft prefills what
+    the target prefills). Verify and catch-up chunks, a few positions each, carry no tile terms.
 
     Returns ``(verify_tokens, verify_pairs, verify_kv_read, spec_seqs, draft_tokens,
     decode_kv_read, draft_steps)``: ``decode_kv_read`` is the plain sequences' KV read,
@@ -259,8 +298,10 @@ def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_t
         row[_ONE] = row[_EXPERTS] = 1.0                  # dense draft: one "expert" per step
         row[_TOKENS] = row[_LOGITS] = row[_DECODE_SEQS]
     if not prompt_chunks:
-        prompt_tokens = prompt_pairs = prompt_kv_read = 0.0
+        prompt_tokens = prompt_pairs = prompt_kv_read = prompt_padding = prompt_longest = 0.0
     first = draft_rows[0]
+    first[_PREFILL_PADDING] = prompt_padding
+    first[_PREFILL_LONGEST] = prompt_longest
     first[_TOKENS] += behind_tokens + prompt_tokens
     first[_PREFILL_TOKENS] += behind_tokens + prompt_tokens
     first[_PREFILL_PAIRS] += behind_pairs + prompt_pairs
@@ -286,18 +327,22 @@ def decode_kv_read_of(x: np.ndarray):
 # -- from sequence lengths ---------------------------------------------------------------------------
 
 def batch_features(prefill_new, prefill_context, decode_context, prefill_logits: int,
-                   model: ModelSpec) -> np.ndarray:
+                   model: ModelSpec, tile: int = 0) -> np.ndarray:
     """The feature vector of one iteration's batch, from its sequences' lengths.
 
     ``prefill_new[i]`` tokens of a prompt are computed after ``prefill_context[i]``
     cached ones (chunked prefill); each decode sequence adds one token after
     ``decode_context[j]`` cached ones; ``prefill_logits`` chunks end their prompt
-    and so sample a token. A sliding window caps the context each query sees.
+    and so sample a token. A sliding window caps the context each query sees; ``tile``: the prefill
+    kernel's tile (:func:`prefill_sums`).
     """
     new = np.asarray(prefill_new, dtype=float)
     window, share = model.sliding_window, model.local_attention_share
     seen = visible(np.asarray(prefill_context, dtype=float), window, share)
     dec = visible(np.asarray(decode_context, dtype=float) + 1.0, window, share)  # the new token attends to itself
-    pairs = chunk_pairs(new, np.asarray(prefill_context, dtype=float), window, share)
+    context = np.asarray(prefill_context, dtype=float)
+    pairs = chunk_pairs(new, context, window, share)
+    padding = float(np.sum(causal_tile_padding(new, context, tile))) if tile else 0.0
     return batch_rows(new.sum(), float(np.sum(pairs)), float(np.sum(seen + new)),
-                      prefill_logits, len(dec), float(dec.sum()), model)
+                      prefill_logits, len(dec), float(dec.sum()), model, prefill_tile_padding=padding,
+                      prefill_longest_keys=float(np.max(seen + new, initial=0.0)))

@@ -37,7 +37,7 @@ import pandas as pd
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.features import F, FEATURES, batch_features
+from llmsim.cost.features import F, FEATURES, TILE_FEATURES_FROM, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, SHARPNESS_REFERENCE_TILES, TILE_COLUMNS, TILE_ROWS, GemmShape,
                                  add_norm_bytes_per_token, all_reduce_time_s, custom_all_reduce_time_s,
                                  elementwise_layer_terms, gemm_body_s, gemm_output_tiles, gemm_scalar_body_s,
@@ -57,13 +57,19 @@ _NO_TABLE = np.zeros(0)
 
 @numba.njit(cache=True)
 def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs,
-                 decode_kv_read, experts, logits):
+                 decode_kv_read, experts, logits, prefill_padding, prefill_longest):
     """Fill the feature row ``x`` (``one`` already 1) and return the roofline part of its (time, FLOPs,
-    bytes): the stacked matrix times the row (``np.dot`` is the BLAS product numpy's ``@`` computes),
-    then the operators' larger bounds summed in order, as :meth:`CostModel.iteration` sums them."""
+    bytes): the stacked matrix times the row (``np.dot`` is the BLAS product numpy's ``@`` computes;
+    the prefill tile columns as :meth:`CostModel.iteration` adds them), then the operators' larger
+    bounds summed in order, as :meth:`CostModel.iteration` sums them."""
     x[1], x[2], x[3], x[4] = tokens, prefill_tokens, prefill_pairs, prefill_kv_read
     x[5], x[6], x[7], x[8] = decode_seqs, decode_kv_read, experts, logits
-    y = np.dot(stacked, x)
+    x[9], x[10] = prefill_padding, prefill_longest
+    m = 2 * n_ops + 3
+    y = np.dot(stacked[:m], x[:TILE_FEATURES_FROM])
+    if prefill_padding != 0.0 or prefill_longest != 0.0:
+        for i in range(m):
+            y[i] += stacked[m + i, 0] * prefill_padding + stacked[m + i, 1] * prefill_longest
     time_s = 0.0
     for i in range(n_ops):
         compute_s, memory_s = y[i], y[n_ops + i]
@@ -74,7 +80,7 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
 # The one specialization :meth:`CostModel.step` calls, every scalar a float (a Python int converts exactly).
 # Its compiled entry point is called directly: the dispatcher's matching of the arguments' types to a
 # specialization costs more than the product itself.
-_LINEAR_STEP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 8)
+_LINEAR_STEP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 10)
 
 
 @numba.njit(cache=True)
@@ -114,7 +120,13 @@ def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
     iteration with one expert (empty tables: a cost model without them). Returns (time, FLOPs,
     bytes) summed as ``np.add.reduce`` sums them; the time is NaN when a row's terms are not in the
     tables."""
-    y = np.dot(rows, stacked.T)
+    m = 2 * n_ops + 3
+    y = np.dot(np.ascontiguousarray(rows[:, :TILE_FEATURES_FROM]), stacked[:m].T)
+    for r in range(len(rows)):
+        padding, longest = rows[r, TILE_FEATURES_FROM], rows[r, TILE_FEATURES_FROM + 1]
+        if padding != 0.0 or longest != 0.0:
+            for i in range(m):
+                y[r, i] += stacked[m + i, 0] * padding + stacked[m + i, 1] * longest
     bounds = np.empty(n_ops)
     times, flops, moved = np.empty(len(rows)), np.empty(len(rows)), np.empty(len(rows))
     for r in range(len(rows)):
@@ -217,6 +229,7 @@ class CostModel:
         self.fixed_vector = self._fixed_and_communication_vector()
         self._memory_time = memory_time
         self._compute_time = self.flops_matrix * self.seconds_per_flop[:, None] * pace
+        self.prefill_tile_tokens = 0      # the prefill kernel's tile (features.prefill_sums; 0: exact pairs)
         # Decode attention over context c runs at attention_efficiency * c / (c + half): as if each
         # sequence attended to `half` more tokens (time only; the FLOPs stay those of the work).
         decode = LAYER_OPS.index("attention_decode")
@@ -233,11 +246,20 @@ class CostModel:
         # One matrix turns a feature vector into everything an iteration needs: per-operator
         # compute time, per-operator memory time, fixed time, total FLOPs, total bytes.
         self._n_ops = len(self.op_names)
-        self._stacked = np.vstack([self._compute_time,
-                                   memory_time,
-                                   self.fixed_vector,
-                                   self.flops_matrix.sum(axis=0) * self.tp,
-                                   self.bytes_matrix.sum(axis=0) * self.tp])
+        stacked = np.vstack([self._compute_time,
+                             self._memory_time,
+                             self.fixed_vector,
+                             self.flops_matrix.sum(axis=0) * self.tp,
+                             self.bytes_matrix.sum(axis=0) * self.tp])
+        # The prefill tile columns apart from the product (their two coefficients per output, stacked below
+        # the other columns' matrix): the others sum in BLAS's order for their count of columns, and a row
+        # without prefill adds nothing, so a profile without tile terms prices every iteration to the same
+        # bits as before those columns existed.
+        tiles = np.zeros((len(stacked), TILE_FEATURES_FROM))
+        tiles[:, :len(FEATURES) - TILE_FEATURES_FROM] = stacked[:, TILE_FEATURES_FROM:]
+        self._stacked = np.ascontiguousarray(np.vstack([stacked[:, :TILE_FEATURES_FROM], tiles]))
+        self._linear = self._stacked[:len(stacked)]
+        self._tile_padding, self._tile_longest = self._stacked[len(stacked):, 0], self._stacked[len(stacked):, 1]
         # The entry point takes the arrays as its signature types them, unchecked.
         assert self._stacked.dtype == np.float64 and self._stacked.flags.c_contiguous
         if "_linear_step" not in vars(CostModel):
@@ -283,8 +305,23 @@ class CostModel:
         per_flop = paced_layers / model.num_layers / (self.hardware.peak_for("bf16") * backend.efficiency)
         extra_keys = backend.half_length_tokens + backend.kv_half_length_tokens * kv_heads / (model.num_heads / tp)
         self._compute_time[prefill] = self.flops_matrix[prefill] * per_flop
-        self._compute_time[prefill, F["prefill_tokens"]] += (self.flops_matrix[prefill, F["prefill_pairs"]] * per_flop
-                                                             * extra_keys)
+        per_pair_s = self.flops_matrix[prefill, F["prefill_pairs"]] * per_flop
+        self._compute_time[prefill, F["prefill_tokens"]] += per_pair_s * extra_keys
+        if backend.tile_tokens:
+            self.prefill_tile_tokens = backend.tile_tokens
+            self._compute_time[prefill, F["prefill_tile_padding"]] = per_pair_s
+        if backend.critical_path_blocks:
+            # The critical path, an operator row of its own: max(L - overlap T, 0) on top of prefill attention's
+            # T, with L one query tile of one head against the step's longest keys at 1/blocks of the rate.
+            critical = np.zeros((1, len(FEATURES)))
+            critical[0, F["prefill_longest_keys"]] = (per_pair_s / (model.num_heads / tp) * backend.tile_tokens
+                                                      * backend.critical_path_blocks)
+            critical[0] -= backend.critical_path_overlap * self._compute_time[prefill]
+            self.op_names += ("layer.attention_prefill_critical_path",)
+            self._compute_time = np.vstack([self._compute_time, critical])
+            self._memory_time = np.vstack([self._memory_time, np.zeros_like(critical)])
+            self.flops_matrix = np.vstack([self.flops_matrix, np.zeros_like(critical)])
+            self.bytes_matrix = np.vstack([self.bytes_matrix, np.zeros_like(critical)])
         bandwidth = kernels.gemm_bandwidth_bytes_per_s * weight_bandwidth_share
         flops = kernels.gemm_rate(model.weight_dtype)
         activation_bytes = model.activation_bytes_per_element
@@ -334,9 +371,10 @@ class CostModel:
             _shared_memos.popitem(last=False)
 
     def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
-             decode_kv_read) -> tuple[float, float, float]:
+             decode_kv_read, prefill_padding=0.0, prefill_longest=0.0) -> tuple[float, float, float]:
         """(time_s, FLOPs, bytes) of one iteration: prefill positions (of which ``prefill_logits`` sample)
-        and ``decode_seqs`` sequences decoding one token each, reading ``decode_kv_read`` KV tokens.
+        and ``decode_seqs`` sequences decoding one token each, reading ``decode_kv_read`` KV tokens;
+        the prefill kernel's tile padding and longest keys (:func:`~llmsim.cost.features.prefill_sums`).
         :meth:`iteration` of that feature row, to the last bit, at a fraction of its cost (the
         simulator's hot path). The non-linear terms are remembered by the tokens alone (the experts
         touched follow from them) and the LM head's by the logit rows, in the memos
@@ -346,7 +384,8 @@ class CostModel:
         logits = decode_seqs + prefill_logits
         time_s, flops, moved = self._linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
                                             prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,
-                                            touched(tokens) if touched is not None else 1.0, logits)
+                                            touched(tokens) if touched is not None else 1.0, logits,
+                                            prefill_padding, prefill_longest)
         if self._gemm_rows:
             layers_s = self._layer_memo.get(tokens)
             head_s = self._head_memo.get(logits)
@@ -368,9 +407,9 @@ class CostModel:
 
     def compiled_terms(self) -> tuple[np.ndarray, int, np.ndarray, list[np.ndarray]]:
         """What compiled callers price a step by as :meth:`step` and :meth:`rows_total` do: the stacked
-        matrix, the operator count, the feature row :meth:`step` fills and the list of the non-linear
-        terms' tables (layers by tokens, LM head by logit rows; its items are replaced as the tables
-        grow, so read them at each call)."""
+        matrix (the prefill tile columns' coefficients below it), the operator count, the feature row
+        :meth:`step` fills and the list of the non-linear terms' tables (layers by tokens, LM head by logit
+        rows; its items are replaced as the tables grow, so read them at each call)."""
         return self._stacked, self._n_ops, self._x, self._tables
 
     def tabulate_last_step(self) -> bool:
@@ -556,7 +595,8 @@ class CostModel:
         """Feature vector of a batch; ``prefill_logits`` defaults to every chunk ending its prompt."""
         if prefill_logits is None:
             prefill_logits = len(prefill_new)
-        return batch_features(prefill_new, prefill_context, decode_context, prefill_logits, self.model)
+        return batch_features(prefill_new, prefill_context, decode_context, prefill_logits, self.model,
+                              self.prefill_tile_tokens)
 
     def iteration(self, x):
         """(time_s, FLOPs, bytes) of iterations with feature vectors ``x`` (shape (9,) or (n, 9)).
@@ -568,12 +608,19 @@ class CostModel:
             x = np.asarray(x, dtype=float)
         if x.ndim == 1:
             # The simulator's hot path: plain floats beat numpy reductions on 8 numbers.
-            y = (self._stacked @ x).tolist()
+            y = self._linear @ x[:TILE_FEATURES_FROM]
+            if x[TILE_FEATURES_FROM] != 0.0 or x[TILE_FEATURES_FROM + 1] != 0.0:
+                y = y + (self._tile_padding * x[TILE_FEATURES_FROM] + self._tile_longest * x[TILE_FEATURES_FROM + 1])
+            y = y.tolist()
             time_s = sum(map(max, y[:n], y[n:2 * n])) + y[2 * n]
             if self._gemm_rows:
                 time_s += self._nonlinear_time(x.tolist())
             return time_s, y[2 * n + 1], y[2 * n + 2]
-        y = x @ self._stacked.T
+        y = x[..., :TILE_FEATURES_FROM] @ self._linear.T
+        tiled = (x[..., TILE_FEATURES_FROM] != 0.0) | (x[..., TILE_FEATURES_FROM + 1] != 0.0)
+        if np.any(tiled):
+            y = y + np.where(tiled[..., None], self._tile_padding * x[..., TILE_FEATURES_FROM, None]
+                             + self._tile_longest * x[..., TILE_FEATURES_FROM + 1, None], 0.0)
         time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
         if self._gemm_rows:
             if x.ndim == 2 and len(x) <= FEW_ROWS:
@@ -589,7 +636,7 @@ class CostModel:
         """Time of the attention operators alone (prefill and decode, every layer of one shard) for iterations
         ``x`` (shape (n, 9)): what an attention kernel benchmark measures, to hold the model against one."""
         x = np.atleast_2d(np.asarray(x, dtype=float))
-        rows = [self.op_names.index(f"layer.{op}") for op in ATTENTION_OPS]
+        rows = [i for i, name in enumerate(self.op_names) if name.startswith("layer.attention_")]
         return sum(np.maximum(x @ self._compute_time[row], x @ self._memory_time[row]) for row in rows)
 
     def step_time(self, x) -> float:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import sys
+from contextlib import nullcontext
 import time
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -60,8 +61,8 @@ from llmsim.search.plan import (SPLIT_KEY, analytic_bracket, as_scenario, check_
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
-from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simulate_until_decided,
-                                  typical_latency_s)
+from llmsim.search.window import (MAX_REQUESTS, MISS_MARGIN, Judged, measurement_window, simulate_until_decided,
+                                  stopping_decided_runs, typical_latency_s)
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.lengths import check_mean_kept
@@ -73,6 +74,10 @@ EXPERT_LAYOUTS = ("; and at one stage, routed experts spread over tp x 2, 4 ... 
 
 STAGES = ("workload", "candidates", "disaggregation", "settings", "load", "peak", "sensitivity", "monitoring",
           "assumptions")
+# The stages that ask of a failing point only its verdict, or show a stopped run's figures as such: their runs
+# stop once sure to fail (llmsim.search.window.stopping_decided_runs). The disaggregation stage shows every
+# layout's percentiles.
+DECIDING_STAGES = ("candidates", "settings", "load", "peak", "sensitivity")
 LOAD_FACTORS = (0.5, 0.75, 1.0, 1.25, 1.5, 2.0)
 SENSITIVITY = 0.2                 # +-20% load and lengths
 ACCEPTANCE_STEP = 0.1
@@ -85,6 +90,10 @@ MONITOR_BINS = 40
 BREAKING_TOLERANCE = 0.1        # the breaking point's bisection steps to 10% of the target rate ...
 BREAKING_FINEST = 0.0125        # ... and on, while the step is not below the headroom, to 1.25% at most
 RECOMMEND_TOLERANCE = 0.1       # bisection on the rate stops at 10% (the CLI's recommend: 4%)
+STOPPED = "stopped"             # a figure of a run stopped once sure to miss the targets
+STOPPED_NOTE = (f"{STOPPED}: the runs stopped once more of the measured requests had missed a limit than its "
+                f"percentile target allows, by {MISS_MARGIN:.1%} of them: the targets are missed whatever the rest "
+                "of the run would show, and its latencies, attainment and throughput are not measured")
 
 
 @dataclass(frozen=True)
@@ -214,7 +223,8 @@ class ReportBuilder:
             for stage in STAGES:
                 self.progress.note(stage)
                 started = time.perf_counter()
-                getattr(self, f"_{stage}")()
+                with stopping_decided_runs() if stage in DECIDING_STAGES else nullcontext():
+                    getattr(self, f"_{stage}")()
                 self.stage_seconds[stage] = time.perf_counter() - started
                 self.progress.advance()
         s = self.original
@@ -455,16 +465,22 @@ class ReportBuilder:
         rates = [self.rate * f for f in LOAD_FACTORS]
         points = [{**self.config, REPLICAS_KEY: self.replicas, RATE_KEY: r} for r in rates]
         table_rows, met_by_rate, frame = [], {}, []
+        shown = [names.TTFT_P95, names.TPOT_P95, names.SLO_ATTAINMENT, names.OUTPUT_TOKENS_PER_S_PER_DEVICE,
+                 *(names.slo_attainment(m) for m in self.final.slo.targets())]
         for rate, judged in zip(rates, self._judge(points, rates)):
+            # a stopped run's figures cover only its start: shown as stopped, left out of the figures
             mean = judged.rows.select_dtypes("number").mean()
+            if judged.stopped:
+                mean[shown] = math.nan
             met = judged.verdict.met
             met_by_rate[rate] = met
             frame.append({"rate": rate, names.TTFT_P95: mean[names.TTFT_P95], names.TPOT_P95: mean[names.TPOT_P95],
                           names.OUTPUT_TOKENS_PER_S_PER_DEVICE: mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE],
                           **{m: mean[names.slo_attainment(m)] for m in self.final.slo.targets()}})
-            table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}", ms(mean[names.TTFT_P95]),
-                               ms(mean[names.TPOT_P95]), percent(mean[names.SLO_ATTAINMENT]),
-                               num(mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE]),
+            figures_of = [ms(mean[names.TTFT_P95]), ms(mean[names.TPOT_P95]), percent(mean[names.SLO_ATTAINMENT]),
+                          num(mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE])]
+            table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}",
+                               *([STOPPED] * len(figures_of) if judged.stopped else figures_of),
                                ("yes" if met else "no") + ("" if judged.verdict.decided else " (undecided)")])
         frame = pd.DataFrame(frame)
         passing = [r for r in rates if met_by_rate[r]]
@@ -491,8 +507,9 @@ class ReportBuilder:
         if self.replicas > 1:
             down = self._judge([{**self.config, REPLICAS_KEY: self.replicas - 1}], [self.rate])[0]
             down_met = down.verdict.met
-            down_text = (f"{'meets' if down_met else 'misses'} the targets "
-                         f"(attainment {percent(down.rows[names.SLO_ATTAINMENT].mean())})")
+            shown_down = ("its runs stopped once sure to miss them" if down.stopped
+                          else f"attainment {percent(down.rows[names.SLO_ATTAINMENT].mean())}")
+            down_text = f"{'meets' if down_met else 'misses'} the targets ({shown_down})"
         else:
             down_met, down_text = False, "no replica left"
         n_plus_one = self.replicas if down_met else self.replicas + 1
@@ -518,7 +535,8 @@ class ReportBuilder:
              f"{LOAD_FACTORS[-1]:g} times the target rate, on the same requests per seed."],
             [Table("load-points", "SLO attainment against load", ["rate", "x target", "P95 TTFT", "P95 TPOT",
                                                                   "SLO attainment", "output tok/s per device",
-                                                                  "targets met"], table_rows), capacity],
+                                                                  "targets met"], table_rows,
+                   note=STOPPED_NOTE if any(row[2] == STOPPED for row in table_rows) else ""), capacity],
             [Figure("attainment-figure", "SLO attainment against load (dotted: the percentile targets)",
                     figures.load_curve(frame["rate"], {m: frame[m] for m in targets}, targets, self.rate, breaking,
                                        "attainment-figure")),
@@ -623,7 +641,8 @@ class ReportBuilder:
                 rows.append([label, "-", "-", "-", f"not valid: {error.message}"])
                 continue
             met = "-" if at_current is None else ("yes" if at_current.verdict.met else "no")
-            attainment = "-" if at_current is None else percent(at_current.rows[names.SLO_ATTAINMENT].mean())
+            attainment = "-" if at_current is None else (
+                STOPPED if at_current.stopped else percent(at_current.rows[names.SLO_ATTAINMENT].mean()))
             rows.append([label, str(found) if found else "-", _change(found, self.replicas), attainment, met])
             labels.append(label)
             needed.append(found if found else math.nan)
@@ -633,7 +652,8 @@ class ReportBuilder:
             "sensitivity", "Sensitivity: how the answer moves",
             ["Each change is simulated on the recommended chip, layout and settings; the fewest replicas that "
              "then meet the SLO targets on every seed are searched again."],
-            [Table("sensitivity", "Replicas needed under changed assumptions", columns, rows)],
+            [Table("sensitivity", "Replicas needed under changed assumptions", columns, rows,
+                   note=STOPPED_NOTE if any(row[3] == STOPPED for row in rows) else "")],
             [Figure("sensitivity-figure", "Replicas needed under each change",
                     figures.sensitivity(labels, needed, self.replicas, "sensitivity-figure"))] if labels else []))
 

@@ -114,7 +114,7 @@ from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidat
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
 from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
-                                  typical_latency_s)
+                                  stopping_decided_runs, typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
@@ -514,35 +514,38 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
                            own_settings=search is SearchScope.CLASSES, class_timeouts_s=class_timeouts_s)
         analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
         experts = None
-        if search is SearchScope.ALL:
-            # 1. the coarse grid, scored by the fluid model
-            grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
-            analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
-                                      "analytic_rate_per_s": searcher.analytic(c)} for c in grid])
-            analytic = analytic.sort_values("analytic_rate_per_s", ascending=False,
-                                            kind="stable").reset_index(drop=True)
-            chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
-            screened = contenders = None
-            if speculating:
-                # 1b. every proposer at Theorem 3.8's k, scored by the fluid model across loads
-                screened = _draft_screen(scenario, searcher, int(analytic["max_batch_tokens"].iloc[0]))
-                contenders = list(screened["config"].head(DRAFT_TOP))
-                rule = screened[screened["in_band"]]
-                contenders += list(rule["config"].head(1))
-                searcher.protected.update(rule["config"].head(1))     # the rule is judged on its full goodput
-            # 2. simulate them, and the rule-of-thumb defaults: the analytic best, the defaults and the proposers
-            # first (the 20-30% rule compares the proposers' goodputs), then the others as challengers of the
-            # leader among those
-            searcher.evaluate(chosen[:1] + searcher.defaults[:1] + (contenders or []))
-            searcher.evaluate(chosen + searcher.defaults)
-            # 3. refine around the best (k, batch tokens, timeouts, with a draft its eligibility rule)
-            searcher.evaluate(_neighbours(searcher.best(), scenario))
-            if speculating and searcher.best().k != OFF:
-                searcher.evaluate(_eligibility_options(searcher.best(), scenario))
-            # 3b. a mixture-of-experts model: the best setting at every expert-parallel degree, chosen on cost
-            experts = searcher.experts(searcher.best()) if searches_experts(scenario) else None
-        else:
-            searcher.evaluate(searcher.defaults)        # the scenario's own settings
+        # The search asks only whether points meet the targets: a run sure to miss them stops there
+        # (llmsim.search.window); the figures shown at the scenario's rate come from whole runs.
+        with stopping_decided_runs():
+            if search is SearchScope.ALL:
+                # 1. the coarse grid, scored by the fluid model
+                grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
+                analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
+                                          "analytic_rate_per_s": searcher.analytic(c)} for c in grid])
+                analytic = analytic.sort_values("analytic_rate_per_s", ascending=False,
+                                                kind="stable").reset_index(drop=True)
+                chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
+                screened = contenders = None
+                if speculating:
+                    # 1b. every proposer at Theorem 3.8's k, scored by the fluid model across loads
+                    screened = _draft_screen(scenario, searcher, int(analytic["max_batch_tokens"].iloc[0]))
+                    contenders = list(screened["config"].head(DRAFT_TOP))
+                    rule = screened[screened["in_band"]]
+                    contenders += list(rule["config"].head(1))
+                    searcher.protected.update(rule["config"].head(1))     # the rule is judged on its full goodput
+                # 2. simulate them, and the rule-of-thumb defaults: the analytic best, the defaults and the proposers
+                # first (the 20-30% rule compares the proposers' goodputs), then the others as challengers of the
+                # leader among those
+                searcher.evaluate(chosen[:1] + searcher.defaults[:1] + (contenders or []))
+                searcher.evaluate(chosen + searcher.defaults)
+                # 3. refine around the best (k, batch tokens, timeouts, with a draft its eligibility rule)
+                searcher.evaluate(_neighbours(searcher.best(), scenario))
+                if speculating and searcher.best().k != OFF:
+                    searcher.evaluate(_eligibility_options(searcher.best(), scenario))
+                # 3b. a mixture-of-experts model: the best setting at every expert-parallel degree, chosen on cost
+                experts = searcher.experts(searcher.best()) if searches_experts(scenario) else None
+            else:
+                searcher.evaluate(searcher.defaults)        # the scenario's own settings
         # 4. with traffic classes: the policy and every class's timeout, jointly
         classes = searcher.classes(searcher.best()) if scenario.workload.classes else None
         best = searcher.best()

@@ -32,6 +32,7 @@ import pickle
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -54,6 +55,7 @@ from llmsim.scenario.variants import COUNT_KEY, DURATION_KEY, RATE_KEY, variant
 from llmsim.search.executors import error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.resources import check_run_size
+from llmsim.sim.missed import MissedStop
 from llmsim.sim.simulate import simulate_whole
 
 RESULTS_FILE = "results.csv"
@@ -172,37 +174,46 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
     differs from one simulated only in a queue timeout that run's requests never waited for
     (:func:`longest_wait_s`): the timeout never acts, so the two runs are the same. Of jobs that differ
     only in their queue timeout, the longest timeout (none: the longest) runs first, and the others run
-    only where its requests waited as long as their timeout."""
-    reused = _REUSED.get()
+    only where its requests waited as long as their timeout.
+
+    Inside :func:`stopping_missed_runs` each run stops once sure to miss its SLO targets; such runs are
+    reused only as runs under the same rule, and a whole run already simulated serves for one."""
+    reused, rule = _REUSED.get(), _STOP.get()
+    evaluate = _evaluate if rule is None else partial(_evaluate, stop_when_missed=rule)
     if reused is None:
-        for point_id, metrics in execute(jobs, _evaluate, engine, workers, client, progress):
+        for point_id, metrics in execute(jobs, evaluate, engine, workers, client, progress):
             _record(rows, journal, point_id, metrics)
         return
+
+    def under_rule(key: bytes | None) -> bytes | None:
+        return None if key is None else key_under(key, rule)
+
     scenarios = dict(jobs)
-    keys = {point_id: run_key(scenario) for point_id, scenario in jobs}
+    whole = {point_id: run_key(scenario) for point_id, scenario in jobs}
+    keys = {point_id: key_under(key, rule) for point_id, key in whole.items()}
     same_run: dict[str, list[str]] = {}            # point id simulated -> the points that are the same run
     groups: dict[bytes, list[str]] = {}            # timeout-free run key -> point ids to simulate
     fresh: dict[bytes, str] = {}
     for point_id, scenario in jobs:
         key = keys[point_id]
-        if key in reused:
-            _record(rows, journal, point_id, reused[key])
+        if key in reused or whole[point_id] in reused:
+            _record(rows, journal, point_id, reused[key] if key in reused else reused[whole[point_id]])
         elif key in fresh:
             same_run[fresh[key]].append(point_id)
         else:
             fresh[key] = point_id
             same_run[point_id] = []
-            groups.setdefault(_timeout_free_key(scenario) or key, []).append(point_id)
+            groups.setdefault(under_rule(_timeout_free_key(scenario)) or key, []).append(point_id)
 
     def done(point_id: str, metrics: dict) -> None:
         for same in [point_id, *same_run[point_id]]:
             _record(rows, journal, same, metrics)
         if not metrics.get("error"):
-            reused.add(keys[point_id], metrics, _timeout_free_key(scenarios[point_id]))
+            reused.add(keys[point_id], metrics, under_rule(_timeout_free_key(scenarios[point_id])))
 
     def settled(point_id: str) -> bool:
         """Done already, as the same run as one simulated whose waits stayed below this point's timeout."""
-        free = _timeout_free_key(scenarios[point_id])
+        free = under_rule(_timeout_free_key(scenarios[point_id]))
         metrics = reused.reaching_no_timeout(free, queue_timeout_s(scenarios[point_id])) if free else None
         if metrics is not None:
             done(point_id, metrics)
@@ -210,11 +221,11 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
 
     ordered = {free: sorted(group, key=lambda p: -queue_timeout_s(scenarios[p])) for free, group in groups.items()}
     firsts = [group[0] for group in ordered.values() if not settled(group[0])]
-    for point_id, metrics in execute([(p, scenarios[p]) for p in firsts], _evaluate, engine, workers,
+    for point_id, metrics in execute([(p, scenarios[p]) for p in firsts], evaluate, engine, workers,
                                      client, progress):
         done(point_id, metrics)
     rest = [p for group in ordered.values() for p in group[1:] if not settled(p)]
-    for point_id, metrics in execute([(p, scenarios[p]) for p in rest], _evaluate, engine, workers,
+    for point_id, metrics in execute([(p, scenarios[p]) for p in rest], evaluate, engine, workers,
                                      client, progress):
         done(point_id, metrics)
 
@@ -291,6 +302,19 @@ def _json_number(value):
 
 
 _REUSED: ContextVar[_Runs | None] = ContextVar("llmsim_reused_runs", default=None)
+_STOP: ContextVar[MissedStop | None] = ContextVar("llmsim_stop_when_missed", default=None)
+
+
+@contextmanager
+def stopping_missed_runs(rule: MissedStop):
+    """Within this block every point's run stops once it is sure to miss its SLO targets by ``rule``
+    (:mod:`llmsim.sim.missed`), for a search that asks only whether points meet them; its summary says
+    so (``stopped_by``: ``missed``) and covers what was simulated."""
+    token = _STOP.set(rule)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
 
 
 @contextmanager
@@ -319,6 +343,12 @@ def reusing_runs(journal: str | Path | None = None):
         if opened is not None:
             runs.journal = None
             opened.close()
+
+
+def key_under(key: bytes, rule: MissedStop | None) -> bytes:
+    """The key of a run (:func:`run_key`) simulated under a stop rule (None: the whole run's): a run that
+    rule may stop is another run than the whole one."""
+    return key if rule is None else hashlib.sha256(key + pickle.dumps(rule)).digest()
 
 
 def run_key(scenario: Scenario) -> bytes:
@@ -388,10 +418,12 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Sce
     return digest.hexdigest()[:16]
 
 
-def simulate_point(scenario: Scenario) -> dict:
+def simulate_point(scenario: Scenario, stop_when_missed: MissedStop | None = None) -> dict:
     """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
-    size is not checked again: :func:`run_points` checks (or was told to force) every point first."""
-    result = simulate_whole(scenario, force=True)      # Ctrl-C during a serial sweep: record nothing half-run
+    size is not checked again: :func:`run_points` checks (or was told to force) every point first.
+    ``stop_when_missed``: the run stops once sure to miss its SLO targets (:mod:`llmsim.sim.missed`)."""
+    # Ctrl-C during a serial sweep: record nothing half-run
+    result = simulate_whole(scenario, force=True, stop_when_missed=stop_when_missed)
     flat = flatten(summarize(result).to_dict())
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
@@ -415,10 +447,11 @@ def longest_wait_s(result) -> float:
     return float(np.max(left - requests["arrival_s"].to_numpy(dtype=float)))
 
 
-def _evaluate(scenario: Scenario) -> dict:
+def _evaluate(scenario: Scenario, stop_when_missed: MissedStop | None = None) -> dict:
     """Run in a worker: metrics, or the error that stopped this point (one line of text)."""
     try:
-        return simulate_point(scenario)
+        # a whole run keeps simulate_point's one-argument call (the form a substitute for it takes)
+        return simulate_point(scenario) if stop_when_missed is None else simulate_point(scenario, stop_when_missed)
     except Exception as error:          # one failing point must not lose the others
         return {"error": error_text(error)}
 

@@ -25,6 +25,15 @@ queue is steady; it *fails* when for some limit the attainment plus ``Z`` standa
 stays below the target; otherwise it is undecided, and the point is simulated again with a
 measurement twice as long, up to ``ESCALATIONS`` times (and ``MAX_REQUESTS`` requests). A
 point still undecided then is judged on its estimate, and says so (``Verdict.decided``).
+
+**A run sure to fail stops.** Inside :func:`stopping_decided_runs` (a report uses it) a run stops once the
+requests of its window already sure to miss a limit leave its attainment below the target by more than
+:data:`MISS_MARGIN` (:mod:`llmsim.sim.missed`). That margin is ``Z`` times the largest standard error batch
+means of a share can have (``0.5 / sqrt(batches - 1)``), so the whole run's verdict would have been a
+decided fail: a point whose runs all stopped is judged so, without its backlog being served. Its rows cover
+only what was simulated (``stopped_by``: ``missed``); a point only some of whose seeds stopped misses the
+target on its estimate, and is undecided unless the other seeds' figures settle it with the stopped seeds' at
+their bounds.
 """
 from __future__ import annotations
 
@@ -40,11 +49,14 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.statistics import BATCHES
 from llmsim.config.policies import ExecutorKind
 from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
-from llmsim.search.sweeps import run_points
+from llmsim.search.sweeps import run_points, stopping_missed_runs
+from llmsim.sim.missed import WATCHED, MissedStop
+from llmsim.sim.result import StopReason
 from llmsim.workload.generate import generate_trace
 
 WARMUP_LATENCIES = 5          # warm-up: at least this many mean end-to-end latencies
@@ -53,6 +65,7 @@ MEASURED_REQUESTS = 500       # and at least this many requests (more when the v
 ESCALATIONS = 3               # an undecided point is measured 2x, 4x, 8x longer
 MAX_REQUESTS = 2_000_000      # requests per simulation, whatever the window asks
 Z = 2.0                       # standard errors between an attainment and its target for a verdict
+MISS_MARGIN = Z * 0.5 / math.sqrt(BATCHES - 1)   # Z times the widest batch-means standard error of a share
 
 
 @dataclass(frozen=True)
@@ -201,6 +214,7 @@ def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
         raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
     steady = bool(rows[names.STEADY].astype(bool).all())
+    stopped = rows[names.STOPPED_BY] == StopReason.MISSED.value if names.STOPPED_BY in rows else None
     margins, passes, fails = {}, [], []
     for name, (column, stderr_column, wanted) in checks.items():
         attainment = float(rows[column].mean())
@@ -211,7 +225,33 @@ def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
         fails.append(margin < 0 and margin + spread < 0)
     met = all(margin >= 0 for margin, _ in margins.values()) and steady
     decided = any(fails) or (all(passes) and steady)
+    if stopped is not None and stopped.any():       # sure to miss on the stopped seeds (module docstring)
+        if target is not None:
+            raise ValueError("a run stopped on its percentile targets cannot be judged on a joint attainment target")
+        decided = bool(stopped.all()) or _fails_whole(rows, checks, stopped.to_numpy())
+        return Verdict(met=False, decided=decided, steady=steady, margins=margins)
     return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
+
+
+def _fails_whole(rows: pd.DataFrame, checks: dict[str, tuple[str, str, float]], stopped: np.ndarray) -> bool:
+    """Whether the whole runs of a point only some of whose seeds stopped would have failed it beyond doubt:
+    a stopped seed's run fell short of a watched limit's target by more than :data:`MISS_MARGIN`, so with its
+    attainment at that bound and the widest standard error a share can have, every watched limit the stop
+    may have been on must still fail with the other seeds' own figures."""
+    widest = MISS_MARGIN / Z
+    for name, (column, stderr_column, wanted) in checks.items():
+        if name not in WATCHED:
+            continue
+        attainment = np.where(stopped, wanted - MISS_MARGIN, rows[column].to_numpy(dtype=float))
+        stderr = np.where(stopped, widest, rows[stderr_column].to_numpy(dtype=float))
+        if not attainment.mean() + Z * np.sqrt((stderr ** 2).sum()) / len(rows) <= wanted:   # NaN: not shown
+            return False
+    return True
+
+
+def stopping_decided_runs():
+    """A block within which every run of a point stops once its verdict is a decided fail (module docstring)."""
+    return stopping_missed_runs(MissedStop(MISS_MARGIN, 2 * BATCHES))
 
 
 def _checks(rows: pd.DataFrame, target: float | None, prefix: str = "") -> dict[str, tuple[str, str, float]]:
@@ -237,6 +277,11 @@ class Judged:
     verdict: Verdict
     rows: pd.DataFrame
     window: Window
+
+    @property
+    def stopped(self) -> bool:
+        """Whether a run of the point stopped once sure to miss the targets (its figures cover only part)."""
+        return names.STOPPED_BY in self.rows and bool((self.rows[names.STOPPED_BY] == StopReason.MISSED.value).any())
 
 
 def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Sequence[Mapping],

@@ -111,10 +111,10 @@ class DecodeSet(ABC):
 
     @abstractmethod
     def price(self, chunks, decoding: bool, prefill_tokens: float, pairs: float, prefill_kv: float,
-              logits: int) -> StepPrice:
-        """Price one iteration: the prompt ``chunks`` (their tokens, attention pairs, KV read
-        and prompts completed, summed by the engine) plus, if ``decoding``, a step of every
-        decoding sequence."""
+              logits: int, padding: float, longest: float) -> StepPrice:
+        """Price one iteration: the prompt ``chunks`` (their tokens, attention pairs, KV read,
+        prompts completed, tile padding and longest keys, summed by the engine) plus, if
+        ``decoding``, a step of every decoding sequence."""
 
     @abstractmethod
     def advance(self, now: float) -> None:
@@ -215,14 +215,15 @@ class EventDecodeSet(DecodeSet):
         if later:
             self._add_block_due(next_due, later)
 
-    def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits) -> StepPrice:
+    def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest) -> StepPrice:
         if not decoding:
-            duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, 0, 0)
+            duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, 0, 0, padding, longest)
             return new_price((duration, 0, logits, flops, moved, 0, 0, 0, 0.0))
         n = self.n
         # kv_read(), inline without a sliding window: this runs every iteration.
         kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
-        duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n, kv_read)
+        duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n, kv_read, padding,
+                                                 longest)
         return new_price((duration, n, n + logits, flops, moved, 0, 0, 0, 0.0))
 
     def advance(self, now: float) -> None:

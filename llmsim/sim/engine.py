@@ -271,6 +271,7 @@ class Engine(EngineProcess):
         self.observers: list[Observer] = []
         self._admitted = 0
         self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
+        self._prefill_tile = cost.prefill_tile_tokens
         # The tiered cache whose hooks the engine calls (None: a plain KVCache, whose ``tiered`` is False).
         self._tiered: TieredKV | None = kv if isinstance(kv, TieredKV) else None
         self.watermark_blocks = int(VLLM_WATERMARK * kv.num_blocks)
@@ -412,14 +413,15 @@ class Engine(EngineProcess):
                 decode.prepare(now)
                 decoding = decode.n > 0              # its KV reservation may have preempted them all
         if chunks:
-            prefill_tokens, pairs, prefill_kv, completed = prefill_sums(chunks, self._window, self._local_share)
+            prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
+                chunks, self._window, self._local_share, self._prefill_tile)
         elif decoding:
-            prefill_tokens = pairs = prefill_kv = 0.0
+            prefill_tokens = pairs = prefill_kv = padding = longest = 0.0
             completed = 0
         else:
             return None
         duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
-            chunks, decoding, prefill_tokens, pairs, prefill_kv, completed)
+            chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         if extras:
             if self._handoff is not None:     # a prefill pool's engine: the decode pool emits every token
                 tokens_out = 0

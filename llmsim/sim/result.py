@@ -16,10 +16,12 @@ from llmsim.sim.request import InterTokenGaps
 
 
 class StopReason(str, Enum):
-    """What ended a run: every request left the system, the scenario's horizon came first, Ctrl-C,
-    or an exception inside the simulation. The value is the string written to ``summary.json``."""
+    """What ended a run: every request left the system, the scenario's horizon came first, a search's
+    run was sure to miss its SLO targets (:mod:`llmsim.sim.missed`), Ctrl-C, or an exception inside the
+    simulation. The value is the string written to ``summary.json``."""
     COMPLETED = "completed"
     HORIZON = "horizon"
+    MISSED = "missed"
     INTERRUPT = "interrupt"
     FAULT = "fault"
 

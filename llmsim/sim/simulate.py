@@ -42,6 +42,7 @@ from llmsim.sim.environment import Environment, frozen_heap, scheduler
 from llmsim.sim.horizon import default_horizon_s
 from llmsim.sim.iterations import iterations_frame
 from llmsim.sim.kvcache import KVCache
+from llmsim.sim.missed import MissedStop, watch_misses
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
 from llmsim.sim.resources import check_run_size
 from llmsim.sim.result import SUMMED_KV_TOTALS, KVTierTotals, SimulationResult, SpeculationSteps, StopReason
@@ -340,7 +341,8 @@ class RunStream(Protocol):
 
 
 def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = (),
-             force: bool = False, stream: RunStream | None = None) -> SimulationResult:
+             force: bool = False, stream: RunStream | None = None,
+             stop_when_missed: MissedStop | None = None) -> SimulationResult:
     """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs).
 
     A run whose estimated memory or event count is above the resource guard's limits is refused
@@ -357,6 +359,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     lengths and the inter-token gaps to its other methods as the run goes (:class:`RunStream`), so
     the run never holds them whole; the result's ``requests``, ``iterations`` and ``queue_length``
     are then empty. Not with a controller (it reads every record) or a tiered KV cache.
+
+    ``stop_when_missed``: the run stops (``stopped_by == "missed"``) once it is sure to miss its SLO targets
+    (:mod:`llmsim.sim.missed`); not watched with traffic classes or disaggregated pools.
     """
     if trace is None and scenario.workload.trace is not None:      # in memory already: estimate on it
         trace = generate_trace(scenario.workload, scenario.seed)
@@ -423,6 +428,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         router.pool = ReplicaPool(pool_size, resolved.replicas, switch_off)
         env.process(autoscaler(env, router.pool, router.outstanding, autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
+    if stop_when_missed is not None and not scenario.workload.classes:
+        env.process(watch_misses(env, scenario, records, router.in_system_requests, warmup, window,
+                                 stop_when_missed, stop))
     return _run(scenario, env, stop, router, engines, records, resolved, window, warmup, control, scaling,
                 stream=stream)
 

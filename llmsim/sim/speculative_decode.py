@@ -276,9 +276,9 @@ class SpeculativeDecodeSet(DecodeSet):
         blocked["policy"] += eligible - n_spec
 
     # -- a step: price it -----------------------------------------------------------------------
-    def price(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits) -> StepPrice:
+    def price(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits, padding, longest) -> StepPrice:
         if self._target_terms is None:
-            return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits)
+            return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits, padding, longest)
         n = self.n if decoding else 0
         s = self.slots
         stacked, n_ops, x, tables = self._target_terms
@@ -286,15 +286,16 @@ class SpeculativeDecodeSet(DecodeSet):
         for _ in range(2):
             n_spec, proposed, draft_steps, duration, flops, moved, draft_s, draft_flops, draft_bytes = price_step(
                 n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv,
-                bool(chunks), logits, self._local_share, self._branching, self._sequential, self._expanded, stacked,
+                bool(chunks), logits, padding, longest, self._local_share, self._branching, self._sequential,
+                self._expanded, stacked,
                 n_ops, x,
                 tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0], draft_tables[1])
             if duration == duration:
                 break
             if not self.engine.cost.tabulate_last_step():
-                return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits)
+                return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits, padding, longest)
         else:
-            return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits)
+            return self._price_in_steps(chunks, decoding, pre_tokens, pairs, pre_kv, logits, padding, longest)
         accepted = self._accept(n, n_spec, proposed)
         if not draft_steps:
             draft_s = 0.0
@@ -303,7 +304,7 @@ class SpeculativeDecodeSet(DecodeSet):
         return self._with_draft(duration, n, accepted, logits, flops, moved, n_spec, proposed, draft_steps, draft_s,
                                 draft_flops, draft_bytes)
 
-    def _price_in_steps(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits) -> StepPrice:
+    def _price_in_steps(self, chunks, decoding, pre_tokens, pairs, pre_kv, logits, padding, longest) -> StepPrice:
         """:meth:`price` by separate calls: the step's sums, the target's :meth:`~llmsim.cost.roofline.CostModel.step`
         (any target, an MoE one included) and the draft's price."""
         n = self.n if decoding else 0
@@ -311,7 +312,7 @@ class SpeculativeDecodeSet(DecodeSet):
         # The verify chunks' tokens (each gives logits), pairs and KV read; the draft's rows.
         tokens, verify_pairs, verify_kv, n_spec, proposed, decode_kv, draft_steps = speculative_step_sums(
             n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv, bool(chunks),
-            self._local_share)
+            self._local_share, padding, longest)
         if self._branching > 1 and n_spec:
             extra_tokens, extra_pairs = tree_extras(n, s.k, s.context, self._window_tokens, self._branching,
                                                     self._draft_rows, draft_steps if self._sequential else 0,
@@ -325,7 +326,7 @@ class SpeculativeDecodeSet(DecodeSet):
         if self._expanded:
             tokens, verify_pairs, verify_kv, plain, decode_kv = expanded_verify(tokens, verify_pairs, plain, decode_kv)
         duration, flops, moved = self._cost_step(pre_tokens + tokens, pairs + verify_pairs, pre_kv + verify_kv,
-                                                 logits + tokens, plain, decode_kv)
+                                                 logits + tokens, plain, decode_kv, padding, longest)
         draft_s = draft_flops = draft_bytes = 0.0
         if draft_steps:
             draft_s, draft_flops, draft_bytes = self._draft_total(self._draft_rows[:draft_steps])

@@ -234,8 +234,9 @@ def tree_extras(n, k, context, window, branching, draft_rows, draft_steps, local
 
 @numba.njit(cache=True)
 def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
-               prompt_logits, local_share, branching, sequential, expanded, stacked, n_ops, x, layer_by_tokens,
-               head_by_logits, draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits):
+               prompt_logits, prompt_padding, prompt_longest, local_share, branching, sequential, expanded, stacked,
+               n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops, draft_layer_by_tokens,
+               draft_head_by_logits):
     """A speculative step's sums and both prices in one call: :func:`speculative_step_sums` (and
     :func:`tree_extras` for a tree), the dense target's :meth:`~llmsim.cost.roofline.CostModel.step` (its
     linear part, ``stacked`` times the row ``x``, and its non-linear terms from its ``rows_total`` tables)
@@ -249,7 +250,7 @@ def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pai
     """
     tokens, pairs, kv_read, spec_seqs, drafted, decode_kv, draft_steps = speculative_step_sums(
         n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
-        local_share)
+        local_share, prompt_padding, prompt_longest)
     if branching > 1 and spec_seqs:
         extra_tokens, extra_pairs = tree_extras(n, k, context, window, branching, draft_rows,
                                                 draft_steps if sequential else 0, local_share)
@@ -264,7 +265,8 @@ def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pai
     step_tokens = prefill_tokens + decode_seqs
     step_logits = decode_seqs + logits
     time_s, flops, moved = _linear_step(stacked, n_ops, x, step_tokens, prefill_tokens, prompt_pairs + pairs,
-                                        prompt_kv_read + kv_read, decode_seqs, decode_kv, 1.0, step_logits)
+                                        prompt_kv_read + kv_read, decode_seqs, decode_kv, 1.0, step_logits,
+                                        prompt_padding, prompt_longest)
     if len(layer_by_tokens):
         layers_s = head_s = np.nan
         if 0.0 <= step_tokens < len(layer_by_tokens) and step_tokens == int(step_tokens):

@@ -287,7 +287,7 @@ def test_a_grid_of_steps_is_priced_as_each_step_alone(speculation):
     rng = np.random.default_rng(7)
     load = rng.choice([0.0, 0.5, 3.0, 17.0, 40.0], size=(3, 4, 5)) + (np.arange(5) == 4) * rng.uniform(0, 9, 5)
     tokens = rng.uniform(0.0, 600.0, size=load.shape)
-    prefill = model._prefill_rows(tokens, tokens * 100.0, np.minimum(tokens, 2.0))
+    prefill = model._prefill_rows(tokens, tokens * 100.0, np.minimum(tokens, 2.0), tokens)
     grid = model._iteration_time(load, prefill, work)
     alone = np.array([model._iteration_time(load[i][None], prefill[i][None], work)[0]
                       for i in np.ndindex(load.shape)]).reshape(load.shape)

@@ -197,12 +197,14 @@ def test_the_simulators_step_path_prices_what_iteration_prices():
     cost = expert_cost(QWEN_MOE, hardware, ExpertParallel(8, routing=ZipfRouting(1.0)))
     for prefill, context, decode in (([], [], [512] * 64), ([2048], [0], []), ([700], [100], [900] * 30)):
         x = cost.features(prefill, context, decode)
+        prefill_terms = x[F["prefill_tile_padding"]], x[F["prefill_longest_keys"]]
         stepped = cost.step(x[F["prefill_tokens"]], x[F["prefill_pairs"]], x[F["prefill_kv_read"]],
-                            x[F["logit_tokens"]] - x[F["decode_seqs"]], x[F["decode_seqs"]], x[F["decode_kv_read"]])
+                            x[F["logit_tokens"]] - x[F["decode_seqs"]], x[F["decode_seqs"]], x[F["decode_kv_read"]],
+                            *prefill_terms)
         assert stepped == pytest.approx(tuple(float(v) for v in cost.iteration(x)), rel=1e-12)
         assert stepped[0] > CostModel.step(cost, *(x[F[name]] for name in (
             "prefill_tokens", "prefill_pairs", "prefill_kv_read")), x[F["logit_tokens"]] - x[F["decode_seqs"]],
-            x[F["decode_seqs"]], x[F["decode_kv_read"]])[0]
+            x[F["decode_seqs"]], x[F["decode_kv_read"]], *prefill_terms)[0]
 
 
 @pytest.mark.parametrize("model, layout, tp", [
@@ -217,9 +219,10 @@ def test_step_prices_an_iteration_to_the_last_bit(model, layout, tp):
     for _ in range(2):
         for prefill, pairs, prefill_kv, logits, decode, decode_kv in sums:
             tokens = prefill + decode
+            padding, longest = (float(prefill % 4096), prefill_kv) if prefill else (0.0, 0.0)
             row = np.array([1.0, tokens, prefill, pairs, prefill_kv, decode, decode_kv,
-                            model.expected_experts_touched(tokens), decode + logits])
-            stepped = cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv)
+                            model.expected_experts_touched(tokens), decode + logits, padding, longest])
+            stepped = cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv, padding, longest)
             assert stepped == tuple(float(v) for v in cost.iteration(row))
 
 

@@ -35,8 +35,12 @@ def test_step_prices_an_iteration_as_the_vectorised_model_does(model_name, hardw
         for prefill, pairs, prefill_kv, logits, decode, decode_kv in sums:
             tokens = prefill + decode
             experts = model.expected_experts_touched(tokens) if model.num_experts > 1 else 1.0
-            row = np.array([1.0, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits])
-            assert cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv) == cost.iteration(row)
+            # Tile padding and the longest keys: a profile with a prefill critical path prices them.
+            padding, longest = (float(prefill % 4096), prefill_kv) if prefill else (0.0, 0.0)
+            row = np.array([1.0, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits,
+                            padding, longest])
+            assert (cost.step(prefill, pairs, prefill_kv, logits, decode, decode_kv, padding, longest)
+                    == cost.iteration(row))
 
 
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
@@ -92,8 +96,10 @@ def test_tables_filled_at_once_price_every_token_count_as_the_vectorised_model_d
 _COUNT = st.integers(0, 1 << 40)
 _AMOUNT = st.floats(0.0, 1e12, allow_nan=False, allow_subnormal=False)
 # An iteration's sums as the engine passes them: token sums, pairs and KV reads as floats, the decode sequences,
-# their KV read (an int without a sliding window) and the logit rows as ints.
-_SUMS = st.tuples(_AMOUNT, _AMOUNT, _AMOUNT, _AMOUNT, _COUNT, st.one_of(_COUNT, _AMOUNT), _AMOUNT, _COUNT)
+# their KV read (an int without a sliding window) and the logit rows as ints, the prefill tile padding and longest
+# keys as floats.
+_SUMS = st.tuples(_AMOUNT, _AMOUNT, _AMOUNT, _AMOUNT, _COUNT, st.one_of(_COUNT, _AMOUNT), _AMOUNT, _COUNT, _AMOUNT,
+                  _AMOUNT)
 
 
 @functools.cache

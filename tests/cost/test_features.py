@@ -8,7 +8,7 @@ import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog
 from tests.helpers import add_prefill, chunk_sums
-from llmsim.cost.features import (F, FEATURES, attention_pairs, batch_features, batch_rows,
+from llmsim.cost.features import (F, FEATURES, attention_pairs, batch_features, batch_rows, causal_tile_padding,
                                   prefill_sums, sequential_decode_rows, set_iterations, visible,
                                   windowed_context_sum)
 
@@ -40,14 +40,15 @@ def test_windowed_context_sum_is_the_sum_it_names():
 def test_the_simulators_scalar_row_equals_the_definition(model):
     prefill = [(Chunk(0, 800), 512), (Chunk(400, 450), 50), (Chunk(1000, 3000), 100)]
     decode_context = [10, 250, 299, 300, 5000]
-    tokens, pairs, kv, completed = prefill_sums(prefill, model.sliding_window)
+    tokens, pairs, kv, completed, padding, longest = prefill_sums(prefill, model.sliding_window, tile=64)
     assert completed == 1
     decode_kv = sum(visible(c + 1, model.sliding_window) for c in decode_context)
     expected = batch_features([c for _, c in prefill], [r.prefilled for r, _ in prefill], decode_context,
-                              completed, model)
+                              completed, model, tile=64)
     # The simulator builds the row inside the cost model's step: priced as the definition's row is.
     cost = CostModel(model, lookup_hardware("H100-SXM"))
-    assert cost.step(tokens, pairs, kv, completed, len(decode_context), decode_kv) == cost.iteration(expected)
+    assert (cost.step(tokens, pairs, kv, completed, len(decode_context), decode_kv, padding, longest)
+            == cost.iteration(expected))
     assert expected[F["logit_tokens"]] == len(decode_context) + 1 and expected[F["one"]] == 1
 
 
@@ -77,3 +78,27 @@ def test_verify_chunks_and_draft_steps():
         assert np.array_equal(rows[j], batch_features([], [], contexts, 0, DENSE))
     row = add_prefill(rows[0].copy(), 5, 50, 25)
     assert row[F["tokens"]] == rows[0][F["tokens"]] + 5 and row[F["prefill_pairs"]] == 50
+
+
+def test_causal_tile_padding_counts_the_tiles_a_causal_chunk_touches():
+    """Chunk ``c`` after ``s`` cached tokens in ``t x t`` tiles: every (query tile, key tile) pair with a key its
+    tile's queries see is computed whole; the padding is those tiles' pairs less the causal pairs, counted here tile
+    by tile (query tiles from the chunk's first position)."""
+    for tile in (64, 128):
+        for new, cached in [(1, 0), (64, 0), (65, 0), (100, 0), (2048, 0), (7, 1000), (512, 64), (300, 4097)]:
+            touched = 0
+            for first in range(cached, cached + new, tile):            # query positions first..last (0-based)
+                last = min(first + tile, cached + new) - 1
+                touched += sum(1 for key_tile in range(0, last + 1, tile))   # a key tile up to the last query's
+            assert causal_tile_padding(new, cached, tile) == touched * tile * tile - attention_pairs(new, cached)
+    assert causal_tile_padding(0, 500, 64) == 0
+    # One tile holds a 64-token prompt: 64 x 64 pairs computed for its 2,080 causal ones.
+    assert causal_tile_padding(64, 0, 64) == 64 * 64 - 64 * 65 / 2
+
+
+def test_prefill_sums_give_the_longest_keys_and_the_summed_padding():
+    chunks = [(Chunk(0, 800), 512), (Chunk(400, 450), 50), (Chunk(1000, 3000), 100)]
+    *_, padding, longest = prefill_sums(chunks, None, tile=64)
+    assert longest == 1100
+    assert padding == sum(causal_tile_padding(new, c.prefilled, 64) for c, new in chunks)
+    assert prefill_sums(chunks, None)[4] == 0.0          # no tile: exact pairs

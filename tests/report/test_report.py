@@ -29,7 +29,7 @@ import pytest
 from llmsim.cli.main import main
 from llmsim.scenario.variants import variant
 from llmsim.scenario.scenario import load_scenario
-from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
+from llmsim.search.window import Judged, measurement_window, simulate_until_decided, typical_latency_s
 
 from tests.helpers import REPO, markdown_tables
 
@@ -117,14 +117,19 @@ def recommended_overrides(tables: _Tables) -> dict:
             "engine.queue_timeout": None if timeout == "none" else timeout}
 
 
-def judged_met(point: dict, seeds: list[int]) -> bool:
-    """Whether ``point`` at the target rate meets the SLO targets on ``seeds``, judged as plan does."""
+def judged_at(point: dict, seeds: list[int], rate: float = RATE) -> Judged:
+    """``point`` at ``rate`` on ``seeds``, judged as plan does (whole runs: no run stops early)."""
     scenario = load_scenario(SMALL)
-    at_point = variant(scenario, {**point, "workload.arrival.rate": RATE})
-    window = measurement_window(scenario, RATE, typical_latency_s(at_point, RATE))
-    judged, = simulate_until_decided(scenario, [{**point, "workload.arrival.rate": RATE}], [window], [RATE],
+    at_point = variant(scenario, {**point, "workload.arrival.rate": rate})
+    window = measurement_window(scenario, rate, typical_latency_s(at_point, rate))
+    judged, = simulate_until_decided(scenario, [{**point, "workload.arrival.rate": rate}], [window], [rate],
                                      seeds=seeds)
-    return judged.verdict.met
+    return judged
+
+
+def judged_met(point: dict, seeds: list[int]) -> bool:
+    """Whether ``point`` at the target rate meets the SLO targets on ``seeds``."""
+    return judged_at(point, seeds).verdict.met
 
 
 # -- the browser -----------------------------------------------------------------------------
@@ -253,6 +258,22 @@ def test_n_plus_one_matches_one_replica_fewer(report):
     assert claim.startswith("meets" if met else "misses")
     spare = cell(tables, "capacity", "replicas for N+1", "value")
     assert spare.startswith(str(replicas if met else replicas + 1))
+
+
+def test_a_stopped_load_point_says_so_and_its_whole_runs_miss(report):
+    """Twice the target rate is past the recommendation's capacity: its runs stop once sure to miss the targets,
+    its row shows "stopped" for the figures they cannot give and "no" for the targets, the table's note says why,
+    and whole runs at that rate on the report's seeds miss the targets beyond doubt."""
+    tables = report["tables"]
+    _, *rows = tables.tables["load-points"]
+    stopped = [row for row in rows if "stopped" in row[2:6]]
+    assert stopped and stopped[-1] == rows[-1], "twice the target rate should be past the deployment's capacity"
+    for row in stopped:
+        assert row[2:6] == ["stopped"] * 4 and row[6] == "no"
+    assert "stopped: the runs stopped once more of the measured requests had missed a limit" in report["md"]
+    rate = float(stopped[-1][0].removesuffix(" req/s"))
+    whole = judged_at(recommended_overrides(tables), [42, 43], rate)
+    assert not whole.stopped and not whole.verdict.met and whole.verdict.decided
 
 
 @pytest.mark.parametrize("args, key", [

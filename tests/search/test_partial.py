@@ -27,7 +27,7 @@ from llmsim import simulate
 from llmsim.analysis.metrics import summarize
 from llmsim.cli.main import main
 from llmsim.search.journal import Journal
-from llmsim.search.sweeps import reusing_runs, run_key, run_points
+from llmsim.search.sweeps import key_under, reusing_runs, run_key, run_points
 from llmsim.sim.result import StopReason
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
@@ -266,11 +266,11 @@ def simulations(monkeypatch, stop_at: int | None = None, error: BaseException | 
     (Ctrl-C arrives in the parent, with serial workers in the simulation itself)."""
     keys = []
 
-    def counted(scenario):
+    def counted(scenario, *stop_when_missed):
         if stop_at is not None and len(keys) + 1 == stop_at:
             raise error if error is not None else KeyboardInterrupt()
-        keys.append(run_key(scenario))
-        return SIMULATE_POINT(scenario)
+        keys.append(key_under(run_key(scenario), *stop_when_missed or (None,)))     # the journal's key
+        return SIMULATE_POINT(scenario, *stop_when_missed)
 
     monkeypatch.setattr(sweeps, "simulate_point", counted)
     return keys

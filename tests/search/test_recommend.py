@@ -216,3 +216,30 @@ def test_a_scenario_changed_with_replace_keeps_its_change_in_the_searched_settin
     config = Config(OFF, max_batch_tokens=4096, queue_timeout_s=0.5)
     got = variant(changed, config.overrides(changed))
     assert got == make_scenario({"engine": {"max_num_seqs": 64, "max_batch_tokens": 4096, "queue_timeout": "500 ms"}})
+
+
+@pytest.mark.slow
+def test_runs_stopped_once_sure_to_miss_leave_the_search_unchanged(scenario, monkeypatch):
+    """The search asks only whether points meet the targets, so stopping a run once it is sure to miss them
+    (llmsim.sim.missed) must give the table the whole runs give: the same settings, rates and figures."""
+    import contextlib
+    from llmsim.search import recommend as recommend_module
+    from llmsim.search import sweeps
+
+    stopped = []
+    whole_point = sweeps.simulate_point
+
+    def counting(point_scenario, stop_when_missed=None):
+        row = whole_point(point_scenario, stop_when_missed)
+        stopped.append(row.get("stopped_by") == "missed")
+        return row
+
+    monkeypatch.setattr(sweeps, "simulate_point", counting)
+    with_stops = recommend(scenario, seeds=2, top=2, workers=1, tolerance=0.1)
+    assert any(stopped), "no run of the search stopped: the test would not compare anything"
+    monkeypatch.setattr(recommend_module, "stopping_decided_runs", contextlib.nullcontext)
+    whole = recommend(scenario, seeds=2, top=2, workers=1, tolerance=0.1)
+    assert with_stops.best == whole.best
+    shown = ["config", "max_rate_per_s", "max_rate_per_s.ci95", "meets_scenario_rate"]
+    assert with_stops.table[shown].equals(whole.table[shown])
+    assert with_stops.at_scenario_rate.equals(whole.at_scenario_rate)

@@ -189,11 +189,12 @@ def test_decode_slots_declares_the_columns_it_sets():
 
 
 def _separate_calls(target, draft, n, k, context, window, lag, rows, prompt, chunks, logits, local_share, branching,
-                    sequential):
+                    sequential, prompt_terms=(0.0, 0.0)):
     """A speculative step priced as it was before :func:`price_step`: the sums, the tree's extras, the
-    target's ``step`` and the draft's ``rows_total``, one call each."""
+    target's ``step`` and the draft's ``rows_total``, one call each (``prompt_terms``: the prompt chunks'
+    tile padding and longest keys)."""
     tokens, pairs, kv_read, n_spec, proposed, decode_kv, steps = speculative_step_sums(
-        n, k, context, window, lag, rows, *prompt, chunks, local_share)
+        n, k, context, window, lag, rows, *prompt, chunks, local_share, *prompt_terms)
     if branching > 1 and n_spec:
         extra_tokens, extra_pairs = tree_extras(n, k, context, window, branching, rows, steps if sequential else 0,
                                                 local_share)
@@ -201,7 +202,7 @@ def _separate_calls(target, draft, n, k, context, window, lag, rows, prompt, chu
     if not sequential:
         steps = min(steps, 1)
     price = target.step(prompt[0] + tokens, prompt[1] + pairs, prompt[2] + kv_read, logits + tokens, n - n_spec,
-                        decode_kv)
+                        decode_kv, *prompt_terms)
     draft_price = draft.rows_total(rows[:steps]) if steps and draft is not None else (np.nan, 0.0, 0.0)
     return (n_spec, proposed, steps, *price, *draft_price)
 
@@ -226,15 +227,16 @@ def test_fused_price_equals_the_separate_calls(h100: HardwareProfile, tp, window
         k, context, lag = _batch(rng, n, k_max=4 if branching > 1 else 8)
         prompt = (float(rng.integers(0, 3000)), float(rng.integers(0, 10 ** 6)), float(rng.integers(0, 5000)))
         chunks, logits = bool(trial % 3), int(rng.integers(0, 4))
+        prompt_terms = (prompt[0] % 4096, prompt[2])       # tile padding, longest keys
         rows, expected_rows = (np.full((8, len(FEATURES)), np.nan) for _ in range(2))
         expected = _separate_calls(target, draft, n, k, context, window, lag, expected_rows, prompt, chunks, logits,
-                                   local_share, branching, sequential)
+                                   local_share, branching, sequential, prompt_terms)
         # The draft's rows_total filled its tables; the target's step keeps its own memos, so a first fused
         # call may miss, as in the engine, which then tabulates the row it left in ``x`` and calls again.
         for _ in range(2):
-            got = price_step(n, k, context, window, lag, rows, *prompt, chunks, logits, local_share, branching,
-                             sequential, False, stacked, n_ops, x, tables[0], tables[1], draft_stacked, draft_n_ops,
-                             draft_tables[0], draft_tables[1])
+            got = price_step(n, k, context, window, lag, rows, *prompt, chunks, logits, *prompt_terms, local_share,
+                             branching, sequential, False, stacked, n_ops, x, tables[0], tables[1], draft_stacked,
+                             draft_n_ops, draft_tables[0], draft_tables[1])
             if not np.isnan(got[3]):
                 break
             assert target.tabulate_last_step()
@@ -265,8 +267,8 @@ def test_batch_expansion_prices_each_chain_as_k_plus_one_decode_sequences(h100: 
         expected = target.step(prompt[0], prompt[1], prompt[2], logits, int((~spec).sum()) + expanded,
                                plain_kv + kv)
         for _ in range(2):
-            got = price_step(n, k, context, 0, lag, np.zeros((0, len(FEATURES))), *prompt, True, logits, 1.0, 1,
-                             False, True, stacked, n_ops, x, tables[0], tables[1], *no_draft)
+            got = price_step(n, k, context, 0, lag, np.zeros((0, len(FEATURES))), *prompt, True, logits, 0.0, 0.0,
+                             1.0, 1, False, True, stacked, n_ops, x, tables[0], tables[1], *no_draft)
             if not np.isnan(got[3]):
                 break
             assert target.tabulate_last_step()
@@ -285,8 +287,8 @@ def test_fused_price_reports_a_count_missing_from_the_tables(h100: HardwareProfi
     no_draft = (np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
 
     def fused():
-        return price_step(2, k, context, 0, lag, rows, 12345.0, 0.0, 0.0, True, 1, 1.0, 1, True, False, stacked, n_ops,
-                          x, tables[0], tables[1], *no_draft)
+        return price_step(2, k, context, 0, lag, rows, 12345.0, 0.0, 0.0, True, 1, 0.0, 0.0, 1.0, 1, True, False,
+                          stacked, n_ops, x, tables[0], tables[1], *no_draft)
     assert np.isnan(fused()[3])
     assert x[F["tokens"]] == tokens
     assert cost.tabulate_last_step()

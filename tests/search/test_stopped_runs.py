@@ -1,0 +1,77 @@
+"""Runs stopped once sure to fail (llmsim.search.window.stopping_decided_runs): the verdict is the one the whole
+runs give, the rows say they were stopped, and a point only some of whose seeds stopped is settled only where
+the other seeds' figures settle it."""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from llmsim.analysis import names
+from llmsim.analysis.statistics import BATCHES
+from llmsim.search.sweeps import reusing_runs
+from llmsim.search.window import (MISS_MARGIN, Z, judge, measurement_window, simulate_until_decided,
+                                  stopping_decided_runs, typical_latency_s)
+
+from tests.helpers import make_scenario
+
+SEEDS = [5, 6]
+SLO = {"slo": {"ttft": "500 ms", "tpot": "50 ms", "percentile": 95}, "simulation": {"warmup": "2 s"}}
+
+
+def _judged(rate: float):
+    scenario = make_scenario({**SLO, "workload": {"arrival": {"rate": rate}, "num_requests": 2000}})
+    window = measurement_window(scenario, rate, typical_latency_s(scenario, rate))
+    return simulate_until_decided(scenario, [{}], [window], [rate], seeds=SEEDS, workers=1)[0]
+
+
+def test_the_margin_is_z_times_the_widest_standard_error_of_a_share():
+    """Batch means of a 0/1 series lie in [0, 1]: their sample deviation is at most that of half 0s and half 1s."""
+    widest = pd.Series([0.0, 1.0] * (BATCHES // 2)).std(ddof=1) / math.sqrt(BATCHES)
+    assert pytest.approx(Z * widest) == MISS_MARGIN
+
+
+def test_a_point_whose_runs_stop_gets_the_whole_runs_verdict():
+    whole = _judged(300.0)
+    with reusing_runs(), stopping_decided_runs():
+        stopped = _judged(300.0)
+    assert (whole.verdict.met, whole.verdict.decided) == (False, True)
+    assert (stopped.verdict.met, stopped.verdict.decided) == (False, True)
+    assert stopped.stopped and not whole.stopped
+    assert (stopped.rows[names.STOPPED_BY] == "missed").all()
+    assert (stopped.rows["simulated_s"] < whole.rows["simulated_s"]).all()
+
+
+def test_a_passing_point_is_the_same_with_the_stop():
+    whole = _judged(5.0)
+    with reusing_runs(), stopping_decided_runs():
+        watched = _judged(5.0)
+    assert whole.verdict == watched.verdict and not watched.stopped
+    pd.testing.assert_frame_equal(whole.rows.drop(columns="point_id"), watched.rows.drop(columns="point_id"))
+
+
+def _rows(stopped: list[bool], attainment: list[float], stderr: list[float]) -> pd.DataFrame:
+    n = len(stopped)
+    return pd.DataFrame({"error": [""] * n, names.STEADY: [False] * n,
+                         names.STOPPED_BY: ["missed" if s else "completed" for s in stopped],
+                         names.slo_attainment("ttft"): attainment, names.slo_attainment_stderr("ttft"): stderr,
+                         names.slo_percentile("ttft"): [95.0] * n,
+                         names.SLO_ATTAINMENT: attainment, names.SLO_ATTAINMENT_STDERR: stderr})
+
+
+def test_a_point_some_of_whose_seeds_stopped():
+    # the stopped seed's whole run was below 0.95 - margin (about 0.72): with the other at 1.0 +- 0 the
+    # pair could still lie within two standard errors of the target, so the point fails undecided
+    verdict = judge(_rows([True, False], [0.1, 1.0], [0.01, 0.0]))
+    assert (verdict.met, verdict.decided) == (False, False)
+    # with the other seed far below the target it fails beyond doubt whatever the stopped seed's whole run was
+    verdict = judge(_rows([True, False], [0.1, 0.3], [0.01, 0.01]))
+    assert (verdict.met, verdict.decided) == (False, True)
+    # the other seed's error unknown: not settled
+    assert not judge(_rows([True, False], [0.1, 0.3], [0.01, math.nan])).decided
+
+
+def test_a_stopped_run_is_not_judged_on_a_joint_target():
+    with pytest.raises(ValueError, match="joint attainment"):
+        judge(_rows([True, True], [0.1, 0.1], [0.01, 0.01]), target=0.9)

@@ -1,0 +1,79 @@
+"""A run stopped once it is sure to miss its SLO targets (llmsim.sim.missed): it stops only when the whole run
+misses them by the margin, it still accounts for every request, and a run it does not stop is the run without it."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from llmsim.analysis.metrics import summarize
+from llmsim.sim.missed import MissedStop
+from llmsim.sim.result import StopReason
+from llmsim.sim.simulate import simulate
+
+from tests.helpers import make_scenario, simulate_checked
+from tests.sim.test_conservation import check_balances
+
+RULE = MissedStop(margin=0.23, min_requests=40)
+TTFT_S = 0.5
+SLO = {"slo": {"ttft": f"{TTFT_S * 1000:g} ms", "tpot": "50 ms", "percentile": 95}, "simulation": {"warmup": "2 s"}}
+
+
+def overloaded():
+    # far past one H100's capacity for these lengths: the queue, and with it every TTFT, grows without bound
+    return make_scenario({**SLO, "workload": {"arrival": {"rate": 300.0}, "num_requests": 3000}})
+
+
+@pytest.fixture(scope="module")
+def runs():
+    scenario = overloaded()
+    return simulate_checked(scenario, stop_when_missed=RULE), simulate(scenario)
+
+
+def test_an_overloaded_run_stops_and_says_so(runs):
+    stopped, whole = runs
+    assert stopped.stopped_by is StopReason.MISSED
+    assert whole.stopped_by is StopReason.COMPLETED
+    assert stopped.end_s < whole.end_s / 4
+    assert summarize(stopped).to_dict()["stopped_by"] == "missed"
+
+
+def test_a_stopped_run_accounts_for_every_request(runs):
+    stopped, _ = runs
+    check_balances(stopped)
+    counts = summarize(stopped).to_dict()["requests"]
+    assert counts["not_arrived"] > 0 and counts["unfinished_queued"] > 0
+    assert counts["arrived"] + counts["not_arrived"] == 3000
+    assert counts["arrived"] == (counts["finished"] + counts["rejected_timeout"] + counts["rejected_too_long"]
+                                 + counts["unfinished_queued"] + counts["unfinished_running"])
+
+
+def test_the_stop_is_justified_by_the_whole_run(runs):
+    """Read from the whole run's records: by the time the run stopped, more of the window's requests than the
+    rule allows had already waited past the TTFT limit without a first token, or got it late; and the whole
+    run's TTFT attainment over the window is below the target less the margin."""
+    stopped, whole = runs
+    records = whole.requests
+    start, stop = whole.warmup_s, whole.arrival_window_s
+    window = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
+    late = window["ttft_s"].isna() | (window["ttft_s"] > TTFT_S)
+    known_at_stop = window["arrival_s"] + TTFT_S < stopped.end_s
+    assert (late & known_at_stop).sum() > (1 - 0.95 + RULE.margin) * len(window)
+    attainment = summarize(whole).to_dict()["slo"]["ttft_attainment"]
+    assert attainment < 0.95 - RULE.margin
+    # until the stop, the two runs are the same run: every request the stopped one finished, finished alike
+    done = stopped.requests[stopped.requests["status"] == "finished"].set_index("id")
+    pd.testing.assert_frame_equal(done, whole.requests.set_index("id").loc[done.index])
+
+
+def test_a_run_meeting_its_targets_is_not_changed():
+    scenario = make_scenario({**SLO, "workload": {"arrival": {"rate": 5.0}, "num_requests": 600}})
+    watched, plain = simulate(scenario, stop_when_missed=RULE), simulate(scenario)
+    assert watched.stopped_by is StopReason.COMPLETED
+    pd.testing.assert_frame_equal(watched.requests, plain.requests)
+    pd.testing.assert_frame_equal(watched.iterations, plain.iterations)
+
+
+def test_too_few_requests_in_the_window_are_never_stopped():
+    scenario = make_scenario({**SLO, "workload": {"arrival": {"rate": 300.0}, "num_requests": 3000}})
+    result = simulate(scenario, stop_when_missed=MissedStop(margin=0.23, min_requests=10_000))
+    assert result.stopped_by is StopReason.COMPLETED
