@@ -141,6 +141,8 @@ def run_child(kind: str, requests: int = 0, rate: float = 0.0, replicas: int = 1
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([tree, *filter(None, [env.get("PYTHONPATH")])])
+        # an editable install finds its own checkout's profiles, which the other tree may not read
+        env["LLMSIM_PROFILE_PATH"] = os.path.join(tree, "hardware_profiles")
     done = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     return json.loads(done.stdout.splitlines()[-1])
 
