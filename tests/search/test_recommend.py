@@ -235,6 +235,9 @@ def test_runs_stopped_once_sure_to_miss_leave_the_search_unchanged(scenario, mon
         return row
 
     monkeypatch.setattr(sweeps, "simulate_point", counting)
+    # The fluid model's rate doubled: every bisection starts far past capacity, where runs are sure to miss.
+    fluid_rate = recommend_module.analytic_rate
+    monkeypatch.setattr(recommend_module, "analytic_rate", lambda *args: 2 * fluid_rate(*args))
     with_stops = recommend(scenario, seeds=2, top=2, workers=1, tolerance=0.1)
     assert any(stopped), "no run of the search stopped: the test would not compare anything"
     monkeypatch.setattr(recommend_module, "stopping_decided_runs", contextlib.nullcontext)
