@@ -44,7 +44,7 @@ from llmsim.catalog.models import ModelSpec
 from llmsim.catalog.placement import Placement
 from llmsim.cost.features import F
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
-from llmsim.cost.roofline import SHARED_MEMOS, CostModel, summed_iteration
+from llmsim.cost.roofline import CostModel, shared_memo, summed_iteration
 
 LOAD_DRAWS = 1000            # multinomial draws per assignment count of the busiest-rank table
 LOAD_GRID_DOUBLINGS = 24     # the table covers 1 .. 2^24 assignments per step (larger: the last ratio)
@@ -287,15 +287,11 @@ class ExpertParallelCostModel(CostModel):
         self._expert_bytes_per_iteration = (self._local_experts * model.expert_params * model.expert_bytes_per_param
                                             * model.sparse_layers)
         self._kernels: KernelTerms = kernels
-        # Every cost model pricing the MoE layers alike shares one memo (as the plain model's memos are shared):
-        # a search builds one per run, and its runs at one degree and seed price the same token counts.
+        # Every cost model pricing the MoE layers alike shares one memo (as the plain model's memos are shared).
         key = pickle.dumps((self._gemm, kernels, self._quantize_s_per_assignment, self._local_experts,
                             self._moe_layers, self.data_parallel, tensor_parallel, model, layout, all_to_all,
                             busiest.assignments.tobytes(), busiest.mean.tobytes()))
-        self._memo: dict[tuple[float, float], float] = _shared_memos.pop(key, {})
-        _shared_memos[key] = self._memo
-        while len(_shared_memos) > SHARED_MEMOS:
-            _shared_memos.popitem(last=False)
+        self._memo: dict[tuple[float, float], float] = shared_memo(_shared_memos, key, dict)
 
     def busiest_assignments(self, tokens_per_step):
         """The busiest rank's expert assignments in a step where each data-parallel rank runs

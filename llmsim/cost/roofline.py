@@ -28,7 +28,7 @@ import math
 import pickle
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import numba
 import numpy as np
@@ -53,6 +53,28 @@ _shared_memos: OrderedDict[bytes, tuple[dict, dict, list[np.ndarray]]] = Ordered
 FEW_ROWS = 32                     # up to this many rows, the non-linear part is looked up row by row
 TABLE_TOKENS = 1 << 16            # the most tokens (and logit rows) the tables of rows_total reach
 _NO_TABLE = np.zeros(0)
+_T = TypeVar("_T")
+
+
+def shared_memo(memos: OrderedDict[bytes, _T], key: bytes, fresh: Callable[[], _T]) -> _T:
+    """The memo ``memos`` holds under ``key`` (``fresh()`` the first time), for every cost model pricing alike:
+    a search builds one per run, and its runs price the same token counts over and over. ``memos`` keeps the
+    :data:`SHARED_MEMOS` most recently asked for."""
+    memo = memos.pop(key) if key in memos else fresh()
+    memos[key] = memo
+    while len(memos) > SHARED_MEMOS:
+        memos.popitem(last=False)
+    return memo
+
+
+@numba.njit(cache=True)
+def _add_tile_columns(y, stacked, m, padding, longest):
+    """Add the prefill tile columns' part to the first ``m`` outputs ``y`` of a row's product: their two
+    coefficients per output are stacked below the other columns' matrix (:class:`CostModel`). A row without
+    prefill adds nothing."""
+    if padding != 0.0 or longest != 0.0:
+        for i in range(m):
+            y[i] += stacked[m + i, 0] * padding + stacked[m + i, 1] * longest
 
 
 @numba.njit(cache=True)
@@ -67,9 +89,7 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
     x[9], x[10] = prefill_padding, prefill_longest
     m = 2 * n_ops + 3
     y = np.dot(stacked[:m], x[:TILE_FEATURES_FROM])
-    if prefill_padding != 0.0 or prefill_longest != 0.0:
-        for i in range(m):
-            y[i] += stacked[m + i, 0] * prefill_padding + stacked[m + i, 1] * prefill_longest
+    _add_tile_columns(y, stacked, m, prefill_padding, prefill_longest)
     time_s = 0.0
     for i in range(n_ops):
         compute_s, memory_s = y[i], y[n_ops + i]
@@ -123,10 +143,7 @@ def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
     m = 2 * n_ops + 3
     y = np.dot(np.ascontiguousarray(rows[:, :TILE_FEATURES_FROM]), stacked[:m].T)
     for r in range(len(rows)):
-        padding, longest = rows[r, TILE_FEATURES_FROM], rows[r, TILE_FEATURES_FROM + 1]
-        if padding != 0.0 or longest != 0.0:
-            for i in range(m):
-                y[r, i] += stacked[m + i, 0] * padding + stacked[m + i, 1] * longest
+        _add_tile_columns(y[r], stacked, m, rows[r, TILE_FEATURES_FROM], rows[r, TILE_FEATURES_FROM + 1])
     bounds = np.empty(n_ops)
     times, flops, moved = np.empty(len(rows)), np.empty(len(rows)), np.empty(len(rows))
     for r in range(len(rows)):
@@ -360,15 +377,11 @@ class CostModel:
                     self._memory_time[at, tokens] += seconds
         self._all_reduce = kernels.all_reduce_for(tp) if tp > 1 else None
         self._custom_all_reduce = kernels.custom_all_reduce_for(tp) if tp > 1 else None
-        # Every cost model with the same GEMM and all-reduce terms shares the memos: a search builds one per
-        # run, and its runs price the same token counts over and over.
+        # Every cost model with the same GEMM and all-reduce terms shares the memos.
         key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size,
                             model.num_layers, model.activation_bytes_per_element))
-        shared = _shared_memos.pop(key, None) or ({}, {}, [np.full(1, np.nan), np.full(1, np.nan)])
-        self._layer_memo, self._head_memo, self._tables = shared
-        _shared_memos[key] = shared
-        while len(_shared_memos) > SHARED_MEMOS:
-            _shared_memos.popitem(last=False)
+        self._layer_memo, self._head_memo, self._tables = shared_memo(
+            _shared_memos, key, lambda: ({}, {}, [np.full(1, np.nan), np.full(1, np.nan)]))
 
     def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
              decode_kv_read, prefill_padding=0.0, prefill_longest=0.0) -> tuple[float, float, float]:
