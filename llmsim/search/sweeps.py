@@ -450,8 +450,7 @@ def longest_wait_s(result) -> float:
 def _evaluate(scenario: Scenario, stop_when_missed: MissedStop | None = None) -> dict:
     """Run in a worker: metrics, or the error that stopped this point (one line of text)."""
     try:
-        # a whole run keeps simulate_point's one-argument call (the form a substitute for it takes)
-        return simulate_point(scenario) if stop_when_missed is None else simulate_point(scenario, stop_when_missed)
+        return simulate_point(scenario, stop_when_missed)
     except Exception as error:          # one failing point must not lose the others
         return {"error": error_text(error)}
 

@@ -293,10 +293,10 @@ def test_a_killed_worker_fails_its_points_and_keeps_the_rest(tmp_path, capsys, m
 
     real = sweeps.simulate_point
 
-    def dies_at_40(scenario):
+    def dies_at_40(scenario, stop_when_missed=None):
         if scenario.workload.arrival.rate_per_s == 40.0:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(scenario)
+        return real(scenario, stop_when_missed)
 
     monkeypatch.setattr(sweeps, "simulate_point", dies_at_40)      # workers are forked: they see it
     grid = write(tmp_path, {"workload.arrival.rate": [10.0, 40.0]}, "grid.yaml")

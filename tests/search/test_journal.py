@@ -45,9 +45,9 @@ def resweep(out: Path) -> tuple[pd.DataFrame, list[float]]:
     rates: list[float] = []
     real = sweeps.simulate_point
 
-    def counted(scenario):
+    def counted(scenario, stop_when_missed=None):
         rates.append(scenario.workload.arrival.rate_per_s)
-        return real(scenario)
+        return real(scenario, stop_when_missed)
 
     with mock.patch.object(sweeps, "simulate_point", counted):
         table = sweep(small(), GRID, out=out, workers=1)
@@ -115,7 +115,7 @@ from tests.helpers import make_scenario
 folder, log, mode = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 real = sweeps.simulate_point
 
-def logged(scenario):
+def logged(scenario, stop_when_missed=None):
     with log.open("a") as handle:
         handle.write(f"{os.getpid()} {scenario.workload.arrival.rate_per_s}\\n")
     if mode == "wait":                      # hold the lock until the test says go
@@ -123,7 +123,7 @@ def logged(scenario):
             time.sleep(0.05)
     elif mode == "hang":                    # a worker busy for as long as anyone waits
         time.sleep(600)
-    return real(scenario)
+    return real(scenario, stop_when_missed)
 
 sweeps.simulate_point = logged
 try:

@@ -266,11 +266,11 @@ def simulations(monkeypatch, stop_at: int | None = None, error: BaseException | 
     (Ctrl-C arrives in the parent, with serial workers in the simulation itself)."""
     keys = []
 
-    def counted(scenario, *stop_when_missed):
+    def counted(scenario, stop_when_missed=None):
         if stop_at is not None and len(keys) + 1 == stop_at:
             raise error if error is not None else KeyboardInterrupt()
-        keys.append(key_under(run_key(scenario), *stop_when_missed or (None,)))     # the journal's key
-        return SIMULATE_POINT(scenario, *stop_when_missed)
+        keys.append(key_under(run_key(scenario), stop_when_missed))     # the journal's key
+        return SIMULATE_POINT(scenario, stop_when_missed)
 
     monkeypatch.setattr(sweeps, "simulate_point", counted)
     return keys

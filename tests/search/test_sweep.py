@@ -92,7 +92,7 @@ def test_overrides_follow_dotted_paths():
 def test_resume_skips_finished_points_and_drops_a_torn_line(tmp_path, monkeypatch):
     calls = []
     real = sweeps.simulate_point
-    monkeypatch.setattr(sweeps, "simulate_point", lambda scenario: calls.append(1) or real(scenario))
+    monkeypatch.setattr(sweeps, "simulate_point", lambda scenario, rule=None: calls.append(1) or real(scenario, rule))
     grid = {"workload.arrival.rate": [4.0, 8.0, 16.0]}
     first = sweep(small(), grid, out=tmp_path, workers=1)
     assert len(calls) == 3
@@ -116,7 +116,7 @@ def test_reused_runs_are_simulated_once_and_give_the_simulated_rows(monkeypatch)
     simulation's. A changed point, or the same one outside the block, is simulated."""
     calls = []
     real = sweeps.simulate_point
-    monkeypatch.setattr(sweeps, "simulate_point", lambda scenario: calls.append(1) or real(scenario))
+    monkeypatch.setattr(sweeps, "simulate_point", lambda scenario, rule=None: calls.append(1) or real(scenario, rule))
     own = small().engine.max_batch_tokens
     with sweeps.reusing_runs():
         first = run_points(small(), [{}], workers=1)
@@ -137,7 +137,7 @@ def test_resume_simulates_again_when_a_named_file_changed(tmp_path, monkeypatch)
     back stale; with the file unchanged it is not."""
     calls = []
     real = sweeps.simulate_point
-    monkeypatch.setattr(sweeps, "simulate_point", lambda scenario: calls.append(1) or real(scenario))
+    monkeypatch.setattr(sweeps, "simulate_point", lambda scenario, rule=None: calls.append(1) or real(scenario, rule))
     # The roofline form of the profile, where halving the memory efficiency slows decode 2x.
     profile = roofline_document(yaml.safe_load((REPO / "hardware_profiles" / "h100-sxm.yaml").read_text()))
     write(tmp_path / "gpu.yaml", {**profile, "name": "gpu"})
@@ -209,10 +209,10 @@ def test_a_point_the_reader_resolves_keeps_a_change_made_with_replace():
 def test_a_failing_point_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
     real = sweeps.simulate_point
 
-    def flaky(scenario):
+    def flaky(scenario, stop_when_missed=None):
         if scenario.workload.arrival.rate_per_s == 8.0:
             raise RuntimeError("device on fire\nsecond line")
-        return real(scenario)
+        return real(scenario, stop_when_missed)
 
     monkeypatch.setattr(sweeps, "simulate_point", flaky)
     grid = {"workload.arrival.rate": [4.0, 8.0, 16.0]}
