@@ -337,10 +337,10 @@ def batch_features(prefill_new, prefill_context, decode_context, prefill_logits:
     kernel's tile (:func:`prefill_sums`).
     """
     new = np.asarray(prefill_new, dtype=float)
-    window, share = model.sliding_window, model.local_attention_share
-    seen = visible(np.asarray(prefill_context, dtype=float), window, share)
-    dec = visible(np.asarray(decode_context, dtype=float) + 1.0, window, share)  # the new token attends to itself
     context = np.asarray(prefill_context, dtype=float)
+    window, share = model.sliding_window, model.local_attention_share
+    seen = visible(context, window, share)
+    dec = visible(np.asarray(decode_context, dtype=float) + 1.0, window, share)  # the new token attends to itself
     pairs = chunk_pairs(new, context, window, share)
     padding = float(np.sum(causal_tile_padding(new, context, tile))) if tile else 0.0
     return batch_rows(new.sum(), float(np.sum(pairs)), float(np.sum(seen + new)),

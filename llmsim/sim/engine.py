@@ -294,8 +294,7 @@ class Engine(EngineProcess):
         self._in_flight: float | None = None
         self._async = config.async_scheduling
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
-        self._handoff: Callable[[Request, float], None] | None = None
-        self._extras = self._makes_room or self._tiered is not None or self._async
+        self.handoff = None
         self.start()
 
     @property
@@ -306,7 +305,8 @@ class Engine(EngineProcess):
 
     @handoff.setter
     def handoff(self, to: Callable[[Request, float], None] | None) -> None:
-        self._handoff = to
+        self._handoff: Callable[[Request, float], None] | None = to
+        # whether any of the steps most engines skip applies (:meth:`_plan`)
         self._extras = self._makes_room or self._tiered is not None or self._async or to is not None
 
     def _resume(self) -> None:
