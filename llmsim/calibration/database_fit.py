@@ -42,7 +42,7 @@ from scipy.optimize import least_squares
 from llmsim.calibration.cutlass_dispatch import DISPATCH, waves
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.cost.features import causal_tile_padding
-from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
+from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, smooth_maximum
 
 BF16 = 2.0
 DTYPE_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
@@ -144,9 +144,7 @@ def gemm_fp8_dispatch_form(architecture: str) -> Form:
             compute[at] = waves(config, m[at], n[at], sms[at]) * (tile_flops / per_sm + tile_overhead)
         hbm = rows["hbm"].to_numpy()
         memory = (n * k + m * (n + k) * BF16) / (hbm * bandwidth_share)
-        larger = np.maximum(memory, compute)
-        body = larger * ((memory / larger) ** p + (compute / larger) ** p) ** (1.0 / p)
-        return floor + m * k * 3.0 / (hbm * quantize_share) + body
+        return floor + m * k * 3.0 / (hbm * quantize_share) + smooth_maximum(memory, compute, p)
 
     return Form(f"gemm_fp8_dispatch_{architecture}",
                 ("floor_s", "bandwidth_share", "quantize_share", "tile_overhead_s", "sharpness",

@@ -54,9 +54,13 @@ def gemm_body_s(memory_s, compute_s, tiles, kernels: KernelTerms):
     """The smooth maximum of a GEMM's memory and compute times (no floor), shaped by its output ``tiles``."""
     occupancy = tiles / (tiles + kernels.gemm_occupancy_half_tiles)
     p = 1.0 + (kernels.gemm_sharpness - 1.0) * (tiles / SHARPNESS_REFERENCE_TILES) ** kernels.gemm_sharpness_growth
-    compute_s = compute_s / occupancy
-    # Scaled by the larger term: p reaches the hundreds on large GEMMs, where a millisecond to the power p
-    # underflows to 0 and the unscaled form would price the GEMM at nothing.
+    return smooth_maximum(memory_s, compute_s / occupancy, p)
+
+
+def smooth_maximum(memory_s, compute_s, p):
+    """``(memory^p + compute^p)^(1/p)``: the larger of a kernel's memory and compute times, rounded off where
+    they are close (``p`` its sharpness). Scaled by the larger term: p reaches the hundreds on large GEMMs, where
+    a millisecond to the power p underflows to 0 and the unscaled form would price the GEMM at nothing."""
     larger = np.maximum(memory_s, compute_s)
     safe = np.where(larger > 0, larger, 1.0)
     return larger * ((memory_s / safe) ** p + (compute_s / safe) ** p) ** (1.0 / p)
