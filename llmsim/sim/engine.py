@@ -313,9 +313,9 @@ class Engine(EngineProcess):
         """The engine's loop, one turn per iteration, from one wait to the next: the iteration in
         flight (if any) is over, then iterations are scheduled, and run, until one must be waited
         for or there is nothing to do."""
+        # (Methods are called through self, not bound to locals first: with many replicas a call
+        # usually runs one iteration, and binding them would build each bound method for it.)
         env = self.env
-        peek, plan, apply, advance = env.peek, self._plan, self._apply, self.decode.advance
-        observed = bool(self.observers)
         duration = self._in_flight                  # the iteration in flight, if any, is over now
         self._in_flight = None
         while True:
@@ -323,17 +323,17 @@ class Engine(EngineProcess):
                 # The iteration last planned is over at its end (the sum that scheduled this call, or
                 # that the loop runs it to at once): its tokens appear.
                 self.now = now = self.now + duration
-                if observed:
+                if self.observers:
                     self._complete()
                 elif self._chunks:
-                    apply(self._chunks, self._decoding)
+                    self._apply(self._chunks, self._decoding)
                 else:
-                    advance(now)                    # a decode-only iteration: apply() would only call this
+                    self.decode.advance(now)        # a decode-only iteration: _apply() would only call this
             if self.now < env._now:                 # SimPy's clock without its property's call
                 self.now = env._now
             if self._expires:
                 self.queueing.expire_waiting(self.now)
-            duration = plan()
+            duration = self._plan()
             if duration is None:
                 self._idle = True                   # until notify()
                 return
@@ -341,7 +341,7 @@ class Engine(EngineProcess):
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
-            if end >= peek():
+            if end >= env.peek():
                 self._in_flight = duration
                 self._schedule(self._wake, NORMAL, end - env._now)
                 return
