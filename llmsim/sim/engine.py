@@ -51,7 +51,7 @@ from llmsim.cost.features import prefill_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
-from llmsim.sim.environment import scheduler
+from llmsim.sim.environment import scheduler, waker
 from llmsim.sim.iterations import Iteration, IterationLog
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import TieredKV
@@ -110,6 +110,7 @@ class EngineProcess:
         self.preemptions = 0
         self._idle = False                          # waiting for notify()
         self._schedule, self._wake = scheduler(env), self._resume      # bound once: used at nearly every step
+        self._wake_at = waker(env)
 
     def take_gaps(self) -> InterTokenGaps:
         """The inter-token gaps handed to ``gaps`` so far, taken out of it (a run streamed to disk
@@ -341,9 +342,8 @@ class Engine(EngineProcess):
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
-            if end >= env.peek():
+            if self._wake_at(self._wake, end):
                 self._in_flight = duration
-                self._schedule(self._wake, NORMAL, end - env._now)
                 return
 
     def _complete(self) -> None:

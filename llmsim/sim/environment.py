@@ -42,6 +42,19 @@ class Environment(simpy.Environment):
         """Call ``call()`` at ``now + delay``, ordered as an event of ``priority`` scheduled now would be."""
         heappush(self._calls, (self._now + delay, priority, next(self._eid), call))
 
+    def call_unless_next(self, call: Callable[[], None], at_s: float) -> bool:
+        """Schedule ``call()`` at ``at_s`` (ordered as a NORMAL event scheduled now with delay ``at_s - now``),
+        unless ``at_s`` comes before every other event: then schedule nothing and return False (the
+        caller may run on to ``at_s`` at once: nothing can observe the time in between). One call for
+        the test ``at_s >= peek()`` and the scheduling, as an engine asks at the end of every iteration."""
+        calls, queue = self._calls, self._queue
+        if (calls and at_s >= calls[0][0]) or (queue and at_s >= queue[0][0]):     # at_s >= self.peek()
+            now = self._now
+            # (now + (at_s - now), not at_s: the time the delay a process would wait gives, to the last bit)
+            heappush(calls, (now + (at_s - now), NORMAL, next(self._eid), call))
+            return True
+        return False
+
     def peek(self) -> float:
         calls, queue = self._calls, self._queue
         if calls:
@@ -72,6 +85,19 @@ def schedule_call(env: simpy.Environment, call: Callable[[], None], priority: Ev
     event._ok, event._value = True, None         # what succeed() sets; it is scheduled below
     event.callbacks.append(lambda _: call())
     env.schedule(event, priority, delay)
+
+
+def call_unless_next(env: simpy.Environment, call: Callable[[], None], at_s: float) -> bool:
+    """:meth:`Environment.call_unless_next` on any SimPy environment (on a plain one through an event)."""
+    if at_s >= env.peek():
+        schedule_call(env, call, NORMAL, at_s - env.now)
+        return True
+    return False
+
+
+def waker(env: simpy.Environment) -> Callable[[Callable[[], None], float], bool]:
+    """:func:`call_unless_next` bound to ``env`` once (an engine asks it at the end of every iteration)."""
+    return env.call_unless_next if isinstance(env, Environment) else partial(call_unless_next, env)
 
 
 def scheduler(env: simpy.Environment) -> Callable[..., None]:
