@@ -12,8 +12,10 @@ engine's ``_resume``, a bound method, not a generator) in a heap of their own, k
 SimPy keys its events (time, priority, then SimPy's own insertion counter, shared by both heaps),
 and :meth:`Environment.step` runs the calls whose keys come before the next SimPy event's, then
 that event. So everything happens in the order, and at the times, it would with SimPy events;
-only the bookkeeping per wait is smaller. :func:`schedule_call` also works on a
-plain ``simpy.Environment`` (through an event), so engines run on either.
+only the bookkeeping per wait is smaller. An engine ending an iteration asks
+:meth:`Environment.call_unless_next`, which tests whether the end comes before every other event
+and, if not, schedules the wait, in one call. :func:`schedule_call` and :func:`call_unless_next` also
+work on a plain ``simpy.Environment`` (through an event), so engines run on either.
 
 :func:`frozen_heap` keeps Python's cyclic garbage collector off the objects that existed before a
 run while it runs.
