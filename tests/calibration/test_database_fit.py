@@ -298,7 +298,8 @@ def test_the_same_point_reference_carries_a_donor_measurement_by_the_forms_devic
     from llmsim.calibration.database_profile import GROUPS, same_point_errors
     group = GROUPS["all_reduce"]
     sizes = 2.0 ** np.arange(10, 26)
-    values = {8: {"latency_s": 8e-6, "bus_share": 0.05, "large_latency_s": 3e-5, "large_bus_share": 0.8}}
+    values = {8: {"latency_s": 8e-6, "bus_share": 0.05, "large_latency_s": 3e-5, "large_bus_share": 0.8,
+                  "medium_latency_s": 1.5e-5, "medium_bus_share": 0.3}}
     frame = pd.DataFrame({"group": 8, "bytes": sizes, "table": "t"})
     donor = with_device(frame, lookup_hardware("H200"))
     donor = donor.assign(measured_s=ALL_REDUCE(values[8], donor))
