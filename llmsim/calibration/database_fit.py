@@ -278,7 +278,7 @@ class SwitchedForm(Form):
         def best(lo: int, left: int) -> tuple[float, list[int]]:
             """The cheapest cut of sizes[lo:] into at most ``left`` lines: (cost, the starts of the lines after the
             first)."""
-            whole = (segment(lo, len(sizes))[0], [])
+            whole: tuple[float, list[int]] = (segment(lo, len(sizes))[0], [])
             if left == 1:
                 return whole
             options = [whole]

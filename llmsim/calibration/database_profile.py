@@ -576,7 +576,8 @@ def predict_cell(group: str, size: str | None, target: str, version: str, traini
         return CellPrediction(predict(GROUPS[group], values, held),
                               same_point_errors(GROUPS[group], values, held, others), ())
     signed = np.exp(np.mean(predictions, axis=0)) - 1.0
-    reference = np.exp(np.nanmedian(np.vstack(references), axis=0) - np.log(held["measured_s"].to_numpy())) - 1.0
+    carried_log_s = pd.DataFrame(np.vstack(references)).median(axis=0).to_numpy()     # NaN where no donor has it
+    reference = np.exp(carried_log_s - np.log(held["measured_s"].to_numpy())) - 1.0
     return CellPrediction(signed, reference, tuple(donors))
 
 
