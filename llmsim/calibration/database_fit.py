@@ -20,8 +20,9 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
   per KV head (loading a KV head's keys and values per query tile: MHA pays it per query head, GQA once per group);
 - collectives (all-reduce, all-gather, reduce-scatter, all-to-all): per group size the lesser of two alpha-beta
   lines over the bus traffic (``2 (g-1)/g`` of the message for an all-reduce, ``(g-1)/g`` for the others), as
-  NCCL picks the faster protocol; the engine's custom all-reduce: its one-shot line below a fitted message size
-  and its two-shot line from there (:data:`CUSTOM_ALL_REDUCE`), as the engine switches kernels by size;
+  NCCL picks the faster protocol; the engine's custom all-reduce: its one-shot line below a fitted message size,
+  its two-shot line from there, and the line of whatever the engine hands larger messages to from a third size
+  (:data:`CUSTOM_ALL_REDUCE`), as the engine switches kernels by size;
 - the engine's FP8 quantization kernel: ``floor + 3 m k / bandwidth`` over an ``m x k`` tensor (read in 16 bits,
   written in 8), on tensors too large for the GPU's L2 cache (:data:`QUANTIZE_MIN_INPUT_BYTES`);
 - MoE grouped GEMM: ``floor + max(weight bytes of the experts touched / bandwidth, FLOPs / rate)``;
