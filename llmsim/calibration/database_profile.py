@@ -528,27 +528,16 @@ def _mean_log(frames: list[pd.DataFrame], keys: list[str]) -> pd.Series:
     return pd.concat(logs, axis=1).dropna().mean(axis=1)
 
 
-def _version_factor(group: str, size: str | None, values: dict, rows: pd.DataFrame) -> tuple[float, dict[int, float]]:
-    """The version's factor on a donor: the mean log of measured over the form fitted to the donor's other versions,
-    over the acceptance group's size class (and per GPU count for collectives, whose forms are fitted per count)."""
-    log_ratio = np.log(predict(GROUPS[group], values, rows) + 1.0)
-    mask = _class_mask(group, size, rows) & ~np.isnan(log_ratio)
-    # A size class the donor did not measure (none of its rows in it) takes the whole table's factor.
-    mask = mask if mask.any() else ~np.isnan(log_ratio)
-    per_count = ({int(c): float(-np.mean(log_ratio[mask & (rows["group"] == c).to_numpy()]))
-                  for c in rows["group"][mask].unique()} if GROUPS[group].per_group_size else {})
-    return float(-np.mean(log_ratio[mask])), per_count
-
-
-def predict_cell(group: str, size: str | None, target: str, version: str, training: dict[Cell, pd.DataFrame],
-                 held: pd.DataFrame, peers: list[str]) -> CellPrediction:
+def predict_cell(group: str, target: str, version: str, training: dict[Cell, pd.DataFrame], held: pd.DataFrame,
+                 peers: list[str]) -> CellPrediction:
     """The held-out cell (``target``, ``version``) of one framework's ``group`` from ``training`` (every other cell;
     the held-out one is not in it), as a two-way model: the target's form fitted to its versions that a donor also
-    measured, times the version's factor on that donor (:func:`_version_factor`: measured ``version`` over the
-    donor's form fitted to the same versions), the geometric mean over ``peers`` that measured ``version`` and one
-    of the target's versions. Where none did, the target's form fitted to all its other versions alone. The
-    reference is the same two-way model on measurements of the same point, no form: the target's other versions'
-    time times the donor's ratio of ``version`` to those versions (median over donors)."""
+    measured, times the version's factor on that donor at each held-out point (the donor's form fitted to
+    ``version`` over its form fitted to the same versions as the target's, both on the donor's datasheet figures: a
+    version that moved a kernel switch moves it in the factor), the geometric mean over ``peers`` that measured
+    ``version`` and one of the target's versions. Where none did, the target's form fitted to all its other versions
+    alone. The reference is the same two-way model on measurements of the same point, no form: the target's other
+    versions' time times the donor's ratio of ``version`` to those versions (median over donors)."""
     assert (target, version) not in training, "the held-out cell is in its own training set"
     own = {v: rows for (gpu, v), rows in training.items() if gpu == target}
     keys = _point_keys(held)
@@ -562,9 +551,11 @@ def predict_cell(group: str, size: str | None, target: str, version: str, traini
         values = fit_group(GROUPS[group], pd.concat([own[v] for v in common], ignore_index=True), _fixed(group))
         donor_values = fit_group(GROUPS[group], pd.concat([training[(donor, v)] for v in common], ignore_index=True),
                                  _fixed(group))
-        overall, per_count = _version_factor(group, size, donor_values, training[(donor, version)])
-        factor = (held["group"].map(per_count).fillna(overall).to_numpy() if per_count
-                  else np.full(len(held), overall))
+        measured = training[(donor, version)]
+        version_values = fit_group(GROUPS[group], measured, _fixed(group))
+        on_donor = held.assign(**{c: measured[c].iloc[0] for c in DEVICE_COLUMNS})
+        factor = (np.log(predict(GROUPS[group], version_values, on_donor) + 1.0)
+                  - np.log(predict(GROUPS[group], donor_values, on_donor) + 1.0))
         predictions.append(np.log(predict(GROUPS[group], values, held) + 1.0) + factor)
         carried = (_mean_log([own[v] for v in common], keys) + _mean_log([training[(donor, version)]], keys)
                    - _mean_log([training[(donor, v)] for v in common], keys))
@@ -608,7 +599,7 @@ def leave_one_cell_out(database: db.Database, targets: tuple[str, ...]) -> pd.Da
                     if cell[0] != target or sum(gpu == target for gpu, _ in cells) < 2:
                         continue
                     training = {key: rows for key, rows in cells.items() if key != cell}
-                    found = predict_cell(group, size, target, cell[1], training, held, peers)
+                    found = predict_cell(group, target, cell[1], training, held, peers)
                     mask = _class_mask(group, size, held)
                     signed_all.append(found.signed[mask & ~np.isnan(found.signed)])
                     reference_all.append(found.reference[mask])

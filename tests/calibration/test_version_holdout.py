@@ -39,7 +39,7 @@ def _cells() -> dict[Cell, pd.DataFrame]:
 
 def _held_out(cells: dict[Cell, pd.DataFrame], cell: Cell):
     training = {key: rows for key, rows in cells.items() if key != cell}
-    return predict_cell("all_reduce", None, cell[0], cell[1], training, cells[cell], [H200])
+    return predict_cell("all_reduce", cell[0], cell[1], training, cells[cell], [H200])
 
 
 def test_the_version_factor_learned_on_another_gpu_recovers_the_held_out_cell():
@@ -74,7 +74,7 @@ def test_the_held_out_cells_measurements_never_reach_its_own_prediction():
     again = _held_out(poisoned, (H100, "b"))
     np.testing.assert_allclose(again.signed + 1.0, (found.signed + 1.0) / 7.0, rtol=1e-9)
     with pytest.raises(AssertionError, match="held-out cell"):
-        predict_cell("all_reduce", None, H100, "b", cells, cells[(H100, "b")], [H200])
+        predict_cell("all_reduce", H100, "b", cells, cells[(H100, "b")], [H200])
 
 
 def _vllm_custom_all_reduce(version: str) -> pd.DataFrame:
