@@ -256,7 +256,8 @@ class Engine(EngineProcess):
     ``decode`` builds the decode set from the engine (``EventDecodeSet`` by default), ``queueing``
     the order it serves its queue in (:class:`Queueing`, FIFO, by default).
     ``observers`` are called as ``observer(engine, iteration)`` after every iteration's
-    tokens have appeared; with none the loop does not look at them.
+    tokens have appeared, then ``hooks`` as ``hook(engine)`` (for callers that need only the engine's state:
+    the loop builds the :class:`Iteration` only for observers); with neither the loop does not look at them.
     ``first_gap_end_s`` / ``first_gap_s`` collect, for the first token of every decode run
     after the first, when it appeared and its gap since the token before (the decode sets
     and recomputed prompts write them; ``close`` and ``take_gaps`` hand them to ``gaps``).
@@ -269,6 +270,7 @@ class Engine(EngineProcess):
         super().__init__(env, index, cost, kv, queue, config, on_done, micro_batch)
         self.now = env.now                          # the engine's clock: may run ahead of env.now, see run()
         self.observers: list[Observer] = []
+        self.hooks: list[Callable[[Engine], None]] = []
         self._admitted = 0
         self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
         self._prefill_tile = cost.prefill_tile_tokens
@@ -315,7 +317,7 @@ class Engine(EngineProcess):
         for or there is nothing to do."""
         env = self.env
         peek, plan, apply, advance = env.peek, self._plan, self._apply, self.decode.advance
-        observed = bool(self.observers)
+        observed = bool(self.observers or self.hooks)
         duration = self._in_flight                  # the iteration in flight, if any, is over now
         self._in_flight = None
         while True:
@@ -347,12 +349,15 @@ class Engine(EngineProcess):
                 return
 
     def _complete(self) -> None:
-        """The iteration last planned is over at ``self.now``: its tokens appear, then the observers see it."""
+        """The iteration last planned is over at ``self.now``: its tokens appear, then the observers see it and
+        the hooks run."""
         self._apply(self._chunks, self._decoding)
         if self.observers:
             iteration = self.last_iteration()
             for observer in self.observers:
                 observer(self, iteration)
+        for hook in self.hooks:
+            hook(self)
 
     def close(self) -> None:
         """End of the run: bring unfinished requests' token counts up to date and hand the
