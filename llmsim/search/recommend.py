@@ -72,7 +72,10 @@ The search (:func:`recommend`):
    each scheduling policy, coordinate descent over the classes: each class's timeout in
    turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
    others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
-   class moves; a candidate screened once is never simulated again. Each policy's best
+   class moves; a candidate screened once is never simulated again, nor is one whose timeouts
+   differ from a screened candidate's only where neither timeout was reached by its class's
+   longest wait in that run (the same run: :func:`llmsim.search.sweeps.reusing_runs`; the
+   longest timeout of a class's options runs first). Each policy's best
    combination then gets its goodput bisected like any other setting (starting at the probe
    rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
    from the scenario's own settings (which are then the baseline the gain is measured against).
