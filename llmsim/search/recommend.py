@@ -864,11 +864,19 @@ class _Search:
         for c, leader in challengers.items():
             for s, held in zip(self.seeds, self.brackets[leader]):
                 brackets[(c, s)].probes = [held.failing, held.passing]
-        for _ in range(20):
+        # Any other setting is bisected on its first seed alone; its other seeds then start from that bracket.
+        first_seed = {c: brackets[(c, self.seeds[0])] for c in todo if c not in challengers}
+        for _ in range(40):
             if self.racing:
                 self.race(todo, brackets, challengers)
+            for c, first in list(first_seed.items()):
+                if first.next_rate(start[c], self.rate, self.tolerance) is None:
+                    for s in self.seeds[1:]:
+                        brackets[(c, s)].probes = [first.failing, first.passing]
+                    del first_seed[c]
             jobs = [(key, rate) for key, bracket in brackets.items()
-                    if (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
+                    if not (key[0] in first_seed and key[1] != self.seeds[0])
+                    and (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
             if not jobs:
                 break
             points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
@@ -1051,8 +1059,7 @@ class _Search:
         windows = []
         for point, rate in zip(points, rates):
             at_rate = variant(self.scenario, point)
-            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
-
+            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False))
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
                                       progress=self.progress, escalate_failing=False)
 
