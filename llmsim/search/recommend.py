@@ -866,7 +866,10 @@ class _Search:
                 brackets[(c, s)].probes = [held.failing, held.passing]
         # Any other setting is bisected on its first seed alone; its other seeds then start from that bracket.
         first_seed = {c: brackets[(c, self.seeds[0])] for c in todo if c not in challengers}
-        for _ in range(40):
+        # With no simulated rate to scale the fluid model's by yet, the first of them is a pilot: bisected alone
+        # on its first seed, its ratio then scales the others' starts.
+        pilot = next(iter(first_seed), None) if start_rate_per_s is None and not self.ratios() else None
+        for _ in range(60):
             if self.racing:
                 self.race(todo, brackets, challengers)
             for c, first in list(first_seed.items()):
@@ -874,8 +877,13 @@ class _Search:
                     for s in self.seeds[1:]:
                         brackets[(c, s)].probes = [first.failing, first.passing]
                     del first_seed[c]
+            if pilot is not None and pilot not in first_seed:
+                ratio = brackets[(pilot, self.seeds[0])].passing / guess[pilot] if guess[pilot] > 0 else 0.0
+                if ratio > 0:
+                    start |= {c: guess[c] * ratio if guess[c] > 0 else self.rate for c in first_seed}
+                pilot = None
             jobs = [(key, rate) for key, bracket in brackets.items()
-                    if not (key[0] in first_seed and key[1] != self.seeds[0])
+                    if not (key[0] in first_seed and (key[1] != self.seeds[0] or pilot not in (None, key[0])))
                     and (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
             if not jobs:
                 break
@@ -954,11 +962,15 @@ class _Search:
                 for b in runs:
                     b.raced_out = True
 
+    def ratios(self) -> list[float]:
+        """Each finished setting's simulated highest passing rate over the fluid model's (where both are known)."""
+        return [r["max_rate_per_s"] / r["analytic_rate_per_s"] for r in self.results.values()
+                if r["analytic_rate_per_s"] > 0 and r["max_rate_per_s"] > 0 and not r["raced_out"]]
+
     def simulated_over_analytic(self) -> float:
         """How the simulated highest passing rates so far compare with the fluid model's (median ratio;
         0.85 before any)."""
-        ratios = [r["max_rate_per_s"] / r["analytic_rate_per_s"] for r in self.results.values()
-                  if r["analytic_rate_per_s"] > 0 and r["max_rate_per_s"] > 0 and not r["raced_out"]]
+        ratios = self.ratios()
         return float(np.median(ratios)) if ratios else 0.85
 
     def classes(self, base: Config) -> ClassSearch:
