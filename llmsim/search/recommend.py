@@ -28,7 +28,16 @@ The search (:func:`recommend`):
    is judged on it) are simulated with the rest.
    A probe the window leaves undecided is measured longer only while its estimate passes
    (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
-   taken on its estimate can only lower it.
+   taken on its estimate can only lower it. A probe's window is the window rule's alone, without the
+   scenario's own request count as a floor (each verdict carries its standard error, and is measured
+   longer while undecided).
+   Each setting's bisection starts from the fluid model's rate scaled by the simulated/fluid ratio of the
+   settings simulated so far; where none is yet (the search's first settings), the first of them is a
+   *pilot*, bisected alone on its first seed, and its ratio starts the others. A setting is bisected on its
+   first seed first; each other seed is then simulated first at that seed's failing rate, then (where it
+   failed there) at its passing rate, and goes on from there like any bisection: where its capacity lies in
+   the first seed's bracket two runs settle it, and wherever it lies, its answer is a rate it passed with a
+   failing rate within ``tolerance`` above, as before (only where the bracket starts moves).
    The analytic best, the first default and the proposers are bisected first; the other settings, here and
    in the later steps, are then *challengers* of the leader (the first row so far, bisected to the end; for a
    default, the best default): each seed is simulated first at the leader's failing rate for that seed, then
@@ -826,9 +835,11 @@ class _Search:
 
         Per (configuration, seed) a bracket [passing rate, failing rate] starts at
         ``start_rate_per_s`` if given, else at the analytic rate scaled by how the simulated
-        rates so far compare with the analytic ones, steps by 20% until it brackets, then
+        rates so far compare with the analytic ones (with none yet: the pilot's, the first configuration's
+        first seed bisected alone), steps by 20% until it brackets, then
         bisects to ``tolerance``. Whether the scenario's own rate passes follows from the
-        bracket, or is simulated when it lies inside it.
+        bracket, or is simulated when it lies inside it. A configuration's other seeds start once its
+        first seed's bisection has ended, each first at that seed's failing rate, then at its passing rate.
 
         Once a setting has been bisected to the end and leads (:meth:`leader`), a new setting that is not
         protected is a *challenger* (a default, of the best default): each seed is simulated first at the leader's
