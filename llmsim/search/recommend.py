@@ -875,6 +875,10 @@ class _Search:
         for c, leader in challengers.items():
             for s, held in zip(self.seeds, self.brackets[leader]):
                 brackets[(c, s)].probes = [held.failing, held.passing]
+                brackets[(c, s)].step = 1 + self.tolerance
+        if self.ratios():
+            for c in todo:
+                brackets[(c, self.seeds[0])].step = 1 + self.tolerance
         # Any other setting is bisected on its first seed alone; its other seeds then start from that bracket.
         first_seed = {c: brackets[(c, self.seeds[0])] for c in todo if c not in challengers}
         # With no simulated rate to scale the fluid model's by yet, the first of them is a pilot: bisected alone
@@ -887,11 +891,14 @@ class _Search:
                 if first.next_rate(start[c], self.rate, self.tolerance) is None:
                     for s in self.seeds[1:]:
                         brackets[(c, s)].probes = [first.failing, first.passing]
+                        brackets[(c, s)].step = 1 + self.tolerance
                     del first_seed[c]
             if pilot is not None and pilot not in first_seed:
                 ratio = brackets[(pilot, self.seeds[0])].passing / guess[pilot] if guess[pilot] > 0 else 0.0
                 if ratio > 0:
                     start |= {c: guess[c] * ratio if guess[c] > 0 else self.rate for c in first_seed}
+                    for c in first_seed:
+                        brackets[(c, self.seeds[0])].step = 1 + self.tolerance
                 pilot = None
             jobs = [(key, rate) for key, bracket in brackets.items()
                     if not (key[0] in first_seed and (key[1] != self.seeds[0] or pilot not in (None, key[0])))
@@ -1135,6 +1142,7 @@ class _Bracket:
         self.usd_per_million = math.nan         # at the highest passing rate
         self.raced_out = False                  # stopped: it cannot be the best (``_Search.race``)
         self.probes: list[float] = []           # rates to simulate first, each while the bracket leaves it open
+        self.step = 1.2                         # the factor it moves by until it brackets
 
     def next_rate(self, start: float, own: float, tolerance: float) -> float | None:
         """The next rate to simulate, or None when done. A setting that fails at the scenario's
@@ -1148,9 +1156,9 @@ class _Bracket:
         if self.passing == 0.0 and self.failing == math.inf:
             return max(start, own)
         if self.failing == math.inf:
-            return self.passing * 1.2
+            return self.passing * self.step
         if self.passing == 0.0:
-            return self.failing / 1.2 if self.failing > own else self._own(own)
+            return self.failing / self.step if self.failing > own else self._own(own)
         if self.failing > (1 + tolerance) * self.passing:
             return (self.passing + self.failing) / 2
         return self._own(own)
