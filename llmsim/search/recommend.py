@@ -37,7 +37,10 @@ The search (:func:`recommend`):
    first seed first; each other seed is then simulated first at that seed's failing rate, then (where it
    failed there) at its passing rate, and goes on from there like any bisection: where its capacity lies in
    the first seed's bracket two runs settle it, and wherever it lies, its answer is a rate it passed with a
-   failing rate within ``tolerance`` above, as before (only where the bracket starts moves).
+   failing rate within ``tolerance`` above, as before (only where the bracket starts moves). A bracket that
+   starts from such information (a ratio observed on simulated settings, a first seed's bracket, a leader's)
+   moves by ``tolerance`` until it brackets, so that a start near the answer ends it with no bisection; one
+   that starts from the fluid model alone moves by 20%.
    The analytic best, the first default and the proposers are bisected first; the other settings, here and
    in the later steps, are then *challengers* of the leader (the first row so far, bisected to the end; for a
    default, the best default): each seed is simulated first at the leader's failing rate for that seed, then
@@ -836,8 +839,8 @@ class _Search:
         Per (configuration, seed) a bracket [passing rate, failing rate] starts at
         ``start_rate_per_s`` if given, else at the analytic rate scaled by how the simulated
         rates so far compare with the analytic ones (with none yet: the pilot's, the first configuration's
-        first seed bisected alone), steps by 20% until it brackets, then
-        bisects to ``tolerance``. Whether the scenario's own rate passes follows from the
+        first seed bisected alone), steps until it brackets (by ``tolerance`` from an informed start, else by
+        20%), then bisects to ``tolerance``. Whether the scenario's own rate passes follows from the
         bracket, or is simulated when it lies inside it. A configuration's other seeds start once its
         first seed's bisection has ended, each first at that seed's failing rate, then at its passing rate.
 
