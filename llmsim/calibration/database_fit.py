@@ -73,6 +73,10 @@ class Form:
     start: tuple[float, ...]
     predict: Callable[[np.ndarray, pd.DataFrame], np.ndarray]
     upper: tuple[float, ...] | None = None
+    # Least squares on the log errors when None; else a robust loss (soft L1) that weighs a log error beyond this
+    # scale linearly, not squared, so a few rows far off every form (single sizes timed at twice their neighbours)
+    # do not move the fit.
+    robust_scale: float | None = None
 
     def fit(self, rows: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[str, float]:
         """The parameters fitted to ``rows``, those in ``fixed`` held at their values."""
@@ -85,7 +89,9 @@ class Form:
             values[free] = np.exp(q)
             return np.log(self.predict(values, rows) / measured)
         upper = np.log(np.array(self.upper)[free]) if self.upper else np.inf
-        fitted = least_squares(residuals, np.log(np.array(self.start)[free]), bounds=(-np.inf, upper), x_scale="jac").x
+        loss = {"loss": "soft_l1", "f_scale": self.robust_scale} if self.robust_scale else {}
+        fitted = least_squares(residuals, np.log(np.array(self.start)[free]), bounds=(-np.inf, upper), x_scale="jac",
+                               **loss).x
         values[free] = np.exp(fitted)
         return dict(zip(self.parameters, (float(v) for v in values)))
 
@@ -226,8 +232,14 @@ def _collective(traffic_share: float):
 
 
 COLLECTIVE_PARAMETERS = ("latency_s", "bus_share", "large_latency_s", "large_bus_share")
+# nccl-tests means of single message sizes jump to about twice their neighbours' (H100 all-to-all, 4 GPUs: 17.7 us at
+# 1 KiB between 6.5 and 7.0 us), a level no alpha-beta line follows: the all-gather, reduce-scatter and all-to-all
+# lines are fitted with a robust loss. The all-reduce's keep least squares (held out within 10% either way; the
+# robust loss moves H100's under 64 KiB from 6.2% / +3.7% to 7.4% / +4.8%).
+NCCL_ROBUST_SCALE = 0.2
 ALL_REDUCE = Form("all_reduce", COLLECTIVE_PARAMETERS, (1e-5, 0.05, 3e-5, 0.8), _collective(2.0), (1e-3, 10, 1e-3, 10))
-COLLECTIVE = Form("collective", COLLECTIVE_PARAMETERS, (1e-5, 0.05, 3e-5, 0.8), _collective(1.0), (1e-3, 10, 1e-3, 10))
+COLLECTIVE = Form("collective", COLLECTIVE_PARAMETERS, (1e-5, 0.05, 3e-5, 0.8), _collective(1.0), (1e-3, 10, 1e-3, 10),
+                  NCCL_ROBUST_SCALE)
 
 
 def _switched_all_reduce(v, rows):
