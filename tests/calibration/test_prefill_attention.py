@@ -99,3 +99,18 @@ def test_the_critical_path_carries_prefill_attention_to_gpus_never_fitted():
         plain = summary(errors(PREFILL_ATTENTION, PREFILL_ATTENTION.fit(fitted, none), held))
         assert critical["mape"] <= bound and abs(critical["median_error"]) <= 0.05, (target, critical)
         assert critical["mape"] < plain["mape"] - 0.005, (target, critical, plain)
+
+
+def test_a_query_tile_cost_without_tiles_is_refused():
+    """``query_tile_pairs`` is a cost per query tile: a backend without ``tile_tokens`` has none to count, and the
+    profile is refused naming the key."""
+    from llmsim.calibration.profile_yaml import check_document
+    from llmsim.config.reader import load_yaml
+    from llmsim.errors import ConfigError
+    path = lookup_hardware("B200").path
+    document = load_yaml(path)
+    backend = document["kernels"]["attention"]["prefill_backends"]["vllm"]
+    assert check_document(document, str(path)).kernels.prefill_attention.query_tile_pairs > 0
+    del backend["tile_tokens"], backend["critical_path_blocks"]
+    with pytest.raises(ConfigError, match="query_tile_pairs"):
+        check_document(document, str(path))
