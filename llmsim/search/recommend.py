@@ -41,7 +41,10 @@ The search (:func:`recommend`):
    Runs that differ only in a queue timeout none of their requests waited for are one run
    (:func:`llmsim.search.sweeps.reusing_runs`).
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
-   and each queue timeout (50, 200, 1000 ms), simulated the same way. With prefix caching
+   and each queue timeout (50, 200, 1000 ms), simulated the same way.
+   A disaggregated deployment whose two pools each set their own max batch tokens never runs the engine
+   block's: every value of it simulates the same runs, so it is not searched (the grid, the defaults and the
+   refinement hold the scenario's; :func:`searches_batch_tokens`). With prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
    CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither). With
    drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
@@ -69,7 +72,10 @@ The search (:func:`recommend`):
    each scheduling policy, coordinate descent over the classes: each class's timeout in
    turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
    others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
-   class moves; a candidate screened once is never simulated again. Each policy's best
+   class moves; a candidate screened once is never simulated again, nor is one whose timeouts
+   differ from a screened candidate's only where neither timeout was reached by its class's
+   longest wait in that run (the same run: :func:`llmsim.search.sweeps.reusing_runs`; the
+   longest timeout of a class's options runs first). Each policy's best
    combination then gets its goodput bisected like any other setting (starting at the probe
    rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
    from the scenario's own settings (which are then the baseline the gain is measured against).
@@ -414,8 +420,17 @@ def k_options(scenario: Scenario) -> list[KChoice]:
     return [OFF] + [KChoice(KPolicyName.STATIC, k) for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
+def searches_batch_tokens(scenario: Scenario) -> bool:
+    """Whether the engine block's max batch tokens runs anywhere: not in a disaggregated deployment whose pools
+    each set their own (every value simulates the same runs, so the search holds the scenario's)."""
+    split = scenario.disaggregation
+    return split is None or any(pool.engine.max_batch_tokens is None for pool in (split.prefill, split.decode))
+
+
 def batch_token_options(scenario: Scenario) -> list[int]:
     eng = scenario.engine
+    if not searches_batch_tokens(scenario):
+        return [eng.max_batch_tokens]
     powers = [2 ** p for p in range(9, 15)]
     options = set(powers) | {eng.max_batch_tokens, rule_of_thumb_max_batch_tokens(scenario)}
     return sorted(m for m in options if m >= eng.max_num_seqs)
@@ -589,7 +604,7 @@ def replays_one_trace(scenario: Scenario) -> bool:
 
 def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
     out = [replace(best, queue_timeout_s=t) for t in TIMEOUTS_S]
-    for factor in (0.5, 2.0):
+    for factor in (0.5, 2.0) if searches_batch_tokens(scenario) else ():
         m = int(best.max_batch_tokens * factor)
         if scenario.engine.max_num_seqs <= m <= max(2 ** 15, scenario.max_model_len):
             out.append(replace(best, max_batch_tokens=m))
@@ -808,7 +823,9 @@ class _Search:
         # The baseline: the rule-of-thumb defaults, or (own_settings) the scenario's own settings.
         self.defaults = ([Config(OFF if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
                                  engine.queue_timeout_s)] if own_settings else
-                         [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S])
+                         [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario)
+                                 if searches_batch_tokens(scenario) else engine.max_batch_tokens, t)
+                          for t in TIMEOUTS_S])
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
     def analytic(self, config: Config) -> float:
