@@ -333,11 +333,12 @@ class FluidModel:
                       longest: np.ndarray) -> np.ndarray:
         """Prefill of ``tokens`` fresh prompt positions whose longest query sees ``longest`` keys, to be added to a
         step's rows (see _rows). The tile padding is the causal diagonal's, ``(t - 1) / 2`` pairs a token for tiles
-        of ``t`` (each diagonal tile computes ``t^2`` pairs for ``t (t + 1) / 2``; the chunks' last partial tiles
-        are not counted)."""
+        of ``t`` (each diagonal tile computes ``t^2`` pairs for ``t (t + 1) / 2``), and the query tiles' fixed cost,
+        ``query_tile_pairs / t`` a token (the chunks' last partial tiles are not counted)."""
         tile = self.cost.prefill_tile_tokens
-        return batch_rows(tokens, pairs, tokens, logits, iterations=0.0,
-                          prefill_tile_padding=tokens * (tile - 1) / 2 if tile else 0.0, prefill_longest_keys=longest)
+        padding = tokens * ((tile - 1) / 2 + self.cost.prefill_query_tile_pairs / tile) if tile else 0.0
+        return batch_rows(tokens, pairs, tokens, logits, iterations=0.0, prefill_tile_padding=padding,
+                          prefill_longest_keys=longest)
 
     def _steps(self, lam: np.ndarray, tau: np.ndarray, work: _Work):
         """Iteration times over the distribution of prefill a step carries, with their weights.

@@ -123,6 +123,11 @@ def gemm_rows(table: Table) -> pd.DataFrame:
                          "table": table.path})
 
 
+# What names a decode kernel in an attention table's ``kernel_source`` (vllm_flashinfer_trtllmdecode,
+# vllm_flashinfer_fidecode).
+DECODE_KERNEL_MARK = "decode"
+
+
 def _attention_rows(table: Table, kv_dtype: str = "bfloat16") -> pd.DataFrame:
     """Full attention (no sliding window; older tables time no windows), 16-bit queries, a KV cache of ``kv_dtype``
     (the table's name: ``bfloat16``, ``fp8``): the fastest kernel per shape."""
@@ -142,8 +147,17 @@ def decode_attention_rows(table: Table, kv_dtype: str = "bfloat16") -> pd.DataFr
 
 
 def prefill_attention_rows(table: Table) -> pd.DataFrame:
-    """Context attention: ``batch`` prompts of ``tokens`` each (causal, nothing cached), heads as above."""
-    return _attention_frame(table, "isl", "tokens")
+    """Context attention: ``batch`` prompts of ``tokens`` each (causal, nothing cached), heads as above, at the
+    prompt lengths a prefill kernel timed: the Blackwell and L40S tables time one-token prompts with decode kernels
+    too (``kernel_source`` naming a decode kernel, e.g. FlashInfer's TensorRT-LLM decode kernel
+    ``vllm_flashinfer_trtllmdecode``), which run a GQA grouping no prefill kernel does; a one-token prompt is decode
+    attention's work, and those lengths are left out of prefill attention."""
+    frame = _attention_frame(table, "isl", "tokens")
+    if "kernel_source" not in table.frame:
+        return frame
+    source = table.frame["kernel_source"].astype(str)
+    decoded = set(table.frame.loc[source.str.contains(DECODE_KERNEL_MARK), "isl"].astype(float))
+    return frame[~frame["tokens"].isin(decoded)].reset_index(drop=True)
 
 
 def _attention_frame(table: Table, length_column: str, length: str, kv_dtype: str = "bfloat16") -> pd.DataFrame:

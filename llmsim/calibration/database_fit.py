@@ -15,9 +15,13 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
   the kernel's thread blocks (``b h_kv``): the few blocks of a short batch leave SMs idle, and one line through
   them and a serving batch's thousands read the cache too slowly for the latter; the cost model prices the full rate
   (its features sum a batch; a serving step runs hundreds of blocks, where the factor is within 1% of 1);
-- prefill attention: ``floor + 4 d b (h s (s + 1) / 2 + (half h + kv_half h_kv) s) / (peak x efficiency)``:
-  causal pairs, ``half`` more keys per query head standing for short sequences' idle units, and ``kv_half`` more
-  per KV head (loading a KV head's keys and values per query tile: MHA pays it per query head, GQA once per group);
+- prefill attention: ``floor + 4 d b (h P + (half h + kv_half h_kv) s) / rate`` plus a critical path, with ``P``
+  the causal pairs in whole 64 x 64 tiles and ``query_tile_pairs`` more per query tile (each tile's thread block's
+  fixed work), ``half`` more keys per query head standing for short sequences' idle units, and ``kv_half`` more per
+  KV head (loading a KV head's keys and values per query tile: MHA pays it per query head, GQA once per group);
+  ``rate`` the lesser of the tensor cores' (``peak x efficiency``) and the softmax exponentials' (:func:`prefill_rate`).
+  Only the prompt lengths a prefill kernel timed are fitted: the one-token prompts some tables time with a decode
+  kernel are decode attention's work (:func:`llmsim.calibration.database.prefill_attention_rows`);
 - collectives (all-reduce, all-gather, reduce-scatter, all-to-all): per group size the least of alpha-beta
   lines over the bus traffic (``2 (g-1)/g`` of the message for an all-reduce, ``(g-1)/g`` for the others), as
   NCCL picks the fastest protocol: three lines for the all-reduce (NCCL's LL, LL128 and Simple protocols; two leave
@@ -42,7 +46,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from llmsim.calibration.cutlass_dispatch import DISPATCH, waves
+from llmsim.calibration.cutlass_dispatch import DISPATCH, SM_COUNTS, waves
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.cost.features import causal_tile_padding
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, smooth_maximum
@@ -203,13 +207,14 @@ DECODE_ATTENTION_OCCUPIED = Form("decode_attention_occupied", (*DECODE_ATTENTION
 
 
 def _prefill(v, rows):
-    floor, efficiency, half, kv_half, blocks, overlap = v
+    floor, efficiency, half, kv_half, blocks, overlap, query_tile_pairs, softmax_clock_hz = v
     b, s, h, hk, d = (rows[c].to_numpy() for c in ("batch", "tokens", "heads", "kv_heads", "head_dim"))
-    # Causal pairs in whole tiles, ``half`` more keys per query head (idle units on short sequences) and ``kv_half``
-    # more per KV head: every query tile loads its KV head's keys and values, work a GQA group shares and MHA repeats
-    # per head.
-    pairs = s * (s + 1) / 2 + causal_tile_padding(s, 0.0, PREFILL_TILE_TOKENS)
-    rate = rows["peak_bf16"].to_numpy() * efficiency
+    # Causal pairs in whole tiles and a fixed cost per query tile of each head (``query_tile_pairs`` pairs' time:
+    # TensorRT-LLM's context kernels run one thread block per query tile, head and sequence, fmhaKernels.h
+    # computeNumCtas), ``half`` more keys per query head (idle units on short sequences) and ``kv_half`` more per KV
+    # head: every query tile loads its KV head's keys and values, work a GQA group shares and MHA repeats per head.
+    pairs = s * (s + 1) / 2 + causal_tile_padding(s, 0.0, PREFILL_TILE_TOKENS, query_tile_pairs)
+    rate = prefill_rate(rows, efficiency, softmax_clock_hz)
     total = 4 * d * b * (h * pairs + (half * h + kv_half * hk) * s) / rate
     # The critical path: the longest thread block (one query tile against every key) at 1/blocks of the rate; few
     # heads and sequences leave SMs idle behind it, work that ``overlap`` of the total hides.
@@ -217,12 +222,37 @@ def _prefill(v, rows):
     return floor + total + np.maximum(longest - overlap * total, 0.0)
 
 
+def prefill_rate(rows: pd.DataFrame, efficiency: float, softmax_clock_hz: float) -> np.ndarray:
+    """Prefill attention's FLOP rate per row: the lesser of the tensor cores' (``efficiency`` of the 16-bit peak) and
+    the softmax exponentials' (one per query-key pair, ``4 d`` FLOPs, at :data:`EXPONENTIALS_COLUMN` per clock and
+    ``softmax_clock_hz``): a kernel's time is the larger of its matrix products' and its exponentials'."""
+    return np.minimum(rows["peak_bf16"].to_numpy() * efficiency,
+                      4 * rows["head_dim"].to_numpy() * rows[EXPONENTIALS_COLUMN].to_numpy() * softmax_clock_hz)
+
+
 # vLLM's FlashAttention and FlashInfer prefill kernels tile queries and keys by 64 on Hopper; one tile size for all
 # GPUs (128 x 128 held out worse on Blackwell too: benchmarks/fidelity_forms.py).
 PREFILL_TILE_TOKENS = 64
 PREFILL_ATTENTION = Form("prefill_attention", ("floor_s", "efficiency", "half_length_tokens", "kv_half_length_tokens",
-                                               "critical_path_blocks", "critical_path_overlap"),
-                         (1e-5, 0.5, 256.0, 256.0, 300.0, 0.3), _prefill, (1e-3, 1.0, 1e6, 1e6, 1e5, 1.0))
+                                               "critical_path_blocks", "critical_path_overlap", "query_tile_pairs",
+                                               "softmax_clock_hz"),
+                         (1e-5, 0.5, 256.0, 256.0, 300.0, 0.3, 64.0, 1e9), _prefill,
+                         (1e-3, 1.0, 1e6, 1e6, 1e5, 1.0, 1e6, 1e10))
+# Softmax exponentials (MUFU.EX2) per clock per SM: 16 on Ampere, Ada, Hopper and Blackwell (CUDA C++ Programming
+# Guide, arithmetic instruction throughput: 32-bit base-2 exponential), twice that on Blackwell Ultra (NVIDIA technical
+# blog "Making Softmax More Efficient with NVIDIA Blackwell Ultra"). The fitted clock is an assumption that one clock
+# holds across an architecture's GPUs.
+EXPONENTIALS_PER_CLOCK_PER_SM = {"B300": 32.0}
+EXPONENTIALS_PER_CLOCK = 16.0
+# SMs per GPU: the dispatch table's (cutlass_dispatch.SM_COUNTS), A100 108 (NVIDIA A100 Tensor Core GPU Architecture
+# whitepaper), L40S 142 (NVIDIA L40S datasheet: 18,176 CUDA cores at 128 per SM).
+STREAMING_MULTIPROCESSORS = {**SM_COUNTS, "A100-80GB": 108, "L40S": 142}
+EXPONENTIALS_COLUMN = "exponentials_per_clock"    # the GPU's softmax exponentials per clock, on prefill rows
+
+
+def exponentials_per_clock(gpu: str) -> float:
+    """The GPU's softmax exponentials per clock over all its SMs."""
+    return STREAMING_MULTIPROCESSORS[gpu] * EXPONENTIALS_PER_CLOCK_PER_SM.get(gpu, EXPONENTIALS_PER_CLOCK)
 
 
 def _collective(traffic_share: float):

@@ -20,10 +20,11 @@ import pandas as pd
 
 from llmsim.calibration import database as db
 from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE, DECODE_ATTENTION,
-                                             DECODE_ATTENTION_OCCUPIED, DEVICE_COLUMNS, GEMM, MLA_DECODE, MLA_PREFILL,
-                                             MOE, PREFILL_ATTENTION, PREFILL_TILE_TOKENS, QUANTIZE,
-                                             QUANTIZE_MIN_INPUT_BYTES, SMALL_MESSAGE_BYTES, SMS_COLUMN, Form, errors,
-                                             held_out_split, summary, with_device)
+                                             DECODE_ATTENTION_OCCUPIED, DEVICE_COLUMNS, EXPONENTIALS_COLUMN, GEMM,
+                                             MLA_DECODE, MLA_PREFILL, MOE, PREFILL_ATTENTION, PREFILL_TILE_TOKENS,
+                                             QUANTIZE, QUANTIZE_MIN_INPUT_BYTES, SMALL_MESSAGE_BYTES, SMS_COLUMN, Form,
+                                             device_columns, errors, exponentials_per_clock, held_out_split,
+                                             prefill_rate, summary, with_device)
 from llmsim.calibration.kernel_profile import calibrate_from_measurements
 from llmsim.calibration.operators import read_measurements
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
@@ -47,6 +48,13 @@ GEMM_SAMPLE = 3                # every third GEMM row (by shape order) is fitted
 PREFILL_TILE_SOURCE = ("assumption: FlashAttention's and FlashInfer's prefill kernels compute whole tiles of 64 (or "
                        "128) queries by 64 (or 128) keys; 64 x 64 for every GPU, the size the operator database held "
                        "out best with (benchmarks/fidelity_forms.py)")
+PREFILL_EFFICIENCY_NOTE = ("the lesser of the tensor cores' fitted share of the 16-bit peak and the softmax "
+                           "exponentials' bound at head size 128 (SMs x exponentials per clock per SM x the fitted "
+                           "clock, one exponential per query-key pair of 4 x 128 FLOPs: CUDA C++ Programming Guide, "
+                           "arithmetic instruction throughput; NVIDIA technical blog \"Making Softmax More Efficient "
+                           "with NVIDIA Blackwell Ultra\" for B300's doubled rate)")
+QUERY_TILE_NOTE = ("a query tile's fixed cost per head in query-key pairs' time (TensorRT-LLM's context kernels run "
+                   "one thread block per query tile, head and sequence: fmhaKernels.h, computeNumCtas)")
 FIT_NOTE = ("scipy.optimize.least_squares on log(predicted/measured) (llmsim.calibration.database_fit); held out: "
             "every other token count / KV length / message size fitted, the rest predicted")
 
@@ -103,6 +111,8 @@ def operator_rows(database: db.Database, gpu: str, engine: db.EngineKernels, pro
         if found is not None:
             frame = reader(found)
             rows[group] = frame[frame["head_dim"] == ATTENTION_HEAD_DIM]
+            if group == "prefill_attention":
+                rows[group] = rows[group].assign(**{EXPONENTIALS_COLUMN: exponentials_per_clock(gpu)})
             if group == "decode_attention":
                 fp8 = db.decode_attention_rows(found, "fp8")
                 grouped = (fp8["heads"] / fp8["kv_heads"]).between(*FP8_KV_QUERIES_PER_KV_HEAD)
@@ -173,10 +183,13 @@ class EngineFit:
                 f"{', '.join(self.tables[group])} ({self.rows[group]} rows fitted; errors in calibration.database)")
 
 
-def fit_engine(database: db.Database, gpu: str, engine: db.EngineKernels, profile: HardwareProfile) -> EngineFit:
-    """Every group's held-out check and final fit for ``gpu`` as ``engine`` runs it."""
+def fit_engine(database: db.Database, gpu: str, engine: db.EngineKernels, profile: HardwareProfile,
+               groups: tuple[str, ...] | None = None) -> EngineFit:
+    """Every group's (or ``groups``') held-out check and final fit for ``gpu`` as ``engine`` runs it."""
     result = EngineFit(gpu, engine)
     for name, rows in operator_rows(database, gpu, engine, profile).items():
+        if groups is not None and name not in groups:
+            continue
         group = GROUPS[name]
         # Prefill attention shares decode's launch floor in the cost model (one attention kernel per layer).
         fixed = ({"floor_s": result.values["decode_attention"]["floor_s"]}
@@ -213,6 +226,14 @@ def switch_over(custom: dict, nccl: dict, profile: HardwareProfile) -> dict[int,
     return out
 
 
+def prefill_efficiency(values: dict[str, float], gpu: str, profile: HardwareProfile) -> float:
+    """The share of the 16-bit peak prefill attention runs at on ``gpu`` at head size :data:`ATTENTION_HEAD_DIM`
+    (:func:`~llmsim.calibration.database_fit.prefill_rate`): the one efficiency the cost model prices it with."""
+    rows = pd.DataFrame({"head_dim": [float(ATTENTION_HEAD_DIM)], EXPONENTIALS_COLUMN: exponentials_per_clock(gpu),
+                         **{k: [v] for k, v in device_columns(profile).items()}})
+    return float(prefill_rate(rows, values["efficiency"], values["softmax_clock_hz"])[0] / profile.peak_for("bf16"))
+
+
 def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
     """The ``kernels:`` figures ``fit`` replaces (GEMMs by dtype, attention, NCCL and custom all-reduce, the
     engine's FP8 quantization kernel)."""
@@ -237,12 +258,15 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
             p, prefill_source = fit.values["prefill_attention"], fit.citation("prefill_attention")
             attention["prefill_backend"] = fit.engine.value
             attention["prefill_backends"] = {fit.engine.value: {
-                "efficiency": figure(_sig(p["efficiency"]), prefill_source, "measured"),
+                "efficiency": figure(_sig(prefill_efficiency(p, fit.gpu, profile)),
+                                     f"{prefill_source}; {PREFILL_EFFICIENCY_NOTE}", "measured"),
                 "half_length": figure(_sig(p["half_length_tokens"]), prefill_source, "measured"),
                 "kv_half_length": figure(_sig(p["kv_half_length_tokens"]), prefill_source, "measured"),
                 "tile_tokens": figure(PREFILL_TILE_TOKENS, PREFILL_TILE_SOURCE, "assumption"),
                 "critical_path_blocks": figure(_sig(p["critical_path_blocks"]), prefill_source, "measured"),
-                "critical_path_overlap": figure(_sig(p["critical_path_overlap"]), prefill_source, "measured")}}
+                "critical_path_overlap": figure(_sig(p["critical_path_overlap"]), prefill_source, "measured"),
+                "query_tile_pairs": figure(_sig(p["query_tile_pairs"]), f"{prefill_source}; {QUERY_TILE_NOTE}",
+                                           "measured")}}
         out["attention"] = attention
     if "quantize" in fit.values:
         v, source = fit.values["quantize"], fit.citation("quantize")
@@ -411,7 +435,7 @@ def same_point_errors(group: Group, values: dict, held: pd.DataFrame, donors: li
     (the median over donors; NaN where no donor measured the point). Where this reference misses too, the
     devices (or versions) disagree at identical points by more than any form of their datasheet figures says:
     the miss is in the kernels measured, not in the form's shape."""
-    device = [c for c in (*DEVICE_COLUMNS, SMS_COLUMN) if c in held.columns]
+    device = [c for c in (*DEVICE_COLUMNS, SMS_COLUMN, EXPONENTIALS_COLUMN) if c in held.columns]
     keys = [c for c in held.columns if c not in (*device, "measured_s", "table")]
     target = {c: held[c].iloc[0] for c in device}
     carried = []

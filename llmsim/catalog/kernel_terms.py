@@ -199,13 +199,15 @@ class PrefillAttention:
     thread block (one query tile against the most keys a query of the step sees) runs at
     ``1 / critical_path_blocks`` of the rate, and the step's prefill attention takes
     ``T + max(0, L - critical_path_overlap x T)`` for total work time ``T`` and that block's time ``L`` (few heads
-    and sequences leave SMs idle behind the last tile; 0 blocks: no critical path)."""
+    and sequences leave SMs idle behind the last tile; 0 blocks: no critical path). Each query tile of each head
+    costs ``query_tile_pairs`` pairs' time more (its thread block's fixed work: the padding column's, 0: none)."""
     efficiency: float
     half_length_tokens: float
     kv_half_length_tokens: float = 0.0
     tile_tokens: int = 0
     critical_path_blocks: float = 0.0
     critical_path_overlap: float = 0.0
+    query_tile_pairs: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -344,12 +346,16 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         if blocks and not tile:
             raise entry.key_error("critical_path_blocks", "needs tile_tokens (the critical path is one query tile)",
                                   blocks, "0 without tile_tokens")
+        query_tile_pairs = _optional(entry, "query_tile_pairs", figure)
+        if query_tile_pairs and not tile:
+            raise entry.key_error("query_tile_pairs", "needs tile_tokens (the cost is per query tile)",
+                                  query_tile_pairs, "0 without tile_tokens")
         backends[str(name)] = PrefillAttention(
             figure(entry, "efficiency", None, minimum=0.0, maximum=1.0, exclusive_minimum=True),
             figure(entry, "half_length", None, minimum=0.0, exclusive_minimum=False),
             _optional(entry, "kv_half_length", figure), int(tile), blocks,
             figure(entry, "critical_path_overlap", None, minimum=0.0, maximum=1.0, exclusive_minimum=False)
-            if entry.has("critical_path_overlap") else 0.0)
+            if entry.has("critical_path_overlap") else 0.0, query_tile_pairs)
         entry.done()
     backends_node.done()
     backend = attention.choice("prefill_backend", tuple(backends) or ("(none given)",))

@@ -28,7 +28,8 @@ each layer's sum is the sum at the mean ``seen``.
 
 Prefill attention kernels compute whole tiles of ``t x t`` query-key pairs (``t`` the profile's
 ``tile_tokens``; 0: exact pairs): ``prefill_tile_padding`` sums the pairs the causal tiles on each
-chunk's diagonal add (:func:`causal_tile_padding`), and ``prefill_longest_keys`` is the most keys one
+chunk's diagonal add and the profile's ``query_tile_pairs`` per query tile, a query tile's fixed cost
+(:func:`causal_tile_padding`), and ``prefill_longest_keys`` is the most keys one
 query of the step sees (the last query of its longest chunk: one thread block's work, the step's
 critical path when few blocks run). Both are time only: the FLOPs stay those of the pairs.
 """
@@ -80,17 +81,18 @@ def attention_pairs(new, seen, chunks=1):
     return new * seen + new * (new + 1) / 2 * chunks
 
 
-def causal_tile_padding(new, cached, tile: int):
+def causal_tile_padding(new, cached, tile: int, query_tile_pairs: float = 0.0):
     """Query-key pairs a chunk of ``new`` positions after ``cached`` cached tokens computes beyond its causal
     pairs when its kernel works in ``t x t`` tiles (``t = tile``): query tiles start at the chunk's first
     position, query tile ``i`` (of ``T = ceil(new / t)``) reads key tiles up to its last query's position,
     ``ceil((cached + min(t (i + 1), new)) / t)`` of them, every tile whole. Summed over the query tiles,
-    ``t^2 ((T - 1) ceil(cached / t) + T (T - 1) / 2 + ceil((cached + new) / t))`` pairs, less the causal ones
-    (scalar or array; 0 for ``new = 0``)."""
+    ``t^2 ((T - 1) ceil(cached / t) + T (T - 1) / 2 + ceil((cached + new) / t))`` pairs, less the causal ones,
+    plus ``query_tile_pairs`` per query tile: a query tile's fixed cost (its thread block's start, its output's
+    normalization and write) in pairs' time (scalar or array; 0 for ``new = 0``)."""
     query_tiles = -(-new // tile)
     tiles = ((query_tiles - 1) * -(-cached // tile) + query_tiles * (query_tiles - 1) // 2
              + -(-(cached + new) // tile))
-    return (tile * tile * tiles - attention_pairs(new, cached)) * (new > 0)
+    return (tile * tile * tiles - attention_pairs(new, cached) + query_tile_pairs * query_tiles) * (new > 0)
 
 
 def chunk_pairs(new, cached, window: int | None, local_share: float = 1.0):
@@ -112,7 +114,7 @@ class Prefilling(Protocol):
 
 
 def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None, local_share: float = 1.0,
-                 tile: int = 0) -> tuple[float, float, float, int, float, float]:
+                 tile: int = 0, query_tile_pairs: float = 0.0) -> tuple[float, float, float, int, float, float]:
     """Prefill chunks ``(sequence, new)``: (tokens, attention pairs, KV read, prompts completed, tile padding,
     longest keys).
 
@@ -121,7 +123,8 @@ def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None, l
     row). The window caps the cache a chunk sees on the ``local_share`` of the layers
     (:func:`visible`). The chunks are read as they are, without building tuples: this runs
     every iteration. ``tile``: the prefill kernel's tile (:func:`causal_tile_padding`; 0: none, no padding),
-    whose padding is that of the chunk's causal diagonal (a window's far edge is not counted).
+    whose padding is that of the chunk's causal diagonal (a window's far edge is not counted), with
+    ``query_tile_pairs`` more per query tile.
     """
     tokens = pairs = kv_read = padding = longest = 0.0
     completed = 0
@@ -134,7 +137,7 @@ def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None, l
         if tile:                # causal_tile_padding in scalar arithmetic (this runs every iteration)
             query_tiles = -(-new // tile)
             padding += square * ((query_tiles - 1) * -(-cached // tile) + query_tiles * (query_tiles - 1) // 2
-                                 - (-end // tile)) - full
+                                 - (-end // tile)) - full + query_tile_pairs * query_tiles
         if not window or end <= window:            # every query sees its whole context
             pairs += full
             kv_read += end
@@ -327,14 +330,14 @@ def decode_kv_read_of(x: np.ndarray):
 # -- from sequence lengths ---------------------------------------------------------------------------
 
 def batch_features(prefill_new, prefill_context, decode_context, prefill_logits: int,
-                   model: ModelSpec, tile: int = 0) -> np.ndarray:
+                   model: ModelSpec, tile: int = 0, query_tile_pairs: float = 0.0) -> np.ndarray:
     """The feature vector of one iteration's batch, from its sequences' lengths.
 
     ``prefill_new[i]`` tokens of a prompt are computed after ``prefill_context[i]``
     cached ones (chunked prefill); each decode sequence adds one token after
     ``decode_context[j]`` cached ones; ``prefill_logits`` chunks end their prompt
     and so sample a token. A sliding window caps the context each query sees; ``tile``: the prefill
-    kernel's tile (:func:`prefill_sums`).
+    kernel's tile and its pairs per query tile (:func:`prefill_sums`).
     """
     new = np.asarray(prefill_new, dtype=float)
     context = np.asarray(prefill_context, dtype=float)
@@ -342,7 +345,7 @@ def batch_features(prefill_new, prefill_context, decode_context, prefill_logits:
     seen = visible(context, window, share)
     dec = visible(np.asarray(decode_context, dtype=float) + 1.0, window, share)  # the new token attends to itself
     pairs = chunk_pairs(new, context, window, share)
-    padding = float(np.sum(causal_tile_padding(new, context, tile))) if tile else 0.0
+    padding = float(np.sum(causal_tile_padding(new, context, tile, query_tile_pairs))) if tile else 0.0
     return batch_rows(new.sum(), float(np.sum(pairs)), float(np.sum(seen + new)),
                       prefill_logits, len(dec), float(dec.sum()), model, prefill_tile_padding=padding,
                       prefill_longest_keys=float(np.max(seen + new, initial=0.0)))

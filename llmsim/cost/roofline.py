@@ -247,6 +247,7 @@ class CostModel:
         self._memory_time = memory_time
         self._compute_time = self.flops_matrix * self.seconds_per_flop[:, None] * pace
         self.prefill_tile_tokens = 0      # the prefill kernel's tile (features.prefill_sums; 0: exact pairs)
+        self.prefill_query_tile_pairs = 0.0   # its cost per query tile of a head, in pairs (features.prefill_sums)
         # Decode attention over context c runs at attention_efficiency * c / (c + half): as if each
         # sequence attended to `half` more tokens (time only; the FLOPs stay those of the work).
         decode = LAYER_OPS.index("attention_decode")
@@ -329,6 +330,7 @@ class CostModel:
         self._compute_time[prefill, F["prefill_tokens"]] += per_pair_s * extra_keys
         if backend.tile_tokens:
             self.prefill_tile_tokens = backend.tile_tokens
+            self.prefill_query_tile_pairs = backend.query_tile_pairs
             self._compute_time[prefill, F["prefill_tile_padding"]] = per_pair_s
         if backend.critical_path_blocks:
             # The critical path, an operator row of its own: max(L - overlap T, 0) on top of prefill attention's
@@ -612,7 +614,7 @@ class CostModel:
         if prefill_logits is None:
             prefill_logits = len(prefill_new)
         return batch_features(prefill_new, prefill_context, decode_context, prefill_logits, self.model,
-                              self.prefill_tile_tokens)
+                              self.prefill_tile_tokens, self.prefill_query_tile_pairs)
 
     def iteration(self, x):
         """(time_s, FLOPs, bytes) of iterations with feature vectors ``x`` (shape (9,) or (n, 9)).

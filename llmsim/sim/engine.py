@@ -275,6 +275,7 @@ class Engine(EngineProcess):
         self._admitted = 0
         self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
         self._prefill_tile = cost.prefill_tile_tokens
+        self._query_tile_pairs = cost.prefill_query_tile_pairs
         # The tiered cache whose hooks the engine calls (None: a plain KVCache, whose ``tiered`` is False).
         self._tiered: TieredKV | None = kv if isinstance(kv, TieredKV) else None
         self.watermark_blocks = int(VLLM_WATERMARK * kv.num_blocks)
@@ -419,7 +420,7 @@ class Engine(EngineProcess):
                 decoding = decode.n > 0              # its KV reservation may have preempted them all
         if chunks:
             prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
-                chunks, self._window, self._local_share, self._prefill_tile)
+                chunks, self._window, self._local_share, self._prefill_tile, self._query_tile_pairs)
         elif decoding:
             prefill_tokens = pairs = prefill_kv = padding = longest = 0.0
             completed = 0

@@ -293,3 +293,17 @@ def test_a_grid_of_steps_is_priced_as_each_step_alone(speculation):
                       for i in np.ndindex(load.shape)]).reshape(load.shape)
     np.testing.assert_allclose(grid, alone, rtol=1e-12, atol=0.0)
     assert len(np.unique(grid)) > len(np.unique(load))      # the prefill, different at every point, is priced
+
+
+def test_the_fluid_prefill_padding_is_the_tiles_closed_form_on_whole_tiles():
+    """A prompt of whole tiles (B200's measured kernels: 64-token tiles, a query-tile cost): the fluid model's padding
+    per fresh token, ``(t - 1) / 2 + q / t``, summed over the prompt equals the causal tiles' count (features'
+    :func:`causal_tile_padding`, tile by tile) with ``q`` pairs per query tile."""
+    from llmsim.cost.features import F, causal_tile_padding
+    model = FluidModel(make_scenario({"hardware": "B200"}))
+    tile, q = model.cost.prefill_tile_tokens, model.cost.prefill_query_tile_pairs
+    assert tile > 0 and q > 0
+    tokens = np.array([tile, 8.0 * tile, 100.0 * tile])
+    rows = model._prefill_rows(tokens, tokens * (tokens + 1) / 2, np.ones(3), tokens)
+    np.testing.assert_allclose(rows[:, F["prefill_tile_padding"]], causal_tile_padding(tokens, 0.0, tile, q),
+                               rtol=1e-12)

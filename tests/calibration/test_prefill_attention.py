@@ -10,7 +10,8 @@ import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.calibration import database as db
-from llmsim.calibration.database_fit import PREFILL_ATTENTION, errors, summary
+from llmsim.calibration.database_fit import (EXPONENTIALS_COLUMN, PREFILL_ATTENTION, errors, exponentials_per_clock,
+                                             summary)
 from llmsim.cost.features import F, attention_pairs
 
 pytest.importorskip("pyarrow")
@@ -61,7 +62,8 @@ def test_the_kv_head_term_carries_prefill_attention_from_h200_to_h100():
         table = database.table(gpu, "attention", "vllm", "context_attention_perf")
         frame = db.prefill_attention_rows(table)
         frame = frame[frame["head_dim"] == 128].reset_index(drop=True)
-        rows[gpu] = frame.assign(peak_bf16=lookup_hardware(gpu).peak_for("bf16"))
+        rows[gpu] = frame.assign(peak_bf16=lookup_hardware(gpu).peak_for("bf16"),
+                                 **{EXPONENTIALS_COLUMN: exponentials_per_clock(gpu)})
     held = rows["H100-SXM"]
     with_term = summary(errors(PREFILL_ATTENTION, PREFILL_ATTENTION.fit(rows["H200"]), held))
     assert with_term["mape"] <= 0.10 and abs(with_term["median_error"]) <= 0.05, with_term
@@ -75,7 +77,8 @@ def test_the_kv_head_term_carries_prefill_attention_from_h200_to_h100():
 def _context_rows(database: db.Database, gpu: str) -> pd.DataFrame:
     frame = db.prefill_attention_rows(database.table(gpu, "attention", "vllm", "context_attention_perf"))
     frame = frame[frame["head_dim"] == 128].reset_index(drop=True)
-    return frame.assign(peak_bf16=lookup_hardware(gpu).peak_for("bf16"))
+    return frame.assign(peak_bf16=lookup_hardware(gpu).peak_for("bf16"),
+                        **{EXPONENTIALS_COLUMN: exponentials_per_clock(gpu)})
 
 
 @pytest.mark.slow
@@ -84,7 +87,7 @@ def _context_rows(database: db.Database, gpu: str) -> pd.DataFrame:
 def test_the_critical_path_carries_prefill_attention_to_gpus_never_fitted():
     """The critical path (the longest query tile at a share of the rate, less what the other tiles hide) fitted to the
     H200's vLLM context-attention kernels predicts the H100's (5,763 rows) within MAPE 10%, and fitted to the B300's
-    and GB200's the B200's (5,865 rows) within 15% (the B200's own in-sample fit reaches 14.5%: the form's limit
+    and GB200's the B200's (5,418 rows) within 15% (the B200's own in-sample fit reaches 14.5%: the form's limit
     there); the same form without it (held at a value that makes it vanish) misses by more on both."""
     database = db.Database(db.installed_root())
     rows = {gpu: _context_rows(database, gpu) for gpu in ("H100-SXM", "H200", "B200", "B300", "GB200")}
@@ -96,3 +99,18 @@ def test_the_critical_path_carries_prefill_attention_to_gpus_never_fitted():
         plain = summary(errors(PREFILL_ATTENTION, PREFILL_ATTENTION.fit(fitted, none), held))
         assert critical["mape"] <= bound and abs(critical["median_error"]) <= 0.05, (target, critical)
         assert critical["mape"] < plain["mape"] - 0.005, (target, critical, plain)
+
+
+def test_a_query_tile_cost_without_tiles_is_refused():
+    """``query_tile_pairs`` is a cost per query tile: a backend without ``tile_tokens`` has none to count, and the
+    profile is refused naming the key."""
+    from llmsim.calibration.profile_yaml import check_document
+    from llmsim.config.reader import load_yaml
+    from llmsim.errors import ConfigError
+    path = lookup_hardware("B200").path
+    document = load_yaml(path)
+    backend = document["kernels"]["attention"]["prefill_backends"]["vllm"]
+    assert check_document(document, str(path)).kernels.prefill_attention.query_tile_pairs > 0
+    del backend["tile_tokens"], backend["critical_path_blocks"]
+    with pytest.raises(ConfigError, match="query_tile_pairs"):
+        check_document(document, str(path))

@@ -91,7 +91,11 @@ def test_causal_tile_padding_counts_the_tiles_a_causal_chunk_touches():
                 last = min(first + tile, cached + new) - 1
                 touched += sum(1 for key_tile in range(0, last + 1, tile))   # a key tile up to the last query's
             assert causal_tile_padding(new, cached, tile) == touched * tile * tile - attention_pairs(new, cached)
+            # A query tile's fixed cost: q more pairs for each of the chunk's ceil(new / t) query tiles.
+            assert (causal_tile_padding(new, cached, tile, 300.0) - causal_tile_padding(new, cached, tile)
+                    == 300.0 * len(range(cached, cached + new, tile)))
     assert causal_tile_padding(0, 500, 64) == 0
+    assert causal_tile_padding(0, 500, 64, 300.0) == 0
     # One tile holds a 64-token prompt: 64 x 64 pairs computed for its 2,080 causal ones.
     assert causal_tile_padding(64, 0, 64) == 64 * 64 - 64 * 65 / 2
 
@@ -101,4 +105,6 @@ def test_prefill_sums_give_the_longest_keys_and_the_summed_padding():
     *_, padding, longest = prefill_sums(chunks, None, tile=64)
     assert longest == 1100
     assert padding == sum(causal_tile_padding(new, c.prefilled, 64) for c, new in chunks)
+    *_, padding, _ = prefill_sums(chunks, None, tile=64, query_tile_pairs=300.0)
+    assert padding == pytest.approx(sum(causal_tile_padding(new, c.prefilled, 64, 300.0) for c, new in chunks))
     assert prefill_sums(chunks, None)[4] == 0.0          # no tile: exact pairs
