@@ -8,8 +8,10 @@ this bench says. It prints, per target GPU (H100, H200, B200; fitted on the othe
 and two diagnostics that need no form:
 
 - GEMM fp8 as vLLM's CUTLASS dispatch runs it (:func:`llmsim.calibration.database_fit.gemm_fp8_dispatch_form`: each
-  M band's tile, cluster and A/B swap, waves of tiles over the SMs, a rate per configuration shared by the
-  architecture), with its errors per dispatch band of M (1-16, 17-64, 65-128, 129-256 and above).
+  M band's tile, cluster and A/B swap, waves of tiles over the SMs and the empty share of the last row of clusters, a
+  rate and a fixed time per tile for each configuration shared by the architecture, the input's quantization at a
+  rate per SM, one token's own cost), with its errors per dispatch band of M (1-16, 17-64, 65-128, 129-256 and
+  above).
 - GEMM fp8: each row predicted from the same GPU's own rows at the neighbouring token counts ``m`` of the same
   ``n, k`` (the geometric mean of the next smaller and next larger ``m`` in the fitted sample; then of the rows two
   places away, which pairs ``2^j`` with ``2^j`` and ``2^j + 1`` with ``2^j + 1``): how far any smooth function of

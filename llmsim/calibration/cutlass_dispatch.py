@@ -101,3 +101,18 @@ def waves(config: TileConfig, m: np.ndarray, n: np.ndarray, sms: np.ndarray) -> 
                 * np.ceil(np.ceil(columns / config.tile_n) / config.cluster_n))
     slots = np.floor(sms / (config.cluster_m * config.cluster_n))
     return np.ceil(clusters / slots)
+
+
+def partial_row_waves(config: TileConfig, m: np.ndarray, n: np.ndarray, sms: np.ndarray) -> np.ndarray:
+    """An unswapped configuration's last row of clusters (``cluster_m`` tiles of rows) in waves, weighted by how much
+    of it the tokens leave empty: ``(1 - fill) x cluster columns / slots``. vLLM's FP8 GEMMs on Hopper run slower the
+    emptier that row (H200, n = k = 8192, the 128 x 128 tiles' one row of 64 clusters: 47 us at 129 tokens, 34 us at
+    256; 73 us at 257, 56 us at 512; operator database, vLLM 0.24.0); no source says why. Swapped configurations
+    (``m`` on the tile's narrow N side) have none."""
+    if config.swap_ab:
+        return np.zeros(len(m))
+    span = config.sm_tile_m * config.cluster_m
+    rows = np.ceil(m / span)
+    fill = (m - span * (rows - 1)) / span
+    columns = np.ceil(np.ceil(n / config.tile_n) / config.cluster_n)
+    return (1.0 - fill) * columns / np.floor(sms / (config.cluster_m * config.cluster_n))

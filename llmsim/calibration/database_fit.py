@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from llmsim.calibration.cutlass_dispatch import DISPATCH, waves
+from llmsim.calibration.cutlass_dispatch import DISPATCH, partial_row_waves, waves
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.cost.features import causal_tile_padding
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, smooth_maximum
@@ -124,33 +124,46 @@ GEMM = Form("gemm", ("floor_s", "bandwidth_share", "rate_share", "sharpness_exce
 
 def gemm_fp8_dispatch_form(architecture: str) -> Form:
     """vLLM's FP8 GEMM as its CUTLASS dispatch runs it (:mod:`llmsim.calibration.cutlass_dispatch`): the input's
-    quantization as in :data:`GEMM`, then the smooth maximum (sharpness ``p``) of the weight and activation traffic
-    and the configuration's compute, ``waves x (2 tile_m tile_n k / (peak_fp8 / SMs x rate) + tile_overhead)``
-    (``tile_m`` the rows one SM computes): each configuration its own share of the FP8 peak, shared by the GPUs of
-    ``architecture``. Rows carry an ``sms`` column (:data:`~llmsim.calibration.cutlass_dispatch.SM_COUNTS`)."""
+    quantization, then the smooth maximum (sharpness ``p``) of the weight and activation traffic and the
+    configuration's compute, ``(waves + partial_row_cost x partial row) x (2 tile_m tile_n k / (peak_fp8 / SMs x rate)
+    + tile_overhead)`` (``tile_m`` the rows one SM computes; the partial row
+    :func:`~llmsim.calibration.cutlass_dispatch.partial_row_waves`): each configuration its own share of the FP8 peak
+    and its own fixed time per tile (pipeline fill and output tile: the tile and cluster shapes differ), shared by the
+    GPUs of ``architecture``.
+
+    The quantization pass (3 bytes an element of the ``m x k`` input) runs at a rate per SM, not a share of the HBM:
+    fitted as a share, each Hopper takes the same 1.1-1.2 TB/s on its own rows (H100 SXM 0.36 of 3.35 TB/s, H200 0.23
+    of 4.8; both 132 SMs at the same clocks), so the kernel is bound by its SMs. One token costs ``single_token_s``
+    more: every Blackwell table (B200, B300, GB200) times m = 1 at 2.2-2.7x m = 2 (n = 1024, k = 8192: 22-23 us against
+    10-11), the Hopper tables do not (the fit leaves it near zero there); no source says which path m = 1 takes. Rows
+    carry an ``sms`` column (:data:`~llmsim.calibration.cutlass_dispatch.SM_COUNTS`)."""
     dispatch = DISPATCH[architecture]
     names = list(dispatch.configs)
 
     def predict(v, rows):
-        floor, bandwidth_share, quantize_share, tile_overhead, p, *rates = v
+        floor, bandwidth_share, quantize_per_sm, p, partial_row_cost, single_token_s = v[:6]
+        rates, overheads = v[6:6 + len(names)], v[6 + len(names):]
         m, n, k, sms = (rows[c].to_numpy().astype(float) for c in ("m", "n", "k", SMS_COLUMN))
         chosen = dispatch.choose(m, n, k)
         compute = np.zeros(len(m))
-        for name, rate in zip(names, rates):
+        for name, rate, tile_overhead in zip(names, rates, overheads):
             at = chosen == name
             config = dispatch.configs[name]
             tile_flops = 2.0 * config.sm_tile_m * config.tile_n * k[at]
             per_sm = rows["peak_fp8"].to_numpy()[at] / sms[at] * rate
-            compute[at] = waves(config, m[at], n[at], sms[at]) * (tile_flops / per_sm + tile_overhead)
+            turns = (waves(config, m[at], n[at], sms[at])
+                     + partial_row_cost * partial_row_waves(config, m[at], n[at], sms[at]))
+            compute[at] = turns * (tile_flops / per_sm + tile_overhead)
         hbm = rows["hbm"].to_numpy()
         memory = (n * k + m * (n + k) * BF16) / (hbm * bandwidth_share)
-        return floor + m * k * 3.0 / (hbm * quantize_share) + smooth_maximum(memory, compute, p)
+        return (floor + np.where(m == 1, single_token_s, 0.0) + m * k * 3.0 / (sms * quantize_per_sm)
+                + smooth_maximum(memory, compute, p))
 
     return Form(f"gemm_fp8_dispatch_{architecture}",
-                ("floor_s", "bandwidth_share", "quantize_share", "tile_overhead_s", "sharpness",
-                 *(f"rate_{name}" for name in names)),
-                (8e-6, 0.8, 0.3, 1e-6, 2.0, *(0.6,) * len(names)), predict,
-                (1e-3, 1.0, 1.0, 1e-4, 100.0, *(2.0,) * len(names)))
+                ("floor_s", "bandwidth_share", "quantize_bytes_per_s_per_sm", "sharpness", "partial_row_cost",
+                 "single_token_s", *(f"rate_{name}" for name in names), *(f"tile_overhead_s_{name}" for name in names)),
+                (8e-6, 0.8, 1e10, 2.0, 1.0, 1e-5, *(0.6,) * len(names), *(1e-6,) * len(names)), predict,
+                (1e-3, 1.0, 1e12, 100.0, 20.0, 1e-3, *(2.0,) * len(names), *(1e-4,) * len(names)))
 
 
 def decode_bytes(batch, kv_tokens, heads, kv_heads, head_dim, kv_bytes=BF16):
