@@ -134,8 +134,9 @@ def gemm_fp8_dispatch_form(architecture: str) -> Form:
     The quantization pass (3 bytes an element of the ``m x k`` input) runs at a rate per SM, not a share of the HBM:
     fitted as a share, each Hopper takes the same 1.1-1.2 TB/s on its own rows (H100 SXM 0.36 of 3.35 TB/s, H200 0.23
     of 4.8; both 132 SMs at the same clocks), so the kernel is bound by its SMs. One token costs ``single_token_s``
-    more: every Blackwell table (B200, B300, GB200) times m = 1 at 2.2-2.7x m = 2 (n = 1024, k = 8192: 22-23 us against
-    10-11), the Hopper tables do not (the fit leaves it near zero there); no source says which path m = 1 takes. Rows
+    more: every Blackwell table times m = 1 a median 13.5-16.4 us above m = 2 at the same n, k (B200, B300, GB200;
+    1.8-2.3x), the Hopper tables do not (-0.2 and -0.4 us; the fit leaves about 0.5 us there); no source says which
+    path m = 1 takes. Rows
     carry an ``sms`` column (:data:`~llmsim.calibration.cutlass_dispatch.SM_COUNTS`)."""
     dispatch = DISPATCH[architecture]
     names = list(dispatch.configs)
