@@ -37,7 +37,7 @@ import pandas as pd
 from llmsim.calibration import database as db
 from llmsim.calibration import database_fit as fit
 from llmsim.calibration import database_profile as dbp
-from llmsim.calibration.cutlass_dispatch import SM_COUNTS
+from llmsim.cost.cutlass_dispatch import SM_COUNTS
 from llmsim.catalog.hardware import lookup_hardware
 
 TARGETS = ("H100-SXM", "H200", "B200")
