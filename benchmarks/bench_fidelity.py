@@ -14,9 +14,11 @@ Then, with NVIDIA's measured operator database installed (``pip install 'llmsim[
 group, each of H100, H200 and B200 predicted by the forms fitted to other GPUs (leave one GPU out: the fitted
 shares of the datasheet figures carried over; from the GPUs of its own architecture, and from every other GPU),
 and each engine version by the same GPU's other versions of that engine (leave one engine version out), MAPE
-and median signed error; next to each, the MAPE of a reference with no form in between: every held-out point
-predicted by the donors' own measurement of the same point, carried over by the fitted form's ratio between the
-two devices (a miss there is the devices or versions disagreeing, not the form's shape).
+and median signed error (GEMM fp8 as the profiles price vLLM's: its CUTLASS dispatch form, on rows of two tokens and
+more, from the GPUs of the target's architecture in both leave-one-GPU-out splits, as another architecture runs
+other configurations; the other engines' by the smooth form); next to each, the MAPE of a reference with no form in
+between: every held-out point predicted by the donors' own measurement of the same point, carried over by the fitted
+form's ratio between the two devices (a miss there is the devices or versions disagreeing, not the form's shape).
 
     .venv/bin/python benchmarks/bench_fidelity.py          (about 35 s on 2 cores; the database part several minutes)
 """

@@ -421,6 +421,13 @@ ACCEPTANCE_GROUPS = (("GEMM bf16", "gemm_bf16", None), ("GEMM fp8", "gemm_fp8", 
 ACCEPTANCE_MAPE, ACCEPTANCE_MEDIAN = 0.10, 0.05
 
 
+def priced_group(group: str, gpu: str, rows: dict[str, pd.DataFrame]) -> str:
+    """The group whose form the cost model prices ``group`` by on ``gpu``, given the GPU's ``rows``: vLLM's FP8 GEMMs by
+    its CUTLASS dispatch where the rows hold it (:func:`operator_rows`), every other group by its own."""
+    dispatch = f"gemm_fp8_dispatch_{db.ARCHITECTURES.get(gpu)}"
+    return dispatch if group == "gemm_fp8" and dispatch in rows else group
+
+
 def _class_mask(group: str, size: str | None, rows: pd.DataFrame) -> np.ndarray:
     if size is None:
         return np.ones(len(rows), dtype=bool)
@@ -467,7 +474,8 @@ def leave_one_gpu_out(database: db.Database, targets: tuple[str, ...], same_arch
                   and (not same_architecture or db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target])]
         split = "leave one GPU out (" + ("same architecture; collectives: same fabric" if same_architecture
                                         else "every other GPU") + ")"
-        for label, group, size in ACCEPTANCE_GROUPS:
+        for label, acceptance_group, size in ACCEPTANCE_GROUPS:
+            group = priced_group(acceptance_group, target, rows.get(target, {}))
             if group not in rows.get(target, {}) or not any(group in rows[gpu] for gpu in donors):
                 continue
             givers = [gpu for gpu in donors if group in rows[gpu]]
@@ -496,8 +504,8 @@ def leave_one_version_out(database: db.Database, targets: tuple[str, ...]) -> pd
                "custom_all_reduce": ("comm", "custom_allreduce_perf")}
     for target in targets:
         profile = lookup_hardware(target)
-        for label, group, size in ACCEPTANCE_GROUPS:
-            operator, table = sources[group]
+        for label, acceptance_group, size in ACCEPTANCE_GROUPS:
+            operator, table = sources[acceptance_group]
             frameworks = ("nccl",) if table == "nccl_perf" else db.ENGINE_NAMES
             signed_all, reference_all = [], []
             for framework in frameworks:
@@ -505,8 +513,10 @@ def leave_one_version_out(database: db.Database, targets: tuple[str, ...]) -> pd
                 if len(versions) < 2:
                     continue
                 engine = db.EngineKernels.VLLM if framework == "nccl" else db.EngineKernels(framework)
-                per_version = {v: operator_rows(database, target, engine, profile,
-                                                {(operator, framework): v}).get(group) for v in versions}
+                found = {v: operator_rows(database, target, engine, profile, {(operator, framework): v})
+                         for v in versions}
+                group = priced_group(acceptance_group, target, next(iter(found.values())))
+                per_version = {v: rows.get(group) for v, rows in found.items()}
                 for left, held in per_version.items():
                     others = [r for v, r in per_version.items() if v != left and r is not None]
                     if held is None or not others:
