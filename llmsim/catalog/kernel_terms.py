@@ -21,7 +21,8 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
   tiles, and the bandwidth of the kernel that quantizes an 8-bit GEMM's input) where its kernels differ
   (FP8); a model whose weights are in that dtype is priced by them; ``gemm.by_dtype.fp8.dispatch`` (optional, the
   section's own engine's: vLLM's; an overlay under ``engines`` does not inherit it): vLLM's CUTLASS FP8 dispatch
-  (:class:`Fp8Dispatch`), which prices the GEMMs whose weights are 8-bit in place of the smooth form;
+  (:class:`Fp8Dispatch`), which prices the GEMMs whose weights are 8-bit in place of the smooth form (not an MoE
+  layer's routed experts: vLLM runs them in its fused MoE kernel);
 - ``attention.decode_efficiency`` (optional): decode attention's FLOPs at this share of the 16-bit peak, in
   place of the roofline's attention efficiency; ``attention.decode_per_kv_head`` (optional): fixed work per
   decoding sequence and KV head on the GPU (a thread block each), on top of ``decode_per_sequence``;

@@ -204,9 +204,9 @@ class DispatchTables:
     :func:`~llmsim.cost.kernels.dispatch_gemm_body_s` once per row count, then its running maximum over ``M``. The
     form's time falls where the dispatch switches to a configuration of wider tiles (more rows run in fewer waves),
     and the fluid model's fixed point (:mod:`llmsim.analysis.fluid`) needs a step time that never falls as tokens
-    grow. A fractional row count (an MoE layer's tokens split over the experts expected to be touched, a row
-    standing for several iterations) is interpolated between its two whole neighbours: it is an average over
-    kernels of whole rows, and interpolation keeps the time continuous in the tokens, which the fixed point needs
+    grow. A fractional row count (a row standing for several iterations: the fluid model's mean step) is
+    interpolated between its two whole neighbours: it is an average over kernels of whole rows, and interpolation
+    keeps the time continuous in the tokens, which the fixed point needs
     as well (a ceiling would jump). Grown by whole blocks of :data:`DISPATCH_BLOCK_ROWS`, each computed alike
     however the table grew, so a price never depends on what was priced before."""
 
@@ -399,9 +399,11 @@ class CostModel:
         weight_bytes = dict.fromkeys(GEMM_OPERATORS, model.weight_bytes_per_param)
         weight_bytes.update(mlp_up=model.expert_bytes_per_param, mlp_down=model.expert_bytes_per_param,
                             lm_head=model.embedding_bytes_per_param)
-        # vLLM's CUTLASS dispatch prices the GEMMs whose weights are 8-bit (the dtype's own kernels), by tables.
+        # vLLM's CUTLASS dispatch prices the GEMMs whose weights are 8-bit (the dtype's own kernels), by tables; not the
+        # routed experts, which run vLLM's fused MoE kernel (every expert's tiles in one launch, not one GEMM each).
         dispatch = kernels.gemm_dispatch
-        dispatched = [dispatch is not None and weight_bytes[shape.name] == 1.0 for shape, *_ in gemms]
+        dispatched = [dispatch is not None and weight_bytes[shape.name] == 1.0
+                      and not (shape.routed and model.num_experts > 1) for shape, *_ in gemms]
         dispatch_rows = np.cumsum(dispatched) - 1
         self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes[shape.name] / bandwidth,
                             (shape.n + shape.k) * activation_bytes / bandwidth, 2.0 * shape.n * shape.k / flops,

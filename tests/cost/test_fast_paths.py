@@ -22,7 +22,7 @@ from llmsim.cost.roofline import _linear_step
 from tests.helpers import random_sums
 
 # "@fp8": the model with 8-bit weights, whose GEMMs the profile's CUTLASS dispatch prices from its tables (DeepSeek-V3's
-# are 8-bit as shipped; its routed experts split the tokens into fractional rows).
+# are 8-bit as shipped; its routed experts keep the smooth form beside them).
 CASES = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H100-SXM", 4), ("Mixtral-8x7B", "H200", 2),
          ("Mistral-7B-v0.1", "A100-80GB", 1), ("Llama-3.2-1B", "B200", 1), ("Llama-3.1-8B@fp8", "H100-SXM", 1),
          ("Llama-3.2-1B@fp8", "B200", 1), ("DeepSeek-V3", "H200", 8)]
