@@ -26,6 +26,15 @@ and two diagnostics that need no form:
   a sum over tiles whose rows are not a whole number of tokens, which the step's features do not carry. Held out on
   every row and on serving shapes alone (4 or more query heads, 2 to 16 query heads per KV head, 512 tokens and more,
   up to 16k tokens a batch).
+- prefill attention as the Blackwell kernels run it (:data:`PREFILL_SOFTMAX`), at 64 and 128 token tiles: on the rows
+  a prefill kernel timed (the Blackwell tables time one-token prompts with FlashInfer's TensorRT-LLM decode kernel,
+  ``kernel_source`` ``vllm_flashinfer_trtllmdecode``, whose GQA grouping no prefill form follows), a fixed cost per
+  query tile of each head (TensorRT-LLM's context kernels run one CTA per query tile, head and sequence, no head
+  packing: ``fmhaKernels.h``, ``computeNumCtas``) and the work bound by the larger of the tensor cores' time and the
+  softmax exponentials' (the SFUs': Blackwell Ultra doubles their throughput over Blackwell, NVIDIA technical blog
+  "Making Softmax More Efficient with NVIDIA Blackwell Ultra"; B300 is measured up to 22% faster than B200 at the same
+  shapes and the same 16-bit datasheet peak). Not priced by the cost model: the query-tile cost needs a step feature
+  (query tiles per chunk) it does not carry.
 
     .venv/bin/python benchmarks/fidelity_forms.py        (needs ``pip install 'llmsim[measured]'``; about 2 min)
 """
@@ -38,6 +47,7 @@ from llmsim.calibration import database as db
 from llmsim.calibration import database_fit as fit
 from llmsim.calibration import database_profile as dbp
 from llmsim.catalog.hardware import lookup_hardware
+from llmsim.cost.features import causal_tile_padding
 
 TARGETS = ("H100-SXM", "H200", "B200")
 M_BANDS = ((1, 16), (17, 64), (65, 128), (129, 256), (257, np.inf))   # vLLM's dispatch bands (both architectures')
@@ -92,6 +102,48 @@ PREFILL_PACKED = fit.Form("prefill_packed", fit.PREFILL_ATTENTION.parameters, fi
                           _prefill_packed, fit.PREFILL_ATTENTION.upper)
 # The shipped form without its critical path (the blocks held at a value that makes it vanish on every row).
 NO_CRITICAL_PATH = {"critical_path_blocks": 1e-9, "critical_path_overlap": 1.0}
+
+
+# Softmax exponentials (MUFU.EX2) per clock per SM: 16 on Ampere, Hopper and Blackwell (CUDA C++ Programming Guide,
+# arithmetic instruction throughput: base-2 exponential), twice that on Blackwell Ultra (the NVIDIA blog above). The
+# fitted share is the clock they run at, an assumption that it is one clock across an architecture's GPUs.
+EXPONENTIALS_PER_CLOCK_PER_SM = {"B300": 32.0}
+EXPONENTIALS_PER_CLOCK = 16.0
+EXPONENTIALS_COLUMN = "exponentials_per_clock"
+
+
+def _prefill_softmax(tile: int):
+    def predict(v: np.ndarray, rows: pd.DataFrame) -> np.ndarray:
+        floor, efficiency, half, kv_half, blocks, overlap, query_tile_s, clock_hz = v
+        b, s, h, hk, d = (rows[c].to_numpy() for c in ("batch", "tokens", "heads", "kv_heads", "head_dim"))
+        rate = rows["peak_bf16"].to_numpy() * efficiency
+        pairs = b * (h * (s * (s + 1) / 2 + causal_tile_padding(s, 0.0, tile)) + (half * h + kv_half * hk) * s)
+        total = (np.maximum(4 * d * pairs / rate, pairs / (rows[EXPONENTIALS_COLUMN].to_numpy() * clock_hz))
+                 + query_tile_s * b * h * np.ceil(s / tile))
+        longest = 4 * d * tile * s * blocks / rate
+        return floor + total + np.maximum(longest - overlap * total, 0.0)
+    shipped = fit.PREFILL_ATTENTION
+    return fit.Form(f"prefill_softmax_{tile}", (*shipped.parameters, "query_tile_s", "softmax_clock_hz"),
+                    (*shipped.start, 1e-8, 1e9), predict, (*(shipped.upper or ()), 1e-3, 1e10))
+
+
+PREFILL_SOFTMAX = {tile: _prefill_softmax(tile) for tile in (64, 128)}
+
+
+def prefill_kernel_rows(database: db.Database, rows: dict[str, dict[str, pd.DataFrame]]) -> dict:
+    """Each GPU's prefill rows that a prefill kernel timed (token counts the table times with a decode kernel left
+    out), with the SFUs' exponentials per clock (:data:`EXPONENTIALS_PER_CLOCK_PER_SM`)."""
+    out = {}
+    for gpu in SM_COUNTS:
+        table = database.table(gpu, "attention", "vllm", "context_attention_perf")
+        assert table is not None
+        frame = table.frame
+        decode = set(frame.loc[frame["kernel_source"].str.contains("decode"), "isl"].astype(float))
+        held = rows[gpu]["prefill_attention"]
+        per_sm = EXPONENTIALS_PER_CLOCK_PER_SM.get(gpu, EXPONENTIALS_PER_CLOCK)
+        out[gpu] = {"prefill_attention": held[~held["tokens"].isin(decode)].reset_index(drop=True).assign(
+            **{EXPONENTIALS_COLUMN: SM_COUNTS[gpu] * per_sm})}
+    return out
 
 
 def held_out(rows: dict[str, dict[str, pd.DataFrame]], group: str, form: fit.Form, target: str,
@@ -197,6 +249,17 @@ def main() -> None:
               f"GQA-packed 128 x 128 {cell(packed[0])}")
         print(f"  {'':<9} serving:  shipped {cell(shipped[0][serving])} | no critical path {cell(plain[0][serving])} | "
               f"GQA-packed 128 x 128 {cell(packed[0][serving])}")
+    print("\nprefill attention on the rows a prefill kernel timed: shipped form; query-tile cost and softmax bound")
+    kernel_rows = prefill_kernel_rows(database, rows)
+    for target in TARGETS:
+        shipped = held_out(kernel_rows, "prefill_attention", fit.PREFILL_ATTENTION, target)
+        cells = [f"shipped {cell(*shipped[:2])}"]
+        for tile, form in PREFILL_SOFTMAX.items():
+            signed, reference, values = held_out(kernel_rows, "prefill_attention", form, target)
+            cells.append(f"{tile} x {tile} tiles {cell(signed, reference)} (query tile "
+                         f"{values['query_tile_s'] * 1e9:.1f} ns, softmax clock "
+                         f"{values['softmax_clock_hz'] / 1e9:.2f} GHz)")
+        print(f"  {target:<9} ({len(kernel_rows[target]['prefill_attention'])} rows) " + " | ".join(cells))
 
 if __name__ == "__main__":
     main()

@@ -314,10 +314,16 @@ def _dispatch_figures(fit: EngineFit, group: str, profile: HardwareProfile) -> d
 
 
 def _reduce_figures(v: dict, link: float, source: str) -> dict:
-    return {"latency": figure(duration_text(v["latency_s"]), source, "measured"),
-            "bus_bandwidth": figure(bandwidth_text(v["bus_share"] * link), source, "measured"),
-            "large_latency": figure(duration_text(v["large_latency_s"]), source, "measured"),
-            "large_bus_bandwidth": figure(bandwidth_text(v["large_bus_share"] * link), source, "measured")}
+    """An all-reduce's lines as profile figures: small and large messages, and NCCL's middle protocol where the fit
+    has it (the custom all-reduce's two kernels have none)."""
+    out = {"latency": figure(duration_text(v["latency_s"]), source, "measured"),
+           "bus_bandwidth": figure(bandwidth_text(v["bus_share"] * link), source, "measured"),
+           "large_latency": figure(duration_text(v["large_latency_s"]), source, "measured"),
+           "large_bus_bandwidth": figure(bandwidth_text(v["large_bus_share"] * link), source, "measured")}
+    if "medium_latency_s" in v:
+        out["medium_latency"] = figure(duration_text(v["medium_latency_s"]), source, "measured")
+        out["medium_bus_bandwidth"] = figure(bandwidth_text(v["medium_bus_share"] * link), source, "measured")
+    return out
 
 
 def record(fits: list[EngineFit]) -> dict:

@@ -10,7 +10,8 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
   shape-blind);
 - ``elementwise``: RMSNorm, SiLU-and-multiply, rotary embedding and the residual add, each
   a floor plus bytes over its own achieved bandwidth;
-- ``all_reduce``: latency and bus bandwidth per group size, for small and for large messages (alpha-beta);
+- ``all_reduce``: latency and bus bandwidth per group size, for small and for large messages (alpha-beta), and
+  optionally for medium ones (``medium_latency``, ``medium_bus_bandwidth``: NCCL's middle protocol);
 - ``attention``: one launch floor per layer and iteration (optional), decode attention's fixed cost
   per sequence and layer and its KV read rate (optional; else the roofline's), and prefill
   attention's efficiency per backend, rising with the context a query sees;
@@ -54,6 +55,7 @@ from llmsim.cost.cutlass_dispatch import DISPATCH
 T = TypeVar("T")
 
 ELEMENTWISE_KINDS = ("norm", "activation", "rotary", "residual")
+MEDIUM_ALL_REDUCE_KEYS = ("medium_latency", "medium_bus_bandwidth")     # NCCL's middle protocol (optional)
 
 
 class EngineKernels(enum.Enum):
@@ -141,12 +143,17 @@ class StreamKernel:
 
 @dataclass(frozen=True)
 class AllReduce:
-    """One NCCL all-reduce over a group: ``latency + 2 (g - 1) / g x bytes / bus bandwidth`` for each of two
-    protocols, small messages (low latency, low bandwidth) and large ones; NCCL picks the faster (the min)."""
+    """One NCCL all-reduce over a group: ``latency + 2 (g - 1) / g x bytes / bus bandwidth`` for each of its
+    protocols, small messages (low latency, low bandwidth) and large ones; NCCL picks the fastest (the min).
+    NCCL has three (LL, LL128 and Simple: ``src/graph/tuning.cc`` predicts each one's latency and bandwidth and
+    runs the fastest); a profile with the ``medium_*`` figures gives the middle one its own line, one without them
+    prices two (``medium_latency_s`` infinite: that line never wins)."""
     latency_s: float
     bus_bandwidth_bytes_per_s: float
     large_latency_s: float
     large_bus_bandwidth_bytes_per_s: float
+    medium_latency_s: float = math.inf
+    medium_bus_bandwidth_bytes_per_s: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -362,7 +369,7 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         if not str(key).isdigit() or int(key) < 2:
             raise reduce_node.key_error(str(key), "expected a group size", key, "an integer >= 2 (GPUs in the group)")
         entry = reduce_node.child(key)
-        all_reduce[int(key)] = _all_reduce(entry, figure)
+        all_reduce[int(key)] = _nccl_all_reduce(entry, figure)
         entry.done()
     if not all_reduce:
         raise kernels.key_error("all_reduce", "needs at least one group size", {}, "2, 4, 8")
@@ -486,6 +493,22 @@ def _all_reduce(entry: Node, figure: Callable[..., float]) -> AllReduce:
     """An all-reduce's two lines (small and large messages), as NCCL's and a custom kernel's entries give them."""
     return AllReduce(figure(entry, "latency", "duration"), figure(entry, "bus_bandwidth", "bandwidth"),
                      figure(entry, "large_latency", "duration"), figure(entry, "large_bus_bandwidth", "bandwidth"))
+
+
+def _nccl_all_reduce(entry: Node, figure: Callable[..., float]) -> AllReduce:
+    """NCCL's all-reduce: the two lines of :func:`_all_reduce` and, where the entry has both ``medium_*`` figures,
+    the middle protocol's line (a profile written before it existed has neither)."""
+    lines = _all_reduce(entry, figure)
+    given = [key for key in MEDIUM_ALL_REDUCE_KEYS if entry.has(key)]
+    if not given:
+        return lines
+    if len(given) < len(MEDIUM_ALL_REDUCE_KEYS):
+        missing = next(key for key in MEDIUM_ALL_REDUCE_KEYS if key not in given)
+        raise entry.error(f"is needed with {given[0]} (the middle protocol's line has both)",
+                          key=entry.key_path(missing),
+                          allowed="both medium_latency and medium_bus_bandwidth, or neither", has_value=False)
+    return replace(lines, medium_latency_s=figure(entry, "medium_latency", "duration"),
+                   medium_bus_bandwidth_bytes_per_s=figure(entry, "medium_bus_bandwidth", "bandwidth"))
 
 
 def _entries(parent: Node, key: str, read: Callable[[Node], T]) -> dict[str, T]:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import pickle
 from collections import OrderedDict
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
@@ -225,8 +225,9 @@ def all_to_all_terms(hardware: HardwareProfile, engine: str) -> dict[int, AllRed
                      for size, t in terms.items()}
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
-        if lines and all(size >= 2 and all(math.isfinite(v) and v > 0 for v in astuple(line))
-                         for size, line in lines.items()):
+        if lines and all(size >= 2 and all(math.isfinite(v) and v > 0 for v in (
+                line.latency_s, line.bus_bandwidth_bytes_per_s, line.large_latency_s,
+                line.large_bus_bandwidth_bytes_per_s)) for size, line in lines.items()):
             return lines
     return {}
 

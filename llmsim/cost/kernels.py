@@ -121,11 +121,13 @@ def stream_time_s(tokens, bytes_per_token, kernel: StreamKernel):
 
 
 def all_reduce_time_s(message_bytes, group: int, reduce: AllReduce):
-    """One all-reduce of ``message_bytes`` over ``group`` GPUs: the faster of the two protocols' alpha-beta
-    lines (each moves ``2 (g - 1) / g`` of the message over the bus, as a ring does)."""
+    """One all-reduce of ``message_bytes`` over ``group`` GPUs: the fastest of the protocols' alpha-beta
+    lines (each moves ``2 (g - 1) / g`` of the message over the bus, as a ring does; the middle one only where the
+    profile has it)."""
     traffic = 2.0 * (group - 1) / group * message_bytes
-    return np.minimum(reduce.latency_s + traffic / reduce.bus_bandwidth_bytes_per_s,
-                      reduce.large_latency_s + traffic / reduce.large_bus_bandwidth_bytes_per_s)
+    return np.minimum(np.minimum(reduce.latency_s + traffic / reduce.bus_bandwidth_bytes_per_s,
+                                 reduce.large_latency_s + traffic / reduce.large_bus_bandwidth_bytes_per_s),
+                      reduce.medium_latency_s + traffic / reduce.medium_bus_bandwidth_bytes_per_s)
 
 
 def custom_all_reduce_time_s(message_bytes, group: int, custom: CustomAllReduce):

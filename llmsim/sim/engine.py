@@ -51,7 +51,7 @@ from llmsim.cost.features import prefill_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
-from llmsim.sim.environment import scheduler
+from llmsim.sim.environment import scheduler, waker
 from llmsim.sim.iterations import Iteration, IterationLog
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import TieredKV
@@ -110,6 +110,7 @@ class EngineProcess:
         self.preemptions = 0
         self._idle = False                          # waiting for notify()
         self._schedule, self._wake = scheduler(env), self._resume      # bound once: used at nearly every step
+        self._wake_at = waker(env)
 
     def take_gaps(self) -> InterTokenGaps:
         """The inter-token gaps handed to ``gaps`` so far, taken out of it (a run streamed to disk
@@ -313,9 +314,9 @@ class Engine(EngineProcess):
         """The engine's loop, one turn per iteration, from one wait to the next: the iteration in
         flight (if any) is over, then iterations are scheduled, and run, until one must be waited
         for or there is nothing to do."""
+        # (Methods are called through self, not bound to locals first: with many replicas a call
+        # usually runs one iteration, and binding them would build each bound method for it.)
         env = self.env
-        peek, plan, apply, advance = env.peek, self._plan, self._apply, self.decode.advance
-        observed = bool(self.observers)
         duration = self._in_flight                  # the iteration in flight, if any, is over now
         self._in_flight = None
         while True:
@@ -323,17 +324,17 @@ class Engine(EngineProcess):
                 # The iteration last planned is over at its end (the sum that scheduled this call, or
                 # that the loop runs it to at once): its tokens appear.
                 self.now = now = self.now + duration
-                if observed:
+                if self.observers:
                     self._complete()
                 elif self._chunks:
-                    apply(self._chunks, self._decoding)
+                    self._apply(self._chunks, self._decoding)
                 else:
-                    advance(now)                    # a decode-only iteration: apply() would only call this
+                    self.decode.advance(now)        # a decode-only iteration: _apply() would only call this
             if self.now < env._now:                 # SimPy's clock without its property's call
                 self.now = env._now
             if self._expires:
                 self.queueing.expire_waiting(self.now)
-            duration = plan()
+            duration = self._plan()
             if duration is None:
                 self._idle = True                   # until notify()
                 return
@@ -341,9 +342,8 @@ class Engine(EngineProcess):
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
-            if end >= peek():
+            if self._wake_at(self._wake, end):
                 self._in_flight = duration
-                self._schedule(self._wake, NORMAL, end - env._now)
                 return
 
     def _complete(self) -> None:

@@ -12,8 +12,10 @@ engine's ``_resume``, a bound method, not a generator) in a heap of their own, k
 SimPy keys its events (time, priority, then SimPy's own insertion counter, shared by both heaps),
 and :meth:`Environment.step` runs the calls whose keys come before the next SimPy event's, then
 that event. So everything happens in the order, and at the times, it would with SimPy events;
-only the bookkeeping per wait is smaller. :func:`schedule_call` also works on a
-plain ``simpy.Environment`` (through an event), so engines run on either.
+only the bookkeeping per wait is smaller. An engine ending an iteration asks
+:meth:`Environment.call_unless_next`, which tests whether the end comes before every other event
+and, if not, schedules the wait, in one call. :func:`schedule_call` and :func:`call_unless_next` also
+work on a plain ``simpy.Environment`` (through an event), so engines run on either.
 
 :func:`frozen_heap` keeps Python's cyclic garbage collector off the objects that existed before a
 run while it runs.
@@ -41,6 +43,19 @@ class Environment(simpy.Environment):
     def schedule_call(self, call: Callable[[], None], priority: EventPriority = NORMAL, delay: float = 0.0) -> None:
         """Call ``call()`` at ``now + delay``, ordered as an event of ``priority`` scheduled now would be."""
         heappush(self._calls, (self._now + delay, priority, next(self._eid), call))
+
+    def call_unless_next(self, call: Callable[[], None], at_s: float) -> bool:
+        """Schedule ``call()`` at ``at_s`` (ordered as a NORMAL event scheduled now with delay ``at_s - now``),
+        unless ``at_s`` comes before every other event: then schedule nothing and return False (the
+        caller may run on to ``at_s`` at once: nothing can observe the time in between). One call for
+        the test ``at_s >= peek()`` and the scheduling, as an engine asks at the end of every iteration."""
+        calls, queue = self._calls, self._queue
+        if (calls and at_s >= calls[0][0]) or (queue and at_s >= queue[0][0]):     # at_s >= self.peek()
+            now = self._now
+            # (now + (at_s - now), not at_s: the time the delay a process would wait gives, to the last bit)
+            heappush(calls, (now + (at_s - now), NORMAL, next(self._eid), call))
+            return True
+        return False
 
     def peek(self) -> float:
         calls, queue = self._calls, self._queue
@@ -72,6 +87,19 @@ def schedule_call(env: simpy.Environment, call: Callable[[], None], priority: Ev
     event._ok, event._value = True, None         # what succeed() sets; it is scheduled below
     event.callbacks.append(lambda _: call())
     env.schedule(event, priority, delay)
+
+
+def call_unless_next(env: simpy.Environment, call: Callable[[], None], at_s: float) -> bool:
+    """:meth:`Environment.call_unless_next` on any SimPy environment (on a plain one through an event)."""
+    if at_s >= env.peek():
+        schedule_call(env, call, NORMAL, at_s - env.now)
+        return True
+    return False
+
+
+def waker(env: simpy.Environment) -> Callable[[Callable[[], None], float], bool]:
+    """:func:`call_unless_next` bound to ``env`` once (an engine asks it at the end of every iteration)."""
+    return env.call_unless_next if isinstance(env, Environment) else partial(call_unless_next, env)
 
 
 def scheduler(env: simpy.Environment) -> Callable[..., None]:

@@ -111,6 +111,31 @@ def test_the_shipped_nccl_terms_predict_another_nccl_version(excerpt, h100):
         assert np.mean(np.abs(signed)) <= 0.12, (group, summary(signed))
 
 
+def test_nccls_three_protocol_lines_predict_the_message_sizes_they_were_not_fitted_to(excerpt, h100):
+    """The all-reduce form has NCCL's three protocols (LL, LL128, Simple): fitted to every other message size of
+    NCCL 2.29.2's H100 rows, it predicts the sizes in between within 6% on average at every group size, and every
+    held-out message of 64 MiB and up within 5% (two lines were 16% off at 8 GPUs there: the Simple protocol's
+    bandwidth still rises from 64 MiB to 1 GiB)."""
+    rows = with_device(db.collective_rows(excerpt.table(H100, "comm", "nccl", "nccl_perf", "2.29.2"), "all_reduce"),
+                       h100)
+    for group, part in rows.groupby("group"):
+        fitted, held = held_out_split(part, "bytes")
+        signed = errors(ALL_REDUCE, ALL_REDUCE.fit(fitted), held)
+        assert np.mean(np.abs(signed)) <= 0.06, (group, summary(signed))
+        large = held["bytes"].to_numpy() >= 64 * 2 ** 20
+        assert large.sum() >= 2 and (np.abs(signed[large]) <= 0.05).all(), (group, signed[large])
+
+
+def test_the_shipped_nccl_terms_price_large_messages_of_another_nccl_version(excerpt, h100):
+    """The shipped H100 all-reduce terms (fitted to NCCL 2.29.2) against NCCL 2.27.3's rows of 64 MiB and up (never
+    fitted): within 6% at every group size (the two-line terms priced 8 GPUs' 512 MiB 21% too slow)."""
+    rows = db.collective_rows(excerpt.table(H100, "comm", "nccl", "nccl_perf", "2.27.3"), "all_reduce")
+    for group, part in rows[rows["bytes"] >= 64 * 2 ** 20].groupby("group"):
+        predicted = all_reduce_time_s(part["bytes"].to_numpy(), int(group), h100.kernels.all_reduce_for(int(group)))
+        signed = predicted / part["measured_s"].to_numpy() - 1
+        assert (np.abs(signed) <= 0.06).all(), (group, signed)
+
+
 def test_the_shipped_custom_all_reduce_predicts_an_older_vllm(excerpt, h100):
     """vLLM 0.19.0's custom all-reduce (never fitted: the profile's is 0.24.0's) below the switch-over size."""
     rows = db.custom_all_reduce_rows(excerpt.table(H100, "comm", "vllm", "custom_allreduce_perf", "0.19.0"))
@@ -273,7 +298,8 @@ def test_the_same_point_reference_carries_a_donor_measurement_by_the_forms_devic
     from llmsim.calibration.database_profile import GROUPS, same_point_errors
     group = GROUPS["all_reduce"]
     sizes = 2.0 ** np.arange(10, 26)
-    values = {8: {"latency_s": 8e-6, "bus_share": 0.05, "large_latency_s": 3e-5, "large_bus_share": 0.8}}
+    values = {8: {"latency_s": 8e-6, "bus_share": 0.05, "large_latency_s": 3e-5, "large_bus_share": 0.8,
+                  "medium_latency_s": 1.5e-5, "medium_bus_share": 0.3}}
     frame = pd.DataFrame({"group": 8, "bytes": sizes, "table": "t"})
     donor = with_device(frame, lookup_hardware("H200"))
     donor = donor.assign(measured_s=ALL_REDUCE(values[8], donor))
@@ -359,3 +385,41 @@ def test_the_engines_quantizer_predicts_tensor_widths_it_was_not_fitted_to(gpu):
     shipped = hardware.for_engine(EngineKernels.TRTLLM).kernels.quantize
     predicted = shipped.floor_s + 3.0 * held["m"] * held["k"] / shipped.bandwidth_bytes_per_s
     assert summary(predicted.to_numpy() / held["measured_s"].to_numpy() - 1.0)["mape"] <= 0.03
+
+
+def _two_lines(sizes: np.ndarray, group: int = 4) -> pd.DataFrame:
+    """All-to-all rows on an NVLink-like link timed exactly by COLLECTIVE's two lines (5 us + 0.2 of the link below,
+    20 us + 0.8 of it above)."""
+    rows = pd.DataFrame({"group": group, "bytes": sizes.astype(float), "link": 900e9})
+    traffic = (group - 1) / group * rows["bytes"].to_numpy()
+    return rows.assign(measured_s=np.minimum(5e-6 + traffic / (900e9 * 0.2), 20e-6 + traffic / (900e9 * 0.8)))
+
+
+def test_two_sizes_timed_at_twice_their_neighbours_move_the_robust_nccl_lines_less_than_least_squares():
+    """nccl-tests means jump at single sizes to about twice their neighbours': fitted to rows with two such sizes,
+    the robust loss's lines stay within 3% of the exact ones over every size (least squares: 7.9% off)."""
+    rows = _two_lines(2.0 ** np.arange(9, 30))
+    spiked = rows.copy()
+    spiked.loc[[1, 4], "measured_s"] *= 2.0
+    robust = np.mean(np.abs(errors(COLLECTIVE, COLLECTIVE.fit(spiked), rows)))
+    plain_form = dataclasses.replace(COLLECTIVE, robust_scale=None)
+    plain = np.mean(np.abs(errors(plain_form, plain_form.fit(spiked), rows)))
+    assert robust < 0.03 < 0.05 < plain
+    # Without the spikes both recover the lines.
+    assert np.mean(np.abs(errors(COLLECTIVE, COLLECTIVE.fit(rows), rows))) < 1e-3
+
+
+@pytest.mark.skipif(importlib.util.find_spec(db.DATABASE_PACKAGE) is None,
+                    reason="needs pip install 'llmsim[measured]'")
+def test_h200_all_to_all_is_predicted_from_h100s_lines():
+    """Leave one GPU out (the whole database): H200's NCCL all-to-all predicted by the lines fitted to H100's (the
+    same NVLink fabric), within issue 29's MAPE 10% and median 5%; least squares on the same rows missed (10.1%)."""
+    from llmsim.calibration import database_profile as dbp
+    database = db.Database(db.installed_root())
+    rows = {gpu: dbp.operator_rows(database, gpu, db.EngineKernels.VLLM, lookup_hardware(gpu))["all_to_all"]
+            for gpu in (H100, "H200")}
+    group = dbp.GROUPS["all_to_all"]
+    signed = dbp.predict(group, dbp.fit_group(group, rows[H100]), rows["H200"])
+    assert np.mean(np.abs(signed)) <= dbp.ACCEPTANCE_MAPE and abs(np.median(signed)) <= dbp.ACCEPTANCE_MEDIAN
+    plain = dataclasses.replace(group, form=dataclasses.replace(group.form, robust_scale=None))
+    assert np.mean(np.abs(dbp.predict(plain, dbp.fit_group(plain, rows[H100]), rows["H200"]))) > dbp.ACCEPTANCE_MAPE

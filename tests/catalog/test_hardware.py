@@ -123,3 +123,31 @@ def test_h200_tensorrt_llm_streaming_kernels_follow_their_stated_transfer_rule()
         assert trtllm[kind].bandwidth_bytes_per_s == pytest.approx(share * 4.8e12, rel=5e-4), kind
         assert vllm[kind].bandwidth_bytes_per_s == h200.kernels.elementwise[kind].bandwidth_bytes_per_s
         assert trtllm[kind].floor_s == vllm[kind].floor_s
+
+
+def test_nccl_all_reduce_prices_the_middle_protocol_where_the_profile_has_it(tmp_path):
+    """An all-reduce entry with NCCL's middle protocol line (medium_latency, medium_bus_bandwidth) is priced by the
+    fastest of three alpha-beta lines: a message on that line costs its latency plus 2 (g - 1) / g of it over its
+    bandwidth; one figure of the pair without the other is refused, naming the missing key."""
+    from llmsim.cost.kernels import all_reduce_time_s
+    raw = yaml.safe_load((shipped_profile_dir() / "a100-80gb.yaml").read_text())
+    entry = raw["kernels"]["all_reduce"][8]
+    source = {"source": "assumption: a test line", "confidence": "assumption"}
+    for key in ("medium_latency", "medium_bus_bandwidth"):
+        entry.pop(key, None)
+    entry.update(latency={"value": "10 us", **source}, bus_bandwidth={"value": "10 GB/s", **source},
+                 large_latency={"value": "100 us", **source}, large_bus_bandwidth={"value": "400 GB/s", **source},
+                 medium_latency={"value": "20 us", **source})
+    path = tmp_path / "chip.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"all_reduce\.8\.medium_bus_bandwidth"):
+        load_profile(path)
+    entry["medium_bus_bandwidth"] = {"value": "200 GB/s", **source}
+    path.write_text(yaml.safe_dump(raw))
+    reduce = load_profile(path).kernels.all_reduce[8]
+    share = 2 * 7 / 8
+    # 8 MB: small 10 us + 1.4 ms, large 100 us + 35 us, medium 20 us + 70 us: the medium line.
+    assert float(all_reduce_time_s(8e6, 8, reduce)) == pytest.approx(20e-6 + share * 8e6 / 200e9)
+    # 800 MB: the large line; 1 KB: the small one.
+    assert float(all_reduce_time_s(8e8, 8, reduce)) == pytest.approx(100e-6 + share * 8e8 / 400e9)
+    assert float(all_reduce_time_s(1e3, 8, reduce)) == pytest.approx(10e-6 + share * 1e3 / 10e9)

@@ -246,26 +246,26 @@ def test_tensorrt_llm_quantizes_inside_the_all_reduce_and_after_its_nccl_fallbac
 
 def test_tensorrt_llm_all_reduces_past_its_workspace_run_on_nccl():
     """TensorRT-LLM sends an all-reduce larger than its custom kernels' workspace (8 MB on 4 GPUs) to NCCL whatever
-    the two kernels' times (allreduceOp.cpp ``ifFallbackToNCCL``): on 4 H100s, where the fitted custom kernel stays
-    the faster of the two to 128 MiB, a step whose hidden state is past 8 MB pays NCCL's all-reduce (the profile's
-    alpha-beta line), one within it the custom kernel's."""
-    h100 = lookup_hardware("H100-SXM").for_engine(EngineKernels.TRTLLM)
+    the two kernels' times (allreduceOp.cpp ``ifFallbackToNCCL``): on 4 H200s, where the fitted custom kernel stays
+    the faster of the two to 64 MiB, a step whose hidden state is past 8 MB pays NCCL's all-reduce (the profile's
+    alpha-beta lines), one within it the custom kernel's."""
+    h200 = lookup_hardware("H200").for_engine(EngineKernels.TRTLLM)
     model = model_catalog()["Llama-3.1-70B"]
-    custom = h100.kernels.custom_all_reduce_for(4)
+    custom = h200.kernels.custom_all_reduce_for(4)
     assert custom is not None and custom.switch_over_bytes > 8e6
-    unfused = _without_fusion(h100)
+    unfused = _without_fusion(h200)
     for tokens in (400, 1200):
         message = tokens * model.hidden_size * 2.0
         cost = CostModel(model, unfused, 4)
         x = cost.features([tokens], [0], [], prefill_logits=0)
         base = float(cost.fixed_vector @ x)
         communication = cost.breakdown(x).set_index("operator").loc["overhead+communication", "time_s"] - base
-        engine_cost = CostModel(model, h100, 4)
+        engine_cost = CostModel(model, h200, 4)
         engine = engine_cost.breakdown(x).set_index("operator").loc["overhead+communication", "time_s"] - base
-        nccl = all_reduce_time_s(message, 4, h100.kernels.all_reduce_for(4))
+        nccl = all_reduce_time_s(message, 4, h200.kernels.all_reduce_for(4))
         own = custom_all_reduce_time_s(message, 4, custom)
         assert communication == pytest.approx(2 * model.num_layers * own, rel=1e-9)
         expected = own if message <= 8e6 else nccl
         assert engine - (0.0 if message <= 8e6 else 2 * model.num_layers * streaming_closed_form(
-            model, h100.kernels, tokens, {"norm": 4 * model.hidden_size * 2}) / model.num_layers
+            model, h200.kernels, tokens, {"norm": 4 * model.hidden_size * 2}) / model.num_layers
             / ELEMENTWISE_COUNTS["norm"]) == pytest.approx(2 * model.num_layers * expected, rel=1e-9), tokens
