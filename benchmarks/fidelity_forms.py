@@ -48,7 +48,7 @@ from llmsim.calibration import database_fit as fit
 from llmsim.calibration import database_profile as dbp
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.cost.features import causal_tile_padding
-from llmsim.cost.cutlass_dispatch import SM_COUNTS
+from llmsim.catalog.cutlass_dispatch import SM_COUNTS
 
 TARGETS = ("H100-SXM", "H200", "B200")
 M_BANDS = ((1, 16), (17, 64), (65, 128), (129, 256), (257, np.inf))   # vLLM's dispatch bands (both architectures')

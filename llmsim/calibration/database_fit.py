@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from llmsim.cost.cutlass_dispatch import DISPATCH
+from llmsim.catalog.cutlass_dispatch import DISPATCH
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import DispatchConfiguration, Fp8Dispatch
 from llmsim.cost.features import causal_tile_padding
@@ -139,7 +139,7 @@ GEMM = Form("gemm", ("floor_s", "bandwidth_share", "rate_share", "sharpness_exce
 
 
 def gemm_fp8_dispatch_form(architecture: str) -> Form:
-    """vLLM's FP8 GEMM as its CUTLASS dispatch runs it (:mod:`llmsim.cost.cutlass_dispatch`): the input's
+    """vLLM's FP8 GEMM as its CUTLASS dispatch runs it (:mod:`llmsim.catalog.cutlass_dispatch`): the input's
     quantization, then the smooth maximum (sharpness ``p``) of the weight and activation traffic and the
     configuration's compute, ``waves x (2 tile_m tile_n k / (peak_fp8 / SMs x rate) + tile_overhead)`` (``tile_m`` the
     rows one SM computes; :func:`llmsim.cost.kernels.dispatch_gemm_body_s`, as the cost model prices it): each
@@ -150,7 +150,7 @@ def gemm_fp8_dispatch_form(architecture: str) -> Form:
     fitted as a share, each Hopper takes the same 1.1-1.2 TB/s on its own rows (H100 SXM 0.36 of 3.35 TB/s, H200 0.23
     of 4.8; both 132 SMs at the same clocks), so the kernel is bound by its SMs. Its rows are those of
     :data:`DISPATCH_MIN_TOKENS` tokens and more. Rows carry an ``sms`` column
-    (:data:`~llmsim.cost.cutlass_dispatch.SM_COUNTS`)."""
+    (:data:`~llmsim.catalog.cutlass_dispatch.SM_COUNTS`)."""
     names = list(DISPATCH[architecture].configs)
     parameters = ("floor_s", "bandwidth_share", "quantize_bytes_per_s_per_sm", "sharpness",
                   *(f"rate_{name}" for name in names), *(f"tile_overhead_s_{name}" for name in names))

@@ -29,7 +29,7 @@ from llmsim.calibration.kernel_profile import calibrate_from_measurements
 from llmsim.calibration.operators import read_measurements
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
-from llmsim.cost.cutlass_dispatch import DISPATCH, SM_COUNT_SOURCES, SM_COUNTS
+from llmsim.catalog.cutlass_dispatch import DISPATCH, SM_COUNT_SOURCES, SM_COUNTS
 from llmsim.config.reader import deep_merge, load_yaml
 from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s
 from llmsim.errors import ConfigError
@@ -98,7 +98,7 @@ def operator_rows(database: db.Database, gpu: str, engine: db.EngineKernels, pro
         frame = frame.sort_values(["dtype", "m", "n", "k"]).iloc[::GEMM_SAMPLE]
         for dtype in ("bf16", "fp8", "fp8_block"):
             rows[f"gemm_{dtype}"] = frame[frame["dtype"] == dtype]
-        # vLLM's FP8 GEMMs run its CUTLASS dispatch (cost.cutlass_dispatch), on the GPUs whose SMs are known.
+        # vLLM's FP8 GEMMs run its CUTLASS dispatch (catalog.cutlass_dispatch), on the GPUs whose SMs are known.
         architecture = db.ARCHITECTURES.get(gpu)
         if engine is db.EngineKernels.VLLM and architecture in DISPATCH and gpu in SM_COUNTS:
             fp8 = rows["gemm_fp8"]

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from llmsim.config.reader import Node, deep_merge
-from llmsim.cost.cutlass_dispatch import DISPATCH
+from llmsim.catalog.cutlass_dispatch import DISPATCH
 
 T = TypeVar("T")
 
@@ -191,7 +191,7 @@ class DispatchConfiguration:
 @dataclass(frozen=True)
 class Fp8Dispatch:
     """vLLM's CUTLASS FP8 GEMM (:func:`llmsim.cost.kernels.dispatch_gemm_body_s`): the configuration vLLM's dispatch
-    picks for each shape on ``architecture`` (:data:`llmsim.cost.cutlass_dispatch.DISPATCH`), its waves of tiles over
+    picks for each shape on ``architecture`` (:data:`llmsim.catalog.cutlass_dispatch.DISPATCH`), its waves of tiles over
     the GPU's ``sms``, each configuration's rate and fixed time per tile, and the input's quantization at a rate per
     SM."""
     architecture: str

@@ -39,7 +39,7 @@ import numpy as np
 
 from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, Fp8Dispatch, KernelTerms, StreamKernel
 from llmsim.catalog.models import ModelSpec
-from llmsim.cost.cutlass_dispatch import DISPATCH, waves
+from llmsim.catalog.cutlass_dispatch import DISPATCH, waves
 
 
 TILE_ROWS, TILE_COLUMNS = 64, 128       # one thread block's output tile (tokens x output columns)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from llmsim.calibration import database as db
-from llmsim.cost.cutlass_dispatch import SM90, SM100, SM_COUNTS, sm90_config, sm100_config, waves
+from llmsim.catalog.cutlass_dispatch import SM90, SM100, SM_COUNTS, sm90_config, sm100_config, waves
 from llmsim.calibration.database_fit import GEMM, SMS_COLUMN, errors, gemm_fp8_dispatch_form, with_device
 from llmsim.catalog.hardware import lookup_hardware
 
