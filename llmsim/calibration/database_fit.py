@@ -22,8 +22,9 @@ columns of each row), so one fit can pool GPUs and predict one it never saw (:fu
   lines over the bus traffic (``2 (g-1)/g`` of the message for an all-reduce, ``(g-1)/g`` for the others), as
   NCCL picks the fastest protocol: three lines for the all-reduce (NCCL's LL, LL128 and Simple protocols; two leave
   its 8-GPU rows 20% off at 256 MiB and up, where the Simple protocol's bandwidth is still rising), two for the
-  others (recorded only); the engine's custom all-reduce: its one-shot line below a fitted message size
-  and its two-shot line from there (:data:`CUSTOM_ALL_REDUCE`), as the engine switches kernels by size;
+  others (recorded only); the engine's custom all-reduce: its one-shot line below a fitted message size, its
+  two-shot line from there, and the line of whatever the engine hands larger messages to from a third size
+  (:data:`CUSTOM_ALL_REDUCE`), as the engine switches kernels by size;
 - the engine's FP8 quantization kernel: ``floor + 3 m k / bandwidth`` over an ``m x k`` tensor (read in 16 bits,
   written in 8), on tensors too large for the GPU's L2 cache (:data:`QUANTIZE_MIN_INPUT_BYTES`);
 - MoE grouped GEMM: ``floor + max(weight bytes of the experts touched / bandwidth, FLOPs / rate)``;
@@ -269,55 +270,90 @@ COLLECTIVE = Form("collective", COLLECTIVE_PARAMETERS, (1e-5, 0.05, 3e-5, 0.8), 
                   NCCL_ROBUST_SCALE)
 
 
+def _reduce_traffic(rows: pd.DataFrame) -> np.ndarray:
+    """An all-reduce's bus traffic over the datasheet link rate: ``2 (g-1)/g`` of the message per link second."""
+    g = rows["group"].to_numpy()
+    return 2.0 * (g - 1) / g * rows["bytes"].to_numpy() / rows["link"].to_numpy()
+
+
 def _switched_all_reduce(v, rows):
-    one_shot_latency, one_shot_share, two_shot_latency, two_shot_share, two_shot_from = v
-    g, message = rows["group"].to_numpy(), rows["bytes"].to_numpy()
-    traffic = 2.0 * (g - 1) / g * message
-    link = rows["link"].to_numpy()
-    return np.where(message < two_shot_from, one_shot_latency + traffic / (link * one_shot_share),
-                    two_shot_latency + traffic / (link * two_shot_share))
+    (one_shot_latency, one_shot_share, two_shot_latency, two_shot_share, two_shot_from,
+     handoff_latency, handoff_share, handoff_from) = v
+    message, traffic = rows["bytes"].to_numpy(), _reduce_traffic(rows)
+    return np.where(message < two_shot_from, one_shot_latency + traffic / one_shot_share,
+                    np.where(message < handoff_from, two_shot_latency + traffic / two_shot_share,
+                             handoff_latency + traffic / handoff_share))
 
 
+def _line(v, rows):
+    latency, share = v
+    return latency + _reduce_traffic(rows) / share
+
+
+REDUCE_LINE = Form("all_reduce_line", ("latency_s", "bus_share"), (1e-5, 0.3), _line, (1e-3, 10))
 MIN_LINE_SIZES = 4              # message sizes a line of a switched form stands on, at least
 
 
 @dataclass(frozen=True)
 class SwitchedForm(Form):
-    """Two lines (parameters 1-2 and 3-4) and the message size at which the kernel changes from the first to the
-    second (the last parameter): the size is fitted as the best of the points between measured sizes (the lines'
-    least squares at each), the one place the error is not smooth in it."""
+    """Lines (a latency and a share of the link rate each) that follow one another at message sizes: parameters
+    ``(latency, share) x lines`` with the size at which each line after the first starts after its pair, in order.
+    Each line is fitted to its own sizes (least squares on the log, separable once the sizes are fixed), and the
+    sizes are the best of the points between measured sizes, each line on at least MIN_LINE_SIZES of them; a line
+    the best fit does not need starts past the largest size and repeats the one before it."""
 
     def fit(self, rows: pd.DataFrame, fixed: dict[str, float] | None = None) -> dict[str, float]:
-        switch = self.parameters[-1]
         sizes = np.sort(rows["bytes"].unique())
-        # Between every two measured sizes (geometric middle), and past the largest (one kernel throughout).
-        candidates = [*np.sqrt(sizes[1:] * sizes[:-1]), 2.0 * sizes[-1]]
-        measured = rows["measured_s"].to_numpy()
-        best: tuple[float, dict[str, float]] | None = None
-        for size in candidates:
-            below, above = (int(np.sum(sizes < size)), int(np.sum(sizes >= size)))
-            if below < MIN_LINE_SIZES or 0 < above < MIN_LINE_SIZES:
-                continue          # a line through fewer sizes would follow their noise
-            if above:
-                values = super().fit(rows, {switch: float(size)})
-            else:                 # one kernel throughout: the second line is the first
-                first = super().fit(rows, dict(zip(self.parameters[2:], (1.0, 1.0, float(size)))))
-                values = {**first, **dict(zip(self.parameters[2:4], (first[self.parameters[0]],
-                                                                      first[self.parameters[1]])))}
-            cost = float(np.sum(np.log(self(values, rows) / measured) ** 2))
-            if best is None or cost < best[0]:
-                best = (cost, values)
-        assert best is not None, "a custom all-reduce table of fewer than two sizes"
-        return best[1]
+        lines = (len(self.parameters) + 1) // 3
+        fitted: dict[tuple[int, int], tuple[float, dict[str, float]]] = {}
+
+        def segment(lo: int, hi: int) -> tuple[float, dict[str, float]]:
+            """The line through sizes[lo:hi] and its cost (sum of squared log errors)."""
+            if (lo, hi) not in fitted:
+                part = rows[rows["bytes"].between(sizes[lo], sizes[hi - 1])]
+                values = REDUCE_LINE.fit(part)
+                fitted[(lo, hi)] = (float(np.sum(np.log(REDUCE_LINE(values, part) / part["measured_s"]) ** 2)), values)
+            return fitted[(lo, hi)]
+
+        def best(lo: int, left: int) -> tuple[float, list[int]]:
+            """The cheapest cut of sizes[lo:] into at most ``left`` lines: (cost, the starts of the lines after the
+            first)."""
+            whole: tuple[float, list[int]] = (segment(lo, len(sizes))[0], [])
+            if left == 1:
+                return whole
+            options = [whole]
+            for cut in range(lo + MIN_LINE_SIZES, len(sizes) - MIN_LINE_SIZES + 1):
+                cost, starts = best(cut, left - 1)
+                options.append((segment(lo, cut)[0] + cost, [cut, *starts]))
+            return min(options, key=lambda option: option[0])
+
+        assert len(sizes) >= MIN_LINE_SIZES, "a switched all-reduce table of fewer sizes than a line stands on"
+        _, starts = best(0, lines)
+        bounds = [0, *starts, len(sizes)]
+        out: dict[str, float] = {}
+        for line in range(lines):
+            used = min(line, len(bounds) - 2)           # a line the fit does not need repeats the last one
+            names = self.parameters[3 * line - 1:3 * line + 2] if line else self.parameters[:2]
+            out.update(zip(names[:2], segment(bounds[used], bounds[used + 1])[1].values()))
+            if line:
+                out[names[2]] = (float(np.sqrt(sizes[bounds[line] - 1] * sizes[bounds[line]]))
+                                 if line < len(bounds) - 1 else float(2.0 * sizes[-1]))
+        return {name: out[name] for name in self.parameters}
 
 
-# The engines' custom all-reduce switches kernels at a message size: vLLM's CustomAllreduce::allreduce
-# (csrc/custom_all_reduce.cuh) runs the one-shot kernel (every GPU reads every peer's whole message) on 2 GPUs
-# always, and on 4 below 512 KiB and 8 below 256 KiB, the two-shot one (reduce-scatter, then all-gather) above.
-# A threshold, not the faster of two lines: the one-shot line is cheaper right up to the switch.
+# The engines' all-reduce as their tables time it is three kernels by message size. vLLM's CustomAllreduce::allreduce
+# (csrc/custom_all_reduce.cuh) runs the one-shot kernel (every GPU reads every peer's whole message) on 2 GPUs always,
+# and on 4 below 512 KiB and 8 below 256 KiB, the two-shot one (reduce-scatter, then all-gather) above; and past the
+# largest message its own kernel takes (vllm/distributed/device_communicators/all_reduce_utils.py,
+# CUSTOM_ALL_REDUCE_MAX_SIZES: on Hopper 64 MiB on 2 GPUs, 32 MiB on 4, 256 KiB on 8) the engine hands the call to
+# another implementation (PyTorch's symmetric-memory all-reduce, then NCCL), whose line the third one is. Thresholds,
+# not the fastest of the lines: the one-shot line is cheaper right up to the switch. The hand-off line is fitted so
+# that the others stand on their own kernels' sizes; the cost model prices the first two (NCCL's own terms above).
 CUSTOM_ALL_REDUCE = SwitchedForm("custom_all_reduce", ("latency_s", "bus_share", "large_latency_s", "large_bus_share",
-                                                       "two_shot_from_bytes"),
-                                 (1e-5, 0.05, 3e-5, 0.8, 1.0), _switched_all_reduce, (1e-3, 10, 1e-3, 10, 1e15))
+                                                       "two_shot_from_bytes", "handoff_latency_s", "handoff_bus_share",
+                                                       "handoff_from_bytes"),
+                                 (1e-5, 0.05, 3e-5, 0.8, 1.0, 3e-5, 0.8, 1.0), _switched_all_reduce,
+                                 (1e-3, 10, 1e-3, 10, 1e15, 1e-3, 10, 1e15))
 
 
 def _quantize(v, rows):

@@ -80,14 +80,17 @@ NCCL_OPERATIONS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "redu
 
 
 def operator_rows(database: db.Database, gpu: str, engine: db.EngineKernels, profile: HardwareProfile,
-                  versions: dict[tuple[str, str], str] | None = None) -> dict[str, pd.DataFrame]:
+                  versions: dict[tuple[str, str], str] | None = None,
+                  operators: tuple[str, ...] | None = None) -> dict[str, pd.DataFrame]:
     """Each group's rows for ``gpu`` as ``engine`` runs it (NCCL's newest version for the collectives), with
-    the device's datasheet columns; ``versions`` pins (operator, framework) to a version. Groups the database
-    lacks for this GPU and engine are left out."""
+    the device's datasheet columns; ``versions`` pins (operator, framework) to a version, ``operators`` reads only
+    those folders (gemm, attention, comm, ...). Groups the database lacks for this GPU and engine are left out."""
     versions = versions or {}
     framework = engine.value
 
     def table(operator, frame, name):
+        if operators is not None and operator not in operators:
+            return None
         return database.table(gpu, operator, frame, name, versions.get((operator, frame)))
     rows = {}
     gemm = table("gemm", framework, "gemm_perf")
@@ -207,12 +210,15 @@ def fit_engine(database: db.Database, gpu: str, engine: db.EngineKernels, profil
 
 def switch_over(custom: dict, nccl: dict, profile: HardwareProfile) -> dict[int, float]:
     """Per GPU count, the message size (bytes) up to which the engine's custom all-reduce is the faster of the two
-    fitted lines: the engine uses it below that size and NCCL above, as vLLM and SGLang choose by size."""
+    fitted lines: the engine uses it below that size and NCCL above, as vLLM and SGLang choose by size; never past
+    the size from which the engine hands the call to another implementation (the fitted hand-off line, which the
+    cost model prices by NCCL's terms)."""
     sizes = 2.0 ** np.arange(7, 31)
     out = {}
     for count in sorted(set(custom) & set(nccl)):
         rows = with_device(pd.DataFrame({"group": count, "bytes": sizes}), profile)
-        faster = CUSTOM_ALL_REDUCE(custom[count], rows) <= ALL_REDUCE(nccl[count], rows)
+        faster = ((CUSTOM_ALL_REDUCE(custom[count], rows) <= ALL_REDUCE(nccl[count], rows))
+                  & (sizes < custom[count]["handoff_from_bytes"]))
         out[count] = float(sizes[np.argmin(faster)] / 2) if not faster.all() else float(sizes[-1])
     return out
 
@@ -498,34 +504,46 @@ def leave_one_gpu_out(database: db.Database, targets: tuple[str, ...], same_arch
     return pd.DataFrame(out)
 
 
+# Where each acceptance group's versions are: (operator folder, table); the NCCL table's versions are NCCL's own.
+VERSION_SOURCES = {"gemm_bf16": ("gemm", "gemm_perf"), "gemm_fp8": ("gemm", "gemm_perf"),
+                   "decode_attention": ("attention", "generation_attention_perf"),
+                   "prefill_attention": ("attention", "context_attention_perf"),
+                   "all_reduce": ("comm", "nccl_perf"), "all_to_all": ("comm", "nccl_perf"),
+                   "custom_all_reduce": ("comm", "custom_allreduce_perf")}
+Cell = tuple[str, str]          # (GPU, engine version)
+
+
+def version_cells(database: db.Database, gpus: list[str], group: str) -> dict[str, dict[Cell, pd.DataFrame]]:
+    """Per framework (every engine's, or NCCL for its collectives), each (GPU, version) cell's rows of ``group``."""
+    operator, table = VERSION_SOURCES[group]
+    out: dict[str, dict[Cell, pd.DataFrame]] = {}
+    for framework in (("nccl",) if table == "nccl_perf" else db.ENGINE_NAMES):
+        engine = db.EngineKernels.VLLM if framework == "nccl" else db.EngineKernels(framework)
+        cells = {}
+        for gpu in gpus:
+            profile = lookup_hardware(gpu)
+            for version in database.versions(gpu, operator, framework, table):
+                found = operator_rows(database, gpu, engine, profile, {(operator, framework): version},
+                                      (operator,)).get(group)
+                if found is not None:
+                    cells[(gpu, version)] = found
+        out[framework] = cells
+    return out
+
+
 def leave_one_version_out(database: db.Database, targets: tuple[str, ...]) -> pd.DataFrame:
     """Each engine version's rows (every engine, and NCCL's versions for the collectives) predicted by the forms
     fitted to the same GPU's other versions of that engine, per acceptance group, pooled over the versions left
     out; a group with one version of each engine has nothing to leave out."""
     out = []
-    sources = {"gemm_bf16": ("gemm", "gemm_perf"), "gemm_fp8": ("gemm", "gemm_perf"),
-               "decode_attention": ("attention", "generation_attention_perf"),
-               "prefill_attention": ("attention", "context_attention_perf"),
-               "all_reduce": ("comm", "nccl_perf"), "all_to_all": ("comm", "nccl_perf"),
-               "custom_all_reduce": ("comm", "custom_allreduce_perf")}
     for target in targets:
-        profile = lookup_hardware(target)
-        for label, acceptance_group, size in ACCEPTANCE_GROUPS:
-            operator, table = sources[acceptance_group]
-            frameworks = ("nccl",) if table == "nccl_perf" else db.ENGINE_NAMES
+        for label, group, size in ACCEPTANCE_GROUPS:
             signed_all, reference_all = [], []
-            for framework in frameworks:
-                versions = database.versions(target, operator, framework, table)
-                if len(versions) < 2:
-                    continue
-                engine = db.EngineKernels.VLLM if framework == "nccl" else db.EngineKernels(framework)
-                found = {v: operator_rows(database, target, engine, profile, {(operator, framework): v})
-                         for v in versions}
-                group = priced_group(acceptance_group, target, next(iter(found.values())))
-                per_version = {v: rows.get(group) for v, rows in found.items()}
+            for cells in version_cells(database, [target], group).values():
+                per_version = {version: rows for (_, version), rows in cells.items()}
                 for left, held in per_version.items():
-                    others = [r for v, r in per_version.items() if v != left and r is not None]
-                    if held is None or not others:
+                    others = [r for v, r in per_version.items() if v != left]
+                    if not others:
                         continue
                     values = fit_group(GROUPS[group], pd.concat(others, ignore_index=True), _fixed(group))
                     signed = predict(GROUPS[group], values, held)
@@ -535,6 +553,111 @@ def leave_one_version_out(database: db.Database, targets: tuple[str, ...]) -> pd
             if signed_all:
                 out.append(_with_reference({"split": "leave one engine version out", "gpu": target, "group": label,
                                             **summary(np.concatenate(signed_all))}, np.concatenate(reference_all)))
+    return pd.DataFrame(out)
+
+
+@dataclass(frozen=True)
+class CellPrediction:
+    """One held-out (GPU, version) cell's signed errors, the same-point reference's, and the donor GPUs whose
+    version factor it used (none: it fell back to the GPU's other versions alone)."""
+    signed: np.ndarray
+    reference: np.ndarray
+    donors: tuple[str, ...]
+
+
+def _point_keys(rows: pd.DataFrame) -> list[str]:
+    """The columns that name a measured point (shape, lengths, heads, message size, GPU count)."""
+    return [c for c in rows.columns if c not in (*DEVICE_COLUMNS, SMS_COLUMN, "measured_s", "table")]
+
+
+def _mean_log(frames: list[pd.DataFrame], keys: list[str]) -> pd.Series:
+    """Per point, the mean log measured time over ``frames`` (versions); a point missing from one is dropped."""
+    logs = [f.assign(log_s=np.log(f["measured_s"])).groupby(keys)["log_s"].mean() for f in frames]
+    return pd.concat(logs, axis=1).dropna().mean(axis=1)
+
+
+def predict_cell(group: str, target: str, version: str, training: dict[Cell, pd.DataFrame], held: pd.DataFrame,
+                 peers: list[str]) -> CellPrediction:
+    """The held-out cell (``target``, ``version``) of one framework's ``group`` from ``training`` (every other cell;
+    the held-out one is not in it), as a two-way model: the target's form fitted to its versions that a donor also
+    measured, times the version's factor on that donor at each held-out point (the donor's form fitted to
+    ``version`` over its form fitted to the same versions as the target's, both on the donor's datasheet figures: a
+    version that moved a kernel switch moves it in the factor), the geometric mean over ``peers`` that measured
+    ``version`` and one of the target's versions. Where none did, the target's form fitted to all its other versions
+    alone. The reference is the same two-way model on measurements of the same point, no form: the target's other
+    versions' time times the donor's ratio of ``version`` to those versions (median over donors)."""
+    assert (target, version) not in training, "the held-out cell is in its own training set"
+    own = {v: rows for (gpu, v), rows in training.items() if gpu == target}
+    keys = _point_keys(held)
+    predictions, references, donors = [], [], []
+    for donor in peers:
+        if donor == target or (donor, version) not in training:
+            continue
+        common = sorted(v for v in own if (donor, v) in training)
+        if not common:
+            continue
+        values = fit_group(GROUPS[group], pd.concat([own[v] for v in common], ignore_index=True), _fixed(group))
+        donor_values = fit_group(GROUPS[group], pd.concat([training[(donor, v)] for v in common], ignore_index=True),
+                                 _fixed(group))
+        measured = training[(donor, version)]
+        version_values = fit_group(GROUPS[group], measured, _fixed(group))
+        on_donor = held.assign(**{c: measured[c].iloc[0] for c in DEVICE_COLUMNS})
+        factor = (np.log(predict(GROUPS[group], version_values, on_donor) + 1.0)
+                  - np.log(predict(GROUPS[group], donor_values, on_donor) + 1.0))
+        predictions.append(np.log(predict(GROUPS[group], values, held) + 1.0) + factor)
+        carried = (_mean_log([own[v] for v in common], keys) + _mean_log([training[(donor, version)]], keys)
+                   - _mean_log([training[(donor, v)] for v in common], keys))
+        references.append(held[keys].join(carried.rename("log_s"), on=keys)["log_s"].to_numpy())
+        donors.append(donor)
+    if not donors:          # the version was measured on no other GPU beside one of the target's versions
+        others = list(own.values())
+        values = fit_group(GROUPS[group], pd.concat(others, ignore_index=True), _fixed(group))
+        return CellPrediction(predict(GROUPS[group], values, held),
+                              same_point_errors(GROUPS[group], values, held, others), ())
+    signed = np.exp(np.mean(predictions, axis=0)) - 1.0
+    carried_log_s = pd.DataFrame(np.vstack(references)).median(axis=0).to_numpy()     # NaN where no donor has it
+    reference = np.exp(carried_log_s - np.log(held["measured_s"].to_numpy())) - 1.0
+    return CellPrediction(signed, reference, tuple(donors))
+
+
+def _peers(target: str, gpus: list[str], group: str) -> list[str]:
+    """The GPUs whose versions teach the target's: its architecture's, and for collectives its fabric's (the
+    architecture's where the fabric has no other GPU), as :func:`leave_one_gpu_out` pools them."""
+    same = [gpu for gpu in gpus if gpu != target and db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target]]
+    if GROUPS[group].per_group_size:
+        same = [gpu for gpu in same if db.FABRICS[gpu] == db.FABRICS[target]] or same
+    return same
+
+
+def leave_one_cell_out(database: db.Database, targets: tuple[str, ...]) -> pd.DataFrame:
+    """Each (GPU, engine version) cell of the targets held out and predicted from everything else
+    (:func:`predict_cell`: the GPU's other versions and the held-out version on the other GPUs of its architecture,
+    or fabric for collectives), per acceptance group pooled over the cells; ``fallback_cells`` counts the cells
+    whose version no other GPU measured (predicted by the GPU's other versions alone, as
+    :func:`leave_one_version_out`)."""
+    out = []
+    gpus = database.gpus()
+    for target in targets:
+        architecture = [gpu for gpu in gpus if db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target]]
+        for label, group, size in ACCEPTANCE_GROUPS:
+            signed_all, reference_all, cells_held, fallback = [], [], 0, 0
+            peers = _peers(target, architecture, group)
+            for cells in version_cells(database, [target, *peers], group).values():
+                for cell, held in cells.items():
+                    if cell[0] != target or sum(gpu == target for gpu, _ in cells) < 2:
+                        continue
+                    training = {key: rows for key, rows in cells.items() if key != cell}
+                    found = predict_cell(group, target, cell[1], training, held, peers)
+                    mask = _class_mask(group, size, held)
+                    signed_all.append(found.signed[mask & ~np.isnan(found.signed)])
+                    reference_all.append(found.reference[mask])
+                    cells_held += 1
+                    fallback += not found.donors
+            if signed_all:
+                out.append(_with_reference({"split": "leave one (GPU, engine version) cell out", "gpu": target,
+                                            "group": label, **summary(np.concatenate(signed_all)),
+                                            "cells": cells_held, "fallback_cells": fallback},
+                                           np.concatenate(reference_all)))
     return pd.DataFrame(out)
 
 

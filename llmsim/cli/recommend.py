@@ -17,7 +17,7 @@ from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OFF, SEEDS, TOP,
                                      Recommendation, batch_token_rule, plus_minus as _pm, recommend,
-                                     timeout_text)
+                                     searches_batch_tokens, timeout_text)
 
 MAX_TOP = 100               # analytic best settings simulated, at most
 
@@ -77,7 +77,8 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              *([f"  eligibility        min_sequence_tokens {best.eligibility[0]}, min_concurrent_requests "
                 f"{best.eligibility[1]}"] if best.eligibility is not None and best.k != OFF else []),
              *([f"  expert_parallel    {rec.experts.chosen}"] if rec.experts is not None else []),
-             f"  max_batch_tokens   {best.max_batch_tokens}",
+             f"  max_batch_tokens   {best.max_batch_tokens}"
+             + ("" if searches_batch_tokens(scenario) else " (the scenario's, unused: each pool sets its own)"),
              "  queue_timeout      "
              + ("none" if best.queue_timeout_s is None else f"{best.queue_timeout_s * 1000:g} ms"),
              *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
@@ -103,8 +104,9 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"  at {scenario.workload.rate_per_s:g} req/s     "
              f"P95 TTFT {_ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
              f"P95 TPOT {_ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
-             f"max_batch_tokens rule: {rule.text()}; searched {best.max_batch_tokens} "
-             f"({rule.tokens / best.max_batch_tokens:.2g}x the rule's budget)",
+             (f"max_batch_tokens rule: {rule.text()}; searched {best.max_batch_tokens} "
+              f"({rule.tokens / best.max_batch_tokens:.2g}x the rule's budget)" if searches_batch_tokens(scenario)
+              else "max_batch_tokens not searched: each pool of the disaggregated deployment sets its own"),
              f"the recommendation {'raises goodput' if goodput else 'cuts cost'} by "
              f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired, at "
                                                  "least the bisection's resolution)" if goodput

@@ -367,7 +367,10 @@ class ExpertParallelCostModel(CostModel):
                                             decode_seqs, decode_kv_read, prefill_padding, prefill_longest)
         tokens = float(prefill_tokens + decode_seqs)
         extra_flops, extra_bytes = self._expert_work(tokens, 1.0)
-        return time_s + self._remembered_s(1.0, tokens), flops + extra_flops, moved + extra_bytes * self.tp
+        expert_s = self._memo.get((1.0, tokens))          # _remembered_s's memo read here: every iteration asks
+        if expert_s is None:
+            expert_s = self._remembered_s(1.0, tokens)
+        return time_s + expert_s, flops + extra_flops, moved + extra_bytes * self.tp
 
     def rows_total(self, rows: np.ndarray) -> tuple[float, float, float]:
         """A few iterations together (a speculative step's rows), through :meth:`iteration`."""

@@ -323,6 +323,9 @@ class CostModel:
         self._tile_padding, self._tile_longest = self._stacked[len(stacked):, 0], self._stacked[len(stacked):, 1]
         # The entry point takes the arrays as its signature types them, unchecked.
         assert self._stacked.dtype == np.float64 and self._stacked.flags.c_contiguous
+        # step() counts the experts touched only where a coefficient reads them: with the routed experts priced
+        # elsewhere (expert parallelism) their column is zeros, and 0 x the count adds exactly nothing.
+        self._step_touched = self._experts_touched if self._linear[:, _EXPERTS].any() else None
         if "_linear_step" not in vars(CostModel):
             CostModel._linear_step = _linear_step.compile(_LINEAR_STEP_SIGNATURE)
 
@@ -450,7 +453,7 @@ class CostModel:
         touched follow from them) and the LM head's by the logit rows, in the memos
         :meth:`_nonlinear_time` keys by tuples."""
         tokens = prefill_tokens + decode_seqs
-        touched = self._experts_touched
+        touched = self._step_touched
         logits = decode_seqs + prefill_logits
         time_s, flops, moved = self._linear_step(self._stacked, self._n_ops, self._x, tokens, prefill_tokens,
                                             prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read,

@@ -28,7 +28,19 @@ The search (:func:`recommend`):
    is judged on it) are simulated with the rest.
    A probe the window leaves undecided is measured longer only while its estimate passes
    (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
-   taken on its estimate can only lower it.
+   taken on its estimate can only lower it. A probe's window is the window rule's alone, without the
+   scenario's own request count as a floor (each verdict carries its standard error, and is measured
+   longer while undecided).
+   Each setting's bisection starts from the fluid model's rate scaled by the simulated/fluid ratio of the
+   settings simulated so far; where none is yet (the search's first settings), the first of them is a
+   *pilot*, bisected alone on its first seed, and its ratio starts the others. A setting is bisected on its
+   first seed first; each other seed is then simulated first at that seed's failing rate, then (where it
+   failed there) at its passing rate, and goes on from there like any bisection: where its capacity lies in
+   the first seed's bracket two runs settle it, and wherever it lies, its answer is a rate it passed with a
+   failing rate within ``tolerance`` above, as before (only where the bracket starts moves). A bracket that
+   starts from such information (a ratio observed on simulated settings, a first seed's bracket, a leader's)
+   moves by ``tolerance`` until it brackets, so that a start near the answer ends it with no bisection; one
+   that starts from the fluid model alone moves by 20%.
    The analytic best, the first default and the proposers are bisected first; the other settings, here and
    in the later steps, are then *challengers* of the leader (the first row so far, bisected to the end; for a
    default, the best default): each seed is simulated first at the leader's failing rate for that seed, then
@@ -41,7 +53,10 @@ The search (:func:`recommend`):
    Runs that differ only in a queue timeout none of their requests waited for are one run
    (:func:`llmsim.search.sweeps.reusing_runs`).
 3. **Local refinement.** Around the best so far: k +- 1, max batch tokens x2 and /2,
-   and each queue timeout (50, 200, 1000 ms), simulated the same way. With prefix caching
+   and each queue timeout (50, 200, 1000 ms), simulated the same way.
+   A disaggregated deployment whose two pools each set their own max batch tokens never runs the engine
+   block's: every value of it simulates the same runs, so it is not searched (the grid, the defaults and the
+   refinement hold the scenario's; :func:`searches_batch_tokens`). With prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
    CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither). With
    drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
@@ -69,7 +84,10 @@ The search (:func:`recommend`):
    each scheduling policy, coordinate descent over the classes: each class's timeout in
    turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
    others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
-   class moves; a candidate screened once is never simulated again. Each policy's best
+   class moves; a candidate screened once is never simulated again, nor is one whose timeouts
+   differ from a screened candidate's only where neither timeout was reached by its class's
+   longest wait in that run (the same run: :func:`llmsim.search.sweeps.reusing_runs`; the
+   longest timeout of a class's options runs first). Each policy's best
    combination then gets its goodput bisected like any other setting (starting at the probe
    rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
    from the scenario's own settings (which are then the baseline the gain is measured against).
@@ -414,8 +432,17 @@ def k_options(scenario: Scenario) -> list[KChoice]:
     return [OFF] + [KChoice(KPolicyName.STATIC, k) for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
+def searches_batch_tokens(scenario: Scenario) -> bool:
+    """Whether the engine block's max batch tokens runs anywhere: not in a disaggregated deployment whose pools
+    each set their own (every value simulates the same runs, so the search holds the scenario's)."""
+    split = scenario.disaggregation
+    return split is None or any(pool.engine.max_batch_tokens is None for pool in (split.prefill, split.decode))
+
+
 def batch_token_options(scenario: Scenario) -> list[int]:
     eng = scenario.engine
+    if not searches_batch_tokens(scenario):
+        return [eng.max_batch_tokens]
     powers = [2 ** p for p in range(9, 15)]
     options = set(powers) | {eng.max_batch_tokens, rule_of_thumb_max_batch_tokens(scenario)}
     return sorted(m for m in options if m >= eng.max_num_seqs)
@@ -589,7 +616,7 @@ def replays_one_trace(scenario: Scenario) -> bool:
 
 def _neighbours(best: Config, scenario: Scenario) -> list[Config]:
     out = [replace(best, queue_timeout_s=t) for t in TIMEOUTS_S]
-    for factor in (0.5, 2.0):
+    for factor in (0.5, 2.0) if searches_batch_tokens(scenario) else ():
         m = int(best.max_batch_tokens * factor)
         if scenario.engine.max_num_seqs <= m <= max(2 ** 15, scenario.max_model_len):
             out.append(replace(best, max_batch_tokens=m))
@@ -808,7 +835,9 @@ class _Search:
         # The baseline: the rule-of-thumb defaults, or (own_settings) the scenario's own settings.
         self.defaults = ([Config(OFF if scenario.speculation is None else SCENARIO_K, engine.max_batch_tokens,
                                  engine.queue_timeout_s)] if own_settings else
-                         [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario), t) for t in TIMEOUTS_S])
+                         [Config(rule_k(scenario), rule_of_thumb_max_batch_tokens(scenario)
+                                 if searches_batch_tokens(scenario) else engine.max_batch_tokens, t)
+                          for t in TIMEOUTS_S])
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
     def analytic(self, config: Config) -> float:
@@ -826,9 +855,11 @@ class _Search:
 
         Per (configuration, seed) a bracket [passing rate, failing rate] starts at
         ``start_rate_per_s`` if given, else at the analytic rate scaled by how the simulated
-        rates so far compare with the analytic ones, steps by 20% until it brackets, then
-        bisects to ``tolerance``. Whether the scenario's own rate passes follows from the
-        bracket, or is simulated when it lies inside it.
+        rates so far compare with the analytic ones (with none yet: the pilot's, the first configuration's
+        first seed bisected alone), steps until it brackets (by ``tolerance`` from an informed start, else by
+        20%), then bisects to ``tolerance``. Whether the scenario's own rate passes follows from the
+        bracket, or is simulated when it lies inside it. A configuration's other seeds start once its
+        first seed's bisection has ended, each first at that seed's failing rate, then at its passing rate.
 
         Once a setting has been bisected to the end and leads (:meth:`leader`), a new setting that is not
         protected is a *challenger* (a default, of the best default): each seed is simulated first at the leader's
@@ -864,11 +895,34 @@ class _Search:
         for c, leader in challengers.items():
             for s, held in zip(self.seeds, self.brackets[leader]):
                 brackets[(c, s)].probes = [held.failing, held.passing]
-        for _ in range(20):
+                brackets[(c, s)].step = 1 + self.tolerance
+        if self.ratios():
+            for c in todo:
+                brackets[(c, self.seeds[0])].step = 1 + self.tolerance
+        # Any other setting is bisected on its first seed alone; its other seeds then start from that bracket.
+        first_seed = {c: brackets[(c, self.seeds[0])] for c in todo if c not in challengers}
+        # With no simulated rate to scale the fluid model's by yet, the first of them is a pilot: bisected alone
+        # on its first seed, its ratio then scales the others' starts.
+        pilot = next(iter(first_seed), None) if start_rate_per_s is None and not self.ratios() else None
+        for _ in range(60):
             if self.racing:
                 self.race(todo, brackets, challengers)
+            for c, first in list(first_seed.items()):
+                if first.next_rate(start[c], self.rate, self.tolerance) is None:
+                    for s in self.seeds[1:]:
+                        brackets[(c, s)].probes = [first.failing, first.passing]
+                        brackets[(c, s)].step = 1 + self.tolerance
+                    del first_seed[c]
+            if pilot is not None and pilot not in first_seed:
+                ratio = brackets[(pilot, self.seeds[0])].passing / guess[pilot] if guess[pilot] > 0 else 0.0
+                if ratio > 0:
+                    start |= {c: guess[c] * ratio if guess[c] > 0 else self.rate for c in first_seed}
+                    for c in first_seed:
+                        brackets[(c, self.seeds[0])].step = 1 + self.tolerance
+                pilot = None
             jobs = [(key, rate) for key, bracket in brackets.items()
-                    if (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
+                    if not (key[0] in first_seed and (key[1] != self.seeds[0] or pilot not in (None, key[0])))
+                    and (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
             if not jobs:
                 break
             points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
@@ -946,11 +1000,15 @@ class _Search:
                 for b in runs:
                     b.raced_out = True
 
+    def ratios(self) -> list[float]:
+        """Each finished setting's simulated highest passing rate over the fluid model's (where both are known)."""
+        return [r["max_rate_per_s"] / r["analytic_rate_per_s"] for r in self.results.values()
+                if r["analytic_rate_per_s"] > 0 and r["max_rate_per_s"] > 0 and not r["raced_out"]]
+
     def simulated_over_analytic(self) -> float:
         """How the simulated highest passing rates so far compare with the fluid model's (median ratio;
         0.85 before any)."""
-        ratios = [r["max_rate_per_s"] / r["analytic_rate_per_s"] for r in self.results.values()
-                  if r["analytic_rate_per_s"] > 0 and r["max_rate_per_s"] > 0 and not r["raced_out"]]
+        ratios = self.ratios()
         return float(np.median(ratios)) if ratios else 0.85
 
     def classes(self, base: Config) -> ClassSearch:
@@ -1051,8 +1109,7 @@ class _Search:
         windows = []
         for point, rate in zip(points, rates):
             at_rate = variant(self.scenario, point)
-            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate)))
-
+            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False))
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
                                       progress=self.progress, escalate_failing=False)
 
@@ -1105,6 +1162,7 @@ class _Bracket:
         self.usd_per_million = math.nan         # at the highest passing rate
         self.raced_out = False                  # stopped: it cannot be the best (``_Search.race``)
         self.probes: list[float] = []           # rates to simulate first, each while the bracket leaves it open
+        self.step = 1.2                         # the factor it moves by until it brackets
 
     def next_rate(self, start: float, own: float, tolerance: float) -> float | None:
         """The next rate to simulate, or None when done. A setting that fails at the scenario's
@@ -1118,9 +1176,9 @@ class _Bracket:
         if self.passing == 0.0 and self.failing == math.inf:
             return max(start, own)
         if self.failing == math.inf:
-            return self.passing * 1.2
+            return self.passing * self.step
         if self.passing == 0.0:
-            return self.failing / 1.2 if self.failing > own else self._own(own)
+            return self.failing / self.step if self.failing > own else self._own(own)
         if self.failing > (1 + tolerance) * self.passing:
             return (self.passing + self.failing) / 2
         return self._own(own)

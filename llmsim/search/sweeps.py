@@ -55,11 +55,13 @@ from llmsim.scenario.variants import COUNT_KEY, DURATION_KEY, RATE_KEY, variant
 from llmsim.search.executors import error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.resources import check_run_size
+from llmsim.sim.scheduling import class_rules
 from llmsim.sim.missed import MissedStop
 from llmsim.sim.simulate import simulate_whole
 
 RESULTS_FILE = "results.csv"
-# Kept with a reused run's metrics, never shown in a row: its longest wait and its queue timeout (s).
+# Kept with a reused run's metrics, never shown in a row: per timeout (:func:`timeout_rules`), the longest wait
+# of the requests it applies to (s) and the timeout with its action.
 LONGEST_WAIT, QUEUE_TIMEOUT = "_longest_wait_s", "_queue_timeout_s"
 ID_COLUMNS = ("point_id", "seed", "error")
 
@@ -171,10 +173,12 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
               progress: Progress) -> None:
     """Simulate the jobs; each finished point's row goes into ``rows`` and, at once, the journal.
     Inside :func:`reusing_runs` a run already simulated there is not simulated again, nor is a run that
-    differs from one simulated only in a queue timeout that run's requests never waited for
-    (:func:`longest_wait_s`): the timeout never acts, so the two runs are the same. Of jobs that differ
-    only in their queue timeout, the longest timeout (none: the longest) runs first, and the others run
-    only where its requests waited as long as their timeout.
+    differs from one simulated only in queue timeouts that run's requests never waited for
+    (:func:`longest_waits_s`): with traffic classes each class's timeout applies to its own requests
+    (:func:`timeout_rules`), so a run serves for another whose timeouts differ only where neither
+    run's timeout was reached by that class's longest wait; a timeout that never acts leaves the run as
+    it is. Of jobs that differ only in their queue timeouts, the longest (none: the longest) runs first,
+    and the others run only where its requests waited as long as their timeouts.
 
     Inside :func:`stopping_missed_runs` each run stops once sure to miss its SLO targets; such runs are
     reused only as runs under the same rule, and a whole run already simulated serves for one."""
@@ -214,12 +218,13 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
     def settled(point_id: str) -> bool:
         """Done already, as the same run as one simulated whose waits stayed below this point's timeout."""
         free = under_rule(_timeout_free_key(scenarios[point_id]))
-        metrics = reused.reaching_no_timeout(free, queue_timeout_s(scenarios[point_id])) if free else None
+        metrics = reused.reaching_no_timeout(free, timeout_rules(scenarios[point_id])) if free else None
         if metrics is not None:
             done(point_id, metrics)
         return metrics is not None
 
-    ordered = {free: sorted(group, key=lambda p: -queue_timeout_s(scenarios[p])) for free, group in groups.items()}
+    ordered = {free: sorted(group, key=lambda p: [-timeout for timeout, _ in timeout_rules(scenarios[p])])
+               for free, group in groups.items()}
     firsts = [group[0] for group in ordered.values() if not settled(group[0])]
     for point_id, metrics in execute([(p, scenarios[p]) for p in firsts], evaluate, engine, workers,
                                      client, progress):
@@ -236,13 +241,26 @@ def queue_timeout_s(scenario: Scenario) -> float:
     return math.inf if timeout is None else timeout
 
 
+def timeout_rules(scenario: Scenario) -> tuple[tuple[float, str], ...]:
+    """The queue timeouts a run's requests are held to, as (timeout s, infinite where none; its action): one
+    per traffic class (its own, else the engine's: :func:`llmsim.sim.scheduling.class_rules`), else the
+    engine's alone."""
+    if scenario.workload.classes:
+        return tuple((math.inf if rule.timeout_s is None else rule.timeout_s, rule.on_timeout.value)
+                     for rule in class_rules(scenario))
+    action = scenario.engine.on_timeout
+    return ((queue_timeout_s(scenario), "" if action is None else action.value),)
+
+
 def _timeout_free_key(scenario: Scenario) -> bytes | None:
-    """The run key of the scenario with no queue timeout, where the engine's timeout is the only one that
-    can act (no traffic class has one of its own, no controller moves the engine's knobs); else None."""
-    if scenario.workload.classes or scenario.controller is not None:
+    """The run key of the scenario with no queue timeout (the engine's and every class's), where the timeouts
+    stay as set for the whole run; None where a controller scales the classes' timeouts as it runs."""
+    classes = scenario.workload.classes
+    if classes and scenario.controller is not None:
         return None
     engine = replace(scenario.engine, queue_timeout_s=None, on_timeout=OnTimeout.DISPATCH)
-    return run_key(replace(scenario, engine=engine))
+    untimed = tuple(replace(c, queue_timeout_s=None, on_timeout=None) for c in classes)
+    return run_key(replace(scenario, engine=engine, workload=replace(scenario.workload, classes=untimed)))
 
 
 def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metrics: dict) -> None:
@@ -256,11 +274,11 @@ def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metri
 class _Runs:
     """The runs simulated inside :func:`reusing_runs`: run key -> the run's metrics; with a journal,
     each is also appended to it as it finishes (one checksummed line, the metrics as JSON). Runs whose
-    queue timeout never acted are also kept by their timeout-free key, with their longest wait."""
+    queue timeouts may not all have acted are also kept by their timeout-free key, with their longest waits."""
 
     def __init__(self):
         self.metrics: dict[bytes, dict] = {}
-        self.untimed: dict[bytes, list[dict]] = {}     # timeout-free key -> metrics of runs no timeout acted in
+        self.untimed: dict[bytes, list[dict]] = {}     # timeout-free key -> metrics of runs some timeout never reached
         self.journal: Journal | None = None
 
     def __contains__(self, key: bytes) -> bool:
@@ -271,15 +289,20 @@ class _Runs:
 
     def add(self, key: bytes, metrics: dict, timeout_free: bytes | None = None) -> None:
         self.metrics[key] = metrics
-        if timeout_free is not None and metrics.get(LONGEST_WAIT, math.inf) < metrics.get(QUEUE_TIMEOUT, math.inf):
+        if timeout_free is not None and any(wait < timeout for wait, (timeout, _) in
+                                            zip(metrics.get(LONGEST_WAIT, ()), metrics.get(QUEUE_TIMEOUT, ()))):
             self.untimed.setdefault(timeout_free, []).append(metrics)
         if self.journal is not None:
             self.journal.append({"point_id": key.hex(), "metrics": json.dumps(metrics, default=_json_number)})
 
-    def reaching_no_timeout(self, timeout_free: bytes, timeout_s: float) -> dict | None:
-        """A run's metrics that is the same run as one with this timeout: the same but for its queue timeout,
-        which it never reached, and no request waited ``timeout_s`` either."""
-        return next((m for m in self.untimed.get(timeout_free, ()) if m[LONGEST_WAIT] < timeout_s), None)
+    def reaching_no_timeout(self, timeout_free: bytes, rules: tuple[tuple[float, str], ...]) -> dict | None:
+        """A run's metrics that is the same run as one held to these timeouts (:func:`timeout_rules`): the same
+        but for its queue timeouts, each either the same (with its action) or, with this one, longer than every
+        wait of the requests it applies to (so neither ever acted)."""
+        def same(metrics: dict) -> bool:
+            return all(rule == tuple(held) or wait < min(held[0], rule[0])
+                       for wait, held, rule in zip(metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT], rules))
+        return next((m for m in self.untimed.get(timeout_free, ()) if same(m)), None)
 
     def load(self, journal: Journal) -> None:
         """The runs a journal holds (lines that fail their checksum were dropped by the journal)."""
@@ -428,23 +451,26 @@ def simulate_point(scenario: Scenario, stop_when_missed: MissedStop | None = Non
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
     # For reusing_runs, never shown in a row (_record leaves them out).
-    flat[LONGEST_WAIT], flat[QUEUE_TIMEOUT] = longest_wait_s(result), queue_timeout_s(scenario)
+    flat[LONGEST_WAIT], flat[QUEUE_TIMEOUT] = longest_waits_s(result), timeout_rules(scenario)
     return flat
 
 
-def longest_wait_s(result) -> float:
-    """An upper bound on how long any request of the run had waited since its arrival whenever it was
-    waiting: until its first admission if never preempted, else until it finished, else (rejected,
-    unfinished) until the run ended. A queue timeout longer than this never acts in the run."""
+def longest_waits_s(result) -> tuple[float, ...]:
+    """Per timeout of :func:`timeout_rules` (each traffic class's, else the engine's), an upper bound on how
+    long any request it applies to had waited since its arrival whenever it was waiting: until its first
+    admission if never preempted, else until it finished, else (rejected, unfinished) until the run ended.
+    A queue timeout longer than this never acts on those requests."""
     requests = result.requests
-    if not len(requests):
-        return 0.0
     finish = requests["finish_s"].fillna(result.end_s).to_numpy(dtype=float)
     started = requests["first_scheduled_s"].to_numpy(dtype=float)
     never_preempted = (requests["preemptions"].to_numpy() == 0) & np.isfinite(started) & \
         (requests["status"].to_numpy() != "rejected")
-    left = np.where(never_preempted, started, finish)
-    return float(np.max(left - requests["arrival_s"].to_numpy(dtype=float)))
+    waits = np.where(never_preempted, started, finish) - requests["arrival_s"].to_numpy(dtype=float)
+    classes = result.scenario.workload.class_names
+    if not classes:
+        return (float(np.max(waits, initial=0.0)),)
+    of_class = requests["class"].to_numpy()
+    return tuple(float(np.max(waits[of_class == name], initial=0.0)) for name in classes)
 
 
 def _evaluate(scenario: Scenario, stop_when_missed: MissedStop | None = None) -> dict:

@@ -12,7 +12,11 @@ system, measured in seconds, not requests) and ``WARMUP_LATENCIES`` mean end-to-
 latencies; the measurement lasts at least ``MEASURED_LATENCIES`` of them (so each of the 20
 batches of the batch means spans about one request lifetime and the batches are nearly
 independent) and ``MEASURED_REQUESTS`` requests (enough for 20 batches; a verdict that needs more
-precision gets it by escalation, below). The scenario's own request count is kept as a floor. The mean
+precision gets it by escalation, below). The scenario's own request count is kept as a floor where the
+question is the scenario's own (``plan``, a report); a bisection's probes (``recommend``) start from the
+rule's window alone (``own_floor=False``), since the scenario's count sizes the question it asks at its own
+rate, not a probe at another: each probe's verdict carries its standard error and an undecided one is
+measured longer, so the window it rests on is as long as its verdict needs. The mean
 latency comes from the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
 has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
 request that just meets them). The request count is then ``lambda`` times the window.
@@ -147,8 +151,10 @@ def replayed_requests(workload) -> int:
     return max(1, int(round(min(count, workload.num_requests or count))))
 
 
-def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) -> Window:
-    """The window for a point at ``rate_per_s`` (total) whose requests take ``latency_s`` on average.
+def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float, *, own_floor: bool = True) -> Window:
+    """The window for a point at ``rate_per_s`` (total) whose requests take ``latency_s`` on average;
+    ``own_floor=False``: without the scenario's own arrival window as a floor on the measurement (module
+    docstring).
 
     A replayed trace is replayed whole at every rate (its window, filters and sampling say which
     traffic the question is about; its first requests alone could be its quietest hour): the
@@ -177,7 +183,7 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float) 
     warmup_s = max(own_warmup_s, WARMUP_LATENCIES * latency_s, fill_s)
     request_rate = rate_per_s * turns
     measure_s = max(MEASURED_REQUESTS / request_rate, MEASURED_LATENCIES * latency_s,
-                    own_requests / request_rate - warmup_s)
+                    own_requests / request_rate - warmup_s if own_floor else 0.0)
     return Window(warmup_s, measure_s, requests_per_arrival=turns)
 
 

@@ -58,7 +58,6 @@ from llmsim.scenario.disaggregation import Disaggregation
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.environment import scheduler
-from llmsim.sim.iterations import Iteration
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.request import NAN, Request, RequestRecords, WaitingQueue
 from llmsim.sim.result import DisaggregationTotals, PoolTotals
@@ -308,7 +307,7 @@ class DisaggregatedRouter:
             self.prefill.leave(request, now)
         return done
 
-    def observe_decode(self, engine: Engine, iteration: Iteration) -> None:
+    def observe_decode(self, engine: Engine) -> None:
         """After each decode iteration: KV may have been freed for requests waiting to reserve it."""
         index = engine.index - self.decode_first_index
         if self.ready[index]:

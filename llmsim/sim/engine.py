@@ -257,7 +257,8 @@ class Engine(EngineProcess):
     ``decode`` builds the decode set from the engine (``EventDecodeSet`` by default), ``queueing``
     the order it serves its queue in (:class:`Queueing`, FIFO, by default).
     ``observers`` are called as ``observer(engine, iteration)`` after every iteration's
-    tokens have appeared; with none the loop does not look at them.
+    tokens have appeared, then ``hooks`` as ``hook(engine)`` (for callers that need only the engine's state:
+    the loop builds the :class:`Iteration` only for observers); with neither the loop does not look at them.
     ``first_gap_end_s`` / ``first_gap_s`` collect, for the first token of every decode run
     after the first, when it appeared and its gap since the token before (the decode sets
     and recomputed prompts write them; ``close`` and ``take_gaps`` hand them to ``gaps``).
@@ -270,6 +271,7 @@ class Engine(EngineProcess):
         super().__init__(env, index, cost, kv, queue, config, on_done, micro_batch)
         self.now = env.now                          # the engine's clock: may run ahead of env.now, see run()
         self.observers: list[Observer] = []
+        self.hooks: list[Callable[[Engine], None]] = []
         self._admitted = 0
         self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
         self._prefill_tile = cost.prefill_tile_tokens
@@ -324,7 +326,7 @@ class Engine(EngineProcess):
                 # The iteration last planned is over at its end (the sum that scheduled this call, or
                 # that the loop runs it to at once): its tokens appear.
                 self.now = now = self.now + duration
-                if self.observers:
+                if self.observers or self.hooks:
                     self._complete()
                 elif self._chunks:
                     self._apply(self._chunks, self._decoding)
@@ -347,12 +349,15 @@ class Engine(EngineProcess):
                 return
 
     def _complete(self) -> None:
-        """The iteration last planned is over at ``self.now``: its tokens appear, then the observers see it."""
+        """The iteration last planned is over at ``self.now``: its tokens appear, then the observers see it and
+        the hooks run."""
         self._apply(self._chunks, self._decoding)
         if self.observers:
             iteration = self.last_iteration()
             for observer in self.observers:
                 observer(self, iteration)
+        for hook in self.hooks:
+            hook(self)
 
     def close(self) -> None:
         """End of the run: bring unfinished requests' token counts up to date and hand the

@@ -574,7 +574,7 @@ def _disaggregated(scenario: Scenario, env: simpy.Environment, records: RequestR
             engine.handoff = hand_off
     for group in decode_groups:
         for engine in group:
-            engine.observers.append(split.observe_decode)
+            engine.hooks.append(split.observe_decode)
     split.engines = [engine for group in prefill_groups + decode_groups for engine in group]
     split.resolved = decode_resolved
     return split

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import lru_cache
 from typing import ClassVar
 
 import numpy as np
@@ -29,6 +29,8 @@ from llmsim.config.reader import Node, NumberRange
 from llmsim.config.limits import MAX_TRACE_TOKENS
 from llmsim.config.tables import checked_numbers
 from llmsim.workload.trace import key_errors, read_csv
+
+LAWS_REMEMBERED = 256           # length laws whose probabilities and moments are kept
 
 _COUNT = NumberRange(integer=True, minimum=1, exclusive_minimum=False)
 MEAN_TOLERANCE = 0.10    # largest relative change of the mean that rounding and clipping may make
@@ -71,28 +73,39 @@ class LengthDistribution(ABC):
         return None
 
     # -- the law of what is sampled -------------------------------------------------------------
-    @cached_property
-    def _law(self) -> tuple[np.ndarray, np.ndarray]:
-        lengths = np.arange(self.minimum, self.maximum + 1)
-        cdf = self._cdf(lengths).astype(float)
-        cdf[-1] = 1.0                               # clipping: everything above lands on maximum
-        return lengths, np.diff(cdf, prepend=0.0)   # and everything below on minimum
-
+    # The law and its moments are remembered by the distribution's value (:func:`_law_of`, :func:`_moments`), not
+    # per object: a search builds a scenario, and so its lengths, for every run it makes, and each asks for them.
     def probabilities(self) -> tuple[np.ndarray, np.ndarray]:
         """(lengths, probabilities): every length in ``[minimum, maximum]`` and its probability."""
-        return self._law
+        return _law_of(self)
 
     def mean(self) -> float:
-        lengths, p = self._law
-        return float(p @ lengths)
+        return _moments(self)[0]
 
     def second_moment(self) -> float:
-        lengths, p = self._law
+        lengths, p = _law_of(self)
         return float(p @ lengths.astype(float) ** 2)
 
     def variance(self) -> float:
-        lengths, p = self._law
-        return float(p @ (lengths - self.mean()) ** 2)
+        return _moments(self)[1]
+
+
+@lru_cache(maxsize=LAWS_REMEMBERED)
+def _law_of(length: LengthDistribution) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`LengthDistribution.probabilities` (shared: not to be written to)."""
+    lengths = np.arange(length.minimum, length.maximum + 1)
+    cdf = length._cdf(lengths).astype(float)
+    cdf[-1] = 1.0                               # clipping: everything above lands on maximum
+    return lengths, np.diff(cdf, prepend=0.0)   # and everything below on minimum
+
+
+@lru_cache(maxsize=LAWS_REMEMBERED)
+def _moments(length: LengthDistribution) -> tuple[float, float]:
+    """(mean, variance) of the law: dot products over every length, which a multithreaded BLAS takes milliseconds of
+    CPU for where the law is long (tens of thousands of lengths)."""
+    lengths, p = _law_of(length)
+    mean = float(p @ lengths)
+    return mean, float(p @ (lengths - mean) ** 2)
 
 
 @dataclass(frozen=True, kw_only=True)

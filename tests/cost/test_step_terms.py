@@ -158,6 +158,15 @@ def test_tensorrt_llm_runs_a_wide_models_add_norms_inside_its_all_reduces():
     assert single == pytest.approx(streaming_closed_form(wide, h200.kernels, 1 * tokens, add_norm_wide), rel=1e-9)
 
 
+def _switching_over_at(hardware, switch_over_bytes: float, at_most: bool = False):
+    """``hardware`` with its custom all-reduce handing messages past ``switch_over_bytes`` to NCCL (``at_most``: past
+    the lesser of that and its own switch-over size)."""
+    switched = {count: dataclasses.replace(custom, switch_over_bytes=min(custom.switch_over_bytes, switch_over_bytes)
+                                           if at_most else switch_over_bytes)
+                for count, custom in hardware.kernels.custom_all_reduce.items()}
+    return dataclasses.replace(hardware, kernels=dataclasses.replace(hardware.kernels, custom_all_reduce=switched))
+
+
 @pytest.mark.parametrize("model_name, tp, workspace_bytes", [("Llama-3.1-70B", 2, 16e6), ("Llama-3.1-405B", 8, 8e6)])
 def test_tensorrt_llm_runs_the_add_norm_after_an_all_reduce_that_outgrows_its_workspace(model_name, tp,
                                                                                        workspace_bytes):
@@ -168,6 +177,9 @@ def test_tensorrt_llm_runs_the_add_norm_after_an_all_reduce_that_outgrows_its_wo
     of the profile's norm kernel over 4 hidden-wide rows a token), and nothing below it."""
     h200 = lookup_hardware("H200").for_engine(EngineKernels.TRTLLM)
     model = model_catalog()[model_name]
+    # The custom kernel's own switch to NCCL held at the workspace in both: past it, both run NCCL, and what differs
+    # is the add-norm alone.
+    h200 = _switching_over_at(h200, workspace_bytes, at_most=True)
     inside = dataclasses.replace(h200, kernels=dataclasses.replace(
         h200.kernels, stream_fusion=dataclasses.replace(h200.kernels.stream_fusion, pair_workspace_bytes=np.inf,
                                                         workspace_bytes=np.inf)))
@@ -221,7 +233,8 @@ def test_tensorrt_llm_quantizes_inside_the_all_reduce_and_after_its_nccl_fallbac
     then ``symmetric_static_quantize_per_tensor`` (allreduceOp.cpp). Each of a layer's two all-reduces then costs the
     add-norm and one quantization of the hidden state at the engine's measured quantizer (floor + 3 bytes an element
     over its bandwidth: the profile's ``quantize`` figures), and nothing more below the workspace."""
-    h100 = lookup_hardware("H100-SXM").for_engine(EngineKernels.TRTLLM)
+    h100 = _switching_over_at(lookup_hardware("H100-SXM").for_engine(EngineKernels.TRTLLM), workspace_bytes,
+                              at_most=True)
     quantizer = h100.kernels.quantize
     assert quantizer is not None
     model = model_catalog()[model_name].with_dtypes(weight_dtype="fp8")
@@ -246,13 +259,13 @@ def test_tensorrt_llm_quantizes_inside_the_all_reduce_and_after_its_nccl_fallbac
 
 def test_tensorrt_llm_all_reduces_past_its_workspace_run_on_nccl():
     """TensorRT-LLM sends an all-reduce larger than its custom kernels' workspace (8 MB on 4 GPUs) to NCCL whatever
-    the two kernels' times (allreduceOp.cpp ``ifFallbackToNCCL``): on 4 H200s, where the fitted custom kernel stays
-    the faster of the two to 64 MiB, a step whose hidden state is past 8 MB pays NCCL's all-reduce (the profile's
-    alpha-beta lines), one within it the custom kernel's."""
-    h200 = lookup_hardware("H200").for_engine(EngineKernels.TRTLLM)
+    the two kernels' times (allreduceOp.cpp ``ifFallbackToNCCL``): on 4 H200s whose custom kernel would be chosen to
+    64 MiB, a step whose hidden state is past 8 MB pays NCCL's all-reduce (the profile's alpha-beta lines), one within
+    it the custom kernel's."""
+    h200 = _switching_over_at(lookup_hardware("H200").for_engine(EngineKernels.TRTLLM), 64 * 2.0**20)
     model = model_catalog()["Llama-3.1-70B"]
     custom = h200.kernels.custom_all_reduce_for(4)
-    assert custom is not None and custom.switch_over_bytes > 8e6
+    assert custom is not None
     unfused = _without_fusion(h200)
     for tokens in (400, 1200):
         message = tokens * model.hidden_size * 2.0

@@ -38,6 +38,19 @@ def test_the_window_follows_the_rate_not_the_request_count():
     assert run.workload.num_requests == 90_000 and run.simulation.warmup_s == 30.0
 
 
+def test_a_probe_without_the_scenarios_floor_measures_what_the_window_rule_asks():
+    """recommend's probes: the warm-up as before, the measurement the larger of 500 requests and 20 mean
+    latencies, whatever the scenario's own request count (here 4,000 requests at 16/s: 250 s)."""
+    scenario = llmsim.load_scenario(CHAT)
+    for rate, latency_s in ((16.0, 3.0), (16.0, 0.5), (1000.0, 3.0)):
+        floored = measurement_window(scenario, rate, latency_s)
+        probe = measurement_window(scenario, rate, latency_s, own_floor=False)
+        assert probe.warmup_s == floored.warmup_s == max(30.0, 5 * latency_s)
+        assert probe.measure_s == pytest.approx(max(500 / rate, MEASURED_LATENCIES * latency_s))
+        assert probe.measure_s <= floored.measure_s
+    assert measurement_window(scenario, 16.0, 3.0, own_floor=False).requests(16.0) < scenario.workload.num_requests
+
+
 def test_attainment_standard_error_of_independent_requests_is_binomial():
     """With independent hits the batch-means standard error estimates sqrt(p (1 - p) / n)."""
     rng = np.random.default_rng(5)

@@ -246,3 +246,27 @@ def test_runs_stopped_once_sure_to_miss_leave_the_search_unchanged(scenario, mon
     shown = ["config", "max_rate_per_s", "max_rate_per_s.ci95", "meets_scenario_rate"]
     assert with_stops.table[shown].equals(whole.table[shown])
     assert with_stops.at_scenario_rate.equals(whole.at_scenario_rate)
+
+
+def test_max_batch_tokens_is_searched_only_where_a_pool_runs_the_engine_blocks():
+    """Where both pools of a disaggregated deployment set their own max batch tokens, the engine block's changes
+    no run (the simulator's records are the same at 512 and 16384): the search holds the scenario's, in its grid,
+    its defaults and its refinement. Where one pool takes the block's, it changes the runs and is searched."""
+    from llmsim.search.recommend import _Search, _neighbours, batch_token_options, searches_batch_tokens
+    from llmsim.sim.simulate import simulate_whole
+
+    base = variant(llmsim.load_scenario("scenarios/llama3-70b-disagg-h100.yaml"), {"workload.num_requests": 60})
+    both = variant(base, {"deployment.disaggregation.prefill.engine": {"max_batch_tokens": 4096},
+                          "deployment.disaggregation.decode.engine": {"max_batch_tokens": 1024}})
+    one = variant(base, {"deployment.disaggregation.decode.engine": {"max_batch_tokens": 1024}})
+
+    def records(scenario, tokens):
+        return simulate_whole(variant(scenario, {"engine.max_batch_tokens": tokens}), force=True).requests
+
+    assert records(both, 512).equals(records(both, 16384))
+    assert not records(one, 512).equals(records(one, 16384))
+    assert not searches_batch_tokens(both) and searches_batch_tokens(one) and searches_batch_tokens(base)
+    own = both.engine.max_batch_tokens
+    assert batch_token_options(both) == [own] and len(batch_token_options(one)) > 1
+    assert {c.max_batch_tokens for c in _neighbours(Config(OFF, own, None), both)} == {own}
+    assert {c.max_batch_tokens for c in _Search(both, [1, 2], "goodput", 1, 0.04, None).defaults} == {own}

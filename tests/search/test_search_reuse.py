@@ -22,9 +22,14 @@ def _counting(monkeypatch) -> list:
     return ran
 
 
-def _scenario(rate: float):
+CONTROLLER = {"rule": "practice", "knob": "max_batch_tokens", "interval": "5 s", "window": "10 s",
+              "bounds": [1024, 8192]}
+
+
+def _scenario(rate: float, controller: bool = False):
     return make_scenario({"workload": {"arrival": {"rate": rate}, "num_requests": 400},
-                          "slo": {"ttft": "500 ms", "tpot": "50 ms"}})
+                          "slo": {"ttft": "500 ms", "tpot": "50 ms"},
+                          **({"controller": CONTROLLER} if controller else {})})
 
 
 def test_runs_differing_in_a_timeout_never_reached_are_simulated_once(monkeypatch):
@@ -34,7 +39,7 @@ def test_runs_differing_in_a_timeout_never_reached_are_simulated_once(monkeypatc
     points = [{"engine.queue_timeout": None}] + [{"engine.queue_timeout": f"{t * 1000:g} ms"} for t in timeouts_s]
     scenario = _scenario(5.0)
     from llmsim.sim.simulate import simulate_whole
-    longest = sweeps.longest_wait_s(simulate_whole(scenario))
+    (longest,) = sweeps.longest_waits_s(simulate_whole(scenario))
     assert 0.05 < longest < 0.2                # both cases are exercised
     alone = run_points(scenario, points, workers=1)
     ran = _counting(monkeypatch)
@@ -63,5 +68,72 @@ def test_longest_wait_bounds_every_wait():
     result = simulate_whole(_scenario(400.0))
     requests = result.requests
     waits = (requests["first_scheduled_s"] - requests["arrival_s"]).dropna()
-    longest = sweeps.longest_wait_s(result)
+    (longest,) = sweeps.longest_waits_s(result)
     assert math.isfinite(longest) and longest >= waits.max() > 0
+
+
+def _classes(controller: bool = False):
+    # Both classes wait past their own timeouts at this load (tens of ms behind long prefills), so every
+    # run below has a timeout that acts: only a rule per class can share such runs.
+    overrides = {"engine": {"scheduling_policy": "priority"},
+                 "workload": {"arrival": {"rate": 14.0}, "num_requests": 400,
+                              "classes": {"interactive": {"share": 0.5},
+                                          "batch": {"share": 0.5, "queue_timeout": "20 ms"}}},
+                 "slo": {"ttft": "500 ms", "tpot": "50 ms"}}
+    if controller:
+        overrides["controller"] = CONTROLLER
+    return make_scenario(overrides)
+
+
+def _class_waits_s(result) -> dict[str, float]:
+    """Each class's longest wait for a first admission, from the records (none of these runs preempts)."""
+    requests = result.requests
+    assert (requests["preemptions"] == 0).all()
+    waits = requests["first_scheduled_s"] - requests["arrival_s"]
+    return waits.groupby(requests["class"]).max().to_dict()
+
+
+def test_a_class_timeout_never_reached_shares_the_run_while_another_class_timeout_acts(monkeypatch):
+    # The interactive class's timeout varies, the batch class's (20 ms) acts in every run. The longest runs
+    # first; a shorter one above every interactive wait of that run is that run, the others are simulated.
+    from llmsim.sim.simulate import simulate_whole
+    timeouts_s = [2.0, 1.0, 0.2, 0.05, 0.01]
+    points = [{"workload.classes.interactive.queue_timeout": f"{t * 1000:g} ms"} for t in timeouts_s]
+    scenario = _classes()
+    waits = _class_waits_s(simulate_whole(sweeps.scenario_at(scenario, points[0])))
+    assert waits["batch"] > 0.02 and 0.01 < waits["interactive"] < 0.2     # both cases are exercised
+    alone = run_points(scenario, points, workers=1)
+    ran = []
+    real = sweeps.simulate_whole
+
+    def counted(one, *args, **kwargs):
+        ran.append(sweeps.timeout_rules(one)[0][0])       # the interactive class's timeout
+        return real(one, *args, **kwargs)
+    monkeypatch.setattr(sweeps, "simulate_whole", counted)
+    with reusing_runs():
+        shared = run_points(scenario, points, workers=1)
+    assert ran == [2.0] + [t for t in timeouts_s if t <= waits["interactive"]]
+    pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_a_controller_without_classes_shares_runs_its_engine_timeout_never_reached(monkeypatch):
+    # Without classes the controller moves only its knob, never the engine's queue timeout.
+    points = [{"engine.queue_timeout": None}, {"engine.queue_timeout": "30 s"}]
+    scenario = _scenario(5.0, controller=True)
+    alone = run_points(scenario, points, workers=1)
+    ran = _counting(monkeypatch)
+    with reusing_runs():
+        shared = run_points(scenario, points, workers=1)
+    assert ran == [None]
+    pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_a_controller_with_classes_simulates_every_timeout(monkeypatch):
+    # The practice rule scales the classes' timeouts as the run goes: a wait below the timeout set says
+    # nothing of the timeouts in force, so no run is shared.
+    points = [{"workload.classes.interactive.queue_timeout": f"{t * 1000:g} ms"} for t in (2.0, 1.0)]
+    scenario = _classes(controller=True)
+    ran = _counting(monkeypatch)
+    with reusing_runs():
+        run_points(scenario, points, workers=1)
+    assert len(ran) == 2

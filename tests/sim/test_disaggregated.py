@@ -302,3 +302,33 @@ def test_each_pool_runs_with_its_own_engine_settings():
     shared = simulate_checked(disaggregated(overrides)).iterations
     assert shared[shared["pool"] == "decode"]["running"].max() > 3
     assert shared[shared["pool"] == "prefill"]["prefill_tokens"].max() > 1024
+
+
+def test_observers_see_every_iteration_of_both_pools_and_the_decode_hook_runs_after_each():
+    """The decode engines run the router's hook (KV freed: requests waiting to join or reserve) after every
+    iteration without building an Iteration for it; observers passed in still see every iteration of both
+    pools, as the result's iteration table records them, and the hook runs once per decode iteration."""
+    from llmsim.sim import disaggregated as split_module
+    from llmsim.sim.iterations import LOG_COLUMNS
+
+    scenario = disaggregated({"workload": {"num_requests": 150, "arrival": {"rate": 12.0}}})
+    seen: list = []
+    hooked: list[int] = []
+    original = split_module.DisaggregatedRouter.observe_decode
+
+    def counting(router, engine):
+        hooked.append(engine.index)
+        original(router, engine)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(split_module.DisaggregatedRouter, "observe_decode", counting)
+        result = simulate(scenario, observers=[lambda engine, iteration: seen.append((engine.index, iteration))])
+    table = result.iterations
+    assert len(seen) == len(table) > 150
+    for index in (0, 1):                     # each engine's iterations, in its own order
+        mine = [iteration for engine, iteration in seen if engine == index]
+        rows = table[table["replica"] == index]
+        for name in LOG_COLUMNS:
+            assert np.array_equal(np.array([getattr(iteration, name) for iteration in mine]), rows[name].to_numpy())
+    decode_iterations = sum(1 for index, _ in seen if index >= 1)        # the decode replica's engine: index 1
+    assert len(hooked) == decode_iterations > 0 and set(hooked) == {1}

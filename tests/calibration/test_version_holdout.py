@@ -1,0 +1,113 @@
+"""Holding one (GPU, engine version) cell of the operator database out (``database_profile.predict_cell``): the GPU's
+form fitted to its other versions times the held-out version's factor learned on another GPU that measured it; and
+the engine all-reduce's third line (the hand-off past its own kernel's largest message), checked on held-out rows."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from llmsim import lookup_hardware
+from llmsim.calibration import database as db
+from llmsim.calibration.database_fit import (ALL_REDUCE, CUSTOM_ALL_REDUCE, SwitchedForm, _switched_all_reduce,
+                                             summary, with_device)
+from llmsim.calibration.database_profile import Cell, Group, fit_group, predict, predict_cell
+
+pytest.importorskip("pyarrow")
+
+H100, H200 = "H100-SXM", "H200"
+EXCERPT = "tests/data/aiconfigurator"
+LINES = {count: {"latency_s": 6e-6 + 1e-6 * count, "bus_share": 0.08, "large_latency_s": 2.5e-5,
+                 "large_bus_share": 0.7, "medium_latency_s": 1.5e-5, "medium_bus_share": 0.3} for count in (2, 4, 8)}
+# Each version's kernels a fixed factor slower or faster than the GPU's form, on every GPU (the two-way model's truth).
+VERSION_FACTORS = {"a": 1.0, "b": 1.3, "c": 0.8, "only_on_h100": 1.5}
+
+
+def _cell(gpu: str, version: str) -> pd.DataFrame:
+    rows = pd.DataFrame([(count, size) for count in (2, 4, 8) for size in 2.0 ** np.arange(8, 28)],
+                        columns=["group", "bytes"]).assign(table=f"{gpu}/{version}")
+    rows = with_device(rows, lookup_hardware(gpu))
+    line = np.concatenate([ALL_REDUCE(LINES[count], part) for count, part in rows.groupby("group")])
+    return rows.assign(measured_s=line * VERSION_FACTORS[version])
+
+
+def _cells() -> dict[Cell, pd.DataFrame]:
+    cells = {(gpu, version): _cell(gpu, version) for gpu in (H100, H200) for version in ("a", "b", "c")}
+    cells[(H100, "only_on_h100")] = _cell(H100, "only_on_h100")
+    return cells
+
+
+def _held_out(cells: dict[Cell, pd.DataFrame], cell: Cell):
+    training = {key: rows for key, rows in cells.items() if key != cell}
+    return predict_cell("all_reduce", cell[0], cell[1], training, cells[cell], [H200])
+
+
+def test_the_version_factor_learned_on_another_gpu_recovers_the_held_out_cell():
+    """Closed form: every cell is the GPU's all-reduce lines times its version's factor. H100 on version c, held out,
+    is its versions a and b's form (the lines times the geometric mean of 1.0 and 1.3: the form scales exactly) times
+    c's factor on H200 (0.8 over that mean): exact, where the GPU's other versions alone miss by sqrt(1.3) / 0.8 - 1."""
+    cells = _cells()
+    found = _held_out(cells, (H100, "c"))
+    assert found.donors == (H200,)
+    np.testing.assert_allclose(found.signed, 0.0, atol=1e-6)
+    np.testing.assert_allclose(found.reference, 0.0, atol=1e-12)
+    group = Group("all_reduce", ALL_REDUCE, "bytes", True)
+    alone = predict(group, fit_group(group, pd.concat([cells[(H100, "a")], cells[(H100, "b")]])), cells[(H100, "c")])
+    np.testing.assert_allclose(alone, np.sqrt(1.3) / 0.8 - 1, atol=1e-6)
+
+
+def test_a_version_no_other_gpu_measured_falls_back_to_the_gpus_other_versions():
+    """H100's version that H200 never ran has no factor to learn: predicted by H100's other versions alone (their
+    form times the geometric mean of 1.0, 1.3 and 0.8), and the result says it used no donor."""
+    found = _held_out(_cells(), (H100, "only_on_h100"))
+    assert found.donors == ()
+    np.testing.assert_allclose(found.signed, (1.0 * 1.3 * 0.8) ** (1 / 3) / 1.5 - 1, atol=1e-6)
+
+
+def test_the_held_out_cells_measurements_never_reach_its_own_prediction():
+    """Multiplying the held-out cell's measured times by 7 changes its errors by exactly 1/7 and nothing else: its
+    predicted times are the same, so none of its rows entered the fit (the training set leaves the cell out by
+    construction, and predict_cell refuses one that holds it)."""
+    cells = _cells()
+    found = _held_out(cells, (H100, "b"))
+    poisoned = {**cells, (H100, "b"): cells[(H100, "b")].assign(measured_s=7.0 * cells[(H100, "b")]["measured_s"])}
+    again = _held_out(poisoned, (H100, "b"))
+    np.testing.assert_allclose(again.signed + 1.0, (found.signed + 1.0) / 7.0, rtol=1e-9)
+    with pytest.raises(AssertionError, match="held-out cell"):
+        predict_cell("all_reduce", H100, "b", cells, cells[(H100, "b")], [H200])
+
+
+def _vllm_custom_all_reduce(version: str) -> pd.DataFrame:
+    table = db.Database(EXCERPT).table(H100, "comm", "vllm", "custom_allreduce_perf", version)
+    return with_device(db.custom_all_reduce_rows(table), lookup_hardware(H100))
+
+
+def test_the_hand_off_line_starts_where_vllm_leaves_its_own_kernel():
+    """vLLM's ``CUSTOM_ALL_REDUCE_MAX_SIZES`` on Hopper (vllm/distributed/device_communicators/all_reduce_utils.py):
+    its own kernel takes messages below 64 MiB on 2 GPUs, 32 MiB on 4 and 256 KiB on 8, then PyTorch's symmetric-memory
+    all-reduce below 64 MiB, then NCCL. Fitted to the H100's vLLM 0.24 table (the excerpt), the third line starts
+    between 16 and 32 MiB on 4 GPUs, and at 64 MiB or the next size on 2 and 8; on 8 the second line starts where the
+    kernel hands off to symmetric memory (between 128 and 256 KiB)."""
+    values = fit_group(Group("custom_all_reduce", CUSTOM_ALL_REDUCE, "bytes", True), _vllm_custom_all_reduce("0.24.0"))
+    mib = 2.0 ** 20
+    assert 16 * mib < values[4]["handoff_from_bytes"] <= 32 * mib
+    for count in (2, 8):
+        assert 32 * mib < values[count]["handoff_from_bytes"] <= 128 * mib
+    assert 128 * 1024 < values[8]["two_shot_from_bytes"] <= 256 * 1024
+
+
+def test_the_hand_off_line_predicts_an_older_vllms_large_messages_better_than_two_lines():
+    """Fitted to vLLM 0.24's table and held against vLLM 0.19's (H100, the excerpt; rows the fit never saw), the
+    three-line form misses messages of 64 KiB and more by under half the two-line form's MAPE, and the smaller
+    messages no worse: a straight two-shot line through the hand-off sizes bends away from both kernels."""
+    fitted, held = _vllm_custom_all_reduce("0.24.0"), _vllm_custom_all_reduce("0.19.0")
+    two_lines = SwitchedForm("two_lines", CUSTOM_ALL_REDUCE.parameters[:5], CUSTOM_ALL_REDUCE.start[:5],
+                             lambda v, rows: _switched_all_reduce([*v, v[2], v[3], np.inf], rows))
+    large = (held["bytes"] >= 64 * 1024).to_numpy()
+    result = {}
+    for name, form in (("three", CUSTOM_ALL_REDUCE), ("two", two_lines)):
+        group = Group("custom_all_reduce", form, "bytes", True)
+        signed = predict(group, fit_group(group, fitted), held)
+        result[name] = summary(signed[large]), summary(signed[~large])
+    assert result["three"][0]["mape"] <= 0.5 * result["two"][0]["mape"], result
+    assert result["three"][1]["mape"] <= result["two"][1]["mape"] + 0.005, result
