@@ -7,9 +7,11 @@ this bench says. It prints, per target GPU (H100, H200, B200; fitted on the othe
 (:func:`llmsim.calibration.database_profile.same_point_errors`: where it misses too, the GPUs' tables disagree),
 and two diagnostics that need no form:
 
-- GEMM fp8 as vLLM's CUTLASS dispatch runs it (:func:`llmsim.calibration.database_fit.gemm_fp8_dispatch_form`: each
-  M band's tile, cluster and A/B swap, waves of tiles over the SMs, a rate per configuration shared by the
-  architecture), with its errors per dispatch band of M (1-16, 17-64, 65-128, 129-256 and above).
+- GEMM fp8 as vLLM's CUTLASS dispatch runs it (:func:`llmsim.calibration.database_fit.gemm_fp8_dispatch_form`, the
+  form the shipped profiles price vLLM's FP8 GEMMs by: each M band's tile, cluster and A/B swap, waves of tiles over
+  the SMs, a rate and a fixed time per tile for each configuration shared by the architecture, the input's
+  quantization at a rate per SM; rows of two tokens and more), with its errors per dispatch band of M (2-16, 17-64,
+  65-128, 129-256 and above).
 - GEMM fp8: each row predicted from the same GPU's own rows at the neighbouring token counts ``m`` of the same
   ``n, k`` (the geometric mean of the next smaller and next larger ``m`` in the fitted sample; then of the rows two
   places away, which pairs ``2^j`` with ``2^j`` and ``2^j + 1`` with ``2^j + 1``): how far any smooth function of
@@ -36,7 +38,6 @@ import pandas as pd
 from llmsim.calibration import database as db
 from llmsim.calibration import database_fit as fit
 from llmsim.calibration import database_profile as dbp
-from llmsim.calibration.cutlass_dispatch import SM_COUNTS
 from llmsim.catalog.hardware import lookup_hardware
 
 TARGETS = ("H100-SXM", "H200", "B200")
@@ -165,8 +166,8 @@ def main() -> None:
               f"{np.mean(np.abs(neighbour_errors(rows[target]['gemm_fp8'], 1))):.1%}, whole table two places "
               f"{np.mean(np.abs(neighbour_errors(full, 2))):.1%}")
     print("\nGEMM fp8 as vLLM's CUTLASS dispatch runs it (held out as above; per M band: MAPE, median)")
-    dispatch_rows = {gpu: {"gemm_fp8": rows[gpu]["gemm_fp8"].assign(**{fit.SMS_COLUMN: SM_COUNTS[gpu]})}
-                     for gpu in rows if gpu in SM_COUNTS}
+    dispatch_rows = {gpu: {"gemm_fp8": found[f"gemm_fp8_dispatch_{db.ARCHITECTURES[gpu]}"]}
+                     for gpu, found in rows.items() if f"gemm_fp8_dispatch_{db.ARCHITECTURES[gpu]}" in found}
     for target in TARGETS:
         form = fit.gemm_fp8_dispatch_form(db.ARCHITECTURES[target])
         signed, reference, _ = held_out(dispatch_rows, "gemm_fp8", form, target)

@@ -46,10 +46,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares
 
-from llmsim.calibration.cutlass_dispatch import DISPATCH, SM_COUNTS, waves
+from llmsim.catalog.cutlass_dispatch import DISPATCH, SM_COUNTS
 from llmsim.catalog.hardware import HardwareProfile
+from llmsim.catalog.kernel_terms import DispatchConfiguration, Fp8Dispatch
 from llmsim.cost.features import causal_tile_padding
-from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, smooth_maximum
+from llmsim.cost.kernels import dispatch_gemm_body_s, gemm_body_s, gemm_output_tiles
 
 BF16 = 2.0
 DTYPE_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp8_block": 1.0}
@@ -64,6 +65,11 @@ QUANTIZE_MIN_INPUT_BYTES = 256 * 2 ** 20
 
 DEVICE_COLUMNS = ("peak_bf16", "peak_fp8", "hbm", "link")
 SMS_COLUMN = "sms"       # the GPU's SM count, on rows a dispatch form prices (not a datasheet figure of the profile)
+# The FP8 GEMM rows the dispatch form is fitted to: two tokens and more. Every Blackwell table (B200, B300, GB200) times
+# m = 1 a median 13.5-16.4 us above m = 2 at the same n, k (1.8-2.3x; the Hopper tables do not: -0.2 and -0.4 us), a
+# path of its own that no source names; the cost model needs a GEMM time that never falls as tokens grow, so it
+# prices one token as CUTLASS's dispatch runs it and the form is not pulled towards that path.
+DISPATCH_MIN_TOKENS = 2
 
 
 def device_columns(profile: HardwareProfile) -> dict[str, float]:
@@ -138,34 +144,47 @@ GEMM = Form("gemm", ("floor_s", "bandwidth_share", "rate_share", "sharpness_exce
 
 
 def gemm_fp8_dispatch_form(architecture: str) -> Form:
-    """vLLM's FP8 GEMM as its CUTLASS dispatch runs it (:mod:`llmsim.calibration.cutlass_dispatch`): the input's
-    quantization as in :data:`GEMM`, then the smooth maximum (sharpness ``p``) of the weight and activation traffic
-    and the configuration's compute, ``waves x (2 tile_m tile_n k / (peak_fp8 / SMs x rate) + tile_overhead)``
-    (``tile_m`` the rows one SM computes): each configuration its own share of the FP8 peak, shared by the GPUs of
-    ``architecture``. Rows carry an ``sms`` column (:data:`~llmsim.calibration.cutlass_dispatch.SM_COUNTS`)."""
-    dispatch = DISPATCH[architecture]
-    names = list(dispatch.configs)
+    """vLLM's FP8 GEMM as its CUTLASS dispatch runs it (:mod:`llmsim.catalog.cutlass_dispatch`): the input's
+    quantization, then the smooth maximum (sharpness ``p``) of the weight and activation traffic and the
+    configuration's compute, ``waves x (2 tile_m tile_n k / (peak_fp8 / SMs x rate) + tile_overhead)`` (``tile_m`` the
+    rows one SM computes; :func:`llmsim.cost.kernels.dispatch_gemm_body_s`, as the cost model prices it): each
+    configuration its own share of the FP8 peak and its own fixed time per tile (pipeline fill and output tile: the
+    tile and cluster shapes differ), shared by the GPUs of ``architecture``.
+
+    The quantization pass (3 bytes an element of the ``m x k`` input) runs at a rate per SM, not a share of the HBM:
+    fitted as a share, each Hopper takes the same 1.1-1.2 TB/s on its own rows (H100 SXM 0.36 of 3.35 TB/s, H200 0.23
+    of 4.8; both 132 SMs at the same clocks), so the kernel is bound by its SMs. Its rows are those of
+    :data:`DISPATCH_MIN_TOKENS` tokens and more. Rows carry an ``sms`` column
+    (:data:`~llmsim.catalog.cutlass_dispatch.SM_COUNTS`)."""
+    names = list(DISPATCH[architecture].configs)
+    parameters = ("floor_s", "bandwidth_share", "quantize_bytes_per_s_per_sm", "sharpness",
+                  *(f"rate_{name}" for name in names), *(f"tile_overhead_s_{name}" for name in names))
 
     def predict(v, rows):
-        floor, bandwidth_share, quantize_share, tile_overhead, p, *rates = v
-        m, n, k, sms = (rows[c].to_numpy().astype(float) for c in ("m", "n", "k", SMS_COLUMN))
-        chosen = dispatch.choose(m, n, k)
-        compute = np.zeros(len(m))
-        for name, rate in zip(names, rates):
-            at = chosen == name
-            config = dispatch.configs[name]
-            tile_flops = 2.0 * config.sm_tile_m * config.tile_n * k[at]
-            per_sm = rows["peak_fp8"].to_numpy()[at] / sms[at] * rate
-            compute[at] = waves(config, m[at], n[at], sms[at]) * (tile_flops / per_sm + tile_overhead)
-        hbm = rows["hbm"].to_numpy()
-        memory = (n * k + m * (n + k) * BF16) / (hbm * bandwidth_share)
-        return floor + m * k * 3.0 / (hbm * quantize_share) + smooth_maximum(memory, compute, p)
+        values = dict(zip(parameters, v))
+        out = np.empty(len(rows))
+        # The rows of one GPU at a time: its SMs, FP8 peak and HBM bandwidth make one dispatch of the fitted figures.
+        for (sms, peak, hbm), at in rows.groupby([SMS_COLUMN, "peak_fp8", "hbm"], sort=False).indices.items():
+            dispatch = dispatch_terms(architecture, values, int(sms), peak, hbm)
+            m, n, k = (rows[c].to_numpy()[at].astype(float) for c in ("m", "n", "k"))
+            out[at] = (dispatch.floor_s + m * k * 3.0 / dispatch.quantize_bandwidth_bytes_per_s
+                       + dispatch_gemm_body_s(m, n, k, 1.0, BF16, dispatch.bandwidth_bytes_per_s, dispatch))
+        return out
 
-    return Form(f"gemm_fp8_dispatch_{architecture}",
-                ("floor_s", "bandwidth_share", "quantize_share", "tile_overhead_s", "sharpness",
-                 *(f"rate_{name}" for name in names)),
-                (8e-6, 0.8, 0.3, 1e-6, 2.0, *(0.6,) * len(names)), predict,
-                (1e-3, 1.0, 1.0, 1e-4, 100.0, *(2.0,) * len(names)))
+    return Form(f"gemm_fp8_dispatch_{architecture}", parameters,
+                (8e-6, 0.8, 1e10, 2.0, *(0.6,) * len(names), *(1e-6,) * len(names)), predict,
+                (1e-3, 1.0, 1e12, 100.0, *(2.0,) * len(names), *(1e-4,) * len(names)))
+
+
+def dispatch_terms(architecture: str, values: dict[str, float], sms: int, peak_fp8_flops_per_s: float,
+                   hbm_bytes_per_s: float) -> Fp8Dispatch:
+    """The :class:`~llmsim.catalog.kernel_terms.Fp8Dispatch` of :func:`gemm_fp8_dispatch_form`'s fitted ``values``
+    on a GPU of ``sms`` SMs and these datasheet figures (the shares made rates)."""
+    return Fp8Dispatch(
+        architecture, sms, values["floor_s"], values["bandwidth_share"] * hbm_bytes_per_s,
+        values["quantize_bytes_per_s_per_sm"], values["sharpness"],
+        {name: DispatchConfiguration(values[f"rate_{name}"] * peak_fp8_flops_per_s, values[f"tile_overhead_s_{name}"])
+         for name in DISPATCH[architecture].configs})
 
 
 def decode_bytes(batch, kv_tokens, heads, kv_heads, head_dim, kv_bytes=BF16):

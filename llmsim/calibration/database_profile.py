@@ -20,15 +20,18 @@ import pandas as pd
 
 from llmsim.calibration import database as db
 from llmsim.calibration.database_fit import (ALL_REDUCE, COLLECTIVE, CUSTOM_ALL_REDUCE, DECODE_ATTENTION,
-                                             DECODE_ATTENTION_OCCUPIED, DEVICE_COLUMNS, EXPONENTIALS_COLUMN, GEMM,
-                                             MLA_DECODE, MLA_PREFILL, MOE, PREFILL_ATTENTION, PREFILL_TILE_TOKENS,
-                                             QUANTIZE, QUANTIZE_MIN_INPUT_BYTES, SMALL_MESSAGE_BYTES, SMS_COLUMN, Form,
-                                             device_columns, errors, exponentials_per_clock, held_out_split,
-                                             prefill_rate, summary, with_device)
+                                             DECODE_ATTENTION_OCCUPIED, DEVICE_COLUMNS, DISPATCH_MIN_TOKENS,
+                                             EXPONENTIALS_COLUMN, GEMM, MLA_DECODE, MLA_PREFILL, MOE,
+                                             PREFILL_ATTENTION, PREFILL_TILE_TOKENS, QUANTIZE,
+                                             QUANTIZE_MIN_INPUT_BYTES, SMALL_MESSAGE_BYTES, SMS_COLUMN, Form,
+                                             device_columns, dispatch_terms, errors, exponentials_per_clock,
+                                             gemm_fp8_dispatch_form, held_out_split, prefill_rate, summary,
+                                             with_device)
 from llmsim.calibration.kernel_profile import calibrate_from_measurements
 from llmsim.calibration.operators import read_measurements
 from llmsim.calibration.profile_yaml import bandwidth_text, duration_text, figure, flops_text
 from llmsim.catalog.hardware import HardwareProfile, lookup_hardware
+from llmsim.catalog.cutlass_dispatch import DISPATCH, SM_COUNT_SOURCES, SM_COUNTS
 from llmsim.config.reader import deep_merge, load_yaml
 from llmsim.cost.kernels import all_reduce_time_s, gemm_time_s
 from llmsim.errors import ConfigError
@@ -78,7 +81,9 @@ GROUPS = {g.name: g for g in (
     Group("all_gather", COLLECTIVE, "bytes", True, False), Group("reduce_scatter", COLLECTIVE, "bytes", True, False),
     Group("all_to_all", COLLECTIVE, "bytes", True, False), Group("quantize", QUANTIZE, "k"),
     Group("moe", MOE, "tokens", priced=False),
-    Group("mla_decode", MLA_DECODE, "tokens", priced=False), Group("mla_prefill", MLA_PREFILL, "tokens", priced=False))}
+    Group("mla_decode", MLA_DECODE, "tokens", priced=False), Group("mla_prefill", MLA_PREFILL, "tokens", priced=False),
+    *(Group(f"gemm_fp8_dispatch_{architecture}", gemm_fp8_dispatch_form(architecture), "n")
+      for architecture in DISPATCH))}
 NCCL_OPERATIONS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
                    "all_to_all": "alltoall"}
 
@@ -105,6 +110,12 @@ def operator_rows(database: db.Database, gpu: str, engine: db.EngineKernels, pro
         frame = frame.sort_values(["dtype", "m", "n", "k"]).iloc[::GEMM_SAMPLE]
         for dtype in ("bf16", "fp8", "fp8_block"):
             rows[f"gemm_{dtype}"] = frame[frame["dtype"] == dtype]
+        # vLLM's FP8 GEMMs run its CUTLASS dispatch (catalog.cutlass_dispatch), on the GPUs whose SMs are known.
+        architecture = db.ARCHITECTURES.get(gpu)
+        if engine is db.EngineKernels.VLLM and architecture in DISPATCH and gpu in SM_COUNTS:
+            fp8 = rows["gemm_fp8"]
+            rows[f"gemm_fp8_dispatch_{architecture}"] = fp8[fp8["m"] >= DISPATCH_MIN_TOKENS].assign(
+                **{SMS_COLUMN: SM_COUNTS[gpu]})
     for name, reader, group in (("generation_attention_perf", db.decode_attention_rows, "decode_attention"),
                                 ("context_attention_perf", db.prefill_attention_rows, "prefill_attention")):
         found = table("attention", framework, name)
@@ -246,6 +257,9 @@ def kernels_overlay(fit: EngineFit, profile: HardwareProfile) -> dict:
         by_dtype = {dtype: _gemm_figures(fit.values[f"gemm_{dtype}"], profile.peak_for("fp8"), hbm,
                                          fit.citation(f"gemm_{dtype}"), quantize=True)
                     for dtype in ("fp8", "fp8_block") if f"gemm_{dtype}" in fit.values}
+        dispatched = [group for group in fit.values if group.startswith("gemm_fp8_dispatch_")]
+        if dispatched and "fp8" in by_dtype:
+            by_dtype["fp8"]["dispatch"] = _dispatch_figures(fit, dispatched[0], profile)
         if by_dtype:
             out["gemm"]["by_dtype"] = by_dtype
     if "decode_attention" in fit.values:
@@ -307,6 +321,27 @@ def _gemm_figures(v: dict, peak: float, hbm: float, source: str, quantize: bool 
             "sharpness": figure(_sig(1.0 + v["sharpness_excess"]), source, "measured"),
             "sharpness_growth": figure(_sig(v["sharpness_growth"]), source, "measured"),
             "occupancy_half_tiles": figure(_sig(v["occupancy_half_tiles"]), source, "measured")}
+
+
+def _dispatch_figures(fit: EngineFit, group: str, profile: HardwareProfile) -> dict:
+    """vLLM's CUTLASS FP8 dispatch (``gemm.by_dtype.fp8.dispatch``): the GPU's SMs (sourced) and the fitted figures
+    of :func:`~llmsim.calibration.database_fit.gemm_fp8_dispatch_form`."""
+    architecture = group.removeprefix("gemm_fp8_dispatch_")
+    dispatch = dispatch_terms(architecture, fit.values[group], SM_COUNTS[fit.gpu], profile.peak_for("fp8"),
+                              profile.memory_bandwidth_bytes_per_s)
+    source = fit.citation(group)
+    sms_source, sms_confidence = SM_COUNT_SOURCES[fit.gpu]
+    return {"architecture": architecture,
+            "sms": figure(dispatch.sms, sms_source, sms_confidence),
+            "floor": figure(duration_text(dispatch.floor_s), source, "measured"),
+            "bandwidth": figure(bandwidth_text(dispatch.bandwidth_bytes_per_s), source, "measured"),
+            "quantize_bandwidth_per_sm": figure(bandwidth_text(dispatch.quantize_bytes_per_s_per_sm), source,
+                                                "measured"),
+            "sharpness": figure(_sig(dispatch.sharpness), source, "measured"),
+            "configurations": {name: {
+                "achieved_flops": figure(flops_text(config.flops_per_s), source, "measured"),
+                "tile_overhead": figure(duration_text(config.tile_overhead_s), source, "measured")}
+                for name, config in dispatch.configurations.items()}}
 
 
 def _reduce_figures(v: dict, link: float, source: str) -> dict:
@@ -423,6 +458,13 @@ ACCEPTANCE_GROUPS = (("GEMM bf16", "gemm_bf16", None), ("GEMM fp8", "gemm_fp8", 
 ACCEPTANCE_MAPE, ACCEPTANCE_MEDIAN = 0.10, 0.05
 
 
+def priced_group(group: str, gpu: str, rows: dict[str, pd.DataFrame]) -> str:
+    """The group whose form the cost model prices ``group`` by on ``gpu``, given the GPU's ``rows``: vLLM's FP8 GEMMs by
+    its CUTLASS dispatch where the rows hold it (:func:`operator_rows`), every other group by its own."""
+    dispatch = f"gemm_fp8_dispatch_{db.ARCHITECTURES.get(gpu)}"
+    return dispatch if group == "gemm_fp8" and dispatch in rows else group
+
+
 def _class_mask(group: str, size: str | None, rows: pd.DataFrame) -> np.ndarray:
     if size is None:
         return np.ones(len(rows), dtype=bool)
@@ -469,7 +511,8 @@ def leave_one_gpu_out(database: db.Database, targets: tuple[str, ...], same_arch
                   and (not same_architecture or db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target])]
         split = "leave one GPU out (" + ("same architecture; collectives: same fabric" if same_architecture
                                         else "every other GPU") + ")"
-        for label, group, size in ACCEPTANCE_GROUPS:
+        for label, acceptance_group, size in ACCEPTANCE_GROUPS:
+            group = priced_group(acceptance_group, target, rows.get(target, {}))
             if group not in rows.get(target, {}) or not any(group in rows[gpu] for gpu in donors):
                 continue
             givers = [gpu for gpu in donors if group in rows[gpu]]

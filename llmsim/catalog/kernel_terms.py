@@ -20,7 +20,10 @@ that fits measured timings (:mod:`llmsim.cost.kernels` has the formulas):
   message size up to which the engine uses it (``switch_over``); NCCL's ``all_reduce`` above it;
 - ``gemm.by_dtype`` (optional): a dtype's own GEMM figures (floor, bandwidth, rate, sharpness, growth, half
   tiles, and the bandwidth of the kernel that quantizes an 8-bit GEMM's input) where its kernels differ
-  (FP8); a model whose weights are in that dtype is priced by them;
+  (FP8); a model whose weights are in that dtype is priced by them; ``gemm.by_dtype.fp8.dispatch`` (optional, the
+  section's own engine's: vLLM's; an overlay under ``engines`` does not inherit it): vLLM's CUTLASS FP8 dispatch
+  (:class:`Fp8Dispatch`), which prices the GEMMs whose weights are 8-bit in place of the smooth form (not an MoE
+  layer's routed experts: vLLM runs them in its fused MoE kernel);
 - ``attention.decode_efficiency`` (optional): decode attention's FLOPs at this share of the 16-bit peak, in
   place of the roofline's attention efficiency; ``attention.decode_per_kv_head`` (optional): fixed work per
   decoding sequence and KV head on the GPU (a thread block each), on top of ``decode_per_sequence``;
@@ -47,6 +50,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from llmsim.config.reader import Node, deep_merge
+from llmsim.catalog.cutlass_dispatch import DISPATCH
 
 T = TypeVar("T")
 
@@ -173,6 +177,35 @@ class GemmTerms:
     sharpness_growth: float
     occupancy_half_tiles: float
     quantize_bandwidth_bytes_per_s: float = 0.0     # the input's quantization kernel (0: none)
+    dispatch: Fp8Dispatch | None = None              # vLLM's CUTLASS dispatch (None: the smooth form alone)
+
+
+@dataclass(frozen=True)
+class DispatchConfiguration:
+    """One CUTLASS configuration's fitted figures: its achieved FP8 rate over the whole GPU, and the fixed time each
+    of its tiles takes per wave (pipeline fill and the output tile's epilogue)."""
+    flops_per_s: float
+    tile_overhead_s: float
+
+
+@dataclass(frozen=True)
+class Fp8Dispatch:
+    """vLLM's CUTLASS FP8 GEMM (:func:`llmsim.cost.kernels.dispatch_gemm_body_s`): the configuration vLLM's dispatch
+    picks for each shape on ``architecture`` (:data:`llmsim.catalog.cutlass_dispatch.DISPATCH`), its waves of tiles over
+    the GPU's ``sms``, each configuration's rate and fixed time per tile, and the input's quantization at a rate per
+    SM."""
+    architecture: str
+    sms: int
+    floor_s: float
+    bandwidth_bytes_per_s: float
+    quantize_bytes_per_s_per_sm: float
+    sharpness: float
+    configurations: dict[str, DispatchConfiguration]
+
+    @property
+    def quantize_bandwidth_bytes_per_s(self) -> float:
+        """The input quantization's rate over the whole GPU."""
+        return self.sms * self.quantize_bytes_per_s_per_sm
 
 
 @dataclass(frozen=True)
@@ -232,6 +265,7 @@ class KernelTerms:
     gemm_by_dtype: dict[str, GemmTerms] = field(default_factory=dict)
     # 8-bit GEMMs quantize their 16-bit input in a kernel of their own (3 bytes per element) before they start.
     gemm_quantize_bandwidth_bytes_per_s: float = 0.0
+    gemm_dispatch: Fp8Dispatch | None = None       # prices the 8-bit GEMMs of a dtype with a dispatch (for_dtype)
     decode_by_kv_dtype: dict[str, DecodeAttention] = field(default_factory=dict)
     stream_fusion: StreamFusion = StreamFusion()   # streaming kernels the engine runs inside other kernels
     quantize: StreamKernel | None = None           # the engine's FP8 quantizer (no row term), where it runs as a pass
@@ -241,11 +275,13 @@ class KernelTerms:
         own = self.gemm_by_dtype.get(dtype)
         if own is None:
             return self
+        # A dispatch quantizes the input of the GEMMs it prices at its own rate (its GEMM rows time that pass).
+        quantize = own.dispatch.quantize_bandwidth_bytes_per_s if own.dispatch else own.quantize_bandwidth_bytes_per_s
         return replace(self, gemm_floor_s=own.floor_s, gemm_bandwidth_bytes_per_s=own.bandwidth_bytes_per_s,
                        gemm_flops_per_s={**self.gemm_flops_per_s, dtype: own.flops_per_s},
                        gemm_sharpness=own.sharpness, gemm_sharpness_growth=own.sharpness_growth,
                        gemm_occupancy_half_tiles=own.occupancy_half_tiles,
-                       gemm_quantize_bandwidth_bytes_per_s=own.quantize_bandwidth_bytes_per_s)
+                       gemm_quantize_bandwidth_bytes_per_s=quantize, gemm_dispatch=own.dispatch)
 
     def for_kv_dtype(self, kv_dtype: str) -> KernelTerms:
         """These terms with the decode-attention figures of a ``kv_dtype`` cache where it has its own (else
@@ -290,7 +326,13 @@ def engine_kernel_terms(node: Node, figure: Callable[..., float], engine_figure:
         return base, {}
     kernels = node.child("kernels")
     overlays = kernels.child("engines")
+    # vLLM's CUTLASS dispatch is the section's engine's kernel: another engine's overlay does not inherit it.
     section = {key: value for key, value in kernels.data.items() if key != "engines"}
+    if isinstance(section.get("gemm"), dict) and isinstance(section["gemm"].get("by_dtype"), dict):
+        by_dtype = {dtype: ({key: value for key, value in entry.items() if key != "dispatch"}
+                            if isinstance(entry, dict) else entry)
+                    for dtype, entry in section["gemm"]["by_dtype"].items()}
+        section["gemm"] = {**section["gemm"], "by_dtype": by_dtype}
     out = {}
     for name in list(overlays.data):
         if name not in engines:
@@ -377,7 +419,8 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         figure(entry, "bandwidth", "bandwidth"), figure(entry, "achieved_flops", "flops"),
         figure(entry, "sharpness", None, minimum=1.0, exclusive_minimum=False),
         _optional(entry, "sharpness_growth", figure), _optional(entry, "occupancy_half_tiles", figure),
-        _optional(entry, "quantize_bandwidth", figure, "bandwidth")))
+        _optional(entry, "quantize_bandwidth", figure, "bandwidth"),
+        _dispatch(entry.child("dispatch"), figure) if entry.has("dispatch") else None))
     by_kv_dtype = _entries(attention, "by_kv_dtype", lambda entry: DecodeAttention(
         figure(entry, "floor", "duration", minimum=0.0, exclusive_minimum=False),
         figure(entry, "decode_per_sequence", "duration", minimum=0.0, exclusive_minimum=False),
@@ -408,6 +451,32 @@ def _terms_from_section(kernels: Node, figure: Callable[..., float]) -> KernelTe
         done.done()
     kernels.done(extra_allowed=("note", "engines"))
     return terms
+
+
+def _dispatch(entry: Node, figure: Callable[..., float]) -> Fp8Dispatch:
+    """``gemm.by_dtype.<dtype>.dispatch``: vLLM's CUTLASS dispatch, one entry per configuration of its architecture."""
+    architecture = entry.choice("architecture", tuple(DISPATCH))
+    names = tuple(DISPATCH[architecture].configs)
+    configurations_node = entry.child("configurations")
+    given = [str(name) for name in configurations_node.data] if isinstance(configurations_node.data, dict) else []
+    if sorted(given) != sorted(names):
+        raise entry.key_error("configurations", f"expected one entry for each of {architecture}'s configurations",
+                              configurations_node.data, ", ".join(names))
+    configurations = {}
+    for name in names:
+        config = configurations_node.child(name)
+        configurations[name] = DispatchConfiguration(
+            figure(config, "achieved_flops", "flops"),
+            figure(config, "tile_overhead", "duration", minimum=0.0, exclusive_minimum=False))
+        config.done()
+    configurations_node.done()
+    dispatch = Fp8Dispatch(
+        architecture, int(figure(entry, "sms", None, integer=True, minimum=1)),
+        figure(entry, "floor", "duration", minimum=0.0, exclusive_minimum=False),
+        figure(entry, "bandwidth", "bandwidth"), figure(entry, "quantize_bandwidth_per_sm", "bandwidth"),
+        figure(entry, "sharpness", None, minimum=1.0, exclusive_minimum=False), configurations)
+    entry.done()
+    return dispatch
 
 
 def _stream_kernel(entry: Node, figure: Callable[..., float]) -> StreamKernel:

@@ -37,8 +37,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms, StreamKernel
+from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, Fp8Dispatch, KernelTerms, StreamKernel
 from llmsim.catalog.models import ModelSpec
+from llmsim.catalog.cutlass_dispatch import DISPATCH, waves
 
 
 TILE_ROWS, TILE_COLUMNS = 64, 128       # one thread block's output tile (tokens x output columns)
@@ -88,6 +89,29 @@ def gemm_time_s(tokens, n, k, weight_bytes_per_element, activation_bytes_per_ele
     memory_s = (n * k * weight_bytes_per_element + tokens * (n + k) * activation_bytes_per_element) / bandwidth
     compute_s = 2.0 * tokens * n * k / kernels.gemm_rate(dtype)
     return kernels.gemm_floor_s + gemm_body_s(memory_s, compute_s, gemm_output_tiles(tokens, n), kernels)
+
+
+def dispatch_gemm_body_s(m, n, k, weight_bytes_per_element: float, activation_bytes_per_element: float,
+                         bandwidth_bytes_per_s: float, dispatch: Fp8Dispatch) -> np.ndarray:
+    """FP8 GEMMs of ``m`` rows (whole rows) against ``k x n`` weights (arrays of one length, or numbers) as vLLM's
+    CUTLASS dispatch runs them, without the launch floor and the input's quantization (linear terms the cost model
+    prices apart): the smooth maximum of the weight and activation traffic and the chosen configuration's waves of
+    tiles, ``waves x (2 tile_m tile_n k / (rate / SMs) + tile_overhead)`` (the form
+    :func:`llmsim.calibration.database_fit.gemm_fp8_dispatch_form` fits)."""
+    architecture = DISPATCH[dispatch.architecture]
+    rows = np.atleast_1d(np.asarray(m, dtype=float))
+    columns, depth = (np.broadcast_to(np.asarray(v, dtype=float), rows.shape) for v in (n, k))
+    sms = np.full(rows.shape, float(dispatch.sms))
+    chosen = architecture.choose(rows, columns, depth)
+    compute_s = np.zeros(rows.shape)
+    for name, figures in dispatch.configurations.items():
+        at = chosen == name
+        config = architecture.configs[name]
+        tile_s = 2.0 * config.sm_tile_m * config.tile_n * depth[at] / (figures.flops_per_s / dispatch.sms)
+        compute_s[at] = waves(config, rows[at], columns[at], sms[at]) * (tile_s + figures.tile_overhead_s)
+    memory_s = ((columns * depth * weight_bytes_per_element + rows * (columns + depth) * activation_bytes_per_element)
+                / bandwidth_bytes_per_s)
+    return smooth_maximum(memory_s, compute_s, dispatch.sharpness)
 
 
 def stream_time_s(tokens, bytes_per_token, kernel: StreamKernel):

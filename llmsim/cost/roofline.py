@@ -35,13 +35,13 @@ import numpy as np
 import pandas as pd
 
 from llmsim.catalog.hardware import HardwareProfile
-from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, KernelTerms
+from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, Fp8Dispatch, KernelTerms
 from llmsim.catalog.models import ModelSpec
 from llmsim.cost.features import F, FEATURES, TILE_FEATURES_FROM, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, SHARPNESS_REFERENCE_TILES, TILE_COLUMNS, TILE_ROWS, GemmShape,
                                  add_norm_bytes_per_token, all_reduce_time_s, custom_all_reduce_time_s,
-                                 elementwise_layer_terms, gemm_body_s, gemm_output_tiles, gemm_scalar_body_s,
-                                 layer_gemm_shapes, stream_time_s)
+                                 dispatch_gemm_body_s, elementwise_layer_terms, gemm_body_s, gemm_output_tiles,
+                                 gemm_scalar_body_s, layer_gemm_shapes, stream_time_s)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -49,10 +49,12 @@ from llmsim.catalog.placement import Placement
 _ONE, _TOKENS, _EXPERTS, _LOGITS = F["one"], F["tokens"], F["experts_touched"], F["logit_tokens"]
 NONLINEAR_MEMO_SIZE = 200_000     # remembered token counts per cost model (a few tens of MB at most)
 SHARED_MEMOS = 16                 # GEMM term sets whose memos a process keeps (the most recently built)
-_shared_memos: OrderedDict[bytes, tuple[dict, dict, list[np.ndarray]]] = OrderedDict()
+_shared_memos: OrderedDict[bytes, tuple[dict, dict, list[np.ndarray], DispatchTables | None]] = OrderedDict()
 FEW_ROWS = 32                     # up to this many rows, the non-linear part is looked up row by row
 TABLE_TOKENS = 1 << 16            # the most tokens (and logit rows) the tables of rows_total reach
 _NO_TABLE = np.zeros(0)
+_NO_DISPATCH_TABLE = np.zeros((0, 2))
+DISPATCH_BLOCK_ROWS = 4096        # the dispatch tables grow by whole blocks of rows (the same values however grown)
 _T = TypeVar("_T")
 
 
@@ -166,16 +168,23 @@ def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
 
 @numba.njit(cache=True)
 def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n, floor_s, half_tiles, sharpness,
-                growth):
+                growth, dispatched, dispatch_table, dispatch_floor_s):
     """``table[t]`` for ``t`` from ``start`` on: :meth:`CostModel._gemm_sum` of the GEMM rows given by column
     (the layers' or the LM head's) for a row of one iteration with one expert and ``t`` tokens and logit
     rows, computed as that method and :func:`~llmsim.cost.kernels.gemm_scalar_body_s` compute it, the same
     operations in the same order (the powers by the C library's ``pow``, as Python's floats take them):
-    the same bits."""
+    the same bits. A GEMM with ``dispatched[g] >= 0`` reads its body from that row of ``dispatch_table``
+    (:class:`DispatchTables`, covering every row count asked for)."""
     for t in range(start, len(table)):
         total = 0.0
         for g in range(len(fixed_s)):
             rows = t * scale[g] / 1.0
+            if dispatched[g] >= 0:
+                low = int(math.floor(rows))
+                below = dispatch_table[dispatched[g], low]
+                body_s = below + (rows - low) * (dispatch_table[dispatched[g], low + 1] - below)
+                total += repeats[g] * (1.0 * dispatch_floor_s + 1.0 * body_s)
+                continue
             memory = fixed_s[g] + rows * per_token_s[g]
             compute = rows * compute_s[g]
             tiles = max(float(math.ceil(rows / TILE_ROWS)), 1.0) * float(math.ceil(n[g] / TILE_COLUMNS))
@@ -187,6 +196,40 @@ def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n
             body_s = larger * ((memory / safe) ** p + (compute / safe) ** p) ** (1.0 / p)
             total += repeats[g] * (1.0 * floor_s + 1.0 * body_s)
         table[t] = total
+
+
+class DispatchTables:
+    """The bodies of a cost model's dispatch-priced GEMMs (8-bit weights under an
+    :class:`~llmsim.catalog.kernel_terms.Fp8Dispatch`) by whole rows ``M = 0, 1, 2, ...``, one table row per GEMM:
+    :func:`~llmsim.cost.kernels.dispatch_gemm_body_s` once per row count, then its running maximum over ``M``. The
+    form's time falls where the dispatch switches to a configuration of wider tiles (more rows run in fewer waves),
+    and the fluid model's fixed point (:mod:`llmsim.analysis.fluid`) needs a step time that never falls as tokens
+    grow. A fractional row count (a row standing for several iterations: the fluid model's mean step) is
+    interpolated between its two whole neighbours: it is an average over kernels of whole rows, and interpolation
+    keeps the time continuous in the tokens, which the fixed point needs
+    as well (a ceiling would jump). Grown by whole blocks of :data:`DISPATCH_BLOCK_ROWS`, each computed alike
+    however the table grew, so a price never depends on what was priced before."""
+
+    def __init__(self, dispatch: Fp8Dispatch, shapes: list[tuple[float, float, float, float, float]]):
+        self.dispatch = dispatch
+        self.shapes = shapes                # (n, k, weight bytes, activation bytes, bandwidth) per GEMM
+        self.values = np.zeros((len(shapes), 0))
+
+    def cover(self, rows: float) -> np.ndarray:
+        """The table, grown to hold ``rows`` and the whole row count above it."""
+        have = self.values.shape[1]
+        if math.floor(rows) + 2 > have:
+            blocks = [self.values]
+            last = self.values[:, -1] if have else np.full(len(self.shapes), -np.inf)
+            for start in range(have, int(math.floor(rows)) + 2, DISPATCH_BLOCK_ROWS):
+                m = np.arange(start, start + DISPATCH_BLOCK_ROWS, dtype=float)
+                raw = np.array([dispatch_gemm_body_s(m, n, k, weight, activation, bandwidth, self.dispatch)
+                                for n, k, weight, activation, bandwidth in self.shapes])
+                block = np.maximum(np.maximum.accumulate(raw, axis=1), last[:, None])
+                blocks.append(block)
+                last = block[:, -1]
+            self.values = np.ascontiguousarray(np.hstack(blocks))
+        return self.values
 
 
 def summed_iteration(cost, rows: np.ndarray) -> tuple[float, float, float]:
@@ -257,6 +300,7 @@ class CostModel:
         self._tables = [_NO_TABLE, _NO_TABLE]       # rows_total's non-linear terms (none without kernel terms)
         self._all_reduce: AllReduce | None = None
         self._custom_all_reduce: CustomAllReduce | None = None
+        self._dispatch: DispatchTables | None = None
         self.kernels: KernelTerms | None = None
         if hardware.kernels is not None:
             self._use_kernel_terms(hardware.kernels, paced_layers,
@@ -355,16 +399,27 @@ class CostModel:
         gemms.append((GemmShape("lm_head", model.vocab_size / tp, model.hidden_size), 1, F["one"], 1,
                       F["logit_tokens"]))     # last: _nonlinear_time keys it apart
         # (name, fixed memory s, memory s per token, compute s per token, repeats, count column,
-        #  tokens per count, tokens column, output columns n) for each GEMM.
+        #  tokens per count, tokens column, output columns n, row of the dispatch tables or -1) for each GEMM.
         # Weights in their own dtype: routed experts (gpt-oss's fp4), the LM head (16-bit in quantized checkpoints).
         weight_bytes = dict.fromkeys(GEMM_OPERATORS, model.weight_bytes_per_param)
         weight_bytes.update(mlp_up=model.expert_bytes_per_param, mlp_down=model.expert_bytes_per_param,
                             lm_head=model.embedding_bytes_per_param)
+        # vLLM's CUTLASS dispatch prices the GEMMs whose weights are 8-bit (the dtype's own kernels), by tables; not the
+        # routed experts, which run vLLM's fused MoE kernel (every expert's tiles in one launch, not one GEMM each).
+        dispatch = kernels.gemm_dispatch
+        dispatched = [dispatch is not None and weight_bytes[shape.name] == 1.0
+                      and not (shape.routed and model.num_experts > 1) for shape, *_ in gemms]
+        dispatch_rows = np.cumsum(dispatched) - 1
         self._gemm_rows = [(shape.name, shape.n * shape.k * weight_bytes[shape.name] / bandwidth,
                             (shape.n + shape.k) * activation_bytes / bandwidth, 2.0 * shape.n * shape.k / flops,
-                            float(repeats), count, float(scale), tokens, float(shape.n))
-                           for shape, repeats, count, scale, tokens in gemms]
+                            float(repeats), count, float(scale), tokens, float(shape.n),
+                            int(dispatch_rows[i]) if dispatched[i] else -1)
+                           for i, (shape, repeats, count, scale, tokens) in enumerate(gemms)]
         self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 9))
+        self._dispatched = np.array([row[9] for row in self._gemm_rows], dtype=np.int64)
+        dispatch_shapes = [(shape.n, shape.k, weight_bytes[shape.name], activation_bytes,
+                            dispatch.bandwidth_bytes_per_s * weight_bandwidth_share)
+                           for (shape, *_), priced in zip(gemms, dispatched) if priced and dispatch is not None]
         if kernels.gemm_quantize_bandwidth_bytes_per_s:
             # 8-bit weights: a kernel of its own first quantizes the 16-bit input (read 2 bytes, write 1 per
             # element), linear in the tokens; it adds to both bounds of its operator's row as a floor does. None
@@ -384,9 +439,11 @@ class CostModel:
         self._custom_all_reduce = kernels.custom_all_reduce_for(tp) if tp > 1 else None
         # Every cost model with the same GEMM and all-reduce terms shares the memos.
         key = pickle.dumps((self._gemm_rows, kernels, self._all_reduce, self._custom_all_reduce, tp, model.hidden_size,
-                            model.num_layers, model.activation_bytes_per_element))
-        self._layer_memo, self._head_memo, self._tables = shared_memo(
-            _shared_memos, key, lambda: ({}, {}, [np.full(1, np.nan), np.full(1, np.nan)]))
+                            model.num_layers, model.activation_bytes_per_element, dispatch_shapes))
+        self._layer_memo, self._head_memo, self._tables, self._dispatch = shared_memo(
+            _shared_memos, key, lambda: ({}, {}, [np.full(1, np.nan), np.full(1, np.nan)],
+                                         DispatchTables(dispatch, dispatch_shapes) if dispatch_shapes and dispatch
+                                         else None))
 
     def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
              decode_kv_read, prefill_padding=0.0, prefill_longest=0.0) -> tuple[float, float, float]:
@@ -483,10 +540,15 @@ class CostModel:
         logit rows, of an iteration with one expert: :func:`_gemm_table` of :meth:`_gemm_sum`'s rows."""
         kernels = self.kernels
         assert kernels is not None          # tables exist only with kernel terms (_use_kernel_terms)
-        fixed_s, per_token_s, compute_s, repeats, _, scale, _, n = (column[-1:] if head else column[:-1]
-                                                                    for column in columns)
+        fixed_s, per_token_s, compute_s, repeats, _, scale, _, n, dispatched = (
+            column[-1:] if head else column[:-1] for column in (*columns, self._dispatched))
+        dispatch_table, dispatch_floor_s = _NO_DISPATCH_TABLE, 0.0
+        if self._dispatch is not None and np.any(dispatched >= 0):
+            dispatch_table = self._dispatch.cover((len(table) - 1) * float(np.max(scale[dispatched >= 0])))
+            dispatch_floor_s = self._dispatch.dispatch.floor_s
         _gemm_table(table, 0, fixed_s, per_token_s, compute_s, repeats, scale, n, kernels.gemm_floor_s,
-                    kernels.gemm_occupancy_half_tiles, kernels.gemm_sharpness, kernels.gemm_sharpness_growth)
+                    kernels.gemm_occupancy_half_tiles, kernels.gemm_sharpness, kernels.gemm_sharpness_growth,
+                    dispatched, dispatch_table, dispatch_floor_s)
 
     def _layers_time(self, values: list[float]) -> float:
         """The layers' GEMMs and all-reduces of one iteration's feature ``values``."""
@@ -519,10 +581,18 @@ class CostModel:
         floor_s = kernels.gemm_floor_s
         iterations = values[_ONE]
         total = 0.0
-        for _, fixed_s, per_token_s, compute_s, repeats, count, scale, tokens, n in gemm_rows:
+        for _, fixed_s, per_token_s, compute_s, repeats, count, scale, tokens, n, dispatched in gemm_rows:
             runs = values[count]
             if runs > 0:
                 rows = values[tokens] * scale / runs
+                if dispatched >= 0:
+                    assert self._dispatch is not None        # dispatched rows exist only with the tables
+                    table = self._dispatch.cover(rows)[dispatched]
+                    low = math.floor(rows)
+                    below = float(table[low])
+                    body_s = below + (rows - low) * (float(table[low + 1]) - below)
+                    total += repeats * (iterations * self._dispatch.dispatch.floor_s + runs * body_s)
+                    continue
                 body_s = gemm_scalar_body_s(fixed_s + rows * per_token_s, rows * compute_s, rows, n, kernels)
                 total += repeats * (iterations * floor_s + runs * body_s)
         return total
@@ -578,6 +648,16 @@ class CostModel:
         runs = x[..., count.astype(int)]
         rows = np.divide(x[..., tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
         body_s = gemm_body_s(fixed_s + rows * per_token_s, rows * compute_s, gemm_output_tiles(rows, n), kernels)
+        if self._dispatch is not None:
+            # The dispatch-priced GEMMs' bodies from their tables, interpolated as :meth:`_gemm_sum` does.
+            at = np.flatnonzero(self._dispatched >= 0)
+            priced = rows[..., at]
+            table = self._dispatch.cover(float(np.max(priced, initial=0.0)))[self._dispatched[at]]
+            low = np.floor(priced).astype(np.int64)
+            below, above = table[np.arange(len(at)), low], table[np.arange(len(at)), low + 1]
+            body_s[..., at] = below + (priced - low) * (above - below)
+            floors = np.where(self._dispatched >= 0, self._dispatch.dispatch.floor_s, floor_s)
+            return repeats * (x[..., F["one"], None] * floors * (runs > 0) + runs * body_s)
         return repeats * (x[..., F["one"], None] * floor_s * (runs > 0) + runs * body_s)
 
     def _fixed_and_communication_vector(self) -> np.ndarray:

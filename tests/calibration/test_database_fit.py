@@ -189,7 +189,9 @@ def test_fp8_models_are_priced_by_the_fp8_gemm_terms(h100):
     fp8 = h100.kernels.gemm_by_dtype["fp8"]
     terms = h100.kernels.for_dtype("fp8")
     assert terms.gemm_flops_per_s["fp8"] == fp8.flops_per_s and terms.gemm_floor_s == fp8.floor_s
-    assert terms.gemm_quantize_bandwidth_bytes_per_s == fp8.quantize_bandwidth_bytes_per_s > 0
+    # vLLM's CUTLASS dispatch (the section's engine's) prices the FP8 GEMMs, their input's quantization at its rate.
+    assert fp8.dispatch is not None and terms.gemm_dispatch is fp8.dispatch
+    assert terms.gemm_quantize_bandwidth_bytes_per_s == fp8.dispatch.sms * fp8.dispatch.quantize_bytes_per_s_per_sm > 0
     assert h100.kernels.for_dtype("bf16") is h100.kernels
     cost = CostModel(model_catalog()["Llama-3.1-8B"].with_dtypes(weight_dtype="fp8"), h100)
     assert cost.kernels.gemm_floor_s == fp8.floor_s

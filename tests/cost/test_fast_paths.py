@@ -21,13 +21,22 @@ from llmsim.cost.roofline import _linear_step
 
 from tests.helpers import random_sums
 
+# "@fp8": the model with 8-bit weights, whose GEMMs the profile's CUTLASS dispatch prices from its tables (DeepSeek-V3's
+# are 8-bit as shipped; its routed experts keep the smooth form beside them).
 CASES = [("Llama-3.1-8B", "H100-SXM", 1), ("Llama-3.1-70B", "H100-SXM", 4), ("Mixtral-8x7B", "H200", 2),
-         ("Mistral-7B-v0.1", "A100-80GB", 1), ("Llama-3.2-1B", "B200", 1)]
+         ("Mistral-7B-v0.1", "A100-80GB", 1), ("Llama-3.2-1B", "B200", 1), ("Llama-3.1-8B@fp8", "H100-SXM", 1),
+         ("Llama-3.2-1B@fp8", "B200", 1), ("DeepSeek-V3", "H200", 8)]
+
+
+def _model(case: str):
+    name, _, dtype = case.partition("@")
+    model = model_catalog()[name]
+    return model.with_dtypes(weight_dtype=dtype) if dtype else model
 
 
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
 def test_step_prices_an_iteration_as_the_vectorised_model_does(model_name, hardware, tp):
-    model = model_catalog()[model_name]
+    model = _model(model_name)
     cost = CostModel(model, lookup_hardware(hardware), tp)
     sums = random_sums(np.random.default_rng(34), 400)
     # Twice: the first pass fills the memos (misses), the second reads them (hits).
@@ -47,7 +56,7 @@ def test_step_prices_an_iteration_as_the_vectorised_model_does(model_name, hardw
 def test_rows_total_sums_rows_as_the_vectorised_model_does(model_name, hardware, tp):
     """Draft rows (one iteration each, one expert) from the tables; rows the tables do not hold (several
     iterations, fractional tokens) by the general path: the same sums either way."""
-    model = model_catalog()[model_name]
+    model = _model(model_name)
     cost = CostModel(model, lookup_hardware(hardware), tp)
     rng = np.random.default_rng(31)
     for trial in range(300):
@@ -80,7 +89,7 @@ def test_gemm_in_python_floats_is_numpy_to_the_bit():
 def test_tables_filled_at_once_price_every_token_count_as_the_vectorised_model_does(model_name, hardware, tp):
     """Without an all-reduce the first row rows_total tabulates fills its tables whole, by a compiled
     loop: every entry up to the tables' size must price its row as the vectorised model does."""
-    cost = CostModel(model_catalog()[model_name], lookup_hardware(hardware), tp)
+    cost = CostModel(_model(model_name), lookup_hardware(hardware), tp)
     size = 4096
     tokens = np.arange(size, dtype=float)
     rows = batch_rows(decode_seqs=tokens, decode_kv_read=tokens * 1000)

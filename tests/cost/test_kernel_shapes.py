@@ -57,9 +57,10 @@ def test_kernel_path_flops_and_weight_bytes_of_deepseek_v3(tokens):
     per token; at one decoding token its weight traffic is the attention, the dense layers, the shared
     experts, the router and the 8 routed experts that token touches, at one byte (FP8), and the LM head
     at two (bf16). Priced by the profile's FP8 GEMM terms (an FP8 model's), without the kernel that quantizes
-    the inputs (its bytes are no GEMM's FLOPs or weights; tests/calibration/test_kernel_terms.py prices it)."""
+    the inputs (its bytes are no GEMM's FLOPs or weights; tests/calibration/test_kernel_terms.py prices it) and without
+    vLLM's CUTLASS dispatch (which prices that kernel at its own rate)."""
     h100 = lookup_hardware("H100-SXM")
-    fp8 = {dtype: replace(terms, quantize_bandwidth_bytes_per_s=0.0)
+    fp8 = {dtype: replace(terms, quantize_bandwidth_bytes_per_s=0.0, dispatch=None)
            for dtype, terms in h100.kernels.gemm_by_dtype.items()}
     h100 = replace(h100, kernels=replace(h100.kernels, gemm_by_dtype=fp8))
     kernels = h100.kernels.for_dtype(V3.weight_dtype)

@@ -86,11 +86,17 @@ class Dispatch:
 
 DISPATCH = {"hopper": Dispatch(SM90, sm90_config), "blackwell": Dispatch(SM100, sm100_config)}
 
-# Streaming multiprocessors per GPU (the database's GPU names). H100 SXM5: 132 (NVIDIA H100 Tensor Core GPU
-# Architecture whitepaper); H200: 132 (the same GH100 configuration with HBM3e; NVIDIA H200 datasheet gives no count:
-# an assumption that it is H100 SXM5's); B300: 160 (NVIDIA technical blog "Inside NVIDIA Blackwell Ultra", 2025);
-# B200 and GB200: 148, an assumption (the count CUDA reports for the B200 in published deviceQuery output; NVIDIA's
-# datasheet gives none).
+# Streaming multiprocessors per GPU (the database's GPU names), with the source each profile cites and its confidence.
+_B200_SMS = ("assumption: 148, the count CUDA reports for the B200 in published deviceQuery output (NVIDIA's datasheet "
+             "gives none)")
+SM_COUNT_SOURCES = {
+    "H100-SXM": ("NVIDIA H100 Tensor Core GPU Architecture whitepaper (H100 SXM5: 132 SMs)", "datasheet"),
+    "H200": ("assumption: 132, H100 SXM5's (the same GH100 configuration with HBM3e; NVIDIA's H200 datasheet gives no "
+             "count)", "assumption"),
+    "B200": (_B200_SMS, "assumption"),
+    "GB200": (_B200_SMS + "; the GB200's Blackwell GPU taken as the B200's", "assumption"),
+    "B300": ('NVIDIA technical blog "Inside NVIDIA Blackwell Ultra" (2025): 160 SMs', "datasheet"),
+}
 SM_COUNTS = {"H100-SXM": 132, "H200": 132, "B200": 148, "GB200": 148, "B300": 160}
 
 
@@ -101,3 +107,4 @@ def waves(config: TileConfig, m: np.ndarray, n: np.ndarray, sms: np.ndarray) -> 
                 * np.ceil(np.ceil(columns / config.tile_n) / config.cluster_n))
     slots = np.floor(sms / (config.cluster_m * config.cluster_n))
     return np.ceil(clusters / slots)
+
