@@ -190,3 +190,11 @@ def random_sums(rng: np.random.Generator, n: int) -> list[tuple]:
         sums.append((prefill, prefill * rng.integers(0, 4000) + prefill * (prefill + 1) / 2,
                      prefill + float(rng.integers(0, 4000)) if prefill else 0.0, int(rng.integers(0, 4)), decode, kv))
     return sums
+
+
+def assert_brackets_hold(brackets, capacities, tolerance: float) -> None:
+    """Each seed's bisection bracket holds its seed's true capacity: passed at or below it, failed above it, the
+    failing rate within ``tolerance`` of the passing one."""
+    for bracket, capacity in zip(brackets, capacities):
+        assert bracket.passing <= capacity < bracket.failing
+        assert bracket.failing <= (1 + tolerance) * bracket.passing

@@ -14,7 +14,7 @@ from llmsim.config.progress import QUIET
 from llmsim.scenario.variants import RATE_KEY
 from llmsim.search.recommend import OFF, Config, _Search
 from llmsim.search.window import Judged, Verdict, Window
-from tests.helpers import make_scenario
+from tests.helpers import assert_brackets_hold, make_scenario
 
 SEEDS = [11, 12, 13]
 TOLERANCE = 0.04
@@ -80,9 +80,7 @@ def test_a_better_challenger_is_bisected_to_its_capacity_and_ranks_first():
     better = [13.0, 14.0, 13.5]
     search = _run({256: [10.0, 11.0, 10.5], 512: better})
     assert search.best() == _config(512)
-    for bracket, capacity in zip(search.brackets[_config(512)], better):
-        assert bracket.passing <= capacity < bracket.failing
-        assert bracket.failing <= (1 + TOLERANCE) * bracket.passing
+    assert_brackets_hold(search.brackets[_config(512)], better, TOLERANCE)
 
 
 def test_challengers_never_drop_a_setting_better_than_the_search_resolution():

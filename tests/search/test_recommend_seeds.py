@@ -16,7 +16,7 @@ from llmsim.config.progress import QUIET
 from llmsim.scenario.variants import RATE_KEY
 from llmsim.search.recommend import OFF, Config, _Search
 from llmsim.search.window import Judged, Verdict, Window
-from tests.helpers import make_scenario
+from tests.helpers import assert_brackets_hold, make_scenario
 
 SEEDS = [11, 12, 13]
 TOLERANCE = 0.04
@@ -58,9 +58,7 @@ def _searched(capacities: dict[int, list[float]], optimism: float) -> _KnownCapa
 
 def _assert_each_seed_bracketed(search: _KnownCapacity, capacities: dict[int, list[float]]) -> None:
     for tokens, rates in capacities.items():
-        for bracket, capacity in zip(search.brackets[Config(OFF, tokens, None)], rates):
-            assert bracket.passing <= capacity < bracket.failing
-            assert bracket.failing <= (1 + TOLERANCE) * bracket.passing
+        assert_brackets_hold(search.brackets[Config(OFF, tokens, None)], rates, TOLERANCE)
 
 
 def test_every_seed_still_ends_in_a_bracket_of_its_own_capacity():
