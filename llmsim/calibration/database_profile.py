@@ -194,13 +194,10 @@ class EngineFit:
                 f"{', '.join(self.tables[group])} ({self.rows[group]} rows fitted; errors in calibration.database)")
 
 
-def fit_engine(database: db.Database, gpu: str, engine: db.EngineKernels, profile: HardwareProfile,
-               groups: tuple[str, ...] | None = None) -> EngineFit:
-    """Every group's (or ``groups``') held-out check and final fit for ``gpu`` as ``engine`` runs it."""
+def fit_engine(database: db.Database, gpu: str, engine: db.EngineKernels, profile: HardwareProfile) -> EngineFit:
+    """Every group's held-out check and final fit for ``gpu`` as ``engine`` runs it."""
     result = EngineFit(gpu, engine)
     for name, rows in operator_rows(database, gpu, engine, profile).items():
-        if groups is not None and name not in groups:
-            continue
         group = GROUPS[name]
         # Prefill attention shares decode's launch floor in the cost model (one attention kernel per layer).
         fixed = ({"floor_s": result.values["decode_attention"]["floor_s"]}
