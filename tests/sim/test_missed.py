@@ -83,7 +83,8 @@ def test_too_few_requests_in_the_window_are_never_stopped():
 # is served first and meets its target, while the relaxed one starves past its end-to-end limit.
 CLASS_SLOS = {"engine": {"scheduling_policy": "priority"}, "simulation": {"warmup": "2 s"},
               "workload": {"arrival": {"rate": 300.0}, "num_requests": 3000,
-                           "classes": {"urgent": {"share": 0.1, "priority": 0}, "relaxed": {"share": 0.9, "priority": 1}}},
+                           "classes": {"urgent": {"share": 0.1, "priority": 0},
+                                       "relaxed": {"share": 0.9, "priority": 1}}},
               "slo": {"classes": {"urgent": {"ttft": "60 s", "percentile": 90},
                                   "relaxed": {"e2e": "4 s", "percentile": 90}}}}
 
