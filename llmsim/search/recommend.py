@@ -78,9 +78,13 @@ The search (:func:`recommend`):
    combination visited is *screened*: simulated once per seed at one probe rate, the
    highest of the scenario's and the best setting's goodput (where the best only just
    passes, so a better setting shows as a larger margin), on the same requests for every
-   candidate (common random numbers: the knobs leave the trace unchanged), and ranked by
-   whether it meets every class's targets there and then by its worst class margin
-   (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). For
+   candidate (common random numbers: the knobs leave the trace unchanged), over a bisection
+   probe's window (so each policy's best starts its bisection on the runs it was screened with),
+   and ranked by whether it meets every class's targets there and then by its worst class margin
+   (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). A run sure to
+   miss a class's target stops there (:mod:`llmsim.sim.missed`, each class's own limits): such a
+   candidate misses by more than the stop's margin and ranks below every one that misses without
+   stopping (:func:`_screen_key`). For
    each scheduling policy, coordinate descent over the classes: each class's timeout in
    turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
    others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
