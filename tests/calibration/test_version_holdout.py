@@ -1,6 +1,7 @@
 """Holding one (GPU, engine version) cell of the operator database out (``database_profile.predict_cell``): the GPU's
 form fitted to its other versions times the held-out version's factor learned on another GPU that measured it, or
-where none did, the GPU's cells that ran the same kernel call; and the engine all-reduce's third line (the hand-off past its own kernel's largest message), checked on held-out rows."""
+where none did, the GPU's cells that ran the same kernel call; and the engine all-reduce's third line (the hand-off
+past its own kernel's largest message), checked on held-out rows."""
 from __future__ import annotations
 
 import numpy as np
