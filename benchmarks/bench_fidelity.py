@@ -21,9 +21,10 @@ and fell back: "c j", j of those to the GPU's cells of any engine or version tha
 database_profile.kernel_call, the rest to the GPU's other versions alone), MAPE and median signed error (GEMM fp8 in
 the leave-one-GPU-out splits as the profiles price vLLM's: its CUTLASS dispatch form, on rows of two tokens and more,
 from the GPUs of the target's architecture in both splits, as another architecture runs other configurations); next
-to each, the MAPE of a reference with no form in between: every held-out point predicted by the donors' own measurement of the same point, carried over by the fitted form's ratio between the
-two devices (for the cells: the GPU's other versions' time at the point times the donor's ratio of the held-out
-version to those versions), a miss there being the devices or versions disagreeing, not the form's shape.
+to each, the MAPE of a reference with no form in between: every held-out point predicted by the donors' own
+measurement of the same point, carried over by the fitted form's ratio between the two devices (for the cells: the
+GPU's other versions' time at the point times the donor's ratio of the held-out version to those versions), a miss
+there being the devices or versions disagreeing, not the form's shape.
 
     .venv/bin/python benchmarks/bench_fidelity.py          (about 35 s on 2 cores; the database part several minutes)
 """
