@@ -619,6 +619,20 @@ def _point_keys(rows: pd.DataFrame) -> list[str]:
     return [c for c in rows.columns if c not in (*DEVICE_COLUMNS, SMS_COLUMN, "measured_s", "table")]
 
 
+def repeat_floor(rows: pd.DataFrame) -> np.ndarray:
+    """Per row, the least absolute relative error any one predicted time for its point can have against the
+    table's repeated measurements of that point (zero where the point was timed once): a cell whose repeats disagree
+    with themselves bounds every form's MAPE from below by this mean. The least sum of |p / x - 1| over a point's
+    times x lies at one of them (the sum is convex and piecewise linear in p)."""
+    keys = _point_keys(rows)
+    out = np.zeros(len(rows))
+    for index in rows.groupby(keys, sort=False).indices.values():
+        times = rows["measured_s"].to_numpy()[index]
+        if len(times) > 1:
+            out[index] = np.min(np.abs(times[:, None] / times[None, :] - 1.0).sum(axis=1)) / len(times)
+    return out
+
+
 def _mean_log(frames: list[pd.DataFrame], keys: list[str]) -> pd.Series:
     """Per point, the mean log measured time over ``frames`` (versions); a point missing from one is dropped."""
     logs = [f.assign(log_s=np.log(f["measured_s"])).groupby(keys)["log_s"].mean() for f in frames]
@@ -688,13 +702,14 @@ def leave_one_cell_out(database: db.Database, targets: tuple[str, ...]) -> pd.Da
     or fabric for collectives), per acceptance group pooled over the cells; ``fallback_cells`` counts the cells
     whose version no other GPU measured, ``same_call_cells`` those of them predicted by the GPU's cells of other
     engines or versions that ran the same kernel call (the rest by the GPU's other versions alone, as
-    :func:`leave_one_version_out`)."""
+    :func:`leave_one_version_out`); ``repeat_floor`` is the MAPE no prediction can beat where the held-out tables
+    timed a point more than once (:func:`repeat_floor`)."""
     out = []
     gpus = database.gpus()
     for target in targets:
         architecture = [gpu for gpu in gpus if db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target]]
         for label, group, size in ACCEPTANCE_GROUPS:
-            signed_all, reference_all, cells_held, fallback, same_call_cells = [], [], 0, 0, 0
+            signed_all, reference_all, floor_all, cells_held, fallback, same_call_cells = [], [], [], 0, 0, 0
             peers = _peers(target, architecture, group)
             frameworks = version_cells(database, [target, *peers], group)
             # The target's cells of every engine by the kernel call that timed them (None: no call known).
@@ -712,6 +727,7 @@ def leave_one_cell_out(database: db.Database, targets: tuple[str, ...]) -> pd.Da
                     mask = _class_mask(group, size, held)
                     signed_all.append(found.signed[mask & ~np.isnan(found.signed)])
                     reference_all.append(found.reference[mask])
+                    floor_all.append(repeat_floor(held)[mask & ~np.isnan(found.signed)])
                     cells_held += 1
                     fallback += not found.donors
                     same_call_cells += found.same_call_cells > 0
@@ -719,7 +735,8 @@ def leave_one_cell_out(database: db.Database, targets: tuple[str, ...]) -> pd.Da
                 out.append(_with_reference({"split": "leave one (GPU, engine version) cell out", "gpu": target,
                                             "group": label, **summary(np.concatenate(signed_all)),
                                             "cells": cells_held, "fallback_cells": fallback,
-                                            "same_call_cells": same_call_cells},
+                                            "same_call_cells": same_call_cells,
+                                            "repeat_floor": float(np.mean(np.concatenate(floor_all)))},
                                            np.concatenate(reference_all)))
     return pd.DataFrame(out)
 

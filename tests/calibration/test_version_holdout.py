@@ -13,7 +13,7 @@ from llmsim.calibration import database as db
 from llmsim.calibration.database_fit import (ALL_REDUCE, CUSTOM_ALL_REDUCE, SwitchedForm, _switched_all_reduce,
                                              summary, with_device)
 from llmsim.calibration.database_profile import (ACCEPTANCE_MAPE, Cell, Group, fit_group, kernel_call, predict,
-                                                 predict_cell)
+                                                 predict_cell, repeat_floor)
 
 pytest.importorskip("pyarrow")
 
@@ -84,6 +84,15 @@ def test_a_version_no_other_gpu_measured_is_predicted_by_the_gpus_cells_of_its_k
     np.testing.assert_allclose(again.signed + 1.0, (found.signed + 1.0) / 7.0, rtol=1e-9)
     with pytest.raises(AssertionError, match="own kernel"):
         predict_cell("all_reduce", H100, "only_on_h100", training, cells[cell], [H200], [cells[cell]])
+
+
+def test_the_repeat_floor_is_the_least_error_one_time_can_have_against_a_points_repeats():
+    """Closed form: a point timed at 1.0 and 1.2 s is best predicted by either time, at 1 - 1/1.2 for the other row
+    (mean over the two rows: (1 - 1/1.2) / 2); three times 1, 1, 2 by 1 s (error 1/2 on one row of three); a point timed
+    once has no floor."""
+    rows = pd.DataFrame({"group": [2, 2, 4, 4, 4, 8], "bytes": [256.0, 256.0, 512.0, 512.0, 512.0, 256.0],
+                         "measured_s": [1.0, 1.2, 1.0, 1.0, 2.0, 3.0], "table": "t"})
+    np.testing.assert_allclose(repeat_floor(rows), [(1 - 1 / 1.2) / 2] * 2 + [0.5 / 3] * 3 + [0.0], rtol=1e-12)
 
 
 def _gemm_cell(database: db.Database, framework: str, version: str, dtype: str) -> pd.DataFrame:
