@@ -112,6 +112,7 @@ confidence interval. Such a search runs one replication, and its intervals are N
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, replace
@@ -124,7 +125,7 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.config.policies import KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
-from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid import FluidModel, has_length_law
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import as_scenario, check_rate_driven
@@ -1148,10 +1149,17 @@ class _Search:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
         it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed."""
         rates = [point[RATE_KEY] for point in points]
-        windows = []
+        # A workload with length laws of its own has the fluid model read them, not a seed's sample: a point's
+        # window is then the same for every seed, and worked out once.
+        seedless = has_length_law(self.scenario.workload)
+        windows, known = [], {}
         for point, rate in zip(points, rates):
-            at_rate = variant(self.scenario, point)
-            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False))
+            key = json.dumps({k: v for k, v in point.items() if not (seedless and k == "seed")}, sort_keys=True,
+                             default=str)
+            if key not in known:
+                at_rate = variant(self.scenario, point)
+                known[key] = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
+            windows.append(known[key])
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
                                       progress=self.progress, escalate_failing=False)
 
