@@ -881,7 +881,8 @@ class _Search:
         ``screened_out``, where the scan stopped once the rate was shown below the ``top``-th best of the settings
         scored before it (its rate NaN; it ranks below every setting scored, so the best ``top`` are the whole
         grid's, each with its rate)."""
-        rows, scored = [], []
+        rows: list[dict] = []
+        scored: list[float] = []
         for config in grid:
             floor = sorted(scored, reverse=True)[top - 1] if len(scored) >= top else -math.inf
             rate = self.analytic(config, floor)

@@ -356,8 +356,9 @@ class _Runs:
         ever acted); and for its eligibility rule, each threshold the same or, where the run's never kept a step
         from speculating, looser (:func:`_same_eligibility`)."""
         def same(metrics: dict) -> bool:
-            return _same_eligibility(metrics.get(ELIGIBILITY), eligibility) and all(rule == tuple(held) or wait < min(held[0], rule[0])
-                       for wait, held, rule in zip(metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT], timeouts))
+            return _same_eligibility(metrics.get(ELIGIBILITY), eligibility) and all(
+                rule == tuple(held) or wait < min(held[0], rule[0])
+                for wait, held, rule in zip(metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT], timeouts))
         return next((m for m in self.free.get(rule_free, ()) if same(m)), None)
 
     def load(self, journal: Journal) -> None:
