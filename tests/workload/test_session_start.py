@@ -30,7 +30,8 @@ def sessions(stationary: bool) -> Sessions:
 
 
 def trace(stationary: bool, seed: int, num_requests: int = 1500):
-    return sessions(stationary).trace(Poisson(RATE), num_requests, None, Fixed(value=INPUT, maximum=INPUT), Fixed(value=OUTPUT, maximum=OUTPUT), seed)
+    prompt, output = Fixed(value=INPUT, maximum=INPUT), Fixed(value=OUTPUT, maximum=OUTPUT)
+    return sessions(stationary).trace(Poisson(RATE), num_requests, None, prompt, output, seed)
 
 
 def turn_index(t) -> np.ndarray:
