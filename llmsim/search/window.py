@@ -21,6 +21,13 @@ latency comes from the fluid model (:mod:`llmsim.analysis.fluid`) at the point's
 has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
 request that just meets them). The request count is then ``lambda`` times the window.
 
+**Sessions start stationary.** Multi-turn sessions arriving at a constant rate start with conversations
+already in progress (``workload.sessions.start: stationary``, the M/G/inf equilibrium), so the turn rate is
+steady from the first second; the warm-up then also covers the time until at most 5% of the turns arriving
+find their history uncached (:meth:`~llmsim.workload.sessions.Sessions.cold_time_s`). A session rate that
+changes with time starts empty, and the warm-up covers the turn rate's fill instead
+(:meth:`~llmsim.workload.sessions.Sessions.fill_time_s`).
+
 **A verdict carries its uncertainty.** Every run's summary has, per SLO limit, the share of
 the window's requests within it and that share's batch-means standard error, and whether its
 TTFT still rises across the window (``queue.steady``). A point *passes* when, for every limit,
