@@ -56,7 +56,8 @@ The search (:func:`recommend`):
    and each queue timeout (50, 200, 1000 ms), simulated the same way.
    A disaggregated deployment whose two pools each set their own max batch tokens never runs the engine
    block's: every value of it simulates the same runs, so it is not searched (the grid, the defaults and the
-   refinement hold the scenario's; :func:`searches_batch_tokens`). With prefix caching
+   refinement hold the scenario's; :func:`batch_tokens_held`), nor is it under a controller that moves it. With
+   prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
    CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither). With
    drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
@@ -119,7 +120,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.config.policies import KPolicyName, Objective, SchedulingPolicy, SearchScope
+from llmsim.config.policies import ControllerKnob, KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
 from llmsim.analysis.fluid import FluidModel
 from llmsim.analysis.statistics import ci95_half_width
@@ -131,8 +132,8 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
-                                  stopping_decided_runs, typical_latency_s)
+from llmsim.search.window import (Judged, Verdict, Window, check_cycle_fits, judge, measurement_window,
+                                  simulate_until_decided, stopping_decided_runs, typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
@@ -432,11 +433,23 @@ def k_options(scenario: Scenario) -> list[KChoice]:
     return [OFF] + [KChoice(KPolicyName.STATIC, k) for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
-def searches_batch_tokens(scenario: Scenario) -> bool:
-    """Whether the engine block's max batch tokens runs anywhere: not in a disaggregated deployment whose pools
-    each set their own (every value simulates the same runs, so the search holds the scenario's)."""
+def batch_tokens_held(scenario: Scenario) -> str | None:
+    """Why the search holds the scenario's max batch tokens, or None where it searches them. A disaggregated
+    deployment whose pools each set their own never runs the engine block's (every value simulates the same
+    runs); under a controller that moves it, the value set is only where the controller starts (a setting the
+    controller overrides within one interval is not one to recommend)."""
+    controller = scenario.controller
+    if controller is not None and controller.knob is ControllerKnob.MAX_BATCH_TOKENS:
+        return "the controller moves it within its bounds"
     split = scenario.disaggregation
-    return split is None or any(pool.engine.max_batch_tokens is None for pool in (split.prefill, split.decode))
+    if split is not None and all(pool.engine.max_batch_tokens is not None for pool in (split.prefill, split.decode)):
+        return "each pool of the disaggregated deployment sets its own"
+    return None
+
+
+def searches_batch_tokens(scenario: Scenario) -> bool:
+    """Whether the search varies max batch tokens (:func:`batch_tokens_held`)."""
+    return batch_tokens_held(scenario) is None
 
 
 def batch_token_options(scenario: Scenario) -> list[int]:
@@ -522,6 +535,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to recommend settings for", file=scenario.path, key="slo",
                           has_value=False, allowed="ttft, tpot and/or e2e limits")
+    check_cycle_fits(scenario)
     seed_list = list(range(scenario.seed, scenario.seed + seeds)) if isinstance(seeds, int) else list(seeds)
     if len(seed_list) < 2:
         raise ConfigError("confidence intervals need at least 2 seeds", key="seeds", value=seeds,

@@ -62,6 +62,7 @@ from llmsim.search.sweeps import run_points, stopping_missed_runs
 from llmsim.sim.missed import WATCHED, MissedStop
 from llmsim.sim.result import StopReason
 from llmsim.workload.generate import generate_trace
+from llmsim.workload.profiles import Diurnal
 
 WARMUP_LATENCIES = 5          # warm-up: at least this many mean end-to-end latencies
 MEASURED_LATENCIES = 20       # measurement: at least this many (one per batch of the batch means)
@@ -184,7 +185,34 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float, 
     request_rate = rate_per_s * turns
     measure_s = max(MEASURED_REQUESTS / request_rate, MEASURED_LATENCIES * latency_s,
                     own_requests / request_rate - warmup_s if own_floor else 0.0)
+    arrival = workload.arrival
+    if isinstance(arrival, Diurnal):
+        # Whole cycles: part of one would measure its busy or its quiet phase (whichever follows the warm-up),
+        # not the mean rate the point stands for.
+        measure_s = max(1, math.ceil(measure_s / arrival.period_s - 1e-9)) * arrival.period_s
     return Window(warmup_s, measure_s, requests_per_arrival=turns)
+
+
+def check_cycle_fits(scenario: Scenario) -> None:
+    """A search measures whole cycles of a diurnal arrival (:func:`measurement_window`): refuse, before any
+    simulation, one whose cycle at the scenario's own rate holds more requests than a run may simulate
+    (:data:`MAX_REQUESTS`)."""
+    workload = scenario.workload
+    arrival = workload.arrival
+    if not isinstance(arrival, Diurnal) or workload.trace is not None:
+        return
+    turns = workload.sessions.mean_turns() if workload.sessions is not None else 1.0
+    cycle_requests = arrival.mean_rate_per_s * turns * arrival.period_s
+    if cycle_requests > MAX_REQUESTS:
+        longest_s = MAX_REQUESTS / (arrival.mean_rate_per_s * turns)
+        peak = arrival.mean_rate_per_s * (1 + arrival.amplitude)
+        raise ConfigError(f"a search measures whole cycles of a diurnal arrival, and one cycle at "
+                          f"{arrival.mean_rate_per_s:g}/s is {cycle_requests:,.0f} requests (a run simulates at "
+                          f"most {MAX_REQUESTS:,})", file=scenario.path, key="workload.arrival.period",
+                          value=f"{arrival.period_s:g} s",
+                          allowed=f"a period of at most {longest_s:,.0f} s at this rate; or, to size for the "
+                                  f"busiest hour, a steady arrival at the peak rate "
+                                  f"(process: poisson, rate: {peak:g}/s)")
 
 
 @dataclass(frozen=True)
