@@ -592,9 +592,13 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         best = searcher.best()
         table = searcher.table()
         if not table["meets_scenario_rate"].iloc[0]:
-            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
-                              f"({scenario.workload.rate_per_s:g}/s); the best, {best.label}, sustains "
-                              f"{table['max_rate_per_s'].iloc[0]:.3g}/s", file=scenario.path,
+            # Per seed: a seed that failed below the scenario's rate stopped there (its goodput in the table is
+            # then 0, which a mean over seeds would hide).
+            rate = scenario.workload.rate_per_s
+            seeds_text = "; ".join(f"seed {seed} {_seed_text(bracket, rate)}"
+                                   for seed, bracket in zip(searcher.seeds, searcher.brackets[best]))
+            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate ({rate:g}/s) on "
+                              f"every seed; the best, {best.label}: {seeds_text}", file=scenario.path,
                               key="workload.arrival.rate", value=scenario.workload.rate_per_s,
                               allowed="a lower rate, more replicas (llmsim plan), or looser SLOs")
         default_rows = table[table["default"]]
@@ -617,6 +621,16 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement),
                               _ci(gains, resolution),
                               analytic, time.perf_counter() - started, advice, search, classes, policies, experts)
+
+
+def _seed_text(bracket: _Bracket, rate_per_s: float) -> str:
+    """What one seed's bisection showed about the scenario's rate: passed up to a rate, or failed below it."""
+    if bracket.meets(rate_per_s):
+        return f"passes up to {bracket.passing:.3g}/s"
+    if bracket.raced_out:
+        return "not simulated at it (another setting ranked higher)"
+    passed = f" (passes {bracket.passing:.3g}/s)" if bracket.passing > 0 else ""
+    return f"fails at {bracket.failing:.3g}/s{passed}"
 
 
 def replays_one_trace(scenario: Scenario) -> bool:

@@ -97,3 +97,18 @@ def test_a_controller_on_max_batch_tokens_holds_the_scenarios_value():
     other = _diurnal(4.0, "300 s", engine={"max_batch_tokens": 8192},
                      controller={**CONTROLLER, "knob": "max_num_seqs", "bounds": [32, 256]})
     assert searches_batch_tokens(other) and len(batch_token_options(other)) > 1
+
+
+def test_a_refusal_says_what_each_seed_showed_at_the_scenarios_rate():
+    # No decode step takes under 1 ms: every seed of every setting fails at any rate, so each seed's bisection
+    # stops at the scenario's rate or below, and the refusal names each seed's failing rate, none passing (the
+    # mean of per-seed goodputs, 0 for a seed that failed below the scenario's rate, is no rate it sustains).
+    unreachable = make_scenario({"workload": {"num_requests": 400}, "slo": {"ttft": "2 s", "tpot": "1 ms"}})
+    with pytest.raises(ConfigError) as error:
+        recommend(unreachable, seeds=2, top=1, workers=1)
+    message = str(error.value)
+    assert error.value.key == "workload.arrival.rate"
+    for seed in (unreachable.seed, unreachable.seed + 1):
+        failing = float(message.split(f"seed {seed} fails at ")[1].split("/s")[0])
+        assert failing <= unreachable.workload.rate_per_s
+    assert "passes" not in message
