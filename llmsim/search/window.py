@@ -19,7 +19,10 @@ rate, not a probe at another: each probe's verdict carries its standard error an
 measured longer, so the window it rests on is as long as its verdict needs. The mean
 latency comes from the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
 has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
-request that just meets them). The request count is then ``lambda`` times the window.
+request that just meets them). The request count is then ``lambda`` times the window. Under a diurnal
+arrival the measurement is rounded up to whole cycles, so that it sees the mean rate the point stands for
+rather than the busy or quiet phase that follows the warm-up; ``recommend`` refuses, before simulating, a cycle
+longer than one run may simulate at the scenario's rate (:func:`check_cycle_fits`).
 
 **A verdict carries its uncertainty.** Every run's summary has, per SLO limit, the share of
 the window's requests within it and that share's batch-means standard error, and whether its
