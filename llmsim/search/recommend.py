@@ -30,7 +30,9 @@ The search (:func:`recommend`):
    (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
    taken on its estimate can only lower it. A probe's window is the window rule's alone, without the
    scenario's own request count as a floor (each verdict carries its standard error, and is measured
-   longer while undecided).
+   longer while undecided); under a diurnal arrival it measures whole cycles, and a scenario whose cycle at
+   its own rate is longer than one run may simulate is refused before any search
+   (:func:`llmsim.search.window.check_cycle_fits`).
    Each setting's bisection starts from the fluid model's rate scaled by the simulated/fluid ratio of the
    settings simulated so far; where none is yet (the search's first settings), the first of them is a
    *pilot*, bisected alone on its first seed, and its ratio starts the others. A setting is bisected on its
