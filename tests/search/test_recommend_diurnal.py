@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import yaml
 import pytest
 
 from llmsim.cli.main import main
@@ -15,7 +16,7 @@ from llmsim.search.recommend import Config, _neighbours, batch_token_options, re
 from llmsim.search.window import MAX_REQUESTS, check_cycle_fits, measurement_window
 from llmsim.workload.generate import generate_trace
 
-from tests.helpers import REPO, make_scenario
+from tests.helpers import BASE, REPO, make_scenario, merge
 
 DAY = REPO / "scenarios" / "day-of-traffic-diurnal.yaml"
 CONTROLLER = {"rule": "practice", "knob": "max_batch_tokens", "interval": "5 s", "window": "10 s",
@@ -112,3 +113,16 @@ def test_a_refusal_says_what_each_seed_showed_at_the_scenarios_rate():
         failing = float(message.split(f"seed {seed} fails at ")[1].split("/s")[0])
         assert failing <= unreachable.workload.rate_per_s
     assert "passes" not in message
+
+
+@pytest.mark.slow
+def test_a_recommendation_under_a_controller_keeps_and_says_the_scenarios_max_batch_tokens(tmp_path, capsys):
+    data = merge(BASE, {"workload": {"num_requests": 400, "arrival": {"rate": 4.0}},
+                        "engine": {"max_batch_tokens": 4096}, "slo": {"ttft": "2 s", "tpot": "100 ms"},
+                        "controller": {**CONTROLLER, "bounds": [1024, 4096]}})
+    path = tmp_path / "controlled.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["recommend", str(path), "--seeds", "2", "--top", "1", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "max_batch_tokens   4096 (the scenario's, not searched: the controller moves it within its bounds)" in out
+    assert "max_batch_tokens not searched: the controller moves it within its bounds" in out
