@@ -24,6 +24,13 @@ arrival the measurement is rounded up to whole cycles, so that it sees the mean 
 rather than the busy or quiet phase that follows the warm-up; ``recommend`` refuses, before simulating, a cycle
 longer than one run may simulate at the scenario's rate (:func:`check_cycle_fits`).
 
+**Sessions start stationary.** Multi-turn sessions arriving at a constant rate start with conversations
+already in progress (``workload.sessions.start: stationary``, the M/G/inf equilibrium), so the turn rate is
+steady from the first second; the warm-up then also covers the time until at most 5% of the turns arriving
+find their history uncached (:meth:`~llmsim.workload.sessions.Sessions.cold_time_s`). A session rate that
+changes with time starts empty, and the warm-up covers the turn rate's fill instead
+(:meth:`~llmsim.workload.sessions.Sessions.fill_time_s`).
+
 **A verdict carries its uncertainty.** Every run's summary has, per SLO limit, the share of
 the window's requests within it and that share's batch-means standard error, and whether its
 TTFT still rises across the window (``queue.steady``). A point *passes* when, for every limit,
@@ -61,9 +68,11 @@ from llmsim.config.policies import ExecutorKind
 from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
+from llmsim.scenario.variants import SESSION_START_KEY
 from llmsim.search.sweeps import run_points, stopping_missed_runs
 from llmsim.sim.missed import WATCHED, MissedStop
 from llmsim.sim.result import StopReason
+from llmsim.workload.arrivals import RenewalProcess
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.profiles import Diurnal
 
@@ -88,6 +97,7 @@ class Window:
     measure_s: float
     trace_requests: int = 0
     requests_per_arrival: float = 1.0
+    stationary_sessions: bool = False
 
     @property
     def whole_trace(self) -> bool:
@@ -118,7 +128,8 @@ class Window:
         if self.whole_trace:
             return {"simulation.warmup": f"{float(self.warmup_s)!r} s"}
         return {"workload.num_requests": self.simulated_requests(rate_per_s), "workload.duration": None,
-                "simulation.warmup": f"{float(self.warmup_s)!r} s"}
+                "simulation.warmup": f"{float(self.warmup_s)!r} s",
+                **({SESSION_START_KEY: "stationary"} if self.stationary_sessions else {})}
 
 
 def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
@@ -171,11 +182,14 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float, 
         own_warmup_s = scenario.simulation.warmup_s
         warmup_s = max(0.1 * span_s if own_warmup_s is None else own_warmup_s, WARMUP_LATENCIES * latency_s)
         return Window(warmup_s, max(span_s - warmup_s, 0.0), trace_requests=requests)
-    # Sessions: the rate counts conversations, the request counts turns, and the turn rate only
+    # Sessions: the rate counts conversations, the request counts turns. At a constant session rate the
+    # run starts with sessions in progress (stationary: the turn rate is steady from the start) and the
+    # warm-up covers the turns whose history the KV cache has not seen; otherwise the turn rate only
     # reaches its steady state once the sessions started early have sent their later turns.
     sessions = workload.sessions
     turns = sessions.mean_turns() if sessions is not None else 1.0
-    fill_s = sessions.fill_time_s() if sessions is not None else 0.0
+    stationary = sessions is not None and isinstance(workload.arrival, RenewalProcess)
+    fill_s = 0.0 if sessions is None else sessions.cold_time_s() if stationary else sessions.fill_time_s()
     if workload.num_requests is not None:
         own_requests: float = workload.num_requests
     else:
@@ -193,7 +207,7 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float, 
         # Whole cycles: part of one would measure its busy or its quiet phase (whichever follows the warm-up),
         # not the mean rate the point stands for.
         measure_s = max(1, math.ceil(measure_s / arrival.period_s - 1e-9)) * arrival.period_s
-    return Window(warmup_s, measure_s, requests_per_arrival=turns)
+    return Window(warmup_s, measure_s, requests_per_arrival=turns, stationary_sessions=stationary)
 
 
 def check_cycle_fits(scenario: Scenario) -> None:
