@@ -33,7 +33,9 @@ The search (:func:`recommend`):
    (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
    taken on its estimate can only lower it. A probe's window is the window rule's alone, without the
    scenario's own request count as a floor (each verdict carries its standard error, and is measured
-   longer while undecided).
+   longer while undecided); under a diurnal arrival it measures whole cycles, and a scenario whose cycle at
+   its own rate is longer than one run may simulate is refused before any search
+   (:func:`llmsim.search.window.check_cycle_fits`).
    Each setting's bisection starts from the fluid model's rate scaled by the simulated/fluid ratio of the
    settings simulated so far; where none is yet (the search's first settings), the first of them is a
    *pilot*, bisected alone on its first seed, and its ratio starts the others. A setting is bisected on its
@@ -59,7 +61,8 @@ The search (:func:`recommend`):
    and each queue timeout (50, 200, 1000 ms), simulated the same way.
    A disaggregated deployment whose two pools each set their own max batch tokens never runs the engine
    block's: every value of it simulates the same runs, so it is not searched (the grid, the defaults and the
-   refinement hold the scenario's; :func:`searches_batch_tokens`). With prefix caching
+   refinement hold the scenario's; :func:`batch_tokens_held`), nor is it under a controller that moves it. With
+   prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
    CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither). With
    drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
@@ -123,7 +126,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.config.policies import KPolicyName, Objective, SchedulingPolicy, SearchScope
+from llmsim.config.policies import ControllerKnob, KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
 from llmsim.analysis.fluid import FluidModel, has_length_law
 from llmsim.analysis.statistics import ci95_half_width
@@ -135,8 +138,8 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
-                                  stopping_decided_runs, typical_latency_s)
+from llmsim.search.window import (Judged, Verdict, Window, check_cycle_fits, judge, measurement_window,
+                                  simulate_until_decided, stopping_decided_runs, typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
@@ -436,11 +439,23 @@ def k_options(scenario: Scenario) -> list[KChoice]:
     return [OFF] + [KChoice(KPolicyName.STATIC, k) for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
-def searches_batch_tokens(scenario: Scenario) -> bool:
-    """Whether the engine block's max batch tokens runs anywhere: not in a disaggregated deployment whose pools
-    each set their own (every value simulates the same runs, so the search holds the scenario's)."""
+def batch_tokens_held(scenario: Scenario) -> str | None:
+    """Why the search holds the scenario's max batch tokens, or None where it searches them. A disaggregated
+    deployment whose pools each set their own never runs the engine block's (every value simulates the same
+    runs); under a controller that moves it, the value set is only where the controller starts (a setting the
+    controller overrides within one interval is not one to recommend)."""
+    controller = scenario.controller
+    if controller is not None and controller.knob is ControllerKnob.MAX_BATCH_TOKENS:
+        return "the controller moves it within its bounds"
     split = scenario.disaggregation
-    return split is None or any(pool.engine.max_batch_tokens is None for pool in (split.prefill, split.decode))
+    if split is not None and all(pool.engine.max_batch_tokens is not None for pool in (split.prefill, split.decode)):
+        return "each pool of the disaggregated deployment sets its own"
+    return None
+
+
+def searches_batch_tokens(scenario: Scenario) -> bool:
+    """Whether the search varies max batch tokens (:func:`batch_tokens_held`)."""
+    return batch_tokens_held(scenario) is None
 
 
 def batch_token_options(scenario: Scenario) -> list[int]:
@@ -540,6 +555,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to recommend settings for", file=scenario.path, key="slo",
                           has_value=False, allowed="ttft, tpot and/or e2e limits")
+    check_cycle_fits(scenario)
     seed_list = list(range(scenario.seed, scenario.seed + seeds)) if isinstance(seeds, int) else list(seeds)
     if len(seed_list) < 2:
         raise ConfigError("confidence intervals need at least 2 seeds", key="seeds", value=seeds,
@@ -593,9 +609,13 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         best = searcher.best()
         table = searcher.table()
         if not table["meets_scenario_rate"].iloc[0]:
-            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
-                              f"({scenario.workload.rate_per_s:g}/s); the best, {best.label}, sustains "
-                              f"{table['max_rate_per_s'].iloc[0]:.3g}/s", file=scenario.path,
+            # Per seed: a seed that failed below the scenario's rate stopped there (its goodput in the table is
+            # then 0, which a mean over seeds would hide).
+            rate = scenario.workload.rate_per_s
+            seeds_text = "; ".join(f"seed {seed} {_seed_text(bracket, rate)}"
+                                   for seed, bracket in zip(searcher.seeds, searcher.brackets[best]))
+            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate ({rate:g}/s) on "
+                              f"every seed; the best, {best.label}: {seeds_text}", file=scenario.path,
                               key="workload.arrival.rate", value=scenario.workload.rate_per_s,
                               allowed="a lower rate, more replicas (llmsim plan), or looser SLOs")
         default_rows = table[table["default"]]
@@ -618,6 +638,16 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement),
                               _ci(gains, resolution),
                               analytic, time.perf_counter() - started, advice, search, classes, policies, experts)
+
+
+def _seed_text(bracket: _Bracket, rate_per_s: float) -> str:
+    """What one seed's bisection showed about the scenario's rate: passed up to a rate, or failed below it."""
+    if bracket.meets(rate_per_s):
+        return f"passes up to {bracket.passing:.3g}/s"
+    if bracket.raced_out:
+        return "not simulated at it (another setting ranked higher)"
+    passed = f" (passes {bracket.passing:.3g}/s)" if bracket.passing > 0 else ""
+    return f"fails at {bracket.failing:.3g}/s{passed}"
 
 
 def replays_one_trace(scenario: Scenario) -> bool:
