@@ -176,3 +176,15 @@ def test_a_scenario_without_classes_cannot_search_them(capsys):
         with pytest.raises(ConfigError) as error:
             recommend(make_scenario(base=copy.deepcopy(SCENARIO)), search="classes", class_timeouts_s=bad)
         assert error.value.key == "class_timeouts_s"      # the parameter; the command line names its flag
+
+
+def test_racing_the_screens_leaves_every_policy_s_pick_as_it_was(rec, scenario, monkeypatch):
+    """The same search with every screened candidate run on every seed (no candidate dropped from the race)
+    picks the same timeouts for every policy, and the same answer; the race did drop some."""
+    monkeypatch.setattr("llmsim.search.recommend._trails", lambda candidate, leader: False)
+    whole = recommend(scenario, seeds=2, workers=2, search="classes", tolerance=0.25,
+                      class_timeouts_s=(SHORT_S, LONG_S))
+    assert (whole.classes.screened["seeds"] == 2).all()
+    assert (rec.classes.screened["seeds"] < 2).any()
+    assert whole.classes.best_per_policy == rec.classes.best_per_policy
+    assert whole.best == rec.best
