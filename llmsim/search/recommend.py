@@ -90,7 +90,8 @@ The search (:func:`recommend`):
    (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). A run sure to
    miss a class's target stops there (:mod:`llmsim.sim.missed`, each class's own limits): such a
    candidate misses by more than the stop's margin and ranks below every one that misses without
-   stopping (:func:`_screen_key`). For
+   stopping (:func:`_screen_key`). A policy's candidates race seed by seed: one that ranks below the
+   policy's leader by more than the interval of the two margins runs no further seed (:func:`_trails`). For
    each scheduling policy, coordinate descent over the classes: each class's timeout in
    turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
    others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
