@@ -32,8 +32,11 @@ fed a Poisson stream of ``lambda`` requests per second:
    close to an M/G/infinity population, Poisson with mean ``N``), plus the
    iteration(s) that compute its prompt (priced per prompt length over the workload's
    length quantiles), plus two queueing waits: M/G/1 (Pollaczek-Khinchine) for prompts
-   sharing the prefill token budget, and M/G/c (Erlang C with the Allen-Cunneen
-   correction) for a batch slot, ``c`` being the slot or KV limit.
+   sharing the prefill token budget, a prompt holding it for its share of the budget times the steps
+   that carry it (a step with prefill, not the mean step), and M/G/c (Erlang C with the Allen-Cunneen
+   correction) for a batch slot, ``c`` being the slot or KV limit. A TTFT percentile is read
+   over the prompt length quantiles (the prompt's own prefill sets most of the spread; the waits
+   and the residual step at their means).
 
 What it leaves out, and so where it errs: the spread of contexts and draft lengths
 within a batch and the burstiness of admission behind a small token budget (the cost
