@@ -14,7 +14,10 @@ The search (:func:`recommend`):
    Medusa one token per head) and max batch tokens (powers of two, the scenario's
    own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`): its
    highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
-   invisible to it (they act on the tail), so they are left to the simulator.
+   invisible to it (they act on the tail), so they are left to the simulator. Only the best ``top``
+   are simulated, so a setting's scan stops once it shows the setting's rate below the ``top``-th best
+   of those scored before it (:meth:`_Search.screen_grid`; ``screened_out`` in the table, its rate not
+   known): the best ``top`` are the whole grid's, with the same rates.
 2. **Simulated, repeated seeds.** The best ``top`` of them, and the rule-of-thumb
    defaults, get their highest passing rate by bisection on the rate, separately for
    each seed (common random numbers: every configuration sees a seed's requests), run
@@ -30,7 +33,9 @@ The search (:func:`recommend`):
    (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
    taken on its estimate can only lower it. A probe's window is the window rule's alone, without the
    scenario's own request count as a floor (each verdict carries its standard error, and is measured
-   longer while undecided).
+   longer while undecided); under a diurnal arrival it measures whole cycles, and a scenario whose cycle at
+   its own rate is longer than one run may simulate is refused before any search
+   (:func:`llmsim.search.window.check_cycle_fits`).
    Each setting's bisection starts from the fluid model's rate scaled by the simulated/fluid ratio of the
    settings simulated so far; where none is yet (the search's first settings), the first of them is a
    *pilot*, bisected alone on its first seed, and its ratio starts the others. A setting is bisected on its
@@ -56,7 +61,8 @@ The search (:func:`recommend`):
    and each queue timeout (50, 200, 1000 ms), simulated the same way.
    A disaggregated deployment whose two pools each set their own max batch tokens never runs the engine
    block's: every value of it simulates the same runs, so it is not searched (the grid, the defaults and the
-   refinement hold the scenario's; :func:`searches_batch_tokens`). With prefix caching
+   refinement hold the scenario's; :func:`batch_tokens_held`), nor is it under a controller that moves it. With
+   prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
    CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither). With
    drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
@@ -109,6 +115,7 @@ confidence interval. Such a search runs one replication, and its intervals are N
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, replace
@@ -119,9 +126,9 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.config.policies import KPolicyName, Objective, SchedulingPolicy, SearchScope
+from llmsim.config.policies import ControllerKnob, KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
-from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid import FluidModel, has_length_law
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import as_scenario, check_rate_driven
@@ -131,8 +138,8 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
-                                  stopping_decided_runs, typical_latency_s)
+from llmsim.search.window import (Judged, Verdict, Window, check_cycle_fits, judge, measurement_window,
+                                  simulate_until_decided, stopping_decided_runs, typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
@@ -346,7 +353,7 @@ class Recommendation:
     objective: Objective
     improvement: float             # best over the best default (goodput ratio - 1, or cost saving)
     improvement_ci95: float        # half-width across seeds, paired, at least the bisection's resolution
-    analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
+    analytic: pd.DataFrame         # the coarse grid as scored by the fluid model (screened_out: below the best top)
     runtime_s: float
     drafts: DraftSearch | None = None   # with drafts=True on a speculating scenario: proposer and eligibility
     search: SearchScope = SearchScope.ALL
@@ -432,11 +439,23 @@ def k_options(scenario: Scenario) -> list[KChoice]:
     return [OFF] + [KChoice(KPolicyName.STATIC, k) for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
-def searches_batch_tokens(scenario: Scenario) -> bool:
-    """Whether the engine block's max batch tokens runs anywhere: not in a disaggregated deployment whose pools
-    each set their own (every value simulates the same runs, so the search holds the scenario's)."""
+def batch_tokens_held(scenario: Scenario) -> str | None:
+    """Why the search holds the scenario's max batch tokens, or None where it searches them. A disaggregated
+    deployment whose pools each set their own never runs the engine block's (every value simulates the same
+    runs); under a controller that moves it, the value set is only where the controller starts (a setting the
+    controller overrides within one interval is not one to recommend)."""
+    controller = scenario.controller
+    if controller is not None and controller.knob is ControllerKnob.MAX_BATCH_TOKENS:
+        return "the controller moves it within its bounds"
     split = scenario.disaggregation
-    return split is None or any(pool.engine.max_batch_tokens is None for pool in (split.prefill, split.decode))
+    if split is not None and all(pool.engine.max_batch_tokens is not None for pool in (split.prefill, split.decode)):
+        return "each pool of the disaggregated deployment sets its own"
+    return None
+
+
+def searches_batch_tokens(scenario: Scenario) -> bool:
+    """Whether the search varies max batch tokens (:func:`batch_tokens_held`)."""
+    return batch_tokens_held(scenario) is None
 
 
 def batch_token_options(scenario: Scenario) -> list[int]:
@@ -448,7 +467,7 @@ def batch_token_options(scenario: Scenario) -> list[int]:
     return sorted(m for m in options if m >= eng.max_num_seqs)
 
 
-def analytic_rate(scenario: Scenario, trace=None) -> float:
+def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf) -> float:
     """The fluid model's highest rate with mean latencies within the SLO limits, and its TTFT at the target's
     percentile within the TTFT limit (its spread is mostly the prompts' own), 0 if none.
 
@@ -458,6 +477,12 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     rate: the highest passing rate is the same as the whole grid's, and the rates far below it are
     never solved (a chunk of loads near each other also sizes the solver's prompt counts to them,
     not to the grid's heaviest load).
+
+    ``floor_per_s``: the answer matters only at or above it (a screen that keeps the best few). Once the
+    rates scanned show the answer to lie below it, the scan stops and returns NaN: every rate from a chunk's
+    lowest up failed, so the answer is at most that rate (the fine grid between the highest passing coarse rate
+    and the next ends at the next), and that rate is below the floor. A scan the floor does not stop is the
+    scan without it, chunk for chunk, so its answer is the same.
     """
     model = FluidModel(scenario, trace)
     limits = scenario.slo.targets()
@@ -475,11 +500,14 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
         return ok
 
     def last_passing(rates: np.ndarray) -> int | None:
+        """The highest passing rate's index, None where none passes, -1 where it is shown below the floor."""
         for stop in range(len(rates), 0, -FLUID_CHUNK):
             start = max(stop - FLUID_CHUNK, 0)
             ok = np.flatnonzero(passing(rates[start:stop]))
             if len(ok):
                 return start + int(ok[-1])
+            if rates[start] < floor_per_s:
+                return -1
         return None
 
     own = scenario.workload.rate_per_s
@@ -487,10 +515,15 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     last = last_passing(rates)
     if last is None:
         return 0.0
+    if last == -1 or (last < len(rates) - 1 and rates[last + 1] < floor_per_s):
+        return math.nan
     if last == len(rates) - 1:
         return float(rates[-1])
     fine = np.linspace(rates[last], rates[last + 1], 17)
     fine_last = last_passing(fine)
+    if fine_last == -1:
+        # every fine rate from the chunk's lowest up failed: the answer is the highest below it, or rates[last]
+        return math.nan
     return float(fine[fine_last]) if fine_last is not None else float(rates[last])
 
 
@@ -527,6 +560,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to recommend settings for", file=scenario.path, key="slo",
                           has_value=False, allowed="ttft, tpot and/or e2e limits")
+    check_cycle_fits(scenario)
     seed_list = list(range(scenario.seed, scenario.seed + seeds)) if isinstance(seeds, int) else list(seeds)
     if len(seed_list) < 2:
         raise ConfigError("confidence intervals need at least 2 seeds", key="seeds", value=seeds,
@@ -544,7 +578,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
     with reusing_runs():
         searcher = _Search(scenario, seed_list, objective, workers, tolerance, progress,
                            own_settings=search is SearchScope.CLASSES, class_timeouts_s=class_timeouts_s)
-        analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
+        analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s", "screened_out"])
         experts = None
         # The search asks only whether points meet the targets: a run sure to miss them stops there
         # (llmsim.search.window); the figures shown at the scenario's rate come from whole runs.
@@ -552,10 +586,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
             if search is SearchScope.ALL:
                 # 1. the coarse grid, scored by the fluid model
                 grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
-                analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
-                                          "analytic_rate_per_s": searcher.analytic(c)} for c in grid])
-                analytic = analytic.sort_values("analytic_rate_per_s", ascending=False,
-                                                kind="stable").reset_index(drop=True)
+                analytic = searcher.screen_grid(grid, top)
                 chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
                 screened = contenders = None
                 if speculating:
@@ -583,9 +614,13 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         best = searcher.best()
         table = searcher.table()
         if not table["meets_scenario_rate"].iloc[0]:
-            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
-                              f"({scenario.workload.rate_per_s:g}/s); the best, {best.label}, sustains "
-                              f"{table['max_rate_per_s'].iloc[0]:.3g}/s", file=scenario.path,
+            # Per seed: a seed that failed below the scenario's rate stopped there (its goodput in the table is
+            # then 0, which a mean over seeds would hide).
+            rate = scenario.workload.rate_per_s
+            seeds_text = "; ".join(f"seed {seed} {_seed_text(bracket, rate)}"
+                                   for seed, bracket in zip(searcher.seeds, searcher.brackets[best]))
+            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate ({rate:g}/s) on "
+                              f"every seed; the best, {best.label}: {seeds_text}", file=scenario.path,
                               key="workload.arrival.rate", value=scenario.workload.rate_per_s,
                               allowed="a lower rate, more replicas (llmsim plan), or looser SLOs")
         default_rows = table[table["default"]]
@@ -608,6 +643,16 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement),
                               _ci(gains, resolution),
                               analytic, time.perf_counter() - started, advice, search, classes, policies, experts)
+
+
+def _seed_text(bracket: _Bracket, rate_per_s: float) -> str:
+    """What one seed's bisection showed about the scenario's rate: passed up to a rate, or failed below it."""
+    if bracket.meets(rate_per_s):
+        return f"passes up to {bracket.passing:.3g}/s"
+    if bracket.raced_out:
+        return "not simulated at it (another setting ranked higher)"
+    passed = f" (passes {bracket.passing:.3g}/s)" if bracket.passing > 0 else ""
+    return f"fails at {bracket.failing:.3g}/s{passed}"
 
 
 def replays_one_trace(scenario: Scenario) -> bool:
@@ -819,6 +864,11 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
                  for c in scenario.workload.classes)
 
 
+def config_key(config: Config) -> tuple:
+    """What of a setting the fluid model sees (queue timeouts act on the tail, which it does not model)."""
+    return config.k, config.max_batch_tokens, config.draft, config.eligibility, config.expert_parallel
+
+
 class _Search:
     """Simulated highest passing rate per (configuration, seed), bisected for all at once."""
 
@@ -845,15 +895,39 @@ class _Search:
                           for t in TIMEOUTS_S])
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
-    def analytic(self, config: Config) -> float:
-        key = (config.k, config.max_batch_tokens, config.draft, config.eligibility, config.expert_parallel)
+    def analytic(self, config: Config, floor_per_s: float = -math.inf) -> float:
+        """The fluid model's rate of ``config`` (:func:`analytic_rate`; NaN: not a valid setting here). With
+        ``floor_per_s``: NaN, and nothing remembered, where its scan shows the rate to lie below the floor."""
+        key = config_key(config)
         if key not in self._analytic:
             try:
-                self._analytic[key] = analytic_rate(variant(self.scenario, config.overrides(self.scenario)),
-                                                    self.trace)
+                rate = analytic_rate(variant(self.scenario, config.overrides(self.scenario)), self.trace,
+                                     floor_per_s)
             except ConfigError:           # not a valid setting here (e.g. too little memory left)
-                self._analytic[key] = math.nan
+                rate = math.nan
+            else:
+                if math.isnan(rate):      # below the floor: not known, and asked again without one if needed
+                    return rate
+            self._analytic[key] = rate
         return self._analytic[key]
+
+    def screen_grid(self, grid: Sequence[Config], top: int) -> pd.DataFrame:
+        """The coarse grid scored by the fluid model, best first: k, max batch tokens, the fluid rate and
+        ``screened_out``, where the scan stopped once the rate was shown below the ``top``-th best of the settings
+        scored before it (its rate NaN; it ranks below every setting scored, so the best ``top`` are the whole
+        grid's, each with its rate)."""
+        rows: list[dict] = []
+        scored: list[float] = []
+        for config in grid:
+            floor = sorted(scored, reverse=True)[top - 1] if len(scored) >= top else -math.inf
+            rate = self.analytic(config, floor)
+            screened_out = math.isnan(rate) and config_key(config) not in self._analytic
+            if not math.isnan(rate):
+                scored.append(rate)
+            rows.append({"k": config.k, "max_batch_tokens": config.max_batch_tokens, "analytic_rate_per_s": rate,
+                         "screened_out": screened_out})
+        frame = pd.DataFrame(rows, columns=["k", "max_batch_tokens", "analytic_rate_per_s", "screened_out"])
+        return frame.sort_values("analytic_rate_per_s", ascending=False, kind="stable").reset_index(drop=True)
 
     def evaluate(self, configs: Sequence[Config], start_rate_per_s: float | None = None) -> None:
         """Simulate each new configuration's highest passing rate, per seed, all at once.
@@ -1111,10 +1185,17 @@ class _Search:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
         it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed."""
         rates = [point[RATE_KEY] for point in points]
-        windows = []
+        # A workload with length laws of its own has the fluid model read them, not a seed's sample: a point's
+        # window is then the same for every seed, and worked out once.
+        seedless = has_length_law(self.scenario.workload)
+        windows, known = [], {}
         for point, rate in zip(points, rates):
-            at_rate = variant(self.scenario, point)
-            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False))
+            key = json.dumps({k: v for k, v in point.items() if not (seedless and k == "seed")}, sort_keys=True,
+                             default=str)
+            if key not in known:
+                at_rate = variant(self.scenario, point)
+                known[key] = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
+            windows.append(known[key])
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
                                       progress=self.progress, escalate_failing=False)
 
