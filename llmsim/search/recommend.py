@@ -472,7 +472,8 @@ def batch_token_options(scenario: Scenario) -> list[int]:
 
 
 def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf) -> float:
-    """The fluid model's highest rate with mean latencies within the SLO limits (0 if none).
+    """The fluid model's highest rate with mean latencies within the SLO limits, and its TTFT at the target's
+    percentile within the TTFT limit (its spread is mostly the prompts' own), 0 if none.
 
     Scanned on a geometric grid from 1/20 to 20 times the scenario's rate, then on a fine
     grid across the step where the limits give out (a few ms, all rates at once). Each grid is
@@ -491,11 +492,15 @@ def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf
     limits = scenario.slo.targets()
     mean_limits_s = {metric: limit for metric, (limit, _) in limits.items()}
 
+    ttft_percentile = limits["ttft"][1] if "ttft" in limits else None
+
     def passing(rates):
-        frame = model.evaluate(rates, mean_limits_s)
+        frame = model.evaluate(rates, mean_limits_s, ttft_percentile)
         ok = frame["stable"].to_numpy().copy()
         for metric, (limit, _) in limits.items():
             ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit
+        if ttft_percentile is not None:
+            ok &= frame["ttft_percentile_s"].to_numpy() <= limits["ttft"][0]
         return ok
 
     def last_passing(rates: np.ndarray) -> int | None:
