@@ -84,9 +84,13 @@ The search (:func:`recommend`):
    combination visited is *screened*: simulated once per seed at one probe rate, the
    highest of the scenario's and the best setting's goodput (where the best only just
    passes, so a better setting shows as a larger margin), on the same requests for every
-   candidate (common random numbers: the knobs leave the trace unchanged), and ranked by
-   whether it meets every class's targets there and then by its worst class margin
-   (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). For
+   candidate (common random numbers: the knobs leave the trace unchanged), over a bisection
+   probe's window (so each policy's best starts its bisection on the runs it was screened with),
+   and ranked by whether it meets every class's targets there and then by its worst class margin
+   (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). A run sure to
+   miss a class's target stops there (:mod:`llmsim.sim.missed`, each class's own limits): such a
+   candidate misses by more than the stop's margin and ranks below every one that misses without
+   stopping (:func:`_screen_key`). For
    each scheduling policy, coordinate descent over the classes: each class's timeout in
    turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
    others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
@@ -468,7 +472,8 @@ def batch_token_options(scenario: Scenario) -> list[int]:
 
 
 def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf) -> float:
-    """The fluid model's highest rate with mean latencies within the SLO limits (0 if none).
+    """The fluid model's highest rate with mean latencies within the SLO limits, and its TTFT at the target's
+    percentile within the TTFT limit (its spread is mostly the prompts' own), 0 if none.
 
     Scanned on a geometric grid from 1/20 to 20 times the scenario's rate, then on a fine
     grid across the step where the limits give out (a few ms, all rates at once). Each grid is
@@ -487,11 +492,15 @@ def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf
     limits = scenario.slo.targets()
     mean_limits_s = {metric: limit for metric, (limit, _) in limits.items()}
 
+    ttft_percentile = limits["ttft"][1] if "ttft" in limits else None
+
     def passing(rates):
-        frame = model.evaluate(rates, mean_limits_s)
+        frame = model.evaluate(rates, mean_limits_s, ttft_percentile)
         ok = frame["stable"].to_numpy().copy()
         for metric, (limit, _) in limits.items():
             ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit
+        if ttft_percentile is not None:
+            ok &= frame["ttft_percentile_s"].to_numpy() <= limits["ttft"][0]
         return ok
 
     def last_passing(rates: np.ndarray) -> int | None:
@@ -604,8 +613,8 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
                 experts = searcher.experts(searcher.best()) if searches_experts(scenario) else None
             else:
                 searcher.evaluate(searcher.defaults)        # the scenario's own settings
-        # 4. with traffic classes: the policy and every class's timeout, jointly
-        classes = searcher.classes(searcher.best()) if scenario.workload.classes else None
+            # 4. with traffic classes: the policy and every class's timeout, jointly
+            classes = searcher.classes(searcher.best()) if scenario.workload.classes else None
         best = searcher.best()
         table = searcher.table()
         if not table["meets_scenario_rate"].iloc[0]:
@@ -840,11 +849,14 @@ def _with_timeout(config: Config, name: str, timeout_s: float) -> Config:
     return replace(config, class_timeouts=tuple((n, timeout_s if n == name else t) for n, t in config.class_timeouts))
 
 
-def _screen_key(verdict: Verdict) -> tuple[bool, float]:
-    """How a screened candidate ranks: meeting every class's targets, then its worst margin (a NaN,
-    a class with no requests measured, last)."""
+def _screen_key(judged: Judged) -> tuple[bool, bool, float]:
+    """How a screened candidate ranks: meeting every class's targets, then, among those that miss them,
+    a run that went to its end before one stopped sure to miss (its whole run misses a watched target by
+    more than the stop's margin, :mod:`llmsim.sim.missed`; the figures it stopped with cover only part of
+    it), then its worst margin (a NaN, a class with no requests measured, last)."""
+    verdict = judged.verdict
     margin = verdict.worst_margin[0]
-    return verdict.met, margin if math.isfinite(margin) else -math.inf
+    return verdict.met, not judged.stopped, margin if math.isfinite(margin) else -math.inf
 
 
 def _worst_check(verdict: Verdict) -> str:
@@ -877,7 +889,7 @@ class _Search:
         self.class_timeouts_s = tuple(class_timeouts_s)
         self.results: dict[Config, dict] = {}
         self.brackets: dict[Config, list[_Bracket]] = {}            # per seed, as each bisection ended
-        self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
+        self.screened: dict[tuple[Config, float], Judged] = {}      # (candidate, probe rate) -> its screen
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.rate_per_s
         self.expert_degree: int | None = None                # chosen by step 3b: its settings rank first
@@ -1098,7 +1110,9 @@ class _Search:
             goodput = self.simulated_over_analytic() * float(self.results[base]["analytic_rate_per_s"])
         rate = max(self.rate, goodput) if math.isfinite(goodput) else self.rate     # NaN: no fluid estimate
         at_rate = variant(scenario, {**base.overrides(scenario), RATE_KEY: rate})
-        window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate))
+        # the window of a bisection's probe (:meth:`judge`): each policy's best then starts its bisection on
+        # the runs it was screened with
+        window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
         current = {p: replace(base, policy=p, class_timeouts=start) for p in SchedulingPolicy}
         self.progress.note("classes: every policy")
         self.screen(list(current.values()), rate, window)
@@ -1120,10 +1134,11 @@ class _Search:
         self.progress.note("classes: goodput of each policy's best")
         self.evaluate(list(current.values()), start_rate_per_s=rate)
         screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts or ()),
-                                  "met": v.met, "worst_margin": v.worst_margin[0], "worst_check": _worst_check(v),
-                                  "margins": {name: margin for name, (margin, _) in v.margins.items()},
-                                  "steady": v.steady}
-                                 for (c, r), v in self.screened.items() if r == rate])
+                                  "met": j.verdict.met, "worst_margin": j.verdict.worst_margin[0],
+                                  "worst_check": _worst_check(j.verdict),
+                                  "margins": {name: margin for name, (margin, _) in j.verdict.margins.items()},
+                                  "steady": j.verdict.steady, "stopped": j.stopped}
+                                 for (c, r), j in self.screened.items() if r == rate])
         return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
 
     def degree_of(self, config: Config) -> int:
@@ -1174,7 +1189,7 @@ class _Search:
                                         seeds=self.seeds, workers=self.workers, progress=self.progress,
                                         escalations=0)
         for c, one in zip(todo, judged):
-            self.screened[(c, rate)] = one.verdict
+            self.screened[(c, rate)] = one
 
     def judge(self, points: list[dict]) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while

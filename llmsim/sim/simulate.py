@@ -361,7 +361,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     are then empty. Not with a controller (it reads every record) or a tiered KV cache.
 
     ``stop_when_missed``: the run stops (``stopped_by == "missed"``) once it is sure to miss its SLO targets
-    (:mod:`llmsim.sim.missed`); not watched with traffic classes or disaggregated pools.
+    (:mod:`llmsim.sim.missed`; with traffic classes, each class's own targets); not watched with disaggregated
+    pools.
     """
     if trace is None and scenario.workload.trace is not None:      # in memory already: estimate on it
         trace = generate_trace(scenario.workload, scenario.seed)
@@ -428,7 +429,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         router.pool = ReplicaPool(pool_size, resolved.replicas, switch_off)
         env.process(autoscaler(env, router.pool, router.outstanding, autoscaling, scaling))
     env.process(_horizon(env, horizon, stop))
-    if stop_when_missed is not None and not scenario.workload.classes:
+    if stop_when_missed is not None:
         env.process(watch_misses(env, scenario, records, router.in_system_requests, warmup, window,
                                  stop_when_missed, stop))
     return _run(scenario, env, stop, router, engines, records, resolved, window, warmup, control, scaling,

@@ -21,12 +21,13 @@ class _Stub:
     def __init__(self, scenario, trace=None):
         pass
 
-    def evaluate(self, rates, mean_limits_s=None):
+    def evaluate(self, rates, mean_limits_s=None, ttft_percentile=None):
         rates = np.atleast_1d(rates)
         _Stub.solved.append(len(rates))
         ok = _Stub.passes(rates)
         return pd.DataFrame({"stable": np.ones(len(rates), dtype=bool),
                              "tpot_mean_s": np.where(ok, 0.01, 1.0), "ttft_mean_s": np.zeros(len(rates)),
+                             "ttft_percentile_s": np.zeros(len(rates)),
                              "e2e_mean_s": np.zeros(len(rates))})
 
 
