@@ -121,7 +121,7 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.config.policies import KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
-from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid_disaggregated import fluid_model
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import as_scenario, check_rate_driven
@@ -458,7 +458,7 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     never solved (a chunk of loads near each other also sizes the solver's prompt counts to them,
     not to the grid's heaviest load).
     """
-    model = FluidModel(scenario, trace)
+    model = fluid_model(scenario, trace)
     limits = scenario.slo.targets()
     mean_limits_s = {metric: limit for metric, (limit, _) in limits.items()}
 

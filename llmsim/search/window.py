@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid_disaggregated import fluid_model
 from llmsim.analysis.statistics import BATCHES
 from llmsim.config.policies import ExecutorKind
 from llmsim.config.progress import QUIET, Progress
@@ -122,7 +122,7 @@ def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
     total rate, else (not modelled, or beyond its capacity) that of a request just within the
     SLO limits (TTFT limit + TPOT limit x mean output), else the E2E limit."""
     try:
-        predicted = FluidModel(scenario).evaluate(rate_per_s)
+        predicted = fluid_model(scenario).evaluate(rate_per_s)
         e2e = float(predicted["e2e_mean_s"].iloc[0])
         if math.isfinite(e2e) and e2e > 0:
             return e2e
