@@ -12,7 +12,8 @@ The search (:func:`recommend`):
 1. **Coarse grid, analytic.** Every combination of k (off; static 1..k_max; the
    adaptive 80/50 rule from k0 = 4 up to k_max 8, both held to what the proposer can draft:
    Medusa one token per head) and max batch tokens (powers of two, the scenario's
-   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`): its
+   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`; a disaggregated
+   deployment's is its pools' and link's, :mod:`llmsim.analysis.fluid_disaggregated`): its
    highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
    invisible to it (they act on the tail), so they are left to the simulator.
 2. **Simulated, repeated seeds.** The best ``top`` of them, and the rule-of-thumb

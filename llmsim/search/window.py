@@ -17,7 +17,8 @@ question is the scenario's own (``plan``, a report); a bisection's probes (``rec
 rule's window alone (``own_floor=False``), since the scenario's count sizes the question it asks at its own
 rate, not a probe at another: each probe's verdict carries its standard error and an undecided one is
 measured longer, so the window it rests on is as long as its verdict needs. The mean
-latency comes from the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
+latency comes from the fluid model (:mod:`llmsim.analysis.fluid`; a disaggregated deployment's pools and link:
+:mod:`llmsim.analysis.fluid_disaggregated`) at the point's per-replica rate, or, where it
 has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
 request that just meets them). The request count is then ``lambda`` times the window.
 
