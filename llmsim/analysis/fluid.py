@@ -244,7 +244,9 @@ class FluidModel:
     given (a like-for-like comparison with a simulation of them), else from the workload's length
     laws, exactly, where it draws prompt and output independently from laws of its own
     (:func:`has_length_law`; the request count and seed then change nothing), else from the trace
-    the scenario's seed generates (replayed traces, datasets, sessions, traffic classes).
+    the scenario's seed generates (replayed traces, datasets, sessions, traffic classes). ``stage``: only one
+    pool's part of each request, in a disaggregated deployment (:class:`Stage`; the scenario is then the pool's,
+    :meth:`~llmsim.scenario.scenario.Scenario.pool`).
     """
 
     def __init__(self, scenario: Scenario, trace: Trace | None = None, stage: Stage | None = None):
