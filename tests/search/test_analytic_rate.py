@@ -53,14 +53,14 @@ def _whole_grid(passes) -> float:
     lambda r: r > 70.0,                                       # only the grid's top rate
 ])
 def test_the_chunked_scan_finds_the_whole_grids_highest_passing_rate(monkeypatch, passes):
-    monkeypatch.setattr(recommend_module, "FluidModel", _Stub)
+    monkeypatch.setattr(recommend_module, "fluid_model", _Stub)
     monkeypatch.setattr(_Stub, "passes", staticmethod(passes))
     scenario = make_scenario({"workload": {"arrival": {"rate": RATE}}, "slo": {"tpot": "30 ms"}})
     assert analytic_rate(scenario) == _whole_grid(passes)
 
 
 def test_rates_far_below_the_edge_are_not_solved(monkeypatch):
-    monkeypatch.setattr(recommend_module, "FluidModel", _Stub)
+    monkeypatch.setattr(recommend_module, "fluid_model", _Stub)
     monkeypatch.setattr(_Stub, "solved", [])
     scenario = make_scenario({"workload": {"arrival": {"rate": RATE}}, "slo": {"tpot": "30 ms"}})
     analytic_rate(scenario)
