@@ -10,20 +10,22 @@ it, the error of predicting each row by the median of its eight nearest sizes (n
 the medians themselves are).
 "before" is the plain roofline with the profile's efficiencies (the cost model without kernel terms).
 
-Then, with NVIDIA's measured operator database installed (``pip install 'llmsim[measured]'``), per operator
-group, each of H100, H200 and B200 predicted by the forms fitted to other GPUs (leave one GPU out: the fitted
-shares of the datasheet figures carried over; from the GPUs of its own architecture, and from every other GPU),
-each engine version by the same GPU's other versions of that engine (leave one engine version out), and each
-(GPU, engine version) cell by everything else (leave one cell out: the GPU's form fitted to its other versions times
-the held-out version's factor at each point, the form fitted to that version over the form fitted to those others on a
-GPU of its architecture, or fabric for collectives, that measured both; "fb k/n": k of the n cells had no such GPU
-and fell back to the GPU's other versions alone), MAPE and median signed error (GEMM fp8 in the leave-one-GPU-out
-splits as the profiles price vLLM's: its CUTLASS dispatch form, on rows of two tokens and more, from the GPUs of the
-target's architecture in both splits, as another architecture runs other configurations); next to each, the MAPE of a
-reference with no form in between: every held-out point
-predicted by the donors' own measurement of the same point, carried over by the fitted form's ratio between the
-two devices (for the cells: the GPU's other versions' time at the point times the donor's ratio of the held-out
-version to those versions), a miss there being the devices or versions disagreeing, not the form's shape.
+Then, with NVIDIA's measured operator database installed (``pip install 'llmsim[measured]'``), per operator group, each
+of H100, H200 and B200 predicted by the forms fitted to other GPUs (leave one GPU out: the fitted shares of the
+datasheet figures carried over; from the GPUs of its own architecture, and from every other GPU), each engine version by
+the same GPU's other versions of that engine (leave one engine version out), and each (GPU, engine version) cell by
+everything else (leave one cell out: the GPU's form fitted to its other versions times the held-out version's factor at
+each point, the form fitted to that version over the form fitted to those others on a GPU of its architecture, or fabric
+for collectives, that measured both; "fb k/n": k of the n cells had no such GPU and fell back: "c j", j of those to the
+GPU's cells of any engine or version that ran the held-out cell's kernel call, database_profile.kernel_call, the rest to
+the GPU's other versions alone; "rf": the MAPE no prediction can beat where the held-out tables timed a point twice and
+the two disagree, database_profile.repeat_floor), MAPE and median signed error (GEMM fp8 in the leave-one-GPU-out splits
+as the profiles price vLLM's: its CUTLASS dispatch form, on rows of two tokens and more, from the GPUs of the target's
+architecture in both splits, as another architecture runs other configurations); next to each, the MAPE of a reference
+with no form in between: every held-out point predicted by the donors' own measurement of the same point, carried over
+by the fitted form's ratio between the two devices (for the cells: the GPU's other versions' time at the point times the
+donor's ratio of the held-out version to those versions), a miss there being the devices or versions disagreeing, not
+the form's shape.
 
     .venv/bin/python benchmarks/bench_fidelity.py          (about 35 s on 2 cores; the database part several minutes)
 """
@@ -145,7 +147,7 @@ def database_tables() -> None:
           f"(acceptance: MAPE <= {ACCEPTANCE_MAPE:.0%}, |median| <= {ACCEPTANCE_MEDIAN:.0%}); after 'ref' the same "
           "points' measurements on the donors, carried over by the fitted form (database_profile.same_point_errors): "
           "where 'ref' misses too, the devices or versions disagree at identical points")
-    width = 47
+    width = 59
     for split, part in table.groupby("split", sort=False):
         print(f"\n{split}\n{'group':<28} " + "".join(f"{gpu:>{width}}" for gpu in DATABASE_TARGETS))
         for group, rows in part.groupby("group", sort=False):
@@ -157,12 +159,12 @@ def database_tables() -> None:
                     continue
                 r = row.iloc[0]
                 ok = r.mape <= ACCEPTANCE_MAPE and abs(r.median_error) <= ACCEPTANCE_MEDIAN
-                # The cell design: how many held-out cells no other GPU's version factor reached (the GPU's own
-                # other versions alone predicted them).
-                fallback = (f" fb {r.fallback_cells:.0f}/{r.cells:.0f}" if "cells" in row and not np.isnan(r.cells)
-                            else "")
+                # The cell design: how many held-out cells no other GPU's version factor reached, and how many of
+                # those the GPU's cells of the same kernel call predicted (the GPU's other versions the rest).
+                fallback = (f" fb {r.fallback_cells:.0f}/{r.cells:.0f} c {r.same_call_cells:.0f}"
+                            f" rf {r.repeat_floor:>4.1%}" if "cells" in row and not np.isnan(r.cells) else "")
                 cells.append(f"{r.mape:>8.1%} {r.median_error:>+7.1%} {verdict(ok):>4} ({r.rows:>5}) "
-                             f"ref {r.reference_mape:>5.1%}{fallback:>9}")
+                             f"ref {r.reference_mape:>5.1%}{fallback:>21}")
             print(f"{group:<28} " + "".join(cells))
 
 

@@ -32,8 +32,11 @@ fed a Poisson stream of ``lambda`` requests per second:
    close to an M/G/infinity population, Poisson with mean ``N``), plus the
    iteration(s) that compute its prompt (priced per prompt length over the workload's
    length quantiles), plus two queueing waits: M/G/1 (Pollaczek-Khinchine) for prompts
-   sharing the prefill token budget, and M/G/c (Erlang C with the Allen-Cunneen
-   correction) for a batch slot, ``c`` being the slot or KV limit.
+   sharing the prefill token budget, a prompt holding it for its share of the budget times the steps
+   that carry it (a step with prefill, not the mean step), and M/G/c (Erlang C with the Allen-Cunneen
+   correction) for a batch slot, ``c`` being the slot or KV limit. A TTFT percentile is read
+   over the prompt length quantiles (the prompt's own prefill sets most of the spread; the waits
+   and the residual step at their means).
 
 What it leaves out, and so where it errs: the spread of contexts and draft lengths
 within a batch and the burstiness of admission behind a small token budget (the cost
@@ -510,17 +513,20 @@ class FluidModel:
         return np.where(tau > limit, np.inf, tau)
 
     # -- public -------------------------------------------------------------------------------------
-    def evaluate(self, rate_per_s, mean_limits_s: Mapping[str, float] | None = None) -> pd.DataFrame:
+    def evaluate(self, rate_per_s, mean_limits_s: Mapping[str, float] | None = None,
+                 ttft_percentile: float | None = None) -> pd.DataFrame:
         """Predicted steady state at each total arrival rate (requests/s over all replicas).
 
         ``mean_limits_s`` (SLO metric -> limit on its mean, e.g. ``{"tpot": 0.05}``): a rate is solved only
         until it is sure to miss a limit (TPOT, E2E) or to be unstable, and is then reported unstable: for
         a search that asks only which rates meet the limits, the same answer for less work.
+        ``ttft_percentile`` (e.g. 95): also the column ``ttft_percentile_s``, the TTFT at that percentile
+        of the prompt lengths (see :meth:`_evaluate`).
         """
         rates = np.atleast_1d(np.asarray(rate_per_s, dtype=float))
         if np.any(rates <= 0) or not np.all(np.isfinite(rates)):
             raise ValueError("arrival rates must be positive and finite")
-        frames = [self._evaluate(rates, work, mean_limits_s) for work in self.works]
+        frames = [self._evaluate(rates, work, mean_limits_s, ttft_percentile) for work in self.works]
         if len(frames) == 1:
             return frames[0]
         # The goodput policy: at each load, the k with the shortest TPOT among the stable ones.
@@ -553,8 +559,8 @@ class FluidModel:
         kv_per_request = work.kv_token_steps / work.decode_steps if work.decode_steps > 0 else self.mean_prompt
         return float(np.minimum(self.max_seqs, self.kv_tokens / kv_per_request))
 
-    def _evaluate(self, rates: np.ndarray, work: _Work, mean_limits_s: Mapping[str, float] | None = None
-                  ) -> pd.DataFrame:
+    def _evaluate(self, rates: np.ndarray, work: _Work, mean_limits_s: Mapping[str, float] | None = None,
+                  ttft_percentile: float | None = None) -> pd.DataFrame:
         lam = rates / self.engines
         tau = self._solve(lam, work, None if mean_limits_s is None else self._give_up_s(lam, work, mean_limits_s))
         finite = np.isfinite(tau)
@@ -577,30 +583,36 @@ class FluidModel:
         busy_step = self._iteration_time(load[:, None] + 0 * own, prefill, work)
         idle_step = self._iteration_time(0 * own, self._prefill_rows(own, pp / chunks, np.ones_like(own), longest),
                                          work)
-        prefill_busy = (chunks * busy_step).mean(axis=1)
-        prefill_idle = (chunks * idle_step).mean(axis=1)
+        prefill_busy_by_prompt, prefill_idle_by_prompt = chunks * busy_step, chunks * idle_step
+        prefill_busy, prefill_idle = prefill_busy_by_prompt.mean(axis=1), prefill_idle_by_prompt.mean(axis=1)
         decode_s = work.decode_steps * t
         # Requests in the system (Little) and the chance an arrival finds the engine busy.
         in_system = lam * (prefill_busy + decode_s)
         busy = 1.0 - np.exp(-in_system)
-        # Prefill budget: an M/G/1 queue whose server computes the budget the decoders leave per step.
+        # Prefill budget: an M/G/1 queue whose server computes the budget the decoders leave per step. A prompt
+        # holds it for its share of the budget times the steps that carry it, which last busy_step, not tau
+        # (where prefill steps are much slower than decode steps, tau undercounts them): Pollaczek-Khinchine
+        # over the prompt quantiles' service times; stable only while that server is busy less than all the time.
         budget = room[:, 0]
         rho_budget = load * self.mean_prompt / budget
-        wait_budget = np.where(rho_budget < 1, lam * self.prompt_second_moment * (t / budget) ** 2
-                               / (2 * np.maximum(1 - rho_budget, 1e-12)), np.inf)
+        service = p / room * busy_step
+        rho_service = lam * service.mean(axis=1)
+        wait_budget = np.where((rho_budget < 1) & (rho_service < 1), lam * (service ** 2).mean(axis=1)
+                               / (2 * np.maximum(1 - rho_service, 1e-12)), np.inf)
         # Batch slots: M/G/c (Erlang C, Allen-Cunneen), c from max_num_seqs or the KV cache.
         held_s = prefill_busy + decode_s
         offered = lam * held_s
         slots = self._slots(work)
         wait_slot = self._erlang_wait(offered, slots, held_s, self.decode_cv2)
-        stable = finite & (offered < slots) & (rho_budget < 1)
-        ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + wait_budget + wait_slot
+        stable = finite & (offered < slots) & (rho_budget < 1) & (rho_service < 1)
+        waits = wait_budget + wait_slot
+        ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + waits
         tpot = t * work.tpot_factor
         ttft = np.where(stable, ttft, np.inf)
         tpot = np.where(stable, tpot, np.inf)
         e2e = ttft + tpot * self.mean_decode
-        utilisation = np.where(finite, np.maximum(offered / slots, rho_budget), np.inf)
-        return pd.DataFrame({
+        utilisation = np.where(finite, np.maximum(offered / slots, np.maximum(rho_budget, rho_service)), np.inf)
+        frame = pd.DataFrame({
             "rate_per_s": rates, "mean_k": work.k, "tokens_per_step": 1.0 / work.tpot_factor,
             "step_time_s": np.where(finite, tau, np.inf),
             # Sequences per iteration, decoding (B) and prefilling (the prompts a step carries).
@@ -610,6 +622,15 @@ class FluidModel:
             "ttft_mean_s": ttft, "tpot_mean_s": tpot, "e2e_mean_s": e2e,
             "output_tokens_per_s": np.where(stable, rates * self.mean_output, np.nan),
         })
+        if ttft_percentile is not None:
+            # A prompt's own prefill sets most of its TTFT's spread: the TTFT of each prompt quantile (the
+            # waits and the residual step at their means), read at the percentile over the quantiles.
+            by_prompt = (busy[:, None] * (residual[:, None] + prefill_busy_by_prompt)
+                         + (1 - busy[:, None]) * prefill_idle_by_prompt + waits[:, None])
+            at = (np.arange(by_prompt.shape[1]) + 0.5) / by_prompt.shape[1]
+            tail = np.array([np.interp(ttft_percentile / 100, at, row) for row in by_prompt])
+            frame["ttft_percentile_s"] = np.where(stable, tail, np.inf)
+        return frame
 
     @staticmethod
     def _erlang_wait(offered: np.ndarray, servers: np.ndarray | float, held_s: np.ndarray, cv2: float):

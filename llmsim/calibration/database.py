@@ -108,6 +108,12 @@ class Database:
         path = f"{GPU_FOLDERS[gpu]}/{operator}/{framework}/{version}/{table}.parquet"
         return Table(pd.read_parquet(self.root / path), path, version)
 
+    def kernel_sources(self, path: str, column: str, value: str) -> frozenset[str]:
+        """The ``kernel_source`` labels of the rows of the table at ``path`` (under the data folder) whose ``column``
+        is ``value``: which kernel the collector timed (e.g. ``gemm_dtype`` ``bfloat16``)."""
+        frame = pd.read_parquet(self.root / path, columns=[column, "kernel_source"])
+        return frozenset(frame.loc[frame[column] == value, "kernel_source"].astype(str))
+
 
 def _fastest(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """One row per shape: the fastest kernel the table timed for it."""

@@ -533,6 +533,31 @@ VERSION_SOURCES = {"gemm_bf16": ("gemm", "gemm_perf"), "gemm_fp8": ("gemm", "gem
                    "all_reduce": ("comm", "nccl_perf"), "all_to_all": ("comm", "nccl_perf"),
                    "custom_all_reduce": ("comm", "custom_allreduce_perf")}
 Cell = tuple[str, str]          # (GPU, engine version)
+# The call each engine's collector timed for a GEMM table's rows, by (gemm_dtype, kernel_source): NVIDIA's collectors
+# (ai-dynamo/aiconfigurator collector/vllm, sglang and trtllm collect_gemm.py). The 16-bit rows of vLLM, SGLang
+# 0.5.14 and TensorRT-LLM are torch.nn.functional.linear on bf16 tensors (TensorRT-LLM's unquantized Linear calls it:
+# NVIDIA/TensorRT-LLM tensorrt_llm/_torch/modules/linear.py, UnquantizedLinearMethod.apply); SGLang's older collector
+# (label "sglang", for 0.5.5.post2 to 0.5.8: aiconfigurator@2ec2c274 collector/sglang/collect_gemm.py) timed the
+# same call on float16 tensors, which its table files as bfloat16: cuBLAS picks other kernels for them. Its FP8 rows
+# and SGLang 0.5.14's call sgl-kernel's fp8_scaled_mm alike. Labels not here name no call another table shares.
+GEMM_CALLS = {("bfloat16", "torch.nn.functional.linear"): "torch.nn.functional.linear, bf16",
+              ("bfloat16", "sglang_torch_linear"): "torch.nn.functional.linear, bf16",
+              ("bfloat16", "torch_flow"): "torch.nn.functional.linear, bf16",
+              ("bfloat16", "sglang"): "torch.nn.functional.linear, fp16",
+              ("fp8", "sglang"): "sgl_kernel.fp8_scaled_mm",
+              ("fp8", "sglang_sgl_kernel_fp8_scaled_mm"): "sgl_kernel.fp8_scaled_mm"}
+GEMM_CALL_DTYPES = {"gemm_bf16": "bfloat16", "gemm_fp8": "fp8"}
+
+
+def kernel_call(database: db.Database, group: str, rows: pd.DataFrame) -> str | None:
+    """The one call (:data:`GEMM_CALLS`) that timed a cell's ``rows`` of ``group``, read from their tables'
+    ``kernel_source``; None for the other groups and where the labels name no call, or more than one."""
+    dtype = GEMM_CALL_DTYPES.get(group)
+    if dtype is None:
+        return None
+    calls = {GEMM_CALLS.get((dtype, label)) for path in set(rows["table"])
+             for label in database.kernel_sources(path, "gemm_dtype", dtype)}
+    return calls.pop() if len(calls) == 1 else None
 
 
 def version_cells(database: db.Database, gpus: list[str], group: str) -> dict[str, dict[Cell, pd.DataFrame]]:
@@ -580,16 +605,32 @@ def leave_one_version_out(database: db.Database, targets: tuple[str, ...]) -> pd
 
 @dataclass(frozen=True)
 class CellPrediction:
-    """One held-out (GPU, version) cell's signed errors, the same-point reference's, and the donor GPUs whose
-    version factor it used (none: it fell back to the GPU's other versions alone)."""
+    """One held-out (GPU, version) cell's signed errors, the same-point reference's, the donor GPUs whose version
+    factor it used (none: it fell back), and how many of the GPU's cells that ran its kernel call it fell back to
+    (none: to the GPU's other versions alone)."""
     signed: np.ndarray
     reference: np.ndarray
     donors: tuple[str, ...]
+    same_call_cells: int = 0
 
 
 def _point_keys(rows: pd.DataFrame) -> list[str]:
     """The columns that name a measured point (shape, lengths, heads, message size, GPU count)."""
     return [c for c in rows.columns if c not in (*DEVICE_COLUMNS, SMS_COLUMN, "measured_s", "table")]
+
+
+def repeat_floor(rows: pd.DataFrame) -> np.ndarray:
+    """Per row, the least absolute relative error any one predicted time for its point can have against the
+    table's repeated measurements of that point (zero where the point was timed once): a cell whose repeats disagree
+    with themselves bounds every form's MAPE from below by this mean. The least sum of |p / x - 1| over a point's
+    times x lies at one of them (the sum is convex and piecewise linear in p)."""
+    keys = _point_keys(rows)
+    out = np.zeros(len(rows))
+    for index in rows.groupby(keys, sort=False).indices.values():
+        times = rows["measured_s"].to_numpy()[index]
+        if len(times) > 1:
+            out[index] = np.min(np.abs(times[:, None] / times[None, :] - 1.0).sum(axis=1)) / len(times)
+    return out
 
 
 def _mean_log(frames: list[pd.DataFrame], keys: list[str]) -> pd.Series:
@@ -599,16 +640,20 @@ def _mean_log(frames: list[pd.DataFrame], keys: list[str]) -> pd.Series:
 
 
 def predict_cell(group: str, target: str, version: str, training: dict[Cell, pd.DataFrame], held: pd.DataFrame,
-                 peers: list[str]) -> CellPrediction:
+                 peers: list[str], same_call: list[pd.DataFrame] | None = None) -> CellPrediction:
     """The held-out cell (``target``, ``version``) of one framework's ``group`` from ``training`` (every other cell;
     the held-out one is not in it), as a two-way model: the target's form fitted to its versions that a donor also
     measured, times the version's factor on that donor at each held-out point (the donor's form fitted to
     ``version`` over its form fitted to the same versions as the target's, both on the donor's datasheet figures: a
     version that moved a kernel switch moves it in the factor), the geometric mean over ``peers`` that measured
-    ``version`` and one of the target's versions. Where none did, the target's form fitted to all its other versions
-    alone. The reference is the same two-way model on measurements of the same point, no form: the target's other
-    versions' time times the donor's ratio of ``version`` to those versions (median over donors)."""
+    ``version`` and one of the target's versions. Where none did, the target's form fitted to ``same_call``: its
+    other cells, of any engine and version, whose rows ran the held-out cell's kernel call (:func:`kernel_call`; the
+    call, not the version, sets a kernel's time); without them, to all its other versions alone. The reference is
+    the same two-way model on measurements of the same point, no form: the target's other versions' time times the
+    donor's ratio of ``version`` to those versions (median over donors); in a fallback, the same point's time in the
+    cells fitted."""
     assert (target, version) not in training, "the held-out cell is in its own training set"
+    assert not any(rows is held for rows in same_call or ()), "the held-out cell is among its own kernel's cells"
     own = {v: rows for (gpu, v), rows in training.items() if gpu == target}
     keys = _point_keys(held)
     predictions, references, donors = [], [], []
@@ -632,10 +677,10 @@ def predict_cell(group: str, target: str, version: str, training: dict[Cell, pd.
         references.append(held[keys].join(carried.rename("log_s"), on=keys)["log_s"].to_numpy())
         donors.append(donor)
     if not donors:          # the version was measured on no other GPU beside one of the target's versions
-        others = list(own.values())
+        others = same_call or list(own.values())
         values = fit_group(GROUPS[group], pd.concat(others, ignore_index=True), _fixed(group))
         return CellPrediction(predict(GROUPS[group], values, held),
-                              same_point_errors(GROUPS[group], values, held, others), ())
+                              same_point_errors(GROUPS[group], values, held, others), (), len(same_call or ()))
     signed = np.exp(np.mean(predictions, axis=0)) - 1.0
     carried_log_s = pd.DataFrame(np.vstack(references)).median(axis=0).to_numpy()     # NaN where no donor has it
     reference = np.exp(carried_log_s - np.log(held["measured_s"].to_numpy())) - 1.0
@@ -655,30 +700,43 @@ def leave_one_cell_out(database: db.Database, targets: tuple[str, ...]) -> pd.Da
     """Each (GPU, engine version) cell of the targets held out and predicted from everything else
     (:func:`predict_cell`: the GPU's other versions and the held-out version on the other GPUs of its architecture,
     or fabric for collectives), per acceptance group pooled over the cells; ``fallback_cells`` counts the cells
-    whose version no other GPU measured (predicted by the GPU's other versions alone, as
-    :func:`leave_one_version_out`)."""
+    whose version no other GPU measured, ``same_call_cells`` those of them predicted by the GPU's cells of other
+    engines or versions that ran the same kernel call (the rest by the GPU's other versions alone, as
+    :func:`leave_one_version_out`); ``repeat_floor`` is the MAPE no prediction can beat where the held-out tables
+    timed a point more than once (:func:`repeat_floor`)."""
     out = []
     gpus = database.gpus()
     for target in targets:
         architecture = [gpu for gpu in gpus if db.ARCHITECTURES[gpu] == db.ARCHITECTURES[target]]
         for label, group, size in ACCEPTANCE_GROUPS:
-            signed_all, reference_all, cells_held, fallback = [], [], 0, 0
+            signed_all, reference_all, floor_all, cells_held, fallback, same_call_cells = [], [], [], 0, 0, 0
             peers = _peers(target, architecture, group)
-            for cells in version_cells(database, [target, *peers], group).values():
+            frameworks = version_cells(database, [target, *peers], group)
+            # The target's cells of every engine by the kernel call that timed them (None: no call known).
+            calls = {(framework, cell): kernel_call(database, group, rows) for framework, cells in frameworks.items()
+                     for cell, rows in cells.items() if cell[0] == target}
+            for framework, cells in frameworks.items():
                 for cell, held in cells.items():
                     if cell[0] != target or sum(gpu == target for gpu, _ in cells) < 2:
                         continue
                     training = {key: rows for key, rows in cells.items() if key != cell}
-                    found = predict_cell(group, target, cell[1], training, held, peers)
+                    call = calls[(framework, cell)]
+                    same_call = [frameworks[other][key] for other, key in calls if call is not None
+                                 and calls[(other, key)] == call and (other, key) != (framework, cell)]
+                    found = predict_cell(group, target, cell[1], training, held, peers, same_call)
                     mask = _class_mask(group, size, held)
                     signed_all.append(found.signed[mask & ~np.isnan(found.signed)])
                     reference_all.append(found.reference[mask])
+                    floor_all.append(repeat_floor(held)[mask & ~np.isnan(found.signed)])
                     cells_held += 1
                     fallback += not found.donors
+                    same_call_cells += found.same_call_cells > 0
             if signed_all:
                 out.append(_with_reference({"split": "leave one (GPU, engine version) cell out", "gpu": target,
                                             "group": label, **summary(np.concatenate(signed_all)),
-                                            "cells": cells_held, "fallback_cells": fallback},
+                                            "cells": cells_held, "fallback_cells": fallback,
+                                            "same_call_cells": same_call_cells,
+                                            "repeat_floor": float(np.mean(np.concatenate(floor_all)))},
                                            np.concatenate(reference_all)))
     return pd.DataFrame(out)
 

@@ -17,7 +17,7 @@ from llmsim.config.reader import Node
 from llmsim.errors import ConfigError
 from llmsim.search.recommend import (CLASS_SWEEPS, CLASS_TIMEOUTS_S, OFF, SEEDS, TOP,
                                      Recommendation, batch_token_rule, plus_minus as _pm, recommend,
-                                     searches_batch_tokens, timeout_text)
+                                     batch_tokens_held, timeout_text)
 
 MAX_TOP = 100               # analytic best settings simulated, at most
 
@@ -71,6 +71,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
     replications = (f"{seeds} seeds, 95% CIs across them" if seeds > 1 else
                     "one replication: the trace is replayed as it is, so every seed would run the same requests "
                     "and no confidence interval is available (sample: in its transforms draws different ones)")
+    held = batch_tokens_held(scenario)
     lines = [f"recommended settings for {scenario.name} ({targets}; {rec.objective}; {replications}):",
              f"  speculation        {best.k}",
              *([f"  draft              {best.draft.label}"] if best.draft is not None and best.k != OFF else []),
@@ -78,7 +79,7 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
                 f"{best.eligibility[1]}"] if best.eligibility is not None and best.k != OFF else []),
              *([f"  expert_parallel    {rec.experts.chosen}"] if rec.experts is not None else []),
              f"  max_batch_tokens   {best.max_batch_tokens}"
-             + ("" if searches_batch_tokens(scenario) else " (the scenario's, unused: each pool sets its own)"),
+             + ("" if held is None else f" (the scenario's, not searched: {held})"),
              "  queue_timeout      "
              + ("none" if best.queue_timeout_s is None else f"{best.queue_timeout_s * 1000:g} ms"),
              *([f"  block_size         {row['block_size']}"] if scenario.engine.prefix_caching else []),
@@ -105,8 +106,8 @@ def format_recommendation(rec: Recommendation, scenario: Scenario) -> str:
              f"P95 TTFT {_ms(default[TTFT_P95], default[f'{TTFT_P95}.ci95'])}, "
              f"P95 TPOT {_ms(default[TPOT_P95], default[f'{TPOT_P95}.ci95'])}",
              (f"max_batch_tokens rule: {rule.text()}; searched {best.max_batch_tokens} "
-              f"({rule.tokens / best.max_batch_tokens:.2g}x the rule's budget)" if searches_batch_tokens(scenario)
-              else "max_batch_tokens not searched: each pool of the disaggregated deployment sets its own"),
+              f"({rule.tokens / best.max_batch_tokens:.2g}x the rule's budget)" if held is None
+              else f"max_batch_tokens not searched: {held}"),
              f"the recommendation {'raises goodput' if goodput else 'cuts cost'} by "
              f"{100 * rec.improvement:+.1f}%" + (f" (+- {100 * rec.improvement_ci95:.1f}% across seeds, paired, at "
                                                  "least the bisection's resolution)" if goodput

@@ -380,6 +380,8 @@ KEY_HELP: dict[str, str] = {
     "workload.sessions.system_prompt.tokens": "its length",
     "workload.sessions.system_prompt.share": "the share of conversations that start with one",
     "workload.sessions.system_prompt.variants": "how many different system prompts there are",
+    "workload.sessions.start": "what a run starts from: `empty` (no conversation yet) or `stationary` (conversations "
+        "already in progress, as in the steady state; a constant session rate); searches start stationary",
     "slo": "per-request latency limits; a request meets the SLO when every limit set holds",
     "slo.ttft": "time to first token limit",
     "slo.tpot": "time per output token limit (mean gap after the first token)",

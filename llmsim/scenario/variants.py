@@ -45,7 +45,8 @@ from llmsim.workload.classes import PRACTICE_TIERS
 from llmsim.workload.arrivals import RenewalProcess, Replay
 from llmsim.workload.profiles import Diurnal
 from llmsim.workload.trace_transforms import has_time_scale
-from llmsim.workload.workload import check_window, traffic_amount
+from llmsim.workload.sessions import SESSION_STARTS
+from llmsim.workload.workload import check_session_start, check_window, traffic_amount
 
 RATE_KEY, COUNT_KEY, DURATION_KEY = "workload.arrival.rate", "workload.num_requests", "workload.duration"
 REPLICAS_KEY, TP_KEY, PP_KEY = "deployment.replicas", "deployment.tensor_parallel", "deployment.pipeline_parallel"
@@ -53,6 +54,7 @@ WARMUP_KEY, HORIZON_KEY, SEED_KEY, HARDWARE_KEY = "simulation.warmup", "simulati
 BATCH_TOKENS_KEY, NUM_SEQS_KEY, BLOCK_SIZE_KEY = "engine.max_batch_tokens", "engine.max_num_seqs", "engine.block_size"
 QUEUE_TIMEOUT_KEY, POLICY_KEY, OFFLOAD_KEY = "engine.queue_timeout", "engine.scheduling_policy", "engine.cpu_offload"
 EXPERTS_KEY, SPECULATION_KEY = "deployment.expert_parallel", "speculation"
+SESSION_START_KEY = "workload.sessions.start"
 ELIGIBILITY_KEY = f"{SPECULATION_KEY}.eligibility"
 K_POLICY_KEYS = tuple(f"{SPECULATION_KEY}.{key}" for key in ("policy", "k", "k_max"))
 SPLIT_KEY = "deployment.disaggregation"          # null: the deployment aggregated
@@ -89,6 +91,16 @@ def _set_simulation(scenario: Scenario, key: str, value: Any) -> Scenario:
     simulation = simulation_from_node(node, replace(scenario.simulation, **{f"{key}_s": getattr(SIMULATION,
                                                                                                  f"{key}_s")}))
     return replace(scenario, simulation=simulation)
+
+
+def _set_session_start(scenario: Scenario, start: Any) -> Scenario:
+    """``workload.sessions.start``: empty (None) or stationary (:mod:`llmsim.workload.sessions`)."""
+    node = Node({} if start is None else {"start": start}, file=scenario.path, path="workload.sessions")
+    sessions = scenario.workload.sessions
+    assert sessions is not None          # the key applies to a workload of sessions
+    sessions = replace(sessions, stationary=node.choice("start", SESSION_STARTS, "empty") == "stationary")
+    check_session_start(node, sessions, scenario.workload.arrival)
+    return replace(scenario, workload=replace(scenario.workload, sessions=sessions))
 
 
 def _set_seed(scenario: Scenario, seed: Any) -> Scenario:
@@ -368,6 +380,7 @@ TYPED_KEYS: dict[str, tuple[Callable[[Scenario, Any], Scenario], Callable[[Scena
     RATE_KEY: (_set_rate, _anything),
     WARMUP_KEY: (lambda scenario, value: _set_simulation(scenario, "warmup", value), _anything),
     HORIZON_KEY: (lambda scenario, value: _set_simulation(scenario, "horizon", value), _anything),
+    SESSION_START_KEY: (_set_session_start, lambda scenario, value: scenario.workload.sessions is not None),
     REPLICAS_KEY: (_set_replicas, lambda scenario, value: scenario.autoscaling is None and scenario.rollout is None),
     COUNT_KEY: (lambda scenario, value: scenario, _anything),
     DURATION_KEY: (lambda scenario, value: scenario, _anything),

@@ -370,6 +370,8 @@ def _traffic_class(traffic: TrafficClass, max_tokens: int) -> dict[str, Any]:
 def _sessions(sessions: Sessions) -> dict[str, Any]:
     out: dict[str, Any] = {"turns": _length(sessions.turns, MAX_TURNS),
                            **_set({"think_time": _changed(sessions.think_time_s, 0.0)})}
+    if sessions.stationary:
+        out["start"] = "stationary"
     system = sessions.system_prompt
     if system is not None:
         out["system_prompt"] = {"tokens": system.tokens, "share": system.share, "variants": system.variants}

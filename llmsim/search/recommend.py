@@ -15,7 +15,10 @@ The search (:func:`recommend`):
    own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`; a disaggregated
    deployment's is its pools' and link's, :mod:`llmsim.analysis.fluid_disaggregated`): its
    highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
-   invisible to it (they act on the tail), so they are left to the simulator.
+   invisible to it (they act on the tail), so they are left to the simulator. Only the best ``top``
+   are simulated, so a setting's scan stops once it shows the setting's rate below the ``top``-th best
+   of those scored before it (:meth:`_Search.screen_grid`; ``screened_out`` in the table, its rate not
+   known): the best ``top`` are the whole grid's, with the same rates.
 2. **Simulated, repeated seeds.** The best ``top`` of them, and the rule-of-thumb
    defaults, get their highest passing rate by bisection on the rate, separately for
    each seed (common random numbers: every configuration sees a seed's requests), run
@@ -31,7 +34,9 @@ The search (:func:`recommend`):
    (:mod:`llmsim.search.window`): the goodput rests on rates shown to pass as before, and a fail
    taken on its estimate can only lower it. A probe's window is the window rule's alone, without the
    scenario's own request count as a floor (each verdict carries its standard error, and is measured
-   longer while undecided).
+   longer while undecided); under a diurnal arrival it measures whole cycles, and a scenario whose cycle at
+   its own rate is longer than one run may simulate is refused before any search
+   (:func:`llmsim.search.window.check_cycle_fits`).
    Each setting's bisection starts from the fluid model's rate scaled by the simulated/fluid ratio of the
    settings simulated so far; where none is yet (the search's first settings), the first of them is a
    *pilot*, bisected alone on its first seed, and its ratio starts the others. A setting is bisected on its
@@ -57,7 +62,8 @@ The search (:func:`recommend`):
    and each queue timeout (50, 200, 1000 ms), simulated the same way.
    A disaggregated deployment whose two pools each set their own max batch tokens never runs the engine
    block's: every value of it simulates the same runs, so it is not searched (the grid, the defaults and the
-   refinement hold the scenario's; :func:`searches_batch_tokens`). With prefix caching
+   refinement hold the scenario's; :func:`batch_tokens_held`), nor is it under a controller that moves it. With
+   prefix caching
    also the KV block size /2 and x2 (it trades hit rate against fragmentation), and with
    CPU offload each idle timeout of :data:`IDLE_TIMEOUTS_S` (the fluid model sees neither). With
    drafts searched and a speculating best, each eligibility rule (min_sequence_tokens 0 or the
@@ -79,9 +85,13 @@ The search (:func:`recommend`):
    combination visited is *screened*: simulated once per seed at one probe rate, the
    highest of the scenario's and the best setting's goodput (where the best only just
    passes, so a better setting shows as a larger margin), on the same requests for every
-   candidate (common random numbers: the knobs leave the trace unchanged), and ranked by
-   whether it meets every class's targets there and then by its worst class margin
-   (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). For
+   candidate (common random numbers: the knobs leave the trace unchanged), over a bisection
+   probe's window (so each policy's best starts its bisection on the runs it was screened with),
+   and ranked by whether it meets every class's targets there and then by its worst class margin
+   (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). A run sure to
+   miss a class's target stops there (:mod:`llmsim.sim.missed`, each class's own limits): such a
+   candidate misses by more than the stop's margin and ranks below every one that misses without
+   stopping (:func:`_screen_key`). For
    each scheduling policy, coordinate descent over the classes: each class's timeout in
    turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
    others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
@@ -110,6 +120,7 @@ confidence interval. Such a search runs one replication, and its intervals are N
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, replace
@@ -120,8 +131,9 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.config.policies import KPolicyName, Objective, SchedulingPolicy, SearchScope
+from llmsim.config.policies import ControllerKnob, KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
+from llmsim.analysis.fluid import has_length_law
 from llmsim.analysis.fluid_disaggregated import fluid_model
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
@@ -132,8 +144,8 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (Judged, Verdict, Window, judge, measurement_window, simulate_until_decided,
-                                  stopping_decided_runs, typical_latency_s)
+from llmsim.search.window import (Judged, Verdict, Window, check_cycle_fits, judge, measurement_window,
+                                  simulate_until_decided, stopping_decided_runs, typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
@@ -347,7 +359,7 @@ class Recommendation:
     objective: Objective
     improvement: float             # best over the best default (goodput ratio - 1, or cost saving)
     improvement_ci95: float        # half-width across seeds, paired, at least the bisection's resolution
-    analytic: pd.DataFrame         # the coarse grid as scored by the fluid model
+    analytic: pd.DataFrame         # the coarse grid as scored by the fluid model (screened_out: below the best top)
     runtime_s: float
     drafts: DraftSearch | None = None   # with drafts=True on a speculating scenario: proposer and eligibility
     search: SearchScope = SearchScope.ALL
@@ -433,11 +445,23 @@ def k_options(scenario: Scenario) -> list[KChoice]:
     return [OFF] + [KChoice(KPolicyName.STATIC, k) for k in range(1, k_max + 1)] + [rule_k(scenario)]
 
 
-def searches_batch_tokens(scenario: Scenario) -> bool:
-    """Whether the engine block's max batch tokens runs anywhere: not in a disaggregated deployment whose pools
-    each set their own (every value simulates the same runs, so the search holds the scenario's)."""
+def batch_tokens_held(scenario: Scenario) -> str | None:
+    """Why the search holds the scenario's max batch tokens, or None where it searches them. A disaggregated
+    deployment whose pools each set their own never runs the engine block's (every value simulates the same
+    runs); under a controller that moves it, the value set is only where the controller starts (a setting the
+    controller overrides within one interval is not one to recommend)."""
+    controller = scenario.controller
+    if controller is not None and controller.knob is ControllerKnob.MAX_BATCH_TOKENS:
+        return "the controller moves it within its bounds"
     split = scenario.disaggregation
-    return split is None or any(pool.engine.max_batch_tokens is None for pool in (split.prefill, split.decode))
+    if split is not None and all(pool.engine.max_batch_tokens is not None for pool in (split.prefill, split.decode)):
+        return "each pool of the disaggregated deployment sets its own"
+    return None
+
+
+def searches_batch_tokens(scenario: Scenario) -> bool:
+    """Whether the search varies max batch tokens (:func:`batch_tokens_held`)."""
+    return batch_tokens_held(scenario) is None
 
 
 def batch_token_options(scenario: Scenario) -> list[int]:
@@ -449,8 +473,9 @@ def batch_token_options(scenario: Scenario) -> list[int]:
     return sorted(m for m in options if m >= eng.max_num_seqs)
 
 
-def analytic_rate(scenario: Scenario, trace=None) -> float:
-    """The fluid model's highest rate with mean latencies within the SLO limits (0 if none).
+def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf) -> float:
+    """The fluid model's highest rate with mean latencies within the SLO limits, and its TTFT at the target's
+    percentile within the TTFT limit (its spread is mostly the prompts' own), 0 if none.
 
     Scanned on a geometric grid from 1/20 to 20 times the scenario's rate, then on a fine
     grid across the step where the limits give out (a few ms, all rates at once). Each grid is
@@ -458,24 +483,37 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     rate: the highest passing rate is the same as the whole grid's, and the rates far below it are
     never solved (a chunk of loads near each other also sizes the solver's prompt counts to them,
     not to the grid's heaviest load).
+
+    ``floor_per_s``: the answer matters only at or above it (a screen that keeps the best few). Once the
+    rates scanned show the answer to lie below it, the scan stops and returns NaN: every rate from a chunk's
+    lowest up failed, so the answer is at most that rate (the fine grid between the highest passing coarse rate
+    and the next ends at the next), and that rate is below the floor. A scan the floor does not stop is the
+    scan without it, chunk for chunk, so its answer is the same.
     """
     model = fluid_model(scenario, trace)
     limits = scenario.slo.targets()
     mean_limits_s = {metric: limit for metric, (limit, _) in limits.items()}
 
+    ttft_percentile = limits["ttft"][1] if "ttft" in limits else None
+
     def passing(rates):
-        frame = model.evaluate(rates, mean_limits_s)
+        frame = model.evaluate(rates, mean_limits_s, ttft_percentile)
         ok = frame["stable"].to_numpy().copy()
         for metric, (limit, _) in limits.items():
             ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit
+        if ttft_percentile is not None:
+            ok &= frame["ttft_percentile_s"].to_numpy() <= limits["ttft"][0]
         return ok
 
     def last_passing(rates: np.ndarray) -> int | None:
+        """The highest passing rate's index, None where none passes, -1 where it is shown below the floor."""
         for stop in range(len(rates), 0, -FLUID_CHUNK):
             start = max(stop - FLUID_CHUNK, 0)
             ok = np.flatnonzero(passing(rates[start:stop]))
             if len(ok):
                 return start + int(ok[-1])
+            if rates[start] < floor_per_s:
+                return -1
         return None
 
     own = scenario.workload.rate_per_s
@@ -483,10 +521,15 @@ def analytic_rate(scenario: Scenario, trace=None) -> float:
     last = last_passing(rates)
     if last is None:
         return 0.0
+    if last == -1 or (last < len(rates) - 1 and rates[last + 1] < floor_per_s):
+        return math.nan
     if last == len(rates) - 1:
         return float(rates[-1])
     fine = np.linspace(rates[last], rates[last + 1], 17)
     fine_last = last_passing(fine)
+    if fine_last == -1:
+        # every fine rate from the chunk's lowest up failed: the answer is the highest below it, or rates[last]
+        return math.nan
     return float(fine[fine_last]) if fine_last is not None else float(rates[last])
 
 
@@ -523,6 +566,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
     if not scenario.slo.defined:
         raise ConfigError("the scenario sets no SLO to recommend settings for", file=scenario.path, key="slo",
                           has_value=False, allowed="ttft, tpot and/or e2e limits")
+    check_cycle_fits(scenario)
     seed_list = list(range(scenario.seed, scenario.seed + seeds)) if isinstance(seeds, int) else list(seeds)
     if len(seed_list) < 2:
         raise ConfigError("confidence intervals need at least 2 seeds", key="seeds", value=seeds,
@@ -540,7 +584,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
     with reusing_runs():
         searcher = _Search(scenario, seed_list, objective, workers, tolerance, progress,
                            own_settings=search is SearchScope.CLASSES, class_timeouts_s=class_timeouts_s)
-        analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s"])
+        analytic = pd.DataFrame(columns=["k", "max_batch_tokens", "analytic_rate_per_s", "screened_out"])
         experts = None
         # The search asks only whether points meet the targets: a run sure to miss them stops there
         # (llmsim.search.window); the figures shown at the scenario's rate come from whole runs.
@@ -548,10 +592,7 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
             if search is SearchScope.ALL:
                 # 1. the coarse grid, scored by the fluid model
                 grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
-                analytic = pd.DataFrame([{"k": c.k, "max_batch_tokens": c.max_batch_tokens,
-                                          "analytic_rate_per_s": searcher.analytic(c)} for c in grid])
-                analytic = analytic.sort_values("analytic_rate_per_s", ascending=False,
-                                                kind="stable").reset_index(drop=True)
+                analytic = searcher.screen_grid(grid, top)
                 chosen = [Config(r.k, int(r.max_batch_tokens), None) for r in analytic.head(top).itertuples()]
                 screened = contenders = None
                 if speculating:
@@ -574,14 +615,18 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
                 experts = searcher.experts(searcher.best()) if searches_experts(scenario) else None
             else:
                 searcher.evaluate(searcher.defaults)        # the scenario's own settings
-        # 4. with traffic classes: the policy and every class's timeout, jointly
-        classes = searcher.classes(searcher.best()) if scenario.workload.classes else None
+            # 4. with traffic classes: the policy and every class's timeout, jointly
+            classes = searcher.classes(searcher.best()) if scenario.workload.classes else None
         best = searcher.best()
         table = searcher.table()
         if not table["meets_scenario_rate"].iloc[0]:
-            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate "
-                              f"({scenario.workload.rate_per_s:g}/s); the best, {best.label}, sustains "
-                              f"{table['max_rate_per_s'].iloc[0]:.3g}/s", file=scenario.path,
+            # Per seed: a seed that failed below the scenario's rate stopped there (its goodput in the table is
+            # then 0, which a mean over seeds would hide).
+            rate = scenario.workload.rate_per_s
+            seeds_text = "; ".join(f"seed {seed} {_seed_text(bracket, rate)}"
+                                   for seed, bracket in zip(searcher.seeds, searcher.brackets[best]))
+            raise ConfigError(f"no searched setting meets the SLO targets at the scenario's rate ({rate:g}/s) on "
+                              f"every seed; the best, {best.label}: {seeds_text}", file=scenario.path,
                               key="workload.arrival.rate", value=scenario.workload.rate_per_s,
                               allowed="a lower rate, more replicas (llmsim plan), or looser SLOs")
         default_rows = table[table["default"]]
@@ -604,6 +649,16 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
         return Recommendation(best, table, default_rows, at_rate, objective, float(improvement),
                               _ci(gains, resolution),
                               analytic, time.perf_counter() - started, advice, search, classes, policies, experts)
+
+
+def _seed_text(bracket: _Bracket, rate_per_s: float) -> str:
+    """What one seed's bisection showed about the scenario's rate: passed up to a rate, or failed below it."""
+    if bracket.meets(rate_per_s):
+        return f"passes up to {bracket.passing:.3g}/s"
+    if bracket.raced_out:
+        return "not simulated at it (another setting ranked higher)"
+    passed = f" (passes {bracket.passing:.3g}/s)" if bracket.passing > 0 else ""
+    return f"fails at {bracket.failing:.3g}/s{passed}"
 
 
 def replays_one_trace(scenario: Scenario) -> bool:
@@ -796,11 +851,14 @@ def _with_timeout(config: Config, name: str, timeout_s: float) -> Config:
     return replace(config, class_timeouts=tuple((n, timeout_s if n == name else t) for n, t in config.class_timeouts))
 
 
-def _screen_key(verdict: Verdict) -> tuple[bool, float]:
-    """How a screened candidate ranks: meeting every class's targets, then its worst margin (a NaN,
-    a class with no requests measured, last)."""
+def _screen_key(judged: Judged) -> tuple[bool, bool, float]:
+    """How a screened candidate ranks: meeting every class's targets, then, among those that miss them,
+    a run that went to its end before one stopped sure to miss (its whole run misses a watched target by
+    more than the stop's margin, :mod:`llmsim.sim.missed`; the figures it stopped with cover only part of
+    it), then its worst margin (a NaN, a class with no requests measured, last)."""
+    verdict = judged.verdict
     margin = verdict.worst_margin[0]
-    return verdict.met, margin if math.isfinite(margin) else -math.inf
+    return verdict.met, not judged.stopped, margin if math.isfinite(margin) else -math.inf
 
 
 def _worst_check(verdict: Verdict) -> str:
@@ -813,6 +871,11 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
     own = dict(config.class_timeouts or ())
     return tuple((c.name, own.get(c.name, c.queue_timeout_s if c.queue_timeout_s is not None else engine_timeout))
                  for c in scenario.workload.classes)
+
+
+def config_key(config: Config) -> tuple:
+    """What of a setting the fluid model sees (queue timeouts act on the tail, which it does not model)."""
+    return config.k, config.max_batch_tokens, config.draft, config.eligibility, config.expert_parallel
 
 
 class _Search:
@@ -828,7 +891,7 @@ class _Search:
         self.class_timeouts_s = tuple(class_timeouts_s)
         self.results: dict[Config, dict] = {}
         self.brackets: dict[Config, list[_Bracket]] = {}            # per seed, as each bisection ended
-        self.screened: dict[tuple[Config, float], Verdict] = {}     # (candidate, probe rate) -> verdict
+        self.screened: dict[tuple[Config, float], Judged] = {}      # (candidate, probe rate) -> its screen
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.rate_per_s
         self.expert_degree: int | None = None                # chosen by step 3b: its settings rank first
@@ -841,15 +904,39 @@ class _Search:
                           for t in TIMEOUTS_S])
         self.trace = generate_trace(scenario.workload, scenario.seed)     # the knobs leave it unchanged
 
-    def analytic(self, config: Config) -> float:
-        key = (config.k, config.max_batch_tokens, config.draft, config.eligibility, config.expert_parallel)
+    def analytic(self, config: Config, floor_per_s: float = -math.inf) -> float:
+        """The fluid model's rate of ``config`` (:func:`analytic_rate`; NaN: not a valid setting here). With
+        ``floor_per_s``: NaN, and nothing remembered, where its scan shows the rate to lie below the floor."""
+        key = config_key(config)
         if key not in self._analytic:
             try:
-                self._analytic[key] = analytic_rate(variant(self.scenario, config.overrides(self.scenario)),
-                                                    self.trace)
+                rate = analytic_rate(variant(self.scenario, config.overrides(self.scenario)), self.trace,
+                                     floor_per_s)
             except ConfigError:           # not a valid setting here (e.g. too little memory left)
-                self._analytic[key] = math.nan
+                rate = math.nan
+            else:
+                if math.isnan(rate):      # below the floor: not known, and asked again without one if needed
+                    return rate
+            self._analytic[key] = rate
         return self._analytic[key]
+
+    def screen_grid(self, grid: Sequence[Config], top: int) -> pd.DataFrame:
+        """The coarse grid scored by the fluid model, best first: k, max batch tokens, the fluid rate and
+        ``screened_out``, where the scan stopped once the rate was shown below the ``top``-th best of the settings
+        scored before it (its rate NaN; it ranks below every setting scored, so the best ``top`` are the whole
+        grid's, each with its rate)."""
+        rows: list[dict] = []
+        scored: list[float] = []
+        for config in grid:
+            floor = sorted(scored, reverse=True)[top - 1] if len(scored) >= top else -math.inf
+            rate = self.analytic(config, floor)
+            screened_out = math.isnan(rate) and config_key(config) not in self._analytic
+            if not math.isnan(rate):
+                scored.append(rate)
+            rows.append({"k": config.k, "max_batch_tokens": config.max_batch_tokens, "analytic_rate_per_s": rate,
+                         "screened_out": screened_out})
+        frame = pd.DataFrame(rows, columns=["k", "max_batch_tokens", "analytic_rate_per_s", "screened_out"])
+        return frame.sort_values("analytic_rate_per_s", ascending=False, kind="stable").reset_index(drop=True)
 
     def evaluate(self, configs: Sequence[Config], start_rate_per_s: float | None = None) -> None:
         """Simulate each new configuration's highest passing rate, per seed, all at once.
@@ -1025,7 +1112,9 @@ class _Search:
             goodput = self.simulated_over_analytic() * float(self.results[base]["analytic_rate_per_s"])
         rate = max(self.rate, goodput) if math.isfinite(goodput) else self.rate     # NaN: no fluid estimate
         at_rate = variant(scenario, {**base.overrides(scenario), RATE_KEY: rate})
-        window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate))
+        # the window of a bisection's probe (:meth:`judge`): each policy's best then starts its bisection on
+        # the runs it was screened with
+        window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
         current = {p: replace(base, policy=p, class_timeouts=start) for p in SchedulingPolicy}
         self.progress.note("classes: every policy")
         self.screen(list(current.values()), rate, window)
@@ -1047,10 +1136,11 @@ class _Search:
         self.progress.note("classes: goodput of each policy's best")
         self.evaluate(list(current.values()), start_rate_per_s=rate)
         screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts or ()),
-                                  "met": v.met, "worst_margin": v.worst_margin[0], "worst_check": _worst_check(v),
-                                  "margins": {name: margin for name, (margin, _) in v.margins.items()},
-                                  "steady": v.steady}
-                                 for (c, r), v in self.screened.items() if r == rate])
+                                  "met": j.verdict.met, "worst_margin": j.verdict.worst_margin[0],
+                                  "worst_check": _worst_check(j.verdict),
+                                  "margins": {name: margin for name, (margin, _) in j.verdict.margins.items()},
+                                  "steady": j.verdict.steady, "stopped": j.stopped}
+                                 for (c, r), j in self.screened.items() if r == rate])
         return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
 
     def degree_of(self, config: Config) -> int:
@@ -1101,16 +1191,23 @@ class _Search:
                                         seeds=self.seeds, workers=self.workers, progress=self.progress,
                                         escalations=0)
         for c, one in zip(todo, judged):
-            self.screened[(c, rate)] = one.verdict
+            self.screened[(c, rate)] = one
 
     def judge(self, points: list[dict]) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
         it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed."""
         rates = [point[RATE_KEY] for point in points]
-        windows = []
+        # A workload with length laws of its own has the fluid model read them, not a seed's sample: a point's
+        # window is then the same for every seed, and worked out once.
+        seedless = has_length_law(self.scenario.workload)
+        windows, known = [], {}
         for point, rate in zip(points, rates):
-            at_rate = variant(self.scenario, point)
-            windows.append(measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False))
+            key = json.dumps({k: v for k, v in point.items() if not (seedless and k == "seed")}, sort_keys=True,
+                             default=str)
+            if key not in known:
+                at_rate = variant(self.scenario, point)
+                known[key] = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
+            windows.append(known[key])
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
                                       progress=self.progress, escalate_failing=False)
 

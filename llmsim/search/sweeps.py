@@ -58,11 +58,15 @@ from llmsim.sim.resources import check_run_size
 from llmsim.sim.scheduling import class_rules
 from llmsim.sim.missed import MissedStop
 from llmsim.sim.simulate import simulate_whole
+from llmsim.speculation.config import Eligibility
 
 RESULTS_FILE = "results.csv"
 # Kept with a reused run's metrics, never shown in a row: per timeout (:func:`timeout_rules`), the longest wait
-# of the requests it applies to (s) and the timeout with its action.
-LONGEST_WAIT, QUEUE_TIMEOUT = "_longest_wait_s", "_queue_timeout_s"
+# of the requests it applies to (s) and the timeout with its action; and the speculation eligibility rule the run
+# held (:func:`eligibility_held`).
+LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY = "_longest_wait_s", "_queue_timeout_s", "_eligibility"
+HIDDEN = (LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY)
+NEUTRAL_ELIGIBILITY = Eligibility(min_sequence_tokens=0, min_concurrent_requests=1)   # never keeps a step plain
 ID_COLUMNS = ("point_id", "seed", "error")
 
 
@@ -177,8 +181,11 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
     (:func:`longest_waits_s`): with traffic classes each class's timeout applies to its own requests
     (:func:`timeout_rules`), so a run serves for another whose timeouts differ only where neither
     run's timeout was reached by that class's longest wait; a timeout that never acts leaves the run as
-    it is. Of jobs that differ only in their queue timeouts, the longest (none: the longest) runs first,
-    and the others run only where its requests waited as long as their timeouts.
+    it is. Likewise a speculating run serves for one whose eligibility rule differs only in thresholds that
+    never kept a sequence-step of it from speculating, each looser (:func:`_same_eligibility`): every check the
+    one passed the other passes, and the run is the same. Of jobs that differ only in these rules, the longest
+    timeouts (none: the longest) and then the strictest eligibility run first, and the others run only where
+    those runs' rules acted.
 
     Inside :func:`stopping_missed_runs` each run stops once sure to miss its SLO targets; such runs are
     reused only as runs under the same rule, and a whole run already simulated serves for one."""
@@ -207,24 +214,29 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
         else:
             fresh[key] = point_id
             same_run[point_id] = []
-            groups.setdefault(under_rule(_timeout_free_key(scenario)) or key, []).append(point_id)
+            groups.setdefault(under_rule(_rule_free_key(scenario)) or key, []).append(point_id)
 
     def done(point_id: str, metrics: dict) -> None:
         for same in [point_id, *same_run[point_id]]:
             _record(rows, journal, same, metrics)
         if not metrics.get("error"):
-            reused.add(keys[point_id], metrics, under_rule(_timeout_free_key(scenarios[point_id])))
+            reused.add(keys[point_id], metrics, under_rule(_rule_free_key(scenarios[point_id])))
 
     def settled(point_id: str) -> bool:
-        """Done already, as the same run as one simulated whose waits stayed below this point's timeout."""
-        free = under_rule(_timeout_free_key(scenarios[point_id]))
-        metrics = reused.reaching_no_timeout(free, timeout_rules(scenarios[point_id])) if free else None
+        """Done already, as the same run as one simulated whose timeouts and eligibility rule never acted where
+        this point's differ."""
+        scenario = scenarios[point_id]
+        free = under_rule(_rule_free_key(scenario))
+        metrics = reused.same_run(free, timeout_rules(scenario), eligibility_rule(scenario)) if free else None
         if metrics is not None:
             done(point_id, metrics)
         return metrics is not None
 
-    ordered = {free: sorted(group, key=lambda p: [-timeout for timeout, _ in timeout_rules(scenarios[p])])
-               for free, group in groups.items()}
+    def strictest_first(point_id: str) -> list[float]:
+        rule = eligibility_rule(scenarios[point_id]) or (0, 0)
+        return [-timeout for timeout, _ in timeout_rules(scenarios[point_id])] + [-rule[0], -rule[1]]
+
+    ordered = {free: sorted(group, key=strictest_first) for free, group in groups.items()}
     firsts = [group[0] for group in ordered.values() if not settled(group[0])]
     for point_id, metrics in execute([(p, scenarios[p]) for p in firsts], evaluate, engine, workers,
                                      client, progress):
@@ -252,20 +264,58 @@ def timeout_rules(scenario: Scenario) -> tuple[tuple[float, str], ...]:
     return ((queue_timeout_s(scenario), "" if action is None else action.value),)
 
 
-def _timeout_free_key(scenario: Scenario) -> bytes | None:
+def eligibility_rule(scenario: Scenario) -> tuple[int, int] | None:
+    """The speculation eligibility rule a run holds, (min_sequence_tokens, min_concurrent_requests); None where
+    it does not speculate."""
+    spec = scenario.speculation
+    if spec is None:
+        return None
+    return spec.eligibility.min_sequence_tokens, spec.eligibility.min_concurrent_requests
+
+
+def eligibility_held(result) -> tuple[int, int, bool, bool] | None:
+    """A run's eligibility rule (:func:`eligibility_rule`) and whether each of its thresholds acted: whether
+    min_sequence_tokens, and whether min_concurrent_requests, kept any sequence-step from speculating (the run's own
+    counts, :class:`~llmsim.sim.result.SpeculationSteps`; both taken as acted where the run has none). None where
+    the run does not speculate."""
+    rule = eligibility_rule(result.scenario)
+    if rule is None:
+        return None
+    blocked = result.speculation_blocked
+    if blocked is None:
+        return rule[0], rule[1], True, True
+    return rule[0], rule[1], bool(blocked.min_sequence_tokens > 0), bool(blocked.min_concurrent_requests > 0)
+
+
+def _same_eligibility(held: Sequence | None, rule: tuple[int, int] | None) -> bool:
+    """Whether a run held to the eligibility rule ``held`` (:func:`eligibility_held`) is the run ``rule`` would
+    give: each threshold the same, or no stricter where the run's never acted. A step the run kept plain for too
+    few running requests is kept plain by the same threshold whatever min_sequence_tokens is, and a step it let
+    through lets every sequence through a looser min_sequence_tokens that never acted; and the other way round."""
+    if held is None or rule is None:
+        return held is None and rule is None
+    return all(want == threshold or (want < threshold and not acted)
+               for want, threshold, acted in zip(rule, held[:2], held[2:]))
+
+
+def _rule_free_key(scenario: Scenario) -> bytes | None:
     """The run key of the scenario with no queue timeout (the engine's and every class's), where the timeouts
-    stay as set for the whole run; None where a controller scales the classes' timeouts as it runs."""
+    stay as set for the whole run, and a speculation eligibility rule that never acts; None where a controller
+    scales the classes' timeouts as it runs."""
     classes = scenario.workload.classes
     if classes and scenario.controller is not None:
         return None
     engine = replace(scenario.engine, queue_timeout_s=None, on_timeout=OnTimeout.DISPATCH)
     untimed = tuple(replace(c, queue_timeout_s=None, on_timeout=None) for c in classes)
-    return run_key(replace(scenario, engine=engine, workload=replace(scenario.workload, classes=untimed)))
+    spec = scenario.speculation
+    neutral = None if spec is None else replace(spec, eligibility=NEUTRAL_ELIGIBILITY)
+    return run_key(replace(scenario, engine=engine, workload=replace(scenario.workload, classes=untimed),
+                           speculation=neutral))
 
 
 def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metrics: dict) -> None:
     row = rows[point_id]          # the point's own values win over the summary's (hardware, seed)
-    shown = {k: v for k, v in metrics.items() if k not in row and k not in (LONGEST_WAIT, QUEUE_TIMEOUT)}
+    shown = {k: v for k, v in metrics.items() if k not in row and k not in HIDDEN}
     rows[point_id] = {**row, **shown, "error": metrics.get("error", "")}
     if journal is not None:
         journal.append(rows[point_id])
@@ -274,11 +324,12 @@ def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metri
 class _Runs:
     """The runs simulated inside :func:`reusing_runs`: run key -> the run's metrics; with a journal,
     each is also appended to it as it finishes (one checksummed line, the metrics as JSON). Runs whose
-    queue timeouts may not all have acted are also kept by their timeout-free key, with their longest waits."""
+    queue timeouts may not all have acted, or whose eligibility rule never acted, are also kept by their
+    rule-free key (:func:`_rule_free_key`), with their longest waits and eligibility rule."""
 
     def __init__(self):
         self.metrics: dict[bytes, dict] = {}
-        self.untimed: dict[bytes, list[dict]] = {}     # timeout-free key -> metrics of runs some timeout never reached
+        self.free: dict[bytes, list[dict]] = {}     # rule-free key -> metrics of runs some such rule never acted in
         self.journal: Journal | None = None
 
     def __contains__(self, key: bytes) -> bool:
@@ -287,22 +338,28 @@ class _Runs:
     def __getitem__(self, key: bytes) -> dict:
         return self.metrics[key]
 
-    def add(self, key: bytes, metrics: dict, timeout_free: bytes | None = None) -> None:
+    def add(self, key: bytes, metrics: dict, rule_free: bytes | None = None) -> None:
         self.metrics[key] = metrics
-        if timeout_free is not None and any(wait < timeout for wait, (timeout, _) in
-                                            zip(metrics.get(LONGEST_WAIT, ()), metrics.get(QUEUE_TIMEOUT, ()))):
-            self.untimed.setdefault(timeout_free, []).append(metrics)
+        eligibility = metrics.get(ELIGIBILITY)
+        if rule_free is not None and (any(wait < timeout for wait, (timeout, _) in
+                                          zip(metrics.get(LONGEST_WAIT, ()), metrics.get(QUEUE_TIMEOUT, ())))
+                                      or (eligibility is not None and not all(eligibility[2:]))):
+            self.free.setdefault(rule_free, []).append(metrics)
         if self.journal is not None:
             self.journal.append({"point_id": key.hex(), "metrics": json.dumps(metrics, default=_json_number)})
 
-    def reaching_no_timeout(self, timeout_free: bytes, rules: tuple[tuple[float, str], ...]) -> dict | None:
-        """A run's metrics that is the same run as one held to these timeouts (:func:`timeout_rules`): the same
-        but for its queue timeouts, each either the same (with its action) or, with this one, longer than every
-        wait of the requests it applies to (so neither ever acted)."""
+    def same_run(self, rule_free: bytes, timeouts: tuple[tuple[float, str], ...],
+                 eligibility: tuple[int, int] | None) -> dict | None:
+        """A run's metrics that is the same run as one held to these timeouts (:func:`timeout_rules`) and
+        eligibility rule (:func:`eligibility_rule`): the same but for its queue timeouts, each either the same
+        (with its action) or, with this one, longer than every wait of the requests it applies to (so neither
+        ever acted); and for its eligibility rule, each threshold the same or, where the run's never kept a step
+        from speculating, looser (:func:`_same_eligibility`)."""
         def same(metrics: dict) -> bool:
-            return all(rule == tuple(held) or wait < min(held[0], rule[0])
-                       for wait, held, rule in zip(metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT], rules))
-        return next((m for m in self.untimed.get(timeout_free, ()) if same(m)), None)
+            return _same_eligibility(metrics.get(ELIGIBILITY), eligibility) and all(
+                rule == tuple(held) or wait < min(held[0], rule[0])
+                for wait, held, rule in zip(metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT], timeouts))
+        return next((m for m in self.free.get(rule_free, ()) if same(m)), None)
 
     def load(self, journal: Journal) -> None:
         """The runs a journal holds (lines that fail their checksum were dropped by the journal)."""
@@ -452,6 +509,7 @@ def simulate_point(scenario: Scenario, stop_when_missed: MissedStop | None = Non
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
     # For reusing_runs, never shown in a row (_record leaves them out).
     flat[LONGEST_WAIT], flat[QUEUE_TIMEOUT] = longest_waits_s(result), timeout_rules(scenario)
+    flat[ELIGIBILITY] = eligibility_held(result)
     return flat
 
 

@@ -23,6 +23,7 @@ import simpy
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import RequestRecords
 from llmsim.sim.result import StopReason
+from llmsim.sim.sensor import targets_of
 
 CHECKS = 64                     # the watch looks this many times across the measurement window
 WATCHED = ("ttft", "e2e")       # the limits a request can be sure to miss before it finishes
@@ -40,16 +41,26 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
                  warmup_s: float, window_s: float, rule: MissedStop, stop: simpy.Event):
     """A SimPy process that succeeds ``stop`` with :attr:`StopReason.MISSED` once ``rule`` holds (see the
     module docstring). ``in_system``: the router's requests in the system, by id (their records are
-    written when they leave). Limits on TTFT and E2E are watched (a TPOT is known only at the end)."""
-    targets = {metric: (limit, percentile / 100) for metric, (limit, percentile) in scenario.slo.targets().items()
-               if metric in WATCHED}
+    written when they leave). Limits on TTFT and E2E are watched (a TPOT is known only at the end); with
+    traffic classes each class's own limits, over the window's requests of that class (each class must meet
+    its own targets, so one class sure to miss one of them decides the run)."""
     arrival = records.arrival_s
     first, last = int(np.searchsorted(arrival, warmup_s, "left")), int(np.searchsorted(arrival, window_s, "right"))
-    counted = last - first
-    if not targets or counted < rule.min_requests:
+    classes = records.class_index[first:last] if records.class_index is not None else None
+    # per watched target: its requests among the window's, and how many sure misses leave its share
+    # within the limit below target - margin
+    watched = []
+    for target in targets_of(scenario.slo, scenario.workload.class_names):
+        if target.metric not in WATCHED:
+            continue
+        mine = (np.ones(last - first, bool) if target.class_index is None or classes is None
+                else classes == target.class_index)
+        counted = int(np.count_nonzero(mine))
+        if counted >= rule.min_requests:
+            allowed = math.floor((1 - target.percentile / 100 + rule.margin) * counted)
+            watched.append((target, mine, allowed))
+    if not watched:
         return
-    # more than this many sure misses of a limit and its share within it stays below target - margin
-    allowed = {metric: math.floor((1 - share + rule.margin) * counted) for metric, (_, share) in targets.items()}
     period = max(window_s - warmup_s, 1e-9) / CHECKS
     yield env.timeout(warmup_s + period)
     while not stop.triggered:
@@ -64,14 +75,16 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
             if first <= request.id < last:
                 first_token[request.id - first] = request.first_token_s
         waited = now - arrival[first:last]
-        for metric, (limit, _) in targets.items():
+        late_by = {}
+        for metric, limit in {(target.metric, target.limit_s) for target, _, _ in watched}:
             if metric == "ttft":
                 # no first token yet after the limit, or one after it
                 late = np.where(np.isnan(first_token), waited > limit, first_token - arrival[first:last] > limit)
             else:
                 late = np.where(left, finish - arrival[first:last] > limit, waited > limit)
-            misses = int(np.count_nonzero(arrived & (rejected | late)))
-            if misses > allowed[metric]:
+            late_by[(metric, limit)] = arrived & (rejected | late)
+        for target, mine, allowed in watched:
+            if int(np.count_nonzero(late_by[(target.metric, target.limit_s)] & mine)) > allowed:
                 stop.succeed(StopReason.MISSED)
                 return
         yield env.timeout(period)

@@ -169,8 +169,19 @@ def workload_from_node(node: Node, max_tokens: int) -> Workload:
     prompt = length_from_node(node, "prompt_tokens", max_tokens)
     output = length_from_node(node, "output_tokens", max_tokens)
     sessions = sessions_from_node(node.child("sessions"), max_tokens) if node.has("sessions") else None
+    if sessions is not None:
+        check_session_start(node.child("sessions"), sessions, arrival)
     node.done()
     return Workload(arrival, prompt, output, num_requests, duration_s, classes=classes, sessions=sessions)
+
+
+def check_session_start(node: Node, sessions: Sessions, arrival) -> None:
+    """``workload.sessions.start: stationary`` needs a steady session rate: a renewal process (a rate profile's
+    steady state changes with time)."""
+    if sessions.stationary and not isinstance(arrival, RenewalProcess):
+        raise node.key_error("start", f"a stationary start needs sessions arriving at a constant rate, not a "
+                             f"{arrival.process} profile", "stationary",
+                             "empty, or stationary with a poisson, gamma or deterministic arrival")
 
 
 def dataset_from_node(node: Node) -> tuple[Trace, TraceFile]:

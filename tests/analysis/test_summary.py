@@ -52,12 +52,13 @@ def test_every_metric_name_is_a_column_of_a_flattened_summary(result):
 
 
 def test_a_sweep_row_adds_output_tokens_per_dollar(result):
-    from llmsim.search.sweeps import LONGEST_WAIT, QUEUE_TIMEOUT, run_points, simulate_point
+    from llmsim.search.sweeps import HIDDEN, run_points, simulate_point
 
     row = simulate_point(result.scenario)
     flat = llmsim.flatten(summarize(result).to_dict())
-    # and, for reusing_runs, the run's longest wait and queue timeout, which no row of run_points shows
-    assert set(row) - set(flat) == {names.OUTPUT_TOKENS_PER_USD, LONGEST_WAIT, QUEUE_TIMEOUT}
-    assert not {LONGEST_WAIT, QUEUE_TIMEOUT} & set(run_points(result.scenario, [{}], workers=1).columns)
+    # and, for reusing_runs, the run's longest wait, queue timeout and eligibility rule, which no row of run_points
+    # shows
+    assert set(row) - set(flat) == {names.OUTPUT_TOKENS_PER_USD, *HIDDEN}
+    assert not set(HIDDEN) & set(run_points(result.scenario, [{}], workers=1).columns)
     assert row[names.OUTPUT_TOKENS_PER_USD] == pytest.approx(
         row[names.OUTPUT_TOKENS_PER_S] * 3600 / row[names.USD_PER_HOUR])

@@ -1,6 +1,7 @@
 """Holding one (GPU, engine version) cell of the operator database out (``database_profile.predict_cell``): the GPU's
-form fitted to its other versions times the held-out version's factor learned on another GPU that measured it; and
-the engine all-reduce's third line (the hand-off past its own kernel's largest message), checked on held-out rows."""
+form fitted to its other versions times the held-out version's factor learned on another GPU that measured it, or
+where none did, the GPU's cells that ran the same kernel call; and the engine all-reduce's third line (the hand-off
+past its own kernel's largest message), checked on held-out rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,8 @@ from llmsim import lookup_hardware
 from llmsim.calibration import database as db
 from llmsim.calibration.database_fit import (ALL_REDUCE, CUSTOM_ALL_REDUCE, SwitchedForm, _switched_all_reduce,
                                              summary, with_device)
-from llmsim.calibration.database_profile import Cell, Group, fit_group, predict, predict_cell
+from llmsim.calibration.database_profile import (ACCEPTANCE_MAPE, Cell, Group, fit_group, kernel_call, predict,
+                                                 predict_cell, repeat_floor)
 
 pytest.importorskip("pyarrow")
 
@@ -62,6 +64,72 @@ def test_a_version_no_other_gpu_measured_falls_back_to_the_gpus_other_versions()
     found = _held_out(_cells(), (H100, "only_on_h100"))
     assert found.donors == ()
     np.testing.assert_allclose(found.signed, (1.0 * 1.3 * 0.8) ** (1 / 3) / 1.5 - 1, atol=1e-6)
+
+
+def test_a_version_no_other_gpu_measured_is_predicted_by_the_gpus_cells_of_its_kernel_call():
+    """Closed form: another engine's cell on H100 that ran the same kernel call as H100's version that H200 never ran
+    times that version exactly (factor 1.5), where H100's other versions miss by their mean factor over 1.5. Poisoning
+    the held-out cell's times by 7 leaves its predicted times as they were (its errors move by exactly 1/7), and
+    predict_cell refuses the held-out cell among its own kernel's cells."""
+    cells = _cells()
+    cell = (H100, "only_on_h100")
+    training = {key: rows for key, rows in cells.items() if key != cell}
+    same_call = [_cell(H100, "only_on_h100")]          # another engine's table of the same call, timed alike
+    found = predict_cell("all_reduce", H100, "only_on_h100", training, cells[cell], [H200], same_call)
+    assert found.donors == () and found.same_call_cells == 1
+    np.testing.assert_allclose(found.signed, 0.0, atol=1e-6)
+    np.testing.assert_allclose(found.reference, 0.0, atol=1e-12)
+    poisoned = cells[cell].assign(measured_s=7.0 * cells[cell]["measured_s"])
+    again = predict_cell("all_reduce", H100, "only_on_h100", training, poisoned, [H200], same_call)
+    np.testing.assert_allclose(again.signed + 1.0, (found.signed + 1.0) / 7.0, rtol=1e-9)
+    with pytest.raises(AssertionError, match="own kernel"):
+        predict_cell("all_reduce", H100, "only_on_h100", training, cells[cell], [H200], [cells[cell]])
+
+
+def test_the_repeat_floor_is_the_least_error_one_time_can_have_against_a_points_repeats():
+    """Closed form: a point timed at 1.0 and 1.2 s is best predicted by either time, at 1 - 1/1.2 for the other row
+    (mean over the two rows: (1 - 1/1.2) / 2); three times 1, 1, 2 by 1 s (error 1/2 on one row of three); a point timed
+    once has no floor."""
+    rows = pd.DataFrame({"group": [2, 2, 4, 4, 4, 8], "bytes": [256.0, 256.0, 512.0, 512.0, 512.0, 256.0],
+                         "measured_s": [1.0, 1.2, 1.0, 1.0, 2.0, 3.0], "table": "t"})
+    np.testing.assert_allclose(repeat_floor(rows), [(1 - 1 / 1.2) / 2] * 2 + [0.5 / 3] * 3 + [0.0], rtol=1e-12)
+
+
+def _gemm_cell(database: db.Database, framework: str, version: str, dtype: str) -> pd.DataFrame:
+    rows = db.gemm_rows(database.table(H100, "gemm", framework, "gemm_perf", version))
+    return with_device(rows[rows["dtype"] == dtype].reset_index(drop=True), lookup_hardware(H100))
+
+
+def test_the_kernel_call_is_read_from_each_collectors_label():
+    """The excerpt's H100 GEMM tables (aiconfigurator's collectors): vLLM's and SGLang 0.5.14's 16-bit rows are
+    torch.nn.functional.linear on bf16 tensors, SGLang 0.5.6.post2's (its older collector) the same call on float16
+    tensors; both SGLang versions' FP8 rows sgl-kernel's fp8_scaled_mm; vLLM's FP8 CUTLASS rows share no call."""
+    database = db.Database(EXCERPT)
+    calls = {(framework, version, dtype): kernel_call(database, f"gemm_{dtype}",
+                                                      _gemm_cell(database, framework, version, dtype))
+             for framework, version in (("vllm", "0.24.0"), ("sglang", "0.5.14"), ("sglang", "0.5.6.post2"))
+             for dtype in ("bf16", "fp8")}
+    assert calls == {("vllm", "0.24.0", "bf16"): "torch.nn.functional.linear, bf16",
+                     ("sglang", "0.5.14", "bf16"): "torch.nn.functional.linear, bf16",
+                     ("sglang", "0.5.6.post2", "bf16"): "torch.nn.functional.linear, fp16",
+                     ("vllm", "0.24.0", "fp8"): None,
+                     ("sglang", "0.5.14", "fp8"): "sgl_kernel.fp8_scaled_mm",
+                     ("sglang", "0.5.6.post2", "fp8"): "sgl_kernel.fp8_scaled_mm"}
+
+
+def test_sglangs_bf16_gemms_held_out_are_predicted_by_vllms_rows_of_the_same_call():
+    """Measured rows never fitted: H100's SGLang 0.5.14 16-bit GEMMs (the excerpt's shapes), held out, predicted by the
+    GEMM form fitted to vLLM 0.24's rows of the same call (torch.nn.functional.linear, bf16) within the issue's 10%,
+    and closer than by SGLang's older version, whose collector timed float16 tensors."""
+    database = db.Database(EXCERPT)
+    held = _gemm_cell(database, "sglang", "0.5.14", "bf16")
+    training = {(H100, "0.5.6.post2"): _gemm_cell(database, "sglang", "0.5.6.post2", "bf16")}
+    same_call = predict_cell("gemm_bf16", H100, "0.5.14", training, held, [],
+                             [_gemm_cell(database, "vllm", "0.24.0", "bf16")])
+    older = predict_cell("gemm_bf16", H100, "0.5.14", training, held, [])
+    assert same_call.same_call_cells == 1 and older.same_call_cells == 0
+    assert summary(same_call.signed)["mape"] <= ACCEPTANCE_MAPE
+    assert summary(same_call.signed)["mape"] < summary(older.signed)["mape"]
 
 
 def test_the_held_out_cells_measurements_never_reach_its_own_prediction():

@@ -93,7 +93,7 @@ def built(tmp_path: Path) -> dict[str, dict]:
                                 "router": None},
                      "deployment": {"router": "prefix_aware", "load_bound": 1.5},
                      "workload": {"sessions": {"turns": {"distribution": "uniform", "low": 1, "high": 6},
-                                               "think_time": "20 s",
+                                               "think_time": "20 s", "start": "stationary",
                                                "system_prompt": {"tokens": 400, "share": 0.5, "variants": 3}}}},
         "dataset": {"workload": {"dataset": {"path": str(tmp_path / "data.json"), "chars_per_token": 3.5},
                                  "prompt_tokens": None, "output_tokens": None}},

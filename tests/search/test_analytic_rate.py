@@ -21,12 +21,13 @@ class _Stub:
     def __init__(self, scenario, trace=None):
         pass
 
-    def evaluate(self, rates, mean_limits_s=None):
+    def evaluate(self, rates, mean_limits_s=None, ttft_percentile=None):
         rates = np.atleast_1d(rates)
         _Stub.solved.append(len(rates))
         ok = _Stub.passes(rates)
         return pd.DataFrame({"stable": np.ones(len(rates), dtype=bool),
                              "tpot_mean_s": np.where(ok, 0.01, 1.0), "ttft_mean_s": np.zeros(len(rates)),
+                             "ttft_percentile_s": np.zeros(len(rates)),
                              "e2e_mean_s": np.zeros(len(rates))})
 
 
@@ -65,3 +66,51 @@ def test_rates_far_below_the_edge_are_not_solved(monkeypatch):
     scenario = make_scenario({"workload": {"arrival": {"rate": RATE}}, "slo": {"tpot": "30 ms"}})
     analytic_rate(scenario)
     assert sum(_Stub.solved) < 40 + 17
+
+
+PATTERNS = [
+    lambda r: r < 2 * RATE,
+    lambda r: (r < 1.5 * RATE) | ((r > 9 * RATE) & (r < 11 * RATE)),
+    lambda r: r > 1e9,
+    lambda r: r > 0,
+    lambda r: (r < 3 * RATE) & ~((r > 0.5 * RATE) & (r < 0.6 * RATE)),
+    lambda r: r > 70.0,
+]
+
+
+@pytest.mark.parametrize("passes", PATTERNS)
+@pytest.mark.parametrize("floor_over_rate", [0.01, 0.5, 1.49, 1.5, 1.95, 2.0, 2.05, 10.5, 25.0, 100.0])
+def test_a_scan_stopped_by_its_floor_lies_below_it_and_one_not_stopped_is_exact(monkeypatch, passes, floor_over_rate):
+    monkeypatch.setattr(recommend_module, "FluidModel", _Stub)
+    monkeypatch.setattr(_Stub, "passes", staticmethod(passes))
+    scenario = make_scenario({"workload": {"arrival": {"rate": RATE}}, "slo": {"tpot": "30 ms"}})
+    floor = floor_over_rate * RATE
+    rate, truth = analytic_rate(scenario, None, floor), _whole_grid(passes)
+    if np.isnan(rate):
+        assert truth < floor
+    else:
+        assert rate == truth
+
+
+def test_the_screened_grid_keeps_the_whole_grids_best_settings_and_their_rates():
+    # Every setting scored in full against the screen: the same best `top` in the same order with the same rates,
+    # every rate the screen gives exact, and every setting it screened out below the top-th best.
+    from llmsim.search.recommend import Config, Objective, _Search, batch_token_options, k_options
+    from llmsim.config.progress import QUIET
+    scenario = make_scenario({"speculation": {"draft": "Llama-3.2-1B", "policy": "static", "k": 2, "k_max": 2,
+                                              "acceptance": {"process": "beta", "mean": 0.7, "concentration": 10}},
+                              "workload": {"arrival": {"rate": RATE}}, "slo": {"ttft": "1 s", "tpot": "30 ms"}})
+    grid = [Config(k, m, None) for k in k_options(scenario) for m in batch_token_options(scenario)]
+    top = 3
+    screened = _Search(scenario, [1, 2], Objective.GOODPUT, 1, 0.04, QUIET).screen_grid(grid, top)
+    whole = _Search(scenario, [1, 2], Objective.GOODPUT, 1, 0.04, QUIET)
+    truth = {(str(c.k), c.max_batch_tokens): whole.analytic(c) for c in grid}
+    assert screened["screened_out"].any()              # the screen stopped some scans: the test compares something
+    best = sorted((rate for rate in truth.values() if not np.isnan(rate)), reverse=True)[:top]
+    assert list(screened["analytic_rate_per_s"].head(top)) == best
+    for row in screened.itertuples():
+        exact = truth[(str(row.k), row.max_batch_tokens)]
+        if row.screened_out:
+            assert exact < best[-1]
+        else:
+            assert row.analytic_rate_per_s == exact or (np.isnan(row.analytic_rate_per_s) and np.isnan(exact))

@@ -27,6 +27,7 @@ and the answer and a setting it rejected are re-simulated on fresh seeds, outsid
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -103,6 +104,28 @@ def test_the_search_agrees_with_theory_on_every_candidate_it_screened(rec, scena
     # At the scenario's own timeout only preemption meets chat's target: there the policy decides.
     own = screened[screened["class_timeouts"].map(lambda t: t["chat"] == LONG_S and t["bulk"] is None)]
     assert set(own[own["met"]]["scheduling_policy"]) == {"preemptive_priority"}
+
+
+@pytest.mark.slow
+def test_a_screen_stopped_sure_to_miss_is_one_theory_says_misses(rec, scenario):
+    """Screens run under the missed-target stop: every candidate stopped is one theory says misses chat's
+    target (non-preemptive, chat timeout >= L), and the stop prunes some of them."""
+    stopped = rec.classes.screened[rec.classes.screened["stopped"]]
+    assert len(stopped)
+    for row in stopped.itertuples():
+        assert row.scheduling_policy in NON_PREEMPTIVE and row.class_timeouts["chat"] >= TTFT_LIMIT_S, row
+        assert not row.met
+
+
+@pytest.mark.slow
+def test_the_stop_leaves_every_policy_s_pick_as_it_was(rec, scenario, monkeypatch):
+    """The same search with no run stopped picks the same timeouts for every policy, and the same answer."""
+    monkeypatch.setattr("llmsim.search.recommend.stopping_decided_runs", contextlib.nullcontext)
+    whole = recommend(scenario, seeds=2, workers=2, search="classes", tolerance=0.25,
+                      class_timeouts_s=(SHORT_S, LONG_S))
+    assert not whole.classes.screened["stopped"].any()
+    assert whole.classes.best_per_policy == rec.classes.best_per_policy
+    assert whole.best == rec.best
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ import math
 import pandas as pd
 
 import llmsim.search.sweeps as sweeps
+from llmsim.scenario.variants import variant
 from llmsim.search.sweeps import reusing_runs, run_points
 from tests.helpers import make_scenario
 
@@ -137,3 +138,78 @@ def test_a_controller_with_classes_simulates_every_timeout(monkeypatch):
     with reusing_runs():
         run_points(scenario, points, workers=1)
     assert len(ran) == 2
+
+
+def _speculating(rule: tuple[int, int]) -> dict:
+    return {"speculation.eligibility": {"min_sequence_tokens": rule[0], "min_concurrent_requests": rule[1]}}
+
+
+def _counting_rules(monkeypatch) -> list:
+    """The eligibility rule of every simulation the sweep runs in this process (workers=1)."""
+    ran = []
+    real = sweeps.simulate_whole
+
+    def counted(scenario, *args, **kwargs):
+        ran.append(sweeps.eligibility_rule(scenario))
+        return real(scenario, *args, **kwargs)
+    monkeypatch.setattr(sweeps, "simulate_whole", counted)
+    return ran
+
+
+def _speculating_scenario():
+    return make_scenario({"speculation": {"draft": "Llama-3.2-1B", "policy": "static", "k": 3,
+                                          "acceptance": {"process": "beta", "mean": 0.7, "concentration": 10}},
+                          "workload": {"num_requests": 300}, "slo": {"ttft": "500 ms", "tpot": "50 ms"}})
+
+
+def test_eligibility_thresholds_that_never_acted_share_the_run_with_looser_ones(monkeypatch):
+    # Prompts are at least a few tokens long, so min_sequence_tokens 2 never keeps a step plain, and
+    # min_concurrent_requests 1 never does: (0, 1) is the run of (2, 1). min_concurrent_requests 4 keeps the first
+    # request's lone steps plain (it acts) while min_sequence_tokens 2 still never does: (0, 4) is the run of (2, 4),
+    # but (2, 1) is not (its concurrency threshold is looser than one that acted). min_sequence_tokens 10^6 keeps
+    # every step plain: no looser rule's run is its own.
+    from llmsim.sim.simulate import simulate_whole
+    scenario = _speculating_scenario()
+    rules = [(2, 1), (2, 4), (0, 1), (0, 4), (1_000_000, 1)]
+    held = {rule: sweeps.eligibility_held(simulate_whole(variant(scenario, _speculating(rule)))) for rule in rules}
+    assert held[(2, 1)] == (2, 1, False, False) and held[(2, 4)] == (2, 4, False, True)    # every case exercised
+    assert held[(1_000_000, 1)] == (1_000_000, 1, True, False)
+    points = [_speculating(rule) for rule in rules]
+    alone = run_points(scenario, points, workers=1)
+    assert alone["speculation.blocked_share.min_sequence_tokens"].iloc[4] == 1.0      # the strict rule did act
+    ran = _counting_rules(monkeypatch)
+    with reusing_runs():
+        # as a search asks: one setting's runs first, then its eligibility options
+        shared = pd.concat([run_points(scenario, points[:2], workers=1), run_points(scenario, points[2:], workers=1)])
+    # each call's strictest rule of a run first
+    assert ran == [(2, 4), (2, 1), (1_000_000, 1)]
+    def plain(frame: pd.DataFrame) -> pd.DataFrame:        # two frames concatenated spell a missing text apart
+        return frame.reset_index(drop=True).astype(object).where(frame.reset_index(drop=True).notna(), None)
+    pd.testing.assert_frame_equal(plain(shared), plain(alone))
+
+
+def test_the_strictest_eligibility_rule_of_a_sweep_runs_first(monkeypatch):
+    # Of one sweep's points that differ only in their eligibility rule, the strictest runs first: (2, 1), which never
+    # acts, then serves for (0, 1) in the same call.
+    scenario = _speculating_scenario()
+    points = [_speculating((0, 1)), _speculating((2, 1))]
+    alone = run_points(scenario, points, workers=1)
+    ran = _counting_rules(monkeypatch)
+    with reusing_runs():
+        shared = run_points(scenario, points, workers=1)
+    assert ran == [(2, 1)]
+    pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_a_run_whose_eligibility_rule_acted_serves_for_no_other_rule(monkeypatch):
+    # The first request decodes alone at first: min_concurrent_requests 2 acts, so (0, 1), which would let those
+    # steps speculate, is simulated (and its rows differ).
+    scenario = _speculating_scenario()
+    points = [_speculating((0, 2)), _speculating((0, 1))]
+    alone = run_points(scenario, points, workers=1)
+    assert alone["speculation.blocked_share.min_concurrent_requests"].iloc[0] > 0
+    ran = _counting_rules(monkeypatch)
+    with reusing_runs():
+        shared = run_points(scenario, points, workers=1)
+    assert ran == [(0, 2), (0, 1)]
+    pd.testing.assert_frame_equal(shared, alone)

@@ -75,3 +75,22 @@ def test_a_point_some_of_whose_seeds_stopped():
 def test_a_stopped_run_is_not_judged_on_a_joint_target():
     with pytest.raises(ValueError, match="joint attainment"):
         judge(_rows([True, True], [0.1, 0.1], [0.01, 0.01]), target=0.9)
+
+
+def _class_rows(stopped: list[bool], attainment: list[float], stderr: list[float]) -> pd.DataFrame:
+    """One class's section of the summary (``classes.chat.slo...``), as a class scenario's rows carry it."""
+    prefix = f"{names.CLASSES}.chat."
+    n = len(stopped)
+    return pd.DataFrame({"error": [""] * n, names.STEADY: [False] * n,
+                         names.STOPPED_BY: ["missed" if s else "completed" for s in stopped],
+                         prefix + names.slo_attainment("ttft"): attainment,
+                         prefix + names.slo_attainment_stderr("ttft"): stderr,
+                         prefix + names.slo_percentile("ttft"): [95.0] * n,
+                         prefix + names.SLO_ATTAINMENT: attainment})
+
+
+def test_a_class_point_some_of_whose_seeds_stopped():
+    """A class's check is named ``chat.ttft``: it is a watched limit like the top-level ``ttft`` (the fault: it
+    was skipped as unwatched, so a point only some of whose seeds stopped was always taken as decided)."""
+    assert (judge(_class_rows([True, False], [0.1, 1.0], [0.01, 0.0])).decided,
+            judge(_class_rows([True, False], [0.1, 0.3], [0.01, 0.01])).decided) == (False, True)

@@ -84,3 +84,42 @@ def test_too_few_requests_in_the_window_are_never_stopped():
     scenario = make_scenario({**SLO, "workload": {"arrival": {"rate": 300.0}, "num_requests": 3000}})
     result = simulate(scenario, stop_when_missed=MissedStop(margin=0.23, min_requests=10_000))
     assert result.stopped_by is StopReason.COMPLETED
+
+
+# Two classes with SLOs of their own only (no top-level limit): under priority scheduling the urgent class
+# is served first and meets its target, while the relaxed one starves past its end-to-end limit.
+CLASS_SLOS = {"engine": {"scheduling_policy": "priority"}, "simulation": {"warmup": "2 s"},
+              "workload": {"arrival": {"rate": 300.0}, "num_requests": 3000,
+                           "classes": {"urgent": {"share": 0.1, "priority": 0},
+                                       "relaxed": {"share": 0.9, "priority": 1}}},
+              "slo": {"classes": {"urgent": {"ttft": "60 s", "percentile": 90},
+                                  "relaxed": {"e2e": "4 s", "percentile": 90}}}}
+
+
+@pytest.fixture(scope="module")
+def class_runs():
+    scenario = make_scenario(CLASS_SLOS)
+    assert not scenario.slo.targets()          # every limit is a class's own
+    return simulate_checked(scenario, stop_when_missed=RULE), simulate(scenario)
+
+
+def test_a_run_sure_to_miss_a_class_target_stops(class_runs):
+    """The fault: the watch read only the top-level targets (empty when every class sets its own), so a run
+    with traffic classes never stopped. The stop is justified by the whole run: the class it stopped on
+    misses its target by more than the margin there, and until the stop the two runs are the same run."""
+    stopped, whole = class_runs
+    assert stopped.stopped_by is StopReason.MISSED
+    assert stopped.end_s < whole.end_s / 2
+    check_balances(stopped)
+    classes = summarize(whole).to_dict()["classes"]
+    assert classes["relaxed"]["slo"]["e2e_attainment"] < 0.90 - RULE.margin
+    done = stopped.requests[stopped.requests["status"] == "finished"].set_index("id")
+    pd.testing.assert_frame_equal(done, whole.requests.set_index("id").loc[done.index])
+
+
+def test_a_class_run_meeting_its_targets_is_not_changed():
+    scenario = make_scenario({**CLASS_SLOS, "workload": {**CLASS_SLOS["workload"], "arrival": {"rate": 5.0},
+                                                         "num_requests": 600}})
+    watched, plain = simulate(scenario, stop_when_missed=RULE), simulate(scenario)
+    assert watched.stopped_by is StopReason.COMPLETED
+    pd.testing.assert_frame_equal(watched.requests, plain.requests)

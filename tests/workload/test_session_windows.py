@@ -33,24 +33,38 @@ def test_fill_time_of_two_turn_sessions_is_the_closed_form():
     assert single.fill_time_s() == 0.0 and single.mean_turns() == 1.0
 
 
-def test_the_window_counts_turns_and_covers_the_fill():
-    """The shipped multi-turn scenario: 1.2 sessions/s of 1-10 turns (mean 5.5). The window's
-    request count is turns, and the trace of that many turns spans the window's seconds (its
-    turns, not its sessions, arrive at rate x 5.5 once filled)."""
+def test_the_window_counts_turns_and_covers_the_cold_cache():
+    """The shipped multi-turn scenario: 1.2 sessions/s of 1-10 turns (mean 5.5) at a constant rate. The
+    window starts the run stationary, so its warm-up need only cover the turns whose history the cache has
+    not seen (not the empty start's fill, which is longer than the scenario's own 60 s warm-up); its request
+    count is turns, and the trace of that many turns spans the window's seconds (turns arrive at rate x 5.5
+    from the start)."""
     scenario = llmsim.load_scenario(MULTITURN)
     sessions = scenario.workload.sessions
     assert math.isclose(sessions.mean_turns(), 5.5)
     rate = 1.2
     window = measurement_window(scenario, rate, latency_s=5.0)
-    assert window.warmup_s >= sessions.fill_time_s() > 60.0          # longer than the scenario's own warm-up
+    assert window.stationary_sessions
+    assert window.warmup_s == max(60.0, sessions.cold_time_s()) < sessions.fill_time_s()
     requests = window.requests(rate)
     assert requests == math.ceil(rate * 5.5 * window.length_s)
     run = variant(scenario, window.overrides(rate))
+    assert run.workload.sessions.stationary
     trace = generate_trace(run.workload, run.seed)
     assert len(trace) == requests
-    # The last turn arrives near the window's end: later than the length alone, since the fill
-    # brings fewer turns early, but not by more than the fill time; the Poisson count's noise
-    # moves it by about sqrt(requests) / turn rate (4 of those allowed).
+    # The last turn arrives near the window's end; the count's noise moves it by about sqrt(requests) /
+    # turn rate (4 of those allowed, plus the turns the longest-prompt cut drops).
     last_s = float(np.max(trace.arrival_s))
     noise_s = 4 * math.sqrt(requests) / (rate * 5.5)
-    assert window.length_s - noise_s <= last_s <= window.length_s + sessions.fill_time_s() + noise_s
+    assert window.length_s - noise_s <= last_s <= window.length_s + noise_s
+
+
+def test_a_rate_profile_keeps_the_empty_start_and_its_fill():
+    """A diurnal session rate has no one steady state to start in: the window keeps the empty start and its
+    warm-up the fill of the turn rate."""
+    scenario = variant(llmsim.load_scenario(MULTITURN),
+                       {"workload.arrival": {"process": "diurnal", "rate": "1.2/s", "amplitude": 0.5, "period": "1 h"}})
+    window = measurement_window(scenario, 1.2, latency_s=5.0)
+    assert not window.stationary_sessions
+    assert window.warmup_s >= scenario.workload.sessions.fill_time_s()
+    assert "workload.sessions.start" not in window.overrides(1.2)
