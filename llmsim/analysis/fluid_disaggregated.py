@@ -71,11 +71,14 @@ class DisaggregatedFluid:
         link's (:func:`~llmsim.analysis.fluid.stable_capacity`)."""
         return stable_capacity(self.evaluate, rounds)
 
-    def evaluate(self, rate_per_s, mean_limits_s: Mapping[str, float] | None = None) -> pd.DataFrame:
+    def evaluate(self, rate_per_s, mean_limits_s: Mapping[str, float] | None = None,
+                 ttft_percentile: float | None = None) -> pd.DataFrame:
         """Predicted steady state at each total arrival rate; ``mean_limits_s`` as for FluidModel.evaluate
-        (it bounds the decode pool's solve: TPOT and E2E are at least the decode pool's)."""
+        (it bounds the decode pool's solve: TPOT and E2E are at least the decode pool's). ``ttft_percentile``:
+        also ``ttft_percentile_s``, the prefill pool's TTFT at that percentile of the prompt lengths plus the
+        mean transfer and the decode pool's mean first step (the prompt's length acts on the prefill)."""
         rates = np.atleast_1d(np.asarray(rate_per_s, dtype=float))
-        prefill = self.prefill.evaluate(rates)
+        prefill = self.prefill.evaluate(rates, ttft_percentile=ttft_percentile)
         decode = self.decode.evaluate(rates, mean_limits_s)
         rho = self.link_utilisation(rates)
         with np.errstate(divide="ignore"):
@@ -87,6 +90,9 @@ class DisaggregatedFluid:
         tpot = np.where(stable, decode["tpot_mean_s"].to_numpy(), np.inf)
         frame = decode.copy()
         frame["ttft_mean_s"], frame["tpot_mean_s"] = ttft, tpot
+        if ttft_percentile is not None:
+            frame["ttft_percentile_s"] = np.where(stable, prefill["ttft_percentile_s"].to_numpy() + transfer_s
+                                                  + decode["ttft_mean_s"].to_numpy(), np.inf)
         frame["e2e_mean_s"] = ttft + tpot * (self.mean_output - 1.0)
         frame["in_system"] = prefill["in_system"].to_numpy() + decode["in_system"].to_numpy() \
             + np.where(stable, rates * transfer_s, np.inf)

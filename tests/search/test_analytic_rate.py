@@ -81,7 +81,7 @@ PATTERNS = [
 @pytest.mark.parametrize("passes", PATTERNS)
 @pytest.mark.parametrize("floor_over_rate", [0.01, 0.5, 1.49, 1.5, 1.95, 2.0, 2.05, 10.5, 25.0, 100.0])
 def test_a_scan_stopped_by_its_floor_lies_below_it_and_one_not_stopped_is_exact(monkeypatch, passes, floor_over_rate):
-    monkeypatch.setattr(recommend_module, "FluidModel", _Stub)
+    monkeypatch.setattr(recommend_module, "fluid_model", _Stub)
     monkeypatch.setattr(_Stub, "passes", staticmethod(passes))
     scenario = make_scenario({"workload": {"arrival": {"rate": RATE}}, "slo": {"tpot": "30 ms"}})
     floor = floor_over_rate * RATE
