@@ -50,8 +50,9 @@ arrivals (the queueing terms assume Poisson). Static batching is not modelled.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
 
 import numpy as np
 import pandas as pd
@@ -74,6 +75,15 @@ PROMPT_QUANTILES = 64          # prompt lengths at which the prefill step is pri
 STEP_QUANTILES = 16            # prompt lengths in the step-time solve
 MAX_PROMPTS_PER_STEP = 24      # Poisson counts of prompts arriving during one step: 0..this
 SOLVER_STEPS = 60
+
+
+class Stage(Enum):
+    """What a disaggregated pool's engines do of each request (:mod:`llmsim.analysis.fluid_disaggregated`):
+    ``PREFILL`` computes the prompt and hands the request over (no decode work; it holds its prompt's KV
+    slot while it computes); ``DECODE`` takes it with every prompt token's KV but the last, whose one-token
+    step, over the whole prompt's keys, gives the first output token, and decodes the rest."""
+    PREFILL = "prefill"
+    DECODE = "decode"
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,21 @@ def _sample_lengths(scenario: Scenario, limit: int, trace: Trace | None) -> _Len
         mean_kv_held=float((decode * (prompt + (decode + 1) / 2 + block / 2)).mean()))
 
 
+def _cached_prompts(lengths: _Lengths, scenario: Scenario) -> _Lengths:
+    """``lengths`` as a decode pool sees them (:attr:`Stage.DECODE`): each prompt arrives computed but for its
+    last token, so the prefill a step carries is one token a request attending to the whole prompt's keys; the
+    decode work and the KV held (the prompt's included) are the request's own."""
+    model = scenario.model
+
+    def one_token(grid: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        prompt = grid[0]
+        return np.ones_like(prompt), chunk_pairs(np.ones_like(prompt), prompt - 1.0, model.sliding_window,
+                                                 model.local_attention_share)
+    ttft_grid = one_token(lengths.ttft_grid)
+    return replace(lengths, mean_prompt=1.0, prompt_second_moment=1.0, pairs_per_token=float(ttft_grid[1].mean()),
+                   step_grid=one_token(lengths.step_grid), ttft_grid=ttft_grid)
+
+
 def _law_lengths(scenario: Scenario, limit: int) -> _Lengths:
     """The same statistics from the workload's length laws, exactly (:meth:`LengthDistribution.probabilities`):
     prompt P and output O independent, cut to P + O <= ``limit``. They do not depend on the request count
@@ -222,10 +247,12 @@ class FluidModel:
     given (a like-for-like comparison with a simulation of them), else from the workload's length
     laws, exactly, where it draws prompt and output independently from laws of its own
     (:func:`has_length_law`; the request count and seed then change nothing), else from the trace
-    the scenario's seed generates (replayed traces, datasets, sessions, traffic classes).
+    the scenario's seed generates (replayed traces, datasets, sessions, traffic classes). ``stage``: only one
+    pool's part of each request, in a disaggregated deployment (:class:`Stage`; the scenario is then the pool's,
+    :meth:`~llmsim.scenario.scenario.Scenario.pool`).
     """
 
-    def __init__(self, scenario: Scenario, trace: Trace | None = None):
+    def __init__(self, scenario: Scenario, trace: Trace | None = None, stage: Stage | None = None):
         if scenario.engine.batching is not Batching.CONTINUOUS:
             raise ConfigError("the analytic path models continuous batching only", key="engine.batching",
                               value=scenario.engine.batching, allowed="continuous (or simulate)",
@@ -250,6 +277,9 @@ class FluidModel:
         limit = min(scenario.max_model_len, placement.kv_capacity_tokens)
         lengths = (_law_lengths(scenario, limit) if trace is None and has_length_law(scenario.workload)
                    else _sample_lengths(scenario, limit, trace))
+        self.request_prompt = lengths.mean_prompt            # the whole prompt, whatever the stage computes of it
+        if stage is Stage.DECODE:
+            lengths = _cached_prompts(lengths, scenario)
         self.mean_prompt, self.mean_output = lengths.mean_prompt, lengths.mean_output
         self.prompt_second_moment = lengths.prompt_second_moment
         self.mean_decode = self.mean_output - 1.0
@@ -262,6 +292,10 @@ class FluidModel:
         self.decode_cv2 = lengths.decode_cv2                  # slot time is ~ decode length
         self.spec = spec
         self.works = [self._work(mix) for mix in self._mixes(spec)]
+        if stage is Stage.PREFILL:
+            # No decode work; the time a request holds its slot is its prefill's, which goes with the prompt.
+            self.works = [_Work(0.0, 1.0, np.zeros_like(self.works[0].decode), None, 0.0, 0.0, np.ones(1))]
+            self.decode_cv2 = self.prompt_second_moment / self.mean_prompt ** 2 - 1.0
         self._counts = np.arange(MAX_PROMPTS_PER_STEP + 1, dtype=float)
 
     def _mixes(self, spec) -> list[KMix | None]:
@@ -509,7 +543,8 @@ class FluidModel:
         unstable once lam tau E[P] passes max(max_batch_tokens - lam tau decode tokens per step, 1).
         """
         rate = np.maximum(lam, 1e-300)
-        bound = self._slots(work) / (rate * work.decode_steps)
+        with np.errstate(divide="ignore"):          # no decode work (Stage.PREFILL): no bound from the slots
+            bound = self._slots(work) / (rate * work.decode_steps)
         bound = np.minimum(bound, np.maximum(self.max_tokens / (rate * (self.mean_prompt + tokens_of(work.decode))),
                                              1.0 / (rate * self.mean_prompt)))
         if "tpot" in mean_limits_s:
@@ -519,8 +554,9 @@ class FluidModel:
         return bound
 
     def _slots(self, work: _Work) -> float:
-        """Batch slots per engine: max_num_seqs, or fewer where the KV cache holds fewer requests."""
-        kv_per_request = work.kv_token_steps / max(work.decode_steps, 1e-12)
+        """Batch slots per engine: max_num_seqs, or fewer where the KV cache holds fewer requests (a request
+        with no decode work, Stage.PREFILL, holds its prompt's KV)."""
+        kv_per_request = work.kv_token_steps / work.decode_steps if work.decode_steps > 0 else self.mean_prompt
         return float(np.minimum(self.max_seqs, self.kv_tokens / kv_per_request))
 
     def _evaluate(self, rates: np.ndarray, work: _Work, mean_limits_s: Mapping[str, float] | None = None,
@@ -610,22 +646,27 @@ class FluidModel:
         return np.where((rho < 1) & (a > 0), np.nan_to_num(wait, nan=0.0), np.where(a > 0, np.inf, 0.0))
 
     def capacity(self, rounds: int = 3) -> float:
-        """The largest total arrival rate (requests/s) the model predicts to be stable.
+        """The largest total arrival rate (requests/s) the model predicts to be stable (:func:`stable_capacity`)."""
+        return stable_capacity(self.evaluate, rounds)
 
-        Stability falls once with the rate: powers of two bracket it, then each round
-        evaluates 32 rates across the bracket at once (relative precision 32^-rounds).
-        """
-        rates = 2.0 ** np.arange(-12, 25)
-        stable = self.evaluate(rates)["stable"].to_numpy()
-        if not stable.any():
-            return 0.0
-        last = int(np.flatnonzero(stable)[-1])
-        if last == len(rates) - 1:
-            return math.inf
-        low, high = rates[last], rates[last + 1]
-        for _ in range(rounds):
-            grid = np.linspace(low, high, 33)
-            ok = self.evaluate(grid[1:-1])["stable"].to_numpy()
-            index = int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
-            low, high = grid[index], grid[index + 1]
-        return float(low)
+
+def stable_capacity(evaluate: Callable[[np.ndarray], pd.DataFrame], rounds: int = 3) -> float:
+    """The largest total arrival rate (requests/s) that ``evaluate`` (a fluid model's) predicts to be stable.
+
+    Stability falls once with the rate: powers of two bracket it, then each round
+    evaluates 32 rates across the bracket at once (relative precision 32^-rounds).
+    """
+    rates = 2.0 ** np.arange(-12, 25)
+    stable = evaluate(rates)["stable"].to_numpy()
+    if not stable.any():
+        return 0.0
+    last = int(np.flatnonzero(stable)[-1])
+    if last == len(rates) - 1:
+        return math.inf
+    low, high = rates[last], rates[last + 1]
+    for _ in range(rounds):
+        grid = np.linspace(low, high, 33)
+        ok = evaluate(grid[1:-1])["stable"].to_numpy()
+        index = int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
+        low, high = grid[index], grid[index + 1]
+    return float(low)

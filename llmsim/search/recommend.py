@@ -12,7 +12,8 @@ The search (:func:`recommend`):
 1. **Coarse grid, analytic.** Every combination of k (off; static 1..k_max; the
    adaptive 80/50 rule from k0 = 4 up to k_max 8, both held to what the proposer can draft:
    Medusa one token per head) and max batch tokens (powers of two, the scenario's
-   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`): its
+   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`; a disaggregated
+   deployment's is its pools' and link's, :mod:`llmsim.analysis.fluid_disaggregated`): its
    highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
    invisible to it (they act on the tail), so they are left to the simulator. Only the best ``top``
    are simulated, so a setting's scan stops once it shows the setting's rate below the ``top``-th best
@@ -132,7 +133,8 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.config.policies import ControllerKnob, KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
-from llmsim.analysis.fluid import FluidModel, has_length_law
+from llmsim.analysis.fluid import has_length_law
+from llmsim.analysis.fluid_disaggregated import fluid_model
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import as_scenario, check_rate_driven
@@ -488,7 +490,7 @@ def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf
     and the next ends at the next), and that rate is below the floor. A scan the floor does not stop is the
     scan without it, chunk for chunk, so its answer is the same.
     """
-    model = FluidModel(scenario, trace)
+    model = fluid_model(scenario, trace)
     limits = scenario.slo.targets()
     mean_limits_s = {metric: limit for metric, (limit, _) in limits.items()}
 

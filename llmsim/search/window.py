@@ -17,7 +17,8 @@ question is the scenario's own (``plan``, a report); a bisection's probes (``rec
 rule's window alone (``own_floor=False``), since the scenario's count sizes the question it asks at its own
 rate, not a probe at another: each probe's verdict carries its standard error and an undecided one is
 measured longer, so the window it rests on is as long as its verdict needs. The mean
-latency comes from the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
+latency comes from the fluid model (:mod:`llmsim.analysis.fluid`; a disaggregated deployment's pools and link:
+:mod:`llmsim.analysis.fluid_disaggregated`) at the point's per-replica rate, or, where it
 has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
 request that just meets them). The request count is then ``lambda`` times the window. Under a diurnal
 arrival the measurement is rounded up to whole cycles, so that it sees the mean rate the point stands for
@@ -62,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid_disaggregated import fluid_model
 from llmsim.analysis.statistics import BATCHES
 from llmsim.config.policies import ExecutorKind
 from llmsim.config.progress import QUIET, Progress
@@ -137,7 +138,7 @@ def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
     total rate, else (not modelled, or beyond its capacity) that of a request just within the
     SLO limits (TTFT limit + TPOT limit x mean output), else the E2E limit."""
     try:
-        predicted = FluidModel(scenario).evaluate(rate_per_s)
+        predicted = fluid_model(scenario).evaluate(rate_per_s)
         e2e = float(predicted["e2e_mean_s"].iloc[0])
         if math.isfinite(e2e) and e2e > 0:
             return e2e
