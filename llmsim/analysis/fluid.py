@@ -32,8 +32,11 @@ fed a Poisson stream of ``lambda`` requests per second:
    close to an M/G/infinity population, Poisson with mean ``N``), plus the
    iteration(s) that compute its prompt (priced per prompt length over the workload's
    length quantiles), plus two queueing waits: M/G/1 (Pollaczek-Khinchine) for prompts
-   sharing the prefill token budget, and M/G/c (Erlang C with the Allen-Cunneen
-   correction) for a batch slot, ``c`` being the slot or KV limit.
+   sharing the prefill token budget, a prompt holding it for its share of the budget times the steps
+   that carry it (a step with prefill, not the mean step), and M/G/c (Erlang C with the Allen-Cunneen
+   correction) for a batch slot, ``c`` being the slot or KV limit. A TTFT percentile is read
+   over the prompt length quantiles (the prompt's own prefill sets most of the spread; the waits
+   and the residual step at their means).
 
 What it leaves out, and so where it errs: the spread of contexts and draft lengths
 within a batch and the burstiness of admission behind a small token budget (the cost
@@ -47,8 +50,9 @@ arrivals (the queueing terms assume Poisson). Static batching is not modelled.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from enum import Enum
 
 import numpy as np
 import pandas as pd
@@ -71,6 +75,15 @@ PROMPT_QUANTILES = 64          # prompt lengths at which the prefill step is pri
 STEP_QUANTILES = 16            # prompt lengths in the step-time solve
 MAX_PROMPTS_PER_STEP = 24      # Poisson counts of prompts arriving during one step: 0..this
 SOLVER_STEPS = 60
+
+
+class Stage(Enum):
+    """What a disaggregated pool's engines do of each request (:mod:`llmsim.analysis.fluid_disaggregated`):
+    ``PREFILL`` computes the prompt and hands the request over (no decode work; it holds its prompt's KV
+    slot while it computes); ``DECODE`` takes it with every prompt token's KV but the last, whose one-token
+    step, over the whole prompt's keys, gives the first output token, and decodes the rest."""
+    PREFILL = "prefill"
+    DECODE = "decode"
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,21 @@ def _sample_lengths(scenario: Scenario, limit: int, trace: Trace | None) -> _Len
         mean_kv_held=float((decode * (prompt + (decode + 1) / 2 + block / 2)).mean()))
 
 
+def _cached_prompts(lengths: _Lengths, scenario: Scenario) -> _Lengths:
+    """``lengths`` as a decode pool sees them (:attr:`Stage.DECODE`): each prompt arrives computed but for its
+    last token, so the prefill a step carries is one token a request attending to the whole prompt's keys; the
+    decode work and the KV held (the prompt's included) are the request's own."""
+    model = scenario.model
+
+    def one_token(grid: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        prompt = grid[0]
+        return np.ones_like(prompt), chunk_pairs(np.ones_like(prompt), prompt - 1.0, model.sliding_window,
+                                                 model.local_attention_share)
+    ttft_grid = one_token(lengths.ttft_grid)
+    return replace(lengths, mean_prompt=1.0, prompt_second_moment=1.0, pairs_per_token=float(ttft_grid[1].mean()),
+                   step_grid=one_token(lengths.step_grid), ttft_grid=ttft_grid)
+
+
 def _law_lengths(scenario: Scenario, limit: int) -> _Lengths:
     """The same statistics from the workload's length laws, exactly (:meth:`LengthDistribution.probabilities`):
     prompt P and output O independent, cut to P + O <= ``limit``. They do not depend on the request count
@@ -219,10 +247,12 @@ class FluidModel:
     given (a like-for-like comparison with a simulation of them), else from the workload's length
     laws, exactly, where it draws prompt and output independently from laws of its own
     (:func:`has_length_law`; the request count and seed then change nothing), else from the trace
-    the scenario's seed generates (replayed traces, datasets, sessions, traffic classes).
+    the scenario's seed generates (replayed traces, datasets, sessions, traffic classes). ``stage``: only one
+    pool's part of each request, in a disaggregated deployment (:class:`Stage`; the scenario is then the pool's,
+    :meth:`~llmsim.scenario.scenario.Scenario.pool`).
     """
 
-    def __init__(self, scenario: Scenario, trace: Trace | None = None):
+    def __init__(self, scenario: Scenario, trace: Trace | None = None, stage: Stage | None = None):
         if scenario.engine.batching is not Batching.CONTINUOUS:
             raise ConfigError("the analytic path models continuous batching only", key="engine.batching",
                               value=scenario.engine.batching, allowed="continuous (or simulate)",
@@ -247,6 +277,9 @@ class FluidModel:
         limit = min(scenario.max_model_len, placement.kv_capacity_tokens)
         lengths = (_law_lengths(scenario, limit) if trace is None and has_length_law(scenario.workload)
                    else _sample_lengths(scenario, limit, trace))
+        self.request_prompt = lengths.mean_prompt            # the whole prompt, whatever the stage computes of it
+        if stage is Stage.DECODE:
+            lengths = _cached_prompts(lengths, scenario)
         self.mean_prompt, self.mean_output = lengths.mean_prompt, lengths.mean_output
         self.prompt_second_moment = lengths.prompt_second_moment
         self.mean_decode = self.mean_output - 1.0
@@ -259,6 +292,10 @@ class FluidModel:
         self.decode_cv2 = lengths.decode_cv2                  # slot time is ~ decode length
         self.spec = spec
         self.works = [self._work(mix) for mix in self._mixes(spec)]
+        if stage is Stage.PREFILL:
+            # No decode work; the time a request holds its slot is its prefill's, which goes with the prompt.
+            self.works = [_Work(0.0, 1.0, np.zeros_like(self.works[0].decode), None, 0.0, 0.0, np.ones(1))]
+            self.decode_cv2 = self.prompt_second_moment / self.mean_prompt ** 2 - 1.0
         self._counts = np.arange(MAX_PROMPTS_PER_STEP + 1, dtype=float)
 
     def _mixes(self, spec) -> list[KMix | None]:
@@ -476,17 +513,20 @@ class FluidModel:
         return np.where(tau > limit, np.inf, tau)
 
     # -- public -------------------------------------------------------------------------------------
-    def evaluate(self, rate_per_s, mean_limits_s: Mapping[str, float] | None = None) -> pd.DataFrame:
+    def evaluate(self, rate_per_s, mean_limits_s: Mapping[str, float] | None = None,
+                 ttft_percentile: float | None = None) -> pd.DataFrame:
         """Predicted steady state at each total arrival rate (requests/s over all replicas).
 
         ``mean_limits_s`` (SLO metric -> limit on its mean, e.g. ``{"tpot": 0.05}``): a rate is solved only
         until it is sure to miss a limit (TPOT, E2E) or to be unstable, and is then reported unstable: for
         a search that asks only which rates meet the limits, the same answer for less work.
+        ``ttft_percentile`` (e.g. 95): also the column ``ttft_percentile_s``, the TTFT at that percentile
+        of the prompt lengths (see :meth:`_evaluate`).
         """
         rates = np.atleast_1d(np.asarray(rate_per_s, dtype=float))
         if np.any(rates <= 0) or not np.all(np.isfinite(rates)):
             raise ValueError("arrival rates must be positive and finite")
-        frames = [self._evaluate(rates, work, mean_limits_s) for work in self.works]
+        frames = [self._evaluate(rates, work, mean_limits_s, ttft_percentile) for work in self.works]
         if len(frames) == 1:
             return frames[0]
         # The goodput policy: at each load, the k with the shortest TPOT among the stable ones.
@@ -503,7 +543,8 @@ class FluidModel:
         unstable once lam tau E[P] passes max(max_batch_tokens - lam tau decode tokens per step, 1).
         """
         rate = np.maximum(lam, 1e-300)
-        bound = self._slots(work) / (rate * work.decode_steps)
+        with np.errstate(divide="ignore"):          # no decode work (Stage.PREFILL): no bound from the slots
+            bound = self._slots(work) / (rate * work.decode_steps)
         bound = np.minimum(bound, np.maximum(self.max_tokens / (rate * (self.mean_prompt + tokens_of(work.decode))),
                                              1.0 / (rate * self.mean_prompt)))
         if "tpot" in mean_limits_s:
@@ -513,12 +554,13 @@ class FluidModel:
         return bound
 
     def _slots(self, work: _Work) -> float:
-        """Batch slots per engine: max_num_seqs, or fewer where the KV cache holds fewer requests."""
-        kv_per_request = work.kv_token_steps / max(work.decode_steps, 1e-12)
+        """Batch slots per engine: max_num_seqs, or fewer where the KV cache holds fewer requests (a request
+        with no decode work, Stage.PREFILL, holds its prompt's KV)."""
+        kv_per_request = work.kv_token_steps / work.decode_steps if work.decode_steps > 0 else self.mean_prompt
         return float(np.minimum(self.max_seqs, self.kv_tokens / kv_per_request))
 
-    def _evaluate(self, rates: np.ndarray, work: _Work, mean_limits_s: Mapping[str, float] | None = None
-                  ) -> pd.DataFrame:
+    def _evaluate(self, rates: np.ndarray, work: _Work, mean_limits_s: Mapping[str, float] | None = None,
+                  ttft_percentile: float | None = None) -> pd.DataFrame:
         lam = rates / self.engines
         tau = self._solve(lam, work, None if mean_limits_s is None else self._give_up_s(lam, work, mean_limits_s))
         finite = np.isfinite(tau)
@@ -541,30 +583,36 @@ class FluidModel:
         busy_step = self._iteration_time(load[:, None] + 0 * own, prefill, work)
         idle_step = self._iteration_time(0 * own, self._prefill_rows(own, pp / chunks, np.ones_like(own), longest),
                                          work)
-        prefill_busy = (chunks * busy_step).mean(axis=1)
-        prefill_idle = (chunks * idle_step).mean(axis=1)
+        prefill_busy_by_prompt, prefill_idle_by_prompt = chunks * busy_step, chunks * idle_step
+        prefill_busy, prefill_idle = prefill_busy_by_prompt.mean(axis=1), prefill_idle_by_prompt.mean(axis=1)
         decode_s = work.decode_steps * t
         # Requests in the system (Little) and the chance an arrival finds the engine busy.
         in_system = lam * (prefill_busy + decode_s)
         busy = 1.0 - np.exp(-in_system)
-        # Prefill budget: an M/G/1 queue whose server computes the budget the decoders leave per step.
+        # Prefill budget: an M/G/1 queue whose server computes the budget the decoders leave per step. A prompt
+        # holds it for its share of the budget times the steps that carry it, which last busy_step, not tau
+        # (where prefill steps are much slower than decode steps, tau undercounts them): Pollaczek-Khinchine
+        # over the prompt quantiles' service times; stable only while that server is busy less than all the time.
         budget = room[:, 0]
         rho_budget = load * self.mean_prompt / budget
-        wait_budget = np.where(rho_budget < 1, lam * self.prompt_second_moment * (t / budget) ** 2
-                               / (2 * np.maximum(1 - rho_budget, 1e-12)), np.inf)
+        service = p / room * busy_step
+        rho_service = lam * service.mean(axis=1)
+        wait_budget = np.where((rho_budget < 1) & (rho_service < 1), lam * (service ** 2).mean(axis=1)
+                               / (2 * np.maximum(1 - rho_service, 1e-12)), np.inf)
         # Batch slots: M/G/c (Erlang C, Allen-Cunneen), c from max_num_seqs or the KV cache.
         held_s = prefill_busy + decode_s
         offered = lam * held_s
         slots = self._slots(work)
         wait_slot = self._erlang_wait(offered, slots, held_s, self.decode_cv2)
-        stable = finite & (offered < slots) & (rho_budget < 1)
-        ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + wait_budget + wait_slot
+        stable = finite & (offered < slots) & (rho_budget < 1) & (rho_service < 1)
+        waits = wait_budget + wait_slot
+        ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + waits
         tpot = t * work.tpot_factor
         ttft = np.where(stable, ttft, np.inf)
         tpot = np.where(stable, tpot, np.inf)
         e2e = ttft + tpot * self.mean_decode
-        utilisation = np.where(finite, np.maximum(offered / slots, rho_budget), np.inf)
-        return pd.DataFrame({
+        utilisation = np.where(finite, np.maximum(offered / slots, np.maximum(rho_budget, rho_service)), np.inf)
+        frame = pd.DataFrame({
             "rate_per_s": rates, "mean_k": work.k, "tokens_per_step": 1.0 / work.tpot_factor,
             "step_time_s": np.where(finite, tau, np.inf),
             # Sequences per iteration, decoding (B) and prefilling (the prompts a step carries).
@@ -574,6 +622,15 @@ class FluidModel:
             "ttft_mean_s": ttft, "tpot_mean_s": tpot, "e2e_mean_s": e2e,
             "output_tokens_per_s": np.where(stable, rates * self.mean_output, np.nan),
         })
+        if ttft_percentile is not None:
+            # A prompt's own prefill sets most of its TTFT's spread: the TTFT of each prompt quantile (the
+            # waits and the residual step at their means), read at the percentile over the quantiles.
+            by_prompt = (busy[:, None] * (residual[:, None] + prefill_busy_by_prompt)
+                         + (1 - busy[:, None]) * prefill_idle_by_prompt + waits[:, None])
+            at = (np.arange(by_prompt.shape[1]) + 0.5) / by_prompt.shape[1]
+            tail = np.array([np.interp(ttft_percentile / 100, at, row) for row in by_prompt])
+            frame["ttft_percentile_s"] = np.where(stable, tail, np.inf)
+        return frame
 
     @staticmethod
     def _erlang_wait(offered: np.ndarray, servers: np.ndarray | float, held_s: np.ndarray, cv2: float):
@@ -589,22 +646,27 @@ class FluidModel:
         return np.where((rho < 1) & (a > 0), np.nan_to_num(wait, nan=0.0), np.where(a > 0, np.inf, 0.0))
 
     def capacity(self, rounds: int = 3) -> float:
-        """The largest total arrival rate (requests/s) the model predicts to be stable.
+        """The largest total arrival rate (requests/s) the model predicts to be stable (:func:`stable_capacity`)."""
+        return stable_capacity(self.evaluate, rounds)
 
-        Stability falls once with the rate: powers of two bracket it, then each round
-        evaluates 32 rates across the bracket at once (relative precision 32^-rounds).
-        """
-        rates = 2.0 ** np.arange(-12, 25)
-        stable = self.evaluate(rates)["stable"].to_numpy()
-        if not stable.any():
-            return 0.0
-        last = int(np.flatnonzero(stable)[-1])
-        if last == len(rates) - 1:
-            return math.inf
-        low, high = rates[last], rates[last + 1]
-        for _ in range(rounds):
-            grid = np.linspace(low, high, 33)
-            ok = self.evaluate(grid[1:-1])["stable"].to_numpy()
-            index = int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
-            low, high = grid[index], grid[index + 1]
-        return float(low)
+
+def stable_capacity(evaluate: Callable[[np.ndarray], pd.DataFrame], rounds: int = 3) -> float:
+    """The largest total arrival rate (requests/s) that ``evaluate`` (a fluid model's) predicts to be stable.
+
+    Stability falls once with the rate: powers of two bracket it, then each round
+    evaluates 32 rates across the bracket at once (relative precision 32^-rounds).
+    """
+    rates = 2.0 ** np.arange(-12, 25)
+    stable = evaluate(rates)["stable"].to_numpy()
+    if not stable.any():
+        return 0.0
+    last = int(np.flatnonzero(stable)[-1])
+    if last == len(rates) - 1:
+        return math.inf
+    low, high = rates[last], rates[last + 1]
+    for _ in range(rounds):
+        grid = np.linspace(low, high, 33)
+        ok = evaluate(grid[1:-1])["stable"].to_numpy()
+        index = int(np.flatnonzero(ok)[-1]) + 1 if ok.any() else 0
+        low, high = grid[index], grid[index + 1]
+    return float(low)

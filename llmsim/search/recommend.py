@@ -12,7 +12,8 @@ The search (:func:`recommend`):
 1. **Coarse grid, analytic.** Every combination of k (off; static 1..k_max; the
    adaptive 80/50 rule from k0 = 4 up to k_max 8, both held to what the proposer can draft:
    Medusa one token per head) and max batch tokens (powers of two, the scenario's
-   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`): its
+   own and the rule of thumb) is scored by the fluid model (:mod:`llmsim.analysis.fluid`; a disaggregated
+   deployment's is its pools' and link's, :mod:`llmsim.analysis.fluid_disaggregated`): its
    highest rate with mean TTFT, TPOT and E2E within the limits. Queue timeouts are
    invisible to it (they act on the tail), so they are left to the simulator. Only the best ``top``
    are simulated, so a setting's scan stops once it shows the setting's rate below the ``top``-th best
@@ -133,7 +134,8 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.config.policies import ControllerKnob, KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
-from llmsim.analysis.fluid import FluidModel, has_length_law
+from llmsim.analysis.fluid import has_length_law
+from llmsim.analysis.fluid_disaggregated import fluid_model
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import as_scenario, check_rate_driven
@@ -143,7 +145,7 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (Judged, Verdict, Window, binding_limits_s, check_cycle_fits, judge,
+from llmsim.search.window import (Judged, Verdict, Window, binding_targets, check_cycle_fits, judge,
                                   measurement_window, simulate_until_decided, stopping_decided_runs,
                                   typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
@@ -474,8 +476,9 @@ def batch_token_options(scenario: Scenario) -> list[int]:
 
 
 def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf) -> float:
-    """The fluid model's highest rate with mean latencies within the SLO limits (0 if none); with traffic
-    classes, within the strictest class's limit on each metric (:func:`~llmsim.search.window.binding_limits_s`).
+    """The fluid model's highest rate with mean latencies within the SLO limits, and its TTFT at the target's
+    percentile within the TTFT limit (its spread is mostly the prompts' own), 0 if none. With traffic classes,
+    the strictest class's limit on each metric binds (:func:`~llmsim.search.window.binding_targets`).
 
     Scanned on a geometric grid from 1/20 to 20 times the scenario's rate, then on a fine
     grid across the step where the limits give out (a few ms, all rates at once). Each grid is
@@ -490,14 +493,19 @@ def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf
     and the next ends at the next), and that rate is below the floor. A scan the floor does not stop is the
     scan without it, chunk for chunk, so its answer is the same.
     """
-    model = FluidModel(scenario, trace)
-    mean_limits_s = binding_limits_s(scenario)
+    model = fluid_model(scenario, trace)
+    limits = binding_targets(scenario)
+    mean_limits_s = {metric: limit for metric, (limit, _) in limits.items()}
+
+    ttft_percentile = limits["ttft"][1] if "ttft" in limits else None
 
     def passing(rates):
-        frame = model.evaluate(rates, mean_limits_s)
+        frame = model.evaluate(rates, mean_limits_s, ttft_percentile)
         ok = frame["stable"].to_numpy().copy()
         for metric, limit in mean_limits_s.items():
             ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit
+        if ttft_percentile is not None:
+            ok &= frame["ttft_percentile_s"].to_numpy() <= limits["ttft"][0]
         return ok
 
     def last_passing(rates: np.ndarray) -> int | None:

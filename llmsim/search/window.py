@@ -17,7 +17,8 @@ question is the scenario's own (``plan``, a report); a bisection's probes (``rec
 rule's window alone (``own_floor=False``), since the scenario's count sizes the question it asks at its own
 rate, not a probe at another: each probe's verdict carries its standard error and an undecided one is
 measured longer, so the window it rests on is as long as its verdict needs. The mean
-latency comes from the fluid model (:mod:`llmsim.analysis.fluid`) at the point's per-replica rate, or, where it
+latency comes from the fluid model (:mod:`llmsim.analysis.fluid`; a disaggregated deployment's pools and link:
+:mod:`llmsim.analysis.fluid_disaggregated`) at the point's per-replica rate, or, where it
 has none (static batching, overload), from the SLO limits themselves (the end-to-end time of a
 request that just meets them). The request count is then ``lambda`` times the window. Under a diurnal
 arrival the measurement is rounded up to whole cycles, so that it sees the mean rate the point stands for
@@ -62,7 +63,7 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid_disaggregated import fluid_model
 from llmsim.analysis.statistics import BATCHES
 from llmsim.config.policies import ExecutorKind
 from llmsim.config.progress import QUIET, Progress
@@ -136,34 +137,37 @@ class Window:
 def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
     """The mean end-to-end latency a search's window is measured in: the fluid model's at this
     total rate, else (not modelled, or beyond its capacity) that of a request just within the
-    strictest SLO limits (:func:`binding_limits_s`: TTFT limit + TPOT limit x mean output), else the E2E limit."""
+    strictest SLO limits (:func:`binding_targets`: TTFT limit + TPOT limit x mean output), else the E2E limit."""
     try:
-        predicted = FluidModel(scenario).evaluate(rate_per_s)
+        predicted = fluid_model(scenario).evaluate(rate_per_s)
         e2e = float(predicted["e2e_mean_s"].iloc[0])
         if math.isfinite(e2e) and e2e > 0:
             return e2e
     except ConfigError:
         pass
-    limits = binding_limits_s(scenario)
+    limits = {metric: limit for metric, (limit, _) in binding_targets(scenario).items()}
     if "ttft" in limits and "tpot" in limits:
         return limits["ttft"] + limits["tpot"] * mean_output_tokens(scenario)
     rest = [limits[metric] for metric in ("e2e", "ttft") if metric in limits]
     return max(rest) if rest else 1.0
 
 
-def binding_limits_s(scenario: Scenario) -> dict[str, float]:
-    """SLO metric -> the strictest limit on it that any traffic class (or, without classes, the top-level
-    SLO) sets: what the fluid model's means are held to.
+def binding_targets(scenario: Scenario) -> dict[str, tuple[float, float]]:
+    """SLO metric -> (limit in seconds, percentile): the strictest limit on it that any traffic class (or,
+    without classes, the top-level SLO) sets, with that limit's percentile (of equal limits, the highest):
+    what the fluid model's figures are held to.
 
     The strictest binds because the classes share one engine: every running request waits for the same
     iterations, so all classes decode at one TPOT, and the fluid model, which has no scheduling order, gives
-    every class the same mean TTFT and the mix's mean end-to-end latency. A rate whose mean exceeds one
-    class's limit fails that class, and a deployment must meet every class's targets. At the rate where the
+    every class the same TTFT and the mix's mean end-to-end latency. A rate whose figure exceeds one class's
+    limit fails that class, and a deployment must meet every class's targets. At the rate where the
     strictest limits just hold, a request of the mix decodes at the strictest TPOT after the strictest TTFT,
     which is the request :func:`typical_latency_s` sizes a window on beyond the fluid model's capacity."""
-    limits: dict[str, float] = {}
+    limits: dict[str, tuple[float, float]] = {}
     for target in targets_of(scenario.slo, scenario.workload.class_names):
-        limits[target.metric] = min(target.limit_s, limits.get(target.metric, math.inf))
+        held = limits.get(target.metric)
+        if held is None or (target.limit_s, -target.percentile) < (held[0], -held[1]):
+            limits[target.metric] = (target.limit_s, target.percentile)
     return limits
 
 

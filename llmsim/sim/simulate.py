@@ -361,8 +361,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     are then empty. Not with a controller (it reads every record) or a tiered KV cache.
 
     ``stop_when_missed``: the run stops (``stopped_by == "missed"``) once it is sure to miss its SLO targets
-    (:mod:`llmsim.sim.missed`; with traffic classes, each class's own targets); not watched with disaggregated
-    pools.
+    (:mod:`llmsim.sim.missed`; with traffic classes, each class's own targets).
     """
     if trace is None and scenario.workload.trace is not None:      # in memory already: estimate on it
         trace = generate_trace(scenario.workload, scenario.seed)
@@ -397,6 +396,10 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         split = _disaggregated(scenario, env, records, trace, observers, stop)
         Arrivals(env, records, split)
         env.process(_horizon(env, horizon, stop))
+        if stop_when_missed is not None:
+            # The prefill pool's router keeps the requests in the system, wherever they are.
+            env.process(watch_misses(env, scenario, records, split.prefill.in_system_requests, warmup, window,
+                                     stop_when_missed, stop))
         assert split.resolved is not None                # set by _disaggregated
         return _run(scenario, env, stop, split.prefill, split.engines, records, split.resolved, window, warmup,
                     split=split)

@@ -21,12 +21,13 @@ class _Stub:
     def __init__(self, scenario, trace=None):
         pass
 
-    def evaluate(self, rates, mean_limits_s=None):
+    def evaluate(self, rates, mean_limits_s=None, ttft_percentile=None):
         rates = np.atleast_1d(rates)
         _Stub.solved.append(len(rates))
         ok = _Stub.passes(rates)
         return pd.DataFrame({"stable": np.ones(len(rates), dtype=bool),
                              "tpot_mean_s": np.where(ok, 0.01, 1.0), "ttft_mean_s": np.zeros(len(rates)),
+                             "ttft_percentile_s": np.zeros(len(rates)),
                              "e2e_mean_s": np.zeros(len(rates))})
 
 
@@ -53,14 +54,14 @@ def _whole_grid(passes) -> float:
     lambda r: r > 70.0,                                       # only the grid's top rate
 ])
 def test_the_chunked_scan_finds_the_whole_grids_highest_passing_rate(monkeypatch, passes):
-    monkeypatch.setattr(recommend_module, "FluidModel", _Stub)
+    monkeypatch.setattr(recommend_module, "fluid_model", _Stub)
     monkeypatch.setattr(_Stub, "passes", staticmethod(passes))
     scenario = make_scenario({"workload": {"arrival": {"rate": RATE}}, "slo": {"tpot": "30 ms"}})
     assert analytic_rate(scenario) == _whole_grid(passes)
 
 
 def test_rates_far_below_the_edge_are_not_solved(monkeypatch):
-    monkeypatch.setattr(recommend_module, "FluidModel", _Stub)
+    monkeypatch.setattr(recommend_module, "fluid_model", _Stub)
     monkeypatch.setattr(_Stub, "solved", [])
     scenario = make_scenario({"workload": {"arrival": {"rate": RATE}}, "slo": {"tpot": "30 ms"}})
     analytic_rate(scenario)
@@ -80,7 +81,7 @@ PATTERNS = [
 @pytest.mark.parametrize("passes", PATTERNS)
 @pytest.mark.parametrize("floor_over_rate", [0.01, 0.5, 1.49, 1.5, 1.95, 2.0, 2.05, 10.5, 25.0, 100.0])
 def test_a_scan_stopped_by_its_floor_lies_below_it_and_one_not_stopped_is_exact(monkeypatch, passes, floor_over_rate):
-    monkeypatch.setattr(recommend_module, "FluidModel", _Stub)
+    monkeypatch.setattr(recommend_module, "fluid_model", _Stub)
     monkeypatch.setattr(_Stub, "passes", staticmethod(passes))
     scenario = make_scenario({"workload": {"arrival": {"rate": RATE}}, "slo": {"tpot": "30 ms"}})
     floor = floor_over_rate * RATE

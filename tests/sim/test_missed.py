@@ -1,5 +1,6 @@
 """A run stopped once it is sure to miss its SLO targets (llmsim.sim.missed): it stops only when the whole run
-misses them by the margin, it still accounts for every request, and a run it does not stop is the run without it."""
+misses them by the margin, it still accounts for every request, and a run it does not stop is the run without it;
+each on one replica and on a disaggregated deployment (one prefill and one decode replica)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -18,14 +19,19 @@ TTFT_S = 0.5
 SLO = {"slo": {"ttft": f"{TTFT_S * 1000:g} ms", "tpot": "50 ms", "percentile": 95}, "simulation": {"warmup": "2 s"}}
 
 
-def overloaded():
+SPLIT = {"deployment": {"disaggregation": {"prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                                           "link": "infiniband_ndr"}}}
+LAYOUTS = {"one replica": {}, "disaggregated 1P1D": SPLIT}
+
+
+def overloaded(layout: str):
     # far past one H100's capacity for these lengths: the queue, and with it every TTFT, grows without bound
-    return make_scenario({**SLO, "workload": {"arrival": {"rate": 300.0}, "num_requests": 3000}})
+    return make_scenario({**SLO, **LAYOUTS[layout], "workload": {"arrival": {"rate": 300.0}, "num_requests": 3000}})
 
 
-@pytest.fixture(scope="module")
-def runs():
-    scenario = overloaded()
+@pytest.fixture(scope="module", params=sorted(LAYOUTS))
+def runs(request):
+    scenario = overloaded(request.param)
     return simulate_checked(scenario, stop_when_missed=RULE), simulate(scenario)
 
 
@@ -65,8 +71,9 @@ def test_the_stop_is_justified_by_the_whole_run(runs):
     pd.testing.assert_frame_equal(done, whole.requests.set_index("id").loc[done.index])
 
 
-def test_a_run_meeting_its_targets_is_not_changed():
-    scenario = make_scenario({**SLO, "workload": {"arrival": {"rate": 5.0}, "num_requests": 600}})
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_a_run_meeting_its_targets_is_not_changed(layout):
+    scenario = make_scenario({**SLO, **LAYOUTS[layout], "workload": {"arrival": {"rate": 5.0}, "num_requests": 600}})
     watched, plain = simulate(scenario, stop_when_missed=RULE), simulate(scenario)
     assert watched.stopped_by is StopReason.COMPLETED
     pd.testing.assert_frame_equal(watched.requests, plain.requests)
