@@ -91,8 +91,7 @@ The search (:func:`recommend`):
    (attainment minus target, pooled over seeds; :func:`llmsim.search.window.judge`). A run sure to
    miss a class's target stops there (:mod:`llmsim.sim.missed`, each class's own limits): such a
    candidate misses by more than the stop's margin and ranks below every one that misses without
-   stopping (:func:`_screen_key`). A policy's candidates race seed by seed: one that ranks below the
-   policy's leader by more than the interval of the two margins runs no further seed (:func:`_trails`). For
+   stopping (:func:`_screen_key`). For
    each scheduling policy, coordinate descent over the classes: each class's timeout in
    turn is set to the best of :data:`CLASS_TIMEOUTS_S` (or those asked for; and the class's own) with the
    others held, all policies at once, for up to :data:`CLASS_SWEEPS` sweeps or until no
@@ -267,7 +266,7 @@ class ClassSearch:
     probe_rate_per_s: float          # where every candidate was screened
     timeouts_s: tuple[float, ...]    # the queue timeouts tried for each class (and its own)
     sweeps: int                      # coordinate-descent sweeps run
-    screened: pd.DataFrame           # every candidate screened: policy, timeouts, verdict there, seeds it ran
+    screened: pd.DataFrame           # every candidate screened: policy, timeouts, verdict there
     best_per_policy: dict            # policy -> its best Config, goodput then bisected
 
 
@@ -864,23 +863,6 @@ def _screen_key(judged: Judged) -> tuple[bool, bool, float]:
     return verdict.met, not judged.stopped, margin if math.isfinite(margin) else -math.inf
 
 
-def _trails(candidate: Judged, leader: Judged) -> bool:
-    """Whether ``candidate`` ranks below ``leader`` (:func:`_screen_key`) with its worst margin below the
-    leader's by more than the two margins' spreads (``Z`` standard errors each) combined in quadrature, on the
-    seeds both ran. The runs share their requests (common random numbers), which correlates the two margins
-    positively and narrows their difference's interval: the quadrature sum, which ignores that, is the wider
-    one, so a candidate is dropped only on a gap the runs it ran settle."""
-    if _screen_key(candidate) >= _screen_key(leader):
-        return False
-    common = sorted(set(candidate.rows["seed"]) & set(leader.rows["seed"]))
-    if not common:
-        return False
-    mine = judge(candidate.rows[candidate.rows["seed"].isin(common)]).worst_margin
-    theirs = judge(leader.rows[leader.rows["seed"].isin(common)]).worst_margin
-    gap = theirs[0] - mine[0]
-    return bool(gap > math.hypot(mine[1], theirs[1]))      # NaN (a class unmeasured) never drops
-
-
 def _worst_check(verdict: Verdict) -> str:
     return min(verdict.margins, key=lambda name: verdict.margins[name][0]) if verdict.margins else ""
 
@@ -1137,7 +1119,7 @@ class _Search:
         window = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
         current = {p: replace(base, policy=p, class_timeouts=start) for p in SchedulingPolicy}
         self.progress.note("classes: every policy")
-        self.screen([[c] for c in current.values()], rate, window)      # each policy its own: nothing races
+        self.screen(list(current.values()), rate, window)
         sweeps = 0
         for sweeps in range(1, CLASS_SWEEPS + 1):
             moved = False
@@ -1145,7 +1127,7 @@ class _Search:
                 self.progress.note(f"classes: sweep {sweeps}, {name}'s timeout")
                 options = class_timeout_options(self.class_timeouts_s, own)
                 candidates = {p: [c] + [_with_timeout(c, name, t) for t in options] for p, c in current.items()}
-                self.screen(list(candidates.values()), rate, window)
+                self.screen([c for options in candidates.values() for c in options], rate, window)
                 for p, tried in candidates.items():
                     # max keeps the first of equals: the current setting, unless another is strictly better
                     chosen = max(tried, key=lambda c: _screen_key(self.screened[(c, rate)]))
@@ -1159,7 +1141,7 @@ class _Search:
                                   "met": j.verdict.met, "worst_margin": j.verdict.worst_margin[0],
                                   "worst_check": _worst_check(j.verdict),
                                   "margins": {name: margin for name, (margin, _) in j.verdict.margins.items()},
-                                  "steady": j.verdict.steady, "stopped": j.stopped, "seeds": len(j.rows)}
+                                  "steady": j.verdict.steady, "stopped": j.stopped}
                                  for (c, r), j in self.screened.items() if r == rate])
         return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
 
@@ -1200,31 +1182,18 @@ class _Search:
         self.expert_degree = chosen
         return ExpertSearch(table, chosen, own)
 
-    def screen(self, groups: Sequence[Sequence[Config]], rate: float, window: Window) -> None:
+    def screen(self, configs: Sequence[Config], rate: float, window: Window) -> None:
         """Each configuration not screened yet at ``rate``: one window per seed (no escalation), its
-        verdict pooled over the seeds it ran. Each group (the candidates one pick chooses among) races
-        seed by seed on the same requests: after each seed, a candidate that ranks below its group's
-        leader (:func:`_screen_key`) and trails it by more than the interval of the two margins
-        (:func:`_trails`) runs no further seed; its verdict rests on the seeds it ran."""
-        group_of: dict[Config, int] = {}
-        for index, group in enumerate(groups):
-            for c in group:
-                group_of.setdefault(c, index)
-        racing = [c for c in group_of if (c, rate) not in self.screened]
-        rows: dict[Config, list[pd.DataFrame]] = {c: [] for c in racing}
-        for seed in self.seeds:
-            if not racing:
-                break
-            points = [{**c.overrides(self.scenario), RATE_KEY: rate} for c in racing]
-            judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
-                                            seeds=[seed], workers=self.workers, progress=self.progress,
-                                            escalations=0)
-            for c, one in zip(racing, judged):
-                rows[c].append(one.rows)
-                pooled = pd.concat(rows[c], ignore_index=True)
-                self.screened[(c, rate)] = Judged(judge(pooled), pooled, window)
-            racing = [c for c in racing if not any(_trails(self.screened[(c, rate)], self.screened[(rival, rate)])
-                                                   for rival in groups[group_of[c]] if rival != c)]
+        verdict pooled over the seeds."""
+        todo = [c for c in dict.fromkeys(configs) if (c, rate) not in self.screened]
+        if not todo:
+            return
+        points = [{**c.overrides(self.scenario), RATE_KEY: rate} for c in todo]
+        judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
+                                        seeds=self.seeds, workers=self.workers, progress=self.progress,
+                                        escalations=0)
+        for c, one in zip(todo, judged):
+            self.screened[(c, rate)] = one
 
     def judge(self, points: list[dict]) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while

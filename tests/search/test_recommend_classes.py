@@ -177,24 +177,3 @@ def test_a_scenario_without_classes_cannot_search_them(capsys):
             recommend(make_scenario(base=copy.deepcopy(SCENARIO)), search="classes", class_timeouts_s=bad)
         assert error.value.key == "class_timeouts_s"      # the parameter; the command line names its flag
 
-
-@pytest.mark.slow
-def test_racing_the_screens_leaves_every_policy_s_pick_as_it_was(monkeypatch):
-    """From a short chat timeout, the long one each non-preemptive policy tries misses chat's target by far
-    (theory, above): the race drops it after the first seed. The same search with every candidate run on every
-    seed picks the same timeouts for every policy, and the same answer."""
-    short_start = make_scenario(base=copy.deepcopy(SCENARIO), overrides={
-        "workload": {"classes": {"chat": {"queue_timeout": f"{SHORT_S} s"}}}})
-
-    def search():
-        return recommend(short_start, seeds=2, workers=2, search="classes", tolerance=0.25,
-                         class_timeouts_s=(SHORT_S, LONG_S))
-
-    raced = search()
-    monkeypatch.setattr("llmsim.search.recommend._trails", lambda candidate, leader: False)
-    whole = search()
-    dropped = raced.classes.screened[raced.classes.screened["seeds"] < 2]
-    assert not dropped.empty and not dropped["met"].any()
-    assert (whole.classes.screened["seeds"] == 2).all()
-    assert whole.classes.best_per_policy == raced.classes.best_per_policy
-    assert whole.best == raced.best
