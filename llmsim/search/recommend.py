@@ -144,8 +144,9 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (Judged, Verdict, Window, check_cycle_fits, judge, measurement_window,
-                                  simulate_until_decided, stopping_decided_runs, typical_latency_s)
+from llmsim.search.window import (Judged, Verdict, Window, binding_targets, check_cycle_fits, judge,
+                                  measurement_window, simulate_until_decided, stopping_decided_runs,
+                                  typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
@@ -475,7 +476,8 @@ def batch_token_options(scenario: Scenario) -> list[int]:
 
 def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf) -> float:
     """The fluid model's highest rate with mean latencies within the SLO limits, and its TTFT at the target's
-    percentile within the TTFT limit (its spread is mostly the prompts' own), 0 if none.
+    percentile within the TTFT limit (its spread is mostly the prompts' own), 0 if none. With traffic classes,
+    the strictest class's limit on each metric binds (:func:`~llmsim.search.window.binding_targets`).
 
     Scanned on a geometric grid from 1/20 to 20 times the scenario's rate, then on a fine
     grid across the step where the limits give out (a few ms, all rates at once). Each grid is
@@ -491,7 +493,7 @@ def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf
     scan without it, chunk for chunk, so its answer is the same.
     """
     model = fluid_model(scenario, trace)
-    limits = scenario.slo.targets()
+    limits = binding_targets(scenario)
     mean_limits_s = {metric: limit for metric, (limit, _) in limits.items()}
 
     ttft_percentile = limits["ttft"][1] if "ttft" in limits else None
@@ -499,7 +501,7 @@ def analytic_rate(scenario: Scenario, trace=None, floor_per_s: float = -math.inf
     def passing(rates):
         frame = model.evaluate(rates, mean_limits_s, ttft_percentile)
         ok = frame["stable"].to_numpy().copy()
-        for metric, (limit, _) in limits.items():
+        for metric, limit in mean_limits_s.items():
             ok &= frame[f"{metric}_mean_s"].to_numpy() <= limit
         if ttft_percentile is not None:
             ok &= frame["ttft_percentile_s"].to_numpy() <= limits["ttft"][0]

@@ -73,6 +73,7 @@ from llmsim.scenario.variants import SESSION_START_KEY
 from llmsim.search.sweeps import run_points, stopping_missed_runs
 from llmsim.sim.missed import WATCHED, MissedStop
 from llmsim.sim.result import StopReason
+from llmsim.sim.sensor import targets_of
 from llmsim.workload.arrivals import RenewalProcess
 from llmsim.workload.generate import generate_trace
 from llmsim.workload.profiles import Diurnal
@@ -136,7 +137,7 @@ class Window:
 def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
     """The mean end-to-end latency a search's window is measured in: the fluid model's at this
     total rate, else (not modelled, or beyond its capacity) that of a request just within the
-    SLO limits (TTFT limit + TPOT limit x mean output), else the E2E limit."""
+    strictest SLO limits (:func:`binding_targets`: TTFT limit + TPOT limit x mean output), else the E2E limit."""
     try:
         predicted = fluid_model(scenario).evaluate(rate_per_s)
         e2e = float(predicted["e2e_mean_s"].iloc[0])
@@ -144,11 +145,30 @@ def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
             return e2e
     except ConfigError:
         pass
-    slo = scenario.slo
-    if slo.ttft_s is not None and slo.tpot_s is not None:
-        return slo.ttft_s + slo.tpot_s * mean_output_tokens(scenario)
-    limits = [limit for limit in (slo.e2e_s, slo.ttft_s) if limit is not None]
-    return max(limits) if limits else 1.0
+    limits = {metric: limit for metric, (limit, _) in binding_targets(scenario).items()}
+    if "ttft" in limits and "tpot" in limits:
+        return limits["ttft"] + limits["tpot"] * mean_output_tokens(scenario)
+    rest = [limits[metric] for metric in ("e2e", "ttft") if metric in limits]
+    return max(rest) if rest else 1.0
+
+
+def binding_targets(scenario: Scenario) -> dict[str, tuple[float, float]]:
+    """SLO metric -> (limit in seconds, percentile): the strictest limit on it that any traffic class (or,
+    without classes, the top-level SLO) sets, with that limit's percentile (of equal limits, the highest):
+    what the fluid model's figures are held to.
+
+    The strictest binds because the classes share one engine: every running request waits for the same
+    iterations, so all classes decode at one TPOT, and the fluid model, which has no scheduling order, gives
+    every class the same TTFT and the mix's mean end-to-end latency. A rate whose figure exceeds one class's
+    limit fails that class, and a deployment must meet every class's targets. At the rate where the
+    strictest limits just hold, a request of the mix decodes at the strictest TPOT after the strictest TTFT,
+    which is the request :func:`typical_latency_s` sizes a window on beyond the fluid model's capacity."""
+    limits: dict[str, tuple[float, float]] = {}
+    for target in targets_of(scenario.slo, scenario.workload.class_names):
+        held = limits.get(target.metric)
+        if held is None or (target.limit_s, -target.percentile) < (held[0], -held[1]):
+            limits[target.metric] = (target.limit_s, target.percentile)
+    return limits
 
 
 def mean_output_tokens(scenario: Scenario) -> float:
