@@ -208,7 +208,7 @@ def measurement_window(scenario: Scenario, rate_per_s: float, latency_s: float, 
     # warm-up covers the turns whose history the KV cache has not seen; otherwise the turn rate only
     # reaches its steady state once the sessions started early have sent their later turns.
     sessions = workload.sessions
-    turns = sessions.mean_turns() if sessions is not None else 1.0
+    turns = workload.requests_per_arrival
     stationary = sessions is not None and isinstance(workload.arrival, RenewalProcess)
     fill_s = 0.0 if sessions is None else sessions.cold_time_s() if stationary else sessions.fill_time_s()
     if workload.num_requests is not None:
@@ -239,7 +239,7 @@ def check_cycle_fits(scenario: Scenario) -> None:
     arrival = workload.arrival
     if not isinstance(arrival, Diurnal) or workload.trace is not None:
         return
-    turns = workload.sessions.mean_turns() if workload.sessions is not None else 1.0
+    turns = workload.requests_per_arrival
     cycle_requests = arrival.mean_rate_per_s * turns * arrival.period_s
     if cycle_requests > MAX_REQUESTS:
         longest_s = MAX_REQUESTS / (arrival.mean_rate_per_s * turns)

@@ -81,6 +81,11 @@ class Workload:
         return sum(c.arrival.rate_per_s for c in self.classes if c.arrival is not None)
 
     @property
+    def requests_per_arrival(self) -> float:
+        """Requests each arrival brings: a conversation's mean turns with sessions, else one."""
+        return self.sessions.mean_turns() if self.sessions is not None else 1.0
+
+    @property
     def class_names(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.classes)
 
