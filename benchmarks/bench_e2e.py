@@ -29,8 +29,11 @@ memory where the run names neither (:func:`trtllm_bench_limits`): 2,048 tokens a
 The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms and fusions
 (``engine.kernels: trtllm``; ``kernel_terms.STREAM_FUSION``), the published tensor-parallel size, the same lengths,
 every request waiting at time 0; the rate is measured on the saturated engine after its ramp-up
-(:func:`llmsim.search.sustainable_rate.offline_rate`). Prints simulated and published tokens/s per cell, their
-ratio, and the H100/H200 ratio of each (model, lengths) both ways.
+(:func:`llmsim.search.sustainable_rate.offline_rate`). The published figure is timed over the whole run instead
+(trtllm-bench: total output tokens over the first request's start to the last one's end, ramp-up and tail included),
+so each cell is also run as published, its ``$num_requests`` requests at once (:data:`PUBLISHED_REQUESTS`), and timed
+so (:func:`whole_run_rate`). Prints simulated (steady and whole-run) and published tokens/s per cell, their ratios,
+and the H100/H200 ratio of each (model, lengths) both ways.
 
     .venv/bin/python benchmarks/bench_e2e.py [--quick] [--breakdown]
         (a few minutes on 2 cores; --quick: one length pair; --breakdown: where each cell's mean step goes)
