@@ -876,8 +876,10 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
 
 
 def config_key(config: Config) -> tuple:
-    """What of a setting the fluid model sees (queue timeouts act on the tail, which it does not model)."""
-    return config.k, config.max_batch_tokens, config.draft, config.eligibility, config.expert_parallel
+    """What of a setting the fluid model sees: queue timeouts act on the tail, which it does not model, and
+    every sequence speculates in it (the eligibility rules are left out, :mod:`llmsim.analysis.fluid`), so
+    the settings that differ only in those share one fluid rate."""
+    return config.k, config.max_batch_tokens, config.draft, config.expert_parallel
 
 
 class _Search:

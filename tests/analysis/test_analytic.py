@@ -328,3 +328,16 @@ def test_wide_expert_parallel_ttft_percentile_agrees_with_the_simulator(batch_to
     simulated = summarize(llmsim.simulate(scenario)).to_dict()["latency"]["ttft_s"]
     assert relative_error(predicted.ttft_percentile_s, simulated["p95"]) < 0.10
     assert simulated["mean"] < 0.5 * simulated["p95"]
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.8])
+def test_the_remembered_tokens_table_is_leviathans_and_cannot_be_written(alpha):
+    # Shared by every fluid model on one acceptance process: its values are the closed form, E[tokens per step]
+    # = (1 - alpha^(k+1)) / (1 - alpha), on every call, and a caller cannot change them for the others.
+    acceptance = Acceptance("bernoulli", alpha=alpha)
+    k = np.arange(9)
+    for _ in range(2):
+        table = tokens_table(acceptance, 8)
+        np.testing.assert_allclose(table[0], (1 - alpha ** (k + 1)) / (1 - alpha), rtol=1e-12)
+        with pytest.raises(ValueError):
+            table[0, 1] = 0.0
