@@ -52,7 +52,11 @@ The search (:func:`recommend`):
    default, the best default): each seed is simulated first at the leader's failing rate for that seed, then
    where it failed there at the leader's passing rate (the same requests), and a challenger whose failing
    rates average at or below the leader's stops there: it cannot be shown better than the leader by more
-   than the leader's own bracket, and the leader keeps its rank.
+   than the leader's own bracket, and the leader keeps its rank. Its run at the leader's failing rate is
+   measured over one window, not longer while undecided: a pass that window leaves undecided counts as a
+   fail there (the challenger's capacity then lies within the window's resolution of a rate the leader
+   failed: a tie, which measuring it up to 15 windows longer would only confirm), so only a decided pass
+   there keeps a challenger going.
    The bisections race: a setting whose failing rates average at or below the passing rates of another
    that meets the scenario's rate can no longer rank first, and stops (``raced_out``; its goodput is
    then a lower bound, or, where it never passed, 0 and known only to lie below ``failing_rate_per_s``).
@@ -144,7 +148,7 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (Judged, Verdict, Window, binding_targets, check_cycle_fits, judge,
+from llmsim.search.window import (ESCALATIONS, Judged, Verdict, Window, binding_targets, check_cycle_fits, judge,
                                   measurement_window, simulate_until_decided, stopping_decided_runs,
                                   typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
@@ -959,7 +963,10 @@ class _Search:
         same requests as the leader's runs, which are reused where the two settings run alike), and it is
         stopped as soon as it cannot beat the leader by more than the leader's own bracket (:meth:`race`): one
         failing run per seed, the cheapest verdict (an undecided fail is not measured longer), stops a
-        setting that is no better.
+        setting that is no better. That run, at the leader's failing rate, is one window whatever its verdict:
+        an undecided pass there is taken as a fail (the challenger's capacity is then within the window's
+        resolution of a rate the leader failed, a tie the leader keeps), so a challenger goes on only where
+        the window shows it to pass.
         """
         todo = []
         for config in configs:
@@ -984,10 +991,12 @@ class _Search:
             leader = leaders.get(c in self.defaults)
             if leader is not None and c not in self.protected:
                 challengers[c] = leader
+        at_leaders_failing: dict[tuple[Config, int], float] = {}
         for c, leader in challengers.items():
             for s, held in zip(self.seeds, self.brackets[leader]):
                 brackets[(c, s)].probes = [held.failing, held.passing]
                 brackets[(c, s)].step = 1 + self.tolerance
+                at_leaders_failing[(c, s)] = held.failing
         if self.ratios():
             for c in todo:
                 brackets[(c, self.seeds[0])].step = 1 + self.tolerance
@@ -1017,9 +1026,16 @@ class _Search:
                     and (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
             if not jobs:
                 break
-            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
-            for ((c, s), rate), judged in zip(jobs, self.judge(points)):
-                brackets[(c, s)].record(rate, judged.verdict.met, judged.rows.iloc[0])
+            # A challenger's probe at the leader's failing rate is measured over one window: only a decided pass
+            # there keeps it going (the docstring says why); every other probe as judge() measures it.
+            once = [job for job in jobs if at_leaders_failing.get(job[0]) == job[1]]
+            for group, escalate in (([job for job in jobs if job not in once], True), (once, False)):
+                if not group:
+                    continue
+                points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in group]
+                for ((c, s), rate), judged in zip(group, self.judge(points, escalate=escalate)):
+                    met = judged.verdict.met and (escalate or judged.verdict.decided)
+                    brackets[(c, s)].record(rate, met, judged.rows.iloc[0])
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
             self.brackets[c] = runs
@@ -1197,9 +1213,10 @@ class _Search:
         for c, one in zip(todo, judged):
             self.screened[(c, rate)] = one
 
-    def judge(self, points: list[dict]) -> list[Judged]:
+    def judge(self, points: list[dict], escalate: bool = True) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
-        it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed."""
+        it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed.
+        ``escalate=False``: one window each, every verdict as that window leaves it."""
         rates = [point[RATE_KEY] for point in points]
         # A workload with length laws of its own has the fluid model read them, not a seed's sample: a point's
         # window is then the same for every seed, and worked out once.
@@ -1213,7 +1230,8 @@ class _Search:
                 known[key] = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
             windows.append(known[key])
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
-                                      progress=self.progress, escalate_failing=False)
+                                      progress=self.progress, escalations=ESCALATIONS if escalate else 0,
+                                      escalate_failing=False)
 
     def simulate(self, points: list[dict]) -> pd.DataFrame:
         """The points simulated, each counted on the search's progress as it finishes."""
