@@ -34,13 +34,12 @@ def test_expert_parallelism_resolves_each_seed_s_busiest_rank_table():
     scenario = make_scenario({"model": "Qwen3-30B-A3B", "hardware": "H200",
                               "deployment": {"tensor_parallel": 1, "pipeline_parallel": 1,
                                              "expert_parallel": {"degree": 8}}})
+    def busiest_mean(seed: int) -> np.ndarray:
+        return ResolvedDeployment.of(scenario.with_seed(seed)).cost.busiest.mean
+
     for seed in (1, 2, 1):
-        seeded = scenario.with_seed(seed)
-        kept = ResolvedDeployment.of(seeded).cost
-        fresh = expert_parallel_cost_model(seeded)
-        assert np.array_equal(kept.busiest.mean, fresh.busiest.mean)       # type: ignore[attr-defined]
-    assert not np.array_equal(ResolvedDeployment.of(scenario.with_seed(1)).cost.busiest.mean,  # type: ignore
-                              ResolvedDeployment.of(scenario.with_seed(2)).cost.busiest.mean)  # type: ignore
+        assert np.array_equal(busiest_mean(seed), expert_parallel_cost_model(scenario.with_seed(seed)).busiest.mean)
+    assert not np.array_equal(busiest_mean(1), busiest_mean(2))
 
 
 def test_a_remembered_decode_step_is_the_step_priced_afresh():
