@@ -154,7 +154,7 @@ def test_length_statistics_from_the_laws_equal_their_sums_over_every_request_len
     """The fluid model reads the length laws exactly: every statistic equals its definition summed over the
     whole (prompt, output) grid with the product of the two laws' probabilities, cut to prompt + output <=
     limit (250 drops the long pairs), without a window, one on every layer and one on half of them (the
-    grid's 300 x 150 pairs in float64: agreement to 1e-12)."""
+    grid's 300 x 150 pairs in float64: agreement to 1e-12), at two KV block sizes."""
     scenario = make_scenario({"workload": {
         "prompt_tokens": {"distribution": "lognormal", "mean": 80, "sigma": 0.9, "max": 300},
         "output_tokens": {"distribution": "uniform", "low": 1, "high": 150}}})
@@ -178,8 +178,11 @@ def test_length_statistics_from_the_laws_equal_their_sums_over_every_request_len
     assert law.decode_cv2 == pytest.approx(mean((decode - mean(decode)) ** 2) / mean(decode) ** 2, rel=1e-12)
     assert law.mean_decode_kv == pytest.approx(mean(windowed_context_sum(
         prompt + 1, prompt + decode, model.sliding_window, model.local_attention_share)), rel=1e-12)
-    block = scenario.engine.block_size
-    assert law.mean_kv_held == pytest.approx(mean(decode * (prompt + (decode + 1) / 2 + block / 2)), rel=1e-12)
+    # The statistics are remembered by what they read: another block size (the same laws) is its own.
+    for engine in (scenario.engine, replace(scenario.engine, block_size=4 * scenario.engine.block_size)):
+        held = _law_lengths(replace(scenario, engine=engine), limit).mean_kv_held
+        block = engine.block_size
+        assert held == pytest.approx(mean(decode * (prompt + (decode + 1) / 2 + block / 2)), rel=1e-12)
     # The grid: the prompt length at each midpoint quantile of the prompts that fit.
     share_below = (weight.sum(axis=1)[None, :] * (x[None, :] < law.step_grid[0][:, None])).sum(axis=1)
     share_at_most = (weight.sum(axis=1)[None, :] * (x[None, :] <= law.step_grid[0][:, None])).sum(axis=1)
