@@ -11,7 +11,8 @@ Every measurement runs in its own Python process (this script, re-invoked with `
 peak RSS is that engine's alone. ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
 request run of the plain engine (peak RSS, wall time) and the CPU time per request of 64 replicas against
 one (``--replicas-only``: that alone), on the same requests at the same load per replica, alternating
-in one process (:func:`measure_replicas`); ``--profile ENGINE`` prints the top
+in one process (:func:`measure_replicas`); ``--calls`` counts the Python calls per iteration of both
+sides of that comparison instead (:func:`replica_calls`); ``--profile ENGINE`` prints the top
 of a cProfile of one run instead. Scenarios are written as YAML and read by ``llmsim.load_scenario``,
 the public API, and each measurement is timed in wall seconds and in its process's CPU seconds.
 """
@@ -263,16 +264,10 @@ def measure_replicas(per_replica: int, rate_per_s: float, replicas: int, rounds:
     machine's state; the median of the rounds' ratios is the figure.
     """
     import llmsim
-    llmsim.simulate(load(scenario_yaml("plain", rate_per_s * replicas, WARM_UP_REQUESTS, replicas)))
-    singles = []
-    for index in range(replicas):
-        data = scenario_yaml("plain", rate_per_s, per_replica)
-        data["seed"] += index
-        singles.append(load(data))
-    many = load(scenario_yaml("plain", rate_per_s * replicas, per_replica * replicas, replicas))
     sides = {"one": [], "many": []}
+    scenarios_of = replica_sides(per_replica, rate_per_s, replicas)
     for _ in range(rounds):
-        for side, scenarios in (("one", singles), ("many", [many])):
+        for side, scenarios in scenarios_of.items():
             cpu_s, iterations = 0.0, 0
             for scenario in scenarios:
                 start = time.process_time()
@@ -282,6 +277,45 @@ def measure_replicas(per_replica: int, rate_per_s: float, replicas: int, rounds:
                 del result
             sides[side].append({"cpu_s": cpu_s, "requests": per_replica * replicas, "iterations": iterations})
     return sides
+
+
+def replica_sides(per_replica: int, rate_per_s: float, replicas: int) -> dict[str, list]:
+    """The scenarios of :func:`measure_replicas`' two sides, after a short run that pays for what happens
+    once per process: ``one``, ``replicas`` one-replica traces (one per seed); ``many``, one run of
+    ``replicas`` replicas."""
+    import llmsim
+    llmsim.simulate(load(scenario_yaml("plain", rate_per_s * replicas, WARM_UP_REQUESTS, replicas)))
+    singles = []
+    for index in range(replicas):
+        data = scenario_yaml("plain", rate_per_s, per_replica)
+        data["seed"] += index
+        singles.append(load(data))
+    return {"one": singles, "many": [load(scenario_yaml("plain", rate_per_s * replicas, per_replica * replicas,
+                                                         replicas))]}
+
+
+def replica_calls(per_replica: int, rate_per_s: float, replicas: int) -> None:
+    """Python calls per iteration (cProfile's counts over the run's iterations) on both sides of
+    :func:`measure_replicas`, for every function whose count differs by more than 0.05 between them,
+    and in all: work that grows with the replicas per iteration or per arrival shows here."""
+    import llmsim
+    per_iteration = {}
+    for side, scenarios in replica_sides(per_replica, rate_per_s, replicas).items():
+        profiler, iterations = cProfile.Profile(), 0
+        for scenario in scenarios:
+            profiler.enable()
+            result = llmsim.simulate(scenario)
+            profiler.disable()
+            iterations += len(result.iterations)
+        calls = {pstats.func_std_string(key): row[1] for key, row in pstats.Stats(profiler).stats.items()}
+        per_iteration[side] = {name: count / iterations for name, count in calls.items()}
+    one, many = per_iteration["one"], per_iteration["many"]
+    print(f"\nPython calls per iteration, {replicas} replicas x {per_replica:,} requests against one replica x "
+          f"{replicas} traces:\n{'1 replica':>10}{f'{replicas} replicas':>14}  function")
+    for name in sorted(set(one) | set(many), key=lambda name: many.get(name, 0) - one.get(name, 0), reverse=True):
+        if abs(many.get(name, 0) - one.get(name, 0)) > 0.05:
+            print(f"{one.get(name, 0):>10.3f}{many.get(name, 0):>14.3f}  {name}")
+    print(f"{sum(one.values()):>10.2f}{sum(many.values()):>14.2f}  all")
 
 
 def profile(args, capacity: float) -> None:
@@ -305,6 +339,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of 64 replicas against 1")
     parser.add_argument("--per-replica", type=int, default=5000,
                         help="requests per replica when comparing 64 replicas against 1 (default 5,000)")
+    parser.add_argument("--calls", action="store_true",
+                        help="only Python calls per iteration of 64 replicas against 1 (cProfile counts)")
     parser.add_argument("--profile", choices=list(ENGINES), help="print a cProfile of one engine's run instead")
     parser.add_argument("--baseline", metavar="TREE",
                         help="a checkout of the previous commit (git worktree add TREE COMMIT): its figures are "
@@ -322,6 +358,9 @@ def main() -> None:
           f"commits {', '.join(trees)}; load average {os.getloadavg()[0]:.2f}")
     if args.profile:
         profile(args, run_child(f"capacity:{args.profile}")["capacity"])
+        return
+    if args.calls:
+        replica_calls(args.per_replica, args.load * run_child("capacity:plain")["capacity"], 64)
         return
     # Both trees simulate the same workload: the offered load comes from this tree's capacities.
     capacities = {engine: run_child(f"capacity:{engine}")["capacity"] for engine in ENGINES}
