@@ -61,6 +61,8 @@ from llmsim.sim.simulate import simulate_whole
 from llmsim.speculation.config import Eligibility
 
 RESULTS_FILE = "results.csv"
+# Class policies whose runs may serve for one another (:func:`llmsim.sim.scheduling.same_admissions`).
+SHARING_POLICIES = (*KEYED_POLICIES, SchedulingPolicy.PREEMPTIVE_PRIORITY)
 # Kept with a reused run's metrics, never shown in a row: per timeout (:func:`timeout_rules`), the longest wait
 # of the requests it applies to (s) and the timeout with its action; and the speculation eligibility rule the run
 # held (:func:`eligibility_held`); with traffic classes, the scheduling policy and the run's preemptions
@@ -188,7 +190,8 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
     timeouts (none: the longest) and then the strictest eligibility run first, and the others run only where
     those runs' rules acted. With traffic classes a run without preemptions also serves for another policy that
     orders the classes' heads alike within the run's own waits (:func:`llmsim.sim.scheduling.same_admissions`:
-    FCFS, priority, vLLM's priority and EDF). Each round runs, of every set of jobs that differ only in these
+    FCFS, priority, vLLM's priority and EDF; and a preemptive priority run that preempted nothing serves for them,
+    being the priority run). Each round runs, of every set of jobs that differ only in these
     rules, the first (in that order) that no run so far serves for.
 
     Inside :func:`stopping_missed_runs` each run stops once sure to miss its SLO targets; such runs are
@@ -237,8 +240,11 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
         return metrics is not None
 
     def strictest_first(point_id: str) -> list[float]:
-        rule = eligibility_rule(scenarios[point_id]) or (0, 0)
-        return [-timeout for timeout, _ in timeout_rules(scenarios[point_id])] + [-rule[0], -rule[1]]
+        scenario = scenarios[point_id]
+        rule = eligibility_rule(scenario) or (0, 0)
+        # preemptive priority first of equal rules: a run of it that preempted nothing serves every keyed policy
+        serves_most = scenario.engine.scheduling_policy is SchedulingPolicy.PREEMPTIVE_PRIORITY
+        return [-timeout for timeout, _ in timeout_rules(scenario)] + [-rule[0], -rule[1], -float(serves_most)]
 
     ordered = [sorted(group, key=strictest_first) for group in groups.values()]
     while ordered:
@@ -308,13 +314,13 @@ def _same_eligibility(held: Sequence | None, rule: tuple[int, int] | None) -> bo
 def _rule_free_key(scenario: Scenario) -> bytes | None:
     """The run key of the scenario with no queue timeout (the engine's and every class's), where the timeouts
     stay as set for the whole run, a speculation eligibility rule that never acts, and with traffic classes one
-    keyed scheduling policy for them all (:data:`~llmsim.sim.scheduling.KEYED_POLICIES`); None where a
+    scheduling policy for those that may share runs (:data:`SHARING_POLICIES`); None where a
     controller scales the classes' timeouts as it runs."""
     classes = scenario.workload.classes
     if classes and scenario.controller is not None:
         return None
     engine = replace(scenario.engine, queue_timeout_s=None, on_timeout=OnTimeout.DISPATCH)
-    if classes and engine.scheduling_policy in KEYED_POLICIES:
+    if classes and engine.scheduling_policy in SHARING_POLICIES:
         engine = replace(engine, scheduling_policy=KEYED_POLICIES[0])
     untimed = tuple(replace(c, queue_timeout_s=None, on_timeout=None) for c in classes)
     spec = scenario.speculation

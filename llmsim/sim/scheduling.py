@@ -295,11 +295,16 @@ def same_admissions(held: SchedulingPolicy, policy: SchedulingPolicy, rules: tup
     where the keyed policies' other differences lie), two keyed policies that order every pair of classes'
     heads alike whenever each head had waited at most its class's longest wait in the run (``longest_waits_s``,
     per class) (:func:`head_order`). The two runs then admit the same requests until they first differ, and up
-    to then every wait is within the run's own, so they never do."""
+    to then every wait is within the run's own, so they never do. A ``preemptive_priority`` run that preempted
+    nothing is the ``priority`` run: its one difference, preempting for a waiting request, never acted."""
     if held is policy:
         return True
+    if held is SchedulingPolicy.PREEMPTIVE_PRIORITY and not preemptions:
+        held = SchedulingPolicy.PRIORITY
     if preemptions or held not in KEYED_POLICIES or policy not in KEYED_POLICIES:
         return False
+    if held is policy:
+        return True
     for i, j in combinations(range(len(rules)), 2):
         waits = (longest_waits_s[i], longest_waits_s[j])
         order = head_order(held, rules[i], rules[j], waits)

@@ -215,11 +215,11 @@ def test_a_run_whose_eligibility_rule_acted_serves_for_no_other_rule(monkeypatch
     pd.testing.assert_frame_equal(shared, alone)
 
 
-def _two_classes(slo: dict) -> object:
+def _two_classes(slo: dict, rate: float = 14.0, seqs: int = 8) -> object:
     # Overloaded for 8 sequence slots: both classes' heads wait at once (so the policy decides who goes first);
     # under priority interactive waits under 1 s and batch about 20 s, far below the deadlines' gap.
-    return make_scenario({"engine": {"scheduling_policy": "priority", "max_num_seqs": 8},
-                          "workload": {"arrival": {"rate": 14.0}, "num_requests": 400,
+    return make_scenario({"engine": {"scheduling_policy": "priority", "max_num_seqs": seqs},
+                          "workload": {"arrival": {"rate": rate}, "num_requests": 400,
                                        "classes": {"interactive": {"share": 0.5, "priority": 0},
                                                    "batch": {"share": 0.5, "priority": 1}}},
                           "slo": {"classes": slo}})
@@ -274,3 +274,24 @@ def test_edf_with_deadlines_against_the_priorities_is_simulated(monkeypatch):
         shared = run_points(scenario, points, workers=1)
     assert ran == ["priority", "edf"]
     pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_a_preemptive_run_that_preempted_nothing_serves_for_priority(monkeypatch):
+    # With 128 slots at 3/s no interactive request lacks one, nothing is preempted, and the preemptive run
+    # (simulated first of equal timeouts) is the priority run. With 8 slots at 14/s interactive requests
+    # preempt batch ones, and priority is simulated.
+    slo = {"interactive": {"ttft": "300 ms"}, "batch": {"e2e": "120 s"}}
+    points = [{"engine.scheduling_policy": p} for p in ("priority", "preemptive_priority")]
+    for rate, seqs, simulated in ((3.0, 128, ["preemptive_priority"]),
+                                  (14.0, 8, ["preemptive_priority", "priority"])):
+        scenario = _two_classes(slo, rate, seqs)
+        alone = run_points(scenario, points, workers=1)
+        preempted = alone["requests.preemptions"].iloc[1] > 0
+        assert preempted == (rate > 10)
+        assert _metrics(alone.iloc[[1]]).equals(_metrics(alone.iloc[[0]])) != preempted
+        ran = _counting_policies(monkeypatch)
+        with reusing_runs():
+            shared = run_points(scenario, points, workers=1)
+        monkeypatch.undo()
+        assert ran == simulated
+        pd.testing.assert_frame_equal(shared, alone)
