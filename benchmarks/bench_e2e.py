@@ -29,8 +29,11 @@ memory where the run names neither (:func:`trtllm_bench_limits`): 2,048 tokens a
 The simulator runs the same: the model with FP8 weights and cache, TensorRT-LLM's kernel terms and fusions
 (``engine.kernels: trtllm``; ``kernel_terms.STREAM_FUSION``), the published tensor-parallel size, the same lengths,
 every request waiting at time 0; the rate is measured on the saturated engine after its ramp-up
-(:func:`llmsim.search.sustainable_rate.offline_rate`). Prints simulated and published tokens/s per cell, their
-ratio, and the H100/H200 ratio of each (model, lengths) both ways.
+(:func:`llmsim.search.sustainable_rate.offline_rate`). The published figure is timed over the whole run instead
+(trtllm-bench: total output tokens over the first request's start to the last one's end, ramp-up and tail included),
+so each cell is also run as published, its ``$num_requests`` requests at once (:data:`PUBLISHED_REQUESTS`), and timed
+so (:func:`whole_run_rate`). Prints simulated (steady and whole-run) and published tokens/s per cell, their ratios,
+and the H100/H200 ratio of each (model, lengths) both ways.
 
     .venv/bin/python benchmarks/bench_e2e.py [--quick] [--breakdown]
         (a few minutes on 2 cores; --quick: one length pair; --breakdown: where each cell's mean step goes)
@@ -49,7 +52,7 @@ from llmsim.catalog.hardware import lookup_hardware
 from llmsim.catalog.models import lookup_model, model_catalog
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.deployment import ResolvedDeployment
-from llmsim.search.sustainable_rate import OfflineRate, offline_rate
+from llmsim.search.sustainable_rate import OfflineRate, offline_rate, whole_run_output_rate
 from llmsim.search.sweeps import scenario_at
 
 SOURCE = ("TensorRT-LLM perf-overview.md @00f37686 (trtllm-bench throughput, FP8 weights and KV cache, "
@@ -67,6 +70,9 @@ PUBLISHED = {
     ("Llama-3.1-405B", "H100-SXM", 8, 2048, 128): 453, ("Llama-3.1-405B", "H200", 8, 2048, 128): 456,
 }
 KV_CACHE_FRACTION = 0.95     # the perf overview's --kv_cache_free_gpu_mem_fraction
+# The perf overview's $num_requests by (ISL, OSL): the requests of each published run, which its throughput is timed
+# over from the first request's start to the last one's end (trtllm-bench's reporting).
+PUBLISHED_REQUESTS = {(128, 2048): 3000, (1000, 1000): 3000, (2048, 128): 3000}
 
 
 def trtllm_bench_limits(model: str, gpu: str, tp: int, isl: int, osl: int) -> tuple[int, int]:
@@ -107,6 +113,12 @@ def simulated_rate(model: str, gpu: str, tp: int, isl: int, osl: int) -> Offline
                         num_requests=5 * trtllm_bench_limits(model, gpu, tp, isl, osl)[0])
 
 
+def whole_run_rate(model: str, gpu: str, tp: int, isl: int, osl: int) -> float:
+    """Output tokens/s of the published run's whole span: its requests all queued at once, ramp-up and tail included,
+    as trtllm-bench times it (:func:`llmsim.search.sustainable_rate.whole_run_output_rate`)."""
+    return whole_run_output_rate(scenario(model, gpu, tp, isl, osl), PUBLISHED_REQUESTS[isl, osl])
+
+
 def print_breakdown(key: tuple, rate: OfflineRate) -> None:
     """The mean step of the cell's measured window, operator by operator (see the module docstring)."""
     model, gpu, tp, isl, osl = key
@@ -131,19 +143,24 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     cells = {key: value for key, value in PUBLISHED.items() if not args.quick or key[3:] == (1000, 1000)}
-    simulated = {}
+    simulated, whole = {}, {}
     print(f"source: {SOURCE}")
-    print(f"{'model':<15} {'GPU':<9} {'TP':>2} {'ISL/OSL':>9} {'published':>10} {'simulated':>10} {'sim/pub':>8}")
+    print("steady: the saturated engine after its ramp-up; whole run: the published run's requests "
+          "(perf overview's $num_requests) from the first start to the last finish, as trtllm-bench times it")
+    print(f"{'model':<15} {'GPU':<9} {'TP':>2} {'ISL/OSL':>9} {'published':>10} {'steady':>10} {'sim/pub':>8} "
+          f"{'whole run':>10} {'sim/pub':>8}")
     for key, published in cells.items():
         rate = simulated_rate(*key)
         simulated[key] = rate.output_tokens_per_s
+        whole[key] = whole_run_rate(*key)
         model, gpu, tp, isl, osl = key
         print(f"{model:<15} {gpu:<9} {tp:>2} {f'{isl}/{osl}':>9} {published:>10,} {simulated[key]:>10,.0f} "
-              f"{simulated[key] / published:>8.2f}", flush=True)
+              f"{simulated[key] / published:>8.2f} {whole[key]:>10,.0f} {whole[key] / published:>8.2f}", flush=True)
         if args.breakdown:
             print_breakdown(key, rate)
     print("\nH100/H200 throughput per GPU (published TP sizes differ for 70B: per GPU compares them)")
-    print(f"{'model':<15} {'ISL/OSL':>9} {'published':>10} {'simulated':>10} {'sim/pub':>8}")
+    print(f"{'model':<15} {'ISL/OSL':>9} {'published':>10} {'steady':>10} {'sim/pub':>8} {'whole run':>10} "
+          f"{'sim/pub':>8}")
     for (model, gpu, tp, isl, osl) in cells:
         if gpu != "H100-SXM":
             continue
@@ -151,9 +168,11 @@ def main() -> None:
         if other is None:
             continue
         h100 = (model, gpu, tp, isl, osl)
-        published = (PUBLISHED[h100] / tp) / (PUBLISHED[other] / other[2])
+        published_ratio = (PUBLISHED[h100] / tp) / (PUBLISHED[other] / other[2])
         ratio = (simulated[h100] / tp) / (simulated[other] / other[2])
-        print(f"{model:<15} {f'{isl}/{osl}':>9} {published:>10.2f} {ratio:>10.2f} {ratio / published:>8.2f}")
+        whole_ratio = (whole[h100] / tp) / (whole[other] / other[2])
+        print(f"{model:<15} {f'{isl}/{osl}':>9} {published_ratio:>10.2f} {ratio:>10.2f} "
+              f"{ratio / published_ratio:>8.3f} {whole_ratio:>10.2f} {whole_ratio / published_ratio:>8.3f}")
     print(f"\n{time.perf_counter() - started:.1f} s")
 
 

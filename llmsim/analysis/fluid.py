@@ -53,6 +53,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from enum import Enum
+from functools import lru_cache
 
 import numpy as np
 import pandas as pd
@@ -68,6 +69,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.speculation.policies import POLICIES, AdaptiveK, StaticK
 from llmsim.analysis.fluid_k import KMix, adaptive_mix, static_mix, steps_to_emit
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
+from llmsim.workload.lengths import LAWS_REMEMBERED, LengthDistribution
 from llmsim.workload.trace import Trace
 from llmsim.workload.generate import generate_trace
 
@@ -183,16 +185,31 @@ def _law_lengths(scenario: Scenario, limit: int) -> _Lengths:
     prompt P and output O independent, cut to P + O <= ``limit``. They do not depend on the request count
     or the seed, so neither does the model (nor the windows a search measures over).
 
+    They are remembered by what they read (:func:`_law_statistics`): a search builds a fluid model for every
+    setting it scores and every window it sizes (a disaggregated one, two), and the sums over every
+    (prompt, output) pair of long laws took tens of ms each time."""
+    workload, model = scenario.workload, scenario.model
+    # Called where has_length_law(workload): both laws are set.
+    assert workload.prompt_tokens is not None and workload.output_tokens is not None
+    lengths = _law_statistics(workload.prompt_tokens, workload.output_tokens, limit, model.sliding_window,
+                              model.local_attention_share, scenario.engine.block_size)
+    if lengths is None:
+        raise _too_long(scenario)
+    return lengths
+
+
+@lru_cache(maxsize=LAWS_REMEMBERED)
+def _law_statistics(prompt_law: LengthDistribution, output_law: LengthDistribution, limit: int,
+                    window: int | None, local_share: float, block: int) -> _Lengths | None:
+    """:func:`_law_lengths` (None: no request fits), shared: its arrays are read-only.
+
     The joint terms are sums over the output's lengths y of the prompt law's partial sums up to
     ``limit - y``: with D = y - 1, the decode steps read sum_{c=x+1}^{x+D} visible(c), which is
     D x + D (D + 1) / 2 when no layer slides; on a layer with window W it is that while x <= W - 1 - D,
     D W from x = W - 1 on, and (W^2 - W - x^2 - x) / 2 + W (D - W + 1) + W x between: a quadratic in x
     on each piece, summed with the partial sums of p(x) x^k, k = 0, 1, 2."""
-    workload, model = scenario.workload, scenario.model
-    # Called where has_length_law(workload): both laws are set.
-    assert workload.prompt_tokens is not None and workload.output_tokens is not None
-    x, p = workload.prompt_tokens.probabilities()
-    y, q = workload.output_tokens.probabilities()
+    x, p = prompt_law.probabilities()
+    y, q = output_law.probabilities()
     x, y = x.astype(float), y.astype(float)
 
     def partial(lengths, probabilities, power):
@@ -202,11 +219,11 @@ def _law_lengths(scenario: Scenario, limit: int) -> _Lengths:
     prompt_weight = p * partial(y, q, 0)(limit - x)           # the prompt's law among the requests that fit
     fits = float(prompt_weight.sum())
     if fits <= 0:
-        raise _too_long(scenario)
+        return None
     prompt_weight /= fits
     output_weight = q * partial(x, p, 0)(limit - y) / fits
     mean_prompt, mean_output = float(prompt_weight @ x), float(output_weight @ y)
-    pairs = chunk_pairs(x, 0.0, model.sliding_window, model.local_attention_share)
+    pairs = chunk_pairs(x, 0.0, window, local_share)
     cdf = np.cumsum(prompt_weight)
 
     def grid(n):
@@ -217,7 +234,6 @@ def _law_lengths(scenario: Scenario, limit: int) -> _Lengths:
     s0, s1, s2 = (partial(x, p, k) for k in range(3))
     top = limit - y                                           # the longest prompt that fits with each output
     full = decode * s1(top) + decode * (decode + 1) / 2 * s0(top)
-    window = model.sliding_window
     if window:
         w = float(window)
         a = np.minimum(top, w - 1 - decode)                   # x <= a: no step reaches the window
@@ -227,14 +243,17 @@ def _law_lengths(scenario: Scenario, limit: int) -> _Lengths:
                   + ((w * w - w) / 2 + w * (decode - w + 1)) * between[0] + w * between[1]
                   - (between[2] + between[1]) / 2
                   + decode * w * (s0(top) - s0(b)))
-        context = full - model.local_attention_share * (full - capped)
+        context = full - local_share * (full - capped)
     else:
         context = full
-    held = decode * s1(top) + decode * ((decode + 1) / 2 + scenario.engine.block_size / 2) * s0(top)
+    held = decode * s1(top) + decode * ((decode + 1) / 2 + block / 2) * s0(top)
+    step_grid, ttft_grid = grid(STEP_QUANTILES), grid(PROMPT_QUANTILES)
+    for shared in (*step_grid, *ttft_grid, decode, output_weight):
+        shared.flags.writeable = False
     return _Lengths(
         mean_prompt=mean_prompt, mean_output=mean_output, prompt_second_moment=float(prompt_weight @ x ** 2),
-        pairs_per_token=float(prompt_weight @ pairs) / mean_prompt, step_grid=grid(STEP_QUANTILES),
-        ttft_grid=grid(PROMPT_QUANTILES), decode=decode, decode_weight=output_weight,
+        pairs_per_token=float(prompt_weight @ pairs) / mean_prompt, step_grid=step_grid,
+        ttft_grid=ttft_grid, decode=decode, decode_weight=output_weight,
         decode_cv2=float(output_weight @ (decode - mean_decode) ** 2) / max(mean_decode, 1e-12) ** 2,
         mean_decode_kv=float(q @ context) / fits, mean_kv_held=float(q @ held) / fits)
 

@@ -72,18 +72,27 @@ def accepted_pmf(acceptance: Acceptance, alpha: float, k: int, branching: int = 
     return reach - np.concatenate([reach[1:], [0.0]])
 
 
+@lru_cache(maxsize=64)
 def class_alphas(acceptance: Acceptance) -> np.ndarray:
-    """One acceptance rate per request class (one class unless alpha is drawn per request)."""
+    """One acceptance rate per request class (one class unless alpha is drawn per request). Remembered
+    (read-only): a search builds a fluid model per setting, most of them on one acceptance process."""
     if acceptance.process is AcceptanceProcess.BETA:
         q = (np.arange(ALPHA_CLASSES) + 0.5) / ALPHA_CLASSES
-        return stats.beta.ppf(q, acceptance.beta_a, acceptance.beta_b)
-    return np.array([acceptance.mean_alpha])
+        return _read_only(stats.beta.ppf(q, acceptance.beta_a, acceptance.beta_b))
+    return _read_only(np.array([acceptance.mean_alpha]))
 
 
+@lru_cache(maxsize=64)
 def tokens_table(acceptance: Acceptance, k_max: int, branching: int = 1) -> np.ndarray:
-    """E[tokens per step] for every class and k in 0..k_max."""
-    return np.array([[float(accepted_pmf(acceptance, alpha, k, branching) @ np.arange(k + 1)) + 1.0
-                      for k in range(k_max + 1)] for alpha in class_alphas(acceptance)])
+    """E[tokens per step] for every class and k in 0..k_max (remembered, read-only, as :func:`class_alphas`)."""
+    return _read_only(np.array([[float(accepted_pmf(acceptance, alpha, k, branching) @ np.arange(k + 1)) + 1.0
+                                 for k in range(k_max + 1)] for alpha in class_alphas(acceptance)]))
+
+
+def _read_only(values: np.ndarray) -> np.ndarray:
+    """A remembered table, shared by every caller: writing into it would change the others' answers."""
+    values.flags.writeable = False
+    return values
 
 
 def static_mix(acceptance: Acceptance, k: int, k_max: int, branching: int = 1) -> KMix:

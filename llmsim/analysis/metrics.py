@@ -147,9 +147,15 @@ def summarize(result: SimulationResult) -> RunSummary:
     if stop - start <= 0:                      # a degenerate window: measure the whole run
         start, stop = 0.0, max(result.end_s, 1e-12)
     window = stop - start
-    steady = records[(records["arrival_s"] >= start) & (records["arrival_s"] <= stop)]
-    finished = steady[steady["status"] == "finished"]
-    in_window = iterations[(iterations["end_s"] > start) & (iterations["end_s"] <= stop)]
+    # Masks and sums on numpy columns, tables filtered only where a section reads one: on a short run
+    # (a search's probe) pandas' per-call overhead, not the rows, was most of the summary's cost.
+    arrival_s = records["arrival_s"].to_numpy()
+    is_finished = (records["status"] == "finished").to_numpy(dtype=bool)
+    steady_rows = (arrival_s >= start) & (arrival_s <= stop)
+    steady = records[steady_rows]
+    finished_steady = is_finished[steady_rows]
+    end_s = iterations["end_s"].to_numpy()
+    iterations_in_window = (end_s > start) & (end_s <= stop)
     # With autoscaling the devices are those paid for in the window (replica-seconds / window), so
     # per-device throughput, cost and energy follow the replicas the run held, not the ones it started with.
     split = result.disaggregation
@@ -157,24 +163,26 @@ def summarize(result: SimulationResult) -> RunSummary:
     provisioned = result.provisioned
     replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
                 else measured.deployment.replicas)
-    status = records["status"]
-    reason = records["reason"]
+    status, reason = records["status"], records["reason"]
+    rejected = (status == "rejected").to_numpy(dtype=bool)
+    unfinished = (status == "unfinished").to_numpy(dtype=bool)
+    scheduled = ~np.isnan(records["first_scheduled_s"].to_numpy())
     counts = RequestCounts(
         arrived=int(len(records)),
         not_arrived=int(result.planned_requests - len(records)),
-        finished=int((status == "finished").sum()),
-        rejected_timeout=int(((status == "rejected") & (reason == "timeout")).sum()),
-        rejected_too_long=int(((status == "rejected") & (reason == "too_long")).sum()),
-        unfinished_queued=int(((status == "unfinished") & records["first_scheduled_s"].isna()).sum()),
-        unfinished_running=int(((status == "unfinished") & records["first_scheduled_s"].notna()).sum()),
+        finished=int(is_finished.sum()),
+        rejected_timeout=int((rejected & (reason == "timeout").to_numpy(dtype=bool)).sum()),
+        rejected_too_long=int((rejected & (reason == "too_long").to_numpy(dtype=bool)).sum()),
+        unfinished_queued=int((unfinished & ~scheduled).sum()),
+        unfinished_running=int((unfinished & scheduled).sum()),
         preemptions=int(result.preemptions),
     )
-    latency = Latency(**{name: Distribution.of(finished[name]) for name in LATENCY_COLUMNS},
+    latency = Latency(**{name: Distribution.of(steady[name].to_numpy()[finished_steady]) for name in LATENCY_COLUMNS},
                       itl_s=Distribution(**result.inter_token_gaps.summary(start, stop, PERCENTILES)))
 
-    finished_in_window = records[(records["finish_s"] > start) & (records["finish_s"] <= stop)
-                                 & (status == "finished")]
-    output_tokens = float(in_window["tokens_out"].sum())
+    finish_s = records["finish_s"].to_numpy()
+    finished_in_window = int(((finish_s > start) & (finish_s <= stop) & is_finished).sum())
+    output_tokens = float(iterations["tokens_out"].to_numpy()[iterations_in_window].sum())
     slo = slo_summary(steady, scenario.slo, window)
     classes = (class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
                if scenario.workload.classes else None)
@@ -183,18 +191,19 @@ def summarize(result: SimulationResult) -> RunSummary:
     ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     return run_summary(
         result, (start, stop), replicas, counts, latency,
-        throughput_of(len(finished_in_window), output_tokens, float(in_window["prefill_tokens"].sum()), len(steady),
+        throughput_of(finished_in_window, output_tokens,
+                      float(iterations["prefill_tokens"].to_numpy()[iterations_in_window].sum()), len(steady),
                       window, paid_devices(result, replicas)),
         slo, utilisation,
         QueueSummary(mean_length=result.mean_queue_length, max_length=int(result.queue_length["length"].max()),
                      mean_in_system=result.mean_in_system, ttft_rise=ttft_rise, steady=not rising),
-        speculation_sums(in_window) if scenario.speculating else None, classes,
+        speculation_sums(iterations[iterations_in_window]) if scenario.speculating else None, classes,
         autoscaling_summary(result, replicas, float(records["generated_tokens"].sum()))
         if result.scaling is not None else None,
-        kv_cache_summary(result.kv_tiers, steady, finished, records,
+        kv_cache_summary(result.kv_tiers, steady, steady[finished_steady], records,
                          scenario.deployment.replicas * scenario.deployment.data_parallel)
         if result.kv_tiers else None,
-        disaggregation_summary(result, iterations, finished, start, stop) if split is not None else None)
+        disaggregation_summary(result, iterations, steady[finished_steady], start, stop) if split is not None else None)
 
 
 def paid_devices(result: SimulationResult, replicas: float) -> float:

@@ -58,6 +58,9 @@ DISPATCH_BLOCK_ROWS = 4096        # the dispatch tables grow by whole blocks of 
 _T = TypeVar("_T")
 
 
+DECODE_TIMES_KEPT = 4096          # CostModel.decode_time's remembered steps, per model
+
+
 def shared_memo(memos: OrderedDict[bytes, _T], key: bytes, fresh: Callable[[], _T]) -> _T:
     """The memo ``memos`` holds under ``key`` (``fresh()`` the first time), for every cost model pricing alike:
     a search builds one per run, and its runs price the same token counts over and over. ``memos`` keeps the
@@ -257,6 +260,7 @@ class CostModel:
         # (they price one iteration at a time): one buffer stays in cache while 64 replicas take turns.
         self._x = np.zeros(len(FEATURES))
         self._x[_ONE] = 1.0
+        self._decode_times: dict[tuple[int, int], float] = {}     # see decode_time
         self._experts_touched = model.expected_experts_touched if model.num_experts > 1 else None
         coeffs = work_coefficients(model, tensor_parallel, routed_experts)
         # Stack layer operators (run once per layer) and model operators (once). The work is that
@@ -777,7 +781,15 @@ class CostModel:
         return self.step_time(self.features([tokens], [context], []))
 
     def decode_time(self, batch: int, context: int) -> float:
-        return self.step_time(self.features([], [], [context] * batch))
+        """One decode step of ``batch`` sequences at ``context`` tokens each; remembered, as the run-size guard
+        and the default horizon ask the same few before every run (a model is resolved once per deployment)."""
+        key = (batch, context)
+        time_s = self._decode_times.get(key)
+        if time_s is None:
+            if len(self._decode_times) >= DECODE_TIMES_KEPT:
+                self._decode_times.clear()
+            time_s = self._decode_times[key] = self.step_time(self.features([], [], [context] * batch))
+        return time_s
 
     @property
     def peak_flops_per_s(self) -> float:

@@ -8,9 +8,17 @@ full trip through all stages), the engines of a replica sharing its queue and KV
 and splitting its ``max_num_seqs``. With speculative decoding the draft has its own cost
 model, on the target's devices (colocated, over ``draft_tensor_parallel`` of them) or on
 devices of its own (separate), where draft and target hand tokens over the interconnect.
+
+Resolving builds cost models (the operator tables, the measured kernel terms), a fixed cost that a search
+running hundreds of short simulations would pay per run, three times (the run-size guard, the default
+horizon, the run): :meth:`ResolvedDeployment.of` keeps the last :data:`RESOLVED_KEPT` resolutions, keyed by
+the very objects they were read from (a scenario's parts are frozen, and a variant made with
+``dataclasses.replace`` shares the parts it did not change), so a run at another seed, rate or request
+count resolves nothing again. A resolution holds no state that a run changes: sharing it changes no result.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from llmsim.catalog.placement import Placement
@@ -47,6 +55,21 @@ class ResolvedDeployment:
 
     @classmethod
     def of(cls, scenario: Scenario) -> ResolvedDeployment:
+        """The scenario's deployment resolved: kept from an earlier call on the same parts (see the module
+        docstring)."""
+        parts = _resolved_from(scenario)
+        key = (*map(id, parts), scenario.seed if scenario.deployment.expert_parallel is not None else None)
+        kept = _RESOLVED.pop(key, None)
+        # The parts are kept with the resolution, so their ids are not reused while it is kept.
+        if kept is None or any(a is not b for a, b in zip(kept[0], parts)):
+            kept = (parts, cls._resolve(scenario))
+        _RESOLVED[key] = kept
+        while len(_RESOLVED) > RESOLVED_KEPT:
+            _RESOLVED.popitem(last=False)
+        return kept[1]
+
+    @classmethod
+    def _resolve(cls, scenario: Scenario) -> ResolvedDeployment:
         dep, memory = scenario.deployment, scenario.memory
         if dep.expert_parallel is None:
             cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, memory)
@@ -64,6 +87,18 @@ class ResolvedDeployment:
                                           scenario.draft_memory if separate else memory)
         return cls(cost, memory, dep.replicas * dep.data_parallel, micro_batches, engine, draft_cost, separate,
                    scenario.hardware.interconnect_latency_s if separate else 0.0)
+
+
+RESOLVED_KEPT = 16        # resolutions kept (a search varies a few settings at a time)
+_RESOLVED: OrderedDict[tuple[int | None, ...], tuple[tuple[object, ...], ResolvedDeployment]] = OrderedDict()
+
+
+def _resolved_from(scenario: Scenario) -> tuple[object, ...]:
+    """The parts of ``scenario`` a resolution reads: the model, the chip, the deployment, the engine and the
+    speculation when it speculates (and the seed, a value in the key, when expert parallelism draws its
+    busiest-rank table)."""
+    return (scenario.model, scenario.hardware, scenario.deployment, scenario.engine,
+            scenario.speculation if scenario.speculating else None)
 
 
 def expert_parallel_cost_model(scenario: Scenario) -> ExpertParallelCostModel:

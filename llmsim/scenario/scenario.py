@@ -316,7 +316,9 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     name = root.string("name", Path(root.file).stem if root.file else "scenario")
     seed = read_seed(root)
     model = read_model(root)
-    hardware = lookup_hardware(root.string("hardware"), root, "hardware")
+    # The shared parsed profile, not a copy of it: a Scenario is frozen and only reads its chip, and copying
+    # a profile with its kernel terms was most of the time a search's variant took to read again.
+    hardware = lookup_hardware(root.string("hardware"), root, "hardware", copied=False)
 
     dep = root.child("deployment")
     replicas = read_replicas(dep)
@@ -359,7 +361,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
     if dep.raw("disaggregation", None) is not None:       # null: aggregated (a plan's override says so)
         disaggregation = disaggregation_from_node(
             dep.child("disaggregation"),
-            lambda pool, key: (engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key))
+            lambda pool, key: (engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key, copied=False))
                                if pool.has(key) else hardware),
             model, PoolEngine(engine.max_num_seqs, engine.max_batch_tokens, engine.chunked_prefill),
             engine.kernels.value)

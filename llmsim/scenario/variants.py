@@ -319,7 +319,7 @@ def _set_hardware(scenario: Scenario, value: Any) -> Scenario:
         return scenario
     node = Node({"hardware": value}, file=scenario.path,
                 base_dir=None if scenario.source_dir is None else Path(scenario.source_dir))
-    hardware = lookup_hardware(node.string("hardware"), node, "hardware")
+    hardware = lookup_hardware(node.string("hardware"), node, "hardware", copied=False)   # as the reader does
     hardware = engine_hardware(node.child("engine", {}), scenario.engine, hardware)
     return replace(scenario, hardware=hardware)
 

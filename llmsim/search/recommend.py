@@ -52,7 +52,11 @@ The search (:func:`recommend`):
    default, the best default): each seed is simulated first at the leader's failing rate for that seed, then
    where it failed there at the leader's passing rate (the same requests), and a challenger whose failing
    rates average at or below the leader's stops there: it cannot be shown better than the leader by more
-   than the leader's own bracket, and the leader keeps its rank.
+   than the leader's own bracket, and the leader keeps its rank. Its run at the leader's failing rate is
+   measured over one window, not longer while undecided: a pass that window leaves undecided counts as a
+   fail there (the challenger's capacity then lies within the window's resolution of a rate the leader
+   failed: a tie, which measuring it up to 15 windows longer would only confirm), so only a decided pass
+   there keeps a challenger going.
    The bisections race: a setting whose failing rates average at or below the passing rates of another
    that meets the scenario's rate can no longer rank first, and stops (``raced_out``; its goodput is
    then a lower bound, or, where it never passed, 0 and known only to lie below ``failing_rate_per_s``).
@@ -112,8 +116,12 @@ k_max 8; max batch tokens from the seed's rule memory / (2 x params + KV): the m
 the weights at 2 bytes per parameter holds (memory - 2 x params) / KV bytes per token, read as the tokens a
 step carries when the requests that memory holds at the mean context (at most ``max_num_seqs``) are
 in flight: each emits one token a step and brings its prompt over its output steps, so
-sequences x (1 + mean prompt / mean output) (:class:`BatchTokenRule`); queue timeouts 50, 200 and 1000 ms
-(the best of the three is the one beaten).
+sequences x (1 + mean prompt / mean output) (:class:`BatchTokenRule`); queue timeouts 1000, 200 and 50 ms
+(the best of the three is the one beaten). The longest goes first, bisected to the end; the shorter ones are its
+challengers (a shorter timeout that does no better stops at its first failing run per seed), and a run at the
+longer timeout is also the run at a shorter one that none of its requests waited for
+(:func:`llmsim.search.sweeps.reusing_runs`; a run at a timeout that dropped a request tells nothing of a longer
+one).
 
 A trace replayed as it is (no ``sample:``) and no speculation leaves nothing to the seed:
 every seed would simulate the same requests the same way, and their spread, zero, is no
@@ -146,7 +154,7 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (Judged, Verdict, Window, binding_targets, check_cycle_fits, judge,
+from llmsim.search.window import (ESCALATIONS, Judged, Verdict, Window, binding_targets, check_cycle_fits, judge,
                                   measurement_window, simulate_until_decided, stopping_decided_runs,
                                   typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
@@ -156,7 +164,7 @@ from llmsim.speculation.proposers import MODEL
 from llmsim.workload.generate import generate_trace
 
 SEEDS, TOP = 3, 3                     # seeds per setting; analytic best settings to simulate
-TIMEOUTS_S = (0.05, 0.2, 1.0)
+TIMEOUTS_S = (1.0, 0.2, 0.05)       # the defaults' queue timeouts, longest first (module docstring)
 IDLE_TIMEOUTS_S = (0.5, 2.0, 10.0)    # CPU offload: how long a cached block idles before it moves to host memory
 BLOCK_SIZES = (16, 512)               # the smallest and largest KV block size tried
 RULE_K0, RULE_K_MAX = 4, 8
@@ -878,8 +886,10 @@ def class_timeouts(config: Config, scenario: Scenario) -> tuple[tuple[str, float
 
 
 def config_key(config: Config) -> tuple:
-    """What of a setting the fluid model sees (queue timeouts act on the tail, which it does not model)."""
-    return config.k, config.max_batch_tokens, config.draft, config.eligibility, config.expert_parallel
+    """What of a setting the fluid model sees: queue timeouts act on the tail, which it does not model, and
+    every sequence speculates in it (the eligibility rules are left out, :mod:`llmsim.analysis.fluid`), so
+    the settings that differ only in those share one fluid rate."""
+    return config.k, config.max_batch_tokens, config.draft, config.expert_parallel
 
 
 class _Search:
@@ -959,7 +969,10 @@ class _Search:
         same requests as the leader's runs, which are reused where the two settings run alike), and it is
         stopped as soon as it cannot beat the leader by more than the leader's own bracket (:meth:`race`): one
         failing run per seed, the cheapest verdict (an undecided fail is not measured longer), stops a
-        setting that is no better.
+        setting that is no better. That run, at the leader's failing rate, is one window whatever its verdict:
+        an undecided pass there is taken as a fail (the challenger's capacity is then within the window's
+        resolution of a rate the leader failed, a tie the leader keeps), so a challenger goes on only where
+        the window shows it to pass.
         """
         todo = []
         for config in configs:
@@ -984,10 +997,12 @@ class _Search:
             leader = leaders.get(c in self.defaults)
             if leader is not None and c not in self.protected:
                 challengers[c] = leader
+        at_leaders_failing: dict[tuple[Config, int], float] = {}
         for c, leader in challengers.items():
             for s, held in zip(self.seeds, self.brackets[leader]):
                 brackets[(c, s)].probes = [held.failing, held.passing]
                 brackets[(c, s)].step = 1 + self.tolerance
+                at_leaders_failing[(c, s)] = held.failing
         if self.ratios():
             for c in todo:
                 brackets[(c, self.seeds[0])].step = 1 + self.tolerance
@@ -1017,9 +1032,16 @@ class _Search:
                     and (rate := bracket.next_rate(start[key[0]], self.rate, self.tolerance)) is not None]
             if not jobs:
                 break
-            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in jobs]
-            for ((c, s), rate), judged in zip(jobs, self.judge(points)):
-                brackets[(c, s)].record(rate, judged.verdict.met, judged.rows.iloc[0])
+            # A challenger's probe at the leader's failing rate is measured over one window: only a decided pass
+            # there keeps it going (the docstring says why); every other probe as judge() measures it.
+            once = [job for job in jobs if at_leaders_failing.get(job[0]) == job[1]]
+            for group, escalate in (([job for job in jobs if job not in once], True), (once, False)):
+                if not group:
+                    continue
+                points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for (c, s), rate in group]
+                for ((c, s), rate), judged in zip(group, self.judge(points, escalate=escalate)):
+                    met = judged.verdict.met and (escalate or judged.verdict.decided)
+                    brackets[(c, s)].record(rate, met, judged.rows.iloc[0])
         for c in todo:
             runs = [brackets[(c, s)] for s in self.seeds]
             self.brackets[c] = runs
@@ -1197,9 +1219,10 @@ class _Search:
         for c, one in zip(todo, judged):
             self.screened[(c, rate)] = one
 
-    def judge(self, points: list[dict]) -> list[Judged]:
+    def judge(self, points: list[dict], escalate: bool = True) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
-        it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed."""
+        it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed.
+        ``escalate=False``: one window each, every verdict as that window leaves it."""
         rates = [point[RATE_KEY] for point in points]
         # A workload with length laws of its own has the fluid model read them, not a seed's sample: a point's
         # window is then the same for every seed, and worked out once.
@@ -1213,7 +1236,8 @@ class _Search:
                 known[key] = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
             windows.append(known[key])
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
-                                      progress=self.progress, escalate_failing=False)
+                                      progress=self.progress, escalations=ESCALATIONS if escalate else 0,
+                                      escalate_failing=False)
 
     def simulate(self, points: list[dict]) -> pd.DataFrame:
         """The points simulated, each counted on the search's progress as it finishes."""

@@ -15,6 +15,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.scenario.variants import RATE_KEY
 from llmsim.search.sweeps import scenario_at
 from llmsim.search.window import measurement_window, simulate_until_decided, typical_latency_s
+from llmsim.sim.request import RequestStatus
 from llmsim.sim.simulate import simulate_whole
 
 MAX_BISECTIONS = 64          # halvings of [lo, hi] at most, whatever ``tol`` asks
@@ -110,15 +111,19 @@ class OfflineRate:
     step_s: float                    # mean iteration time of that window (a decoding sequence's TPOT)
 
 
+def all_at_once(scenario: str | Path | Scenario | Mapping, num_requests: int) -> Scenario:
+    """``scenario`` with ``num_requests`` of its requests all waiting at time 0 and run to the last one's finish."""
+    return scenario_at(scenario, {RATE_KEY: 1e9, "workload.num_requests": num_requests, "simulation.warmup": 0,
+                                  "simulation.horizon": 1e8})
+
+
 def offline_rate(scenario: str | Path | Scenario | Mapping, num_requests: int) -> OfflineRate:
     """The throughput of ``scenario``'s engine run offline: ``num_requests`` of its requests all waiting at
     time 0 (MLPerf's Offline scenario, ``vllm bench throughput``), measured while the queue is not empty
     after the first ``2 x`` slots' worth of requests has finished (the ramp-up's prefill-only iterations
     and the tail's draining batch left out). ``num_requests`` must be well above twice the sequence slots
     (``max_num_seqs`` x replicas x pipeline stages), or no window is left to measure."""
-    point = {RATE_KEY: 1e9, "workload.num_requests": num_requests, "simulation.warmup": 0,
-             "simulation.horizon": 1e8}
-    at_once = scenario_at(scenario, point)
+    at_once = all_at_once(scenario, num_requests)
     slots = at_once.engine.max_num_seqs * at_once.deployment.replicas * at_once.deployment.pipeline_parallel
     if num_requests <= 4 * slots:
         raise ValueError(f"num_requests {num_requests} leaves no steady window: need more than 4 x {slots} slots")
@@ -130,3 +135,19 @@ def offline_rate(scenario: str | Path | Scenario | Mapping, num_requests: int) -
     tokens_per_s = float(window["tokens_out"].sum()) / seconds
     return OfflineRate(tokens_per_s / float(result.requests["output_tokens"].mean()), tokens_per_s,
                        float(window["decode_seqs"].mean()), float(window["duration_s"].mean()))
+
+
+def whole_run_output_rate(scenario: str | Path | Scenario | Mapping, num_requests: int) -> float:
+    """Output tokens per second of ``scenario``'s engine over a whole offline run of ``num_requests`` requests all
+    waiting at time 0: every output token over the span from the first arrival to the last finish, the ramp-up and
+    the draining tail included, where :func:`offline_rate` measures the saturated engine between them. This is the
+    figure a benchmark that times the whole run reports: trtllm-bench's output throughput is the total output tokens
+    over ``end_time - start_time``, the first request's start to the last one's end
+    (``tensorrt_llm/bench/dataclasses/reporting.py``, ``generate_statistics_summary``; ``statistics.py``,
+    ``output_throughput_tok_ns``). How much of a run its ramp and tail take depends on the requests per batch
+    slot: a last wave that fills a fraction of the slots runs a whole output length at that fraction's batch."""
+    requests = simulate_whole(all_at_once(scenario, num_requests), force=True).requests
+    if (requests["status"] != str(RequestStatus.FINISHED)).any():
+        raise ValueError("a request of the whole run did not finish (rejected or cut off): no whole-run rate")
+    span_s = float(requests["finish_s"].max() - requests["arrival_s"].min())
+    return float(requests["generated_tokens"].sum()) / span_s

@@ -150,6 +150,11 @@ def iterations_frame(logs: list[tuple[int, int, IterationLog]], until_s: float) 
     with the iterations that ended by ``until_s`` (a static batch logs its steps ahead) and
     their ``end_s``. Empties the logs: each chunk is freed once it is copied.
     """
+    return pd.DataFrame(iterations_columns(logs, until_s), copy=False)
+
+
+def iterations_columns(logs: list[tuple[int, int, IterationLog]], until_s: float) -> dict[str, np.ndarray]:
+    """:func:`iterations_frame`'s columns, for a caller that adds its own before building the table once."""
     ends_by_log = [[chunk[:, _START] + chunk[:, _DURATION] for chunk in log.views()] for _, _, log in logs]
     n = sum(int((end <= until_s).sum()) for ends in ends_by_log for end in ends)
     columns: dict[str, np.ndarray] = {"replica": np.empty(n, np.int64), "micro_batch": np.empty(n, np.int64)}
@@ -168,5 +173,5 @@ def iterations_frame(logs: list[tuple[int, int, IterationLog]], until_s: float) 
                 columns[name][rows] = chunk[:, j]
             columns["end_s"][rows] = end
             at += len(chunk)
-    return pd.DataFrame(columns, copy=False)
+    return columns
 

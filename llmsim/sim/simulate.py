@@ -40,7 +40,7 @@ from llmsim.sim.disaggregated import DisaggregatedRouter, make_pool, pool_totals
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.environment import Environment, frozen_heap, scheduler
 from llmsim.sim.horizon import default_horizon_s
-from llmsim.sim.iterations import iterations_frame
+from llmsim.sim.iterations import iterations_columns
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.missed import MissedStop, watch_misses
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
@@ -702,38 +702,42 @@ def _horizon(env: simpy.Environment, horizon_s: float, stop: simpy.Event):
 
 
 def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.DataFrame:
-    """The per-request table of the first ``arrived`` requests: raw times plus the latencies derived from them."""
-    frame = pd.DataFrame({name: column[:arrived] for name, column in records.columns().items()}, copy=False)
+    """The per-request table of the first ``arrived`` requests: raw times plus the latencies derived from them.
+
+    Every column is computed on numpy arrays and the table built once: pandas' per-column inserts and
+    Series arithmetic were most of a short run's fixed cost (a search runs hundreds of them)."""
+    columns = {name: column[:arrived] for name, column in records.columns().items()}
     if scenario.workload.classes:
         assert records.class_index is not None                # a trace with classes carries each request's
-        frame.insert(1, "class", np.array(scenario.workload.class_names, dtype=object)[records.class_index[:arrived]])
-    frame["queue_wait_s"] = frame["first_scheduled_s"] - frame["arrival_s"]
-    frame["ttft_s"] = frame["first_token_s"] - frame["arrival_s"]
-    frame["e2e_s"] = frame["finish_s"] - frame["arrival_s"]
-    finished = frame["status"] == "finished"
-    frame.loc[~finished, "e2e_s"] = np.nan
-    decode_tokens = frame["output_tokens"] - 1
-    frame["tpot_s"] = np.where(finished & (decode_tokens > 0),
-                               (frame["finish_s"] - frame["first_token_s"]) / decode_tokens.clip(lower=1), np.nan)
-    frame["meets_slo"] = meets_slo(frame, scenario.slo)
-    return frame
+        classes = np.array(scenario.workload.class_names, dtype=object)[records.class_index[:arrived]]
+        columns = {"id": columns.pop("id"), "class": classes, **columns}
+    arrival_s, first_token_s, finish_s = columns["arrival_s"], columns["first_token_s"], columns["finish_s"]
+    finished = columns["status"] == "finished"
+    decode_tokens = columns["output_tokens"] - 1
+    columns["queue_wait_s"] = columns["first_scheduled_s"] - arrival_s
+    columns["ttft_s"] = first_token_s - arrival_s
+    columns["e2e_s"] = np.where(finished, finish_s - arrival_s, np.nan)
+    columns["tpot_s"] = np.where(finished & (decode_tokens > 0),
+                                 (finish_s - first_token_s) / np.maximum(decode_tokens, 1), np.nan)
+    columns["meets_slo"] = meets_slo(columns, scenario.slo)
+    return pd.DataFrame(columns, copy=False)
 
 
 def _iterations(engines: list[Engine], end_s: float) -> pd.DataFrame:
     """One row per iteration that completed by ``end_s``, with its utilisations of its own replica's devices
     (empties the engines' logs)."""
-    frame = iterations_frame([(engine.index, engine.micro_batch, engine.log) for engine in engines], end_s)
+    columns = iterations_columns([(engine.index, engine.micro_batch, engine.log) for engine in engines], end_s)
     costs = {engine.index: engine.cost for engine in engines}
     if len({id(cost) for cost in costs.values()}) == 1:
         cost = engines[0].cost
         peak_flops, peak_bytes = cost.peak_flops_per_s, cost.peak_bandwidth_bytes_per_s
     else:                                    # pools of different chips or layouts
-        replica = frame["replica"]
+        replica = pd.Series(columns["replica"])
         peak_flops = replica.map({i: c.peak_flops_per_s for i, c in costs.items()}).to_numpy()
         peak_bytes = replica.map({i: c.peak_bandwidth_bytes_per_s for i, c in costs.items()}).to_numpy()
-    frame["mfu"] = frame["flops"] / (frame["duration_s"] * peak_flops)
-    frame["bandwidth_utilisation"] = frame["bytes"] / (frame["duration_s"] * peak_bytes)
-    return frame
+    columns["mfu"] = columns["flops"] / (columns["duration_s"] * peak_flops)
+    columns["bandwidth_utilisation"] = columns["bytes"] / (columns["duration_s"] * peak_bytes)
+    return pd.DataFrame(columns, copy=False)
 
 
 def _queue_series(queues: Sequence[Waiting]) -> pd.DataFrame:

@@ -1,25 +1,33 @@
 """Which per-request records meet an SLO: the ``meets_slo`` column of every run's records.
 
 A finished request meets the SLO when every limit it is held to (its class's, with traffic
-classes) holds. Analysis reads the same limits for per-metric attainment.
+classes) holds. Analysis reads the same limits for per-metric attainment. ``records`` is a table,
+or (as the simulator computes the column, before it builds the table) its columns as numpy arrays:
+the same operations serve both.
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any, TypeAlias
 
+import numpy as np
 import pandas as pd
 
 from llmsim.scenario.scenario import SLO, SLO_METRICS
 
 
-def within_limit(records: pd.DataFrame, metric: str, limit_s) -> pd.Series:
+Records: TypeAlias = "pd.DataFrame | Mapping[str, np.ndarray]"
+
+
+def within_limit(records: Records, metric: str, limit_s) -> Any:
     """Requests whose ``metric`` is within its limit (a 1-token output has no TPOT, and meets it);
-    ``limit_s`` is one limit or one per row (inf: none)."""
+    ``limit_s`` is one limit or one per row (inf: none). A Series for a table, an array for arrays."""
     values = records[f"{metric}_s"]
-    return (values <= limit_s) | values.isna() if metric == "tpot" else values <= limit_s
+    return (values <= limit_s) | np.isnan(values) if metric == "tpot" else values <= limit_s
 
 
-def slo_limits(records: pd.DataFrame, slo: SLO) -> dict:
+def slo_limits(records: Records, slo: SLO) -> dict:
     """metric -> its limit for every metric some request is held to: one number, or with traffic
     classes each row's class limit (inf where its class sets none)."""
     if not slo.classes or "class" not in records:
@@ -29,11 +37,11 @@ def slo_limits(records: pd.DataFrame, slo: SLO) -> dict:
         per_class = {name: getattr(own, f"{metric}_s") for name, own in slo.classes}
         if any(v is not None for v in per_class.values()):
             table = {name: math.inf if v is None else v for name, v in per_class.items()}
-            out[metric] = records["class"].map(table).to_numpy(float)
+            out[metric] = pd.Series(records["class"]).map(table).to_numpy(float)
     return out
 
 
-def meets_slo(records: pd.DataFrame, slo: SLO) -> pd.Series:
+def meets_slo(records: Records, slo: SLO) -> Any:
     """True for finished requests within every limit the SLO (their class's, with classes) sets."""
     ok = records["status"] == "finished"
     for metric, limit in slo_limits(records, slo).items():

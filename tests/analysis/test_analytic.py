@@ -154,7 +154,7 @@ def test_length_statistics_from_the_laws_equal_their_sums_over_every_request_len
     """The fluid model reads the length laws exactly: every statistic equals its definition summed over the
     whole (prompt, output) grid with the product of the two laws' probabilities, cut to prompt + output <=
     limit (250 drops the long pairs), without a window, one on every layer and one on half of them (the
-    grid's 300 x 150 pairs in float64: agreement to 1e-12)."""
+    grid's 300 x 150 pairs in float64: agreement to 1e-12), at two KV block sizes."""
     scenario = make_scenario({"workload": {
         "prompt_tokens": {"distribution": "lognormal", "mean": 80, "sigma": 0.9, "max": 300},
         "output_tokens": {"distribution": "uniform", "low": 1, "high": 150}}})
@@ -178,8 +178,11 @@ def test_length_statistics_from_the_laws_equal_their_sums_over_every_request_len
     assert law.decode_cv2 == pytest.approx(mean((decode - mean(decode)) ** 2) / mean(decode) ** 2, rel=1e-12)
     assert law.mean_decode_kv == pytest.approx(mean(windowed_context_sum(
         prompt + 1, prompt + decode, model.sliding_window, model.local_attention_share)), rel=1e-12)
-    block = scenario.engine.block_size
-    assert law.mean_kv_held == pytest.approx(mean(decode * (prompt + (decode + 1) / 2 + block / 2)), rel=1e-12)
+    # The statistics are remembered by what they read: another block size (the same laws) is its own.
+    for engine in (scenario.engine, replace(scenario.engine, block_size=4 * scenario.engine.block_size)):
+        held = _law_lengths(replace(scenario, engine=engine), limit).mean_kv_held
+        block = engine.block_size
+        assert held == pytest.approx(mean(decode * (prompt + (decode + 1) / 2 + block / 2)), rel=1e-12)
     # The grid: the prompt length at each midpoint quantile of the prompts that fit.
     share_below = (weight.sum(axis=1)[None, :] * (x[None, :] < law.step_grid[0][:, None])).sum(axis=1)
     share_at_most = (weight.sum(axis=1)[None, :] * (x[None, :] <= law.step_grid[0][:, None])).sum(axis=1)
@@ -328,3 +331,16 @@ def test_wide_expert_parallel_ttft_percentile_agrees_with_the_simulator(batch_to
     simulated = summarize(llmsim.simulate(scenario)).to_dict()["latency"]["ttft_s"]
     assert relative_error(predicted.ttft_percentile_s, simulated["p95"]) < 0.10
     assert simulated["mean"] < 0.5 * simulated["p95"]
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.8])
+def test_the_remembered_tokens_table_is_leviathans_and_cannot_be_written(alpha):
+    # Shared by every fluid model on one acceptance process: its values are the closed form, E[tokens per step]
+    # = (1 - alpha^(k+1)) / (1 - alpha), on every call, and a caller cannot change them for the others.
+    acceptance = Acceptance("bernoulli", alpha=alpha)
+    k = np.arange(9)
+    for _ in range(2):
+        table = tokens_table(acceptance, 8)
+        np.testing.assert_allclose(table[0], (1 - alpha ** (k + 1)) / (1 - alpha), rtol=1e-12)
+        with pytest.raises(ValueError):
+            table[0, 1] = 0.0

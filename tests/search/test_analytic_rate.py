@@ -114,3 +114,27 @@ def test_the_screened_grid_keeps_the_whole_grids_best_settings_and_their_rates()
             assert exact < best[-1]
         else:
             assert row.analytic_rate_per_s == exact or (np.isnan(row.analytic_rate_per_s) and np.isnan(exact))
+
+
+def test_settings_differing_only_in_the_eligibility_rule_share_the_fluid_rate_each_would_get():
+    # The fluid model lets every sequence speculate: each eligibility rule's own scenario, scored afresh, gets the
+    # rate the search remembers for them all (one fluid scan).
+    from llmsim.config.progress import QUIET
+    from llmsim.config.policies import KPolicyName
+    from llmsim.scenario.variants import variant
+    from llmsim.search.recommend import Config, KChoice, Objective, _Search
+    scenario = make_scenario({"speculation": {"draft": "Llama-3.2-1B", "policy": "static", "k": 2,
+                                              "eligibility": {"min_sequence_tokens": 64,
+                                                              "min_concurrent_requests": 4}},
+                              "workload": {"arrival": {"rate": RATE}}, "slo": {"ttft": "1 s", "tpot": "30 ms"}})
+    search = _Search(scenario, [1, 2], Objective.GOODPUT, 1, 0.04, QUIET)
+    base = Config(KChoice(KPolicyName.STATIC, 2), 2048, None)
+    shared = search.analytic(base)
+    assert shared > 0
+    for rule in ((0, 1), (64, 1), (0, 4)):
+        config = Config(base.k, base.max_batch_tokens, None, eligibility=rule)
+        own = variant(scenario, config.overrides(scenario))
+        assert (own.speculation.eligibility.min_sequence_tokens,
+                own.speculation.eligibility.min_concurrent_requests) == rule
+        assert search.analytic(config) == analytic_rate(own, search.trace)
+    assert len(search._analytic) == 1

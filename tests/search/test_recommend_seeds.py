@@ -39,7 +39,7 @@ class _KnownCapacity(_Search):
     def analytic(self, config: Config) -> float:
         return self.optimism * float(np.mean(list(self.capacity[config.max_batch_tokens].values())))
 
-    def judge(self, points: list[dict]) -> list[Judged]:
+    def judge(self, points: list[dict], escalate: bool = True) -> list[Judged]:
         out = []
         for point in points:
             tokens, seed = point["engine.max_batch_tokens"], point["seed"]
