@@ -102,7 +102,9 @@ The search (:func:`recommend`):
    class moves; a candidate screened once is never simulated again, nor is one whose timeouts
    differ from a screened candidate's only where neither timeout was reached by its class's
    longest wait in that run (the same run: :func:`llmsim.search.sweeps.reusing_runs`; the
-   longest timeout of a class's options runs first). Each policy's best
+   longest timeout of a class's options runs first), nor one under another of FCFS, priority, vLLM's priority
+   and EDF where a run without preemptions shows the two order the classes' heads alike within its waits
+   (:func:`llmsim.sim.scheduling.same_admissions`). Each policy's best
    combination then gets its goodput bisected like any other setting (starting at the probe
    rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
    from the scenario's own settings (which are then the baseline the gain is measured against).

@@ -44,7 +44,7 @@ from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
-from llmsim.config.policies import ExecutorKind, OnInvalid, OnTimeout
+from llmsim.config.policies import ExecutorKind, OnInvalid, OnTimeout, SchedulingPolicy
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
 from llmsim.config.units import UnitError, parse_quantity
@@ -55,17 +55,20 @@ from llmsim.scenario.variants import COUNT_KEY, DURATION_KEY, RATE_KEY, variant
 from llmsim.search.executors import error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.resources import check_run_size
-from llmsim.sim.scheduling import class_rules
+from llmsim.sim.scheduling import KEYED_POLICIES, class_rules, same_admissions
 from llmsim.sim.missed import MissedStop
 from llmsim.sim.simulate import simulate_whole
 from llmsim.speculation.config import Eligibility
 
 RESULTS_FILE = "results.csv"
+# Class policies whose runs may serve for one another (:func:`llmsim.sim.scheduling.same_admissions`).
+SHARING_POLICIES = (*KEYED_POLICIES, SchedulingPolicy.PREEMPTIVE_PRIORITY)
 # Kept with a reused run's metrics, never shown in a row: per timeout (:func:`timeout_rules`), the longest wait
 # of the requests it applies to (s) and the timeout with its action; and the speculation eligibility rule the run
-# held (:func:`eligibility_held`).
-LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY = "_longest_wait_s", "_queue_timeout_s", "_eligibility"
-HIDDEN = (LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY)
+# held (:func:`eligibility_held`); with traffic classes, the scheduling policy and the run's preemptions
+# (:func:`policy_held`).
+LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY, POLICY = "_longest_wait_s", "_queue_timeout_s", "_eligibility", "_policy"
+HIDDEN = (LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY, POLICY)
 NEUTRAL_ELIGIBILITY = Eligibility(min_sequence_tokens=0, min_concurrent_requests=1)   # never keeps a step plain
 ID_COLUMNS = ("point_id", "seed", "error")
 
@@ -185,7 +188,11 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
     never kept a sequence-step of it from speculating, each looser (:func:`_same_eligibility`): every check the
     one passed the other passes, and the run is the same. Of jobs that differ only in these rules, the longest
     timeouts (none: the longest) and then the strictest eligibility run first, and the others run only where
-    those runs' rules acted.
+    those runs' rules acted. With traffic classes a run without preemptions also serves for another policy that
+    orders the classes' heads alike within the run's own waits (:func:`llmsim.sim.scheduling.same_admissions`:
+    FCFS, priority, vLLM's priority and EDF; and a preemptive priority run that preempted nothing serves for them,
+    being the priority run). Each round runs, of every set of jobs that differ only in these
+    rules, the first (in that order) that no run so far serves for.
 
     Inside :func:`stopping_missed_runs` each run stops once sure to miss its SLO targets; such runs are
     reused only as runs under the same rule, and a whole run already simulated serves for one."""
@@ -223,28 +230,34 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
             reused.add(keys[point_id], metrics, under_rule(_rule_free_key(scenarios[point_id])))
 
     def settled(point_id: str) -> bool:
-        """Done already, as the same run as one simulated whose timeouts and eligibility rule never acted where
-        this point's differ."""
+        """Done already, as the same run as one simulated whose timeouts, eligibility rule and class order never
+        acted where this point's differ."""
         scenario = scenarios[point_id]
         free = under_rule(_rule_free_key(scenario))
-        metrics = reused.same_run(free, timeout_rules(scenario), eligibility_rule(scenario)) if free else None
+        metrics = reused.same_run(free, scenario) if free else None
         if metrics is not None:
             done(point_id, metrics)
         return metrics is not None
 
     def strictest_first(point_id: str) -> list[float]:
-        rule = eligibility_rule(scenarios[point_id]) or (0, 0)
-        return [-timeout for timeout, _ in timeout_rules(scenarios[point_id])] + [-rule[0], -rule[1]]
+        scenario = scenarios[point_id]
+        rule = eligibility_rule(scenario) or (0, 0)
+        # preemptive priority first of equal rules: a run of it that preempted nothing serves every keyed policy
+        serves_most = scenario.engine.scheduling_policy is SchedulingPolicy.PREEMPTIVE_PRIORITY
+        return [-timeout for timeout, _ in timeout_rules(scenario)] + [-rule[0], -rule[1], -float(serves_most)]
 
-    ordered = {free: sorted(group, key=strictest_first) for free, group in groups.items()}
-    firsts = [group[0] for group in ordered.values() if not settled(group[0])]
-    for point_id, metrics in execute([(p, scenarios[p]) for p in firsts], evaluate, engine, workers,
-                                     client, progress):
-        done(point_id, metrics)
-    rest = [p for group in ordered.values() for p in group[1:] if not settled(p)]
-    for point_id, metrics in execute([(p, scenarios[p]) for p in rest], evaluate, engine, workers,
-                                     client, progress):
-        done(point_id, metrics)
+    ordered = [sorted(group, key=strictest_first) for group in groups.values()]
+    while ordered:
+        wave = []
+        for group in ordered:
+            while group and settled(group[0]):
+                group.pop(0)
+            if group:
+                wave.append(group.pop(0))
+        for point_id, metrics in execute([(p, scenarios[p]) for p in wave], evaluate, engine, workers,
+                                         client, progress):
+            done(point_id, metrics)
+        ordered = [group for group in ordered if group]
 
 
 def queue_timeout_s(scenario: Scenario) -> float:
@@ -300,12 +313,15 @@ def _same_eligibility(held: Sequence | None, rule: tuple[int, int] | None) -> bo
 
 def _rule_free_key(scenario: Scenario) -> bytes | None:
     """The run key of the scenario with no queue timeout (the engine's and every class's), where the timeouts
-    stay as set for the whole run, and a speculation eligibility rule that never acts; None where a controller
-    scales the classes' timeouts as it runs."""
+    stay as set for the whole run, a speculation eligibility rule that never acts, and with traffic classes one
+    scheduling policy for those that may share runs (:data:`SHARING_POLICIES`); None where a
+    controller scales the classes' timeouts as it runs."""
     classes = scenario.workload.classes
     if classes and scenario.controller is not None:
         return None
     engine = replace(scenario.engine, queue_timeout_s=None, on_timeout=OnTimeout.DISPATCH)
+    if classes and engine.scheduling_policy in SHARING_POLICIES:
+        engine = replace(engine, scheduling_policy=KEYED_POLICIES[0])
     untimed = tuple(replace(c, queue_timeout_s=None, on_timeout=None) for c in classes)
     spec = scenario.speculation
     neutral = None if spec is None else replace(spec, eligibility=NEUTRAL_ELIGIBILITY)
@@ -324,8 +340,9 @@ def _record(rows: dict[str, dict], journal: Journal | None, point_id: str, metri
 class _Runs:
     """The runs simulated inside :func:`reusing_runs`: run key -> the run's metrics; with a journal,
     each is also appended to it as it finishes (one checksummed line, the metrics as JSON). Runs whose
-    queue timeouts may not all have acted, or whose eligibility rule never acted, are also kept by their
-    rule-free key (:func:`_rule_free_key`), with their longest waits and eligibility rule."""
+    queue timeouts may not all have acted, whose eligibility rule never acted, or (keyed class policies) that
+    preempted nothing, are also kept by their rule-free key (:func:`_rule_free_key`), with their longest waits,
+    eligibility rule and policy."""
 
     def __init__(self):
         self.metrics: dict[bytes, dict] = {}
@@ -341,24 +358,35 @@ class _Runs:
     def add(self, key: bytes, metrics: dict, rule_free: bytes | None = None) -> None:
         self.metrics[key] = metrics
         eligibility = metrics.get(ELIGIBILITY)
+        policy = metrics.get(POLICY)
         if rule_free is not None and (any(wait < timeout for wait, (timeout, _) in
                                           zip(metrics.get(LONGEST_WAIT, ()), metrics.get(QUEUE_TIMEOUT, ())))
-                                      or (eligibility is not None and not all(eligibility[2:]))):
+                                      or (eligibility is not None and not all(eligibility[2:]))
+                                      or (policy is not None and policy[1] == 0)):
             self.free.setdefault(rule_free, []).append(metrics)
         if self.journal is not None:
             self.journal.append({"point_id": key.hex(), "metrics": json.dumps(metrics, default=_json_number)})
 
-    def same_run(self, rule_free: bytes, timeouts: tuple[tuple[float, str], ...],
-                 eligibility: tuple[int, int] | None) -> dict | None:
-        """A run's metrics that is the same run as one held to these timeouts (:func:`timeout_rules`) and
-        eligibility rule (:func:`eligibility_rule`): the same but for its queue timeouts, each either the same
-        (with its action) or, with this one, longer than every wait of the requests it applies to (so neither
-        ever acted); and for its eligibility rule, each threshold the same or, where the run's never kept a step
-        from speculating, looser (:func:`_same_eligibility`)."""
+    def same_run(self, rule_free: bytes, scenario: Scenario) -> dict | None:
+        """A run's metrics that is the same run as ``scenario`` (whose rule-free key is ``rule_free``): the same
+        but for its queue timeouts (:func:`timeout_rules`), each either the same (with its action) or, with this
+        one, longer than every wait of the requests it applies to (so neither ever acted); for its eligibility
+        rule (:func:`eligibility_rule`), each threshold the same or, where the run's never kept a step from
+        speculating, looser (:func:`_same_eligibility`); and for its class policy, one that admits alike within
+        the run's waits (:func:`llmsim.sim.scheduling.same_admissions`)."""
+        timeouts, eligibility = timeout_rules(scenario), eligibility_rule(scenario)
+        rules = class_rules(scenario) if scenario.workload.classes else ()
+
+        def same_policy(metrics: dict) -> bool:
+            held = metrics.get(POLICY)
+            return held is None or same_admissions(SchedulingPolicy(held[0]), scenario.engine.scheduling_policy,
+                                                   rules, metrics[LONGEST_WAIT], held[1])
+
         def same(metrics: dict) -> bool:
             return _same_eligibility(metrics.get(ELIGIBILITY), eligibility) and all(
                 rule == tuple(held) or wait < min(held[0], rule[0])
-                for wait, held, rule in zip(metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT], timeouts))
+                for wait, held, rule in zip(metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT], timeouts)) \
+                and same_policy(metrics)
         return next((m for m in self.free.get(rule_free, ()) if same(m)), None)
 
     def load(self, journal: Journal) -> None:
@@ -510,7 +538,15 @@ def simulate_point(scenario: Scenario, stop_when_missed: MissedStop | None = Non
     # For reusing_runs, never shown in a row (_record leaves them out).
     flat[LONGEST_WAIT], flat[QUEUE_TIMEOUT] = longest_waits_s(result), timeout_rules(scenario)
     flat[ELIGIBILITY] = eligibility_held(result)
+    flat[POLICY] = policy_held(result)
     return flat
+
+
+def policy_held(result) -> tuple[str, int] | None:
+    """With traffic classes, the run's scheduling policy and its preemptions (a run without any serves for
+    another keyed policy that orders the classes alike: :func:`llmsim.sim.scheduling.same_admissions`)."""
+    scenario = result.scenario
+    return (scenario.engine.scheduling_policy.value, int(result.preemptions)) if scenario.workload.classes else None
 
 
 def longest_waits_s(result) -> tuple[float, ...]:

@@ -44,8 +44,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from itertools import combinations
 
 import numpy as np
 
@@ -257,6 +258,59 @@ CLASS_ORDERS: dict[SchedulingPolicy, ClassOrder] = {
     SchedulingPolicy.EDF: ClassOrder(_by_deadline),
     SchedulingPolicy.VLLM_PRIORITY: ClassOrder(_by_priority_then_arrival, _least_urgent_youngest),
 }
+
+
+# The policies whose choice between the classes' heads is a sort key over the heads alone (no credit, no
+# preemption for a waiting request): FCFS, and the priority and deadline orders.
+KEYED_POLICIES = (SchedulingPolicy.FCFS, SchedulingPolicy.PRIORITY, SchedulingPolicy.VLLM_PRIORITY,
+                  SchedulingPolicy.EDF)
+
+
+def head_order(policy: SchedulingPolicy, first: ClassRule, second: ClassRule,
+               longest_waits_s: tuple[float, float]) -> str | None:
+    """Which of two classes' heads a keyed policy (:data:`KEYED_POLICIES`) admits first, for heads that never
+    ran (in a run without preemptions, every waiting request) and have waited at most ``longest_waits_s``
+    (first's, second's): ``"first"``, ``"second"``, ``"arrival"`` (the earlier arrival), or None where it
+    depends on their arrivals otherwise. EDF puts ``first`` ahead of any such head of ``second`` when its
+    deadline is shorter by more than second's longest wait (``a1 + d1 <= t + d1 < t - W2 + d2 <= a2 + d2``)."""
+    if policy is SchedulingPolicy.FCFS:
+        return "arrival"
+    if policy is not SchedulingPolicy.EDF:
+        return "arrival" if first.priority == second.priority else "first" if first.priority < second.priority \
+            else "second"
+    if first.deadline_s == second.deadline_s:
+        return "arrival"
+    # a relative margin so that rounding in the arrivals' sums never decides
+    if first.deadline_s + longest_waits_s[1] < second.deadline_s * (1 - 1e-9):
+        return "first"
+    if second.deadline_s + longest_waits_s[0] < first.deadline_s * (1 - 1e-9):
+        return "second"
+    return None
+
+
+def same_admissions(held: SchedulingPolicy, policy: SchedulingPolicy, rules: tuple[ClassRule, ...],
+                    longest_waits_s: Sequence[float], preemptions: int) -> bool:
+    """Whether a run under ``held`` is the run ``policy`` gives with the same classes (``rules``): the same
+    policy; or, in a run without preemptions (so no victim was chosen and no waiting request had run, which is
+    where the keyed policies' other differences lie), two keyed policies that order every pair of classes'
+    heads alike whenever each head had waited at most its class's longest wait in the run (``longest_waits_s``,
+    per class) (:func:`head_order`). The two runs then admit the same requests until they first differ, and up
+    to then every wait is within the run's own, so they never do. A ``preemptive_priority`` run that preempted
+    nothing is the ``priority`` run: its one difference, preempting for a waiting request, never acted."""
+    if held is policy:
+        return True
+    if held is SchedulingPolicy.PREEMPTIVE_PRIORITY and not preemptions:
+        held = SchedulingPolicy.PRIORITY
+    if preemptions or held not in KEYED_POLICIES or policy not in KEYED_POLICIES:
+        return False
+    if held is policy:
+        return True
+    for i, j in combinations(range(len(rules)), 2):
+        waits = (longest_waits_s[i], longest_waits_s[j])
+        order = head_order(held, rules[i], rules[j], waits)
+        if order is None or order != head_order(policy, rules[i], rules[j], waits):
+            return False
+    return True
 
 
 class ClassQueueing(Queueing):

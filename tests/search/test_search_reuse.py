@@ -213,3 +213,85 @@ def test_a_run_whose_eligibility_rule_acted_serves_for_no_other_rule(monkeypatch
         shared = run_points(scenario, points, workers=1)
     assert ran == [(0, 2), (0, 1)]
     pd.testing.assert_frame_equal(shared, alone)
+
+
+def _two_classes(slo: dict, rate: float = 14.0, seqs: int = 8) -> object:
+    # Overloaded for 8 sequence slots: both classes' heads wait at once (so the policy decides who goes first);
+    # under priority interactive waits under 1 s and batch about 20 s, far below the deadlines' gap.
+    return make_scenario({"engine": {"scheduling_policy": "priority", "max_num_seqs": seqs},
+                          "workload": {"arrival": {"rate": rate}, "num_requests": 400,
+                                       "classes": {"interactive": {"share": 0.5, "priority": 0},
+                                                   "batch": {"share": 0.5, "priority": 1}}},
+                          "slo": {"classes": slo}})
+
+
+def _counting_policies(monkeypatch) -> list:
+    ran = []
+    real = sweeps.simulate_whole
+
+    def counted(one, *args, **kwargs):
+        ran.append(one.engine.scheduling_policy.value)
+        return real(one, *args, **kwargs)
+    monkeypatch.setattr(sweeps, "simulate_whole", counted)
+    return ran
+
+
+def _metrics(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows.drop(columns=["engine.scheduling_policy", "point_id"]).reset_index(drop=True)
+
+
+def test_keyed_policies_that_order_the_classes_alike_share_a_run_without_preemptions(monkeypatch):
+    # Interactive is the more urgent class under priority and vLLM's priority, and has the earlier deadline by
+    # far more than batch ever waits, so EDF orders the heads alike: one run serves all three. FCFS orders by
+    # arrival and is simulated.
+    from llmsim.sim.simulate import simulate_whole
+    scenario = _two_classes({"interactive": {"ttft": "300 ms"}, "batch": {"e2e": "120 s"}})
+    policies = ["priority", "vllm_priority", "edf", "fcfs"]
+    points = [{"engine.scheduling_policy": p} for p in policies]
+    alone = run_points(scenario, points, workers=1)
+    assert (alone["requests.preemptions"] == 0).all()
+    # independent simulations: the three keyed policies that order alike gave the same run, FCFS another
+    for i in (1, 2):
+        pd.testing.assert_frame_equal(_metrics(alone.iloc[[i]]), _metrics(alone.iloc[[0]]))
+    assert not _metrics(alone.iloc[[3]]).equals(_metrics(alone.iloc[[0]]))
+    waits = sweeps.longest_waits_s(simulate_whole(sweeps.scenario_at(scenario, points[0])))
+    assert 0.3 + waits[1] < 120 and waits[1] > 1          # the deadlines' gap, and batch waits long
+    ran = _counting_policies(monkeypatch)
+    with reusing_runs():
+        shared = run_points(scenario, points, workers=1)
+    assert ran == ["priority", "fcfs"]
+    pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_edf_with_deadlines_against_the_priorities_is_simulated(monkeypatch):
+    # The urgent class's deadline is the later one: EDF puts batch's heads first, priority interactive's.
+    scenario = _two_classes({"interactive": {"e2e": "120 s"}, "batch": {"ttft": "300 ms"}})
+    points = [{"engine.scheduling_policy": p} for p in ("priority", "edf")]
+    alone = run_points(scenario, points, workers=1)
+    assert not _metrics(alone.iloc[[1]]).equals(_metrics(alone.iloc[[0]]))      # they do differ
+    ran = _counting_policies(monkeypatch)
+    with reusing_runs():
+        shared = run_points(scenario, points, workers=1)
+    assert ran == ["priority", "edf"]
+    pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_a_preemptive_run_that_preempted_nothing_serves_for_priority(monkeypatch):
+    # With 128 slots at 3/s no interactive request lacks one, nothing is preempted, and the preemptive run
+    # (simulated first of equal timeouts) is the priority run. With 8 slots at 14/s interactive requests
+    # preempt batch ones, and priority is simulated.
+    slo = {"interactive": {"ttft": "300 ms"}, "batch": {"e2e": "120 s"}}
+    points = [{"engine.scheduling_policy": p} for p in ("priority", "preemptive_priority")]
+    for rate, seqs, simulated in ((3.0, 128, ["preemptive_priority"]),
+                                  (14.0, 8, ["preemptive_priority", "priority"])):
+        scenario = _two_classes(slo, rate, seqs)
+        alone = run_points(scenario, points, workers=1)
+        preempted = alone["requests.preemptions"].iloc[1] > 0
+        assert preempted == (rate > 10)
+        assert _metrics(alone.iloc[[1]]).equals(_metrics(alone.iloc[[0]])) != preempted
+        ran = _counting_policies(monkeypatch)
+        with reusing_runs():
+            shared = run_points(scenario, points, workers=1)
+        monkeypatch.undo()
+        assert ran == simulated
+        pd.testing.assert_frame_equal(shared, alone)
