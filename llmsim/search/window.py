@@ -137,24 +137,17 @@ class Window:
 def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
     """The mean end-to-end latency a search's window is measured in: the fluid model's at this
     total rate, else (not modelled, or beyond its capacity) that of a request just within the
-    strictest SLO limits (:func:`binding_targets`: TTFT limit + TPOT x mean output), else the E2E limit.
-
-    Beyond the capacity the TPOT is the limit's, or the fluid model's step time per token where it has one
-    below the limit: a rate beyond the slots (or the prompt budget) queues its requests, but those admitted
-    decode at the steps of a full batch, so a request just within the TTFT limit takes that TPOT, not the
-    TPOT limit (a wafer-scale decode pool's 2 ms, not a 20 ms limit: a window ten times too long)."""
-    tpot_s = math.inf
+    strictest SLO limits (:func:`binding_targets`: TTFT limit + TPOT limit x mean output), else the E2E limit."""
     try:
-        predicted = fluid_model(scenario).evaluate(rate_per_s).iloc[0]
-        e2e = float(predicted["e2e_mean_s"])
+        predicted = fluid_model(scenario).evaluate(rate_per_s)
+        e2e = float(predicted["e2e_mean_s"].iloc[0])
         if math.isfinite(e2e) and e2e > 0:
             return e2e
-        tpot_s = float(predicted["step_time_s"] / predicted["tokens_per_step"])
     except ConfigError:
         pass
     limits = {metric: limit for metric, (limit, _) in binding_targets(scenario).items()}
     if "ttft" in limits and "tpot" in limits:
-        return limits["ttft"] + min(limits["tpot"], tpot_s) * mean_output_tokens(scenario)
+        return limits["ttft"] + limits["tpot"] * mean_output_tokens(scenario)
     rest = [limits[metric] for metric in ("e2e", "ttft") if metric in limits]
     return max(rest) if rest else 1.0
 

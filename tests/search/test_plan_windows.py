@@ -9,7 +9,7 @@ import pytest
 
 import llmsim
 from llmsim.analysis import names
-from llmsim.analysis.metrics import share_with_stderr, summarize
+from llmsim.analysis.metrics import share_with_stderr
 from llmsim.analysis.statistics import rising_trend
 from llmsim.scenario.variants import variant
 from llmsim.search import plan as planning
@@ -212,22 +212,3 @@ def test_no_cross_check_where_the_fluid_model_cannot_bound(monkeypatch):
     row = llmsim.plan(scenario, 16.0, workers=1, max_replicas=1, keep_layout=True).iloc[0]
     assert math.isnan(row["analytic_capacity_bound"]) and row["replicas"] == 1
     assert "no analytic cross-check: the fluid model does not model prefix caching" in row["note"]
-
-
-def test_beyond_the_fluid_capacity_a_window_follows_the_simulated_tpot_not_the_limit():
-    """At 1.3 times the fluid model's capacity the CS-3 decode pool's slots are full: requests queue (TTFT grows)
-    but those admitted decode at a full batch's steps, about 2 ms a token, ten times below the 20 ms TPOT limit.
-    The window's latency is then a request just within the TTFT limit decoding at that TPOT, which the
-    simulator's mean TPOT at that rate bears out (within 10%, the fluid model's TPOT error bound in
-    tests/analysis/test_analytic.py), not the limit's (a window ten times longer than it needs)."""
-    shipped = llmsim.load_scenario(REPO / "scenarios" / "llama3-70b-h100-prefill-cs3-decode.yaml")
-    rate = 1.3 * windows.fluid_model(shipped).capacity()
-    scenario = variant(shipped, {"workload.arrival.rate": rate, "workload.num_requests": 600})
-    latency_s = windows.typical_latency_s(scenario, rate)
-    output = windows.mean_output_tokens(scenario)
-    assert latency_s < scenario.slo.ttft_s + 0.2 * scenario.slo.tpot_s * output
-    tpot_s = (latency_s - scenario.slo.ttft_s) / output
-    simulated = llmsim.simulate(scenario)
-    summary = summarize(simulated).to_dict()
-    assert summary["latency"]["ttft_s"]["mean"] > scenario.slo.ttft_s          # beyond capacity: it queues
-    assert abs(tpot_s / summary["latency"]["tpot_s"]["mean"] - 1.0) < 0.10
