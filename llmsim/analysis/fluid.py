@@ -34,7 +34,8 @@ fed a Poisson stream of ``lambda`` requests per second:
    length quantiles), plus two queueing waits: M/G/1 (Pollaczek-Khinchine) for prompts
    sharing the prefill token budget, a prompt holding it for its share of the budget times the steps
    that carry it (a step with prefill, not the mean step), and M/G/c (Erlang C with the Allen-Cunneen
-   correction) for a batch slot, ``c`` being the slot or KV limit. A TTFT percentile is read
+   correction) for a batch slot, ``c`` being the slot or KV limit of the replica (its pipeline engines
+   share one queue and KV cache, so their slots are one pool). A TTFT percentile is read
    over the prompt length quantiles (the prompt's own prefill sets most of the spread; the waits
    and the residual step at their means).
 
@@ -282,6 +283,7 @@ class FluidModel:
         placement = resolved.memory
         self.cost = resolved.cost
         self.engines = resolved.replicas * resolved.engines_per_replica
+        self.engines_per_replica = resolved.engines_per_replica
         spec = scenario.speculation if scenario.speculating else None
         self.draft_cost, self.separate = resolved.draft_cost, resolved.draft_separate
         self.handoff_s = resolved.handoff_s
@@ -618,11 +620,14 @@ class FluidModel:
         rho_service = lam * service.mean(axis=1)
         wait_budget = np.where((rho_budget < 1) & (rho_service < 1), lam * (service ** 2).mean(axis=1)
                                / (2 * np.maximum(1 - rho_service, 1e-12)), np.inf)
-        # Batch slots: M/G/c (Erlang C, Allen-Cunneen), c from max_num_seqs or the KV cache.
+        # Batch slots: M/G/c (Erlang C, Allen-Cunneen), c from max_num_seqs or the KV cache. A replica's engines
+        # (one per pipeline micro-batch) share its queue and KV cache, so a request waits only while all of them
+        # are full: one queue over the replica's slots, not one per engine over a share of them.
         held_s = prefill_busy + decode_s
         offered = lam * held_s
         slots = self._slots(work)
-        wait_slot = self._erlang_wait(offered, slots, held_s, self.decode_cv2)
+        pooled = self.engines_per_replica
+        wait_slot = self._erlang_wait(offered * pooled, slots * pooled, held_s, self.decode_cv2)
         stable = finite & (offered < slots) & (rho_budget < 1) & (rho_service < 1)
         waits = wait_budget + wait_slot
         ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + waits
