@@ -8,11 +8,13 @@ k = 4 and with adaptive k (the 80/50 rule), Bernoulli acceptance alpha 0.7. Bare
 of any SimPy model: one process per request, each waiting on one timeout.
 
 Every measurement runs in its own Python process (this script, re-invoked with ``--child``), so each
-peak RSS is that engine's alone. ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
+peak RSS is that engine's alone; ``--engine-rounds N`` runs every engine (and both trees, with
+``--baseline``) N times in alternating rounds and reports each one's median run, as one run's CPU time
+varies by +-15% on a shared machine. ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
 request run of the plain engine (peak RSS, wall time) and the CPU time per request of 64 replicas against
 one (``--replicas-only``: that alone), on the same requests at the same load per replica, alternating
 in one process (:func:`measure_replicas`); ``--profile ENGINE`` prints the top
-of a cProfile of one run instead. Scenarios are written as YAML and read by ``llmsim.load_scenario``,
+of a cProfile of one run (in CPU seconds) instead. Scenarios are written as YAML and read by ``llmsim.load_scenario``,
 the public API, and each measurement is timed in wall seconds and in its process's CPU seconds.
 """
 from __future__ import annotations
@@ -172,10 +174,18 @@ def per_s(row: dict, clock: str) -> float:
     return row["requests"] / row[clock]
 
 
-def measure_engines(args, capacities: dict[str, float], tree: str | None = None) -> dict[str, dict]:
-    rows = {engine: run_child(engine, args.requests, args.load * capacities[engine], tree=tree) for engine in ENGINES}
-    rows[BARE] = run_child("bare-simpy", args.requests)
-    return rows
+def measure_engines(args, capacities: dict[str, float], trees: dict[str, str | None]) -> dict[str, dict[str, dict]]:
+    """Every engine and bare SimPy, for each tree, in ``args.engine_rounds`` rounds that alternate trees and
+    engines (so a busy spell on the shared machine falls on all of them); each one's row is that of its
+    median CPU seconds (the lower middle one for an even count)."""
+    runs: dict[str, dict[str, list[dict]]] = {name: {engine: [] for engine in (*ENGINES, BARE)} for name in trees}
+    for _ in range(args.engine_rounds):
+        for name, tree in trees.items():
+            for engine in ENGINES:
+                runs[name][engine].append(run_child(engine, args.requests, args.load * capacities[engine], tree=tree))
+            runs[name][BARE].append(run_child("bare-simpy", args.requests))
+    return {name: {engine: sorted(rows, key=lambda row: row["cpu_s"])[(len(rows) - 1) // 2]
+                   for engine, rows in engines.items()} for name, engines in runs.items()}
 
 
 BARE = "bare SimPy (1 timeout)"
@@ -288,7 +298,7 @@ def profile(args, capacity: float) -> None:
     import llmsim
     llmsim.simulate(load(scenario_yaml(args.profile, args.load * capacity, WARM_UP_REQUESTS)))
     scenario = load(scenario_yaml(args.profile, args.load * capacity, args.requests))
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time)       # CPU seconds: other processes share the cores
     profiler.enable()
     llmsim.simulate(scenario)
     profiler.disable()
@@ -303,6 +313,8 @@ def main() -> None:
     parser.add_argument("--replicas-only", action="store_true",
                         help="only 64 replicas against 1 (with --scale's method), no other measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of 64 replicas against 1")
+    parser.add_argument("--engine-rounds", type=int, default=1,
+                        help="alternating rounds of every engine (and tree), each figure the median's (default 1)")
     parser.add_argument("--per-replica", type=int, default=5000,
                         help="requests per replica when comparing 64 replicas against 1 (default 5,000)")
     parser.add_argument("--profile", choices=list(ENGINES), help="print a cProfile of one engine's run instead")
@@ -327,10 +339,10 @@ def main() -> None:
     capacities = {engine: run_child(f"capacity:{engine}")["capacity"] for engine in ENGINES}
     figures: dict[str, dict[str, float]] = {name: {} for name in trees}
     if not args.replicas_only:
-        print(f"{args.requests:,} requests at {args.load:.0%} of each engine's capacity (req/s)")
-        for name, tree in trees.items():
+        print(f"{args.requests:,} requests at {args.load:.0%} of each engine's capacity (req/s), median of "
+              f"{args.engine_rounds} round(s)")
+        for name, rows in measure_engines(args, capacities, trees).items():
             print(f"\n{name}:")
-            rows = measure_engines(args, capacities, tree)
             report_engines(args, capacities, rows)
             figures[name].update(engine_figures(rows))
     if args.scale or args.replicas_only:
