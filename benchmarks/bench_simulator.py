@@ -10,7 +10,9 @@ of any SimPy model: one process per request, each waiting on one timeout.
 Every measurement runs in its own Python process (this script, re-invoked with ``--child``), so each
 peak RSS is that engine's alone; ``--engine-rounds N`` runs every engine (and both trees, with
 ``--baseline``) N times in alternating rounds and reports each one's median run, as one run's CPU time
-varies by +-15% on a shared machine. ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
+varies by +-15% on a shared machine; ``--alternate ROUNDS`` also runs the three engines in rotated rounds
+in one process (:func:`measure_alternating`), the steadier figure for speculative against plain (no peak
+RSS). ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
 request run of the plain engine (peak RSS, wall time) and the CPU time per request of 64 replicas against
 one (``--replicas-only``: that alone), on the same requests at the same load per replica, alternating
 in one process (:func:`measure_replicas`); ``--profile ENGINE`` prints the top
@@ -127,6 +129,8 @@ def child(args) -> None:
         outcome = measure_bare_simpy(args.requests)
     elif args.child == "replicas":
         outcome = measure_replicas(args.requests, args.rate, args.replicas, args.rounds)
+    elif args.child == "alternate":
+        outcome = measure_alternating(args.requests, json.loads(args.rates), args.alternate)
     elif args.child.startswith("capacity:"):
         outcome = {"capacity": capacity_requests_per_s(args.child.split(":", 1)[1])}
     else:
@@ -294,6 +298,42 @@ def measure_replicas(per_replica: int, rate_per_s: float, replicas: int, rounds:
     return sides
 
 
+def measure_alternating(requests: int, rates_per_s: dict[str, float], rounds: int) -> dict[str, list[float]]:
+    """Every engine's CPU seconds in ``rounds`` rounds in this one process, the order rotated each round, so
+    that a busy spell on a shared machine, and the process's warm state, fall on every engine alike."""
+    import llmsim
+    scenarios = {}
+    for engine, rate_per_s in rates_per_s.items():
+        llmsim.simulate(load(scenario_yaml(engine, rate_per_s, WARM_UP_REQUESTS)))
+        scenarios[engine] = load(scenario_yaml(engine, rate_per_s, requests))
+    cpu_s: dict[str, list[float]] = {engine: [] for engine in scenarios}
+    order = list(scenarios)
+    for index in range(rounds):
+        for engine in order[index % len(order):] + order[:index % len(order)]:
+            start = time.process_time()
+            result = llmsim.simulate(scenarios[engine])
+            cpu_s[engine].append(time.process_time() - start)
+            del result
+    return cpu_s
+
+
+def report_alternating(args, capacities: dict[str, float], tree: str | None = None) -> dict[str, float]:
+    """The speculative engines against plain from :func:`measure_alternating`: the median round's CPU seconds each."""
+    rates = {engine: args.load * capacities[engine] for engine in ENGINES}
+    cpu_s = run_child("alternate", args.requests, extra=["--rates", json.dumps(rates), "--alternate",
+                                                          str(args.alternate)], tree=tree)
+    plain = median(cpu_s["plain"])
+    print(f"\n{args.alternate} rotated rounds in one process ({tree_commit(tree)}), {args.requests:,} requests each, "
+          f"median CPU s: " + ", ".join(f"{engine} {median(runs):.3f}" for engine, runs in cpu_s.items()))
+    figures = {}
+    for engine in ("static-k4", "adaptive"):
+        ratios = [p / e for p, e in zip(cpu_s["plain"], cpu_s[engine])]
+        figures[f"{engine} / plain, one process (requests per CPU s)"] = plain / median(cpu_s[engine])
+        print(f"{engine} / plain: {plain / median(cpu_s[engine]):.3f} per CPU s (requests); rounds "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}")
+    return figures
+
+
 def profile(args, capacity: float) -> None:
     import llmsim
     llmsim.simulate(load(scenario_yaml(args.profile, args.load * capacity, WARM_UP_REQUESTS)))
@@ -321,7 +361,10 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="TREE",
                         help="a checkout of the previous commit (git worktree add TREE COMMIT): its figures are "
                              "measured too, on the same workload, and printed beside this tree's")
+    parser.add_argument("--alternate", type=int, default=0, metavar="ROUNDS",
+                        help="also the speculative engines against plain in ROUNDS rotated rounds in one process")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--rates", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -345,6 +388,9 @@ def main() -> None:
             print(f"\n{name}:")
             report_engines(args, capacities, rows)
             figures[name].update(engine_figures(rows))
+    if args.alternate:
+        for name, tree in trees.items():
+            figures[name].update(report_alternating(args, capacities, tree))
     if args.scale or args.replicas_only:
         for name, tree in trees.items():
             figures[name].update(report_replicas(args, capacities["plain"], tree) if args.replicas_only
