@@ -8,12 +8,16 @@ k = 4 and with adaptive k (the 80/50 rule), Bernoulli acceptance alpha 0.7. Bare
 of any SimPy model: one process per request, each waiting on one timeout.
 
 Every measurement runs in its own Python process (this script, re-invoked with ``--child``), so each
-peak RSS is that engine's alone. ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
+peak RSS is that engine's alone; ``--engine-rounds N`` runs every engine (and both trees, with
+``--baseline``) N times in alternating rounds and reports each one's median run, as one run's CPU time
+varies by +-15% on a shared machine; ``--alternate ROUNDS`` also runs the three engines in rotated rounds
+in one process (:func:`measure_alternating`), the steadier figure for speculative against plain (no peak
+RSS). ``--requests N`` shortens the runs; ``--scale`` adds a 1,000,000-
 request run of the plain engine (peak RSS, wall time) and the CPU time per request of 64 replicas against
 one (``--replicas-only``: that alone), on the same requests at the same load per replica, alternating
 in one process (:func:`measure_replicas`); ``--calls`` counts the Python calls per iteration of both
 sides of that comparison instead (:func:`replica_calls`); ``--profile ENGINE`` prints the top
-of a cProfile of one run instead. Scenarios are written as YAML and read by ``llmsim.load_scenario``,
+of a cProfile of one run (in CPU seconds) instead. Scenarios are written as YAML and read by ``llmsim.load_scenario``,
 the public API, and each measurement is timed in wall seconds and in its process's CPU seconds.
 """
 from __future__ import annotations
@@ -126,6 +130,8 @@ def child(args) -> None:
         outcome = measure_bare_simpy(args.requests)
     elif args.child == "replicas":
         outcome = measure_replicas(args.requests, args.rate, args.replicas, args.rounds)
+    elif args.child == "alternate":
+        outcome = measure_alternating(args.requests, json.loads(args.rates), args.alternate)
     elif args.child.startswith("capacity:"):
         outcome = {"capacity": capacity_requests_per_s(args.child.split(":", 1)[1])}
     else:
@@ -173,10 +179,18 @@ def per_s(row: dict, clock: str) -> float:
     return row["requests"] / row[clock]
 
 
-def measure_engines(args, capacities: dict[str, float], tree: str | None = None) -> dict[str, dict]:
-    rows = {engine: run_child(engine, args.requests, args.load * capacities[engine], tree=tree) for engine in ENGINES}
-    rows[BARE] = run_child("bare-simpy", args.requests)
-    return rows
+def measure_engines(args, capacities: dict[str, float], trees: dict[str, str | None]) -> dict[str, dict[str, dict]]:
+    """Every engine and bare SimPy, for each tree, in ``args.engine_rounds`` rounds that alternate trees and
+    engines (so a busy spell on the shared machine falls on all of them); each one's row is that of its
+    median CPU seconds (the lower middle one for an even count)."""
+    runs: dict[str, dict[str, list[dict]]] = {name: {engine: [] for engine in (*ENGINES, BARE)} for name in trees}
+    for _ in range(args.engine_rounds):
+        for name, tree in trees.items():
+            for engine in ENGINES:
+                runs[name][engine].append(run_child(engine, args.requests, args.load * capacities[engine], tree=tree))
+            runs[name][BARE].append(run_child("bare-simpy", args.requests))
+    return {name: {engine: sorted(rows, key=lambda row: row["cpu_s"])[(len(rows) - 1) // 2]
+                   for engine, rows in engines.items()} for name, engines in runs.items()}
 
 
 BARE = "bare SimPy (1 timeout)"
@@ -318,11 +332,47 @@ def replica_calls(per_replica: int, rate_per_s: float, replicas: int) -> None:
     print(f"{sum(one.values()):>10.2f}{sum(many.values()):>14.2f}  all")
 
 
+def measure_alternating(requests: int, rates_per_s: dict[str, float], rounds: int) -> dict[str, list[float]]:
+    """Every engine's CPU seconds in ``rounds`` rounds in this one process, the order rotated each round, so
+    that a busy spell on a shared machine, and the process's warm state, fall on every engine alike."""
+    import llmsim
+    scenarios = {}
+    for engine, rate_per_s in rates_per_s.items():
+        llmsim.simulate(load(scenario_yaml(engine, rate_per_s, WARM_UP_REQUESTS)))
+        scenarios[engine] = load(scenario_yaml(engine, rate_per_s, requests))
+    cpu_s: dict[str, list[float]] = {engine: [] for engine in scenarios}
+    order = list(scenarios)
+    for index in range(rounds):
+        for engine in order[index % len(order):] + order[:index % len(order)]:
+            start = time.process_time()
+            result = llmsim.simulate(scenarios[engine])
+            cpu_s[engine].append(time.process_time() - start)
+            del result
+    return cpu_s
+
+
+def report_alternating(args, capacities: dict[str, float], tree: str | None = None) -> dict[str, float]:
+    """The speculative engines against plain from :func:`measure_alternating`: the median round's CPU seconds each."""
+    rates = {engine: args.load * capacities[engine] for engine in ENGINES}
+    cpu_s = run_child("alternate", args.requests, extra=["--rates", json.dumps(rates), "--alternate",
+                                                          str(args.alternate)], tree=tree)
+    plain = median(cpu_s["plain"])
+    print(f"\n{args.alternate} rotated rounds in one process ({tree_commit(tree)}), {args.requests:,} requests each, "
+          f"median CPU s: " + ", ".join(f"{engine} {median(runs):.3f}" for engine, runs in cpu_s.items()))
+    figures = {}
+    for engine in ("static-k4", "adaptive"):
+        ratios = [p / e for p, e in zip(cpu_s["plain"], cpu_s[engine])]
+        figures[f"{engine} / plain, one process (requests per CPU s)"] = plain / median(cpu_s[engine])
+        print(f"{engine} / plain: {plain / median(cpu_s[engine]):.3f} per CPU s (requests); rounds "
+              f"{', '.join(f'{r:.2f}' for r in ratios)}")
+    return figures
+
+
 def profile(args, capacity: float) -> None:
     import llmsim
     llmsim.simulate(load(scenario_yaml(args.profile, args.load * capacity, WARM_UP_REQUESTS)))
     scenario = load(scenario_yaml(args.profile, args.load * capacity, args.requests))
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.process_time)       # CPU seconds: other processes share the cores
     profiler.enable()
     llmsim.simulate(scenario)
     profiler.disable()
@@ -337,6 +387,8 @@ def main() -> None:
     parser.add_argument("--replicas-only", action="store_true",
                         help="only 64 replicas against 1 (with --scale's method), no other measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of 64 replicas against 1")
+    parser.add_argument("--engine-rounds", type=int, default=1,
+                        help="alternating rounds of every engine (and tree), each figure the median's (default 1)")
     parser.add_argument("--per-replica", type=int, default=5000,
                         help="requests per replica when comparing 64 replicas against 1 (default 5,000)")
     parser.add_argument("--calls", action="store_true",
@@ -345,7 +397,10 @@ def main() -> None:
     parser.add_argument("--baseline", metavar="TREE",
                         help="a checkout of the previous commit (git worktree add TREE COMMIT): its figures are "
                              "measured too, on the same workload, and printed beside this tree's")
+    parser.add_argument("--alternate", type=int, default=0, metavar="ROUNDS",
+                        help="also the speculative engines against plain in ROUNDS rotated rounds in one process")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--rates", help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
     parser.add_argument("--replicas", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -366,12 +421,15 @@ def main() -> None:
     capacities = {engine: run_child(f"capacity:{engine}")["capacity"] for engine in ENGINES}
     figures: dict[str, dict[str, float]] = {name: {} for name in trees}
     if not args.replicas_only:
-        print(f"{args.requests:,} requests at {args.load:.0%} of each engine's capacity (req/s)")
-        for name, tree in trees.items():
+        print(f"{args.requests:,} requests at {args.load:.0%} of each engine's capacity (req/s), median of "
+              f"{args.engine_rounds} round(s)")
+        for name, rows in measure_engines(args, capacities, trees).items():
             print(f"\n{name}:")
-            rows = measure_engines(args, capacities, tree)
             report_engines(args, capacities, rows)
             figures[name].update(engine_figures(rows))
+    if args.alternate:
+        for name, tree in trees.items():
+            figures[name].update(report_alternating(args, capacities, tree))
     if args.scale or args.replicas_only:
         for name, tree in trees.items():
             figures[name].update(report_replicas(args, capacities["plain"], tree) if args.replicas_only
