@@ -37,9 +37,20 @@ the window's requests within it and that share's batch-means standard error, and
 TTFT still rises across the window (``queue.steady``). A point *passes* when, for every limit,
 the attainment minus ``Z`` standard errors (pooled over seeds) reaches the target and the
 queue is steady; it *fails* when for some limit the attainment plus ``Z`` standard errors
-stays below the target; otherwise it is undecided, and the point is simulated again with a
+stays below the target; otherwise it is undecided, and the point is measured again with a
 measurement twice as long, up to ``ESCALATIONS`` times (and ``MAX_REQUESTS`` requests). A
 point still undecided then is judged on its estimate, and says so (``Verdict.decided``).
+
+**A longer measurement continues the run.** Where one run is the point's whole verdict (one seed, as a
+bisection's probes are), that run carries the arrivals of the longest measurement the point may need and is
+judged at the end of each shorter one inside it, by the same rule, once the requests that arrived by then
+have all left (:mod:`llmsim.sim.checkpoints`); it stops at the first that settles the verdict. A point
+decided on ``2^j W`` costs one run of that window, not ``W + 2W + ... + 2^j W`` from scratch. A window's
+requests are those a run of that window simulates (a trace's first requests do not depend on its length),
+but they are not drained with the arrivals stopped: the last of them share the engine with the next
+arrivals, as in a steady state, where a run ending there would serve them faster (a window that a run
+ending there passes can so fail here, on requests closer to the long run's). A verdict pooled over seeds
+simulated apart is judged on whole runs, each round twice as long as the last.
 
 **A run sure to fail stops.** Inside :func:`stopping_decided_runs` (a report uses it) a run stops once the
 requests of its window already sure to miss a limit leave its attainment below the target by more than
