@@ -48,7 +48,8 @@ class Asked:
     """A checkpoint rule that records what it was given and settles at the ``settle_at``-th checkpoint."""
 
     def __init__(self, settle_at: int | None = None):
-        self.settle_at, self.seen = settle_at, []
+        self.settle_at = settle_at
+        self.seen: list[tuple] = []
 
     def __call__(self, scenario, records, start_s, stop_s) -> bool:
         self.seen.append((records, start_s, stop_s, judge(window_rows(scenario, records, start_s, stop_s))))
