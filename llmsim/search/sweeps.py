@@ -554,7 +554,9 @@ def _evaluate(scenario: Scenario, stop_when_missed: MissedStop | None = None,
               checkpoints: Checkpoints | None = None) -> dict:
     """Run in a worker: metrics, or the error that stopped this point (one line of text)."""
     try:
-        return simulate_point(scenario, stop_when_missed, checkpoints)
+        # a run without checkpoints is asked for as before (callers that stand in for simulate_point take two)
+        return simulate_point(scenario, stop_when_missed, **({} if checkpoints is None else
+                                                             {"checkpoints": checkpoints}))
     except Exception as error:          # one failing point must not lose the others
         return {"error": error_text(error)}
 
