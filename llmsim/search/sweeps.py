@@ -55,6 +55,7 @@ from llmsim.scenario.variants import COUNT_KEY, DURATION_KEY, RATE_KEY, variant
 from llmsim.search.executors import error_text, execute
 from llmsim.search.journal import Journal, cell, cell_text
 from llmsim.sim.resources import check_run_size
+from llmsim.sim.checkpoints import Checkpoints
 from llmsim.sim.scheduling import KEYED_POLICIES, class_rules, same_admissions
 from llmsim.sim.missed import MissedStop
 from llmsim.sim.simulate import simulate_whole
@@ -194,10 +195,12 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
     being the priority run). Each round runs, of every set of jobs that differ only in these
     rules, the first (in that order) that no run so far serves for.
 
-    Inside :func:`stopping_missed_runs` each run stops once sure to miss its SLO targets; such runs are
-    reused only as runs under the same rule, and a whole run already simulated serves for one."""
-    reused, rule = _REUSED.get(), _STOP.get()
-    evaluate = _evaluate if rule is None else partial(_evaluate, stop_when_missed=rule)
+    Inside :func:`stopping_missed_runs` each run stops once sure to miss its SLO targets, and inside
+    :func:`judging_at_checkpoints` once its verdict is settled on a shorter window; such runs are reused only
+    as runs under the same rules, and a whole run already simulated serves for one."""
+    reused, missed, checkpoints = _REUSED.get(), _STOP.get(), _CHECKPOINTS.get()
+    rule = missed if checkpoints is None else (missed, checkpoints)
+    evaluate = _evaluate if rule is None else partial(_evaluate, stop_when_missed=missed, checkpoints=checkpoints)
     if reused is None:
         for point_id, metrics in execute(jobs, evaluate, engine, workers, client, progress):
             _record(rows, journal, point_id, metrics)
@@ -411,6 +414,7 @@ def _json_number(value):
 
 _REUSED: ContextVar[_Runs | None] = ContextVar("llmsim_reused_runs", default=None)
 _STOP: ContextVar[MissedStop | None] = ContextVar("llmsim_stop_when_missed", default=None)
+_CHECKPOINTS: ContextVar[Checkpoints | None] = ContextVar("llmsim_checkpoints", default=None)
 
 
 @contextmanager
@@ -423,6 +427,18 @@ def stopping_missed_runs(rule: MissedStop):
         yield
     finally:
         _STOP.reset(token)
+
+
+@contextmanager
+def judging_at_checkpoints(rule: Checkpoints):
+    """Within this block every point's run is judged at shorter windows inside it and stops at the first that
+    settles its verdict (:mod:`llmsim.sim.checkpoints`); its summary says so (``stopped_by``: ``decided``)
+    and covers that window."""
+    token = _CHECKPOINTS.set(rule)
+    try:
+        yield
+    finally:
+        _CHECKPOINTS.reset(token)
 
 
 @contextmanager
@@ -453,9 +469,10 @@ def reusing_runs(journal: str | Path | None = None):
             opened.close()
 
 
-def key_under(key: bytes, rule: MissedStop | None) -> bytes:
-    """The key of a run (:func:`run_key`) simulated under a stop rule (None: the whole run's): a run that
-    rule may stop is another run than the whole one."""
+def key_under(key: bytes, rule: object) -> bytes:
+    """The key of a run (:func:`run_key`) simulated under a stop rule (None: the whole run's; a
+    :class:`MissedStop`, or it with :class:`Checkpoints`): a run that rule may stop is another run than the
+    whole one."""
     return key if rule is None else hashlib.sha256(key + pickle.dumps(rule)).digest()
 
 
@@ -526,12 +543,14 @@ def point_hash(base: Mapping, point: Mapping[str, Any], seed: int, resolved: Sce
     return digest.hexdigest()[:16]
 
 
-def simulate_point(scenario: Scenario, stop_when_missed: MissedStop | None = None) -> dict:
+def simulate_point(scenario: Scenario, stop_when_missed: MissedStop | None = None,
+                   checkpoints: Checkpoints | None = None) -> dict:
     """One point's row of metrics: the flattened summary and output tokens per dollar. The run's
     size is not checked again: :func:`run_points` checks (or was told to force) every point first.
-    ``stop_when_missed``: the run stops once sure to miss its SLO targets (:mod:`llmsim.sim.missed`)."""
+    ``stop_when_missed``: the run stops once sure to miss its SLO targets (:mod:`llmsim.sim.missed`);
+    ``checkpoints``: once its verdict is settled on a shorter window (:mod:`llmsim.sim.checkpoints`)."""
     # Ctrl-C during a serial sweep: record nothing half-run
-    result = simulate_whole(scenario, force=True, stop_when_missed=stop_when_missed)
+    result = simulate_whole(scenario, force=True, stop_when_missed=stop_when_missed, checkpoints=checkpoints)
     flat = flatten(summarize(result).to_dict())
     usd_per_hour = flat[USD_PER_HOUR]
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
@@ -567,10 +586,13 @@ def longest_waits_s(result) -> tuple[float, ...]:
     return tuple(float(np.max(waits[of_class == name], initial=0.0)) for name in classes)
 
 
-def _evaluate(scenario: Scenario, stop_when_missed: MissedStop | None = None) -> dict:
+def _evaluate(scenario: Scenario, stop_when_missed: MissedStop | None = None,
+              checkpoints: Checkpoints | None = None) -> dict:
     """Run in a worker: metrics, or the error that stopped this point (one line of text)."""
     try:
-        return simulate_point(scenario, stop_when_missed)
+        # a run without checkpoints is asked for as before (callers that stand in for simulate_point take two)
+        return simulate_point(scenario, stop_when_missed, **({} if checkpoints is None else
+                                                             {"checkpoints": checkpoints}))
     except Exception as error:          # one failing point must not lose the others
         return {"error": error_text(error)}
 

@@ -37,9 +37,20 @@ the window's requests within it and that share's batch-means standard error, and
 TTFT still rises across the window (``queue.steady``). A point *passes* when, for every limit,
 the attainment minus ``Z`` standard errors (pooled over seeds) reaches the target and the
 queue is steady; it *fails* when for some limit the attainment plus ``Z`` standard errors
-stays below the target; otherwise it is undecided, and the point is simulated again with a
+stays below the target; otherwise it is undecided, and the point is measured again with a
 measurement twice as long, up to ``ESCALATIONS`` times (and ``MAX_REQUESTS`` requests). A
 point still undecided then is judged on its estimate, and says so (``Verdict.decided``).
+
+**A longer measurement continues the run.** Where one run is the point's whole verdict (one seed, as a
+bisection's probes are), that run carries the arrivals of the longest measurement the point may need and is
+judged at the end of each shorter one inside it, by the same rule, once the requests that arrived by then
+have all left (:mod:`llmsim.sim.checkpoints`); it stops at the first that settles the verdict. A point
+decided on ``2^j W`` costs one run of that window, not ``W + 2W + ... + 2^j W`` from scratch. A window's
+requests are those a run of that window simulates (a trace's first requests do not depend on its length),
+but they are not drained with the arrivals stopped: the last of them share the engine with the next
+arrivals, as in a steady state, where a run ending there would serve them faster (a window that a run
+ending there passes can so fail here, on requests closer to the long run's). A verdict pooled over seeds
+simulated apart is judged on whole runs, each round twice as long as the last.
 
 **A run sure to fail stops.** Inside :func:`stopping_decided_runs` (a report uses it) a run stops once the
 requests of its window already sure to miss a limit leave its attainment below the target by more than
@@ -55,6 +66,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import cast
@@ -64,13 +76,16 @@ import pandas as pd
 
 from llmsim.analysis import names
 from llmsim.analysis.fluid_disaggregated import fluid_model
-from llmsim.analysis.statistics import BATCHES
+from llmsim.analysis.metrics import class_summaries, slo_summary
+from llmsim.analysis.statistics import BATCHES, rising_trend
+from llmsim.analysis.summary import flatten
 from llmsim.config.policies import ExecutorKind
 from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.scenario.variants import SESSION_START_KEY
-from llmsim.search.sweeps import run_points, stopping_missed_runs
+from llmsim.search.sweeps import judging_at_checkpoints, run_points, stopping_missed_runs
+from llmsim.sim.checkpoints import Checkpoints
 from llmsim.sim.missed import WATCHED, MissedStop
 from llmsim.sim.result import StopReason
 from llmsim.sim.sensor import targets_of
@@ -116,8 +131,9 @@ class Window:
     def requests(self, rate_per_s: float) -> int:
         return max(1, math.ceil(rate_per_s * self.requests_per_arrival * self.length_s))
 
-    def longer(self) -> Window:
-        return replace(self, measure_s=2 * self.measure_s)
+    def longer(self, times: int = 1) -> Window:
+        """The window measured ``2^times`` times as long."""
+        return replace(self, measure_s=2 ** times * self.measure_s)
 
     def lengthens(self, rate_per_s: float) -> bool:
         """Whether a run at this rate can be measured twice as long: not a whole trace (it cannot), and
@@ -362,8 +378,14 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
                            target: float | None = None, progress: Progress = QUIET,
                            escalations: int = ESCALATIONS, escalate_failing: bool = True) -> list[Judged]:
     """Simulate each point of ``scenario`` (as :func:`~llmsim.search.sweeps.run_points` takes it) over its
-    window and judge it; simulate the undecided ones again with a measurement twice as long, up to
-    ``escalations`` times, all of a round at once.
+    window and judge it; measure the undecided ones again twice as long, up to ``escalations`` times.
+
+    Where one run is a point's whole verdict (one seed), that run carries the longest window the point may
+    be measured over and is judged at each shorter one inside it, stopping at the first that settles the
+    verdict (:mod:`llmsim.sim.checkpoints`): the window ``2^j W`` is judged on the requests a run of that
+    window would have simulated, and the run goes on from there where it would have been started again. A
+    verdict pooled over seeds run apart is judged on whole runs, all of a round at once, each round twice as
+    long as the last.
 
     ``rates``: each point's total arrival rate (its window's request count follows from it).
     ``progress`` counts the simulations. ``escalations=0``: one window each, verdicts on their estimates
@@ -373,29 +395,91 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
     estimate can only keep that answer lower, never make it rest on a rate not shown to pass).
     """
     judged: list[Judged | None] = [None] * len(points)
-    todo = list(range(len(points)))
+    per_point = len(seeds) if seeds is not None and not any("seed" in p for p in points) else 1
+    used = [0] * len(points)              # each point's escalations so far
     current = list(windows)
-    for round_index in range(escalations + 1):
-        # run_points runs a repeated point once: simulate each distinct job once, then share its rows.
-        jobs: dict[str, list[int]] = {}
-        for i in todo:
-            jobs.setdefault(json.dumps({**points[i], **current[i].overrides(rates[i])}, sort_keys=True, default=str),
-                            []).append(i)
-        per_point = len(seeds) if seeds is not None and not any("seed" in p for p in points) else 1
-        frame = run_points(scenario, [json.loads(job) for job in jobs], seeds=seeds, workers=workers, engine=engine,
-                           progress=progress)
-        position_of = {i: position for position, same in enumerate(jobs.values()) for i in same}
+    todo = list(range(len(points)))
+    while todo:
+        # A point judged on one run is run over the longest window left to it, judged at the shorter ones.
+        stages = {i: _stages_left(current[i], rates[i], escalations - used[i]) if per_point == 1 else 0 for i in todo}
         again = []
-        for i in todo:
-            position = position_of[i]
-            rows = frame.iloc[position * per_point:(position + 1) * per_point].reset_index(drop=True)
-            verdict = judge(rows, target)
-            judged[i] = Judged(verdict, rows, current[i])
-            if not verdict.decided and (verdict.met or escalate_failing) and round_index < escalations \
-                    and current[i].lengthens(rates[i]):
-                current[i] = current[i].longer()
-                again.append(i)
+        for count in sorted(set(stages.values())):
+            group = [i for i in todo if stages[i] == count]
+            runs = [current[i].longer(count) for i in group]
+            with judging_at_checkpoints(Checkpoints(count, Settled(target, escalate_failing))) if count \
+                    else nullcontext():
+                rows_of = _simulate(scenario, [points[i] for i in group], runs, [rates[i] for i in group], seeds,
+                                    per_point, workers, engine, progress)
+            for i, rows in zip(group, rows_of):
+                reached = _stage_reached(rows, current[i], count)
+                window = current[i].longer(reached)
+                used[i] += reached
+                verdict = judge(rows, target)
+                judged[i] = Judged(verdict, rows, window)
+                if not verdict.decided and (verdict.met or escalate_failing) and used[i] < escalations \
+                        and window.lengthens(rates[i]):
+                    current[i] = window.longer()
+                    used[i] += 1
+                    again.append(i)
         todo = again
-        if not todo:
-            break
     return cast("list[Judged]", judged)       # every point is judged in the first round
+
+
+def _simulate(scenario: str | Path | Scenario | Mapping, points: Sequence[Mapping], windows: Sequence[Window],
+              rates: Sequence[float], seeds: Sequence[int] | None, per_point: int, workers: int | None,
+              engine: ExecutorKind, progress: Progress) -> list[pd.DataFrame]:
+    """Each point's rows (one per seed) over its window; a point repeated runs once (run_points runs a repeated
+    job once: each distinct job is simulated once and its rows shared)."""
+    jobs: dict[str, list[int]] = {}
+    for i, (point, window, rate) in enumerate(zip(points, windows, rates)):
+        jobs.setdefault(json.dumps({**point, **window.overrides(rate)}, sort_keys=True, default=str), []).append(i)
+    frame = run_points(scenario, [json.loads(job) for job in jobs], seeds=seeds, workers=workers, engine=engine,
+                       progress=progress)
+    position_of = {i: position for position, same in enumerate(jobs.values()) for i in same}
+    return [frame.iloc[position_of[i] * per_point:(position_of[i] + 1) * per_point].reset_index(drop=True)
+            for i in range(len(points))]
+
+
+def _stages_left(window: Window, rate_per_s: float, escalations: int) -> int:
+    """How many times a point may still be measured twice as long: ``escalations``, within what a run may
+    simulate (:meth:`Window.lengthens`)."""
+    count = 0
+    while count < escalations and window.longer(count).lengthens(rate_per_s):
+        count += 1
+    return count
+
+
+def _stage_reached(rows: pd.DataFrame, window: Window, stages: int) -> int:
+    """The window ``window.longer(j)`` a run over ``window.longer(stages)`` judged at the shorter ones covers:
+    its summary's measurement, the run's own measurement halved ``stages - j`` times (one run: one row)."""
+    if not stages:
+        return 0
+    start_s, stop_s = rows[names.WINDOW].iloc[0]
+    halvings = round(math.log2(window.longer(stages).measure_s / max(stop_s - start_s, 1e-12)))
+    return min(max(stages - halvings, 0), stages)
+
+
+@dataclass(frozen=True)
+class Settled:
+    """A run's checkpoint rule (:class:`~llmsim.sim.checkpoints.Checkpoints`' ``decide``): whether the verdict
+    on a shorter window's requests asks for no longer measurement: decided, or (``escalate_failing`` False) an
+    undecided fail, which :func:`simulate_until_decided` takes as failed."""
+    target: float | None
+    escalate_failing: bool
+
+    def __call__(self, scenario: Scenario, records: pd.DataFrame, start_s: float, stop_s: float) -> bool:
+        verdict = judge(window_rows(scenario, records, start_s, stop_s), self.target)
+        return verdict.decided or not (verdict.met or self.escalate_failing)
+
+
+def window_rows(scenario: Scenario, records: pd.DataFrame, start_s: float, stop_s: float) -> pd.DataFrame:
+    """The row :func:`judge` reads, from the per-request records of a run's requests that arrived by
+    ``stop_s``: its SLO figures, its classes' and whether its TTFT is steady, over ``[start_s, stop_s]``, as a
+    run's summary measured over that window gives them (:func:`llmsim.analysis.metrics.summarize`)."""
+    steady = records[(records["arrival_s"] >= start_s) & (records["arrival_s"] <= stop_s)]
+    summary: dict = {"slo": slo_summary(steady, scenario.slo, stop_s - start_s).to_dict(),
+                     "queue": {"steady": not rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)[1]}}
+    if scenario.workload.classes:
+        summary["classes"] = {name: one.to_dict() for name, one in class_summaries(
+            records, scenario.slo, scenario.workload.class_names, start_s, stop_s).items()}
+    return pd.DataFrame([{**flatten(summary), "error": ""}])

@@ -38,53 +38,69 @@ class MissedStop:
 
 
 def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRecords, in_system: dict,
-                 warmup_s: float, window_s: float, rule: MissedStop, stop: simpy.Event):
+                 warmup_s: float, window_s: float, rule: MissedStop, stop: simpy.Event, stage=None):
     """A SimPy process that succeeds ``stop`` with :attr:`StopReason.MISSED` once ``rule`` holds (see the
     module docstring). ``in_system``: the router's requests in the system, by id (their records are
     written when they leave). Limits on TTFT and E2E are watched (a TPOT is known only at the end); with
     traffic classes each class's own limits, over the window's requests of that class (each class must meet
-    its own targets, so one class sure to miss one of them decides the run)."""
+    its own targets, so one class sure to miss one of them decides the run). ``stage``: a run judged at
+    shorter windows inside it (:class:`llmsim.sim.checkpoints.Stage`): the window watched is the one it is
+    being judged on (its ``end_s``), and moves on with it."""
     arrival = records.arrival_s
-    first, last = int(np.searchsorted(arrival, warmup_s, "left")), int(np.searchsorted(arrival, window_s, "right"))
-    classes = records.class_index[first:last] if records.class_index is not None else None
-    # per watched target: its requests among the window's, and how many sure misses leave its share
-    # within the limit below target - margin
-    watched = []
-    for target in targets_of(scenario.slo, scenario.workload.class_names):
-        if target.metric not in WATCHED:
-            continue
-        mine = (np.ones(last - first, bool) if target.class_index is None or classes is None
-                else classes == target.class_index)
-        counted = int(np.count_nonzero(mine))
-        if counted >= rule.min_requests:
-            allowed = math.floor((1 - target.percentile / 100 + rule.margin) * counted)
-            watched.append((target, mine, allowed))
-    if not watched:
+    first = int(np.searchsorted(arrival, warmup_s, "left"))
+
+    def window(end_s: float) -> tuple[int, list, float]:
+        """(the window's last request + 1, per watched target: its requests among the window's and how many
+        sure misses leave its share within the limit below target - margin, the time between checks)."""
+        last = int(np.searchsorted(arrival, end_s, "right"))
+        classes = records.class_index[first:last] if records.class_index is not None else None
+        watched = []
+        for target in targets_of(scenario.slo, scenario.workload.class_names):
+            if target.metric not in WATCHED:
+                continue
+            mine = (np.ones(last - first, bool) if target.class_index is None or classes is None
+                    else classes == target.class_index)
+            counted = int(np.count_nonzero(mine))
+            if counted >= rule.min_requests:
+                allowed = math.floor((1 - target.percentile / 100 + rule.margin) * counted)
+                watched.append((target, mine, allowed))
+        return last, watched, max(end_s - warmup_s, 1e-9) / CHECKS
+
+    end_s = window_s if stage is None else stage.end_s
+    last, watched, period = window(end_s)
+    if not watched and stage is None:
         return
-    period = max(window_s - warmup_s, 1e-9) / CHECKS
     yield env.timeout(warmup_s + period)
     while not stop.triggered:
-        now = env.now
-        arrived = arrival[first:last] <= now
-        status = np.frombuffer(records.status, np.int8)[first:last]
-        left = status != 0                      # written when they left: finished or rejected
-        rejected = status == RequestRecords.STATUSES.index("rejected")
-        first_token = np.frombuffer(records.first_token_s, float)[first:last].copy()
-        finish = np.frombuffer(records.finish_s, float)[first:last].copy()
-        for request in in_system.values():
-            if first <= request.id < last:
-                first_token[request.id - first] = request.first_token_s
-        waited = now - arrival[first:last]
-        late_by = {}
-        for metric, limit in {(target.metric, target.limit_s) for target, _, _ in watched}:
-            if metric == "ttft":
-                # no first token yet after the limit, or one after it
-                late = np.where(np.isnan(first_token), waited > limit, first_token - arrival[first:last] > limit)
-            else:
-                late = np.where(left, finish - arrival[first:last] > limit, waited > limit)
-            late_by[(metric, limit)] = arrived & (rejected | late)
-        for target, mine, allowed in watched:
-            if int(np.count_nonzero(late_by[(target.metric, target.limit_s)] & mine)) > allowed:
-                stop.succeed(StopReason.MISSED)
-                return
+        if stage is not None and stage.end_s != end_s:
+            end_s = stage.end_s
+            last, watched, period = window(end_s)
+        if watched and _missed(env.now, records, in_system, arrival, first, last, watched):
+            stop.succeed(StopReason.MISSED)
+            return
         yield env.timeout(period)
+
+
+def _missed(now: float, records: RequestRecords, in_system: dict, arrival: np.ndarray, first: int, last: int,
+            watched: list) -> bool:
+    """Whether, for some watched target, the window's requests already sure to miss it are more than allowed."""
+    arrived = arrival[first:last] <= now
+    status = np.frombuffer(records.status, np.int8)[first:last]
+    left = status != 0                      # written when they left: finished or rejected
+    rejected = status == RequestRecords.STATUSES.index("rejected")
+    first_token = np.frombuffer(records.first_token_s, float)[first:last].copy()
+    finish = np.frombuffer(records.finish_s, float)[first:last].copy()
+    for request in in_system.values():
+        if first <= request.id < last:
+            first_token[request.id - first] = request.first_token_s
+    waited = now - arrival[first:last]
+    late_by = {}
+    for metric, limit in {(target.metric, target.limit_s) for target, _, _ in watched}:
+        if metric == "ttft":
+            # no first token yet after the limit, or one after it
+            late = np.where(np.isnan(first_token), waited > limit, first_token - arrival[first:last] > limit)
+        else:
+            late = np.where(left, finish - arrival[first:last] > limit, waited > limit)
+        late_by[(metric, limit)] = arrived & (rejected | late)
+    return any(int(np.count_nonzero(late_by[(target.metric, target.limit_s)] & mine)) > allowed
+               for target, mine, allowed in watched)

@@ -17,11 +17,13 @@ from llmsim.sim.request import InterTokenGaps
 
 class StopReason(str, Enum):
     """What ended a run: every request left the system, the scenario's horizon came first, a search's
-    run was sure to miss its SLO targets (:mod:`llmsim.sim.missed`), Ctrl-C, or an exception inside the
-    simulation. The value is the string written to ``summary.json``."""
+    run was sure to miss its SLO targets (:mod:`llmsim.sim.missed`) or had its verdict settled on a shorter
+    window (:mod:`llmsim.sim.checkpoints`), Ctrl-C, or an exception inside the simulation. The value is the
+    string written to ``summary.json``."""
     COMPLETED = "completed"
     HORIZON = "horizon"
     MISSED = "missed"
+    DECIDED = "decided"
     INTERRUPT = "interrupt"
     FAULT = "fault"
 

@@ -40,6 +40,7 @@ from llmsim.sim.disaggregated import DisaggregatedRouter, make_pool, pool_totals
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.environment import Environment, frozen_heap, scheduler
 from llmsim.sim.horizon import default_horizon_s
+from llmsim.sim.checkpoints import Checkpoints, Stage, watch_checkpoints
 from llmsim.sim.iterations import iterations_columns
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.missed import MissedStop, watch_misses
@@ -342,7 +343,7 @@ class RunStream(Protocol):
 
 def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence[Observer] = (),
              force: bool = False, stream: RunStream | None = None,
-             stop_when_missed: MissedStop | None = None) -> SimulationResult:
+             stop_when_missed: MissedStop | None = None, checkpoints: Checkpoints | None = None) -> SimulationResult:
     """Run one scenario on its trace (sampled from its seed unless given: pass one to compare configs).
 
     A run whose estimated memory or event count is above the resource guard's limits is refused
@@ -361,7 +362,9 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     are then empty. Not with a controller (it reads every record) or a tiered KV cache.
 
     ``stop_when_missed``: the run stops (``stopped_by == "missed"``) once it is sure to miss its SLO targets
-    (:mod:`llmsim.sim.missed`; with traffic classes, each class's own targets).
+    (:mod:`llmsim.sim.missed`; with traffic classes, each class's own targets). ``checkpoints``: the run is
+    judged at shorter windows inside it, and stops (``stopped_by == "decided"``) at the first that settles its
+    verdict, its figures then over that window (:mod:`llmsim.sim.checkpoints`).
     """
     if trace is None and scenario.workload.trace is not None:      # in memory already: estimate on it
         trace = generate_trace(scenario.workload, scenario.seed)
@@ -392,6 +395,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
     warmup = warmup_for(scenario, window)
     stop = env.event()
+    stage = Stage(checkpoints, warmup, window) if checkpoints is not None and window > warmup else None
     if scenario.disaggregation is not None:
         split = _disaggregated(scenario, env, records, trace, observers, stop)
         Arrivals(env, records, split)
@@ -399,10 +403,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         if stop_when_missed is not None:
             # The prefill pool's router keeps the requests in the system, wherever they are.
             env.process(watch_misses(env, scenario, records, split.prefill.in_system_requests, warmup, window,
-                                     stop_when_missed, stop))
+                                     stop_when_missed, stop, stage))
+        _judge_at_checkpoints(env, scenario, records, warmup, checkpoints, stage, stop)
         assert split.resolved is not None                # set by _disaggregated
         return _run(scenario, env, stop, split.prefill, split.engines, records, split.resolved, window, warmup,
-                    split=split)
+                    split=split, stage=stage)
     make_engine = _engine_factory(scenario, resolved)
     make_kv = _kv_factory(scenario, resolved, trace)
     groups = []
@@ -434,17 +439,28 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     env.process(_horizon(env, horizon, stop))
     if stop_when_missed is not None:
         env.process(watch_misses(env, scenario, records, router.in_system_requests, warmup, window,
-                                 stop_when_missed, stop))
+                                 stop_when_missed, stop, stage))
+    _judge_at_checkpoints(env, scenario, records, warmup, checkpoints, stage, stop)
     return _run(scenario, env, stop, router, engines, records, resolved, window, warmup, control, scaling,
-                stream=stream)
+                stream=stream, stage=stage)
+
+
+def _judge_at_checkpoints(env: simpy.Environment, scenario: Scenario, records: RequestRecords, warmup: float,
+                          checkpoints: Checkpoints | None, stage: Stage | None, stop: simpy.Event) -> None:
+    """Start the watch that judges the run at its shorter windows (:mod:`llmsim.sim.checkpoints`), if any."""
+    if checkpoints is not None and stage is not None:
+        env.process(watch_checkpoints(env, scenario, records, warmup, checkpoints, stage,
+                                      lambda arrived: _records(records, arrived, scenario), stop))
 
 
 def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: Router, engines: list[Engine],
          records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
          control: ControlLog | None = None, scaling: ScalingLog | None = None,
-         split: DisaggregatedRouter | None = None, stream: RunStream | None = None) -> SimulationResult:
+         split: DisaggregatedRouter | None = None, stream: RunStream | None = None,
+         stage: Stage | None = None) -> SimulationResult:
     """Run the simulation built in ``env`` until ``stop`` and return its result (see :func:`simulate` for a
-    run stopped by Ctrl-C or a fault)."""
+    run stopped by Ctrl-C or a fault). ``stage``: a run judged at shorter windows is measured over the one it
+    was being judged on when it ended (:mod:`llmsim.sim.checkpoints`)."""
     stopped_by, fault = StopReason.COMPLETED, None
     try:
         if len(records):
@@ -455,6 +471,8 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
         stopped_by = StopReason.INTERRUPT
     except Exception as error:               # raised again below, with what was simulated attached
         stopped_by, fault = StopReason.FAULT, error
+    if stage is not None:
+        window = stage.end_s
     if fault is None:
         return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
                        scaling=scaling, split=split, stream=stream)

@@ -266,11 +266,12 @@ def simulations(monkeypatch, stop_at: int | None = None, error: BaseException | 
     (Ctrl-C arrives in the parent, with serial workers in the simulation itself)."""
     keys = []
 
-    def counted(scenario, stop_when_missed=None):
+    def counted(scenario, stop_when_missed=None, checkpoints=None):
         if stop_at is not None and len(keys) + 1 == stop_at:
             raise error if error is not None else KeyboardInterrupt()
-        keys.append(key_under(run_key(scenario), stop_when_missed))     # the journal's key
-        return SIMULATE_POINT(scenario, stop_when_missed)
+        rule = stop_when_missed if checkpoints is None else (stop_when_missed, checkpoints)
+        keys.append(key_under(run_key(scenario), rule))     # the journal's key
+        return SIMULATE_POINT(scenario, stop_when_missed, checkpoints)
 
     monkeypatch.setattr(sweeps, "simulate_point", counted)
     return keys

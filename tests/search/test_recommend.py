@@ -229,8 +229,8 @@ def test_runs_stopped_once_sure_to_miss_leave_the_search_unchanged(scenario, mon
     stopped = []
     whole_point = sweeps.simulate_point
 
-    def counting(point_scenario, stop_when_missed=None):
-        row = whole_point(point_scenario, stop_when_missed)
+    def counting(point_scenario, stop_when_missed=None, checkpoints=None):
+        row = whole_point(point_scenario, stop_when_missed, checkpoints)
         stopped.append(row.get("stopped_by") == "missed")
         return row
 
