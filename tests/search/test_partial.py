@@ -324,7 +324,9 @@ def interrupted_recommend(tmp_path, monkeypatch, capsys) -> tuple[Path, list[byt
     assert main(recommend_args(tmp_path)) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"interrupted: the simulations finished are kept in {journal}" in err
-    assert journal_keys(journal) == set(kept) and len(kept) == 5
+    # every simulation finished is kept; beside them, rows a finished run served for (a run at a longer queue
+    # timeout in which no request waited that long is the shorter timeout's run too, llmsim.search.sweeps)
+    assert set(kept) <= journal_keys(journal) and len(kept) == 5
     assert not (tmp_path / "rec.csv").exists()
     return journal, kept
 
@@ -336,9 +338,10 @@ def test_ctrl_c_during_recommend_exits_130_keeping_the_simulations_finished(tmp_
 @pytest.mark.slow          # a whole recommendation
 def test_the_same_recommend_command_resumes_after_ctrl_c(tmp_path, monkeypatch, capsys):
     journal, kept = interrupted_recommend(tmp_path, monkeypatch, capsys)
+    journaled = journal_keys(journal)
     resumed = simulations(monkeypatch)
     assert main(recommend_args(tmp_path)) == 0
-    assert not set(resumed) & set(kept)             # what was kept is not simulated again
+    assert not set(resumed) & journaled             # what was kept is not simulated again
     assert (tmp_path / "rec.csv").exists() and not journal.exists()
     assert not (tmp_path / "rec.csv.runs.csv.lock").exists()
 
