@@ -85,16 +85,22 @@ def test_a_better_challenger_is_bisected_to_its_capacity_and_ranks_first():
     assert_brackets_hold(search.brackets[_config(512)], better, TOLERANCE)
 
 
+def _random_capacities(generator) -> tuple[dict[int, list[float]], dict[int, float]]:
+    """Per-seed capacities around a common level (settings within a few per cent of each other: ties, near
+    ties and clear winners), and each setting's true mean capacity."""
+    level = generator.uniform(8.0, 12.0)
+    capacities = {tokens: list(level * generator.uniform(0.9, 1.1) * generator.uniform(0.97, 1.03, len(SEEDS)))
+                  for tokens in (256, 512, 1024, 2048)}
+    return capacities, {tokens: float(np.mean(rates)) for tokens, rates in capacities.items()}
+
+
 def test_challengers_never_drop_a_setting_better_than_the_search_resolution():
     # Random capacities around a common level (settings within a few per cent of each other: ties, near
     # ties and clear winners): the setting ranked first is within the bisection's resolution of the truly
     # best mean capacity, and the exhaustive search (no racing) is held to the same.
     generator = np.random.default_rng(34)
     for _ in range(40):
-        level = generator.uniform(8.0, 12.0)
-        capacities = {tokens: list(level * generator.uniform(0.9, 1.1) * generator.uniform(0.97, 1.03, len(SEEDS)))
-                      for tokens in (256, 512, 1024, 2048)}
-        truth = {tokens: float(np.mean(rates)) for tokens, rates in capacities.items()}
+        capacities, truth = _random_capacities(generator)
         best_truth = max(truth.values())
         for racing in (True, False):
             chosen = _run(capacities, racing).best().max_batch_tokens
@@ -150,9 +156,6 @@ def test_challengers_judged_on_one_window_never_drop_a_setting_better_than_resol
     # within the bisection's resolution and the band of the truly best.
     generator = np.random.default_rng(35)
     for _ in range(40):
-        level = generator.uniform(8.0, 12.0)
-        capacities = {tokens: list(level * generator.uniform(0.9, 1.1) * generator.uniform(0.97, 1.03, len(SEEDS)))
-                      for tokens in (256, 512, 1024, 2048)}
-        truth = {tokens: float(np.mean(rates)) for tokens, rates in capacities.items()}
+        capacities, truth = _random_capacities(generator)
         chosen = _run(capacities, kind=_UndecidedNearCapacity).best().max_batch_tokens
         assert truth[chosen] * (1 + TOLERANCE) / (1 - BAND) >= max(truth.values()), capacities

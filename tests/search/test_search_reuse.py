@@ -236,6 +236,14 @@ def _counting_policies(monkeypatch) -> list:
     return ran
 
 
+def _shared_runs(monkeypatch, scenario, points) -> tuple[list, pd.DataFrame]:
+    """The policies simulated, in order, and the rows of ``points`` run with runs shared."""
+    ran = _counting_policies(monkeypatch)
+    with reusing_runs():
+        shared = run_points(scenario, points, workers=1)
+    return ran, shared
+
+
 def _metrics(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.drop(columns=["engine.scheduling_policy", "point_id"]).reset_index(drop=True)
 
@@ -256,9 +264,7 @@ def test_keyed_policies_that_order_the_classes_alike_share_a_run_without_preempt
     assert not _metrics(alone.iloc[[3]]).equals(_metrics(alone.iloc[[0]]))
     waits = sweeps.longest_waits_s(simulate_whole(sweeps.scenario_at(scenario, points[0])))
     assert 0.3 + waits[1] < 120 and waits[1] > 1          # the deadlines' gap, and batch waits long
-    ran = _counting_policies(monkeypatch)
-    with reusing_runs():
-        shared = run_points(scenario, points, workers=1)
+    ran, shared = _shared_runs(monkeypatch, scenario, points)
     assert ran == ["priority", "fcfs"]
     pd.testing.assert_frame_equal(shared, alone)
 
@@ -269,9 +275,7 @@ def test_edf_with_deadlines_against_the_priorities_is_simulated(monkeypatch):
     points = [{"engine.scheduling_policy": p} for p in ("priority", "edf")]
     alone = run_points(scenario, points, workers=1)
     assert not _metrics(alone.iloc[[1]]).equals(_metrics(alone.iloc[[0]]))      # they do differ
-    ran = _counting_policies(monkeypatch)
-    with reusing_runs():
-        shared = run_points(scenario, points, workers=1)
+    ran, shared = _shared_runs(monkeypatch, scenario, points)
     assert ran == ["priority", "edf"]
     pd.testing.assert_frame_equal(shared, alone)
 
@@ -289,9 +293,7 @@ def test_a_preemptive_run_that_preempted_nothing_serves_for_priority(monkeypatch
         preempted = alone["requests.preemptions"].iloc[1] > 0
         assert preempted == (rate > 10)
         assert _metrics(alone.iloc[[1]]).equals(_metrics(alone.iloc[[0]])) != preempted
-        ran = _counting_policies(monkeypatch)
-        with reusing_runs():
-            shared = run_points(scenario, points, workers=1)
+        ran, shared = _shared_runs(monkeypatch, scenario, points)
         monkeypatch.undo()
         assert ran == simulated
         pd.testing.assert_frame_equal(shared, alone)
