@@ -55,11 +55,13 @@ def write_file(path: Path, write: Callable[[Path], object]) -> Path:
     reads the format from the suffix still can); a link under ``path`` is replaced, not followed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, partial = create_exclusive(path.parent, f".{path.stem}.", f".partial{path.suffix}")
-    os.close(descriptor)
-    try:
+    partial: Path | None = None
+    try:        # a Ctrl-C from the moment the temporary file exists leaves nothing behind
+        descriptor, partial = create_exclusive(path.parent, f".{path.stem}.", f".partial{path.suffix}")
+        os.close(descriptor)
         write(partial)
         os.replace(partial, path)
     finally:
-        partial.unlink(missing_ok=True)
+        if partial is not None:
+            partial.unlink(missing_ok=True)
     return path

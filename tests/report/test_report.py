@@ -109,11 +109,11 @@ def recommended_overrides(tables: _Tables) -> dict:
     tp, pp = re.fullmatch(r"tp(\d+) x pp(\d+)", cell(tables, "deployment", "layout", "recommended")).groups()
     k = cell(tables, "settings", "speculation k", "recommended")
     assert k == "off"                                   # the chat scenario has no draft
-    timeout = cell(tables, "settings", "queue timeout", "recommended")
+    timeout = cell(tables, "settings", "queue timeout", "recommended").replace(",", "")    # '1,000 ms' as shown
     return {"hardware": cell(tables, "deployment", "chip", "recommended"),
             "deployment.tensor_parallel": int(tp), "deployment.pipeline_parallel": int(pp),
             "deployment.replicas": int(cell(tables, "deployment", "replicas", "recommended")),
-            "engine.max_batch_tokens": int(cell(tables, "settings", "max batch tokens", "recommended")),
+            "engine.max_batch_tokens": int(cell(tables, "settings", "max batch tokens", "recommended").replace(",", "")),
             "engine.queue_timeout": None if timeout == "none" else timeout}
 
 

@@ -100,17 +100,18 @@ def test_seeds_pool_their_standard_errors():
 
 
 def test_an_undecided_point_is_simulated_again_longer(monkeypatch):
-    """The first window leaves the verdict open: the point runs again with twice the measurement."""
+    """The first window leaves the verdict open: the point runs again with twice the measurement (a verdict
+    pooled over seeds; one seed's run continues instead, tests/search/test_checkpoints.py)."""
     scenario = llmsim.load_scenario(CHAT)
     seen = []
-    calls = iter([_rows(0.955, 0.005), _rows(0.955, 0.002)])
+    calls = iter([_rows(0.955, 0.005, seeds=2), _rows(0.955, 0.002, seeds=2)])
 
     def fake_run_points(scenario, jobs, **kwargs):
         seen.append([job["workload.num_requests"] for job in jobs])
         return next(calls)
     monkeypatch.setattr(windows, "run_points", fake_run_points)
     first = Window(30.0, 100.0)
-    judged, = windows.simulate_until_decided(scenario, [{}], [first], [10.0])
+    judged, = windows.simulate_until_decided(scenario, [{}], [first], [10.0], seeds=[1, 2])
     assert seen == [[1300], [2300]] and judged.verdict.decided and judged.window == first.longer()
 
 
@@ -118,7 +119,8 @@ def test_an_undecided_fail_is_taken_as_failed_when_asked(monkeypatch):
     """escalate_failing=False: of two undecided points only the one whose estimate passes runs longer."""
     scenario = llmsim.load_scenario(CHAT)
     seen = []
-    calls = iter([pd.concat([_rows(0.955, 0.005), _rows(0.945, 0.005)], ignore_index=True), _rows(0.955, 0.002)])
+    calls = iter([pd.concat([_rows(0.955, 0.005, seeds=2), _rows(0.945, 0.005, seeds=2)], ignore_index=True),
+                  _rows(0.955, 0.002, seeds=2)])
 
     def fake_run_points(scenario, jobs, **kwargs):
         seen.append([job["workload.num_requests"] for job in jobs])
@@ -126,7 +128,7 @@ def test_an_undecided_fail_is_taken_as_failed_when_asked(monkeypatch):
     monkeypatch.setattr(windows, "run_points", fake_run_points)
     first = Window(30.0, 100.0)
     passing, failing = windows.simulate_until_decided(scenario, [{"a": 1}, {"a": 2}], [first, first], [10.0, 10.0],
-                                                      escalate_failing=False)
+                                                      seeds=[1, 2], escalate_failing=False)
     assert seen == [[1300, 1300], [2300]]
     assert passing.verdict.met and passing.verdict.decided and passing.window == first.longer()
     assert not failing.verdict.met and not failing.verdict.decided and failing.window == first
