@@ -28,6 +28,8 @@ from tests.helpers import REPO, make_scenario
 pytest.importorskip("pyarrow")
 EXCERPT = REPO / "tests" / "data" / "aiconfigurator"
 H100 = "H100-SXM"
+# hardware_profiles/h100-sxm.yaml, engines.trtllm validation: decode_attention_fp8_kv held out (2197 rows)
+PROFILE_FP8_KV_HELD_OUT = {"mape": 0.1441, "median_error": 0.01763}
 
 
 @pytest.fixture(scope="module")
@@ -257,13 +259,27 @@ def _trtllm_decode_rows(excerpt, kv_dtype: str) -> pd.DataFrame:
 
 
 def test_an_fp8_kv_cache_is_fitted_apart_and_predicts_rows_it_was_not_fitted_to(excerpt, h100):
-    """TensorRT-LLM's FP8-cache decode kernels are fitted to FP8 rows with one byte per cached element: fitted to every
-    other KV length of the excerpt (Llama-3.1-8B's shape on H100), the form predicts the lengths in between."""
+    """TensorRT-LLM's FP8-cache decode kernels are fitted to FP8 rows with one byte per cached element, by the form
+    the profiles ship for them (the occupied form): fitted to every other KV length of the excerpt (Llama-3.1-8B's
+    shape on H100), it predicts the lengths in between as well as the shipped H100 profile's validation table says it
+    predicts the whole database's held-out FP8 rows (engines.trtllm, decode_attention_fp8_kv, 2197 rows: MAPE 14.4%,
+    median error +1.8%), within two standard errors of the excerpt's 14 held-out rows.
+
+    Why not a fixed 15%: the form's least-squares optimum on these 16 rows predicts the held-out ones at 16.5% MAPE
+    (the one-line form at 15.1%), and least squares does not always reach it: the rate share is flat wherever the
+    read, not the arithmetic, is binding, so which local minimum it stops in turns on the last bits of the linear
+    algebra (OpenBLAS's kernel for the CPU: the one-line form 10.2% with Sandybridge's kernels, 15.1% with AVX2's; this
+    form 11.4% here, 14.3-16.5% from other starts). A 15% bound passed or failed with the machine; the 16-bit rows'
+    fit priced over FP8 bytes misses these rows by 91%."""
     rows = with_device(_trtllm_decode_rows(excerpt, "fp8"), h100)
     assert (rows["kv_bytes"] == 1.0).all() and len(rows) == 30
     fitted, held = held_out_split(rows.reset_index(drop=True), "kv_tokens")
-    result = summary(errors(DECODE_ATTENTION, DECODE_ATTENTION.fit(fitted), held))
-    assert result["mape"] <= 0.15 and abs(result["median_error"]) <= 0.05, result
+    signed = errors(DECODE_ATTENTION_OCCUPIED, DECODE_ATTENTION_OCCUPIED.fit(fitted), held)
+    result = summary(signed)
+    mape_se = np.std(np.abs(signed), ddof=1) / np.sqrt(len(signed))
+    median_se = np.sqrt(np.pi / 2) * np.std(signed, ddof=1) / np.sqrt(len(signed))   # a median's, normal errors
+    assert result["mape"] <= PROFILE_FP8_KV_HELD_OUT["mape"] + 2 * mape_se, (result, mape_se)
+    assert abs(result["median_error"] - PROFILE_FP8_KV_HELD_OUT["median_error"]) <= 2 * median_se, (result, median_se)
 
 
 def _decode_per_layer_s(cost: CostModel, rows: pd.DataFrame) -> np.ndarray:
@@ -279,7 +295,7 @@ def test_an_fp8_kv_cache_is_priced_by_its_own_decode_kernels():
     a third to a half of a 16-bit cache's, not the half that reading half the bytes would give (its kernels do less
     fixed work per sequence). Priced by the 16-bit terms over the FP8 bytes, the cost model was 1.4-2.3x too slow there;
     priced by the FP8 terms (``attention.by_kv_dtype``, the full read rate of the occupied form, whose held-out MAPE
-    the profile's validation table gives as 13%) it is within that on average at this shape."""
+    the profile's validation table gives as 14%) it is within 15% on average at this shape."""
     model = model_catalog()["Llama-3.1-8B"].with_dtypes(weight_dtype="fp8", kv_dtype="fp8")
     h100 = lookup_hardware(H100)
     trtllm = h100.engine_kernels["trtllm"]
