@@ -113,7 +113,8 @@ def recommended_overrides(tables: _Tables) -> dict:
     return {"hardware": cell(tables, "deployment", "chip", "recommended"),
             "deployment.tensor_parallel": int(tp), "deployment.pipeline_parallel": int(pp),
             "deployment.replicas": int(cell(tables, "deployment", "replicas", "recommended")),
-            "engine.max_batch_tokens": int(cell(tables, "settings", "max batch tokens", "recommended").replace(",", "")),
+            "engine.max_batch_tokens": int(cell(tables, "settings", "max batch tokens", "recommended")
+                                           .replace(",", "")),
             "engine.queue_timeout": None if timeout == "none" else timeout}
 
 
