@@ -416,7 +416,7 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
                 used[i] += reached
                 verdict = judge(rows, target)
                 judged[i] = Judged(verdict, rows, window)
-                if not verdict.decided and (verdict.met or escalate_failing) and used[i] < escalations \
+                if asks_longer(verdict, escalate_failing) and used[i] < escalations \
                         and window.lengthens(rates[i]):
                     current[i] = window.longer()
                     used[i] += 1
@@ -459,6 +459,12 @@ def _stage_reached(rows: pd.DataFrame, window: Window, stages: int) -> int:
     return min(max(stages - halvings, 0), stages)
 
 
+def asks_longer(verdict: Verdict, escalate_failing: bool) -> bool:
+    """Whether a verdict asks for a longer measurement: undecided, and passing on its estimate unless
+    ``escalate_failing`` (an undecided fail is otherwise taken as failed)."""
+    return not verdict.decided and (verdict.met or escalate_failing)
+
+
 @dataclass(frozen=True)
 class Settled:
     """A run's checkpoint rule (:class:`~llmsim.sim.checkpoints.Checkpoints`' ``decide``): whether the verdict
@@ -469,7 +475,7 @@ class Settled:
 
     def __call__(self, scenario: Scenario, records: pd.DataFrame, start_s: float, stop_s: float) -> bool:
         verdict = judge(window_rows(scenario, records, start_s, stop_s), self.target)
-        return verdict.decided or not (verdict.met or self.escalate_failing)
+        return not asks_longer(verdict, self.escalate_failing)
 
 
 def window_rows(scenario: Scenario, records: pd.DataFrame, start_s: float, stop_s: float) -> pd.DataFrame:
