@@ -376,7 +376,8 @@ def _named(name: str) -> HardwareProfile | None:
 
     A profile's name and aliases are written in its file, so a file whose text does not contain ``name`` is
     not it, and a profile is hidden behind an earlier one of the same name only where that one's text
-    contains the name too: looking up an alias parses a few small files, not every profile on the path."""
+    contains the name too: looking up an alias parses a few small files, not every profile on the path. (A name
+    written with YAML escapes, ``"CS\\x2D3"``, would not be found this way; no profile writes one.)"""
     wanted = name.lower()
     paths = [path for directory in profile_dirs() for path in sorted(directory.glob("*.yaml"))]
     texts = [read_text(path).lower() for path in paths]
