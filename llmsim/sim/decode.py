@@ -97,6 +97,7 @@ class DecodeSet(ABC):
     """
 
     n: int
+    __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step")
 
     def __init__(self, engine):
         self.engine = engine
@@ -134,7 +135,13 @@ class DecodeSet(ABC):
 
 
 class EventDecodeSet(DecodeSet):
-    """One token per sequence per step, kept by events (see the module docstring)."""
+    """One token per sequence per step, kept by events (see the module docstring). Its state is in slots, as
+    the engine's is (:class:`~llmsim.sim.engine.EngineProcess`)."""
+
+    __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_block_due", "_next_block_due", "_window_due",
+                 "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_step_end_s", "_step_gap_s",
+                 "_step_end_w", "_step_gap_w", "_held_steps", "_longest_from_step", "_longest_from_gap_s",
+                 "_continuing")
 
     def __init__(self, engine):
         super().__init__(engine)

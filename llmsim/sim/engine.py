@@ -97,7 +97,13 @@ class EngineProcess:
     SimPy process's timeouts and wake-up events would be, with less bookkeeping: each call runs
     the engine up to its next wait, which it passes to :meth:`_wait` (a delay, or None: until
     notified).
+
+    Engines keep their state in slots, not in a per-object dict: with many replicas each iteration reads
+    another engine's state than the last one did, and slots hold it together in a few cache lines.
     """
+
+    __slots__ = ("env", "index", "cost", "kv", "queue", "config", "micro_batch", "on_done", "log", "gaps",
+                 "preemptions", "_idle", "_schedule", "_wake", "_wake_at")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -263,6 +269,12 @@ class Engine(EngineProcess):
     after the first, when it appeared and its gap since the token before (the decode sets
     and recomputed prompts write them; ``close`` and ``take_gaps`` hand them to ``gaps``).
     """
+
+    __slots__ = ("now", "observers", "hooks", "_admitted", "_window", "_local_share", "_prefill_tile",
+                 "_query_tile_pairs", "_tiered", "watermark_blocks", "running", "prefilling", "first_gap_end_s",
+                 "first_gap_s", "decode", "queueing", "_admission", "_forced_skips_test", "_expires", "_makes_room",
+                 "_tracks_seats", "_admit", "_chunks", "_decoding", "_in_flight", "_async", "_last_end_s",
+                 "_handoff", "_extras")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
