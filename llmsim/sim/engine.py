@@ -102,8 +102,9 @@ class EngineProcess:
     another engine's state than the last one did, and slots hold it together in a few cache lines.
     """
 
-    __slots__ = ("env", "index", "cost", "kv", "queue", "config", "micro_batch", "on_done", "log", "gaps",
-                 "preemptions", "_idle", "_schedule", "_wake", "_wake_at")
+    # (Those an iteration reads first, in a few cache lines; the slots of Engine follow them.)
+    __slots__ = ("env", "kv", "queue", "config", "log", "_wake", "_wake_at", "_idle", "index", "cost", "micro_batch",
+                 "on_done", "gaps", "preemptions", "_schedule")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -270,11 +271,11 @@ class Engine(EngineProcess):
     and recomputed prompts write them; ``close`` and ``take_gaps`` hand them to ``gaps``).
     """
 
-    __slots__ = ("now", "observers", "hooks", "_admitted", "_window", "_local_share", "_prefill_tile",
-                 "_query_tile_pairs", "_tiered", "watermark_blocks", "running", "prefilling", "first_gap_end_s",
-                 "first_gap_s", "decode", "queueing", "_admission", "_forced_skips_test", "_expires", "_makes_room",
-                 "_tracks_seats", "_admit", "_chunks", "_decoding", "_in_flight", "_async", "_last_end_s",
-                 "_handoff", "_extras")
+    # (Those every iteration reads first, in the order it reads them.)
+    __slots__ = ("_in_flight", "now", "observers", "hooks", "_chunks", "decode", "_expires", "_extras", "prefilling",
+                 "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_last_end_s", "_decoding",
+                 "running", "_tiered", "_handoff", "_admitted", "watermark_blocks", "first_gap_end_s", "first_gap_s",
+                 "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],

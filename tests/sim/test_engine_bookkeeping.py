@@ -85,7 +85,7 @@ def test_dropping_the_decode_steps_no_sequence_reads_changes_no_record_or_gap(mo
     held = {"steps": 0}
 
     def watch(engine, iteration):
-        held["steps"] = max(held["steps"], len(engine.decode._step_end_s), len(engine.decode._continuing))
+        held["steps"] = max(held["steps"], len(engine.decode._steps))
 
     monkeypatch.setattr(decode_module, "STEP_ARRAY", 2)
     dropped = simulate_checked(scenario, observers=[watch])
