@@ -429,6 +429,11 @@ def stopping_missed_runs(rule: MissedStop):
         _STOP.reset(token)
 
 
+def missed_stop() -> MissedStop | None:
+    """The rule of the :func:`stopping_missed_runs` block this runs in; None outside one."""
+    return _STOP.get()
+
+
 @contextmanager
 def judging_at_checkpoints(rule: Checkpoints):
     """Within this block every point's run is judged at shorter windows inside it and stops at the first that

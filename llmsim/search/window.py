@@ -60,6 +60,14 @@ decided fail: a point whose runs all stopped is judged so, without its backlog b
 only what was simulated (``stopped_by``: ``missed``); a point only some of whose seeds stopped misses the
 target on its estimate, and is undecided unless the other seeds' figures settle it with the stopped seeds' at
 their bounds.
+
+**A run that can only fail stops sooner.** A search that takes an undecided fail as failed
+(``escalate_failing=False``, ``recommend``'s bisections) asks of a point judged on one run only whether
+that run passes: a decided and an undecided fail give the same answer. Inside such a block its runs stop
+once their window's sure misses already leave a limit's share below its target at all
+(:data:`FAILING_MARGIN` instead of :data:`MISS_MARGIN`): the whole run's estimate would have missed the
+target, so its verdict would have been a fail. Such a stop is judged an undecided fail, which is what it
+shows; a verdict pooled over seeds keeps :data:`MISS_MARGIN` (one seed's shortfall can be another's surplus).
 """
 from __future__ import annotations
 
@@ -84,7 +92,7 @@ from llmsim.config.progress import QUIET, Progress
 from llmsim.errors import ConfigError
 from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.scenario.variants import SESSION_START_KEY
-from llmsim.search.sweeps import judging_at_checkpoints, run_points, stopping_missed_runs
+from llmsim.search.sweeps import judging_at_checkpoints, missed_stop, run_points, stopping_missed_runs
 from llmsim.sim.checkpoints import Checkpoints
 from llmsim.sim.missed import WATCHED, MissedStop
 from llmsim.sim.result import StopReason
@@ -100,6 +108,7 @@ ESCALATIONS = 3               # an undecided point is measured 2x, 4x, 8x longer
 MAX_REQUESTS = 2_000_000      # requests per simulation, whatever the window asks
 Z = 2.0                       # standard errors between an attainment and its target for a verdict
 MISS_MARGIN = Z * 0.5 / math.sqrt(BATCHES - 1)   # Z times the widest batch-means standard error of a share
+FAILING_MARGIN = 1e-9         # a stop that shows only a fail on the estimate: floating point's slack, no more
 
 
 @dataclass(frozen=True)
@@ -288,11 +297,13 @@ class Verdict:
         return min(self.margins.values(), default=(math.nan, math.nan))
 
 
-def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
+def judge(rows: pd.DataFrame, target: float | None = None, stop_margin: float = MISS_MARGIN) -> Verdict:
     """The verdict from one point's runs (one row per seed, flattened summaries).
 
     ``target`` None: every limit's percentile target; else the joint attainment (the share of
-    requests within every limit at once) must reach ``target``.
+    requests within every limit at once) must reach ``target``. ``stop_margin``: the margin of the
+    stop rule (:class:`~llmsim.sim.missed.MissedStop`) the runs stopped as missed ran under: a stopped run
+    falls short of a target by at least that much.
     """
     failed = rows[rows["error"].fillna("") != ""]
     if len(failed):
@@ -316,21 +327,23 @@ def judge(rows: pd.DataFrame, target: float | None = None) -> Verdict:
     if stopped is not None and stopped.any():       # sure to miss on the stopped seeds (module docstring)
         if target is not None:
             raise ValueError("a run stopped on its percentile targets cannot be judged on a joint attainment target")
-        decided = bool(stopped.all()) or _fails_whole(rows, checks, stopped.to_numpy())
+        decided = (bool(stopped.all()) and stop_margin >= MISS_MARGIN) or _fails_whole(rows, checks,
+                                                                                      stopped.to_numpy(), stop_margin)
         return Verdict(met=False, decided=decided, steady=steady, margins=margins)
     return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
 
 
-def _fails_whole(rows: pd.DataFrame, checks: dict[str, tuple[str, str, float]], stopped: np.ndarray) -> bool:
+def _fails_whole(rows: pd.DataFrame, checks: dict[str, tuple[str, str, float]], stopped: np.ndarray,
+                 margin: float) -> bool:
     """Whether the whole runs of a point only some of whose seeds stopped would have failed it beyond doubt:
-    a stopped seed's run fell short of a watched limit's target by more than :data:`MISS_MARGIN`, so with its
+    a stopped seed's run fell short of a watched limit's target by more than ``margin``, so with its
     attainment at that bound and the widest standard error a share can have, every watched limit the stop
     may have been on must still fail with the other seeds' own figures."""
     widest = MISS_MARGIN / Z
     for name, (column, stderr_column, wanted) in checks.items():
         if name.rsplit(".", 1)[-1] not in WATCHED:        # a class's check is named "<class>.<metric>"
             continue
-        attainment = np.where(stopped, wanted - MISS_MARGIN, rows[column].to_numpy(dtype=float))
+        attainment = np.where(stopped, wanted - margin, rows[column].to_numpy(dtype=float))
         stderr = np.where(stopped, widest, rows[stderr_column].to_numpy(dtype=float))
         if not attainment.mean() + Z * np.sqrt((stderr ** 2).sum()) / len(rows) <= wanted:   # NaN: not shown
             return False
@@ -396,6 +409,10 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
     """
     judged: list[Judged | None] = [None] * len(points)
     per_point = len(seeds) if seeds is not None and not any("seed" in p for p in points) else 1
+    # Inside a stop rule, one run per point and an undecided fail taken as failed: a run stops once it cannot pass
+    stop = missed_stop()
+    if stop is not None and per_point == 1 and not escalate_failing and target is None:
+        stop = replace(stop, margin=min(stop.margin, FAILING_MARGIN))
     used = [0] * len(points)              # each point's escalations so far
     current = list(windows)
     todo = list(range(len(points)))
@@ -407,14 +424,14 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
             group = [i for i in todo if stages[i] == count]
             runs = [current[i].longer(count) for i in group]
             with judging_at_checkpoints(Checkpoints(count, Settled(target, escalate_failing))) if count \
-                    else nullcontext():
+                    else nullcontext(), stopping_missed_runs(stop) if stop is not None else nullcontext():
                 rows_of = _simulate(scenario, [points[i] for i in group], runs, [rates[i] for i in group], seeds,
                                     per_point, workers, engine, progress)
             for i, rows in zip(group, rows_of):
                 reached = _stage_reached(rows, current[i], count)
                 window = current[i].longer(reached)
                 used[i] += reached
-                verdict = judge(rows, target)
+                verdict = judge(rows, target, MISS_MARGIN if stop is None else stop.margin)
                 judged[i] = Judged(verdict, rows, window)
                 if asks_longer(verdict, escalate_failing) and used[i] < escalations \
                         and window.lengthens(rates[i]):

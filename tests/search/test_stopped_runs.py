@@ -11,7 +11,8 @@ import pytest
 from llmsim.analysis import names
 from llmsim.analysis.statistics import BATCHES
 from llmsim.search.sweeps import reusing_runs
-from llmsim.search.window import (MISS_MARGIN, Z, judge, measurement_window, simulate_until_decided,
+from llmsim.scenario.variants import RATE_KEY, variant
+from llmsim.search.window import (FAILING_MARGIN, MISS_MARGIN, Z, judge, measurement_window, simulate_until_decided,
                                   stopping_decided_runs, typical_latency_s)
 
 from tests.helpers import make_scenario
@@ -49,6 +50,44 @@ def test_a_passing_point_is_the_same_with_the_stop():
         watched = _judged(5.0)
     assert whole.verdict == watched.verdict and not watched.stopped
     pd.testing.assert_frame_equal(whole.rows.drop(columns="point_id"), watched.rows.drop(columns="point_id"))
+
+
+def _one_run_each(rates: list[float]):
+    """Each rate judged on one run (seed 5), an undecided fail taken as failed (recommend's bisection probes)."""
+    scenario = make_scenario({**SLO, "workload": {"num_requests": 2000}})
+    points = [{RATE_KEY: rate, "seed": 5} for rate in rates]
+    windows = [measurement_window(one, rate, typical_latency_s(one, rate), own_floor=False)
+               for rate, one in zip(rates, (variant(scenario, point) for point in points))]
+    return simulate_until_decided(scenario, points, windows, rates, workers=1, escalate_failing=False)
+
+
+def test_a_one_run_point_stops_once_it_cannot_pass_and_its_whole_run_fails():
+    """Where one run is the verdict and an undecided fail counts as failed, a run stops once its window's sure
+    misses leave the share within a limit below the target at all: the whole runs (no stop) of every point
+    it stopped fail, decided or not (51 req/s: undecided), and every other point's verdict is the same."""
+    rates = [40.0, 50.0, 51.0, 52.0, 60.0]
+    whole = _one_run_each(rates)
+    with reusing_runs(), stopping_decided_runs():
+        watched = _one_run_each(rates)
+    assert [w.verdict.met for w in whole] == [True, True, False, False, False]
+    assert not whole[2].verdict.decided           # the whole run at 51 req/s fails only on its estimate
+    for full, stopped in zip(whole, watched):
+        assert stopped.verdict.met == full.verdict.met
+        if stopped.stopped:
+            assert not full.verdict.met
+            # a stop short of MISS_MARGIN shows a fail on the estimate only
+            assert not stopped.verdict.decided
+            assert stopped.rows["simulated_s"].iloc[0] < full.rows["simulated_s"].iloc[0]
+        else:
+            assert stopped.verdict == full.verdict
+    assert all(stopped.stopped for stopped in watched[2:])
+    assert FAILING_MARGIN < MISS_MARGIN
+
+
+def test_a_stopped_seed_is_decided_only_by_a_stop_as_wide_as_the_miss_margin():
+    rows = _rows([True], [0.5], [0.01])
+    assert judge(rows).decided and not judge(rows, stop_margin=FAILING_MARGIN).decided
+    assert not judge(rows, stop_margin=FAILING_MARGIN).met
 
 
 def _rows(stopped: list[bool], attainment: list[float], stderr: list[float]) -> pd.DataFrame:
