@@ -281,20 +281,41 @@ def _parsed_profile(path: str | Path) -> HardwareProfile:
 
     A search builds hundreds of scenario variants, and parsing a profile (0.05-0.2 s) was most of the
     time each took. The cache is keyed by the path as given and the file's text, so an edited file is
-    parsed again."""
+    parsed again; the YAML itself is parsed once per text (:func:`profile_data`)."""
     text = read_text(path)               # the front door: size and encoding checked, errors name the file
     key = (str(path), hashlib.sha256(text.encode()).digest())
     profile = _PARSED.get(key)
     if profile is None:
-        profile = profile_from_node(Node(parse_yaml(text, str(path)), file=str(path)), path=str(path))
-        if len(_PARSED) >= PARSED_PROFILES_KEPT:
-            del _PARSED[next(iter(_PARSED))]           # the oldest
-        _PARSED[key] = profile
+        profile = profile_from_node(Node(_parsed_text(text, str(path)), file=str(path)), path=str(path))
+        _keep(_PARSED, key, profile)
     return profile
+
+
+def profile_data(path: str | Path) -> dict:
+    """A profile file's YAML as parsed, shared with every reader of the same text (the profile's own
+    figures, a report's appendix and standing): not to be changed. The same file on two search paths (the
+    shipped folder and ``$LLMSIM_PROFILE_PATH``) is parsed once."""
+    return _parsed_text(read_text(path), str(path))
+
+
+def _parsed_text(text: str, file: str) -> dict:
+    key = hashlib.sha256(text.encode()).digest()
+    data = _DATA.get(key)
+    if data is None:
+        data = parse_yaml(text, file)
+        _keep(_DATA, key, data)
+    return data
+
+
+def _keep(cache: dict, key, value) -> None:
+    if len(cache) >= PARSED_PROFILES_KEPT:
+        del cache[next(iter(cache))]           # the oldest
+    cache[key] = value
 
 
 PARSED_PROFILES_KEPT = 256
 _PARSED: dict[tuple, HardwareProfile] = {}     # see _parsed_profile
+_DATA: dict[bytes, dict] = {}                  # see profile_data
 
 
 def profile_dirs() -> list[Path]:
@@ -343,11 +364,34 @@ def _lookup(name: str, node: Node | None, key: str, copied: bool) -> HardwarePro
         for path in sorted(directory.glob("*.yaml")):
             if path.stem.lower() == name.lower():
                 return load(path)
-    catalog = _shared_catalog()
-    for profile_name, profile in catalog.items():
-        if name.lower() in (profile_name.lower(), *(alias.lower() for alias in profile.aliases)):
-            return copy.deepcopy(profile) if copied else profile
-    raise _unknown(name, node, key, "unknown hardware profile", list(catalog))
+    found = _named(name)
+    if found is not None:
+        return copy.deepcopy(found) if copied else found
+    raise _unknown(name, node, key, "unknown hardware profile", list(_shared_catalog()))
+
+
+def _named(name: str) -> HardwareProfile | None:
+    """The profile of the catalog (:func:`_shared_catalog`: by name, the first found wins) that has ``name``
+    (case-insensitive) as its name or one of its aliases, parsing only the files that could hold it.
+
+    A profile's name and aliases are written in its file, so a file whose text does not contain ``name`` is
+    not it, and a profile is hidden behind an earlier one of the same name only where that one's text
+    contains the name too: looking up an alias parses a few small files, not every profile on the path. (A name
+    written with YAML escapes, ``"CS\\x2D3"``, would not be found this way; no profile writes one.)"""
+    wanted = name.lower()
+    paths = [path for directory in profile_dirs() for path in sorted(directory.glob("*.yaml"))]
+    texts = [read_text(path).lower() for path in paths]
+    for index, path in enumerate(paths):
+        if wanted not in texts[index]:
+            continue
+        profile = _parsed_profile(path)
+        if wanted not in (profile.name.lower(), *(alias.lower() for alias in profile.aliases)):
+            continue
+        own = profile.name.lower()
+        if not any(own in texts[earlier] and _parsed_profile(paths[earlier]).name == profile.name
+                   for earlier in range(index)):
+            return profile
+    return None
 
 
 def _unknown(name, node, key, message, names=()):

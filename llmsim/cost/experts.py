@@ -293,6 +293,7 @@ class ExpertParallelCostModel(CostModel):
                             self._moe_layers, self.data_parallel, tensor_parallel, model, layout, all_to_all,
                             busiest.assignments.tobytes(), busiest.mean.tobytes()))
         self._memo: dict[tuple[float, float], float] = shared_memo(_shared_memos, key, dict)
+        self._step_extras: dict[float, tuple[float, float, float]] = {}     # step()'s, by the step's tokens
 
     def busiest_assignments(self, tokens_per_step):
         """The busiest rank's expert assignments in a step where each data-parallel rank runs
@@ -362,15 +363,20 @@ class ExpertParallelCostModel(CostModel):
 
     def step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits, decode_seqs,
              decode_kv_read, prefill_padding=0.0, prefill_longest=0.0) -> tuple[float, float, float]:
-        """The simulator's per-iteration path (:meth:`CostModel.step`) with the MoE layers' time added."""
-        time_s, flops, moved = super().step(prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
-                                            decode_seqs, decode_kv_read, prefill_padding, prefill_longest)
-        tokens = float(prefill_tokens + decode_seqs)
+        """The simulator's per-iteration path (:meth:`CostModel.step`) with the MoE layers' time and work added,
+        remembered by the step's tokens (:meth:`_step_extra`): every iteration asks."""
+        time_s, flops, moved = CostModel.step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
+                                              decode_seqs, decode_kv_read, prefill_padding, prefill_longest)
+        tokens = prefill_tokens + decode_seqs
+        extra = self._step_extras.get(tokens)
+        if extra is None:
+            extra = self._step_extras[tokens] = self._step_extra(float(tokens))
+        return time_s + extra[0], flops + extra[1], moved + extra[2]
+
+    def _step_extra(self, tokens: float) -> tuple[float, float, float]:
+        """(seconds, FLOPs, bytes) the MoE layers add to one iteration of ``tokens`` tokens."""
         extra_flops, extra_bytes = self._expert_work(tokens, 1.0)
-        expert_s = self._memo.get((1.0, tokens))          # _remembered_s's memo read here: every iteration asks
-        if expert_s is None:
-            expert_s = self._remembered_s(1.0, tokens)
-        return time_s + expert_s, flops + extra_flops, moved + extra_bytes * self.tp
+        return self._remembered_s(1.0, tokens), extra_flops, extra_bytes * self.tp
 
     def rows_total(self, rows: np.ndarray) -> tuple[float, float, float]:
         """A few iterations together (a speculative step's rows), through :meth:`iteration`."""

@@ -43,7 +43,7 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.analysis.frontier import pareto_frontier
 from llmsim.analysis.metrics import summarize
-from llmsim.catalog.hardware import lookup_hardware
+from llmsim.catalog.hardware import lookup_hardware, profile_data
 from llmsim.config.policies import AcceptanceProcess
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
@@ -820,7 +820,7 @@ def hardware_figures(name: str, scenario: Scenario) -> list[list[str]]:
     by ``--hardware`` is already absolute)."""
     where = Node(None, file=scenario.path, base_dir=Path(scenario.source_dir or "."))
     profile = lookup_hardware(name, where, "hardware")
-    data = load_yaml(profile.path) if profile.path else {}
+    data = profile_data(profile.path) if profile.path else {}
     engine = scenario.engine.kernels.value
     rows = []
 

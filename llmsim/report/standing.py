@@ -24,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmsim.catalog.hardware import lookup_hardware
-from llmsim.config.reader import Node, load_yaml
+from llmsim.catalog.hardware import lookup_hardware, profile_data
+from llmsim.config.reader import Node
 from llmsim.scenario.scenario import Scenario
 
 MEASURED, DERIVED, ASSUMPTION = "measured", "derived", "assumption"
@@ -55,7 +55,7 @@ def chip_standing(name: str, scenario: Scenario) -> Standing:
     scenario's ``hardware`` key does)."""
     where = Node(None, file=scenario.path, base_dir=Path(scenario.source_dir or "."))
     profile = lookup_hardware(name, where, "hardware")
-    data = load_yaml(profile.path) if profile.path else {}
+    data = profile_data(profile.path) if profile.path else {}
     engine = scenario.engine.kernels.value
     kernels = data.get("kernels") if isinstance(data.get("kernels"), dict) else None
     if kernels is not None:

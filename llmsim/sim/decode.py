@@ -32,7 +32,6 @@ operations. Speculative decoding emits a variable number of tokens per step and 
 from __future__ import annotations
 
 import sys
-from array import array
 from abc import ABC, abstractmethod
 from bisect import bisect_left
 from functools import partial
@@ -43,7 +42,8 @@ import numpy as np
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
 NEVER = sys.maxsize                 # a decode step no sequence reaches
-STEP_ARRAY = 1024                   # decode steps the per-step arrays hold at first
+STEP_ARRAY = 1024                   # decode steps the step table holds at first
+END, GAP, CONTINUING = range(3)     # the step table's columns
 
 
 class StepPrice(NamedTuple):
@@ -97,6 +97,7 @@ class DecodeSet(ABC):
     """
 
     n: int
+    __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step")
 
     def __init__(self, engine):
         self.engine = engine
@@ -134,7 +135,12 @@ class DecodeSet(ABC):
 
 
 class EventDecodeSet(DecodeSet):
-    """One token per sequence per step, kept by events (see the module docstring)."""
+    """One token per sequence per step, kept by events (see the module docstring). Its state is in slots, as
+    the engine's is (:class:`~llmsim.sim.engine.EngineProcess`)."""
+
+    __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_block_due", "_next_block_due", "_window_due",
+                 "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
+                 "_held_steps", "_longest_from_step", "_longest_from_gap_s")
 
     def __init__(self, engine):
         super().__init__(engine)
@@ -152,27 +158,25 @@ class EventDecodeSet(DecodeSet):
         self._offset_sum = 0                        # sum of (context_start - decode_start) over those
         self._all_offset_sum = 0                    # and over every decoding sequence (global layers)
         self._joined = 0                            # sequences whose first decode step is the next one
-        # From decode step _first_step on (the steps before were handed to the engine's gaps): the end
-        # time of every decode step and the time since the decode step before it.
+        # From decode step _first_step on (the steps before were handed to the engine's gaps), a row per decode
+        # step: when it ended, the time since the decode step before it, and how many sequences also decoded the
+        # step before (a step writes one row, in one place, rather than one item in each of three arrays).
         self._first_step = 0
-        self._step_end_s = np.zeros(STEP_ARRAY)
-        self._step_gap_s = np.zeros(STEP_ARRAY)
-        self._views()
+        self._steps = np.zeros((STEP_ARRAY, 3))
+        self._view()
         # The steps whose gap is longer than every later step's, in order, and those gaps: the longest
         # gap from any step on is the first of them at or after it (a sequence that ends looks up its
         # longest inter-token gap there instead of reading back through every step it decoded).
         self._longest_from_step: list[int] = []
         self._longest_from_gap_s: list[float] = []
-        self._continuing = array("q")              # per decode step from _first_step: sequences that also
-                                                    # decoded the step before
 
-    def _views(self) -> None:
-        """Memoryviews of the step arrays: an element read or written through one costs less than numpy's
-        indexing (a step writes two, a finishing sequence reads one)."""
+    def _view(self) -> None:
+        """A flat memoryview of the step table (row ``i``'s column ``c`` at ``3 * i + c``): an element read or
+        written through it costs less than numpy's indexing (a step writes three, a finishing sequence reads
+        two)."""
         # Float64 items ("d"); typeshed cannot read a memoryview's item type from a numpy array.
-        self._step_end_w = cast("memoryview[float]", memoryview(self._step_end_s))
-        self._step_gap_w = cast("memoryview[float]", memoryview(self._step_gap_s))
-        self._held_steps = len(self._step_end_s)
+        self._steps_w = cast("memoryview[float]", memoryview(self._steps.reshape(-1)))
+        self._held_steps = len(self._steps)
 
     def context(self, request: Request) -> int:
         """A decoding sequence's KV length now (closed form)."""
@@ -232,10 +236,11 @@ class EventDecodeSet(DecodeSet):
         at = step - self._first_step
         if at >= self._held_steps:
             at = self._make_room()
-        ends = self._step_end_w
-        ends[at] = now
+        row = 3 * at
+        table = self._steps_w
+        table[row + END] = now
         if step:
-            self._step_gap_w[at] = gap = now - ends[at - 1]
+            table[row + GAP] = gap = now - table[row - 3 + END]
             gaps = self._longest_from_gap_s
             if gaps and gaps[-1] <= gap:
                 steps = self._longest_from_step
@@ -244,7 +249,7 @@ class EventDecodeSet(DecodeSet):
                     steps.pop()
             self._longest_from_step.append(step)
             gaps.append(gap)
-        self._continuing.append(self.n - self._joined)
+        table[row + CONTINUING] = self.n - self._joined
         self._joined = 0
         self.step = step = step + 1
         if self._next_finish == step:
@@ -320,15 +325,15 @@ class EventDecodeSet(DecodeSet):
         if start == self.step:
             self._joined -= 1                        # left before its first decode step
         if done:
-            ends, engine, first_step = self._step_end_w, self.engine, self._first_step
-            first_end = ends[start - first_step]
+            table, engine, first_step = self._steps_w, self.engine, self._first_step
+            first_end = table[3 * (start - first_step) + END]
             first = first_end - request.last_token_s
             engine.first_gap_end_s.append(first_end)
             engine.first_gap_s.append(first)
             # The longest gap after the first, over steps start + 1 .. step - 1 (the last step taken).
             longest = self._longest_from_gap_s[bisect_left(self._longest_from_step, start + 1)] if done > 1 else 0.0
             request.max_itl_s = max(request.max_itl_s, first, longest)
-            request.last_token_s = ends[step - 1 - first_step]
+            request.last_token_s = table[3 * (step - 1 - first_step) + END]
 
     def _decoding(self):
         """The requests in this set (admitted, running, their prompt complete)."""
@@ -337,10 +342,10 @@ class EventDecodeSet(DecodeSet):
                 if request.status is RUNNING and request not in engine.prefilling and request.decode_start >= 0)
 
     def _make_room(self) -> int:
-        """The step arrays are full: hand the gaps of the steps no decoding sequence reads again (before
+        """The step table is full: hand the gaps of the steps no decoding sequence reads again (before
         the oldest one's first step, and before the last step, which the next gap reads) to the
-        engine's ``gaps`` and drop them, doubling the arrays where more than half of them is still
-        needed. Returns the current step's place in them."""
+        engine's ``gaps`` and drop them, doubling the table where more than half of it is still
+        needed. Returns the current step's row in it."""
         step = self.step
         keep = min([request.decode_start for request in self._decoding()], default=step)
         keep = max(min(keep, step - 1), 0)
@@ -349,13 +354,11 @@ class EventDecodeSet(DecodeSet):
         self._hand_over(keep, self.engine.gaps)
         drop = keep - self._first_step
         kept = step - keep
-        ends, gaps = self._step_end_s, self._step_gap_s
-        if 2 * kept > len(ends):
-            self._step_end_s, self._step_gap_s = np.zeros(2 * len(ends)), np.zeros(2 * len(ends))
-        self._step_end_s[:kept] = ends[drop:drop + kept]
-        self._step_gap_s[:kept] = gaps[drop:drop + kept]
-        self._views()
-        del self._continuing[:drop]
+        held = self._steps
+        if 2 * kept > len(held):
+            self._steps = np.zeros((2 * len(held), 3))
+        self._steps[:kept] = held[drop:drop + kept]
+        self._view()
         self._first_step = keep
         # Suffix maxima from a step no sequence starts after (so none looks up) go too.
         stale = bisect_left(self._longest_from_step, keep + 1)
@@ -368,8 +371,8 @@ class EventDecodeSet(DecodeSet):
         start = max(first_step, 1) - first_step
         stop = until - first_step
         if stop > start:
-            gaps.add(self._step_end_s[start:stop].copy(), self._step_gap_s[start:stop].copy(),
-                     np.frombuffer(self._continuing, np.int64)[start:stop].astype(float))
+            rows = self._steps[start:stop]
+            gaps.add(rows[:, END].copy(), rows[:, GAP].copy(), rows[:, CONTINUING].copy())
 
     def close(self, gaps: InterTokenGaps) -> None:
         for request in self._decoding():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 class KVCache:
     tiered = False               # no prefix cache, host tier or swap: the engine skips their hooks
+    __slots__ = ("num_blocks", "block_size", "free_blocks", "allocated_total", "freed_total")
 
     def __init__(self, num_blocks: int, block_size: int):
         self.num_blocks = num_blocks

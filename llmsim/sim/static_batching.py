@@ -24,6 +24,8 @@ class StaticBatchEngine(EngineProcess):
     """An engine that serves one static batch at a time (see the module docstring). A batch
     reserves all the KV it needs, so it is never preempted (``preemptions`` stays 0)."""
 
+    __slots__ = ("_batch", "_steps")
+
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: WaitingQueue, config: EngineConfig, on_done: Callable[[Request, float], None],
                  micro_batch: int = 0):

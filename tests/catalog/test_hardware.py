@@ -99,6 +99,54 @@ def test_a_chip_is_found_by_each_of_its_aliases_and_no_name_means_two_chips():
             assert taken.setdefault(alias.lower(), profile.name) == profile.name, alias
 
 
+def named_in_catalog(name: str) -> str | None:
+    """The reference for a lookup by alias: the catalog's first profile (by name, the first found wins) with
+    that name or alias, every profile on the path parsed."""
+    return next((profile_name for profile_name, profile in hardware_catalog().items()
+                 if name.lower() in (profile_name.lower(), *(a.lower() for a in profile.aliases))), None)
+
+
+def test_an_alias_lookup_parsing_only_the_files_that_mention_it_finds_what_the_whole_catalog_finds(
+        tmp_path, monkeypatch):
+    """Two search folders: a chip named like a shipped one, whose alias only it has (hidden behind the shipped
+    one, which comes first by name, so the alias finds nothing, as in the catalog), and one of a new name whose
+    alias a shipped chip's text mentions; every name, alias and file stem of every profile is looked up too."""
+    from llmsim import lookup_hardware
+    from llmsim.catalog.hardware import _named
+    raw = yaml.safe_load((shipped_profile_dir() / "h100-sxm.yaml").read_text())
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    (first / "zz-h100.yaml").write_text(yaml.safe_dump({**raw, "aliases": ["H100"]}))
+    (second / "shadowed.yaml").write_text(yaml.safe_dump({**raw, "aliases": ["only-here"]}))
+    (second / "renamed.yaml").write_text(yaml.safe_dump({**raw, "name": "Renamed-H100", "aliases": ["nvbandwidth"]}))
+    monkeypatch.setenv("LLMSIM_PROFILE_PATH", f"{first}:{second}")
+    names = {"only-here", "nvbandwidth", "no-such-chip", *(n for profile in hardware_catalog().values()
+                                                   for n in (profile.name, *profile.aliases))}
+    assert "nvbandwidth" in (shipped_profile_dir() / "h100-sxm.yaml").read_text().lower()     # its text mentions it
+    for name in sorted(names):
+        found = _named(name)
+        assert (found.name if found else None) == named_in_catalog(name), name
+    assert _named("only-here") is None and _named("nvbandwidth").name == "Renamed-H100"
+    with pytest.raises(ConfigError, match="unknown hardware profile"):
+        lookup_hardware("only-here")
+
+
+def test_a_profile_file_is_parsed_once_per_text_and_its_data_left_as_parsed(tmp_path, monkeypatch):
+    """The same text on two paths is parsed once; building the profile leaves the shared data equal to a fresh
+    parse of the file (the report's appendix and standing read it)."""
+    import llmsim.catalog.hardware as hardware
+    from llmsim.catalog.hardware import profile_data
+    text = (shipped_profile_dir() / "h200.yaml").read_text() + "\n# a copy\n"
+    paths = [tmp_path / "one.yaml", tmp_path / "two.yaml"]
+    for path in paths:
+        path.write_text(text)
+    parsed = []
+    monkeypatch.setattr(hardware, "parse_yaml", lambda text, file=None: parsed.append(file) or yaml.safe_load(text))
+    assert {load_profile(path).name for path in paths} == {"H200"}
+    assert parsed == [str(paths[0])]
+    assert profile_data(paths[1]) == yaml.safe_load(text) and parsed == [str(paths[0])]
+
+
 @pytest.mark.parametrize("aliases", ["H100", [""], [3], {"a": 1}])
 def test_aliases_must_be_a_list_of_names(tmp_path, aliases):
     raw = yaml.safe_load((shipped_profile_dir() / "h100-sxm.yaml").read_text())

@@ -75,7 +75,7 @@ def test_longest_inter_token_gap_matches_the_token_times_rebuilt_from_the_iterat
 
 def test_dropping_the_decode_steps_no_sequence_reads_changes_no_record_or_gap(monkeypatch):
     """The decode set hands the gaps of steps before the oldest decoding sequence's first one to the
-    engine and drops them when its step arrays fill. Started tiny (they fill every few steps, while
+    engine and drops them when its step table fills. Started tiny (it fills every few steps, while
     sequences are preempted and recomputed), it gives the records and inter-token gaps of a set that
     never drops a step, and holds no more steps than a few times the longest decode run."""
     scenario = make_scenario({"engine": {"memory_utilization": 0.25, "max_model_len": 8192},
@@ -85,7 +85,7 @@ def test_dropping_the_decode_steps_no_sequence_reads_changes_no_record_or_gap(mo
     held = {"steps": 0}
 
     def watch(engine, iteration):
-        held["steps"] = max(held["steps"], len(engine.decode._step_end_s), len(engine.decode._continuing))
+        held["steps"] = max(held["steps"], len(engine.decode._steps))
 
     monkeypatch.setattr(decode_module, "STEP_ARRAY", 2)
     dropped = simulate_checked(scenario, observers=[watch])
