@@ -186,8 +186,9 @@ def summarize(result: SimulationResult) -> RunSummary:
     slo = slo_summary(steady, scenario.slo, window)
     classes = (class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
                if scenario.workload.classes else None)
-    decoding = iterations if split is None else iterations[iterations["pool"] == "decode"]
-    utilisation = utilisation_in(decoding, start, stop, measured, result.kv_blocks_per_replica, replicas)
+    pools = pool_rows(result)
+    utilisation = utilisation_in(iterations, start, stop, measured, result.kv_blocks_per_replica, replicas,
+                                 pools["decode"] if split is not None else None)
     ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     return run_summary(
         result, (start, stop), replicas, counts, latency,
@@ -203,7 +204,8 @@ def summarize(result: SimulationResult) -> RunSummary:
         kv_cache_summary(result.kv_tiers, steady, steady[finished_steady], records,
                          scenario.deployment.replicas * scenario.deployment.data_parallel)
         if result.kv_tiers else None,
-        disaggregation_summary(result, iterations, steady[finished_steady], start, stop) if split is not None else None)
+        disaggregation_summary(result, iterations, steady[finished_steady], start, stop, pools)
+        if split is not None else None)
 
 
 def paid_devices(result: SimulationResult, replicas: float) -> float:
@@ -285,15 +287,25 @@ def run_summary(result: SimulationResult, window_s: tuple[float, float], replica
     )
 
 
+def pool_rows(result: SimulationResult) -> dict[str, np.ndarray]:
+    """A disaggregated run's pools by name, each with the mask of its rows in the iteration log (none
+    for an aggregated run)."""
+    if result.disaggregation is None:
+        return {}
+    pool = result.iterations["pool"]
+    return {totals.pool: (pool == totals.pool).to_numpy(dtype=bool) for totals in result.disaggregation.pools}
+
+
 def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, finished: pd.DataFrame,
-                           start: float, stop: float) -> DisaggregationSummary:
-    """The disaggregated run's link, TTFT split and pools (:class:`~llmsim.analysis.summary.DisaggregationSummary`)."""
+                           start: float, stop: float, rows: dict[str, np.ndarray]) -> DisaggregationSummary:
+    """The disaggregated run's link, TTFT split and pools (:class:`~llmsim.analysis.summary.DisaggregationSummary`;
+    ``rows``: :func:`pool_rows`)."""
     split, records = result.disaggregation, result.requests
     assert split is not None                               # summarized only for a disaggregated run
     pools = {}
     for pool in split.pools:
-        rows = iterations[iterations["pool"] == pool.pool]
-        busy = utilisation_in(rows, start, stop, result.scenario.pool(pool.pool), 1).busy_fraction
+        busy = utilisation_in(iterations, start, stop, result.scenario.pool(pool.pool), 1,
+                              rows=rows[pool.pool]).busy_fraction
         pools[pool.pool] = PoolSummary(pool.hardware, pool.replicas, pool.tensor_parallel, pool.pipeline_parallel,
                                        pool.usd_per_hour, busy, pool.expert_parallel)
     moved = finished[~finished["aggregated"]]
@@ -337,11 +349,12 @@ def mean_replicas_between(provisioned: pd.DataFrame, start_s: float, stop_s: flo
 
 
 def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario, kv_blocks: int,
-                   replicas: float | None = None) -> Utilisation:
+                   replicas: float | None = None, rows: np.ndarray | None = None) -> Utilisation:
     """How busy the devices were in ``[start, stop]``, from the time each iteration spent inside it.
 
     ``replicas`` is how many replicas there were on average in the window (default the
     deployment's): with autoscaling, the replicas paid for, starting and draining ones included.
+    ``rows`` (a boolean mask) takes the iterations it selects (one pool's), column by column (all where None).
 
     A replica runs one engine per pipeline micro-batch, each one iteration after another, and
     an iteration occupies each of the ``pp`` stages for ``1/pp`` of its duration: the busy
@@ -349,11 +362,13 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     and MFU and bandwidth utilisation take the window's share of each iteration's FLOPs and
     bytes, so all are within [0, 1] whatever straddles the window's edges.
     """
-    return utilisation_from(iteration_overlap(iterations["start_s"].to_numpy(), iterations["end_s"].to_numpy(),
-                                              iterations["duration_s"].to_numpy(), iterations["flops"].to_numpy(),
-                                              iterations["bytes"].to_numpy(), iterations["kv_used_blocks"].to_numpy(),
-                                              (iterations["decode_seqs"] + iterations["prefill_seqs"]).to_numpy(),
-                                              start, stop),
+    def column(name: str) -> np.ndarray:
+        values = iterations[name].to_numpy()
+        return values if rows is None else values[rows]
+
+    return utilisation_from(iteration_overlap(column("start_s"), column("end_s"), column("duration_s"), column("flops"),
+                                              column("bytes"), column("kv_used_blocks"),
+                                              column("decode_seqs") + column("prefill_seqs"), start, stop),
                             stop - start, scenario, kv_blocks, replicas)
 
 

@@ -307,8 +307,16 @@ class DisaggregatedRouter:
             self.prefill.leave(request, now)
         return done
 
+    def decode_hooks(self) -> list[Callable[[Engine], None]]:
+        """What every decode engine calls after each of its iterations (``Engine.hooks``): with
+        ``before_transfer``, :meth:`observe_decode`; none with ``after_transfer``, whose requests wait in the
+        engine's own queue, which the engine admits from itself (an engine with hooks pays for them at every
+        iteration)."""
+        return [self.observe_decode] if self._before else []
+
     def observe_decode(self, engine: Engine) -> None:
-        """After each decode iteration: KV may have been freed for requests waiting to reserve it."""
+        """After each decode iteration (``before_transfer``): KV or a sequence slot may have been freed for
+        requests waiting to reserve blocks or, their KV arrived, to join."""
         index = engine.index - self.decode_first_index
         if self.ready[index]:
             self.join(index, engine.now)
@@ -316,14 +324,14 @@ class DisaggregatedRouter:
             self.reserve(index, engine.now)
 
 
-def pool_totals(name: str, scenario: Scenario, iterations: pd.DataFrame, end_s: float) -> PoolTotals:
+def pool_totals(name: str, scenario: Scenario, duration_s: pd.Series, end_s: float) -> PoolTotals:
     """A pool's size, price and power, and how busy its replicas were over the run: the share of each
-    replica's pipeline time its iterations took (``iterations``: this pool's rows; with expert parallelism
-    each attention data-parallel rank is such a replica)."""
+    replica's pipeline time its iterations took (``duration_s``: this pool's iterations' durations; with expert
+    parallelism each attention data-parallel rank is such a replica)."""
     dep = scenario.deployment
     devices = dep.replicas * dep.devices_per_replica
     engines = dep.replicas * dep.data_parallel * dep.pipeline_parallel     # each data-parallel rank's pipeline
-    busy = float(iterations["duration_s"].sum()) / (end_s * engines) if end_s > 0 else math.nan
+    busy = float(duration_s.sum()) / (end_s * engines) if end_s > 0 else math.nan
     degree = dep.expert_parallel.degree if dep.expert_parallel is not None else 1
     return PoolTotals(name, scenario.hardware.name, dep.replicas, dep.tensor_parallel, dep.pipeline_parallel,
                       devices * scenario.hardware.price_per_hour_usd, devices * scenario.hardware.tdp_w, min(busy, 1.0),

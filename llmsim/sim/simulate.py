@@ -526,7 +526,8 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         requests = transfer_columns(requests, split)
         decoding = iterations["replica"] >= split.decode_first_index
         iterations.insert(0, "pool", np.where(decoding, "decode", "prefill"))
-        disaggregation = totals(split, [pool_totals(name, scenario.pool(name), iterations[rows], end_s)
+        durations = iterations["duration_s"]
+        disaggregation = totals(split, [pool_totals(name, scenario.pool(name), durations[rows], end_s)
                                         for name, rows in (("prefill", ~decoding), ("decode", decoding))], end_s)
     return SimulationResult(
         scenario=scenario,
@@ -596,7 +597,7 @@ def _disaggregated(scenario: Scenario, env: simpy.Environment, records: RequestR
             engine.handoff = hand_off
     for group in decode_groups:
         for engine in group:
-            engine.hooks.append(split.observe_decode)
+            engine.hooks.extend(split.decode_hooks())
     split.engines = [engine for group in prefill_groups + decode_groups for engine in group]
     split.resolved = decode_resolved
     return split

@@ -332,3 +332,33 @@ def test_observers_see_every_iteration_of_both_pools_and_the_decode_hook_runs_af
             assert np.array_equal(np.array([getattr(iteration, name) for iteration in mine]), rows[name].to_numpy())
     decode_iterations = sum(1 for index, _ in seen if index >= 1)        # the decode replica's engine: index 1
     assert len(hooked) == decode_iterations > 0 and set(hooked) == {1}
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_after_the_transfer_the_decode_engines_run_no_hook_and_the_run_is_the_hooked_one(seed):
+    """After the transfer a request waits in its decode engine's own queue, so the router's reservation and ready
+    queues stay empty and its hook has nothing to do: the decode engines run without it (it would cost every
+    iteration), and the run, a loaded one with a pipelined decode pool sharing one queue and KV cache, is
+    identical, record for record and iteration for iteration, to the run with the hook forced on every engine."""
+    from llmsim.sim import disaggregated as split_module
+
+    scenario = dataclasses.replace(disaggregated(
+        {"workload": {"num_requests": 200, "arrival": {"rate": 14.0}},
+         "engine": {"max_num_seqs": 8}}, reservation="after_transfer",
+        decode={"replicas": 1, "tensor_parallel": 1, "pipeline_parallel": 2}), seed=seed)
+    plain = simulate(scenario)
+    hooked: list[int] = []
+    original = split_module.DisaggregatedRouter.observe_decode
+
+    def counting(router, engine):
+        hooked.append(engine.index)
+        original(router, engine)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(split_module.DisaggregatedRouter, "observe_decode", counting)
+        patch.setattr(split_module.DisaggregatedRouter, "decode_hooks", lambda router: [router.observe_decode])
+        forced = simulate(scenario)
+    assert len(hooked) == (forced.iterations["pool"] == "decode").sum() > 0
+    decode = plain.iterations[plain.iterations["pool"] == "decode"]
+    assert (decode["queued"] > 0).any() and decode["micro_batch"].nunique() == 2     # a queue, two micro-batches
+    assert plain.requests.equals(forced.requests) and plain.iterations.equals(forced.iterations)
