@@ -1157,9 +1157,9 @@ class _Search:
                 self.progress.note(f"classes: sweep {sweeps}, {name}'s timeout")
                 options = class_timeout_options(self.class_timeouts_s, own)
                 candidates = {p: [c] + [_with_timeout(c, name, t) for t in options] for p, c in current.items()}
-                # only the best of each policy's candidates matters (its current setting screened already)
-                self.screen([c for options in candidates.values() for c in options], rate, window,
-                            list(candidates.values()))
+                # each must beat its policy's current setting (screened already) to be chosen
+                bars = {o: _screen_key(self.screened[(c, rate)]) for p, c in current.items() for o in candidates[p]}
+                self.screen([c for options in candidates.values() for c in options], rate, window, bars)
                 for p, tried in candidates.items():
                     # max keeps the first of equals: the current setting, unless another is strictly better
                     chosen = max((c for c in tried if (c, rate) in self.screened),
@@ -1217,57 +1217,36 @@ class _Search:
         return ExpertSearch(table, chosen, own)
 
     def screen(self, configs: Sequence[Config], rate: float, window: Window,
-               rivals: Sequence[Sequence[Config]] = ()) -> None:
+               bars: Mapping[Config, tuple[bool, bool, float]] | None = None) -> None:
         """Each configuration not screened yet at ``rate``: one window per seed (no escalation), its
         verdict pooled over the seeds.
 
-        ``rivals``: groups of configurations of which only the best screen (:func:`_screen_key`; of equals, the
-        first) is wanted. A group's *bar* is the best screen of its members screened on every seed. Every
-        configuration in a group then runs its first seed; then, round by round, each group's most promising
-        configuration (the highest key its first seeds leave it, :meth:`_best_key`) runs its other seeds, and a
-        configuration stops once even the best runs its other seeds could give leave it below its group's bar:
-        its screen on every seed could not be the group's best. It is kept (:attr:`_Search.ruled_out`) with the
-        key it can at most reach and the runs it had, and is screened again only where a later bar lies at or
-        below that key (a policy's bar only rises as its search goes on)."""
-        group_of = {c: group for group in rivals for c in group}
-
-        def bar(c: Config) -> tuple[bool, bool, float]:
-            return max((_screen_key(self.screened[(o, rate)]) for o in group_of.get(c, ())
-                        if (o, rate) in self.screened), default=_NO_BAR)
-
+        ``bars``: configuration -> the screen key (:func:`_screen_key`) it must beat to be chosen. The seeds
+        then run one at a time, and a configuration stops once even the best runs its other seeds could give
+        leave it below its bar (:meth:`_best_key`): its screen on every seed could not be chosen. It is kept
+        (:attr:`_Search.ruled_out`) with the key it can at most reach and the runs it had, and is screened again
+        only where a later bar lies at or below that key (a policy's bar only rises as its search goes on)."""
+        bars = bars or {}
         todo = [c for c in dict.fromkeys(configs) if (c, rate) not in self.screened
-                and not ((c, rate) in self.ruled_out and self.ruled_out[(c, rate)][0] < bar(c))]
+                and not ((c, rate) in self.ruled_out and self.ruled_out[(c, rate)][0] < bars.get(c, _NO_BAR))]
         if not todo:
             return
-        seeds = list(self.seeds)
+        # configurations with a bar run seed by seed, the others every seed at once
+        waves = [list(self.seeds)] if not any(c in bars for c in todo) else [[s] for s in self.seeds]
         rows: dict[Config, list[pd.DataFrame]] = {c: [] for c in todo}
-
-        def run(jobs: list[tuple[Config, list[int]]]) -> None:
-            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for c, wave in jobs for s in wave]
-            judged = iter(simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
-                                                 workers=self.workers, progress=self.progress, escalations=0))
-            for c, wave in jobs:
-                rows[c] += [next(judged).rows for _ in wave]
-                if len(rows[c]) == len(seeds):
-                    ran = pd.concat(rows[c], ignore_index=True)
-                    self.screened[(c, rate)] = Judged(judge(ran), ran, window)
-                    self.ruled_out.pop((c, rate), None)
-
-        # configurations in no group run every seed at once, the others their first seed first
-        run([(c, seeds if c not in group_of else seeds[:1]) for c in todo])
-        while True:
-            open_ = [c for c in todo if (c, rate) not in self.screened]
-            best = {c: self._best_key(rows[c], window) for c in open_}
-            live = sorted((c for c in open_ if best[c] >= bar(c)), key=lambda c: best[c], reverse=True)
-            if not live:
-                break
-            leaders: dict[int, Config] = {}
-            for c in live:
-                leaders.setdefault(id(group_of[c]), c)
-            run([(c, seeds[len(rows[c]):]) for c in leaders.values()])
+        for wave in waves:
+            live = [c for c in todo if not rows[c] or self._best_key(rows[c], window) >= bars.get(c, _NO_BAR)]
+            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for c in live for s in wave]
+            judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
+                                            workers=self.workers, progress=self.progress, escalations=0)
+            for i, c in enumerate(live):
+                rows[c] += [one.rows for one in judged[i * len(wave):(i + 1) * len(wave)]]
         for c in todo:
-            if (c, rate) not in self.screened:
-                ran = pd.concat(rows[c], ignore_index=True)
+            ran = pd.concat(rows[c], ignore_index=True)
+            if len(ran) == len(self.seeds):
+                self.screened[(c, rate)] = Judged(judge(ran), ran, window)
+                self.ruled_out.pop((c, rate), None)
+            else:
                 self.ruled_out[(c, rate)] = (self._best_key(rows[c], window), Judged(judge(ran), ran, window))
 
     def _best_key(self, rows: list[pd.DataFrame], window: Window) -> tuple[bool, bool, float]:
