@@ -104,7 +104,10 @@ The search (:func:`recommend`):
    longest wait in that run (the same run: :func:`llmsim.search.sweeps.reusing_runs`; the
    longest timeout of a class's options runs first), nor one under another of FCFS, priority, vLLM's priority
    and EDF where a run without preemptions shows the two order the classes' heads alike within its waits
-   (:func:`llmsim.sim.scheduling.same_admissions`). Each policy's best
+   (:func:`llmsim.sim.scheduling.same_admissions`). A candidate must beat its policy's current setting to be
+   chosen: its seeds run one at a time, and it stops once even the best runs its other seeds could give
+   (every request within every limit: :func:`llmsim.search.window.best_case`) leave it below that setting's
+   screen (exact: its screen on every seed could not have been chosen). Each policy's best
    combination then gets its goodput bisected like any other setting (starting at the probe
    rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
    from the scenario's own settings (which are then the baseline the gain is measured against).
