@@ -139,8 +139,6 @@ class ClassQueue:
     def choose(self, classes: list[int]) -> int:
         """The class, among ``classes`` (each with a request waiting), whose head goes next."""
         if self._key is not None:
-            if len(classes) == 1:
-                return classes[0]
             key, rules, queues = self._key, self.rules, self._queues
             return min(classes, key=lambda c: key(queues[c][0], rules[c]))
         return self._round_robin(classes)
@@ -330,8 +328,6 @@ class ClassQueueing(Queueing):
         self.preempts_for_waiting = order.preempts_for_waiting
         self.seats = [0] * len(rules)
         self._reserving = any(r.reserved_seqs for r in rules)
-        # without reservations or dedicated slots every class's head may take a slot exactly when one is free
-        self._same_seats = not self._reserving and all(r.on_timeout is not OnTimeout.DEDICATED for r in rules)
 
     # -- timeouts ---------------------------------------------------------------------------------
     def rejects_on_timeout(self) -> bool:
@@ -366,16 +362,10 @@ class ClassQueueing(Queueing):
     def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
         engine = self.engine
         queue = self.queue
-        max_num_seqs = engine.config.max_num_seqs
         while queue:
-            if self._same_seats:
-                if len(engine.running) >= max_num_seqs:
-                    break
-                classes = queue.waiting_classes()
-            else:
-                classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
-                if not classes:
-                    break
+            classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
+            if not classes:
+                break
             c = queue.choose(classes)
             request = queue.front(c)
             chunk = engine.fit(request, now, budget, self._forced(self.rules[c], request, now))
