@@ -92,21 +92,30 @@ def slo_from_hits(slo: SLO, attained: pd.Series, targets: dict[str, pd.Series], 
 
 def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], start: float, stop: float
                     ) -> dict[str, ClassSummary]:
-    """Every traffic class's figures (see :class:`~llmsim.analysis.summary.ClassSummary`)."""
+    """Every traffic class's figures (see :class:`~llmsim.analysis.summary.ClassSummary`). The masks are worked
+    out once on numpy columns; each class takes two frames from the records (its window's requests, and those
+    of them finished)."""
     window = stop - start
+    of_class, status = records["class"].to_numpy(), records["status"].to_numpy()
+    arrival, finish = records["arrival_s"].to_numpy(dtype=float), records["finish_s"].to_numpy(dtype=float)
+    finished = status == "finished"
+    arrived_in_window = (arrival >= start) & (arrival <= stop)
+    done_in_window = (finish > start) & (finish <= stop) & finished
+    output_tokens = records["output_tokens"]
     out = {}
     for name in names:
-        mine = records[records["class"] == name]
-        status = mine["status"]
-        steady = mine[(mine["arrival_s"] >= start) & (mine["arrival_s"] <= stop)]
-        finished = steady[steady["status"] == "finished"]
-        done_in_window = mine[(mine["finish_s"] > start) & (mine["finish_s"] <= stop) & (status == "finished")]
+        mine = of_class == name
+        steady = records[mine & arrived_in_window]
+        done = mine & done_in_window
+        steady_finished = records[mine & arrived_in_window & finished]
         out[name] = ClassSummary(
-            arrived=len(mine), finished=int((status == "finished").sum()),
-            rejected=int((status == "rejected").sum()), unfinished=int((status == "unfinished").sum()),
-            **{column: Distribution.of(finished[column]) for column in ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")},
-            requests_per_s=len(done_in_window) / window,
-            output_tokens_per_s=float(done_in_window["output_tokens"].sum()) / window,
+            arrived=int(mine.sum()), finished=int((mine & finished).sum()),
+            rejected=int((mine & (status == "rejected")).sum()),
+            unfinished=int((mine & (status == "unfinished")).sum()),
+            **{column: Distribution.of(steady_finished[column])
+               for column in ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")},
+            requests_per_s=int(done.sum()) / window,
+            output_tokens_per_s=float(output_tokens[done].sum()) / window,
             offered_requests_per_s=len(steady) / window,
             slo=slo_summary(steady, slo.for_class(name), window))
     return out

@@ -104,7 +104,10 @@ The search (:func:`recommend`):
    longest wait in that run (the same run: :func:`llmsim.search.sweeps.reusing_runs`; the
    longest timeout of a class's options runs first), nor one under another of FCFS, priority, vLLM's priority
    and EDF where a run without preemptions shows the two order the classes' heads alike within its waits
-   (:func:`llmsim.sim.scheduling.same_admissions`). Each policy's best
+   (:func:`llmsim.sim.scheduling.same_admissions`). A candidate must beat its policy's current setting to be
+   chosen: its seeds run one at a time, and it stops once even the best runs its other seeds could give
+   (every request within every limit: :func:`llmsim.search.window.best_case`) leave it below that setting's
+   screen (exact: its screen on every seed could not have been chosen). Each policy's best
    combination then gets its goodput bisected like any other setting (starting at the probe
    rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
    from the scenario's own settings (which are then the baseline the gain is measured against).
@@ -153,9 +156,9 @@ from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_ove
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
 from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (ESCALATIONS, Judged, Verdict, Window, binding_targets, check_cycle_fits, judge,
-                                  measurement_window, simulate_until_decided, stopping_decided_runs,
-                                  typical_latency_s)
+from llmsim.search.window import (ESCALATIONS, Judged, Verdict, Window, best_case, binding_targets,
+                                  check_cycle_fits, judge, measurement_window, simulate_until_decided,
+                                  stopping_decided_runs, typical_latency_s)
 from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
@@ -275,7 +278,9 @@ class ClassSearch:
     probe_rate_per_s: float          # where every candidate was screened
     timeouts_s: tuple[float, ...]    # the queue timeouts tried for each class (and its own)
     sweeps: int                      # coordinate-descent sweeps run
-    screened: pd.DataFrame           # every candidate screened: policy, timeouts, verdict there
+    # every candidate screened: policy, timeouts, verdict there, on ``seeds`` seeds (fewer: ruled out on them,
+    # its screen on every seed could not have been chosen: :meth:`_Search.screen`)
+    screened: pd.DataFrame
     best_per_policy: dict            # policy -> its best Config, goodput then bisected
 
 
@@ -872,6 +877,9 @@ def _screen_key(judged: Judged) -> tuple[bool, bool, float]:
     return verdict.met, not judged.stopped, margin if math.isfinite(margin) else -math.inf
 
 
+_NO_BAR = (False, False, -math.inf)      # the lowest screen key: a configuration without a bar always runs
+
+
 def _worst_check(verdict: Verdict) -> str:
     return min(verdict.margins, key=lambda name: verdict.margins[name][0]) if verdict.margins else ""
 
@@ -905,6 +913,8 @@ class _Search:
         self.results: dict[Config, dict] = {}
         self.brackets: dict[Config, list[_Bracket]] = {}            # per seed, as each bisection ended
         self.screened: dict[tuple[Config, float], Judged] = {}      # (candidate, probe rate) -> its screen
+        # (candidate, probe rate) -> the highest screen key it can reach, and its screen on the seeds it ran
+        self.ruled_out: dict[tuple[Config, float], tuple[tuple[bool, bool, float], Judged]] = {}
         self._analytic: dict[tuple, float] = {}
         self.rate = scenario.workload.rate_per_s
         self.expert_degree: int | None = None                # chosen by step 3b: its settings rank first
@@ -1150,22 +1160,26 @@ class _Search:
                 self.progress.note(f"classes: sweep {sweeps}, {name}'s timeout")
                 options = class_timeout_options(self.class_timeouts_s, own)
                 candidates = {p: [c] + [_with_timeout(c, name, t) for t in options] for p, c in current.items()}
-                self.screen([c for options in candidates.values() for c in options], rate, window)
+                # each must beat its policy's current setting (screened already) to be chosen
+                bars = {o: _screen_key(self.screened[(c, rate)]) for p, c in current.items() for o in candidates[p]}
+                self.screen([c for options in candidates.values() for c in options], rate, window, bars)
                 for p, tried in candidates.items():
                     # max keeps the first of equals: the current setting, unless another is strictly better
-                    chosen = max(tried, key=lambda c: _screen_key(self.screened[(c, rate)]))
+                    chosen = max((c for c in tried if (c, rate) in self.screened),
+                                 key=lambda c: _screen_key(self.screened[(c, rate)]))
                     moved |= chosen != current[p]
                     current[p] = chosen
             if not moved:
                 break
         self.progress.note("classes: goodput of each policy's best")
         self.evaluate(list(current.values()), start_rate_per_s=rate)
+        visited = [*self.screened.items(), *((key, j) for key, (_, j) in self.ruled_out.items())]
         screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts or ()),
                                   "met": j.verdict.met, "worst_margin": j.verdict.worst_margin[0],
                                   "worst_check": _worst_check(j.verdict),
                                   "margins": {name: margin for name, (margin, _) in j.verdict.margins.items()},
-                                  "steady": j.verdict.steady, "stopped": j.stopped}
-                                 for (c, r), j in self.screened.items() if r == rate])
+                                  "steady": j.verdict.steady, "stopped": j.stopped, "seeds": len(j.rows)}
+                                 for (c, r), j in visited if r == rate])
         return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
 
     def degree_of(self, config: Config) -> int:
@@ -1205,18 +1219,44 @@ class _Search:
         self.expert_degree = chosen
         return ExpertSearch(table, chosen, own)
 
-    def screen(self, configs: Sequence[Config], rate: float, window: Window) -> None:
+    def screen(self, configs: Sequence[Config], rate: float, window: Window,
+               bars: Mapping[Config, tuple[bool, bool, float]] | None = None) -> None:
         """Each configuration not screened yet at ``rate``: one window per seed (no escalation), its
-        verdict pooled over the seeds."""
-        todo = [c for c in dict.fromkeys(configs) if (c, rate) not in self.screened]
+        verdict pooled over the seeds.
+
+        ``bars``: configuration -> the screen key (:func:`_screen_key`) it must beat to be chosen. The seeds
+        then run one at a time, and a configuration stops once even the best runs its other seeds could give
+        leave it below its bar (:meth:`_best_key`): its screen on every seed could not be chosen. It is kept
+        (:attr:`_Search.ruled_out`) with the key it can at most reach and the runs it had, and is screened again
+        only where a later bar lies at or below that key (a policy's bar only rises as its search goes on)."""
+        bars = bars or {}
+        todo = [c for c in dict.fromkeys(configs) if (c, rate) not in self.screened
+                and not ((c, rate) in self.ruled_out and self.ruled_out[(c, rate)][0] < bars.get(c, _NO_BAR))]
         if not todo:
             return
-        points = [{**c.overrides(self.scenario), RATE_KEY: rate} for c in todo]
-        judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
-                                        seeds=self.seeds, workers=self.workers, progress=self.progress,
-                                        escalations=0)
-        for c, one in zip(todo, judged):
-            self.screened[(c, rate)] = one
+        # configurations with a bar run seed by seed, the others every seed at once
+        waves = [list(self.seeds)] if not any(c in bars for c in todo) else [[s] for s in self.seeds]
+        rows: dict[Config, list[pd.DataFrame]] = {c: [] for c in todo}
+        for wave in waves:
+            live = [c for c in todo if not rows[c] or self._best_key(rows[c], window) >= bars.get(c, _NO_BAR)]
+            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for c in live for s in wave]
+            judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
+                                            workers=self.workers, progress=self.progress, escalations=0)
+            for i, c in enumerate(live):
+                rows[c] += [one.rows for one in judged[i * len(wave):(i + 1) * len(wave)]]
+        for c in todo:
+            ran = pd.concat(rows[c], ignore_index=True)
+            if len(ran) == len(self.seeds):
+                self.screened[(c, rate)] = Judged(judge(ran), ran, window)
+                self.ruled_out.pop((c, rate), None)
+            else:
+                self.ruled_out[(c, rate)] = (self._best_key(rows[c], window), Judged(judge(ran), ran, window))
+
+    def _best_key(self, rows: list[pd.DataFrame], window: Window) -> tuple[bool, bool, float]:
+        """The highest screen key (:func:`_screen_key`) a configuration can reach on every seed, from its first
+        seeds' runs: its key with the other seeds' runs the best they could be (:func:`best_case`)."""
+        ran = pd.concat(rows, ignore_index=True)
+        return _screen_key(Judged(judge(best_case(ran, len(self.seeds))), ran, window))
 
     def judge(self, points: list[dict], escalate: bool = True) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while

@@ -333,6 +333,25 @@ def judge(rows: pd.DataFrame, target: float | None = None, stop_margin: float = 
     return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
 
 
+def best_case(rows: pd.DataFrame, runs: int) -> pd.DataFrame:
+    """``rows``, the first seeds' runs of a point judged on ``runs`` seeds, with the best runs the others could
+    be: every request within every limit (attainment 1, no spread) where any seed measured the limit, steady,
+    not stopped. :func:`judge` on them gives, limit by limit, at least the margin the point's whole runs can
+    give (each attainment is a mean over seeds, at most 1, and a limit no seed measures here is left out, as
+    it is left out of the whole runs' verdict when none of them measures it), and it meets the targets
+    wherever the whole runs can (a stopped or unsteady seed among ``rows`` fails both)."""
+    rest = runs - len(rows)
+    if rest <= 0:
+        return rows
+    best = rows.iloc[[0] * rest].copy()
+    for column, stderr_column, _ in _checks(rows, None).values():
+        best[column], best[stderr_column] = 1.0, 0.0
+    best[names.STEADY] = True
+    if names.STOPPED_BY in best:
+        best[names.STOPPED_BY] = StopReason.COMPLETED.value
+    return pd.concat([rows, best], ignore_index=True)
+
+
 def _fails_whole(rows: pd.DataFrame, checks: dict[str, tuple[str, str, float]], stopped: np.ndarray,
                  margin: float) -> bool:
     """Whether the whole runs of a point only some of whose seeds stopped would have failed it beyond doubt:

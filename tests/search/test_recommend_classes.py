@@ -177,3 +177,38 @@ def test_a_scenario_without_classes_cannot_search_them(capsys):
             recommend(make_scenario(base=copy.deepcopy(SCENARIO)), search="classes", class_timeouts_s=bad)
         assert error.value.key == "class_timeouts_s"      # the parameter; the command line names its flag
 
+
+
+
+@pytest.mark.slow
+def test_a_screen_rules_out_only_candidates_whose_screen_on_every_seed_is_below_their_bar(scenario):
+    """Screened with a bar (the key each must beat), candidates stop after fewer seeds only where their screen on
+    every seed, simulated apart, indeed ranks below it; the others' screens are those every seed gives."""
+    from dataclasses import replace
+
+    from llmsim.config.policies import Objective, SchedulingPolicy
+    from llmsim.config.progress import QUIET
+    from llmsim.search.recommend import _screen_key, _Search, class_timeouts
+    from llmsim.search.window import measurement_window, typical_latency_s
+
+    def searcher():
+        return _Search(scenario, [5, 6], Objective.GOODPUT, 1, 0.25, QUIET, own_settings=True)
+    base = searcher().defaults[0]
+    start = class_timeouts(base, scenario)
+    candidates = [replace(base, policy=policy, class_timeouts=(("chat", chat_s), start[1]))
+                  for policy in SchedulingPolicy for chat_s in (SHORT_S, LONG_S)]
+    rate = scenario.workload.rate_per_s
+    window = measurement_window(scenario, rate, typical_latency_s(scenario, rate), own_floor=False)
+    reference = searcher()
+    reference.screen(candidates, rate, window)
+    keys = {c: _screen_key(reference.screened[(c, rate)]) for c in candidates}
+    bar = sorted(keys.values())[len(keys) // 2]            # the median: some beat it, some do not
+    barred = searcher()
+    barred.screen(candidates, rate, window, dict.fromkeys(candidates, bar))
+    ruled_out = [c for c in candidates if (c, rate) in barred.ruled_out]
+    assert ruled_out and len(ruled_out) < len(candidates)
+    for c in candidates:
+        if c in ruled_out:
+            assert keys[c] < bar and keys[c] <= barred.ruled_out[(c, rate)][0]
+        else:
+            assert barred.screened[(c, rate)].verdict == reference.screened[(c, rate)].verdict

@@ -133,3 +133,24 @@ def test_a_class_point_some_of_whose_seeds_stopped():
     was skipped as unwatched, so a point only some of whose seeds stopped was always taken as decided)."""
     assert (judge(_class_rows([True, False], [0.1, 1.0], [0.01, 0.0])).decided,
             judge(_class_rows([True, False], [0.1, 0.3], [0.01, 0.01])).decided) == (False, True)
+
+
+def test_the_best_case_of_a_point_s_first_seeds_bounds_its_whole_verdict():
+    """judge() on a point's first seeds completed by best_case is, limit by limit, at least the margin every
+    seed's own runs give, and meets the targets wherever those do: checked against the whole runs at rates on
+    either side of capacity (one passing, one failing, one near)."""
+    from llmsim.search.window import best_case
+
+    seeds = [5, 6, 7]
+    for rate in (5.0, 40.0, 300.0):
+        scenario = make_scenario({**SLO, "workload": {"arrival": {"rate": rate}, "num_requests": 2000}})
+        window = measurement_window(scenario, rate, typical_latency_s(scenario, rate))
+        whole = simulate_until_decided(scenario, [{}], [window], [rate], seeds=seeds, workers=1)[0]
+        full = judge(whole.rows)
+        for first in (1, 2):
+            bound = judge(best_case(whole.rows.iloc[:first].reset_index(drop=True), len(seeds)))
+            assert full.met <= bound.met
+            assert set(bound.margins) == set(full.margins)
+            for name, (margin, _) in full.margins.items():
+                assert margin <= bound.margins[name][0] + 1e-12, (rate, first, name)
+        assert judge(best_case(whole.rows, len(seeds))) == full        # every seed run: the verdict itself
