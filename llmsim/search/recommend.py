@@ -145,8 +145,8 @@ import pandas as pd
 from llmsim.analysis import names
 from llmsim.config.policies import ControllerKnob, KPolicyName, Objective, SchedulingPolicy, SearchScope
 from llmsim.config.progress import QUIET, Progress
-from llmsim.analysis.fluid import has_length_law
-from llmsim.analysis.fluid_disaggregated import fluid_model
+from llmsim.analysis.fluid import FluidModel, has_length_law
+from llmsim.analysis.fluid_disaggregated import DisaggregatedFluid, fluid_model
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.errors import ConfigError
 from llmsim.search.plan import as_scenario, check_rate_driven
@@ -916,6 +916,8 @@ class _Search:
         # (candidate, probe rate) -> the highest screen key it can reach, and its screen on the seeds it ran
         self.ruled_out: dict[tuple[Config, float], tuple[tuple[bool, bool, float], Judged]] = {}
         self._analytic: dict[tuple, float] = {}
+        self._windows: dict[str, Window] = {}       # a probe point (json) -> its window (judge)
+        self._fluid: dict[str, FluidModel | DisaggregatedFluid | None] = {}     # a setting (json) -> its fluid model
         self.rate = scenario.workload.rate_per_s
         self.expert_degree: int | None = None                # chosen by step 3b: its settings rank first
         engine = scenario.engine
@@ -1258,21 +1260,37 @@ class _Search:
         ran = pd.concat(rows, ignore_index=True)
         return _screen_key(Judged(judge(best_case(ran, len(self.seeds))), ran, window))
 
+    def _setting_fluid(self, point: dict) -> FluidModel | DisaggregatedFluid | None:
+        """The fluid model of a point's setting (its rate and seed left out: a model of a workload with length
+        laws of its own reads neither), built once per setting; None where it is not modelled (ConfigError),
+        for :func:`~llmsim.search.window.typical_latency_s` to find so again."""
+        setting = {k: v for k, v in point.items() if k not in (RATE_KEY, "seed")}
+        key = json.dumps(setting, sort_keys=True, default=str)
+        if key not in self._fluid:
+            try:
+                self._fluid[key] = fluid_model(variant(self.scenario, setting))
+            except ConfigError:
+                self._fluid[key] = None
+        return self._fluid[key]
+
     def judge(self, points: list[dict], escalate: bool = True) -> list[Judged]:
         """Each point (one rate and seed) simulated over a window that follows its rate, longer while
         it passes undecided (:mod:`llmsim.search.window`); an undecided fail is taken as failed.
         ``escalate=False``: one window each, every verdict as that window leaves it."""
         rates = [point[RATE_KEY] for point in points]
         # A workload with length laws of its own has the fluid model read them, not a seed's sample: a point's
-        # window is then the same for every seed, and worked out once.
+        # window is then the same for every seed, and worked out once for the search; and the model reads
+        # neither the seed nor the rate, so a setting's serves every rate it is probed at (built once).
         seedless = has_length_law(self.scenario.workload)
-        windows, known = [], {}
+        windows, known = [], self._windows
         for point, rate in zip(points, rates):
             key = json.dumps({k: v for k, v in point.items() if not (seedless and k == "seed")}, sort_keys=True,
                              default=str)
             if key not in known:
                 at_rate = variant(self.scenario, point)
-                known[key] = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate), own_floor=False)
+                fluid = self._setting_fluid(point) if seedless else None
+                known[key] = measurement_window(at_rate, rate, typical_latency_s(at_rate, rate, fluid),
+                                                own_floor=False)
             windows.append(known[key])
         return simulate_until_decided(self.scenario, points, windows, rates, workers=self.workers,
                                       progress=self.progress, escalations=ESCALATIONS if escalate else 0,

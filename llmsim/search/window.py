@@ -83,7 +83,8 @@ import numpy as np
 import pandas as pd
 
 from llmsim.analysis import names
-from llmsim.analysis.fluid_disaggregated import fluid_model
+from llmsim.analysis.fluid import FluidModel
+from llmsim.analysis.fluid_disaggregated import DisaggregatedFluid, fluid_model
 from llmsim.analysis.metrics import class_summaries, slo_summary
 from llmsim.analysis.statistics import BATCHES, rising_trend
 from llmsim.analysis.summary import flatten
@@ -159,12 +160,18 @@ class Window:
                 **({SESSION_START_KEY: "stationary"} if self.stationary_sessions else {})}
 
 
-def typical_latency_s(scenario: Scenario, rate_per_s: float) -> float:
+def typical_latency_s(scenario: Scenario, rate_per_s: float,
+                      fluid: FluidModel | DisaggregatedFluid | None = None) -> float:
     """The mean end-to-end latency a search's window is measured in: the fluid model's at this
     total rate, else (not modelled, or beyond its capacity) that of a request just within the
-    strictest SLO limits (:func:`binding_targets`: TTFT limit + TPOT limit x mean output), else the E2E limit."""
+    strictest SLO limits (:func:`binding_targets`: TTFT limit + TPOT limit x mean output), else the E2E limit.
+
+    ``fluid``: the scenario's fluid model where already built (None: built here). A model reads neither the
+    arrival rate nor, where the workload has length laws of its own
+    (:func:`~llmsim.analysis.fluid.has_length_law`), the seed, so one built for a setting serves every rate
+    and seed a search probes it at, figure for figure."""
     try:
-        predicted = fluid_model(scenario).evaluate(rate_per_s)
+        predicted = (fluid_model(scenario) if fluid is None else fluid).evaluate(rate_per_s)
         e2e = float(predicted["e2e_mean_s"].iloc[0])
         if math.isfinite(e2e) and e2e > 0:
             return e2e
