@@ -3,6 +3,7 @@ transfers sharing it, work conservation), the two pools run as scenarios of thei
 requests and KV blocks across both pools, and streaming's closed form."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -304,15 +305,12 @@ def test_each_pool_runs_with_its_own_engine_settings():
     assert shared[shared["pool"] == "prefill"]["prefill_tokens"].max() > 1024
 
 
-def test_observers_see_every_iteration_of_both_pools_and_the_decode_hook_runs_after_each():
-    """The decode engines run the router's hook (KV freed: requests waiting to join or reserve) after every
-    iteration without building an Iteration for it; observers passed in still see every iteration of both
-    pools, as the result's iteration table records them, and the hook runs once per decode iteration."""
+@contextlib.contextmanager
+def counted_decode_hook():
+    """Within the block the router's decode hook records the index of every engine it runs for; yields the
+    monkeypatch (to patch more) and that list."""
     from llmsim.sim import disaggregated as split_module
-    from llmsim.sim.iterations import LOG_COLUMNS
 
-    scenario = disaggregated({"workload": {"num_requests": 150, "arrival": {"rate": 12.0}}})
-    seen: list = []
     hooked: list[int] = []
     original = split_module.DisaggregatedRouter.observe_decode
 
@@ -322,6 +320,18 @@ def test_observers_see_every_iteration_of_both_pools_and_the_decode_hook_runs_af
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(split_module.DisaggregatedRouter, "observe_decode", counting)
+        yield patch, hooked
+
+
+def test_observers_see_every_iteration_of_both_pools_and_the_decode_hook_runs_after_each():
+    """The decode engines run the router's hook (KV freed: requests waiting to join or reserve) after every
+    iteration without building an Iteration for it; observers passed in still see every iteration of both
+    pools, as the result's iteration table records them, and the hook runs once per decode iteration."""
+    from llmsim.sim.iterations import LOG_COLUMNS
+
+    scenario = disaggregated({"workload": {"num_requests": 150, "arrival": {"rate": 12.0}}})
+    seen: list = []
+    with counted_decode_hook() as (_, hooked):
         result = simulate(scenario, observers=[lambda engine, iteration: seen.append((engine.index, iteration))])
     table = result.iterations
     assert len(seen) == len(table) > 150
@@ -347,15 +357,7 @@ def test_after_the_transfer_the_decode_engines_run_no_hook_and_the_run_is_the_ho
          "engine": {"max_num_seqs": 8}}, reservation="after_transfer",
         decode={"replicas": 1, "tensor_parallel": 1, "pipeline_parallel": 2}), seed=seed)
     plain = simulate(scenario)
-    hooked: list[int] = []
-    original = split_module.DisaggregatedRouter.observe_decode
-
-    def counting(router, engine):
-        hooked.append(engine.index)
-        original(router, engine)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(split_module.DisaggregatedRouter, "observe_decode", counting)
+    with counted_decode_hook() as (patch, hooked):
         patch.setattr(split_module.DisaggregatedRouter, "decode_hooks", lambda router: [router.observe_decode])
         forced = simulate(scenario)
     assert len(hooked) == (forced.iterations["pool"] == "decode").sum() > 0
