@@ -4,7 +4,7 @@
 iteration log (named fields, :data:`LOG_COLUMNS`) plus what was scheduled, for whom
 (``chunks``: the prefill chunks, ``decoding``: whether the decoding sequences took a
 step). :class:`IterationLog` keeps the rows packed as doubles, 8 bytes a value, and
-:func:`iterations_frame` turns the logs into ``SimulationResult.iterations``.
+:func:`iterations_columns` turns the logs into the columns of ``SimulationResult.iterations``.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import typing
 from typing import NamedTuple
 
 import numpy as np
-import pandas as pd
 
 from llmsim.sim.request import Request
 
@@ -62,7 +61,7 @@ class IterationLog:
     """Every iteration of one engine, row after row of doubles in chunks of :data:`CHUNK_ROWS` rows.
 
     Each chunk is its own anonymous memory map: pages not yet written cost nothing, and
-    :func:`iterations_frame` copies the log into the result's columns chunk by chunk,
+    :func:`iterations_columns` copies the log into the result's columns chunk by chunk,
     each chunk going back to the operating system as soon as it is copied (memory from
     the allocator's heap may not), so the log and the table it becomes are never both
     held whole.
@@ -145,16 +144,12 @@ class IterationLog:
 _START, _DURATION = LOG_COLUMNS.index("start_s"), LOG_COLUMNS.index("duration_s")
 
 
-def iterations_frame(logs: list[tuple[int, int, IterationLog]], until_s: float) -> pd.DataFrame:
-    """The logs of several engines (``(replica, micro_batch, log)``, in this order) as one table,
-    with the iterations that ended by ``until_s`` (a static batch logs its steps ahead) and
-    their ``end_s``. Empties the logs: each chunk is freed once it is copied.
-    """
-    return pd.DataFrame(iterations_columns(logs, until_s), copy=False)
-
-
 def iterations_columns(logs: list[tuple[int, int, IterationLog]], until_s: float) -> dict[str, np.ndarray]:
-    """:func:`iterations_frame`'s columns, for a caller that adds its own before building the table once."""
+    """The logs of several engines (``(replica, micro_batch, log)``, in this order) as the columns of one
+    table, with the iterations that ended by ``until_s`` (a static batch logs its steps ahead) and their
+    ``end_s``; the simulator adds its own columns and builds ``SimulationResult.iterations`` once. Empties the
+    logs: each chunk is freed once it is copied.
+    """
     ends_by_log = [[chunk[:, _START] + chunk[:, _DURATION] for chunk in log.views()] for _, _, log in logs]
     n = sum(int((end <= until_s).sum()) for ends in ends_by_log for end in ends)
     columns: dict[str, np.ndarray] = {"replica": np.empty(n, np.int64), "micro_batch": np.empty(n, np.int64)}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from llmsim.sim.iterations import CHUNK_ROWS, LOG_COLUMNS, Iteration, IterationLog, iterations_frame
+from llmsim.sim.iterations import CHUNK_ROWS, LOG_COLUMNS, Iteration, IterationLog, iterations_columns
 from llmsim.sim.simulate import simulate
 from tests.helpers import make_scenario
 
@@ -37,10 +37,10 @@ def test_the_table_holds_every_row_added_in_order():
     rows = [_row(i) for i in range(CHUNK_ROWS + 10)]
     for row in rows:
         log.add(*row)
-    frame = iterations_frame([(0, 0, log)], float("inf"))
+    columns = iterations_columns([(0, 0, log)], float("inf"))
     expected = pd.DataFrame(rows, columns=list(LOG_COLUMNS))
     for name in LOG_COLUMNS:
-        assert np.array_equal(frame[name].to_numpy(), expected[name].to_numpy())
+        assert np.array_equal(columns[name], expected[name].to_numpy())
 
 
 def test_observers_see_the_iterations_the_result_records():
