@@ -69,7 +69,7 @@ def configure_calibrate(cal) -> None:
                           "A100 and H100 disagree, by operator group")
     cal.add_argument("--gpu",
                      help="with --from-measurements: the device whose rows to fit (default: the only one found: "
-                          f"{', '.join(DEVICE_PROFILES)}); with --from-database: a profile name "
+                          f"{', '.join(DEVICE_PROFILES)}); with --from-database: a profile's name or alias "
                           f"({', '.join(GPU_FOLDERS)})")
     cal.add_argument("--base", metavar="PROFILE",
                      help="with --from-measurements: the profile to add the kernel terms to (default: the shipped "
@@ -246,15 +246,27 @@ def _cmd_from_measurements(args) -> int:
     return 0
 
 
+def _database_gpu(name: str, gpus: list[str]) -> str:
+    """``--gpu`` as the operator database names it: one of its GPUs, or the name or an alias of the hardware
+    profile of one (``H100``: ``H100-SXM``)."""
+    if name in gpus:
+        return name
+    try:
+        profile_name = lookup_hardware(name).name
+    except ConfigError:
+        profile_name = None
+    if profile_name not in gpus:
+        raise ConfigError("is not a GPU the operator database has tables for", key="--gpu", value=name,
+                          allowed=", ".join(gpus))
+    return profile_name
+
+
 def _cmd_from_database(args) -> int:
     database = Database(installed_root() if args.from_database == INSTALLED else args.from_database)
     gpus = database.gpus()
-    if args.gpu is not None and args.gpu not in gpus:
-        raise ConfigError("is not a GPU the operator database has tables for", key="--gpu", value=args.gpu,
-                          allowed=", ".join(gpus))
     engines = [EngineKernels(args.engine)] if args.engine else list(EngineKernels)
     out = Path(args.out or "database-profiles")
-    targets = [args.gpu] if args.gpu else gpus
+    targets = [_database_gpu(args.gpu, gpus)] if args.gpu else gpus
     paths = {gpu: out / Path(lookup_hardware(gpu).path or f"{gpu}.yaml").name for gpu in targets}
     refuse_to_replace([*paths.values(), *(path.with_name(path.stem + "-validation.csv") for path in paths.values())],
                       args.overwrite)

@@ -248,6 +248,15 @@ def test_collectives_hold_out_of_gpu():
     assert (reduce["median_error"].abs() <= ACCEPTANCE_MEDIAN).all(), reduce
 
 
+def test_a_profile_alias_names_the_database_gpu_of_its_profile(tmp_path):
+    """``--gpu H100`` (the H100-SXM profile's alias, as the README writes it) fits the same profile as
+    ``--gpu H100-SXM``."""
+    for gpu, folder in (("H100", "alias"), (H100, "name")):
+        assert main(["calibrate", "--from-database", str(EXCERPT), "--gpu", gpu, "--engine", "vllm",
+                     "--out", str(tmp_path / folder)]) == 0
+    assert (tmp_path / "alias" / "h100-sxm.yaml").read_text() == (tmp_path / "name" / "h100-sxm.yaml").read_text()
+
+
 def test_a_gpu_the_database_lacks_exits_2_naming_the_ones_it_has(tmp_path, capsys):
     assert main(["calibrate", "--from-database", str(EXCERPT), "--gpu", "MI300X", "--out", str(tmp_path)]) == 2
     error = capsys.readouterr().err
