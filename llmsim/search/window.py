@@ -76,6 +76,7 @@ import math
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import cast
 
@@ -312,15 +313,16 @@ def judge(rows: pd.DataFrame, target: float | None = None, stop_margin: float = 
     stop rule (:class:`~llmsim.sim.missed.MissedStop`) the runs stopped as missed ran under: a stopped run
     falls short of a target by at least that much.
     """
-    failed = rows[rows["error"].fillna("") != ""]
-    if len(failed):
-        raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
+    errors = rows["error"].fillna("").to_numpy()
+    failed = errors != ""
+    if failed.any():
+        raise RuntimeError(f"a simulation failed: {errors[failed][0]}")
     checks = _checks(rows, target)
     if not checks:
         raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
-    steady = bool(rows[names.STEADY].astype(bool).all())
-    stopped = rows[names.STOPPED_BY] == StopReason.MISSED.value if names.STOPPED_BY in rows else None
+    steady = bool(rows[names.STEADY].to_numpy(dtype=bool).all())
+    stopped = rows[names.STOPPED_BY].to_numpy() == StopReason.MISSED.value if names.STOPPED_BY in rows else None
     margins, passes, fails = {}, [], []
     for name, (column, stderr_column, wanted) in checks.items():
         attainment = float(rows[column].mean())
@@ -334,8 +336,8 @@ def judge(rows: pd.DataFrame, target: float | None = None, stop_margin: float = 
     if stopped is not None and stopped.any():       # sure to miss on the stopped seeds (module docstring)
         if target is not None:
             raise ValueError("a run stopped on its percentile targets cannot be judged on a joint attainment target")
-        decided = (bool(stopped.all()) and stop_margin >= MISS_MARGIN) or _fails_whole(rows, checks,
-                                                                                      stopped.to_numpy(), stop_margin)
+        decided = (bool(stopped.all()) and stop_margin >= MISS_MARGIN) or _fails_whole(rows, checks, stopped,
+                                                                                      stop_margin)
         return Verdict(met=False, decided=decided, steady=steady, margins=margins)
     return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
 
@@ -381,21 +383,33 @@ def stopping_decided_runs():
     return stopping_missed_runs(MissedStop(MISS_MARGIN, 2 * BATCHES))
 
 
-def _checks(rows: pd.DataFrame, target: float | None, prefix: str = "") -> dict[str, tuple[str, str, float]]:
+def _checks(rows: pd.DataFrame, target: float | None) -> dict[str, tuple[str, str, float]]:
     """name -> (attainment column, its standard error's column, the share wanted) for every target
     a point must meet. With traffic classes every class's own targets (its section of the summary,
     ``classes.<name>.slo...``) replace the overall ones: each class must meet its SLO."""
-    classes = [c[len(names.CLASSES) + 1:-len(names.SLO_ATTAINMENT) - 1] for c in rows.columns
-               if not prefix and c.startswith(names.CLASSES + ".") and c.endswith("." + names.SLO_ATTAINMENT)]
+    classes = _class_names(tuple(rows.columns))
     if classes:
         return {f"{name}.{check}": spec for name in classes
-                for check, spec in _checks(rows, target, f"{names.CLASSES}.{name}.").items()}
+                for check, spec in _section_checks(rows, target, f"{names.CLASSES}.{name}.").items()}
+    return _section_checks(rows, target, "")
+
+
+@lru_cache(maxsize=64)
+def _class_names(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The traffic classes whose sections a point's rows hold (their columns: every point of a search has the
+    same, so this is worked out once)."""
+    return tuple(c[len(names.CLASSES) + 1:-len(names.SLO_ATTAINMENT) - 1] for c in columns
+                 if c.startswith(names.CLASSES + ".") and c.endswith("." + names.SLO_ATTAINMENT))
+
+
+def _section_checks(rows: pd.DataFrame, target: float | None, prefix: str) -> dict[str, tuple[str, str, float]]:
+    """:func:`_checks` of one section of the summary (``prefix``: a class's, or "" for the whole run's)."""
     if target is not None:
         return {"attainment": (prefix + names.SLO_ATTAINMENT, prefix + names.SLO_ATTAINMENT_STDERR, target)}
     return {metric: (prefix + names.slo_attainment(metric), prefix + names.slo_attainment_stderr(metric),
-                     float(rows[prefix + names.slo_percentile(metric)].iloc[0]) / 100)
+                     float(rows[prefix + names.slo_percentile(metric)].iat[0]) / 100)
             for metric in SLO_METRICS if prefix + names.slo_attainment(metric) in rows
-            and rows[prefix + names.slo_attainment(metric)].notna().any()}
+            and not np.isnan(rows[prefix + names.slo_attainment(metric)].to_numpy(dtype=float)).all()}
 
 
 @dataclass(frozen=True)
