@@ -109,7 +109,7 @@ def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], sta
                     masks: WindowMasks | None = None) -> dict[str, ClassSummary]:
     """Every traffic class's figures (see :class:`~llmsim.analysis.summary.ClassSummary`). ``masks``: the
     records' (:class:`WindowMasks`) where the caller has them already (:func:`summarize`). Each class takes
-    two frames from the records (its window's requests, and those of them finished)."""
+    one frame from the records, its window's requests (its latencies: those of them finished)."""
     window = stop - start
     if masks is None:
         masks = WindowMasks.of(records, start, stop)
@@ -119,14 +119,15 @@ def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], sta
     out = {}
     for name in names:
         mine = of_class == name
-        steady = records[mine & arrived_in_window]
+        in_window = mine & arrived_in_window
+        steady = records[in_window]
         done = mine & done_in_window
-        steady_finished = records[mine & arrived_in_window & finished]
+        finished_steady = finished[in_window]
         out[name] = ClassSummary(
             arrived=int(mine.sum()), finished=int((mine & finished).sum()),
             rejected=int((mine & (status == "rejected")).sum()),
             unfinished=int((mine & (status == "unfinished")).sum()),
-            **{column: Distribution.of(steady_finished[column])
+            **{column: Distribution.of(steady[column].to_numpy()[finished_steady])
                for column in ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")},
             requests_per_s=int(done.sum()) / window,
             output_tokens_per_s=float(output_tokens[done].sum()) / window,
