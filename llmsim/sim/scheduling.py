@@ -118,9 +118,6 @@ class ClassQueue:
     def waiting_classes(self) -> list[int]:
         return [c for c, q in enumerate(self._queues) if q]
 
-    def waiting(self, c: int) -> bool:
-        return bool(self._queues[c])
-
     def front(self, c: int) -> Request:
         return self._queues[c][0]
 
@@ -331,12 +328,6 @@ class ClassQueueing(Queueing):
         self.preempts_for_waiting = order.preempts_for_waiting
         self.seats = [0] * len(rules)
         self._reserving = any(r.reserved_seqs for r in rules)
-        # With the budget spent, only a head its timeout forces past it can join (:meth:`Engine.fit`); where choosing
-        # a head changes nothing (a keyed order, not the round robin's credit) and fitting one reads nothing (no
-        # tiered cache to match it against), a spent budget with no such head admits nothing, unchosen.
-        self._spent_stops = order.head_key is not None and not engine.kv.tiered
-        self._forcing = [(c, r.timeout_s) for c, r in enumerate(rules)
-                         if r.timeout_s is not None and r.on_timeout is not OnTimeout.REJECT]
 
     # -- timeouts ---------------------------------------------------------------------------------
     def rejects_on_timeout(self) -> bool:
@@ -368,16 +359,9 @@ class ClassQueueing(Queueing):
             seats -= sum(max(0, r.reserved_seqs - self.seats[d]) for d, r in enumerate(self.rules) if d != c)
         return len(engine.running) < seats
 
-    def _forced_head(self, now: float) -> bool:
-        """Whether a class's head has waited its class's timeout (``dispatch`` or ``dedicated``: it is forced in)."""
-        queue = self.queue
-        return any(queue.waiting(c) and now - queue.front(c).arrival_s >= timeout_s for c, timeout_s in self._forcing)
-
     def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
         engine = self.engine
         queue = self.queue
-        if budget <= 0 and self._spent_stops and not self._forced_head(now):
-            return
         while queue:
             classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
             if not classes:
