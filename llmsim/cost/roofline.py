@@ -201,6 +201,30 @@ def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n
         table[t] = total
 
 
+def _summed_rows(rows: np.ndarray) -> np.ndarray:
+    """The sum of up to 128 ``rows`` (arrays of one shape), element by element in the order ``np.add.reduce`` sums
+    a contiguous run of that many values (as :func:`_pairwise_sum` does one run): in turn below 8, else eight
+    running sums added pairwise, then the rest in turn. The same bits as summing the rows' transpose along its
+    last axis, without numpy's loops over a few values at a time."""
+    n = len(rows)
+    assert 0 < n <= 128                 # beyond, numpy splits the run in halves
+    if n < 8:
+        total = rows[0]
+        for row in rows[1:]:
+            total = total + row
+        return total
+    partial = list(rows[:8])
+    done = 8
+    while done < n - n % 8:
+        partial = [running + row for running, row in zip(partial, rows[done:done + 8])]
+        done += 8
+    first, second, third, fourth, fifth, sixth, seventh, eighth = partial
+    total = ((first + second) + (third + fourth)) + ((fifth + sixth) + (seventh + eighth))
+    for row in rows[done:]:
+        total = total + row
+    return total
+
+
 class DispatchTables:
     """The bodies of a cost model's dispatch-priced GEMMs (8-bit weights under an
     :class:`~llmsim.catalog.kernel_terms.Fp8Dispatch`) by whole rows ``M = 0, 1, 2, ...``, one table row per GEMM:
@@ -651,13 +675,17 @@ class CostModel:
         (continuous in the tokens, which the fluid model's fixed point needs). The launch floor is paid
         once per GEMM and iteration: the experts of an MoE layer run as one grouped GEMM (vLLM's fused
         MoE kernel launches once per projection), not one kernel per expert."""
+        if x.ndim == 1:
+            return self._gemm_sum(x.tolist(), self._gemm_rows)
+        times = self._gemm_times_by_gemm(x)
+        return np.ascontiguousarray(times.T).reshape(*x.shape[:-1], len(times))
+
+    def _gemm_times_by_gemm(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`_gemm_times` of rows ``x``, one row per GEMM (shape (gemms, rows of ``x`` in order)): numpy's loops
+        then run the length of the batch, not of the few GEMMs."""
         kernels = self.kernels
         assert kernels is not None          # GEMM rows exist only with kernel terms (_use_kernel_terms)
         floor_s = kernels.gemm_floor_s
-        if x.ndim == 1:
-            return self._gemm_sum(x.tolist(), self._gemm_rows)
-        # Computed GEMM by GEMM over every row (one row of these per GEMM: numpy's loops then run the length of the
-        # batch, not of the few GEMMs), element for element the same arithmetic; returned row by row.
         fixed_s, per_token_s, compute_s, repeats, count, scale, tokens, n = self._gemm_by_row
         features = x.reshape(-1, x.shape[-1]).T
         runs = features[count]
@@ -673,8 +701,7 @@ class CostModel:
             below, above = table[np.arange(len(at))[:, None], low], table[np.arange(len(at))[:, None], low + 1]
             body_s[at] = below + (priced - low) * (above - below)
             floors = np.where(self._dispatched >= 0, self._dispatch.dispatch.floor_s, floor_s)[:, None]
-        times = repeats * (features[F["one"]] * floors * (runs > 0) + runs * body_s)
-        return np.ascontiguousarray(times.T).reshape(*x.shape[:-1], len(times))
+        return repeats * (features[F["one"]] * floors * (runs > 0) + runs * body_s)
 
     def _fixed_and_communication_vector(self) -> np.ndarray:
         """Time that adds to the roofline: overheads, all-reduces and pipeline hops, per feature."""
@@ -741,7 +768,7 @@ class CostModel:
                 # The speculative engine's per-step rows: remembered row by row beats numpy on a few rows.
                 time_s = time_s + np.array([self._nonlinear_time(row) for row in x.tolist()])
             else:
-                time_s = time_s + self._gemm_times(x).sum(axis=-1)
+                time_s = time_s + _summed_rows(self._gemm_times_by_gemm(x)).reshape(time_s.shape)
                 if self._all_reduce is not None:
                     time_s = time_s + self._all_reduce_time(x)
         return time_s, y[..., 2 * n + 1], y[..., 2 * n + 2]

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.cost.features import F, batch_rows
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, gemm_scalar_body_s
-from llmsim.cost.roofline import _linear_step
+from llmsim.cost.roofline import _linear_step, _summed_rows
 
 from tests.helpers import random_sums
 
@@ -83,6 +83,15 @@ def test_gemm_in_python_floats_is_numpy_to_the_bit():
         memory_s, compute_s = rng.random() * 1e-3, rng.random() * 1e-3 * rng.choice([0.0, 1.0])
         expected = float(gemm_body_s(memory_s, compute_s, gemm_output_tiles(tokens, n), kernels))
         assert gemm_scalar_body_s(memory_s, compute_s, tokens, n, kernels) == expected
+
+
+@pytest.mark.parametrize("count", [1, 2, 5, 7, 8, 9, 11, 12, 16, 17, 31, 128])
+def test_rows_summed_as_numpy_sums_along_a_row(count):
+    """A grid's GEMM times are summed GEMM after GEMM over the whole grid: the bits numpy's own sum along each
+    row gives (its pairwise order from 8 values on), on values of every magnitude and sign."""
+    rng = np.random.default_rng(count)
+    values = rng.standard_normal((2000, count)) * 10.0 ** rng.integers(-9, 9, (2000, count))
+    np.testing.assert_array_equal(_summed_rows(np.ascontiguousarray(values.T)), values.sum(axis=-1))
 
 
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
