@@ -352,9 +352,9 @@ class CostModel:
         self._tile_padding, self._tile_longest = self._stacked[len(stacked):, 0], self._stacked[len(stacked):, 1]
         # The outputs a tile column reads (prefill attention's): on the others the columns add 0 x their (finite,
         # non-negative) features, exactly nothing, so a batch of rows adds them to these alone.
-        self._tiled_outputs = np.flatnonzero((self._tile_padding != 0.0) | (self._tile_longest != 0.0))
-        self._tiled_padding = self._tile_padding[self._tiled_outputs]
-        self._tiled_longest = self._tile_longest[self._tiled_outputs]
+        # (Each as (output, its padding coefficient, its longest keys' coefficient).)
+        self._tiled_outputs = [(int(at), float(self._tile_padding[at]), float(self._tile_longest[at]))
+                               for at in np.flatnonzero((self._tile_padding != 0.0) | (self._tile_longest != 0.0))]
         # The entry point takes the arrays as its signature types them, unchecked.
         assert self._stacked.dtype == np.float64 and self._stacked.flags.c_contiguous
         # step() counts the experts touched only where a coefficient reads them: with the routed experts priced
@@ -758,10 +758,10 @@ class CostModel:
                 time_s += self._nonlinear_time(x.tolist())
             return time_s, y[2 * n + 1], y[2 * n + 2]
         y = x[..., :TILE_FEATURES_FROM] @ self._linear.T
-        if len(self._tiled_outputs):
-            # A row without prefill adds 0 x its zero tile features: nothing, as the one-row path leaves it.
-            y[..., self._tiled_outputs] += (self._tiled_padding * x[..., TILE_FEATURES_FROM, None]
-                                            + self._tiled_longest * x[..., TILE_FEATURES_FROM + 1, None])
+        # A row without prefill adds 0 x its zero tile features: nothing, as the one-row path leaves it.
+        padding, longest = x[..., TILE_FEATURES_FROM], x[..., TILE_FEATURES_FROM + 1]
+        for at, per_padding, per_longest in self._tiled_outputs:
+            y[..., at] += per_padding * padding + per_longest * longest
         time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
         if self._gemm_rows:
             if x.ndim == 2 and len(x) <= FEW_ROWS:
