@@ -61,7 +61,7 @@ from llmsim.search.plan import (SPLIT_KEY, analytic_bracket, as_scenario, check_
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
 from llmsim.search.sweeps import reusing_runs
-from llmsim.search.window import (MAX_REQUESTS, MISS_MARGIN, Judged, measurement_window, simulate_until_decided,
+from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simulate_until_decided,
                                   stopping_decided_runs, typical_latency_s)
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
@@ -92,8 +92,8 @@ BREAKING_FINEST = 0.0125        # ... and on, while the step is not below the he
 RECOMMEND_TOLERANCE = 0.1       # bisection on the rate stops at 10% (the CLI's recommend: 4%)
 STOPPED = "stopped"             # a figure of a run stopped once sure to miss the targets
 STOPPED_NOTE = (f"{STOPPED}: the runs stopped once more of the measured requests had missed a limit than its "
-                f"percentile target allows, by {MISS_MARGIN:.1%} of them: the targets are missed whatever the rest "
-                "of the run would show, and its latencies, attainment and throughput are not measured")
+                "percentile target allows, by so many that the target is missed by more than two standard errors "
+                "whatever the rest of the run would show; its latencies, attainment and throughput are not measured")
 
 
 @dataclass(frozen=True)
