@@ -262,26 +262,25 @@ class TieredKV(KVCache):
         assert self.host is not None and timeout is not None  # offload_due_s is finite only with a host tier
         groups: list[tuple[float, list[int]]] = []            # (due at, keys), oldest first
         keys: list[int] = []
-        released_at_s = due_s = math.inf
-        while idle:
-            key, released_s = idle.popitem(last=False)
+        released_at_s = math.inf
+        for key, released_s in idle.items():
             if released_s != released_at_s:
                 due_s = released_s + timeout
-                if due_s > now:                               # not due: it stays first
-                    idle[key] = released_s
-                    idle.move_to_end(key, last=False)
+                if due_s > now:
+                    self.offload_due_s = due_s
                     break
                 released_at_s, keys = released_s, []
                 groups.append((due_s, keys))
             keys.append(key)
-            del cached[key]
         else:
-            due_s = math.inf
-        self.offload_due_s = due_s
+            self.offload_due_s = math.inf
         host, copy_s = self.host, self.block_transfer_s
         between_s = 0.0 if self.overlap else self._busy_until_s   # synchronous copies wait for the iteration
         d2h_free_s, offload_s, transfer_s = self._d2h_free_s, self.offload_s, self.transfer_s
         for due_s, keys in groups:
+            for key in keys:
+                del idle[key]
+                del cached[key]
             self.empty_blocks += len(keys)                    # free_blocks already counted them
             self.freed_total += len(keys)
             copied = host.add(keys, due_s)
@@ -334,15 +333,13 @@ class TieredKV(KVCache):
         usable = min((tokens - 1) // self.block_size, len(keys))
         cached, host = self.cached, self.host
         lru = host.lru if host is not None else ()
-        hits, reload = 0, []
-        while hits < usable:
-            key = keys[hits]
+        reload = []
+        for hits, key in enumerate(keys[:usable]):
             if key not in cached:
                 if key not in lru:
-                    break
+                    return hits, reload
                 reload.append(key)
-            hits += 1
-        return hits, reload
+        return usable, reload
 
     def resident_prefix(self, request, tokens: int) -> int:
         """How many leading full blocks of the first ``tokens`` tokens of ``request`` are on the GPU."""
@@ -367,14 +364,16 @@ class TieredKV(KVCache):
             if wanted + reviving > self.free_blocks:
                 return False
         idle = self.idle
+        revived = 0
         for key in shared:
             references = cached.get(key)
             if references is None:                            # to be reloaded
                 continue
             if references == 0:
                 del idle[key]
-                self.free_blocks -= 1
+                revived += 1
             cached[key] = references + 1
+        self.free_blocks -= revived
         self.allocate(wanted)
         if reload:
             assert self.host is not None                      # blocks reload only from a host tier
