@@ -333,7 +333,7 @@ class TieredKV(KVCache):
         usable = min((tokens - 1) // self.block_size, len(keys))
         cached, host = self.cached, self.host
         lru = host.lru if host is not None else ()
-        reload = []
+        reload: list[int] = []
         for hits, key in enumerate(keys[:usable]):
             if key not in cached:
                 if key not in lru:
