@@ -253,9 +253,11 @@ class TieredKV(KVCache):
         Idle blocks are kept in the order they were released, so the oldest comes first, and the blocks
         released together (one :meth:`release`, or several at one time) follow one another and become due
         together: they enter host memory as one group. ``offload_due_s`` is never later than when the oldest
-        idle block becomes due (:meth:`release` sets it when the first enters; blocks that leave the idle
-        list only make the next one due later): before it nothing is due, and nothing is looked at (the
-        engine calls this every iteration)."""
+        idle block becomes due (:meth:`release` lowers it to its blocks' due time, which only the first idle
+        block's is below, since an engine releases in time order and the engines sharing a cache, a
+        pipeline's micro-batches, take turns in time order; blocks that leave the idle list only make the
+        next one due later): before it nothing is due, and nothing is looked at (the engine calls this every
+        iteration)."""
         if now < self.offload_due_s:
             return
         timeout, idle, cached = self.idle_timeout_s, self.idle, self.cached
@@ -465,8 +467,9 @@ class TieredKV(KVCache):
         idled = len(idle) - idled
         if idled:
             self.free_blocks += idled
-            if self.idle_timeout_s is not None and self.offload_due_s == math.inf:   # the first idle block
-                self.offload_due_s = now + self.idle_timeout_s
+            timeout = self.idle_timeout_s
+            if timeout is not None and now + timeout < self.offload_due_s:     # (only the first idle block's,
+                self.offload_due_s = now + timeout                            # as releases come in time order)
         request.blocks = request.cached_blocks = 0
 
     def preempt(self, request, now: float, kv_tokens: int) -> int:

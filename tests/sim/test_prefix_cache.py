@@ -97,11 +97,13 @@ class ScanningKV(TieredKV):
             ScanningKV.skipped += 1
 
 
+@pytest.mark.parametrize("micro_batches", [1, 2])
 def test_offloads_looked_for_only_from_the_earliest_due_time_are_those_a_scan_at_every_iteration_finds(
-        monkeypatch):
+        monkeypatch, micro_batches):
     """``advance`` returns at once before ``offload_due_s``: the run is the one whose every iteration scans the idle
-    blocks (records, iteration log, every tier total and the host tier's occupancy over time), under pressure."""
-    scenario = make_scenario(PRESSED)
+    blocks (records, iteration log, every tier total and the host tier's occupancy over time), under pressure; also
+    with two pipeline micro-batches' engines sharing each cache."""
+    scenario = make_scenario(merge(PRESSED, {"deployment": {"pipeline_parallel": micro_batches}}))
     bounded = simulate(scenario)
     monkeypatch.setattr("llmsim.sim.simulate.TieredKV", ScanningKV)
     monkeypatch.setattr(ScanningKV, "skipped", 0)
