@@ -61,10 +61,12 @@ def gemm_body_s(memory_s, compute_s, tiles, kernels: KernelTerms):
 def smooth_maximum(memory_s, compute_s, p):
     """``(memory^p + compute^p)^(1/p)``: the larger of a kernel's memory and compute times, rounded off where
     they are close (``p`` its sharpness). Scaled by the larger term: p reaches the hundreds on large GEMMs, where
-    a millisecond to the power p underflows to 0 and the unscaled form would price the GEMM at nothing."""
+    a millisecond to the power p underflows to 0 and the unscaled form would price the GEMM at nothing. The larger
+    term over itself is exactly 1, and so is 1 to any power: only the smaller's power is computed (the same bits for
+    times that are finite and not negative; zero times give 0)."""
     larger = np.maximum(memory_s, compute_s)
     safe = np.where(larger > 0, larger, 1.0)
-    return larger * ((memory_s / safe) ** p + (compute_s / safe) ** p) ** (1.0 / p)
+    return larger * ((np.minimum(memory_s, compute_s) / safe) ** p + 1.0) ** (1.0 / p)
 
 
 def gemm_scalar_body_s(memory_s: float, compute_s: float, tokens: float, n: float, kernels: KernelTerms) -> float:

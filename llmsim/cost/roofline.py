@@ -201,6 +201,30 @@ def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n
         table[t] = total
 
 
+def _summed_rows(rows: np.ndarray) -> np.ndarray:
+    """The sum of up to 128 ``rows`` (arrays of one shape), element by element in the order ``np.add.reduce`` sums
+    a contiguous run of that many values (as :func:`_pairwise_sum` does one run): in turn below 8, else eight
+    running sums added pairwise, then the rest in turn. The same bits as summing the rows' transpose along its
+    last axis, without numpy's loops over a few values at a time."""
+    n = len(rows)
+    assert 0 < n <= 128                 # beyond, numpy splits the run in halves
+    if n < 8:
+        total = rows[0]
+        for row in rows[1:]:
+            total = total + row
+        return total
+    partial = list(rows[:8])
+    done = 8
+    while done < n - n % 8:
+        partial = [running + row for running, row in zip(partial, rows[done:done + 8])]
+        done += 8
+    first, second, third, fourth, fifth, sixth, seventh, eighth = partial
+    total = ((first + second) + (third + fourth)) + ((fifth + sixth) + (seventh + eighth))
+    for row in rows[done:]:
+        total = total + row
+    return total
+
+
 class DispatchTables:
     """The bodies of a cost model's dispatch-priced GEMMs (8-bit weights under an
     :class:`~llmsim.catalog.kernel_terms.Fp8Dispatch`) by whole rows ``M = 0, 1, 2, ...``, one table row per GEMM:
@@ -326,6 +350,11 @@ class CostModel:
         self._stacked = np.ascontiguousarray(np.vstack([stacked[:, :TILE_FEATURES_FROM], tiles]))
         self._linear = self._stacked[:len(stacked)]
         self._tile_padding, self._tile_longest = self._stacked[len(stacked):, 0], self._stacked[len(stacked):, 1]
+        # The outputs a tile column reads (prefill attention's): on the others the columns add 0 x their (finite,
+        # non-negative) features, exactly nothing, so a batch of rows adds them to these alone.
+        # (Each as (output, its padding coefficient, its longest keys' coefficient).)
+        self._tiled_outputs = [(int(at), float(self._tile_padding[at]), float(self._tile_longest[at]))
+                               for at in np.flatnonzero((self._tile_padding != 0.0) | (self._tile_longest != 0.0))]
         # The entry point takes the arrays as its signature types them, unchecked.
         assert self._stacked.dtype == np.float64 and self._stacked.flags.c_contiguous
         # step() counts the experts touched only where a coefficient reads them: with the routed experts priced
@@ -420,6 +449,9 @@ class CostModel:
                             int(dispatch_rows[i]) if dispatched[i] else -1)
                            for i, (shape, repeats, count, scale, tokens) in enumerate(gemms)]
         self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 9))
+        # The same, one row per GEMM (the count and tokens columns as indices), for :meth:`_gemm_times`.
+        self._gemm_by_row = tuple(column.astype(np.intp) if i in (4, 6) else column[:, None]
+                                  for i, column in enumerate(self._gemm_columns))
         self._dispatched = np.array([row[9] for row in self._gemm_rows], dtype=np.int64)
         dispatch_shapes = [(shape.n, shape.k, weight_bytes[shape.name], activation_bytes,
                             dispatch.bandwidth_bytes_per_s * weight_bandwidth_share)
@@ -643,26 +675,33 @@ class CostModel:
         (continuous in the tokens, which the fluid model's fixed point needs). The launch floor is paid
         once per GEMM and iteration: the experts of an MoE layer run as one grouped GEMM (vLLM's fused
         MoE kernel launches once per projection), not one kernel per expert."""
+        if x.ndim == 1:
+            return self._gemm_sum(x.tolist(), self._gemm_rows)
+        times = self._gemm_times_by_gemm(x)
+        return np.ascontiguousarray(times.T).reshape(*x.shape[:-1], len(times))
+
+    def _gemm_times_by_gemm(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`_gemm_times` of rows ``x``, one row per GEMM (shape (gemms, rows of ``x`` in order)): numpy's loops
+        then run the length of the batch, not of the few GEMMs."""
         kernels = self.kernels
         assert kernels is not None          # GEMM rows exist only with kernel terms (_use_kernel_terms)
         floor_s = kernels.gemm_floor_s
-        if x.ndim == 1:
-            return self._gemm_sum(x.tolist(), self._gemm_rows)
-        fixed_s, per_token_s, compute_s, repeats, count, scale, tokens, n = self._gemm_columns
-        runs = x[..., count.astype(int)]
-        rows = np.divide(x[..., tokens.astype(int)] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
+        fixed_s, per_token_s, compute_s, repeats, count, scale, tokens, n = self._gemm_by_row
+        features = x.reshape(-1, x.shape[-1]).T
+        runs = features[count]
+        rows = np.divide(features[tokens] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
         body_s = gemm_body_s(fixed_s + rows * per_token_s, rows * compute_s, gemm_output_tiles(rows, n), kernels)
+        floors: float | np.ndarray = floor_s
         if self._dispatch is not None:
             # The dispatch-priced GEMMs' bodies from their tables, interpolated as :meth:`_gemm_sum` does.
             at = np.flatnonzero(self._dispatched >= 0)
-            priced = rows[..., at]
+            priced = rows[at]
             table = self._dispatch.cover(float(np.max(priced, initial=0.0)))[self._dispatched[at]]
             low = np.floor(priced).astype(np.int64)
-            below, above = table[np.arange(len(at)), low], table[np.arange(len(at)), low + 1]
-            body_s[..., at] = below + (priced - low) * (above - below)
-            floors = np.where(self._dispatched >= 0, self._dispatch.dispatch.floor_s, floor_s)
-            return repeats * (x[..., F["one"], None] * floors * (runs > 0) + runs * body_s)
-        return repeats * (x[..., F["one"], None] * floor_s * (runs > 0) + runs * body_s)
+            below, above = table[np.arange(len(at))[:, None], low], table[np.arange(len(at))[:, None], low + 1]
+            body_s[at] = below + (priced - low) * (above - below)
+            floors = np.where(self._dispatched >= 0, self._dispatch.dispatch.floor_s, floor_s)[:, None]
+        return repeats * (features[F["one"]] * floors * (runs > 0) + runs * body_s)
 
     def _fixed_and_communication_vector(self) -> np.ndarray:
         """Time that adds to the roofline: overheads, all-reduces and pipeline hops, per feature."""
@@ -719,17 +758,17 @@ class CostModel:
                 time_s += self._nonlinear_time(x.tolist())
             return time_s, y[2 * n + 1], y[2 * n + 2]
         y = x[..., :TILE_FEATURES_FROM] @ self._linear.T
-        tiled = (x[..., TILE_FEATURES_FROM] != 0.0) | (x[..., TILE_FEATURES_FROM + 1] != 0.0)
-        if np.any(tiled):
-            y = y + np.where(tiled[..., None], self._tile_padding * x[..., TILE_FEATURES_FROM, None]
-                             + self._tile_longest * x[..., TILE_FEATURES_FROM + 1, None], 0.0)
+        # A row without prefill adds 0 x its zero tile features: nothing, as the one-row path leaves it.
+        padding, longest = x[..., TILE_FEATURES_FROM], x[..., TILE_FEATURES_FROM + 1]
+        for at, per_padding, per_longest in self._tiled_outputs:
+            y[..., at] += per_padding * padding + per_longest * longest
         time_s = np.maximum(y[..., :n], y[..., n:2 * n]).sum(axis=-1) + y[..., 2 * n]
         if self._gemm_rows:
             if x.ndim == 2 and len(x) <= FEW_ROWS:
                 # The speculative engine's per-step rows: remembered row by row beats numpy on a few rows.
                 time_s = time_s + np.array([self._nonlinear_time(row) for row in x.tolist()])
             else:
-                time_s = time_s + self._gemm_times(x).sum(axis=-1)
+                time_s = time_s + _summed_rows(self._gemm_times_by_gemm(x)).reshape(time_s.shape)
                 if self._all_reduce is not None:
                     time_s = time_s + self._all_reduce_time(x)
         return time_s, y[..., 2 * n + 1], y[..., 2 * n + 2]

@@ -8,7 +8,9 @@ Stages (one progress-bar step each):
 3. **settings**: engine settings for that deployment (:func:`llmsim.search.recommend.recommend`:
    k, max batch tokens, queue timeout, with CIs across seeds and the gain over the rules of
    thumb), then the fewest replicas again with those settings;
-4. **load**: SLO attainment from half to twice the target rate, the breaking point
+4. **load**: SLO attainment from half to twice the target rate (a rate the fluid model's capacity bound proves
+   the replicas too few for is shown so, not simulated, as the replica searches leave out the counts it rules
+   out), the breaking point
    (bisection, :func:`llmsim.search.sustainable_rate.max_sustainable_rate`), headroom, and
    one replica down simulated (N+1);
 5. **peak**: a diurnal profile (the trace's, or an assumed sinusoid peaking at the target)
@@ -52,16 +54,17 @@ from llmsim.errors import ConfigError
 from llmsim.report import figures
 from llmsim.report.document import Fact, Figure, Report, Section, Table, ms, num, percent, plus_minus, usd
 from llmsim.report.standing import chip_standing
-from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, variant
+from llmsim.analysis.fluid import has_length_law
+from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, at_rate, variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.disaggregation import AGGREGATED, compare_layouts
 from llmsim.search.layout import Layout, cheapest_layouts
-from llmsim.search.plan import (SPLIT_KEY, analytic_bracket, as_scenario, check_rate, check_rate_driven,
-                                fewest_replicas, proven_failing)
+from llmsim.search.plan import (FLUID_CAPACITY_ERROR, SPLIT_KEY, analytic_bracket, as_scenario, check_rate,
+                                check_rate_driven, fewest_replicas, proven_failing, replica_capacity)
 from llmsim.search.recommend import OFF, recommend
 from llmsim.search.sustainable_rate import max_sustainable_rate
-from llmsim.search.sweeps import reusing_runs
-from llmsim.search.window import (MAX_REQUESTS, MISS_MARGIN, Judged, measurement_window, simulate_until_decided,
+from llmsim.search.sweeps import reusing_runs, run_key
+from llmsim.search.window import (MAX_REQUESTS, Judged, measurement_window, simulate_until_decided,
                                   stopping_decided_runs, typical_latency_s)
 from llmsim.sim.simulate import simulate_whole
 from llmsim.workload.generate import generate_trace
@@ -92,8 +95,11 @@ BREAKING_FINEST = 0.0125        # ... and on, while the step is not below the he
 RECOMMEND_TOLERANCE = 0.1       # bisection on the rate stops at 10% (the CLI's recommend: 4%)
 STOPPED = "stopped"             # a figure of a run stopped once sure to miss the targets
 STOPPED_NOTE = (f"{STOPPED}: the runs stopped once more of the measured requests had missed a limit than its "
-                f"percentile target allows, by {MISS_MARGIN:.1%} of them: the targets are missed whatever the rest "
-                "of the run would show, and its latencies, attainment and throughput are not measured")
+                "percentile target allows, by so many that the target is missed by more than two standard errors "
+                "whatever the rest of the run would show; its latencies, attainment and throughput are not measured")
+OVER = "over capacity"          # a load point the fluid model's capacity bound proves too much: not simulated
+OVER_NOTE = (f"{OVER}: the fluid model's capacity bound, less its measured error ({FLUID_CAPACITY_ERROR:.0%}), "
+             "proves the replicas too few for this rate, so it was not simulated; the targets are not met")
 
 
 @dataclass(frozen=True)
@@ -200,6 +206,7 @@ class ReportBuilder:
         self.sections: list[Section] = []
         self.summary: list[Fact] = []
         self.stage_seconds: dict[str, float] = {}     # wall time of each stage, for benchmarks
+        self._capacities: dict[bytes, float] = {}     # one replica's setting (run_key) -> its fluid capacity
 
     def _trace_lengths(self, scenario: Scenario) -> dict:
         """With a trace: prompt and output lengths as lognormals fitted to it (mean and log-sd), so
@@ -467,21 +474,32 @@ class ReportBuilder:
         table_rows, met_by_rate, frame = [], {}, []
         shown = [names.TTFT_P95, names.TPOT_P95, names.SLO_ATTAINMENT, names.OUTPUT_TOKENS_PER_S_PER_DEVICE,
                  *(names.slo_attainment(m) for m in self.final.slo.targets())]
-        for rate, judged in zip(rates, self._judge(points, rates)):
-            # a stopped run's figures cover only its start: shown as stopped, left out of the figures
-            mean = judged.rows.select_dtypes("number").mean()
-            if judged.stopped:
-                mean[shown] = math.nan
-            met = judged.verdict.met
+        # a rate the capacity bound proves too much for the replicas is not simulated (as in _replicas_at)
+        over = {r: self._too_few(variant(self.scenario, {**self.config, RATE_KEY: r, REPLICAS_KEY: 1}), r)
+                >= self.replicas for r in rates}
+        simulated = [r for r in rates if not over[r]]
+        judged_at = dict(zip(simulated, self._judge([p for p, r in zip(points, rates) if not over[r]], simulated)))
+        for rate in rates:
+            judged = judged_at.get(rate)
+            if judged is None:
+                mean = pd.Series(math.nan, index=shown)
+                met = False
+                table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}", *[OVER] * 4, "no"])
+            else:
+                # a stopped run's figures cover only its start: shown as stopped, left out of the figures
+                mean = judged.rows.select_dtypes("number").mean()
+                if judged.stopped:
+                    mean[shown] = math.nan
+                met = judged.verdict.met
+                figures_of = [ms(mean[names.TTFT_P95]), ms(mean[names.TPOT_P95]),
+                              percent(mean[names.SLO_ATTAINMENT]), num(mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE])]
+                table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}",
+                                   *([STOPPED] * len(figures_of) if judged.stopped else figures_of),
+                                   ("yes" if met else "no") + ("" if judged.verdict.decided else " (undecided)")])
             met_by_rate[rate] = met
             frame.append({"rate": rate, names.TTFT_P95: mean[names.TTFT_P95], names.TPOT_P95: mean[names.TPOT_P95],
                           names.OUTPUT_TOKENS_PER_S_PER_DEVICE: mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE],
                           **{m: mean[names.slo_attainment(m)] for m in self.final.slo.targets()}})
-            figures_of = [ms(mean[names.TTFT_P95]), ms(mean[names.TPOT_P95]), percent(mean[names.SLO_ATTAINMENT]),
-                          num(mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE])]
-            table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}",
-                               *([STOPPED] * len(figures_of) if judged.stopped else figures_of),
-                               ("yes" if met else "no") + ("" if judged.verdict.decided else " (undecided)")])
         frame = pd.DataFrame(frame)
         passing = [r for r in rates if met_by_rate[r]]
         failing = [r for r in rates if not met_by_rate[r]]
@@ -536,7 +554,8 @@ class ReportBuilder:
             [Table("load-points", "SLO attainment against load", ["rate", "x target", "P95 TTFT", "P95 TPOT",
                                                                   "SLO attainment", "output tok/s per device",
                                                                   "targets met"], table_rows,
-                   note=STOPPED_NOTE if any(row[2] == STOPPED for row in table_rows) else ""), capacity],
+                   note="; ".join(note for label, note in ((STOPPED, STOPPED_NOTE), (OVER, OVER_NOTE))
+                                  if any(row[2] == label for row in table_rows))), capacity],
             [Figure("attainment-figure", "SLO attainment against load (dotted: the percentile targets)",
                     figures.load_curve(frame["rate"], {m: frame[m] for m in targets}, targets, self.rate, breaking,
                                        "attainment-figure")),
@@ -565,7 +584,7 @@ class ReportBuilder:
         one = variant(scenario, {**point, RATE_KEY: rate, REPLICAS_KEY: 1})
         cap = max(2 * around + 2, 4)
         # counts the fluid model's capacity bound proves too few are never simulated
-        too_few = proven_failing(one, rate)
+        too_few = self._too_few(one, rate)
 
         def search(lower: int, start: int, top: int, known_failing: int) -> tuple[int | None, dict[int, Judged]]:
             return fewest_replicas(scenario, point, rate, lower, start, top, seeds=self.seeds,
@@ -578,6 +597,16 @@ class ReportBuilder:
             found, more = search(around + 1, max(around + 1, upper), cap, max(too_few, around))
             outcomes.update(more)
         return found, outcomes.get(self.replicas)
+
+    def _too_few(self, one: Scenario, rate: float) -> int:
+        """:func:`~llmsim.search.plan.proven_failing` for ``one`` (a scenario of one replica) at ``rate``, its
+        capacity worked out once per setting: where the workload has length laws of its own the fluid model reads
+        neither the rate nor the seed (:func:`~llmsim.analysis.fluid.has_length_law`), so the setting is the
+        scenario at any one rate; else the scenario itself."""
+        key = run_key(at_rate(one, 1.0) if has_length_law(one.workload) else one)
+        if key not in self._capacities:
+            self._capacities[key] = replica_capacity(one)
+        return proven_failing(one, rate, self._capacities[key])
 
     def _judge(self, points: list[dict], rates: list[float], scenario: Scenario | None = None) -> list[Judged]:
         """Points judged as the searches judge them: windows that follow each point's rate (on ``scenario``,

@@ -299,24 +299,33 @@ def fluid_blind_spots(scenario: Scenario) -> list[str]:
     return spots
 
 
-def capacity_bound(one_replica: Scenario, rate: float) -> float:
-    """Replicas the fluid model's capacity asks for at this rate (rate / one replica's capacity; NaN
-    where it does not model the engine, see :func:`fluid_blind_spots`). The fluid model overstates
-    capacity (it averages away variability that only adds time), so this bounds the answer from below
-    up to its measured error against the simulator (``FLUID_CAPACITY_ERROR``, tests/analysis/test_analytic.py)."""
+def replica_capacity(one_replica: Scenario) -> float:
+    """One replica's capacity in the fluid model (requests/s; NaN where it does not model the engine, see
+    :func:`fluid_blind_spots`)."""
     if fluid_blind_spots(one_replica):
         return math.nan
     try:
-        capacity = FluidModel(one_replica).capacity()
+        return FluidModel(one_replica).capacity()
     except ConfigError:
+        return math.nan
+
+
+def capacity_bound(one_replica: Scenario, rate: float, capacity: float | None = None) -> float:
+    """Replicas the fluid model's capacity asks for at this rate (rate / one replica's capacity,
+    :func:`replica_capacity`, or ``capacity`` where the caller has it; NaN where it gives none). The fluid model
+    overstates capacity (it averages away variability that only adds time), so this bounds the answer from below
+    up to its measured error against the simulator (``FLUID_CAPACITY_ERROR``, tests/analysis/test_analytic.py)."""
+    capacity = replica_capacity(one_replica) if capacity is None else capacity
+    if math.isnan(capacity):
         return math.nan
     return rate / capacity if capacity > 0 else math.inf
 
 
-def proven_failing(one_replica: Scenario, rate: float) -> int:
+def proven_failing(one_replica: Scenario, rate: float, capacity: float | None = None) -> int:
     """The most replicas that :func:`capacity_bound` proves too few at this rate: fewer than the bound less the
-    fluid model's measured error (``FLUID_CAPACITY_ERROR``) cannot carry the load; 0 where it gives no bound."""
-    least = capacity_bound(one_replica, rate) / (1 + FLUID_CAPACITY_ERROR)
+    fluid model's measured error (``FLUID_CAPACITY_ERROR``) cannot carry the load; 0 where it gives no bound.
+    ``capacity``: one replica's (:func:`replica_capacity`) where the caller has it."""
+    least = capacity_bound(one_replica, rate, capacity) / (1 + FLUID_CAPACITY_ERROR)
     if math.isnan(least):
         return 0
     return max(0, math.ceil(min(least, float(MAX_PROVEN))) - 1)

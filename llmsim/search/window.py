@@ -53,10 +53,11 @@ ending there passes can so fail here, on requests closer to the long run's). A v
 simulated apart is judged on whole runs, each round twice as long as the last.
 
 **A run sure to fail stops.** Inside :func:`stopping_decided_runs` (a report uses it) a run stops once the
-requests of its window already sure to miss a limit leave its attainment below the target by more than
-:data:`MISS_MARGIN` (:mod:`llmsim.sim.missed`). That margin is ``Z`` times the largest standard error batch
-means of a share can have (``0.5 / sqrt(batches - 1)``), so the whole run's verdict would have been a
-decided fail: a point whose runs all stopped is judged so, without its backlog being served. Its rows cover
+requests of its window already sure to miss a limit leave its attainment below :func:`decided_fail_below` the
+target (:class:`DecidedFailStop`, :mod:`llmsim.sim.missed`): the share ``a`` at which ``a`` plus ``Z`` times the
+largest standard error batch means of a share ``a`` can have (``sqrt(a (1 - a) / (batches - 1))``) reaches the
+target, so the whole run's verdict would have been a decided fail whatever its requests still to be served
+show: a point whose runs all stopped is judged so, without its backlog being served. Its rows cover
 only what was simulated (``stopped_by``: ``missed``); a point only some of whose seeds stopped misses the
 target on its estimate, and is undecided unless the other seeds' figures settle it with the stopped seeds' at
 their bounds.
@@ -65,9 +66,9 @@ their bounds.
 (``escalate_failing=False``, ``recommend``'s bisections) asks of a point judged on one run only whether
 that run passes: a decided and an undecided fail give the same answer. Inside such a block its runs stop
 once their window's sure misses already leave a limit's share below its target at all
-(:data:`FAILING_MARGIN` instead of :data:`MISS_MARGIN`): the whole run's estimate would have missed the
+(:data:`FAILING_MARGIN` instead of :class:`DecidedFailStop`): the whole run's estimate would have missed the
 target, so its verdict would have been a fail. Such a stop is judged an undecided fail, which is what it
-shows; a verdict pooled over seeds keeps :data:`MISS_MARGIN` (one seed's shortfall can be another's surplus).
+shows; a verdict pooled over seeds keeps :class:`DecidedFailStop` (one seed's shortfall can be another's surplus).
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.scenario.variants import SESSION_START_KEY
 from llmsim.search.sweeps import judging_at_checkpoints, missed_stop, run_points, stopping_missed_runs
 from llmsim.sim.checkpoints import Checkpoints
-from llmsim.sim.missed import WATCHED, MissedStop
+from llmsim.sim.missed import WATCHED, MissedStop, ShortfallStop
 from llmsim.sim.result import StopReason
 from llmsim.sim.sensor import targets_of
 from llmsim.workload.arrivals import RenewalProcess
@@ -109,7 +110,7 @@ MEASURED_REQUESTS = 500       # and at least this many requests (more when the v
 ESCALATIONS = 3               # an undecided point is measured 2x, 4x, 8x longer
 MAX_REQUESTS = 2_000_000      # requests per simulation, whatever the window asks
 Z = 2.0                       # standard errors between an attainment and its target for a verdict
-MISS_MARGIN = Z * 0.5 / math.sqrt(BATCHES - 1)   # Z times the widest batch-means standard error of a share
+WIDEST_STDERR = 0.5 / math.sqrt(BATCHES - 1)    # the widest batch-means standard error a share can have
 FAILING_MARGIN = 1e-9         # a stop that shows only a fail on the estimate: floating point's slack, no more
 
 
@@ -305,13 +306,50 @@ class Verdict:
         return min(self.margins.values(), default=(math.nan, math.nan))
 
 
-def judge(rows: pd.DataFrame, target: float | None = None, stop_margin: float = MISS_MARGIN) -> Verdict:
+def decided_fail_below(share: float, z: float = Z, batches: int = BATCHES) -> float:
+    """The attainment below which a run's verdict on a limit whose percentile target is ``share`` is a decided
+    fail whatever its standard error: the smaller root ``a`` of ``a + z sqrt(a (1 - a) / (batches - 1)) =
+    share``. Batch means of a 0/1 series with mean ``a`` lie in [0, 1], so their sample variance is at most
+    ``a (1 - a) batches / (batches - 1)`` (``x^2 <= x`` on [0, 1]) and their standard error at most
+    ``sqrt(a (1 - a) / (batches - 1))``; ``a`` plus ``z`` times that rises with ``a`` up to past any target
+    below 1, so every attainment below the root fails by more than ``z`` standard errors."""
+    c = z * z / (batches - 1)
+    return (2 * share + c - math.sqrt(c * c + 4 * c * share * (1 - share))) / (2 * (1 + c))
+
+
+@dataclass(frozen=True)
+class DecidedFailStop(MissedStop):
+    """Stop once the share within a limit is sure to stay below :func:`decided_fail_below` its target: the
+    whole run's verdict would then be a decided fail on its own figures (module docstring).
+
+    The summary's share is over the window's ``counted`` requests, its standard error over the batches of the
+    first ``usable = counted - counted % batches`` of them, whose share lies within ``delta = (counted %
+    batches) / usable`` of it; so the stop holds the share below ``decided_fail_below(target - delta) - delta``,
+    where the batches' share is below ``decided_fail_below(target - delta)`` and the share plus ``z`` of their
+    standard errors below ``target - delta + delta``."""
+    z: float = Z
+    batches: int = BATCHES
+
+    def allowed(self, share: float, counted: int) -> int:
+        odd = counted % self.batches
+        delta = odd / (counted - odd) if counted > odd else 1.0
+        # the 1e-9: a product that is whole may round below it; allowing more only stops later
+        return math.floor((1 - decided_fail_below(share - delta, self.z, self.batches) + delta) * counted + 1e-9)
+
+    def highest(self, share: float) -> float:
+        return decided_fail_below(share, self.z, self.batches)
+
+
+DECIDED_FAIL = DecidedFailStop(2 * BATCHES)       # stop rule of stopping_decided_runs (and judge's default)
+
+
+def judge(rows: pd.DataFrame, target: float | None = None, stop: MissedStop = DECIDED_FAIL) -> Verdict:
     """The verdict from one point's runs (one row per seed, flattened summaries).
 
     ``target`` None: every limit's percentile target; else the joint attainment (the share of
-    requests within every limit at once) must reach ``target``. ``stop_margin``: the margin of the
-    stop rule (:class:`~llmsim.sim.missed.MissedStop`) the runs stopped as missed ran under: a stopped run
-    falls short of a target by at least that much.
+    requests within every limit at once) must reach ``target``. ``stop``: the stop rule
+    (:class:`~llmsim.sim.missed.MissedStop`) the runs stopped as missed ran under: a run it stopped on a
+    limit was below its ``highest`` share there.
     """
     errors = rows["error"].fillna("").to_numpy()
     failed = errors != ""
@@ -336,8 +374,7 @@ def judge(rows: pd.DataFrame, target: float | None = None, stop_margin: float = 
     if stopped is not None and stopped.any():       # sure to miss on the stopped seeds (module docstring)
         if target is not None:
             raise ValueError("a run stopped on its percentile targets cannot be judged on a joint attainment target")
-        decided = (bool(stopped.all()) and stop_margin >= MISS_MARGIN) or _fails_whole(rows, checks, stopped,
-                                                                                      stop_margin)
+        decided = (bool(stopped.all()) and _decides(stop, checks)) or _fails_whole(rows, checks, stopped, stop)
         return Verdict(met=False, decided=decided, steady=steady, margins=margins)
     return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
 
@@ -361,18 +398,26 @@ def best_case(rows: pd.DataFrame, runs: int) -> pd.DataFrame:
     return pd.concat([rows, best], ignore_index=True)
 
 
+def _decides(stop: MissedStop, checks: dict[str, tuple[str, str, float]]) -> bool:
+    """Whether a run ``stop`` stopped would have failed beyond doubt on its own whichever watched limit it was
+    stopped on: its share there was below :func:`decided_fail_below` the target. Over seeds that all stopped
+    the point then fails beyond doubt too: the pooled standard error ``sqrt(sum s_i^2) / n`` is at most the
+    seeds' mean ``s_i``, so the pooled attainment plus ``Z`` of it is at most the mean of each seed's."""
+    return all(stop.highest(wanted) <= decided_fail_below(wanted) for name, (_, _, wanted) in checks.items()
+               if name.rsplit(".", 1)[-1] in WATCHED)
+
+
 def _fails_whole(rows: pd.DataFrame, checks: dict[str, tuple[str, str, float]], stopped: np.ndarray,
-                 margin: float) -> bool:
+                 stop: MissedStop) -> bool:
     """Whether the whole runs of a point only some of whose seeds stopped would have failed it beyond doubt:
-    a stopped seed's run fell short of a watched limit's target by more than ``margin``, so with its
-    attainment at that bound and the widest standard error a share can have, every watched limit the stop
-    may have been on must still fail with the other seeds' own figures."""
-    widest = MISS_MARGIN / Z
+    a stopped seed's run on a watched limit was below ``stop``'s highest share, so with its attainment at
+    that bound and the widest standard error a share can have, every watched limit the stop may have been
+    on must still fail with the other seeds' own figures."""
     for name, (column, stderr_column, wanted) in checks.items():
         if name.rsplit(".", 1)[-1] not in WATCHED:        # a class's check is named "<class>.<metric>"
             continue
-        attainment = np.where(stopped, wanted - margin, rows[column].to_numpy(dtype=float))
-        stderr = np.where(stopped, widest, rows[stderr_column].to_numpy(dtype=float))
+        attainment = np.where(stopped, stop.highest(wanted), rows[column].to_numpy(dtype=float))
+        stderr = np.where(stopped, WIDEST_STDERR, rows[stderr_column].to_numpy(dtype=float))
         if not attainment.mean() + Z * np.sqrt((stderr ** 2).sum()) / len(rows) <= wanted:   # NaN: not shown
             return False
     return True
@@ -380,7 +425,7 @@ def _fails_whole(rows: pd.DataFrame, checks: dict[str, tuple[str, str, float]], 
 
 def stopping_decided_runs():
     """A block within which every run of a point stops once its verdict is a decided fail (module docstring)."""
-    return stopping_missed_runs(MissedStop(MISS_MARGIN, 2 * BATCHES))
+    return stopping_missed_runs(DECIDED_FAIL)
 
 
 def _checks(rows: pd.DataFrame, target: float | None) -> dict[str, tuple[str, str, float]]:
@@ -452,7 +497,7 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
     # Inside a stop rule, one run per point and an undecided fail taken as failed: a run stops once it cannot pass
     stop = missed_stop()
     if stop is not None and per_point == 1 and not escalate_failing and target is None:
-        stop = replace(stop, margin=min(stop.margin, FAILING_MARGIN))
+        stop = ShortfallStop(stop.min_requests, FAILING_MARGIN)
     used = [0] * len(points)              # each point's escalations so far
     current = list(windows)
     todo = list(range(len(points)))
@@ -471,7 +516,7 @@ def simulate_until_decided(scenario: str | Path | Scenario | Mapping, points: Se
                 reached = _stage_reached(rows, current[i], count)
                 window = current[i].longer(reached)
                 used[i] += reached
-                verdict = judge(rows, target, MISS_MARGIN if stop is None else stop.margin)
+                verdict = judge(rows, target, DECIDED_FAIL if stop is None else stop)
                 judged[i] = Judged(verdict, rows, window)
                 if asks_longer(verdict, escalate_failing) and used[i] < escalations \
                         and window.lengthens(rates[i]):

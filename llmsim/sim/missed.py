@@ -4,17 +4,19 @@ A search judges a point on the requests arriving in its measurement window ``[wa
 for each limit, the share of them within it must reach the percentile target. A request that has waited
 longer than the TTFT limit without its first token, or has been in the system longer than the E2E limit
 without finishing, or was rejected, misses whatever the rest of the run does. So once the window's requests
-already sure to miss a limit are more than ``1 - target + margin`` of them, the share within it cannot reach
-``target - margin`` however the run ends, and the run is stopped (``StopReason.MISSED``) instead of
+already sure to miss a limit are more than the rule allows (``1 - target + margin`` of them), the share within
+it cannot reach ``target - margin`` however the run ends, and the run is stopped (``StopReason.MISSED``) instead of
 simulated to the end: an overloaded run would otherwise serve its whole backlog first.
 
-The caller picks ``margin`` so that the verdict the whole run would have given is the one the stop gives
-(``llmsim.search.window``: wider than any standard error the verdict could pool). The watch only reads the
-run's state, so a run it does not stop is the run without it.
+How far below the target the share must be sure to stay is the rule's (:class:`MissedStop`): a fixed margin
+(:class:`ShortfallStop`), or one that follows the share, chosen so that the verdict the whole run would have
+given is the one the stop gives (``llmsim.search.window.DecidedFailStop``). The watch only reads the run's
+state, so a run it does not stop is the run without it.
 """
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,11 +32,31 @@ WATCHED = ("ttft", "e2e")       # the limits a request can be sure to miss befor
 
 
 @dataclass(frozen=True)
-class MissedStop:
-    """Stop a run once, for some limit, the share of its window's requests within it is sure to stay below
-    the limit's percentile target less ``margin``; only where the window holds at least ``min_requests``."""
-    margin: float
+class MissedStop(ABC):
+    """Stop a run once, for some limit, the window's requests sure to miss it are more than :meth:`allowed`;
+    only where the window holds at least ``min_requests``."""
     min_requests: int
+
+    @abstractmethod
+    def allowed(self, share: float, counted: int) -> int:
+        """The most requests of a window of ``counted`` that may be sure to miss a limit whose percentile target
+        is ``share`` before the run stops."""
+
+    @abstractmethod
+    def highest(self, share: float) -> float:
+        """The share within a limit (target ``share``) a run this rule stopped on that limit is below."""
+
+
+@dataclass(frozen=True)
+class ShortfallStop(MissedStop):
+    """Stop once the share within a limit is sure to stay below its target less ``margin``."""
+    margin: float
+
+    def allowed(self, share: float, counted: int) -> int:
+        return math.floor((1 - share + self.margin) * counted)
+
+    def highest(self, share: float) -> float:
+        return share - self.margin
 
 
 def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRecords, in_system: dict,
@@ -62,8 +84,7 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
                     else classes == target.class_index)
             counted = int(np.count_nonzero(mine))
             if counted >= rule.min_requests:
-                allowed = math.floor((1 - target.percentile / 100 + rule.margin) * counted)
-                watched.append((target, mine, allowed))
+                watched.append((target, mine, rule.allowed(target.percentile / 100, counted)))
         return last, watched, max(end_s - warmup_s, 1e-9) / CHECKS
 
     end_s = window_s if stage is None else stage.end_s

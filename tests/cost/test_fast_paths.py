@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.cost.features import F, batch_rows
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, gemm_scalar_body_s
-from llmsim.cost.roofline import _linear_step
+from llmsim.cost.roofline import _linear_step, _summed_rows
 
 from tests.helpers import random_sums
 
@@ -83,6 +83,40 @@ def test_gemm_in_python_floats_is_numpy_to_the_bit():
         memory_s, compute_s = rng.random() * 1e-3, rng.random() * 1e-3 * rng.choice([0.0, 1.0])
         expected = float(gemm_body_s(memory_s, compute_s, gemm_output_tiles(tokens, n), kernels))
         assert gemm_scalar_body_s(memory_s, compute_s, tokens, n, kernels) == expected
+
+
+@pytest.mark.parametrize("count", [1, 2, 5, 7, 8, 9, 11, 12, 16, 17, 31, 128])
+def test_rows_summed_as_numpy_sums_along_a_row(count):
+    """A grid's GEMM times are summed GEMM after GEMM over the whole grid: the bits numpy's own sum along each
+    row gives (its pairwise order from 8 values on), on values of every magnitude and sign."""
+    rng = np.random.default_rng(count)
+    values = rng.standard_normal((2000, count)) * 10.0 ** rng.integers(-9, 9, (2000, count))
+    np.testing.assert_array_equal(_summed_rows(np.ascontiguousarray(values.T)), values.sum(axis=-1))
+
+
+@pytest.mark.parametrize("model_name, hardware, tp", CASES)
+def test_a_grid_of_rows_prices_each_row_as_one_iteration_does(model_name, hardware, tp):
+    """The fluid model prices grids of rows (rates x prompt counts x quantiles; a row may stand for several
+    iterations, with fractional tokens): each row of a grid as the one-iteration path prices it, the GEMMs
+    (computed GEMM by GEMM over the grid), the all-reduces and the prefill tile columns included. A last bit may
+    differ: numpy's array powers from the C library's the one-row path takes, a matrix product from a vector's."""
+    model = _model(model_name)
+    cost = CostModel(model, lookup_hardware(hardware), tp)
+    rng = np.random.default_rng(35)
+    rows = []
+    for prefill, pairs, prefill_kv, logits, decode, decode_kv in random_sums(rng, 60):
+        iterations = float(rng.choice([1.0, 2.5]))
+        tokens = prefill + decode + (0.25 if rng.random() < 0.3 else 0.0)
+        experts = model.expected_experts_touched(tokens / iterations) * iterations if model.num_experts > 1 else 1.0
+        padding, longest = (float(prefill % 4096), prefill_kv) if prefill else (0.0, 0.0)
+        rows.append([iterations, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits,
+                     padding, longest])
+    grid = np.array(rows).reshape(3, 4, 5, -1)
+    times, flops, moved = cost.iteration(grid)
+    assert times.shape == flops.shape == moved.shape == grid.shape[:-1]
+    for at in np.ndindex(*grid.shape[:-1]):
+        one = cost.iteration(grid[at])
+        assert (times[at], flops[at], moved[at]) == pytest.approx(one, rel=1e-12)
 
 
 @pytest.mark.parametrize("model_name, hardware, tp", [case for case in CASES if case[2] == 1])

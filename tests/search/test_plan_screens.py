@@ -88,7 +88,7 @@ def test_a_count_the_bound_rules_out_fails_when_simulated():
 
 def test_no_bound_proves_nothing(monkeypatch):
     """Where the fluid model gives no bound (NaN), no count is ruled out."""
-    monkeypatch.setattr(planning, "capacity_bound", lambda one, rate: float("nan"))
+    monkeypatch.setattr(planning, "capacity_bound", lambda one, rate, capacity=None: float("nan"))
     assert planning.proven_failing(load_scenario(CHAT), 60.0) == 0
 
 

@@ -138,7 +138,7 @@ def test_a_plan_below_the_analytic_bound_says_so(monkeypatch):
     """The cross-check: a simulated answer below the fluid model's capacity bound (less its stated
     error) is reported in the note, not silently returned."""
     scenario = llmsim.load_scenario(CHAT)
-    monkeypatch.setattr(planning, "capacity_bound", lambda one, rate: 3.0)
+    monkeypatch.setattr(planning, "capacity_bound", lambda one, rate, capacity=None: 3.0)
     row = llmsim.plan(scenario, 16.0, workers=1, keep_layout=True).iloc[0]
     assert row["replicas"] == 1 and "disagrees with the analytic capacity bound" in row["note"]
 

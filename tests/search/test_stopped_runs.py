@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -12,8 +13,11 @@ from llmsim.analysis import names
 from llmsim.analysis.statistics import BATCHES
 from llmsim.search.sweeps import reusing_runs
 from llmsim.scenario.variants import RATE_KEY, variant
-from llmsim.search.window import (FAILING_MARGIN, MISS_MARGIN, Z, judge, measurement_window, simulate_until_decided,
-                                  stopping_decided_runs, typical_latency_s)
+from llmsim.analysis.metrics import share_with_stderr
+from llmsim.search.window import (DECIDED_FAIL, FAILING_MARGIN, WIDEST_STDERR, Z, decided_fail_below, judge,
+                                  measurement_window, simulate_until_decided, stopping_decided_runs,
+                                  typical_latency_s)
+from llmsim.sim.missed import ShortfallStop
 
 from tests.helpers import make_scenario
 
@@ -27,10 +31,46 @@ def _judged(rate: float):
     return simulate_until_decided(scenario, [{}], [window], [rate], seeds=SEEDS, workers=1)[0]
 
 
-def test_the_margin_is_z_times_the_widest_standard_error_of_a_share():
+def test_the_widest_standard_error_of_a_share():
     """Batch means of a 0/1 series lie in [0, 1]: their sample deviation is at most that of half 0s and half 1s."""
     widest = pd.Series([0.0, 1.0] * (BATCHES // 2)).std(ddof=1) / math.sqrt(BATCHES)
-    assert pytest.approx(Z * widest) == MISS_MARGIN
+    assert pytest.approx(widest) == WIDEST_STDERR
+
+
+@pytest.mark.parametrize("share", [0.5, 0.9, 0.95, 0.99, 1.0])
+def test_the_decided_fail_bound_is_where_the_widest_verdict_reaches_the_target(share):
+    below = decided_fail_below(share)
+    assert below + Z * math.sqrt(below * (1 - below) / (BATCHES - 1)) == pytest.approx(share)
+    assert share - Z * WIDEST_STDERR <= below < share
+
+
+def _series(hits: int, counted: int, arrangement: str, rng: np.random.Generator) -> pd.Series:
+    """``hits`` requests within the limit among ``counted``, in arrival order: first, last, or at random."""
+    within = np.zeros(counted, bool)
+    if arrangement == "first":
+        within[:hits] = True
+    elif arrangement == "last":
+        within[counted - hits:] = True
+    else:
+        within[rng.choice(counted, hits, replace=False)] = True
+    return pd.Series(within)
+
+
+@pytest.mark.parametrize("counted", [40, 117, 1000, 5017])
+@pytest.mark.parametrize("share", [0.5, 0.95, 0.99])
+def test_a_run_the_decided_stop_stops_fails_beyond_doubt_however_it_ends(counted, share):
+    """One more sure miss than the rule allows: every way the rest of the window can end (every count of requests
+    within the limit left, its hits all first, which makes the batched share highest and its batches two-valued,
+    all last, or at random) gives the summary's share and batch-means standard error a decided fail. The
+    reference is the summary's own estimator (share_with_stderr), not the bound the rule is derived from."""
+    rng = np.random.default_rng(counted)
+    most_hits = counted - (DECIDED_FAIL.allowed(share, counted) + 1)
+    assert most_hits >= 0 or share == 0.5            # (a window of 117 at 0.5: 17 odd requests, never stopped)
+    for hits in range(most_hits + 1):
+        for arrangement in ("first", "last", "random"):
+            attainment, stderr = share_with_stderr(_series(hits, counted, arrangement, rng))
+            assert attainment + Z * stderr < share, (hits, arrangement)
+            assert attainment < DECIDED_FAIL.highest(share)
 
 
 def test_a_point_whose_runs_stop_gets_the_whole_runs_verdict():
@@ -75,19 +115,21 @@ def test_a_one_run_point_stops_once_it_cannot_pass_and_its_whole_run_fails():
         assert stopped.verdict.met == full.verdict.met
         if stopped.stopped:
             assert not full.verdict.met
-            # a stop short of MISS_MARGIN shows a fail on the estimate only
+            # a stop short of the decided fail shows a fail on the estimate only
             assert not stopped.verdict.decided
             assert stopped.rows["simulated_s"].iloc[0] < full.rows["simulated_s"].iloc[0]
         else:
             assert stopped.verdict == full.verdict
     assert all(stopped.stopped for stopped in watched[2:])
-    assert FAILING_MARGIN < MISS_MARGIN
 
 
-def test_a_stopped_seed_is_decided_only_by_a_stop_as_wide_as_the_miss_margin():
+def test_a_stopped_seed_is_decided_only_by_a_stop_that_leaves_a_decided_fail():
     rows = _rows([True], [0.5], [0.01])
-    assert judge(rows).decided and not judge(rows, stop_margin=FAILING_MARGIN).decided
-    assert not judge(rows, stop_margin=FAILING_MARGIN).met
+    failing = ShortfallStop(2 * BATCHES, FAILING_MARGIN)
+    assert judge(rows).decided and not judge(rows, stop=failing).decided
+    assert not judge(rows, stop=failing).met
+    # a fixed margin as wide as Z times the widest standard error leaves a decided fail too
+    assert judge(rows, stop=ShortfallStop(2 * BATCHES, Z * WIDEST_STDERR)).decided
 
 
 def _rows(stopped: list[bool], attainment: list[float], stderr: list[float]) -> pd.DataFrame:
@@ -100,7 +142,7 @@ def _rows(stopped: list[bool], attainment: list[float], stderr: list[float]) -> 
 
 
 def test_a_point_some_of_whose_seeds_stopped():
-    # the stopped seed's whole run was below 0.95 - margin (about 0.72): with the other at 1.0 +- 0 the
+    # the stopped seed's whole run was below decided_fail_below(0.95) (about 0.75): with the other at 1.0 +- 0 the
     # pair could still lie within two standard errors of the target, so the point fails undecided
     verdict = judge(_rows([True, False], [0.1, 1.0], [0.01, 0.0]))
     assert (verdict.met, verdict.decided) == (False, False)

@@ -7,14 +7,14 @@ import pandas as pd
 import pytest
 
 from llmsim.analysis.metrics import summarize
-from llmsim.sim.missed import MissedStop
+from llmsim.sim.missed import ShortfallStop
 from llmsim.sim.result import StopReason
 from llmsim.sim.simulate import simulate
 
 from tests.helpers import make_scenario, simulate_checked
 from tests.sim.test_conservation import check_balances
 
-RULE = MissedStop(margin=0.23, min_requests=40)
+RULE = ShortfallStop(min_requests=40, margin=0.23)
 TTFT_S = 0.5
 SLO = {"slo": {"ttft": f"{TTFT_S * 1000:g} ms", "tpot": "50 ms", "percentile": 95}, "simulation": {"warmup": "2 s"}}
 
@@ -82,7 +82,7 @@ def test_a_run_meeting_its_targets_is_not_changed(layout):
 
 def test_too_few_requests_in_the_window_are_never_stopped():
     scenario = make_scenario({**SLO, "workload": {"arrival": {"rate": 300.0}, "num_requests": 3000}})
-    result = simulate(scenario, stop_when_missed=MissedStop(margin=0.23, min_requests=10_000))
+    result = simulate(scenario, stop_when_missed=ShortfallStop(min_requests=10_000, margin=0.23))
     assert result.stopped_by is StopReason.COMPLETED
 
 
