@@ -42,6 +42,7 @@ or idle); on the host, the cached blocks plus the swapped ones.
 """
 from __future__ import annotations
 
+import math
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -144,19 +145,26 @@ class HostTier:
             self.evicted += 1
         return True
 
-    def add(self, key: int, now: float) -> bool:
-        """Cache ``key``; True if it had to be copied in. Already there: it becomes the most recent (no
-        copy); no room even after evicting every cached block: counted in ``failed`` (dropped)."""
-        if key in self.lru:
-            self.lru.move_to_end(key)
-            return False
-        if not self.make_room(1):
-            self.failed += 1
-            return False
-        self.lru[key] = None
-        self.allocated_total += 1
-        self._log(now)
-        return True
+    def add(self, keys: Sequence[int], now: float) -> int:
+        """Cache ``keys`` in turn; returns how many had to be copied in. One already there becomes the most
+        recent (no copy); one with no room even after evicting every cached block is counted in ``failed``
+        (dropped). Each copy is logged (:meth:`_log`)."""
+        lru, swapped, capacity = self.lru, self.swapped, self.capacity_blocks
+        log_s, log_blocks = self.occupancy_s.append, self.occupancy_blocks.append
+        copied = 0
+        for key in keys:
+            if key in lru:
+                lru.move_to_end(key)
+                continue
+            if len(lru) + swapped >= capacity and not self.make_room(1):    # (not full: nothing to evict)
+                self.failed += 1
+                continue
+            lru[key] = None
+            copied += 1
+            log_s(now)
+            log_blocks(len(lru) + swapped)
+        self.allocated_total += copied
+        return copied
 
     def swap_out(self, blocks: int, now: float) -> bool:
         if not self.make_room(blocks):
@@ -195,6 +203,7 @@ class TieredKV(KVCache):
         self.block_transfer_s, self.block_bytes = block_transfer_s, block_bytes
         self.cached: dict[int, int] = {}                      # key -> references, GPU-resident blocks
         self.idle: OrderedDict[int, float] = OrderedDict()   # unreferenced cached blocks -> released at
+        self.offload_due_s = math.inf                         # no idle block is due before this (:meth:`advance`)
         self._hits = 0                                        # the last match: leading hits, keys to reload
         self._reload: Sequence[int] = ()
         self._h2d_s = 0.0                                     # host-to-device copies the next iteration waits for
@@ -239,28 +248,50 @@ class TieredKV(KVCache):
 
     # -- time passes --------------------------------------------------------------------------------
     def advance(self, now: float) -> None:
-        """Move blocks idle for ``idle_timeout_s`` by ``now`` to host memory (at the time they became due)."""
-        timeout, idle = self.idle_timeout_s, self.idle
-        if timeout is None:
+        """Move blocks idle for ``idle_timeout_s`` by ``now`` to host memory (at the time they became due).
+
+        Idle blocks are kept in the order they were released, so the oldest comes first, and the blocks
+        released together (one :meth:`release`, or several at one time) follow one another and become due
+        together: they enter host memory as one group. ``offload_due_s`` is never later than when the oldest
+        idle block becomes due (:meth:`release` lowers it to its blocks' due time, which only the first idle
+        block's is below, since an engine releases in time order and the engines sharing a cache, a
+        pipeline's micro-batches, take turns in time order; blocks that leave the idle list only make the
+        next one due later): before it nothing is due, and nothing is looked at (the engine calls this every
+        iteration)."""
+        if now < self.offload_due_s:
             return
-        host, cached, copy_s = self.host, self.cached, self.block_transfer_s
-        assert host is not None                               # idle_timeout_s is set only with a host tier
+        timeout, idle, cached = self.idle_timeout_s, self.idle, self.cached
+        assert self.host is not None and timeout is not None  # offload_due_s is finite only with a host tier
+        groups: list[tuple[float, list[int]]] = []            # (due at, keys), oldest first
+        keys: list[int] = []
+        released_at_s = math.inf
+        for key, released_s in idle.items():
+            if released_s != released_at_s:
+                due_s = released_s + timeout
+                if due_s > now:
+                    self.offload_due_s = due_s
+                    break
+                released_at_s, keys = released_s, []
+                groups.append((due_s, keys))
+            keys.append(key)
+        else:
+            self.offload_due_s = math.inf
+        host, copy_s = self.host, self.block_transfer_s
         between_s = 0.0 if self.overlap else self._busy_until_s   # synchronous copies wait for the iteration
-        while idle:
-            key, released_s = next(iter(idle.items()))
-            due_s = released_s + timeout
-            if due_s > now:
-                break
-            del idle[key]
-            del cached[key]
-            self.empty_blocks += 1                            # free_blocks already counted it
-            self.freed_total += 1
-            if host.add(key, due_s):
-                self.offloaded_blocks += 1
-                start_s = max(due_s, self._d2h_free_s, between_s)
-                self._d2h_free_s = start_s + copy_s
-                self.offload_s += copy_s
-                self.transfer_s += copy_s
+        d2h_free_s, offload_s, transfer_s = self._d2h_free_s, self.offload_s, self.transfer_s
+        for due_s, keys in groups:
+            for key in keys:
+                del idle[key]
+                del cached[key]
+            self.empty_blocks += len(keys)                    # free_blocks already counted them
+            self.freed_total += len(keys)
+            copied = host.add(keys, due_s)
+            self.offloaded_blocks += copied
+            for _ in range(copied):                           # each queues on the device-to-host direction
+                d2h_free_s = max(due_s, d2h_free_s, between_s) + copy_s
+                offload_s += copy_s
+                transfer_s += copy_s
+        self._d2h_free_s, self.offload_s, self.transfer_s = d2h_free_s, offload_s, transfer_s
 
     def clear(self, now: float) -> None:
         """The replica is switched off (it holds no request): its cached blocks, on the GPU and in host
@@ -304,15 +335,13 @@ class TieredKV(KVCache):
         usable = min((tokens - 1) // self.block_size, len(keys))
         cached, host = self.cached, self.host
         lru = host.lru if host is not None else ()
-        hits, reload = 0, []
-        while hits < usable:
-            key = keys[hits]
+        reload: list[int] = []
+        for hits, key in enumerate(keys[:usable]):
             if key not in cached:
                 if key not in lru:
-                    break
+                    return hits, reload
                 reload.append(key)
-            hits += 1
-        return hits, reload
+        return usable, reload
 
     def resident_prefix(self, request, tokens: int) -> int:
         """How many leading full blocks of the first ``tokens`` tokens of ``request`` are on the GPU."""
@@ -332,18 +361,21 @@ class TieredKV(KVCache):
         shared = request.prefix_keys[:hits]
         cached = self.cached
         wanted = -(-(request.prefilled + chunk) // size) - hits + len(reload)
-        reviving = sum(1 for key in shared if cached.get(key) == 0)
-        if wanted + reviving > self.free_blocks:
-            return False
+        if wanted + hits > self.free_blocks:                  # (else they fit, however many of the hits are idle)
+            reviving = sum(1 for key in shared if cached.get(key) == 0)
+            if wanted + reviving > self.free_blocks:
+                return False
         idle = self.idle
+        revived = 0
         for key in shared:
             references = cached.get(key)
             if references is None:                            # to be reloaded
                 continue
             if references == 0:
                 del idle[key]
-                self.free_blocks -= 1
+                revived += 1
             cached[key] = references + 1
+        self.free_blocks -= revived
         self.allocate(wanted)
         if reload:
             assert self.host is not None                      # blocks reload only from a host tier
@@ -426,12 +458,18 @@ class TieredKV(KVCache):
             shared = full
         self.free(request.blocks - shared)
         cached, idle = self.cached, self.idle
+        idled = len(idle)
         for key in reversed(keys[:shared]):                  # tail first: it is evicted first
             references = cached[key] - 1
             cached[key] = references
             if references == 0:
                 idle[key] = now
-                self.free_blocks += 1
+        idled = len(idle) - idled
+        if idled:
+            self.free_blocks += idled
+            timeout = self.idle_timeout_s
+            if timeout is not None and now + timeout < self.offload_due_s:     # (only the first idle block's,
+                self.offload_due_s = now + timeout                            # as releases come in time order)
         request.blocks = request.cached_blocks = 0
 
     def preempt(self, request, now: float, kv_tokens: int) -> int:

@@ -146,14 +146,13 @@ def test_swap_in_copies_the_swapped_blocks_no_longer_on_the_gpu(evicted):
 
 def test_a_full_host_tier_evicts_least_recently_used_and_counts_what_it_refuses():
     host = HostTier(3)
-    for key in (1, 2, 3):
-        assert host.add(key, 0.0)
+    assert host.add([1, 2, 3], 0.0) == 3
     host.lru.move_to_end(1)                              # key 1 reloaded: most recent
-    assert host.add(4, 1.0) and list(host.lru) == [3, 1, 4] and host.evicted == 1
-    assert not host.add(4, 1.5) and host.evicted == 1    # already there: no copy, nothing evicted
+    assert host.add([4], 1.0) == 1 and list(host.lru) == [3, 1, 4] and host.evicted == 1
+    assert host.add([4], 1.5) == 0 and host.evicted == 1    # already there: no copy, nothing evicted
     assert host.swap_out(2, 2.0) and list(host.lru) == [4] and host.evicted == 3
     assert host.swap_out(1, 2.0) and not host.lru and host.evicted == 4
-    assert not host.add(5, 3.0) and host.failed == 1     # pinned swapped KV fills it: refused
+    assert host.add([5], 3.0) == 0 and host.failed == 1  # pinned swapped KV fills it: refused
     assert not host.swap_out(1, 3.0)
     assert host.allocated_total - host.freed_total == host.held == 3
 

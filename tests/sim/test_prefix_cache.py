@@ -12,6 +12,7 @@ import math
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 
@@ -51,13 +52,17 @@ def tiers_observer(engine, iteration) -> None:
         assert host.allocated_total - host.freed_total == len(host.lru) + swapped <= host.capacity_blocks
 
 
+# Memory pressure: eviction, offload, reload, swap out and in and sharing all happen.
+PRESSED = {**SESSIONS, "engine": {
+    "prefix_caching": True, "preemption_mode": "swap", "memory_utilization": 0.25,
+    "max_model_len": 8192, "cpu_offload": {"idle_timeout": "100 ms", "capacity": "1 GB"}},
+    "workload": {**SESSIONS["workload"], "arrival": {"process": "poisson", "rate": 10.0}, "num_requests": 600,
+                 "sessions": {**SESSIONS["workload"]["sessions"], "think_time": "4 s"}}}
+
+
 def test_block_accounting_exact_across_tiers_and_transitions():
     """Memory pressure: eviction, offload, reload, swap out and in and sharing all happen."""
-    scenario = make_scenario({**SESSIONS, "engine": {
-        "prefix_caching": True, "preemption_mode": "swap", "memory_utilization": 0.25,
-        "max_model_len": 8192, "cpu_offload": {"idle_timeout": "100 ms", "capacity": "1 GB"}},
-        "workload": {**SESSIONS["workload"], "arrival": {"process": "poisson", "rate": 10.0}, "num_requests": 600,
-                     "sessions": {**SESSIONS["workload"]["sessions"], "think_time": "4 s"}}})
+    scenario = make_scenario(PRESSED)
     result = simulate(scenario, observers=[tiers_observer])
     tiers = result.kv_tiers
     for moved in ("hit_blocks", "evicted_blocks", "offloaded_blocks", "reloaded_blocks", "swapped_out_blocks",
@@ -75,6 +80,44 @@ def test_block_accounting_exact_across_tiers_and_transitions():
     assert (records["status"] == "finished").all()
     assert (records["generated_tokens"] == records["output_tokens"]).all()
     assert int(result.iterations["tokens_out"].sum()) == int(records["generated_tokens"].sum())
+
+
+class ScanningKV(TieredKV):
+    """The reference: ``advance`` scans the idle blocks at every iteration, not only from ``offload_due_s`` on,
+    and checks that the bound it skips before holds: where it would have skipped, nothing was due."""
+    skipped = 0
+
+    def advance(self, now: float) -> None:
+        would_skip = now < self.offload_due_s
+        self.offload_due_s = -math.inf
+        idle = list(self.idle.items())
+        super().advance(now)
+        if would_skip:
+            assert list(self.idle.items()) == idle
+            ScanningKV.skipped += 1
+
+
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_offloads_looked_for_only_from_the_earliest_due_time_are_those_a_scan_at_every_iteration_finds(
+        monkeypatch, micro_batches):
+    """``advance`` returns at once before ``offload_due_s``: the run is the one whose every iteration scans the idle
+    blocks (records, iteration log, every tier total and the host tier's occupancy over time), under pressure; also
+    with two pipeline micro-batches' engines sharing each cache."""
+    scenario = make_scenario(merge(PRESSED, {"deployment": {"pipeline_parallel": micro_batches}}))
+    bounded = simulate(scenario)
+    monkeypatch.setattr("llmsim.sim.simulate.TieredKV", ScanningKV)
+    monkeypatch.setattr(ScanningKV, "skipped", 0)
+    scanned = simulate(scenario)
+    assert ScanningKV.skipped > len(scanned.iterations) / 2          # the bound skips most iterations' scans
+    pd.testing.assert_frame_equal(bounded.requests, scanned.requests)
+    pd.testing.assert_frame_equal(bounded.iterations, scanned.iterations)
+    for name, value in vars(bounded.kv_tiers).items():
+        other = getattr(scanned.kv_tiers, name)
+        if isinstance(value, pd.DataFrame):
+            pd.testing.assert_frame_equal(value, other)
+        else:
+            assert value == other, name
+    assert bounded.kv_tiers.offloaded_blocks > 0
 
 
 def _streams(trace: Trace) -> list[list]:
