@@ -57,10 +57,13 @@ requests of its window already sure to miss a limit leave its attainment below :
 target (:class:`DecidedFailStop`, :mod:`llmsim.sim.missed`): the share ``a`` at which ``a`` plus ``Z`` times the
 largest standard error batch means of a share ``a`` can have (``sqrt(a (1 - a) / (batches - 1))``) reaches the
 target, so the whole run's verdict would have been a decided fail whatever its requests still to be served
-show: a point whose runs all stopped is judged so, without its backlog being served. Its rows cover
-only what was simulated (``stopped_by``: ``missed``); a point only some of whose seeds stopped misses the
-target on its estimate, and is undecided unless the other seeds' figures settle it with the stopped seeds' at
-their bounds.
+show. Its rows cover only what was simulated (``stopped_by``: ``missed``) and name the limits the run stopped on
+(``stopped_on``: ``ttft``, ``e2e``, ``ttft,e2e``, with classes ``<class>.ttft``): a stopped seed is known to be
+below the bound on those only, and may have met any other limit entirely. A point with stopped seeds misses the
+target on its estimate, and is a decided fail where, for some limit, its pooled figure fails with each seed stopped
+on that limit at its bound, each seed stopped only on others at its best (every request within it) and the other
+seeds at their own figures (:func:`_fails_whole`): so always where every seed stopped on the same limit (its
+pooled standard error is at most the seeds' mean), never on its own where they stopped on different limits.
 
 **A run that can only fail stops sooner.** A search that takes an undecided fail as failed
 (``escalate_failing=False``, ``recommend``'s bisections) asks of a point judged on one run only whether
