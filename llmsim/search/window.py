@@ -401,12 +401,12 @@ def _fails_whole(rows: pd.DataFrame, check: tuple[str, str, float], stopped_on: 
     error was then at most ``(target - h) / Z`` too. The pooled figure (mean share + ``Z`` times the pooled
     standard error) rises with each share and each standard error, and along a seed's edge ``share + Z
     stderr = target`` it rises with the share (the pooled error grows by less than the seed's own), so it is
-    highest with every such seed at ``h`` and the larger standard error those bounds leave. A seed stopped
+    highest with every such seed at ``h`` and the largest standard error both bounds allow. A seed stopped
     only on other limits (or on limits its row does not name) may have met this one entirely (share 1, no
-    spread), and the other seeds count with
-    their own figures. The limit fails beyond doubt where even that figure is at most the target (the stopped
-    seeds' shares are below ``h``, so the whole runs' figure is below it). All seeds stopped on this limit
-    by a rule whose stop leaves a decided fail: at most ``h`` plus ``Z`` times their mean error, the target
+    spread), and the other seeds count with their own figures. The limit fails beyond doubt where even that
+    figure is at most the target (the stopped seeds' shares are below ``h``, so the whole runs' figure is
+    below it), or, with no seed stopped on it (a bound that may be reached), below it. All seeds stopped on
+    this limit by a rule whose stop leaves a decided fail: at most ``h`` plus ``Z`` times their mean error, the target
     (the pooled error is at most the seeds' mean), so always. A NaN figure shows nothing: not decided."""
     column, stderr_column, wanted = check
     on = np.array([limits is not None and name in limits for limits in stopped_on])
@@ -415,8 +415,8 @@ def _fails_whole(rows: pd.DataFrame, check: tuple[str, str, float], stopped_on: 
     widest = min(WIDEST_STDERR, (wanted - highest) / Z) if highest <= decided_fail_below(wanted) else WIDEST_STDERR
     attainment = np.where(on, highest, np.where(other, 1.0, rows[column].to_numpy(dtype=float)))
     stderr = np.where(on, widest, np.where(other, 0.0, rows[stderr_column].to_numpy(dtype=float)))
-    # n times (figure - target), summed against the target first: one seed stopped on this limit at (h, (target -
-    # h) / Z) gives exactly 0, a bound its real figures stay below; without such a seed the bound may be reached
+    # n times (figure - target), summed against the target first, so that a lone seed stopped on this limit at
+    # (h, (target - h) / Z) gives exactly 0
     excess = float((attainment - wanted).sum()) + Z * float(np.sqrt((stderr ** 2).sum()))
     return excess < 0 or (excess == 0 and bool(on.any()))          # NaN compares False: not shown
 
