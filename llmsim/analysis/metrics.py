@@ -301,6 +301,7 @@ def run_summary(result: SimulationResult, window_s: tuple[float, float], replica
                      if speculation is not None else None),
         interrupted=result.interrupted,
         stopped_by=result.stopped_by.value,
+        stopped_on=",".join(result.stopped_on) or None,
         fault=result.fault,
         classes=classes,
         autoscaling=autoscaling,

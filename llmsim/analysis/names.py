@@ -68,6 +68,7 @@ KWH_PER_MILLION_OUTPUT_TOKENS = f"{ECONOMICS}.kwh_per_million_output_tokens_at_t
 FINISHED = f"{REQUESTS}.finished"
 STEADY = "queue.steady"
 STOPPED_BY = "stopped_by"         # a StopReason's value (llmsim.sim.result)
+STOPPED_ON = "stopped_on"         # stopped as missed: the limits it stopped on, comma-separated (llmsim.sim.missed)
 WINDOW = "window_s"               # the measurement window, (start, stop) in simulated seconds
 
 SUMMARY_NAMES = (TTFT_P95, TTFT_P99, TPOT_MEAN, TPOT_P95, TPOT_P99, E2E_P95, OUTPUT_TOKENS_PER_S,

@@ -294,6 +294,8 @@ class RunSummary(Section):
     interrupted: bool                          # stopped early (Ctrl-C or a fault): the figures cover what ran
     stopped_by: str                            # a StopReason's value (llmsim.sim.result); simulated_s is when
     fault: str | None                          # the fault's exception (type: message), else None
+    # Stopped as missed: the limits it stopped on, comma-separated ("ttft", "chat.e2e"); None (no key) otherwise.
+    stopped_on: str | None = None
     classes: dict[str, ClassSummary] | None = None     # per traffic class; None (no key) without classes
     autoscaling: AutoscalingSummary | None = None      # None (no key) without autoscaling
     # Prefix caching, host tier, swap (llmsim.analysis.kv_cache.KVCacheSummary): None (and no key) without them.
@@ -304,7 +306,7 @@ class RunSummary(Section):
     def to_dict(self) -> dict:
         out = super().to_dict()
         out["window_s"] = list(self.window_s)
-        for optional in ("speculation", "kv_cache", "autoscaling", "disaggregation"):
+        for optional in ("speculation", "kv_cache", "autoscaling", "disaggregation", "stopped_on"):
             if out[optional] is None:
                 del out[optional]
         if self.classes is None:

@@ -618,13 +618,10 @@ def recommend(scenario: str | Path | Scenario, *, objective: str | Objective = O
                     rule = screened[screened["in_band"]]
                     contenders += list(rule["config"].head(1))
                     searcher.protected.update(rule["config"].head(1))     # the rule is judged on its full goodput
-                # 2. simulate them, and the rule-of-thumb defaults: the analytic best, the first default and the
-                # proposers first (the 20-30% rule compares the proposers' goodputs), then the others as challengers
-                # of the leader among those. An analytic best the fluid model cannot tell from the first default
-                # (they differ in the queue timeout alone) is one of those challengers rather than a second setting
-                # bisected to the end.
-                first = [] if config_key(chosen[0]) == config_key(searcher.defaults[0]) else chosen[:1]
-                searcher.evaluate(first + searcher.defaults[:1] + (contenders or []))
+                # 2. simulate them, and the rule-of-thumb defaults: the analytic best, the defaults and the proposers
+                # first (the 20-30% rule compares the proposers' goodputs), then the others as challengers of the
+                # leader among those
+                searcher.evaluate(chosen[:1] + searcher.defaults[:1] + (contenders or []))
                 searcher.evaluate(chosen + searcher.defaults)
                 # 3. refine around the best (k, batch tokens, timeouts, with a draft its eligibility rule)
                 searcher.evaluate(_neighbours(searcher.best(), scenario))

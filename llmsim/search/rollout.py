@@ -138,6 +138,7 @@ def merge_results(scenario: Scenario, parts: list[SimulationResult], planned: in
         mean_in_system=time_average("mean_in_system"), mean_queue_length=time_average("mean_queue_length"),
         planned_requests=planned, inter_token_gaps=gaps,
         stopped_by=stopped[0].stopped_by if stopped else StopReason.COMPLETED,
+        stopped_on=stopped[0].stopped_on if stopped else (),
         fault=stopped[0].fault if stopped else None,
         mean_queue_length_by_class=by_class,
         speculation_blocked=sum(blocked[1:], blocked[0]) if blocked else None)

@@ -57,10 +57,13 @@ requests of its window already sure to miss a limit leave its attainment below :
 target (:class:`DecidedFailStop`, :mod:`llmsim.sim.missed`): the share ``a`` at which ``a`` plus ``Z`` times the
 largest standard error batch means of a share ``a`` can have (``sqrt(a (1 - a) / (batches - 1))``) reaches the
 target, so the whole run's verdict would have been a decided fail whatever its requests still to be served
-show: a point whose runs all stopped is judged so, without its backlog being served. Its rows cover
-only what was simulated (``stopped_by``: ``missed``); a point only some of whose seeds stopped misses the
-target on its estimate, and is undecided unless the other seeds' figures settle it with the stopped seeds' at
-their bounds.
+show. Its rows cover only what was simulated (``stopped_by``: ``missed``) and name the limits the run stopped on
+(``stopped_on``: ``ttft``, ``e2e``, ``ttft,e2e``, with classes ``<class>.ttft``): a stopped seed is known to be
+below the bound on those only, and may have met any other limit entirely. A point with stopped seeds misses the
+target on its estimate, and is a decided fail where, for some limit, its pooled figure fails with each seed stopped
+on that limit at its bound, each seed stopped only on others at its best (every request within it) and the other
+seeds at their own figures (:func:`_fails_whole`): so always where every seed stopped on the same limit (its
+pooled standard error is at most the seeds' mean), never on its own where they stopped on different limits.
 
 **A run that can only fail stops sooner.** A search that takes an undecided fail as failed
 (``escalate_failing=False``, ``recommend``'s bisections) asks of a point judged on one run only whether
@@ -97,7 +100,7 @@ from llmsim.scenario.scenario import SLO_METRICS, Scenario
 from llmsim.scenario.variants import SESSION_START_KEY
 from llmsim.search.sweeps import judging_at_checkpoints, missed_stop, run_points, stopping_missed_runs
 from llmsim.sim.checkpoints import Checkpoints
-from llmsim.sim.missed import WATCHED, MissedStop, ShortfallStop
+from llmsim.sim.missed import MissedStop, ShortfallStop
 from llmsim.sim.result import StopReason
 from llmsim.sim.sensor import targets_of
 from llmsim.workload.arrivals import RenewalProcess
@@ -360,7 +363,6 @@ def judge(rows: pd.DataFrame, target: float | None = None, stop: MissedStop = DE
         raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
     steady = bool(rows[names.STEADY].to_numpy(dtype=bool).all())
-    stopped = rows[names.STOPPED_BY].to_numpy() == StopReason.MISSED.value if names.STOPPED_BY in rows else None
     margins, passes, fails = {}, [], []
     for name, (column, stderr_column, wanted) in checks.items():
         attainment = float(rows[column].mean())
@@ -371,12 +373,54 @@ def judge(rows: pd.DataFrame, target: float | None = None, stop: MissedStop = DE
         fails.append(margin < 0 and margin + spread < 0)
     met = all(margin >= 0 for margin, _ in margins.values()) and steady
     decided = any(fails) or (all(passes) and steady)
-    if stopped is not None and stopped.any():       # sure to miss on the stopped seeds (module docstring)
+    stopped_on = _stopped_on(rows)
+    if stopped_on is not None:       # sure to miss on the stopped seeds (module docstring)
         if target is not None:
             raise ValueError("a run stopped on its percentile targets cannot be judged on a joint attainment target")
-        decided = (bool(stopped.all()) and _decides(stop, checks)) or _fails_whole(rows, checks, stopped, stop)
+        decided = any(_fails_whole(rows, check, stopped_on, stop, name) for name, check in checks.items())
         return Verdict(met=False, decided=decided, steady=steady, margins=margins)
     return Verdict(met=met and not any(fails), decided=decided, steady=steady, margins=margins)
+
+
+def _stopped_on(rows: pd.DataFrame) -> list[set[str] | None] | None:
+    """Per seed, the limits its run was stopped on as missed (``stopped_on``: empty where its row does not say),
+    None for a run not so stopped; None where no run was."""
+    if names.STOPPED_BY not in rows or not (rows[names.STOPPED_BY].to_numpy() == StopReason.MISSED.value).any():
+        return None
+    said = rows[names.STOPPED_ON] if names.STOPPED_ON in rows else pd.Series([None] * len(rows))
+    return [(set(on.split(",")) if isinstance(on, str) and on else set()) if by == StopReason.MISSED.value else None
+            for by, on in zip(rows[names.STOPPED_BY], said)]
+
+
+def _fails_whole(rows: pd.DataFrame, check: tuple[str, str, float], stopped_on: list[set[str] | None],
+                 stop: MissedStop, name: str) -> bool:
+    """Whether the whole runs of a point some of whose seeds stopped as missed would have failed the limit
+    ``name`` (its ``check``) beyond doubt, whatever the stopped runs' requests still to be served show.
+
+    A seed stopped on this limit (``stopped_on``) was below ``stop``'s highest share ``h`` there, with a
+    standard error at most :data:`WIDEST_STDERR`, and where ``h`` is at most :func:`decided_fail_below` the
+    target its own verdict was a decided fail (share + ``Z`` standard errors below the target): its standard
+    error was then at most ``(target - h) / Z`` too. The pooled figure (mean share + ``Z`` times the pooled
+    standard error) rises with each share and each standard error, and along a seed's edge ``share + Z
+    stderr = target`` it rises with the share (the pooled error grows by less than the seed's own), so it is
+    highest with every such seed at ``h`` and the largest standard error both bounds allow. A seed stopped
+    only on other limits (or on limits its row does not name) may have met this one entirely (share 1, no
+    spread), and the other seeds count with their own figures. The limit fails beyond doubt where even that
+    figure is at most the target (the stopped seeds' shares are below ``h``, so the whole runs' figure is
+    below it), or, with no seed stopped on it (a bound that may be reached), below it. All seeds stopped on
+    this limit by a rule whose stop leaves a decided fail: at most ``h`` plus ``Z`` times their mean error, the target
+    (the pooled error is at most the seeds' mean), so always. A NaN figure shows nothing: not decided."""
+    column, stderr_column, wanted = check
+    on = np.array([limits is not None and name in limits for limits in stopped_on])
+    other = np.array([limits is not None for limits in stopped_on]) & ~on
+    highest = stop.highest(wanted)
+    widest = min(WIDEST_STDERR, (wanted - highest) / Z) if highest <= decided_fail_below(wanted) else WIDEST_STDERR
+    attainment = np.where(on, highest, np.where(other, 1.0, rows[column].to_numpy(dtype=float)))
+    stderr = np.where(on, widest, np.where(other, 0.0, rows[stderr_column].to_numpy(dtype=float)))
+    # n times (figure - target), summed against the target first, so that a lone seed stopped on this limit at
+    # (h, (target - h) / Z) gives exactly 0
+    excess = float((attainment - wanted).sum()) + Z * float(np.sqrt((stderr ** 2).sum()))
+    return excess < 0 or (excess == 0 and bool(on.any()))          # NaN compares False: not shown
 
 
 def best_case(rows: pd.DataFrame, runs: int) -> pd.DataFrame:
@@ -396,31 +440,6 @@ def best_case(rows: pd.DataFrame, runs: int) -> pd.DataFrame:
     if names.STOPPED_BY in best:
         best[names.STOPPED_BY] = StopReason.COMPLETED.value
     return pd.concat([rows, best], ignore_index=True)
-
-
-def _decides(stop: MissedStop, checks: dict[str, tuple[str, str, float]]) -> bool:
-    """Whether a run ``stop`` stopped would have failed beyond doubt on its own whichever watched limit it was
-    stopped on: its share there was below :func:`decided_fail_below` the target. Over seeds that all stopped
-    the point then fails beyond doubt too: the pooled standard error ``sqrt(sum s_i^2) / n`` is at most the
-    seeds' mean ``s_i``, so the pooled attainment plus ``Z`` of it is at most the mean of each seed's."""
-    return all(stop.highest(wanted) <= decided_fail_below(wanted) for name, (_, _, wanted) in checks.items()
-               if name.rsplit(".", 1)[-1] in WATCHED)
-
-
-def _fails_whole(rows: pd.DataFrame, checks: dict[str, tuple[str, str, float]], stopped: np.ndarray,
-                 stop: MissedStop) -> bool:
-    """Whether the whole runs of a point only some of whose seeds stopped would have failed it beyond doubt:
-    a stopped seed's run on a watched limit was below ``stop``'s highest share, so with its attainment at
-    that bound and the widest standard error a share can have, every watched limit the stop may have been
-    on must still fail with the other seeds' own figures."""
-    for name, (column, stderr_column, wanted) in checks.items():
-        if name.rsplit(".", 1)[-1] not in WATCHED:        # a class's check is named "<class>.<metric>"
-            continue
-        attainment = np.where(stopped, stop.highest(wanted), rows[column].to_numpy(dtype=float))
-        stderr = np.where(stopped, WIDEST_STDERR, rows[stderr_column].to_numpy(dtype=float))
-        if not attainment.mean() + Z * np.sqrt((stderr ** 2).sum()) / len(rows) <= wanted:   # NaN: not shown
-            return False
-    return True
 
 
 def stopping_decided_runs():

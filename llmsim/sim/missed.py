@@ -6,7 +6,9 @@ longer than the TTFT limit without its first token, or has been in the system lo
 without finishing, or was rejected, misses whatever the rest of the run does. So once the window's requests
 already sure to miss a limit are more than the rule allows (``1 - target + margin`` of them), the share within
 it cannot reach ``target - margin`` however the run ends, and the run is stopped (``StopReason.MISSED``) instead of
-simulated to the end: an overloaded run would otherwise serve its whole backlog first.
+simulated to the end: an overloaded run would otherwise serve its whole backlog first. The run says which limits
+it stopped on (``stopped_on``: every limit whose sure misses were more than allowed at the check that stopped it,
+named as a search names them, ``ttft`` or ``<class>.e2e``): on those only its share is known to be below the bound.
 
 How far below the target the share must be sure to stay is the rule's (:class:`MissedStop`): a fixed margin
 (:class:`ShortfallStop`), or one that follows the share, chosen so that the verdict the whole run would have
@@ -25,7 +27,7 @@ import simpy
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import RequestRecords
 from llmsim.sim.result import StopReason
-from llmsim.sim.sensor import targets_of
+from llmsim.sim.sensor import Target, targets_of
 
 CHECKS = 64                     # the watch looks this many times across the measurement window
 WATCHED = ("ttft", "e2e")       # the limits a request can be sure to miss before it finishes
@@ -59,11 +61,18 @@ class ShortfallStop(MissedStop):
         return share - self.margin
 
 
+def limit_name(target: Target, class_names: tuple[str, ...]) -> str:
+    """A limit's name in a run's ``stopped_on``: its metric, with traffic classes ``<class>.<metric>``."""
+    return target.metric if target.class_index is None else f"{class_names[target.class_index]}.{target.metric}"
+
+
 def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRecords, in_system: dict,
-                 warmup_s: float, window_s: float, rule: MissedStop, stop: simpy.Event, stage=None):
+                 warmup_s: float, window_s: float, rule: MissedStop, stop: simpy.Event, stopped_on: list[str],
+                 stage=None):
     """A SimPy process that succeeds ``stop`` with :attr:`StopReason.MISSED` once ``rule`` holds (see the
-    module docstring). ``in_system``: the router's requests in the system, by id (their records are
-    written when they leave). Limits on TTFT and E2E are watched (a TPOT is known only at the end); with
+    module docstring), having put into ``stopped_on`` the names (:func:`limit_name`) of the limits it held on.
+    ``in_system``: the router's requests in the system, by id (their records are written when they leave).
+    Limits on TTFT and E2E are watched (a TPOT is known only at the end); with
     traffic classes each class's own limits, over the window's requests of that class (each class must meet
     its own targets, so one class sure to miss one of them decides the run). ``stage``: a run judged at
     shorter windows inside it (:class:`llmsim.sim.checkpoints.Stage`): the window watched is the one it is
@@ -96,15 +105,17 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
         if stage is not None and stage.end_s != end_s:
             end_s = stage.end_s
             last, watched, period = window(end_s)
-        if watched and _missed(env.now, records, in_system, arrival, first, last, watched):
+        missed = _missed(env.now, records, in_system, arrival, first, last, watched) if watched else []
+        if missed:
+            stopped_on.extend(limit_name(target, scenario.workload.class_names) for target in missed)
             stop.succeed(StopReason.MISSED)
             return
         yield env.timeout(period)
 
 
 def _missed(now: float, records: RequestRecords, in_system: dict, arrival: np.ndarray, first: int, last: int,
-            watched: list) -> bool:
-    """Whether, for some watched target, the window's requests already sure to miss it are more than allowed."""
+            watched: list) -> list[Target]:
+    """The watched targets whose window's requests already sure to miss them are more than allowed."""
     arrived = arrival[first:last] <= now
     status = np.frombuffer(records.status, np.int8)[first:last]
     left = status != 0                      # written when they left: finished or rejected
@@ -123,5 +134,5 @@ def _missed(now: float, records: RequestRecords, in_system: dict, arrival: np.nd
         else:
             late = np.where(left, finish - arrival[first:last] > limit, waited > limit)
         late_by[(metric, limit)] = arrived & (rejected | late)
-    return any(int(np.count_nonzero(late_by[(target.metric, target.limit_s)] & mine)) > allowed
-               for target, mine, allowed in watched)
+    return [target for target, mine, allowed in watched
+            if int(np.count_nonzero(late_by[(target.metric, target.limit_s)] & mine)) > allowed]

@@ -130,7 +130,8 @@ class SimulationResult:
     ``requests`` has one row per request that arrived (every request of the trace, unless the
     run stopped before the end of its arrivals: then the first ``len(requests)`` of
     ``planned_requests``). ``stopped_by`` says what ended the run (``fault`` names the
-    exception), and ``end_s`` the simulated time it stopped at.
+    exception; ``stopped_on``, for a stop as missed, the limits it stopped on: :mod:`llmsim.sim.missed`), and
+    ``end_s`` the simulated time it stopped at.
     """
     scenario: Scenario
     requests: pd.DataFrame
@@ -149,6 +150,7 @@ class SimulationResult:
     planned_requests: int
     inter_token_gaps: InterTokenGaps = field(repr=False, default_factory=InterTokenGaps)
     stopped_by: StopReason = StopReason.COMPLETED
+    stopped_on: tuple[str, ...] = ()             # stopped as missed: its limits' names (llmsim.sim.missed)
     fault: str | None = None
     mean_queue_length_by_class: dict[str, float] | None = None     # with traffic classes
     control: pd.DataFrame | None = None          # with a controller: its decisions (sim.controller.ControlLog)

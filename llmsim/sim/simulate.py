@@ -395,6 +395,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
 
     warmup = warmup_for(scenario, window)
     stop = env.event()
+    stopped_on: list[str] = []           # the limits a stop_when_missed stop held on (llmsim.sim.missed)
     stage = Stage(checkpoints, warmup, window) if checkpoints is not None and window > warmup else None
     if scenario.disaggregation is not None:
         split = _disaggregated(scenario, env, records, trace, observers, stop)
@@ -403,11 +404,11 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         if stop_when_missed is not None:
             # The prefill pool's router keeps the requests in the system, wherever they are.
             env.process(watch_misses(env, scenario, records, split.prefill.in_system_requests, warmup, window,
-                                     stop_when_missed, stop, stage))
+                                     stop_when_missed, stop, stopped_on, stage))
         _judge_at_checkpoints(env, scenario, records, warmup, checkpoints, stage, stop)
         assert split.resolved is not None                # set by _disaggregated
         return _run(scenario, env, stop, split.prefill, split.engines, records, split.resolved, window, warmup,
-                    split=split, stage=stage)
+                    split=split, stage=stage, stopped_on=stopped_on)
     make_engine = _engine_factory(scenario, resolved)
     make_kv = _kv_factory(scenario, resolved, trace)
     groups = []
@@ -439,10 +440,10 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     env.process(_horizon(env, horizon, stop))
     if stop_when_missed is not None:
         env.process(watch_misses(env, scenario, records, router.in_system_requests, warmup, window,
-                                 stop_when_missed, stop, stage))
+                                 stop_when_missed, stop, stopped_on, stage))
     _judge_at_checkpoints(env, scenario, records, warmup, checkpoints, stage, stop)
     return _run(scenario, env, stop, router, engines, records, resolved, window, warmup, control, scaling,
-                stream=stream, stage=stage)
+                stream=stream, stage=stage, stopped_on=stopped_on)
 
 
 def _judge_at_checkpoints(env: simpy.Environment, scenario: Scenario, records: RequestRecords, warmup: float,
@@ -457,10 +458,11 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
          records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
          control: ControlLog | None = None, scaling: ScalingLog | None = None,
          split: DisaggregatedRouter | None = None, stream: RunStream | None = None,
-         stage: Stage | None = None) -> SimulationResult:
+         stage: Stage | None = None, stopped_on: Sequence[str] = ()) -> SimulationResult:
     """Run the simulation built in ``env`` until ``stop`` and return its result (see :func:`simulate` for a
     run stopped by Ctrl-C or a fault). ``stage``: a run judged at shorter windows is measured over the one it
-    was being judged on when it ended (:mod:`llmsim.sim.checkpoints`)."""
+    was being judged on when it ended (:mod:`llmsim.sim.checkpoints`). ``stopped_on``: the limits a stop as
+    missed held on, filled by the watch (:func:`~llmsim.sim.missed.watch_misses`) when it stops the run."""
     stopped_by, fault = StopReason.COMPLETED, None
     try:
         if len(records):
@@ -475,7 +477,8 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
         window = stage.end_s
     if fault is None:
         return _result(scenario, env, router, engines, records, resolved, window, warmup, stopped_by, control=control,
-                       scaling=scaling, split=split, stream=stream)
+                       scaling=scaling, split=split, stream=stream,
+                       stopped_on=tuple(stopped_on) if stopped_by is StopReason.MISSED else ())
     try:
         partial = _result(scenario, env, router, engines, records, resolved, window, warmup,
                           StopReason.FAULT, f"{type(fault).__name__}: {fault}", control, scaling, split, stream)
@@ -491,9 +494,9 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
             records: RequestRecords, resolved: ResolvedDeployment, window: float, warmup: float,
             stopped_by: StopReason, fault: str | None = None, control: ControlLog | None = None,
             scaling: ScalingLog | None = None, split: DisaggregatedRouter | None = None,
-            stream: RunStream | None = None) -> SimulationResult:
-    """The result of a run that ended (by ``stopped_by``): records of the requests that arrived
-    (with a ``stream``: handed to it, the result's tables empty)."""
+            stream: RunStream | None = None, stopped_on: tuple[str, ...] = ()) -> SimulationResult:
+    """The result of a run that ended (by ``stopped_by``; ``stopped_on``: the limits a stop as missed held on):
+    records of the requests that arrived (with a ``stream``: handed to it, the result's tables empty)."""
     # Engines may have run ahead of the event queue's clock (see Engine.run): the run ends
     # at the last departure when that is later.
     end_s = max(env.now, router.in_system.last_s)
@@ -547,6 +550,7 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         planned_requests=len(records),
         inter_token_gaps=gaps,
         stopped_by=stopped_by,
+        stopped_on=stopped_on,
         fault=fault,
         mean_queue_length_by_class=dict(zip(scenario.workload.class_names, class_mean_queue_lengths(
             [queue for queue in queues if isinstance(queue, ClassQueue)], end_s)))

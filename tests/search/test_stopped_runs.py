@@ -81,7 +81,14 @@ def test_a_point_whose_runs_stop_gets_the_whole_runs_verdict():
     assert (stopped.verdict.met, stopped.verdict.decided) == (False, True)
     assert stopped.stopped and not whole.stopped
     assert (stopped.rows[names.STOPPED_BY] == "missed").all()
+    assert set(stopped.rows[names.STOPPED_ON]) <= {"ttft", "e2e", "ttft,e2e"}    # this SLO's watched limits
     assert (stopped.rows["simulated_s"] < whole.rows["simulated_s"]).all()
+    # each seed's whole run fails, beyond doubt, every limit its stopped run names
+    for seed, on in enumerate(stopped.rows[names.STOPPED_ON]):
+        one = judge(whole.rows.iloc[[seed]].reset_index(drop=True))
+        for limit in on.split(","):
+            margin, spread = one.margins[limit]
+            assert margin + spread < 0, (seed, limit)
 
 
 def test_a_passing_point_is_the_same_with_the_stop():
@@ -124,7 +131,7 @@ def test_a_one_run_point_stops_once_it_cannot_pass_and_its_whole_run_fails():
 
 
 def test_a_stopped_seed_is_decided_only_by_a_stop_that_leaves_a_decided_fail():
-    rows = _rows([True], [0.5], [0.01])
+    rows = _rows(["ttft"], [0.5], [0.01])
     failing = ShortfallStop(2 * BATCHES, FAILING_MARGIN)
     assert judge(rows).decided and not judge(rows, stop=failing).decided
     assert not judge(rows, stop=failing).met
@@ -132,38 +139,86 @@ def test_a_stopped_seed_is_decided_only_by_a_stop_that_leaves_a_decided_fail():
     assert judge(rows, stop=ShortfallStop(2 * BATCHES, Z * WIDEST_STDERR)).decided
 
 
-def _rows(stopped: list[bool], attainment: list[float], stderr: list[float]) -> pd.DataFrame:
-    n = len(stopped)
-    return pd.DataFrame({"error": [""] * n, names.STEADY: [False] * n,
-                         names.STOPPED_BY: ["missed" if s else "completed" for s in stopped],
+def _rows(stopped_on: list[str], attainment: list[float], stderr: list[float],
+          e2e: tuple[list[float], list[float]] | None = None) -> pd.DataFrame:
+    """A point's rows, one per seed: ``stopped_on`` the limits each seed's run was stopped on as missed ("": not
+    stopped); TTFT (and, given, E2E) attainments and standard errors, each against a 95% target."""
+    n = len(stopped_on)
+    rows = pd.DataFrame({"error": [""] * n, names.STEADY: [False] * n,
+                         names.STOPPED_BY: ["missed" if on else "completed" for on in stopped_on],
+                         names.STOPPED_ON: [on or math.nan for on in stopped_on],
                          names.slo_attainment("ttft"): attainment, names.slo_attainment_stderr("ttft"): stderr,
                          names.slo_percentile("ttft"): [95.0] * n,
                          names.SLO_ATTAINMENT: attainment, names.SLO_ATTAINMENT_STDERR: stderr})
+    if e2e is not None:
+        rows[names.slo_attainment("e2e")], rows[names.slo_attainment_stderr("e2e")] = e2e
+        rows[names.slo_percentile("e2e")] = 95.0
+    return rows
 
 
 def test_a_point_some_of_whose_seeds_stopped():
     # the stopped seed's whole run was below decided_fail_below(0.95) (about 0.75): with the other at 1.0 +- 0 the
     # pair could still lie within two standard errors of the target, so the point fails undecided
-    verdict = judge(_rows([True, False], [0.1, 1.0], [0.01, 0.0]))
+    verdict = judge(_rows(["ttft", ""], [0.1, 1.0], [0.01, 0.0]))
     assert (verdict.met, verdict.decided) == (False, False)
     # with the other seed far below the target it fails beyond doubt whatever the stopped seed's whole run was
-    verdict = judge(_rows([True, False], [0.1, 0.3], [0.01, 0.01]))
+    verdict = judge(_rows(["ttft", ""], [0.1, 0.3], [0.01, 0.01]))
     assert (verdict.met, verdict.decided) == (False, True)
     # the other seed's error unknown: not settled
-    assert not judge(_rows([True, False], [0.1, 0.3], [0.01, math.nan])).decided
+    assert not judge(_rows(["ttft", ""], [0.1, 0.3], [0.01, math.nan])).decided
+
+
+# Two seeds' figures on TTFT and E2E, each well below the 95% target on both (what a stopped run's rows show).
+LOW = ([0.1, 0.1], [0.01, 0.01])
+
+
+def test_seeds_stopped_on_different_limits_are_not_a_decided_fail():
+    """The fault: a point all of whose seeds stopped was taken as a decided fail, but a seed stopped on TTFT is
+    known to be below the bound on TTFT only. Seed 1 stopped on TTFT may have met E2E entirely and seed 2,
+    stopped on E2E, TTFT: on each limit the pair's pooled figure can be (bound + 1) / 2 + Z * bound's error
+    / 2, which is above the target (the bound plus Z of its error is the target itself)."""
+    below = decided_fail_below(0.95)
+    best = (below + 1) / 2 + Z * math.sqrt(below * (1 - below) / (BATCHES - 1)) / 2
+    assert best > 0.95
+    verdict = judge(_rows(["ttft", "e2e"], *LOW, e2e=LOW))
+    assert (verdict.met, verdict.decided) == (False, False)
+
+
+def test_seeds_stopped_on_the_same_limit_are_a_decided_fail():
+    """Both below the bound on TTFT: their pooled TTFT figure is at most the bound plus Z times their mean
+    error, the target; likewise a seed stopped on both limits with one stopped on either."""
+    for stopped_on in (["ttft", "ttft"], ["e2e", "e2e"], ["ttft,e2e", "e2e"], ["ttft", "ttft,e2e"]):
+        verdict = judge(_rows(stopped_on, *LOW, e2e=LOW))
+        assert (verdict.met, verdict.decided) == (False, True), stopped_on
+
+
+def test_a_seed_stopped_on_one_limit_with_another_failing_a_second():
+    """Seed 1 stopped on TTFT, seed 2 ran whole and fails E2E far below the target: the pair fails E2E beyond
+    doubt even with seed 1 meeting E2E entirely; seed 2 near the target leaves it open."""
+    assert judge(_rows(["ttft", ""], [0.1, 1.0], [0.01, 0.0], e2e=([1.0, 0.3], [0.0, 0.01]))).decided
+    assert not judge(_rows(["ttft", ""], [0.1, 1.0], [0.01, 0.0], e2e=([1.0, 0.94], [0.0, 0.01]))).decided
+
+
+def test_a_stopped_row_that_names_no_limit_is_taken_at_its_best():
+    """A run stopped as missed whose row does not say on which limit (``stopped_on`` absent) may have met each
+    limit entirely: alone, or beside a seed that ran whole and shows nothing, it settles nothing."""
+    rows = _rows(["ttft", "ttft"], *LOW).drop(columns=names.STOPPED_ON)
+    assert not judge(rows).decided
+    assert judge(_rows(["ttft", "ttft"], *LOW)).decided
 
 
 def test_a_stopped_run_is_not_judged_on_a_joint_target():
     with pytest.raises(ValueError, match="joint attainment"):
-        judge(_rows([True, True], [0.1, 0.1], [0.01, 0.01]), target=0.9)
+        judge(_rows(["ttft", "ttft"], [0.1, 0.1], [0.01, 0.01]), target=0.9)
 
 
-def _class_rows(stopped: list[bool], attainment: list[float], stderr: list[float]) -> pd.DataFrame:
+def _class_rows(stopped_on: list[str], attainment: list[float], stderr: list[float]) -> pd.DataFrame:
     """One class's section of the summary (``classes.chat.slo...``), as a class scenario's rows carry it."""
     prefix = f"{names.CLASSES}.chat."
-    n = len(stopped)
+    n = len(stopped_on)
     return pd.DataFrame({"error": [""] * n, names.STEADY: [False] * n,
-                         names.STOPPED_BY: ["missed" if s else "completed" for s in stopped],
+                         names.STOPPED_BY: ["missed" if on else "completed" for on in stopped_on],
+                         names.STOPPED_ON: [on or math.nan for on in stopped_on],
                          prefix + names.slo_attainment("ttft"): attainment,
                          prefix + names.slo_attainment_stderr("ttft"): stderr,
                          prefix + names.slo_percentile("ttft"): [95.0] * n,
@@ -173,8 +228,11 @@ def _class_rows(stopped: list[bool], attainment: list[float], stderr: list[float
 def test_a_class_point_some_of_whose_seeds_stopped():
     """A class's check is named ``chat.ttft``: it is a watched limit like the top-level ``ttft`` (the fault: it
     was skipped as unwatched, so a point only some of whose seeds stopped was always taken as decided)."""
-    assert (judge(_class_rows([True, False], [0.1, 1.0], [0.01, 0.0])).decided,
-            judge(_class_rows([True, False], [0.1, 0.3], [0.01, 0.01])).decided) == (False, True)
+    assert (judge(_class_rows(["chat.ttft", ""], [0.1, 1.0], [0.01, 0.0])).decided,
+            judge(_class_rows(["chat.ttft", ""], [0.1, 0.3], [0.01, 0.01])).decided) == (False, True)
+    # stopped on the class's limit, named as the check is: decided alone; on another class's limit: not
+    assert judge(_class_rows(["chat.ttft"], [0.1], [0.01])).decided
+    assert not judge(_class_rows(["batch.ttft"], [0.1], [0.01])).decided
 
 
 def test_the_best_case_of_a_point_s_first_seeds_bounds_its_whole_verdict():

@@ -41,6 +41,10 @@ def test_an_overloaded_run_stops_and_says_so(runs):
     assert whole.stopped_by is StopReason.COMPLETED
     assert stopped.end_s < whole.end_s / 4
     assert summarize(stopped).to_dict()["stopped_by"] == "missed"
+    # on the TTFT limit (the one the whole run misses by more than the margin, below); a run not so stopped
+    # names none
+    assert stopped.stopped_on == ("ttft",) and summarize(stopped).to_dict()["stopped_on"] == "ttft"
+    assert whole.stopped_on == () and "stopped_on" not in summarize(whole).to_dict()
 
 
 def test_a_stopped_run_accounts_for_every_request(runs):
@@ -113,6 +117,7 @@ def test_a_run_sure_to_miss_a_class_target_stops(class_runs):
     check_balances(stopped)
     classes = summarize(whole).to_dict()["classes"]
     assert classes["relaxed"]["slo"]["e2e_attainment"] < 0.90 - RULE.margin
+    assert stopped.stopped_on == ("relaxed.e2e",)          # named as a search names a class's limit
     done = stopped.requests[stopped.requests["status"] == "finished"].set_index("id")
     pd.testing.assert_frame_equal(done, whole.requests.set_index("id").loc[done.index])
 
