@@ -13,7 +13,7 @@ conservation can be checked on them; requests the run never reached are not arri
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -90,29 +90,44 @@ def slo_from_hits(slo: SLO, attained: pd.Series, targets: dict[str, pd.Series], 
     )
 
 
-def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], start: float, stop: float
-                    ) -> dict[str, ClassSummary]:
-    """Every traffic class's figures (see :class:`~llmsim.analysis.summary.ClassSummary`). The masks are worked
-    out once on numpy columns; each class takes two frames from the records (its window's requests, and those
-    of them finished)."""
+@dataclass(frozen=True)
+class WindowMasks:
+    """Per request of a run's records (numpy, in their order): whether it finished, and whether it arrived in the
+    measurement window ``[start, stop]``, and whether it finished inside ``(start, stop]``."""
+    finished: np.ndarray
+    arrived_in_window: np.ndarray
+    done_in_window: np.ndarray
+
+    @classmethod
+    def of(cls, records: pd.DataFrame, start: float, stop: float) -> WindowMasks:
+        arrival, finish = records["arrival_s"].to_numpy(dtype=float), records["finish_s"].to_numpy(dtype=float)
+        finished = (records["status"] == "finished").to_numpy(dtype=bool)
+        return cls(finished, (arrival >= start) & (arrival <= stop), (finish > start) & (finish <= stop) & finished)
+
+
+def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], start: float, stop: float,
+                    masks: WindowMasks | None = None) -> dict[str, ClassSummary]:
+    """Every traffic class's figures (see :class:`~llmsim.analysis.summary.ClassSummary`). ``masks``: the
+    records' (:class:`WindowMasks`) where the caller has them already (:func:`summarize`). Each class takes
+    one frame from the records, its window's requests (its latencies: those of them finished)."""
     window = stop - start
+    if masks is None:
+        masks = WindowMasks.of(records, start, stop)
     of_class, status = records["class"].to_numpy(), records["status"].to_numpy()
-    arrival, finish = records["arrival_s"].to_numpy(dtype=float), records["finish_s"].to_numpy(dtype=float)
-    finished = status == "finished"
-    arrived_in_window = (arrival >= start) & (arrival <= stop)
-    done_in_window = (finish > start) & (finish <= stop) & finished
+    finished, arrived_in_window, done_in_window = masks.finished, masks.arrived_in_window, masks.done_in_window
     output_tokens = records["output_tokens"]
     out = {}
     for name in names:
         mine = of_class == name
-        steady = records[mine & arrived_in_window]
+        in_window = mine & arrived_in_window
+        steady = records[in_window]
         done = mine & done_in_window
-        steady_finished = records[mine & arrived_in_window & finished]
+        finished_steady = finished[in_window]
         out[name] = ClassSummary(
             arrived=int(mine.sum()), finished=int((mine & finished).sum()),
             rejected=int((mine & (status == "rejected")).sum()),
             unfinished=int((mine & (status == "unfinished")).sum()),
-            **{column: Distribution.of(steady_finished[column])
+            **{column: Distribution.of(steady[column].to_numpy()[finished_steady])
                for column in ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")},
             requests_per_s=int(done.sum()) / window,
             output_tokens_per_s=float(output_tokens[done].sum()) / window,
@@ -158,9 +173,8 @@ def summarize(result: SimulationResult) -> RunSummary:
     window = stop - start
     # Masks and sums on numpy columns, tables filtered only where a section reads one: on a short run
     # (a search's probe) pandas' per-call overhead, not the rows, was most of the summary's cost.
-    arrival_s = records["arrival_s"].to_numpy()
-    is_finished = (records["status"] == "finished").to_numpy(dtype=bool)
-    steady_rows = (arrival_s >= start) & (arrival_s <= stop)
+    masks = WindowMasks.of(records, start, stop)
+    is_finished, steady_rows = masks.finished, masks.arrived_in_window
     steady = records[steady_rows]
     finished_steady = is_finished[steady_rows]
     end_s = iterations["end_s"].to_numpy()
@@ -189,11 +203,10 @@ def summarize(result: SimulationResult) -> RunSummary:
     latency = Latency(**{name: Distribution.of(steady[name].to_numpy()[finished_steady]) for name in LATENCY_COLUMNS},
                       itl_s=Distribution(**result.inter_token_gaps.summary(start, stop, PERCENTILES)))
 
-    finish_s = records["finish_s"].to_numpy()
-    finished_in_window = int(((finish_s > start) & (finish_s <= stop) & is_finished).sum())
+    finished_in_window = int(masks.done_in_window.sum())
     output_tokens = float(iterations["tokens_out"].to_numpy()[iterations_in_window].sum())
     slo = slo_summary(steady, scenario.slo, window)
-    classes = (class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop)
+    classes = (class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop, masks)
                if scenario.workload.classes else None)
     pools = pool_rows(result)
     utilisation = utilisation_in(iterations, start, stop, measured, result.kv_blocks_per_replica, replicas,

@@ -1239,20 +1239,23 @@ class _Search:
         # configurations with a bar run seed by seed, the others every seed at once
         waves = [list(self.seeds)] if not any(c in bars for c in todo) else [[s] for s in self.seeds]
         rows: dict[Config, list[pd.DataFrame]] = {c: [] for c in todo}
+        reach: dict[Config, tuple[bool, bool, float]] = {}     # with a bar: the best key on the seeds it ran
         for wave in waves:
-            live = [c for c in todo if not rows[c] or self._best_key(rows[c], window) >= bars.get(c, _NO_BAR)]
+            live = [c for c in todo if c not in reach or reach[c] >= bars[c]]
             points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for c in live for s in wave]
             judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
                                             workers=self.workers, progress=self.progress, escalations=0)
             for i, c in enumerate(live):
                 rows[c] += [one.rows for one in judged[i * len(wave):(i + 1) * len(wave)]]
+                if c in bars and len(rows[c]) < len(self.seeds):
+                    reach[c] = self._best_key(rows[c], window)
         for c in todo:
             ran = pd.concat(rows[c], ignore_index=True)
             if len(ran) == len(self.seeds):
                 self.screened[(c, rate)] = Judged(judge(ran), ran, window)
                 self.ruled_out.pop((c, rate), None)
             else:
-                self.ruled_out[(c, rate)] = (self._best_key(rows[c], window), Judged(judge(ran), ran, window))
+                self.ruled_out[(c, rate)] = (reach[c], Judged(judge(ran), ran, window))
 
     def _best_key(self, rows: list[pd.DataFrame], window: Window) -> tuple[bool, bool, float]:
         """The highest screen key (:func:`_screen_key`) a configuration can reach on every seed, from its first

@@ -80,6 +80,7 @@ import math
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import cast
 
@@ -353,14 +354,15 @@ def judge(rows: pd.DataFrame, target: float | None = None, stop: MissedStop = DE
     (:class:`~llmsim.sim.missed.MissedStop`) the runs stopped as missed ran under: a run it stopped on a
     limit was below its ``highest`` share there.
     """
-    failed = rows[rows["error"].fillna("") != ""]
-    if len(failed):
-        raise RuntimeError(f"a simulation failed: {failed['error'].iloc[0]}")
+    errors = rows["error"].fillna("").to_numpy()
+    failed = errors != ""
+    if failed.any():
+        raise RuntimeError(f"a simulation failed: {errors[failed][0]}")
     checks = _checks(rows, target)
     if not checks:
         raise ConfigError("the scenario sets no SLO to meet", key="slo", has_value=False,
                           allowed="ttft, tpot and/or e2e limits")
-    steady = bool(rows[names.STEADY].astype(bool).all())
+    steady = bool(rows[names.STEADY].to_numpy(dtype=bool).all())
     margins, passes, fails = {}, [], []
     for name, (column, stderr_column, wanted) in checks.items():
         attainment = float(rows[column].mean())
@@ -383,7 +385,7 @@ def judge(rows: pd.DataFrame, target: float | None = None, stop: MissedStop = DE
 def _stopped_on(rows: pd.DataFrame) -> list[set[str] | None] | None:
     """Per seed, the limits its run was stopped on as missed (``stopped_on``: empty where its row does not say),
     None for a run not so stopped; None where no run was."""
-    if names.STOPPED_BY not in rows or not (rows[names.STOPPED_BY] == StopReason.MISSED.value).any():
+    if names.STOPPED_BY not in rows or not (rows[names.STOPPED_BY].to_numpy() == StopReason.MISSED.value).any():
         return None
     said = rows[names.STOPPED_ON] if names.STOPPED_ON in rows else pd.Series([None] * len(rows))
     return [(set(on.split(",")) if isinstance(on, str) and on else set()) if by == StopReason.MISSED.value else None
@@ -445,21 +447,33 @@ def stopping_decided_runs():
     return stopping_missed_runs(DECIDED_FAIL)
 
 
-def _checks(rows: pd.DataFrame, target: float | None, prefix: str = "") -> dict[str, tuple[str, str, float]]:
+def _checks(rows: pd.DataFrame, target: float | None) -> dict[str, tuple[str, str, float]]:
     """name -> (attainment column, its standard error's column, the share wanted) for every target
     a point must meet. With traffic classes every class's own targets (its section of the summary,
     ``classes.<name>.slo...``) replace the overall ones: each class must meet its SLO."""
-    classes = [c[len(names.CLASSES) + 1:-len(names.SLO_ATTAINMENT) - 1] for c in rows.columns
-               if not prefix and c.startswith(names.CLASSES + ".") and c.endswith("." + names.SLO_ATTAINMENT)]
+    classes = _class_names(tuple(rows.columns))
     if classes:
         return {f"{name}.{check}": spec for name in classes
-                for check, spec in _checks(rows, target, f"{names.CLASSES}.{name}.").items()}
+                for check, spec in _section_checks(rows, target, f"{names.CLASSES}.{name}.").items()}
+    return _section_checks(rows, target, "")
+
+
+@lru_cache(maxsize=64)
+def _class_names(columns: tuple[str, ...]) -> tuple[str, ...]:
+    """The traffic classes whose sections a point's rows hold (their columns: every point of a search has the
+    same, so this is worked out once)."""
+    return tuple(c[len(names.CLASSES) + 1:-len(names.SLO_ATTAINMENT) - 1] for c in columns
+                 if c.startswith(names.CLASSES + ".") and c.endswith("." + names.SLO_ATTAINMENT))
+
+
+def _section_checks(rows: pd.DataFrame, target: float | None, prefix: str) -> dict[str, tuple[str, str, float]]:
+    """:func:`_checks` of one section of the summary (``prefix``: a class's, or "" for the whole run's)."""
     if target is not None:
         return {"attainment": (prefix + names.SLO_ATTAINMENT, prefix + names.SLO_ATTAINMENT_STDERR, target)}
     return {metric: (prefix + names.slo_attainment(metric), prefix + names.slo_attainment_stderr(metric),
-                     float(rows[prefix + names.slo_percentile(metric)].iloc[0]) / 100)
+                     float(rows[prefix + names.slo_percentile(metric)].iat[0]) / 100)
             for metric in SLO_METRICS if prefix + names.slo_attainment(metric) in rows
-            and rows[prefix + names.slo_attainment(metric)].notna().any()}
+            and not np.isnan(rows[prefix + names.slo_attainment(metric)].to_numpy(dtype=float)).all()}
 
 
 @dataclass(frozen=True)
