@@ -559,10 +559,9 @@ class CostModel:
         for i, table in enumerate(self._tables):
             if len(table) < size:
                 self._tables[i] = grown = np.concatenate([table, np.full(size - len(table), np.nan)])
-                if self._all_reduce is None:
-                    # Every entry at once, compiled: a run reaches thousands of token counts, each a miss
-                    # in the step's compiled pricing otherwise. (An all-reduce's terms are left to the rows.)
-                    self._fill_table(grown, self._gemm_columns, i == 1)
+                # Every entry at once: a run reaches thousands of token counts, each a miss in the step's
+                # compiled pricing otherwise.
+                self._fill_table(grown, self._gemm_columns, i == 1)
         layers, heads = self._tables
         for row in values:
             tokens, logits = int(row[_TOKENS]), int(row[_LOGITS])
@@ -572,8 +571,9 @@ class CostModel:
         return True
 
     def _fill_table(self, table: np.ndarray, columns: tuple[np.ndarray, ...], head: bool) -> None:
-        """Fill ``table`` (every entry) with the layers' GEMM time by tokens, or (``head``) the LM head's by
-        logit rows, of an iteration with one expert: :func:`_gemm_table` of :meth:`_gemm_sum`'s rows."""
+        """Fill ``table`` (every entry) with the layers' time by tokens (:meth:`_layers_time`: GEMMs and any
+        all-reduces), or (``head``) the LM head's by logit rows, of an iteration with one expert: :func:`_gemm_table`
+        of :meth:`_gemm_sum`'s rows."""
         kernels = self.kernels
         assert kernels is not None          # tables exist only with kernel terms (_use_kernel_terms)
         fixed_s, per_token_s, compute_s, repeats, _, scale, _, n, dispatched = (
@@ -585,6 +585,13 @@ class CostModel:
         _gemm_table(table, 0, fixed_s, per_token_s, compute_s, repeats, scale, n, kernels.gemm_floor_s,
                     kernels.gemm_occupancy_half_tiles, kernels.gemm_sharpness, kernels.gemm_sharpness_growth,
                     dispatched, dispatch_table, dispatch_floor_s)
+        if self._all_reduce is not None and not head:
+            # The layers' all-reduces, added to their GEMMs as :meth:`_layers_time` adds them: vectorised over
+            # rows of one iteration and ``t`` tokens, element for element the arithmetic of one row's call.
+            rows = np.zeros((len(table), len(FEATURES)))
+            rows[:, _ONE] = 1.0
+            rows[:, _TOKENS] = np.arange(len(table))
+            table += self._all_reduce_time(rows)
 
     def _layers_time(self, values: list[float]) -> float:
         """The layers' GEMMs and all-reduces of one iteration's feature ``values``."""

@@ -119,10 +119,11 @@ def test_a_grid_of_rows_prices_each_row_as_one_iteration_does(model_name, hardwa
         assert (times[at], flops[at], moved[at]) == pytest.approx(one, rel=1e-12)
 
 
-@pytest.mark.parametrize("model_name, hardware, tp", [case for case in CASES if case[2] == 1])
+@pytest.mark.parametrize("model_name, hardware, tp", CASES)
 def test_tables_filled_at_once_price_every_token_count_as_the_vectorised_model_does(model_name, hardware, tp):
-    """Without an all-reduce the first row rows_total tabulates fills its tables whole, by a compiled
-    loop: every entry up to the tables' size must price its row as the vectorised model does."""
+    """The first row rows_total tabulates fills its tables whole, the GEMMs by a compiled loop and the
+    all-reduces (tensor parallelism) vectorised: every entry up to the tables' size must price its row as
+    the vectorised model does."""
     cost = CostModel(_model(model_name), lookup_hardware(hardware), tp)
     size = 4096
     tokens = np.arange(size, dtype=float)

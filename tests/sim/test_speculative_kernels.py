@@ -283,13 +283,15 @@ def test_fused_price_reports_a_count_missing_from_the_tables(h100: HardwareProfi
     k, context, lag = (np.array([3, 0], dtype=np.int64), np.array([100, 200], dtype=np.int64),
                        np.ones(2, dtype=np.int64))
     rows = np.zeros((4, len(FEATURES)))
-    tokens = 4 + 1 + 12345.0                     # verify chunk, plain decode, prompt: a count no other test prices
+    # (The tables are filled whole as they grow, and shared with other tests' cost models: a count past their end.)
+    prompt = float(max(len(tables[0]), 12345))
+    tokens = 4 + 1 + prompt                      # verify chunk, plain decode, prompt
     no_draft = (np.zeros((0, 0)), -1, np.zeros(0), np.zeros(0))
 
     def fused():
-        return price_step(2, k, context, 0, lag, rows, 12345.0, 0.0, 0.0, True, 1, 0.0, 0.0, 1.0, 1, True, False,
+        return price_step(2, k, context, 0, lag, rows, prompt, 0.0, 0.0, True, 1, 0.0, 0.0, 1.0, 1, True, False,
                           stacked, n_ops, x, tables[0], tables[1], *no_draft)
     assert np.isnan(fused()[3])
     assert x[F["tokens"]] == tokens
     assert cost.tabulate_last_step()
-    assert fused()[3] == cost.step(12345.0 + 4, 4 * 100 + 10, 100 + 4, 1 + 4, 1, 201)[0]
+    assert fused()[3] == cost.step(prompt + 4, 4 * 100 + 10, 100 + 4, 1 + 4, 1, 201)[0]
