@@ -201,28 +201,20 @@ def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n
         table[t] = total
 
 
-def _summed_rows(rows: np.ndarray) -> np.ndarray:
-    """The sum of up to 128 ``rows`` (arrays of one shape), element by element in the order ``np.add.reduce`` sums
-    a contiguous run of that many values (as :func:`_pairwise_sum` does one run): in turn below 8, else eight
-    running sums added pairwise, then the rest in turn. The same bits as summing the rows' transpose along its
-    last axis, without numpy's loops over a few values at a time."""
-    n = len(rows)
-    assert 0 < n <= 128                 # beyond, numpy splits the run in halves
-    if n < 8:
-        total = rows[0]
-        for row in rows[1:]:
-            total = total + row
-        return total
-    partial = list(rows[:8])
-    done = 8
-    while done < n - n % 8:
-        partial = [running + row for running, row in zip(partial, rows[done:done + 8])]
-        done += 8
-    first, second, third, fourth, fifth, sixth, seventh, eighth = partial
-    total = ((first + second) + (third + fourth)) + ((fifth + sixth) + (seventh + eighth))
-    for row in rows[done:]:
-        total = total + row
-    return total
+@numba.njit(cache=True)
+def _summed_columns(table):
+    """Each column of ``table`` (up to 128 rows, as :func:`_pairwise_sum` sums) summed over its rows in the order
+    ``np.add.reduce`` sums a contiguous run: the same bits as summing the table's transpose along its last axis,
+    without numpy's loops over a few values at a time."""
+    rows, n = table.shape
+    assert rows <= 128                  # beyond, numpy splits the run in halves
+    sums = np.empty(n)
+    column = np.empty(rows)
+    for j in range(n):
+        for i in range(rows):
+            column[i] = table[i, j]
+        sums[j] = _pairwise_sum(column, 0, rows)
+    return sums
 
 
 class DispatchTables:
@@ -775,7 +767,7 @@ class CostModel:
                 # The speculative engine's per-step rows: remembered row by row beats numpy on a few rows.
                 time_s = time_s + np.array([self._nonlinear_time(row) for row in x.tolist()])
             else:
-                time_s = time_s + _summed_rows(self._gemm_times_by_gemm(x)).reshape(time_s.shape)
+                time_s = time_s + _summed_columns(self._gemm_times_by_gemm(x)).reshape(time_s.shape)
                 if self._all_reduce is not None:
                     time_s = time_s + self._all_reduce_time(x)
         return time_s, y[..., 2 * n + 1], y[..., 2 * n + 2]

@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.cost.features import F, batch_rows
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, gemm_scalar_body_s
-from llmsim.cost.roofline import _linear_step, _summed_rows
+from llmsim.cost.roofline import _linear_step, _summed_columns
 
 from tests.helpers import random_sums
 
@@ -91,7 +91,7 @@ def test_rows_summed_as_numpy_sums_along_a_row(count):
     row gives (its pairwise order from 8 values on), on values of every magnitude and sign."""
     rng = np.random.default_rng(count)
     values = rng.standard_normal((2000, count)) * 10.0 ** rng.integers(-9, 9, (2000, count))
-    np.testing.assert_array_equal(_summed_rows(np.ascontiguousarray(values.T)), values.sum(axis=-1))
+    np.testing.assert_array_equal(_summed_columns(np.ascontiguousarray(values.T)), values.sum(axis=-1))
 
 
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
