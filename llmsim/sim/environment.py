@@ -18,18 +18,21 @@ and, if not, schedules the wait, in one call. :func:`schedule_call` and :func:`c
 work on a plain ``simpy.Environment`` (through an event), so engines run on either.
 
 :func:`frozen_heap` keeps Python's cyclic garbage collector off the objects that existed before a
-run while it runs.
+run while it runs; :func:`ctrl_c_between_steps` makes Ctrl-C end a run between two steps, not in the
+middle of one.
 """
 from __future__ import annotations
 
 import gc
+import signal
+import threading
 from contextlib import contextmanager
 from functools import partial
 from collections.abc import Callable, Iterator
 from heapq import heappop, heappush
 
 import simpy
-from simpy.core import Infinity
+from simpy.core import Infinity, StopSimulation
 from simpy.events import NORMAL, EventPriority
 
 
@@ -39,6 +42,16 @@ class Environment(simpy.Environment):
     def __init__(self, initial_time: float = 0):
         super().__init__(initial_time)
         self._calls: list[tuple[float, EventPriority, int, Callable[[], None]]] = []
+        self._halted_with: object = None
+
+    def halt(self, value: object) -> None:
+        """End :meth:`run` before its next step, returning ``value`` (not None). Safe from a signal
+        handler, which may run between any two bytecodes: it only sets an attribute."""
+        self._halted_with = value
+
+    @property
+    def halted(self) -> bool:
+        return self._halted_with is not None
 
     def schedule_call(self, call: Callable[[], None], priority: EventPriority = NORMAL, delay: float = 0.0) -> None:
         """Call ``call()`` at ``now + delay``, ordered as an event of ``priority`` scheduled now would be."""
@@ -66,13 +79,18 @@ class Environment(simpy.Environment):
 
     def step(self) -> None:
         """Run the scheduled calls that come before the next SimPy event, then that event
-        (SimPy's ``step``: raises ``EmptySchedule`` when nothing is left)."""
+        (SimPy's ``step``: raises ``EmptySchedule`` when nothing is left; ``StopSimulation``, which ends
+        :meth:`run`, once :meth:`halt` was called)."""
         calls, queue = self._calls, self._queue
         # The keys (time, priority, counter) are unique: the comparison never reaches the call (or the
         # event), which mypy cannot know; comparing key slices instead would cost in the hottest loop.
         while calls and (not queue or calls[0] < queue[0]):  # type: ignore[operator]
+            if self._halted_with is not None:       # (a run of calls may be the whole simulation)
+                raise StopSimulation(self._halted_with)
             self._now, _, _, call = heappop(calls)
             call()
+        if self._halted_with is not None:
+            raise StopSimulation(self._halted_with)
         super().step()
 
 
@@ -126,3 +144,28 @@ def frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
+
+
+@contextmanager
+def ctrl_c_between_steps(env: simpy.Environment, value: object) -> Iterator[None]:
+    """Within the block, a first Ctrl-C (SIGINT) halts ``env`` (:meth:`Environment.halt`): its ``run``
+    returns ``value`` before the next step. Python raises ``KeyboardInterrupt`` wherever the interpreter
+    happens to be, so a run stopped that way could be stopped halfway through a step's bookkeeping (a
+    change log's time appended, its value not yet) and report a torn state. A second Ctrl-C raises
+    ``KeyboardInterrupt`` at once, for a caller to abort. Nothing changes where Ctrl-C would not raise
+    ``KeyboardInterrupt`` anyway (ignored, as in a pool's workers, or handled by the caller's own
+    handler), off the main thread (signal handlers run only on it) or on a plain SimPy environment."""
+    if (not isinstance(env, Environment) or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+
+    def first_ctrl_c(signum, frame) -> None:
+        env.halt(value)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    signal.signal(signal.SIGINT, first_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -9,8 +9,9 @@ replica, and per replica one engine process per pipeline micro-batch
 request is done or the horizon is reached, and returns a :class:`SimulationResult`
 whose per-request records feed every metric.
 
-A run stopped early keeps what was simulated: the horizon, Ctrl-C (``KeyboardInterrupt``,
-caught while the simulation runs) or a fault (any other exception inside it) ends the
+A run stopped early keeps what was simulated: the horizon, Ctrl-C (SIGINT ends the run between
+two steps, :func:`~llmsim.sim.environment.ctrl_c_between_steps`; a second one raises
+``KeyboardInterrupt`` at once) or a fault (any other exception inside it) ends the
 run at that simulated time, and the result holds only the requests that arrived by then
 (requests still in the system recorded as they stood, ``unfinished``); later requests of
 the trace have no row and are counted as ``not_arrived`` in the summary, whose rates are
@@ -38,7 +39,7 @@ from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
 from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.disaggregated import DisaggregatedRouter, make_pool, pool_totals, totals, transfer_columns
 from llmsim.sim.engine import Engine, Observer
-from llmsim.sim.environment import Environment, frozen_heap, scheduler
+from llmsim.sim.environment import Environment, ctrl_c_between_steps, frozen_heap, scheduler
 from llmsim.sim.horizon import default_horizon_s
 from llmsim.sim.checkpoints import Checkpoints, Stage, watch_checkpoints
 from llmsim.sim.iterations import iterations_columns
@@ -466,9 +467,11 @@ def _run(scenario: Scenario, env: simpy.Environment, stop: simpy.Event, router: 
     stopped_by, fault = StopReason.COMPLETED, None
     try:
         if len(records):
-            with frozen_heap():
-                stopped_by = cast(StopReason, env.run(until=stop))      # the stop event's value
+            with frozen_heap(), ctrl_c_between_steps(env, StopReason.INTERRUPT):
+                stopped_by = cast(StopReason, env.run(until=stop))      # the stop event's value, or INTERRUPT
     except KeyboardInterrupt:
+        if isinstance(env, Environment) and env.halted:       # a second Ctrl-C: abort
+            raise
         # Keep what was simulated: everything still in flight is reported unfinished.
         stopped_by = StopReason.INTERRUPT
     except Exception as error:               # raised again below, with what was simulated attached

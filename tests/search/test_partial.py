@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from array import array
 from dataclasses import replace
 from pathlib import Path
 
@@ -94,6 +95,72 @@ def test_ctrl_c_before_the_warm_up_ends_measures_the_whole_simulated_time():
     assert result.end_s < 20                                  # inside the 20 s warm-up
     summary = check_partial(result, "interrupt")
     assert summary["window_s"] == [0.0, result.end_s]
+
+
+class _TrippedLog(array):
+    """A change log whose ``trip``-th append (counted over every such log) delivers a real SIGINT first:
+    Ctrl-C arriving after a change's time was logged and before its value was (where CI once caught it)."""
+    appends = 0
+    trip = 0
+
+    def append(self, value) -> None:
+        type(self).appends += 1
+        if type(self).appends == type(self).trip:
+            signal.raise_signal(signal.SIGINT)      # Python runs the handler before the next line
+        super().append(value)
+
+
+@pytest.fixture
+def at_a_terminal():
+    """SIGINT handled as in a foreground command (KeyboardInterrupt), whatever the test runner set."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_real_ctrl_c_ends_the_run_between_two_steps_not_inside_one(monkeypatch, at_a_terminal):
+    """Ctrl-C raises KeyboardInterrupt wherever the interpreter is: raised between a queue change's time and
+    its value, it left the log one value short and the run's end failed building its queue series. The
+    first Ctrl-C now ends the run before its next step, every log whole."""
+    import llmsim.sim.request as request
+
+    _TrippedLog.appends, _TrippedLog.trip = 0, 5000
+    monkeypatch.setattr(request, "array", lambda code, *rest: (_TrippedLog if code == "q" else array)(code, *rest))
+    result = simulate(make_scenario(LONG))
+    assert _TrippedLog.appends >= 5000                 # the Ctrl-C was sent
+    assert result.interrupted and result.stopped_by == "interrupt" and result.fault is None
+    check_partial(result, "interrupt")
+    assert len(result.queue_length) and result.queue_length.notna().all().all()
+
+
+def test_a_second_real_ctrl_c_aborts_the_run(at_a_terminal):
+    """Two Ctrl-Cs before the run reaches its next step: the second raises, for the caller to abort."""
+    seen = {"n": 0}
+
+    def twice(engine, iteration):
+        seen["n"] += 1
+        if seen["n"] == 3000:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(make_scenario(LONG), observers=[twice])
+    assert seen["n"] == 3000
+
+
+def test_ctrl_c_ignored_by_the_process_leaves_the_run_alone():
+    """A pool's workers ignore SIGINT (the parent handles it): their runs carry on to the end."""
+    seen = {"n": 0}
+
+    def ctrl_c(engine, iteration):
+        seen["n"] += 1
+        if seen["n"] == 100:
+            signal.raise_signal(signal.SIGINT)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        result = simulate(make_scenario({"workload": {"num_requests": 300}}), observers=[ctrl_c])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert result.stopped_by == "completed" and len(result.requests) == 300
 
 
 def test_horizon_cut_run_counts_only_requests_that_arrived():
