@@ -31,7 +31,10 @@ def format_summary(summary: dict) -> str:
                  f" steady state {start:,.1f}-{stop:,.1f} s)")
     stopped_by = summary.get("stopped_by", "completed")
     if stopped_by != "completed":
-        why = {"horizon": "the horizon", "interrupt": "Ctrl-C", "missed": "its SLO targets being missed beyond recovery"
+        limits = f" ({summary['stopped_on'].replace(',', ', ')})" if summary.get("stopped_on") else ""
+        why = {"horizon": "the horizon", "interrupt": "Ctrl-C",
+               "missed": f"its SLO targets being missed beyond recovery{limits}",
+               "decided": "its SLO verdict being settled on a shorter window",
                }.get(stopped_by, f"a fault ({summary['fault']})")
         lines.append(f"{'INTERRUPTED' if summary['interrupted'] else 'STOPPED'} by {why} at "
                      f"{summary['simulated_s']:,.1f} s simulated: the figures below cover what was simulated.")

@@ -472,8 +472,9 @@ class ReportBuilder:
         rates = [self.rate * f for f in LOAD_FACTORS]
         points = [{**self.config, REPLICAS_KEY: self.replicas, RATE_KEY: r} for r in rates]
         table_rows, met_by_rate, frame = [], {}, []
-        shown = [names.TTFT_P95, names.TPOT_P95, names.SLO_ATTAINMENT, names.OUTPUT_TOKENS_PER_S_PER_DEVICE,
-                 *(names.slo_attainment(m) for m in self.final.slo.targets())]
+        tabled = ((names.TTFT_P95, ms), (names.TPOT_P95, ms), (names.SLO_ATTAINMENT, percent),
+                  (names.OUTPUT_TOKENS_PER_S_PER_DEVICE, num))        # the table's figures, each formatted
+        shown = [name for name, _ in tabled] + [names.slo_attainment(m) for m in self.final.slo.targets()]
         # a rate the capacity bound proves too much for the replicas is not simulated (as in _replicas_at)
         over = {r: self._too_few(variant(self.scenario, {**self.config, RATE_KEY: r, REPLICAS_KEY: 1}), r)
                 >= self.replicas for r in rates}
@@ -484,15 +485,14 @@ class ReportBuilder:
             if judged is None:
                 mean = pd.Series(math.nan, index=shown)
                 met = False
-                table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}", *[OVER] * 4, "no"])
+                table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}", *[OVER] * len(tabled), "no"])
             else:
                 # a stopped run's figures cover only its start: shown as stopped, left out of the figures
                 mean = judged.rows.select_dtypes("number").mean()
                 if judged.stopped:
                     mean[shown] = math.nan
                 met = judged.verdict.met
-                figures_of = [ms(mean[names.TTFT_P95]), ms(mean[names.TPOT_P95]),
-                              percent(mean[names.SLO_ATTAINMENT]), num(mean[names.OUTPUT_TOKENS_PER_S_PER_DEVICE])]
+                figures_of = [show(mean[name]) for name, show in tabled]
                 table_rows.append([f"{num(rate)} req/s", f"{rate / self.rate:.2f}",
                                    *([STOPPED] * len(figures_of) if judged.stopped else figures_of),
                                    ("yes" if met else "no") + ("" if judged.verdict.decided else " (undecided)")])

@@ -15,6 +15,7 @@ import pytest
 
 from llmsim.analysis.metrics import summarize
 from llmsim.analysis.summary import flatten
+from llmsim.cli.render import format_summary
 from llmsim.config.progress import Progress
 from llmsim.scenario.variants import RATE_KEY, variant
 from llmsim.search.plan import as_scenario
@@ -82,6 +83,7 @@ def test_a_run_settled_at_a_checkpoint_is_measured_over_that_window():
     rows = rows_of(result)
     assert rows["window_s"].iloc[0] == (start, stop)
     assert judge(rows).margins == verdict.margins       # the summary's figures are the ones the stop was judged on
+    assert "STOPPED by its SLO verdict being settled on a shorter window" in format_summary(summarize(result).to_dict())
 
 
 @pytest.mark.parametrize("seed", [42, 43])

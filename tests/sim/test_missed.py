@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from llmsim.analysis.metrics import summarize
+from llmsim.cli.render import format_summary
 from llmsim.sim.missed import ShortfallStop
 from llmsim.sim.result import StopReason
 from llmsim.sim.simulate import simulate
@@ -45,6 +46,9 @@ def test_an_overloaded_run_stops_and_says_so(runs):
     # names none
     assert stopped.stopped_on == ("ttft",) and summarize(stopped).to_dict()["stopped_on"] == "ttft"
     assert whole.stopped_on == () and "stopped_on" not in summarize(whole).to_dict()
+    # and the terminal summary names the limit
+    assert "STOPPED by its SLO targets being missed beyond recovery (ttft) at" in format_summary(
+        summarize(stopped).to_dict())
 
 
 def test_a_stopped_run_accounts_for_every_request(runs):
