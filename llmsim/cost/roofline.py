@@ -92,9 +92,15 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
     x[1], x[2], x[3], x[4] = tokens, prefill_tokens, prefill_pairs, prefill_kv_read
     x[5], x[6], x[7], x[8] = decode_seqs, decode_kv_read, experts, logits
     x[9], x[10] = prefill_padding, prefill_longest
+    return _row_product(stacked, n_ops, x)
+
+
+@numba.njit(cache=True)
+def _row_product(stacked, n_ops, x):
+    """The roofline part of the (time, FLOPs, bytes) of the feature row ``x``, as :func:`_linear_step` says."""
     m = 2 * n_ops + 3
     y = np.dot(stacked[:m], x[:TILE_FEATURES_FROM])
-    _add_tile_columns(y, stacked, m, prefill_padding, prefill_longest)
+    _add_tile_columns(y, stacked, m, x[TILE_FEATURES_FROM], x[TILE_FEATURES_FROM + 1])
     time_s = 0.0
     for i in range(n_ops):
         compute_s, memory_s = y[i], y[n_ops + i]
@@ -102,10 +108,20 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
     return time_s + y[2 * n_ops], y[2 * n_ops + 1], y[2 * n_ops + 2]
 
 
+@numba.njit(cache=True)
+def _decode_product(stacked, n_ops, x, decode_kv_read):
+    """:func:`_linear_step` of a decode-only row whose other features ``x`` already holds (a row of its own
+    per batch size, :meth:`CostModel.decode_step`): only the KV read changes from one step to the next."""
+    x[6] = decode_kv_read
+    return _row_product(stacked, n_ops, x)
+
+
 # The one specialization :meth:`CostModel.step` calls, every scalar a float (a Python int converts exactly).
 # Its compiled entry point is called directly: the dispatcher's matching of the arguments' types to a
 # specialization costs more than the product itself.
 _LINEAR_STEP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 10)
+# And :meth:`CostModel.decode_step`'s (fewer arguments to convert: the entry point's cost is mostly theirs).
+_DECODE_PRODUCT_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], numba.float64)
 
 
 @numba.njit(cache=True)
@@ -264,6 +280,7 @@ class CostModel:
     # :func:`_linear_step` compiled for :data:`_LINEAR_STEP_SIGNATURE`, set by the first instance (on the class:
     # a compiled function does not pickle).
     _linear_step: ClassVar[Callable[..., tuple[float, float, float]]]
+    _decode_product: ClassVar[Callable[..., tuple[float, float, float]]]     # :func:`_decode_product`, likewise
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile,
                  tensor_parallel: int = 1, pipeline_parallel: int = 1, placement: Placement | None = None,
@@ -352,8 +369,10 @@ class CostModel:
         # step() counts the experts touched only where a coefficient reads them: with the routed experts priced
         # elsewhere (expert parallelism) their column is zeros, and 0 x the count adds exactly nothing.
         self._step_touched = self._experts_touched if self._linear[:, _EXPERTS].any() else None
+        self._decode_terms_by_seqs: dict[int, tuple] = {}     # decode_step's, by the batch's sequences
         if "_linear_step" not in vars(CostModel):
             CostModel._linear_step = _linear_step.compile(_LINEAR_STEP_SIGNATURE)
+            CostModel._decode_product = _decode_product.compile(_DECODE_PRODUCT_SIGNATURE)
 
     def _use_kernel_terms(self, terms: KernelTerms, paced_layers: int, weight_bandwidth_share: float) -> None:
         """Replace the roofline's rows by the measured kernel ``terms`` (the hardware's; see the module docstring).
@@ -490,18 +509,54 @@ class CostModel:
                                             touched(tokens) if touched is not None else 1.0, logits,
                                             prefill_padding, prefill_longest)
         if self._gemm_rows:
-            layers_s = self._layer_memo.get(tokens)
-            head_s = self._head_memo.get(logits)
-            if layers_s is None or head_s is None:
-                values = self._x.tolist()
-                if layers_s is None:
-                    layers_s = self._layers_time(values)
-                    if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
-                        self._layer_memo[tokens] = layers_s
-                if head_s is None:
-                    head_s = self._head_memo[logits] = self._gemm_sum(values, self._gemm_rows[-1:])
-            time_s += layers_s + head_s
+            time_s += self._step_nonlinear_s(tokens, logits)
         return time_s, flops, moved
+
+    def _step_nonlinear_s(self, tokens: float, logits: int) -> float:
+        """The non-linear terms (GEMMs, all-reduces) of the row :meth:`step` last filled in the feature buffer,
+        of ``tokens`` tokens and ``logits`` sampling rows: the layers' remembered by the tokens, the LM head's
+        by the rows."""
+        layers_s = self._layer_memo.get(tokens)
+        head_s = self._head_memo.get(logits)
+        if layers_s is None or head_s is None:
+            values = self._x.tolist()
+            if layers_s is None:
+                layers_s = self._layers_time(values)
+                if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
+                    self._layer_memo[tokens] = layers_s
+            if head_s is None:
+                head_s = self._head_memo[logits] = self._gemm_sum(values, self._gemm_rows[-1:])
+        return layers_s + head_s
+
+    def decode_step(self, seqs: int, kv_read: float) -> tuple[float, float, float]:
+        """:meth:`step` of a decode-only iteration (``seqs`` sequences decoding one token each, reading
+        ``kv_read`` KV tokens; no prompt), to the last bit, at less cost: a batch keeps its size for many
+        steps and only its KV read grows, so what depends on the size alone (the experts touched, the
+        non-linear terms, :meth:`_decode_terms`) is remembered by it and a step is the compiled product
+        and one dict read."""
+        terms = self._decode_terms_by_seqs.get(seqs)
+        if terms is None:
+            terms = self._decode_terms_by_seqs[seqs] = self._decode_terms(seqs, kv_read)
+        row, nonlinear_s, extra = terms
+        time_s, flops, moved = self._decode_product(self._stacked, self._n_ops, row, kv_read)
+        if nonlinear_s is not None:
+            time_s += nonlinear_s
+        if extra is None:
+            return time_s, flops, moved
+        return time_s + extra[0], flops + extra[1], moved + extra[2]
+
+    def _decode_terms(self, seqs: int, kv_read: float) -> tuple[np.ndarray, float | None,
+                                                                 tuple[float, float, float] | None]:
+        """What prices a decode-only iteration of ``seqs`` sequences beside its KV read, as :meth:`step` works
+        it out (``tokens`` is the float ``0.0 + seqs`` there): its feature row (a copy of the one :meth:`step`
+        fills), the non-linear terms (None without kernel terms) and what a subclass adds to the (time, FLOPs,
+        bytes) after them (None here)."""
+        tokens = 0.0 + seqs
+        touched = self._step_touched(tokens) if self._step_touched is not None else 1.0
+        self._linear_step(self._stacked, self._n_ops, self._x, tokens, 0.0, 0.0, 0.0, seqs, kv_read, touched, seqs,
+                          0.0, 0.0)
+        # (The non-linear terms read the feature row the product filled.)
+        return self._x.copy(), self._step_nonlinear_s(tokens, seqs) if self._gemm_rows else None, None
 
     @property
     def dense(self) -> bool:

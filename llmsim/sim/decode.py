@@ -97,7 +97,7 @@ class DecodeSet(ABC):
     """
 
     n: int
-    __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step")
+    __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step", "_cost_decode_step")
 
     def __init__(self, engine):
         self.engine = engine
@@ -105,6 +105,7 @@ class DecodeSet(ABC):
         self._window = engine.cost.model.sliding_window
         self._local_share = engine.cost.model.local_attention_share   # the layers the window bounds
         self._cost_step = engine.cost.step           # bound once: called every iteration
+        self._cost_decode_step = engine.cost.decode_step
 
     @abstractmethod
     def prepare(self, now: float) -> int:
@@ -116,6 +117,11 @@ class DecodeSet(ABC):
         """Price one iteration: the prompt ``chunks`` (their tokens, attention pairs, KV read,
         prompts completed, tile padding and longest keys, summed by the engine) plus, if
         ``decoding``, a step of every decoding sequence."""
+
+    def price_decode(self) -> StepPrice:
+        """:meth:`price` of an iteration without prompt chunks in which the decoding sequences step (the
+        engine's steady state, which a set may price at less cost)."""
+        return self.price((), True, 0.0, 0.0, 0.0, 0, 0.0, 0.0)
 
     @abstractmethod
     def advance(self, now: float) -> None:
@@ -229,6 +235,13 @@ class EventDecodeSet(DecodeSet):
         duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n, kv_read, padding,
                                                  longest)
         return new_price((duration, n, n + logits, flops, moved, 0, 0, 0, 0.0))
+
+    def price_decode(self) -> StepPrice:
+        n = self.n
+        # kv_read(), inline without a sliding window, as in price().
+        kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        duration, flops, moved = self._cost_decode_step(n, kv_read)
+        return new_price((duration, n, n, flops, moved, 0, 0, 0, 0.0))
 
     def advance(self, now: float) -> None:
         """One token for every decoding sequence: finish those due, saturate sliding windows."""

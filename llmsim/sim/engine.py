@@ -434,13 +434,14 @@ class Engine(EngineProcess):
         if chunks:
             prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
                 chunks, self._window, self._local_share, self._prefill_tile, self._query_tile_pairs)
+            duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
+                chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         elif decoding:
-            prefill_tokens = pairs = prefill_kv = padding = longest = 0.0
+            prefill_tokens = 0.0
             completed = 0
+            duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price_decode()
         else:
             return None
-        duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
-            chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         if extras:
             if self._handoff is not None:     # a prefill pool's engine: the decode pool emits every token
                 tokens_out = 0
