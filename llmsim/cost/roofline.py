@@ -56,6 +56,9 @@ _NO_TABLE = np.zeros(0)
 _NO_DISPATCH_TABLE = np.zeros((0, 2))
 DISPATCH_BLOCK_ROWS = 4096        # the dispatch tables grow by whole blocks of rows (the same values however grown)
 _T = TypeVar("_T")
+# A decode-only step's terms (CostModel.decode_terms): its feature row, the non-linear seconds, and the seconds,
+# FLOPs and bytes added after them (NaN: none).
+DecodeTerms = tuple[np.ndarray, float, float, float, float]
 
 
 DECODE_TIMES_KEPT = 4096          # CostModel.decode_time's remembered steps, per model
@@ -109,11 +112,18 @@ def _row_product(stacked, n_ops, x):
 
 
 @numba.njit(cache=True)
-def _decode_product(stacked, n_ops, x, decode_kv_read):
-    """:func:`_linear_step` of a decode-only row whose other features ``x`` already holds (a row of its own
-    per batch size, :meth:`CostModel.decode_step`): only the KV read changes from one step to the next."""
+def _decode_price(stacked, n_ops, x, decode_kv_read, nonlinear_s, extra_s, extra_flops, extra_bytes):
+    """The (time, FLOPs, bytes) :meth:`CostModel.step` gives a decode-only row whose other features ``x``
+    already holds (a row of its own per batch size, :meth:`CostModel.decode_terms`): :func:`_linear_step`'s
+    product with the KV read set, then the non-linear terms added to the time, then what a subclass adds to
+    each (NaN: none), in :meth:`CostModel.step`'s order."""
     x[6] = decode_kv_read
-    return _row_product(stacked, n_ops, x)
+    time_s, flops, moved = _row_product(stacked, n_ops, x)
+    if nonlinear_s == nonlinear_s:
+        time_s += nonlinear_s
+    if extra_s == extra_s:
+        return time_s + extra_s, flops + extra_flops, moved + extra_bytes
+    return time_s, flops, moved
 
 
 # The one specialization :meth:`CostModel.step` calls, every scalar a float (a Python int converts exactly).
@@ -121,7 +131,7 @@ def _decode_product(stacked, n_ops, x, decode_kv_read):
 # specialization costs more than the product itself.
 _LINEAR_STEP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 10)
 # And :meth:`CostModel.decode_step`'s (fewer arguments to convert: the entry point's cost is mostly theirs).
-_DECODE_PRODUCT_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], numba.float64)
+_DECODE_PRICE_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 5)
 
 
 @numba.njit(cache=True)
@@ -280,7 +290,7 @@ class CostModel:
     # :func:`_linear_step` compiled for :data:`_LINEAR_STEP_SIGNATURE`, set by the first instance (on the class:
     # a compiled function does not pickle).
     _linear_step: ClassVar[Callable[..., tuple[float, float, float]]]
-    _decode_product: ClassVar[Callable[..., tuple[float, float, float]]]     # :func:`_decode_product`, likewise
+    _decode_price: ClassVar[Callable[..., tuple[float, float, float]]]     # :func:`_decode_price`, likewise
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile,
                  tensor_parallel: int = 1, pipeline_parallel: int = 1, placement: Placement | None = None,
@@ -369,10 +379,11 @@ class CostModel:
         # step() counts the experts touched only where a coefficient reads them: with the routed experts priced
         # elsewhere (expert parallelism) their column is zeros, and 0 x the count adds exactly nothing.
         self._step_touched = self._experts_touched if self._linear[:, _EXPERTS].any() else None
-        self._decode_terms_by_seqs: dict[int, tuple] = {}     # decode_step's, by the batch's sequences
+        # decode_terms's, by the batch's sequences (read by a decode set that calls decode_terms on a miss)
+        self.decode_terms_by_seqs: dict[int, DecodeTerms] = {}
         if "_linear_step" not in vars(CostModel):
             CostModel._linear_step = _linear_step.compile(_LINEAR_STEP_SIGNATURE)
-            CostModel._decode_product = _decode_product.compile(_DECODE_PRODUCT_SIGNATURE)
+            CostModel._decode_price = _decode_price.compile(_DECODE_PRICE_SIGNATURE)
 
     def _use_kernel_terms(self, terms: KernelTerms, paced_layers: int, weight_bandwidth_share: float) -> None:
         """Replace the roofline's rows by the measured kernel ``terms`` (the hardware's; see the module docstring).
@@ -531,32 +542,32 @@ class CostModel:
     def decode_step(self, seqs: int, kv_read: float) -> tuple[float, float, float]:
         """:meth:`step` of a decode-only iteration (``seqs`` sequences decoding one token each, reading
         ``kv_read`` KV tokens; no prompt), to the last bit, at less cost: a batch keeps its size for many
-        steps and only its KV read grows, so what depends on the size alone (the experts touched, the
-        non-linear terms, :meth:`_decode_terms`) is remembered by it and a step is the compiled product
-        and one dict read."""
-        terms = self._decode_terms_by_seqs.get(seqs)
-        if terms is None:
-            terms = self._decode_terms_by_seqs[seqs] = self._decode_terms(seqs, kv_read)
-        row, nonlinear_s, extra = terms
-        time_s, flops, moved = self._decode_product(self._stacked, self._n_ops, row, kv_read)
-        if nonlinear_s is not None:
-            time_s += nonlinear_s
-        if extra is None:
-            return time_s, flops, moved
-        return time_s + extra[0], flops + extra[1], moved + extra[2]
+        steps and only its KV read grows, so what depends on the size alone (:meth:`decode_terms`) is
+        remembered by it and a step is one compiled call."""
+        row, nonlinear_s, extra_s, extra_flops, extra_bytes = self.decode_terms(seqs, kv_read)
+        return self._decode_price(self._stacked, self._n_ops, row, kv_read, nonlinear_s, extra_s, extra_flops,
+                                  extra_bytes)
 
-    def _decode_terms(self, seqs: int, kv_read: float) -> tuple[np.ndarray, float | None,
-                                                                 tuple[float, float, float] | None]:
-        """What prices a decode-only iteration of ``seqs`` sequences beside its KV read, as :meth:`step` works
-        it out (``tokens`` is the float ``0.0 + seqs`` there): its feature row (a copy of the one :meth:`step`
-        fills), the non-linear terms (None without kernel terms) and what a subclass adds to the (time, FLOPs,
-        bytes) after them (None here)."""
+    def decode_terms(self, seqs: int, kv_read: float) -> DecodeTerms:
+        """What prices a decode-only iteration of ``seqs`` sequences beside its KV read (``kv_read``: any,
+        the first time), remembered by ``seqs``: its feature row, the non-linear terms, and what a subclass
+        adds to the time, FLOPs and bytes after them (NaN: nothing), as :func:`_decode_price` takes them
+        after the stacked matrix, the operator count and the KV read (:meth:`compiled_terms` gives those)."""
+        terms = self.decode_terms_by_seqs.get(seqs)
+        if terms is None:
+            terms = self.decode_terms_by_seqs[seqs] = self._decode_terms(seqs, kv_read)
+        return terms
+
+    def _decode_terms(self, seqs: int, kv_read: float) -> DecodeTerms:
+        """:meth:`decode_terms` worked out as :meth:`step` works them out (``tokens`` is the float
+        ``0.0 + seqs`` there); nothing after the non-linear terms here."""
         tokens = 0.0 + seqs
         touched = self._step_touched(tokens) if self._step_touched is not None else 1.0
         self._linear_step(self._stacked, self._n_ops, self._x, tokens, 0.0, 0.0, 0.0, seqs, kv_read, touched, seqs,
                           0.0, 0.0)
         # (The non-linear terms read the feature row the product filled.)
-        return self._x.copy(), self._step_nonlinear_s(tokens, seqs) if self._gemm_rows else None, None
+        nonlinear_s = self._step_nonlinear_s(tokens, seqs) if self._gemm_rows else math.nan
+        return self._x.copy(), nonlinear_s, math.nan, math.nan, math.nan
 
     @property
     def dense(self) -> bool:

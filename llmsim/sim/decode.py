@@ -38,6 +38,7 @@ from typing import cast
 
 import numpy as np
 
+from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
 NEVER = sys.maxsize                 # a decode step no sequence reaches
@@ -137,10 +138,14 @@ class EventDecodeSet(DecodeSet):
 
     __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_block_due", "_next_block_due", "_window_due",
                  "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
-                 "_held_steps", "_longest_from_step", "_longest_from_gap_s")
+                 "_held_steps", "_longest_from_step", "_longest_from_gap_s", "_decode_terms_by_seqs", "_stacked",
+                 "_n_ops", "_cost")
 
     def __init__(self, engine):
         super().__init__(engine)
+        cost = self._cost = engine.cost
+        self._stacked, self._n_ops, _, _ = cost.compiled_terms()
+        self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
         self._block_size = engine.kv.block_size
         self.step = 0                               # decode iterations done so far
         # Who finishes, needs a KV block, or saturates its sliding window at which step. The first
@@ -233,6 +238,18 @@ class EventDecodeSet(DecodeSet):
         kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
         duration, flops, moved = self._cost_decode_step(n, kv_read)
         return duration, n, n, flops, moved, 0, 0, 0, 0.0
+
+    def log_decode_step(self, log: IterationLog, now: float, kv_used_blocks: int, running: int,
+                        queued: int) -> float:
+        """:meth:`price_decode`'s step added to ``log`` as the engine would add it (its counts as given), in
+        one compiled call; returns its duration."""
+        n = self.n
+        kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        terms = self._decode_terms_by_seqs.get(n)
+        if terms is None:
+            terms = self._cost.decode_terms(n, kv_read)
+        return log.add_decode_step(now, n, kv_used_blocks, running, queued, self._stacked, self._n_ops, kv_read,
+                                   terms)
 
     def advance(self, now: float) -> None:
         """One token for every decoding sequence: finish those due, saturate sliding windows."""
