@@ -10,7 +10,10 @@ in this order:
    (``engine.preempt_latest``) when the cache runs out; returns the step's decode tokens,
    which the engine takes out of the token budget before prompts get theirs;
 2. :meth:`DecodeSet.price`: the cost of the whole iteration, prompt chunks included
-   (their feature sums computed by the engine), as the row fields of its log;
+   (their feature sums computed by the engine), as the row fields of its log; without prompt
+   chunks :meth:`DecodeSet.price_decode`, or, on the one-token set, where nothing but the
+   decode set changes the step's price and row, :meth:`EventDecodeSet.log_decode_step`, which
+   also adds the row to the log (one compiled call: the engine's steady state);
 3. after the iteration's time has passed, :meth:`DecodeSet.advance` (when it decoded):
    the step's tokens appear, finished sequences go to ``engine.finish``;
 4. :meth:`DecodeSet.start` for every prompt the iteration completed that has tokens left.
@@ -245,7 +248,7 @@ class EventDecodeSet(DecodeSet):
         one compiled call; returns its duration."""
         n = self.n
         kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
-        terms = self._decode_terms_by_seqs.get(n)
+        terms = self._decode_terms_by_seqs.get(n)         # cost.decode_terms, its memo read inline
         if terms is None:
             terms = self._cost.decode_terms(n, kv_read)
         return log.add_decode_step(now, n, kv_used_blocks, running, queued, self._stacked, self._n_ops, kv_read,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import typing
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import numba
 import numpy as np
@@ -85,9 +85,9 @@ def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, s
 
 
 # The one specialization called, through its compiled entry point (as CostModel.step calls its product).
-_log_decode_step_entry = _log_decode_step.compile(
-    (numba.float64[::1], numba.int64, numba.float64, numba.int64, numba.int64, numba.int64, numba.int64,
-     numba.float64[:, ::1], numba.int64, numba.float64, numba.float64[::1], *[numba.float64] * 4))
+_LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, numba.int64, numba.int64, numba.int64,
+                              numba.int64, numba.float64[:, ::1], numba.int64, numba.float64, numba.float64[::1],
+                              *[numba.float64] * 4)
 
 
 class IterationLog:
@@ -101,8 +101,13 @@ class IterationLog:
     """
 
     __slots__ = ("_full", "_chunk", "_at", "_doubles")
+    # :func:`_log_decode_step`'s compiled entry point, set by the first log (on the class, as CostModel keeps its
+    # product's: compiled when a simulation first needs it, not when the module is imported).
+    _decode_step_entry: ClassVar[Callable[..., float]]
 
     def __init__(self):
+        if "_decode_step_entry" not in vars(IterationLog):
+            IterationLog._decode_step_entry = _log_decode_step.compile(_LOG_DECODE_STEP_SIGNATURE)
         self._full: list[mmap.mmap] = []           # chunks already full, in order
         self._chunk = mmap.mmap(-1, _CHUNK_BYTES)  # the chunk being written, up to byte _at
         self._at = 0
@@ -128,7 +133,7 @@ class IterationLog:
         (:meth:`~llmsim.cost.roofline.CostModel.decode_terms`), and append its row: :meth:`add` of
         :meth:`~llmsim.cost.roofline.CostModel.decode_step`'s price, in one compiled call (the engine's steady
         state). Returns the step's duration."""
-        duration_s = _log_decode_step_entry(self._doubles, self._at >> 3, start_s, seqs, kv_used_blocks, running,
+        duration_s = self._decode_step_entry(self._doubles, self._at >> 3, start_s, seqs, kv_used_blocks, running,
                                             queued, stacked, n_ops, kv_read, *terms)
         self._at += _ROW.size
         if self._at == _CHUNK_BYTES:
