@@ -44,7 +44,7 @@ from llmsim.catalog.models import ModelSpec
 from llmsim.catalog.placement import Placement
 from llmsim.cost.features import F
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles
-from llmsim.cost.roofline import CostModel, shared_memo, summed_iteration
+from llmsim.cost.roofline import CostModel, DecodeTerms, shared_memo, summed_iteration
 
 LOAD_DRAWS = 1000            # multinomial draws per assignment count of the busiest-rank table
 LOAD_GRID_DOUBLINGS = 24     # the table covers 1 .. 2^24 assignments per step (larger: the last ratio)
@@ -367,11 +367,20 @@ class ExpertParallelCostModel(CostModel):
         remembered by the step's tokens (:meth:`_step_extra`): every iteration asks."""
         time_s, flops, moved = CostModel.step(self, prefill_tokens, prefill_pairs, prefill_kv_read, prefill_logits,
                                               decode_seqs, decode_kv_read, prefill_padding, prefill_longest)
-        tokens = prefill_tokens + decode_seqs
+        extra = self._remembered_extra(prefill_tokens + decode_seqs)
+        return time_s + extra[0], flops + extra[1], moved + extra[2]
+
+    def _decode_terms(self, seqs: int, kv_read: float) -> DecodeTerms:
+        """The plain model's terms with the MoE layers' time and work as :meth:`step` adds them."""
+        row, nonlinear_s, _, _, _ = super()._decode_terms(seqs, kv_read)
+        return (row, nonlinear_s, *self._remembered_extra(0.0 + seqs))
+
+    def _remembered_extra(self, tokens: float) -> tuple[float, float, float]:
+        """:meth:`_step_extra`, remembered by the step's ``tokens``."""
         extra = self._step_extras.get(tokens)
         if extra is None:
             extra = self._step_extras[tokens] = self._step_extra(float(tokens))
-        return time_s + extra[0], flops + extra[1], moved + extra[2]
+        return extra
 
     def _step_extra(self, tokens: float) -> tuple[float, float, float]:
         """(seconds, FLOPs, bytes) the MoE layers add to one iteration of ``tokens`` tokens."""

@@ -56,6 +56,9 @@ _NO_TABLE = np.zeros(0)
 _NO_DISPATCH_TABLE = np.zeros((0, 2))
 DISPATCH_BLOCK_ROWS = 4096        # the dispatch tables grow by whole blocks of rows (the same values however grown)
 _T = TypeVar("_T")
+# A decode-only step's terms (CostModel.decode_terms): its feature row, the non-linear seconds, and the seconds,
+# FLOPs and bytes added after them (NaN: none).
+DecodeTerms = tuple[np.ndarray, float, float, float, float]
 
 
 DECODE_TIMES_KEPT = 4096          # CostModel.decode_time's remembered steps, per model
@@ -92,9 +95,15 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
     x[1], x[2], x[3], x[4] = tokens, prefill_tokens, prefill_pairs, prefill_kv_read
     x[5], x[6], x[7], x[8] = decode_seqs, decode_kv_read, experts, logits
     x[9], x[10] = prefill_padding, prefill_longest
+    return _row_product(stacked, n_ops, x)
+
+
+@numba.njit(cache=True)
+def _row_product(stacked, n_ops, x):
+    """The roofline part of the (time, FLOPs, bytes) of the feature row ``x``, as :func:`_linear_step` says."""
     m = 2 * n_ops + 3
     y = np.dot(stacked[:m], x[:TILE_FEATURES_FROM])
-    _add_tile_columns(y, stacked, m, prefill_padding, prefill_longest)
+    _add_tile_columns(y, stacked, m, x[TILE_FEATURES_FROM], x[TILE_FEATURES_FROM + 1])
     time_s = 0.0
     for i in range(n_ops):
         compute_s, memory_s = y[i], y[n_ops + i]
@@ -102,10 +111,27 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
     return time_s + y[2 * n_ops], y[2 * n_ops + 1], y[2 * n_ops + 2]
 
 
+@numba.njit(cache=True)
+def _decode_price(stacked, n_ops, x, decode_kv_read, nonlinear_s, extra_s, extra_flops, extra_bytes):
+    """The (time, FLOPs, bytes) :meth:`CostModel.step` gives a decode-only row whose other features ``x``
+    already holds (a row of its own per batch size, :meth:`CostModel.decode_terms`): :func:`_linear_step`'s
+    product with the KV read set, then the non-linear terms added to the time, then what a subclass adds to
+    each (NaN: none), in :meth:`CostModel.step`'s order."""
+    x[6] = decode_kv_read
+    time_s, flops, moved = _row_product(stacked, n_ops, x)
+    if nonlinear_s == nonlinear_s:
+        time_s += nonlinear_s
+    if extra_s == extra_s:
+        return time_s + extra_s, flops + extra_flops, moved + extra_bytes
+    return time_s, flops, moved
+
+
 # The one specialization :meth:`CostModel.step` calls, every scalar a float (a Python int converts exactly).
 # Its compiled entry point is called directly: the dispatcher's matching of the arguments' types to a
 # specialization costs more than the product itself.
 _LINEAR_STEP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 10)
+# And :meth:`CostModel.decode_step`'s (fewer arguments to convert: the entry point's cost is mostly theirs).
+_DECODE_PRICE_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 5)
 
 
 @numba.njit(cache=True)
@@ -264,6 +290,7 @@ class CostModel:
     # :func:`_linear_step` compiled for :data:`_LINEAR_STEP_SIGNATURE`, set by the first instance (on the class:
     # a compiled function does not pickle).
     _linear_step: ClassVar[Callable[..., tuple[float, float, float]]]
+    _decode_price: ClassVar[Callable[..., tuple[float, float, float]]]     # :func:`_decode_price`, likewise
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile,
                  tensor_parallel: int = 1, pipeline_parallel: int = 1, placement: Placement | None = None,
@@ -352,8 +379,11 @@ class CostModel:
         # step() counts the experts touched only where a coefficient reads them: with the routed experts priced
         # elsewhere (expert parallelism) their column is zeros, and 0 x the count adds exactly nothing.
         self._step_touched = self._experts_touched if self._linear[:, _EXPERTS].any() else None
+        # decode_terms's, by the batch's sequences (read by a decode set that calls decode_terms on a miss)
+        self.decode_terms_by_seqs: dict[int, DecodeTerms] = {}
         if "_linear_step" not in vars(CostModel):
             CostModel._linear_step = _linear_step.compile(_LINEAR_STEP_SIGNATURE)
+            CostModel._decode_price = _decode_price.compile(_DECODE_PRICE_SIGNATURE)
 
     def _use_kernel_terms(self, terms: KernelTerms, paced_layers: int, weight_bandwidth_share: float) -> None:
         """Replace the roofline's rows by the measured kernel ``terms`` (the hardware's; see the module docstring).
@@ -490,18 +520,54 @@ class CostModel:
                                             touched(tokens) if touched is not None else 1.0, logits,
                                             prefill_padding, prefill_longest)
         if self._gemm_rows:
-            layers_s = self._layer_memo.get(tokens)
-            head_s = self._head_memo.get(logits)
-            if layers_s is None or head_s is None:
-                values = self._x.tolist()
-                if layers_s is None:
-                    layers_s = self._layers_time(values)
-                    if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
-                        self._layer_memo[tokens] = layers_s
-                if head_s is None:
-                    head_s = self._head_memo[logits] = self._gemm_sum(values, self._gemm_rows[-1:])
-            time_s += layers_s + head_s
+            time_s += self._step_nonlinear_s(tokens, logits)
         return time_s, flops, moved
+
+    def _step_nonlinear_s(self, tokens: float, logits: int) -> float:
+        """The non-linear terms (GEMMs, all-reduces) of the row :meth:`step` last filled in the feature buffer,
+        of ``tokens`` tokens and ``logits`` sampling rows: the layers' remembered by the tokens, the LM head's
+        by the rows."""
+        layers_s = self._layer_memo.get(tokens)
+        head_s = self._head_memo.get(logits)
+        if layers_s is None or head_s is None:
+            values = self._x.tolist()
+            if layers_s is None:
+                layers_s = self._layers_time(values)
+                if len(self._layer_memo) < NONLINEAR_MEMO_SIZE:
+                    self._layer_memo[tokens] = layers_s
+            if head_s is None:
+                head_s = self._head_memo[logits] = self._gemm_sum(values, self._gemm_rows[-1:])
+        return layers_s + head_s
+
+    def decode_step(self, seqs: int, kv_read: float) -> tuple[float, float, float]:
+        """:meth:`step` of a decode-only iteration (``seqs`` sequences decoding one token each, reading
+        ``kv_read`` KV tokens; no prompt), to the last bit, at less cost: a batch keeps its size for many
+        steps and only its KV read grows, so what depends on the size alone (:meth:`decode_terms`) is
+        remembered by it and a step is one compiled call."""
+        row, nonlinear_s, extra_s, extra_flops, extra_bytes = self.decode_terms(seqs, kv_read)
+        return self._decode_price(self._stacked, self._n_ops, row, kv_read, nonlinear_s, extra_s, extra_flops,
+                                  extra_bytes)
+
+    def decode_terms(self, seqs: int, kv_read: float) -> DecodeTerms:
+        """What prices a decode-only iteration of ``seqs`` sequences beside its KV read (``kv_read``: any,
+        the first time), remembered by ``seqs``: its feature row, the non-linear terms, and what a subclass
+        adds to the time, FLOPs and bytes after them (NaN: nothing), as :func:`_decode_price` takes them
+        after the stacked matrix, the operator count and the KV read (:meth:`compiled_terms` gives those)."""
+        terms = self.decode_terms_by_seqs.get(seqs)
+        if terms is None:
+            terms = self.decode_terms_by_seqs[seqs] = self._decode_terms(seqs, kv_read)
+        return terms
+
+    def _decode_terms(self, seqs: int, kv_read: float) -> DecodeTerms:
+        """:meth:`decode_terms` worked out as :meth:`step` works them out (``tokens`` is the float
+        ``0.0 + seqs`` there); nothing after the non-linear terms here."""
+        tokens = 0.0 + seqs
+        touched = self._step_touched(tokens) if self._step_touched is not None else 1.0
+        self._linear_step(self._stacked, self._n_ops, self._x, tokens, 0.0, 0.0, 0.0, seqs, kv_read, touched, seqs,
+                          0.0, 0.0)
+        # (The non-linear terms read the feature row the product filled.)
+        nonlinear_s = self._step_nonlinear_s(tokens, seqs) if self._gemm_rows else math.nan
+        return self._x.copy(), nonlinear_s, math.nan, math.nan, math.nan
 
     @property
     def dense(self) -> bool:

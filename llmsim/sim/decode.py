@@ -10,7 +10,10 @@ in this order:
    (``engine.preempt_latest``) when the cache runs out; returns the step's decode tokens,
    which the engine takes out of the token budget before prompts get theirs;
 2. :meth:`DecodeSet.price`: the cost of the whole iteration, prompt chunks included
-   (their feature sums computed by the engine), as the row fields of its log;
+   (their feature sums computed by the engine), as the row fields of its log; without prompt
+   chunks :meth:`DecodeSet.price_decode`, or, on the one-token set, where nothing but the
+   decode set changes the step's price and row, :meth:`EventDecodeSet.log_decode_step`, which
+   also adds the row to the log (one compiled call: the engine's steady state);
 3. after the iteration's time has passed, :meth:`DecodeSet.advance` (when it decoded):
    the step's tokens appear, finished sequences go to ``engine.finish``;
 4. :meth:`DecodeSet.start` for every prompt the iteration completed that has tokens left.
@@ -34,11 +37,11 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from bisect import bisect_left
-from functools import partial
-from typing import NamedTuple, cast
+from typing import cast
 
 import numpy as np
 
+from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
 NEVER = sys.maxsize                 # a decode step no sequence reaches
@@ -46,22 +49,14 @@ STEP_ARRAY = 1024                   # decode steps the step table holds at first
 END, GAP, CONTINUING = range(3)     # the step table's columns
 
 
-class StepPrice(NamedTuple):
-    """What one iteration costs and yields, as a decode set prices it (the engine adds the rest of
-    the :class:`~llmsim.sim.iterations.Iteration`: its start, prompt chunks and counts)."""
-    duration_s: float
-    decode_seqs: int             # sequences that took a decode (or verify) step
-    tokens_out: int              # decode tokens plus prompts completed
-    flops: float
-    bytes: float
-    spec_seqs: int               # speculative decoding (zero without it): sequences that speculated,
-    draft_tokens: int            # draft tokens proposed, draft tokens accepted, and the part of
-    accepted_tokens: int         # duration_s spent drafting
-    draft_s: float
-
-
-# Built positionally on the hot path, without the generated __new__'s argument handling.
-new_price = partial(tuple.__new__, StepPrice)
+# What one iteration costs and yields, as a decode set prices it (the engine adds the rest of the
+# :class:`~llmsim.sim.iterations.Iteration`: its start, prompt chunks and counts), in this order:
+# duration_s; decode_seqs, the sequences that took a decode (or verify) step; tokens_out, decode tokens plus
+# prompts completed; flops; bytes; then, zero without speculative decoding, spec_seqs (sequences that
+# speculated), draft_tokens (proposed), accepted_tokens and draft_s (the part of duration_s spent drafting).
+# A plain tuple, which the engine unpacks at once: a named tuple built every iteration cost about a quarter
+# of a microsecond more.
+StepPrice = tuple[float, int, int, float, float, int, int, int, float]
 
 
 def add_due(table: dict[int, list], step: int, entries: list) -> bool:
@@ -97,7 +92,7 @@ class DecodeSet(ABC):
     """
 
     n: int
-    __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step")
+    __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step", "_cost_decode_step")
 
     def __init__(self, engine):
         self.engine = engine
@@ -105,6 +100,7 @@ class DecodeSet(ABC):
         self._window = engine.cost.model.sliding_window
         self._local_share = engine.cost.model.local_attention_share   # the layers the window bounds
         self._cost_step = engine.cost.step           # bound once: called every iteration
+        self._cost_decode_step = engine.cost.decode_step
 
     @abstractmethod
     def prepare(self, now: float) -> int:
@@ -116,6 +112,11 @@ class DecodeSet(ABC):
         """Price one iteration: the prompt ``chunks`` (their tokens, attention pairs, KV read,
         prompts completed, tile padding and longest keys, summed by the engine) plus, if
         ``decoding``, a step of every decoding sequence."""
+
+    def price_decode(self) -> StepPrice:
+        """:meth:`price` of an iteration without prompt chunks in which the decoding sequences step (the
+        engine's steady state, which a set may price at less cost)."""
+        return self.price((), True, 0.0, 0.0, 0.0, 0, 0.0, 0.0)
 
     @abstractmethod
     def advance(self, now: float) -> None:
@@ -140,10 +141,14 @@ class EventDecodeSet(DecodeSet):
 
     __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_block_due", "_next_block_due", "_window_due",
                  "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
-                 "_held_steps", "_longest_from_step", "_longest_from_gap_s")
+                 "_held_steps", "_longest_from_step", "_longest_from_gap_s", "_decode_terms_by_seqs", "_stacked",
+                 "_n_ops", "_cost")
 
     def __init__(self, engine):
         super().__init__(engine)
+        cost = self._cost = engine.cost
+        self._stacked, self._n_ops, _, _ = cost.compiled_terms()
+        self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
         self._block_size = engine.kv.block_size
         self.step = 0                               # decode iterations done so far
         # Who finishes, needs a KV block, or saturates its sliding window at which step. The first
@@ -222,13 +227,32 @@ class EventDecodeSet(DecodeSet):
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest) -> StepPrice:
         if not decoding:
             duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, 0, 0, padding, longest)
-            return new_price((duration, 0, logits, flops, moved, 0, 0, 0, 0.0))
+            return duration, 0, logits, flops, moved, 0, 0, 0, 0.0
         n = self.n
         # kv_read(), inline without a sliding window: this runs every iteration.
         kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
         duration, flops, moved = self._cost_step(prefill_tokens, pairs, prefill_kv, logits, n, kv_read, padding,
                                                  longest)
-        return new_price((duration, n, n + logits, flops, moved, 0, 0, 0, 0.0))
+        return duration, n, n + logits, flops, moved, 0, 0, 0, 0.0
+
+    def price_decode(self) -> StepPrice:
+        n = self.n
+        # kv_read(), inline without a sliding window, as in price().
+        kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        duration, flops, moved = self._cost_decode_step(n, kv_read)
+        return duration, n, n, flops, moved, 0, 0, 0, 0.0
+
+    def log_decode_step(self, log: IterationLog, now: float, kv_used_blocks: int, running: int,
+                        queued: int) -> float:
+        """:meth:`price_decode`'s step added to ``log`` as the engine would add it (its counts as given), in
+        one compiled call; returns its duration."""
+        n = self.n
+        kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        terms = self._decode_terms_by_seqs.get(n)         # cost.decode_terms, its memo read inline
+        if terms is None:
+            terms = self._cost.decode_terms(n, kv_read)
+        return log.add_decode_step(now, n, kv_used_blocks, running, queued, self._stacked, self._n_ops, kv_read,
+                                   terms)
 
     def advance(self, now: float) -> None:
         """One token for every decoding sequence: finish those due, saturate sliding windows."""

@@ -275,7 +275,8 @@ class Engine(EngineProcess):
     __slots__ = ("_in_flight", "now", "observers", "hooks", "_chunks", "decode", "_expires", "_extras", "prefilling",
                  "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_last_end_s", "_decoding",
                  "running", "_tiered", "_handoff", "_admitted", "watermark_blocks", "first_gap_end_s", "first_gap_s",
-                 "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async")
+                 "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async",
+                 "_log_decode_step")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -297,6 +298,8 @@ class Engine(EngineProcess):
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
         self.first_gap_s = array("d")
         self.decode = decode(self)
+        # A one-token decode set prices and logs a decode-only iteration in one call (none other does).
+        self._log_decode_step = self.decode.log_decode_step if isinstance(self.decode, EventDecodeSet) else None
         self.queueing = queueing(self)
         self._admission = ADMISSION_TESTS[config.admission]
         self._forced_skips_test = config.admission in FORCED_SKIP_TEST
@@ -434,13 +437,22 @@ class Engine(EngineProcess):
         if chunks:
             prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
                 chunks, self._window, self._local_share, self._prefill_tile, self._query_tile_pairs)
+            duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
+                chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         elif decoding:
-            prefill_tokens = pairs = prefill_kv = padding = longest = 0.0
+            if not extras and self._log_decode_step is not None:
+                # The steady state: priced and logged in one call, as the lines below would.
+                kv = self.kv
+                duration = self._log_decode_step(self.log, now, kv.num_blocks - kv.free_blocks, len(self.running),
+                                                 len(queue))
+                self._last_end_s = now + duration
+                self._decoding = True
+                return duration
+            prefill_tokens = 0.0
             completed = 0
+            duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price_decode()
         else:
             return None
-        duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
-            chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         if extras:
             if self._handoff is not None:     # a prefill pool's engine: the decode pool emits every token
                 tokens_out = 0

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import typing
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
+import numba
 import numpy as np
 
+from llmsim.cost.roofline import DecodeTerms, _decode_price
 from llmsim.sim.request import Request
 
 
@@ -55,6 +57,37 @@ _INTEGER_FIELDS = frozenset(i for i, (name, kind) in enumerate(typing.get_type_h
 
 CHUNK_ROWS = 1 << 16                # 7.5 MiB a chunk
 _CHUNK_BYTES = CHUNK_ROWS * _ROW.size
+# The columns a decode-only step writes (compiled code reads them as constants; the others are zeros).
+(_START_S, _DURATION_S, _DECODE_SEQS, _TOKENS_OUT, _FLOPS, _BYTES, _KV_USED_BLOCKS, _RUNNING, _QUEUED) = (
+    LOG_COLUMNS.index(name) for name in ("start_s", "duration_s", "decode_seqs", "tokens_out", "flops", "bytes",
+                                         "kv_used_blocks", "running", "queued"))
+
+
+@numba.njit(cache=True)
+def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, stacked, n_ops, kv_read, x,
+                     nonlinear_s, extra_s, extra_flops, extra_bytes):
+    """Price a decode-only step of ``seqs`` sequences (:func:`~llmsim.cost.roofline._decode_price`) and write
+    its row into ``rows`` (a chunk's doubles) from ``at`` on, as :meth:`IterationLog.add` would pack it;
+    returns its duration."""
+    duration_s, flops, moved = _decode_price(stacked, n_ops, x, kv_read, nonlinear_s, extra_s, extra_flops,
+                                             extra_bytes)
+    rows[at:at + _WIDTH] = 0.0
+    rows[at + _START_S] = start_s
+    rows[at + _DURATION_S] = duration_s
+    rows[at + _DECODE_SEQS] = seqs
+    rows[at + _TOKENS_OUT] = seqs
+    rows[at + _FLOPS] = flops
+    rows[at + _BYTES] = moved
+    rows[at + _KV_USED_BLOCKS] = kv_used_blocks
+    rows[at + _RUNNING] = running
+    rows[at + _QUEUED] = queued
+    return duration_s
+
+
+# The one specialization called, through its compiled entry point (as CostModel.step calls its product).
+_LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, numba.int64, numba.int64, numba.int64,
+                              numba.int64, numba.float64[:, ::1], numba.int64, numba.float64, numba.float64[::1],
+                              *[numba.float64] * 4)
 
 
 class IterationLog:
@@ -67,12 +100,18 @@ class IterationLog:
     held whole.
     """
 
-    __slots__ = ("_full", "_chunk", "_at")
+    __slots__ = ("_full", "_chunk", "_at", "_doubles")
+    # :func:`_log_decode_step`'s compiled entry point, set by the first log (on the class, as CostModel keeps its
+    # product's: compiled when a simulation first needs it, not when the module is imported).
+    _decode_step_entry: ClassVar[Callable[..., float]]
 
     def __init__(self):
+        if "_decode_step_entry" not in vars(IterationLog):
+            IterationLog._decode_step_entry = _log_decode_step.compile(_LOG_DECODE_STEP_SIGNATURE)
         self._full: list[mmap.mmap] = []           # chunks already full, in order
         self._chunk = mmap.mmap(-1, _CHUNK_BYTES)  # the chunk being written, up to byte _at
         self._at = 0
+        self._doubles = np.frombuffer(self._chunk, dtype=float)     # the chunk, as compiled code writes it
 
     def add(self, start_s: float, duration_s: float, decode_seqs: int, prefill_seqs: int, prefill_tokens: float,
             tokens_out: int, flops: float, moved: float, kv_used_blocks: int, running: int, queued: int,
@@ -86,6 +125,20 @@ class IterationLog:
         self._at += _ROW.size
         if self._at == _CHUNK_BYTES:
             self._next_chunk()
+
+    def add_decode_step(self, start_s: float, seqs: int, kv_used_blocks: int, running: int, queued: int,
+                        stacked: np.ndarray, n_ops: int, kv_read: int, terms: DecodeTerms) -> float:
+        """Price a decode-only step of ``seqs`` sequences reading ``kv_read`` KV tokens, by the cost model's
+        ``stacked`` matrix, operator count and ``terms`` for that many sequences
+        (:meth:`~llmsim.cost.roofline.CostModel.decode_terms`), and append its row: :meth:`add` of
+        :meth:`~llmsim.cost.roofline.CostModel.decode_step`'s price, in one compiled call (the engine's steady
+        state). Returns the step's duration."""
+        duration_s = self._decode_step_entry(self._doubles, self._at >> 3, start_s, seqs, kv_used_blocks, running,
+                                            queued, stacked, n_ops, kv_read, *terms)
+        self._at += _ROW.size
+        if self._at == _CHUNK_BYTES:
+            self._next_chunk()
+        return duration_s
 
     def last(self, chunks: Sequence[tuple[Request, int]], decoding: bool) -> Iteration:
         """The last row as an :class:`Iteration` (its counts as ints) that scheduled ``chunks`` and, if
@@ -114,7 +167,11 @@ class IterationLog:
 
     def _next_chunk(self) -> None:
         self._full.append(self._chunk)
+        self._new_chunk()
+
+    def _new_chunk(self) -> None:
         self._chunk, self._at = mmap.mmap(-1, _CHUNK_BYTES), 0
+        self._doubles = np.frombuffer(self._chunk, dtype=float)
 
     def __len__(self) -> int:
         return len(self._full) * CHUNK_ROWS + self._at // _ROW.size
@@ -134,7 +191,7 @@ class IterationLog:
         """Yield the log's rows as (rows, columns) arrays, chunk by chunk, emptying the log."""
         self._full.append(self._chunk)
         last_rows = self._at // _ROW.size
-        self._chunk, self._at = mmap.mmap(-1, _CHUNK_BYTES), 0
+        self._new_chunk()
         while self._full:
             chunk = self._full.pop(0)
             rows = CHUNK_ROWS if self._full else last_rows

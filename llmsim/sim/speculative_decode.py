@@ -41,7 +41,7 @@ from llmsim.config.policies import Scorer
 from llmsim.cost.features import (FEATURES, batch_rows, expanded_verify, sequential_decode_rows, speculative_step_sums,
                                   visible)
 from llmsim.cost.roofline import FEW_ROWS, CostModel, summed_iteration
-from llmsim.sim.decode import DecodeSet, StepPrice, new_price
+from llmsim.sim.decode import DecodeSet, StepPrice
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
 from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, close_row, eligible_rows,
@@ -351,7 +351,7 @@ class SpeculativeDecodeSet(DecodeSet):
         if draft_steps:
             flops, moved = flops + draft_flops, moved + draft_bytes
             duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
-        return new_price((duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s))
+        return duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s
 
     # -- a step: apply its outcome ----------------------------------------------------------------
     def advance(self, now: float) -> None:

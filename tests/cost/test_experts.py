@@ -226,6 +226,18 @@ def test_step_prices_an_iteration_to_the_last_bit(model, layout, tp):
             assert stepped == tuple(float(v) for v in cost.iteration(row))
 
 
+def test_a_decode_only_step_prices_as_the_general_step_does():
+    """decode_step, with the MoE layers' terms remembered by the batch size, is step() to the last bit."""
+    layout = ExpertParallel(32, redundant_experts=32, balance=True, devices_per_node=8,
+                            scale_out_bandwidth_bytes_per_s=50e9, routing=ZipfRouting(0.6))
+    cost = expert_cost(DEEPSEEK, lookup_hardware("H200"), layout, 1)
+    reference = expert_cost(DEEPSEEK, lookup_hardware("H200"), layout, 1)
+    rng = np.random.default_rng(9)
+    for seqs in [*rng.integers(1, 128, 100), 5, 5]:
+        kv_read = int(rng.integers(seqs, seqs * 9000))
+        assert cost.decode_step(int(seqs), kv_read) == reference.step(0.0, 0.0, 0.0, 0, int(seqs), kv_read)
+
+
 def test_cost_models_pricing_alike_share_one_memo_and_no_other():
     """A search builds a cost model per run: those with the same MoE terms share the memo of the busiest rank's
     time, a different seed's routing table (another busiest-rank load) or degree does not; prices are the same."""

@@ -53,6 +53,20 @@ def test_step_prices_an_iteration_as_the_vectorised_model_does(model_name, hardw
 
 
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
+def test_a_decode_only_step_prices_as_the_general_step_does(model_name, hardware, tp):
+    """decode_step (its terms remembered by the batch size, the row its own) gives step()'s time, FLOPs and
+    bytes to the last bit, whether the batch size is new to it, seen before, or priced by step() between two
+    of its calls (which refill the shared feature row)."""
+    cost = CostModel(_model(model_name), lookup_hardware(hardware), tp)
+    reference = CostModel(_model(model_name), lookup_hardware(hardware), tp)
+    rng = np.random.default_rng(8)
+    for seqs in [*rng.integers(1, 300, 200), 1, 1, 7, 7]:
+        kv_read = int(rng.integers(seqs, seqs * 9000))
+        assert cost.decode_step(int(seqs), kv_read) == reference.step(0.0, 0.0, 0.0, 0, int(seqs), kv_read)
+        cost.step(512.0, 512.0 * 256, 0.0, 1, 3, 3000)       # a prefill step between decode steps
+
+
+@pytest.mark.parametrize("model_name, hardware, tp", CASES)
 def test_rows_total_sums_rows_as_the_vectorised_model_does(model_name, hardware, tp):
     """Draft rows (one iteration each, one expert) from the tables; rows the tables do not hold (several
     iterations, fractional tokens) by the general path: the same sums either way."""

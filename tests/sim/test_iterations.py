@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
+from llmsim import CostModel, lookup_hardware, model_catalog
+from llmsim.sim import engine as engine_module
 from llmsim.sim.iterations import CHUNK_ROWS, LOG_COLUMNS, Iteration, IterationLog, iterations_columns
 from llmsim.sim.simulate import simulate
 from tests.helpers import make_scenario
@@ -56,3 +59,41 @@ def test_observers_see_the_iterations_the_result_records():
         assert len(iteration.chunks) == iteration.prefill_seqs
         assert iteration.decoding == (iteration.decode_seqs > 0)
         assert all(isinstance(getattr(iteration, name), int) for name in ("decode_seqs", "running", "queued"))
+
+
+@pytest.mark.parametrize("hardware", ["H100-SXM", "CS-3"])     # with kernel terms, and the roofline alone
+def test_a_decode_step_logged_in_one_call_is_the_row_add_packs_from_decode_step(hardware):
+    """IterationLog.add_decode_step (the engine's steady state: priced and logged in one compiled call) writes
+    the row add() packs from CostModel.decode_step's price, bit for bit, and returns its duration, across a
+    chunk boundary and for batch sizes new and seen."""
+    cost = CostModel(model_catalog()["Llama-3.1-70B"], lookup_hardware(hardware), 1 if hardware == "CS-3" else 8)
+    fast, reference = IterationLog(), IterationLog()
+    rng = np.random.default_rng(12)
+    for i in range(CHUNK_ROWS + 50):
+        seqs = int(rng.integers(1, 64))
+        kv_read = int(rng.integers(seqs, seqs * 8000))
+        start_s, used, running, queued = 0.01 * i, i % 5000, seqs + i % 3, i % 17
+        duration_s, flops, moved = cost.decode_step(seqs, kv_read)
+        reference.add(start_s, duration_s, seqs, 0, 0.0, seqs, flops, moved, used, running, queued, 0, 0, 0, 0.0)
+        stacked, n_ops, _, _ = cost.compiled_terms()
+        assert fast.add_decode_step(start_s, seqs, used, running, queued, stacked, n_ops, kv_read,
+                                    cost.decode_terms(seqs, kv_read)) == duration_s
+    assert all(np.array_equal(a.view(np.int64), b.view(np.int64)) for a, b in zip(fast.views(), reference.views()))
+
+
+@pytest.mark.parametrize("overrides", [
+    {},                                                                     # one engine, kernel terms
+    {"deployment": {"pipeline_parallel": 4}, "workload": {"num_requests": 300}},   # four sharing a KV cache
+    {"engine": {"chunked_prefill": False}, "workload": {"num_requests": 300}},
+])
+def test_the_engine_s_one_call_decode_step_changes_no_record(overrides, monkeypatch):
+    """A run whose decode-only iterations are priced and logged in one call (the engine's steady state) has
+    the records and iteration table of the same run through the general path (decode_step's price, add())."""
+    scenario = make_scenario(overrides)
+    fast = simulate(scenario, force=True)
+    # Engines built while no decode set counts as one-token take the general path for every iteration.
+    monkeypatch.setattr(engine_module, "EventDecodeSet", type("NoDecodeSet", (), {}))
+    general = simulate(scenario, force=True)
+    assert fast.iterations["decode_seqs"].gt(0).mean() > 0.5
+    pd.testing.assert_frame_equal(fast.requests, general.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.iterations, general.iterations, check_exact=True)
