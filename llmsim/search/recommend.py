@@ -156,7 +156,7 @@ from llmsim.scenario.variants import RATE_KEY, variant, with_requests
 from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_overrides
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
-from llmsim.search.sweeps import reusing_runs, run_points, slo_met, stopping_missed_runs
+from llmsim.search.sweeps import missed_stop, reusing_runs, run_points, slo_met, stopping_missed_runs
 from llmsim.search.window import (DECIDED_FAIL, ESCALATIONS, Judged, Verdict, Window, best_case, binding_targets,
                                   check_cycle_fits, judge, limit_checks, measurement_window,
                                   simulate_until_decided, stopping_decided_runs, typical_latency_s)
@@ -916,18 +916,18 @@ def config_key(config: Config) -> tuple:
 @dataclass(frozen=True)
 class BarStop(MissedStop):
     """The stop of a class screen's run for a configuration that must beat a bar (:meth:`_Search._bar_stop`):
-    :data:`~llmsim.search.window.DECIDED_FAIL`'s, and on each limit of ``spare`` (its name, as
+    ``base``'s (the rule the search's runs stop by, if any), and on each limit of ``spare`` (its name, as
     :func:`~llmsim.sim.missed.limit_name` gives it, and a share) once the window's requests sure to miss it
     are more than that share of the ``counted`` it is measured on: the configuration's screen is then below its
     bar whatever the rest of the run shows. A run it stops on its bar is below no share of its own."""
     spare: tuple[tuple[str, float], ...]
-    base: MissedStop = DECIDED_FAIL
+    base: MissedStop | None = None
 
     def allowed(self, share: float, counted: int) -> int:
-        return self.base.allowed(share, counted)
+        return counted if self.base is None else self.base.allowed(share, counted)
 
     def allowed_on(self, name: str, share: float, counted: int) -> int:
-        allowed = self.base.allowed(share, counted)
+        allowed = self.allowed(share, counted)
         spare = dict(self.spare).get(name)
         # the 1e-6: a product that is whole may round below it; allowing more only stops later
         return allowed if spare is None else min(allowed, math.floor(spare * counted + 1e-6))
@@ -1351,7 +1351,9 @@ class _Search:
                 spare.append((name, share))
         if not spare:
             return None
-        return (met_bar, True, floor), BarStop(DECIDED_FAIL.min_requests, tuple(spare))
+        base = missed_stop()
+        return (met_bar, True, floor), BarStop(DECIDED_FAIL.min_requests if base is None else base.min_requests,
+                                               tuple(spare), base)
 
     def _best_key(self, rows: list[pd.DataFrame], window: Window) -> tuple[bool, bool, float]:
         """The highest screen key (:func:`_screen_key`) a configuration can reach on every seed, from its first
