@@ -105,9 +105,13 @@ The search (:func:`recommend`):
    longest timeout of a class's options runs first), nor one under another of FCFS, priority, vLLM's priority
    and EDF where a run without preemptions shows the two order the classes' heads alike within its waits
    (:func:`llmsim.sim.scheduling.same_admissions`). A candidate must beat its policy's current setting to be
-   chosen: its seeds run one at a time, and it stops once even the best runs its other seeds could give
-   (every request within every limit: :func:`llmsim.search.window.best_case`) leave it below that setting's
-   screen (exact: its screen on every seed could not have been chosen). Each policy's best
+   chosen: its seeds run one at a time, those on which that setting fell shortest of its worst target first (its
+   neighbours run on the same requests, so they tend to fall short there too), and it stops once even the best
+   runs its other seeds could give (every request within every limit: :func:`llmsim.search.window.best_case`)
+   leave it below that setting's screen; a run after its first seed's also stops inside, once its requests
+   already sure to miss a limit leave it there whatever the rest of the run shows (:class:`BarStop`). Exact:
+   its screen on every seed could not have been chosen, and the runs that go to their end are those the
+   search would have run. Each policy's best
    combination then gets its goodput bisected like any other setting (starting at the probe
    rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
    from the scenario's own settings (which are then the baseline the gain is measured against).
@@ -280,8 +284,9 @@ class ClassSearch:
     probe_rate_per_s: float          # where every candidate was screened
     timeouts_s: tuple[float, ...]    # the queue timeouts tried for each class (and its own)
     sweeps: int                      # coordinate-descent sweeps run
-    # every candidate screened: policy, timeouts, verdict there, on ``seeds`` seeds (fewer: ruled out on them,
-    # its screen on every seed could not have been chosen: :meth:`_Search.screen`)
+    # every candidate screened: policy, timeouts, verdict there, on ``seeds`` seeds; ``ruled_out``: its screen on
+    # every seed could not have been chosen, shown on fewer seeds or by a run stopped below its bar, whose figures
+    # cover only part of it (:meth:`_Search.screen`)
     screened: pd.DataFrame
     best_per_policy: dict            # policy -> its best Config, goodput then bisected
 
@@ -1214,13 +1219,15 @@ class _Search:
                 break
         self.progress.note("classes: goodput of each policy's best")
         self.evaluate(list(current.values()), start_rate_per_s=rate)
-        visited = [*self.screened.items(), *((key, j) for key, (_, j) in self.ruled_out.items())]
+        visited = [*((key, j, False) for key, j in self.screened.items()),
+                   *((key, j, True) for key, (_, j) in self.ruled_out.items())]
         screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts or ()),
                                   "met": j.verdict.met, "worst_margin": j.verdict.worst_margin[0],
                                   "worst_check": _worst_check(j.verdict),
                                   "margins": {name: margin for name, (margin, _) in j.verdict.margins.items()},
-                                  "steady": j.verdict.steady, "stopped": j.stopped, "seeds": len(j.rows)}
-                                 for (c, r), j in visited if r == rate])
+                                  "steady": j.verdict.steady, "stopped": j.stopped, "seeds": len(j.rows),
+                                  "ruled_out": out}
+                                 for (c, r), j, out in visited if r == rate])
         return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
 
     def degree_of(self, config: Config) -> int:
