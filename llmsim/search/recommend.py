@@ -105,9 +105,13 @@ The search (:func:`recommend`):
    longest timeout of a class's options runs first), nor one under another of FCFS, priority, vLLM's priority
    and EDF where a run without preemptions shows the two order the classes' heads alike within its waits
    (:func:`llmsim.sim.scheduling.same_admissions`). A candidate must beat its policy's current setting to be
-   chosen: its seeds run one at a time, and it stops once even the best runs its other seeds could give
-   (every request within every limit: :func:`llmsim.search.window.best_case`) leave it below that setting's
-   screen (exact: its screen on every seed could not have been chosen). Each policy's best
+   chosen: its seeds run one at a time, those on which that setting fell shortest of its worst target first (its
+   neighbours run on the same requests, so they tend to fall short there too), and it stops once even the best
+   runs its other seeds could give (every request within every limit: :func:`llmsim.search.window.best_case`)
+   leave it below that setting's screen; a run after its first seed's also stops inside, once its requests
+   already sure to miss a limit leave it there whatever the rest of the run shows (:class:`BarStop`). Exact:
+   its screen on every seed could not have been chosen, and the runs that go to their end are those the
+   search would have run. Each policy's best
    combination then gets its goodput bisected like any other setting (starting at the probe
    rate), and takes part in the final ranking. ``search="classes"`` runs this step alone,
    from the scenario's own settings (which are then the baseline the gain is measured against).
@@ -135,6 +139,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from collections.abc import Mapping, Sequence
@@ -155,10 +160,11 @@ from llmsim.scenario.variants import RATE_KEY, variant, with_requests
 from llmsim.search.layout import MAX_EXPERT_PARALLEL, expert_degrees, expert_overrides
 from llmsim.search.draft_choice import (Candidate, candidate_overrides, candidates, cost_ratio, in_band,
                                        in_band_candidates, theorem_3_8, with_candidate)
-from llmsim.search.sweeps import reusing_runs, run_points, slo_met
-from llmsim.search.window import (ESCALATIONS, Judged, Verdict, Window, best_case, binding_targets,
-                                  check_cycle_fits, judge, measurement_window, simulate_until_decided,
-                                  stopping_decided_runs, typical_latency_s)
+from llmsim.search.sweeps import missed_stop, reusing_runs, run_points, slo_met, stopping_missed_runs
+from llmsim.search.window import (DECIDED_FAIL, ESCALATIONS, Judged, Verdict, Window, best_case, binding_targets,
+                                  check_cycle_fits, judge, limit_checks, measurement_window,
+                                  simulate_until_decided, stopping_decided_runs, typical_latency_s)
+from llmsim.sim.missed import MissedStop
 from llmsim.speculation.acceptance_model import WORKLOADS
 from llmsim.speculation.config import KPolicy
 from llmsim.speculation.policies import AdaptiveK
@@ -278,8 +284,9 @@ class ClassSearch:
     probe_rate_per_s: float          # where every candidate was screened
     timeouts_s: tuple[float, ...]    # the queue timeouts tried for each class (and its own)
     sweeps: int                      # coordinate-descent sweeps run
-    # every candidate screened: policy, timeouts, verdict there, on ``seeds`` seeds (fewer: ruled out on them,
-    # its screen on every seed could not have been chosen: :meth:`_Search.screen`)
+    # every candidate screened: policy, timeouts, verdict there, on ``seeds`` seeds; ``ruled_out``: its screen on
+    # every seed could not have been chosen, shown on fewer seeds or by a run stopped below its bar, whose figures
+    # cover only part of it (:meth:`_Search.screen`)
     screened: pd.DataFrame
     best_per_policy: dict            # policy -> its best Config, goodput then bisected
 
@@ -880,6 +887,18 @@ def _screen_key(judged: Judged) -> tuple[bool, bool, float]:
 _NO_BAR = (False, False, -math.inf)      # the lowest screen key: a configuration without a bar always runs
 
 
+def _seeds_by_shortfall(judged: Judged) -> list[int]:
+    """A screened setting's seeds, those on which its worst limit's attainment was lowest first (of equals, in
+    the search's order). A setting's neighbours run on the same requests (common random numbers), so their
+    screens tend to fall short on the same seeds: run first, those rule out most (:func:`best_case` takes every
+    seed not run yet at its best)."""
+    worst = _worst_check(judged.verdict)
+    column = limit_checks(judged.rows)[worst][0] if worst else None
+    attainments = judged.rows[column].to_numpy(dtype=float) if column else np.zeros(len(judged.rows))
+    order = sorted(range(len(judged.rows)), key=lambda i: (np.nan_to_num(attainments[i], nan=np.inf), i))
+    return [int(judged.rows["seed"].iat[i]) for i in order]
+
+
 def _worst_check(verdict: Verdict) -> str:
     return min(verdict.margins, key=lambda name: verdict.margins[name][0]) if verdict.margins else ""
 
@@ -897,6 +916,29 @@ def config_key(config: Config) -> tuple:
     every sequence speculates in it (the eligibility rules are left out, :mod:`llmsim.analysis.fluid`), so
     the settings that differ only in those share one fluid rate."""
     return config.k, config.max_batch_tokens, config.draft, config.expert_parallel
+
+
+@dataclass(frozen=True)
+class BarStop(MissedStop):
+    """The stop of a class screen's run for a configuration that must beat a bar (:meth:`_Search._bar_stop`):
+    ``base``'s (the rule the search's runs stop by, if any), and on each limit of ``spare`` (its name, as
+    :func:`~llmsim.sim.missed.limit_name` gives it, and a share) once the window's requests sure to miss it
+    are more than that share of the ``counted`` it is measured on: the configuration's screen is then below its
+    bar whatever the rest of the run shows. A run it stops on its bar is below no share of its own."""
+    spare: tuple[tuple[str, float], ...]
+    base: MissedStop | None = None
+
+    def allowed(self, share: float, counted: int) -> int:
+        return counted if self.base is None else self.base.allowed(share, counted)
+
+    def allowed_on(self, name: str, share: float, counted: int) -> int:
+        allowed = self.allowed(share, counted)
+        spare = dict(self.spare).get(name)
+        # the 1e-6: a product that is whole may round below it; allowing more only stops later
+        return allowed if spare is None else min(allowed, math.floor(spare * counted + 1e-6))
+
+    def highest(self, share: float) -> float:
+        return 1.0
 
 
 class _Search:
@@ -1164,7 +1206,9 @@ class _Search:
                 candidates = {p: [c] + [_with_timeout(c, name, t) for t in options] for p, c in current.items()}
                 # each must beat its policy's current setting (screened already) to be chosen
                 bars = {o: _screen_key(self.screened[(c, rate)]) for p, c in current.items() for o in candidates[p]}
-                self.screen([c for options in candidates.values() for c in options], rate, window, bars)
+                orders = {o: _seeds_by_shortfall(self.screened[(c, rate)]) for p, c in current.items()
+                          for o in candidates[p]}
+                self.screen([c for options in candidates.values() for c in options], rate, window, bars, orders)
                 for p, tried in candidates.items():
                     # max keeps the first of equals: the current setting, unless another is strictly better
                     chosen = max((c for c in tried if (c, rate) in self.screened),
@@ -1175,13 +1219,15 @@ class _Search:
                 break
         self.progress.note("classes: goodput of each policy's best")
         self.evaluate(list(current.values()), start_rate_per_s=rate)
-        visited = [*self.screened.items(), *((key, j) for key, (_, j) in self.ruled_out.items())]
+        visited = [*((key, j, False) for key, j in self.screened.items()),
+                   *((key, j, True) for key, (_, j) in self.ruled_out.items())]
         screened = pd.DataFrame([{"scheduling_policy": c.policy, "class_timeouts": dict(c.class_timeouts or ()),
                                   "met": j.verdict.met, "worst_margin": j.verdict.worst_margin[0],
                                   "worst_check": _worst_check(j.verdict),
                                   "margins": {name: margin for name, (margin, _) in j.verdict.margins.items()},
-                                  "steady": j.verdict.steady, "stopped": j.stopped, "seeds": len(j.rows)}
-                                 for (c, r), j in visited if r == rate])
+                                  "steady": j.verdict.steady, "stopped": j.stopped, "seeds": len(j.rows),
+                                  "ruled_out": out}
+                                 for (c, r), j, out in visited if r == rate])
         return ClassSearch(rate, self.class_timeouts_s, sweeps, screened, current)
 
     def degree_of(self, config: Config) -> int:
@@ -1222,40 +1268,99 @@ class _Search:
         return ExpertSearch(table, chosen, own)
 
     def screen(self, configs: Sequence[Config], rate: float, window: Window,
-               bars: Mapping[Config, tuple[bool, bool, float]] | None = None) -> None:
+               bars: Mapping[Config, tuple[bool, bool, float]] | None = None,
+               seed_orders: Mapping[Config, Sequence[int]] | None = None) -> None:
         """Each configuration not screened yet at ``rate``: one window per seed (no escalation), its
         verdict pooled over the seeds.
 
         ``bars``: configuration -> the screen key (:func:`_screen_key`) it must beat to be chosen. The seeds
         then run one at a time, and a configuration stops once even the best runs its other seeds could give
-        leave it below its bar (:meth:`_best_key`): its screen on every seed could not be chosen. It is kept
+        leave it below its bar (:meth:`_best_key`): its screen on every seed could not be chosen. Its runs after
+        the first seed's stop inside once their sure misses alone leave it there (:meth:`_bar_stop`). It is kept
         (:attr:`_Search.ruled_out`) with the key it can at most reach and the runs it had, and is screened again
-        only where a later bar lies at or below that key (a policy's bar only rises as its search goes on)."""
-        bars = bars or {}
+        only where a later bar lies at or below that key (a policy's bar only rises as its search goes on).
+        ``seed_orders``: the order a configuration's seeds run in (default: the search's), the seeds most likely to
+        rule it out first (:func:`_seeds_by_shortfall`); its screen is judged on them in the search's order."""
+        bars, seed_orders = bars or {}, seed_orders or {}
         todo = [c for c in dict.fromkeys(configs) if (c, rate) not in self.screened
                 and not ((c, rate) in self.ruled_out and self.ruled_out[(c, rate)][0] < bars.get(c, _NO_BAR))]
         if not todo:
             return
         # configurations with a bar run seed by seed, the others every seed at once
-        waves = [list(self.seeds)] if not any(c in bars for c in todo) else [[s] for s in self.seeds]
+        orders = {c: list(seed_orders.get(c, self.seeds)) for c in todo}
+        waves = [slice(None)] if not any(c in bars for c in todo) else [slice(k, k + 1) for k in range(len(self.seeds))]
         rows: dict[Config, list[pd.DataFrame]] = {c: [] for c in todo}
         reach: dict[Config, tuple[bool, bool, float]] = {}     # with a bar: the best key on the seeds it ran
+        # stopped below its bar (:meth:`_bar_stop`): the key it can at most reach, and the stop it ran under
+        stopped: dict[Config, tuple[tuple[bool, bool, float], BarStop]] = {}
         for wave in waves:
-            live = [c for c in todo if c not in reach or reach[c] >= bars[c]]
-            points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for c in live for s in wave]
-            judged = simulate_until_decided(self.scenario, points, [window] * len(points), [rate] * len(points),
-                                            workers=self.workers, progress=self.progress, escalations=0)
-            for i, c in enumerate(live):
-                rows[c] += [one.rows for one in judged[i * len(wave):(i + 1) * len(wave)]]
-                if c in bars and len(rows[c]) < len(self.seeds):
-                    reach[c] = self._best_key(rows[c], window)
+            live = [c for c in todo if c not in stopped and (c not in reach or reach[c] >= bars[c])]
+            stops = {c: self._bar_stop(rows[c], bars[c]) if c in bars and rows[c] else None for c in live}
+            groups: dict[BarStop | None, list[Config]] = {}          # the same stop: runs that may be shared
+            for c in live:
+                groups.setdefault(held[1] if (held := stops[c]) is not None else None, []).append(c)
+            for rule, group in groups.items():
+                points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for c in group
+                          for s in orders[c][wave]]
+                with stopping_missed_runs(rule) if rule is not None else nullcontext():
+                    judged = simulate_until_decided(self.scenario, points, [window] * len(points),
+                                                    [rate] * len(points), workers=self.workers,
+                                                    progress=self.progress, escalations=0)
+                at = 0
+                for c in group:
+                    ran, at = judged[at:at + len(orders[c][wave])], at + len(orders[c][wave])
+                    rows[c] += [one.rows for one in ran]
+                    if (held := stops[c]) is not None and any(one.stopped for one in ran):
+                        stopped[c] = held
+                    elif c in bars and len(rows[c]) < len(self.seeds):
+                        reach[c] = self._best_key(rows[c], window)
         for c in todo:
-            ran = pd.concat(rows[c], ignore_index=True)
-            if len(ran) == len(self.seeds):
+            # in the search's order of seeds: a pooled figure is summed in one order whatever order they ran in
+            ran = pd.concat([one for _, one in sorted(zip(orders[c], rows[c]), key=lambda pair:
+                                                      self.seeds.index(pair[0]))], ignore_index=True)
+            if c in stopped:
+                highest, rule = stopped[c]
+                self.ruled_out[(c, rate)] = (highest, Judged(judge(ran, stop=rule), ran, window))
+            elif len(ran) == len(self.seeds):
                 self.screened[(c, rate)] = Judged(judge(ran), ran, window)
                 self.ruled_out.pop((c, rate), None)
             else:
                 self.ruled_out[(c, rate)] = (reach[c], Judged(judge(ran), ran, window))
+
+    def _bar_stop(self, rows: list[pd.DataFrame], bar: tuple[bool, bool, float]
+                  ) -> tuple[tuple[bool, bool, float], BarStop] | None:
+        """The stop for a configuration's next seed's run, from its first seeds' runs (``rows``, each whole) and
+        the screen key it must beat (``bar``), with the key it can at most reach where the stop stops the run;
+        None where no sure misses could keep it below its bar (a bar that stopped itself, or none).
+
+        Its screen key beats the bar only with a worst margin above the bar's (where the bar meets the targets,
+        or where it cannot meet them: a first seed's run unsteady), else only with a margin of at least 0 (it
+        meets them) or above the bar's. So it cannot beat the bar once some limit's margin is sure to stay below
+        ``floor``, the bar's margin or the lower of it and 0. A limit's margin is the mean over the seeds of
+        its attainment, less its target ``w``: with this run's at most ``1 - misses / counted`` (its window's
+        requests sure to miss the limit, among the ``counted`` of its window it is measured on, as
+        :class:`~llmsim.sim.missed.MissedStop` counts them) and every later seed's at most 1, it stays below
+        ``floor`` once ``misses / counted`` exceeds the sum of the first seeds' attainments plus 1 plus the later
+        seeds, less the seeds times ``floor + w`` (:class:`BarStop`). The run the stop leaves unstopped is
+        the run without it; a run it stops rules the configuration out, as the best case of its seeds does."""
+        met_bar, whole_bar, margin_bar = bar
+        if not whole_bar or not math.isfinite(margin_bar):
+            return None
+        ran = pd.concat(rows, ignore_index=True)
+        can_meet = bool(ran[names.STEADY].to_numpy(dtype=bool).all())
+        floor = margin_bar if met_bar or not can_meet else min(margin_bar, 0.0)
+        seeds, later = len(self.seeds), len(self.seeds) - len(rows) - 1
+        spare = []
+        for name, (column, _, wanted) in limit_checks(ran).items():
+            attainments = ran[column].to_numpy(dtype=float)
+            share = float(attainments.sum()) + 1 + later - seeds * (floor + wanted)
+            if not np.isnan(attainments).any() and share < 1:
+                spare.append((name, share))
+        if not spare:
+            return None
+        base = missed_stop()
+        return (met_bar, True, floor), BarStop(DECIDED_FAIL.min_requests if base is None else base.min_requests,
+                                               tuple(spare), base)
 
     def _best_key(self, rows: list[pd.DataFrame], window: Window) -> tuple[bool, bool, float]:
         """The highest screen key (:func:`_screen_key`) a configuration can reach on every seed, from its first

@@ -43,7 +43,7 @@ import pandas as pd
 from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
-from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, USD_PER_HOUR
+from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, STOPPED_BY, USD_PER_HOUR
 from llmsim.config.policies import ExecutorKind, OnInvalid, OnTimeout, SchedulingPolicy
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
@@ -58,6 +58,7 @@ from llmsim.sim.resources import check_run_size
 from llmsim.sim.checkpoints import Checkpoints
 from llmsim.sim.scheduling import KEYED_POLICIES, class_rules, same_admissions
 from llmsim.sim.missed import MissedStop
+from llmsim.sim.result import StopReason
 from llmsim.sim.simulate import simulate_whole
 from llmsim.speculation.config import Eligibility
 
@@ -231,13 +232,18 @@ def _run_jobs(jobs, rows: dict[str, dict], journal: Journal | None, engine, work
             _record(rows, journal, same, metrics)
         if not metrics.get("error"):
             reused.add(keys[point_id], metrics, under_rule(_rule_free_key(scenarios[point_id])))
+            if rule is not None and metrics.get(STOPPED_BY) == StopReason.COMPLETED.value:
+                # its rule never stopped it: it is the whole run (the watches only read a run), which serves for
+                # the point under any rule
+                reused.add(whole[point_id], metrics, _rule_free_key(scenarios[point_id]))
 
     def settled(point_id: str) -> bool:
         """Done already, as the same run as one simulated whose timeouts, eligibility rule and class order never
         acted where this point's differ."""
         scenario = scenarios[point_id]
-        free = under_rule(_rule_free_key(scenario))
-        metrics = reused.same_run(free, scenario) if free else None
+        free = _rule_free_key(scenario)
+        metrics = None if free is None else reused.same_run(key_under(free, rule), scenario) or (
+            reused.same_run(free, scenario) if rule is not None else None)
         if metrics is not None:
             done(point_id, metrics)
         return metrics is not None

@@ -458,6 +458,13 @@ def _checks(rows: pd.DataFrame, target: float | None) -> dict[str, tuple[str, st
     return _section_checks(rows, target, "")
 
 
+def limit_checks(rows: pd.DataFrame) -> dict[str, tuple[str, str, float]]:
+    """name -> (attainment column, its standard error's column, the share wanted) for every limit :func:`judge`
+    holds a point's rows to without a joint target (the names its verdict's margins and a stopped run's
+    ``stopped_on`` give them)."""
+    return _checks(rows, None)
+
+
 @lru_cache(maxsize=64)
 def _class_names(columns: tuple[str, ...]) -> tuple[str, ...]:
     """The traffic classes whose sections a point's rows hold (their columns: every point of a search has the

@@ -48,6 +48,11 @@ class MissedStop(ABC):
     def highest(self, share: float) -> float:
         """The share within a limit (target ``share``) a run this rule stopped on that limit is below."""
 
+    def allowed_on(self, name: str, share: float, counted: int) -> int:
+        """:meth:`allowed` for the limit named ``name`` (:func:`limit_name`): the same for every limit, unless a
+        rule holds limits to bounds of their own."""
+        return self.allowed(share, counted)
+
 
 @dataclass(frozen=True)
 class ShortfallStop(MissedStop):
@@ -93,7 +98,8 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
                     else classes == target.class_index)
             counted = int(np.count_nonzero(mine))
             if counted >= rule.min_requests:
-                watched.append((target, mine, rule.allowed(target.percentile / 100, counted)))
+                watched.append((target, mine, rule.allowed_on(limit_name(target, scenario.workload.class_names),
+                                                              target.percentile / 100, counted)))
         return last, watched, max(end_s - warmup_s, 1e-9) / CHECKS
 
     end_s = window_s if stage is None else stage.end_s

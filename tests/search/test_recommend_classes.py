@@ -182,8 +182,10 @@ def test_a_scenario_without_classes_cannot_search_them(capsys):
 
 @pytest.mark.slow
 def test_a_screen_rules_out_only_candidates_whose_screen_on_every_seed_is_below_their_bar(scenario):
-    """Screened with a bar (the key each must beat), candidates stop after fewer seeds only where their screen on
-    every seed, simulated apart, indeed ranks below it; the others' screens are those every seed gives."""
+    """Screened with a bar (the key each must beat), candidates stop after fewer seeds, or with a run stopped
+    inside once its sure misses keep them below it (BarStop), only where their screen on every seed, simulated
+    apart and whole, indeed ranks below it; the others' screens are those every seed gives. Every bar between the
+    candidates' keys, with the seeds in the search's order and the other way round."""
     from dataclasses import replace
 
     from llmsim.config.policies import Objective, SchedulingPolicy
@@ -191,8 +193,10 @@ def test_a_screen_rules_out_only_candidates_whose_screen_on_every_seed_is_below_
     from llmsim.search.recommend import _screen_key, _Search, class_timeouts
     from llmsim.search.window import measurement_window, typical_latency_s
 
+    seeds = [5, 6, 7]
+
     def searcher():
-        return _Search(scenario, [5, 6], Objective.GOODPUT, 1, 0.25, QUIET, own_settings=True)
+        return _Search(scenario, seeds, Objective.GOODPUT, 1, 0.25, QUIET, own_settings=True)
     base = searcher().defaults[0]
     start = class_timeouts(base, scenario)
     candidates = [replace(base, policy=policy, class_timeouts=(("chat", chat_s), start[1]))
@@ -202,13 +206,67 @@ def test_a_screen_rules_out_only_candidates_whose_screen_on_every_seed_is_below_
     reference = searcher()
     reference.screen(candidates, rate, window)
     keys = {c: _screen_key(reference.screened[(c, rate)]) for c in candidates}
-    bar = sorted(keys.values())[len(keys) // 2]            # the median: some beat it, some do not
-    barred = searcher()
-    barred.screen(candidates, rate, window, dict.fromkeys(candidates, bar))
-    ruled_out = [c for c in candidates if (c, rate) in barred.ruled_out]
-    assert ruled_out and len(ruled_out) < len(candidates)
-    for c in candidates:
-        if c in ruled_out:
-            assert keys[c] < bar and keys[c] <= barred.ruled_out[(c, rate)][0]
-        else:
-            assert barred.screened[(c, rate)].verdict == reference.screened[(c, rate)].verdict
+    stopped_inside = 0
+    for bar in sorted(set(keys.values())):
+        for order in (seeds, seeds[::-1]):
+            barred = searcher()
+            barred.screen(candidates, rate, window, dict.fromkeys(candidates, bar), dict.fromkeys(candidates, order))
+            ruled_out = [c for c in candidates if (c, rate) in barred.ruled_out]
+            assert len(ruled_out) < len(candidates)
+            for c in candidates:
+                if c in ruled_out:
+                    reach, judged = barred.ruled_out[(c, rate)]
+                    assert keys[c] < bar and keys[c] <= reach, (bar, c)
+                    stopped_inside += judged.stopped
+                else:
+                    assert barred.screened[(c, rate)].verdict == reference.screened[(c, rate)].verdict
+    assert stopped_inside          # the stop on the bar is exercised
+
+
+def test_a_bar_stop_allows_exactly_the_sure_misses_that_leave_a_candidate_within_reach_of_its_bar(scenario):
+    """BarStop's count on a limit, against judge() itself: a next seed with one sure miss more than it allows (every
+    other request within the limit, every later seed at its best) leaves the candidate's key below its bar and at
+    most the key it says the candidate can reach; with the misses it allows, the limit's pooled margin still
+    reaches that key's (the stop comes no sooner than it must). Bars on both sides of the first seed's margin,
+    meeting the targets and not, for windows of 40 to 4,001 requests."""
+    from llmsim.analysis import names
+    from llmsim.config.policies import Objective
+    from llmsim.config.progress import QUIET
+    from llmsim.search.recommend import _screen_key, _Search
+    from llmsim.search.window import Judged, best_case, judge, limit_checks, measurement_window, typical_latency_s
+    import pandas as pd
+
+    seeds = [5, 6, 7]
+    search = _Search(scenario, seeds, Objective.GOODPUT, 1, 0.25, QUIET, own_settings=True)
+    config, rate = search.defaults[0], scenario.workload.rate_per_s
+    window = measurement_window(scenario, rate, typical_latency_s(scenario, rate), own_floor=False)
+    search.screen([config], rate, window)
+    first = search.screened[(config, rate)].rows.iloc[:1].reset_index(drop=True)
+    own = judge(first).worst_margin[0]
+    checked = {True: 0, False: 0}       # beyond the count, within it
+    for met in (False, True):
+        for bar_margin in (own - 0.3, own - 0.05, own, own + 0.02, -0.02, 0.05):
+            bar = (met, True, bar_margin)
+            stop = search._bar_stop([first], bar)
+            if stop is None:
+                continue
+            reach, rule = stop
+            assert reach <= bar
+            for name, _ in rule.spare:
+                column, _, wanted = limit_checks(first)[name]
+                for counted in (40, 97, 500, 4001):
+                    allowed = rule.allowed_on(name, wanted, counted)
+                    for misses in (allowed, allowed + 1):
+                        if not 0 <= misses <= counted:
+                            continue
+                        nxt = first.copy()
+                        nxt[column], nxt[names.STEADY] = 1 - misses / counted, True
+                        rows = best_case(pd.concat([first, nxt], ignore_index=True), len(seeds))
+                        verdict = judge(rows)
+                        if misses > allowed:
+                            key = _screen_key(Judged(verdict, rows, window))
+                            assert key < bar and key <= reach, (bar, name, counted, misses)
+                        else:
+                            assert verdict.margins[name][0] >= reach[2] - 1e-9, (bar, name, counted, misses)
+                        checked[misses > allowed] += 1
+    assert min(checked.values()) > 10, checked

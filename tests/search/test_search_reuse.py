@@ -297,3 +297,29 @@ def test_a_preemptive_run_that_preempted_nothing_serves_for_priority(monkeypatch
         monkeypatch.undo()
         assert ran == simulated
         pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_a_run_its_stop_rule_never_stopped_serves_as_the_whole_run(monkeypatch):
+    """A run simulated under a stop rule that did not stop it is the whole run (the watch only reads the run): the
+    point asked for again with no rule, or under another, gets it without a simulation, and each row is the one an
+    independent whole run gives. A run the rule stopped serves for no other: the whole run is simulated."""
+    from llmsim.search.sweeps import stopping_missed_runs
+    from llmsim.sim.missed import ShortfallStop
+
+    for rate, stops in ((5.0, False), (400.0, True)):         # well within the limits; overloaded
+        scenario = _scenario(rate)
+        alone = run_points(scenario, [{}], workers=1)
+        ran = _counting(monkeypatch)
+        with reusing_runs():
+            with stopping_missed_runs(ShortfallStop(1, 0.0)):
+                under = run_points(scenario, [{}], workers=1)
+            whole = run_points(scenario, [{}], workers=1)
+            with stopping_missed_runs(ShortfallStop(1, 0.05)):
+                other = run_points(scenario, [{}], workers=1)
+        monkeypatch.undo()
+        assert (under["stopped_by"].iloc[0] == "missed") == stops
+        assert len(ran) == (2 if stops else 1)
+        pd.testing.assert_frame_equal(whole, alone)
+        if not stops:
+            pd.testing.assert_frame_equal(under, alone)
+            pd.testing.assert_frame_equal(other, alone)
