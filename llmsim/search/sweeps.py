@@ -31,7 +31,7 @@ import math
 import pickle
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -486,8 +486,9 @@ def run_key(scenario: Scenario) -> bytes:
     """What makes a run: the resolved scenario, seed included, whole (pickled, so no figure is left
     out), less where it came from (its file, its folder and the notes on it). The hardware profile, most of
     the pickle (its kernel tables), enters as its own digest (:func:`profile_digest`)."""
-    bare = replace(scenario, path=None, source_dir=None, vllm_notes=(), hardware=None)
-    return hashlib.sha256(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL)
+    bare = replace(scenario, path=None, source_dir=None, vllm_notes=())
+    parts = {field.name: getattr(bare, field.name) for field in fields(bare) if field.name != "hardware"}
+    return hashlib.sha256(pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
                           + profile_digest(scenario.hardware)).digest()
 
 
