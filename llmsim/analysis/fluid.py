@@ -495,6 +495,10 @@ class FluidModel:
         # slope of an MoE model's g is steep (the first tokens touch whole experts), and the test below
         # would take that for a load that outruns the hardware.
         tau = self._mean_step(lam, np.zeros_like(lam), work)
+        if np.all((tau > limit) | (tau > give_up)):
+            # Every rate is given up at the loop's first step whatever g(tau) shows there (its bracket's lower end
+            # is g(0)): inf, without pricing that step.
+            return np.full_like(lam, np.inf)
         low, high = tau.copy(), np.full_like(lam, np.inf)
         climbed = np.zeros(len(lam), dtype=bool)
         active = np.arange(len(lam))
@@ -582,10 +586,36 @@ class FluidModel:
 
     def _evaluate(self, rates: np.ndarray, work: _Work, mean_limits_s: Mapping[str, float] | None = None,
                   ttft_percentile: float | None = None) -> pd.DataFrame:
+        """The frame of :meth:`evaluate` for one k occupancy. A rate with no step time (unstable, or given up) is
+        unstable whatever else: its row is inf (NaN throughput), and the rest is worked out for the others alone
+        (every figure of a row is its own, and such a rate's load, 0, never sets the Poisson counts' truncation:
+        the same bits as with it)."""
         lam = rates / self.engines
         tau = self._solve(lam, work, None if mean_limits_s is None else self._give_up_s(lam, work, mean_limits_s))
         finite = np.isfinite(tau)
-        t = np.where(finite, tau, 0.0)
+        columns = {"step_time_s": np.inf, "batch_size": np.inf, "in_system": np.inf, "utilisation": np.inf,
+                   "stable": False, "ttft_mean_s": np.inf, "tpot_mean_s": np.inf}
+        if ttft_percentile is not None:
+            columns["ttft_percentile_s"] = np.inf
+        frame = {name: np.full(len(rates), fill, dtype=type(fill)) for name, fill in columns.items()}
+        if finite.any():
+            for name, values in self._stable_rows(lam[finite], tau[finite], work, ttft_percentile).items():
+                frame[name][finite] = values
+        stable = frame["stable"]
+        out = pd.DataFrame({
+            "rate_per_s": rates, "mean_k": work.k, "tokens_per_step": 1.0 / work.tpot_factor,
+            **{name: frame[name] for name in ("step_time_s", "batch_size", "in_system", "utilisation", "stable",
+                                              "ttft_mean_s", "tpot_mean_s")},
+            "e2e_mean_s": frame["ttft_mean_s"] + frame["tpot_mean_s"] * self.mean_decode,
+            "output_tokens_per_s": np.where(stable, rates * self.mean_output, np.nan),
+        })
+        if ttft_percentile is not None:
+            out["ttft_percentile_s"] = frame["ttft_percentile_s"]
+        return out
+
+    def _stable_rows(self, lam: np.ndarray, t: np.ndarray, work: _Work,
+                     ttft_percentile: float | None) -> dict[str, np.ndarray]:
+        """The columns of :meth:`_evaluate` at per-engine rates ``lam`` with finite step times ``t``."""
         load = lam * t
         batch = load * work.decode_steps                        # B, decoding sequences
         times, weights = self._steps(lam, t, work)
@@ -628,24 +658,18 @@ class FluidModel:
         slots = self._slots(work)
         pooled = self.engines_per_replica
         wait_slot = self._erlang_wait(offered * pooled, slots * pooled, held_s, self.decode_cv2)
-        stable = finite & (offered < slots) & (rho_budget < 1) & (rho_service < 1)
+        stable = (offered < slots) & (rho_budget < 1) & (rho_service < 1)
         waits = wait_budget + wait_slot
         ttft = busy * (residual + prefill_busy) + (1 - busy) * prefill_idle + waits
         tpot = t * work.tpot_factor
-        ttft = np.where(stable, ttft, np.inf)
-        tpot = np.where(stable, tpot, np.inf)
-        e2e = ttft + tpot * self.mean_decode
-        utilisation = np.where(finite, np.maximum(offered / slots, np.maximum(rho_budget, rho_service)), np.inf)
-        frame = pd.DataFrame({
-            "rate_per_s": rates, "mean_k": work.k, "tokens_per_step": 1.0 / work.tpot_factor,
-            "step_time_s": np.where(finite, tau, np.inf),
+        frame = {
+            "step_time_s": t,
             # Sequences per iteration, decoding (B) and prefilling (the prompts a step carries).
-            "batch_size": np.where(finite, batch + load, np.inf),
-            "in_system": np.where(finite, in_system * self.engines, np.inf),
-            "utilisation": utilisation, "stable": stable,
-            "ttft_mean_s": ttft, "tpot_mean_s": tpot, "e2e_mean_s": e2e,
-            "output_tokens_per_s": np.where(stable, rates * self.mean_output, np.nan),
-        })
+            "batch_size": batch + load,
+            "in_system": in_system * self.engines,
+            "utilisation": np.maximum(offered / slots, np.maximum(rho_budget, rho_service)), "stable": stable,
+            "ttft_mean_s": np.where(stable, ttft, np.inf), "tpot_mean_s": np.where(stable, tpot, np.inf),
+        }
         if ttft_percentile is not None:
             # A prompt's own prefill sets most of its TTFT's spread: the TTFT of each prompt quantile (the
             # waits and the residual step at their means), read at the percentile over the quantiles.

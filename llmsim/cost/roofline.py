@@ -903,3 +903,26 @@ class CostModel:
     @property
     def peak_bandwidth_bytes_per_s(self) -> float:
         return self.hardware.memory_bandwidth_bytes_per_s * self.num_devices
+
+
+COST_MODELS_KEPT = 32             # cost models shared_cost_model keeps (the most recently asked for)
+_cost_models: OrderedDict[tuple, tuple[ModelSpec, HardwareProfile, CostModel]] = OrderedDict()
+
+
+def shared_cost_model(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int = 1,
+                      pipeline_parallel: int = 1, placement: Placement | None = None) -> CostModel:
+    """``CostModel(model, hardware, tensor_parallel, pipeline_parallel, placement)``, kept from an earlier call on
+    the same model and chip objects with the same parallelism and an equal placement (the constructor reads
+    nothing else). A search resolves every setting it scores and every run it simulates anew, and settings that
+    differ in the engine's knobs or the speculation alone price iterations with the same model: building one
+    took about 1 ms (408 in one speculative 70B search). What a cost model remembers (its memos and tables,
+    :func:`shared_memo`) is a function of its keys alone, so one shared between runs prices each iteration as a
+    fresh one would. The model and chip are held with it, so their ids are not reused while it is kept."""
+    key = (id(model), id(hardware), tensor_parallel, pipeline_parallel, placement)
+    kept = _cost_models.pop(key, None)
+    if kept is None or kept[0] is not model or kept[1] is not hardware:
+        kept = (model, hardware, CostModel(model, hardware, tensor_parallel, pipeline_parallel, placement))
+    _cost_models[key] = kept
+    while len(_cost_models) > COST_MODELS_KEPT:
+        _cost_models.popitem(last=False)
+    return kept[2]

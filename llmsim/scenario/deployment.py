@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from llmsim.catalog.placement import Placement
 from llmsim.cost.experts import BusiestRank, ExpertParallelCostModel, all_to_all_terms, rank_shares
-from llmsim.cost.roofline import CostModel
+from llmsim.cost.roofline import CostModel, shared_cost_model
 from llmsim.speculation.proposers import draft_cost_model
 from llmsim.scenario.scenario import EngineConfig, Scenario
 
@@ -72,7 +72,8 @@ class ResolvedDeployment:
     def _resolve(cls, scenario: Scenario) -> ResolvedDeployment:
         dep, memory = scenario.deployment, scenario.memory
         if dep.expert_parallel is None:
-            cost = CostModel(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel, memory)
+            cost = shared_cost_model(scenario.model, scenario.hardware, dep.tensor_parallel, dep.pipeline_parallel,
+                                     memory)
         else:
             cost = expert_parallel_cost_model(scenario)
         micro_batches = dep.pipeline_parallel

@@ -31,7 +31,7 @@ import math
 import pickle
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,7 @@ from llmsim.analysis.metrics import summarize
 from llmsim.analysis.statistics import ci95_half_width
 from llmsim.analysis.summary import flatten
 from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SLO_MET, STOPPED_BY, USD_PER_HOUR
+from llmsim.catalog.hardware import HardwareProfile
 from llmsim.config.policies import ExecutorKind, OnInvalid, OnTimeout, SchedulingPolicy
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.reader import Node, load_yaml
@@ -489,9 +490,30 @@ def key_under(key: bytes, rule: object) -> bytes:
 
 def run_key(scenario: Scenario) -> bytes:
     """What makes a run: the resolved scenario, seed included, whole (pickled, so no figure is left
-    out), less where it came from (its file, its folder and the notes on it)."""
+    out), less where it came from (its file, its folder and the notes on it). The hardware profile, most of
+    the pickle (its kernel tables), enters as its own digest (:func:`profile_digest`)."""
     bare = replace(scenario, path=None, source_dir=None, vllm_notes=())
-    return hashlib.sha256(pickle.dumps(bare, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    parts = {field.name: getattr(bare, field.name) for field in fields(bare) if field.name != "hardware"}
+    return hashlib.sha256(pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
+                          + profile_digest(scenario.hardware)).digest()
+
+
+PROFILE_DIGESTS_KEPT = 64
+_profile_digests: dict[int, tuple[HardwareProfile, bytes]] = {}
+
+
+def profile_digest(profile: HardwareProfile) -> bytes:
+    """The SHA-256 of a hardware profile's pickle, worked out once per profile object (a search's points share
+    their scenario's: pickling its 100 kB of tables for every run cost about 1 ms a run). A profile is frozen;
+    the object is held with its digest, so its id is not reused while remembered."""
+    known = _profile_digests.get(id(profile))
+    if known is not None and known[0] is profile:
+        return known[1]
+    if len(_profile_digests) >= PROFILE_DIGESTS_KEPT:
+        _profile_digests.clear()
+    digest = hashlib.sha256(pickle.dumps(profile, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    _profile_digests[id(profile)] = (profile, digest)
+    return digest
 
 
 def _keys_first(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:

@@ -54,7 +54,7 @@ from llmsim.sim.slo import meets_slo
 from llmsim.sim.scheduling import ClassQueue, class_mean_queue_lengths, class_queue_factory, class_queueing
 from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.sim.static_batching import StaticBatchEngine
-from llmsim.speculation.config import stream_key
+from llmsim.speculation.config import Acceptance, stream_key
 from llmsim.workload.trace import Trace
 from llmsim.workload.generate import generate_trace
 
@@ -639,16 +639,32 @@ def simulate_whole(scenario: Scenario, trace: Trace | None = None, **options) ->
     return result
 
 
+ALPHA_STREAMS_KEPT = 16             # (acceptance, seed) streams _alphas remembers: a search's seeds, a few drafts
+_alpha_streams: dict[tuple[Acceptance, int], np.ndarray] = {}
+
+
 def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
     """Each request's acceptance rate when the scenario speculates (None otherwise).
 
     Acceptance is keyed by the seed and the request, not by the replica or the run's
     settings: every configuration sees the same draft successes (common random numbers).
+    A request's rate depends on its index alone, so the first ``n`` of a longer stream are the
+    stream of ``n``: each (acceptance, seed) stream is drawn once at the longest count asked for
+    and sliced (a search runs a seed's requests at many counts; the beta process's quantiles cost
+    about 0.3 us a request).
     """
     if scenario.engine.batching is Batching.STATIC or not scenario.speculating:
         return None
     assert scenario.speculation is not None                  # scenario.speculating says so
-    return scenario.speculation.acceptance.request_alphas(stream_key(scenario.seed, 1), np.arange(n, dtype=np.int64))
+    acceptance = scenario.speculation.acceptance
+    key = (acceptance, scenario.seed)
+    stream = _alpha_streams.get(key)
+    if stream is None or len(stream) < n:
+        if stream is None and len(_alpha_streams) >= ALPHA_STREAMS_KEPT:
+            _alpha_streams.clear()
+        stream = _alpha_streams[key] = acceptance.request_alphas(stream_key(scenario.seed, 1),
+                                                                 np.arange(n, dtype=np.int64))
+    return stream[:n].copy()
 
 
 def _engine_factory(scenario: Scenario, resolved: ResolvedDeployment):

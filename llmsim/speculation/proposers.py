@@ -38,7 +38,7 @@ import numpy as np
 from llmsim.catalog.models import ModelSpec
 from llmsim.config.policies import ProposerKind, members_of
 from llmsim.cost.features import attention_pairs, decode_kv_read_of, decode_seqs_of
-from llmsim.cost.roofline import CostModel
+from llmsim.cost.roofline import shared_cost_model
 
 MODEL, NGRAM, EAGLE, MTP, MEDUSA = (ProposerKind.MODEL, ProposerKind.NGRAM, ProposerKind.EAGLE, ProposerKind.MTP,
                                     ProposerKind.MEDUSA)
@@ -212,4 +212,4 @@ def draft_cost_model(proposer: Proposer, draft: ModelSpec | None, hardware, tens
     if proposer.kind == MEDUSA:
         assert isinstance(draft, HeadSpec)          # the reader builds Medusa's heads with head_spec
         return MedusaCost(draft, hardware, tensor_parallel)
-    return CostModel(draft, hardware, tensor_parallel, 1, placement)
+    return shared_cost_model(draft, hardware, tensor_parallel, 1, placement)

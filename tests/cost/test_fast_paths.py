@@ -179,3 +179,25 @@ def test_the_step_s_compiled_entry_point_is_the_linear_step_for_int_or_float_sum
     np.testing.assert_array_equal(entry_row, x)
     assert entry == _linear_step(stacked, n_ops, x, *map(float, sums))
     np.testing.assert_array_equal(entry_row, x)
+
+
+def test_a_shared_cost_model_prices_as_a_fresh_one_after_pricing_other_runs():
+    # shared_cost_model hands the same model to every caller with the same model and chip objects, parallelism and
+    # placement; what it remembered from earlier calls (memos, tables) must change no price.
+    from llmsim.cost.roofline import shared_cost_model
+    model, hardware = _model("Llama-3.1-70B"), lookup_hardware("H100-SXM")
+    shared = shared_cost_model(model, hardware, 4)
+    assert shared_cost_model(model, hardware, 4) is shared
+    assert shared_cost_model(model, hardware, 2) is not shared
+    assert shared_cost_model(_model("Llama-3.1-70B@fp8"), hardware, 4) is not shared
+    sums = random_sums(np.random.default_rng(35), 300)
+    for prefill, pairs, prefill_kv, logits, decode, decode_kv in sums[:150]:       # an earlier run's steps
+        shared.step(prefill, pairs, prefill_kv, logits, decode, decode_kv, 0.0, 0.0)
+    fresh = CostModel(model, hardware, 4)
+    rows = []
+    for prefill, pairs, prefill_kv, logits, decode, decode_kv in sums:
+        assert (shared.step(prefill, pairs, prefill_kv, logits, decode, decode_kv, 0.0, 0.0)
+                == fresh.step(prefill, pairs, prefill_kv, logits, decode, decode_kv, 0.0, 0.0))
+        rows.append([1.0, prefill + decode, prefill, pairs, prefill_kv, decode, decode_kv, 1.0, decode + logits,
+                     0.0, 0.0])
+    np.testing.assert_array_equal(shared.iteration(np.array(rows))[0], fresh.iteration(np.array(rows))[0])

@@ -323,3 +323,21 @@ def test_a_run_its_stop_rule_never_stopped_serves_as_the_whole_run(monkeypatch):
         if not stops:
             pd.testing.assert_frame_equal(under, alone)
             pd.testing.assert_frame_equal(other, alone)
+
+
+def test_a_run_key_follows_every_figure_of_the_hardware_profile():
+    # The profile enters the key as the digest of its pickle, worked out once per profile object: a copy with
+    # the same figures is the same run, a copy with one figure changed (its kernel tables included) another.
+    from dataclasses import replace
+
+    from llmsim.search.sweeps import run_key
+    scenario = _scenario(20.0)
+    hardware = scenario.hardware
+    assert run_key(replace(scenario, hardware=replace(hardware))) == run_key(scenario)
+    assert run_key(replace(scenario, hardware=replace(hardware, per_step_overhead_s=hardware.per_step_overhead_s
+                                                      * (1 + 1e-12)))) != run_key(scenario)
+    if hardware.kernels is not None:
+        changed = replace(hardware.kernels, gemm_floor_s=hardware.kernels.gemm_floor_s * 2)
+        assert run_key(replace(scenario, hardware=replace(hardware, kernels=changed))) != run_key(scenario)
+    # and the rest of the scenario as before
+    assert run_key(scenario.with_seed(scenario.seed + 1)) != run_key(scenario)
