@@ -182,6 +182,9 @@ class Queueing:
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        # The longest wait, since its arrival, of a request at the queue's head at an admission that a dispatching
+        # queue timeout could have changed (:meth:`admit`): what lets a run stand for the same run at another timeout
+        self.dispatch_wait_s = 0.0
 
     def rejects_on_timeout(self) -> bool:
         return rejects_on_timeout(self.engine.config)
@@ -193,13 +196,24 @@ class Queueing:
         reject_expired(queue, engine.config, now, engine.on_done)
 
     def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
-        """Move requests from the queue head into the batch while budget, slots and blocks allow."""
+        """Move requests from the queue head into the batch while budget, slots and blocks allow.
+
+        A dispatching queue timeout acts only here, through ``fit``'s ``forced``, and a forced fit differs from
+        an unforced one only where the unforced one refuses the head or cuts its first chunk below
+        ``min(prompt left, max_batch_tokens)`` (the forced one's limit is ``max(budget, max_batch_tokens)``, and it
+        may skip the admission test). So the run is the run at any dispatching timeout (none included) longer
+        than :attr:`dispatch_wait_s`, the longest wait of a head at such an admission or at a forced one."""
         engine = self.engine
         cfg, queue = engine.config, engine.queue
         timeout = cfg.queue_timeout_s if cfg.on_timeout is OnTimeout.DISPATCH else None
         while queue and len(engine.running) < cfg.max_num_seqs:
             request = queue.head()
-            chunk = engine.fit(request, now, budget, timeout is not None and now - request.arrival_s >= timeout)
+            waited_s = now - request.arrival_s
+            forced = timeout is not None and waited_s >= timeout
+            whole = min(request.prefill_target - request.prefilled, cfg.max_batch_tokens)
+            chunk = engine.fit(request, now, budget, forced)
+            if (forced or chunk < whole) and waited_s > self.dispatch_wait_s:
+                self.dispatch_wait_s = waited_s
             if not chunk:
                 break
             queue.pop(now)
