@@ -199,10 +199,13 @@ class Queueing:
         """Move requests from the queue head into the batch while budget, slots and blocks allow.
 
         A dispatching queue timeout acts only here, through ``fit``'s ``forced``, and a forced fit differs from
-        an unforced one only where the unforced one refuses the head or cuts its first chunk below
-        ``min(prompt left, max_batch_tokens)`` (the forced one's limit is ``max(budget, max_batch_tokens)``, and it
-        may skip the admission test). So the run is the run at any dispatching timeout (none included) longer
-        than :attr:`dispatch_wait_s`, the longest wait of a head at such an admission or at a forced one."""
+        an unforced one only where the unforced one refuses the head or cuts its first chunk below ``whole =
+        min(prompt left, max_batch_tokens)`` (the forced one's limit is ``max(budget, max_batch_tokens)``, and it
+        may skip the admission test): an unforced fit that does so, or a forced one with a budget below ``whole``
+        or that admits past a skipped test the unforced one would fail, is an admission the timeout decides. The
+        run is the run at any dispatching timeout (none included) longer than :attr:`dispatch_wait_s`, the longest
+        wait of a head at such an admission: up to the first at which two such runs force differently, they are
+        the same run."""
         engine = self.engine
         cfg, queue = engine.config, engine.queue
         timeout = cfg.queue_timeout_s if cfg.on_timeout is OnTimeout.DISPATCH else None
@@ -211,8 +214,13 @@ class Queueing:
             waited_s = now - request.arrival_s
             forced = timeout is not None and waited_s >= timeout
             whole = min(request.prefill_target - request.prefilled, cfg.max_batch_tokens)
+            # a forced fit that skips the admission test: whether the unforced one would pass it (asked before the
+            # fit takes blocks; with a tiered cache, whose match comes first, taken as not)
+            tested = not (forced and engine._forced_skips_test) or (engine._tiered is None
+                                                                     and engine._admission(engine, request))
             chunk = engine.fit(request, now, budget, forced)
-            if (forced or chunk < whole) and waited_s > self.dispatch_wait_s:
+            if waited_s > self.dispatch_wait_s and (
+                    (budget < whole or bool(chunk and not tested)) if forced else chunk < whole):
                 self.dispatch_wait_s = waited_s
             if not chunk:
                 break

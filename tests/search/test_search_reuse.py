@@ -75,6 +75,27 @@ def test_a_dispatching_timeout_shares_the_run_where_it_could_not_have_changed_an
     pd.testing.assert_frame_equal(shared, alone)
 
 
+def test_a_run_whose_timeout_forced_only_admissions_it_would_make_anyway_serves_the_others(monkeypatch):
+    # At a light load with 8,192 batch tokens a head is never refused nor cut: the 20 ms run forces heads that
+    # waited longer (its longest wait is above 20 ms), each as the run without a timeout admits it, so it is
+    # that run (simulated on its own: the same records) and serves it and the 50 ms one.
+    from llmsim.sim.simulate import simulate_whole
+    scenario = _scenario(5.0)
+    forcing = simulate_whole(variant(scenario, {"engine.queue_timeout": "20 ms"}))
+    untimed = simulate_whole(scenario)
+    assert sweeps.longest_waits_s(forcing)[0] > 0.02 > forcing.dispatch_wait_s
+    pd.testing.assert_frame_equal(forcing.requests, untimed.requests)
+    first = [{"engine.queue_timeout": "20 ms"}]
+    then = [{"engine.queue_timeout": None}, {"engine.queue_timeout": "50 ms"}]
+    alone = run_points(scenario, then, workers=1)
+    ran = _counting(monkeypatch)
+    with reusing_runs():
+        run_points(scenario, first, workers=1)
+        shared = run_points(scenario, then, workers=1)
+    assert ran == [0.02]
+    pd.testing.assert_frame_equal(shared, alone)
+
+
 def test_a_timeout_that_acts_is_simulated(monkeypatch):
     # Overloaded (each request brings ~0.1 s of work at 60/s): waits pass 1 ms, so the 1 ms timeout acts and
     # its run differs (requests rejected or dispatched early); each run's row is that of its own simulation.
