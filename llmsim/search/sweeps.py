@@ -69,9 +69,11 @@ SHARING_POLICIES = (*KEYED_POLICIES, SchedulingPolicy.PREEMPTIVE_PRIORITY)
 # Kept with a reused run's metrics, never shown in a row: per timeout (:func:`timeout_rules`), the longest wait
 # of the requests it applies to (s) and the timeout with its action; and the speculation eligibility rule the run
 # held (:func:`eligibility_held`); with traffic classes, the scheduling policy and the run's preemptions
-# (:func:`policy_held`).
+# (:func:`policy_held`); and where the run follows it, the longest wait at which a dispatching timeout could have
+# acted (:attr:`~llmsim.sim.result.SimulationResult.dispatch_wait_s`).
 LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY, POLICY = "_longest_wait_s", "_queue_timeout_s", "_eligibility", "_policy"
-HIDDEN = (LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY, POLICY)
+DISPATCH_WAIT = "_dispatch_wait_s"
+HIDDEN = (LONGEST_WAIT, QUEUE_TIMEOUT, ELIGIBILITY, POLICY, DISPATCH_WAIT)
 NEUTRAL_ELIGIBILITY = Eligibility(min_sequence_tokens=0, min_concurrent_requests=1)   # never keeps a step plain
 ID_COLUMNS = ("point_id", "seed", "error")
 
@@ -369,8 +371,9 @@ class _Runs:
         self.metrics[key] = metrics
         eligibility = metrics.get(ELIGIBILITY)
         policy = metrics.get(POLICY)
+        held = metrics.get(QUEUE_TIMEOUT, ())
         if rule_free is not None and (any(wait < timeout for wait, (timeout, _) in
-                                          zip(metrics.get(LONGEST_WAIT, ()), metrics.get(QUEUE_TIMEOUT, ())))
+                                          zip(acting_waits(metrics, held, held), held))
                                       or (eligibility is not None and not all(eligibility[2:]))
                                       or (policy is not None and policy[1] == 0)):
             self.free.setdefault(rule_free, []).append(metrics)
@@ -394,8 +397,8 @@ class _Runs:
 
         def same(metrics: dict) -> bool:
             return _same_eligibility(metrics.get(ELIGIBILITY), eligibility) and all(
-                rule == tuple(held) or wait < min(held[0], rule[0])
-                for wait, held, rule in zip(metrics[LONGEST_WAIT], metrics[QUEUE_TIMEOUT], timeouts)) \
+                rule == tuple(held) or wait < min(held[0], rule[0]) for wait, held, rule in
+                zip(acting_waits(metrics, metrics[QUEUE_TIMEOUT], timeouts), metrics[QUEUE_TIMEOUT], timeouts)) \
                 and same_policy(metrics)
         return next((m for m in self.free.get(rule_free, ()) if same(m)), None)
 
@@ -410,6 +413,19 @@ class _Runs:
             if isinstance(metrics, dict):
                 # JSON has no tuples: the summary's pairs (window_s) come back as they were made.
                 self.metrics[key] = {name: tuple(v) if isinstance(v, list) else v for name, v in metrics.items()}
+
+
+def acting_waits(metrics: dict, held: Sequence, wanted: Sequence) -> tuple[float, ...]:
+    """Per timeout rule of a run's ``metrics`` (``held``, as :func:`timeout_rules` gives them), the wait below
+    which neither its timeout nor the ``wanted`` one acts: where both dispatch and the run followed it, its
+    :data:`DISPATCH_WAIT` (a dispatching timeout acts only on a head it would admit otherwise:
+    :meth:`llmsim.sim.engine.Queueing.admit`), else its requests' longest wait (:func:`longest_waits_s`)."""
+    waits = tuple(metrics.get(LONGEST_WAIT, ()))
+    dispatch = metrics.get(DISPATCH_WAIT)
+    dispatching = OnTimeout.DISPATCH.value
+    if dispatch is None or not all(h[1] == w[1] == dispatching for h, w in zip(held, wanted)):
+        return waits
+    return tuple(min(wait, dispatch) for wait in waits)
 
 
 def _json_number(value):
@@ -589,6 +605,7 @@ def simulate_point(scenario: Scenario, stop_when_missed: MissedStop | None = Non
     flat[OUTPUT_TOKENS_PER_USD] = flat[OUTPUT_TOKENS_PER_S] * 3600 / usd_per_hour if usd_per_hour else math.nan
     # For reusing_runs, never shown in a row (_record leaves them out).
     flat[LONGEST_WAIT], flat[QUEUE_TIMEOUT] = longest_waits_s(result), timeout_rules(scenario)
+    flat[DISPATCH_WAIT] = None if scenario.workload.classes else result.dispatch_wait_s
     flat[ELIGIBILITY] = eligibility_held(result)
     flat[POLICY] = policy_held(result)
     return flat

@@ -182,6 +182,9 @@ class Queueing:
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        # The longest wait, since its arrival, of a request at the queue's head at an admission that a dispatching
+        # queue timeout could have changed (:meth:`admit`): what lets a run stand for the same run at another timeout
+        self.dispatch_wait_s = 0.0
 
     def rejects_on_timeout(self) -> bool:
         return rejects_on_timeout(self.engine.config)
@@ -193,13 +196,32 @@ class Queueing:
         reject_expired(queue, engine.config, now, engine.on_done)
 
     def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
-        """Move requests from the queue head into the batch while budget, slots and blocks allow."""
+        """Move requests from the queue head into the batch while budget, slots and blocks allow.
+
+        A dispatching queue timeout acts only here, through ``fit``'s ``forced``, and a forced fit differs from
+        an unforced one only where the unforced one refuses the head or cuts its first chunk below ``whole =
+        min(prompt left, max_batch_tokens)`` (the forced one's limit is ``max(budget, max_batch_tokens)``, and it
+        may skip the admission test): an unforced fit that does so, or a forced one with a budget below ``whole``
+        or that admits past a skipped test the unforced one would fail, is an admission the timeout decides. The
+        run is the run at any dispatching timeout (none included) longer than :attr:`dispatch_wait_s`, the longest
+        wait of a head at such an admission: up to the first at which two such runs force differently, they are
+        the same run."""
         engine = self.engine
         cfg, queue = engine.config, engine.queue
         timeout = cfg.queue_timeout_s if cfg.on_timeout is OnTimeout.DISPATCH else None
         while queue and len(engine.running) < cfg.max_num_seqs:
             request = queue.head()
-            chunk = engine.fit(request, now, budget, timeout is not None and now - request.arrival_s >= timeout)
+            waited_s = now - request.arrival_s
+            forced = timeout is not None and waited_s >= timeout
+            whole = min(request.prefill_target - request.prefilled, cfg.max_batch_tokens)
+            # a forced fit that skips the admission test: whether the unforced one would pass it (asked before the
+            # fit takes blocks; with a tiered cache, whose match comes first, taken as not)
+            tested = not (forced and engine._forced_skips_test) or (engine._tiered is None
+                                                                     and engine._admission(engine, request))
+            chunk = engine.fit(request, now, budget, forced)
+            if waited_s > self.dispatch_wait_s and (
+                    (budget < whole or bool(chunk and not tested)) if forced else chunk < whole):
+                self.dispatch_wait_s = waited_s
             if not chunk:
                 break
             queue.pop(now)

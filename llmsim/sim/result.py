@@ -160,6 +160,10 @@ class SimulationResult:
     speculation_blocked: SpeculationSteps | None = None     # with speculation: its decode steps, summed
     kv_tiers: KVTierTotals | None = None      # with a tiered KV cache (prefix caching, host tier, swap): its totals
     disaggregation: DisaggregationTotals | None = None    # with disaggregated prefill and decode: pools and link
+    # The longest wait of a request at an admission a dispatching queue timeout could have changed, over every
+    # engine (llmsim.sim.engine.Queueing.admit): the run is the run at any such timeout longer than it. None
+    # where not followed (traffic classes, static batching).
+    dispatch_wait_s: float | None = None
 
     @property
     def interrupted(self) -> bool:

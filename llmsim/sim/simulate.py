@@ -38,7 +38,7 @@ from llmsim.scenario.scenario import Scenario, host_kv_blocks
 from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
 from llmsim.sim.controller import ControlLog, controller
 from llmsim.sim.disaggregated import DisaggregatedRouter, make_pool, pool_totals, totals, transfer_columns
-from llmsim.sim.engine import Engine, Observer
+from llmsim.sim.engine import Engine, Observer, Queueing
 from llmsim.sim.environment import Environment, ctrl_c_between_steps, frozen_heap, scheduler
 from llmsim.sim.horizon import default_horizon_s
 from llmsim.sim.checkpoints import Checkpoints, Stage, watch_checkpoints
@@ -565,7 +565,16 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         speculation_blocked=_blocked_counts(engines),
         kv_tiers=_kv_tiers([kv for kv in kv_caches if kv.tiered], end_s),     # a decode pool's are not
         disaggregation=disaggregation,
+        dispatch_wait_s=_dispatch_wait_s(engines),
     )
+
+
+def _dispatch_wait_s(engines: list[Engine]) -> float | None:
+    """:attr:`SimulationResult.dispatch_wait_s`: the engines' own (FIFO queueing); None where any engine admits
+    otherwise (static batching, traffic classes)."""
+    if not all(isinstance(engine, Engine) and type(engine.queueing) is Queueing for engine in engines):
+        return None
+    return max((engine.queueing.dispatch_wait_s for engine in engines), default=0.0)
 
 
 def _disaggregated(scenario: Scenario, env: simpy.Environment, records: RequestRecords, trace: Trace,

@@ -34,11 +34,11 @@ def _scenario(rate: float, controller: bool = False):
 
 
 def test_runs_differing_in_a_timeout_never_reached_are_simulated_once(monkeypatch):
-    # At a light load requests wait only for the iteration in progress (tens of ms): the timeouts above the
-    # longest wait of the run without one are that run; those at or below it are simulated.
+    # At a light load requests wait only for the iteration in progress (tens of ms): the rejecting timeouts above
+    # the longest wait of the run without one are that run; those at or below it are simulated.
     timeouts_s = [0.05, 0.2, 1.0, 2.0]
     points = [{"engine.queue_timeout": None}] + [{"engine.queue_timeout": f"{t * 1000:g} ms"} for t in timeouts_s]
-    scenario = _scenario(5.0)
+    scenario = variant(_scenario(5.0), {"engine.on_timeout": "reject"})
     from llmsim.sim.simulate import simulate_whole
     (longest,) = sweeps.longest_waits_s(simulate_whole(scenario))
     assert 0.05 < longest < 0.2                # both cases are exercised
@@ -47,6 +47,52 @@ def test_runs_differing_in_a_timeout_never_reached_are_simulated_once(monkeypatc
     with reusing_runs():
         shared = run_points(scenario, points, workers=1)
     assert ran == [None] + [t for t in timeouts_s if t <= longest]
+    pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_a_dispatching_timeout_shares_the_run_where_it_could_not_have_changed_an_admission(monkeypatch):
+    # Chunked prefill with 1,024 batch tokens at 30/s: a head is at times refused or cut to the budget's rest,
+    # and the longest wait of such a head (dispatch_wait_s) lies below the longest wait for admission. A
+    # dispatching timeout above it forces nothing the run without one did not do: each such run, simulated on
+    # its own, has that run's records. One at or below it is simulated.
+    from llmsim.sim.simulate import simulate_whole
+    scenario = make_scenario({"engine": {"max_batch_tokens": 1024}, "workload": {"arrival": {"rate": 30.0},
+                              "num_requests": 400}, "slo": {"ttft": "500 ms", "tpot": "50 ms"}})
+    untimed = simulate_whole(scenario)
+    (longest,) = sweeps.longest_waits_s(untimed)
+    timeouts_s = [0.05, 0.1, 0.2]
+    assert timeouts_s[0] <= untimed.dispatch_wait_s < timeouts_s[1] < longest < timeouts_s[2]
+    for timeout_s in timeouts_s[1:]:
+        own = simulate_whole(variant(scenario, {"engine.queue_timeout": f"{timeout_s * 1000:g} ms"}))
+        pd.testing.assert_frame_equal(own.requests, untimed.requests)
+        pd.testing.assert_frame_equal(own.iterations, untimed.iterations)
+    points = [{"engine.queue_timeout": None}] + [{"engine.queue_timeout": f"{t * 1000:g} ms"} for t in timeouts_s]
+    alone = run_points(scenario, points, workers=1)
+    ran = _counting(monkeypatch)
+    with reusing_runs():
+        shared = run_points(scenario, points, workers=1)
+    assert ran == [None, 0.05]
+    pd.testing.assert_frame_equal(shared, alone)
+
+
+def test_a_run_whose_timeout_forced_only_admissions_it_would_make_anyway_serves_the_others(monkeypatch):
+    # At a light load with 8,192 batch tokens a head is never refused nor cut: the 20 ms run forces heads that
+    # waited longer (its longest wait is above 20 ms), each as the run without a timeout admits it, so it is
+    # that run (simulated on its own: the same records) and serves it and the 50 ms one.
+    from llmsim.sim.simulate import simulate_whole
+    scenario = _scenario(5.0)
+    forcing = simulate_whole(variant(scenario, {"engine.queue_timeout": "20 ms"}))
+    untimed = simulate_whole(scenario)
+    assert sweeps.longest_waits_s(forcing)[0] > 0.02 > forcing.dispatch_wait_s
+    pd.testing.assert_frame_equal(forcing.requests, untimed.requests)
+    first = [{"engine.queue_timeout": "20 ms"}]
+    then = [{"engine.queue_timeout": None}, {"engine.queue_timeout": "50 ms"}]
+    alone = run_points(scenario, then, workers=1)
+    ran = _counting(monkeypatch)
+    with reusing_runs():
+        run_points(scenario, first, workers=1)
+        shared = run_points(scenario, then, workers=1)
+    assert ran == [0.02]
     pd.testing.assert_frame_equal(shared, alone)
 
 
