@@ -37,6 +37,7 @@ import pandas as pd
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, Fp8Dispatch, KernelTerms
 from llmsim.catalog.models import ModelSpec
+from llmsim.config.recent import Keyed, recent, recent_for
 from llmsim.cost.features import F, FEATURES, TILE_FEATURES_FROM, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, SHARPNESS_REFERENCE_TILES, TILE_COLUMNS, TILE_ROWS, GemmShape,
                                  add_norm_bytes_per_token, all_reduce_time_s, custom_all_reduce_time_s,
@@ -68,11 +69,7 @@ def shared_memo(memos: OrderedDict[bytes, _T], key: bytes, fresh: Callable[[], _
     """The memo ``memos`` holds under ``key`` (``fresh()`` the first time), for every cost model pricing alike:
     a search builds one per run, and its runs price the same token counts over and over. ``memos`` keeps the
     :data:`SHARED_MEMOS` most recently asked for."""
-    memo = memos.pop(key) if key in memos else fresh()
-    memos[key] = memo
-    while len(memos) > SHARED_MEMOS:
-        memos.popitem(last=False)
-    return memo
+    return recent(memos, key, fresh, SHARED_MEMOS)
 
 
 @numba.njit(cache=True)
@@ -906,7 +903,7 @@ class CostModel:
 
 
 COST_MODELS_KEPT = 32             # cost models shared_cost_model keeps (the most recently asked for)
-_cost_models: OrderedDict[tuple, tuple[ModelSpec, HardwareProfile, CostModel]] = OrderedDict()
+_cost_models: Keyed[CostModel] = OrderedDict()
 
 
 def shared_cost_model(model: ModelSpec, hardware: HardwareProfile, tensor_parallel: int = 1,
@@ -917,12 +914,7 @@ def shared_cost_model(model: ModelSpec, hardware: HardwareProfile, tensor_parall
     differ in the engine's knobs or the speculation alone price iterations with the same model: building one
     took about 1 ms (408 in one speculative 70B search). What a cost model remembers (its memos and tables,
     :func:`shared_memo`) is a function of its keys alone, so one shared between runs prices each iteration as a
-    fresh one would. The model and chip are held with it, so their ids are not reused while it is kept."""
-    key = (id(model), id(hardware), tensor_parallel, pipeline_parallel, placement)
-    kept = _cost_models.pop(key, None)
-    if kept is None or kept[0] is not model or kept[1] is not hardware:
-        kept = (model, hardware, CostModel(model, hardware, tensor_parallel, pipeline_parallel, placement))
-    _cost_models[key] = kept
-    while len(_cost_models) > COST_MODELS_KEPT:
-        _cost_models.popitem(last=False)
-    return kept[2]
+    fresh one would."""
+    return recent_for(_cost_models, (model, hardware), (tensor_parallel, pipeline_parallel, placement),
+                      lambda: CostModel(model, hardware, tensor_parallel, pipeline_parallel, placement),
+                      COST_MODELS_KEPT)

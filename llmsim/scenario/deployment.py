@@ -22,6 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from llmsim.catalog.placement import Placement
+from llmsim.config.recent import Keyed, recent_for
 from llmsim.cost.experts import BusiestRank, ExpertParallelCostModel, all_to_all_terms, rank_shares
 from llmsim.cost.roofline import CostModel, shared_cost_model
 from llmsim.speculation.proposers import draft_cost_model
@@ -57,16 +58,8 @@ class ResolvedDeployment:
     def of(cls, scenario: Scenario) -> ResolvedDeployment:
         """The scenario's deployment resolved: kept from an earlier call on the same parts (see the module
         docstring)."""
-        parts = _resolved_from(scenario)
-        key = (*map(id, parts), scenario.seed if scenario.deployment.expert_parallel is not None else None)
-        kept = _RESOLVED.pop(key, None)
-        # The parts are kept with the resolution, so their ids are not reused while it is kept.
-        if kept is None or any(a is not b for a, b in zip(kept[0], parts)):
-            kept = (parts, cls._resolve(scenario))
-        _RESOLVED[key] = kept
-        while len(_RESOLVED) > RESOLVED_KEPT:
-            _RESOLVED.popitem(last=False)
-        return kept[1]
+        seed = scenario.seed if scenario.deployment.expert_parallel is not None else None
+        return recent_for(_RESOLVED, _resolved_from(scenario), (seed,), lambda: cls._resolve(scenario), RESOLVED_KEPT)
 
     @classmethod
     def _resolve(cls, scenario: Scenario) -> ResolvedDeployment:
@@ -91,7 +84,7 @@ class ResolvedDeployment:
 
 
 RESOLVED_KEPT = 16        # resolutions kept (a search varies a few settings at a time)
-_RESOLVED: OrderedDict[tuple[int | None, ...], tuple[tuple[object, ...], ResolvedDeployment]] = OrderedDict()
+_RESOLVED: Keyed[ResolvedDeployment] = OrderedDict()
 
 
 def _resolved_from(scenario: Scenario) -> tuple[object, ...]:

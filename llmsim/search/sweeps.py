@@ -35,6 +35,7 @@ from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -47,6 +48,7 @@ from llmsim.analysis.names import OUTPUT_TOKENS_PER_S, OUTPUT_TOKENS_PER_USD, SL
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.config.policies import ExecutorKind, OnInvalid, OnTimeout, SchedulingPolicy
 from llmsim.config.progress import QUIET, Progress
+from llmsim.config.recent import Keyed, recent_for
 from llmsim.config.reader import Node, load_yaml
 from llmsim.config.units import UnitError, parse_quantity
 from llmsim.errors import ConfigError
@@ -515,21 +517,15 @@ def run_key(scenario: Scenario) -> bytes:
 
 
 PROFILE_DIGESTS_KEPT = 64
-_profile_digests: dict[int, tuple[HardwareProfile, bytes]] = {}
+_profile_digests: Keyed[bytes] = OrderedDict()
 
 
 def profile_digest(profile: HardwareProfile) -> bytes:
     """The SHA-256 of a hardware profile's pickle, worked out once per profile object (a search's points share
-    their scenario's: pickling its 100 kB of tables for every run cost about 1 ms a run). A profile is frozen;
-    the object is held with its digest, so its id is not reused while remembered."""
-    known = _profile_digests.get(id(profile))
-    if known is not None and known[0] is profile:
-        return known[1]
-    if len(_profile_digests) >= PROFILE_DIGESTS_KEPT:
-        _profile_digests.clear()
-    digest = hashlib.sha256(pickle.dumps(profile, protocol=pickle.HIGHEST_PROTOCOL)).digest()
-    _profile_digests[id(profile)] = (profile, digest)
-    return digest
+    their scenario's: pickling its 100 kB of tables for every run cost about 1 ms a run; a profile is frozen)."""
+    return recent_for(_profile_digests, (profile,), (),
+                      lambda: hashlib.sha256(pickle.dumps(profile, protocol=pickle.HIGHEST_PROTOCOL)).digest(),
+                      PROFILE_DIGESTS_KEPT)
 
 
 def _keys_first(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
