@@ -23,6 +23,7 @@ to write before reporting the error.
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from functools import partial
 from collections.abc import Callable, Sequence
 from typing import Protocol, cast
@@ -33,6 +34,7 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from llmsim.config.policies import Batching, PreemptionMode, RouterPolicy
+from llmsim.config.recent import recent
 from llmsim.scenario.deployment import ResolvedDeployment
 from llmsim.scenario.scenario import Scenario, host_kv_blocks
 from llmsim.sim.autoscaling import ReplicaPool, ScalingLog, autoscaler
@@ -649,7 +651,7 @@ def simulate_whole(scenario: Scenario, trace: Trace | None = None, **options) ->
 
 
 ALPHA_STREAMS_KEPT = 16             # (acceptance, seed) streams _alphas remembers: a search's seeds, a few drafts
-_alpha_streams: dict[tuple[Acceptance, int], np.ndarray] = {}
+_alpha_streams: OrderedDict[tuple[Acceptance, int], np.ndarray] = OrderedDict()
 
 
 def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
@@ -667,12 +669,12 @@ def _alphas(scenario: Scenario, n: int) -> np.ndarray | None:
     assert scenario.speculation is not None                  # scenario.speculating says so
     acceptance = scenario.speculation.acceptance
     key = (acceptance, scenario.seed)
-    stream = _alpha_streams.get(key)
-    if stream is None or len(stream) < n:
-        if stream is None and len(_alpha_streams) >= ALPHA_STREAMS_KEPT:
-            _alpha_streams.clear()
-        stream = _alpha_streams[key] = acceptance.request_alphas(stream_key(scenario.seed, 1),
-                                                                 np.arange(n, dtype=np.int64))
+
+    def drawn() -> np.ndarray:
+        return acceptance.request_alphas(stream_key(scenario.seed, 1), np.arange(n, dtype=np.int64))
+    stream = recent(_alpha_streams, key, drawn, ALPHA_STREAMS_KEPT)
+    if len(stream) < n:
+        stream = _alpha_streams[key] = drawn()
     return stream[:n].copy()
 
 
