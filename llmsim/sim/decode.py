@@ -177,6 +177,12 @@ class EventDecodeSet(DecodeSet):
         self._steps = np.zeros((STEP_ARRAY, 3))
         self._view()
 
+    def count_dues_in(self, counts: np.ndarray) -> None:
+        """Keep :attr:`due_counts` in ``counts`` (a replica's engines keep theirs in one array) from now on."""
+        counts[:] = self.due_counts
+        self.due_counts = counts
+        self._due_counts_w = cast("memoryview[int]", memoryview(counts))
+
     def _view(self) -> None:
         """A flat memoryview of the step table (row ``i``'s column ``c`` at ``3 * i + c``): an element read or
         written through it costs less than numpy's indexing (a step writes three, a finishing sequence reads
@@ -230,7 +236,7 @@ class EventDecodeSet(DecodeSet):
             if next_due < request.finish_step:
                 later.append(entry)
         if later:
-            self._add_block_due(next_due, later)
+            self._enter_due(next_due, later)
 
     def reserved_through(self, step: int) -> None:
         """The sequences took their steps up to decode ``step`` (now :attr:`step`) without reserving their blocks,
@@ -340,6 +346,10 @@ class EventDecodeSet(DecodeSet):
         later one (a sequence's blocks cover its context when it starts)."""
         if step < self.step:                         # it would never come round: fail loudly, not silently
             raise RuntimeError(f"a KV block fell due at decode step {step}, before the current step {self.step}")
+        self._enter_due(step, entries)
+
+    def _enter_due(self, step: int, entries: list[tuple[Request, int]]) -> None:
+        """:meth:`_add_block_due` unchecked (a block after the one given at a step before ``step``)."""
         if add_due(self._block_due, step, entries) and step < self._next_block_due:
             self._next_block_due = step
         self._due_counts_w[step % self._block_size] += len(entries)

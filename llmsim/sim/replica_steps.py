@@ -1,0 +1,270 @@
+"""A replica's micro-batch engines stepped together through their decode-only iterations, in one compiled loop.
+
+A replica with ``pp`` pipeline stages runs ``pp`` engines over one KV cache and one queue
+(:mod:`llmsim.sim.engine`). In the steady state each of them runs a decode-only iteration of the same sequences
+after another, and their ends interleave: the next event is almost always another of these engines' ends, so
+each iteration goes through the event queue, and an engine alone never gets past one step.
+:class:`ReplicaSteps` takes over when one of them resumes: it lifts the others' pending calls off the event
+queue and runs the engines' iterations in the order the queue would (time, priority, then scheduling order;
+an iteration that ends before every other event runs on at once, as :meth:`Environment.call_unless_next`
+says), each writing its step-table row and its log row, pricing its step as
+:meth:`~llmsim.sim.decode.EventDecodeSet.log_decode_step` does and taking the KV blocks its sequences are due
+(:attr:`~llmsim.sim.decode.EventDecodeSet.due_counts`), up to whichever comes first:
+
+- the first other event (an arrival, a transfer, another pool's step, a watcher, the horizon, an engine of
+  the replica that is not in this steady state);
+- an engine about to take the step in which a sequence finishes, whose blocks do not fit (it preempts),
+  whose step table or log chunk is full.
+
+The engine stopped at resumes at once through the general path, and the others' calls go back on the
+queue with the keys they got, the queue's counter moved on by as many, so the run is the run the general
+path makes, row for row and bit for bit. Nothing in such a stretch changes what an engine's admission reads
+but the free blocks, which only fall: an engine takes part only where its queue head fails admission at the
+start (then it fails at every step, all three admission tests being monotone in the free blocks), and its
+failed tries leave :attr:`~llmsim.sim.engine.Queueing.dispatch_wait_s` as the last one would. Engines take
+part only where no step of theirs does anything else: no observers or hooks, chunked prefill, no prompts in
+flight, no queue timeout, FIFO queueing, a plain KV cache, the one-token decode set without a sliding window,
+no hand-off or asynchronous scheduling. The blocks taken are then given to their sequences step by step
+(:meth:`~llmsim.sim.decode.EventDecodeSet.reserved_through`) and the admission's last wait recorded.
+"""
+from __future__ import annotations
+
+from heapq import heapify, heappush
+from itertools import count
+import numba
+import numpy as np
+from simpy.events import NORMAL
+
+from llmsim.sim.decode import EventDecodeSet
+from llmsim.sim.engine import Engine, Queueing
+from llmsim.sim.environment import Environment
+from llmsim.sim.iterations import _CHUNK_BYTES, _WIDTH, _log_decode_step
+
+# The engines' state, a row each: integers, then floats.
+(STEP, FIRST_STEP, HELD_STEPS, SEQS, OFFSETS, JOINED, NEXT_FINISH, LOG_AT, LOG_END, RUNNING, PENDING, PRIORITY,
+ EID, TRIES, TAKEN) = range(15)
+NOW, IN_FLIGHT, KEY_S, TRIED_S, LAST_END_S = range(5)
+# The replica's: integers, then floats.
+FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_EID = range(8)
+ENV_NOW, OTHER_S = range(2)
+_NO_KEY = np.iinfo(np.int64).max
+
+
+@numba.njit(cache=True)
+def _step_together(ints, floats, shared, shared_s, dues, tables, rows, xs, terms, stacked, n_ops):
+    """Run the engines' decode-only iterations, from engine ``shared[CURRENT]`` resuming at ``shared_s[ENV_NOW]``,
+    up to the first that is not one (see the module docstring); leaves in ``shared[CURRENT]`` the engine due to
+    resume then (-1: none, the next event is another's)."""
+    free, queued, eid, i, block_size = shared[FREE], shared[QUEUED], shared[NEXT_EID], shared[CURRENT], shared[BLOCK_SIZE]
+    env_now, other_s = shared_s[ENV_NOW], shared_s[OTHER_S]
+    other_priority, other_eid = shared[OTHER_PRIORITY], shared[OTHER_EID]
+    members = ints.shape[0]
+    while True:
+        step = ints[i, STEP]
+        row = step - ints[i, FIRST_STEP]
+        at = ints[i, LOG_AT]
+        due = dues[i, (step + 1) % block_size]
+        if (ints[i, NEXT_FINISH] == step + 1 or row >= ints[i, HELD_STEPS] or at + _WIDTH >= ints[i, LOG_END]
+                or due > free):
+            break
+        # The iteration in flight is over: its tokens appear (EventDecodeSet.advance, no one finishing).
+        now = floats[i, NOW] + floats[i, IN_FLIGHT]
+        table = tables[i]
+        table[row, 0] = now
+        if step:
+            table[row, 1] = now - table[row - 1, 0]
+        table[row, 2] = ints[i, SEQS] - ints[i, JOINED]
+        ints[i, JOINED] = 0
+        step += 1
+        ints[i, STEP] = step
+        if now < env_now:
+            now = env_now
+        floats[i, NOW] = now
+        # The next one: its blocks, a failed admission, its price and row.
+        free -= due
+        if ints[i, TRIES]:
+            floats[i, TRIED_S] = now
+        seqs = ints[i, SEQS]
+        x = terms[i]
+        duration = _log_decode_step(rows[i], at, now, seqs, shared[NUM_BLOCKS] - free, ints[i, RUNNING], queued,
+                                    stacked, n_ops, float(ints[i, OFFSETS] + seqs * (step + 1)), xs[i], x[0], x[1],
+                                    x[2], x[3])
+        ints[i, LOG_AT] = at + _WIDTH
+        ints[i, TAKEN] += 1
+        end = now + duration
+        floats[i, IN_FLIGHT] = duration
+        floats[i, LAST_END_S] = end
+        first_s = other_s
+        for j in range(members):
+            if ints[j, PENDING] and floats[j, KEY_S] < first_s:
+                first_s = floats[j, KEY_S]
+        if end < first_s:
+            continue                                # before every other event: it runs on at once
+        floats[i, KEY_S] = env_now + (end - env_now)
+        ints[i, PRIORITY] = 1                       # NORMAL
+        ints[i, EID] = eid
+        eid += 1
+        ints[i, PENDING] = 1
+        i = -1
+        for j in range(members):
+            if ints[j, PENDING] and (i < 0 or floats[j, KEY_S] < floats[i, KEY_S] or (
+                    floats[j, KEY_S] == floats[i, KEY_S] and (ints[j, PRIORITY] < ints[i, PRIORITY] or (
+                        ints[j, PRIORITY] == ints[i, PRIORITY] and ints[j, EID] < ints[i, EID])))):
+                i = j
+        if other_s < floats[i, KEY_S] or (other_s == floats[i, KEY_S] and (other_priority < ints[i, PRIORITY] or (
+                other_priority == ints[i, PRIORITY] and other_eid < ints[i, EID]))):
+            i = -1
+            break
+        env_now = floats[i, KEY_S]
+        ints[i, PENDING] = 0
+    shared[FREE], shared[NEXT_EID], shared[CURRENT] = free, eid, i
+    shared_s[ENV_NOW] = env_now
+
+
+class ReplicaSteps:
+    """The engines of one replica (sharing its KV cache and queue) stepped together where they can be (see the
+    module docstring); built by :func:`step_together`, which gives each engine its ``steps_together``."""
+
+    def __init__(self, engines: list[Engine]):
+        self.engines = engines
+        self.env = engines[0].env
+        self.kv, self.queue = engines[0].kv, engines[0].queue
+        size = len(engines)
+        self._ints = np.zeros((size, 15), np.int64)
+        self._floats = np.zeros((size, 5))
+        self._shared = np.zeros(8, np.int64)
+        self._shared_s = np.zeros(2)
+        self._terms = np.zeros((size, 4))
+        self._index = {id(engine._wake): i for i, engine in enumerate(engines)}
+        block_size = self.kv.block_size
+        # The engines' due block counts in one array (each decode set keeps its row).
+        self._dues = np.zeros((size, block_size), np.int64)
+        for i, engine in enumerate(engines):
+            decode = engine.decode
+            assert isinstance(decode, EventDecodeSet)        # step_together checks
+            decode.count_dues_in(self._dues[i])
+        self._shared[BLOCK_SIZE] = block_size
+        self._stacked, self._n_ops, _, _ = engines[0].cost.compiled_terms()
+
+    def _steady(self, engine: Engine) -> bool:
+        """Whether ``engine``'s iteration in flight is decode-only and its next steps can be taken here (the
+        static conditions :func:`step_together` checked)."""
+        decode = engine.decode
+        return (engine._decoding and not engine._chunks and not engine.prefilling and not engine.observers
+                and not engine.hooks and not engine._extras and decode.dues_in_phase     # type: ignore[attr-defined]
+                and decode._next_block_due > decode.step)                                # type: ignore[attr-defined]
+
+    def _admits_none(self, engine: Engine) -> bool:
+        """Whether :meth:`Queueing.admit` takes nothing at ``engine``'s steps while the free blocks only fall and
+        nothing else changes: no head, no free seat, or a head that fails ``fit`` now."""
+        queue, cfg, kv = self.queue, engine.config, self.kv
+        if not queue or len(engine.running) >= cfg.max_num_seqs:
+            return True
+        head = queue.head()
+        budget = cfg.max_batch_tokens - engine.decode.n
+        chunk = min(head.prefill_target - head.prefilled, budget)
+        if chunk <= 0 or not engine._admission(engine, head):
+            return True
+        return kv.blocks_for(head.prefilled + chunk) - head.blocks > kv.free_blocks
+
+    def run(self, first: Engine, in_flight: float) -> bool:
+        """``first`` resumes with its decode-only iteration of ``in_flight`` seconds over: step the replica's
+        engines together from here if ``first`` can be (then True, and every engine's next call is scheduled or
+        made), else do nothing and return False."""
+        env = self.env
+        if env._halted_with is not None or not self._steady(first) or not self._admits_none(first):  # type: ignore[attr-defined]
+            return False
+        engines, ints, floats, terms = self.engines, self._ints, self._floats, self._terms
+        queue, index = self.queue, self._index
+        calls = env._calls                                  # type: ignore[attr-defined]
+        # The others' pending calls, where they take part, come off the queue.
+        taken: dict[int, tuple] = {}
+        for entry in calls:
+            i = index.get(id(entry[3]), -1)
+            if i >= 0 and self._steady(engines[i]) and self._admits_none(engines[i]):
+                taken[i] = entry
+        if taken:
+            calls[:] = [entry for entry in calls if index.get(id(entry[3]), -1) not in taken]
+            heapify(calls)
+        shared, shared_s = self._shared, self._shared_s
+        other = min(calls[0][:3], env._queue[0][:3]) if calls and env._queue else (  # type: ignore[attr-defined]
+            calls[0][:3] if calls else env._queue[0][:3] if env._queue else None)    # type: ignore[attr-defined]
+        shared_s[OTHER_S] = other[0] if other else np.inf
+        shared[OTHER_PRIORITY], shared[OTHER_EID] = (other[1], other[2]) if other else (_NO_KEY, _NO_KEY)
+        tries = bool(queue) and queue.head().prefill_target > queue.head().prefilled
+        xs = []
+        for i, engine in enumerate(engines):
+            decode = engine.decode
+            entry = taken.get(i)
+            row = ints[i]
+            if entry is None and engine is not first:
+                row[PENDING] = row[TAKEN] = 0
+                xs.append(terms[i])                         # unread
+                continue
+            n = decode.n
+            kv_read = decode._all_offset_sum + n * (decode.step + 2)          # type: ignore[attr-defined]
+            x, *rest = decode._cost.decode_terms(n, kv_read)                  # type: ignore[attr-defined]
+            xs.append(x)
+            terms[i] = rest
+            row[:] = (decode.step, decode._first_step, decode._held_steps, n,  # type: ignore[attr-defined]
+                      decode._all_offset_sum, decode._joined, decode._next_finish,  # type: ignore[attr-defined]
+                      engine.log._at >> 3, _CHUNK_BYTES >> 3, len(engine.running), entry is not None,
+                      entry[1] if entry else 0, entry[2] if entry else 0,
+                      tries and len(engine.running) < engine.config.max_num_seqs, 0)
+            floats[i] = (engine.now, in_flight if entry is None else engine._in_flight,
+                         entry[0] if entry else 0.0, np.nan, engine._last_end_s)
+        shared[FREE], shared[NUM_BLOCKS], shared[QUEUED] = self.kv.free_blocks, self.kv.num_blocks, len(queue)
+        shared[NEXT_EID], shared[CURRENT] = next(env._eid), engines.index(first)      # type: ignore[attr-defined]
+        shared_s[ENV_NOW] = env._now                        # type: ignore[attr-defined]
+        _step_together(ints, floats, shared, shared_s, self._dues,
+                       tuple(engine.decode._steps for engine in engines),  # type: ignore[attr-defined]
+                       tuple(engine.log._doubles for engine in engines), tuple(xs), terms, self._stacked,
+                       self._n_ops)
+        env._eid = count(int(shared[NEXT_EID]))             # type: ignore[attr-defined]
+        env._now = float(shared_s[ENV_NOW])                 # type: ignore[attr-defined]
+        head_arrival_s = queue.head().arrival_s if tries else 0.0
+        for i, engine in enumerate(engines):
+            row = ints[i]
+            entry = taken.get(i)
+            if entry is None and engine is not first:
+                continue
+            if row[TAKEN]:
+                decode = engine.decode
+                engine.now = float(floats[i, NOW])
+                decode.step = int(row[STEP])
+                decode._joined = 0                          # type: ignore[attr-defined]
+                engine.log._at = int(row[LOG_AT]) << 3
+                engine._last_end_s = float(floats[i, LAST_END_S])
+                decode.reserved_through(decode.step)        # type: ignore[attr-defined]
+                if row[TRIES]:
+                    waited_s = float(floats[i, TRIED_S]) - head_arrival_s
+                    if waited_s > engine.queueing.dispatch_wait_s:
+                        engine.queueing.dispatch_wait_s = waited_s
+            if row[PENDING]:
+                engine._in_flight = float(floats[i, IN_FLIGHT])
+                heappush(calls, entry if entry is not None and not row[TAKEN] else (
+                    float(floats[i, KEY_S]), NORMAL, int(row[EID]), engine._wake))
+        current = int(shared[CURRENT])
+        if current >= 0:
+            engine = engines[current]
+            engine._in_flight = None
+            engine._run(float(floats[current, IN_FLIGHT]))
+        return True
+
+
+def step_together(engines: list[Engine]) -> None:
+    """Let the engines of one replica (sharing its KV cache and queue) step together (:class:`ReplicaSteps`)
+    where nothing but their decode-only iterations can happen in them between other events: more than one
+    engine, on an :class:`~llmsim.sim.environment.Environment`, each a plain engine of the one-token decode set
+    without a sliding window, FIFO queueing, chunked prefill, no queue timeout, a plain KV cache."""
+    if len(engines) < 2 or not isinstance(engines[0].env, Environment):
+        return
+    for engine in engines:
+        if (type(engine) is not Engine or type(engine.decode) is not EventDecodeSet or engine._window
+                or type(engine.queueing) is not Queueing or not engine.config.chunked_prefill
+                or engine.config.queue_timeout_s is not None or engine._tiered is not None or engine._async
+                or engine._log_decode_step is None):
+            return
+    steps = ReplicaSteps(engines)
+    for engine in engines:
+        engine.steps_together = steps
