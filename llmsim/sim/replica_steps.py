@@ -29,6 +29,7 @@ no hand-off or asynchronous scheduling. The blocks taken are then given to their
 """
 from __future__ import annotations
 
+from functools import cache
 from heapq import heapify, heappush
 from itertools import count
 import numba
@@ -47,7 +48,9 @@ NOW, IN_FLIGHT, KEY_S, TRIED_S, LAST_END_S = range(5)
 # The replica's: integers, then floats.
 FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_EID = range(8)
 ENV_NOW, OTHER_S = range(2)
-_NO_KEY = np.iinfo(np.int64).max
+_NO_KEY = int(np.iinfo(np.int64).max)
+_IDLE_INTS = (0,) * 15                  # an engine not taking part (not pending: never stepped)
+_IDLE_FLOATS = np.zeros(5)
 
 
 @numba.njit(cache=True)
@@ -121,6 +124,16 @@ def _step_together(ints, floats, shared, shared_s, dues, tables, rows, xs, terms
     shared_s[ENV_NOW] = env_now
 
 
+@cache
+def _entry(engines: int):
+    """:func:`_step_together`'s compiled entry point for a replica of ``engines`` engines (called directly: the
+    dispatcher's matching of three tuples of arrays to a specialization costs more than most stretches)."""
+    ints, floats, vector = numba.int64[:, ::1], numba.float64[:, ::1], numba.float64[::1]
+    return _step_together.compile((ints, floats, numba.int64[::1], vector, ints, numba.types.UniTuple(floats, engines),
+                                   numba.types.UniTuple(vector, engines), numba.types.UniTuple(vector, engines),
+                                   floats, floats, numba.int64))
+
+
 class ReplicaSteps:
     """The engines of one replica (sharing its KV cache and queue) stepped together where they can be (see the
     module docstring); built by :func:`step_together`, which gives each engine its ``steps_together``."""
@@ -145,6 +158,7 @@ class ReplicaSteps:
             decode.count_dues_in(self._dues[i])
         self._shared[BLOCK_SIZE] = block_size
         self._stacked, self._n_ops, _, _ = engines[0].cost.compiled_terms()
+        self._step = _entry(size)
 
     def _steady(self, engine: Engine) -> bool:
         """Whether ``engine``'s iteration in flight is decode-only and its next steps can be taken here (the
@@ -187,68 +201,72 @@ class ReplicaSteps:
             calls[:] = [entry for entry in calls if index.get(id(entry[3]), -1) not in taken]
             heapify(calls)
         shared, shared_s = self._shared, self._shared_s
-        other = min(calls[0][:3], env._queue[0][:3]) if calls and env._queue else (  # type: ignore[attr-defined]
-            calls[0][:3] if calls else env._queue[0][:3] if env._queue else None)    # type: ignore[attr-defined]
-        shared_s[OTHER_S] = other[0] if other else np.inf
-        shared[OTHER_PRIORITY], shared[OTHER_EID] = (other[1], other[2]) if other else (_NO_KEY, _NO_KEY)
+        # The first other event's key (time, priority, counter).
+        events = env._queue                                 # type: ignore[attr-defined]
+        other_s, *other_key = min(calls[0][:3], events[0][:3]) if calls and events else (
+            calls[0][:3] if calls else events[0][:3] if events else (np.inf, _NO_KEY, _NO_KEY))
         tries = bool(queue) and queue.head().prefill_target > queue.head().prefilled
-        xs = []
+        xs, int_rows, float_rows = [], [], []
         for i, engine in enumerate(engines):
             decode = engine.decode
             entry = taken.get(i)
-            row = ints[i]
             if entry is None and engine is not first:
-                row[PENDING] = row[TAKEN] = 0
-                xs.append(terms[i])                         # unread
+                int_rows.append(_IDLE_INTS)
+                float_rows.append(_IDLE_FLOATS)
+                xs.append(_IDLE_FLOATS)                     # unread
                 continue
             n = decode.n
             kv_read = decode._all_offset_sum + n * (decode.step + 2)          # type: ignore[attr-defined]
             x, *rest = decode._cost.decode_terms(n, kv_read)                  # type: ignore[attr-defined]
             xs.append(x)
             terms[i] = rest
-            row[:] = (decode.step, decode._first_step, decode._held_steps, n,  # type: ignore[attr-defined]
-                      decode._all_offset_sum, decode._joined, decode._next_finish,  # type: ignore[attr-defined]
-                      engine.log._at >> 3, _CHUNK_BYTES >> 3, len(engine.running), entry is not None,
-                      entry[1] if entry else 0, entry[2] if entry else 0,
-                      tries and len(engine.running) < engine.config.max_num_seqs, 0)
-            floats[i] = (engine.now, in_flight if entry is None else engine._in_flight,
-                         entry[0] if entry else 0.0, np.nan, engine._last_end_s)
-        shared[FREE], shared[NUM_BLOCKS], shared[QUEUED] = self.kv.free_blocks, self.kv.num_blocks, len(queue)
-        shared[NEXT_EID], shared[CURRENT] = next(env._eid), engines.index(first)      # type: ignore[attr-defined]
-        shared_s[ENV_NOW] = env._now                        # type: ignore[attr-defined]
-        _step_together(ints, floats, shared, shared_s, self._dues,
-                       tuple(engine.decode._steps for engine in engines),  # type: ignore[attr-defined]
-                       tuple(engine.log._doubles for engine in engines), tuple(xs), terms, self._stacked,
-                       self._n_ops)
-        env._eid = count(int(shared[NEXT_EID]))             # type: ignore[attr-defined]
-        env._now = float(shared_s[ENV_NOW])                 # type: ignore[attr-defined]
+            pending = entry is not None
+            int_rows.append((decode.step, decode._first_step, decode._held_steps, n,  # type: ignore[attr-defined]
+                             decode._all_offset_sum, decode._joined, decode._next_finish,  # type: ignore[attr-defined]
+                             engine.log._at >> 3, _CHUNK_BYTES >> 3, len(engine.running), pending,
+                             entry[1] if pending else 0, entry[2] if pending else 0,
+                             tries and len(engine.running) < engine.config.max_num_seqs, 0))
+            float_rows.append((engine.now, engine._in_flight if pending else in_flight, entry[0] if pending else 0.0,
+                               0.0, engine._last_end_s))
+        ints[:] = int_rows
+        floats[:] = float_rows
+        kv = self.kv
+        shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid),     # type: ignore[attr-defined]
+                     engines.index(first), kv.block_size, *other_key)
+        shared_s[:] = (env._now, other_s)                   # type: ignore[attr-defined]
+        self._step(ints, floats, shared, shared_s, self._dues,
+                   tuple(engine.decode._steps for engine in engines),  # type: ignore[attr-defined]
+                   tuple(engine.log._doubles for engine in engines), tuple(xs), terms, self._stacked, self._n_ops)
+        free, _, _, next_eid, current, *_ = shared.tolist()
+        env._eid = count(next_eid)                          # type: ignore[attr-defined]
+        env._now = shared_s[ENV_NOW].item()                 # type: ignore[attr-defined]
         head_arrival_s = queue.head().arrival_s if tries else 0.0
-        for i, engine in enumerate(engines):
-            row = ints[i]
+        for i, (row, times) in enumerate(zip(ints.tolist(), floats.tolist())):
+            engine = engines[i]
             entry = taken.get(i)
             if entry is None and engine is not first:
                 continue
             if row[TAKEN]:
                 decode = engine.decode
-                engine.now = float(floats[i, NOW])
-                decode.step = int(row[STEP])
+                engine.now = times[NOW]
+                decode.step = row[STEP]
                 decode._joined = 0                          # type: ignore[attr-defined]
-                engine.log._at = int(row[LOG_AT]) << 3
-                engine._last_end_s = float(floats[i, LAST_END_S])
+                engine.log._at = row[LOG_AT] << 3
+                engine._last_end_s = times[LAST_END_S]
                 decode.reserved_through(decode.step)        # type: ignore[attr-defined]
                 if row[TRIES]:
-                    waited_s = float(floats[i, TRIED_S]) - head_arrival_s
+                    waited_s = times[TRIED_S] - head_arrival_s
                     if waited_s > engine.queueing.dispatch_wait_s:
                         engine.queueing.dispatch_wait_s = waited_s
             if row[PENDING]:
-                engine._in_flight = float(floats[i, IN_FLIGHT])
+                engine._in_flight = times[IN_FLIGHT]
                 heappush(calls, entry if entry is not None and not row[TAKEN] else (
-                    float(floats[i, KEY_S]), NORMAL, int(row[EID]), engine._wake))
-        current = int(shared[CURRENT])
+                    times[KEY_S], NORMAL, row[EID], engine._wake))
+        assert free == kv.free_blocks             # every block the stretch took, given
         if current >= 0:
             engine = engines[current]
             engine._in_flight = None
-            engine._run(float(floats[current, IN_FLIGHT]))
+            engine._run(floats[current, IN_FLIGHT].item())
         return True
 
 
