@@ -28,9 +28,9 @@ decoding at step ``s0`` with ``r`` tokens to go finishes at step ``s0 + r``, nee
 KV block at a step known in advance, and has a context length that is a closed-form function
 of the step. Who finishes, needs a block or fills its sliding window at which step are tables
 keyed by the step (:func:`add_due`), and the longest inter-token gap of a sequence that ends is
-the largest of the step table's gaps over the steps it decoded, read once then. A step of any batch size thus costs a few scalar
-operations. Speculative decoding emits a variable number of tokens per step and has its own set
-(``llmsim.sim.speculative_decode``).
+the largest of the step table's gaps over the steps it decoded, read once then. A step of any batch
+size thus costs a few scalar operations. Speculative decoding emits a variable number of tokens per
+step and has its own set (``llmsim.sim.speculative_decode``).
 """
 from __future__ import annotations
 
@@ -181,7 +181,7 @@ class EventDecodeSet(DecodeSet):
         """Keep :attr:`due_counts` in ``counts`` (a replica's engines keep theirs in one array) from now on."""
         counts[:] = self.due_counts
         self.due_counts = counts
-        self._due_counts_w = cast("memoryview[int]", memoryview(counts))
+        self._due_counts_w = cast("memoryview[int]", memoryview(cast(bytearray, counts)))
 
     def _view(self) -> None:
         """A flat memoryview of the step table (row ``i``'s column ``c`` at ``3 * i + c``): an element read or

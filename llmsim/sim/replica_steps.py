@@ -32,6 +32,8 @@ from __future__ import annotations
 from functools import cache
 from heapq import heapify, heappush
 from itertools import count
+from typing import cast
+
 import numba
 import numpy as np
 from simpy.events import NORMAL
@@ -50,7 +52,8 @@ FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_E
 ENV_NOW, OTHER_S = range(2)
 _NO_KEY = int(np.iinfo(np.int64).max)
 _IDLE_INTS = (0,) * 15                  # an engine not taking part (not pending: never stepped)
-_IDLE_FLOATS = np.zeros(5)
+_IDLE_FLOATS = (0.0,) * 5
+_UNREAD = np.zeros(1)                   # its feature row
 
 
 @numba.njit(cache=True)
@@ -58,7 +61,8 @@ def _step_together(ints, floats, shared, shared_s, dues, tables, rows, xs, terms
     """Run the engines' decode-only iterations, from engine ``shared[CURRENT]`` resuming at ``shared_s[ENV_NOW]``,
     up to the first that is not one (see the module docstring); leaves in ``shared[CURRENT]`` the engine due to
     resume then (-1: none, the next event is another's)."""
-    free, queued, eid, i, block_size = shared[FREE], shared[QUEUED], shared[NEXT_EID], shared[CURRENT], shared[BLOCK_SIZE]
+    free, queued, eid, i = shared[FREE], shared[QUEUED], shared[NEXT_EID], shared[CURRENT]
+    block_size = shared[BLOCK_SIZE]
     env_now, other_s = shared_s[ENV_NOW], shared_s[OTHER_S]
     other_priority, other_eid = shared[OTHER_PRIORITY], shared[OTHER_EID]
     members = ints.shape[0]
@@ -140,7 +144,8 @@ class ReplicaSteps:
 
     def __init__(self, engines: list[Engine]):
         self.engines = engines
-        self.env = engines[0].env
+        self.env = cast(Environment, engines[0].env)              # step_together checks
+        self._decodes = [cast(EventDecodeSet, engine.decode) for engine in engines]
         self.kv, self.queue = engines[0].kv, engines[0].queue
         size = len(engines)
         self._ints = np.zeros((size, 15), np.int64)
@@ -152,21 +157,19 @@ class ReplicaSteps:
         block_size = self.kv.block_size
         # The engines' due block counts in one array (each decode set keeps its row).
         self._dues = np.zeros((size, block_size), np.int64)
-        for i, engine in enumerate(engines):
-            decode = engine.decode
-            assert isinstance(decode, EventDecodeSet)        # step_together checks
+        for i, decode in enumerate(self._decodes):
             decode.count_dues_in(self._dues[i])
         self._shared[BLOCK_SIZE] = block_size
         self._stacked, self._n_ops, _, _ = engines[0].cost.compiled_terms()
         self._step = _entry(size)
 
-    def _steady(self, engine: Engine) -> bool:
-        """Whether ``engine``'s iteration in flight is decode-only and its next steps can be taken here (the
+    def _steady(self, i: int) -> bool:
+        """Whether engine ``i``'s iteration in flight is decode-only and its next steps can be taken here (the
         static conditions :func:`step_together` checked)."""
-        decode = engine.decode
+        engine, decode = self.engines[i], self._decodes[i]
         return (engine._decoding and not engine._chunks and not engine.prefilling and not engine.observers
-                and not engine.hooks and not engine._extras and decode.dues_in_phase     # type: ignore[attr-defined]
-                and decode._next_block_due > decode.step)                                # type: ignore[attr-defined]
+                and not engine.hooks and not engine._extras and decode.dues_in_phase
+                and decode._next_block_due > decode.step)
 
     def _admits_none(self, engine: Engine) -> bool:
         """Whether :meth:`Queueing.admit` takes nothing at ``engine``'s steps while the free blocks only fall and
@@ -185,75 +188,73 @@ class ReplicaSteps:
         """``first`` resumes with its decode-only iteration of ``in_flight`` seconds over: step the replica's
         engines together from here if ``first`` can be (then True, and every engine's next call is scheduled or
         made), else do nothing and return False."""
-        env = self.env
-        if env._halted_with is not None or not self._steady(first) or not self._admits_none(first):  # type: ignore[attr-defined]
+        env, engines = self.env, self.engines
+        first_i = engines.index(first)
+        if env.halted or not self._steady(first_i) or not self._admits_none(first):
             return False
-        engines, ints, floats, terms = self.engines, self._ints, self._floats, self._terms
+        ints, floats, terms = self._ints, self._floats, self._terms
         queue, index = self.queue, self._index
-        calls = env._calls                                  # type: ignore[attr-defined]
+        calls = env._calls
         # The others' pending calls, where they take part, come off the queue.
         taken: dict[int, tuple] = {}
-        for entry in calls:
-            i = index.get(id(entry[3]), -1)
-            if i >= 0 and self._steady(engines[i]) and self._admits_none(engines[i]):
-                taken[i] = entry
+        for call in calls:
+            i = index.get(id(call[3]), -1)
+            if i >= 0 and self._steady(i) and self._admits_none(engines[i]):
+                taken[i] = call
         if taken:
-            calls[:] = [entry for entry in calls if index.get(id(entry[3]), -1) not in taken]
+            calls[:] = [call for call in calls if index.get(id(call[3]), -1) not in taken]
             heapify(calls)
         shared, shared_s = self._shared, self._shared_s
         # The first other event's key (time, priority, counter).
-        events = env._queue                                 # type: ignore[attr-defined]
+        events = env._queue
         other_s, *other_key = min(calls[0][:3], events[0][:3]) if calls and events else (
             calls[0][:3] if calls else events[0][:3] if events else (np.inf, _NO_KEY, _NO_KEY))
         tries = bool(queue) and queue.head().prefill_target > queue.head().prefilled
-        xs, int_rows, float_rows = [], [], []
-        for i, engine in enumerate(engines):
-            decode = engine.decode
+        xs: list[np.ndarray] = []
+        int_rows: list[tuple[int, ...]] = []
+        float_rows: list[tuple[float, ...]] = []
+        for i, (engine, decode) in enumerate(zip(engines, self._decodes)):
             entry = taken.get(i)
-            if entry is None and engine is not first:
+            if entry is None and i != first_i:
                 int_rows.append(_IDLE_INTS)
                 float_rows.append(_IDLE_FLOATS)
-                xs.append(_IDLE_FLOATS)                     # unread
+                xs.append(_UNREAD)
                 continue
             n = decode.n
-            kv_read = decode._all_offset_sum + n * (decode.step + 2)          # type: ignore[attr-defined]
-            x, *rest = decode._cost.decode_terms(n, kv_read)                  # type: ignore[attr-defined]
+            x, *rest = decode._cost.decode_terms(n, decode._all_offset_sum + n * (decode.step + 2))
             xs.append(x)
             terms[i] = rest
-            pending = entry is not None
-            int_rows.append((decode.step, decode._first_step, decode._held_steps, n,  # type: ignore[attr-defined]
-                             decode._all_offset_sum, decode._joined, decode._next_finish,  # type: ignore[attr-defined]
-                             engine.log._at >> 3, _CHUNK_BYTES >> 3, len(engine.running), pending,
-                             entry[1] if pending else 0, entry[2] if pending else 0,
+            time_s = engine._in_flight if entry else in_flight
+            assert time_s is not None                     # pending: its iteration in flight is the one taken off
+            priority, eid = (entry[1], entry[2]) if entry else (NORMAL, 0)
+            int_rows.append((decode.step, decode._first_step, decode._held_steps, n, decode._all_offset_sum,
+                             decode._joined, decode._next_finish, engine.log._at >> 3, _CHUNK_BYTES >> 3,
+                             len(engine.running), entry is not None, priority, eid,
                              tries and len(engine.running) < engine.config.max_num_seqs, 0))
-            float_rows.append((engine.now, engine._in_flight if pending else in_flight, entry[0] if pending else 0.0,
-                               0.0, engine._last_end_s))
+            float_rows.append((engine.now, time_s, entry[0] if entry else 0.0, 0.0, engine._last_end_s))
         ints[:] = int_rows
         floats[:] = float_rows
         kv = self.kv
-        shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid),     # type: ignore[attr-defined]
-                     engines.index(first), kv.block_size, *other_key)
-        shared_s[:] = (env._now, other_s)                   # type: ignore[attr-defined]
-        self._step(ints, floats, shared, shared_s, self._dues,
-                   tuple(engine.decode._steps for engine in engines),  # type: ignore[attr-defined]
+        shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
+        shared_s[:] = (env._now, other_s)
+        self._step(ints, floats, shared, shared_s, self._dues, tuple(decode._steps for decode in self._decodes),
                    tuple(engine.log._doubles for engine in engines), tuple(xs), terms, self._stacked, self._n_ops)
         free, _, _, next_eid, current, *_ = shared.tolist()
-        env._eid = count(next_eid)                          # type: ignore[attr-defined]
-        env._now = shared_s[ENV_NOW].item()                 # type: ignore[attr-defined]
+        env._eid = count(next_eid)
+        env._now = shared_s[ENV_NOW].item()
         head_arrival_s = queue.head().arrival_s if tries else 0.0
         for i, (row, times) in enumerate(zip(ints.tolist(), floats.tolist())):
-            engine = engines[i]
+            engine, decode = engines[i], self._decodes[i]
             entry = taken.get(i)
-            if entry is None and engine is not first:
+            if entry is None and i != first_i:
                 continue
             if row[TAKEN]:
-                decode = engine.decode
                 engine.now = times[NOW]
                 decode.step = row[STEP]
-                decode._joined = 0                          # type: ignore[attr-defined]
+                decode._joined = 0
                 engine.log._at = row[LOG_AT] << 3
                 engine._last_end_s = times[LAST_END_S]
-                decode.reserved_through(decode.step)        # type: ignore[attr-defined]
+                decode.reserved_through(decode.step)
                 if row[TRIES]:
                     waited_s = times[TRIED_S] - head_arrival_s
                     if waited_s > engine.queueing.dispatch_wait_s:
