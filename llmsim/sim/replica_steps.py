@@ -29,6 +29,7 @@ no hand-off or asynchronous scheduling. The blocks taken are then given to their
 """
 from __future__ import annotations
 
+import math
 from functools import cache
 from heapq import heapify, heappush
 from itertools import count
@@ -38,6 +39,7 @@ import numba
 import numpy as np
 from simpy.events import NORMAL
 
+from llmsim.config.policies import OnTimeout
 from llmsim.sim.decode import EventDecodeSet
 from llmsim.sim.engine import Engine, Queueing
 from llmsim.sim.environment import Environment
@@ -49,7 +51,7 @@ from llmsim.sim.iterations import _CHUNK_BYTES, _WIDTH, _log_decode_step
 NOW, IN_FLIGHT, KEY_S, TRIED_S, LAST_END_S = range(5)
 # The replica's: integers, then floats.
 FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_EID = range(8)
-ENV_NOW, OTHER_S = range(2)
+ENV_NOW, OTHER_S, WAITING_SINCE_S, TIMEOUT_S = range(4)
 _NO_KEY = int(np.iinfo(np.int64).max)
 _IDLE_INTS = (0,) * 15                  # an engine not taking part (not pending: never stepped)
 _IDLE_FLOATS = (0.0,) * 5
@@ -64,6 +66,7 @@ def _step_together(ints, floats, shared, shared_s, dues, tables, rows, xs, terms
     free, queued, eid, i = shared[FREE], shared[QUEUED], shared[NEXT_EID], shared[CURRENT]
     block_size = shared[BLOCK_SIZE]
     env_now, other_s = shared_s[ENV_NOW], shared_s[OTHER_S]
+    waiting_since_s, timeout_s = shared_s[WAITING_SINCE_S], shared_s[TIMEOUT_S]
     other_priority, other_eid = shared[OTHER_PRIORITY], shared[OTHER_EID]
     members = ints.shape[0]
     while True:
@@ -71,11 +74,11 @@ def _step_together(ints, floats, shared, shared_s, dues, tables, rows, xs, terms
         row = step - ints[i, FIRST_STEP]
         at = ints[i, LOG_AT]
         due = dues[i, (step + 1) % block_size]
+        now = floats[i, NOW] + floats[i, IN_FLIGHT]
         if (ints[i, NEXT_FINISH] == step + 1 or row >= ints[i, HELD_STEPS] or at + _WIDTH >= ints[i, LOG_END]
-                or due > free):
+                or due > free or (now if now >= env_now else env_now) - waiting_since_s >= timeout_s):
             break
         # The iteration in flight is over: its tokens appear (EventDecodeSet.advance, no one finishing).
-        now = floats[i, NOW] + floats[i, IN_FLIGHT]
         table = tables[i]
         table[row, 0] = now
         if step:
@@ -151,7 +154,7 @@ class ReplicaSteps:
         self._ints = np.zeros((size, 15), np.int64)
         self._floats = np.zeros((size, 5))
         self._shared = np.zeros(8, np.int64)
-        self._shared_s = np.zeros(2)
+        self._shared_s = np.zeros(4)
         self._terms = np.zeros((size, 4))
         self._index = {id(engine._wake): i for i, engine in enumerate(engines)}
         block_size = self.kv.block_size
@@ -183,6 +186,22 @@ class ReplicaSteps:
         if chunk <= 0 or not engine._admission(engine, head):
             return True
         return kv.blocks_for(head.prefilled + chunk) - head.blocks > kv.free_blocks
+
+    def _timed(self, engine: Engine) -> tuple[float, float]:
+        """The arrival of the queued request a queue timeout acts on first, and the timeout: a step whose ``now``
+        is past it (``now - arrival >= timeout``, as the queue reckons it) rejects it (``on_timeout: reject``:
+        the first never started) or forces it in (``dispatch``: the head). (0, inf) where none can act."""
+        cfg, queue = engine.config, self.queue
+        timeout_s = cfg.queue_timeout_s
+        if timeout_s is None or not queue:
+            return 0.0, math.inf
+        if cfg.on_timeout is OnTimeout.DISPATCH:
+            return queue.head().arrival_s, timeout_s
+        assert cfg.on_timeout is OnTimeout.REJECT             # (dedicated slots: traffic classes, not here)
+        for request in queue:
+            if request.first_scheduled_s != request.first_scheduled_s:      # NaN: never started
+                return request.arrival_s, timeout_s
+        return 0.0, math.inf
 
     def run(self, first: Engine, in_flight: float) -> bool:
         """``first`` resumes with its decode-only iteration of ``in_flight`` seconds over: step the replica's
@@ -236,7 +255,7 @@ class ReplicaSteps:
         floats[:] = float_rows
         kv = self.kv
         shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
-        shared_s[:] = (env._now, other_s)
+        shared_s[:] = (env._now, other_s, *self._timed(first))
         self._step(ints, floats, shared, shared_s, self._dues, tuple(decode._steps for decode in self._decodes),
                    tuple(engine.log._doubles for engine in engines), tuple(xs), terms, self._stacked, self._n_ops)
         free, _, _, next_eid, current, *_ = shared.tolist()
@@ -281,7 +300,8 @@ def step_together(engines: list[Engine]) -> None:
     for engine in engines:
         if (type(engine) is not Engine or type(engine.decode) is not EventDecodeSet or engine._window
                 or type(engine.queueing) is not Queueing or not engine.config.chunked_prefill
-                or engine.config.queue_timeout_s is not None or engine._tiered is not None or engine._async
+                or engine.config.on_timeout not in (OnTimeout.DISPATCH, OnTimeout.REJECT)
+                or engine._tiered is not None or engine._async
                 or engine._log_decode_step is None):
             return
     steps = ReplicaSteps(engines)

@@ -25,18 +25,19 @@ from tests.helpers import REPO, make_scenario
 CS3 = REPO / "scenarios" / "llama3-70b-h100-prefill-cs3-decode.yaml"
 
 
-def _cs3(rate: float, requests: int, max_batch_tokens: int):
+def _cs3(rate: float, requests: int, max_batch_tokens: int, **engine):
     data = yaml.safe_load(Path(CS3).read_text())
     data["workload"].update({"arrival": {"process": "poisson", "rate": rate}, "num_requests": requests})
-    data["engine"]["max_batch_tokens"] = max_batch_tokens
+    data["engine"].update(max_batch_tokens=max_batch_tokens, **engine)
     return scenario_from_node(Node(data, file=str(CS3), base_dir=CS3.parent))
 
 
-def _four_stages(admission: str):
+def _four_stages(admission: str, **engine):
     """Four micro-batch engines over a KV cache small enough at this load that the queue waits for blocks
     (and, but under GUARANTEED_NO_EVICT, sequences are preempted)."""
     return make_scenario({"deployment": {"pipeline_parallel": 4},
-                          "engine": {"admission": admission, "memory_utilization": 0.08, "max_model_len": 8192},
+                          "engine": {"admission": admission, "memory_utilization": 0.08, "max_model_len": 8192,
+                                     **engine},
                           "workload": {"num_requests": 300, "arrival": {"process": "poisson", "rate": 60}}})
 
 
@@ -66,6 +67,11 @@ def _run_both(scenario, monkeypatch):
     pytest.param(lambda: _four_stages("preempt"), id="four-stages-preempt"),
     pytest.param(lambda: _four_stages("max_utilization"), id="four-stages-max-utilization"),
     pytest.param(lambda: _four_stages("guaranteed_no_evict"), id="four-stages-guaranteed-no-evict"),
+    # Queue timeouts: a stretch ends before the step at which one acts (forcing the head in, or rejecting).
+    pytest.param(lambda: _cs3(10, 300, 2048, queue_timeout="50 ms"), id="cs3-timeout-dispatching"),
+    pytest.param(lambda: _four_stages("preempt", queue_timeout="200 ms"), id="four-stages-timeout-dispatching"),
+    pytest.param(lambda: _four_stages("preempt", queue_timeout="200 ms", on_timeout="reject"),
+                 id="four-stages-timeout-rejecting"),
 ])
 def test_engines_stepped_together_make_the_run_the_general_path_makes(scenario, monkeypatch):
     together, alone, stretches = _run_both(scenario(), monkeypatch)
