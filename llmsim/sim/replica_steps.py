@@ -174,34 +174,48 @@ class ReplicaSteps:
                 and not engine.hooks and not engine._extras and decode.dues_in_phase
                 and decode._next_block_due > decode.step)
 
-    def _admits_none(self, engine: Engine) -> bool:
+    def _admits_none(self, engine: Engine, forced: bool) -> bool:
         """Whether :meth:`Queueing.admit` takes nothing at ``engine``'s steps while the free blocks only fall and
-        nothing else changes: no head, no free seat, or a head that fails ``fit`` now."""
+        nothing else changes (the head ``forced`` in by a dispatching queue timeout at all of them, or at none):
+        no head, no free seat, or a head that fails ``fit`` now."""
         queue, cfg, kv = self.queue, engine.config, self.kv
         if not queue or len(engine.running) >= cfg.max_num_seqs:
             return True
         head = queue.head()
         budget = cfg.max_batch_tokens - engine.decode.n
-        chunk = min(head.prefill_target - head.prefilled, budget)
-        if chunk <= 0 or not engine._admission(engine, head):
+        chunk = min(head.prefill_target - head.prefilled, max(budget, cfg.max_batch_tokens) if forced else budget)
+        if chunk <= 0 or (not (forced and engine._forced_skips_test) and not engine._admission(engine, head)):
             return True
         return kv.blocks_for(head.prefilled + chunk) - head.blocks > kv.free_blocks
 
-    def _timed(self, engine: Engine) -> tuple[float, float]:
-        """The arrival of the queued request a queue timeout acts on first, and the timeout: a step whose ``now``
-        is past it (``now - arrival >= timeout``, as the queue reckons it) rejects it (``on_timeout: reject``:
-        the first never started) or forces it in (``dispatch``: the head). (0, inf) where none can act."""
+    def _tries(self, engine: Engine, forced: bool) -> bool:
+        """Whether each of ``engine``'s failed admissions would set its queueing's ``dispatch_wait_s`` to the head's
+        wait where longer (:meth:`Queueing.admit`: a fit of nothing below the head's first whole chunk, or a
+        forced one with a budget below it)."""
+        queue, cfg = self.queue, engine.config
+        if not queue or len(engine.running) >= cfg.max_num_seqs:
+            return False
+        head = queue.head()
+        whole = min(head.prefill_target - head.prefilled, cfg.max_batch_tokens)
+        return cfg.max_batch_tokens - engine.decode.n < whole if forced else whole > 0
+
+    def _timed(self, engine: Engine, now: float) -> tuple[float, float, bool]:
+        """The arrival of the queued request a queue timeout acts on first and the timeout, where a step whose
+        ``now`` is past it (``now - arrival >= timeout``, as the queue reckons it) would reject it (``on_timeout:
+        reject``: the first never started) or force it in (``dispatch``: the head), else (0, inf); and whether
+        the head is forced in already at ``now`` (then at every later step)."""
         cfg, queue = engine.config, self.queue
         timeout_s = cfg.queue_timeout_s
         if timeout_s is None or not queue:
-            return 0.0, math.inf
+            return 0.0, math.inf, False
         if cfg.on_timeout is OnTimeout.DISPATCH:
-            return queue.head().arrival_s, timeout_s
+            arrival_s = queue.head().arrival_s
+            return (0.0, math.inf, True) if now - arrival_s >= timeout_s else (arrival_s, timeout_s, False)
         assert cfg.on_timeout is OnTimeout.REJECT             # (dedicated slots: traffic classes, not here)
         for request in queue:
             if request.first_scheduled_s != request.first_scheduled_s:      # NaN: never started
-                return request.arrival_s, timeout_s
-        return 0.0, math.inf
+                return request.arrival_s, timeout_s, False
+        return 0.0, math.inf, False
 
     def run(self, first: Engine, in_flight: float) -> bool:
         """``first`` resumes with its decode-only iteration of ``in_flight`` seconds over: step the replica's
@@ -209,7 +223,13 @@ class ReplicaSteps:
         made), else do nothing and return False."""
         env, engines = self.env, self.engines
         first_i = engines.index(first)
-        if env.halted or not self._steady(first_i) or not self._admits_none(first):
+        decode = self._decodes[first_i]
+        # (The first step's own end of a stretch, told apart before anything is gathered for it: a finish.)
+        if env.halted or decode._next_finish == decode.step + 1 or not self._steady(first_i):
+            return False
+        now = first.now + in_flight                     # its next step's, as Engine._run reckons it
+        waiting_since_s, timeout_s, forced = self._timed(first, now if now >= env._now else env._now)
+        if not self._admits_none(first, forced):
             return False
         ints, floats, terms = self._ints, self._floats, self._terms
         queue, index = self.queue, self._index
@@ -218,7 +238,7 @@ class ReplicaSteps:
         taken: dict[int, tuple] = {}
         for call in calls:
             i = index.get(id(call[3]), -1)
-            if i >= 0 and self._steady(i) and self._admits_none(engines[i]):
+            if i >= 0 and self._steady(i) and self._admits_none(engines[i], forced):
                 taken[i] = call
         if taken:
             calls[:] = [call for call in calls if index.get(id(call[3]), -1) not in taken]
@@ -228,7 +248,6 @@ class ReplicaSteps:
         events = env._queue
         other_s, *other_key = min(calls[0][:3], events[0][:3]) if calls and events else (
             calls[0][:3] if calls else events[0][:3] if events else (np.inf, _NO_KEY, _NO_KEY))
-        tries = bool(queue) and queue.head().prefill_target > queue.head().prefilled
         xs: list[np.ndarray] = []
         int_rows: list[tuple[int, ...]] = []
         float_rows: list[tuple[float, ...]] = []
@@ -249,19 +268,19 @@ class ReplicaSteps:
             int_rows.append((decode.step, decode._first_step, decode._held_steps, n, decode._all_offset_sum,
                              decode._joined, decode._next_finish, engine.log._at >> 3, _CHUNK_BYTES >> 3,
                              len(engine.running), entry is not None, priority, eid,
-                             tries and len(engine.running) < engine.config.max_num_seqs, 0))
+                             self._tries(engine, forced), 0))
             float_rows.append((engine.now, time_s, entry[0] if entry else 0.0, 0.0, engine._last_end_s))
         ints[:] = int_rows
         floats[:] = float_rows
         kv = self.kv
         shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
-        shared_s[:] = (env._now, other_s, *self._timed(first))
+        shared_s[:] = (env._now, other_s, waiting_since_s, timeout_s)
         self._step(ints, floats, shared, shared_s, self._dues, tuple(decode._steps for decode in self._decodes),
                    tuple(engine.log._doubles for engine in engines), tuple(xs), terms, self._stacked, self._n_ops)
         free, _, _, next_eid, current, *_ = shared.tolist()
         env._eid = count(next_eid)
         env._now = shared_s[ENV_NOW].item()
-        head_arrival_s = queue.head().arrival_s if tries else 0.0
+        head_arrival_s = queue.head().arrival_s if queue else 0.0
         for i, (row, times) in enumerate(zip(ints.tolist(), floats.tolist())):
             engine, decode = engines[i], self._decodes[i]
             entry = taken.get(i)
