@@ -14,18 +14,21 @@ says), each writing its step-table row and its log row, pricing its step as
 - the first other event (an arrival, a transfer, another pool's step, a watcher, the horizon, an engine of
   the replica that is not in this steady state);
 - an engine about to take the step in which a sequence finishes, whose blocks do not fit (it preempts),
-  whose step table or log chunk is full.
+  whose step table or log chunk is full, or at which a queue timeout acts (rejecting the oldest request never
+  started, or forcing the head in).
 
 The engine stopped at resumes at once through the general path, and the others' calls go back on the
 queue with the keys they got, the queue's counter moved on by as many, so the run is the run the general
 path makes, row for row and bit for bit. Nothing in such a stretch changes what an engine's admission reads
-but the free blocks, which only fall: an engine takes part only where its queue head fails admission at the
-start (then it fails at every step, all three admission tests being monotone in the free blocks), and its
-failed tries leave :attr:`~llmsim.sim.engine.Queueing.dispatch_wait_s` as the last one would. Engines take
-part only where no step of theirs does anything else: no observers or hooks, chunked prefill, no prompts in
-flight, no queue timeout, FIFO queueing, a plain KV cache, the one-token decode set without a sliding window,
-no hand-off or asynchronous scheduling. The blocks taken are then given to their sequences step by step
-(:meth:`~llmsim.sim.decode.EventDecodeSet.reserved_through`) and the admission's last wait recorded.
+but the free blocks, which only fall, and the head's wait, which only grows: an engine takes part only where
+its queue head fails admission at the start (forced in by a dispatching timeout or not, as at the stretch's
+first step; then it fails at every step, all three admission tests and the block check being monotone in the
+free blocks), and its failed tries leave :attr:`~llmsim.sim.engine.Queueing.dispatch_wait_s` as the last one
+would. Engines take part only where no step of theirs does anything else: no observers or hooks, chunked
+prefill, no prompts in flight, FIFO queueing, a plain KV cache, the one-token decode set without a sliding
+window, no hand-off or asynchronous scheduling. The blocks taken are then given to their sequences step by step
+(:meth:`~llmsim.sim.decode.EventDecodeSet.reserved_through`) and the admission's last wait recorded. (A
+Ctrl-C, which halts a run between two events, halts it after the stretch it falls in.)
 """
 from __future__ import annotations
 
@@ -313,7 +316,7 @@ def step_together(engines: list[Engine]) -> None:
     """Let the engines of one replica (sharing its KV cache and queue) step together (:class:`ReplicaSteps`)
     where nothing but their decode-only iterations can happen in them between other events: more than one
     engine, on an :class:`~llmsim.sim.environment.Environment`, each a plain engine of the one-token decode set
-    without a sliding window, FIFO queueing, chunked prefill, no queue timeout, a plain KV cache."""
+    without a sliding window, FIFO queueing, chunked prefill, a plain KV cache, no asynchronous scheduling."""
     if len(engines) < 2 or not isinstance(engines[0].env, Environment):
         return
     for engine in engines:
