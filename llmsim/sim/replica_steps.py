@@ -47,6 +47,7 @@ from llmsim.sim.decode import EventDecodeSet
 from llmsim.sim.engine import Engine, Queueing
 from llmsim.sim.environment import Environment
 from llmsim.sim.iterations import _CHUNK_BYTES, _WIDTH, _log_decode_step
+from llmsim.sim.request import WaitingQueue
 
 # The engines' state, a row each: integers, then floats.
 (STEP, FIRST_STEP, HELD_STEPS, SEQS, OFFSETS, JOINED, NEXT_FINISH, LOG_AT, LOG_END, RUNNING, PENDING, PRIORITY,
@@ -152,7 +153,7 @@ class ReplicaSteps:
         self.engines = engines
         self.env = cast(Environment, engines[0].env)              # step_together checks
         self._decodes = [cast(EventDecodeSet, engine.decode) for engine in engines]
-        self.kv, self.queue = engines[0].kv, engines[0].queue
+        self.kv, self.queue = engines[0].kv, cast(WaitingQueue, engines[0].queue)     # step_together checks
         size = len(engines)
         self._ints = np.zeros((size, 15), np.int64)
         self._floats = np.zeros((size, 5))
@@ -321,7 +322,8 @@ def step_together(engines: list[Engine]) -> None:
         return
     for engine in engines:
         if (type(engine) is not Engine or type(engine.decode) is not EventDecodeSet or engine._window
-                or type(engine.queueing) is not Queueing or not engine.config.chunked_prefill
+                or type(engine.queueing) is not Queueing or not isinstance(engine.queue, WaitingQueue)
+                or not engine.config.chunked_prefill
                 or engine.config.on_timeout not in (OnTimeout.DISPATCH, OnTimeout.REJECT)
                 or engine._tiered is not None or engine._async
                 or engine._log_decode_step is None):
