@@ -46,7 +46,7 @@ from llmsim.config.policies import OnTimeout
 from llmsim.sim.decode import EventDecodeSet
 from llmsim.sim.engine import Engine, Queueing
 from llmsim.sim.environment import Environment
-from llmsim.sim.iterations import _CHUNK_BYTES, _WIDTH, _log_decode_step
+from llmsim.sim.iterations import _CHUNK_DOUBLES, _WIDTH, _log_decode_step
 from llmsim.sim.request import WaitingQueue
 
 # The engines' state, a row each: integers, then floats.
@@ -270,7 +270,7 @@ class ReplicaSteps:
             assert time_s is not None                     # pending: its iteration in flight is the one taken off
             priority, eid = (entry[1], entry[2]) if entry else (NORMAL, 0)
             int_rows.append((decode.step, decode._first_step, decode._held_steps, n, decode._all_offset_sum,
-                             decode._joined, decode._next_finish, engine.log._at >> 3, _CHUNK_BYTES >> 3,
+                             decode._joined, decode._next_finish, engine.log.at, _CHUNK_DOUBLES,
                              len(engine.running), entry is not None, priority, eid,
                              self._tries(engine, forced), 0))
             float_rows.append((engine.now, time_s, entry[0] if entry else 0.0, 0.0, engine._last_end_s))
@@ -280,7 +280,7 @@ class ReplicaSteps:
         shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
         shared_s[:] = (env._now, other_s, waiting_since_s, timeout_s)
         self._step(ints, floats, shared, shared_s, self._dues, tuple(decode._steps for decode in self._decodes),
-                   tuple(engine.log._doubles for engine in engines), tuple(xs), terms, self._stacked, self._n_ops)
+                   tuple(engine.log.doubles for engine in engines), tuple(xs), terms, self._stacked, self._n_ops)
         free, _, _, next_eid, current, *_ = shared.tolist()
         env._eid = count(next_eid)
         env._now = shared_s[ENV_NOW].item()
@@ -294,7 +294,7 @@ class ReplicaSteps:
                 engine.now = times[NOW]
                 decode.step = row[STEP]
                 decode._joined = 0
-                engine.log._at = row[LOG_AT] << 3
+                engine.log.at = row[LOG_AT]
                 engine._last_end_s = times[LAST_END_S]
                 decode.reserved_through(decode.step)
                 if row[TRIES]:
