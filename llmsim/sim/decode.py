@@ -28,15 +28,14 @@ decoding at step ``s0`` with ``r`` tokens to go finishes at step ``s0 + r``, nee
 KV block at a step known in advance, and has a context length that is a closed-form function
 of the step. Who finishes, needs a block or fills its sliding window at which step are tables
 keyed by the step (:func:`add_due`), and the longest inter-token gap of a sequence that ends is
-a lookup in the suffix maxima of the step gaps. A step of any batch size thus costs a few scalar
-operations. Speculative decoding emits a variable number of tokens per step and has its own set
-(``llmsim.sim.speculative_decode``).
+the largest of the step table's gaps over the steps it decoded, read once then. A step of any batch
+size thus costs a few scalar operations. Speculative decoding emits a variable number of tokens per
+step and has its own set (``llmsim.sim.speculative_decode``).
 """
 from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from bisect import bisect_left
 from typing import cast
 
 import numpy as np
@@ -141,8 +140,8 @@ class EventDecodeSet(DecodeSet):
 
     __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_block_due", "_next_block_due", "_window_due",
                  "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
-                 "_held_steps", "_longest_from_step", "_longest_from_gap_s", "_decode_terms_by_seqs", "_stacked",
-                 "_n_ops", "_cost")
+                 "_held_steps", "_decode_terms_by_seqs", "_stacked", "_n_ops", "_cost", "due_counts",
+                 "_due_counts_w", "dues_in_phase")
 
     def __init__(self, engine):
         super().__init__(engine)
@@ -159,6 +158,14 @@ class EventDecodeSet(DecodeSet):
         self._block_due: dict[int, list[tuple[Request, int]]] = {}
         self._next_block_due = NEVER
         self._window_due: dict[int, list[tuple[Request, int]]] = {}
+        # How many running sequences need a block at each step of the next block_size ones, by the step modulo
+        # block_size (a sequence needs one every block_size steps): what a replica's engines stepped together
+        # (llmsim.sim.replica_steps) reserve at each step without reading the table above. ``dues_in_phase``:
+        # every due step is within block_size of the current one (false once a sequence started with more
+        # blocks than its context fills, which the counts cannot place).
+        self.due_counts = np.zeros(self._block_size, np.int64)
+        self._due_counts_w = cast("memoryview[int]", memoryview(self.due_counts))
+        self.dues_in_phase = True
         self._growing = 0                           # decoding sequences whose context is below the window
         self._offset_sum = 0                        # sum of (context_start - decode_start) over those
         self._all_offset_sum = 0                    # and over every decoding sequence (global layers)
@@ -169,11 +176,12 @@ class EventDecodeSet(DecodeSet):
         self._first_step = 0
         self._steps = np.zeros((STEP_ARRAY, 3))
         self._view()
-        # The steps whose gap is longer than every later step's, in order, and those gaps: the longest
-        # gap from any step on is the first of them at or after it (a sequence that ends looks up its
-        # longest inter-token gap there instead of reading back through every step it decoded).
-        self._longest_from_step: list[int] = []
-        self._longest_from_gap_s: list[float] = []
+
+    def count_dues_in(self, counts: np.ndarray) -> None:
+        """Keep :attr:`due_counts` in ``counts`` (a replica's engines keep theirs in one array) from now on."""
+        counts[:] = self.due_counts
+        self.due_counts = counts
+        self._due_counts_w = cast("memoryview[int]", memoryview(cast(bytearray, counts)))
 
     def _view(self) -> None:
         """A flat memoryview of the step table (row ``i``'s column ``c`` at ``3 * i + c``): an element read or
@@ -213,8 +221,14 @@ class EventDecodeSet(DecodeSet):
             if len(valid) <= kv.free_blocks:
                 break
             engine.preempt_latest(now)
-        kv.allocate(len(valid))
-        next_due = self.step + self._block_size
+        self._give_blocks(self.step, valid)
+
+    def _give_blocks(self, step: int, valid: list[tuple[Request, int]]) -> None:
+        """Give the sequences ``valid`` (request, epoch), due a block at decode ``step``, their blocks, and
+        enter the next ones they will need."""
+        self.engine.kv.allocate(len(valid))
+        self._due_counts_w[step % self._block_size] -= len(valid)
+        next_due = step + self._block_size
         later = []
         for entry in valid:
             request = entry[0]
@@ -222,7 +236,17 @@ class EventDecodeSet(DecodeSet):
             if next_due < request.finish_step:
                 later.append(entry)
         if later:
-            self._add_block_due(next_due, later)
+            self._enter_due(next_due, later)
+
+    def reserved_through(self, step: int) -> None:
+        """The sequences took their steps up to decode ``step`` (now :attr:`step`) without reserving their blocks,
+        and every block they were due fitted (llmsim.sim.replica_steps, which took none from the cache): give
+        them, step by step as :meth:`prepare` would have."""
+        while self._next_block_due <= step:
+            due_step = self._next_block_due
+            due = self._block_due.pop(due_step)
+            self._next_block_due = first_due_after(self._block_due, due_step)
+            self._give_blocks(due_step, [(r, e) for r, e in due if r.epoch == e and r.status is RUNNING])
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest) -> StepPrice:
         if not decoding:
@@ -266,15 +290,7 @@ class EventDecodeSet(DecodeSet):
         table = self._steps_w
         table[row + END] = now
         if step:
-            table[row + GAP] = gap = now - table[row - 3 + END]
-            gaps = self._longest_from_gap_s
-            if gaps and gaps[-1] <= gap:
-                steps = self._longest_from_step
-                while gaps and gaps[-1] <= gap:
-                    gaps.pop()
-                    steps.pop()
-            self._longest_from_step.append(step)
-            gaps.append(gap)
+            table[row + GAP] = now - table[row - 3 + END]
         table[row + CONTINUING] = self.n - self._joined
         self._joined = 0
         self.step = step = step + 1
@@ -310,6 +326,8 @@ class EventDecodeSet(DecodeSet):
         due = step + request.blocks * self._block_size - context
         if due < request.finish_step:
             self._add_block_due(due, [(request, request.epoch)])
+            if due >= step + self._block_size:
+                self.dues_in_phase = False
         self._all_offset_sum += context - step
         window = self._window
         request.growing = not window or context + 1 < window   # else it already reads a full window
@@ -330,8 +348,13 @@ class EventDecodeSet(DecodeSet):
         later one (a sequence's blocks cover its context when it starts)."""
         if step < self.step:                         # it would never come round: fail loudly, not silently
             raise RuntimeError(f"a KV block fell due at decode step {step}, before the current step {self.step}")
+        self._enter_due(step, entries)
+
+    def _enter_due(self, step: int, entries: list[tuple[Request, int]]) -> None:
+        """:meth:`_add_block_due` unchecked (a block after the one given at a step before ``step``)."""
         if add_due(self._block_due, step, entries) and step < self._next_block_due:
             self._next_block_due = step
+        self._due_counts_w[step % self._block_size] += len(entries)
 
     def stop(self, request: Request) -> None:
         self._end(request, self.step)
@@ -343,6 +366,10 @@ class EventDecodeSet(DecodeSet):
         request.generated += done
         request.epoch += 1                           # its heap and due-step entries are now stale
         self._all_offset_sum -= request.context_start - start
+        # Its next block's step (start's closed form, a block later per block taken), if it is still due one.
+        due = start + request.blocks * self._block_size - request.context_start
+        if due < request.finish_step:
+            self._due_counts_w[due % self._block_size] -= 1
         if request.growing:
             request.growing = False
             self._growing -= 1
@@ -356,8 +383,9 @@ class EventDecodeSet(DecodeSet):
             first = first_end - request.last_token_s
             engine.first_gap_end_s.append(first_end)
             engine.first_gap_s.append(first)
-            # The longest gap after the first, over steps start + 1 .. step - 1 (the last step taken).
-            longest = self._longest_from_gap_s[bisect_left(self._longest_from_step, start + 1)] if done > 1 else 0.0
+            # The longest gap after the first, over steps start + 1 .. step - 1 (the last step taken): read once
+            # per decode run, from the step table (a step only writes its row).
+            longest = float(self._steps[start + 1 - first_step:step - first_step, GAP].max()) if done > 1 else 0.0
             request.max_itl_s = max(request.max_itl_s, first, longest)
             request.last_token_s = table[3 * (step - 1 - first_step) + END]
 
@@ -386,9 +414,6 @@ class EventDecodeSet(DecodeSet):
         self._steps[:kept] = held[drop:drop + kept]
         self._view()
         self._first_step = keep
-        # Suffix maxima from a step no sequence starts after (so none looks up) go too.
-        stale = bisect_left(self._longest_from_step, keep + 1)
-        del self._longest_from_step[:stale], self._longest_from_gap_s[:stale]
         return kept
 
     def _hand_over(self, until: int, gaps: InterTokenGaps) -> None:

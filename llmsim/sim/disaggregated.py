@@ -59,6 +59,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.environment import scheduler
 from llmsim.sim.kvcache import KVCache
+from llmsim.sim.replica_steps import step_together
 from llmsim.sim.request import NAN, Request, RequestRecords, WaitingQueue
 from llmsim.sim.result import DisaggregationTotals, PoolTotals
 
@@ -381,5 +382,6 @@ def make_pool(scenario: Scenario, env: simpy.Environment, make_engine, make_kv: 
     for group in groups:
         for engine in group:
             engine.observers.extend(observers)
+        step_together(group)
     return resolved, groups
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -56,6 +57,9 @@ from llmsim.sim.iterations import Iteration, IterationLog
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import TieredKV
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, Waiting, WaitingQueue
+
+if TYPE_CHECKING:
+    from llmsim.sim.replica_steps import ReplicaSteps
 
 Observer = Callable[["Engine", Iteration], None]
 
@@ -298,7 +302,7 @@ class Engine(EngineProcess):
                  "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_last_end_s", "_decoding",
                  "running", "_tiered", "_handoff", "_admitted", "watermark_blocks", "first_gap_end_s", "first_gap_s",
                  "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async",
-                 "_log_decode_step")
+                 "_log_decode_step", "steps_together")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -336,6 +340,9 @@ class Engine(EngineProcess):
         self._in_flight: float | None = None
         self._async = config.async_scheduling
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
+        # The replica's engines stepped together through their decode-only iterations, where they can be
+        # (llmsim.sim.replica_steps.step_together sets it): None, each engine on its own.
+        self.steps_together: ReplicaSteps | None = None
         self.handoff = None
         self.start()
 
@@ -352,14 +359,20 @@ class Engine(EngineProcess):
         self._extras = self._makes_room or self._tiered is not None or self._async or to is not None
 
     def _resume(self) -> None:
+        """A scheduled call: the iteration in flight (if any) is over; with the replica's other engines where
+        they can step together (:attr:`steps_together`), else through :meth:`_run`."""
+        duration = self._in_flight                  # the iteration in flight, if any, is over now
+        self._in_flight = None
+        if duration is None or self.steps_together is None or not self.steps_together.run(self, duration):
+            self._run(duration)
+
+    def _run(self, duration: float | None) -> None:
         """The engine's loop, one turn per iteration, from one wait to the next: the iteration in
-        flight (if any) is over, then iterations are scheduled, and run, until one must be waited
-        for or there is nothing to do."""
+        flight (``duration`` long, if any) is over, then iterations are scheduled, and run, until one must
+        be waited for or there is nothing to do."""
         # (Methods are called through self, not bound to locals first: with many replicas a call
         # usually runs one iteration, and binding them would build each bound method for it.)
         env = self.env
-        duration = self._in_flight                  # the iteration in flight, if any, is over now
-        self._in_flight = None
         while True:
             if duration is not None:
                 # The iteration last planned is over at its end (the sum that scheduled this call, or

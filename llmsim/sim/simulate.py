@@ -48,6 +48,7 @@ from llmsim.sim.iterations import iterations_columns
 from llmsim.sim.kvcache import KVCache
 from llmsim.sim.missed import MissedStop, watch_misses
 from llmsim.sim.prefix_cache import HostTier, PrefixKeys, TieredKV
+from llmsim.sim.replica_steps import step_together
 from llmsim.sim.resources import check_run_size
 from llmsim.sim.result import SUMMED_KV_TOTALS, KVTierTotals, SimulationResult, SpeculationSteps, StopReason
 from llmsim.sim.request import (REJECTED, InterTokenGaps, Request, RequestRecords, StreamedRecords, TimeAverage,
@@ -421,6 +422,8 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
         queue = shared if shared is not None else make_queue()
         groups.append([make_engine(env, index, resolved.cost, kv, queue, resolved.engine, on_done(index), micro_batch)
                        for micro_batch in range(resolved.engines_per_replica)])
+    for group in groups:
+        step_together(group)
     engines = [engine for group in groups for engine in group]
     if stream is not None:
         stream.begin(scenario, window, warmup)

@@ -1,0 +1,86 @@
+"""A replica's engines stepped together (llmsim.sim.replica_steps) make the run the general path makes.
+
+Each run below goes once with the replica's micro-batch engines stepped together through their decode-only
+iterations and once with every iteration through the engines' own loop (``step_together`` switched off), and
+the two must agree to the last bit: every request record, every iteration row, the longest wait a dispatching
+queue timeout could have acted on, the KV blocks handed out. The runs reach what ends a stretch: finishes,
+admissions of transferred or queued requests, preemptions when the cache runs out, other events (arrivals, a
+prefill pool's steps, transfers), and the three admission tests.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from llmsim.config.reader import Node
+from llmsim.scenario.scenario import scenario_from_node
+from llmsim.sim import disaggregated, replica_steps
+from llmsim.sim import simulate as simulate_module
+from llmsim.sim.simulate import simulate
+from tests.helpers import REPO, make_scenario
+
+CS3 = REPO / "scenarios" / "llama3-70b-h100-prefill-cs3-decode.yaml"
+
+
+def _cs3(rate: float, requests: int, max_batch_tokens: int, **engine):
+    data = yaml.safe_load(Path(CS3).read_text())
+    data["workload"].update({"arrival": {"process": "poisson", "rate": rate}, "num_requests": requests})
+    data["engine"].update(max_batch_tokens=max_batch_tokens, **engine)
+    return scenario_from_node(Node(data, file=str(CS3), base_dir=CS3.parent))
+
+
+def _four_stages(admission: str, **engine):
+    """Four micro-batch engines over a KV cache small enough at this load that the queue waits for blocks
+    (and, but under GUARANTEED_NO_EVICT, sequences are preempted)."""
+    return make_scenario({"deployment": {"pipeline_parallel": 4},
+                          "engine": {"admission": admission, "memory_utilization": 0.08, "max_model_len": 8192,
+                                     **engine},
+                          "workload": {"num_requests": 300, "arrival": {"process": "poisson", "rate": 60}}})
+
+
+def _run_both(scenario, monkeypatch):
+    stepped: list[int] = []
+    run = replica_steps.ReplicaSteps.run
+
+    def counted(self, first, in_flight):
+        before = len(first.log)
+        taken = run(self, first, in_flight)
+        stepped.append(taken and len(first.log) > before)
+        return taken
+
+    with monkeypatch.context() as patch:
+        patch.setattr(replica_steps.ReplicaSteps, "run", counted)
+        together = simulate(scenario, force=True)
+    with monkeypatch.context() as patch:
+        for module in (simulate_module, disaggregated):
+            patch.setattr(module, "step_together", lambda engines: None)
+        alone = simulate(scenario, force=True)
+    return together, alone, sum(stepped)
+
+
+@pytest.mark.parametrize("scenario", [
+    pytest.param(lambda: _cs3(10, 300, 2048), id="prefill-on-gpu-decode-on-cs3"),
+    pytest.param(lambda: _cs3(40, 200, 8192), id="cs3-cache-full-preempting"),
+    pytest.param(lambda: _four_stages("preempt"), id="four-stages-preempt"),
+    pytest.param(lambda: _four_stages("max_utilization"), id="four-stages-max-utilization"),
+    pytest.param(lambda: _four_stages("guaranteed_no_evict"), id="four-stages-guaranteed-no-evict"),
+    # Queue timeouts: a stretch ends before the step at which one acts (forcing the head in, or rejecting).
+    pytest.param(lambda: _cs3(10, 300, 2048, queue_timeout="50 ms"), id="cs3-timeout-dispatching"),
+    pytest.param(lambda: _four_stages("preempt", queue_timeout="200 ms"), id="four-stages-timeout-dispatching"),
+    pytest.param(lambda: _four_stages("preempt", queue_timeout="200 ms", on_timeout="reject"),
+                 id="four-stages-timeout-rejecting"),
+])
+def test_engines_stepped_together_make_the_run_the_general_path_makes(scenario, monkeypatch):
+    together, alone, stretches = _run_both(scenario(), monkeypatch)
+    assert stretches > 50                               # the stepping did take over
+    assert together.iterations["decode_seqs"].gt(0).mean() > 0.5
+    assert together.iterations["queued"].gt(0).mean() > 0.3            # admissions that fail, stretches past them
+    pd.testing.assert_frame_equal(together.requests, alone.requests, check_exact=True)
+    pd.testing.assert_frame_equal(together.iterations, alone.iterations, check_exact=True)
+    pd.testing.assert_frame_equal(together.queue_length, alone.queue_length, check_exact=True)
+    for name in ("end_s", "kv_allocated_blocks", "kv_freed_blocks", "kv_held_blocks", "preemptions", "mean_in_system",
+                 "mean_queue_length", "dispatch_wait_s"):
+        assert getattr(together, name) == getattr(alone, name), name
