@@ -46,10 +46,10 @@ from llmsim.cost.roofline import FEW_ROWS, CostModel, summed_iteration
 from llmsim.sim.decode import DecodeSet, StepPrice
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
-from llmsim.sim.speculative_kernels import (ADVANCE_ROWS_SIGNATURE, FLOAT_COLUMNS, INT_COLUMNS, PRICE_STEP_SIGNATURE,
-                                            RESERVE_BLOCKS_PLAIN_SIGNATURE, RESERVE_BLOCKS_SIGNATURE, advance_rows,
-                                            close_row, eligible_rows, open_row, price_step, reserve_blocks,
-                                            tree_extras)
+from llmsim.sim.speculative_kernels import (ADVANCE_ROWS_SIGNATURE, CLOSE_ROW_SIGNATURE, FLOAT_COLUMNS, INT_COLUMNS,
+                                            OPEN_ROW_SIGNATURE, PRICE_STEP_SIGNATURE, RESERVE_BLOCKS_PLAIN_SIGNATURE,
+                                            RESERVE_BLOCKS_SIGNATURE, advance_rows, close_row, eligible_rows,
+                                            open_row, price_step, reserve_blocks, tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
@@ -78,6 +78,10 @@ class DecodeSlots:
     the last one into it, is two array copies.
     """
 
+    # open_row's and close_row's compiled entry points (as SpeculativeDecodeSet's kernels'), set by the first slots
+    _open_row: ClassVar[Callable[..., None]]
+    _close_row: ClassVar[Callable[..., tuple[int, int, float, float, int, int]]]
+
     # The columns by name (set by _grow): views of the rows of ``ints`` (int64) and ``floats`` (float64),
     # in INT_COLUMNS and FLOAT_COLUMNS order, and this step's scratch columns (_STEP_COLUMNS).
     context: np.ndarray
@@ -105,6 +109,9 @@ class DecodeSlots:
     finished_rows: np.ndarray
 
     def __init__(self, capacity: int = 64):
+        if "_open_row" not in vars(DecodeSlots):
+            DecodeSlots._open_row = open_row.compile(OPEN_ROW_SIGNATURE)
+            DecodeSlots._close_row = close_row.compile(CLOSE_ROW_SIGNATURE)
         self.n = 0
         self.requests: list[Request] = []
         self.ints: np.ndarray = np.zeros((len(INT_COLUMNS), 0), dtype=np.int64)
@@ -129,9 +136,9 @@ class DecodeSlots:
         i = self.n
         if i == self.ints.shape[1]:
             self._grow(2 * i)
-        open_row(self.ints, self.floats, i, request.prefill_target, request.generated,
-                 request.output_tokens - request.generated, request.blocks, request.id, k_policy, request.alpha,
-                 request.last_token_s, request.max_itl_s)
+        self._open_row(self.ints, self.floats, i, request.prefill_target, request.generated,
+                       request.output_tokens - request.generated, request.blocks, request.id, k_policy, request.alpha,
+                       request.last_token_s, request.max_itl_s)
         self.requests.append(request)
         request.slot = i
         self.n += 1
@@ -140,7 +147,7 @@ class DecodeSlots:
     def remove(self, i: int) -> tuple[int, int, float, float, int, int]:
         """Take row ``i`` out (the last row moves into it); returns what its request keeps, as :func:`close_row`."""
         last = self.n - 1
-        kept = close_row(self.ints, self.floats, i, last)
+        kept = self._close_row(self.ints, self.floats, i, last)
         if i != last:
             moved = self.requests[last]
             self.requests[i] = moved

@@ -51,6 +51,8 @@ ADVANCE_ROWS_SIGNATURE = (numba.int64, numba.float64, numba.int64[:, ::1], _ROWS
                           numba.int64, _ROWS, numba.int64,
                           numba.types.Tuple((numba.int64, numba.int64, numba.float64, numba.float64, numba.int64,
                                              numba.boolean)))
+OPEN_ROW_SIGNATURE = (numba.int64[:, ::1], _ROWS, *[numba.int64] * 7, *[numba.float64] * 3)
+CLOSE_ROW_SIGNATURE = (numba.int64[:, ::1], _ROWS, numba.int64, numba.int64)
 PRICE_STEP_SIGNATURE = (numba.int64, _INTS, _INTS, numba.int64, _INTS, _ROWS, *[numba.float64] * 3, numba.boolean,
                         numba.int64, *[numba.float64] * 3, numba.int64, numba.boolean, numba.boolean, _ROWS,
                         numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS, numba.int64, _FLOATS, _FLOATS)
