@@ -56,8 +56,9 @@ def slo_hits(steady: pd.DataFrame, slo: SLO) -> tuple[pd.Series, dict[str, pd.Se
     limits = slo_limits(steady, slo)
     targets = {metric: finished & within_limit(steady, metric, limits[metric])
                for metric in _percentiles(slo) if metric in limits}
-    good = steady[steady["meets_slo"]] if slo.defined else steady[finished]
-    return (steady["meets_slo"] if slo.defined else finished), targets, len(good), float(good["output_tokens"].sum())
+    attained = steady["meets_slo"] if slo.defined else finished
+    good = attained.to_numpy(dtype=bool)           # counted on numpy: a filtered frame would copy every column
+    return attained, targets, int(good.sum()), float(steady["output_tokens"].to_numpy()[good].sum())
 
 
 def _percentiles(slo: SLO) -> dict:

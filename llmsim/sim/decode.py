@@ -251,8 +251,10 @@ class EventDecodeSet(DecodeSet):
         terms = self._decode_terms_by_seqs.get(n)         # cost.decode_terms, its memo read inline
         if terms is None:
             terms = self._cost.decode_terms(n, kv_read)
-        return log.add_decode_step(now, n, kv_used_blocks, running, queued, self._stacked, self._n_ops, kv_read,
-                                   terms)
+        duration_s = log.decode_step_entry(log.doubles, log.at, now, n, kv_used_blocks, running, queued,
+                                           self._stacked, self._n_ops, kv_read, *terms)
+        log.row_added()
+        return duration_s
 
     def advance(self, now: float) -> None:
         """One token for every decoding sequence: finish those due, saturate sliding windows."""

@@ -17,7 +17,7 @@ from typing import ClassVar, NamedTuple
 import numba
 import numpy as np
 
-from llmsim.cost.roofline import DecodeTerms, _decode_price
+from llmsim.cost.roofline import _decode_price
 from llmsim.sim.request import Request
 
 
@@ -57,6 +57,7 @@ _INTEGER_FIELDS = frozenset(i for i, (name, kind) in enumerate(typing.get_type_h
 
 CHUNK_ROWS = 1 << 16                # 7.5 MiB a chunk
 _CHUNK_BYTES = CHUNK_ROWS * _ROW.size
+_CHUNK_DOUBLES = CHUNK_ROWS * _WIDTH
 # The columns a decode-only step writes (compiled code reads them as constants; the others are zeros).
 (_START_S, _DURATION_S, _DECODE_SEQS, _TOKENS_OUT, _FLOPS, _BYTES, _KV_USED_BLOCKS, _RUNNING, _QUEUED) = (
     LOG_COLUMNS.index(name) for name in ("start_s", "duration_s", "decode_seqs", "tokens_out", "flops", "bytes",
@@ -100,18 +101,18 @@ class IterationLog:
     held whole.
     """
 
-    __slots__ = ("_full", "_chunk", "_at", "_doubles")
+    __slots__ = ("_full", "_chunk", "at", "doubles")
     # :func:`_log_decode_step`'s compiled entry point, set by the first log (on the class, as CostModel keeps its
     # product's: compiled when a simulation first needs it, not when the module is imported).
-    _decode_step_entry: ClassVar[Callable[..., float]]
+    decode_step_entry: ClassVar[Callable[..., float]]
 
     def __init__(self):
-        if "_decode_step_entry" not in vars(IterationLog):
-            IterationLog._decode_step_entry = _log_decode_step.compile(_LOG_DECODE_STEP_SIGNATURE)
+        if "decode_step_entry" not in vars(IterationLog):
+            IterationLog.decode_step_entry = _log_decode_step.compile(_LOG_DECODE_STEP_SIGNATURE)
         self._full: list[mmap.mmap] = []           # chunks already full, in order
-        self._chunk = mmap.mmap(-1, _CHUNK_BYTES)  # the chunk being written, up to byte _at
-        self._at = 0
-        self._doubles = np.frombuffer(self._chunk, dtype=float)     # the chunk, as compiled code writes it
+        self._chunk = mmap.mmap(-1, _CHUNK_BYTES)  # the chunk being written, up to double ``at``
+        self.at = 0
+        self.doubles = np.frombuffer(self._chunk, dtype=float)      # the chunk, as compiled code writes it
 
     def add(self, start_s: float, duration_s: float, decode_seqs: int, prefill_seqs: int, prefill_tokens: float,
             tokens_out: int, flops: float, moved: float, kv_used_blocks: int, running: int, queued: int,
@@ -119,32 +120,23 @@ class IterationLog:
         """Append one iteration's row, its fields given in :data:`LOG_COLUMNS` order (``moved``: its bytes)
         and packed as they come: the engine logs every iteration, and builds an :class:`Iteration` only
         where one is asked for (:meth:`last`)."""
-        _ROW.pack_into(self._chunk, self._at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens,
+        _ROW.pack_into(self._chunk, self.at << 3, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens,
                        tokens_out, flops, moved, kv_used_blocks, running, queued, spec_seqs, draft_tokens,
                        accepted_tokens, draft_s)
-        self._at += _ROW.size
-        if self._at == _CHUNK_BYTES:
-            self._next_chunk()
+        self.row_added()
 
-    def add_decode_step(self, start_s: float, seqs: int, kv_used_blocks: int, running: int, queued: int,
-                        stacked: np.ndarray, n_ops: int, kv_read: int, terms: DecodeTerms) -> float:
-        """Price a decode-only step of ``seqs`` sequences reading ``kv_read`` KV tokens, by the cost model's
-        ``stacked`` matrix, operator count and ``terms`` for that many sequences
-        (:meth:`~llmsim.cost.roofline.CostModel.decode_terms`), and append its row: :meth:`add` of
-        :meth:`~llmsim.cost.roofline.CostModel.decode_step`'s price, in one compiled call (the engine's steady
-        state). Returns the step's duration."""
-        duration_s = self._decode_step_entry(self._doubles, self._at >> 3, start_s, seqs, kv_used_blocks, running,
-                                            queued, stacked, n_ops, kv_read, *terms)
-        self._at += _ROW.size
-        if self._at == _CHUNK_BYTES:
+    def row_added(self) -> None:
+        """A compiled writer (:meth:`~llmsim.sim.decode.EventDecodeSet.log_decode_step`, through
+        :data:`decode_step_entry`) wrote the next row into :attr:`doubles` from double :attr:`at` on: count it."""
+        self.at += _WIDTH
+        if self.at == _CHUNK_DOUBLES:
             self._next_chunk()
-        return duration_s
 
     def last(self, chunks: Sequence[tuple[Request, int]], decoding: bool) -> Iteration:
         """The last row as an :class:`Iteration` (its counts as ints) that scheduled ``chunks`` and, if
         ``decoding``, a step of the decoding sequences."""
-        if self._at:
-            row = _ROW.unpack_from(self._chunk, self._at - _ROW.size)
+        if self.at:
+            row = _ROW.unpack_from(self._chunk, (self.at - _WIDTH) << 3)
         else:
             row = _ROW.unpack_from(self._full[-1], _CHUNK_BYTES - _ROW.size)
         return Iteration._make([*(int(value) if i in _INTEGER_FIELDS else value for i, value in enumerate(row)),
@@ -158,11 +150,11 @@ class IterationLog:
             block[:, LOG_COLUMNS.index(name)] = values
         data = memoryview(block.tobytes())
         while data:
-            size = min(len(data), _CHUNK_BYTES - self._at)
-            self._chunk[self._at:self._at + size] = data[:size]
-            self._at += size
+            size = min(len(data), _CHUNK_BYTES - (self.at << 3))
+            self._chunk[self.at << 3:(self.at << 3) + size] = data[:size]
+            self.at += size >> 3
             data = data[size:]
-            if self._at == _CHUNK_BYTES:
+            if self.at == _CHUNK_DOUBLES:
                 self._next_chunk()
 
     def _next_chunk(self) -> None:
@@ -170,16 +162,16 @@ class IterationLog:
         self._new_chunk()
 
     def _new_chunk(self) -> None:
-        self._chunk, self._at = mmap.mmap(-1, _CHUNK_BYTES), 0
-        self._doubles = np.frombuffer(self._chunk, dtype=float)
+        self._chunk, self.at = mmap.mmap(-1, _CHUNK_BYTES), 0
+        self.doubles = np.frombuffer(self._chunk, dtype=float)
 
     def __len__(self) -> int:
-        return len(self._full) * CHUNK_ROWS + self._at // _ROW.size
+        return len(self._full) * CHUNK_ROWS + self.at // _WIDTH
 
     def views(self) -> list[np.ndarray]:
         """The log's chunks as (rows, columns) arrays sharing its memory (drop them before appending)."""
         return [np.frombuffer(chunk, dtype=float, count=size // 8).reshape(-1, _WIDTH) for chunk, size in
-                [*((chunk, _CHUNK_BYTES) for chunk in self._full), (self._chunk, self._at)]]
+                [*((chunk, _CHUNK_BYTES) for chunk in self._full), (self._chunk, self.at << 3)]]
 
     def take_full(self) -> list[np.ndarray]:
         """The chunks already full, as (rows, columns) arrays, taken out of the log (a run streamed
@@ -190,7 +182,7 @@ class IterationLog:
     def take_chunks(self):
         """Yield the log's rows as (rows, columns) arrays, chunk by chunk, emptying the log."""
         self._full.append(self._chunk)
-        last_rows = self._at // _ROW.size
+        last_rows = self.at // _WIDTH
         self._new_chunk()
         while self._full:
             chunk = self._full.pop(0)

@@ -88,18 +88,21 @@ def class_rules(scenario: Scenario) -> tuple[ClassRule, ...]:
     return tuple(rules)
 
 
-class ClassQueue:
+class ClassQueue(set):
     """One FIFO per traffic class, and the policy's choice between their heads (module docstring).
 
     It offers the plain queue's interface (``head``/``pop``, ``push``, ``push_front``, ``length``)
     plus per-class access: :meth:`choose` among some classes, :meth:`front`, :meth:`pop_class`.
-    ``class_length[c]`` integrates class ``c``'s queue length over time.
+    ``class_length[c]`` integrates class ``c``'s queue length over time. The queue is also the set of
+    the requests waiting in it (never iterated: the classes' FIFOs hold the order): the engine asks
+    whether it is empty and how long it is every iteration, which a set answers without a Python call
+    (as :class:`~llmsim.sim.request.WaitingQueue`'s deque does).
     """
 
     def __init__(self, rules: tuple[ClassRule, ...], order: ClassOrder, quantum_tokens: int):
+        super().__init__()
         self.rules = rules
         self._queues: list[deque[Request]] = [deque() for _ in rules]
-        self._count = 0
         self.length = TimeAverage()
         self.class_length = [TimeAverage(logged=False) for _ in rules]
         self._chosen = -1
@@ -109,12 +112,6 @@ class ClassQueue:
         self._turn = 0
         self._key = order.head_key
 
-    def __len__(self) -> int:
-        return self._count
-
-    def __bool__(self) -> bool:
-        return self._count > 0
-
     def waiting_classes(self) -> list[int]:
         return [c for c, q in enumerate(self._queues) if q]
 
@@ -122,23 +119,26 @@ class ClassQueue:
         return self._queues[c][0]
 
     def _change(self, c: int, now: float, delta: int) -> None:
-        self._count += delta
         self.length.change(now, delta)
         self.class_length[c].change(now, delta)
 
     def push(self, request: Request, now: float) -> None:
         request.status = QUEUED
         self._queues[request.class_index].append(request)
+        self.add(request)
         self._change(request.class_index, now, +1)
 
     def push_front(self, request: Request, now: float) -> None:
         request.status = QUEUED
         self._queues[request.class_index].appendleft(request)
+        self.add(request)
         self._change(request.class_index, now, +1)
 
     def choose(self, classes: list[int]) -> int:
         """The class, among ``classes`` (each with a request waiting), whose head goes next."""
         if self._key is not None:
+            if len(classes) == 1:                # the one waiting class (most admissions: no key to compare)
+                return classes[0]
             key, rules, queues = self._key, self.rules, self._queues
             return min(classes, key=lambda c: key(queues[c][0], rules[c]))
         return self._round_robin(classes)
@@ -170,6 +170,7 @@ class ClassQueue:
 
     def pop_class(self, c: int, now: float) -> Request:
         request = self._queues[c].popleft()
+        self.remove(request)
         self._change(c, now, -1)
         if self._key is None:
             self._deficit[c] -= _work(request)
@@ -181,7 +182,7 @@ class ClassQueue:
         self._chosen = self.choose(self.waiting_classes())
         return self.front(self._chosen)
 
-    def pop(self, now: float) -> Request:
+    def pop(self, now: float) -> Request:                    # type: ignore[override]
         return self.pop_class(self._chosen, now)
 
     def expire(self, now: float) -> list[tuple[Request, float]]:
@@ -199,6 +200,7 @@ class ClassQueue:
                     kept.append(queue.popleft())
                 elif now - request.arrival_s >= rule.timeout_s:
                     expired.append((queue.popleft(), rule.timeout_s))
+                    self.remove(request)
                     self._change(c, now, -1)
                 else:
                     break
@@ -211,16 +213,13 @@ def _work(request: Request) -> int:
     return request.prefill_target - request.prefilled + request.output_tokens - request.generated
 
 
-def _started(request: Request) -> bool:
-    return request.first_scheduled_s == request.first_scheduled_s
-
-
+# (``not started``: a NaN first admission, inline: these keys order the heads at every admission)
 def _fcfs(r: Request, rule: ClassRule) -> tuple:
-    return (not _started(r), r.arrival_s)
+    return (r.first_scheduled_s != r.first_scheduled_s, r.arrival_s)
 
 
 def _by_priority(r: Request, rule: ClassRule) -> tuple:
-    return (rule.priority, not _started(r), r.arrival_s)
+    return (rule.priority, r.first_scheduled_s != r.first_scheduled_s, r.arrival_s)
 
 
 def _by_priority_then_arrival(r: Request, rule: ClassRule) -> tuple:
@@ -328,6 +327,9 @@ class ClassQueueing(Queueing):
         self.preempts_for_waiting = order.preempts_for_waiting
         self.seats = [0] * len(rules)
         self._reserving = any(r.reserved_seqs for r in rules)
+        # no class reserves slots or takes dedicated ones: every waiting class's head may take a slot while one is
+        # free (:meth:`_may_seat` asks nothing else), so :meth:`_seatable` asks once for all of them
+        self._seats_alike = not self._reserving and all(r.on_timeout is not OnTimeout.DEDICATED for r in rules)
 
     # -- timeouts ---------------------------------------------------------------------------------
     def rejects_on_timeout(self) -> bool:
@@ -359,11 +361,19 @@ class ClassQueueing(Queueing):
             seats -= sum(max(0, r.reserved_seqs - self.seats[d]) for d, r in enumerate(self.rules) if d != c)
         return len(engine.running) < seats
 
+    def _seatable(self, now: float) -> list[int]:
+        """The waiting classes whose heads may take a sequence slot now (:meth:`_may_seat`)."""
+        queue = self.queue
+        if self._seats_alike:
+            engine = self.engine
+            return queue.waiting_classes() if len(engine.running) < engine.config.max_num_seqs else []
+        return [c for c in queue.waiting_classes() if self._may_seat(c, now)]
+
     def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
         engine = self.engine
         queue = self.queue
         while queue:
-            classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
+            classes = self._seatable(now)
             if not classes:
                 break
             c = queue.choose(classes)

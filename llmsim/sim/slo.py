@@ -33,11 +33,18 @@ def slo_limits(records: Records, slo: SLO) -> dict:
     if not slo.classes or "class" not in records:
         return {metric: limit for metric, (limit, _) in slo.targets().items()}
     out = {}
+    of_class: dict[str, np.ndarray] = {}          # class -> its rows, found once for every metric
     for metric in SLO_METRICS:
         per_class = {name: getattr(own, f"{metric}_s") for name, own in slo.classes}
         if any(v is not None for v in per_class.values()):
-            table = {name: math.inf if v is None else v for name, v in per_class.items()}
-            out[metric] = pd.Series(records["class"]).map(table).to_numpy(float)
+            if not of_class:
+                column = records["class"]
+                of_class = {name: np.asarray(column == name, dtype=bool) for name in per_class}
+            # a row of a class the SLO does not name is held to nothing it can meet (NaN)
+            limits = np.full(len(column), np.nan)
+            for name, v in per_class.items():
+                limits[of_class[name]] = math.inf if v is None else v
+            out[metric] = limits
     return out
 
 

@@ -210,9 +210,9 @@ def test_sigkill_of_a_sweep_leaves_no_worker_alive(tmp_path):
     parent.wait()
     try:
         # The kernel sends each worker SIGKILL while it tears the parent down (PR_SET_PDEATHSIG),
-        # so the workers are gone within milliseconds; 3 s allows for a 2-core machine loaded by
+        # so the workers are gone within milliseconds; 30 s allows for a 2-core machine loaded by
         # other tests (without the fix they sleep on for 600 s).
-        wait_for(lambda: not any(map(running, workers)), 3, f"workers {workers} to die with their parent")
+        wait_for(lambda: not any(map(running, workers)), 30, f"workers {workers} to die with their parent")
     finally:
         for pid in filter(running, workers):        # a failed test leaves nothing behind either
             os.kill(pid, signal.SIGKILL)

@@ -63,9 +63,10 @@ def test_observers_see_the_iterations_the_result_records():
 
 @pytest.mark.parametrize("hardware", ["H100-SXM", "CS-3"])     # with kernel terms, and the roofline alone
 def test_a_decode_step_logged_in_one_call_is_the_row_add_packs_from_decode_step(hardware):
-    """IterationLog.add_decode_step (the engine's steady state: priced and logged in one compiled call) writes
-    the row add() packs from CostModel.decode_step's price, bit for bit, and returns its duration, across a
-    chunk boundary and for batch sizes new and seen."""
+    """IterationLog.decode_step_entry (the engine's steady state: priced and logged in one compiled call, as
+    EventDecodeSet.log_decode_step calls it) with row_added writes the row add() packs from
+    CostModel.decode_step's price, bit for bit, and returns its duration, across a chunk boundary and for batch
+    sizes new and seen."""
     cost = CostModel(model_catalog()["Llama-3.1-70B"], lookup_hardware(hardware), 1 if hardware == "CS-3" else 8)
     fast, reference = IterationLog(), IterationLog()
     rng = np.random.default_rng(12)
@@ -76,8 +77,9 @@ def test_a_decode_step_logged_in_one_call_is_the_row_add_packs_from_decode_step(
         duration_s, flops, moved = cost.decode_step(seqs, kv_read)
         reference.add(start_s, duration_s, seqs, 0, 0.0, seqs, flops, moved, used, running, queued, 0, 0, 0, 0.0)
         stacked, n_ops, _, _ = cost.compiled_terms()
-        assert fast.add_decode_step(start_s, seqs, used, running, queued, stacked, n_ops, kv_read,
-                                    cost.decode_terms(seqs, kv_read)) == duration_s
+        assert fast.decode_step_entry(fast.doubles, fast.at, start_s, seqs, used, running, queued, stacked, n_ops,
+                                      kv_read, *cost.decode_terms(seqs, kv_read)) == duration_s
+        fast.row_added()
     assert all(np.array_equal(a.view(np.int64), b.view(np.int64)) for a, b in zip(fast.views(), reference.views()))
 
 
@@ -85,6 +87,10 @@ def test_a_decode_step_logged_in_one_call_is_the_row_add_packs_from_decode_step(
     {},                                                                     # one engine, kernel terms
     {"deployment": {"pipeline_parallel": 4}, "workload": {"num_requests": 300}},   # four sharing a KV cache
     {"engine": {"chunked_prefill": False}, "workload": {"num_requests": 300}},
+    {"model": "Qwen3-30B-A3B", "hardware": "H200",                        # eight expert-parallel ranks
+     "deployment": {"tensor_parallel": 1, "pipeline_parallel": 1,
+                    "expert_parallel": {"degree": 8, "routing": {"distribution": "zipf", "exponent": 0.6}}},
+     "workload": {"num_requests": 300, "arrival": {"process": "poisson", "rate": 20.0}}},
 ])
 def test_the_engine_s_one_call_decode_step_changes_no_record(overrides, monkeypatch):
     """A run whose decode-only iterations are priced and logged in one call (the engine's steady state) has

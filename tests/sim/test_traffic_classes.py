@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ import pytest
 from llmsim import batch_means, simulate
 from llmsim.analysis.metrics import summarize
 from llmsim.errors import ConfigError
+from llmsim.sim.slo import meets_slo
 from llmsim.workload.generate import generate_trace
 
 from tests.helpers import BASE, make_scenario, roofline_only
@@ -304,3 +306,22 @@ def test_a_trace_class_the_scenario_lacks_names_file_line_and_classes(tmp_path):
     with pytest.raises(ConfigError) as error:                    # a share makes no sense for replayed classes
         _replayed_classes(tmp_path, ["batch"] * 3, {"batch": {"share": 1.0}})
     assert error.value.key == "workload.classes.batch.share"
+
+
+def test_each_request_is_held_to_its_own_classes_limits():
+    """``meets_slo`` with traffic classes, against every record checked on its own class's SLO one by one (a
+    1-token output has no TPOT and meets it); the same from the records' table as from the simulator's columns."""
+    slo = {"classes": {"urgent": {"ttft": "100 ms", "tpot": "20 ms"}, "relaxed": {"e2e": "4 s"}}}
+    scenario = make_scenario({"engine": {"max_num_seqs": 32, "scheduling_policy": "priority"}, "slo": slo,
+                              "workload": {"num_requests": 600, "arrival": {"rate": 30.0}, "classes": TWO_CLASSES}})
+    records = simulate(scenario).requests
+    expected = []
+    for row in records.to_dict("records"):
+        met = row["status"] == "finished"
+        for metric, (limit_s, _) in scenario.slo.for_class(row["class"]).targets().items():
+            value = row[f"{metric}_s"]
+            met = met and (value <= limit_s or (metric == "tpot" and math.isnan(value)))
+        expected.append(met)
+    assert 0 < sum(expected) < len(expected)           # both outcomes occur
+    assert records["meets_slo"].tolist() == expected
+    assert meets_slo(records, scenario.slo).tolist() == expected
