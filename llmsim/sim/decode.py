@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from typing import cast
+from collections.abc import Callable
+from typing import ClassVar, cast
 
+import numba
 import numpy as np
 
 from llmsim.sim.iterations import IterationLog
@@ -56,6 +58,23 @@ END, GAP, CONTINUING = range(3)     # the step table's columns
 # A plain tuple, which the engine unpacks at once: a named tuple built every iteration cost about a quarter
 # of a microsecond more.
 StepPrice = tuple[float, int, int, float, float, int, int, int, float]
+
+
+@numba.njit(cache=True)
+def _longest_gap(steps, first, last):
+    """The largest of the step table ``steps``' gaps in rows ``first`` to ``last - 1`` (``last > first``):
+    ``steps[first:last, GAP].max()`` without numpy's reduction's fixed cost (a sequence that finishes reads it
+    once; the gaps are times, never NaN, so the first largest is numpy's)."""
+    longest = steps[first, GAP]
+    for row in range(first + 1, last):
+        gap = steps[row, GAP]
+        if gap > longest:
+            longest = gap
+    return longest
+
+
+# The one specialization called, through its compiled entry point (as the iteration log calls its decode step).
+_LONGEST_GAP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.int64)
 
 
 def add_due(table: dict[int, list], step: int, entries: list) -> bool:
@@ -142,9 +161,13 @@ class EventDecodeSet(DecodeSet):
                  "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
                  "_held_steps", "_decode_terms_by_seqs", "_stacked", "_n_ops", "_cost", "due_counts",
                  "_due_counts_w", "dues_in_phase")
+    # :func:`_longest_gap`'s compiled entry point, set by the first set (compiled when a simulation first needs it).
+    _longest_gap_entry: ClassVar[Callable[..., float]]
 
     def __init__(self, engine):
         super().__init__(engine)
+        if "_longest_gap_entry" not in vars(EventDecodeSet):
+            EventDecodeSet._longest_gap_entry = _longest_gap.compile(_LONGEST_GAP_SIGNATURE)
         cost = self._cost = engine.cost
         self._stacked, self._n_ops, _, _ = cost.compiled_terms()
         self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
@@ -385,7 +408,8 @@ class EventDecodeSet(DecodeSet):
             engine.first_gap_s.append(first)
             # The longest gap after the first, over steps start + 1 .. step - 1 (the last step taken): read once
             # per decode run, from the step table (a step only writes its row).
-            longest = float(self._steps[start + 1 - first_step:step - first_step, GAP].max()) if done > 1 else 0.0
+            longest = (self._longest_gap_entry(self._steps, start + 1 - first_step, step - first_step) if done > 1
+                       else 0.0)
             request.max_itl_s = max(request.max_itl_s, first, longest)
             request.last_token_s = table[3 * (step - 1 - first_step) + END]
 
