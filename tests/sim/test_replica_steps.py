@@ -5,7 +5,8 @@ iterations and once with every iteration through the engines' own loop (``step_t
 the two must agree to the last bit: every request record, every iteration row, the longest wait a dispatching
 queue timeout could have acted on, the KV blocks handed out. The runs reach what ends a stretch: finishes,
 admissions of transferred or queued requests, preemptions when the cache runs out, other events (arrivals, a
-prefill pool's steps, transfers), and the three admission tests.
+prefill pool's steps, transfers), and the three admission tests; and most stretches read the engines' rows kept
+from the stretch before (an engine that stepped on its own since is read again).
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def _four_stages(admission: str, **engine):
 
 def _run_both(scenario, monkeypatch):
     stepped: list[int] = []
-    run = replica_steps.ReplicaSteps.run
+    gathered: list[int] = []
+    run, gather = replica_steps.ReplicaSteps.run, replica_steps.ReplicaSteps._gather
 
     def counted(self, first, in_flight):
         before = len(first.log)
@@ -51,14 +53,19 @@ def _run_both(scenario, monkeypatch):
         stepped.append(taken and len(first.log) > before)
         return taken
 
+    def counted_gather(self, i):
+        gathered.append(i)
+        gather(self, i)
+
     with monkeypatch.context() as patch:
         patch.setattr(replica_steps.ReplicaSteps, "run", counted)
+        patch.setattr(replica_steps.ReplicaSteps, "_gather", counted_gather)
         together = simulate(scenario, force=True)
     with monkeypatch.context() as patch:
         for module in (simulate_module, disaggregated):
             patch.setattr(module, "step_together", lambda engines: None)
         alone = simulate(scenario, force=True)
-    return together, alone, sum(stepped)
+    return together, alone, sum(stepped), len(gathered)
 
 
 @pytest.mark.parametrize("scenario", [
@@ -74,8 +81,9 @@ def _run_both(scenario, monkeypatch):
                  id="four-stages-timeout-rejecting"),
 ])
 def test_engines_stepped_together_make_the_run_the_general_path_makes(scenario, monkeypatch):
-    together, alone, stretches = _run_both(scenario(), monkeypatch)
+    together, alone, stretches, gathered = _run_both(scenario(), monkeypatch)
     assert stretches > 50                               # the stepping did take over
+    assert gathered < stretches                         # most engines' rows kept from the stretch before
     assert together.iterations["decode_seqs"].gt(0).mean() > 0.5
     assert together.iterations["queued"].gt(0).mean() > 0.3            # admissions that fail, stretches past them
     pd.testing.assert_frame_equal(together.requests, alone.requests, check_exact=True)
