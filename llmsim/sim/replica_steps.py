@@ -27,8 +27,10 @@ free blocks), and its failed tries leave :attr:`~llmsim.sim.engine.Queueing.disp
 would. Engines take part only where no step of theirs does anything else: no observers or hooks, chunked
 prefill, no prompts in flight, FIFO queueing, a plain KV cache, the one-token decode set without a sliding
 window, no hand-off or asynchronous scheduling. The blocks taken are then given to their sequences step by step
-(:meth:`~llmsim.sim.decode.EventDecodeSet.reserved_through`) and the admission's last wait recorded. (A
-Ctrl-C, which halts a run between two events, halts it after the stretch it falls in.)
+(:meth:`~llmsim.sim.decode.EventDecodeSet.reserved_through`) and the admission's last wait recorded. An engine's
+row in the compiled loop's arrays is kept from one stretch to the next and read again only where the engine
+took a step on its own since. (A Ctrl-C, which halts a run between two events, halts it after the stretch it
+falls in.)
 """
 from __future__ import annotations
 
