@@ -21,6 +21,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 import simpy
 
@@ -85,12 +86,11 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
     arrival = records.arrival_s
     first = int(np.searchsorted(arrival, warmup_s, "left"))
 
-    def window(end_s: float) -> tuple[int, list, float]:
-        """(the window's last request + 1, per watched target: its requests among the window's and how many
-        sure misses leave its share within the limit below target - margin, the time between checks)."""
+    def window(end_s: float) -> tuple[int, Watched | None, float]:
+        """(the window's last request + 1, its watched targets (None: none), the time between checks)."""
         last = int(np.searchsorted(arrival, end_s, "right"))
         classes = records.class_index[first:last] if records.class_index is not None else None
-        watched = []
+        targets, mines, allowed = [], [], []
         for target in targets_of(scenario.slo, scenario.workload.class_names):
             if target.metric not in WATCHED:
                 continue
@@ -98,8 +98,14 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
                     else classes == target.class_index)
             counted = int(np.count_nonzero(mine))
             if counted >= rule.min_requests:
-                watched.append((target, mine, rule.allowed_on(limit_name(target, scenario.workload.class_names),
-                                                              target.percentile / 100, counted)))
+                targets.append(target)
+                mines.append(mine)
+                allowed.append(rule.allowed_on(limit_name(target, scenario.workload.class_names),
+                                               target.percentile / 100, counted))
+        watched = Watched(targets, np.array([t.metric == "ttft" for t in targets]),
+                          np.array([t.limit_s for t in targets], dtype=float),
+                          np.array(mines, dtype=bool).reshape(len(targets), last - first),
+                          np.array(allowed, dtype=np.int64)) if targets else None
         return last, watched, max(end_s - warmup_s, 1e-9) / CHECKS
 
     end_s = window_s if stage is None else stage.end_s
@@ -111,7 +117,7 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
         if stage is not None and stage.end_s != end_s:
             end_s = stage.end_s
             last, watched, period = window(end_s)
-        missed = _missed(env.now, records, in_system, arrival, first, last, watched) if watched else []
+        missed = _missed(env.now, records, in_system, arrival, first, last, watched) if watched is not None else []
         if missed:
             stopped_on.extend(limit_name(target, scenario.workload.class_names) for target in missed)
             stop.succeed(StopReason.MISSED)
@@ -119,26 +125,53 @@ def watch_misses(env: simpy.Environment, scenario: Scenario, records: RequestRec
         yield env.timeout(period)
 
 
+@dataclass(frozen=True)
+class Watched:
+    """A window's watched targets: each one's ``targets`` entry, whether its limit is on TTFT (``ttft``; else on
+    E2E), its limit (``limits_s``), its requests among the window's (``mines``, a row per target) and how many
+    sure misses leave its share within the limit below target - margin (``allowed``)."""
+    targets: list[Target]
+    ttft: np.ndarray
+    limits_s: np.ndarray
+    mines: np.ndarray
+    allowed: np.ndarray
+
+
 def _missed(now: float, records: RequestRecords, in_system: dict, arrival: np.ndarray, first: int, last: int,
-            watched: list) -> list[Target]:
+            watched: Watched) -> list[Target]:
     """The watched targets whose window's requests already sure to miss them are more than allowed."""
-    arrived = arrival[first:last] <= now
-    status = np.frombuffer(records.status, np.int8)[first:last]
-    left = status != 0                      # written when they left: finished or rejected
-    rejected = status == RequestRecords.STATUSES.index("rejected")
     first_token = np.frombuffer(records.first_token_s, float)[first:last].copy()
-    finish = np.frombuffer(records.finish_s, float)[first:last].copy()
     for request in in_system.values():
         if first <= request.id < last:
             first_token[request.id - first] = request.first_token_s
-    waited = now - arrival[first:last]
-    late_by = {}
-    for metric, limit in {(target.metric, target.limit_s) for target, _, _ in watched}:
-        if metric == "ttft":
-            # no first token yet after the limit, or one after it
-            late = np.where(np.isnan(first_token), waited > limit, first_token - arrival[first:last] > limit)
-        else:
-            late = np.where(left, finish - arrival[first:last] > limit, waited > limit)
-        late_by[(metric, limit)] = arrived & (rejected | late)
-    return [target for target, mine, allowed in watched
-            if int(np.count_nonzero(late_by[(target.metric, target.limit_s)] & mine)) > allowed]
+    counts = _sure_misses(float(now), arrival[first:last], np.frombuffer(records.status, np.int8)[first:last],
+                          RequestRecords.STATUSES.index("rejected"), first_token,
+                          np.frombuffer(records.finish_s, float)[first:last], watched.ttft, watched.limits_s,
+                          watched.mines)
+    return [target for target, count, allowed in zip(watched.targets, counts.tolist(), watched.allowed.tolist())
+            if count > allowed]
+
+
+@numba.njit(cache=True)
+def _sure_misses(now, arrival, status, rejected_code, first_token, finish, ttft, limits_s, mines):
+    """Per watched target (``ttft``, ``limits_s``, ``mines``: :class:`Watched`'s), how many of its window's
+    requests (their ``arrival``, ``status``: 0 while in the system, else written when they left, finished or
+    rejected; ``first_token``, ``finish``) have arrived by ``now`` and are sure to miss its limit: rejected, or
+    late: on TTFT, no first token yet after the limit, or one after it; on E2E, in the system past the limit,
+    or finished after it. One pass, with the comparisons and float subtractions numpy's arrays would make."""
+    counts = np.zeros(len(ttft), np.int64)
+    for i in range(len(arrival)):
+        if not arrival[i] <= now:
+            continue
+        rejected = status[i] == rejected_code
+        waited = now - arrival[i]
+        for t in range(len(ttft)):
+            if not mines[t, i]:
+                continue
+            if ttft[t]:
+                late = waited > limits_s[t] if np.isnan(first_token[i]) else first_token[i] - arrival[i] > limits_s[t]
+            else:
+                late = finish[i] - arrival[i] > limits_s[t] if status[i] != 0 else waited > limits_s[t]
+            if rejected or late:
+                counts[t] += 1
+    return counts

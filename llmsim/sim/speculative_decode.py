@@ -32,8 +32,10 @@ draft, :meth:`~llmsim.cost.roofline.CostModel.iteration`) and finishing requests
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
+from typing import ClassVar
 
 import numpy as np
 
@@ -44,7 +46,9 @@ from llmsim.cost.roofline import FEW_ROWS, CostModel, summed_iteration
 from llmsim.sim.decode import DecodeSet, StepPrice
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
-from llmsim.sim.speculative_kernels import (FLOAT_COLUMNS, INT_COLUMNS, advance_rows, close_row, eligible_rows,
+from llmsim.sim.speculative_kernels import (ADVANCE_ROWS_SIGNATURE, CLOSE_ROW_SIGNATURE, FLOAT_COLUMNS, INT_COLUMNS,
+                                            OPEN_ROW_SIGNATURE, PRICE_STEP_SIGNATURE, RESERVE_BLOCKS_PLAIN_SIGNATURE,
+                                            RESERVE_BLOCKS_SIGNATURE, advance_rows, close_row, eligible_rows,
                                             open_row, price_step, reserve_blocks, tree_extras)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
@@ -74,6 +78,10 @@ class DecodeSlots:
     the last one into it, is two array copies.
     """
 
+    # open_row's and close_row's compiled entry points (as SpeculativeDecodeSet's kernels'), set by the first slots
+    _open_row: ClassVar[Callable[..., None]]
+    _close_row: ClassVar[Callable[..., tuple[int, int, float, float, int, int]]]
+
     # The columns by name (set by _grow): views of the rows of ``ints`` (int64) and ``floats`` (float64),
     # in INT_COLUMNS and FLOAT_COLUMNS order, and this step's scratch columns (_STEP_COLUMNS).
     context: np.ndarray
@@ -101,6 +109,9 @@ class DecodeSlots:
     finished_rows: np.ndarray
 
     def __init__(self, capacity: int = 64):
+        if "_open_row" not in vars(DecodeSlots):
+            DecodeSlots._open_row = open_row.compile(OPEN_ROW_SIGNATURE)
+            DecodeSlots._close_row = close_row.compile(CLOSE_ROW_SIGNATURE)
         self.n = 0
         self.requests: list[Request] = []
         self.ints: np.ndarray = np.zeros((len(INT_COLUMNS), 0), dtype=np.int64)
@@ -125,9 +136,9 @@ class DecodeSlots:
         i = self.n
         if i == self.ints.shape[1]:
             self._grow(2 * i)
-        open_row(self.ints, self.floats, i, request.prefill_target, request.generated,
-                 request.output_tokens - request.generated, request.blocks, request.id, k_policy, request.alpha,
-                 request.last_token_s, request.max_itl_s)
+        self._open_row(self.ints, self.floats, i, request.prefill_target, request.generated,
+                       request.output_tokens - request.generated, request.blocks, request.id, k_policy, request.alpha,
+                       request.last_token_s, request.max_itl_s)
         self.requests.append(request)
         request.slot = i
         self.n += 1
@@ -136,7 +147,7 @@ class DecodeSlots:
     def remove(self, i: int) -> tuple[int, int, float, float, int, int]:
         """Take row ``i`` out (the last row moves into it); returns what its request keeps, as :func:`close_row`."""
         last = self.n - 1
-        kept = close_row(self.ints, self.floats, i, last)
+        kept = self._close_row(self.ints, self.floats, i, last)
         if i != last:
             moved = self.requests[last]
             self.requests[i] = moved
@@ -157,9 +168,21 @@ class SpeculativeDecodeSet(DecodeSet):
     :class:`~llmsim.sim.result.SpeculationSteps`, which the run's result sums them into).
     """
 
+    # The step's kernels through their compiled entry points (the signatures of llmsim.sim.speculative_kernels,
+    # which say why), set by the first set on the class: compiled, or loaded from their cache, when a simulation
+    # first needs them, not when the module is imported. ``_reserve_blocks``: with a k per row, and without.
+    _reserve_blocks: ClassVar[tuple[Callable[..., tuple[int, int, bool, int]], ...]]
+    _price_step: ClassVar[Callable[..., tuple]]
+    _advance_rows: ClassVar[Callable[..., tuple[int, int, int, int]]]
+
     def __init__(self, engine, speculation: SpeculationConfig, draft_cost, acceptance_key: int,
                  handoff_s: float | None = None):
         super().__init__(engine)
+        if "_price_step" not in vars(SpeculativeDecodeSet):
+            SpeculativeDecodeSet._reserve_blocks = (reserve_blocks.compile(RESERVE_BLOCKS_SIGNATURE),
+                                                    reserve_blocks.compile(RESERVE_BLOCKS_PLAIN_SIGNATURE))
+            SpeculativeDecodeSet._price_step = price_step.compile(PRICE_STEP_SIGNATURE)
+            SpeculativeDecodeSet._advance_rows = advance_rows.compile(ADVANCE_ROWS_SIGNATURE)
         self.spec = speculation
         self.policy = k_policy(speculation.policy)
         self.draft_cost = draft_cost
@@ -229,9 +252,9 @@ class SpeculativeDecodeSet(DecodeSet):
                 return 0
             # Never draft past the last token asked for, nor past the iteration's token budget.
             chosen, marks = self._choose_k(n)
-            needed, drafted, reserved, eligible = reserve_blocks(n, chosen, s.eligible, s.ints,
-                                                                 self.engine.config.max_batch_tokens - n,
-                                                                 kv.block_size, kv.free_blocks, self._branching, marks)
+            needed, drafted, reserved, eligible = self._reserve_blocks[chosen is None](
+                n, chosen, s.eligible, s.ints, self.engine.config.max_batch_tokens - n, kv.block_size, kv.free_blocks,
+                self._branching, marks)
             if marks >= 0:
                 self._blocked_step = (None, eligible)
             if reserved:
@@ -284,12 +307,12 @@ class SpeculativeDecodeSet(DecodeSet):
         stacked, n_ops, x, tables = self._target_terms
         draft_stacked, draft_n_ops, _, draft_tables = self._draft_terms
         for _ in range(2):
-            n_spec, proposed, draft_steps, duration, flops, moved, draft_s, draft_flops, draft_bytes = price_step(
+            (n_spec, proposed, draft_steps, duration, flops, moved, draft_s, draft_flops,
+             draft_bytes) = self._price_step(
                 n, s.k, s.context, self._window_tokens, s.lag, self._draft_rows, pre_tokens, pairs, pre_kv,
                 bool(chunks), logits, padding, longest, self._local_share, self._branching, self._sequential,
-                self._expanded, stacked,
-                n_ops, x,
-                tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0], draft_tables[1])
+                self._expanded, stacked, n_ops, x, tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0],
+                draft_tables[1])
             if duration == duration:
                 break
             if not self.engine.cost.tabulate_last_step():
@@ -360,8 +383,8 @@ class SpeculativeDecodeSet(DecodeSet):
         at = self._runs_used
         if at + n > len(self._gap_runs):
             self._gap_runs.resize((2 * (at + n), 3), refcheck=False)     # in place: appends rows
-        freed, emitted, finished, runs = advance_rows(n, now, s.ints, s.floats, s.speculated, s.finished_rows,
-                                                      kv.block_size, self._gap_runs, at, self.policy.windows)
+        freed, emitted, finished, runs = self._advance_rows(n, now, s.ints, s.floats, s.speculated, s.finished_rows,
+                                                            kv.block_size, self._gap_runs, at, self.policy.windows)
         self._runs_used = at + runs
         self._step_ends_s.append(now)
         self._burst_tokens.append(emitted - n)

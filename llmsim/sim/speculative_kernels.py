@@ -38,6 +38,26 @@ _ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DEC
     DRAFT_ROW_COLUMNS)
 
 
+# The signatures a step's kernels are called with through their compiled entry points (``llmsim.sim.
+# speculative_decode``; as the iteration log calls its decode step and ``CostModel.step`` its product): the
+# dispatcher checks every argument's type on every call, which costs more than these kernels' work on a batch
+# of a few dozen rows, and an entry point checks none, so its callers pass exactly these types: the packed
+# columns (C-contiguous int64, float64 and bool rows), Python ints, floats and bools, and ``windows`` in
+# ``llmsim.speculation.policies.Windows``' layout.
+_INTS, _FLOATS, _ROWS = numba.int64[::1], numba.float64[::1], numba.float64[:, ::1]
+RESERVE_BLOCKS_SIGNATURE = (numba.int64, _INTS, numba.boolean[::1], numba.int64[:, ::1], *[numba.int64] * 5)
+RESERVE_BLOCKS_PLAIN_SIGNATURE = (numba.int64, numba.types.none, *RESERVE_BLOCKS_SIGNATURE[2:])   # ``chosen`` None
+ADVANCE_ROWS_SIGNATURE = (numba.int64, numba.float64, numba.int64[:, ::1], _ROWS, numba.boolean[::1], _INTS,
+                          numba.int64, _ROWS, numba.int64,
+                          numba.types.Tuple((numba.int64, numba.int64, numba.float64, numba.float64, numba.int64,
+                                             numba.boolean)))
+OPEN_ROW_SIGNATURE = (numba.int64[:, ::1], _ROWS, *[numba.int64] * 7, *[numba.float64] * 3)
+CLOSE_ROW_SIGNATURE = (numba.int64[:, ::1], _ROWS, numba.int64, numba.int64)
+PRICE_STEP_SIGNATURE = (numba.int64, _INTS, _INTS, numba.int64, _INTS, _ROWS, *[numba.float64] * 3, numba.boolean,
+                        numba.int64, *[numba.float64] * 3, numba.int64, numba.boolean, numba.boolean, _ROWS,
+                        numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS, numba.int64, _FLOATS, _FLOATS)
+
+
 @numba.njit(cache=True)
 def open_row(ints, floats, i, context, generated, remaining, blocks, request_id, k_policy, alpha, last_token_s,
              max_gap_s):

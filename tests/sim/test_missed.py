@@ -3,12 +3,14 @@ misses them by the margin, it still accounts for every request, and a run it doe
 each on one replica and on a disaggregated deployment (one prefill and one decode replica)."""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from llmsim.analysis.metrics import summarize
 from llmsim.cli.render import format_summary
-from llmsim.sim.missed import ShortfallStop
+from llmsim.sim.missed import ShortfallStop, _sure_misses
+from llmsim.sim.request import RequestRecords
 from llmsim.sim.result import StopReason
 from llmsim.sim.simulate import simulate
 
@@ -132,3 +134,32 @@ def test_a_class_run_meeting_its_targets_is_not_changed():
     watched, plain = simulate(scenario, stop_when_missed=RULE), simulate(scenario)
     assert watched.stopped_by is StopReason.COMPLETED
     pd.testing.assert_frame_equal(watched.requests, plain.requests)
+
+
+def test_sure_misses_counts_as_the_array_formulation():
+    """The watch's compiled count of sure misses, per watched target, against the same rule written as numpy
+    array operations over the window (arrived, and rejected or late: on TTFT without a first token past the
+    limit or with one after it, on E2E in the system past the limit or finished after it), on requests of
+    every state, limits on both metrics and class masks, with waits and latencies landing exactly on a limit."""
+    rng = np.random.default_rng(7)
+    n, now = 4000, 50.0
+    arrival = np.sort(rng.uniform(0.0, 60.0, n))
+    arrival[:50] = now                                    # arriving at the check's time: counted
+    status = rng.choice(np.array([0, 1, 2], np.int8), n)  # in the system, finished, rejected
+    first_token = np.where(rng.random(n) < 0.3, np.nan, arrival + rng.choice([0.25, 0.5, 0.75], n))
+    finish = np.where(status == 1, arrival + rng.choice([1.0, 2.0, 3.0], n), np.nan)
+    arrival[100:150] = now - 0.5                          # waited exactly the TTFT limit: not late
+    ttft = np.array([True, False, True, False])
+    limits_s = np.array([0.5, 2.0, 0.5, 2.0])
+    classes = rng.integers(0, 2, n)
+    mines = np.array([np.ones(n, bool), np.ones(n, bool), classes == 0, classes == 1])
+    rejected_code = RequestRecords.STATUSES.index("rejected")
+    counts = _sure_misses(now, arrival, status, rejected_code, first_token, finish, ttft, limits_s, mines)
+    arrived, waited, rejected = arrival <= now, now - arrival, status == rejected_code
+    for t in range(len(ttft)):
+        if ttft[t]:
+            late = np.where(np.isnan(first_token), waited > limits_s[t], first_token - arrival > limits_s[t])
+        else:
+            late = np.where(status != 0, finish - arrival > limits_s[t], waited > limits_s[t])
+        expected = int(np.count_nonzero(arrived & (rejected | late) & mines[t]))
+        assert 0 < expected < n and counts[t] == expected
