@@ -1299,7 +1299,11 @@ class _Search:
             groups: dict[BarStop | None, list[Config]] = {}          # the same stop: runs that may be shared
             for c in live:
                 groups.setdefault(held[1] if (held := stops[c]) is not None else None, []).append(c)
-            for rule, group in groups.items():
+            # A preemptive priority run that goes to its end without preempting is the priority run and serves
+            # every keyed policy's run of the same requests under any stop (reusing_runs), never the other way
+            # round: the groups holding one run first.
+            for rule, group in sorted(groups.items(), key=lambda item: not any(
+                    c.policy is SchedulingPolicy.PREEMPTIVE_PRIORITY for c in item[1])):
                 points = [{**c.overrides(self.scenario), RATE_KEY: rate, "seed": s} for c in group
                           for s in orders[c][wave]]
                 with stopping_missed_runs(rule) if rule is not None else nullcontext():

@@ -27,8 +27,10 @@ free blocks), and its failed tries leave :attr:`~llmsim.sim.engine.Queueing.disp
 would. Engines take part only where no step of theirs does anything else: no observers or hooks, chunked
 prefill, no prompts in flight, FIFO queueing, a plain KV cache, the one-token decode set without a sliding
 window, no hand-off or asynchronous scheduling. The blocks taken are then given to their sequences step by step
-(:meth:`~llmsim.sim.decode.EventDecodeSet.reserved_through`) and the admission's last wait recorded. (A
-Ctrl-C, which halts a run between two events, halts it after the stretch it falls in.)
+(:meth:`~llmsim.sim.decode.EventDecodeSet.reserved_through`) and the admission's last wait recorded. An engine's
+row in the compiled loop's arrays is kept from one stretch to the next and read again only where the engine
+took a step on its own since. (A Ctrl-C, which halts a run between two events, halts it after the stretch it
+falls in.)
 """
 from __future__ import annotations
 
@@ -57,9 +59,7 @@ NOW, IN_FLIGHT, KEY_S, TRIED_S, LAST_END_S = range(5)
 FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_EID = range(8)
 ENV_NOW, OTHER_S, WAITING_SINCE_S, TIMEOUT_S = range(4)
 _NO_KEY = int(np.iinfo(np.int64).max)
-_IDLE_INTS = (0,) * 15                  # an engine not taking part (not pending: never stepped)
-_IDLE_FLOATS = (0.0,) * 5
-_UNREAD = np.zeros(1)                   # its feature row
+_UNREAD = np.zeros(1)                   # an engine's feature row, before it takes part
 
 
 @numba.njit(cache=True)
@@ -161,6 +161,14 @@ class ReplicaSteps:
         self._shared_s = np.zeros(4)
         self._terms = np.zeros((size, 4))
         self._index = {id(engine._wake): i for i, engine in enumerate(engines)}
+        # Each engine's row in the arrays above is kept between stretches, with what it was gathered or written
+        # back from (its log chunk and position, its time and its sequences: a step of the engine's own writes a
+        # log row and moves its time, and a sequence it loses changes the count), its feature row, its step table
+        # and its log chunk: a stretch gathers again only the rows of engines that changed since.
+        self._synced: list[tuple[np.ndarray, int, float, int] | None] = [None] * size
+        self._xs = [_UNREAD] * size
+        self._tables = [decode._steps for decode in self._decodes]
+        self._logs = [engine.log.doubles for engine in engines]
         block_size = self.kv.block_size
         # The engines' due block counts in one array (each decode set keeps its row).
         self._dues = np.zeros((size, block_size), np.int64)
@@ -221,6 +229,23 @@ class ReplicaSteps:
                 return request.arrival_s, timeout_s, False
         return 0.0, math.inf, False
 
+    def _gather(self, i: int) -> None:
+        """Engine ``i``'s row (but what its call on the event queue and the queue's head give: pending, key,
+        priority, counter, the iteration in flight, whether its admissions fail trying), its feature row, step
+        table and log chunk, from the engine, and what they were read from."""
+        engine, decode = self.engines[i], self._decodes[i]
+        log, n = engine.log, decode.n
+        x, *rest = decode._cost.decode_terms(n, decode._all_offset_sum + n * (decode.step + 2))
+        self._xs[i] = x
+        self._terms[i] = rest
+        self._tables[i] = decode._steps
+        self._logs[i] = log.doubles
+        self._ints[i, :PENDING] = (decode.step, decode._first_step, decode._held_steps, n, decode._all_offset_sum,
+                                   decode._joined, decode._next_finish, log.at, _CHUNK_DOUBLES, len(engine.running))
+        self._floats[i, NOW] = engine.now
+        self._floats[i, LAST_END_S] = engine._last_end_s
+        self._synced[i] = (log.doubles, log.at, engine.now, n)
+
     def run(self, first: Engine, in_flight: float) -> bool:
         """``first`` resumes with its decode-only iteration of ``in_flight`` seconds over: step the replica's
         engines together from here if ``first`` can be (then True, and every engine's next call is scheduled or
@@ -235,7 +260,7 @@ class ReplicaSteps:
         waiting_since_s, timeout_s, forced = self._timed(first, now if now >= env._now else env._now)
         if not self._admits_none(first, forced):
             return False
-        ints, floats, terms = self._ints, self._floats, self._terms
+        ints, floats = self._ints, self._floats
         queue, index = self.queue, self._index
         calls = env._calls
         # The others' pending calls, where they take part, come off the queue.
@@ -252,35 +277,26 @@ class ReplicaSteps:
         events = env._queue
         other_s, *other_key = min(calls[0][:3], events[0][:3]) if calls and events else (
             calls[0][:3] if calls else events[0][:3] if events else (np.inf, _NO_KEY, _NO_KEY))
-        xs: list[np.ndarray] = []
-        int_rows: list[tuple[int, ...]] = []
-        float_rows: list[tuple[float, ...]] = []
+        synced, xs, tables, logs = self._synced, self._xs, self._tables, self._logs
         for i, (engine, decode) in enumerate(zip(engines, self._decodes)):
             entry = taken.get(i)
             if entry is None and i != first_i:
-                int_rows.append(_IDLE_INTS)
-                float_rows.append(_IDLE_FLOATS)
-                xs.append(_UNREAD)
+                ints[i, PENDING] = 0
                 continue
-            n = decode.n
-            x, *rest = decode._cost.decode_terms(n, decode._all_offset_sum + n * (decode.step + 2))
-            xs.append(x)
-            terms[i] = rest
+            log, stamp = engine.log, synced[i]
+            if (stamp is None or stamp[0] is not log.doubles or stamp[1] != log.at or stamp[2] != engine.now
+                    or stamp[3] != decode.n):
+                self._gather(i)
             time_s = engine._in_flight if entry else in_flight
             assert time_s is not None                     # pending: its iteration in flight is the one taken off
-            priority, eid = (entry[1], entry[2]) if entry else (NORMAL, 0)
-            int_rows.append((decode.step, decode._first_step, decode._held_steps, n, decode._all_offset_sum,
-                             decode._joined, decode._next_finish, engine.log.at, _CHUNK_DOUBLES,
-                             len(engine.running), entry is not None, priority, eid,
-                             self._tries(engine, forced), 0))
-            float_rows.append((engine.now, time_s, entry[0] if entry else 0.0, 0.0, engine._last_end_s))
-        ints[:] = int_rows
-        floats[:] = float_rows
+            ints[i, PENDING:] = (1, entry[1], entry[2], self._tries(engine, forced), 0) if entry else (
+                0, NORMAL, 0, self._tries(engine, forced), 0)
+            floats[i, IN_FLIGHT:TRIED_S] = (time_s, entry[0] if entry else 0.0)
         kv = self.kv
         shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
         shared_s[:] = (env._now, other_s, waiting_since_s, timeout_s)
-        self._step(ints, floats, shared, shared_s, self._dues, tuple(decode._steps for decode in self._decodes),
-                   tuple(engine.log.doubles for engine in engines), tuple(xs), terms, self._stacked, self._n_ops)
+        self._step(ints, floats, shared, shared_s, self._dues, tuple(tables),
+                   tuple(logs), tuple(xs), self._terms, self._stacked, self._n_ops)
         free, _, _, next_eid, current, *_ = shared.tolist()
         env._eid = count(next_eid)
         env._now = shared_s[ENV_NOW].item()
@@ -297,6 +313,7 @@ class ReplicaSteps:
                 engine.log.at = row[LOG_AT]
                 engine._last_end_s = times[LAST_END_S]
                 decode.reserved_through(decode.step)
+                synced[i] = (logs[i], row[LOG_AT], engine.now, row[SEQS])
                 if row[TRIES]:
                     waited_s = times[TRIED_S] - head_arrival_s
                     if waited_s > engine.queueing.dispatch_wait_s:

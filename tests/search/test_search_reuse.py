@@ -387,3 +387,32 @@ def test_a_run_key_follows_every_figure_of_the_hardware_profile():
         assert run_key(replace(scenario, hardware=replace(hardware, kernels=changed))) != run_key(scenario)
     # and the rest of the scenario as before
     assert run_key(scenario.with_seed(scenario.seed + 1)) != run_key(scenario)
+
+
+def test_a_preemptive_run_its_stop_never_stopped_serves_for_priority_under_another_stop(monkeypatch):
+    """recommend's class screen runs its candidates under stops of their own (BarStop), those holding a preemptive
+    priority candidate first: where that run went to its end without preempting it is the priority run, whole, and
+    serves the priority point under another stop; where it preempted, priority is simulated. Each row against an
+    independent run of the point under its own stop."""
+    from llmsim.search.sweeps import stopping_missed_runs
+    from llmsim.sim.missed import ShortfallStop
+
+    slo = {"interactive": {"ttft": "300 ms"}, "batch": {"e2e": "120 s"}}
+    preemptive, priority = ({"engine.scheduling_policy": p} for p in ("preemptive_priority", "priority"))
+    for rate, seqs, simulated in ((3.0, 128, ["preemptive_priority"]),
+                                  (14.0, 8, ["preemptive_priority", "priority"])):
+        scenario = _two_classes(slo, rate, seqs)
+        with stopping_missed_runs(ShortfallStop(1, 0.4)):
+            alone = run_points(scenario, [priority], workers=1)
+        ran = _counting_policies(monkeypatch)
+        with reusing_runs():
+            with stopping_missed_runs(ShortfallStop(1, 1.0)):          # never stops: the whole run
+                first = run_points(scenario, [preemptive], workers=1)
+            with stopping_missed_runs(ShortfallStop(1, 0.4)):
+                shared = run_points(scenario, [priority], workers=1)
+        monkeypatch.undo()
+        preempted = first["requests.preemptions"].iloc[0] > 0
+        assert preempted == (rate > 10)
+        assert first["stopped_by"].iloc[0] == "completed"
+        pd.testing.assert_frame_equal(shared, alone)
+        assert ran == simulated

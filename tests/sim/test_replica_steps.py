@@ -1,16 +1,18 @@
 """A replica's engines stepped together (llmsim.sim.replica_steps) make the run the general path makes.
 
 Each run below goes once with the replica's micro-batch engines stepped together through their decode-only
-iterations and once with every iteration through the engines' own loop (``step_together`` switched off), and
-the two must agree to the last bit: every request record, every iteration row, the longest wait a dispatching
-queue timeout could have acted on, the KV blocks handed out. The runs reach what ends a stretch: finishes,
-admissions of transferred or queued requests, preemptions when the cache runs out, other events (arrivals, a
-prefill pool's steps, transfers), and the three admission tests.
+iterations and once with every iteration through the engines' own loop (``step_together`` switched off), and the two
+must agree to the last bit: every request record, every iteration row, every inter-token gap and its weight, the
+longest wait a dispatching queue timeout could have acted on, the KV blocks handed out. The runs reach what ends a
+stretch: finishes, admissions of transferred or queued requests, preemptions when the cache runs out, other events
+(arrivals, a prefill pool's steps, transfers), and the three admission tests; and most stretches read the engines'
+rows kept from the stretch before (an engine that stepped on its own since is read again).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -43,7 +45,8 @@ def _four_stages(admission: str, **engine):
 
 def _run_both(scenario, monkeypatch):
     stepped: list[int] = []
-    run = replica_steps.ReplicaSteps.run
+    gathered: list[int] = []
+    run, gather = replica_steps.ReplicaSteps.run, replica_steps.ReplicaSteps._gather
 
     def counted(self, first, in_flight):
         before = len(first.log)
@@ -51,14 +54,19 @@ def _run_both(scenario, monkeypatch):
         stepped.append(taken and len(first.log) > before)
         return taken
 
+    def counted_gather(self, i):
+        gathered.append(i)
+        gather(self, i)
+
     with monkeypatch.context() as patch:
         patch.setattr(replica_steps.ReplicaSteps, "run", counted)
+        patch.setattr(replica_steps.ReplicaSteps, "_gather", counted_gather)
         together = simulate(scenario, force=True)
     with monkeypatch.context() as patch:
         for module in (simulate_module, disaggregated):
             patch.setattr(module, "step_together", lambda engines: None)
         alone = simulate(scenario, force=True)
-    return together, alone, sum(stepped)
+    return together, alone, sum(stepped), len(gathered)
 
 
 @pytest.mark.parametrize("scenario", [
@@ -74,13 +82,18 @@ def _run_both(scenario, monkeypatch):
                  id="four-stages-timeout-rejecting"),
 ])
 def test_engines_stepped_together_make_the_run_the_general_path_makes(scenario, monkeypatch):
-    together, alone, stretches = _run_both(scenario(), monkeypatch)
+    together, alone, stretches, gathered = _run_both(scenario(), monkeypatch)
     assert stretches > 50                               # the stepping did take over
+    assert gathered < stretches                         # most engines' rows kept from the stretch before
     assert together.iterations["decode_seqs"].gt(0).mean() > 0.5
     assert together.iterations["queued"].gt(0).mean() > 0.3            # admissions that fail, stretches past them
     pd.testing.assert_frame_equal(together.requests, alone.requests, check_exact=True)
     pd.testing.assert_frame_equal(together.iterations, alone.iterations, check_exact=True)
     pd.testing.assert_frame_equal(together.queue_length, alone.queue_length, check_exact=True)
+    # The inter-token gaps, each step's weighted by the sequences that continued through it, as handed over.
+    for mine, theirs in zip(together.inter_token_gaps.chunks(), alone.inter_token_gaps.chunks(), strict=True):
+        for column, other in zip(mine, theirs, strict=True):
+            np.testing.assert_array_equal(column, other)
     for name in ("end_s", "kv_allocated_blocks", "kv_freed_blocks", "kv_held_blocks", "preemptions", "mean_in_system",
                  "mean_queue_length", "dispatch_wait_s"):
         assert getattr(together, name) == getattr(alone, name), name
