@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import simpy
@@ -58,10 +58,16 @@ from llmsim.sim.kvcache import KVCache
 from llmsim.sim.prefix_cache import TieredKV
 from llmsim.sim.request import FINISHED, REJECTED, RUNNING, InterTokenGaps, Request, Waiting, WaitingQueue
 
-if TYPE_CHECKING:
-    from llmsim.sim.replica_steps import ReplicaSteps
-
 Observer = Callable[["Engine", Iteration], None]
+
+
+class StepsTogether(Protocol):
+    """A replica's engines stepped together through their decode-only iterations
+    (:class:`llmsim.sim.replica_steps.ReplicaSteps`, which imports this module)."""
+
+    def run(self, first: Engine, in_flight: float) -> bool:
+        """``first``'s iteration in flight, ``in_flight`` seconds long, is over: step the replica on from there
+        (True), or do nothing where ``first`` must go on through its own loop (False)."""
 
 # vLLM's block-manager watermark: the share of KV blocks a new prompt must leave free to be admitted
 # (vLLM ``BlockSpaceManager(watermark=0.01)``, ``watermark_blocks = int(watermark * num_gpu_blocks)``), so
@@ -345,7 +351,7 @@ class Engine(EngineProcess):
         self._last_end_s = -1.0                     # when the last iteration scheduled ends
         # The replica's engines stepped together through their decode-only iterations, where they can be
         # (llmsim.sim.replica_steps.step_together sets it): None, each engine on its own.
-        self.steps_together: ReplicaSteps | None = None
+        self.steps_together: StepsTogether | None = None
         self.handoff = None
         self.start()
 
