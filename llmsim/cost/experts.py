@@ -370,6 +370,11 @@ class ExpertParallelCostModel(CostModel):
         extra = self._remembered_extra(prefill_tokens + decode_seqs)
         return time_s + extra[0], flops + extra[1], moved + extra[2]
 
+    def step_terms(self, tokens: float, logits: int) -> tuple[float, float, float, float, float] | None:
+        """The plain model's terms with the MoE layers' time and work as :meth:`step` adds them."""
+        terms = super().step_terms(tokens, logits)
+        return None if terms is None else (*terms[:2], *self._remembered_extra(tokens))
+
     def _decode_terms(self, seqs: int, kv_read: float) -> DecodeTerms:
         """The plain model's terms with the MoE layers' time and work as :meth:`step` adds them."""
         row, nonlinear_s, _, _, _ = super()._decode_terms(seqs, kv_read)

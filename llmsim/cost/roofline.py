@@ -520,6 +520,20 @@ class CostModel:
             time_s += self._step_nonlinear_s(tokens, logits)
         return time_s, flops, moved
 
+    def step_terms(self, tokens: float, logits: int) -> tuple[float, float, float, float, float] | None:
+        """What :meth:`step` adds to the product of a row of ``tokens`` tokens (prefill plus decode) and ``logits``
+        sampling rows, where it is remembered: (the experts touched, the non-linear terms, what a subclass adds to
+        the time, FLOPs and bytes after them), NaN for a term not added; None where the non-linear terms are not
+        remembered yet (only :meth:`step` works them out, from the row its product fills)."""
+        touched = self._step_touched(tokens) if self._step_touched is not None else 1.0
+        if not self._gemm_rows:
+            return touched, math.nan, math.nan, math.nan, math.nan
+        layers_s = self._layer_memo.get(tokens)
+        head_s = self._head_memo.get(logits)
+        if layers_s is None or head_s is None:
+            return None
+        return touched, layers_s + head_s, math.nan, math.nan, math.nan
+
     def _step_nonlinear_s(self, tokens: float, logits: int) -> float:
         """The non-linear terms (GEMMs, all-reduces) of the row :meth:`step` last filled in the feature buffer,
         of ``tokens`` tokens and ``logits`` sampling rows: the layers' remembered by the tokens, the LM head's

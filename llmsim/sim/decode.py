@@ -13,7 +13,8 @@ in this order:
    (their feature sums computed by the engine), as the row fields of its log; without prompt
    chunks :meth:`DecodeSet.price_decode`, or, on the one-token set, where nothing but the
    decode set changes the step's price and row, :meth:`EventDecodeSet.log_decode_step`, which
-   also adds the row to the log (one compiled call: the engine's steady state);
+   also adds the row to the log (one compiled call: the engine's steady state), and with prompt
+   chunks :meth:`EventDecodeSet.log_step` likewise;
 3. after the iteration's time has passed, :meth:`DecodeSet.advance` (when it decoded):
    the step's tokens appear, finished sequences go to ``engine.finish``;
 4. :meth:`DecodeSet.start` for every prompt the iteration completed that has tokens left.
@@ -36,8 +37,10 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from typing import cast
+from collections.abc import Callable
+from typing import ClassVar, cast
 
+import numba
 import numpy as np
 
 from llmsim.sim.iterations import IterationLog
@@ -56,6 +59,23 @@ END, GAP, CONTINUING = range(3)     # the step table's columns
 # A plain tuple, which the engine unpacks at once: a named tuple built every iteration cost about a quarter
 # of a microsecond more.
 StepPrice = tuple[float, int, int, float, float, int, int, int, float]
+
+
+@numba.njit(cache=True)
+def _longest_gap(steps, first, last):
+    """The largest of the step table ``steps``' gaps in rows ``first`` to ``last - 1`` (``last > first``):
+    ``steps[first:last, GAP].max()`` without numpy's reduction's fixed cost (a sequence that finishes reads it
+    once; the gaps are times, never NaN, so the first largest is numpy's)."""
+    longest = steps[first, GAP]
+    for row in range(first + 1, last):
+        gap = steps[row, GAP]
+        if gap > longest:
+            longest = gap
+    return longest
+
+
+# The one specialization called, through its compiled entry point (as the iteration log calls its decode step).
+_LONGEST_GAP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.int64)
 
 
 def add_due(table: dict[int, list], step: int, entries: list) -> bool:
@@ -140,13 +160,17 @@ class EventDecodeSet(DecodeSet):
 
     __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_block_due", "_next_block_due", "_window_due",
                  "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
-                 "_held_steps", "_decode_terms_by_seqs", "_stacked", "_n_ops", "_cost", "due_counts",
+                 "_held_steps", "_decode_terms_by_seqs", "_stacked", "_n_ops", "_x", "_cost", "due_counts",
                  "_due_counts_w", "dues_in_phase")
+    # :func:`_longest_gap`'s compiled entry point, set by the first set (compiled when a simulation first needs it).
+    _longest_gap_entry: ClassVar[Callable[..., float]]
 
     def __init__(self, engine):
         super().__init__(engine)
+        if "_longest_gap_entry" not in vars(EventDecodeSet):
+            EventDecodeSet._longest_gap_entry = _longest_gap.compile(_LONGEST_GAP_SIGNATURE)
         cost = self._cost = engine.cost
-        self._stacked, self._n_ops, _, _ = cost.compiled_terms()
+        self._stacked, self._n_ops, self._x, _ = cost.compiled_terms()
         self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
         self._block_size = engine.kv.block_size
         self.step = 0                               # decode iterations done so far
@@ -280,6 +304,31 @@ class EventDecodeSet(DecodeSet):
         log.row_added()
         return duration_s
 
+    def log_step(self, log: IterationLog, now: float, prefill_seqs: int, decoding: bool, prefill_tokens: float,
+                 pairs: float, prefill_kv: float, logits: int, padding: float, longest: float, kv_used_blocks: int,
+                 running: int, queued: int) -> float:
+        """:meth:`price`'s iteration (its ``prefill_seqs`` prompt chunks summed as :meth:`price` takes them) added
+        to ``log`` as the engine would add it (its counts as given); returns its duration. Where the cost model
+        remembers what its step adds to the product (:meth:`~llmsim.cost.roofline.CostModel.step_terms`), priced
+        and logged in one compiled call."""
+        n = self.n if decoding else 0
+        kv_read = 0
+        if decoding:
+            kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        tokens = prefill_tokens + n
+        terms = self._cost.step_terms(tokens, n + logits)
+        if terms is None:                           # the non-linear terms not remembered yet: step works them out
+            duration_s, n, tokens_out, flops, moved, _, _, _, _ = self.price(
+                (), decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest)
+            log.add(now, duration_s, n, prefill_seqs, prefill_tokens, tokens_out, flops, moved, kv_used_blocks,
+                    running, queued, 0, 0, 0, 0.0)
+            return duration_s
+        duration_s = log.step_entry(log.doubles, log.at, now, prefill_seqs, n + logits, kv_used_blocks, running,
+                                    queued, self._stacked, self._n_ops, self._x, tokens, prefill_tokens, pairs,
+                                    prefill_kv, n, kv_read, n + logits, padding, longest, *terms)
+        log.row_added()
+        return duration_s
+
     def advance(self, now: float) -> None:
         """One token for every decoding sequence: finish those due, saturate sliding windows."""
         step = self.step
@@ -385,7 +434,8 @@ class EventDecodeSet(DecodeSet):
             engine.first_gap_s.append(first)
             # The longest gap after the first, over steps start + 1 .. step - 1 (the last step taken): read once
             # per decode run, from the step table (a step only writes its row).
-            longest = float(self._steps[start + 1 - first_step:step - first_step, GAP].max()) if done > 1 else 0.0
+            longest = (self._longest_gap_entry(self._steps, start + 1 - first_step, step - first_step) if done > 1
+                       else 0.0)
             request.max_itl_s = max(request.max_itl_s, first, longest)
             request.last_token_s = table[3 * (step - 1 - first_step) + END]
 

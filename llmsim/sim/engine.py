@@ -308,7 +308,7 @@ class Engine(EngineProcess):
                  "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_last_end_s", "_decoding",
                  "running", "_tiered", "_handoff", "_admitted", "watermark_blocks", "first_gap_end_s", "first_gap_s",
                  "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async",
-                 "_log_decode_step", "steps_together")
+                 "_log_decode_step", "_log_step", "steps_together")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -330,8 +330,11 @@ class Engine(EngineProcess):
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
         self.first_gap_s = array("d")
         self.decode = decode(self)
-        # A one-token decode set prices and logs a decode-only iteration in one call (none other does).
-        self._log_decode_step = self.decode.log_decode_step if isinstance(self.decode, EventDecodeSet) else None
+        # A one-token decode set prices and logs a decode-only iteration in one call (none other does), and one with
+        # prompt chunks likewise.
+        decode_set = self.decode
+        self._log_decode_step = decode_set.log_decode_step if isinstance(decode_set, EventDecodeSet) else None
+        self._log_step = decode_set.log_step if isinstance(decode_set, EventDecodeSet) else None
         self.queueing = queueing(self)
         self._admission = ADMISSION_TESTS[config.admission]
         self._forced_skips_test = config.admission in FORCED_SKIP_TEST
@@ -478,6 +481,15 @@ class Engine(EngineProcess):
         if chunks:
             prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
                 chunks, self._window, self._local_share, self._prefill_tile, self._query_tile_pairs)
+            if not extras and self._log_step is not None:
+                # Priced and logged by the decode set, as the lines below would.
+                kv = self.kv
+                duration = self._log_step(self.log, now, len(chunks), decoding, prefill_tokens, pairs, prefill_kv,
+                                          completed, padding, longest, kv.num_blocks - kv.free_blocks,
+                                          len(self.running), len(queue))
+                self._last_end_s = now + duration
+                self._decoding = decoding
+                return duration
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
                 chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         elif decoding:

@@ -17,7 +17,7 @@ from typing import ClassVar, NamedTuple
 import numba
 import numpy as np
 
-from llmsim.cost.roofline import _decode_price
+from llmsim.cost.roofline import _decode_price, _linear_step
 from llmsim.sim.request import Request
 
 
@@ -59,9 +59,10 @@ CHUNK_ROWS = 1 << 16                # 7.5 MiB a chunk
 _CHUNK_BYTES = CHUNK_ROWS * _ROW.size
 _CHUNK_DOUBLES = CHUNK_ROWS * _WIDTH
 # The columns a decode-only step writes (compiled code reads them as constants; the others are zeros).
-(_START_S, _DURATION_S, _DECODE_SEQS, _TOKENS_OUT, _FLOPS, _BYTES, _KV_USED_BLOCKS, _RUNNING, _QUEUED) = (
-    LOG_COLUMNS.index(name) for name in ("start_s", "duration_s", "decode_seqs", "tokens_out", "flops", "bytes",
-                                         "kv_used_blocks", "running", "queued"))
+(_START_S, _DURATION_S, _DECODE_SEQS, _PREFILL_SEQS, _PREFILL_TOKENS, _TOKENS_OUT, _FLOPS, _BYTES, _KV_USED_BLOCKS,
+ _RUNNING, _QUEUED) = (LOG_COLUMNS.index(name) for name in ("start_s", "duration_s", "decode_seqs", "prefill_seqs",
+                                                            "prefill_tokens", "tokens_out", "flops", "bytes",
+                                                            "kv_used_blocks", "running", "queued"))
 
 
 @numba.njit(cache=True)
@@ -85,10 +86,44 @@ def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, s
     return duration_s
 
 
+@numba.njit(cache=True)
+def _log_step(rows, at, start_s, prefill_seqs, tokens_out, kv_used_blocks, running, queued, stacked, n_ops, x,
+              tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read, logits,
+              prefill_padding, prefill_longest, experts, nonlinear_s, extra_s, extra_flops, extra_bytes):
+    """Price an iteration with prompt chunks as :meth:`~llmsim.cost.roofline.CostModel.step` does given its
+    remembered terms (:meth:`~llmsim.cost.roofline.CostModel.step_terms`: the product of the row
+    :func:`~llmsim.cost.roofline._linear_step` fills, then the non-linear terms added to the time, then what a
+    subclass adds to each; NaN: none) and write its row into ``rows`` from ``at`` on, as :meth:`IterationLog.add`
+    would pack it; returns its duration."""
+    duration_s, flops, moved = _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs,
+                                            prefill_kv_read, decode_seqs, decode_kv_read, experts, logits,
+                                            prefill_padding, prefill_longest)
+    if nonlinear_s == nonlinear_s:
+        duration_s += nonlinear_s
+    if extra_s == extra_s:
+        duration_s, flops, moved = duration_s + extra_s, flops + extra_flops, moved + extra_bytes
+    rows[at:at + _WIDTH] = 0.0
+    rows[at + _START_S] = start_s
+    rows[at + _DURATION_S] = duration_s
+    rows[at + _DECODE_SEQS] = decode_seqs
+    rows[at + _PREFILL_SEQS] = prefill_seqs
+    rows[at + _PREFILL_TOKENS] = prefill_tokens
+    rows[at + _TOKENS_OUT] = tokens_out
+    rows[at + _FLOPS] = flops
+    rows[at + _BYTES] = moved
+    rows[at + _KV_USED_BLOCKS] = kv_used_blocks
+    rows[at + _RUNNING] = running
+    rows[at + _QUEUED] = queued
+    return duration_s
+
+
 # The one specialization called, through its compiled entry point (as CostModel.step calls its product).
 _LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, numba.int64, numba.int64, numba.int64,
                               numba.int64, numba.float64[:, ::1], numba.int64, numba.float64, numba.float64[::1],
                               *[numba.float64] * 4)
+# :func:`_log_step`'s: the counts as integers, the row's features as the product's entry point takes them (floats).
+_LOG_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, *[numba.int64] * 5, numba.float64[:, ::1],
+                       numba.int64, numba.float64[::1], *[numba.float64] * 14)
 
 
 class IterationLog:
@@ -105,10 +140,12 @@ class IterationLog:
     # :func:`_log_decode_step`'s compiled entry point, set by the first log (on the class, as CostModel keeps its
     # product's: compiled when a simulation first needs it, not when the module is imported).
     decode_step_entry: ClassVar[Callable[..., float]]
+    step_entry: ClassVar[Callable[..., float]]             # :func:`_log_step`'s, likewise
 
     def __init__(self):
         if "decode_step_entry" not in vars(IterationLog):
             IterationLog.decode_step_entry = _log_decode_step.compile(_LOG_DECODE_STEP_SIGNATURE)
+            IterationLog.step_entry = _log_step.compile(_LOG_STEP_SIGNATURE)
         self._full: list[mmap.mmap] = []           # chunks already full, in order
         self._chunk = mmap.mmap(-1, _CHUNK_BYTES)  # the chunk being written, up to double ``at``
         self.at = 0

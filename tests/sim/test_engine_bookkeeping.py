@@ -8,6 +8,7 @@ themselves, and they must agree exactly.
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 
@@ -96,3 +97,35 @@ def test_dropping_the_decode_steps_no_sequence_reads_changes_no_record_or_gap(mo
         np.testing.assert_array_equal(a, b)
     longest_run = int(kept.requests["output_tokens"].max()) + 1
     assert held["steps"] <= 4 * longest_run
+
+
+def test_the_compiled_longest_gap_is_numpy_s_maximum_of_the_rows_gaps():
+    """``_longest_gap``'s entry point reads the largest gap of rows ``first .. last - 1`` as numpy's ``max``
+    does, wherever the largest lies (first row, last row, ties) and for a single row."""
+    rng = np.random.default_rng(7)
+    steps = rng.random((300, 3))
+    steps[40:60, decode_module.GAP] = 0.5                      # ties
+    entry = decode_module._longest_gap.compile(decode_module._LONGEST_GAP_SIGNATURE)
+    for first, last in [(0, 1), (0, 300), (5, 6), (40, 60), (39, 61), *rng.integers(0, 150, (40, 2)) + [0, 150]]:
+        assert entry(steps, int(first), int(last)) == steps[first:last, decode_module.GAP].max()
+
+
+@pytest.mark.parametrize("overrides", [
+    {"engine": {"memory_utilization": 0.25, "max_model_len": 8192},                         # preempting
+     "workload": {"arrival": {"rate": 30.0}}},
+    {"deployment": {"replicas": 3}, "engine": {"max_batch_tokens": 1024},                   # three replicas
+     "workload": {"arrival": {"rate": 20.0}, "num_requests": 600,
+                  "prompt_tokens": {"distribution": "uniform", "low": 50, "high": 6000},
+                  "output_tokens": {"distribution": "uniform", "low": 2, "high": 400}}},
+])
+def test_the_compiled_longest_gap_changes_no_record(overrides, monkeypatch):
+    """Whole runs whose finishing sequences read their longest gap through the compiled entry point have the
+    records and iterations of the same runs reading it with numpy's ``max``."""
+    scenario = make_scenario(overrides)
+    compiled = simulate_checked(scenario)
+    monkeypatch.setattr(decode_module.EventDecodeSet, "_longest_gap_entry",
+                        staticmethod(lambda steps, first, last: float(steps[first:last, decode_module.GAP].max())))
+    reference = simulate_checked(scenario)
+    assert (compiled.requests["max_itl_s"] > 0).mean() > 0.5
+    pd.testing.assert_frame_equal(compiled.requests, reference.requests, check_exact=True)
+    pd.testing.assert_frame_equal(compiled.iterations, reference.iterations, check_exact=True)

@@ -83,6 +83,37 @@ def test_a_decode_step_logged_in_one_call_is_the_row_add_packs_from_decode_step(
     assert all(np.array_equal(a.view(np.int64), b.view(np.int64)) for a, b in zip(fast.views(), reference.views()))
 
 
+@pytest.mark.parametrize("hardware", ["H100-SXM", "CS-3"])     # with kernel terms, and the roofline alone
+def test_a_step_with_prompts_logged_in_one_call_is_the_row_add_packs_from_step(hardware):
+    """IterationLog.step_entry (an iteration with prompt chunks, decoding or not, priced and logged in one
+    compiled call given CostModel.step_terms, as EventDecodeSet.log_step calls it) with row_added writes the row
+    add() packs from CostModel.step's price, bit for bit, and returns its duration, across a chunk boundary; the
+    terms are not known for a token count step has not priced."""
+    cost = CostModel(model_catalog()["Llama-3.1-70B"], lookup_hardware(hardware), 1 if hardware == "CS-3" else 8)
+    assert (cost.step_terms(123456.0, 7) is None) == (hardware != "CS-3")
+    fast, reference = IterationLog(), IterationLog()
+    stacked, n_ops, x, _ = cost.compiled_terms()
+    rng = np.random.default_rng(13)
+    for i in range(CHUNK_ROWS + 50):
+        seqs = int(rng.integers(0, 64)) * int(rng.integers(0, 2))
+        kv_read = int(rng.integers(seqs, seqs * 8000 + 1))
+        chunks, logits = int(rng.integers(1, 4)), int(rng.integers(0, 4))
+        prefill_tokens = float(rng.integers(1, 4096))
+        pairs, prefill_kv = prefill_tokens * float(rng.integers(1, 8000)), prefill_tokens + float(rng.integers(0, 9000))
+        padding, longest = float(rng.integers(0, 5000)), float(rng.integers(1, 9000))
+        start_s, used, running, queued = 0.01 * i, i % 5000, seqs + i % 3, i % 17
+        duration_s, flops, moved = cost.step(prefill_tokens, pairs, prefill_kv, logits, seqs, kv_read, padding, longest)
+        reference.add(start_s, duration_s, seqs, chunks, prefill_tokens, seqs + logits, flops, moved, used, running,
+                      queued, 0, 0, 0, 0.0)
+        terms = cost.step_terms(prefill_tokens + seqs, seqs + logits)
+        assert terms is not None                      # step just priced these tokens and rows
+        assert fast.step_entry(fast.doubles, fast.at, start_s, chunks, seqs + logits, used, running, queued, stacked,
+                               n_ops, x, prefill_tokens + seqs, prefill_tokens, pairs, prefill_kv, seqs, kv_read,
+                               seqs + logits, padding, longest, *terms) == duration_s
+        fast.row_added()
+    assert all(np.array_equal(a.view(np.int64), b.view(np.int64)) for a, b in zip(fast.views(), reference.views()))
+
+
 @pytest.mark.parametrize("overrides", [
     {},                                                                     # one engine, kernel terms
     {"deployment": {"pipeline_parallel": 4}, "workload": {"num_requests": 300}},   # four sharing a KV cache
@@ -92,14 +123,16 @@ def test_a_decode_step_logged_in_one_call_is_the_row_add_packs_from_decode_step(
                     "expert_parallel": {"degree": 8, "routing": {"distribution": "zipf", "exponent": 0.6}}},
      "workload": {"num_requests": 300, "arrival": {"process": "poisson", "rate": 20.0}}},
 ])
-def test_the_engine_s_one_call_decode_step_changes_no_record(overrides, monkeypatch):
-    """A run whose decode-only iterations are priced and logged in one call (the engine's steady state) has
-    the records and iteration table of the same run through the general path (decode_step's price, add())."""
+def test_the_engine_s_one_call_steps_change_no_record(overrides, monkeypatch):
+    """A run whose iterations are priced and logged in one call (decode-only ones, the engine's steady state, and
+    those with prompt chunks where the cost model remembers the step's terms) has the records and iteration table
+    of the same run through the general path (decode_step's or step's price, add())."""
     scenario = make_scenario(overrides)
     fast = simulate(scenario, force=True)
     # Engines built while no decode set counts as one-token take the general path for every iteration.
     monkeypatch.setattr(engine_module, "EventDecodeSet", type("NoDecodeSet", (), {}))
     general = simulate(scenario, force=True)
     assert fast.iterations["decode_seqs"].gt(0).mean() > 0.5
+    assert fast.iterations["prefill_seqs"].gt(0).sum() > 200
     pd.testing.assert_frame_equal(fast.requests, general.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.iterations, general.iterations, check_exact=True)
