@@ -66,6 +66,25 @@ _CHUNK_DOUBLES = CHUNK_ROWS * _WIDTH
 
 
 @numba.njit(cache=True)
+def _write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, tokens_out, flops, moved,
+               kv_used_blocks, running, queued):
+    """Write an iteration's row into ``rows`` (a chunk's doubles) from ``at`` on, as :meth:`IterationLog.add`
+    would pack it (the columns not given are zeros)."""
+    rows[at:at + _WIDTH] = 0.0
+    rows[at + _START_S] = start_s
+    rows[at + _DURATION_S] = duration_s
+    rows[at + _DECODE_SEQS] = decode_seqs
+    rows[at + _PREFILL_SEQS] = prefill_seqs
+    rows[at + _PREFILL_TOKENS] = prefill_tokens
+    rows[at + _TOKENS_OUT] = tokens_out
+    rows[at + _FLOPS] = flops
+    rows[at + _BYTES] = moved
+    rows[at + _KV_USED_BLOCKS] = kv_used_blocks
+    rows[at + _RUNNING] = running
+    rows[at + _QUEUED] = queued
+
+
+@numba.njit(cache=True)
 def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, stacked, n_ops, kv_read, x,
                      nonlinear_s, extra_s, extra_flops, extra_bytes):
     """Price a decode-only step of ``seqs`` sequences (:func:`~llmsim.cost.roofline._decode_price`) and write
@@ -73,16 +92,7 @@ def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, s
     returns its duration."""
     duration_s, flops, moved = _decode_price(stacked, n_ops, x, kv_read, nonlinear_s, extra_s, extra_flops,
                                              extra_bytes)
-    rows[at:at + _WIDTH] = 0.0
-    rows[at + _START_S] = start_s
-    rows[at + _DURATION_S] = duration_s
-    rows[at + _DECODE_SEQS] = seqs
-    rows[at + _TOKENS_OUT] = seqs
-    rows[at + _FLOPS] = flops
-    rows[at + _BYTES] = moved
-    rows[at + _KV_USED_BLOCKS] = kv_used_blocks
-    rows[at + _RUNNING] = running
-    rows[at + _QUEUED] = queued
+    _write_row(rows, at, start_s, duration_s, seqs, 0, 0, seqs, flops, moved, kv_used_blocks, running, queued)
     return duration_s
 
 
@@ -102,18 +112,8 @@ def _log_step(rows, at, start_s, prefill_seqs, tokens_out, kv_used_blocks, runni
         duration_s += nonlinear_s
     if extra_s == extra_s:
         duration_s, flops, moved = duration_s + extra_s, flops + extra_flops, moved + extra_bytes
-    rows[at:at + _WIDTH] = 0.0
-    rows[at + _START_S] = start_s
-    rows[at + _DURATION_S] = duration_s
-    rows[at + _DECODE_SEQS] = decode_seqs
-    rows[at + _PREFILL_SEQS] = prefill_seqs
-    rows[at + _PREFILL_TOKENS] = prefill_tokens
-    rows[at + _TOKENS_OUT] = tokens_out
-    rows[at + _FLOPS] = flops
-    rows[at + _BYTES] = moved
-    rows[at + _KV_USED_BLOCKS] = kv_used_blocks
-    rows[at + _RUNNING] = running
-    rows[at + _QUEUED] = queued
+    _write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, tokens_out, flops, moved,
+               kv_used_blocks, running, queued)
     return duration_s
 
 
