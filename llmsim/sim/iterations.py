@@ -163,8 +163,9 @@ class IterationLog:
         self.row_added()
 
     def row_added(self) -> None:
-        """A compiled writer (:meth:`~llmsim.sim.decode.EventDecodeSet.log_decode_step`, through
-        :data:`decode_step_entry`) wrote the next row into :attr:`doubles` from double :attr:`at` on: count it."""
+        """A compiled writer (:data:`decode_step_entry` or :data:`step_entry`, through
+        :meth:`~llmsim.sim.decode.EventDecodeSet.log_decode_step` or :meth:`~llmsim.sim.decode.EventDecodeSet.log_step`)
+        wrote the next row into :attr:`doubles` from double :attr:`at` on: count it."""
         self.at += _WIDTH
         if self.at == _CHUNK_DOUBLES:
             self._next_chunk()
