@@ -14,7 +14,7 @@ from llmsim.calibration.kernel_fit import held_out_attention_errors, held_out_fp
 from llmsim.calibration.kernel_profile import calibrate_from_measurements, derive_kernel_terms
 from llmsim.calibration.operators import attention_errors, error_table, fp8_errors, layer_errors, read_measurements
 from llmsim.catalog.models import lookup_model
-from llmsim.calibration.operator_bench import QUICK_GRID, profile_operators
+from llmsim.calibration.operator_bench import QUICK_GRID, Timer, profile_operators
 from llmsim.calibration.operators import ATTENTION_COLUMNS, OPERATOR_COLUMNS, SHAPE_COLUMNS
 from llmsim.cli.main import main
 from llmsim.errors import ConfigError
@@ -142,7 +142,7 @@ def test_vidur_attention_files_read_without_device_or_model_columns(tmp_path):
 @pytest.mark.slow
 def test_the_operator_bench_writes_the_columns_the_reader_needs(tmp_path):
     """A quick CPU run of `llmsim calibrate --operators` (fp32 there): every column the reader requires, every
-    timing positive, one attention row per grid case, and a layer's GEMMs slower at 128 tokens than at 1."""
+    timing positive, one attention row per grid case and one linear row per token count and TP size."""
     profile_operators(tmp_path, "cpu", "cpu", QUICK_GRID)
     linear = pd.read_csv(tmp_path / "cpu_linear_ops_ms_per_layer.csv")
     attention = pd.read_csv(tmp_path / "cpu_attention.csv")
@@ -152,8 +152,33 @@ def test_the_operator_bench_writes_the_columns_the_reader_needs(tmp_path):
     cases = len(QUICK_GRID.decode_batches) * len(QUICK_GRID.decode_contexts) + \
         len(QUICK_GRID.prefill_chunks) * len(QUICK_GRID.prefill_contexts)
     assert len(attention) == cases * len(QUICK_GRID.tp) and len(linear) == len(QUICK_GRID.tokens) * len(QUICK_GRID.tp)
-    one, many = (linear[(linear["tp"] == 1) & (linear["num_tokens"] == n)].iloc[0] for n in (1, 128))
-    assert many["mlp_up_proj_ms"] > one["mlp_up_proj_ms"]
+
+
+def test_each_operator_bench_gemm_multiplies_the_rows_its_row_names(tmp_path, monkeypatch):
+    """The GEMM a row's time comes from has that row's token count and its TP shard of the model's weights:
+    the bench's timer is swapped for torch's FLOP counter, and each GEMM column must read 2 x tokens x k x n of
+    llama-68m's published shapes (hidden 768, 12 heads of 64, intermediate 3072; gate and up fused, weights
+    split by TP). A count, not a timing: comparing two wall-clock timings flips on a loaded machine."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(self, calls):
+        with FlopCounterMode(display=False) as counter:
+            calls[0]()
+        return counter.get_total_flops() * 1e-3        # the bench writes seconds x 1e3: the column reads FLOPs
+
+    monkeypatch.setattr(Timer, "_cpu_seconds", flops)
+    profile_operators(tmp_path, "cpu", "cpu", QUICK_GRID)
+    linear = pd.read_csv(tmp_path / "cpu_linear_ops_ms_per_layer.csv")
+    hidden, q_width, kv_width, inter = 768, 12 * 64, 12 * 64, 3072
+    exact = pytest.approx    # the FLOPs pass through x 1e-3 and back: a float round-off, not a tolerance
+    for row in linear.itertuples():
+        tokens, tp = row.num_tokens, row.tp
+        assert row.attn_pre_proj_ms == exact(2 * tokens * hidden * (q_width + 2 * kv_width) / tp, rel=1e-12)
+        assert row.attn_post_proj_ms == exact(2 * tokens * (q_width / tp) * hidden, rel=1e-12)
+        assert row.mlp_up_proj_ms == exact(2 * tokens * hidden * (2 * inter / tp), rel=1e-12)
+        assert row.mlp_down_proj_ms == exact(2 * tokens * (inter / tp) * hidden, rel=1e-12)
+    assert sorted(set(zip(linear.num_tokens, linear.tp))) == sorted(
+        (tokens, tp) for tokens in QUICK_GRID.tokens for tp in QUICK_GRID.tp)
 
 
 def test_fp8_gemms_are_priced_at_their_measured_rate(h200_rows, vidur_h100, torch_h200):
