@@ -38,11 +38,12 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import cast
 
 import numba
 import numpy as np
 
+from llmsim.compiled import EntryPoint
 from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
@@ -162,13 +163,11 @@ class EventDecodeSet(DecodeSet):
                  "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
                  "_held_steps", "_decode_terms_by_seqs", "_stacked", "_n_ops", "_x", "_cost", "due_counts",
                  "_due_counts_w", "dues_in_phase")
-    # :func:`_longest_gap`'s compiled entry point, set by the first set (compiled when a simulation first needs it).
-    _longest_gap_entry: ClassVar[Callable[..., float]]
+    # :func:`_longest_gap` through its entry point (see llmsim.compiled).
+    _longest_gap_entry: EntryPoint[Callable[..., float]] = EntryPoint(_longest_gap, _LONGEST_GAP_SIGNATURE)
 
     def __init__(self, engine):
         super().__init__(engine)
-        if "_longest_gap_entry" not in vars(EventDecodeSet):
-            EventDecodeSet._longest_gap_entry = _longest_gap.compile(_LONGEST_GAP_SIGNATURE)
         cost = self._cost = engine.cost
         self._stacked, self._n_ops, self._x, _ = cost.compiled_terms()
         self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
