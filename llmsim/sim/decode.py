@@ -221,7 +221,8 @@ class EventDecodeSet(DecodeSet):
     def kv_read(self) -> int:
         """Context the next decode step reads, summed over the sequences: each reads its whole
         context plus the new token, capped by the sliding window on the layers that have one
-        (the mean over the layers, :func:`~llmsim.cost.features.visible`)."""
+        (the mean over the layers, :func:`~llmsim.cost.features.visible`). Without a window every
+        sequence grows, so it is ``_all_offset_sum + n * (step + 1)``, the form the decode-only paths inline."""
         capped = self._offset_sum + self._growing * (self.step + 1) + (self.n - self._growing) * (self._window or 0)
         if self._local_share == 1.0 or not self._window:
             return capped
@@ -311,9 +312,7 @@ class EventDecodeSet(DecodeSet):
         remembers what its step adds to the product (:meth:`~llmsim.cost.roofline.CostModel.step_terms`), priced
         and logged in one compiled call."""
         n = self.n if decoding else 0
-        kv_read = 0
-        if decoding:
-            kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        kv_read = self.kv_read() if decoding else 0
         tokens = prefill_tokens + n
         terms = self._cost.step_terms(tokens, n + logits)
         if terms is None:                           # the non-linear terms not remembered yet: step works them out
