@@ -315,7 +315,7 @@ class Engine(EngineProcess):
                  "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_last_end_s", "_decoding",
                  "running", "_tiered", "_handoff", "_admitted", "watermark_blocks", "first_gap_end_s", "first_gap_s",
                  "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async",
-                 "_log_decode_step", "_log_step", "steps_together")
+                 "_prices_extra", "_log_decode_step", "_log_step", "steps_together")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -371,8 +371,11 @@ class Engine(EngineProcess):
     @handoff.setter
     def handoff(self, to: Callable[[Request, float], None] | None) -> None:
         self._handoff: Callable[[Request, float], None] | None = to
-        # whether any of the steps most engines skip applies (:meth:`_plan`)
-        self._extras = self._makes_room or self._tiered is not None or self._async or to is not None
+        # whether any of the steps most engines skip applies (:meth:`_plan`), and whether one of them changes an
+        # iteration's price or row (a tiered cache's transfers, asynchronous scheduling, a hand-off): making room
+        # for waiting requests only changes who runs, so such an iteration is still priced and logged in one call
+        self._prices_extra = self._tiered is not None or self._async or to is not None
+        self._extras = self._makes_room or self._prices_extra
 
     def _resume(self) -> None:
         """A scheduled call: the iteration in flight (if any) is over; with the replica's other engines where
@@ -463,9 +466,8 @@ class Engine(EngineProcess):
         self._chunks = chunks
         # (The membership tests skip calls that would find nothing to do: this is the hot loop. ``_extras``
         # says whether any of the steps most engines skip applies: making room, a tiered cache, a hand-off,
-        # asynchronous scheduling.)
-        extras = self._extras
-        if extras:
+        # asynchronous scheduling; ``_prices_extra`` whether one of them changes the iteration's price or row.)
+        if self._extras:
             if self._makes_room and queue and self.running:
                 self.queueing.make_room(now)
             if self._tiered is not None:
@@ -488,7 +490,7 @@ class Engine(EngineProcess):
         if chunks:
             prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
                 chunks, self._window, self._local_share, self._prefill_tile, self._query_tile_pairs)
-            if not extras and self._log_step is not None:
+            if not self._prices_extra and self._log_step is not None:
                 # Priced and logged by the decode set, as the lines below would.
                 kv = self.kv
                 duration = self._log_step(self.log, now, len(chunks), decoding, prefill_tokens, pairs, prefill_kv,
@@ -500,7 +502,7 @@ class Engine(EngineProcess):
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
                 chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         elif decoding:
-            if not extras and self._log_decode_step is not None:
+            if not self._prices_extra and self._log_decode_step is not None:
                 # The steady state: priced and logged in one call, as the lines below would.
                 kv = self.kv
                 duration = self._log_decode_step(self.log, now, kv.num_blocks - kv.free_blocks, len(self.running),
@@ -513,7 +515,7 @@ class Engine(EngineProcess):
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price_decode()
         else:
             return None
-        if extras:
+        if self._prices_extra:
             if self._handoff is not None:     # a prefill pool's engine: the decode pool emits every token
                 tokens_out = 0
             if self._async:
