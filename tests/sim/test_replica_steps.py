@@ -22,6 +22,7 @@ import yaml
 from llmsim.config.reader import Node
 from llmsim.scenario.scenario import scenario_from_node
 from llmsim.sim import disaggregated, replica_steps
+from llmsim.sim.environment import Environment
 from llmsim.sim import simulate as simulate_module
 from llmsim.sim.simulate import simulate
 from tests.helpers import REPO, make_scenario
@@ -70,15 +71,24 @@ def _run_both(scenario, monkeypatch):
         went_on.append(go_past(self))
         return went_on[-1]
 
+    envs: list[Environment] = []
+
+    def kept_environment():
+        envs.append(Environment())
+        return envs[-1]
+
     with monkeypatch.context() as patch:
+        patch.setattr(simulate_module, "Environment", kept_environment)
         patch.setattr(replica_steps.ReplicaSteps, "run", counted)
         patch.setattr(replica_steps.ReplicaSteps, "_gather", counted_gather)
         patch.setattr(replica_steps.ReplicaSteps, "_go_past", counted_go_past)
         together = simulate(scenario, force=True)
-    with monkeypatch.context() as patch:
         for module in (simulate_module, disaggregated):
             patch.setattr(module, "step_together", lambda engines: None)
         alone = simulate(scenario, force=True)
+    # The event queue's counter, which orders events at the same time: every call the general path schedules took
+    # its value in the same order (a step run on at once, before every other event, takes none, in both runs).
+    assert next(envs[0]._eid) == next(envs[1]._eid)
     return together, alone, sum(stepped), len(gathered), sum(went_on)
 
 
