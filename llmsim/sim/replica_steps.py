@@ -336,44 +336,49 @@ class ReplicaSteps:
         which by :attr:`apart`'s definition reads none of it, changes none of it and schedules nothing that does
         before it returns (a call of the replica's engines' is never one)."""
         env, ints, floats, shared, shared_s = self.env, self._ints, self._floats, self._shared, self._shared_s
-        calls, events, apart_ids, wakes = env._calls, env._queue, self._apart_ids, self._wakes
-        while True:
-            if env._halted_with is not None or not calls or (events and events[0] < calls[0]):  # type: ignore[operator]
-                return False
-            call = calls[0][3]
-            owner = getattr(call, "__self__", None)
-            if owner is None:                     # a partial of a bound method
-                owner = getattr(getattr(call, "func", None), "__self__", None)
-            if id(owner) not in apart_ids:
-                return False
-            keys, rows = floats[:, KEY_S].tolist(), ints[:, PENDING:EID + 1].tolist()
-            mine = [(key, priority, eid, wakes[i]) for i, (key, (pending, priority, eid)) in enumerate(zip(keys, rows))
-                    if pending]
-            env._eid = count(shared[NEXT_EID].item())
-            env._now, _, _, call = heappop(calls)
-            for entry in mine:
-                heappush(calls, entry)
-            try:
-                call()
-            finally:
-                taken = set(map(id, mine))
-                calls[:] = [entry for entry in calls if id(entry) not in taken]
-                heapify(calls)
+        calls, events, apart_ids = env._calls, env._queue, self._apart_ids
+        keys, rows = floats[:, KEY_S].tolist(), ints[:, PENDING:EID + 1].tolist()
+        waiting = [i for i, (pending, _, _) in enumerate(rows) if pending]
+        mine = [(keys[i], rows[i][1], rows[i][2], self._wakes[i]) for i in waiting]
+        ids = set(map(id, mine))
+        due = min(mine)
+        passed = False
+        try:
+            while True:
+                if env._halted_with is not None or not calls or (events and events[0] < calls[0]):  # type: ignore[operator]
+                    return False
+                call = calls[0][3]
+                owner = getattr(call, "__self__", None)
+                if owner is None:                     # a partial of a bound method
+                    owner = getattr(getattr(call, "func", None), "__self__", None)
+                if id(owner) not in apart_ids:
+                    return False
+                if not passed:
+                    env._eid = count(shared[NEXT_EID].item())
+                    passed = True
+                env._now, _, _, call = heappop(calls)
+                for entry in mine:
+                    heappush(calls, entry)
+                try:
+                    call()
+                finally:
+                    calls[:] = [entry for entry in calls if id(entry) not in ids]
+                    heapify(calls)
+                other = calls[0] if calls and (not events or calls[0] < events[0]) else (  # type: ignore[operator]
+                    events[0] if events else None)
+                if other is None or due < other:
+                    break
+        finally:
+            if passed:
                 shared[NEXT_EID] = next(env._eid)
                 shared_s[ENV_NOW] = env._now
-            due = min(mine)
-            other = calls[0] if calls and (not events or calls[0] < events[0]) else (  # type: ignore[operator]
-                events[0] if events else None)
-            if other is not None and other < due:
-                continue
-            i = mine.index(due)
-            first = [j for j, (pending, _, _) in enumerate(rows) if pending][i]
-            shared[CURRENT] = first
-            ints[first, PENDING] = 0
-            shared_s[ENV_NOW] = due[0]
-            shared_s[OTHER_S], shared[OTHER_PRIORITY], shared[OTHER_EID] = (
-                other[:3] if other is not None else (np.inf, _NO_KEY, _NO_KEY))
-            return True
+        first = waiting[mine.index(due)]
+        shared[CURRENT] = first
+        ints[first, PENDING] = 0
+        shared_s[ENV_NOW] = due[0]
+        shared_s[OTHER_S], shared[OTHER_PRIORITY], shared[OTHER_EID] = (
+            other[:3] if other is not None else (np.inf, _NO_KEY, _NO_KEY))
+        return True
 
     def _write_back(self, first_i: int, taken: dict[int, tuple]) -> int:
         """The stretch is over: the engines' state from the arrays back into them and the KV cache, the pending
