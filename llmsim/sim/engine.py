@@ -177,6 +177,14 @@ class EngineProcess:
         reject_expired(queue, self.config, now, self.on_done)
 
 
+def timeout_decides(forced: bool, budget: int, whole: int, chunk: int, tested: bool) -> bool:
+    """Whether a dispatching queue timeout decides an admission of the queue's head (see :meth:`Queueing.admit`):
+    unforced, a fit that refuses it or cuts its first chunk below ``whole`` (``min(prompt left,
+    max_batch_tokens)``); forced, a budget below ``whole``, or a ``chunk`` admitted past a skipped admission
+    test the unforced fit would fail (``tested`` False). ``chunk``: what the fit took (0: nothing)."""
+    return (budget < whole or bool(chunk and not tested)) if forced else chunk < whole
+
+
 class Queueing:
     """The order in which an engine serves its waiting queue: FIFO here, traffic classes in
     :class:`llmsim.sim.scheduling.ClassQueueing`. It admits waiting requests while the engine has
@@ -229,8 +237,7 @@ class Queueing:
             tested = not (forced and engine._forced_skips_test) or (engine._tiered is None
                                                                      and engine._admission(engine, request))
             chunk = engine.fit(request, now, budget, forced)
-            if waited_s > self.dispatch_wait_s and (
-                    (budget < whole or bool(chunk and not tested)) if forced else chunk < whole):
+            if waited_s > self.dispatch_wait_s and timeout_decides(forced, budget, whole, chunk, tested):
                 self.dispatch_wait_s = waited_s
             if not chunk:
                 break
@@ -592,9 +599,15 @@ class Engine(EngineProcess):
     def fit(self, request: Request, now: float, budget: int, forced: bool) -> int:
         """The first chunk ``request`` starts with if it joins now, its KV blocks taken; 0 (nothing
         taken) when it does not fit the budget (past it when ``forced``), the admission test or the cache."""
-        cfg = self.config
         if self._tiered is not None:
             self._tiered.match(request, now)          # its cached prefix (or swapped-out KV) is not computed
+        chunk = self.first_chunk(request, budget, forced)
+        return chunk if chunk and self._take_blocks(request, chunk, now) else 0
+
+    def first_chunk(self, request: Request, budget: int, forced: bool) -> int:
+        """The first chunk ``request`` would start with under ``budget`` (past it when ``forced``), its blocks
+        aside; 0 when it does not fit the budget or the admission test. Takes nothing."""
+        cfg = self.config
         todo = request.prefill_target - request.prefilled
         limit = max(budget, cfg.max_batch_tokens) if forced else budget
         chunk = min(todo, limit) if cfg.chunked_prefill else todo
@@ -604,7 +617,14 @@ class Engine(EngineProcess):
         # (it may be preempted later like any other); TensorRT-LLM's tests hold for it as for every request.
         if not (forced and self._forced_skips_test) and not self._admission(self, request):
             return 0
-        return chunk if self._take_blocks(request, chunk, now) else 0
+        return chunk
+
+    def blocks_wanted(self, request: Request, chunk: int) -> int:
+        """KV blocks ``request`` takes for its first ``chunk``, beyond those it holds (without a tiered cache).
+
+        A request whose KV arrived from a prefill replica holds its prompt but the last token already
+        (llmsim.sim.disaggregated), reserved or not yet; any other holds nothing here."""
+        return self.kv.blocks_for(request.prefilled + chunk) - request.blocks
 
     def _take_blocks(self, request: Request, chunk: int, now: float) -> bool:
         """KV blocks for ``request``'s first ``chunk`` (and, with a tiered cache, the cached prefix the
@@ -612,9 +632,7 @@ class Engine(EngineProcess):
         if self._tiered is not None:
             return self._tiered.admit(request, chunk, now)
         kv = self.kv
-        # A request whose KV arrived from a prefill replica holds its prompt but the last token already
-        # (llmsim.sim.disaggregated), reserved or not yet; any other holds nothing here.
-        wanted = kv.blocks_for(request.prefilled + chunk) - request.blocks
+        wanted = self.blocks_wanted(request, chunk)
         if wanted > kv.free_blocks:
             return False
         kv.allocate(wanted)

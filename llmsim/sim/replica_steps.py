@@ -46,7 +46,7 @@ from simpy.events import NORMAL
 
 from llmsim.config.policies import OnTimeout
 from llmsim.sim.decode import EventDecodeSet
-from llmsim.sim.engine import Engine, Queueing
+from llmsim.sim.engine import Engine, Queueing, timeout_decides
 from llmsim.sim.environment import Environment
 from llmsim.sim.iterations import _CHUNK_DOUBLES, _WIDTH, _log_decode_step
 from llmsim.sim.request import WaitingQueue
@@ -196,27 +196,23 @@ class ReplicaSteps:
     def _admits_none(self, engine: Engine, forced: bool) -> bool:
         """Whether :meth:`Queueing.admit` takes nothing at ``engine``'s steps while the free blocks only fall and
         nothing else changes (the head ``forced`` in by a dispatching queue timeout at all of them, or at none):
-        no head, no free seat, or a head that fails ``fit`` now."""
-        queue, cfg, kv = self.queue, engine.config, self.kv
+        no head, no free seat, or a head that ``fit`` refuses now (no first chunk, or not its blocks)."""
+        queue, cfg = self.queue, engine.config
         if not queue or len(engine.running) >= cfg.max_num_seqs:
             return True
         head = queue.head()
-        budget = cfg.max_batch_tokens - engine.decode.n
-        chunk = min(head.prefill_target - head.prefilled, max(budget, cfg.max_batch_tokens) if forced else budget)
-        if chunk <= 0 or (not (forced and engine._forced_skips_test) and not engine._admission(engine, head)):
-            return True
-        return kv.blocks_for(head.prefilled + chunk) - head.blocks > kv.free_blocks
+        chunk = engine.first_chunk(head, cfg.max_batch_tokens - engine.decode.n, forced)
+        return not chunk or engine.blocks_wanted(head, chunk) > self.kv.free_blocks
 
     def _tries(self, engine: Engine, forced: bool) -> bool:
-        """Whether each of ``engine``'s failed admissions would set its queueing's ``dispatch_wait_s`` to the head's
-        wait where longer (:meth:`Queueing.admit`: a fit of nothing below the head's first whole chunk, or a
-        forced one with a budget below it)."""
+        """Whether each of ``engine``'s failed admissions (nothing taken, the admission test passed or skipped)
+        would set its queueing's ``dispatch_wait_s`` to the head's wait where longer (:func:`timeout_decides`)."""
         queue, cfg = self.queue, engine.config
         if not queue or len(engine.running) >= cfg.max_num_seqs:
             return False
         head = queue.head()
         whole = min(head.prefill_target - head.prefilled, cfg.max_batch_tokens)
-        return cfg.max_batch_tokens - engine.decode.n < whole if forced else whole > 0
+        return timeout_decides(forced, cfg.max_batch_tokens - engine.decode.n, whole, 0, True)
 
     def _timed(self, engine: Engine, now: float) -> tuple[float, float, bool]:
         """The arrival of the queued request a queue timeout acts on first and the timeout, where a step whose
