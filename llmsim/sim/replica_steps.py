@@ -12,7 +12,10 @@ says), each writing its step-table row and its log row, pricing its step as
 (:attr:`~llmsim.sim.decode.EventDecodeSet.due_counts`), up to whichever comes first:
 
 - the first other event (an arrival, a transfer, another pool's step, a watcher, the horizon, an engine of
-  the replica that is not in this steady state);
+  the replica that is not in this steady state), but a call of one of the objects in :attr:`ReplicaSteps.apart`,
+  which cannot reach the replica (on a disaggregated decode pool: arrivals, the prefill pool's steps, hand-offs,
+  :meth:`~llmsim.sim.disaggregated.DisaggregatedRouter.decode_apart`): that runs in its turn, the engines' pending
+  calls on the event queue around it, and the stretch goes on (:meth:`ReplicaSteps._go_past`);
 - an engine about to take the step in which a sequence finishes, whose blocks do not fit (it preempts),
   whose step table or log chunk is full, or at which a queue timeout acts (rejecting the oldest request never
   started, or forcing the head in).
