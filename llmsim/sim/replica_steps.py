@@ -317,9 +317,11 @@ class ReplicaSteps:
         return True
 
     def set_apart(self, owners: list[object]) -> None:
-        """The objects whose scheduled calls a stretch runs in their turn and goes on past (:attr:`apart`)."""
+        """The objects whose scheduled calls a stretch runs in their turn and goes on past (:attr:`apart`: kept, so
+        that the ids :meth:`_go_past` looks calls' owners up by stay theirs); never the replica's own engines."""
         self.apart = tuple(owners)
         self._apart_ids = frozenset(map(id, owners))
+        assert not self._apart_ids & set(map(id, self.engines))
 
     def _go_past(self) -> bool:
         """The stretch's next event is another's, every engine taking part waiting on its own call: while that event
