@@ -312,7 +312,8 @@ class EventDecodeSet(DecodeSet):
         remembers what its step adds to the product (:meth:`~llmsim.cost.roofline.CostModel.step_terms`), priced
         and logged in one compiled call."""
         n = self.n if decoding else 0
-        kv_read = self.kv_read() if decoding else 0
+        # kv_read(), inline without a sliding window, as in price().
+        kv_read = (self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()) if decoding else 0
         tokens = prefill_tokens + n
         terms = self._cost.step_terms(tokens, n + logits)
         if terms is None:                           # the non-linear terms not remembered yet: step works them out

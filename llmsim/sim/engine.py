@@ -225,19 +225,26 @@ class Queueing:
         wait of a head at such an admission: up to the first at which two such runs force differently, they are
         the same run."""
         engine = self.engine
-        cfg, queue = engine.config, engine.queue
+        cfg, queue, running = engine.config, engine.queue, engine.running
         timeout = cfg.queue_timeout_s if cfg.on_timeout is OnTimeout.DISPATCH else None
-        while queue and len(engine.running) < cfg.max_num_seqs:
+        max_num_seqs, max_batch_tokens = cfg.max_num_seqs, cfg.max_batch_tokens
+        while queue and len(running) < max_num_seqs:
             request = queue.head()
             waited_s = now - request.arrival_s
-            forced = timeout is not None and waited_s >= timeout
-            whole = min(request.prefill_target - request.prefilled, cfg.max_batch_tokens)
-            # a forced fit that skips the admission test: whether the unforced one would pass it (asked before the
-            # fit takes blocks; with a tiered cache, whose match comes first, taken as not)
-            tested = not (forced and engine._forced_skips_test) or (engine._tiered is None
-                                                                     and engine._admission(engine, request))
-            chunk = engine.fit(request, now, budget, forced)
-            if waited_s > self.dispatch_wait_s and timeout_decides(forced, budget, whole, chunk, tested):
+            whole = min(request.prefill_target - request.prefilled, max_batch_tokens)
+            if timeout is None:
+                # No dispatching timeout: every fit is unforced, where timeout_decides(False, ...) is chunk < whole.
+                chunk = engine.fit(request, now, budget, False)
+                decides = chunk < whole
+            else:
+                forced = waited_s >= timeout
+                # a forced fit that skips the admission test: whether the unforced one would pass it (asked before
+                # the fit takes blocks; with a tiered cache, whose match comes first, taken as not)
+                tested = not (forced and engine._forced_skips_test) or (engine._tiered is None
+                                                                         and engine._admission(engine, request))
+                chunk = engine.fit(request, now, budget, forced)
+                decides = timeout_decides(forced, budget, whole, chunk, tested)
+            if decides and waited_s > self.dispatch_wait_s:
                 self.dispatch_wait_s = waited_s
             if not chunk:
                 break
@@ -542,20 +549,20 @@ class Engine(EngineProcess):
         self._apply(iteration.chunks, iteration.decoding)
 
     def _apply(self, chunks: Sequence[tuple[Request, int]], decoding: bool) -> None:
-        now = self.now
+        now, tiered, handoff = self.now, self._tiered, self._handoff
         if decoding:
             self.decode.advance(now)
         for request, chunk in chunks:
             if request.status is not RUNNING:     # preempted after its chunk was scheduled (by priority)
                 continue
             request.prefilled += chunk
-            if self._tiered is not None:
-                self._tiered.filled(request)
+            if tiered is not None:
+                tiered.filled(request)
             if request.prefilled < request.prefill_target:
                 continue
             # The prompt is complete: its first token (or, after a recompute, the next one).
             self.prefilling.remove(request)
-            if self._handoff is not None:
+            if handoff is not None:
                 self.hand_off(request, now)
                 continue
             if request.generated == 0:
@@ -634,7 +641,7 @@ class Engine(EngineProcess):
         if self._tiered is not None:
             return self._tiered.admit(request, chunk, now)
         kv = self.kv
-        wanted = self.blocks_wanted(request, chunk)
+        wanted = -(-(request.prefilled + chunk) // kv.block_size) - request.blocks   # blocks_wanted, inline
         if wanted > kv.free_blocks:
             return False
         kv.allocate(wanted)
