@@ -311,9 +311,12 @@ class EventDecodeSet(DecodeSet):
         to ``log`` as the engine would add it (its counts as given); returns its duration. Where the cost model
         remembers what its step adds to the product (:meth:`~llmsim.cost.roofline.CostModel.step_terms`), priced
         and logged in one compiled call."""
-        n = self.n if decoding else 0
-        # kv_read(), inline without a sliding window, as in price().
-        kv_read = (self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()) if decoding else 0
+        if decoding:
+            n = self.n
+            # kv_read(), inline without a sliding window, as in price().
+            kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        else:
+            n = kv_read = 0
         tokens = prefill_tokens + n
         terms = self._cost.step_terms(tokens, n + logits)
         if terms is None:                           # the non-linear terms not remembered yet: step works them out
