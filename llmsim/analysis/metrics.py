@@ -35,30 +35,32 @@ LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
 TTFT_PARTS = ("ttft_queue_s", "ttft_prefill_s", "ttft_transfer_s", "ttft_first_decode_s")
 
 
-def share_with_stderr(hits: pd.Series) -> tuple[float, float]:
+def share_with_stderr(hits: pd.Series | np.ndarray) -> tuple[float, float]:
     """The share of True in ``hits`` (requests in arrival order) and its standard error by batch
     means: consecutive requests share queue states, so they are not independent draws (NaN when
     there are too few requests to batch)."""
     if not len(hits):
         return math.nan, math.nan
-    values = hits.to_numpy(dtype=float)
+    values = np.asarray(hits, dtype=float)
     try:
         return float(values.mean()), batch_means(values)[1]
     except ValueError:
         return float(values.mean()), math.nan
 
 
-def slo_hits(steady: pd.DataFrame, slo: SLO) -> tuple[pd.Series, dict[str, pd.Series], int, float]:
+def slo_hits(steady: pd.DataFrame, slo: SLO) -> tuple[np.ndarray, dict[str, np.ndarray], int, float]:
     """Per request of ``steady`` (in arrival order): whether it attained the SLO (met every limit, or
     finished when none is set) and, for every limit set, whether it met that one (unfinished or
-    rejected requests miss); and the goodput's requests and output tokens (from ``meets_slo``)."""
-    finished = steady["status"] == "finished"
+    rejected requests miss); and the goodput's requests and output tokens (from ``meets_slo``).
+    Worked out on the columns' numpy arrays (pandas' per-operation cost, string comparisons above all, was
+    most of a short run's summary)."""
+    finished = steady["status"].to_numpy() == "finished"
     limits = slo_limits(steady, slo)
-    targets = {metric: finished & within_limit(steady, metric, limits[metric])
+    targets = {metric: finished & within_limit({f"{metric}_s": steady[f"{metric}_s"].to_numpy()}, metric,
+                                               limits[metric])
                for metric in _percentiles(slo) if metric in limits}
-    attained = steady["meets_slo"] if slo.defined else finished
-    good = attained.to_numpy(dtype=bool)           # counted on numpy: a filtered frame would copy every column
-    return attained, targets, int(good.sum()), float(steady["output_tokens"].to_numpy()[good].sum())
+    attained = steady["meets_slo"].to_numpy(dtype=bool) if slo.defined else finished
+    return attained, targets, int(attained.sum()), float(steady["output_tokens"].to_numpy()[attained].sum())
 
 
 def _percentiles(slo: SLO) -> dict:
@@ -75,8 +77,8 @@ def slo_summary(steady: pd.DataFrame, slo: SLO, window_s: float) -> SLOSummary:
     return slo_from_hits(slo, *slo_hits(steady, slo), window_s)
 
 
-def slo_from_hits(slo: SLO, attained: pd.Series, targets: dict[str, pd.Series], good: int, good_tokens: float,
-                  window_s: float) -> SLOSummary:
+def slo_from_hits(slo: SLO, attained: pd.Series | np.ndarray, targets: dict[str, pd.Series] | dict[str, np.ndarray],
+                  good: int, good_tokens: float, window_s: float) -> SLOSummary:
     """The SLO summary from :func:`slo_hits` (of all the window's requests, in arrival order)."""
     percentiles = _percentiles(slo)
     targets = {metric: SLOTarget(*share_with_stderr(hits), percentiles[metric][1]) for metric, hits in targets.items()}

@@ -90,9 +90,9 @@ class _Requests:
         self.done_tokens += float(done["output_tokens"].sum())
         # Copies: a column's values may be a view of the chunk's whole block of columns, kept alive with it.
         attained, targets, good, good_tokens = slo_hits(steady, self.slo)
-        self.attained.append(attained.to_numpy(bool, copy=True))
+        self.attained.append(np.array(attained, bool))
         for metric, hits in targets.items():
-            self.targets.setdefault(metric, []).append(hits.to_numpy(bool, copy=True))
+            self.targets.setdefault(metric, []).append(np.array(hits, bool))
         self.good += good
         self.good_tokens += good_tokens
         if self.ttft is not None:

@@ -28,12 +28,13 @@ import math
 import pickle
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import ClassVar, TypeVar
+from typing import TypeVar
 
 import numba
 import numpy as np
 import pandas as pd
 
+from llmsim.compiled import EntryPoint
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, Fp8Dispatch, KernelTerms
 from llmsim.catalog.models import ModelSpec
@@ -284,10 +285,11 @@ def summed_iteration(cost, rows: np.ndarray) -> tuple[float, float, float]:
 class CostModel:
     """Iteration time, FLOPs and bytes of a model on ``tp x pp`` devices of one profile."""
 
-    # :func:`_linear_step` compiled for :data:`_LINEAR_STEP_SIGNATURE`, set by the first instance (on the class:
-    # a compiled function does not pickle).
-    _linear_step: ClassVar[Callable[..., tuple[float, float, float]]]
-    _decode_price: ClassVar[Callable[..., tuple[float, float, float]]]     # :func:`_decode_price`, likewise
+    # :func:`_linear_step` and :func:`_decode_price` through their entry points (see llmsim.compiled).
+    _linear_step: EntryPoint[Callable[..., tuple[float, float, float]]] = EntryPoint(_linear_step,
+                                                                                     _LINEAR_STEP_SIGNATURE)
+    _decode_price: EntryPoint[Callable[..., tuple[float, float, float]]] = EntryPoint(_decode_price,
+                                                                                      _DECODE_PRICE_SIGNATURE)
 
     def __init__(self, model: ModelSpec, hardware: HardwareProfile,
                  tensor_parallel: int = 1, pipeline_parallel: int = 1, placement: Placement | None = None,
@@ -378,9 +380,6 @@ class CostModel:
         self._step_touched = self._experts_touched if self._linear[:, _EXPERTS].any() else None
         # decode_terms's, by the batch's sequences (read by a decode set that calls decode_terms on a miss)
         self.decode_terms_by_seqs: dict[int, DecodeTerms] = {}
-        if "_linear_step" not in vars(CostModel):
-            CostModel._linear_step = _linear_step.compile(_LINEAR_STEP_SIGNATURE)
-            CostModel._decode_price = _decode_price.compile(_DECODE_PRICE_SIGNATURE)
 
     def _use_kernel_terms(self, terms: KernelTerms, paced_layers: int, weight_bandwidth_share: float) -> None:
         """Replace the roofline's rows by the measured kernel ``terms`` (the hardware's; see the module docstring).

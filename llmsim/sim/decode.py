@@ -38,11 +38,12 @@ from __future__ import annotations
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar, cast
+from typing import cast
 
 import numba
 import numpy as np
 
+from llmsim.compiled import EntryPoint
 from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
@@ -162,13 +163,11 @@ class EventDecodeSet(DecodeSet):
                  "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
                  "_held_steps", "_decode_terms_by_seqs", "_stacked", "_n_ops", "_x", "_cost", "due_counts",
                  "_due_counts_w", "dues_in_phase")
-    # :func:`_longest_gap`'s compiled entry point, set by the first set (compiled when a simulation first needs it).
-    _longest_gap_entry: ClassVar[Callable[..., float]]
+    # :func:`_longest_gap` through its entry point (see llmsim.compiled).
+    _longest_gap_entry: EntryPoint[Callable[..., float]] = EntryPoint(_longest_gap, _LONGEST_GAP_SIGNATURE)
 
     def __init__(self, engine):
         super().__init__(engine)
-        if "_longest_gap_entry" not in vars(EventDecodeSet):
-            EventDecodeSet._longest_gap_entry = _longest_gap.compile(_LONGEST_GAP_SIGNATURE)
         cost = self._cost = engine.cost
         self._stacked, self._n_ops, self._x, _ = cost.compiled_terms()
         self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
@@ -222,7 +221,8 @@ class EventDecodeSet(DecodeSet):
     def kv_read(self) -> int:
         """Context the next decode step reads, summed over the sequences: each reads its whole
         context plus the new token, capped by the sliding window on the layers that have one
-        (the mean over the layers, :func:`~llmsim.cost.features.visible`)."""
+        (the mean over the layers, :func:`~llmsim.cost.features.visible`). Without a window every
+        sequence grows, so it is ``_all_offset_sum + n * (step + 1)``, the form the decode-only paths inline."""
         capped = self._offset_sum + self._growing * (self.step + 1) + (self.n - self._growing) * (self._window or 0)
         if self._local_share == 1.0 or not self._window:
             return capped
@@ -312,9 +312,7 @@ class EventDecodeSet(DecodeSet):
         remembers what its step adds to the product (:meth:`~llmsim.cost.roofline.CostModel.step_terms`), priced
         and logged in one compiled call."""
         n = self.n if decoding else 0
-        kv_read = 0
-        if decoding:
-            kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        kv_read = self.kv_read() if decoding else 0
         tokens = prefill_tokens + n
         terms = self._cost.step_terms(tokens, n + logits)
         if terms is None:                           # the non-linear terms not remembered yet: step works them out

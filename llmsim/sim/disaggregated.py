@@ -59,7 +59,7 @@ from llmsim.scenario.scenario import Scenario
 from llmsim.sim.engine import Engine, Observer
 from llmsim.sim.environment import scheduler
 from llmsim.sim.kvcache import KVCache
-from llmsim.sim.replica_steps import step_together
+from llmsim.sim.replica_steps import ReplicaSteps, step_together
 from llmsim.sim.request import NAN, Request, RequestRecords, WaitingQueue
 from llmsim.sim.result import DisaggregationTotals, PoolTotals
 
@@ -211,7 +211,7 @@ class DisaggregatedRouter:
         """A prefill engine computed ``request``'s prompt at ``now`` (its clock, which may be ahead of
         the event queue's): pick the decode replica and reserve or send at that time."""
         self.transfers.prefill_end_s[request.id] = now
-        self._at(now, lambda: self._handed_off(request))
+        self._at(now, partial(self._handed_off, request))
 
     def _handed_off(self, request: Request) -> None:
         index = self.decode.least_outstanding()
@@ -291,6 +291,39 @@ class DisaggregatedRouter:
             while ready and len(engine.running) < engine.config.max_num_seqs:
                 engine.join(ready.popleft(), now)
                 engine.notify()
+
+    def decode_apart(self, arrivals: object) -> None:
+        """Let each decode replica's engines, where they step together
+        (:class:`~llmsim.sim.replica_steps.ReplicaSteps`), go on past the calls of ``arrivals`` (the trace's,
+        dispatching to this router), of the prefill pool's engines and of this router, run in their turn
+        (:attr:`~llmsim.sim.replica_steps.ReplicaSteps.apart`), where none of them can read or change a decode replica
+        or schedule anything before it returns that does: with the KV reserved after the transfer, every link's
+        latency above zero and no request sent whole to the decode pool (``aggregated_below_tokens`` 0; else the
+        arrivals are left out). Then:
+
+        - an arrival enters the system through the prefill router (its records, its count of requests in the system;
+          ``decode.kv_tokens``, a constant, bounds its length), is queued on a prefill replica and wakes its engines;
+        - a prefill engine's step (one without observers) reads and changes its own queue, batch, KV cache and log;
+          a request it rejects on a queue timeout leaves through the prefill router; a prompt it completes is handed
+          off (:meth:`handoff`): its time recorded and, at the engine's clock, now or in a call of this router's,
+          :meth:`_handed_off`;
+        - :meth:`_handed_off` counts the request on the decode router (``outstanding``: read by no decode engine)
+          and sends its KV (:meth:`_send`: the link's own state, and a SimPy timeout for its next completion, after
+          which the KV lands ``latency_s`` later, in a SimPy event of its own).
+
+        Nothing of a decode replica's (its engines, their clocks, KV cache, queue) is read or changed by them: only
+        its own engines and the KV landing on it (:meth:`_arrived`, a SimPy event, which the stretch stops at) do.
+        With ``before_transfer`` a hand-off takes decode blocks (:meth:`reserve`): nothing is let past then."""
+        if self._before or any(link.latency_s <= 0 for link in self.links):
+            return
+        owners: list[object] = [self, *(engine for group in self.prefill.replicas for engine in group
+                                        if not engine.observers and not engine.hooks)]
+        if self.config.aggregated_below_tokens <= 0:
+            owners.append(arrivals)
+        for group in self.decode.replicas:
+            steps = group[0].steps_together
+            if isinstance(steps, ReplicaSteps):
+                steps.set_apart(owners)
 
     # -- leaving ------------------------------------------------------------------------------------
     def prefill_rejected(self, index: int) -> Callable[[Request, float], None]:

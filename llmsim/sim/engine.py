@@ -177,6 +177,14 @@ class EngineProcess:
         reject_expired(queue, self.config, now, self.on_done)
 
 
+def timeout_decides(forced: bool, budget: int, whole: int, chunk: int, tested: bool) -> bool:
+    """Whether a dispatching queue timeout decides an admission of the queue's head (see :meth:`Queueing.admit`):
+    unforced, a fit that refuses it or cuts its first chunk below ``whole`` (``min(prompt left,
+    max_batch_tokens)``); forced, a budget below ``whole``, or a ``chunk`` admitted past a skipped admission
+    test the unforced fit would fail (``tested`` False). ``chunk``: what the fit took (0: nothing)."""
+    return (budget < whole or bool(chunk and not tested)) if forced else chunk < whole
+
+
 class Queueing:
     """The order in which an engine serves its waiting queue: FIFO here, traffic classes in
     :class:`llmsim.sim.scheduling.ClassQueueing`. It admits waiting requests while the engine has
@@ -229,8 +237,7 @@ class Queueing:
             tested = not (forced and engine._forced_skips_test) or (engine._tiered is None
                                                                      and engine._admission(engine, request))
             chunk = engine.fit(request, now, budget, forced)
-            if waited_s > self.dispatch_wait_s and (
-                    (budget < whole or bool(chunk and not tested)) if forced else chunk < whole):
+            if waited_s > self.dispatch_wait_s and timeout_decides(forced, budget, whole, chunk, tested):
                 self.dispatch_wait_s = waited_s
             if not chunk:
                 break
@@ -308,7 +315,7 @@ class Engine(EngineProcess):
                  "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_last_end_s", "_decoding",
                  "running", "_tiered", "_handoff", "_admitted", "watermark_blocks", "first_gap_end_s", "first_gap_s",
                  "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async",
-                 "_log_decode_step", "_log_step", "steps_together")
+                 "_prices_extra", "_log_decode_step", "_log_step", "steps_together")
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -364,8 +371,11 @@ class Engine(EngineProcess):
     @handoff.setter
     def handoff(self, to: Callable[[Request, float], None] | None) -> None:
         self._handoff: Callable[[Request, float], None] | None = to
-        # whether any of the steps most engines skip applies (:meth:`_plan`)
-        self._extras = self._makes_room or self._tiered is not None or self._async or to is not None
+        # whether any of the steps most engines skip applies (:meth:`_plan`), and whether one of them changes an
+        # iteration's price or row (a tiered cache's transfers, asynchronous scheduling, a hand-off): making room
+        # for waiting requests only changes who runs, so such an iteration is still priced and logged in one call
+        self._prices_extra = self._tiered is not None or self._async or to is not None
+        self._extras = self._makes_room or self._prices_extra
 
     def _resume(self) -> None:
         """A scheduled call: the iteration in flight (if any) is over; with the replica's other engines where
@@ -456,9 +466,8 @@ class Engine(EngineProcess):
         self._chunks = chunks
         # (The membership tests skip calls that would find nothing to do: this is the hot loop. ``_extras``
         # says whether any of the steps most engines skip applies: making room, a tiered cache, a hand-off,
-        # asynchronous scheduling.)
-        extras = self._extras
-        if extras:
+        # asynchronous scheduling; ``_prices_extra`` whether one of them changes the iteration's price or row.)
+        if self._extras:
             if self._makes_room and queue and self.running:
                 self.queueing.make_room(now)
             if self._tiered is not None:
@@ -481,7 +490,7 @@ class Engine(EngineProcess):
         if chunks:
             prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
                 chunks, self._window, self._local_share, self._prefill_tile, self._query_tile_pairs)
-            if not extras and self._log_step is not None:
+            if not self._prices_extra and self._log_step is not None:
                 # Priced and logged by the decode set, as the lines below would.
                 kv = self.kv
                 duration = self._log_step(self.log, now, len(chunks), decoding, prefill_tokens, pairs, prefill_kv,
@@ -493,7 +502,7 @@ class Engine(EngineProcess):
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
                 chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         elif decoding:
-            if not extras and self._log_decode_step is not None:
+            if not self._prices_extra and self._log_decode_step is not None:
                 # The steady state: priced and logged in one call, as the lines below would.
                 kv = self.kv
                 duration = self._log_decode_step(self.log, now, kv.num_blocks - kv.free_blocks, len(self.running),
@@ -506,7 +515,7 @@ class Engine(EngineProcess):
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price_decode()
         else:
             return None
-        if extras:
+        if self._prices_extra:
             if self._handoff is not None:     # a prefill pool's engine: the decode pool emits every token
                 tokens_out = 0
             if self._async:
@@ -592,9 +601,15 @@ class Engine(EngineProcess):
     def fit(self, request: Request, now: float, budget: int, forced: bool) -> int:
         """The first chunk ``request`` starts with if it joins now, its KV blocks taken; 0 (nothing
         taken) when it does not fit the budget (past it when ``forced``), the admission test or the cache."""
-        cfg = self.config
         if self._tiered is not None:
             self._tiered.match(request, now)          # its cached prefix (or swapped-out KV) is not computed
+        chunk = self.first_chunk(request, budget, forced)
+        return chunk if chunk and self._take_blocks(request, chunk, now) else 0
+
+    def first_chunk(self, request: Request, budget: int, forced: bool) -> int:
+        """The first chunk ``request`` would start with under ``budget`` (past it when ``forced``), its blocks
+        aside; 0 when it does not fit the budget or the admission test. Takes nothing."""
+        cfg = self.config
         todo = request.prefill_target - request.prefilled
         limit = max(budget, cfg.max_batch_tokens) if forced else budget
         chunk = min(todo, limit) if cfg.chunked_prefill else todo
@@ -604,7 +619,14 @@ class Engine(EngineProcess):
         # (it may be preempted later like any other); TensorRT-LLM's tests hold for it as for every request.
         if not (forced and self._forced_skips_test) and not self._admission(self, request):
             return 0
-        return chunk if self._take_blocks(request, chunk, now) else 0
+        return chunk
+
+    def blocks_wanted(self, request: Request, chunk: int) -> int:
+        """KV blocks ``request`` takes for its first ``chunk``, beyond those it holds (without a tiered cache).
+
+        A request whose KV arrived from a prefill replica holds its prompt but the last token already
+        (llmsim.sim.disaggregated), reserved or not yet; any other holds nothing here."""
+        return self.kv.blocks_for(request.prefilled + chunk) - request.blocks
 
     def _take_blocks(self, request: Request, chunk: int, now: float) -> bool:
         """KV blocks for ``request``'s first ``chunk`` (and, with a tiered cache, the cached prefix the
@@ -612,9 +634,7 @@ class Engine(EngineProcess):
         if self._tiered is not None:
             return self._tiered.admit(request, chunk, now)
         kv = self.kv
-        # A request whose KV arrived from a prefill replica holds its prompt but the last token already
-        # (llmsim.sim.disaggregated), reserved or not yet; any other holds nothing here.
-        wanted = kv.blocks_for(request.prefilled + chunk) - request.blocks
+        wanted = self.blocks_wanted(request, chunk)
         if wanted > kv.free_blocks:
             return False
         kv.allocate(wanted)

@@ -12,11 +12,12 @@ import mmap
 import struct
 from collections.abc import Callable, Mapping, Sequence
 import typing
-from typing import ClassVar, NamedTuple
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
+from llmsim.compiled import EntryPoint
 from llmsim.cost.roofline import _decode_price, _linear_step
 from llmsim.sim.request import Request
 
@@ -137,15 +138,11 @@ class IterationLog:
     """
 
     __slots__ = ("_full", "_chunk", "at", "doubles")
-    # :func:`_log_decode_step`'s compiled entry point, set by the first log (on the class, as CostModel keeps its
-    # product's: compiled when a simulation first needs it, not when the module is imported).
-    decode_step_entry: ClassVar[Callable[..., float]]
-    step_entry: ClassVar[Callable[..., float]]             # :func:`_log_step`'s, likewise
+    # The two compiled writers (see llmsim.compiled).
+    decode_step_entry: EntryPoint[Callable[..., float]] = EntryPoint(_log_decode_step, _LOG_DECODE_STEP_SIGNATURE)
+    step_entry: EntryPoint[Callable[..., float]] = EntryPoint(_log_step, _LOG_STEP_SIGNATURE)
 
     def __init__(self):
-        if "decode_step_entry" not in vars(IterationLog):
-            IterationLog.decode_step_entry = _log_decode_step.compile(_LOG_DECODE_STEP_SIGNATURE)
-            IterationLog.step_entry = _log_step.compile(_LOG_STEP_SIGNATURE)
         self._full: list[mmap.mmap] = []           # chunks already full, in order
         self._chunk = mmap.mmap(-1, _CHUNK_BYTES)  # the chunk being written, up to double ``at``
         self.at = 0

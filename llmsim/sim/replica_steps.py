@@ -12,7 +12,10 @@ says), each writing its step-table row and its log row, pricing its step as
 (:attr:`~llmsim.sim.decode.EventDecodeSet.due_counts`), up to whichever comes first:
 
 - the first other event (an arrival, a transfer, another pool's step, a watcher, the horizon, an engine of
-  the replica that is not in this steady state);
+  the replica that is not in this steady state), but a call of one of the objects in :attr:`ReplicaSteps.apart`,
+  which cannot reach the replica (on a disaggregated decode pool: arrivals, the prefill pool's steps, hand-offs,
+  :meth:`~llmsim.sim.disaggregated.DisaggregatedRouter.decode_apart`): that runs in its turn, the engines' pending
+  calls on the event queue around it, and the stretch goes on (:meth:`ReplicaSteps._go_past`);
 - an engine about to take the step in which a sequence finishes, whose blocks do not fit (it preempts),
   whose step table or log chunk is full, or at which a queue timeout acts (rejecting the oldest request never
   started, or forcing the head in).
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import math
 from functools import cache
-from heapq import heapify, heappush
+from heapq import heapify, heappop, heappush
 from itertools import count
 from typing import cast
 
@@ -46,7 +49,7 @@ from simpy.events import NORMAL
 
 from llmsim.config.policies import OnTimeout
 from llmsim.sim.decode import EventDecodeSet
-from llmsim.sim.engine import Engine, Queueing
+from llmsim.sim.engine import Engine, Queueing, timeout_decides
 from llmsim.sim.environment import Environment
 from llmsim.sim.iterations import _CHUNK_DOUBLES, _WIDTH, _log_decode_step
 from llmsim.sim.request import WaitingQueue
@@ -177,6 +180,13 @@ class ReplicaSteps:
         self._shared[BLOCK_SIZE] = block_size
         self._stacked, self._n_ops, _, _ = engines[0].cost.compiled_terms()
         self._step = _entry(size)
+        self._wakes = [engine._wake for engine in engines]
+        # The objects whose scheduled calls (their bound methods, or partials of them) can neither read nor change
+        # anything of this replica's (its engines, KV cache and queue), nor schedule anything before they return that
+        # does: a stretch runs each in its turn and goes on (see :meth:`_go_past`). Set by whoever can prove it
+        # (:meth:`llmsim.sim.disaggregated.DisaggregatedRouter.decode_apart`); none by default.
+        self.apart: tuple[object, ...] = ()
+        self._apart_ids: frozenset[int] = frozenset()
 
     def _steady(self, i: int) -> bool:
         """Whether engine ``i``'s iteration in flight is decode-only and its next steps can be taken here (the
@@ -189,27 +199,23 @@ class ReplicaSteps:
     def _admits_none(self, engine: Engine, forced: bool) -> bool:
         """Whether :meth:`Queueing.admit` takes nothing at ``engine``'s steps while the free blocks only fall and
         nothing else changes (the head ``forced`` in by a dispatching queue timeout at all of them, or at none):
-        no head, no free seat, or a head that fails ``fit`` now."""
-        queue, cfg, kv = self.queue, engine.config, self.kv
+        no head, no free seat, or a head that ``fit`` refuses now (no first chunk, or not its blocks)."""
+        queue, cfg = self.queue, engine.config
         if not queue or len(engine.running) >= cfg.max_num_seqs:
             return True
         head = queue.head()
-        budget = cfg.max_batch_tokens - engine.decode.n
-        chunk = min(head.prefill_target - head.prefilled, max(budget, cfg.max_batch_tokens) if forced else budget)
-        if chunk <= 0 or (not (forced and engine._forced_skips_test) and not engine._admission(engine, head)):
-            return True
-        return kv.blocks_for(head.prefilled + chunk) - head.blocks > kv.free_blocks
+        chunk = engine.first_chunk(head, cfg.max_batch_tokens - engine.decode.n, forced)
+        return not chunk or engine.blocks_wanted(head, chunk) > self.kv.free_blocks
 
     def _tries(self, engine: Engine, forced: bool) -> bool:
-        """Whether each of ``engine``'s failed admissions would set its queueing's ``dispatch_wait_s`` to the head's
-        wait where longer (:meth:`Queueing.admit`: a fit of nothing below the head's first whole chunk, or a
-        forced one with a budget below it)."""
+        """Whether each of ``engine``'s failed admissions (nothing taken, the admission test passed or skipped)
+        would set its queueing's ``dispatch_wait_s`` to the head's wait where longer (:func:`timeout_decides`)."""
         queue, cfg = self.queue, engine.config
         if not queue or len(engine.running) >= cfg.max_num_seqs:
             return False
         head = queue.head()
         whole = min(head.prefill_target - head.prefilled, cfg.max_batch_tokens)
-        return cfg.max_batch_tokens - engine.decode.n < whole if forced else whole > 0
+        return timeout_decides(forced, cfg.max_batch_tokens - engine.decode.n, whole, 0, True)
 
     def _timed(self, engine: Engine, now: float) -> tuple[float, float, bool]:
         """The arrival of the queued request a queue timeout acts on first and the timeout, where a step whose
@@ -295,11 +301,95 @@ class ReplicaSteps:
         kv = self.kv
         shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
         shared_s[:] = (env._now, other_s, waiting_since_s, timeout_s)
-        self._step(ints, floats, shared, shared_s, self._dues, tuple(tables),
-                   tuple(logs), tuple(xs), self._terms, self._stacked, self._n_ops)
-        free, _, _, next_eid, current, *_ = shared.tolist()
+        step, dues, terms, stacked, n_ops = self._step, self._dues, self._terms, self._stacked, self._n_ops
+        tables_in, logs_in, xs_in = tuple(tables), tuple(logs), tuple(xs)
+        try:
+            while True:
+                step(ints, floats, shared, shared_s, dues, tables_in, logs_in, xs_in, terms, stacked, n_ops)
+                if shared[CURRENT] >= 0 or not self._apart_ids or not self._go_past():
+                    break
+        finally:
+            current = self._write_back(first_i, taken)
+        if current >= 0:
+            engine = engines[current]
+            engine._in_flight = None
+            engine._run(floats[current, IN_FLIGHT].item())
+        return True
+
+    def set_apart(self, owners: list[object]) -> None:
+        """The objects whose scheduled calls a stretch runs in their turn and goes on past (:attr:`apart`: kept, so
+        that the ids :meth:`_go_past` looks calls' owners up by stay theirs); never the replica's own engines."""
+        self.apart = tuple(owners)
+        self._apart_ids = frozenset(map(id, owners))
+        assert not self._apart_ids & set(map(id, self.engines))
+
+    def _go_past(self) -> bool:
+        """The stretch's next event is another's, every engine taking part waiting on its own call: while that event
+        is a call of one of :attr:`apart`'s, run it in its turn, the engines' pending calls put back on the event
+        queue around it as the general path would have them there (its own waits read the queue's first time, and
+        its calls take the counter's next values after theirs); then, where the engine due first comes before
+        anything else, set the arrays for :func:`_step_together` to go on with it (True). False, the stretch ending
+        (the engines' state still in the arrays, :meth:`_write_back`'s to give back), at any other event: a SimPy
+        event, a call of any other object's (the replica's own engines' not taking part included), a halt.
+
+        Exact: the events run in the order, at the times and with the counter values the general path gives them;
+        the only difference is that the engines' state is still in this object's arrays while such a call runs,
+        which by :attr:`apart`'s definition reads none of it, changes none of it and schedules nothing that does
+        before it returns (a call of the replica's engines' is never one)."""
+        env, ints, floats, shared, shared_s = self.env, self._ints, self._floats, self._shared, self._shared_s
+        calls, events, apart_ids = env._calls, env._queue, self._apart_ids
+        keys, rows = floats[:, KEY_S].tolist(), ints[:, PENDING:EID + 1].tolist()
+        waiting = [i for i, (pending, _, _) in enumerate(rows) if pending]
+        mine = [(keys[i], rows[i][1], rows[i][2], self._wakes[i]) for i in waiting]
+        ids = set(map(id, mine))
+        due = min(mine)
+        passed = False
+        try:
+            while True:
+                if env._halted_with is not None or not calls or (events and events[0] < calls[0]):  # type: ignore[operator]
+                    return False
+                call = calls[0][3]
+                owner = getattr(call, "__self__", None)
+                if owner is None:                     # a partial of a bound method
+                    owner = getattr(getattr(call, "func", None), "__self__", None)
+                if id(owner) not in apart_ids:
+                    return False
+                if not passed:
+                    env._eid = count(shared[NEXT_EID].item())
+                    passed = True
+                env._now, _, _, call = heappop(calls)
+                for entry in mine:
+                    heappush(calls, entry)
+                try:
+                    call()
+                finally:
+                    calls[:] = [entry for entry in calls if id(entry) not in ids]
+                    heapify(calls)
+                other = calls[0] if calls and (not events or calls[0] < events[0]) else (  # type: ignore[operator]
+                    events[0] if events else None)
+                if other is None or due < other:
+                    break
+        finally:
+            if passed:
+                shared[NEXT_EID] = next(env._eid)
+                shared_s[ENV_NOW] = env._now
+        first = waiting[mine.index(due)]
+        shared[CURRENT] = first
+        ints[first, PENDING] = 0
+        shared_s[ENV_NOW] = due[0]
+        shared_s[OTHER_S], shared[OTHER_PRIORITY], shared[OTHER_EID] = (
+            other[:3] if other is not None else (np.inf, _NO_KEY, _NO_KEY))
+        return True
+
+    def _write_back(self, first_i: int, taken: dict[int, tuple]) -> int:
+        """The stretch is over: the engines' state from the arrays back into them and the KV cache, the pending
+        calls of those taking part back on the event queue, the queue's clock and counter where the stretch left
+        them; returns the engine due to resume through the general path (-1: none, the next event is another's)."""
+        env, engines, ints, floats = self.env, self.engines, self._ints, self._floats
+        calls, synced, logs, queue = env._calls, self._synced, self._logs, self.queue
+        free, _, _, next_eid, current, *_ = self._shared.tolist()
         env._eid = count(next_eid)
-        env._now = shared_s[ENV_NOW].item()
+        env._now = self._shared_s[ENV_NOW].item()
         head_arrival_s = queue.head().arrival_s if queue else 0.0
         for i, (row, times) in enumerate(zip(ints.tolist(), floats.tolist())):
             engine, decode = engines[i], self._decodes[i]
@@ -322,12 +412,8 @@ class ReplicaSteps:
                 engine._in_flight = times[IN_FLIGHT]
                 heappush(calls, entry if entry is not None and not row[TAKEN] else (
                     times[KEY_S], NORMAL, row[EID], engine._wake))
-        assert free == kv.free_blocks             # every block the stretch took, given
-        if current >= 0:
-            engine = engines[current]
-            engine._in_flight = None
-            engine._run(floats[current, IN_FLIGHT].item())
-        return True
+        assert free == self.kv.free_blocks             # every block the stretch took, given
+        return current
 
 
 def step_together(engines: list[Engine]) -> None:

@@ -111,6 +111,11 @@ class ClassQueue(set):
         self._deficit = [0.0] * len(rules)
         self._turn = 0
         self._key = order.head_key
+        # Where the policy orders the heads by their class's priority first and no two classes share one, the class
+        # chosen is the most urgent waiting one whatever its head: the classes in that order (else None).
+        priorities = [r.priority for r in rules]
+        self._ranked = (sorted(range(len(rules)), key=priorities.__getitem__)
+                        if order.by_priority_first and len(set(priorities)) == len(priorities) else None)
 
     def waiting_classes(self) -> list[int]:
         return [c for c, q in enumerate(self._queues) if q]
@@ -139,9 +144,22 @@ class ClassQueue(set):
         if self._key is not None:
             if len(classes) == 1:                # the one waiting class (most admissions: no key to compare)
                 return classes[0]
+            if self._ranked is not None:         # the most urgent: the keys' first items differ
+                rank = self._ranked
+                return min(classes, key=rank.index)
             key, rules, queues = self._key, self.rules, self._queues
             return min(classes, key=lambda c: key(queues[c][0], rules[c]))
         return self._round_robin(classes)
+
+    def next_class(self) -> int:
+        """:meth:`choose` among every waiting class (the queue is not empty)."""
+        ranked = self._ranked
+        if ranked is not None:
+            queues = self._queues
+            for c in ranked:
+                if queues[c]:
+                    return c
+        return self.choose(self.waiting_classes())
 
     def _round_robin(self, classes: list[int]) -> int:
         """Deficit round robin: the class whose turn it is, once its credit covers its head's tokens.
@@ -179,7 +197,7 @@ class ClassQueue(set):
         return request
 
     def head(self) -> Request:
-        self._chosen = self.choose(self.waiting_classes())
+        self._chosen = self.next_class()
         return self.front(self._chosen)
 
     def pop(self, now: float) -> Request:                    # type: ignore[override]
@@ -206,6 +224,12 @@ class ClassQueue(set):
                     break
             queue.extendleft(reversed(kept))
         return expired
+
+
+def _forcing_s(rules: tuple[ClassRule, ...]) -> list[float]:
+    """Per class, the wait past which a waiting request is forced in by its queue timeout (``dispatch`` or
+    ``dedicated``; inf: never, no timeout or ``reject``)."""
+    return [INF if r.timeout_s is None or r.on_timeout is OnTimeout.REJECT else r.timeout_s for r in rules]
 
 
 def _work(request: Request) -> int:
@@ -243,19 +267,23 @@ class ClassOrder:
     """One scheduling policy (module docstring): ``head_key`` orders the classes' heads, smallest first
     (None: deficit round robin over the classes' token work); ``victim_key`` picks the running request
     preempted for KV room, the largest (None: the most recently admitted, as without classes);
-    ``preempts_for_waiting``: a waiting request preempts running ones of less urgent classes."""
+    ``preempts_for_waiting``: a waiting request preempts running ones of less urgent classes;
+    ``by_priority_first``: ``head_key``'s first item is the head's class's priority."""
     head_key: Callable[[Request, ClassRule], tuple] | None
     victim_key: Callable[[Request, tuple[ClassRule, ...]], tuple] | None = None
     preempts_for_waiting: bool = False
+    by_priority_first: bool = False
 
 
 CLASS_ORDERS: dict[SchedulingPolicy, ClassOrder] = {
     SchedulingPolicy.FCFS: ClassOrder(_fcfs),
-    SchedulingPolicy.PRIORITY: ClassOrder(_by_priority, _least_urgent_latest),
-    SchedulingPolicy.PREEMPTIVE_PRIORITY: ClassOrder(_by_priority, _least_urgent_latest, preempts_for_waiting=True),
+    SchedulingPolicy.PRIORITY: ClassOrder(_by_priority, _least_urgent_latest, by_priority_first=True),
+    SchedulingPolicy.PREEMPTIVE_PRIORITY: ClassOrder(_by_priority, _least_urgent_latest, preempts_for_waiting=True,
+                                                     by_priority_first=True),
     SchedulingPolicy.WEIGHTED_FAIR: ClassOrder(None),
     SchedulingPolicy.EDF: ClassOrder(_by_deadline),
-    SchedulingPolicy.VLLM_PRIORITY: ClassOrder(_by_priority_then_arrival, _least_urgent_youngest),
+    SchedulingPolicy.VLLM_PRIORITY: ClassOrder(_by_priority_then_arrival, _least_urgent_youngest,
+                                               by_priority_first=True),
 }
 
 
@@ -328,8 +356,9 @@ class ClassQueueing(Queueing):
         self.seats = [0] * len(rules)
         self._reserving = any(r.reserved_seqs for r in rules)
         # no class reserves slots or takes dedicated ones: every waiting class's head may take a slot while one is
-        # free (:meth:`_may_seat` asks nothing else), so :meth:`_seatable` asks once for all of them
+        # free (:meth:`_may_seat` asks nothing else), so :meth:`admit` asks once for all of them
         self._seats_alike = not self._reserving and all(r.on_timeout is not OnTimeout.DEDICATED for r in rules)
+        self._forcing_s = _forcing_s(rules)
 
     # -- timeouts ---------------------------------------------------------------------------------
     def rejects_on_timeout(self) -> bool:
@@ -344,41 +373,39 @@ class ClassQueueing(Queueing):
         """Use ``rules`` with every queue timeout multiplied by ``scale`` (the adaptive controller)."""
         self.rules = tuple(r if r.timeout_s is None else replace(r, timeout_s=r.timeout_s * scale) for r in rules)
         self.queue.rules = self.rules
+        self._forcing_s = _forcing_s(self.rules)
 
     # -- admission -----------------------------------------------------------------------------
-    def _forced(self, rule: ClassRule, request: Request, now: float) -> bool:
-        return (rule.timeout_s is not None and rule.on_timeout is not OnTimeout.REJECT
-                and now - request.arrival_s >= rule.timeout_s)
+    def _forced(self, c: int, request: Request, now: float) -> bool:
+        """Whether class ``c``'s waiting ``request`` is forced in by its class's queue timeout now."""
+        return now - request.arrival_s >= self._forcing_s[c]
 
     def _may_seat(self, c: int, now: float) -> bool:
         """Whether class ``c``'s head may take a sequence slot now."""
         engine, rule = self.engine, self.rules[c]
         seats = engine.config.max_num_seqs
-        if rule.on_timeout is OnTimeout.DEDICATED and self._forced(rule, self.queue.front(c), now):
+        if rule.on_timeout is OnTimeout.DEDICATED and self._forced(c, self.queue.front(c), now):
             seats += rule.dedicated_seqs
         if self._reserving and self.seats[c] >= rule.reserved_seqs:
             # Slots other classes reserved and do not use are not this class's to take.
             seats -= sum(max(0, r.reserved_seqs - self.seats[d]) for d, r in enumerate(self.rules) if d != c)
         return len(engine.running) < seats
 
-    def _seatable(self, now: float) -> list[int]:
-        """The waiting classes whose heads may take a sequence slot now (:meth:`_may_seat`)."""
-        queue = self.queue
-        if self._seats_alike:
-            engine = self.engine
-            return queue.waiting_classes() if len(engine.running) < engine.config.max_num_seqs else []
-        return [c for c in queue.waiting_classes() if self._may_seat(c, now)]
-
     def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
         engine = self.engine
         queue = self.queue
         while queue:
-            classes = self._seatable(now)
-            if not classes:
-                break
-            c = queue.choose(classes)
+            if self._seats_alike:                # every waiting head may take a free slot (:meth:`_may_seat`)
+                if len(engine.running) >= engine.config.max_num_seqs:
+                    break
+                c = queue.next_class()
+            else:
+                classes = [c for c in queue.waiting_classes() if self._may_seat(c, now)]
+                if not classes:
+                    break
+                c = queue.choose(classes)
             request = queue.front(c)
-            chunk = engine.fit(request, now, budget, self._forced(self.rules[c], request, now))
+            chunk = engine.fit(request, now, budget, self._forced(c, request, now))
             if not chunk:
                 break
             queue.pop_class(c, now)
@@ -406,7 +433,7 @@ class ClassQueueing(Queueing):
         engine = self.engine
         cfg, kv, queue, rules = engine.config, engine.kv, self.queue, self.rules
         while queue:
-            c = queue.choose(queue.waiting_classes())
+            c = queue.next_class()
             request = queue.front(c)
             chunk = request.prefill_target - request.prefilled
             if cfg.chunked_prefill:

@@ -403,7 +403,7 @@ def simulate(scenario: Scenario, trace: Trace | None = None, observers: Sequence
     stage = Stage(checkpoints, warmup, window) if checkpoints is not None and window > warmup else None
     if scenario.disaggregation is not None:
         split = _disaggregated(scenario, env, records, trace, observers, stop)
-        Arrivals(env, records, split)
+        split.decode_apart(Arrivals(env, records, split))
         env.process(_horizon(env, horizon, stop))
         if stop_when_missed is not None:
             # The prefill pool's router keeps the requests in the system, wherever they are.

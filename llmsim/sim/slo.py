@@ -38,8 +38,8 @@ def slo_limits(records: Records, slo: SLO) -> dict:
         per_class = {name: getattr(own, f"{metric}_s") for name, own in slo.classes}
         if any(v is not None for v in per_class.values()):
             if not of_class:
-                column = records["class"]
-                of_class = {name: np.asarray(column == name, dtype=bool) for name in per_class}
+                column = np.asarray(records["class"])       # compared on numpy (pandas compares Arrow strings slowly)
+                of_class = {name: column == name for name in per_class}
             # a row of a class the SLO does not name is held to nothing it can meet (NaN)
             limits = np.full(len(column), np.nan)
             for name, v in per_class.items():

@@ -35,10 +35,10 @@ from array import array
 from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
-from typing import ClassVar
 
 import numpy as np
 
+from llmsim.compiled import EntryPoint
 from llmsim.config.policies import Scorer
 from llmsim.cost.features import (FEATURES, batch_rows, expanded_verify, sequential_decode_rows, speculative_step_sums,
                                   visible)
@@ -78,9 +78,10 @@ class DecodeSlots:
     the last one into it, is two array copies.
     """
 
-    # open_row's and close_row's compiled entry points (as SpeculativeDecodeSet's kernels'), set by the first slots
-    _open_row: ClassVar[Callable[..., None]]
-    _close_row: ClassVar[Callable[..., tuple[int, int, float, float, int, int]]]
+    # open_row and close_row through their entry points (see llmsim.compiled).
+    _open_row: EntryPoint[Callable[..., None]] = EntryPoint(open_row, OPEN_ROW_SIGNATURE)
+    _close_row: EntryPoint[Callable[..., tuple[int, int, float, float, int, int]]] = EntryPoint(close_row,
+                                                                                                CLOSE_ROW_SIGNATURE)
 
     # The columns by name (set by _grow): views of the rows of ``ints`` (int64) and ``floats`` (float64),
     # in INT_COLUMNS and FLOAT_COLUMNS order, and this step's scratch columns (_STEP_COLUMNS).
@@ -109,9 +110,6 @@ class DecodeSlots:
     finished_rows: np.ndarray
 
     def __init__(self, capacity: int = 64):
-        if "_open_row" not in vars(DecodeSlots):
-            DecodeSlots._open_row = open_row.compile(OPEN_ROW_SIGNATURE)
-            DecodeSlots._close_row = close_row.compile(CLOSE_ROW_SIGNATURE)
         self.n = 0
         self.requests: list[Request] = []
         self.ints: np.ndarray = np.zeros((len(INT_COLUMNS), 0), dtype=np.int64)
@@ -168,21 +166,20 @@ class SpeculativeDecodeSet(DecodeSet):
     :class:`~llmsim.sim.result.SpeculationSteps`, which the run's result sums them into).
     """
 
-    # The step's kernels through their compiled entry points (the signatures of llmsim.sim.speculative_kernels,
-    # which say why), set by the first set on the class: compiled, or loaded from their cache, when a simulation
-    # first needs them, not when the module is imported. ``_reserve_blocks``: with a k per row, and without.
-    _reserve_blocks: ClassVar[tuple[Callable[..., tuple[int, int, bool, int]], ...]]
-    _price_step: ClassVar[Callable[..., tuple]]
-    _advance_rows: ClassVar[Callable[..., tuple[int, int, int, int]]]
+    # The step's kernels through their entry points (see llmsim.compiled; the signatures of
+    # llmsim.sim.speculative_kernels say why they are what they are). Blocks are reserved with the policy's k
+    # per row (``_reserve_blocks_per_row``) or, on a step where nobody speculates, without (``chosen`` None).
+    _reserve_blocks_per_row: EntryPoint[Callable[..., tuple[int, int, bool, int]]] = EntryPoint(
+        reserve_blocks, RESERVE_BLOCKS_SIGNATURE)
+    _reserve_blocks_no_drafts: EntryPoint[Callable[..., tuple[int, int, bool, int]]] = EntryPoint(
+        reserve_blocks, RESERVE_BLOCKS_PLAIN_SIGNATURE)
+    _price_step: EntryPoint[Callable[..., tuple]] = EntryPoint(price_step, PRICE_STEP_SIGNATURE)
+    _advance_rows: EntryPoint[Callable[..., tuple[int, int, int, int]]] = EntryPoint(advance_rows,
+                                                                                     ADVANCE_ROWS_SIGNATURE)
 
     def __init__(self, engine, speculation: SpeculationConfig, draft_cost, acceptance_key: int,
                  handoff_s: float | None = None):
         super().__init__(engine)
-        if "_price_step" not in vars(SpeculativeDecodeSet):
-            SpeculativeDecodeSet._reserve_blocks = (reserve_blocks.compile(RESERVE_BLOCKS_SIGNATURE),
-                                                    reserve_blocks.compile(RESERVE_BLOCKS_PLAIN_SIGNATURE))
-            SpeculativeDecodeSet._price_step = price_step.compile(PRICE_STEP_SIGNATURE)
-            SpeculativeDecodeSet._advance_rows = advance_rows.compile(ADVANCE_ROWS_SIGNATURE)
         self.spec = speculation
         self.policy = k_policy(speculation.policy)
         self.draft_cost = draft_cost
@@ -252,7 +249,8 @@ class SpeculativeDecodeSet(DecodeSet):
                 return 0
             # Never draft past the last token asked for, nor past the iteration's token budget.
             chosen, marks = self._choose_k(n)
-            needed, drafted, reserved, eligible = self._reserve_blocks[chosen is None](
+            reserve = self._reserve_blocks_per_row if chosen is not None else self._reserve_blocks_no_drafts
+            needed, drafted, reserved, eligible = reserve(
                 n, chosen, s.eligible, s.ints, self.engine.config.max_batch_tokens - n, kv.block_size, kv.free_blocks,
                 self._branching, marks)
             if marks >= 0:

@@ -11,7 +11,9 @@ import pandas as pd
 import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog
+from llmsim.config.policies import SchedulingPolicy
 from llmsim.sim import engine as engine_module
+from llmsim.sim.decode import EventDecodeSet
 from llmsim.sim.iterations import CHUNK_ROWS, LOG_COLUMNS, Iteration, IterationLog, iterations_columns
 from llmsim.sim.simulate import simulate
 from tests.helpers import make_scenario
@@ -122,13 +124,34 @@ def test_a_step_with_prompts_logged_in_one_call_is_the_row_add_packs_from_step(h
      "deployment": {"tensor_parallel": 1, "pipeline_parallel": 1,
                     "expert_parallel": {"degree": 8, "routing": {"distribution": "zipf", "exponent": 0.6}}},
      "workload": {"num_requests": 300, "arrival": {"process": "poisson", "rate": 20.0}}},
+    # traffic classes under preemptive priority, preempting for waiting requests before iterations
+    {"engine": {"max_num_seqs": 16, "max_batch_tokens": 643, "scheduling_policy": "preemptive_priority"},
+     "workload": {"num_requests": 400, "arrival": {"rate": 5.0}, "classes": {
+         "interactive": {"share": 0.3},
+         "standard": {"share": 0.4, "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 0.8,
+                                                      "max": 8192}},
+         "batch": {"share": 0.3, "prompt_tokens": {"distribution": "lognormal", "mean": 2048, "sigma": 0.6,
+                                                   "max": 8192},
+                   "output_tokens": {"distribution": "lognormal", "mean": 512, "sigma": 0.6, "max": 2048}}}}},
 ])
 def test_the_engine_s_one_call_steps_change_no_record(overrides, monkeypatch):
     """A run whose iterations are priced and logged in one call (decode-only ones, the engine's steady state, and
     those with prompt chunks where the cost model remembers the step's terms) has the records and iteration table
     of the same run through the general path (decode_step's or step's price, add())."""
     scenario = make_scenario(overrides)
+    one_call = {"log_step": 0, "log_decode_step": 0}
+
+    def counting(name):
+        step = getattr(EventDecodeSet, name)
+
+        def counted(*args):
+            one_call[name] += 1
+            return step(*args)
+        return counted
+    for name in one_call:
+        monkeypatch.setattr(EventDecodeSet, name, counting(name))
     fast = simulate(scenario, force=True)
+    assert min(one_call.values()) > 100             # both one-call steps taken (a preemptive policy's too)
     # Engines built while no decode set counts as one-token take the general path for every iteration.
     monkeypatch.setattr(engine_module, "EventDecodeSet", type("NoDecodeSet", (), {}))
     general = simulate(scenario, force=True)
@@ -136,3 +159,5 @@ def test_the_engine_s_one_call_steps_change_no_record(overrides, monkeypatch):
     assert fast.iterations["prefill_seqs"].gt(0).sum() > 200
     pd.testing.assert_frame_equal(fast.requests, general.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.iterations, general.iterations, check_exact=True)
+    if scenario.engine.scheduling_policy is SchedulingPolicy.PREEMPTIVE_PRIORITY:
+        assert fast.preemptions > 0

@@ -22,7 +22,9 @@ import pytest
 
 from llmsim import batch_means, simulate
 from llmsim.analysis.metrics import summarize
+from llmsim.config.policies import SchedulingPolicy
 from llmsim.errors import ConfigError
+from llmsim.sim.scheduling import CLASS_ORDERS, ClassQueue
 from llmsim.sim.slo import meets_slo
 from llmsim.workload.generate import generate_trace
 
@@ -325,3 +327,34 @@ def test_each_request_is_held_to_its_own_classes_limits():
     assert 0 < sum(expected) < len(expected)           # both outcomes occur
     assert records["meets_slo"].tolist() == expected
     assert meets_slo(records, scenario.slo).tolist() == expected
+
+
+@pytest.mark.parametrize("policy", ["priority", "preemptive_priority", "vllm_priority"])
+def test_classes_ranked_by_priority_choose_as_the_heads_keys_do(policy, monkeypatch):
+    """Where the policy orders the heads by their class's priority first and the classes' priorities differ, the
+    queue takes the most urgent waiting class without building the heads' keys: the run is the one the keys give
+    (records and iterations bit for bit), past capacity, with several classes waiting at dozens of admissions, forced
+    heads (the classes' queue timeouts) and, under preemptive priority, preemptions."""
+    classes = {"interactive": {"share": 0.3},
+               "standard": {"share": 0.4, "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 0.8,
+                                                            "max": 8192}},
+               "batch": {"share": 0.3, "prompt_tokens": {"distribution": "lognormal", "mean": 2048, "sigma": 0.6,
+                                                         "max": 8192}}}
+    scenario = make_scenario({"engine": {"max_num_seqs": 16, "max_batch_tokens": 643, "scheduling_policy": policy},
+                              "workload": {"num_requests": 600, "arrival": {"rate": 7.0}, "classes": classes}})
+    ranked = simulate(scenario)
+    policy_key = SchedulingPolicy(policy)
+    monkeypatch.setitem(CLASS_ORDERS, policy_key, dataclasses.replace(CLASS_ORDERS[policy_key],
+                                                                      by_priority_first=False))
+    chosen_among = []
+    choose = ClassQueue.choose
+
+    def counted(queue, among):
+        chosen_among.append(len(among))
+        return choose(queue, among)
+    monkeypatch.setattr(ClassQueue, "choose", counted)
+    keyed = simulate(scenario)
+    assert sum(n > 1 for n in chosen_among) > 40
+    assert (ranked.preemptions > 0) == (policy == "preemptive_priority")
+    pd.testing.assert_frame_equal(ranked.requests, keyed.requests, check_exact=True)
+    pd.testing.assert_frame_equal(ranked.iterations, keyed.iterations, check_exact=True)
