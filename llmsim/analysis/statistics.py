@@ -113,6 +113,8 @@ def rising_trend(values, batches: int = BATCHES, *, scale: float | None = None, 
     arithmetic (:func:`_trend`); scipy.stats itself is not imported for it (about 0.4 CPU s a process,
     more than all of a search's calls).
     """
+    if batches < 3:                      # a line through two means leaves its test no degree of freedom
+        return math.nan, False
     try:
         means = batch_series(values, batches)
     except ValueError:

@@ -4,6 +4,8 @@ no longer import scipy.stats or scipy.optimize unless a scenario needs them (ses
 process, an acceptance figure to solve)."""
 from __future__ import annotations
 
+import math
+
 import subprocess
 import sys
 
@@ -59,6 +61,14 @@ def test_the_rising_trend_verdict_is_the_one_linregress_gave():
                         expected = (rise, bool((fit.pvalue / 2 if fit.slope > 0 else 1.0) < 0.01 and rise > 0.1))
                 rise, rising = rising_trend(values, scale=scale)
                 assert _bits(rise) == _bits(expected[0]) and rising == expected[1]
+
+
+def test_two_batches_are_too_few_to_tell_a_trend():
+    """A line through two means leaves the t test no degree of freedom: NaN and False, as for too short a series,
+    not a verdict (linregress gave a p-value of 1 or 0 there, from a perfect fit)."""
+    rise, rising = rising_trend(np.arange(100.0), batches=2)
+    assert math.isnan(rise) and rising is False
+    assert rising_trend(np.arange(100.0), batches=3)[1] is True      # three means: a test, and a steep climb
 
 
 def test_the_confidence_half_width_is_student_t_to_the_bit():
