@@ -8,11 +8,13 @@ A target is ``report``, one of the short names below, any shipped scenario by it
 (``llama3-8b-h100-canary``), or ``all``: every shipped scenario (a scenario ``recommend`` refuses reports
 its refusal). The previous tree is exported from ``--base`` (default: where this branch left main, ``git
 merge-base HEAD main``) with ``git archive`` into a temporary folder and imported from there, its hardware
-profiles through ``LLMSIM_PROFILE_PATH``; before the rounds each tree runs a small speculative simulation
-once, untimed, so that neither tree's figures include compiling its numba kernels (cached next to their
-source, as an installed tree's are after its first run). Each (tree, target, round) runs in
-a child process; its CPU time is the child's user + system time, its worker processes included
-(``os.wait4``). Rounds interleave the two trees; the figure is the median over rounds. ``--parallel``
+profiles through ``LLMSIM_PROFILE_PATH``; before the rounds each tree runs a small speculative ``recommend``
+once, untimed (two seeds, 300 requests a run: the fluid scans, the windows' stops, plain and speculative
+engines), so that neither tree's figures include compiling its numba kernels (cached next to their source, as
+an installed tree's are after its first run; a 30-request simulation left the fluid scans' and the miss
+watch's kernels to the first round of a fresh tree, 0.6-1.2 CPU s of the canary's). Each (tree, target,
+round) runs in a child process; its CPU time is the child's user + system time, its worker processes
+included (``os.wait4``). Rounds interleave the two trees; the figure is the median over rounds. ``--parallel``
 runs that many children at once (CPU time, not wall time, is what is compared). The answer compared:
 recommend's best setting and its goodput (with its 95% interval); report's recommended deployment (chip,
 layout and replicas). A child that fails prints the end of its standard error; ``--cpu-limit`` stops a child
@@ -37,11 +39,8 @@ SCENARIOS = {"chat": "scenarios/llama3-8b-h100-chat.yaml", "tp8": "scenarios/lla
              "speculative": "scenarios/llama3-70b-h100-speculative.yaml"}
 SHIPPED = {path.stem: f"scenarios/{path.name}" for path in sorted((REPO / "scenarios").glob("*.yaml"))}
 WARMUP = r'''
-from llmsim.scenario.variants import variant
-from llmsim.search.plan import as_scenario
-from llmsim.sim.simulate import simulate_whole
-simulate_whole(variant(as_scenario("scenarios/llama3-70b-h100-speculative.yaml"), {"workload.num_requests": 30}),
-               force=True)
+from llmsim.search.recommend import recommend
+recommend("scenarios/llama3-70b-h100-speculative.yaml", workers=1, seeds=2, top=1, tolerance=0.5, requests=300)
 '''
 REPORT = ("scenarios/llama3-8b-h100-chat.yaml", 60.0, ["H100-SXM", "H200", "MI300X", "CS-3"])
 

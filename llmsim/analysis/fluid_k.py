@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
-from scipy import stats
 
 from llmsim.config.policies import AcceptanceProcess
 from llmsim.speculation.config import Acceptance, SpeculationConfig
@@ -78,7 +77,7 @@ def class_alphas(acceptance: Acceptance) -> np.ndarray:
     (read-only): a search builds a fluid model per setting, most of them on one acceptance process."""
     if acceptance.process is AcceptanceProcess.BETA:
         q = (np.arange(ALPHA_CLASSES) + 0.5) / ALPHA_CLASSES
-        return _read_only(stats.beta.ppf(q, acceptance.beta_a, acceptance.beta_b))
+        return _read_only(acceptance.beta_quantiles(q))
     return _read_only(np.array([acceptance.mean_alpha]))
 
 

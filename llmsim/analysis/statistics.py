@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy import special
 
 
 BATCHES = 20                 # batches at the most: 10-30 is the usual range (Schmeiser 1982), 20 in the middle
@@ -66,15 +67,13 @@ def lag1_correlated(means, level: float = LAG1_LEVEL) -> bool:
     (Young 1941). The test that Fishman's LBATCH rule runs on batch means to decide whether they are
     long enough (Fishman and Yarberry 1997; Law and Kelton, Simulation Modeling and Analysis, 9.5.3);
     it is run at 10% because failing to see a correlation costs more than a needlessly longer batch."""
-    from scipy import stats
-
     x = np.asarray(means, dtype=float)
     k = len(x)
     spread = float(np.sum((x - x.mean()) ** 2))
     if k < 3 or spread == 0:
         return False
     ratio = 1.0 - float(np.sum(np.diff(x) ** 2)) / (2.0 * spread)
-    return bool(ratio / math.sqrt((k - 2) / (k * k - 1)) > stats.norm.ppf(1.0 - level))
+    return bool(ratio / math.sqrt((k - 2) / (k * k - 1)) > special.ndtri(1.0 - level))    # the normal quantile
 
 
 def batch_series(values, batches: int = BATCHES) -> np.ndarray:
@@ -108,9 +107,14 @@ def rising_trend(values, batches: int = BATCHES, *, scale: float | None = None, 
     climb from its first batch to its last measures a transient, not a steady state; measured
     against a latency limit (``scale``), a drift too small to threaten it is not material. NaN and
     False when there are too few observations to tell.
-    """
-    from scipy import stats
 
+    The trend is the least-squares line through the batch means and its test the t test of its
+    correlation coefficient on ``batches - 2`` degrees of freedom, with ``scipy.stats.linregress``'s
+    arithmetic (:func:`_trend`); scipy.stats itself is not imported for it (about 0.4 CPU s a process,
+    more than all of a search's calls).
+    """
+    if batches < 3:                      # a line through two means leaves its test no degree of freedom
+        return math.nan, False
     try:
         means = batch_series(values, batches)
     except ValueError:
@@ -118,15 +122,31 @@ def rising_trend(values, batches: int = BATCHES, *, scale: float | None = None, 
     scale = float(means.mean()) if scale is None else scale
     if not scale > 0 or np.ptp(means) == 0:
         return 0.0, False
-    fit = stats.linregress(np.arange(batches), means)
-    rise = float(fit.slope * (batches - 1) / scale)
-    one_sided_p = fit.pvalue / 2 if fit.slope > 0 else 1.0
+    slope, one_sided_p = _trend(means)
+    rise = float(slope * (batches - 1) / scale)
     return rise, bool(one_sided_p < significance and rise > material_rise)
+
+
+def _trend(means: np.ndarray) -> tuple[float, float]:
+    """The least-squares slope of ``means`` against their index and its one-sided p-value against no rise
+    (1 where the slope does not rise): ``linregress(arange(n), means)``'s slope and half its two-sided
+    p-value, its correlation coefficient and t statistic (with its 1e-20 guard) worked out alike
+    (``tests/analysis/test_statistics_special.py`` holds them to its bits); at least three means (two
+    leave the test no degree of freedom)."""
+    tiny = 1.0e-20
+    df = len(means) - 2
+    assert df > 0
+    ssxm, ssxym, _, ssym = np.cov(np.arange(len(means)), means, bias=True).ravel().tolist()
+    # linregress's correlation coefficient: NaN or 0 with no spread, else held inside [-1, 1]
+    r = (math.nan if ssxym == 0 else 0.0) if ssym == 0.0 else min(max(ssxym / math.sqrt(ssxm * ssym), -1.0), 1.0)
+    slope = ssxym / ssxm
+    t = r * np.sqrt(df / ((1.0 - r + tiny) * (1.0 + r + tiny)))
+    two_sided = 2 * special.stdtr(df, -np.abs(t))          # Student's t survival at |t|, both tails
+    return slope, (two_sided / 2 if slope > 0 else 1.0)
 
 
 def ci95_half_width(sd, n):
     """Half-width of a 95% Student-t confidence interval of a mean of ``n`` runs with sample
-    standard deviation ``sd`` (NaN for one run); numbers or arrays."""
-    from scipy import stats
-
-    return stats.t.ppf(0.975, n - 1) * sd / np.sqrt(n)
+    standard deviation ``sd`` (NaN for one run); numbers or arrays. The quantile is the one
+    ``scipy.stats.t.ppf`` returns (``stdtrit``; NaN without a degree of freedom)."""
+    return special.stdtrit(np.asarray(n) - 1, 0.975) * sd / np.sqrt(n)

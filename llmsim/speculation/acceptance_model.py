@@ -30,7 +30,6 @@ from importlib import resources
 
 import numpy as np
 import yaml
-from scipy.optimize import brentq
 
 from llmsim.speculation.proposers import EAGLE, MEDUSA, MODEL, MTP, NGRAM
 
@@ -47,7 +46,10 @@ def _logistic(x):
 
 
 def alpha_from(measure: str, value: float, k: int | None = None) -> float:
-    """A published acceptance figure as a per-token alpha (see the module docstring)."""
+    """A published acceptance figure as a per-token alpha (see the module docstring). scipy.optimize is
+    imported where a figure needs solving, not with this module (about 0.3 CPU s a process)."""
+    from scipy.optimize import brentq
+
     if measure == "alpha":
         return value
     if k is None:

@@ -35,7 +35,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, stats
 
 from llmsim.config.reader import Node
 from llmsim.workload.lengths import LengthDistribution, length_from_node
@@ -124,8 +123,11 @@ class Sessions:
         ``k`` turns. So at time ``t`` the turn rate is the session rate times
         ``sum_k P(turns > k) P(Gamma(k) <= t)``, which tends to the session rate times the mean
         turns. Until then a run sees fewer turns per second than its steady state: a search's
-        warm-up must cover this fill.
+        warm-up must cover this fill. (scipy.stats and scipy.optimize are imported here, for sessions only, not
+        with this module, which every scenario reads: about 0.7 CPU s a process.)
         """
+        from scipy import optimize, stats
+
         lengths, probabilities = self.turns.probabilities()
         follow_ups = np.arange(1, lengths[-1])                            # turn k exists iff turns > k
         at_most = np.searchsorted(lengths, follow_ups, side="right") - 1  # the last length <= k, if any
