@@ -239,26 +239,31 @@ class EventDecodeSet(DecodeSet):
         engine, kv = self.engine, self.engine.kv
         due = self._block_due.pop(self.step)
         self._next_block_due = first_due_after(self._block_due, self.step)
-        while True:
+        # (Room for every entry, stale ones included, is room for the valid ones: most steps count none.)
+        while len(due) > kv.free_blocks:
             # Entries of preempted sequences are stale (their epoch moved on).
-            valid = [(r, e) for r, e in due if r.epoch == e and r.status is RUNNING]
-            if len(valid) <= kv.free_blocks:
+            if sum(1 for r, e in due if r.epoch == e and r.status is RUNNING) <= kv.free_blocks:
                 break
             engine.preempt_latest(now)
-        self._give_blocks(self.step, valid)
+        self._give_blocks(self.step, due)
 
-    def _give_blocks(self, step: int, valid: list[tuple[Request, int]]) -> None:
-        """Give the sequences ``valid`` (request, epoch), due a block at decode ``step``, their blocks, and
-        enter the next ones they will need."""
-        self.engine.kv.allocate(len(valid))
-        self._due_counts_w[step % self._block_size] -= len(valid)
+    def _give_blocks(self, step: int, due: list[tuple[Request, int]]) -> None:
+        """Give the sequences of ``due`` (request, epoch), due a block at decode ``step``, their blocks, and enter the
+        next ones they will need; entries of sequences preempted since (their epoch moved on) are stale and skipped.
+        The valid ones' blocks are free."""
         next_due = step + self._block_size
         later = []
-        for entry in valid:
+        given = 0
+        for entry in due:
             request = entry[0]
+            if request.epoch != entry[1] or request.status is not RUNNING:
+                continue
+            given += 1
             request.blocks += 1
             if next_due < request.finish_step:
                 later.append(entry)
+        self.engine.kv.allocate(given)
+        self._due_counts_w[step % self._block_size] -= given
         if later:
             self._enter_due(next_due, later)
 
@@ -270,7 +275,7 @@ class EventDecodeSet(DecodeSet):
             due_step = self._next_block_due
             due = self._block_due.pop(due_step)
             self._next_block_due = first_due_after(self._block_due, due_step)
-            self._give_blocks(due_step, [(r, e) for r, e in due if r.epoch == e and r.status is RUNNING])
+            self._give_blocks(due_step, due)
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest) -> StepPrice:
         if not decoding:

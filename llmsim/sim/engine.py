@@ -225,13 +225,14 @@ class Queueing:
         wait of a head at such an admission: up to the first at which two such runs force differently, they are
         the same run."""
         engine = self.engine
-        cfg, queue = engine.config, engine.queue
+        cfg, queue, running = engine.config, engine.queue, engine.running
         timeout = cfg.queue_timeout_s if cfg.on_timeout is OnTimeout.DISPATCH else None
-        while queue and len(engine.running) < cfg.max_num_seqs:
+        max_num_seqs, max_batch_tokens = cfg.max_num_seqs, cfg.max_batch_tokens
+        while queue and len(running) < max_num_seqs:
             request = queue.head()
             waited_s = now - request.arrival_s
             forced = timeout is not None and waited_s >= timeout
-            whole = min(request.prefill_target - request.prefilled, cfg.max_batch_tokens)
+            whole = min(request.prefill_target - request.prefilled, max_batch_tokens)
             # a forced fit that skips the admission test: whether the unforced one would pass it (asked before the
             # fit takes blocks; with a tiered cache, whose match comes first, taken as not)
             tested = not (forced and engine._forced_skips_test) or (engine._tiered is None
@@ -542,20 +543,20 @@ class Engine(EngineProcess):
         self._apply(iteration.chunks, iteration.decoding)
 
     def _apply(self, chunks: Sequence[tuple[Request, int]], decoding: bool) -> None:
-        now = self.now
+        now, tiered, handoff = self.now, self._tiered, self._handoff
         if decoding:
             self.decode.advance(now)
         for request, chunk in chunks:
             if request.status is not RUNNING:     # preempted after its chunk was scheduled (by priority)
                 continue
             request.prefilled += chunk
-            if self._tiered is not None:
-                self._tiered.filled(request)
+            if tiered is not None:
+                tiered.filled(request)
             if request.prefilled < request.prefill_target:
                 continue
             # The prompt is complete: its first token (or, after a recompute, the next one).
             self.prefilling.remove(request)
-            if self._handoff is not None:
+            if handoff is not None:
                 self.hand_off(request, now)
                 continue
             if request.generated == 0:

@@ -129,3 +129,19 @@ def test_the_compiled_longest_gap_changes_no_record(overrides, monkeypatch):
     assert (compiled.requests["max_itl_s"] > 0).mean() > 0.5
     pd.testing.assert_frame_equal(compiled.requests, reference.requests, check_exact=True)
     pd.testing.assert_frame_equal(compiled.iterations, reference.iterations, check_exact=True)
+
+
+def test_admission_without_a_dispatching_timeout_is_the_general_admission_at_one_never_reached():
+    # Without a dispatching timeout the queue's admission takes its own short path (no fit is forced); with a
+    # dispatching timeout longer than the run it takes the general one, which forces nothing either. Chunked
+    # prefill with 1,024 batch tokens at 30/s: heads are refused or cut to the budget's rest, so the longest wait
+    # of such a head (dispatch_wait_s) is set along both paths. Records, iterations and that wait are alike.
+    from llmsim.scenario.variants import variant
+    from llmsim.sim.simulate import simulate_whole
+    scenario = make_scenario({"engine": {"max_batch_tokens": 1024}, "workload": {"arrival": {"rate": 30.0},
+                              "num_requests": 400}})
+    untimed = simulate_whole(scenario)
+    general = simulate_whole(variant(scenario, {"engine.queue_timeout": "100000 s"}))
+    assert 0 < untimed.dispatch_wait_s == general.dispatch_wait_s
+    pd.testing.assert_frame_equal(untimed.requests, general.requests)
+    pd.testing.assert_frame_equal(untimed.iterations, general.iterations)
