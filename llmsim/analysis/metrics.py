@@ -393,14 +393,19 @@ def iteration_overlap(start_s, end_s, duration_s, flops, bytes_, kv_used_blocks,
                       ) -> Overlap:
     """The iterations' time inside ``[start, stop]`` and, weighted by it, their FLOPs and bytes (the
     share inside), KV blocks used and sequences: (busy seconds, FLOPs, bytes, KV block-seconds,
-    most KV blocks, sequence-seconds). Sums: those of several sets of iterations add up."""
+    most KV blocks, sequence-seconds). Sums: those of several sets of iterations add up.
+
+    Every sum is numpy's own (pairwise), none a BLAS dot product: OpenBLAS splits a dot of more than 10,000
+    elements over its threads, whose partial sums made the figures' last digits depend on the machine's cores,
+    and whose waiting threads spun through a search's CPU time (a fifth of a prefill-on-CS-3 search's)."""
     overlap = np.minimum(end_s, stop) - np.maximum(start_s, start)
     inside = overlap > 0
     weights = overlap[inside]
     duration = duration_s[inside]
     share = np.divide(weights, duration, out=np.ones_like(weights), where=duration > 0)
     kv_used = kv_used_blocks[inside]
-    return (float(weights.sum()), float(share @ flops[inside]), float(share @ bytes_[inside]),
+    return (float(weights.sum()), float(np.multiply(share, flops[inside]).sum()),
+            float(np.multiply(share, bytes_[inside]).sum()),
             float(np.multiply(kv_used, weights, dtype=float).sum()), float(kv_used.max()) if len(kv_used) else 0.0,
             float(np.multiply(sequences[inside], weights, dtype=float).sum()))
 
