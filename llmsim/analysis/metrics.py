@@ -211,9 +211,10 @@ def summarize(result: SimulationResult) -> RunSummary:
     slo = slo_summary(steady, scenario.slo, window)
     classes = (class_summaries(records, scenario.slo, scenario.workload.class_names, start, stop, masks)
                if scenario.workload.classes else None)
-    pools = pool_rows(result)
-    utilisation = utilisation_in(iterations, start, stop, measured, result.kv_blocks_per_replica, replicas,
-                                 pools["decode"] if split is not None else None)
+    # Each pool's iterations weighed once: the decode pool's sums are the run's utilisation and its pool's busy time.
+    overlaps = {name: overlap_in(iterations, start, stop, rows) for name, rows in pool_rows(result).items()}
+    utilisation = utilisation_from(overlaps["decode"] if split is not None else overlap_in(iterations, start, stop),
+                                   window, measured, result.kv_blocks_per_replica, replicas)
     ttft_rise, rising = rising_trend(steady["ttft_s"], scale=scenario.slo.ttft_s)
     return run_summary(
         result, (start, stop), replicas, counts, latency,
@@ -229,7 +230,7 @@ def summarize(result: SimulationResult) -> RunSummary:
         kv_cache_summary(result.kv_tiers, steady, steady[finished_steady], records,
                          scenario.deployment.replicas * scenario.deployment.data_parallel)
         if result.kv_tiers else None,
-        disaggregation_summary(result, iterations, steady[finished_steady], start, stop, pools)
+        disaggregation_summary(result, steady[finished_steady], window, overlaps)
         if split is not None else None)
 
 
@@ -322,16 +323,15 @@ def pool_rows(result: SimulationResult) -> dict[str, np.ndarray]:
     return {totals.pool: (pool == totals.pool).to_numpy(dtype=bool) for totals in result.disaggregation.pools}
 
 
-def disaggregation_summary(result: SimulationResult, iterations: pd.DataFrame, finished: pd.DataFrame,
-                           start: float, stop: float, rows: dict[str, np.ndarray]) -> DisaggregationSummary:
+def disaggregation_summary(result: SimulationResult, finished: pd.DataFrame, window: float,
+                           overlaps: dict[str, Overlap]) -> DisaggregationSummary:
     """The disaggregated run's link, TTFT split and pools (:class:`~llmsim.analysis.summary.DisaggregationSummary`;
-    ``rows``: :func:`pool_rows`)."""
+    ``overlaps``: each pool's :func:`overlap_in` over the measurement window, ``window`` seconds long)."""
     split, records = result.disaggregation, result.requests
     assert split is not None                               # summarized only for a disaggregated run
     pools = {}
     for pool in split.pools:
-        busy = utilisation_in(iterations, start, stop, result.scenario.pool(pool.pool), 1,
-                              rows=rows[pool.pool]).busy_fraction
+        busy = utilisation_from(overlaps[pool.pool], window, result.scenario.pool(pool.pool), 1).busy_fraction
         pools[pool.pool] = PoolSummary(pool.hardware, pool.replicas, pool.tensor_parallel, pool.pipeline_parallel,
                                        pool.usd_per_hour, busy, pool.expert_parallel)
     moved = finished[~finished["aggregated"]]
@@ -374,13 +374,49 @@ def mean_replicas_between(provisioned: pd.DataFrame, start_s: float, stop_s: flo
     return float(np.dot(np.diff(edges), counts) / (stop_s - start_s))
 
 
-def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario, kv_blocks: int,
-                   replicas: float | None = None, rows: np.ndarray | None = None) -> Utilisation:
-    """How busy the devices were in ``[start, stop]``, from the time each iteration spent inside it.
+Overlap = tuple[float, float, float, float, float, float]     # iteration_overlap's figures
+
+
+def overlap_in(iterations: pd.DataFrame, start: float, stop: float, rows: np.ndarray | None = None) -> Overlap:
+    """:func:`iteration_overlap` of the iteration log's rows that ``rows`` (a boolean mask) selects (all where
+    None), column by column."""
+    def column(name: str) -> np.ndarray:
+        values = iterations[name].to_numpy()
+        return values if rows is None else values[rows]
+
+    return iteration_overlap(column("start_s"), column("end_s"), column("duration_s"), column("flops"),
+                             column("bytes"), column("kv_used_blocks"), column("decode_seqs") + column("prefill_seqs"),
+                             start, stop)
+
+
+def iteration_overlap(start_s, end_s, duration_s, flops, bytes_, kv_used_blocks, sequences, start: float, stop: float
+                      ) -> Overlap:
+    """The iterations' time inside ``[start, stop]`` and, weighted by it, their FLOPs and bytes (the
+    share inside), KV blocks used and sequences: (busy seconds, FLOPs, bytes, KV block-seconds,
+    most KV blocks, sequence-seconds). Sums: those of several sets of iterations add up.
+
+    Every sum is numpy's own (pairwise), none a BLAS dot product: OpenBLAS splits a dot of more than 10,000
+    elements over its threads, whose partial sums made the figures' last digits depend on the machine's cores,
+    and whose waiting threads spun through a search's CPU time (a fifth of a prefill-on-CS-3 search's)."""
+    overlap = np.minimum(end_s, stop) - np.maximum(start_s, start)
+    inside = overlap > 0
+    weights = overlap[inside]
+    duration = duration_s[inside]
+    share = np.divide(weights, duration, out=np.ones_like(weights), where=duration > 0)
+    kv_used = kv_used_blocks[inside]
+    return (float(weights.sum()), float(np.multiply(share, flops[inside]).sum()),
+            float(np.multiply(share, bytes_[inside]).sum()),
+            float(np.multiply(kv_used, weights, dtype=float).sum()), float(kv_used.max()) if len(kv_used) else 0.0,
+            float(np.multiply(sequences[inside], weights, dtype=float).sum()))
+
+
+def utilisation_from(overlap: Overlap, window: float, scenario,
+                     kv_blocks: int, replicas: float | None = None) -> Utilisation:
+    """How busy the devices were in a ``window`` seconds long, from :func:`iteration_overlap`'s sums over it: the
+    time each iteration spent inside it.
 
     ``replicas`` is how many replicas there were on average in the window (default the
     deployment's): with autoscaling, the replicas paid for, starting and draining ones included.
-    ``rows`` (a boolean mask) takes the iterations it selects (one pool's), column by column (all where None).
 
     A replica runs one engine per pipeline micro-batch, each one iteration after another, and
     an iteration occupies each of the ``pp`` stages for ``1/pp`` of its duration: the busy
@@ -388,35 +424,6 @@ def utilisation_in(iterations: pd.DataFrame, start: float, stop: float, scenario
     and MFU and bandwidth utilisation take the window's share of each iteration's FLOPs and
     bytes, so all are within [0, 1] whatever straddles the window's edges.
     """
-    def column(name: str) -> np.ndarray:
-        values = iterations[name].to_numpy()
-        return values if rows is None else values[rows]
-
-    return utilisation_from(iteration_overlap(column("start_s"), column("end_s"), column("duration_s"), column("flops"),
-                                              column("bytes"), column("kv_used_blocks"),
-                                              column("decode_seqs") + column("prefill_seqs"), start, stop),
-                            stop - start, scenario, kv_blocks, replicas)
-
-
-def iteration_overlap(start_s, end_s, duration_s, flops, bytes_, kv_used_blocks, sequences, start: float, stop: float
-                      ) -> tuple[float, float, float, float, float, float]:
-    """The iterations' time inside ``[start, stop]`` and, weighted by it, their FLOPs and bytes (the
-    share inside), KV blocks used and sequences: (busy seconds, FLOPs, bytes, KV block-seconds,
-    most KV blocks, sequence-seconds). Sums: those of several sets of iterations add up."""
-    overlap = np.minimum(end_s, stop) - np.maximum(start_s, start)
-    inside = overlap > 0
-    weights = overlap[inside]
-    duration = duration_s[inside]
-    share = np.divide(weights, duration, out=np.ones_like(weights), where=duration > 0)
-    kv_used = kv_used_blocks[inside]
-    return (float(weights.sum()), float(share @ flops[inside]), float(share @ bytes_[inside]),
-            float(np.multiply(kv_used, weights, dtype=float).sum()), float(kv_used.max()) if len(kv_used) else 0.0,
-            float(np.multiply(sequences[inside], weights, dtype=float).sum()))
-
-
-def utilisation_from(overlap: tuple[float, float, float, float, float, float], window: float, scenario,
-                     kv_blocks: int, replicas: float | None = None) -> Utilisation:
-    """:class:`Utilisation` from :func:`iteration_overlap`'s sums over the window (see :func:`utilisation_in`)."""
     busy_s, flops, bytes_, kv_seconds, kv_max, sequence_seconds = overlap
     dep = scenario.deployment
     hw = scenario.hardware

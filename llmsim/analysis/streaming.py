@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from llmsim.analysis.metrics import (LATENCY_COLUMNS, SPECULATION_SUMS, autoscaling_summary, iteration_overlap,
+from llmsim.analysis.metrics import (LATENCY_COLUMNS, SPECULATION_SUMS, Overlap, autoscaling_summary, iteration_overlap,
                                      mean_replicas_between, measurement_window, run_summary, slo_from_hits, slo_hits,
                                      throughput_of, utilisation_from)
 from llmsim.analysis.sketch import QuantileSketch
@@ -157,9 +157,6 @@ class _Iterations:
         self.overlap = _combined(self.overlap, later.overlap)
         for name in self.SUMMED:
             self.sums[name] += later.sums[name]
-
-
-Overlap = tuple[float, float, float, float, float, float]     # iteration_overlap's figures
 
 
 def _combined(overlap: Overlap, more: Overlap) -> Overlap:

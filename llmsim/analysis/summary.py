@@ -116,7 +116,7 @@ class SLOSummary(Section):
 
 @dataclass(frozen=True)
 class Utilisation(Section):
-    """Shares of the window, each within [0, 1] (see ``metrics.utilisation_in``): devices computing
+    """Shares of the window, each within [0, 1] (see ``metrics.utilisation_from``): devices computing
     (``busy_fraction``), FLOPs and bytes against the devices' peaks (``mfu``, ``mfu_while_busy`` =
     mfu / busy_fraction, ``bandwidth_utilisation``), KV blocks in use; and the mean batch (sequences)."""
     busy_fraction: float

@@ -42,6 +42,11 @@ class PoolEngine:
         """The settings this pool sets, by name (what it lays over the engine block)."""
         return {key: getattr(self, key) for key in POOL_ENGINE_KEYS if getattr(self, key) is not None}
 
+    @classmethod
+    def shared_by(cls, engine) -> PoolEngine:
+        """The engine block's settings a pool takes where it sets none (``engine``: an EngineConfig)."""
+        return cls(*(getattr(engine, key) for key in POOL_ENGINE_KEYS))
+
 
 @dataclass(frozen=True)
 class Pool:
@@ -145,6 +150,13 @@ def disaggregation_from_node(node: Node, hardware_of: Callable[[Node, str], Hard
                         integer=True, minimum=0)
     node.done()
     return Disaggregation(pools[0], pools[1], link, streaming, reservation, below)
+
+
+def check_pool_engines(split: Disaggregation, shared: PoolEngine, node: Node) -> None:
+    """Each pool's own engine settings checked again with the engine block's ``shared`` ones, as the reader
+    checks them (a variant that changes the engine block); ``node`` is ``deployment.disaggregation``'s."""
+    for name in POOLS:
+        _pool_engine(node.child(name).child("engine", getattr(split, name).engine.settings()), name, shared)
 
 
 def _pool_engine(node: Node, name: str, shared: PoolEngine) -> PoolEngine:

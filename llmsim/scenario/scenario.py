@@ -363,8 +363,7 @@ def scenario_from_node(root: Node, vllm_args: str | None = None) -> Scenario:
             dep.child("disaggregation"),
             lambda pool, key: (engine_hardware(eng, engine, lookup_hardware(pool.string(key), pool, key, copied=False))
                                if pool.has(key) else hardware),
-            model, PoolEngine(engine.max_num_seqs, engine.max_batch_tokens, engine.chunked_prefill),
-            engine.kernels.value)
+            model, PoolEngine.shared_by(engine), engine.kernels.value)
         if router is RouterPolicy.SHARED_QUEUE:
             raise dep.key_error("router", "a disaggregated deployment routes each request to one replica of each "
                                 "pool", router, ", ".join(r for r in RouterPolicy.names() if r != router))

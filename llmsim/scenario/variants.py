@@ -34,6 +34,7 @@ from llmsim.scenario.writer import to_mapping
 from llmsim.catalog.hardware import lookup_hardware
 from llmsim.config.policies import AcceptanceProcess, Batching, ControllerKnob, KPolicyName, KScope, SchedulingPolicy
 from llmsim.cost.experts import ExpertParallel
+from llmsim.scenario.disaggregation import PoolEngine, check_pool_engines
 from llmsim.scenario.expert_parallel import check_given, check_hardware, check_layout, check_span
 from llmsim.scenario.scenario import (COUNT, ENGINE, SIMULATION, Scenario, check_batch_tokens, check_classes,
                                      check_fits, check_hash_ids, check_kv_spill, check_kv_tiers, engine_hardware,
@@ -210,11 +211,12 @@ def _set_cpu_offload(scenario: Scenario, value: Any) -> Scenario:
 
 
 def _engine_knob(scenario: Scenario, value: Any) -> bool:
-    """An engine knob set on the scenario, where nothing else was read with it: a controller's bounds, a
-    disaggregated deployment's pools and rollout groups take the engine's settings, and an ``auto`` layout
-    placed again is set here only without a draft or experts, whose own layouts follow the target's."""
+    """An engine knob set on the scenario, where nothing else was read with it: a controller's bounds and
+    rollout groups take the engine's settings, and an ``auto`` layout placed again is set here only without a
+    draft or experts, whose own layouts follow the target's. A disaggregated deployment's pools keep only the
+    settings they set themselves, checked again with the engine's (:func:`_vary`)."""
     dep = scenario.deployment
-    return (scenario.controller is None and scenario.disaggregation is None and scenario.rollout is None
+    return (scenario.controller is None and scenario.rollout is None
             and not (any(dep.auto_layout) and (scenario.speculation is not None or dep.expert_parallel is not None)))
 
 
@@ -458,6 +460,8 @@ def _vary(scenario: Scenario, point: Mapping[str, Any]) -> Scenario:
         check_kv_tiers(root.child("engine"), out.engine, out.hardware)
         check_kv_spill(root.child("engine"), out.engine, out.hardware)
     if out.engine != scenario.engine:
+        if out.disaggregation is not None:
+            check_pool_engines(out.disaggregation, PoolEngine.shared_by(out.engine), root.child(SPLIT_KEY))
         check_batch_tokens(root.child("engine"), out.engine)
         check_hash_ids(root, out.engine, out.workload)
         check_classes(root, out.engine, out.workload)

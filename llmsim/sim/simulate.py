@@ -530,13 +530,13 @@ def _result(scenario: Scenario, env: simpy.Environment, router: Router, engines:
         stream.close(end_s)
         requests, iterations, queue_length = pd.DataFrame(), pd.DataFrame(), pd.DataFrame()
     else:
-        requests, iterations = _records(records, router.arrived, scenario), _iterations(engines, end_s)
+        requests = _records(records, router.arrived, scenario)
+        iterations = _iterations(engines, end_s, None if split is None else split.decode_first_index)
         queue_length = _queue_series(queues)
     disaggregation = None
     if split is not None:
         requests = transfer_columns(requests, split)
         decoding = iterations["replica"] >= split.decode_first_index
-        iterations.insert(0, "pool", np.where(decoding, "decode", "prefill"))
         durations = iterations["duration_s"]
         disaggregation = totals(split, [pool_totals(name, scenario.pool(name), durations[rows], end_s)
                                         for name, rows in (("prefill", ~decoding), ("decode", decoding))], end_s)
@@ -779,18 +779,22 @@ def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.Da
     return pd.DataFrame(columns, copy=False)
 
 
-def _iterations(engines: list[Engine], end_s: float) -> pd.DataFrame:
+def _iterations(engines: list[Engine], end_s: float, decode_first_index: int | None = None) -> pd.DataFrame:
     """One row per iteration that completed by ``end_s``, with its utilisations of its own replica's devices
-    (empties the engines' logs)."""
+    (empties the engines' logs); a disaggregated run's (``decode_first_index``: its first decode replica's index)
+    start with each row's pool. The table is built once: a column inserted into it afterwards copied it."""
     columns = iterations_columns([(engine.index, engine.micro_batch, engine.log) for engine in engines], end_s)
+    if decode_first_index is not None:
+        columns = {"pool": np.where(columns["replica"] >= decode_first_index, "decode", "prefill"), **columns}
     costs = {engine.index: engine.cost for engine in engines}
     if len({id(cost) for cost in costs.values()}) == 1:
         cost = engines[0].cost
         peak_flops, peak_bytes = cost.peak_flops_per_s, cost.peak_bandwidth_bytes_per_s
-    else:                                    # pools of different chips or layouts
-        replica = pd.Series(columns["replica"])
-        peak_flops = replica.map({i: c.peak_flops_per_s for i, c in costs.items()}).to_numpy()
-        peak_bytes = replica.map({i: c.peak_bandwidth_bytes_per_s for i, c in costs.items()}).to_numpy()
+    else:                                    # pools of different chips or layouts: each replica's, by its index
+        peaks = np.zeros((2, max(costs) + 1))
+        for index, cost in costs.items():
+            peaks[:, index] = cost.peak_flops_per_s, cost.peak_bandwidth_bytes_per_s
+        peak_flops, peak_bytes = peaks[:, columns["replica"]]
     columns["mfu"] = columns["flops"] / (columns["duration_s"] * peak_flops)
     columns["bandwidth_utilisation"] = columns["bytes"] / (columns["duration_s"] * peak_bytes)
     return pd.DataFrame(columns, copy=False)

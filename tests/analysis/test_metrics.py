@@ -1,6 +1,11 @@
 """Summary figures recomputed independently from the per-request records and the iteration log."""
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -87,3 +92,37 @@ def test_queue_length_series_is_consistent(result):
     assert (series["length"] >= 0).all()
     assert series["length"].iloc[-1] == 0
     assert series["time_s"].is_monotonic_increasing
+
+
+
+OVERLAP_UNDER_THREADS = """
+import numpy as np
+from llmsim.analysis.metrics import iteration_overlap
+rng = np.random.default_rng(7)
+n = 30_000                                     # over OpenBLAS's 10,000 elements, where it splits a dot over threads
+duration = rng.lognormal(-6, 1, n)
+start = np.cumsum(duration) - duration          # back to back
+flops, moved = rng.lognormal(30, 1, n), rng.lognormal(25, 1, n)
+window = (float(start[n // 10] + duration[n // 10] / 2), float(start[-n // 10] + duration[-n // 10] / 3))
+got = iteration_overlap(start, start + duration, duration, flops, moved, rng.integers(0, 500, n),
+                        rng.integers(1, 64, n), *window)
+print(repr(got))
+"""
+
+
+def test_the_iteration_sums_do_not_depend_on_the_machines_threads():
+    """The FLOPs and bytes inside the window are the same to the last digit whether BLAS may use one thread or
+    four (a dot product split over threads adds its partial sums in another order), and equal, within rounding,
+    to the exact sums (math.fsum) of each iteration's share inside the window, the edges' iterations cut."""
+    runs = [subprocess.run([sys.executable, "-c", OVERLAP_UNDER_THREADS], capture_output=True, text=True, check=True,
+                           env={**os.environ, "OPENBLAS_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}).stdout
+            for threads in ("1", "4")]
+    assert runs[0] == runs[1]
+    namespace: dict = {}
+    exec(OVERLAP_UNDER_THREADS.replace("print(repr(got))", ""), namespace)
+    start, duration, (begin, end) = namespace["start"], namespace["duration"], namespace["window"]
+    shares = [(min(s + d, end) - max(s, begin)) / d for s, d in zip(start.tolist(), duration.tolist())]
+    for column, figure in (("flops", 1), ("moved", 2)):
+        exact = math.fsum(share * value for share, value in zip(shares, namespace[column].tolist()) if share > 0)
+        assert namespace["got"][figure] == pytest.approx(exact, rel=1e-12)
+    assert sum(1e-6 < share < 1 - 1e-6 for share in shares) == 2      # the two the window's edges cut

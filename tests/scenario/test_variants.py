@@ -233,3 +233,32 @@ def test_an_offload_idle_timeout_is_merged_into_the_offload_settings():
     assert same(got, make_scenario({"engine": {"prefix_caching": True,
                                                "cpu_offload": {"overlap": True, "idle_timeout": "0.5 s"}}}))
     assert got.engine.cpu_offload == CPUOffload(idle_timeout_s=0.5, overlap=True)
+
+
+def test_an_engine_knob_on_a_disaggregated_deployment_is_checked_with_the_pools_own(tmp_path):
+    """The engine block's knobs are set on a disaggregated scenario's engine (its pools keep only what they set
+    themselves): each variant equals the file with the knob written in and read again, a pool's own
+    max_batch_tokens below the block's new max_num_seqs failing at the pool's key as the file does."""
+    data = load_yaml(next(path for path in SCENARIOS if path.stem == "llama3-70b-disagg-h100"))
+    data["deployment"]["disaggregation"]["decode"]["engine"] = {"max_batch_tokens": 512}
+    path = tmp_path / "disagg.yaml"
+    path.write_text(json.dumps(data))
+    scenario = load_scenario(path)
+    for point in ({"engine.max_num_seqs": 128, "engine.max_batch_tokens": 4096}, {"engine.queue_timeout": "1 s"},
+                  {"engine.max_num_seqs": 1024},            # over the decode pool's own 512-token budget
+                  {"engine.max_batch_tokens": 100},         # under the block's own 256 sequences
+                  {"engine.block_size": 32, "engine.scheduling_policy": "priority"}):
+        assert typed(scenario, point), point
+        try:
+            expected, expected_key = written(path, point), None
+        except ConfigError as error:
+            expected, expected_key = None, error.key
+        try:
+            got, got_key = variant(scenario, point), None
+        except ConfigError as error:
+            got, got_key = None, error.key
+        assert got_key == expected_key, point
+        assert got is None or same(got, expected), point
+    with pytest.raises(ConfigError) as caught:
+        variant(scenario, {"engine.max_num_seqs": 1024})
+    assert caught.value.key == "deployment.disaggregation.decode.engine.max_batch_tokens"
