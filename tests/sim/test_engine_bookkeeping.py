@@ -131,11 +131,10 @@ def test_the_compiled_longest_gap_changes_no_record(overrides, monkeypatch):
     pd.testing.assert_frame_equal(compiled.iterations, reference.iterations, check_exact=True)
 
 
-def test_admission_without_a_dispatching_timeout_is_the_general_admission_at_one_never_reached():
-    # Without a dispatching timeout the queue's admission takes its own short path (no fit is forced); with a
-    # dispatching timeout longer than the run it takes the general one, which forces nothing either. Chunked
-    # prefill with 1,024 batch tokens at 30/s: heads are refused or cut to the budget's rest, so the longest wait
-    # of such a head (dispatch_wait_s) is set along both paths. Records, iterations and that wait are alike.
+def test_a_dispatching_timeout_never_reached_gives_the_run_without_one():
+    # A dispatching timeout longer than the run forces no fit, so the run is the run without one (Queueing.admit's
+    # rule). Chunked prefill with 1,024 batch tokens at 30/s: heads are refused or cut to the budget's rest, so the
+    # longest wait of such a head (dispatch_wait_s) is set in both runs, and alike. Records and iterations alike.
     from llmsim.scenario.variants import variant
     from llmsim.sim.simulate import simulate_whole
     scenario = make_scenario({"engine": {"max_batch_tokens": 1024}, "workload": {"arrival": {"rate": 30.0},
