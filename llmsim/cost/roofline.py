@@ -124,9 +124,8 @@ def _decode_price(stacked, n_ops, x, decode_kv_read, nonlinear_s, extra_s, extra
     return time_s, flops, moved
 
 
-# The one specialization :meth:`CostModel.step` calls, every scalar a float (a Python int converts exactly).
-# Its compiled entry point is called directly: the dispatcher's matching of the arguments' types to a
-# specialization costs more than the product itself.
+# The one specialization :meth:`CostModel.step` calls (an entry point: llmsim.compiled), every scalar a float
+# (a Python int converts exactly).
 _LINEAR_STEP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 10)
 # And :meth:`CostModel.decode_step`'s (fewer arguments to convert: the entry point's cost is mostly theirs).
 _DECODE_PRICE_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 5)

@@ -75,7 +75,7 @@ def _longest_gap(steps, first, last):
     return longest
 
 
-# The one specialization called, through its compiled entry point (as the iteration log calls its decode step).
+# The one specialization called (an entry point: llmsim.compiled).
 _LONGEST_GAP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.int64)
 
 

@@ -118,7 +118,7 @@ def _log_step(rows, at, start_s, prefill_seqs, tokens_out, kv_used_blocks, runni
     return duration_s
 
 
-# The one specialization called, through its compiled entry point (as CostModel.step calls its product).
+# The one specialization called (an entry point: llmsim.compiled).
 _LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, numba.int64, numba.int64, numba.int64,
                               numba.int64, numba.float64[:, ::1], numba.int64, numba.float64, numba.float64[::1],
                               *[numba.float64] * 4)

@@ -38,12 +38,9 @@ _ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DEC
     DRAFT_ROW_COLUMNS)
 
 
-# The signatures a step's kernels are called with through their compiled entry points (``llmsim.sim.
-# speculative_decode``; as the iteration log calls its decode step and ``CostModel.step`` its product): the
-# dispatcher checks every argument's type on every call, which costs more than these kernels' work on a batch
-# of a few dozen rows, and an entry point checks none, so its callers pass exactly these types: the packed
-# columns (C-contiguous int64, float64 and bool rows), Python ints, floats and bools, and ``windows`` in
-# ``llmsim.speculation.policies.Windows``' layout.
+# The signatures a step's kernels are called with through their entry points (llmsim.compiled: unchecked, so
+# ``llmsim.sim.speculative_decode`` passes exactly these types): the packed columns (C-contiguous int64, float64
+# and bool rows), Python ints, floats and bools, and ``windows`` in ``llmsim.speculation.policies.Windows``' layout.
 _INTS, _FLOATS, _ROWS = numba.int64[::1], numba.float64[::1], numba.float64[:, ::1]
 RESERVE_BLOCKS_SIGNATURE = (numba.int64, _INTS, numba.boolean[::1], numba.int64[:, ::1], *[numba.int64] * 5)
 RESERVE_BLOCKS_PLAIN_SIGNATURE = (numba.int64, numba.types.none, *RESERVE_BLOCKS_SIGNATURE[2:])   # ``chosen`` None
