@@ -284,10 +284,15 @@ class ReplicaSteps:
         other_s, *other_key = min(calls[0][:3], events[0][:3]) if calls and events else (
             calls[0][:3] if calls else events[0][:3] if events else (np.inf, _NO_KEY, _NO_KEY))
         synced, xs, tables, logs = self._synced, self._xs, self._tables, self._logs
+        # What the call on the event queue and the queue's head give, for every engine at once (one assignment
+        # to each array: an engine not taking part is not pending, and its other fields are not read).
+        calls_in: list[tuple[int, int, int, int, int]] = []
+        times_in: list[tuple[float, float]] = []
         for i, (engine, decode) in enumerate(zip(engines, self._decodes)):
             entry = taken.get(i)
             if entry is None and i != first_i:
-                ints[i, PENDING] = 0
+                calls_in.append((0, NORMAL, 0, 0, 0))
+                times_in.append((0.0, 0.0))
                 continue
             log, stamp = engine.log, synced[i]
             if (stamp is None or stamp[0] is not log.doubles or stamp[1] != log.at or stamp[2] != engine.now
@@ -295,9 +300,11 @@ class ReplicaSteps:
                 self._gather(i)
             time_s = engine._in_flight if entry else in_flight
             assert time_s is not None                     # pending: its iteration in flight is the one taken off
-            ints[i, PENDING:] = (1, entry[1], entry[2], self._tries(engine, forced), 0) if entry else (
-                0, NORMAL, 0, self._tries(engine, forced), 0)
-            floats[i, IN_FLIGHT:TRIED_S] = (time_s, entry[0] if entry else 0.0)
+            calls_in.append((1, entry[1], entry[2], self._tries(engine, forced), 0) if entry else (
+                0, NORMAL, 0, self._tries(engine, forced), 0))
+            times_in.append((time_s, entry[0] if entry else 0.0))
+        ints[:, PENDING:] = calls_in
+        floats[:, IN_FLIGHT:TRIED_S] = times_in
         kv = self.kv
         shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
         shared_s[:] = (env._now, other_s, waiting_since_s, timeout_s)
