@@ -343,27 +343,18 @@ class ReplicaSteps:
         the only difference is that the engines' state is still in this object's arrays while such a call runs,
         which by :attr:`apart`'s definition reads none of it, changes none of it and schedules nothing that does
         before it returns (a call of the replica's engines' is never one)."""
+        if not self._apart_next():
+            return False
         env, ints, floats, shared, shared_s = self.env, self._ints, self._floats, self._shared, self._shared_s
-        calls, events, apart_ids = env._calls, env._queue, self._apart_ids
+        calls, events = env._calls, env._queue
         keys, rows = floats[:, KEY_S].tolist(), ints[:, PENDING:EID + 1].tolist()
         waiting = [i for i, (pending, _, _) in enumerate(rows) if pending]
         mine = [(keys[i], rows[i][1], rows[i][2], self._wakes[i]) for i in waiting]
         ids = set(map(id, mine))
         due = min(mine)
-        passed = False
+        env._eid = count(shared[NEXT_EID].item())
         try:
             while True:
-                if env._halted_with is not None or not calls or (events and events[0] < calls[0]):  # type: ignore[operator]
-                    return False
-                call = calls[0][3]
-                owner = getattr(call, "__self__", None)
-                if owner is None:                     # a partial of a bound method
-                    owner = getattr(getattr(call, "func", None), "__self__", None)
-                if id(owner) not in apart_ids:
-                    return False
-                if not passed:
-                    env._eid = count(shared[NEXT_EID].item())
-                    passed = True
                 env._now, _, _, call = heappop(calls)
                 for entry in mine:
                     heappush(calls, entry)
@@ -376,10 +367,11 @@ class ReplicaSteps:
                     events[0] if events else None)
                 if other is None or due < other:
                     break
+                if not self._apart_next():
+                    return False
         finally:
-            if passed:
-                shared[NEXT_EID] = next(env._eid)
-                shared_s[ENV_NOW] = env._now
+            shared[NEXT_EID] = next(env._eid)
+            shared_s[ENV_NOW] = env._now
         first = waiting[mine.index(due)]
         shared[CURRENT] = first
         ints[first, PENDING] = 0
@@ -387,6 +379,19 @@ class ReplicaSteps:
         shared_s[OTHER_S], shared[OTHER_PRIORITY], shared[OTHER_EID] = (
             other[:3] if other is not None else (np.inf, _NO_KEY, _NO_KEY))
         return True
+
+    def _apart_next(self) -> bool:
+        """Whether the event queue's next event is a call of one of :attr:`apart`'s (the engines taking part
+        waiting off the queue), the run not halted."""
+        env = self.env
+        calls, events = env._calls, env._queue
+        if env._halted_with is not None or not calls or (events and events[0] < calls[0]):  # type: ignore[operator]
+            return False
+        call = calls[0][3]
+        owner = getattr(call, "__self__", None)
+        if owner is None:                     # a partial of a bound method
+            owner = getattr(getattr(call, "func", None), "__self__", None)
+        return id(owner) in self._apart_ids
 
     def _write_back(self, first_i: int, taken: dict[int, tuple]) -> int:
         """The stretch is over: the engines' state from the arrays back into them and the KV cache, the pending
