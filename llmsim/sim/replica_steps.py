@@ -63,6 +63,7 @@ FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_E
 ENV_NOW, OTHER_S, WAITING_SINCE_S, TIMEOUT_S = range(4)
 _NO_KEY = int(np.iinfo(np.int64).max)
 _UNREAD = np.zeros(1)                   # an engine's feature row, before it takes part
+_UNTIMED = (0.0, math.inf, False)       # no queue timeout to act (ReplicaSteps._timed)
 
 
 @numba.njit(cache=True)
@@ -225,7 +226,7 @@ class ReplicaSteps:
         cfg, queue = engine.config, self.queue
         timeout_s = cfg.queue_timeout_s
         if timeout_s is None or not queue:
-            return 0.0, math.inf, False
+            return _UNTIMED
         if cfg.on_timeout is OnTimeout.DISPATCH:
             arrival_s = queue.head().arrival_s
             return (0.0, math.inf, True) if now - arrival_s >= timeout_s else (arrival_s, timeout_s, False)
@@ -233,7 +234,7 @@ class ReplicaSteps:
         for request in queue:
             if request.first_scheduled_s != request.first_scheduled_s:      # NaN: never started
                 return request.arrival_s, timeout_s, False
-        return 0.0, math.inf, False
+        return _UNTIMED
 
     def _gather(self, i: int) -> None:
         """Engine ``i``'s row (but what its call on the event queue and the queue's head give: pending, key,
@@ -262,18 +263,23 @@ class ReplicaSteps:
         # (The first step's own end of a stretch, told apart before anything is gathered for it: a finish.)
         if env.halted or decode._next_finish == decode.step + 1 or not self._steady(first_i):
             return False
-        now = first.now + in_flight                     # its next step's, as Engine._run reckons it
-        waiting_since_s, timeout_s, forced = self._timed(first, now if now >= env._now else env._now)
-        if not self._admits_none(first, forced):
-            return False
+        # (An empty queue, as at most resumes: no timeout acts, every admission takes nothing and none tries.)
+        queue = self.queue
+        if queue:
+            now = first.now + in_flight                 # its next step's, as Engine._run reckons it
+            waiting_since_s, timeout_s, forced = self._timed(first, now if now >= env._now else env._now)
+            if not self._admits_none(first, forced):
+                return False
+        else:
+            waiting_since_s, timeout_s, forced = _UNTIMED
         ints, floats = self._ints, self._floats
-        queue, index = self.queue, self._index
+        index = self._index
         calls = env._calls
         # The others' pending calls, where they take part, come off the queue.
         taken: dict[int, tuple] = {}
         for call in calls:
             i = index.get(id(call[3]), -1)
-            if i >= 0 and self._steady(i) and self._admits_none(engines[i], forced):
+            if i >= 0 and self._steady(i) and (not queue or self._admits_none(engines[i], forced)):
                 taken[i] = call
         if taken:
             calls[:] = [call for call in calls if index.get(id(call[3]), -1) not in taken]
@@ -300,8 +306,8 @@ class ReplicaSteps:
                 self._gather(i)
             time_s = engine._in_flight if entry else in_flight
             assert time_s is not None                     # pending: its iteration in flight is the one taken off
-            calls_in.append((1, entry[1], entry[2], self._tries(engine, forced), 0) if entry else (
-                0, NORMAL, 0, self._tries(engine, forced), 0))
+            tries = self._tries(engine, forced) if queue else False
+            calls_in.append((1, entry[1], entry[2], tries, 0) if entry else (0, NORMAL, 0, tries, 0))
             times_in.append((time_s, entry[0] if entry else 0.0))
         ints[:, PENDING:] = calls_in
         floats[:, IN_FLIGHT:TRIED_S] = times_in
@@ -347,35 +353,35 @@ class ReplicaSteps:
             return False
         env, ints, floats, shared, shared_s = self.env, self._ints, self._floats, self._shared, self._shared_s
         calls, events = env._calls, env._queue
+        # The engines' call due first is the only one on the queue while others' calls run: the queue is read only
+        # at its first entry (Environment.peek, call_unless_next, step) and pushed to, so it reads as it would with
+        # all of theirs there.
         keys, rows = floats[:, KEY_S].tolist(), ints[:, PENDING:EID + 1].tolist()
-        waiting = [i for i, (pending, _, _) in enumerate(rows) if pending]
-        mine = [(keys[i], rows[i][1], rows[i][2], self._wakes[i]) for i in waiting]
-        ids = set(map(id, mine))
-        due = min(mine)
+        due_s, priority, eid, first = min((keys[i], row[1], row[2], i) for i, row in enumerate(rows) if row[0])
+        due = (due_s, priority, eid, self._wakes[first])
         env._eid = count(shared[NEXT_EID].item())
+        heappush(calls, due)                # after the call to run first, which comes before it
         try:
             while True:
                 env._now, _, _, call = heappop(calls)
-                for entry in mine:
-                    heappush(calls, entry)
-                try:
-                    call()
-                finally:
-                    calls[:] = [entry for entry in calls if id(entry) not in ids]
-                    heapify(calls)
-                other = calls[0] if calls and (not events or calls[0] < events[0]) else (  # type: ignore[operator]
-                    events[0] if events else None)
-                if other is None or due < other:
+                call()
+                if calls[0] is due and (not events or due < events[0]):  # type: ignore[operator]
                     break
                 if not self._apart_next():
                     return False
         finally:
+            if calls[0] is due:
+                heappop(calls)
+            else:
+                calls.remove(due)
+                heapify(calls)
             shared[NEXT_EID] = next(env._eid)
             shared_s[ENV_NOW] = env._now
-        first = waiting[mine.index(due)]
+        other = calls[0] if calls and (not events or calls[0] < events[0]) else (  # type: ignore[operator]
+            events[0] if events else None)
         shared[CURRENT] = first
         ints[first, PENDING] = 0
-        shared_s[ENV_NOW] = due[0]
+        shared_s[ENV_NOW] = due_s
         shared_s[OTHER_S], shared[OTHER_PRIORITY], shared[OTHER_EID] = (
             other[:3] if other is not None else (np.inf, _NO_KEY, _NO_KEY))
         return True
