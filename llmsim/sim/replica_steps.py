@@ -38,6 +38,7 @@ falls in.)
 from __future__ import annotations
 
 import math
+import struct
 from functools import cache
 from heapq import heapify, heappop, heappush
 from itertools import count
@@ -58,12 +59,16 @@ from llmsim.sim.request import WaitingQueue
 (STEP, FIRST_STEP, HELD_STEPS, SEQS, OFFSETS, JOINED, NEXT_FINISH, LOG_AT, LOG_END, RUNNING, PENDING, PRIORITY,
  EID, TRIES, TAKEN) = range(15)
 NOW, IN_FLIGHT, KEY_S, TRIED_S, LAST_END_S = range(5)
+_INTS, _FLOATS = TAKEN + 1, LAST_END_S + 1
 # The replica's: integers, then floats.
 FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_EID = range(8)
 ENV_NOW, OTHER_S, WAITING_SINCE_S, TIMEOUT_S = range(4)
 _NO_KEY = int(np.iinfo(np.int64).max)
 _UNREAD = np.zeros(1)                   # an engine's feature row, before it takes part
 _UNTIMED = (0.0, math.inf, False)       # no queue timeout to act (ReplicaSteps._timed)
+# What a stretch sets in the arrays, packed into their memory (a numpy assignment from Python values converts them one
+# by one, about 1 us a row): an engine's call fields (PENDING to TAKEN) and times (IN_FLIGHT, KEY_S), the replica's.
+_CALL, _TIMES, _SHARED, _SHARED_S = struct.Struct("5q"), struct.Struct("2d"), struct.Struct("8q"), struct.Struct("4d")
 
 
 @numba.njit(cache=True)
@@ -159,10 +164,12 @@ class ReplicaSteps:
         self._decodes = [cast(EventDecodeSet, engine.decode) for engine in engines]
         self.kv, self.queue = engines[0].kv, cast(WaitingQueue, engines[0].queue)     # step_together checks
         size = len(engines)
-        self._ints = np.zeros((size, 15), np.int64)
-        self._floats = np.zeros((size, 5))
+        self._ints = np.zeros((size, _INTS), np.int64)
+        self._floats = np.zeros((size, _FLOATS))
         self._shared = np.zeros(8, np.int64)
         self._shared_s = np.zeros(4)
+        self._bytes = tuple(memoryview(array).cast("B") for array in (self._ints, self._floats, self._shared,
+                                                                       self._shared_s))
         self._terms = np.zeros((size, 4))
         self._index = {id(engine._wake): i for i, engine in enumerate(engines)}
         # Each engine's row in the arrays above is kept between stretches, with what it was gathered or written
@@ -290,15 +297,13 @@ class ReplicaSteps:
         other_s, *other_key = min(calls[0][:3], events[0][:3]) if calls and events else (
             calls[0][:3] if calls else events[0][:3] if events else (np.inf, _NO_KEY, _NO_KEY))
         synced, xs, tables, logs = self._synced, self._xs, self._tables, self._logs
-        # What the call on the event queue and the queue's head give, for every engine at once (one assignment
-        # to each array: an engine not taking part is not pending, and its other fields are not read).
-        calls_in: list[tuple[int, int, int, int, int]] = []
-        times_in: list[tuple[float, float]] = []
+        # What the call on the event queue and the queue's head give (an engine not taking part is not pending,
+        # and its other fields are not read).
+        ints_bytes, floats_bytes, shared_bytes, shared_s_bytes = self._bytes
         for i, (engine, decode) in enumerate(zip(engines, self._decodes)):
             entry = taken.get(i)
             if entry is None and i != first_i:
-                calls_in.append((0, NORMAL, 0, 0, 0))
-                times_in.append((0.0, 0.0))
+                ints[i, PENDING] = 0
                 continue
             log, stamp = engine.log, synced[i]
             if (stamp is None or stamp[0] is not log.doubles or stamp[1] != log.at or stamp[2] != engine.now
@@ -307,13 +312,16 @@ class ReplicaSteps:
             time_s = engine._in_flight if entry else in_flight
             assert time_s is not None                     # pending: its iteration in flight is the one taken off
             tries = self._tries(engine, forced) if queue else False
-            calls_in.append((1, entry[1], entry[2], tries, 0) if entry else (0, NORMAL, 0, tries, 0))
-            times_in.append((time_s, entry[0] if entry else 0.0))
-        ints[:, PENDING:] = calls_in
-        floats[:, IN_FLIGHT:TRIED_S] = times_in
+            if entry:
+                _CALL.pack_into(ints_bytes, (i * _INTS + PENDING) * 8, 1, entry[1], entry[2], tries, 0)
+                _TIMES.pack_into(floats_bytes, (i * _FLOATS + IN_FLIGHT) * 8, time_s, entry[0])
+            else:
+                _CALL.pack_into(ints_bytes, (i * _INTS + PENDING) * 8, 0, NORMAL, 0, tries, 0)
+                _TIMES.pack_into(floats_bytes, (i * _FLOATS + IN_FLIGHT) * 8, time_s, 0.0)
         kv = self.kv
-        shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
-        shared_s[:] = (env._now, other_s, waiting_since_s, timeout_s)
+        _SHARED.pack_into(shared_bytes, 0, kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i,
+                          kv.block_size, *other_key)
+        _SHARED_S.pack_into(shared_s_bytes, 0, env._now, other_s, waiting_since_s, timeout_s)
         step, dues, terms, stacked, n_ops = self._step, self._dues, self._terms, self._stacked, self._n_ops
         tables_in, logs_in, xs_in = tuple(tables), tuple(logs), tuple(xs)
         try:
