@@ -168,8 +168,7 @@ class ReplicaSteps:
         self._floats = np.zeros((size, _FLOATS))
         self._shared = np.zeros(8, np.int64)
         self._shared_s = np.zeros(4)
-        self._bytes = tuple(memoryview(array).cast("B") for array in (self._ints, self._floats, self._shared,
-                                                                       self._shared_s))
+        self._bytes = tuple(array.data.cast("B") for array in (self._ints, self._floats, self._shared, self._shared_s))
         self._terms = np.zeros((size, 4))
         self._index = {id(engine._wake): i for i, engine in enumerate(engines)}
         # Each engine's row in the arrays above is kept between stretches, with what it was gathered or written
