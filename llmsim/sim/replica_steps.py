@@ -201,7 +201,7 @@ class ReplicaSteps:
         engine, decode = self.engines[i], self._decodes[i]
         return (engine._decoding and not engine._chunks and not engine.prefilling and not engine.observers
                 and not engine.hooks and not engine._extras and decode.dues_in_phase
-                and decode._next_block_due > decode.step)
+                and not decode._late)
 
     def _admits_none(self, engine: Engine, forced: bool) -> bool:
         """Whether :meth:`Queueing.admit` takes nothing at ``engine``'s steps while the free blocks only fall and
