@@ -312,8 +312,9 @@ class EventDecodeSet(DecodeSet):
         turns, rest = divmod(step - self._given_step, size)
         start = (self._given_step + 1) % size
         end = start + rest
-        blocks = turns * sum(counts) + (sum(counts[start:end]) if end <= size else
-                                        sum(counts[start:]) + sum(counts[:end - size]))
+        blocks = sum(counts[start:end]) if end <= size else sum(counts[start:]) + sum(counts[:end - size])
+        if turns:                                   # (a stretch is most often shorter than a turn)
+            blocks += turns * sum(counts)
         self.engine.kv.allocate(blocks)
         self._given_step = step
 
