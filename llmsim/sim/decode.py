@@ -25,12 +25,14 @@ the end of the run and hands over the inter-token gaps.
 
 :class:`EventDecodeSet` is the one-token-per-step set, kept per event rather than per
 token: the engine counts its decode iterations ("steps"), and a sequence that starts
-decoding at step ``s0`` with ``r`` tokens to go finishes at step ``s0 + r``, needs its next
-KV block at a step known in advance, and has a context length that is a closed-form function
-of the step. Who finishes, needs a block or fills its sliding window at which step are tables
-keyed by the step (:func:`add_due`), and the longest inter-token gap of a sequence that ends is
-the largest of the step table's gaps over the steps it decoded, read once then. A step of any batch
-size thus costs a few scalar operations. Speculative decoding emits a variable number of tokens per
+decoding at step ``s0`` with ``r`` tokens to go finishes at step ``s0 + r``, needs a KV block
+every ``block_size`` steps from a step known in advance, and has a context length and a block
+count that are closed-form functions of the step (:meth:`EventDecodeSet.blocks`). Who finishes
+or fills its sliding window at which step are tables keyed by the step (:func:`add_due`); the
+blocks due at a step are counted by the step modulo ``block_size``, not handed out sequence by
+sequence; and the longest inter-token gap of a sequence that ends is the largest of the step
+table's gaps over the steps it decoded, read once then. A step of any batch size thus costs a
+few scalar operations. Speculative decoding emits a variable number of tokens per
 step and has its own set (``llmsim.sim.speculative_decode``).
 """
 from __future__ import annotations
@@ -126,6 +128,12 @@ class DecodeSet(ABC):
     def prepare(self, now: float) -> int:
         """Reserve KV for this step's decode tokens (may preempt); returns how many tokens they are."""
 
+    def blocks(self, request: Request) -> int:
+        """The KV blocks a running ``request`` holds, as the admission tests read them: ``request.blocks``, which
+        the speculative sets write back only when a sequence leaves them (the one-token set keeps a decoding
+        sequence's in closed form)."""
+        return request.blocks
+
     @abstractmethod
     def price(self, chunks, decoding: bool, prefill_tokens: float, pairs: float, prefill_kv: float,
               logits: int, padding: float, longest: float) -> StepPrice:
@@ -159,10 +167,10 @@ class EventDecodeSet(DecodeSet):
     """One token per sequence per step, kept by events (see the module docstring). Its state is in slots, as
     the engine's is (:class:`~llmsim.sim.engine.EngineProcess`)."""
 
-    __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_block_due", "_next_block_due", "_window_due",
-                 "_growing", "_offset_sum", "_all_offset_sum", "_joined", "_first_step", "_steps", "_steps_w",
-                 "_held_steps", "_decode_terms_by_seqs", "_stacked", "_n_ops", "_x", "_cost", "due_counts",
-                 "_due_counts_w", "dues_in_phase")
+    __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_given_step", "_late", "_joining",
+                 "_next_join", "_joined_through", "_window_due", "_growing", "_offset_sum", "_all_offset_sum",
+                 "_joined", "_first_step", "_steps", "_steps_w", "_held_steps", "_decode_terms_by_seqs", "_stacked",
+                 "_n_ops", "_x", "_cost", "due_counts", "_due_counts_w", "dues_in_phase")
     # :func:`_longest_gap` through its entry point (see llmsim.compiled).
     _longest_gap_entry: EntryPoint[Callable[..., float]] = EntryPoint(_longest_gap, _LONGEST_GAP_SIGNATURE)
 
@@ -173,21 +181,29 @@ class EventDecodeSet(DecodeSet):
         self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
         self._block_size = engine.kv.block_size
         self.step = 0                               # decode iterations done so far
-        # Who finishes, needs a KV block, or saturates its sliding window at which step. The first
-        # step anyone finishes or needs a block is also kept as a number: the check every step then
-        # reads it alone, not a table that 63 other replicas' turns may have pushed out of cache.
+        # Who finishes or saturates its sliding window at which step. The first step anyone finishes is
+        # also kept as a number: the check every step then reads it alone, not a table that 63 other
+        # replicas' turns may have pushed out of cache.
         self._finishing: dict[int, list[tuple[int, int, Request]]] = {}   # step -> (admit order, epoch, request)
         self._next_finish = NEVER
-        self._block_due: dict[int, list[tuple[Request, int]]] = {}
-        self._next_block_due = NEVER
         self._window_due: dict[int, list[tuple[Request, int]]] = {}
-        # How many running sequences need a block at each step of the next block_size ones, by the step modulo
-        # block_size (a sequence needs one every block_size steps): what a replica's engines stepped together
-        # (llmsim.sim.replica_steps) reserve at each step without reading the table above. ``dues_in_phase``:
-        # every due step is within block_size of the current one (false once a sequence started with more
-        # blocks than its context fills, which the counts cannot place).
+        # The KV blocks the sequences take, counted, not handed out one by one (see :meth:`blocks`): a sequence
+        # needs its next block every block_size steps from its first due step on, so the blocks due at a step are
+        # how many sequences are in that step's phase (the step modulo block_size), ``due_counts``: every
+        # decoding sequence with a block due before it finishes, from its first due step on (what a replica's
+        # engines stepped together, llmsim.sim.replica_steps, also reserve by). ``_given_step``: the last step
+        # whose due blocks were given. A sequence whose first due step comes later than block_size steps after
+        # its start (it started with more blocks than its context fills) waits in ``_joining`` (step ->
+        # (request, epoch)) until that step, ``dues_in_phase`` false from then on; one that starts due at a step
+        # whose blocks were given already (only where every decoder was preempted for an admission after the
+        # step's reservation) waits in ``_late`` for the step's next reservation.
         self.due_counts = np.zeros(self._block_size, np.int64)
         self._due_counts_w = cast("memoryview[int]", memoryview(self.due_counts))
+        self._given_step = -1
+        self._late: list[Request] = []
+        self._joining: dict[int, list[tuple[Request, int]]] = {}
+        self._next_join = NEVER
+        self._joined_through = -1                   # the last step whose joining sequences joined the counts
         self.dues_in_phase = True
         self._growing = 0                           # decoding sequences whose context is below the window
         self._offset_sum = 0                        # sum of (context_start - decode_start) over those
@@ -230,52 +246,70 @@ class EventDecodeSet(DecodeSet):
         return full - self._local_share * (full - capped)
 
     def prepare(self, now: float) -> int:
-        if self._next_block_due == self.step:
-            self._reserve_blocks(now)
+        step = self.step
+        if self._given_step < step:
+            # The step's due blocks, counted (see __init__): they are free, or the latest admitted are preempted
+            # (each one's ending takes it out of the counts) until they are.
+            if self._next_join == step:
+                self._join(step)
+            due = self._due_counts_w[step % self._block_size]
+            if due:
+                kv = self.engine.kv
+                while due > kv.free_blocks:
+                    self.engine.preempt_latest(now)
+                    due = self._due_counts_w[step % self._block_size]
+                kv.allocate(due)
+            self._given_step = step
+        elif self._late:
+            self._give_late(now)
         return self.n
 
-    def _reserve_blocks(self, now: float) -> None:
-        """Give every sequence due a new block this step its block, preempting if they run out."""
-        engine, kv = self.engine, self.engine.kv
-        due = self._block_due.pop(self.step)
-        self._next_block_due = first_due_after(self._block_due, self.step)
-        # (Room for every entry, stale ones included, is room for the valid ones: most steps count none.)
-        while len(due) > kv.free_blocks:
-            # Entries of preempted sequences are stale (their epoch moved on).
-            if sum(1 for r, e in due if r.epoch == e and r.status is RUNNING) <= kv.free_blocks:
-                break
-            engine.preempt_latest(now)
-        self._give_blocks(self.step, due)
+    def _join(self, step: int) -> None:
+        """The sequences whose first due step, more than block_size steps after their start, is ``step`` join
+        the counts (entries of sequences that ended since are stale: their epoch moved on)."""
+        entries = self._joining.pop(step)
+        self._next_join = first_due_after(self._joining, step)
+        self._joined_through = step
+        joined = 0
+        for request, epoch in entries:
+            if request.epoch == epoch and request.status is RUNNING:
+                joined += 1
+        self._due_counts_w[step % self._block_size] += joined
 
-    def _give_blocks(self, step: int, due: list[tuple[Request, int]]) -> None:
-        """Give the sequences of ``due`` (request, epoch), due a block at decode ``step``, their blocks, and enter the
-        next ones they will need; entries of sequences preempted since (their epoch moved on) are stale and skipped.
-        The valid ones' blocks are free."""
-        next_due = step + self._block_size
-        later = []
-        given = 0
-        for entry in due:
-            request = entry[0]
-            if request.epoch != entry[1] or request.status is not RUNNING:
-                continue
-            given += 1
-            request.blocks += 1
-            if next_due < request.finish_step:
-                later.append(entry)
-        self.engine.kv.allocate(given)
-        self._due_counts_w[step % self._block_size] -= given
-        if later:
-            self._enter_due(next_due, later)
+    def _give_late(self, now: float) -> None:
+        """Give the sequences that started due at the current step after its blocks were given their first block,
+        preempting the latest admitted while they do not fit; they join the counts."""
+        kv = self.engine.kv
+        late = self._late
+        while len(late) > kv.free_blocks:
+            self.engine.preempt_latest(now)             # a late one ending leaves the list
+        kv.allocate(len(late))
+        self._due_counts_w[self.step % self._block_size] += len(late)
+        late.clear()
+
+    def blocks(self, request: Request) -> int:
+        """The KV blocks a running ``request`` holds now: a decoding sequence's in closed form, those it started
+        with (``request.blocks``, written back when it leaves the set) and one more for each of its due steps, its
+        first and every block_size steps after it, given so far; a prompt's as ``request.blocks`` has them."""
+        # (Its epoch is odd while it decodes here: start and _end each add one.)
+        if not request.epoch & 1 or (self._late and request in self._late):
+            return request.blocks
+        return request.blocks + self._taken(request.decode_start + request.blocks * self._block_size
+                                            - request.context_start)
+
+    def _taken(self, first_due: int) -> int:
+        """The blocks a decoding sequence in the counts whose first due step is ``first_due`` took since it started."""
+        given = self._given_step
+        return (given - first_due) // self._block_size + 1 if first_due <= given else 0
 
     def reserved_through(self, step: int) -> None:
         """The sequences took their steps up to decode ``step`` (now :attr:`step`) without reserving their blocks,
-        and every block they were due fitted (llmsim.sim.replica_steps, which took none from the cache): give
-        them, step by step as :meth:`prepare` would have."""
-        while self._next_block_due <= step:
-            due_step = self._next_block_due
-            due = self._block_due.pop(due_step)
-            self._next_block_due = first_due_after(self._block_due, due_step)
-            self._give_blocks(due_step, due)
+        and every block they were due fitted (llmsim.sim.replica_steps, which took none from the cache, and runs
+        only while no sequence waits to join the counts): give them, step by step as :meth:`prepare` would have."""
+        counts, size, kv = self._due_counts_w, self._block_size, self.engine.kv
+        for due_step in range(self._given_step + 1, step + 1):
+            kv.allocate(counts[due_step % size])
+        self._given_step = step
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest) -> StepPrice:
         if not decoding:
@@ -374,12 +408,20 @@ class EventDecodeSet(DecodeSet):
         add_due(self._finishing, finish, [(request.admit_order, request.epoch, request)])
         if finish < self._next_finish:
             self._next_finish = finish
-        # The step at which the context reaches the end of the last allocated block.
+        # The step at which the context reaches the end of the last allocated block: from then on one block is
+        # due every block_size steps, counted in its phase (see __init__).
         due = step + request.blocks * self._block_size - context
-        if due < request.finish_step:
-            self._add_block_due(due, [(request, request.epoch)])
+        if due < finish:
+            if due < step:                           # it would never come round: fail loudly, not silently
+                raise RuntimeError(f"a KV block fell due at decode step {due}, before the current step {step}")
             if due >= step + self._block_size:
+                if add_due(self._joining, due, [(request, request.epoch)]) and due < self._next_join:
+                    self._next_join = due
                 self.dues_in_phase = False
+            elif due == self._given_step:
+                self._late.append(request)
+            else:
+                self._due_counts_w[due % self._block_size] += 1
         self._all_offset_sum += context - step
         window = self._window
         request.growing = not window or context + 1 < window   # else it already reads a full window
@@ -395,19 +437,6 @@ class EventDecodeSet(DecodeSet):
         if step < request.finish_step:
             add_due(table, step, [(request, request.epoch)])
 
-    def _add_block_due(self, step: int, entries: list[tuple[Request, int]]) -> None:
-        """``entries`` (request, epoch) need their next KV block at decode step ``step``, this step or a
-        later one (a sequence's blocks cover its context when it starts)."""
-        if step < self.step:                         # it would never come round: fail loudly, not silently
-            raise RuntimeError(f"a KV block fell due at decode step {step}, before the current step {self.step}")
-        self._enter_due(step, entries)
-
-    def _enter_due(self, step: int, entries: list[tuple[Request, int]]) -> None:
-        """:meth:`_add_block_due` unchecked (a block after the one given at a step before ``step``)."""
-        if add_due(self._block_due, step, entries) and step < self._next_block_due:
-            self._next_block_due = step
-        self._due_counts_w[step % self._block_size] += len(entries)
-
     def stop(self, request: Request) -> None:
         self._end(request, self.step)
 
@@ -418,10 +447,14 @@ class EventDecodeSet(DecodeSet):
         request.generated += done
         request.epoch += 1                           # its heap and due-step entries are now stale
         self._all_offset_sum -= request.context_start - start
-        # Its next block's step (start's closed form, a block later per block taken), if it is still due one.
+        # Out of the counts (or off the late list) if it had a block due before its finish, its blocks written back.
         due = start + request.blocks * self._block_size - request.context_start
         if due < request.finish_step:
-            self._due_counts_w[due % self._block_size] -= 1
+            if self._late and request in self._late:
+                self._late.remove(request)
+            elif due < start + self._block_size or due <= self._joined_through:
+                self._due_counts_w[due % self._block_size] -= 1
+                request.blocks += self._taken(due)
         if request.growing:
             request.growing = False
             self._growing -= 1

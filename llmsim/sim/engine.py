@@ -285,8 +285,8 @@ def _whole_length_reserved(engine: Engine, request: Request) -> bool:
     """TensorRT-LLM's GUARANTEED_NO_EVICT: the whole length's blocks (prompt + output) are free beyond what
     running requests still have reserved. The simulator knows each request's output length; it stands for
     the max_tokens TensorRT-LLM reserves."""
-    kv = engine.kv
-    reserved = sum(kv.blocks_for(r.prompt_tokens + r.output_tokens) - r.blocks for r in engine.running.values())
+    kv, held = engine.kv, engine.decode.blocks
+    reserved = sum(kv.blocks_for(r.prompt_tokens + r.output_tokens) - held(r) for r in engine.running.values())
     return kv.blocks_for(request.prompt_tokens + request.output_tokens) <= kv.free_blocks - reserved
 
 

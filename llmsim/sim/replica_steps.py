@@ -194,7 +194,7 @@ class ReplicaSteps:
         engine, decode = self.engines[i], self._decodes[i]
         return (engine._decoding and not engine._chunks and not engine.prefilling and not engine.observers
                 and not engine.hooks and not engine._extras and decode.dues_in_phase
-                and decode._next_block_due > decode.step)
+                and not decode._late)
 
     def _admits_none(self, engine: Engine, forced: bool) -> bool:
         """Whether :meth:`Queueing.admit` takes nothing at ``engine``'s steps while the free blocks only fall and
@@ -284,10 +284,15 @@ class ReplicaSteps:
         other_s, *other_key = min(calls[0][:3], events[0][:3]) if calls and events else (
             calls[0][:3] if calls else events[0][:3] if events else (np.inf, _NO_KEY, _NO_KEY))
         synced, xs, tables, logs = self._synced, self._xs, self._tables, self._logs
+        # What the call on the event queue and the queue's head give, for every engine at once (one assignment
+        # to each array: an engine not taking part is not pending, and its other fields are not read).
+        calls_in: list[tuple[int, int, int, int, int]] = []
+        times_in: list[tuple[float, float]] = []
         for i, (engine, decode) in enumerate(zip(engines, self._decodes)):
             entry = taken.get(i)
             if entry is None and i != first_i:
-                ints[i, PENDING] = 0
+                calls_in.append((0, NORMAL, 0, 0, 0))
+                times_in.append((0.0, 0.0))
                 continue
             log, stamp = engine.log, synced[i]
             if (stamp is None or stamp[0] is not log.doubles or stamp[1] != log.at or stamp[2] != engine.now
@@ -295,9 +300,11 @@ class ReplicaSteps:
                 self._gather(i)
             time_s = engine._in_flight if entry else in_flight
             assert time_s is not None                     # pending: its iteration in flight is the one taken off
-            ints[i, PENDING:] = (1, entry[1], entry[2], self._tries(engine, forced), 0) if entry else (
-                0, NORMAL, 0, self._tries(engine, forced), 0)
-            floats[i, IN_FLIGHT:TRIED_S] = (time_s, entry[0] if entry else 0.0)
+            calls_in.append((1, entry[1], entry[2], self._tries(engine, forced), 0) if entry else (
+                0, NORMAL, 0, self._tries(engine, forced), 0))
+            times_in.append((time_s, entry[0] if entry else 0.0))
+        ints[:, PENDING:] = calls_in
+        floats[:, IN_FLIGHT:TRIED_S] = times_in
         kv = self.kv
         shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
         shared_s[:] = (env._now, other_s, waiting_since_s, timeout_s)
@@ -336,27 +343,18 @@ class ReplicaSteps:
         the only difference is that the engines' state is still in this object's arrays while such a call runs,
         which by :attr:`apart`'s definition reads none of it, changes none of it and schedules nothing that does
         before it returns (a call of the replica's engines' is never one)."""
+        if not self._apart_next():
+            return False
         env, ints, floats, shared, shared_s = self.env, self._ints, self._floats, self._shared, self._shared_s
-        calls, events, apart_ids = env._calls, env._queue, self._apart_ids
+        calls, events = env._calls, env._queue
         keys, rows = floats[:, KEY_S].tolist(), ints[:, PENDING:EID + 1].tolist()
         waiting = [i for i, (pending, _, _) in enumerate(rows) if pending]
         mine = [(keys[i], rows[i][1], rows[i][2], self._wakes[i]) for i in waiting]
         ids = set(map(id, mine))
         due = min(mine)
-        passed = False
+        env._eid = count(shared[NEXT_EID].item())
         try:
             while True:
-                if env._halted_with is not None or not calls or (events and events[0] < calls[0]):  # type: ignore[operator]
-                    return False
-                call = calls[0][3]
-                owner = getattr(call, "__self__", None)
-                if owner is None:                     # a partial of a bound method
-                    owner = getattr(getattr(call, "func", None), "__self__", None)
-                if id(owner) not in apart_ids:
-                    return False
-                if not passed:
-                    env._eid = count(shared[NEXT_EID].item())
-                    passed = True
                 env._now, _, _, call = heappop(calls)
                 for entry in mine:
                     heappush(calls, entry)
@@ -369,10 +367,11 @@ class ReplicaSteps:
                     events[0] if events else None)
                 if other is None or due < other:
                     break
+                if not self._apart_next():
+                    return False
         finally:
-            if passed:
-                shared[NEXT_EID] = next(env._eid)
-                shared_s[ENV_NOW] = env._now
+            shared[NEXT_EID] = next(env._eid)
+            shared_s[ENV_NOW] = env._now
         first = waiting[mine.index(due)]
         shared[CURRENT] = first
         ints[first, PENDING] = 0
@@ -380,6 +379,19 @@ class ReplicaSteps:
         shared_s[OTHER_S], shared[OTHER_PRIORITY], shared[OTHER_EID] = (
             other[:3] if other is not None else (np.inf, _NO_KEY, _NO_KEY))
         return True
+
+    def _apart_next(self) -> bool:
+        """Whether the event queue's next event is a call of one of :attr:`apart`'s (the engines taking part
+        waiting off the queue), the run not halted."""
+        env = self.env
+        calls, events = env._calls, env._queue
+        if env._halted_with is not None or not calls or (events and events[0] < calls[0]):  # type: ignore[operator]
+            return False
+        call = calls[0][3]
+        owner = getattr(call, "__self__", None)
+        if owner is None:                     # a partial of a bound method
+            owner = getattr(getattr(call, "func", None), "__self__", None)
+        return id(owner) in self._apart_ids
 
     def _write_back(self, first_i: int, taken: dict[int, tuple]) -> int:
         """The stretch is over: the engines' state from the arrays back into them and the KV cache, the pending

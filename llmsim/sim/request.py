@@ -62,11 +62,13 @@ class Request:
         self.generated = 0
         self.prefill_target = prompt_tokens
         self.prefilled = 0
+        # KV blocks held; while it decodes in a decode set, those it started decoding with (the set knows the rest:
+        # decode.DecodeSet.blocks) until it leaves the set.
         self.blocks = 0
         self.admit_order = -1
         self.preemptions = 0
         self.max_itl_s = 0.0
-        # While decoding one token per step (see decode.EventDecodeSet): which decode run this is,
+        # While decoding one token per step (see decode.EventDecodeSet): which decode run this is (odd during one),
         # the engine's decode step it started at, the step at which it finishes, and its KV length
         # when it started.
         self.epoch = 0

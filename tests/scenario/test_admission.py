@@ -34,7 +34,7 @@ def test_guaranteed_no_evict_reserves_every_full_length_and_never_preempts():
         kv = engine.kv
         full = sum(kv.blocks_for(r.prompt_tokens + r.output_tokens) for r in engine.running.values())
         assert full <= kv.num_blocks
-        assert sum(r.blocks for r in engine.running.values()) == kv.used_blocks
+        assert sum(engine.decode.blocks(r) for r in engine.running.values()) == kv.used_blocks
         checked["iterations"] += 1
 
     result = run("guaranteed_no_evict", reservation)

@@ -9,7 +9,7 @@ import pandas as pd
 import llmsim.search.sweeps as sweeps
 from llmsim.scenario.variants import variant
 from llmsim.search.sweeps import reusing_runs, run_points
-from tests.helpers import make_scenario
+from tests.helpers import REPO, make_scenario
 
 def _counting(monkeypatch) -> list:
     """Every simulation the sweep runs in this process (workers=1), counted."""
@@ -387,6 +387,32 @@ def test_a_run_key_follows_every_figure_of_the_hardware_profile():
         assert run_key(replace(scenario, hardware=replace(hardware, kernels=changed))) != run_key(scenario)
     # and the rest of the scenario as before
     assert run_key(scenario.with_seed(scenario.seed + 1)) != run_key(scenario)
+
+
+def test_a_run_key_follows_a_disaggregated_scenarios_pools_and_their_profiles():
+    # The pools' profiles enter the key as digests, as the scenario's does: the pool's other fields and every
+    # figure of each pool's profile still make another run.
+    from dataclasses import replace
+
+    from llmsim.scenario.scenario import load_scenario
+    from llmsim.search.sweeps import run_key
+    scenario = load_scenario(REPO / "scenarios" / "llama3-70b-h100-prefill-cs3-decode.yaml")
+    split = scenario.disaggregation
+    assert split is not None
+
+    def with_pools(prefill, decode):
+        return replace(scenario, disaggregation=replace(split, prefill=prefill, decode=decode))
+    key = run_key(scenario)
+    assert run_key(with_pools(replace(split.prefill, hardware=replace(split.prefill.hardware)),
+                              replace(split.decode, hardware=replace(split.decode.hardware)))) == key
+    for pool, other in ((split.prefill, split.decode), (split.decode, split.prefill)):
+        hardware = pool.hardware
+        changed = replace(hardware, per_step_overhead_s=hardware.per_step_overhead_s * (1 + 1e-12) + 1e-15)
+        pools = [replace(pool, hardware=changed), other]
+        assert run_key(with_pools(*(pools if pool is split.prefill else pools[::-1]))) != key
+        pools = [replace(pool, replicas=pool.replicas + 1), other]
+        assert run_key(with_pools(*(pools if pool is split.prefill else pools[::-1]))) != key
+    assert run_key(replace(scenario, disaggregation=replace(split, streaming=not split.streaming))) != key
 
 
 def test_a_preemptive_run_its_stop_never_stopped_serves_for_priority_under_another_stop(monkeypatch):

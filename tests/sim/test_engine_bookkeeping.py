@@ -1,7 +1,8 @@
 """The engine's event-driven bookkeeping against a brute-force recount at every iteration.
 
 The one-token decode set never walks its decoding sequences: it keeps the batch's total
-context in closed form and learns of block needs from due steps. Here an observer
+context and each sequence's blocks in closed form and counts the blocks due at a step by its
+phase. Here an observer
 recomputes, after every iteration, the same quantities the slow way from the requests
 themselves, and they must agree exactly.
 """
@@ -41,8 +42,9 @@ def test_closed_form_context_and_blocks_match_a_recount(overrides):
         assert decode.kv_read() == sum(min(c + 1, window) for c in contexts)
         # Every decoding sequence holds exactly the blocks of its KV, its tokens so far.
         size = engine.kv.block_size
-        assert all(r.blocks == -(-c // size) for r, c in zip(decoding, contexts))
-        held = sum(r.blocks for r in engine.running.values())
+        # (the decode set counts a decoding sequence's blocks in closed form: decode.blocks)
+        assert all(decode.blocks(r) == -(-c // size) for r, c in zip(decoding, contexts))
+        held = sum(decode.blocks(r) for r in engine.running.values())
         assert held == engine.kv.used_blocks
         checked["iterations"] += 1
 

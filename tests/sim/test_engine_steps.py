@@ -102,7 +102,74 @@ def test_preemption_takes_the_latest_admitted_and_recomputes_prompt_plus_generat
     assert r1.generated == 17 and r1.prefill_target == 16 + 17 and r1.prefilled == 0 and r1.blocks == 0
     # r0 alone decodes, holding three blocks; r1's recompute (3 blocks) does not fit the one left.
     assert iteration.decode_seqs == 1 and iteration.chunks == []
-    assert r0.blocks == 3 and engine.kv.used_blocks == 3
+    assert engine.decode.blocks(r0) == 3 and engine.kv.used_blocks == 3
+
+
+def held_as_the_rules_say(engine: Engine, started_with: dict[int, int]) -> None:
+    """After an iteration's blocks are reserved: each decoding sequence holds the blocks of its KV with the step's
+    token written, ``ceil((context + 1) / 16)``, or those it started decoding with where more (``started_with``,
+    by request id); the cache has handed out what they and the prompts hold."""
+    decode = engine.decode
+    decoding = [r for r in engine.running.values() if r not in engine.prefilling]
+    for r in decoding:
+        assert decode.blocks(r) == max(-(-(decode.context(r) + 1) // BLOCK), started_with.get(r.id, 0))
+    assert sum(decode.blocks(r) for r in engine.running.values()) == engine.kv.used_blocks
+
+
+def test_a_sequence_holding_more_blocks_than_its_context_fills_takes_the_next_after_them():
+    # r0 starts decoding holding 4 blocks (64 tokens; a disaggregated decode replica may reserve so) for a context of
+    # 20: its next block falls due 44 steps on, past the block size, where it joins the count of its phase; r1 (16
+    # tokens, 1 block) takes one every 16 steps from its first step on.
+    engine = build(max_batch_tokens=1000)
+    r0, r1 = submit(engine, (20, 70), (16, 70))
+    iteration = engine.schedule()                          # both prompts, 2 + 1 blocks
+    engine.kv.allocate(2)
+    r0.blocks += 2
+    engine.now += iteration.duration_s
+    engine.apply(iteration)
+    assert not engine.decode.dues_in_phase
+    for _ in range(68):
+        iteration = engine.schedule()
+        held_as_the_rules_say(engine, {r0.id: 4})
+        engine.now += iteration.duration_s
+        engine.apply(iteration)
+    assert engine.decode.blocks(r0) == -(-(20 + 68) // BLOCK) and engine.decode.blocks(r1) == -(-(16 + 68) // BLOCK)
+    step(engine)                                           # both finish: every block back
+    assert r0.status == r1.status == "finished" and engine.kv.used_blocks == 0
+
+
+def test_a_sequence_due_at_a_step_whose_blocks_were_given_takes_its_block_at_the_step_s_next_reservation():
+    # Step 0's blocks are reserved, then every decoder is preempted (as an admission after the reservation may):
+    # the prompts admitted next complete at step 0, and r1 (32 tokens, 2 full blocks) is due its third block at
+    # step 0 itself. It takes it at the next reservation, the step's, before the step runs.
+    engine = build(max_batch_tokens=1000)
+    r0, r1 = submit(engine, (20, 40), (32, 10))
+    engine.queue.remove(r1)
+    step(engine)                                           # r0's prompt: it decodes from step 0
+    engine.decode.prepare(engine.now)                      # step 0's blocks (none due yet: 20 of 32 tokens)
+    engine.preempt(r0, engine.now)
+    engine.queue.push(r1, engine.now)
+    step(engine)                                           # r0 recomputed (21 tokens) and r1's prompt
+    assert engine.decode.step == 0 and engine.decode.blocks(r1) == 2 and engine.kv.used_blocks == 4
+    while engine.running:
+        iteration = engine.schedule()
+        held_as_the_rules_say(engine, {})
+        engine.now += iteration.duration_s
+        engine.apply(iteration)
+    assert r0.status == r1.status == "finished" and engine.kv.used_blocks == 0
+    # Preempted before that reservation, it gives back the two blocks it holds.
+    engine = build(max_batch_tokens=1000)
+    r0, r1 = submit(engine, (20, 40), (32, 10))
+    engine.queue.remove(r1)
+    step(engine)
+    engine.decode.prepare(engine.now)
+    engine.preempt(r0, engine.now)
+    engine.queue.push(r1, engine.now)
+    step(engine)
+    engine.preempt(r1, engine.now)
+    assert r1.blocks == 0 and engine.kv.used_blocks == engine.decode.blocks(r0) == 2
+    iteration = engine.schedule()
+    held_as_the_rules_say(engine, {})
 
 
 def test_a_timed_out_request_is_dispatched_past_the_budget_or_rejected():

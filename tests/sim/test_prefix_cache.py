@@ -38,7 +38,7 @@ def tiers_observer(engine, iteration) -> None:
     """Exact block accounting of both tiers (pp = 1: one engine per cache)."""
     kv = engine.kv
     running = list(engine.running.values())
-    private = sum(r.blocks - r.cached_blocks for r in running)
+    private = sum(engine.decode.blocks(r) - r.cached_blocks for r in running)
     assert kv.allocated_total - kv.freed_total == kv.num_blocks - kv.empty_blocks == private + len(kv.cached)
     assert sum(kv.cached.values()) == sum(r.cached_blocks for r in running)
     for r in running:
