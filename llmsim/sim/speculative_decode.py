@@ -224,6 +224,14 @@ class SpeculativeDecodeSet(DecodeSet):
     def stop(self, request: Request) -> None:
         self._release(request.slot)
 
+    def blocks(self, request: Request) -> int:
+        """The KV blocks a running ``request`` holds now: a decoding sequence's are its row's (written back to
+        ``request.blocks`` only when it leaves the set), a prompt's ``request.blocks``."""
+        s, slot = self.slots, request.slot
+        if 0 <= slot < s.n and s.requests[slot] is request:
+            return int(s.blocks[slot])
+        return request.blocks
+
     def _release(self, i: int) -> Request:
         """Take row ``i`` out, handing the arrays' state back to its request."""
         s = self.slots
