@@ -128,11 +128,11 @@ class DecodeSet(ABC):
     def prepare(self, now: float) -> int:
         """Reserve KV for this step's decode tokens (may preempt); returns how many tokens they are."""
 
+    @abstractmethod
     def blocks(self, request: Request) -> int:
-        """The KV blocks a running ``request`` holds, as the admission tests read them: ``request.blocks``, which
-        the speculative sets write back only when a sequence leaves them (the one-token set keeps a decoding
-        sequence's in closed form)."""
-        return request.blocks
+        """The KV blocks a running ``request`` holds now, as the admission tests read them. A set keeps a decoding
+        sequence's count itself (the one-token set in closed form, the speculative set in its row) and writes it
+        to ``request.blocks`` when the sequence leaves; a prompt's is ``request.blocks``."""
 
     @abstractmethod
     def price(self, chunks, decoding: bool, prefill_tokens: float, pairs: float, prefill_kv: float,

@@ -189,7 +189,8 @@ class SpeculativeDecodeSet(DecodeSet):
         self._branching = speculation.proposer.branching
         self._sequential = speculation.proposer.sequential      # one draft step per level (else one pass)
         self._expanded = speculation.scorer is Scorer.BATCH_EXPANSION
-        self._draw = speculation.acceptance.draws(acceptance_key, self._branching)
+        # (the columns are the entry points' exact types: C-contiguous int64 and float64 rows)
+        self._draw = speculation.acceptance.draws(acceptance_key, self._branching, checked=False)
         self.blocked = {f.name: 0 for f in fields(SpeculationSteps)}
         self._blocked_step: tuple[str | None, int] = (None, 0)   # this step: a rule blocking all, or eligible count
         self._window_tokens = self._window or 0      # 0: no sliding window, as the kernels take it
@@ -222,6 +223,14 @@ class SpeculativeDecodeSet(DecodeSet):
 
     def stop(self, request: Request) -> None:
         self._release(request.slot)
+
+    def blocks(self, request: Request) -> int:
+        """The KV blocks a running ``request`` holds now: a decoding sequence's are its row's (written back to
+        ``request.blocks`` only when it leaves the set), a prompt's ``request.blocks``."""
+        s, slot = self.slots, request.slot
+        if 0 <= slot < s.n and s.requests[slot] is request:
+            return int(s.blocks[slot])
+        return request.blocks
 
     def _release(self, i: int) -> Request:
         """Take row ``i`` out, handing the arrays' state back to its request."""

@@ -22,6 +22,14 @@ _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _ONE = np.uint64(1)
 
 
+# The signatures the draws are called with through their entry points (llmsim.compiled: unchecked, so a caller
+# of ``Acceptance.draws(..., checked=False)`` passes exactly these types): a uint64 key, C-contiguous int64 and
+# float64 columns, a float decay and an int branching.
+_INTS, _FLOATS = numba.int64[::1], numba.float64[::1]
+ACCEPTED_PREFIXES_SIGNATURE = (numba.uint64, _INTS, _INTS, _FLOATS, _INTS, numba.float64, _INTS, numba.int64)
+REPLAYED_PREFIXES_SIGNATURE = (numba.uint64, _INTS, _INTS, _INTS, _INTS, _INTS)
+
+
 @numba.njit(cache=True, inline="always")
 def _mix(z):
     z = (z ^ (z >> np.uint64(30))) * _M1

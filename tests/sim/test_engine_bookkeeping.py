@@ -146,3 +146,25 @@ def test_a_dispatching_timeout_never_reached_gives_the_run_without_one():
     assert 0 < untimed.dispatch_wait_s == general.dispatch_wait_s
     pd.testing.assert_frame_equal(untimed.requests, general.requests)
     pd.testing.assert_frame_equal(untimed.iterations, general.iterations)
+
+
+@pytest.mark.parametrize("admission", ["preempt", "guaranteed_no_evict"])
+def test_a_speculative_engines_held_blocks_are_what_its_cache_lends(admission):
+    """The speculative set keeps a decoding sequence's blocks in its row: what the admission tests read
+    (``decode.blocks``) sums, over the running requests, to the blocks the cache has lent, at every iteration."""
+    checked = {"iterations": 0, "stale": 0}
+
+    def recount(engine, iteration):
+        running = list(engine.running.values())
+        assert sum(engine.decode.blocks(r) for r in running) == engine.kv.used_blocks
+        checked["stale"] += sum(engine.decode.blocks(r) != r.blocks for r in running)
+        checked["iterations"] += 1
+
+    scenario = make_scenario({"engine": {"memory_utilization": 0.3, "max_model_len": 8192, "admission": admission},
+                              "workload": {"arrival": {"rate": 20.0}, "num_requests": 300},
+                              "speculation": {"draft": "Llama-3.2-1B", "k": 4,
+                                              "acceptance": {"process": "bernoulli", "alpha": 0.7}}})
+    result = simulate_checked(scenario, observers=[recount])
+    assert checked["iterations"] == len(result.iterations)
+    assert checked["stale"] > 0               # rows whose blocks moved on from what the request started with
+    assert (result.requests["status"] == "finished").all()

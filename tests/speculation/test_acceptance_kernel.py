@@ -45,3 +45,26 @@ def test_compiled_acceptance_equals_the_numpy_definition(acceptance):
     got = acceptance.accepted(key, ids, positions, alphas, k)
     assert (got == _reference(acceptance, key, ids, positions, alphas, k)).all()
     assert (got <= k).all() and got.sum() > 0
+
+
+@pytest.mark.parametrize("acceptance", [Acceptance("bernoulli", alpha=0.7),
+                                        Acceptance("positional", alpha=0.9, decay=0.8),
+                                        Acceptance("replay", samples=(0, 1, 4, 2, 3, 4, 0), measured_k=4)],
+                         ids=lambda a: a.process)
+@pytest.mark.parametrize("branching", [1, 3])
+def test_draws_through_entry_points_equal_the_dispatcher(acceptance, branching):
+    """The unchecked draws (the kernels' entry points, as the speculative decode set calls them on its packed
+    columns: rows of 2-D C-contiguous arrays) accept the prefixes the dispatcher's do, a tree's levels included,
+    and write only the first ``len(out)`` rows."""
+    rng = np.random.default_rng(5)
+    n = 300
+    ints = np.ascontiguousarray(np.stack([rng.integers(0, 10**6, n), rng.integers(0, 4000, n), rng.integers(0, 9, n),
+                                          np.full(n, -1)]))
+    floats = np.ascontiguousarray(np.stack([rng.uniform(0.0, 1.0, n), np.zeros(n)]))
+    ids, positions, k, out = ints
+    key = int(np.uint64(0xFEDCBA9876543210))
+    expected = np.zeros(n - 7, dtype=np.int64)
+    total = acceptance.draws(key, branching)(ids.copy(), positions.copy(), floats[0].copy(), k.copy(), expected)
+    assert acceptance.draws(key, branching, checked=False)(ids, positions, floats[0], k, out[:n - 7]) == total
+    assert (out[:n - 7] == expected).all() and (out[n - 7:] == -1).all()
+    assert total > 0
