@@ -305,10 +305,17 @@ class EventDecodeSet(DecodeSet):
     def reserved_through(self, step: int) -> None:
         """The sequences took their steps up to decode ``step`` (now :attr:`step`) without reserving their blocks,
         and every block they were due fitted (llmsim.sim.replica_steps, which took none from the cache, and runs
-        only while no sequence waits to join the counts): give them, step by step as :meth:`prepare` would have."""
-        counts, size, kv = self._due_counts_w, self._block_size, self.engine.kv
-        for due_step in range(self._given_step + 1, step + 1):
-            kv.allocate(counts[due_step % size])
+        only while no sequence waits to join the counts): give them, as :meth:`prepare` would have step by step, in
+        one sum (the counts did not change in between; each full turn of ``block_size`` steps gives every count once,
+        the rest a run of them from the first step's phase)."""
+        counts, size = self._due_counts_w, self._block_size
+        turns, rest = divmod(step - self._given_step, size)
+        start = (self._given_step + 1) % size
+        end = start + rest
+        blocks = sum(counts[start:end]) if end <= size else sum(counts[start:]) + sum(counts[:end - size])
+        if turns:                                   # (a stretch is most often shorter than a turn)
+            blocks += turns * sum(counts)
+        self.engine.kv.allocate(blocks)
         self._given_step = step
 
     def price(self, chunks, decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest) -> StepPrice:

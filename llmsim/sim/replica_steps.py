@@ -38,6 +38,7 @@ falls in.)
 from __future__ import annotations
 
 import math
+import struct
 from functools import cache
 from heapq import heapify, heappop, heappush
 from itertools import count
@@ -58,11 +59,16 @@ from llmsim.sim.request import WaitingQueue
 (STEP, FIRST_STEP, HELD_STEPS, SEQS, OFFSETS, JOINED, NEXT_FINISH, LOG_AT, LOG_END, RUNNING, PENDING, PRIORITY,
  EID, TRIES, TAKEN) = range(15)
 NOW, IN_FLIGHT, KEY_S, TRIED_S, LAST_END_S = range(5)
+_INTS, _FLOATS = TAKEN + 1, LAST_END_S + 1
 # The replica's: integers, then floats.
 FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_EID = range(8)
 ENV_NOW, OTHER_S, WAITING_SINCE_S, TIMEOUT_S = range(4)
 _NO_KEY = int(np.iinfo(np.int64).max)
 _UNREAD = np.zeros(1)                   # an engine's feature row, before it takes part
+_UNTIMED = (0.0, math.inf, False)       # no queue timeout to act (ReplicaSteps._timed)
+# What a stretch sets in the arrays, packed into their memory (a numpy assignment from Python values converts them one
+# by one, about 1 us a row): an engine's call fields (PENDING to TAKEN) and times (IN_FLIGHT, KEY_S), the replica's.
+_CALL, _TIMES, _SHARED, _SHARED_S = struct.Struct("5q"), struct.Struct("2d"), struct.Struct("8q"), struct.Struct("4d")
 
 
 @numba.njit(cache=True)
@@ -158,10 +164,11 @@ class ReplicaSteps:
         self._decodes = [cast(EventDecodeSet, engine.decode) for engine in engines]
         self.kv, self.queue = engines[0].kv, cast(WaitingQueue, engines[0].queue)     # step_together checks
         size = len(engines)
-        self._ints = np.zeros((size, 15), np.int64)
-        self._floats = np.zeros((size, 5))
+        self._ints = np.zeros((size, _INTS), np.int64)
+        self._floats = np.zeros((size, _FLOATS))
         self._shared = np.zeros(8, np.int64)
         self._shared_s = np.zeros(4)
+        self._bytes = tuple(array.data.cast("B") for array in (self._ints, self._floats, self._shared, self._shared_s))
         self._terms = np.zeros((size, 4))
         self._index = {id(engine._wake): i for i, engine in enumerate(engines)}
         # Each engine's row in the arrays above is kept between stretches, with what it was gathered or written
@@ -225,7 +232,7 @@ class ReplicaSteps:
         cfg, queue = engine.config, self.queue
         timeout_s = cfg.queue_timeout_s
         if timeout_s is None or not queue:
-            return 0.0, math.inf, False
+            return _UNTIMED
         if cfg.on_timeout is OnTimeout.DISPATCH:
             arrival_s = queue.head().arrival_s
             return (0.0, math.inf, True) if now - arrival_s >= timeout_s else (arrival_s, timeout_s, False)
@@ -233,7 +240,7 @@ class ReplicaSteps:
         for request in queue:
             if request.first_scheduled_s != request.first_scheduled_s:      # NaN: never started
                 return request.arrival_s, timeout_s, False
-        return 0.0, math.inf, False
+        return _UNTIMED
 
     def _gather(self, i: int) -> None:
         """Engine ``i``'s row (but what its call on the event queue and the queue's head give: pending, key,
@@ -262,18 +269,23 @@ class ReplicaSteps:
         # (The first step's own end of a stretch, told apart before anything is gathered for it: a finish.)
         if env.halted or decode._next_finish == decode.step + 1 or not self._steady(first_i):
             return False
-        now = first.now + in_flight                     # its next step's, as Engine._run reckons it
-        waiting_since_s, timeout_s, forced = self._timed(first, now if now >= env._now else env._now)
-        if not self._admits_none(first, forced):
-            return False
+        # (An empty queue, as at most resumes: no timeout acts, every admission takes nothing and none tries.)
+        queue = self.queue
+        if queue:
+            now = first.now + in_flight                 # its next step's, as Engine._run reckons it
+            waiting_since_s, timeout_s, forced = self._timed(first, now if now >= env._now else env._now)
+            if not self._admits_none(first, forced):
+                return False
+        else:
+            waiting_since_s, timeout_s, forced = _UNTIMED
         ints, floats = self._ints, self._floats
-        queue, index = self.queue, self._index
+        index = self._index
         calls = env._calls
         # The others' pending calls, where they take part, come off the queue.
         taken: dict[int, tuple] = {}
         for call in calls:
             i = index.get(id(call[3]), -1)
-            if i >= 0 and self._steady(i) and self._admits_none(engines[i], forced):
+            if i >= 0 and self._steady(i) and (not queue or self._admits_none(engines[i], forced)):
                 taken[i] = call
         if taken:
             calls[:] = [call for call in calls if index.get(id(call[3]), -1) not in taken]
@@ -284,15 +296,13 @@ class ReplicaSteps:
         other_s, *other_key = min(calls[0][:3], events[0][:3]) if calls and events else (
             calls[0][:3] if calls else events[0][:3] if events else (np.inf, _NO_KEY, _NO_KEY))
         synced, xs, tables, logs = self._synced, self._xs, self._tables, self._logs
-        # What the call on the event queue and the queue's head give, for every engine at once (one assignment
-        # to each array: an engine not taking part is not pending, and its other fields are not read).
-        calls_in: list[tuple[int, int, int, int, int]] = []
-        times_in: list[tuple[float, float]] = []
+        # What the call on the event queue and the queue's head give (an engine not taking part is not pending,
+        # and its other fields are not read).
+        ints_bytes, floats_bytes, shared_bytes, shared_s_bytes = self._bytes
         for i, (engine, decode) in enumerate(zip(engines, self._decodes)):
             entry = taken.get(i)
             if entry is None and i != first_i:
-                calls_in.append((0, NORMAL, 0, 0, 0))
-                times_in.append((0.0, 0.0))
+                ints[i, PENDING] = 0
                 continue
             log, stamp = engine.log, synced[i]
             if (stamp is None or stamp[0] is not log.doubles or stamp[1] != log.at or stamp[2] != engine.now
@@ -300,14 +310,17 @@ class ReplicaSteps:
                 self._gather(i)
             time_s = engine._in_flight if entry else in_flight
             assert time_s is not None                     # pending: its iteration in flight is the one taken off
-            calls_in.append((1, entry[1], entry[2], self._tries(engine, forced), 0) if entry else (
-                0, NORMAL, 0, self._tries(engine, forced), 0))
-            times_in.append((time_s, entry[0] if entry else 0.0))
-        ints[:, PENDING:] = calls_in
-        floats[:, IN_FLIGHT:TRIED_S] = times_in
+            tries = self._tries(engine, forced) if queue else False
+            if entry:
+                _CALL.pack_into(ints_bytes, (i * _INTS + PENDING) * 8, 1, entry[1], entry[2], tries, 0)
+                _TIMES.pack_into(floats_bytes, (i * _FLOATS + IN_FLIGHT) * 8, time_s, entry[0])
+            else:
+                _CALL.pack_into(ints_bytes, (i * _INTS + PENDING) * 8, 0, NORMAL, 0, tries, 0)
+                _TIMES.pack_into(floats_bytes, (i * _FLOATS + IN_FLIGHT) * 8, time_s, 0.0)
         kv = self.kv
-        shared[:] = (kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i, kv.block_size, *other_key)
-        shared_s[:] = (env._now, other_s, waiting_since_s, timeout_s)
+        _SHARED.pack_into(shared_bytes, 0, kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i,
+                          kv.block_size, *other_key)
+        _SHARED_S.pack_into(shared_s_bytes, 0, env._now, other_s, waiting_since_s, timeout_s)
         step, dues, terms, stacked, n_ops = self._step, self._dues, self._terms, self._stacked, self._n_ops
         tables_in, logs_in, xs_in = tuple(tables), tuple(logs), tuple(xs)
         try:
@@ -347,35 +360,35 @@ class ReplicaSteps:
             return False
         env, ints, floats, shared, shared_s = self.env, self._ints, self._floats, self._shared, self._shared_s
         calls, events = env._calls, env._queue
+        # The engines' call due first is the only one on the queue while others' calls run: the queue is read only
+        # at its first entry (Environment.peek, call_unless_next, step) and pushed to, so it reads as it would with
+        # all of theirs there.
         keys, rows = floats[:, KEY_S].tolist(), ints[:, PENDING:EID + 1].tolist()
-        waiting = [i for i, (pending, _, _) in enumerate(rows) if pending]
-        mine = [(keys[i], rows[i][1], rows[i][2], self._wakes[i]) for i in waiting]
-        ids = set(map(id, mine))
-        due = min(mine)
+        due_s, priority, eid, first = min((keys[i], row[1], row[2], i) for i, row in enumerate(rows) if row[0])
+        due = (due_s, priority, eid, self._wakes[first])
         env._eid = count(shared[NEXT_EID].item())
+        heappush(calls, due)                # after the call to run first, which comes before it
         try:
             while True:
                 env._now, _, _, call = heappop(calls)
-                for entry in mine:
-                    heappush(calls, entry)
-                try:
-                    call()
-                finally:
-                    calls[:] = [entry for entry in calls if id(entry) not in ids]
-                    heapify(calls)
-                other = calls[0] if calls and (not events or calls[0] < events[0]) else (  # type: ignore[operator]
-                    events[0] if events else None)
-                if other is None or due < other:
+                call()
+                if calls[0] is due and (not events or due < events[0]):  # type: ignore[operator]
                     break
                 if not self._apart_next():
                     return False
         finally:
+            if calls[0] is due:
+                heappop(calls)
+            else:
+                calls.remove(due)
+                heapify(calls)
             shared[NEXT_EID] = next(env._eid)
             shared_s[ENV_NOW] = env._now
-        first = waiting[mine.index(due)]
+        other = calls[0] if calls and (not events or calls[0] < events[0]) else (  # type: ignore[operator]
+            events[0] if events else None)
         shared[CURRENT] = first
         ints[first, PENDING] = 0
-        shared_s[ENV_NOW] = due[0]
+        shared_s[ENV_NOW] = due_s
         shared_s[OTHER_S], shared[OTHER_PRIORITY], shared[OTHER_EID] = (
             other[:3] if other is not None else (np.inf, _NO_KEY, _NO_KEY))
         return True
