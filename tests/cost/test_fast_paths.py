@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.cost.features import F, batch_rows
 from llmsim.cost.kernels import gemm_body_s, gemm_output_tiles, gemm_scalar_body_s
-from llmsim.cost.roofline import _linear_step, _summed_columns
+from llmsim.cost.roofline import _linear_step
 
 from tests.helpers import random_sums
 
