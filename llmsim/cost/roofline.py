@@ -42,8 +42,8 @@ from llmsim.config.recent import Keyed, recent, recent_for
 from llmsim.cost.features import F, FEATURES, TILE_FEATURES_FROM, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, SHARPNESS_REFERENCE_TILES, TILE_COLUMNS, TILE_ROWS, GemmShape,
                                  add_norm_bytes_per_token, all_reduce_time_s, custom_all_reduce_time_s,
-                                 dispatch_gemm_body_s, elementwise_layer_terms, gemm_body_s, gemm_output_tiles,
-                                 gemm_scalar_body_s, layer_gemm_shapes, stream_time_s)
+                                 dispatch_gemm_body_s, elementwise_layer_terms, gemm_scalar_body_s, layer_gemm_shapes,
+                                 stream_time_s)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 

@@ -99,15 +99,6 @@ def test_gemm_in_python_floats_is_numpy_to_the_bit():
         assert gemm_scalar_body_s(memory_s, compute_s, tokens, n, kernels) == expected
 
 
-@pytest.mark.parametrize("count", [1, 2, 5, 7, 8, 9, 11, 12, 16, 17, 31, 128])
-def test_rows_summed_as_numpy_sums_along_a_row(count):
-    """A grid's GEMM times are summed GEMM after GEMM over the whole grid: the bits numpy's own sum along each
-    row gives (its pairwise order from 8 values on), on values of every magnitude and sign."""
-    rng = np.random.default_rng(count)
-    values = rng.standard_normal((2000, count)) * 10.0 ** rng.integers(-9, 9, (2000, count))
-    np.testing.assert_array_equal(_summed_columns(np.ascontiguousarray(values.T)), values.sum(axis=-1))
-
-
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
 def test_a_grid_of_rows_prices_each_row_as_one_iteration_does(model_name, hardware, tp):
     """The fluid model prices grids of rows (rates x prompt counts x quantiles; a row may stand for several
