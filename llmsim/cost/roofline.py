@@ -193,6 +193,13 @@ def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
 
 
 @numba.njit(cache=True)
+def _power(base, exponent):
+    """``base ** exponent`` by the C library's ``pow``, which gives exactly 1 for a base of 1 (the larger of a smooth
+    maximum's terms over itself) whatever the exponent: that case without the call."""
+    return 1.0 if base == 1.0 else base ** exponent
+
+
+@numba.njit(cache=True)
 def _gemm_run_s(g, rows, iterations, runs, fixed_s, per_token_s, compute_s, n, floor_s, half_tiles, sharpness, growth,
                 dispatched, dispatch_table, dispatch_floor_s):
     """The launch floors of ``iterations`` and the bodies of ``runs`` runs of GEMM ``g`` (by column) on ``rows`` rows
@@ -213,7 +220,7 @@ def _gemm_run_s(g, rows, iterations, runs, fixed_s, per_token_s, compute_s, n, f
     compute = compute / occupancy
     larger = compute if compute > memory else memory
     safe = larger if larger > 0 else 1.0
-    body_s = larger * ((memory / safe) ** p + (compute / safe) ** p) ** (1.0 / p)
+    body_s = larger * (_power(memory / safe, p) + _power(compute / safe, p)) ** (1.0 / p)
     return iterations * floor_s + runs * body_s
 
 
