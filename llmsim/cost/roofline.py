@@ -246,7 +246,9 @@ def _gemm_grid(x, one, count, tokens, fixed_s, per_token_s, compute_s, repeats, 
     each GEMM by :func:`_gemm_run_s`: (their times, shape (gemms, rows), 0 where a GEMM's count column is not
     positive; the layers' GEMMs (all but the last, the LM head) summed GEMM after GEMM, as :meth:`CostModel._gemm_sum`
     sums them, one per row). The same bits as the rows priced one at a time, on any machine: numpy's array powers
-    (SIMD code on AVX-512) differ from the C library's ``pow`` in the last bit of a few percent of inputs."""
+    (SIMD code on AVX-512) differ from the C library's ``pow`` in the last bit of a few percent of inputs. A GEMM
+    whose count, tokens and iterations are the previous row's takes its time (the fluid model's grids repeat the
+    decode load along their prefill axes: three rows in four of a speculative search's)."""
     gemms = len(fixed_s)
     times = np.zeros((gemms, len(x)))
     layers = np.zeros(len(x))
@@ -255,9 +257,14 @@ def _gemm_grid(x, one, count, tokens, fixed_s, per_token_s, compute_s, repeats, 
         for g in range(gemms):
             runs = x[r, count[g]]
             if runs > 0:
-                times[g, r] = repeats[g] * _gemm_run_s(g, x[r, tokens[g]] * scale[g] / runs, x[r, one], runs, fixed_s,
-                                                       per_token_s, compute_s, n, floor_s, half_tiles, sharpness,
-                                                       growth, dispatched, dispatch_table, dispatch_floor_s)
+                if (r > 0 and runs == x[r - 1, count[g]] and x[r, tokens[g]] == x[r - 1, tokens[g]]
+                        and x[r, one] == x[r - 1, one]):
+                    times[g, r] = times[g, r - 1]
+                else:
+                    times[g, r] = repeats[g] * _gemm_run_s(g, x[r, tokens[g]] * scale[g] / runs, x[r, one], runs,
+                                                           fixed_s, per_token_s, compute_s, n, floor_s, half_tiles,
+                                                           sharpness, growth, dispatched, dispatch_table,
+                                                           dispatch_floor_s)
                 if g < gemms - 1:
                     total += times[g, r]
         layers[r] = total

@@ -105,7 +105,8 @@ def test_many_rows_price_their_gemms_as_each_row_alone_to_the_bit(model_name, ha
     and the LM head, to the bit as each row priced alone in Python floats, whose powers are the C library's ``pow``
     (``math.pow``) on every machine. numpy's array powers are not: on AVX-512 machines its SIMD code differs from
     ``pow`` in the last bit of about one input in twenty, so pricing the grid by numpy's arrays fails here there.
-    Rows of one and of several iterations, fractional tokens, dispatch-priced (8-bit) GEMMs and routed experts."""
+    Rows of one and of several iterations, fractional tokens, dispatch-priced (8-bit) GEMMs and routed experts, and
+    runs of rows whose GEMMs read the same features."""
     model = _model(model_name)
     cost = CostModel(model, lookup_hardware(hardware), tp)
     rng = np.random.default_rng(36)
@@ -116,11 +117,14 @@ def test_many_rows_price_their_gemms_as_each_row_alone_to_the_bit(model_name, ha
         experts = model.expected_experts_touched(tokens / iterations) * iterations if model.num_experts > 1 else 1.0
         rows.append([iterations, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits,
                      0.0, 0.0])
-    grid = np.array(rows)
+    # Each row twice over, the second with other decode KV reads (as the fluid model's grids repeat a GEMM's inputs
+    # along axes it does not read): the grid reuses the first's GEMMs.
+    grid = np.repeat(np.array(rows), 2, axis=0)
+    grid[1::2, F["decode_kv_read"]] += 1000.0
     assert len(grid) > FEW_ROWS
     by_gemm = np.array([[cost._gemm_sum(row, [gemm]) for gemm in cost._gemm_rows] for row in grid.tolist()])
     np.testing.assert_array_equal(cost._gemm_times(grid), by_gemm)
-    np.testing.assert_array_equal(cost._nonlinear_times(grid.reshape(4, 100, -1)).ravel(),
+    np.testing.assert_array_equal(cost._nonlinear_times(grid.reshape(8, 100, -1)).ravel(),
                                   [cost._nonlinear_time(row) for row in grid.tolist()])
 
 
