@@ -1,7 +1,12 @@
 """Kernel-level time formulas fitted to measured GPU timings (vectorised, numpy only).
 
 Each formula works on scalars and arrays alike, so the calibration fits them to
-thousands of measured rows at once and the cost model prices whole grids of batches.
+thousands of measured rows at once. The cost model prices a GEMM in Python floats
+(:func:`gemm_scalar_body_s`) and compiled (:func:`llmsim.cost.roofline._gemm_run_s`, for its
+tables and for many rows at once), both with the C library's ``pow``: numpy's powers over
+arrays run SIMD code that differs from ``pow`` in the last bit of a few percent of inputs
+(on AVX-512 machines), so a batch priced in a grid would otherwise differ from it priced
+alone, by machine.
 
 GEMM ``[M x K] @ [K x N]`` (M tokens; N, K the weight's shape on one tensor-parallel shard)::
 
@@ -52,7 +57,8 @@ def gemm_output_tiles(tokens, n):
 
 
 def gemm_body_s(memory_s, compute_s, tiles, kernels: KernelTerms):
-    """The smooth maximum of a GEMM's memory and compute times (no floor), shaped by its output ``tiles``."""
+    """The smooth maximum of a GEMM's memory and compute times (no floor), shaped by its output ``tiles``. Over
+    arrays (0-d ones included) numpy's SIMD powers may differ in the last bit from :func:`gemm_scalar_body_s`'s."""
     occupancy = tiles / (tiles + kernels.gemm_occupancy_half_tiles)
     p = 1.0 + (kernels.gemm_sharpness - 1.0) * (tiles / SHARPNESS_REFERENCE_TILES) ** kernels.gemm_sharpness_growth
     return smooth_maximum(memory_s, compute_s / occupancy, p)
@@ -62,8 +68,8 @@ def smooth_maximum(memory_s, compute_s, p):
     """``(memory^p + compute^p)^(1/p)``: the larger of a kernel's memory and compute times, rounded off where
     they are close (``p`` its sharpness). Scaled by the larger term: p reaches the hundreds on large GEMMs, where
     a millisecond to the power p underflows to 0 and the unscaled form would price the GEMM at nothing. The larger
-    term over itself is exactly 1, and so is 1 to any power: only the smaller's power is computed (the same bits for
-    times that are finite and not negative; zero times give 0)."""
+    term over itself is exactly 1, and so is 1 to any power: only the smaller's power is computed (the same bits as
+    computing both powers, for times that are finite and not negative; zero times give 0)."""
     larger = np.maximum(memory_s, compute_s)
     safe = np.where(larger > 0, larger, 1.0)
     return larger * ((np.minimum(memory_s, compute_s) / safe) ** p + 1.0) ** (1.0 / p)
@@ -73,7 +79,7 @@ def gemm_scalar_body_s(memory_s: float, compute_s: float, tokens: float, n: floa
     """:func:`gemm_body_s` of :func:`gemm_output_tiles` for one GEMM, in Python floats (the cost model's
     per-iteration path, where numpy's scalar overhead costs far more than the arithmetic). The same
     operations in the same order, the powers by the C library's ``pow`` as numpy's scalars take them:
-    the same bits."""
+    the same bits as :func:`gemm_body_s` of numpy scalars, not always of arrays (whose powers are SIMD code)."""
     tiles = max(float(math.ceil(tokens / TILE_ROWS)), 1.0) * float(math.ceil(n / TILE_COLUMNS))
     occupancy = tiles / (tiles + kernels.gemm_occupancy_half_tiles)
     p = 1.0 + (kernels.gemm_sharpness - 1.0) * (tiles / SHARPNESS_REFERENCE_TILES) ** kernels.gemm_sharpness_growth

@@ -42,8 +42,8 @@ from llmsim.config.recent import Keyed, recent, recent_for
 from llmsim.cost.features import F, FEATURES, TILE_FEATURES_FROM, batch_features
 from llmsim.cost.kernels import (GEMM_OPERATORS, SHARPNESS_REFERENCE_TILES, TILE_COLUMNS, TILE_ROWS, GemmShape,
                                  add_norm_bytes_per_token, all_reduce_time_s, custom_all_reduce_time_s,
-                                 dispatch_gemm_body_s, elementwise_layer_terms, gemm_body_s, gemm_output_tiles,
-                                 gemm_scalar_body_s, layer_gemm_shapes, stream_time_s)
+                                 dispatch_gemm_body_s, elementwise_layer_terms, gemm_scalar_body_s, layer_gemm_shapes,
+                                 stream_time_s)
 from llmsim.cost.work import ATTENTION_OPS, BYTE_KINDS, LAYER_OPS, MODEL_OPS, work_coefficients
 from llmsim.catalog.placement import Placement
 
@@ -193,51 +193,82 @@ def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
 
 
 @numba.njit(cache=True)
+def _power(base, exponent):
+    """``base ** exponent`` by the C library's ``pow``, which gives exactly 1 for a base of 1 (the larger of a smooth
+    maximum's terms over itself) whatever the exponent: that case without the call."""
+    return 1.0 if base == 1.0 else base ** exponent
+
+
+@numba.njit(cache=True)
+def _gemm_run_s(g, rows, iterations, runs, fixed_s, per_token_s, compute_s, n, floor_s, half_tiles, sharpness, growth,
+                dispatched, dispatch_table, dispatch_floor_s):
+    """The launch floors of ``iterations`` and the bodies of ``runs`` runs of GEMM ``g`` (by column) on ``rows`` rows
+    each, as :meth:`CostModel._gemm_sum` prices them: the body by :func:`~llmsim.cost.kernels.gemm_scalar_body_s`'s
+    operations in its order, the powers by the C library's ``pow`` as Python's floats take them (the same bits), or
+    (``dispatched[g] >= 0``) interpolated in that row of ``dispatch_table`` (:class:`DispatchTables`, covering
+    ``rows``)."""
+    if dispatched[g] >= 0:
+        low = int(math.floor(rows))
+        below = dispatch_table[dispatched[g], low]
+        body_s = below + (rows - low) * (dispatch_table[dispatched[g], low + 1] - below)
+        return iterations * dispatch_floor_s + runs * body_s
+    memory = fixed_s[g] + rows * per_token_s[g]
+    compute = rows * compute_s[g]
+    tiles = max(float(math.ceil(rows / TILE_ROWS)), 1.0) * float(math.ceil(n[g] / TILE_COLUMNS))
+    occupancy = tiles / (tiles + half_tiles)
+    p = 1.0 + (sharpness - 1.0) * (tiles / SHARPNESS_REFERENCE_TILES) ** growth
+    compute = compute / occupancy
+    larger = compute if compute > memory else memory
+    safe = larger if larger > 0 else 1.0
+    body_s = larger * (_power(memory / safe, p) + _power(compute / safe, p)) ** (1.0 / p)
+    return iterations * floor_s + runs * body_s
+
+
+@numba.njit(cache=True)
 def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n, floor_s, half_tiles, sharpness,
                 growth, dispatched, dispatch_table, dispatch_floor_s):
     """``table[t]`` for ``t`` from ``start`` on: :meth:`CostModel._gemm_sum` of the GEMM rows given by column
     (the layers' or the LM head's) for a row of one iteration with one expert and ``t`` tokens and logit
-    rows, computed as that method and :func:`~llmsim.cost.kernels.gemm_scalar_body_s` compute it, the same
-    operations in the same order (the powers by the C library's ``pow``, as Python's floats take them):
-    the same bits. A GEMM with ``dispatched[g] >= 0`` reads its body from that row of ``dispatch_table``
-    (:class:`DispatchTables`, covering every row count asked for)."""
+    rows, each GEMM by :func:`_gemm_run_s` (the same bits)."""
     for t in range(start, len(table)):
         total = 0.0
         for g in range(len(fixed_s)):
-            rows = t * scale[g] / 1.0
-            if dispatched[g] >= 0:
-                low = int(math.floor(rows))
-                below = dispatch_table[dispatched[g], low]
-                body_s = below + (rows - low) * (dispatch_table[dispatched[g], low + 1] - below)
-                total += repeats[g] * (1.0 * dispatch_floor_s + 1.0 * body_s)
-                continue
-            memory = fixed_s[g] + rows * per_token_s[g]
-            compute = rows * compute_s[g]
-            tiles = max(float(math.ceil(rows / TILE_ROWS)), 1.0) * float(math.ceil(n[g] / TILE_COLUMNS))
-            occupancy = tiles / (tiles + half_tiles)
-            p = 1.0 + (sharpness - 1.0) * (tiles / SHARPNESS_REFERENCE_TILES) ** growth
-            compute = compute / occupancy
-            larger = compute if compute > memory else memory
-            safe = larger if larger > 0 else 1.0
-            body_s = larger * ((memory / safe) ** p + (compute / safe) ** p) ** (1.0 / p)
-            total += repeats[g] * (1.0 * floor_s + 1.0 * body_s)
+            total += repeats[g] * _gemm_run_s(g, t * scale[g] / 1.0, 1.0, 1.0, fixed_s, per_token_s, compute_s, n,
+                                              floor_s, half_tiles, sharpness, growth, dispatched, dispatch_table,
+                                              dispatch_floor_s)
         table[t] = total
 
 
 @numba.njit(cache=True)
-def _summed_columns(table):
-    """Each column of ``table`` (up to 128 rows, as :func:`_pairwise_sum` sums) summed over its rows in the order
-    ``np.add.reduce`` sums a contiguous run: the same bits as summing the table's transpose along its last axis,
-    without numpy's loops over a few values at a time."""
-    rows, n = table.shape
-    assert rows <= 128                  # beyond, numpy splits the run in halves
-    sums = np.empty(n)
-    column = np.empty(rows)
-    for j in range(n):
-        for i in range(rows):
-            column[i] = table[i, j]
-        sums[j] = _pairwise_sum(column, 0, rows)
-    return sums
+def _gemm_grid(x, one, count, tokens, fixed_s, per_token_s, compute_s, repeats, scale, n, floor_s, half_tiles,
+               sharpness, growth, dispatched, dispatch_table, dispatch_floor_s):
+    """The GEMMs of feature rows ``x`` (shape (rows, features)) as :meth:`CostModel._nonlinear_time` prices one row,
+    each GEMM by :func:`_gemm_run_s`: (their times, shape (gemms, rows), 0 where a GEMM's count column is not
+    positive; the layers' GEMMs (all but the last, the LM head) summed GEMM after GEMM, as :meth:`CostModel._gemm_sum`
+    sums them, one per row). The same bits as the rows priced one at a time, on any machine: numpy's array powers
+    (SIMD code on AVX-512) differ from the C library's ``pow`` in the last bit of a few percent of inputs. A GEMM
+    whose count, tokens and iterations are the previous row's takes its time (the fluid model's grids repeat the
+    decode load along their prefill axes: three rows in four of a speculative search's)."""
+    gemms = len(fixed_s)
+    times = np.zeros((gemms, len(x)))
+    layers = np.zeros(len(x))
+    for r in range(len(x)):
+        total = 0.0
+        for g in range(gemms):
+            runs = x[r, count[g]]
+            if runs > 0:
+                if (r > 0 and runs == x[r - 1, count[g]] and x[r, tokens[g]] == x[r - 1, tokens[g]]
+                        and x[r, one] == x[r - 1, one]):
+                    times[g, r] = times[g, r - 1]
+                else:
+                    times[g, r] = repeats[g] * _gemm_run_s(g, x[r, tokens[g]] * scale[g] / runs, x[r, one], runs,
+                                                           fixed_s, per_token_s, compute_s, n, floor_s, half_tiles,
+                                                           sharpness, growth, dispatched, dispatch_table,
+                                                           dispatch_floor_s)
+                if g < gemms - 1:
+                    total += times[g, r]
+        layers[r] = total
+    return times, layers
 
 
 class DispatchTables:
@@ -466,9 +497,8 @@ class CostModel:
                             int(dispatch_rows[i]) if dispatched[i] else -1)
                            for i, (shape, repeats, count, scale, tokens) in enumerate(gemms)]
         self._gemm_columns = tuple(np.array([row[i] for row in self._gemm_rows]) for i in range(1, 9))
-        # The same, one row per GEMM (the count and tokens columns as indices), for :meth:`_gemm_times`.
-        self._gemm_by_row = tuple(column.astype(np.intp) if i in (4, 6) else column[:, None]
-                                  for i, column in enumerate(self._gemm_columns))
+        # The count and tokens columns as indices, for :meth:`_gemm_grid`.
+        self._gemm_features = (self._gemm_columns[4].astype(np.intp), self._gemm_columns[6].astype(np.intp))
         self._dispatched = np.array([row[9] for row in self._gemm_rows], dtype=np.int64)
         dispatch_shapes = [(shape.n, shape.k, weight_bytes[shape.name], activation_bytes,
                             dispatch.bandwidth_bytes_per_s * weight_bandwidth_share)
@@ -751,31 +781,37 @@ class CostModel:
         MoE kernel launches once per projection), not one kernel per expert."""
         if x.ndim == 1:
             return self._gemm_sum(x.tolist(), self._gemm_rows)
-        times = self._gemm_times_by_gemm(x)
+        times, _ = self._gemm_grid(x)
         return np.ascontiguousarray(times.T).reshape(*x.shape[:-1], len(times))
 
-    def _gemm_times_by_gemm(self, x: np.ndarray) -> np.ndarray:
-        """:meth:`_gemm_times` of rows ``x``, one row per GEMM (shape (gemms, rows of ``x`` in order)): numpy's loops
-        then run the length of the batch, not of the few GEMMs."""
+    def _gemm_grid(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:func:`_gemm_grid` of rows ``x`` (any shape (..., features), taken in order): the time of each GEMM (shape
+        (gemms, rows)) and the layers' GEMMs summed, by row."""
         kernels = self.kernels
         assert kernels is not None          # GEMM rows exist only with kernel terms (_use_kernel_terms)
-        floor_s = kernels.gemm_floor_s
-        fixed_s, per_token_s, compute_s, repeats, count, scale, tokens, n = self._gemm_by_row
-        features = x.reshape(-1, x.shape[-1]).T
-        runs = features[count]
-        rows = np.divide(features[tokens] * scale, runs, out=np.zeros(runs.shape), where=runs > 0)
-        body_s = gemm_body_s(fixed_s + rows * per_token_s, rows * compute_s, gemm_output_tiles(rows, n), kernels)
-        floors: float | np.ndarray = floor_s
+        fixed_s, per_token_s, compute_s, repeats, _, scale, _, n = self._gemm_columns
+        count, tokens = self._gemm_features
+        features = np.ascontiguousarray(x.reshape(-1, x.shape[-1]), dtype=float)
+        dispatch_table, dispatch_floor_s = _NO_DISPATCH_TABLE, 0.0
         if self._dispatch is not None:
-            # The dispatch-priced GEMMs' bodies from their tables, interpolated as :meth:`_gemm_sum` does.
-            at = np.flatnonzero(self._dispatched >= 0)
-            priced = rows[at]
-            table = self._dispatch.cover(float(np.max(priced, initial=0.0)))[self._dispatched[at]]
-            low = np.floor(priced).astype(np.int64)
-            below, above = table[np.arange(len(at))[:, None], low], table[np.arange(len(at))[:, None], low + 1]
-            body_s[at] = below + (priced - low) * (above - below)
-            floors = np.where(self._dispatched >= 0, self._dispatch.dispatch.floor_s, floor_s)[:, None]
-        return repeats * (features[F["one"]] * floors * (runs > 0) + runs * body_s)
+            # The tables grown to the most rows a dispatch-priced GEMM runs (the kernel's arithmetic for them).
+            at = self._dispatched >= 0
+            runs = features[:, count[at]]
+            rows = np.divide(features[:, tokens[at]] * scale[at], runs, out=np.zeros(runs.shape), where=runs > 0)
+            dispatch_table = self._dispatch.cover(float(np.max(rows, initial=0.0)))
+            dispatch_floor_s = self._dispatch.dispatch.floor_s
+        return _gemm_grid(features, _ONE, count, tokens, fixed_s, per_token_s, compute_s, repeats, scale, n,
+                          kernels.gemm_floor_s, kernels.gemm_occupancy_half_tiles, kernels.gemm_sharpness,
+                          kernels.gemm_sharpness_growth, self._dispatched, dispatch_table, dispatch_floor_s)
+
+    def _nonlinear_times(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`_nonlinear_time` of rows ``x`` (shape (..., features)), one per row in the shape of ``x`` less its
+        last axis: the same operations in the same order (the layers' GEMMs, their all-reduces, the LM head), so the
+        same bits as each row priced alone."""
+        times, layers_s = self._gemm_grid(x)
+        if self._all_reduce is not None:
+            layers_s = layers_s + self._all_reduce_time(x).reshape(-1)
+        return (layers_s + times[-1]).reshape(x.shape[:-1])
 
     def _fixed_and_communication_vector(self) -> np.ndarray:
         """Time that adds to the roofline: overheads, all-reduces and pipeline hops, per feature."""
@@ -842,9 +878,7 @@ class CostModel:
                 # The speculative engine's per-step rows: remembered row by row beats numpy on a few rows.
                 time_s = time_s + np.array([self._nonlinear_time(row) for row in x.tolist()])
             else:
-                time_s = time_s + _summed_columns(self._gemm_times_by_gemm(x)).reshape(time_s.shape)
-                if self._all_reduce is not None:
-                    time_s = time_s + self._all_reduce_time(x)
+                time_s = time_s + self._nonlinear_times(x)
         return time_s, y[..., 2 * n + 1], y[..., 2 * n + 2]
 
     def attention_time_s(self, x) -> np.ndarray:
