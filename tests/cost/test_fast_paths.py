@@ -99,6 +99,20 @@ def test_gemm_in_python_floats_is_numpy_to_the_bit():
         assert gemm_scalar_body_s(memory_s, compute_s, tokens, n, kernels) == expected
 
 
+def _grid_rows(model, rng, count: int, tiles: bool) -> list[list[float]]:
+    """``count`` feature rows of random sums as the fluid model's grids hold them: a row of one or of 2.5 iterations,
+    fractional tokens in some, the routed experts the tokens touch, and (``tiles``) a prefill's tile columns."""
+    rows = []
+    for prefill, pairs, prefill_kv, logits, decode, decode_kv in random_sums(rng, count):
+        iterations = float(rng.choice([1.0, 2.5]))
+        tokens = prefill + decode + (0.25 if rng.random() < 0.3 else 0.0)
+        experts = model.expected_experts_touched(tokens / iterations) * iterations if model.num_experts > 1 else 1.0
+        padding, longest = (float(prefill % 4096), prefill_kv) if prefill and tiles else (0.0, 0.0)
+        rows.append([iterations, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits,
+                     padding, longest])
+    return rows
+
+
 @pytest.mark.parametrize("model_name, hardware, tp", CASES)
 def test_many_rows_price_their_gemms_as_each_row_alone_to_the_bit(model_name, hardware, tp):
     """More rows than FEW_ROWS (the fluid model's grids) price their GEMMs, each GEMM and summed with the all-reduces
@@ -109,14 +123,7 @@ def test_many_rows_price_their_gemms_as_each_row_alone_to_the_bit(model_name, ha
     runs of rows whose GEMMs read the same features."""
     model = _model(model_name)
     cost = CostModel(model, lookup_hardware(hardware), tp)
-    rng = np.random.default_rng(36)
-    rows = []
-    for prefill, pairs, prefill_kv, logits, decode, decode_kv in random_sums(rng, 400):
-        iterations = float(rng.choice([1.0, 2.5]))
-        tokens = prefill + decode + (0.25 if rng.random() < 0.3 else 0.0)
-        experts = model.expected_experts_touched(tokens / iterations) * iterations if model.num_experts > 1 else 1.0
-        rows.append([iterations, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits,
-                     0.0, 0.0])
+    rows = _grid_rows(model, np.random.default_rng(36), 400, tiles=False)
     # Each row twice over, the second with other decode KV reads (as the fluid model's grids repeat a GEMM's inputs
     # along axes it does not read): the grid reuses the first's GEMMs.
     grid = np.repeat(np.array(rows), 2, axis=0)
@@ -137,15 +144,7 @@ def test_a_grid_of_rows_prices_each_row_as_one_iteration_does(model_name, hardwa
     Python's."""
     model = _model(model_name)
     cost = CostModel(model, lookup_hardware(hardware), tp)
-    rng = np.random.default_rng(35)
-    rows = []
-    for prefill, pairs, prefill_kv, logits, decode, decode_kv in random_sums(rng, 60):
-        iterations = float(rng.choice([1.0, 2.5]))
-        tokens = prefill + decode + (0.25 if rng.random() < 0.3 else 0.0)
-        experts = model.expected_experts_touched(tokens / iterations) * iterations if model.num_experts > 1 else 1.0
-        padding, longest = (float(prefill % 4096), prefill_kv) if prefill else (0.0, 0.0)
-        rows.append([iterations, tokens, prefill, pairs, prefill_kv, decode, decode_kv, experts, decode + logits,
-                     padding, longest])
+    rows = _grid_rows(model, np.random.default_rng(35), 60, tiles=True)
     grid = np.array(rows).reshape(3, 4, 5, -1)
     times, flops, moved = cost.iteration(grid)
     assert times.shape == flops.shape == moved.shape == grid.shape[:-1]
