@@ -294,8 +294,12 @@ class EventDecodeSet(DecodeSet):
         # (Its epoch is odd while it decodes here: start and _end each add one.)
         if not request.epoch & 1 or (self._late and request in self._late):
             return request.blocks
-        return request.blocks + self._taken(request.decode_start + request.blocks * self._block_size
-                                            - request.context_start)
+        return request.blocks + self._taken(self._first_due(request))
+
+    def _first_due(self, request: Request) -> int:
+        """The decode step at which a decoding sequence's context reaches the end of the blocks it started with:
+        its first due step (one more block every block_size steps from it)."""
+        return request.decode_start + request.blocks * self._block_size - request.context_start
 
     def _taken(self, first_due: int) -> int:
         """The blocks a decoding sequence in the counts whose first due step is ``first_due`` took since it started."""
@@ -415,9 +419,8 @@ class EventDecodeSet(DecodeSet):
         add_due(self._finishing, finish, [(request.admit_order, request.epoch, request)])
         if finish < self._next_finish:
             self._next_finish = finish
-        # The step at which the context reaches the end of the last allocated block: from then on one block is
-        # due every block_size steps, counted in its phase (see __init__).
-        due = step + request.blocks * self._block_size - context
+        # From its first due step on, one block is due every block_size steps, counted in its phase (see __init__).
+        due = self._first_due(request)
         if due < finish:
             if due < step:                           # it would never come round: fail loudly, not silently
                 raise RuntimeError(f"a KV block fell due at decode step {due}, before the current step {step}")
@@ -455,7 +458,7 @@ class EventDecodeSet(DecodeSet):
         request.epoch += 1                           # its heap and due-step entries are now stale
         self._all_offset_sum -= request.context_start - start
         # Out of the counts (or off the late list) if it had a block due before its finish, its blocks written back.
-        due = start + request.blocks * self._block_size - request.context_start
+        due = self._first_due(request)
         if due < request.finish_step:
             if self._late and request in self._late:
                 self._late.remove(request)

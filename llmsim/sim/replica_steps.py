@@ -59,7 +59,7 @@ from llmsim.sim.request import WaitingQueue
 (STEP, FIRST_STEP, HELD_STEPS, SEQS, OFFSETS, JOINED, NEXT_FINISH, LOG_AT, LOG_END, RUNNING, PENDING, PRIORITY,
  EID, TRIES, TAKEN) = range(15)
 NOW, IN_FLIGHT, KEY_S, TRIED_S, LAST_END_S = range(5)
-_INTS, _FLOATS = TAKEN + 1, LAST_END_S + 1
+_INT_COLUMNS, _FLOAT_COLUMNS = TAKEN + 1, LAST_END_S + 1
 # The replica's: integers, then floats.
 FREE, NUM_BLOCKS, QUEUED, NEXT_EID, CURRENT, BLOCK_SIZE, OTHER_PRIORITY, OTHER_EID = range(8)
 ENV_NOW, OTHER_S, WAITING_SINCE_S, TIMEOUT_S = range(4)
@@ -164,8 +164,8 @@ class ReplicaSteps:
         self._decodes = [cast(EventDecodeSet, engine.decode) for engine in engines]
         self.kv, self.queue = engines[0].kv, cast(WaitingQueue, engines[0].queue)     # step_together checks
         size = len(engines)
-        self._ints = np.zeros((size, _INTS), np.int64)
-        self._floats = np.zeros((size, _FLOATS))
+        self._ints = np.zeros((size, _INT_COLUMNS), np.int64)
+        self._floats = np.zeros((size, _FLOAT_COLUMNS))
         self._shared = np.zeros(8, np.int64)
         self._shared_s = np.zeros(4)
         self._bytes = tuple(array.data.cast("B") for array in (self._ints, self._floats, self._shared, self._shared_s))
@@ -311,12 +311,9 @@ class ReplicaSteps:
             time_s = engine._in_flight if entry else in_flight
             assert time_s is not None                     # pending: its iteration in flight is the one taken off
             tries = self._tries(engine, forced) if queue else False
-            if entry:
-                _CALL.pack_into(ints_bytes, (i * _INTS + PENDING) * 8, 1, entry[1], entry[2], tries, 0)
-                _TIMES.pack_into(floats_bytes, (i * _FLOATS + IN_FLIGHT) * 8, time_s, entry[0])
-            else:
-                _CALL.pack_into(ints_bytes, (i * _INTS + PENDING) * 8, 0, NORMAL, 0, tries, 0)
-                _TIMES.pack_into(floats_bytes, (i * _FLOATS + IN_FLIGHT) * 8, time_s, 0.0)
+            key_s, priority, eid = entry[:3] if entry else (0.0, NORMAL, 0)
+            _CALL.pack_into(ints_bytes, (i * _INT_COLUMNS + PENDING) * 8, entry is not None, priority, eid, tries, 0)
+            _TIMES.pack_into(floats_bytes, (i * _FLOAT_COLUMNS + IN_FLIGHT) * 8, time_s, key_s)
         kv = self.kv
         _SHARED.pack_into(shared_bytes, 0, kv.free_blocks, kv.num_blocks, len(queue), next(env._eid), first_i,
                           kv.block_size, *other_key)
