@@ -6,7 +6,6 @@ that the simulator itself never imports torch.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 import subprocess
 import sys
@@ -32,9 +31,6 @@ from tests.helpers import roofline_document, roofline_only
 PROFILE_DIR = shipped_profile_dir()
 SHIPPED = PROFILE_DIR / "cpu-calibrated.yaml"
 TARGET = PROFILE_DIR / "h100-sxm.yaml"
-# A median of n samples of a normal spread has standard error sqrt(pi/2) sigma / sqrt(n), and an
-# interquartile range is 1.349 sigma: so SE(median) / median = MEDIAN_SE_PER_IQR * (IQR / median) / sqrt(n).
-MEDIAN_SE_PER_IQR = math.sqrt(math.pi / 2) / 1.349
 # Issue 5's acceptance: held-out MAPE of the calibrated model under 15%.
 TARGET_MAPE = 0.15
 
@@ -143,20 +139,22 @@ def test_quick_profile_loads_with_measured_efficiencies(quick):
 
 
 @pytest.mark.slow
-def test_quick_profile_predicts_the_held_out_steps_within_the_target_and_the_noise(quick):
-    """The held-out steps (a width, depth, batches and contexts the fit never saw) should be
-    predicted within issue 5's acceptance target, TARGET_MAPE, plus what the noise of the
-    medians can add: three standard errors of the difference of two medians (the held-out
-    one and the fit's). They were measured in the calibration's own session, so the
-    machine's drift between sessions plays no part; on a loaded machine the measured noise,
-    and with it the tolerance, grows. A fit pinned at its bounds (peaks that do not bound
-    the step) misses by several hundred percent and fails here and against the roofline."""
+def test_quick_profile_predicts_every_held_out_step_better_than_the_roofline(quick):
+    """Each held-out step (a width, depth, batches and contexts the fit never saw) is predicted
+    closer by the calibrated profile than by the uncalibrated roofline of the same measured peaks.
+
+    The quick design is a check that the pipeline works on this machine, not the accuracy claim:
+    its fit sees batches 1, 16 and 64 only, and on this CPU batch 1 runs faster kernels than a
+    straight line through the larger batches allows (7.8 ms at batch 1, 11.4 at 2, 14.4 at 4 on
+    width 768, two layers), so its held-out MAPE is 18-20% on a quiet machine against about 55%
+    for the roofline. The accuracy target is checked on the full calibration the project ships
+    (below). A fit pinned at its bounds misses by several hundred percent and fails here."""
     _, profile = quick
-    record = profile.calibration
-    held_out = record["held_out_same_session"]["measurements"]
-    noise = MEDIAN_SE_PER_IQR * record["noise"]["median_relative_iqr"] / math.sqrt(record["rounds"])
-    assert _mape(held_out, profile) <= TARGET_MAPE + 3 * math.sqrt(2) * noise
-    assert _mape(held_out, profile) < _mape(held_out, uncalibrated(profile))
+    held_out = profile.calibration["held_out_same_session"]["measurements"]
+    measured_s = np.array([row["median_s"] for row in held_out])
+    calibrated = np.abs(_predicted_s(held_out, profile) / measured_s - 1)
+    roofline = np.abs(_predicted_s(held_out, uncalibrated(profile)) / measured_s - 1)
+    assert (calibrated < roofline).all(), list(zip(calibrated, roofline))
 
 
 @pytest.mark.slow
@@ -203,6 +201,7 @@ def test_the_shipped_cpu_profile_is_a_full_calibration_that_explains_its_record(
     assert _mape(record["measurements"], profile) == pytest.approx(record["fit"]["mape"], abs=0.005)
     held_out = record["held_out_same_session"]
     assert _mape(held_out["measurements"], profile) == pytest.approx(held_out["mape"], abs=0.005)
+    assert held_out["mape"] <= TARGET_MAPE          # issue 5's acceptance, on steps the fit never saw
 
 
 def test_the_shipped_cpu_profile_transfers_to_a_datasheet_profile(tmp_path):
