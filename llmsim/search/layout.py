@@ -54,11 +54,11 @@ from llmsim.analysis import names
 from llmsim.config.progress import QUIET, Progress
 from llmsim.config.words import counted
 from llmsim.errors import ConfigError
-from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, at_rate, variant
+from llmsim.scenario.variants import REPLICAS_KEY, RATE_KEY, variant
 from llmsim.scenario.scenario import Scenario
 from llmsim.search.plan import (MAX_REPLICAS as PLAN_MAX_REPLICAS, analytic_bracket,
-                                answer_row, as_scenario, candidates, capacity_bound, check_rate, check_rate_driven,
-                                fewest_replicas, kept_layout_row, plan_table, aggregated, proven_failing)
+                                answer_row, as_scenario, candidates, capacity_bound, check_rate,
+                                fewest_replicas, kept_layout_row, plan_table, planned, aggregated, proven_failing)
 from llmsim.search.window import Judged
 
 MAX_TENSOR_PARALLEL = 8
@@ -230,13 +230,7 @@ def cheapest_layouts(scenario: str | Path | Scenario, target_rate_per_s: float, 
                      *, progress: Progress = QUIET, **options) -> list[LayoutChoice]:
     """:func:`cheapest_layout` of every candidate chip (``--hardware``, the scenario's
     ``plan.hardware`` list, else its own), cheapest first; chips without an answer last."""
-    scenario = as_scenario(scenario)
-    check_rate_driven(scenario)
-    rate = check_rate(target_rate_per_s)
-    at_rate(scenario, rate)          # the workload at this rate is valid (not each chip's "does not fit")
-    if not scenario.slo.defined:
-        raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
-                          allowed="ttft, tpot and/or e2e limits")
+    scenario, rate = planned(scenario, target_rate_per_s)
     names_ = candidates(scenario, hardware)
     choices = []
     for name in names_:

@@ -125,18 +125,25 @@ def _own_hardware(scenario: Scenario) -> str:
     return scenario.hardware.named or scenario.hardware.name
 
 
+def planned(scenario: str | Path | Scenario, target_rate_per_s: float) -> tuple[Scenario, float]:
+    """The scenario and rate a capacity plan starts from, checked once for every chip: a rate-driven
+    workload valid at that rate (not each chip's "does not fit"), and an SLO to plan for."""
+    scenario = as_scenario(scenario)
+    check_rate_driven(scenario)
+    rate = check_rate(target_rate_per_s)
+    at_rate(scenario, rate)
+    if not scenario.slo.defined:
+        raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
+                          allowed="ttft, tpot and/or e2e limits")
+    return scenario, rate
+
+
 def plan_table(scenario: str | Path | Scenario, target_rate_per_s: float, hardware: Sequence[str] | None,
                row_of: Callable[[Scenario, str, float], dict], progress: Progress = QUIET) -> pd.DataFrame:
     """The scenario and rate checked, then one row per candidate chip, ``row_of(scenario, chip, rate)``
     (:func:`kept_layout_row`, or :func:`llmsim.search.layout.plan`'s layout search); see
     :func:`llmsim.search.layout.plan` for the columns. ``progress`` notes each chip."""
-    scenario = as_scenario(scenario)
-    check_rate_driven(scenario)
-    rate = check_rate(target_rate_per_s)
-    at_rate(scenario, rate)     # the workload at this rate is valid (not each chip's "does not fit")
-    if not scenario.slo.defined:
-        raise ConfigError("the scenario sets no SLO to plan for", file=scenario.path, key="slo", has_value=False,
-                          allowed="ttft, tpot and/or e2e limits")
+    scenario, rate = planned(scenario, target_rate_per_s)
     rows = []
     for name in candidates(scenario, hardware):
         progress.note(name)

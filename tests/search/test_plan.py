@@ -156,3 +156,18 @@ def test_a_target_rate_the_workload_cannot_take_is_a_config_error(scenario_file,
     assert main(["plan", str(scenario_file), "--target-rate", "1e-300"]) == 2
     err = capsys.readouterr().err
     assert "workload.arrival.rate" in err and "does not fit" not in err and "at least" in err
+
+
+@pytest.mark.parametrize("search", ["plan", "layouts", "kept layout"])
+def test_a_scenario_without_an_slo_is_refused_before_any_chip_is_tried(tmp_path, search):
+    """Both plans (each chip's layouts searched, or the scenario's own kept) and the report's layout
+    search start from the same checks: with no SLO there is nothing to plan for."""
+    from llmsim.search.layout import cheapest_layouts, plan
+    path = tmp_path / "no-slo.yaml"
+    path.write_text(yaml.safe_dump({key: value for key, value in SMALL.items() if key != "slo"}))
+    with pytest.raises(ConfigError, match="no SLO to plan for") as error:
+        if search == "layouts":
+            cheapest_layouts(path, RATE, ["H100-SXM"])
+        else:
+            plan(path, RATE, ["H100-SXM"], keep_layout=search == "kept layout")
+    assert error.value.key == "slo"
