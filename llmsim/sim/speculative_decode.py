@@ -386,10 +386,10 @@ class SpeculativeDecodeSet(DecodeSet):
         stacked, n_ops, x, tables = self._tabulated_target
         draft_stacked, draft_n_ops, _, draft_tables = self._draft_terms
         duration_s, n_spec, _, _ = self._log_decode_step(
-            log.doubles, log.at, now, kv_used_blocks, running, queued, n, s.k, s.context, self._window_tokens, s.lag,
+            log.doubles, log.at, now, kv_used_blocks, running, queued, n, s.ints, s.floats, self._window_tokens,
             self._draft_rows, self._local_share, self._branching, self._sequential, self._expanded, stacked, n_ops,
             x, tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0], draft_tables[1], self._key,
-            s.request_id, s.generated, s.alpha, self._decay, s.accepted, self._separate, self._handoff_s)
+            self._decay, self._separate, self._handoff_s)
         if duration_s == duration_s:
             if n:
                 self._count_blocked(n, n_spec)

@@ -59,13 +59,12 @@ CLOSE_ROW_SIGNATURE = (numba.int64[:, ::1], _ROWS, numba.int64, numba.int64)
 PRICE_STEP_SIGNATURE = (numba.int64, _INTS, _INTS, numba.int64, _INTS, _ROWS, *[numba.float64] * 3, numba.boolean,
                         numba.int64, *[numba.float64] * 3, numba.int64, numba.boolean, numba.boolean, _ROWS,
                         numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS, numba.int64, _FLOATS, _FLOATS)
-# :func:`log_decode_step`'s: the log's chunk and its row's counts, then price_step's arguments but the prompt's,
-# then the draw's (a uint64 key, the decay, the branching) and the hand-off.
+# :func:`log_decode_step`'s: the log's chunk and its row's counts, the packed columns, price_step's arguments but the
+# prompt's and the columns, the draw's key and decay, and the hand-off.
 LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, *[numba.int64] * 3, numba.int64,
-                             _INTS, _INTS, numba.int64, _INTS, _ROWS, numba.float64, numba.int64, numba.boolean,
-                             numba.boolean, _ROWS, numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS, numba.int64,
-                             _FLOATS, _FLOATS, numba.uint64, _INTS, _INTS, _FLOATS, numba.float64, _INTS,
-                             numba.boolean, numba.float64)
+                             numba.int64[:, ::1], _ROWS, numba.int64, _ROWS, numba.float64, numba.int64,
+                             numba.boolean, numba.boolean, _ROWS, numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS,
+                             numba.int64, _FLOATS, _FLOATS, numba.uint64, numba.float64, numba.boolean, numba.float64)
 
 
 @numba.njit(cache=True)
@@ -322,18 +321,19 @@ def with_draft(duration_s, flops, moved, draft_steps, draft_s, draft_flops, draf
 
 
 @numba.njit(cache=True)
-def log_decode_step(rows, at, start_s, kv_used_blocks, running, queued, n, k, context, window, lag, draft_rows,
+def log_decode_step(rows, at, start_s, kv_used_blocks, running, queued, n, ints, floats, window, draft_rows,
                     local_share, branching, sequential, expanded, stacked, n_ops, x, layer_by_tokens, head_by_logits,
-                    draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits, key, request_ids,
-                    generated, alphas, decay, accepted, separate, handoff_s):
-    """A speculative step without prompt chunks priced, drawn and logged in one call: :func:`price_step`,
-    then (where it priced both the target and the draft from their tables) the acceptance draw
-    (:func:`~llmsim.speculation.kernels.accepted_prefixes` into ``accepted``, or zeros when nothing was
+                    draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits, key, decay, separate,
+                    handoff_s):
+    """A speculative step without prompt chunks priced, drawn and logged in one call, over the packed columns:
+    :func:`price_step`, then (where it priced both the target and the draft from their tables) the acceptance
+    draw (:func:`~llmsim.speculation.kernels.accepted_prefixes` into column ``accepted``, or zeros when nothing was
     proposed), :func:`with_draft` and the row written into ``rows`` (a log chunk's doubles) from ``at`` on, as
     :meth:`~llmsim.sim.iterations.IterationLog.add` would pack it: the same operations in the same order as the
     separate calls. Returns ``(time_s, spec_seqs, draft_tokens, draft_steps)``; ``time_s`` is NaN, and nothing
     is drawn or written, where a price was not in the tables (the caller then prices the step the general way).
     """
+    k, context, lag, accepted = ints[_K], ints[_CONTEXT], ints[_LAG], ints[_ACCEPTED]
     spec_seqs, drafted, draft_steps, time_s, flops, moved, draft_s, draft_flops, draft_bytes = price_step(
         n, k, context, window, lag, draft_rows, 0.0, 0.0, 0.0, False, 0, 0.0, 0.0, local_share, branching,
         sequential, expanded, stacked, n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops,
@@ -342,7 +342,7 @@ def log_decode_step(rows, at, start_s, kv_used_blocks, running, queued, n, k, co
         return np.nan, spec_seqs, drafted, draft_steps
     out = accepted[:n]
     if drafted:
-        total = accepted_prefixes(key, request_ids, generated, alphas, k, decay, out, branching)
+        total = accepted_prefixes(key, ints[_REQUEST_ID], ints[_GENERATED], floats[_ALPHA], k, decay, out, branching)
     else:
         out[:] = 0
         total = 0
