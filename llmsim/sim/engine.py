@@ -338,8 +338,8 @@ class Engine(EngineProcess):
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
         self.first_gap_s = array("d")
         self.decode = decode(self)
-        # A one-token decode set prices and logs a decode-only iteration in one call (none other does), and one with
-        # prompt chunks likewise.
+        # A decode set may price and log a decode-only iteration in one call (the one-token set's, and the speculative
+        # set's where its models are tabulated), and the one-token set one with prompt chunks likewise.
         decode_set = self.decode
         self._log_decode_step = decode_set.log_decode_step
         self._log_step = decode_set.log_step if isinstance(decode_set, EventDecodeSet) else None

@@ -39,11 +39,10 @@ from functools import partial
 import numpy as np
 
 from llmsim.compiled import EntryPoint
-from llmsim.config.policies import Scorer
+from llmsim.config.policies import AcceptanceProcess, Scorer
 from llmsim.cost.features import (FEATURES, batch_rows, expanded_verify, sequential_decode_rows, speculative_step_sums,
                                   visible)
 from llmsim.cost.roofline import FEW_ROWS, CostModel, summed_iteration
-from llmsim.config.policies import AcceptanceProcess
 from llmsim.sim.decode import DecodeSet, StepPrice
 from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import InterTokenGaps, Request
