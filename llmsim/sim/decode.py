@@ -11,10 +11,10 @@ in this order:
    which the engine takes out of the token budget before prompts get theirs;
 2. :meth:`DecodeSet.price`: the cost of the whole iteration, prompt chunks included
    (their feature sums computed by the engine), as the row fields of its log; without prompt
-   chunks :meth:`DecodeSet.price_decode`, or, on the one-token set, where nothing but the
-   decode set changes the step's price and row, :meth:`EventDecodeSet.log_decode_step`, which
-   also adds the row to the log (one compiled call: the engine's steady state), and with prompt
-   chunks :meth:`EventDecodeSet.log_step` likewise;
+   chunks :meth:`DecodeSet.price_decode`, or, where nothing but the decode set changes the step's
+   price and row, :attr:`DecodeSet.log_decode_step` (the one-token set's and, where its models are
+   tabulated, the speculative set's), which also adds the row to the log (one compiled call: the
+   engine's steady state), and on the one-token set with prompt chunks :meth:`EventDecodeSet.log_step` likewise;
 3. after the iteration's time has passed, :meth:`DecodeSet.advance` (when it decoded):
    the step's tokens appear, finished sequences go to ``engine.finish``;
 4. :meth:`DecodeSet.start` for every prompt the iteration completed that has tokens left.
@@ -115,6 +115,10 @@ class DecodeSet(ABC):
 
     n: int
     __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step", "_cost_decode_step")
+    # :meth:`price_decode`'s step priced and added to the log in one call, where nothing but the decode set changes
+    # its price and row: ``log_decode_step(log, now, kv_used_blocks, running, queued)`` returns its duration, or NaN
+    # (nothing logged) for a step it does not price so; None: a set without one.
+    log_decode_step: Callable[..., float] | None = None
 
     def __init__(self, engine):
         self.engine = engine

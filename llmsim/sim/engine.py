@@ -338,10 +338,10 @@ class Engine(EngineProcess):
         self.first_gap_end_s = array("d")         # packed: one entry per decode run of every request
         self.first_gap_s = array("d")
         self.decode = decode(self)
-        # A one-token decode set prices and logs a decode-only iteration in one call (none other does), and one with
-        # prompt chunks likewise.
+        # A decode set may price and log a decode-only iteration in one call (the one-token set's, and the speculative
+        # set's where its models are tabulated), and the one-token set one with prompt chunks likewise.
         decode_set = self.decode
-        self._log_decode_step = decode_set.log_decode_step if isinstance(decode_set, EventDecodeSet) else None
+        self._log_decode_step = decode_set.log_decode_step
         self._log_step = decode_set.log_step if isinstance(decode_set, EventDecodeSet) else None
         self.queueing = queueing(self)
         self._admission = ADMISSION_TESTS[config.admission]
@@ -508,9 +508,10 @@ class Engine(EngineProcess):
                 kv = self.kv
                 duration = self._log_decode_step(self.log, now, kv.num_blocks - kv.free_blocks, len(self.running),
                                                  len(queue))
-                self._last_end_s = now + duration
-                self._decoding = True
-                return duration
+                if duration == duration:            # (NaN: a speculative step not priced in one call)
+                    self._last_end_s = now + duration
+                    self._decoding = True
+                    return duration
             prefill_tokens = 0.0
             completed = 0
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price_decode()

@@ -67,7 +67,7 @@ _CHUNK_DOUBLES = CHUNK_ROWS * _WIDTH
 
 
 @numba.njit(cache=True)
-def _write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, tokens_out, flops, moved,
+def write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, tokens_out, flops, moved,
                kv_used_blocks, running, queued):
     """Write an iteration's row into ``rows`` (a chunk's doubles) from ``at`` on, as :meth:`IterationLog.add`
     would pack it (the columns not given are zeros)."""
@@ -93,7 +93,7 @@ def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, s
     returns its duration."""
     duration_s, flops, moved = _decode_price(stacked, n_ops, x, kv_read, nonlinear_s, extra_s, extra_flops,
                                              extra_bytes)
-    _write_row(rows, at, start_s, duration_s, seqs, 0, 0, seqs, flops, moved, kv_used_blocks, running, queued)
+    write_row(rows, at, start_s, duration_s, seqs, 0, 0, seqs, flops, moved, kv_used_blocks, running, queued)
     return duration_s
 
 
@@ -113,7 +113,7 @@ def _log_step(rows, at, start_s, prefill_seqs, tokens_out, kv_used_blocks, runni
         duration_s += nonlinear_s
     if extra_s == extra_s:
         duration_s, flops, moved = duration_s + extra_s, flops + extra_flops, moved + extra_bytes
-    _write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, tokens_out, flops, moved,
+    write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, tokens_out, flops, moved,
                kv_used_blocks, running, queued)
     return duration_s
 

@@ -39,17 +39,19 @@ from functools import partial
 import numpy as np
 
 from llmsim.compiled import EntryPoint
-from llmsim.config.policies import Scorer
+from llmsim.config.policies import AcceptanceProcess, Scorer
 from llmsim.cost.features import (FEATURES, batch_rows, expanded_verify, sequential_decode_rows, speculative_step_sums,
                                   visible)
 from llmsim.cost.roofline import FEW_ROWS, CostModel, summed_iteration
 from llmsim.sim.decode import DecodeSet, StepPrice
+from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
 from llmsim.sim.speculative_kernels import (ADVANCE_ROWS_SIGNATURE, CLOSE_ROW_SIGNATURE, FLOAT_COLUMNS, INT_COLUMNS,
-                                            OPEN_ROW_SIGNATURE, PRICE_STEP_SIGNATURE, RESERVE_BLOCKS_PLAIN_SIGNATURE,
-                                            RESERVE_BLOCKS_SIGNATURE, advance_rows, close_row, eligible_rows,
-                                            open_row, price_step, reserve_blocks, tree_extras)
+                                            LOG_DECODE_STEP_SIGNATURE, OPEN_ROW_SIGNATURE, PRICE_STEP_SIGNATURE,
+                                            RESERVE_BLOCKS_PLAIN_SIGNATURE, RESERVE_BLOCKS_SIGNATURE, advance_rows,
+                                            close_row, eligible_rows, log_decode_step, open_row, price_step,
+                                            reserve_blocks, tree_extras, with_draft)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
 from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
@@ -176,6 +178,8 @@ class SpeculativeDecodeSet(DecodeSet):
     _price_step: EntryPoint[Callable[..., tuple]] = EntryPoint(price_step, PRICE_STEP_SIGNATURE)
     _advance_rows: EntryPoint[Callable[..., tuple[int, int, int, int]]] = EntryPoint(advance_rows,
                                                                                      ADVANCE_ROWS_SIGNATURE)
+    _log_decode_step: EntryPoint[Callable[..., tuple[float, int, int, int]]] = EntryPoint(log_decode_step,
+                                                                                         LOG_DECODE_STEP_SIGNATURE)
 
     def __init__(self, engine, speculation: SpeculationConfig, draft_cost, acceptance_key: int,
                  handoff_s: float | None = None):
@@ -215,6 +219,15 @@ class SpeculativeDecodeSet(DecodeSet):
                               and self._draft_rows.shape[0] <= FEW_ROWS else None)
         self._draft_terms = (draft_cost.compiled_terms() if isinstance(draft_cost, CostModel)
                              else (_NO_ROWS, -1, _NO_TABLE, [_NO_TABLE, _NO_TABLE]))
+        # A step without prompt chunks priced, drawn and logged in one call (log_decode_step) where price_step prices
+        # both models and the acceptance is drawn by accepted_prefixes; else None, and the engine's general path.
+        self.log_decode_step: Callable[..., float] | None = None
+        if (self._target_terms is not None and (draft_cost is None or isinstance(draft_cost, CostModel))
+                and speculation.acceptance.process is not AcceptanceProcess.REPLAY):
+            self._tabulated_target: tuple = self._target_terms
+            self._key = np.uint64(acceptance_key)
+            self._decay = speculation.acceptance.draw_decay
+            self.log_decode_step = self._log_step_in_one_call
 
     # -- joining and leaving ------------------------------------------------------------------------
     def start(self, request: Request) -> None:
@@ -363,6 +376,25 @@ class SpeculativeDecodeSet(DecodeSet):
         return self._with_draft(duration, n, accepted, logits, flops, moved, n_spec, proposed, draft_steps, draft_s,
                                 draft_flops, draft_bytes)
 
+    def _log_step_in_one_call(self, log: IterationLog, now: float, kv_used_blocks: int, running: int,
+                              queued: int) -> float:
+        """:meth:`price_decode`'s step added to ``log`` as the engine would add it (its counts as given), in one
+        compiled call (:func:`log_decode_step`); returns its duration, NaN (nothing drawn or logged) where a
+        price is not in the cost models' tables: the engine then prices the step through :meth:`price_decode`."""
+        n, s = self.n, self.slots
+        stacked, n_ops, x, tables = self._tabulated_target
+        draft_stacked, draft_n_ops, _, draft_tables = self._draft_terms
+        duration_s, n_spec, _, _ = self._log_decode_step(
+            log.doubles, log.at, now, kv_used_blocks, running, queued, n, s.ints, s.floats, self._window_tokens,
+            self._draft_rows, self._local_share, self._branching, self._sequential, self._expanded, stacked, n_ops,
+            x, tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0], draft_tables[1], self._key,
+            self._decay, self._separate, self._handoff_s)
+        if duration_s == duration_s:
+            if n:
+                self._count_blocked(n, n_spec)
+            log.row_added()
+        return duration_s
+
     def _accept(self, n: int, n_spec: int, proposed: int) -> int:
         """Count the step's sequences kept from speculating, and draw how many drafted tokens the target accepts."""
         s = self.slots
@@ -377,10 +409,9 @@ class SpeculativeDecodeSet(DecodeSet):
     def _with_draft(self, duration: float, n: int, accepted: int, logits: int, flops: float, moved: float,
                     n_spec: int, proposed: int, draft_steps: int, draft_s: float, draft_flops: float,
                     draft_bytes: float) -> StepPrice:
-        """The step's price with the draft's: after the target's (colocated) or beside it and a hand-off (separate)."""
-        if draft_steps:
-            flops, moved = flops + draft_flops, moved + draft_bytes
-            duration = max(duration, draft_s) + self._handoff_s if self._separate else duration + draft_s
+        """The step's price with the draft's (:func:`with_draft`, its Python body)."""
+        duration, flops, moved = with_draft.py_func(duration, flops, moved, draft_steps, draft_s, draft_flops,
+                                                    draft_bytes, self._separate, self._handoff_s)
         return duration, n, n + accepted + logits, flops, moved, n_spec, proposed, accepted, draft_s
 
     # -- a step: apply its outcome ----------------------------------------------------------------

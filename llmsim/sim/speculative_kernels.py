@@ -18,7 +18,8 @@ import numpy as np
 
 from llmsim.cost.features import DRAFT_ROW_COLUMNS, expanded_verify, seen_by_layers, speculative_step_sums
 from llmsim.cost.roofline import FEW_ROWS, _linear_step, _rows_total
-from llmsim.speculation.kernels import observe_windows
+from llmsim.sim.iterations import LOG_COLUMNS, write_row
+from llmsim.speculation.kernels import accepted_prefixes, observe_windows
 
 # The packed columns (``DecodeSlots``): rows of one int64 and one float64 2-D array, so a
 # kernel takes two arrays, not fifteen (each argument costs a type check per call).
@@ -38,6 +39,11 @@ _ROW_TOKENS, _ROW_PREFILL_TOKENS, _ROW_PREFILL_PAIRS, _ROW_DECODE_SEQS, _ROW_DEC
     DRAFT_ROW_COLUMNS)
 
 
+# The speculative columns of an iteration's log row (the others :func:`llmsim.sim.iterations.write_row` writes).
+_LOG_SPEC_SEQS, _LOG_DRAFT_TOKENS, _LOG_ACCEPTED_TOKENS, _LOG_DRAFT_S = (
+    LOG_COLUMNS.index(name) for name in ("spec_seqs", "draft_tokens", "accepted_tokens", "draft_s"))
+
+
 # The signatures a step's kernels are called with through their entry points (llmsim.compiled: unchecked, so
 # ``llmsim.sim.speculative_decode`` passes exactly these types): the packed columns (C-contiguous int64, float64
 # and bool rows), Python ints, floats and bools, and ``windows`` in ``llmsim.speculation.policies.Windows``' layout.
@@ -53,6 +59,12 @@ CLOSE_ROW_SIGNATURE = (numba.int64[:, ::1], _ROWS, numba.int64, numba.int64)
 PRICE_STEP_SIGNATURE = (numba.int64, _INTS, _INTS, numba.int64, _INTS, _ROWS, *[numba.float64] * 3, numba.boolean,
                         numba.int64, *[numba.float64] * 3, numba.int64, numba.boolean, numba.boolean, _ROWS,
                         numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS, numba.int64, _FLOATS, _FLOATS)
+# :func:`log_decode_step`'s: the log's chunk and its row's counts, the packed columns, price_step's arguments but the
+# prompt's and the columns, the draw's key and decay, and the hand-off.
+LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, *[numba.int64] * 3, numba.int64,
+                             numba.int64[:, ::1], _ROWS, numba.int64, _ROWS, numba.float64, numba.int64,
+                             numba.boolean, numba.boolean, _ROWS, numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS,
+                             numba.int64, _FLOATS, _FLOATS, numba.uint64, numba.float64, numba.boolean, numba.float64)
 
 
 @numba.njit(cache=True)
@@ -296,3 +308,51 @@ def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pai
         draft_s, draft_flops, draft_bytes = _rows_total(draft_stacked, draft_n_ops, draft_rows[:draft_steps],
                                                         draft_layer_by_tokens, draft_head_by_logits)
     return spec_seqs, drafted, draft_steps, time_s, flops, moved, draft_s, draft_flops, draft_bytes
+
+
+@numba.njit(cache=True, inline="always")
+def with_draft(duration_s, flops, moved, draft_steps, draft_s, draft_flops, draft_bytes, separate, handoff_s):
+    """A step's ``(time_s, flops, bytes)`` with its draft's (``draft_steps`` of them): the draft runs before the
+    target verifies (colocated) or beside it, followed by a hand-off (``separate``: on devices of its own)."""
+    if draft_steps:
+        flops, moved = flops + draft_flops, moved + draft_bytes
+        duration_s = max(duration_s, draft_s) + handoff_s if separate else duration_s + draft_s
+    return duration_s, flops, moved
+
+
+@numba.njit(cache=True)
+def log_decode_step(rows, at, start_s, kv_used_blocks, running, queued, n, ints, floats, window, draft_rows,
+                    local_share, branching, sequential, expanded, stacked, n_ops, x, layer_by_tokens, head_by_logits,
+                    draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits, key, decay, separate,
+                    handoff_s):
+    """A speculative step without prompt chunks priced, drawn and logged in one call, over the packed columns:
+    :func:`price_step`, then (where it priced both the target and the draft from their tables) the acceptance
+    draw (:func:`~llmsim.speculation.kernels.accepted_prefixes` into column ``accepted``, or zeros when nothing was
+    proposed), :func:`with_draft` and the row written into ``rows`` (a log chunk's doubles) from ``at`` on, as
+    :meth:`~llmsim.sim.iterations.IterationLog.add` would pack it: the same operations in the same order as the
+    separate calls. Returns ``(time_s, spec_seqs, draft_tokens, draft_steps)``; ``time_s`` is NaN, and nothing
+    is drawn or written, where a price was not in the tables (the caller then prices the step the general way).
+    """
+    k, context, lag, accepted = ints[_K], ints[_CONTEXT], ints[_LAG], ints[_ACCEPTED]
+    spec_seqs, drafted, draft_steps, time_s, flops, moved, draft_s, draft_flops, draft_bytes = price_step(
+        n, k, context, window, lag, draft_rows, 0.0, 0.0, 0.0, False, 0, 0.0, 0.0, local_share, branching,
+        sequential, expanded, stacked, n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops,
+        draft_layer_by_tokens, draft_head_by_logits)
+    if time_s != time_s or (draft_steps and draft_s != draft_s):
+        return np.nan, spec_seqs, drafted, draft_steps
+    out = accepted[:n]
+    if drafted:
+        total = accepted_prefixes(key, ints[_REQUEST_ID], ints[_GENERATED], floats[_ALPHA], k, decay, out, branching)
+    else:
+        out[:] = 0
+        total = 0
+    if not draft_steps:
+        draft_s = 0.0
+    time_s, flops, moved = with_draft(time_s, flops, moved, draft_steps, draft_s, draft_flops, draft_bytes, separate,
+                                      handoff_s)
+    write_row(rows, at, start_s, time_s, n, 0, 0.0, n + total, flops, moved, kv_used_blocks, running, queued)
+    rows[at + _LOG_SPEC_SEQS] = spec_seqs
+    rows[at + _LOG_DRAFT_TOKENS] = drafted
+    rows[at + _LOG_ACCEPTED_TOKENS] = total
+    rows[at + _LOG_DRAFT_S] = draft_s
+    return time_s, spec_seqs, drafted, draft_steps

@@ -178,10 +178,16 @@ class Acceptance:
             replayed = replayed_prefixes if checked else _DrawEntryPoints.replayed
             return lambda request_ids, positions, alphas, k, out: replayed(key_u64, request_ids, positions, samples, k,
                                                                          out)
-        decay = self.decay if self.process is AcceptanceProcess.POSITIONAL else 1.0
+        decay = self.draw_decay
         accepted = accepted_prefixes if checked else _DrawEntryPoints.accepted
         return lambda request_ids, positions, alphas, k, out: accepted(key_u64, request_ids, positions, alphas, k,
                                                                      decay, out, branching)
+
+    @property
+    def draw_decay(self) -> float:
+        """The factor per draft position :func:`~llmsim.speculation.kernels.accepted_prefixes` draws with (1 but
+        for the positional process; a replayed process draws otherwise)."""
+        return self.decay if self.process is AcceptanceProcess.POSITIONAL else 1.0
 
 
 class _DrawEntryPoints:

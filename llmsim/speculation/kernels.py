@@ -48,21 +48,25 @@ def accepted_prefixes(key, request_ids, positions, alphas, k, decay, out, branch
     ``1 - (1 - p_j)^branching`` (one of the candidates is the target's token; see
     :func:`llmsim.speculation.proposers.level_acceptance`): the same uniform decides, so a
     tree accepts at least what the chain would on the same tokens.
+
+    Every one of the ``k`` tokens is drawn, those after the first rejection too (they count for
+    nothing): the rejection falls at random, so stopping there would be a branch mispredicted about
+    once a sequence, which costs more than the hashes it saves.
     """
     total = 0
     for i in range(len(out)):
         accepted = 0
         if k[i] > 0:
             base = _mix(np.uint64(key) ^ (np.uint64(request_ids[i]) * _GOLDEN))
+            unbroken = True                      # every token so far accepted
             for j in range(k[i]):
                 z = _mix(base + np.uint64(positions[i] + j) * _GOLDEN + _ONE)
                 u = np.float64(z >> np.uint64(11)) * 2.0 ** -53
                 p = alphas[i] * (decay ** np.float64(j)) if decay != 1.0 else alphas[i]
                 if branching > 1:
                     p = 1.0 - (1.0 - p) ** branching
-                if u >= p:
-                    break
-                accepted += 1
+                unbroken &= u < p
+                accepted += unbroken
         out[i] = accepted
         total += accepted
     return total

@@ -12,10 +12,13 @@ import dataclasses
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from llmsim.analysis.metrics import summarize
 from llmsim.cost.roofline import CostModel
+from llmsim.sim.simulate import simulate
+from llmsim.sim.speculative_decode import SpeculativeDecodeSet
 from llmsim.cli.main import main
 from llmsim.speculation.config import hashed_uniforms
 from llmsim.speculation.proposers import NGRAM_CPU_S_PER_CONTEXT_TOKEN
@@ -483,3 +486,37 @@ def test_auto_placement_of_a_speculating_scenario_keeps_one_pipeline_stage():
                               "speculation": {"draft": "Llama-3.2-1B", "k": 4}})
     assert scenario.deployment.pipeline_parallel == 1
     assert scenario.deployment.tensor_parallel >= 2 and scenario.memory.fits
+
+
+@pytest.mark.parametrize("overrides", [
+    {"speculation": {"draft": "Llama-3.2-1B", "k": 4}},                                            # static k
+    {"speculation": {"draft": "Llama-3.2-1B", "k": 3, "policy": "adaptive", "k_max": 6,
+                     "acceptance": {"process": "positional", "alpha": 0.8, "decay": 0.9}}},     # adaptive, decay
+    {"speculation": {"draft": "Llama-3.2-1B", "policy": "goodput", "k_max": 6}},                  # goodput
+    {"speculation": {"draft": "eagle", "k": 3, "tree_branching": 2}},                              # a tree
+    {"speculation": {"draft": "Llama-3.2-1B", "k": 4, "placement": "separate", "draft_devices": 1}},  # hand-off
+    {"engine": {"memory_utilization": 0.28}, "workload": {"arrival": {"rate": 40.0}},               # preempting
+     "speculation": {"draft": "Llama-3.2-1B", "k": 6, "acceptance": {"alpha": 0.7}}},
+])
+def test_a_decode_step_in_one_call_changes_no_record(overrides, monkeypatch):
+    """A run whose decode-only speculative steps are priced, drawn and logged in one compiled call
+    (``log_decode_step``) has the records and iteration table of the same run through the general path
+    (``price_decode``: price_step, the draw, then the engine's ``add``), bit for bit."""
+    scenario = make_scenario({"workload": {"num_requests": 300}, **overrides})
+    one_call = {"steps": 0}
+    fused = SpeculativeDecodeSet._log_step_in_one_call
+
+    def counted(*args):
+        one_call["steps"] += 1
+        return fused(*args)
+    monkeypatch.setattr(SpeculativeDecodeSet, "_log_step_in_one_call", counted)
+    fast = simulate_checked(scenario)
+    # NaN: the step is not priced in one call, so the engine takes the general path for every step.
+    monkeypatch.setattr(SpeculativeDecodeSet, "_log_step_in_one_call", lambda *args: math.nan)
+    general = simulate(scenario)
+    assert one_call["steps"] > 0.3 * len(fast.iterations)
+    assert fast.iterations["spec_seqs"].gt(0).sum() > 200
+    pd.testing.assert_frame_equal(fast.requests, general.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.iterations, general.iterations, check_exact=True)
+    if "memory_utilization" in overrides.get("engine", {}):
+        assert fast.preemptions > 0
