@@ -38,9 +38,9 @@ from __future__ import annotations
 from typing import Protocol
 from collections.abc import Iterable
 
-import numba
 import numpy as np
 
+from llmsim.compiled import kernel
 from llmsim.catalog.models import ModelSpec
 
 FEATURES = ("one", "tokens", "prefill_tokens", "prefill_pairs", "prefill_kv_read",
@@ -224,7 +224,7 @@ def sequential_decode_rows(drafts: np.ndarray, context: np.ndarray, steps: int) 
     return batch_rows(decode_seqs=count, decode_kv_read=((context.reshape(-1, 1) + j + 1) * running).sum(axis=0))
 
 
-@numba.njit(cache=True)
+@kernel
 def seen_by_layers(context, window, local_share):
     """:func:`visible` for one integer context, compiled (``window`` 0: no window)."""
     if window == 0 or context < window:
@@ -232,7 +232,7 @@ def seen_by_layers(context, window, local_share):
     return context - local_share * (context - window)
 
 
-@numba.njit(cache=True)
+@kernel
 def expanded_verify(verify_tokens, verify_pairs, decode_seqs, decode_kv):
     """A step's verify chunks as vLLM V0's batch expansion scores them (vllm/spec_decode/batch_expansion.py):
     each chunk of ``k + 1`` positions after ``seen`` cached tokens becomes ``k + 1`` one-token decode
@@ -242,7 +242,7 @@ def expanded_verify(verify_tokens, verify_pairs, decode_seqs, decode_kv):
     return 0.0, 0.0, 0.0, decode_seqs + verify_tokens, decode_kv + verify_pairs
 
 
-@numba.njit(cache=True)
+@kernel
 def speculative_step_sums(n, k, context, window, draft_fed, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read,
                           prompt_chunks, local_share=1.0, prompt_padding=0.0, prompt_longest=0.0):
     """The sums of one speculative decode step of sequences ``[0, n)``, compiled (it runs every step).

@@ -34,7 +34,7 @@ import numba
 import numpy as np
 import pandas as pd
 
-from llmsim.compiled import EntryPoint
+from llmsim.compiled import EntryPoint, kernel
 from llmsim.catalog.hardware import HardwareProfile
 from llmsim.catalog.kernel_terms import AllReduce, CustomAllReduce, Fp8Dispatch, KernelTerms
 from llmsim.catalog.models import ModelSpec
@@ -73,7 +73,7 @@ def shared_memo(memos: OrderedDict[bytes, _T], key: bytes, fresh: Callable[[], _
     return recent(memos, key, fresh, SHARED_MEMOS)
 
 
-@numba.njit(cache=True)
+@kernel
 def _add_tile_columns(y, stacked, m, padding, longest):
     """Add the prefill tile columns' part to the first ``m`` outputs ``y`` of a row's product: their two
     coefficients per output are stacked below the other columns' matrix (:class:`CostModel`). A row without
@@ -83,7 +83,7 @@ def _add_tile_columns(y, stacked, m, padding, longest):
             y[i] += stacked[m + i, 0] * padding + stacked[m + i, 1] * longest
 
 
-@numba.njit(cache=True)
+@kernel
 def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs,
                  decode_kv_read, experts, logits, prefill_padding, prefill_longest):
     """Fill the feature row ``x`` (``one`` already 1) and return the roofline part of its (time, FLOPs,
@@ -96,7 +96,7 @@ def _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs, prefi
     return _row_product(stacked, n_ops, x)
 
 
-@numba.njit(cache=True)
+@kernel
 def _row_product(stacked, n_ops, x):
     """The roofline part of the (time, FLOPs, bytes) of the feature row ``x``, as :func:`_linear_step` says."""
     m = 2 * n_ops + 3
@@ -109,7 +109,7 @@ def _row_product(stacked, n_ops, x):
     return time_s + y[2 * n_ops], y[2 * n_ops + 1], y[2 * n_ops + 2]
 
 
-@numba.njit(cache=True)
+@kernel
 def _decode_price(stacked, n_ops, x, decode_kv_read, nonlinear_s, extra_s, extra_flops, extra_bytes):
     """The (time, FLOPs, bytes) :meth:`CostModel.step` gives a decode-only row whose other features ``x``
     already holds (a row of its own per batch size, :meth:`CostModel.decode_terms`): :func:`_linear_step`'s
@@ -131,7 +131,7 @@ _LINEAR_STEP_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1]
 _DECODE_PRICE_SIGNATURE = (numba.float64[:, ::1], numba.int64, numba.float64[::1], *[numba.float64] * 5)
 
 
-@numba.njit(cache=True)
+@kernel
 def _pairwise_sum(values, start, n):
     """numpy's pairwise summation of ``values[start:start + n]`` (``np.add.reduce`` of a contiguous
     run of up to 128 values, and its sums along a row), in the same order, so to the same bits."""
@@ -160,7 +160,7 @@ def _pairwise_sum(values, start, n):
     return total
 
 
-@numba.njit(cache=True)
+@kernel
 def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
     """:meth:`CostModel.iteration` of a few ``rows`` summed, as its vectorised branch computes the roofline
     part (the same BLAS product, numpy's maxima and pairwise sums) and its row-by-row branch the
@@ -192,14 +192,14 @@ def _rows_total(stacked, n_ops, rows, layer_by_tokens, head_by_logits):
     return _pairwise_sum(times, 0, len(rows)), _pairwise_sum(flops, 0, len(rows)), _pairwise_sum(moved, 0, len(rows))
 
 
-@numba.njit(cache=True)
+@kernel
 def _power(base, exponent):
     """``base ** exponent`` by the C library's ``pow``, which gives exactly 1 for a base of 1 (the larger of a smooth
     maximum's terms over itself) whatever the exponent: that case without the call."""
     return 1.0 if base == 1.0 else base ** exponent
 
 
-@numba.njit(cache=True)
+@kernel
 def _gemm_run_s(g, rows, iterations, runs, fixed_s, per_token_s, compute_s, n, floor_s, half_tiles, sharpness, growth,
                 dispatched, dispatch_table, dispatch_floor_s):
     """The launch floors of ``iterations`` and the bodies of ``runs`` runs of GEMM ``g`` (by column) on ``rows`` rows
@@ -224,7 +224,7 @@ def _gemm_run_s(g, rows, iterations, runs, fixed_s, per_token_s, compute_s, n, f
     return iterations * floor_s + runs * body_s
 
 
-@numba.njit(cache=True)
+@kernel
 def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n, floor_s, half_tiles, sharpness,
                 growth, dispatched, dispatch_table, dispatch_floor_s):
     """``table[t]`` for ``t`` from ``start`` on: :meth:`CostModel._gemm_sum` of the GEMM rows given by column
@@ -239,7 +239,7 @@ def _gemm_table(table, start, fixed_s, per_token_s, compute_s, repeats, scale, n
         table[t] = total
 
 
-@numba.njit(cache=True)
+@kernel
 def _gemm_grid(x, one, count, tokens, fixed_s, per_token_s, compute_s, repeats, scale, n, floor_s, half_tiles,
                sharpness, growth, dispatched, dispatch_table, dispatch_floor_s):
     """The GEMMs of feature rows ``x`` (shape (rows, features)) as :meth:`CostModel._nonlinear_time` prices one row,

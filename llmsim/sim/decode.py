@@ -45,7 +45,7 @@ from typing import cast
 import numba
 import numpy as np
 
-from llmsim.compiled import EntryPoint
+from llmsim.compiled import EntryPoint, kernel
 from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
@@ -64,7 +64,7 @@ END, GAP, CONTINUING = range(3)     # the step table's columns
 StepPrice = tuple[float, int, int, float, float, int, int, int, float]
 
 
-@numba.njit(cache=True)
+@kernel
 def _longest_gap(steps, first, last):
     """The largest of the step table ``steps``' gaps in rows ``first`` to ``last - 1`` (``last > first``):
     ``steps[first:last, GAP].max()`` without numpy's reduction's fixed cost (a sequence that finishes reads it

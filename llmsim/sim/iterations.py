@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numba
 import numpy as np
 
-from llmsim.compiled import EntryPoint
+from llmsim.compiled import EntryPoint, kernel
 from llmsim.cost.roofline import _decode_price, _linear_step
 from llmsim.sim.request import Request
 
@@ -66,7 +66,7 @@ _CHUNK_DOUBLES = CHUNK_ROWS * _WIDTH
                                                             "kv_used_blocks", "running", "queued"))
 
 
-@numba.njit(cache=True)
+@kernel
 def write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, tokens_out, flops, moved,
                kv_used_blocks, running, queued):
     """Write an iteration's row into ``rows`` (a chunk's doubles) from ``at`` on, as :meth:`IterationLog.add`
@@ -85,7 +85,7 @@ def write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_
     rows[at + _QUEUED] = queued
 
 
-@numba.njit(cache=True)
+@kernel
 def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, stacked, n_ops, kv_read, x,
                      nonlinear_s, extra_s, extra_flops, extra_bytes):
     """Price a decode-only step of ``seqs`` sequences (:func:`~llmsim.cost.roofline._decode_price`) and write
@@ -97,7 +97,7 @@ def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, s
     return duration_s
 
 
-@numba.njit(cache=True)
+@kernel
 def _log_step(rows, at, start_s, prefill_seqs, tokens_out, kv_used_blocks, running, queued, stacked, n_ops, x,
               tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read, logits,
               prefill_padding, prefill_longest, experts, nonlinear_s, extra_s, extra_flops, extra_bytes):

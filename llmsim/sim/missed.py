@@ -21,10 +21,10 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-import numba
 import numpy as np
 import simpy
 
+from llmsim.compiled import kernel
 from llmsim.scenario.scenario import Scenario
 from llmsim.sim.request import RequestRecords
 from llmsim.sim.result import StopReason
@@ -152,7 +152,7 @@ def _missed(now: float, records: RequestRecords, in_system: dict, arrival: np.nd
             if count > allowed]
 
 
-@numba.njit(cache=True)
+@kernel
 def _sure_misses(now, arrival, status, rejected_code, first_token, finish, ttft, limits_s, mines):
     """Per watched target (``ttft``, ``limits_s``, ``mines``: :class:`Watched`'s), how many of its window's
     requests (their ``arrival``, ``status``: 0 while in the system, else written when they left, finished or

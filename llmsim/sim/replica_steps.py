@@ -48,6 +48,7 @@ import numba
 import numpy as np
 from simpy.events import NORMAL
 
+from llmsim.compiled import kernel
 from llmsim.config.policies import OnTimeout
 from llmsim.sim.decode import EventDecodeSet
 from llmsim.sim.engine import Engine, Queueing, timeout_decides
@@ -71,7 +72,7 @@ _UNTIMED = (0.0, math.inf, False)       # no queue timeout to act (ReplicaSteps.
 _CALL, _TIMES, _SHARED, _SHARED_S = struct.Struct("5q"), struct.Struct("2d"), struct.Struct("8q"), struct.Struct("4d")
 
 
-@numba.njit(cache=True)
+@kernel
 def _step_together(ints, floats, shared, shared_s, dues, tables, rows, xs, terms, stacked, n_ops):
     """Run the engines' decode-only iterations, from engine ``shared[CURRENT]`` resuming at ``shared_s[ENV_NOW]``,
     up to the first that is not one (see the module docstring); leaves in ``shared[CURRENT]`` the engine due to

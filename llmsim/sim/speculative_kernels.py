@@ -16,6 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from llmsim.compiled import kernel
 from llmsim.cost.features import DRAFT_ROW_COLUMNS, expanded_verify, seen_by_layers, speculative_step_sums
 from llmsim.cost.roofline import FEW_ROWS, _linear_step, _rows_total
 from llmsim.sim.iterations import LOG_COLUMNS, write_row
@@ -67,7 +68,7 @@ LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, *[n
                              numba.int64, _FLOATS, _FLOATS, numba.uint64, numba.float64, numba.boolean, numba.float64)
 
 
-@numba.njit(cache=True)
+@kernel
 def open_row(ints, floats, i, context, generated, remaining, blocks, request_id, k_policy, alpha, last_token_s,
              max_gap_s):
     """Row ``i`` for a sequence that starts decoding: every column 0 but these, and a lag of 1 (the
@@ -81,7 +82,7 @@ def open_row(ints, floats, i, context, generated, remaining, blocks, request_id,
     floats[_ALPHA, i], floats[_LAST_TOKEN_S, i], floats[_MAX_GAP_S, i] = alpha, last_token_s, max_gap_s
 
 
-@numba.njit(cache=True)
+@kernel
 def close_row(ints, floats, i, last):
     """Take row ``i`` out of rows ``[0, last]``, the last row moving into it (the rows stay packed); returns
     what its request keeps: (generated, blocks, last token time, longest gap, draft tokens proposed and
@@ -94,7 +95,7 @@ def close_row(ints, floats, i, last):
     return kept
 
 
-@numba.njit(cache=True)
+@kernel
 def eligible_rows(n, ints, min_sequence_tokens, eligible):
     """Mark the sequences long enough to speculate (prompt + output beyond ``min_sequence_tokens``
     once this step's token is counted); returns how many there are."""
@@ -106,7 +107,7 @@ def eligible_rows(n, ints, min_sequence_tokens, eligible):
     return count
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline="always")
 def tree_nodes(depth, branching):
     """Nodes below the root of a full ``branching``-ary tree ``depth`` levels deep, ``sum_{j=1..depth} b^j``
     (``depth`` for a chain): the draft tokens one verify pass checks beyond the root."""
@@ -120,7 +121,7 @@ def tree_nodes(depth, branching):
     return nodes
 
 
-@numba.njit(cache=True)
+@kernel
 def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, branching=1, min_sequence_tokens=-1):
     """This step's draft lengths (column ``k``) and, if the free blocks hold them, their KV.
 
@@ -169,7 +170,7 @@ def reserve_blocks(n, chosen, eligible, ints, budget, block_size, free_blocks, b
     return needed, drafted, True, count
 
 
-@numba.njit(cache=True)
+@kernel
 def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, gap_runs, runs_at, windows):
     """The verified step is over at ``now``: each sequence emits its accepted prefix plus one token.
 
@@ -226,7 +227,7 @@ def advance_rows(n, now, ints, floats, speculated, finished_rows, block_size, ga
     return freed, emitted, finished, run + 1 - runs_at
 
 
-@numba.njit(cache=True)
+@kernel
 def tree_extras(n, k, context, window, branching, draft_rows, draft_steps, local_share=1.0):
     """What a tree of ``branching`` candidates per node adds to a chain of the same depth.
 
@@ -261,7 +262,7 @@ def tree_extras(n, k, context, window, branching, draft_rows, draft_steps, local
     return float(tokens), float(pairs)
 
 
-@numba.njit(cache=True)
+@kernel
 def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prompt_chunks,
                prompt_logits, prompt_padding, prompt_longest, local_share, branching, sequential, expanded, stacked,
                n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops, draft_layer_by_tokens,
@@ -310,7 +311,7 @@ def price_step(n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pai
     return spec_seqs, drafted, draft_steps, time_s, flops, moved, draft_s, draft_flops, draft_bytes
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline="always")
 def with_draft(duration_s, flops, moved, draft_steps, draft_s, draft_flops, draft_bytes, separate, handoff_s):
     """A step's ``(time_s, flops, bytes)`` with its draft's (``draft_steps`` of them): the draft runs before the
     target verifies (colocated) or beside it, followed by a hand-off (``separate``: on devices of its own)."""
@@ -320,7 +321,7 @@ def with_draft(duration_s, flops, moved, draft_steps, draft_s, draft_flops, draf
     return duration_s, flops, moved
 
 
-@numba.njit(cache=True)
+@kernel
 def log_decode_step(rows, at, start_s, kv_used_blocks, running, queued, n, ints, floats, window, draft_rows,
                     local_share, branching, sequential, expanded, stacked, n_ops, x, layer_by_tokens, head_by_logits,
                     draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits, key, decay, separate,

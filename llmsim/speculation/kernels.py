@@ -17,6 +17,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from llmsim.compiled import kernel
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
 _ONE = np.uint64(1)
@@ -30,14 +32,14 @@ ACCEPTED_PREFIXES_SIGNATURE = (numba.uint64, _INTS, _INTS, _FLOATS, _INTS, numba
 REPLAYED_PREFIXES_SIGNATURE = (numba.uint64, _INTS, _INTS, _INTS, _INTS, _INTS)
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline="always")
 def _mix(z):
     z = (z ^ (z >> np.uint64(30))) * _M1
     z = (z ^ (z >> np.uint64(27))) * _M2
     return z ^ (z >> np.uint64(31))
 
 
-@numba.njit(cache=True)
+@kernel
 def accepted_prefixes(key, request_ids, positions, alphas, k, decay, out, branching=1):
     """Accepted draft tokens of sequences ``[0, len(out))`` this step; returns their total.
 
@@ -72,7 +74,7 @@ def accepted_prefixes(key, request_ids, positions, alphas, k, decay, out, branch
     return total
 
 
-@numba.njit(cache=True)
+@kernel
 def replayed_prefixes(key, request_ids, positions, samples, k, out):
     """Accepted lengths of sequences ``[0, len(out))`` drawn from measured ``samples`` by
     ``U(key, request, position)``, capped at k; returns their total."""
@@ -90,14 +92,14 @@ def replayed_prefixes(key, request_ids, positions, samples, k, out):
     return total
 
 
-@numba.njit(cache=True)
+@kernel
 def window_length(k, backoff, window, max_backoff):
     """Rounds in an adaptive window: ``window`` while speculating; while off (k = 0), twice as
     many after each probe at k = 1 that failed in a row, at most ``2**max_backoff`` windows."""
     return window << min(backoff, max_backoff) if k == 0 else window
 
 
-@numba.njit(cache=True)
+@kernel
 def adapt_window(k, backoff, rate, observed, raise_above, lower_below, k_max, fallback):
     """The adaptive k rule on one finished window; returns ``(k, backoff)`` for the next one.
 
@@ -117,7 +119,7 @@ def adapt_window(k, backoff, rate, observed, raise_above, lower_below, k_max, fa
     return new, (backoff + 1 if new == 0 else 0)
 
 
-@numba.njit(cache=True)
+@kernel
 def observe_windows(n, k, accepted, speculated, k_policy, window_proposed, window_accepted, window_rounds, backoff,
                     window, max_backoff, raise_above, lower_below, k_max, fallback):
     """Per-request adaptive k: add this step to each sequence's window (a round when it
