@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from enum import Enum
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -276,17 +276,17 @@ class RequestRecords:
         """Whether each row's request has finished (so far: rows are written as requests leave)."""
         return np.frombuffer(self.status, np.int8) == self._status_codes[FINISHED]
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """The raw record columns, in record order (the arrays share the packed columns' memory)."""
+    def columns(self, strings: Callable[[list[str], np.ndarray], Any]) -> dict[str, Any]:
+        """The raw record columns, in record order (the arrays share the packed columns' memory); the statuses
+        and reasons as ``strings(labels, codes)`` builds a column of ``labels[codes]``."""
         def as_array(values: array) -> np.ndarray:
             return np.frombuffer(values, np.int64 if values.typecode == "q" else float)
 
-        reasons = np.array(list(self._reasons), dtype=object)
         columns = {
             "id": np.arange(self.first_id, self.first_id + len(self), dtype=np.int64),
             "replica": as_array(self.replica),
-            "status": np.array(self.STATUSES, dtype=object)[np.frombuffer(self.status, np.int8)],
-            "reason": reasons[np.frombuffer(self.reason, np.int8)],
+            "status": strings(list(self.STATUSES), np.frombuffer(self.status, np.int8)),
+            "reason": strings(list(self._reasons), np.frombuffer(self.reason, np.int8)),
             "arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "generated_tokens": as_array(self.generated), "first_scheduled_s": as_array(self.first_scheduled_s),
             "first_token_s": as_array(self.first_token_s), "finish_s": as_array(self.finish_s),
