@@ -267,14 +267,15 @@ class Arrivals:
 
     def __init__(self, env: simpy.Environment, records: RequestRecords, router: Dispatcher):
         self.env, self.records, self.router = env, records, router
-        self._schedule = scheduler(env)
+        # (Bound once, as an engine's _wake: a wait is scheduled for every arrival.)
+        self._schedule, self._wake = scheduler(env), self._arrive
         self._next = 0                       # the row of the next request to arrive
         self._rows: list[tuple[int, float, int, int]] = []    # the current batch, reversed: pop() is the next
         self._due = False                    # the next request's wait is over: it arrives now
-        self._schedule(self._arrive, URGENT)
+        self._schedule(self._wake, URGENT)
 
     def _arrive(self) -> None:
-        env, rows, records = self.env, self._rows, self.records
+        env, rows, records, schedule = self.env, self._rows, self.records, self._schedule
         while rows or self._load_batch():
             i, arrival_s, prompt, output = rows[-1]
             now = env._now                   # SimPy's clock without its property's call
@@ -282,7 +283,7 @@ class Arrivals:
                 delay = arrival_s - now
                 if delay > 0:
                     self._due = True
-                    self._schedule(self._arrive, NORMAL, delay)
+                    schedule(self._wake, NORMAL, delay)
                     return
             self._due = False
             rows.pop()
