@@ -69,6 +69,10 @@ class StepsTogether(Protocol):
         """``first``'s iteration in flight, ``in_flight`` seconds long, is over: step the replica on from there
         (True), or do nothing where ``first`` must go on through its own loop (False)."""
 
+# (A module constant: in Python 3.11 reading an enum member through its class goes through EnumType's __getattr__
+# hook, about 0.1 us, and admission reads it at every call.)
+DISPATCH = OnTimeout.DISPATCH
+
 # vLLM's block-manager watermark: the share of KV blocks a new prompt must leave free to be admitted
 # (vLLM ``BlockSpaceManager(watermark=0.01)``, ``watermark_blocks = int(watermark * num_gpu_blocks)``), so
 # that running sequences keep room to grow and a just-admitted prompt is not preempted at once.
@@ -226,7 +230,7 @@ class Queueing:
         the same run."""
         engine = self.engine
         cfg, queue, running = engine.config, engine.queue, engine.running
-        timeout = cfg.queue_timeout_s if cfg.on_timeout is OnTimeout.DISPATCH else None
+        timeout = cfg.queue_timeout_s if cfg.on_timeout is DISPATCH else None
         max_num_seqs, max_batch_tokens = cfg.max_num_seqs, cfg.max_batch_tokens
         while queue and len(running) < max_num_seqs:
             request = queue.head()
@@ -391,8 +395,10 @@ class Engine(EngineProcess):
         flight (``duration`` long, if any) is over, then iterations are scheduled, and run, until one must
         be waited for or there is nothing to do."""
         # (Methods are called through self, not bound to locals first: with many replicas a call
-        # usually runs one iteration, and binding them would build each bound method for it.)
-        env = self.env
+        # usually runs one iteration, and binding them would build each bound method for it. A callable
+        # the engine holds in a slot is read into a local instead, which builds nothing: Python 3.11 does
+        # not specialize a call through an attribute that is not a method of the class, as ``self._f()``.)
+        env, wake_at = self.env, self._wake_at
         while True:
             if duration is not None:
                 # The iteration last planned is over at its end (the sum that scheduled this call, or
@@ -416,7 +422,7 @@ class Engine(EngineProcess):
             # The iteration ends before any other event in the simulation (an arrival,
             # another engine's step, the horizon): nothing can observe it, so run it
             # without a trip through the event queue. Otherwise wait for its end there.
-            if self._wake_at(self._wake, end):
+            if wake_at(self._wake, end):
                 self._in_flight = duration
                 return
 
@@ -491,23 +497,25 @@ class Engine(EngineProcess):
         if chunks:
             prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
                 chunks, self._window, self._local_share, self._prefill_tile, self._query_tile_pairs)
-            if not self._prices_extra and self._log_step is not None:
+            log_step = self._log_step              # (a callable held in a slot: see _run)
+            if not self._prices_extra and log_step is not None:
                 # Priced and logged by the decode set, as the lines below would.
                 kv = self.kv
-                duration = self._log_step(self.log, now, len(chunks), decoding, prefill_tokens, pairs, prefill_kv,
-                                          completed, padding, longest, kv.num_blocks - kv.free_blocks,
-                                          len(self.running), len(queue))
+                duration = log_step(self.log, now, len(chunks), decoding, prefill_tokens, pairs, prefill_kv,
+                                    completed, padding, longest, kv.num_blocks - kv.free_blocks, len(self.running),
+                                    len(queue))
                 self._last_end_s = now + duration
                 self._decoding = decoding
                 return duration
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
                 chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         elif decoding:
-            if not self._prices_extra and self._log_decode_step is not None:
+            log_decode_step = self._log_decode_step
+            if not self._prices_extra and log_decode_step is not None:
                 # The steady state: priced and logged in one call, as the lines below would.
                 kv = self.kv
-                duration = self._log_decode_step(self.log, now, kv.num_blocks - kv.free_blocks, len(self.running),
-                                                 len(queue))
+                duration = log_decode_step(self.log, now, kv.num_blocks - kv.free_blocks, len(self.running),
+                                           len(queue))
                 if duration == duration:            # (NaN: a speculative step not priced in one call)
                     self._last_end_s = now + duration
                     self._decoding = True

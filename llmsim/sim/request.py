@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from enum import Enum
-from typing import Protocol
+from typing import Any, Literal, Protocol, cast
 
 import numpy as np
 
@@ -156,7 +156,10 @@ class WaitingQueue(deque):
     """FIFO of requests waiting for a replica; preempted requests return to the front.
 
     The queue is the deque itself: the engine asks whether it is empty and how long it is every
-    iteration, which a deque answers without a Python call."""
+    iteration, which a deque answers without a Python call. Its length is in a slot, which Python 3.11 reads
+    at a specialized instruction's cost (a deque subclass's instance dictionary it does not)."""
+
+    __slots__ = ("length",)
 
     def __init__(self) -> None:
         super().__init__()
@@ -202,6 +205,12 @@ class WaitingQueue(deque):
         return expired
 
 
+def _packed(typecode: Literal["b", "q", "d"], initial: bytes | array) -> memoryview[Any]:
+    """A packed column of ``typecode`` items (``array``'s codes: integers or floats) holding ``initial``'s, as a
+    memoryview of its own copy (bytes: their machine values)."""
+    return cast("memoryview[Any]", memoryview(bytearray(initial)).cast(typecode))
+
+
 class RequestRecords:
     """The per-request records of a run, one row per request of the trace, in packed columns.
 
@@ -226,19 +235,20 @@ class RequestRecords:
         self.prompt_tokens = np.asarray(prompt_tokens, np.int64)
         self.output_tokens = np.asarray(output_tokens, np.int64)
         self.alpha = np.full(n, NAN) if alpha is None else np.asarray(alpha, float)
-        # Written when a request leaves: array.array item assignment is cheaper than numpy's.
+        # Written when a request leaves, through memoryviews of packed arrays: a memoryview's item assignment is
+        # cheaper than numpy's, and than array.array's (which converts each value through PyArg_Parse).
         zeros, nans = bytes(8 * n), array("d", [NAN]) * n
-        self.replica = array("q", [-1]) * n
-        self.status = array("b", bytes(n))
-        self.reason = array("b", bytes(n))
-        self.generated, self.preemptions = array("q", zeros), array("q", zeros)
-        self.draft_tokens, self.accepted_tokens = array("q", zeros), array("q", zeros)
-        self.first_scheduled_s, self.first_token_s = array("d", nans), array("d", nans)
-        self.finish_s, self.max_itl_s = array("d", nans), array("d", zeros)
+        self.replica = _packed("q", array("q", [-1]) * n)
+        self.status = _packed("b", bytes(n))
+        self.reason = _packed("b", bytes(n))
+        self.generated, self.preemptions = _packed("q", zeros), _packed("q", zeros)
+        self.draft_tokens, self.accepted_tokens = _packed("q", zeros), _packed("q", zeros)
+        self.first_scheduled_s, self.first_token_s = _packed("d", nans), _packed("d", nans)
+        self.finish_s, self.max_itl_s = _packed("d", nans), _packed("d", zeros)
         # Sessions and the tiered KV cache add columns only when a run has them (records stay as they were).
         self.session_id = None if session_id is None else np.asarray(session_id, np.int64)
-        self.cached_tokens = array("q", zeros) if prefix_cache else None
-        self.reloaded_tokens = array("q", zeros) if prefix_cache else None
+        self.cached_tokens = _packed("q", zeros) if prefix_cache else None
+        self.reloaded_tokens = _packed("q", zeros) if prefix_cache else None
         self._reasons = {"": 0}                    # reason -> code, in order of first use
         self._status_codes = {status: self.STATUSES.index(status.value) for status in (FINISHED, REJECTED)}
 
@@ -276,17 +286,17 @@ class RequestRecords:
         """Whether each row's request has finished (so far: rows are written as requests leave)."""
         return np.frombuffer(self.status, np.int8) == self._status_codes[FINISHED]
 
-    def columns(self) -> dict[str, np.ndarray]:
-        """The raw record columns, in record order (the arrays share the packed columns' memory)."""
-        def as_array(values: array) -> np.ndarray:
-            return np.frombuffer(values, np.int64 if values.typecode == "q" else float)
+    def columns(self, strings: Callable[[list[str], np.ndarray], Any]) -> dict[str, Any]:
+        """The raw record columns, in record order (the arrays share the packed columns' memory); the statuses
+        and reasons as ``strings(labels, codes)`` builds a column of ``labels[codes]``."""
+        def as_array(values: memoryview[Any]) -> np.ndarray:
+            return np.frombuffer(values, np.int64 if values.format == "q" else float)
 
-        reasons = np.array(list(self._reasons), dtype=object)
         columns = {
             "id": np.arange(self.first_id, self.first_id + len(self), dtype=np.int64),
             "replica": as_array(self.replica),
-            "status": np.array(self.STATUSES, dtype=object)[np.frombuffer(self.status, np.int8)],
-            "reason": reasons[np.frombuffer(self.reason, np.int8)],
+            "status": strings(list(self.STATUSES), np.frombuffer(self.status, np.int8)),
+            "reason": strings(list(self._reasons), np.frombuffer(self.reason, np.int8)),
             "arrival_s": self.arrival_s, "prompt_tokens": self.prompt_tokens, "output_tokens": self.output_tokens,
             "generated_tokens": as_array(self.generated), "first_scheduled_s": as_array(self.first_scheduled_s),
             "first_token_s": as_array(self.first_token_s), "finish_s": as_array(self.finish_s),

@@ -267,14 +267,15 @@ class Arrivals:
 
     def __init__(self, env: simpy.Environment, records: RequestRecords, router: Dispatcher):
         self.env, self.records, self.router = env, records, router
-        self._schedule = scheduler(env)
+        # (Bound once, as an engine's _wake: a wait is scheduled for every arrival.)
+        self._schedule, self._wake = scheduler(env), self._arrive
         self._next = 0                       # the row of the next request to arrive
         self._rows: list[tuple[int, float, int, int]] = []    # the current batch, reversed: pop() is the next
         self._due = False                    # the next request's wait is over: it arrives now
-        self._schedule(self._arrive, URGENT)
+        self._schedule(self._wake, URGENT)
 
     def _arrive(self) -> None:
-        env, rows, records = self.env, self._rows, self.records
+        env, rows, records, schedule = self.env, self._rows, self.records, self._schedule
         while rows or self._load_batch():
             i, arrival_s, prompt, output = rows[-1]
             now = env._now                   # SimPy's clock without its property's call
@@ -282,7 +283,7 @@ class Arrivals:
                 delay = arrival_s - now
                 if delay > 0:
                     self._due = True
-                    self._schedule(self._arrive, NORMAL, delay)
+                    schedule(self._wake, NORMAL, delay)
                     return
             self._due = False
             rows.pop()
@@ -762,7 +763,7 @@ def _records(records: RequestRecords, arrived: int, scenario: Scenario) -> pd.Da
 
     Every column is computed on numpy arrays and the table built once: pandas' per-column inserts and
     Series arithmetic were most of a short run's fixed cost (a search runs hundreds of them)."""
-    columns = {name: column[:arrived] for name, column in records.columns().items()}
+    columns = {name: column[:arrived] for name, column in records.columns(_strings).items()}
     if scenario.workload.classes:
         assert records.class_index is not None                # a trace with classes carries each request's
         classes = np.array(scenario.workload.class_names, dtype=object)[records.class_index[:arrived]]
@@ -785,10 +786,7 @@ def _iterations(engines: list[Engine], end_s: float, decode_first_index: int | N
     start with each row's pool. The table is built once: a column inserted into it afterwards copied it."""
     columns = iterations_columns([(engine.index, engine.micro_batch, engine.log) for engine in engines], end_s)
     if decode_first_index is not None:
-        # Taken from a column of the two names: pandas reads strings from a numpy array one row at a time (12 ms
-        # on 100,000 rows, most of the table's cost), and this is the same column, of the same string dtype.
-        names = pd.Series(["prefill", "decode"]).array
-        columns = {"pool": names.take((columns["replica"] >= decode_first_index).astype(np.intp)), **columns}
+        columns = {"pool": _strings(["prefill", "decode"], columns["replica"] >= decode_first_index), **columns}
     costs = {engine.index: engine.cost for engine in engines}
     if len({id(cost) for cost in costs.values()}) == 1:
         cost = engines[0].cost
@@ -801,6 +799,12 @@ def _iterations(engines: list[Engine], end_s: float, decode_first_index: int | N
     columns["mfu"] = columns["flops"] / (columns["duration_s"] * peak_flops)
     columns["bandwidth_utilisation"] = columns["bytes"] / (columns["duration_s"] * peak_bytes)
     return pd.DataFrame(columns, copy=False)
+
+
+def _strings(labels: list[str], codes: np.ndarray) -> pd.api.extensions.ExtensionArray:
+    """The column ``labels[codes]`` of pandas' string dtype, taken from a column of the labels: pandas reads strings
+    from a numpy array one row at a time (5-12 ms on 100,000 rows), and this is the same column, of the same dtype."""
+    return pd.Series(labels).array.take(codes.astype(np.intp))
 
 
 def _queue_series(queues: Sequence[Waiting]) -> pd.DataFrame:

@@ -103,12 +103,15 @@ def test_dropping_the_decode_steps_no_sequence_reads_changes_no_record_or_gap(mo
 
 def test_the_compiled_longest_gap_is_numpy_s_maximum_of_the_rows_gaps():
     """``_longest_gap``'s entry point reads the largest gap of rows ``first .. last - 1`` as numpy's ``max``
-    does, wherever the largest lies (first row, last row, ties) and for a single row."""
+    does, wherever the largest lies (first row, last row, ties, each of its four running maxima's rows, the rows
+    after the last full four) and for a single row."""
     rng = np.random.default_rng(7)
     steps = rng.random((300, 3))
     steps[40:60, decode_module.GAP] = 0.5                      # ties
     entry = decode_module._longest_gap.compile(decode_module._LONGEST_GAP_SIGNATURE)
-    for first, last in [(0, 1), (0, 300), (5, 6), (40, 60), (39, 61), *rng.integers(0, 150, (40, 2)) + [0, 150]]:
+    every_length = [(first, first + length) for first in range(100, 104) for length in range(1, 12)]
+    for first, last in [(0, 1), (0, 300), (5, 6), (40, 60), (39, 61), *every_length,
+                        *rng.integers(0, 150, (40, 2)) + [0, 150]]:
         assert entry(steps, int(first), int(last)) == steps[first:last, decode_module.GAP].max()
 
 
