@@ -126,6 +126,10 @@ class DecodeSet(ABC):
     # its price and row: ``log_decode_step(log, now, kv_used_blocks, running, queued)`` returns its duration, or NaN
     # (nothing logged) for a step it does not price so; None: a set without one.
     log_decode_step: Callable[..., float] | None = None
+    # :meth:`price`'s iteration with prompt chunks priced and added to the log in one call, likewise: ``log_step(log,
+    # now, prefill_seqs, decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest, kv_used_blocks,
+    # running, queued)`` returns its duration; None: a set without one.
+    log_step: Callable[..., float] | None = None
 
     def __init__(self, engine):
         self.engine = engine

@@ -346,7 +346,7 @@ class Engine(EngineProcess):
         # set's where its models are tabulated), and the one-token set one with prompt chunks likewise.
         decode_set = self.decode
         self._log_decode_step = decode_set.log_decode_step
-        self._log_step = decode_set.log_step if isinstance(decode_set, EventDecodeSet) else None
+        self._log_step = decode_set.log_step
         self.queueing = queueing(self)
         self._admission = ADMISSION_TESTS[config.admission]
         self._forced_skips_test = config.admission in FORCED_SKIP_TEST
