@@ -28,7 +28,7 @@ from llmsim.analysis.statistics import batch_means, rising_trend
 from llmsim.config.policies import DraftPlacement
 from llmsim.scenario.scenario import SLO, Scenario
 from llmsim.sim.result import SimulationResult, SpeculationSteps, StopReason
-from llmsim.sim.slo import slo_limits, within_limit
+from llmsim.sim.slo import Records, slo_limits, within_limit
 
 LATENCY_COLUMNS = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s", "max_itl_s")
 # A disaggregated run's TTFT, in four parts that add up to it (llmsim.sim.disaggregated.transfer_columns).
@@ -48,19 +48,19 @@ def share_with_stderr(hits: pd.Series | np.ndarray) -> tuple[float, float]:
         return float(values.mean()), math.nan
 
 
-def slo_hits(steady: pd.DataFrame, slo: SLO) -> tuple[np.ndarray, dict[str, np.ndarray], int, float]:
-    """Per request of ``steady`` (in arrival order): whether it attained the SLO (met every limit, or
-    finished when none is set) and, for every limit set, whether it met that one (unfinished or
-    rejected requests miss); and the goodput's requests and output tokens (from ``meets_slo``).
-    Worked out on the columns' numpy arrays (pandas' per-operation cost, string comparisons above all, was
-    most of a short run's summary)."""
-    finished = steady["status"].to_numpy() == "finished"
+def slo_hits(steady: Records, slo: SLO) -> tuple[np.ndarray, dict[str, np.ndarray], int, float]:
+    """Per request of ``steady`` (in arrival order; a table, or its columns as numpy arrays): whether it
+    attained the SLO (met every limit, or finished when none is set) and, for every limit set, whether it met
+    that one (unfinished or rejected requests miss); and the goodput's requests and output tokens (from
+    ``meets_slo``). Worked out on the columns' numpy arrays (pandas' per-operation cost, string comparisons
+    above all, was most of a short run's summary)."""
+    finished = np.asarray(steady["status"]) == "finished"
     limits = slo_limits(steady, slo)
-    targets = {metric: finished & within_limit({f"{metric}_s": steady[f"{metric}_s"].to_numpy()}, metric,
+    targets = {metric: finished & within_limit({f"{metric}_s": np.asarray(steady[f"{metric}_s"])}, metric,
                                                limits[metric])
                for metric in _percentiles(slo) if metric in limits}
-    attained = steady["meets_slo"].to_numpy(dtype=bool) if slo.defined else finished
-    return attained, targets, int(attained.sum()), float(steady["output_tokens"].to_numpy()[attained].sum())
+    attained = np.asarray(steady["meets_slo"], dtype=bool) if slo.defined else finished
+    return attained, targets, int(attained.sum()), float(np.asarray(steady["output_tokens"])[attained].sum())
 
 
 def _percentiles(slo: SLO) -> dict:
@@ -72,7 +72,7 @@ def _percentiles(slo: SLO) -> dict:
     return out
 
 
-def slo_summary(steady: pd.DataFrame, slo: SLO, window_s: float) -> SLOSummary:
+def slo_summary(steady: Records, slo: SLO, window_s: float) -> SLOSummary:
     """Attainment, goodput (from the records' ``meets_slo``) and per-limit targets over ``steady``."""
     return slo_from_hits(slo, *slo_hits(steady, slo), window_s)
 
@@ -104,8 +104,14 @@ class WindowMasks:
     @classmethod
     def of(cls, records: pd.DataFrame, start: float, stop: float) -> WindowMasks:
         arrival, finish = records["arrival_s"].to_numpy(dtype=float), records["finish_s"].to_numpy(dtype=float)
-        finished = (records["status"] == "finished").to_numpy(dtype=bool)
+        finished = records["status"].to_numpy() == "finished"      # (compared on numpy, as in slo_hits)
         return cls(finished, (arrival >= start) & (arrival <= stop), (finish > start) & (finish <= stop) & finished)
+
+
+# What :func:`class_summaries` reads of the records: the class, the counts, the latencies (the SLO's metrics among
+# them) and what :func:`slo_hits` reads besides.
+_CLASS_LATENCIES = ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")
+_CLASS_COLUMNS = ("class", "status", "output_tokens", "meets_slo", *_CLASS_LATENCIES)
 
 
 def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], start: float, stop: float,
@@ -116,25 +122,29 @@ def class_summaries(records: pd.DataFrame, slo: SLO, names: tuple[str, ...], sta
     window = stop - start
     if masks is None:
         masks = WindowMasks.of(records, start, stop)
-    of_class, status = records["class"].to_numpy(), records["status"].to_numpy()
+    # The columns a class's figures read, as numpy arrays once: each class takes its rows of them, not a frame of
+    # the records (a frame's row selection and column reads were most of the classes' summaries).
+    columns = {column: records[column].to_numpy() for column in _CLASS_COLUMNS}
+    of_class, status = columns["class"], columns["status"]
     finished, arrived_in_window, done_in_window = masks.finished, masks.arrived_in_window, masks.done_in_window
-    output_tokens = records["output_tokens"]
+    output_tokens = columns["output_tokens"]
     out = {}
     for name in names:
         mine = of_class == name
         in_window = mine & arrived_in_window
-        steady = records[in_window]
+        rows = np.flatnonzero(in_window)
+        steady = {column: values[rows] for column, values in columns.items()}
         done = mine & done_in_window
-        finished_steady = finished[in_window]
+        finished_steady = finished[rows]
         out[name] = ClassSummary(
             arrived=int(mine.sum()), finished=int((mine & finished).sum()),
             rejected=int((mine & (status == "rejected")).sum()),
             unfinished=int((mine & (status == "unfinished")).sum()),
-            **{column: Distribution.of(steady[column].to_numpy()[finished_steady])
-               for column in ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")},
+            **{column: Distribution.of(steady[column][finished_steady])
+               for column in _CLASS_LATENCIES},
             requests_per_s=int(done.sum()) / window,
             output_tokens_per_s=float(output_tokens[done].sum()) / window,
-            offered_requests_per_s=len(steady) / window,
+            offered_requests_per_s=len(rows) / window,
             slo=slo_summary(steady, slo.for_class(name), window))
     return out
 
@@ -189,16 +199,16 @@ def summarize(result: SimulationResult) -> RunSummary:
     provisioned = result.provisioned
     replicas = (mean_replicas_between(provisioned, start, stop) if provisioned is not None
                 else measured.deployment.replicas)
-    status, reason = records["status"], records["reason"]
-    rejected = (status == "rejected").to_numpy(dtype=bool)
-    unfinished = (status == "unfinished").to_numpy(dtype=bool)
+    status, reason = records["status"].to_numpy(), records["reason"].to_numpy()     # (compared on numpy)
+    rejected = status == "rejected"
+    unfinished = status == "unfinished"
     scheduled = ~np.isnan(records["first_scheduled_s"].to_numpy())
     counts = RequestCounts(
         arrived=int(len(records)),
         not_arrived=int(result.planned_requests - len(records)),
         finished=int(is_finished.sum()),
-        rejected_timeout=int((rejected & (reason == "timeout").to_numpy(dtype=bool)).sum()),
-        rejected_too_long=int((rejected & (reason == "too_long").to_numpy(dtype=bool)).sum()),
+        rejected_timeout=int((rejected & (reason == "timeout")).sum()),
+        rejected_too_long=int((rejected & (reason == "too_long")).sum()),
         unfinished_queued=int((unfinished & ~scheduled).sum()),
         unfinished_running=int((unfinished & scheduled).sum()),
         preemptions=int(result.preemptions),

@@ -38,6 +38,7 @@ from __future__ import annotations
 from typing import Protocol
 from collections.abc import Iterable
 
+import numba
 import numpy as np
 
 from llmsim.compiled import kernel
@@ -116,46 +117,59 @@ class Prefilling(Protocol):
 def prefill_sums(chunks: Iterable[tuple[Prefilling, int]], window: int | None, local_share: float = 1.0,
                  tile: int = 0, query_tile_pairs: float = 0.0) -> tuple[float, float, float, int, float, float]:
     """Prefill chunks ``(sequence, new)``: (tokens, attention pairs, KV read, prompts completed, tile padding,
-    longest keys).
+    longest keys), as :func:`chunk_sums` works them out from the chunks' rows."""
+    rows = np.array([(sequence.prefilled, new, sequence.prefill_target) for sequence, new in chunks],
+                    dtype=np.int64).reshape(-1)
+    return chunk_sums(rows, len(rows) // 3, window or 0, float(local_share), int(tile), float(query_tile_pairs))
 
-    ``new`` positions of the sequence's prompt are computed after its ``prefilled`` cached
-    ones (chunked prefill); a chunk that reaches the prompt's end samples a token (a logit
-    row). The window caps the cache a chunk sees on the ``local_share`` of the layers
-    (:func:`visible`). The chunks are read as they are, without building tuples: this runs
-    every iteration. ``tile``: the prefill kernel's tile (:func:`causal_tile_padding`; 0: none, no padding),
-    whose padding is that of the chunk's causal diagonal (a window's far edge is not counted), with
-    ``query_tile_pairs`` more per query tile.
+
+@kernel
+def chunk_sums(rows, count, window, local_share, tile, query_tile_pairs):
+    """Prefill chunks, ``count`` rows of (cached positions, new positions, prompt length) in ``rows`` (flat, row
+    ``i`` from ``3 * i``): (tokens, attention pairs, KV read, prompts completed, tile padding, longest keys).
+
+    ``new`` positions of the sequence's prompt are computed after its ``cached`` ones (chunked prefill); a chunk
+    that reaches the prompt's end samples a token (a logit row). The window (0: none) caps the cache a chunk sees
+    on the ``local_share`` of the layers (:func:`visible`). ``tile``: the prefill kernel's tile
+    (:func:`causal_tile_padding`; 0: none, no padding), whose padding is that of the chunk's causal diagonal (a
+    window's far edge is not counted), with ``query_tile_pairs`` more per query tile. Compiled: the engine sums
+    an iteration's chunks with it (the step with prompt chunks inside its one-call step), and the sums are those
+    of the scalar arithmetic below, float for float.
     """
     tokens = pairs = kv_read = padding = longest = 0.0
     completed = 0
     square = tile * tile
-    for sequence, new in chunks:
-        cached = sequence.prefilled
+    for i in range(count):
+        cached, new, target = rows[3 * i], rows[3 * i + 1], rows[3 * i + 2]
         tokens += new
         end = cached + new
         full = new * cached + new * (new + 1) / 2
-        if tile:                # causal_tile_padding in scalar arithmetic (this runs every iteration)
+        if tile:                # causal_tile_padding in scalar arithmetic
             query_tiles = -(-new // tile)
             padding += square * ((query_tiles - 1) * -(-cached // tile) + query_tiles * (query_tiles - 1) // 2
                                  - (-end // tile)) - full + query_tile_pairs * query_tiles
         if not window or end <= window:            # every query sees its whole context
             pairs += full
             kv_read += end
-            completed += end == sequence.prefill_target
+            completed += end == target
             if end > longest:
                 longest = end
             continue
-        # chunk_pairs in scalar arithmetic (this runs every iteration): the queries below the
-        # window see their whole context, the others the window, on the local layers.
+        # chunk_pairs in scalar arithmetic: the queries below the window see their whole context, the others the
+        # window, on the local layers.
         below = window - cached - 1 if cached + 1 < window else 0
         local = below * (2 * cached + below + 1) / 2 + (new - below) * window
         pairs += local if local_share == 1.0 else full - local_share * (full - local)
         seen = cached if cached < window else cached - local_share * (cached - window)
         kv_read += seen + new
-        completed += end == sequence.prefill_target
+        completed += end == target
         if seen + new > longest:
             longest = seen + new
-    return tokens, pairs, kv_read, completed, padding, float(longest)
+    return tokens, pairs, kv_read, completed, padding, longest
+
+
+# :func:`chunk_sums`' one specialization an engine calls (an entry point: llmsim.compiled).
+CHUNK_SUMS_SIGNATURE = (numba.int64[::1], numba.int64, numba.int64, numba.float64, numba.int64, numba.float64)
 
 
 def windowed_context_sum(first, last, window: int | None, local_share: float = 1.0):

@@ -46,6 +46,7 @@ import numba
 import numpy as np
 
 from llmsim.compiled import EntryPoint, kernel
+from llmsim.cost.features import CHUNK_SUMS_SIGNATURE, chunk_sums
 from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import RUNNING, InterTokenGaps, Request
 
@@ -126,9 +127,10 @@ class DecodeSet(ABC):
     # its price and row: ``log_decode_step(log, now, kv_used_blocks, running, queued)`` returns its duration, or NaN
     # (nothing logged) for a step it does not price so; None: a set without one.
     log_decode_step: Callable[..., float] | None = None
-    # :meth:`price`'s iteration with prompt chunks priced and added to the log in one call, likewise: ``log_step(log,
-    # now, prefill_seqs, decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest, kv_used_blocks,
-    # running, queued)`` returns its duration; None: a set without one.
+    # :meth:`price`'s iteration with prompt chunks summed, priced and added to the log in one call, likewise:
+    # ``log_step(log, now, chunk_rows, prefill_seqs, decoding, prefill_tokens, completed, kv_used_blocks, running,
+    # queued)`` (the chunks' rows as llmsim.cost.features.chunk_sums reads them) returns its duration; None: a set
+    # without one.
     log_step: Callable[..., float] | None = None
 
     def __init__(self, engine):
@@ -185,14 +187,21 @@ class EventDecodeSet(DecodeSet):
     __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_given_step", "_late", "_joining",
                  "_next_join", "_joined_through", "_window_due", "_growing", "_offset_sum", "_all_offset_sum",
                  "_joined", "_first_step", "_steps", "_steps_w", "_held_steps", "_decode_terms_by_seqs", "_stacked",
-                 "_n_ops", "_x", "_cost", "due_counts", "_due_counts_w", "dues_in_phase")
-    # :func:`_longest_gap` through its entry point (see llmsim.compiled).
+                 "_n_ops", "_x", "_cost", "due_counts", "_due_counts_w", "dues_in_phase", "_window_tokens",
+                 "_prefill_tile", "_query_tile_pairs")
+    # :func:`_longest_gap` and :func:`~llmsim.cost.features.chunk_sums` through their entry points (see
+    # llmsim.compiled).
     _longest_gap_entry: EntryPoint[Callable[..., float]] = EntryPoint(_longest_gap, _LONGEST_GAP_SIGNATURE)
+    _chunk_sums_entry: EntryPoint[Callable[..., tuple[float, float, float, int, float, float]]] = EntryPoint(
+        chunk_sums, CHUNK_SUMS_SIGNATURE)
 
     def __init__(self, engine):
         super().__init__(engine)
         cost = self._cost = engine.cost
         self._stacked, self._n_ops, self._x, _ = cost.compiled_terms()
+        # the prompt chunks' terms as chunk_sums takes them (a window of 0: none)
+        self._window_tokens = self._window or 0
+        self._prefill_tile, self._query_tile_pairs = int(cost.prefill_tile_tokens), float(cost.prefill_query_tile_pairs)
         self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
         self._block_size = engine.kv.block_size
         self.step = 0                               # decode iterations done so far
@@ -372,28 +381,32 @@ class EventDecodeSet(DecodeSet):
         log.row_added()
         return duration_s
 
-    def log_step(self, log: IterationLog, now: float, prefill_seqs: int, decoding: bool, prefill_tokens: float,
-                 pairs: float, prefill_kv: float, logits: int, padding: float, longest: float, kv_used_blocks: int,
-                 running: int, queued: int) -> float:
-        """:meth:`price`'s iteration (its ``prefill_seqs`` prompt chunks summed as :meth:`price` takes them) added
-        to ``log`` as the engine would add it (its counts as given); returns its duration. Where the cost model
-        remembers what its step adds to the product (:meth:`~llmsim.cost.roofline.CostModel.step_terms`), priced
-        and logged in one compiled call."""
+    def log_step(self, log: IterationLog, now: float, chunk_rows: np.ndarray, prefill_seqs: int, decoding: bool,
+                 prefill_tokens: float, completed: int, kv_used_blocks: int, running: int, queued: int) -> float:
+        """:meth:`price`'s iteration with ``prefill_seqs`` prompt chunks, their rows in ``chunk_rows`` as
+        :func:`~llmsim.cost.features.chunk_sums` reads them (``prefill_tokens`` and ``completed``: their tokens and
+        the prompts they complete, as it sums them), added to ``log`` as the engine would add it (its counts as
+        given); returns its duration. Where the cost model remembers what its step adds to the product
+        (:meth:`~llmsim.cost.roofline.CostModel.step_terms`), summed, priced and logged in one compiled call."""
         n = self.n if decoding else 0
-        kv_read = self.kv_read() if decoding else 0
-        tokens = prefill_tokens + n
-        terms = self._cost.step_terms(tokens, n + logits)
+        kv_read = 0
+        if decoding:                                # kv_read(), inline without a sliding window, as in price()
+            kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
+        terms = self._cost.step_terms(prefill_tokens + n, n + completed)
         if terms is None:                           # the non-linear terms not remembered yet: step works them out
+            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self._chunk_sums_entry(
+                chunk_rows, prefill_seqs, self._window_tokens, self._local_share, self._prefill_tile,
+                self._query_tile_pairs)
             duration_s, n, tokens_out, flops, moved, _, _, _, _ = self.price(
-                (), decoding, prefill_tokens, pairs, prefill_kv, logits, padding, longest)
+                (), decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
             log.add(now, duration_s, n, prefill_seqs, prefill_tokens, tokens_out, flops, moved, kv_used_blocks,
                     running, queued, 0, 0, 0, 0.0)
             return duration_s
         experts, nonlinear_s, extra_s, extra_flops, extra_bytes = terms       # by name, as in log_decode_step
-        duration_s = log.step_entry(log.doubles, log.at, now, prefill_seqs, n + logits, kv_used_blocks, running,
-                                    queued, self._stacked, self._n_ops, self._x, tokens, prefill_tokens, pairs,
-                                    prefill_kv, n, kv_read, n + logits, padding, longest, experts, nonlinear_s,
-                                    extra_s, extra_flops, extra_bytes)
+        duration_s = log.step_entry(log.doubles, log.at, now, kv_used_blocks, running, queued, self._stacked,
+                                    self._n_ops, self._x, chunk_rows, prefill_seqs, self._window_tokens,
+                                    self._local_share, self._prefill_tile, self._query_tile_pairs, n, kv_read,
+                                    experts, nonlinear_s, extra_s, extra_flops, extra_bytes)
         log.row_added()
         return duration_s
 

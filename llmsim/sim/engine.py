@@ -41,14 +41,15 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 import simpy
 from simpy.events import NORMAL, URGENT
 
 from llmsim.config.policies import Admission, OnTimeout
-from llmsim.cost.features import prefill_sums
+from llmsim.compiled import EntryPoint
+from llmsim.cost.features import CHUNK_SUMS_SIGNATURE, chunk_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
@@ -317,10 +318,15 @@ class Engine(EngineProcess):
 
     # (Those every iteration reads first, in the order it reads them.)
     __slots__ = ("_in_flight", "now", "observers", "hooks", "_chunks", "decode", "_expires", "_extras", "prefilling",
-                 "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_last_end_s", "_decoding",
+                 "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_chunk_rows",
+                 "_chunk_rows_w", "_last_end_s", "_decoding",
                  "running", "_tiered", "_handoff", "_admitted", "watermark_blocks", "first_gap_end_s", "first_gap_s",
                  "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async",
                  "_prices_extra", "_log_decode_step", "_log_step", "steps_together")
+    # The prompt chunks' sums through their entry point (see llmsim.compiled), where the decode set does not sum
+    # them in its one-call step.
+    _chunk_sums: EntryPoint[Callable[..., tuple[float, float, float, int, float, float]]] = EntryPoint(
+        chunk_sums, CHUNK_SUMS_SIGNATURE)
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -331,9 +337,11 @@ class Engine(EngineProcess):
         self.observers: list[Observer] = []
         self.hooks: list[Callable[[Engine], None]] = []
         self._admitted = 0
-        self._window, self._local_share = cost.model.sliding_window, cost.model.local_attention_share
-        self._prefill_tile = cost.prefill_tile_tokens
-        self._query_tile_pairs = cost.prefill_query_tile_pairs
+        # The prompt chunks' terms as chunk_sums takes them (a window of 0: none), and the rows it reads them from.
+        self._window, self._local_share = cost.model.sliding_window or 0, float(cost.model.local_attention_share)
+        self._prefill_tile = int(cost.prefill_tile_tokens)
+        self._query_tile_pairs = float(cost.prefill_query_tile_pairs)
+        self._hold_chunk_rows(64)
         # The tiered cache whose hooks the engine calls (None: a plain KVCache, whose ``tiered`` is False).
         self._tiered: TieredKV | None = kv if isinstance(kv, TieredKV) else None
         self.watermark_blocks = int(VLLM_WATERMARK * kv.num_blocks)
@@ -495,18 +503,19 @@ class Engine(EngineProcess):
                 decode.prepare(now)
                 decoding = decode.n > 0              # its KV reservation may have preempted them all
         if chunks:
-            prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(
-                chunks, self._window, self._local_share, self._prefill_tile, self._query_tile_pairs)
+            prefill_tokens, completed = self._write_chunk_rows(chunks)
             log_step = self._log_step              # (a callable held in a slot: see _run)
             if not self._prices_extra and log_step is not None:
-                # Priced and logged by the decode set, as the lines below would.
+                # Summed, priced and logged by the decode set, as the lines below would.
                 kv = self.kv
-                duration = log_step(self.log, now, len(chunks), decoding, prefill_tokens, pairs, prefill_kv,
-                                    completed, padding, longest, kv.num_blocks - kv.free_blocks, len(self.running),
-                                    len(queue))
+                duration = log_step(self.log, now, self._chunk_rows, len(chunks), decoding, prefill_tokens, completed,
+                                    kv.num_blocks - kv.free_blocks, len(self.running), len(queue))
                 self._last_end_s = now + duration
                 self._decoding = decoding
                 return duration
+            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self._chunk_sums(
+                self._chunk_rows, len(chunks), self._window, self._local_share, self._prefill_tile,
+                self._query_tile_pairs)
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
                 chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         elif decoding:
@@ -538,6 +547,30 @@ class Engine(EngineProcess):
         self.log.add(now, duration, n, len(chunks), prefill_tokens, tokens_out, flops, moved,
                      kv.num_blocks - kv.free_blocks, len(self.running), len(queue), n_spec, proposed, accepted, draft_s)
         return duration
+
+    def _write_chunk_rows(self, chunks: list[tuple[Request, int]]) -> tuple[float, int]:
+        """Write the iteration's prompt chunks into ``_chunk_rows`` as :func:`~llmsim.cost.features.chunk_sums`
+        reads them (cached positions, new positions, prompt length), and return their tokens and the prompts they
+        complete, summed as it sums them (what the one-call step looks its remembered terms up by)."""
+        rows = self._chunk_rows_w
+        if 3 * len(chunks) > len(rows):
+            self._hold_chunk_rows(2 * len(chunks))
+            rows = self._chunk_rows_w
+        i, tokens, completed = 0, 0.0, 0
+        for request, new in chunks:
+            cached, target = request.prefilled, request.prefill_target
+            rows[i], rows[i + 1], rows[i + 2] = cached, new, target
+            tokens += new
+            completed += cached + new == target
+            i += 3
+        return tokens, completed
+
+    def _hold_chunk_rows(self, chunks: int) -> None:
+        """Room in ``_chunk_rows`` for ``chunks`` prompt chunks' rows, written through a memoryview of it (an item
+        written through one costs less than through numpy's indexing)."""
+        self._chunk_rows = np.zeros(3 * chunks, np.int64)
+        # (an int64 array's buffer; typeshed cannot read a memoryview's item type from a numpy array)
+        self._chunk_rows_w = cast("memoryview[int]", memoryview(cast(bytearray, self._chunk_rows)))
 
     def _overlap_host(self, now: float, duration: float, sampled: int) -> float:
         """Asynchronous scheduling (vLLM ``--async-scheduling``): the CPU prepares this step while the GPU

@@ -18,6 +18,7 @@ import numba
 import numpy as np
 
 from llmsim.compiled import EntryPoint, kernel
+from llmsim.cost.features import CHUNK_SUMS_SIGNATURE, chunk_sums
 from llmsim.cost.roofline import _decode_price, _linear_step
 from llmsim.sim.request import Request
 
@@ -98,22 +99,27 @@ def _log_decode_step(rows, at, start_s, seqs, kv_used_blocks, running, queued, s
 
 
 @kernel
-def _log_step(rows, at, start_s, prefill_seqs, tokens_out, kv_used_blocks, running, queued, stacked, n_ops, x,
-              tokens, prefill_tokens, prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read, logits,
-              prefill_padding, prefill_longest, experts, nonlinear_s, extra_s, extra_flops, extra_bytes):
-    """Price an iteration with prompt chunks as :meth:`~llmsim.cost.roofline.CostModel.step` does given its
-    remembered terms (:meth:`~llmsim.cost.roofline.CostModel.step_terms`: the product of the row
+def _log_step(rows, at, start_s, kv_used_blocks, running, queued, stacked, n_ops, x, chunk_rows, prefill_seqs, window,
+              local_share, tile, query_tile_pairs, decode_seqs, decode_kv_read, experts, nonlinear_s, extra_s,
+              extra_flops, extra_bytes):
+    """Price an iteration with ``prefill_seqs`` prompt chunks (their rows in ``chunk_rows``, summed by
+    :func:`~llmsim.cost.features.chunk_sums` with the window and tile terms after them) as
+    :meth:`~llmsim.cost.roofline.CostModel.step` does given its remembered terms
+    (:meth:`~llmsim.cost.roofline.CostModel.step_terms`: the product of the row
     :func:`~llmsim.cost.roofline._linear_step` fills, then the non-linear terms added to the time, then what a
     subclass adds to each; NaN: none) and write its row into ``rows`` from ``at`` on, as :meth:`IterationLog.add`
     would pack it; returns its duration."""
-    duration_s, flops, moved = _linear_step(stacked, n_ops, x, tokens, prefill_tokens, prefill_pairs,
-                                            prefill_kv_read, decode_seqs, decode_kv_read, experts, logits,
-                                            prefill_padding, prefill_longest)
+    prefill_tokens, prefill_pairs, prefill_kv_read, completed, prefill_padding, prefill_longest = chunk_sums(
+        chunk_rows, prefill_seqs, window, local_share, tile, query_tile_pairs)
+    logits = decode_seqs + completed
+    duration_s, flops, moved = _linear_step(stacked, n_ops, x, prefill_tokens + decode_seqs, prefill_tokens,
+                                            prefill_pairs, prefill_kv_read, decode_seqs, decode_kv_read, experts,
+                                            logits, prefill_padding, prefill_longest)
     if nonlinear_s == nonlinear_s:
         duration_s += nonlinear_s
     if extra_s == extra_s:
         duration_s, flops, moved = duration_s + extra_s, flops + extra_flops, moved + extra_bytes
-    write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, tokens_out, flops, moved,
+    write_row(rows, at, start_s, duration_s, decode_seqs, prefill_seqs, prefill_tokens, logits, flops, moved,
                kv_used_blocks, running, queued)
     return duration_s
 
@@ -122,9 +128,10 @@ def _log_step(rows, at, start_s, prefill_seqs, tokens_out, kv_used_blocks, runni
 _LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, numba.int64, numba.int64, numba.int64,
                               numba.int64, numba.float64[:, ::1], numba.int64, numba.float64, numba.float64[::1],
                               *[numba.float64] * 4)
-# :func:`_log_step`'s: the counts as integers, the row's features as the product's entry point takes them (floats).
-_LOG_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, *[numba.int64] * 5, numba.float64[:, ::1],
-                       numba.int64, numba.float64[::1], *[numba.float64] * 14)
+# :func:`_log_step`'s: the counts as integers, the chunks' rows and terms as chunk_sums takes them, the decode
+# sequences, their KV read and the remembered terms as floats (as the product's entry point takes its row).
+_LOG_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, *[numba.int64] * 3, numba.float64[:, ::1],
+                       numba.int64, numba.float64[::1], *CHUNK_SUMS_SIGNATURE, *[numba.float64] * 7)
 
 
 class IterationLog:

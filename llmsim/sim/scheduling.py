@@ -342,9 +342,8 @@ def same_admissions(held: SchedulingPolicy, policy: SchedulingPolicy, rules: tup
 
 class ClassQueueing(Queueing):
     """An engine's :class:`~llmsim.sim.engine.Queueing` over a :class:`ClassQueue`: admission follows the
-    policy, class reservations and class timeouts; ``seats[c]`` counts class ``c``'s running requests."""
-
-    tracks_seats = True
+    policy, class reservations and class timeouts; ``seats[c]`` counts class ``c``'s running requests where a class
+    reserves slots (nothing else reads them)."""
 
     def __init__(self, engine: Engine, rules: tuple[ClassRule, ...], order: ClassOrder):
         super().__init__(engine)
@@ -355,10 +354,16 @@ class ClassQueueing(Queueing):
         self.preempts_for_waiting = order.preempts_for_waiting
         self.seats = [0] * len(rules)
         self._reserving = any(r.reserved_seqs for r in rules)
+        # only reserved slots read the seats (:meth:`_may_seat`): without them the engine need not report them
+        self.tracks_seats = self._reserving
         # no class reserves slots or takes dedicated ones: every waiting class's head may take a slot while one is
         # free (:meth:`_may_seat` asks nothing else), so :meth:`admit` asks once for all of them
         self._seats_alike = not self._reserving and all(r.on_timeout is not OnTimeout.DEDICATED for r in rules)
         self._forcing_s = _forcing_s(rules)
+        # A head not forced in by its class's timeout fits nothing once the token budget is spent (``fit``'s first
+        # chunk is then 0): admission stops there without asking, except with a tiered cache, whose match ``fit``
+        # runs first and which changes the cache's state.
+        self._stops_when_spent = engine._tiered is None
 
     # -- timeouts ---------------------------------------------------------------------------------
     def rejects_on_timeout(self) -> bool:
@@ -393,10 +398,10 @@ class ClassQueueing(Queueing):
 
     def admit(self, now: float, budget: int, chunks: list[tuple[Request, int]]) -> None:
         engine = self.engine
-        queue = self.queue
+        queue, running, forcing_s = self.queue, engine.running, self._forcing_s
         while queue:
             if self._seats_alike:                # every waiting head may take a free slot (:meth:`_may_seat`)
-                if len(engine.running) >= engine.config.max_num_seqs:
+                if len(running) >= engine.config.max_num_seqs:
                     break
                 c = queue.next_class()
             else:
@@ -405,7 +410,10 @@ class ClassQueueing(Queueing):
                     break
                 c = queue.choose(classes)
             request = queue.front(c)
-            chunk = engine.fit(request, now, budget, self._forced(c, request, now))
+            forced = now - request.arrival_s >= forcing_s[c]          # :meth:`_forced`, inline
+            if budget <= 0 and not forced and self._stops_when_spent:
+                break
+            chunk = engine.fit(request, now, budget, forced)
             if not chunk:
                 break
             queue.pop_class(c, now)
@@ -438,7 +446,9 @@ class ClassQueueing(Queueing):
             chunk = request.prefill_target - request.prefilled
             if cfg.chunked_prefill:
                 chunk = min(chunk, cfg.max_batch_tokens)
-            if self._may_seat(c, now) and kv.blocks_for(chunk) <= kv.free_blocks:
+            # (:meth:`_may_seat` asks only for a free slot where every head may take one, as in :meth:`admit`)
+            seated = len(engine.running) < cfg.max_num_seqs if self._seats_alike else self._may_seat(c, now)
+            if seated and kv.blocks_for(chunk) <= kv.free_blocks:
                 return
             lower = [r for r in reversed(engine.running.values()) if rules[r.class_index].priority > rules[c].priority]
             if not lower:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from llmsim import simulate
-from llmsim.analysis.metrics import summarize
+from llmsim.analysis.metrics import slo_summary, summarize
+from llmsim.analysis.summary import ClassSummary, Distribution
 
 from tests.helpers import make_scenario
 
@@ -126,3 +127,36 @@ def test_the_iteration_sums_do_not_depend_on_the_machines_threads():
         exact = math.fsum(share * value for share, value in zip(shares, namespace[column].tolist()) if share > 0)
         assert namespace["got"][figure] == pytest.approx(exact, rel=1e-12)
     assert sum(1e-6 < share < 1 - 1e-6 for share in shares) == 2      # the two the window's edges cut
+
+
+def test_class_figures_are_those_of_each_class_own_records():
+    """Each traffic class's summary is the one its own rows of the records give, taken as a table: the counts by
+    status, the window's latencies and rates, and its SLO figures (a class without its own SLO held to the
+    top-level one, by its class's limits), exactly; with requests rejected by a class's timeout."""
+    scenario = make_scenario({
+        "engine": {"max_num_seqs": 8, "max_batch_tokens": 512},
+        "slo": {"ttft": "400 ms", "classes": {"urgent": {"ttft": "150 ms", "tpot": "30 ms"}}},
+        "workload": {"arrival": {"rate": 14.0}, "num_requests": 1200,
+                     "classes": {"urgent": {"share": 0.3, "priority": 0},
+                                 "bulk": {"share": 0.7, "priority": 1, "queue_timeout": "2 s",
+                                          "on_timeout": "reject"}}},
+        "simulation": {"warmup": "10 s"}})
+    result = simulate(scenario)
+    summary = summarize(result)
+    records = result.requests
+    start, stop = summary.window_s
+    window = stop - start
+    assert set(records["status"]) >= {"finished", "rejected"}
+    for name in ("urgent", "bulk"):
+        mine = records[records["class"] == name]
+        steady = mine[(mine["arrival_s"] >= start) & (mine["arrival_s"] <= stop)]
+        done = mine[(mine["status"] == "finished") & (mine["finish_s"] > start) & (mine["finish_s"] <= stop)]
+        finished = steady[steady["status"] == "finished"]
+        expected = ClassSummary(
+            arrived=len(mine), finished=int((mine["status"] == "finished").sum()),
+            rejected=int((mine["status"] == "rejected").sum()), unfinished=int((mine["status"] == "unfinished").sum()),
+            **{column: Distribution.of(finished[column]) for column in ("queue_wait_s", "ttft_s", "tpot_s", "e2e_s")},
+            requests_per_s=len(done) / window, output_tokens_per_s=float(done["output_tokens"].sum()) / window,
+            offered_requests_per_s=len(steady) / window,
+            slo=slo_summary(steady, scenario.slo.for_class(name), window))
+        assert repr(summary.classes[name]) == repr(expected)

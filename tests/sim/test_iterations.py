@@ -12,11 +12,19 @@ import pytest
 
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.config.policies import SchedulingPolicy
+from llmsim.cost.features import prefill_sums
 from llmsim.sim import engine as engine_module
 from llmsim.sim.decode import EventDecodeSet
 from llmsim.sim.iterations import CHUNK_ROWS, LOG_COLUMNS, Iteration, IterationLog, iterations_columns
 from llmsim.sim.simulate import simulate
 from tests.helpers import make_scenario
+
+
+class Prompt:
+    """A prompt with ``prefilled`` positions cached of ``prefill_target``."""
+
+    def __init__(self, prefilled: int, prefill_target: int):
+        self.prefilled, self.prefill_target = prefilled, prefill_target
 
 
 def _row(i: int) -> tuple:
@@ -87,10 +95,11 @@ def test_a_decode_step_logged_in_one_call_is_the_row_add_packs_from_decode_step(
 
 @pytest.mark.parametrize("hardware", ["H100-SXM", "CS-3"])     # with kernel terms, and the roofline alone
 def test_a_step_with_prompts_logged_in_one_call_is_the_row_add_packs_from_step(hardware):
-    """IterationLog.step_entry (an iteration with prompt chunks, decoding or not, priced and logged in one
+    """IterationLog.step_entry (an iteration with prompt chunks, decoding or not, summed, priced and logged in one
     compiled call given CostModel.step_terms, as EventDecodeSet.log_step calls it) with row_added writes the row
-    add() packs from CostModel.step's price, bit for bit, and returns its duration, across a chunk boundary; the
-    terms are not known for a token count step has not priced."""
+    add() packs from CostModel.step's price of prefill_sums' sums, bit for bit, and returns its duration, across a
+    chunk boundary, with and without a sliding window; the terms are not known for a token count step has not
+    priced."""
     cost = CostModel(model_catalog()["Llama-3.1-70B"], lookup_hardware(hardware), 1 if hardware == "CS-3" else 8)
     assert (cost.step_terms(123456.0, 7) is None) == (hardware != "CS-3")
     fast, reference = IterationLog(), IterationLog()
@@ -99,19 +108,27 @@ def test_a_step_with_prompts_logged_in_one_call_is_the_row_add_packs_from_step(h
     for i in range(CHUNK_ROWS + 50):
         seqs = int(rng.integers(0, 64)) * int(rng.integers(0, 2))
         kv_read = int(rng.integers(seqs, seqs * 8000 + 1))
-        chunks, logits = int(rng.integers(1, 4)), int(rng.integers(0, 4))
-        prefill_tokens = float(rng.integers(1, 4096))
-        pairs, prefill_kv = prefill_tokens * float(rng.integers(1, 8000)), prefill_tokens + float(rng.integers(0, 9000))
-        padding, longest = float(rng.integers(0, 5000)), float(rng.integers(1, 9000))
+        window, local_share, tile = [(0, 1.0, 0), (4096, 1.0, 64), (1024, 0.5, 128)][i % 3]
+        query_tile_pairs = 0.0 if i % 2 else 300.0
+        news = rng.integers(1, 2048, int(rng.integers(1, 5)))
+        cached = rng.integers(0, 9000, len(news))
+        ends = cached + news
+        targets = np.where(rng.integers(0, 2, len(news)) == 1, ends, ends + rng.integers(1, 500, len(news)))
+        chunks = [(Prompt(int(c), int(t)), int(n)) for c, n, t in zip(cached, news, targets)]
+        prefill_tokens, pairs, prefill_kv, completed, padding, longest = prefill_sums(chunks, window or None,
+                                                                                     local_share, tile,
+                                                                                     query_tile_pairs)
         start_s, used, running, queued = 0.01 * i, i % 5000, seqs + i % 3, i % 17
-        duration_s, flops, moved = cost.step(prefill_tokens, pairs, prefill_kv, logits, seqs, kv_read, padding, longest)
-        reference.add(start_s, duration_s, seqs, chunks, prefill_tokens, seqs + logits, flops, moved, used, running,
-                      queued, 0, 0, 0, 0.0)
-        terms = cost.step_terms(prefill_tokens + seqs, seqs + logits)
+        duration_s, flops, moved = cost.step(prefill_tokens, pairs, prefill_kv, completed, seqs, kv_read, padding,
+                                             longest)
+        reference.add(start_s, duration_s, seqs, len(chunks), prefill_tokens, seqs + completed, flops, moved, used,
+                      running, queued, 0, 0, 0, 0.0)
+        terms = cost.step_terms(prefill_tokens + seqs, seqs + completed)
         assert terms is not None                      # step just priced these tokens and rows
-        assert fast.step_entry(fast.doubles, fast.at, start_s, chunks, seqs + logits, used, running, queued, stacked,
-                               n_ops, x, prefill_tokens + seqs, prefill_tokens, pairs, prefill_kv, seqs, kv_read,
-                               seqs + logits, padding, longest, *terms) == duration_s
+        rows = np.column_stack([cached, news, targets]).astype(np.int64).reshape(-1)
+        assert fast.step_entry(fast.doubles, fast.at, start_s, used, running, queued, stacked, n_ops, x, rows,
+                               len(chunks), window, local_share, tile, query_tile_pairs, seqs, kv_read,
+                               *terms) == duration_s
         fast.row_added()
     assert all(np.array_equal(a.view(np.int64), b.view(np.int64)) for a, b in zip(fast.views(), reference.views()))
 
@@ -120,6 +137,10 @@ def test_a_step_with_prompts_logged_in_one_call_is_the_row_add_packs_from_step(h
     {},                                                                     # one engine, kernel terms
     {"deployment": {"pipeline_parallel": 4}, "workload": {"num_requests": 300}},   # four sharing a KV cache
     {"engine": {"chunked_prefill": False}, "workload": {"num_requests": 300}},
+    # a burst of short prompts: 255 chunks in its first iteration, past the room the engine first holds for their rows
+    {"engine": {"max_num_seqs": 256}, "workload": {
+        "prompt_tokens": 16, "output_tokens": {"distribution": "exponential", "mean": 64, "max": 1000},
+        "num_requests": 1500, "arrival": {"rate": 1e6}}},
     {"model": "Qwen3-30B-A3B", "hardware": "H200",                        # eight expert-parallel ranks
      "deployment": {"tensor_parallel": 1, "pipeline_parallel": 1,
                     "expert_parallel": {"degree": 8, "routing": {"distribution": "zipf", "exponent": 0.6}}},

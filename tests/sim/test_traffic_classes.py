@@ -24,7 +24,8 @@ from llmsim import batch_means, simulate
 from llmsim.analysis.metrics import summarize
 from llmsim.config.policies import SchedulingPolicy
 from llmsim.errors import ConfigError
-from llmsim.sim.scheduling import CLASS_ORDERS, ClassQueue
+from llmsim.sim.engine import Engine
+from llmsim.sim.scheduling import CLASS_ORDERS, ClassQueue, ClassQueueing
 from llmsim.sim.slo import meets_slo
 from llmsim.workload.generate import generate_trace
 
@@ -358,3 +359,72 @@ def test_classes_ranked_by_priority_choose_as_the_heads_keys_do(policy, monkeypa
     assert (ranked.preemptions > 0) == (policy == "preemptive_priority")
     pd.testing.assert_frame_equal(ranked.requests, keyed.requests, check_exact=True)
     pd.testing.assert_frame_equal(ranked.iterations, keyed.iterations, check_exact=True)
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority", "weighted_fair"])
+def test_admission_stops_at_a_spent_budget_as_the_fit_would(policy, monkeypatch):
+    """Once the iteration's token budget is spent, admission stops at a head its class's timeout does not force
+    in, without asking the engine to fit it: the run is the one that asks (records and iterations bit for bit),
+    with thousands of fits skipped and forced heads still admitted past a spent budget."""
+    classes = {"interactive": {"share": 0.3},
+               "standard": {"share": 0.4, "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 0.8,
+                                                            "max": 8192}},
+               "batch": {"share": 0.3, "prompt_tokens": {"distribution": "lognormal", "mean": 2048, "sigma": 0.6,
+                                                         "max": 8192}}}
+    scenario = make_scenario({"engine": {"max_num_seqs": 16, "max_batch_tokens": 643, "scheduling_policy": policy},
+                              "workload": {"num_requests": 600, "arrival": {"rate": 7.0}, "classes": classes}})
+    fits: list[tuple[int, bool, int]] = []
+    fit = Engine.fit
+
+    def counted(engine, request, now, budget, forced):
+        chunk = fit(engine, request, now, budget, forced)
+        fits.append((budget, forced, chunk))
+        return chunk
+    monkeypatch.setattr(Engine, "fit", counted)
+    stopping = simulate(scenario)
+    stopped_fits = len(fits)
+    assert sum(budget <= 0 and forced and chunk > 0 for budget, forced, chunk in fits) >= 3
+    fits.clear()
+    init = ClassQueueing.__init__
+
+    def asking(queueing, *args):
+        init(queueing, *args)
+        queueing._stops_when_spent = False
+    monkeypatch.setattr(ClassQueueing, "__init__", asking)
+    asked = simulate(scenario)
+    assert sum(budget <= 0 and not forced for budget, forced, _ in fits) == len(fits) - stopped_fits > 100
+    pd.testing.assert_frame_equal(stopping.requests, asked.requests, check_exact=True)
+    pd.testing.assert_frame_equal(stopping.iterations, asked.iterations, check_exact=True)
+
+
+@pytest.mark.parametrize("policy", ["preemptive_priority", "weighted_fair"])
+def test_heads_alike_take_a_free_slot_as_each_class_asks(policy, monkeypatch):
+    """Where no class reserves or dedicates slots, admission and making room ask once whether a slot is free
+    instead of asking each class's head (:meth:`ClassQueueing._may_seat`): the run is the one that asks each
+    (records and iterations bit for bit), with preemptions for waiting requests under preemptive priority."""
+    classes = {"interactive": {"share": 0.3},
+               "standard": {"share": 0.4, "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 0.8,
+                                                            "max": 8192}},
+               "batch": {"share": 0.3, "prompt_tokens": {"distribution": "lognormal", "mean": 2048, "sigma": 0.6,
+                                                         "max": 8192}}}
+    scenario = make_scenario({"engine": {"max_num_seqs": 16, "max_batch_tokens": 643, "scheduling_policy": policy},
+                              "workload": {"num_requests": 600, "arrival": {"rate": 7.0}, "classes": classes}})
+    alike = simulate(scenario)
+    asked = []
+    may_seat = ClassQueueing._may_seat
+
+    def counted(queueing, c, now):
+        asked.append(c)
+        return may_seat(queueing, c, now)
+    monkeypatch.setattr(ClassQueueing, "_may_seat", counted)
+    init = ClassQueueing.__init__
+
+    def each_class(queueing, *args):
+        init(queueing, *args)
+        queueing._seats_alike = False
+    monkeypatch.setattr(ClassQueueing, "__init__", each_class)
+    each = simulate(scenario)
+    assert len(asked) > 500
+    assert (alike.preemptions > 0) == (policy == "preemptive_priority")
+    pd.testing.assert_frame_equal(alike.requests, each.requests, check_exact=True)
+    pd.testing.assert_frame_equal(alike.iterations, each.iterations, check_exact=True)
