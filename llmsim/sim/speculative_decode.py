@@ -301,7 +301,8 @@ class SpeculativeDecodeSet(DecodeSet):
             else:
                 engine.preempt_latest(now)
         self._force_plain = False
-        kv.allocate(needed)
+        if needed:                                   # (a step whose tokens fit the blocks held takes none)
+            kv.allocate(needed)
         return n + drafted
 
     def _count_blocked(self, n: int, n_spec: int) -> None:
@@ -423,7 +424,8 @@ class SpeculativeDecodeSet(DecodeSet):
         self._runs_used = at + runs
         self._step_ends_s.append(now)
         self._burst_tokens.append(emitted - n)
-        kv.free(freed)
+        if freed:                                    # (rejected nodes often hold no block of their own)
+            kv.free(freed)
         if self.policy.observes:
             self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
         if finished:
