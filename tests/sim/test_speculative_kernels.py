@@ -98,8 +98,8 @@ def test_reservation_caps_and_needs_equal_the_numpy_rule():
         budget = int(rng.integers(0, 200))
         free = int(rng.integers(0, 80))
         before = column["blocks"][:n].copy()
-        k, need = _reserve_reference(None if chosen is None else chosen[:n], expected, column["remaining"][:n], column["context"][:n],
-                                     before, budget, size)
+        k, need = _reserve_reference(None if chosen is None else chosen[:n], expected, column["remaining"][:n],
+                                     column["context"][:n], before, budget, size)
         needed, drafted, reserved, marked = reserve_blocks(n, chosen, eligible, ints, budget, size, free, 1,
                                                            min_sequence_tokens if marks else -1)
         assert np.array_equal(eligible[:n], expected)
