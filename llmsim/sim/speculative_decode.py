@@ -263,17 +263,34 @@ class SpeculativeDecodeSet(DecodeSet):
         When the free blocks cannot hold the speculative positions the step decodes
         plainly; when they cannot hold even that, the latest admitted request is preempted.
         """
-        s, kv = self.slots, self.engine.kv
+        s, engine, policy, rule = self.slots, self.engine, self.policy, self.spec.eligibility
+        kv = engine.kv
         while True:
             n = self.n
             if n == 0:
                 self._force_plain = False
                 return 0
-            # Never draft past the last token asked for, nor past the iteration's token budget.
-            chosen, marks = self._choose_k(n)
+            # The policy's k for each sequence (None: nobody speculates this step), and the
+            # ``min_sequence_tokens`` by which the reservation is to mark who is eligible (-1: marked here already,
+            # for a policy that reads it). Never drafted past the last token asked for, nor past the iteration's
+            # token budget (the reservation's caps).
+            chosen, marks = None, -1
+            if self._force_plain:
+                self._blocked_step = ("kv_cache", 0)
+            elif len(engine.running) < rule.min_concurrent_requests:
+                self._blocked_step = ("min_concurrent_requests", 0)
+            elif not policy.reads_eligible:
+                # A sequence that is not eligible drafts nothing whatever the policy chose for it. (The columns
+                # whole: the policy reads neither, and the kernel only their first n rows.)
+                chosen, marks = policy.choose(s, n, s.eligible, self._candidate_times), rule.min_sequence_tokens
+            else:
+                eligible = eligible_rows(n, s.ints, rule.min_sequence_tokens, s.eligible)
+                self._blocked_step = (None, eligible)
+                if eligible:
+                    chosen = policy.choose(s, n, s.eligible[:n], self._candidate_times)
             reserve = self._reserve_blocks_per_row if chosen is not None else self._reserve_blocks_no_drafts
             needed, drafted, reserved, eligible = reserve(
-                n, chosen, s.eligible, s.ints, self.engine.config.max_batch_tokens - n, kv.block_size, kv.free_blocks,
+                n, chosen, s.eligible, s.ints, engine.config.max_batch_tokens - n, kv.block_size, kv.free_blocks,
                 self._branching, marks)
             if marks >= 0:
                 self._blocked_step = (None, eligible)
@@ -282,30 +299,11 @@ class SpeculativeDecodeSet(DecodeSet):
             if drafted:
                 self._force_plain = True
             else:
-                self.engine.preempt_latest(now)
+                engine.preempt_latest(now)
         self._force_plain = False
-        kv.allocate(needed)
+        if needed:                                   # (a step whose tokens fit the blocks held takes none)
+            kv.allocate(needed)
         return n + drafted
-
-    def _choose_k(self, n: int) -> tuple[np.ndarray | None, int]:
-        """The policy's k for each of the ``n`` sequences, or None when none may speculate this step;
-        and the ``min_sequence_tokens`` by which :func:`reserve_blocks` is to mark who is eligible
-        (-1: marked here already, for a policy that reads it)."""
-        s, rule = self.slots, self.spec.eligibility
-        if self._force_plain:
-            self._blocked_step = ("kv_cache", 0)
-            return None, -1
-        if len(self.engine.running) < rule.min_concurrent_requests:
-            self._blocked_step = ("min_concurrent_requests", 0)
-            return None, -1
-        if not self.policy.reads_eligible:
-            # A sequence that is not eligible drafts nothing whatever the policy chose for it.
-            return self.policy.choose(s, n, s.eligible[:n], self._candidate_times), rule.min_sequence_tokens
-        eligible = eligible_rows(n, s.ints, rule.min_sequence_tokens, s.eligible)
-        self._blocked_step = (None, eligible)
-        if not eligible:
-            return None, -1
-        return self.policy.choose(s, n, s.eligible[:n], self._candidate_times), -1
 
     def _count_blocked(self, n: int, n_spec: int) -> None:
         blocked = self.blocked
@@ -426,7 +424,8 @@ class SpeculativeDecodeSet(DecodeSet):
         self._runs_used = at + runs
         self._step_ends_s.append(now)
         self._burst_tokens.append(emitted - n)
-        kv.free(freed)
+        if freed:                                    # (rejected nodes often hold no block of their own)
+            kv.free(freed)
         if self.policy.observes:
             self.policy.observe(s, n, s.k[:n], s.accepted[:n], s.speculated[:n])
         if finished:

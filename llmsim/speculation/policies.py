@@ -54,12 +54,13 @@ class KPolicyRule:
         return self.config.k
 
     def choose(self, slots, n: int, eligible: np.ndarray, price: Callable) -> np.ndarray:
-        """Each of the ``n`` decoding sequences' draft length before the engine's caps (an
-        int64 array the caller only reads: it may be the policy's own state).
+        """Each of the ``n`` decoding sequences' draft length before the engine's caps: the first ``n`` entries
+        of an int64 array the caller only reads (it may be the policy's own state, and longer: the step's kernel
+        reads its first ``n``, so a policy that keeps one k per row returns its row without a slice).
 
-        ``eligible`` marks the sequences allowed to speculate; ``price(eligible, drafted,
-        limit)`` returns the decode step's seconds for every candidate column of ``drafted``
-        (only the goodput policy asks).
+        ``eligible`` marks the sequences allowed to speculate (its first ``n`` entries; exactly ``n`` for a policy
+        that :attr:`reads_eligible`); ``price(eligible, drafted, limit)`` returns the decode step's seconds for
+        every candidate column of ``drafted`` (only the goodput policy asks).
         """
         raise NotImplementedError
 
@@ -77,7 +78,7 @@ class StaticK(KPolicyRule):
     def choose(self, slots, n, eligible, price):
         if n > len(self._k):
             self._k = np.full(2 * n, self.config.k)
-        return self._k[:n]
+        return self._k
 
     def set_k(self, k: int) -> None:
         """Draft ``k`` tokens from the next step on (the adaptive controller's speculation_k knob)."""
@@ -108,7 +109,7 @@ class AdaptiveK(KPolicyRule):
         self._batch_backoff = 0
 
     def choose(self, slots, n, eligible, price):
-        return slots.k_policy[:n] if not self.per_batch else np.full(n, self._batch_k)
+        return slots.k_policy if not self.per_batch else np.full(n, self._batch_k)
 
     def observe(self, slots, n, k, accepted, speculated):
         config = self.config

@@ -87,8 +87,9 @@ def test_reservation_caps_and_needs_equal_the_numpy_rule():
         column["context"][:n] = rng.integers(1, 3000, n)
         column["remaining"][:n] = rng.integers(1, 10, n)
         column["blocks"][:n] = -(-column["context"][:n] // size) + rng.integers(0, 2, n)
-        chosen = rng.integers(0, 9, n).astype(np.int64) if trial % 4 else None
-        eligible = np.zeros(64, dtype=bool)
+        # The policy's k for every row of the slots' capacity (a policy returns its whole row): only the first n count.
+        chosen = rng.integers(0, 9, 64).astype(np.int64) if trial % 4 else None
+        eligible = np.ones(64, dtype=bool)          # the scratch column: stale marks beyond n
         min_sequence_tokens = 32 * int(rng.integers(0, 60))
         # Every other trial the reservation marks eligibility itself (a policy that chooses without reading it).
         marks = trial % 2 == 0
@@ -97,8 +98,8 @@ def test_reservation_caps_and_needs_equal_the_numpy_rule():
         budget = int(rng.integers(0, 200))
         free = int(rng.integers(0, 80))
         before = column["blocks"][:n].copy()
-        k, need = _reserve_reference(chosen, expected, column["remaining"][:n], column["context"][:n],
-                                     before, budget, size)
+        k, need = _reserve_reference(None if chosen is None else chosen[:n], expected, column["remaining"][:n],
+                                     column["context"][:n], before, budget, size)
         needed, drafted, reserved, marked = reserve_blocks(n, chosen, eligible, ints, budget, size, free, 1,
                                                            min_sequence_tokens if marks else -1)
         assert np.array_equal(eligible[:n], expected)
