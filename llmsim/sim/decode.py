@@ -122,7 +122,8 @@ class DecodeSet(ABC):
     """
 
     n: int
-    __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step", "_cost_decode_step")
+    __slots__ = ("engine", "n", "_window", "_local_share", "_cost_step", "_cost_decode_step", "_window_tokens",
+                 "_prefill_tile", "_query_tile_pairs")
     # :meth:`price_decode`'s step priced and added to the log in one call, where nothing but the decode set changes
     # its price and row: ``log_decode_step(log, now, kv_used_blocks, running, queued)`` returns its duration, or NaN
     # (nothing logged) for a step it does not price so; None: a set without one.
@@ -132,12 +133,20 @@ class DecodeSet(ABC):
     # queued)`` (the chunks' rows as llmsim.cost.features.chunk_sums reads them) returns its duration; None: a set
     # without one.
     log_step: Callable[..., float] | None = None
+    # :func:`~llmsim.cost.features.chunk_sums` through its entry point (see llmsim.compiled), where a one-call step
+    # works out a price the general way.
+    _chunk_sums_entry: EntryPoint[Callable[..., tuple[float, float, float, int, float, float]]] = EntryPoint(
+        chunk_sums, CHUNK_SUMS_SIGNATURE)
 
     def __init__(self, engine):
         self.engine = engine
         self.n = 0
         self._window = engine.cost.model.sliding_window
         self._local_share = engine.cost.model.local_attention_share   # the layers the window bounds
+        # the prompt chunks' terms as chunk_sums takes them (a window of 0: none)
+        self._window_tokens = self._window or 0
+        self._prefill_tile = int(engine.cost.prefill_tile_tokens)
+        self._query_tile_pairs = float(engine.cost.prefill_query_tile_pairs)
         self._cost_step = engine.cost.step           # bound once: called every iteration
         self._cost_decode_step = engine.cost.decode_step
 
@@ -187,21 +196,14 @@ class EventDecodeSet(DecodeSet):
     __slots__ = ("_block_size", "step", "_finishing", "_next_finish", "_given_step", "_late", "_joining",
                  "_next_join", "_joined_through", "_window_due", "_growing", "_offset_sum", "_all_offset_sum",
                  "_joined", "_first_step", "_steps", "_steps_w", "_held_steps", "_decode_terms_by_seqs", "_stacked",
-                 "_n_ops", "_x", "_cost", "due_counts", "_due_counts_w", "dues_in_phase", "_window_tokens",
-                 "_prefill_tile", "_query_tile_pairs")
-    # :func:`_longest_gap` and :func:`~llmsim.cost.features.chunk_sums` through their entry points (see
-    # llmsim.compiled).
+                 "_n_ops", "_x", "_cost", "due_counts", "_due_counts_w", "dues_in_phase")
+    # :func:`_longest_gap` through its entry point (see llmsim.compiled).
     _longest_gap_entry: EntryPoint[Callable[..., float]] = EntryPoint(_longest_gap, _LONGEST_GAP_SIGNATURE)
-    _chunk_sums_entry: EntryPoint[Callable[..., tuple[float, float, float, int, float, float]]] = EntryPoint(
-        chunk_sums, CHUNK_SUMS_SIGNATURE)
 
     def __init__(self, engine):
         super().__init__(engine)
         cost = self._cost = engine.cost
         self._stacked, self._n_ops, self._x, _ = cost.compiled_terms()
-        # the prompt chunks' terms as chunk_sums takes them (a window of 0: none)
-        self._window_tokens = self._window or 0
-        self._prefill_tile, self._query_tile_pairs = int(cost.prefill_tile_tokens), float(cost.prefill_query_tile_pairs)
         self._decode_terms_by_seqs = cost.decode_terms_by_seqs      # read: decode_terms fills it
         self._block_size = engine.kv.block_size
         self.step = 0                               # decode iterations done so far

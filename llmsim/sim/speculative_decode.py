@@ -48,9 +48,9 @@ from llmsim.sim.iterations import IterationLog
 from llmsim.sim.request import InterTokenGaps, Request
 from llmsim.sim.result import SpeculationSteps
 from llmsim.sim.speculative_kernels import (ADVANCE_ROWS_SIGNATURE, CLOSE_ROW_SIGNATURE, FLOAT_COLUMNS, INT_COLUMNS,
-                                            LOG_DECODE_STEP_SIGNATURE, OPEN_ROW_SIGNATURE, PRICE_STEP_SIGNATURE,
+                                            LOG_STEP_SIGNATURE, OPEN_ROW_SIGNATURE, PRICE_STEP_SIGNATURE,
                                             RESERVE_BLOCKS_PLAIN_SIGNATURE, RESERVE_BLOCKS_SIGNATURE, advance_rows,
-                                            close_row, eligible_rows, log_decode_step, open_row, price_step,
+                                            close_row, eligible_rows, log_step, open_row, price_step,
                                             reserve_blocks, tree_extras, with_draft)
 from llmsim.speculation.config import SpeculationConfig
 from llmsim.speculation.policies import k_policy
@@ -58,6 +58,7 @@ from llmsim.speculation.proposers import tree_tokens, tree_verify_pairs
 
 
 _NO_ROWS = np.zeros((0, 0))
+_NO_CHUNKS = np.zeros(0, np.int64)          # a decode-only step's prompt chunks' rows
 _NO_TABLE = np.zeros(0)
 _STEP_COLUMNS = (("eligible", bool), ("speculated", bool), ("finished_rows", np.int64))   # this step's: not moved
 
@@ -178,8 +179,7 @@ class SpeculativeDecodeSet(DecodeSet):
     _price_step: EntryPoint[Callable[..., tuple]] = EntryPoint(price_step, PRICE_STEP_SIGNATURE)
     _advance_rows: EntryPoint[Callable[..., tuple[int, int, int, int]]] = EntryPoint(advance_rows,
                                                                                      ADVANCE_ROWS_SIGNATURE)
-    _log_decode_step: EntryPoint[Callable[..., tuple[float, int, int, int]]] = EntryPoint(log_decode_step,
-                                                                                         LOG_DECODE_STEP_SIGNATURE)
+    _log_step: EntryPoint[Callable[..., tuple[float, int, int, int]]] = EntryPoint(log_step, LOG_STEP_SIGNATURE)
 
     def __init__(self, engine, speculation: SpeculationConfig, draft_cost, acceptance_key: int,
                  handoff_s: float | None = None):
@@ -197,7 +197,6 @@ class SpeculativeDecodeSet(DecodeSet):
         self._draw = speculation.acceptance.draws(acceptance_key, self._branching, checked=False)
         self.blocked = {f.name: 0 for f in fields(SpeculationSteps)}
         self._blocked_step: tuple[str | None, int] = (None, 0)   # this step: a rule blocking all, or eligible count
-        self._window_tokens = self._window or 0      # 0: no sliding window, as the kernels take it
         self.slots = DecodeSlots()
         self._separate = handoff_s is not None and draft_cost is not None
         self._handoff_s = handoff_s if self._separate and handoff_s is not None else 0.0
@@ -219,15 +218,18 @@ class SpeculativeDecodeSet(DecodeSet):
                               and self._draft_rows.shape[0] <= FEW_ROWS else None)
         self._draft_terms = (draft_cost.compiled_terms() if isinstance(draft_cost, CostModel)
                              else (_NO_ROWS, -1, _NO_TABLE, [_NO_TABLE, _NO_TABLE]))
-        # A step without prompt chunks priced, drawn and logged in one call (log_decode_step) where price_step prices
-        # both models and the acceptance is drawn by accepted_prefixes; else None, and the engine's general path.
+        # A step priced, drawn and logged in one call (log_step), without prompt chunks or with them, where
+        # price_step prices both models and the acceptance is drawn by accepted_prefixes; else None, and the
+        # engine's general path.
         self.log_decode_step: Callable[..., float] | None = None
+        self.log_step: Callable[..., float] | None = None
         if (self._target_terms is not None and (draft_cost is None or isinstance(draft_cost, CostModel))
                 and speculation.acceptance.process is not AcceptanceProcess.REPLAY):
             self._tabulated_target: tuple = self._target_terms
             self._key = np.uint64(acceptance_key)
             self._decay = speculation.acceptance.draw_decay
-            self.log_decode_step = self._log_step_in_one_call
+            self.log_decode_step = self._log_decode_step_in_one_call
+            self.log_step = self._log_chunks_in_one_call
 
     # -- joining and leaving ------------------------------------------------------------------------
     def start(self, request: Request) -> None:
@@ -374,19 +376,46 @@ class SpeculativeDecodeSet(DecodeSet):
         return self._with_draft(duration, n, accepted, logits, flops, moved, n_spec, proposed, draft_steps, draft_s,
                                 draft_flops, draft_bytes)
 
-    def _log_step_in_one_call(self, log: IterationLog, now: float, kv_used_blocks: int, running: int,
-                              queued: int) -> float:
+    def _log_decode_step_in_one_call(self, log: IterationLog, now: float, kv_used_blocks: int, running: int,
+                                     queued: int) -> float:
         """:meth:`price_decode`'s step added to ``log`` as the engine would add it (its counts as given), in one
-        compiled call (:func:`log_decode_step`); returns its duration, NaN (nothing drawn or logged) where a
-        price is not in the cost models' tables: the engine then prices the step through :meth:`price_decode`."""
-        n, s = self.n, self.slots
+        compiled call (:func:`log_step`); returns its duration, NaN (nothing drawn or logged) where a price is not
+        in the cost models' tables: the engine then prices the step through :meth:`price_decode`."""
+        return self._log_in_one_call(log, now, _NO_CHUNKS, 0, self.n, kv_used_blocks, running, queued)
+
+    def _log_chunks_in_one_call(self, log: IterationLog, now: float, chunk_rows: np.ndarray, prefill_seqs: int,
+                                decoding: bool, prefill_tokens: float, completed: int, kv_used_blocks: int,
+                                running: int, queued: int) -> float:
+        """:meth:`price`'s iteration with ``prefill_seqs`` prompt chunks (their rows in ``chunk_rows``) added to
+        ``log`` as the engine would add it, in one compiled call (:func:`log_step`); where a price is not in the
+        cost models' tables, through :meth:`price` and :meth:`IterationLog.add`, as the engine's general path
+        does. Returns its duration."""
+        n = self.n if decoding else 0
+        duration_s = self._log_in_one_call(log, now, chunk_rows, prefill_seqs, n, kv_used_blocks, running, queued)
+        if duration_s != duration_s:
+            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self._chunk_sums_entry(
+                chunk_rows, prefill_seqs, self._window_tokens, self._local_share, self._prefill_tile,
+                self._query_tile_pairs)
+            # (``price`` reads of its chunks only whether there are any)
+            duration_s, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = self.price(
+                True, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
+            log.add(now, duration_s, n, prefill_seqs, prefill_tokens, tokens_out, flops, moved, kv_used_blocks,
+                    running, queued, n_spec, proposed, accepted, draft_s)
+        return duration_s
+
+    def _log_in_one_call(self, log: IterationLog, now: float, chunk_rows: np.ndarray, prefill_seqs: int, n: int,
+                         kv_used_blocks: int, running: int, queued: int) -> float:
+        """:func:`log_step` of the step with ``prefill_seqs`` prompt chunks and ``n`` decoding sequences; its
+        duration, or NaN where nothing was drawn or logged."""
+        s = self.slots
         stacked, n_ops, x, tables = self._tabulated_target
         draft_stacked, draft_n_ops, _, draft_tables = self._draft_terms
-        duration_s, n_spec, _, _ = self._log_decode_step(
+        duration_s, n_spec, _, _ = self._log_step(
             log.doubles, log.at, now, kv_used_blocks, running, queued, n, s.ints, s.floats, self._window_tokens,
             self._draft_rows, self._local_share, self._branching, self._sequential, self._expanded, stacked, n_ops,
             x, tables[0], tables[1], draft_stacked, draft_n_ops, draft_tables[0], draft_tables[1], self._key,
-            self._decay, self._separate, self._handoff_s)
+            self._decay, self._separate, self._handoff_s, chunk_rows, prefill_seqs, self._prefill_tile,
+            self._query_tile_pairs)
         if duration_s == duration_s:
             if n:
                 self._count_blocked(n, n_spec)

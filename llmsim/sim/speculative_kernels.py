@@ -17,7 +17,8 @@ import numba
 import numpy as np
 
 from llmsim.compiled import kernel
-from llmsim.cost.features import DRAFT_ROW_COLUMNS, expanded_verify, seen_by_layers, speculative_step_sums
+from llmsim.cost.features import (DRAFT_ROW_COLUMNS, chunk_sums, expanded_verify, seen_by_layers,
+                                  speculative_step_sums)
 from llmsim.cost.roofline import FEW_ROWS, _linear_step, _rows_total
 from llmsim.sim.iterations import LOG_COLUMNS, write_row
 from llmsim.speculation.kernels import accepted_prefixes, observe_windows
@@ -60,12 +61,14 @@ CLOSE_ROW_SIGNATURE = (numba.int64[:, ::1], _ROWS, numba.int64, numba.int64)
 PRICE_STEP_SIGNATURE = (numba.int64, _INTS, _INTS, numba.int64, _INTS, _ROWS, *[numba.float64] * 3, numba.boolean,
                         numba.int64, *[numba.float64] * 3, numba.int64, numba.boolean, numba.boolean, _ROWS,
                         numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS, numba.int64, _FLOATS, _FLOATS)
-# :func:`log_decode_step`'s: the log's chunk and its row's counts, the packed columns, price_step's arguments but the
-# prompt's and the columns, the draw's key and decay, and the hand-off.
-LOG_DECODE_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, *[numba.int64] * 3, numba.int64,
-                             numba.int64[:, ::1], _ROWS, numba.int64, _ROWS, numba.float64, numba.int64,
-                             numba.boolean, numba.boolean, _ROWS, numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS,
-                             numba.int64, _FLOATS, _FLOATS, numba.uint64, numba.float64, numba.boolean, numba.float64)
+# :func:`log_step`'s: the log's chunk and its row's counts, the packed columns, price_step's arguments but the
+# prompt's and the columns, the draw's key and decay, the hand-off, then the prompt chunks' rows, their count and
+# the tile terms as chunk_sums takes them.
+LOG_STEP_SIGNATURE = (numba.float64[::1], numba.int64, numba.float64, *[numba.int64] * 3, numba.int64,
+                      numba.int64[:, ::1], _ROWS, numba.int64, _ROWS, numba.float64, numba.int64,
+                      numba.boolean, numba.boolean, _ROWS, numba.int64, _FLOATS, _FLOATS, _FLOATS, _ROWS,
+                      numba.int64, _FLOATS, _FLOATS, numba.uint64, numba.float64, numba.boolean, numba.float64,
+                      _INTS, numba.int64, numba.int64, numba.float64)
 
 
 @kernel
@@ -322,23 +325,27 @@ def with_draft(duration_s, flops, moved, draft_steps, draft_s, draft_flops, draf
 
 
 @kernel
-def log_decode_step(rows, at, start_s, kv_used_blocks, running, queued, n, ints, floats, window, draft_rows,
-                    local_share, branching, sequential, expanded, stacked, n_ops, x, layer_by_tokens, head_by_logits,
-                    draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits, key, decay, separate,
-                    handoff_s):
-    """A speculative step without prompt chunks priced, drawn and logged in one call, over the packed columns:
-    :func:`price_step`, then (where it priced both the target and the draft from their tables) the acceptance
-    draw (:func:`~llmsim.speculation.kernels.accepted_prefixes` into column ``accepted``, or zeros when nothing was
-    proposed), :func:`with_draft` and the row written into ``rows`` (a log chunk's doubles) from ``at`` on, as
-    :meth:`~llmsim.sim.iterations.IterationLog.add` would pack it: the same operations in the same order as the
-    separate calls. Returns ``(time_s, spec_seqs, draft_tokens, draft_steps)``; ``time_s`` is NaN, and nothing
+def log_step(rows, at, start_s, kv_used_blocks, running, queued, n, ints, floats, window, draft_rows, local_share,
+             branching, sequential, expanded, stacked, n_ops, x, layer_by_tokens, head_by_logits, draft_stacked,
+             draft_n_ops, draft_layer_by_tokens, draft_head_by_logits, key, decay, separate, handoff_s, chunk_rows,
+             prefill_seqs, tile, query_tile_pairs):
+    """A speculative step priced, drawn and logged in one call, over the packed columns: its ``prefill_seqs``
+    prompt chunks (none: a decode-only step) summed from their rows in ``chunk_rows``
+    (:func:`~llmsim.cost.features.chunk_sums`, with the window and the tile terms), :func:`price_step` of them and
+    the ``n`` decoding sequences, then (where it priced both the target and the draft from their tables) the
+    acceptance draw (:func:`~llmsim.speculation.kernels.accepted_prefixes` into column ``accepted``, or zeros when
+    nothing was proposed), :func:`with_draft` and the row written into ``rows`` (a log chunk's doubles) from ``at``
+    on, as :meth:`~llmsim.sim.iterations.IterationLog.add` would pack it: the same operations in the same order as
+    the separate calls. Returns ``(time_s, spec_seqs, draft_tokens, draft_steps)``; ``time_s`` is NaN, and nothing
     is drawn or written, where a price was not in the tables (the caller then prices the step the general way).
     """
+    prompt_tokens, prompt_pairs, prompt_kv_read, completed, prompt_padding, prompt_longest = chunk_sums(
+        chunk_rows, prefill_seqs, window, local_share, tile, query_tile_pairs)
     k, context, lag, accepted = ints[_K], ints[_CONTEXT], ints[_LAG], ints[_ACCEPTED]
     spec_seqs, drafted, draft_steps, time_s, flops, moved, draft_s, draft_flops, draft_bytes = price_step(
-        n, k, context, window, lag, draft_rows, 0.0, 0.0, 0.0, False, 0, 0.0, 0.0, local_share, branching,
-        sequential, expanded, stacked, n_ops, x, layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops,
-        draft_layer_by_tokens, draft_head_by_logits)
+        n, k, context, window, lag, draft_rows, prompt_tokens, prompt_pairs, prompt_kv_read, prefill_seqs > 0,
+        completed, prompt_padding, prompt_longest, local_share, branching, sequential, expanded, stacked, n_ops, x,
+        layer_by_tokens, head_by_logits, draft_stacked, draft_n_ops, draft_layer_by_tokens, draft_head_by_logits)
     if time_s != time_s or (draft_steps and draft_s != draft_s):
         return np.nan, spec_seqs, drafted, draft_steps
     out = accepted[:n]
@@ -351,7 +358,8 @@ def log_decode_step(rows, at, start_s, kv_used_blocks, running, queued, n, ints,
         draft_s = 0.0
     time_s, flops, moved = with_draft(time_s, flops, moved, draft_steps, draft_s, draft_flops, draft_bytes, separate,
                                       handoff_s)
-    write_row(rows, at, start_s, time_s, n, 0, 0.0, n + total, flops, moved, kv_used_blocks, running, queued)
+    write_row(rows, at, start_s, time_s, n, prefill_seqs, prompt_tokens, n + total + completed, flops, moved,
+              kv_used_blocks, running, queued)
     rows[at + _LOG_SPEC_SEQS] = spec_seqs
     rows[at + _LOG_DRAFT_TOKENS] = drafted
     rows[at + _LOG_ACCEPTED_TOKENS] = total

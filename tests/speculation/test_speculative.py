@@ -498,25 +498,41 @@ def test_auto_placement_of_a_speculating_scenario_keeps_one_pipeline_stage():
     {"engine": {"memory_utilization": 0.28}, "workload": {"arrival": {"rate": 40.0}},               # preempting
      "speculation": {"draft": "Llama-3.2-1B", "k": 6, "acceptance": {"alpha": 0.7}}},
 ])
-def test_a_decode_step_in_one_call_changes_no_record(overrides, monkeypatch):
-    """A run whose decode-only speculative steps are priced, drawn and logged in one compiled call
-    (``log_decode_step``) has the records and iteration table of the same run through the general path
-    (``price_decode``: price_step, the draw, then the engine's ``add``), bit for bit."""
+def test_a_step_in_one_call_changes_no_record(overrides, monkeypatch):
+    """A run whose speculative steps, decode-only or with prompt chunks, are priced, drawn and logged in one
+    compiled call (``log_step``) has the records and iteration table of the same run through the engine's general
+    path (the chunks summed, ``price`` / ``price_decode``: price_step, the draw, then the engine's ``add``), bit for
+    bit; and so has the run whose one-call steps all fall back (a price not in the tables) to the set's own general
+    pricing of a step with chunks."""
     scenario = make_scenario({"workload": {"num_requests": 300}, **overrides})
-    one_call = {"steps": 0}
-    fused = SpeculativeDecodeSet._log_step_in_one_call
+    one_call = {"decode-only": 0, "with chunks": 0}
+    decode_only, with_chunks = (SpeculativeDecodeSet._log_decode_step_in_one_call,
+                                SpeculativeDecodeSet._log_chunks_in_one_call)
 
-    def counted(*args):
-        one_call["steps"] += 1
-        return fused(*args)
-    monkeypatch.setattr(SpeculativeDecodeSet, "_log_step_in_one_call", counted)
+    def counted(kind, call):
+        def count(*args):
+            one_call[kind] += 1
+            return call(*args)
+        return count
+    monkeypatch.setattr(SpeculativeDecodeSet, "_log_decode_step_in_one_call", counted("decode-only", decode_only))
+    monkeypatch.setattr(SpeculativeDecodeSet, "_log_chunks_in_one_call", counted("with chunks", with_chunks))
     fast = simulate_checked(scenario)
-    # NaN: the step is not priced in one call, so the engine takes the general path for every step.
-    monkeypatch.setattr(SpeculativeDecodeSet, "_log_step_in_one_call", lambda *args: math.nan)
+    # NaN from the compiled call: nothing priced in one call, each step priced the general way by the set or the engine
+    monkeypatch.setattr(SpeculativeDecodeSet, "_log_in_one_call", lambda *args: math.nan)
+    fallen_back = simulate(scenario)
+    # Neither one-call step offered: the engine's general path for every step.
+    init = SpeculativeDecodeSet.__init__
+
+    def without_one_call(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.log_decode_step = self.log_step = None
+    monkeypatch.setattr(SpeculativeDecodeSet, "__init__", without_one_call)
     general = simulate(scenario)
-    assert one_call["steps"] > 0.3 * len(fast.iterations)
+    assert one_call["decode-only"] > 0.3 * len(fast.iterations)
+    assert one_call["with chunks"] > 0.1 * len(fast.iterations)
     assert fast.iterations["spec_seqs"].gt(0).sum() > 200
-    pd.testing.assert_frame_equal(fast.requests, general.requests, check_exact=True)
-    pd.testing.assert_frame_equal(fast.iterations, general.iterations, check_exact=True)
+    for run in (fast, fallen_back):
+        pd.testing.assert_frame_equal(run.requests, general.requests, check_exact=True)
+        pd.testing.assert_frame_equal(run.iterations, general.iterations, check_exact=True)
     if "memory_utilization" in overrides.get("engine", {}):
         assert fast.preemptions > 0
