@@ -14,7 +14,7 @@ in this order:
    chunks :meth:`DecodeSet.price_decode`, or, where nothing but the decode set changes the step's
    price and row, :attr:`DecodeSet.log_decode_step` (the one-token set's and, where its models are
    tabulated, the speculative set's), which also adds the row to the log (one compiled call: the
-   engine's steady state), and on the one-token set with prompt chunks :meth:`EventDecodeSet.log_step` likewise;
+   engine's steady state), and with prompt chunks :attr:`DecodeSet.log_step` likewise (the same two sets');
 3. after the iteration's time has passed, :meth:`DecodeSet.advance` (when it decoded):
    the step's tokens appear, finished sequences go to ``engine.finish``;
 4. :meth:`DecodeSet.start` for every prompt the iteration completed that has tokens left.

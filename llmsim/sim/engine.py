@@ -351,7 +351,7 @@ class Engine(EngineProcess):
         self.first_gap_s = array("d")
         self.decode = decode(self)
         # A decode set may price and log a decode-only iteration in one call (the one-token set's, and the speculative
-        # set's where its models are tabulated), and the one-token set one with prompt chunks likewise.
+        # set's where its models are tabulated), and one with prompt chunks likewise (the same two sets).
         decode_set = self.decode
         self._log_decode_step = decode_set.log_decode_step
         self._log_step = decode_set.log_step
