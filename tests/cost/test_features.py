@@ -11,6 +11,7 @@ from tests.helpers import add_prefill, chunk_sums
 from llmsim.cost.features import (F, FEATURES, attention_pairs, batch_features, batch_rows, causal_tile_padding,
                                   prefill_sums, sequential_decode_rows, set_iterations, visible,
                                   windowed_context_sum)
+from llmsim.cost.features import chunk_sums as chunk_sums_kernel
 
 DENSE = model_catalog()["Llama-3.1-8B"]
 MOE = model_catalog()["Mixtral-8x7B"]
@@ -110,40 +111,11 @@ def test_prefill_sums_give_the_longest_keys_and_the_summed_padding():
     assert prefill_sums(chunks, None)[4] == 0.0          # no tile: exact pairs
 
 
-def _scalar_prefill_sums(chunks, window, local_share, tile, query_tile_pairs):
-    """The prompt chunks' sums in Python's scalar arithmetic, operation for operation (the engine summed them so
-    before they were compiled): the reference the compiled sums must equal float for float."""
-    tokens = pairs = kv_read = padding = longest = 0.0
-    completed = 0
-    for sequence, new in chunks:
-        cached = sequence.prefilled
-        tokens += new
-        end = cached + new
-        full = new * cached + new * (new + 1) / 2
-        if tile:
-            query_tiles = -(-new // tile)
-            padding += tile * tile * ((query_tiles - 1) * -(-cached // tile) + query_tiles * (query_tiles - 1) // 2
-                                      - (-end // tile)) - full + query_tile_pairs * query_tiles
-        if not window or end <= window:
-            pairs += full
-            kv_read += end
-            completed += end == sequence.prefill_target
-            longest = max(longest, end)
-            continue
-        below = window - cached - 1 if cached + 1 < window else 0
-        local = below * (2 * cached + below + 1) / 2 + (new - below) * window
-        pairs += local if local_share == 1.0 else full - local_share * (full - local)
-        seen = cached if cached < window else cached - local_share * (cached - window)
-        kv_read += seen + new
-        completed += end == sequence.prefill_target
-        longest = max(longest, seen + new)
-    return tokens, pairs, kv_read, completed, padding, float(longest)
-
-
 @pytest.mark.parametrize("window, local_share", [(None, 1.0), (4096, 1.0), (1024, 0.5), (300, 0.3)])
 def test_the_compiled_prefill_sums_are_the_scalar_arithmetic_float_for_float(window, local_share):
-    """prefill_sums (compiled, chunk_sums) gives the sums Python's scalar arithmetic gives, to the last bit: with
-    and without a window and tile, chunks below, across and past the window, prompts completed and not."""
+    """prefill_sums (compiled, chunk_sums) gives the sums the same function gives interpreted by Python, to the
+    last bit: with and without a window and tile, chunks below, across and past the window, prompts completed and
+    not."""
     rng = np.random.default_rng(5)
     for _ in range(300):
         news = rng.integers(1, 3000, int(rng.integers(1, 6)))
@@ -152,5 +124,6 @@ def test_the_compiled_prefill_sums_are_the_scalar_arithmetic_float_for_float(win
         chunks = [(Chunk(int(c), int(t)), int(n)) for c, n, t in zip(cached, news, targets)]
         for tile, query_tile_pairs in ((0, 0.0), (64, 0.0), (128, 3.184e-25), (64, 0.37)):
             compiled = prefill_sums(chunks, window, local_share, tile, query_tile_pairs)
-            scalar = _scalar_prefill_sums(chunks, window, local_share, tile, query_tile_pairs)
-            assert compiled == scalar and [type(v) for v in compiled] == [float, float, float, int, float, float]
+            rows = np.array([(c.prefilled, new, c.prefill_target) for c, new in chunks], np.int64).reshape(-1)
+            interpreted = chunk_sums_kernel.py_func(rows, len(chunks), window or 0, local_share, tile, query_tile_pairs)
+            assert compiled == interpreted and [type(v) for v in compiled] == [float, float, float, int, float, float]
