@@ -330,19 +330,25 @@ def test_each_request_is_held_to_its_own_classes_limits():
     assert meets_slo(records, scenario.slo).tolist() == expected
 
 
+def _three_classes_past_capacity(policy: str):
+    """Three classes (short interactive prompts, longer standard and batch ones) past an engine's capacity under
+    ``policy``: several classes wait at many admissions, and heads are forced in by their classes' timeouts."""
+    classes = {"interactive": {"share": 0.3},
+               "standard": {"share": 0.4, "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 0.8,
+                                                            "max": 8192}},
+               "batch": {"share": 0.3, "prompt_tokens": {"distribution": "lognormal", "mean": 2048, "sigma": 0.6,
+                                                         "max": 8192}}}
+    return make_scenario({"engine": {"max_num_seqs": 16, "max_batch_tokens": 643, "scheduling_policy": policy},
+                          "workload": {"num_requests": 600, "arrival": {"rate": 7.0}, "classes": classes}})
+
+
 @pytest.mark.parametrize("policy", ["priority", "preemptive_priority", "vllm_priority"])
 def test_classes_ranked_by_priority_choose_as_the_heads_keys_do(policy, monkeypatch):
     """Where the policy orders the heads by their class's priority first and the classes' priorities differ, the
     queue takes the most urgent waiting class without building the heads' keys: the run is the one the keys give
     (records and iterations bit for bit), past capacity, with several classes waiting at dozens of admissions, forced
     heads (the classes' queue timeouts) and, under preemptive priority, preemptions."""
-    classes = {"interactive": {"share": 0.3},
-               "standard": {"share": 0.4, "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 0.8,
-                                                            "max": 8192}},
-               "batch": {"share": 0.3, "prompt_tokens": {"distribution": "lognormal", "mean": 2048, "sigma": 0.6,
-                                                         "max": 8192}}}
-    scenario = make_scenario({"engine": {"max_num_seqs": 16, "max_batch_tokens": 643, "scheduling_policy": policy},
-                              "workload": {"num_requests": 600, "arrival": {"rate": 7.0}, "classes": classes}})
+    scenario = _three_classes_past_capacity(policy)
     ranked = simulate(scenario)
     policy_key = SchedulingPolicy(policy)
     monkeypatch.setitem(CLASS_ORDERS, policy_key, dataclasses.replace(CLASS_ORDERS[policy_key],
@@ -366,13 +372,7 @@ def test_admission_stops_at_a_spent_budget_as_the_fit_would(policy, monkeypatch)
     """Once the iteration's token budget is spent, admission stops at a head its class's timeout does not force
     in, without asking the engine to fit it: the run is the one that asks (records and iterations bit for bit),
     with thousands of fits skipped and forced heads still admitted past a spent budget."""
-    classes = {"interactive": {"share": 0.3},
-               "standard": {"share": 0.4, "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 0.8,
-                                                            "max": 8192}},
-               "batch": {"share": 0.3, "prompt_tokens": {"distribution": "lognormal", "mean": 2048, "sigma": 0.6,
-                                                         "max": 8192}}}
-    scenario = make_scenario({"engine": {"max_num_seqs": 16, "max_batch_tokens": 643, "scheduling_policy": policy},
-                              "workload": {"num_requests": 600, "arrival": {"rate": 7.0}, "classes": classes}})
+    scenario = _three_classes_past_capacity(policy)
     fits: list[tuple[int, bool, int]] = []
     fit = Engine.fit
 
@@ -402,13 +402,7 @@ def test_heads_alike_take_a_free_slot_as_each_class_asks(policy, monkeypatch):
     """Where no class reserves or dedicates slots, admission and making room ask once whether a slot is free
     instead of asking each class's head (:meth:`ClassQueueing._may_seat`): the run is the one that asks each
     (records and iterations bit for bit), with preemptions for waiting requests under preemptive priority."""
-    classes = {"interactive": {"share": 0.3},
-               "standard": {"share": 0.4, "prompt_tokens": {"distribution": "lognormal", "mean": 1024, "sigma": 0.8,
-                                                            "max": 8192}},
-               "batch": {"share": 0.3, "prompt_tokens": {"distribution": "lognormal", "mean": 2048, "sigma": 0.6,
-                                                         "max": 8192}}}
-    scenario = make_scenario({"engine": {"max_num_seqs": 16, "max_batch_tokens": 643, "scheduling_policy": policy},
-                              "workload": {"num_requests": 600, "arrival": {"rate": 7.0}, "classes": classes}})
+    scenario = _three_classes_past_capacity(policy)
     alike = simulate(scenario)
     asked = []
     may_seat = ClassQueueing._may_seat
