@@ -342,6 +342,17 @@ def _three_classes_past_capacity(policy: str):
                           "workload": {"num_requests": 600, "arrival": {"rate": 7.0}, "classes": classes}})
 
 
+def _queueing_with(monkeypatch, **attributes) -> None:
+    """Every ClassQueueing built from now on has ``attributes`` set after its own ``__init__`` (a shortcut off)."""
+    init = ClassQueueing.__init__
+
+    def patched(queueing, *args):
+        init(queueing, *args)
+        for name, value in attributes.items():
+            setattr(queueing, name, value)
+    monkeypatch.setattr(ClassQueueing, "__init__", patched)
+
+
 @pytest.mark.parametrize("policy", ["priority", "preemptive_priority", "vllm_priority"])
 def test_classes_ranked_by_priority_choose_as_the_heads_keys_do(policy, monkeypatch):
     """Where the policy orders the heads by their class's priority first and the classes' priorities differ, the
@@ -385,12 +396,7 @@ def test_admission_stops_at_a_spent_budget_as_the_fit_would(policy, monkeypatch)
     stopped_fits = len(fits)
     assert sum(budget <= 0 and forced and chunk > 0 for budget, forced, chunk in fits) >= 3
     fits.clear()
-    init = ClassQueueing.__init__
-
-    def asking(queueing, *args):
-        init(queueing, *args)
-        queueing._stops_when_spent = False
-    monkeypatch.setattr(ClassQueueing, "__init__", asking)
+    _queueing_with(monkeypatch, _stops_when_spent=False)
     asked = simulate(scenario)
     assert sum(budget <= 0 and not forced for budget, forced, _ in fits) == len(fits) - stopped_fits > 100
     pd.testing.assert_frame_equal(stopping.requests, asked.requests, check_exact=True)
@@ -411,12 +417,7 @@ def test_heads_alike_take_a_free_slot_as_each_class_asks(policy, monkeypatch):
         asked.append(c)
         return may_seat(queueing, c, now)
     monkeypatch.setattr(ClassQueueing, "_may_seat", counted)
-    init = ClassQueueing.__init__
-
-    def each_class(queueing, *args):
-        init(queueing, *args)
-        queueing._seats_alike = False
-    monkeypatch.setattr(ClassQueueing, "__init__", each_class)
+    _queueing_with(monkeypatch, _seats_alike=False)
     each = simulate(scenario)
     assert len(asked) > 500
     assert (alike.preemptions > 0) == (policy == "preemptive_priority")
