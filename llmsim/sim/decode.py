@@ -133,8 +133,7 @@ class DecodeSet(ABC):
     # queued)`` (the chunks' rows as llmsim.cost.features.chunk_sums reads them) returns its duration; None: a set
     # without one.
     log_step: Callable[..., float] | None = None
-    # :func:`~llmsim.cost.features.chunk_sums` through its entry point (see llmsim.compiled), where a one-call step
-    # works out a price the general way.
+    # :func:`~llmsim.cost.features.chunk_sums` through its entry point (see llmsim.compiled).
     _chunk_sums_entry: EntryPoint[Callable[..., tuple[float, float, float, int, float, float]]] = EntryPoint(
         chunk_sums, CHUNK_SUMS_SIGNATURE)
 
@@ -149,6 +148,12 @@ class DecodeSet(ABC):
         self._query_tile_pairs = float(engine.cost.prefill_query_tile_pairs)
         self._cost_step = engine.cost.step           # bound once: called every iteration
         self._cost_decode_step = engine.cost.decode_step
+
+    def sum_chunks(self, chunk_rows: np.ndarray, prefill_seqs: int) -> tuple[float, float, float, int, float, float]:
+        """The sums :meth:`price` takes of ``prefill_seqs`` prompt chunks, their rows in ``chunk_rows``
+        (:func:`~llmsim.cost.features.chunk_sums`, with this set's window and the cost model's tile terms)."""
+        return self._chunk_sums_entry(chunk_rows, prefill_seqs, self._window_tokens, self._local_share,
+                                      self._prefill_tile, self._query_tile_pairs)
 
     @abstractmethod
     def prepare(self, now: float) -> int:
@@ -396,9 +401,7 @@ class EventDecodeSet(DecodeSet):
             kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
         terms = self._cost.step_terms(prefill_tokens + n, n + completed)
         if terms is None:                           # the non-linear terms not remembered yet: step works them out
-            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self._chunk_sums_entry(
-                chunk_rows, prefill_seqs, self._window_tokens, self._local_share, self._prefill_tile,
-                self._query_tile_pairs)
+            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self.sum_chunks(chunk_rows, prefill_seqs)
             duration_s, n, tokens_out, flops, moved, _, _, _, _ = self.price(
                 (), decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
             log.add(now, duration_s, n, prefill_seqs, prefill_tokens, tokens_out, flops, moved, kv_used_blocks,

@@ -48,8 +48,6 @@ import simpy
 from simpy.events import NORMAL, URGENT
 
 from llmsim.config.policies import Admission, OnTimeout
-from llmsim.compiled import EntryPoint
-from llmsim.cost.features import CHUNK_SUMS_SIGNATURE, chunk_sums
 from llmsim.cost.roofline import CostModel
 from llmsim.scenario.scenario import EngineConfig
 from llmsim.sim.decode import DecodeSet, EventDecodeSet
@@ -318,15 +316,10 @@ class Engine(EngineProcess):
 
     # (Those every iteration reads first, in the order it reads them.)
     __slots__ = ("_in_flight", "now", "observers", "hooks", "_chunks", "decode", "_expires", "_extras", "prefilling",
-                 "_admit", "_window", "_local_share", "_prefill_tile", "_query_tile_pairs", "_chunk_rows",
-                 "_chunk_rows_w", "_last_end_s", "_decoding",
+                 "_admit", "_chunk_rows", "_chunk_rows_w", "_last_end_s", "_decoding",
                  "running", "_tiered", "_handoff", "_admitted", "watermark_blocks", "first_gap_end_s", "first_gap_s",
                  "queueing", "_admission", "_forced_skips_test", "_makes_room", "_tracks_seats", "_async",
                  "_prices_extra", "_log_decode_step", "_log_step", "steps_together")
-    # The prompt chunks' sums through their entry point (see llmsim.compiled), where the decode set does not sum
-    # them in its one-call step.
-    _chunk_sums: EntryPoint[Callable[..., tuple[float, float, float, int, float, float]]] = EntryPoint(
-        chunk_sums, CHUNK_SUMS_SIGNATURE)
 
     def __init__(self, env: simpy.Environment, index: int, cost: CostModel, kv: KVCache,
                  queue: Waiting, config: EngineConfig, on_done: Callable[[Request, float], None],
@@ -337,10 +330,7 @@ class Engine(EngineProcess):
         self.observers: list[Observer] = []
         self.hooks: list[Callable[[Engine], None]] = []
         self._admitted = 0
-        # The prompt chunks' terms as chunk_sums takes them (a window of 0: none), and the rows it reads them from.
-        self._window, self._local_share = cost.model.sliding_window or 0, float(cost.model.local_attention_share)
-        self._prefill_tile = int(cost.prefill_tile_tokens)
-        self._query_tile_pairs = float(cost.prefill_query_tile_pairs)
+        # The rows the decode set sums an iteration's prompt chunks from (llmsim.cost.features.chunk_sums).
         self._hold_chunk_rows(64)
         # The tiered cache whose hooks the engine calls (None: a plain KVCache, whose ``tiered`` is False).
         self._tiered: TieredKV | None = kv if isinstance(kv, TieredKV) else None
@@ -513,9 +503,8 @@ class Engine(EngineProcess):
                 self._last_end_s = now + duration
                 self._decoding = decoding
                 return duration
-            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self._chunk_sums(
-                self._chunk_rows, len(chunks), self._window, self._local_share, self._prefill_tile,
-                self._query_tile_pairs)
+            prefill_tokens, pairs, prefill_kv, completed, padding, longest = decode.sum_chunks(
+                self._chunk_rows, len(chunks))
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(
                 chunks, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
         elif decoding:

@@ -447,7 +447,7 @@ def step_together(engines: list[Engine]) -> None:
     if len(engines) < 2 or not isinstance(engines[0].env, Environment):
         return
     for engine in engines:
-        if (type(engine) is not Engine or type(engine.decode) is not EventDecodeSet or engine._window
+        if (type(engine) is not Engine or type(engine.decode) is not EventDecodeSet or engine.decode._window
                 or type(engine.queueing) is not Queueing or not isinstance(engine.queue, WaitingQueue)
                 or not engine.config.chunked_prefill
                 or engine.config.on_timeout not in (OnTimeout.DISPATCH, OnTimeout.REJECT)

@@ -393,9 +393,7 @@ class SpeculativeDecodeSet(DecodeSet):
         n = self.n if decoding else 0
         duration_s = self._log_in_one_call(log, now, chunk_rows, prefill_seqs, n, kv_used_blocks, running, queued)
         if duration_s != duration_s:
-            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self._chunk_sums_entry(
-                chunk_rows, prefill_seqs, self._window_tokens, self._local_share, self._prefill_tile,
-                self._query_tile_pairs)
+            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self.sum_chunks(chunk_rows, prefill_seqs)
             # (``price`` reads of its chunks only whether there are any)
             duration_s, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = self.price(
                 True, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
