@@ -13,7 +13,6 @@ import pytest
 from llmsim import CostModel, lookup_hardware, model_catalog
 from llmsim.config.policies import SchedulingPolicy
 from llmsim.cost.features import prefill_sums
-from llmsim.sim import engine as engine_module
 from llmsim.sim.decode import EventDecodeSet
 from llmsim.sim.iterations import CHUNK_ROWS, LOG_COLUMNS, Iteration, IterationLog, iterations_columns
 from llmsim.sim.simulate import simulate
@@ -173,8 +172,9 @@ def test_the_engine_s_one_call_steps_change_no_record(overrides, monkeypatch):
         monkeypatch.setattr(EventDecodeSet, name, counting(name))
     fast = simulate(scenario, force=True)
     assert min(one_call.values()) > 100             # both one-call steps taken (a preemptive policy's too)
-    # Engines built while no decode set counts as one-token take the general path for every iteration.
-    monkeypatch.setattr(engine_module, "EventDecodeSet", type("NoDecodeSet", (), {}))
+    # A decode set that offers neither one-call step: the engine's general path for every iteration.
+    for name in one_call:
+        monkeypatch.setattr(EventDecodeSet, name, None)
     general = simulate(scenario, force=True)
     assert fast.iterations["decode_seqs"].gt(0).mean() > 0.5
     assert fast.iterations["prefill_seqs"].gt(0).sum() > 200
