@@ -37,6 +37,7 @@ step and has its own set (``llmsim.sim.speculative_decode``).
 """
 from __future__ import annotations
 
+import math
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -130,8 +131,8 @@ class DecodeSet(ABC):
     log_decode_step: Callable[..., float] | None = None
     # :meth:`price`'s iteration with prompt chunks summed, priced and added to the log in one call, likewise:
     # ``log_step(log, now, chunk_rows, prefill_seqs, decoding, prefill_tokens, completed, kv_used_blocks, running,
-    # queued)`` (the chunks' rows as llmsim.cost.features.chunk_sums reads them) returns its duration; None: a set
-    # without one.
+    # queued)`` (the chunks' rows as llmsim.cost.features.chunk_sums reads them) returns its duration, or NaN
+    # (nothing logged) for a step it does not price so; None: a set without one.
     log_step: Callable[..., float] | None = None
     # :func:`~llmsim.cost.features.chunk_sums` through its entry point (see llmsim.compiled).
     _chunk_sums_entry: EntryPoint[Callable[..., tuple[float, float, float, int, float, float]]] = EntryPoint(
@@ -393,20 +394,16 @@ class EventDecodeSet(DecodeSet):
         """:meth:`price`'s iteration with ``prefill_seqs`` prompt chunks, their rows in ``chunk_rows`` as
         :func:`~llmsim.cost.features.chunk_sums` reads them (``prefill_tokens`` and ``completed``: their tokens and
         the prompts they complete, as it sums them), added to ``log`` as the engine would add it (its counts as
-        given); returns its duration. Where the cost model remembers what its step adds to the product
-        (:meth:`~llmsim.cost.roofline.CostModel.step_terms`), summed, priced and logged in one compiled call."""
+        given), summed, priced and logged in one compiled call; returns its duration, or NaN (nothing logged) where
+        the cost model does not yet remember what its step adds to the product
+        (:meth:`~llmsim.cost.roofline.CostModel.step_terms`): the engine's general path then works them out."""
         n = self.n if decoding else 0
         kv_read = 0
         if decoding:                                # kv_read(), inline without a sliding window, as in price()
             kv_read = self._all_offset_sum + n * (self.step + 1) if not self._window else self.kv_read()
         terms = self._cost.step_terms(prefill_tokens + n, n + completed)
-        if terms is None:                           # the non-linear terms not remembered yet: step works them out
-            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self.sum_chunks(chunk_rows, prefill_seqs)
-            duration_s, n, tokens_out, flops, moved, _, _, _, _ = self.price(
-                (), decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
-            log.add(now, duration_s, n, prefill_seqs, prefill_tokens, tokens_out, flops, moved, kv_used_blocks,
-                    running, queued, 0, 0, 0, 0.0)
-            return duration_s
+        if terms is None:
+            return math.nan
         experts, nonlinear_s, extra_s, extra_flops, extra_bytes = terms       # by name, as in log_decode_step
         duration_s = log.step_entry(log.doubles, log.at, now, kv_used_blocks, running, queued, self._stacked,
                                     self._n_ops, self._x, chunk_rows, prefill_seqs, self._window_tokens,

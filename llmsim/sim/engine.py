@@ -500,9 +500,10 @@ class Engine(EngineProcess):
                 kv = self.kv
                 duration = log_step(self.log, now, self._chunk_rows, len(chunks), decoding, prefill_tokens, completed,
                                     kv.num_blocks - kv.free_blocks, len(self.running), len(queue))
-                self._last_end_s = now + duration
-                self._decoding = decoding
-                return duration
+                if duration == duration:            # (NaN: a price not in the tables, the lines below work it out)
+                    self._last_end_s = now + duration
+                    self._decoding = decoding
+                    return duration
             prefill_tokens, pairs, prefill_kv, completed, padding, longest = decode.sum_chunks(
                 self._chunk_rows, len(chunks))
             duration, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = decode.price(

@@ -387,19 +387,11 @@ class SpeculativeDecodeSet(DecodeSet):
                                 decoding: bool, prefill_tokens: float, completed: int, kv_used_blocks: int,
                                 running: int, queued: int) -> float:
         """:meth:`price`'s iteration with ``prefill_seqs`` prompt chunks (their rows in ``chunk_rows``) added to
-        ``log`` as the engine would add it, in one compiled call (:func:`log_step`); where a price is not in the
-        cost models' tables, through :meth:`price` and :meth:`IterationLog.add`, as the engine's general path
-        does. Returns its duration."""
-        n = self.n if decoding else 0
-        duration_s = self._log_in_one_call(log, now, chunk_rows, prefill_seqs, n, kv_used_blocks, running, queued)
-        if duration_s != duration_s:
-            prefill_tokens, pairs, prefill_kv, completed, padding, longest = self.sum_chunks(chunk_rows, prefill_seqs)
-            # (``price`` reads of its chunks only whether there are any)
-            duration_s, n, tokens_out, flops, moved, n_spec, proposed, accepted, draft_s = self.price(
-                True, decoding, prefill_tokens, pairs, prefill_kv, completed, padding, longest)
-            log.add(now, duration_s, n, prefill_seqs, prefill_tokens, tokens_out, flops, moved, kv_used_blocks,
-                    running, queued, n_spec, proposed, accepted, draft_s)
-        return duration_s
+        ``log`` as the engine would add it, in one compiled call (:func:`log_step`); returns its duration, NaN
+        (nothing drawn or logged) where a price is not in the cost models' tables: the engine then prices the
+        step through :meth:`price`."""
+        return self._log_in_one_call(log, now, chunk_rows, prefill_seqs, self.n if decoding else 0, kv_used_blocks,
+                                     running, queued)
 
     def _log_in_one_call(self, log: IterationLog, now: float, chunk_rows: np.ndarray, prefill_seqs: int, n: int,
                          kv_used_blocks: int, running: int, queued: int) -> float:

@@ -502,8 +502,8 @@ def test_a_step_in_one_call_changes_no_record(overrides, monkeypatch):
     """A run whose speculative steps, decode-only or with prompt chunks, are priced, drawn and logged in one
     compiled call (``log_step``) has the records and iteration table of the same run through the engine's general
     path (the chunks summed, ``price`` / ``price_decode``: price_step, the draw, then the engine's ``add``), bit for
-    bit; and so has the run whose one-call steps all fall back (a price not in the tables) to the set's own general
-    pricing of a step with chunks."""
+    bit; and so has the run whose one-call steps all answer NaN (a price not in the tables: nothing drawn or logged,
+    and the engine's general path prices the step)."""
     scenario = make_scenario({"workload": {"num_requests": 300}, **overrides})
     one_call = {"decode-only": 0, "with chunks": 0}
     decode_only, with_chunks = (SpeculativeDecodeSet._log_decode_step_in_one_call,
@@ -517,7 +517,7 @@ def test_a_step_in_one_call_changes_no_record(overrides, monkeypatch):
     monkeypatch.setattr(SpeculativeDecodeSet, "_log_decode_step_in_one_call", counted("decode-only", decode_only))
     monkeypatch.setattr(SpeculativeDecodeSet, "_log_chunks_in_one_call", counted("with chunks", with_chunks))
     fast = simulate_checked(scenario)
-    # NaN from the compiled call: nothing priced in one call, each step priced the general way by the set or the engine
+    # NaN from the compiled call: nothing priced in one call, each step priced by the engine's general path
     monkeypatch.setattr(SpeculativeDecodeSet, "_log_in_one_call", lambda *args: math.nan)
     fallen_back = simulate(scenario)
     # Neither one-call step offered: the engine's general path for every step.
